@@ -1,0 +1,24 @@
+// Size and count limits of the store. The server enforces them; the client learns the server's
+// values at connect time and checks its own requests before sending them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dist::rendezvous {
+
+struct StoreLimits {
+  std::uint64_t max_key_bytes = 8 * 1024;              // one key
+  std::uint64_t max_value_bytes = 8 * 1024 * 1024;     // one value
+  std::uint64_t max_keys_per_request = 128 * 1024;     // CHECK, WAIT, MULTI_GET, MULTI_SET, ...
+  std::uint64_t max_request_bytes = 32 * 1024 * 1024;  // one request, buffered while incomplete
+  std::uint64_t max_reply_backlog_bytes = 64 * 1024 * 1024;  // unsent replies before reads pause
+  std::uint64_t max_total_bytes = 1024ull * 1024 * 1024;     // keys + values held by the store
+  std::uint64_t max_connections = 65536;                     // open client connections
+
+  // Empty when consistent, otherwise a one-line explanation of what to fix.
+  std::string validate() const;
+};
+
+}  // namespace dist::rendezvous

@@ -1,0 +1,98 @@
+// The rendezvous store server: an event-driven TCP key-value store that speaks PyTorch's c10d
+// TCPStore protocol (the current dialect of torch 2.x and the legacy dialect of torch 1.x, detected
+// per connection) plus dist-launch's extensions (authentication, ephemeral keys, deletion waits).
+//
+// It runs on the caller's io_context (one thread drives it) and can take an acceptor the caller
+// already bound, so the process that decides the port is the one that holds it.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "dist/rendezvous/limits.h"
+
+namespace dist::rendezvous {
+
+namespace detail {
+class ServerCore;  // the accept loop, the connections and the store's state (server.cc)
+}
+
+// Who may use the store without authenticating when a shared secret is configured. PyTorch's own
+// clients cannot authenticate, so a launcher that lets torch workers use its store picks one of
+// the permissive policies.
+enum class UnauthenticatedPolicy {
+  kDeny,        // nobody: every connection must authenticate first
+  kLoopback,    // connections from 127.0.0.0/8 and ::1
+  kKnownHosts,  // loopback, plus any address from which a client has authenticated (default)
+  kAllow,       // anybody (the secret then only guards dist-launch's own agents' identity)
+};
+
+struct ServerOptions {
+  StoreLimits limits;
+  std::string secret;  // empty: no authentication
+  UnauthenticatedPolicy unauthenticated = UnauthenticatedPolicy::kKnownHosts;
+};
+
+struct ServerStats {
+  std::uint64_t connections_open = 0;
+  std::uint64_t connections_total = 0;
+  std::uint64_t connections_rejected = 0;  // over max_connections or refused by the auth policy
+  std::uint64_t protocol_errors = 0;
+  std::uint64_t requests = 0;
+  std::uint64_t keys = 0;
+  std::uint64_t stored_bytes = 0;
+};
+
+class StoreServer {
+ public:
+  // Serves on an acceptor that is already open, bound and listening (port 0 works).
+  StoreServer(boost::asio::io_context& io, boost::asio::ip::tcp::acceptor acceptor,
+              ServerOptions options = {});
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  // Binds host:port (port 0 picks one) and listens. Throws StoreError(kUnavailable) naming the
+  // address when it is taken or cannot be bound.
+  static boost::asio::ip::tcp::acceptor bind(boost::asio::io_context& io, const std::string& host,
+                                             std::uint16_t port);
+
+  void start();
+  // Stops accepting and closes every connection. Call on the io_context's thread.
+  void stop();
+
+  boost::asio::ip::tcp::endpoint local_endpoint() const;
+  ServerStats stats() const;  // call on the io_context's thread
+
+ private:
+  std::shared_ptr<detail::ServerCore> impl_;
+};
+
+// A store server on its own thread: what tests, benchmarks and a hosting agent use.
+class StoreServerThread {
+ public:
+  // Binds host:port before returning (errors surface here), then serves on a new thread.
+  explicit StoreServerThread(const std::string& host = "127.0.0.1", std::uint16_t port = 0,
+                             ServerOptions options = {});
+  ~StoreServerThread();  // stops the server and joins the thread
+  StoreServerThread(const StoreServerThread&) = delete;
+  StoreServerThread& operator=(const StoreServerThread&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  std::string host() const { return host_; }
+  ServerStats stats();  // runs on the server's thread and waits for the answer
+
+ private:
+  boost::asio::io_context io_;
+  std::optional<StoreServer> server_;
+  std::string host_;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace dist::rendezvous

@@ -1,0 +1,42 @@
+#include "dist/rendezvous/errors.h"
+
+#include "dist/rendezvous/limits.h"
+
+namespace dist::rendezvous {
+
+std::string_view to_string(StoreErrc code) {
+  switch (code) {
+    case StoreErrc::kTimeout:
+      return "timeout";
+    case StoreErrc::kUnavailable:
+      return "unavailable";
+    case StoreErrc::kConnectionLost:
+      return "connection lost";
+    case StoreErrc::kProtocol:
+      return "protocol error";
+    case StoreErrc::kLimitExceeded:
+      return "limit exceeded";
+    case StoreErrc::kUnauthenticated:
+      return "unauthenticated";
+    case StoreErrc::kNotFound:
+      return "not found";
+    case StoreErrc::kInvalidArgument:
+      return "invalid argument";
+  }
+  return "unknown error";
+}
+
+std::string StoreLimits::validate() const {
+  if (max_key_bytes == 0 || max_value_bytes == 0 || max_keys_per_request == 0 ||
+      max_connections == 0) {
+    return "store limits must be positive";
+  }
+  if (max_request_bytes < max_key_bytes + max_value_bytes + 64) {
+    return "max request bytes (" + std::to_string(max_request_bytes) +
+           ") must hold one maximal key and value (" +
+           std::to_string(max_key_bytes + max_value_bytes + 64) + ")";
+  }
+  return {};
+}
+
+}  // namespace dist::rendezvous

@@ -1,0 +1,121 @@
+// The store's data and everything that waits on it: keys and values, queues, ephemeral ownership,
+// byte accounting against the limits, and the indexes of sessions waiting for a key to appear,
+// to disappear, or for a counter to reach a target. Single-threaded: the server's io thread owns
+// it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "dist/rendezvous/errors.h"
+#include "dist/rendezvous/server.h"
+
+namespace dist::rendezvous {
+
+class Session;
+
+// A failed request. `fatal` ones close the connection; others are answered with an error frame
+// when the connection speaks the framed extension protocol (and close it otherwise).
+struct RequestError {
+  StoreErrc code;
+  std::string message;
+  bool fatal = false;
+};
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+template <typename V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
+// Sessions waiting on keys. An entry names the session and the session's own ticket number.
+class WaiterIndex {
+ public:
+  struct Waiter {
+    Session* session;
+    std::uint64_t ticket;
+    std::int64_t target;  // barrier waits only
+  };
+  void add(std::string_view key, Waiter waiter);
+  std::vector<Waiter> take(std::string_view key);  // removes and returns every waiter of key
+  void remove(std::string_view key, const Session* session);
+  std::vector<Waiter>* find(std::string_view key);
+  void erase_if_empty(std::string_view key);
+
+ private:
+  StringMap<std::vector<Waiter>> by_key_;
+};
+
+class StoreState {
+ public:
+  explicit StoreState(ServerOptions options);
+
+  const ServerOptions& options() const { return options_; }
+  const StoreLimits& limits() const { return options_.limits; }
+
+  // Data operations. Each throws RequestError when a limit would be exceeded, and wakes the
+  // sessions that wait on what it changed.
+  const std::string* find(std::string_view key) const;
+  bool exists(std::string_view key) const;
+  void set(std::string_view key, std::string_view value, Session* ephemeral_owner = nullptr);
+  std::string compare_set(std::string_view key, std::string_view expected,
+                          std::string_view desired);
+  std::int64_t add(std::string_view key, std::int64_t delta);
+  void append(std::string_view key, std::string_view value);
+  // All or nothing: either every item is stored or (over the byte limit) none is.
+  void multi_set(const std::vector<std::pair<std::string_view, std::string_view>>& items);
+  bool erase(std::string_view key);
+  std::size_t num_keys() const { return data_.size(); }
+  std::vector<std::string_view> list_keys() const;
+  std::uint64_t stored_bytes() const { return stored_bytes_; }
+
+  void queue_push(std::string_view key, std::string_view value);  // wakes one waiter
+  bool queue_pop(std::string_view key, std::string* value_out);
+  std::size_t queue_len(std::string_view key) const;
+
+  // Wait indexes; the sessions keep their own bookkeeping of tickets.
+  WaiterIndex& creation_waiters() { return creation_waiters_; }
+  WaiterIndex& deletion_waiters() { return deletion_waiters_; }
+  WaiterIndex& barrier_waiters() { return barrier_waiters_; }
+  WaiterIndex& watchers() { return watchers_; }
+
+  // Authentication policy memory: hosts from which a client has authenticated.
+  void remember_authenticated_host(const std::string& address) { known_hosts_.insert(address); }
+  bool is_known_host(const std::string& address) const { return known_hosts_.contains(address); }
+
+  // Called by a closing session for every ephemeral key it owns.
+  void release_ephemeral(std::string_view key, const Session* owner);
+
+  std::uint64_t requests = 0;  // served, for stats
+
+ private:
+  struct Entry {
+    std::string value;
+    Session* owner = nullptr;  // set for an ephemeral key
+  };
+  void reserve_bytes(std::uint64_t more, std::string_view key);
+  void on_created(std::string_view key);
+  void on_created_one(std::string_view key);
+  void on_deleted(std::string_view key, const std::string& old_value);
+  void on_counter(std::string_view key, std::int64_t value);
+  void notify_watchers(std::uint8_t event, std::string_view key, std::string_view old_value,
+                       std::string_view new_value);
+
+  ServerOptions options_;
+  StringMap<Entry> data_;
+  StringMap<std::deque<std::string>> queues_;
+  std::uint64_t stored_bytes_ = 0;
+  WaiterIndex creation_waiters_, deletion_waiters_, barrier_waiters_, watchers_;
+  std::unordered_set<std::string> known_hosts_;
+};
+
+}  // namespace dist::rendezvous

@@ -1,0 +1,117 @@
+// dist-rendezvous: the rendezvous store on its own, for jobs that want it outside any node.
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "dist/rendezvous/errors.h"
+#include "dist/rendezvous/server.h"
+
+namespace {
+
+constexpr int kExitUsage = 2;
+constexpr int kExitFailure = 1;
+
+std::string read_token(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read token file '" + path + "'");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string token = buffer.str();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.empty()) throw std::runtime_error("token file '" + path + "' is empty");
+  return token;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dist::rendezvous;
+  CLI::App app{
+      "dist-rendezvous: the rendezvous store of dist-launch (speaks PyTorch's TCPStore "
+      "protocol)",
+      "dist-rendezvous"};
+  std::string host = "0.0.0.0";
+  std::uint16_t port = 29400;
+  std::string token_file;
+  std::string policy = "known-hosts";
+  std::string log_level = "info";
+  ServerOptions options;
+  StoreLimits& limits = options.limits;
+  app.add_option("--host", host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", port, "Port to listen on (0: pick a free one and print it)")
+      ->capture_default_str();
+  app.add_option("--token-file", token_file,
+                 "File holding the shared secret that agents must prove they know")
+      ->check(CLI::ExistingFile);
+  app.add_option("--unauthenticated", policy,
+                 "With a token: who may connect without authenticating (PyTorch workers cannot)")
+      ->check(CLI::IsMember({"deny", "loopback", "known-hosts", "allow"}))
+      ->capture_default_str();
+  app.add_option("--max-key-bytes", limits.max_key_bytes, "Longest key")->capture_default_str();
+  app.add_option("--max-value-bytes", limits.max_value_bytes, "Largest value")
+      ->capture_default_str();
+  app.add_option("--max-keys-per-request", limits.max_keys_per_request, "Most keys in one request")
+      ->capture_default_str();
+  app.add_option("--max-request-bytes", limits.max_request_bytes, "Largest request")
+      ->capture_default_str();
+  app.add_option("--max-total-bytes", limits.max_total_bytes, "Bytes of keys and values held")
+      ->capture_default_str();
+  app.add_option("--max-connections", limits.max_connections, "Open connections")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
+  app.set_version_flag("--version", "dist-rendezvous " DIST_VERSION);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "dist-rendezvous: error: " << e.what() << " (see --help)\n";
+    return kExitUsage;
+  }
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  const std::map<std::string, UnauthenticatedPolicy> policies = {
+      {"deny", UnauthenticatedPolicy::kDeny},
+      {"loopback", UnauthenticatedPolicy::kLoopback},
+      {"known-hosts", UnauthenticatedPolicy::kKnownHosts},
+      {"allow", UnauthenticatedPolicy::kAllow}};
+  options.unauthenticated = policies.at(policy);
+
+  try {
+    if (!token_file.empty()) options.secret = read_token(token_file);
+    boost::asio::io_context io;
+    StoreServer server(io, StoreServer::bind(io, host, port), options);
+    server.start();
+    const auto endpoint = server.local_endpoint();
+    std::printf("dist-rendezvous: listening on %s:%u\n", host.c_str(),
+                static_cast<unsigned>(endpoint.port()));
+    std::fflush(stdout);
+
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](const boost::system::error_code& ec, int signal) {
+      if (ec) return;
+      spdlog::info("dist-rendezvous: {} received, shutting down", strsignal(signal));
+      server.stop();
+    });
+    io.run();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "dist-rendezvous: error: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs dist-launch's build and test dependencies from Debian's packages.
+# Idempotent: checks what is present and installs only what is missing. Run as root (or with sudo).
+set -euo pipefail
+
+# Build: compiler toolchain and libraries.
+BUILD_PKGS=(
+  g++ cmake make pkg-config
+  libboost-dev          # Asio (header-only)
+  libcli11-dev          # command lines
+  libspdlog-dev         # the agent's and daemon's logs
+  nlohmann-json3-dev    # error files, status output
+  libgloo-dev           # CPU process group (worker SDK)
+  libssl-dev            # HMAC-SHA256 for store authentication, SHA-256 of weights
+  libeigen3-dev         # CPU math of the training example
+  libgtest-dev libgmock-dev
+)
+# Tests: PyTorch 1.13 (legacy TCPStore dialect) as a real client, clang-format for lint.
+TEST_PKGS=(python3-torch clang-format iproute2 procps)
+
+missing=()
+for pkg in "${BUILD_PKGS[@]}" "${TEST_PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all dependencies present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,9 +1,158 @@
 #include "dist/launcher/cli.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
 #include <ostream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "dist/agent/signals.h"
 
 namespace dist::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A user error: reported as one line, exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+int parse_int_at_least(const std::string& flag, const std::string& text, int minimum) {
+  std::size_t used = 0;
+  int v = 0;
+  try {
+    v = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || v < minimum) {
+    throw UsageError(flag + " must be " + (minimum > 0 ? "a positive" : "a non-negative") +
+                     " integer, got '" + text + "'");
+  }
+  return v;
+}
+int parse_positive(const std::string& flag, const std::string& text) {
+  return parse_int_at_least(flag, text, 1);
+}
+int parse_non_negative(const std::string& flag, const std::string& text) {
+  return parse_int_at_least(flag, text, 0);
+}
+
+int count_gpus() {
+  // CUDA devices visible to this process: the driver's list, narrowed by CUDA_VISIBLE_DEVICES.
+  int count = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator("/proc/driver/nvidia/gpus", ec);
+       !ec && it != fs::directory_iterator(); ++it) {
+    ++count;
+  }
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible && count > 0) {
+    const std::string v = visible;
+    if (v.empty() || v == "-1") return 0;
+    return std::min<int>(count, static_cast<int>(std::count(v.begin(), v.end(), ',') + 1));
+  }
+  return count;
+}
+
+int resolve_nproc(const std::string& text) {
+  if (text == "cpu") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (text == "gpu") {
+    const int gpus = count_gpus();
+    if (gpus == 0) throw UsageError("--nproc-per-node gpu: no CUDA device is visible");
+    return gpus;
+  }
+  if (text == "auto") {
+    const int gpus = count_gpus();
+    return gpus > 0 ? gpus : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return parse_positive("--nproc-per-node", text);
+}
+
+void parse_nnodes(const std::string& text, agent::LaunchConfig& c) {
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) {
+    c.min_nodes = c.max_nodes = parse_positive("--nnodes", text);
+    return;
+  }
+  c.min_nodes = parse_positive("--nnodes (MIN)", text.substr(0, colon));
+  c.max_nodes = parse_positive("--nnodes (MAX)", text.substr(colon + 1));
+  if (c.min_nodes > c.max_nodes) {
+    throw UsageError("--nnodes " + text + ": MIN must not exceed MAX");
+  }
+}
+
+// torchrun's "0".."3" (none, stdout, stderr, both), or per local rank "0:1,1:3".
+void parse_streams(const std::string& flag, const std::string& text, agent::StreamSelection& all,
+                   std::map<int, agent::StreamSelection>& by_rank) {
+  auto decode = [&](const std::string& v) {
+    if (v.size() != 1 || v[0] < '0' || v[0] > '3') {
+      throw UsageError(flag +
+                       " takes 0 (none), 1 (stdout), 2 (stderr), 3 (both) or "
+                       "LOCAL_RANK:VALUE,...; got '" +
+                       text + "'");
+    }
+    const int bits = v[0] - '0';
+    return agent::StreamSelection{(bits & 1) != 0, (bits & 2) != 0};
+  };
+  if (text.find(':') == std::string::npos) {
+    all = decode(text);
+    return;
+  }
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) throw UsageError(flag + ": '" + item + "' is not RANK:VALUE");
+    by_rank[parse_non_negative(flag, item.substr(0, colon))] = decode(item.substr(colon + 1));
+  }
+}
+
+std::set<int> parse_rank_list(const std::string& text) {
+  std::set<int> ranks;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (!item.empty()) ranks.insert(parse_non_negative("--local-ranks-filter", item));
+  }
+  return ranks;
+}
+
+std::vector<int> parse_signals(const std::string& text) {
+  std::vector<int> signals;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const int s = agent::signal_number(item);
+    if (s <= 0) throw UsageError("--signals-to-handle: unknown signal '" + item + "'");
+    signals.push_back(s);
+  }
+  return signals;
+}
+
+bool on_path(const std::string& name) {
+  if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    if (!dir.empty() && ::access((fs::path(dir) / name).c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+
+std::string random_run_id() {
+  std::random_device rd;
+  std::ostringstream out;
+  out << std::hex << rd() << rd();
+  return out.str();
+}
+
+}  // namespace
 
 std::string version() {
   return DIST_VERSION;
@@ -13,28 +162,171 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
                               std::ostream& err) {
   CLI::App app{
       "dist-launch: start and supervise the workers of a distributed job "
-      "(torchrun-compatible)",
+      "(torchrun-compatible). Every option may also come from PET_<NAME>.",
       "dist-launch"};
   app.set_version_flag("--version", "dist-launch " + version());
-  app.footer("Example: dist-launch --nproc-per-node 2 train.py --lr 0.1");
+  app.prefix_command();  // everything from the training script on belongs to the script
+  app.footer(
+      "Examples:\n"
+      "  dist-launch --nproc-per-node 4 train.py --lr 0.1\n"
+      "  dist-launch --nproc-per-node 2 --no-python build/bin/ddp_train --epochs 5\n"
+      "  dist-launch --nnodes 2 --node-rank 0 --master-addr A --master-port 29500 train.py");
+
+  CliOutcome outcome;
+  agent::LaunchConfig& c = outcome.config;
+  std::string nnodes = "1", nproc = "1", redirects = "0", tee = "0", ranks_filter;
+  std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", rdzv_conf;
+  double shutdown_timeout_s = 30, monitor_interval_s = 0.1;
+  int master_port = -1;
+  bool standalone = false, module = false, no_python = false, run_path = false;
+  std::string start_method = "spawn";
+
+  auto opt = [&](const std::string& names, auto& target, const std::string& env,
+                 const std::string& help) {
+    return app.add_option(names, target, help)->envname("PET_" + env);
+  };
+  opt("--nnodes", nnodes, "NNODES", "Number of nodes, N or MIN:MAX")->capture_default_str();
+  opt("--nproc-per-node,--nproc_per_node", nproc, "NPROC_PER_NODE",
+      "Workers per node: an integer, cpu, gpu or auto")
+      ->capture_default_str();
+  opt("--node-rank,--node_rank", c.node_rank, "NODE_RANK", "This node's rank (static rendezvous)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  opt("--master-addr,--master_addr", c.master_addr, "MASTER_ADDR",
+      "Address of node rank 0 (static rendezvous)")
+      ->capture_default_str();
+  opt("--master-port,--master_port", master_port, "MASTER_PORT",
+      "Port of the store on node rank 0; unset on one node: a free port")
+      ->check(CLI::Range(1, 65535));
+  opt("--rdzv-backend,--rdzv_backend", c.rdzv_backend, "RDZV_BACKEND", "static or c10d")
+      ->capture_default_str();
+  opt("--rdzv-endpoint,--rdzv_endpoint", c.rdzv_endpoint, "RDZV_ENDPOINT",
+      "host[:port] of the rendezvous store");
+  opt("--rdzv-id,--rdzv_id", c.run_id, "RDZV_ID", "Job id shared by all nodes")
+      ->capture_default_str();
+  opt("--rdzv-conf,--rdzv_conf", rdzv_conf, "RDZV_CONF",
+      "key=value,... (timeout, join_timeout, ...)");
+  app.add_flag("--standalone", standalone, "Single node, store on a free port, random run id")
+      ->envname("PET_STANDALONE");
+  opt("--max-restarts,--max_restarts", c.max_restarts, "MAX_RESTARTS",
+      "Restarts of the worker group before failing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  opt("--monitor-interval,--monitor_interval", monitor_interval_s, "MONITOR_INTERVAL",
+      "Accepted for torchrun compatibility; failures are seen at once (SIGCHLD), not polled")
+      ->capture_default_str();
+  opt("--start-method,--start_method", start_method, "START_METHOD",
+      "Accepted for torchrun compatibility (workers are always fresh processes)")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  opt("--role", c.role, "ROLE", "Worker role name")->capture_default_str();
+  app.add_flag("-m,--module", module, "Run the script as a Python module (python -m)")
+      ->envname("PET_MODULE");
+  app.add_flag("--no-python,--no_python", no_python,
+               "Run the script as an executable, not through Python (C++ workers)")
+      ->envname("PET_NO_PYTHON");
+  app.add_flag("--run-path,--run_path", run_path, "Accepted; the script runs in a fresh Python")
+      ->envname("PET_RUN_PATH");
+  opt("--log-dir,--log_dir", c.log_dir, "LOG_DIR",
+      "Write attempt_<n>/<local_rank>/{stdout,stderr}.log and error.json here");
+  opt("-r,--redirects", redirects, "REDIRECTS",
+      "Streams sent to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or RANK:V,...")
+      ->capture_default_str();
+  opt("-t,--tee", tee, "TEE", "Streams sent to log files and the console (same values)")
+      ->capture_default_str();
+  opt("--local-ranks-filter,--local_ranks_filter", ranks_filter, "LOCAL_RANKS_FILTER",
+      "Only these local ranks reach the console, e.g. 0 or 0,2");
+  opt("--local-addr,--local_addr", c.local_addr, "LOCAL_ADDR",
+      "This node's address as published to the others");
+  opt("--signals-to-handle,--signals_to_handle", signals, "SIGNALS_TO_HANDLE",
+      "Signals forwarded to the workers (SIGUSR1/2 forward and keep running)")
+      ->capture_default_str();
+  opt("--shutdown-timeout,--shutdown_timeout", shutdown_timeout_s, "SHUTDOWN_TIMEOUT",
+      "Seconds between the stop signal and SIGKILL")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
     out << app.help();
-    return {true, kExitOk};
+    outcome.exit_now = true;
+    return outcome;
   } catch (const CLI::CallForAllHelp&) {
     out << app.help("", CLI::AppFormatMode::All);
-    return {true, kExitOk};
+    outcome.exit_now = true;
+    return outcome;
   } catch (const CLI::CallForVersion&) {
     out << "dist-launch " << version() << "\n";
-    return {true, kExitOk};
+    outcome.exit_now = true;
+    return outcome;
   } catch (const CLI::ParseError& e) {
     err << "dist-launch: error: " << e.what() << " (see dist-launch --help)\n";
-    return {true, kExitUsage};
+    return {true, kExitUsage, {}};
   }
-  return {};
+
+  try {
+    const std::vector<std::string> script_and_args = app.remaining();
+    if (script_and_args.empty()) {
+      throw UsageError("no training script given (dist-launch [options] SCRIPT [args...])");
+    }
+    parse_nnodes(nnodes, c);
+    c.nproc_per_node = resolve_nproc(nproc);
+    if (master_port > 0) c.master_port = static_cast<std::uint16_t>(master_port);
+    parse_streams("--redirects", redirects, c.redirects, c.redirects_by_rank);
+    parse_streams("--tee", tee, c.tee, c.tee_by_rank);
+    c.local_ranks_filter = parse_rank_list(ranks_filter);
+    c.signals_to_handle = parse_signals(signals);
+    c.shutdown_timeout =
+        std::chrono::milliseconds(static_cast<long long>(shutdown_timeout_s * 1000));
+    if (c.max_nodes > 1) {
+      throw UsageError("--nnodes " + nnodes +
+                       ": multi-node jobs are not supported by this build yet (one node only)");
+    }
+    if (c.node_rank >= c.max_nodes) {
+      throw UsageError("--node-rank " + std::to_string(c.node_rank) + " is not below --nnodes " +
+                       std::to_string(c.max_nodes));
+    }
+    if (standalone) {
+      c.master_addr = "127.0.0.1";
+      c.master_port.reset();
+      c.rdzv_backend = "c10d";
+      if (c.run_id == "none") c.run_id = random_run_id();
+    }
+
+    const std::string& script = script_and_args.front();
+    const std::vector<std::string> script_args(script_and_args.begin() + 1, script_and_args.end());
+    if (no_python && module) throw UsageError("--no-python and -m cannot be used together");
+    if (no_python) {
+      if (!on_path(script)) throw UsageError("executable '" + script + "' not found");
+      c.worker_argv = script_and_args;
+    } else {
+      const char* python_exec = std::getenv("PYTHON_EXEC");
+      const std::string python = python_exec && *python_exec ? python_exec : "python3";
+      if (!on_path(python)) {
+        throw UsageError("Python interpreter '" + python + "' not found (set PYTHON_EXEC)");
+      }
+      c.worker_argv = {python, "-u"};
+      if (module) {
+        c.worker_argv.push_back("-m");
+      } else if (!fs::exists(script)) {
+        throw UsageError("training script '" + script + "' not found");
+      }
+      c.worker_argv.push_back(script);
+      c.worker_argv.insert(c.worker_argv.end(), script_args.begin(), script_args.end());
+    }
+    c.script_name = fs::path(script).filename().string();
+
+    if (c.nproc_per_node > 1 && !std::getenv("OMP_NUM_THREADS")) {
+      c.omp_threads_defaulted = true;
+      err << "[dist-launch] warning: OMP_NUM_THREADS is unset; setting it to 1 for each of the "
+          << c.nproc_per_node << " workers (set it yourself to tune)\n";
+    }
+  } catch (const UsageError& e) {
+    err << "dist-launch: error: " << e.what() << "\n";
+    return {true, kExitUsage, {}};
+  }
+  return outcome;
 }
 
 }  // namespace dist::launcher

@@ -1,9 +1,33 @@
+// dist-launch: parse the command line, then run this node's agent.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
 #include <iostream>
 
+#include "dist/agent/agent.h"
 #include "dist/launcher/cli.h"
+
+namespace {
+
+// The agent's own messages: colored on a terminal only; level from LOGLEVEL like torchrun.
+void setup_logging() {
+  auto logger = spdlog::stderr_color_mt("dist-launch");
+  logger->set_pattern("[dist-launch] %^%l%$: %v");
+  spdlog::set_default_logger(logger);
+  const char* level = std::getenv("LOGLEVEL");
+  std::string name = level ? level : "info";
+  for (auto& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (name == "warning") name = "warn";
+  spdlog::set_level(spdlog::level::from_str(name));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   const auto outcome = dist::launcher::parse_command_line(args, std::cout, std::cerr);
-  return outcome.exit_code;
+  if (outcome.exit_now) return outcome.exit_code;
+  setup_logging();
+  return dist::agent::run_agent(outcome.config);
 }

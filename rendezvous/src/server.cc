@@ -325,6 +325,9 @@ tcp::endpoint StoreServer::local_endpoint() const {
 ServerStats StoreServer::stats() const {
   return impl_->stats();
 }
+std::size_t StoreServer::erase_keys(const std::function<bool(std::string_view)>& predicate) {
+  return impl_->state().erase_if(predicate);
+}
 
 // ---------------------------------------------------------------------------------------------
 // StoreServerThread

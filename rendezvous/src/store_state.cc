@@ -164,6 +164,25 @@ bool StoreState::erase(std::string_view key) {
   return true;
 }
 
+std::size_t StoreState::erase_if(const std::function<bool(std::string_view)>& predicate) {
+  std::vector<std::string> doomed;
+  for (const auto& [key, entry] : data_) {
+    if (predicate(key)) doomed.push_back(key);
+  }
+  for (const auto& key : doomed) erase(key);
+  std::size_t queues = 0;
+  for (auto it = queues_.begin(); it != queues_.end();) {
+    if (!predicate(it->first)) {
+      ++it;
+      continue;
+    }
+    for (const auto& value : it->second) stored_bytes_ -= it->first.size() + value.size();
+    it = queues_.erase(it);
+    ++queues;
+  }
+  return doomed.size() + queues;
+}
+
 void StoreState::release_ephemeral(std::string_view key, const Session* owner) {
   auto it = data_.find(key);
   if (it != data_.end() && it->second.owner == owner) erase(key);

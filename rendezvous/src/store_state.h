@@ -74,6 +74,7 @@ class StoreState {
   // All or nothing: either every item is stored or (over the byte limit) none is.
   void multi_set(const std::vector<std::pair<std::string_view, std::string_view>>& items);
   bool erase(std::string_view key);
+  std::size_t erase_if(const std::function<bool(std::string_view)>& predicate);
   std::size_t num_keys() const { return data_.size(); }
   std::vector<std::string_view> list_keys() const;
   std::uint64_t stored_bytes() const { return stored_bytes_; }

@@ -1,5 +1,6 @@
 // dist-rendezvous: the rendezvous store on its own, for jobs that want it outside any node.
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
@@ -28,6 +29,15 @@ std::string read_token(const std::string& path) {
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   if (token.empty()) throw std::runtime_error("token file '" + path + "' is empty");
   return token;
+}
+
+// Each client is a file descriptor: allow as many as the hard limit permits.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
 }
 
 }  // namespace
@@ -92,6 +102,7 @@ int main(int argc, char** argv) {
       {"allow", UnauthenticatedPolicy::kAllow}};
   options.unauthenticated = policies.at(policy);
 
+  raise_open_file_limit();
   try {
     if (!token_file.empty()) options.secret = read_token(token_file);
     boost::asio::io_context io;

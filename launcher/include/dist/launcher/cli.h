@@ -1,9 +1,11 @@
-// dist-launch's command line: argv in, an exit code or a validated configuration out.
+// dist-launch's command line: argv (and PET_* variables) in, a validated LaunchConfig out.
 #pragma once
 
 #include <iosfwd>
 #include <string>
 #include <vector>
+
+#include "dist/agent/config.h"
 
 namespace dist::launcher {
 
@@ -13,9 +15,11 @@ inline constexpr int kExitUsage = 2;  // invalid command line, like torchrun's a
 struct CliOutcome {
   bool exit_now = false;  // --help, --version or an error: nothing to launch
   int exit_code = kExitOk;
+  agent::LaunchConfig config;
 };
 
-// Parses argv. Help and version go to `out`, a one-line error to `err`.
+// Parses argv (without the program name). Help and version go to `out`, a one-line error to
+// `err`; notices (OMP_NUM_THREADS) to `err` as well.
 CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream& out,
                               std::ostream& err);
 

@@ -9,6 +9,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +69,11 @@ class StoreServer {
 
   boost::asio::ip::tcp::endpoint local_endpoint() const;
   ServerStats stats() const;  // call on the io_context's thread
+
+  // Deletes every key (and queue) for which `predicate` is true, as DELETE_KEY would, and returns
+  // how many were deleted. The hosting agent gives each restart attempt a clean namespace with it.
+  // Call on the io_context's thread.
+  std::size_t erase_keys(const std::function<bool(std::string_view key)>& predicate);
 
  private:
   std::shared_ptr<detail::ServerCore> impl_;

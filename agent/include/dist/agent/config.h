@@ -1,0 +1,72 @@
+// The agent's whole configuration: what the launcher produces from argv, PET_* and SLURM_*, and the
+// only thing the agent reads. Durations carry their unit in the name.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace dist::agent {
+
+// Which worker streams go to files (and not the console) or to both: torchrun's -r / -t values.
+struct StreamSelection {
+  bool stdout_stream = false;
+  bool stderr_stream = false;
+  bool any() const { return stdout_stream || stderr_stream; }
+};
+
+struct LaunchConfig {
+  // Nodes and workers.
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int nproc_per_node = 1;
+  int node_rank = 0;
+  std::string role = "default";
+
+  // Rendezvous.
+  std::string master_addr = "127.0.0.1";
+  std::optional<std::uint16_t> master_port;  // none: the agent picks a free port
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string run_id = "none";
+  std::string local_addr;
+  std::chrono::milliseconds rdzv_timeout{900'000};
+
+  // Lifecycle.
+  int max_restarts = 0;
+  std::chrono::milliseconds shutdown_timeout{30'000};
+  std::vector<int> signals_to_handle;  // forwarded to every worker
+
+  // Logs.
+  std::string log_dir;        // empty: a temporary directory, removed at exit
+  StreamSelection redirects;  // to files only (every local rank...)
+  StreamSelection tee;        // to files and the console
+  std::map<int, StreamSelection> redirects_by_rank;  // (...unless given for that local rank)
+  std::map<int, StreamSelection> tee_by_rank;
+  std::set<int> local_ranks_filter;  // empty: every local rank reaches the console
+
+  StreamSelection redirects_for(int local_rank) const {
+    auto it = redirects_by_rank.find(local_rank);
+    return it == redirects_by_rank.end() ? redirects : it->second;
+  }
+  StreamSelection tee_for(int local_rank) const {
+    auto it = tee_by_rank.find(local_rank);
+    return it == tee_by_rank.end() ? tee : it->second;
+  }
+  bool writes_log_files() const {
+    return !log_dir.empty() || redirects.any() || tee.any() || !redirects_by_rank.empty() ||
+           !tee_by_rank.empty();
+  }
+
+  // The worker command: argv[0] is what to exec (python, or the executable with --no-python).
+  std::vector<std::string> worker_argv;
+  std::string script_name;  // for the failure report's title
+
+  bool omp_threads_defaulted = false;  // OMP_NUM_THREADS was unset and is set to 1 for workers
+};
+
+}  // namespace dist::agent

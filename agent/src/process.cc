@@ -1,0 +1,113 @@
+#include "process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace dist::agent {
+namespace {
+
+struct Pipe {
+  int read = -1, write = -1;
+};
+
+Pipe make_pipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    throw std::runtime_error(std::string("cannot create a pipe: ") + std::strerror(errno));
+  }
+  return {fds[0], fds[1]};
+}
+
+// In the child, between fork and exec: only async-signal-safe calls.
+[[noreturn]] void exec_child(char* const* argv, char* const* envp, pid_t parent, Pipe out, Pipe err,
+                             Pipe status) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // the agent died before the flag was set
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+  ::dup2(out.write, STDOUT_FILENO);
+  ::dup2(err.write, STDERR_FILENO);
+  const int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  ::execvpe(argv[0], argv, envp);
+  const int error = errno;
+  [[maybe_unused]] ssize_t n = ::write(status.write, &error, sizeof error);
+  ::_exit(127);
+}
+
+}  // namespace
+
+SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env) {
+  std::vector<char*> c_argv, c_env;
+  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+  c_argv.push_back(nullptr);
+  for (const auto& e : env) c_env.push_back(const_cast<char*>(e.c_str()));
+  c_env.push_back(nullptr);
+
+  Pipe out = make_pipe(), err = make_pipe(), status = make_pipe();
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int error = errno;
+    for (int fd : {out.read, out.write, err.read, err.write, status.read, status.write})
+      ::close(fd);
+    throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
+  }
+  if (pid == 0) exec_child(c_argv.data(), c_env.data(), parent, out, err, status);
+
+  ::setpgid(pid, pid);  // also from the parent, so signal_group works before the child runs
+  ::close(out.write);
+  ::close(err.write);
+  ::close(status.write);
+  int exec_errno = 0;
+  const ssize_t n = ::read(status.read, &exec_errno, sizeof exec_errno);  // EOF once exec worked
+  ::close(status.read);
+  if (n == sizeof exec_errno) {
+    ::close(out.read);
+    ::close(err.read);
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    throw std::runtime_error("cannot run '" + argv[0] + "': " + std::strerror(exec_errno));
+  }
+  return {pid, out.read, err.read};
+}
+
+void signal_group(pid_t pid, int signal) {
+  if (pid > 0) ::kill(-pid, signal);
+}
+
+std::string signal_name(int signal) {
+  const char* abbrev = ::sigabbrev_np(signal);
+  return abbrev ? std::string("SIG") + abbrev : "SIG" + std::to_string(signal);
+}
+
+int signal_number(const std::string& name) {
+  std::string n = name;
+  if (n.rfind("SIG", 0) == 0) n = n.substr(3);
+  if (!n.empty() && std::isdigit(static_cast<unsigned char>(n[0]))) {
+    try {
+      const int v = std::stoi(n);
+      return v > 0 && v < NSIG ? v : -1;
+    } catch (...) {
+      return -1;
+    }
+  }
+  for (int s = 1; s < NSIG; ++s) {
+    const char* abbrev = ::sigabbrev_np(s);
+    if (abbrev && n == abbrev) return s;
+  }
+  return -1;
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,391 @@
+// The agent through the real dist-launch binary, with real worker processes and real signals.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/rendezvous/server.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kWorker = DIST_TEST_WORKER_BIN;
+
+// dist-launch running in the background, its stdout and stderr in one file.
+class Launch {
+ public:
+  explicit Launch(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+    output_ = fs::temp_directory_path() / ("dist-launch-test-" + std::to_string(::getpid()) + "-" +
+                                           std::to_string(counter_++) + ".log");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::unsetenv("OMP_NUM_THREADS");
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv{const_cast<char*>(DIST_LAUNCH_BIN)};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(DIST_LAUNCH_BIN, argv.data());
+      ::_exit(127);
+    }
+  }
+  ~Launch() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::error_code ec;
+    fs::remove(output_, ec);
+  }
+
+  // The exit code (128 + signal when killed), or -1 after `timeout` (then the launcher is killed).
+  int wait(std::chrono::milliseconds timeout = 60s) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+    return -1;
+  }
+
+  std::string output() const {
+    std::ifstream in(output_);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path output_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dist-launch-agent-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  static std::map<std::string, std::string> read_env(const std::string& file) {
+    std::map<std::string, std::string> env;
+    std::ifstream in(file);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto eq = line.find('=');
+      if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return env;
+  }
+
+  static bool wait_for_file(const std::string& file, std::chrono::milliseconds timeout = 10s) {
+    const auto end = Clock::now() + timeout;
+    do {  // checked at least once, even with a zero timeout
+      std::ifstream in(file);
+      std::string content;
+      if (in && std::getline(in, content) && !content.empty()) return true;
+      std::this_thread::sleep_for(10ms);
+    } while (Clock::now() < end);
+    return false;
+  }
+
+  static pid_t read_pid(const std::string& file) {
+    std::ifstream in(file);
+    pid_t pid = -1;
+    in >> pid;
+    return pid;
+  }
+
+  static bool process_gone(pid_t pid, std::chrono::milliseconds timeout = 5s) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string content;
+      if (!stat || !std::getline(stat, content)) return true;
+      // A zombie whose parent is gone is reaped by init at once; "Z" still counts as gone here.
+      const auto close = content.rfind(')');
+      if (close != std::string::npos && content.size() > close + 2 && content[close + 2] == 'Z') {
+        return true;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(LaunchTest, EveryWorkerGetsTorchrunsEnvironment) {
+  Launch launch({"--nproc-per-node", "3", "--no-python", kWorker, "env", path("env_${local_rank}")},
+                {{"DIST_TEST_INHERITED", "yes"}});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  std::string port;
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE("local rank " + std::to_string(r));
+    auto env = read_env(path("env_" + std::to_string(r)));
+    const std::string rank = std::to_string(r);
+    const std::map<std::string, std::string> expected = {
+        {"RANK", rank},
+        {"LOCAL_RANK", rank},
+        {"GROUP_RANK", "0"},
+        {"ROLE_RANK", rank},
+        {"ROLE_NAME", "default"},
+        {"LOCAL_WORLD_SIZE", "3"},
+        {"WORLD_SIZE", "3"},
+        {"GROUP_WORLD_SIZE", "1"},
+        {"ROLE_WORLD_SIZE", "3"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},
+        {"TORCHELASTIC_MAX_RESTARTS", "0"},
+        {"TORCHELASTIC_RUN_ID", "none"},
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+        {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+        {"OMP_NUM_THREADS", "1"},
+        {"DIST_TEST_INHERITED", "yes"},
+    };
+    for (const auto& [key, value] : expected) EXPECT_EQ(env[key], value) << key;
+    EXPECT_TRUE(env["TORCHELASTIC_ERROR_FILE"].ends_with("/attempt_0/" + rank + "/error.json"))
+        << env["TORCHELASTIC_ERROR_FILE"];
+    EXPECT_GT(std::stoi(env["MASTER_PORT"]), 0);
+    if (r == 0) port = env["MASTER_PORT"];
+    EXPECT_EQ(env["MASTER_PORT"], port) << "one store for the whole group";
+  }
+  EXPECT_NE(launch.output().find("OMP_NUM_THREADS is unset"), std::string::npos) << launch.output();
+}
+
+TEST_F(LaunchTest, AWorkerThatFailsOnlyOnAttemptZeroSucceedsWithOneRestart) {
+  Launch launch({"--nproc-per-node", "2", "--max-restarts", "1", "--no-python", kWorker, "env",
+                 path("env_${local_rank}"), "fail-on-attempt", "0", "3"});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  for (int r = 0; r < 2; ++r) {
+    auto env = read_env(path("env_" + std::to_string(r)));
+    EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "1");
+    EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "1");
+    EXPECT_TRUE(env["TORCHELASTIC_ERROR_FILE"].ends_with("/attempt_1/" + std::to_string(r) +
+                                                         "/error.json"));
+  }
+  EXPECT_NE(launch.output().find("restart 1 of 1"), std::string::npos) << launch.output();
+}
+
+TEST_F(LaunchTest, RestartsAreBoundedByMaxRestarts) {
+  Launch launch({"--nproc-per-node", "1", "--max-restarts", "2", "--no-python", kWorker, "env",
+                 path("env_${local_rank}"), "exit", "5"});
+  EXPECT_EQ(launch.wait(), 5) << launch.output();
+  EXPECT_EQ(read_env(path("env_0"))["TORCHELASTIC_RESTART_COUNT"], "2");
+  const std::string out = launch.output();
+  EXPECT_NE(out.find("restart 2 of 2"), std::string::npos) << out;
+  EXPECT_EQ(out.find("restart 3"), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, FailureReportNamesTheRootCauseAndTheAgentExitsWithItsCode) {
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "exit-if-rank", "0", "0",
+                 "error-file", "ValueError: learning rate must be positive", "exit-if-rank", "1",
+                 "7"});
+  EXPECT_EQ(launch.wait(), 7) << launch.output();
+  const std::string out = launch.output();
+  EXPECT_NE(out.find("dist-test-worker FAILED"), std::string::npos) << out;
+  EXPECT_NE(out.find("Root Cause (first observed failure):"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank      : 1 (local_rank: 1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("exitcode  : 7"), std::string::npos) << out;
+  EXPECT_NE(out.find("message   : ValueError: learning rate must be positive"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("Traceback (most recent call last):"), std::string::npos) << out;
+  EXPECT_NE(out.find("<NO_OTHER_FAILURES>"), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, AWorkerKilledByASignalIsReportedAs128PlusTheSignal) {
+  Launch launch(
+      {"--nproc-per-node", "1", "--no-python", kWorker, "kill-self", std::to_string(SIGSEGV)});
+  EXPECT_EQ(launch.wait(), 128 + SIGSEGV) << launch.output();
+  EXPECT_NE(launch.output().find("Signal 11 (SIGSEGV) received by PID"), std::string::npos)
+      << launch.output();
+}
+
+TEST_F(LaunchTest, SigkillOfTheAgentLeavesNoWorkerAlive) {
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "pidfile",
+                 path("pid_${local_rank}"), "forever"});
+  ASSERT_TRUE(wait_for_file(path("pid_0")));
+  ASSERT_TRUE(wait_for_file(path("pid_1")));
+  const pid_t w0 = read_pid(path("pid_0")), w1 = read_pid(path("pid_1"));
+  ASSERT_GT(w0, 0);
+  ASSERT_FALSE(process_gone(w0, 0ms));
+  ::kill(launch.pid(), SIGKILL);
+  EXPECT_EQ(launch.wait(), 128 + SIGKILL);
+  EXPECT_TRUE(process_gone(w0)) << "worker " << w0 << " outlived its agent";
+  EXPECT_TRUE(process_gone(w1)) << "worker " << w1 << " outlived its agent";
+}
+
+TEST_F(LaunchTest, SigtermIsForwardedAndTheGracePeriodHonoured) {
+  Launch launch({"--nproc-per-node", "2", "--shutdown-timeout", "10", "--no-python", kWorker,
+                 "trap", std::to_string(SIGTERM), path("got_${local_rank}"), "400", "pidfile",
+                 path("pid_${local_rank}"), "forever"});
+  ASSERT_TRUE(wait_for_file(path("pid_0")));
+  ASSERT_TRUE(wait_for_file(path("pid_1")));
+  const auto start = Clock::now();
+  ::kill(launch.pid(), SIGTERM);
+  EXPECT_EQ(launch.wait(), 128 + SIGTERM) << launch.output();
+  const auto elapsed = Clock::now() - start;
+  EXPECT_GE(elapsed, 400ms) << "the workers' own shutdown (400 ms) must be waited for";
+  EXPECT_LT(elapsed, 5s) << "the agent exits once the workers are done, not after the timeout";
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(path("got_" + std::to_string(r)));
+    int signal = 0;
+    in >> signal;
+    EXPECT_EQ(signal, SIGTERM) << "worker " << r;
+  }
+}
+
+TEST_F(LaunchTest, AWorkerIgnoringSigtermIsKilledAfterTheShutdownTimeout) {
+  Launch launch({"--nproc-per-node", "1", "--shutdown-timeout", "0.5", "--no-python", kWorker,
+                 "ignore", std::to_string(SIGTERM), "pidfile", path("pid_0"), "forever"});
+  ASSERT_TRUE(wait_for_file(path("pid_0")));
+  const pid_t worker = read_pid(path("pid_0"));
+  const auto start = Clock::now();
+  ::kill(launch.pid(), SIGTERM);
+  EXPECT_EQ(launch.wait(10s), 128 + SIGTERM) << launch.output();
+  EXPECT_GE(Clock::now() - start, 500ms);
+  EXPECT_TRUE(process_gone(worker));
+  EXPECT_NE(launch.output().find("sending SIGKILL"), std::string::npos) << launch.output();
+}
+
+TEST_F(LaunchTest, Sigusr1IsForwardedWithoutStoppingTheJob) {
+  Launch launch({"--nproc-per-node", "2", "--signals-to-handle", "SIGTERM,SIGUSR1", "--no-python",
+                 kWorker, "note", std::to_string(SIGUSR1), path("usr1_${local_rank}"), "pidfile",
+                 path("pid_${local_rank}"), "sleep", "1500"});
+  ASSERT_TRUE(wait_for_file(path("pid_0")));
+  ASSERT_TRUE(wait_for_file(path("pid_1")));
+  ::kill(launch.pid(), SIGUSR1);
+  EXPECT_EQ(launch.wait(), 0) << launch.output();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(wait_for_file(path("usr1_" + std::to_string(r)), 0ms)) << "worker " << r;
+  }
+}
+
+TEST_F(LaunchTest, WorkerLinesReachTheConsoleWholeAndPrefixed) {
+  constexpr int kLines = 300;
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "lines", std::to_string(kLines)});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  const std::regex whole(R"(\[default([01])\]:(out|err) line (\d+) of rank ([01]) end)");
+  std::istringstream lines(launch.output());
+  std::string line;
+  int matched = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("[dist-launch]", 0) == 0) continue;  // the agent's own messages
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, whole)) << "split or unprefixed line: '" << line << "'";
+    EXPECT_EQ(m[1], m[4]) << "prefix names the wrong rank: " << line;
+    ++matched;
+  }
+  EXPECT_EQ(matched, 2 * 2 * kLines);
+}
+
+TEST_F(LaunchTest, LogDirAndTeeWriteFilesAndFilterLimitsTheConsole) {
+  Launch launch({"--nproc-per-node", "2", "--log-dir", path("logs"), "--rdzv-id", "job7", "--tee",
+                 "3", "--local-ranks-filter", "1", "--no-python", kWorker, "lines", "3"});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream out(path("logs/job7/attempt_0/" + std::to_string(r) + "/stdout.log"));
+    std::stringstream s;
+    s << out.rdbuf();
+    EXPECT_EQ(s.str(), "out line 0 of rank " + std::to_string(r) + " end\nout line 1 of rank " +
+                           std::to_string(r) + " end\nout line 2 of rank " + std::to_string(r) +
+                           " end\n");
+  }
+  EXPECT_EQ(launch.output().find("[default0]:"), std::string::npos) << "rank 0 is filtered out";
+  EXPECT_NE(launch.output().find("[default1]:out line 2 of rank 1 end"), std::string::npos);
+}
+
+TEST_F(LaunchTest, RedirectsSendOutputToFilesOnly) {
+  Launch launch({"--nproc-per-node", "1", "--log-dir", path("logs"), "--redirects", "1",
+                 "--no-python", kWorker, "lines", "2"});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  EXPECT_EQ(launch.output().find("out line"), std::string::npos) << launch.output();
+  EXPECT_NE(launch.output().find("[default0]:err line 1 of rank 0 end"), std::string::npos);
+}
+
+TEST_F(LaunchTest, BadInputIsAOneLineErrorWithExitTwo) {
+  struct Case {
+    const char* name;
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"nproc 0", {"--nproc-per-node", "0", "x.py"}, "--nproc-per-node must be a positive"},
+      {"nproc word", {"--nproc-per-node", "many", "x.py"}, "--nproc-per-node must be"},
+      {"bad MIN:MAX", {"--nnodes", "3:2", "x.py"}, "MIN must not exceed MAX"},
+      {"bad nnodes", {"--nnodes", "a:b", "x.py"}, "--nnodes (MIN) must be"},
+      {"missing script", {"--nproc-per-node", "1", "no_such_script.py"}, "not found"},
+      {"missing executable", {"--no-python", "/no/such/binary"}, "not found"},
+      {"unknown flag", {"--frobnicate", "x.py"}, "--frobnicate"},
+      {"no script", {"--nproc-per-node", "2"}, "no training script"},
+      {"bad signal", {"--signals-to-handle", "SIGNOPE", "x.py"}, "unknown signal"},
+      {"bad redirects", {"--redirects", "7", "x.py"}, "--redirects takes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Launch launch(c.args, {{"PYTHON_EXEC", "/bin/true"}});
+    EXPECT_EQ(launch.wait(10s), 2);
+    const std::string out = launch.output();
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    EXPECT_NE(out.find("dist-launch: error:"), std::string::npos) << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << out;
+  }
+}
+
+TEST_F(LaunchTest, PetVariablesWorkLikeFlags) {
+  Launch launch({"--no-python", kWorker, "env", path("env_${local_rank}")},
+                {{"PET_NPROC_PER_NODE", "2"}, {"PET_MAX_RESTARTS", "3"}});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  EXPECT_EQ(read_env(path("env_1"))["WORLD_SIZE"], "2");
+  EXPECT_EQ(read_env(path("env_1"))["TORCHELASTIC_MAX_RESTARTS"], "3");
+}
+
+TEST_F(LaunchTest, AnExplicitMasterPortIsBoundByTheAgentAndATakenOneIsAClearError) {
+  dist::rendezvous::StoreServerThread holder;
+  Launch launch({"--master-port", std::to_string(holder.port()), "--no-python", kWorker});
+  EXPECT_EQ(launch.wait(), 1);
+  const std::string out = launch.output();
+  EXPECT_NE(out.find("Address already in use"), std::string::npos) << out;
+  EXPECT_NE(out.find(std::to_string(holder.port())), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, LocalRankIsSubstitutedInWorkerArguments) {
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "pidfile",
+                 path("rank-${local_rank}-of-${local_rank}")});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  EXPECT_TRUE(fs::exists(path("rank-0-of-0")));
+  EXPECT_TRUE(fs::exists(path("rank-1-of-1")));
+}
+
+}  // namespace

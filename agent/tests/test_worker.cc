@@ -1,0 +1,144 @@
+// dist-test-worker: a worker for the agent's tests. Runs its arguments as actions, in order:
+//   env FILE                 write this process's environment (KEY=VALUE lines) to FILE
+//   pidfile FILE             write this process's pid to FILE
+//   exit CODE                exit with CODE
+//   exit-if-rank RANK CODE   exit with CODE when RANK matches $RANK
+//   fail-on-attempt N CODE   exit with CODE when $TORCHELASTIC_RESTART_COUNT == N
+//   kill-self SIGNAL         raise SIGNAL (a number)
+//   error-file MESSAGE       write $TORCHELASTIC_ERROR_FILE the way torch's @record does
+//   trap SIGNAL FILE MS      on SIGNAL: append the signal number to FILE, wait MS, exit 0
+//   note SIGNAL FILE         on SIGNAL: append the signal number to FILE and carry on
+//   ignore SIGNAL            ignore SIGNAL
+//   lines N                  print N lines to stdout and N to stderr, each written in two parts
+//   sleep MS                 sleep (signals interrupt it and are handled)
+//   forever                  sleep until a signal handler ends the process
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <thread>
+
+extern char** environ;
+
+namespace {
+
+volatile sig_atomic_t g_received = 0;
+std::string g_signal_files[65];
+int g_exit_after_ms[65];
+bool g_exits[65];
+
+void on_signal(int s) {
+  g_received = s;
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+void handle_pending() {
+  const int s = g_received;
+  if (s == 0) return;
+  g_received = 0;
+  std::ofstream(g_signal_files[s], std::ios::app) << s << "\n";
+  if (g_exits[s]) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(g_exit_after_ms[s]));
+    std::exit(0);
+  }
+}
+
+void sleep_ms(long ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < end) {
+    handle_pending();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  handle_pending();
+}
+
+void install(int s, const std::string& file, bool exits, int after_ms) {
+  g_signal_files[s] = file;
+  g_exits[s] = exits;
+  g_exit_after_ms[s] = after_ms;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(s, &sa, nullptr);
+}
+
+void write_in_two_parts(int fd, const std::string& line) {
+  const std::size_t half = line.size() / 2;
+  [[maybe_unused]] ssize_t a = ::write(fd, line.data(), half);
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  [[maybe_unused]] ssize_t b = ::write(fd, line.data() + half, line.size() - half);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "dist-test-worker: %s needs an argument\n", a.c_str());
+        std::exit(64);
+      }
+      return argv[++i];
+    };
+    if (a == "env") {
+      std::ofstream out(next());
+      for (char** e = environ; *e; ++e) out << *e << "\n";
+    } else if (a == "pidfile") {
+      std::ofstream(next()) << ::getpid() << "\n";
+    } else if (a == "exit") {
+      return std::stoi(next());
+    } else if (a == "exit-if-rank") {
+      const std::string rank = next();
+      const int code = std::stoi(next());
+      if (env_or("RANK", "") == rank) return code;
+    } else if (a == "fail-on-attempt") {
+      const std::string attempt = next();
+      const int code = std::stoi(next());
+      if (env_or("TORCHELASTIC_RESTART_COUNT", "") == attempt) return code;
+    } else if (a == "kill-self") {
+      const int s = std::stoi(next());
+      signal(s, SIG_DFL);
+      raise(s);
+    } else if (a == "error-file") {
+      const std::string message = next();
+      std::ofstream(env_or("TORCHELASTIC_ERROR_FILE", "/dev/null"))
+          << R"({"message": {"message": ")" << message
+          << R"(", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 3\n)"
+          << message << R"(", "timestamp": ")" << std::time(nullptr) << R"("}}})";
+    } else if (a == "trap") {
+      const int s = std::stoi(next());
+      const std::string file = next();
+      install(s, file, true, std::stoi(next()));
+    } else if (a == "note") {
+      const int s = std::stoi(next());
+      install(s, next(), false, 0);
+    } else if (a == "ignore") {
+      signal(std::stoi(next()), SIG_IGN);
+    } else if (a == "lines") {
+      const int n = std::stoi(next());
+      const std::string rank = env_or("RANK", "?");
+      for (int k = 0; k < n; ++k) {
+        write_in_two_parts(1, "out line " + std::to_string(k) + " of rank " + rank + " end\n");
+        write_in_two_parts(2, "err line " + std::to_string(k) + " of rank " + rank + " end\n");
+      }
+    } else if (a == "sleep") {
+      sleep_ms(std::stol(next()));
+    } else if (a == "forever") {
+      while (true) sleep_ms(1000);
+    } else {
+      std::fprintf(stderr, "dist-test-worker: unknown action '%s'\n", a.c_str());
+      return 64;
+    }
+  }
+  return 0;
+}

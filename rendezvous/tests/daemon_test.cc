@@ -1,0 +1,89 @@
+// dist-rendezvous as a process: prints the port it bound, exits 0 on SIGTERM, and fails with one
+// clear line on a bad flag or a taken port.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <regex>
+#include <string>
+
+#include "dist/rendezvous/client.h"
+#include "dist/rendezvous/server.h"
+
+namespace dist::rendezvous {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Result {
+  int exit_code;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  FILE* pipe = ::popen((std::string(DIST_RENDEZVOUS_BIN) + " " + args + " 2>&1").c_str(), "r");
+  std::string output;
+  std::array<char, 1024> buffer{};
+  while (std::fgets(buffer.data(), buffer.size(), pipe)) output += buffer.data();
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+TEST(Daemon, BadFlagIsOneLineAndExitTwo) {
+  const Result r = run("--bogus");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("dist-rendezvous: error:"), std::string::npos) << r.output;
+}
+
+TEST(Daemon, TakenPortIsAClearError) {
+  StoreServerThread holder;
+  const Result r = run("--host 127.0.0.1 --port " + std::to_string(holder.port()));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("Address already in use"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(std::to_string(holder.port())), std::string::npos) << r.output;
+}
+
+TEST(Daemon, ServesOnThePrintedPortAndStopsOnSigterm) {
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    ::close(out[0]);
+    ::close(out[1]);
+    ::execl(DIST_RENDEZVOUS_BIN, DIST_RENDEZVOUS_BIN, "--host", "127.0.0.1", "--port", "0",
+            "--log-level", "warn", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  FILE* stream = ::fdopen(out[0], "r");
+  std::array<char, 256> line{};
+  ASSERT_NE(std::fgets(line.data(), line.size(), stream), nullptr);
+  std::smatch m;
+  const std::string text(line.data());
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)")))
+      << text;
+
+  ClientOptions options;
+  options.port = static_cast<std::uint16_t>(std::stoi(m[1]));
+  options.connect_timeout = 5s;
+  auto client = StoreClient::connect(options);
+  EXPECT_EQ(client.add("n", 2), 2);
+
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::fclose(stream);
+  EXPECT_THROW(client.add("n", 1), StoreError) << "the server is gone";
+}
+
+}  // namespace
+}  // namespace dist::rendezvous

@@ -1,27 +1,14 @@
 #!/usr/bin/env bash
-# Sets up and runs the main job. Until the agent lands this shows the launcher's command line and
-# a round trip through a standalone rendezvous store.
+# Sets up and runs the main job: two PyTorch DDP workers (Debian's torch 1.13) under dist-launch,
+# with a crash injected on the first attempt so the restart and the recovery are visible.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh" >/dev/null
 "$root/scripts/build.sh" >/dev/null
 bin=${BUILD_DIR:-$root/build}/bin
 
-"$bin/dist-launch" --help
-echo
-echo "== dist-rendezvous on a free port, used by torch 1.13 as its TCPStore =="
-out=$(mktemp)
-"$bin/dist-rendezvous" --host 127.0.0.1 --port 0 --log-level warn >"$out" &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$out"' EXIT
-for _ in $(seq 50); do grep -q listening "$out" && break; sleep 0.1; done
-cat "$out"
-port=$(sed -n 's/.*listening on .*:\([0-9]*\)$/\1/p' "$out")
-/usr/bin/python3 - "$port" <<'PY'
-import sys, datetime
-import torch.distributed as dist
-store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False,
-                      timeout=datetime.timedelta(seconds=10))
-store.set("greeting", "hello from torch " + __import__("torch").__version__)
-print(store.get("greeting").decode(), "| counter:", store.add("counter", 41) + store.add("counter", 1) - 41)
-PY
+export PYTHON_EXEC=${PYTHON_EXEC:-/usr/bin/python3}
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
+set -x
+"$bin/dist-launch" --nproc-per-node 2 --max-restarts 1 \
+  "$root/examples/torch/ddp_train.py" --crash-on-attempt 0 --steps 20

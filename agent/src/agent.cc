@@ -16,9 +16,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -71,6 +76,15 @@ class Agent {
         host_(hostname()) {
     for (int s : config_.signals_to_handle) handled_signals_.add(s);
   }
+
+  ~Agent() {
+    if (temporary_run_dir_) {  // error files of a run without --log-dir
+      std::error_code ec;
+      fs::remove_all(run_dir_, ec);
+    }
+  }
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
 
   int run() {
     transition(State::kRendezvous);
@@ -443,14 +457,6 @@ class Agent {
   StopReason stop_reason_ = StopReason::kAllSucceeded;
   int stop_signal_ = 0;
   int exit_code_ = 0;
-
- public:
-  ~Agent() {
-    if (temporary_run_dir_) {
-      std::error_code ec;
-      fs::remove_all(run_dir_, ec);
-    }
-  }
 };
 
 int run_agent(const LaunchConfig& config) {

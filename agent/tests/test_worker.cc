@@ -10,6 +10,9 @@
 //   note SIGNAL FILE         on SIGNAL: append the signal number to FILE and carry on
 //   ignore SIGNAL            ignore SIGNAL
 //   lines N                  print N lines to stdout and N to stderr, each written in two parts
+//   stamp DIR                write the wall clock (ns) to DIR/start_<attempt>_<local rank>
+//   crash-if DIR RANK ATTEMPT   on that rank and attempt: write the clock to DIR/crash, exit 1
+//   sleep-if-attempt N MS    sleep MS on attempt N only
 //   sleep MS                 sleep (signals interrupt it and are handled)
 //   forever                  sleep until a signal handler ends the process
 #include <signal.h>
@@ -69,6 +72,12 @@ void install(int s, const std::string& file, bool exits, int after_ms) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(s, &sa, nullptr);
+}
+
+long long wall_clock_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
 }
 
 void write_in_two_parts(int fd, const std::string& line) {
@@ -131,6 +140,23 @@ int main(int argc, char** argv) {
         write_in_two_parts(1, "out line " + std::to_string(k) + " of rank " + rank + " end\n");
         write_in_two_parts(2, "err line " + std::to_string(k) + " of rank " + rank + " end\n");
       }
+    } else if (a == "stamp") {
+      const std::string dir = next();
+      std::ofstream(dir + "/start_" + env_or("TORCHELASTIC_RESTART_COUNT", "0") + "_" +
+                    env_or("LOCAL_RANK", "0"))
+          << wall_clock_ns() << "\n";
+    } else if (a == "crash-if") {
+      const std::string dir = next();
+      const std::string rank = next();
+      const std::string attempt = next();
+      if (env_or("RANK", "") == rank && env_or("TORCHELASTIC_RESTART_COUNT", "") == attempt) {
+        std::ofstream(dir + "/crash") << wall_clock_ns() << "\n";
+        return 1;
+      }
+    } else if (a == "sleep-if-attempt") {
+      const std::string attempt = next();
+      const long ms = std::stol(next());
+      if (env_or("TORCHELASTIC_RESTART_COUNT", "") == attempt) sleep_ms(ms);
     } else if (a == "sleep") {
       sleep_ms(std::stol(next()));
     } else if (a == "forever") {

@@ -1,0 +1,63 @@
+"""A small PyTorch DDP job for dist-launch's tests: gloo process group, all_reduce checks, a tiny
+model trained a few steps with DistributedDataParallel, weights compared across ranks.
+
+    dist-launch --nproc-per-node 2 examples/torch/ddp_train.py [--crash-on-attempt 0] [--out DIR]
+
+--crash-on-attempt N makes rank 1 raise on restart attempt N (torch's @record writes the error file).
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+@record
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--crash-on-attempt", type=int, default=-1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == int(os.environ["WORLD_SIZE"]) and rank == int(os.environ["RANK"])
+
+    for op, expected in ((dist.ReduceOp.SUM, world * (world + 1) / 2), (dist.ReduceOp.MAX, world)):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t, op=op)
+        assert t.item() == expected, (op, t.item(), expected)
+
+    if rank == 1 and attempt == args.crash_on_attempt:
+        raise RuntimeError(f"injected failure on attempt {attempt}")
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(args.steps):
+        x = torch.randn(32, 8, generator=g)
+        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    # DDP keeps replicas identical: every rank's weights equal rank 0's.
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    reference = flat.clone()
+    dist.broadcast(reference, src=0)
+    assert torch.equal(flat, reference), "replicas diverged"
+    print(f"rank {rank}/{world} attempt {attempt}: loss={loss.item():.4f} weights in sync", flush=True)
+    if args.out:
+        with open(os.path.join(args.out, f"done_{rank}"), "w") as f:
+            f.write(f"{attempt}\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

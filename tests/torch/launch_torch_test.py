@@ -1,0 +1,79 @@
+"""PyTorch workers (Debian's torch 1.13 by default) under dist-launch: a DDP job, and the same job
+recovering from an injected crash with --max-restarts 1.
+
+    python3 launch_torch_test.py --launcher build/bin/dist-launch [--python /usr/bin/python3]
+Exits 77 (skip) when that interpreter has no torch.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch", "ddp_train.py")
+ARGS = None
+
+
+class TorchUnderDistLaunch(unittest.TestCase):
+    def launch(self, *extra, script_args=()):
+        out_dir = tempfile.mkdtemp(prefix="dist-launch-torch-")
+        self.addCleanup(shutil.rmtree, out_dir, ignore_errors=True)
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        cmd = [ARGS.launcher, "--nproc-per-node", "2", *extra, EXAMPLE,
+               "--out", out_dir, *script_args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        return proc, out_dir
+
+    def done_attempts(self, out_dir):
+        attempts = {}
+        for rank in range(2):
+            path = os.path.join(out_dir, f"done_{rank}")
+            if os.path.exists(path):
+                with open(path) as f:
+                    attempts[rank] = int(f.read())
+        return attempts
+
+    def test_ddp_job_succeeds(self):
+        proc, out_dir = self.launch()
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(self.done_attempts(out_dir), {0: 0, 1: 0})
+        self.assertIn("[default0]:rank 0/2 attempt 0", proc.stdout)
+        self.assertIn("[default1]:rank 1/2 attempt 0", proc.stdout)
+        self.assertIn("weights in sync", proc.stdout)
+
+    def test_crash_on_attempt_zero_recovers_with_one_restart(self):
+        proc, out_dir = self.launch("--max-restarts", "1", script_args=["--crash-on-attempt", "0"])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(self.done_attempts(out_dir), {0: 1, 1: 1})
+        self.assertIn("restarting the worker group (restart 1 of 1)", proc.stderr)
+
+    def test_crash_without_restarts_reports_the_python_exception(self):
+        proc, _ = self.launch(script_args=["--crash-on-attempt", "0"])
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("ddp_train.py FAILED", proc.stderr)
+        self.assertIn("rank      : 1 (local_rank: 1)", proc.stderr)
+        self.assertIn("injected failure on attempt 0", proc.stderr)
+        self.assertIn("Traceback", proc.stderr)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launcher", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--require-major", type=int, default=None)
+    ARGS, rest = parser.parse_known_args()
+    ARGS.launcher = os.path.abspath(ARGS.launcher)
+    probe = subprocess.run([ARGS.python, "-c", "import torch; print(torch.__version__)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        print(f"SKIP: {ARGS.python} has no torch")
+        sys.exit(77)
+    version = probe.stdout.strip()
+    if ARGS.require_major is not None and int(version.split(".")[0]) != ARGS.require_major:
+        print(f"SKIP: {ARGS.python} has torch {version}, not {ARGS.require_major}.x")
+        sys.exit(77)
+    print(f"torch {version} at {ARGS.python}", flush=True)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

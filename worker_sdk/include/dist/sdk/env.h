@@ -1,0 +1,46 @@
+// What dist-launch tells a worker, read from the environment, and the way to the agent's store.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "dist/rendezvous/client.h"
+
+namespace dist::sdk {
+
+// A worker's environment is missing or wrong: the message names the variable and what to do.
+class EnvironmentError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct WorkerEnv {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: which attempt this is
+  std::string master_addr = "127.0.0.1";
+  std::uint16_t master_port = 0;
+  std::string run_id = "none";
+
+  // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+  // TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_RUN_ID. Throws EnvironmentError when one is missing
+  // or malformed, or when the ranks are inconsistent.
+  static WorkerEnv from_environment();
+
+  // Rank 0 of a world of 1, for running a worker without dist-launch: the caller hosts a store
+  // itself (rendezvous::StoreServerThread) and sets master_port to it.
+  static WorkerEnv single_process();
+
+  // True when the variables dist-launch sets are present (RANK and WORLD_SIZE).
+  static bool launched_by_dist_launch();
+};
+
+// Connects to the agent's store at MASTER_ADDR:MASTER_PORT (retrying until `timeout`).
+rendezvous::StoreClient connect_store(const WorkerEnv& env,
+                                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+}  // namespace dist::sdk

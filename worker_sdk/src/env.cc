@@ -1,0 +1,72 @@
+#include "dist/sdk/env.h"
+
+#include <cstdlib>
+#include <string>
+
+namespace dist::sdk {
+namespace {
+
+constexpr const char* kHint =
+    "; start workers with dist-launch (or use WorkerEnv::single_process() to run one alone)";
+
+std::string require(const char* name) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) throw EnvironmentError(std::string(name) + " is not set" + kHint);
+  return value;
+}
+
+long long parse_integer(const char* name, const std::string& text, long long min, long long max) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || v < min || v > max) {
+    throw EnvironmentError(std::string(name) + "='" + text + "' is not an integer in [" +
+                           std::to_string(min) + ", " + std::to_string(max) + "]" + kHint);
+  }
+  return v;
+}
+
+int integer(const char* name, long long min, long long max = 1 << 30) {
+  return static_cast<int>(parse_integer(name, require(name), min, max));
+}
+
+}  // namespace
+
+bool WorkerEnv::launched_by_dist_launch() {
+  return std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
+}
+
+WorkerEnv WorkerEnv::from_environment() {
+  WorkerEnv env;
+  env.world_size = integer("WORLD_SIZE", 1);
+  env.rank = integer("RANK", 0, env.world_size - 1);
+  env.local_world_size = integer("LOCAL_WORLD_SIZE", 1, env.world_size);
+  env.local_rank = integer("LOCAL_RANK", 0, env.local_world_size - 1);
+  env.master_addr = require("MASTER_ADDR");
+  env.master_port = static_cast<std::uint16_t>(integer("MASTER_PORT", 1, 65535));
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  env.restart_count =
+      restart ? static_cast<int>(parse_integer("TORCHELASTIC_RESTART_COUNT", restart, 0, 1 << 30))
+              : 0;
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  if (run_id && *run_id) env.run_id = run_id;
+  return env;
+}
+
+WorkerEnv WorkerEnv::single_process() {
+  return WorkerEnv{};
+}
+
+rendezvous::StoreClient connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) {
+  rendezvous::ClientOptions options;
+  options.host = env.master_addr;
+  options.port = env.master_port;
+  options.connect_timeout = timeout;
+  return rendezvous::StoreClient::connect(options);
+}
+
+}  // namespace dist::sdk

@@ -3,14 +3,17 @@
 
     python3 bench/launch_bench.py [--build build] [--runs 10]
 
-1. Launch + reap of 8 trivial workers (`--no-python true`): wall time (median of --runs) and the
-   launcher's peak RSS (its own, from wait4; `true` workers are tiny).
+1. Launch + reap of 8 trivial workers (`--no_python true`): wall time (median of --runs) and the
+   launcher's peak RSS, measured by GNU time (`/usr/bin/time -f %M`). Not by this script's own
+   wait4: the kernel keeps a process's RSS high-water mark across exec, so a child forked from this
+   Python process would inherit Python's ~14 MB before it even starts.
 2. Worker crash to all workers restarted: rank 0 crashes on attempt 0 (writing the time), every
    worker of attempt 1 writes its start time; the latency is the last start minus the crash.
 
 Launchers: build/bin/dist-launch; torch 2.x's torchrun (`python3 -m torch.distributed.run`) when
 `python3` has torch 2.x; Debian's torch 1.13 torchrun through bench/torchrun113.py (see its
-docstring). torchrun runs with `--monitor-interval 0.05`, its fastest practical polling.
+docstring). torchrun runs with `--monitor_interval 0.05`, its fastest practical polling. Options use
+the underscore spellings, the only ones torch 1.13 knows (dist-launch accepts both).
 """
 import argparse
 import glob
@@ -32,22 +35,14 @@ def has_torch(python, major):
 
 
 def run(cmd, env=None, timeout=120):
-    """Runs cmd; returns (wall seconds, peak RSS KiB of the launcher process, exit code)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = start + timeout
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
-            proc.kill()
-            pid, status, usage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.001)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_maxrss, proc.returncode
+    """Runs cmd under GNU time; returns (wall seconds, peak RSS KiB of the launcher, exit code)."""
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
+        start = time.perf_counter()
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name] + cmd, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+        wall = time.perf_counter() - start
+        lines = rss.read().split()
+        return wall, int(lines[-1]) if lines else 0, proc.returncode
 
 
 def launchers(build):
@@ -57,7 +52,7 @@ def launchers(build):
     if ok2:
         out.append((f"torchrun (torch {v2})",
                     ["python3", "-m", "torch.distributed.run", "--standalone",
-                     "--monitor-interval", "0.05"], worker_env))
+                     "--monitor_interval", "0.05"], worker_env))
     else:
         print("note: python3 has no torch 2.x (scripts/install-torch2.sh)", file=sys.stderr)
     ok1, v1 = has_torch("/usr/bin/python3", 1)
@@ -71,7 +66,7 @@ def launchers(build):
 def restart_latency(cmd, env, worker, nproc):
     d = tempfile.mkdtemp(prefix="dist-launch-bench-")
     try:
-        args = cmd + ["--nproc-per-node", str(nproc), "--max-restarts", "1", "--no-python", worker,
+        args = cmd + ["--nproc_per_node", str(nproc), "--max_restarts", "1", "--no_python", worker,
                       "crash-if", d, "0", "0", "stamp", d, "sleep-if-attempt", "0", "30000"]
         wall, _, code = run(args, env=env, timeout=120)
         if code != 0:
@@ -97,18 +92,18 @@ def main():
     for name, cmd, env in launchers(args.build):
         walls, rss, codes = [], [], []
         for _ in range(args.runs):
-            w, r, c = run(cmd + ["--nproc-per-node", str(args.nproc), "--no-python", "true"], env=env)
+            w, r, c = run(cmd + ["--nproc_per_node", str(args.nproc), "--no_python", "true"], env=env)
             walls.append(w)
             rss.append(r)
             codes.append(c)
         restarts = [restart_latency(cmd, env, worker, args.nproc) for _ in range(max(3, args.runs // 2))]
         ok = [x for x in restarts if x is not None]
-        rows.append((name, statistics.median(walls), min(walls), max(rss) / 1024,
+        rows.append((name, statistics.median(walls), min(walls), statistics.median(rss) / 1024,
                      statistics.median(ok) if ok else None, len(ok), len(restarts),
                      all(c == 0 for c in codes)))
         print(rows[-1], file=sys.stderr, flush=True)
 
-    print(f"| launcher | launch + reap {args.nproc} workers, median s | best s | launcher peak RSS MiB "
+    print(f"| launcher | launch + reap {args.nproc} workers, median s | best s | launcher peak RSS MiB (median) "
           f"| crash to all {args.nproc} restarted, median ms | exit codes |")
     print("|---|---:|---:|---:|---:|---|")
     for name, med, best, rss, restart, nok, n, ok in rows:

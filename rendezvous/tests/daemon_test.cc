@@ -8,6 +8,8 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -46,6 +48,62 @@ TEST(Daemon, TakenPortIsAClearError) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("Address already in use"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(std::to_string(holder.port())), std::string::npos) << r.output;
+}
+
+// Starts dist-rendezvous with `args` on a free port; returns its pid and the port it printed.
+std::pair<pid_t, std::uint16_t> start_daemon(std::vector<std::string> args, FILE** stream_out) {
+  int out[2];
+  if (::pipe(out) != 0) return {-1, 0};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], STDOUT_FILENO);
+    ::close(out[0]);
+    ::close(out[1]);
+    std::vector<char*> argv{const_cast<char*>(DIST_RENDEZVOUS_BIN)};
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(DIST_RENDEZVOUS_BIN, argv.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  *stream_out = ::fdopen(out[0], "r");
+  std::array<char, 256> line{};
+  if (!std::fgets(line.data(), line.size(), *stream_out)) return {pid, 0};
+  std::smatch m;
+  const std::string text(line.data());
+  if (!std::regex_search(text, m, std::regex("listening on [0-9.]+:(\\d+)"))) return {pid, 0};
+  return {pid, static_cast<std::uint16_t>(std::stoi(m[1]))};
+}
+
+TEST(Daemon, TokenFileRequiresAgentsToAuthenticate) {
+  const auto token = std::filesystem::temp_directory_path() /
+                     ("dist-rendezvous-token-" + std::to_string(::getpid()));
+  std::ofstream(token) << "job-secret\n";
+  FILE* stream = nullptr;
+  const auto [pid, port] =
+      start_daemon({"--host", "127.0.0.1", "--port", "0", "--token-file", token.string(),
+                    "--unauthenticated", "deny", "--log-level", "error"},
+                   &stream);
+  ASSERT_GT(pid, 0);
+  ASSERT_GT(port, 0);
+  ClientOptions options;
+  options.port = port;
+  options.connect_timeout = 5s;
+  options.secret = "job-secret";  // the file's trailing newline is not part of the secret
+  EXPECT_EQ(StoreClient::connect(options).add("n", 1), 1);
+  options.secret = "wrong";
+  try {
+    StoreClient::connect(options);
+    ADD_FAILURE() << "a wrong secret must be refused";
+  } catch (const StoreError& e) {
+    EXPECT_EQ(e.code(), StoreErrc::kUnauthenticated) << e.what();
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::fclose(stream);
+  std::filesystem::remove(token);
 }
 
 TEST(Daemon, ServesOnThePrintedPortAndStopsOnSigterm) {

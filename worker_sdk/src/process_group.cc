@@ -1,0 +1,64 @@
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "dist/sdk/process_group.h"
+
+namespace dist::sdk {
+
+std::size_t size_of(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kFloat64:
+      return 8;
+    case DataType::kFloat16:
+      return 2;
+    case DataType::kInt32:
+      return 4;
+    case DataType::kInt64:
+      return 8;
+  }
+  return 0;
+}
+
+void ProcessGroup::check_gather_sizes(std::size_t per_rank, std::size_t whole) const {
+  if (whole != per_rank * static_cast<std::size_t>(size())) {
+    throw std::invalid_argument("buffer of " + std::to_string(whole) + " elements; a group of " +
+                                std::to_string(size()) + " needs " +
+                                std::to_string(per_rank * static_cast<std::size_t>(size())));
+  }
+}
+
+// IEEE 754 binary16 conversions, round to nearest even.
+Half Half::from_float(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t abs = x & 0x7FFFFFFFu;
+  if (abs >= 0x7F800000u) {  // inf or nan
+    return {static_cast<std::uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u))};
+  }
+  if (abs >= 0x477FF000u) return {static_cast<std::uint16_t>(sign | 0x7C00u)};  // overflow
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    const float magnitude = std::bit_cast<float>(abs);
+    const auto sub = static_cast<std::uint32_t>(std::nearbyint(magnitude * 16777216.0f));
+    return {static_cast<std::uint16_t>(sign | sub)};
+  }
+  std::uint32_t rounded = abs + 0xFFFu + ((abs >> 13) & 1u);  // round half to even
+  rounded -= 0x38000000u;                                     // rebias 127 -> 15
+  return {static_cast<std::uint16_t>(sign | (rounded >> 13))};
+}
+
+float Half::to_float() const {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const std::uint32_t exponent = (bits >> 10) & 0x1Fu;
+  const std::uint32_t mantissa = bits & 0x3FFu;
+  if (exponent == 0) {
+    const float magnitude = static_cast<float>(mantissa) / 16777216.0f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+}  // namespace dist::sdk

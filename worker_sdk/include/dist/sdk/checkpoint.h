@@ -1,0 +1,33 @@
+// Checkpoints of named float tensors (model and optimizer state) plus the step they were taken at.
+// Written atomically (temporary file, fsync, rename, fsync of the directory), so a crash leaves
+// either the previous checkpoint or the new one, never a torn file; a checksum guards the rest.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dist::sdk {
+
+struct Checkpoint {
+  std::uint64_t step = 0;
+  std::map<std::string, std::vector<float>> tensors;
+};
+
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Writes `checkpoint` to `path` atomically. Throws CheckpointError naming the path and the errno.
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint);
+
+// Reads a checkpoint; nullopt when the file does not exist. Throws CheckpointError when it exists
+// but is not a complete, intact checkpoint.
+std::optional<Checkpoint> load_checkpoint(const std::filesystem::path& path);
+
+}  // namespace dist::sdk

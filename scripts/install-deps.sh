@@ -13,6 +13,7 @@ BUILD_PKGS=(
   libgloo-dev           # CPU process group (worker SDK)
   libssl-dev            # HMAC-SHA256 for store authentication, SHA-256 of weights
   libeigen3-dev         # CPU math of the training example
+  zlib1g-dev            # reading the example data set (.csv.gz)
   libgtest-dev libgmock-dev
 )
 # Tests: PyTorch 1.13 (legacy TCPStore dialect) as a real client, clang-format for lint.

@@ -1,0 +1,371 @@
+// ddp_train: data-parallel training of a small MLP (64-128-10, ReLU, softmax cross-entropy, SGD
+// with momentum) on the digits data set, with the worker SDK: dist-launch's environment, a Gloo
+// process group, DistributedSampler, DDP and checkpoint/resume.
+//
+//   dist-launch --nproc-per-node 2 --max-restarts 1 --no-python build/bin/ddp_train
+//       --checkpoint-dir /tmp/ckpt --crash-at-step 300      (one command line)
+//
+// The global batch is the same whatever the world size (each rank takes global/world samples).
+// The last line prints the final test accuracy and the SHA-256 of the final weights, so runs can be
+// compared exactly: a run that crashed and resumed from its checkpoint ends bit-identical to one
+// that did not.
+#include <openssl/evp.h>
+#include <zlib.h>
+
+#include <CLI/CLI.hpp>
+#include <Eigen/Dense>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include "dist/rendezvous/server.h"
+#include "dist/sdk/checkpoint.h"
+#include "dist/sdk/ddp.h"
+#include "dist/sdk/env.h"
+#include "dist/sdk/process_group.h"
+#include "dist/sdk/sampler.h"
+
+namespace {
+
+using namespace dist;
+using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixMap = Eigen::Map<Matrix>;
+using VectorMap = Eigen::Map<Eigen::VectorXf>;
+
+constexpr int kInputs = 64, kClasses = 10;
+constexpr std::size_t kTestRows = 360;
+constexpr std::uint64_t kSplitSeed = 20261122;
+
+struct Options {
+  std::string data = DIST_EXAMPLE_DATA;
+  int epochs = 30;
+  int global_batch = 32;
+  int hidden = 128;
+  float lr = 0.1f;
+  float momentum = 0.9f;
+  std::uint64_t seed = 0;
+  std::string checkpoint_dir;
+  int checkpoint_every = 50;  // steps
+  long crash_at_step = -1;    // on attempt 0, the last rank exits here
+};
+
+struct Dataset {
+  Matrix x;  // rows of 64 pixels scaled to 0..1
+  std::vector<int> y;
+};
+
+// Reads the gzip'd CSV and splits it (a fixed permutation) into train and test.
+std::pair<Dataset, Dataset> load_digits(const std::string& path) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (!file) throw std::runtime_error("cannot open the data set '" + path + "' (see --data)");
+  std::vector<std::vector<float>> rows;
+  std::vector<int> labels;
+  char line[4096];
+  while (gzgets(file, line, sizeof line)) {
+    std::stringstream fields(line);
+    std::string field;
+    std::vector<float> row;
+    while (std::getline(fields, field, ',')) row.push_back(std::stof(field));
+    if (row.size() != kInputs + 1) continue;
+    labels.push_back(static_cast<int>(row.back()));
+    row.pop_back();
+    rows.push_back(std::move(row));
+  }
+  gzclose(file);
+  if (rows.size() <= kTestRows) throw std::runtime_error("'" + path + "' has too few rows");
+  const auto order = sdk::torch_randperm(rows.size(), kSplitSeed);
+  auto take = [&](std::size_t begin, std::size_t end) {
+    Dataset d{Matrix(static_cast<Eigen::Index>(end - begin), kInputs), {}};
+    for (std::size_t i = begin; i < end; ++i) {
+      const auto& row = rows[order[i]];
+      for (int c = 0; c < kInputs; ++c) {
+        d.x(static_cast<Eigen::Index>(i - begin), c) = row[static_cast<std::size_t>(c)] / 16.0f;
+      }
+      d.y.push_back(labels[order[i]]);
+    }
+    return d;
+  };
+  return {take(0, rows.size() - kTestRows), take(rows.size() - kTestRows, rows.size())};
+}
+
+// The model's parameters and gradients live in flat vectors the SDK can see; Eigen maps them.
+struct Mlp {
+  int hidden;
+  std::vector<float> w1, b1, w2, b2, dw1, db1, dw2, db2, v_w1, v_b1, v_w2, v_b2;
+
+  explicit Mlp(int h, std::uint64_t seed)
+      : hidden(h),
+        w1(static_cast<std::size_t>(h * kInputs)),
+        b1(static_cast<std::size_t>(h)),
+        w2(static_cast<std::size_t>(kClasses * h)),
+        b2(kClasses),
+        dw1(w1.size()),
+        db1(b1.size()),
+        dw2(w2.size()),
+        db2(b2.size()),
+        v_w1(w1.size()),
+        v_b1(b1.size()),
+        v_w2(w2.size()),
+        v_b2(b2.size()) {
+    std::mt19937 g(static_cast<std::uint32_t>(seed));
+    auto init = [&](std::vector<float>& v, int fan_in) {  // PyTorch's Linear default range
+      const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+      std::uniform_real_distribution<float> u(-bound, bound);
+      for (auto& x : v) x = u(g);
+    };
+    init(w1, kInputs);
+    init(b1, kInputs);
+    init(w2, h);
+    init(b2, h);
+  }
+
+  MatrixMap W1() { return {w1.data(), hidden, kInputs}; }
+  MatrixMap W2() { return {w2.data(), kClasses, hidden}; }
+
+  std::vector<sdk::Parameter> parameters() {
+    return {{"w1", w1, dw1}, {"b1", b1, db1}, {"w2", w2, dw2}, {"b2", b2, db2}};
+  }
+
+  // Logits for a batch of rows, and the hidden activations the backward pass needs.
+  Matrix forward(const Matrix& x, Matrix* hidden_out) {
+    Matrix h = (x * W1().transpose()).rowwise() + VectorMap(b1.data(), hidden).transpose();
+    h = h.cwiseMax(0.0f);
+    Matrix logits = (h * W2().transpose()).rowwise() + VectorMap(b2.data(), kClasses).transpose();
+    if (hidden_out) *hidden_out = std::move(h);
+    return logits;
+  }
+
+  // Mean cross-entropy over the batch; gradients written to d*, each layer's announced to DDP
+  // as soon as it is computed (the last layer first), so its all-reduce overlaps the rest.
+  float backward(const Matrix& x, const std::vector<int>& y, sdk::DistributedDataParallel& ddp) {
+    Matrix h;
+    Matrix p = forward(x, &h);
+    const auto n = static_cast<float>(x.rows());
+    float loss = 0;
+    for (Eigen::Index r = 0; r < p.rows(); ++r) {
+      const float max = p.row(r).maxCoeff();
+      p.row(r) = (p.row(r).array() - max).exp();
+      const float sum = p.row(r).sum();
+      p.row(r) /= sum;
+      const int label = y[static_cast<std::size_t>(r)];
+      loss -= std::log(std::max(p(r, label), 1e-12f));
+      p(r, label) -= 1.0f;
+    }
+    p /= n;  // d loss / d logits
+    MatrixMap(dw2.data(), kClasses, hidden) = p.transpose() * h;
+    VectorMap(db2.data(), kClasses) = p.colwise().sum().transpose();
+    ddp.grad_ready(3);
+    ddp.grad_ready(2);
+    Matrix dh = (p * W2()).cwiseProduct((h.array() > 0.0f).cast<float>().matrix());
+    MatrixMap(dw1.data(), hidden, kInputs) = dh.transpose() * x;
+    VectorMap(db1.data(), hidden) = dh.colwise().sum().transpose();
+    ddp.grad_ready(1);
+    ddp.grad_ready(0);
+    return loss / n;
+  }
+
+  void sgd_step(float lr, float momentum) {  // PyTorch's SGD: v = m v + g; p -= lr v
+    auto step = [&](std::vector<float>& p, std::vector<float>& g, std::vector<float>& v) {
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        v[i] = momentum * v[i] + g[i];
+        p[i] -= lr * v[i];
+      }
+    };
+    step(w1, dw1, v_w1);
+    step(b1, db1, v_b1);
+    step(w2, dw2, v_w2);
+    step(b2, db2, v_b2);
+  }
+
+  float accuracy(const Dataset& d) {
+    const Matrix logits = forward(d.x, nullptr);
+    int correct = 0;
+    for (Eigen::Index r = 0; r < logits.rows(); ++r) {
+      Eigen::Index best;
+      logits.row(r).maxCoeff(&best);
+      correct += best == d.y[static_cast<std::size_t>(r)] ? 1 : 0;
+    }
+    return static_cast<float>(correct) / static_cast<float>(logits.rows());
+  }
+
+  sdk::Checkpoint checkpoint(std::uint64_t step) const {
+    return {step,
+            {{"w1", w1},
+             {"b1", b1},
+             {"w2", w2},
+             {"b2", b2},
+             {"momentum/w1", v_w1},
+             {"momentum/b1", v_b1},
+             {"momentum/w2", v_w2},
+             {"momentum/b2", v_b2}}};
+  }
+  void restore(const sdk::Checkpoint& c) {
+    auto load = [&](const char* name, std::vector<float>& into) {
+      const auto& v = c.tensors.at(name);
+      if (v.size() != into.size()) {
+        throw std::runtime_error(std::string("checkpoint tensor '") + name +
+                                 "' does not fit this model (--hidden changed?)");
+      }
+      into = v;
+    };
+    load("w1", w1), load("b1", b1), load("w2", w2), load("b2", b2);
+    load("momentum/w1", v_w1), load("momentum/b1", v_b1), load("momentum/w2", v_w2);
+    load("momentum/b2", v_b2);
+  }
+
+  std::string weights_sha256() const {
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+    for (const auto* v : {&w1, &b1, &w2, &b2}) {
+      EVP_DigestUpdate(ctx, v->data(), v->size() * sizeof(float));
+    }
+    EVP_DigestFinal_ex(ctx, digest, &length);
+    EVP_MD_CTX_free(ctx);
+    char hex[2 * EVP_MAX_MD_SIZE + 1];
+    for (unsigned i = 0; i < length; ++i) std::snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+    return std::string(hex, 2 * length);
+  }
+};
+
+int train(const Options& o) {
+  // Under dist-launch, or alone: then this process hosts the store itself.
+  std::optional<rendezvous::StoreServerThread> own_store;
+  sdk::WorkerEnv env;
+  if (sdk::WorkerEnv::launched_by_dist_launch()) {
+    env = sdk::WorkerEnv::from_environment();
+  } else {
+    own_store.emplace();
+    env = sdk::WorkerEnv::single_process();
+    env.master_port = own_store->port();
+  }
+  if (o.global_batch % env.world_size != 0) {
+    throw std::runtime_error("--global-batch " + std::to_string(o.global_batch) +
+                             " is not divisible by the world size " +
+                             std::to_string(env.world_size));
+  }
+  sdk::GlooOptions gloo;
+  gloo.route_to = env.master_addr;
+  gloo.key_prefix = "ddp_train/attempt_" + std::to_string(env.restart_count);
+  auto group = sdk::make_gloo_group(sdk::connect_store(env), env.rank, env.world_size, gloo);
+  const bool chief = env.rank == 0;
+
+  const auto [train_set, test_set] = load_digits(o.data);
+  Mlp model(o.hidden, o.seed);
+  const std::filesystem::path ckpt_path =
+      o.checkpoint_dir.empty() ? "" : std::filesystem::path(o.checkpoint_dir) / "ddp_train.ckpt";
+  std::uint64_t step = 0;
+  if (!ckpt_path.empty()) {
+    if (auto c = sdk::load_checkpoint(ckpt_path)) {
+      model.restore(*c);
+      step = c->step;
+      if (chief)
+        std::printf("resumed from %s at step %llu\n", ckpt_path.c_str(), (unsigned long long)step);
+    }
+  }
+  sdk::DistributedDataParallel ddp(*group, model.parameters());
+
+  const std::size_t local_batch = static_cast<std::size_t>(o.global_batch / env.world_size);
+  sdk::DistributedSampler sampler({static_cast<std::size_t>(train_set.x.rows()), env.world_size,
+                                   env.rank, true, o.seed, false});
+  const std::size_t steps_per_epoch = (sampler.num_samples() + local_batch - 1) / local_batch;
+  if (chief) {
+    std::printf(
+        "ddp_train: %d ranks, %zu train / %zu test rows, global batch %d (%zu per rank), "
+        "%zu steps per epoch, attempt %d\n",
+        env.world_size, static_cast<std::size_t>(train_set.x.rows()),
+        static_cast<std::size_t>(test_set.x.rows()), o.global_batch, local_batch, steps_per_epoch,
+        env.restart_count);
+  }
+
+  for (auto epoch = static_cast<int>(step / steps_per_epoch); epoch < o.epochs; ++epoch) {
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    const auto indices = sampler.indices();
+    float loss_sum = 0;
+    std::size_t batches = 0;
+    for (std::size_t b = step % steps_per_epoch; b < steps_per_epoch; ++b) {
+      const std::size_t begin = b * local_batch;
+      const std::size_t end = std::min(indices.size(), begin + local_batch);
+      Matrix x(static_cast<Eigen::Index>(end - begin), kInputs);
+      std::vector<int> y;
+      for (std::size_t i = begin; i < end; ++i) {
+        x.row(static_cast<Eigen::Index>(i - begin)) =
+            train_set.x.row(static_cast<Eigen::Index>(indices[i]));
+        y.push_back(train_set.y[indices[i]]);
+      }
+      if (env.restart_count == 0 && static_cast<long>(step) == o.crash_at_step &&
+          env.rank == env.world_size - 1) {
+        std::fprintf(stderr, "ddp_train: injected crash at step %llu on rank %d\n",
+                     (unsigned long long)step, env.rank);
+        return 3;
+      }
+      loss_sum += model.backward(x, y, ddp);
+      ddp.synchronize();
+      model.sgd_step(o.lr, o.momentum);
+      ++batches;
+      ++step;
+      if (!ckpt_path.empty() && step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
+        if (chief) sdk::save_checkpoint(ckpt_path, model.checkpoint(step));
+        group->barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
+      }
+    }
+    std::vector<float> mean_loss{batches ? loss_sum / static_cast<float>(batches) : 0.0f};
+    group->all_reduce(std::span<float>(mean_loss), sdk::ReduceOp::kAvg);
+    if (chief) {
+      std::printf("epoch %2d  loss %.4f  test accuracy %.4f\n", epoch + 1, mean_loss[0],
+                  model.accuracy(test_set));
+      std::fflush(stdout);
+    }
+  }
+  // Every rank reports its weights' digest (they must all agree); rank 0 the accuracy too.
+  std::printf("rank %d weights sha256 %s\n", env.rank, model.weights_sha256().c_str());
+  if (chief) {
+    std::printf("final test accuracy %.4f weights sha256 %s\n", model.accuracy(test_set),
+                model.weights_sha256().c_str());
+  }
+  std::fflush(stdout);
+  group->barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "ddp_train: data-parallel MLP training on the digits data set (run under dist-launch "
+      "--no-python, or alone)"};
+  app.add_option("--data", o.data, "digits.csv.gz")->capture_default_str();
+  app.add_option("--epochs", o.epochs)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--global-batch", o.global_batch)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--hidden", o.hidden)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", o.lr)->capture_default_str();
+  app.add_option("--momentum", o.momentum)->capture_default_str();
+  app.add_option("--seed", o.seed)->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "Save and resume from here");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--crash-at-step", o.crash_at_step,
+                 "On restart attempt 0, the last rank exits with code 3 at this step");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "ddp_train: error: " << e.what() << "\n";
+    return 2;
+  }
+  try {
+    return train(o);
+  } catch (const std::exception& e) {
+    std::cerr << "ddp_train: error: " << e.what() << "\n";
+    return 1;
+  }
+}

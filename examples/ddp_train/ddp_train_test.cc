@@ -1,0 +1,101 @@
+// The training example end to end, as processes under dist-launch: accuracy, identical replicas,
+// and a crash-and-restart run that ends bit-identical to an uninterrupted one.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TrainingRun {
+  int exit_code = -1;
+  std::string output;
+  double accuracy = 0;
+  std::string sha;                     // rank 0's final line
+  std::set<std::string> rank_digests;  // every rank's
+};
+
+TrainingRun launch(const std::string& args) {
+  const std::string cmd =
+      "OMP_NUM_THREADS=1 timeout 300 " + std::string(DIST_LAUNCH_BIN) + " " + args + " 2>&1";
+  TrainingRun run;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> line{};
+  while (pipe && std::fgets(line.data(), line.size(), pipe)) run.output += line.data();
+  const int status = pipe ? ::pclose(pipe) : -1;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::smatch m;
+  if (std::regex_search(
+          run.output, m,
+          std::regex(R"(final test accuracy ([0-9.]+) weights sha256 ([0-9a-f]{64}))"))) {
+    run.accuracy = std::stod(m[1]);
+    run.sha = m[2];
+  }
+  const std::regex digest(R"(rank \d+ weights sha256 ([0-9a-f]{64}))");
+  for (auto it = std::sregex_iterator(run.output.begin(), run.output.end(), digest);
+       it != std::sregex_iterator(); ++it) {
+    run.rank_digests.insert((*it)[1]);
+  }
+  return run;
+}
+
+class DdpTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ddp-train-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "a");
+    fs::create_directories(dir_ / "b");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string train(const std::string& nproc, const std::string& extra) const {
+    return "--nproc-per-node " + nproc + " --max-restarts 1 --no-python " DDP_TRAIN_BIN " " + extra;
+  }
+  fs::path dir_;
+};
+
+TEST_F(DdpTrain, TwoWorkersReach97PercentWithIdenticalReplicas) {
+  const TrainingRun run = launch(train("2", "--checkpoint-dir " + (dir_ / "a").string()));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_GE(run.accuracy, 0.97) << run.output;
+  EXPECT_EQ(run.rank_digests.size(), 1u) << "ranks disagree on the weights:\n" << run.output;
+  EXPECT_EQ(*run.rank_digests.begin(), run.sha);
+}
+
+TEST_F(DdpTrain, ACrashAndRestartEndsBitIdenticalToAnUninterruptedRun) {
+  const TrainingRun clean = launch(train("2", "--checkpoint-dir " + (dir_ / "a").string()));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  // Checkpoints every 50 steps; the crash at 320 makes the restart redo steps 300..319.
+  const TrainingRun crashed =
+      launch(train("2", "--checkpoint-dir " + (dir_ / "b").string() + " --crash-at-step 320"));
+  ASSERT_EQ(crashed.exit_code, 0) << crashed.output;
+  EXPECT_NE(crashed.output.find("injected crash at step 320"), std::string::npos) << crashed.output;
+  EXPECT_NE(crashed.output.find("at step 300"), std::string::npos) << crashed.output;
+  EXPECT_NE(crashed.output.find("restarting the worker group"), std::string::npos);
+  EXPECT_EQ(crashed.sha, clean.sha) << "the resumed run must end bit-identical";
+  EXPECT_EQ(crashed.rank_digests.size(), 1u);
+}
+
+TEST_F(DdpTrain, OneWorkerWithTheSameGlobalBatchAlsoConverges) {
+  const TrainingRun run = launch(train("1", ""));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_GE(run.accuracy, 0.97) << run.output;
+}
+
+TEST_F(DdpTrain, AGlobalBatchThatDoesNotSplitIsAClearError) {
+  const TrainingRun run =
+      launch("--nproc-per-node 3 --no-python " DDP_TRAIN_BIN " --global-batch 32");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("not divisible by the world size 3"), std::string::npos) << run.output;
+}
+
+}  // namespace

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Sets up and runs the main job: two PyTorch DDP workers (Debian's torch 1.13) under dist-launch,
-# with a crash injected on the first attempt so the restart and the recovery are visible.
+# Sets up and runs the main job: two C++ DDP workers (examples/ddp_train) under dist-launch, with a
+# crash injected on the first attempt; the agent restarts the group, the workers resume from their
+# checkpoint, and the run ends with the same weights (SHA-256) an uninterrupted run has.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh" >/dev/null
 "$root/scripts/build.sh" >/dev/null
 bin=${BUILD_DIR:-$root/build}/bin
+checkpoints=$(mktemp -d)
+trap 'rm -rf "$checkpoints"' EXIT
 
-export PYTHON_EXEC=${PYTHON_EXEC:-/usr/bin/python3}
-export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 set -x
-"$bin/dist-launch" --nproc-per-node 2 --max-restarts 1 \
-  "$root/examples/torch/ddp_train.py" --crash-on-attempt 0 --steps 20
+"$bin/dist-launch" --nproc-per-node 2 --max-restarts 1 --no-python "$bin/ddp_train" \
+  --checkpoint-dir "$checkpoints" --crash-at-step 320

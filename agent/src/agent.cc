@@ -317,45 +317,47 @@ class Agent {
     });
   }
 
+  // Every exit that has happened is collected before any is acted on: workers that died together
+  // (a crash and the peers it broke) are all recorded, and the earliest is the root cause.
   void reap_children() {
+    const auto reaped_at = std::chrono::system_clock::now();
+    bool failed = false;
     int status = 0;
     pid_t pid;
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
       for (auto& w : workers_) {
-        if (w.pid == pid && !w.exited) on_worker_exit(w, status);
+        if (w.pid != pid || w.exited) continue;
+        w.exited = true;
+        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+        if (state_ == State::kRunning && code != 0) {
+          record_failure(w, code, reaped_at);
+          failed = true;
+        }
       }
+    }
+    if (state_ != State::kRunning) return maybe_group_stopped();
+    if (failed) return stop_workers(StopReason::kWorkerFailed, SIGTERM);
+    if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.exited; })) {
+      stop_workers(StopReason::kAllSucceeded, 0);  // nothing to signal: wait for the output
     }
   }
 
-  void on_worker_exit(Worker& w, int status) {
-    w.exited = true;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-    if (state_ == State::kRunning) {
-      if (code != 0) {
-        WorkerFailure f;
-        f.time = std::chrono::system_clock::now();
-        f.host = host_;
-        f.rank = w.rank;
-        f.local_rank = w.local_rank;
-        f.exit_code = code;
-        f.pid = w.pid;
-        f.error_file = (run_dir_ / ("attempt_" + std::to_string(restart_count_)) /
-                        std::to_string(w.local_rank) / "error.json")
-                           .string();
-        read_error_file(f);
-        if (!fs::exists(f.error_file)) f.error_file.clear();
-        spdlog::error("worker {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, f.pid,
-                      code < 0 ? signal_name(-code) : "exit code " + std::to_string(code));
-        failures_.push_back(std::move(f));
-        stop_workers(StopReason::kWorkerFailed, SIGTERM);
-        return;
-      }
-      if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.exited; })) {
-        stop_workers(StopReason::kAllSucceeded, 0);  // nothing to signal: wait for the output
-      }
-      return;
-    }
-    maybe_group_stopped();
+  void record_failure(const Worker& w, int code, std::chrono::system_clock::time_point reaped_at) {
+    WorkerFailure f;
+    f.time = reaped_at;  // the error file's own timestamp, when there is one, is more precise
+    f.host = host_;
+    f.rank = w.rank;
+    f.local_rank = w.local_rank;
+    f.exit_code = code;
+    f.pid = w.pid;
+    f.error_file = (run_dir_ / ("attempt_" + std::to_string(restart_count_)) /
+                    std::to_string(w.local_rank) / "error.json")
+                       .string();
+    read_error_file(f);
+    if (!fs::exists(f.error_file)) f.error_file.clear();
+    spdlog::error("worker {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, f.pid,
+                  code < 0 ? signal_name(-code) : "exit code " + std::to_string(code));
+    failures_.push_back(std::move(f));
   }
 
   // ------------------------------------------------------------------------------------------

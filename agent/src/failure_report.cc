@@ -71,7 +71,11 @@ void read_error_file(WorkerFailure& failure) {
       failure.traceback = extra.value("py_callstack", "");
       const std::string ts = extra.value("timestamp", "");
       if (!ts.empty()) {
-        failure.time = std::chrono::system_clock::time_point(std::chrono::seconds(std::stoll(ts)));
+        // Seconds since the epoch as text: whole seconds from torch's @record, with fractions
+        // from the SDK's write_error_file.
+        const auto since_epoch = std::chrono::duration<double>(std::stod(ts));
+        failure.time = std::chrono::system_clock::time_point(
+            std::chrono::round<std::chrono::system_clock::duration>(since_epoch));
       }
     }
   } catch (const std::exception&) {

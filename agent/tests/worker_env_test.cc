@@ -1,6 +1,10 @@
 // The worker environment and the failure report's pieces, table-driven.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 
 #include "dist/agent/signals.h"
 #include "failure_report.h"
@@ -60,6 +64,27 @@ TEST(FailureReport, TheEarliestFailureIsTheRootCause) {
   ASSERT_NE(root, std::string::npos);
   EXPECT_NE(report.find("Signal 9 (SIGKILL)", root), std::string::npos) << report;
   EXPECT_EQ(report.find("<NO_OTHER_FAILURES>"), std::string::npos) << report;
+}
+
+}  // namespace
+}  // namespace dist::agent
+
+namespace dist::agent {
+namespace {
+
+TEST(FailureReport, ErrorFileTimestampsKeepTheirFractions) {
+  const std::string path = "/tmp/dist-error-file-test-" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"({"message": {"message": "ValueError: x", "extraInfo": )"
+                      << R"({"py_callstack": "tb", "timestamp": "1700000000.250000"}}})";
+  WorkerFailure f;
+  f.error_file = path;
+  read_error_file(f);
+  std::remove(path.c_str());
+  EXPECT_EQ(f.message, "ValueError: x");
+  EXPECT_EQ(f.traceback, "tb");
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count();
+  EXPECT_NEAR(static_cast<double>(ms), 1700000000250.0, 1.0);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "dist/sdk/checkpoint.h"
 #include "dist/sdk/ddp.h"
 #include "dist/sdk/env.h"
+#include "dist/sdk/error_file.h"
 #include "dist/sdk/process_group.h"
 #include "dist/sdk/sampler.h"
 
@@ -300,8 +301,12 @@ int train(const Options& o) {
       }
       if (env.restart_count == 0 && static_cast<long>(step) == o.crash_at_step &&
           env.rank == env.world_size - 1) {
+        const std::string what = "InjectedCrash: --crash-at-step " + std::to_string(step) +
+                                 " on rank " + std::to_string(env.rank);
         std::fprintf(stderr, "ddp_train: injected crash at step %llu on rank %d\n",
                      (unsigned long long)step, env.rank);
+        sdk::write_error_file(what,
+                              "ddp_train.cc: train(), attempt 0, step " + std::to_string(step));
         return 3;
       }
       loss_sum += model.backward(x, y, ddp);
@@ -366,6 +371,7 @@ int main(int argc, char** argv) {
     return train(o);
   } catch (const std::exception& e) {
     std::cerr << "ddp_train: error: " << e.what() << "\n";
+    sdk::write_error_file(e.what());
     return 1;
   }
 }

@@ -124,4 +124,28 @@ struct GlooOptions {
 std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int rank, int size,
                                               GlooOptions options = {});
 
+struct NcclOptions {
+  int device = -1;  // CUDA device; -1: LOCAL_RANK's (one device per local rank)
+  std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds op_timeout{std::chrono::minutes(10)};  // then abort and exit
+  std::string key_prefix = "sdk/nccl";
+  int exit_code_on_abort = 75;  // the worker exits with this after an abort, so the agent restarts
+};
+
+// True when this build has the NCCL backend (CUDA and NCCL were found at configure time).
+bool nccl_available();
+
+// Builds an NCCL group over GPUs. Buffers passed to its collectives are device pointers.
+// Rank 0's ncclUniqueId travels through the store; initialization is non-blocking with a
+// deadline; a watchdog thread checks every operation's progress and the communicator's async
+// error, and on a failure or timeout aborts the communicator and exits the process with
+// exit_code_on_abort. Throws CollectiveError when the backend is missing or a GPU is not usable.
+std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int rank, int size,
+                                              int local_rank, NcclOptions options = {});
+
+// The unique-id exchange on its own (it needs no GPU): rank 0 creates the id and publishes it under
+// `key`, the others wait for it. Returns the 128 bytes every rank must pass to NCCL.
+std::string exchange_nccl_unique_id(rendezvous::StoreClient& store, int rank,
+                                    const std::string& key, std::chrono::milliseconds timeout);
+
 }  // namespace dist::sdk

@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 #include <Eigen/Dense>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -284,6 +285,8 @@ int train(const Options& o) {
         env.restart_count);
   }
 
+  double train_seconds = 0;   // in training steps only (not evaluation or checkpoints)
+  std::uint64_t samples = 0;  // global samples trained on
   for (auto epoch = static_cast<int>(step / steps_per_epoch); epoch < o.epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto indices = sampler.indices();
@@ -309,9 +312,13 @@ int train(const Options& o) {
                               "ddp_train.cc: train(), attempt 0, step " + std::to_string(step));
         return 3;
       }
+      const auto step_start = std::chrono::steady_clock::now();
       loss_sum += model.backward(x, y, ddp);
       ddp.synchronize();
       model.sgd_step(o.lr, o.momentum);
+      train_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+      samples += static_cast<std::uint64_t>(x.rows()) * static_cast<std::uint64_t>(env.world_size);
       ++batches;
       ++step;
       if (!ckpt_path.empty() && step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
@@ -330,6 +337,9 @@ int train(const Options& o) {
   // Every rank reports its weights' digest (they must all agree); rank 0 the accuracy too.
   std::printf("rank %d weights sha256 %s\n", env.rank, model.weights_sha256().c_str());
   if (chief) {
+    std::printf("throughput %.0f samples/s (%llu samples in %.3f s of training steps)\n",
+                static_cast<double>(samples) / train_seconds, (unsigned long long)samples,
+                train_seconds);
     std::printf("final test accuracy %.4f weights sha256 %s\n", model.accuracy(test_set),
                 model.weights_sha256().c_str());
   }

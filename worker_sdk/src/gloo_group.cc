@@ -9,6 +9,7 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -109,6 +110,18 @@ void combine(void* out, const void* a, const void* b, std::size_t n, Op op) {
 
 template <typename T>
 gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
+  if constexpr (!std::is_same_v<T, Half>) {  // Gloo's own kernels for the native types
+    using Kernel = void (*)(void*, const void*, const void*, std::size_t);
+    switch (op) {
+      case ReduceOp::kMin:
+        return static_cast<Kernel>(&gloo::min<T>);
+      case ReduceOp::kMax:
+        return static_cast<Kernel>(&gloo::max<T>);
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        return static_cast<Kernel>(&gloo::sum<T>);
+    }
+  }
   switch (op) {
     case ReduceOp::kMin:
       return [](void* o, const void* a, const void* b, std::size_t n) {
@@ -150,6 +163,32 @@ class CommThread {
     ready_.notify_one();
     thread_.join();
   }
+  // Runs `task` on the calling thread once everything submitted before has run; tasks submitted
+  // meanwhile wait for it. Rethrows what the task throws.
+  void run_inline(const std::function<void()>& task) {
+    {
+      std::unique_lock lock(mutex_);
+      idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+      busy_ = true;
+    }
+    struct Release {
+      CommThread* self;
+      ~Release() {
+        bool queued = false;
+        {
+          std::lock_guard lock(self->mutex_);
+          self->busy_ = false;
+          queued = !self->queue_.empty();
+        }
+        // Wake the communication thread only for work submitted meanwhile: waking it for nothing
+        // costs a context switch per collective.
+        if (queued) self->ready_.notify_one();
+        self->idle_.notify_all();
+      }
+    } release{this};
+    task();
+  }
+
   Work submit(std::function<void()> task) {
     auto packaged = std::make_shared<std::packaged_task<void()>>(std::move(task));
     Work work(packaged->get_future().share());
@@ -167,16 +206,24 @@ class CommThread {
       std::function<void()> task;
       {
         std::unique_lock lock(mutex_);
-        ready_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        ready_.wait(lock, [this] { return stopping_ || (!queue_.empty() && !busy_); });
         if (queue_.empty()) return;  // stopping, and everything issued has run
         task = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
       task();
+      {
+        std::lock_guard lock(mutex_);
+        busy_ = false;
+      }
+      idle_.notify_all();
     }
   }
   std::mutex mutex_;
-  std::condition_variable ready_;
+  std::condition_variable ready_;  // the communication thread waits for work
+  std::condition_variable idle_;   // inline callers wait for the thread to go idle
+  bool busy_ = false;              // a task runs (on the thread or inline)
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
   std::thread thread_;
@@ -192,8 +239,48 @@ class GlooProcessGroup : public ProcessGroup {
   int size() const override { return context_->size; }
   std::string backend() const override { return "gloo"; }
 
+  // Asynchronous: on the communication thread. Synchronous: on the calling thread, once everything
+  // issued before has run (no thread hand-off in the common case).
   Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op) override {
-    return run("all_reduce", [=, this](std::uint32_t tag) {
+    return submit("all_reduce", all_reduce_body(data, count, type, op));
+  }
+  void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {
+    run_now("all_reduce", all_reduce_body(data, count, type, op));
+  }
+  Work broadcast_async(void* data, std::size_t count, DataType type, int root) override {
+    return submit("broadcast", broadcast_body(data, count, type, root));
+  }
+  void broadcast(void* data, std::size_t count, DataType type, int root) override {
+    run_now("broadcast", broadcast_body(data, count, type, root));
+  }
+  Work all_gather_async(const void* input, void* output, std::size_t count,
+                        DataType type) override {
+    return submit("all_gather", all_gather_body(input, output, count, type));
+  }
+  void all_gather(const void* input, void* output, std::size_t count, DataType type) override {
+    run_now("all_gather", all_gather_body(input, output, count, type));
+  }
+  Work reduce_scatter_async(const void* input, void* output, std::size_t count, DataType type,
+                            ReduceOp op) override {
+    return submit("reduce_scatter", reduce_scatter_body(input, output, count, type, op));
+  }
+  void reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
+                      ReduceOp op) override {
+    run_now("reduce_scatter", reduce_scatter_body(input, output, count, type, op));
+  }
+  Work barrier_async() override { return submit("barrier", barrier_body()); }
+  void barrier() override { run_now("barrier", barrier_body()); }
+
+  using ProcessGroup::all_gather;
+  using ProcessGroup::all_reduce;
+  using ProcessGroup::broadcast;
+  using ProcessGroup::reduce_scatter;
+
+ private:
+  using Body = std::function<void(std::uint32_t tag)>;
+
+  Body all_reduce_body(void* data, std::size_t count, DataType type, ReduceOp op) {
+    return [=, this](std::uint32_t tag) {
       with_type(type, [&](auto zero) {
         using T = decltype(zero);
         gloo::AllreduceOptions opts(context_);
@@ -204,12 +291,12 @@ class GlooProcessGroup : public ProcessGroup {
         gloo::allreduce(opts);
         if (op == ReduceOp::kAvg) divide(static_cast<T*>(data), count, size());
       });
-    });
+    };
   }
 
-  Work broadcast_async(void* data, std::size_t count, DataType type, int root) override {
+  Body broadcast_body(void* data, std::size_t count, DataType type, int root) {
     check_rank(root, "broadcast root");
-    return run("broadcast", [=, this](std::uint32_t tag) {
+    return [=, this](std::uint32_t tag) {
       with_type(type, [&](auto zero) {
         using T = decltype(zero);
         gloo::BroadcastOptions opts(context_);
@@ -219,12 +306,11 @@ class GlooProcessGroup : public ProcessGroup {
         opts.setTimeout(timeout_);
         gloo::broadcast(opts);
       });
-    });
+    };
   }
 
-  Work all_gather_async(const void* input, void* output, std::size_t count,
-                        DataType type) override {
-    return run("all_gather", [=, this](std::uint32_t tag) {
+  Body all_gather_body(const void* input, void* output, std::size_t count, DataType type) {
+    return [=, this](std::uint32_t tag) {
       with_type(type, [&](auto zero) {
         using T = decltype(zero);
         gloo::AllgatherOptions opts(context_);
@@ -234,14 +320,14 @@ class GlooProcessGroup : public ProcessGroup {
         opts.setTimeout(timeout_);
         gloo::allgather(opts);
       });
-    });
+    };
   }
 
   // All-reduce of the whole input, then this rank's block: correct for every type and op, at
   // twice the bandwidth of a ring reduce-scatter (Gloo 2022 has no options-style reduce-scatter).
-  Work reduce_scatter_async(const void* input, void* output, std::size_t count, DataType type,
-                            ReduceOp op) override {
-    return run("reduce_scatter", [=, this](std::uint32_t tag) {
+  Body reduce_scatter_body(const void* input, void* output, std::size_t count, DataType type,
+                           ReduceOp op) {
+    return [=, this](std::uint32_t tag) {
       with_type(type, [&](auto zero) {
         using T = decltype(zero);
         const std::size_t total = count * static_cast<std::size_t>(size());
@@ -256,24 +342,24 @@ class GlooProcessGroup : public ProcessGroup {
         if (op == ReduceOp::kAvg) divide(block, count, size());
         std::copy(block, block + count, static_cast<T*>(output));
       });
-    });
+    };
   }
 
-  Work barrier_async() override {
-    return run("barrier", [this](std::uint32_t tag) {
+  Body barrier_body() {
+    return [this](std::uint32_t tag) {
       gloo::BarrierOptions opts(context_);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
       gloo::barrier(opts);
-    });
+    };
   }
 
- private:
-  // Every rank issues collectives in the same order, so a counter gives matching tags.
-  Work run(const char* name, std::function<void(std::uint32_t)> body) {
+  // Every rank issues collectives in the same order, so a counter gives matching tags; a failure
+  // becomes a CollectiveError naming the operation and the rank.
+  std::function<void()> task(const char* name, Body body) {
     const std::uint32_t tag = next_tag_++;
     const int r = rank();
-    return comm_.submit([name, body = std::move(body), tag, r] {
+    return [name, body = std::move(body), tag, r] {
       try {
         body(tag);
       } catch (const std::exception& e) {
@@ -281,8 +367,11 @@ class GlooProcessGroup : public ProcessGroup {
                               " (gloo): " + e.what() +
                               "; the group is unusable: exit non-zero so the agent restarts it");
       }
-    });
+    };
   }
+  Work submit(const char* name, Body body) { return comm_.submit(task(name, std::move(body))); }
+  void run_now(const char* name, Body body) { comm_.run_inline(task(name, std::move(body))); }
+
   void check_rank(int r, const char* what) const {
     if (r < 0 || r >= size()) {
       throw std::invalid_argument(std::string(what) + " " + std::to_string(r) +

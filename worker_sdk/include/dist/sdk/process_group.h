@@ -1,9 +1,9 @@
 // A process group: the ranks of a job and the collectives between them, behind one interface with
 // a Gloo (CPU) backend and an NCCL (GPU) backend.
 //
-// Collectives run on the group's own communication thread, in the order they were issued, so every
-// rank runs them in the same order whether they were called synchronously or not. A synchronous
-// call is an asynchronous one followed by wait().
+// Collectives run in the order they were issued, so every rank runs them in the same order
+// whether they were called synchronously or not: asynchronous ones on the group's communication
+// thread, synchronous ones after everything issued before them has completed.
 #pragma once
 
 #include <chrono>
@@ -86,26 +86,42 @@ class ProcessGroup {
                                     DataType type, ReduceOp op) = 0;
   virtual Work barrier_async() = 0;
 
+  // Synchronous collectives. By default the asynchronous one followed by wait(); a backend may run
+  // them on the calling thread when nothing is pending, which saves two thread hand-offs.
+  virtual void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) {
+    all_reduce_async(data, count, type, op).wait();
+  }
+  virtual void broadcast(void* data, std::size_t count, DataType type, int root) {
+    broadcast_async(data, count, type, root).wait();
+  }
+  virtual void all_gather(const void* input, void* output, std::size_t count, DataType type) {
+    all_gather_async(input, output, count, type).wait();
+  }
+  virtual void reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
+                              ReduceOp op) {
+    reduce_scatter_async(input, output, count, type, op).wait();
+  }
+  virtual void barrier() { barrier_async().wait(); }
+
   // Typed, synchronous conveniences.
   template <typename T>
   void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::kSum) {
-    all_reduce_async(data.data(), data.size(), data_type_of<T>(), op).wait();
+    all_reduce(data.data(), data.size(), data_type_of<T>(), op);
   }
   template <typename T>
   void broadcast(std::span<T> data, int root) {
-    broadcast_async(data.data(), data.size(), data_type_of<T>(), root).wait();
+    broadcast(data.data(), data.size(), data_type_of<T>(), root);
   }
   template <typename T>
   void all_gather(std::span<const T> input, std::span<T> output) {
     check_gather_sizes(input.size(), output.size());
-    all_gather_async(input.data(), output.data(), input.size(), data_type_of<T>()).wait();
+    all_gather(input.data(), output.data(), input.size(), data_type_of<T>());
   }
   template <typename T>
   void reduce_scatter(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum) {
     check_gather_sizes(output.size(), input.size());
-    reduce_scatter_async(input.data(), output.data(), output.size(), data_type_of<T>(), op).wait();
+    reduce_scatter(input.data(), output.data(), output.size(), data_type_of<T>(), op);
   }
-  void barrier() { barrier_async().wait(); }
 
  protected:
   void check_gather_sizes(std::size_t per_rank, std::size_t whole) const;

@@ -23,11 +23,10 @@
 #include <random>
 #include <sstream>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/checkpoint.h"
 #include "dist/sdk/ddp.h"
-#include "dist/sdk/env.h"
 #include "dist/sdk/error_file.h"
+#include "dist/sdk/init.h"
 #include "dist/sdk/process_group.h"
 #include "dist/sdk/sampler.h"
 
@@ -236,25 +235,15 @@ struct Mlp {
 };
 
 int train(const Options& o) {
-  // Under dist-launch, or alone: then this process hosts the store itself.
-  std::optional<rendezvous::StoreServerThread> own_store;
-  sdk::WorkerEnv env;
-  if (sdk::WorkerEnv::launched_by_dist_launch()) {
-    env = sdk::WorkerEnv::from_environment();
-  } else {
-    own_store.emplace();
-    env = sdk::WorkerEnv::single_process();
-    env.master_port = own_store->port();
-  }
+  // Under dist-launch, or alone (then rank 0 of 1 with a private store).
+  sdk::Distributed dist = sdk::init(sdk::Backend::kGloo);
+  const sdk::WorkerEnv& env = dist.env;
+  sdk::ProcessGroup* group = dist.group.get();
   if (o.global_batch % env.world_size != 0) {
     throw std::runtime_error("--global-batch " + std::to_string(o.global_batch) +
                              " is not divisible by the world size " +
                              std::to_string(env.world_size));
   }
-  sdk::GlooOptions gloo;
-  gloo.route_to = env.master_addr;
-  gloo.key_prefix = "ddp_train/attempt_" + std::to_string(env.restart_count);
-  auto group = sdk::make_gloo_group(sdk::connect_store(env), env.rank, env.world_size, gloo);
   const bool chief = env.rank == 0;
 
   const auto [train_set, test_set] = load_digits(o.data);

@@ -109,3 +109,41 @@ TEST(WorkerEnv, ConnectsToTheStoreNamedByTheEnvironment) {
 
 }  // namespace
 }  // namespace dist::sdk
+
+#include "dist/sdk/init.h"
+
+namespace dist::sdk {
+namespace {
+
+TEST(Init, AloneAProcessIsRankZeroOfOneWithItsOwnStore) {
+  set_environment({});
+  Distributed d = init();
+  ASSERT_NE(d.group, nullptr);
+  EXPECT_NE(d.own_store, nullptr);
+  EXPECT_EQ(d.group->rank(), 0);
+  EXPECT_EQ(d.group->size(), 1);
+  std::vector<double> v{2.5};
+  d.group->all_reduce(std::span<double>(v), ReduceOp::kAvg);
+  EXPECT_EQ(v[0], 2.5);
+}
+
+TEST(Init, UnderALauncherItJoinsTheStoreItNames) {
+  rendezvous::StoreServerThread store;
+  auto vars = launched(store.port());
+  vars["RANK"] = "0";
+  vars["LOCAL_RANK"] = "0";
+  vars["WORLD_SIZE"] = "1";
+  vars["LOCAL_WORLD_SIZE"] = "1";
+  set_environment(vars);
+  Distributed d = init();
+  EXPECT_EQ(d.own_store, nullptr);
+  EXPECT_EQ(d.env.restart_count, 2);
+  EXPECT_EQ(d.env.run_id, "job7");
+  auto c = connect_store(d.env);
+  bool attempt_keys = false;
+  for (const auto& key : c.list_keys()) attempt_keys |= key.find("sdk/job7/attempt_2/") == 0;
+  EXPECT_TRUE(attempt_keys) << "the group's keys live under this attempt's prefix";
+}
+
+}  // namespace
+}  // namespace dist::sdk

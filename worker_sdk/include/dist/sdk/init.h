@@ -1,0 +1,32 @@
+// One call to join the job: dist::sdk::init() reads what dist-launch set, connects to the agent's
+// store and builds the process group, with store keys fresh for this restart attempt.
+//
+//   auto dist = dist::sdk::init();                 // Gloo; init(Backend::kNccl) on GPUs
+//   dist.group->all_reduce(std::span<float>(grads), dist::sdk::ReduceOp::kAvg);
+//
+// Run without dist-launch (no RANK / WORLD_SIZE in the environment), the process is rank 0 of a
+// world of 1 and hosts a private store itself, so the same program runs alone unchanged.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "dist/rendezvous/server.h"
+#include "dist/sdk/env.h"
+#include "dist/sdk/process_group.h"
+
+namespace dist::sdk {
+
+enum class Backend { kGloo, kNccl };
+
+struct Distributed {
+  WorkerEnv env;
+  std::unique_ptr<ProcessGroup> group;
+  std::unique_ptr<rendezvous::StoreServerThread> own_store;  // only when run alone
+};
+
+// Throws EnvironmentError (bad launcher environment), rendezvous::StoreError (store unreachable)
+// or CollectiveError (the group could not form).
+Distributed init(Backend backend = Backend::kGloo);
+
+}  // namespace dist::sdk

@@ -1,0 +1,31 @@
+#include "dist/sdk/init.h"
+
+namespace dist::sdk {
+
+Distributed init(Backend backend) {
+  Distributed d;
+  if (WorkerEnv::launched_by_dist_launch()) {
+    d.env = WorkerEnv::from_environment();
+  } else {
+    d.own_store = std::make_unique<rendezvous::StoreServerThread>();
+    d.env = WorkerEnv::single_process();
+    d.env.master_port = d.own_store->port();
+  }
+  // Keys fresh for each restart attempt: a restarted group never reads the previous one's.
+  const std::string prefix =
+      "sdk/" + d.env.run_id + "/attempt_" + std::to_string(d.env.restart_count) + "/";
+  if (backend == Backend::kNccl) {
+    NcclOptions options;
+    options.key_prefix = prefix + "nccl";
+    d.group = make_nccl_group(connect_store(d.env), d.env.rank, d.env.world_size, d.env.local_rank,
+                              options);
+  } else {
+    GlooOptions options;
+    options.route_to = d.env.master_addr;
+    options.key_prefix = prefix + "gloo";
+    d.group = make_gloo_group(connect_store(d.env), d.env.rank, d.env.world_size, options);
+  }
+  return d;
+}
+
+}  // namespace dist::sdk

@@ -9,40 +9,14 @@
 
 #include "dist/rendezvous/server.h"
 #include "dist/sdk/process_group.h"
+#include "ranks.h"
 
 namespace dist::sdk {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Runs body(group) on `size` ranks at once; fails the test if any rank throws.
-void on_ranks(int size, const std::function<void(ProcessGroup&)>& body,
-              const std::string& prefix = "test") {
-  rendezvous::StoreServerThread store;
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<std::size_t>(size));
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        rendezvous::ClientOptions options;
-        options.port = store.port();
-        GlooOptions gloo;
-        gloo.timeout = 30s;
-        gloo.key_prefix = prefix;
-        auto group = make_gloo_group(rendezvous::StoreClient::connect(options), rank, size, gloo);
-        EXPECT_EQ(group->rank(), rank);
-        EXPECT_EQ(group->size(), size);
-        body(*group);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(rank)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int rank = 0; rank < size; ++rank) {
-    EXPECT_EQ(errors[static_cast<std::size_t>(rank)], "") << "rank " << rank;
-  }
-}
+using testing::on_ranks;
 
 template <typename T>
 T value(double v) {

@@ -9,33 +9,14 @@
 
 #include "dist/rendezvous/server.h"
 #include "dist/sdk/ddp.h"
+#include "ranks.h"
 
 namespace dist::sdk {
 namespace {
 
 using namespace std::chrono_literals;
 
-void on_ranks(int size, const std::function<void(ProcessGroup&)>& body) {
-  rendezvous::StoreServerThread store;
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<std::size_t>(size));
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        rendezvous::ClientOptions options;
-        options.port = store.port();
-        auto group = make_gloo_group(rendezvous::StoreClient::connect(options), rank, size);
-        body(*group);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(rank)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int rank = 0; rank < size; ++rank) {
-    EXPECT_EQ(errors[static_cast<std::size_t>(rank)], "") << "rank " << rank;
-  }
-}
+using testing::on_ranks;
 
 // A linear model y = W x + b with 3 parameter blocks, mean squared error, gradients by hand.
 struct Linear {

@@ -1,6 +1,7 @@
 // The agent's lifecycle, one state machine:
 //
-//   INIT -> RENDEZVOUS -> RUNNING --all exited 0--------------------------------> SUCCEEDED -> EXIT
+//   INIT -> RENDEZVOUS -> RUNNING --all exited 0--> (EXIT_BARRIER: every node done) -> SUCCEEDED ->
+//   EXIT
 //                           |  \--a worker failed / a stop signal--> STOPPING --+-> RESTARTING ->
 //                           RUNNING |                                                   +-> FAILED
 //                           -> EXIT
@@ -8,6 +9,9 @@
 //
 // Everything happens on one thread driving one io_context: the hosted store, SIGCHLD (failures are
 // seen when they happen, not polled), the handled signals, the shutdown timer and the log pumps.
+// With several nodes, RENDEZVOUS joins a round through the store (node_rendezvous.h): round n is
+// restart n on every node. A failure anywhere ends the round on every node (a watcher thread waits
+// for it); blocking store calls run on a helper thread and come back as events.
 #include "dist/agent/agent.h"
 
 #include <signal.h>
@@ -27,10 +31,12 @@
 #include <filesystem>
 #include <optional>
 
+#include "blocking_calls.h"
 #include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/server.h"
 #include "failure_report.h"
 #include "log_pump.h"
+#include "node_rendezvous.h"
 #include "process.h"
 #include "worker_env.h"
 
@@ -46,6 +52,9 @@ namespace {
 // kept the pipe open is not waited for longer).
 constexpr std::chrono::milliseconds kOutputDrainTimeout{1000};
 constexpr int kExitAgentError = 1;
+constexpr std::uint16_t kDefaultMasterPort = 29500;  // torchrun's, for multi-node static jobs
+constexpr std::chrono::milliseconds kExitBarrierTimeout{std::chrono::minutes(5)};
+constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};  // node 0 waits
 
 std::string hostname() {
   char buf[256] = {};
@@ -78,6 +87,7 @@ class Agent {
   }
 
   ~Agent() {
+    if (watch_thread_.joinable()) watch_thread_.join();
     if (temporary_run_dir_) {  // error files of a run without --log-dir
       std::error_code ec;
       fs::remove_all(run_dir_, ec);
@@ -98,13 +108,14 @@ class Agent {
     kRendezvous,
     kRunning,
     kStopping,
+    kExitBarrier,
     kRestarting,
     kSucceeded,
     kFailed,
     kExit
   };
   // Why the group is being stopped: decides where STOPPING leads once every worker is gone.
-  enum class StopReason { kAllSucceeded, kWorkerFailed, kSignal, kStartFailed };
+  enum class StopReason { kAllSucceeded, kWorkerFailed, kPeerFailed, kSignal, kStartFailed };
 
   struct Worker {
     int local_rank = 0;
@@ -123,47 +134,55 @@ class Agent {
       case State::kInit:
         break;
       case State::kRendezvous:
-        if (!host_store() || !prepare_run_dir()) return transition(State::kExit);
-        watch_signals();
-        return transition(State::kRunning);
+        if (!prepared_) {
+          if (!host_store() || !prepare_run_dir()) return transition(State::kExit);
+          watch_signals();
+          prepared_ = true;
+        }
+        if (!multi_node()) {
+          assignment_ = single_node_assignment();
+          return transition(State::kRunning);
+        }
+        return join_round();  // continues in on_joined()
       case State::kRunning:
-        if (!start_workers()) stop_workers(StopReason::kStartFailed, SIGKILL);
+        if (!start_workers()) return stop_workers(StopReason::kStartFailed, SIGKILL);
+        if (multi_node()) start_watch();
         return;
       case State::kStopping:
         return;  // entered through stop_workers(), left through on_group_stopped()
+      case State::kExitBarrier:
+        return run_exit_barrier();  // continues in on_exit_barrier()
       case State::kRestarting:
         ++restart_count_;
         spdlog::warn("restarting the worker group (restart {} of {})", restart_count_,
                      config_.max_restarts);
         failures_.clear();
-        clear_worker_keys();
-        return transition(State::kRunning);
+        if (store_) clear_worker_keys();
+        return transition(State::kRendezvous);
       case State::kSucceeded:
-        spdlog::info("all {} workers succeeded", workers_.size());
+        spdlog::info("all {} workers succeeded", assignment_.world_size);
         exit_code_ = 0;
         return transition(State::kExit);
       case State::kFailed:
-        std::fputs(format_report(config_.script_name, failures_).c_str(), stderr);
-        std::fflush(stderr);
-        exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
-        return transition(State::kExit);
+        if (multi_node()) return collect_failures();  // every node's, then report()
+        return report();
       case State::kExit:
-        if (store_) store_->stop();
-        handled_signals_.cancel();
-        child_exits_.cancel();
-        shutdown_timer_.cancel();
-        drain_timer_.cancel();
-        io_.stop();  // a grandchild may still hold a worker's pipe open: do not wait for it
-        return;
+        return begin_exit();
     }
   }
 
   // STOPPING is over (every worker reaped, output drained): decide what comes next.
   void on_group_stopped() {
+    if (watching_) {  // the round's watch must end before the round does
+      return calls_.run([this, round = restart_count_] {
+        try_call([&] { rdzv_->stop_watch(round); });
+      });  // on_watch() calls back here
+    }
     switch (stop_reason_) {
       case StopReason::kAllSucceeded:
-        return transition(State::kSucceeded);
+        return transition(multi_node() ? State::kExitBarrier : State::kSucceeded);
       case StopReason::kWorkerFailed:
+      case StopReason::kPeerFailed:
         return transition(restart_count_ < config_.max_restarts ? State::kRestarting
                                                                 : State::kFailed);
       case StopReason::kSignal:
@@ -176,11 +195,163 @@ class Agent {
     }
   }
 
+  void report() {
+    std::fputs(format_report(config_.script_name, failures_).c_str(), stderr);
+    std::fflush(stderr);
+    exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
+    transition(State::kExit);
+  }
+
+  void begin_exit() {
+    if (!multi_node() || !rdzv_) return finish_exit();
+    // Node 0 serves the store: it stays until the other agents have left (bounded).
+    calls_.run([this] {
+      if (watching_) try_call([&] { rdzv_->stop_watch(restart_count_); });
+      if (config_.node_rank == 0) try_call([&] { rdzv_->wait_for_others_to_leave(kLeaveTimeout); });
+      asio::post(io_, [this] { finish_exit(); });
+    });
+  }
+
+  void finish_exit() {
+    if (store_) store_->stop();
+    handled_signals_.cancel();
+    child_exits_.cancel();
+    shutdown_timer_.cancel();
+    drain_timer_.cancel();
+    io_.stop();  // a grandchild may still hold a worker's pipe open: do not wait for it
+  }
+
+  // Runs a store call on the helper thread; a failure of the store itself ends the job.
+  template <typename F>
+  void try_call(F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      spdlog::error("rendezvous store unreachable: {}", e.what());
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // RENDEZVOUS with other nodes, and the round's watch.
+
+  bool multi_node() const { return config_.max_nodes > 1; }
+
+  Assignment single_node_assignment() const {
+    Assignment a;
+    a.round = restart_count_;
+    a.nodes = {NodeInfo{0, config_.nproc_per_node, host_}};
+    a.world_size = config_.nproc_per_node;
+    return a;
+  }
+
+  void join_round() {
+    calls_.run([this, round = restart_count_] {
+      try {
+        if (!rdzv_) {
+          rendezvous::ClientOptions options;
+          options.host = config_.master_addr;
+          options.port = store_port_;
+          options.connect_timeout = config_.rdzv_timeout;
+          rdzv_ = std::make_unique<NodeRendezvous>(options, config_.run_id, config_.max_nodes,
+                                                   config_.node_rank);
+        }
+        Assignment a = rdzv_->join(round, config_.nproc_per_node, host_, config_.rdzv_timeout);
+        asio::post(io_, [this, a = std::move(a)]() mutable { on_joined(std::move(a)); });
+      } catch (const std::exception& e) {
+        asio::post(io_, [this, what = std::string(e.what())] { on_rendezvous_failed(what); });
+      }
+    });
+  }
+
+  void on_joined(Assignment a) {
+    if (state_ != State::kRendezvous) return;  // stopped meanwhile
+    assignment_ = std::move(a);
+    spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}", assignment_.round,
+                 config_.node_rank, assignment_.nodes.size(), assignment_.rank_offset,
+                 assignment_.rank_offset + config_.nproc_per_node - 1, assignment_.world_size);
+    transition(State::kRunning);
+  }
+
+  void on_rendezvous_failed(const std::string& what) {
+    if (state_ == State::kExit) return;
+    spdlog::error("rendezvous failed: {}", what);
+    exit_code_ = kExitAgentError;
+    transition(State::kExit);
+  }
+
+  void start_watch() {
+    if (watch_thread_.joinable()) watch_thread_.join();  // the previous round's, already done
+    watching_ = true;
+    watch_thread_ = std::thread([this, round = restart_count_] {
+      WatchResult r{WatchResult::kStopped, -1};
+      try {
+        r = rdzv_->watch(round);
+      } catch (const std::exception& e) {
+        spdlog::error("lost the rendezvous store: {}", e.what());
+        r = {WatchResult::kNodeLost, 0};
+      }
+      asio::post(io_, [this, r] { on_watch(r); });
+    });
+  }
+
+  void on_watch(WatchResult r) {
+    watching_ = false;
+    if (r.kind == WatchResult::kNodeLost) {
+      spdlog::error("node {}'s agent is gone (its connection to the store closed)", r.node);
+    }
+    if (state_ == State::kRunning && r.kind != WatchResult::kStopped) {
+      if (r.kind == WatchResult::kFailed) spdlog::warn("a worker on another node failed");
+      return stop_workers(StopReason::kPeerFailed, SIGTERM);
+    }
+    if (state_ == State::kStopping) maybe_group_stopped();  // was waiting for the watch to end
+  }
+
+  void run_exit_barrier() {
+    calls_.run([this, round = restart_count_] {
+      try {
+        const bool everyone = rdzv_->exit_barrier(round, kExitBarrierTimeout);
+        asio::post(io_, [this, everyone] { on_exit_barrier(everyone, ""); });
+      } catch (const std::exception& e) {
+        asio::post(io_, [this, what = std::string(e.what())] { on_exit_barrier(false, what); });
+      }
+    });
+  }
+
+  void on_exit_barrier(bool everyone, const std::string& error) {
+    if (state_ != State::kExitBarrier) return;
+    if (!error.empty()) return on_rendezvous_failed(error);
+    if (everyone) return transition(State::kSucceeded);
+    spdlog::warn("another node failed while this one waited at the exit barrier");
+    transition(restart_count_ < config_.max_restarts ? State::kRestarting : State::kFailed);
+  }
+
+  // The job failed: every node reports every node's failures, with one root cause and exit code.
+  void collect_failures() {
+    calls_.run([this, round = restart_count_] {
+      std::vector<WorkerFailure> all;
+      try_call([&] { all = rdzv_->failures(round); });
+      asio::post(io_, [this, all = std::move(all)]() mutable {
+        if (!all.empty()) failures_ = std::move(all);
+        if (failures_.empty()) {
+          spdlog::error("round {} failed on another node, which left no failure record",
+                        restart_count_);
+          exit_code_ = kExitAgentError;
+          return transition(State::kExit);
+        }
+        report();
+      });
+    });
+  }
+
   // ------------------------------------------------------------------------------------------
   // RENDEZVOUS (single node): host the store on a socket this process holds before any worker.
 
   bool host_store() {
-    const std::uint16_t port = config_.master_port.value_or(0);
+    if (multi_node() && config_.node_rank != 0) {  // node 0 hosts; the others connect to it
+      store_port_ = config_.master_port.value_or(kDefaultMasterPort);
+      return true;
+    }
+    const std::uint16_t port = config_.master_port.value_or(multi_node() ? kDefaultMasterPort : 0);
     try {
       store_.emplace(io_, rendezvous::StoreServer::bind(io_, bind_address(), port));
     } catch (const rendezvous::StoreError& e) {
@@ -205,6 +376,7 @@ class Agent {
     std::error_code ec;
     if (!config_.log_dir.empty()) {
       run_dir_ = fs::path(config_.log_dir) / config_.run_id;
+      if (multi_node()) run_dir_ /= "node_" + std::to_string(config_.node_rank);
     } else {
       std::string pattern = (fs::temp_directory_path() / "dist-launch-XXXXXX").string();
       if (!::mkdtemp(pattern.data())) {
@@ -238,7 +410,7 @@ class Agent {
     for (int local = 0; local < config_.nproc_per_node; ++local) {
       Worker& w = workers_[static_cast<std::size_t>(local)];
       w.local_rank = local;
-      w.rank = config_.node_rank * config_.nproc_per_node + local;
+      w.rank = assignment_.rank_offset + local;
       const fs::path dir =
           run_dir_ / ("attempt_" + std::to_string(restart_count_)) / std::to_string(local);
       std::error_code ec;
@@ -250,8 +422,8 @@ class Agent {
       id.rank = w.rank;
       id.group_rank = config_.node_rank;
       id.local_world_size = config_.nproc_per_node;
-      id.world_size = config_.nproc_per_node * config_.max_nodes;
-      id.group_world_size = config_.max_nodes;
+      id.world_size = assignment_.world_size;
+      id.group_world_size = static_cast<int>(assignment_.nodes.size());
       id.role = config_.role;
       id.master_addr = config_.master_addr;
       id.master_port = store_port_;
@@ -336,7 +508,14 @@ class Agent {
       }
     }
     if (state_ != State::kRunning) return maybe_group_stopped();
-    if (failed) return stop_workers(StopReason::kWorkerFailed, SIGTERM);
+    if (failed) {
+      if (multi_node()) {  // every node stops its workers and hears what failed here
+        calls_.run([this, round = restart_count_, failures = failures_] {
+          try_call([&] { rdzv_->announce_failure(round, failures); });
+        });
+      }
+      return stop_workers(StopReason::kWorkerFailed, SIGTERM);
+    }
     if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.exited; })) {
       stop_workers(StopReason::kAllSucceeded, 0);  // nothing to signal: wait for the output
     }
@@ -345,7 +524,7 @@ class Agent {
   void record_failure(const Worker& w, int code, std::chrono::system_clock::time_point reaped_at) {
     WorkerFailure f;
     f.time = reaped_at;  // the error file's own timestamp, when there is one, is more precise
-    f.host = host_;
+    f.host = multi_node() ? host_ + " (node " + std::to_string(config_.node_rank) + ")" : host_;
     f.rank = w.rank;
     f.local_rank = w.local_rank;
     f.exit_code = code;
@@ -420,6 +599,12 @@ class Agent {
       }
       return;
     }
+    if (state_ == State::kRendezvous) {
+      // No worker exists yet; the helper thread may be blocked in a rendezvous wait.
+      spdlog::warn("{} received during rendezvous: exiting", signal_name(signal));
+      spdlog::default_logger()->flush();
+      std::_Exit(128 + signal);
+    }
     if (state_ == State::kStopping && stop_signal_ != 0) {
       spdlog::warn("{} again: killing the workers now", signal_name(signal));
       for (const auto& w : workers_) {
@@ -435,7 +620,9 @@ class Agent {
 
   // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
   void clear_worker_keys() {
-    const std::size_t n = store_->erase_keys([](std::string_view) { return true; });
+    // Everything the workers wrote; the agents' own rendezvous keys (rdzv/) stay.
+    const std::size_t n =
+        store_->erase_keys([](std::string_view key) { return !key.starts_with("rdzv/"); });
     spdlog::debug("cleared {} keys of the previous attempt", n);
   }
 
@@ -451,6 +638,13 @@ class Agent {
   std::string host_;
   fs::path run_dir_;
   bool temporary_run_dir_ = false;
+
+  std::unique_ptr<NodeRendezvous> rdzv_;  // several nodes only; used on calls_' thread
+  Assignment assignment_;
+  bool prepared_ = false;  // store hosted, run directory made, signals watched
+  bool watching_ = false;  // the round's watch thread has not reported back yet
+  std::thread watch_thread_;
+  BlockingCalls calls_;  // last but one: joined before the members its calls use
 
   State state_ = State::kInit;
   std::vector<Worker> workers_;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dist/rendezvous/server.h"
+#include "process_helpers.h"
 
 namespace {
 
@@ -128,19 +129,7 @@ class LaunchTest : public ::testing::Test {
   }
 
   static bool process_gone(pid_t pid, std::chrono::milliseconds timeout = 5s) {
-    const auto end = Clock::now() + timeout;
-    while (Clock::now() < end) {
-      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-      std::string content;
-      if (!stat || !std::getline(stat, content)) return true;
-      // A zombie whose parent is gone is reaped by init at once; "Z" still counts as gone here.
-      const auto close = content.rfind(')');
-      if (close != std::string::npos && content.size() > close + 2 && content[close + 2] == 'Z') {
-        return true;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return false;
+    return dist::agent::testing::process_gone(pid, timeout);
   }
 
   fs::path dir_;

@@ -112,6 +112,35 @@ void parse_streams(const std::string& flag, const std::string& text, agent::Stre
   }
 }
 
+// --rdzv-conf key=value,...: timeout (static rendezvous, seconds) is used; torchrun's other keys
+// are accepted for compatibility.
+void parse_rdzv_conf(const std::string& text, agent::LaunchConfig& c) {
+  static const std::set<std::string> kKnown = {"timeout",
+                                               "join_timeout",
+                                               "last_call_timeout",
+                                               "close_timeout",
+                                               "keep_alive_interval",
+                                               "keep_alive_max_attempt",
+                                               "read_timeout",
+                                               "is_host"};
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (eq == std::string::npos || !kKnown.contains(key)) {
+      throw UsageError("--rdzv-conf: '" + item + "' is not one of key=value with key in timeout, " +
+                       "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, " +
+                       "keep_alive_max_attempt, read_timeout, is_host");
+    }
+    if (key == "timeout") {
+      c.rdzv_timeout =
+          std::chrono::seconds(parse_positive("--rdzv-conf timeout", item.substr(eq + 1)));
+    }
+  }
+}
+
 std::set<int> parse_rank_list(const std::string& text) {
   std::set<int> ranks;
   std::stringstream items(text);
@@ -279,9 +308,14 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     c.signals_to_handle = parse_signals(signals);
     c.shutdown_timeout =
         std::chrono::milliseconds(static_cast<long long>(shutdown_timeout_s * 1000));
-    if (c.max_nodes > 1) {
-      throw UsageError("--nnodes " + nnodes +
-                       ": multi-node jobs are not supported by this build yet (one node only)");
+    parse_rdzv_conf(rdzv_conf, c);
+    if (c.min_nodes != c.max_nodes || !c.rdzv_endpoint.empty() ||
+        (c.rdzv_backend != "static" && !standalone)) {
+      throw UsageError("--nnodes " + nnodes + " with " +
+                       (c.rdzv_endpoint.empty() ? "--rdzv-backend " + c.rdzv_backend
+                                                : "--rdzv-endpoint " + c.rdzv_endpoint) +
+                       ": dynamic (c10d) rendezvous is not supported yet; use a fixed --nnodes "
+                       "with --node-rank, --master-addr and --master-port");
     }
     if (c.node_rank >= c.max_nodes) {
       throw UsageError("--node-rank " + std::to_string(c.node_rank) + " is not below --nnodes " +

@@ -1,0 +1,245 @@
+// Several agents on one machine forming one static job: node 0 hosts the store on --master-addr
+// (127.0.0.2 here, a distinct loopback address), the others connect to it.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process_helpers.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kWorker = DIST_TEST_WORKER_BIN;
+const std::string kMaster = "127.0.0.2";
+
+// A port the kernel just handed out on the master address (bound, then released for the agent).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, kMaster.c_str(), &a.sin_addr);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+class Agent {
+ public:
+  Agent(const fs::path& log, std::vector<std::string> args) : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv{const_cast<char*>(DIST_LAUNCH_BIN)};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(DIST_LAUNCH_BIN, argv.data());
+      ::_exit(127);
+    }
+  }
+  ~Agent() {
+    if (!reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  int wait(std::chrono::milliseconds timeout = 60s) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+  std::string output() const {
+    std::ifstream in(log_);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+class MultiNode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dist-multinode-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    port_ = free_port();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<Agent> node(int nnodes, int rank, int nproc, std::vector<std::string> extra,
+                              std::vector<std::string> worker) {
+    std::vector<std::string> args{"--nnodes",           std::to_string(nnodes), "--node-rank",
+                                  std::to_string(rank), "--master-addr",        kMaster,
+                                  "--master-port",      std::to_string(port_),  "--nproc-per-node",
+                                  std::to_string(nproc)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("--no-python");
+    args.push_back(kWorker);
+    args.insert(args.end(), worker.begin(), worker.end());
+    return std::make_unique<Agent>(dir_ / ("node" + std::to_string(rank) + ".log"), args);
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::map<std::string, std::string> env(const std::string& file) const {
+    std::map<std::string, std::string> e;
+    std::ifstream in(path(file));
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto eq = line.find('=');
+      if (eq != std::string::npos) e[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return e;
+  }
+
+  fs::path dir_;
+  int port_ = 0;
+};
+
+TEST_F(MultiNode, ThreeNodesStartedOutOfOrderGetContiguousUniqueRanks) {
+  // Node k runs k + 1 workers: global ranks are contiguous per node, in node-rank order.
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int k : {2, 0, 1}) {
+    agents.push_back(
+        node(3, k, k + 1, {}, {"env", path("env_" + std::to_string(k) + "_${local_rank}")}));
+  }
+  for (auto& a : agents) ASSERT_EQ(a->wait(), 0) << a->output();
+  std::set<int> ranks;
+  int expected = 0;
+  for (int k = 0; k < 3; ++k) {
+    for (int local = 0; local <= k; ++local, ++expected) {
+      auto e = env("env_" + std::to_string(k) + "_" + std::to_string(local));
+      SCOPED_TRACE("node " + std::to_string(k) + " local rank " + std::to_string(local));
+      EXPECT_EQ(e["RANK"], std::to_string(expected));
+      EXPECT_EQ(e["WORLD_SIZE"], "6");
+      EXPECT_EQ(e["GROUP_RANK"], std::to_string(k));
+      EXPECT_EQ(e["GROUP_WORLD_SIZE"], "3");
+      EXPECT_EQ(e["LOCAL_WORLD_SIZE"], std::to_string(k + 1));
+      EXPECT_EQ(e["MASTER_ADDR"], kMaster);
+      EXPECT_EQ(e["MASTER_PORT"], std::to_string(port_));
+      ranks.insert(std::stoi(e["RANK"]));
+    }
+  }
+  EXPECT_EQ(ranks.size(), 6u);
+}
+
+TEST_F(MultiNode, AFailureOnOneNodeRestartsEveryNodeWithOneJobWideCount) {
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int k : {0, 1}) {
+    agents.push_back(node(2, k, 2, {"--max-restarts", "1"},
+                          {"env", path("env_" + std::to_string(k) + "_${local_rank}"), "crash-if",
+                           path(""), "3", "0", "sleep-if-attempt", "0", "30000"}));
+  }
+  for (auto& a : agents) ASSERT_EQ(a->wait(), 0) << a->output();
+  for (const char* f : {"env_0_0", "env_0_1", "env_1_0", "env_1_1"}) {
+    EXPECT_EQ(env(f)["TORCHELASTIC_RESTART_COUNT"], "1") << f;
+  }
+  EXPECT_NE(agents[0]->output().find("a worker on another node failed"), std::string::npos)
+      << agents[0]->output();
+}
+
+TEST_F(MultiNode, RestartsAreBoundedForTheWholeJobAndEveryNodeReportsTheRootCause) {
+  // Rank 3 (node 1) fails on every attempt: one restart in all, then every node fails with its
+  // code.
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int k : {0, 1}) {
+    agents.push_back(node(2, k, 2, {"--max-restarts", "1"},
+                          {"env", path("env_" + std::to_string(k) + "_${local_rank}"),
+                           "exit-if-rank", "3", "5", "sleep", "30000"}));
+  }
+  for (auto& a : agents) {
+    EXPECT_EQ(a->wait(), 5) << a->output();
+    const std::string out = a->output();
+    EXPECT_NE(out.find("Root Cause"), std::string::npos) << out;
+    EXPECT_NE(out.find("rank      : 3 (local_rank: 1)"), std::string::npos) << out;
+    EXPECT_NE(out.find("(node 1)"), std::string::npos) << out;
+    EXPECT_NE(out.find("restarting the worker group (restart 1 of 1)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("restart 2"), std::string::npos) << out;
+  }
+}
+
+TEST_F(MultiNode, ANodeThatNeverArrivesIsATimeoutNamingIt) {
+  auto lonely = node(2, 0, 1, {"--rdzv-conf", "timeout=1"}, {"exit", "0"});
+  EXPECT_EQ(lonely->wait(), 1);
+  const std::string out = lonely->output();
+  EXPECT_NE(out.find("nodes seen [0], missing [1]"), std::string::npos) << out;
+}
+
+TEST_F(MultiNode, ANodeRankGivenTwiceIsRejected) {
+  auto first = node(2, 0, 1, {"--rdzv-conf", "timeout=5"}, {"sleep", "3000"});
+  auto second = node(2, 1, 1, {"--rdzv-conf", "timeout=5"}, {"sleep", "3000"});
+  std::this_thread::sleep_for(300ms);
+  auto impostor = std::make_unique<Agent>(
+      dir_ / "impostor.log",
+      std::vector<std::string>{"--nnodes", "2", "--node-rank", "1", "--master-addr", kMaster,
+                               "--master-port", std::to_string(port_), "--rdzv-conf", "timeout=5",
+                               "--no-python", kWorker, "sleep", "100"});
+  // Whichever of the two claims rank 1 second is refused; the job goes on with the other.
+  const int codes[] = {second->wait(), impostor->wait()};
+  const std::string outputs[] = {second->output(), impostor->output()};
+  const int refused = codes[0] == 1 ? 0 : 1;
+  EXPECT_EQ(codes[refused], 1) << outputs[0] << outputs[1];
+  EXPECT_EQ(codes[1 - refused], 0) << outputs[1 - refused];
+  EXPECT_NE(outputs[refused].find("node rank 1 joined twice"), std::string::npos)
+      << outputs[refused];
+  EXPECT_EQ(first->wait(), 0) << first->output();
+}
+
+TEST_F(MultiNode, SigkillOfOneAgentStopsTheOthersAndLeavesNoWorker) {
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int k : {0, 1}) {
+    agents.push_back(node(2, k, 1, {"--rdzv-conf", "timeout=2"},
+                          {"pidfile", path("pid_" + std::to_string(k)), "forever"}));
+  }
+  const auto deadline = Clock::now() + 20s;
+  while ((!fs::exists(path("pid_0")) || !fs::exists(path("pid_1"))) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(fs::exists(path("pid_1")));
+  pid_t worker1 = 0;
+  std::ifstream(path("pid_1")) >> worker1;
+  const auto killed = Clock::now();
+  ::kill(agents[1]->pid(), SIGKILL);
+  EXPECT_EQ(agents[1]->wait(), 128 + SIGKILL);
+  EXPECT_NE(agents[0]->wait(30s), 0) << agents[0]->output();
+  EXPECT_LT(Clock::now() - killed, 10s) << "the survivor noticed the dead node at once";
+  EXPECT_NE(agents[0]->output().find("node 1's agent is gone"), std::string::npos)
+      << agents[0]->output();
+  EXPECT_TRUE(dist::agent::testing::process_gone(worker1)) << "node 1's worker outlived its agent";
+}
+
+}  // namespace

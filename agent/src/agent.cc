@@ -239,7 +239,7 @@ class Agent {
   Assignment single_node_assignment() const {
     Assignment a;
     a.round = restart_count_;
-    a.nodes = {NodeInfo{0, config_.nproc_per_node, host_}};
+    a.num_nodes = 1;
     a.world_size = config_.nproc_per_node;
     return a;
   }
@@ -267,7 +267,7 @@ class Agent {
     if (state_ != State::kRendezvous) return;  // stopped meanwhile
     assignment_ = std::move(a);
     spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}", assignment_.round,
-                 config_.node_rank, assignment_.nodes.size(), assignment_.rank_offset,
+                 config_.node_rank, assignment_.num_nodes, assignment_.rank_offset,
                  assignment_.rank_offset + config_.nproc_per_node - 1, assignment_.world_size);
     transition(State::kRunning);
   }
@@ -423,7 +423,7 @@ class Agent {
       id.group_rank = config_.node_rank;
       id.local_world_size = config_.nproc_per_node;
       id.world_size = assignment_.world_size;
-      id.group_world_size = static_cast<int>(assignment_.nodes.size());
+      id.group_world_size = assignment_.num_nodes;
       id.role = config_.role;
       id.master_addr = config_.master_addr;
       id.master_port = store_port_;

@@ -85,16 +85,35 @@ Assignment NodeRendezvous::join(int round, int local_world_size, const std::stri
   client_.set(round_key(round, "healthy"), "1");
   client_.set(round_key(round, "stop/" + std::to_string(node_rank_)), "1");
 
-  std::vector<std::string> keys;
-  for (int n = 0; n < num_nodes_; ++n)
-    keys.push_back(round_key(round, "node/" + std::to_string(n)));
+  // O(N) in all: the node whose join completes the count reads every record once and publishes
+  // each node's rank offset; every other node waits for one key and reads only its own offset.
+  Assignment a;
+  a.round = round;
+  a.num_nodes = num_nodes_;
+  if (client_.add(round_key(round, "joined"), 1) == num_nodes_) {
+    std::vector<std::string> keys;
+    for (int n = 0; n < num_nodes_; ++n) {
+      keys.push_back(round_key(round, "node/" + std::to_string(n)));
+    }
+    const auto records = client_.multi_get(keys);
+    std::vector<std::pair<std::string, std::string>> offsets;
+    int offset = 0;
+    for (int n = 0; n < num_nodes_; ++n) {
+      offsets.emplace_back(round_key(round, "offset/" + std::to_string(n)), std::to_string(offset));
+      offset += json::parse(records[static_cast<std::size_t>(n)]).at("local_world_size").get<int>();
+    }
+    offsets.emplace_back(round_key(round, "world_size"), std::to_string(offset));
+    client_.multi_set(offsets);
+    client_.set(round_key(round, "closed"), "1");
+  }
   try {
-    client_.wait(keys, timeout);
+    client_.wait({round_key(round, "closed")}, timeout);
   } catch (const rendezvous::StoreError& e) {
     if (e.code() != rendezvous::StoreErrc::kTimeout) throw;
     std::vector<int> seen, missing;
     for (int n = 0; n < num_nodes_; ++n) {
-      (client_.check({keys[static_cast<std::size_t>(n)]}) ? seen : missing).push_back(n);
+      (client_.check({round_key(round, "node/" + std::to_string(n))}) ? seen : missing)
+          .push_back(n);
     }
     throw RendezvousError("rendezvous round " + std::to_string(round) + " did not fill in " +
                           std::to_string(timeout.count() / 1000) + " s: nodes seen " + list(seen) +
@@ -102,16 +121,10 @@ Assignment NodeRendezvous::join(int round, int local_world_size, const std::stri
                           "; start their agents with the same --master-addr/--master-port, or "
                           "raise --rdzv-conf timeout");
   }
-  Assignment a;
-  a.round = round;
-  const auto values = client_.multi_get(keys);
-  for (int n = 0; n < num_nodes_; ++n) {
-    const json j = json::parse(values[static_cast<std::size_t>(n)]);
-    NodeInfo info{n, j.at("local_world_size").get<int>(), j.value("host", "")};
-    if (n < node_rank_) a.rank_offset += info.local_world_size;
-    a.world_size += info.local_world_size;
-    a.nodes.push_back(std::move(info));
-  }
+  const auto placement = client_.multi_get(
+      {round_key(round, "offset/" + std::to_string(node_rank_)), round_key(round, "world_size")});
+  a.rank_offset = std::stoi(placement[0]);
+  a.world_size = std::stoi(placement[1]);
   return a;
 }
 

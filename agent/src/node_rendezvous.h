@@ -4,7 +4,9 @@
 //
 // Keys, all under rdzv/<run id>/:
 //   alive/<node>            ephemeral: vanishes when that node's agent dies
-//   r<n>/node/<node>        a node's join record (local world size, host)
+//   r<n>/node/<node>        a node's join record (local world size, host, pid, nonce)
+//   r<n>/joined             count of nodes that joined; the one that completes it publishes:
+//   r<n>/offset/<node>      that node's first global rank, r<n>/world_size, then r<n>/closed
 //   r<n>/healthy            deleted by the first node whose workers fail in round n
 //   r<n>/failures/<node>    that node's failures (JSON), written before healthy is deleted
 //   r<n>/done               count of nodes whose workers all succeeded
@@ -27,15 +29,9 @@ class RendezvousError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct NodeInfo {
-  int node_rank = 0;
-  int local_world_size = 0;
-  std::string host;
-};
-
 struct Assignment {
   int round = 0;
-  std::vector<NodeInfo> nodes;  // by node rank
+  int num_nodes = 1;
   int world_size = 0;
   int rank_offset = 0;  // global rank of this node's local rank 0
 };

@@ -13,26 +13,37 @@ namespace dist::rendezvous {
 
 void WaiterIndex::add(std::string_view key, Waiter waiter) {
   auto it = by_key_.find(key);
-  if (it == by_key_.end()) it = by_key_.emplace(std::string(key), std::vector<Waiter>{}).first;
-  it->second.push_back(waiter);
+  if (it == by_key_.end()) it = by_key_.emplace(std::string(key), Waiters{}).first;
+  it->second.emplace(waiter.session, waiter);
 }
 
 std::vector<WaiterIndex::Waiter> WaiterIndex::take(std::string_view key) {
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return {};
-  std::vector<Waiter> waiters = std::move(it->second);
+  std::vector<Waiter> waiters;
+  waiters.reserve(it->second.size());
+  for (const auto& [session, w] : it->second) waiters.push_back(w);
   by_key_.erase(it);
   return waiters;
+}
+
+std::optional<WaiterIndex::Waiter> WaiterIndex::take_one(std::string_view key) {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end() || it->second.empty()) return std::nullopt;
+  const Waiter w = it->second.begin()->second;
+  it->second.erase(it->second.begin());
+  if (it->second.empty()) by_key_.erase(it);
+  return w;
 }
 
 void WaiterIndex::remove(std::string_view key, const Session* session) {
   auto it = by_key_.find(key);
   if (it == by_key_.end()) return;
-  std::erase_if(it->second, [session](const Waiter& w) { return w.session == session; });
+  it->second.erase(session);
   if (it->second.empty()) by_key_.erase(it);
 }
 
-std::vector<WaiterIndex::Waiter>* WaiterIndex::find(std::string_view key) {
+WaiterIndex::Waiters* WaiterIndex::find(std::string_view key) {
   auto it = by_key_.find(key);
   return it == by_key_.end() ? nullptr : &it->second;
 }
@@ -224,12 +235,7 @@ void StoreState::on_created(std::string_view key) {
 }
 
 void StoreState::on_created_one(std::string_view key) {
-  std::vector<WaiterIndex::Waiter>* waiters = creation_waiters_.find(key);
-  if (!waiters) return;
-  const WaiterIndex::Waiter first = waiters->front();
-  waiters->erase(waiters->begin());
-  creation_waiters_.erase_if_empty(key);
-  first.session->on_key_created(first.ticket);
+  if (auto w = creation_waiters_.take_one(key)) w->session->on_key_created(w->ticket);
 }
 
 void StoreState::on_deleted(std::string_view key, const std::string& old_value) {
@@ -238,25 +244,28 @@ void StoreState::on_deleted(std::string_view key, const std::string& old_value) 
 }
 
 void StoreState::on_counter(std::string_view key, std::int64_t value) {
-  std::vector<WaiterIndex::Waiter>* waiters = barrier_waiters_.find(key);
+  WaiterIndex::Waiters* waiters = barrier_waiters_.find(key);
   if (!waiters) return;
   std::vector<WaiterIndex::Waiter> reached;
-  std::erase_if(*waiters, [&](const WaiterIndex::Waiter& w) {
-    if (w.target > value) return false;
-    reached.push_back(w);
-    return true;
-  });
+  for (auto it = waiters->begin(); it != waiters->end();) {
+    if (it->second.target > value) {
+      ++it;
+      continue;
+    }
+    reached.push_back(it->second);
+    it = waiters->erase(it);
+  }
   barrier_waiters_.erase_if_empty(key);
   for (const auto& w : reached) w.session->on_barrier_reached(w.ticket);
 }
 
 void StoreState::notify_watchers(std::uint8_t event, std::string_view key,
                                  std::string_view old_value, std::string_view new_value) {
-  std::vector<WaiterIndex::Waiter>* watchers = watchers_.find(key);
+  WaiterIndex::Waiters* watchers = watchers_.find(key);
   if (!watchers) return;
-  for (const auto& w : std::vector<WaiterIndex::Waiter>(*watchers)) {
-    w.session->on_watch_event(event, key, old_value, new_value);
-  }
+  std::vector<WaiterIndex::Waiter> copy;
+  for (const auto& [session, w] : *watchers) copy.push_back(w);
+  for (const auto& w : copy) w.session->on_watch_event(event, key, old_value, new_value);
 }
 
 }  // namespace dist::rendezvous

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -38,6 +39,8 @@ template <typename V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
 // Sessions waiting on keys. An entry names the session and the session's own ticket number.
+// Per key the waiters are indexed by session, so a session that stops waiting leaves each of its
+// keys in constant time (a watch over N keys by N agents stays O(N^2) in all, not O(N^3)).
 class WaiterIndex {
  public:
   struct Waiter {
@@ -45,14 +48,17 @@ class WaiterIndex {
     std::uint64_t ticket;
     std::int64_t target;  // barrier waits only
   };
+  using Waiters = std::unordered_multimap<const Session*, Waiter>;
+
   void add(std::string_view key, Waiter waiter);
   std::vector<Waiter> take(std::string_view key);  // removes and returns every waiter of key
+  std::optional<Waiter> take_one(std::string_view key);
   void remove(std::string_view key, const Session* session);
-  std::vector<Waiter>* find(std::string_view key);
+  Waiters* find(std::string_view key);
   void erase_if_empty(std::string_view key);
 
  private:
-  StringMap<std::vector<Waiter>> by_key_;
+  StringMap<Waiters> by_key_;
 };
 
 class StoreState {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dist/agent/signals.h"
+#include "dist/launcher/slurm.h"
 
 namespace dist::launcher {
 namespace {
@@ -299,6 +300,14 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     if (script_and_args.empty()) {
       throw UsageError("no training script given (dist-launch [options] SCRIPT [args...])");
     }
+    // Inside Slurm, what the command line leaves out comes from the allocation.
+    if (auto slurm = slurm_job_from_environment()) {
+      if (app.count("--nnodes") == 0) nnodes = std::to_string(slurm->nnodes);
+      if (app.count("--node-rank") == 0) c.node_rank = slurm->node_rank;
+      if (app.count("--master-addr") == 0) c.master_addr = slurm->master_addr;
+      if (app.count("--master-port") == 0 && slurm->nnodes > 1) master_port = slurm->master_port;
+      if (app.count("--rdzv-id") == 0) c.run_id = "slurm-" + slurm->job_id;
+    }
     parse_nnodes(nnodes, c);
     c.nproc_per_node = resolve_nproc(nproc);
     if (master_port > 0) c.master_port = static_cast<std::uint16_t>(master_port);
@@ -357,6 +366,9 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
           << c.nproc_per_node << " workers (set it yourself to tune)\n";
     }
   } catch (const UsageError& e) {
+    err << "dist-launch: error: " << e.what() << "\n";
+    return {true, kExitUsage, {}};
+  } catch (const std::invalid_argument& e) {  // a malformed SLURM_* variable
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
   }

@@ -243,3 +243,41 @@ TEST_F(MultiNode, SigkillOfOneAgentStopsTheOthersAndLeavesNoWorker) {
 }
 
 }  // namespace
+
+namespace {
+
+std::pair<int, std::string> run_status(const std::string& args) {
+  FILE* pipe = ::popen((std::string(DIST_LAUNCH_BIN) + " status " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buffer[512];
+  while (pipe && std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
+  const int status = pipe ? ::pclose(pipe) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_F(MultiNode, StatusShowsTheNodesOfARunningJob) {
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int k : {0, 1}) {
+    agents.push_back(node(2, k, 2, {"--rdzv-id", "job7"},
+                          {"pidfile", path("pid_" + std::to_string(k)), "sleep", "3000"}));
+  }
+  const auto deadline = Clock::now() + 20s;
+  while ((!fs::exists(path("pid_0")) || !fs::exists(path("pid_1"))) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  const auto [code, out] =
+      run_status("--rdzv-endpoint " + kMaster + ":" + std::to_string(port_) + " --rdzv-id job7");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("attempt 0 (restarts so far 0), 2 node(s) joined, running"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("0..1"), std::string::npos) << out;
+  EXPECT_NE(out.find("2..3"), std::string::npos) << out;
+  const auto [missing_code, missing] =
+      run_status("--rdzv-endpoint " + kMaster + ":" + std::to_string(port_) + " --rdzv-id other");
+  EXPECT_EQ(missing_code, 1);
+  EXPECT_NE(missing.find("no job 'other'"), std::string::npos) << missing;
+  for (auto& a : agents) EXPECT_EQ(a->wait(), 0) << a->output();
+  EXPECT_EQ(run_status("--rdzv-endpoint nowhere").first, 2);
+}
+
+}  // namespace

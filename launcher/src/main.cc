@@ -7,6 +7,7 @@
 
 #include "dist/agent/agent.h"
 #include "dist/launcher/cli.h"
+#include "dist/launcher/status.h"
 
 namespace {
 
@@ -26,6 +27,9 @@ void setup_logging() {
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && args.front() == "status") {
+    return dist::launcher::run_status({args.begin() + 1, args.end()}, std::cout, std::cerr);
+  }
   const auto outcome = dist::launcher::parse_command_line(args, std::cout, std::cerr);
   if (outcome.exit_now) return outcome.exit_code;
   setup_logging();

@@ -252,6 +252,9 @@ class Agent {
           options.host = config_.master_addr;
           options.port = store_port_;
           options.connect_timeout = config_.rdzv_timeout;
+          options.keepalive_idle_seconds = config_.keep_alive_interval_seconds;
+          options.keepalive_interval_seconds = config_.keep_alive_interval_seconds;
+          options.keepalive_probes = config_.keep_alive_max_attempt;
           rdzv_ = std::make_unique<NodeRendezvous>(options, config_.run_id, config_.max_nodes,
                                                    config_.node_rank);
         }
@@ -352,8 +355,13 @@ class Agent {
       return true;
     }
     const std::uint16_t port = config_.master_port.value_or(multi_node() ? kDefaultMasterPort : 0);
+    rendezvous::ServerOptions options;
+    if (multi_node()) {  // agents that vanish without closing are dropped: liveness
+      options.keepalive = {config_.keep_alive_interval_seconds, config_.keep_alive_interval_seconds,
+                           config_.keep_alive_max_attempt};
+    }
     try {
-      store_.emplace(io_, rendezvous::StoreServer::bind(io_, bind_address(), port));
+      store_.emplace(io_, rendezvous::StoreServer::bind(io_, bind_address(), port), options);
     } catch (const rendezvous::StoreError& e) {
       spdlog::error("cannot host the rendezvous store: {}", e.what());
       exit_code_ = kExitAgentError;

@@ -113,8 +113,8 @@ void parse_streams(const std::string& flag, const std::string& text, agent::Stre
   }
 }
 
-// --rdzv-conf key=value,...: timeout (static rendezvous, seconds) is used; torchrun's other keys
-// are accepted for compatibility.
+// --rdzv-conf key=value,...: timeout (static rendezvous, seconds), keep_alive_interval (seconds)
+// and keep_alive_max_attempt are used; torchrun's other keys are accepted for compatibility.
 void parse_rdzv_conf(const std::string& text, agent::LaunchConfig& c) {
   static const std::set<std::string> kKnown = {"timeout",
                                                "join_timeout",
@@ -134,6 +134,14 @@ void parse_rdzv_conf(const std::string& text, agent::LaunchConfig& c) {
       throw UsageError("--rdzv-conf: '" + item + "' is not one of key=value with key in timeout, " +
                        "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, " +
                        "keep_alive_max_attempt, read_timeout, is_host");
+    }
+    if (key == "keep_alive_interval") {
+      c.keep_alive_interval_seconds =
+          parse_positive("--rdzv-conf keep_alive_interval", item.substr(eq + 1));
+    }
+    if (key == "keep_alive_max_attempt") {
+      c.keep_alive_max_attempt =
+          parse_positive("--rdzv-conf keep_alive_max_attempt", item.substr(eq + 1));
     }
     if (key == "timeout") {
       c.rdzv_timeout =

@@ -81,6 +81,19 @@ int connect_once(const std::string& host, std::uint16_t port, Clock::time_point 
 
 }  // namespace
 
+void enable_keepalive(int fd, int idle_seconds, int interval_seconds, int probes) {
+  if (idle_seconds <= 0) return;
+  int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_seconds, sizeof idle_seconds);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_seconds, sizeof interval_seconds);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  // Data sent but never acknowledged times out on the same schedule.
+  const unsigned int user_timeout_ms =
+      static_cast<unsigned int>((idle_seconds + interval_seconds * probes) * 1000);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+}
+
 class StoreClient::Impl {
  public:
   explicit Impl(ClientOptions options) : options_(std::move(options)) {}
@@ -170,7 +183,11 @@ void StoreClient::Impl::connect() {
     ++attempts;
     const auto attempt_deadline = std::min(give_up, Clock::now() + options_.timeout);
     fd_ = connect_once(options_.host, options_.port, attempt_deadline, &last_error);
-    if (fd_ >= 0) break;
+    if (fd_ >= 0) {
+      enable_keepalive(fd_, options_.keepalive_idle_seconds, options_.keepalive_interval_seconds,
+                       options_.keepalive_probes);
+      break;
+    }
     const auto now = Clock::now();
     if (now >= give_up) {
       throw StoreError(StoreErrc::kUnavailable,

@@ -7,6 +7,7 @@
 #include <future>
 #include <unordered_set>
 
+#include "dist/rendezvous/client.h"
 #include "dist/rendezvous/errors.h"
 #include "session.h"
 
@@ -151,6 +152,8 @@ void Connection::start() {
   boost::system::error_code ec;
   socket_.non_blocking(true, ec);
   socket_.set_option(tcp::no_delay(true), ec);
+  const Keepalive& k = server_->state().options().keepalive;
+  enable_keepalive(socket_.native_handle(), k.idle_seconds, k.interval_seconds, k.probes);
   wait_readable();
 }
 

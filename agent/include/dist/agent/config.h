@@ -35,6 +35,10 @@ struct LaunchConfig {
   std::string run_id = "none";
   std::string local_addr;
   std::chrono::milliseconds rdzv_timeout{900'000};
+  // Liveness between agents (several nodes): TCP keepalive on their store connections; a node that
+  // vanished (a partition, a dead host) is noticed after about interval * (max_attempt + 1).
+  int keep_alive_interval_seconds = 1;
+  int keep_alive_max_attempt = 3;
 
   // Lifecycle.
   int max_restarts = 0;

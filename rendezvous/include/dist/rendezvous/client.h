@@ -28,7 +28,15 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{30'000};
   std::chrono::milliseconds timeout{60'000};  // default deadline of each call
   std::string secret;                         // shared secret, when the store requires one
+  // TCP keepalive: a store that vanished without closing is noticed after about
+  // idle + interval * probes seconds (0: off).
+  int keepalive_idle_seconds = 0;
+  int keepalive_interval_seconds = 1;
+  int keepalive_probes = 3;
 };
+
+// Turns on TCP keepalive (and a matching TCP_USER_TIMEOUT for unacknowledged data) on a socket.
+void enable_keepalive(int fd, int idle_seconds, int interval_seconds, int probes);
 
 class StoreClient {
  public:

@@ -33,8 +33,17 @@ enum class UnauthenticatedPolicy {
   kAllow,       // anybody (the secret then only guards dist-launch's own agents' identity)
 };
 
+// TCP keepalive on each connection, so a peer that vanished without closing (a partition, a
+// powered-off host) is dropped after about idle + interval * probes; 0: off (the default).
+struct Keepalive {
+  int idle_seconds = 0;
+  int interval_seconds = 1;
+  int probes = 3;
+};
+
 struct ServerOptions {
   StoreLimits limits;
+  Keepalive keepalive;
   std::string secret;  // empty: no authentication
   UnauthenticatedPolicy unauthenticated = UnauthenticatedPolicy::kKnownHosts;
 };

@@ -1,0 +1,168 @@
+// Agents in two network namespaces joined by a veth pair, as two hosts: a job across them, and a
+// partition (one side's link taken down) noticed by both within seconds. Needs root and iproute2;
+// skips, saying so, elsewhere. Addresses come from 198.18.0.0/15, the range set aside for network
+// benchmarks, and exist only inside these namespaces.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process_helpers.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+int sh(const std::string& command) {
+  const int status = std::system((command + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+class TwoHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string id = std::to_string(::getpid() % 100000);
+    ns_[0] = "dl" + id + "a";
+    ns_[1] = "dl" + id + "b";
+    veth_[0] = "dv" + id + "a";
+    veth_[1] = "dv" + id + "b";
+    const int subnet = static_cast<int>(::getpid() % 250);
+    addr_[0] = "198.18." + std::to_string(subnet) + ".1";
+    addr_[1] = "198.18." + std::to_string(subnet) + ".2";
+    port_ = std::to_string(20000 + ::getpid() % 20000);  // the namespaces are new: nothing holds it
+    if (::geteuid() != 0 || sh("ip netns add " + ns_[0]) != 0) {
+      GTEST_SKIP() << "network namespaces need root and iproute2; not available here";
+    }
+    created_ = true;
+    ASSERT_EQ(sh("ip netns add " + ns_[1]), 0);
+    ASSERT_EQ(sh("ip link add " + veth_[0] + " type veth peer name " + veth_[1]), 0);
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(sh("ip link set " + veth_[i] + " netns " + ns_[i]), 0);
+      ASSERT_EQ(sh("ip -n " + ns_[i] + " addr add " + addr_[i] + "/24 dev " + veth_[i]), 0);
+      ASSERT_EQ(sh("ip -n " + ns_[i] + " link set " + veth_[i] + " up"), 0);
+      ASSERT_EQ(sh("ip -n " + ns_[i] + " link set lo up"), 0);
+    }
+    dir_ = fs::temp_directory_path() / ("dist-netns-" + id);
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    for (pid_t p : agents_) {
+      ::kill(p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+    }
+    if (created_) {
+      sh("ip netns del " + ns_[0]);  // the veth pair goes with it
+      sh("ip netns del " + ns_[1]);
+    }
+    fs::remove_all(dir_);
+  }
+
+  // dist-launch as node `rank`, inside that host's namespace.
+  pid_t agent(int rank, const std::vector<std::string>& worker) {
+    std::vector<std::string> args{"ip",
+                                  "netns",
+                                  "exec",
+                                  ns_[rank],
+                                  DIST_LAUNCH_BIN,
+                                  "--nnodes",
+                                  "2",
+                                  "--node-rank",
+                                  std::to_string(rank),
+                                  "--master-addr",
+                                  addr_[0],
+                                  "--master-port",
+                                  "29511",
+                                  "--nproc-per-node",
+                                  "1",
+                                  "--rdzv-conf",
+                                  "timeout=20",
+                                  "--no-python",
+                                  DIST_TEST_WORKER_BIN};
+    args.insert(args.end(), worker.begin(), worker.end());
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string log = (dir_ / ("node" + std::to_string(rank) + ".log")).string();
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execvp("ip", argv.data());
+      ::_exit(127);
+    }
+    agents_.push_back(pid);
+    return pid;
+  }
+  int wait(pid_t pid, std::chrono::milliseconds timeout) {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        std::erase(agents_, pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return -1;
+  }
+  std::string log(int rank) const {
+    std::ifstream in(dir_ / ("node" + std::to_string(rank) + ".log"));
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::string ns_[2], veth_[2], addr_[2], port_;
+  fs::path dir_;
+  std::vector<pid_t> agents_;
+  bool created_ = false;
+};
+
+TEST_F(TwoHosts, AJobSpansTheTwoHosts) {
+  const pid_t a = agent(0, {"env", path("env_0")});
+  const pid_t b = agent(1, {"env", path("env_1")});
+  EXPECT_EQ(wait(a, 60s), 0) << log(0);
+  EXPECT_EQ(wait(b, 60s), 0) << log(1);
+  std::ifstream env1(path("env_1"));
+  std::string all((std::istreambuf_iterator<char>(env1)), std::istreambuf_iterator<char>());
+  EXPECT_NE(all.find("RANK=1\n"), std::string::npos);
+  EXPECT_NE(all.find("MASTER_ADDR=" + addr_[0] + "\n"), std::string::npos);
+}
+
+TEST_F(TwoHosts, APartitionIsNoticedByBothSidesWithinSeconds) {
+  const pid_t a = agent(0, {"pidfile", path("pid_0"), "forever"});
+  const pid_t b = agent(1, {"pidfile", path("pid_1"), "forever"});
+  const auto deadline = Clock::now() + 30s;
+  while ((!fs::exists(path("pid_0")) || !fs::exists(path("pid_1"))) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(fs::exists(path("pid_1"))) << log(0) << log(1);
+  pid_t worker1 = 0;
+  std::ifstream(path("pid_1")) >> worker1;
+
+  const auto cut = Clock::now();
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
+  // Keepalive: 1 s idle, then 3 probes 1 s apart: about 4 s; allow for scheduling.
+  EXPECT_NE(wait(a, 20s), -1) << "node 0 never noticed the partition\n" << log(0);
+  EXPECT_NE(wait(b, 20s), -1) << "node 1 never noticed the partition\n" << log(1);
+  EXPECT_LT(Clock::now() - cut, 12s);
+  EXPECT_NE(log(0).find("node 1's agent is gone"), std::string::npos) << log(0);
+  EXPECT_TRUE(dist::agent::testing::process_gone(worker1)) << "node 1's worker outlived the job";
+}
+
+}  // namespace

@@ -1,6 +1,7 @@
 #include "process.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -29,13 +30,16 @@ Pipe make_pipe() {
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void exec_child(char* const* argv, char* const* envp, pid_t parent, Pipe out, Pipe err,
                              Pipe status) {
-  ::setpgid(0, 0);
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(127);  // the agent died before the flag was set
+  // Signals arrive blocked (see spawn_worker): the agent's handlers are replaced by the defaults
+  // before any can run here. Run in this process, the agent's handler would write the signal into
+  // the agent's own signal pipe, and the agent would take its worker's SIGTERM for its own.
+  for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);  // the agent died before the flag was set
   ::dup2(out.write, STDOUT_FILENO);
   ::dup2(err.write, STDERR_FILENO);
   const int devnull = ::open("/dev/null", O_RDONLY);
@@ -58,7 +62,12 @@ SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
 
   Pipe out = make_pipe(), err = make_pipe(), status = make_pipe();
   const pid_t parent = ::getpid();
+  // Every signal stays blocked across fork until the child has its default handlers back.
+  sigset_t all, previous;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
   const pid_t pid = ::fork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (pid < 0) {
     const int error = errno;
     for (int fd : {out.read, out.write, err.read, err.write, status.read, status.write})

@@ -25,65 +25,25 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kWorker = DIST_TEST_WORKER_BIN;
 
-// dist-launch running in the background, its stdout and stderr in one file.
+// dist-launch running in the background, its stdout and stderr in one file (removed afterwards).
 class Launch {
  public:
-  explicit Launch(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
-    output_ = fs::temp_directory_path() / ("dist-launch-test-" + std::to_string(::getpid()) + "-" +
-                                           std::to_string(counter_++) + ".log");
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::unsetenv("OMP_NUM_THREADS");
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> argv{const_cast<char*>(DIST_LAUNCH_BIN)};
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(DIST_LAUNCH_BIN, argv.data());
-      ::_exit(127);
-    }
-  }
+  explicit Launch(std::vector<std::string> args, std::map<std::string, std::string> env = {})
+      : log_(fs::temp_directory_path() / ("dist-launch-test-" + std::to_string(::getpid()) + "-" +
+                                          std::to_string(counter_++) + ".log")),
+        child_(DIST_LAUNCH_BIN, std::move(args), log_, env, {"OMP_NUM_THREADS"}) {}
   ~Launch() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
     std::error_code ec;
-    fs::remove(output_, ec);
+    fs::remove(log_, ec);
   }
-
-  // The exit code (128 + signal when killed), or -1 after `timeout` (then the launcher is killed).
-  int wait(std::chrono::milliseconds timeout = 60s) {
-    const auto end = Clock::now() + timeout;
-    while (Clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    reaped_ = true;
-    return -1;
-  }
-
-  std::string output() const {
-    std::ifstream in(output_);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-  pid_t pid() const { return pid_; }
+  int wait(std::chrono::milliseconds timeout = 60s) { return child_.wait(timeout); }
+  std::string output() const { return child_.output(); }
+  pid_t pid() const { return child_.pid(); }
 
  private:
   static inline int counter_ = 0;
-  fs::path output_;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
+  fs::path log_;  // before child_: initialized first
+  dist::agent::testing::Child child_;
 };
 
 class LaunchTest : public ::testing::Test {

@@ -43,51 +43,10 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-class Agent {
+class Agent : public dist::agent::testing::Child {
  public:
-  Agent(const fs::path& log, std::vector<std::string> args) : log_(log) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<char*> argv{const_cast<char*>(DIST_LAUNCH_BIN)};
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(DIST_LAUNCH_BIN, argv.data());
-      ::_exit(127);
-    }
-  }
-  ~Agent() {
-    if (!reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  int wait(std::chrono::milliseconds timeout = 60s) {
-    const auto end = Clock::now() + timeout;
-    while (Clock::now() < end) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
-  }
-  std::string output() const {
-    std::ifstream in(log_);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-  pid_t pid() const { return pid_; }
-
- private:
-  fs::path log_;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
+  Agent(const fs::path& log, std::vector<std::string> args)
+      : Child(DIST_LAUNCH_BIN, std::move(args), log) {}
 };
 
 class MultiNode : public ::testing::Test {

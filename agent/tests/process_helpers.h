@@ -1,12 +1,21 @@
 // Process checks shared by the agent's tests.
 #pragma once
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace dist::agent::testing {
 
@@ -27,5 +36,66 @@ inline bool process_gone(pid_t pid,
   } while (std::chrono::steady_clock::now() < end);
   return false;
 }
+
+// A program run in the background with stdout and stderr in one log file; killed and reaped when
+// the test is done with it.
+class Child {
+ public:
+  Child(const std::string& program, std::vector<std::string> args, std::filesystem::path log,
+        const std::map<std::string, std::string>& env = {},
+        const std::vector<std::string>& unset = {})
+      : log_(std::move(log)) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      for (const auto& name : unset) ::unsetenv(name.c_str());
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<char*> argv{const_cast<char*>(program.c_str())};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(program.c_str(), argv.data());
+      ::_exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  // The exit code (128 + signal when killed), or -1 after `timeout` (then the child is killed).
+  int wait(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+    return -1;
+  }
+  std::string output() const {
+    std::ifstream in(log_);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  std::filesystem::path log_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
 
 }  // namespace dist::agent::testing

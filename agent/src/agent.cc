@@ -53,7 +53,6 @@ namespace {
 constexpr std::chrono::milliseconds kOutputDrainTimeout{1000};
 constexpr int kExitAgentError = 1;
 constexpr std::uint16_t kDefaultMasterPort = 29500;  // torchrun's, for multi-node static jobs
-constexpr std::chrono::milliseconds kExitBarrierTimeout{std::chrono::minutes(5)};
 constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};  // node 0 waits
 
 std::string hostname() {
@@ -312,7 +311,7 @@ class Agent {
   void run_exit_barrier() {
     calls_.run([this, round = restart_count_] {
       try {
-        const bool everyone = rdzv_->exit_barrier(round, kExitBarrierTimeout);
+        const bool everyone = rdzv_->exit_barrier(round, config_.exit_barrier_timeout);
         asio::post(io_, [this, everyone] { on_exit_barrier(everyone, ""); });
       } catch (const std::exception& e) {
         asio::post(io_, [this, what = std::string(e.what())] { on_exit_barrier(false, what); });

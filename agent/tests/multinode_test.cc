@@ -151,6 +151,20 @@ TEST_F(MultiNode, RestartsAreBoundedForTheWholeJobAndEveryNodeReportsTheRootCaus
   }
 }
 
+TEST_F(MultiNode, TheExitBarrierIsBoundedByItsTimeout) {
+  // Node 1's worker is done at once; node 0's takes 4 s; node 1 waits 1 s at most. (Node 0, which
+  // serves the store, would stay for the others to leave anyway.)
+  auto slow = node(2, 0, 1, {"--exit-barrier-timeout", "1"}, {"sleep", "4000"});
+  auto fast = node(2, 1, 1, {"--exit-barrier-timeout", "1"}, {"exit", "0"});
+  const auto start = Clock::now();
+  EXPECT_EQ(fast->wait(20s), 1) << fast->output();
+  EXPECT_LT(Clock::now() - start, 4s) << "the fast node did not wait for the slow one";
+  EXPECT_NE(fast->output().find("exit barrier of round 0: not every node finished within 1 s"),
+            std::string::npos)
+      << fast->output();
+  slow->wait(20s);
+}
+
 TEST_F(MultiNode, ANodeThatNeverArrivesIsATimeoutNamingIt) {
   auto lonely = node(2, 0, 1, {"--rdzv-conf", "timeout=1"}, {"exit", "0"});
   EXPECT_EQ(lonely->wait(), 1);

@@ -214,7 +214,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   agent::LaunchConfig& c = outcome.config;
   std::string nnodes = "1", nproc = "1", redirects = "0", tee = "0", ranks_filter;
   std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", rdzv_conf;
-  double shutdown_timeout_s = 30, monitor_interval_s = 0.1;
+  double shutdown_timeout_s = 30, monitor_interval_s = 0.1, exit_barrier_timeout_s = 300;
   int master_port = -1;
   bool standalone = false, module = false, no_python = false, run_path = false;
   std::string start_method = "spawn";
@@ -278,6 +278,11 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   opt("--signals-to-handle,--signals_to_handle", signals, "SIGNALS_TO_HANDLE",
       "Signals forwarded to the workers (SIGUSR1/2 forward and keep running)")
       ->capture_default_str();
+  opt("--exit-barrier-timeout,--exit_barrier_timeout", exit_barrier_timeout_s,
+      "EXIT_BARRIER_TIMEOUT",
+      "Seconds a node whose workers succeeded waits for the other nodes' (several nodes)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   opt("--shutdown-timeout,--shutdown_timeout", shutdown_timeout_s, "SHUTDOWN_TIMEOUT",
       "Seconds between the stop signal and SIGKILL")
       ->check(CLI::NonNegativeNumber)
@@ -325,6 +330,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     c.signals_to_handle = parse_signals(signals);
     c.shutdown_timeout =
         std::chrono::milliseconds(static_cast<long long>(shutdown_timeout_s * 1000));
+    c.exit_barrier_timeout =
+        std::chrono::milliseconds(static_cast<long long>(exit_barrier_timeout_s * 1000));
     parse_rdzv_conf(rdzv_conf, c);
     if (c.min_nodes != c.max_nodes || !c.rdzv_endpoint.empty() ||
         (c.rdzv_backend != "static" && !standalone)) {

@@ -39,6 +39,8 @@ struct LaunchConfig {
   // vanished (a partition, a dead host) is noticed after about interval * (max_attempt + 1).
   int keep_alive_interval_seconds = 1;
   int keep_alive_max_attempt = 3;
+  // How long a node whose workers all succeeded waits for the other nodes' (several nodes).
+  std::chrono::milliseconds exit_barrier_timeout{300'000};
 
   // Lifecycle.
   int max_restarts = 0;

@@ -3,8 +3,6 @@
 // time from one agent's connection dropping to every other node's watch reporting the lost node.
 //
 //   build/bin/rendezvous-bench --nodes 10,100,1000
-#include <sys/resource.h>
-
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
@@ -96,11 +94,7 @@ int main(int argc, char** argv) {
   CLI::App app{"rendezvous-bench: N simulated nodes joining a round and noticing a dead node"};
   app.add_option("--nodes", sizes, "node counts")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
+  dist::rendezvous::raise_open_file_limit();
   std::printf("| nodes | all joined, ms | dead node noticed by all, ms | noticed | errors |\n");
   std::printf("|---:|---:|---:|---:|---:|\n");
   for (int n : sizes) run(n);

@@ -14,7 +14,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,6 +28,8 @@
 #include <iostream>
 #include <string>
 #include <vector>
+
+#include "dist/rendezvous/limits.h"
 
 namespace {
 
@@ -367,14 +368,6 @@ class Bench {
   int stalled_fd_ = -1;
 };
 
-void raise_fd_limit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -396,6 +389,6 @@ int main(int argc, char** argv) {
   app.add_option("--server-pid", o.server_pid, "read the server's RSS from /proc");
   app.add_option("--label", o.label)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  raise_fd_limit();
+  dist::rendezvous::raise_open_file_limit();
   return Bench(o).run();
 }

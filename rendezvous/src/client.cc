@@ -108,7 +108,6 @@ class StoreClient::Impl {
     check_usable();
     out_.clear();
     wire::Writer(out_).u8(wire::encode_op(op));
-    op_ = op;
     return out_;
   }
   void send(Clock::time_point deadline);
@@ -144,7 +143,6 @@ class StoreClient::Impl {
   std::string out_;
   std::string in_;
   std::size_t in_pos_ = 0;
-  wire::Op op_ = wire::Op::kPing;
   bool broken_ = false;
   std::string broken_reason_;
 

@@ -2,6 +2,8 @@
 
 #include "dist/rendezvous/limits.h"
 
+#include <sys/resource.h>
+
 namespace dist::rendezvous {
 
 std::string_view to_string(StoreErrc code) {
@@ -24,6 +26,14 @@ std::string_view to_string(StoreErrc code) {
       return "invalid argument";
   }
   return "unknown error";
+}
+
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+  }
 }
 
 std::string StoreLimits::validate() const {

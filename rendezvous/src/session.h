@@ -51,7 +51,6 @@ class Session {
   bool closing() const { return !close_reason_.empty(); }
   const std::string& close_reason() const { return close_reason_; }
   const PeerInfo& peer() const { return peer_; }
-  wire::Dialect dialect() const { return dialect_; }
 
   // Called by the StoreState.
   void on_key_created(std::uint64_t ticket);

@@ -1,6 +1,5 @@
 // dist-rendezvous: the rendezvous store on its own, for jobs that want it outside any node.
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "dist/rendezvous/errors.h"
+#include "dist/rendezvous/limits.h"
 #include "dist/rendezvous/server.h"
 
 namespace {
@@ -29,15 +29,6 @@ std::string read_token(const std::string& path) {
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   if (token.empty()) throw std::runtime_error("token file '" + path + "' is empty");
   return token;
-}
-
-// Each client is a file descriptor: allow as many as the hard limit permits.
-void raise_open_file_limit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &limit);
-  }
 }
 
 }  // namespace

@@ -6,22 +6,6 @@
 
 namespace dist::sdk {
 
-std::size_t size_of(DataType type) {
-  switch (type) {
-    case DataType::kFloat32:
-      return 4;
-    case DataType::kFloat64:
-      return 8;
-    case DataType::kFloat16:
-      return 2;
-    case DataType::kInt32:
-      return 4;
-    case DataType::kInt64:
-      return 8;
-  }
-  return 0;
-}
-
 void ProcessGroup::check_gather_sizes(std::size_t per_rank, std::size_t whole) const {
   if (whole != per_rank * static_cast<std::size_t>(size())) {
     throw std::invalid_argument("buffer of " + std::to_string(whole) + " elements; a group of " +

@@ -21,4 +21,8 @@ struct StoreLimits {
   std::string validate() const;
 };
 
+// Raises this process's open-file limit to its hard limit: every client of a store, and every
+// connection of a load generator, is a file descriptor.
+void raise_open_file_limit();
+
 }  // namespace dist::rendezvous

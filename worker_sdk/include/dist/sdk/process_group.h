@@ -45,7 +45,6 @@ constexpr DataType data_type_of() {
   else
     static_assert(sizeof(T) == 0, "unsupported element type");
 }
-std::size_t size_of(DataType type);
 
 // A collective failed or timed out: the group is unusable and the worker should exit non-zero so
 // the agent restarts the group.

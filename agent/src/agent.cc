@@ -1,17 +1,22 @@
 // The agent's lifecycle, one state machine:
 //
-//   INIT -> RENDEZVOUS -> RUNNING --all exited 0--> (EXIT_BARRIER: every node done) -> SUCCEEDED ->
-//   EXIT
-//                           |  \--a worker failed / a stop signal--> STOPPING --+-> RESTARTING ->
-//                           RUNNING |                                                   +-> FAILED
-//                           -> EXIT
-//                           \--SIGUSR1/2: forwarded, keeps RUNNING               \-> EXIT (signal)
+//   INIT -> RENDEZVOUS -> RUNNING --all workers exited 0--> STOPPING -> [EXIT_BARRIER] -> SUCCEEDED
+//               ^           |--a worker failed, or the round ended elsewhere--> STOPPING --+
+//               |           |--a stop signal--> STOPPING -> EXIT                           |
+//               |           \--SIGUSR1/2: forwarded, stays RUNNING                         |
+//               |                                                                          v
+//               +--- RESTARTING <--restart-- (static: restarts left? / elastic: ROUND_ENDED)
+//               +------------------reshape--------------------------/        \--fail--> FAILED
+//   SUCCEEDED, FAILED -> EXIT
 //
 // Everything happens on one thread driving one io_context: the hosted store, SIGCHLD (failures are
 // seen when they happen, not polled), the handled signals, the shutdown timer and the log pumps.
-// With several nodes, RENDEZVOUS joins a round through the store (node_rendezvous.h): round n is
-// restart n on every node. A failure anywhere ends the round on every node (a watcher thread waits
-// for it); blocking store calls run on a helper thread and come back as events.
+// With several nodes, RENDEZVOUS joins a round through the store (node_rendezvous.h). Static: round
+// n is restart n on every node. Elastic: after a round ends, ROUND_ENDED gets the job's one
+// verdict: restart (a worker failed: counts against --max-restarts), reshape (a node was lost or
+// one waits to join: a new round with whoever is there, not a restart) or fail. A watcher thread
+// waits for the round to end elsewhere; blocking store calls run on a helper thread and come back
+// as events.
 #include "dist/agent/agent.h"
 
 #include <signal.h>
@@ -53,7 +58,7 @@ namespace {
 constexpr std::chrono::milliseconds kOutputDrainTimeout{1000};
 constexpr int kExitAgentError = 1;
 constexpr std::uint16_t kDefaultMasterPort = 29500;  // torchrun's, for multi-node static jobs
-constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};  // node 0 waits
+constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};  // the store's host
 
 std::string hostname() {
   char buf[256] = {};
@@ -81,7 +86,7 @@ class Agent {
         handled_signals_(io_),
         shutdown_timer_(io_),
         drain_timer_(io_),
-        host_(hostname()) {
+        host_(config.local_addr.empty() ? hostname() : config.local_addr) {
     for (int s : config_.signals_to_handle) handled_signals_.add(s);
   }
 
@@ -108,13 +113,15 @@ class Agent {
     kRunning,
     kStopping,
     kExitBarrier,
+    kRoundEnded,
     kRestarting,
     kSucceeded,
     kFailed,
     kExit
   };
   // Why the group is being stopped: decides where STOPPING leads once every worker is gone.
-  enum class StopReason { kAllSucceeded, kWorkerFailed, kPeerFailed, kSignal, kStartFailed };
+  // kRoundEnded: elsewhere (a failure on another node, a lost node, a node waiting to join).
+  enum class StopReason { kAllSucceeded, kWorkerFailed, kRoundEnded, kSignal, kStartFailed };
 
   struct Worker {
     int local_rank = 0;
@@ -140,6 +147,7 @@ class Agent {
         }
         if (!multi_node()) {
           assignment_ = single_node_assignment();
+          joined_ = true;
           return transition(State::kRunning);
         }
         return join_round();  // continues in on_joined()
@@ -151,12 +159,14 @@ class Agent {
         return;  // entered through stop_workers(), left through on_group_stopped()
       case State::kExitBarrier:
         return run_exit_barrier();  // continues in on_exit_barrier()
+      case State::kRoundEnded:
+        return decide_verdict();  // continues in on_verdict()
       case State::kRestarting:
-        ++restart_count_;
+        if (!config_.elastic) ++restart_count_;  // elastic: the verdict counted it, job-wide
         spdlog::warn("restarting the worker group (restart {} of {})", restart_count_,
                      config_.max_restarts);
         failures_.clear();
-        if (store_) clear_worker_keys();
+        if (store_ && !config_.elastic) clear_worker_keys();  // elastic: the round's closer does
         return transition(State::kRendezvous);
       case State::kSucceeded:
         spdlog::info("all {} workers succeeded", assignment_.world_size);
@@ -173,17 +183,16 @@ class Agent {
   // STOPPING is over (every worker reaped, output drained): decide what comes next.
   void on_group_stopped() {
     if (watching_) {  // the round's watch must end before the round does
-      return calls_.run([this, round = restart_count_] {
-        try_call([&] { rdzv_->stop_watch(round); });
+      return calls_.run([this, a = assignment_] {
+        try_call([&] { rdzv_->stop_watch(a); });
       });  // on_watch() calls back here
     }
     switch (stop_reason_) {
       case StopReason::kAllSucceeded:
         return transition(multi_node() ? State::kExitBarrier : State::kSucceeded);
       case StopReason::kWorkerFailed:
-      case StopReason::kPeerFailed:
-        return transition(restart_count_ < config_.max_restarts ? State::kRestarting
-                                                                : State::kFailed);
+      case StopReason::kRoundEnded:
+        return transition(after_failed_round());
       case StopReason::kSignal:
         spdlog::warn("stopped by {}", signal_name(stop_signal_));
         exit_code_ = 128 + stop_signal_;
@@ -194,7 +203,18 @@ class Agent {
     }
   }
 
+  // Where a round that did not succeed leads.
+  State after_failed_round() const {
+    if (config_.elastic) return State::kRoundEnded;  // the job's verdict decides
+    return restart_count_ < config_.max_restarts ? State::kRestarting : State::kFailed;
+  }
+
   void report() {
+    if (failures_.empty()) {  // the job failed without a worker failing (nodes lost)
+      spdlog::error("the job failed: {}", failure_reason_);
+      exit_code_ = kExitAgentError;
+      return transition(State::kExit);
+    }
     std::fputs(format_report(config_.script_name, failures_).c_str(), stderr);
     std::fflush(stderr);
     exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
@@ -202,11 +222,11 @@ class Agent {
   }
 
   void begin_exit() {
-    if (!multi_node() || !rdzv_) return finish_exit();
-    // Node 0 serves the store: it stays until the other agents have left (bounded).
-    calls_.run([this] {
-      if (watching_) try_call([&] { rdzv_->stop_watch(restart_count_); });
-      if (config_.node_rank == 0) try_call([&] { rdzv_->wait_for_others_to_leave(kLeaveTimeout); });
+    if (!multi_node() || !rdzv_ || !joined_) return finish_exit();
+    // The agent that serves the store stays until the other agents have left (bounded).
+    calls_.run([this, a = assignment_, hosting = store_.has_value()] {
+      if (watching_) try_call([&] { rdzv_->stop_watch(a); });
+      if (hosting) try_call([&] { rdzv_->wait_for_others_to_leave(a, kLeaveTimeout); });
       asio::post(io_, [this] { finish_exit(); });
     });
   }
@@ -233,32 +253,47 @@ class Agent {
   // ------------------------------------------------------------------------------------------
   // RENDEZVOUS with other nodes, and the round's watch.
 
-  bool multi_node() const { return config_.max_nodes > 1; }
+  bool multi_node() const { return config_.max_nodes > 1 || config_.elastic; }
 
   Assignment single_node_assignment() const {
     Assignment a;
     a.round = restart_count_;
+    a.restarts = restart_count_;
     a.num_nodes = 1;
     a.world_size = config_.nproc_per_node;
     return a;
   }
 
   void join_round() {
-    calls_.run([this, round = restart_count_] {
+    std::optional<Assignment> previous;  // elastic: the round this node comes back from
+    if (joined_) previous = assignment_;
+    calls_.run([this, previous = std::move(previous), static_round = restart_count_] {
       try {
         if (!rdzv_) {
           rendezvous::ClientOptions options;
           options.host = config_.master_addr;
           options.port = store_port_;
-          options.connect_timeout = config_.rdzv_timeout;
+          options.connect_timeout = config_.elastic ? config_.join_timeout : config_.rdzv_timeout;
+          // A vanished peer is noticed after about interval * max_attempt seconds.
           options.keepalive_idle_seconds = config_.keep_alive_interval_seconds;
           options.keepalive_interval_seconds = config_.keep_alive_interval_seconds;
-          options.keepalive_probes = config_.keep_alive_max_attempt;
-          rdzv_ = std::make_unique<NodeRendezvous>(options, config_.run_id, config_.max_nodes,
-                                                   config_.node_rank);
+          options.keepalive_probes = std::max(1, config_.keep_alive_max_attempt - 1);
+          JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_};
+          rdzv_ = std::make_unique<NodeRendezvous>(options, config_.run_id, std::move(shape));
         }
-        Assignment a = rdzv_->join(round, config_.nproc_per_node, host_, config_.rdzv_timeout);
+        Assignment a;
+        if (!config_.elastic) {
+          a = rdzv_->join_static(static_round, config_.node_rank, config_.rdzv_timeout);
+        } else {
+          const int round = previous ? previous->round + 1 : rdzv_->current_round();
+          a = rdzv_->join_elastic(round, previous ? &*previous : nullptr, config_.join_timeout,
+                                  config_.last_call_timeout);
+        }
         asio::post(io_, [this, a = std::move(a)]() mutable { on_joined(std::move(a)); });
+      } catch (const JobOverError& e) {
+        asio::post(io_, [this, what = std::string(e.what()), ok = e.succeeded()] {
+          on_job_over(ok, what);
+        });
       } catch (const std::exception& e) {
         asio::post(io_, [this, what = std::string(e.what())] { on_rendezvous_failed(what); });
       }
@@ -268,8 +303,10 @@ class Agent {
   void on_joined(Assignment a) {
     if (state_ != State::kRendezvous) return;  // stopped meanwhile
     assignment_ = std::move(a);
+    joined_ = true;
+    restart_count_ = assignment_.restarts;
     spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}", assignment_.round,
-                 config_.node_rank, assignment_.num_nodes, assignment_.rank_offset,
+                 assignment_.node_rank, assignment_.num_nodes, assignment_.rank_offset,
                  assignment_.rank_offset + config_.nproc_per_node - 1, assignment_.world_size);
     transition(State::kRunning);
   }
@@ -281,13 +318,26 @@ class Agent {
     transition(State::kExit);
   }
 
+  // Elastic: the job ended (another node decided) before this node got into a round.
+  void on_job_over(bool succeeded, const std::string& what) {
+    if (state_ == State::kExit) return;
+    if (succeeded) {
+      spdlog::warn("{}: nothing to do", what);
+      exit_code_ = 0;
+    } else {
+      spdlog::error("{}", what);
+      exit_code_ = kExitAgentError;
+    }
+    transition(State::kExit);
+  }
+
   void start_watch() {
     if (watch_thread_.joinable()) watch_thread_.join();  // the previous round's, already done
     watching_ = true;
-    watch_thread_ = std::thread([this, round = restart_count_] {
+    watch_thread_ = std::thread([this, a = assignment_] {
       WatchResult r{WatchResult::kStopped, -1};
       try {
-        r = rdzv_->watch(round);
+        r = rdzv_->watch(a);
       } catch (const std::exception& e) {
         spdlog::error("lost the rendezvous store: {}", e.what());
         r = {WatchResult::kNodeLost, 0};
@@ -298,20 +348,30 @@ class Agent {
 
   void on_watch(WatchResult r) {
     watching_ = false;
-    if (r.kind == WatchResult::kNodeLost) {
-      spdlog::error("node {}'s agent is gone (its connection to the store closed)", r.node);
-    }
     if (state_ == State::kRunning && r.kind != WatchResult::kStopped) {
-      if (r.kind == WatchResult::kFailed) spdlog::warn("a worker on another node failed");
-      return stop_workers(StopReason::kPeerFailed, SIGTERM);
+      switch (r.kind) {
+        case WatchResult::kFailed:
+          spdlog::warn("a worker on another node failed");
+          break;
+        case WatchResult::kNodeLost:
+          spdlog::error("node {}'s agent is gone (its connection to the store closed)", r.node);
+          break;
+        case WatchResult::kNewcomer:
+          spdlog::info("a new node is waiting to join: stopping the workers for a new round");
+          break;
+        case WatchResult::kStopped:
+          break;
+      }
+      return stop_workers(StopReason::kRoundEnded, SIGTERM);
     }
     if (state_ == State::kStopping) maybe_group_stopped();  // was waiting for the watch to end
   }
 
   void run_exit_barrier() {
-    calls_.run([this, round = restart_count_] {
+    calls_.run([this, a = assignment_] {
       try {
-        const bool everyone = rdzv_->exit_barrier(round, config_.exit_barrier_timeout);
+        const bool everyone = rdzv_->exit_barrier(a, config_.exit_barrier_timeout);
+        if (everyone && a.elastic) rdzv_->mark_done(a);  // for nodes still waiting to join
         asio::post(io_, [this, everyone] { on_exit_barrier(everyone, ""); });
       } catch (const std::exception& e) {
         asio::post(io_, [this, what = std::string(e.what())] { on_exit_barrier(false, what); });
@@ -323,22 +383,52 @@ class Agent {
     if (state_ != State::kExitBarrier) return;
     if (!error.empty()) return on_rendezvous_failed(error);
     if (everyone) return transition(State::kSucceeded);
-    spdlog::warn("another node failed while this one waited at the exit barrier");
-    transition(restart_count_ < config_.max_restarts ? State::kRestarting : State::kFailed);
+    spdlog::warn("the round ended on another node while this one waited at the exit barrier");
+    transition(after_failed_round());
+  }
+
+  // ROUND_ENDED (elastic): one verdict for the whole job, whichever node asks first.
+  void decide_verdict() {
+    calls_.run([this, a = assignment_] {
+      try {
+        const Verdict v = rdzv_->decide(a, config_.max_restarts);
+        asio::post(io_, [this, v] { on_verdict(v); });
+      } catch (const std::exception& e) {
+        asio::post(io_, [this, what = std::string(e.what())] { on_rendezvous_failed(what); });
+      }
+    });
+  }
+
+  void on_verdict(const Verdict& v) {
+    if (state_ != State::kRoundEnded) return;
+    switch (v.action) {
+      case Verdict::kRestart:
+        restart_count_ = v.restarts;
+        return transition(State::kRestarting);
+      case Verdict::kReshape:
+        spdlog::warn(
+            "round {} ended ({}): a new round with the nodes that are there (not a "
+            "restart)",
+            assignment_.round, v.reason);
+        failures_.clear();
+        return transition(State::kRendezvous);
+      case Verdict::kFail:
+      case Verdict::kDone:  // cannot follow a round that failed here; treated as a failure
+        failure_reason_ = v.reason;
+        return transition(State::kFailed);
+    }
   }
 
   // The job failed: every node reports every node's failures, with one root cause and exit code.
   void collect_failures() {
-    calls_.run([this, round = restart_count_] {
+    calls_.run([this, a = assignment_] {
       std::vector<WorkerFailure> all;
-      try_call([&] { all = rdzv_->failures(round); });
+      try_call([&] { all = rdzv_->failures(a); });
       asio::post(io_, [this, all = std::move(all)]() mutable {
         if (!all.empty()) failures_ = std::move(all);
-        if (failures_.empty()) {
-          spdlog::error("round {} failed on another node, which left no failure record",
-                        restart_count_);
-          exit_code_ = kExitAgentError;
-          return transition(State::kExit);
+        if (failures_.empty() && failure_reason_.empty()) {
+          failure_reason_ = "round " + std::to_string(assignment_.round) +
+                            " failed on another node, which left no failure record";
         }
         report();
       });
@@ -349,27 +439,70 @@ class Agent {
   // RENDEZVOUS (single node): host the store on a socket this process holds before any worker.
 
   bool host_store() {
+    if (config_.elastic) return host_elastic_store();
     if (multi_node() && config_.node_rank != 0) {  // node 0 hosts; the others connect to it
       store_port_ = config_.master_port.value_or(kDefaultMasterPort);
       return true;
     }
     const std::uint16_t port = config_.master_port.value_or(multi_node() ? kDefaultMasterPort : 0);
-    rendezvous::ServerOptions options;
-    if (multi_node()) {  // agents that vanish without closing are dropped: liveness
-      options.keepalive = {config_.keep_alive_interval_seconds, config_.keep_alive_interval_seconds,
-                           config_.keep_alive_max_attempt};
-    }
     try {
-      store_.emplace(io_, rendezvous::StoreServer::bind(io_, bind_address(), port), options);
+      serve_store(bind_address(), port);
     } catch (const rendezvous::StoreError& e) {
       spdlog::error("cannot host the rendezvous store: {}", e.what());
       exit_code_ = kExitAgentError;
       return false;
     }
+    return true;
+  }
+
+  // Elastic: the agent on the endpoint's machine hosts the store (is_host=1 insists, is_host=0
+  // never does); when the address is not ours, or the port is taken (another agent, or an
+  // external dist-rendezvous), this agent is a client.
+  bool host_elastic_store() {
+    store_port_ = config_.master_port.value_or(kDefaultMasterPort);
+    if (config_.is_host == false) return true;
+    std::string error;
+    try {
+      serve_store(resolve(config_.master_addr), store_port_);
+      spdlog::info("hosting the rendezvous store on {}:{}", config_.master_addr, store_port_);
+      return true;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (config_.is_host == true) {
+      spdlog::error("cannot host the rendezvous store (--rdzv-conf is_host=1): {}", error);
+      exit_code_ = kExitAgentError;
+      return false;
+    }
+    spdlog::debug("not hosting the store ({}): joining {}:{}", error, config_.master_addr,
+                  store_port_);
+    return true;
+  }
+
+  void serve_store(const std::string& address, std::uint16_t port) {
+    rendezvous::ServerOptions options;
+    if (multi_node()) {  // agents that vanish without closing are dropped: liveness
+      options.keepalive = {config_.keep_alive_interval_seconds, config_.keep_alive_interval_seconds,
+                           std::max(1, config_.keep_alive_max_attempt - 1)};
+    }
+    store_.emplace(io_, rendezvous::StoreServer::bind(io_, address, port), options);
     store_->start();
     store_port_ = store_->local_endpoint().port();
-    spdlog::debug("store listening on {}:{}", config_.master_addr, store_port_);
-    return true;
+    spdlog::debug("store listening on {}:{}", address, store_port_);
+  }
+
+  // The endpoint's host as an address to bind (a name resolves to its first IPv4 address).
+  std::string resolve(const std::string& host) {
+    boost::system::error_code ec;
+    asio::ip::make_address(host, ec);
+    if (!ec) return host;
+    asio::ip::tcp::resolver resolver(io_);
+    const auto results = resolver.resolve(asio::ip::tcp::v4(), host, "", ec);
+    if (ec || results.empty()) {
+      throw rendezvous::StoreError(rendezvous::StoreErrc::kInvalidArgument,
+                                   "cannot resolve '" + host + "': " + ec.message());
+    }
+    return results.begin()->endpoint().address().to_string();
   }
 
   std::string bind_address() const {
@@ -383,7 +516,11 @@ class Agent {
     std::error_code ec;
     if (!config_.log_dir.empty()) {
       run_dir_ = fs::path(config_.log_dir) / config_.run_id;
-      if (multi_node()) run_dir_ /= "node_" + std::to_string(config_.node_rank);
+      if (config_.elastic) {  // node ranks change from round to round
+        run_dir_ /= "node_" + host_ + "_" + std::to_string(::getpid());
+      } else if (multi_node()) {
+        run_dir_ /= "node_" + std::to_string(config_.node_rank);
+      }
     } else {
       std::string pattern = (fs::temp_directory_path() / "dist-launch-XXXXXX").string();
       if (!::mkdtemp(pattern.data())) {
@@ -418,8 +555,7 @@ class Agent {
       Worker& w = workers_[static_cast<std::size_t>(local)];
       w.local_rank = local;
       w.rank = assignment_.rank_offset + local;
-      const fs::path dir =
-          run_dir_ / ("attempt_" + std::to_string(restart_count_)) / std::to_string(local);
+      const fs::path dir = attempt_dir(local);
       std::error_code ec;
       fs::create_directories(dir, ec);
       fs::remove(dir / "error.json", ec);
@@ -427,7 +563,7 @@ class Agent {
       WorkerIdentity id;
       id.local_rank = local;
       id.rank = w.rank;
-      id.group_rank = config_.node_rank;
+      id.group_rank = assignment_.node_rank;
       id.local_world_size = config_.nproc_per_node;
       id.world_size = assignment_.world_size;
       id.group_world_size = assignment_.num_nodes;
@@ -457,8 +593,13 @@ class Agent {
       pump_output(w, p.stderr_fd, STDERR_FILENO, redirected.stderr_stream,
                   write_logs ? dir / "stderr.log" : fs::path());
     }
-    spdlog::debug("started {} workers (attempt {})", workers_.size(), restart_count_);
+    spdlog::debug("started {} workers (round {})", workers_.size(), assignment_.round);
     return true;
+  }
+
+  // A worker's log and error-file directory: attempt_<round> (static: round n is restart n).
+  fs::path attempt_dir(int local_rank) const {
+    return run_dir_ / ("attempt_" + std::to_string(assignment_.round)) / std::to_string(local_rank);
   }
 
   void pump_output(Worker& w, int pipe_fd, int console_fd, bool redirected, const fs::path& file) {
@@ -517,8 +658,8 @@ class Agent {
     if (state_ != State::kRunning) return maybe_group_stopped();
     if (failed) {
       if (multi_node()) {  // every node stops its workers and hears what failed here
-        calls_.run([this, round = restart_count_, failures = failures_] {
-          try_call([&] { rdzv_->announce_failure(round, failures); });
+        calls_.run([this, a = assignment_, failures = failures_] {
+          try_call([&] { rdzv_->announce_failure(a, failures); });
         });
       }
       return stop_workers(StopReason::kWorkerFailed, SIGTERM);
@@ -531,14 +672,12 @@ class Agent {
   void record_failure(const Worker& w, int code, std::chrono::system_clock::time_point reaped_at) {
     WorkerFailure f;
     f.time = reaped_at;  // the error file's own timestamp, when there is one, is more precise
-    f.host = multi_node() ? host_ + " (node " + std::to_string(config_.node_rank) + ")" : host_;
+    f.host = multi_node() ? host_ + " (node " + std::to_string(assignment_.node_rank) + ")" : host_;
     f.rank = w.rank;
     f.local_rank = w.local_rank;
     f.exit_code = code;
     f.pid = w.pid;
-    f.error_file = (run_dir_ / ("attempt_" + std::to_string(restart_count_)) /
-                    std::to_string(w.local_rank) / "error.json")
-                       .string();
+    f.error_file = (attempt_dir(w.local_rank) / "error.json").string();
     read_error_file(f);
     if (!fs::exists(f.error_file)) f.error_file.clear();
     spdlog::error("worker {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, f.pid,
@@ -648,6 +787,7 @@ class Agent {
 
   std::unique_ptr<NodeRendezvous> rdzv_;  // several nodes only; used on calls_' thread
   Assignment assignment_;
+  bool joined_ = false;    // assignment_ holds a round this node was part of
   bool prepared_ = false;  // store hosted, run directory made, signals watched
   bool watching_ = false;  // the round's watch thread has not reported back yet
   std::thread watch_thread_;
@@ -657,6 +797,7 @@ class Agent {
   std::vector<Worker> workers_;
   int restart_count_ = 0;
   std::vector<WorkerFailure> failures_;
+  std::string failure_reason_;  // why the job failed when no worker did (elastic verdicts)
   StopReason stop_reason_ = StopReason::kAllSucceeded;
   int stop_signal_ = 0;
   int exit_code_ = 0;

@@ -7,20 +7,18 @@
 #include <random>
 #include <thread>
 
+#include "rendezvous_detail.h"
+
 namespace dist::agent {
 namespace {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-constexpr milliseconds kPollInterval{50};
-constexpr milliseconds kForever{std::chrono::hours(24 * 365)};
+using detail::kForever;
+using detail::node_list;
 
-std::string list(const std::vector<int>& nodes) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < nodes.size(); ++i) s += (i ? ", " : "") + std::to_string(nodes[i]);
-  return s + "]";
-}
+constexpr milliseconds kPollInterval{50};
 
 json to_json(const WorkerFailure& f) {
   return {{"time", std::chrono::duration<double>(f.time.time_since_epoch()).count()},
@@ -52,57 +50,60 @@ WorkerFailure from_json(const json& j) {
 
 }  // namespace
 
-NodeRendezvous::NodeRendezvous(rendezvous::ClientOptions store, std::string run_id, int num_nodes,
-                               int node_rank)
+NodeRendezvous::NodeRendezvous(rendezvous::ClientOptions store, std::string run_id, JobShape shape)
     : options_(store),
       client_(rendezvous::StoreClient::connect(store)),
       prefix_("rdzv/" + run_id + "/"),
       nonce_(std::random_device{}()),
-      num_nodes_(num_nodes),
-      node_rank_(node_rank) {}
+      shape_(std::move(shape)) {}
 
-Assignment NodeRendezvous::join(int round, int local_world_size, const std::string& host,
-                                milliseconds timeout) {
+Assignment NodeRendezvous::join_static(int round, int node_rank, milliseconds timeout) {
+  const int num_nodes = shape_.max_nodes;
+  const std::string& host = shape_.host;
   // The agent's pid and a random nonce make every agent's record unique, so a second claim of the
   // same node rank is seen even from an identical node.
   const std::string record = json{
-      {"local_world_size", local_world_size},
+      {"local_world_size", shape_.local_world_size},
       {"host", host},
       {"pid", ::getpid()},
       {"nonce", nonce_}}.dump();
-  const std::string mine = round_key(round, "node/" + std::to_string(node_rank_));
+  const std::string mine = round_key(round, "node/" + std::to_string(node_rank));
   const std::string stored = client_.compare_set(mine, "", record);
   if (stored != record) {
     const json other = json::parse(stored);
-    throw RendezvousError("node rank " + std::to_string(node_rank_) + " joined twice (host " +
+    throw RendezvousError("node rank " + std::to_string(node_rank) + " joined twice (host " +
                           other.value("host", "?") + " pid " +
                           std::to_string(other.value("pid", 0)) + ", and this agent on " + host +
                           "): give every node its own --node-rank");
   }
   // Liveness, published only once this agent owns its node rank (an impostor must not touch it):
   // the key lives exactly as long as this agent's connection.
-  client_.set(key("alive/" + std::to_string(node_rank_)), "1", /*ephemeral=*/true);
+  client_.set(key("alive/" + std::to_string(node_rank)), "1", /*ephemeral=*/true);
   client_.set(round_key(round, "healthy"), "1");
-  client_.set(round_key(round, "stop/" + std::to_string(node_rank_)), "1");
+  client_.set(round_key(round, "stop/" + std::to_string(node_rank)), "1");
 
   // O(N) in all: the node whose join completes the count reads every record once and publishes
   // each node's rank offset; every other node waits for one key and reads only its own offset.
   Assignment a;
   a.round = round;
-  a.num_nodes = num_nodes_;
-  if (client_.add(round_key(round, "joined"), 1) == num_nodes_) {
+  a.restarts = round;
+  a.node_rank = node_rank;
+  a.num_nodes = num_nodes;
+  for (int n = 0; n < num_nodes; ++n) a.alive_keys.push_back(key("alive/" + std::to_string(n)));
+  if (client_.add(round_key(round, "joined"), 1) == num_nodes) {
     std::vector<std::string> keys;
-    for (int n = 0; n < num_nodes_; ++n) {
+    for (int n = 0; n < num_nodes; ++n) {
       keys.push_back(round_key(round, "node/" + std::to_string(n)));
     }
     const auto records = client_.multi_get(keys);
     std::vector<std::pair<std::string, std::string>> offsets;
     int offset = 0;
-    for (int n = 0; n < num_nodes_; ++n) {
+    for (int n = 0; n < num_nodes; ++n) {
       offsets.emplace_back(round_key(round, "offset/" + std::to_string(n)), std::to_string(offset));
       offset += json::parse(records[static_cast<std::size_t>(n)]).at("local_world_size").get<int>();
     }
     offsets.emplace_back(round_key(round, "world_size"), std::to_string(offset));
+    offsets.emplace_back(round_key(round, "intact"), "1");
     client_.multi_set(offsets);
     client_.set(round_key(round, "closed"), "1");
   }
@@ -111,92 +112,140 @@ Assignment NodeRendezvous::join(int round, int local_world_size, const std::stri
   } catch (const rendezvous::StoreError& e) {
     if (e.code() != rendezvous::StoreErrc::kTimeout) throw;
     std::vector<int> seen, missing;
-    for (int n = 0; n < num_nodes_; ++n) {
+    for (int n = 0; n < num_nodes; ++n) {
       (client_.check({round_key(round, "node/" + std::to_string(n))}) ? seen : missing)
           .push_back(n);
     }
     throw RendezvousError("rendezvous round " + std::to_string(round) + " did not fill in " +
-                          std::to_string(timeout.count() / 1000) + " s: nodes seen " + list(seen) +
-                          ", missing " + list(missing) +
+                          std::to_string(timeout.count() / 1000) + " s: nodes seen " +
+                          node_list(seen) + ", missing " + node_list(missing) +
                           "; start their agents with the same --master-addr/--master-port, or "
                           "raise --rdzv-conf timeout");
   }
   const auto placement = client_.multi_get(
-      {round_key(round, "offset/" + std::to_string(node_rank_)), round_key(round, "world_size")});
+      {round_key(round, "offset/" + std::to_string(node_rank)), round_key(round, "world_size")});
   a.rank_offset = std::stoi(placement[0]);
   a.world_size = std::stoi(placement[1]);
   return a;
 }
 
-void NodeRendezvous::announce_failure(int round, const std::vector<WorkerFailure>& failures) {
+void NodeRendezvous::announce_failure(const Assignment& a,
+                                      const std::vector<WorkerFailure>& failures) {
   json list = json::array();
   for (const auto& f : failures) list.push_back(to_json(f));
-  client_.set(round_key(round, "failures/" + std::to_string(node_rank_)), list.dump());
-  client_.delete_key(round_key(round, "healthy"));
+  client_.set(round_key(a.round, "failures/" + std::to_string(a.node_rank)), list.dump());
+  client_.delete_key(round_key(a.round, "healthy"));
 }
 
-std::vector<WorkerFailure> NodeRendezvous::failures(int round) {
+std::vector<WorkerFailure> NodeRendezvous::failures(const Assignment& a) {
   std::vector<WorkerFailure> all;
-  for (int n = 0; n < num_nodes_; ++n) {
-    if (auto v = client_.try_get(round_key(round, "failures/" + std::to_string(n)))) {
+  for (int n = 0; n < a.num_nodes; ++n) {
+    if (auto v = client_.try_get(round_key(a.round, "failures/" + std::to_string(n)))) {
       for (const auto& j : json::parse(*v)) all.push_back(from_json(j));
     }
   }
   return all;
 }
 
-std::vector<std::string> NodeRendezvous::alive_keys_of_others() const {
+std::vector<std::string> NodeRendezvous::alive_keys_of_others(const Assignment& a) const {
   std::vector<std::string> keys;
-  for (int n = 0; n < num_nodes_; ++n) {
-    if (n != node_rank_) keys.push_back(key("alive/" + std::to_string(n)));
+  for (int n = 0; n < static_cast<int>(a.alive_keys.size()); ++n) {
+    if (n != a.node_rank) keys.push_back(a.alive_keys[static_cast<std::size_t>(n)]);
   }
   return keys;
 }
 
-WatchResult NodeRendezvous::watch(int round) {
+std::vector<int> NodeRendezvous::lost_nodes(const Assignment& a) {
+  std::vector<int> lost;
+  if (client_.check(a.alive_keys)) return lost;  // one request in the usual case
+  for (int n = 0; n < static_cast<int>(a.alive_keys.size()); ++n) {
+    if (!client_.check({a.alive_keys[static_cast<std::size_t>(n)]})) lost.push_back(n);
+  }
+  return lost;
+}
+
+// Liveness in a ring: each node watches only the next node's liveness key and, when that one
+// vanishes, tells everyone by deleting `intact` (after naming the node in `lost`). Every watch is
+// O(1) keys, so N nodes cost the store O(N), and a loss still reaches everyone in one more hop.
+std::optional<std::string> NodeRendezvous::successor_key(const Assignment& a) const {
+  if (a.alive_keys.size() < 2) return std::nullopt;
+  return a.alive_keys[static_cast<std::size_t>(a.node_rank + 1) % a.alive_keys.size()];
+}
+
+void NodeRendezvous::report_lost_successor(const Assignment& a, rendezvous::StoreClient& via) {
+  const int successor = (a.node_rank + 1) % a.num_nodes;
+  via.set(round_key(a.round, "lost"), std::to_string(successor));
+  via.delete_key(round_key(a.round, "intact"));
+}
+
+WatchResult NodeRendezvous::watch(const Assignment& a) {
   auto watcher = rendezvous::StoreClient::connect(options_);
-  std::vector<std::string> keys{round_key(round, "healthy"),
-                                round_key(round, "stop/" + std::to_string(node_rank_))};
-  const auto others = alive_keys_of_others();
-  keys.insert(keys.end(), others.begin(), others.end());
-  const std::size_t gone = watcher.wait_deleted(keys, kForever);
-  if (gone == 0) return {WatchResult::kFailed, -1};
-  if (gone == 1) return {WatchResult::kStopped, -1};
-  const int lost = static_cast<int>(gone - 2);
-  return {WatchResult::kNodeLost, lost < node_rank_ ? lost : lost + 1};
+  // Each key, and what its deletion means.
+  enum Event { kFailed, kStopped, kLossNoticed, kNewcomer, kSuccessorGone };
+  std::vector<std::string> keys{round_key(a.round, "healthy"),
+                                round_key(a.round, "stop/" + std::to_string(a.node_rank)),
+                                round_key(a.round, "intact")};
+  std::vector<Event> events{kFailed, kStopped, kLossNoticed};
+  if (a.elastic) {
+    keys.push_back(round_key(a.round, "no_newcomers"));
+    events.push_back(kNewcomer);
+  }
+  if (const auto next = successor_key(a)) {
+    keys.push_back(*next);
+    events.push_back(kSuccessorGone);
+  }
+  switch (events[watcher.wait_deleted(keys, kForever)]) {
+    case kFailed:
+      return {WatchResult::kFailed, -1};
+    case kStopped:
+      return {WatchResult::kStopped, -1};
+    case kLossNoticed: {
+      const auto lost = watcher.try_get(round_key(a.round, "lost"));
+      return {WatchResult::kNodeLost, lost ? std::stoi(*lost) : -1};
+    }
+    case kNewcomer:
+      return {WatchResult::kNewcomer, -1};
+    case kSuccessorGone:
+      break;
+  }
+  report_lost_successor(a, watcher);
+  return {WatchResult::kNodeLost, (a.node_rank + 1) % a.num_nodes};
 }
 
-void NodeRendezvous::stop_watch(int round) {
-  client_.delete_key(round_key(round, "stop/" + std::to_string(node_rank_)));
+void NodeRendezvous::stop_watch(const Assignment& a) {
+  client_.delete_key(round_key(a.round, "stop/" + std::to_string(a.node_rank)));
 }
 
-bool NodeRendezvous::exit_barrier(int round, milliseconds timeout) {
-  client_.add(round_key(round, "done"), 1);
-  std::vector<std::string> trouble{round_key(round, "healthy")};
-  const auto others = alive_keys_of_others();
-  trouble.insert(trouble.end(), others.begin(), others.end());
+bool NodeRendezvous::exit_barrier(const Assignment& a, milliseconds timeout) {
+  client_.add(round_key(a.round, "done"), 1);
+  std::vector<std::string> trouble{round_key(a.round, "healthy"), round_key(a.round, "intact")};
+  const auto next = successor_key(a);
+  if (next) trouble.push_back(*next);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto everyone_done = [&] { return client_.add(round_key(round, "done"), 0) >= num_nodes_; };
+  auto everyone_done = [&] { return client_.add(round_key(a.round, "done"), 0) >= a.num_nodes; };
   while (true) {
     if (everyone_done()) return true;
     try {
-      client_.wait_deleted(trouble, kPollInterval);
+      const std::size_t gone = client_.wait_deleted(trouble, kPollInterval);
       // A node that passed the barrier may leave at once: only a count short of everyone, seen
       // after the trouble, means a failure or a lost node.
-      return everyone_done();
+      if (everyone_done()) return true;
+      if (gone == 2) report_lost_successor(a, client_);
+      return false;
     } catch (const rendezvous::StoreError& e) {
       if (e.code() != rendezvous::StoreErrc::kTimeout) throw;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      throw RendezvousError("exit barrier of round " + std::to_string(round) + ": not every node " +
-                            "finished within " + std::to_string(timeout.count() / 1000) + " s");
+      throw RendezvousError("exit barrier of round " + std::to_string(a.round) +
+                            ": not every node finished within " +
+                            std::to_string(timeout.count() / 1000) + " s");
     }
   }
 }
 
-void NodeRendezvous::wait_for_others_to_leave(milliseconds timeout) {
+void NodeRendezvous::wait_for_others_to_leave(const Assignment& a, milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const auto others = alive_keys_of_others();
+  const auto others = alive_keys_of_others(a);
   while (std::chrono::steady_clock::now() < deadline) {
     bool anyone = false;
     for (const auto& k : others) anyone = anyone || client_.try_get(k).has_value();

@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "dist/agent/signals.h"
 #include "dist/launcher/slurm.h"
@@ -113,8 +115,29 @@ void parse_streams(const std::string& flag, const std::string& text, agent::Stre
   }
 }
 
-// --rdzv-conf key=value,...: timeout (static rendezvous, seconds), keep_alive_interval (seconds)
-// and keep_alive_max_attempt are used; torchrun's other keys are accepted for compatibility.
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(v > 0) || v > 1e9) {
+    throw UsageError(flag + " must be a positive number of seconds, got '" + text + "'");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(v * 1000));
+}
+
+bool parse_bool(const std::string& flag, const std::string& text) {
+  if (text == "1" || text == "true" || text == "True") return true;
+  if (text == "0" || text == "false" || text == "False") return false;
+  throw UsageError(flag + " must be 1 or 0, got '" + text + "'");
+}
+
+// --rdzv-conf key=value,...: timeout (static), join_timeout and last_call_timeout (elastic, in
+// seconds), keep_alive_interval and keep_alive_max_attempt (liveness), is_host (elastic);
+// close_timeout and read_timeout are accepted for torchrun compatibility.
 void parse_rdzv_conf(const std::string& text, agent::LaunchConfig& c) {
   static const std::set<std::string> kKnown = {"timeout",
                                                "join_timeout",
@@ -135,19 +158,73 @@ void parse_rdzv_conf(const std::string& text, agent::LaunchConfig& c) {
                        "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, " +
                        "keep_alive_max_attempt, read_timeout, is_host");
     }
-    if (key == "keep_alive_interval") {
-      c.keep_alive_interval_seconds =
-          parse_positive("--rdzv-conf keep_alive_interval", item.substr(eq + 1));
-    }
-    if (key == "keep_alive_max_attempt") {
-      c.keep_alive_max_attempt =
-          parse_positive("--rdzv-conf keep_alive_max_attempt", item.substr(eq + 1));
-    }
-    if (key == "timeout") {
-      c.rdzv_timeout =
-          std::chrono::seconds(parse_positive("--rdzv-conf timeout", item.substr(eq + 1)));
-    }
+    const std::string value = item.substr(eq + 1);
+    const std::string flag = "--rdzv-conf " + key;
+    if (key == "keep_alive_interval") c.keep_alive_interval_seconds = parse_positive(flag, value);
+    if (key == "keep_alive_max_attempt") c.keep_alive_max_attempt = parse_positive(flag, value);
+    if (key == "timeout") c.rdzv_timeout = parse_seconds(flag, value);
+    if (key == "join_timeout") c.join_timeout = parse_seconds(flag, value);
+    if (key == "last_call_timeout") c.last_call_timeout = parse_seconds(flag, value);
+    if (key == "is_host") c.is_host = parse_bool(flag, value);
   }
+}
+
+// host[:port] or [v6]:port; the port defaults to `default_port`.
+std::pair<std::string, int> parse_endpoint(const std::string& text, int default_port) {
+  std::string host = text;
+  std::string port;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos) throw UsageError("--rdzv-endpoint '" + text + "': missing ]");
+    host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') throw UsageError("--rdzv-endpoint '" + text + "' is malformed");
+      port = text.substr(close + 2);
+    }
+  } else if (const auto colon = text.rfind(':'); colon != std::string::npos) {
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  if (host.empty()) throw UsageError("--rdzv-endpoint '" + text + "' has no host");
+  const int p = port.empty() ? default_port : parse_positive("--rdzv-endpoint port", port);
+  if (p > 65535) throw UsageError("--rdzv-endpoint port " + port + " is not below 65536");
+  return {host, p};
+}
+
+// Static or elastic, from --rdzv-backend, --rdzv-endpoint and --nnodes, as torchrun decides.
+void choose_rendezvous(bool backend_given, const std::string& endpoint, const std::string& nnodes,
+                       bool standalone, agent::LaunchConfig& c) {
+  if (standalone) return;  // one node, its own store
+  if (c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
+    throw UsageError("--rdzv-backend " + c.rdzv_backend +
+                     " is not supported: use c10d (the agents' own store, or dist-rendezvous)");
+  }
+  if (c.rdzv_backend != "static" && c.rdzv_backend != "c10d") {
+    throw UsageError("--rdzv-backend must be static or c10d, got '" + c.rdzv_backend + "'");
+  }
+  if (c.rdzv_backend == "static" && !endpoint.empty() && !backend_given) c.rdzv_backend = "c10d";
+  if (c.rdzv_backend == "static") {
+    if (c.min_nodes != c.max_nodes) {
+      throw UsageError("--nnodes " + nnodes +
+                       ": a range needs dynamic rendezvous (--rdzv-backend c10d "
+                       "--rdzv-endpoint HOST:PORT)");
+    }
+    if (!endpoint.empty()) {  // torchrun: the static store's address may come this way too
+      const auto [host, port] = parse_endpoint(endpoint, 29500);
+      c.master_addr = host;
+      c.master_port = static_cast<std::uint16_t>(port);
+    }
+    if (c.node_rank >= c.max_nodes) {
+      throw UsageError("--node-rank " + std::to_string(c.node_rank) + " is not below --nnodes " +
+                       std::to_string(c.max_nodes));
+    }
+    return;
+  }
+  c.elastic = true;  // c10d: the store at the endpoint, node ranks assigned by the rendezvous
+  const auto [host, port] = parse_endpoint(endpoint.empty() ? "127.0.0.1" : endpoint, 29400);
+  c.master_addr = host;
+  c.master_port = static_cast<std::uint16_t>(port);
+  c.node_rank = 0;  // assigned per round; --node-rank is ignored, as by torchrun
 }
 
 std::set<int> parse_rank_list(const std::string& text) {
@@ -208,12 +285,13 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       "Examples:\n"
       "  dist-launch --nproc-per-node 4 train.py --lr 0.1\n"
       "  dist-launch --nproc-per-node 2 --no-python build/bin/ddp_train --epochs 5\n"
-      "  dist-launch --nnodes 2 --node-rank 0 --master-addr A --master-port 29500 train.py");
+      "  dist-launch --nnodes 2 --node-rank 0 --master-addr A --master-port 29500 train.py\n"
+      "  dist-launch --nnodes 1:4 --rdzv-endpoint A:29400 --rdzv-id job7 train.py");
 
   CliOutcome outcome;
   agent::LaunchConfig& c = outcome.config;
   std::string nnodes = "1", nproc = "1", redirects = "0", tee = "0", ranks_filter;
-  std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", rdzv_conf;
+  std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", rdzv_conf, rdzv_endpoint;
   double shutdown_timeout_s = 30, monitor_interval_s = 0.1, exit_barrier_timeout_s = 300;
   int master_port = -1;
   bool standalone = false, module = false, no_python = false, run_path = false;
@@ -236,14 +314,16 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   opt("--master-port,--master_port", master_port, "MASTER_PORT",
       "Port of the store on node rank 0; unset on one node: a free port")
       ->check(CLI::Range(1, 65535));
-  opt("--rdzv-backend,--rdzv_backend", c.rdzv_backend, "RDZV_BACKEND", "static or c10d")
+  opt("--rdzv-backend,--rdzv_backend", c.rdzv_backend, "RDZV_BACKEND",
+      "static, or c10d (dynamic: elastic --nnodes MIN:MAX, node ranks assigned)")
       ->capture_default_str();
-  opt("--rdzv-endpoint,--rdzv_endpoint", c.rdzv_endpoint, "RDZV_ENDPOINT",
-      "host[:port] of the rendezvous store");
+  opt("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint, "RDZV_ENDPOINT",
+      "host[:port] of the rendezvous store (c10d; port 29400 by default); implies c10d");
   opt("--rdzv-id,--rdzv_id", c.run_id, "RDZV_ID", "Job id shared by all nodes")
       ->capture_default_str();
   opt("--rdzv-conf,--rdzv_conf", rdzv_conf, "RDZV_CONF",
-      "key=value,... (timeout, join_timeout, ...)");
+      "key=value,...: timeout, join_timeout, last_call_timeout (seconds), keep_alive_interval, "
+      "keep_alive_max_attempt, is_host");
   app.add_flag("--standalone", standalone, "Single node, store on a free port, random run id")
       ->envname("PET_STANDALONE");
   opt("--max-restarts,--max_restarts", c.max_restarts, "MAX_RESTARTS",
@@ -333,18 +413,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     c.exit_barrier_timeout =
         std::chrono::milliseconds(static_cast<long long>(exit_barrier_timeout_s * 1000));
     parse_rdzv_conf(rdzv_conf, c);
-    if (c.min_nodes != c.max_nodes || !c.rdzv_endpoint.empty() ||
-        (c.rdzv_backend != "static" && !standalone)) {
-      throw UsageError("--nnodes " + nnodes + " with " +
-                       (c.rdzv_endpoint.empty() ? "--rdzv-backend " + c.rdzv_backend
-                                                : "--rdzv-endpoint " + c.rdzv_endpoint) +
-                       ": dynamic (c10d) rendezvous is not supported yet; use a fixed --nnodes "
-                       "with --node-rank, --master-addr and --master-port");
-    }
-    if (c.node_rank >= c.max_nodes) {
-      throw UsageError("--node-rank " + std::to_string(c.node_rank) + " is not below --nnodes " +
-                       std::to_string(c.max_nodes));
-    }
+    choose_rendezvous(app.count("--rdzv-backend") > 0 || std::getenv("PET_RDZV_BACKEND"),
+                      rdzv_endpoint, nnodes, standalone, c);
     if (standalone) {
       c.master_addr = "127.0.0.1";
       c.master_port.reset();

@@ -613,6 +613,15 @@ bool StoreClient::delete_key(const std::string& key) {
   return impl_->i64(d) > 0;
 }
 
+std::int64_t StoreClient::delete_all_except(const std::string& prefix) {
+  impl_->check_key(prefix);
+  wire::Writer(impl_->request(wire::Op::kDeleteAllExcept)).bytes(prefix);
+  const auto d = impl_->deadline({});
+  impl_->send(d);
+  impl_->status(d, "DELETE_ALL_EXCEPT '" + shorten(prefix) + "'");
+  return impl_->i64(d);
+}
+
 std::int64_t StoreClient::num_keys() {
   impl_->request(wire::Op::kGetNumKeys);
   const auto d = impl_->deadline({});

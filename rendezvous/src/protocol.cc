@@ -74,6 +74,8 @@ std::optional<Op> decode_op(Dialect dialect, std::uint8_t byte) {
       return Op::kSetExt;
     case ext::kWaitDeleted:
       return Op::kWaitDeleted;
+    case ext::kDeleteAllExcept:
+      return Op::kDeleteAllExcept;
     default:
       return std::nullopt;
   }
@@ -129,6 +131,8 @@ std::uint8_t encode_op(Op op) {
       return ext::kSetExt;
     case Op::kWaitDeleted:
       return ext::kWaitDeleted;
+    case Op::kDeleteAllExcept:
+      return ext::kDeleteAllExcept;
   }
   return 0xFF;
 }

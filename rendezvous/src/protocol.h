@@ -40,6 +40,7 @@ enum class Op : std::uint8_t {
   kAuth,
   kSetExt,
   kWaitDeleted,
+  kDeleteAllExcept,
 };
 
 enum class Dialect : std::uint8_t { kUnknown, kLegacy, kCurrent };
@@ -58,7 +59,8 @@ inline constexpr std::uint8_t kValidate = 0, kSet = 1, kCompareSet = 2, kGet = 3
 }
 // dist-launch's extensions live at 0x80 and above, a range no PyTorch version uses.
 namespace ext {
-inline constexpr std::uint8_t kHello = 0x80, kAuth = 0x81, kSetExt = 0x82, kWaitDeleted = 0x83;
+inline constexpr std::uint8_t kHello = 0x80, kAuth = 0x81, kSetExt = 0x82, kWaitDeleted = 0x83,
+                              kDeleteAllExcept = 0x84;
 inline constexpr std::uint32_t kVersion = 1;
 inline constexpr std::uint8_t kSetFlagEphemeral = 0x01;
 inline constexpr std::size_t kNonceBytes = 32;

@@ -63,6 +63,8 @@ std::string op_name(Op op) {
       return "SET_EXT";
     case Op::kWaitDeleted:
       return "WAIT_DELETED";
+    case Op::kDeleteAllExcept:
+      return "DELETE_ALL_EXCEPT";
   }
   return "?";
 }
@@ -255,6 +257,7 @@ std::size_t Session::handle_one(const char* base, std::size_t size) {
     case Op::kGet:
     case Op::kWatchKey:
     case Op::kDeleteKey:
+    case Op::kDeleteAllExcept:
     case Op::kQueuePop:
     case Op::kQueueLen:
       spans_.push_back(read_key(r, base));
@@ -395,6 +398,13 @@ void Session::execute(Op op, const char* base) {
     case Op::kDeleteKey:
       reply_i64(state_.erase(arg(0)) ? 1 : 0);
       return;
+    case Op::kDeleteAllExcept: {
+      const std::string_view kept = arg(0);
+      const std::size_t n =
+          state_.erase_if([kept](std::string_view key) { return !key.starts_with(kept); });
+      reply_i64(static_cast<std::int64_t>(n));
+      return;
+    }
     case Op::kMultiGet: {
       // Check first, so that an error frame replaces the whole reply.
       for (std::size_t i = 0; framed_ && i < spans_.size(); ++i) {

@@ -183,6 +183,26 @@ TEST_F(ClientTest, WaitDeletedTimesOut) {
   EXPECT_EQ(c.get("stays"), "1");
 }
 
+TEST_F(ClientTest, DeleteAllExceptKeepsOnlyThePrefixAndWakesDeletionWaiters) {
+  auto c = connect();
+  c.set("rdzv/job/r0/closed", "1");
+  c.set("rdzv/job/alive/0", "1", true);
+  c.set("/worker/attempt_0/init", "2");
+  c.set("default_pg/0", "x");
+  c.queue_push("q", "item");
+  auto waiter = std::thread([this] {
+    auto w = connect();
+    EXPECT_EQ(w.wait_deleted({"rdzv/job/r0/closed", "default_pg/0"}, 5s), 1u);
+  });
+  std::this_thread::sleep_for(50ms);           // the waiter is registered
+  EXPECT_EQ(c.delete_all_except("rdzv/"), 3);  // two keys and the queue
+  waiter.join();
+  EXPECT_EQ(c.list_keys().size(), 2u);
+  EXPECT_TRUE(c.check({"rdzv/job/r0/closed", "rdzv/job/alive/0"}));
+  EXPECT_EQ(c.queue_len("q"), 0);
+  EXPECT_EQ(c.delete_all_except("rdzv/"), 0);
+}
+
 TEST_F(ClientTest, BarrierReleasesEveryoneAtWorldSize) {
   constexpr int kWorld = 8;
   std::vector<std::thread> threads;

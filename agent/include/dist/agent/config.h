@@ -27,16 +27,21 @@ struct LaunchConfig {
   int node_rank = 0;
   std::string role = "default";
 
-  // Rendezvous.
+  // Rendezvous. master_addr:master_port is the store's endpoint in every mode: static multi-node
+  // jobs (node 0's agent hosts it), elastic jobs (--rdzv-endpoint) and the workers' MASTER_*.
   std::string master_addr = "127.0.0.1";
   std::optional<std::uint16_t> master_port;  // none: the agent picks a free port
   std::string rdzv_backend = "static";
-  std::string rdzv_endpoint;
+  bool elastic = false;  // dynamic (c10d) rendezvous: --nnodes MIN:MAX, node ranks assigned
   std::string run_id = "none";
-  std::string local_addr;
-  std::chrono::milliseconds rdzv_timeout{900'000};
+  std::string local_addr;  // this node's address as published to the others (empty: hostname)
+  std::chrono::milliseconds rdzv_timeout{900'000};      // static: until every node joined
+  std::chrono::milliseconds join_timeout{600'000};      // elastic: until a round forms
+  std::chrono::milliseconds last_call_timeout{30'000};  // elastic: MIN reached, waiting for more
+  std::optional<bool> is_host;  // elastic: host the store (none: if the endpoint is this machine's)
   // Liveness between agents (several nodes): TCP keepalive on their store connections; a node that
-  // vanished (a partition, a dead host) is noticed after about interval * (max_attempt + 1).
+  // vanished (a partition, a dead host) is noticed after about interval * max_attempt seconds, a
+  // dead agent on a live host at once.
   int keep_alive_interval_seconds = 1;
   int keep_alive_max_attempt = 3;
   // How long a node whose workers all succeeded waits for the other nodes' (several nodes).

@@ -70,6 +70,8 @@ class StoreClient {
   std::vector<std::string> multi_get(const std::vector<std::string>& keys, Timeout timeout = {});
   void multi_set(const std::vector<std::pair<std::string, std::string>>& items);
   bool delete_key(const std::string& key);
+  // Deletes every key and queue whose name does not start with `prefix`; returns how many.
+  std::int64_t delete_all_except(const std::string& prefix);
   std::int64_t num_keys();
   std::vector<std::string> list_keys();
   // Adds 1 to the counter `key` and returns once it reaches world_size.

@@ -1,11 +1,8 @@
 // Several agents on one machine forming one static job: node 0 hosts the store on --master-addr
 // (127.0.0.2 here, a distinct loopback address), the others connect to it.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +17,7 @@
 #include <vector>
 
 #include "process_helpers.h"
+#include "test_ports.h"
 
 namespace {
 
@@ -29,19 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kWorker = DIST_TEST_WORKER_BIN;
 const std::string kMaster = "127.0.0.2";
-
-// A port the kernel just handed out on the master address (bound, then released for the agent).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, kMaster.c_str(), &a.sin_addr);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 class Agent : public dist::agent::testing::Child {
  public:
@@ -57,7 +42,7 @@ class MultiNode : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    port_ = free_port();
+    port_ = dist::agent::testing::free_port(kMaster);
   }
   void TearDown() override { fs::remove_all(dir_); }
 

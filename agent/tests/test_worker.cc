@@ -3,6 +3,9 @@
 //   pidfile FILE             write this process's pid to FILE
 //   exit CODE                exit with CODE
 //   exit-if-rank RANK CODE   exit with CODE when RANK matches $RANK
+//   exit-if-world N CODE     exit with CODE when $WORLD_SIZE is N
+//   append FILE              append "RANK WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE RESTART_COUNT
+//                            wall-clock-ns" to FILE: one line per round this worker ran in
 //   fail-on-attempt N CODE   exit with CODE when $TORCHELASTIC_RESTART_COUNT == N
 //   kill-self SIGNAL         raise SIGNAL (a number)
 //   error-file MESSAGE       write $TORCHELASTIC_ERROR_FILE the way torch's @record does
@@ -110,6 +113,15 @@ int main(int argc, char** argv) {
       const std::string rank = next();
       const int code = std::stoi(next());
       if (env_or("RANK", "") == rank) return code;
+    } else if (a == "exit-if-world") {
+      const std::string world = next();
+      const int code = std::stoi(next());
+      if (env_or("WORLD_SIZE", "") == world) return code;
+    } else if (a == "append") {
+      std::ofstream(next(), std::ios::app)
+          << env_or("RANK", "?") << " " << env_or("WORLD_SIZE", "?") << " "
+          << env_or("GROUP_RANK", "?") << " " << env_or("GROUP_WORLD_SIZE", "?") << " "
+          << env_or("TORCHELASTIC_RESTART_COUNT", "?") << " " << wall_clock_ns() << "\n";
     } else if (a == "fail-on-attempt") {
       const std::string attempt = next();
       const int code = std::stoi(next());

@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
@@ -67,6 +68,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-connections", limits.max_connections, "Open connections")
       ->capture_default_str();
+  int keep_alive_interval = 1, keep_alive_max_attempt = 3;
+  app.add_option("--keep-alive-interval", keep_alive_interval,
+                 "Seconds between TCP keepalive probes; a peer that vanished (a dead host, a "
+                 "partition) is dropped, and its ephemeral keys deleted, after about interval * "
+                 "max-attempt seconds (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--keep-alive-max-attempt", keep_alive_max_attempt,
+                 "Keepalive intervals without an answer before a peer is dropped")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
@@ -92,6 +104,10 @@ int main(int argc, char** argv) {
       {"known-hosts", UnauthenticatedPolicy::kKnownHosts},
       {"allow", UnauthenticatedPolicy::kAllow}};
   options.unauthenticated = policies.at(policy);
+  if (keep_alive_interval > 0) {  // the agents' own liveness settings, by default
+    options.keepalive = {keep_alive_interval, keep_alive_interval,
+                         std::max(1, keep_alive_max_attempt - 1)};
+  }
 
   raise_open_file_limit();
   try {

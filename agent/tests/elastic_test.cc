@@ -1,0 +1,250 @@
+// Elastic jobs (--nnodes MIN:MAX, c10d rendezvous): several real agents on one machine around one
+// store, either hosted by the agent on the endpoint's address or an external dist-rendezvous.
+// Workers append one line per round they run in, so each test reads the job's history.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "process_helpers.h"
+#include "test_ports.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using dist::agent::testing::Child;
+
+const std::string kWorker = DIST_TEST_WORKER_BIN;
+const std::string kHost = "127.0.0.2";
+
+// One line of a worker's `append` file: the round as that worker saw it.
+struct RoundSeen {
+  int rank, world_size, node_rank, num_nodes, restarts;
+  long long start_ns;
+};
+
+class Elastic : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dist-elastic-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    port_ = dist::agent::testing::free_port(kHost);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // An agent of the job; `name` names its log and its worker's history file.
+  std::unique_ptr<Child> agent(const std::string& name, const std::string& nnodes,
+                               std::vector<std::string> extra, std::vector<std::string> worker) {
+    std::vector<std::string> args{
+        "--nnodes",  nnodes, "--rdzv-endpoint",  kHost + ":" + std::to_string(port_),
+        "--rdzv-id", "job",  "--nproc-per-node", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--no-python", kWorker, "append", history(name)});
+    args.insert(args.end(), worker.begin(), worker.end());
+    return std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log"));
+  }
+
+  // An external store on the endpoint: every agent is its client.
+  std::unique_ptr<Child> external_store() {
+    auto store = std::make_unique<Child>(
+        DIST_RENDEZVOUS_BIN,
+        std::vector<std::string>{"--host", kHost, "--port", std::to_string(port_)},
+        dir_ / "store.log");
+    const auto deadline = Clock::now() + 10s;
+    while (store->output().find("listening on") == std::string::npos && Clock::now() < deadline) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_NE(store->output().find("listening on"), std::string::npos) << store->output();
+    return store;
+  }
+
+  std::string history(const std::string& name) const {
+    return (dir_ / (name + ".rounds")).string();
+  }
+
+  std::vector<RoundSeen> rounds(const std::string& name) const {
+    std::vector<RoundSeen> seen;
+    std::ifstream in(history(name));
+    RoundSeen r{};
+    while (in >> r.rank >> r.world_size >> r.node_rank >> r.num_nodes >> r.restarts >> r.start_ns) {
+      seen.push_back(r);
+    }
+    return seen;
+  }
+
+  // Waits until every named worker has started a round of `world_size` workers.
+  bool wait_for_world(const std::vector<std::string>& names, int world_size,
+                      std::chrono::milliseconds timeout = 30s) {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      bool all = true;
+      for (const auto& n : names) {
+        const auto r = rounds(n);
+        all = all && !r.empty() && r.back().world_size == world_size;
+      }
+      if (all) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+
+  fs::path dir_;
+  int port_ = 0;
+};
+
+long long wall_clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+TEST_F(Elastic, ALateThirdNodeScalesTheJobUpWithoutARestart) {
+  // 1:3 nodes; the first round closes with two after last_call_timeout; a third node arriving
+  // later makes a new round of three. Workers run until they are in a world of three.
+  const std::vector<std::string> conf{"--rdzv-conf", "last_call_timeout=1"};
+  const std::vector<std::string> until_three{"exit-if-world", "3", "0", "forever"};
+  auto a = agent("a", "1:3", conf, until_three);  // on the endpoint's address: hosts the store
+  std::this_thread::sleep_for(100ms);
+  auto b = agent("b", "1:3", conf, until_three);
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  auto c = agent("c", "1:3", conf, until_three);
+
+  EXPECT_EQ(a->wait(), 0) << a->output();
+  EXPECT_EQ(b->wait(), 0) << b->output();
+  EXPECT_EQ(c->wait(), 0) << c->output();
+  // (On a slow machine b may miss a's first round and make a round of two itself.)
+  const auto ra = rounds("a"), rb = rounds("b"), rc = rounds("c");
+  ASSERT_GE(ra.size(), 2u);
+  ASSERT_EQ(rb.size(), 2u);
+  ASSERT_EQ(rc.size(), 1u);
+  const RoundSeen& a2 = ra[ra.size() - 2];
+  EXPECT_EQ((std::set<int>{a2.rank, rb[0].rank}), (std::set<int>{0, 1}));
+  EXPECT_EQ((std::set<int>{ra.back().rank, rb.back().rank, rc[0].rank}), (std::set<int>{0, 1, 2}));
+  for (const auto& r : {ra.back(), rb.back(), rc[0]}) EXPECT_EQ(r.num_nodes, 3);
+  for (const auto& history : {ra, rb, rc}) {
+    for (const auto& r : history) {
+      EXPECT_EQ(r.restarts, 0) << "scaling up is not a restart";
+      EXPECT_EQ(r.node_rank, r.rank) << "one worker per node";
+    }
+  }
+  EXPECT_EQ(ra.back().rank, a2.rank) << "nodes already in the job keep their order";
+  EXPECT_EQ(rc[0].rank, 2) << "the newcomer comes last";
+  EXPECT_NE(a->output().find("a new node is waiting to join"), std::string::npos) << a->output();
+  EXPECT_NE(a->output().find("(not a restart)"), std::string::npos) << a->output();
+}
+
+TEST_F(Elastic, SurvivorsOfAKilledNodeFinishInASmallerWorld) {
+  // Three agents around an external store, 2:3 nodes; the node in the middle of the ring is
+  // killed. The other two notice, stop their workers and go on as a world of two.
+  auto store = external_store();
+  const std::vector<std::string> names{"a", "b", "c"};
+  std::vector<std::unique_ptr<Child>> agents;
+  for (const auto& n : names) {
+    agents.push_back(
+        agent(n, "2:3", {"--rdzv-conf", "last_call_timeout=5"},
+              {"pidfile", (dir_ / ("pid_" + n)).string(), "exit-if-world", "2", "0", "forever"}));
+  }
+  ASSERT_TRUE(wait_for_world(names, 3)) << agents[0]->output() << agents[1]->output();
+  std::size_t victim = 0;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (rounds(names[i]).back().node_rank == 1) victim = i;
+  }
+  pid_t victim_worker = 0;
+  std::ifstream(dir_ / ("pid_" + names[victim])) >> victim_worker;
+  const long long killed_ns = wall_clock_ns();
+  ::kill(agents[victim]->pid(), SIGKILL);
+  EXPECT_EQ(agents[victim]->wait(), 128 + SIGKILL);
+
+  std::set<int> ranks;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i == victim) continue;
+    SCOPED_TRACE(names[i]);
+    EXPECT_EQ(agents[i]->wait(), 0) << agents[i]->output();
+    const auto r = rounds(names[i]);
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_EQ(r[1].world_size, 2);
+    EXPECT_EQ(r[1].restarts, 0) << "a lost node is a membership change, not a restart";
+    EXPECT_LT(r[1].start_ns - killed_ns, 10'000'000'000LL) << "survivors restarted promptly";
+    ranks.insert(r[1].rank);
+    EXPECT_NE(agents[i]->output().find("lost"), std::string::npos) << agents[i]->output();
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  EXPECT_TRUE(dist::agent::testing::process_gone(victim_worker))
+      << "the killed agent's worker outlived it";
+}
+
+TEST_F(Elastic, FewerNodesThanTheMinimumLeftFailsTheJobWithAClearReport) {
+  // 2:2 nodes, the second agent killed: one node cannot go on.
+  auto a = agent("a", "2:2", {}, {"forever"});
+  std::this_thread::sleep_for(100ms);
+  auto b = agent("b", "2:2", {}, {"forever"});
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  ::kill(b->pid(), SIGKILL);
+  b->wait();
+  EXPECT_EQ(a->wait(30s), 1) << a->output();
+  EXPECT_NE(a->output().find("1 node(s) left, fewer than the minimum 2"), std::string::npos)
+      << a->output();
+}
+
+TEST_F(Elastic, AWorkerFailureIsOneRestartForTheWholeJob) {
+  // Rank 1 fails in the first round; with --max-restarts 1 both nodes restart once, with the same
+  // count, then succeed.
+  const std::vector<std::string> conf{"--max-restarts", "1"};
+  const std::vector<std::string> crash{"crash-if", dir_.string(), "1", "0"};
+  auto a = agent("a", "1:2", conf, crash);
+  std::this_thread::sleep_for(100ms);
+  auto b = agent("b", "1:2", conf, crash);
+  EXPECT_EQ(a->wait(), 0) << a->output();
+  EXPECT_EQ(b->wait(), 0) << b->output();
+  // (Rank 0's first worker may be stopped before it writes its line.)
+  for (const auto& name : {"a", "b"}) {
+    const auto r = rounds(name);
+    ASSERT_FALSE(r.empty()) << name;
+    EXPECT_EQ(r.front().restarts, r.size() == 2 ? 0 : 1) << name;
+    EXPECT_EQ(r.back().restarts, 1) << name;
+    EXPECT_EQ(r.back().world_size, 2) << name;
+  }
+  EXPECT_NE(a->output().find("restarting the worker group (restart 1 of 1)"), std::string::npos)
+      << a->output();
+}
+
+TEST_F(Elastic, ExhaustedRestartsFailEveryNodeWithTheSameRootCause) {
+  auto a = agent("a", "1:2", {}, {"exit-if-rank", "1", "7", "forever"});
+  std::this_thread::sleep_for(100ms);
+  auto b = agent("b", "1:2", {}, {"exit-if-rank", "1", "7", "forever"});
+  for (auto* x : {a.get(), b.get()}) {
+    EXPECT_EQ(x->wait(), 7) << x->output();
+    EXPECT_NE(x->output().find("rank      : 1 (local_rank: 0)"), std::string::npos) << x->output();
+  }
+}
+
+TEST_F(Elastic, TooFewNodesIsATimeoutSayingHowMany) {
+  auto lonely = agent("a", "2:3", {"--rdzv-conf", "join_timeout=1"}, {"exit", "0"});
+  EXPECT_EQ(lonely->wait(), 1);
+  EXPECT_NE(lonely->output().find("1 node(s) joined, at least 2 needed"), std::string::npos)
+      << lonely->output();
+}
+
+TEST_F(Elastic, IsHostInsistsOnHostingTheStore) {
+  auto store = external_store();  // holds the endpoint's port
+  auto a = agent("a", "1:2", {"--rdzv-conf", "is_host=1"}, {"exit", "0"});
+  EXPECT_EQ(a->wait(), 1);
+  EXPECT_NE(a->output().find("cannot host the rendezvous store (--rdzv-conf is_host=1)"),
+            std::string::npos)
+      << a->output();
+}
+
+}  // namespace

@@ -92,7 +92,7 @@ void run(int n, bool elastic) {
     threads.emplace_back([&, k] {
       const auto i = static_cast<std::size_t>(k);
       watching.count_down();
-      const WatchResult r = nodes[i]->watch(assignments[i]);
+      const WatchResult r = nodes[i]->watch(assignments[i], seconds(60));
       notice_ms[i] = ms_since(killed);
       if (r.kind == WatchResult::kNodeLost && r.node == n - 1) ++noticed;
       if (!elastic) return;

@@ -337,7 +337,7 @@ class Agent {
     watch_thread_ = std::thread([this, a = assignment_] {
       WatchResult r{WatchResult::kStopped, -1};
       try {
-        r = rdzv_->watch(a);
+        r = rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds));
       } catch (const std::exception& e) {
         spdlog::error("lost the rendezvous store: {}", e.what());
         r = {WatchResult::kNodeLost, 0};

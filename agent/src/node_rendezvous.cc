@@ -15,7 +15,6 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-using detail::kForever;
 using detail::node_list;
 
 constexpr milliseconds kPollInterval{50};
@@ -178,7 +177,7 @@ void NodeRendezvous::report_lost_successor(const Assignment& a, rendezvous::Stor
   via.delete_key(round_key(a.round, "intact"));
 }
 
-WatchResult NodeRendezvous::watch(const Assignment& a) {
+WatchResult NodeRendezvous::watch(const Assignment& a, std::chrono::seconds heartbeat) {
   auto watcher = rendezvous::StoreClient::connect(options_);
   // Each key, and what its deletion means.
   enum Event { kFailed, kStopped, kLossNoticed, kNewcomer, kSuccessorGone };
@@ -194,7 +193,21 @@ WatchResult NodeRendezvous::watch(const Assignment& a) {
     keys.push_back(*next);
     events.push_back(kSuccessorGone);
   }
-  switch (events[watcher.wait_deleted(keys, kForever)]) {
+  // Between events, a heartbeat: the wall-clock time, for `dist-launch status`.
+  const std::string beat = round_key(a.round, "heartbeat/" + std::to_string(a.node_rank));
+  std::size_t gone = 0;
+  while (true) {
+    watcher.set(beat, std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                         std::chrono::system_clock::now().time_since_epoch())
+                                         .count()));
+    try {
+      gone = watcher.wait_deleted(keys, heartbeat);
+      break;
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() != rendezvous::StoreErrc::kTimeout) throw;
+    }
+  }
+  switch (events[gone]) {
     case kFailed:
       return {WatchResult::kFailed, -1};
     case kStopped:

@@ -20,6 +20,7 @@
 //   stop/<node>        deleted by a node to end its own watch
 //   done               count of nodes whose workers all succeeded (the exit barrier)
 //   no_newcomers       elastic: deleted by a node that waits to join (ends the round: scale up)
+//   heartbeat/<node>   wall-clock seconds, refreshed while the node's workers run (for status)
 //   intact, lost       intact is deleted (and the node named in lost) by the node that saw the
 //                      next node in the ring vanish
 // and every node's liveness key (static: rdzv/<run id>/alive/<node>, elastic: its record), an
@@ -118,8 +119,9 @@ class NodeRendezvous {
   std::vector<WorkerFailure> failures(const Assignment& a);
 
   // Blocks until round a fails anywhere, another node's agent dies, a node waits to join, or
-  // stop_watch() is called. Uses its own connection: call from one helper thread.
-  WatchResult watch(const Assignment& a);
+  // stop_watch() is called, writing this node's heartbeat/<node> (wall-clock seconds) every
+  // `heartbeat`. Uses its own connection: call from one helper thread.
+  WatchResult watch(const Assignment& a, std::chrono::seconds heartbeat);
   void stop_watch(const Assignment& a);
 
   // This node's workers all succeeded: waits until every node's did (true), or the round failed

@@ -1,14 +1,10 @@
 // Small helpers shared by the static (node_rendezvous.cc) and elastic (elastic_round.cc) rounds.
 #pragma once
 
-#include <chrono>
 #include <string>
 #include <vector>
 
 namespace dist::agent::detail {
-
-// A wait that only an event ends.
-inline constexpr std::chrono::milliseconds kForever{std::chrono::hours(24 * 365)};
 
 // "[0, 2, 5]", for messages.
 inline std::string node_list(const std::vector<int>& nodes) {

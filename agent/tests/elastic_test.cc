@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "process_helpers.h"
@@ -229,6 +230,31 @@ TEST_F(Elastic, ExhaustedRestartsFailEveryNodeWithTheSameRootCause) {
     EXPECT_EQ(x->wait(), 7) << x->output();
     EXPECT_NE(x->output().find("rank      : 1 (local_rank: 0)"), std::string::npos) << x->output();
   }
+}
+
+TEST_F(Elastic, StatusShowsTheAssignedRoundAndHeartbeats) {
+  auto a = agent("a", "1:2", {}, {"sleep", "5000"});
+  std::this_thread::sleep_for(100ms);
+  auto b = agent("b", "1:2", {}, {"sleep", "5000"});
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  const std::string status = std::string(DIST_LAUNCH_BIN) + " status --rdzv-endpoint " + kHost +
+                             ":" + std::to_string(port_) + " --rdzv-id job";
+  auto [code, out] = dist::agent::testing::run_command(status);
+  for (int i = 0; i < 100 && out.find(" s ago") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+    std::tie(code, out) = dist::agent::testing::run_command(status);
+  }
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("(elastic): round 0, restarts so far 0, 2 node(s), running"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("0..0"), std::string::npos) << out;
+  EXPECT_NE(out.find("1..1"), std::string::npos) << out;
+  EXPECT_NE(out.find(" s ago"), std::string::npos) << out;
+  ::kill(a->pid(), SIGTERM);
+  ::kill(b->pid(), SIGTERM);
+  a->wait();
+  b->wait();
 }
 
 TEST_F(Elastic, TooFewNodesIsATimeoutSayingHowMany) {

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "process_helpers.h"
@@ -205,12 +206,7 @@ TEST_F(MultiNode, SigkillOfOneAgentStopsTheOthersAndLeavesNoWorker) {
 namespace {
 
 std::pair<int, std::string> run_status(const std::string& args) {
-  FILE* pipe = ::popen((std::string(DIST_LAUNCH_BIN) + " status " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  char buffer[512];
-  while (pipe && std::fgets(buffer, sizeof buffer, pipe)) out += buffer;
-  const int status = pipe ? ::pclose(pipe) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return dist::agent::testing::run_command(std::string(DIST_LAUNCH_BIN) + " status " + args);
 }
 
 TEST_F(MultiNode, StatusShowsTheNodesOfARunningJob) {
@@ -223,11 +219,16 @@ TEST_F(MultiNode, StatusShowsTheNodesOfARunningJob) {
   while ((!fs::exists(path("pid_0")) || !fs::exists(path("pid_1"))) && Clock::now() < deadline) {
     std::this_thread::sleep_for(20ms);
   }
-  const auto [code, out] =
-      run_status("--rdzv-endpoint " + kMaster + ":" + std::to_string(port_) + " --rdzv-id job7");
+  const std::string endpoint = kMaster + ":" + std::to_string(port_);
+  auto [code, out] = run_status("--rdzv-endpoint " + endpoint + " --rdzv-id job7");
+  for (int i = 0; i < 100 && out.find(" s ago") == std::string::npos; ++i) {  // first heartbeats
+    std::this_thread::sleep_for(20ms);
+    std::tie(code, out) = run_status("--rdzv-endpoint " + endpoint + " --rdzv-id job7");
+  }
   EXPECT_EQ(code, 0) << out;
-  EXPECT_NE(out.find("attempt 0 (restarts so far 0), 2 node(s) joined, running"), std::string::npos)
+  EXPECT_NE(out.find("(static): round 0, restarts so far 0, 2 node(s), running"), std::string::npos)
       << out;
+  EXPECT_NE(out.find(" s ago"), std::string::npos) << "heartbeats: " << out;
   EXPECT_NE(out.find("0..1"), std::string::npos) << out;
   EXPECT_NE(out.find("2..3"), std::string::npos) << out;
   const auto [missing_code, missing] =

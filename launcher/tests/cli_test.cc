@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "dist/launcher/cli.h"
 
@@ -54,6 +55,75 @@ TEST(LauncherCli, ParserReportsErrorsToTheErrorStream) {
   EXPECT_EQ(outcome.exit_code, dist::launcher::kExitUsage);
   EXPECT_TRUE(out.str().empty());
   EXPECT_NE(err.str().find("--bogus"), std::string::npos);
+}
+
+dist::launcher::CliOutcome parse(std::vector<std::string> args, std::string* error = nullptr) {
+  std::ostringstream out, err;
+  args.insert(args.end(), {"--no-python", "true"});
+  auto outcome = dist::launcher::parse_command_line(args, out, err);
+  if (error) *error = err.str();
+  return outcome;
+}
+
+TEST(LauncherCli, AnEndpointMeansDynamicRendezvousWithTorchrunsDefaultPort) {
+  auto o = parse({"--nnodes", "1:4", "--rdzv-endpoint", "node7", "--rdzv-id", "job7"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_TRUE(o.config.elastic);
+  EXPECT_EQ(o.config.min_nodes, 1);
+  EXPECT_EQ(o.config.max_nodes, 4);
+  EXPECT_EQ(o.config.master_addr, "node7");
+  EXPECT_EQ(o.config.master_port, 29400);
+  EXPECT_EQ(o.config.run_id, "job7");
+
+  o = parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:1234",
+             "--rdzv-conf", "join_timeout=5,last_call_timeout=0.5,is_host=0"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_TRUE(o.config.elastic);
+  EXPECT_EQ(o.config.master_addr, "::1");
+  EXPECT_EQ(o.config.master_port, 1234);
+  EXPECT_EQ(o.config.join_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(o.config.last_call_timeout, std::chrono::milliseconds(500));
+  EXPECT_EQ(o.config.is_host, false);
+}
+
+TEST(LauncherCli, StaticRendezvousStaysStatic) {
+  auto o = parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_FALSE(o.config.elastic);
+  EXPECT_EQ(o.config.node_rank, 1);
+  // An explicit static backend with an endpoint: torchrun takes the store's address from it.
+  o = parse({"--nnodes", "2", "--rdzv-backend", "static", "--rdzv-endpoint", "10.0.0.2:4000"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_FALSE(o.config.elastic);
+  EXPECT_EQ(o.config.master_addr, "10.0.0.2");
+  EXPECT_EQ(o.config.master_port, 4000);
+  // --standalone: one node, its own store, whatever the backend says.
+  o = parse({"--standalone"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_FALSE(o.config.elastic);
+}
+
+TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nnodes", "1:2"}, "a range needs dynamic rendezvous"},
+      {{"--nnodes", "3:2"}, "MIN must not exceed MAX"},
+      {{"--rdzv-backend", "etcd", "--rdzv-endpoint", "a:1"}, "etcd is not supported"},
+      {{"--rdzv-backend", "zookeeper"}, "must be static or c10d"},
+      {{"--rdzv-endpoint", "[::1"}, "missing ]"},
+      {{"--rdzv-endpoint", ":80"}, "has no host"},
+      {{"--rdzv-endpoint", "a:99999"}, "not below 65536"},
+      {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "last_call_timeout=-1"}, "positive number"},
+      {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "is_host=maybe"}, "must be 1 or 0"},
+      {{"--rdzv-conf", "bogus=1"}, "is not one of key=value"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::string error;
+    const auto o = parse(args, &error);
+    EXPECT_TRUE(o.exit_now) << args[0];
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+    EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Agents in two network namespaces joined by a veth pair, as two hosts: a job across them, and a
-// partition (one side's link taken down) noticed by both within seconds. Needs root and iproute2;
+// Agents in two network namespaces joined by a veth pair, as two hosts: a job across them, a
+// partition (one side's link taken down) noticed by both within seconds, and an elastic job that
+// loses the partitioned host and goes on without it. Needs root and iproute2;
 // skips, saying so, elsewhere. Addresses come from 198.18.0.0/15, the range set aside for network
 // benchmarks, and exist only inside these namespaces.
 #include <fcntl.h>
@@ -70,13 +71,9 @@ class TwoHosts : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  // dist-launch as node `rank`, inside that host's namespace.
+  // dist-launch as static node `rank`, inside that host's namespace.
   pid_t agent(int rank, const std::vector<std::string>& worker) {
-    std::vector<std::string> args{"ip",
-                                  "netns",
-                                  "exec",
-                                  ns_[rank],
-                                  DIST_LAUNCH_BIN,
+    std::vector<std::string> args{DIST_LAUNCH_BIN,
                                   "--nnodes",
                                   "2",
                                   "--node-rank",
@@ -92,9 +89,16 @@ class TwoHosts : public ::testing::Test {
                                   "--no-python",
                                   DIST_TEST_WORKER_BIN};
     args.insert(args.end(), worker.begin(), worker.end());
+    return spawn(rank, args, "node" + std::to_string(rank));
+  }
+
+  // `command` inside host `host`'s namespace, its output in <name>.log.
+  pid_t spawn(int host, std::vector<std::string> command, const std::string& name) {
+    std::vector<std::string> args{"ip", "netns", "exec", ns_[host]};
+    args.insert(args.end(), command.begin(), command.end());
     const pid_t pid = ::fork();
     if (pid == 0) {
-      const std::string log = (dir_ / ("node" + std::to_string(rank) + ".log")).string();
+      const std::string log = (dir_ / (name + ".log")).string();
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
@@ -119,8 +123,9 @@ class TwoHosts : public ::testing::Test {
     }
     return -1;
   }
-  std::string log(int rank) const {
-    std::ifstream in(dir_ / ("node" + std::to_string(rank) + ".log"));
+  std::string log(int rank) const { return log("node" + std::to_string(rank)); }
+  std::string log(const std::string& name) const {
+    std::ifstream in(dir_ / (name + ".log"));
     std::stringstream s;
     s << in.rdbuf();
     return s.str();
@@ -163,6 +168,49 @@ TEST_F(TwoHosts, APartitionIsNoticedByBothSidesWithinSeconds) {
   EXPECT_LT(Clock::now() - cut, 12s);
   EXPECT_NE(log(0).find("node 1's agent is gone"), std::string::npos) << log(0);
   EXPECT_TRUE(dist::agent::testing::process_gone(worker1)) << "node 1's worker outlived the job";
+}
+
+TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
+  // Host 0 runs the store's agent and a second agent; host 1 runs the third. Host 1's link goes
+  // down: the two agents on host 0 finish the job as a world of two, host 1's agent gives up.
+  auto elastic_agent = [&](int host, const std::string& name) {
+    return spawn(host,
+                 {DIST_LAUNCH_BIN, "--nnodes", "2:3", "--rdzv-endpoint", addr_[0] + ":29512",
+                  "--rdzv-id", "job", "--nproc-per-node", "1", "--no-python", DIST_TEST_WORKER_BIN,
+                  "append", path(name + ".rounds"), "exit-if-world", "2", "0", "forever"},
+                 name);
+  };
+  const pid_t a = elastic_agent(0, "a");  // hosts the store: the endpoint is its address
+  std::this_thread::sleep_for(200ms);
+  const pid_t b = elastic_agent(0, "b");
+  const pid_t c = elastic_agent(1, "c");
+  auto lines = [&](const std::string& name) {
+    std::ifstream in(path(name + ".rounds"));
+    std::vector<std::string> all;
+    for (std::string line; std::getline(in, line);) all.push_back(line);
+    return all;
+  };
+  const auto deadline = Clock::now() + 30s;
+  while ((lines("a").empty() || lines("b").empty() || lines("c").empty()) &&
+         Clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_FALSE(lines("c").empty()) << log("a") << log("c");
+
+  const auto cut = Clock::now();
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
+  EXPECT_EQ(wait(a, 30s), 0) << log("a");
+  EXPECT_EQ(wait(b, 30s), 0) << log("b");
+  EXPECT_LT(Clock::now() - cut, 15s);
+  for (const auto& name : {"a", "b"}) {
+    const auto history = lines(name);
+    ASSERT_EQ(history.size(), 2u) << name;
+    int rank = 0, world_size = 0;
+    std::istringstream(history[1]) >> rank >> world_size;
+    EXPECT_EQ(world_size, 2) << history[1];
+  }
+  EXPECT_NE(log("a").find("lost"), std::string::npos) << log("a");
+  EXPECT_NE(wait(c, 30s), 0) << "the cut-off node cannot finish the job alone\n" << log("c");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -268,11 +269,13 @@ std::optional<Assignment> NodeRendezvous::await_assignment(int round, int ticket
   std::istringstream published_text(client_.get(published));
   std::string tickets;
   published_text >> a.restarts >> a.world_size >> tickets;
-  std::istringstream list(tickets);
-  for (std::string t; std::getline(list, t, ',');) {
-    a.alive_keys.push_back(round_key(round, "node/" + t));
+  a.alive_prefix = round_key(round, "node/");
+  for (const char* p = tickets.c_str(); *p;) {  // N numbers, read by each of N nodes: no streams
+    char* end = nullptr;
+    a.alive_ids.push_back(static_cast<int>(std::strtol(p, &end, 10)));
+    p = *end == ',' ? end + 1 : end;
   }
-  a.num_nodes = static_cast<int>(a.alive_keys.size());
+  a.num_nodes = static_cast<int>(a.alive_ids.size());
   client_.set(round_key(round, "stop/" + std::to_string(a.node_rank)), "1");  // for watch()
   return a;
 }

@@ -88,7 +88,8 @@ Assignment NodeRendezvous::join_static(int round, int node_rank, milliseconds ti
   a.restarts = round;
   a.node_rank = node_rank;
   a.num_nodes = num_nodes;
-  for (int n = 0; n < num_nodes; ++n) a.alive_keys.push_back(key("alive/" + std::to_string(n)));
+  a.alive_prefix = key("alive/");
+  for (int n = 0; n < num_nodes; ++n) a.alive_ids.push_back(n);
   if (client_.add(round_key(round, "joined"), 1) == num_nodes) {
     std::vector<std::string> keys;
     for (int n = 0; n < num_nodes; ++n) {
@@ -148,17 +149,19 @@ std::vector<WorkerFailure> NodeRendezvous::failures(const Assignment& a) {
 
 std::vector<std::string> NodeRendezvous::alive_keys_of_others(const Assignment& a) const {
   std::vector<std::string> keys;
-  for (int n = 0; n < static_cast<int>(a.alive_keys.size()); ++n) {
-    if (n != a.node_rank) keys.push_back(a.alive_keys[static_cast<std::size_t>(n)]);
+  for (int n = 0; n < a.num_nodes; ++n) {
+    if (n != a.node_rank) keys.push_back(a.alive_key(n));
   }
   return keys;
 }
 
 std::vector<int> NodeRendezvous::lost_nodes(const Assignment& a) {
   std::vector<int> lost;
-  if (client_.check(a.alive_keys)) return lost;  // one request in the usual case
-  for (int n = 0; n < static_cast<int>(a.alive_keys.size()); ++n) {
-    if (!client_.check({a.alive_keys[static_cast<std::size_t>(n)]})) lost.push_back(n);
+  std::vector<std::string> keys;
+  for (int n = 0; n < a.num_nodes; ++n) keys.push_back(a.alive_key(n));
+  if (client_.check(keys)) return lost;  // one request in the usual case
+  for (int n = 0; n < a.num_nodes; ++n) {
+    if (!client_.check({keys[static_cast<std::size_t>(n)]})) lost.push_back(n);
   }
   return lost;
 }
@@ -167,8 +170,8 @@ std::vector<int> NodeRendezvous::lost_nodes(const Assignment& a) {
 // vanishes, tells everyone by deleting `intact` (after naming the node in `lost`). Every watch is
 // O(1) keys, so N nodes cost the store O(N), and a loss still reaches everyone in one more hop.
 std::optional<std::string> NodeRendezvous::successor_key(const Assignment& a) const {
-  if (a.alive_keys.size() < 2) return std::nullopt;
-  return a.alive_keys[static_cast<std::size_t>(a.node_rank + 1) % a.alive_keys.size()];
+  if (a.num_nodes < 2) return std::nullopt;
+  return a.alive_key((a.node_rank + 1) % a.num_nodes);
 }
 
 void NodeRendezvous::report_lost_successor(const Assignment& a, rendezvous::StoreClient& via) {

@@ -72,7 +72,13 @@ struct Assignment {
   int rank_offset = 0;  // global rank of this node's local rank 0
   int restarts = 0;     // job-wide restarts before this round (TORCHELASTIC_RESTART_COUNT)
   bool elastic = false;
-  std::vector<std::string> alive_keys;  // by node rank: exists exactly while that agent lives
+  // Each node's liveness key, which exists exactly while that node's agent lives: alive_prefix
+  // followed by alive_ids[node rank] (static: the node rank, elastic: the node's ticket).
+  std::string alive_prefix;
+  std::vector<int> alive_ids;
+  std::string alive_key(int node) const {
+    return alive_prefix + std::to_string(alive_ids[static_cast<std::size_t>(node)]);
+  }
 };
 
 // What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, or our own

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -141,7 +142,8 @@ class StoreClient::Impl {
   StoreLimits limits_;
   int fd_ = -1;
   std::string out_;
-  std::string in_;
+  std::unique_ptr<char[]> in_;  // kReadChunkBytes, allocated on the first read, never zeroed
+  std::size_t in_len_ = 0;
   std::size_t in_pos_ = 0;
   bool broken_ = false;
   std::string broken_reason_;
@@ -282,32 +284,25 @@ void StoreClient::Impl::send(Clock::time_point deadline) {
 void StoreClient::Impl::read_exact(void* dst, std::size_t n, Clock::time_point deadline) {
   char* out = static_cast<char*>(dst);
   while (n > 0) {
-    if (in_pos_ < in_.size()) {
-      const std::size_t take = std::min(n, in_.size() - in_pos_);
-      std::memcpy(out, in_.data() + in_pos_, take);
+    if (in_pos_ < in_len_) {
+      const std::size_t take = std::min(n, in_len_ - in_pos_);
+      std::memcpy(out, in_.get() + in_pos_, take);
       in_pos_ += take;
       out += take;
       n -= take;
       continue;
     }
-    in_.clear();
-    in_pos_ = 0;
+    in_len_ = in_pos_ = 0;
     pollfd p{fd_, POLLIN, 0};
     const auto left = remaining_ms(deadline);
     const int ready = left > 0 ? ::poll(&p, 1, static_cast<int>(left)) : 0;
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) throw StoreError(StoreErrc::kTimeout, "");  // callers add the context
-    in_.resize(kReadChunkBytes);
-    const ssize_t got = ::recv(fd_, in_.data(), in_.size(), 0);
-    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
-      in_.clear();
-      continue;
-    }
-    if (got <= 0) {
-      in_.clear();
-      lost(got == 0 ? "the store closed the connection" : std::strerror(errno));
-    }
-    in_.resize(static_cast<std::size_t>(got));
+    if (!in_) in_ = std::make_unique_for_overwrite<char[]>(kReadChunkBytes);
+    const ssize_t got = ::recv(fd_, in_.get(), kReadChunkBytes, 0);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (got <= 0) lost(got == 0 ? "the store closed the connection" : std::strerror(errno));
+    in_len_ = static_cast<std::size_t>(got);
   }
 }
 

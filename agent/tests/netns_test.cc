@@ -162,7 +162,7 @@ TEST_F(TwoHosts, APartitionIsNoticedByBothSidesWithinSeconds) {
 
   const auto cut = Clock::now();
   ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
-  // Keepalive: 1 s idle, then 3 probes 1 s apart: about 4 s; allow for scheduling.
+  // Keepalive: 1 s idle, then 2 more probes 1 s apart: about 3 s; allow for scheduling.
   EXPECT_NE(wait(a, 20s), -1) << "node 0 never noticed the partition\n" << log(0);
   EXPECT_NE(wait(b, 20s), -1) << "node 1 never noticed the partition\n" << log(1);
   EXPECT_LT(Clock::now() - cut, 12s);

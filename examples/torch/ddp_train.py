@@ -4,10 +4,13 @@ model trained a few steps with DistributedDataParallel, weights compared across 
     dist-launch --nproc-per-node 2 examples/torch/ddp_train.py [--crash-on-attempt 0] [--out DIR]
 
 --crash-on-attempt N makes rank 1 raise on restart attempt N (torch's @record writes the error file).
+--wait-for-world N keeps a smaller world waiting after its first all-reduce (an elastic job's round
+before it scales up to N workers: the agent stops these workers then).
 """
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +24,7 @@ def main():
     ap.add_argument("--crash-on-attempt", type=int, default=-1)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--wait-for-world", type=int, default=0)
     args = ap.parse_args()
 
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -32,6 +36,10 @@ def main():
         t = torch.tensor([float(rank + 1)])
         dist.all_reduce(t, op=op)
         assert t.item() == expected, (op, t.item(), expected)
+
+    print(f"rank {rank}/{world} attempt {attempt}: process group up", flush=True)
+    while world < args.wait_for_world:
+        time.sleep(0.1)
 
     if rank == 1 and attempt == args.crash_on_attempt:
         raise RuntimeError(f"injected failure on attempt {attempt}")

@@ -1,5 +1,6 @@
-"""PyTorch workers (Debian's torch 1.13 by default) under dist-launch: a DDP job, and the same job
-recovering from an injected crash with --max-restarts 1.
+"""PyTorch workers (Debian's torch 1.13 by default) under dist-launch: a DDP job, the same job
+recovering from an injected crash with --max-restarts 1, and an elastic job that scales from one node
+to two (a new round with the same restart count: the store must be clean for torch's workers).
 
     python3 launch_torch_test.py --launcher build/bin/dist-launch [--python /usr/bin/python3]
 Exits 77 (skip) when that interpreter has no torch.
@@ -7,9 +8,11 @@ Exits 77 (skip) when that interpreter has no torch.
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,6 +60,53 @@ class TorchUnderDistLaunch(unittest.TestCase):
         self.assertIn("rank      : 1 (local_rank: 1)", proc.stderr)
         self.assertIn("injected failure on attempt 0", proc.stderr)
         self.assertIn("Traceback", proc.stderr)
+
+    def test_elastic_job_scales_up_and_torch_workers_form_the_larger_group(self):
+        out_dir = tempfile.mkdtemp(prefix="dist-launch-torch-")
+        self.addCleanup(shutil.rmtree, out_dir, ignore_errors=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        cmd = [ARGS.launcher, "--nproc-per-node", "2", "--nnodes", "1:2",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "torch-elastic",
+               "--rdzv-conf", "last_call_timeout=1", EXAMPLE, "--out", out_dir,
+               "--wait-for-world", "4"]
+        logs = [tempfile.TemporaryFile("w+") for _ in range(2)]
+        first = subprocess.Popen(cmd, env=env, stdout=logs[0], stderr=subprocess.STDOUT, text=True)
+        procs = [first]
+        try:
+            deadline = time.time() + 120  # the first node runs alone: a world of 2, waiting
+            while time.time() < deadline:
+                logs[0].seek(0)
+                if "rank 1/2 attempt 0: process group up" in logs[0].read():
+                    break
+                time.sleep(0.1)
+            procs.append(subprocess.Popen(cmd, env=env, stdout=logs[1],
+                                          stderr=subprocess.STDOUT, text=True))
+            codes = [p.wait(timeout=180) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for log in logs:
+                self.addCleanup(log.close)
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read())
+        self.assertEqual(codes, [0, 0], "\n".join(outputs))
+        self.assertIn("rank 1/2 attempt 0: process group up", outputs[0])
+        self.assertIn("a new node is waiting to join", outputs[0])
+        # The larger round keeps restart count 0: torch keys its store by it, so only a cleaned
+        # store lets the four workers form their group.
+        done = {}
+        for r in range(4):
+            with open(os.path.join(out_dir, f"done_{r}")) as f:
+                done[r] = f.read().strip()
+        self.assertEqual(done, {0: "0", 1: "0", 2: "0", 3: "0"})
+        self.assertIn("rank 3/4 attempt 0", "".join(outputs))
 
 
 if __name__ == "__main__":

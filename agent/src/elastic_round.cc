@@ -134,9 +134,12 @@ int NodeRendezvous::take_ticket(int round, const Assignment* previous) {
   client_.set(round_key(round, "node/" + std::to_string(ticket)), record, /*ephemeral=*/true);
   if (returning) client_.add(round_key(round, "returning"), 1);
   if (ticket >= shape_.min_nodes) client_.set(round_key(round, "quorum"), "1");
-  if (!returning && round > 0) {  // a newcomer: the running round makes room unless it is full
+  if (!returning && round > 0) {
+    // A newcomer: the running round makes room, unless it is full or already finishing (a node's
+    // workers all succeeded): then the newcomer waits for the next round, if there is one.
     const auto size = client_.try_get(round_key(round - 1, "size"));
-    if (size && std::stoi(*size) < shape_.max_nodes) {
+    const auto finishing = client_.try_get(round_key(round - 1, "done"));
+    if (size && std::stoi(*size) < shape_.max_nodes && !finishing) {
       client_.delete_key(round_key(round - 1, "no_newcomers"));
     }
   }
@@ -312,6 +315,9 @@ Verdict NodeRendezvous::decide(const Assignment& a, int max_restarts) {
     }
   }
   const bool failed = !client_.check({round_key(a.round, "healthy")});
+  // A worker failing while its round was being reshaped (a peer's workers stopped under it) is
+  // collateral, not a restart: a real fault shows up again in the next round.
+  const bool newcomer = !client_.check({round_key(a.round, "no_newcomers")});
   const std::vector<int> lost = lost_nodes(a);
   const int alive = a.num_nodes - static_cast<int>(lost.size());
   // Newcomers already waiting in the next round count towards its minimum (no node of this round
@@ -322,7 +328,7 @@ Verdict NodeRendezvous::decide(const Assignment& a, int max_restarts) {
   v.expect = alive;
   v.restarts = a.restarts;
   const std::string lost_text = "node(s) " + detail::node_list(lost) + " lost";
-  if (failed && lost.empty()) {
+  if (failed && lost.empty() && !newcomer) {
     if (a.restarts < max_restarts) {
       v.action = Verdict::kRestart;
       v.restarts = a.restarts + 1;
@@ -338,7 +344,9 @@ Verdict NodeRendezvous::decide(const Assignment& a, int max_restarts) {
                " node(s) left, fewer than the minimum " + std::to_string(shape_.min_nodes);
   } else {
     v.action = Verdict::kReshape;  // a membership change: not a restart
-    v.reason = lost.empty() ? "a node is waiting to join" : lost_text;
+    v.reason = !lost.empty() ? lost_text
+               : newcomer    ? "a node is waiting to join"
+                             : "a worker failed";
   }
   const std::string mine = to_json(v);
   return verdict_from_json(client_.compare_set(round_key(a.round, "verdict"), "", mine));

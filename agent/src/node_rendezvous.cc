@@ -237,6 +237,8 @@ bool NodeRendezvous::exit_barrier(const Assignment& a, milliseconds timeout) {
   std::vector<std::string> trouble{round_key(a.round, "healthy"), round_key(a.round, "intact")};
   const auto next = successor_key(a);
   if (next) trouble.push_back(*next);
+  // Elastic: a newcomer that got in before this node was done ends the round for everyone.
+  if (a.elastic) trouble.push_back(round_key(a.round, "no_newcomers"));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto everyone_done = [&] { return client_.add(round_key(a.round, "done"), 0) >= a.num_nodes; };
   while (true) {
@@ -246,7 +248,7 @@ bool NodeRendezvous::exit_barrier(const Assignment& a, milliseconds timeout) {
       // A node that passed the barrier may leave at once: only a count short of everyone, seen
       // after the trouble, means a failure or a lost node.
       if (everyone_done()) return true;
-      if (gone == 2) report_lost_successor(a, client_);
+      if (next && gone == 2) report_lost_successor(a, client_);
       return false;
     } catch (const rendezvous::StoreError& e) {
       if (e.code() != rendezvous::StoreErrc::kTimeout) throw;

@@ -187,6 +187,39 @@ TEST_F(Elastic, SurvivorsOfAKilledNodeFinishInASmallerWorld) {
       << "the killed agent's worker outlived it";
 }
 
+TEST_F(Elastic, ANodeArrivingAtMaxWaitsAndReplacesALostOne) {
+  // 1:2 nodes, both in: a third waits without disturbing them. When one is lost, the waiting node
+  // takes its place in the next round (after the survivor, which keeps node rank 0).
+  auto store = external_store();
+  const std::string go = (dir_ / "go").string();
+  const std::vector<std::string> worker{"exit-if-file", go, "0", "forever"};
+  auto a = agent("a", "1:2", {}, worker);
+  std::this_thread::sleep_for(100ms);
+  auto b = agent("b", "1:2", {}, worker);
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  auto c = agent("c", "1:2", {}, worker);
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(rounds("a").size(), 1u) << "a full job is not disturbed by a waiting node";
+  EXPECT_EQ(rounds("b").size(), 1u);
+  EXPECT_TRUE(rounds("c").empty());
+
+  std::ofstream(go) << "1\n";
+  const bool a_is_rank_0 = rounds("a").back().node_rank == 0;
+  auto& lost = a_is_rank_0 ? b : a;
+  auto& survivor = a_is_rank_0 ? a : b;
+  ::kill(lost->pid(), SIGKILL);
+  lost->wait();
+  EXPECT_EQ(survivor->wait(), 0) << survivor->output();
+  EXPECT_EQ(c->wait(), 0) << c->output();
+  const auto rs = rounds(a_is_rank_0 ? "a" : "b"), rc = rounds("c");
+  ASSERT_EQ(rs.size(), 2u);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rs[1].node_rank, 0);
+  EXPECT_EQ(rc[0].node_rank, 1);
+  EXPECT_EQ(rc[0].world_size, 2);
+  EXPECT_EQ(rc[0].restarts, 0);
+}
+
 TEST_F(Elastic, FewerNodesThanTheMinimumLeftFailsTheJobWithAClearReport) {
   // 2:2 nodes, the second agent killed: one node cannot go on.
   auto a = agent("a", "2:2", {}, {"forever"});
@@ -255,6 +288,16 @@ TEST_F(Elastic, StatusShowsTheAssignedRoundAndHeartbeats) {
   ::kill(b->pid(), SIGTERM);
   a->wait();
   b->wait();
+}
+
+TEST_F(Elastic, ANodeArrivingAfterTheJobSucceededHasNothingToDo) {
+  auto store = external_store();
+  auto a = agent("a", "1:2", {"--rdzv-conf", "last_call_timeout=0.2"}, {"exit", "0"});
+  EXPECT_EQ(a->wait(), 0) << a->output();
+  auto late = agent("late", "1:2", {}, {"exit", "0"});
+  EXPECT_EQ(late->wait(), 0) << late->output();
+  EXPECT_NE(late->output().find("the job already finished"), std::string::npos) << late->output();
+  EXPECT_TRUE(rounds("late").empty()) << "no worker ran";
 }
 
 TEST_F(Elastic, TooFewNodesIsATimeoutSayingHowMany) {

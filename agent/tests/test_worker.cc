@@ -4,6 +4,7 @@
 //   exit CODE                exit with CODE
 //   exit-if-rank RANK CODE   exit with CODE when RANK matches $RANK
 //   exit-if-world N CODE     exit with CODE when $WORLD_SIZE is N
+//   exit-if-file PATH CODE   exit with CODE when PATH exists
 //   append FILE              append "RANK WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE RESTART_COUNT
 //                            wall-clock-ns" to FILE: one line per round this worker ran in
 //   fail-on-attempt N CODE   exit with CODE when $TORCHELASTIC_RESTART_COUNT == N
@@ -117,6 +118,10 @@ int main(int argc, char** argv) {
       const std::string world = next();
       const int code = std::stoi(next());
       if (env_or("WORLD_SIZE", "") == world) return code;
+    } else if (a == "exit-if-file") {
+      const std::string path = next();
+      const int code = std::stoi(next());
+      if (std::ifstream(path)) return code;
     } else if (a == "append") {
       std::ofstream(next(), std::ios::app)
           << env_or("RANK", "?") << " " << env_or("WORLD_SIZE", "?") << " "

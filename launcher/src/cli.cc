@@ -193,7 +193,8 @@ std::pair<std::string, int> parse_endpoint(const std::string& text, int default_
 
 // Static or elastic, from --rdzv-backend, --rdzv-endpoint and --nnodes, as torchrun decides.
 void choose_rendezvous(bool backend_given, const std::string& endpoint, const std::string& nnodes,
-                       bool standalone, agent::LaunchConfig& c) {
+                       bool standalone, bool node_rank_given, std::ostream& err,
+                       agent::LaunchConfig& c) {
   if (standalone) return;  // one node, its own store
   if (c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
     throw UsageError("--rdzv-backend " + c.rdzv_backend +
@@ -224,7 +225,11 @@ void choose_rendezvous(bool backend_given, const std::string& endpoint, const st
   const auto [host, port] = parse_endpoint(endpoint.empty() ? "127.0.0.1" : endpoint, 29400);
   c.master_addr = host;
   c.master_port = static_cast<std::uint16_t>(port);
-  c.node_rank = 0;  // assigned per round; --node-rank is ignored, as by torchrun
+  if (node_rank_given) {
+    err << "[dist-launch] notice: --node-rank is ignored with dynamic rendezvous: node ranks are "
+           "assigned in each round\n";
+  }
+  c.node_rank = 0;  // assigned per round
 }
 
 std::set<int> parse_rank_list(const std::string& text) {
@@ -414,7 +419,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
         std::chrono::milliseconds(static_cast<long long>(exit_barrier_timeout_s * 1000));
     parse_rdzv_conf(rdzv_conf, c);
     choose_rendezvous(app.count("--rdzv-backend") > 0 || std::getenv("PET_RDZV_BACKEND"),
-                      rdzv_endpoint, nnodes, standalone, c);
+                      rdzv_endpoint, nnodes, standalone,
+                      app.count("--node-rank") > 0 || std::getenv("PET_NODE_RANK"), err, c);
     if (standalone) {
       c.master_addr = "127.0.0.1";
       c.master_port.reset();

@@ -84,6 +84,12 @@ TEST(LauncherCli, AnEndpointMeansDynamicRendezvousWithTorchrunsDefaultPort) {
   EXPECT_EQ(o.config.join_timeout, std::chrono::seconds(5));
   EXPECT_EQ(o.config.last_call_timeout, std::chrono::milliseconds(500));
   EXPECT_EQ(o.config.is_host, false);
+
+  std::string notice;
+  o = parse({"--nnodes", "1:2", "--rdzv-endpoint", "a", "--node-rank", "1"}, &notice);
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.node_rank, 0);
+  EXPECT_NE(notice.find("--node-rank is ignored with dynamic rendezvous"), std::string::npos);
 }
 
 TEST(LauncherCli, StaticRendezvousStaysStatic) {

@@ -223,8 +223,15 @@ class Agent {
 
   void begin_exit() {
     if (!multi_node() || !rdzv_ || !joined_) return finish_exit();
-    // The agent that serves the store stays until the other agents have left (bounded).
-    calls_.run([this, a = assignment_, hosting = store_.has_value()] {
+    // The agent that serves the store stays until the other agents have left (bounded), so that
+    // they can finish their exit barrier and report. Stopped by a signal, it leaves at once: the
+    // job cannot go on without its store, and the other agents stop when it closes.
+    const bool hosting = store_.has_value();
+    if (hosting && stop_reason_ == StopReason::kSignal) {
+      spdlog::warn("this agent hosts the job's store: the other nodes stop with it");
+      return finish_exit();
+    }
+    calls_.run([this, a = assignment_, hosting] {
       if (watching_) try_call([&] { rdzv_->stop_watch(a); });
       if (hosting) try_call([&] { rdzv_->wait_for_others_to_leave(a, kLeaveTimeout); });
       asio::post(io_, [this] { finish_exit(); });
@@ -340,7 +347,7 @@ class Agent {
         r = rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds));
       } catch (const std::exception& e) {
         spdlog::error("lost the rendezvous store: {}", e.what());
-        r = {WatchResult::kNodeLost, 0};
+        r = {WatchResult::kStoreLost, -1};
       }
       asio::post(io_, [this, r] { on_watch(r); });
     });
@@ -359,6 +366,7 @@ class Agent {
         case WatchResult::kNewcomer:
           spdlog::info("a new node is waiting to join: stopping the workers for a new round");
           break;
+        case WatchResult::kStoreLost:  // said when it happened
         case WatchResult::kStopped:
           break;
       }

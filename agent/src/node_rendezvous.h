@@ -81,10 +81,10 @@ struct Assignment {
   }
 };
 
-// What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, or our own
-// stop.
+// What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, the store
+// gone (the agent set kStoreLost), or our own stop.
 struct WatchResult {
-  enum Kind { kFailed, kNodeLost, kNewcomer, kStopped } kind;
+  enum Kind { kFailed, kNodeLost, kNewcomer, kStoreLost, kStopped } kind;
   int node = -1;  // for kNodeLost
 };
 

@@ -300,6 +300,22 @@ TEST_F(Elastic, ANodeArrivingAfterTheJobSucceededHasNothingToDo) {
   EXPECT_TRUE(rounds("late").empty()) << "no worker ran";
 }
 
+TEST_F(Elastic, StoppingTheStoresHostStopsEveryNode) {
+  // The agent hosting the store is stopped by SIGTERM: the job cannot go on without its store, so
+  // it leaves at once and the others stop, saying why, instead of waiting for it.
+  auto a = agent("a", "1:2", {}, {"forever"});
+  std::this_thread::sleep_for(100ms);
+  auto b = agent("b", "1:2", {}, {"forever"});
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  const auto stopped = Clock::now();
+  ::kill(a->pid(), SIGTERM);
+  EXPECT_EQ(a->wait(), 128 + SIGTERM) << a->output();
+  EXPECT_EQ(b->wait(), 1) << b->output();
+  EXPECT_LT(Clock::now() - stopped, 10s);
+  EXPECT_NE(a->output().find("this agent hosts the job's store"), std::string::npos) << a->output();
+  EXPECT_NE(b->output().find("lost the rendezvous store"), std::string::npos) << b->output();
+}
+
 TEST_F(Elastic, TooFewNodesIsATimeoutSayingHowMany) {
   auto lonely = agent("a", "2:3", {"--rdzv-conf", "join_timeout=1"}, {"exit", "0"});
   EXPECT_EQ(lonely->wait(), 1);

@@ -71,10 +71,12 @@ void run(int n, bool elastic) {
     });
   }
   connected.wait();  // connections are not part of a round: agents hold theirs for the job
+  const auto requests_before = store.stats().requests;
   start = Clock::now();
   go = true;
   for (auto& t : threads) t.join();
   threads.clear();
+  const double join_requests = static_cast<double>(store.stats().requests - requests_before) / n;
 
   // Every node but the one with the highest node rank watches; that one's agent "dies" (its
   // connection closes). Elastic survivors then agree on a verdict and form the next round.
@@ -110,15 +112,20 @@ void run(int n, bool elastic) {
   }
   watching.wait();
   std::this_thread::sleep_for(std::chrono::milliseconds(200 + n / 2));  // watches registered
+  const auto requests_at_kill = store.stats().requests;
   killed = Clock::now();
   nodes[static_cast<std::size_t>(victim)].reset();
   for (auto& t : threads) t.join();
+  // Store requests per node: constant in N means O(N) for the whole job.
+  const double regroup_requests =
+      static_cast<double>(store.stats().requests - requests_at_kill) / (n - 1);
   if (elastic) {
-    std::printf("| %d | %.1f | %.1f | %.1f | %d/%d | %d |\n", n, max_of(joined_ms),
-                max_of(notice_ms), max_of(regroup_ms), regrouped.load(), n - 1, failures.load());
+    std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %d/%d | %d |\n", n, max_of(joined_ms),
+                join_requests, max_of(notice_ms), max_of(regroup_ms), regroup_requests,
+                regrouped.load(), n - 1, failures.load());
   } else {
-    std::printf("| %d | %.1f | %.1f | %d/%d | %d |\n", n, max_of(joined_ms), max_of(notice_ms),
-                noticed.load(), n - 1, failures.load());
+    std::printf("| %d | %.1f | %.1f | %.1f | %d/%d | %d |\n", n, max_of(joined_ms), join_requests,
+                max_of(notice_ms), noticed.load(), n - 1, failures.load());
   }
   std::fflush(stdout);
 }
@@ -137,11 +144,13 @@ int main(int argc, char** argv) {
   dist::rendezvous::raise_open_file_limit();
   if (mode == "elastic") {
     std::printf(
-        "| nodes | all joined, ms | dead node noticed by all, ms | survivors in their next "
-        "round, ms | regrouped | errors |\n|---:|---:|---:|---:|---:|---:|\n");
+        "| nodes | all joined, ms | requests per node | dead node noticed by all, ms | "
+        "survivors in their next round, ms | requests per survivor | regrouped | errors |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   } else {
-    std::printf("| nodes | all joined, ms | dead node noticed by all, ms | noticed | errors |\n");
-    std::printf("|---:|---:|---:|---:|---:|\n");
+    std::printf(
+        "| nodes | all joined, ms | requests per node | dead node noticed by all, ms | noticed | "
+        "errors |\n|---:|---:|---:|---:|---:|---:|\n");
   }
   for (int n : sizes) run(n, mode == "elastic");
 }

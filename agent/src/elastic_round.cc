@@ -16,13 +16,12 @@
 //
 // Whoever claims `closed` first (COMPARE_SET) reads the records, orders them (round n-1's nodes
 // in their old order, then newcomers by host and pid), keeps at most MAX, gives the workers a clean
-// store, publishes healthy / no_newcomers / size and the round pointer, then `assignment`. Per
-// round that is O(N) store traffic: a ticket, a record and a few counters per node, one read of
-// every record by the closer, and one assignment per node.
+// store, publishes healthy / no_newcomers / size / the round pointer / place/<ticket> / members,
+// then `assignment`. Per round that is O(N) store traffic: a ticket, a record, a place and a few
+// counters per node, and one read of every record by the closer.
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -209,20 +208,25 @@ bool NodeRendezvous::try_close(int round) {
                      {round_key(round, "no_newcomers"), "1"},
                      {round_key(round, "size"), std::to_string(members.size())},
                      {key("round"), std::to_string(round + 1)}});
-  // Each member reads its own place and the member list (for its watch): plain text, since N
-  // nodes parse it.
+  // Each member reads only its own place (node rank, first global rank, the next node's ticket
+  // for its watch) and the round's totals: O(1) per node. The member list is for the few that
+  // need every node (a verdict's decider, the store's host, status).
   std::vector<std::pair<std::string, std::string>> places;
   std::string list;
   int offset = 0;
-  for (std::size_t rank = 0; rank < members.size(); ++rank) {
-    places.emplace_back(round_key(round, "place/" + std::to_string(members[rank].ticket)),
-                        std::to_string(rank) + " " + std::to_string(offset));
+  const std::size_t n = members.size();
+  for (std::size_t rank = 0; rank < n; ++rank) {
+    const int successor = n > 1 ? members[(rank + 1) % n].ticket : -1;
+    places.emplace_back(
+        round_key(round, "place/" + std::to_string(members[rank].ticket)),
+        std::to_string(rank) + " " + std::to_string(offset) + " " + std::to_string(successor));
     offset += members[rank].local_world_size;
     list += (rank ? "," : "") + std::to_string(members[rank].ticket);
   }
+  places.emplace_back(round_key(round, "members"), list);
   client_.multi_set(places);
   client_.set(round_key(round, "assignment"),
-              std::to_string(restarts) + " " + std::to_string(offset) + " " + list);
+              std::to_string(restarts) + " " + std::to_string(offset) + " " + std::to_string(n));
   return true;
 }
 
@@ -262,23 +266,16 @@ std::optional<Assignment> NodeRendezvous::await_assignment(int round, int ticket
     too_late("did not close within join_timeout");
   }
 
-  // "<restarts> <world size> <ticket>,<ticket>,..." and this node's "<node rank> <offset>".
+  // "<restarts> <world size> <nodes>" and this node's "<node rank> <offset> <next ticket>".
   const auto place = client_.try_get(round_key(round, "place/" + std::to_string(ticket)));
   if (!place) return std::nullopt;
   Assignment a;
   a.round = round;
   a.elastic = true;
-  std::istringstream(*place) >> a.node_rank >> a.rank_offset;
-  std::istringstream published_text(client_.get(published));
-  std::string tickets;
-  published_text >> a.restarts >> a.world_size >> tickets;
   a.alive_prefix = round_key(round, "node/");
-  for (const char* p = tickets.c_str(); *p;) {  // N numbers, read by each of N nodes: no streams
-    char* end = nullptr;
-    a.alive_ids.push_back(static_cast<int>(std::strtol(p, &end, 10)));
-    p = *end == ',' ? end + 1 : end;
-  }
-  a.num_nodes = static_cast<int>(a.alive_ids.size());
+  a.members_key = round_key(round, "members");
+  std::istringstream(*place) >> a.node_rank >> a.rank_offset >> a.successor_id;
+  std::istringstream(client_.get(published)) >> a.restarts >> a.world_size >> a.num_nodes;
   client_.set(round_key(round, "stop/" + std::to_string(a.node_rank)), "1");  // for watch()
   return a;
 }

@@ -4,8 +4,8 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <random>
-#include <thread>
 
 #include "rendezvous_detail.h"
 
@@ -89,7 +89,7 @@ Assignment NodeRendezvous::join_static(int round, int node_rank, milliseconds ti
   a.node_rank = node_rank;
   a.num_nodes = num_nodes;
   a.alive_prefix = key("alive/");
-  for (int n = 0; n < num_nodes; ++n) a.alive_ids.push_back(n);
+  if (num_nodes > 1) a.successor_id = (node_rank + 1) % num_nodes;
   if (client_.add(round_key(round, "joined"), 1) == num_nodes) {
     std::vector<std::string> keys;
     for (int n = 0; n < num_nodes; ++n) {
@@ -147,20 +147,26 @@ std::vector<WorkerFailure> NodeRendezvous::failures(const Assignment& a) {
   return all;
 }
 
-std::vector<std::string> NodeRendezvous::alive_keys_of_others(const Assignment& a) const {
+std::vector<std::string> NodeRendezvous::liveness_keys(const Assignment& a) {
   std::vector<std::string> keys;
-  for (int n = 0; n < a.num_nodes; ++n) {
-    if (n != a.node_rank) keys.push_back(a.alive_key(n));
+  if (a.members_key.empty()) {
+    for (int n = 0; n < a.num_nodes; ++n) keys.push_back(a.alive_prefix + std::to_string(n));
+    return keys;
+  }
+  const std::string members = client_.get(a.members_key);
+  for (const char* p = members.c_str(); *p;) {  // "<id>,<id>,...", no streams: N may be large
+    char* end = nullptr;
+    keys.push_back(a.alive_prefix + std::to_string(std::strtol(p, &end, 10)));
+    p = *end == ',' ? end + 1 : end;
   }
   return keys;
 }
 
 std::vector<int> NodeRendezvous::lost_nodes(const Assignment& a) {
   std::vector<int> lost;
-  std::vector<std::string> keys;
-  for (int n = 0; n < a.num_nodes; ++n) keys.push_back(a.alive_key(n));
+  const std::vector<std::string> keys = liveness_keys(a);
   if (client_.check(keys)) return lost;  // one request in the usual case
-  for (int n = 0; n < a.num_nodes; ++n) {
+  for (int n = 0; n < static_cast<int>(keys.size()); ++n) {
     if (!client_.check({keys[static_cast<std::size_t>(n)]})) lost.push_back(n);
   }
   return lost;
@@ -170,8 +176,8 @@ std::vector<int> NodeRendezvous::lost_nodes(const Assignment& a) {
 // vanishes, tells everyone by deleting `intact` (after naming the node in `lost`). Every watch is
 // O(1) keys, so N nodes cost the store O(N), and a loss still reaches everyone in one more hop.
 std::optional<std::string> NodeRendezvous::successor_key(const Assignment& a) const {
-  if (a.num_nodes < 2) return std::nullopt;
-  return a.alive_key((a.node_rank + 1) % a.num_nodes);
+  if (a.successor_id < 0) return std::nullopt;
+  return a.alive_prefix + std::to_string(a.successor_id);
 }
 
 void NodeRendezvous::report_lost_successor(const Assignment& a, rendezvous::StoreClient& via) {
@@ -263,12 +269,18 @@ bool NodeRendezvous::exit_barrier(const Assignment& a, milliseconds timeout) {
 
 void NodeRendezvous::wait_for_others_to_leave(const Assignment& a, milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const auto others = alive_keys_of_others(a);
-  while (std::chrono::steady_clock::now() < deadline) {
-    bool anyone = false;
-    for (const auto& k : others) anyone = anyone || client_.try_get(k).has_value();
-    if (!anyone) return;
-    std::this_thread::sleep_for(kPollInterval);
+  std::vector<std::string> others = liveness_keys(a);
+  others.erase(others.begin() + a.node_rank);
+  for (const auto& k : others) {  // one wait per node still there, each until it leaves
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left <= milliseconds(0)) return;
+    try {
+      client_.wait_deleted({k}, left);
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() != rendezvous::StoreErrc::kTimeout) throw;
+      return;
+    }
   }
 }
 

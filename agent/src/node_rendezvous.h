@@ -72,13 +72,12 @@ struct Assignment {
   int rank_offset = 0;  // global rank of this node's local rank 0
   int restarts = 0;     // job-wide restarts before this round (TORCHELASTIC_RESTART_COUNT)
   bool elastic = false;
-  // Each node's liveness key, which exists exactly while that node's agent lives: alive_prefix
-  // followed by alive_ids[node rank] (static: the node rank, elastic: the node's ticket).
+  // Each node's liveness key exists exactly while that node's agent lives: alive_prefix followed
+  // by the node's id (static: its node rank; elastic: its ticket, listed by node rank in the
+  // members key, which only the nodes that need every id read).
   std::string alive_prefix;
-  std::vector<int> alive_ids;
-  std::string alive_key(int node) const {
-    return alive_prefix + std::to_string(alive_ids[static_cast<std::size_t>(node)]);
-  }
+  int successor_id = -1;    // the next node's id in the ring (-1: alone)
+  std::string members_key;  // elastic: "<id>,<id>,..." by node rank
 };
 
 // What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, the store
@@ -143,7 +142,8 @@ class NodeRendezvous {
   std::string round_key(int round, const std::string& suffix) const {
     return prefix_ + "r" + std::to_string(round) + "/" + suffix;
   }
-  std::vector<std::string> alive_keys_of_others(const Assignment& a) const;
+  // Every node's liveness key, by node rank (elastic: one read of the member list).
+  std::vector<std::string> liveness_keys(const Assignment& a);
   std::optional<std::string> successor_key(const Assignment& a) const;
   // `via`: the calling thread's own connection (the watch has one).
   void report_lost_successor(const Assignment& a, rendezvous::StoreClient& via);

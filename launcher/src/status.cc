@@ -72,16 +72,13 @@ std::vector<NodeRow> static_nodes(rendezvous::StoreClient& store, const std::str
   return rows;
 }
 
-// Elastic round r: "<restarts> <world size> <ticket>,..." in assignment; per ticket an ephemeral
-// record and "<node rank> <offset>" in place/<ticket>.
+// Elastic round r: "<restarts> <world size> <nodes>" in assignment, the tickets by node rank in
+// members; per ticket an ephemeral record and "<node rank> <offset> <next>" in place/<ticket>.
 std::vector<NodeRow> elastic_nodes(rendezvous::StoreClient& store, const std::string& r,
                                    const std::string& assignment, int& restarts) {
-  std::istringstream in(assignment);
-  int world_size = 0;
-  std::string tickets;
-  in >> restarts >> world_size >> tickets;
+  std::istringstream(assignment) >> restarts;
   std::vector<NodeRow> rows;
-  std::istringstream list(tickets);
+  std::istringstream list(store.get(r + "members"));
   for (std::string t; std::getline(list, t, ',');) {
     NodeRow row;
     if (const auto place = store.try_get(r + "place/" + t)) {

@@ -281,10 +281,10 @@ class Agent {
           options.host = config_.master_addr;
           options.port = store_port_;
           options.connect_timeout = config_.elastic ? config_.join_timeout : config_.rdzv_timeout;
-          // A vanished peer is noticed after about interval * max_attempt seconds.
-          options.keepalive_idle_seconds = config_.keep_alive_interval_seconds;
-          options.keepalive_interval_seconds = config_.keep_alive_interval_seconds;
-          options.keepalive_probes = std::max(1, config_.keep_alive_max_attempt - 1);
+          const rendezvous::Keepalive keepalive = liveness();
+          options.keepalive_idle_seconds = keepalive.idle_seconds;
+          options.keepalive_interval_seconds = keepalive.interval_seconds;
+          options.keepalive_probes = keepalive.probes;
           JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_};
           rdzv_ = std::make_unique<NodeRendezvous>(options, config_.run_id, std::move(shape));
         }
@@ -489,14 +489,19 @@ class Agent {
 
   void serve_store(const std::string& address, std::uint16_t port) {
     rendezvous::ServerOptions options;
-    if (multi_node()) {  // agents that vanish without closing are dropped: liveness
-      options.keepalive = {config_.keep_alive_interval_seconds, config_.keep_alive_interval_seconds,
-                           std::max(1, config_.keep_alive_max_attempt - 1)};
-    }
+    if (multi_node()) options.keepalive = liveness();  // agents that vanish are dropped
     store_.emplace(io_, rendezvous::StoreServer::bind(io_, address, port), options);
     store_->start();
     store_port_ = store_->local_endpoint().port();
     spdlog::debug("store listening on {}:{}", address, store_port_);
+  }
+
+  // TCP keepalive on the agents' store connections, both ends: a peer that went silent is dropped
+  // after about keep_alive_interval * keep_alive_max_attempt seconds (the first probe after one
+  // interval of silence, then max_attempt - 1 more).
+  rendezvous::Keepalive liveness() const {
+    return {config_.keep_alive_interval_seconds, config_.keep_alive_interval_seconds,
+            std::max(1, config_.keep_alive_max_attempt - 1)};
   }
 
   // The endpoint's host as an address to bind (a name resolves to its first IPv4 address).

@@ -343,7 +343,7 @@ Verdict NodeRendezvous::decide(const Assignment& a, int max_restarts) {
     v.action = Verdict::kReshape;  // a membership change: not a restart
     v.reason = !lost.empty() ? lost_text
                : newcomer    ? "a node is waiting to join"
-                             : "a worker failed";
+                             : "the round ended elsewhere";
   }
   const std::string mine = to_json(v);
   return verdict_from_json(client_.compare_set(round_key(a.round, "verdict"), "", mine));

@@ -24,6 +24,8 @@ std::string_view to_string(StoreErrc code) {
       return "not found";
     case StoreErrc::kInvalidArgument:
       return "invalid argument";
+    case StoreErrc::kCancelled:
+      return "cancelled";
   }
   return "unknown error";
 }

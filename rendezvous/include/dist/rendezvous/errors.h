@@ -16,6 +16,7 @@ namespace dist::rendezvous {
 //   kUnauthenticated  the store wants a shared secret and ours is missing or wrong.
 //   kNotFound         the key does not exist.
 //   kInvalidArgument  the request is well formed but meaningless (ADD to a non-number).
+//   kCancelled        this process cancelled the call (it is stopping); never sent by a server.
 enum class StoreErrc {
   kTimeout = 1,
   kUnavailable,
@@ -25,6 +26,7 @@ enum class StoreErrc {
   kUnauthenticated,
   kNotFound,
   kInvalidArgument,
+  kCancelled,
 };
 
 std::string_view to_string(StoreErrc code);

@@ -17,6 +17,7 @@
 
 #include "auth.h"
 #include "protocol.h"
+#include "requests.h"
 
 namespace dist::rendezvous {
 
@@ -33,10 +34,6 @@ constexpr std::size_t kReadChunkBytes = 64 * 1024;
 // Milliseconds left until the deadline, rounded up so that a wait never ends early.
 long long remaining_ms(Clock::time_point deadline) {
   return std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
-}
-
-std::string shorten(const std::string& key) {
-  return key.size() <= 64 ? key : key.substr(0, 61) + "...";
 }
 
 // Opens a TCP connection to host:port before the deadline, or returns -1 with errno-like `err`.
@@ -104,11 +101,10 @@ class StoreClient::Impl {
 
   void connect();
 
-  // One request, written whole.
-  std::string& request(wire::Op op) {
+  // The buffer of one request, empty; the request is written whole by send().
+  std::string& request() {
     check_usable();
     out_.clear();
-    wire::Writer(out_).u8(wire::encode_op(op));
     return out_;
   }
   void send(Clock::time_point deadline);
@@ -208,12 +204,7 @@ void StoreClient::Impl::connect() {
 
 void StoreClient::Impl::handshake(Clock::time_point d) {
   out_.clear();
-  wire::Writer w(out_);
-  w.u8(wire::current::kValidate);
-  w.u32(wire::kValidateMagic);
-  w.u8(wire::ext::kHello);
-  w.u32(wire::ext::kVersion);
-  w.u64(0);
+  requests::handshake(out_);
   send(d);
   try {
     status(d, "HELLO");
@@ -238,13 +229,13 @@ void StoreClient::Impl::handshake(Clock::time_point d) {
   if (options_.secret.empty()) {
     throw StoreError(StoreErrc::kUnauthenticated,
                      "the store at " + endpoint() +
-                         " requires a shared secret; pass the job's token (--token-file)");
+                         " requires the job's token; give every agent the same --token-file");
   }
   const auth::Nonce client_nonce = auth::random_nonce();
   const auth::Mac mac = auth::client_proof(options_.secret, server_nonce, client_nonce);
-  request(wire::Op::kAuth);
-  wire::Writer(out_).raw(mac.data(), mac.size());
-  wire::Writer(out_).raw(client_nonce.data(), client_nonce.size());
+  auto w = requests::begin(request(), wire::Op::kAuth);
+  w.raw(mac.data(), mac.size());
+  w.raw(client_nonce.data(), client_nonce.size());
   send(d);
   status(d, "AUTH");
   auth::Mac proof{};
@@ -367,7 +358,7 @@ std::optional<std::pair<std::uint8_t, std::uint64_t>> StoreClient::Impl::cancel_
   };
   // Timed out: cancel on the server and read until it confirms, accepting a result that was
   // already on its way.
-  request(wire::Op::kCancelWait);
+  requests::begin(request(), wire::Op::kCancelWait);
   const auto cancel_deadline = Clock::now() + options_.timeout;
   send(cancel_deadline);
   std::optional<std::pair<std::uint8_t, std::uint64_t>> result;
@@ -381,7 +372,7 @@ std::optional<std::pair<std::uint8_t, std::uint64_t>> StoreClient::Impl::cancel_
 void StoreClient::Impl::check_key(const std::string& key) const {
   if (key.size() > limits_.max_key_bytes) {
     throw StoreError(StoreErrc::kLimitExceeded,
-                     "key '" + shorten(key) + "' is " + std::to_string(key.size()) +
+                     "key '" + requests::shorten(key) + "' is " + std::to_string(key.size()) +
                          " bytes; the store at " + endpoint() + " accepts at most " +
                          std::to_string(limits_.max_key_bytes));
   }
@@ -391,9 +382,9 @@ void StoreClient::Impl::check_value(const std::string& key, const std::string& v
   check_key(key);
   if (value.size() > limits_.max_value_bytes) {
     throw StoreError(StoreErrc::kLimitExceeded,
-                     "value for key '" + shorten(key) + "' is " + std::to_string(value.size()) +
-                         " bytes; the store at " + endpoint() + " accepts at most " +
-                         std::to_string(limits_.max_value_bytes));
+                     "value for key '" + requests::shorten(key) + "' is " +
+                         std::to_string(value.size()) + " bytes; the store at " + endpoint() +
+                         " accepts at most " + std::to_string(limits_.max_value_bytes));
   }
 }
 
@@ -437,22 +428,19 @@ std::string StoreClient::endpoint() const {
 
 void StoreClient::set(const std::string& key, const std::string& value, bool ephemeral) {
   impl_->check_value(key, value);
-  wire::Writer w(impl_->request(wire::Op::kSetExt));
-  w.bytes(key);
-  w.bytes(value);
-  w.u8(ephemeral ? wire::ext::kSetFlagEphemeral : 0);
+  requests::set(impl_->request(), key, value, ephemeral);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "SET '" + shorten(key) + "'");
+  impl_->status(d, "SET '" + requests::shorten(key) + "'");
 }
 
 std::optional<std::string> StoreClient::try_get(const std::string& key) {
   impl_->check_key(key);
-  wire::Writer(impl_->request(wire::Op::kGet)).bytes(key);
+  requests::key_only(impl_->request(), wire::Op::kGet, key);
   const auto d = impl_->deadline({});
   impl_->send(d);
   try {
-    impl_->status(d, "GET '" + shorten(key) + "'");
+    impl_->status(d, "GET '" + requests::shorten(key) + "'");
   } catch (const StoreError& e) {
     if (e.code() == StoreErrc::kNotFound) return std::nullopt;
     throw;
@@ -465,18 +453,16 @@ std::string StoreClient::get(const std::string& key, Timeout timeout) {
   wait({key}, timeout);
   if (auto value = try_get(key)) return *std::move(value);
   throw StoreError(StoreErrc::kNotFound,
-                   "key '" + shorten(key) +
+                   "key '" + requests::shorten(key) +
                        "' was deleted right after it appeared on the store at " + endpoint());
 }
 
 std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {
   impl_->check_key(key);
-  wire::Writer w(impl_->request(wire::Op::kAdd));
-  w.bytes(key);
-  w.i64(delta);
+  requests::add(impl_->request(), key, delta);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "ADD '" + shorten(key) + "'");
+  impl_->status(d, "ADD '" + requests::shorten(key) + "'");
   return impl_->i64(d);
 }
 
@@ -484,62 +470,41 @@ std::string StoreClient::compare_set(const std::string& key, const std::string& 
                                      const std::string& desired) {
   impl_->check_value(key, expected);
   impl_->check_value(key, desired);
-  wire::Writer w(impl_->request(wire::Op::kCompareSet));
-  w.bytes(key);
-  w.bytes(expected);
-  w.bytes(desired);
+  requests::compare_set(impl_->request(), key, expected, desired);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "COMPARE_SET '" + shorten(key) + "'");
+  impl_->status(d, "COMPARE_SET '" + requests::shorten(key) + "'");
   return impl_->bytes(d);
 }
 
 void StoreClient::append(const std::string& key, const std::string& value) {
   impl_->check_value(key, value);
-  wire::Writer w(impl_->request(wire::Op::kAppend));
-  w.bytes(key);
-  w.bytes(value);
+  requests::key_value(impl_->request(), wire::Op::kAppend, key, value);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "APPEND '" + shorten(key) + "'");
+  impl_->status(d, "APPEND '" + requests::shorten(key) + "'");
 }
-
-namespace {
-void write_keys(wire::Writer& w, const std::vector<std::string>& keys) {
-  w.u64(keys.size());
-  for (const auto& key : keys) w.bytes(key);
-}
-std::string describe(const std::vector<std::string>& keys) {
-  std::string s;
-  for (std::size_t i = 0; i < keys.size() && i < 3; ++i)
-    s += (i ? ", '" : "'") + shorten(keys[i]) + "'";
-  if (keys.size() > 3) s += " and " + std::to_string(keys.size() - 3) + " more";
-  return s;
-}
-}  // namespace
 
 bool StoreClient::check(const std::vector<std::string>& keys) {
   impl_->check_count(keys.size());
   for (const auto& key : keys) impl_->check_key(key);
-  wire::Writer w(impl_->request(wire::Op::kCheck));
-  write_keys(w, keys);
+  requests::key_list(impl_->request(), wire::Op::kCheck, keys);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "CHECK " + describe(keys));
+  impl_->status(d, "CHECK " + requests::describe_keys(keys));
   return impl_->u8(d) == wire::kCheckReady;
 }
 
 void StoreClient::wait(const std::vector<std::string>& keys, Timeout timeout) {
   impl_->check_count(keys.size());
   for (const auto& key : keys) impl_->check_key(key);
-  wire::Writer w(impl_->request(wire::Op::kWait));
-  write_keys(w, keys);
+  requests::key_list(impl_->request(), wire::Op::kWait, keys);
   const auto d = impl_->deadline(timeout);
   impl_->send(d);
-  if (!impl_->await(d, "WAIT " + describe(keys))) {
+  if (!impl_->await(d, "WAIT " + requests::describe_keys(keys))) {
     throw StoreError(StoreErrc::kTimeout,
-                     "WAIT for " + describe(keys) + " on the store at " + endpoint() +
-                         " timed out after " +
+                     "WAIT for " + requests::describe_keys(keys) + " on the store at " +
+                         endpoint() + " timed out after " +
                          std::to_string(timeout.value_or(impl_->options_.timeout).count()) +
                          " ms; the key was never set (did its writer start or fail?)");
   }
@@ -548,14 +513,13 @@ void StoreClient::wait(const std::vector<std::string>& keys, Timeout timeout) {
 std::size_t StoreClient::wait_deleted(const std::vector<std::string>& keys, Timeout timeout) {
   impl_->check_count(keys.size());
   for (const auto& key : keys) impl_->check_key(key);
-  wire::Writer w(impl_->request(wire::Op::kWaitDeleted));
-  write_keys(w, keys);
+  requests::key_list(impl_->request(), wire::Op::kWaitDeleted, keys);
   const auto d = impl_->deadline(timeout);
   impl_->send(d);
-  const auto reply = impl_->await(d, "WAIT_DELETED " + describe(keys));
+  const auto reply = impl_->await(d, "WAIT_DELETED " + requests::describe_keys(keys));
   if (!reply) {
     throw StoreError(StoreErrc::kTimeout,
-                     "none of " + describe(keys) + " was deleted within " +
+                     "none of " + requests::describe_keys(keys) + " was deleted within " +
                          std::to_string(timeout.value_or(impl_->options_.timeout).count()) + " ms");
   }
   return static_cast<std::size_t>(reply->second);
@@ -566,12 +530,11 @@ std::vector<std::string> StoreClient::multi_get(const std::vector<std::string>& 
   impl_->check_count(keys.size());
   for (const auto& key : keys) impl_->check_key(key);
   for (int attempt = 0; attempt < 2; ++attempt) {
-    wire::Writer w(impl_->request(wire::Op::kMultiGet));
-    write_keys(w, keys);
+    requests::key_list(impl_->request(), wire::Op::kMultiGet, keys);
     const auto d = impl_->deadline({});
     impl_->send(d);
     try {
-      impl_->status(d, "MULTI_GET " + describe(keys));
+      impl_->status(d, "MULTI_GET " + requests::describe_keys(keys));
     } catch (const StoreError& e) {
       if (e.code() != StoreErrc::kNotFound || attempt > 0) throw;
       wait(keys, timeout);
@@ -582,18 +545,14 @@ std::vector<std::string> StoreClient::multi_get(const std::vector<std::string>& 
     for (std::size_t i = 0; i < keys.size(); ++i) values.push_back(impl_->bytes(d));
     return values;
   }
-  throw StoreError(StoreErrc::kNotFound, "keys " + describe(keys) + " vanished after appearing");
+  throw StoreError(StoreErrc::kNotFound,
+                   "keys " + requests::describe_keys(keys) + " vanished after appearing");
 }
 
 void StoreClient::multi_set(const std::vector<std::pair<std::string, std::string>>& items) {
   impl_->check_count(items.size());
   for (const auto& [key, value] : items) impl_->check_value(key, value);
-  wire::Writer w(impl_->request(wire::Op::kMultiSet));
-  w.u64(items.size());
-  for (const auto& [key, value] : items) {
-    w.bytes(key);
-    w.bytes(value);
-  }
+  requests::multi_set(impl_->request(), items);
   const auto d = impl_->deadline({});
   impl_->send(d);
   impl_->status(d, "MULTI_SET of " + std::to_string(items.size()) + " keys");
@@ -601,24 +560,24 @@ void StoreClient::multi_set(const std::vector<std::pair<std::string, std::string
 
 bool StoreClient::delete_key(const std::string& key) {
   impl_->check_key(key);
-  wire::Writer(impl_->request(wire::Op::kDeleteKey)).bytes(key);
+  requests::key_only(impl_->request(), wire::Op::kDeleteKey, key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "DELETE_KEY '" + shorten(key) + "'");
+  impl_->status(d, "DELETE_KEY '" + requests::shorten(key) + "'");
   return impl_->i64(d) > 0;
 }
 
 std::int64_t StoreClient::delete_all_except(const std::string& prefix) {
   impl_->check_key(prefix);
-  wire::Writer(impl_->request(wire::Op::kDeleteAllExcept)).bytes(prefix);
+  requests::key_only(impl_->request(), wire::Op::kDeleteAllExcept, prefix);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "DELETE_ALL_EXCEPT '" + shorten(prefix) + "'");
+  impl_->status(d, "DELETE_ALL_EXCEPT '" + requests::shorten(prefix) + "'");
   return impl_->i64(d);
 }
 
 std::int64_t StoreClient::num_keys() {
-  impl_->request(wire::Op::kGetNumKeys);
+  requests::begin(impl_->request(), wire::Op::kGetNumKeys);
   const auto d = impl_->deadline({});
   impl_->send(d);
   impl_->status(d, "GETNUMKEYS");
@@ -626,7 +585,7 @@ std::int64_t StoreClient::num_keys() {
 }
 
 std::vector<std::string> StoreClient::list_keys() {
-  impl_->request(wire::Op::kListKeys);
+  requests::begin(impl_->request(), wire::Op::kListKeys);
   const auto d = impl_->deadline({});
   impl_->send(d);
   impl_->status(d, "LIST_KEYS");
@@ -638,49 +597,45 @@ std::vector<std::string> StoreClient::list_keys() {
 
 void StoreClient::barrier(const std::string& key, std::int64_t world_size, Timeout timeout) {
   impl_->check_key(key);
-  wire::Writer w(impl_->request(wire::Op::kBarrier));
-  w.bytes(key);
-  w.i64(world_size);
+  requests::barrier(impl_->request(), key, world_size);
   const auto d = impl_->deadline(timeout);
   impl_->send(d);
-  if (!impl_->await(d, "BARRIER '" + shorten(key) + "'")) {
+  if (!impl_->await(d, "BARRIER '" + requests::shorten(key) + "'")) {
     throw StoreError(StoreErrc::kTimeout,
-                     "BARRIER '" + shorten(key) + "' of " + std::to_string(world_size) +
+                     "BARRIER '" + requests::shorten(key) + "' of " + std::to_string(world_size) +
                          " did not fill in time on the store at " + endpoint());
   }
 }
 
 void StoreClient::queue_push(const std::string& key, const std::string& value) {
   impl_->check_value(key, value);
-  wire::Writer w(impl_->request(wire::Op::kQueuePush));
-  w.bytes(key);
-  w.bytes(value);
+  requests::key_value(impl_->request(), wire::Op::kQueuePush, key, value);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_PUSH '" + shorten(key) + "'");
+  impl_->status(d, "QUEUE_PUSH '" + requests::shorten(key) + "'");
 }
 
 std::optional<std::string> StoreClient::queue_pop(const std::string& key) {
   impl_->check_key(key);
-  wire::Writer(impl_->request(wire::Op::kQueuePop)).bytes(key);
+  requests::key_only(impl_->request(), wire::Op::kQueuePop, key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_POP '" + shorten(key) + "'");
+  impl_->status(d, "QUEUE_POP '" + requests::shorten(key) + "'");
   if (impl_->i64(d) <= 0) return std::nullopt;
   return impl_->bytes(d);
 }
 
 std::int64_t StoreClient::queue_len(const std::string& key) {
   impl_->check_key(key);
-  wire::Writer(impl_->request(wire::Op::kQueueLen)).bytes(key);
+  requests::key_only(impl_->request(), wire::Op::kQueueLen, key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_LEN '" + shorten(key) + "'");
+  impl_->status(d, "QUEUE_LEN '" + requests::shorten(key) + "'");
   return impl_->i64(d);
 }
 
 std::uint32_t StoreClient::ping(std::uint32_t nonce) {
-  wire::Writer(impl_->request(wire::Op::kPing)).u32(nonce);
+  requests::begin(impl_->request(), wire::Op::kPing).u32(nonce);
   const auto d = impl_->deadline({});
   impl_->send(d);
   impl_->status(d, "PING");

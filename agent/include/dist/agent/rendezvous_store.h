@@ -17,6 +17,8 @@
 //   the process vanished). Sessions opened with open_another() have their own.
 #pragma once
 
+#include <utility>  // first: Asio 1.18's awaitable.hpp uses std::exchange without it
+
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <cstddef>

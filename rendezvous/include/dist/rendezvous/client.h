@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -33,6 +34,10 @@ struct ClientOptions {
   int keepalive_idle_seconds = 0;
   int keepalive_interval_seconds = 1;
   int keepalive_probes = 3;
+  // While connect() keeps failing (a name that does not resolve yet, a store not up yet), this
+  // hears why, at most once per retry_notice_interval; unset: silence until connect_timeout.
+  std::function<void(const std::string& why)> on_retry;
+  std::chrono::milliseconds retry_notice_interval{10'000};
 };
 
 // Turns on TCP keepalive (and a matching TCP_USER_TIMEOUT for unacknowledged data) on a socket.

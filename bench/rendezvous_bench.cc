@@ -1,32 +1,41 @@
-// rendezvous-bench: N simulated nodes (threads, each with its own store connection, running the
-// agent's real NodeRendezvous) against one store. Per N: the time for all of them to join a round,
-// the time from one agent's connection dropping to every other node's watch reporting the lost
-// node, and (elastic) to the survivors having agreed on their next round without it.
+// rendezvous-bench: N simulated nodes (coroutines on one thread, each with its own store
+// session, running the agent's real NodeRendezvous) against one store on another thread. Per N:
+// the time for all of them to join a round, the time from one agent's connection dropping to
+// every other node's watch reporting the lost node, and (elastic) to the survivors having agreed
+// on their next round without it.
 //
 //   build/bin/rendezvous-bench --nodes 10,100,1000 [--mode static|elastic]
 #include <CLI/CLI.hpp>
-#include <atomic>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <cstdio>
-#include <latch>
+#include <functional>
 #include <memory>
-#include <thread>
+#include <optional>
 #include <vector>
 
+#include "dist/agent/rendezvous.h"
 #include "dist/rendezvous/server.h"
-#include "node_rendezvous.h"
 
 namespace {
 
+namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 using dist::agent::Assignment;
 using dist::agent::JobShape;
 using dist::agent::NodeRendezvous;
+using dist::agent::RendezvousTimeouts;
+using dist::agent::Task;
 using dist::agent::Verdict;
 using dist::agent::WatchResult;
 using std::chrono::seconds;
 
 constexpr int kWorkersPerNode = 8;
+// Watches are registered on the store before the victim goes; the bench gives them this long.
+constexpr std::chrono::milliseconds kWatchSettle{300};
 
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
@@ -38,44 +47,63 @@ double max_of(const std::vector<double>& v) {
   return m;
 }
 
+// Runs `body(i)` for i in [0, n) as coroutines on `io` and returns once all of them finished.
+void for_all(asio::io_context& io, int n, const std::function<Task<void>(int)>& body,
+             int& failures) {
+  for (int i = 0; i < n; ++i) {
+    asio::co_spawn(io, body(i), [&failures, i](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "node %d: %s\n", i, error.what());
+        ++failures;
+      }
+    });
+  }
+  io.restart();
+  io.run();
+}
+
 void run(int n, bool elastic) {
   dist::rendezvous::StoreServerThread store;
   dist::rendezvous::ClientOptions options;
   options.port = store.port();
   options.connect_timeout = seconds(60);
   options.timeout = seconds(120);
+  RendezvousTimeouts timeouts;
+  timeouts.rdzv = timeouts.join = seconds(120);
+  timeouts.last_call = seconds(30);
 
-  std::vector<std::unique_ptr<NodeRendezvous>> nodes(static_cast<std::size_t>(n));
+  asio::io_context io;
+  int failures = 0;
+  std::vector<std::optional<NodeRendezvous>> nodes(static_cast<std::size_t>(n));
   std::vector<Assignment> assignments(static_cast<std::size_t>(n));
-  std::latch connected(n);
-  std::vector<std::thread> threads;
-  std::atomic<int> failures{0};
-  Clock::time_point start;
-  std::atomic<bool> go{false};
-  std::vector<double> joined_ms(static_cast<std::size_t>(n));
-  for (int k = 0; k < n; ++k) {
-    threads.emplace_back([&, k] {
-      const auto i = static_cast<std::size_t>(k);
-      const JobShape shape{elastic ? 1 : n, n, kWorkersPerNode, "node" + std::to_string(k)};
-      nodes[i] = std::make_unique<NodeRendezvous>(options, "bench", shape);
-      connected.count_down();
-      while (!go.load()) std::this_thread::yield();
-      try {
-        assignments[i] = elastic ? nodes[i]->join_elastic(0, nullptr, seconds(120), seconds(30))
-                                 : nodes[i]->join_static(0, k, seconds(120));
-        joined_ms[i] = ms_since(start);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "node %d: %s\n", k, e.what());
-        ++failures;
-      }
-    });
-  }
-  connected.wait();  // connections are not part of a round: agents hold theirs for the job
+  // Connections are not part of a round: agents hold theirs for the job.
+  for_all(
+      io, n,
+      [&](int k) -> Task<void> {
+        const JobShape shape{elastic ? 1 : n, n, kWorkersPerNode, "node" + std::to_string(k)};
+        nodes[static_cast<std::size_t>(k)].emplace(
+            co_await dist::agent::open_tcp_store(options, "bench"), shape, timeouts);
+      },
+      failures);
+
   const auto requests_before = store.stats().requests;
-  start = Clock::now();
-  go = true;
-  for (auto& t : threads) t.join();
-  threads.clear();
+  const auto start = Clock::now();
+  std::vector<double> joined_ms(static_cast<std::size_t>(n));
+  for_all(
+      io, n,
+      [&](int k) -> Task<void> {
+        const auto i = static_cast<std::size_t>(k);
+        if (elastic) {
+          assignments[i] = co_await nodes[i]->join_elastic(0, std::nullopt);
+        } else {
+          assignments[i] = co_await nodes[i]->join_static(0, k);
+        }
+        joined_ms[i] = ms_since(start);
+      },
+      failures);
   const double join_requests = static_cast<double>(store.stats().requests - requests_before) / n;
 
   // Every node but the one with the highest node rank watches; that one's agent "dies" (its
@@ -84,50 +112,50 @@ void run(int n, bool elastic) {
   for (int k = 0; k < n; ++k) {
     if (assignments[static_cast<std::size_t>(k)].node_rank == n - 1) victim = k;
   }
-  std::atomic<int> noticed{0}, regrouped{0};
+  int noticed = 0, regrouped = 0;
   std::vector<double> notice_ms(static_cast<std::size_t>(n)),
       regroup_ms(static_cast<std::size_t>(n));
-  std::latch watching(n - 1);
   Clock::time_point killed;
-  for (int k = 0; k < n; ++k) {
-    if (k == victim) continue;
-    threads.emplace_back([&, k] {
-      const auto i = static_cast<std::size_t>(k);
-      watching.count_down();
-      const WatchResult r = nodes[i]->watch(assignments[i], seconds(60));
-      notice_ms[i] = ms_since(killed);
-      if (r.kind == WatchResult::kNodeLost && r.node == n - 1) ++noticed;
-      if (!elastic) return;
-      try {
-        const Verdict v = nodes[i]->decide(assignments[i], 0);
-        const Assignment next = nodes[i]->join_elastic(assignments[i].round + 1, &assignments[i],
-                                                       seconds(120), seconds(30));
+  std::uint64_t requests_at_kill = 0;
+  asio::steady_timer settle(io, kWatchSettle);
+  settle.async_wait([&](boost::system::error_code) {
+    requests_at_kill = store.stats().requests;
+    killed = Clock::now();
+    nodes[static_cast<std::size_t>(victim)]->close();
+  });
+  for_all(
+      io, n,
+      [&](int k) -> Task<void> {
+        if (k == victim) co_return;
+        const auto i = static_cast<std::size_t>(k);
+        const WatchResult r = co_await nodes[i]->watch(assignments[i], seconds(60));
+        notice_ms[i] = ms_since(killed);
+        if (r.kind == WatchResult::kNodeLost && r.node == n - 1) ++noticed;
+        if (!elastic) co_return;
+        const Verdict v = co_await nodes[i]->decide(assignments[i], 0);
+        const Assignment next =
+            co_await nodes[i]->join_elastic(assignments[i].round + 1, assignments[i]);
         regroup_ms[i] = ms_since(killed);
         if (v.action == Verdict::kReshape && next.num_nodes == n - 1) ++regrouped;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "node %d: %s\n", k, e.what());
-        ++failures;
-      }
-    });
-  }
-  watching.wait();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200 + n / 2));  // watches registered
-  const auto requests_at_kill = store.stats().requests;
-  killed = Clock::now();
-  nodes[static_cast<std::size_t>(victim)].reset();
-  for (auto& t : threads) t.join();
+      },
+      failures);
   // Store requests per node: constant in N means O(N) for the whole job.
   const double regroup_requests =
       static_cast<double>(store.stats().requests - requests_at_kill) / (n - 1);
   if (elastic) {
     std::printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %d/%d | %d |\n", n, max_of(joined_ms),
-                join_requests, max_of(notice_ms), max_of(regroup_ms), regroup_requests,
-                regrouped.load(), n - 1, failures.load());
+                join_requests, max_of(notice_ms), max_of(regroup_ms), regroup_requests, regrouped,
+                n - 1, failures);
   } else {
     std::printf("| %d | %.1f | %.1f | %.1f | %d/%d | %d |\n", n, max_of(joined_ms), join_requests,
-                max_of(notice_ms), noticed.load(), n - 1, failures.load());
+                max_of(notice_ms), noticed, n - 1, failures);
   }
   std::fflush(stdout);
+  for (auto& node : nodes) {
+    if (node) node->close();
+  }
+  io.restart();
+  io.poll();
 }
 
 }  // namespace

@@ -1,61 +1,47 @@
-// The agent's lifecycle, one state machine:
+// The agent's lifecycle, one state machine on one io_context:
 //
 //   INIT -> RENDEZVOUS -> RUNNING --all workers exited 0--> STOPPING -> [EXIT_BARRIER] -> SUCCEEDED
-//               ^           |--a worker failed, or the round ended elsewhere--> STOPPING --+
-//               |           |--a stop signal--> STOPPING -> EXIT                           |
-//               |           \--SIGUSR1/2: forwarded, stays RUNNING                         |
-//               |                                                                          v
+//               ^           |--a worker failed, the round ended elsewhere--> STOPPING --+
+//               |           |--a stop signal, the store lost--> STOPPING -> EXIT       |
+//               |           \--SIGUSR1/2: forwarded, stays RUNNING                     |
+//               |                                                                      v
 //               +--- RESTARTING <--restart-- (static: restarts left? / elastic: ROUND_ENDED)
 //               +------------------reshape--------------------------/        \--fail--> FAILED
 //   SUCCEEDED, FAILED -> EXIT
 //
-// Everything happens on one thread driving one io_context: the hosted store, SIGCHLD (failures are
-// seen when they happen, not polled), the handled signals, the shutdown timer and the log pumps.
-// With several nodes, RENDEZVOUS joins a round through the store (node_rendezvous.h). Static: round
-// n is restart n on every node. Elastic: after a round ends, ROUND_ENDED gets the job's one
-// verdict: restart (a worker failed: counts against --max-restarts), reshape (a node was lost or
-// one waits to join: a new round with whoever is there, not a restart) or fail. A watcher thread
-// waits for the round to end elsewhere; blocking store calls run on a helper thread and come back
-// as events.
+// transition() is the one place a state is entered; it runs the state's entry action. Everything
+// else arrives as a typed event (namespace event, below) through on(): from the worker group
+// (failed, succeeded, stopped), the signals (signalfd, with the sender's pid), and the coroutines
+// that talk to the rendezvous store (joined, round ended elsewhere, barrier, verdict, failures).
+// Nothing blocks the thread: the hosted store, the workers' output and every store call share it.
+// A stop signal works in every state: pending store calls are cancelled (their sessions closed)
+// and the agent leaves through EXIT, cleaning up as it always does.
 #include "dist/agent/agent.h"
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <fcntl.h>
-
-#include <algorithm>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <optional>
+#include <variant>
 
-#include "blocking_calls.h"
+#include "dist/agent/rendezvous.h"
 #include "dist/rendezvous/errors.h"
-#include "dist/rendezvous/server.h"
 #include "failure_report.h"
-#include "log_pump.h"
-#include "node_rendezvous.h"
 #include "process.h"
-#include "worker_env.h"
-
-extern char** environ;
+#include "run_directory.h"
+#include "signal_watcher.h"
+#include "store_host.h"
+#include "tcp_store.h"
+#include "worker_group.h"
 
 namespace dist::agent {
 namespace asio = boost::asio;
-namespace fs = std::filesystem;
 
 namespace {
 
-// After the last worker is reaped, how long its output may still take to drain (a grandchild that
-// kept the pipe open is not waited for longer).
-constexpr std::chrono::milliseconds kOutputDrainTimeout{1000};
 constexpr int kExitAgentError = 1;
 constexpr std::uint16_t kDefaultMasterPort = 29500;  // torchrun's, for multi-node static jobs
 constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};  // the store's host
@@ -66,43 +52,82 @@ std::string hostname() {
   return buf;
 }
 
-std::vector<std::string> current_environment() {
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  return env;
-}
-
 bool is_forward_only(int signal) {
   return signal == SIGUSR1 || signal == SIGUSR2;
 }
 
+bool is_loopback_name(const std::string& host) {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  return host == "localhost" || (!ec && address.is_loopback());
+}
+
+template <typename... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <typename... F>
+Overloaded(F...) -> Overloaded<F...>;
+
 }  // namespace
+
+// What happens to the agent, as typed events.
+namespace event {
+struct Prepared {};  // the rendezvous session is open (several nodes)
+struct Joined {
+  Assignment assignment;
+};
+struct WorkersFailed {
+  std::vector<WorkerFailure> failures;
+};
+struct WorkersSucceeded {};
+struct GroupStopped {};
+struct RoundEnded {  // the watch saw the round end elsewhere, or lost the store
+  WatchResult result;
+  std::string store_lost;
+};
+struct WatchStopped {};
+struct BarrierDone {
+  bool everyone = false;
+};
+struct VerdictReached {
+  Verdict verdict;
+};
+struct FailuresCollected {
+  std::vector<WorkerFailure> all;
+};
+struct OthersLeft {};
+struct RendezvousFailed {  // a rendezvous step could not be done
+  enum Kind { kError, kJobOver, kJobDone, kRoundAborted, kCancelled } kind = kError;
+  std::string why;
+};
+struct SignalReceived {
+  int signal = 0;
+  pid_t sender = 0;
+};
+}  // namespace event
+
+using Event =
+    std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::WorkersSucceeded,
+                 event::GroupStopped, event::RoundEnded, event::WatchStopped, event::BarrierDone,
+                 event::VerdictReached, event::FailuresCollected, event::OthersLeft,
+                 event::RendezvousFailed, event::SignalReceived>;
 
 class Agent {
  public:
   explicit Agent(const LaunchConfig& config)
       : config_(config),
-        child_exits_(io_, SIGCHLD),
-        handled_signals_(io_),
-        shutdown_timer_(io_),
-        drain_timer_(io_),
-        host_(config.local_addr.empty() ? hostname() : config.local_addr) {
-    for (int s : config_.signals_to_handle) handled_signals_.add(s);
-  }
+        signals_(io_, watched_signals(config)),
+        host_(config.local_addr.empty() ? hostname() : config.local_addr) {}
 
-  ~Agent() {
-    if (watch_thread_.joinable()) watch_thread_.join();
-    if (temporary_run_dir_) {  // error files of a run without --log-dir
-      std::error_code ec;
-      fs::remove_all(run_dir_, ec);
-    }
-  }
+  ~Agent() { shut_down(); }
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
   int run() {
     transition(State::kRendezvous);
     if (state_ != State::kExit) io_.run();
+    shut_down();
     return exit_code_;
   }
 
@@ -121,15 +146,20 @@ class Agent {
   };
   // Why the group is being stopped: decides where STOPPING leads once every worker is gone.
   // kRoundEnded: elsewhere (a failure on another node, a lost node, a node waiting to join).
-  enum class StopReason { kAllSucceeded, kWorkerFailed, kRoundEnded, kSignal, kStartFailed };
-
-  struct Worker {
-    int local_rank = 0;
-    int rank = 0;
-    pid_t pid = -1;
-    bool exited = false;
-    int open_pipes = 0;
+  enum class StopReason {
+    kAllSucceeded,
+    kWorkerFailed,
+    kRoundEnded,
+    kSignal,
+    kStartFailed,
+    kStoreLost
   };
+
+  static std::vector<int> watched_signals(const LaunchConfig& config) {
+    std::vector<int> s = config.signals_to_handle;
+    s.push_back(SIGCHLD);
+    return s;
+  }
 
   // ------------------------------------------------------------------------------------------
   // Transitions: each state's entry action, in one place.
@@ -138,55 +168,115 @@ class Agent {
     state_ = next;
     switch (next) {
       case State::kInit:
-        break;
-      case State::kRendezvous:
-        if (!prepared_) {
-          if (!host_store() || !prepare_run_dir()) return transition(State::kExit);
-          watch_signals();
-          prepared_ = true;
-        }
-        if (!multi_node()) {
-          assignment_ = single_node_assignment();
-          joined_ = true;
-          return transition(State::kRunning);
-        }
-        return join_round();  // continues in on_joined()
-      case State::kRunning:
-        if (!start_workers()) return stop_workers(StopReason::kStartFailed, SIGKILL);
-        if (multi_node()) start_watch();
         return;
+      case State::kRendezvous:
+        if (!prepared_) return prepare();  // continues on Prepared
+        return begin_round();              // continues on Joined
+      case State::kRunning:
+        return start_workers();
       case State::kStopping:
-        return;  // entered through stop_workers(), left through on_group_stopped()
+        return group_->stop(stop_signal_);  // continues on GroupStopped
       case State::kExitBarrier:
-        return run_exit_barrier();  // continues in on_exit_barrier()
-      case State::kRoundEnded:
-        return decide_verdict();  // continues in on_verdict()
+        return launch(exit_barrier(), [](bool everyone) { return event::BarrierDone{everyone}; });
+      case State::kRoundEnded:  // elastic: the job's one verdict, whichever node asks first
+        return launch(rdzv_->decide(assignment_, config_.max_restarts),
+                      [](Verdict v) { return event::VerdictReached{std::move(v)}; });
       case State::kRestarting:
         if (!config_.elastic) ++restart_count_;  // elastic: the verdict counted it, job-wide
         spdlog::warn("restarting the worker group (restart {} of {})", restart_count_,
                      config_.max_restarts);
         failures_.clear();
-        if (store_ && !config_.elastic) clear_worker_keys();  // elastic: the round's closer does
+        // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
+        // (Elastic: the round's closer clears it, once every node is back.)
+        if (store_host_ && !config_.elastic) {
+          spdlog::debug("cleared {} keys of the previous attempt",
+                        store_host_->clear_worker_keys());
+        }
         return transition(State::kRendezvous);
       case State::kSucceeded:
-        spdlog::info("all {} workers succeeded", assignment_.world_size);
+        spdlog::info("all {} workers of this node succeeded", config_.nproc_per_node);
         exit_code_ = 0;
         return transition(State::kExit);
       case State::kFailed:
-        if (multi_node()) return collect_failures();  // every node's, then report()
-        return report();
+        if (!multi_node()) return report();
+        return launch(collect_failures(), [](std::vector<WorkerFailure> all) {
+          return event::FailuresCollected{std::move(all)};
+        });
       case State::kExit:
         return begin_exit();
     }
   }
 
-  // STOPPING is over (every worker reaped, output drained): decide what comes next.
-  void on_group_stopped() {
-    if (watching_) {  // the round's watch must end before the round does
-      return calls_.run([this, a = assignment_] {
-        try_call([&] { rdzv_->stop_watch(a); });
-      });  // on_watch() calls back here
-    }
+  // ------------------------------------------------------------------------------------------
+  // Events.
+
+  void on(Event e) {
+    std::visit(Overloaded{
+                   [&](event::Prepared&) {
+                     if (state_ != State::kRendezvous) return;
+                     prepared_ = true;
+                     begin_round();
+                   },
+                   [&](event::Joined& j) {
+                     if (state_ != State::kRendezvous) return;
+                     assignment_ = std::move(j.assignment);
+                     joined_ = true;
+                     restart_count_ = assignment_.restarts;
+                     spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}",
+                                  assignment_.round, assignment_.node_rank, assignment_.num_nodes,
+                                  assignment_.rank_offset,
+                                  assignment_.rank_offset + config_.nproc_per_node - 1,
+                                  assignment_.world_size);
+                     transition(State::kRunning);
+                   },
+                   [&](event::WorkersFailed& f) {
+                     if (state_ != State::kRunning) return;
+                     failures_ = std::move(f.failures);
+                     if (multi_node()) {  // every node stops its workers and hears what failed here
+                       fire_and_forget(rdzv_->announce_failure(assignment_, failures_),
+                                       "announcing the failure");
+                     }
+                     stop(StopReason::kWorkerFailed, SIGTERM);
+                   },
+                   [&](event::WorkersSucceeded&) {
+                     if (state_ == State::kRunning) stop(StopReason::kAllSucceeded, 0);
+                   },
+                   [&](event::GroupStopped&) {
+                     if (state_ != State::kStopping) return;
+                     group_stopped_ = true;
+                     if (watching_) return rdzv_->stop_watch();  // continues on WatchStopped
+                     after_stopping();
+                   },
+                   [&](event::RoundEnded& r) { on_round_ended(r.result, r.store_lost); },
+                   [&](event::WatchStopped&) {
+                     watching_ = false;
+                     if (state_ == State::kStopping && group_stopped_) after_stopping();
+                   },
+                   [&](event::BarrierDone& b) {
+                     if (state_ != State::kExitBarrier) return;
+                     if (b.everyone) return transition(State::kSucceeded);
+                     spdlog::warn(
+                         "the round ended on another node while this one waited at the exit "
+                         "barrier");
+                     transition(after_failed_round());
+                   },
+                   [&](event::VerdictReached& v) { on_verdict(v.verdict); },
+                   [&](event::FailuresCollected& c) {
+                     if (state_ != State::kFailed) return;
+                     if (!c.all.empty()) failures_ = std::move(c.all);
+                     report();
+                   },
+                   [&](event::OthersLeft&) {
+                     if (state_ == State::kExit) finish();
+                   },
+                   [&](event::RendezvousFailed& f) { on_rendezvous_failed(f); },
+                   [&](event::SignalReceived& s) { on_signal(s.signal, s.sender); },
+               },
+               e);
+  }
+
+  // STOPPING is over (every worker reaped, output drained, the watch ended): what comes next.
+  void after_stopping() {
     switch (stop_reason_) {
       case StopReason::kAllSucceeded:
         return transition(multi_node() ? State::kExitBarrier : State::kSucceeded);
@@ -198,6 +288,7 @@ class Agent {
         exit_code_ = 128 + stop_signal_;
         return transition(State::kExit);
       case StopReason::kStartFailed:
+      case StopReason::kStoreLost:
         exit_code_ = kExitAgentError;
         return transition(State::kExit);
     }
@@ -209,202 +300,30 @@ class Agent {
     return restart_count_ < config_.max_restarts ? State::kRestarting : State::kFailed;
   }
 
-  void report() {
-    if (failures_.empty()) {  // the job failed without a worker failing (nodes lost)
-      spdlog::error("the job failed: {}", failure_reason_);
-      exit_code_ = kExitAgentError;
-      return transition(State::kExit);
-    }
-    std::fputs(format_report(config_.script_name, failures_).c_str(), stderr);
-    std::fflush(stderr);
-    exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
-    transition(State::kExit);
-  }
-
-  void begin_exit() {
-    if (!multi_node() || !rdzv_ || !joined_) return finish_exit();
-    // The agent that serves the store stays until the other agents have left (bounded), so that
-    // they can finish their exit barrier and report. Stopped by a signal, it leaves at once: the
-    // job cannot go on without its store, and the other agents stop when it closes.
-    const bool hosting = store_.has_value();
-    if (hosting && stop_reason_ == StopReason::kSignal) {
-      spdlog::warn("this agent hosts the job's store: the other nodes stop with it");
-      return finish_exit();
-    }
-    calls_.run([this, a = assignment_, hosting] {
-      if (watching_) try_call([&] { rdzv_->stop_watch(a); });
-      if (hosting) try_call([&] { rdzv_->wait_for_others_to_leave(a, kLeaveTimeout); });
-      asio::post(io_, [this] { finish_exit(); });
-    });
-  }
-
-  void finish_exit() {
-    if (store_) store_->stop();
-    handled_signals_.cancel();
-    child_exits_.cancel();
-    shutdown_timer_.cancel();
-    drain_timer_.cancel();
-    io_.stop();  // a grandchild may still hold a worker's pipe open: do not wait for it
-  }
-
-  // Runs a store call on the helper thread; a failure of the store itself ends the job.
-  template <typename F>
-  void try_call(F&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      spdlog::error("rendezvous store unreachable: {}", e.what());
-    }
-  }
-
-  // ------------------------------------------------------------------------------------------
-  // RENDEZVOUS with other nodes, and the round's watch.
-
-  bool multi_node() const { return config_.max_nodes > 1 || config_.elastic; }
-
-  Assignment single_node_assignment() const {
-    Assignment a;
-    a.round = restart_count_;
-    a.restarts = restart_count_;
-    a.num_nodes = 1;
-    a.world_size = config_.nproc_per_node;
-    return a;
-  }
-
-  void join_round() {
-    std::optional<Assignment> previous;  // elastic: the round this node comes back from
-    if (joined_) previous = assignment_;
-    calls_.run([this, previous = std::move(previous), static_round = restart_count_] {
-      try {
-        if (!rdzv_) {
-          rendezvous::ClientOptions options;
-          options.host = config_.master_addr;
-          options.port = store_port_;
-          options.connect_timeout = config_.elastic ? config_.join_timeout : config_.rdzv_timeout;
-          const rendezvous::Keepalive keepalive = liveness();
-          options.keepalive_idle_seconds = keepalive.idle_seconds;
-          options.keepalive_interval_seconds = keepalive.interval_seconds;
-          options.keepalive_probes = keepalive.probes;
-          JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_};
-          rdzv_ = std::make_unique<NodeRendezvous>(options, config_.run_id, std::move(shape));
-        }
-        Assignment a;
-        if (!config_.elastic) {
-          a = rdzv_->join_static(static_round, config_.node_rank, config_.rdzv_timeout);
-        } else {
-          const int round = previous ? previous->round + 1 : rdzv_->current_round();
-          a = rdzv_->join_elastic(round, previous ? &*previous : nullptr, config_.join_timeout,
-                                  config_.last_call_timeout);
-        }
-        asio::post(io_, [this, a = std::move(a)]() mutable { on_joined(std::move(a)); });
-      } catch (const JobOverError& e) {
-        asio::post(io_, [this, what = std::string(e.what()), ok = e.succeeded()] {
-          on_job_over(ok, what);
-        });
-      } catch (const std::exception& e) {
-        asio::post(io_, [this, what = std::string(e.what())] { on_rendezvous_failed(what); });
-      }
-    });
-  }
-
-  void on_joined(Assignment a) {
-    if (state_ != State::kRendezvous) return;  // stopped meanwhile
-    assignment_ = std::move(a);
-    joined_ = true;
-    restart_count_ = assignment_.restarts;
-    spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}", assignment_.round,
-                 assignment_.node_rank, assignment_.num_nodes, assignment_.rank_offset,
-                 assignment_.rank_offset + config_.nproc_per_node - 1, assignment_.world_size);
-    transition(State::kRunning);
-  }
-
-  void on_rendezvous_failed(const std::string& what) {
-    if (state_ == State::kExit) return;
-    spdlog::error("rendezvous failed: {}", what);
-    exit_code_ = kExitAgentError;
-    transition(State::kExit);
-  }
-
-  // Elastic: the job ended (another node decided) before this node got into a round.
-  void on_job_over(bool succeeded, const std::string& what) {
-    if (state_ == State::kExit) return;
-    if (succeeded) {
-      spdlog::warn("{}: nothing to do", what);
-      exit_code_ = 0;
-    } else {
-      spdlog::error("{}", what);
-      exit_code_ = kExitAgentError;
-    }
-    transition(State::kExit);
-  }
-
-  void start_watch() {
-    if (watch_thread_.joinable()) watch_thread_.join();  // the previous round's, already done
-    watching_ = true;
-    watch_thread_ = std::thread([this, a = assignment_] {
-      WatchResult r{WatchResult::kStopped, -1};
-      try {
-        r = rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds));
-      } catch (const std::exception& e) {
-        spdlog::error("lost the rendezvous store: {}", e.what());
-        r = {WatchResult::kStoreLost, -1};
-      }
-      asio::post(io_, [this, r] { on_watch(r); });
-    });
-  }
-
-  void on_watch(WatchResult r) {
+  void on_round_ended(const WatchResult& r, const std::string& store_lost) {
     watching_ = false;
-    if (state_ == State::kRunning && r.kind != WatchResult::kStopped) {
-      switch (r.kind) {
-        case WatchResult::kFailed:
-          spdlog::warn("a worker on another node failed");
-          break;
-        case WatchResult::kNodeLost:
-          spdlog::error("node {}'s agent is gone (its connection to the store closed)", r.node);
-          break;
-        case WatchResult::kNewcomer:
-          spdlog::info("a new node is waiting to join: stopping the workers for a new round");
-          break;
-        case WatchResult::kStoreLost:  // said when it happened
-        case WatchResult::kStopped:
-          break;
-      }
-      return stop_workers(StopReason::kRoundEnded, SIGTERM);
+    if (!store_lost.empty()) {
+      spdlog::error("lost the rendezvous store: {}", store_lost);
+      failure_reason_ = "lost the rendezvous store at " + rdzv_->describe();
+      if (state_ == State::kStopping) stop_reason_ = StopReason::kStoreLost;
+      if (state_ == State::kRunning) return stop(StopReason::kStoreLost, SIGTERM);
     }
-    if (state_ == State::kStopping) maybe_group_stopped();  // was waiting for the watch to end
-  }
-
-  void run_exit_barrier() {
-    calls_.run([this, a = assignment_] {
-      try {
-        const bool everyone = rdzv_->exit_barrier(a, config_.exit_barrier_timeout);
-        if (everyone && a.elastic) rdzv_->mark_done(a);  // for nodes still waiting to join
-        asio::post(io_, [this, everyone] { on_exit_barrier(everyone, ""); });
-      } catch (const std::exception& e) {
-        asio::post(io_, [this, what = std::string(e.what())] { on_exit_barrier(false, what); });
-      }
-    });
-  }
-
-  void on_exit_barrier(bool everyone, const std::string& error) {
-    if (state_ != State::kExitBarrier) return;
-    if (!error.empty()) return on_rendezvous_failed(error);
-    if (everyone) return transition(State::kSucceeded);
-    spdlog::warn("the round ended on another node while this one waited at the exit barrier");
-    transition(after_failed_round());
-  }
-
-  // ROUND_ENDED (elastic): one verdict for the whole job, whichever node asks first.
-  void decide_verdict() {
-    calls_.run([this, a = assignment_] {
-      try {
-        const Verdict v = rdzv_->decide(a, config_.max_restarts);
-        asio::post(io_, [this, v] { on_verdict(v); });
-      } catch (const std::exception& e) {
-        asio::post(io_, [this, what = std::string(e.what())] { on_rendezvous_failed(what); });
-      }
-    });
+    if (state_ == State::kStopping && group_stopped_) return after_stopping();
+    if (state_ != State::kRunning) return;
+    switch (r.kind) {
+      case WatchResult::kFailed:
+        spdlog::warn("a worker on another node failed");
+        break;
+      case WatchResult::kNodeLost:
+        spdlog::error("node {}'s agent is gone (its connection to the store closed)", r.node);
+        break;
+      case WatchResult::kNewcomer:
+        spdlog::info("a new node is waiting to join: stopping the workers for a new round");
+        break;
+      case WatchResult::kStopped:
+        return;
+    }
+    stop(StopReason::kRoundEnded, SIGTERM);
   }
 
   void on_verdict(const Verdict& v) {
@@ -427,73 +346,185 @@ class Agent {
     }
   }
 
-  // The job failed: every node reports every node's failures, with one root cause and exit code.
-  void collect_failures() {
-    calls_.run([this, a = assignment_] {
-      std::vector<WorkerFailure> all;
-      try_call([&] { all = rdzv_->failures(a); });
-      asio::post(io_, [this, all = std::move(all)]() mutable {
-        if (!all.empty()) failures_ = std::move(all);
-        if (failures_.empty() && failure_reason_.empty()) {
-          failure_reason_ = "round " + std::to_string(assignment_.round) +
-                            " failed on another node, which left no failure record";
+  void on_rendezvous_failed(const event::RendezvousFailed& f) {
+    using Kind = event::RendezvousFailed::Kind;
+    if (f.kind == Kind::kCancelled || state_ == State::kExit) return;  // said when cancelled
+    switch (f.kind) {
+      case Kind::kJobDone:
+        spdlog::warn("{}: nothing to do", f.why);
+        exit_code_ = 0;
+        return transition(State::kExit);
+      case Kind::kRoundAborted:
+        spdlog::warn("{}", f.why);
+        if (!config_.elastic && state_ == State::kRendezvous) {
+          const State next = after_failed_round();
+          if (next == State::kFailed) failure_reason_ = f.why;
+          return transition(next);
         }
-        report();
-      });
-    });
+        break;
+      default:
+        break;
+    }
+    spdlog::error("{}", f.kind == Kind::kJobOver ? f.why : "rendezvous failed: " + f.why);
+    exit_code_ = kExitAgentError;
+    transition(State::kExit);
+  }
+
+  void on_signal(int signal, pid_t sender) {
+    if (signal == SIGCHLD) {
+      if (group_) group_->reap();
+      return;
+    }
+    if (is_forward_only(signal)) {
+      spdlog::info("forwarding {} to the workers", signal_name(signal));
+      if (group_) group_->forward(signal);
+      return;
+    }
+    (void)sender;
+    if (state_ == State::kStopping && stop_signal_received_) {
+      spdlog::warn("{} again: killing the workers now", signal_name(signal));
+      return group_->stop(SIGKILL);
+    }
+    stop_signal_received_ = true;
+    if (state_ == State::kRunning) {
+      spdlog::warn("{} received: stopping the workers (grace period {} ms)", signal_name(signal),
+                   config_.shutdown_timeout.count());
+      return stop(StopReason::kSignal, signal);
+    }
+    if (state_ == State::kStopping) {  // already stopping for another reason: leave afterwards
+      spdlog::warn("{} received: leaving once the workers are stopped", signal_name(signal));
+      stop_reason_ = StopReason::kSignal;
+      stop_signal_ = signal;
+      return group_->stop(signal);
+    }
+    // No worker runs: whatever is pending (a rendezvous, a barrier, a verdict) is cancelled.
+    spdlog::warn("{} received: leaving the job", signal_name(signal));
+    stop_reason_ = StopReason::kSignal;
+    stop_signal_ = signal;
+    exit_code_ = 128 + signal;
+    if (state_ == State::kExit) return finish();
+    transition(State::kExit);
+  }
+
+  void stop(StopReason reason, int signal) {
+    stop_reason_ = reason;
+    stop_signal_ = signal;
+    group_stopped_ = false;
+    transition(State::kStopping);
   }
 
   // ------------------------------------------------------------------------------------------
-  // RENDEZVOUS (single node): host the store on a socket this process holds before any worker.
+  // RENDEZVOUS
 
-  bool host_store() {
-    if (config_.elastic) return host_elastic_store();
+  bool multi_node() const { return config_.max_nodes > 1 || config_.elastic; }
+
+  // Once: the run directory, the signals, the store this node hosts, then (several nodes) the
+  // rendezvous session.
+  void prepare() {
+    try {
+      run_dir_.emplace(config_, host_);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      exit_code_ = kExitAgentError;
+      return transition(State::kExit);
+    }
+    if (config_.writes_log_files()) spdlog::info("worker logs in {}", run_dir_->path().string());
+    signals_.start([this](SignalWatcher::Received r) {
+      on(event::SignalReceived{r.signal, r.sender});
+    });
+    group_.emplace(
+        io_, config_, *run_dir_,
+        WorkerGroup::Events{
+            [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
+            [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
+    if (!multi_node() || !config_.elastic) {
+      if (!host_static_store()) return transition(State::kExit);
+      if (!multi_node()) return on(event::Prepared{});
+    }
+    launch(open_rendezvous(), [] { return event::Prepared{}; });
+  }
+
+  // Single node, and static node rank 0: this agent hosts the store, on loopback when the
+  // workers are all here, else on every address of the machine.
+  bool host_static_store() {
     if (multi_node() && config_.node_rank != 0) {  // node 0 hosts; the others connect to it
       store_port_ = config_.master_port.value_or(kDefaultMasterPort);
       return true;
     }
+    const bool local = !multi_node() && is_loopback_name(config_.master_addr);
     const std::uint16_t port = config_.master_port.value_or(multi_node() ? kDefaultMasterPort : 0);
+    return serve_store(local ? "127.0.0.1" : "", port);
+  }
+
+  bool serve_store(const std::string& address, std::uint16_t port) {
+    rendezvous::ServerOptions options;
+    if (multi_node()) options.keepalive = liveness();  // agents that vanish are dropped
     try {
-      serve_store(bind_address(), port);
+      store_host_.emplace(io_, address, port, options);
     } catch (const rendezvous::StoreError& e) {
       spdlog::error("cannot host the rendezvous store: {}", e.what());
       exit_code_ = kExitAgentError;
       return false;
     }
+    store_port_ = store_host_->port();
+    spdlog::debug("store listening on {}", store_host_->bound_address());
     return true;
   }
 
   // Elastic: the agent on the endpoint's machine hosts the store (is_host=1 insists, is_host=0
-  // never does); when the address is not ours, or the port is taken (another agent, or an
-  // external dist-rendezvous), this agent is a client.
-  bool host_elastic_store() {
-    store_port_ = config_.master_port.value_or(kDefaultMasterPort);
-    if (config_.is_host == false) return true;
-    std::string error;
-    try {
-      serve_store(resolve(config_.master_addr), store_port_);
-      spdlog::info("hosting the rendezvous store on {}:{}", config_.master_addr, store_port_);
-      return true;
-    } catch (const std::exception& e) {
-      error = e.what();
+  // never does); when the endpoint is not this machine, or its port is taken (another agent, or
+  // an external dist-rendezvous), this agent is a client. Then, several nodes: the session.
+  Task<void> open_rendezvous() {
+    if (config_.elastic) {
+      store_port_ = config_.master_port.value_or(kDefaultMasterPort);
+      // (No co_await inside && or ?: : GCC 12 evaluates it whatever the left side says.)
+      bool host = config_.is_host.value_or(false);
+      if (!config_.is_host.has_value()) host = co_await names_this_machine(config_.master_addr);
+      if (host) {
+        rendezvous::ServerOptions options;
+        options.keepalive = liveness();
+        try {
+          store_host_.emplace(io_, "", store_port_, options);
+          spdlog::info("hosting the rendezvous store for {}:{} on {}", config_.master_addr,
+                       store_port_, store_host_->bound_address());
+        } catch (const rendezvous::StoreError& e) {
+          if (config_.is_host == true) {
+            throw RendezvousError(std::string("cannot host the rendezvous store (--rdzv-conf "
+                                              "is_host=1): ") +
+                                  e.what());
+          }
+          spdlog::debug("not hosting the store ({}): joining {}:{}", e.what(), config_.master_addr,
+                        store_port_);
+        }
+      }
     }
-    if (config_.is_host == true) {
-      spdlog::error("cannot host the rendezvous store (--rdzv-conf is_host=1): {}", error);
-      exit_code_ = kExitAgentError;
-      return false;
-    }
-    spdlog::debug("not hosting the store ({}): joining {}:{}", error, config_.master_addr,
-                  store_port_);
-    return true;
-  }
-
-  void serve_store(const std::string& address, std::uint16_t port) {
-    rendezvous::ServerOptions options;
-    if (multi_node()) options.keepalive = liveness();  // agents that vanish are dropped
-    store_.emplace(io_, rendezvous::StoreServer::bind(io_, address, port), options);
-    store_->start();
-    store_port_ = store_->local_endpoint().port();
-    spdlog::debug("store listening on {}:{}", address, store_port_);
+    rendezvous::ClientOptions options;
+    options.host = config_.master_addr;
+    options.port = store_port_;
+    options.connect_timeout = config_.elastic ? config_.join_timeout : config_.rdzv_timeout;
+    const rendezvous::Keepalive keepalive = liveness();
+    options.keepalive_idle_seconds = keepalive.idle_seconds;
+    options.keepalive_interval_seconds = keepalive.interval_seconds;
+    options.keepalive_probes = keepalive.probes;
+    options.on_retry = [](const std::string& why) { spdlog::warn("{}", why); };
+    auto session =
+        std::make_unique<TcpRendezvousStore>(io_.get_executor(), options, config_.run_id);
+    opening_ = session.get();  // cancelled through it while it connects
+    co_await session->open();
+    opening_ = nullptr;
+    TcpRendezvousStore* tcp = session.get();
+    RendezvousTimeouts timeouts;
+    timeouts.rdzv = config_.rdzv_timeout;
+    timeouts.join = config_.join_timeout;
+    timeouts.last_call = config_.last_call_timeout;
+    rdzv_.emplace(
+        std::move(session),
+        JobShape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_}, timeouts,
+        [](const std::string& notice) { spdlog::info("{}", notice); },
+        [tcp]() -> Task<void> {
+          const auto cleared = co_await tcp->clear_worker_keys();
+          spdlog::debug("cleared {} keys the workers of the previous round wrote", cleared);
+        });
   }
 
   // TCP keepalive on the agents' store connections, both ends: a peer that went silent is dropped
@@ -504,313 +535,238 @@ class Agent {
             std::max(1, config_.keep_alive_max_attempt - 1)};
   }
 
-  // The endpoint's host as an address to bind (a name resolves to its first IPv4 address).
-  std::string resolve(const std::string& host) {
-    boost::system::error_code ec;
-    asio::ip::make_address(host, ec);
-    if (!ec) return host;
-    asio::ip::tcp::resolver resolver(io_);
-    const auto results = resolver.resolve(asio::ip::tcp::v4(), host, "", ec);
-    if (ec || results.empty()) {
-      throw rendezvous::StoreError(rendezvous::StoreErrc::kInvalidArgument,
-                                   "cannot resolve '" + host + "': " + ec.message());
+  void begin_round() {
+    if (!multi_node()) {
+      Assignment a;
+      a.round = a.restarts = restart_count_;
+      a.world_size = config_.nproc_per_node;
+      return on(event::Joined{a});
     }
-    return results.begin()->endpoint().address().to_string();
+    launch(join(), [](Assignment a) { return event::Joined{std::move(a)}; });
   }
 
-  std::string bind_address() const {
-    boost::system::error_code ec;
-    const auto address = asio::ip::make_address(config_.master_addr, ec);
-    if (!ec && address.is_loopback()) return config_.master_addr;
-    return "0.0.0.0";
-  }
-
-  bool prepare_run_dir() {
-    std::error_code ec;
-    if (!config_.log_dir.empty()) {
-      run_dir_ = fs::path(config_.log_dir) / config_.run_id;
-      if (config_.elastic) {  // node ranks change from round to round
-        run_dir_ /= "node_" + host_ + "_" + std::to_string(::getpid());
-      } else if (multi_node()) {
-        run_dir_ /= "node_" + std::to_string(config_.node_rank);
-      }
+  Task<Assignment> join() {
+    if (!config_.elastic) co_return co_await rdzv_->join_static(restart_count_, config_.node_rank);
+    std::optional<Assignment> previous;  // the round this node comes back from
+    if (joined_) previous = assignment_;
+    int round = 0;
+    if (previous) {
+      round = previous->round + 1;
     } else {
-      std::string pattern = (fs::temp_directory_path() / "dist-launch-XXXXXX").string();
-      if (!::mkdtemp(pattern.data())) {
-        spdlog::error("cannot create a temporary directory for worker error files: {}",
-                      std::strerror(errno));
-        exit_code_ = kExitAgentError;
-        return false;
-      }
-      run_dir_ = pattern;
-      temporary_run_dir_ = true;
+      round = co_await rdzv_->current_round();
     }
-    fs::create_directories(run_dir_, ec);
-    if (ec) {
-      spdlog::error("cannot create log directory {}: {}", run_dir_.string(), ec.message());
-      exit_code_ = kExitAgentError;
-      return false;
-    }
-    if (config_.writes_log_files()) {
-      spdlog::info("worker logs in {}", run_dir_.string());
-    }
-    return true;
+    co_return co_await rdzv_->join_elastic(round, std::move(previous));
   }
 
   // ------------------------------------------------------------------------------------------
   // RUNNING
 
-  bool start_workers() {
-    workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
-    const std::vector<std::string> base_env = current_environment();
-    const bool write_logs = config_.writes_log_files();
-    for (int local = 0; local < config_.nproc_per_node; ++local) {
-      Worker& w = workers_[static_cast<std::size_t>(local)];
-      w.local_rank = local;
-      w.rank = assignment_.rank_offset + local;
-      const fs::path dir = attempt_dir(local);
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      fs::remove(dir / "error.json", ec);
+  void start_workers() {
+    RoundSpec spec;
+    spec.round = assignment_.round;
+    spec.node_rank = assignment_.node_rank;
+    spec.num_nodes = assignment_.num_nodes;
+    spec.world_size = assignment_.world_size;
+    spec.rank_offset = assignment_.rank_offset;
+    spec.restart_count = restart_count_;
+    spec.master_addr = config_.master_addr;
+    spec.master_port = store_port_;
+    spec.host_label =
+        multi_node() ? host_ + " (node " + std::to_string(assignment_.node_rank) + ")" : host_;
+    try {
+      group_->start(spec);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return stop(StopReason::kStartFailed, SIGKILL);
+    }
+    if (!multi_node()) return;
+    watching_ = true;
+    launch(watch_round(), [](WatchOutcome o) -> Event {
+      if (o.result.kind == WatchResult::kStopped && o.store_lost.empty()) {
+        return event::WatchStopped{};
+      }
+      return event::RoundEnded{o.result, std::move(o.store_lost)};
+    });
+  }
 
-      WorkerIdentity id;
-      id.local_rank = local;
-      id.rank = w.rank;
-      id.group_rank = assignment_.node_rank;
-      id.local_world_size = config_.nproc_per_node;
-      id.world_size = assignment_.world_size;
-      id.group_world_size = assignment_.num_nodes;
-      id.role = config_.role;
-      id.master_addr = config_.master_addr;
-      id.master_port = store_port_;
-      id.restart_count = restart_count_;
-      id.max_restarts = config_.max_restarts;
-      id.run_id = config_.run_id;
-      id.error_file = (dir / "error.json").string();
-      const auto env =
-          merge_environment(base_env, torchrun_variables(id, config_.omp_threads_defaulted));
-      const auto argv = substitute_local_rank(config_.worker_argv, local);
+  // The round's watch; the store lost while watching is an outcome too, not an error.
+  struct WatchOutcome {
+    WatchResult result;
+    std::string store_lost;  // why, when the store went away
+  };
+  Task<WatchOutcome> watch_round() {
+    WatchOutcome o;
+    try {
+      o.result = co_await rdzv_->watch(assignment_,
+                                       std::chrono::seconds(config_.keep_alive_interval_seconds));
+    } catch (const rendezvous::StoreError& e) {
+      o.store_lost = e.what();
+    }
+    co_return o;
+  }
 
-      SpawnedProcess p;
+  // Elastic: once every node succeeded, nodes still waiting to join learn the job is over.
+  Task<bool> exit_barrier() {
+    const bool everyone = co_await rdzv_->exit_barrier(assignment_, config_.exit_barrier_timeout);
+    if (everyone && config_.elastic) co_await rdzv_->mark_done(assignment_);
+    co_return everyone;
+  }
+
+  // Every node's failures for the report; static: nodes still joining (a relaunched one) learn
+  // that the job failed. A store that is gone leaves this node's own failures to report.
+  Task<std::vector<WorkerFailure>> collect_failures() {
+    std::vector<WorkerFailure> all;
+    try {
+      if (!config_.elastic) co_await rdzv_->mark_failed(assignment_, failure_summary());
+      all = co_await rdzv_->failures(assignment_);
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      spdlog::warn("cannot read the other nodes' failures: {}", e.what());
+    }
+    co_return all;
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // FAILED and EXIT
+
+  std::string failure_summary() const {
+    if (!failure_reason_.empty()) return failure_reason_;
+    if (failures_.empty()) return "round " + std::to_string(assignment_.round) + " failed";
+    const auto& root = failures_[root_cause_index(failures_)];
+    return "worker " + std::to_string(root.rank) + " on " + root.host + " failed";
+  }
+
+  void report() {
+    if (failures_.empty()) {  // the job failed without a worker failing (nodes lost)
+      spdlog::error("the job failed: {}", failure_reason_.empty()
+                                              ? "round " + std::to_string(assignment_.round) +
+                                                    " failed on another node, which left no "
+                                                    "failure record"
+                                              : failure_reason_);
+      exit_code_ = kExitAgentError;
+      return transition(State::kExit);
+    }
+    std::fputs(format_report(config_.script_name, failures_).c_str(), stderr);
+    std::fflush(stderr);
+    exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
+    transition(State::kExit);
+  }
+
+  void begin_exit() {
+    // The agent that serves the store stays until the other agents have left (bounded), so that
+    // they can finish their exit barrier and report. Stopped by a signal, it leaves at once: the
+    // job cannot go on without its store, and the other agents stop when it closes.
+    if (!multi_node() || !rdzv_ || !joined_ || !store_host_) return finish();
+    if (stop_reason_ == StopReason::kSignal) {
+      spdlog::warn("this agent hosts the job's store: the other nodes stop with it");
+      return finish();
+    }
+    launch(rdzv_->wait_for_others_to_leave(assignment_, kLeaveTimeout),
+           [] { return event::OthersLeft{}; });
+  }
+
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    if (run_dir_) {
+      const bool keep = exit_code_ != 0 || config_.writes_log_files();
+      if (const auto said = run_dir_->finish(keep); !said.empty()) spdlog::info("{}", said);
+    }
+    io_.stop();
+  }
+
+  // Cancels and releases everything, then lets the cancelled coroutines unwind while the objects
+  // they use still exist.
+  void shut_down() {
+    if (shut_down_) return;
+    shut_down_ = true;
+    if (opening_) opening_->close();
+    if (rdzv_) rdzv_->close();
+    group_.reset();  // SIGKILLs and reaps whatever still runs
+    if (store_host_) store_host_->stop();
+    signals_.cancel();
+    io_.restart();
+    while (io_.poll() > 0) {
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Coroutines, turned into events.
+
+  // Runs `task` on the io_context; its result becomes an event through `to_event`, a failure a
+  // RendezvousFailed.
+  template <typename T, typename ToEvent>
+  void launch(Task<T> task, ToEvent to_event) {
+    asio::co_spawn(io_, std::move(task), [this, to_event](std::exception_ptr e, T value) {
+      if (e) return on(failure_event(e));
+      on(to_event(std::move(value)));
+    });
+  }
+  template <typename ToEvent>
+  void launch(Task<void> task, ToEvent to_event) {
+    asio::co_spawn(io_, std::move(task), [this, to_event](std::exception_ptr e) {
+      if (e) return on(failure_event(e));
+      on(to_event());
+    });
+  }
+
+  // A call whose outcome changes nothing here: a failure is worth a line, no more.
+  void fire_and_forget(Task<void> task, std::string what) {
+    asio::co_spawn(io_, std::move(task), [what = std::move(what)](std::exception_ptr e) {
+      if (!e) return;
       try {
-        p = spawn_worker(argv, env);
-      } catch (const std::exception& e) {
-        spdlog::error("cannot start worker {} (local rank {}): {}", w.rank, local, e.what());
-        return false;
-      }
-      w.pid = p.pid;
-      w.open_pipes = 2;
-      const StreamSelection redirected = config_.redirects_for(local);
-      pump_output(w, p.stdout_fd, STDOUT_FILENO, redirected.stdout_stream,
-                  write_logs ? dir / "stdout.log" : fs::path());
-      pump_output(w, p.stderr_fd, STDERR_FILENO, redirected.stderr_stream,
-                  write_logs ? dir / "stderr.log" : fs::path());
-    }
-    spdlog::debug("started {} workers (round {})", workers_.size(), assignment_.round);
-    return true;
-  }
-
-  // A worker's log and error-file directory: attempt_<round> (static: round n is restart n).
-  fs::path attempt_dir(int local_rank) const {
-    return run_dir_ / ("attempt_" + std::to_string(assignment_.round)) / std::to_string(local_rank);
-  }
-
-  void pump_output(Worker& w, int pipe_fd, int console_fd, bool redirected, const fs::path& file) {
-    LogPump::Sink sink;
-    const bool shown =
-        config_.local_ranks_filter.empty() || config_.local_ranks_filter.contains(w.local_rank);
-    sink.console_fd = redirected || !shown ? -1 : console_fd;
-    if (!file.empty()) {
-      sink.file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    }
-    sink.prefix = "[" + config_.role + std::to_string(w.local_rank) + "]:";
-    const pid_t pid = w.pid;
-    LogPump::start(io_, pipe_fd, std::move(sink), [this, pid] {
-      for (auto& worker : workers_) {
-        if (worker.pid == pid) --worker.open_pipes;
-      }
-      maybe_group_stopped();
-    });
-  }
-
-  void watch_signals() {
-    watch_children();
-    watch_handled_signals();
-  }
-  void watch_children() {
-    child_exits_.async_wait([this](const boost::system::error_code& ec, int) {
-      if (ec) return;
-      reap_children();
-      if (state_ != State::kExit) watch_children();
-    });
-  }
-  void watch_handled_signals() {
-    handled_signals_.async_wait([this](const boost::system::error_code& ec, int signal) {
-      if (!ec) on_signal(signal);
-    });
-  }
-
-  // Every exit that has happened is collected before any is acted on: workers that died together
-  // (a crash and the peers it broke) are all recorded, and the earliest is the root cause.
-  void reap_children() {
-    const auto reaped_at = std::chrono::system_clock::now();
-    bool failed = false;
-    int status = 0;
-    pid_t pid;
-    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-      for (auto& w : workers_) {
-        if (w.pid != pid || w.exited) continue;
-        w.exited = true;
-        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-        if (state_ == State::kRunning && code != 0) {
-          record_failure(w, code, reaped_at);
-          failed = true;
+        std::rethrow_exception(e);
+      } catch (const rendezvous::StoreError& error) {
+        if (error.code() != rendezvous::StoreErrc::kCancelled) {
+          spdlog::warn("{}: {}", what, error.what());
         }
+      } catch (const std::exception& error) {
+        spdlog::warn("{}: {}", what, error.what());
       }
-    }
-    if (state_ != State::kRunning) return maybe_group_stopped();
-    if (failed) {
-      if (multi_node()) {  // every node stops its workers and hears what failed here
-        calls_.run([this, a = assignment_, failures = failures_] {
-          try_call([&] { rdzv_->announce_failure(a, failures); });
-        });
-      }
-      return stop_workers(StopReason::kWorkerFailed, SIGTERM);
-    }
-    if (std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.exited; })) {
-      stop_workers(StopReason::kAllSucceeded, 0);  // nothing to signal: wait for the output
-    }
+    });
   }
 
-  void record_failure(const Worker& w, int code, std::chrono::system_clock::time_point reaped_at) {
-    WorkerFailure f;
-    f.time = reaped_at;  // the error file's own timestamp, when there is one, is more precise
-    f.host = multi_node() ? host_ + " (node " + std::to_string(assignment_.node_rank) + ")" : host_;
-    f.rank = w.rank;
-    f.local_rank = w.local_rank;
-    f.exit_code = code;
-    f.pid = w.pid;
-    f.error_file = (attempt_dir(w.local_rank) / "error.json").string();
-    read_error_file(f);
-    if (!fs::exists(f.error_file)) f.error_file.clear();
-    spdlog::error("worker {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, f.pid,
-                  code < 0 ? signal_name(-code) : "exit code " + std::to_string(code));
-    failures_.push_back(std::move(f));
+  static event::RendezvousFailed failure_event(std::exception_ptr e) {
+    using Kind = event::RendezvousFailed::Kind;
+    try {
+      std::rethrow_exception(e);
+    } catch (const JobOverError& error) {
+      return {error.succeeded() ? Kind::kJobDone : Kind::kJobOver, error.what()};
+    } catch (const RoundAbortedError& error) {
+      return {Kind::kRoundAborted, error.what()};
+    } catch (const rendezvous::StoreError& error) {
+      if (error.code() == rendezvous::StoreErrc::kCancelled) return {Kind::kCancelled, ""};
+      return {Kind::kError, error.what()};
+    } catch (const std::exception& error) {
+      return {Kind::kError, error.what()};
+    }
   }
 
   // ------------------------------------------------------------------------------------------
-  // STOPPING: signal every worker's group, SIGKILL after the grace period, wait for all.
-
-  void stop_workers(StopReason reason, int signal) {
-    state_ = State::kStopping;
-    stop_reason_ = reason;
-    for (const auto& w : workers_) {
-      if (!w.exited && signal != 0) signal_group(w.pid, signal);
-    }
-    if (signal != SIGKILL && signal != 0) {
-      shutdown_timer_.expires_after(config_.shutdown_timeout);
-      shutdown_timer_.async_wait([this](const boost::system::error_code& ec) {
-        if (ec || state_ != State::kStopping) return;
-        spdlog::warn("workers still running {} ms after the stop signal: sending SIGKILL",
-                     config_.shutdown_timeout.count());
-        for (const auto& w : workers_) {
-          if (!w.exited) signal_group(w.pid, SIGKILL);
-        }
-      });
-    }
-    maybe_group_stopped();
-  }
-
-  void maybe_group_stopped() {
-    if (state_ != State::kStopping) return;
-    if (!std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exited; })) {
-      return;
-    }
-    shutdown_timer_.cancel();
-    const bool drained = std::all_of(workers_.begin(), workers_.end(),
-                                     [](const Worker& w) { return w.open_pipes == 0; });
-    if (!drained && !drain_timer_armed_) {
-      drain_timer_armed_ = true;
-      drain_timer_.expires_after(kOutputDrainTimeout);
-      drain_timer_.async_wait([this](const boost::system::error_code& ec) {
-        if (!ec && state_ == State::kStopping) leave_stopping();
-      });
-      return;
-    }
-    if (drained) leave_stopping();
-  }
-
-  void leave_stopping() {
-    drain_timer_.cancel();
-    drain_timer_armed_ = false;
-    on_group_stopped();
-  }
-
-  // ------------------------------------------------------------------------------------------
-  // Signals sent to the agent.
-
-  void on_signal(int signal) {
-    watch_handled_signals();
-    if (is_forward_only(signal)) {
-      spdlog::info("forwarding {} to the workers", signal_name(signal));
-      for (const auto& w : workers_) {
-        if (!w.exited) signal_group(w.pid, signal);
-      }
-      return;
-    }
-    if (state_ == State::kRendezvous) {
-      // No worker exists yet; the helper thread may be blocked in a rendezvous wait.
-      spdlog::warn("{} received during rendezvous: exiting", signal_name(signal));
-      spdlog::default_logger()->flush();
-      std::_Exit(128 + signal);
-    }
-    if (state_ == State::kStopping && stop_signal_ != 0) {
-      spdlog::warn("{} again: killing the workers now", signal_name(signal));
-      for (const auto& w : workers_) {
-        if (!w.exited) signal_group(w.pid, SIGKILL);
-      }
-      return;
-    }
-    spdlog::warn("{} received: stopping the workers (grace period {} ms)", signal_name(signal),
-                 config_.shutdown_timeout.count());
-    stop_signal_ = signal;
-    stop_workers(StopReason::kSignal, signal);
-  }
-
-  // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
-  void clear_worker_keys() {
-    // Everything the workers wrote; the agents' own rendezvous keys (rdzv/) stay.
-    const std::size_t n =
-        store_->erase_keys([](std::string_view key) { return !key.starts_with("rdzv/"); });
-    spdlog::debug("cleared {} keys of the previous attempt", n);
-  }
 
   const LaunchConfig& config_;
-  asio::io_context io_;
-  std::optional<rendezvous::StoreServer> store_;
-  std::uint16_t store_port_ = 0;
-  asio::signal_set child_exits_;
-  asio::signal_set handled_signals_;
-  asio::steady_timer shutdown_timer_;
-  asio::steady_timer drain_timer_;
-  bool drain_timer_armed_ = false;
+  asio::io_context io_;  // first: destroyed last, after everything that uses it
+  SignalWatcher signals_;
   std::string host_;
-  fs::path run_dir_;
-  bool temporary_run_dir_ = false;
-
-  std::unique_ptr<NodeRendezvous> rdzv_;  // several nodes only; used on calls_' thread
-  Assignment assignment_;
-  bool joined_ = false;    // assignment_ holds a round this node was part of
-  bool prepared_ = false;  // store hosted, run directory made, signals watched
-  bool watching_ = false;  // the round's watch thread has not reported back yet
-  std::thread watch_thread_;
-  BlockingCalls calls_;  // last but one: joined before the members its calls use
+  std::optional<RunDirectory> run_dir_;
+  std::optional<StoreHost> store_host_;
+  std::uint16_t store_port_ = 0;
+  std::optional<WorkerGroup> group_;
+  std::optional<NodeRendezvous> rdzv_;  // several nodes only
+  TcpRendezvousStore* opening_ = nullptr;
 
   State state_ = State::kInit;
-  std::vector<Worker> workers_;
+  Assignment assignment_;
+  bool prepared_ = false;
+  bool joined_ = false;    // assignment_ holds a round this node was part of
+  bool watching_ = false;  // the round's watch has not reported back yet
+  bool group_stopped_ = false;
+  bool stop_signal_received_ = false;
+  bool finished_ = false;
+  bool shut_down_ = false;
   int restart_count_ = 0;
   std::vector<WorkerFailure> failures_;
-  std::string failure_reason_;  // why the job failed when no worker did (elastic verdicts)
+  std::string failure_reason_;  // why the job failed when no worker did
   StopReason stop_reason_ = StopReason::kAllSucceeded;
   int stop_signal_ = 0;
   int exit_code_ = 0;

@@ -36,6 +36,12 @@ LogPump::~LogPump() {
   if (sink_.file_fd >= 0) ::close(sink_.file_fd);
 }
 
+void LogPump::abandon() {
+  on_eof_ = nullptr;
+  boost::system::error_code ignored;
+  pipe_.close(ignored);
+}
+
 void LogPump::read() {
   pipe_.async_read_some(
       boost::asio::buffer(buffer_),

@@ -23,6 +23,9 @@ class LogPump : public std::enable_shared_from_this<LogPump> {
   static std::shared_ptr<LogPump> start(boost::asio::io_context& io, int pipe_fd, Sink sink,
                                         std::function<void()> on_eof);
   ~LogPump();
+  // Stops reading and forgets on_eof: for an owner that goes away before the worker's pipe
+  // closes.
+  void abandon();
 
  private:
   LogPump(boost::asio::io_context& io, int pipe_fd, Sink sink, std::function<void()> on_eof);

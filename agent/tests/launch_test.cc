@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -16,6 +17,7 @@
 
 #include "dist/rendezvous/server.h"
 #include "process_helpers.h"
+#include "test_ports.h"
 
 namespace {
 
@@ -68,6 +70,16 @@ class LaunchTest : public ::testing::Test {
       if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
     }
     return env;
+  }
+
+  static bool wait_for_output(const Launch& launch, const std::string& text,
+                              std::chrono::milliseconds timeout) {
+    const auto end = Clock::now() + timeout;
+    do {
+      if (launch.output().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(10ms);
+    } while (Clock::now() < end);
+    return false;
   }
 
   static bool wait_for_file(const std::string& file, std::chrono::milliseconds timeout = 10s) {
@@ -259,12 +271,24 @@ TEST_F(LaunchTest, WorkerLinesReachTheConsoleWholeAndPrefixed) {
   EXPECT_EQ(matched, 2 * 2 * kLines);
 }
 
+// The run directories under a --log-dir: <run id>_<random>, one per run.
+std::vector<fs::path> run_dirs(const fs::path& log_dir, const std::string& run_id) {
+  std::vector<fs::path> dirs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(log_dir, ec)) {
+    if (entry.path().filename().string().starts_with(run_id + "_")) dirs.push_back(entry.path());
+  }
+  return dirs;
+}
+
 TEST_F(LaunchTest, LogDirAndTeeWriteFilesAndFilterLimitsTheConsole) {
   Launch launch({"--nproc-per-node", "2", "--log-dir", path("logs"), "--rdzv-id", "job7", "--tee",
                  "3", "--local-ranks-filter", "1", "--no-python", kWorker, "lines", "3"});
   ASSERT_EQ(launch.wait(), 0) << launch.output();
+  const auto dirs = run_dirs(path("logs"), "job7");
+  ASSERT_EQ(dirs.size(), 1u);
   for (int r = 0; r < 2; ++r) {
-    std::ifstream out(path("logs/job7/attempt_0/" + std::to_string(r) + "/stdout.log"));
+    std::ifstream out(dirs[0] / "attempt_0" / std::to_string(r) / "stdout.log");
     std::stringstream s;
     s << out.rdbuf();
     EXPECT_EQ(s.str(), "out line 0 of rank " + std::to_string(r) + " end\nout line 1 of rank " +
@@ -273,6 +297,57 @@ TEST_F(LaunchTest, LogDirAndTeeWriteFilesAndFilterLimitsTheConsole) {
   }
   EXPECT_EQ(launch.output().find("[default0]:"), std::string::npos) << "rank 0 is filtered out";
   EXPECT_NE(launch.output().find("[default1]:out line 2 of rank 1 end"), std::string::npos);
+}
+
+TEST_F(LaunchTest, EachRunGetsItsOwnDirectoryUnderTheLogDir) {
+  for (const char* line_count : {"1", "2"}) {
+    Launch launch({"--nproc-per-node", "1", "--log-dir", path("logs"), "--rdzv-id", "again",
+                   "--redirects", "3", "--no-python", kWorker, "lines", line_count});
+    ASSERT_EQ(launch.wait(), 0) << launch.output();
+  }
+  const auto dirs = run_dirs(path("logs"), "again");
+  ASSERT_EQ(dirs.size(), 2u) << "the second run overwrote the first";
+  std::set<std::string> contents;
+  for (const auto& dir : dirs) {
+    std::ifstream out(dir / "attempt_0" / "0" / "stdout.log");
+    std::stringstream s;
+    s << out.rdbuf();
+    contents.insert(s.str());
+  }
+  EXPECT_EQ(contents, (std::set<std::string>{"out line 0 of rank 0 end\n",
+                                             "out line 0 of rank 0 end\nout line 1 of rank 0 "
+                                             "end\n"}));
+}
+
+// Without --log-dir, the files of a run whose worker failed are kept, and where they are is said.
+TEST_F(LaunchTest, WithoutALogDirAFailedRunKeepsItsFilesAndSaysWhere) {
+  Launch launch({"--nproc-per-node", "1", "--redirects", "3", "--no-python", kWorker, "lines", "2",
+                 "exit", "3"});
+  ASSERT_EQ(launch.wait(), 3) << launch.output();
+  const std::regex kept("worker logs and error files kept in (\\S+)");
+  std::smatch m;
+  const std::string out = launch.output();
+  ASSERT_TRUE(std::regex_search(out, m, kept)) << out;
+  const fs::path dir = m[1].str();
+  std::ifstream log(dir / "attempt_0" / "0" / "stdout.log");
+  std::stringstream s;
+  s << log.rdbuf();
+  EXPECT_EQ(s.str(), "out line 0 of rank 0 end\nout line 1 of rank 0 end\n");
+  fs::remove_all(dir);
+}
+
+// A stop signal while the agent waits for other nodes: it leaves at once, cleanly, removing its
+// temporary directory (no worker ran, nothing to keep).
+TEST_F(LaunchTest, ASignalDuringTheRendezvousLeavesCleanly) {
+  const std::string port = std::to_string(dist::agent::testing::free_port("127.0.0.1"));
+  Launch launch({"--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                 port, "--no-python", kWorker, "lines", "1"},
+                {{"LOGLEVEL", "DEBUG"}});
+  ASSERT_TRUE(wait_for_output(launch, "store listening", 10s)) << launch.output();
+  ::kill(launch.pid(), SIGTERM);
+  EXPECT_EQ(launch.wait(10s), 128 + SIGTERM) << launch.output();
+  EXPECT_NE(launch.output().find("SIGTERM received: leaving the job"), std::string::npos)
+      << launch.output();
 }
 
 TEST_F(LaunchTest, RedirectsSendOutputToFilesOnly) {

@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <cstring>
+#include <deque>
 #include <random>
 
 #include "auth.h"
@@ -42,24 +43,45 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
         deadline_(executor),
         wait_timer_(executor) {}
 
-  // One call's lifetime on the connection: begun on construction, ended on every exit path.
+  // One call's hold on the connection, released on every exit path; the next queued call, if
+  // any, takes it over.
   class Call {
    public:
-    Call(Impl& impl, std::string context) : impl_(impl) {
-      impl_.begin(std::move(context));
-      impl_.cancel_sent_ = false;
-      impl_.out_.clear();
+    explicit Call(Impl* impl) : impl_(impl) {}
+    Call(Call&& other) noexcept : impl_(std::exchange(other.impl_, nullptr)) {}
+    Call& operator=(Call&&) = delete;
+    ~Call() {
+      if (impl_) impl_->end();
     }
-    ~Call() { impl_.end(); }
-    Call(const Call&) = delete;
-    Call& operator=(const Call&) = delete;
-    std::string& out() { return impl_.out_; }
+    std::string& out() { return impl_->out_; }
 
    private:
-    Impl& impl_;
+    Impl* impl_;
   };
 
-  // One call: usable, not busy; ends with end().
+  // Waits for the connection (calls are served one at a time, in order), then starts the call.
+  Task<Call> begin_call(std::string context) {
+    if (busy_) {
+      auto turn = std::make_shared<asio::steady_timer>(socket_.get_executor(),
+                                                       asio::steady_timer::time_point::max());
+      queue_.push_back(turn);
+      boost::system::error_code ignored;
+      co_await turn->async_wait(asio::redirect_error(use_awaitable, ignored));
+      // end() handed the connection over (busy_ stays true), or close() woke every waiter.
+      if (closed_) throw cancelled(context);
+    } else {
+      busy_ = true;
+    }
+    try {
+      begin(std::move(context));
+    } catch (...) {
+      end();
+      throw;
+    }
+    co_return Call(this);
+  }
+
+  // The call that holds the connection: usable?
   void begin(std::string context) {
     if (closed_) throw cancelled(context);
     if (broken_) {
@@ -67,17 +89,22 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
                                                        " is unusable (" + broken_reason_ +
                                                        "); create a new client");
     }
-    if (busy_) throw std::logic_error("AsyncStoreClient: one call at a time (" + context + ")");
-    busy_ = true;
     timed_out_ = false;
+    cancel_sent_ = false;
     ++generation_;
     context_ = std::move(context);
+    out_.clear();
   }
   void end() {
-    busy_ = false;
     ++generation_;
     deadline_.cancel();
     wait_timer_.cancel();
+    if (queue_.empty()) {
+      busy_ = false;
+      return;
+    }
+    queue_.front()->cancel();  // its turn: busy_ passes to it
+    queue_.pop_front();
   }
 
   // The reply must come within the call timeout; past it the connection is given up.
@@ -222,6 +249,8 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
     resolver_.cancel();
     deadline_.cancel();
     wait_timer_.cancel();
+    for (auto& waiter : queue_) waiter->cancel();
+    queue_.clear();
     socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
   }
@@ -270,6 +299,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   bool timed_out_ = false;
   bool cancel_sent_ = false;
   std::string broken_reason_;
+  std::deque<std::shared_ptr<asio::steady_timer>> queue_;  // calls waiting for the connection
 };
 
 // Resolves (on every attempt: a name may appear late, as in a cluster that is still booting) and
@@ -312,7 +342,7 @@ Task<void> AsyncStoreClient::Impl::connect() {
   while (true) {
     ++attempts;
     {
-      Impl::Call call(*this, "connect");
+      auto call = co_await begin_call("connect");
       const std::string why =
           co_await connect_once(std::min(give_up, Clock::now() + options_.timeout));
       if (closed_) throw cancelled("connect");
@@ -355,7 +385,7 @@ Task<void> AsyncStoreClient::Impl::connect() {
 }
 
 Task<void> AsyncStoreClient::Impl::handshake() {
-  Impl::Call call(*this, "HELLO");
+  auto call = co_await begin_call("HELLO");
   arm_deadline();
   requests::handshake(out_);
   co_await send();
@@ -438,7 +468,7 @@ std::string AsyncStoreClient::endpoint() const {
 Task<void> AsyncStoreClient::set(std::string key, std::string value, bool ephemeral) {
   auto impl = impl_;
   impl->check_value(key, value);
-  Impl::Call call(*impl, "SET '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("SET '" + requests::shorten(key) + "'");
   requests::set(call.out(), key, value, ephemeral);
   impl->arm_deadline();
   co_await impl->send();
@@ -448,7 +478,7 @@ Task<void> AsyncStoreClient::set(std::string key, std::string value, bool epheme
 Task<std::optional<std::string>> AsyncStoreClient::try_get(std::string key) {
   auto impl = impl_;
   impl->check_key(key);
-  Impl::Call call(*impl, "GET '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("GET '" + requests::shorten(key) + "'");
   requests::key_only(call.out(), wire::Op::kGet, key);
   impl->arm_deadline();
   co_await impl->send();
@@ -464,7 +494,7 @@ Task<std::optional<std::string>> AsyncStoreClient::try_get(std::string key) {
 Task<std::vector<std::string>> AsyncStoreClient::multi_get(std::vector<std::string> keys) {
   auto impl = impl_;
   impl->check_keys(keys);
-  Impl::Call call(*impl, "MULTI_GET " + requests::describe_keys(keys));
+  auto call = co_await impl->begin_call("MULTI_GET " + requests::describe_keys(keys));
   requests::key_list(call.out(), wire::Op::kMultiGet, keys);
   impl->arm_deadline();
   co_await impl->send();
@@ -484,7 +514,7 @@ Task<void> AsyncStoreClient::multi_set(Items items) {
                          std::to_string(impl->limits_.max_keys_per_request));
   }
   for (const auto& [key, value] : items) impl->check_value(key, value);
-  Impl::Call call(*impl, "MULTI_SET of " + std::to_string(items.size()) + " keys");
+  auto call = co_await impl->begin_call("MULTI_SET of " + std::to_string(items.size()) + " keys");
   requests::multi_set(call.out(), items);
   impl->arm_deadline();
   co_await impl->send();
@@ -494,7 +524,7 @@ Task<void> AsyncStoreClient::multi_set(Items items) {
 Task<std::int64_t> AsyncStoreClient::add(std::string key, std::int64_t delta) {
   auto impl = impl_;
   impl->check_key(key);
-  Impl::Call call(*impl, "ADD '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("ADD '" + requests::shorten(key) + "'");
   requests::add(call.out(), key, delta);
   impl->arm_deadline();
   co_await impl->send();
@@ -507,7 +537,7 @@ Task<std::string> AsyncStoreClient::compare_set(std::string key, std::string exp
   auto impl = impl_;
   impl->check_value(key, expected);
   impl->check_value(key, desired);
-  Impl::Call call(*impl, "COMPARE_SET '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("COMPARE_SET '" + requests::shorten(key) + "'");
   requests::compare_set(call.out(), key, expected, desired);
   impl->arm_deadline();
   co_await impl->send();
@@ -518,7 +548,7 @@ Task<std::string> AsyncStoreClient::compare_set(std::string key, std::string exp
 Task<bool> AsyncStoreClient::check(std::vector<std::string> keys) {
   auto impl = impl_;
   impl->check_keys(keys);
-  Impl::Call call(*impl, "CHECK " + requests::describe_keys(keys));
+  auto call = co_await impl->begin_call("CHECK " + requests::describe_keys(keys));
   requests::key_list(call.out(), wire::Op::kCheck, keys);
   impl->arm_deadline();
   co_await impl->send();
@@ -529,7 +559,7 @@ Task<bool> AsyncStoreClient::check(std::vector<std::string> keys) {
 Task<bool> AsyncStoreClient::delete_key(std::string key) {
   auto impl = impl_;
   impl->check_key(key);
-  Impl::Call call(*impl, "DELETE_KEY '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("DELETE_KEY '" + requests::shorten(key) + "'");
   requests::key_only(call.out(), wire::Op::kDeleteKey, key);
   impl->arm_deadline();
   co_await impl->send();
@@ -540,7 +570,7 @@ Task<bool> AsyncStoreClient::delete_key(std::string key) {
 Task<std::int64_t> AsyncStoreClient::delete_all_except(std::string prefix) {
   auto impl = impl_;
   impl->check_key(prefix);
-  Impl::Call call(*impl, "DELETE_ALL_EXCEPT '" + requests::shorten(prefix) + "'");
+  auto call = co_await impl->begin_call("DELETE_ALL_EXCEPT '" + requests::shorten(prefix) + "'");
   requests::key_only(call.out(), wire::Op::kDeleteAllExcept, prefix);
   impl->arm_deadline();
   co_await impl->send();
@@ -550,7 +580,7 @@ Task<std::int64_t> AsyncStoreClient::delete_all_except(std::string prefix) {
 
 Task<std::vector<std::string>> AsyncStoreClient::list_keys() {
   auto impl = impl_;
-  Impl::Call call(*impl, "LIST_KEYS");
+  auto call = co_await impl->begin_call("LIST_KEYS");
   requests::begin(call.out(), wire::Op::kListKeys);
   impl->arm_deadline();
   co_await impl->send();
@@ -564,7 +594,7 @@ Task<std::vector<std::string>> AsyncStoreClient::list_keys() {
 Task<bool> AsyncStoreClient::wait(std::vector<std::string> keys, milliseconds timeout) {
   auto impl = impl_;
   impl->check_keys(keys);
-  Impl::Call call(*impl, "WAIT " + requests::describe_keys(keys));
+  auto call = co_await impl->begin_call("WAIT " + requests::describe_keys(keys));
   requests::key_list(call.out(), wire::Op::kWait, keys);
   co_await impl->send();
   co_return (co_await impl->await_wait(timeout)).has_value();
@@ -574,7 +604,7 @@ Task<std::optional<std::size_t>> AsyncStoreClient::wait_deleted(std::vector<std:
                                                                 milliseconds timeout) {
   auto impl = impl_;
   impl->check_keys(keys);
-  Impl::Call call(*impl, "WAIT_DELETED " + requests::describe_keys(keys));
+  auto call = co_await impl->begin_call("WAIT_DELETED " + requests::describe_keys(keys));
   requests::key_list(call.out(), wire::Op::kWaitDeleted, keys);
   co_await impl->send();
   const auto index = co_await impl->await_wait(timeout);

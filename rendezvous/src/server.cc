@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <future>
@@ -303,6 +304,10 @@ tcp::acceptor StoreServer::bind(asio::io_context& io, const std::string& host, s
   const std::string where =
       (address.is_v6() ? "[" + host + "]" : host) + ":" + std::to_string(port);
   acceptor.open(endpoint.protocol(), ec);
+  // "::" is every address, IPv4 included, whatever net.ipv6.bindv6only says.
+  if (!ec && address.is_v6() && address.is_unspecified()) {
+    acceptor.set_option(asio::ip::v6_only(false), ec);
+  }
   if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor.bind(endpoint, ec);
   if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
@@ -310,7 +315,8 @@ tcp::acceptor StoreServer::bind(asio::io_context& io, const std::string& host, s
     throw StoreError(StoreErrc::kUnavailable,
                      "cannot listen on " + where + ": " + ec.message() +
                          (ec == asio::error::address_in_use
-                              ? " (another process holds the port; choose another or pass 0)"
+                              ? " (another process holds the port; choose another, or 0 for a "
+                                "free one)"
                               : ""));
   }
   return acceptor;

@@ -6,6 +6,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <exception>
@@ -167,6 +168,30 @@ TEST_F(AsyncClientTest, CloseCancelsAPendingWait) {
     } catch (const StoreError& e) {
       EXPECT_EQ(e.code(), StoreErrc::kCancelled);
     }
+  });
+}
+
+TEST_F(AsyncClientTest, ConcurrentCallsAreServedInOrder) {
+  run([&]() -> Task<> {
+    auto c = co_await AsyncStoreClient::connect(options());
+    auto executor = co_await asio::this_coro::executor;
+    std::vector<int> order;
+    int finished = 0;
+    for (int i = 0; i < 5; ++i) {
+      asio::co_spawn(
+          executor,
+          [&, i]() -> Task<> {
+            const auto v = co_await c.add("counter", 1);
+            order.push_back(static_cast<int>(v));
+            ++finished;
+          },
+          asio::detached);
+    }
+    co_await asio::post(executor, asio::use_awaitable);     // the five start and queue
+    const bool set = co_await c.wait(keys("never"), 30ms);  // queued behind them
+    EXPECT_FALSE(set);
+    EXPECT_EQ(finished, 5);
+    EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 4, 5}));
   });
 }
 

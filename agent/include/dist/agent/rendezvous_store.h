@@ -6,8 +6,9 @@
 // Contract, for every implementation:
 // - Keys are relative to the job: the store puts them under the job's own prefix
 //   (TCPStore: "rdzv/<run id>/", etcd: "<root>/<run id>/"). Callers never see the prefix.
-// - One call at a time per object. A concurrent user (the round's watch, the heartbeat) opens its
-//   own session with open_another().
+// - Calls on one object are served one at a time, in order (a call made while another is in
+//   flight waits for it). A user that must not wait behind another's long wait (the round's
+//   watch) opens its own session with open_another().
 // - Failures throw rendezvous::StoreError: kUnavailable or kConnectionLost when the store is gone
 //   (the job cannot go on through this session), kCancelled after close(), kLimitExceeded or
 //   kInvalidArgument for a request the store refuses. A wait that times out is not an error: it
@@ -28,6 +29,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "dist/rendezvous/client.h"
 
 namespace dist::agent {
 
@@ -72,5 +75,11 @@ class RendezvousStore {
   // Where the store is, for messages: "127.0.0.1:29400", "etcd 10.0.0.1:2379,10.0.0.2:2379".
   virtual std::string describe() const = 0;
 };
+
+// The job's TCPStore (an agent's, or dist-rendezvous) as a RendezvousStore: keys under
+// "rdzv/<run id>/", ephemeral keys tied to the connection. Connects like
+// rendezvous::AsyncStoreClient (retrying until options.connect_timeout).
+Task<std::unique_ptr<RendezvousStore>> open_tcp_store(rendezvous::ClientOptions options,
+                                                      std::string run_id);
 
 }  // namespace dist::agent

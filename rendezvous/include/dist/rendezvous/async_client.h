@@ -3,8 +3,9 @@
 // very store the calls go to.
 //
 // Same options, limits, errors and reconnect policy as the blocking StoreClient (client.h), and:
-// - One call at a time per client: the protocol answers in request order and a WAIT holds the
-//   connection until it is answered. Open another client for concurrent use.
+// - Calls are served one at a time, in the order they were made: a call made while another is in
+//   flight waits for it. A WAIT holds the connection until it is answered, so a waiting
+//   coroutine that must not be held up by one uses a client of its own.
 // - close() ends every pending and later call with StoreErrc::kCancelled and closes the
 //   connection (the store then deletes this client's ephemeral keys).
 // - A wait that times out returns false / nullopt instead of throwing; the connection stays usable.

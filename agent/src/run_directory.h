@@ -1,0 +1,38 @@
+// Where a run's worker logs and error files go. With --log-dir: a directory of this run's own,
+// <log_dir>/<run id>_<random>/ as torchrun makes it (an earlier run's logs are never
+// overwritten); without: a temporary directory that is kept, and its path said, whenever a worker
+// failed, and removed otherwise.
+//
+// Inside it: [node_<rank>/ (static, several nodes) | node_<host>_<pid>/ (elastic)]
+//            attempt_<round>/<local rank>/{stdout.log, stderr.log, error.json}
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "dist/agent/config.h"
+
+namespace dist::agent {
+
+class RunDirectory {
+ public:
+  // Throws std::runtime_error with a one-line reason when it cannot be made.
+  RunDirectory(const LaunchConfig& config, const std::string& host);
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+
+  const std::filesystem::path& path() const { return run_dir_; }
+  std::filesystem::path attempt(int round, int local_rank) const;
+  bool temporary() const { return temporary_; }
+
+  // At exit: a temporary directory goes unless `keep`. Returns what happened, for a message
+  // ("" when nothing needs saying).
+  std::string finish(bool keep);
+
+ private:
+  std::filesystem::path root_;     // what mkdtemp made: removed as a whole if temporary
+  std::filesystem::path run_dir_;  // root_, or the node's directory within it
+  bool temporary_ = false;
+};
+
+}  // namespace dist::agent

@@ -1,0 +1,237 @@
+#include "worker_group.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "failure_report.h"
+#include "log_pump.h"
+#include "process.h"
+#include "worker_env.h"
+
+extern char** environ;
+
+namespace dist::agent {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// After the last worker is reaped, how long its output may still take to drain (a descendant that
+// kept the pipe open is not waited for longer).
+constexpr std::chrono::milliseconds kOutputDrainTimeout{1000};
+
+std::vector<std::string> current_environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  return env;
+}
+
+}  // namespace
+
+WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config,
+                         const RunDirectory& dir, Events events)
+    : io_(io),
+      config_(config),
+      dir_(dir),
+      events_(std::move(events)),
+      kill_timer_(io),
+      drain_timer_(io) {}
+
+WorkerGroup::~WorkerGroup() {
+  for (auto& pump : pumps_) pump->abandon();
+  kill_all();
+  for (const auto& w : workers_) {
+    if (w.exited) continue;
+    while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+void WorkerGroup::start(const RoundSpec& spec) {
+  spec_ = spec;
+  workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
+  pumps_.clear();
+  state_ = State::kRunning;
+  const std::vector<std::string> base_env = current_environment();
+  for (int local = 0; local < config_.nproc_per_node; ++local) {
+    Worker& w = workers_[static_cast<std::size_t>(local)];
+    w.local_rank = local;
+    w.rank = spec.rank_offset + local;
+    try {
+      spawn(w, spec, base_env);
+    } catch (...) {
+      for (auto& unstarted : workers_) unstarted.exited = unstarted.exited || unstarted.pid < 0;
+      throw;
+    }
+  }
+  spdlog::debug("started {} workers (round {})", workers_.size(), spec.round);
+}
+
+void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
+                        const std::vector<std::string>& base_env) {
+  const fs::path dir = dir_.attempt(spec.round, w.local_rank);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  fs::remove(dir / "error.json", ec);
+
+  WorkerIdentity id;
+  id.local_rank = w.local_rank;
+  id.rank = w.rank;
+  id.group_rank = spec.node_rank;
+  id.local_world_size = config_.nproc_per_node;
+  id.world_size = spec.world_size;
+  id.group_world_size = spec.num_nodes;
+  id.role = config_.role;
+  id.master_addr = spec.master_addr;
+  id.master_port = spec.master_port;
+  id.restart_count = spec.restart_count;
+  id.max_restarts = config_.max_restarts;
+  id.run_id = config_.run_id;
+  id.error_file = (dir / "error.json").string();
+  const auto env =
+      merge_environment(base_env, torchrun_variables(id, config_.omp_threads_defaulted));
+  SpawnedProcess p;
+  try {
+    p = spawn_worker(substitute_local_rank(config_.worker_argv, w.local_rank), env);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
+                             std::to_string(w.local_rank) + "): " + e.what());
+  }
+  w.pid = p.pid;
+  w.open_pipes = 2;
+  const StreamSelection redirected = config_.redirects_for(w.local_rank);
+  const bool write_logs = config_.writes_log_files();
+  pump(w, p.stdout_fd, STDOUT_FILENO, redirected.stdout_stream,
+       write_logs ? dir / "stdout.log" : fs::path());
+  pump(w, p.stderr_fd, STDERR_FILENO, redirected.stderr_stream,
+       write_logs ? dir / "stderr.log" : fs::path());
+}
+
+void WorkerGroup::pump(Worker& w, int pipe_fd, int console_fd, bool redirected,
+                       const fs::path& file) {
+  LogPump::Sink sink;
+  const bool shown =
+      config_.local_ranks_filter.empty() || config_.local_ranks_filter.contains(w.local_rank);
+  sink.console_fd = redirected || !shown ? -1 : console_fd;
+  if (!file.empty()) {
+    sink.file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
+  sink.prefix = "[" + config_.role + std::to_string(w.local_rank) + "]:";
+  const pid_t pid = w.pid;
+  pumps_.push_back(LogPump::start(io_, pipe_fd, std::move(sink), [this, pid] {
+    for (auto& worker : workers_) {
+      if (worker.pid == pid) --worker.open_pipes;
+    }
+    maybe_stopped();
+  }));
+}
+
+// Every exit that has happened is collected before any is acted on: workers that died together
+// (a crash and the peers it broke) are all recorded, and the earliest is the root cause.
+void WorkerGroup::reap() {
+  const auto reaped_at = std::chrono::system_clock::now();
+  std::vector<WorkerFailure> failures;
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    for (auto& w : workers_) {
+      if (w.pid != pid || w.exited) continue;
+      w.exited = true;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      if (state_ == State::kRunning && code != 0) {
+        failures.push_back(failure_of(w, code, reaped_at));
+      }
+    }
+  }
+  if (state_ == State::kStopping) return maybe_stopped();
+  if (state_ != State::kRunning) return;
+  if (!failures.empty()) return events_.failed(std::move(failures));
+  if (all_exited()) events_.succeeded();
+}
+
+WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
+                                      std::chrono::system_clock::time_point when) const {
+  WorkerFailure f;
+  f.time = when;  // the error file's own timestamp, when there is one, is more precise
+  f.host = spec_.host_label;
+  f.rank = w.rank;
+  f.local_rank = w.local_rank;
+  f.exit_code = code;
+  f.pid = w.pid;
+  f.error_file = (dir_.attempt(spec_.round, w.local_rank) / "error.json").string();
+  read_error_file(f);
+  if (!fs::exists(f.error_file)) f.error_file.clear();
+  spdlog::error("worker {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, f.pid,
+                code < 0 ? signal_name(-code) : "exit code " + std::to_string(code));
+  return f;
+}
+
+void WorkerGroup::stop(int signal) {
+  if (state_ == State::kStopping) {
+    if (signal != 0) kill_all();
+    return;
+  }
+  state_ = State::kStopping;
+  draining_ = false;
+  for (const auto& w : workers_) {
+    if (!w.exited && signal != 0) signal_group(w.pid, signal);
+  }
+  if (signal != 0 && signal != SIGKILL) {
+    kill_timer_.expires_after(config_.shutdown_timeout);
+    kill_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state_ != State::kStopping || all_exited()) return;
+      spdlog::warn("workers still running {} ms after the stop signal: sending SIGKILL",
+                   config_.shutdown_timeout.count());
+      kill_all();
+    });
+  }
+  maybe_stopped();
+}
+
+void WorkerGroup::forward(int signal) {
+  for (const auto& w : workers_) {
+    if (!w.exited) signal_group(w.pid, signal);
+  }
+}
+
+void WorkerGroup::kill_all() {
+  for (const auto& w : workers_) {
+    if (!w.exited) signal_group(w.pid, SIGKILL);
+  }
+}
+
+bool WorkerGroup::all_exited() const {
+  return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exited; });
+}
+
+// Stopped once every worker is reaped and its pipes closed, or kOutputDrainTimeout after the last
+// exit, whichever comes first.
+void WorkerGroup::maybe_stopped() {
+  if (state_ != State::kStopping || !all_exited()) return;
+  kill_timer_.cancel();
+  const bool drained = std::all_of(workers_.begin(), workers_.end(),
+                                   [](const Worker& w) { return w.open_pipes == 0; });
+  if (!drained) {
+    if (draining_) return;
+    draining_ = true;
+    drain_timer_.expires_after(kOutputDrainTimeout);
+    drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state_ != State::kStopping) return;
+      spdlog::debug("output still open {} ms after the last worker exited: not waiting for it",
+                    kOutputDrainTimeout.count());
+      state_ = State::kIdle;
+      events_.stopped();
+    });
+    return;
+  }
+  drain_timer_.cancel();
+  state_ = State::kIdle;
+  events_.stopped();
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,103 @@
+// The workers of one round on this node: started together, each in its own process group with
+// its output on pipes; their exits reaped as SIGCHLD reports them; stopped together.
+//
+// The agent drives it and hears back through three events:
+//   failed(failures)  while running: workers exited non-zero (all exits reaped at that moment,
+//                     so a crash and the peers it broke are one batch: the earliest is the root)
+//   succeeded()       while running: the last worker exited 0
+//   stopped()         after stop(): every worker is reaped and its output drained (a descendant
+//                     that keeps a pipe open is waited for at most kOutputDrainTimeout)
+// The destructor SIGKILLs and reaps whatever is left: no worker outlives the group.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/agent/config.h"
+#include "dist/agent/worker_failure.h"
+#include "run_directory.h"
+
+namespace dist::agent {
+
+class LogPump;
+
+// What one round's workers need to know about it.
+struct RoundSpec {
+  int round = 0;
+  int node_rank = 0;
+  int num_nodes = 1;
+  int world_size = 0;
+  int rank_offset = 0;
+  int restart_count = 0;
+  std::string master_addr;  // the store the workers use (MASTER_ADDR / MASTER_PORT)
+  std::uint16_t master_port = 0;
+  std::string host_label;  // this node, as failure reports name it
+};
+
+class WorkerGroup {
+ public:
+  struct Events {
+    std::function<void(std::vector<WorkerFailure>)> failed;
+    std::function<void()> succeeded;
+    std::function<void()> stopped;
+  };
+
+  WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config, const RunDirectory& dir,
+              Events events);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Starts the round's workers; throws std::runtime_error naming the worker that could not start
+  // (the ones already started are then stopped by the caller).
+  void start(const RoundSpec& spec);
+  // Sends `signal` (0: none, just wait) to every worker's process group and SIGKILLs what is
+  // left after the shutdown timeout; stopped() follows. Again while stopping: SIGKILL at once.
+  void stop(int signal);
+  // SIGUSR1/SIGUSR2 and the like: to every running worker's process group, nothing else.
+  void forward(int signal);
+  // Reaps every child that exited (SIGCHLD arrived).
+  void reap();
+
+  bool running() const { return state_ == State::kRunning; }
+
+ private:
+  struct Worker {
+    int local_rank = 0;
+    int rank = 0;
+    pid_t pid = -1;
+    bool exited = false;
+    int open_pipes = 0;
+  };
+  enum class State { kIdle, kRunning, kStopping };
+
+  void spawn(Worker& w, const RoundSpec& spec, const std::vector<std::string>& base_env);
+  void pump(Worker& w, int pipe_fd, int console_fd, bool redirected,
+            const std::filesystem::path& file);
+  WorkerFailure failure_of(const Worker& w, int code,
+                           std::chrono::system_clock::time_point when) const;
+  bool all_exited() const;
+  void maybe_stopped();
+  void kill_all();
+
+  boost::asio::io_context& io_;
+  const LaunchConfig& config_;
+  const RunDirectory& dir_;
+  Events events_;
+  State state_ = State::kIdle;
+  RoundSpec spec_;
+  std::vector<Worker> workers_;
+  std::vector<std::shared_ptr<LogPump>> pumps_;
+  boost::asio::steady_timer kill_timer_;
+  boost::asio::steady_timer drain_timer_;
+  bool draining_ = false;
+};
+
+}  // namespace dist::agent

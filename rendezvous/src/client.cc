@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "auth.h"
 #include "protocol.h"
+#include "text.h"
 
 namespace dist::rendezvous {
 
@@ -29,14 +31,11 @@ constexpr milliseconds kInitialBackoff{100};
 constexpr milliseconds kMaxBackoff{2000};
 constexpr double kBackoffFactor = 1.5;
 constexpr std::size_t kReadChunkBytes = 64 * 1024;
+constexpr std::size_t kMaxSecretFileBytes = 64 * 1024;  // a token, not a data file
 
 // Milliseconds left until the deadline, rounded up so that a wait never ends early.
 long long remaining_ms(Clock::time_point deadline) {
   return std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
-}
-
-std::string shorten(const std::string& key) {
-  return key.size() <= 64 ? key : key.substr(0, 61) + "...";
 }
 
 // Opens a TCP connection to host:port before the deadline, or returns -1 with errno-like `err`.
@@ -81,6 +80,44 @@ int connect_once(const std::string& host, std::uint16_t port, Clock::time_point 
 }
 
 }  // namespace
+
+std::string read_secret_file(const std::string& path) {
+  auto fail = [&](const std::string& why) -> StoreError {
+    return StoreError(StoreErrc::kInvalidArgument, "secret file '" + path + "' " + why);
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw fail(std::string("cannot be read: ") + std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw fail(std::string("cannot be read: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw fail("is not a regular file");
+  if (st.st_mode & (S_IROTH | S_IWOTH)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw fail(std::string("is open to other users (mode ") + mode +
+               "): anyone on this machine could read or replace the secret; run chmod 600 '" +
+               path + "'");
+  }
+  if (static_cast<std::size_t>(st.st_size) > kMaxSecretFileBytes) {
+    throw fail("is " + std::to_string(st.st_size) + " bytes; a secret file holds one token");
+  }
+  std::string secret(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < secret.size()) {
+    const ssize_t n = ::read(fd, secret.data() + got, secret.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw fail(std::string("cannot be read: ") + std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  secret.resize(got);
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) throw fail("is empty; write the job's token into it");
+  return secret;
+}
 
 void enable_keepalive(int fd, int idle_seconds, int interval_seconds, int probes) {
   if (idle_seconds <= 0) return;
@@ -381,7 +418,7 @@ std::optional<std::pair<std::uint8_t, std::uint64_t>> StoreClient::Impl::cancel_
 void StoreClient::Impl::check_key(const std::string& key) const {
   if (key.size() > limits_.max_key_bytes) {
     throw StoreError(StoreErrc::kLimitExceeded,
-                     "key '" + shorten(key) + "' is " + std::to_string(key.size()) +
+                     "key " + quote_key(key) + " is " + std::to_string(key.size()) +
                          " bytes; the store at " + endpoint() + " accepts at most " +
                          std::to_string(limits_.max_key_bytes));
   }
@@ -391,7 +428,7 @@ void StoreClient::Impl::check_value(const std::string& key, const std::string& v
   check_key(key);
   if (value.size() > limits_.max_value_bytes) {
     throw StoreError(StoreErrc::kLimitExceeded,
-                     "value for key '" + shorten(key) + "' is " + std::to_string(value.size()) +
+                     "value for key " + quote_key(key) + " is " + std::to_string(value.size()) +
                          " bytes; the store at " + endpoint() + " accepts at most " +
                          std::to_string(limits_.max_value_bytes));
   }
@@ -443,7 +480,7 @@ void StoreClient::set(const std::string& key, const std::string& value, bool eph
   w.u8(ephemeral ? wire::ext::kSetFlagEphemeral : 0);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "SET '" + shorten(key) + "'");
+  impl_->status(d, "SET " + quote_key(key));
 }
 
 std::optional<std::string> StoreClient::try_get(const std::string& key) {
@@ -452,7 +489,7 @@ std::optional<std::string> StoreClient::try_get(const std::string& key) {
   const auto d = impl_->deadline({});
   impl_->send(d);
   try {
-    impl_->status(d, "GET '" + shorten(key) + "'");
+    impl_->status(d, "GET " + quote_key(key));
   } catch (const StoreError& e) {
     if (e.code() == StoreErrc::kNotFound) return std::nullopt;
     throw;
@@ -465,8 +502,8 @@ std::string StoreClient::get(const std::string& key, Timeout timeout) {
   wait({key}, timeout);
   if (auto value = try_get(key)) return *std::move(value);
   throw StoreError(StoreErrc::kNotFound,
-                   "key '" + shorten(key) +
-                       "' was deleted right after it appeared on the store at " + endpoint());
+                   "key " + quote_key(key) +
+                       " was deleted right after it appeared on the store at " + endpoint());
 }
 
 std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {
@@ -476,7 +513,7 @@ std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {
   w.i64(delta);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "ADD '" + shorten(key) + "'");
+  impl_->status(d, "ADD " + quote_key(key));
   return impl_->i64(d);
 }
 
@@ -490,7 +527,7 @@ std::string StoreClient::compare_set(const std::string& key, const std::string& 
   w.bytes(desired);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "COMPARE_SET '" + shorten(key) + "'");
+  impl_->status(d, "COMPARE_SET " + quote_key(key));
   return impl_->bytes(d);
 }
 
@@ -501,7 +538,7 @@ void StoreClient::append(const std::string& key, const std::string& value) {
   w.bytes(value);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "APPEND '" + shorten(key) + "'");
+  impl_->status(d, "APPEND " + quote_key(key));
 }
 
 namespace {
@@ -511,8 +548,7 @@ void write_keys(wire::Writer& w, const std::vector<std::string>& keys) {
 }
 std::string describe(const std::vector<std::string>& keys) {
   std::string s;
-  for (std::size_t i = 0; i < keys.size() && i < 3; ++i)
-    s += (i ? ", '" : "'") + shorten(keys[i]) + "'";
+  for (std::size_t i = 0; i < keys.size() && i < 3; ++i) s += (i ? ", " : "") + quote_key(keys[i]);
   if (keys.size() > 3) s += " and " + std::to_string(keys.size() - 3) + " more";
   return s;
 }
@@ -604,7 +640,7 @@ bool StoreClient::delete_key(const std::string& key) {
   wire::Writer(impl_->request(wire::Op::kDeleteKey)).bytes(key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "DELETE_KEY '" + shorten(key) + "'");
+  impl_->status(d, "DELETE_KEY " + quote_key(key));
   return impl_->i64(d) > 0;
 }
 
@@ -613,7 +649,7 @@ std::int64_t StoreClient::delete_all_except(const std::string& prefix) {
   wire::Writer(impl_->request(wire::Op::kDeleteAllExcept)).bytes(prefix);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "DELETE_ALL_EXCEPT '" + shorten(prefix) + "'");
+  impl_->status(d, "DELETE_ALL_EXCEPT " + quote_key(prefix));
   return impl_->i64(d);
 }
 
@@ -643,9 +679,9 @@ void StoreClient::barrier(const std::string& key, std::int64_t world_size, Timeo
   w.i64(world_size);
   const auto d = impl_->deadline(timeout);
   impl_->send(d);
-  if (!impl_->await(d, "BARRIER '" + shorten(key) + "'")) {
+  if (!impl_->await(d, "BARRIER " + quote_key(key))) {
     throw StoreError(StoreErrc::kTimeout,
-                     "BARRIER '" + shorten(key) + "' of " + std::to_string(world_size) +
+                     "BARRIER " + quote_key(key) + " of " + std::to_string(world_size) +
                          " did not fill in time on the store at " + endpoint());
   }
 }
@@ -657,7 +693,7 @@ void StoreClient::queue_push(const std::string& key, const std::string& value) {
   w.bytes(value);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_PUSH '" + shorten(key) + "'");
+  impl_->status(d, "QUEUE_PUSH " + quote_key(key));
 }
 
 std::optional<std::string> StoreClient::queue_pop(const std::string& key) {
@@ -665,7 +701,7 @@ std::optional<std::string> StoreClient::queue_pop(const std::string& key) {
   wire::Writer(impl_->request(wire::Op::kQueuePop)).bytes(key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_POP '" + shorten(key) + "'");
+  impl_->status(d, "QUEUE_POP " + quote_key(key));
   if (impl_->i64(d) <= 0) return std::nullopt;
   return impl_->bytes(d);
 }
@@ -675,7 +711,7 @@ std::int64_t StoreClient::queue_len(const std::string& key) {
   wire::Writer(impl_->request(wire::Op::kQueueLen)).bytes(key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_LEN '" + shorten(key) + "'");
+  impl_->status(d, "QUEUE_LEN " + quote_key(key));
   return impl_->i64(d);
 }
 

@@ -20,6 +20,8 @@ using asio::ip::tcp;
 
 namespace {
 constexpr std::size_t kReadChunkBytes = 64 * 1024;
+// Reads from one connection per turn of the event loop, so one busy client cannot starve others.
+constexpr int kReadRoundsPerTurn = 1;
 constexpr auto kAcceptRetryDelay = std::chrono::milliseconds(50);  // after EMFILE and the like
 // Deadlines are checked by one sweep over the connections, this often (a quarter of the shortest
 // deadline, within these bounds); the same sweep writes the warnings' summaries.
@@ -279,7 +281,7 @@ void Connection::on_readable(const boost::system::error_code& ec) {
     return;
   }
   // Drain what the kernel has (bounded, so one busy client cannot starve the others).
-  for (int round = 0; round < 4 && session_.wants_input(); ++round) {
+  for (int round = 0; round < kReadRoundsPerTurn && session_.wants_input(); ++round) {
     boost::system::error_code read_ec;
     const std::size_t n = socket_.read_some(
         asio::buffer(server_->read_buffer(), server_->read_buffer_size()), read_ec);

@@ -126,7 +126,7 @@ Session::~Session() {
 
 std::uint64_t Session::holding() const {
   return kBaseBytes + in_.capacity() + out_.capacity() + spans_.capacity() * sizeof(Span) +
-         registered_bytes_;
+         registered_bytes_ + parsing_wait_bytes_;
 }
 
 void Session::account() {
@@ -254,7 +254,8 @@ void Session::feed(const char* data, std::size_t size) {
       buffer_input(data, size);
       if (in_.size() >= need_) resume();
     }
-  } catch (const RequestError& e) {  // no room for the partial request
+    if (!closing()) enforce_budget();  // a wait being received may have outgrown the room
+  } catch (const RequestError& e) {    // no room for the partial request
     fail(e);
   }
   if (in_.empty() || closing()) {
@@ -286,8 +287,10 @@ void Session::process(const char* data, std::size_t size, std::size_t* consumed)
     std::size_t n = 0;
     try {
       n = handle_one(data + *consumed, size - *consumed);
+      if (n > 0) parsing_wait_bytes_ = 0;
       if (n > 0) enforce_budget();
     } catch (const RequestError& e) {
+      parsing_wait_bytes_ = 0;
       fail(e);
       if (closing()) return;
       n = request_length_;  // non-fatal errors come from whole requests: skip exactly that one
@@ -344,7 +347,8 @@ Session::Span Session::read_value(wire::Reader& r, const char* base) {
 // Reads "count, then count keys (or key/value pairs)" into spans_. A list that is not all there
 // yet is resumed at the first incomplete item when more bytes arrive, so a long request trickling
 // in is parsed once, not once per packet.
-bool Session::read_key_list(wire::Reader& r, const char* base, bool with_values) {
+bool Session::read_key_list(wire::Reader& r, const char* base, bool with_values,
+                            bool counts_as_wait) {
   if (list_resume_offset_ == 0) {
     list_count_ = r.u64();
     if (r.short_by()) return false;
@@ -365,6 +369,9 @@ bool Session::read_key_list(wire::Reader& r, const char* base, bool with_values)
     if (r.short_by()) return false;
     spans_.push_back(key);
     if (with_values) spans_.push_back(value);
+    // What the wait will hold counts while the request arrives, so that an impossible wait is
+    // refused early instead of after all of it was read.
+    if (counts_as_wait) parsing_wait_bytes_ += registration_bytes(view(base, key));
     list_resume_offset_ = static_cast<std::uint64_t>(r.position() - base);
   }
   return true;
@@ -426,10 +433,12 @@ std::size_t Session::handle_one(const char* base, std::size_t size) {
       number_ = r.i64();
       break;
     case Op::kCheck:
-    case Op::kWait:
     case Op::kMultiGet:
-    case Op::kWaitDeleted:
       complete = read_key_list(r, base, /*with_values=*/false);
+      break;
+    case Op::kWait:
+    case Op::kWaitDeleted:
+      complete = read_key_list(r, base, /*with_values=*/false, /*counts_as_wait=*/true);
       break;
     case Op::kMultiSet:
       complete = read_key_list(r, base, /*with_values=*/true);
@@ -808,6 +817,7 @@ void Session::start_wait(WaitKind kind, const std::vector<std::string_view>& key
   }
   PendingWait wait{next_ticket_++, kind, kind == WaitKind::kAllExist ? registered.size() : 1, {}};
   for (std::string_view key : registered) wait.bytes += registration_bytes(key);
+  parsing_wait_bytes_ = 0;  // replaced by what the wait really registers
   need_room(wait.bytes, op_name(op) + " on " + group_digits(registered.size()) + " keys");
   registered_bytes_ += wait.bytes;
   wait.keys.assign(registered.begin(), registered.end());

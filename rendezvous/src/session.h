@@ -111,7 +111,8 @@ class Session {
   Span read_key(wire::Reader& r, const char* base);
   Span read_value(wire::Reader& r, const char* base);
   Span read_fixed(wire::Reader& r, const char* base, std::size_t size);
-  bool read_key_list(wire::Reader& r, const char* base, bool with_values);
+  bool read_key_list(wire::Reader& r, const char* base, bool with_values,
+                     bool counts_as_wait = false);
 
   // Replies.
   void begin_reply();  // status byte in framed mode
@@ -151,8 +152,9 @@ class Session {
   StoreErrc close_code_ = StoreErrc::kProtocol;
   bool in_feed_ = false;
 
-  std::uint64_t charged_ = 0;           // reported to the state
-  std::uint64_t registered_bytes_ = 0;  // waits, watches, ephemeral key names
+  std::uint64_t charged_ = 0;             // reported to the state
+  std::uint64_t registered_bytes_ = 0;    // waits, watches, ephemeral key names
+  std::uint64_t parsing_wait_bytes_ = 0;  // what the WAIT being received will register
   Clock::time_point connected_at_;
   Clock::time_point last_input_at_;
   Clock::time_point resumed_at_;  // reads last resumed after the reply backlog drained

@@ -13,7 +13,9 @@ struct StoreLimits {
   std::uint64_t max_value_bytes = 8 * 1024 * 1024;     // one value
   std::uint64_t max_keys_per_request = 128 * 1024;     // CHECK, WAIT, MULTI_GET, MULTI_SET, ...
   std::uint64_t max_request_bytes = 32 * 1024 * 1024;  // one request, buffered while incomplete
-  std::uint64_t max_reply_backlog_bytes = 64 * 1024 * 1024;  // unsent replies before reads pause
+  // Unsent replies before reads from that client pause: small, so that a client that does not
+  // read costs little memory and little work (more than the kernel's socket buffer already).
+  std::uint64_t max_reply_backlog_bytes = 1024 * 1024;
   // Everything one connection makes the server hold besides stored data: its partial request,
   // its unsent replies, its waits and watches. Over it, that connection is closed.
   std::uint64_t max_connection_bytes = 128 * 1024 * 1024;

@@ -894,9 +894,16 @@ void Session::on_watch_event(std::uint8_t event, std::string_view key, std::stri
 }
 
 void Session::after_async_output() {
-  // Output produced while this session handles its own input is flushed by the server afterwards.
-  if (!in_feed_ && owner_) owner_->on_async_output();
-  if (!in_feed_) account();
+  // Output produced while this session handles its own input is flushed (and accounted) by the
+  // server afterwards.
+  if (in_feed_) return;
+  if (owner_) owner_->on_async_output();
+  account();
+  if (!closing() && charged_ > state_.limits().max_connection_bytes) {
+    evict(StoreErrc::kLimitExceeded,
+          "its unread replies make it hold " + group_digits(charged_) +
+              " bytes, over the limit per connection (--max-connection-bytes)");
+  }
 }
 
 }  // namespace dist::rendezvous

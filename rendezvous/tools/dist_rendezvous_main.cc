@@ -137,17 +137,17 @@ int main(int argc, char** argv) {
     boost::asio::io_context io;
     StoreServer server(io, StoreServer::bind(io, host, port), options);
     server.start();
-    const auto endpoint = server.local_endpoint();
-    std::printf("dist-rendezvous: listening on %s:%u\n", host.c_str(),
-                static_cast<unsigned>(endpoint.port()));
-    std::fflush(stdout);
-
+    // Handled before the port is printed: whoever reads that line may stop us at once.
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](const boost::system::error_code& ec, int signal) {
       if (ec) return;
       spdlog::info("dist-rendezvous: {} received, shutting down", strsignal(signal));
       server.stop();
     });
+    const auto endpoint = server.local_endpoint();
+    std::printf("dist-rendezvous: listening on %s:%u\n", host.c_str(),
+                static_cast<unsigned>(endpoint.port()));
+    std::fflush(stdout);
     io.run();
     return 0;
   } catch (const std::exception& e) {

@@ -160,7 +160,8 @@ void Session::enforce_budget() {
   const StoreLimits& limits = state_.limits();
   if (charged_ > limits.max_connection_bytes ||
       (state_.held_bytes() > limits.max_total_bytes && !state_.make_room(0, this, charged_))) {
-    need_room(0, "unread replies");  // throws the error that says which limit
+    // Throws the error that says which limit.
+    need_room(0, "what it holds (a partial request, unread replies, waits)");
   }
 }
 
@@ -207,7 +208,6 @@ bool Session::must_authenticate() const {
 std::string Session::overdue(Clock::time_point now) const {
   if (closing()) return {};
   const Deadlines& d = state_.options().deadlines;
-  using std::chrono::milliseconds;
   if (d.auth_timeout.count() > 0 && must_authenticate() && now - connected_at_ > d.auth_timeout) {
     return "did not authenticate within " + ms(d.auth_timeout) +
            " of connecting (--auth-timeout-ms); the store requires the job's secret from this "
@@ -255,7 +255,7 @@ void Session::feed(const char* data, std::size_t size) {
       if (in_.size() >= need_) resume();
     }
     if (!closing()) enforce_budget();  // a wait being received may have outgrown the room
-  } catch (const RequestError& e) {    // no room for the partial request
+  } catch (const RequestError& e) {    // no room for what arrived
     fail(e);
   }
   if (in_.empty() || closing()) {

@@ -1,6 +1,7 @@
 // libFuzzer target for the store's request parser and executor: arbitrary bytes, cut into chunks
 // at fuzzer-chosen points, fed to two sessions that share one store (so waits, wake-ups and
-// ephemeral keys cross connections). Limits are small so memory stays bounded.
+// ephemeral keys cross connections). Limits are small so memory stays bounded and the memory
+// budgets (closing a session, closing others to make room) are exercised.
 //
 // Input layout: byte 0 picks the first session's peer (loopback or not) and the secret; then
 // records of [session selector (1 byte), chunk length (1 byte), chunk bytes].
@@ -25,6 +26,7 @@ ServerOptions fuzz_options(std::uint8_t mode) {
   o.limits.max_keys_per_request = 64;
   o.limits.max_request_bytes = 64 * 1024;
   o.limits.max_reply_backlog_bytes = 256 * 1024;
+  o.limits.max_connection_bytes = 512 * 1024;
   o.limits.max_total_bytes = 1024 * 1024;
   if (mode & 1) o.secret = "fuzz-secret";
   return o;
@@ -58,6 +60,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     i += length;
     if (state.stored_bytes() > state.limits().max_total_bytes) __builtin_trap();
+    for (const auto& session : sessions) {  // a session over its budget must have been closed
+      if (!session->closing() && session->charged() > state.limits().max_connection_bytes) {
+        __builtin_trap();
+      }
+    }
   }
   return 0;
 }

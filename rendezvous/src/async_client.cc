@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "protocol.h"
 #include "requests.h"
+#include "text.h"
 
 namespace dist::rendezvous {
 
@@ -217,7 +218,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   void check_key(const std::string& key) const {
     if (key.size() > limits_.max_key_bytes) {
       throw StoreError(StoreErrc::kLimitExceeded,
-                       "key '" + requests::shorten(key) + "' is " + std::to_string(key.size()) +
+                       "key " + quote_key(key) + " is " + std::to_string(key.size()) +
                            " bytes; the store at " + endpoint() + " accepts at most " +
                            std::to_string(limits_.max_key_bytes));
     }
@@ -226,9 +227,9 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
     check_key(key);
     if (value.size() > limits_.max_value_bytes) {
       throw StoreError(StoreErrc::kLimitExceeded,
-                       "value for key '" + requests::shorten(key) + "' is " +
-                           std::to_string(value.size()) + " bytes; the store at " + endpoint() +
-                           " accepts at most " + std::to_string(limits_.max_value_bytes));
+                       "value for key " + quote_key(key) + " is " + std::to_string(value.size()) +
+                           " bytes; the store at " + endpoint() + " accepts at most " +
+                           std::to_string(limits_.max_value_bytes));
     }
   }
   void check_keys(const std::vector<std::string>& keys) const {
@@ -468,7 +469,7 @@ std::string AsyncStoreClient::endpoint() const {
 Task<void> AsyncStoreClient::set(std::string key, std::string value, bool ephemeral) {
   auto impl = impl_;
   impl->check_value(key, value);
-  auto call = co_await impl->begin_call("SET '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("SET " + quote_key(key));
   requests::set(call.out(), key, value, ephemeral);
   impl->arm_deadline();
   co_await impl->send();
@@ -478,7 +479,7 @@ Task<void> AsyncStoreClient::set(std::string key, std::string value, bool epheme
 Task<std::optional<std::string>> AsyncStoreClient::try_get(std::string key) {
   auto impl = impl_;
   impl->check_key(key);
-  auto call = co_await impl->begin_call("GET '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("GET " + quote_key(key));
   requests::key_only(call.out(), wire::Op::kGet, key);
   impl->arm_deadline();
   co_await impl->send();
@@ -524,7 +525,7 @@ Task<void> AsyncStoreClient::multi_set(Items items) {
 Task<std::int64_t> AsyncStoreClient::add(std::string key, std::int64_t delta) {
   auto impl = impl_;
   impl->check_key(key);
-  auto call = co_await impl->begin_call("ADD '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("ADD " + quote_key(key));
   requests::add(call.out(), key, delta);
   impl->arm_deadline();
   co_await impl->send();
@@ -537,7 +538,7 @@ Task<std::string> AsyncStoreClient::compare_set(std::string key, std::string exp
   auto impl = impl_;
   impl->check_value(key, expected);
   impl->check_value(key, desired);
-  auto call = co_await impl->begin_call("COMPARE_SET '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("COMPARE_SET " + quote_key(key));
   requests::compare_set(call.out(), key, expected, desired);
   impl->arm_deadline();
   co_await impl->send();
@@ -559,7 +560,7 @@ Task<bool> AsyncStoreClient::check(std::vector<std::string> keys) {
 Task<bool> AsyncStoreClient::delete_key(std::string key) {
   auto impl = impl_;
   impl->check_key(key);
-  auto call = co_await impl->begin_call("DELETE_KEY '" + requests::shorten(key) + "'");
+  auto call = co_await impl->begin_call("DELETE_KEY " + quote_key(key));
   requests::key_only(call.out(), wire::Op::kDeleteKey, key);
   impl->arm_deadline();
   co_await impl->send();
@@ -570,7 +571,7 @@ Task<bool> AsyncStoreClient::delete_key(std::string key) {
 Task<std::int64_t> AsyncStoreClient::delete_all_except(std::string prefix) {
   auto impl = impl_;
   impl->check_key(prefix);
-  auto call = co_await impl->begin_call("DELETE_ALL_EXCEPT '" + requests::shorten(prefix) + "'");
+  auto call = co_await impl->begin_call("DELETE_ALL_EXCEPT " + quote_key(prefix));
   requests::key_only(call.out(), wire::Op::kDeleteAllExcept, prefix);
   impl->arm_deadline();
   co_await impl->send();

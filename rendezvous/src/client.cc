@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "auth.h"
 #include "protocol.h"
 #include "requests.h"
+#include "text.h"
 
 namespace dist::rendezvous {
 
@@ -30,6 +32,7 @@ constexpr milliseconds kInitialBackoff{100};
 constexpr milliseconds kMaxBackoff{2000};
 constexpr double kBackoffFactor = 1.5;
 constexpr std::size_t kReadChunkBytes = 64 * 1024;
+constexpr std::size_t kMaxSecretFileBytes = 64 * 1024;  // a token, not a data file
 
 // Milliseconds left until the deadline, rounded up so that a wait never ends early.
 long long remaining_ms(Clock::time_point deadline) {
@@ -372,7 +375,7 @@ std::optional<std::pair<std::uint8_t, std::uint64_t>> StoreClient::Impl::cancel_
 void StoreClient::Impl::check_key(const std::string& key) const {
   if (key.size() > limits_.max_key_bytes) {
     throw StoreError(StoreErrc::kLimitExceeded,
-                     "key '" + requests::shorten(key) + "' is " + std::to_string(key.size()) +
+                     "key " + quote_key(key) + " is " + std::to_string(key.size()) +
                          " bytes; the store at " + endpoint() + " accepts at most " +
                          std::to_string(limits_.max_key_bytes));
   }
@@ -382,9 +385,9 @@ void StoreClient::Impl::check_value(const std::string& key, const std::string& v
   check_key(key);
   if (value.size() > limits_.max_value_bytes) {
     throw StoreError(StoreErrc::kLimitExceeded,
-                     "value for key '" + requests::shorten(key) + "' is " +
-                         std::to_string(value.size()) + " bytes; the store at " + endpoint() +
-                         " accepts at most " + std::to_string(limits_.max_value_bytes));
+                     "value for key " + quote_key(key) + " is " + std::to_string(value.size()) +
+                         " bytes; the store at " + endpoint() + " accepts at most " +
+                         std::to_string(limits_.max_value_bytes));
   }
 }
 
@@ -394,6 +397,44 @@ void StoreClient::Impl::check_count(std::size_t n) const {
                      std::to_string(n) + " keys in one request; the store at " + endpoint() +
                          " accepts at most " + std::to_string(limits_.max_keys_per_request));
   }
+}
+
+std::string read_secret_file(const std::string& path) {
+  auto fail = [&](const std::string& why) -> StoreError {
+    return StoreError(StoreErrc::kInvalidArgument, "secret file '" + path + "' " + why);
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw fail(std::string("cannot be read: ") + std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw fail(std::string("cannot be read: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw fail("is not a regular file");
+  if (st.st_mode & (S_IROTH | S_IWOTH)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw fail(std::string("is open to other users (mode ") + mode +
+               "): anyone on this machine could read or replace the secret; run chmod 600 '" +
+               path + "'");
+  }
+  if (static_cast<std::size_t>(st.st_size) > kMaxSecretFileBytes) {
+    throw fail("is " + std::to_string(st.st_size) + " bytes; a secret file holds one token");
+  }
+  std::string secret(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < secret.size()) {
+    const ssize_t n = ::read(fd, secret.data() + got, secret.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw fail(std::string("cannot be read: ") + std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  secret.resize(got);
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) throw fail("is empty; write the job's token into it");
+  return secret;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -431,7 +472,7 @@ void StoreClient::set(const std::string& key, const std::string& value, bool eph
   requests::set(impl_->request(), key, value, ephemeral);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "SET '" + requests::shorten(key) + "'");
+  impl_->status(d, "SET " + quote_key(key));
 }
 
 std::optional<std::string> StoreClient::try_get(const std::string& key) {
@@ -440,7 +481,7 @@ std::optional<std::string> StoreClient::try_get(const std::string& key) {
   const auto d = impl_->deadline({});
   impl_->send(d);
   try {
-    impl_->status(d, "GET '" + requests::shorten(key) + "'");
+    impl_->status(d, "GET " + quote_key(key));
   } catch (const StoreError& e) {
     if (e.code() == StoreErrc::kNotFound) return std::nullopt;
     throw;
@@ -453,7 +494,7 @@ std::string StoreClient::get(const std::string& key, Timeout timeout) {
   wait({key}, timeout);
   if (auto value = try_get(key)) return *std::move(value);
   throw StoreError(StoreErrc::kNotFound,
-                   "key '" + requests::shorten(key) +
+                   "key '" + quote_key(key) +
                        "' was deleted right after it appeared on the store at " + endpoint());
 }
 
@@ -462,7 +503,7 @@ std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {
   requests::add(impl_->request(), key, delta);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "ADD '" + requests::shorten(key) + "'");
+  impl_->status(d, "ADD " + quote_key(key));
   return impl_->i64(d);
 }
 
@@ -473,7 +514,7 @@ std::string StoreClient::compare_set(const std::string& key, const std::string& 
   requests::compare_set(impl_->request(), key, expected, desired);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "COMPARE_SET '" + requests::shorten(key) + "'");
+  impl_->status(d, "COMPARE_SET " + quote_key(key));
   return impl_->bytes(d);
 }
 
@@ -482,7 +523,7 @@ void StoreClient::append(const std::string& key, const std::string& value) {
   requests::key_value(impl_->request(), wire::Op::kAppend, key, value);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "APPEND '" + requests::shorten(key) + "'");
+  impl_->status(d, "APPEND " + quote_key(key));
 }
 
 bool StoreClient::check(const std::vector<std::string>& keys) {
@@ -563,7 +604,7 @@ bool StoreClient::delete_key(const std::string& key) {
   requests::key_only(impl_->request(), wire::Op::kDeleteKey, key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "DELETE_KEY '" + requests::shorten(key) + "'");
+  impl_->status(d, "DELETE_KEY " + quote_key(key));
   return impl_->i64(d) > 0;
 }
 
@@ -572,7 +613,7 @@ std::int64_t StoreClient::delete_all_except(const std::string& prefix) {
   requests::key_only(impl_->request(), wire::Op::kDeleteAllExcept, prefix);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "DELETE_ALL_EXCEPT '" + requests::shorten(prefix) + "'");
+  impl_->status(d, "DELETE_ALL_EXCEPT " + quote_key(prefix));
   return impl_->i64(d);
 }
 
@@ -600,9 +641,9 @@ void StoreClient::barrier(const std::string& key, std::int64_t world_size, Timeo
   requests::barrier(impl_->request(), key, world_size);
   const auto d = impl_->deadline(timeout);
   impl_->send(d);
-  if (!impl_->await(d, "BARRIER '" + requests::shorten(key) + "'")) {
+  if (!impl_->await(d, "BARRIER " + quote_key(key))) {
     throw StoreError(StoreErrc::kTimeout,
-                     "BARRIER '" + requests::shorten(key) + "' of " + std::to_string(world_size) +
+                     "BARRIER " + quote_key(key) + " of " + std::to_string(world_size) +
                          " did not fill in time on the store at " + endpoint());
   }
 }
@@ -612,7 +653,7 @@ void StoreClient::queue_push(const std::string& key, const std::string& value) {
   requests::key_value(impl_->request(), wire::Op::kQueuePush, key, value);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_PUSH '" + requests::shorten(key) + "'");
+  impl_->status(d, "QUEUE_PUSH " + quote_key(key));
 }
 
 std::optional<std::string> StoreClient::queue_pop(const std::string& key) {
@@ -620,7 +661,7 @@ std::optional<std::string> StoreClient::queue_pop(const std::string& key) {
   requests::key_only(impl_->request(), wire::Op::kQueuePop, key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_POP '" + requests::shorten(key) + "'");
+  impl_->status(d, "QUEUE_POP " + quote_key(key));
   if (impl_->i64(d) <= 0) return std::nullopt;
   return impl_->bytes(d);
 }
@@ -630,7 +671,7 @@ std::int64_t StoreClient::queue_len(const std::string& key) {
   requests::key_only(impl_->request(), wire::Op::kQueueLen, key);
   const auto d = impl_->deadline({});
   impl_->send(d);
-  impl_->status(d, "QUEUE_LEN '" + requests::shorten(key) + "'");
+  impl_->status(d, "QUEUE_LEN " + quote_key(key));
   return impl_->i64(d);
 }
 

@@ -85,9 +85,7 @@ inline void barrier(std::string& out, std::string_view key, std::int64_t world_s
   w.i64(world_size);
 }
 
-// "'a', 'b', 'c' and 4 more", for messages.
+// "'a', 'b', 'c' and 4 more", for messages (keys quoted and escaped: text.h).
 std::string describe_keys(const std::vector<std::string>& keys);
-// A key cut to 64 characters, control bytes escaped, for messages.
-std::string shorten(std::string_view key);
 
 }  // namespace dist::rendezvous::requests

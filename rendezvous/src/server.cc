@@ -11,6 +11,8 @@
 #include "dist/rendezvous/client.h"
 #include "dist/rendezvous/errors.h"
 #include "session.h"
+#include "text.h"
+#include "warning_limiter.h"
 
 namespace dist::rendezvous {
 
@@ -19,7 +21,24 @@ using asio::ip::tcp;
 
 namespace {
 constexpr std::size_t kReadChunkBytes = 64 * 1024;
+// Reads from one connection per turn of the event loop, so one busy client cannot starve others.
+constexpr int kReadRoundsPerTurn = 1;
 constexpr auto kAcceptRetryDelay = std::chrono::milliseconds(50);  // after EMFILE and the like
+// Deadlines are checked by one sweep over the connections, this often (a quarter of the shortest
+// deadline, within these bounds); the same sweep writes the warnings' summaries.
+constexpr auto kMinSweepInterval = std::chrono::milliseconds(10);
+constexpr auto kMaxSweepInterval = std::chrono::milliseconds(1000);
+// Eviction candidates for a full connection table are gathered by one scan at most this often.
+constexpr auto kEvictionScanInterval = std::chrono::milliseconds(100);
+
+std::chrono::milliseconds sweep_interval(const ServerOptions& options) {
+  auto interval = std::min(kMaxSweepInterval, options.warning_interval);
+  for (const auto d : {options.deadlines.auth_timeout, options.deadlines.request_timeout,
+                       options.deadlines.idle_timeout}) {
+    if (d.count() > 0) interval = std::min(interval, d / 4);
+  }
+  return std::max(interval, kMinSweepInterval);
+}
 }  // namespace
 
 // One client connection. It waits for readability instead of keeping a read buffer of its own,
@@ -32,6 +51,9 @@ class Connection : public std::enable_shared_from_this<Connection>, public Sessi
   void close();
   void on_async_output() override;
   const PeerInfo& peer() const { return session_.peer(); }
+  Session& session() { return session_; }
+  // Closes the connection with a warning of `kind` (rate-limited) saying why.
+  void close_with_warning(const std::string& kind, const std::string& reason);
 
  private:
   void wait_readable();
@@ -54,14 +76,24 @@ namespace detail {
 class ServerCore : public std::enable_shared_from_this<ServerCore> {
  public:
   ServerCore(asio::io_context& io, tcp::acceptor acceptor, ServerOptions options)
-      : io_(io), acceptor_(std::move(acceptor)), state_(std::move(options)), retry_timer_(io) {}
+      : io_(io),
+        acceptor_(std::move(acceptor)),
+        state_(std::move(options)),
+        retry_timer_(io),
+        sweep_timer_(io),
+        warnings_(state_.options().warning_interval) {}
 
-  void start() { accept(); }
+  void start() {
+    accept();
+    sweep();
+  }
   void stop() {
     stopped_ = true;
     boost::system::error_code ignored;
     acceptor_.close(ignored);
     retry_timer_.cancel();
+    sweep_timer_.cancel();
+    warnings_.flush(WarningLimiter::Clock::time_point::max());
     for (const auto& c :
          std::vector<std::shared_ptr<Connection>>(connections_.begin(), connections_.end())) {
       c->close();
@@ -75,7 +107,12 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
     s.requests = state_.requests;
     s.keys = state_.num_keys();
     s.stored_bytes = state_.stored_bytes();
+    s.held_bytes = state_.held_bytes();
+    s.connections_evicted += state_.evictions;
     return s;
+  }
+  void warn(const std::string& kind, const std::string& message) {
+    warnings_.warn(kind, message, WarningLimiter::Clock::now());
   }
 
   StoreState& state() { return state_; }
@@ -96,8 +133,9 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   void on_accept(const boost::system::error_code& ec, tcp::socket socket) {
     if (stopped_ || ec == asio::error::operation_aborted) return;
     if (ec) {
-      spdlog::warn("store: accept failed: {} (retrying in {} ms)", ec.message(),
-                   kAcceptRetryDelay.count());
+      warn("accept failures", "accept failed: " + ec.message() + " (retrying every " +
+                                  std::to_string(kAcceptRetryDelay.count()) +
+                                  " ms; at the open-file limit, raise it with ulimit -n)");
       retry_timer_.expires_after(kAcceptRetryDelay);
       retry_timer_.async_wait([self = shared_from_this()](boost::system::error_code e) {
         if (!e) self->accept();
@@ -117,11 +155,21 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         (remote.address().is_v6() && remote.address().to_v6().is_v4_mapped() &&
          asio::ip::make_address_v4(asio::ip::v4_mapped, remote.address().to_v6()).is_loopback());
     ++stats_.connections_total;
-    if (connections_.size() >= state_.limits().max_connections) {
+    if (connections_.size() >= state_.limits().max_connections && !evict_for_slot()) {
       ++stats_.connections_rejected;
-      spdlog::warn("store: refusing {}: {} connections open, the limit (--max-connections)",
-                   peer.address, connections_.size());
+      warn("refused connections", "refusing " + peer.address + ": " +
+                                      group_digits(connections_.size()) +
+                                      " connections open, the limit (--max-connections)");
       return;  // the socket closes as it goes out of scope
+    }
+    const std::uint64_t base = Session::kBaseBytes;
+    if (state_.held_bytes() + base > state_.limits().max_total_bytes &&
+        !state_.make_room(base, nullptr, base)) {
+      ++stats_.connections_rejected;
+      warn("refused connections", "refusing " + peer.address + ": the server holds " +
+                                      group_digits(state_.held_bytes()) +
+                                      " bytes, its limit (--max-total-bytes)");
+      return;
     }
     auto connection =
         std::make_shared<Connection>(shared_from_this(), std::move(socket), std::move(peer));
@@ -129,10 +177,69 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
     connection->start();
   }
 
+  // Periodic: closes connections past a deadline, writes the warnings' summaries.
+  void sweep() {
+    if (stopped_) return;
+    const auto now = Session::Clock::now();
+    for (const auto& c :
+         std::vector<std::shared_ptr<Connection>>(connections_.begin(), connections_.end())) {
+      const std::string reason = c->session().overdue(now);
+      if (reason.empty()) continue;
+      ++stats_.connections_timed_out;
+      c->close_with_warning("connections closed by a deadline", reason);
+    }
+    warnings_.flush(now);
+    sweep_timer_.expires_after(sweep_interval(state_.options()));
+    sweep_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec) self->sweep();
+    });
+  }
+
+  // Every slot is taken: closes the connection that is least likely a working client (one that
+  // must authenticate and has not, then one stuck in the middle of a request; the longest
+  // waiting first) to admit the new one. Candidates come from one scan, reused until spent.
+  bool evict_for_slot() {
+    const auto now = Session::Clock::now();
+    while (true) {
+      while (!eviction_candidates_.empty()) {
+        auto victim = eviction_candidates_.back().lock();
+        eviction_candidates_.pop_back();
+        if (!victim || !connections_.contains(victim) || !victim->session().eviction_rank()) {
+          continue;
+        }
+        ++stats_.connections_evicted;
+        victim->close_with_warning("connections closed to admit new ones",
+                                   std::string(victim->session().eviction_rank()->first == 0
+                                                   ? "not authenticated"
+                                                   : "in the middle of a request") +
+                                       " while every connection slot is taken (--max-connections " +
+                                       group_digits(state_.limits().max_connections) +
+                                       "): closed to admit another");
+        return true;
+      }
+      if (now - last_eviction_scan_ < kEvictionScanInterval) return false;
+      last_eviction_scan_ = now;
+      std::vector<std::pair<std::pair<int, Session::Clock::time_point>, std::weak_ptr<Connection>>>
+          ranked;
+      for (const auto& c : connections_) {
+        if (auto rank = c->session().eviction_rank()) ranked.emplace_back(*rank, c);
+      }
+      if (ranked.empty()) return false;
+      // Best victim last, so candidates pop from the back.
+      std::sort(ranked.begin(), ranked.end(),
+                [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (auto& [rank, c] : ranked) eviction_candidates_.push_back(std::move(c));
+    }
+  }
+
   asio::io_context& io_;
   tcp::acceptor acceptor_;
   StoreState state_;
   asio::steady_timer retry_timer_;
+  asio::steady_timer sweep_timer_;
+  WarningLimiter warnings_;
+  std::vector<std::weak_ptr<Connection>> eviction_candidates_;
+  Session::Clock::time_point last_eviction_scan_{};
   std::unordered_set<std::shared_ptr<Connection>> connections_;
   std::array<char, kReadChunkBytes> read_buffer_{};
   ServerStats stats_;
@@ -175,7 +282,7 @@ void Connection::on_readable(const boost::system::error_code& ec) {
     return;
   }
   // Drain what the kernel has (bounded, so one busy client cannot starve the others).
-  for (int round = 0; round < 4 && session_.wants_input(); ++round) {
+  for (int round = 0; round < kReadRoundsPerTurn && session_.wants_input(); ++round) {
     boost::system::error_code read_ec;
     const std::size_t n = socket_.read_some(
         asio::buffer(server_->read_buffer(), server_->read_buffer_size()), read_ec);
@@ -195,17 +302,29 @@ void Connection::on_readable(const boost::system::error_code& ec) {
 bool Connection::close_if_session_ended() {
   if (closed_) return true;
   if (!session_.closing()) return false;
-  spdlog::warn("store: closing connection from {}: {}", session_.peer().address,
-               session_.close_reason());
   ++server_->counters().protocol_errors;
-  close();
+  close_with_warning("connections closed (" + std::string(to_string(session_.close_code())) + ")",
+                     session_.close_reason());
   return true;
+}
+
+void Connection::close_with_warning(const std::string& kind, const std::string& reason) {
+  if (closed_) return;
+  server_->warn(kind, "closing connection from " + session_.peer().address + ": " + reason);
+  flush();  // an error frame, if the session wrote one
+  close();
 }
 
 void Connection::on_async_output() {
   // Called while another connection's request runs: write now, but never close here (the
   // caller may still be iterating over waiters that include this session).
-  if (closed_ || write_pending_) return;
+  if (closed_) return;
+  if (session_.closing()) {  // closed to make room
+    asio::post(socket_.get_executor(),
+               [self = shared_from_this()] { self->close_if_session_ended(); });
+    return;
+  }
+  if (write_pending_) return;
   std::string& out = session_.output();
   boost::system::error_code ec;
   const std::size_t n =
@@ -214,6 +333,7 @@ void Connection::on_async_output() {
   if (sent_ == out.size()) {
     out.clear();
     sent_ = 0;
+    session_.account();
   } else if (!ec || ec == asio::error::would_block || ec == asio::error::try_again) {
     wait_writable();
   } else {
@@ -241,6 +361,7 @@ void Connection::flush() {
   out.clear();
   if (out.capacity() > 64 * 1024) out.shrink_to_fit();
   sent_ = 0;
+  session_.account();
 }
 
 void Connection::wait_writable() {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,8 +35,13 @@ struct PeerInfo {
 
 class Session {
  public:
+  using Clock = std::chrono::steady_clock;
+  // What a connection costs before it holds anything (this object, the server's connection
+  // object, the socket's event registration), counted against max_total_bytes.
+  static constexpr std::uint64_t kBaseBytes = 1024;
+
   Session(StoreState& state, PeerInfo peer, SessionOwner* owner);
-  ~Session();  // cancels waits, releases ephemeral keys
+  ~Session();  // cancels waits, releases ephemeral keys and what it held
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -50,7 +57,22 @@ class Session {
   bool has_runnable_input() const { return wants_input() && !in_.empty() && in_.size() >= need_; }
   bool closing() const { return !close_reason_.empty(); }
   const std::string& close_reason() const { return close_reason_; }
+  StoreErrc close_code() const { return close_code_; }
   const PeerInfo& peer() const { return peer_; }
+
+  // Memory: what this session holds (its buffers, waits, watches), as last reported to the
+  // StoreState; account() reports it anew (the server calls it after writing output).
+  std::uint64_t charged() const { return charged_; }
+  void account();
+  // Closed from outside to make room: its buffers are freed at once, its owner told.
+  void evict(StoreErrc code, std::string reason);
+
+  // Deadlines (ServerOptions::deadlines): why this connection is overdue at `now`, or empty.
+  std::string overdue(Clock::time_point now) const;
+  // When every connection slot is taken, connections are closed to admit a new one in this
+  // order: lower rank first (0: must authenticate and has not; 1: in the middle of a request),
+  // then the longest waiting. nullopt: never (a connection that is doing its work).
+  std::optional<std::pair<int, Clock::time_point>> eviction_rank() const;
 
   // Called by the StoreState.
   void on_key_created(std::uint64_t ticket);
@@ -66,6 +88,7 @@ class Session {
     WaitKind kind;
     std::size_t remaining;          // kAllExist: keys still missing
     std::vector<std::string> keys;  // registered in the state's index
+    std::uint64_t bytes = 0;        // its memory, counted in registered_bytes_
   };
   // A key or value inside the request being parsed, as an offset from the request's first byte,
   // so that it survives the input buffer growing while a long request arrives.
@@ -78,6 +101,9 @@ class Session {
   std::size_t handle_one(const char* data, std::size_t size);  // 0: incomplete
   bool detect_dialect(const char* data, std::size_t size);
   void check_authorized(wire::Op op);
+  bool policy_admits() const;  // the unauthenticated policy lets this peer in
+  bool must_authenticate() const;
+  void check_permitted(wire::Op op, const char* base) const;  // restricted sessions' limits
   void execute(wire::Op op, const char* base);
   std::string_view view(const char* base, Span s) const { return {base + s.offset, s.size}; }
 
@@ -85,7 +111,8 @@ class Session {
   Span read_key(wire::Reader& r, const char* base);
   Span read_value(wire::Reader& r, const char* base);
   Span read_fixed(wire::Reader& r, const char* base, std::size_t size);
-  bool read_key_list(wire::Reader& r, const char* base, bool with_values);
+  bool read_key_list(wire::Reader& r, const char* base, bool with_values,
+                     bool counts_as_wait = false);
 
   // Replies.
   void begin_reply();  // status byte in framed mode
@@ -96,7 +123,14 @@ class Session {
   void reply_error(const RequestError& e);
   void fail(const RequestError& e);
   RequestError request_too_large(std::uint64_t bytes) const;
-  void close(std::string reason);
+  void close(StoreErrc code, std::string reason);
+
+  // Budgets: throws a fatal kLimitExceeded when this session cannot hold `more` bytes more.
+  void need_room(std::uint64_t more, const std::string& what);
+  void enforce_budget();  // after output grew without a check (small replies)
+  void buffer_input(const char* data, std::size_t size);
+  void reserve_output(std::uint64_t bytes, const char* what);
+  std::uint64_t holding() const;  // what account() reports
 
   // Waits.
   void start_wait(WaitKind kind, const std::vector<std::string_view>& keys, std::int64_t target);
@@ -110,11 +144,22 @@ class Session {
   wire::Dialect dialect_ = wire::Dialect::kUnknown;
   bool framed_ = false;      // said HELLO: replies carry a status byte
   bool authorized_ = false;  // authenticated, or let in by the unauthenticated policy
+  bool restricted_ = false;  // let in by the policy without the secret: PyTorch's ops, job keys
   std::string out_;
   std::string in_;          // bytes of requests not yet executed
   std::uint64_t need_ = 0;  // do not parse again until in_ holds this many bytes
   std::string close_reason_;
+  StoreErrc close_code_ = StoreErrc::kProtocol;
   bool in_feed_ = false;
+
+  std::uint64_t charged_ = 0;             // reported to the state
+  std::uint64_t registered_bytes_ = 0;    // waits, watches, ephemeral key names
+  std::uint64_t parsing_wait_bytes_ = 0;  // what the WAIT being received will register
+  Clock::time_point connected_at_;
+  Clock::time_point last_input_at_;
+  Clock::time_point resumed_at_;  // reads last resumed after the reply backlog drained
+  std::optional<Clock::time_point> partial_since_;  // an incomplete request is buffered
+  bool paused_ = false;
 
   // Parse state of the current request; list parsing resumes where it stopped.
   std::vector<Span> spans_;

@@ -35,6 +35,10 @@ struct StringHash {
     return std::hash<std::string_view>{}(s);
   }
 };
+// A counter's stored text as PyTorch's servers read it (std::stoll): " 12", "+5" and "12abc" are
+// numbers, "abc", "" and values outside the 64-bit range are not (nullopt).
+std::optional<std::int64_t> parse_counter(std::string_view text);
+
 template <typename V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
@@ -51,9 +55,10 @@ class WaiterIndex {
   using Waiters = std::unordered_multimap<const Session*, Waiter>;
 
   void add(std::string_view key, Waiter waiter);
-  std::vector<Waiter> take(std::string_view key);  // removes and returns every waiter of key
+  // Removes and returns every waiter of key, in ticket order.
+  std::vector<Waiter> take(std::string_view key);
   std::optional<Waiter> take_one(std::string_view key);
-  void remove(std::string_view key, const Session* session);
+  void remove(std::string_view key, const Session* session, std::uint64_t ticket);
   Waiters* find(std::string_view key);
   void erase_if_empty(std::string_view key);
 
@@ -75,7 +80,8 @@ class StoreState {
   void set(std::string_view key, std::string_view value, Session* ephemeral_owner = nullptr);
   std::string compare_set(std::string_view key, std::string_view expected,
                           std::string_view desired);
-  std::int64_t add(std::string_view key, std::int64_t delta);
+  // PyTorch's clients get a wrapped sum on overflow (as from PyTorch's servers); ours an error.
+  std::int64_t add(std::string_view key, std::int64_t delta, bool wrap_on_overflow);
   void append(std::string_view key, std::string_view value);
   // All or nothing: either every item is stored or (over the byte limit) none is.
   void multi_set(const std::vector<std::pair<std::string_view, std::string_view>>& items);
@@ -84,6 +90,10 @@ class StoreState {
   std::size_t num_keys() const { return data_.size(); }
   std::vector<std::string_view> list_keys() const;
   std::uint64_t stored_bytes() const { return stored_bytes_; }
+
+  // Keys under options().agent_key_prefix: what authenticated clients alone may touch.
+  bool is_agent_key(std::string_view key) const;
+  std::size_t num_agent_keys() const { return agent_keys_; }
 
   void queue_push(std::string_view key, std::string_view value);  // wakes one waiter
   bool queue_pop(std::string_view key, std::string* value_out);
@@ -102,14 +112,33 @@ class StoreState {
   // Called by a closing session for every ephemeral key it owns.
   void release_ephemeral(std::string_view key, const Session* owner);
 
-  std::uint64_t requests = 0;  // served, for stats
+  // Memory accounting against limits().max_total_bytes: stored data with its bookkeeping, plus
+  // what each session holds (its buffers, waits and watches), which sessions report here.
+  std::uint64_t held_bytes() const;
+  void recharge(Session* session, std::uint64_t before, std::uint64_t after);
+  // Makes room for `more` bytes by closing the sessions that hold the most, largest first, as
+  // long as each holds more than `requester_bytes` (a session is never closed for a bigger one);
+  // false when that is not enough. The requester itself is never closed here.
+  bool make_room(std::uint64_t more, const Session* requester, std::uint64_t requester_bytes);
+  // The session whose request is executing (never closed to make room for itself).
+  Session* current() const { return current_; }
+  bool is_current(const Session* session) const { return current_ == session; }
+  void set_current(Session* session) { current_ = session; }
+
+  std::uint64_t requests = 0;   // served, for stats
+  std::uint64_t evictions = 0;  // sessions closed by make_room, for stats
 
  private:
   struct Entry {
     std::string value;
     Session* owner = nullptr;  // set for an ephemeral key
   };
+  // Accounts for stored data growing by `more` bytes (bookkeeping of new entries included), or
+  // throws the store-full error naming `key`.
   void reserve_bytes(std::uint64_t more, std::string_view key);
+  bool make_room_below(std::uint64_t limit, std::uint64_t more, const Session* requester,
+                       std::uint64_t requester_bytes);
+  void count_key(std::string_view key, int delta);
   void on_created(std::string_view key);
   void on_created_one(std::string_view key);
   void on_deleted(std::string_view key, const std::string& old_value);
@@ -121,8 +150,28 @@ class StoreState {
   StringMap<Entry> data_;
   StringMap<std::deque<std::string>> queues_;
   std::uint64_t stored_bytes_ = 0;
+  std::uint64_t queue_items_ = 0;
+  std::size_t agent_keys_ = 0;
+  std::uint64_t session_bytes_ = 0;             // the sum of what sessions hold
+  std::unordered_set<Session*> large_holders_;  // sessions holding enough to be worth closing
+  Session* current_ = nullptr;
   WaiterIndex creation_waiters_, deletion_waiters_, barrier_waiters_, watchers_;
   std::unordered_set<std::string> known_hosts_;
+};
+
+// Marks a session's request as the one executing, for its scope.
+class CurrentSession {
+ public:
+  CurrentSession(StoreState& state, Session* session) : state_(state), previous_(state.current()) {
+    state_.set_current(session);
+  }
+  ~CurrentSession() { state_.set_current(previous_); }
+  CurrentSession(const CurrentSession&) = delete;
+  CurrentSession& operator=(const CurrentSession&) = delete;
+
+ private:
+  StoreState& state_;
+  Session* previous_;
 };
 
 }  // namespace dist::rendezvous

@@ -51,6 +51,19 @@ TEST_F(ClientTest, AddKeepsADecimalCounter) {
     EXPECT_NE(std::string(e.what()).find("'text'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(c.add("n", 1), -1) << "the connection stays usable after a request error";
+  // Stored text reads as PyTorch's servers read it; an overflow is an error here (PyTorch's
+  // clients get the wrapped sum, as from PyTorch's servers).
+  c.set("padded", " 41abc");
+  EXPECT_EQ(c.add("padded", 1), 42);
+  EXPECT_EQ(c.get("padded"), "42");
+  c.set("max", std::to_string(INT64_MAX));
+  try {
+    c.add("max", 1);
+    FAIL() << "ADD past INT64_MAX must fail for our clients";
+  } catch (const StoreError& e) {
+    EXPECT_EQ(e.code(), StoreErrc::kInvalidArgument) << e.what();
+  }
+  EXPECT_EQ(c.get("max"), std::to_string(INT64_MAX)) << "nothing changed";
 }
 
 TEST_F(ClientTest, CompareSetFollowsPyTorchSemantics) {

@@ -13,8 +13,10 @@
 #include <regex>
 #include <string>
 
+#include "daemon_process.h"
 #include "dist/rendezvous/client.h"
 #include "dist/rendezvous/server.h"
+#include "raw_client.h"
 
 namespace dist::rendezvous {
 namespace {
@@ -79,6 +81,7 @@ TEST(Daemon, TokenFileRequiresAgentsToAuthenticate) {
   const auto token = std::filesystem::temp_directory_path() /
                      ("dist-rendezvous-token-" + std::to_string(::getpid()));
   std::ofstream(token) << "job-secret\n";
+  std::filesystem::permissions(token, std::filesystem::perms::owner_read);
   FILE* stream = nullptr;
   const auto [pid, port] =
       start_daemon({"--host", "127.0.0.1", "--port", "0", "--token-file", token.string(),
@@ -104,6 +107,33 @@ TEST(Daemon, TokenFileRequiresAgentsToAuthenticate) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   std::fclose(stream);
   std::filesystem::remove(token);
+}
+
+// dist-rendezvous under a file-descriptor limit lower than its clients: accept fails every 50 ms
+// while the limit is reached, and that is logged once, then summed up.
+TEST(Daemon, TheOpenFileLimitWarningIsNotRepeatedEvery50Ms) {
+  constexpr std::uint64_t kOpenFiles = 32;
+  testing::DaemonProcess daemon({"--log-level", "warn"}, kOpenFiles);
+  ASSERT_GT(daemon.port(), 0) << daemon.output();
+  std::vector<std::unique_ptr<testing::RawClient>> held;
+  for (std::uint64_t i = 0; i < kOpenFiles + 8; ++i) {
+    held.push_back(std::make_unique<testing::RawClient>("127.0.0.1", daemon.port()));
+  }
+  ASSERT_TRUE(daemon.wait_for(std::regex("accept failed: Too many open files"), 10s))
+      << daemon.output();
+  // A second of failed accepts (about 20 retries) adds no line.
+  EXPECT_FALSE(daemon.wait_for(std::regex("accept failed[\\s\\S]*accept failed"), 1s))
+      << daemon.output();
+
+  held.clear();  // below the limit again: served
+  ClientOptions options;
+  options.port = daemon.port();
+  options.connect_timeout = 10s;
+  EXPECT_EQ(StoreClient::connect(options).add("n", 1), 1);
+  EXPECT_EQ(daemon.stop(), 0);
+  EXPECT_TRUE(std::regex_search(daemon.output(),
+                                std::regex("accept failures: [0-9,]+ more in the last 10 s")))
+      << daemon.output();
 }
 
 TEST(Daemon, ServesOnThePrintedPortAndStopsOnSigterm) {

@@ -1,6 +1,8 @@
 // Both TCPStore dialects, byte for byte as PyTorch's clients send them, against a real server.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <optional>
 #include <thread>
 
 #include "dist/rendezvous/server.h"
@@ -95,6 +97,67 @@ TEST_F(DialectTest, CurrentWaitIsReleasedByAnotherClientAndCancelWaitClearsIt) {
   writer->send(u8(cur::kPing) + u32(1));
   EXPECT_EQ(writer->read_u32(), 1u);
   EXPECT_EQ(waiter->read(1, 100ms), std::nullopt);
+}
+
+// Regression: when one of two pipelined waits on the same key finished, the other lost its entry
+// in the key's waiter index and was never answered.
+TEST_F(DialectTest, PipelinedWaitsOnOneKeyAreEachAnswered) {
+  auto waiter = current();
+  auto writer = current();
+  waiter->send(u8(cur::kWait) + list({"/k"}) + u8(cur::kWait) + list({"/k", "/other"}));
+  EXPECT_EQ(waiter->read(1, 100ms), std::nullopt);
+  writer->send(u8(cur::kSet) + str("/k") + str("v"));
+  EXPECT_EQ(waiter->read_u8(), wire::kStopWaiting) << "the first wait";
+  EXPECT_EQ(waiter->read(1, 100ms), std::nullopt) << "the second still needs /other";
+  writer->send(u8(cur::kSet) + str("/other") + str("v"));
+  EXPECT_EQ(waiter->read_u8(), wire::kStopWaiting) << "the second wait, still registered";
+
+  // The same with the second wait finishing first.
+  waiter->send(u8(cur::kWait) + list({"/a", "/b"}) + u8(cur::kWait) + list({"/a"}));
+  writer->send(u8(cur::kSet) + str("/a") + str("v"));
+  EXPECT_EQ(waiter->read_u8(), wire::kStopWaiting);
+  writer->send(u8(cur::kSet) + str("/b") + str("v"));
+  EXPECT_EQ(waiter->read_u8(), wire::kStopWaiting);
+}
+
+// ADD on a stored value that is not plain decimal: PyTorch's servers parse it with std::stoll
+// (white space, a sign, trailing bytes) and wrap on overflow; a value with no number in it closes
+// the connection. Checked against torch 1.13's own server in tests/torch/store_diff_test.py.
+TEST_F(DialectTest, AddParsesStoredValuesLikePyTorch) {
+  struct Case {
+    const char* name;
+    std::string stored;
+    std::int64_t delta;
+    std::optional<std::int64_t> reply;  // nullopt: the connection is closed
+  };
+  const Case cases[] = {
+      {"leading space", " 12", 1, 13},
+      {"leading tab and newline", "\t\n12", 1, 13},
+      {"trailing letters", "12abc", 1, 13},
+      {"trailing NUL", std::string("12\0zz", 5), 1, 13},
+      {"plus sign", "+5", 1, 6},
+      {"hex is decimal 0 then junk", "0x10", 1, 1},
+      {"wraps at the top", "9223372036854775807", 1, INT64_MIN},
+      {"wraps at the bottom", "-9223372036854775808", -1, INT64_MAX},
+      {"empty", "", 1, std::nullopt},
+      {"letters", "abc", 1, std::nullopt},
+      {"sign then space", "- 5", 1, std::nullopt},
+      {"out of range", "99999999999999999999", 1, std::nullopt},
+  };
+  for (const Case& t : cases) {
+    SCOPED_TRACE(t.name);
+    for (bool legacy_client : {true, false}) {
+      auto c = legacy_client ? legacy() : current();
+      const std::uint8_t set = legacy_client ? leg::kSet : cur::kSet;
+      const std::uint8_t add = legacy_client ? leg::kAdd : cur::kAdd;
+      c->send(u8(set) + str("/odd") + str(t.stored) + u8(add) + str("/odd") + i64(t.delta));
+      if (t.reply) {
+        EXPECT_EQ(c->read_i64(), *t.reply);
+      } else {
+        EXPECT_TRUE(c->closed_by_server());
+      }
+    }
+  }
 }
 
 TEST_F(DialectTest, LegacyDialectEveryOperation) {

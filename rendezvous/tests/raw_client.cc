@@ -37,6 +37,10 @@ void RawClient::send(const std::string& bytes) {
   }
 }
 
+void RawClient::shutdown() {
+  ::shutdown(fd_, SHUT_RDWR);
+}
+
 std::optional<std::string> RawClient::read(std::size_t n, std::chrono::milliseconds timeout) {
   std::string out(n, '\0');
   std::size_t got = 0;

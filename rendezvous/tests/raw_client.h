@@ -18,6 +18,7 @@ class RawClient {
   RawClient& operator=(const RawClient&) = delete;
 
   void send(const std::string& bytes);
+  void shutdown();  // both directions: unblocks a send() on another thread
   // Reads exactly n bytes; nullopt if the deadline passes or the connection closes first.
   std::optional<std::string> read(
       std::size_t n, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));

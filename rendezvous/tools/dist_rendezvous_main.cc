@@ -1,36 +1,32 @@
 // dist-rendezvous: the rendezvous store on its own, for jobs that want it outside any node.
 #include <spdlog/spdlog.h>
 
+#include <malloc.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
 
+#include "dist/rendezvous/client.h"
 #include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/limits.h"
 #include "dist/rendezvous/server.h"
 
 namespace {
 
+// Allocations from this size up get their own mapping, returned to the system when freed. glibc
+// otherwise raises this threshold as large blocks are freed (up to 32 MiB) and serves the next
+// ones from its heap, where freed memory stays resident: the process would then keep more memory
+// than --max-total-bytes counts long after an attack ended.
+constexpr int kMmapThresholdBytes = 256 * 1024;
+
 constexpr int kExitUsage = 2;
 constexpr int kExitFailure = 1;
-
-std::string read_token(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read token file '" + path + "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::string token = buffer.str();
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
-  if (token.empty()) throw std::runtime_error("token file '" + path + "' is empty");
-  return token;
-}
 
 }  // namespace
 
@@ -64,10 +60,35 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-request-bytes", limits.max_request_bytes, "Largest request")
       ->capture_default_str();
-  app.add_option("--max-total-bytes", limits.max_total_bytes, "Bytes of keys and values held")
+  app.add_option("--max-total-bytes", limits.max_total_bytes,
+                 "Memory for clients: keys and values held plus every connection's partial "
+                 "request, unsent replies and waits; over it, the connections holding the most "
+                 "are closed first, and a write that still does not fit is refused")
       ->capture_default_str();
-  app.add_option("--max-connections", limits.max_connections, "Open connections")
+  app.add_option("--max-connection-bytes", limits.max_connection_bytes,
+                 "What one connection may make the server hold (partial request, unsent "
+                 "replies, waits); over it, that connection is closed")
       ->capture_default_str();
+  app.add_option("--max-connections", limits.max_connections,
+                 "Open connections; when all are taken, one that has not authenticated or is "
+                 "stuck in the middle of a request is closed to admit a new one")
+      ->capture_default_str();
+  auto add_timeout = [&](const char* flag, std::chrono::milliseconds& field, const char* what) {
+    return app
+        .add_option_function<std::int64_t>(
+            flag, [&field](std::int64_t v) { field = std::chrono::milliseconds(v); }, what)
+        ->check(CLI::NonNegativeNumber)
+        ->default_str(std::to_string(field.count()));
+  };
+  add_timeout("--auth-timeout-ms", options.deadlines.auth_timeout,
+              "With a token: close a connection that must authenticate and has not, this long "
+              "after connecting (0: never)");
+  add_timeout("--request-timeout-ms", options.deadlines.request_timeout,
+              "Close a connection whose request has not arrived whole this long after its first "
+              "bytes (slow-loris; 0: never)");
+  add_timeout("--idle-timeout-ms", options.deadlines.idle_timeout,
+              "Close a connection that sent nothing this long and has no wait, watch or reply "
+              "pending (0: never; PyTorch keeps idle connections for the whole job)");
   int keep_alive_interval = 1, keep_alive_max_attempt = 3;
   app.add_option("--keep-alive-interval", keep_alive_interval,
                  "Seconds between TCP keepalive probes; a peer that vanished (a dead host, a "
@@ -110,22 +131,23 @@ int main(int argc, char** argv) {
   }
 
   raise_open_file_limit();
+  mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
   try {
-    if (!token_file.empty()) options.secret = read_token(token_file);
+    if (!token_file.empty()) options.secret = read_secret_file(token_file);
     boost::asio::io_context io;
     StoreServer server(io, StoreServer::bind(io, host, port), options);
     server.start();
-    const auto endpoint = server.local_endpoint();
-    std::printf("dist-rendezvous: listening on %s:%u\n", host.c_str(),
-                static_cast<unsigned>(endpoint.port()));
-    std::fflush(stdout);
-
+    // Handled before the port is printed: whoever reads that line may stop us at once.
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
     signals.async_wait([&](const boost::system::error_code& ec, int signal) {
       if (ec) return;
       spdlog::info("dist-rendezvous: {} received, shutting down", strsignal(signal));
       server.stop();
     });
+    const auto endpoint = server.local_endpoint();
+    std::printf("dist-rendezvous: listening on %s:%u\n", host.c_str(),
+                static_cast<unsigned>(endpoint.port()));
+    std::fflush(stdout);
     io.run();
     return 0;
   } catch (const std::exception& e) {

@@ -40,6 +40,12 @@ struct ClientOptions {
   std::chrono::milliseconds retry_notice_interval{10'000};
 };
 
+// Reads a shared secret from a file: its contents without trailing newlines. Throws
+// StoreError(kInvalidArgument) naming the file when it cannot be read, is not a regular file, is
+// empty, or is readable or writable by other users (a token every user of the machine can read
+// proves nothing: chmod 600 it).
+std::string read_secret_file(const std::string& path);
+
 // Turns on TCP keepalive (and a matching TCP_USER_TIMEOUT for unacknowledged data) on a socket.
 void enable_keepalive(int fd, int idle_seconds, int interval_seconds, int probes);
 

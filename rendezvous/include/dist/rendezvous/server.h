@@ -8,6 +8,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,21 +42,48 @@ struct Keepalive {
   int probes = 3;
 };
 
+// How long a connection may take over what it owes the server. A connection past one is closed
+// with a warning. The defaults never cut a healthy PyTorch client: those send each request whole
+// at once, keep idle connections open for the whole job (torch 1.13's second socket never sends
+// a byte), and wait on keys for as long as their own timeout says.
+struct Deadlines {
+  // A connection that must authenticate (a secret is set and the unauthenticated policy does not
+  // admit its address) and has not, this long after connecting. 0: never.
+  std::chrono::milliseconds auth_timeout{10'000};
+  // A request whose first bytes arrived this long ago and that is still incomplete (slow-loris).
+  // Time during which the server holds back reading (the client does not read its replies) does
+  // not count. 0: never.
+  std::chrono::milliseconds request_timeout{30'000};
+  // A connection that sent nothing this long and has nothing pending: no wait or watch, no
+  // partial request, no unsent reply. 0: never (the default).
+  std::chrono::milliseconds idle_timeout{0};
+};
+
 struct ServerOptions {
   StoreLimits limits;
   Keepalive keepalive;
+  Deadlines deadlines;
   std::string secret;  // empty: no authentication
   UnauthenticatedPolicy unauthenticated = UnauthenticatedPolicy::kKnownHosts;
+  // With a secret, keys under this prefix (dist-launch's agents' rendezvous) and the extension
+  // operations are for authenticated clients only: PyTorch workers admitted by the policy get the
+  // rest of the store.
+  std::string agent_key_prefix = "rdzv/";
+  // Repeated warnings of one kind are logged once per interval, then summed up with a count.
+  std::chrono::milliseconds warning_interval{10'000};
 };
 
 struct ServerStats {
   std::uint64_t connections_open = 0;
   std::uint64_t connections_total = 0;
-  std::uint64_t connections_rejected = 0;  // over max_connections or refused by the auth policy
+  std::uint64_t connections_rejected = 0;   // over max_connections or refused by the auth policy
+  std::uint64_t connections_evicted = 0;    // closed to make room (a connection slot or memory)
+  std::uint64_t connections_timed_out = 0;  // closed by a deadline
   std::uint64_t protocol_errors = 0;
   std::uint64_t requests = 0;
   std::uint64_t keys = 0;
-  std::uint64_t stored_bytes = 0;
+  std::uint64_t stored_bytes = 0;  // keys and values
+  std::uint64_t held_bytes = 0;    // everything counted against max_total_bytes
 };
 
 class StoreServer {

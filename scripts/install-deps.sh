@@ -11,6 +11,7 @@ BUILD_PKGS=(
   libspdlog-dev         # the agent's and daemon's logs
   nlohmann-json3-dev    # error files, status output
   libgloo-dev           # CPU process group (worker SDK)
+  libhwloc-dev          # CPU and NUMA placement of workers (agent)
   libssl-dev            # HMAC-SHA256 for store authentication, SHA-256 of weights
   libeigen3-dev         # CPU math of the training example
   zlib1g-dev            # reading the example data set (.csv.gz)

@@ -12,7 +12,10 @@
 #include <thread>
 #include <utility>
 
+#include "dist/agent/devices.h"
+#include "dist/agent/placement.h"
 #include "dist/agent/signals.h"
+#include "dist/agent/worker_resources.h"
 #include "dist/launcher/slurm.h"
 
 namespace dist::launcher {
@@ -46,34 +49,61 @@ int parse_non_negative(const std::string& flag, const std::string& text) {
   return parse_int_at_least(flag, text, 0);
 }
 
-int count_gpus() {
-  // CUDA devices visible to this process: the driver's list, narrowed by CUDA_VISIBLE_DEVICES.
-  int count = 0;
-  std::error_code ec;
-  for (auto it = fs::directory_iterator("/proc/driver/nvidia/gpus", ec);
-       !ec && it != fs::directory_iterator(); ++it) {
-    ++count;
-  }
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible && count > 0) {
-    const std::string v = visible;
-    if (v.empty() || v == "-1") return 0;
-    return std::min<int>(count, static_cast<int>(std::count(v.begin(), v.end(), ',') + 1));
-  }
-  return count;
-}
-
-int resolve_nproc(const std::string& text) {
+// gpu and auto count the GPUs this process may use (CUDA or ROCm); with --devices, one worker
+// per listed device.
+int resolve_nproc(const std::string& text, const agent::DeviceOptions& devices) {
   if (text == "cpu") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if ((text == "gpu" || text == "auto") && !devices.devices.empty()) {
+    return static_cast<int>(devices.devices.size());
+  }
   if (text == "gpu") {
-    const int gpus = count_gpus();
-    if (gpus == 0) throw UsageError("--nproc-per-node gpu: no CUDA device is visible");
-    return gpus;
+    const agent::Accelerators found = agent::discover_accelerators();
+    if (found.count() == 0) throw UsageError("--nproc-per-node gpu: " + found.source);
+    return found.count();
   }
   if (text == "auto") {
-    const int gpus = count_gpus();
+    const int gpus = agent::discover_accelerators().count();
     return gpus > 0 ? gpus : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
   return parse_positive("--nproc-per-node", text);
+}
+
+std::vector<int> parse_devices(const std::string& text) {
+  std::vector<int> devices;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) devices.push_back(parse_non_negative("--devices", item));
+  if (devices.empty()) throw UsageError("--devices needs a list like 0,2,5");
+  return devices;
+}
+
+agent::NumaBinding parse_numa_binding(const std::string& text) {
+  if (text.empty()) return agent::NumaBinding::kNone;
+  if (text == "node") return agent::NumaBinding::kNode;
+  if (text == "socket") return agent::NumaBinding::kSocket;
+  if (text == "exclusive") return agent::NumaBinding::kExclusive;
+  if (text == "core-complex") return agent::NumaBinding::kCoreComplex;
+  throw UsageError("--numa-binding takes node, socket, exclusive or core-complex, got '" + text +
+                   "'");
+}
+
+// core, none, or one CPU list per local rank: "0-3;4-7".
+void parse_cpu_bind(const std::string& text, agent::PlacementOptions& placement) {
+  if (text.empty() || text == "none") return;
+  if (text == "core") {
+    placement.cpu_bind = agent::CpuBind::kCore;
+    return;
+  }
+  placement.cpu_bind = agent::CpuBind::kList;
+  std::stringstream lists(text);
+  std::string list;
+  while (std::getline(lists, list, ';')) {
+    try {
+      placement.cpu_lists.push_back(agent::parse_cpu_list("--cpu-bind", list));
+    } catch (const agent::PlacementError& e) {
+      throw UsageError(std::string(e.what()) + " (--cpu-bind takes core, none or LIST;LIST)");
+    }
+  }
 }
 
 void parse_nnodes(const std::string& text, agent::LaunchConfig& c) {
@@ -297,6 +327,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   agent::LaunchConfig& c = outcome.config;
   std::string nnodes = "1", nproc = "1", redirects = "0", tee = "0", ranks_filter;
   std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", rdzv_conf, rdzv_endpoint;
+  std::string devices, numa_binding, cpu_bind;
   double shutdown_timeout_s = 30, monitor_interval_s = 0.1, exit_barrier_timeout_s = 300;
   int master_port = -1;
   bool standalone = false, module = false, no_python = false, run_path = false;
@@ -372,6 +403,17 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       "Seconds between the stop signal and SIGKILL")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  opt("--devices", devices, "DEVICES",
+      "One device per worker, e.g. 0,2,5 (indices of the GPUs this node sees): local rank i gets "
+      "the i-th as its only CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD)");
+  app.add_flag("--virtual-local-rank,--virtual_local_rank", c.devices.virtual_local_rank,
+               "Each worker sees only its own GPU, as device 0, and LOCAL_RANK=0")
+      ->envname("PET_VIRTUAL_LOCAL_RANK");
+  opt("--numa-binding,--numa_binding", numa_binding, "NUMA_BINDING",
+      "Bind each worker's CPUs and memory: node, socket, exclusive or core-complex, by its GPU's "
+      "NUMA node (without GPUs: by local rank over the NUMA nodes)");
+  opt("--cpu-bind,--cpu_bind", cpu_bind, "CPU_BIND",
+      "core (each worker its own cores), none, or one CPU list per local rank: '0-3;4-7'");
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
   try {
@@ -407,7 +449,10 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       if (app.count("--rdzv-id") == 0) c.run_id = "slurm-" + slurm->job_id;
     }
     parse_nnodes(nnodes, c);
-    c.nproc_per_node = resolve_nproc(nproc);
+    if (!devices.empty()) c.devices.devices = parse_devices(devices);
+    c.nproc_per_node = resolve_nproc(nproc, c.devices);
+    c.placement.numa_binding = parse_numa_binding(numa_binding);
+    parse_cpu_bind(cpu_bind, c.placement);
     if (master_port > 0) c.master_port = static_cast<std::uint16_t>(master_port);
     parse_streams("--redirects", redirects, c.redirects, c.redirects_by_rank);
     parse_streams("--tee", tee, c.tee, c.tee_by_rank);
@@ -451,10 +496,24 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     }
     c.script_name = fs::path(script).filename().string();
 
-    if (c.nproc_per_node > 1 && !std::getenv("OMP_NUM_THREADS")) {
+    // Devices and placement are planned again by the agent; planning here turns what this node
+    // cannot give into a usage error before anything starts.
+    try {
+      agent::plan_worker_resources(c);
+    } catch (const agent::DeviceError& e) {
+      throw UsageError(e.what());
+    } catch (const agent::PlacementError& e) {
+      throw UsageError(e.what());
+    }
+    if ((c.nproc_per_node > 1 || c.placement.binds()) && !std::getenv("OMP_NUM_THREADS")) {
       c.omp_threads_defaulted = true;
-      err << "[dist-launch] warning: OMP_NUM_THREADS is unset; setting it to 1 for each of the "
-          << c.nproc_per_node << " workers (set it yourself to tune)\n";
+      if (c.placement.binds()) {
+        err << "[dist-launch] notice: OMP_NUM_THREADS is unset; setting it to each worker's bound "
+               "core count (set it yourself to tune)\n";
+      } else {
+        err << "[dist-launch] warning: OMP_NUM_THREADS is unset; setting it to 1 for each of the "
+            << c.nproc_per_node << " workers (set it yourself to tune)\n";
+      }
     }
   } catch (const UsageError& e) {
     err << "dist-launch: error: " << e.what() << "\n";

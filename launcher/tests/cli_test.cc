@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/agent/devices.h"
 #include "dist/launcher/cli.h"
 
 namespace {
@@ -121,6 +122,69 @@ TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "last_call_timeout=-1"}, "positive number"},
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "is_host=maybe"}, "must be 1 or 0"},
       {{"--rdzv-conf", "bogus=1"}, "is not one of key=value"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::string error;
+    const auto o = parse(args, &error);
+    EXPECT_TRUE(o.exit_now) << args[0];
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+    EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
+  }
+}
+
+TEST(LauncherCli, PlacementFlagsReachTheConfig) {
+  std::string notice;
+  auto o = parse({"--nproc-per-node", "2", "--numa-binding", "exclusive"}, &notice);
+  ASSERT_FALSE(o.exit_now) << notice;
+  EXPECT_EQ(o.config.placement.numa_binding, dist::agent::NumaBinding::kExclusive);
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    EXPECT_TRUE(o.config.omp_threads_defaulted);
+    EXPECT_NE(notice.find("each worker's bound core count"), std::string::npos) << notice;
+  }
+  o = parse({"--nproc-per-node", "2", "--cpu-bind", "0;0-1"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.placement.cpu_bind, dist::agent::CpuBind::kList);
+  EXPECT_EQ(o.config.placement.cpu_lists, (std::vector<std::vector<int>>{{0}, {0, 1}}));
+  o = parse({"--numa_binding", "node", "--cpu_bind", "none"});  // torchrun's spellings
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.placement.cpu_bind, dist::agent::CpuBind::kNone);
+  EXPECT_EQ(o.config.placement.numa_binding, dist::agent::NumaBinding::kNode);
+}
+
+TEST(LauncherCli, DeviceFlagsFollowTheGpusThisNodeHas) {
+  const dist::agent::Accelerators found = dist::agent::discover_accelerators();
+  std::string error;
+  auto o = parse({"--nproc-per-node", "gpu", "--devices", "0,1", "--virtual-local-rank"}, &error);
+  if (found.count() >= 2) {
+    ASSERT_FALSE(o.exit_now) << error;
+    EXPECT_EQ(o.config.nproc_per_node, 2);
+    EXPECT_EQ(o.config.devices.devices, (std::vector<int>{0, 1}));
+    EXPECT_TRUE(o.config.devices.virtual_local_rank);
+  } else {
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage);
+    EXPECT_NE(error.find("GPU"), std::string::npos) << error;
+  }
+  o = parse({"--nproc-per-node", "gpu"}, &error);
+  if (found.count() == 0) {
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage);
+    EXPECT_NE(error.find("--nproc-per-node gpu: no GPU found"), std::string::npos) << error;
+  } else {
+    EXPECT_EQ(o.config.nproc_per_node, found.count());
+  }
+}
+
+TEST(LauncherCli, DeviceAndPlacementMistakesAreOneLineErrors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--numa-binding", "rack"}, "--numa-binding takes node, socket, exclusive or core-complex"},
+      {{"--cpu-bind", "0-1;x"}, "is not a CPU list like 0-3,8"},
+      {{"--nproc-per-node", "3", "--cpu-bind", "0;1"}, "gives 2 CPU list(s) for 3 workers"},
+      {{"--cpu-bind", "core", "--numa-binding", "node"}, "use one of them"},
+      {{"--nproc-per-node", "4096", "--cpu-bind", "core"}, "--cpu-bind core: 4096 workers"},
+      {{"--cpu-bind", "0;4095", "--nproc-per-node", "2"}, "CPU 4095 of local rank 1"},
+      {{"--devices", "0,x"}, "--devices must be a non-negative integer"},
+      {{"--nproc-per-node", "2", "--devices", "1,1"}, "--devices"},
+      {{"--nproc-per-node", "1", "--devices", "9999"}, "--devices"},
   };
   for (const auto& [args, message] : cases) {
     std::string error;

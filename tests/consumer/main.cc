@@ -15,7 +15,8 @@ int main() {
   std::vector<float> values{1.0f, 2.0f, 3.0f};
   group->all_reduce(std::span<float>(values), dist::sdk::ReduceOp::kSum);
   dist::sdk::DistributedSampler sampler({10, 1, 0, true, 0, false});
-  std::printf("consumer: %s group of %d, sum[2]=%.1f, %zu samples\n", group->backend().c_str(),
-              group->size(), values[2], sampler.indices().size());
+  std::printf("consumer: %s group of %d, sum[2]=%.1f, %zu samples, nccl backend %s\n",
+              group->backend().c_str(), group->size(), values[2], sampler.indices().size(),
+              dist::sdk::nccl_available() ? "built" : "not built");
   return values[2] == 3.0f && sampler.indices().size() == 10 ? 0 : 1;
 }

@@ -1,7 +1,8 @@
 #include "dist/sdk/ddp.h"
 
-#include <algorithm>
 #include <stdexcept>
+
+#include "device_memory.h"
 
 namespace dist::sdk {
 namespace {
@@ -19,7 +20,10 @@ std::uint64_t fnv1a(std::uint64_t h, std::uint64_t v) {
 DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
                                                  std::vector<Parameter> parameters,
                                                  DdpOptions options)
-    : group_(group), params_(std::move(parameters)) {
+    : group_(group),
+      memory_(group.device_buffers() ? detail::BucketMemory::device(options.stream)
+                                     : detail::BucketMemory::host()),
+      params_(std::move(parameters)) {
   for (const auto& p : params_) {
     if (p.value.size() != p.grad.size()) {
       throw std::invalid_argument("parameter '" + p.name + "' has " +
@@ -37,17 +41,32 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     };
     if (buckets_.empty() ||
         (!buckets_.back().params.empty() &&
-         buckets_.back().flat.size() * sizeof(float) + bytes > cap_of(buckets_.size() - 1))) {
+         buckets_.back().elements * sizeof(float) + bytes > cap_of(buckets_.size() - 1))) {
       buckets_.emplace_back();
     }
     Bucket& b = buckets_.back();
-    b.offsets.push_back(b.flat.size());
+    b.offsets.push_back(b.elements);
     b.params.push_back(k);
-    b.flat.resize(b.flat.size() + params_[k].value.size());
+    b.elements += params_[k].value.size();
     bucket_of_[k] = buckets_.size() - 1;
   }
+  for (auto& b : buckets_) {
+    b.flat = static_cast<float*>(memory_->allocate(b.elements * sizeof(float)));
+  }
+  check_same_buckets_on_every_rank();
 
-  // Every rank must have built the same buckets: compare a digest of the layout.
+  // Start from rank 0's parameters, one broadcast per bucket.
+  for (auto& b : buckets_) {
+    copy_in(b, /*values=*/true);
+    memory_->complete(
+        group_.broadcast_async(b.flat, b.elements, DataType::kFloat32, 0, memory_->stream()));
+    copy_out(b, /*values=*/true);
+  }
+  reset_pass();
+}
+
+// Every rank must have built the same buckets: compare a digest of the layout.
+void DistributedDataParallel::check_same_buckets_on_every_rank() {
   std::uint64_t digest = 0xCBF29CE484222325ull;
   for (const auto& b : buckets_) {
     digest = fnv1a(digest, b.params.size());
@@ -56,9 +75,15 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
       digest = fnv1a(digest, params_[b.params[i]].value.size());
     }
   }
-  std::vector<std::int64_t> mine{static_cast<std::int64_t>(digest)};
+  const auto mine = static_cast<std::int64_t>(digest);
   std::vector<std::int64_t> all(static_cast<std::size_t>(group_.size()));
-  group_.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  const std::size_t all_bytes = all.size() * sizeof(std::int64_t);
+  void* in = memory_->allocate(sizeof mine);
+  void* out = memory_->allocate(all_bytes);
+  memory_->copy(in, &mine, sizeof mine);
+  memory_->complete(group_.all_gather_async(in, out, 1, DataType::kInt64, memory_->stream()));
+  memory_->copy(all.data(), out, all_bytes);
+  memory_->synchronize();
   for (int r = 0; r < group_.size(); ++r) {
     if (all[static_cast<std::size_t>(r)] != all[0]) {
       throw std::runtime_error(
@@ -66,20 +91,6 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
           " has different parameters or buckets than rank 0 (do all ranks build the same model?)");
     }
   }
-
-  // Start from rank 0's parameters, one broadcast per bucket.
-  for (auto& b : buckets_) {
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      const auto& v = params_[b.params[i]].value;
-      std::copy(v.begin(), v.end(), b.flat.begin() + static_cast<std::ptrdiff_t>(b.offsets[i]));
-    }
-    group_.broadcast(std::span<float>(b.flat), 0);
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      auto& v = params_[b.params[i]].value;
-      std::copy_n(b.flat.begin() + static_cast<std::ptrdiff_t>(b.offsets[i]), v.size(), v.begin());
-    }
-  }
-  reset_pass();
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -90,6 +101,22 @@ DistributedDataParallel::~DistributedDataParallel() {
       } catch (...) {  // the group is failing anyway; never throw from a destructor
       }
     }
+  }
+}
+
+void DistributedDataParallel::copy_in(const Bucket& b, bool values) {
+  for (std::size_t i = 0; i < b.params.size(); ++i) {
+    const Parameter& p = params_[b.params[i]];
+    const std::span<const float> from = values ? p.value : p.grad;
+    memory_->copy(b.flat + b.offsets[i], from.data(), from.size_bytes());
+  }
+}
+
+void DistributedDataParallel::copy_out(const Bucket& b, bool values) {
+  for (std::size_t i = 0; i < b.params.size(); ++i) {
+    const Parameter& p = params_[b.params[i]];
+    const std::span<float> to = values ? p.value : p.grad;
+    memory_->copy(to.data(), b.flat + b.offsets[i], to.size_bytes());
   }
 }
 
@@ -119,12 +146,9 @@ void DistributedDataParallel::grad_ready(std::size_t index) {
 void DistributedDataParallel::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      const auto& g = params_[b.params[i]].grad;
-      std::copy(g.begin(), g.end(), b.flat.begin() + static_cast<std::ptrdiff_t>(b.offsets[i]));
-    }
-    b.work =
-        group_.all_reduce_async(b.flat.data(), b.flat.size(), DataType::kFloat32, ReduceOp::kAvg);
+    copy_in(b, /*values=*/false);
+    b.work = group_.all_reduce_async(b.flat, b.elements, DataType::kFloat32, ReduceOp::kAvg,
+                                     memory_->stream());
     b.launched = true;
   }
 }
@@ -134,11 +158,8 @@ void DistributedDataParallel::synchronize() {
   for (auto& b : buckets_) b.pending = 0;  // unmarked parameters go with what they hold
   launch_ready_buckets();
   for (auto& b : buckets_) {
-    b.work.wait();
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      auto& g = params_[b.params[i]].grad;
-      std::copy_n(b.flat.begin() + static_cast<std::ptrdiff_t>(b.offsets[i]), g.size(), g.begin());
-    }
+    memory_->complete(b.work);
+    copy_out(b, /*values=*/false);
   }
   reset_pass();
 }

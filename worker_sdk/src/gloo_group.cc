@@ -238,34 +238,39 @@ class GlooProcessGroup : public ProcessGroup {
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
   std::string backend() const override { return "gloo"; }
+  bool device_buffers() const override { return false; }
 
   // Asynchronous: on the communication thread. Synchronous: on the calling thread, once everything
   // issued before has run (no thread hand-off in the common case).
-  Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op) override {
+  // Host memory: streams order nothing here.
+  Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
+                        CudaStream) override {
     return submit("all_reduce", all_reduce_body(data, count, type, op));
   }
-  void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {
+  void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op, CudaStream) override {
     run_now("all_reduce", all_reduce_body(data, count, type, op));
   }
-  Work broadcast_async(void* data, std::size_t count, DataType type, int root) override {
+  Work broadcast_async(void* data, std::size_t count, DataType type, int root,
+                       CudaStream) override {
     return submit("broadcast", broadcast_body(data, count, type, root));
   }
-  void broadcast(void* data, std::size_t count, DataType type, int root) override {
+  void broadcast(void* data, std::size_t count, DataType type, int root, CudaStream) override {
     run_now("broadcast", broadcast_body(data, count, type, root));
   }
-  Work all_gather_async(const void* input, void* output, std::size_t count,
-                        DataType type) override {
+  Work all_gather_async(const void* input, void* output, std::size_t count, DataType type,
+                        CudaStream) override {
     return submit("all_gather", all_gather_body(input, output, count, type));
   }
-  void all_gather(const void* input, void* output, std::size_t count, DataType type) override {
+  void all_gather(const void* input, void* output, std::size_t count, DataType type,
+                  CudaStream) override {
     run_now("all_gather", all_gather_body(input, output, count, type));
   }
   Work reduce_scatter_async(const void* input, void* output, std::size_t count, DataType type,
-                            ReduceOp op) override {
+                            ReduceOp op, CudaStream) override {
     return submit("reduce_scatter", reduce_scatter_body(input, output, count, type, op));
   }
   void reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
-                      ReduceOp op) override {
+                      ReduceOp op, CudaStream) override {
     run_now("reduce_scatter", reduce_scatter_body(input, output, count, type, op));
   }
   Work barrier_async() override { return submit("barrier", barrier_body()); }

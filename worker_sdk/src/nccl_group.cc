@@ -1,12 +1,20 @@
 // The NCCL backend (built when CUDA and NCCL are found; see cmake/DistNccl.cmake).
+//
+// Ordering follows PyTorch's ProcessGroupNCCL: a collective records an event on the caller's
+// stream, the group's stream waits for it, NCCL runs there, and an event recorded after it is the
+// collective's completion. Work::wait() synchronizes on that event (no thread hand-off, no
+// polling); Work::wait_on() makes another stream wait for it. The watchdog thread only retires
+// completed events, enforces op_timeout and reads the communicator's asynchronous error.
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "dist/sdk/process_group.h"
 
@@ -21,7 +29,22 @@ namespace dist::sdk {
 
 namespace {
 
+// How often the watchdog reads the communicator's asynchronous error (a dead peer is noticed
+// within this) and checks deadlines. Completion does not wait for it.
 constexpr auto kWatchdogPeriod = std::chrono::milliseconds(100);
+// Polling of a non-blocking communicator while it initializes or finalizes.
+constexpr auto kCommPollPeriod = std::chrono::microseconds(50);
+// Polling of the last collectives while the group is destroyed.
+constexpr auto kDrainPollPeriod = std::chrono::milliseconds(1);
+// How long the destructor lets NCCL finalize a healthy communicator before aborting it.
+constexpr auto kFinalizeTimeout = std::chrono::seconds(10);
+// How long an abort may take before the group goes on without it (some NCCL versions hang in
+// ncclCommAbort): an exit must happen, and a failed group must not block its callers.
+constexpr auto kAbortTimeout = std::chrono::seconds(10);
+// Waits for a collective's event or enqueueing poll (so that a failure ends them): spinning, as
+// CUDA's own synchronization does, for up to kWaitSpin, then sleeping kWaitSleep between polls.
+constexpr auto kWaitSpin = std::chrono::milliseconds(10);
+constexpr auto kWaitSleep = std::chrono::microseconds(100);
 
 ncclDataType_t nccl_type(DataType t) {
   switch (t) {
@@ -59,17 +82,145 @@ void check_cuda(cudaError_t e, const std::string& what) {
   }
 }
 
+// The pause between two polls: a yield while the wait is short (small collectives complete in
+// microseconds), a sleep once it is long (a slow peer must not cost a core).
+class Backoff {
+ public:
+  void pause() {
+    if (std::chrono::steady_clock::now() < spin_until_) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kWaitSleep);
+    }
+  }
+
+ private:
+  std::chrono::steady_clock::time_point spin_until_ = std::chrono::steady_clock::now() + kWaitSpin;
+};
+
+// Makes the group's device current for a scope and gives the caller's back.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      cudaSetDevice(device);
+    } else {
+      previous_ = -1;
+    }
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Whether the group failed, and why: shared by the group and every Work it handed out, which may
+// outlive it. The reason is written once, before the flag.
+class Health {
+ public:
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // The first failure wins; returns false when one was recorded before.
+  bool fail(std::string reason) {
+    std::lock_guard lock(mutex_);
+    if (failed()) return false;
+    reason_ = std::move(reason);
+    failed_.store(true, std::memory_order_release);
+    return true;
+  }
+  void check() const {
+    if (failed()) throw CollectiveError(reason_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::string reason_;
+  std::atomic<bool> failed_{false};
+};
+
+// Completion events, reused: creating and destroying one per collective costs more than a small
+// collective's launch.
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return e;
+  }
+  void give_back(cudaEvent_t e) {
+    std::lock_guard lock(mutex_);
+    free_.push_back(e);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// One collective: done once its event, recorded on the group's stream after it, has fired.
+class NcclWork final : public Work::State {
+ public:
+  NcclWork(std::shared_ptr<Health> health, std::shared_ptr<EventPool> events)
+      : health_(std::move(health)), events_(std::move(events)), done_(events_->take()) {}
+  ~NcclWork() override { events_->give_back(done_); }
+  NcclWork(const NcclWork&) = delete;
+  NcclWork& operator=(const NcclWork&) = delete;
+
+  cudaEvent_t event() const { return done_; }
+
+  // Not cudaEventSynchronize: a collective queued behind a kernel that never ends would hold
+  // it past the group's failure. An aborted communicator ends its kernels, so the event may fire
+  // after an abort too: the health check tells a result from an abort.
+  void wait() override {
+    Backoff backoff;
+    cudaError_t e;
+    while ((e = cudaEventQuery(done_)) == cudaErrorNotReady) {
+      health_->check();
+      backoff.pause();
+    }
+    health_->check();
+    check_cuda(e, "waiting for an NCCL collective");
+  }
+  bool ready() override {
+    const cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaErrorNotReady) return false;
+    health_->check();
+    check_cuda(e, "querying an NCCL collective");
+    return true;
+  }
+  void wait_on(CudaStream stream) override {
+    health_->check();
+    check_cuda(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent");
+  }
+
+ private:
+  std::shared_ptr<Health> health_;
+  std::shared_ptr<EventPool> events_;
+  cudaEvent_t done_;
+};
+
 class NcclProcessGroup : public ProcessGroup {
  public:
-  NcclProcessGroup(ncclComm_t comm, cudaStream_t stream, int device, int rank, int size,
-                   NcclOptions options)
-      : comm_(comm),
-        stream_(stream),
-        device_(device),
-        rank_(rank),
-        size_(size),
-        options_(options),
-        watchdog_([this] { watch(); }) {}
+  NcclProcessGroup(ncclComm_t comm, int device, int rank, int size, NcclOptions options)
+      : comm_(comm), device_(device), rank_(rank), size_(size), options_(std::move(options)) {
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreateWithFlags(&caller_ready_, cudaEventDisableTiming), "cudaEventCreate");
+    watchdog_ = std::thread([this] { watch(); });
+  }
 
   ~NcclProcessGroup() override {
     {
@@ -77,115 +228,219 @@ class NcclProcessGroup : public ProcessGroup {
       stopping_ = true;
     }
     wake_.notify_one();
-    watchdog_.join();
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    watchdog_.join();  // returns once every collective completed, or the group failed
+    {
+      std::lock_guard comm(comm_mutex_);
+      if (!health_->failed()) finalize_or_abort();
+    }
+    DeviceGuard guard(device_);
+    if (barrier_buffer_) cudaFree(barrier_buffer_);
+    cudaEventDestroy(caller_ready_);
     cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
 
-  Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op) override {
-    return enqueue("all_reduce",
-                   ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), comm_, stream_));
+  Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
+                        CudaStream stream) override {
+    return issue("all_reduce", stream, [&](cudaStream_t s) {
+      return ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), comm_, s);
+    });
   }
-  Work broadcast_async(void* data, std::size_t count, DataType type, int root) override {
-    return enqueue("broadcast",
-                   ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
+  Work broadcast_async(void* data, std::size_t count, DataType type, int root,
+                       CudaStream stream) override {
+    if (root < 0 || root >= size_) {
+      throw std::invalid_argument("broadcast root " + std::to_string(root) +
+                                  " is not a rank of a group of " + std::to_string(size_));
+    }
+    return issue("broadcast", stream, [&](cudaStream_t s) {
+      return ncclBroadcast(data, data, count, nccl_type(type), root, comm_, s);
+    });
   }
-  Work all_gather_async(const void* input, void* output, std::size_t count,
-                        DataType type) override {
-    return enqueue("all_gather",
-                   ncclAllGather(input, output, count, nccl_type(type), comm_, stream_));
+  Work all_gather_async(const void* input, void* output, std::size_t count, DataType type,
+                        CudaStream stream) override {
+    return issue("all_gather", stream, [&](cudaStream_t s) {
+      return ncclAllGather(input, output, count, nccl_type(type), comm_, s);
+    });
   }
   Work reduce_scatter_async(const void* input, void* output, std::size_t count, DataType type,
-                            ReduceOp op) override {
-    return enqueue("reduce_scatter", ncclReduceScatter(input, output, count, nccl_type(type),
-                                                       nccl_op(op), comm_, stream_));
+                            ReduceOp op, CudaStream stream) override {
+    return issue("reduce_scatter", stream, [&](cudaStream_t s) {
+      return ncclReduceScatter(input, output, count, nccl_type(type), nccl_op(op), comm_, s);
+    });
   }
   Work barrier_async() override {
-    if (!barrier_buffer_) check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc");
-    return all_reduce_async(barrier_buffer_, 1, DataType::kFloat32, ReduceOp::kSum);
+    if (!barrier_buffer_) {
+      DeviceGuard guard(device_);
+      check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc (barrier)");
+      check_cuda(cudaMemset(barrier_buffer_, 0, sizeof(float)), "cudaMemset (barrier)");
+    }
+    return all_reduce_async(barrier_buffer_, 1, DataType::kFloat32, ReduceOp::kSum, nullptr);
   }
 
  private:
   struct Pending {
-    std::string name;
-    cudaEvent_t event;
+    const char* name;
+    std::shared_ptr<NcclWork> work;
     std::chrono::steady_clock::time_point deadline;
-    std::shared_ptr<std::promise<void>> done;
   };
 
-  Work enqueue(const char* name, ncclResult_t launched) {
-    auto done = std::make_shared<std::promise<void>>();
-    Work work(done->get_future().share());
-    if (launched != ncclSuccess && launched != ncclInProgress) {
-      done->set_exception(std::make_exception_ptr(
-          CollectiveError(std::string(name) + " could not be issued on rank " +
-                          std::to_string(rank_) + " (nccl): " + ncclGetErrorString(launched))));
-      return work;
+  // Orders the collective after `caller`, launches it on the group's stream and records its
+  // completion event there.
+  template <typename Launch>
+  Work issue(const char* name, CudaStream caller, Launch&& launch) {
+    health_->check();  // before the lock: a failing group may still hold it, aborting
+    std::lock_guard comm(comm_mutex_);
+    health_->check();
+    DeviceGuard guard(device_);
+    check_cuda(cudaEventRecord(caller_ready_, caller), "cudaEventRecord (caller's stream)");
+    check_cuda(cudaStreamWaitEvent(stream_, caller_ready_, 0), "cudaStreamWaitEvent");
+    const auto deadline = std::chrono::steady_clock::now() + options_.op_timeout;
+    ncclResult_t r = launch(stream_);
+    // A non-blocking communicator may still be enqueueing: the kernel is on the stream only once
+    // the communicator leaves ncclInProgress, and the completion event must follow it.
+    Backoff backoff;
+    while (r == ncclInProgress) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw CollectiveError(fail_locked(name, "not enqueued within op_timeout (" +
+                                                    std::to_string(options_.op_timeout.count()) +
+                                                    " ms)"));
+      }
+      backoff.pause();
+      ncclCommGetAsyncError(comm_, &r);
     }
-    cudaEvent_t event;
-    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(event, stream_), "cudaEventRecord");
+    if (r != ncclSuccess) throw CollectiveError(fail_locked(name, ncclGetErrorString(r)));
+    auto work = std::make_shared<NcclWork>(health_, events_);
+    check_cuda(cudaEventRecord(work->event(), stream_), "cudaEventRecord (NCCL stream)");
     {
       std::lock_guard lock(mutex_);
-      pending_.push_back(
-          {name, event, std::chrono::steady_clock::now() + options_.op_timeout, std::move(done)});
+      pending_.push_back({name, work, deadline});
     }
-    wake_.notify_one();
-    return work;
+    return Work(std::move(work));
   }
 
-  // Completes operations whose event fired; on an asynchronous NCCL error or an operation past
-  // its deadline, aborts the communicator and ends the process so the agent restarts the group.
+  // Retires completed collectives; on an asynchronous NCCL error or a collective past its
+  // deadline, fails the group.
   void watch() {
     cudaSetDevice(device_);
-    std::unique_lock lock(mutex_);
-    while (!stopping_ || !pending_.empty()) {
-      wake_.wait_for(lock, kWatchdogPeriod);
+    while (true) {
+      const char* op = "the communicator";
+      std::string why;
+      bool drained = false;
+      {
+        std::unique_lock lock(mutex_);
+        if (stopping_) {
+          wake_.wait_for(lock, kDrainPollPeriod);
+        } else {
+          wake_.wait_for(lock, kWatchdogPeriod, [this] { return stopping_; });
+        }
+        cudaError_t state = cudaSuccess;
+        while (!pending_.empty() &&
+               (state = cudaEventQuery(pending_.front().work->event())) == cudaSuccess) {
+          pending_.pop_front();
+        }
+        if (!pending_.empty()) {
+          op = pending_.front().name;
+          if (state != cudaErrorNotReady) {
+            why = std::string("CUDA error: ") + cudaGetErrorString(state);
+          } else if (std::chrono::steady_clock::now() > pending_.front().deadline) {
+            why = "timed out after " + std::to_string(options_.op_timeout.count()) +
+                  " ms (op_timeout; a peer that stopped issuing collectives?)";
+          }
+        }
+        drained = stopping_ && pending_.empty();
+      }
+      std::lock_guard comm(comm_mutex_);
+      if (health_->failed()) return;
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
-      while (!pending_.empty()) {
-        Pending& p = pending_.front();
-        const cudaError_t state = cudaEventQuery(p.event);
-        if (state == cudaSuccess) {
-          cudaEventDestroy(p.event);
-          p.done->set_value();
-          pending_.pop_front();
-          continue;
-        }
-        const bool late = std::chrono::steady_clock::now() > p.deadline;
-        if ((async != ncclSuccess && async != ncclInProgress) || late ||
-            (state != cudaErrorNotReady)) {
-          abort_and_exit(p.name, late ? "timed out after " +
-                                            std::to_string(options_.op_timeout.count()) + " ms"
-                                      : std::string(ncclGetErrorString(async)));
-        }
-        break;
+      if (async != ncclSuccess && async != ncclInProgress) {
+        why = std::string("asynchronous NCCL error: ") + ncclGetErrorString(async) +
+              (async == ncclRemoteError ? " (a peer failed or exited)" : "");
       }
-      if (stopping_ && pending_.empty()) return;
+      if (!why.empty()) {
+        fail_locked(op, why);
+        return;
+      }
+      if (drained) return;
     }
   }
 
-  [[noreturn]] void abort_and_exit(const std::string& op, const std::string& why) {
-    std::fprintf(stderr,
-                 "dist-sdk: %s on rank %d (nccl) failed: %s; aborting the communicator and exiting "
-                 "with %d so the agent restarts the group\n",
-                 op.c_str(), rank_, why.c_str(), options_.exit_code_on_abort);
-    std::fflush(stderr);
-    ncclCommAbort(comm_);
-    std::_Exit(options_.exit_code_on_abort);
+  // Aborts the communicator, which ends its running kernels, then applies on_failure: exits, or
+  // returns the message every later wait() and collective throws. The caller holds comm_mutex_.
+  std::string fail_locked(const char* op, const std::string& why) {
+    const std::string message = std::string(op) + " on rank " + std::to_string(rank_) + " of " +
+                                std::to_string(size_) + " (nccl, device " +
+                                std::to_string(device_) + ") failed: " + why;
+    if (options_.on_failure == NcclFailure::kExitProcess) {
+      std::fprintf(stderr,
+                   "dist-sdk: %s; aborting the communicator and exiting with %d so the agent "
+                   "restarts the group\n",
+                   message.c_str(), options_.exit_code_on_abort);
+      std::fflush(stderr);
+      abort_communicator();
+      std::_Exit(options_.exit_code_on_abort);
+    }
+    const std::string reported = message +
+                                 "; the communicator was aborted: rebuild the group, or exit "
+                                 "non-zero so the agent restarts it";
+    health_->fail(reported);  // before the abort: waiters its kernels release must see it
+    abort_communicator();
+    {
+      std::lock_guard lock(mutex_);
+      pending_.clear();
+    }
+    return reported;
+  }
+
+  // A healthy communicator is finalized (its last collectives flushed) and destroyed; one that
+  // does not finalize in time is aborted instead of hanging the worker's exit.
+  void finalize_or_abort() {
+    ncclResult_t r = ncclCommFinalize(comm_);
+    const auto deadline = std::chrono::steady_clock::now() + kFinalizeTimeout;
+    while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(kCommPollPeriod);
+      ncclCommGetAsyncError(comm_, &r);
+    }
+    if (r == ncclSuccess) {
+      ncclCommDestroy(comm_);
+    } else {
+      abort_communicator();
+    }
+  }
+
+  // ncclCommAbort on a thread of its own, waited for at most kAbortTimeout.
+  void abort_communicator() {
+    auto aborted = std::make_shared<std::promise<void>>();
+    std::future<void> done = aborted->get_future();
+    std::thread([comm = comm_, aborted] {
+      ncclCommAbort(comm);
+      aborted->set_value();
+    }).detach();
+    if (done.wait_for(kAbortTimeout) != std::future_status::ready) {
+      std::fprintf(
+          stderr,
+          "dist-sdk: ncclCommAbort did not return within %lld ms on rank %d; going on "
+          "without it\n",
+          static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(kAbortTimeout).count()),
+          rank_);
+    }
   }
 
   ncclComm_t comm_;
-  cudaStream_t stream_;
   int device_, rank_, size_;
   NcclOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t caller_ready_ = nullptr;  // re-recorded by each collective (under comm_mutex_)
   void* barrier_buffer_ = nullptr;
-  std::mutex mutex_;
+  std::shared_ptr<Health> health_ = std::make_shared<Health>();
+  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
+  std::mutex comm_mutex_;  // every use of comm_; taken before mutex_
+  std::mutex mutex_;       // pending_ and stopping_
   std::condition_variable wake_;
   std::deque<Pending> pending_;
   bool stopping_ = false;
@@ -205,7 +460,8 @@ std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int
     throw CollectiveError("NCCL group on rank " + std::to_string(rank) +
                           ": no usable CUDA device on this host");
   }
-  const int device = options.device >= 0 ? options.device : local_rank;
+  // With one visible device (dist-launch --devices or --virtual-local-rank) it is this rank's.
+  const int device = options.device >= 0 ? options.device : devices == 1 ? 0 : local_rank;
   if (device >= devices) {
     throw CollectiveError("rank " + std::to_string(rank) + " wants CUDA device " +
                           std::to_string(device) + " but this host has " + std::to_string(devices) +
@@ -233,14 +489,17 @@ std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int
                             (state != ncclInProgress ? ncclGetErrorString(state)
                                                      : "timed out waiting for the other ranks"));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(kCommPollPeriod);
   }
   if (r != ncclSuccess && r != ncclInProgress) {
     throw CollectiveError(std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r));
   }
-  cudaStream_t stream;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  return std::make_unique<NcclProcessGroup>(comm, stream, device, rank, size, options);
+  try {
+    return std::make_unique<NcclProcessGroup>(comm, device, rank, size, std::move(options));
+  } catch (...) {
+    ncclCommAbort(comm);
+    throw;
+  }
 }
 
 std::string exchange_nccl_unique_id(rendezvous::StoreClient& store, int rank,
@@ -273,8 +532,8 @@ bool nccl_available() {
 namespace {
 [[noreturn]] void no_nccl() {
   throw CollectiveError(
-      "this build has no NCCL backend: configure with -DDIST_WITH_NCCL=ON on a machine with CUDA "
-      "and NCCL (found under CUDA_HOME or /usr/local/cuda)");
+      "this build has no NCCL backend: configure with -DDIST_WITH_NCCL=ON on a machine with the "
+      "CUDA toolkit and NCCL (CUDAToolkit_ROOT or CUDA_HOME, NCCL_ROOT)");
 }
 }  // namespace
 

@@ -5,6 +5,38 @@
 #include "dist/sdk/process_group.h"
 
 namespace dist::sdk {
+namespace {
+
+// A collective completed by a host thread (Gloo's communication thread, or the caller's).
+class FutureState final : public Work::State {
+ public:
+  explicit FutureState(std::shared_future<void> done) : done_(std::move(done)) {}
+  void wait() override { done_.get(); }
+  bool ready() override {
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  void wait_on(CudaStream) override { wait(); }  // host memory: the host is the only reader
+
+ private:
+  std::shared_future<void> done_;
+};
+
+}  // namespace
+
+Work::Work(std::shared_future<void> done)
+    : state_(std::make_shared<FutureState>(std::move(done))) {}
+
+void Work::wait() const {
+  if (state_) state_->wait();
+}
+
+bool Work::ready() const {
+  return !state_ || state_->ready();
+}
+
+void Work::wait_on(CudaStream stream) const {
+  if (state_) state_->wait_on(stream);
+}
 
 void ProcessGroup::check_gather_sizes(std::size_t per_rank, std::size_t whole) const {
   if (whole != per_rank * static_cast<std::size_t>(size())) {

@@ -19,6 +19,24 @@ struct StreamSelection {
   bool any() const { return stdout_stream || stderr_stream; }
 };
 
+// Which accelerator each worker gets (agent/src/devices.h). Neither field: every worker sees what
+// the agent sees, as with torchrun.
+struct DeviceOptions {
+  std::vector<int> devices;         // --devices: indices of the devices the agent sees, one each
+  bool virtual_local_rank = false;  // --virtual-local-rank: own device only, LOCAL_RANK=0
+};
+
+// CPU and memory binding of each worker (agent/src/placement.h): torchrun's --numa-binding modes,
+// or --cpu-bind (one core set per worker, or explicit CPU lists). At most one of the two.
+enum class NumaBinding { kNone, kNode, kSocket, kExclusive, kCoreComplex };
+enum class CpuBind { kNone, kCore, kList };
+struct PlacementOptions {
+  NumaBinding numa_binding = NumaBinding::kNone;
+  CpuBind cpu_bind = CpuBind::kNone;
+  std::vector<std::vector<int>> cpu_lists;  // kList: local rank i's CPUs
+  bool binds() const { return numa_binding != NumaBinding::kNone || cpu_bind != CpuBind::kNone; }
+};
+
 struct LaunchConfig {
   // Nodes and workers.
   int min_nodes = 1;
@@ -77,7 +95,11 @@ struct LaunchConfig {
   std::vector<std::string> worker_argv;
   std::string script_name;  // for the failure report's title
 
-  bool omp_threads_defaulted = false;  // OMP_NUM_THREADS was unset and is set to 1 for workers
+  // OMP_NUM_THREADS was unset: workers get 1, or their bound core count when placement binds.
+  bool omp_threads_defaulted = false;
+
+  DeviceOptions devices;
+  PlacementOptions placement;
 };
 
 }  // namespace dist::agent

@@ -4,6 +4,11 @@
 // Collectives run in the order they were issued, so every rank runs them in the same order
 // whether they were called synchronously or not: asynchronous ones on the group's communication
 // thread, synchronous ones after everything issued before them has completed.
+//
+// GPU backends take device buffers and a CUDA stream: a collective starts after everything the
+// caller enqueued on that stream before the call (the kernels that produce its input), runs on the
+// group's own stream, and Work::wait_on() orders the caller's later work after it. Host backends
+// ignore the stream.
 #pragma once
 
 #include <chrono>
@@ -18,7 +23,13 @@
 
 #include "dist/rendezvous/client.h"
 
+struct CUstream_st;
+
 namespace dist::sdk {
+
+// A CUDA stream: cudaStream_t, named without CUDA's headers. nullptr is CUDA's legacy default
+// stream; a program compiled with --default-stream per-thread passes cudaStreamPerThread.
+using CudaStream = ::CUstream_st*;
 
 enum class ReduceOp { kSum, kAvg, kMin, kMax };
 enum class DataType { kFloat32, kFloat64, kFloat16, kInt32, kInt64 };
@@ -56,15 +67,29 @@ class CollectiveError : public std::runtime_error {
 // The handle of an asynchronous collective.
 class Work {
  public:
-  Work() = default;
-  explicit Work(std::shared_future<void> done) : done_(std::move(done)) {}
-  void wait() const { done_.get(); }  // rethrows the collective's CollectiveError
-  bool ready() const {
-    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
+  // How a backend completes its collectives; Work shares it with the backend.
+  class State {
+   public:
+    virtual ~State() = default;
+    virtual void wait() = 0;
+    virtual bool ready() = 0;
+    virtual void wait_on(CudaStream stream) = 0;
+  };
+
+  Work() = default;                              // nothing to wait for
+  explicit Work(std::shared_future<void> done);  // completed by a host thread
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  // Blocks until the collective completed (then the host and every stream see its result);
+  // rethrows its CollectiveError.
+  void wait() const;
+  bool ready() const;
+  // GPU backends: work enqueued on `stream` after this call waits for the collective; the host
+  // does not. Host backends: wait(). Throws CollectiveError once the group has failed.
+  void wait_on(CudaStream stream) const;
 
  private:
-  std::shared_future<void> done_;
+  std::shared_ptr<State> state_;
 };
 
 class ProcessGroup {
@@ -73,53 +98,66 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
+  // True when collectives take device pointers (NCCL), false for host memory (Gloo).
+  virtual bool device_buffers() const = 0;
+
+  // Every collective takes `stream` last: see the top of this file. Its default binds to this
+  // class's declaration, so call through ProcessGroup.
 
   // In place on `count` elements of `data`.
-  virtual Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op) = 0;
-  virtual Work broadcast_async(void* data, std::size_t count, DataType type, int root) = 0;
+  virtual Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
+                                CudaStream stream = nullptr) = 0;
+  virtual Work broadcast_async(void* data, std::size_t count, DataType type, int root,
+                               CudaStream stream = nullptr) = 0;
   // `output` holds size() * count elements, rank r's input at r * count.
-  virtual Work all_gather_async(const void* input, void* output, std::size_t count,
-                                DataType type) = 0;
+  virtual Work all_gather_async(const void* input, void* output, std::size_t count, DataType type,
+                                CudaStream stream = nullptr) = 0;
   // `input` holds size() * count elements; rank r receives the reduction of block r in `output`.
   virtual Work reduce_scatter_async(const void* input, void* output, std::size_t count,
-                                    DataType type, ReduceOp op) = 0;
+                                    DataType type, ReduceOp op, CudaStream stream = nullptr) = 0;
+  // GPU backends: after what was enqueued on the legacy default stream.
   virtual Work barrier_async() = 0;
 
-  // Synchronous collectives. By default the asynchronous one followed by wait(); a backend may run
-  // them on the calling thread when nothing is pending, which saves two thread hand-offs.
-  virtual void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) {
-    all_reduce_async(data, count, type, op).wait();
+  // Synchronous collectives: return once the result is complete. By default the asynchronous one
+  // followed by wait(); a backend may run them on the calling thread when nothing is pending,
+  // which saves two thread hand-offs.
+  virtual void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op,
+                          CudaStream stream = nullptr) {
+    all_reduce_async(data, count, type, op, stream).wait();
   }
-  virtual void broadcast(void* data, std::size_t count, DataType type, int root) {
-    broadcast_async(data, count, type, root).wait();
+  virtual void broadcast(void* data, std::size_t count, DataType type, int root,
+                         CudaStream stream = nullptr) {
+    broadcast_async(data, count, type, root, stream).wait();
   }
-  virtual void all_gather(const void* input, void* output, std::size_t count, DataType type) {
-    all_gather_async(input, output, count, type).wait();
+  virtual void all_gather(const void* input, void* output, std::size_t count, DataType type,
+                          CudaStream stream = nullptr) {
+    all_gather_async(input, output, count, type, stream).wait();
   }
   virtual void reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
-                              ReduceOp op) {
-    reduce_scatter_async(input, output, count, type, op).wait();
+                              ReduceOp op, CudaStream stream = nullptr) {
+    reduce_scatter_async(input, output, count, type, op, stream).wait();
   }
   virtual void barrier() { barrier_async().wait(); }
 
   // Typed, synchronous conveniences.
   template <typename T>
-  void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::kSum) {
-    all_reduce(data.data(), data.size(), data_type_of<T>(), op);
+  void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::kSum, CudaStream stream = nullptr) {
+    all_reduce(data.data(), data.size(), data_type_of<T>(), op, stream);
   }
   template <typename T>
-  void broadcast(std::span<T> data, int root) {
-    broadcast(data.data(), data.size(), data_type_of<T>(), root);
+  void broadcast(std::span<T> data, int root, CudaStream stream = nullptr) {
+    broadcast(data.data(), data.size(), data_type_of<T>(), root, stream);
   }
   template <typename T>
-  void all_gather(std::span<const T> input, std::span<T> output) {
+  void all_gather(std::span<const T> input, std::span<T> output, CudaStream stream = nullptr) {
     check_gather_sizes(input.size(), output.size());
-    all_gather(input.data(), output.data(), input.size(), data_type_of<T>());
+    all_gather(input.data(), output.data(), input.size(), data_type_of<T>(), stream);
   }
   template <typename T>
-  void reduce_scatter(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum) {
+  void reduce_scatter(std::span<const T> input, std::span<T> output, ReduceOp op = ReduceOp::kSum,
+                      CudaStream stream = nullptr) {
     check_gather_sizes(output.size(), input.size());
-    reduce_scatter(input.data(), output.data(), output.size(), data_type_of<T>(), op);
+    reduce_scatter(input.data(), output.data(), output.size(), data_type_of<T>(), op, stream);
   }
 
  protected:
@@ -139,11 +177,22 @@ struct GlooOptions {
 std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int rank, int size,
                                               GlooOptions options = {});
 
+// What an NCCL group does once a collective failed (an asynchronous NCCL error, such as a peer
+// that died, or an operation past op_timeout). Either way the communicator is aborted first, so
+// no collective and no restart hangs on it.
+enum class NcclFailure {
+  kExitProcess,  // exit with exit_code_on_abort at once, so the agent restarts the group
+  kThrow,        // pending and later collectives throw CollectiveError; rebuild the group
+};
+
 struct NcclOptions {
-  int device = -1;  // CUDA device; -1: LOCAL_RANK's (one device per local rank)
+  // CUDA device; -1: LOCAL_RANK's, or the only visible one (dist-launch --devices and
+  // --virtual-local-rank give each worker its own device).
+  int device = -1;
   std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};
-  std::chrono::milliseconds op_timeout{std::chrono::minutes(10)};  // then abort and exit
+  std::chrono::milliseconds op_timeout{std::chrono::minutes(10)};  // then abort
   std::string key_prefix = "sdk/nccl";
+  NcclFailure on_failure = NcclFailure::kExitProcess;
   int exit_code_on_abort = 75;  // the worker exits with this after an abort, so the agent restarts
 };
 
@@ -152,9 +201,10 @@ bool nccl_available();
 
 // Builds an NCCL group over GPUs. Buffers passed to its collectives are device pointers.
 // Rank 0's ncclUniqueId travels through the store; initialization is non-blocking with a
-// deadline; a watchdog thread checks every operation's progress and the communicator's async
-// error, and on a failure or timeout aborts the communicator and exits the process with
-// exit_code_on_abort. Throws CollectiveError when the backend is missing or a GPU is not usable.
+// deadline. Collectives wait for the caller's stream (an event), run on the group's stream, and
+// complete through CUDA events: Work::wait() synchronizes on the collective's event. A watchdog
+// thread checks deadlines and the communicator's asynchronous error and applies on_failure.
+// Throws CollectiveError when the backend is missing or a GPU is not usable.
 std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int rank, int size,
                                               int local_rank, NcclOptions options = {});
 

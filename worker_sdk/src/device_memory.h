@@ -1,0 +1,32 @@
+// Where DDP keeps its buckets and how it moves data in and out of them: host memory with plain
+// copies (Gloo), or device memory with copies ordered on the caller's CUDA stream (NCCL), so
+// that bucketing, the collectives and the write-back all follow the backward pass's kernels
+// without the host waiting.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "dist/sdk/process_group.h"
+
+namespace dist::sdk::detail {
+
+class BucketMemory {
+ public:
+  virtual ~BucketMemory() = default;
+  static std::unique_ptr<BucketMemory> host();
+  // Device memory of the current CUDA device; CollectiveError in a build without CUDA.
+  static std::unique_ptr<BucketMemory> device(CudaStream stream);
+
+  // Zeroed `bytes`, owned by this object.
+  virtual void* allocate(std::size_t bytes) = 0;
+  // Either side may be host memory; device copies run in order on stream().
+  virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
+  // Host memory written by copy() holds its data once this returns.
+  virtual void synchronize() = 0;
+  // Later copies see the collective's result.
+  virtual void complete(const Work& work) = 0;
+  virtual CudaStream stream() const = 0;
+};
+
+}  // namespace dist::sdk::detail

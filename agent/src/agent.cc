@@ -40,6 +40,9 @@
 #include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/server.h"
 #include "failure_report.h"
+#include "janitor.h"
+#include "job_processes.h"
+#include "leftovers.h"
 #include "log_pump.h"
 #include "node_rendezvous.h"
 #include "process.h"
@@ -80,8 +83,11 @@ bool is_forward_only(int signal) {
 
 class Agent {
  public:
-  explicit Agent(const LaunchConfig& config)
+  Agent(const LaunchConfig& config, const AgentId& agent_id, Janitor* janitor)
       : config_(config),
+        agent_id_(agent_id),
+        janitor_(janitor),
+        leftovers_(agent_id.id(), janitor ? janitor->pid() : -1),
         child_exits_(io_, SIGCHLD),
         handled_signals_(io_),
         shutdown_timer_(io_),
@@ -587,8 +593,9 @@ class Agent {
       id.max_restarts = config_.max_restarts;
       id.run_id = config_.run_id;
       id.error_file = (dir / "error.json").string();
-      const auto env =
-          merge_environment(base_env, torchrun_variables(id, config_.omp_threads_defaulted));
+      auto variables = torchrun_variables(id, config_.omp_threads_defaulted);
+      variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
+      const auto env = merge_environment(base_env, variables);
       const auto argv = substitute_local_rank(config_.worker_argv, local);
 
       SpawnedProcess p;
@@ -600,6 +607,7 @@ class Agent {
       }
       w.pid = p.pid;
       w.open_pipes = 2;
+      if (janitor_) janitor_->track(p.pid);  // the worker's process group
       const StreamSelection redirected = config_.redirects_for(local);
       pump_output(w, p.stdout_fd, STDOUT_FILENO, redirected.stdout_stream,
                   write_logs ? dir / "stdout.log" : fs::path());
@@ -657,10 +665,13 @@ class Agent {
     bool failed = false;
     int status = 0;
     pid_t pid;
+    // Every pid: the agent is a subreaper, so the workers' orphans are its children too; they are
+    // reaped here and otherwise ignored (leftovers_ deals with them once the workers are gone).
     while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
       for (auto& w : workers_) {
         if (w.pid != pid || w.exited) continue;
         w.exited = true;
+        if (janitor_) janitor_->untrack(pid);  // its group's id may be reused from now on
         const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
         if (state_ == State::kRunning && code != 0) {
           record_failure(w, code, reaped_at);
@@ -699,26 +710,41 @@ class Agent {
   }
 
   // ------------------------------------------------------------------------------------------
-  // STOPPING: signal every worker's group, SIGKILL after the grace period, wait for all.
+  // STOPPING: signal every worker's group, SIGKILL after the grace period, wait for all; then the
+  // same for what the workers left behind (leftovers.h).
 
   void stop_workers(StopReason reason, int signal) {
     state_ = State::kStopping;
     stop_reason_ = reason;
+    leftovers_.reset();
+    stop_deadline_armed_ = false;
     for (const auto& w : workers_) {
       if (!w.exited && signal != 0) signal_group(w.pid, signal);
     }
-    if (signal != SIGKILL && signal != 0) {
-      shutdown_timer_.expires_after(config_.shutdown_timeout);
-      shutdown_timer_.async_wait([this](const boost::system::error_code& ec) {
-        if (ec || state_ != State::kStopping) return;
-        spdlog::warn("workers still running {} ms after the stop signal: sending SIGKILL",
-                     config_.shutdown_timeout.count());
-        for (const auto& w : workers_) {
-          if (!w.exited) signal_group(w.pid, SIGKILL);
-        }
-      });
-    }
+    if (signal == SIGKILL) leftovers_.kill();
+    if (signal != SIGKILL && signal != 0) arm_stop_deadline();
     maybe_group_stopped();
+  }
+
+  // SIGKILL for the workers and their leftovers --shutdown-timeout after the stop signal (after the
+  // leftovers' SIGTERM when the workers exited on their own).
+  void arm_stop_deadline() {
+    if (stop_deadline_armed_) return;
+    stop_deadline_armed_ = true;
+    shutdown_timer_.expires_after(config_.shutdown_timeout);
+    shutdown_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state_ != State::kStopping) return;
+      const bool workers_run =
+          std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return !w.exited; });
+      spdlog::warn("{} still running {} ms after the stop signal: sending SIGKILL",
+                   workers_run ? "workers" : "processes the workers left",
+                   config_.shutdown_timeout.count());
+      for (const auto& w : workers_) {
+        if (!w.exited) signal_group(w.pid, SIGKILL);
+      }
+      leftovers_.kill();
+      maybe_group_stopped();
+    });
   }
 
   void maybe_group_stopped() {
@@ -726,6 +752,7 @@ class Agent {
     if (!std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exited; })) {
       return;
     }
+    if (!leftovers_.gone()) return arm_stop_deadline();  // each exit comes back here (SIGCHLD)
     shutdown_timer_.cancel();
     const bool drained = std::all_of(workers_.begin(), workers_.end(),
                                      [](const Worker& w) { return w.open_pipes == 0; });
@@ -769,7 +796,8 @@ class Agent {
       for (const auto& w : workers_) {
         if (!w.exited) signal_group(w.pid, SIGKILL);
       }
-      return;
+      leftovers_.kill();
+      return maybe_group_stopped();
     }
     spdlog::warn("{} received: stopping the workers (grace period {} ms)", signal_name(signal),
                  config_.shutdown_timeout.count());
@@ -786,6 +814,10 @@ class Agent {
   }
 
   const LaunchConfig& config_;
+  const AgentId& agent_id_;
+  Janitor* janitor_;  // null when it could not start
+  Leftovers leftovers_;
+  bool stop_deadline_armed_ = false;
   asio::io_context io_;
   std::optional<rendezvous::StoreServer> store_;
   std::uint16_t store_port_ = 0;
@@ -816,9 +848,33 @@ class Agent {
   int exit_code_ = 0;
 };
 
+// No descendant outlives the job (job_processes.h): the agent is a subreaper, and its janitor,
+// forked before the agent allocates much or starts a thread, cleans up if the agent is killed.
 int run_agent(const LaunchConfig& config) {
-  Agent agent(config);
-  return agent.run();
+  const AgentId agent_id = AgentId::generate();
+  if (!become_subreaper()) {
+    spdlog::warn(
+        "cannot become a child subreaper ({}): processes the workers start may outlive "
+        "the job",
+        std::strerror(errno));
+  }
+  std::optional<Janitor> janitor;
+  try {
+    janitor.emplace(agent_id.id());
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: processes the workers start may outlive a SIGKILL of this agent", e.what());
+  }
+  int exit_code;
+  {
+    Agent agent(config, agent_id, janitor ? &*janitor : nullptr);
+    exit_code = agent.run();
+  }
+  if (has_children()) {  // STOPPING ends with none; whatever path missed it, nothing stays
+    for (const ProcessRef& p : job_processes(agent_id.id(), janitor ? janitor->pid() : -1)) {
+      signal_process(p, SIGKILL);
+    }
+  }
+  return exit_code;  // ~Janitor dismisses it
 }
 
 }  // namespace dist::agent

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <system_error>
 
 #include "job_processes.h"
@@ -21,8 +20,8 @@
 namespace dist::agent {
 namespace {
 
-// The messages on the socket, one int32 each: a positive pid tracks that process group, a negative
-// one untracks it, zero dismisses the janitor.
+// The messages on the socket (SOCK_SEQPACKET: each arrives whole or not at all), one int32 each: a
+// positive pid tracks that process group, a negative one untracks it, zero dismisses the janitor.
 using Message = std::int32_t;
 constexpr Message kDismiss = 0;
 
@@ -78,26 +77,17 @@ void close_all_but(int keep) {
 
   pid_t groups[kMaxTrackedGroups];
   std::size_t n_groups = 0;
-  unsigned char buf[sizeof(Message) * 64];
-  std::size_t have = 0;
   while (true) {
-    const ssize_t n = ::read(channel, buf + have, sizeof buf - have);
+    Message m;
+    const ssize_t n = ::read(channel, &m, sizeof m);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // EOF (or an error): the agent is gone without a word
-    have += static_cast<std::size_t>(n);
-    std::size_t used = 0;
-    for (; have - used >= sizeof(Message); used += sizeof(Message)) {
-      Message m;
-      std::memcpy(&m, buf + used, sizeof m);
-      if (m == kDismiss) ::_exit(0);
-      if (m > 0 && n_groups < kMaxTrackedGroups) groups[n_groups++] = m;
-      if (m < 0) {
-        const auto end = std::remove(groups, groups + n_groups, -m);
-        n_groups = static_cast<std::size_t>(end - groups);
-      }
+    if (n != static_cast<ssize_t>(sizeof m)) break;  // EOF: the agent is gone without a word
+    if (m == kDismiss) ::_exit(0);
+    if (m > 0 && n_groups < kMaxTrackedGroups) groups[n_groups++] = m;
+    if (m < 0) {
+      const auto end = std::remove(groups, groups + n_groups, -m);
+      n_groups = static_cast<std::size_t>(end - groups);
     }
-    std::memmove(buf, buf + used, have - used);
-    have -= used;
   }
 
   for (std::size_t i = 0; i < n_groups; ++i) {
@@ -115,7 +105,7 @@ void close_all_but(int keep) {
 
 Janitor::Janitor(std::string_view agent_id) {
   int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
     throw std::system_error(errno, std::generic_category(), "cannot create the janitor's socket");
   }
   // Signals stay blocked across the clone until the janitor has replaced the agent's handlers.

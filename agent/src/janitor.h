@@ -9,12 +9,12 @@
 // it exits at once and the agent reaps it.
 //
 // Cheap and out of the way: forked before the agent starts a thread or allocates much (the fork
-// copies page tables: about 0.1 ms), it keeps no file descriptor but its socket (not the store's
-// listening socket, not the workers' pipes, not the console), runs in a process group of its own
-// (a terminal's ^C, or `kill -- -PGID` of the agent's group, leaves it be) and ignores every signal
-// but SIGKILL. It is a clone child that reports its exit with no signal: the agent's waitpid(-1)
-// reaping loop and has_children() never see it, and only dismiss() reaps it. It is named
-// "dist-janitor" in ps.
+// copies page tables: about 0.1 ms; dismissing and reaping it at exit costs about as much), it
+// keeps no file descriptor but its socket (not the store's listening socket, not the workers'
+// pipes, not the console), runs in a process group of its own (a terminal's ^C, or `kill -- -PGID`
+// of the agent's group, leaves it be) and ignores every signal but SIGKILL. It is a clone child
+// that reports its exit with no signal: the agent's waitpid(-1) reaping loop and has_children()
+// never see it, and only dismiss() reaps it. It is named "dist-janitor" in ps.
 #pragma once
 
 #include <sys/types.h>
@@ -25,8 +25,9 @@ namespace dist::agent {
 
 class Janitor {
  public:
-  // Forks the janitor for the agent `agent_id` (AgentId::id()). Throws std::system_error when it
-  // cannot start.
+  // Forks the janitor for the agent `agent_id` (AgentId::id()). Call it before the agent starts
+  // any thread: the janitor is a raw clone (no fork handlers run), safe only in a process with one
+  // thread (sanitizer runtimes included). Throws std::system_error when it cannot start.
   explicit Janitor(std::string_view agent_id);
   ~Janitor();  // dismiss()
   Janitor(const Janitor&) = delete;

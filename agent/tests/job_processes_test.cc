@@ -81,6 +81,16 @@ class Sleeper {
   bool reaped_ = false;
 };
 
+// An agent id unique to this test process: tests that run at once must not kill each other's
+// sleepers.
+std::string id(const std::string& suffix) {
+  return std::to_string(::getpid()) + "-" + suffix;
+}
+
+std::string marker(const std::string& ids) {
+  return "DIST_LAUNCH_AGENT_ID=" + ids;
+}
+
 std::vector<std::string> env_with(const std::string& marker_entry) {
   return {"SLEEPER_READY=1", marker_entry};
 }
@@ -100,26 +110,26 @@ TEST(JobProcessesTest, TheIdIsFoundAsOneElementAnywhereInALongEnvironment) {
   const std::string first = "SLEEPER_READY=1", pad = "PAD=" + std::string(9000, 'x');
   const std::size_t marker_offset = 3 * 4096 - 10, pad_end = first.size() + 1 + pad.size() + 1;
   const std::string pad2 = "PAD2=" + std::string(marker_offset - pad_end - 6, 'y');
-  Sleeper s({first, pad, pad2, "DIST_LAUNCH_AGENT_ID=9-outer:42-abc", "AFTER=1"});
-  EXPECT_TRUE(carries_agent_id(s.pid(), "42-abc"));
-  EXPECT_TRUE(carries_agent_id(s.pid(), "9-outer"));
-  EXPECT_FALSE(carries_agent_id(s.pid(), "42-ab")) << "a prefix of an id is another id";
+  Sleeper s({first, pad, pad2, marker(id("outer") + ":" + id("abc")), "AFTER=1"});
+  EXPECT_TRUE(carries_agent_id(s.pid(), id("abc")));
+  EXPECT_TRUE(carries_agent_id(s.pid(), id("outer")));
+  EXPECT_FALSE(carries_agent_id(s.pid(), id("ab"))) << "a prefix of an id is another id";
   EXPECT_FALSE(carries_agent_id(s.pid(), "abc"));
-  EXPECT_FALSE(carries_agent_id(s.pid(), "9-outer:42-abc"));
+  EXPECT_FALSE(carries_agent_id(s.pid(), id("outer") + ":" + id("abc")));
 
-  Sleeper other_name(env_with("X_DIST_LAUNCH_AGENT_ID=42-abc"));
-  EXPECT_FALSE(carries_agent_id(other_name.pid(), "42-abc"));
-  Sleeper longer_name(env_with("DIST_LAUNCH_AGENT_IDS=42-abc"));
-  EXPECT_FALSE(carries_agent_id(longer_name.pid(), "42-abc"));
+  Sleeper other_name(env_with("X_" + marker(id("abc"))));
+  EXPECT_FALSE(carries_agent_id(other_name.pid(), id("abc")));
+  Sleeper longer_name(env_with("DIST_LAUNCH_AGENT_IDS=" + id("abc")));
+  EXPECT_FALSE(carries_agent_id(longer_name.pid(), id("abc")));
 }
 
 TEST(JobProcessesTest, KillMarkedProcessesKillsExactlyTheMarkedOnes) {
-  Sleeper marked(env_with("DIST_LAUNCH_AGENT_ID=42-abc"));
-  Sleeper nested(env_with("DIST_LAUNCH_AGENT_ID=42-abc:43-def"), kOwnSession);
-  Sleeper other_agent(env_with("DIST_LAUNCH_AGENT_ID=44-ghi"));
+  Sleeper marked(env_with(marker(id("abc"))));
+  Sleeper nested(env_with(marker(id("abc") + ":" + id("def"))), kOwnSession);
+  Sleeper other_agent(env_with(marker(id("ghi"))));
   Sleeper unmarked(env_with("PATH=/bin"));
 
-  EXPECT_EQ(kill_marked_processes("42-abc", -1), 2);
+  EXPECT_EQ(kill_marked_processes(id("abc"), -1), 2);
   EXPECT_TRUE(dist::agent::testing::eventually([&] { return marked.reap() == SIGKILL; }));
   EXPECT_TRUE(dist::agent::testing::eventually([&] { return nested.reap() == SIGKILL; }));
   EXPECT_EQ(other_agent.reap(), 0) << "another agent's process was killed";
@@ -139,24 +149,24 @@ TEST(JobProcessesTest, SignalProcessSignalsOnlyTheProcessThatWasFound) {
 }
 
 TEST(JobProcessesTest, AGroupIsTheJobsWhileItsLeaderIsOursOrGone) {
-  Sleeper ours(env_with("DIST_LAUNCH_AGENT_ID=42-abc"), kOwnSession);
+  Sleeper ours(env_with(marker(id("abc"))), kOwnSession);
   Sleeper not_ours(env_with("PATH=/bin"), kOwnSession);
-  EXPECT_TRUE(group_is_jobs(ours.pid(), "42-abc"));
-  EXPECT_FALSE(group_is_jobs(not_ours.pid(), "42-abc")) << "a reused id must not be killed";
+  EXPECT_TRUE(group_is_jobs(ours.pid(), id("abc")));
+  EXPECT_FALSE(group_is_jobs(not_ours.pid(), id("abc"))) << "a reused id must not be killed";
   ::kill(ours.pid(), SIGKILL);
   ASSERT_TRUE(dist::agent::testing::eventually([&] { return ours.reap() == SIGKILL; }));
-  EXPECT_TRUE(group_is_jobs(ours.pid(), "42-abc")) << "a gone leader's group holds only ours";
+  EXPECT_TRUE(group_is_jobs(ours.pid(), id("abc"))) << "a gone leader's group holds only ours";
 }
 
 TEST(JobProcessesTest, TheJanitorIsNoChildForTheReapingLoopAndADismissedOneKillsNothing) {
-  Janitor janitor("42-abc");
+  Janitor janitor(id("abc"));
   ASSERT_GT(janitor.pid(), 0);
   EXPECT_FALSE(has_children()) << "the janitor counts as a child";
   errno = 0;
   EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1) << "waitpid(-1) sees the janitor";
   EXPECT_EQ(errno, ECHILD);
 
-  Sleeper marked(env_with("DIST_LAUNCH_AGENT_ID=42-abc"), kOwnGroup);
+  Sleeper marked(env_with(marker(id("abc"))), kOwnGroup);
   EXPECT_TRUE(has_children());
   janitor.track(marked.pid());
   const pid_t janitor_pid = janitor.pid();
@@ -176,9 +186,9 @@ TEST(JobProcessesTest, TheJanitorKillsTheMarkedProcessesAndTheTrackedGroupsWhenT
   const pid_t agent = ::fork();
   if (agent == 0) {
     ::close(report[0]);
-    Janitor janitor("42-abc");
-    Sleeper daemon(env_with("DIST_LAUNCH_AGENT_ID=42-abc"), kOwnSession);
-    Sleeper worker(env_with("DIST_LAUNCH_AGENT_ID=42-abc"), kOwnGroup);
+    Janitor janitor(id("abc"));
+    Sleeper daemon(env_with(marker(id("abc"))), kOwnSession);
+    Sleeper worker(env_with(marker(id("abc"))), kOwnGroup);
     Sleeper member(env_with("PATH=/bin"), worker.pid());  // found by its group only
     janitor.track(worker.pid());
     const pid_t pids[] = {janitor.pid(), daemon.pid(), member.pid()};

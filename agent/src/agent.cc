@@ -852,6 +852,8 @@ class Agent {
 // forked before the agent allocates much or starts a thread, cleans up if the agent is killed.
 int run_agent(const LaunchConfig& config) {
   const AgentId agent_id = AgentId::generate();
+  spdlog::debug("agent id {}: every process of this job has {}={} in its environment",
+                agent_id.id(), kAgentIdVariable, agent_id.value());
   if (!become_subreaper()) {
     spdlog::warn(
         "cannot become a child subreaper ({}): processes the workers start may outlive "

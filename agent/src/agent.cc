@@ -22,6 +22,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <optional>
@@ -30,6 +33,8 @@
 #include "dist/agent/rendezvous.h"
 #include "dist/rendezvous/errors.h"
 #include "failure_report.h"
+#include "janitor.h"
+#include "job_processes.h"
 #include "process.h"
 #include "run_directory.h"
 #include "signal_watcher.h"
@@ -115,8 +120,10 @@ using Event =
 
 class Agent {
  public:
-  explicit Agent(const LaunchConfig& config)
+  Agent(const LaunchConfig& config, const AgentId& agent_id, Janitor* janitor)
       : config_(config),
+        agent_id_(agent_id),
+        janitor_(janitor),
         signals_(io_, watched_signals(config)),
         host_(config.local_addr.empty() ? hostname() : config.local_addr) {}
 
@@ -745,6 +752,8 @@ class Agent {
   // ------------------------------------------------------------------------------------------
 
   const LaunchConfig& config_;
+  const AgentId& agent_id_;
+  Janitor* janitor_;     // null when it could not start
   asio::io_context io_;  // first: destroyed last, after everything that uses it
   SignalWatcher signals_;
   std::string host_;
@@ -772,9 +781,35 @@ class Agent {
   int exit_code_ = 0;
 };
 
+// No descendant outlives the job (job_processes.h): the agent is a subreaper, and its janitor,
+// started before the agent allocates much or starts a thread, cleans up if the agent is killed.
 int run_agent(const LaunchConfig& config) {
-  Agent agent(config);
-  return agent.run();
+  const AgentId agent_id = AgentId::generate();
+  spdlog::debug("agent id {}: every process of this job has {}={} in its environment",
+                agent_id.id(), kAgentIdVariable, agent_id.value());
+  if (!become_subreaper()) {
+    spdlog::warn(
+        "cannot become a child subreaper ({}): processes the workers start may outlive "
+        "the job",
+        std::strerror(errno));
+  }
+  std::optional<Janitor> janitor;
+  try {
+    janitor.emplace(agent_id.id());
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: processes the workers start may outlive a SIGKILL of this agent", e.what());
+  }
+  int exit_code;
+  {
+    Agent agent(config, agent_id, janitor ? &*janitor : nullptr);
+    exit_code = agent.run();
+  }
+  if (has_children()) {  // STOPPING ends with none; whatever path missed it, nothing stays
+    for (const ProcessRef& p : job_processes(agent_id.id(), janitor ? janitor->pid() : -1)) {
+      signal_process(p, SIGKILL);
+    }
+  }
+  return exit_code;  // ~Janitor dismisses it
 }
 
 }  // namespace dist::agent

@@ -34,10 +34,14 @@ std::vector<std::string> current_environment() {
 }  // namespace
 
 WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config,
-                         const RunDirectory& dir, Events events)
+                         const RunDirectory& dir, const AgentId& agent_id, Janitor* janitor,
+                         Events events)
     : io_(io),
       config_(config),
       dir_(dir),
+      agent_id_(agent_id),
+      janitor_(janitor),
+      leftovers_(agent_id.id(), janitor ? janitor->pid() : -1),
       events_(std::move(events)),
       kill_timer_(io),
       drain_timer_(io) {}
@@ -93,8 +97,9 @@ void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
   id.max_restarts = config_.max_restarts;
   id.run_id = config_.run_id;
   id.error_file = (dir / "error.json").string();
-  const auto env =
-      merge_environment(base_env, torchrun_variables(id, config_.omp_threads_defaulted));
+  auto variables = torchrun_variables(id, config_.omp_threads_defaulted);
+  variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
+  const auto env = merge_environment(base_env, variables);
   SpawnedProcess p;
   try {
     p = spawn_worker(substitute_local_rank(config_.worker_argv, w.local_rank), env);
@@ -104,6 +109,7 @@ void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
   }
   w.pid = p.pid;
   w.open_pipes = 2;
+  if (janitor_) janitor_->track(p.pid);  // the worker's process group
   const StreamSelection redirected = config_.redirects_for(w.local_rank);
   const bool write_logs = config_.writes_log_files();
   pump(w, p.stdout_fd, STDOUT_FILENO, redirected.stdout_stream,
@@ -132,7 +138,9 @@ void WorkerGroup::pump(Worker& w, int pipe_fd, int console_fd, bool redirected,
 }
 
 // Every exit that has happened is collected before any is acted on: workers that died together
-// (a crash and the peers it broke) are all recorded, and the earliest is the root cause.
+// (a crash and the peers it broke) are all recorded, and the earliest is the root cause. Every
+// pid is reaped: the agent is a subreaper, so the workers' orphans are its children too (the
+// leftovers of a stop).
 void WorkerGroup::reap() {
   const auto reaped_at = std::chrono::system_clock::now();
   std::vector<WorkerFailure> failures;
@@ -142,6 +150,7 @@ void WorkerGroup::reap() {
     for (auto& w : workers_) {
       if (w.pid != pid || w.exited) continue;
       w.exited = true;
+      if (janitor_) janitor_->untrack(pid);  // its group's id may be reused from now on
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
       if (state_ == State::kRunning && code != 0) {
         failures.push_back(failure_of(w, code, reaped_at));
@@ -173,24 +182,40 @@ WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
 
 void WorkerGroup::stop(int signal) {
   if (state_ == State::kStopping) {
-    if (signal != 0) kill_all();
+    if (signal != 0) {
+      kill_all();
+      leftovers_.kill();
+      maybe_stopped();
+    }
     return;
   }
   state_ = State::kStopping;
   draining_ = false;
+  deadline_armed_ = false;
+  leftovers_.reset();
   for (const auto& w : workers_) {
     if (!w.exited && signal != 0) signal_group(w.pid, signal);
   }
-  if (signal != 0 && signal != SIGKILL) {
-    kill_timer_.expires_after(config_.shutdown_timeout);
-    kill_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || state_ != State::kStopping || all_exited()) return;
-      spdlog::warn("workers still running {} ms after the stop signal: sending SIGKILL",
-                   config_.shutdown_timeout.count());
-      kill_all();
-    });
-  }
+  if (signal == SIGKILL) leftovers_.kill();
+  if (signal != 0 && signal != SIGKILL) arm_stop_deadline();
   maybe_stopped();
+}
+
+// SIGKILL for the workers and their leftovers --shutdown-timeout after the stop signal (after the
+// leftovers' SIGTERM when the workers exited on their own).
+void WorkerGroup::arm_stop_deadline() {
+  if (deadline_armed_) return;
+  deadline_armed_ = true;
+  kill_timer_.expires_after(config_.shutdown_timeout);
+  kill_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || state_ != State::kStopping) return;
+    spdlog::warn("{} still running {} ms after the stop signal: sending SIGKILL",
+                 all_exited() ? "processes the workers left" : "workers",
+                 config_.shutdown_timeout.count());
+    kill_all();
+    leftovers_.kill();
+    maybe_stopped();
+  });
 }
 
 void WorkerGroup::forward(int signal) {
@@ -213,6 +238,7 @@ bool WorkerGroup::all_exited() const {
 // exit, whichever comes first.
 void WorkerGroup::maybe_stopped() {
   if (state_ != State::kStopping || !all_exited()) return;
+  if (!leftovers_.gone()) return arm_stop_deadline();  // each exit comes back here (SIGCHLD)
   kill_timer_.cancel();
   const bool drained = std::all_of(workers_.begin(), workers_.end(),
                                    [](const Worker& w) { return w.open_pipes == 0; });

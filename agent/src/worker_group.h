@@ -7,6 +7,8 @@
 //   succeeded()       while running: the last worker exited 0
 //   stopped()         after stop(): every worker is reaped and its output drained (a descendant
 //                     that keeps a pipe open is waited for at most kOutputDrainTimeout)
+// Stopping covers what the workers started too (leftovers.h): the agent is a subreaper, every
+// process of the job carries its id, and a janitor kills them all if the agent itself is killed.
 // The destructor SIGKILLs and reaps whatever is left: no worker outlives the group.
 #pragma once
 
@@ -22,6 +24,9 @@
 
 #include "dist/agent/config.h"
 #include "dist/agent/worker_failure.h"
+#include "janitor.h"
+#include "job_processes.h"
+#include "leftovers.h"
 #include "run_directory.h"
 
 namespace dist::agent {
@@ -49,8 +54,9 @@ class WorkerGroup {
     std::function<void()> stopped;
   };
 
+  // `janitor` may be null (it could not start).
   WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config, const RunDirectory& dir,
-              Events events);
+              const AgentId& agent_id, Janitor* janitor, Events events);
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -86,16 +92,21 @@ class WorkerGroup {
   bool all_exited() const;
   void maybe_stopped();
   void kill_all();
+  void arm_stop_deadline();
 
   boost::asio::io_context& io_;
   const LaunchConfig& config_;
   const RunDirectory& dir_;
+  const AgentId& agent_id_;
+  Janitor* janitor_;
+  Leftovers leftovers_;
   Events events_;
   State state_ = State::kIdle;
   RoundSpec spec_;
   std::vector<Worker> workers_;
   std::vector<std::shared_ptr<LogPump>> pumps_;
-  boost::asio::steady_timer kill_timer_;
+  boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
+  bool deadline_armed_ = false;
   boost::asio::steady_timer drain_timer_;
   bool draining_ = false;
 };

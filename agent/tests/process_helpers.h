@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -37,6 +38,87 @@ inline bool process_gone(pid_t pid,
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   } while (std::chrono::steady_clock::now() < end);
   return false;
+}
+
+// `condition()` true within `timeout` (checked at least once).
+template <typename Condition>
+bool eventually(Condition condition,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// A process as /proc/<pid>/stat describes it.
+struct ProcessInfo {
+  pid_t pid = -1;
+  pid_t ppid = -1;
+  pid_t pgrp = -1;
+  char state = '?';  // 'Z': a zombie
+  std::string comm;
+};
+
+inline std::optional<ProcessInfo> process_info(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!in || !std::getline(in, line)) return std::nullopt;
+  const auto open = line.find('('), close = line.rfind(')');
+  if (open == std::string::npos || close == std::string::npos) return std::nullopt;
+  ProcessInfo p;
+  p.pid = pid;
+  p.comm = line.substr(open + 1, close - open - 1);
+  std::istringstream rest(line.substr(close + 1));
+  rest >> p.state >> p.ppid >> p.pgrp;
+  return p;
+}
+
+// Every process (kernel threads included) at the time of the call.
+inline std::vector<ProcessInfo> all_processes() {
+  std::vector<ProcessInfo> all;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (auto p = process_info(std::stoi(name))) all.push_back(std::move(*p));
+  }
+  return all;
+}
+
+// The live processes below `root` in the process tree (zombies left out).
+inline std::vector<pid_t> descendants_of(pid_t root) {
+  const auto all = all_processes();
+  std::vector<pid_t> found{root};
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    for (const auto& p : all) {
+      if (p.ppid == found[i] && p.state != 'Z') found.push_back(p.pid);
+    }
+  }
+  found.erase(found.begin());
+  return found;
+}
+
+// The live processes whose environment lists `agent_id` in DIST_LAUNCH_AGENT_ID (a ':'-separated
+// list): what a dist-launch agent started, and what those started, wherever they went in the
+// process tree. Reads /proc/<pid>/environ: root sees every process, a user their own.
+inline std::vector<pid_t> processes_with_agent_id(const std::string& agent_id) {
+  const std::string name = "DIST_LAUNCH_AGENT_ID=";
+  std::vector<pid_t> found;
+  for (const auto& p : all_processes()) {
+    if (p.state == 'Z') continue;
+    std::ifstream in("/proc/" + std::to_string(p.pid) + "/environ");
+    std::string entry;
+    while (std::getline(in, entry, '\0')) {
+      if (entry.rfind(name, 0) != 0) continue;
+      std::istringstream ids(entry.substr(name.size()));
+      std::string id;
+      while (std::getline(ids, id, ':')) {
+        if (id == agent_id) found.push_back(p.pid);
+      }
+    }
+  }
+  return found;
 }
 
 // Runs a shell command; its exit code and its stdout and stderr together.

@@ -1,0 +1,54 @@
+// The second half of stopping a worker group: what its workers started and left behind.
+//
+// A worker's child that stayed in its process group got the group's stop signal; a daemon that
+// left the group (setsid, setpgid) did not, and a child of a worker that exited on its own got
+// nothing at all. Once every worker is reaped, whatever remains below the agent (a subreaper: its
+// workers' orphans are its children) or carries its marker (job_processes.h) gets SIGTERM, and
+// SIGKILL at the stop's deadline (--shutdown-timeout), like the workers themselves. The stop ends
+// when the agent has no child left: the agent must start no child of its own but its workers (the
+// janitor, a clone child without exit signal, is not counted), or that child would be taken for a
+// leftover and killed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+namespace dist::agent {
+
+class Leftovers {
+ public:
+  // `janitor`: the janitor's pid (never signalled), or -1.
+  Leftovers(std::string agent_id, pid_t janitor)
+      : agent_id_(std::move(agent_id)), janitor_(janitor) {}
+
+  // A new stop begins.
+  void reset() { stage_ = Stage::kNone; }
+
+  // Call once every worker is reaped, then again after each child's exit while it returns false.
+  // True once nothing the workers started remains, reaped (leftovers that refuse SIGKILL, another
+  // user's, are given up on with a warning). False: the leftovers got SIGTERM (on the first call)
+  // or SIGKILL (on every call after kill()); each exit is a SIGCHLD to the agent (a subreaper: the
+  // leftovers end up its children), and the caller arms the stop's deadline, which calls kill(),
+  // if not armed yet.
+  bool gone();
+
+  // The stop's deadline passed: SIGKILL every leftover now, and on every later gone(). Returns how
+  // many were signalled.
+  int kill();
+
+ private:
+  enum class Stage { kNone, kTerminated, kKilled };
+  // Sends `signal` to every leftover; how many got it, and how many refused it (EPERM).
+  struct Sent {
+    int signalled = 0;
+    int refused = 0;
+  };
+  Sent signal_all(int signal) const;
+
+  std::string agent_id_;
+  pid_t janitor_;
+  Stage stage_ = Stage::kNone;
+};
+
+}  // namespace dist::agent

@@ -439,11 +439,17 @@ class Agent {
     signals_.start([this](SignalWatcher::Received r) {
       on(event::SignalReceived{r.signal, r.sender});
     });
-    group_.emplace(
-        io_, config_, *run_dir_,
-        WorkerGroup::Events{
-            [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
-            [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
+    try {
+      group_.emplace(
+          io_, config_, *run_dir_, agent_id_, janitor_,
+          WorkerGroup::Events{
+              [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
+              [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
+    } catch (const std::exception& e) {  // devices or placement this node cannot give
+      spdlog::error("{}", e.what());
+      exit_code_ = kExitAgentError;
+      return transition(State::kExit);
+    }
     if (!multi_node() || !config_.elastic) {
       if (!host_static_store()) return transition(State::kExit);
       if (!multi_node()) return on(event::Prepared{});

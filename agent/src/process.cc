@@ -27,9 +27,20 @@ Pipe make_pipe() {
   return {fds[0], fds[1]};
 }
 
+// What the child reports through the status pipe when it cannot exec.
+struct ChildFailure {
+  enum Stage : int { kExec, kCpuAffinity, kMemoryPolicy } stage = kExec;
+  int error = 0;
+};
+
+[[noreturn]] void report_and_exit(Pipe status, ChildFailure failure) {
+  [[maybe_unused]] ssize_t n = ::write(status.write, &failure, sizeof failure);
+  ::_exit(127);
+}
+
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void exec_child(char* const* argv, char* const* envp, pid_t parent, Pipe out, Pipe err,
-                             Pipe status) {
+                             Pipe status, const WorkerPlacement* placement) {
   // Signals arrive blocked (see spawn_worker): the agent's handlers are replaced by the defaults
   // before any can run here. Run in this process, the agent's handler would write the signal into
   // the agent's own signal pipe, and the agent would take its worker's SIGTERM for its own.
@@ -40,20 +51,26 @@ Pipe make_pipe() {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // the agent died before the flag was set
+  if (placement) {
+    const PlacementResult bound = apply_placement_in_child(*placement);
+    if (bound.error != 0) {
+      const bool cpus = bound.call[0] == 's' && bound.call[1] == 'c';  // "sched_setaffinity"
+      report_and_exit(
+          status, {cpus ? ChildFailure::kCpuAffinity : ChildFailure::kMemoryPolicy, bound.error});
+    }
+  }
   ::dup2(out.write, STDOUT_FILENO);
   ::dup2(err.write, STDERR_FILENO);
   const int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
   ::execvpe(argv[0], argv, envp);
-  const int error = errno;
-  [[maybe_unused]] ssize_t n = ::write(status.write, &error, sizeof error);
-  ::_exit(127);
+  report_and_exit(status, {ChildFailure::kExec, errno});
 }
 
 }  // namespace
 
 SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& env) {
+                            const std::vector<std::string>& env, const WorkerPlacement* placement) {
   std::vector<char*> c_argv, c_env;
   for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
   c_argv.push_back(nullptr);
@@ -74,21 +91,31 @@ SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
       ::close(fd);
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
   }
-  if (pid == 0) exec_child(c_argv.data(), c_env.data(), parent, out, err, status);
+  if (pid == 0) exec_child(c_argv.data(), c_env.data(), parent, out, err, status, placement);
 
   ::setpgid(pid, pid);  // also from the parent, so signal_group works before the child runs
   ::close(out.write);
   ::close(err.write);
   ::close(status.write);
-  int exec_errno = 0;
-  const ssize_t n = ::read(status.read, &exec_errno, sizeof exec_errno);  // EOF once exec worked
+  ChildFailure failure;
+  const ssize_t n = ::read(status.read, &failure, sizeof failure);  // EOF once exec worked
   ::close(status.read);
-  if (n == sizeof exec_errno) {
+  if (n == sizeof failure) {
     ::close(out.read);
     ::close(err.read);
     while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
-    throw std::runtime_error("cannot run '" + argv[0] + "': " + std::strerror(exec_errno));
+    const std::string why = std::strerror(failure.error);
+    switch (failure.stage) {
+      case ChildFailure::kExec:
+        throw std::runtime_error("cannot run '" + argv[0] + "': " + why);
+      case ChildFailure::kCpuAffinity:
+        throw std::runtime_error("cannot bind the worker to " + placement->describe() +
+                                 " (sched_setaffinity: " + why + ")");
+      case ChildFailure::kMemoryPolicy:
+        throw std::runtime_error("cannot set the worker's memory policy for " +
+                                 placement->describe() + " (set_mempolicy: " + why + ")");
+    }
   }
   return {pid, out.read, err.read};
 }

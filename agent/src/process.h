@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/agent/placement.h"
 #include "dist/agent/signals.h"
 
 namespace dist::agent {
@@ -18,10 +19,12 @@ struct SpawnedProcess {
 
 // fork + exec `argv` with exactly `env`, in a new process group of its own, with PR_SET_PDEATHSIG
 // so that it dies with this process (checked against a parent that died before the flag took
-// effect). Throws std::runtime_error with a one-line reason if the process cannot start (the
-// executable missing included: the child reports exec's errno through a close-on-exec pipe).
+// effect), bound to `placement`'s CPUs and memory nodes when given. Throws std::runtime_error with
+// a one-line reason if the process cannot start (the executable missing, or the binding refused:
+// the child reports the failed call's errno through a close-on-exec pipe).
 SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& env);
+                            const std::vector<std::string>& env,
+                            const WorkerPlacement* placement = nullptr);
 
 // Sends `signal` to the worker's whole process group (its children included).
 void signal_group(pid_t pid, int signal);

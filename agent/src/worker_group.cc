@@ -43,6 +43,7 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       janitor_(janitor),
       leftovers_(agent_id.id(), janitor ? janitor->pid() : -1),
       events_(std::move(events)),
+      resources_(plan_worker_resources(config)),
       kill_timer_(io),
       drain_timer_(io) {}
 
@@ -98,11 +99,17 @@ void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
   id.run_id = config_.run_id;
   id.error_file = (dir / "error.json").string();
   auto variables = torchrun_variables(id, config_.omp_threads_defaulted);
+  const WorkerResources& resources = resources_[static_cast<std::size_t>(w.local_rank)];
+  for (const auto& [name, value] : resources.environment) variables[name] = value;
   variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
   const auto env = merge_environment(base_env, variables);
+  const WorkerPlacement& placement = resources.placement;
+  const bool bound = placement.bind_cpus || placement.bind_memory;
+  if (bound) spdlog::debug("local rank {}: {}", w.local_rank, placement.describe());
   SpawnedProcess p;
   try {
-    p = spawn_worker(substitute_local_rank(config_.worker_argv, w.local_rank), env);
+    p = spawn_worker(substitute_local_rank(config_.worker_argv, w.local_rank), env,
+                     bound ? &placement : nullptr);
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
                              std::to_string(w.local_rank) + "): " + e.what());

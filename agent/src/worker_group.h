@@ -24,6 +24,7 @@
 
 #include "dist/agent/config.h"
 #include "dist/agent/worker_failure.h"
+#include "dist/agent/worker_resources.h"
 #include "janitor.h"
 #include "job_processes.h"
 #include "leftovers.h"
@@ -54,7 +55,8 @@ class WorkerGroup {
     std::function<void()> stopped;
   };
 
-  // `janitor` may be null (it could not start).
+  // `janitor` may be null (it could not start). Plans each local rank's device and placement
+  // (throws DeviceError / PlacementError with a message for the user).
   WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config, const RunDirectory& dir,
               const AgentId& agent_id, Janitor* janitor, Events events);
   ~WorkerGroup();
@@ -103,6 +105,7 @@ class WorkerGroup {
   Events events_;
   State state_ = State::kIdle;
   RoundSpec spec_;
+  std::vector<WorkerResources> resources_;  // by local rank
   std::vector<Worker> workers_;
   std::vector<std::shared_ptr<LogPump>> pumps_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout

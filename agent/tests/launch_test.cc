@@ -350,6 +350,26 @@ TEST_F(LaunchTest, ASignalDuringTheRendezvousLeavesCleanly) {
       << launch.output();
 }
 
+// --cpu-bind: each worker runs on its own CPUs (read back from /proc/self/status), with
+// OMP_NUM_THREADS its core count.
+TEST_F(LaunchTest, CpuBindingGivesEachWorkerItsOwnCpus) {
+  const unsigned cpus = std::thread::hardware_concurrency();
+  if (cpus < 2) GTEST_SKIP() << "needs two CPUs";
+  Launch launch({"--nproc-per-node", "2", "--cpu-bind", "0;1", "--no-python", kWorker, "status",
+                 path("status_${local_rank}"), "env", path("env_${local_rank}")});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  for (int r = 0; r < 2; ++r) {
+    std::string allowed;
+    std::ifstream in(path("status_" + std::to_string(r)));
+    for (std::string line; std::getline(in, line);) {
+      if (line.starts_with("Cpus_allowed_list:"))
+        allowed = line.substr(line.find_last_of('\t') + 1);
+    }
+    EXPECT_EQ(allowed, std::to_string(r)) << "worker " << r;
+    EXPECT_EQ(read_env(path("env_" + std::to_string(r)))["OMP_NUM_THREADS"], "1");
+  }
+}
+
 TEST_F(LaunchTest, RedirectsSendOutputToFilesOnly) {
   Launch launch({"--nproc-per-node", "1", "--log-dir", path("logs"), "--redirects", "1",
                  "--no-python", kWorker, "lines", "2"});

@@ -1,5 +1,6 @@
 // dist-test-worker: a worker for the agent's tests. Runs its arguments as actions, in order:
 //   env FILE                 write this process's environment (KEY=VALUE lines) to FILE
+//   status FILE              copy /proc/self/status (Cpus_allowed_list, ...) to FILE
 //   pidfile FILE             write this process's pid to FILE
 //   exit CODE                exit with CODE
 //   exit-if-rank RANK CODE   exit with CODE when RANK matches $RANK
@@ -106,6 +107,9 @@ int main(int argc, char** argv) {
     if (a == "env") {
       std::ofstream out(next());
       for (char** e = environ; *e; ++e) out << *e << "\n";
+    } else if (a == "status") {
+      std::ifstream in("/proc/self/status");
+      std::ofstream(next()) << in.rdbuf();
     } else if (a == "pidfile") {
       std::ofstream(next()) << ::getpid() << "\n";
     } else if (a == "exit") {

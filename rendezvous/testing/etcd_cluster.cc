@@ -90,24 +90,27 @@ std::string run_or_throw(const std::string& command) {
 TestPki make_test_pki(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
   const auto path = [&](const char* name) { return (dir / name).string(); };
-  TestPki pki{path("ca.crt"), path("server.crt"), path("server.key"), path("client.crt"),
-              path("client.key")};
+  TestPki pki{path("ca.crt"),          path("server.crt"), path("server.key"),
+              path("client.crt"),      path("client.key"), path("named-client.crt"),
+              path("named-client.key")};
   const std::string key_options = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   run_or_throw("openssl req -x509 " + key_options + " -keyout " + path("ca.key") + " -out " +
                pki.ca_cert + " -days 2 -subj /CN=dist-launch-test-ca");
-  {
-    std::ofstream(path("server.ext"))
-        << "subjectAltName=IP:127.0.0.1,IP:127.0.0.2,IP:127.0.0.3,DNS:localhost\n"
-        << "extendedKeyUsage=serverAuth,clientAuth\n";
-    std::ofstream(path("client.ext")) << "extendedKeyUsage=clientAuth\n";
-  }
-  for (const std::string who : {"server", "client"}) {
-    run_or_throw("openssl req " + key_options + " -keyout " + path((who + ".key").c_str()) +
-                 " -out " + path((who + ".csr").c_str()) + " -subj /CN=dist-launch-" + who);
-    run_or_throw("openssl x509 -req -in " + path((who + ".csr").c_str()) + " -CA " + pki.ca_cert +
+  std::ofstream(path("server.ext"))
+      << "subjectAltName=IP:127.0.0.1,IP:127.0.0.2,IP:127.0.0.3,DNS:localhost\n"
+      << "extendedKeyUsage=serverAuth,clientAuth\n";
+  std::ofstream(path("client.ext")) << "extendedKeyUsage=clientAuth\n";
+  const auto issue = [&](const std::string& name, const std::string& subject,
+                         const std::string& ext) {
+    run_or_throw("openssl req " + key_options + " -keyout " + path((name + ".key").c_str()) +
+                 " -out " + path((name + ".csr").c_str()) + " -subj " + subject);
+    run_or_throw("openssl x509 -req -in " + path((name + ".csr").c_str()) + " -CA " + pki.ca_cert +
                  " -CAkey " + path("ca.key") + " -CAcreateserial -days 2 -out " +
-                 path((who + ".crt").c_str()) + " -extfile " + path((who + ".ext").c_str()));
-  }
+                 path((name + ".crt").c_str()) + " -extfile " + path(ext.c_str()));
+  };
+  issue("server", "/CN=dist-launch-server", "server.ext");
+  issue("client", "/O=dist-launch-client", "client.ext");
+  issue("named-client", "/CN=root", "client.ext");
   return pki;
 }
 

@@ -13,14 +13,17 @@
 
 namespace dist::rendezvous::testing {
 
-// A CA, a certificate for the members (127.0.0.1-3 and localhost) and one for a client, made
-// with the openssl program.
+// A CA, a certificate for the members (127.0.0.1-3 and localhost) and two for clients, made with
+// the openssl program. etcd's JSON gateway refuses client certificates with a Common Name once
+// authentication is on, so the first has none; the second has one.
 struct TestPki {
   std::string ca_cert;
   std::string server_cert;
   std::string server_key;
   std::string client_cert;
   std::string client_key;
+  std::string named_client_cert;
+  std::string named_client_key;
 };
 TestPki make_test_pki(const std::filesystem::path& dir);
 

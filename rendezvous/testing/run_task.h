@@ -9,11 +9,13 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace dist::rendezvous::testing {
 
@@ -53,5 +55,42 @@ T run_task(boost::asio::io_context& io, boost::asio::awaitable<T> task,
   if (outcome->error) std::rethrow_exception(outcome->error);
   if constexpr (!std::is_void_v<T>) return std::move(*outcome->result);
 }
+
+// Coroutines run beside a test's own calls (run_task runs them too, as it runs the io_context).
+class TaskGroup {
+ public:
+  explicit TaskGroup(boost::asio::io_context& io) : io_(io), state_(std::make_shared<State>()) {}
+
+  void spawn(std::function<boost::asio::awaitable<void>()> body) {
+    ++state_->running;
+    boost::asio::co_spawn(io_, std::move(body), [state = state_](std::exception_ptr e) {
+      if (e) state->failures.push_back(e);
+      --state->running;
+    });
+  }
+  // Runs the io_context until every one has finished; rethrows the first failure.
+  void wait(std::chrono::milliseconds limit = std::chrono::minutes(2)) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (state_->running > 0) {
+      if (std::chrono::steady_clock::now() >= end) {
+        throw std::runtime_error("tasks ran past their limit of " + std::to_string(limit.count()) +
+                                 " ms");
+      }
+      if (io_.stopped()) io_.restart();
+      io_.run_one_for(std::chrono::milliseconds(100));
+    }
+    auto failures = std::exchange(state_->failures, {});
+    if (!failures.empty()) std::rethrow_exception(failures.front());
+  }
+  int running() const { return state_->running; }
+
+ private:
+  struct State {
+    int running = 0;
+    std::vector<std::exception_ptr> failures;
+  };
+  boost::asio::io_context& io_;
+  std::shared_ptr<State> state_;  // shared with completions that may come after the group
+};
 
 }  // namespace dist::rendezvous::testing

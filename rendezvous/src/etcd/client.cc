@@ -302,6 +302,13 @@ json parse_answer(const std::string& body, unsigned status, const std::string& w
   try {
     return json::parse(body);
   } catch (const json::exception&) {
+    if (body.find("CommonName of client") != std::string::npos) {
+      throw StoreError(StoreErrc::kUnauthenticated,
+                       where +
+                           ": with authentication on, etcd's JSON gateway refuses a client "
+                           "certificate with a Common Name; use one without (the user comes from "
+                           "user and password_file)");
+    }
     throw StoreError(StoreErrc::kProtocol,
                      where + ": the member answered HTTP " + std::to_string(status) +
                          " with something other than etcd's JSON ('" + body.substr(0, 80) +

@@ -8,6 +8,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <charconv>
 #include <fstream>
+#include <random>
 #include <set>
 #include <unordered_map>
 
@@ -172,8 +173,13 @@ Task<T> guarded(SessionPtr s, Task<T> call) {
 Task<void> keep_alive(SessionPtr s) {
   asio::steady_timer timer(s->client->executor());
   const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(s->granted_ttl) / 3;
+  // The first renewal comes between half a period and a period: sessions that took their leases
+  // together (a round's joiners) do not all renew in the same instant.
+  static std::minstd_rand jitter{std::random_device{}()};
+  auto wait = period / 2 + std::chrono::milliseconds(std::uniform_int_distribution<long>(
+                               0, std::max<long>(1, period.count() / 2))(jitter));
   while (!s->keepalive.cancelled()) {
-    timer.expires_after(period);
+    timer.expires_after(std::exchange(wait, period));
     {
       const auto stop = s->keepalive.on_cancel([&timer] { timer.cancel(); });
       boost::system::error_code ignored;
@@ -284,75 +290,119 @@ Task<std::optional<std::string>> do_try_get(SessionPtr s, std::string key) {
   co_return std::move(values.front());
 }
 
+// The counter's value as callers see it (decimal), or nullopt when it holds something else.
+std::optional<std::int64_t> counter_value(const KeyValue& kv) {
+  const auto counter = decode_counter(kv.value);
+  return counter ? std::optional(counter->at(kv.version)) : parse_decimal(kv.value);
+}
+
+// Whether a nested update ran its success branch; its failure branches hold only further tries.
+bool applied(const etcd::OpResult& update) {
+  return update.succeeded || std::any_of(update.results.begin(), update.results.end(), applied);
+}
+
+Op bump(const std::string& key) {
+  auto op = Op::put(key, {});
+  op.ignore_value = true;
+  op.ignore_lease = true;
+  return op;
+}
+
+// Runs `update`, a transaction on the counter `key`, behind the session's marker: the marker is
+// written with it, and compared first, so that a try whose answer was lost (and that the client
+// sent again) is recognised as applied instead of applied twice. The counter after the update, or
+// nullopt when the update's own comparisons failed; `kv` is then what `key` holds.
+Task<std::optional<std::int64_t>> update_counter(SessionPtr s, std::string key, TxnRequest update,
+                                                 std::optional<KeyValue>& kv) {
+  co_await ensure_lease(s);
+  const auto marker = s->marker_key();
+  TxnRequest t;
+  t.compare.push_back(Compare::revision_equals(Target::kModRevision, marker, s->marker_revision));
+  t.success.push_back(Op::nested(std::move(update)));
+  t.success.push_back(Op::put(marker, {}, s->lease));
+  t.success.push_back(Op::range(key));
+  t.failure.push_back(Op::range(key));
+  t.failure.push_back(Op::range(marker));
+  const auto r = co_await s->client->txn(std::move(t), s->calls);
+  if (r.succeeded) {
+    s->marker_revision = r.revision;
+    kv = first(r.results.at(2));
+    if (applied(r.results.at(0)) && kv) co_return counter_value(*kv);
+    co_return std::nullopt;
+  }
+  const auto marker_kv = first(r.results.at(1));
+  const auto marker_revision = marker_kv ? marker_kv->mod_revision : 0;
+  if (marker_revision == s->marker_revision) {
+    kv = first(r.results.at(0));
+    co_return std::nullopt;
+  }
+  if (!marker_kv) {
+    s->lose("its marker key is gone");
+    throw *s->lost;
+  }
+  // This very update applied on an earlier try whose answer was lost (a member failed): the
+  // counter as that try left it.
+  s->marker_revision = marker_revision;
+  auto then = Op::range(key);
+  then.revision = marker_revision;
+  TxnRequest read_then;
+  read_then.success.push_back(std::move(then));
+  const auto past = co_await s->client->txn(std::move(read_then), s->calls);
+  co_return counter_value(past.results.at(0).kvs.at(0));
+}
+
 Task<std::int64_t> do_add(SessionPtr s, std::string key, std::int64_t delta) {
   const auto k = s->key(key);
-  auto read = co_await s->client->range(k, s->calls);
-  auto kv = read.kvs.empty() ? std::nullopt : std::optional<KeyValue>(read.kvs.front());
+  std::optional<KeyValue> kv;
+  if (delta == 1) {
+    // The common counter (a round's tickets): made by add(key, 1) and bumped by one ever since,
+    // so its value is still encode_counter(1, 1). One transaction creates or bumps it, unread.
+    const auto fresh = encode_counter(1, 1);
+    TxnRequest bump_fresh;
+    bump_fresh.compare.push_back(Compare::value_equals(k, fresh));
+    bump_fresh.success.push_back(bump(k));
+    TxnRequest create_or_bump;
+    create_or_bump.compare.push_back(Compare::revision_equals(Target::kCreateRevision, k, 0));
+    create_or_bump.success.push_back(Op::put(k, fresh));
+    create_or_bump.failure.push_back(Op::nested(std::move(bump_fresh)));
+    const auto value = co_await update_counter(s, k, std::move(create_or_bump), kv);
+    if (value) co_return *value;
+  } else {
+    // A guess, checked by the update's comparison (whose failure reads the truth), so no need to
+    // ask the leader; only an add of 0 answers from what is read here, so it reads the truth.
+    const auto read = co_await s->client->range(
+        k, s->calls, {},
+        delta == 0 ? etcd::Client::Read::kLinearizable : etcd::Client::Read::kSerializable);
+    if (!read.kvs.empty()) kv = read.kvs.front();
+  }
   for (;;) {
-    const auto counter = kv ? decode_counter(kv->value) : std::nullopt;
-    std::int64_t current = 0;
-    if (kv) {
-      const auto plain =
-          counter ? std::optional(counter->at(kv->version)) : parse_decimal(kv->value);
-      if (!plain) {
-        throw StoreError(StoreErrc::kInvalidArgument, s->client->describe() + ": add to '" + key +
-                                                          "': its value is not a decimal counter");
-      }
-      current = *plain;
+    const auto current = kv ? counter_value(*kv) : std::optional<std::int64_t>(0);
+    if (!current) {
+      throw StoreError(StoreErrc::kInvalidArgument, s->client->describe() + ": add to '" + key +
+                                                        "': its value is not a decimal counter");
     }
-    if (delta == 0 && kv) co_return current;
+    if (delta == 0 && kv) co_return *current;
     std::int64_t next = 0;
-    if (__builtin_add_overflow(current, delta, &next)) {
+    if (__builtin_add_overflow(*current, delta, &next)) {
       throw StoreError(StoreErrc::kInvalidArgument, s->client->describe() + ": add " +
                                                         std::to_string(delta) + " to '" + key +
                                                         "' overflows 64 bits");
     }
-    co_await ensure_lease(s);
-    const auto marker = s->marker_key();
-    const bool unit = kv && counter && delta == 1;
-    TxnRequest t;
-    t.compare.push_back(Compare::revision_equals(Target::kModRevision, marker, s->marker_revision));
+    TxnRequest update;
     if (!kv) {
-      t.compare.push_back(Compare::revision_equals(Target::kCreateRevision, k, 0));
-      t.success.push_back(Op::put(k, encode_counter(next, 1)));
-    } else if (unit) {
-      t.compare.push_back(Compare::value_equals(k, kv->value));
-      auto bump = Op::put(k, {});
-      bump.ignore_value = true;
-      bump.ignore_lease = true;
-      t.success.push_back(std::move(bump));
+      update.compare.push_back(Compare::revision_equals(Target::kCreateRevision, k, 0));
+      update.success.push_back(Op::put(k, encode_counter(next, 1)));
+    } else if (delta == 1 && decode_counter(kv->value)) {
+      update.compare.push_back(Compare::value_equals(k, kv->value));
+      update.success.push_back(bump(k));
     } else {
-      t.compare.push_back(Compare::revision_equals(Target::kModRevision, k, kv->mod_revision));
+      update.compare.push_back(Compare::revision_equals(Target::kModRevision, k, kv->mod_revision));
       auto put = Op::put(k, encode_counter(next, kv->version + 1));
       put.ignore_lease = true;
-      t.success.push_back(std::move(put));
+      update.success.push_back(std::move(put));
     }
-    t.success.push_back(Op::put(marker, {}, s->lease));
-    if (unit) t.success.push_back(Op::range(k));  // the version this bump gave it
-    t.failure = {Op::range(k), Op::range(marker)};
-    const auto r = co_await s->client->txn(std::move(t), s->calls);
-    if (r.succeeded) {
-      s->marker_revision = r.revision;
-      co_return unit ? counter->at(r.results.at(2).kvs.at(0).version) : next;
-    }
-    const auto marker_kv = first(r.results.at(1));
-    const auto marker_revision = marker_kv ? marker_kv->mod_revision : 0;
-    if (marker_revision != s->marker_revision) {
-      if (!marker_kv) {
-        s->lose("its marker key is gone");
-        throw *s->lost;
-      }
-      // This very update applied on an earlier try whose answer was lost (a member failed).
-      s->marker_revision = marker_revision;
-      if (!unit) co_return next;
-      auto then = Op::range(k);
-      then.revision = marker_revision;
-      TxnRequest read_then;
-      read_then.success.push_back(std::move(then));
-      const auto past = co_await s->client->txn(std::move(read_then), s->calls);
-      co_return counter->at(past.results.at(0).kvs.at(0).version);
-    }
-    kv = first(r.results.at(0));
+    const auto value = co_await update_counter(s, k, std::move(update), kv);
+    if (value) co_return *value;
   }
 }
 

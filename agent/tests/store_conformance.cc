@@ -33,8 +33,8 @@ std::string unique_run_id() {
 
 }  // namespace
 
-std::string store_backend_name(const ::testing::TestParamInfo<StoreBackendFactory>& info) {
-  return info.param.name;
+void PrintTo(const StoreBackendFactory& factory, std::ostream* out) {
+  *out << factory.name;
 }
 
 void StoreConformance::SetUp() {

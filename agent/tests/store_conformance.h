@@ -2,8 +2,7 @@
 // implementation. An implementation joins with a backend and one line in its own test file:
 //
 //   INSTANTIATE_TEST_SUITE_P(Etcd, StoreConformance,
-//                            ::testing::Values(StoreBackendFactory{"etcd", make_etcd_backend}),
-//                            store_backend_name);
+//                            ::testing::Values(StoreBackendFactory{"etcd", make_etcd_backend}));
 //
 // and links store_conformance.cc into its test program.
 #pragma once
@@ -16,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "dist/agent/rendezvous_store.h"
@@ -33,11 +33,12 @@ class StoreBackend {
 };
 
 struct StoreBackendFactory {
-  std::string name;  // the instantiation's name: letters, digits and '_'
+  std::string name;
   std::function<std::unique_ptr<StoreBackend>()> make;  // once per test
 };
 
-std::string store_backend_name(const ::testing::TestParamInfo<StoreBackendFactory>& info);
+// Test names end in the backend's name ("Etcd/StoreConformance.SetThenTryGet/etcd" in ctest).
+void PrintTo(const StoreBackendFactory& factory, std::ostream* out);
 
 class StoreConformance : public ::testing::TestWithParam<StoreBackendFactory> {
  protected:

@@ -175,6 +175,13 @@ Op Op::erase(std::string key) {
   return op;
 }
 
+Op Op::nested(TxnRequest txn) {
+  Op op;
+  op.kind = Kind::kTxn;
+  op.txn = std::make_shared<const TxnRequest>(std::move(txn));
+  return op;
+}
+
 std::string prefix_end(std::string prefix) {
   while (!prefix.empty()) {
     if (static_cast<unsigned char>(prefix.back()) < 0xff) {
@@ -196,8 +203,8 @@ class Client::Impl {
         tls_(std::move(tls)),
         idle_(endpoints_.size()) {
     if (options_.spread_over_members) {
-      std::random_device seed;
-      preferred_ = std::uniform_int_distribution<std::size_t>(0, endpoints_.size() - 1)(seed);
+      static std::minstd_rand spread{std::random_device{}()};
+      preferred_ = std::uniform_int_distribution<std::size_t>(0, endpoints_.size() - 1)(spread);
     }
   }
 
@@ -482,10 +489,12 @@ std::string Client::describe() const {
   return impl_->describe();
 }
 
-Task<RangeResult> Client::range(std::string key, Cancellation& cancel, Deadline deadline) {
+Task<RangeResult> Client::range(std::string key, Cancellation& cancel, Deadline deadline,
+                                Read read) {
   const auto impl = impl_;
   const auto what = "read " + quote(key);
   json body{{"key", detail::base64_encode(key)}};
+  if (read == Read::kSerializable) body["serializable"] = true;
   const auto answer = co_await impl->call("/v3/kv/range", std::move(body), what, cancel, deadline);
   co_return decoded(*impl, what, [&] { return detail::decode_range(answer); });
 }

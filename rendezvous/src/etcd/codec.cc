@@ -77,6 +77,10 @@ OpResult decode_op_result(const json& response) {
     r.count = decoded.count;
   } else if (const auto del = response.find("response_delete_range"); del != response.end()) {
     r.deleted = number(*del, "deleted");
+  } else if (const auto txn = response.find("response_txn"); txn != response.end()) {
+    auto decoded = decode_txn(*txn);
+    r.succeeded = decoded.succeeded;
+    r.results = std::move(decoded.results);
   }
   return r;
 }
@@ -175,6 +179,7 @@ json encode(const Compare& c) {
 }
 
 json encode(const Op& op) {
+  if (op.kind == Op::Kind::kTxn) return json{{"request_txn", encode(*op.txn)}};
   json j{{"key", base64_encode(op.key)}};
   if (!op.range_end.empty()) j["range_end"] = base64_encode(op.range_end);
   switch (op.kind) {
@@ -196,6 +201,8 @@ json encode(const Op& op) {
       return json{{"request_put", std::move(j)}};
     case Op::Kind::kDeleteRange:
       return json{{"request_delete_range", std::move(j)}};
+    case Op::Kind::kTxn:
+      break;  // above
   }
   return {};
 }

@@ -85,8 +85,10 @@ struct Compare {
   static Compare revision_equals(Target target, std::string key, std::int64_t revision);
 };
 
+struct TxnRequest;
+
 struct Op {
-  enum class Kind { kRange, kPut, kDeleteRange };
+  enum class Kind { kRange, kPut, kDeleteRange, kTxn };
   Kind kind = Kind::kRange;
   std::string key;
   std::string range_end;  // range and delete: empty for the one key
@@ -96,16 +98,20 @@ struct Op {
   bool ignore_lease = false;  // put: keep the current lease
   bool count_only = false;    // range
   std::int64_t revision = 0;  // range: read as of this revision (0: the newest)
+  std::shared_ptr<const TxnRequest> txn;  // a transaction nested in this one's branch
 
   static Op range(std::string key);
   static Op put(std::string key, std::string value, std::int64_t lease = 0);
   static Op erase(std::string key);
+  static Op nested(TxnRequest txn);
 };
 
 struct OpResult {
-  std::vector<KeyValue> kvs;  // range
-  std::int64_t count = 0;     // range
-  std::int64_t deleted = 0;   // delete
+  std::vector<KeyValue> kvs;      // range
+  std::int64_t count = 0;         // range
+  std::int64_t deleted = 0;       // delete
+  bool succeeded = false;         // nested transaction: which branch ran,
+  std::vector<OpResult> results;  // and what its ops answered
 };
 
 struct TxnRequest {
@@ -207,7 +213,11 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  Task<RangeResult> range(std::string key, Cancellation& cancel, Deadline deadline = {});
+  // Linearizable: what the cluster holds now. Serializable: what the member answering holds, maybe
+  // a little behind, without asking the leader; for guesses a transaction's comparison checks.
+  enum class Read { kLinearizable, kSerializable };
+  Task<RangeResult> range(std::string key, Cancellation& cancel, Deadline deadline = {},
+                          Read read = Read::kLinearizable);
   // Returns the revision of the put.
   Task<std::int64_t> put(std::string key, std::string value, std::int64_t lease,
                          Cancellation& cancel, Deadline deadline = {});

@@ -626,18 +626,37 @@ EtcdOptions etcd_options(const std::string& endpoints,
   return o;
 }
 
+// "<prefix>/<run id>/", after checking both.
+std::string job_prefix(const EtcdOptions& options, const std::string& run_id) {
+  if (run_id.empty()) throw StoreError(StoreErrc::kInvalidArgument, "etcd: an empty run id");
+  auto root = options.prefix;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  return root + "/" + run_id + "/";
+}
+
 Task<std::unique_ptr<RendezvousStore>> open_etcd_store(asio::io_context& io, EtcdOptions options,
                                                        std::string run_id) {
-  if (run_id.empty()) throw StoreError(StoreErrc::kInvalidArgument, "etcd: an empty run id");
+  const auto prefix = job_prefix(options, run_id);
   if (options.lease_ttl.count() < 1) {
     throw StoreError(StoreErrc::kInvalidArgument, "etcd: the lease TTL must be at least 1 s");
   }
-  while (options.prefix.size() > 1 && options.prefix.back() == '/') options.prefix.pop_back();
   auto client = etcd::Client::create(io, std::move(options.client));
-  auto session = new_session(client, options.prefix + "/" + run_id + "/", options.lease_ttl);
+  auto session = new_session(client, prefix, options.lease_ttl);
   // A member that answers and takes the credentials, now rather than at the first call.
   co_await client->range(session->prefix, session->calls);
   co_return std::make_unique<EtcdRendezvousStore>(std::move(session));
+}
+
+Task<std::int64_t> remove_etcd_job(asio::io_context& io, EtcdOptions options, std::string run_id) {
+  const auto prefix = job_prefix(options, run_id);
+  const auto client = etcd::Client::create(io, std::move(options.client));
+  auto erase = Op::erase(prefix);
+  erase.range_end = etcd::prefix_end(prefix);
+  TxnRequest t;
+  t.success.push_back(std::move(erase));
+  Cancellation none;  // bounded by the client's unavailable_timeout
+  const auto r = co_await client->txn(std::move(t), none);
+  co_return r.results.at(0).deleted;
 }
 
 }  // namespace dist::agent

@@ -45,8 +45,14 @@ EtcdOptions etcd_options(const std::string& endpoints,
                          std::chrono::seconds lease_ttl);
 
 // Opens a session to the job `run_id`, after checking that a member answers and accepts the
-// credentials (kUnavailable, kUnauthenticated, kInvalidArgument otherwise).
+// credentials (kUnavailable, kUnauthenticated, kInvalidArgument otherwise). Its sessions run on
+// `io` (one thread) and must be destroyed before it: closing one revokes its lease from `io`.
 Task<std::unique_ptr<RendezvousStore>> open_etcd_store(boost::asio::io_context& io,
                                                        EtcdOptions options, std::string run_id);
+
+// Deletes every key of the job `run_id` (they outlive the job in etcd, unlike a TCPStore's);
+// returns how many. For the end of a job, once no node reads them any more.
+Task<std::int64_t> remove_etcd_job(boost::asio::io_context& io, EtcdOptions options,
+                                   std::string run_id);
 
 }  // namespace dist::agent

@@ -155,6 +155,11 @@ TEST(EtcdStore, TheJobsKeysLiveUnderItsPrefix) {
   EXPECT_NE(keys.find("/custom/job-1/alive\n"), std::string::npos) << keys;
   EXPECT_EQ(keys.find("elsewhere"), std::string::npos) << keys;
   EXPECT_EQ(cluster.etcdctl({"get", "--print-value-only", "/custom/job-1/round/1/node"}), "v\n");
+
+  // The end of job-1: its keys go (the ephemeral one with them), job-2's stay.
+  EXPECT_EQ(run_task(io, remove_etcd_job(io, options, "job-1")), 2);
+  EXPECT_EQ(cluster.etcdctl({"get", "--prefix", "--keys-only", "/custom/job-1/"}), "");
+  EXPECT_EQ(run_task(io, other->try_get("elsewhere")), "y");
 }
 
 TEST(EtcdStore, OpeningWithoutAMemberFailsClearlyInBoundedTime) {

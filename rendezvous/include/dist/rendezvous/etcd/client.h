@@ -205,6 +205,8 @@ class Watch {
   std::unique_ptr<State> state_;
 };
 
+// Not thread-safe: use it from the one thread that runs its io_context, and destroy it (and what
+// uses it) before that io_context.
 class Client {
  public:
   // Checks the options and loads the TLS files (kInvalidArgument); connects on the first call.
@@ -237,7 +239,7 @@ class Client {
   boost::asio::io_context::executor_type executor() const;
   std::string describe() const;  // "etcd 10.0.0.1:2379,10.0.0.2:2379", for messages
 
-  class Impl;
+  class Impl;  // internal (client.cc), named here for the watches' state
 
  private:
   explicit Client(std::shared_ptr<Impl> impl);

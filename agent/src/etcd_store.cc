@@ -167,31 +167,36 @@ Task<T> guarded(SessionPtr s, Task<T> call) {
   throw *failure;
 }
 
-// Renews the lease every TTL/3 until the session ends. The session is lost only when etcd says
-// the lease expired: while no member with a leader answers, etcd expires no lease either (a new
-// leader extends them all), and the session's calls fail on their own.
-Task<void> keep_alive(SessionPtr s) {
+// Renews the lease every TTL/3 until the session ends, counted from when the grant or the last
+// renewal was sent: an answer slow to come back (a loaded cluster) does not make the next renewal
+// late. The session is lost only when etcd says the lease expired: while no member with a leader
+// answers, etcd expires no lease either (a new leader extends them all), and the session's calls
+// fail on their own.
+Task<void> keep_alive(SessionPtr s, Clock::time_point granted) {
   asio::steady_timer timer(s->client->executor());
   const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(s->granted_ttl) / 3;
-  // The first renewal comes between half a period and a period: sessions that took their leases
-  // together (a round's joiners) do not all renew in the same instant.
+  // The first renewal comes between half a period and a period after the grant: sessions that
+  // took their leases together (a round's joiners) do not all renew in the same instant.
   static std::minstd_rand jitter{std::random_device{}()};
-  auto wait = period / 2 + std::chrono::milliseconds(std::uniform_int_distribution<long>(
-                               0, std::max<long>(1, period.count() / 2))(jitter));
+  auto next = granted + period / 2 +
+              std::chrono::milliseconds(std::uniform_int_distribution<long>(
+                  0, std::max<long>(1, period.count() / 2))(jitter));
   while (!s->keepalive.cancelled()) {
-    timer.expires_after(std::exchange(wait, period));
+    timer.expires_at(next);
     {
       const auto stop = s->keepalive.on_cancel([&timer] { timer.cancel(); });
       boost::system::error_code ignored;
       co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ignored));
     }
     if (s->keepalive.cancelled()) co_return;
+    const auto sent = Clock::now();
     try {
       const auto left = co_await s->client->lease_keep_alive(s->lease, s->keepalive);
       if (left.count() == 0) s->lose("etcd expired it: no renewal reached it within its TTL");
+      next = sent + period;
     } catch (const StoreError& e) {
       if (e.code() == StoreErrc::kCancelled) co_return;
-      // Unavailable: the next period tries again.
+      next = Clock::now();  // unavailable all along the call's own retries: again
     }
   }
 }
@@ -207,10 +212,11 @@ Task<void> revoke(std::shared_ptr<etcd::Client> client, std::int64_t lease) {
 
 Task<void> ensure_lease(SessionPtr s) {
   if (s->lease != 0) co_return;
+  const auto granted = Clock::now();
   const auto lease = co_await s->client->lease_grant(s->lease_ttl, s->calls);
   s->lease = lease.id;
   s->granted_ttl = lease.ttl;
-  asio::co_spawn(s->client->executor(), keep_alive(s), asio::detached);
+  asio::co_spawn(s->client->executor(), keep_alive(s, granted), asio::detached);
 }
 
 // Which keys exist, and the revision of the read (the first, when it took several transactions):

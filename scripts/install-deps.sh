@@ -17,8 +17,9 @@ BUILD_PKGS=(
   zlib1g-dev            # reading the example data set (.csv.gz)
   libgtest-dev libgmock-dev
 )
-# Tests: PyTorch 1.13 (legacy TCPStore dialect) as a real client, clang-format for lint.
-TEST_PKGS=(python3-torch clang-format iproute2 procps)
+# Tests: PyTorch 1.13 (legacy TCPStore dialect) as a real client, clang-format for lint, etcd 3.4
+# members and etcdctl for the etcd rendezvous store, openssl for its TLS tests' certificates.
+TEST_PKGS=(python3-torch clang-format iproute2 procps etcd-server etcd-client openssl)
 
 missing=()
 for pkg in "${BUILD_PKGS[@]}" "${TEST_PKGS[@]}"; do

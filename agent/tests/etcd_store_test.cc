@@ -1,0 +1,338 @@
+// The etcd v3 rendezvous store: the store's conformance suite against a real etcd member, then
+// what only etcd does: --rdzv-conf, the keys' layout, a session's process killed, the leader
+// killed mid-operation, quorum lost, TLS with user/password.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "dist/rendezvous/errors.h"
+#include "etcd_cluster.h"
+#include "etcd_store.h"
+#include "lossy_proxy.h"
+#include "process_helpers.h"
+#include "run_task.h"
+#include "store_conformance.h"
+
+namespace dist::agent::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using rendezvous::StoreErrc;
+using rendezvous::StoreError;
+using rendezvous::testing::EtcdCluster;
+using rendezvous::testing::EtcdClusterOptions;
+using rendezvous::testing::run_task;
+using rendezvous::testing::TaskGroup;
+
+// etcd raises shorter TTLs to its minimum (1.5 s with its default election timeout).
+constexpr std::chrono::seconds kLeaseTtl{2};
+// What etcd takes past a lease's TTL to delete its keys (it checks expiry every 500 ms), on a
+// loaded machine.
+constexpr std::chrono::seconds kExpiryGrace{5};
+
+EtcdOptions options_for(const EtcdCluster& cluster,
+                        std::chrono::milliseconds unavailable_timeout = 20s) {
+  auto o = etcd_options(cluster.endpoint_list(), {}, kLeaseTtl);
+  o.client.unavailable_timeout = unavailable_timeout;
+  return o;
+}
+
+std::string run_id() {
+  return ::testing::UnitTest::GetInstance()->current_test_info()->name() + std::string("-") +
+         std::to_string(::getpid());
+}
+
+// The StoreError `f` throws; fails the test when it throws nothing.
+template <typename F>
+StoreError error_of(F&& f) {
+  try {
+    f();
+  } catch (const StoreError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no StoreError";
+  return StoreError(StoreErrc::kProtocol, "none");
+}
+
+class EtcdBackend final : public StoreBackend {
+ public:
+  Task<std::unique_ptr<RendezvousStore>> open(boost::asio::io_context& io,
+                                              std::string run_id) override {
+    return open_etcd_store(io, options_for(cluster_), std::move(run_id));
+  }
+
+ private:
+  EtcdCluster cluster_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Etcd, StoreConformance,
+                         ::testing::Values(StoreBackendFactory{
+                             "etcd", [] { return std::make_unique<EtcdBackend>(); }}));
+
+class TempFile {
+ public:
+  explicit TempFile(const std::string& content)
+      : path_(std::filesystem::temp_directory_path() /
+              ("dist-etcd-test-" + std::to_string(::getpid()) + "-" + std::to_string(next_++))) {
+    std::ofstream(path_) << content;
+  }
+  ~TempFile() { std::filesystem::remove(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  static inline int next_ = 0;
+  std::filesystem::path path_;
+};
+
+TEST(EtcdStoreOptions, RdzvConfKeysBecomeClientOptions) {
+  const TempFile password("s3cret\n");
+  const std::map<std::string, std::string> conf{{"cacert", "/ca.crt"},
+                                                {"cert", "/c.crt"},
+                                                {"key", "/c.key"},
+                                                {"user", "root"},
+                                                {"password_file", password.path()},
+                                                {"protocol", "https"},
+                                                {"etcd_prefix", "/custom"},
+                                                {"unavailable_timeout", "2.5"},
+                                                {"join_timeout", "5"}};  // the agent's own
+  const auto o = etcd_options(" h1:2379, h2:2379 ,h3", conf, 4s);
+  EXPECT_EQ(o.client.endpoints,
+            (std::vector<std::string>{"https://h1:2379", "https://h2:2379", "https://h3"}));
+  EXPECT_EQ(o.client.ca_file, "/ca.crt");
+  EXPECT_EQ(o.client.cert_file, "/c.crt");
+  EXPECT_EQ(o.client.key_file, "/c.key");
+  EXPECT_EQ(o.client.user, "root");
+  EXPECT_EQ(o.client.password, "s3cret");
+  EXPECT_EQ(o.client.unavailable_timeout, 2500ms);
+  EXPECT_EQ(o.prefix, "/custom");
+  EXPECT_EQ(o.lease_ttl, 4s);
+  for (const auto& [key, value] : conf) {
+    if (key != "join_timeout") {
+      EXPECT_NE(std::find(kEtcdConfKeys.begin(), kEtcdConfKeys.end(), key), kEtcdConfKeys.end())
+          << key;
+    }
+  }
+}
+
+TEST(EtcdStoreOptions, BadRdzvConfIsAOneLineInvalidArgument) {
+  const TempFile password("pw");
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases{
+      {" , ", {}},
+      {"h:1", {{"user", "root"}}},
+      {"h:1", {{"password_file", password.path()}}},
+      {"h:1", {{"user", "root"}, {"password_file", "/nonexistent/pw"}}},
+      {"h:1", {{"protocol", "ftp"}}},
+      {"h:1", {{"unavailable_timeout", "0"}}},
+      {"h:1", {{"unavailable_timeout", "soon"}}},
+      {"h:1", {{"etcd_prefix", "/"}}}};
+  for (const auto& [endpoints, conf] : cases) {
+    SCOPED_TRACE(endpoints + (conf.empty() ? "" : " " + conf.begin()->first));
+    const auto e = error_of([&] { etcd_options(endpoints, conf, 3s); });
+    EXPECT_EQ(e.code(), StoreErrc::kInvalidArgument);
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+  }
+}
+
+TEST(EtcdStore, TheJobsKeysLiveUnderItsPrefix) {
+  EtcdCluster cluster;
+  boost::asio::io_context io;
+  auto options = options_for(cluster);
+  options.prefix = "/custom/";
+  const auto store = run_task(io, open_etcd_store(io, options, "job-1"));
+  const auto other = run_task(io, open_etcd_store(io, options, "job-2"));
+  run_task(io, store->set("round/1/node", "v"));
+  run_task(io, store->set_ephemeral("alive", "x"));
+  run_task(io, other->set("elsewhere", "y"));
+  const auto keys = cluster.etcdctl({"get", "--prefix", "--keys-only", "/custom/job-1/"});
+  EXPECT_NE(keys.find("/custom/job-1/round/1/node\n"), std::string::npos) << keys;
+  EXPECT_NE(keys.find("/custom/job-1/alive\n"), std::string::npos) << keys;
+  EXPECT_EQ(keys.find("elsewhere"), std::string::npos) << keys;
+  EXPECT_EQ(cluster.etcdctl({"get", "--print-value-only", "/custom/job-1/round/1/node"}), "v\n");
+
+  // The end of job-1: its keys go (the ephemeral one with them), job-2's stay.
+  EXPECT_EQ(run_task(io, remove_etcd_job(io, options, "job-1")), 2);
+  EXPECT_EQ(cluster.etcdctl({"get", "--prefix", "--keys-only", "/custom/job-1/"}), "");
+  EXPECT_EQ(run_task(io, other->try_get("elsewhere")), "y");
+}
+
+TEST(EtcdStore, OpeningWithoutAMemberFailsClearlyInBoundedTime) {
+  EtcdCluster cluster;
+  cluster.kill(0);
+  boost::asio::io_context io;
+  const auto started = std::chrono::steady_clock::now();
+  const auto e =
+      error_of([&] { run_task(io, open_etcd_store(io, options_for(cluster, 1s), "job")); });
+  EXPECT_EQ(e.code(), StoreErrc::kUnavailable) << e.what();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);
+  EXPECT_NE(std::string(e.what()).find(cluster.endpoint(0)), std::string::npos) << e.what();
+}
+
+TEST(EtcdStore, AnEphemeralKeyGoesWithinItsTtlWhenItsProcessIsKilled) {
+  EtcdCluster cluster;
+  const auto log = cluster.dir() / "child.log";
+  Child child(DIST_ETCD_STORE_CHILD_BIN,
+              {cluster.endpoint_list(), run_id(), "node/0", std::to_string(kLeaseTtl.count())},
+              log);
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (child.output().find("ready") == std::string::npos) {
+    ASSERT_FALSE(process_gone(child.pid(), 0ms)) << child.output();
+    ASSERT_LT(std::chrono::steady_clock::now(), end) << "the child never set its key";
+    std::this_thread::sleep_for(20ms);
+  }
+  boost::asio::io_context io;
+  const auto store = run_task(io, open_etcd_store(io, options_for(cluster), run_id()));
+  EXPECT_EQ(run_task(io, store->try_get("node/0")), "held by this process");
+  ::kill(child.pid(), SIGKILL);
+  EXPECT_EQ(child.wait(), 128 + SIGKILL);
+  EXPECT_EQ(run_task(io, store->wait_deleted({"node/0"}, kLeaseTtl + kExpiryGrace)), 0u);
+}
+
+TEST(EtcdStore, AnAddWhoseAnswerWasLostIsCountedOnce) {
+  EtcdCluster cluster;
+  const auto member = cluster.endpoint(0);  // 127.0.0.1:port
+  LossyProxy proxy("127.0.0.1", std::stoi(member.substr(member.rfind(':') + 1)));
+  boost::asio::io_context io;
+  const auto options = etcd_options("127.0.0.1:" + std::to_string(proxy.port()), {}, kLeaseTtl);
+  const auto store = run_task(io, open_etcd_store(io, options, run_id()));
+  struct Case {
+    const char* what;
+    const char* key;
+    std::int64_t delta, expected;
+  };
+  const std::vector<Case> cases{{"a counter created", "tickets", 1, 1},
+                                {"a counter bumped", "tickets", 1, 2},
+                                {"any other add, creating", "total", 5, 5},
+                                {"any other add", "total", 5, 10}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    proxy.lose_answer_to("POST /v3/kv/txn");
+    EXPECT_EQ(run_task(io, store->add(c.key, c.delta)), c.expected);
+  }
+  EXPECT_EQ(proxy.answers_lost(), static_cast<int>(cases.size()));  // each applied, unanswered
+  EXPECT_EQ(run_task(io, store->try_get("tickets")), "2");
+  EXPECT_EQ(run_task(io, store->try_get("total")), "10");
+}
+
+TEST(EtcdStoreCluster, TheLeaderKilledMidOperationIsSurvived) {
+  EtcdCluster cluster(3);
+  const int leader = cluster.leader();
+  boost::asio::io_context io;
+  const auto store = run_task(io, open_etcd_store(io, options_for(cluster), run_id()));
+  const auto watcher = run_task(io, store->open_another());
+  const auto adder = run_task(io, store->open_another());
+  run_task(io, store->set_ephemeral("alive", "1"));
+
+  constexpr int kAdds = 60, kAddsBeforeKill = 10;
+  std::vector<std::int64_t> tickets;
+  bool watched = false;
+  TaskGroup beside(io);
+  beside.spawn([&]() -> Task<void> {
+    const std::vector<std::string> keys{"after"};  // GCC 12: no braced list in a co_await
+    watched = co_await watcher->wait(keys, 120s);
+  });
+  beside.spawn([&]() -> Task<void> {
+    for (int i = 0; i < kAdds; ++i) tickets.push_back(co_await adder->add("tickets", 1));
+  });
+  run_task(io, [&]() -> Task<void> {
+    boost::asio::steady_timer timer(io);
+    while (tickets.size() < kAddsBeforeKill) {
+      timer.expires_after(1ms);
+      co_await timer.async_wait(boost::asio::use_awaitable);
+    }
+    cluster.kill(leader);  // the adder's next call is on its way
+    co_await store->set("after", "1");
+  }());
+  beside.wait();
+
+  std::sort(tickets.begin(), tickets.end());
+  std::vector<std::int64_t> expected(kAdds);
+  for (int i = 0; i < kAdds; ++i) expected[i] = i + 1;
+  EXPECT_EQ(tickets, expected);  // every add counted once, through the election
+  EXPECT_TRUE(watched);          // the wait begun before the kill saw the key set after it
+  EXPECT_EQ(run_task(io, store->try_get("alive")), "1");  // the lease survived the election
+  EXPECT_EQ(run_task(io, store->try_get("tickets")), std::to_string(kAdds));
+}
+
+TEST(EtcdStoreCluster, QuorumLostGivesAClearErrorInBoundedTime) {
+  EtcdCluster cluster(3);
+  const int survivor = (cluster.leader() + 1) % 3;
+  boost::asio::io_context io;
+  const auto store = run_task(io, open_etcd_store(io, options_for(cluster, 3s), run_id()));
+  const auto waiter = run_task(io, store->open_another());
+  run_task(io, store->set("k", "before"));
+  std::optional<StoreError> wait_error;
+  TaskGroup beside(io);
+  beside.spawn([&]() -> Task<void> {
+    try {
+      const std::vector<std::string> keys{"never"};  // GCC 12: no braced list in a co_await
+      co_await waiter->wait(keys, 120s);
+    } catch (const StoreError& e) {
+      wait_error = e;
+    }
+  });
+  for (int i = 0; i < 3; ++i) {
+    if (i != survivor) cluster.kill(i);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const auto e = error_of([&] { run_task(io, store->set("k", "after")); });
+  EXPECT_EQ(e.code(), StoreErrc::kUnavailable) << e.what();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 15s);
+  const std::string what = e.what();
+  EXPECT_NE(what.find("majority"), std::string::npos) << what;
+  EXPECT_NE(what.find("/" + run_id() + "/k'"), std::string::npos) << what;
+  EXPECT_NE(what.find(cluster.endpoint(survivor)), std::string::npos) << what;
+  beside.wait(60s);
+  ASSERT_TRUE(wait_error.has_value()) << "the wait outlived the quorum";
+  EXPECT_EQ(wait_error->code(), StoreErrc::kUnavailable) << wait_error->what();
+}
+
+TEST(EtcdStore, TlsAndPasswordFromRdzvConf) {
+  const auto pki_dir = std::filesystem::temp_directory_path() /
+                       ("dist-etcd-store-pki-" + std::to_string(::getpid()));
+  EtcdClusterOptions cluster_options;
+  cluster_options.tls = rendezvous::testing::make_test_pki(pki_dir);
+  EtcdCluster cluster(cluster_options);
+  cluster.etcdctl({"user", "add", "root:s3cret"});
+  cluster.etcdctl({"auth", "enable"});
+  const TempFile right("s3cret\n"), wrong("guess\n");
+  const auto conf = [&](const TempFile& password) {
+    return std::map<std::string, std::string>{{"cacert", cluster_options.tls->ca_cert},
+                                              {"cert", cluster_options.tls->client_cert},
+                                              {"key", cluster_options.tls->client_key},
+                                              {"user", "root"},
+                                              {"password_file", password.path()}};
+  };
+  boost::asio::io_context io;
+  const auto store = run_task(
+      io,
+      open_etcd_store(io, etcd_options(cluster.endpoint_list(), conf(right), kLeaseTtl), run_id()));
+  run_task(io, store->set_ephemeral("secure", "v"));
+  EXPECT_EQ(run_task(io, store->add("count", 1)), 1);
+  EXPECT_EQ(run_task(io, store->try_get("secure")), "v");
+  const auto refused = [&](std::map<std::string, std::string> conf) {
+    return error_of([&] {
+      run_task(io, open_etcd_store(io, etcd_options(cluster.endpoint_list(), conf, kLeaseTtl),
+                                   run_id()));
+    });
+  };
+  const auto wrong_password = refused(conf(wrong));
+  EXPECT_EQ(wrong_password.code(), StoreErrc::kUnauthenticated) << wrong_password.what();
+  auto named = conf(right);
+  named["cert"] = cluster_options.tls->named_client_cert;
+  named["key"] = cluster_options.tls->named_client_key;
+  const auto common_name = refused(named);
+  EXPECT_EQ(common_name.code(), StoreErrc::kUnauthenticated) << common_name.what();
+  EXPECT_NE(std::string(common_name.what()).find("without"), std::string::npos)
+      << common_name.what();
+  std::filesystem::remove_all(pki_dir);
+}
+
+}  // namespace
+}  // namespace dist::agent::testing

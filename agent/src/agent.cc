@@ -32,6 +32,7 @@
 
 #include "dist/agent/rendezvous.h"
 #include "dist/rendezvous/errors.h"
+#include "etcd_store.h"
 #include "failure_report.h"
 #include "janitor.h"
 #include "job_processes.h"
@@ -488,7 +489,7 @@ class Agent {
   // never does); when the endpoint is not this machine, or its port is taken (another agent, or
   // an external dist-rendezvous), this agent is a client. Then, several nodes: the session.
   Task<void> open_rendezvous() {
-    if (config_.elastic) {
+    if (config_.elastic && !etcd()) {
       store_port_ = config_.master_port.value_or(kDefaultMasterPort);
       // (No co_await inside && or ?: : GCC 12 evaluates it whatever the left side says.)
       bool host = config_.is_host.value_or(false);
@@ -511,6 +512,17 @@ class Agent {
         }
       }
     }
+    RendezvousTimeouts timeouts;
+    timeouts.rdzv = config_.rdzv_timeout;
+    timeouts.join = config_.join_timeout;
+    timeouts.last_call = config_.last_call_timeout;
+    const JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_};
+    const auto notice = [](const std::string& text) { spdlog::info("{}", text); };
+    if (etcd()) {
+      // Every round's workers get a fresh store, hosted by its node rank 0: nothing to clean.
+      rdzv_.emplace(make_etcd_store(io_, etcd_options(), config_.run_id), shape, timeouts, notice);
+      co_return;
+    }
     rendezvous::ClientOptions options;
     options.host = config_.master_addr;
     options.port = store_port_;
@@ -526,18 +538,22 @@ class Agent {
     co_await session->open();
     opening_ = nullptr;
     TcpRendezvousStore* tcp = session.get();
-    RendezvousTimeouts timeouts;
-    timeouts.rdzv = config_.rdzv_timeout;
-    timeouts.join = config_.join_timeout;
-    timeouts.last_call = config_.last_call_timeout;
-    rdzv_.emplace(
-        std::move(session),
-        JobShape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_}, timeouts,
-        [](const std::string& notice) { spdlog::info("{}", notice); },
-        [tcp]() -> Task<void> {
-          const auto cleared = co_await tcp->clear_worker_keys();
-          spdlog::debug("cleared {} keys the workers of the previous round wrote", cleared);
-        });
+    // The workers share the agents' store: a new round's workers get it cleared.
+    rdzv_.emplace(std::move(session), shape, timeouts, notice, [tcp]() -> Task<void> {
+      const auto cleared = co_await tcp->clear_worker_keys();
+      spdlog::debug("cleared {} keys the workers of the previous round wrote", cleared);
+    });
+  }
+
+  bool etcd() const { return config_.rdzv_backend == "etcd-v3"; }
+
+  // A vanished node's lease expires after keep_alive_interval * (keep_alive_max_attempt - 1)
+  // seconds, at least 2 (etcd's own minimum is about 1.5 election timeouts).
+  EtcdOptions etcd_options() const {
+    const int ttl =
+        std::max(2, config_.keep_alive_interval_seconds * (config_.keep_alive_max_attempt - 1));
+    return dist::agent::etcd_options(config_.etcd_endpoints, config_.etcd_conf,
+                                     std::chrono::seconds(ttl));
   }
 
   // TCP keepalive on the agents' store connections, both ends: a peer that went silent is dropped
@@ -568,7 +584,14 @@ class Agent {
     } else {
       round = co_await rdzv_->current_round();
     }
-    co_return co_await rdzv_->join_elastic(round, std::move(previous));
+    std::string worker_store;
+    if (etcd()) {  // the store this node hosts for the round's workers, should it be node rank 0
+      worker_store_.reset();
+      worker_store_.emplace(io_, "", 0, rendezvous::ServerOptions{});
+      const bool v6 = host_.find(':') != std::string::npos;
+      worker_store = (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(worker_store_->port());
+    }
+    co_return co_await rdzv_->join_elastic(round, std::move(previous), std::move(worker_store));
   }
 
   // ------------------------------------------------------------------------------------------
@@ -584,6 +607,10 @@ class Agent {
     spec.restart_count = restart_count_;
     spec.master_addr = config_.master_addr;
     spec.master_port = store_port_;
+    if (!assignment_.worker_store_host.empty()) {  // etcd: node rank 0's store
+      spec.master_addr = assignment_.worker_store_host;
+      spec.master_port = assignment_.worker_store_port;
+    }
     spec.host_label =
         multi_node() ? host_ + " (node " + std::to_string(assignment_.node_rank) + ")" : host_;
     try {
@@ -697,6 +724,7 @@ class Agent {
     if (rdzv_) rdzv_->close();
     group_.reset();  // SIGKILLs and reaps whatever still runs
     if (store_host_) store_host_->stop();
+    if (worker_store_) worker_store_->stop();
     signals_.cancel();
     io_.restart();
     while (io_.poll() > 0) {
@@ -764,11 +792,12 @@ class Agent {
   SignalWatcher signals_;
   std::string host_;
   std::optional<RunDirectory> run_dir_;
-  std::optional<StoreHost> store_host_;
+  std::optional<StoreHost> store_host_;    // the job's store, when this agent hosts it
+  std::optional<StoreHost> worker_store_;  // etcd: this round's store for the workers
   std::uint16_t store_port_ = 0;
   std::optional<WorkerGroup> group_;
-  std::optional<NodeRendezvous> rdzv_;  // several nodes only
-  TcpRendezvousStore* opening_ = nullptr;
+  std::optional<NodeRendezvous> rdzv_;     // several nodes only
+  TcpRendezvousStore* opening_ = nullptr;  // the session being connected
 
   State state_ = State::kInit;
   Assignment assignment_;

@@ -55,26 +55,29 @@ Task<int> NodeRendezvous::Impl::current_round() {
   co_return static_cast<int>(schema::decode_int(pointer, *value));
 }
 
-Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Assignment> previous) {
+Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Assignment> previous,
+                                                    std::string worker_store) {
   const auto deadline = steady_clock::now() + timeouts_.join;
   for (int n = round;; ++n) {
     co_await throw_if_job_over(n);
     // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
     std::optional<Assignment> back_from;
     if (n == round) back_from = previous;
-    const int ticket = co_await take_ticket(n, std::move(back_from));           // JOIN
-    co_await close_if_complete(n);                                              // CLOSE?
-    if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;  // WAIT
+    const int ticket = co_await take_ticket(n, std::move(back_from), worker_store);  // JOIN
+    co_await close_if_complete(n);                                                   // CLOSE?
+    if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;       // WAIT
     // EXCLUDED: on to the next round, as a newcomer.
   }
 }
 
-Task<int> NodeRendezvous::Impl::take_ticket(int round, std::optional<Assignment> previous) {
+Task<int> NodeRendezvous::Impl::take_ticket(int round, std::optional<Assignment> previous,
+                                            const std::string& worker_store) {
   const bool returning = previous && previous->round == round - 1;
   const int ticket =
       static_cast<int>(co_await store_->add(schema::in_round(round, name::kJoin), 1));
   schema::NodeRecord record = self_;
   record.previous_rank = returning ? previous->node_rank : -1;
+  record.worker_store = worker_store;
   co_await store_->set_ephemeral(schema::in_round(round, name::kNode, ticket),
                                  schema::encode(record));
   if (returning) co_await store_->add(schema::in_round(round, name::kReturning), 1);
@@ -150,6 +153,7 @@ Task<bool> NodeRendezvous::Impl::try_close(int round) {
       {schema::in_round(round, name::kRunning), "1"},
       {schema::in_round(round, name::kNoNewcomers), "1"},
       {schema::in_round(round, name::kSize), std::to_string(members.size())},
+      {schema::in_round(round, name::kWorkerStore), members.front().record.worker_store},
       {std::string(schema::kRoundPointer), std::to_string(round + 1)}};
   co_await store_->multi_set(std::move(items));
   // Each member reads only its own place and the round's totals: O(1) per node. The member list
@@ -201,14 +205,14 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
     too_late("did not close within join_timeout", co_await store_->add(join, 0));
   }
 
+  // One request: this node's place, the round's totals and its workers' store.
   const std::string place_key = schema::in_round(round, name::kPlace, ticket);
-  const auto place = co_await store_->try_get(place_key);
-  if (!place) co_return std::nullopt;
-  const auto totals_text = co_await store_->try_get(published);
-  if (!totals_text)
-    throw RendezvousError("round " + std::to_string(round) + " lost its assignment");
-  const auto p = schema::decode_place(place_key, *place);
-  const auto totals = schema::decode_round_totals(published, *totals_text);
+  const auto values = co_await store_->multi_get(
+      keys(place_key, published, schema::in_round(round, name::kWorkerStore)));
+  if (!values[0]) co_return std::nullopt;
+  if (!values[1]) throw RendezvousError("round " + std::to_string(round) + " lost its assignment");
+  const auto p = schema::decode_place(place_key, *values[0]);
+  const auto totals = schema::decode_round_totals(published, *values[1]);
   Assignment a;
   a.round = round;
   a.elastic = true;
@@ -220,6 +224,10 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
   a.restarts = totals.restarts;
   a.world_size = totals.world_size;
   a.num_nodes = totals.num_nodes;
+  const auto worker_store =
+      schema::decode_endpoint(schema::in_round(round, name::kWorkerStore), values[2].value_or(""));
+  a.worker_store_host = worker_store.host;
+  a.worker_store_port = worker_store.port;
   co_return a;
 }
 

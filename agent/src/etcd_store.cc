@@ -640,16 +640,34 @@ std::string job_prefix(const EtcdOptions& options, const std::string& run_id) {
   return root + "/" + run_id + "/";
 }
 
-Task<std::unique_ptr<RendezvousStore>> open_etcd_store(asio::io_context& io, EtcdOptions options,
-                                                       std::string run_id) {
+void check_etcd_options(const std::string& endpoints,
+                        const std::map<std::string, std::string>& conf) {
+  etcd_options(endpoints, conf, std::chrono::seconds(1));
+}
+
+namespace {
+
+SessionPtr open_session(asio::io_context& io, EtcdOptions options, const std::string& run_id) {
   const auto prefix = job_prefix(options, run_id);
   if (options.lease_ttl.count() < 1) {
     throw StoreError(StoreErrc::kInvalidArgument, "etcd: the lease TTL must be at least 1 s");
   }
   auto client = etcd::Client::create(io, std::move(options.client));
-  auto session = new_session(client, prefix, options.lease_ttl);
+  return new_session(client, prefix, options.lease_ttl);
+}
+
+}  // namespace
+
+std::unique_ptr<RendezvousStore> make_etcd_store(asio::io_context& io, EtcdOptions options,
+                                                 std::string run_id) {
+  return std::make_unique<EtcdRendezvousStore>(open_session(io, std::move(options), run_id));
+}
+
+Task<std::unique_ptr<RendezvousStore>> open_etcd_store(asio::io_context& io, EtcdOptions options,
+                                                       std::string run_id) {
+  auto session = open_session(io, std::move(options), run_id);
   // A member that answers and takes the credentials, now rather than at the first call.
-  co_await client->range(session->prefix, session->calls);
+  co_await session->client->range(session->prefix, session->calls);
   co_return std::make_unique<EtcdRendezvousStore>(std::move(session));
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "dist/agent/etcd_options.h"
 #include "dist/agent/rendezvous_store.h"
 #include "dist/rendezvous/etcd/client.h"
 
@@ -30,11 +31,6 @@ struct EtcdOptions {
   std::chrono::seconds lease_ttl{3};
 };
 
-// The --rdzv-conf keys of the etcd backend, besides the agent's own.
-inline constexpr std::array<std::string_view, 8> kEtcdConfKeys{
-    "cacert",        "cert",     "key",         "user",
-    "password_file", "protocol", "etcd_prefix", "unavailable_timeout"};
-
 // EtcdOptions from --rdzv-endpoint (members, comma-separated) and --rdzv-conf: cacert, cert, key
 // (files, as etcdctl's --cacert/--cert/--key), user and password_file (read here: its first
 // line), protocol (http or https, for endpoints without a scheme), etcd_prefix, and
@@ -43,6 +39,11 @@ inline constexpr std::array<std::string_view, 8> kEtcdConfKeys{
 EtcdOptions etcd_options(const std::string& endpoints,
                          const std::map<std::string, std::string>& conf,
                          std::chrono::seconds lease_ttl);
+
+// A session to the job `run_id`, not yet used: its first call reaches etcd, and close() ends it
+// at any time (for an agent that may be told to stop while etcd is unreachable).
+std::unique_ptr<RendezvousStore> make_etcd_store(boost::asio::io_context& io, EtcdOptions options,
+                                                 std::string run_id);
 
 // Opens a session to the job `run_id`, after checking that a member answers and accepts the
 // credentials (kUnavailable, kUnauthenticated, kInvalidArgument otherwise). Its sessions run on

@@ -48,7 +48,7 @@ NodeRendezvous::Impl::Impl(std::unique_ptr<RendezvousStore> session, JobShape sh
       log_(std::move(log)),
       clean_worker_store_(std::move(clean)),
       nonce_(std::random_device{}()),
-      self_{shape_.host, shape_.local_world_size, static_cast<int>(::getpid()), nonce_, -1} {}
+      self_{shape_.host, shape_.local_world_size, static_cast<int>(::getpid()), nonce_, -1, ""} {}
 
 // ---------------------------------------------------------------------------------------------
 // Static rounds
@@ -424,8 +424,9 @@ NodeRendezvous::~NodeRendezvous() = default;
 Task<Assignment> NodeRendezvous::join_static(int round, int node_rank) {
   return impl_->join_static(round, node_rank);
 }
-Task<Assignment> NodeRendezvous::join_elastic(int round, std::optional<Assignment> previous) {
-  return impl_->join_elastic(round, std::move(previous));
+Task<Assignment> NodeRendezvous::join_elastic(int round, std::optional<Assignment> previous,
+                                              std::string worker_store) {
+  return impl_->join_elastic(round, std::move(previous), std::move(worker_store));
 }
 Task<int> NodeRendezvous::current_round() {
   return impl_->current_round();

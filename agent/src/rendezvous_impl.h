@@ -31,7 +31,8 @@ class NodeRendezvous::Impl {
   Task<void> mark_failed(Assignment a, std::string reason);
 
   // Elastic (elastic_round.cc).
-  Task<Assignment> join_elastic(int round, std::optional<Assignment> previous);
+  Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
+                                std::string worker_store);
   Task<int> current_round();
   Task<Verdict> decide(Assignment a, int max_restarts);
   Task<void> mark_done(Assignment a);
@@ -57,7 +58,8 @@ class NodeRendezvous::Impl {
   Task<void> throw_if_over();
 
   // Elastic rounds.
-  Task<int> take_ticket(int round, std::optional<Assignment> previous);
+  Task<int> take_ticket(int round, std::optional<Assignment> previous,
+                        const std::string& worker_store);
   Task<void> close_if_complete(int round);
   Task<bool> try_close(int round);
   Task<std::optional<Assignment>> await_assignment(int round, int ticket,

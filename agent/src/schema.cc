@@ -72,7 +72,7 @@ T field(const json& j, const char* name, std::string_view key, std::string_view 
 }
 
 constexpr std::string_view kNodeRecordShape =
-    "a JSON object with host, local_world_size, pid, nonce and previous_rank";
+    "a JSON object with host, local_world_size, pid, nonce, previous_rank and worker_store";
 constexpr std::string_view kPlaceShape = "'<node rank> <first global rank> <next ticket>'";
 constexpr std::string_view kTotalsShape = "'<restarts> <world size> <nodes>'";
 constexpr std::string_view kVerdictShape =
@@ -80,6 +80,7 @@ constexpr std::string_view kVerdictShape =
 constexpr std::string_view kFailuresShape = "a JSON list of worker failures";
 constexpr std::string_view kIntShape = "a decimal integer";
 constexpr std::string_view kMembersShape = "a comma-separated list of tickets";
+constexpr std::string_view kEndpointShape = "'host:port'";
 
 }  // namespace
 
@@ -110,7 +111,8 @@ std::string encode(const NodeRecord& r) {
               {"local_world_size", r.local_world_size},
               {"pid", r.pid},
               {"nonce", r.nonce},
-              {"previous_rank", r.previous_rank}}
+              {"previous_rank", r.previous_rank},
+              {"worker_store", r.worker_store}}
       .dump();
 }
 
@@ -122,6 +124,7 @@ NodeRecord decode_node_record(std::string_view key, std::string_view text) {
   r.pid = field<int>(j, "pid", key, text, kNodeRecordShape);
   r.nonce = field<std::uint32_t>(j, "nonce", key, text, kNodeRecordShape);
   r.previous_rank = field<int>(j, "previous_rank", key, text, kNodeRecordShape);
+  r.worker_store = field<std::string>(j, "worker_store", key, text, kNodeRecordShape);
   if (r.local_world_size < 1) throw CorruptValueError(key, text, kNodeRecordShape);
   return r;
 }
@@ -233,6 +236,21 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
     failures.push_back(std::move(f));
   }
   return failures;
+}
+
+Endpoint decode_endpoint(std::string_view key, std::string_view text) {
+  if (text.empty()) return {};
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    throw CorruptValueError(key, text, kEndpointShape);
+  }
+  const auto port = integers(key, text.substr(colon + 1), ' ', 1, kEndpointShape).front();
+  if (port < 1 || port > 65535) throw CorruptValueError(key, text, kEndpointShape);
+  std::string host(text.substr(0, colon));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return {host, static_cast<std::uint16_t>(port)};
 }
 
 std::int64_t decode_int(std::string_view key, std::string_view text) {

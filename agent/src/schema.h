@@ -23,6 +23,7 @@
 //   place/<ticket>      elastic: that node's Place
 //   members             elastic: tickets by node rank ("t,t,..."), for who needs every node
 //   assignment          elastic: RoundTotals, published last: the round is formed
+//   worker_store        etcd: "host:port" of the workers' store, hosted by node rank 0
 //   verdict             elastic: the Verdict after the round ended; deciding: the decider's claim
 // and, for a running round, in both modes:
 //   healthy             deleted by the first node whose workers fail
@@ -62,10 +63,10 @@ inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = 
                                   kReturning = "returning", kQuorum = "quorum", kSize = "size",
                                   kPlace = "place", kMembers = "members",
                                   kAssignment = "assignment", kVerdict = "verdict",
-                                  kDeciding = "deciding", kHealthy = "healthy",
-                                  kFailures = "failures", kIntact = "intact", kLost = "lost",
-                                  kNoNewcomers = "no_newcomers", kRunning = "running",
-                                  kDone = "done", kHeartbeat = "heartbeat";
+                                  kWorkerStore = "worker_store", kDeciding = "deciding",
+                                  kHealthy = "healthy", kFailures = "failures", kIntact = "intact",
+                                  kLost = "lost", kNoNewcomers = "no_newcomers",
+                                  kRunning = "running", kDone = "done", kHeartbeat = "heartbeat";
 }  // namespace name
 
 std::string in_round(int round, std::string_view name);          // "r<n>/<name>"
@@ -83,8 +84,9 @@ struct NodeRecord {
   std::string host;
   int local_world_size = 0;
   int pid = 0;
-  std::uint32_t nonce = 0;  // tells this agent's records from any other's, even on one host
-  int previous_rank = -1;   // elastic: its node rank in the previous round, -1 for a newcomer
+  std::uint32_t nonce = 0;   // tells this agent's records from any other's, even on one host
+  int previous_rank = -1;    // elastic: its node rank in the previous round, -1 for a newcomer
+  std::string worker_store;  // etcd: "host:port" of the store this node would host for workers
 };
 std::string encode(const NodeRecord& record);
 NodeRecord decode_node_record(std::string_view key, std::string_view text);
@@ -114,6 +116,14 @@ Verdict decode_verdict(std::string_view key, std::string_view text);
 
 std::string encode(const std::vector<WorkerFailure>& failures);
 std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_view text);
+
+// "host:port" (a host may be a name, an IPv4 or a bracketed IPv6 address); the empty string for
+// none.
+struct Endpoint {
+  std::string host;
+  std::uint16_t port = 0;
+};
+Endpoint decode_endpoint(std::string_view key, std::string_view text);
 
 // Counters and integers ("12"), and member lists ("3,1,2").
 std::int64_t decode_int(std::string_view key, std::string_view text);

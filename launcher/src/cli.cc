@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "dist/agent/devices.h"
+#include "dist/agent/etcd_options.h"
 #include "dist/agent/placement.h"
 #include "dist/agent/signals.h"
 #include "dist/agent/worker_resources.h"
@@ -167,8 +169,14 @@ bool parse_bool(const std::string& flag, const std::string& text) {
 
 // --rdzv-conf key=value,...: timeout (static), join_timeout and last_call_timeout (elastic, in
 // seconds), keep_alive_interval and keep_alive_max_attempt (liveness), is_host (elastic);
-// close_timeout and read_timeout are accepted for torchrun compatibility.
-void parse_rdzv_conf(const std::string& text, agent::LaunchConfig& c) {
+// close_timeout and read_timeout are accepted for torchrun compatibility; etcd-v3's own keys
+// (cacert, cert, key, ...) go to the backend. A value quoted as a whole ("'a=1,b=2'", as a test
+// that runs torchrun without a shell passes it) is unquoted first, as argparse's users expect.
+void parse_rdzv_conf(std::string text, agent::LaunchConfig& c) {
+  if (text.size() >= 2 && (text.front() == '\'' || text.front() == '"') &&
+      text.back() == text.front()) {
+    text = text.substr(1, text.size() - 2);
+  }
   static const std::set<std::string> kKnown = {"timeout",
                                                "join_timeout",
                                                "last_call_timeout",
@@ -183,13 +191,18 @@ void parse_rdzv_conf(const std::string& text, agent::LaunchConfig& c) {
     if (item.empty()) continue;
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    if (eq == std::string::npos || !kKnown.contains(key)) {
+    const bool etcd_key = std::find(agent::kEtcdConfKeys.begin(), agent::kEtcdConfKeys.end(),
+                                    key) != agent::kEtcdConfKeys.end();
+    if (eq == std::string::npos || (!kKnown.contains(key) && !etcd_key)) {
       throw UsageError("--rdzv-conf: '" + item + "' is not one of key=value with key in timeout, " +
                        "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, " +
-                       "keep_alive_max_attempt, read_timeout, is_host");
+                       "keep_alive_max_attempt, read_timeout, is_host (etcd-v3 also: cacert, " +
+                       "cert, key, user, password_file, protocol, etcd_prefix, " +
+                       "unavailable_timeout)");
     }
     const std::string value = item.substr(eq + 1);
     const std::string flag = "--rdzv-conf " + key;
+    if (etcd_key) c.etcd_conf[key] = value;
     if (key == "keep_alive_interval") c.keep_alive_interval_seconds = parse_positive(flag, value);
     if (key == "keep_alive_max_attempt") c.keep_alive_max_attempt = parse_positive(flag, value);
     if (key == "timeout") c.rdzv_timeout = parse_seconds(flag, value);
@@ -228,10 +241,37 @@ void choose_rendezvous(bool backend_given, const std::string& endpoint, const st
   if (standalone) return;  // one node, its own store
   if (c.rdzv_backend == "etcd" || c.rdzv_backend == "etcd-v2") {
     throw UsageError("--rdzv-backend " + c.rdzv_backend +
-                     " is not supported: use c10d (the agents' own store, or dist-rendezvous)");
+                     " speaks etcd's v2 API, which etcd 3.4+ turns off by default and "
+                     "dist-launch does not implement: use --rdzv-backend etcd-v3 (the same "
+                     "members, etcd's v3 API)");
   }
-  if (c.rdzv_backend != "static" && c.rdzv_backend != "c10d") {
-    throw UsageError("--rdzv-backend must be static or c10d, got '" + c.rdzv_backend + "'");
+  if (c.rdzv_backend != "static" && c.rdzv_backend != "c10d" && c.rdzv_backend != "etcd-v3") {
+    throw UsageError("--rdzv-backend must be static, c10d or etcd-v3, got '" + c.rdzv_backend +
+                     "'");
+  }
+  if (c.rdzv_backend == "etcd-v3") {
+    if (endpoint.empty()) {
+      throw UsageError(
+          "--rdzv-backend etcd-v3 needs --rdzv-endpoint with the etcd members, "
+          "e.g. h1:2379,h2:2379,h3:2379");
+    }
+    c.elastic = true;
+    c.etcd_endpoints = endpoint;
+    c.node_rank = 0;  // assigned per round
+    if (node_rank_given) {
+      err << "[dist-launch] notice: --node-rank is ignored with dynamic rendezvous: node ranks "
+             "are assigned in each round\n";
+    }
+    try {  // the members and the backend's keys, checked now rather than after the launch
+      agent::check_etcd_options(c.etcd_endpoints, c.etcd_conf);
+    } catch (const std::exception& e) {
+      throw UsageError(e.what());
+    }
+    return;
+  }
+  if (!c.etcd_conf.empty()) {
+    throw UsageError("--rdzv-conf " + c.etcd_conf.begin()->first +
+                     " is for --rdzv-backend etcd-v3");
   }
   if (c.rdzv_backend == "static" && !endpoint.empty() && !backend_given) c.rdzv_backend = "c10d";
   if (c.rdzv_backend == "static") {
@@ -351,7 +391,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       "Port of the store on node rank 0; unset on one node: a free port")
       ->check(CLI::Range(1, 65535));
   opt("--rdzv-backend,--rdzv_backend", c.rdzv_backend, "RDZV_BACKEND",
-      "static, or c10d (dynamic: elastic --nnodes MIN:MAX, node ranks assigned)")
+      "static, c10d (dynamic: elastic --nnodes MIN:MAX, node ranks assigned), or etcd-v3 "
+      "(dynamic, over an etcd cluster: --rdzv-endpoint h1:2379,h2:2379,...)")
       ->capture_default_str();
   opt("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint, "RDZV_ENDPOINT",
       "host[:port] of the rendezvous store (c10d; port 29400 by default); implies c10d");

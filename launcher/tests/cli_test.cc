@@ -114,7 +114,13 @@ TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--nnodes", "1:2"}, "a range needs dynamic rendezvous"},
       {{"--nnodes", "3:2"}, "MIN must not exceed MAX"},
-      {{"--rdzv-backend", "etcd", "--rdzv-endpoint", "a:1"}, "etcd is not supported"},
+      {{"--rdzv-backend", "etcd", "--rdzv-endpoint", "a:1"},
+       "speaks etcd's v2 API, which etcd 3.4+ turns off by default"},
+      {{"--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "a:1"}, "use --rdzv-backend etcd-v3"},
+      {{"--rdzv-backend", "etcd-v3"}, "needs --rdzv-endpoint with the etcd members"},
+      {{"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "a:1", "--rdzv-conf", "user=u"},
+       "needs password_file"},
+      {{"--rdzv-conf", "cacert=/x"}, "is for --rdzv-backend etcd-v3"},
       {{"--rdzv-backend", "zookeeper"}, "must be static or c10d"},
       {{"--rdzv-endpoint", "[::1"}, "missing ]"},
       {{"--rdzv-endpoint", ":80"}, "has no host"},
@@ -131,6 +137,26 @@ TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
     EXPECT_NE(error.find(message), std::string::npos) << error;
     EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
   }
+}
+
+TEST(LauncherCli, EtcdV3IsDynamicWithTheMembersAndItsOwnConfKeys) {
+  const auto c = parse_ok({"--nnodes", "2:3", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                           "h1:2379,h2:2379", "--rdzv-conf",
+                           "cacert=/ca.pem,join_timeout=5,etcd_prefix=/jobs", "train.py"});
+  EXPECT_TRUE(c.elastic);
+  EXPECT_EQ(c.rdzv_backend, "etcd-v3");
+  EXPECT_EQ(c.etcd_endpoints, "h1:2379,h2:2379");
+  EXPECT_EQ(c.etcd_conf.at("cacert"), "/ca.pem");
+  EXPECT_EQ(c.etcd_conf.at("etcd_prefix"), "/jobs");
+  EXPECT_EQ(c.join_timeout, std::chrono::seconds(5));
+}
+
+TEST(LauncherCli, AQuotedRdzvConfIsUnquotedAsTorchrunsUsersPassIt) {
+  const auto c = parse_ok({"--nnodes", "1:2", "--rdzv-endpoint", "h:1", "--rdzv-conf",
+                           "'join_timeout=5,last_call_timeout=1,timeout=5'", "train.py"});
+  EXPECT_EQ(c.join_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(c.last_call_timeout, std::chrono::seconds(1));
+  EXPECT_EQ(c.rdzv_timeout, std::chrono::seconds(5));
 }
 
 TEST(LauncherCli, PlacementFlagsReachTheConfig) {

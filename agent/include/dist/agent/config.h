@@ -49,8 +49,12 @@ struct LaunchConfig {
   // jobs (node 0's agent hosts it), elastic jobs (--rdzv-endpoint) and the workers' MASTER_*.
   std::string master_addr = "127.0.0.1";
   std::optional<std::uint16_t> master_port;  // none: the agent picks a free port
-  std::string rdzv_backend = "static";
-  bool elastic = false;  // dynamic (c10d) rendezvous: --nnodes MIN:MAX, node ranks assigned
+  std::string rdzv_backend = "static";       // static, c10d, etcd-v3
+  bool elastic = false;  // dynamic rendezvous (c10d, etcd-v3): --nnodes MIN:MAX, ranks assigned
+  // etcd-v3: the members ("h1:2379,h2:2379"), and the backend's own --rdzv-conf keys (cacert,
+  // cert, key, user, password_file, ...). Each round's node rank 0 hosts the workers' store.
+  std::string etcd_endpoints;
+  std::map<std::string, std::string> etcd_conf;
   std::string run_id = "none";
   std::string local_addr;  // this node's address as published to the others (empty: hostname)
   std::chrono::milliseconds rdzv_timeout{900'000};      // static: until every node joined

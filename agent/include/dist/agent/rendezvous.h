@@ -77,6 +77,10 @@ struct Assignment {
   std::string alive_prefix;
   int successor_id = -1;    // the next node's id in the ring (-1: alone)
   std::string members_key;  // elastic: "<id>,<id>,..." by node rank
+  // etcd: the workers' store of this round, hosted by node rank 0; no host: the rendezvous store
+  // itself serves the workers.
+  std::string worker_store_host;
+  std::uint16_t worker_store_port = 0;
 };
 
 // What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, or our own
@@ -120,8 +124,10 @@ class NodeRendezvous {
 
   // Elastic: joins round n (a member of round n-1 passes its assignment) or, if that one closed
   // without it, a later one; throws RendezvousError when no round forms within the join timeout,
-  // JobOverError when the job ended meanwhile.
-  Task<Assignment> join_elastic(int round, std::optional<Assignment> previous);
+  // JobOverError when the job ended meanwhile. `worker_store`: the store this node would host for
+  // the workers were it node rank 0 ("host:port"; empty when the rendezvous store serves them).
+  Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
+                                std::string worker_store = "");
   // The first round an elastic node that is not coming back from a round should try.
   Task<int> current_round();
 

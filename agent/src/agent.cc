@@ -25,8 +25,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fcntl.h>
-
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -37,6 +35,8 @@
 #include <optional>
 
 #include "blocking_calls.h"
+#include "dist/agent/console.h"
+#include "dist/agent/log_line_prefix.h"
 #include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/server.h"
 #include "failure_report.h"
@@ -176,6 +176,7 @@ class Agent {
         if (multi_node()) return collect_failures();  // every node's, then report()
         return report();
       case State::kExit:
+        warn_incomplete_logs();
         return begin_exit();
     }
   }
@@ -215,10 +216,16 @@ class Agent {
       exit_code_ = kExitAgentError;
       return transition(State::kExit);
     }
-    std::fputs(format_report(config_.script_name, failures_).c_str(), stderr);
-    std::fflush(stderr);
+    console_->write(ConsoleStream::kStderr, format_report(config_.script_name, failures_));
     exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
     transition(State::kExit);
+  }
+
+  void warn_incomplete_logs() {
+    for (const LogFileError& e : incomplete_logs_) {
+      spdlog::warn("worker logs are incomplete: {} holds the first {} bytes only ({})", e.path,
+                   e.bytes_written, e.error);
+    }
   }
 
   void begin_exit() {
@@ -601,9 +608,9 @@ class Agent {
       w.pid = p.pid;
       w.open_pipes = 2;
       const StreamSelection redirected = config_.redirects_for(local);
-      pump_output(w, p.stdout_fd, STDOUT_FILENO, redirected.stdout_stream,
+      pump_output(w, p.stdout_fd, ConsoleStream::kStdout, redirected.stdout_stream,
                   write_logs ? dir / "stdout.log" : fs::path());
-      pump_output(w, p.stderr_fd, STDERR_FILENO, redirected.stderr_stream,
+      pump_output(w, p.stderr_fd, ConsoleStream::kStderr, redirected.stderr_stream,
                   write_logs ? dir / "stderr.log" : fs::path());
     }
     spdlog::debug("started {} workers (round {})", workers_.size(), assignment_.round);
@@ -615,15 +622,16 @@ class Agent {
     return run_dir_ / ("attempt_" + std::to_string(assignment_.round)) / std::to_string(local_rank);
   }
 
-  void pump_output(Worker& w, int pipe_fd, int console_fd, bool redirected, const fs::path& file) {
+  void pump_output(Worker& w, int pipe_fd, ConsoleStream stream, bool redirected,
+                   const fs::path& file) {
     LogPump::Sink sink;
     const bool shown =
         config_.local_ranks_filter.empty() || config_.local_ranks_filter.contains(w.local_rank);
-    sink.console_fd = redirected || !shown ? -1 : console_fd;
-    if (!file.empty()) {
-      sink.file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    }
-    sink.prefix = "[" + config_.role + std::to_string(w.local_rank) + "]:";
+    if (!redirected && shown) sink.console = console_;
+    sink.stream = stream;
+    sink.file_path = file.string();
+    sink.on_file_error = [this](const LogFileError& e) { incomplete_logs_.push_back(e); };
+    sink.prefix = default_log_line_prefix(config_.role, w.local_rank);
     const pid_t pid = w.pid;
     LogPump::start(io_, pipe_fd, std::move(sink), [this, pid] {
       for (auto& worker : workers_) {
@@ -786,6 +794,8 @@ class Agent {
   }
 
   const LaunchConfig& config_;
+  std::shared_ptr<Console> console_ = Console::process();
+  std::vector<LogFileError> incomplete_logs_;  // log files given up on (ENOSPC, EIO)
   asio::io_context io_;
   std::optional<rendezvous::StoreServer> store_;
   std::uint16_t store_port_ = 0;

@@ -25,27 +25,46 @@ bool ends_record(std::string_view bytes) {
 }  // namespace
 
 void RecordCutter::feed(std::string_view data, const Emit& emit) {
-  while (!data.empty()) {
+  const char* p = data.data();
+  const char* const end = p + data.size();
+  // The next '\r' and '\n' at or after p (end: none), each searched for again once passed.
+  const auto find = [&](char c) {
+    const void* at = std::memchr(p, c, static_cast<std::size_t>(end - p));
+    return at ? static_cast<const char*>(at) : end;
+  };
+  const char* cr = find('\r');
+  const char* nl = find('\n');
+  while (p < end) {
     if (after_cr_) {
       after_cr_ = false;
-      if (data.front() == '\n') {  // "\r\n": one record
+      if (*p == '\n') {  // "\r\n": one record
         emit("\n", false);
         cr_line_ = false;
-        data.remove_prefix(1);
+        ++p;
         continue;
       }
     }
-    const std::size_t end = data.find_first_of("\r\n");
-    const std::size_t segment = end == std::string_view::npos ? data.size() : end + 1;
-    const std::size_t take = std::min(segment, max_record_bytes_ - pending_.size());
-    pending_.append(data.substr(0, take));
-    data.remove_prefix(take);
-    if (take == segment && end != std::string_view::npos) {
-      const char terminator = pending_.back();
-      emit_pending(emit);
+    if (cr < p) cr = find('\r');
+    if (nl < p) nl = find('\n');
+    const char* terminator = std::min(cr, nl);
+    const auto segment = static_cast<std::size_t>((terminator == end ? end : terminator + 1) - p);
+    const std::size_t room = max_record_bytes_ - pending_.size();
+    if (terminator != end && segment <= room) {  // a record ends here
+      if (pending_.empty()) {
+        emit(std::string_view(p, segment), !open_);
+      } else {
+        pending_.append(p, segment);
+        emit_pending(emit);
+      }
       open_ = false;
-      cr_line_ = after_cr_ = terminator == '\r';
-    } else if (pending_.size() == max_record_bytes_) {
+      cr_line_ = after_cr_ = *terminator == '\r';
+      p += segment;
+      continue;
+    }
+    const std::size_t take = std::min(segment, room);
+    pending_.append(p, take);
+    p += take;
+    if (pending_.size() == max_record_bytes_) {
       emit_pending(emit);  // a piece of a long line
       open_ = true;
     }

@@ -71,10 +71,6 @@ std::string long_line(std::size_t bytes) {
 
 class Pipe {
  public:
-  // Less room than this: full for a writer of short lines (a line never spans two of the pipe's
-  // pages when it fits in one, so each page may keep a line's worth of room unused).
-  static constexpr int kNearlyFullBytes = 4096;
-
   Pipe() {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) == 0) {
@@ -97,13 +93,22 @@ class Pipe {
   void close_write() {
     if (write_ >= 0) ::close(std::exchange(write_, -1));
   }
-  // Bytes the reader has not taken, and whether the pipe has no room for another line.
+  // Bytes the reader has not taken.
   int unread() const {
     int n = 0;
     ::ioctl(read_, FIONREAD, &n);
     return n;
   }
-  bool full() const { return unread() > ::fcntl(read_, F_GETPIPE_SZ) - kNearlyFullBytes; }
+  // Whether a writer would get EAGAIN: the pipe has no free page (poll's POLLOUT on a writer of
+  // its own, opened for the question only).
+  bool full() const {
+    const std::string self = "/proc/self/fd/" + std::to_string(read_);
+    const int writer = ::open(self.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    pollfd p{writer, POLLOUT, 0};
+    const bool writable = ::poll(&p, 1, 0) == 1;
+    ::close(writer);
+    return writer >= 0 && !writable;
+  }
 
  private:
   int read_ = -1, write_ = -1;

@@ -1,10 +1,11 @@
 // console-bench: what a console nobody reads costs the agent.
 //
 //   build/bin/console-bench [--launcher build/bin/dist-launch] [--seconds 30] [--runs 3]
-//                           [--interval-ms 5]
+//                           [--interval-ms 5] [--rate-mb-per-s 0]
 //
-// Each run starts dist-launch with one worker that prints lines as fast as it can (`yes`), the
-// agent's stdout a pipe. For --seconds, a second store client (as another node or a worker would)
+// Each run starts dist-launch with one worker (this program again, as `--as-worker`) that prints
+// 100-byte lines at --rate-mb-per-s (0: as fast as it can), the agent's stdout a pipe. For
+// --seconds, a second store client (as another node or a worker would)
 // times a SET and a GET round trip every --interval-ms against the agent's store; then the agent
 // gets SIGTERM, timed until its exit status is collected.
 //   blocked: nobody reads the pipe (`dist-launch ... | sleep 30`): the console is blocked for the
@@ -36,9 +37,11 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr auto kStartTimeout = 30s;  // until the worker has written the store's port
-constexpr auto kExitTimeout = 30s;   // after SIGTERM, before the agent is killed
-constexpr auto kStoreCallTimeout = 10s;
+constexpr auto kStartTimeout = 30s;      // until the worker has written the store's port
+constexpr auto kExitTimeout = 30s;       // after SIGTERM, before the agent is killed
+constexpr auto kStoreCallTimeout = 10s;  // a call that takes longer ends the run's sampling
+constexpr std::size_t kLineBytes = 100;
+constexpr auto kWorkerBurstInterval = 10ms;  // a rate-limited worker writes a burst this often
 
 struct Result {
   double p50_ms = 0, p99_ms = 0, max_ms = 0;
@@ -61,23 +64,40 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
+// The worker: says the store's port (MASTER_PORT) in port_file, then prints until killed.
+int run_worker(const fs::path& port_file, double rate_mb_per_s) {
+  const fs::path tmp = port_file.string() + ".tmp";
+  std::ofstream(tmp) << std::getenv("MASTER_PORT") << "\n";
+  fs::rename(tmp, port_file);
+  std::string line(kLineBytes - 1, 'x');
+  line += '\n';
+  const double lines_per_burst = rate_mb_per_s * 1e6 / kLineBytes *
+                                 std::chrono::duration<double>(kWorkerBurstInterval).count();
+  const auto burst = std::max<std::size_t>(1, static_cast<std::size_t>(lines_per_burst));
+  for (auto next = Clock::now();; next += kWorkerBurstInterval) {
+    for (std::size_t k = 0; k < burst; ++k) {
+      if (::write(STDOUT_FILENO, line.data(), line.size()) < 0) return 1;
+    }
+    if (rate_mb_per_s > 0) std::this_thread::sleep_until(next);
+  }
+}
+
 Result run_once(const std::string& launcher, bool blocked, int seconds, int interval_ms,
-                const fs::path& dir) {
+                double rate_mb_per_s, const fs::path& dir) {
   const fs::path port_file = dir / "port";
   fs::remove(port_file);
   int console[2];
   if (::pipe2(console, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
   const int errors =
       ::open((dir / "stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const std::string worker = "echo $MASTER_PORT > " + port_file.string() + ".tmp && mv " +
-                             port_file.string() + ".tmp " + port_file.string() +
-                             " && exec yes 'a line of worker output'";
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::string rate = std::to_string(rate_mb_per_s);
   const pid_t agent = ::fork();
   if (agent == 0) {
     ::dup2(console[1], STDOUT_FILENO);
     ::dup2(errors, STDERR_FILENO);
-    ::execl(launcher.c_str(), launcher.c_str(), "--no-python", "/bin/sh", "-c", worker.c_str(),
-            static_cast<char*>(nullptr));
+    ::execl(launcher.c_str(), launcher.c_str(), "--no-python", self.c_str(), "--as-worker",
+            port_file.c_str(), rate.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(console[1]);
@@ -109,8 +129,14 @@ Result run_once(const std::string& launcher, bool blocked, int seconds, int inte
   const auto end = Clock::now() + std::chrono::seconds(seconds);
   for (int k = 0; Clock::now() < end; ++k) {
     const auto t0 = Clock::now();
-    client.set("console_bench/key", std::to_string(k));
-    client.get("console_bench/key");
+    try {
+      client.set("console_bench/key", std::to_string(k));
+      client.get("console_bench/key");
+    } catch (const dist::rendezvous::StoreError& e) {  // a store that does not answer in time
+      round_trips.push_back(ms_since(t0));
+      std::fprintf(stderr, "store call failed: %s\n", e.what());
+      break;
+    }
     round_trips.push_back(ms_since(t0));
     std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
   }
@@ -142,14 +168,20 @@ Result run_once(const std::string& launcher, bool blocked, int seconds, int inte
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--as-worker") {
+    return run_worker(argv[2], std::atof(argv[3]));
+  }
   CLI::App app{"console-bench: the agent's store and SIGTERM with a console nobody reads"};
   std::string launcher = "build/bin/dist-launch";
   int seconds = 30, runs = 3, interval_ms = 5;
+  double rate_mb_per_s = 0;
   app.add_option("--launcher", launcher, "dist-launch to measure")->check(CLI::ExistingFile);
   app.add_option("--seconds", seconds, "How long the console stays blocked per run")
       ->check(CLI::PositiveNumber);
   app.add_option("--runs", runs, "Runs of each mode, interleaved")->check(CLI::PositiveNumber);
   app.add_option("--interval-ms", interval_ms, "Pause between store round trips")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--rate-mb-per-s", rate_mb_per_s, "The worker's output rate (0: unlimited)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
@@ -160,7 +192,7 @@ int main(int argc, char** argv) {
               "SIGTERM->exit", "rc");
   for (int run = 0; run < runs; ++run) {
     for (const bool blocked : {false, true}) {
-      const Result r = run_once(launcher, blocked, seconds, interval_ms, dir);
+      const Result r = run_once(launcher, blocked, seconds, interval_ms, rate_mb_per_s, dir);
       std::printf("%-8s %8zu %9.3f %9.3f %9.3f %11.1f ms %4d\n", blocked ? "blocked" : "drained",
                   r.samples, r.p50_ms, r.p99_ms, r.max_ms, r.sigterm_to_exit_ms, r.exit_code);
       std::fflush(stdout);

@@ -30,6 +30,7 @@
 #include <optional>
 #include <variant>
 
+#include "dist/agent/console.h"
 #include "dist/agent/rendezvous.h"
 #include "dist/rendezvous/errors.h"
 #include "etcd_store.h"
@@ -211,6 +212,7 @@ class Agent {
           return event::FailuresCollected{std::move(all)};
         });
       case State::kExit:
+        warn_incomplete_logs();
         return begin_exit();
     }
   }
@@ -442,7 +444,7 @@ class Agent {
     });
     try {
       group_.emplace(
-          io_, config_, *run_dir_, agent_id_, janitor_,
+          io_, config_, *run_dir_, agent_id_, janitor_, console_,
           WorkerGroup::Events{
               [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
               [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
@@ -686,10 +688,17 @@ class Agent {
       exit_code_ = kExitAgentError;
       return transition(State::kExit);
     }
-    std::fputs(format_report(config_.script_name, failures_).c_str(), stderr);
-    std::fflush(stderr);
+    console_->write(ConsoleStream::kStderr, format_report(config_.script_name, failures_));
     exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
     transition(State::kExit);
+  }
+
+  void warn_incomplete_logs() {
+    if (!group_) return;
+    for (const LogFileError& e : group_->incomplete_logs()) {
+      spdlog::warn("worker logs are incomplete: {} holds the first {} bytes only ({})", e.path,
+                   e.bytes_written, e.error);
+    }
   }
 
   void begin_exit() {
@@ -786,6 +795,7 @@ class Agent {
   // ------------------------------------------------------------------------------------------
 
   const LaunchConfig& config_;
+  std::shared_ptr<Console> console_ = Console::process();  // never blocks (console.h)
   const AgentId& agent_id_;
   Janitor* janitor_;     // null when it could not start
   asio::io_context io_;  // first: destroyed last, after everything that uses it

@@ -1,6 +1,5 @@
 #include "worker_group.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/wait.h>
@@ -8,6 +7,7 @@
 
 #include <algorithm>
 
+#include "dist/agent/log_line_prefix.h"
 #include "failure_report.h"
 #include "log_pump.h"
 #include "process.h"
@@ -35,13 +35,14 @@ std::vector<std::string> current_environment() {
 
 WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config,
                          const RunDirectory& dir, const AgentId& agent_id, Janitor* janitor,
-                         Events events)
+                         std::shared_ptr<Console> console, Events events)
     : io_(io),
       config_(config),
       dir_(dir),
       agent_id_(agent_id),
       janitor_(janitor),
       leftovers_(agent_id.id(), janitor ? janitor->pid() : -1),
+      console_(std::move(console)),
       events_(std::move(events)),
       resources_(plan_worker_resources(config)),
       kill_timer_(io),
@@ -119,22 +120,22 @@ void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
   if (janitor_) janitor_->track(p.pid);  // the worker's process group
   const StreamSelection redirected = config_.redirects_for(w.local_rank);
   const bool write_logs = config_.writes_log_files();
-  pump(w, p.stdout_fd, STDOUT_FILENO, redirected.stdout_stream,
+  pump(w, p.stdout_fd, ConsoleStream::kStdout, redirected.stdout_stream,
        write_logs ? dir / "stdout.log" : fs::path());
-  pump(w, p.stderr_fd, STDERR_FILENO, redirected.stderr_stream,
+  pump(w, p.stderr_fd, ConsoleStream::kStderr, redirected.stderr_stream,
        write_logs ? dir / "stderr.log" : fs::path());
 }
 
-void WorkerGroup::pump(Worker& w, int pipe_fd, int console_fd, bool redirected,
+void WorkerGroup::pump(Worker& w, int pipe_fd, ConsoleStream stream, bool redirected,
                        const fs::path& file) {
   LogPump::Sink sink;
   const bool shown =
       config_.local_ranks_filter.empty() || config_.local_ranks_filter.contains(w.local_rank);
-  sink.console_fd = redirected || !shown ? -1 : console_fd;
-  if (!file.empty()) {
-    sink.file_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  }
-  sink.prefix = "[" + config_.role + std::to_string(w.local_rank) + "]:";
+  if (!redirected && shown) sink.console = console_;
+  sink.stream = stream;
+  sink.file_path = file.string();
+  sink.on_file_error = [this](const LogFileError& e) { incomplete_logs_.push_back(e); };
+  sink.prefix = default_log_line_prefix(config_.role, w.local_rank);
   const pid_t pid = w.pid;
   pumps_.push_back(LogPump::start(io_, pipe_fd, std::move(sink), [this, pid] {
     for (auto& worker : workers_) {

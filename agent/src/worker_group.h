@@ -23,16 +23,16 @@
 #include <vector>
 
 #include "dist/agent/config.h"
+#include "dist/agent/console.h"
 #include "dist/agent/worker_failure.h"
 #include "dist/agent/worker_resources.h"
 #include "janitor.h"
 #include "job_processes.h"
 #include "leftovers.h"
+#include "log_pump.h"
 #include "run_directory.h"
 
 namespace dist::agent {
-
-class LogPump;
 
 // What one round's workers need to know about it.
 struct RoundSpec {
@@ -58,7 +58,8 @@ class WorkerGroup {
   // `janitor` may be null (it could not start). Plans each local rank's device and placement
   // (throws DeviceError / PlacementError with a message for the user).
   WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config, const RunDirectory& dir,
-              const AgentId& agent_id, Janitor* janitor, Events events);
+              const AgentId& agent_id, Janitor* janitor, std::shared_ptr<Console> console,
+              Events events);
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -75,6 +76,8 @@ class WorkerGroup {
   void reap();
 
   bool running() const { return state_ == State::kRunning; }
+  // The log files given up on so far (a full disk, an I/O error): they miss output.
+  const std::vector<LogFileError>& incomplete_logs() const { return incomplete_logs_; }
 
  private:
   struct Worker {
@@ -87,7 +90,7 @@ class WorkerGroup {
   enum class State { kIdle, kRunning, kStopping };
 
   void spawn(Worker& w, const RoundSpec& spec, const std::vector<std::string>& base_env);
-  void pump(Worker& w, int pipe_fd, int console_fd, bool redirected,
+  void pump(Worker& w, int pipe_fd, ConsoleStream stream, bool redirected,
             const std::filesystem::path& file);
   WorkerFailure failure_of(const Worker& w, int code,
                            std::chrono::system_clock::time_point when) const;
@@ -102,12 +105,14 @@ class WorkerGroup {
   const AgentId& agent_id_;
   Janitor* janitor_;
   Leftovers leftovers_;
+  std::shared_ptr<Console> console_;
   Events events_;
   State state_ = State::kIdle;
   RoundSpec spec_;
   std::vector<WorkerResources> resources_;  // by local rank
   std::vector<Worker> workers_;
   std::vector<std::shared_ptr<LogPump>> pumps_;
+  std::vector<LogFileError> incomplete_logs_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;
   boost::asio::steady_timer drain_timer_;

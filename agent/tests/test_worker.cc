@@ -15,6 +15,12 @@
 //   note SIGNAL FILE         on SIGNAL: append the signal number to FILE and carry on
 //   ignore SIGNAL            ignore SIGNAL
 //   lines N                  print N lines to stdout and N to stderr, each written in two parts
+//   spam-lines N             print N lines of kSpamLineBytes bytes to stdout ("line K xxx...")
+//   spam-forever             print such lines to stdout until killed
+//   long-line BYTES          print one line of BYTES bytes ('a'..'z' repeated) and its newline
+//   write TEXT               write TEXT to stdout as it is, after \r, \n and \\ escapes
+//   wait-file FILE           wait until FILE exists (at most a minute, else exit 65)
+//   check-sigpipe            exit 3 unless SIGPIPE has its default disposition
 //   stamp DIR                write the wall clock (ns) to DIR/start_<attempt>_<local rank>
 //   crash-if DIR RANK ATTEMPT   on that rank and attempt: write the clock to DIR/crash, exit 1
 //   sleep-if-attempt N MS    sleep MS on attempt N only
@@ -23,6 +29,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +37,7 @@
 #include <ctime>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 extern char** environ;
@@ -83,6 +91,36 @@ long long wall_clock_ns() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<long long>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
+}
+
+constexpr std::size_t kSpamLineBytes = 100;  // agent/tests/output_test.cc counts on it
+constexpr auto kWaitFileTimeout = std::chrono::seconds(60);
+
+std::string spam_line(long k) {
+  std::string line = "line " + std::to_string(k) + " ";
+  line.resize(kSpamLineBytes - 1, 'x');
+  return line + "\n";
+}
+
+void write_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n <= 0) std::exit(66);  // the agent closed the pipe: nothing more to do
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+std::string unescape(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\' || i + 1 == text.size()) {
+      out.push_back(text[i]);
+      continue;
+    }
+    const char c = text[++i];
+    out.push_back(c == 'r' ? '\r' : c == 'n' ? '\n' : c);
+  }
+  return out;
 }
 
 void write_in_two_parts(int fd, const std::string& line) {
@@ -161,6 +199,36 @@ int main(int argc, char** argv) {
         write_in_two_parts(1, "out line " + std::to_string(k) + " of rank " + rank + " end\n");
         write_in_two_parts(2, "err line " + std::to_string(k) + " of rank " + rank + " end\n");
       }
+    } else if (a == "spam-lines") {
+      const long n = std::stol(next());
+      for (long k = 0; k < n; ++k) write_all(1, spam_line(k));
+    } else if (a == "spam-forever") {
+      for (long k = 0;; ++k) write_all(1, spam_line(k));
+    } else if (a == "long-line") {
+      const std::size_t bytes = std::stoul(next());
+      constexpr std::size_t kChunkBytes = 64 * 1024;  // many writes: the agent reads it in parts
+      std::string chunk;
+      for (std::size_t done = 0; done < bytes; done += chunk.size()) {
+        chunk.resize(std::min(kChunkBytes, bytes - done));
+        for (std::size_t k = 0; k < chunk.size(); ++k) {
+          chunk[k] = static_cast<char>('a' + (done + k) % 26);
+        }
+        write_all(1, chunk);
+      }
+      write_all(1, "\n");
+    } else if (a == "write") {
+      write_all(1, unescape(next()));
+    } else if (a == "wait-file") {
+      const std::string path = next();
+      const auto end = std::chrono::steady_clock::now() + kWaitFileTimeout;
+      while (!std::ifstream(path)) {
+        if (std::chrono::steady_clock::now() > end) return 65;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    } else if (a == "check-sigpipe") {
+      struct sigaction current {};
+      sigaction(SIGPIPE, nullptr, &current);
+      if (current.sa_handler != SIG_DFL) return 3;
     } else if (a == "stamp") {
       const std::string dir = next();
       std::ofstream(dir + "/start_" + env_or("TORCHELASTIC_RESTART_COUNT", "0") + "_" +

@@ -1,19 +1,20 @@
 // dist-launch: parse the command line, then run this node's agent.
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <iostream>
 
 #include "dist/agent/agent.h"
+#include "dist/agent/console.h"
 #include "dist/launcher/cli.h"
 #include "dist/launcher/status.h"
 
 namespace {
 
-// The agent's own messages: colored on a terminal only; level from LOGLEVEL like torchrun.
-void setup_logging() {
-  auto logger = spdlog::stderr_color_mt("dist-launch");
+// The agent's own messages, through the same non-blocking console as the workers' output:
+// colored on a terminal only; level from LOGLEVEL like torchrun.
+void setup_logging(std::shared_ptr<dist::agent::Console> console) {
+  auto logger = dist::agent::make_console_logger("dist-launch", std::move(console));
   logger->set_pattern("[dist-launch] %^%l%$: %v");
   spdlog::set_default_logger(logger);
   const char* level = std::getenv("LOGLEVEL");
@@ -32,6 +33,9 @@ int main(int argc, char** argv) {
   }
   const auto outcome = dist::launcher::parse_command_line(args, std::cout, std::cerr);
   if (outcome.exit_now) return outcome.exit_code;
-  setup_logging();
-  return dist::agent::run_agent(outcome.config);
+  const auto console = dist::agent::Console::process();
+  setup_logging(console);
+  const int exit_code = dist::agent::run_agent(outcome.config);
+  console->flush_for(dist::agent::kConsoleExitFlushTimeout);  // a blocked console is not waited for
+  return exit_code;
 }

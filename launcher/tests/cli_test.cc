@@ -121,7 +121,7 @@ TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
       {{"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "a:1", "--rdzv-conf", "user=u"},
        "needs password_file"},
       {{"--rdzv-conf", "cacert=/x"}, "is for --rdzv-backend etcd-v3"},
-      {{"--rdzv-backend", "zookeeper"}, "must be static or c10d"},
+      {{"--rdzv-backend", "zookeeper"}, "must be static, c10d or etcd-v3"},
       {{"--rdzv-endpoint", "[::1"}, "missing ]"},
       {{"--rdzv-endpoint", ":80"}, "has no host"},
       {{"--rdzv-endpoint", "a:99999"}, "not below 65536"},
@@ -140,9 +140,11 @@ TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
 }
 
 TEST(LauncherCli, EtcdV3IsDynamicWithTheMembersAndItsOwnConfKeys) {
-  const auto c = parse_ok({"--nnodes", "2:3", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
-                           "h1:2379,h2:2379", "--rdzv-conf",
-                           "cacert=/ca.pem,join_timeout=5,etcd_prefix=/jobs", "train.py"});
+  const auto o =
+      parse({"--nnodes", "2:3", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "h1:2379,h2:2379",
+             "--rdzv-conf", "cacert=/ca.pem,join_timeout=5,etcd_prefix=/jobs"});
+  ASSERT_FALSE(o.exit_now);
+  const auto& c = o.config;
   EXPECT_TRUE(c.elastic);
   EXPECT_EQ(c.rdzv_backend, "etcd-v3");
   EXPECT_EQ(c.etcd_endpoints, "h1:2379,h2:2379");
@@ -152,8 +154,10 @@ TEST(LauncherCli, EtcdV3IsDynamicWithTheMembersAndItsOwnConfKeys) {
 }
 
 TEST(LauncherCli, AQuotedRdzvConfIsUnquotedAsTorchrunsUsersPassIt) {
-  const auto c = parse_ok({"--nnodes", "1:2", "--rdzv-endpoint", "h:1", "--rdzv-conf",
-                           "'join_timeout=5,last_call_timeout=1,timeout=5'", "train.py"});
+  const auto o = parse({"--nnodes", "1:2", "--rdzv-endpoint", "h:1", "--rdzv-conf",
+                        "'join_timeout=5,last_call_timeout=1,timeout=5'"});
+  ASSERT_FALSE(o.exit_now);
+  const auto& c = o.config;
   EXPECT_EQ(c.join_timeout, std::chrono::seconds(5));
   EXPECT_EQ(c.last_call_timeout, std::chrono::seconds(1));
   EXPECT_EQ(c.rdzv_timeout, std::chrono::seconds(5));

@@ -1,0 +1,81 @@
+// The agent's console (its stdout and stderr), written without ever blocking the caller.
+//
+// How a stream is written is decided once, from what the inherited descriptor is:
+//   - a regular file: plain write() on a duplicate (the same open file description, so O_APPEND and
+//     the offset shared with the other stream are kept; a regular file is never reopened);
+//   - a socket (journald, a log shipper): send() with MSG_DONTWAIT | MSG_NOSIGNAL on a duplicate;
+//   - a pipe, FIFO, terminal or other device: reopened through /proc/self/fd/N with O_NONBLOCK, a
+//     new open file description, so the shell's own stays blocking (O_NOCTTY: a terminal never
+//     becomes the agent's controlling one). When the reopen is refused (a pipe made by another
+//     user), writes of at most PIPE_BUF bytes once poll() says the descriptor is writable.
+// A record (a line, or a piece of one) that cannot be written at once waits in a bounded queue per
+// stream, written by the console's thread as the reader drains. When the queue is full, whole
+// records are dropped and counted; once the stream has drained, a note says how many bytes were
+// dropped. A closed stream (EPIPE) drops everything from then on, said once on the other stream.
+//
+// Constructing a Console ignores SIGPIPE in this process when it is at its default, so that a
+// closed console is an EPIPE the console handles (workers get every default back at spawn).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace spdlog {
+class logger;
+}
+
+namespace dist::agent {
+
+enum class ConsoleStream { kStdout, kStderr };
+
+// What is queued per stream, at most, before records are dropped (a record that arrives when the
+// queue is empty is always taken, so a stream holds at most this plus one record).
+constexpr std::size_t kConsoleQueueLimitBytes = 1 << 20;
+// At exit, and when spdlog is flushed: how long to wait for the console to take what is queued.
+constexpr std::chrono::milliseconds kConsoleExitFlushTimeout{300};
+
+struct ConsoleStats {
+  std::uint64_t written_bytes = 0;  // taken by the stream
+  std::uint64_t dropped_bytes = 0;  // records dropped (queue full, write error), since the start
+  bool closed = false;              // EPIPE: nothing is written any more
+};
+
+class Console {
+ public:
+  // The process's console (descriptors 1 and 2), made on first use.
+  static std::shared_ptr<Console> process();
+
+  // Takes its own descriptors for stdout_fd and stderr_fd (the caller keeps and may close its
+  // own); a descriptor that is not open is a stream that drops everything silently.
+  Console(int stdout_fd, int stderr_fd, std::size_t queue_limit_bytes = kConsoleQueueLimitBytes);
+  ~Console();  // what is still queued is dropped; never waits for the reader
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+
+  // Writes one record whole, behind the ones queued before it; never blocks. False when the record
+  // was dropped (the queue is full, or the stream is closed).
+  bool write(ConsoleStream stream, std::string_view record);
+  // Counts bytes the caller chose not to write (the rest of a line whose start was dropped), so
+  // that the note about dropped output has them.
+  void count_dropped(ConsoleStream stream, std::size_t bytes);
+  // Waits until every queue is empty, at most `timeout`; true when everything was written.
+  bool flush_for(std::chrono::milliseconds timeout);
+
+  bool is_terminal(ConsoleStream stream) const;
+  ConsoleStats stats(ConsoleStream stream) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A logger whose messages go to the console's stderr, colored (the pattern's %^...%$) when that is
+// a terminal. Flushing it waits at most kConsoleExitFlushTimeout.
+std::shared_ptr<spdlog::logger> make_console_logger(const std::string& name,
+                                                    std::shared_ptr<Console> console);
+
+}  // namespace dist::agent

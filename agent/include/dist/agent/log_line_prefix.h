@@ -1,0 +1,27 @@
+// The prefix of each worker record on the console: torchrun's default "[<role><local_rank>]:", or
+// torchrun 2.x's --log-line-prefix-template.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace dist::agent {
+
+// A template that cannot be rendered; what() names the template, the fault and what to write.
+class LogLinePrefixError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// "[default0]:" for role "default", local rank 0.
+std::string default_log_line_prefix(const std::string& role, int local_rank);
+
+// Renders a template the way torchrun's string.Template does: ${role_name}, ${rank} (the global
+// rank) and ${local_rank}, also written without braces ($rank); $$ is a literal $. An unknown
+// variable or a '$' that starts none of these throws LogLinePrefixError (torchrun would print it
+// as it is).
+std::string render_log_line_prefix(std::string_view template_text, const std::string& role,
+                                   int rank, int local_rank);
+
+}  // namespace dist::agent

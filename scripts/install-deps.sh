@@ -16,8 +16,11 @@ BUILD_PKGS=(
   zlib1g-dev            # reading the example data set (.csv.gz)
   libgtest-dev libgmock-dev
 )
-# Tests: PyTorch 1.13 (legacy TCPStore dialect) as a real client, clang-format for lint.
-TEST_PKGS=(python3-torch clang-format iproute2 procps)
+# Tests: PyTorch 1.13 (legacy TCPStore dialect) as a real client, clang-format for lint, network
+# namespaces for named hosts (iproute2, util-linux's unshare), and a real Slurm (munge, slurmctld,
+# three slurmd on this machine) for the Slurm tests.
+TEST_PKGS=(python3-torch clang-format iproute2 procps util-linux
+  munge slurmctld slurmd slurm-client)
 
 missing=()
 for pkg in "${BUILD_PKGS[@]}" "${TEST_PKGS[@]}"; do

@@ -6,8 +6,10 @@
 namespace dist::launcher {
 namespace {
 
+// Below Linux's default ephemeral range (32768-60999): a port the kernel gave an outgoing
+// connection on node 0 never takes the store's.
 constexpr int kPortBase = 20000;
-constexpr int kPortSpan = 40000;
+constexpr int kPortSpan = 12768;
 // Step ids above this are Slurm's own steps (batch script, extern, interactive), not srun's.
 constexpr unsigned long long kMaxTaskStepId = 0xfffffff0ULL;
 

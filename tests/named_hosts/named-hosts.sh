@@ -55,7 +55,7 @@ valid_run() {
 }
 
 namespaces_of() {
-  ip netns list | awk '{print $1}' | grep -E "^$1-" || true
+  ip netns list | awk '{print $1}' | grep -E "^$1(-|\$)" || true
 }
 
 up() {
@@ -139,7 +139,7 @@ down() {
 
 sweep() {
   local ns owner
-  for ns in $(ip netns list | awk '{print $1}' | grep -E '^dlh[0-9]+-[a-z0-9]+-' || true); do
+  for ns in $(ip netns list | awk '{print $1}' | grep -E '^dlh[0-9]+-[a-z0-9]+(-|$)' || true); do
     owner=${ns#dlh}
     owner=${owner%%-*}
     if ! kill -0 "$owner" 2>/dev/null; then

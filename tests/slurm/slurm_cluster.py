@@ -9,6 +9,7 @@ The munged is private (its own key and socket, named in slurm.conf's AuthInfo), 
 running on the machine is left alone and two clusters can run at once.
 """
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,10 +20,22 @@ import time
 NODES = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 DAEMONS = ["munged", "munge", "unmunge", "slurmctld", "slurmd", "srun", "sbatch", "salloc",
            "squeue", "scancel", "scontrol", "sinfo"]
+# Job ids start at a random point: clusters of parallel tests then give their jobs different ids,
+# so dist-launch's store ports (derived from job and step id) do not collide on 127.0.0.1.
+FIRST_JOB_ID_RANGE = (1000, 60_000_000)
+# The daemons' ports: above Linux's ephemeral range (32768-60999), so no outgoing connection takes
+# one between the check that it is free and the daemon's bind; a clash with another cluster started
+# at the same moment is retried with new ports.
+DAEMON_PORTS = (61000, 65535)
+START_ATTEMPTS = 3
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 30
 POLL_S = 0.1
 KILL_WAIT_S = 5  # Slurm's SIGTERM-to-SIGKILL grace for a cancelled job step
+
+
+class PortTaken(Exception):
+    """A daemon's port was taken between the check and its bind: start again with new ports."""
 
 
 class Unavailable(Exception):
@@ -39,9 +52,15 @@ def unavailable():
 
 
 def free_port(host):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free now on `host`, above the kernel's ephemeral ports (see DAEMON_PORTS)."""
+    while True:
+        port = random.randint(*DAEMON_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+                return port
+            except OSError:
+                continue
 
 
 def wait_until(predicate, timeout_s, what):
@@ -63,8 +82,15 @@ class SlurmCluster:
         self.daemons = []  # (name, Popen), stopped in reverse order
         try:
             self._start_munge()
-            self._write_conf()
-            self._start_slurm()
+            for attempt in range(START_ATTEMPTS):
+                self._write_conf()
+                try:
+                    self._start_slurm()
+                    break
+                except PortTaken:
+                    self._stop_daemons(keep=1)  # munged stays
+            else:
+                raise RuntimeError(f"Slurm's ports were taken {START_ATTEMPTS} times over")
         except BaseException:
             self.stop()
             raise
@@ -102,17 +128,22 @@ class SlurmCluster:
                 wait_until(lambda: not self.active_jobs(), STOP_TIMEOUT_S, "every job ends")
             except TimeoutError:
                 pass  # the daemons go anyway; their steps are killed with them below
-        for _, proc in reversed(self.daemons):
+        self._stop_daemons(keep=0)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _stop_daemons(self, keep):
+        """SIGTERM (then SIGKILL) to every daemon started after the first `keep`, by PID."""
+        stopping = self.daemons[keep:]
+        for _, proc in reversed(stopping):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for _, proc in reversed(self.daemons):
+        for _, proc in reversed(stopping):
             try:
                 proc.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.daemons = []
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.daemons = self.daemons[:keep]
 
     def __enter__(self):
         return self
@@ -138,7 +169,10 @@ class SlurmCluster:
 
     def _alive(self, name, proc):
         if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name + '.out')}")
+            log = self.log(name + ".out")
+            if "Address already in use" in log:
+                raise PortTaken(name)
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log}")
 
     def _start_munge(self):
         key = os.path.join(self.dir, "munge.key")
@@ -171,7 +205,8 @@ class SlurmCluster:
             "SelectTypeParameters=CR_CPU", "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none", "JobCompType=jobcomp/none",
             "ReturnToService=2", "SlurmdParameters=config_overrides", f"KillWait={KILL_WAIT_S}",
-            "MinJobAge=60", f"StateSaveLocation={self.dir}/state",
+            "MinJobAge=60", f"FirstJobId={random.randint(*FIRST_JOB_ID_RANGE)}",
+            f"StateSaveLocation={self.dir}/state",
             f"SlurmdSpoolDir={self.dir}/spool/%n", f"SlurmctldPidFile={self.dir}/slurmctld.pid",
             f"SlurmdPidFile={self.dir}/slurmd-%n.pid", f"SlurmctldLogFile={self.dir}/slurmctld.log",
             f"SlurmdLogFile={self.dir}/slurmd-%n.log",
@@ -180,9 +215,9 @@ class SlurmCluster:
             lines.append(f"NodeName={node} NodeHostname={host} NodeAddr={node} "
                          f"Port={free_port(node)} CPUs=4 RealMemory=1000")
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
-        os.makedirs(os.path.join(self.dir, "state"))
+        os.makedirs(os.path.join(self.dir, "state"), exist_ok=True)
         for node in NODES:
-            os.makedirs(os.path.join(self.dir, "spool", node))
+            os.makedirs(os.path.join(self.dir, "spool", node), exist_ok=True)
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
 

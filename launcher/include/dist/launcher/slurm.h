@@ -32,8 +32,8 @@ std::optional<SlurmJob> slurm_job_from_environment();
 // The first host of a Slurm node list: "gpu[07-09,12],cpu1" -> "gpu07".
 std::string first_host(const std::string& nodelist);
 
-// The store port of a Slurm job step: in 20000..59999, the same on every node of the step, and
-// different for each step of one job (step ids below 40000).
+// The store port of a Slurm job step: in 20000..32767 (below Linux's ephemeral ports), the same on
+// every node of the step, and different for each step of one job (step ids below 12768).
 std::uint16_t slurm_port(const std::string& job_id, const std::string& step_id);
 
 }  // namespace dist::launcher

@@ -25,13 +25,15 @@ class OnNamedHosts : public NamedHostsTest {
   // A static node: --nnodes 3, node rank `rank`, the store on `master`.
   agent::testing::Child& static_node(const std::string& host, int rank, const std::string& master,
                                      int nproc, std::vector<std::string> worker,
-                                     int rdzv_timeout_s = 60) {
+                                     int rdzv_timeout_s = 60,
+                                     const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args{"--nnodes",         "3",
                                   "--node-rank",      std::to_string(rank),
                                   "--master-addr",    master,
                                   "--master-port",    kStorePort,
                                   "--nproc-per-node", std::to_string(nproc),
                                   "--rdzv-conf",      "timeout=" + std::to_string(rdzv_timeout_s)};
+    args.insert(args.end(), extra.begin(), extra.end());
     args.insert(args.end(), {"--no-python", DIST_TEST_WORKER_BIN});
     args.insert(args.end(), worker.begin(), worker.end());
     return hosts_->start(host, DIST_LAUNCH_BIN, args, log(host));
@@ -143,6 +145,35 @@ TEST_F(OnNamedHosts, AnUnresolvableMasterIsSaidWhileRetryingThenNamed) {
   }
   EXPECT_EQ(b.wait(60s), 1) << b.output();
   EXPECT_NE(b.output().find("no-such-host"), std::string::npos) << b.output();
+}
+
+TEST_F(OnNamedHosts, AStaticNodeRelaunchedWithItsRankRejoins) {
+  // Pending the agent: node-c's agent dies; relaunched with node rank 2 while the job lives, it
+  // rejoins and the job restarts once, job-wide, and ends 0.
+  hosts(kThreeHosts);
+  const std::string hosts[] = {"node-a", "node-b", "node-c"};
+  auto node = [&](int rank) -> agent::testing::Child& {
+    return static_node(hosts[rank], rank, "node-a", 1,
+                       {"env", path("env_" + std::to_string(rank)), "pidfile",
+                        path("pid_" + std::to_string(rank)), "sleep-if-attempt", "0", "600000"},
+                       60, {"--max-restarts", "1"});
+  };
+  auto& a = node(0);
+  auto& b = node(1);
+  auto& c = node(2);
+  ASSERT_TRUE(eventually(
+      [&] {
+        return fs::exists(path("pid_0")) && fs::exists(path("pid_1")) && fs::exists(path("pid_2"));
+      },
+      60s))
+      << a.output() << b.output() << c.output();
+  ::kill(c.pid(), SIGKILL);
+  c.wait(10s);
+  auto& again = node(2);  // its log replaces the killed agent's
+  for (auto* n : {&a, &b, &again}) EXPECT_EQ(n->wait(90s), 0) << n->output();
+  for (const char* file : {"env_0", "env_1", "env_2"}) {
+    EXPECT_EQ(env(file)["TORCHELASTIC_RESTART_COUNT"], "1") << file;
+  }
 }
 
 // ddp_train's final weights digest (every rank must agree).

@@ -17,9 +17,12 @@ BUILD_PKGS=(
   zlib1g-dev            # reading the example data set (.csv.gz)
   libgtest-dev libgmock-dev
 )
-# Tests: PyTorch 1.13 (legacy TCPStore dialect) as a real client, clang-format for lint, etcd 3.4
-# members and etcdctl for the etcd rendezvous store, openssl for its TLS tests' certificates.
-TEST_PKGS=(python3-torch clang-format iproute2 procps etcd-server etcd-client openssl)
+# Tests: PyTorch 1.13 (legacy TCPStore dialect) as a real client, clang-format for lint, network
+# namespaces for named hosts (iproute2, util-linux's unshare), a real Slurm (munge, slurmctld,
+# three slurmd on this machine), etcd 3.4 members and etcdctl for the etcd rendezvous store, and
+# openssl for its TLS tests' certificates.
+TEST_PKGS=(python3-torch clang-format iproute2 procps util-linux
+  munge slurmctld slurmd slurm-client etcd-server etcd-client openssl)
 
 missing=()
 for pkg in "${BUILD_PKGS[@]}" "${TEST_PKGS[@]}"; do

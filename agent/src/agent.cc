@@ -32,6 +32,7 @@
 
 #include "dist/agent/console.h"
 #include "dist/agent/rendezvous.h"
+#include "dist/agent/signal_origin.h"
 #include "dist/rendezvous/errors.h"
 #include "etcd_store.h"
 #include "failure_report.h"
@@ -111,6 +112,7 @@ struct RendezvousFailed {  // a rendezvous step could not be done
 struct SignalReceived {
   int signal = 0;
   pid_t sender = 0;
+  int code = 0;  // si_code
 };
 }  // namespace event
 
@@ -184,7 +186,8 @@ class Agent {
       case State::kRunning:
         return start_workers();
       case State::kStopping:
-        return group_->stop(stop_signal_);  // continues on GroupStopped
+        group_->stop(stop_signal_, std::exchange(signal_already_sent_, false));
+        return;  // continues on GroupStopped
       case State::kExitBarrier:
         return launch(exit_barrier(), [](bool everyone) { return event::BarrierDone{everyone}; });
       case State::kRoundEnded:  // elastic: the job's one verdict, whichever node asks first
@@ -280,7 +283,7 @@ class Agent {
                      if (state_ == State::kExit) finish();
                    },
                    [&](event::RendezvousFailed& f) { on_rendezvous_failed(f); },
-                   [&](event::SignalReceived& s) { on_signal(s.signal, s.sender); },
+                   [&](event::SignalReceived& s) { on_signal(s.signal, s.sender, s.code); },
                },
                e);
   }
@@ -380,7 +383,7 @@ class Agent {
     transition(State::kExit);
   }
 
-  void on_signal(int signal, pid_t sender) {
+  void on_signal(int signal, pid_t sender, int code) {
     if (signal == SIGCHLD) {
       if (group_) group_->reap();
       return;
@@ -390,22 +393,25 @@ class Agent {
       if (group_) group_->forward(signal);
       return;
     }
-    (void)sender;
+    // Slurm signals every process of the step itself: the workers have this one already.
+    const bool workers_have_it = sent_by_slurm_step(code, sender);
     if (state_ == State::kStopping && stop_signal_received_) {
       spdlog::warn("{} again: killing the workers now", signal_name(signal));
       return group_->stop(SIGKILL);
     }
     stop_signal_received_ = true;
     if (state_ == State::kRunning) {
-      spdlog::warn("{} received: stopping the workers (grace period {} ms)", signal_name(signal),
+      spdlog::warn("{} received{}: stopping the workers (grace period {} ms)", signal_name(signal),
+                   workers_have_it ? " from Slurm, which signalled the workers too" : "",
                    config_.shutdown_timeout.count());
+      signal_already_sent_ = workers_have_it;
       return stop(StopReason::kSignal, signal);
     }
     if (state_ == State::kStopping) {  // already stopping for another reason: leave afterwards
       spdlog::warn("{} received: leaving once the workers are stopped", signal_name(signal));
       stop_reason_ = StopReason::kSignal;
       stop_signal_ = signal;
-      return group_->stop(signal);
+      return group_->stop(signal, workers_have_it);
     }
     // No worker runs: whatever is pending (a rendezvous, a barrier, a verdict) is cancelled.
     spdlog::warn("{} received: leaving the job", signal_name(signal));
@@ -440,7 +446,7 @@ class Agent {
     }
     if (config_.writes_log_files()) spdlog::info("worker logs in {}", run_dir_->path().string());
     signals_.start([this](SignalWatcher::Received r) {
-      on(event::SignalReceived{r.signal, r.sender});
+      on(event::SignalReceived{r.signal, r.sender, r.code});
     });
     try {
       group_.emplace(
@@ -536,9 +542,13 @@ class Agent {
     options.on_retry = [](const std::string& why) { spdlog::warn("{}", why); };
     auto session =
         std::make_unique<TcpRendezvousStore>(io_.get_executor(), options, config_.run_id);
-    opening_ = session.get();  // cancelled through it while it connects
-    co_await session->open();
-    opening_ = nullptr;
+    {
+      struct Opening {  // cancelled through it while it connects, whatever ends the connect
+        TcpRendezvousStore*& slot;
+        ~Opening() { slot = nullptr; }
+      } opening{opening_ = session.get()};
+      co_await session->open();
+    }
     TcpRendezvousStore* tcp = session.get();
     // The workers share the agents' store: a new round's workers get it cleared.
     rdzv_.emplace(std::move(session), shape, timeouts, notice, [tcp]() -> Task<void> {
@@ -718,7 +728,7 @@ class Agent {
     if (finished_) return;
     finished_ = true;
     if (run_dir_) {
-      const bool keep = exit_code_ != 0 || config_.writes_log_files();
+      const bool keep = !failures_.empty() || config_.writes_log_files();
       if (const auto said = run_dir_->finish(keep); !said.empty()) spdlog::info("{}", said);
     }
     io_.stop();
@@ -816,6 +826,7 @@ class Agent {
   bool watching_ = false;  // the round's watch has not reported back yet
   bool group_stopped_ = false;
   bool stop_signal_received_ = false;
+  bool signal_already_sent_ = false;  // the stop signal reached the workers from elsewhere (Slurm)
   bool finished_ = false;
   bool shut_down_ = false;
   int restart_count_ = 0;

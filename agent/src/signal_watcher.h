@@ -19,6 +19,7 @@ class SignalWatcher {
   struct Received {
     int signal = 0;
     pid_t sender = 0;  // 0 when the kernel sent it
+    int code = 0;      // si_code: SI_USER for kill(), ...
   };
 
   SignalWatcher(boost::asio::io_context& io, const std::vector<int>& signals);

@@ -103,6 +103,8 @@ void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
   const WorkerResources& resources = resources_[static_cast<std::size_t>(w.local_rank)];
   for (const auto& [name, value] : resources.environment) variables[name] = value;
   variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
+  // The SDK's Gloo group listens there (worker_sdk/src/local_address.h).
+  if (!config_.local_addr.empty()) variables["DIST_LOCAL_ADDR"] = config_.local_addr;
   const auto env = merge_environment(base_env, variables);
   const WorkerPlacement& placement = resources.placement;
   const bool bound = placement.bind_cpus || placement.bind_memory;
@@ -188,7 +190,7 @@ WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
   return f;
 }
 
-void WorkerGroup::stop(int signal) {
+void WorkerGroup::stop(int signal, bool already_sent) {
   if (state_ == State::kStopping) {
     if (signal != 0) {
       kill_all();
@@ -202,7 +204,7 @@ void WorkerGroup::stop(int signal) {
   deadline_armed_ = false;
   leftovers_.reset();
   for (const auto& w : workers_) {
-    if (!w.exited && signal != 0) signal_group(w.pid, signal);
+    if (!w.exited && signal != 0 && !already_sent) signal_group(w.pid, signal);
   }
   if (signal == SIGKILL) leftovers_.kill();
   if (signal != 0 && signal != SIGKILL) arm_stop_deadline();

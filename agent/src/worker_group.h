@@ -69,7 +69,9 @@ class WorkerGroup {
   void start(const RoundSpec& spec);
   // Sends `signal` (0: none, just wait) to every worker's process group and SIGKILLs what is
   // left after the shutdown timeout; stopped() follows. Again while stopping: SIGKILL at once.
-  void stop(int signal);
+  // `already_sent`: the workers got `signal` from elsewhere (Slurm signals the whole step):
+  // only the shutdown timeout applies.
+  void stop(int signal, bool already_sent = false);
   // SIGUSR1/SIGUSR2 and the like: to every running worker's process group, nothing else.
   void forward(int signal);
   // Reaps every child that exited (SIGCHLD arrived).

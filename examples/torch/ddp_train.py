@@ -6,8 +6,10 @@ model trained a few steps with DistributedDataParallel, weights compared across 
 --crash-on-attempt N makes rank 1 raise on restart attempt N (torch's @record writes the error file).
 --wait-for-world N keeps a smaller world waiting after its first all-reduce (an elastic job's round
 before it scales up to N workers: the agent stops these workers then).
+Each rank prints the SHA-256 of its final weights, so runs can be compared exactly.
 """
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -60,7 +62,9 @@ def main():
     reference = flat.clone()
     dist.broadcast(reference, src=0)
     assert torch.equal(flat, reference), "replicas diverged"
-    print(f"rank {rank}/{world} attempt {attempt}: loss={loss.item():.4f} weights in sync", flush=True)
+    digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    print(f"rank {rank}/{world} attempt {attempt}: loss={loss.item():.4f} weights in sync "
+          f"sha256 {digest}", flush=True)
     if args.out:
         with open(os.path.join(args.out, f"done_{rank}"), "w") as f:
             f.write(f"{attempt}\n")

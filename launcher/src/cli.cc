@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <sstream>
@@ -335,6 +336,56 @@ bool on_path(const std::string& name) {
   return false;
 }
 
+// An empty PET_* value is an error, not a silent default: the Kubeflow training operator sets
+// PET_STANDALONE="" for `standalone: true`, which read as unset would run a different job.
+void reject_empty_environment(const CLI::App& app) {
+  for (const CLI::Option* option : app.get_options()) {
+    const std::string name = option->get_envname();
+    if (name.empty() || option->count() > 0) continue;  // the command line gave it
+    const char* value = std::getenv(name.c_str());
+    if (!value || *value) continue;
+    throw UsageError(name + " is set but empty: " +
+                     (option->get_expected_min() == 0
+                          ? "set it to 1 or 0, or unset it (for standalone: true, which the "
+                            "Kubeflow training operator passes as an empty PET_STANDALONE, give "
+                            "--standalone)"
+                          : "give it a value or unset it (" + option->get_name() + ")"));
+  }
+}
+
+// srun started several tasks on this node (--ntasks-per-node > 1): task 0 runs the node's agent,
+// which starts --nproc-per-node workers; the others leave at once, successfully, saying so. Not
+// when the command line lays the nodes out itself (--node-rank).
+bool is_extra_slurm_task(const SlurmJob& slurm, const CLI::App& app, std::ostream& err) {
+  if (slurm.local_task == 0 || app.count("--node-rank") > 0) return false;
+  err << "[dist-launch] notice: Slurm task " << slurm.local_task << " of node "
+      << (slurm.node_name.empty() ? std::to_string(slurm.node_rank) : slurm.node_name)
+      << " exits: dist-launch runs one agent per node (task 0 starts the --nproc-per-node "
+         "workers); use srun --ntasks-per-node=1\n";
+  return true;
+}
+
+void fill_from_slurm(const SlurmJob& slurm, const CLI::App& app, std::string& nnodes,
+                     int& master_port, agent::LaunchConfig& c) {
+  if (app.count("--nnodes") == 0) nnodes = std::to_string(slurm.nnodes);
+  if (app.count("--node-rank") == 0) c.node_rank = slurm.node_rank;
+  if (app.count("--master-addr") == 0) c.master_addr = slurm.master_addr;
+  if (app.count("--master-port") == 0 && slurm.nnodes > 1) master_port = slurm.master_port;
+  if (app.count("--rdzv-id") == 0) c.run_id = slurm.run_id();
+  if (app.count("--local-addr") == 0 && !slurm.node_name.empty()) c.local_addr = slurm.node_name;
+}
+
+// A static multi-node job laid out by Slurm needs one agent on every node: in the batch script (or
+// an salloc shell) only this one would run, and it would wait for the others until the timeout.
+void require_slurm_step(const SlurmJob& slurm, const CLI::App& app, const agent::LaunchConfig& c) {
+  if (slurm.in_step() || c.elastic || c.max_nodes < 2 || app.count("--node-rank") > 0) return;
+  throw UsageError("Slurm job " + slurm.job_id + " has " + std::to_string(c.max_nodes) +
+                   " nodes but dist-launch runs outside a job step (no SLURM_STEP_ID: the batch "
+                   "script or an salloc shell), so the other nodes would never join; start one "
+                   "agent per node with `srun --ntasks-per-node=1 dist-launch ...`, give --nnodes "
+                   "1 to run on this node only, or --node-rank when you start the others yourself");
+}
+
 std::string random_run_id() {
   std::random_device rd;
   std::ostringstream out;
@@ -481,13 +532,12 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     if (script_and_args.empty()) {
       throw UsageError("no training script given (dist-launch [options] SCRIPT [args...])");
     }
-    // Inside Slurm, what the command line leaves out comes from the allocation.
-    if (auto slurm = slurm_job_from_environment()) {
-      if (app.count("--nnodes") == 0) nnodes = std::to_string(slurm->nnodes);
-      if (app.count("--node-rank") == 0) c.node_rank = slurm->node_rank;
-      if (app.count("--master-addr") == 0) c.master_addr = slurm->master_addr;
-      if (app.count("--master-port") == 0 && slurm->nnodes > 1) master_port = slurm->master_port;
-      if (app.count("--rdzv-id") == 0) c.run_id = "slurm-" + slurm->job_id;
+    reject_empty_environment(app);
+    // Inside Slurm, what the command line leaves out comes from the job step.
+    const auto slurm = standalone ? std::nullopt : slurm_job_from_environment();
+    if (slurm) {
+      if (is_extra_slurm_task(*slurm, app, err)) return {true, kExitOk, {}};
+      fill_from_slurm(*slurm, app, nnodes, master_port, c);
     }
     parse_nnodes(nnodes, c);
     if (!devices.empty()) c.devices.devices = parse_devices(devices);
@@ -507,6 +557,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     choose_rendezvous(app.count("--rdzv-backend") > 0 || std::getenv("PET_RDZV_BACKEND"),
                       rdzv_endpoint, nnodes, standalone,
                       app.count("--node-rank") > 0 || std::getenv("PET_NODE_RANK"), err, c);
+    if (slurm) require_slurm_step(*slurm, app, c);
     if (standalone) {
       c.master_addr = "127.0.0.1";
       c.master_port.reset();

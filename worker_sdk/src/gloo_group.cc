@@ -1,10 +1,5 @@
-// The Gloo backend: a gloo::rendezvous::Store over our store client, a TCP device on the interface
-// that reaches MASTER_ADDR, and the collectives on the group's communication thread.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// The Gloo backend: a gloo::rendezvous::Store over our store client, a TCP device on the address
+// the other hosts reach (local_address.h), and the collectives on the group's communication thread.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -23,6 +18,7 @@
 #include <vector>
 
 #include "dist/sdk/process_group.h"
+#include "local_address.h"
 
 namespace dist::sdk {
 namespace {
@@ -56,25 +52,29 @@ class StoreAdapter : public gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
-// The local address of the interface that routes to `destination` (no packet is sent).
-std::string address_towards(const std::string& destination) {
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(9);
-  std::string result = "127.0.0.1";
-  if (fd >= 0 && ::inet_pton(AF_INET, destination.c_str(), &to.sin_addr) == 1 &&
-      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) {
-    sockaddr_in local{};
-    socklen_t len = sizeof local;
-    char text[INET_ADDRSTRLEN] = {};
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-        ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text)) {
-      result = text;
-    }
+// A rank listening on a loopback address cannot be reached from another host. When some ranks
+// chose one and others did not, the group spans hosts and would hang until its timeout: say so
+// at once, on every rank. Four plain store requests per rank (PyTorch's TCPStore has them too).
+void check_reachable(rendezvous::StoreClient& store, const std::string& prefix, int rank, int size,
+                     const std::string& address, std::chrono::milliseconds timeout) {
+  const bool loopback = detail::is_loopback(address);
+  store.add(prefix + "/loopback_ranks", loopback ? 1 : 0);
+  if (store.add(prefix + "/addresses_chosen", 1) == size) store.set(prefix + "/all_chosen", "1");
+  store.wait({prefix + "/all_chosen"}, timeout);
+  const std::int64_t on_loopback = store.add(prefix + "/loopback_ranks", 0);
+  if (on_loopback == 0 || on_loopback == size) return;
+  const std::string counts = std::to_string(on_loopback) + " of " + std::to_string(size) +
+                             " ranks listen on a loopback address and the others do not";
+  if (loopback) {
+    throw CollectiveError("rank " + std::to_string(rank) + " would listen on " + address +
+                          ", a loopback address the other hosts cannot reach (" + counts +
+                          "): this host's /etc/hosts may map MASTER_ADDR or its own name to "
+                          "127.0.1.1; set GLOO_SOCKET_IFNAME to the interface the other hosts "
+                          "reach, or DIST_LOCAL_ADDR (dist-launch --local-addr)");
   }
-  if (fd >= 0) ::close(fd);
-  return result;
+  throw CollectiveError("rank " + std::to_string(rank) + " (" + address +
+                        ") cannot form the group: " + counts +
+                        ", so they cannot be reached from here; see their error");
 }
 
 // Calls f(T{}) with T the element type of `type`.
@@ -399,9 +399,9 @@ std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int
                                 std::to_string(size));
   }
   gloo::transport::tcp::attr attr;
-  attr.hostname =
-      options.local_address.empty() ? address_towards(options.route_to) : options.local_address;
+  attr.hostname = detail::choose_local_address(options.local_address, options.route_to);
   try {
+    check_reachable(store, options.key_prefix, rank, size, attr.hostname, options.timeout);
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options.timeout);

@@ -165,8 +165,11 @@ class ProcessGroup {
 };
 
 struct GlooOptions {
-  // Address of this host's interface for Gloo's connections; empty: the one that reaches
-  // `route_to` (MASTER_ADDR).
+  // Address this rank listens on for Gloo's connections (the other ranks connect to it). Empty:
+  // the address of GLOO_SOCKET_IFNAME's interface when set, else DIST_LOCAL_ADDR (dist-launch's
+  // --local-addr) unless it is a loopback address while `route_to` is not, else the local address
+  // of the route to `route_to` (MASTER_ADDR: a name, IPv4 or IPv6). Never a silent loopback
+  // fallback: make_gloo_group throws CollectiveError saying what to set.
   std::string local_address;
   std::string route_to = "127.0.0.1";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // connecting and each collective

@@ -1,0 +1,86 @@
+"""A PyTorch gloo DDP job (examples/torch/ddp_train.py, Debian's torch 1.13) on three hosts known by
+name ends with the same weights as the same job on one host. The master's host maps its own name to
+127.0.1.1, as Debian does; the commands hold names and an interface name, never an address.
+
+    python3 torch_named_hosts_test.py --launcher build/bin/dist-launch --named-hosts named-hosts.sh
+Exits 77 (skip) when that interpreter has no torch, or named hosts cannot be made here.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from named_hosts import SKIP, NamedHosts, unavailable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch", "ddp_train.py")
+HOSTS = ["node-a", "node-b", "node-c"]
+STORE_PORT = "29500"  # the hosts are fresh network namespaces: nothing else holds a port there
+JOB_TIMEOUT_S = 300
+ARGS = None
+
+
+def digests(output):
+    return set(re.findall(r"weights in sync sha256 ([0-9a-f]{64})", output))
+
+
+class TorchOnNamedHosts(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="dist-named-torch-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        self.hosts = NamedHosts(ARGS.named_hosts, HOSTS, loopback_self="node-a")
+        self.addCleanup(self.hosts.close)
+        # torch's gloo device binds the address of the host's name, which is 127.0.1.1 on node-a:
+        # name the interface instead (as on any Debian machine).
+        self.env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="eth0")
+
+    def run_nodes(self, commands):
+        """Starts (host, argv) pairs at once; their exit codes and outputs."""
+        logs = [os.path.join(self.dir, f"{i}.log") for i in range(len(commands))]
+        procs = [self.hosts.start(host, argv, env=self.env, log=log)
+                 for (host, argv), log in zip(commands, logs)]
+        codes = [p.wait(timeout=JOB_TIMEOUT_S) for p in procs]
+        outputs = []
+        for log in logs:
+            with open(log) as f:
+                outputs.append(f.read())
+        return codes, outputs
+
+    def test_three_hosts_end_with_the_weights_of_one_host(self):
+        three = [(host, [ARGS.launcher, "--nnodes", "3", "--node-rank", str(rank),
+                         "--master-addr", "node-a", "--master-port", STORE_PORT,
+                         "--nproc-per-node", "1", EXAMPLE])
+                 for rank, host in enumerate(HOSTS)]
+        codes, outputs = self.run_nodes(three)
+        self.assertEqual(codes, [0, 0, 0], "\n".join(outputs))
+        for rank, out in enumerate(outputs):
+            self.assertIn(f"rank {rank}/3 attempt 0: process group up", out)
+        spread = set().union(*(digests(out) for out in outputs))
+        self.assertEqual(len(spread), 1, "\n".join(outputs))
+
+        codes, outputs = self.run_nodes(
+            [("node-b", [ARGS.launcher, "--nproc-per-node", "3", EXAMPLE])])
+        self.assertEqual(codes, [0], outputs[0])
+        self.assertEqual(digests(outputs[0]), spread, outputs[0])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launcher", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--named-hosts", required=True)
+    ARGS, rest = parser.parse_known_args()
+    ARGS.launcher = os.path.abspath(ARGS.launcher)
+    probe = subprocess.run([ARGS.python, "-c", "import torch"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        print(f"skipping: {ARGS.python} has no torch", file=sys.stderr)
+        sys.exit(SKIP)
+    why = unavailable(ARGS.named_hosts)
+    if why:
+        print(f"skipping: {why}", file=sys.stderr)
+        sys.exit(SKIP)
+    unittest.main(argv=[sys.argv[0], *rest])

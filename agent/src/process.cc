@@ -40,7 +40,8 @@ struct ChildFailure {
 
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void exec_child(char* const* argv, char* const* envp, pid_t parent, Pipe out, Pipe err,
-                             Pipe status, const WorkerPlacement* placement) {
+                             Pipe status, const WorkerPlacement* placement,
+                             const std::vector<int>& inherited) {
   // Signals arrive blocked (see spawn_worker): the agent's handlers are replaced by the defaults
   // before any can run here. Run in this process, the agent's handler would write the signal into
   // the agent's own signal pipe, and the agent would take its worker's SIGTERM for its own.
@@ -63,6 +64,7 @@ struct ChildFailure {
   ::dup2(err.write, STDERR_FILENO);
   const int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  for (const int fd : inherited) ::fcntl(fd, F_SETFD, 0);
   ::execvpe(argv[0], argv, envp);
   report_and_exit(status, {ChildFailure::kExec, errno});
 }
@@ -70,7 +72,8 @@ struct ChildFailure {
 }  // namespace
 
 SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& env, const WorkerPlacement* placement) {
+                            const std::vector<std::string>& env, const WorkerPlacement* placement,
+                            const std::vector<int>& inherited) {
   std::vector<char*> c_argv, c_env;
   for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
   c_argv.push_back(nullptr);
@@ -91,7 +94,9 @@ SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
       ::close(fd);
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
   }
-  if (pid == 0) exec_child(c_argv.data(), c_env.data(), parent, out, err, status, placement);
+  if (pid == 0) {
+    exec_child(c_argv.data(), c_env.data(), parent, out, err, status, placement, inherited);
+  }
 
   ::setpgid(pid, pid);  // also from the parent, so signal_group works before the child runs
   ::close(out.write);

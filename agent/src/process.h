@@ -21,10 +21,12 @@ struct SpawnedProcess {
 // so that it dies with this process (checked against a parent that died before the flag took
 // effect), bound to `placement`'s CPUs and memory nodes when given. Throws std::runtime_error with
 // a one-line reason if the process cannot start (the executable missing, or the binding refused:
-// the child reports the failed call's errno through a close-on-exec pipe).
+// the child reports the failed call's errno through a close-on-exec pipe). `inherited`: descriptors
+// (close-on-exec here) that this worker alone keeps across exec.
 SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
                             const std::vector<std::string>& env,
-                            const WorkerPlacement* placement = nullptr);
+                            const WorkerPlacement* placement = nullptr,
+                            const std::vector<int>& inherited = {});
 
 // Sends `signal` to the worker's whole process group (its children included).
 void signal_group(pid_t pid, int signal);

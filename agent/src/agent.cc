@@ -43,6 +43,7 @@
 #include "signal_watcher.h"
 #include "store_host.h"
 #include "tcp_store.h"
+#include "telemetry.h"
 #include "worker_group.h"
 
 namespace dist::agent {
@@ -155,6 +156,7 @@ class Agent {
     kFailed,
     kExit
   };
+  static_assert(kAgentStateNames.size() == static_cast<std::size_t>(State::kExit) + 1);
   // Why the group is being stopped: decides where STOPPING leads once every worker is gone.
   // kRoundEnded: elsewhere (a failure on another node, a lost node, a node waiting to join).
   enum class StopReason {
@@ -177,6 +179,7 @@ class Agent {
 
   void transition(State next) {
     state_ = next;
+    if (telemetry_) telemetry_->state(kAgentStateNames[static_cast<std::size_t>(next)]);
     switch (next) {
       case State::kInit:
         return;
@@ -195,6 +198,7 @@ class Agent {
                       [](Verdict v) { return event::VerdictReached{std::move(v)}; });
       case State::kRestarting:
         if (!config_.elastic) ++restart_count_;  // elastic: the verdict counted it, job-wide
+        telemetry_->restarting(restart_count_);
         spdlog::warn("restarting the worker group (restart {} of {})", restart_count_,
                      config_.max_restarts);
         failures_.clear();
@@ -235,6 +239,7 @@ class Agent {
                      assignment_ = std::move(j.assignment);
                      joined_ = true;
                      restart_count_ = assignment_.restarts;
+                     telemetry_->round_joined(assignment_);
                      spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}",
                                   assignment_.round, assignment_.node_rank, assignment_.num_nodes,
                                   assignment_.rank_offset,
@@ -329,9 +334,11 @@ class Agent {
         break;
       case WatchResult::kNodeLost:
         spdlog::error("node {}'s agent is gone (its connection to the store closed)", r.node);
+        telemetry_->node_lost(assignment_.round, r.node);
         break;
       case WatchResult::kNewcomer:
         spdlog::info("a new node is waiting to join: stopping the workers for a new round");
+        telemetry_->node_joined(assignment_.round);
         break;
       case WatchResult::kStopped:
         return;
@@ -341,6 +348,7 @@ class Agent {
 
   void on_verdict(const Verdict& v) {
     if (state_ != State::kRoundEnded) return;
+    telemetry_->verdict(assignment_.round, v);
     switch (v.action) {
       case Verdict::kRestart:
         restart_count_ = v.restarts;
@@ -449,12 +457,16 @@ class Agent {
       on(event::SignalReceived{r.signal, r.sender, r.code});
     });
     try {
+      telemetry_.emplace(io_, config_, host_);  // the event log, metrics and health check
+      telemetry_->job_started();
       group_.emplace(
-          io_, config_, *run_dir_, agent_id_, janitor_, console_,
+          io_, config_, *run_dir_, agent_id_, janitor_, console_, *telemetry_,
           WorkerGroup::Events{
               [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
               [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
-    } catch (const std::exception& e) {  // devices or placement this node cannot give
+      telemetry_->set_progress_source(
+          [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
+    } catch (const std::exception& e) {  // devices, placement, ports or files this node cannot give
       spdlog::error("{}", e.what());
       exit_code_ = kExitAgentError;
       return transition(State::kExit);
@@ -727,11 +739,22 @@ class Agent {
   void finish() {
     if (finished_) return;
     finished_ = true;
+    record_job_end();
     if (run_dir_) {
       const bool keep = !failures_.empty() || config_.writes_log_files();
       if (const auto said = run_dir_->finish(keep); !said.empty()) spdlog::info("{}", said);
     }
     io_.stop();
+  }
+
+  void record_job_end() {
+    if (!telemetry_) return;
+    if (exit_code_ == 0) return telemetry_->job_ended(0, "succeeded", "");
+    if (stop_reason_ == StopReason::kSignal) {
+      return telemetry_->job_ended(exit_code_, "stopped",
+                                   "stopped by " + signal_name(stop_signal_));
+    }
+    telemetry_->job_ended(exit_code_, "failed", failure_summary());
   }
 
   // Cancels and releases everything, then lets the cancelled coroutines unwind while the objects
@@ -815,6 +838,7 @@ class Agent {
   std::optional<StoreHost> store_host_;    // the job's store, when this agent hosts it
   std::optional<StoreHost> worker_store_;  // etcd: this round's store for the workers
   std::uint16_t store_port_ = 0;
+  std::optional<Telemetry> telemetry_;  // from prepare() on
   std::optional<WorkerGroup> group_;
   std::optional<NodeRendezvous> rdzv_;     // several nodes only
   TcpRendezvousStore* opening_ = nullptr;  // the session being connected

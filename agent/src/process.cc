@@ -43,7 +43,8 @@ struct ChildFailure {
 // In the child, between fork and exec: only async-signal-safe calls.
 [[noreturn]] void exec_child(const char* executable, char* const* argv, char* const* envp,
                              const int* signals_to_reset, std::size_t signal_count, pid_t parent,
-                             Pipe out, Pipe err, Pipe status, const WorkerPlacement* placement) {
+                             Pipe out, Pipe err, Pipe status, const WorkerPlacement* placement,
+                             const std::vector<int>& inherited) {
   // Signals arrive blocked (see start_process): the agent's dispositions are put back to the
   // defaults before any can arrive here. (A handler run in this process would act for the agent.)
   for (std::size_t i = 0; i < signal_count; ++i) ::signal(signals_to_reset[i], SIG_DFL);
@@ -65,6 +66,7 @@ struct ChildFailure {
   ::dup2(err.write, STDERR_FILENO);
   const int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+  for (const int fd : inherited) ::fcntl(fd, F_SETFD, 0);
   ::execve(executable, argv, envp);
   // A script without "#!" (ENOEXEC), or a name not found on PATH: as execvp does it.
   if (errno == ENOEXEC || errno == ENOENT) ::execvpe(argv[0], argv, envp);
@@ -103,8 +105,8 @@ SpawnPlan plan_spawn(const std::string& program, const std::string& path_variabl
 }
 
 SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::string>& argv,
-                             const std::vector<std::string>& env,
-                             const WorkerPlacement* placement) {
+                             const std::vector<std::string>& env, const WorkerPlacement* placement,
+                             const std::vector<int>& inherited) {
   std::vector<char*> c_argv, c_env;
   for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
   c_argv.push_back(nullptr);
@@ -127,7 +129,7 @@ SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::strin
   }
   if (pid == 0) {
     exec_child(plan.executable.c_str(), c_argv.data(), c_env.data(), plan.signals_to_reset.data(),
-               plan.signals_to_reset.size(), parent, out, err, status, placement);
+               plan.signals_to_reset.size(), parent, out, err, status, placement, inherited);
   }
   ::setpgid(pid, pid);  // also from the parent, so signal_group works before the child runs
   ::close(out.write);

@@ -32,11 +32,13 @@ SpawnPlan plan_spawn(const std::string& program, const std::string& path_variabl
 // fork + exec `argv` (argv[0] run as plan.executable) with exactly `env`, in a new process group
 // of its own, with PR_SET_PDEATHSIG so that it dies with this process (checked against a parent
 // that died before the flag took effect), bound to `placement`'s CPUs and memory nodes when given.
+// `inherited`: descriptors (close-on-exec here) that this child alone keeps across exec.
 // Returns at once: a group's children exec side by side. Throws std::runtime_error when the
 // process cannot be forked.
 SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::string>& argv,
                              const std::vector<std::string>& env,
-                             const WorkerPlacement* placement = nullptr);
+                             const WorkerPlacement* placement = nullptr,
+                             const std::vector<int>& inherited = {});
 
 // Waits until the child's exec worked. Throws std::runtime_error with a one-line reason when it
 // did not (the executable missing, or the binding refused: the child reports the failed call's

@@ -37,7 +37,7 @@ std::vector<std::string> current_environment() {
 
 WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config,
                          const RunDirectory& dir, const AgentId& agent_id, Janitor* janitor,
-                         std::shared_ptr<Console> console, Events events)
+                         std::shared_ptr<Console> console, Telemetry& telemetry, Events events)
     : io_(io),
       config_(config),
       dir_(dir),
@@ -46,6 +46,8 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       leftovers_(agent_id.id(), janitor ? janitor->pid() : -1),
       console_(std::move(console)),
       events_(std::move(events)),
+      telemetry_(telemetry),
+      watchdogs_(io, config.watchdogs, telemetry),
       resources_(plan_worker_resources(config)),
       kill_timer_(io),
       drain_timer_(io) {}
@@ -128,6 +130,8 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const RoundSpec& spec, const SpawnP
   variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
   // The SDK's Gloo group listens there (worker_sdk/src/local_address.h).
   if (!config_.local_addr.empty()) variables["DIST_LOCAL_ADDR"] = config_.local_addr;
+  std::vector<int> inherited;  // the watchdogs' channels
+  watchdogs_.prepare(w.local_rank, variables, inherited);
   const auto env = merge_environment(base_env, variables);
   const WorkerPlacement& placement = resources.placement;
   const bool bound = placement.bind_cpus || placement.bind_memory;
@@ -135,13 +139,16 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const RoundSpec& spec, const SpawnP
   SpawnedProcess p;
   try {
     p = start_process(plan, substitute_local_rank(config_.worker_argv, w.local_rank), env,
-                      bound ? &placement : nullptr);
+                      bound ? &placement : nullptr, inherited);
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
                              std::to_string(w.local_rank) + "): " + e.what());
   }
   w.pid = p.pid;
   if (janitor_) janitor_->track(p.pid);  // the worker's process group
+  const WorkerRef ref{spec.round, w.rank, w.local_rank, p.pid};
+  watchdogs_.started(ref);
+  telemetry_.worker_started(ref);
   return p;
 }
 
@@ -190,9 +197,12 @@ void WorkerGroup::reap() {
       w.exited = true;
       if (janitor_) janitor_->untrack(pid);  // its group's id may be reused from now on
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-      if (state_ == State::kRunning && code != 0) {
-        failures.push_back(failure_of(w, code, reaped_at));
-      }
+      const std::string watchdog_reason = watchdogs_.reason(w.local_rank);
+      watchdogs_.exited(w.local_rank);
+      const bool failed = state_ == State::kRunning && (code != 0 || !watchdog_reason.empty());
+      if (failed) failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
+      telemetry_.worker_exited({spec_.round, w.rank, w.local_rank, w.pid}, code, failed,
+                               watchdog_reason);
     }
   }
   if (state_ == State::kStopping) return maybe_stopped();
@@ -202,7 +212,8 @@ void WorkerGroup::reap() {
 }
 
 WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
-                                      std::chrono::system_clock::time_point when) const {
+                                      std::chrono::system_clock::time_point when,
+                                      const std::string& watchdog_reason) const {
   WorkerFailure f;
   f.time = when;  // the error file's own timestamp, when there is one, is more precise
   f.host = spec_.host_label;
@@ -213,8 +224,12 @@ WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
   f.error_file = (dir_.attempt(spec_.round, w.local_rank) / "error.json").string();
   read_error_file(f);
   if (!fs::exists(f.error_file)) f.error_file.clear();
-  spdlog::error("worker {} (local rank {}, pid {}) failed: {}", w.rank, w.local_rank, f.pid,
-                code < 0 ? signal_name(-code) : "exit code " + std::to_string(code));
+  if (!watchdog_reason.empty()) {  // the kill is the cause; what the worker wrote comes after
+    f.message = f.message.empty() ? watchdog_reason : watchdog_reason + "; " + f.message;
+  }
+  spdlog::error("worker {} (local rank {}, pid {}) failed: {}{}", w.rank, w.local_rank, f.pid,
+                code < 0 ? signal_name(-code) : "exit code " + std::to_string(code),
+                watchdog_reason.empty() ? "" : ", " + watchdog_reason);
   return f;
 }
 
@@ -228,6 +243,7 @@ void WorkerGroup::stop(int signal, bool already_sent) {
     return;
   }
   state_ = State::kStopping;
+  watchdogs_.stopping();
   draining_ = false;
   deadline_armed_ = false;
   leftovers_.reset();

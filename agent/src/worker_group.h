@@ -10,6 +10,8 @@
 // Stopping covers what the workers started too (leftovers.h): the agent is a subreaper, every
 // process of the job carries its id, and a janitor kills them all if the agent itself is killed.
 // The destructor SIGKILLs and reaps whatever is left: no worker outlives the group.
+// Hung workers (worker_watchdogs.h) are killed by their watchdog; their exit fails the round, even
+// with code 0, and the report says which watchdog fired. Each start and exit goes to the telemetry.
 #pragma once
 
 #include <sys/types.h>
@@ -32,6 +34,8 @@
 #include "log_pump.h"
 #include "process.h"
 #include "run_directory.h"
+#include "telemetry.h"
+#include "worker_watchdogs.h"
 
 namespace dist::agent {
 
@@ -57,10 +61,11 @@ class WorkerGroup {
   };
 
   // `janitor` may be null (it could not start). Plans each local rank's device and placement
-  // (throws DeviceError / PlacementError with a message for the user).
+  // (throws DeviceError / PlacementError with a message for the user), and starts the watchdogs
+  // (std::runtime_error: the file timer pipe cannot be served).
   WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config, const RunDirectory& dir,
               const AgentId& agent_id, Janitor* janitor, std::shared_ptr<Console> console,
-              Events events);
+              Telemetry& telemetry, Events events);
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -79,6 +84,8 @@ class WorkerGroup {
   void reap();
 
   bool running() const { return state_ == State::kRunning; }
+  // The running workers' heartbeats (for the metrics and the health check).
+  std::vector<WorkerProgress> progress() const { return watchdogs_.progress(); }
   // The log files given up on so far (a full disk, an I/O error): they miss output.
   const std::vector<LogFileError>& incomplete_logs() const { return incomplete_logs_; }
 
@@ -97,8 +104,8 @@ class WorkerGroup {
   void attach_output(Worker& w, const SpawnedProcess& p);
   void pump(Worker& w, int pipe_fd, ConsoleStream stream, bool redirected,
             const std::filesystem::path& file);
-  WorkerFailure failure_of(const Worker& w, int code,
-                           std::chrono::system_clock::time_point when) const;
+  WorkerFailure failure_of(const Worker& w, int code, std::chrono::system_clock::time_point when,
+                           const std::string& watchdog_reason) const;
   bool all_exited() const;
   void maybe_stopped();
   void kill_all();
@@ -112,6 +119,8 @@ class WorkerGroup {
   Leftovers leftovers_;
   std::shared_ptr<Console> console_;
   Events events_;
+  Telemetry& telemetry_;
+  WorkerWatchdogs watchdogs_;
   State state_ = State::kIdle;
   RoundSpec spec_;
   std::vector<WorkerResources> resources_;  // by local rank

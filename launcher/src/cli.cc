@@ -20,6 +20,7 @@
 #include "dist/agent/signals.h"
 #include "dist/agent/worker_resources.h"
 #include "dist/launcher/slurm.h"
+#include "dist/launcher/torchelastic_env.h"
 
 namespace dist::launcher {
 namespace {
@@ -506,6 +507,19 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       "NUMA node (without GPUs: by local rank over the NUMA nodes)");
   opt("--cpu-bind,--cpu_bind", cpu_bind, "CPU_BIND",
       "core (each worker its own cores), none, or one CPU list per local rank: '0-3;4-7'");
+  // Watchdogs and telemetry (agent/src/worker_watchdogs.h, telemetry.h).
+  double heartbeat_timeout_s = 0;
+  int metrics_port = -1;
+  opt("--worker-heartbeat-timeout", heartbeat_timeout_s, "WORKER_HEARTBEAT_TIMEOUT",
+      "Seconds a worker that called dist::sdk::heartbeat() may stay silent before it is killed as "
+      "hung and the group restarts (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  opt("--event-log", c.telemetry.event_log, "EVENT_LOG",
+      "Append the job's events to this file, one JSON object per line");
+  opt("--metrics-port", metrics_port, "METRICS_PORT",
+      "Serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, logged)")
+      ->check(CLI::Range(0, 65535));
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
   try {
@@ -554,6 +568,10 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     c.exit_barrier_timeout =
         std::chrono::milliseconds(static_cast<long long>(exit_barrier_timeout_s * 1000));
     parse_rdzv_conf(rdzv_conf, c);
+    read_torchelastic_environment(c.watchdogs);
+    c.watchdogs.worker_heartbeat_timeout =
+        std::chrono::milliseconds(static_cast<long long>(heartbeat_timeout_s * 1000));
+    if (metrics_port >= 0) c.telemetry.metrics_port = static_cast<std::uint16_t>(metrics_port);
     choose_rendezvous(app.count("--rdzv-backend") > 0 || std::getenv("PET_RDZV_BACKEND"),
                       rdzv_endpoint, nnodes, standalone,
                       app.count("--node-rank") > 0 || std::getenv("PET_NODE_RANK"), err, c);
@@ -610,7 +628,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   } catch (const UsageError& e) {
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
-  } catch (const std::invalid_argument& e) {  // a malformed SLURM_* variable
+  } catch (const std::invalid_argument& e) {  // a malformed SLURM_* or TORCHELASTIC_* variable
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
   }

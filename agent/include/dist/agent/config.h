@@ -37,6 +37,20 @@ struct PlacementOptions {
   bool binds() const { return numa_binding != NumaBinding::kNone || cpu_bind != CpuBind::kNone; }
 };
 
+// Hang watchdogs (agent/src/worker_watchdogs.h) and torch's health check.
+struct WatchdogOptions {
+  bool file_timer = false;  // TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's file timer pipe
+  std::string timer_file;   // TORCHELASTIC_TIMER_FILE: its path (empty: a fresh one in TMPDIR)
+  std::chrono::milliseconds worker_heartbeat_timeout{0};  // --worker-heartbeat-timeout; 0: off
+  std::optional<std::uint16_t> health_check_port;  // TORCHELASTIC_HEALTH_CHECK_PORT (0: a free one)
+};
+
+// What the agent tells the outside (agent/src/telemetry.h).
+struct TelemetryOptions {
+  std::string event_log;                      // --event-log: JSON lines appended to this file
+  std::optional<std::uint16_t> metrics_port;  // --metrics-port: Prometheus text (0: a free one)
+};
+
 struct LaunchConfig {
   // Nodes and workers.
   int min_nodes = 1;
@@ -104,6 +118,9 @@ struct LaunchConfig {
 
   DeviceOptions devices;
   PlacementOptions placement;
+
+  WatchdogOptions watchdogs;
+  TelemetryOptions telemetry;
 };
 
 }  // namespace dist::agent

@@ -22,6 +22,7 @@ struct WorkerIdentity {
   int max_restarts = 0;
   std::string run_id;
   std::string error_file;
+  std::string signals_to_handle;  // TORCHELASTIC_SIGNALS_TO_HANDLE; empty: not set
 };
 
 // torchrun's variables for one worker. OMP_NUM_THREADS=1 is added when `default_omp_threads`.

@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -26,6 +27,7 @@
 #include "dist/agent/console.h"
 #include "dist/agent/worker_failure.h"
 #include "dist/agent/worker_resources.h"
+#include "duplicate_log.h"
 #include "janitor.h"
 #include "job_processes.h"
 #include "leftovers.h"
@@ -92,7 +94,7 @@ class WorkerGroup {
   enum class State { kIdle, kRunning, kStopping };
 
   void spawn(Worker& w, const RoundSpec& spec, const std::vector<std::string>& base_env);
-  void pump(Worker& w, int pipe_fd, ConsoleStream stream, bool redirected,
+  void pump(Worker& w, int pipe_fd, ConsoleStream stream, const std::string& prefix,
             const std::filesystem::path& file);
   WorkerFailure failure_of(const Worker& w, int code,
                            std::chrono::system_clock::time_point when) const;
@@ -112,8 +114,11 @@ class WorkerGroup {
   State state_ = State::kIdle;
   RoundSpec spec_;
   std::vector<WorkerResources> resources_;  // by local rank
+  std::string hostname_;                    // ${hostname} in the prefix template
   std::vector<Worker> workers_;
   std::vector<std::shared_ptr<LogPump>> pumps_;
+  // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
+  std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
   std::vector<LogFileError> incomplete_logs_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;

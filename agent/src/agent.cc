@@ -210,7 +210,11 @@ class Agent {
         }
         return transition(State::kRendezvous);
       case State::kSucceeded:
-        spdlog::info("all {} workers of this node succeeded", config_.nproc_per_node);
+        if (config_.nproc_per_node == 1) {
+          spdlog::info("the worker of this node succeeded");
+        } else {
+          spdlog::info("all {} workers of this node succeeded", config_.nproc_per_node);
+        }
         exit_code_ = 0;
         return transition(State::kExit);
       case State::kFailed:
@@ -519,6 +523,7 @@ class Agent {
         options.keepalive = liveness();
         try {
           store_host_.emplace(io_, "", store_port_, options);
+          store_port_ = store_host_->port();  // port 0: the free one it got
           spdlog::info("hosting the rendezvous store for {}:{} on {}", config_.master_addr,
                        store_port_, store_host_->bound_address());
         } catch (const rendezvous::StoreError& e) {
@@ -531,6 +536,12 @@ class Agent {
                         store_port_);
         }
       }
+    }
+    if (store_port_ == 0 && !store_host_ && !etcd()) {
+      throw RendezvousError("--rdzv-endpoint " + config_.master_addr +
+                            ":0 asks for a free port, which only the agent that hosts the store "
+                            "can pick, and this one does not host it (the endpoint is not this "
+                            "machine, or is_host=0): give the store's real port");
     }
     RendezvousTimeouts timeouts;
     timeouts.rdzv = config_.rdzv_timeout;

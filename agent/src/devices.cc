@@ -271,7 +271,56 @@ std::optional<Accelerators> from_kfd(const DeviceDiscovery& where,
   return found;
 }
 
+bool is_intel_gpu(const fs::path& device) {
+  std::string vendor, device_class;
+  std::ifstream(device / "vendor") >> vendor;
+  std::ifstream(device / "class") >> device_class;
+  if (vendor != "0x8086" || !device_class.starts_with("0x03")) return false;  // display
+  std::error_code ec;
+  const std::string driver = fs::read_symlink(device / "driver", ec).filename().string();
+  return !ec && (driver == "i915" || driver == "xe");
+}
+
 }  // namespace
+
+Accelerators discover_intel_gpus(const DeviceDiscovery& where) {
+  std::vector<fs::path> gpus;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(where.pci_devices, ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (is_intel_gpu(it->path())) gpus.push_back(it->path());
+  }
+  std::sort(gpus.begin(), gpus.end());  // PCI order, as Level Zero numbers them
+  Accelerators found;
+  if (gpus.empty()) {
+    found.source =
+        "no Intel GPU found (no display device of vendor 0x8086 bound to i915 or xe in " +
+        where.pci_devices.string() + ")";
+    return found;
+  }
+  found.kind = AcceleratorKind::kXpu;
+  std::set<int> visible;
+  if (const auto mask = lookup(where, "ZE_AFFINITY_MASK")) {
+    std::stringstream items(*mask);
+    for (std::string item; std::getline(items, item, ',');) {
+      const auto index = parse_index(trim(item.substr(0, item.find('.'))));  // "0.1": a tile
+      if (index && *index < static_cast<int>(gpus.size())) visible.insert(*index);
+    }
+  } else {
+    for (int i = 0; i < static_cast<int>(gpus.size()); ++i) visible.insert(i);
+  }
+  for (const int i : visible) {
+    found.ids.push_back(std::to_string(i));
+    std::ifstream in(gpus[static_cast<std::size_t>(i)] / "numa_node");
+    int node = -1;
+    if (!(in >> node)) node = -1;
+    found.numa_nodes.push_back(node);
+  }
+  found.source = "PCI: " + std::to_string(gpus.size()) + " Intel GPU(s), " +
+                 std::to_string(found.count()) + " visible" +
+                 describe_variable(where, "ZE_AFFINITY_MASK");
+  return found;
+}
 
 std::vector<std::string> cuda_visible_devices(const std::optional<std::string>& variable,
                                               int physical) {

@@ -5,7 +5,7 @@
 namespace dist::agent {
 namespace {
 
-constexpr std::string_view kKnownVariables = "${role_name}, ${rank} or ${local_rank}";
+constexpr std::string_view kKnownVariables = "${role_name}, ${rank}, ${local_rank} or ${hostname}";
 
 bool identifier_char(char c, bool first) {
   const auto u = static_cast<unsigned char>(c);
@@ -23,8 +23,8 @@ std::string default_log_line_prefix(const std::string& role, int local_rank) {
   return "[" + role + std::to_string(local_rank) + "]:";
 }
 
-std::string render_log_line_prefix(std::string_view template_text, const std::string& role,
-                                   int rank, int local_rank) {
+std::string render_log_line_prefix(std::string_view template_text,
+                                   const LogLinePrefixValues& values) {
   std::string out;
   for (std::size_t i = 0; i < template_text.size(); ++i) {
     if (template_text[i] != '$') {
@@ -48,11 +48,13 @@ std::string render_log_line_prefix(std::string_view template_text, const std::st
     }
     if (!braced) --i;  // the loop's ++i moves past the name
     if (name == "role_name") {
-      out += role;
+      out += values.role_name;
     } else if (name == "rank") {
-      out += std::to_string(rank);
+      out += std::to_string(values.rank);
     } else if (name == "local_rank") {
-      out += std::to_string(local_rank);
+      out += std::to_string(values.local_rank);
+    } else if (name == "hostname") {
+      out += values.hostname;
     } else {
       fail(template_text,
            "unknown variable '" + name + "' (use " + std::string(kKnownVariables) + ")");

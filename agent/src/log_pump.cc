@@ -100,7 +100,9 @@ LogPump::LogPump(boost::asio::io_context& io, int pipe_fd, Sink sink, std::funct
     : pipe_(io, pipe_fd),
       sink_(std::move(sink)),
       on_eof_(std::move(on_eof)),
-      emit_([this](std::string_view bytes, bool starts) { to_console(bytes, starts); }) {}
+      emit_([this](std::string_view bytes, bool starts) { to_console(bytes, starts); }) {
+  if (sink_.duplicate) duplicate_.emplace(sink_.duplicate, sink_.duplicate_prefix);
+}
 
 LogPump::~LogPump() {
   if (file_fd_ >= 0) ::close(file_fd_);
@@ -125,6 +127,7 @@ void LogPump::read() {
         if (ec) return self->finish();
         const std::string_view bytes(self->buffer_.get(), n);
         self->to_file(bytes);
+        if (self->duplicate_) self->duplicate_->feed(bytes);
         if (self->sink_.console) {
           self->cutter_.feed(bytes, self->emit_);
           self->flush_batch();
@@ -171,6 +174,7 @@ void LogPump::flush_batch() {
 }
 
 void LogPump::finish() {
+  if (duplicate_) duplicate_->finish();
   if (sink_.console) {
     cutter_.finish(emit_);
     flush_batch();

@@ -29,6 +29,7 @@
 #include <string_view>
 
 #include "dist/agent/console.h"
+#include "duplicate_log.h"
 
 namespace dist::agent {
 
@@ -72,6 +73,9 @@ class LogPump : public std::enable_shared_from_this<LogPump> {
     std::string prefix;     // "[default0]:"
     std::string file_path;  // empty: no file; created (truncated) by the pump
     std::function<void(const LogFileError&)> on_file_error;  // once, when the file is given up
+    // The lines selected by --duplicate-*-filters go there too, prefixed; null: none.
+    std::shared_ptr<DuplicateLog> duplicate;
+    std::string duplicate_prefix;
   };
 
   // Takes ownership of pipe_fd; on_eof runs once the worker (and whoever inherited the pipe)
@@ -104,6 +108,7 @@ class LogPump : public std::enable_shared_from_this<LogPump> {
   std::optional<LogFileError> file_error_;
   RecordCutter cutter_;
   RecordCutter::Emit emit_;
+  std::optional<DuplicateLog::Writer> duplicate_;
   bool line_dropped_ = false;  // the console dropped this line's start: drop the rest of it
   std::string batch_;          // this read's records, prefixed
   // Not zeroed: 16 pumps of 8 workers would memset a MiB at every launch, and make it resident.

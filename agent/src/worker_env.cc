@@ -25,6 +25,9 @@ Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads)
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
   };
   if (default_omp_threads) v["OMP_NUM_THREADS"] = "1";
+  // torchrun 2.x exports it to its workers: torch's own launchers inside them (start_processes)
+  // install their handlers for these signals.
+  if (!id.signals_to_handle.empty()) v["TORCHELASTIC_SIGNALS_TO_HANDLE"] = id.signals_to_handle;
   return v;
 }
 

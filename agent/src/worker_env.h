@@ -23,6 +23,7 @@ struct WorkerIdentity {
   int max_restarts = 0;
   std::string run_id;
   std::string error_file;
+  std::string signals_to_handle;  // TORCHELASTIC_SIGNALS_TO_HANDLE; empty: not set
 };
 
 // Variables by name; looked up by string_view too.

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "dist/agent/log_line_prefix.h"
+#include "dist/agent/signals.h"
 #include "failure_report.h"
 #include "log_pump.h"
 #include "process.h"
@@ -33,6 +34,24 @@ std::vector<std::string> current_environment() {
   return env;
 }
 
+// What ${hostname} stands for in the prefix template: gethostname(), as torchrun 2.x's.
+std::string short_hostname() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun passes it on: "SIGTERM,SIGINT,...".
+std::string signal_list(const std::vector<int>& signals) {
+  std::string list;
+  for (const int s : signals) list += (list.empty() ? "" : ",") + signal_name(s);
+  return list;
+}
+
+bool selects(const StreamSelection& selection, ConsoleStream stream) {
+  return stream == ConsoleStream::kStdout ? selection.stdout_stream : selection.stderr_stream;
+}
+
 }  // namespace
 
 WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config,
@@ -49,6 +68,7 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       telemetry_(telemetry),
       watchdogs_(io, config.watchdogs, telemetry),
       resources_(plan_worker_resources(config)),
+      hostname_(short_hostname()),
       kill_timer_(io),
       drain_timer_(io) {}
 
@@ -67,6 +87,7 @@ void WorkerGroup::start(const RoundSpec& spec) {
   spec_ = spec;
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
   pumps_.clear();
+  open_duplicate_logs();
   state_ = State::kRunning;
   const std::vector<std::string> base_env = current_environment();
   const char* path = std::getenv("PATH");
@@ -103,6 +124,23 @@ void WorkerGroup::start(const RoundSpec& spec) {
   spdlog::debug("started {} workers (round {})", workers_.size(), spec.round);
 }
 
+// --duplicate-stdout-filters / --duplicate-stderr-filters: this round's filtered copies.
+void WorkerGroup::open_duplicate_logs() {
+  duplicates_ = {};
+  const auto& filters = {config_.duplicate_stdout_filters, config_.duplicate_stderr_filters};
+  const char* names[] = {"filtered_stdout.log", "filtered_stderr.log"};
+  const fs::path attempt_dir = dir_.attempt(spec_.round, 0).parent_path();
+  std::size_t i = 0;
+  for (const auto& list : filters) {
+    if (!list.empty()) {
+      std::error_code ec;
+      fs::create_directories(attempt_dir, ec);
+      duplicates_[i] = std::make_shared<DuplicateLog>(attempt_dir / names[i], list);
+    }
+    ++i;
+  }
+}
+
 SpawnedProcess WorkerGroup::spawn(Worker& w, const RoundSpec& spec, const SpawnPlan& plan,
                                   const std::vector<std::string>& base_env) {
   const fs::path dir = dir_.attempt(spec.round, w.local_rank);
@@ -124,6 +162,7 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const RoundSpec& spec, const SpawnP
   id.max_restarts = config_.max_restarts;
   id.run_id = config_.run_id;
   id.error_file = (dir / "error.json").string();
+  id.signals_to_handle = signal_list(config_.signals_to_handle);
   auto variables = torchrun_variables(id, config_.omp_threads_defaulted);
   const WorkerResources& resources = resources_[static_cast<std::size_t>(w.local_rank)];
   for (const auto& [name, value] : resources.environment) variables[name] = value;
@@ -155,24 +194,39 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const RoundSpec& spec, const SpawnP
 void WorkerGroup::attach_output(Worker& w, const SpawnedProcess& p) {
   const fs::path dir = dir_.attempt(spec_.round, w.local_rank);
   w.open_pipes = 2;
-  const StreamSelection redirected = config_.redirects_for(w.local_rank);
   const bool write_logs = config_.writes_log_files();
-  pump(w, p.stdout_fd, ConsoleStream::kStdout, redirected.stdout_stream,
+  const std::string prefix =
+      config_.log_line_prefix_template.empty()
+          ? default_log_line_prefix(config_.role, w.local_rank)
+          : render_log_line_prefix(config_.log_line_prefix_template,
+                                   {config_.role, w.rank, w.local_rank, hostname_});
+  pump(w, p.stdout_fd, ConsoleStream::kStdout, prefix,
        write_logs ? dir / "stdout.log" : fs::path());
-  pump(w, p.stderr_fd, ConsoleStream::kStderr, redirected.stderr_stream,
+  pump(w, p.stderr_fd, ConsoleStream::kStderr, prefix,
        write_logs ? dir / "stderr.log" : fs::path());
 }
 
-void WorkerGroup::pump(Worker& w, int pipe_fd, ConsoleStream stream, bool redirected,
+// torchrun's rules: a tee'd stream goes to its file and the console, a redirected one to its file
+// only (tee wins when a stream is both), any other to the console; --local-ranks-filter limits the
+// console, never the files.
+void WorkerGroup::pump(Worker& w, int pipe_fd, ConsoleStream stream, const std::string& prefix,
                        const fs::path& file) {
+  const bool teed = selects(config_.tee_for(w.local_rank), stream);
+  const bool redirected = selects(config_.redirects_for(w.local_rank), stream);
+  const bool shown = config_.shows_on_console(w.local_rank) && (teed || !redirected);
   LogPump::Sink sink;
-  const bool shown =
-      config_.local_ranks_filter.empty() || config_.local_ranks_filter.contains(w.local_rank);
-  if (!redirected && shown) sink.console = console_;
+  if (shown) sink.console = console_;
   sink.stream = stream;
   sink.file_path = file.string();
   sink.on_file_error = [this](const LogFileError& e) { incomplete_logs_.push_back(e); };
-  sink.prefix = default_log_line_prefix(config_.role, w.local_rank);
+  const bool prefixed = config_.console_prefix == ConsolePrefix::kAll ||
+                        (config_.console_prefix == ConsolePrefix::kTee && teed);
+  if (prefixed) sink.prefix = prefix;
+  const auto& duplicate = duplicates_[stream == ConsoleStream::kStdout ? 0 : 1];
+  if (duplicate && teed && shown) {
+    sink.duplicate = duplicate;
+    sink.duplicate_prefix = prefix;
+  }
   const pid_t pid = w.pid;
   pumps_.push_back(LogPump::start(io_, pipe_fd, std::move(sink), [this, pid] {
     for (auto& worker : workers_) {

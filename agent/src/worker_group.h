@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -28,6 +29,7 @@
 #include "dist/agent/console.h"
 #include "dist/agent/worker_failure.h"
 #include "dist/agent/worker_resources.h"
+#include "duplicate_log.h"
 #include "janitor.h"
 #include "job_processes.h"
 #include "leftovers.h"
@@ -102,7 +104,8 @@ class WorkerGroup {
   SpawnedProcess spawn(Worker& w, const RoundSpec& spec, const SpawnPlan& plan,
                        const std::vector<std::string>& base_env);
   void attach_output(Worker& w, const SpawnedProcess& p);
-  void pump(Worker& w, int pipe_fd, ConsoleStream stream, bool redirected,
+  void open_duplicate_logs();
+  void pump(Worker& w, int pipe_fd, ConsoleStream stream, const std::string& prefix,
             const std::filesystem::path& file);
   WorkerFailure failure_of(const Worker& w, int code, std::chrono::system_clock::time_point when,
                            const std::string& watchdog_reason) const;
@@ -124,8 +127,11 @@ class WorkerGroup {
   State state_ = State::kIdle;
   RoundSpec spec_;
   std::vector<WorkerResources> resources_;  // by local rank
+  std::string hostname_;                    // ${hostname} in the prefix template
   std::vector<Worker> workers_;
   std::vector<std::shared_ptr<LogPump>> pumps_;
+  // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
+  std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
   std::vector<LogFileError> incomplete_logs_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;

@@ -246,5 +246,39 @@ TEST(DiscoverAccelerators, AmdGpusComeFromTheKfdTopologyAndTheirVisibilityVariab
   EXPECT_NE(found.source.find("HIP_VISIBLE_DEVICES='1,0'"), std::string::npos) << found.source;
 }
 
+// PCI in sysfs's format: two Intel GPUs (one bound to i915, one to xe), an Intel device that is
+// not a display controller, an Intel GPU with no driver bound, and an NVIDIA GPU.
+TEST(DiscoverIntelGpus, CountsDisplayDevicesOfIntelBoundToTheirDriverAndReadsTheAffinityMask) {
+  TempDir dir;
+  DeviceDiscovery where = nowhere(dir);
+  EXPECT_EQ(discover_intel_gpus(where).count(), 0);
+  EXPECT_NE(discover_intel_gpus(where).source.find("no Intel GPU found"), std::string::npos);
+  const auto device = [&](const std::string& address, const std::string& vendor,
+                          const std::string& device_class, const std::string& driver) {
+    dir.write("pci/" + address + "/vendor", vendor + "\n");
+    dir.write("pci/" + address + "/class", device_class + "\n");
+    if (driver.empty()) return;
+    fs::create_directories(dir.path() / "drivers" / driver);
+    fs::create_directory_symlink(dir.path() / "drivers" / driver,
+                                 dir.path() / "pci" / address / "driver");
+  };
+  device("0000:03:00.0", "0x8086", "0x038000", "xe");
+  device("0000:02:00.0", "0x8086", "0x030000", "i915");
+  device("0000:00:1f.0", "0x8086", "0x060100", "lpc_ich");
+  device("0000:04:00.0", "0x8086", "0x030000", "");
+  device("0000:05:00.0", "0x10de", "0x030200", "nvidia");
+  dir.write("pci/0000:03:00.0/numa_node", "1\n");
+
+  Accelerators found = discover_intel_gpus(where);
+  EXPECT_EQ(found.kind, AcceleratorKind::kXpu);
+  EXPECT_EQ(found.ids, (std::vector<std::string>{"0", "1"}));
+  EXPECT_EQ(found.numa_nodes, (std::vector<int>{-1, 1})) << "PCI order: 02:00.0 first";
+
+  where.environment = std::map<std::string, std::string>{{"ZE_AFFINITY_MASK", "1.0,1.1,7"}};
+  found = discover_intel_gpus(where);
+  EXPECT_EQ(found.ids, (std::vector<std::string>{"1"})) << found.source;
+  EXPECT_NE(found.source.find("ZE_AFFINITY_MASK='1.0,1.1,7'"), std::string::npos) << found.source;
+}
+
 }  // namespace
 }  // namespace dist::agent

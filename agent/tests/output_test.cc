@@ -303,21 +303,24 @@ TEST(RecordCutterTest, RecordsEndAtNewlineOrCarriageReturnAndLongLinesComeInPiec
 
 TEST(LogLinePrefixTest, TemplatesRenderLikeTorchrunsAndUnknownVariablesAreClearErrors) {
   EXPECT_EQ(dist::agent::default_log_line_prefix("default", 0), "[default0]:");
+  const dist::agent::LogLinePrefixValues kValues{"trainer", 12, 2, "r12i0n8"};
   const std::pair<const char*, const char*> rendered[] = {
       {"[${role_name}${local_rank}]:", "[trainer2]:"},
       {"[rank${rank}]: ", "[rank12]: "},
       {"$role_name-$local_rank|", "trainer-2|"},
       {"${rank}${rank}", "1212"},
+      {"${hostname}:${rank}: ", "r12i0n8:12: "},
       {"cost $$5 ${rank}", "cost $5 12"},
       {"no variables", "no variables"},
       {"", ""},
   };
   for (const auto& [text, expected] : rendered) {
     SCOPED_TRACE(text);
-    EXPECT_EQ(dist::agent::render_log_line_prefix(text, "trainer", 12, 2), expected);
+    EXPECT_EQ(dist::agent::render_log_line_prefix(text, kValues), expected);
   }
   const std::pair<const char*, const char*> errors[] = {
-      {"[${node}]", "unknown variable 'node' (use ${role_name}, ${rank} or ${local_rank})"},
+      {"[${node}]",
+       "unknown variable 'node' (use ${role_name}, ${rank}, ${local_rank} or ${hostname})"},
       {"$role", "unknown variable 'role'"},
       {"${rank", "the '$' at position 0 starts no variable"},
       {"a $", "the '$' at position 2 starts no variable"},
@@ -327,7 +330,7 @@ TEST(LogLinePrefixTest, TemplatesRenderLikeTorchrunsAndUnknownVariablesAreClearE
   for (const auto& [text, message] : errors) {
     SCOPED_TRACE(text);
     try {
-      dist::agent::render_log_line_prefix(text, "trainer", 12, 2);
+      dist::agent::render_log_line_prefix(text, kValues);
       ADD_FAILURE() << "accepted";
     } catch (const dist::agent::LogLinePrefixError& e) {
       const std::string what = e.what();

@@ -21,12 +21,15 @@
 //   write TEXT               write TEXT to stdout as it is, after \r, \n and \\ escapes
 //   wait-file FILE           wait until FILE exists (at most a minute, else exit 65)
 //   check-sigpipe            exit 3 unless SIGPIPE has its default disposition
+//   connect-master           exit 67 unless a TCP connection to MASTER_ADDR:MASTER_PORT succeeds
 //   stamp DIR                write the wall clock (ns) to DIR/start_<attempt>_<local rank>
 //   crash-if DIR RANK ATTEMPT   on that rank and attempt: write the clock to DIR/crash, exit 1
 //   sleep-if-attempt N MS    sleep MS on attempt N only
 //   sleep MS                 sleep (signals interrupt it and are handled)
 //   forever                  sleep until a signal handler ends the process
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -130,6 +133,26 @@ void write_in_two_parts(int fd, const std::string& line) {
   [[maybe_unused]] ssize_t b = ::write(fd, line.data() + half, line.size() - half);
 }
 
+// Whether something listens at MASTER_ADDR:MASTER_PORT (the store the agent gave the workers).
+bool connects_to_master() {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string host = env_or("MASTER_ADDR", ""), port = env_or("MASTER_PORT", "");
+  if (port.empty() || port == "0" || ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found)) {
+    return false;
+  }
+  bool connected = false;
+  for (addrinfo* a = found; a && !connected; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    connected = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return connected;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -229,6 +252,8 @@ int main(int argc, char** argv) {
       struct sigaction current {};
       sigaction(SIGPIPE, nullptr, &current);
       if (current.sa_handler != SIG_DFL) return 3;
+    } else if (a == "connect-master") {
+      if (!connects_to_master()) return 67;
     } else if (a == "stamp") {
       const std::string dir = next();
       std::ofstream(dir + "/start_" + env_or("TORCHELASTIC_RESTART_COUNT", "0") + "_" +

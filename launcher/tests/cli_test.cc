@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -128,6 +131,8 @@ TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "last_call_timeout=-1"}, "positive number"},
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "is_host=maybe"}, "must be 1 or 0"},
       {{"--rdzv-conf", "bogus=1"}, "is not one of key=value"},
+      {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "store_type=file"},
+       "--rdzv-conf store_type=file: dist-launch's c10d rendezvous runs over its TCP store only"},
   };
   for (const auto& [args, message] : cases) {
     std::string error;
@@ -151,6 +156,13 @@ TEST(LauncherCli, EtcdV3IsDynamicWithTheMembersAndItsOwnConfKeys) {
   EXPECT_EQ(c.etcd_conf.at("cacert"), "/ca.pem");
   EXPECT_EQ(c.etcd_conf.at("etcd_prefix"), "/jobs");
   EXPECT_EQ(c.join_timeout, std::chrono::seconds(5));
+}
+
+TEST(LauncherCli, TorchrunsOtherRdzvConfKeysAreAccepted) {
+  const auto o = parse({"--nnodes", "1:2", "--rdzv-endpoint", "h:1", "--rdzv-conf",
+                        "heartbeat_timeout=30,cas_backoff_max_seconds=0.5,store_type=tcp,"
+                        "close_timeout=5,read_timeout=60"});
+  EXPECT_FALSE(o.exit_now);
 }
 
 TEST(LauncherCli, AQuotedRdzvConfIsUnquotedAsTorchrunsUsersPassIt) {
@@ -224,6 +236,229 @@ TEST(LauncherCli, DeviceAndPlacementMistakesAreOneLineErrors) {
     EXPECT_NE(error.find(message), std::string::npos) << error;
     EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
   }
+}
+
+// ------------------------------------------------------------------------------------------------
+// torchrun 2.x's command line (argparse): abbreviations, unknown options, its flags.
+
+TEST(LauncherCli, LongOptionsMayBeAbbreviatedToAUniquePrefixAsArgparseAllows) {
+  auto o = parse({"--redirect=3", "--te", "1", "--max-rest", "2", "--nproc", "3", "-r0:1"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.max_restarts, 2);
+  EXPECT_EQ(o.config.nproc_per_node, 3);  // --nproc-per-node and --nproc_per_node: one option
+  EXPECT_TRUE(o.config.tee.stdout_stream);
+  EXPECT_FALSE(o.config.tee.stderr_stream);
+  ASSERT_EQ(o.config.redirects_by_rank.count(0), 1u) << "the last -r wins, as with argparse";
+  EXPECT_TRUE(o.config.redirects_by_rank.at(0).stdout_stream);
+  // After the training script, everything is the script's.
+  std::ostringstream out, err;
+  o = dist::launcher::parse_command_line({"--no-python", "true", "--redirect=3", "--bogus"}, out,
+                                         err);
+  ASSERT_FALSE(o.exit_now) << err.str();
+  EXPECT_EQ(o.config.worker_argv, (std::vector<std::string>{"true", "--redirect=3", "--bogus"}));
+}
+
+TEST(LauncherCli, AmbiguousAndUnknownOptionsAreOneLineErrorsThatSayWhy) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--rdzv=x"},
+       "ambiguous option '--rdzv=x' could match --rdzv-backend, --rdzv-endpoint, --rdzv-id, "
+       "--rdzv-conf"},
+      {{"--nprocs-per-node", "2"},
+       "unknown option '--nprocs-per-node': did you mean --nproc-per-node?"},
+      {{"--mastr_addr", "h"}, "did you mean --master-addr?"},
+      {{"--use_env"}, "torch.distributed.launch's --use-env: dist-launch, like torchrun, always"},
+      {{"--local-rank=0"}, "is the worker's own option"},
+      {{"--frobnicate"}, "unknown option '--frobnicate' (options go before the training script"},
+      {{"-x"}, "unknown option '-x'"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args[0]);
+    std::string error;
+    const auto o = parse(args, &error);
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+    EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
+    EXPECT_EQ(error.find("not found"), std::string::npos) << error;
+  }
+}
+
+// Out-of-range numbers say what the flag takes, in words (CLI11's range checks printed 1.8e308 in
+// full).
+TEST(LauncherCli, NumbersOutOfRangeAreSaidInWords) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--max-restarts", "-1"}, "--max-restarts must be a non-negative integer, got '-1'"},
+      {{"--node-rank", "-1"}, "--node-rank must be a non-negative integer, got '-1'"},
+      {{"--shutdown-timeout", "-1"},
+       "--shutdown-timeout must be a non-negative number of seconds, got '-1'"},
+      {{"--exit-barrier-timeout", "0"},
+       "--exit-barrier-timeout must be a positive number of seconds, got '0'"},
+      {{"--monitor-interval", "-0.5"}, "--monitor-interval must be a non-negative number"},
+      {{"--master-port", "70000"}, "--master-port 70000 is not below 65536"},
+      {{"--master-port", "-1"}, "--master-port must be a non-negative integer, got '-1'"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args[0]);
+    std::string error;
+    const auto o = parse(args, &error);
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+    EXPECT_EQ(error.find("00000000"), std::string::npos) << error;
+  }
+  auto o = parse({"--shutdown-timeout", "0", "--max-restarts", "0"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.shutdown_timeout, std::chrono::milliseconds(0));
+}
+
+TEST(LauncherCli, ShutdownTimeoutFallsBackToTorchsVariable) {
+  ::setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7", 1);
+  auto o = parse({});
+  auto flag = parse({"--shutdown-timeout", "2"});
+  ::unsetenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.shutdown_timeout, std::chrono::seconds(7));
+  EXPECT_EQ(flag.config.shutdown_timeout, std::chrono::seconds(2));
+  EXPECT_EQ(parse({}).config.shutdown_timeout, std::chrono::seconds(30));
+}
+
+TEST(LauncherCli, LayoutsTheNodeCannotHaveAreRejected) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--standalone", "--nnodes", "2"}, "--standalone runs a single node, but --nnodes 2"},
+      {{"--standalone", "--nnodes", "1:3"}, "--standalone runs a single node"},
+      {{"--nproc-per-node", "2", "--local-ranks-filter", "0,2"},
+       "--local-ranks-filter: local rank 2 does not exist on this node (--nproc-per-node 2: "
+       "local ranks 0 to 1)"},
+      {{"--nnodes", "2", "--master-port", "0"}, "works on a single node only"},
+      {{"--nnodes", "1:2", "--rdzv-endpoint", "h:0"}, "--rdzv-endpoint h:0 asks for a free port"},
+      {{"--nnodes", "1", "--rdzv-endpoint", "h:0", "--rdzv-conf", "is_host=0"},
+       "with is_host=0: only the agent that hosts the store"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args[0] + " " + args[1]);
+    std::string error;
+    const auto o = parse(args, &error);
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+  }
+}
+
+TEST(LauncherCli, PortZeroIsAFreePortOnOneNode) {
+  auto o = parse({"--master-port", "0"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.master_port, 0);
+  o = parse({"--rdzv-endpoint", "localhost:0"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_TRUE(o.config.elastic);
+  EXPECT_EQ(o.config.master_port, 0);
+}
+
+TEST(LauncherCli, TorchrunsLogFlagsReachTheConfig) {
+  auto o = parse({"--log_line_prefix_template", "[${rank}]: ", "--console-prefix", "tee",
+                  "--duplicate-stdout-filters", "apple,,pie,orange,", "--duplicate_stderr_filters",
+                  "", "--logs-specs", "default", "--event-log-handler", "null"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.log_line_prefix_template, "[${rank}]: ");
+  EXPECT_EQ(o.config.console_prefix, dist::agent::ConsolePrefix::kTee);
+  EXPECT_EQ(o.config.duplicate_stdout_filters, (std::vector<std::string>{"apple,pie", "orange"}));
+  EXPECT_TRUE(o.config.duplicate_stderr_filters.empty());
+
+  ::setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${hostname}:${local_rank}|", 1);
+  o = parse({});
+  const auto flag_wins = parse({"--log-line-prefix-template", "x"});
+  std::string error;
+  ::setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${node}", 1);
+  const auto bad_env = parse({}, &error);
+  ::unsetenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  EXPECT_EQ(o.config.log_line_prefix_template, "${hostname}:${local_rank}|");
+  EXPECT_EQ(flag_wins.config.log_line_prefix_template, "x");
+  EXPECT_EQ(bad_env.exit_code, dist::launcher::kExitUsage);
+  EXPECT_NE(error.find("unknown variable 'node'"), std::string::npos) << error;
+  EXPECT_NE(error.find("(from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)"), std::string::npos) << error;
+}
+
+TEST(LauncherCli, TorchrunFlagsDistLaunchCannotHonourAreRefusedWithTheReason) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--logs_specs=DOESNOT_EXIST"}, "--logs-specs DOESNOT_EXIST: torchrun loads a Python"},
+      {{"--event-log-handler", "console"}, "--event-log-handler console: torchrun prints"},
+      {{"--event-log-handler", "kafka"}, "torchrun knows null, dynamic_rendezvous and console"},
+      {{"--log-line-prefix-template", "${node}"}, "unknown variable 'node'"},
+      {{"--console-prefix", "some"}, "--console-prefix takes all, tee or none"},
+      {{"--start-method", "thread"}, "--start-method"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args[0]);
+    std::string error;
+    const auto o = parse(args, &error);
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+    EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
+  }
+  std::string notice;
+  const auto o = parse({"--duplicate-stdout-filters", "loss"}, &notice);
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_NE(notice.find("--duplicate-stdout-filters copies the lines of tee'd streams only"),
+            std::string::npos)
+      << notice;
+}
+
+TEST(LauncherCli, NprocPerNodeXpuCountsIntelGpus) {
+  const dist::agent::Accelerators found = dist::agent::discover_intel_gpus();
+  std::string error;
+  const auto o = parse({"--nproc-per-node", "xpu"}, &error);
+  if (found.count() == 0) {
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage);
+    EXPECT_NE(error.find("--nproc-per-node xpu: no Intel GPU found"), std::string::npos) << error;
+  } else {
+    EXPECT_EQ(o.config.nproc_per_node, found.count());
+  }
+}
+
+TEST(LauncherCli, PrintCompletionWritesAScriptForTheShell) {
+  for (const char* shell : {"bash", "zsh", "tcsh"}) {
+    SCOPED_TRACE(shell);
+    const RunResult r = run_binary(std::string("--print-completion ") + shell);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("dist-launch"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("nproc-per-node"), std::string::npos) << r.output;
+  }
+  const auto [code, bash] = [] {
+    const RunResult r = run_binary("--print-completion bash");
+    return std::pair{r.exit_code, r.output};
+  }();
+  ASSERT_EQ(code, 0);
+  // The script works in bash: the completions of "--nproc" are the options that start with it.
+  const std::string script = "/tmp/dist-launch-completion-" + std::to_string(::getpid());
+  {
+    FILE* f = std::fopen(script.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(bash.c_str(), f);
+    std::fclose(f);
+  }
+  FILE* pipe = ::popen(("bash -c 'source " + script +
+                        "; COMP_WORDS=(dist-launch --nproc); COMP_CWORD=1; _dist_launch; echo "
+                        "${COMPREPLY[@]}'")
+                           .c_str(),
+                       "r");
+  ASSERT_NE(pipe, nullptr);
+  std::array<char, 4096> buffer{};
+  std::string words;
+  while (std::fgets(buffer.data(), buffer.size(), pipe)) words += buffer.data();
+  ::pclose(pipe);
+  std::remove(script.c_str());
+  EXPECT_EQ(words, "--nproc-per-node --nproc_per_node\n");
+}
+
+TEST(LauncherCli, HelpSaysWhatSigusr1AndSigusr2Do) {
+  const RunResult r = run_binary("--help");
+  std::string help = r.output;
+  // CLI11 wraps the text: compare it as words.
+  std::string words;
+  std::istringstream in(help);
+  for (std::string w; in >> w;) words += w + " ";
+  EXPECT_NE(words.find("Add SIGUSR1,SIGUSR2 (Slurm's warning before a time limit or preemption): "
+                       "those are forwarded to the workers and the job keeps running."),
+            std::string::npos)
+      << help;
+  EXPECT_NE(words.find("TORCHELASTIC_SIGNALS_TO_HANDLE"), std::string::npos) << help;
 }
 
 }  // namespace

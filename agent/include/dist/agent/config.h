@@ -51,6 +51,11 @@ struct TelemetryOptions {
   std::optional<std::uint16_t> metrics_port;  // --metrics-port: Prometheus text (0: a free one)
 };
 
+// Which worker records carry the prefix on the console. kAll: every one (dist-launch's default:
+// interleaved output says whose it is). kTee: only the tee'd streams' (torchrun's console: what
+// is neither tee'd nor redirected passes unchanged). kNone: none.
+enum class ConsolePrefix { kAll, kTee, kNone };
+
 struct LaunchConfig {
   // Nodes and workers.
   int min_nodes = 1;
@@ -95,6 +100,15 @@ struct LaunchConfig {
   std::map<int, StreamSelection> redirects_by_rank;  // (...unless given for that local rank)
   std::map<int, StreamSelection> tee_by_rank;
   std::set<int> local_ranks_filter;  // empty: every local rank reaches the console
+  // The console prefix: torchrun's --log-line-prefix-template (${role_name}, ${rank},
+  // ${local_rank}, ${hostname}; empty: "[<role><local_rank>]:"), and which records carry it.
+  std::string log_line_prefix_template;
+  ConsolePrefix console_prefix = ConsolePrefix::kAll;
+  // torchrun's --duplicate-stdout-filters / --duplicate-stderr-filters: the tee'd lines (of the
+  // local ranks shown) that contain any of these are copied, prefixed, to
+  // attempt_<n>/filtered_stdout.log / filtered_stderr.log. Empty: no such file.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
 
   StreamSelection redirects_for(int local_rank) const {
     auto it = redirects_by_rank.find(local_rank);
@@ -107,6 +121,9 @@ struct LaunchConfig {
   bool writes_log_files() const {
     return !log_dir.empty() || redirects.any() || tee.any() || !redirects_by_rank.empty() ||
            !tee_by_rank.empty();
+  }
+  bool shows_on_console(int local_rank) const {
+    return local_ranks_filter.empty() || local_ranks_filter.contains(local_rank);
   }
 
   // The worker command: argv[0] is what to exec (python, or the executable with --no-python).

@@ -1,8 +1,8 @@
 // The accelerators of this host, and which of them each worker gets.
 //
 // Nothing here links CUDA: NVIDIA GPUs are counted through NVML (libnvidia-ml.so.1), or else the
-// CUDA driver (libcuda.so.1), both loaded with dlopen; AMD GPUs through the KFD topology in sysfs.
-// A host with neither has no devices, and says why.
+// CUDA driver (libcuda.so.1), both loaded with dlopen; AMD GPUs through the KFD topology in sysfs;
+// Intel GPUs (torch's "xpu") through PCI in sysfs. A host with none has no devices, and says why.
 #pragma once
 
 #include <filesystem>
@@ -16,7 +16,7 @@
 
 namespace dist::agent {
 
-enum class AcceleratorKind { kNone, kCuda, kRocm };
+enum class AcceleratorKind { kNone, kCuda, kRocm, kXpu };
 
 struct Accelerators {
   AcceleratorKind kind = AcceleratorKind::kNone;
@@ -35,11 +35,18 @@ struct DeviceDiscovery {
   std::string cuda_library = "libcuda.so.1";
   std::filesystem::path kfd_nodes = "/sys/class/kfd/kfd/topology/nodes";
   std::filesystem::path pci_devices = "/sys/bus/pci/devices";
-  // CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES; unset: getenv.
+  // CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES, ZE_AFFINITY_MASK; unset:
+  // getenv.
   std::optional<std::map<std::string, std::string>> environment;
 };
 
 Accelerators discover_accelerators(const DeviceDiscovery& where = {});
+
+// Intel GPUs, as torch.xpu counts them (--nproc-per-node xpu): PCI display controllers of vendor
+// 0x8086 bound to the i915 or xe driver, limited by ZE_AFFINITY_MASK (its distinct device
+// indices) when that is set. Counted only: --devices and --virtual-local-rank are for CUDA and
+// ROCm.
+Accelerators discover_intel_gpus(const DeviceDiscovery& where = {});
 
 // CUDA's reading of CUDA_VISIBLE_DEVICES over `physical` devices: the entries up to the first
 // one that is not a device (an index out of range or repeated, "-1", an empty entry); UUID

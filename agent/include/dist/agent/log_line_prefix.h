@@ -17,11 +17,19 @@ class LogLinePrefixError : public std::invalid_argument {
 // "[default0]:" for role "default", local rank 0.
 std::string default_log_line_prefix(const std::string& role, int local_rank);
 
-// Renders a template the way torchrun's string.Template does: ${role_name}, ${rank} (the global
-// rank) and ${local_rank}, also written without braces ($rank); $$ is a literal $. An unknown
-// variable or a '$' that starts none of these throws LogLinePrefixError (torchrun would print it
-// as it is).
-std::string render_log_line_prefix(std::string_view template_text, const std::string& role,
-                                   int rank, int local_rank);
+// What a template's variables stand for, for one worker.
+struct LogLinePrefixValues {
+  std::string role_name;
+  int rank = 0;  // the global rank
+  int local_rank = 0;
+  std::string hostname;  // the short host name, as torchrun 2.x's ${hostname}
+};
+
+// Renders a template the way torchrun's string.Template does: ${role_name}, ${rank},
+// ${local_rank} and ${hostname}, also written without braces ($rank); $$ is a literal $. An
+// unknown variable or a '$' that starts none of these throws LogLinePrefixError (torchrun would
+// print it as it is).
+std::string render_log_line_prefix(std::string_view template_text,
+                                   const LogLinePrefixValues& values);
 
 }  // namespace dist::agent

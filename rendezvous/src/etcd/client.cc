@@ -270,6 +270,9 @@ class Attempts {
     last_ = client_.endpoints_[endpoint_].text + ": " + reason;
     client_.avoid(endpoint_);
     endpoint_ = (endpoint_ + 1) % client_.endpoints_.size();
+    // A cancel that came after the failure, before this coroutine resumed, stopped nothing (the
+    // timer below was not armed yet): it must not cost a backoff.
+    if (cancel.cancelled()) throw client_.cancelled(what_);
     if (++failures_ % client_.endpoints_.size() == 0) {
       auto wake = std::min(Clock::now() + backoff_, give_up_);
       if (deadline_) wake = std::min(wake, *deadline_);
@@ -406,6 +409,7 @@ Task<json> Client::Impl::call(std::string path, json body, std::string what, Can
     const std::size_t endpoint = attempts.endpoint();
     std::string failure;
     bool reused = false;
+    bool timed_out = false;
     try {
       std::unique_ptr<detail::Connection> connection;
       if (!idle_[endpoint].empty()) {
@@ -436,10 +440,12 @@ Task<json> Client::Impl::call(std::string path, json body, std::string what, Can
       }
     } catch (const detail::TransportError& e) {
       failure = e.reason;
+      timed_out = e.timed_out;
     }
     // An idle connection the member closed meanwhile says nothing about the member: once per
-    // call, try it again on a new connection.
-    if (reused && !fresh_connection_tried) {
+    // call, try it again on a new connection. One it left unanswered does: a hung member would
+    // cost a second timeout.
+    if (reused && !timed_out && !fresh_connection_tried) {
       fresh_connection_tried = true;
       idle_[endpoint].clear();
       continue;

@@ -208,9 +208,10 @@ class Client::Impl {
     }
   }
 
-  // One request and its answer, through whichever member answers first.
+  // One request and its answer, through whichever member answers first, starting `skip`
+  // members past the preferred one.
   Task<json> call(std::string path, json body, std::string what, Cancellation& cancel,
-                  Deadline deadline);
+                  Deadline deadline, std::size_t skip = 0);
 
   Task<void> authenticate_if_needed(Cancellation& cancel, Deadline deadline);
   detail::Request make_request(const std::string& path, std::string body,
@@ -251,12 +252,12 @@ namespace {
 // give up.
 class Attempts {
  public:
-  Attempts(Client::Impl& client, std::string what, Deadline deadline)
+  Attempts(Client::Impl& client, std::string what, Deadline deadline, std::size_t skip = 0)
       : client_(client),
         what_(std::move(what)),
         deadline_(deadline),
         give_up_(Clock::now() + client.options_.unavailable_timeout),
-        endpoint_(client.preferred_) {}
+        endpoint_((client.preferred_ + skip) % client.endpoints_.size()) {}
 
   std::size_t endpoint() const { return endpoint_; }
   Clock::time_point exchange_deadline() const {
@@ -399,8 +400,8 @@ Task<void> Client::Impl::authenticate_if_needed(Cancellation& cancel, Deadline d
 }
 
 Task<json> Client::Impl::call(std::string path, json body, std::string what, Cancellation& cancel,
-                              Deadline deadline) {
-  Attempts attempts(*this, what, deadline);
+                              Deadline deadline, std::size_t skip) {
+  Attempts attempts(*this, what, deadline, skip);
   const std::string payload = body.dump();
   bool fresh_connection_tried = false;
   for (;;) {
@@ -549,12 +550,12 @@ Task<Lease> Client::lease_grant(std::chrono::seconds ttl, Cancellation& cancel, 
 }
 
 Task<std::chrono::seconds> Client::lease_keep_alive(std::int64_t id, Cancellation& cancel,
-                                                    Deadline deadline) {
+                                                    Deadline deadline, std::size_t skip) {
   const auto impl = impl_;
   const auto what = "renew lease " + std::to_string(id);
   json body{{"ID", std::to_string(id)}};
   const auto answer =
-      co_await impl->call("/v3/lease/keepalive", std::move(body), what, cancel, deadline);
+      co_await impl->call("/v3/lease/keepalive", std::move(body), what, cancel, deadline, skip);
   co_return decoded(*impl, what, [&] {
     return std::chrono::seconds(detail::number(answer.at("result"), "TTL"));
   });

@@ -180,6 +180,33 @@ TEST_F(EtcdJob, TheNodeHostingTheWorkersStoreIsLostAndTheSurvivorsFinish) {
   }
 }
 
+// An agent frozen past its lease's TTL (a host that stalled, or was cut off from etcd) is lost to
+// the others, who reshape without it. Back, it learns that its lease expired and leaves with an
+// error, its workers stopped: it never hangs, nor runs on in a round that went on without it.
+TEST_F(EtcdJob, ANodeWhoseLeaseExpiredLeavesCleanly) {
+  const std::vector<std::string> worker{"exit-if-world", "2", "0", "forever"};
+  const std::vector<std::string> names{"a", "b", "c"};
+  for (const auto& n : names) agent(n, "2:3", worker);
+  ASSERT_TRUE(in_world(names, 3)) << agents_[0]->output();
+  std::size_t frozen = 0;
+  while (rounds(names[frozen]).back().node_rank == 0) ++frozen;  // not the workers' store host
+  ::kill(agents_[frozen]->pid(), SIGSTOP);
+  std::vector<std::string> survivors;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i != frozen) survivors.push_back(names[i]);
+  }
+  ASSERT_TRUE(in_world(survivors, 2)) << agents_[(frozen + 1) % 3]->output();
+  ::kill(agents_[frozen]->pid(), SIGCONT);
+  EXPECT_EQ(agents_[frozen]->wait(60s), 1) << agents_[frozen]->output();
+  EXPECT_NE(agents_[frozen]->output().find("expired"), std::string::npos)
+      << agents_[frozen]->output();
+  EXPECT_EQ(rounds(names[frozen]).size(), 1u) << "it joined the round that went on without it";
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i == frozen) continue;
+    EXPECT_EQ(agents_[i]->wait(60s), 0) << agents_[i]->output();
+  }
+}
+
 // Two of three members lost: no quorum. The agents say so and stop within a bounded time.
 TEST_F(EtcdJob, LosingQuorumIsAClearErrorWithinBoundedTime) {
   const std::vector<std::string> worker{"forever"};

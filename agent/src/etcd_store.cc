@@ -108,6 +108,7 @@ struct Session {
   Cancellation keepalive;  // the lease's keepalive
   std::int64_t lease = 0;
   std::chrono::seconds granted_ttl{0};
+  std::size_t renewals_unanswered = 0;  // renewals sent since the last answer
   // The mod revision of this session's marker key as its last counter update left it (0: none
   // yet). Every counter update writes the marker in the same transaction and compares this
   // first, so a retried update that had applied already is recognised, not applied again.
@@ -167,11 +168,30 @@ Task<T> guarded(SessionPtr s, Task<T> call) {
   throw *failure;
 }
 
+// One renewal, given up when the lease's TTL has passed since it was sent: by then its answer no
+// longer matters (a later renewal, or etcd's expiry, has decided). `skip`: the renewals sent
+// since the last answer, so that while they wait (on a member that stopped answering) this one
+// starts at the next member.
+Task<void> renew(SessionPtr s, Clock::time_point sent) {
+  const std::size_t skip = s->renewals_unanswered++;
+  try {
+    const auto left =
+        co_await s->client->lease_keep_alive(s->lease, s->keepalive, sent + s->granted_ttl, skip);
+    s->renewals_unanswered = 0;
+    if (left.count() == 0) s->lose("etcd expired it: no renewal reached it within its TTL");
+  } catch (const StoreError&) {
+    // The session ended (cancelled), or no member answered in time: the next renewal is due.
+  }
+}
+
 // Renews the lease every TTL/3 until the session ends, counted from when the grant or the last
-// renewal was sent: an answer slow to come back (a loaded cluster) does not make the next renewal
-// late. The session is lost only when etcd says the lease expired: while no member with a leader
-// answers, etcd expires no lease either (a new leader extends them all), and the session's calls
-// fail on their own.
+// renewal was sent, without waiting for the last renewal's answer: a slow answer (a loaded
+// cluster) does not make the next renewal late, and a renewal stuck on a member that stopped
+// answering (frozen, or cut off: its connection stays open and silent) does not hold up the next,
+// which goes to the next member. A new leader extends every lease by an election timeout, but a
+// frozen follower extends nothing: a renewal must reach another member within the TTL, as the
+// next one does. The session is lost only when etcd says the lease expired: while no member with
+// a leader answers, etcd expires no lease either, and the session's calls fail on their own.
 Task<void> keep_alive(SessionPtr s, Clock::time_point granted) {
   asio::steady_timer timer(s->client->executor());
   const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(s->granted_ttl) / 3;
@@ -190,14 +210,8 @@ Task<void> keep_alive(SessionPtr s, Clock::time_point granted) {
     }
     if (s->keepalive.cancelled()) co_return;
     const auto sent = Clock::now();
-    try {
-      const auto left = co_await s->client->lease_keep_alive(s->lease, s->keepalive);
-      if (left.count() == 0) s->lose("etcd expired it: no renewal reached it within its TTL");
-      next = sent + period;
-    } catch (const StoreError& e) {
-      if (e.code() == StoreErrc::kCancelled) co_return;
-      next = Clock::now();  // unavailable all along the call's own retries: again
-    }
+    asio::co_spawn(s->client->executor(), renew(s, sent), asio::detached);
+    next = sent + period;
   }
 }
 

@@ -2,9 +2,9 @@
 // of rendezvous/etcd. docs/ETCD.md describes how each call maps onto etcd and the keys it writes.
 //
 // Per session: one lease, granted with the session's first ephemeral key or counter update and
-// kept alive by a coroutine (renewed every TTL/3). When etcd says it expired (no renewal reached
-// etcd within its TTL) the session is lost: its calls throw kConnectionLost, the call in flight
-// included. close() revokes it.
+// kept alive by a coroutine (a renewal every TTL/3, not waiting for the last one's answer). When
+// etcd says it expired (no renewal reached etcd within its TTL) the session is lost: its calls
+// throw kConnectionLost, the call in flight included. close() revokes it.
 #pragma once
 
 #include <utility>  // first: Asio 1.18's awaitable.hpp uses std::exchange without including it
@@ -27,7 +27,8 @@ struct EtcdOptions {
   rendezvous::etcd::ClientOptions client;
   std::string prefix = "/dist-launch";  // the job's keys are <prefix>/<run id>/<key>
   // An ephemeral key outlives a vanished session by about this (etcd raises it to its minimum,
-  // about 1.5 election timeouts): keep_alive_interval * keep_alive_max_attempt.
+  // about 1.5 election timeouts); the agent's: keep_alive_interval * (keep_alive_max_attempt - 1),
+  // at least 2 s.
   std::chrono::seconds lease_ttl{3};
 };
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,12 @@ using dist::agent::testing::eventually;
 using dist::rendezvous::testing::EtcdCluster;
 
 const std::string kWorker = DIST_TEST_WORKER_BIN;
+
+// Heartbeats are wall-clock seconds. One this far past the second the new leader was elected
+// comes after the new leader's extension of every lease (the agents' 2 s TTL plus its election
+// timeout, 1 s) ran out and its next expiry check (every 500 ms) ran: a lease the election lost
+// is gone by then.
+constexpr long long kLostLeaseGoneSeconds = 5;
 
 struct RoundSeen {
   int rank, world_size, node_rank, num_nodes, restarts;
@@ -59,10 +66,16 @@ class EtcdJob : public ::testing::Test {
                                   "--no-python",      kWorker,
                                   "append",           history(name)};
     args.insert(args.end(), worker.begin(), worker.end());
-    agents_.push_back(
-        std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log"),
-                                std::map<std::string, std::string>{{"LOGLEVEL", "debug"}}));
+    agents_.push_back(std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log")));
     return *agents_.back();
+  }
+
+  // How many keys start with `prefix`, read with etcdctl.
+  std::size_t keys_under(const std::string& prefix) const {
+    std::istringstream in(cluster_->etcdctl({"get", "--prefix", "--keys-only", prefix}));
+    std::size_t keys = 0;
+    for (std::string line; std::getline(in, line);) keys += !line.empty();
+    return keys;
   }
 
   std::string history(const std::string& name) const {
@@ -113,17 +126,32 @@ TEST_F(EtcdJob, AThreeNodeJobRunsOverEtcd) {
 }
 
 // The etcd leader is killed while the workers run: the rendezvous goes on through the other
-// members, nothing restarts.
+// members, every node's lease (its liveness) survives the election, nothing restarts.
 TEST_F(EtcdJob, TheLeaderKilledMidJobLeavesTheJobAlone) {
   const std::string go = (dir_ / "go").string();
-  const std::vector<std::string> worker{"exit-if-file", go, "0", "forever"};
+  const std::vector<std::string> worker{"wait-file", go, "exit", "0"};
   auto& a = agent("a", "3:3", worker);
   auto& b = agent("b", "3:3", worker);
   auto& c = agent("c", "3:3", worker);
   ASSERT_TRUE(in_world({"a", "b", "c"}, 3)) << a.output() << b.output() << c.output();
   cluster_->kill(cluster_->leader());
-  // Heartbeats go through another member now: give them a few rounds before finishing.
-  ASSERT_TRUE(eventually([&] { return cluster_->leader(30s) >= 0; }, 30s));
+  cluster_->leader();  // elected among the other two
+  // A lease the election lost would be gone once the new leader's extension (its TTL plus an
+  // election timeout) ran out: wait until every node's heartbeat is past that, then check that
+  // every node's liveness key is still there before the workers finish.
+  const auto elected = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
+  const auto heartbeats_past = [&](long long at) {
+    std::istringstream in(cluster_->etcdctl(
+        {"get", "--prefix", "--print-value-only", "/dist-launch/job/r0/heartbeat/"}));
+    int past = 0;
+    for (long long beat = 0; in >> beat;) past += beat >= at;
+    return past == 3;
+  };
+  ASSERT_TRUE(eventually([&] { return heartbeats_past(elected + kLostLeaseGoneSeconds); }, 60s))
+      << a.output() << b.output() << c.output();
+  EXPECT_EQ(keys_under("/dist-launch/job/r0/node/"), 3u) << "a node's lease did not survive";
   std::ofstream(go) << "1\n";
   for (auto* x : {&a, &b, &c}) EXPECT_EQ(x->wait(), 0) << x->output();
   for (const char* name : {"a", "b", "c"}) EXPECT_EQ(rounds(name).size(), 1u) << name;
@@ -149,6 +177,33 @@ TEST_F(EtcdJob, TheNodeHostingTheWorkersStoreIsLostAndTheSurvivorsFinish) {
     ASSERT_EQ(r.size(), 2u) << names[i];
     EXPECT_EQ(r[1].world_size, 2);
     EXPECT_EQ(r[1].restarts, 0) << "a lost node is a reshape, not a restart";
+  }
+}
+
+// An agent frozen past its lease's TTL (a host that stalled, or was cut off from etcd) is lost to
+// the others, who reshape without it. Back, it learns that its lease expired and leaves with an
+// error, its workers stopped: it never hangs, nor runs on in a round that went on without it.
+TEST_F(EtcdJob, ANodeWhoseLeaseExpiredLeavesCleanly) {
+  const std::vector<std::string> worker{"exit-if-world", "2", "0", "forever"};
+  const std::vector<std::string> names{"a", "b", "c"};
+  for (const auto& n : names) agent(n, "2:3", worker);
+  ASSERT_TRUE(in_world(names, 3)) << agents_[0]->output();
+  std::size_t frozen = 0;
+  while (rounds(names[frozen]).back().node_rank == 0) ++frozen;  // not the workers' store host
+  ::kill(agents_[frozen]->pid(), SIGSTOP);
+  std::vector<std::string> survivors;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i != frozen) survivors.push_back(names[i]);
+  }
+  ASSERT_TRUE(in_world(survivors, 2)) << agents_[(frozen + 1) % 3]->output();
+  ::kill(agents_[frozen]->pid(), SIGCONT);
+  EXPECT_EQ(agents_[frozen]->wait(60s), 1) << agents_[frozen]->output();
+  EXPECT_NE(agents_[frozen]->output().find("expired"), std::string::npos)
+      << agents_[frozen]->output();
+  EXPECT_EQ(rounds(names[frozen]).size(), 1u) << "it joined the round that went on without it";
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i == frozen) continue;
+    EXPECT_EQ(agents_[i]->wait(60s), 0) << agents_[i]->output();
   }
 }
 

@@ -260,6 +260,130 @@ TEST(EtcdStoreCluster, TheLeaderKilledMidOperationIsSurvived) {
   EXPECT_EQ(run_task(io, store->try_get("tickets")), std::to_string(kAdds));
 }
 
+// close() ends at once what a session has in flight while the leader's death holds it up (as the
+// agent's stop_watch() does to its watch session when the workers are done): a wait whose member
+// died, a call waiting for the election. Their own timeouts are a minute away.
+TEST(EtcdStoreCluster, CloseEndsCallsHeldUpByTheLeadersDeath) {
+  constexpr std::chrono::milliseconds kBeforeAnyElection{500};  // an election takes over 1 s
+  constexpr std::chrono::seconds kPromptly{2};  // what "at once" may take on a loaded machine
+  EtcdCluster cluster(3);
+  const int leader = cluster.leader();
+  std::string endpoints = cluster.endpoint(leader);
+  for (int m = 0; m < 3; ++m) {
+    if (m != leader) endpoints += "," + cluster.endpoint(m);
+  }
+  auto options = etcd_options(endpoints, {}, kLeaseTtl);
+  options.client.spread_over_members = false;  // every call starts at the leader
+  options.client.request_timeout = 60s;
+  options.client.unavailable_timeout = 60s;
+  boost::asio::io_context io;
+  const auto store = run_task(io, open_etcd_store(io, options, run_id()));
+  const auto waiter = run_task(io, store->open_another());
+  run_task(io, store->set_ephemeral("alive", "1"));  // a lease, kept alive meanwhile
+
+  struct Ended {
+    std::optional<StoreError> error;
+    std::optional<std::chrono::steady_clock::time_point> at;
+  };
+  Ended wait, set;
+  TaskGroup beside(io);
+  beside.spawn([&]() -> Task<void> {
+    try {
+      const std::vector<std::string> keys{"never"};  // GCC 12: no braced list in a co_await
+      co_await waiter->wait(keys, 120s);
+    } catch (const StoreError& e) {
+      wait.error = e;
+    }
+    wait.at = std::chrono::steady_clock::now();
+  });
+  run_task(io, store->try_get("anything"));  // a round trip while the wait opens its watch
+  cluster.kill(leader);
+  beside.spawn([&]() -> Task<void> {
+    try {
+      co_await store->set("k", "v");
+    } catch (const StoreError& e) {
+      set.error = e;
+    }
+    set.at = std::chrono::steady_clock::now();
+  });
+  std::chrono::steady_clock::time_point closed_at;
+  run_task(io, [&]() -> Task<void> {
+    boost::asio::steady_timer timer(io, kBeforeAnyElection);
+    co_await timer.async_wait(boost::asio::use_awaitable);
+    closed_at = std::chrono::steady_clock::now();
+    waiter->close();
+    store->close();
+  }());
+  beside.wait(30s);
+  for (const auto* e : {&wait, &set}) {
+    SCOPED_TRACE(e == &wait ? "the wait" : "the set");
+    ASSERT_TRUE(e->error.has_value()) << "it succeeded";
+    EXPECT_EQ(e->error->code(), StoreErrc::kCancelled) << e->error->what();
+    EXPECT_GE(*e->at, closed_at) << "it ended before close()";
+    EXPECT_LT(*e->at - closed_at, kPromptly);
+  }
+}
+
+// A member lost mid-session, as the agents' sessions live it: each with the agents' default
+// 2 s TTL and its keepalive, all starting at the member that goes. Several times in a row, each
+// in a fresh cluster. A lease the loss cost is gone well within kLostLeaseGone (its TTL, the new
+// leader's extension of an election timeout, etcd's 500 ms expiry check and the election).
+struct MemberLoss {
+  const char* what;
+  bool leader;  // the leader, or a follower
+  int signal;   // SIGKILL: the kernel closes its connections; SIGSTOP: they go silent
+};
+
+constexpr int kLossesInARow = 3;
+constexpr std::chrono::seconds kLostLeaseGone{10};
+
+void leases_outlive(const MemberLoss& loss) {
+  for (int round = 0; round < kLossesInARow; ++round) {
+    SCOPED_TRACE(std::string(loss.what) + ", round " + std::to_string(round));
+    EtcdCluster cluster(3);
+    const int leader = cluster.leader();
+    const int lost = loss.leader ? leader : (leader + 1) % 3;
+    std::string first = cluster.endpoint(lost), others;
+    for (int m = 0; m < 3; ++m) {
+      if (m != lost) others += "," + cluster.endpoint(m);
+    }
+    auto options = etcd_options(first + others, {}, kLeaseTtl);
+    options.client.spread_over_members = false;  // every call starts at the member lost
+    boost::asio::io_context io;
+    constexpr int kSessions = 3;
+    std::vector<std::unique_ptr<RendezvousStore>> sessions;
+    std::vector<std::string> keys;
+    for (int i = 0; i < kSessions; ++i) {
+      sessions.push_back(run_task(io, open_etcd_store(io, options, run_id())));
+      keys.push_back("alive/" + std::to_string(i));
+      run_task(io, sessions.back()->set_ephemeral(keys.back(), "1"));
+    }
+    // Watched through the members left, from before the loss.
+    const auto observer =
+        run_task(io, open_etcd_store(io, etcd_options(others.substr(1), {}, kLeaseTtl), run_id()));
+    ::kill(cluster.pid(lost), loss.signal);
+    if (loss.signal == SIGKILL) cluster.kill(lost);  // reaped
+    EXPECT_EQ(run_task(io, observer->wait_deleted(keys, kLostLeaseGone)), std::nullopt)
+        << "a session's lease did not outlive the loss";
+    for (int i = 0; i < kSessions; ++i) {
+      EXPECT_EQ(run_task(io, sessions[i]->try_get(keys[i])), "1");  // a call goes on elsewhere
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(EtcdStoreCluster, LeasesOutliveTheLeadersDeath) {
+  leases_outlive({"the leader killed", true, SIGKILL});
+}
+
+TEST(EtcdStoreCluster, LeasesOutliveAFrozenLeader) {
+  leases_outlive({"the leader frozen", true, SIGSTOP});
+}
+
+TEST(EtcdStoreCluster, LeasesOutliveAFrozenFollower) {
+  leases_outlive({"a follower frozen", false, SIGSTOP});
+}
+
 TEST(EtcdStoreCluster, QuorumLostGivesAClearErrorInBoundedTime) {
   EtcdCluster cluster(3);
   const int survivor = (cluster.leader() + 1) % 3;

@@ -4,6 +4,8 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include "etcd/codec.h"
 #include "etcd_cluster.h"
 #include "run_task.h"
+#include "silent_endpoint.h"
 
 namespace dist::rendezvous::etcd {
 namespace {
@@ -19,6 +22,8 @@ namespace {
 using rendezvous::testing::EtcdCluster;
 using rendezvous::testing::EtcdClusterOptions;
 using rendezvous::testing::run_task;
+using rendezvous::testing::SilentEndpoint;
+using rendezvous::testing::TaskGroup;
 using namespace std::chrono_literals;
 
 // The code of the StoreError `f` throws; fails the test when it throws nothing.
@@ -280,6 +285,108 @@ TEST(EtcdClient, NoMemberReachableIsUnavailableWithinItsTimeout) {
   const std::string what = e.what();
   EXPECT_NE(what.find(cluster.endpoint(0)), std::string::npos) << what;
   EXPECT_NE(what.find("'some/key'"), std::string::npos) << what;
+}
+
+// Cancellation while a call is stuck: its own timeouts are far away, it is cancelled once it has
+// been stuck a while, and must end at once.
+constexpr std::chrono::seconds kFarTimeouts{60};
+constexpr std::chrono::milliseconds kStuckFor{500};
+constexpr std::chrono::seconds kPromptly{2};  // what "at once" may take on a loaded machine
+
+ClientOptions stuck_options(std::vector<std::string> endpoints) {
+  ClientOptions o;
+  o.endpoints = std::move(endpoints);
+  o.spread_over_members = false;
+  o.request_timeout = kFarTimeouts;
+  o.unavailable_timeout = kFarTimeouts;
+  return o;
+}
+
+struct CancelOutcome {
+  bool ended_before_cancel = false;
+  std::optional<StoreError> error;
+  Clock::duration ended_after_cancel{};
+};
+
+// Runs `call` on `io` and cancels it after kStuckFor.
+template <typename T>
+CancelOutcome cancel_while_stuck(boost::asio::io_context& io, Task<T> call, Cancellation& cancel) {
+  CancelOutcome out;
+  Clock::time_point cancelled_at, ended_at;
+  bool ended = false;
+  TaskGroup group(io);
+  group.spawn([&]() -> Task<void> {
+    try {
+      co_await std::move(call);
+    } catch (const StoreError& e) {
+      out.error = e;
+    }
+    ended_at = Clock::now();
+    ended = true;
+  });
+  group.spawn([&]() -> Task<void> {
+    boost::asio::steady_timer timer(io, kStuckFor);
+    co_await timer.async_wait(boost::asio::use_awaitable);
+    out.ended_before_cancel = ended;
+    cancelled_at = Clock::now();
+    cancel.cancel();
+  });
+  group.wait(kFarTimeouts / 2);
+  out.ended_after_cancel = ended_at - cancelled_at;
+  return out;
+}
+
+void expect_ended_at_once(const CancelOutcome& out) {
+  EXPECT_FALSE(out.ended_before_cancel) << "the call was not stuck";
+  ASSERT_TRUE(out.error.has_value()) << "the call succeeded";
+  EXPECT_EQ(out.error->code(), StoreErrc::kCancelled) << out.error->what();
+  EXPECT_LT(out.ended_after_cancel, kPromptly);
+}
+
+TEST(EtcdClientCancel, ACallStuckInAnyPhaseEndsAtOnce) {
+  struct Case {
+    const char* phase;
+    SilentEndpoint::Kind member;
+  };
+  const std::vector<Case> cases{{"connecting", SilentEndpoint::Kind::kConnectsNever},
+                                {"waiting for the answer", SilentEndpoint::Kind::kAnswersNothing},
+                                {"backing off between members", SilentEndpoint::Kind::kRefuses}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.phase);
+    const SilentEndpoint member(c.member);
+    boost::asio::io_context io;
+    const auto client = Client::create(io, stuck_options({member.endpoint()}));
+    Cancellation cancel;
+    expect_ended_at_once(cancel_while_stuck(io, client->put("k", "v", 0, cancel), cancel));
+  }
+}
+
+// The watch's member dies; while the watch resumes on the next one, close comes.
+TEST(EtcdClientCancel, AWatchResumingAfterItsMemberDiedEndsAtOnce) {
+  struct Case {
+    const char* phase;
+    SilentEndpoint::Kind next_member;
+  };
+  const std::vector<Case> cases{
+      {"connecting to the next member", SilentEndpoint::Kind::kConnectsNever},
+      {"waiting for the next member's answer", SilentEndpoint::Kind::kAnswersNothing},
+      {"backing off between members", SilentEndpoint::Kind::kRefuses}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.phase);
+    EtcdCluster cluster;
+    const SilentEndpoint next(c.next_member);
+    boost::asio::io_context io;
+    const auto client = Client::create(io, stuck_options({cluster.endpoint(0), next.endpoint()}));
+    Cancellation cancel;
+    WatchRequest request;
+    request.key = "w";
+    request.start_revision = run_task(io, client->put("w", "1", 0, cancel));
+    const auto watch = client->watch(request);
+    ASSERT_TRUE(run_task(io, watch->next(Clock::now() + 30s, cancel)).has_value());
+    cluster.kill(0);
+    expect_ended_at_once(
+        cancel_while_stuck(io, watch->next(Clock::now() + kFarTimeouts, cancel), cancel));
+  }
 }
 
 TEST(EtcdClientCluster, CallsFailOverToTheMembersLeft) {

@@ -208,9 +208,10 @@ class Client::Impl {
     }
   }
 
-  // One request and its answer, through whichever member answers first.
+  // One request and its answer, through whichever member answers first, starting `skip`
+  // members past the preferred one.
   Task<json> call(std::string path, json body, std::string what, Cancellation& cancel,
-                  Deadline deadline);
+                  Deadline deadline, std::size_t skip = 0);
 
   Task<void> authenticate_if_needed(Cancellation& cancel, Deadline deadline);
   detail::Request make_request(const std::string& path, std::string body,
@@ -251,12 +252,12 @@ namespace {
 // give up.
 class Attempts {
  public:
-  Attempts(Client::Impl& client, std::string what, Deadline deadline)
+  Attempts(Client::Impl& client, std::string what, Deadline deadline, std::size_t skip = 0)
       : client_(client),
         what_(std::move(what)),
         deadline_(deadline),
         give_up_(Clock::now() + client.options_.unavailable_timeout),
-        endpoint_(client.preferred_) {}
+        endpoint_((client.preferred_ + skip) % client.endpoints_.size()) {}
 
   std::size_t endpoint() const { return endpoint_; }
   Clock::time_point exchange_deadline() const {
@@ -270,6 +271,9 @@ class Attempts {
     last_ = client_.endpoints_[endpoint_].text + ": " + reason;
     client_.avoid(endpoint_);
     endpoint_ = (endpoint_ + 1) % client_.endpoints_.size();
+    // A cancel that came after the failure, before this coroutine resumed, stopped nothing (the
+    // timer below was not armed yet): it must not cost a backoff.
+    if (cancel.cancelled()) throw client_.cancelled(what_);
     if (++failures_ % client_.endpoints_.size() == 0) {
       auto wake = std::min(Clock::now() + backoff_, give_up_);
       if (deadline_) wake = std::min(wake, *deadline_);
@@ -396,8 +400,8 @@ Task<void> Client::Impl::authenticate_if_needed(Cancellation& cancel, Deadline d
 }
 
 Task<json> Client::Impl::call(std::string path, json body, std::string what, Cancellation& cancel,
-                              Deadline deadline) {
-  Attempts attempts(*this, what, deadline);
+                              Deadline deadline, std::size_t skip) {
+  Attempts attempts(*this, what, deadline, skip);
   const std::string payload = body.dump();
   bool fresh_connection_tried = false;
   for (;;) {
@@ -406,6 +410,7 @@ Task<json> Client::Impl::call(std::string path, json body, std::string what, Can
     const std::size_t endpoint = attempts.endpoint();
     std::string failure;
     bool reused = false;
+    bool timed_out = false;
     try {
       std::unique_ptr<detail::Connection> connection;
       if (!idle_[endpoint].empty()) {
@@ -436,10 +441,12 @@ Task<json> Client::Impl::call(std::string path, json body, std::string what, Can
       }
     } catch (const detail::TransportError& e) {
       failure = e.reason;
+      timed_out = e.timed_out;
     }
     // An idle connection the member closed meanwhile says nothing about the member: once per
-    // call, try it again on a new connection.
-    if (reused && !fresh_connection_tried) {
+    // call, try it again on a new connection. One it left unanswered does: a hung member would
+    // cost a second timeout.
+    if (reused && !timed_out && !fresh_connection_tried) {
       fresh_connection_tried = true;
       idle_[endpoint].clear();
       continue;
@@ -543,12 +550,12 @@ Task<Lease> Client::lease_grant(std::chrono::seconds ttl, Cancellation& cancel, 
 }
 
 Task<std::chrono::seconds> Client::lease_keep_alive(std::int64_t id, Cancellation& cancel,
-                                                    Deadline deadline) {
+                                                    Deadline deadline, std::size_t skip) {
   const auto impl = impl_;
   const auto what = "renew lease " + std::to_string(id);
   json body{{"ID", std::to_string(id)}};
   const auto answer =
-      co_await impl->call("/v3/lease/keepalive", std::move(body), what, cancel, deadline);
+      co_await impl->call("/v3/lease/keepalive", std::move(body), what, cancel, deadline, skip);
   co_return decoded(*impl, what, [&] {
     return std::chrono::seconds(detail::number(answer.at("result"), "TTL"));
   });

@@ -60,7 +60,7 @@ void Connection::fail(const boost::system::error_code& error, const char* what,
                          "; check cacert, cert and key, and that the member's certificate names "
                          "the address used for it");
   }
-  if (error == beast::error::timeout) throw TransportError{std::string(what) + " timed out"};
+  if (error == beast::error::timeout) throw TransportError{std::string(what) + " timed out", true};
   throw TransportError{std::string(what) + ": " + error.message()};
 }
 
@@ -86,7 +86,8 @@ Task<void> Connection::connect(const Endpoint& endpoint, Clock::time_point deadl
     const auto results = co_await resolver.async_resolve(endpoint.host, endpoint.port,
                                                          asio::ip::resolver_base::numeric_service,
                                                          redirect_error(use_awaitable, ec));
-    if (ec) fail(ec, "name lookup", cancel);
+    // A cancel that came after the lookup completed stopped nothing: connect would open anew.
+    if (ec || cancel.cancelled()) fail(ec, "name lookup", cancel);
     for (const auto& r : results) targets.push_back(r.endpoint());
   }
   tcp().expires_at(deadline);

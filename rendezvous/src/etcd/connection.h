@@ -31,6 +31,7 @@ using Response = boost::beast::http::response<boost::beast::http::string_body>;
 // may answer. Failures that no other member would fix (a refused certificate) are StoreErrors.
 struct TransportError {
   std::string reason;
+  bool timed_out = false;  // the member said nothing before the deadline (it may be hung)
 };
 
 class Connection {

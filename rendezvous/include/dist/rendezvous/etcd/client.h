@@ -229,8 +229,10 @@ class Client {
 
   Task<Lease> lease_grant(std::chrono::seconds ttl, Cancellation& cancel, Deadline deadline = {});
   // The lease's remaining TTL after the renewal; zero when it had expired (or never existed).
+  // `skip`: start that many members past the one calls start at, so that a renewal sent while
+  // earlier ones wait unanswered (on a member that stopped answering) reaches another member.
   Task<std::chrono::seconds> lease_keep_alive(std::int64_t id, Cancellation& cancel,
-                                              Deadline deadline = {});
+                                              Deadline deadline = {}, std::size_t skip = 0);
   Task<void> lease_revoke(std::int64_t id, Cancellation& cancel, Deadline deadline = {});
 
   // Connects on the first next().

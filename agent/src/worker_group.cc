@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "dist/agent/log_line_prefix.h"
+#include "dist/rendezvous/token.h"
 #include "failure_report.h"
 #include "log_pump.h"
 #include "process.h"
@@ -105,6 +106,8 @@ void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
   variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
   // The SDK's Gloo group listens there (worker_sdk/src/local_address.h).
   if (!config_.local_addr.empty()) variables["DIST_LOCAL_ADDR"] = config_.local_addr;
+  // A path, never the secret: a process's environment is readable by much of the machine.
+  if (!spec.token_file.empty()) variables[rendezvous::kTokenFileVariable] = spec.token_file;
   const auto env = merge_environment(base_env, variables);
   const WorkerPlacement& placement = resources.placement;
   const bool bound = placement.bind_cpus || placement.bind_memory;

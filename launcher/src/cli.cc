@@ -20,6 +20,7 @@
 #include "dist/agent/signals.h"
 #include "dist/agent/worker_resources.h"
 #include "dist/launcher/slurm.h"
+#include "job_token.h"
 
 namespace dist::launcher {
 namespace {
@@ -464,6 +465,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   opt("--start-method,--start_method", start_method, "START_METHOD",
       "Accepted for torchrun compatibility (workers are always fresh processes)")
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  TokenOptions token;
+  add_token_options(app, token);
   opt("--role", c.role, "ROLE", "Worker role name")->capture_default_str();
   app.add_flag("-m,--module", module, "Run the script as a Python module (python -m)")
       ->envname("PET_MODULE");
@@ -564,6 +567,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       c.rdzv_backend = "c10d";
       if (c.run_id == "none") c.run_id = random_run_id();
     }
+    apply_token_options(token, c);
 
     const std::string& script = script_and_args.front();
     const std::vector<std::string> script_args(script_and_args.begin() + 1, script_and_args.end());
@@ -610,7 +614,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   } catch (const UsageError& e) {
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
-  } catch (const std::invalid_argument& e) {  // a malformed SLURM_* variable
+  } catch (const std::invalid_argument& e) {  // a malformed SLURM_* variable, the token
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
   }

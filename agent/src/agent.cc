@@ -345,6 +345,7 @@ class Agent {
     if (state_ != State::kRoundEnded) return;
     switch (v.action) {
       case Verdict::kRestart:
+        spdlog::warn("round {} ended: {}", assignment_.round, v.reason);
         restart_count_ = v.restarts;
         return transition(State::kRestarting);
       case Verdict::kReshape:

@@ -8,7 +8,9 @@
   DELETE_ALL_EXCEPT, and they are not even counted; on a host without an agent, nothing;
 - a wrong token, or none, is a clear error naming the store and what to do;
 - dist-launch status takes the token;
-- unmodified PyTorch workers (Debian's torch 1.13) still train in a job with a token.
+- unmodified PyTorch workers (Debian's torch 1.13) still train in a job with a token, with the
+  agents' store (c10d) or with etcd-v3 (node rank 0's agent hosts the workers' store, which the
+  agents never use otherwise: each introduces its host to it).
 
     python3 token_test.py --launcher build/bin/dist-launch --worker build/bin/dist-test-worker \
         --ddp-train build/bin/ddp_train --named-hosts named-hosts.sh
@@ -31,6 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STRANGER = os.path.join(HERE, "store_stranger.py")
 TORCH_EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch", "ddp_train.py")
 HOSTS = ["node-a", "node-b", "node-c"]
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+ETCD_PORT = "2379"
 PORT = "29500"  # the hosts are fresh network namespaces: nothing else holds a port there
 RUN_ID = "none"
 JOB_TIMEOUT_S = 240
@@ -215,6 +219,34 @@ class TokenOnNamedHosts(unittest.TestCase):
         one_host = set(re.findall(r"weights in sync sha256 ([0-9a-f]{64})", self.output("alone")))
         self.assertEqual(len(with_token), 1, "\n".join(outputs))
         self.assertEqual(with_token, one_host)
+
+    def test_torch_workers_train_with_etcd_and_a_token(self):
+        if not torch_available(ARGS.python):
+            self.skipTest(f"{ARGS.python} has no torch")
+        if not os.access(ETCD, os.X_OK):
+            self.skipTest("no etcd (Debian's etcd-server)")
+        client_url = f"http://node-c:{ETCD_PORT}"
+        etcd = self.start("node-c", "etcd", [
+            ETCD, "--name=c", f"--data-dir={self.path('etcd')}",
+            f"--listen-client-urls=http://0.0.0.0:{ETCD_PORT}",
+            f"--advertise-client-urls={client_url}", "--listen-peer-urls=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            "--initial-cluster=c=http://127.0.0.1:2380", "--listen-metrics-urls=http://127.0.0.1:2381",
+            "--logger=zap"])
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python)
+        procs = []
+        for host in ["node-a", "node-b"]:
+            argv = [ARGS.launcher, "--nnodes", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                    f"node-c:{ETCD_PORT}", "--rdzv-id", "etcd-job", "--token-file", self.token,
+                    "--nproc-per-node", "1", TORCH_EXAMPLE]
+            procs.append(self.start(host, host, argv, env))
+        codes = [p.wait(timeout=JOB_TIMEOUT_S) for p in procs]
+        outputs = [self.output(h) for h in ["node-a", "node-b"]]
+        etcd.kill()
+        etcd.wait()
+        self.assertEqual(codes, [0, 0], "\n".join(outputs))
+        self.assertEqual(len(set(re.findall(r"weights in sync sha256 ([0-9a-f]{64})",
+                                            "".join(outputs)))), 1, "\n".join(outputs))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
@@ -34,6 +35,7 @@
 #include "dist/agent/rendezvous.h"
 #include "dist/agent/signal_origin.h"
 #include "dist/rendezvous/errors.h"
+#include "dist/rendezvous/token.h"
 #include "etcd_store.h"
 #include "failure_report.h"
 #include "janitor.h"
@@ -355,6 +357,7 @@ class Agent {
     telemetry_->verdict(assignment_.round, v);
     switch (v.action) {
       case Verdict::kRestart:
+        spdlog::warn("round {} ended: {}", assignment_.round, v.reason);
         restart_count_ = v.restarts;
         return transition(State::kRestarting);
       case Verdict::kReshape:
@@ -457,6 +460,10 @@ class Agent {
       return transition(State::kExit);
     }
     if (config_.writes_log_files()) spdlog::info("worker logs in {}", run_dir_->path().string());
+    if (!provide_token_file()) {
+      exit_code_ = kExitAgentError;
+      return transition(State::kExit);
+    }
     signals_.start([this](SignalWatcher::Received r) {
       on(event::SignalReceived{r.signal, r.sender, r.code});
     });
@@ -498,7 +505,7 @@ class Agent {
     rendezvous::ServerOptions options;
     if (multi_node()) options.keepalive = liveness();  // agents that vanish are dropped
     try {
-      store_host_.emplace(io_, address, port, options);
+      store_host_.emplace(io_, address, port, with_token(options));
     } catch (const rendezvous::StoreError& e) {
       spdlog::error("cannot host the rendezvous store: {}", e.what());
       exit_code_ = kExitAgentError;
@@ -522,7 +529,7 @@ class Agent {
         rendezvous::ServerOptions options;
         options.keepalive = liveness();
         try {
-          store_host_.emplace(io_, "", store_port_, options);
+          store_host_.emplace(io_, "", store_port_, with_token(options));
           store_port_ = store_host_->port();  // port 0: the free one it got
           spdlog::info("hosting the rendezvous store for {}:{} on {}", config_.master_addr,
                        store_port_, store_host_->bound_address());
@@ -558,6 +565,7 @@ class Agent {
     options.host = config_.master_addr;
     options.port = store_port_;
     options.connect_timeout = config_.elastic ? config_.join_timeout : config_.rdzv_timeout;
+    options.secret = config_.secret;
     const rendezvous::Keepalive keepalive = liveness();
     options.keepalive_idle_seconds = keepalive.idle_seconds;
     options.keepalive_interval_seconds = keepalive.interval_seconds;
@@ -581,6 +589,30 @@ class Agent {
   }
 
   bool etcd() const { return config_.rdzv_backend == "etcd-v3"; }
+
+  // A store this agent hosts asks for the job's token, when there is one.
+  rendezvous::ServerOptions with_token(rendezvous::ServerOptions options) const {
+    options.secret = config_.secret;
+    options.unauthenticated = config_.unauthenticated;
+    return options;
+  }
+
+  // Where the workers find the token (DIST_LAUNCH_TOKEN_FILE): the file given, or one written
+  // here, mode 0600, in the run directory (a generated token, or one read from stdin). False,
+  // said, when it cannot be written.
+  bool provide_token_file() {
+    token_file_ = config_.token_file;
+    if (config_.secret.empty() || !token_file_.empty()) return true;
+    const std::string path = (run_dir_->path() / "token").string();
+    try {
+      rendezvous::write_secret_file(path, config_.secret);
+    } catch (const rendezvous::StoreError& e) {
+      spdlog::error("{}", e.what());
+      return false;
+    }
+    token_file_ = written_token_file_ = path;
+    return true;
+  }
 
   // A vanished node's lease expires after keep_alive_interval * (keep_alive_max_attempt - 1)
   // seconds, at least 2 (etcd's own minimum is about 1.5 election timeouts).
@@ -622,11 +654,27 @@ class Agent {
     std::string worker_store;
     if (etcd()) {  // the store this node hosts for the round's workers, should it be node rank 0
       worker_store_.reset();
-      worker_store_.emplace(io_, "", 0, rendezvous::ServerOptions{});
+      worker_store_.emplace(io_, "", 0, with_token(rendezvous::ServerOptions{}));
       const bool v6 = host_.find(':') != std::string::npos;
       worker_store = (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(worker_store_->port());
     }
-    co_return co_await rdzv_->join_elastic(round, std::move(previous), std::move(worker_store));
+    Assignment joined =
+        co_await rdzv_->join_elastic(round, std::move(previous), std::move(worker_store));
+    if (etcd() && !config_.secret.empty()) co_await introduce_to_worker_store(joined);
+    co_return joined;
+  }
+
+  // etcd: the agents never use the round's workers' store, so it learns this host from one
+  // authentication here, and admits this node's PyTorch workers (--unauthenticated known-hosts).
+  Task<void> introduce_to_worker_store(Assignment a) {
+    rendezvous::ClientOptions options;
+    options.host = a.worker_store_host;
+    options.port = a.worker_store_port;
+    options.connect_timeout = config_.join_timeout;
+    options.secret = config_.secret;
+    rendezvous::AsyncStoreClient client(io_.get_executor(), options);
+    co_await client.open();
+    client.close();
   }
 
   // ------------------------------------------------------------------------------------------
@@ -642,6 +690,7 @@ class Agent {
     spec.restart_count = restart_count_;
     spec.master_addr = config_.master_addr;
     spec.master_port = store_port_;
+    spec.token_file = token_file_;
     if (!assignment_.worker_store_host.empty()) {  // etcd: node rank 0's store
       spec.master_addr = assignment_.worker_store_host;
       spec.master_port = assignment_.worker_store_port;
@@ -778,6 +827,10 @@ class Agent {
     group_.reset();  // SIGKILLs and reaps whatever still runs
     if (store_host_) store_host_->stop();
     if (worker_store_) worker_store_->stop();
+    if (!written_token_file_.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove(written_token_file_, ignored);
+    }
     signals_.cancel();
     io_.restart();
     while (io_.poll() > 0) {
@@ -846,6 +899,8 @@ class Agent {
   SignalWatcher signals_;
   std::string host_;
   std::optional<RunDirectory> run_dir_;
+  std::string token_file_;                 // the workers' DIST_LAUNCH_TOKEN_FILE (empty: no token)
+  std::string written_token_file_;         // when this agent wrote it: removed at the end
   std::optional<StoreHost> store_host_;    // the job's store, when this agent hosts it
   std::optional<StoreHost> worker_store_;  // etcd: this round's store for the workers
   std::uint16_t store_port_ = 0;

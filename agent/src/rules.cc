@@ -48,9 +48,19 @@ Verdict decide(const RoundEnd& end, int max_restarts, int min_nodes) {
                  " restart(s), the most --max-restarts allows";
     }
   } else if (alive + end.waiting < min_nodes) {
-    v.action = Verdict::kFail;
-    v.reason = lost_text + ", " + std::to_string(alive + end.waiting) +
-               " node(s) left, fewer than the minimum " + std::to_string(min_nodes);
+    // Too few to go on now. With a restart left, the next round waits for MIN nodes until the
+    // join timeout, as torchrun's survivors do: a cluster manager brings the lost node back.
+    const std::string too_few = lost_text + ", " + std::to_string(alive + end.waiting) +
+                                " node(s) left, fewer than the minimum " +
+                                std::to_string(min_nodes);
+    if (end.restarts < max_restarts) {
+      v.action = Verdict::kRestart;
+      v.restarts = end.restarts + 1;
+      v.reason = too_few + ": waiting for nodes to join (until the join timeout)";
+    } else {
+      v.action = Verdict::kFail;
+      v.reason = too_few;
+    }
   } else {
     v.action = Verdict::kReshape;
     v.reason = !end.lost.empty() ? lost_text

@@ -40,7 +40,8 @@ struct RoundEnd {
   std::int64_t waiting = 0;    // newcomers already waiting in the next round
 };
 // A worker failure alone is a restart (or the end, when none is left); a lost node or a newcomer
-// is a reshape (not a restart), unless fewer than min_nodes would be left. A worker failing while
+// is a reshape (not a restart), unless fewer than min_nodes would be left: then a restart whose
+// round waits for min_nodes (or the end, when none is left). A worker failing while
 // its round was reshaped (a peer's workers stopped under it) is collateral, not a restart: a real
 // fault shows up again in the next round.
 Verdict decide(const RoundEnd& end, int max_restarts, int min_nodes);

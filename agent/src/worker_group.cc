@@ -11,6 +11,7 @@
 
 #include "dist/agent/log_line_prefix.h"
 #include "dist/agent/signals.h"
+#include "dist/rendezvous/token.h"
 #include "failure_report.h"
 #include "log_pump.h"
 #include "process.h"
@@ -171,6 +172,8 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const RoundSpec& spec, const SpawnP
   if (!config_.local_addr.empty()) variables["DIST_LOCAL_ADDR"] = config_.local_addr;
   std::vector<int> inherited;  // the watchdogs' channels
   watchdogs_.prepare(w.local_rank, variables, inherited);
+  // A path, never the secret: a process's environment is readable by much of the machine.
+  if (!spec.token_file.empty()) variables[rendezvous::kTokenFileVariable] = spec.token_file;
   const auto env = merge_environment(base_env, variables);
   const WorkerPlacement& placement = resources.placement;
   const bool bound = placement.bind_cpus || placement.bind_memory;

@@ -51,6 +51,7 @@ struct RoundSpec {
   int restart_count = 0;
   std::string master_addr;  // the store the workers use (MASTER_ADDR / MASTER_PORT)
   std::uint16_t master_port = 0;
+  std::string token_file;  // the job's token, for the SDK (DIST_LAUNCH_TOKEN_FILE); empty: none
   std::string host_label;  // this node, as failure reports name it
 };
 

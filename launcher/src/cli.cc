@@ -24,6 +24,7 @@
 #include "dist/launcher/slurm.h"
 #include "dist/launcher/torchelastic_env.h"
 #include "option_scan.h"
+#include "job_token.h"
 
 namespace dist::launcher {
 namespace {
@@ -683,6 +684,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       "torchrun's Python event handler: null (the default) and dynamic_rendezvous are accepted; "
       "dist-launch emits no Python events")
       ->capture_default_str();
+  TokenOptions token;
+  add_token_options(app, token);
   opt("--role", c.role, "ROLE", "Worker role name")->capture_default_str();
   app.add_flag("-m,--module", module, "Run the script as a Python module (python -m)")
       ->envname("PET_MODULE");
@@ -850,6 +853,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       if (c.run_id == "none") c.run_id = random_run_id();
     }
     check_free_port(c);
+    apply_token_options(token, c);
 
     const std::string& script = script_and_args.front();
     const std::vector<std::string> script_args(script_and_args.begin() + 1, script_and_args.end());
@@ -895,7 +899,7 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   } catch (const UsageError& e) {
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
-  } catch (const std::invalid_argument& e) {  // a malformed SLURM_* or TORCHELASTIC_* variable
+  } catch (const std::invalid_argument& e) {  // a malformed SLURM_* or TORCHELASTIC_* variable, the token
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
   }

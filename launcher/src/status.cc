@@ -8,13 +8,15 @@
 
 #include "dist/agent/job_status.h"
 #include "dist/launcher/cli.h"
+#include "dist/rendezvous/client.h"
+#include "dist/rendezvous/token.h"
 
 namespace dist::launcher {
 
 int run_status(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CLI::App app{"dist-launch status: the nodes of a job, read from its rendezvous store",
                "dist-launch status"};
-  std::string endpoint, run_id = "none";
+  std::string endpoint, run_id = "none", token_file;
   int timeout_s = 10;
   bool json = false;
   app.add_option("--rdzv-endpoint,--rdzv_endpoint,--master-addr-port", endpoint,
@@ -25,6 +27,8 @@ int run_status(const std::vector<std::string>& args, std::ostream& out, std::ost
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--json", json, "One JSON object instead of the table");
+  app.add_option("--token-file", token_file, "The job's token file, when the job has one")
+      ->envname(rendezvous::kTokenFileVariable);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -55,6 +59,12 @@ int run_status(const std::vector<std::string>& args, std::ostream& out, std::ost
   options.port = port;
   options.connect_timeout = std::chrono::seconds(timeout_s);
   options.timeout = std::chrono::seconds(timeout_s);
+  try {
+    if (!token_file.empty()) options.secret = rendezvous::read_secret_file(token_file);
+  } catch (const rendezvous::StoreError& e) {
+    err << "dist-launch status: error: " << e.what() << "\n";
+    return kExitUsage;
+  }
   boost::asio::io_context io;
   std::optional<agent::JobStatus> status;
   std::exception_ptr failure;

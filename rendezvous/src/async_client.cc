@@ -406,14 +406,16 @@ Task<void> AsyncStoreClient::Impl::handshake() {
   limits_.max_keys_per_request = co_await fixed<std::uint64_t>();
   limits_.max_request_bytes = co_await fixed<std::uint64_t>();
   limits_.max_total_bytes = co_await fixed<std::uint64_t>();
-  if (co_await fixed<std::uint8_t>() == 0) co_return;  // no authentication required
+  const bool auth_required = co_await fixed<std::uint8_t>() != 0;
+  if (!auth_required) {
+    if (options_.secret.empty()) co_return;
+    throw StoreError(StoreErrc::kUnauthenticated, auth::store_without_token(endpoint()));
+  }
 
   auth::Nonce server_nonce{};
   co_await read_exact(server_nonce.data(), server_nonce.size());
   if (options_.secret.empty()) {
-    throw StoreError(StoreErrc::kUnauthenticated,
-                     "the store at " + endpoint() +
-                         " requires the job's token; give every agent the same --token-file");
+    throw StoreError(StoreErrc::kUnauthenticated, auth::token_required(endpoint()));
   }
   context_ = "AUTH";
   const auth::Nonce client_nonce = auth::random_nonce();
@@ -423,7 +425,14 @@ Task<void> AsyncStoreClient::Impl::handshake() {
   w.raw(mac.data(), mac.size());
   w.raw(client_nonce.data(), client_nonce.size());
   co_await send();
-  co_await status();
+  std::string refused;
+  try {
+    co_await status();
+  } catch (const StoreError& e) {
+    if (e.code() != StoreErrc::kUnauthenticated) throw;
+    refused = e.what();
+  }
+  if (!refused.empty()) throw StoreError(StoreErrc::kUnauthenticated, auth::token_refused(refused));
   auth::Mac proof{};
   co_await read_exact(proof.data(), proof.size());
   const auth::Mac expected = auth::server_proof(options_.secret, server_nonce, client_nonce);

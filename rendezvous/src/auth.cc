@@ -48,4 +48,27 @@ bool equal(const unsigned char* a, const unsigned char* b, std::size_t n) {
   return CRYPTO_memcmp(a, b, n) == 0;
 }
 
+namespace {
+constexpr const char* kHowToPassIt =
+    "use the job's token file everywhere: dist-launch --token-file FILE (or "
+    "DIST_LAUNCH_TOKEN_FILE=FILE) on every node, dist-rendezvous --token-file FILE, dist-launch "
+    "status --token-file FILE";
+}
+
+std::string token_required(const std::string& endpoint) {
+  return "the store at " + endpoint +
+         " requires the job's token and this client has none: " + kHowToPassIt;
+}
+
+std::string store_without_token(const std::string& endpoint) {
+  return "the store at " + endpoint +
+         " does not ask for the job's token, which this client has: it is not this job's store, "
+         "or it was started without the token; " +
+         kHowToPassIt;
+}
+
+std::string token_refused(const std::string& reply) {
+  return reply + " (this client's token is not the store's: " + kHowToPassIt + ")";
+}
+
 }  // namespace dist::rendezvous::auth

@@ -20,4 +20,9 @@ Mac client_proof(std::string_view secret, const Nonce& server_nonce, const Nonce
 Mac server_proof(std::string_view secret, const Nonce& server_nonce, const Nonce& client_nonce);
 bool equal(const unsigned char* a, const unsigned char* b, std::size_t n);  // constant time
 
+// The clients' errors when a token and a store do not match, each saying what to do.
+std::string token_required(const std::string& endpoint);       // the store asks, we have none
+std::string store_without_token(const std::string& endpoint);  // we have one, the store asks none
+std::string token_refused(const std::string& reply);  // the store's error reply to our AUTH
+
 }  // namespace dist::rendezvous::auth

@@ -225,14 +225,16 @@ void StoreClient::Impl::handshake(Clock::time_point d) {
                          "TCPStore?): " +
                          e.what());
   }
-  if (u8(d) == 0) return;  // no authentication required
+  const bool auth_required = u8(d) != 0;
+  if (!auth_required) {
+    if (options_.secret.empty()) return;
+    throw StoreError(StoreErrc::kUnauthenticated, auth::store_without_token(endpoint()));
+  }
 
   auth::Nonce server_nonce{};
   read_exact(server_nonce.data(), server_nonce.size(), d);
   if (options_.secret.empty()) {
-    throw StoreError(StoreErrc::kUnauthenticated,
-                     "the store at " + endpoint() +
-                         " requires the job's token; give every agent the same --token-file");
+    throw StoreError(StoreErrc::kUnauthenticated, auth::token_required(endpoint()));
   }
   const auth::Nonce client_nonce = auth::random_nonce();
   const auth::Mac mac = auth::client_proof(options_.secret, server_nonce, client_nonce);
@@ -240,7 +242,12 @@ void StoreClient::Impl::handshake(Clock::time_point d) {
   w.raw(mac.data(), mac.size());
   w.raw(client_nonce.data(), client_nonce.size());
   send(d);
-  status(d, "AUTH");
+  try {
+    status(d, "AUTH");
+  } catch (const StoreError& e) {
+    if (e.code() != StoreErrc::kUnauthenticated) throw;
+    throw StoreError(StoreErrc::kUnauthenticated, auth::token_refused(e.what()));
+  }
   auth::Mac proof{};
   read_exact(proof.data(), proof.size(), d);
   const auth::Mac expected = auth::server_proof(options_.secret, server_nonce, client_nonce);

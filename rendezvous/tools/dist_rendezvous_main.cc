@@ -16,6 +16,7 @@
 #include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/limits.h"
 #include "dist/rendezvous/server.h"
+#include "dist/rendezvous/token.h"
 
 namespace {
 
@@ -47,7 +48,8 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "Port to listen on (0: pick a free one and print it)")
       ->capture_default_str();
   app.add_option("--token-file", token_file,
-                 "File holding the shared secret that agents must prove they know")
+                 "File holding the shared secret that agents must prove they know (chmod 600)")
+      ->envname(kTokenFileVariable)
       ->check(CLI::ExistingFile);
   app.add_option("--unauthenticated", policy,
                  "With a token: who may connect without authenticating (PyTorch workers cannot)")

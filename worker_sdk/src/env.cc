@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "dist/rendezvous/token.h"
+
 namespace dist::sdk {
 namespace {
 
@@ -54,6 +56,8 @@ WorkerEnv WorkerEnv::from_environment() {
               : 0;
   const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
   if (run_id && *run_id) env.run_id = run_id;
+  const char* token_file = std::getenv(rendezvous::kTokenFileVariable);
+  if (token_file && *token_file) env.token_file = token_file;
   return env;
 }
 
@@ -66,6 +70,13 @@ rendezvous::StoreClient connect_store(const WorkerEnv& env, std::chrono::millise
   options.host = env.master_addr;
   options.port = env.master_port;
   options.connect_timeout = timeout;
+  if (!env.token_file.empty()) {
+    try {
+      options.secret = rendezvous::read_secret_file(env.token_file);
+    } catch (const rendezvous::StoreError& e) {
+      throw EnvironmentError(std::string(rendezvous::kTokenFileVariable) + ": " + e.what());
+    }
+  }
   return rendezvous::StoreClient::connect(options);
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/rendezvous/server.h"
+
 namespace dist::agent {
 
 // Which worker streams go to files (and not the console) or to both: torchrun's -r / -t values.
@@ -87,6 +89,15 @@ struct LaunchConfig {
   int keep_alive_max_attempt = 3;
   // How long a node whose workers all succeeded waits for the other nodes' (several nodes).
   std::chrono::milliseconds exit_barrier_timeout{300'000};
+  // The job's token (docs/STORE.md, Authentication); empty: none. With one, this agent proves it
+  // to the store it joins, and the store it hosts asks every client for it, admitting clients
+  // without it (PyTorch workers) by `unauthenticated`. Workers get token_file's path in
+  // DIST_LAUNCH_TOKEN_FILE, never the secret; token_file empty (a token generated, or read from
+  // stdin): the agent writes one, mode 0600, in its run directory.
+  std::string secret;
+  std::string token_file;  // absolute
+  rendezvous::UnauthenticatedPolicy unauthenticated =
+      rendezvous::UnauthenticatedPolicy::kKnownHosts;
 
   // Lifecycle.
   int max_restarts = 0;

@@ -7,8 +7,8 @@
 
 namespace dist::launcher {
 
-// Runs `dist-launch status --rdzv-endpoint HOST:PORT [--rdzv-id ID]` (args without "status");
-// returns the exit code.
+// Runs `dist-launch status --rdzv-endpoint HOST:PORT [--rdzv-id ID] [--token-file F]` (args
+// without "status"); returns the exit code.
 int run_status(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 }  // namespace dist::launcher

@@ -25,10 +25,13 @@ struct WorkerEnv {
   std::string master_addr = "127.0.0.1";
   std::uint16_t master_port = 0;
   std::string run_id = "none";
+  // The job's token file (DIST_LAUNCH_TOKEN_FILE, set when the job has a token): connect_store
+  // authenticates with what it holds. Empty: the store asks for none.
+  std::string token_file;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-  // TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_RUN_ID. Throws EnvironmentError when one is missing
-  // or malformed, or when the ranks are inconsistent.
+  // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID and DIST_LAUNCH_TOKEN_FILE. Throws
+  // EnvironmentError when one is missing or malformed, or when the ranks are inconsistent.
   static WorkerEnv from_environment();
 
   // Rank 0 of a world of 1, for running a worker without dist-launch: the caller hosts a store
@@ -39,7 +42,9 @@ struct WorkerEnv {
   static bool launched_by_dist_launch();
 };
 
-// Connects to the agent's store at MASTER_ADDR:MASTER_PORT (retrying until `timeout`).
+// Connects to the agent's store at MASTER_ADDR:MASTER_PORT (retrying until `timeout`), with the
+// job's token when env.token_file names one. Throws EnvironmentError when that file cannot be
+// read (naming it and the variable), rendezvous::StoreError when the store cannot be used.
 rendezvous::StoreClient connect_store(const WorkerEnv& env,
                                       std::chrono::milliseconds timeout = std::chrono::seconds(60));
 

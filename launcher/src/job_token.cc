@@ -1,0 +1,95 @@
+#include "job_token.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <stdexcept>
+
+#include "dist/rendezvous/client.h"
+#include "dist/rendezvous/token.h"
+
+namespace dist::launcher {
+
+namespace {
+
+const std::map<std::string, rendezvous::UnauthenticatedPolicy> kPolicies = {
+    {"deny", rendezvous::UnauthenticatedPolicy::kDeny},
+    {"loopback", rendezvous::UnauthenticatedPolicy::kLoopback},
+    {"known-hosts", rendezvous::UnauthenticatedPolicy::kKnownHosts},
+    {"allow", rendezvous::UnauthenticatedPolicy::kAllow}};
+
+// --token-file, else DIST_LAUNCH_TOKEN_FILE (what a launcher that writes the file sets).
+std::string token_file_given(const TokenOptions& options) {
+  if (!options.token_file.empty() || options.generate) return options.token_file;
+  const char* from_environment = std::getenv(rendezvous::kTokenFileVariable);
+  if (!from_environment) return "";
+  if (!*from_environment) {
+    throw std::invalid_argument(std::string(rendezvous::kTokenFileVariable) +
+                                " is set but empty: give it the token file's path or unset it");
+  }
+  return from_environment;
+}
+
+std::string token_from_stdin() {
+  std::string token;
+  std::getline(std::cin, token);
+  while (!token.empty() && (token.back() == '\r' || token.back() == '\n')) token.pop_back();
+  if (token.empty()) {
+    throw std::invalid_argument("--token-file -: no token on standard input (one line)");
+  }
+  return token;
+}
+
+}  // namespace
+
+void add_token_options(CLI::App& app, TokenOptions& options) {
+  app.add_option("--token-file,--token_file", options.token_file,
+                 "The job's token, the same file on every node (chmod 600): every agent proves it "
+                 "to the store; C++ workers find it through DIST_LAUNCH_TOKEN_FILE. '-': one line "
+                 "from standard input. Default: $DIST_LAUNCH_TOKEN_FILE")
+      ->envname("PET_TOKEN_FILE");
+  app.add_flag("--generate-token,--generate_token", options.generate,
+               "One node: a random token for this job (a 0600 file in the run directory)")
+      ->envname("PET_GENERATE_TOKEN");
+  app.add_option("--unauthenticated", options.unauthenticated,
+                 "With a token: who may use this agent's store without it (PyTorch workers "
+                 "cannot authenticate): deny, loopback, known-hosts (default: this machine and "
+                 "the hosts whose agents authenticated) or allow. Such clients never touch the "
+                 "agents' keys")
+      ->envname("PET_UNAUTHENTICATED")
+      ->check(CLI::IsMember({"deny", "loopback", "known-hosts", "allow"}));
+}
+
+void apply_token_options(const TokenOptions& options, agent::LaunchConfig& config) {
+  const std::string file = token_file_given(options);
+  if (options.generate && !file.empty()) {
+    throw std::invalid_argument("--token-file and --generate-token cannot be used together");
+  }
+  if (options.generate) {
+    if (config.max_nodes > 1 || config.elastic) {
+      throw std::invalid_argument(
+          "--generate-token makes a token only this node knows; a job of several nodes needs "
+          "the same --token-file on every node");
+    }
+    config.secret = rendezvous::generate_secret();
+  } else if (file == "-") {
+    config.secret = token_from_stdin();
+  } else if (!file.empty()) {
+    try {
+      config.secret = rendezvous::read_secret_file(file);
+    } catch (const rendezvous::StoreError& e) {
+      throw std::invalid_argument(e.what());
+    }
+    config.token_file = std::filesystem::absolute(file).string();
+  }
+  if (options.unauthenticated.empty()) return;
+  if (config.secret.empty()) {
+    throw std::invalid_argument("--unauthenticated " + options.unauthenticated +
+                                " applies to a job with a token: give --token-file or "
+                                "--generate-token");
+  }
+  config.unauthenticated = kPolicies.at(options.unauthenticated);
+}
+
+}  // namespace dist::launcher

@@ -20,6 +20,7 @@
 #include "dist/agent/signals.h"
 #include "dist/agent/worker_resources.h"
 #include "dist/launcher/slurm.h"
+#include "hosts_options.h"
 
 namespace dist::launcher {
 namespace {
@@ -507,6 +508,9 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   opt("--cpu-bind,--cpu_bind", cpu_bind, "CPU_BIND",
       "core (each worker its own cores), none, or one CPU list per local rank: '0-3;4-7'");
 
+  HostsFlags hosts;
+  add_hosts_options(app, hosts);
+
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
   try {
     app.parse(reversed);
@@ -534,14 +538,14 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     }
     reject_empty_environment(app);
     // Inside Slurm, what the command line leaves out comes from the job step.
-    const auto slurm = standalone ? std::nullopt : slurm_job_from_environment();
+    const auto slurm = standalone || hosts.given() ? std::nullopt : slurm_job_from_environment();
     if (slurm) {
       if (is_extra_slurm_task(*slurm, app, err)) return {true, kExitOk, {}};
       fill_from_slurm(*slurm, app, nnodes, master_port, c);
     }
     parse_nnodes(nnodes, c);
     if (!devices.empty()) c.devices.devices = parse_devices(devices);
-    c.nproc_per_node = resolve_nproc(nproc, c.devices);
+    if (!hosts.given()) c.nproc_per_node = resolve_nproc(nproc, c.devices);  // each host's own
     c.placement.numa_binding = parse_numa_binding(numa_binding);
     parse_cpu_bind(cpu_bind, c.placement);
     if (master_port > 0) c.master_port = static_cast<std::uint16_t>(master_port);
@@ -554,6 +558,10 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     c.exit_barrier_timeout =
         std::chrono::milliseconds(static_cast<long long>(exit_barrier_timeout_s * 1000));
     parse_rdzv_conf(rdzv_conf, c);
+    if (hosts.given()) {  // the job over ssh (hosts.cc): each host checks the rest for itself
+      outcome.hosts_job = hosts_job_config(app, hosts, args, c);
+      return outcome;
+    }
     choose_rendezvous(app.count("--rdzv-backend") > 0 || std::getenv("PET_RDZV_BACKEND"),
                       rdzv_endpoint, nnodes, standalone,
                       app.count("--node-rank") > 0 || std::getenv("PET_NODE_RANK"), err, c);

@@ -20,13 +20,13 @@ using Clock = std::chrono::steady_clock;
 // Reads up to `n` bytes, waiting until `deadline`; 0 at the end of the pipe.
 std::size_t read_some(int fd, char* into, std::size_t n, Clock::time_point deadline) {
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       throw AgentLaunchError(
           "no launch message on stdin within " +
-          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                             kAgentLaunchReadTimeout)
-                             .count()) +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::seconds>(kAgentLaunchReadTimeout).count()) +
           " s: `dist-launch remote-agent` is started by dist-launch --hosts, which sends the job "
           "on its stdin");
     }
@@ -85,14 +85,16 @@ AgentLaunch read_agent_launch(int fd, std::chrono::milliseconds timeout) {
     }
     if (c != '\n') header.push_back(c);
     if (header.size() > kMaxHeaderBytes) {
-      throw AgentLaunchError("stdin does not start with a launch message: `dist-launch "
-                             "remote-agent` is started by dist-launch --hosts");
+      throw AgentLaunchError(
+          "stdin does not start with a launch message: `dist-launch "
+          "remote-agent` is started by dist-launch --hosts");
     }
   }
   const auto first = header.find(' '), second = header.rfind(' ');
   if (header.substr(0, first) != kHeaderWord || first == second) {
-    throw AgentLaunchError("stdin does not start with a launch message: `dist-launch "
-                           "remote-agent` is started by dist-launch --hosts");
+    throw AgentLaunchError(
+        "stdin does not start with a launch message: `dist-launch "
+        "remote-agent` is started by dist-launch --hosts");
   }
   const int protocol =
       parse_number(std::string_view(header).substr(first + 1, second - first - 1), "protocol");

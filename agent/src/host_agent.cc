@@ -63,8 +63,8 @@ struct SpawnActions {
     sigfillset(&all);
     posix_spawnattr_setsigmask(&attributes, &none);
     posix_spawnattr_setsigdefault(&attributes, &all);
-    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                              POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setflags(
+        &attributes, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   }
   ~SpawnActions() {
     posix_spawn_file_actions_destroy(&actions);
@@ -102,7 +102,9 @@ class HostAgent::Output {
 
   Output(asio::io_context& io, int fd, ConsoleStream stream, std::shared_ptr<Console> console,
          OnRecords on_record)
-      : pipe_(io, fd), stream_(stream), console_(std::move(console)),
+      : pipe_(io, fd),
+        stream_(stream),
+        console_(std::move(console)),
         on_record_(std::move(on_record)) {
     pipe_.non_blocking(true);
   }
@@ -146,9 +148,8 @@ class HostAgent::Output {
 
   void feed(std::string_view data) {
     std::string batch;
-    cutter_.feed(data, [&](std::string_view record, bool starts) {
-      on_record_(record, starts, batch);
-    });
+    cutter_.feed(data,
+                 [&](std::string_view record, bool starts) { on_record_(record, starts, batch); });
     if (!batch.empty()) console_->write(stream_, batch);
   }
 
@@ -156,9 +157,8 @@ class HostAgent::Output {
     if (closed_) return;
     closed_ = true;
     std::string batch;
-    cutter_.finish([&](std::string_view record, bool starts) {
-      on_record_(record, starts, batch);
-    });
+    cutter_.finish(
+        [&](std::string_view record, bool starts) { on_record_(record, starts, batch); });
     if (!batch.empty()) console_->write(stream_, batch);
     boost::system::error_code ignored;
     pipe_.close(ignored);
@@ -197,8 +197,8 @@ void HostAgent::start(const std::vector<std::string>& argv, std::string launch_m
   int error = 0;
   {
     SpawnActions spawn(in.read, out.write, err.write);
-    error = ::posix_spawnp(&pid_, c_argv[0], &spawn.actions, &spawn.attributes, c_argv.data(),
-                           environ);
+    error =
+        ::posix_spawnp(&pid_, c_argv[0], &spawn.actions, &spawn.attributes, c_argv.data(), environ);
   }
   ::close(in.read);
   ::close(out.write);
@@ -215,12 +215,12 @@ void HostAgent::start(const std::vector<std::string>& argv, std::string launch_m
   stdout_ = std::make_unique<Output>(
       io_, out.read, ConsoleStream::kStdout, console_,
       [](std::string_view record, bool, std::string& batch) { batch.append(record); });
-  stderr_ = std::make_unique<Output>(
-      io_, err.read, ConsoleStream::kStderr, console_,
-      [this](std::string_view record, bool starts, std::string& batch) {
-        if (starts) return on_stderr_record(record, batch);
-        if (ready_) batch.append(record);
-      });
+  stderr_ =
+      std::make_unique<Output>(io_, err.read, ConsoleStream::kStderr, console_,
+                               [this](std::string_view record, bool starts, std::string& batch) {
+                                 if (starts) return on_stderr_record(record, batch);
+                                 if (ready_) batch.append(record);
+                               });
   stdout_->start();
   stderr_->start();
   to_write_.push_back(std::move(launch_message));

@@ -50,9 +50,9 @@ class HostAgent {
   pid_t pid() const { return pid_; }
   bool running() const { return pid_ > 0 && !exited_; }
   bool ended() const { return ended_; }
-  bool ready() const { return ready_; }                // the agent said it runs
+  bool ready() const { return ready_; }                          // the agent said it runs
   std::optional<int> agent_exit() const { return agent_exit_; }  // the code it said it leaves with
-  int exit_status() const { return status_; }           // the process's, as waitpid gave it
+  int exit_status() const { return status_; }  // the process's, as waitpid gave it
   // Why the agent never ran, naming the host: what ssh or the remote shell said, explained.
   std::string start_failure(const std::string& remote_command) const;
   // What ssh said last (for a connection lost after the agent ran); empty if nothing.

@@ -119,8 +119,7 @@ class HostsJob {
     std::uint16_t store_port = 0;
     if (nodes > 1) {
       rendezvous::ServerOptions options;
-      options.keepalive = {config_.keep_alive_interval_seconds,
-                           config_.keep_alive_interval_seconds,
+      options.keepalive = {config_.keep_alive_interval_seconds, config_.keep_alive_interval_seconds,
                            std::max(1, config_.keep_alive_max_attempt - 1)};
       try {
         store_.emplace(io_, "", config_.master_port.value_or(0), options);
@@ -136,7 +135,7 @@ class HostsJob {
     const std::string launcher_host = hostname();
     const std::string self = this_executable();
     const std::string remote = remote_agent_command(config_.remote_command);
-    spdlog::info("job {}: {} hosts{}", config_.run_id, nodes,
+    spdlog::info("job {}: {} host{}{}", config_.run_id, nodes, nodes == 1 ? "" : "s",
                  store_ ? ", store on " + store_->bound_address() : "");
     for (std::size_t rank = 0; rank < nodes; ++rank) {
       const std::string& name = config_.hosts[rank].name;
@@ -147,9 +146,10 @@ class HostsJob {
                                    config_.keep_alive_max_attempt);
       auto& agent = agents_.emplace_back(std::make_unique<HostAgent>(io_, console_, name, !local));
       try {
-        agent->start(argv, encode_agent_launch(plan_agent_launch(job, rank, store_port,
-                                                                  launcher_host, local)),
-                     [this, a = agent.get()] { on_end(*a); });
+        agent->start(
+            argv,
+            encode_agent_launch(plan_agent_launch(job, rank, store_port, launcher_host, local)),
+            [this, a = agent.get()] { on_end(*a); });
       } catch (const std::exception& e) {
         spdlog::error("{}", e.what());
         launch_error_ = true;
@@ -190,23 +190,27 @@ class HostsJob {
   }
 
   void on_end(HostAgent& agent) {
+    // A host's own trouble is said whatever else happens; only what this process caused (a stop
+    // signal here, a kill at the stop's deadline) is not.
+    const bool caused_here = stop_signal_ != 0 || killed_;
     if (!agent.ready()) {
-      if (!stopping_) {
+      if (!caused_here) {
         spdlog::error("{}", agent.start_failure(config_.remote_command));
         launch_error_ = true;
-        stop_all(SIGTERM);
       }
+      if (!stopping_) stop_all(SIGTERM);
     } else if (!agent.agent_exit()) {
-      if (!stopping_) {
+      if (!caused_here) {
         const int status = agent.exit_status();
-        spdlog::error("lost host {}: its {} ended ({}) before the agent said it was done: "
-                      "stopping the other hosts",
-                      agent.host(), agent.over_ssh() ? "ssh connection" : "agent",
-                      WIFSIGNALED(status) ? signal_name(WTERMSIG(status))
-                                          : "exit " + std::to_string(WEXITSTATUS(status)));
+        const std::string what = agent.over_ssh() ? "ssh client" : "agent";
+        spdlog::error(
+            "lost host {}: its {} {} before the agent said it was done{}", agent.host(), what,
+            WIFSIGNALED(status) ? "was killed by " + signal_name(WTERMSIG(status))
+                                : "ended with exit code " + std::to_string(WEXITSTATUS(status)),
+            stopping_ ? "" : ": stopping the other hosts");
         launch_error_ = true;
-        stop_all(SIGTERM);
       }
+      if (!stopping_) stop_all(SIGTERM);
     } else if (*agent.agent_exit() != 0 && job_exit_code_ == 0) {
       job_exit_code_ = *agent.agent_exit();
       if (!stopping_) launch(failed_as_a_whole(), agent.host());
@@ -230,11 +234,10 @@ class HostsJob {
 
   void launch(Task<bool> task, std::string host) {
     if (!store_) return stop_others_after(host, false);  // one host: no one else
-    asio::co_spawn(io_, std::move(task),
-                   [this, host](std::exception_ptr e, bool over) {
-                     if (e) over = false;  // cannot tell: stopping the others is safe
-                     stop_others_after(host, over);
-                   });
+    asio::co_spawn(io_, std::move(task), [this, host](std::exception_ptr e, bool over) {
+      if (e) over = false;  // cannot tell: stopping the others is safe
+      stop_others_after(host, over);
+    });
   }
 
   void stop_others_after(const std::string& host, bool job_over) {
@@ -259,6 +262,7 @@ class HostsJob {
         if (!agent->running()) continue;
         spdlog::warn("host {}'s agent did not stop in time: killing its {}", agent->host(),
                      is_launching_host(agent->host()) ? "process" : "ssh client");
+        killed_ = true;
         agent->kill();
       }
     });
@@ -310,6 +314,7 @@ class HostsJob {
   bool stopping_ = false;
   bool launch_error_ = false;  // a host never ran its agent, or was lost
   bool shut_down_ = false;
+  bool killed_ = false;  // agents' processes killed at the stop's deadline
   int stop_signal_ = 0;
   int job_exit_code_ = 0;  // the first agent's that ended with a failure
 };

@@ -29,8 +29,7 @@ int duplicate(int fd) {
 
 }  // namespace
 
-LauncherChannel::LauncherChannel(boost::asio::io_context& io, int fd)
-    : pipe_(io, duplicate(fd)) {}
+LauncherChannel::LauncherChannel(boost::asio::io_context& io, int fd) : pipe_(io, duplicate(fd)) {}
 
 void LauncherChannel::start(std::function<void(int signal)> on_signal) {
   on_signal_ = std::move(on_signal);
@@ -44,24 +43,24 @@ void LauncherChannel::cancel() {
 }
 
 void LauncherChannel::read() {
-  pipe_.async_read_some(boost::asio::buffer(buffer_), [this](const boost::system::error_code& ec,
-                                                             std::size_t n) {
-    if (!on_signal_ || ec == boost::asio::error::operation_aborted) return;
-    if (ec) {  // the end of the pipe, or an error reading it: the launcher is gone either way
-      spdlog::warn("lost the launcher (dist-launch --hosts): {}: stopping",
-                   ec == boost::asio::error::eof ? "its pipe closed" : ec.message());
-      const auto on_signal = std::exchange(on_signal_, nullptr);
-      return on_signal(SIGHUP);
-    }
-    for (std::size_t i = 0; i < n && on_signal_; ++i) {
-      if (buffer_[i] != '\n') {
-        if (pending_.size() < kMaxControlLineBytes) pending_.push_back(buffer_[i]);
-        continue;
-      }
-      on_line(std::exchange(pending_, {}));
-    }
-    if (on_signal_) read();
-  });
+  pipe_.async_read_some(
+      boost::asio::buffer(buffer_), [this](const boost::system::error_code& ec, std::size_t n) {
+        if (!on_signal_ || ec == boost::asio::error::operation_aborted) return;
+        if (ec) {  // the end of the pipe, or an error reading it: the launcher is gone either way
+          spdlog::warn("lost the launcher (dist-launch --hosts): {}: stopping",
+                       ec == boost::asio::error::eof ? "its pipe closed" : ec.message());
+          const auto on_signal = std::exchange(on_signal_, nullptr);
+          return on_signal(SIGHUP);
+        }
+        for (std::size_t i = 0; i < n && on_signal_; ++i) {
+          if (buffer_[i] != '\n') {
+            if (pending_.size() < kMaxControlLineBytes) pending_.push_back(buffer_[i]);
+            continue;
+          }
+          on_line(std::exchange(pending_, {}));
+        }
+        if (on_signal_) read();
+      });
 }
 
 void LauncherChannel::on_line(const std::string& line) {

@@ -4,9 +4,9 @@
 // outlives the command that started it.
 #pragma once
 
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
-#include <array>
 #include <functional>
 #include <string>
 

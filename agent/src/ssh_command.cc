@@ -35,8 +35,9 @@ std::string single_quoted(const std::string& text) {
 
 // What OpenSSH 8-9 print when the host cannot be reached at all.
 constexpr std::array<std::string_view, 8> kUnreachable = {
-    "Connection refused",        "No route to host",       "Connection timed out",
-    "Operation timed out",       "Network is unreachable", "Could not resolve hostname",
+    "Connection refused",        "No route to host",
+    "Connection timed out",      "Operation timed out",
+    "Network is unreachable",    "Could not resolve hostname",
     "Name or service not known", "Temporary failure in name resolution"};
 
 std::string explain_ssh_error(const std::string& host, const std::string& said) {
@@ -96,8 +97,8 @@ std::string explain_start_failure(const std::string& host, bool over_ssh, int wa
                                   const std::string& said, const std::string& remote_command) {
   std::string why;
   if (WIFSIGNALED(wait_status)) {
-    why = std::string(over_ssh ? "ssh to host " : "the agent of host ") + host +
-          " was killed by " + signal_name(WTERMSIG(wait_status));
+    why = std::string(over_ssh ? "ssh to host " : "the agent of host ") + host + " was killed by " +
+          signal_name(WTERMSIG(wait_status));
   } else {
     const int code = WEXITSTATUS(wait_status);
     if (over_ssh && code == kSshError) {
@@ -112,8 +113,7 @@ std::string explain_start_failure(const std::string& host, bool over_ssh, int wa
       why = "the agent of host " + host + " did not start (exit " + std::to_string(code) + ")";
     }
   }
-  return why + (said.empty() ? std::string(over_ssh ? " (ssh said nothing)" : "")
-                             : ": " + said);
+  return why + (said.empty() ? std::string(over_ssh ? " (ssh said nothing)" : "") : ": " + said);
 }
 
 }  // namespace dist::agent

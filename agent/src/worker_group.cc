@@ -139,8 +139,8 @@ void WorkerGroup::pump(Worker& w, int pipe_fd, ConsoleStream stream, bool redire
   sink.on_file_error = [this](const LogFileError& e) { incomplete_logs_.push_back(e); };
   sink.prefix = config_.log_line_prefix_template.empty()
                     ? default_log_line_prefix(config_.role, w.local_rank)
-                    : render_log_line_prefix(config_.log_line_prefix_template, config_.role,
-                                             w.rank, w.local_rank);
+                    : render_log_line_prefix(config_.log_line_prefix_template, config_.role, w.rank,
+                                             w.local_rank);
   const pid_t pid = w.pid;
   pumps_.push_back(LogPump::start(io_, pipe_fd, std::move(sink), [this, pid] {
     for (auto& worker : workers_) {

@@ -24,12 +24,27 @@ constexpr const char* kAlwaysExported[] = {"PYTHON_EXEC", "LOGLEVEL"};
 
 // Options of this command that are the launcher's alone, and options whose value the launcher sets
 // for every agent itself: none of them is passed on to the agents as given. Each takes one value.
-const std::set<std::string> kNotForwarded = {
-    "--hosts",       "--hostfile",    "--include",     "--exclude",     "--ssh",
-    "--ssh-port",    "--ssh-config",  "--ssh-option",  "--export",      "--export-prefix",
-    "--remote-dist-launch",           "--rdzv-id",     "--rdzv_id",     "--rdzv-conf",
-    "--rdzv_conf",   "--master-addr", "--master_addr", "--master-port", "--master_port",
-    "--rdzv-backend", "--rdzv_backend"};
+const std::set<std::string> kNotForwarded = {"--hosts",
+                                             "--hostfile",
+                                             "--include",
+                                             "--exclude",
+                                             "--ssh",
+                                             "--ssh-port",
+                                             "--ssh-config",
+                                             "--ssh-option",
+                                             "--export",
+                                             "--export-prefix",
+                                             "--remote-dist-launch",
+                                             "--rdzv-id",
+                                             "--rdzv_id",
+                                             "--rdzv-conf",
+                                             "--rdzv_conf",
+                                             "--master-addr",
+                                             "--master_addr",
+                                             "--master-port",
+                                             "--master_port",
+                                             "--rdzv-backend",
+                                             "--rdzv_backend"};
 
 // Options that contradict --hosts, and why.
 const std::map<std::string, std::string> kConflicting = {
@@ -83,12 +98,14 @@ void check_name(const std::string& host, const std::string& where) {
 void add_host(std::vector<agent::JobHost>& hosts, agent::JobHost host, const std::string& where) {
   check_name(host.name, where);
   if (host.slots == 0) {
-    throw HostsError(where + ": host " + host.name + " has 0 slots (give it at least 1, or leave "
+    throw HostsError(where + ": host " + host.name +
+                     " has 0 slots (give it at least 1, or leave "
                      "it out)");
   }
   for (const auto& h : hosts) {
     if (h.name == host.name) {
-      throw HostsError(where + ": host " + host.name + " is listed twice (list each host once, "
+      throw HostsError(where + ": host " + host.name +
+                       " is listed twice (list each host once, "
                        "with all its slots)");
     }
   }
@@ -165,8 +182,10 @@ std::map<std::string, std::string> exported_environment(const HostsFlags& flags)
     }
     const char* value = std::getenv(name.c_str());
     if (!value) {
-      throw HostsError("--export " + name + ": " + name + " is not set here (set it, or give "
-                       "--export " + name + "=VALUE)");
+      throw HostsError("--export " + name + ": " + name +
+                       " is not set here (set it, or give "
+                       "--export " +
+                       name + "=VALUE)");
     }
     env[name] = value;
   }
@@ -190,8 +209,8 @@ std::vector<agent::JobHost> read_hosts(const HostsFlags& flags) {
   if (!flags.hosts.empty()) return parse_host_list(flags.hosts);
   std::ifstream in(flags.hostfile);
   if (!in) {
-    throw HostsError("--hostfile " + flags.hostfile + ": cannot read it (" +
-                     std::strerror(errno) + ")");
+    throw HostsError("--hostfile " + flags.hostfile + ": cannot read it (" + std::strerror(errno) +
+                     ")");
   }
   return parse_hostfile(in, flags.hostfile);
 }
@@ -240,7 +259,8 @@ std::vector<agent::JobHost> parse_hostfile(std::istream& in, const std::string& 
 std::vector<agent::JobHost> select_hosts(std::vector<agent::JobHost> hosts,
                                          const std::string& include, const std::string& exclude) {
   if (include.empty() && exclude.empty()) return hosts;
-  if (!include.empty() && !exclude.empty()) throw HostsError("give --include or --exclude, not both");
+  if (!include.empty() && !exclude.empty())
+    throw HostsError("give --include or --exclude, not both");
   const bool including = !include.empty();
   const std::string flag = including ? "--include" : "--exclude";
   std::map<std::string, std::set<int>> chosen;
@@ -260,23 +280,24 @@ std::vector<agent::JobHost> select_hosts(std::vector<agent::JobHost> hosts,
   std::vector<agent::JobHost> selected;
   for (auto& host : hosts) {
     const auto it = chosen.find(host.name);
-    if ((it != chosen.end()) != including) {  // included, or not excluded: as listed
+    if (it == chosen.end()) {  // not named: out of an include, kept by an exclude
       if (!including) selected.push_back(std::move(host));
       continue;
     }
+    const std::set<int>& slots = it->second;
     if (including) {
-      if (!it->second.empty()) host.devices.assign(it->second.begin(), it->second.end());
+      host.devices.assign(slots.begin(), slots.end());
       selected.push_back(std::move(host));
       continue;
     }
-    if (it->second.empty()) continue;  // the whole host excluded
+    if (slots.empty()) continue;  // the whole host excluded
     for (int slot = 0; slot < host.slots; ++slot) {
-      if (!it->second.contains(slot)) host.devices.push_back(slot);
+      if (!slots.contains(slot)) host.devices.push_back(slot);
     }
     if (!host.devices.empty()) selected.push_back(std::move(host));
   }
-  if (selected.empty()) throw HostsError(flag + " " + (including ? include : exclude) +
-                                         " leaves no host to run on");
+  if (selected.empty())
+    throw HostsError(flag + " " + (including ? include : exclude) + " leaves no host to run on");
   return selected;
 }
 
@@ -296,18 +317,22 @@ void add_hosts_options(CLI::App& app, HostsFlags& flags) {
   group->add_option("--ssh-port", flags.ssh_port, "ssh -p PORT for every host")
       ->check(CLI::Range(1, 65535));
   group->add_option("--ssh-config", flags.ssh_config, "ssh -F FILE (default: ~/.ssh/config)");
-  group->add_option("--ssh-option", flags.ssh_options,
-                    "ssh -o OPTION, repeatable (ControlMaster=auto, User=..., ...)")
-      ->expected(1);
-  group->add_option("--export", flags.exports,
-                    "Pass VAR (or VAR=VALUE) to every host's agent and workers, repeatable "
-                    "(mpirun -x); PYTHON_EXEC and LOGLEVEL always are")
-      ->expected(1);
-  group->add_option("--export-prefix", flags.export_prefixes,
-                    "Pass every variable starting with PREFIX (e.g. NCCL_), repeatable")
-      ->expected(1);
-  group->add_option("--remote-dist-launch", flags.remote_dist_launch,
-                    "dist-launch on the other hosts: a name on their PATH, or a path")
+  group
+      ->add_option("--ssh-option", flags.ssh_options,
+                   "ssh -o OPTION, repeatable (ControlMaster=auto, User=..., ...)")
+      ->allow_extra_args(false);
+  group
+      ->add_option("--export", flags.exports,
+                   "Pass VAR (or VAR=VALUE) to every host's agent and workers, repeatable "
+                   "(mpirun -x); PYTHON_EXEC and LOGLEVEL always are")
+      ->allow_extra_args(false);
+  group
+      ->add_option("--export-prefix", flags.export_prefixes,
+                   "Pass every variable starting with PREFIX (e.g. NCCL_), repeatable")
+      ->allow_extra_args(false);
+  group
+      ->add_option("--remote-dist-launch", flags.remote_dist_launch,
+                   "dist-launch on the other hosts: a name on their PATH, or a path")
       ->capture_default_str();
 }
 

@@ -38,8 +38,8 @@ class TokenFile {
     path_ = (fs::path(dir_) / "token").string();
     const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) fail("cannot create the job's token file", path_);
-    const bool written = ::write(fd, token.data(), token.size()) ==
-                         static_cast<ssize_t>(token.size());
+    const bool written =
+        ::write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
     ::close(fd);
     if (!written) fail("cannot write the job's token file", path_);
   }
@@ -93,9 +93,10 @@ int run_job(const agent::AgentLaunch& launch, const std::string& name,
   const TokenFile token(launch.token);
   if (!token.path().empty()) ::setenv(agent::kTokenFileVariable, token.path().c_str(), 1);
   if (!launch.working_directory.empty() && ::chdir(launch.working_directory.c_str()) != 0) {
-    spdlog::error("cannot work in {} here ({}): run dist-launch --hosts from a directory every "
-                  "host has (a shared file system)",
-                  launch.working_directory, std::strerror(errno));
+    spdlog::error(
+        "cannot work in {} here ({}): run dist-launch --hosts from a directory every "
+        "host has (a shared file system)",
+        launch.working_directory, std::strerror(errno));
     return kExitSetupError;
   }
   std::vector<std::string> args = launch.options;

@@ -44,8 +44,8 @@ inline constexpr std::size_t kMaxAgentLaunchBytes = 4 << 20;
 inline constexpr std::chrono::milliseconds kAgentLaunchReadTimeout{60'000};
 
 struct AgentLaunch {
-  std::string host;               // the host as the launcher names it (messages, prefixes)
-  int node_rank = 0;              // for messages; the command line carries it
+  std::string host;   // the host as the launcher names it (messages, prefixes)
+  int node_rank = 0;  // for messages; the command line carries it
   // The agent's dist-launch command line: its options, then the script and the script's arguments.
   std::vector<std::string> options;
   std::vector<std::string> script;

@@ -48,7 +48,7 @@ struct HostsJobConfig {
   std::string run_id;
   // How the hosts reach this one; empty: the address their ssh connection came from.
   std::string master_addr;
-  std::optional<std::uint16_t> master_port;  // the store's; none: a free one
+  std::optional<std::uint16_t> master_port;        // the store's; none: a free one
   std::map<std::string, std::string> environment;  // exported to every agent
   std::string working_directory;                   // every agent's (and so its workers')
   std::string token;  // the job's store token, sent to every agent; empty: one is generated

@@ -87,9 +87,6 @@ void relay(const std::string& text, const std::string& name, agent::Console& con
 
 int run_job(const agent::AgentLaunch& launch, const std::string& name,
             std::shared_ptr<agent::Console> console) {
-  for (const auto& [variable, value] : launch.environment) {
-    ::setenv(variable.c_str(), value.c_str(), 1);
-  }
   const TokenFile token(launch.token);
   if (!token.path().empty()) ::setenv(agent::kTokenFileVariable, token.path().c_str(), 1);
   if (!launch.working_directory.empty() && ::chdir(launch.working_directory.c_str()) != 0) {
@@ -143,6 +140,9 @@ int run_remote_agent(const std::vector<std::string>& args) {
   } catch (const agent::AgentLaunchError& e) {
     std::cerr << "dist-launch remote-agent: error: " << e.what() << "\n";
     return kExitSetupError;
+  }
+  for (const auto& [variable, value] : launch.environment) {  // LOGLEVEL included
+    ::setenv(variable.c_str(), value.c_str(), 1);
   }
   const auto console = agent::Console::process();
   const std::string name = "dist-launch@" + launch.host;

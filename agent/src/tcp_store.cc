@@ -88,9 +88,9 @@ Task<std::optional<std::size_t>> TcpRendezvousStore::wait_deleted(
 Task<std::unique_ptr<RendezvousStore>> TcpRendezvousStore::open_another() {
   rendezvous::ClientOptions options = client_.options();
   if (options.keepalive_idle_seconds > 0) {
-    const std::chrono::milliseconds liveness = std::chrono::seconds(
-        options.keepalive_idle_seconds +
-        options.keepalive_interval_seconds * options.keepalive_probes);
+    const std::chrono::milliseconds liveness =
+        std::chrono::seconds(options.keepalive_idle_seconds +
+                             options.keepalive_interval_seconds * options.keepalive_probes);
     options.connect_timeout = std::min(options.connect_timeout, liveness);
   }
   co_return co_await open_tcp_store(std::move(options), run_id_);

@@ -130,8 +130,8 @@ TEST(AgentLaunchMessage, ControlLines) {
   EXPECT_EQ(signal_line(SIGTERM), "signal 15\n");
   EXPECT_EQ(parse_signal_line("signal 15"), SIGTERM);
   EXPECT_EQ(parse_signal_line("signal 10"), SIGUSR1);
-  for (const std::string bad : {"signal", "signal 0", "signal -2", "signal 9x", "sig 2", "",
-                                "signal 99999"}) {
+  for (const std::string bad :
+       {"signal", "signal 0", "signal -2", "signal 9x", "sig 2", "", "signal 99999"}) {
     SCOPED_TRACE(bad);
     EXPECT_FALSE(parse_signal_line(bad).has_value());
   }
@@ -143,10 +143,25 @@ TEST(SshCommand, BatchModeFirstTheUsersOptionsThenTheDefaults) {
   ssh.port = 2222;
   ssh.options = {"ControlMaster=auto", "ServerAliveInterval=30"};
   EXPECT_EQ(ssh_command_line(ssh, "root@node-a", "exec 'dist-launch' remote-agent", 2, 4),
-            (std::vector<std::string>{"ssh", "-T", "-x", "-o", "BatchMode=yes", "-F", "/tmp/cfg",
-                                      "-o", "ControlMaster=auto", "-o", "ServerAliveInterval=30",
-                                      "-p", "2222", "-o", "ServerAliveInterval=2", "-o",
-                                      "ServerAliveCountMax=4", "--", "root@node-a",
+            (std::vector<std::string>{"ssh",
+                                      "-T",
+                                      "-x",
+                                      "-o",
+                                      "BatchMode=yes",
+                                      "-F",
+                                      "/tmp/cfg",
+                                      "-o",
+                                      "ControlMaster=auto",
+                                      "-o",
+                                      "ServerAliveInterval=30",
+                                      "-p",
+                                      "2222",
+                                      "-o",
+                                      "ServerAliveInterval=2",
+                                      "-o",
+                                      "ServerAliveCountMax=4",
+                                      "--",
+                                      "root@node-a",
                                       "exec 'dist-launch' remote-agent"}));
   EXPECT_EQ(remote_agent_command("/opt/my env/it's/dist-launch"),
             "exec '/opt/my env/it'\\''s/dist-launch' remote-agent");
@@ -181,7 +196,8 @@ TEST(SshCommand, StartFailuresNameTheHostAndSayWhatToDo) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.expected);
-    const std::string why = explain_start_failure("n1", c.over_ssh, c.status, c.said, "dist-launch");
+    const std::string why =
+        explain_start_failure("n1", c.over_ssh, c.status, c.said, "dist-launch");
     EXPECT_NE(why.find(c.expected), std::string::npos) << why;
   }
 }
@@ -215,12 +231,11 @@ TEST(LaunchPlan, EachHostGetsItsNodeRankTheStoreAndItsWorkers) {
   EXPECT_EQ(a.log_line_prefix_template, "[${role_name}${rank}@node-a]:");
 
   const AgentLaunch b = plan_agent_launch(c, 1, 41000, "launcher", true);
-  EXPECT_EQ(b.options, (std::vector<std::string>{"--max-restarts", "1", "--nnodes", "2",
-                                                 "--node-rank", "1", "--master-port", "41000",
-                                                 "--rdzv-conf", "keep_alive_interval=2,is_host=0",
-                                                 "--master-addr", "127.0.0.1", "--rdzv-id",
-                                                 "job7", "--nproc-per-node", "2", "--devices",
-                                                 "1,3"}));
+  EXPECT_EQ(b.options,
+            (std::vector<std::string>{
+                "--max-restarts", "1", "--nnodes", "2", "--node-rank", "1", "--master-port",
+                "41000", "--rdzv-conf", "keep_alive_interval=2,is_host=0", "--master-addr",
+                "127.0.0.1", "--rdzv-id", "job7", "--nproc-per-node", "2", "--devices", "1,3"}));
   EXPECT_TRUE(b.launcher_host.empty());
   EXPECT_FALSE(b.print_failure_report);  // one report: node rank 0's
 }
@@ -231,8 +246,7 @@ TEST(LaunchPlan, OneHostHostsItsOwnStoreAndGivenWorkersAreKept) {
   c.nproc_given = true;
   c.master_addr = "10.0.0.1";
   const AgentLaunch a = plan_agent_launch(c, 0, 0, "launcher", false);
-  EXPECT_EQ(a.options,
-            (std::vector<std::string>{"--max-restarts", "1", "--rdzv-id", "job7"}));
+  EXPECT_EQ(a.options, (std::vector<std::string>{"--max-restarts", "1", "--rdzv-id", "job7"}));
   EXPECT_TRUE(a.launcher_host.empty());
   EXPECT_EQ(host_log_line_prefix_template("a$b"), "[${role_name}${rank}@a$$b]:");
 }

@@ -413,7 +413,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       "  dist-launch --nproc-per-node 4 train.py --lr 0.1\n"
       "  dist-launch --nproc-per-node 2 --no-python build/bin/ddp_train --epochs 5\n"
       "  dist-launch --nnodes 2 --node-rank 0 --master-addr A --master-port 29500 train.py\n"
-      "  dist-launch --nnodes 1:4 --rdzv-endpoint A:29400 --rdzv-id job7 train.py");
+      "  dist-launch --nnodes 1:4 --rdzv-endpoint A:29400 --rdzv-id job7 train.py\n"
+      "  dist-launch --hosts A:4,B:4 train.py (an agent on each host over ssh)");
 
   CliOutcome outcome;
   agent::LaunchConfig& c = outcome.config;

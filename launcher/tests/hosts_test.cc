@@ -60,12 +60,9 @@ TEST(HostList, BadListsNameTheHost) {
   const struct {
     std::string text, expected;
   } cases[] = {
-      {"a:2,a:1", "host a is listed twice"},
-      {"a:0", "host a has 0 slots"},
-      {"a:two", "'two' is not a number"},
-      {"a,,b", "an empty entry"},
-      {"-oProxyCommand=x", "is not a host name"},
-      {"[::1:2", "missing ]"},
+      {"a:2,a:1", "host a is listed twice"},      {"a:0", "host a has 0 slots"},
+      {"a:two", "'two' is not a number"},         {"a,,b", "an empty entry"},
+      {"-oProxyCommand=x", "is not a host name"}, {"[::1:2", "missing ]"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.text);
@@ -140,7 +137,8 @@ TEST(HostSelection, BadSelectionsSayWhat) {
 }
 
 // The whole command line: what reaches the agents, what the launcher keeps for itself.
-dist::launcher::CliOutcome parse(const std::vector<std::string>& args, std::string* error = nullptr) {
+dist::launcher::CliOutcome parse(const std::vector<std::string>& args,
+                                 std::string* error = nullptr) {
   std::ostringstream out, err;
   auto outcome = dist::launcher::parse_command_line(args, out, err);
   if (error) *error = err.str();
@@ -148,11 +146,26 @@ dist::launcher::CliOutcome parse(const std::vector<std::string>& args, std::stri
 }
 
 TEST(HostsCommandLine, AgentsGetTheirOptionsAndTheScriptTheLauncherKeepsItsOwn) {
-  const auto outcome = parse({"--max-restarts", "2", "--hosts", "a:2,b:2", "--ssh-port", "2222",
-                              "--ssh-option", "ControlMaster=auto", "--ssh-option",
-                              "ControlPersist=60", "--rdzv-id=job7", "--rdzv-conf",
-                              "keep_alive_interval=2", "--shutdown-timeout", "5", "train.py",
-                              "--hosts", "x", "--lr", "0.1"});
+  const auto outcome = parse({"--max-restarts",
+                              "2",
+                              "--hosts",
+                              "a:2,b:2",
+                              "--ssh-port",
+                              "2222",
+                              "--ssh-option",
+                              "ControlMaster=auto",
+                              "--ssh-option",
+                              "ControlPersist=60",
+                              "--rdzv-id=job7",
+                              "--rdzv-conf",
+                              "keep_alive_interval=2",
+                              "--shutdown-timeout",
+                              "5",
+                              "train.py",
+                              "--hosts",
+                              "x",
+                              "--lr",
+                              "0.1"});
   ASSERT_FALSE(outcome.exit_now);
   ASSERT_TRUE(outcome.hosts_job.has_value());
   const auto& job = *outcome.hosts_job;

@@ -203,9 +203,12 @@ class SshHosts(HostsTestCase):
         job.wait_for_files("started_", 4)
         token = job.file("token_0")
         self.assertRegex(token, r"^[0-9a-f]{64}$")
-        # The token is in no command line and no environment of any process, while the job runs.
+        # The token is in no command line and no environment of any process, while the job runs;
+        # an exported value is in no command line either (the workers' environments have it).
         for pid, what, content in all_command_lines_and_environments():
             self.assertNotIn(token.encode(), content, f"the token is in {pid}'s {what}")
+            if what == "cmdline":
+                self.assertNotIn(b"one value", content, f"an exported value is in {pid}'s {what}")
         job.process.send_signal(signal.SIGTERM)
         self.assertEqual(job.wait(), 128 + signal.SIGTERM, job.output())
         for rank in range(4):
@@ -312,12 +315,18 @@ class SshHosts(HostsTestCase):
 
     def test_this_host_runs_its_agent_next_to_ssh_ones(self):
         # The local agent is a child of the launcher, not the launcher itself: the ssh clients are
-        # no agent's leftovers, and the local agent's workers are its own.
+        # no agent's leftovers, and the local agent's workers are its own. SIGUSR1 reaches every
+        # worker and the job goes on; SIGINT stops it.
         a, b = self.hosts.addresses
-        job = self.job(WORKER_STARTS_AND_WAITS, hosts=f"localhost:1,{a}:2,{b}:1")
+        job = self.job('trap \'touch "$JOB_OUT/usr1_$RANK"\' USR1; echo "$RANK $WORLD_SIZE '
+                       '$LOCAL_RANK $GROUP_RANK" > "$JOB_OUT/started_$RANK"; sleep 1000 & '
+                       'while :; do wait; done', hosts=f"localhost:1,{a}:2,{b}:1",
+                       options=["--signals-to-handle", "SIGINT,SIGTERM,SIGUSR1"])
         job.wait_for_files("started_", 4)
         ranks = [job.file(f"started_{r}").split() for r in range(4)]
         self.assertEqual([r[3] for r in ranks], ["0", "1", "1", "2"])  # GROUP_RANK
+        job.process.send_signal(signal.SIGUSR1)
+        job.wait_for_files("usr1_", 4)
         job.process.send_signal(signal.SIGINT)
         self.assertEqual(job.wait(), 128 + signal.SIGINT, job.output())
         self.assertIn("[dist-launch@localhost] warning: stopped by SIGINT", job.output())

@@ -90,6 +90,9 @@ Task<int> NodeRendezvous::Impl::take_ticket(int round, std::optional<Assignment>
     const bool finishing = co_await store_->check(keys(schema::in_round(round - 1, name::kDone)));
     if (size && schema::decode_int(size_key, *size) < shape_.max_nodes && !finishing) {
       co_await store_->delete_key(schema::in_round(round - 1, name::kNoNewcomers));
+    } else if (size) {
+      notice("round " + std::to_string(round - 1) + (finishing ? " is finishing" : " is full") +
+             ": waiting for a place in round " + std::to_string(round));
     }
   }
   co_return ticket;

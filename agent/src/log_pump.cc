@@ -120,10 +120,10 @@ void LogPump::abandon() {
 
 void LogPump::read() {
   pipe_.async_read_some(
-      boost::asio::buffer(buffer_),
+      boost::asio::buffer(buffer_.get(), kReadBytes),
       [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
         if (ec) return self->finish();
-        const std::string_view bytes(self->buffer_.data(), n);
+        const std::string_view bytes(self->buffer_.get(), n);
         self->to_file(bytes);
         if (self->sink_.console) {
           self->cutter_.feed(bytes, self->emit_);

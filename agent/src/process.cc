@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -39,12 +41,12 @@ struct ChildFailure {
 }
 
 // In the child, between fork and exec: only async-signal-safe calls.
-[[noreturn]] void exec_child(char* const* argv, char* const* envp, pid_t parent, Pipe out, Pipe err,
-                             Pipe status, const WorkerPlacement* placement) {
-  // Signals arrive blocked (see spawn_worker): the agent's handlers are replaced by the defaults
-  // before any can run here. Run in this process, the agent's handler would write the signal into
-  // the agent's own signal pipe, and the agent would take its worker's SIGTERM for its own.
-  for (int s = 1; s < NSIG; ++s) ::signal(s, SIG_DFL);
+[[noreturn]] void exec_child(const char* executable, char* const* argv, char* const* envp,
+                             const int* signals_to_reset, std::size_t signal_count, pid_t parent,
+                             Pipe out, Pipe err, Pipe status, const WorkerPlacement* placement) {
+  // Signals arrive blocked (see start_process): the agent's dispositions are put back to the
+  // defaults before any can arrive here. (A handler run in this process would act for the agent.)
+  for (std::size_t i = 0; i < signal_count; ++i) ::signal(signals_to_reset[i], SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -63,14 +65,46 @@ struct ChildFailure {
   ::dup2(err.write, STDERR_FILENO);
   const int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
-  ::execvpe(argv[0], argv, envp);
+  ::execve(executable, argv, envp);
+  // A script without "#!" (ENOEXEC), or a name not found on PATH: as execvp does it.
+  if (errno == ENOEXEC || errno == ENOENT) ::execvpe(argv[0], argv, envp);
   report_and_exit(status, {ChildFailure::kExec, errno});
 }
 
 }  // namespace
 
-SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
-                            const std::vector<std::string>& env, const WorkerPlacement* placement) {
+SpawnPlan plan_spawn(const std::string& program, const std::string& path_variable) {
+  SpawnPlan plan;
+  plan.executable = program;
+  if (program.find('/') == std::string::npos) {
+    std::size_t start = 0;
+    while (start <= path_variable.size()) {
+      const auto end = std::min(path_variable.find(':', start), path_variable.size());
+      const std::string dir = end > start ? path_variable.substr(start, end - start) : ".";
+      const std::string candidate = dir + "/" + program;
+      if (::access(candidate.c_str(), X_OK) == 0) {
+        plan.executable = candidate;
+        break;
+      }
+      start = end + 1;
+    }
+  }
+  // Handlers do not survive exec, but ignored signals do: the ones the agent ignores (SIGPIPE:
+  // its console) go back to the default, as Python's subprocess does it; so does any signal with
+  // a handler, which would otherwise run in the child until the exec.
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction current {};
+    if (::sigaction(s, nullptr, &current) != 0) continue;
+    const bool handled = (current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL;
+    const bool inherited_ignore = current.sa_handler == SIG_IGN && s != SIGPIPE && s != SIGXFSZ;
+    if (handled && !inherited_ignore) plan.signals_to_reset.push_back(s);
+  }
+  return plan;
+}
+
+SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::string>& argv,
+                             const std::vector<std::string>& env,
+                             const WorkerPlacement* placement) {
   std::vector<char*> c_argv, c_env;
   for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
   c_argv.push_back(nullptr);
@@ -79,7 +113,7 @@ SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
 
   Pipe out = make_pipe(), err = make_pipe(), status = make_pipe();
   const pid_t parent = ::getpid();
-  // Every signal stays blocked across fork until the child has its default handlers back.
+  // Every signal stays blocked across fork until the child has its dispositions back.
   sigset_t all, previous;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &previous);
@@ -91,33 +125,46 @@ SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
       ::close(fd);
     throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
   }
-  if (pid == 0) exec_child(c_argv.data(), c_env.data(), parent, out, err, status, placement);
-
+  if (pid == 0) {
+    exec_child(plan.executable.c_str(), c_argv.data(), c_env.data(), plan.signals_to_reset.data(),
+               plan.signals_to_reset.size(), parent, out, err, status, placement);
+  }
   ::setpgid(pid, pid);  // also from the parent, so signal_group works before the child runs
   ::close(out.write);
   ::close(err.write);
   ::close(status.write);
+  return {pid, out.read, err.read, status.read, argv.front(), placement};
+}
+
+void confirm_started(SpawnedProcess& p) {
   ChildFailure failure;
-  const ssize_t n = ::read(status.read, &failure, sizeof failure);  // EOF once exec worked
-  ::close(status.read);
-  if (n == sizeof failure) {
-    ::close(out.read);
-    ::close(err.read);
-    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-    }
-    const std::string why = std::strerror(failure.error);
-    switch (failure.stage) {
-      case ChildFailure::kExec:
-        throw std::runtime_error("cannot run '" + argv[0] + "': " + why);
-      case ChildFailure::kCpuAffinity:
-        throw std::runtime_error("cannot bind the worker to " + placement->describe() +
-                                 " (sched_setaffinity: " + why + ")");
-      case ChildFailure::kMemoryPolicy:
-        throw std::runtime_error("cannot set the worker's memory policy for " +
-                                 placement->describe() + " (set_mempolicy: " + why + ")");
-    }
+  const ssize_t n = ::read(p.status_fd, &failure, sizeof failure);  // EOF once exec worked
+  ::close(p.status_fd);
+  p.status_fd = -1;
+  if (n != sizeof failure) return;
+  ::close(p.stdout_fd);
+  ::close(p.stderr_fd);
+  while (::waitpid(p.pid, nullptr, 0) < 0 && errno == EINTR) {
   }
-  return {pid, out.read, err.read};
+  const std::string why = std::strerror(failure.error);
+  switch (failure.stage) {
+    case ChildFailure::kExec:
+      throw std::runtime_error("cannot run '" + p.program + "': " + why);
+    case ChildFailure::kCpuAffinity:
+      throw std::runtime_error("cannot bind the worker to " + p.placement->describe() +
+                               " (sched_setaffinity: " + why + ")");
+    case ChildFailure::kMemoryPolicy:
+      throw std::runtime_error("cannot set the worker's memory policy for " +
+                               p.placement->describe() + " (set_mempolicy: " + why + ")");
+  }
+}
+
+SpawnedProcess spawn_worker(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env, const WorkerPlacement* placement) {
+  const char* path = std::getenv("PATH");
+  auto p = start_process(plan_spawn(argv.front(), path ? path : ""), argv, env, placement);
+  confirm_started(p);
+  return p;
 }
 
 void signal_group(pid_t pid, int signal) {

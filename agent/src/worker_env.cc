@@ -1,10 +1,11 @@
 #include "worker_env.h"
 
+#include <string_view>
+
 namespace dist::agent {
 
-std::map<std::string, std::string> torchrun_variables(const WorkerIdentity& id,
-                                                      bool default_omp_threads) {
-  std::map<std::string, std::string> v = {
+Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads) {
+  Variables v = {
       {"RANK", std::to_string(id.rank)},
       {"LOCAL_RANK", std::to_string(id.local_rank)},
       {"GROUP_RANK", std::to_string(id.group_rank)},
@@ -28,21 +29,24 @@ std::map<std::string, std::string> torchrun_variables(const WorkerIdentity& id,
 }
 
 std::vector<std::string> merge_environment(const std::vector<std::string>& base,
-                                           const std::map<std::string, std::string>& overrides) {
+                                           const Variables& overrides) {
+  static constexpr std::string_view kUsersChoice = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
   std::vector<std::string> env;
   env.reserve(base.size() + overrides.size());
-  std::map<std::string, std::string> applied = overrides;
+  bool user_set_nccl_handling = false;
   for (const auto& entry : base) {
-    const auto eq = entry.find('=');
-    const std::string name = entry.substr(0, eq);
-    if (name == "TORCH_NCCL_ASYNC_ERROR_HANDLING") {
-      applied.erase(name);  // the user's choice wins
+    const std::string_view name = std::string_view(entry).substr(0, entry.find('='));
+    if (name == kUsersChoice) {
+      user_set_nccl_handling = true;  // the user's choice wins
       env.push_back(entry);
       continue;
     }
-    if (!applied.contains(name)) env.push_back(entry);
+    if (overrides.find(name) == overrides.end()) env.push_back(entry);
   }
-  for (const auto& [name, value] : applied) env.push_back(name + "=" + value);
+  for (const auto& [name, value] : overrides) {
+    if (user_set_nccl_handling && name == kUsersChoice) continue;
+    env.push_back(name + "=" + value);
+  }
   return env;
 }
 

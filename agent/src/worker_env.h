@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,14 +25,16 @@ struct WorkerIdentity {
   std::string error_file;
 };
 
+// Variables by name; looked up by string_view too.
+using Variables = std::map<std::string, std::string, std::less<>>;
+
 // torchrun's variables for one worker. OMP_NUM_THREADS=1 is added when `default_omp_threads`.
-std::map<std::string, std::string> torchrun_variables(const WorkerIdentity& id,
-                                                      bool default_omp_threads);
+Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads);
 
 // `base` (KEY=VALUE strings, e.g. environ) with `overrides` applied;
 // TORCH_NCCL_ASYNC_ERROR_HANDLING keeps a value the user set.
 std::vector<std::string> merge_environment(const std::vector<std::string>& base,
-                                           const std::map<std::string, std::string>& overrides);
+                                           const Variables& overrides);
 
 // "${local_rank}" replaced in each argument.
 std::vector<std::string> substitute_local_rank(const std::vector<std::string>& args,

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 
 #include "dist/agent/log_line_prefix.h"
 #include "failure_report.h"
@@ -58,28 +60,49 @@ WorkerGroup::~WorkerGroup() {
   }
 }
 
+// Every worker is forked before any exec is waited for: they start side by side.
 void WorkerGroup::start(const RoundSpec& spec) {
   spec_ = spec;
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
   pumps_.clear();
   state_ = State::kRunning;
   const std::vector<std::string> base_env = current_environment();
-  for (int local = 0; local < config_.nproc_per_node; ++local) {
+  const char* path = std::getenv("PATH");
+  const SpawnPlan plan = plan_spawn(config_.worker_argv.front(), path ? path : "");
+  std::vector<SpawnedProcess> started;
+  std::optional<std::runtime_error> failure;
+  for (int local = 0; local < config_.nproc_per_node && !failure; ++local) {
     Worker& w = workers_[static_cast<std::size_t>(local)];
     w.local_rank = local;
     w.rank = spec.rank_offset + local;
     try {
-      spawn(w, spec, base_env);
-    } catch (...) {
-      for (auto& unstarted : workers_) unstarted.exited = unstarted.exited || unstarted.pid < 0;
-      throw;
+      started.push_back(spawn(w, spec, plan, base_env));
+    } catch (const std::runtime_error& e) {
+      failure.emplace(e);
     }
   }
+  for (std::size_t i = 0; i < started.size(); ++i) {
+    Worker& w = workers_[i];
+    try {
+      confirm_started(started[i]);
+    } catch (const std::exception& e) {
+      w.exited = true;  // reaped, its pipes closed
+      if (janitor_) janitor_->untrack(w.pid);
+      if (!failure) {
+        failure.emplace("cannot start worker " + std::to_string(w.rank) + " (local rank " +
+                        std::to_string(w.local_rank) + "): " + e.what());
+      }
+      continue;
+    }
+    attach_output(w, started[i]);
+  }
+  for (auto& unstarted : workers_) unstarted.exited = unstarted.exited || unstarted.pid < 0;
+  if (failure) throw *failure;  // the caller stops the ones that started
   spdlog::debug("started {} workers (round {})", workers_.size(), spec.round);
 }
 
-void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
-                        const std::vector<std::string>& base_env) {
+SpawnedProcess WorkerGroup::spawn(Worker& w, const RoundSpec& spec, const SpawnPlan& plan,
+                                  const std::vector<std::string>& base_env) {
   const fs::path dir = dir_.attempt(spec.round, w.local_rank);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -111,15 +134,20 @@ void WorkerGroup::spawn(Worker& w, const RoundSpec& spec,
   if (bound) spdlog::debug("local rank {}: {}", w.local_rank, placement.describe());
   SpawnedProcess p;
   try {
-    p = spawn_worker(substitute_local_rank(config_.worker_argv, w.local_rank), env,
-                     bound ? &placement : nullptr);
+    p = start_process(plan, substitute_local_rank(config_.worker_argv, w.local_rank), env,
+                      bound ? &placement : nullptr);
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
                              std::to_string(w.local_rank) + "): " + e.what());
   }
   w.pid = p.pid;
-  w.open_pipes = 2;
   if (janitor_) janitor_->track(p.pid);  // the worker's process group
+  return p;
+}
+
+void WorkerGroup::attach_output(Worker& w, const SpawnedProcess& p) {
+  const fs::path dir = dir_.attempt(spec_.round, w.local_rank);
+  w.open_pipes = 2;
   const StreamSelection redirected = config_.redirects_for(w.local_rank);
   const bool write_logs = config_.writes_log_files();
   pump(w, p.stdout_fd, ConsoleStream::kStdout, redirected.stdout_stream,

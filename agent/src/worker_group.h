@@ -30,6 +30,7 @@
 #include "job_processes.h"
 #include "leftovers.h"
 #include "log_pump.h"
+#include "process.h"
 #include "run_directory.h"
 
 namespace dist::agent {
@@ -91,7 +92,9 @@ class WorkerGroup {
   };
   enum class State { kIdle, kRunning, kStopping };
 
-  void spawn(Worker& w, const RoundSpec& spec, const std::vector<std::string>& base_env);
+  SpawnedProcess spawn(Worker& w, const RoundSpec& spec, const SpawnPlan& plan,
+                       const std::vector<std::string>& base_env);
+  void attach_output(Worker& w, const SpawnedProcess& p);
   void pump(Worker& w, int pipe_fd, ConsoleStream stream, bool redirected,
             const std::filesystem::path& file);
   WorkerFailure failure_of(const Worker& w, int code,

@@ -181,7 +181,9 @@ TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
                  name);
   };
   const pid_t a = elastic_agent(0, "a");  // hosts the store: the endpoint is its address
-  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return log("a").find("hosting the rendezvous store") != std::string::npos; }, 30s))
+      << log("a");
   const pid_t b = elastic_agent(0, "b");
   const pid_t c = elastic_agent(1, "c");
   auto lines = [&](const std::string& name) {

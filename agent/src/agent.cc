@@ -40,6 +40,7 @@
 #include "failure_report.h"
 #include "janitor.h"
 #include "job_processes.h"
+#include "launcher_channel.h"
 #include "process.h"
 #include "run_directory.h"
 #include "signal_watcher.h"
@@ -467,6 +468,16 @@ class Agent {
     signals_.start([this](SignalWatcher::Received r) {
       on(event::SignalReceived{r.signal, r.sender, r.code});
     });
+    if (config_.launcher_fd >= 0) {
+      try {
+        launcher_.emplace(io_, config_.launcher_fd);
+      } catch (const std::exception& e) {
+        spdlog::error("{}", e.what());
+        exit_code_ = kExitAgentError;
+        return transition(State::kExit);
+      }
+      launcher_->start([this](int signal) { on(event::SignalReceived{signal, 0, SI_USER}); });
+    }
     try {
       telemetry_.emplace(io_, config_, host_);  // the event log, metrics and health check
       telemetry_->job_started();
@@ -492,7 +503,8 @@ class Agent {
   // Single node, and static node rank 0: this agent hosts the store, on loopback when the
   // workers are all here, else on every address of the machine.
   bool host_static_store() {
-    if (multi_node() && config_.node_rank != 0) {  // node 0 hosts; the others connect to it
+    // Node 0 hosts, unless someone else does (is_host=0: dist-launch --hosts); the others connect.
+    if (multi_node() && (config_.node_rank != 0 || config_.is_host == false)) {
       store_port_ = config_.master_port.value_or(kDefaultMasterPort);
       return true;
     }
@@ -770,7 +782,9 @@ class Agent {
       exit_code_ = kExitAgentError;
       return transition(State::kExit);
     }
-    console_->write(ConsoleStream::kStderr, format_report(config_.script_name, failures_));
+    if (config_.print_failure_report) {
+      console_->write(ConsoleStream::kStderr, format_report(config_.script_name, failures_));
+    }
     exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
     transition(State::kExit);
   }
@@ -832,6 +846,7 @@ class Agent {
       std::filesystem::remove(written_token_file_, ignored);
     }
     signals_.cancel();
+    if (launcher_) launcher_->cancel();
     io_.restart();
     while (io_.poll() > 0) {
     }
@@ -897,6 +912,7 @@ class Agent {
   Janitor* janitor_;     // null when it could not start
   asio::io_context io_;  // first: destroyed last, after everything that uses it
   SignalWatcher signals_;
+  std::optional<LauncherChannel> launcher_;  // started by dist-launch --hosts
   std::string host_;
   std::optional<RunDirectory> run_dir_;
   std::string token_file_;                 // the workers' DIST_LAUNCH_TOKEN_FILE (empty: no token)

@@ -1,5 +1,7 @@
 #include "tcp_store.h"
 
+#include <algorithm>
+
 #include <boost/asio/this_coro.hpp>
 
 #include "schema.h"
@@ -80,8 +82,18 @@ Task<std::optional<std::size_t>> TcpRendezvousStore::wait_deleted(
   co_return co_await client_.wait_deleted(full(std::move(keys)), timeout);
 }
 
+// A second session to a store this one reached: a refusal now means the store is gone, not that
+// it is not up yet, so the connect gives up after the liveness period rather than the rendezvous
+// timeout. (An agent told to stop while its round's watch session connects waits for this.)
 Task<std::unique_ptr<RendezvousStore>> TcpRendezvousStore::open_another() {
-  co_return co_await open_tcp_store(client_.options(), run_id_);
+  rendezvous::ClientOptions options = client_.options();
+  if (options.keepalive_idle_seconds > 0) {
+    const std::chrono::milliseconds liveness =
+        std::chrono::seconds(options.keepalive_idle_seconds +
+                             options.keepalive_interval_seconds * options.keepalive_probes);
+    options.connect_timeout = std::min(options.connect_timeout, liveness);
+  }
+  co_return co_await open_tcp_store(std::move(options), run_id_);
 }
 
 void TcpRendezvousStore::close() {

@@ -23,8 +23,9 @@
 #include "dist/agent/worker_resources.h"
 #include "dist/launcher/slurm.h"
 #include "dist/launcher/torchelastic_env.h"
-#include "option_scan.h"
+#include "hosts_options.h"
 #include "job_token.h"
+#include "option_scan.h"
 
 namespace dist::launcher {
 namespace {
@@ -588,9 +589,21 @@ void check_local_ranks_filter(const agent::LaunchConfig& c) {
 }
 
 // The options as the scan (option_scan.h) and the completion scripts see them.
+// The command line's options, those in option groups (--hosts, ...) included.
+std::vector<const CLI::Option*> all_options(const CLI::App& app) {
+  std::vector<const CLI::Option*> options = app.get_options();
+  for (const CLI::App* group : app.get_subcommands([](const CLI::App* sub) {
+         return sub->get_name().empty();  // an option group, not a subcommand
+       })) {
+    const auto in_group = all_options(*group);
+    options.insert(options.end(), in_group.begin(), in_group.end());
+  }
+  return options;
+}
+
 std::vector<OptionSpelling> spellings(const CLI::App& app) {
   std::vector<OptionSpelling> out;
-  for (const CLI::Option* option : app.get_options()) {
+  for (const CLI::Option* option : all_options(app)) {
     out.push_back({option->get_lnames(), option->get_snames(), option->get_expected_min() > 0});
   }
   return out;
@@ -598,7 +611,7 @@ std::vector<OptionSpelling> spellings(const CLI::App& app) {
 
 std::vector<std::string> long_options(const CLI::App& app) {
   std::vector<std::string> names;
-  for (const CLI::Option* option : app.get_options()) {
+  for (const CLI::Option* option : all_options(app)) {
     for (const auto& name : option->get_lnames()) names.push_back("--" + name);
   }
   return names;
@@ -626,7 +639,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       "  dist-launch --nproc-per-node 4 train.py --lr 0.1\n"
       "  dist-launch --nproc-per-node 2 --no-python build/bin/ddp_train --epochs 5\n"
       "  dist-launch --nnodes 2 --node-rank 0 --master-addr A --master-port 29500 train.py\n"
-      "  dist-launch --nnodes 1:4 --rdzv-endpoint A:29400 --rdzv-id job7 train.py");
+      "  dist-launch --nnodes 1:4 --rdzv-endpoint A:29400 --rdzv-id job7 train.py\n"
+      "  dist-launch --hosts A:4,B:4 train.py (an agent on each host over ssh)");
 
   CliOutcome outcome;
   agent::LaunchConfig& c = outcome.config;
@@ -760,8 +774,12 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
                  std::string("Print a completion script for ") + kCompletionShells +
                      " and exit, e.g. eval \"$(dist-launch --print-completion bash)\"");
 
+  HostsFlags hosts;
+  add_hosts_options(app, hosts);
+
+  std::vector<std::string> expanded;  // the arguments with abbreviated options written out
   try {
-    const std::vector<std::string> expanded = expand_options(args, spellings(app));
+    expanded = expand_options(args, spellings(app));
     std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());  // CLI11: from the back
     app.parse(reversed);
   } catch (const OptionScanError& e) {
@@ -805,14 +823,14 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     c.max_restarts = parse_non_negative("--max-restarts", max_restarts);
     parse_seconds("--monitor-interval", monitor_interval, Zero::kAllowed);  // checked, not used
     // Inside Slurm, what the command line leaves out comes from the job step.
-    const auto slurm = standalone ? std::nullopt : slurm_job_from_environment();
+    const auto slurm = standalone || hosts.given() ? std::nullopt : slurm_job_from_environment();
     if (slurm) {
       if (is_extra_slurm_task(*slurm, app, err)) return {true, kExitOk, {}};
       fill_from_slurm(*slurm, app, nnodes, master_port, c);
     }
     parse_nnodes(nnodes, c);
     if (!devices.empty()) c.devices.devices = parse_devices(devices);
-    c.nproc_per_node = resolve_nproc(nproc, c.devices);
+    if (!hosts.given()) c.nproc_per_node = resolve_nproc(nproc, c.devices);  // each host's own
     c.placement.numa_binding = parse_numa_binding(numa_binding);
     parse_cpu_bind(cpu_bind, c.placement);
     if (!master_port.empty()) {
@@ -841,6 +859,11 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
     if (!metrics_port.empty()) {
       c.telemetry.metrics_port =
           static_cast<std::uint16_t>(parse_port("--metrics-port", metrics_port));
+    }
+    if (hosts.given()) {  // the job over ssh (hosts.cc): each host checks the rest for itself
+      apply_token_options(token, c);  // none given: the job generates one
+      outcome.hosts_job = hosts_job_config(app, hosts, expanded, c);
+      return outcome;
     }
     choose_rendezvous(app.count("--rdzv-backend") > 0 || std::getenv("PET_RDZV_BACKEND"),
                       rdzv_endpoint, nnodes, standalone,
@@ -899,7 +922,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   } catch (const UsageError& e) {
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
-  } catch (const std::invalid_argument& e) {  // a malformed SLURM_* or TORCHELASTIC_* variable, the token
+  } catch (const std::invalid_argument&
+               e) {  // a malformed SLURM_* or TORCHELASTIC_* variable, the token
     err << "dist-launch: error: " << e.what() << "\n";
     return {true, kExitUsage, {}};
   }

@@ -81,7 +81,10 @@ struct LaunchConfig {
   std::chrono::milliseconds rdzv_timeout{900'000};      // static: until every node joined
   std::chrono::milliseconds join_timeout{600'000};      // elastic: until a round forms
   std::chrono::milliseconds last_call_timeout{30'000};  // elastic: MIN reached, waiting for more
-  std::optional<bool> is_host;  // elastic: host the store (none: if the endpoint is this machine's)
+  // Host the store. Elastic: none hosts it if the endpoint is this machine's. Static: none means
+  // node rank 0 hosts it; false, that node connects to master_addr:master_port like the others
+  // (a store someone else hosts: dist-launch --hosts).
+  std::optional<bool> is_host;
   // Liveness between agents (several nodes): TCP keepalive on their store connections; a node that
   // vanished (a partition, a dead host) is noticed after about interval * max_attempt seconds, a
   // dead agent on a live host at once.
@@ -120,6 +123,14 @@ struct LaunchConfig {
   // attempt_<n>/filtered_stdout.log / filtered_stderr.log. Empty: no such file.
   std::vector<std::string> duplicate_stdout_filters;
   std::vector<std::string> duplicate_stderr_filters;
+  // The failure report on the console. dist-launch --hosts shows one agent's (node rank 0's): every
+  // node's console is the same one there.
+  bool print_failure_report = true;
+
+  // A pipe from the launcher that started this agent (dist-launch --hosts; agent_launch.h): its
+  // control lines act as signals, its end (the launcher, or its ssh connection, gone) as SIGHUP.
+  // -1: none.
+  int launcher_fd = -1;
 
   StreamSelection redirects_for(int local_rank) const {
     auto it = redirects_by_rank.find(local_rank);

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dist/agent/config.h"
+#include "dist/agent/hosts_job.h"
 
 namespace dist::launcher {
 
@@ -16,6 +18,7 @@ struct CliOutcome {
   bool exit_now = false;  // --help, --version or an error: nothing to launch
   int exit_code = kExitOk;
   agent::LaunchConfig config;
+  std::optional<agent::HostsJobConfig> hosts_job = std::nullopt;  // --hosts: the job over ssh
 };
 
 // Parses argv (without the program name). Help and version go to `out`, a one-line error to

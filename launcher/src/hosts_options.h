@@ -1,0 +1,37 @@
+// dist-launch's options for a job on many hosts (--hosts, --hostfile, ssh, exported variables), as
+// cli.cc adds them to its command line, and the job they describe.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "dist/agent/config.h"
+#include "dist/agent/hosts_job.h"
+
+namespace dist::launcher {
+
+struct HostsFlags {
+  std::string hosts, hostfile, include, exclude;
+  std::string ssh_program = "ssh";
+  std::string ssh_config;
+  int ssh_port = 0;
+  std::vector<std::string> ssh_options;
+  std::vector<std::string> exports;          // VAR or VAR=VALUE, each
+  std::vector<std::string> export_prefixes;  // NCCL_, ...
+  std::string remote_dist_launch = "dist-launch";
+  bool given() const { return !hosts.empty() || !hostfile.empty(); }
+};
+
+// Adds the options, in a group of their own. They have no PET_ variables: an agent started by
+// --hosts must never take its environment for a request to start more hosts.
+void add_hosts_options(CLI::App& app, HostsFlags& flags);
+
+// The job over ssh, from the parsed command line: `args` as given (the agents get its options, less
+// the launcher's own), `parsed` what cli.cc read of it before anything specific to this machine
+// (the store's liveness, signals, shutdown timeout). Throws HostsError for what cannot be run.
+agent::HostsJobConfig hosts_job_config(const CLI::App& app, const HostsFlags& flags,
+                                       const std::vector<std::string>& args,
+                                       const agent::LaunchConfig& parsed);
+
+}  // namespace dist::launcher

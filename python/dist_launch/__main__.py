@@ -10,7 +10,10 @@ from ._programs import program
 def main() -> None:
     if sys.executable and not os.environ.get("PYTHON_EXEC"):
         os.environ["PYTHON_EXEC"] = sys.executable
-    path = program("dist-launch")
+    try:
+        path = program("dist-launch")
+    except FileNotFoundError as e:
+        sys.exit(f"python -m dist_launch: {e}")
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(path, [path, *sys.argv[1:]])

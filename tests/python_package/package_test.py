@@ -142,10 +142,10 @@ def make_venv(python, path, site_packages_of=None):
 
 def pip_install(venv_python):
     """`pip install SOURCE` into the venv, its build tree kept in --build-cache."""
-    reach = subprocess.run([venv_python, "-m", "pip", "download", "--no-deps", "--quiet",
-                            "--dest", tempfile.mkdtemp(prefix="dist-pip-probe-"),
-                            "scikit-build-core"],
-                           capture_output=True, text=True, timeout=VENV_TIMEOUT_S)
+    with tempfile.TemporaryDirectory(prefix="dist-pip-probe-") as probe:
+        reach = subprocess.run([venv_python, "-m", "pip", "download", "--no-deps", "--quiet",
+                                "--dest", probe, "scikit-build-core"],
+                               capture_output=True, text=True, timeout=VENV_TIMEOUT_S)
     if reach.returncode != 0:
         last = (reach.stderr.strip().splitlines() or [""])[-1]
         skip(f"pip cannot fetch scikit-build-core (no network to PyPI?): {last}")
@@ -189,7 +189,11 @@ class Job(unittest.TestCase):
 
     def run_in_venv(self, argv, **kwargs):
         return subprocess.run(argv, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
-                              cwd=self.out, env=clean_env(GLOO_SOCKET_IFNAME="lo"), **kwargs)
+                              cwd=self.out, env=self.env(), **kwargs)
+
+    def env(self, **extra):
+        # dist-launch keeps a failed job's logs in a temporary directory: this test's.
+        return clean_env(GLOO_SOCKET_IFNAME="lo", TMPDIR=self.out, **extra)
 
     def api(self, case, *extra):
         driver = os.path.join(self.out, "driver.py")
@@ -227,8 +231,8 @@ class InstalledPackage(Job):
         with open(other, "w") as f:
             f.write("#!/bin/sh\necho \"PYTHON_EXEC ran $*\"\n")
         os.chmod(other, 0o755)
-        env = clean_env(PYTHON_EXEC=other)
-        proc = subprocess.run([os.path.join(VENV, "bin", "dist-launch"), self.worker], env=env,
+        proc = subprocess.run([os.path.join(VENV, "bin", "dist-launch"), self.worker],
+                              env=self.env(PYTHON_EXEC=other),
                               capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn(f"[default0]:PYTHON_EXEC ran -u {self.worker}", proc.stdout)
@@ -310,7 +314,7 @@ class PythonApi(Job):
             f.write(API_DRIVER)
         caller = subprocess.Popen([os.path.join(VENV, "bin", "python"), driver, self.worker,
                                    self.out, VENV, "signal"], cwd=self.out,
-                                  env=clean_env(), stdout=subprocess.PIPE,
+                                  env=self.env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         self.addCleanup(reap, caller)
         pid_files = [os.path.join(self.out, f"pid_{rank}") for rank in (0, 1)]

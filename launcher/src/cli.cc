@@ -623,6 +623,20 @@ std::string version() {
   return DIST_VERSION;
 }
 
+// pip installs dist-launch into a venv's (or a prefix's) bin/, next to the interpreter the job's
+// packages were installed for: its workers use that one, as torchrun's use torchrun's own.
+std::string default_python(const fs::path& program) {
+  if (!program.is_absolute()) return "python3";
+  for (const char* name : {"python3", "python"}) {
+    const fs::path candidate = program.parent_path() / name;
+    std::error_code ec;
+    if (::access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate, ec)) {
+      return candidate.string();
+    }
+  }
+  return "python3";
+}
+
 CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream& out,
                               std::ostream& err) {
   CLI::App app{
@@ -887,7 +901,10 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       c.worker_argv = script_and_args;
     } else {
       const char* python_exec = std::getenv("PYTHON_EXEC");
-      const std::string python = python_exec && *python_exec ? python_exec : "python3";
+      std::error_code ec;  // no /proc: python3 from PATH
+      const std::string python = python_exec && *python_exec
+                                     ? python_exec
+                                     : default_python(fs::read_symlink("/proc/self/exe", ec));
       require_executable("Python interpreter", python, "set PYTHON_EXEC to one that is");
       c.worker_argv = {python, "-u"};
       if (module) {

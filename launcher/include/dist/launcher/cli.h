@@ -1,6 +1,7 @@
 // dist-launch's command line: argv (and PET_* variables) in, a validated LaunchConfig out.
 #pragma once
 
+#include <filesystem>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -27,5 +28,9 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
                               std::ostream& err);
 
 std::string version();
+
+// The interpreter Python workers run when PYTHON_EXEC is unset: python3 (else python) in the
+// directory of `program`, dist-launch's own path, when it holds one; otherwise "python3" from PATH.
+std::string default_python(const std::filesystem::path& program);
 
 }  // namespace dist::launcher

@@ -1,0 +1,16 @@
+"""dist-launch from Python: the `dist-launch` and `dist-rendezvous` programs pip put on PATH,
+`python -m dist_launch ...`, and an API in the shape of torch.distributed's launcher:
+
+    from dist_launch import LaunchConfig, launch
+    results = launch(LaunchConfig(nproc_per_node=2, max_restarts=1), "train.py", "--lr", "0.1")
+    # {0: 0, 1: 0}: exit codes by global rank; a failed job raises ChildFailedError
+
+and `dist_launch.run(argv)`, as `torch.distributed.run.main(argv)`.
+"""
+from ._programs import program
+from .api import LaunchConfig, elastic_launch, launch, run
+from .errors import (ChildFailedError, LaunchError, ProcessFailure, SignalException,
+                     UsageError)
+
+__all__ = ["ChildFailedError", "LaunchConfig", "LaunchError", "ProcessFailure",
+           "SignalException", "UsageError", "elastic_launch", "launch", "program", "run"]

@@ -1,0 +1,220 @@
+"""The Python API, in the shape of torch.distributed's launcher: `launch(config, entrypoint, *args)`
+(and `elastic_launch(config, entrypoint)(*args)`) runs this node's part of a job with dist-launch
+and returns per-rank results or raises with the failure report; `run(argv)` is
+`torch.distributed.run.main(argv)` for dist-launch's command line."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from ._runner import Outcome, run_dist_launch
+from .errors import ChildFailedError, LaunchError, SignalException, UsageError
+
+EXIT_USAGE = 2  # dist-launch's exit code for a refused command line
+
+# 0 none, 1 stdout, 2 stderr, 3 both (torch's Std), or one such value per local rank.
+Streams = Union[int, str, Mapping[int, int]]
+
+
+@dataclass
+class LaunchConfig:
+    """torch.distributed.launcher.api.LaunchConfig's fields that dist-launch implements, with
+    torchrun's command-line defaults (torch's dataclass has max_restarts=3, role="default_role"
+    and rdzv_backend="etcd", which dist-launch refuses: etcd-v3 is its etcd backend).
+
+    As torchrun does, a static job takes the store's address from rdzv_endpoint (HOST:PORT) and
+    this node's rank from rdzv_configs["rank"]. nproc_per_node may be an integer or "gpu", "cpu",
+    "auto". `python` runs scripts and modules (default: PYTHON_EXEC, else this interpreter, as
+    torchrun runs sys.executable); `extra_args` are further dist-launch options, given as is."""
+
+    min_nodes: int = 1
+    max_nodes: int = 1
+    nproc_per_node: Union[int, str] = 1
+    run_id: str = ""
+    role: str = "default"
+    rdzv_endpoint: str = ""
+    rdzv_backend: str = "static"
+    rdzv_configs: Dict[str, Any] = field(default_factory=dict)
+    rdzv_timeout: int = -1  # seconds; legacy, as torch's: rdzv_configs["timeout"]
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    local_addr: Optional[str] = None
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    shutdown_timeout: Optional[float] = None  # seconds; default TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30
+    virtual_local_rank: bool = False
+    log_dir: Optional[str] = None
+    redirects: Streams = 0
+    tee: Streams = 0
+    local_ranks_filter: Optional[Sequence[int]] = None
+    python: Optional[str] = None
+    extra_args: List[str] = field(default_factory=list)
+
+    def to_args(self) -> List[str]:
+        """The dist-launch options this configuration stands for."""
+        if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
+            raise UsageError(f"LaunchConfig: min_nodes={self.min_nodes}, max_nodes="
+                             f"{self.max_nodes}: need 1 <= min_nodes <= max_nodes", EXIT_USAGE)
+        nnodes = (str(self.min_nodes) if self.min_nodes == self.max_nodes
+                  else f"{self.min_nodes}:{self.max_nodes}")
+        args = ["--nnodes", nnodes, "--nproc-per-node", str(self.nproc_per_node),
+                "--rdzv-backend", self.rdzv_backend, "--role", self.role,
+                "--max-restarts", str(self.max_restarts),
+                "--monitor-interval", str(self.monitor_interval),
+                "--start-method", self.start_method,
+                "--signals-to-handle", self.signals_to_handle,
+                "--redirects", _streams(self.redirects), "--tee", _streams(self.tee)]
+        conf = dict(self.rdzv_configs)
+        node_rank = conf.pop("rank", None)  # torchrun passes --node-rank this way
+        if node_rank is not None:
+            args += ["--node-rank", str(node_rank)]
+        if self.rdzv_timeout != -1:
+            conf["timeout"] = self.rdzv_timeout
+        if conf:
+            args += ["--rdzv-conf", ",".join(f"{k}={_conf_value(v)}" for k, v in conf.items())]
+        if self.run_id:
+            args += ["--rdzv-id", self.run_id]
+        if self.rdzv_endpoint:
+            args += ["--rdzv-endpoint", self.rdzv_endpoint]
+        if self.local_addr:
+            args += ["--local-addr", self.local_addr]
+        shutdown_timeout = self.shutdown_timeout
+        if shutdown_timeout is None:
+            shutdown_timeout = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
+        args += ["--shutdown-timeout", str(shutdown_timeout)]
+        if self.virtual_local_rank:
+            args.append("--virtual-local-rank")
+        if self.log_dir:
+            args += ["--log-dir", str(self.log_dir)]
+        if self.local_ranks_filter is not None:
+            args += ["--local-ranks-filter", ",".join(str(r) for r in self.local_ranks_filter)]
+        return args + [str(a) for a in self.extra_args]
+
+
+def _streams(value: Streams) -> str:
+    if isinstance(value, Mapping):
+        return ",".join(f"{rank}:{int(v)}" for rank, v in value.items())
+    return str(int(value)) if not isinstance(value, str) else value
+
+
+def _conf_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _environment(python: Optional[str]) -> Dict[str, str]:
+    env = dict(os.environ)
+    if python:
+        env["PYTHON_EXEC"] = python
+    elif not env.get("PYTHON_EXEC") and sys.executable:
+        env["PYTHON_EXEC"] = sys.executable
+    return env
+
+
+def _stop_signals(names: str) -> List[int]:
+    found = []
+    for name in names.split(","):
+        name = name.strip().upper()
+        sig = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+        # SIGUSR1/2 only pass through to the workers, which keep running: not ours to catch.
+        if isinstance(sig, signal.Signals) and sig not in (signal.SIGUSR1, signal.SIGUSR2):
+            found.append(sig)
+    return found
+
+
+def _raise_for(outcome: Outcome, name: str) -> None:
+    code = outcome.exit_code
+    if code == 0:
+        return
+    errors = "; ".join(outcome.errors)
+    if outcome.forwarded_signal is not None:  # the workers' failures follow from it
+        sig = signal.Signals(outcome.forwarded_signal).name
+        raise SignalException(f"{name} stopped by {sig}" + (f": {errors}" if errors else ""),
+                              code, outcome.forwarded_signal)
+    if outcome.report is not None:
+        report = outcome.report
+        failures = {f.rank: f for f in report.failures}
+        raise ChildFailedError(report.name, failures, report.root.rank, report.text, code)
+    if code == EXIT_USAGE:
+        raise UsageError(errors or "dist-launch refused its command line", code)
+    if code < 0:
+        raise LaunchError(f"dist-launch ended by signal {-code}", code)
+    raise LaunchError(errors or f"dist-launch exited with {code}", code)
+
+
+def launch(config: LaunchConfig, entrypoint: str, *args: Any, module: bool = False
+           ) -> Dict[int, int]:
+    """Runs this node's workers: `entrypoint` is a Python script (*.py), a module with
+    module=True (python -m), or any other program (a C++ worker, or sys.executable with "-u",
+    "train.py" as torch's callers pass it), with `args` after it.
+
+    Returns {global rank: exit code} for this node's workers of the last round: all 0, since a
+    job that ends otherwise raises (torchrun returns {rank: None} for a program and the function's
+    return values for a function; functions are not launched here: workers are fresh processes
+    started by dist-launch, so call the function from a script). The ranks are the agent's
+    "round N: ... global ranks A..B" line; when LOGLEVEL hides it, they are computed for a static
+    job and left out ({}) for an elastic one.
+
+    Raises ChildFailedError (failures by global rank, root cause, the report) when workers
+    failed, UsageError when the configuration is refused, SignalException when a signal this
+    process received stopped the job, LaunchError otherwise."""
+    if callable(entrypoint) and not isinstance(entrypoint, str):
+        raise TypeError("dist_launch.launch runs a script, a module (module=True) or a program, "
+                        "not a Python function: its workers are fresh processes; call the "
+                        "function from a script's `if __name__ == \"__main__\":` and launch that")
+    entry = os.fspath(entrypoint)
+    args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
+    if module:
+        target = ["-m", entry]
+    elif entry.endswith(".py"):
+        target = [entry]
+    else:
+        target = ["--no-python", entry]
+    argv = config.to_args() + target + args
+    outcome = run_dist_launch(argv, _environment(config.python),
+                              _stop_signals(config.signals_to_handle))
+    _raise_for(outcome, os.path.basename(entry))
+    ranks = outcome.node_ranks
+    if ranks is None:
+        ranks = _static_ranks(config)
+    return {rank: 0 for rank in (ranks or [])}
+
+
+def _static_ranks(config: LaunchConfig) -> Optional[range]:
+    """A static job's ranks on this node, as dist-launch assigns them (contiguous per node, in
+    node-rank order): known when nproc_per_node is a number."""
+    if config.min_nodes != config.max_nodes or config.rdzv_backend != "static":
+        return None
+    try:
+        nproc = int(config.nproc_per_node)
+    except ValueError:
+        return None
+    node_rank = int(config.rdzv_configs.get("rank", 0))
+    return range(node_rank * nproc, (node_rank + 1) * nproc)
+
+
+class elastic_launch:  # noqa: N801 (torch's name)
+    """torch.distributed.launcher.api.elastic_launch: elastic_launch(config, entrypoint)(*args)
+    is launch(config, entrypoint, *args)."""
+
+    def __init__(self, config: LaunchConfig, entrypoint: str, module: bool = False):
+        self._config = config
+        self._entrypoint = entrypoint
+        self._module = module
+
+    def __call__(self, *args: Any) -> Dict[int, int]:
+        return launch(self._config, self._entrypoint, *args, module=self._module)
+
+
+def run(argv: Optional[Sequence[str]] = None) -> None:
+    """torch.distributed.run.main(argv): dist-launch's command line (default sys.argv[1:]), Python
+    workers on this interpreter unless PYTHON_EXEC says otherwise. Returns when the job
+    succeeded; raises as launch() does otherwise."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    outcome = run_dist_launch(argv, _environment(None),
+                              _stop_signals("SIGTERM,SIGINT,SIGHUP,SIGQUIT"))
+    _raise_for(outcome, "dist-launch")

@@ -1,0 +1,443 @@
+"""The Python package as a user gets it: `pip install .` into a fresh venv, then the installed
+dist-launch, `python -m dist_launch` and the Python API, with no PYTHON_EXEC: workers must run on
+the venv's interpreter, as torchrun's run on torchrun's.
+
+    python3 package_test.py --source REPO --build-cache DIR                  # no torch needed
+    python3 package_test.py --source REPO --build-cache DIR --torch-python P # P: a torch 2.x
+
+The build tree is kept in --build-cache, so a second run rebuilds only what changed. Exits 77
+(skip) when a venv cannot be made or PyPI cannot be reached (pip needs scikit-build-core), and
+with --torch-python when P has no torch 2.x.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+SKIP = 77
+VENV_TIMEOUT_S = 120
+PIP_INSTALL_TIMEOUT_S = 1500  # a first build on a loaded 2-core machine
+JOB_TIMEOUT_S = 240
+WAIT_STEP_S = 0.05
+ARGS = None
+VENV = None  # the venv dist-launch was installed into
+
+# A worker that proves which interpreter runs it, then does what its arguments say.
+WORKER = textwrap.dedent("""\
+    import json, os, sys, time
+    out, venv = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    assert sys.prefix == venv, f"rank {rank}: sys.prefix is {sys.prefix}, not the venv {venv}"
+    assert os.path.dirname(sys.executable) == os.path.join(venv, "bin"), sys.executable
+    print(f"rank {rank} of {os.environ['WORLD_SIZE']} runs {sys.executable}", flush=True)
+    with open(os.path.join(out, f"pid_{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    action = sys.argv[3] if len(sys.argv) > 3 else ""
+    if action == "fail-rank-1" and rank == 1 and attempt == 0:
+        with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:  # torch's @record format
+            json.dump({"message": {"message": "RuntimeError: rank 1 gives up",
+                                   "extraInfo": {"py_callstack": "Traceback: line 1\\nline 2",
+                                                 "timestamp": str(int(time.time()))}}}, f)
+        sys.exit(3)
+    if action == "kill-rank-0" and rank == 0:
+        os.kill(os.getpid(), 9)
+    if action == "wait":
+        while True:
+            time.sleep(1)
+""")
+
+# The Python API from the venv's interpreter, as torchx or Lightning would drive it.
+API_DRIVER = textwrap.dedent("""\
+    import json, sys
+    import dist_launch
+    from dist_launch import LaunchConfig, ChildFailedError, launch
+    worker, out, venv, case = sys.argv[1:5]
+    if case == "ok":
+        print(json.dumps(launch(LaunchConfig(nproc_per_node=2), worker, out, venv)))
+    elif case == "restart":
+        results = dist_launch.elastic_launch(
+            LaunchConfig(nproc_per_node=2, max_restarts=1), worker)(out, venv, "fail-rank-1")
+        print(json.dumps(results))
+    elif case == "elastic":
+        config = LaunchConfig(min_nodes=1, max_nodes=2, nproc_per_node=2, rdzv_backend="c10d",
+                              rdzv_endpoint=sys.argv[5], run_id="api-elastic",
+                              rdzv_configs={"last_call_timeout": 0.5})
+        print(json.dumps(launch(config, worker, out, venv)))
+    elif case in ("fail-rank-1", "kill-rank-0"):
+        try:
+            launch(LaunchConfig(nproc_per_node=2), worker, out, venv, case)
+        except ChildFailedError as e:
+            rank, root = e.get_first_failure()
+            print(json.dumps({"exit_code": e.exit_code, "root_rank": rank,
+                              "exitcode": root.exitcode, "signal": root.signal_name(),
+                              "local_rank": root.local_rank, "message": root.message,
+                              "error_file": root.error_file, "traceback": root.traceback,
+                              "failed_ranks": sorted(e.failures), "name": e.name,
+                              "report_has_root": "Root Cause" in e.format_msg()}))
+    elif case == "usage":
+        try:
+            launch(LaunchConfig(nproc_per_node=0), worker, out, venv)
+        except dist_launch.UsageError as e:
+            print(json.dumps({"usage": str(e), "exit_code": e.exit_code}))
+    elif case == "run":
+        dist_launch.run(["--nproc-per-node", "2", worker, out, venv])
+        try:
+            dist_launch.run(["--nproc-per-node", "2", worker, out, venv, "fail-rank-1"])
+        except ChildFailedError as e:
+            print(json.dumps({"root_rank": e.get_first_failure()[0], "exit_code": e.exit_code}))
+    elif case == "signal":
+        try:
+            launch(LaunchConfig(nproc_per_node=2, shutdown_timeout=10), worker, out, venv, "wait")
+        except dist_launch.SignalException as e:
+            print(json.dumps({"sigval": e.sigval, "exit_code": e.exit_code}))
+""")
+
+
+def log(message):
+    print(f"package_test: {message}", flush=True)
+
+
+def skip(message):
+    log(f"SKIP: {message}")
+    sys.exit(SKIP)
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHON_EXEC", "PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(extra)
+    return env
+
+
+def make_venv(python, path, site_packages_of=None):
+    """A fresh venv from `python`; with `site_packages_of`, that interpreter's packages (torch)
+    are visible in it through a .pth file, which leaves that interpreter's environment as it is."""
+    proc = subprocess.run([python, "-m", "venv", path], capture_output=True, text=True,
+                          timeout=VENV_TIMEOUT_S)
+    if proc.returncode != 0:
+        skip(f"`{python} -m venv` does not work here (Debian: apt-get install python3-venv): "
+             f"{proc.stderr.strip()}")
+    venv_python = os.path.join(path, "bin", "python")
+    if site_packages_of:
+        paths = subprocess.run(
+            [site_packages_of, "-c",
+             "import site, sys; print('\\n'.join(p for p in sys.path if p.endswith('-packages')))"],
+            capture_output=True, text=True, check=True).stdout
+        purelib = subprocess.run([venv_python, "-c", "import sysconfig; "
+                                  "print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        with open(os.path.join(purelib, "outer_site_packages.pth"), "w") as f:
+            f.write(paths)
+    return venv_python
+
+
+def pip_install(venv_python):
+    """`pip install SOURCE` into the venv, its build tree kept in --build-cache."""
+    with tempfile.TemporaryDirectory(prefix="dist-pip-probe-") as probe:
+        reach = subprocess.run([venv_python, "-m", "pip", "download", "--no-deps", "--quiet",
+                                "--dest", probe, "scikit-build-core"],
+                               capture_output=True, text=True, timeout=VENV_TIMEOUT_S)
+    if reach.returncode != 0:
+        last = (reach.stderr.strip().splitlines() or [""])[-1]
+        skip(f"pip cannot fetch scikit-build-core (no network to PyPI?): {last}")
+    started = time.monotonic()
+    proc = subprocess.run([venv_python, "-m", "pip", "install",
+                           f"--config-settings=build-dir={ARGS.build_cache}", ARGS.source],
+                          capture_output=True, text=True, timeout=PIP_INSTALL_TIMEOUT_S,
+                          env=clean_env())
+    log(f"pip install took {time.monotonic() - started:.1f} s")
+    if proc.returncode != 0:
+        sys.exit(f"pip install failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def reap(proc):
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+class Job(unittest.TestCase):
+    def setUp(self):
+        self.out = tempfile.mkdtemp(prefix="dist-package-test-")
+        self.addCleanup(shutil.rmtree, self.out, ignore_errors=True)
+        self.worker = os.path.join(self.out, "worker.py")
+        with open(self.worker, "w") as f:
+            f.write(WORKER)
+
+    def run_in_venv(self, argv, **kwargs):
+        return subprocess.run(argv, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                              cwd=self.out, env=self.env(), **kwargs)
+
+    def env(self, **extra):
+        # dist-launch keeps a failed job's logs in a temporary directory: this test's.
+        return clean_env(GLOO_SOCKET_IFNAME="lo", TMPDIR=self.out, **extra)
+
+    def api(self, case, *extra):
+        driver = os.path.join(self.out, "driver.py")
+        with open(driver, "w") as f:
+            f.write(API_DRIVER)
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), driver, self.worker,
+                                 self.out, VENV, case, *extra])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+
+
+class InstalledPackage(Job):
+    def test_the_programs_on_path_are_the_binaries(self):
+        for name in ("dist-launch", "dist-rendezvous"):
+            with open(os.path.join(VENV, "bin", name), "rb") as f:
+                self.assertEqual(f.read(4), b"\x7fELF", f"{name} is not the program itself")
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "dist-launch"), "--version"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertTrue(proc.stdout.startswith("dist-launch "), proc.stdout)
+
+    def test_the_package_brings_no_torch(self):
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), "-c", "import torch"])
+        self.assertNotEqual(proc.returncode, 0, "torch came with dist-launch")
+
+    def test_workers_run_on_the_venvs_python_without_python_exec(self):
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "dist-launch"), "--nproc-per-node",
+                                 "2", self.worker, self.out, VENV])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        for rank in (0, 1):
+            self.assertIn(f"[default{rank}]:rank {rank} of 2 runs {VENV}/bin/python3\n",
+                          proc.stdout)
+
+    def test_python_exec_still_wins(self):
+        other = os.path.join(self.out, "other-python")
+        with open(other, "w") as f:
+            f.write("#!/bin/sh\necho \"PYTHON_EXEC ran $*\"\n")
+        os.chmod(other, 0o755)
+        proc = subprocess.run([os.path.join(VENV, "bin", "dist-launch"), self.worker],
+                              env=self.env(PYTHON_EXEC=other),
+                              capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn(f"[default0]:PYTHON_EXEC ran -u {self.worker}", proc.stdout)
+
+    def test_python_m_dist_launch(self):
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), "-m", "dist_launch",
+                                 "--nproc-per-node", "2", self.worker, self.out, VENV])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        for rank in (0, 1):  # sys.executable: the interpreter python -m ran on
+            self.assertIn(f"[default{rank}]:rank {rank} of 2 runs {VENV}/bin/python\n",
+                          proc.stdout)
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), "-m", "dist_launch",
+                                 "--nproc-per-node", "2", self.worker, self.out, VENV,
+                                 "fail-rank-1"])
+        self.assertEqual(proc.returncode, 3, "dist-launch's own exit code: the root cause's")
+        self.assertIn("worker.py FAILED", proc.stderr)
+
+
+class PythonApi(Job):
+    def test_the_example_launcher(self):
+        example = os.path.join(ARGS.source, "examples", "python", "launch.py")
+        python = os.path.join(VENV, "bin", "python")
+        proc = self.run_in_venv([python, example, "-j", "1x2", self.worker, self.out, VENV])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("every worker of this node succeeded: exit codes by rank {0: 0, 1: 0}",
+                      proc.stdout)
+        proc = self.run_in_venv([python, example, "-j", "1x2", self.worker, self.out, VENV,
+                                 "fail-rank-1"])
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        self.assertRegex(proc.stderr, r"launch.py: worker.py failed on rank 1 \(.+\): "
+                                      r"RuntimeError: rank 1 gives up")
+
+    def test_launch_returns_exit_codes_by_global_rank(self):
+        results, proc = self.api("ok")
+        self.assertEqual(results, {"0": 0, "1": 0})
+        self.assertIn(f"[default1]:rank 1 of 2 runs {VENV}/bin/python", proc.stdout)
+
+    def test_a_restart_that_succeeds_returns_the_results(self):
+        results, proc = self.api("restart")
+        self.assertEqual(results, {"0": 0, "1": 0})
+        self.assertIn("restarting the worker group (restart 1 of 1)", proc.stderr)
+
+    def test_an_elastic_job_returns_the_ranks_its_round_gave_this_node(self):
+        results, _ = self.api("elastic", f"127.0.0.1:{free_port()}")
+        self.assertEqual(results, {"0": 0, "1": 0})
+
+    def test_a_failure_raises_with_the_root_cause_and_the_error_file(self):
+        r, proc = self.api("fail-rank-1")
+        self.assertEqual(r["exit_code"], 3)
+        self.assertEqual((r["root_rank"], r["local_rank"], r["exitcode"]), (1, 1, 3))
+        self.assertEqual(r["message"], "RuntimeError: rank 1 gives up")
+        self.assertEqual(r["traceback"], "Traceback: line 1\nline 2")
+        self.assertTrue(r["error_file"].endswith("/1/error.json"), r["error_file"])
+        self.assertEqual(r["failed_ranks"], [1])
+        self.assertEqual(r["name"], "worker.py")
+        self.assertTrue(r["report_has_root"])
+        self.assertIn("worker.py FAILED", proc.stderr, "the report still reaches the console")
+
+    def test_a_worker_killed_by_a_signal_is_reported_with_the_signal(self):
+        r, _ = self.api("kill-rank-0")
+        self.assertEqual((r["root_rank"], r["exitcode"], r["signal"]), (0, -9, "SIGKILL"))
+        self.assertEqual(r["exit_code"], 128 + 9)
+
+    def test_a_refused_configuration_raises_a_usage_error(self):
+        r, _ = self.api("usage")
+        self.assertEqual(r["exit_code"], 2)
+        self.assertIn("--nproc-per-node must be a positive integer", r["usage"])
+
+    def test_run_is_the_command_line(self):
+        r, proc = self.api("run")
+        self.assertEqual((r["root_rank"], r["exit_code"]), (1, 3))
+        self.assertIn(f"[default0]:rank 0 of 2 runs {VENV}/bin/python", proc.stdout)
+
+    def start_waiting_job(self):
+        """A caller whose launch() runs until a signal stops it, and its workers' pids once
+        both run."""
+        driver = os.path.join(self.out, "driver.py")
+        with open(driver, "w") as f:
+            f.write(API_DRIVER)
+        caller = subprocess.Popen([os.path.join(VENV, "bin", "python"), driver, self.worker,
+                                   self.out, VENV, "signal"], cwd=self.out,
+                                  env=self.env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.addCleanup(reap, caller)
+        pid_files = [os.path.join(self.out, f"pid_{rank}") for rank in (0, 1)]
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all(os.path.exists(p) and os.path.getsize(p) for p in pid_files):
+            self.assertIsNone(caller.poll(), "the caller ended before its workers started")
+            self.assertLess(time.monotonic(), deadline, "the workers never started")
+            time.sleep(WAIT_STEP_S)
+        return caller, [int(open(p).read()) for p in pid_files]
+
+    def test_a_caller_killed_outright_takes_the_job_with_it(self):
+        caller, pids = self.start_waiting_job()
+        with open(f"/proc/{pids[0]}/stat") as f:
+            agent = int(f.read().split(")")[-1].split()[1])
+        caller.kill()
+        caller.communicate(timeout=JOB_TIMEOUT_S)
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while any(process_alive(p) for p in [agent, *pids]):
+            self.assertLess(time.monotonic(), deadline, "dist-launch or a worker outlived it")
+            time.sleep(WAIT_STEP_S)
+
+    def test_a_signal_to_the_caller_stops_the_job_once_and_raises(self):
+        caller, pids = self.start_waiting_job()
+        caller.send_signal(signal.SIGINT)  # to the caller only, not its process group
+        out, err = caller.communicate(timeout=JOB_TIMEOUT_S)
+        self.assertEqual(caller.returncode, 0, out + err)
+        self.assertEqual(json.loads(out.strip().splitlines()[-1]),
+                         {"sigval": int(signal.SIGINT), "exit_code": 128 + signal.SIGINT})
+        self.assertIn("SIGINT received", err)
+        self.assertNotIn("again: killing the workers now", err, "the signal arrived twice")
+        self.assertEqual([p for p in pids if process_alive(p)], [], "workers outlived the job")
+
+
+class TorchExample(Job):
+    """The README's torch example from a venv with dist-launch and a torch 2.x, no PYTHON_EXEC."""
+
+    EXAMPLE = None
+
+    def test_the_readme_torch_example_runs_on_the_venvs_torch(self):
+        probe = os.path.join(self.out, "probe.py")
+        with open(probe, "w") as f:
+            f.write("import os, sys, torch\n"
+                    "print(f'rank {os.environ[\"RANK\"]} prefix {sys.prefix} torch "
+                    "{torch.__version__}', flush=True)\n")
+        dist_launch = os.path.join(VENV, "bin", "dist-launch")
+        proc = self.run_in_venv([dist_launch, "--nproc-per-node", "2", probe])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn(f"[default1]:rank 1 prefix {VENV} torch 2.", proc.stdout)
+
+        proc = self.run_in_venv([dist_launch, "--nproc-per-node", "2", self.EXAMPLE,
+                                 "--out", self.out])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(proc.stdout.count("weights in sync"), 2, proc.stdout)
+
+    def test_the_example_launcher_restarts_the_torch_job(self):
+        example = os.path.join(ARGS.source, "examples", "python", "launch.py")
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), example, "-j", "1x2",
+                                 "--max-restarts", "1", self.EXAMPLE, "--crash-on-attempt", "0"])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("restarting the worker group (restart 1 of 1)", proc.stderr)
+        self.assertIn("exit codes by rank {0: 0, 1: 0}", proc.stdout)
+
+    def test_the_api_reports_torchs_error_file(self):
+        driver = os.path.join(self.out, "driver.py")
+        with open(driver, "w") as f:
+            f.write(textwrap.dedent("""\
+                import json, sys
+                from dist_launch import ChildFailedError, LaunchConfig, launch
+                example, out = sys.argv[1:3]
+                restarted = launch(LaunchConfig(nproc_per_node=2, max_restarts=1), example,
+                                   "--crash-on-attempt", "0", "--out", out)
+                try:
+                    launch(LaunchConfig(nproc_per_node=2), example, "--crash-on-attempt", "0")
+                except ChildFailedError as e:
+                    rank, root = e.get_first_failure()
+                    print(json.dumps({"restarted": restarted, "rank": rank,
+                                      "exitcode": root.exitcode, "message": root.message,
+                                      "traceback": root.traceback}))
+                """))
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), driver, self.EXAMPLE,
+                                 self.out])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(r["restarted"], {"0": 0, "1": 0})
+        self.assertEqual((r["rank"], r["exitcode"]), (1, 1))
+        self.assertEqual(r["message"], "RuntimeError: injected failure on attempt 0")
+        self.assertIn("Traceback", r["traceback"])
+
+
+def main():
+    global ARGS, VENV
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", required=True, help="the repository root")
+    ap.add_argument("--build-cache", required=True, help="scikit-build-core's build tree")
+    ap.add_argument("--python", default=sys.executable, help="makes the venv")
+    ap.add_argument("--torch-python", help="an interpreter with torch 2.x: run the torch tests")
+    ARGS = ap.parse_args()
+    ARGS.build_cache = os.path.abspath(ARGS.build_cache)
+    ARGS.source = os.path.abspath(ARGS.source)
+    work = tempfile.mkdtemp(prefix="dist-package-venv-")
+    try:
+        VENV = os.path.join(work, "venv")
+        if ARGS.torch_python:
+            version = subprocess.run(
+                [ARGS.torch_python, "-c", "import torch; print(torch.__version__)"],
+                capture_output=True, text=True)
+            if version.returncode != 0 or not version.stdout.startswith("2."):
+                skip(f"{ARGS.torch_python} has no torch 2.x "
+                     "(scripts/install-torch2.sh installs one)")
+            make_venv(ARGS.torch_python, VENV, site_packages_of=ARGS.torch_python)
+            TorchExample.EXAMPLE = os.path.join(ARGS.source, "examples", "torch", "ddp_train.py")
+            tests = [TorchExample]
+        else:
+            make_venv(ARGS.python, VENV)
+            tests = [InstalledPackage, PythonApi]
+        pip_install(os.path.join(VENV, "bin", "python"))
+        suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(t)
+                                   for t in tests)
+        result = unittest.TextTestRunner(verbosity=2).run(suite)
+        return 0 if result.wasSuccessful() else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,5 @@
-// A blocking client of the rendezvous store, used by the agent, the worker SDK and the tests.
+// A blocking client of the rendezvous store, used by the worker SDK and the tests (the agent uses
+// AsyncStoreClient, async_client.h, on its one thread).
 //
 // Every call has a deadline (ClientOptions::timeout unless the call takes its own) and throws
 // StoreError on failure. Keys travel exactly as given: unlike PyTorch's client, no "/" is added.

@@ -16,6 +16,12 @@ Workers are build/bin/dist-test-worker: each appends "RANK WORLD_SIZE ... wall-c
 starts, so the restart time is the last survivor's start in the new round minus the moment of the
 kill (or of the link going down), both on this machine's wall clock.
 
+  etcd          (--etcd, Debian's etcd) the same job over a 3-member etcd on 127.0.0.1-3
+                (--rdzv-backend etcd-v3, default settings): SIGKILL of the agent whose node hosts
+                the workers' store (node rank 0: the survivors' next round hosts a new one), and of
+                one that does not. A dead agent is noticed through its lease (2 s TTL), not a
+                closed connection.
+
 --torchrun repeats agent-killed with torch 2.x's torchrun (c10d, the same 2:3 job, its default
 settings, Python workers writing the same line), waiting up to 90 s for its survivors to restart.
 """
@@ -29,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -202,6 +210,81 @@ def torchrun_killed(python, runs):
     return agent_killed(cmd, runs, timeout=90), version
 
 
+class EtcdCluster:
+    """Three etcd members on 127.0.0.1-3, started and stopped by PID (as the tests do)."""
+
+    def __init__(self, workdir):
+        self.procs = []
+        ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+        ports = [(free_port(ip), free_port(ip)) for ip in ips]
+        peers = ",".join(f"m{i}=http://{ip}:{peer}" for i, (ip, (_, peer)) in
+                         enumerate(zip(ips, ports)))
+        self.endpoints = [f"{ip}:{client}" for ip, (client, _) in zip(ips, ports)]
+        token = uuid.uuid4().hex  # one per cluster: members of another refuse to talk
+        for i, (ip, (client, peer)) in enumerate(zip(ips, ports)):
+            log = open(os.path.join(workdir, f"etcd{i}.log"), "w")
+            self.procs.append(subprocess.Popen(
+                ["etcd", f"--name=m{i}", f"--data-dir={os.path.join(workdir, f'm{i}')}",
+                 f"--listen-client-urls=http://{ip}:{client}",
+                 f"--advertise-client-urls=http://{ip}:{client}",
+                 f"--listen-peer-urls=http://{ip}:{peer}",
+                 f"--initial-advertise-peer-urls=http://{ip}:{peer}",
+                 f"--initial-cluster={peers}", "--initial-cluster-state=new",
+                 f"--initial-cluster-token={token}"],
+                stdout=log, stderr=subprocess.STDOUT))
+        if not wait_for(self.healthy, 30):
+            self.stop()
+            raise RuntimeError(f"etcd did not become healthy (logs in {workdir})")
+
+    def healthy(self):
+        for endpoint in self.endpoints:
+            try:
+                with urllib.request.urlopen(f"http://{endpoint}/health", timeout=1) as r:
+                    if b'"health":"true"' not in r.read():
+                        return False
+            except OSError:
+                return False
+        return True
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+def etcd_node_lost(build, runs, hosting):
+    """SIGKILL of the agent whose worker has RANK 0 (its node hosts the workers' store), or of
+    one whose worker has RANK 2."""
+    if shutil.which("etcd") is None:
+        print("etcd: skipped (no etcd on PATH: apt-get install etcd-server)")
+        return []
+    launcher = os.path.join(build, "bin", "dist-launch")
+    worker = os.path.join(build, "bin", "dist-test-worker")
+    times = []
+    for _ in range(runs):
+        workdir = tempfile.mkdtemp(prefix="elastic-bench-etcd-")
+        cluster = EtcdCluster(workdir)
+        run_id = f"bench-{uuid.uuid4().hex[:8]}"
+
+        def cmd(endpoint, history):
+            return [launcher, "--nnodes", "2:3", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                    endpoint, "--rdzv-id", run_id, "--nproc-per-node", "1", "--no-python",
+                    worker, "append", history, "exit-if-world", "2", "0", "forever"]
+        job = Job(cmd, workdir, ",".join(cluster.endpoints), [[], [], []])
+        try:
+            if not wait_for(lambda: job.all_in_world(3, range(3)), 60):
+                raise RuntimeError(f"no world of three (logs in {workdir})")
+            rank = 0 if hosting else 2
+            victim = next(i for i in range(3) if job.history(i)[-1][0] == rank)
+            times.append(measure(job, victim,
+                                 lambda: os.kill(job.procs[victim].pid, signal.SIGKILL), 30))
+        finally:
+            job.stop()
+            cluster.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
+    return times
+
+
 def summary(times):
     done = [t for t in times if t is not None]
     if not done:
@@ -219,6 +302,7 @@ def main():
     ap.add_argument("--torchrun", action="store_true",
                     help="also torch 2.x's torchrun (python3 -m torch.distributed.run)")
     ap.add_argument("--python", default="python3", help="the Python with torch 2.x")
+    ap.add_argument("--etcd", action="store_true", help="also over a 3-member etcd (etcd-v3)")
     args = ap.parse_args()
     cmd = dist_launch_cmd(args.build)
 
@@ -226,6 +310,10 @@ def main():
     lost = host_lost(cmd, args.runs)
     if lost:
         print(f"dist-launch, host lost ({args.runs} runs): {summary(lost)}")
+    if args.etcd:
+        for hosting, what in ((True, "the workers' store host"), (False, "another node")):
+            print(f"dist-launch over etcd, {what} killed ({args.runs} runs): "
+                  f"{summary(etcd_node_lost(args.build, args.runs, hosting))}", flush=True)
     if args.torchrun:
         times, version = torchrun_killed(args.python, 1)
         if times is not None:

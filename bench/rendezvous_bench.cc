@@ -48,7 +48,9 @@ using dist::agent::WatchResult;
 using std::chrono::seconds;
 
 constexpr int kWorkersPerNode = 8;
-// Watches are registered on the store before the victim goes; the bench gives them this long.
+// Watches are registered on the store before the victim goes; the bench gives them this long,
+// or as long as the join took where that is longer (each watch opens a session of its own: on
+// etcd, a new connection and a watch stream per node).
 constexpr std::chrono::milliseconds kWatchSettle{300};
 // Every wait of a run (a round forming, a store that stopped answering) ends within this.
 constexpr seconds kRunTimeout{120};
@@ -208,7 +210,9 @@ RunResult run(JobStore& job, int n, bool elastic) {
       regroup_ms(static_cast<std::size_t>(n));
   Clock::time_point killed;
   std::optional<std::uint64_t> requests_at_kill;
-  asio::steady_timer settle(io, kWatchSettle);
+  asio::steady_timer settle(
+      io, std::max<std::chrono::milliseconds>(
+              kWatchSettle, std::chrono::milliseconds(static_cast<long>(*result.join_ms))));
   settle.async_wait([&](boost::system::error_code) {
     requests_at_kill = job.requests();
     killed = Clock::now();

@@ -134,7 +134,7 @@ void for_all(asio::io_context& io, int n, const std::function<Task<void>(int)>& 
   while (running > 0) io.run_one();
 }
 
-// One run's figures; a phase after a failed one is not run (nullopt).
+// One run's figures: none for a phase where a node failed, nor for the phases after it.
 struct RunResult {
   std::optional<double> open_ms, join_ms, join_requests, notice_ms, regroup_ms, regroup_requests;
   int ok = 0;  // survivors that noticed the right node (static) or regrouped without it (elastic)
@@ -193,12 +193,12 @@ RunResult run(JobStore& job, int n, bool elastic) {
         joined_ms[i] = ms_since(start);
       },
       result.failures);
-  result.join_ms = max_of(joined_ms);
   if (requests_before) result.join_requests = per(*job.requests() - *requests_before, n);
   if (result.failures > 0) {
     end_run();
     return result;
   }
+  result.join_ms = max_of(joined_ms);
 
   // Every node but the one with the highest node rank watches; that one's agent "dies" (its
   // session ends). Elastic survivors then agree on a verdict and form the next round.
@@ -237,8 +237,10 @@ RunResult run(JobStore& job, int n, bool elastic) {
         if (v.action == Verdict::kReshape && next.num_nodes == n - 1) ++result.ok;
       },
       result.failures);
-  result.notice_ms = max_of(notice_ms);
-  if (elastic) result.regroup_ms = max_of(regroup_ms);
+  if (result.failures == 0) {
+    result.notice_ms = max_of(notice_ms);
+    if (elastic) result.regroup_ms = max_of(regroup_ms);
+  }
   // Store requests per survivor: constant in N means O(N) for the whole job.
   if (requests_at_kill) result.regroup_requests = per(*job.requests() - *requests_at_kill, n - 1);
   end_run();

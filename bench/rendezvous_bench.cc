@@ -234,7 +234,13 @@ RunResult run(JobStore& job, int n, bool elastic) {
         const Assignment next =
             co_await nodes[i]->join_elastic(assignments[i].round + 1, assignments[i]);
         regroup_ms[i] = ms_since(killed);
-        if (v.action == Verdict::kReshape && next.num_nodes == n - 1) ++result.ok;
+        if (v.action == Verdict::kReshape && next.num_nodes == n - 1) {
+          ++result.ok;
+        } else if (k == 0 || (victim == 0 && k == 1)) {  // every node hears the same verdict
+          std::fprintf(stderr,
+                       "not regrouped as expected: verdict %d (%s), next round %d of %d nodes\n",
+                       static_cast<int>(v.action), v.reason.c_str(), next.round, next.num_nodes);
+        }
       },
       result.failures);
   if (result.failures == 0) {

@@ -8,8 +8,9 @@
 //             no_newcomers) unless that round was already full or finishing.
 //   CLOSE?    close at once if the round is complete: MAX nodes in round 0; later, every survivor
 //             of round n-1 back (its verdict's `expect`) with at least MIN nodes in.
-//   WAIT      for `quorum` (until the join timeout), then for `assignment`; each last call that
-//             passes without one, close the round with whoever is in (at least MIN).
+//   WAIT      for `quorum` (until the join timeout; not when its own ticket set it), then for
+//             `assignment`; each last call that passes without one, close the round with
+//             whoever is in (at least MIN).
 //   ASSIGNED  the ticket is in the assignment: done.
 //   EXCLUDED  it came after the close, or beyond MAX: JOIN round n+1 as a newcomer.
 //
@@ -103,19 +104,20 @@ Task<void> NodeRendezvous::Impl::close_if_complete(int round) {
   // sees both counts.
   const auto count = co_await store_->add(schema::in_round(round, name::kJoin), 0);
   if (round == 0) {
-    if (count >= shape_.max_nodes) co_await try_close(round);
+    if (count >= shape_.max_nodes) co_await try_close(round, count);
     co_return;
   }
   const auto previous = co_await verdict_of(round - 1);
   if (!previous || count < shape_.min_nodes) co_return;
   if (co_await store_->add(schema::in_round(round, name::kReturning), 0) >= previous->expect) {
-    co_await try_close(round);
+    co_await try_close(round, count);
   }
 }
 
-Task<bool> NodeRendezvous::Impl::try_close(int round) {
+Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t> taken) {
   const std::string join = schema::in_round(round, name::kJoin);
-  if (co_await store_->add(join, 0) < shape_.min_nodes) co_return false;
+  if (!taken) taken = co_await store_->add(join, 0);
+  if (*taken < shape_.min_nodes) co_return false;
   int restarts = 0;
   if (round > 0) {  // the previous round must have ended: its nodes are on their way here
     const auto previous = co_await verdict_of(round - 1);
@@ -193,13 +195,15 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
                           " needed; start more agents with the same --rdzv-endpoint and "
                           "--rdzv-id, or raise --rdzv-conf join_timeout");
   };
-  // Until MIN nodes are in.
-  while (!co_await store_->wait(keys(quorum), until(deadline, timeouts_.last_call))) {
-    co_await throw_if_job_over(round);
-    const auto count = co_await store_->add(join, 0);
-    notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
-           std::to_string(count) + " of at least " + std::to_string(shape_.min_nodes) + " in");
-    too_late("did not reach its minimum within join_timeout", count);
+  // Until MIN nodes are in (a node whose ticket reached MIN set `quorum` itself).
+  if (ticket < shape_.min_nodes) {
+    while (!co_await store_->wait(keys(quorum), until(deadline, timeouts_.last_call))) {
+      co_await throw_if_job_over(round);
+      const auto count = co_await store_->add(join, 0);
+      notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
+             std::to_string(count) + " of at least " + std::to_string(shape_.min_nodes) + " in");
+      too_late("did not reach its minimum within join_timeout", count);
+    }
   }
   // Until the round closes: after each last call, close it with whoever is in.
   while (!co_await store_->wait(keys(published), until(deadline, timeouts_.last_call))) {

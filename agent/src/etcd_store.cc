@@ -685,6 +685,14 @@ Task<std::unique_ptr<RendezvousStore>> open_etcd_store(asio::io_context& io, Etc
   co_return std::make_unique<EtcdRendezvousStore>(std::move(session));
 }
 
+Task<std::unique_ptr<RendezvousStore>> open_etcd_store(asio::io_context& io, std::string endpoints,
+                                                       std::map<std::string, std::string> conf,
+                                                       std::string run_id,
+                                                       std::chrono::seconds lease_ttl) {
+  co_return co_await open_etcd_store(io, etcd_options(endpoints, conf, lease_ttl),
+                                     std::move(run_id));
+}
+
 Task<std::int64_t> remove_etcd_job(asio::io_context& io, EtcdOptions options, std::string run_id) {
   const auto prefix = job_prefix(options, run_id);
   const auto client = etcd::Client::create(io, std::move(options.client));

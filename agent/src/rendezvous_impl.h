@@ -61,7 +61,8 @@ class NodeRendezvous::Impl {
   Task<int> take_ticket(int round, std::optional<Assignment> previous,
                         const std::string& worker_store);
   Task<void> close_if_complete(int round);
-  Task<bool> try_close(int round);
+  // `taken`: the round's ticket count, when this node has just read it after taking its own.
+  Task<bool> try_close(int round, std::optional<std::int64_t> taken = std::nullopt);
   Task<std::optional<Assignment>> await_assignment(int round, int ticket,
                                                    std::chrono::steady_clock::time_point deadline);
   Task<std::optional<Verdict>> verdict_of(int round);

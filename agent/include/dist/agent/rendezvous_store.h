@@ -21,9 +21,11 @@
 #include <utility>  // first: Asio 1.18's awaitable.hpp uses std::exchange without it
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,5 +83,17 @@ class RendezvousStore {
 // rendezvous::AsyncStoreClient (retrying until options.connect_timeout).
 Task<std::unique_ptr<RendezvousStore>> open_tcp_store(rendezvous::ClientOptions options,
                                                       std::string run_id);
+
+// A session of the job `run_id` on the etcd members `endpoints` (as --rdzv-endpoint), with the
+// etcd keys of `conf` (as --rdzv-conf: etcd_options.h) and leases of `lease_ttl`, once a member
+// has answered and taken the credentials: keys under "<etcd_prefix>/<run id>/", ephemeral keys
+// tied to the lease. Throws StoreError: kInvalidArgument for the options, kUnavailable or
+// kUnauthenticated for the cluster. Its sessions run on `io` (one thread) and must be destroyed
+// before it.
+Task<std::unique_ptr<RendezvousStore>> open_etcd_store(boost::asio::io_context& io,
+                                                       std::string endpoints,
+                                                       std::map<std::string, std::string> conf,
+                                                       std::string run_id,
+                                                       std::chrono::seconds lease_ttl);
 
 }  // namespace dist::agent

@@ -3,7 +3,7 @@
 //   exit-on-attempt N CODE     exit with CODE when $TORCHELASTIC_RESTART_COUNT is N
 //   exit-if-rank R CODE        exit with CODE when $RANK is R
 //   beat                       one dist::sdk::heartbeat()
-//   beat-every MS              from now on, a thread beats every MS ms
+//   beat-every MS              beat now, then a thread beats every MS ms
 //   pidfile FILE               write this process's pid to FILE (whole: written aside, renamed)
 //   stamp FILE                 write CLOCK_MONOTONIC (ns) to FILE (whole, as pidfile); an '@' in
 //                              FILE stands for $TORCHELASTIC_RESTART_COUNT
@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
         dist::sdk::heartbeat();
       } else if (a == "beat-every") {
         const auto period = std::chrono::milliseconds(std::stol(next()));
+        // The first beat before the next action: a test that stops this worker once its pidfile
+        // is there then knows the agent watches it (a worker that never beat is not watched).
+        dist::sdk::heartbeat();
         std::thread([period] {
           while (true) {
             dist::sdk::heartbeat();

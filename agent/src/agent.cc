@@ -566,7 +566,8 @@ class Agent {
     timeouts.rdzv = config_.rdzv_timeout;
     timeouts.join = config_.join_timeout;
     timeouts.last_call = config_.last_call_timeout;
-    const JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_};
+    const JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_,
+                         config_.max_restarts};
     const auto notice = [](const std::string& text) { spdlog::info("{}", text); };
     if (etcd()) {
       // Every round's workers get a fresh store, hosted by its node rank 0: nothing to clean.

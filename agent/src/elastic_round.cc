@@ -208,6 +208,7 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
   // Until the round closes: after each last call, close it with whoever is in.
   while (!co_await store_->wait(keys(published), until(deadline, timeouts_.last_call))) {
     if (co_await try_close(round)) break;
+    if (round > 0) co_await decide_if_abandoned(round - 1);
     co_await throw_if_job_over(round);
     too_late("did not close within join_timeout", co_await store_->add(join, 0));
   }
@@ -243,6 +244,27 @@ Task<std::optional<Verdict>> NodeRendezvous::Impl::verdict_of(int round) {
   const auto text = co_await store_->try_get(key);
   if (!text) co_return std::nullopt;
   co_return schema::decode_verdict(key, *text);
+}
+
+Task<void> NodeRendezvous::Impl::decide_if_abandoned(int round) {
+  if (co_await verdict_of(round)) co_return;
+  const std::string published = schema::in_round(round, name::kAssignment);
+  const auto totals_text = co_await store_->try_get(published);
+  if (!totals_text) co_return;  // it never closed: its nodes are joining the same round as we
+  const auto totals = schema::decode_round_totals(published, *totals_text);
+  Assignment a;
+  a.round = round;
+  a.elastic = true;
+  a.alive_prefix = schema::in_round(round, name::kNode) + "/";
+  a.members_key = schema::in_round(round, name::kMembers);
+  a.restarts = totals.restarts;
+  a.world_size = totals.world_size;
+  a.num_nodes = totals.num_nodes;
+  const auto lost = co_await lost_nodes(a);
+  if (static_cast<int>(lost.size()) < a.num_nodes) co_return;  // a node of it lives: its call
+  notice("every node of round " + std::to_string(round) +
+         " is gone without a verdict: deciding it");
+  co_await decide(a, shape_.max_restarts);
 }
 
 Task<void> NodeRendezvous::Impl::throw_if_job_over(int round) {

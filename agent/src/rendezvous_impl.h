@@ -66,6 +66,10 @@ class NodeRendezvous::Impl {
   Task<std::optional<Assignment>> await_assignment(int round, int ticket,
                                                    std::chrono::steady_clock::time_point deadline);
   Task<std::optional<Verdict>> verdict_of(int round);
+  // A newcomer's remedy for a round that closed and whose nodes have all vanished (killed, cut
+  // off) before any of them decided its verdict: it decides it for them, so that the next round
+  // can close instead of waiting out the join timeout.
+  Task<void> decide_if_abandoned(int round);
   Task<void> throw_if_job_over(int round);
   std::string claim() const;  // "<nonce>/<pid>": whose claim a COMPARE_SET won
 

@@ -268,6 +268,38 @@ TEST_F(Elastic, ALostNodeReplacedWhileARestartIsLeftRejoinsAndTheJobGoesOn) {
   EXPECT_EQ(rounds("b2").back().restarts, 1);
 }
 
+TEST_F(Elastic, NewcomersDecideForARoundWhoseNodesAllVanishedAndFormTheNext) {
+  // Every agent of a running 2:2 round is SIGKILLed before any of them decides the round's
+  // verdict; their replacements find the round full, decide it for them and form the next round
+  // instead of waiting out the join timeout. Found by the chaos soak (a partition, then a kill).
+  auto store = external_store();
+  const std::string go = (dir_ / "go").string();
+  const std::vector<std::string> conf{"--max-restarts", "1", "--rdzv-conf",
+                                      "last_call_timeout=1,join_timeout=60"};
+  const std::vector<std::string> worker{"exit-if-file", go, "0", "forever"};
+  auto a = agent("a", "2:2", conf, worker);
+  auto b = agent("b", "2:2", conf, worker);
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  ::kill(a->pid(), SIGKILL);
+  ::kill(b->pid(), SIGKILL);
+  a->wait();
+  b->wait();
+  std::ofstream(go) << "1\n";  // the next round's workers finish at once
+  auto a2 = agent("a2", "2:2", conf, worker);
+  auto b2 = agent("b2", "2:2", conf, worker);
+  EXPECT_EQ(a2->wait(), 0) << a2->output();
+  EXPECT_EQ(b2->wait(), 0) << b2->output();
+  EXPECT_NE((a2->output() + b2->output()).find("every node of round 0 is gone without a verdict"),
+            std::string::npos)
+      << a2->output() << b2->output();
+  for (const char* name : {"a2", "b2"}) {
+    const auto r = rounds(name);
+    ASSERT_EQ(r.size(), 1u) << name;
+    EXPECT_EQ(r[0].world_size, 2) << name;
+    EXPECT_EQ(r[0].restarts, 0) << name << ": losing every node is a reshape, not a restart";
+  }
+}
+
 TEST_F(Elastic, AWorkerFailureIsOneRestartForTheWholeJob) {
   // Rank 1 fails in the first round; with --max-restarts 1 both nodes restart once, with the same
   // count, then succeed.

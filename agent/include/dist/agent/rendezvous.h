@@ -60,6 +60,8 @@ struct JobShape {
   int max_nodes = 1;
   int local_world_size = 1;
   std::string host;  // this node's address as the others see it (--local-addr, else hostname)
+  // --max-restarts: what a newcomer decides for a round whose nodes all vanished undecided.
+  int max_restarts = 0;
 };
 
 // One round as this node sees it.

@@ -2,39 +2,60 @@
 # Builds the store, agent, launcher and SDK with AddressSanitizer + UndefinedBehaviorSanitizer
 # (build-asan/) and with ThreadSanitizer (build-tsan/), dist-launch and dist-rendezvous included,
 # so the whole-program tests run sanitized agents and stores, and runs those tests. The PyTorch,
-# Slurm, etcd and named-host tests stay in the plain build (scripts/test.sh): they test the same
-# code through slower daemons.
-#   scripts/sanitize.sh [asan|tsan|all]     (default: all)
+# Slurm, etcd, ssh and named-host tests stay in the plain build (scripts/test.sh): they test the
+# same code through slower daemons.
+#   scripts/sanitize.sh [KINDS]     KINDS: asan, tsan, or asan,tsan (default; "all" too)
+# scripts/test.sh runs it after the plain suite (DIST_SANITIZE). JOBS: parallel compiles and tests.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-which=${1:-all}
+kinds=${1:-asan,tsan}
+[ "$kinds" = all ] && kinds=asan,tsan
 jobs=${JOBS:-$(nproc)}
 targets=(dist-launch dist-rendezvous dist-test-worker dist-placement-probe rendezvous_tests
   agent_tests tcp_store_tests launcher_tests sdk_tests)
 # What runs: every test of those programs but the ones that need a daemon or a package the
-# sanitized build does not make.
-exclude='torch|slurm|etcd|Etcd|named_hosts|OnNamedHosts|SdkOnNamed|Kubeflow|install|lint|DdpTrain|agent_resources|OneGpu|Nccl'
+# sanitized build does not make (_NOT_BUILT: the test programs it leaves out), and the peak RSS
+# bound of dist-rendezvous, which the sanitizers' shadow memory and quarantine exceed by design.
+exclude='torch|slurm|etcd|Etcd|named_hosts|OnNamedHosts|SdkOnNamed|Kubeflow|ssh_hosts|install|lint'
+exclude+='|DdpTrain|agent_resources|OneGpu|Nccl|_NOT_BUILT|Memory.PeakResident'
+# UBSan's vptr check probes the vtable's memory through a pipe(2) (sanitizer_common's
+# IsAccessibleMemoryRange): in a process at its open-file limit, which this test puts
+# dist-rendezvous at on purpose, every virtual call then fails as "invalid vptr" (spdlog's sink
+# call first). A limitation of the runtime, not a bug here; TSan and the plain build run the test.
+asan_exclude='|Daemon.TheOpenFileLimitWarning'
 
-# GCC 12 takes Asio 1.18's recycling allocator for a mismatched new/delete once the sanitizers
-# change its inlining: a false positive in Boost's headers, not in this project's code.
+# Warnings the sanitizers raise in headers that are not ours (-Werror stays on for the rest):
+# - GCC 12 takes Asio 1.18's recycling allocator for a mismatched new/delete once the sanitizers
+#   change its inlining;
 quiet="-Wno-mismatched-new-delete"
+# - optimised (TSan): GCC's manual warns that sanitizers raise false -Wmaybe-uninitialized, here
+#   in libstdc++'s <regex> (std::function moves in _NFA::_M_insert_*);
+# - -Wtsan: TSan does not model atomic_thread_fence, which Asio's std_fenced_block uses around
+#   handler invocations; Asio's queues between threads are guarded by mutexes, which TSan sees.
+quiet_tsan="$quiet -Wno-maybe-uninitialized -Wno-tsan"
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
+# Debug keeps assert() on; -g1 is enough for the reports' file:line and costs less to build.
+# ASan+UBSan at -O0: a third of -O1's compile time here, and the tests wait on processes.
 run() {
-  local kind=$1 flags=$2
+  local kind=$1 opt=$2 flags=$3 skip=$4
   local dir="$root/build-$kind"
-  cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDIST_WITH_NCCL=OFF \
-    -DDIST_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
-    -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
+  cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="$opt" \
+    -DDIST_WITH_NCCL=OFF -DDIST_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="$flags" \
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
-  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600 -E "$exclude")
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600 -E "$exclude$skip")
 }
 
-case $which in
-  asan | all) run asan "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined $quiet" ;;&
-  tsan | all) run tsan "-fsanitize=thread $quiet" ;;
-  *) echo "usage: $0 [asan|tsan|all]" >&2; exit 2 ;;
-esac
+asan="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined $quiet"
+IFS=, read -ra wanted <<<"$kinds"
+for kind in "${wanted[@]}"; do
+  case $kind in
+    asan) run asan "-O0 -g1" "$asan" "$asan_exclude" ;;
+    tsan) run tsan "-O1 -g1" "-fsanitize=thread $quiet_tsan" "" ;;
+    *) echo "usage: $0 [asan|tsan|asan,tsan|all]" >&2; exit 2 ;;
+  esac
+done

@@ -56,6 +56,14 @@ void on_signal(int s) {
   g_received = s;
 }
 
+// Writes a file that tests poll for by its existence: under another name first, then renamed,
+// so that a test never reads it half written (sanitized workers write slowly enough to show it).
+void write_whole_file(const std::string& path, const std::string& content) {
+  const std::string temp = path + ".partial";
+  std::ofstream(temp) << content;
+  std::rename(temp.c_str(), path.c_str());
+}
+
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v ? v : fallback;
@@ -166,8 +174,9 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "env") {
-      std::ofstream out(next());
-      for (char** e = environ; *e; ++e) out << *e << "\n";
+      std::string all;
+      for (char** e = environ; *e; ++e) all.append(*e).append("\n");
+      write_whole_file(next(), all);
     } else if (a == "status") {
       std::ifstream in("/proc/self/status");
       std::ofstream(next()) << in.rdbuf();

@@ -309,7 +309,10 @@ TEST_F(Watchdogs, TheMetricsAreValidPrometheusTextWithTheWorkersHeartbeats) {
   ASSERT_TRUE(eventually(
       [&] {
         r = http_request(port, "GET /metrics HTTP/1.1");
-        return r.body.find("dist_launch_workers_alive 2\n") != std::string::npos;
+        // Both workers alive and both past their first heartbeat (the pid files come before it).
+        return r.body.find("dist_launch_workers_alive 2\n") != std::string::npos &&
+               r.body.find("heartbeats_total{rank=\"0\"") != std::string::npos &&
+               r.body.find("heartbeats_total{rank=\"1\"") != std::string::npos;
       },
       20s))
       << r.body;

@@ -118,7 +118,8 @@ std::optional<Checkpoint> load_checkpoint(const std::filesystem::path& path) {
     const std::uint64_t n = u64();
     if ((end - pos) / sizeof(float) < n) throw corrupt("truncated tensor '" + name + "'");
     std::vector<float> values(n);
-    std::memcpy(values.data(), bytes.data() + pos, n * sizeof(float));
+    // An empty tensor's data() may be null, and memcpy from or to null is undefined even for 0.
+    if (n > 0) std::memcpy(values.data(), bytes.data() + pos, n * sizeof(float));
     pos += n * sizeof(float);
     c.tensors.emplace(std::move(name), std::move(values));
   }

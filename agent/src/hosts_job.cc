@@ -107,6 +107,7 @@ class HostsJob {
     std::uint16_t store_port = 0;
     HostsJobConfig job = config_;
     if (job.token.empty()) job.token = rendezvous::generate_secret();
+    token_ = job.token;
     if (nodes > 1) {
       rendezvous::ServerOptions options;
       options.secret = job.token;  // every agent proves it; workers as `unauthenticated` says
@@ -216,6 +217,7 @@ class HostsJob {
     options.port = store_->port();
     options.connect_timeout = kOwnStoreTimeout;
     options.timeout = kOwnStoreTimeout;
+    options.secret = token_;  // the agents' keys are for authenticated clients only
     auto store = co_await open_tcp_store(options, config_.run_id);
     const bool over = (co_await store->try_get(std::string(schema::kJobOver))).has_value();
     store->close();
@@ -295,6 +297,7 @@ class HostsJob {
   }
 
   const HostsJobConfig& config_;
+  std::string token_;  // the job's: given, or generated at the start
   std::shared_ptr<Console> console_ = Console::process();
   asio::io_context io_;  // first: destroyed last, after everything that uses it
   SignalWatcher signals_;

@@ -257,6 +257,9 @@ class SshHosts(HostsTestCase):
         self.assertEqual(job.wait(), 7, job.output())
         self.assertEqual(job.output().count("sh FAILED"), 1, job.output())
         self.assertIn("rank      : 2 (local_rank: 0)", job.output())
+        # The launcher read from its store (with the job's token) that the job is over, and left
+        # every agent to end and report by itself.
+        self.assertNotIn("stopping the other hosts", job.output())
         self.assert_nothing_left(job, self.hosts)
 
     def stop_the_launcher(self, sig):

@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "dist/agent/rendezvous_store.h"
 #include "dist/rendezvous/errors.h"
 #include "etcd_cluster.h"
-#include "etcd_store.h"
 #include "run_task.h"
 
 namespace {
@@ -75,19 +75,20 @@ RunResult run(const Loss& loss, int sessions, std::chrono::seconds ttl) {
   for (int m = 0; m < 3; ++m) {
     if (m != lost) others += "," + cluster.endpoint(m);
   }
-  auto options = dist::agent::etcd_options(cluster.endpoint(lost) + others, {}, ttl);
-  options.client.spread_over_members = false;  // every call starts at the member lost
-  options.client.unavailable_timeout = kCallTimeout;
+  const std::string endpoints = cluster.endpoint(lost) + others;
+  const std::map<std::string, std::string> conf{
+      {"member_order", "given"},  // every call starts at the member lost
+      {"unavailable_timeout", std::to_string(kCallTimeout.count())}};
 
   boost::asio::io_context io;
   std::vector<std::unique_ptr<RendezvousStore>> held;
   std::vector<std::string> keys;
   for (int i = 0; i < sessions; ++i) {
-    held.push_back(run_task(io, dist::agent::open_etcd_store(io, options, "bench")));
+    held.push_back(run_task(io, dist::agent::open_etcd_store(io, endpoints, conf, "bench", ttl)));
     keys.push_back("alive/" + std::to_string(i));
     run_task(io, held.back()->set_ephemeral(keys.back(), "1"));
   }
-  const auto writer = run_task(io, dist::agent::open_etcd_store(io, options, "bench"));
+  const auto writer = run_task(io, dist::agent::open_etcd_store(io, endpoints, conf, "bench", ttl));
 
   RunResult result;
   Clock::time_point lost_at;

@@ -618,6 +618,11 @@ EtcdOptions etcd_options(const std::string& endpoints,
         throw invalid(flag + ": a positive number of seconds");
       }
       o.client.unavailable_timeout = std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+    } else if (key == "member_order") {
+      // spread: each call starts at a random member (many agents spread over them); given: at
+      // the first listed (a host's own member), then the next.
+      if (value != "spread" && value != "given") throw invalid(flag + ": spread or given");
+      o.client.spread_over_members = value == "spread";
     }
   }
   if (!o.client.user.empty() && !conf.contains("password_file")) {

@@ -101,6 +101,7 @@ TEST(EtcdStoreOptions, RdzvConfKeysBecomeClientOptions) {
                                                 {"protocol", "https"},
                                                 {"etcd_prefix", "/custom"},
                                                 {"unavailable_timeout", "2.5"},
+                                                {"member_order", "given"},
                                                 {"join_timeout", "5"}};  // the agent's own
   const auto o = etcd_options(" h1:2379, h2:2379 ,h3", conf, 4s);
   EXPECT_EQ(o.client.endpoints,
@@ -111,6 +112,8 @@ TEST(EtcdStoreOptions, RdzvConfKeysBecomeClientOptions) {
   EXPECT_EQ(o.client.user, "root");
   EXPECT_EQ(o.client.password, "s3cret");
   EXPECT_EQ(o.client.unavailable_timeout, 2500ms);
+  EXPECT_FALSE(o.client.spread_over_members);
+  EXPECT_TRUE(etcd_options("h1", {}, 4s).client.spread_over_members);
   EXPECT_EQ(o.prefix, "/custom");
   EXPECT_EQ(o.lease_ttl, 4s);
   for (const auto& [key, value] : conf) {
@@ -131,7 +134,8 @@ TEST(EtcdStoreOptions, BadRdzvConfIsAOneLineInvalidArgument) {
       {"h:1", {{"protocol", "ftp"}}},
       {"h:1", {{"unavailable_timeout", "0"}}},
       {"h:1", {{"unavailable_timeout", "soon"}}},
-      {"h:1", {{"etcd_prefix", "/"}}}};
+      {"h:1", {{"etcd_prefix", "/"}}},
+      {"h:1", {{"member_order", "random"}}}};
   for (const auto& [endpoints, conf] : cases) {
     SCOPED_TRACE(endpoints + (conf.empty() ? "" : " " + conf.begin()->first));
     const auto e = error_of([&] { etcd_options(endpoints, conf, 3s); });

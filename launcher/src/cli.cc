@@ -240,7 +240,7 @@ void parse_rdzv_conf(std::string text, agent::LaunchConfig& c) {
                        "keep_alive_interval, keep_alive_max_attempt, read_timeout, " +
                        "cas_backoff_max_seconds, store_type, is_host (etcd-v3 also: cacert, " +
                        "cert, key, user, password_file, protocol, etcd_prefix, " +
-                       "unavailable_timeout)");
+                       "unavailable_timeout, member_order)");
     }
     const std::string value = item.substr(eq + 1);
     const std::string flag = "--rdzv-conf " + key;

@@ -9,9 +9,10 @@
 namespace dist::agent {
 
 // The --rdzv-conf keys of the etcd backend, besides the agent's own.
-inline constexpr std::array<std::string_view, 8> kEtcdConfKeys{
+inline constexpr std::array<std::string_view, 9> kEtcdConfKeys{
     "cacert",        "cert",     "key",         "user",
-    "password_file", "protocol", "etcd_prefix", "unavailable_timeout"};
+    "password_file", "protocol", "etcd_prefix", "unavailable_timeout",
+    "member_order"};
 
 // Checks --rdzv-endpoint (the members, comma-separated) and the etcd keys of --rdzv-conf; throws
 // rendezvous::StoreError (kInvalidArgument) with a one-line reason.

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "dist/agent/signals.h"
+#include "schema.h"
 
 namespace dist::agent {
 namespace {
@@ -73,20 +74,6 @@ nlohmann::ordered_json signal_or_null(int signal) {
 
 nlohmann::ordered_json text_or_null(const std::string& text) {
   return text.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(text);
-}
-
-std::string_view verdict_name(Verdict::Action a) {
-  switch (a) {
-    case Verdict::kRestart:
-      return "restart";
-    case Verdict::kReshape:
-      return "reshape";
-    case Verdict::kFail:
-      return "fail";
-    case Verdict::kDone:
-      return "done";
-  }
-  return "?";
 }
 
 }  // namespace
@@ -231,7 +218,7 @@ void Telemetry::restarting(int restart_count) {
 
 void Telemetry::verdict(int round, const Verdict& v) {
   log("verdict", {{"round", round},
-                  {"action", verdict_name(v.action)},
+                  {"action", schema::action_name(v.action)},
                   {"restarts", v.restarts},
                   {"reason", v.reason}});
 }

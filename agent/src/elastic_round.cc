@@ -43,6 +43,19 @@ milliseconds until(steady_clock::time_point deadline, milliseconds at_most) {
   return std::clamp(left, milliseconds(1), at_most);
 }
 
+// What every node of a closed round shares: its keys and totals (a node adds its own place).
+Assignment closed_round(int round, const schema::RoundTotals& totals) {
+  Assignment a;
+  a.round = round;
+  a.elastic = true;
+  a.alive_prefix = schema::in_round(round, name::kNode) + "/";
+  a.members_key = schema::in_round(round, name::kMembers);
+  a.restarts = totals.restarts;
+  a.world_size = totals.world_size;
+  a.num_nodes = totals.num_nodes;
+  return a;
+}
+
 }  // namespace
 
 std::string NodeRendezvous::Impl::claim() const {
@@ -220,18 +233,10 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
   if (!values[0]) co_return std::nullopt;
   if (!values[1]) throw RendezvousError("round " + std::to_string(round) + " lost its assignment");
   const auto p = schema::decode_place(place_key, *values[0]);
-  const auto totals = schema::decode_round_totals(published, *values[1]);
-  Assignment a;
-  a.round = round;
-  a.elastic = true;
-  a.alive_prefix = schema::in_round(round, name::kNode) + "/";
-  a.members_key = schema::in_round(round, name::kMembers);
+  Assignment a = closed_round(round, schema::decode_round_totals(published, *values[1]));
   a.node_rank = p.node_rank;
   a.rank_offset = p.rank_offset;
   a.successor_id = p.successor;
-  a.restarts = totals.restarts;
-  a.world_size = totals.world_size;
-  a.num_nodes = totals.num_nodes;
   const auto worker_store =
       schema::decode_endpoint(schema::in_round(round, name::kWorkerStore), values[2].value_or(""));
   a.worker_store_host = worker_store.host;
@@ -251,15 +256,7 @@ Task<void> NodeRendezvous::Impl::decide_if_abandoned(int round) {
   const std::string published = schema::in_round(round, name::kAssignment);
   const auto totals_text = co_await store_->try_get(published);
   if (!totals_text) co_return;  // it never closed: its nodes are joining the same round as we
-  const auto totals = schema::decode_round_totals(published, *totals_text);
-  Assignment a;
-  a.round = round;
-  a.elastic = true;
-  a.alive_prefix = schema::in_round(round, name::kNode) + "/";
-  a.members_key = schema::in_round(round, name::kMembers);
-  a.restarts = totals.restarts;
-  a.world_size = totals.world_size;
-  a.num_nodes = totals.num_nodes;
+  const Assignment a = closed_round(round, schema::decode_round_totals(published, *totals_text));
   const auto lost = co_await lost_nodes(a);
   if (static_cast<int>(lost.size()) < a.num_nodes) co_return;  // a node of it lives: its call
   notice("every node of round " + std::to_string(round) +

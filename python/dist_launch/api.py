@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from ._function import collect_results, prepare_call
 from ._runner import Outcome, run_dist_launch
 from .errors import ChildFailedError, LaunchError, SignalException, UsageError
 
@@ -126,7 +128,9 @@ def _stop_signals(names: str) -> List[int]:
     return found
 
 
-def _raise_for(outcome: Outcome, name: str) -> None:
+def _raise_for(outcome: Outcome, name: str, report_name: Optional[str] = None) -> None:
+    """Raises what the outcome means; `report_name` names a ChildFailedError instead of the
+    report's title (a function's name rather than the script that runs it)."""
     code = outcome.exit_code
     if code == 0:
         return
@@ -138,7 +142,8 @@ def _raise_for(outcome: Outcome, name: str) -> None:
     if outcome.report is not None:
         report = outcome.report
         failures = {f.rank: f for f in report.failures}
-        raise ChildFailedError(report.name, failures, report.root.rank, report.text, code)
+        raise ChildFailedError(report_name or report.name, failures, report.root.rank,
+                               report.text, code)
     if code == EXIT_USAGE:
         raise UsageError(errors or "dist-launch refused its command line", code)
     if code < 0:
@@ -146,26 +151,24 @@ def _raise_for(outcome: Outcome, name: str) -> None:
     raise LaunchError(errors or f"dist-launch exited with {code}", code)
 
 
-def launch(config: LaunchConfig, entrypoint: str, *args: Any, module: bool = False
-           ) -> Dict[int, int]:
+def launch(config: LaunchConfig, entrypoint: Union[str, Callable[..., Any]], *args: Any,
+           module: bool = False) -> Dict[int, Any]:
     """Runs this node's workers: `entrypoint` is a Python script (*.py), a module with
-    module=True (python -m), or any other program (a C++ worker, or sys.executable with "-u",
-    "train.py" as torch's callers pass it), with `args` after it.
+    module=True (python -m), any other program (a C++ worker, or sys.executable with "-u",
+    "train.py" as torch's callers pass it), or a Python function, with `args` after it.
 
-    Returns {global rank: exit code} for this node's workers of the last round: all 0, since a
-    job that ends otherwise raises (torchrun returns {rank: None} for a program and the function's
-    return values for a function; functions are not launched here: workers are fresh processes
-    started by dist-launch, so call the function from a script). The ranks are the agent's
-    "round N: ... global ranks A..B" line; when LOGLEVEL hides it, they are computed for a static
-    job and left out ({}) for an elastic one.
+    Returns {global rank: result} for this node's workers of the last round, as torch's
+    elastic_launch does: a function's return value, or for a program its exit code, 0 (torch
+    gives None there). A program's ranks are the agent's "round N: ... global ranks A..B" line;
+    when LOGLEVEL hides it, they are computed for a static job and left out ({}) for an elastic
+    one. A function's workers are fresh interpreters (torch's "spawn"): it must be defined at a
+    module's top level, and it and its arguments picklable (_function.py).
 
     Raises ChildFailedError (failures by global rank, root cause, the report) when workers
     failed, UsageError when the configuration is refused, SignalException when a signal this
     process received stopped the job, LaunchError otherwise."""
-    if callable(entrypoint) and not isinstance(entrypoint, str):
-        raise TypeError("dist_launch.launch runs a script, a module (module=True) or a program, "
-                        "not a Python function: its workers are fresh processes; call the "
-                        "function from a script's `if __name__ == \"__main__\":` and launch that")
+    if callable(entrypoint) and not isinstance(entrypoint, (str, os.PathLike)):
+        return _launch_function(config, entrypoint, args)
     entry = os.fspath(entrypoint)
     args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
     if module:
@@ -174,14 +177,28 @@ def launch(config: LaunchConfig, entrypoint: str, *args: Any, module: bool = Fal
         target = [entry]
     else:
         target = ["--no-python", entry]
-    argv = config.to_args() + target + args
-    outcome = run_dist_launch(argv, _environment(config.python),
-                              _stop_signals(config.signals_to_handle))
-    _raise_for(outcome, os.path.basename(entry))
+    outcome = _run(config, target + args, os.path.basename(entry))
     ranks = outcome.node_ranks
     if ranks is None:
         ranks = _static_ranks(config)
     return {rank: 0 for rank in (ranks or [])}
+
+
+def _launch_function(config: LaunchConfig, function: Callable[..., Any],
+                     args: Sequence[Any]) -> Dict[int, Any]:
+    with tempfile.TemporaryDirectory(prefix="dist-launch-call-") as directory:
+        target = prepare_call(directory, function, args)
+        name = getattr(function, "__qualname__", "function")
+        _run(config, target, name, report_name=name)
+        return collect_results(directory)
+
+
+def _run(config: LaunchConfig, target: List[str], name: str,
+         report_name: Optional[str] = None) -> Outcome:
+    outcome = run_dist_launch(config.to_args() + target, _environment(config.python),
+                              _stop_signals(config.signals_to_handle))
+    _raise_for(outcome, name, report_name)
+    return outcome
 
 
 def _static_ranks(config: LaunchConfig) -> Optional[range]:
@@ -201,12 +218,13 @@ class elastic_launch:  # noqa: N801 (torch's name)
     """torch.distributed.launcher.api.elastic_launch: elastic_launch(config, entrypoint)(*args)
     is launch(config, entrypoint, *args)."""
 
-    def __init__(self, config: LaunchConfig, entrypoint: str, module: bool = False):
+    def __init__(self, config: LaunchConfig, entrypoint: Union[str, Callable[..., Any]],
+                 module: bool = False):
         self._config = config
         self._entrypoint = entrypoint
         self._module = module
 
-    def __call__(self, *args: Any) -> Dict[int, int]:
+    def __call__(self, *args: Any) -> Dict[int, Any]:
         return launch(self._config, self._entrypoint, *args, module=self._module)
 
 

@@ -3,6 +3,7 @@ failed workers (ProcessFailure, by global rank) and the root cause, read from th
 dist-launch prints (the same layout as torchrun's)."""
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -23,6 +24,18 @@ class ProcessFailure:
     message: str  # from the error file (torch's @record, the SDK's write_error_file)
     traceback: str
     timestamp: int  # seconds since the epoch (whole seconds, as the report prints it)
+
+    @property
+    def error_file_data(self) -> dict:
+        """The error file's JSON, as torch's ProcessFailure.error_file_data has it: {} when the
+        worker wrote none or it is gone (dist-launch keeps a failed run's directory)."""
+        if not self.error_file:
+            return {}
+        try:
+            with open(self.error_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
 
     def signal_name(self) -> str:
         """The signal's name when a signal ended the worker (SIGKILL), else "<N/A>"."""

@@ -1,0 +1,67 @@
+"""One worker of a launched Python function (see _function.py): run by dist-launch as a script,
+with the call's directory as its argument. Only the standard library is imported before the
+launching process's sys.path is in place, and this script's own directory (the package's) is
+taken off sys.path first, so nothing of the package shadows the user's modules."""
+import os
+import sys
+
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    del sys.path[0]
+
+import json  # noqa: E402
+import multiprocessing.spawn  # noqa: E402
+import pickle  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+CALL_FILE = "call.pickle"
+
+
+def write_error_file(error: BaseException) -> None:
+    """TORCHELASTIC_ERROR_FILE in torch's @record format, unless the function's own @record (or
+    anything else) wrote it first."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    data = {"message": {"message": f"{type(error).__name__}: {error}",
+                        "extraInfo": {"py_callstack": traceback.format_exc(),
+                                      "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError as e:
+        print(f"dist-launch worker: cannot write the error file {path}: {e}", file=sys.stderr)
+
+
+def main() -> int:
+    directory = sys.argv[1]
+    with open(os.path.join(directory, CALL_FILE), "rb") as f:
+        multiprocessing.spawn.prepare(pickle.load(f))  # sys.path, cwd, __main__ as the parent's
+        try:
+            function, args = pickle.load(f)
+        except Exception as e:
+            error = RuntimeError(
+                f"cannot load the launched function here: {type(e).__name__}: {e} (it must be "
+                f"importable in a fresh interpreter: defined at a module's top level, not under "
+                f"`if __name__ == \"__main__\":`)")
+            write_error_file(error)
+            print(f"dist-launch worker: {error}", file=sys.stderr)
+            return 1
+    try:
+        result = function(*args)
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: B036 (KeyboardInterrupt too: the worker failed)
+        write_error_file(e)
+        traceback.print_exc()
+        return 1
+    name = f"result_{os.environ['TORCHELASTIC_RESTART_COUNT']}_{os.environ['RANK']}.pickle"
+    partial = os.path.join(directory, f".{name}.{os.getpid()}")
+    with open(partial, "wb") as f:
+        pickle.dump(result, f)
+    os.replace(partial, os.path.join(directory, name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The Python API from a source checkout (python/ on PYTHONPATH, the built programs on PATH), with
+a Python function as the entrypoint, as torch's elastic_launch(config, fn)(*args) takes one: return
+values by global rank, a failure's message and error file, restarts, a function in __main__, and
+what cannot be sent to a fresh interpreter. No torch needed.
+
+    python3 api_test.py --bin-dir build/bin
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SOURCE, "python"))
+
+import dist_launch  # noqa: E402
+from dist_launch import ChildFailedError, LaunchConfig, elastic_launch, launch  # noqa: E402
+
+JOB_TIMEOUT_S = 120
+
+
+# The launched functions: at this module's top level, so that a fresh interpreter imports them
+# (this file is __main__ here, re-imported there as __mp_main__, as multiprocessing's spawn does).
+def rank_plus(base):
+    return {"value": base + int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"])}
+
+
+def sad():
+    raise RuntimeError("sad because i throw")
+
+
+def flaky(marker_dir):
+    """Fails on rank 1 of the first attempt; returns the attempt on every rank after that."""
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if attempt == 0 and os.environ["RANK"] == "1":
+        raise ValueError("rank 1 fails once")
+    open(os.path.join(marker_dir, f"{attempt}_{os.environ['RANK']}"), "w").close()
+    return attempt
+
+
+def working_directory():
+    return os.getcwd()
+
+
+class FunctionEntrypoint(unittest.TestCase):
+    def test_return_values_by_global_rank(self):
+        results = elastic_launch(LaunchConfig(nproc_per_node=3), rank_plus)(10)
+        self.assertEqual({0: {"value": 10, "world": 3}, 1: {"value": 11, "world": 3},
+                          2: {"value": 12, "world": 3}}, results)
+
+    def test_a_raising_function_is_the_root_cause_with_its_message_and_error_file(self):
+        with self.assertRaises(ChildFailedError) as caught:
+            launch(LaunchConfig(nproc_per_node=2), sad)
+        error = caught.exception
+        rank, root = error.get_first_failure()
+        self.assertIn(rank, {0, 1})
+        self.assertEqual(1, root.exitcode)
+        self.assertEqual("sad", error.name)
+        self.assertEqual("RuntimeError: sad because i throw", root.message)
+        data = root.error_file_data["message"]
+        self.assertEqual(root.message, data["message"])
+        self.assertIn("in sad", data["extraInfo"]["py_callstack"])
+        self.assertEqual(int(data["extraInfo"]["timestamp"]), root.timestamp)
+        self.assertLessEqual(set(error.failures), {0, 1})  # the other may be stopped first
+
+    def test_restarted_workers_return_the_last_attempts_values(self):
+        with tempfile.TemporaryDirectory() as markers:
+            results = launch(LaunchConfig(nproc_per_node=2, max_restarts=1), flaky, markers)
+            self.assertEqual({0: 1, 1: 1}, results)
+            self.assertEqual({"0_0", "1_0", "1_1"}, set(os.listdir(markers)))
+
+    def test_workers_start_in_the_callers_working_directory(self):
+        with tempfile.TemporaryDirectory() as where:
+            before = os.getcwd()
+            os.chdir(where)
+            try:
+                results = launch(LaunchConfig(nproc_per_node=1), working_directory)
+            finally:
+                os.chdir(before)
+            self.assertEqual({0: os.path.realpath(where)}, {
+                r: os.path.realpath(v) for r, v in results.items()})
+
+    def test_a_lambda_is_refused_before_anything_starts(self):
+        with self.assertRaisesRegex(TypeError, "define the function at a module's top level"):
+            launch(LaunchConfig(nproc_per_node=1), lambda: 1)
+
+    def test_a_function_hidden_under_main_fails_with_the_reason(self):
+        with tempfile.TemporaryDirectory() as where:
+            driver = os.path.join(where, "driver.py")
+            with open(driver, "w") as f:
+                f.write(textwrap.dedent("""\
+                    from dist_launch import ChildFailedError, LaunchConfig, launch
+                    if __name__ == "__main__":
+                        def hidden():
+                            return 1
+                        try:
+                            launch(LaunchConfig(nproc_per_node=1), hidden)
+                        except ChildFailedError as e:
+                            print("MESSAGE", e.get_first_failure()[1].message)
+                """))
+            proc = subprocess.run([sys.executable, driver], capture_output=True, text=True,
+                                  timeout=JOB_TIMEOUT_S, cwd=where)
+            self.assertEqual(0, proc.returncode, proc.stderr)
+            message = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
+            self.assertEqual(1, len(message), proc.stdout + proc.stderr)
+            self.assertIn("cannot load the launched function here", message[0])
+            self.assertIn("hidden", message[0])
+
+    def test_programs_still_return_exit_codes(self):
+        results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")
+        self.assertEqual({0: 0, 1: 0}, results)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bin-dir", required=True, help="where dist-launch was built")
+    args, rest = parser.parse_known_args()
+    os.environ["PATH"] = os.path.abspath(args.bin_dir) + os.pathsep + os.environ["PATH"]
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(SOURCE, "python")] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    os.environ.pop("PYTHON_EXEC", None)  # the workers run on this interpreter
+    print(f"api_test: dist-launch is {dist_launch.program('dist-launch')}", flush=True)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()

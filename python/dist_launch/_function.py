@@ -18,9 +18,20 @@ import re
 from typing import Any, Callable, Dict, List, Sequence
 
 CALL_FILE = "call.pickle"
+PREPARING = "DIST_LAUNCH_PREPARING_WORKER"  # as _function_worker.py sets it
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_function_worker.py")
 # result_<TORCHELASTIC_RESTART_COUNT>_<RANK>.pickle, as _function_worker.py writes it
 _RESULT = re.compile(r"^result_(\d+)_(\d+)\.pickle$")
+
+
+def check_not_preparing() -> None:
+    """Refuses a launch from a worker that is still importing the launching process's __main__,
+    as multiprocessing refuses to start a process then."""
+    if os.environ.get(PREPARING):
+        raise RuntimeError(
+            "dist_launch: a launch was started while a launched function's worker was importing "
+            "the main module; launch from under `if __name__ == \"__main__\":`, as with "
+            "multiprocessing's spawn")
 
 
 def prepare_call(directory: str, function: Callable, args: Sequence[Any]) -> List[str]:

@@ -15,6 +15,9 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 
 CALL_FILE = "call.pickle"
+# Set while the launching process's __main__ is re-imported here: a launch from its top level
+# (not under `if __name__ == "__main__":`) would otherwise launch again from every worker.
+PREPARING = "DIST_LAUNCH_PREPARING_WORKER"
 
 
 def write_error_file(error: BaseException) -> None:
@@ -33,21 +36,28 @@ def write_error_file(error: BaseException) -> None:
         print(f"dist-launch worker: cannot write the error file {path}: {e}", file=sys.stderr)
 
 
-def main() -> int:
-    directory = sys.argv[1]
+def load_call(directory: str):
+    """This process prepared as the launching one was (sys.path, working directory, its __main__
+    re-imported as __mp_main__), then the function and its arguments."""
     with open(os.path.join(directory, CALL_FILE), "rb") as f:
-        multiprocessing.spawn.prepare(pickle.load(f))  # sys.path, cwd, __main__ as the parent's
+        os.environ[PREPARING] = "1"
         try:
-            function, args = pickle.load(f)
+            multiprocessing.spawn.prepare(pickle.load(f))
+        finally:
+            del os.environ[PREPARING]
+        try:
+            return pickle.load(f)
         except Exception as e:
-            error = RuntimeError(
+            raise RuntimeError(
                 f"cannot load the launched function here: {type(e).__name__}: {e} (it must be "
                 f"importable in a fresh interpreter: defined at a module's top level, not under "
-                f"`if __name__ == \"__main__\":`)")
-            write_error_file(error)
-            print(f"dist-launch worker: {error}", file=sys.stderr)
-            return 1
+                f"`if __name__ == \"__main__\":`)") from e
+
+
+def main() -> int:
+    directory = sys.argv[1]
     try:
+        function, args = load_call(directory)
         result = function(*args)
     except SystemExit:
         raise

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from ._function import collect_results, prepare_call
+from ._function import check_not_preparing, collect_results, prepare_call
 from ._runner import Outcome, run_dist_launch
 from .errors import ChildFailedError, LaunchError, SignalException, UsageError
 
@@ -167,6 +167,7 @@ def launch(config: LaunchConfig, entrypoint: Union[str, Callable[..., Any]], *ar
     Raises ChildFailedError (failures by global rank, root cause, the report) when workers
     failed, UsageError when the configuration is refused, SignalException when a signal this
     process received stopped the job, LaunchError otherwise."""
+    check_not_preparing()
     if callable(entrypoint) and not isinstance(entrypoint, (str, os.PathLike)):
         return _launch_function(config, entrypoint, args)
     entry = os.fspath(entrypoint)

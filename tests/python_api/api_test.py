@@ -110,6 +110,29 @@ class FunctionEntrypoint(unittest.TestCase):
             self.assertIn("cannot load the launched function here", message[0])
             self.assertIn("hidden", message[0])
 
+    def test_a_launch_at_the_top_level_of_main_is_refused_in_the_workers(self):
+        """The workers re-import __main__ (as spawn does): an unguarded launch there must fail
+        with the reason, not launch again from every worker."""
+        with tempfile.TemporaryDirectory() as where:
+            driver = os.path.join(where, "driver.py")
+            with open(driver, "w") as f:
+                f.write(textwrap.dedent("""\
+                    import os
+                    from dist_launch import ChildFailedError, LaunchConfig, launch
+                    def rank():
+                        return os.environ["RANK"]
+                    try:
+                        launch(LaunchConfig(nproc_per_node=2), rank)
+                    except ChildFailedError as e:
+                        print("MESSAGE", e.get_first_failure()[1].message)
+                """))
+            proc = subprocess.run([sys.executable, driver], capture_output=True, text=True,
+                                  timeout=JOB_TIMEOUT_S, cwd=where)
+            self.assertEqual(0, proc.returncode, proc.stderr)
+            message = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
+            self.assertEqual(1, len(message), proc.stdout + proc.stderr)
+            self.assertIn("launch from under `if __name__ == \"__main__\":`", message[0])
+
     def test_programs_still_return_exit_codes(self):
         results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")
         self.assertEqual({0: 0, 1: 0}, results)

@@ -7,6 +7,15 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
+# PyTorch's own launcher tests (tests/torchrun_compat) run where python3 has torch 2.x: their
+# pinned files are fetched once into the build tree; without them (no network) they skip.
+if [ -z "${DIST_TORCHRUN_COMPAT_UPSTREAM:-}" ] &&
+   python3 -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
+  upstream="${BUILD_DIR:-$root/build}/torchrun-compat-upstream"
+  if python3 "$root/tests/torchrun_compat/fetch_upstream.py" "$upstream"; then
+    export DIST_TORCHRUN_COMPAT_UPSTREAM=$upstream
+  fi
+fi
 (cd "${BUILD_DIR:-$root/build}" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 600)
 sanitize=${DIST_SANITIZE-asan,tsan}
 if [ -n "$sanitize" ]; then

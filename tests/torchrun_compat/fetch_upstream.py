@@ -36,6 +36,9 @@ def main():
     parser.add_argument("--pytorch-checkout", help="a clone of pytorch/pytorch to read from")
     args = parser.parse_args()
     pinned = upstream.manifest()
+    if not upstream.problems(args.dest):
+        print(f"fetch_upstream: the {len(pinned['files'])} pinned files are already in {args.dest}")
+        return 0
     for entry in pinned["files"]:
         target = os.path.join(args.dest, entry["path"])
         os.makedirs(os.path.dirname(target), exist_ok=True)

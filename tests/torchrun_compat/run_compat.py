@@ -54,11 +54,20 @@ def suite(name, launcher):
     api_test.py: torch.distributed.launcher.api's elastic_launch with scripts and functions, given
     dist-launch's Python API (or, as the reference, left on torch's own)."""
     if name == "run":
-        return Suite("test_run", ["compat_launcher.py"], [
+        cli = Suite("test_run", ["compat_launcher.py", "compat_api.py"], [
             ("launch.main(", "launch_cli(", 24, AS_PROGRAM),
             ("target=launch.main,", "target=launch_cli,", 1, AS_PROGRAM),
         ], [("import torch.distributed.run as launch\n",
              "from compat_launcher import launch_cli", AS_PROGRAM)])
+        if launcher != "torchrun":  # torchrun, a program here, records its events in itself
+            cli.replacements.append(
+                ("record_mock.assert_called_once()", "assert_one_job_end(self)", 2, EVENTS))
+            cli.inserts += [
+                ("import torch.distributed.run as launch\n",
+                 "from compat_api import assert_one_job_end, watch_events", EVENTS),
+                ('        os.environ["TEST_SENTINEL_PARENT"] = "FOOBAR"\n', "        watch_events()",
+                 EVENTS)]
+        return cli
     api = Suite("api_test", ["compat_api.py"], [
         ('rdzv_backend: str = "etcd",', 'rdzv_backend: str = "c10d",', 1, C10D),
         ("cls._etcd_server = EtcdServer()", "cls._etcd_server = RendezvousServer()", 1, C10D),

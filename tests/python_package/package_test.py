@@ -101,6 +101,17 @@ API_DRIVER = textwrap.dedent("""\
             print(json.dumps({"sigval": e.sigval, "exit_code": e.exit_code}))
 """)
 
+# A Python function as the entrypoint, from the installed package: its workers run the package's
+# worker script on the venv's interpreter.
+FUNCTION_DRIVER = textwrap.dedent("""\
+    import json, sys
+    from dist_launch import LaunchConfig, elastic_launch
+    def where(tag):
+        return [tag, sys.prefix]
+    if __name__ == "__main__":
+        print(json.dumps(elastic_launch(LaunchConfig(nproc_per_node=2), where)("from a function")))
+""")
+
 
 def log(message):
     print(f"package_test: {message}", flush=True)
@@ -269,6 +280,15 @@ class PythonApi(Job):
         results, proc = self.api("ok")
         self.assertEqual(results, {"0": 0, "1": 0})
         self.assertIn(f"[default1]:rank 1 of 2 runs {VENV}/bin/python", proc.stdout)
+
+    def test_a_function_returns_its_values_by_global_rank_from_the_venv(self):
+        driver = os.path.join(self.out, "function_driver.py")
+        with open(driver, "w") as f:
+            f.write(FUNCTION_DRIVER)
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), driver])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        results = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(results, {"0": ["from a function", VENV], "1": ["from a function", VENV]})
 
     def test_a_restart_that_succeeds_returns_the_results(self):
         results, proc = self.api("restart")

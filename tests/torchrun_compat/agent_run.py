@@ -68,16 +68,20 @@ def adapt(source):
 
 
 def run_bounded(command, env):
-    """Runs the suite in a session of its own; past SUITE_TIMEOUT_S, the whole session is
-    killed (dist-launch stops its workers when its parent dies)."""
+    """Runs the suite in a session of its own, killed whole past SUITE_TIMEOUT_S or when this
+    process is stopped (SIGTERM, Ctrl-C): dist-launch stops its workers when its parent dies."""
     proc = subprocess.Popen(command, env=env, start_new_session=True)
+    previous = signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     try:
         return proc.wait(SUITE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         print(f"agent_compat: the suite ran past {SUITE_TIMEOUT_S} s; killing it", file=sys.stderr)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def main():
@@ -115,12 +119,12 @@ def main():
             f.write(adapted)
         env = dict(os.environ, DIST_AGENT_COMPAT_AGENT=agent,
                    DIST_AGENT_COMPAT_SHARED_STORE="1" if args.shared_store else "0")
-        command = [args.python, os.path.join(HERE, "agent_main.py"), work]
+        command = [args.python, os.path.join(HERE, "agent_main.py")]
         if args.json:
             command += ["--json", args.json]
         if args.run_differing:
             command.append("--run-differing")
-        return run_bounded(command + args.tests, env)
+        return run_bounded(command + [work] + args.tests, env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

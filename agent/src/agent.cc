@@ -206,7 +206,7 @@ class Agent {
                      config_.max_restarts);
         failures_.clear();
         // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
-        // (Elastic: the round's closer clears it, once every node is back.)
+        // (Elastic: every round's workers get a new store, hosted by its node rank 0.)
         if (store_host_ && !config_.elastic) {
           spdlog::debug("cleared {} keys of the previous attempt",
                         store_host_->clear_worker_keys());
@@ -570,7 +570,6 @@ class Agent {
                          config_.max_restarts};
     const auto notice = [](const std::string& text) { spdlog::info("{}", text); };
     if (etcd()) {
-      // Every round's workers get a fresh store, hosted by its node rank 0: nothing to clean.
       rdzv_.emplace(make_etcd_store(io_, etcd_options(), config_.run_id), shape, timeouts, notice);
       co_return;
     }
@@ -593,12 +592,7 @@ class Agent {
       } opening{opening_ = session.get()};
       co_await session->open();
     }
-    TcpRendezvousStore* tcp = session.get();
-    // The workers share the agents' store: a new round's workers get it cleared.
-    rdzv_.emplace(std::move(session), shape, timeouts, notice, [tcp]() -> Task<void> {
-      const auto cleared = co_await tcp->clear_worker_keys();
-      spdlog::debug("cleared {} keys the workers of the previous round wrote", cleared);
-    });
+    rdzv_.emplace(std::move(session), shape, timeouts, notice);
   }
 
   bool etcd() const { return config_.rdzv_backend == "etcd-v3"; }
@@ -664,20 +658,23 @@ class Agent {
     } else {
       round = co_await rdzv_->current_round();
     }
-    std::string worker_store;
-    if (etcd()) {  // the store this node hosts for the round's workers, should it be node rank 0
-      worker_store_.reset();
-      worker_store_.emplace(io_, "", 0, with_token(rendezvous::ServerOptions{}));
-      const bool v6 = host_.find(':') != std::string::npos;
-      worker_store = (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(worker_store_->port());
-    }
+    // The store this node hosts for the round's workers, should it be node rank 0. As torch's
+    // rendezvous does, every round's workers get a fresh store of their own: the rendezvous store
+    // may outlive the job (etcd, a dist-rendezvous daemon, another job's agent), and torch keys
+    // the workers' entries by restart count only, so that two jobs, or two rounds of one job
+    // (a reshaped round does not advance the restart count), would read each other's there.
+    worker_store_.reset();
+    worker_store_.emplace(io_, "", 0, with_token(rendezvous::ServerOptions{}));
+    const bool v6 = host_.find(':') != std::string::npos;
+    std::string worker_store =
+        (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(worker_store_->port());
     Assignment joined =
         co_await rdzv_->join_elastic(round, std::move(previous), std::move(worker_store));
-    if (etcd() && !config_.secret.empty()) co_await introduce_to_worker_store(joined);
+    if (!config_.secret.empty()) co_await introduce_to_worker_store(joined);
     co_return joined;
   }
 
-  // etcd: the agents never use the round's workers' store, so it learns this host from one
+  // The agents never use the round's workers' store, so it learns this host from one
   // authentication here, and admits this node's PyTorch workers (--unauthenticated known-hosts).
   Task<void> introduce_to_worker_store(Assignment a) {
     rendezvous::ClientOptions options;
@@ -704,7 +701,7 @@ class Agent {
     spec.master_addr = config_.master_addr;
     spec.master_port = store_port_;
     spec.token_file = token_file_;
-    if (!assignment_.worker_store_host.empty()) {  // etcd: node rank 0's store
+    if (!assignment_.worker_store_host.empty()) {  // elastic: the round's node rank 0's store
       spec.master_addr = assignment_.worker_store_host;
       spec.master_port = assignment_.worker_store_port;
     }
@@ -919,7 +916,7 @@ class Agent {
   std::string token_file_;                 // the workers' DIST_LAUNCH_TOKEN_FILE (empty: no token)
   std::string written_token_file_;         // when this agent wrote it: removed at the end
   std::optional<StoreHost> store_host_;    // the job's store, when this agent hosts it
-  std::optional<StoreHost> worker_store_;  // etcd: this round's store for the workers
+  std::optional<StoreHost> worker_store_;  // elastic: this round's store for the workers
   std::uint16_t store_port_ = 0;
   std::optional<Telemetry> telemetry_;  // from prepare() on
   std::optional<WorkerGroup> group_;

@@ -162,9 +162,6 @@ Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t
     co_await store_->delete_key(closed);
     co_return false;
   }
-  // Torch workers key the store by restart count, which a reshaped round does not advance: every
-  // round after the first starts its workers on a clean store (the agents' keys stay).
-  if (round > 0 && clean_worker_store_) co_await clean_worker_store_();
   std::vector<std::pair<std::string, std::string>> items{
       {schema::in_round(round, name::kHealthy), "1"},
       {schema::in_round(round, name::kIntact), "1"},

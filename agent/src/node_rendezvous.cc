@@ -40,13 +40,11 @@ std::string seconds_text(milliseconds d) {
 }  // namespace
 
 NodeRendezvous::Impl::Impl(std::unique_ptr<RendezvousStore> session, JobShape shape,
-                           RendezvousTimeouts timeouts, std::function<void(const std::string&)> log,
-                           std::function<Task<void>()> clean)
+                           RendezvousTimeouts timeouts, std::function<void(const std::string&)> log)
     : store_(std::move(session)),
       shape_(std::move(shape)),
       timeouts_(timeouts),
       log_(std::move(log)),
-      clean_worker_store_(std::move(clean)),
       nonce_(std::random_device{}()),
       self_{shape_.host, shape_.local_world_size, static_cast<int>(::getpid()), nonce_, -1, ""} {}
 
@@ -416,10 +414,9 @@ void NodeRendezvous::Impl::close() {
 
 NodeRendezvous::NodeRendezvous(std::unique_ptr<RendezvousStore> session, JobShape shape,
                                RendezvousTimeouts timeouts,
-                               std::function<void(const std::string&)> log,
-                               std::function<Task<void>()> clean_worker_store)
-    : impl_(std::make_unique<Impl>(std::move(session), std::move(shape), timeouts, std::move(log),
-                                   std::move(clean_worker_store))) {}
+                               std::function<void(const std::string&)> log)
+    : impl_(
+          std::make_unique<Impl>(std::move(session), std::move(shape), timeouts, std::move(log))) {}
 
 NodeRendezvous::~NodeRendezvous() = default;
 

@@ -24,7 +24,7 @@ std::vector<std::string> keys(K&&... k) {
 class NodeRendezvous::Impl {
  public:
   Impl(std::unique_ptr<RendezvousStore> session, JobShape shape, RendezvousTimeouts timeouts,
-       std::function<void(const std::string&)> log, std::function<Task<void>()> clean);
+       std::function<void(const std::string&)> log);
 
   // Static (node_rendezvous.cc).
   Task<Assignment> join_static(int round, int node_rank);
@@ -89,7 +89,6 @@ class NodeRendezvous::Impl {
   JobShape shape_;
   RendezvousTimeouts timeouts_;
   std::function<void(const std::string&)> log_;
-  std::function<Task<void>()> clean_worker_store_;
   std::uint32_t nonce_;
   schema::NodeRecord self_;  // this agent's record (elastic rounds add its previous rank)
   bool alive_published_ = false;

@@ -104,10 +104,6 @@ std::string TcpRendezvousStore::describe() const {
   return client_.endpoint();
 }
 
-Task<std::int64_t> TcpRendezvousStore::clear_worker_keys() {
-  co_return co_await client_.delete_all_except(std::string(schema::kAgentNamespace));
-}
-
 Task<std::unique_ptr<RendezvousStore>> open_tcp_store(rendezvous::ClientOptions options,
                                                       std::string run_id) {
   auto store = std::make_unique<TcpRendezvousStore>(co_await boost::asio::this_coro::executor,

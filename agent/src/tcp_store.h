@@ -36,9 +36,6 @@ class TcpRendezvousStore : public RendezvousStore {
   void close() override;
   std::string describe() const override;
 
-  // Deletes every key outside the agents' namespace ("rdzv/"): what the workers wrote.
-  Task<std::int64_t> clear_worker_keys();
-
  private:
   std::string full(const std::string& key) const { return prefix_ + key; }
   std::vector<std::string> full(std::vector<std::string> keys) const;

@@ -364,6 +364,34 @@ TEST_F(Elastic, ANodeArrivingAfterTheJobSucceededHasNothingToDo) {
   EXPECT_TRUE(rounds("late").empty()) << "no worker ran";
 }
 
+TEST_F(Elastic, JobsSharingAnExternalStoreGiveTheirWorkersStoresOfTheirOwn) {
+  // Torch workers key their entries by restart count only: two jobs on one dist-rendezvous (or
+  // one job's reshaped rounds) must not meet in it. Each round's node rank 0 hosts the workers'.
+  auto store = external_store();
+  auto job = [&](const std::string& id) {
+    return std::make_unique<Child>(
+        DIST_LAUNCH_BIN,
+        std::vector<std::string>{
+            "--nnodes", "1:2", "--rdzv-endpoint", kHost + ":" + std::to_string(port_), "--rdzv-id",
+            id, "--rdzv-conf", "last_call_timeout=0.2", "--nproc-per-node", "1", "--no-python",
+            "/bin/sh", "-c", "echo $MASTER_PORT > " + (dir_ / id).string()},
+        dir_ / (id + ".log"));
+  };
+  auto a = job("a");
+  auto b = job("b");
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(b->wait(), 0) << b->output();
+  const auto master_port = [&](const std::string& id) {
+    int port = 0;
+    std::ifstream(dir_ / id) >> port;
+    return port;
+  };
+  EXPECT_GT(master_port("a"), 0);
+  EXPECT_NE(master_port("a"), port_) << "job a's workers were given the rendezvous store";
+  EXPECT_NE(master_port("b"), port_) << "job b's workers were given the rendezvous store";
+  EXPECT_NE(master_port("a"), master_port("b"));
+}
+
 TEST_F(Elastic, StoppingTheStoresHostStopsEveryNode) {
   // The agent hosting the store is stopped by SIGTERM: the job cannot go on without its store, so
   // it leaves at once and the others stop, saying why, instead of waiting for it.

@@ -2,6 +2,7 @@
 // that each host's own /etc/hosts resolves (node-a maps its own name to 127.0.1.1, as Debian does).
 // Static and elastic jobs, IPv6 names, an unresolvable master, and the C++ SDK's Gloo group
 // across hosts ending with the same weights as on one host.
+#include <map>
 #include <regex>
 #include <set>
 
@@ -65,6 +66,19 @@ class OnNamedHosts : public NamedHostsTest {
     EXPECT_EQ(ranks.size(), static_cast<std::size_t>(world));
   }
 
+  // An elastic job's workers find their store on the round's node rank 0, by its host's name (as
+  // torch's c10d rendezvous gives them): `hosts` maps each env file to its agent's host.
+  void expect_elastic_ranks(const std::map<std::string, std::string>& hosts, int world) {
+    std::string node_rank_0;
+    for (const auto& [file, host] : hosts) {
+      if (env(file)["GROUP_RANK"] == "0") node_rank_0 = host;
+    }
+    ASSERT_FALSE(node_rank_0.empty()) << "no worker of node rank 0";
+    std::vector<std::string> files;
+    for (const auto& [file, host] : hosts) files.push_back(file);
+    expect_ranks(files, world, node_rank_0);
+  }
+
   std::string output(const std::string& name) const {
     std::ifstream in(log(name));
     std::stringstream s;
@@ -107,7 +121,7 @@ TEST_F(OnNamedHosts, AnElasticJobAtAHostsName) {
   auto& a = elastic_node("node-a", "a", endpoint, "2:3", 3);
   auto& c = elastic_node("node-c", "c", endpoint, "2:3", 3);
   for (auto* n : {&a, &b, &c}) EXPECT_EQ(n->wait(90s), 0) << n->output();
-  expect_ranks({"env_a", "env_b", "env_c"}, 3, "node-b");
+  expect_elastic_ranks({{"env_a", "node-a"}, {"env_b", "node-b"}, {"env_c", "node-c"}}, 3);
 }
 
 TEST_F(OnNamedHosts, AnElasticJobAtANameItsHostMapsToLoopback) {
@@ -119,7 +133,7 @@ TEST_F(OnNamedHosts, AnElasticJobAtANameItsHostMapsToLoopback) {
   auto& b = elastic_node("node-b", "b", endpoint, "2:3", 3);
   auto& c = elastic_node("node-c", "c", endpoint, "2:3", 3);
   for (auto* n : {&a, &b, &c}) EXPECT_EQ(n->wait(90s), 0) << n->output();
-  expect_ranks({"env_a", "env_b", "env_c"}, 3, "node-a");
+  expect_elastic_ranks({{"env_a", "node-a"}, {"env_b", "node-b"}, {"env_c", "node-c"}}, 3);
 }
 
 TEST_F(OnNamedHosts, AnElasticJobAtLocalhostOnOneHost) {
@@ -129,7 +143,7 @@ TEST_F(OnNamedHosts, AnElasticJobAtLocalhostOnOneHost) {
   auto& first = elastic_node("node-b", "first", endpoint, "2", 2);
   auto& second = elastic_node("node-b", "second", endpoint, "2", 2);
   for (auto* n : {&first, &second}) EXPECT_EQ(n->wait(60s), 0) << n->output();
-  expect_ranks({"env_first", "env_second"}, 2, "localhost");
+  expect_elastic_ranks({{"env_first", "node-b"}, {"env_second", "node-b"}}, 2);
 }
 
 TEST_F(OnNamedHosts, AnUnresolvableMasterIsSaidWhileRetryingThenNamed) {

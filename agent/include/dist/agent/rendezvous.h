@@ -111,12 +111,9 @@ struct RendezvousTimeouts {
 class NodeRendezvous {
  public:
   // `session` holds this node's liveness key for as long as this object lives. `log` hears the
-  // rendezvous's progress notices (who it waits for); `clean_worker_store` runs when this node
-  // closes an elastic round after the first (workers share the agents' TCPStore: it clears their
-  // keys; unset: the workers' store is fresh each round).
+  // rendezvous's progress notices (who it waits for).
   NodeRendezvous(std::unique_ptr<RendezvousStore> session, JobShape shape,
-                 RendezvousTimeouts timeouts, std::function<void(const std::string&)> log = {},
-                 std::function<Task<void>()> clean_worker_store = {});
+                 RendezvousTimeouts timeouts, std::function<void(const std::string&)> log = {});
   ~NodeRendezvous();
 
   // Static: joins round `round` (or the job's latest, if later) as node `node_rank` and waits

@@ -54,11 +54,22 @@ def load_call(directory: str):
                 f"`if __name__ == \"__main__\":`)") from e
 
 
+def release_process_group() -> None:
+    """The torch.distributed group the function left behind, destroyed before the interpreter
+    exits (as torch asks of every program): left to the interpreter's teardown, gloo's threads
+    can abort the exit ("terminate called without an active exception"), failing a worker that
+    has already returned its value."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main() -> int:
     directory = sys.argv[1]
     try:
         function, args = load_call(directory)
         result = function(*args)
+        release_process_group()
     except SystemExit:
         raise
     except BaseException as e:  # noqa: B036 (KeyboardInterrupt too: the worker failed)

@@ -2,7 +2,7 @@
 interpreter: the etcd variants and the tests of torch's agent internals skipped with the reason,
 a summary line at the end.
 
-    python agent_main.py WORK_DIR [--json FILE] [--run-differing] [TEST ...]
+    python agent_main.py WORK_DIR [--json FILE] [TEST ...]
 """
 import argparse
 import functools
@@ -24,23 +24,6 @@ INTERNAL = {
         "mocks torch's start_processes and LocalElasticAgent._monitor_workers inside the test's "
         "process and asserts the mocked process context was closed",
 }
-
-# Upstream tests that fail against dist-launch because it behaves differently from torch's
-# agent; skipped for dist-launch only, with what differs (agent_run.py --run-differing runs them).
-GLOO_EXIT_ABORT = (
-    "dist-launch differs: its gloo workers (this test's _dist_sum returns without "
-    "destroy_process_group()) abort now and then at interpreter exit ('terminate called without "
-    "an active exception', SIGABRT; pytorch/pytorch#190489): about 1 job in 10 under dist-launch, "
-    "none in 47 under torch's agent on a loaded 2-core machine; not OMP_NUM_THREADS, not "
-    "faulthandler, not workers exiting before their local peers (each tried)")
-DIFFERS = {
-    "test_simple_dist_sum_c10d": GLOO_EXIT_ABORT,
-    "test_run_distributed_sum_homogeneous_c10d": GLOO_EXIT_ABORT,
-    "test_run_distributed_sum_heterogeneous_c10d": GLOO_EXIT_ABORT,
-    "test_run_with_custom_log_lines": GLOO_EXIT_ABORT,
-    "test_double_agent_elastic_c10d": GLOO_EXIT_ABORT,
-}
-
 
 def own_environment(test):
     """Runs `test` with the environment it started with given back afterwards. Upstream's
@@ -65,22 +48,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("work_dir")
     parser.add_argument("--json", help="write each test's outcome there")
-    parser.add_argument("--run-differing", action="store_true",
-                        help="run the tests DIFFERS skips for dist-launch")
     parser.add_argument("tests", nargs="*", help="only these tests")
     args = parser.parse_args()
     sys.path.insert(0, args.work_dir)
     sys.argv = sys.argv[:1]  # torch's common_utils parses the command line when imported
     import local_elastic_agent_test as upstream_test  # the adapted copy
     import torch
-    from agent_shim import TORCH, agent_under_test
+    from agent_shim import agent_under_test
 
     cls = upstream_test.LocalElasticAgentTest
     names = unittest.defaultTestLoader.getTestCaseNames(cls)
     skips = {name: ETCD for name in names if name.endswith(("_etcd", "_etcd_v2"))}
     skips.update(INTERNAL)
-    if agent_under_test() != TORCH and not args.run_differing:
-        skips.update(DIFFERS)
     for name in names:
         test = own_environment(getattr(cls, name))
         setattr(cls, name, unittest.skip(skips[name])(test) if name in skips else test)

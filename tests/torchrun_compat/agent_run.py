@@ -21,50 +21,30 @@ import sys
 import tempfile
 
 import upstream
-from run_compat import check_python, skip
+from run_compat import Suite, adapt, check_python, skip
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEST_DIR = os.path.join("test", "distributed", "elastic", "agent", "server", "test")
 TEST_FILE = "local_elastic_agent_test.py"
 # The whole suite, bounded below ctest's TIMEOUT so that what it leaves is reaped here.
 SUITE_TIMEOUT_S = 1500
-MARK = "  # dist-launch compat: {why} (agent_shim.py)"
-
+AGENT = "the agent under test (agent_shim.py)"
 # Where the test creates its agent and what stands in; the counts are those of the pinned file,
 # so that an upstream change is noticed, not half-adapted.
-REPLACEMENTS = [
+SUITE = Suite("local_elastic_agent_test", [], [
     ("cls._etcd_server = EtcdServer()", "cls._etcd_server = agent_shim.RendezvousServer()", 1,
-     "no etcd v2 server (the etcd tests are skipped); dist-launch's c10d store"),
+     "no etcd v2 server (the etcd tests are skipped); dist-launch's c10d store (agent_shim.py)"),
     ('self._endpoint = f"localhost:{acquire_available_port()}"',
      "self._endpoint = self._etcd_server.c10d_endpoint(acquire_available_port)", 1,
-     "the c10d endpoint: upstream's for torch's agent, the store's for dist-launch"),
+     "the c10d endpoint: upstream's for torch's agent, the store's for dist-launch "
+     "(agent_shim.py)"),
     ("rdzv_handler = rdzv_registry.get_rendezvous_handler(rdzv_params)",
      "rdzv_handler = agent_shim.get_rendezvous_handler(rdzv_params)", 1,
-     "dist-launch runs its own rendezvous"),
-    ("return LocalElasticAgent(", "return agent_shim.LocalElasticAgent(", 1,
-     "the agent under test"),
+     "dist-launch runs its own rendezvous (agent_shim.py)"),
+    ("return LocalElasticAgent(", "return agent_shim.LocalElasticAgent(", 1, AGENT),
     ("logs_specs=DefaultLogsSpecs(", "logs_specs=agent_shim.DefaultLogsSpecs(", 1,
-     "the log directory and streams, as dist-launch's flags"),
-]
-IMPORT_AFTER = "import torch.distributed.rpc as rpc\n"
-IMPORT_LINE = "import agent_shim"
-
-
-def adapt(source):
-    """The test file with the agent's creation replaced, each changed line marked."""
-    lines = source.splitlines(keepends=True)
-    for old, new, expected, why in REPLACEMENTS:
-        changed = 0
-        for i, line in enumerate(lines):
-            if old in line:
-                lines[i] = line.rstrip("\n").replace(old, new) + MARK.format(why=why) + "\n"
-                changed += 1
-        if changed != expected:
-            sys.exit(f"agent_compat: '{old}' is on {changed} lines of {TEST_FILE}, not "
-                     f"{expected}: the pinned file changed; review REPLACEMENTS")
-    at = lines.index(IMPORT_AFTER)
-    lines.insert(at + 1, IMPORT_LINE + MARK.format(why="the agent under test") + "\n")
-    return "".join(lines)
+     "the log directory and streams, as dist-launch's flags (agent_shim.py)"),
+], [("import torch.distributed.rpc as rpc\n", "import agent_shim", AGENT)])
 
 
 def run_bounded(command, env):
@@ -90,12 +70,6 @@ def main():
     parser.add_argument("--python", required=True, help="an interpreter with torch 2.x")
     parser.add_argument("--upstream", default=os.environ.get("DIST_TORCHRUN_COMPAT_UPSTREAM"))
     parser.add_argument("--json", help="each test's outcome, as JSON")
-    parser.add_argument("--shared-store", action="store_true",
-                        help="dist-launch: one dist-rendezvous for every test (each its own run "
-                             "id), not one per test")
-    parser.add_argument("--run-differing", action="store_true",
-                        help="dist-launch: also run the tests skipped as behaving differently "
-                             "(agent_main.DIFFERS)")
     parser.add_argument("tests", nargs="*", help="only these tests (names), for debugging")
     args = parser.parse_args()
 
@@ -114,16 +88,13 @@ def main():
     work = tempfile.mkdtemp(prefix="agent-compat-")
     try:
         with open(os.path.join(args.upstream, TEST_DIR, TEST_FILE)) as f:
-            adapted = adapt(f.read())
+            adapted = adapt(f.read(), SUITE)
         with open(os.path.join(work, TEST_FILE), "w") as f:
             f.write(adapted)
-        env = dict(os.environ, DIST_AGENT_COMPAT_AGENT=agent,
-                   DIST_AGENT_COMPAT_SHARED_STORE="1" if args.shared_store else "0")
+        env = dict(os.environ, DIST_AGENT_COMPAT_AGENT=agent)
         command = [args.python, os.path.join(HERE, "agent_main.py")]
         if args.json:
             command += ["--json", args.json]
-        if args.run_differing:
-            command.append("--run-differing")
         return run_bounded(command + [work] + args.tests, env)
     finally:
         shutil.rmtree(work, ignore_errors=True)

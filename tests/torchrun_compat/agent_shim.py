@@ -19,16 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Union
 
 AGENT_ENV = "DIST_AGENT_COMPAT_AGENT"
-SHARED_STORE_ENV = "DIST_AGENT_COMPAT_SHARED_STORE"
 TORCH = "torch"
-# How long dist-rendezvous may take to print the address it listens on.
-RENDEZVOUS_START_TIMEOUT_S = 30
-# How long a stopped dist-rendezvous may take to exit before it is killed.
-RENDEZVOUS_STOP_TIMEOUT_S = 10
 # The longest a rendezvous round may wait for the job's agents (dist-launch's --rdzv-conf
 # join_timeout): an agent that never finds its peers fails instead of hanging the suite.
 JOIN_TIMEOUT_S = 120
-_LISTENING = re.compile(r"dist-rendezvous: listening on (\S+):(\d+)")
 _ATTEMPT_DIR = re.compile(r"^attempt_(\d+)$")
 
 
@@ -54,63 +48,22 @@ def _dist_launch_api():
     return dist_launch
 
 
-class _StoreProcess:
-    """`dist-rendezvous --port 0` on loopback, next to dist-launch: the c10d store of a job."""
-
-    def __init__(self):
-        _dist_launch_api()
-        program = os.path.join(os.path.dirname(os.path.abspath(agent_under_test())),
-                               "dist-rendezvous")
-        self._proc = subprocess.Popen([program, "--host", "127.0.0.1", "--port", "0",
-                                       "--log-level", "warn"],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
-        found: Dict[str, str] = {}
-        seen = []
-        ready = threading.Event()
-
-        def read_address():
-            for line in self._proc.stdout:
-                m = _LISTENING.search(line)
-                if m and not found:
-                    found["address"] = f"{m.group(1)}:{m.group(2)}"
-                    ready.set()
-                elif not found:
-                    seen.append(line.rstrip())
-            ready.set()  # its output ended: it exited
-
-        threading.Thread(target=read_address, daemon=True).start()
-        ready.wait(RENDEZVOUS_START_TIMEOUT_S)
-        if "address" not in found:
-            self.stop()
-            raise RuntimeError("dist-rendezvous did not print the address it listens on within "
-                               f"{RENDEZVOUS_START_TIMEOUT_S} s: {' | '.join(seen[-5:])}")
-        self.address = found["address"]
-
-    def stop(self) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(RENDEZVOUS_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-
-
 class RendezvousServer:
-    """The c10d store for dist-launch's agents, which are all its clients, where upstream starts
-    its etcd server. By default each test (one job) gets a store of its own, as torch's workers
-    get a store of their job's own (one that node rank 0's agent hosts). With
-    DIST_AGENT_COMPAT_SHARED_STORE=1 one store serves every job of the test class, each with its
-    own run id: dist-launch's workers then share the store across jobs (see the report of
-    agent_run.py --shared-store). torch's agent hosts its own store (upstream's is_host): for it,
-    nothing is started."""
+    """The c10d store of dist-launch's agents, which are all its clients, where upstream starts
+    its etcd server: one dist-rendezvous for every test of the class, each job with its own run
+    id (each round's workers get a store of their own, hosted by its node rank 0). torch's agent
+    hosts its own store (upstream's is_host): for it, nothing is started."""
 
     def __init__(self):
-        self._store: Optional[_StoreProcess] = None
+        self._store = None
 
     def start(self) -> None:
-        if agent_under_test() != TORCH and os.environ.get(SHARED_STORE_ENV) == "1":
-            self._store = _StoreProcess()
+        if agent_under_test() != TORCH:
+            _dist_launch_api()  # dist-rendezvous is found next to dist-launch, on PATH
+            from compat_api import RendezvousServer as DistRendezvous
+
+            self._store = DistRendezvous()
+            self._store.start()
 
     def stop(self) -> None:
         if self._store is not None:
@@ -119,13 +72,10 @@ class RendezvousServer:
 
     def c10d_endpoint(self, acquire_available_port: Callable[[], int]) -> str:
         """A test's c10d endpoint: upstream's (a port probed free, which torch's agent then
-        binds) for torch's agent; a dist-rendezvous for dist-launch."""
+        binds) for torch's agent; the shared dist-rendezvous for dist-launch."""
         if agent_under_test() == TORCH:
             return f"localhost:{acquire_available_port()}"
-        if os.environ.get(SHARED_STORE_ENV) != "1":
-            self.stop()  # the previous test's
-            self._store = _StoreProcess()
-        return self._store.address
+        return self._store.get_endpoint()
 
 
 @dataclass

@@ -71,7 +71,10 @@ class FunctionEntrypoint(unittest.TestCase):
         with tempfile.TemporaryDirectory() as markers:
             results = launch(LaunchConfig(nproc_per_node=2, max_restarts=1), flaky, markers)
             self.assertEqual({0: 1, 1: 1}, results)
-            self.assertEqual({"0_0", "1_0", "1_1"}, set(os.listdir(markers)))
+            # <attempt>_<rank>: rank 0's first attempt may be stopped before it marks
+            ran = set(os.listdir(markers))
+            self.assertLessEqual({"1_0", "1_1"}, ran)
+            self.assertNotIn("0_1", ran)
 
     def test_workers_start_in_the_callers_working_directory(self):
         with tempfile.TemporaryDirectory() as where:

@@ -91,50 +91,48 @@ class FunctionEntrypoint(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "define the function at a module's top level"):
             launch(LaunchConfig(nproc_per_node=1), lambda: 1)
 
-    def test_a_function_hidden_under_main_fails_with_the_reason(self):
+    def root_cause_of_driver(self, source):
+        """Runs `source` as a script of its own (its own __main__), which prints "MESSAGE" and
+        the root cause's message of the ChildFailedError it catches; returns that message."""
         with tempfile.TemporaryDirectory() as where:
             driver = os.path.join(where, "driver.py")
             with open(driver, "w") as f:
-                f.write(textwrap.dedent("""\
-                    from dist_launch import ChildFailedError, LaunchConfig, launch
-                    if __name__ == "__main__":
-                        def hidden():
-                            return 1
-                        try:
-                            launch(LaunchConfig(nproc_per_node=1), hidden)
-                        except ChildFailedError as e:
-                            print("MESSAGE", e.get_first_failure()[1].message)
-                """))
+                f.write(textwrap.dedent(source))
             proc = subprocess.run([sys.executable, driver], capture_output=True, text=True,
                                   timeout=JOB_TIMEOUT_S, cwd=where)
-            self.assertEqual(0, proc.returncode, proc.stderr)
-            message = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
-            self.assertEqual(1, len(message), proc.stdout + proc.stderr)
-            self.assertIn("cannot load the launched function here", message[0])
-            self.assertIn("hidden", message[0])
+        self.assertEqual(0, proc.returncode, proc.stderr)
+        message = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
+        self.assertEqual(1, len(message), proc.stdout + proc.stderr)
+        return message[0]
+
+    def test_a_function_hidden_under_main_fails_with_the_reason(self):
+        message = self.root_cause_of_driver("""\
+            from dist_launch import ChildFailedError, LaunchConfig, launch
+            if __name__ == "__main__":
+                def hidden():
+                    return 1
+                try:
+                    launch(LaunchConfig(nproc_per_node=1), hidden)
+                except ChildFailedError as e:
+                    print("MESSAGE", e.get_first_failure()[1].message)
+        """)
+        self.assertIn("cannot load the launched function here", message)
+        self.assertIn("hidden", message)
 
     def test_a_launch_at_the_top_level_of_main_is_refused_in_the_workers(self):
         """The workers re-import __main__ (as spawn does): an unguarded launch there must fail
         with the reason, not launch again from every worker."""
-        with tempfile.TemporaryDirectory() as where:
-            driver = os.path.join(where, "driver.py")
-            with open(driver, "w") as f:
-                f.write(textwrap.dedent("""\
-                    import os
-                    from dist_launch import ChildFailedError, LaunchConfig, launch
-                    def rank():
-                        return os.environ["RANK"]
-                    try:
-                        launch(LaunchConfig(nproc_per_node=2), rank)
-                    except ChildFailedError as e:
-                        print("MESSAGE", e.get_first_failure()[1].message)
-                """))
-            proc = subprocess.run([sys.executable, driver], capture_output=True, text=True,
-                                  timeout=JOB_TIMEOUT_S, cwd=where)
-            self.assertEqual(0, proc.returncode, proc.stderr)
-            message = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
-            self.assertEqual(1, len(message), proc.stdout + proc.stderr)
-            self.assertIn("launch from under `if __name__ == \"__main__\":`", message[0])
+        message = self.root_cause_of_driver("""\
+            import os
+            from dist_launch import ChildFailedError, LaunchConfig, launch
+            def rank():
+                return os.environ["RANK"]
+            try:
+                launch(LaunchConfig(nproc_per_node=2), rank)
+            except ChildFailedError as e:
+                print("MESSAGE", e.get_first_failure()[1].message)
+        """)
+        self.assertIn("launch from under `if __name__ == \"__main__\":`", message)
 
     def test_programs_still_return_exit_codes(self):
         results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")

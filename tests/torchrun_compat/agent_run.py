@@ -20,8 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-import upstream
-from run_compat import Suite, adapt, check_python, skip
+from run_compat import Suite, adapt, ready
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEST_DIR = os.path.join("test", "distributed", "elastic", "agent", "server", "test")
@@ -73,15 +72,7 @@ def main():
     parser.add_argument("tests", nargs="*", help="only these tests (names), for debugging")
     args = parser.parse_args()
 
-    check_python(args.python)
-    if not args.upstream:
-        skip("no upstream files: fetch them with tests/torchrun_compat/fetch_upstream.py DIR and "
-             "set DIST_TORCHRUN_COMPAT_UPSTREAM=DIR")
-    wrong = upstream.problems(args.upstream)
-    if wrong:
-        print("agent_compat: the upstream files are not the pinned ones:", file=sys.stderr)
-        for problem in wrong:
-            print(f"  {problem}", file=sys.stderr)
+    if not ready(args.python, args.upstream, "agent_compat"):
         return 1
     agent = args.agent if args.agent == "torch" else os.path.abspath(args.agent)
 

@@ -106,6 +106,19 @@ def check_python(python):
              f"(pip install {' '.join(missing)})")
 
 
+def ready(python, upstream_dir, name):
+    """Skips (exit 77) without torch 2.x or the fetched files; False, said, when the files on
+    disk are not the pinned ones."""
+    check_python(python)
+    if not upstream_dir:
+        skip("no upstream files: fetch them with tests/torchrun_compat/fetch_upstream.py DIR and "
+             "set DIST_TORCHRUN_COMPAT_UPSTREAM=DIR")
+    wrong = upstream.problems(upstream_dir)
+    for problem in wrong:
+        print(f"{name}: not the pinned upstream file: {problem}", file=sys.stderr)
+    return not wrong
+
+
 def marked(line, why):
     return line.rstrip("\n") + f"  # dist-launch compat: {why}\n"
 
@@ -151,15 +164,7 @@ def main():
                      "programs)")
     spec = suite(args.suite, args.launcher)
 
-    check_python(args.python)
-    if not args.upstream:
-        skip("no upstream files: fetch them with tests/torchrun_compat/fetch_upstream.py DIR and "
-             "set DIST_TORCHRUN_COMPAT_UPSTREAM=DIR")
-    wrong = upstream.problems(args.upstream)
-    if wrong:
-        print("torchrun_compat: the upstream files are not the pinned ones:", file=sys.stderr)
-        for problem in wrong:
-            print(f"  {problem}", file=sys.stderr)
+    if not ready(args.python, args.upstream, "torchrun_compat"):
         return 1
 
     work = tempfile.mkdtemp(prefix="torchrun-compat-")

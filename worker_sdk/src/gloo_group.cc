@@ -87,6 +87,12 @@ void with_type(DataType type, F&& f) {
       return f(double{});
     case DataType::kFloat16:
       return f(Half{});
+    case DataType::kBFloat16:
+      return f(BFloat16{});
+    case DataType::kInt8:
+      return f(std::int8_t{});
+    case DataType::kUInt8:
+      return f(std::uint8_t{});
     case DataType::kInt32:
       return f(std::int32_t{});
     case DataType::kInt64:
@@ -99,9 +105,9 @@ void combine(void* out, const void* a, const void* b, std::size_t n, Op op) {
   auto* o = static_cast<T*>(out);
   const auto* x = static_cast<const T*>(a);
   const auto* y = static_cast<const T*>(b);
-  if constexpr (std::is_same_v<T, Half>) {
+  if constexpr (is_16bit_float_v<T>) {
     for (std::size_t i = 0; i < n; ++i) {
-      o[i] = Half::from_float(op(x[i].to_float(), y[i].to_float()));
+      o[i] = T::from_float(op(x[i].to_float(), y[i].to_float()));
     }
   } else {
     for (std::size_t i = 0; i < n; ++i) o[i] = op(x[i], y[i]);
@@ -110,7 +116,7 @@ void combine(void* out, const void* a, const void* b, std::size_t n, Op op) {
 
 template <typename T>
 gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
-  if constexpr (!std::is_same_v<T, Half>) {  // Gloo's own kernels for the native types
+  if constexpr (!is_16bit_float_v<T>) {  // Gloo's own kernels for the native types
     using Kernel = void (*)(void*, const void*, const void*, std::size_t);
     switch (op) {
       case ReduceOp::kMin:
@@ -143,8 +149,8 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
 template <typename T>
 void divide(T* data, std::size_t n, int size) {
   for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, Half>) {
-      data[i] = Half::from_float(data[i].to_float() / static_cast<float>(size));
+    if constexpr (is_16bit_float_v<T>) {
+      data[i] = T::from_float(data[i].to_float() / static_cast<float>(size));
     } else {
       data[i] = static_cast<T>(data[i] / static_cast<T>(size));
     }

@@ -54,6 +54,12 @@ ncclDataType_t nccl_type(DataType t) {
       return ncclFloat64;
     case DataType::kFloat16:
       return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kUInt8:
+      return ncclUint8;
     case DataType::kInt32:
       return ncclInt32;
     case DataType::kInt64:

@@ -46,6 +46,24 @@ void ProcessGroup::check_gather_sizes(std::size_t per_rank, std::size_t whole) c
   }
 }
 
+std::size_t element_size(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+    case DataType::kInt32:
+      return 4;
+    case DataType::kFloat64:
+    case DataType::kInt64:
+      return 8;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kInt8:
+    case DataType::kUInt8:
+      return 1;
+  }
+  return 1;
+}
+
 // IEEE 754 binary16 conversions, round to nearest even.
 Half Half::from_float(float f) {
   const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
@@ -75,6 +93,18 @@ float Half::to_float() const {
   }
   if (exponent == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));
   return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+// bfloat16: float32's upper half, rounded to nearest even; a NaN stays a (quiet) NaN.
+BFloat16 BFloat16::from_float(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return {static_cast<std::uint16_t>((x >> 16) | 0x40u)};
+  const std::uint32_t rounded = x + 0x7FFFu + ((x >> 16) & 1u);
+  return {static_cast<std::uint16_t>(rounded >> 16)};
+}
+
+float BFloat16::to_float() const {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
 }
 
 }  // namespace dist::sdk

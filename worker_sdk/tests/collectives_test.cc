@@ -20,22 +20,23 @@ using testing::on_ranks;
 
 template <typename T>
 T value(double v) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return Half::from_float(static_cast<float>(v));
+  if constexpr (is_16bit_float_v<T>) {
+    return T::from_float(static_cast<float>(v));
   } else {
     return static_cast<T>(v);
   }
 }
 template <typename T>
 double as_double(T v) {
-  if constexpr (std::is_same_v<T, Half>) {
+  if constexpr (is_16bit_float_v<T>) {
     return v.to_float();
   } else {
     return static_cast<double>(v);
   }
 }
 
-// Element i of rank r holds r + 1 + i (small integers: exact in every type, half included).
+// Element i of rank r holds r + 1 + i % 7 (small integers: exact in every type, the 16-bit floats
+// and int8 included).
 template <typename T>
 void check_all_reduce(int size, ReduceOp op) {
   constexpr std::size_t kCount = 1000;
@@ -76,6 +77,12 @@ TEST_P(AllReduce, EveryTypeGivesTheExactResult) {
   check_all_reduce<double>(size, op);
   SCOPED_TRACE("half");
   check_all_reduce<Half>(size, op);
+  SCOPED_TRACE("bfloat16");
+  check_all_reduce<BFloat16>(size, op);
+  SCOPED_TRACE("int8");
+  check_all_reduce<std::int8_t>(size, op);
+  SCOPED_TRACE("uint8");
+  check_all_reduce<std::uint8_t>(size, op);
   SCOPED_TRACE("int32");
   check_all_reduce<std::int32_t>(size, op);
   SCOPED_TRACE("int64");
@@ -172,6 +179,22 @@ TEST(Half, RoundTripsAndRoundsToNearestEven) {
   EXPECT_EQ(Half::from_float(1e6f).bits, 0x7C00);                    // overflow to infinity
   EXPECT_EQ(Half::from_float(1.00048828125f).bits, 0x3C00);          // tie, rounds to even
   EXPECT_EQ(Half::from_float(5.960464477539063e-08f).bits, 0x0001);  // smallest subnormal
+}
+
+TEST(BFloat16, IsTheUpperHalfOfAFloatRoundedToNearestEven) {
+  for (float f : {0.0f, 1.0f, -2.5f, 3.0e38f, 1.0e-38f, 3.14159f}) {
+    const float back = BFloat16::from_float(f).to_float();
+    EXPECT_NEAR(back, f, std::abs(f) * 4e-3f) << f;
+  }
+  EXPECT_EQ(BFloat16::from_float(1.0f).bits, 0x3F80);
+  EXPECT_EQ(BFloat16::from_float(-2.0f).bits, 0xC000);
+  EXPECT_EQ(BFloat16::from_float(1.00390625f).bits, 0x3F80);  // tie (1 + 2^-8), rounds to even
+  EXPECT_EQ(BFloat16::from_float(1.01171875f).bits, 0x3F82);  // tie (1 + 3 * 2^-8), to even
+  EXPECT_EQ(BFloat16::from_float(1.0f + 1.0f / 128 + 1.0f / 1024).bits, 0x3F81);  // nearest
+  EXPECT_TRUE(std::isnan(BFloat16::from_float(std::nanf("")).to_float()));
+  EXPECT_EQ(element_size(DataType::kBFloat16), 2u);
+  EXPECT_EQ(element_size(DataType::kUInt8), 1u);
+  EXPECT_EQ(element_size(DataType::kInt64), 8u);
 }
 
 }  // namespace

@@ -32,7 +32,10 @@ namespace dist::sdk {
 using CudaStream = ::CUstream_st*;
 
 enum class ReduceOp { kSum, kAvg, kMin, kMax };
-enum class DataType { kFloat32, kFloat64, kFloat16, kInt32, kInt64 };
+enum class DataType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt8, kUInt8, kInt32, kInt64 };
+
+// Bytes per element of `type`.
+std::size_t element_size(DataType type);
 
 // IEEE half precision, stored as its 16 bits (arithmetic happens in float).
 struct Half {
@@ -40,6 +43,17 @@ struct Half {
   static Half from_float(float f);
   float to_float() const;
 };
+
+// bfloat16 (the upper 16 bits of a float32), stored as its bits; from_float rounds to nearest even.
+struct BFloat16 {
+  std::uint16_t bits = 0;
+  static BFloat16 from_float(float f);
+  float to_float() const;
+};
+
+// The 16-bit floats, whose arithmetic happens in float.
+template <typename T>
+inline constexpr bool is_16bit_float_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 template <typename T>
 constexpr DataType data_type_of() {
@@ -49,6 +63,12 @@ constexpr DataType data_type_of() {
     return DataType::kFloat64;
   else if constexpr (std::is_same_v<T, Half>)
     return DataType::kFloat16;
+  else if constexpr (std::is_same_v<T, BFloat16>)
+    return DataType::kBFloat16;
+  else if constexpr (std::is_same_v<T, std::int8_t>)
+    return DataType::kInt8;
+  else if constexpr (std::is_same_v<T, std::uint8_t>)
+    return DataType::kUInt8;
   else if constexpr (std::is_same_v<T, std::int32_t>)
     return DataType::kInt32;
   else if constexpr (std::is_same_v<T, std::int64_t>)

@@ -67,6 +67,73 @@ inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kMacBytes = 32;  // HMAC-SHA256
 }  // namespace ext
 
+// How an operation's arguments follow its type byte.
+enum class Args : std::uint8_t {
+  kNone,
+  kU32,            // VALIDATE's magic, PING's cookie
+  kHello,          // the client's extension version (u32), reserved flags (u64)
+  kKey,            // one key
+  kKeyI64,         // a key and a number (ADD's delta, BARRIER's count)
+  kKeyValue,       // a key and a value
+  kKeyValueFlags,  // SET_EXT: a key, a value, a flags byte
+  kKeyTwoValues,   // COMPARE_SET: a key, the expected and the desired value
+  kKeyList,        // a count, then that many keys
+  kWaitList,       // the same, counted as a wait's registration while it arrives
+  kKeyValueList,   // a count, then that many key/value pairs
+  kAuth,           // the client's MAC and nonce, fixed sizes
+};
+
+// Who may send an operation on a store with a secret: anyone (the handshake), authenticated
+// clients only (dist-launch's extensions, which act on other clients), or also a client the
+// unauthenticated policy let in, on keys outside the agents' namespace.
+enum class Access : std::uint8_t { kHandshake, kAuthenticatedOnly, kJobKeys };
+
+// One row per operation: its bytes in each dialect (-1: not in that dialect), its name in
+// messages, its arguments and who may send it. Indexed by Op.
+struct OpInfo {
+  Op op;
+  std::int16_t legacy_byte;
+  std::int16_t current_byte;  // the current dialect's, or the extension range's
+  std::string_view name;
+  Args args;
+  Access access;
+};
+inline constexpr OpInfo kOps[] = {
+    {Op::kValidate, -1, current::kValidate, "VALIDATE", Args::kU32, Access::kHandshake},
+    {Op::kSet, legacy::kSet, current::kSet, "SET", Args::kKeyValue, Access::kJobKeys},
+    {Op::kCompareSet, legacy::kCompareSet, current::kCompareSet, "COMPARE_SET", Args::kKeyTwoValues,
+     Access::kJobKeys},
+    {Op::kGet, legacy::kGet, current::kGet, "GET", Args::kKey, Access::kJobKeys},
+    {Op::kAdd, legacy::kAdd, current::kAdd, "ADD", Args::kKeyI64, Access::kJobKeys},
+    {Op::kCheck, legacy::kCheck, current::kCheck, "CHECK", Args::kKeyList, Access::kJobKeys},
+    {Op::kWait, legacy::kWait, current::kWait, "WAIT", Args::kWaitList, Access::kJobKeys},
+    {Op::kGetNumKeys, legacy::kGetNumKeys, current::kGetNumKeys, "GETNUMKEYS", Args::kNone,
+     Access::kJobKeys},
+    {Op::kWatchKey, legacy::kWatchKey, -1, "WATCH_KEY", Args::kKey, Access::kJobKeys},
+    {Op::kDeleteKey, legacy::kDeleteKey, current::kDeleteKey, "DELETE_KEY", Args::kKey,
+     Access::kJobKeys},
+    {Op::kAppend, -1, current::kAppend, "APPEND", Args::kKeyValue, Access::kJobKeys},
+    {Op::kMultiGet, -1, current::kMultiGet, "MULTI_GET", Args::kKeyList, Access::kJobKeys},
+    {Op::kMultiSet, -1, current::kMultiSet, "MULTI_SET", Args::kKeyValueList, Access::kJobKeys},
+    {Op::kCancelWait, -1, current::kCancelWait, "CANCEL_WAIT", Args::kNone, Access::kJobKeys},
+    {Op::kPing, -1, current::kPing, "PING", Args::kU32, Access::kJobKeys},
+    {Op::kQueuePush, -1, current::kQueuePush, "QUEUE_PUSH", Args::kKeyValue, Access::kJobKeys},
+    {Op::kQueuePop, -1, current::kQueuePop, "QUEUE_POP", Args::kKey, Access::kJobKeys},
+    {Op::kQueueLen, -1, current::kQueueLen, "QUEUE_LEN", Args::kKey, Access::kJobKeys},
+    {Op::kListKeys, -1, current::kListKeys, "LIST_KEYS", Args::kNone, Access::kJobKeys},
+    {Op::kBarrier, -1, current::kBarrier, "BARRIER", Args::kKeyI64, Access::kJobKeys},
+    {Op::kHello, -1, ext::kHello, "HELLO", Args::kHello, Access::kHandshake},
+    {Op::kAuth, -1, ext::kAuth, "AUTH", Args::kAuth, Access::kHandshake},
+    {Op::kSetExt, -1, ext::kSetExt, "SET_EXT", Args::kKeyValueFlags, Access::kAuthenticatedOnly},
+    {Op::kWaitDeleted, -1, ext::kWaitDeleted, "WAIT_DELETED", Args::kWaitList,
+     Access::kAuthenticatedOnly},
+    {Op::kDeleteAllExcept, -1, ext::kDeleteAllExcept, "DELETE_ALL_EXCEPT", Args::kKey,
+     Access::kAuthenticatedOnly},
+};
+constexpr const OpInfo& op_info(Op op) {
+  return kOps[static_cast<std::size_t>(op)];
+}
+
 std::optional<Op> decode_op(Dialect dialect, std::uint8_t byte);
 std::uint8_t encode_op(Op op);  // current dialect numbering (and the extension range)
 

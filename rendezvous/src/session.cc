@@ -15,59 +15,7 @@ using wire::Op;
 namespace {
 
 std::string op_name(Op op) {
-  switch (op) {
-    case Op::kValidate:
-      return "VALIDATE";
-    case Op::kSet:
-      return "SET";
-    case Op::kCompareSet:
-      return "COMPARE_SET";
-    case Op::kGet:
-      return "GET";
-    case Op::kAdd:
-      return "ADD";
-    case Op::kCheck:
-      return "CHECK";
-    case Op::kWait:
-      return "WAIT";
-    case Op::kGetNumKeys:
-      return "GETNUMKEYS";
-    case Op::kWatchKey:
-      return "WATCH_KEY";
-    case Op::kDeleteKey:
-      return "DELETE_KEY";
-    case Op::kAppend:
-      return "APPEND";
-    case Op::kMultiGet:
-      return "MULTI_GET";
-    case Op::kMultiSet:
-      return "MULTI_SET";
-    case Op::kCancelWait:
-      return "CANCEL_WAIT";
-    case Op::kPing:
-      return "PING";
-    case Op::kQueuePush:
-      return "QUEUE_PUSH";
-    case Op::kQueuePop:
-      return "QUEUE_POP";
-    case Op::kQueueLen:
-      return "QUEUE_LEN";
-    case Op::kListKeys:
-      return "LIST_KEYS";
-    case Op::kBarrier:
-      return "BARRIER";
-    case Op::kHello:
-      return "HELLO";
-    case Op::kAuth:
-      return "AUTH";
-    case Op::kSetExt:
-      return "SET_EXT";
-    case Op::kWaitDeleted:
-      return "WAIT_DELETED";
-    case Op::kDeleteAllExcept:
-      return "DELETE_ALL_EXCEPT";
-  }
-  return "?";
+  return std::string(wire::op_info(op).name);
 }
 
 constexpr std::uint64_t kWatchTicket =
@@ -125,7 +73,7 @@ Session::~Session() {
 // Memory budgets
 
 std::uint64_t Session::holding() const {
-  return kBaseBytes + in_.capacity() + out_.capacity() + spans_.capacity() * sizeof(Span) +
+  return kBaseBytes + in_.capacity() + out_.capacity() + request_.spans.capacity() * sizeof(Span) +
          registered_bytes_ + parsing_wait_bytes_;
 }
 
@@ -193,7 +141,7 @@ void Session::evict(StoreErrc code, std::string reason) {
   if (state_.is_current(this)) return;  // its own request is running: freed when it returns
   std::string().swap(in_);
   std::string().swap(out_);  // never sent now: the connection closes
-  spans_ = {};
+  request_.spans = {};
   account();
   if (owner_) owner_->on_async_output();
 }
@@ -297,8 +245,8 @@ void Session::process(const char* data, std::size_t size, std::size_t* consumed)
     }
     if (n == 0) return;  // incomplete: need_ says how much to wait for
     *consumed += n;
-    spans_.clear();
-    if (spans_.capacity() > 1024) spans_ = {};
+    request_.spans.clear();
+    if (request_.spans.capacity() > 1024) request_.spans = {};
     list_resume_offset_ = 0;
   }
 }
@@ -344,9 +292,9 @@ Session::Span Session::read_value(wire::Reader& r, const char* base) {
   return Span{value.empty() ? 0 : static_cast<std::uint64_t>(value.data() - base), value.size()};
 }
 
-// Reads "count, then count keys (or key/value pairs)" into spans_. A list that is not all there
-// yet is resumed at the first incomplete item when more bytes arrive, so a long request trickling
-// in is parsed once, not once per packet.
+// Reads "count, then count keys (or key/value pairs)" into request_.spans. A list that is not all
+// there yet is resumed at the first incomplete item when more bytes arrive, so a long request
+// trickling in is parsed once, not once per packet.
 bool Session::read_key_list(wire::Reader& r, const char* base, bool with_values,
                             bool counts_as_wait) {
   if (list_resume_offset_ == 0) {
@@ -357,18 +305,19 @@ bool Session::read_key_list(wire::Reader& r, const char* base, bool with_values,
                   std::to_string(list_count_) + " keys in one request is over the limit of " +
                       std::to_string(state_.limits().max_keys_per_request));
     }
-    spans_.clear();
+    request_.spans.clear();
     list_resume_offset_ = static_cast<std::uint64_t>(r.position() - base);
   } else {
     r.take(list_resume_offset_ - static_cast<std::uint64_t>(r.position() - base));
   }
   const std::size_t per_item = with_values ? 2 : 1;
-  while (spans_.size() < list_count_ * per_item) {
+  std::vector<Span>& spans = request_.spans;
+  while (spans.size() < list_count_ * per_item) {
     Span key = read_key(r, base);
     Span value = with_values ? read_value(r, base) : Span{};
     if (r.short_by()) return false;
-    spans_.push_back(key);
-    if (with_values) spans_.push_back(value);
+    spans.push_back(key);
+    if (with_values) spans.push_back(value);
     // What the wait will hold counts while the request arrives, so that an impossible wait is
     // refused early instead of after all of it was read.
     if (counts_as_wait) parsing_wait_bytes_ += registration_bytes(view(base, key));
@@ -395,67 +344,9 @@ std::size_t Session::handle_one(const char* base, std::size_t size) {
   }
   check_authorized(*op);
 
-  // Parse the arguments into spans_ / number_ / u32_ / flags_.
-  if (list_resume_offset_ == 0) spans_.clear();
-  bool complete = true;
-  switch (*op) {
-    case Op::kValidate:
-    case Op::kPing:
-      u32_ = r.u32();
-      break;
-    case Op::kSet:
-    case Op::kAppend:
-    case Op::kQueuePush:
-      spans_.push_back(read_key(r, base));
-      spans_.push_back(read_value(r, base));
-      break;
-    case Op::kSetExt:
-      spans_.push_back(read_key(r, base));
-      spans_.push_back(read_value(r, base));
-      flags_ = r.u8();
-      break;
-    case Op::kCompareSet:
-      spans_.push_back(read_key(r, base));
-      spans_.push_back(read_value(r, base));
-      spans_.push_back(read_value(r, base));
-      break;
-    case Op::kGet:
-    case Op::kWatchKey:
-    case Op::kDeleteKey:
-    case Op::kDeleteAllExcept:
-    case Op::kQueuePop:
-    case Op::kQueueLen:
-      spans_.push_back(read_key(r, base));
-      break;
-    case Op::kAdd:
-    case Op::kBarrier:
-      spans_.push_back(read_key(r, base));
-      number_ = r.i64();
-      break;
-    case Op::kCheck:
-    case Op::kMultiGet:
-      complete = read_key_list(r, base, /*with_values=*/false);
-      break;
-    case Op::kWait:
-    case Op::kWaitDeleted:
-      complete = read_key_list(r, base, /*with_values=*/false, /*counts_as_wait=*/true);
-      break;
-    case Op::kMultiSet:
-      complete = read_key_list(r, base, /*with_values=*/true);
-      break;
-    case Op::kHello:
-      u32_ = r.u32();  // the client's extension version
-      r.u64();         // flags, reserved
-      break;
-    case Op::kAuth:
-      spans_.push_back(read_fixed(r, base, wire::ext::kMacBytes));
-      spans_.push_back(read_fixed(r, base, wire::ext::kNonceBytes));
-      break;
-    case Op::kGetNumKeys:
-    case Op::kCancelWait:
-    case Op::kListKeys:
-      break;
-  }
+  if (list_resume_offset_ == 0) request_.spans.clear();
+  request_.op = *op;
+  const bool complete = parse_arguments(r, base);
   const std::uint64_t max_request = state_.limits().max_request_bytes;
   if (!complete || r.short_by()) {
     need_ = size + std::max<std::uint64_t>(r.short_by(), 1);
@@ -465,9 +356,52 @@ std::size_t Session::handle_one(const char* base, std::size_t size) {
   request_length_ = static_cast<std::size_t>(r.position() - base);
   if (request_length_ > max_request) throw request_too_large(request_length_);
   ++state_.requests;
-  check_permitted(*op, base);
-  execute(*op, base);
+  check_permitted(request_, base);
+  execute(request_, base);
   return request_length_;
+}
+
+bool Session::parse_arguments(wire::Reader& r, const char* base) {
+  Request& q = request_;
+  switch (wire::op_info(q.op).args) {
+    case wire::Args::kNone:
+      return true;
+    case wire::Args::kU32:
+      q.u32 = r.u32();
+      return true;
+    case wire::Args::kHello:
+      q.u32 = r.u32();  // the client's extension version
+      r.u64();          // flags, reserved
+      return true;
+    case wire::Args::kKey:
+      q.spans.push_back(read_key(r, base));
+      return true;
+    case wire::Args::kKeyI64:
+      q.spans.push_back(read_key(r, base));
+      q.number = r.i64();
+      return true;
+    case wire::Args::kKeyValue:
+    case wire::Args::kKeyValueFlags:
+    case wire::Args::kKeyTwoValues:
+      q.spans.push_back(read_key(r, base));
+      q.spans.push_back(read_value(r, base));
+      if (wire::op_info(q.op).args == wire::Args::kKeyTwoValues) {
+        q.spans.push_back(read_value(r, base));
+      }
+      if (wire::op_info(q.op).args == wire::Args::kKeyValueFlags) q.flags = r.u8();
+      return true;
+    case wire::Args::kKeyList:
+      return read_key_list(r, base, /*with_values=*/false);
+    case wire::Args::kWaitList:
+      return read_key_list(r, base, /*with_values=*/false, /*counts_as_wait=*/true);
+    case wire::Args::kKeyValueList:
+      return read_key_list(r, base, /*with_values=*/true);
+    case wire::Args::kAuth:
+      q.spans.push_back(read_fixed(r, base, wire::ext::kMacBytes));
+      q.spans.push_back(read_fixed(r, base, wire::ext::kNonceBytes));
+      return true;
+  }
+  return true;
 }
 
 bool Session::policy_admits() const {
@@ -485,7 +419,7 @@ bool Session::policy_admits() const {
 }
 
 void Session::check_authorized(Op op) {
-  if (authorized_ || op == Op::kValidate || op == Op::kHello || op == Op::kAuth) return;
+  if (authorized_ || wire::op_info(op).access == wire::Access::kHandshake) return;
   if (!policy_admits()) {
     throw fatal(StoreErrc::kUnauthenticated,
                 op_name(op) +
@@ -499,196 +433,76 @@ void Session::check_authorized(Op op) {
 // A connection the policy let in without the secret (a PyTorch worker) gets PyTorch's operations
 // on the job's keys: not dist-launch's extensions, which act on other clients (ephemeral keys,
 // deleting every key, watching agents leave), and not the agents' own keys.
-void Session::check_permitted(Op op, const char* base) const {
+void Session::check_permitted(const Request& q, const char* base) const {
   if (!restricted_) return;
+  const wire::OpInfo& info = wire::op_info(q.op);
   auto refuse = [&](const std::string& what) {
     throw fatal(StoreErrc::kUnauthenticated,
                 what +
                     " needs authentication: a connection admitted without the store's secret "
                     "(--unauthenticated) may use PyTorch's operations on the job's keys only");
   };
+  if (info.access == wire::Access::kAuthenticatedOnly) refuse(op_name(q.op));
+  if (info.access != wire::Access::kJobKeys) return;
   const std::string& prefix = state_.options().agent_key_prefix;
-  auto check_key = [&](Span key) {
-    if (state_.is_agent_key(view(base, key))) {
-      refuse(op_name(op) + " of key " + quote_key(view(base, key)) + " (keys under '" + prefix +
+  const std::size_t step = info.args == wire::Args::kKeyValueList ? 2 : 1;  // keys, not values
+  const bool lists = info.args == wire::Args::kKeyList || info.args == wire::Args::kWaitList ||
+                     info.args == wire::Args::kKeyValueList;
+  const std::size_t keys = lists ? q.spans.size() : std::min<std::size_t>(q.spans.size(), 1);
+  for (std::size_t i = 0; i < keys; i += step) {
+    const std::string_view key = view(base, q.spans[i]);
+    if (state_.is_agent_key(key)) {
+      refuse(op_name(q.op) + " of key " + quote_key(key) + " (keys under '" + prefix +
              "' belong to dist-launch's agents)");
     }
-  };
-  switch (op) {
-    case Op::kSetExt:
-    case Op::kWaitDeleted:
-    case Op::kDeleteAllExcept:
-      refuse(op_name(op));
-      break;
-    case Op::kCheck:
-    case Op::kWait:
-    case Op::kMultiGet:
-      for (const Span& key : spans_) check_key(key);
-      break;
-    case Op::kMultiSet:
-      for (std::size_t i = 0; i < spans_.size(); i += 2) check_key(spans_[i]);
-      break;
-    default:
-      if (!spans_.empty() && op != Op::kAuth) check_key(spans_.front());
-      break;
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Execution
 
-void Session::execute(Op op, const char* base) {
-  auto arg = [&](std::size_t i) { return view(base, spans_[i]); };
-  switch (op) {
+void Session::execute(const Request& q, const char* base) {
+  switch (q.op) {
     case Op::kValidate:
-      if (u32_ != wire::kValidateMagic) throw fatal(StoreErrc::kProtocol, "bad VALIDATE magic");
+    case Op::kPing:
+    case Op::kHello:
+    case Op::kAuth:
+      return execute_handshake(q, base);
+    case Op::kSet:
+    case Op::kSetExt:
+    case Op::kCompareSet:
+    case Op::kGet:
+    case Op::kAdd:
+    case Op::kAppend:
+    case Op::kDeleteKey:
+    case Op::kDeleteAllExcept:
+    case Op::kWatchKey:
+      return execute_key(q, base);
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kWaitDeleted:
+    case Op::kMultiGet:
+    case Op::kMultiSet:
+    case Op::kBarrier:
+    case Op::kCancelWait:
+      return execute_list(q, base);
+    case Op::kGetNumKeys:
+    case Op::kQueuePush:
+    case Op::kQueuePop:
+    case Op::kQueueLen:
+    case Op::kListKeys:
+      return execute_queue(q, base);
+  }
+}
+
+void Session::execute_handshake(const Request& q, const char* base) {
+  switch (q.op) {
+    case Op::kValidate:
+      if (q.u32 != wire::kValidateMagic) throw fatal(StoreErrc::kProtocol, "bad VALIDATE magic");
       return;
     case Op::kPing:
       begin_reply();
-      wire::Writer(out_).u32(u32_);
-      return;
-    case Op::kSet:
-      state_.set(arg(0), arg(1));
-      reply_ack();
-      return;
-    case Op::kSetExt: {
-      const bool ephemeral = flags_ & wire::ext::kSetFlagEphemeral;
-      state_.set(arg(0), arg(1), ephemeral ? this : nullptr);
-      if (ephemeral && std::find(ephemeral_keys_.begin(), ephemeral_keys_.end(), arg(0)) ==
-                           ephemeral_keys_.end()) {
-        registered_bytes_ += registration_bytes(arg(0));  // no room check: the key is stored
-        ephemeral_keys_.emplace_back(arg(0));
-      }
-      reply_ack();
-      return;
-    }
-    case Op::kCompareSet:
-      reply_bytes(state_.compare_set(arg(0), arg(1), arg(2)));
-      return;
-    case Op::kGet: {
-      const std::string* value = state_.find(arg(0));
-      if (value) {
-        reply_bytes(*value);
-      } else if (framed_) {
-        reply_error(RequestError{StoreErrc::kNotFound, "key " + quote_key(arg(0)) + " not found"});
-      } else if (dialect_ == wire::Dialect::kLegacy) {
-        throw fatal(StoreErrc::kNotFound, "GET of missing key " + quote_key(arg(0)));
-      } else {
-        reply_bytes({});
-      }
-      return;
-    }
-    case Op::kAdd:
-      reply_i64(state_.add(arg(0), number_, /*wrap_on_overflow=*/!framed_));
-      return;
-    case Op::kAppend:
-      state_.append(arg(0), arg(1));
-      reply_ack();
-      return;
-    case Op::kCheck: {
-      bool all = true;
-      for (std::size_t i = 0; i < spans_.size() && all; ++i) all = state_.exists(arg(i));
-      reply_u8(all ? wire::kCheckReady : wire::kCheckNotReady);
-      return;
-    }
-    case Op::kWait:
-    case Op::kWaitDeleted: {
-      std::vector<std::string_view> keys;
-      keys.reserve(spans_.size());
-      for (std::size_t i = 0; i < spans_.size(); ++i) keys.push_back(arg(i));
-      start_wait(op == Op::kWait ? WaitKind::kAllExist : WaitKind::kAnyDeleted, keys, 0);
-      return;
-    }
-    case Op::kGetNumKeys:
-      reply_i64(static_cast<std::int64_t>(state_.num_keys() -
-                                          (restricted_ ? state_.num_agent_keys() : 0)));
-      return;
-    case Op::kDeleteKey:
-      reply_i64(state_.erase(arg(0)) ? 1 : 0);
-      return;
-    case Op::kDeleteAllExcept: {
-      const std::string_view kept = arg(0);
-      const std::size_t n =
-          state_.erase_if([kept](std::string_view key) { return !key.starts_with(kept); });
-      reply_i64(static_cast<std::int64_t>(n));
-      return;
-    }
-    case Op::kMultiGet: {
-      // Check first, so that an error frame replaces the whole reply.
-      for (std::size_t i = 0; framed_ && i < spans_.size(); ++i) {
-        if (!state_.find(arg(i))) {
-          throw RequestError{StoreErrc::kNotFound, "key " + quote_key(arg(i)) + " not found"};
-        }
-      }
-      std::uint64_t bytes = 1;
-      for (std::size_t i = 0; i < spans_.size(); ++i) {
-        const std::string* value = state_.find(arg(i));
-        bytes += 8 + (value ? value->size() : 0);
-      }
-      reserve_output(bytes, "MULTI_GET");
-      begin_reply();
-      wire::Writer w(out_);
-      for (std::size_t i = 0; i < spans_.size(); ++i) {
-        const std::string* value = state_.find(arg(i));
-        w.bytes(value ? std::string_view(*value) : std::string_view());
-      }
-      return;
-    }
-    case Op::kMultiSet: {
-      std::vector<std::pair<std::string_view, std::string_view>> items;
-      items.reserve(spans_.size() / 2);
-      for (std::size_t i = 0; i + 1 < spans_.size(); i += 2) items.emplace_back(arg(i), arg(i + 1));
-      state_.multi_set(items);
-      reply_ack();
-      return;
-    }
-    case Op::kCancelWait:
-      cancel_waits();
-      reply_u8(wire::kWaitCanceled);
-      return;
-    case Op::kQueuePush:
-      state_.queue_push(arg(0), arg(1));
-      reply_ack();
-      return;
-    case Op::kQueuePop: {
-      const std::size_t length = state_.queue_len(arg(0));
-      std::string value;
-      state_.queue_pop(arg(0), &value);
-      reserve_output(17 + value.size(), "QUEUE_POP");
-      reply_i64(static_cast<std::int64_t>(length));
-      if (length > 0) wire::Writer(out_).bytes(value);
-      return;
-    }
-    case Op::kQueueLen:
-      reply_i64(static_cast<std::int64_t>(state_.queue_len(arg(0))));
-      return;
-    case Op::kListKeys: {
-      auto keys = state_.list_keys();
-      if (restricted_)
-        std::erase_if(keys, [&](std::string_view k) { return state_.is_agent_key(k); });
-      std::uint64_t bytes = 9;
-      for (std::string_view key : keys) bytes += 8 + key.size();
-      reserve_output(bytes, "LIST_KEYS");
-      reply_i64(static_cast<std::int64_t>(keys.size()));
-      wire::Writer w(out_);
-      for (std::string_view key : keys) w.bytes(key);
-      return;
-    }
-    case Op::kBarrier: {
-      const std::int64_t count = state_.add(arg(0), 1, /*wrap_on_overflow=*/!framed_);
-      if (count >= number_) {
-        reply_u8(wire::kStopWaiting);
-      } else {
-        start_wait(WaitKind::kBarrier, {arg(0)}, number_);
-      }
-      return;
-    }
-    case Op::kWatchKey:
-      need_room(registration_bytes(arg(0)), "WATCH_KEY");
-      registered_bytes_ += registration_bytes(arg(0));
-      state_.watchers().add(arg(0), {this, kWatchTicket, 0});
-      watched_keys_.emplace_back(arg(0));
-      reply_u8(wire::kWatchCallbackRegistered);
+      wire::Writer(out_).u32(q.u32);
       return;
     case Op::kHello: {
       if (dialect_ != wire::Dialect::kCurrent) {
@@ -720,9 +534,10 @@ void Session::execute(Op op, const char* base) {
       nonce_issued_ = false;  // one attempt per challenge
       const std::string& secret = state_.options().secret;
       auth::Nonce client_nonce{};
-      std::memcpy(client_nonce.data(), arg(1).data(), client_nonce.size());
+      std::memcpy(client_nonce.data(), view(base, q.spans[1]).data(), client_nonce.size());
       const auth::Mac expected = auth::client_proof(secret, server_nonce_, client_nonce);
-      if (!auth::equal(expected.data(), reinterpret_cast<const unsigned char*>(arg(0).data()),
+      if (!auth::equal(expected.data(),
+                       reinterpret_cast<const unsigned char*>(view(base, q.spans[0]).data()),
                        expected.size())) {
         throw fatal(StoreErrc::kUnauthenticated,
                     "authentication failed: the client's secret does not match the store's");
@@ -734,7 +549,161 @@ void Session::execute(Op op, const char* base) {
       wire::Writer(out_).raw(proof.data(), proof.size());
       return;
     }
+    default:
+      return;
   }
+}
+
+void Session::execute_key(const Request& q, const char* base) {
+  const std::string_view key = view(base, q.spans[0]);
+  auto value = [&](std::size_t i) { return view(base, q.spans[i]); };
+  switch (q.op) {
+    case Op::kSet:
+      state_.set(key, value(1));
+      return reply_ack();
+    case Op::kSetExt: {
+      const bool ephemeral = q.flags & wire::ext::kSetFlagEphemeral;
+      state_.set(key, value(1), ephemeral ? this : nullptr);
+      if (ephemeral &&
+          std::find(ephemeral_keys_.begin(), ephemeral_keys_.end(), key) == ephemeral_keys_.end()) {
+        registered_bytes_ += registration_bytes(key);  // no room check: the key is stored
+        ephemeral_keys_.emplace_back(key);
+      }
+      return reply_ack();
+    }
+    case Op::kCompareSet:
+      return reply_bytes(state_.compare_set(key, value(1), value(2)));
+    case Op::kGet: {
+      if (const std::string* found = state_.find(key)) return reply_bytes(*found);
+      if (framed_) {
+        return reply_error(
+            RequestError{StoreErrc::kNotFound, "key " + quote_key(key) + " not found"});
+      }
+      if (dialect_ == wire::Dialect::kLegacy) {
+        throw fatal(StoreErrc::kNotFound, "GET of missing key " + quote_key(key));
+      }
+      return reply_bytes({});
+    }
+    case Op::kAdd:
+      return reply_i64(state_.add(key, q.number, /*wrap_on_overflow=*/!framed_));
+    case Op::kAppend:
+      state_.append(key, value(1));
+      return reply_ack();
+    case Op::kDeleteKey:
+      return reply_i64(state_.erase(key) ? 1 : 0);
+    case Op::kDeleteAllExcept: {
+      const std::size_t n =
+          state_.erase_if([key](std::string_view other) { return !other.starts_with(key); });
+      return reply_i64(static_cast<std::int64_t>(n));
+    }
+    case Op::kWatchKey:
+      need_room(registration_bytes(key), "WATCH_KEY");
+      registered_bytes_ += registration_bytes(key);
+      state_.watchers().add(key, {this, kWatchTicket, 0});
+      watched_keys_.emplace_back(key);
+      return reply_u8(wire::kWatchCallbackRegistered);
+    default:
+      return;
+  }
+}
+
+void Session::execute_list(const Request& q, const char* base) {
+  auto arg = [&](std::size_t i) { return view(base, q.spans[i]); };
+  switch (q.op) {
+    case Op::kCheck: {
+      bool all = true;
+      for (std::size_t i = 0; i < q.spans.size() && all; ++i) all = state_.exists(arg(i));
+      return reply_u8(all ? wire::kCheckReady : wire::kCheckNotReady);
+    }
+    case Op::kWait:
+    case Op::kWaitDeleted: {
+      std::vector<std::string_view> keys;
+      keys.reserve(q.spans.size());
+      for (std::size_t i = 0; i < q.spans.size(); ++i) keys.push_back(arg(i));
+      return start_wait(q.op == Op::kWait ? WaitKind::kAllExist : WaitKind::kAnyDeleted, keys, 0);
+    }
+    case Op::kMultiGet:
+      return reply_multi_get(q, base);
+    case Op::kMultiSet: {
+      std::vector<std::pair<std::string_view, std::string_view>> items;
+      items.reserve(q.spans.size() / 2);
+      for (std::size_t i = 0; i + 1 < q.spans.size(); i += 2) {
+        items.emplace_back(arg(i), arg(i + 1));
+      }
+      state_.multi_set(items);
+      return reply_ack();
+    }
+    case Op::kBarrier: {
+      const std::int64_t count = state_.add(arg(0), 1, /*wrap_on_overflow=*/!framed_);
+      if (count >= q.number) return reply_u8(wire::kStopWaiting);
+      return start_wait(WaitKind::kBarrier, {arg(0)}, q.number);
+    }
+    case Op::kCancelWait:
+      cancel_waits();
+      return reply_u8(wire::kWaitCanceled);
+    default:
+      return;
+  }
+}
+
+void Session::reply_multi_get(const Request& q, const char* base) {
+  // Checked first, so that an error frame replaces the whole reply.
+  for (std::size_t i = 0; framed_ && i < q.spans.size(); ++i) {
+    if (!state_.find(view(base, q.spans[i]))) {
+      throw RequestError{StoreErrc::kNotFound,
+                         "key " + quote_key(view(base, q.spans[i])) + " not found"};
+    }
+  }
+  std::uint64_t bytes = 1;
+  for (const Span& key : q.spans) {
+    const std::string* value = state_.find(view(base, key));
+    bytes += 8 + (value ? value->size() : 0);
+  }
+  reserve_output(bytes, "MULTI_GET");
+  begin_reply();
+  wire::Writer w(out_);
+  for (const Span& key : q.spans) {
+    const std::string* value = state_.find(view(base, key));
+    w.bytes(value ? std::string_view(*value) : std::string_view());
+  }
+}
+
+void Session::execute_queue(const Request& q, const char* base) {
+  switch (q.op) {
+    case Op::kGetNumKeys:
+      return reply_i64(static_cast<std::int64_t>(state_.num_keys() -
+                                                 (restricted_ ? state_.num_agent_keys() : 0)));
+    case Op::kQueuePush:
+      state_.queue_push(view(base, q.spans[0]), view(base, q.spans[1]));
+      return reply_ack();
+    case Op::kQueuePop: {
+      const std::string_view key = view(base, q.spans[0]);
+      const std::size_t length = state_.queue_len(key);
+      std::string value;
+      state_.queue_pop(key, &value);
+      reserve_output(17 + value.size(), "QUEUE_POP");
+      reply_i64(static_cast<std::int64_t>(length));
+      if (length > 0) wire::Writer(out_).bytes(value);
+      return;
+    }
+    case Op::kQueueLen:
+      return reply_i64(static_cast<std::int64_t>(state_.queue_len(view(base, q.spans[0]))));
+    case Op::kListKeys:
+      return reply_list_keys();
+    default:
+      return;
+  }
+}
+
+void Session::reply_list_keys() {
+  auto keys = state_.list_keys();
+  if (restricted_) std::erase_if(keys, [&](std::string_view k) { return state_.is_agent_key(k); });
+  std::uint64_t bytes = 9;
+  for (std::string_view key : keys) bytes += 8 + key.size();
+  reserve_output(bytes, "LIST_KEYS");
+  reply_i64(static_cast<std::int64_t>(keys.size()));
+  wire::Writer w(out_);
+  for (std::string_view key : keys) w.bytes(key);
 }
 
 // ---------------------------------------------------------------------------------------------

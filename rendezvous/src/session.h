@@ -96,6 +96,14 @@ class Session {
     std::uint64_t offset;
     std::uint64_t size;
   };
+  // One request's arguments as parsed (by its operation's wire::Args), which execute() consumes.
+  struct Request {
+    wire::Op op = wire::Op::kPing;
+    std::vector<Span> spans;  // keys and values, in wire order
+    std::int64_t number = 0;  // ADD's delta, BARRIER's count
+    std::uint32_t u32 = 0;    // VALIDATE's magic, PING's cookie, HELLO's version
+    std::uint8_t flags = 0;   // SET_EXT's
+  };
 
   void process(const char* data, std::size_t size, std::size_t* consumed);
   std::size_t handle_one(const char* data, std::size_t size);  // 0: incomplete
@@ -103,11 +111,19 @@ class Session {
   void check_authorized(wire::Op op);
   bool policy_admits() const;  // the unauthenticated policy lets this peer in
   bool must_authenticate() const;
-  void check_permitted(wire::Op op, const char* base) const;  // restricted sessions' limits
-  void execute(wire::Op op, const char* base);
+  // Reads the arguments of request_.op into request_; false when they are not all there yet.
+  bool parse_arguments(wire::Reader& r, const char* base);
+  void check_permitted(const Request& q, const char* base) const;  // restricted sessions' limits
+  void execute(const Request& q, const char* base);
+  void execute_handshake(const Request& q, const char* base);
+  void execute_key(const Request& q, const char* base);
+  void execute_list(const Request& q, const char* base);
+  void execute_queue(const Request& q, const char* base);
+  void reply_multi_get(const Request& q, const char* base);
+  void reply_list_keys();
   std::string_view view(const char* base, Span s) const { return {base + s.offset, s.size}; }
 
-  // Argument parsing: read into spans_, checking declared sizes against the limits.
+  // Argument parsing: read into request_.spans, checking declared sizes against the limits.
   Span read_key(wire::Reader& r, const char* base);
   Span read_value(wire::Reader& r, const char* base);
   Span read_fixed(wire::Reader& r, const char* base, std::size_t size);
@@ -161,13 +177,10 @@ class Session {
   std::optional<Clock::time_point> partial_since_;  // an incomplete request is buffered
   bool paused_ = false;
 
-  // Parse state of the current request; list parsing resumes where it stopped.
-  std::vector<Span> spans_;
+  // The request being parsed; a key list's parsing resumes where it stopped.
+  Request request_;
   std::uint64_t list_count_ = 0;
   std::uint64_t list_resume_offset_ = 0;  // 0: the list has not started
-  std::int64_t number_ = 0;
-  std::uint32_t u32_ = 0;
-  std::uint8_t flags_ = 0;
 
   std::vector<PendingWait> waits_;
   std::uint64_t next_ticket_ = 1;

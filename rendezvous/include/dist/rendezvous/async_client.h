@@ -26,13 +26,14 @@
 #include <vector>
 
 #include "dist/rendezvous/client.h"
+#include "dist/rendezvous/task.h"
 
 namespace dist::rendezvous {
 
 class AsyncStoreClient {
  public:
   template <typename T = void>
-  using Task = boost::asio::awaitable<T>;
+  using Task = rendezvous::Task<T>;
   using Items = std::vector<std::pair<std::string, std::string>>;
 
   // A client not yet connected: open() connects; close() may be called at any time, during

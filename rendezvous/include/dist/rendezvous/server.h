@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "dist/rendezvous/limits.h"
@@ -59,6 +60,9 @@ struct Deadlines {
   std::chrono::milliseconds idle_timeout{0};
 };
 
+// Where dist-launch's agents keep their rendezvous keys: "rdzv/<run id>/..." in the job's store.
+inline constexpr std::string_view kAgentKeyPrefix = "rdzv/";
+
 struct ServerOptions {
   StoreLimits limits;
   Keepalive keepalive;
@@ -68,7 +72,7 @@ struct ServerOptions {
   // With a secret, keys under this prefix (dist-launch's agents' rendezvous) and the extension
   // operations are for authenticated clients only: PyTorch workers admitted by the policy get the
   // rest of the store.
-  std::string agent_key_prefix = "rdzv/";
+  std::string agent_key_prefix{kAgentKeyPrefix};
   // Repeated warnings of one kind are logged once per interval, then summed up with a count.
   std::chrono::milliseconds warning_interval{10'000};
 };

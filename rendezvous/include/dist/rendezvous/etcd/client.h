@@ -32,10 +32,11 @@
 #include <string>
 #include <vector>
 
+#include "dist/rendezvous/task.h"
+
 namespace dist::rendezvous::etcd {
 
-template <typename T = void>
-using Task = boost::asio::awaitable<T>;
+using rendezvous::Task;
 using Clock = std::chrono::steady_clock;
 using Deadline = std::optional<Clock::time_point>;  // none: the client's own policy
 

@@ -1,0 +1,59 @@
+// What dist-launch's agent tells each worker, as one contract both sides include: the agent
+// writes it (agent/src/workers/worker_env.cc, health/), the worker SDK reads it
+// (worker_sdk/src/env.cc, heartbeat.cc). torchrun's variables keep torchrun's names; dist-launch's
+// own start with DIST_. (It lives in the store library because that is the one library both sides
+// link.)
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "dist/rendezvous/token.h"
+
+namespace dist::rendezvous::worker_contract {
+
+// torchrun's worker environment.
+inline constexpr char kRank[] = "RANK";
+inline constexpr char kLocalRank[] = "LOCAL_RANK";
+inline constexpr char kGroupRank[] = "GROUP_RANK";
+inline constexpr char kRoleRank[] = "ROLE_RANK";
+inline constexpr char kRoleName[] = "ROLE_NAME";
+inline constexpr char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kWorldSize[] = "WORLD_SIZE";
+inline constexpr char kGroupWorldSize[] = "GROUP_WORLD_SIZE";
+inline constexpr char kRoleWorldSize[] = "ROLE_WORLD_SIZE";
+inline constexpr char kMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kMasterPort[] = "MASTER_PORT";
+inline constexpr char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kRunId[] = "TORCHELASTIC_RUN_ID";
+inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+inline constexpr char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";
+inline constexpr char kSignalsToHandle[] = "TORCHELASTIC_SIGNALS_TO_HANDLE";
+inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+
+// dist-launch's own.
+inline constexpr const char* kTokenFile = kTokenFileVariable;  // a path, never the secret
+inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: where Gloo listens
+
+// A worker's heartbeat slot: the agent gives each worker one page of shared memory (a memfd)
+// open at the descriptor that kFdVariable names; the worker maps it shared and, at each beat,
+// stores the CLOCK_MONOTONIC time in nanoseconds into last_beat_ns (beats counts them, for the
+// metrics). The agent writes kMagic first: a descriptor without it is not a slot.
+namespace heartbeat_slot {
+
+inline constexpr char kFdVariable[] = "DIST_HEARTBEAT_FD";
+inline constexpr std::uint64_t kMagic = 0x3130'4248'5453'4944;  // "DISTHB01", little-endian
+inline constexpr std::size_t kBytes = 4096;
+
+struct Slot {
+  std::uint64_t magic;
+  std::atomic<std::uint64_t> last_beat_ns;  // 0: not beaten yet
+  std::atomic<std::uint64_t> beats;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
+static_assert(sizeof(Slot) <= kBytes);
+
+}  // namespace heartbeat_slot
+}  // namespace dist::rendezvous::worker_contract

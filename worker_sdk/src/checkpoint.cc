@@ -55,6 +55,8 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
   put_u64(bytes, fnv1a(bytes.data(), bytes.size()));
 
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+  std::error_code ec;  // a directory that cannot be made fails the open below, naming the path
+  std::filesystem::create_directories(dir, ec);
   const std::filesystem::path temp = path.string() + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("cannot create", temp);

@@ -4,9 +4,12 @@
 #include <string>
 
 #include "dist/rendezvous/token.h"
+#include "dist/rendezvous/worker_contract.h"
 
 namespace dist::sdk {
 namespace {
+
+namespace contract = rendezvous::worker_contract;
 
 constexpr const char* kHint =
     "; start workers with dist-launch (or use WorkerEnv::single_process() to run one alone)";
@@ -39,24 +42,23 @@ int integer(const char* name, long long min, long long max = 1 << 30) {
 }  // namespace
 
 bool WorkerEnv::launched_by_dist_launch() {
-  return std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr;
+  return std::getenv(contract::kRank) != nullptr && std::getenv(contract::kWorldSize) != nullptr;
 }
 
 WorkerEnv WorkerEnv::from_environment() {
   WorkerEnv env;
-  env.world_size = integer("WORLD_SIZE", 1);
-  env.rank = integer("RANK", 0, env.world_size - 1);
-  env.local_world_size = integer("LOCAL_WORLD_SIZE", 1, env.world_size);
-  env.local_rank = integer("LOCAL_RANK", 0, env.local_world_size - 1);
-  env.master_addr = require("MASTER_ADDR");
-  env.master_port = static_cast<std::uint16_t>(integer("MASTER_PORT", 1, 65535));
-  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  env.world_size = integer(contract::kWorldSize, 1);
+  env.rank = integer(contract::kRank, 0, env.world_size - 1);
+  env.local_world_size = integer(contract::kLocalWorldSize, 1, env.world_size);
+  env.local_rank = integer(contract::kLocalRank, 0, env.local_world_size - 1);
+  env.master_addr = require(contract::kMasterAddr);
+  env.master_port = static_cast<std::uint16_t>(integer(contract::kMasterPort, 1, 65535));
+  const char* restart = std::getenv(contract::kRestartCount);
   env.restart_count =
-      restart ? static_cast<int>(parse_integer("TORCHELASTIC_RESTART_COUNT", restart, 0, 1 << 30))
-              : 0;
-  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+      restart ? static_cast<int>(parse_integer(contract::kRestartCount, restart, 0, 1 << 30)) : 0;
+  const char* run_id = std::getenv(contract::kRunId);
   if (run_id && *run_id) env.run_id = run_id;
-  const char* token_file = std::getenv(rendezvous::kTokenFileVariable);
+  const char* token_file = std::getenv(contract::kTokenFile);
   if (token_file && *token_file) env.token_file = token_file;
   return env;
 }

@@ -43,6 +43,18 @@ TEST_F(CheckpointTest, RoundTripsExactly) {
   }
 }
 
+TEST_F(CheckpointTest, AMissingDirectoryIsMadeFirst) {
+  Checkpoint c;
+  c.step = 7;
+  c.tensors["w"] = {1.0f, 2.0f};
+  const fs::path nested = dir_ / "not" / "yet";
+  save_checkpoint(nested / "ckpt.bin", c);
+  const auto back = load_checkpoint(nested / "ckpt.bin");
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->step, 7u);
+  EXPECT_EQ(back->tensors.at("w"), c.tensors.at("w"));
+}
+
 TEST_F(CheckpointTest, AMissingFileIsNoCheckpoint) {
   EXPECT_EQ(load_checkpoint(dir_ / "none.bin"), std::nullopt);
 }
@@ -88,9 +100,11 @@ TEST_F(CheckpointTest, ReplacingKeepsEitherTheOldOrTheNewCheckpoint) {
   EXPECT_EQ(load_checkpoint(dir_ / "c.bin")->step, 2u);
 }
 
+// A directory that cannot be made (a file stands where it would go; root may write anywhere else).
 TEST_F(CheckpointTest, AnUnwritableDirectoryIsAClearError) {
+  std::ofstream(dir_ / "a-file") << "not a directory";
   try {
-    save_checkpoint(dir_ / "no" / "such" / "dir" / "c.bin", Checkpoint{});
+    save_checkpoint(dir_ / "a-file" / "dir" / "c.bin", Checkpoint{});
     FAIL();
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot create"), std::string::npos) << e.what();

@@ -23,7 +23,8 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Writes `checkpoint` to `path` atomically. Throws CheckpointError naming the path and the errno.
+// Writes `checkpoint` to `path` atomically, making its directory when missing. Throws
+// CheckpointError naming the path and the errno.
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint);
 
 // Reads a checkpoint; nullopt when the file does not exist. Throws CheckpointError when it exists

@@ -28,10 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "dist/agent/rendezvous_store.h"
 #include "dist/rendezvous/errors.h"
 #include "etcd_cluster.h"
 #include "run_task.h"
+#include "store/store.h"
 
 namespace {
 
@@ -71,24 +71,24 @@ RunResult run(const Loss& loss, int sessions, std::chrono::seconds ttl) {
   EtcdCluster cluster(3);
   const int leader = cluster.leader();
   const int lost = loss.leader ? leader : (leader + 1) % 3;
-  std::string others;
+  dist::agent::EtcdConfig config;
+  config.endpoints.push_back(cluster.endpoint(lost));
   for (int m = 0; m < 3; ++m) {
-    if (m != lost) others += "," + cluster.endpoint(m);
+    if (m != lost) config.endpoints.push_back(cluster.endpoint(m));
   }
-  const std::string endpoints = cluster.endpoint(lost) + others;
-  const std::map<std::string, std::string> conf{
-      {"member_order", "given"},  // every call starts at the member lost
-      {"unavailable_timeout", std::to_string(kCallTimeout.count())}};
+  config.spread_over_members = false;  // every call starts at the member lost
+  config.unavailable_timeout = kCallTimeout;
+  const auto options = dist::agent::etcd_options(config, ttl);
 
   boost::asio::io_context io;
   std::vector<std::unique_ptr<RendezvousStore>> held;
   std::vector<std::string> keys;
   for (int i = 0; i < sessions; ++i) {
-    held.push_back(run_task(io, dist::agent::open_etcd_store(io, endpoints, conf, "bench", ttl)));
+    held.push_back(run_task(io, dist::agent::open_rendezvous_store(io, options, "bench")));
     keys.push_back("alive/" + std::to_string(i));
     run_task(io, held.back()->set_ephemeral(keys.back(), "1"));
   }
-  const auto writer = run_task(io, dist::agent::open_etcd_store(io, endpoints, conf, "bench", ttl));
+  const auto writer = run_task(io, dist::agent::open_rendezvous_store(io, options, "bench"));
 
   RunResult result;
   Clock::time_point lost_at;

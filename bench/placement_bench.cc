@@ -21,7 +21,7 @@
 #include <optional>
 #include <vector>
 
-#include "dist/agent/placement.h"
+#include "resources/placement.h"
 
 namespace {
 

@@ -25,13 +25,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "dist/agent/rendezvous.h"
 #include "dist/rendezvous/limits.h"
 #include "dist/rendezvous/server.h"
 #include "etcd_cluster.h"
+#include "rendezvous/rendezvous.h"
 
 namespace {
 
@@ -79,12 +80,12 @@ class JobStore {
 class TcpJobStore final : public JobStore {
  public:
   explicit TcpJobStore(std::string run_id) : run_id_(std::move(run_id)) {}
-  Task<std::unique_ptr<RendezvousStore>> open_session(asio::io_context&) override {
+  Task<std::unique_ptr<RendezvousStore>> open_session(asio::io_context& io) override {
     dist::rendezvous::ClientOptions options;
     options.port = server_.port();
     options.connect_timeout = kRunTimeout;
     options.timeout = kRunTimeout;
-    return dist::agent::open_tcp_store(options, run_id_);
+    return dist::agent::open_rendezvous_store(io, dist::agent::TcpStoreTarget{options}, run_id_);
   }
   std::optional<std::uint64_t> requests() override { return server_.stats().requests; }
 
@@ -93,10 +94,9 @@ class TcpJobStore final : public JobStore {
   std::string run_id_;
 };
 
-// The members, and the --rdzv-conf an agent would be given.
+// The members and options an agent would be given.
 struct EtcdTarget {
-  std::string endpoints;
-  std::map<std::string, std::string> conf;
+  dist::agent::EtcdConfig config;
   seconds lease_ttl{2};
 };
 
@@ -105,8 +105,8 @@ class EtcdJobStore final : public JobStore {
   EtcdJobStore(const EtcdTarget& target, std::string run_id)
       : target_(target), run_id_(std::move(run_id)) {}
   Task<std::unique_ptr<RendezvousStore>> open_session(asio::io_context& io) override {
-    return dist::agent::open_etcd_store(io, target_.endpoints, target_.conf, run_id_,
-                                        target_.lease_ttl);
+    return dist::agent::open_rendezvous_store(
+        io, dist::agent::etcd_options(target_.config, target_.lease_ttl), run_id_);
   }
 
  private:
@@ -341,9 +341,10 @@ int main(int argc, char** argv) {
       cluster.emplace(members);
       etcd_endpoints = cluster->endpoint_list();
     }
-    etcd.endpoints = etcd_endpoints;
-    etcd.conf = {{"etcd_prefix", "/rendezvous-bench"},
-                 {"unavailable_timeout", std::to_string(kRunTimeout.count())}};
+    std::stringstream items(etcd_endpoints);
+    for (std::string item; std::getline(items, item, ',');) etcd.config.endpoints.push_back(item);
+    etcd.config.prefix = "/rendezvous-bench";
+    etcd.config.unavailable_timeout = kRunTimeout;
     etcd.lease_ttl = seconds(lease_ttl_seconds);
   }
 

@@ -12,7 +12,10 @@
 #include <set>
 #include <sstream>
 
+#include "config_from_options.h"
+#include "dist/rendezvous/endpoint.h"
 #include "hosts_options.h"
+#include "options.h"
 
 extern char** environ;
 
@@ -78,19 +81,12 @@ int parse_count(const std::string& text, const std::string& what) {
 
 // "host", "host:N", "[v6]:N", "v6" (several ':' and no brackets: an address, no count).
 std::pair<std::string, std::optional<std::string>> split_host(const std::string& entry) {
-  if (!entry.empty() && entry.front() == '[') {
-    const auto close = entry.find(']');
-    if (close == std::string::npos) throw HostsError("'" + entry + "': missing ]");
-    const std::string host = entry.substr(1, close - 1);
-    if (close + 1 == entry.size()) return {host, std::nullopt};
-    if (entry[close + 1] != ':') throw HostsError("'" + entry + "': expected ':' after ]");
-    return {host, entry.substr(close + 2)};
+  try {
+    auto [host, count] = rendezvous::split_host(entry);
+    return {std::move(host), std::move(count)};
+  } catch (const rendezvous::EndpointError& e) {
+    throw HostsError(e.what());
   }
-  const auto colon = entry.find(':');
-  if (colon == std::string::npos || entry.find(':', colon + 1) != std::string::npos) {
-    return {entry, std::nullopt};
-  }
-  return {entry.substr(0, colon), entry.substr(colon + 1)};
 }
 
 void check_name(const std::string& host, const std::string& where) {
@@ -143,13 +139,6 @@ std::vector<Choice> parse_choices(const std::string& flag, const std::string& te
   }
   if (choices.empty()) throw HostsError(flag + " names no host");
   return choices;
-}
-
-std::string random_run_id() {
-  std::random_device rd;
-  std::ostringstream out;
-  out << std::hex << rd() << rd();
-  return out.str();
 }
 
 bool is_option(const std::string& arg, const std::set<std::string>& names) {
@@ -341,20 +330,19 @@ void add_hosts_options(CLI::App& app, HostsFlags& flags) {
       ->capture_default_str();
 }
 
-agent::HostsJobConfig hosts_job_config(const CLI::App& app, const HostsFlags& flags,
-                                       const std::vector<std::string>& args,
-                                       const agent::LaunchConfig& parsed) {
+agent::HostsJobConfig hosts_job_config(const RawOptions& raw, const agent::LaunchConfig& parsed) {
+  const HostsFlags& flags = raw.hosts;
   for (const auto& [name, why] : kConflicting) {
-    if (app.count(name) > 0) throw HostsError(name + " does not go with --hosts: " + why);
+    if (raw.was_given(name)) throw HostsError(name + " does not go with --hosts: " + why);
   }
-  if (app.count("--rdzv-backend") > 0 && parsed.rdzv_backend != "static") {
-    throw HostsError("--rdzv-backend " + parsed.rdzv_backend +
+  if (raw.was_given("--rdzv-backend") && raw.rdzv_backend != "static") {
+    throw HostsError("--rdzv-backend " + raw.rdzv_backend +
                      " does not go with --hosts: the hosts meet at this command's store");
   }
   agent::HostsJobConfig c;
   c.hosts = select_hosts(read_hosts(flags), flags.include, flags.exclude);
-  c.devices_given = app.count("--devices") > 0;
-  c.nproc_given = app.count("--nproc-per-node") > 0;
+  c.devices_given = raw.was_given("--devices");
+  c.nproc_given = raw.was_given("--nproc-per-node");
   for (const auto& host : c.hosts) {
     if (!host.devices.empty() && c.devices_given) {
       throw HostsError("--devices and the slots chosen by --include/--exclude (host " + host.name +
@@ -366,11 +354,12 @@ agent::HostsJobConfig hosts_job_config(const CLI::App& app, const HostsFlags& fl
   if (flags.ssh_port > 0) c.ssh.port = flags.ssh_port;
   c.ssh.options = flags.ssh_options;
   c.remote_command = flags.remote_dist_launch;
-  c.script_and_args = app.remaining();
-  c.agent_options = forwarded_options(args, args.size() - c.script_and_args.size());
-  if (app.count("--rdzv-conf") > 0) c.rdzv_conf = app["--rdzv-conf"]->as<std::string>();
+  c.script_and_args = raw.script_and_args;
+  c.agent_options =
+      forwarded_options(raw.expanded_args, raw.expanded_args.size() - c.script_and_args.size());
+  if (raw.was_given("--rdzv-conf")) c.rdzv_conf = raw.rdzv_conf;
   c.run_id = parsed.run_id == "none" ? random_run_id() : parsed.run_id;
-  if (app.count("--master-addr") > 0) c.master_addr = parsed.master_addr;
+  if (raw.was_given("--master-addr")) c.master_addr = parsed.master_addr;
   c.master_port = parsed.master_port;
   c.environment = exported_environment(flags);
   c.working_directory = std::filesystem::current_path().string();

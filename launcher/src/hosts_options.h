@@ -27,11 +27,12 @@ struct HostsFlags {
 // --hosts must never take its environment for a request to start more hosts.
 void add_hosts_options(CLI::App& app, HostsFlags& flags);
 
-// The job over ssh, from the parsed command line: `args` as given (the agents get its options, less
-// the launcher's own), `parsed` what cli.cc read of it before anything specific to this machine
-// (the store's liveness, signals, shutdown timeout). Throws HostsError for what cannot be run.
-agent::HostsJobConfig hosts_job_config(const CLI::App& app, const HostsFlags& flags,
-                                       const std::vector<std::string>& args,
-                                       const agent::LaunchConfig& parsed);
+struct RawOptions;
+
+// The job over ssh, from the command line: `raw` as given (the agents get its options, less the
+// launcher's own), `parsed` what config_from_options read of it before anything specific to this
+// machine (the store's liveness, signals, shutdown timeout). Throws HostsError for what cannot be
+// run.
+agent::HostsJobConfig hosts_job_config(const RawOptions& raw, const agent::LaunchConfig& parsed);
 
 }  // namespace dist::launcher

@@ -14,7 +14,6 @@
 #include "dist/agent/agent.h"
 #include "dist/agent/agent_launch.h"
 #include "dist/agent/console.h"
-#include "dist/agent/log_line_prefix.h"
 #include "dist/launcher/cli.h"
 #include "dist/rendezvous/token.h"
 #include "logging.h"
@@ -117,8 +116,8 @@ int run_job(const agent::AgentLaunch& launch, const std::string& name,
     config.log_line_prefix_template = launch.log_line_prefix_template;
   }
   try {
-    agent::render_log_line_prefix(config.log_line_prefix_template, {config.role, 0, 0, "host"});
-  } catch (const agent::LogLinePrefixError& e) {
+    agent::check(config);
+  } catch (const agent::ConfigError& e) {
     spdlog::error("{}", e.what());
     return kExitSetupError;
   }

@@ -1,8 +1,6 @@
 #include "dist/launcher/status.h"
 
 #include <CLI/CLI.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <ostream>
 
@@ -65,19 +63,9 @@ int run_status(const std::vector<std::string>& args, std::ostream& out, std::ost
     err << "dist-launch status: error: " << e.what() << "\n";
     return kExitUsage;
   }
-  boost::asio::io_context io;
   std::optional<agent::JobStatus> status;
-  std::exception_ptr failure;
-  boost::asio::co_spawn(
-      io,
-      [&]() -> agent::Task<void> {
-        auto store = co_await agent::open_tcp_store(options, run_id);
-        status = co_await agent::read_job_status(*store, run_id);
-      },
-      [&](std::exception_ptr e) { failure = e; });
-  io.run();
   try {
-    if (failure) std::rethrow_exception(failure);
+    status = agent::read_job_status(options, run_id);
   } catch (const std::exception& e) {
     err << "dist-launch status: error: " << e.what() << "\n";
     return 1;

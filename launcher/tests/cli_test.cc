@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/agent/devices.h"
 #include "dist/launcher/cli.h"
+#include "resources/devices.h"
 
 namespace {
 
@@ -127,7 +127,7 @@ TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
       {{"--rdzv-backend", "zookeeper"}, "must be static, c10d or etcd-v3"},
       {{"--rdzv-endpoint", "[::1"}, "missing ]"},
       {{"--rdzv-endpoint", ":80"}, "has no host"},
-      {{"--rdzv-endpoint", "a:99999"}, "not below 65536"},
+      {{"--rdzv-endpoint", "a:99999"}, "is not a port (0-65535)"},
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "last_call_timeout=-1"}, "positive number"},
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "is_host=maybe"}, "must be 1 or 0"},
       {{"--rdzv-conf", "bogus=1"}, "is not one of key=value"},
@@ -151,11 +151,44 @@ TEST(LauncherCli, EtcdV3IsDynamicWithTheMembersAndItsOwnConfKeys) {
   ASSERT_FALSE(o.exit_now);
   const auto& c = o.config;
   EXPECT_TRUE(c.elastic);
-  EXPECT_EQ(c.rdzv_backend, "etcd-v3");
-  EXPECT_EQ(c.etcd_endpoints, "h1:2379,h2:2379");
-  EXPECT_EQ(c.etcd_conf.at("cacert"), "/ca.pem");
-  EXPECT_EQ(c.etcd_conf.at("etcd_prefix"), "/jobs");
+  EXPECT_EQ(c.rdzv_backend, dist::agent::RendezvousBackend::kEtcdV3);
+  EXPECT_EQ(c.etcd.endpoints, (std::vector<std::string>{"h1:2379", "h2:2379"}));
+  EXPECT_EQ(c.etcd.ca_file, "/ca.pem");
+  EXPECT_EQ(c.etcd.prefix, "/jobs");
   EXPECT_EQ(c.join_timeout, std::chrono::seconds(5));
+}
+
+TEST(LauncherCli, EtcdConfKeysAreTypedOnceAndTheirMistakesAreOneLine) {
+  const auto o = parse({"--nnodes", "1:2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                        " h1:2379, h2:2379 ,h3", "--rdzv-conf",
+                        "cert=/c.crt,key=/c.key,protocol=https,unavailable_timeout=2.5,"
+                        "member_order=given"});
+  ASSERT_FALSE(o.exit_now);
+  const auto& e = o.config.etcd;
+  EXPECT_EQ(e.endpoints, (std::vector<std::string>{"h1:2379", "h2:2379", "h3"}));
+  EXPECT_EQ(e.cert_file, "/c.crt");
+  EXPECT_EQ(e.key_file, "/c.key");
+  EXPECT_EQ(e.protocol, "https");
+  EXPECT_EQ(e.unavailable_timeout, std::chrono::milliseconds(2500));
+  EXPECT_FALSE(e.spread_over_members);
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"protocol=ftp", "http or https"},
+      {"unavailable_timeout=0", "a positive number of seconds"},
+      {"unavailable_timeout=soon", "a positive number of seconds"},
+      {"etcd_prefix=/", "a non-empty prefix"},
+      {"member_order=random", "spread or given"},
+      {"password_file=/nonexistent", "needs user=<name>"},
+      {"user=root,password_file=/nonexistent/pw", "cannot read the password"}};
+  for (const auto& [conf, message] : bad) {
+    std::string error;
+    const auto r = parse({"--nnodes", "1:2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                          "h1:2379", "--rdzv-conf", conf},
+                         &error);
+    EXPECT_TRUE(r.exit_now) << conf;
+    EXPECT_EQ(r.exit_code, dist::launcher::kExitUsage) << conf;
+    EXPECT_NE(error.find(message), std::string::npos) << conf << ": " << error;
+    EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
+  }
 }
 
 TEST(LauncherCli, TorchrunsOtherRdzvConfKeysAreAccepted) {

@@ -112,7 +112,8 @@ TEST_F(PetEnvironment, AnEmptyValueTheCommandLineOverridesIsNotRead) {
   const auto o = parse({"--standalone", "--nnodes", "1"});
   ASSERT_FALSE(o.exit_now) << err_.str();
   EXPECT_EQ(o.config.max_nodes, 1);
-  EXPECT_EQ(o.config.rdzv_backend, "c10d");  // standalone: its own store
+  EXPECT_EQ(o.config.rdzv_backend,
+            dist::agent::RendezvousBackend::kC10d);  // standalone: its own store
 }
 
 TEST_F(PetEnvironment, FlagsTakeOneOrZero) {

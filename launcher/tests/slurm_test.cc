@@ -11,7 +11,7 @@
 #include <set>
 #include <sstream>
 
-#include "dist/agent/signal_origin.h"
+#include "dist/agent/signals.h"
 #include "dist/launcher/cli.h"
 #include "dist/launcher/slurm.h"
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "dist/agent/signal_origin.h"
+#include "dist/agent/signals.h"
 
 namespace {
 

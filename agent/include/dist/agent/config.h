@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,38 @@ struct TelemetryOptions {
 // is neither tee'd nor redirected passes unchanged). kNone: none.
 enum class ConsolePrefix { kAll, kTee, kNone };
 
+// Ports torchrun uses when none is given: a static job's store on node rank 0 (--master-port),
+// and a c10d rendezvous endpoint's (--rdzv-endpoint HOST).
+inline constexpr std::uint16_t kDefaultStaticPort = 29500;
+inline constexpr std::uint16_t kDefaultC10dPort = 29400;
+
+// --rdzv-backend.
+enum class RendezvousBackend { kStatic, kC10d, kEtcdV3 };
+// "static", "c10d", "etcd-v3".
+const char* backend_name(RendezvousBackend backend);
+
+// --rdzv-backend etcd-v3: the members and the backend's --rdzv-conf keys (docs/ETCD.md).
+struct EtcdConfig {
+  std::vector<std::string>
+      endpoints;         // --rdzv-endpoint's members: host:port, or scheme://host:port
+  std::string protocol;  // protocol=http|https, for members given without a scheme
+  std::string ca_file;   // cacert, cert, key: as etcdctl's --cacert/--cert/--key
+  std::string cert_file;
+  std::string key_file;
+  std::string user;           // user=, with password_file= (its first line is the password)
+  std::string password_file;  // read when the agent connects
+  std::string prefix = "/dist-launch";  // etcd_prefix: the job's keys are <prefix>/<run id>/...
+  std::optional<std::chrono::milliseconds> unavailable_timeout;  // before a call gives up
+  bool spread_over_members = true;  // member_order=spread (a random first member) or given
+};
+
+// A configuration the agent cannot run; what() is one line naming the option and what to change.
+// The agent's own checks (devices, placement, the prefix template) throw subclasses of it.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct LaunchConfig {
   // Nodes and workers.
   int min_nodes = 1;
@@ -70,12 +103,9 @@ struct LaunchConfig {
   // jobs (node 0's agent hosts it), elastic jobs (--rdzv-endpoint) and the workers' MASTER_*.
   std::string master_addr = "127.0.0.1";
   std::optional<std::uint16_t> master_port;  // none: the agent picks a free port
-  std::string rdzv_backend = "static";       // static, c10d, etcd-v3
+  RendezvousBackend rdzv_backend = RendezvousBackend::kStatic;
   bool elastic = false;  // dynamic rendezvous (c10d, etcd-v3): --nnodes MIN:MAX, ranks assigned
-  // etcd-v3: the members ("h1:2379,h2:2379"), and the backend's own --rdzv-conf keys (cacert,
-  // cert, key, user, password_file, ...). Each round's node rank 0 hosts the workers' store.
-  std::string etcd_endpoints;
-  std::map<std::string, std::string> etcd_conf;
+  EtcdConfig etcd;       // etcd-v3: each round's node rank 0 hosts the workers' store
   std::string run_id = "none";
   std::string local_addr;  // this node's address as published to the others (empty: hostname)
   std::chrono::milliseconds rdzv_timeout{900'000};      // static: until every node joined
@@ -161,5 +191,20 @@ struct LaunchConfig {
   WatchdogOptions watchdogs;
   TelemetryOptions telemetry;
 };
+
+// What the agent would refuse only once started, checked now: each local rank's devices and
+// CPU/NUMA placement (planned as the agent will plan them), the log line prefix template.
+// Throws ConfigError.
+void check(const LaunchConfig& config);
+
+// --nproc-per-node: an integer; cpu (this machine's CPUs); gpu (the CUDA or ROCm devices this
+// process may use; with --devices, one worker per listed device); xpu (Intel GPUs); auto (the
+// GPUs, else the XPUs, else the CPUs). Throws ConfigError when the text is none of these, or no
+// such device exists.
+int resolve_nproc_per_node(const std::string& text, const DeviceOptions& devices);
+
+// A CPU list as taskset and cgroups write it, "0-3,8,10-11", for the option `flag`. Throws
+// ConfigError.
+std::vector<int> parse_cpu_list(const std::string& flag, const std::string& text);
 
 }  // namespace dist::agent

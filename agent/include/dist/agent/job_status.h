@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/agent/rendezvous_store.h"
+#include "dist/rendezvous/client.h"
 
 namespace dist::agent {
 
@@ -30,9 +30,11 @@ struct JobStatus {
   std::vector<NodeStatus> nodes;
 };
 
-// Reads the job from its store; nullopt when the store holds no job by that id. A corrupted value
-// is a RendezvousError naming its key.
-Task<std::optional<JobStatus>> read_job_status(RendezvousStore& store, std::string run_id);
+// Reads job `run_id` from the TCPStore `store` names (connecting and waiting as its options say);
+// nullopt when the store holds no job by that id. Throws rendezvous::StoreError when the store
+// cannot be read, std::runtime_error naming the key of a corrupted value.
+std::optional<JobStatus> read_job_status(const rendezvous::ClientOptions& store,
+                                         const std::string& run_id);
 
 std::string format_table(const JobStatus& status);
 std::string to_json(const JobStatus& status);  // one JSON object

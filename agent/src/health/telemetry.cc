@@ -1,0 +1,332 @@
+#include "health/telemetry.h"
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+
+#include "dist/agent/signals.h"
+#include "rendezvous/schema.h"
+
+namespace dist::agent {
+namespace {
+
+constexpr std::string_view kMetricsPath = "/metrics";
+constexpr std::array<std::string_view, 3> kHealthPaths = {"/", "/health", "/healthz"};
+
+std::string escape_label(std::string_view value) {
+  std::string out;
+  for (const char c : value) {
+    if (c == '\\' || c == '"') out.push_back('\\');
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Prometheus text format 0.0.4: each family's HELP and TYPE, then its samples.
+class Exposition {
+ public:
+  using Labels = std::vector<std::pair<std::string_view, std::string>>;
+
+  Exposition& family(std::string_view name, std::string_view type, std::string_view help) {
+    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    name_ = name;
+    return *this;
+  }
+  Exposition& sample(double value, const Labels& labels = {}) {
+    out_ += name_;
+    if (!labels.empty()) {
+      out_.push_back('{');
+      for (std::size_t i = 0; i < labels.size(); ++i) {
+        out_ += fmt::format("{}{}=\"{}\"", i ? "," : "", labels[i].first,
+                            escape_label(labels[i].second));
+      }
+      out_.push_back('}');
+    }
+    out_ += fmt::format(" {}\n", value);
+    return *this;
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+  std::string_view name_;
+};
+
+double seconds(std::chrono::nanoseconds d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+nlohmann::ordered_json worker_fields(const WorkerRef& w) {
+  return {{"round", w.round}, {"rank", w.rank}, {"local_rank", w.local_rank}, {"pid", w.pid}};
+}
+
+nlohmann::ordered_json signal_or_null(int signal) {
+  return signal > 0 ? nlohmann::ordered_json(signal_name(signal)) : nlohmann::ordered_json();
+}
+
+nlohmann::ordered_json text_or_null(const std::string& text) {
+  return text.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(text);
+}
+
+}  // namespace
+
+Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, std::string host)
+    : config_(config), host_(std::move(host)) {
+  round_.num_nodes = 0;
+  if (!config.telemetry.event_log.empty()) {
+    event_log_.emplace(config.telemetry.event_log,
+                       nlohmann::ordered_json{
+                           {"run_id", config.run_id}, {"host", host_}, {"agent_pid", ::getpid()}});
+  }
+  const auto metrics_port = config.telemetry.metrics_port;
+  const auto health_port = config.watchdogs.health_check_port;
+  std::map<std::string, HttpEndpoint::Handler> health_routes;
+  for (const auto path : kHealthPaths)
+    health_routes[std::string(path)] = [this] { return health(); };
+  if (metrics_port) {
+    std::map<std::string, HttpEndpoint::Handler> routes = {
+        {std::string(kMetricsPath), [this] { return metrics(); }}};
+    const bool shared = health_port && *health_port == *metrics_port && *metrics_port != 0;
+    if (shared) routes.merge(health_routes);
+    try {
+      metrics_endpoint_ = std::make_unique<HttpEndpoint>(io, *metrics_port, std::move(routes));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("cannot serve the metrics (--metrics-port): ") +
+                               e.what());
+    }
+    spdlog::info("serving Prometheus metrics at http://{}:{}{}", host_, metrics_endpoint_->port(),
+                 kMetricsPath);
+    if (shared) {
+      spdlog::info("serving the health check at http://{}:{}/", host_, metrics_endpoint_->port());
+    }
+  }
+  if (health_port && !(metrics_port && *health_port == *metrics_port && *metrics_port != 0)) {
+    try {
+      health_endpoint_ = std::make_unique<HttpEndpoint>(io, *health_port, std::move(health_routes));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(
+          std::string("cannot serve the health check (TORCHELASTIC_HEALTH_CHECK_PORT): ") +
+          e.what());
+    }
+    spdlog::info("serving the health check at http://{}:{}/", host_, health_endpoint_->port());
+  }
+}
+
+void Telemetry::set_progress_source(std::function<std::vector<WorkerProgress>()> source) {
+  progress_source_ = std::move(source);
+}
+
+std::optional<std::uint16_t> Telemetry::metrics_port() const {
+  if (!metrics_endpoint_) return std::nullopt;
+  return metrics_endpoint_->port();
+}
+
+std::optional<std::uint16_t> Telemetry::health_check_port() const {
+  if (health_endpoint_) return health_endpoint_->port();
+  if (config_.watchdogs.health_check_port && metrics_endpoint_) return metrics_endpoint_->port();
+  return std::nullopt;
+}
+
+std::vector<WorkerProgress> Telemetry::progress() const {
+  return progress_source_ ? progress_source_() : std::vector<WorkerProgress>{};
+}
+
+void Telemetry::log(std::string_view event, const nlohmann::ordered_json& fields) {
+  if (event_log_) event_log_->write(event, fields);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Events
+
+void Telemetry::job_started() {
+  const std::string nnodes = config_.min_nodes == config_.max_nodes
+                                 ? std::to_string(config_.max_nodes)
+                                 : fmt::format("{}:{}", config_.min_nodes, config_.max_nodes);
+  log("job_start", {{"nnodes", nnodes},
+                    {"nproc_per_node", config_.nproc_per_node},
+                    {"max_restarts", config_.max_restarts},
+                    {"rdzv_backend", backend_name(config_.rdzv_backend)},
+                    {"role", config_.role},
+                    {"entrypoint", config_.script_name},
+                    {"version", DIST_VERSION}});
+}
+
+void Telemetry::state(std::string_view name) {
+  state_ = name;
+}
+
+void Telemetry::round_joined(const Assignment& a) {
+  round_ = a;
+  log("rendezvous", {{"round", a.round},
+                     {"node_rank", a.node_rank},
+                     {"num_nodes", a.num_nodes},
+                     {"world_size", a.world_size},
+                     {"rank_offset", a.rank_offset},
+                     {"restart_count", a.restarts}});
+}
+
+void Telemetry::worker_started(const WorkerRef& w) {
+  ++workers_alive_;
+  ++worker_starts_;
+  log("worker_start", worker_fields(w));
+}
+
+void Telemetry::worker_exited(const WorkerRef& w, int code, bool failed,
+                              const std::string& reason) {
+  --workers_alive_;
+  if (failed) ++worker_failures_;
+  auto fields = worker_fields(w);
+  fields["exit_code"] = code >= 0 ? nlohmann::ordered_json(code) : nlohmann::ordered_json();
+  fields["signal"] = signal_or_null(-code);
+  fields["failed"] = failed;
+  fields["reason"] = text_or_null(reason);
+  log("worker_exit", fields);
+}
+
+void Telemetry::timer_expired(const WorkerRef& w, const TimerExpiry& timer) {
+  ++timer_expirations_;
+  auto fields = worker_fields(w);
+  fields["pid"] = timer.pid;
+  fields["scope_id"] = timer.scope_id;
+  fields["signal"] = signal_or_null(timer.signal);
+  log("timer_expired", fields);
+}
+
+void Telemetry::worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent, int signal) {
+  ++hung_workers_;
+  auto fields = worker_fields(w);
+  fields["silent_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(silent).count();
+  fields["signal"] = signal_name(signal);
+  log("worker_hung", fields);
+}
+
+void Telemetry::restarting(int restart_count) {
+  round_.restarts = restart_count;
+  log("restart", {{"restart_count", restart_count}, {"max_restarts", config_.max_restarts}});
+}
+
+void Telemetry::verdict(int round, const Verdict& v) {
+  log("verdict", {{"round", round},
+                  {"action", schema::action_name(v.action)},
+                  {"restarts", v.restarts},
+                  {"reason", v.reason}});
+}
+
+void Telemetry::node_lost(int round, int node_rank) {
+  ++nodes_lost_;
+  log("node_lost", {{"round", round}, {"node_rank", node_rank}});
+}
+
+void Telemetry::node_joined(int round) {
+  log("node_joined", {{"round", round}});
+}
+
+void Telemetry::job_ended(int exit_code, std::string_view outcome, const std::string& reason) {
+  log("job_end", {{"outcome", outcome},
+                  {"exit_code", exit_code},
+                  {"restarts", round_.restarts},
+                  {"reason", text_or_null(reason)}});
+}
+
+// ----------------------------------------------------------------------------------------------
+// Endpoints
+
+HttpResponse Telemetry::metrics() const {
+  const auto workers = progress();
+  Exposition m;
+  m.family("dist_launch_info", "gauge", "The job this agent runs.")
+      .sample(1, {{"run_id", config_.run_id},
+                  {"role", config_.role},
+                  {"host", host_},
+                  {"version", DIST_VERSION}});
+  m.family("dist_launch_state", "gauge", "The agent's lifecycle state: 1 for the current one.");
+  for (const auto s : kAgentStateNames) m.sample(s == state_ ? 1 : 0, {{"state", std::string(s)}});
+  m.family("dist_launch_round", "gauge", "The rendezvous round this node joined last.")
+      .sample(round_.round);
+  m.family("dist_launch_node_rank", "gauge", "This node's rank in that round.")
+      .sample(round_.node_rank);
+  m.family("dist_launch_nodes", "gauge", "Nodes in that round.").sample(round_.num_nodes);
+  m.family("dist_launch_world_size", "gauge", "Workers in that round, all nodes.")
+      .sample(round_.world_size);
+  m.family("dist_launch_restarts_total", "counter",
+           "Restarts of the worker group (job-wide in elastic jobs).")
+      .sample(round_.restarts);
+  m.family("dist_launch_max_restarts", "gauge", "--max-restarts.").sample(config_.max_restarts);
+  m.family("dist_launch_workers", "gauge", "Workers of this node per round (--nproc-per-node).")
+      .sample(config_.nproc_per_node);
+  m.family("dist_launch_workers_alive", "gauge", "Workers of this node started and not reaped.")
+      .sample(workers_alive_);
+  m.family("dist_launch_worker_starts_total", "counter", "Workers started on this node.")
+      .sample(static_cast<double>(worker_starts_));
+  m.family("dist_launch_worker_failures_total", "counter",
+           "Worker exits on this node that failed their round.")
+      .sample(static_cast<double>(worker_failures_));
+  m.family("dist_launch_timer_expirations_total", "counter",
+           "File timers (TORCHELASTIC_TIMER_FILE) that expired on this node.")
+      .sample(static_cast<double>(timer_expirations_));
+  m.family("dist_launch_hung_workers_total", "counter",
+           "Workers of this node killed for a silent heartbeat.")
+      .sample(static_cast<double>(hung_workers_));
+  m.family("dist_launch_nodes_lost_total", "counter", "Other nodes this node saw vanish.")
+      .sample(static_cast<double>(nodes_lost_));
+  if (config_.watchdogs.worker_heartbeat_timeout.count() > 0) {
+    m.family("dist_launch_worker_heartbeat_timeout_seconds", "gauge", "--worker-heartbeat-timeout.")
+        .sample(seconds(config_.watchdogs.worker_heartbeat_timeout));
+  }
+  m.family("dist_launch_worker_heartbeat_age_seconds", "gauge",
+           "Seconds since a running worker's last heartbeat (workers that beat).");
+  for (const auto& p : workers) {
+    if (!p.silence) continue;
+    m.sample(seconds(*p.silence), {{"rank", std::to_string(p.worker.rank)},
+                                   {"local_rank", std::to_string(p.worker.local_rank)}});
+  }
+  m.family("dist_launch_worker_heartbeats_total", "counter",
+           "Heartbeats of a running worker (workers that beat).");
+  for (const auto& p : workers) {
+    if (!p.silence) continue;
+    m.sample(static_cast<double>(p.beats), {{"rank", std::to_string(p.worker.rank)},
+                                            {"local_rank", std::to_string(p.worker.local_rank)}});
+  }
+  if (event_log_) {
+    m.family("dist_launch_event_log_lost_total", "counter",
+             "Event log lines that could not be written.")
+        .sample(static_cast<double>(event_log_->lost()));
+  }
+  return {200, "text/plain; version=0.0.4; charset=utf-8", m.take()};
+}
+
+HttpResponse Telemetry::health() const {
+  const auto now = std::chrono::system_clock::now();
+  const WorkerProgress* most_silent = nullptr;
+  const auto workers = progress();
+  for (const auto& p : workers) {
+    if (p.silence && (!most_silent || *p.silence > *most_silent->silence)) most_silent = &p;
+  }
+  const auto silence = most_silent ? *most_silent->silence : std::chrono::nanoseconds(0);
+  const auto last_progress = std::chrono::duration_cast<std::chrono::seconds>(
+      (now - std::chrono::duration_cast<std::chrono::system_clock::duration>(silence))
+          .time_since_epoch());
+  const bool alive = silence < kHealthCheckTimeout;
+  nlohmann::ordered_json body = {{"alive", alive},
+                                 {"last_progress_time", last_progress.count()},
+                                 {"timeout_s", kHealthCheckTimeout.count()},
+                                 {"state", state_},
+                                 {"round", round_.round},
+                                 {"workers_alive", workers_alive_}};
+  if (most_silent) {
+    body["most_silent_worker"] = {{"rank", most_silent->worker.rank},
+                                  {"local_rank", most_silent->worker.local_rank},
+                                  {"heartbeat_age_s", seconds(silence)}};
+  }
+  return {alive ? 200 : 503, "application/json", body.dump() + "\n"};
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,133 @@
+// What the agent tells the outside about its job, all on its io_context:
+//   - the event log (--event-log FILE, event_log.h): one JSON object per line;
+//   - Prometheus metrics (--metrics-port P): text format 0.0.4 at /metrics;
+//   - torch's health check (TORCHELASTIC_HEALTH_CHECK_PORT): HTTP at / (also /health, /healthz).
+// The agent and the worker group report what happens through the calls below; the same port for
+// both endpoints serves both.
+//
+// Event log schema, version 1 (fields are added, never renamed or removed; a reader ignores what
+// it does not know). Every line:
+//   event (string), time (UTC, ISO 8601 with milliseconds), ts_ms (the same, Unix milliseconds),
+//   run_id, host, agent_pid, and lost_before (lines lost just before this one) when some were.
+// Events and their own fields:
+//   job_start      nnodes ("2" or "1:4"), nproc_per_node, max_restarts, rdzv_backend, role,
+//                  entrypoint, version
+//   rendezvous     round, node_rank, num_nodes, world_size, rank_offset, restart_count
+//   worker_start   round, rank, local_rank, pid
+//   worker_exit    round, rank, local_rank, pid, exit_code (null when killed by a signal), signal
+//                  ("SIGKILL", or null), failed (the exit failed the round), reason (why a
+//                  watchdog killed it, or null)
+//   timer_expired  round, rank, local_rank, pid (the request's), scope_id, signal (or null: the
+//                  request named none and nothing is killed)
+//   worker_hung    round, rank, local_rank, pid, silent_ms, signal (what it is sent first)
+//   restart        restart_count, max_restarts
+//   verdict        round, action (restart, reshape, fail, done), restarts, reason (elastic jobs:
+//                  the job-wide decision after a round ended)
+//   node_lost      round, node_rank (-1: unknown)
+//   node_joined    round (a node asked to join: the round ends for a new one)
+//   job_end        outcome (succeeded, failed, stopped), exit_code, restarts, reason (or null)
+//
+// Health check: torch 2.x reads TORCHELASTIC_HEALTH_CHECK_PORT and builds a server whose alive
+// callback is the file timer's last progress time (or the current time), with a 60 s timeout, but
+// its open-source HealthCheckServer.start() serves nothing (only Meta's internal one does). Here
+// the same answer is served over HTTP: last_progress_time is the current time, except while workers
+// run that beat (dist::sdk::heartbeat()): then the last beat of the most silent one. 200 while
+// that is less than kHealthCheckTimeout old, 503 after; the body is a JSON object saying why.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dist/agent/config.h"
+#include "health/event_log.h"
+#include "health/file_timer_server.h"
+#include "health/http_endpoint.h"
+#include "rendezvous/rendezvous.h"
+
+namespace dist::agent {
+
+inline constexpr std::chrono::seconds kHealthCheckTimeout{60};  // torch's
+
+// The agent's lifecycle states (agent.cc's State, in its order), as the metrics name them.
+inline constexpr std::array<std::string_view, 10> kAgentStateNames = {
+    "init",        "rendezvous", "running",   "stopping", "exit_barrier",
+    "round_ended", "restarting", "succeeded", "failed",   "exit"};
+
+// A worker, as the events name it.
+struct WorkerRef {
+  int round = 0;
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+};
+
+// A running worker's heartbeat, for the metrics and the health check.
+struct WorkerProgress {
+  WorkerRef worker;
+  std::optional<std::chrono::nanoseconds> silence;  // since its last beat; none before the first
+  std::uint64_t beats = 0;
+};
+
+class Telemetry {
+ public:
+  // Opens the event log and binds the endpoints the configuration asks for. Throws
+  // std::runtime_error saying which could not be (the file, the port).
+  Telemetry(boost::asio::io_context& io, const LaunchConfig& config, std::string host);
+  Telemetry(const Telemetry&) = delete;
+  Telemetry& operator=(const Telemetry&) = delete;
+
+  // Where the running workers' heartbeats are read (the worker group).
+  void set_progress_source(std::function<std::vector<WorkerProgress>()> source);
+  std::optional<std::uint16_t> metrics_port() const;
+  std::optional<std::uint16_t> health_check_port() const;
+  // Whether an endpoint shows the workers' heartbeats (then workers get a heartbeat slot even
+  // without --worker-heartbeat-timeout).
+  bool shows_heartbeats() const { return metrics_endpoint_ || health_endpoint_; }
+
+  void job_started();
+  void state(std::string_view name);  // the agent's lifecycle state, for the metrics
+  void round_joined(const Assignment& a);
+  void worker_started(const WorkerRef& w);
+  void worker_exited(const WorkerRef& w, int code, bool failed, const std::string& reason);
+  void timer_expired(const WorkerRef& w, const TimerExpiry& timer);
+  void worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent, int signal);
+  void restarting(int restart_count);
+  void verdict(int round, const Verdict& v);
+  void node_lost(int round, int node_rank);
+  void node_joined(int round);
+  void job_ended(int exit_code, std::string_view outcome, const std::string& reason);
+
+ private:
+  void log(std::string_view event, const nlohmann::ordered_json& fields);
+  HttpResponse metrics() const;
+  HttpResponse health() const;
+  std::vector<WorkerProgress> progress() const;
+
+  const LaunchConfig& config_;
+  std::string host_;
+  std::optional<EventLog> event_log_;
+  std::unique_ptr<HttpEndpoint> metrics_endpoint_;
+  std::unique_ptr<HttpEndpoint> health_endpoint_;  // null when the metrics' serves it too
+  std::function<std::vector<WorkerProgress>()> progress_source_;
+
+  std::string state_ = "init";
+  Assignment round_;  // the round joined last (before one: num_nodes 0)
+  int workers_alive_ = 0;
+  std::uint64_t worker_starts_ = 0;
+  std::uint64_t worker_failures_ = 0;
+  std::uint64_t timer_expirations_ = 0;
+  std::uint64_t hung_workers_ = 0;
+  std::uint64_t nodes_lost_ = 0;
+};
+
+}  // namespace dist::agent

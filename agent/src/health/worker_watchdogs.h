@@ -1,0 +1,79 @@
+// The hang watchdogs of this node's workers, for the worker group:
+//   - torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1, file_timer_server.h): the workers get
+//     TORCHELASTIC_TIMER_FILE; a process of theirs whose timer expires is sent the signal its
+//     request names, as torch does;
+//   - the SDK's heartbeat (--worker-heartbeat-timeout S, heartbeat_monitor.h): a worker that beat
+//     and then stays silent for S seconds is hung. One the kernel holds stopped (SIGSTOP, a
+//     debugger's stop) gets SIGKILL at once, since nothing else reaches it; another gets SIGABRT,
+//     so that it leaves a core or a stack trace of the hang, and its process group SIGKILL
+//     kHungWorkerAbortGrace later. Without the timeout, workers still get a slot when the metrics
+//     or the health check show heartbeats: nothing is then killed.
+// The worker's exit then fails the round like any failure, and the group restarts if restarts are
+// left; reason() names the watchdog for the failure report. Timers and deadlines apply to a
+// running group only: stopping() ends them until the next start.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/agent/config.h"
+#include "health/file_timer_server.h"
+#include "health/heartbeat_monitor.h"
+#include "health/telemetry.h"
+#include "processes/process.h"
+
+namespace dist::agent {
+
+inline constexpr std::chrono::milliseconds kHungWorkerAbortGrace{3000};
+
+class WorkerWatchdogs {
+ public:
+  // Serves the file timer pipe when the options ask for it (throws std::runtime_error naming the
+  // path when it cannot).
+  WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options,
+                  Telemetry& telemetry);
+  WorkerWatchdogs(const WorkerWatchdogs&) = delete;
+  WorkerWatchdogs& operator=(const WorkerWatchdogs&) = delete;
+
+  // For local rank `local_rank`, about to start: its variables, and the descriptors it must
+  // inherit.
+  void prepare(int local_rank, Variables& env, std::vector<int>& fds);
+  void started(const WorkerRef& worker);
+  void exited(int local_rank);
+  void stopping();
+
+  // Why a watchdog killed this worker ("timer expired (scope 'step')"); empty when none did.
+  std::string reason(int local_rank) const;
+  // The running workers' heartbeats.
+  std::vector<WorkerProgress> progress() const;
+
+ private:
+  struct Watched {
+    WorkerRef worker;
+    bool running = false;
+    std::string reason;
+    std::unique_ptr<boost::asio::steady_timer> abort_grace;
+  };
+  void on_timer_expired(const TimerExpiry& timer);
+  void on_silent(int local_rank, std::chrono::nanoseconds silent);
+  Watched* owner_of(pid_t pid);
+
+  boost::asio::io_context& io_;
+  const WatchdogOptions& options_;
+  Telemetry& telemetry_;
+  std::optional<FileTimerServer> timers_;
+  std::optional<HeartbeatMonitor> heartbeats_;
+  std::vector<Watched> workers_;  // by local rank
+  bool running_ = false;
+  std::shared_ptr<char> alive_ = std::make_shared<char>();
+};
+
+}  // namespace dist::agent

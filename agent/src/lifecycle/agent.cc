@@ -1,0 +1,676 @@
+// The agent: one state machine (lifecycle/machine.h) on one io_context, over a RoundSource that
+// hides how rounds form (one node, static, elastic: rendezvous/round_source.h).
+//
+// What happens to the agent arrives as a typed event (namespace event) through on(): from the
+// worker group (failed, succeeded, stopped), the signals (signalfd, with the sender's pid), and the
+// coroutines that talk to the rendezvous store (joined, round ended elsewhere, barrier, verdict,
+// failures). Each handler records what the event says, asks next_state() where it leads, and
+// enter() runs the entry action of the state it returns. Nothing blocks the thread: the hosted
+// store, the workers' output and every store call share it. A stop signal works in every state:
+// pending store calls are cancelled (their sessions closed) and the agent leaves through EXIT,
+// cleaning up as it always does.
+#include "dist/agent/agent.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <optional>
+#include <variant>
+
+#include "dist/agent/console.h"
+#include "dist/agent/signals.h"
+#include "dist/rendezvous/errors.h"
+#include "dist/rendezvous/token.h"
+#include "health/telemetry.h"
+#include "lifecycle/launcher_channel.h"
+#include "lifecycle/machine.h"
+#include "lifecycle/signal_watcher.h"
+#include "processes/janitor.h"
+#include "processes/job_processes.h"
+#include "processes/process.h"
+#include "rendezvous/round_source.h"
+#include "workers/failure_report.h"
+#include "workers/run_directory.h"
+#include "workers/worker_group.h"
+
+namespace dist::agent {
+namespace asio = boost::asio;
+
+namespace {
+
+constexpr int kExitAgentError = 1;
+
+template <typename... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <typename... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+}  // namespace
+
+// What happens to the agent, as typed events.
+namespace event {
+struct Prepared {};  // the stores and the rendezvous session are ready
+struct Joined {
+  Assignment assignment;
+};
+struct WorkersFailed {
+  std::vector<WorkerFailure> failures;
+};
+struct WorkersSucceeded {};
+struct GroupStopped {};
+struct WatchEnded {  // the round's watch: ended elsewhere, stopped, or the store lost
+  WatchOutcome outcome;
+};
+struct BarrierDone {
+  bool everyone = false;
+};
+struct VerdictReached {
+  Verdict verdict;
+};
+struct FailuresCollected {
+  std::vector<WorkerFailure> all;
+};
+struct OthersLeft {};
+struct RendezvousFailed {  // a rendezvous step could not be done
+  enum Kind { kError, kJobOver, kJobDone, kRoundAborted, kCancelled } kind = kError;
+  std::string why;
+};
+struct SignalReceived {
+  int signal = 0;
+  pid_t sender = 0;
+  int code = 0;  // si_code
+};
+}  // namespace event
+
+using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed,
+                           event::WorkersSucceeded, event::GroupStopped, event::WatchEnded,
+                           event::BarrierDone, event::VerdictReached, event::FailuresCollected,
+                           event::OthersLeft, event::RendezvousFailed, event::SignalReceived>;
+
+class Agent {
+ public:
+  Agent(const LaunchConfig& config, const AgentId& agent_id, Janitor* janitor)
+      : config_(config),
+        agent_id_(agent_id),
+        janitor_(janitor),
+        signals_(io_, watched_signals(config)),
+        host_(config.local_addr.empty() ? this_host() : config.local_addr),
+        rounds_(make_round_source(io_, config, host_,
+                                  [](const std::string& text) { spdlog::info("{}", text); })) {}
+
+  ~Agent() { shut_down(); }
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  int run() {
+    transition(State::kRendezvous);
+    if (state_ != State::kExit) io_.run();
+    shut_down();
+    return exit_code_;
+  }
+
+ private:
+  static std::vector<int> watched_signals(const LaunchConfig& config) {
+    std::vector<int> s = config.signals_to_handle;
+    s.push_back(SIGCHLD);
+    return s;
+  }
+
+  Facts facts() const {
+    Facts f;
+    f.several_nodes = rounds_->several_nodes();
+    f.elastic = rounds_->elastic();
+    f.restarts_left = restart_count_ < config_.max_restarts;
+    f.stop_reason = stopping_.reason;
+    f.group_stopped = stopping_.group_stopped;
+    f.watching = watching_;
+    return f;
+  }
+
+  // What the workers are sent when the group stops: nothing when they all succeeded, SIGKILL when
+  // they could not all start, the stop signal received, else SIGTERM (--shutdown-timeout later:
+  // SIGKILL).
+  int stop_signal() const {
+    switch (stopping_.reason) {
+      case StopReason::kAllSucceeded:
+        return 0;
+      case StopReason::kStartFailed:
+        return SIGKILL;
+      case StopReason::kSignal:
+        return stopping_.signal;
+      case StopReason::kWorkerFailed:
+      case StopReason::kRoundEnded:
+      case StopReason::kStoreLost:
+        break;
+    }
+    return SIGTERM;
+  }
+
+  // Feeds `input` to the machine and follows where it leads.
+  void feed(Input input) {
+    if (const auto t = next_state(state_, input, facts())) enter(*t);
+  }
+
+  void enter(const Transition& t) {
+    if (t.stop) stopping_.reason = *t.stop;
+    if (t.signal_exit && state_ == State::kStopping) {
+      spdlog::warn("stopped by {}", signal_name(stopping_.signal));
+    }
+    if (t.signal_exit) exit_code_ = 128 + stopping_.signal;
+    if (t.exit_code) exit_code_ = *t.exit_code;
+    if (t.to != state_ || t.to == State::kRendezvous) transition(t.to);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Entry actions, in one place.
+
+  void transition(State next) {
+    state_ = next;
+    if (telemetry_) telemetry_->state(state_name(next));
+    switch (next) {
+      case State::kInit:
+        return;
+      case State::kRendezvous:
+        if (!prepared_) return prepare();  // continues on Prepared
+        return begin_round();              // continues on Joined
+      case State::kRunning:
+        return start_workers();
+      case State::kStopping:
+        stopping_.group_stopped = false;
+        group_->stop(stop_signal(), std::exchange(stopping_.signal_already_sent, false));
+        return;  // continues on GroupStopped (and WatchEnded)
+      case State::kExitBarrier:
+        return launch(rounds_->exit_barrier(*round_),
+                      [](bool everyone) { return event::BarrierDone{everyone}; });
+      case State::kRoundEnded:  // elastic: the job's one verdict, whichever node asks first
+        return launch(rounds_->decide(*round_),
+                      [](Verdict v) { return event::VerdictReached{std::move(v)}; });
+      case State::kRestarting:
+        return restart();
+      case State::kSucceeded:
+        if (config_.nproc_per_node == 1) {
+          spdlog::info("the worker of this node succeeded");
+        } else {
+          spdlog::info("all {} workers of this node succeeded", config_.nproc_per_node);
+        }
+        exit_code_ = 0;
+        return transition(State::kExit);
+      case State::kFailed:
+        if (!rounds_->several_nodes()) return report(failures_);
+        return launch(rounds_->collect_failures(round_.value_or(Assignment{}), failure_summary()),
+                      [](std::vector<WorkerFailure> all) {
+                        return event::FailuresCollected{std::move(all)};
+                      });
+      case State::kExit:
+        warn_incomplete_logs();
+        return begin_exit();
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Events.
+
+  void on(Event e) {
+    std::visit(Overloaded{
+                   [&](event::Prepared&) {
+                     if (state_ != State::kRendezvous) return;
+                     prepared_ = true;
+                     feed(Input::kPrepared);
+                   },
+                   [&](event::Joined& j) { on_joined(std::move(j.assignment)); },
+                   [&](event::WorkersFailed& f) { on_workers_failed(std::move(f.failures)); },
+                   [&](event::WorkersSucceeded&) { feed(Input::kWorkersSucceeded); },
+                   [&](event::GroupStopped&) {
+                     if (state_ != State::kStopping) return;
+                     stopping_.group_stopped = true;
+                     if (watching_) rounds_->stop_watch();  // continues on WatchEnded
+                     feed(Input::kGroupStopped);
+                   },
+                   [&](event::WatchEnded& w) { on_watch_ended(w.outcome); },
+                   [&](event::BarrierDone& b) {
+                     if (state_ == State::kExitBarrier && !b.everyone) {
+                       spdlog::warn(
+                           "the round ended on another node while this one waited at the exit "
+                           "barrier");
+                     }
+                     feed(b.everyone ? Input::kBarrierEveryone : Input::kBarrierRoundEnded);
+                   },
+                   [&](event::VerdictReached& v) { on_verdict(v.verdict); },
+                   [&](event::FailuresCollected& c) {
+                     if (state_ != State::kFailed) return;
+                     report(c.all.empty() ? failures_ : std::move(c.all));
+                   },
+                   [&](event::OthersLeft&) {
+                     if (state_ == State::kExit) finish();
+                   },
+                   [&](event::RendezvousFailed& f) { on_rendezvous_failed(f); },
+                   [&](event::SignalReceived& s) { on_signal(s.signal, s.sender, s.code); },
+               },
+               e);
+  }
+
+  void on_joined(Assignment a) {
+    if (state_ != State::kRendezvous) return;
+    restart_count_ = a.restarts;
+    telemetry_->round_joined(a);
+    spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}", a.round, a.node_rank,
+                 a.num_nodes, a.rank_offset, a.rank_offset + config_.nproc_per_node - 1,
+                 a.world_size);
+    round_ = std::move(a);
+    feed(Input::kJoined);
+  }
+
+  void on_workers_failed(std::vector<WorkerFailure> failures) {
+    if (state_ != State::kRunning) return;
+    failures_ = std::move(failures);
+    if (rounds_->several_nodes()) {  // every node stops its workers and hears what failed here
+      fire_and_forget(rounds_->announce_failure(*round_, failures_), "announcing the failure");
+    }
+    feed(Input::kWorkersFailed);
+  }
+
+  void on_watch_ended(const WatchOutcome& o) {
+    watching_ = false;
+    if (!o.store_lost.empty()) {
+      spdlog::error("lost the rendezvous store: {}", o.store_lost);
+      failure_reason_ = "lost the rendezvous store at " + rounds_->describe();
+      return feed(Input::kStoreLost);
+    }
+    if (o.result.kind == WatchResult::kStopped) return feed(Input::kWatchStopped);
+    if (state_ == State::kRunning) {
+      switch (o.result.kind) {
+        case WatchResult::kFailed:
+          spdlog::warn("a worker on another node failed");
+          break;
+        case WatchResult::kNodeLost:
+          spdlog::error("node {}'s agent is gone (its connection to the store closed)",
+                        o.result.node);
+          telemetry_->node_lost(round_->round, o.result.node);
+          break;
+        case WatchResult::kNewcomer:
+          spdlog::info("a new node is waiting to join: stopping the workers for a new round");
+          telemetry_->node_joined(round_->round);
+          break;
+        case WatchResult::kStopped:
+          break;
+      }
+    }
+    feed(Input::kRoundEndedElsewhere);
+  }
+
+  void on_verdict(const Verdict& v) {
+    if (state_ != State::kRoundEnded) return;
+    telemetry_->verdict(round_->round, v);
+    switch (v.action) {
+      case Verdict::kRestart:
+        spdlog::warn("round {} ended: {}", round_->round, v.reason);
+        restart_count_ = v.restarts;
+        return feed(Input::kVerdictRestart);
+      case Verdict::kReshape:
+        spdlog::warn(
+            "round {} ended ({}): a new round with the nodes that are there (not a restart)",
+            round_->round, v.reason);
+        failures_.clear();
+        return feed(Input::kVerdictReshape);
+      case Verdict::kFail:
+      case Verdict::kDone:  // cannot follow a round that failed here; treated as a failure
+        failure_reason_ = v.reason;
+        return feed(Input::kVerdictFail);
+    }
+  }
+
+  void on_rendezvous_failed(const event::RendezvousFailed& f) {
+    using Kind = event::RendezvousFailed::Kind;
+    if (f.kind == Kind::kCancelled || state_ == State::kExit) return;  // said when cancelled
+    switch (f.kind) {
+      case Kind::kJobDone:
+        spdlog::warn("{}: nothing to do", f.why);
+        return feed(Input::kJobDone);
+      case Kind::kRoundAborted: {
+        spdlog::warn("{}", f.why);
+        const auto t = next_state(state_, Input::kRoundAborted, facts());
+        if (t && t->to == State::kFailed) failure_reason_ = f.why;
+        if (t) enter(*t);
+        return;
+      }
+      case Kind::kJobOver:
+        spdlog::error("{}", f.why);
+        return feed(Input::kRendezvousError);
+      default:
+        spdlog::error("rendezvous failed: {}", f.why);
+        return feed(Input::kRendezvousError);
+    }
+  }
+
+  void on_signal(int signal, pid_t sender, int code) {
+    if (signal == SIGCHLD) {
+      if (group_) group_->reap();
+      return;
+    }
+    if (is_forward_only(signal)) {
+      spdlog::info("forwarding {} to the workers", signal_name(signal));
+      if (group_) group_->forward(signal);
+      return;
+    }
+    // Slurm signals every process of the step itself: the workers have this one already.
+    const bool workers_have_it = sent_by_slurm_step(code, sender);
+    if (state_ == State::kStopping && stopping_.signal_received) {
+      spdlog::warn("{} again: killing the workers now", signal_name(signal));
+      return group_->stop(SIGKILL);
+    }
+    stopping_.signal_received = true;
+    if (state_ == State::kExit) return finish();  // leaving already: now
+    const State before = state_;
+    stopping_.signal = signal;
+    if (before == State::kRunning) {
+      spdlog::warn("{} received{}: stopping the workers (grace period {} ms)", signal_name(signal),
+                   workers_have_it ? " from Slurm, which signalled the workers too" : "",
+                   config_.shutdown_timeout.count());
+      stopping_.signal_already_sent = workers_have_it;
+    } else if (before == State::kStopping) {  // stopping for another reason: leave afterwards
+      spdlog::warn("{} received: leaving once the workers are stopped", signal_name(signal));
+      group_->stop(signal, workers_have_it);
+    } else {  // no worker runs: whatever is pending (a rendezvous, a barrier) is cancelled
+      spdlog::warn("{} received: leaving the job", signal_name(signal));
+    }
+    feed(Input::kStopSignal);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // RENDEZVOUS and RESTARTING
+
+  // Once: the run directory, the token file, the signals, the launcher's channel, telemetry and
+  // the worker group; then the stores and the rendezvous session.
+  void prepare() {
+    try {
+      prepare_node();
+    } catch (const std::exception& e) {  // devices, placement, ports or files this node cannot give
+      spdlog::error("{}", e.what());
+      exit_code_ = kExitAgentError;
+      return transition(State::kExit);
+    }
+    launch(rounds_->prepare(), [] { return event::Prepared{}; });
+  }
+
+  void prepare_node() {
+    run_dir_.emplace(config_, host_);
+    if (config_.writes_log_files()) spdlog::info("worker logs in {}", run_dir_->path().string());
+    provide_token_file();
+    signals_.start([this](SignalWatcher::Received r) {
+      on(event::SignalReceived{r.signal, r.sender, r.code});
+    });
+    if (config_.launcher_fd >= 0) {
+      launcher_.emplace(io_, config_.launcher_fd);
+      launcher_->start([this](int signal) { on(event::SignalReceived{signal, 0, SI_USER}); });
+    }
+    telemetry_.emplace(io_, config_, host_);  // the event log, metrics and health check
+    telemetry_->job_started();
+    group_.emplace(
+        io_, config_, *run_dir_, agent_id_, janitor_, console_, *telemetry_,
+        WorkerGroup::Identity{host_, token_file_},
+        WorkerGroup::Events{
+            [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
+            [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
+    telemetry_->set_progress_source(
+        [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
+  }
+
+  // Where the workers find the token (DIST_LAUNCH_TOKEN_FILE): the file given, or one written
+  // here, mode 0600, in the run directory (a generated token, or one read from stdin).
+  void provide_token_file() {
+    token_file_ = config_.token_file;
+    if (config_.secret.empty() || !token_file_.empty()) return;
+    const std::string path = (run_dir_->path() / "token").string();
+    rendezvous::write_secret_file(path, config_.secret);
+    token_file_ = written_token_file_ = path;
+  }
+
+  void begin_round() {
+    launch(rounds_->join(restart_count_, round_),
+           [](Assignment a) { return event::Joined{std::move(a)}; });
+  }
+
+  void restart() {
+    if (!rounds_->elastic()) ++restart_count_;  // elastic: the verdict counted it, job-wide
+    telemetry_->restarting(restart_count_);
+    spdlog::warn("restarting the worker group (restart {} of {})", restart_count_,
+                 config_.max_restarts);
+    failures_.clear();
+    rounds_->restart();
+    transition(State::kRendezvous);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // RUNNING
+
+  void start_workers() {
+    try {
+      group_->start(*round_, rounds_->workers_store(*round_));
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return feed(Input::kStartFailed);
+    }
+    if (!rounds_->several_nodes()) return;
+    watching_ = true;
+    launch(rounds_->watch(*round_), [](WatchOutcome o) { return event::WatchEnded{std::move(o)}; });
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // FAILED and EXIT
+
+  std::string failure_summary() const {
+    if (!failure_reason_.empty()) return failure_reason_;
+    if (failures_.empty()) return "round " + std::to_string(round_ ? round_->round : 0) + " failed";
+    const auto& root = failures_[root_cause_index(failures_)];
+    return "worker " + std::to_string(root.rank) + " on " + root.host + " failed";
+  }
+
+  void report(std::vector<WorkerFailure> all) {
+    failures_ = std::move(all);
+    if (failures_.empty()) {  // the job failed without a worker failing (nodes lost)
+      spdlog::error("the job failed: {}",
+                    failure_reason_.empty()
+                        ? "round " + std::to_string(round_ ? round_->round : 0) +
+                              " failed on another node, which left no failure record"
+                        : failure_reason_);
+      exit_code_ = kExitAgentError;
+    } else {
+      if (config_.print_failure_report) {
+        console_->write(ConsoleStream::kStderr, format_report(config_.script_name, failures_));
+      }
+      exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
+    }
+    feed(Input::kFailuresCollected);
+  }
+
+  void warn_incomplete_logs() {
+    if (!group_) return;
+    for (const LogFileError& e : group_->incomplete_logs()) {
+      spdlog::warn("worker logs are incomplete: {} holds the first {} bytes only ({})", e.path,
+                   e.bytes_written, e.error);
+    }
+  }
+
+  void begin_exit() {
+    // The agent that serves the store stays until the other agents have left (bounded), so that
+    // they can finish their exit barrier and report. Stopped by a signal, it leaves at once: the
+    // job cannot go on without its store, and the other agents stop when it closes.
+    if (!round_ || !rounds_->hosts_others()) return finish();
+    if (stopping_.reason == StopReason::kSignal) {
+      spdlog::warn("this agent hosts the job's store: the other nodes stop with it");
+      return finish();
+    }
+    launch(rounds_->wait_for_others(*round_), [] { return event::OthersLeft{}; });
+  }
+
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    record_job_end();
+    if (run_dir_) {
+      const bool keep = !failures_.empty() || config_.writes_log_files();
+      if (const auto said = run_dir_->finish(keep); !said.empty()) spdlog::info("{}", said);
+    }
+    io_.stop();
+  }
+
+  void record_job_end() {
+    if (!telemetry_) return;
+    if (exit_code_ == 0) return telemetry_->job_ended(0, "succeeded", "");
+    if (stopping_.reason == StopReason::kSignal) {
+      return telemetry_->job_ended(exit_code_, "stopped",
+                                   "stopped by " + signal_name(stopping_.signal));
+    }
+    telemetry_->job_ended(exit_code_, "failed", failure_summary());
+  }
+
+  // Cancels and releases everything, then lets the cancelled coroutines unwind while the objects
+  // they use still exist.
+  void shut_down() {
+    if (shut_down_) return;
+    shut_down_ = true;
+    rounds_->close();
+    group_.reset();  // SIGKILLs and reaps whatever still runs
+    if (!written_token_file_.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove(written_token_file_, ignored);
+    }
+    signals_.cancel();
+    if (launcher_) launcher_->cancel();
+    io_.restart();
+    while (io_.poll() > 0) {
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Coroutines, turned into events.
+
+  // Runs `task` on the io_context; its result becomes an event through `to_event`, a failure a
+  // RendezvousFailed.
+  template <typename T, typename ToEvent>
+  void launch(Task<T> task, ToEvent to_event) {
+    asio::co_spawn(io_, std::move(task), [this, to_event](std::exception_ptr e, T value) {
+      if (e) return on(failure_event(e));
+      on(to_event(std::move(value)));
+    });
+  }
+  template <typename ToEvent>
+  void launch(Task<void> task, ToEvent to_event) {
+    asio::co_spawn(io_, std::move(task), [this, to_event](std::exception_ptr e) {
+      if (e) return on(failure_event(e));
+      on(to_event());
+    });
+  }
+
+  // A call whose outcome changes nothing here: a failure is worth a line, no more.
+  void fire_and_forget(Task<void> task, std::string what) {
+    asio::co_spawn(io_, std::move(task), [what = std::move(what)](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const rendezvous::StoreError& error) {
+        if (error.code() != rendezvous::StoreErrc::kCancelled) {
+          spdlog::warn("{}: {}", what, error.what());
+        }
+      } catch (const std::exception& error) {
+        spdlog::warn("{}: {}", what, error.what());
+      }
+    });
+  }
+
+  static event::RendezvousFailed failure_event(std::exception_ptr e) {
+    using Kind = event::RendezvousFailed::Kind;
+    try {
+      std::rethrow_exception(e);
+    } catch (const JobOverError& error) {
+      return {error.succeeded() ? Kind::kJobDone : Kind::kJobOver, error.what()};
+    } catch (const RoundAbortedError& error) {
+      return {Kind::kRoundAborted, error.what()};
+    } catch (const rendezvous::StoreError& error) {
+      if (error.code() == rendezvous::StoreErrc::kCancelled) return {Kind::kCancelled, ""};
+      return {Kind::kError, error.what()};
+    } catch (const std::exception& error) {
+      return {Kind::kError, error.what()};
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+
+  // While STOPPING: why, with which signal, and what is done.
+  struct Stopping {
+    StopReason reason = StopReason::kAllSucceeded;
+    int signal = 0;  // the stop signal received (kSignal)
+    bool group_stopped = false;
+    bool signal_received = false;      // a stop signal came: a second one kills at once
+    bool signal_already_sent = false;  // the stop signal reached the workers from Slurm
+  };
+
+  const LaunchConfig& config_;
+  std::shared_ptr<Console> console_ = Console::process();  // never blocks (console.h)
+  const AgentId& agent_id_;
+  Janitor* janitor_;     // null when it could not start
+  asio::io_context io_;  // first: destroyed last, after everything that uses it
+  SignalWatcher signals_;
+  std::optional<LauncherChannel> launcher_;  // started by dist-launch --hosts
+  std::string host_;
+  std::unique_ptr<RoundSource> rounds_;
+  std::optional<RunDirectory> run_dir_;
+  std::string token_file_;              // the workers' DIST_LAUNCH_TOKEN_FILE (empty: no token)
+  std::string written_token_file_;      // when this agent wrote it: removed at the end
+  std::optional<Telemetry> telemetry_;  // from prepare() on
+  std::optional<WorkerGroup> group_;
+
+  State state_ = State::kInit;
+  bool prepared_ = false;
+  std::optional<Assignment> round_;  // the round this node is in, or was in last
+  bool watching_ = false;            // the round's watch has not reported back yet
+  Stopping stopping_;
+  int restart_count_ = 0;
+  std::vector<WorkerFailure> failures_;
+  std::string failure_reason_;  // why the job failed when no worker did
+  int exit_code_ = 0;
+  bool finished_ = false;
+  bool shut_down_ = false;
+};
+
+// No descendant outlives the job (job_processes.h): the agent is a subreaper, and its janitor,
+// started before the agent allocates much or starts a thread, cleans up if the agent is killed.
+int run_agent(const LaunchConfig& config) {
+  const AgentId agent_id = AgentId::generate();
+  spdlog::debug("agent id {}: every process of this job has {}={} in its environment",
+                agent_id.id(), kAgentIdVariable, agent_id.value());
+  if (!become_subreaper()) {
+    spdlog::warn(
+        "cannot become a child subreaper ({}): processes the workers start may outlive "
+        "the job",
+        std::strerror(errno));
+  }
+  std::optional<Janitor> janitor;
+  try {
+    janitor.emplace(agent_id.id());
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: processes the workers start may outlive a SIGKILL of this agent", e.what());
+  }
+  int exit_code;
+  {
+    Agent agent(config, agent_id, janitor ? &*janitor : nullptr);
+    exit_code = agent.run();
+  }
+  if (has_children()) {  // STOPPING ends with none; whatever path missed it, nothing stays
+    for (const ProcessRef& p : job_processes(agent_id.id(), janitor ? janitor->pid() : -1)) {
+      signal_process(p, SIGKILL);
+    }
+  }
+  return exit_code;  // ~Janitor dismisses it
+}
+
+}  // namespace dist::agent

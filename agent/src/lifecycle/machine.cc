@@ -1,0 +1,147 @@
+#include "lifecycle/machine.h"
+
+#include "health/telemetry.h"
+
+namespace dist::agent {
+namespace {
+
+constexpr int kExitAgentError = 1;  // the job could not be run (rendezvous, store, start)
+
+Transition to(State state) {
+  return {state, std::nullopt, std::nullopt, false};
+}
+Transition stopping(StopReason reason) {
+  return {State::kStopping, reason, std::nullopt, false};
+}
+Transition exit_with(int code) {
+  return {State::kExit, std::nullopt, code, false};
+}
+
+// STOPPING is over only once the group is stopped and the watch (several nodes) has ended.
+std::optional<Transition> once_stopped(const Facts& facts) {
+  if (!facts.group_stopped || facts.watching) return std::nullopt;
+  return after_stopping(facts);
+}
+
+std::optional<Transition> from_running(Input input) {
+  switch (input) {
+    case Input::kStartFailed:
+      return stopping(StopReason::kStartFailed);
+    case Input::kWorkersFailed:
+      return stopping(StopReason::kWorkerFailed);
+    case Input::kWorkersSucceeded:
+      return stopping(StopReason::kAllSucceeded);
+    case Input::kRoundEndedElsewhere:
+      return stopping(StopReason::kRoundEnded);
+    case Input::kStoreLost:
+      return stopping(StopReason::kStoreLost);
+    case Input::kStopSignal:
+      return stopping(StopReason::kSignal);
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<Transition> from_stopping(Input input, Facts facts) {
+  switch (input) {
+    case Input::kGroupStopped:
+    case Input::kWatchStopped:
+    case Input::kRoundEndedElsewhere:  // the watch ended on its own meanwhile
+      return once_stopped(facts);
+    case Input::kStoreLost: {  // the store went while stopping: nothing after this can use it
+      facts.stop_reason = StopReason::kStoreLost;
+      if (auto done = once_stopped(facts)) return done;
+      return stopping(StopReason::kStoreLost);
+    }
+    case Input::kStopSignal:  // stopping for another reason: leave once stopped
+      return stopping(StopReason::kSignal);
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<Transition> from_rendezvous_failure(State state, Input input, const Facts& facts) {
+  if (state == State::kExit) return std::nullopt;
+  switch (input) {
+    case Input::kJobDone:
+      return exit_with(0);
+    case Input::kRoundAborted:
+      if (!facts.elastic && state == State::kRendezvous) return to(after_failed_round(facts));
+      return exit_with(kExitAgentError);
+    default:
+      return exit_with(kExitAgentError);
+  }
+}
+
+}  // namespace
+
+std::string_view state_name(State state) {
+  static_assert(kAgentStateNames.size() == static_cast<std::size_t>(State::kExit) + 1);
+  return kAgentStateNames[static_cast<std::size_t>(state)];
+}
+
+State after_failed_round(const Facts& facts) {
+  if (facts.elastic) return State::kRoundEnded;
+  return facts.restarts_left ? State::kRestarting : State::kFailed;
+}
+
+Transition after_stopping(const Facts& facts) {
+  switch (facts.stop_reason) {
+    case StopReason::kAllSucceeded:
+      return to(facts.several_nodes ? State::kExitBarrier : State::kSucceeded);
+    case StopReason::kWorkerFailed:
+    case StopReason::kRoundEnded:
+      return to(after_failed_round(facts));
+    case StopReason::kSignal:
+      return {State::kExit, std::nullopt, std::nullopt, true};
+    case StopReason::kStartFailed:
+    case StopReason::kStoreLost:
+      return exit_with(kExitAgentError);
+  }
+  return exit_with(kExitAgentError);
+}
+
+std::optional<Transition> next_state(State state, Input input, const Facts& facts) {
+  switch (input) {
+    case Input::kJobDone:
+    case Input::kRoundAborted:
+    case Input::kRendezvousError:
+      return from_rendezvous_failure(state, input, facts);
+    case Input::kStopSignal:
+      if (state == State::kRunning || state == State::kStopping) break;
+      if (state == State::kExit) return std::nullopt;  // leaving already
+      return Transition{State::kExit, StopReason::kSignal, std::nullopt, true};
+    default:
+      break;
+  }
+  switch (state) {
+    case State::kRendezvous:
+      if (input == Input::kPrepared) return to(State::kRendezvous);  // now the round itself
+      if (input == Input::kJoined) return to(State::kRunning);
+      return std::nullopt;
+    case State::kRunning:
+      return from_running(input);
+    case State::kStopping:
+      return from_stopping(input, facts);
+    case State::kExitBarrier:
+      if (input == Input::kBarrierEveryone) return to(State::kSucceeded);
+      if (input == Input::kBarrierRoundEnded) return to(after_failed_round(facts));
+      return std::nullopt;
+    case State::kRoundEnded:
+      if (input == Input::kVerdictRestart) return to(State::kRestarting);
+      if (input == Input::kVerdictReshape) return to(State::kRendezvous);
+      if (input == Input::kVerdictFail) return to(State::kFailed);
+      return std::nullopt;
+    case State::kFailed:
+      if (input == Input::kFailuresCollected) return to(State::kExit);
+      return std::nullopt;
+    case State::kInit:
+    case State::kRestarting:
+    case State::kSucceeded:
+    case State::kExit:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,102 @@
+// The agent's lifecycle as a pure function: where an input takes the agent from a state, given
+// what the job's mode says. No I/O, no process: lifecycle/agent.cc feeds it its events and runs
+// the entry action of the state it returns; agent/tests/unit/lifecycle/machine_test.cc walks it
+// from tables.
+//
+//   INIT -> RENDEZVOUS -> RUNNING --all workers exited 0--> STOPPING -> [EXIT_BARRIER] -> SUCCEEDED
+//               ^           |--a worker failed, the round ended elsewhere--> STOPPING --+
+//               |           |--a stop signal, the store lost--> STOPPING -> EXIT       |
+//               |           \--SIGUSR1/2: forwarded, stays RUNNING                     |
+//               |                                                                      v
+//               +--- RESTARTING <--restart-- (static: restarts left? / elastic: ROUND_ENDED)
+//               +------------------reshape--------------------------/        \--fail--> FAILED
+//   SUCCEEDED, FAILED -> EXIT
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+namespace dist::agent {
+
+enum class State {
+  kInit,
+  kRendezvous,
+  kRunning,
+  kStopping,
+  kExitBarrier,
+  kRoundEnded,
+  kRestarting,
+  kSucceeded,
+  kFailed,
+  kExit
+};
+
+// The state's name in the event log and the metrics (health/telemetry.h's kAgentStateNames).
+std::string_view state_name(State state);
+
+// Why the group is being stopped: decides where STOPPING leads once every worker is gone.
+// kRoundEnded: elsewhere (a failure on another node, a lost node, a node waiting to join).
+enum class StopReason {
+  kAllSucceeded,
+  kWorkerFailed,
+  kRoundEnded,
+  kSignal,
+  kStartFailed,
+  kStoreLost
+};
+
+// What happened, reduced to what decides the next state.
+enum class Input {
+  kPrepared,             // the first round's preparations are done (stores, session)
+  kJoined,               // the round formed: this node has its assignment
+  kStartFailed,          // the workers could not start
+  kWorkersFailed,        // a worker of this node failed
+  kWorkersSucceeded,     // every worker of this node exited 0
+  kRoundEndedElsewhere,  // the watch: a failure on another node, a node lost or waiting to join
+  kStoreLost,            // the watch lost the rendezvous store
+  kGroupStopped,         // every worker is reaped and its output drained
+  kWatchStopped,         // the round's watch has ended
+  kBarrierEveryone,      // the exit barrier: every node succeeded
+  kBarrierRoundEnded,    // the exit barrier: the round ended meanwhile
+  kVerdictRestart,       // elastic: the job's verdict on an ended round
+  kVerdictReshape,
+  kVerdictFail,
+  kFailuresCollected,  // FAILED: every node's failures are in
+  kJobDone,            // a late elastic node found the job finished
+  kRoundAborted,       // static: the round waited in was aborted (a relaunched node)
+  kRendezvousError,    // a rendezvous step cannot be done
+  kStopSignal,         // SIGTERM, SIGINT, ... (the first one)
+};
+
+// What the job's mode and this node's progress say, as the machine needs it.
+struct Facts {
+  bool several_nodes = false;  // rounds are formed with other nodes
+  bool elastic = false;        // an ended round's fate is the job's verdict, not a local count
+  bool restarts_left = false;  // static: --max-restarts not used up
+  // In STOPPING: why it was entered, and what it still waits for.
+  StopReason stop_reason = StopReason::kAllSucceeded;
+  bool group_stopped = false;
+  bool watching = false;  // the round's watch has not ended yet
+};
+
+struct Transition {
+  State to = State::kInit;
+  // Entering STOPPING (or, already there, what it now leads to): why.
+  std::optional<StopReason> stop;
+  // Entering EXIT straight from here: the exit code, or 128 + the signal (signal_exit).
+  std::optional<int> exit_code;
+  bool signal_exit = false;
+};
+
+// Where `input` takes an agent in `state`. nullopt: nowhere, the input is dropped (a late result
+// of a step that was abandoned, a watch that ended while the round goes on).
+std::optional<Transition> next_state(State state, Input input, const Facts& facts);
+
+// Where STOPPING leads once the group is stopped and the watch has ended.
+Transition after_stopping(const Facts& facts);
+
+// Where a round that did not succeed leads: elastic, the job's verdict; static, a restart while
+// any is left.
+State after_failed_round(const Facts& facts);
+
+}  // namespace dist::agent

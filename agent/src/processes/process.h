@@ -1,0 +1,67 @@
+// Starting and signalling worker processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dist/agent/signals.h"
+#include "resources/placement.h"
+
+namespace dist::agent {
+
+// Environment variables by name (looked up by string_view too).
+using Variables = std::map<std::string, std::string, std::less<>>;
+
+// This machine's name, as gethostname() gives it (the default --local-addr, ${hostname}).
+std::string this_host();
+
+// A pipe, both ends close-on-exec; std::runtime_error when none can be made. close() closes what
+// is still open.
+struct Pipe {
+  int read = -1, write = -1;
+  void close();
+};
+Pipe make_pipe();
+
+// A process started by start_process, whose exec has not been confirmed yet.
+struct SpawnedProcess {
+  pid_t pid = -1;
+  int stdout_fd = -1;  // read ends of the worker's stdout and stderr pipes
+  int stderr_fd = -1;
+  int status_fd = -1;  // EOF once the exec worked; else the child's ChildFailure
+  std::string program;
+  const WorkerPlacement* placement = nullptr;
+};
+
+// What every child of one group shares, worked out once: the executable, searched on PATH as
+// execvp would, and the signals whose disposition the child must put back to the default.
+struct SpawnPlan {
+  std::string executable;  // argv[0] resolved; argv[0] itself when it names no file on PATH
+  std::vector<int> signals_to_reset;
+};
+SpawnPlan plan_spawn(const std::string& program, const std::string& path_variable);
+
+// fork + exec `argv` (argv[0] run as plan.executable) with exactly `env`, in a new process group
+// of its own, with PR_SET_PDEATHSIG so that it dies with this process (checked against a parent
+// that died before the flag took effect), bound to `placement`'s CPUs and memory nodes when given.
+// `inherited`: descriptors (close-on-exec here) that this child alone keeps across exec.
+// Returns at once: a group's children exec side by side. Throws std::runtime_error when the
+// process cannot be forked.
+SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::string>& argv,
+                             const std::vector<std::string>& env,
+                             const WorkerPlacement* placement = nullptr,
+                             const std::vector<int>& inherited = {});
+
+// Waits until the child's exec worked. Throws std::runtime_error with a one-line reason when it
+// did not (the executable missing, or the binding refused: the child reports the failed call's
+// errno through a close-on-exec pipe); the child is then reaped and its pipes closed.
+void confirm_started(SpawnedProcess& process);
+
+// Sends `signal` to the worker's whole process group (its children included).
+void signal_group(pid_t pid, int signal);
+
+}  // namespace dist::agent

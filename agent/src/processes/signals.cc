@@ -1,0 +1,53 @@
+#include "dist/agent/signals.h"
+
+#include <signal.h>
+#include <string.h>
+
+#include <cctype>
+#include <fstream>
+
+namespace dist::agent {
+
+std::string signal_name(int signal) {
+  const char* abbrev = ::sigabbrev_np(signal);
+  return abbrev ? std::string("SIG") + abbrev : "SIG" + std::to_string(signal);
+}
+
+int signal_number(const std::string& name) {
+  std::string n = name;
+  if (n.rfind("SIG", 0) == 0) n = n.substr(3);
+  if (!n.empty() && std::isdigit(static_cast<unsigned char>(n[0]))) {
+    try {
+      const int v = std::stoi(n);
+      return v > 0 && v < NSIG ? v : -1;
+    } catch (...) {
+      return -1;
+    }
+  }
+  for (int s = 1; s < NSIG; ++s) {
+    const char* abbrev = ::sigabbrev_np(s);
+    if (abbrev && n == abbrev) return s;
+  }
+  return -1;
+}
+
+bool is_forward_only(int signal) {
+  return signal == SIGUSR1 || signal == SIGUSR2;
+}
+
+std::string process_command_name(pid_t pid) {
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+bool sent_by_slurm_step(int si_code, pid_t sender) {
+  return si_code == SI_USER && sender > 0 && process_command_name(sender) == "slurmstepd";
+}
+
+bool sent_by_slurm_step(const siginfo_t& info) {
+  return sent_by_slurm_step(info.si_code, info.si_pid);
+}
+
+}  // namespace dist::agent

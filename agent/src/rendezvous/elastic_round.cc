@@ -1,0 +1,309 @@
+// Elastic rounds (--nnodes MIN:MAX, c10d): joining one, and the verdict that follows its end.
+//
+// A round, as one node lives it:
+//
+//   JOIN      take a ticket (ADD r<n>/join) and write the ephemeral record node/<ticket>; a node
+//             back from round n-1 also counts itself in `returning`; once the tickets reach MIN,
+//             `quorum` is set; a newcomer to round n > 0 wakes round n-1's nodes (deletes its
+//             no_newcomers) unless that round was already full or finishing.
+//   CLOSE?    close at once if the round is complete: MAX nodes in round 0; later, every survivor
+//             of round n-1 back (its verdict's `expect`) with at least MIN nodes in.
+//   WAIT      for `quorum` (until the join timeout; not when its own ticket set it), then for
+//             `assignment`; each last call that passes without one, close the round with
+//             whoever is in (at least MIN).
+//   ASSIGNED  the ticket is in the assignment: done.
+//   EXCLUDED  it came after the close, or beyond MAX: JOIN round n+1 as a newcomer.
+//
+// Whoever claims `closed` first (COMPARE_SET) reads the records, orders them (rules.h), keeps at
+// most MAX, gives the workers a clean store, publishes healthy / intact / running /
+// no_newcomers / size / the round pointer / place/<ticket> / members, then `assignment`. Per round
+// that is O(N) store traffic: a ticket, a record, a place and a few counters per node, and one
+// read of every record by the closer.
+#include <algorithm>
+
+#include "dist/rendezvous/errors.h"
+#include "rendezvous/rendezvous_detail.h"
+#include "rendezvous/rendezvous_impl.h"
+#include "rendezvous/rules.h"
+
+namespace dist::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+namespace name = schema::name;
+
+// How long a closer waits for records whose tickets were taken but not yet written.
+constexpr milliseconds kRecordGrace{2000};
+// How long a node waits for another node's verdict before deciding itself.
+constexpr milliseconds kDecisionGrace{10'000};
+
+milliseconds until(steady_clock::time_point deadline, milliseconds at_most) {
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+  return std::clamp(left, milliseconds(1), at_most);
+}
+
+// What every node of a closed round shares: its keys and totals (a node adds its own place).
+Assignment closed_round(int round, const schema::RoundTotals& totals) {
+  Assignment a;
+  a.round = round;
+  a.elastic = true;
+  a.alive_prefix = schema::in_round(round, name::kNode) + "/";
+  a.members_key = schema::in_round(round, name::kMembers);
+  a.restarts = totals.restarts;
+  a.world_size = totals.world_size;
+  a.num_nodes = totals.num_nodes;
+  return a;
+}
+
+}  // namespace
+
+std::string NodeRendezvous::Impl::claim() const {
+  return std::to_string(nonce_) + "/" + std::to_string(::getpid());
+}
+
+Task<int> NodeRendezvous::Impl::current_round() {
+  const std::string pointer(schema::kRoundPointer);
+  const auto value = co_await store_->try_get(pointer);
+  if (!value) co_return 0;
+  co_return static_cast<int>(schema::decode_int(pointer, *value));
+}
+
+Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Assignment> previous,
+                                                    std::string worker_store) {
+  const auto deadline = steady_clock::now() + timeouts_.join;
+  for (int n = round;; ++n) {
+    co_await throw_if_job_over(n);
+    // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
+    std::optional<Assignment> back_from;
+    if (n == round) back_from = previous;
+    const int ticket = co_await take_ticket(n, std::move(back_from), worker_store);  // JOIN
+    co_await close_if_complete(n);                                                   // CLOSE?
+    if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;       // WAIT
+    // EXCLUDED: on to the next round, as a newcomer.
+  }
+}
+
+Task<int> NodeRendezvous::Impl::take_ticket(int round, std::optional<Assignment> previous,
+                                            const std::string& worker_store) {
+  const bool returning = previous && previous->round == round - 1;
+  const int ticket =
+      static_cast<int>(co_await store_->add(schema::in_round(round, name::kJoin), 1));
+  schema::NodeRecord record = self_;
+  record.previous_rank = returning ? previous->node_rank : -1;
+  record.worker_store = worker_store;
+  co_await store_->set_ephemeral(schema::in_round(round, name::kNode, ticket),
+                                 schema::encode(record));
+  if (returning) co_await store_->add(schema::in_round(round, name::kReturning), 1);
+  if (ticket >= shape_.min_nodes) co_await store_->set(schema::in_round(round, name::kQuorum), "1");
+  if (!returning && round > 0) {
+    // A newcomer: the running round makes room, unless it is full or already finishing (a node's
+    // workers all succeeded): then the newcomer waits for the next round, if there is one.
+    const std::string size_key = schema::in_round(round - 1, name::kSize);
+    const auto size = co_await store_->try_get(size_key);
+    const bool finishing = co_await store_->check(keys(schema::in_round(round - 1, name::kDone)));
+    if (size && schema::decode_int(size_key, *size) < shape_.max_nodes && !finishing) {
+      co_await store_->delete_key(schema::in_round(round - 1, name::kNoNewcomers));
+    } else if (size) {
+      notice("round " + std::to_string(round - 1) + (finishing ? " is finishing" : " is full") +
+             ": waiting for a place in round " + std::to_string(round));
+    }
+  }
+  co_return ticket;
+}
+
+Task<void> NodeRendezvous::Impl::close_if_complete(int round) {
+  // Read after this node's own ADDs: of two nodes completing the round together, the later one
+  // sees both counts.
+  const auto count = co_await store_->add(schema::in_round(round, name::kJoin), 0);
+  if (round == 0) {
+    if (count >= shape_.max_nodes) co_await try_close(round, count);
+    co_return;
+  }
+  const auto previous = co_await verdict_of(round - 1);
+  if (!previous || count < shape_.min_nodes) co_return;
+  if (co_await store_->add(schema::in_round(round, name::kReturning), 0) >= previous->expect) {
+    co_await try_close(round, count);
+  }
+}
+
+Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t> taken) {
+  const std::string join = schema::in_round(round, name::kJoin);
+  if (!taken) taken = co_await store_->add(join, 0);
+  if (*taken < shape_.min_nodes) co_return false;
+  int restarts = 0;
+  if (round > 0) {  // the previous round must have ended: its nodes are on their way here
+    const auto previous = co_await verdict_of(round - 1);
+    if (!previous || previous->action == Verdict::kFail || previous->action == Verdict::kDone) {
+      co_return false;
+    }
+    restarts = previous->restarts;
+  }
+  // `closed` is the closer's claim: one node reads the records, the others give up after one
+  // request. A ticket taken after the count below belongs to the next round.
+  const std::string closed = schema::in_round(round, name::kClosed);
+  if (co_await store_->check(keys(closed))) co_return false;
+  if (co_await store_->compare_set(closed, "", claim()) != claim()) co_return false;
+  const int count = static_cast<int>(co_await store_->add(join, 0));
+
+  std::vector<std::string> record_keys;
+  for (int t = 1; t <= count; ++t) record_keys.push_back(schema::in_round(round, name::kNode, t));
+  co_await store_->wait(record_keys, kRecordGrace);  // tickets taken a moment ago: on their way
+  const auto records = co_await store_->multi_get(record_keys);  // a joiner may have died since
+  std::vector<rules::Candidate> joined;
+  for (int t = 1; t <= count; ++t) {
+    const auto& record = records[static_cast<std::size_t>(t - 1)];
+    if (!record) continue;
+    joined.push_back(
+        {t, schema::decode_node_record(record_keys[static_cast<std::size_t>(t - 1)], *record)});
+  }
+  const auto members = rules::choose_members(std::move(joined), shape_.max_nodes);
+  if (static_cast<int>(members.size()) < shape_.min_nodes) {  // some left after their ticket
+    co_await store_->delete_key(closed);
+    co_return false;
+  }
+  std::vector<std::pair<std::string, std::string>> items{
+      {schema::in_round(round, name::kHealthy), "1"},
+      {schema::in_round(round, name::kIntact), "1"},
+      {schema::in_round(round, name::kRunning), "1"},
+      {schema::in_round(round, name::kNoNewcomers), "1"},
+      {schema::in_round(round, name::kSize), std::to_string(members.size())},
+      {schema::in_round(round, name::kWorkerStore), members.front().record.worker_store},
+      {std::string(schema::kRoundPointer), std::to_string(round + 1)}};
+  co_await store_->multi_set(std::move(items));
+  // Each member reads only its own place and the round's totals: O(1) per node. The member list
+  // is for the few that need every node (a verdict's decider, the store's host, status).
+  std::vector<int> tickets, sizes;
+  for (const auto& m : members) {
+    tickets.push_back(m.ticket);
+    sizes.push_back(m.record.local_world_size);
+  }
+  const auto placement = rules::place(tickets, sizes);
+  std::vector<std::pair<std::string, std::string>> places;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    places.emplace_back(schema::in_round(round, name::kPlace, tickets[i]),
+                        schema::encode(placement.places[i]));
+  }
+  places.emplace_back(schema::in_round(round, name::kMembers), schema::encode_members(tickets));
+  co_await store_->multi_set(std::move(places));
+  co_await store_->set(schema::in_round(round, name::kAssignment),
+                       schema::encode(schema::RoundTotals{restarts, placement.world_size,
+                                                          static_cast<int>(members.size())}));
+  co_return true;
+}
+
+Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
+    int round, int ticket, steady_clock::time_point deadline) {
+  const std::string quorum = schema::in_round(round, name::kQuorum);
+  const std::string published = schema::in_round(round, name::kAssignment);
+  const std::string join = schema::in_round(round, name::kJoin);
+  auto too_late = [&](const std::string& what, std::int64_t count) {
+    if (steady_clock::now() < deadline) return;
+    throw RendezvousError("elastic round " + std::to_string(round) + " " + what + ": " +
+                          std::to_string(count) + " node(s) joined, at least " +
+                          std::to_string(shape_.min_nodes) +
+                          " needed; start more agents with the same --rdzv-endpoint and "
+                          "--rdzv-id, or raise --rdzv-conf join_timeout");
+  };
+  // Until MIN nodes are in (a node whose ticket reached MIN set `quorum` itself).
+  if (ticket < shape_.min_nodes) {
+    while (!co_await store_->wait(keys(quorum), until(deadline, timeouts_.last_call))) {
+      co_await throw_if_job_over(round);
+      const auto count = co_await store_->add(join, 0);
+      notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
+             std::to_string(count) + " of at least " + std::to_string(shape_.min_nodes) + " in");
+      too_late("did not reach its minimum within join_timeout", count);
+    }
+  }
+  // Until the round closes: after each last call, close it with whoever is in.
+  while (!co_await store_->wait(keys(published), until(deadline, timeouts_.last_call))) {
+    if (co_await try_close(round)) break;
+    if (round > 0) co_await decide_if_abandoned(round - 1);
+    co_await throw_if_job_over(round);
+    too_late("did not close within join_timeout", co_await store_->add(join, 0));
+  }
+
+  // One request: this node's place, the round's totals and its workers' store.
+  const std::string place_key = schema::in_round(round, name::kPlace, ticket);
+  const auto values = co_await store_->multi_get(
+      keys(place_key, published, schema::in_round(round, name::kWorkerStore)));
+  if (!values[0]) co_return std::nullopt;
+  if (!values[1]) throw RendezvousError("round " + std::to_string(round) + " lost its assignment");
+  const auto p = schema::decode_place(place_key, *values[0]);
+  Assignment a = closed_round(round, schema::decode_round_totals(published, *values[1]));
+  a.node_rank = p.node_rank;
+  a.rank_offset = p.rank_offset;
+  a.successor_id = p.successor;
+  const auto worker_store =
+      schema::decode_endpoint(schema::in_round(round, name::kWorkerStore), values[2].value_or(""));
+  a.worker_store_host = worker_store.host;
+  a.worker_store_port = worker_store.port;
+  co_return a;
+}
+
+Task<std::optional<Verdict>> NodeRendezvous::Impl::verdict_of(int round) {
+  const std::string key = schema::in_round(round, name::kVerdict);
+  const auto text = co_await store_->try_get(key);
+  if (!text) co_return std::nullopt;
+  co_return schema::decode_verdict(key, *text);
+}
+
+Task<void> NodeRendezvous::Impl::decide_if_abandoned(int round) {
+  if (co_await verdict_of(round)) co_return;
+  const std::string published = schema::in_round(round, name::kAssignment);
+  const auto totals_text = co_await store_->try_get(published);
+  if (!totals_text) co_return;  // it never closed: its nodes are joining the same round as we
+  const Assignment a = closed_round(round, schema::decode_round_totals(published, *totals_text));
+  const auto lost = co_await lost_nodes(a);
+  if (static_cast<int>(lost.size()) < a.num_nodes) co_return;  // a node of it lives: its call
+  notice("every node of round " + std::to_string(round) +
+         " is gone without a verdict: deciding it");
+  co_await decide(a, shape_.max_restarts);
+}
+
+Task<void> NodeRendezvous::Impl::throw_if_job_over(int round) {
+  if (round == 0) co_return;
+  const auto previous = co_await verdict_of(round - 1);
+  if (previous && previous->action == Verdict::kFail) {
+    throw JobOverError(
+        "the job failed in round " + std::to_string(round - 1) + ": " + previous->reason, false);
+  }
+  if (previous && previous->action == Verdict::kDone) {
+    throw JobOverError("the job already finished (round " + std::to_string(round - 1) + ")", true);
+  }
+}
+
+Task<Verdict> NodeRendezvous::Impl::decide(Assignment a, int max_restarts) {
+  if (auto v = co_await verdict_of(a.round)) co_return *v;
+  // One node decides (and counts the lost nodes, O(N)); the others wait for its verdict, and
+  // decide themselves only if it vanished meanwhile.
+  const std::string verdict_key = schema::in_round(a.round, name::kVerdict);
+  if (co_await store_->compare_set(schema::in_round(a.round, name::kDeciding), "", claim()) !=
+      claim()) {
+    if (co_await store_->wait(keys(verdict_key), kDecisionGrace)) {
+      if (auto v = co_await verdict_of(a.round)) co_return *v;
+    }
+  }
+  rules::RoundEnd end;
+  end.worker_failed = !co_await store_->check(keys(schema::in_round(a.round, name::kHealthy)));
+  end.newcomer = !co_await store_->check(keys(schema::in_round(a.round, name::kNoNewcomers)));
+  end.lost = co_await lost_nodes(a);
+  end.num_nodes = a.num_nodes;
+  end.restarts = a.restarts;
+  // Newcomers already waiting in the next round count towards its minimum (no node of this round
+  // has joined it yet: they all wait for this verdict).
+  end.waiting = co_await store_->add(schema::in_round(a.round + 1, name::kJoin), 0);
+  const std::string mine = schema::encode(rules::decide(end, max_restarts, shape_.min_nodes));
+  co_return schema::decode_verdict(verdict_key,
+                                   co_await store_->compare_set(verdict_key, "", mine));
+}
+
+Task<void> NodeRendezvous::Impl::mark_done(Assignment a) {
+  Verdict v;
+  v.action = Verdict::kDone;
+  v.restarts = a.restarts;
+  v.reason = "every node succeeded";
+  co_await store_->compare_set(schema::in_round(a.round, name::kVerdict), "", schema::encode(v));
+}
+
+}  // namespace dist::agent

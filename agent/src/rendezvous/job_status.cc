@@ -1,0 +1,231 @@
+#include "dist/agent/job_status.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "rendezvous/rendezvous_impl.h"
+#include "rendezvous/schema.h"
+
+namespace dist::agent {
+
+namespace name = schema::name;
+
+namespace {
+
+long long now_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// An optional integer key (a counter, a heartbeat).
+Task<std::optional<std::int64_t>> read_int(RendezvousStore& store, std::string key) {
+  const auto value = co_await store.try_get(key);
+  if (!value) co_return std::nullopt;
+  co_return schema::decode_int(key, *value);
+}
+
+void fill_record(NodeStatus& node, const std::string& key, const std::optional<std::string>& v) {
+  if (!v) return;
+  const auto record = schema::decode_node_record(key, *v);
+  node.host = record.host;
+  node.pid = record.pid;
+  node.workers = record.local_world_size;
+}
+
+// How a round stands, from its keys.
+Task<std::string> round_state(RendezvousStore& store, int round, std::size_t nodes) {
+  const std::string verdict_key = schema::in_round(round, name::kVerdict);
+  if (const auto verdict = co_await store.try_get(verdict_key)) {
+    co_return "ended (" + schema::decode_verdict(verdict_key, *verdict).reason + ")";
+  }
+  if (!co_await store.check(keys(schema::in_round(round, name::kHealthy)))) co_return "FAILED";
+  const auto done = co_await read_int(store, schema::in_round(round, name::kDone));
+  if (done && *done >= static_cast<std::int64_t>(nodes)) co_return "done";
+  co_return "running";
+}
+
+Task<std::vector<std::optional<long long>>> heartbeats(RendezvousStore& store, int round,
+                                                       int nodes) {
+  std::vector<std::string> names;
+  for (int n = 0; n < nodes; ++n) names.push_back(schema::in_round(round, name::kHeartbeat, n));
+  const auto values = co_await store.multi_get(names);
+  std::vector<std::optional<long long>> ages;
+  const long long now = now_seconds();
+  for (std::size_t n = 0; n < values.size(); ++n) {
+    if (values[n]) {
+      ages.emplace_back(now - schema::decode_int(names[n], *values[n]));
+    } else {
+      ages.emplace_back(std::nullopt);
+    }
+  }
+  co_return ages;
+}
+
+Task<JobStatus> static_status(RendezvousStore& store, int round) {
+  JobStatus s;
+  s.round = round;
+  s.restarts = round;
+  const int nodes =
+      static_cast<int>((co_await read_int(store, std::string(schema::kStaticNodes))).value_or(0));
+  std::vector<std::string> records, alive, offsets;
+  for (int n = 0; n < nodes; ++n) {
+    records.push_back(schema::in_round(round, name::kNode, n));
+    alive.push_back(schema::static_alive(n));
+    offsets.push_back(schema::in_round(round, name::kOffset, n));
+  }
+  const auto record_values = co_await store.multi_get(records);
+  const auto alive_values = co_await store.multi_get(alive);
+  const auto offset_values = co_await store.multi_get(offsets);
+  const auto ages = co_await heartbeats(store, round, nodes);
+  for (int n = 0; n < nodes; ++n) {
+    const auto i = static_cast<std::size_t>(n);
+    NodeStatus node;
+    node.node_rank = n;
+    fill_record(node, records[i], record_values[i]);
+    node.alive = alive_values[i].has_value();
+    if (offset_values[i]) {
+      node.first_rank = static_cast<int>(schema::decode_int(offsets[i], *offset_values[i]));
+    }
+    node.heartbeat_age_seconds = ages[i];
+    s.nodes.push_back(std::move(node));
+  }
+  s.state = co_await round_state(store, round, s.nodes.size());
+  if (co_await store.try_get(std::string(schema::kJobOver))) s.state = "FAILED";
+  co_return s;
+}
+
+// Elastic: the latest round that closed (the pointer names the one after it, maybe forming).
+Task<JobStatus> elastic_status(RendezvousStore& store, int pointer) {
+  JobStatus s;
+  s.elastic = true;
+  s.next_round_joined = static_cast<int>(
+      (co_await read_int(store, schema::in_round(pointer, name::kJoin))).value_or(0));
+  s.round = pointer - 1;
+  const std::string totals_key = schema::in_round(s.round, name::kAssignment);
+  const auto totals_text = co_await store.try_get(totals_key);
+  if (s.round < 0 || !totals_text) {
+    s.round = pointer;
+    s.state = "forming";
+    co_return s;
+  }
+  const auto totals = schema::decode_round_totals(totals_key, *totals_text);
+  s.restarts = totals.restarts;
+  const std::string members_key = schema::in_round(s.round, name::kMembers);
+  const auto list = co_await store.try_get(members_key);
+  const auto tickets = list ? schema::decode_members(members_key, *list) : std::vector<int>{};
+  std::vector<std::string> places, records;
+  for (const int t : tickets) {
+    places.push_back(schema::in_round(s.round, name::kPlace, t));
+    records.push_back(schema::in_round(s.round, name::kNode, t));
+  }
+  const auto place_values = co_await store.multi_get(places);
+  const auto record_values = co_await store.multi_get(records);  // ephemeral: gone with the agent
+  const auto ages = co_await heartbeats(store, s.round, static_cast<int>(tickets.size()));
+  for (std::size_t i = 0; i < tickets.size(); ++i) {
+    NodeStatus node;
+    node.node_rank = static_cast<int>(i);
+    if (place_values[i]) {
+      const auto place = schema::decode_place(places[i], *place_values[i]);
+      node.node_rank = place.node_rank;
+      node.first_rank = place.rank_offset;
+    }
+    fill_record(node, records[i], record_values[i]);
+    node.alive = record_values[i].has_value();
+    node.heartbeat_age_seconds = ages[i];
+    s.nodes.push_back(std::move(node));
+  }
+  s.state = co_await round_state(store, s.round, s.nodes.size());
+  co_return s;
+}
+
+Task<std::optional<JobStatus>> read_status(RendezvousStore& store, std::string run_id) {
+  const auto pointer = co_await read_int(store, std::string(schema::kRoundPointer));
+  if (!pointer) co_return std::nullopt;
+  // Static jobs keep their node count; elastic ones take tickets.
+  const bool elastic = !co_await store.check(keys(std::string(schema::kStaticNodes)));
+  JobStatus s;
+  if (elastic) {
+    s = co_await elastic_status(store, static_cast<int>(*pointer));
+  } else {
+    s = co_await static_status(store, static_cast<int>(*pointer));
+  }
+  s.run_id = std::move(run_id);
+  s.endpoint = store.describe();
+  co_return s;
+}
+
+}  // namespace
+
+std::optional<JobStatus> read_job_status(const rendezvous::ClientOptions& options,
+                                         const std::string& run_id) {
+  boost::asio::io_context io;
+  std::optional<JobStatus> status;
+  std::exception_ptr failure;
+  boost::asio::co_spawn(
+      io,
+      [&]() -> Task<void> {
+        auto store = make_rendezvous_store(io, TcpStoreTarget{options}, run_id);
+        co_await store->open();
+        status = co_await read_status(*store, run_id);
+      },
+      [&](std::exception_ptr e) { failure = e; });
+  io.run();
+  if (failure) std::rethrow_exception(failure);
+  return status;
+}
+
+std::string format_table(const JobStatus& s) {
+  std::string out = "job " + s.run_id + " at " + s.endpoint +
+                    (s.elastic ? " (elastic)" : " (static)") + ": round " +
+                    std::to_string(s.round) + ", restarts so far " + std::to_string(s.restarts) +
+                    ", " + std::to_string(s.nodes.size()) + " node(s), " + s.state + "\n";
+  if (s.next_round_joined > 0) {
+    out += "next round forming: " + std::to_string(s.next_round_joined) + " node(s) joined\n";
+  }
+  if (s.nodes.empty()) return out;
+  out += "node  ranks        workers  alive  heartbeat  host (pid)\n";
+  for (const auto& n : s.nodes) {
+    std::string ranks = "-";
+    if (n.first_rank >= 0 && n.workers > 0) {
+      ranks = std::to_string(n.first_rank) + ".." + std::to_string(n.first_rank + n.workers - 1);
+    }
+    const std::string beat =
+        n.heartbeat_age_seconds ? std::to_string(*n.heartbeat_age_seconds) + " s ago" : "-";
+    char line[512];
+    std::snprintf(line, sizeof line, "%-5d %-12s %-8d %-6s %-10s %s (%d)\n", n.node_rank,
+                  ranks.c_str(), n.workers, n.alive ? "yes" : "NO", beat.c_str(),
+                  n.host.empty() ? "?" : n.host.c_str(), n.pid);
+    out += line;
+  }
+  return out;
+}
+
+std::string to_json(const JobStatus& s) {
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const auto& n : s.nodes) {
+    nodes.push_back({{"node_rank", n.node_rank},
+                     {"first_rank", n.first_rank},
+                     {"workers", n.workers},
+                     {"alive", n.alive},
+                     {"heartbeat_age_seconds", n.heartbeat_age_seconds
+                                                   ? nlohmann::json(*n.heartbeat_age_seconds)
+                                                   : nlohmann::json(nullptr)},
+                     {"host", n.host},
+                     {"pid", n.pid}});
+  }
+  return nlohmann::json{{"run_id", s.run_id},
+                        {"endpoint", s.endpoint},
+                        {"mode", s.elastic ? "elastic" : "static"},
+                        {"round", s.round},
+                        {"restarts", s.restarts},
+                        {"state", s.state},
+                        {"next_round_joined", s.next_round_joined},
+                        {"nodes", nodes}}
+      .dump();
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,467 @@
+// Static rounds, and what static and elastic rounds share: failures, the watch, the exit barrier.
+//
+// A static round n (restart n), as one node lives it:
+//   LIVE      publish alive/<k> (once per agent); if another live agent holds node rank k, that
+//             is an error: two nodes were given the same --node-rank.
+//   CLAIM     COMPARE_SET node/<k> in round n. Held by another agent, it is a dead one (its
+//             liveness is gone): this agent was relaunched. The round is aborted, so that the
+//             survivors restart, and this node claims its rank in round n+1.
+//   JOIN      raise the job's round pointer, create `pending`, count itself in `joined`; the node
+//             whose count completes max_nodes publishes every offset and closes the round.
+//   WAIT      until `pending` is gone, saying every timeouts.waiting_notice which node ranks it
+//             waits for; then `aborted` (RoundAbortedError) or the node's offset.
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+
+#include "dist/rendezvous/errors.h"
+#include "rendezvous/rendezvous_detail.h"
+#include "rendezvous/rendezvous_impl.h"
+#include "rendezvous/rules.h"
+
+namespace dist::agent {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+namespace name = schema::name;
+
+namespace {
+
+milliseconds until(steady_clock::time_point deadline, milliseconds at_most) {
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+  return std::clamp(left, milliseconds(1), at_most);
+}
+
+std::string seconds_text(milliseconds d) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
+}
+
+}  // namespace
+
+NodeRendezvous::Impl::Impl(std::unique_ptr<RendezvousStore> session, JobShape shape,
+                           RendezvousTimeouts timeouts, std::function<void(const std::string&)> log)
+    : store_(std::move(session)),
+      shape_(std::move(shape)),
+      timeouts_(timeouts),
+      log_(std::move(log)),
+      nonce_(std::random_device{}()),
+      self_{shape_.host, shape_.local_world_size, static_cast<int>(::getpid()), nonce_, -1, ""} {}
+
+// ---------------------------------------------------------------------------------------------
+// Static rounds
+
+Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
+  const int num_nodes = shape_.max_nodes;
+  const std::string record = schema::encode(self_);
+  co_await throw_if_over();
+  co_await publish_liveness(node_rank, record);  // LIVE
+  if (const auto pointer = co_await store_->try_get(std::string(schema::kRoundPointer))) {
+    round =
+        std::max<int>(round, static_cast<int>(schema::decode_int(schema::kRoundPointer, *pointer)));
+  }
+  while (true) {  // CLAIM
+    const auto stored =
+        co_await store_->compare_set(schema::in_round(round, name::kNode, node_rank), "", record);
+    if (stored == record) break;
+    const auto holder =
+        schema::decode_node_record(schema::in_round(round, name::kNode, node_rank), stored);
+    const std::string reason = "node rank " + std::to_string(node_rank) + " was relaunched on " +
+                               shape_.host + " (its agent on " + holder.host + ", pid " +
+                               std::to_string(holder.pid) + ", is gone)";
+    notice(reason + ": aborting round " + std::to_string(round) + " so that the job restarts " +
+           "with this node");
+    co_await abort_round(round, node_rank, reason);
+    ++round;
+  }
+  co_await raise_round_pointer(round);  // JOIN
+  if (round == 0)
+    co_await store_->set(std::string(schema::kStaticNodes), std::to_string(num_nodes));
+  const std::string pending = schema::in_round(round, name::kPending);
+  co_await store_->compare_set(pending, "", "1");
+  const std::string aborted = schema::in_round(round, name::kAborted);
+  if (co_await store_->add(schema::in_round(round, name::kJoined), 1) == num_nodes) {
+    co_await close_static(round);
+  }
+
+  const auto deadline = steady_clock::now() + timeouts_.rdzv;
+  while (true) {  // WAIT
+    const auto gone =
+        co_await store_->wait_deleted(keys(pending), until(deadline, timeouts_.waiting_notice));
+    if (gone) break;
+    const auto missing = co_await missing_static(round);
+    if (steady_clock::now() >= deadline) {
+      std::vector<int> seen;
+      for (int n = 0; n < num_nodes; ++n) {
+        if (!std::binary_search(missing.begin(), missing.end(), n)) seen.push_back(n);
+      }
+      throw RendezvousError("rendezvous round " + std::to_string(round) + " did not fill in " +
+                            seconds_text(timeouts_.rdzv) + ": nodes seen " +
+                            detail::node_list(seen) + ", missing " + detail::node_list(missing) +
+                            "; start their agents with the same --master-addr/--master-port, or "
+                            "raise --rdzv-conf timeout");
+    }
+    notice("waiting for node rank(s) " + detail::node_list(missing) + " to join round " +
+           std::to_string(round) + " (" + std::to_string(num_nodes - missing.size()) + " of " +
+           std::to_string(num_nodes) + " in; giving up in " +
+           seconds_text(std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now())) +
+           ")");
+  }
+  if (const auto why = co_await store_->try_get(aborted)) {
+    co_await throw_if_over();
+    throw RoundAbortedError("round " + std::to_string(round) + " was aborted: " + *why);
+  }
+  const auto offset_key = schema::in_round(round, name::kOffset, node_rank);
+  const auto size_key = schema::in_round(round, name::kWorldSize);
+  const auto placement = co_await store_->multi_get(keys(offset_key, size_key));
+  if (!placement[0] || !placement[1]) {
+    throw RendezvousError("round " + std::to_string(round) + " closed without node rank " +
+                          std::to_string(node_rank) + "'s offset; was the store cleared?");
+  }
+  Assignment a;
+  a.round = round;
+  a.restarts = round;
+  a.node_rank = node_rank;
+  a.num_nodes = num_nodes;
+  a.alive_prefix = std::string(schema::kStaticAlivePrefix);
+  if (num_nodes > 1) a.successor_id = (node_rank + 1) % num_nodes;
+  a.rank_offset = static_cast<int>(schema::decode_int(offset_key, *placement[0]));
+  a.world_size = static_cast<int>(schema::decode_int(size_key, *placement[1]));
+  co_return a;
+}
+
+// The liveness key carries the holder's record, so that a second agent given the same node rank
+// can be told which agent holds it. A stale value of this agent's own (a restart) is fine.
+Task<void> NodeRendezvous::Impl::publish_liveness(int node_rank, std::string record) {
+  if (alive_published_) co_return;
+  const std::string alive = schema::static_alive(node_rank);
+  if (const auto holder = co_await store_->try_get(alive); holder && *holder != record) {
+    const auto other = schema::decode_node_record(alive, *holder);
+    throw RendezvousError("node rank " + std::to_string(node_rank) + " joined twice (an agent on " +
+                          other.host + ", pid " + std::to_string(other.pid) +
+                          ", holds it, and this agent on " + shape_.host +
+                          "): give every node its own --node-rank");
+  }
+  co_await store_->set_ephemeral(alive, record);
+  alive_published_ = true;
+}
+
+// The pointer only grows: a COMPARE_SET loop against concurrent joiners of other rounds.
+Task<void> NodeRendezvous::Impl::raise_round_pointer(int round) {
+  const std::string pointer(schema::kRoundPointer);
+  const std::string mine = std::to_string(round);
+  std::string current = (co_await store_->try_get(pointer)).value_or("");
+  while (current.empty() || schema::decode_int(pointer, current) < round) {
+    const std::string stored = co_await store_->compare_set(pointer, current, mine);
+    if (stored == mine) break;
+    current = stored;
+  }
+}
+
+// Ends a round for everyone in it: those running restart (`healthy` gone), those waiting wake up
+// (`pending` gone) and read why.
+Task<void> NodeRendezvous::Impl::abort_round(int round, int node_rank, std::string reason) {
+  std::vector<std::pair<std::string, std::string>> why{
+      {schema::in_round(round, name::kAborted), reason},
+      {schema::in_round(round, name::kLost), std::to_string(node_rank)}};
+  co_await store_->multi_set(std::move(why));
+  for (auto& key :
+       keys(schema::in_round(round, name::kIntact), schema::in_round(round, name::kHealthy),
+            schema::in_round(round, name::kPending))) {
+    co_await store_->delete_key(std::move(key));
+  }
+}
+
+// The node that completed the count: every node's offset, then the round is closed.
+Task<void> NodeRendezvous::Impl::close_static(int round) {
+  const int num_nodes = shape_.max_nodes;
+  std::vector<std::string> record_keys;
+  std::vector<int> ids;
+  for (int n = 0; n < num_nodes; ++n) {
+    record_keys.push_back(schema::in_round(round, name::kNode, n));
+    ids.push_back(n);
+  }
+  const auto records = co_await store_->multi_get(record_keys);
+  std::vector<int> sizes;
+  for (std::size_t n = 0; n < records.size(); ++n) {
+    if (!records[n]) {
+      throw RendezvousError("round " + std::to_string(round) + " counted " +
+                            std::to_string(num_nodes) + " nodes but node rank " +
+                            std::to_string(n) + " has no record; was the store cleared?");
+    }
+    sizes.push_back(schema::decode_node_record(record_keys[n], *records[n]).local_world_size);
+  }
+  const auto placement = rules::place(ids, sizes);
+  std::vector<std::pair<std::string, std::string>> items;
+  for (int n = 0; n < num_nodes; ++n) {
+    items.emplace_back(schema::in_round(round, name::kOffset, n),
+                       std::to_string(placement.places[static_cast<std::size_t>(n)].rank_offset));
+  }
+  items.emplace_back(schema::in_round(round, name::kWorldSize),
+                     std::to_string(placement.world_size));
+  items.emplace_back(schema::in_round(round, name::kHealthy), "1");
+  items.emplace_back(schema::in_round(round, name::kIntact), "1");
+  items.emplace_back(schema::in_round(round, name::kRunning), "1");
+  items.emplace_back(schema::in_round(round, name::kClosed), "1");
+  co_await store_->multi_set(std::move(items));
+  co_await store_->delete_key(schema::in_round(round, name::kPending));
+}
+
+Task<std::vector<int>> NodeRendezvous::Impl::missing_static(int round) {
+  std::vector<std::string> record_keys;
+  for (int n = 0; n < shape_.max_nodes; ++n) {
+    record_keys.push_back(schema::in_round(round, name::kNode, n));
+  }
+  const auto records = co_await store_->multi_get(record_keys);
+  std::vector<int> missing;
+  for (std::size_t n = 0; n < records.size(); ++n) {
+    if (!records[n]) missing.push_back(static_cast<int>(n));
+  }
+  co_return missing;
+}
+
+Task<void> NodeRendezvous::Impl::throw_if_over() {
+  if (const auto why = co_await store_->try_get(std::string(schema::kJobOver))) {
+    throw JobOverError("the job already failed: " + *why, false);
+  }
+}
+
+Task<void> NodeRendezvous::Impl::mark_failed(Assignment a, std::string reason) {
+  co_await store_->set(std::string(schema::kJobOver), reason);
+  // A relaunched node may be waiting in the next round already.
+  co_await abort_round(a.round + 1, a.node_rank, "the job failed: " + reason);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Both: failures, liveness, the watch, the exit barrier
+
+Task<void> NodeRendezvous::Impl::announce_failure(Assignment a,
+                                                  std::vector<WorkerFailure> failures) {
+  co_await store_->set(schema::in_round(a.round, name::kFailures, a.node_rank),
+                       schema::encode(failures));
+  co_await store_->delete_key(schema::in_round(a.round, name::kHealthy));
+}
+
+Task<std::vector<WorkerFailure>> NodeRendezvous::Impl::failures(Assignment a) {
+  std::vector<std::string> names;
+  for (int n = 0; n < a.num_nodes; ++n) {
+    names.push_back(schema::in_round(a.round, name::kFailures, n));
+  }
+  const auto values = co_await store_->multi_get(names);
+  std::vector<WorkerFailure> all;
+  for (std::size_t n = 0; n < values.size(); ++n) {
+    if (!values[n]) continue;
+    for (auto& f : schema::decode_failures(names[n], *values[n])) all.push_back(std::move(f));
+  }
+  co_return all;
+}
+
+// Every node's liveness key by node rank (elastic: from the member list).
+std::vector<std::string> NodeRendezvous::Impl::liveness_keys(const Assignment& a,
+                                                             const std::vector<int>& members) {
+  std::vector<std::string> names;
+  for (const int id : members) names.push_back(a.alive_prefix + std::to_string(id));
+  return names;
+}
+
+Task<std::vector<int>> NodeRendezvous::Impl::members(const Assignment& a) {
+  std::vector<int> ids;
+  if (a.members_key.empty()) {
+    for (int n = 0; n < a.num_nodes; ++n) ids.push_back(n);
+    co_return ids;
+  }
+  const auto list = co_await store_->try_get(a.members_key);
+  if (!list) throw RendezvousError("round " + std::to_string(a.round) + " has no member list");
+  co_return schema::decode_members(a.members_key, *list);
+}
+
+Task<std::vector<int>> NodeRendezvous::Impl::lost_nodes(Assignment a) {
+  const auto names = liveness_keys(a, co_await members(a));
+  std::vector<int> lost;
+  if (co_await store_->check(names)) co_return lost;  // one request in the usual case
+  // One more (not one per node: on etcd, 1,000 round trips took seconds) to name the lost.
+  const auto records = co_await store_->multi_get(names);
+  for (std::size_t n = 0; n < records.size(); ++n) {
+    if (!records[n]) lost.push_back(static_cast<int>(n));
+  }
+  co_return lost;
+}
+
+// Liveness in a ring: each node watches only the next node's liveness key and, when that one
+// vanishes, tells everyone by deleting `intact` (after naming the node in `lost`). Every watch is
+// O(1) keys, so N nodes cost the store O(N), and a loss still reaches everyone in one more hop.
+std::optional<std::string> NodeRendezvous::Impl::successor_key(const Assignment& a) const {
+  if (a.successor_id < 0) return std::nullopt;
+  return a.alive_prefix + std::to_string(a.successor_id);
+}
+
+Task<void> NodeRendezvous::Impl::report_lost_successor(const Assignment& a, RendezvousStore& via) {
+  const int successor = (a.node_rank + 1) % a.num_nodes;
+  co_await via.set(schema::in_round(a.round, name::kLost), std::to_string(successor));
+  co_await via.delete_key(schema::in_round(a.round, name::kIntact));
+}
+
+Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds heartbeat) {
+  struct Reset {  // the next watch starts afresh, however this one ends
+    bool& flag;
+    std::unique_ptr<RendezvousStore>& session;
+    ~Reset() {
+      flag = false;
+      session.reset();
+    }
+  } reset{watch_stop_requested_, watch_session_};
+  try {
+    if (watch_stop_requested_) co_return WatchResult{WatchResult::kStopped, -1};
+    watch_session_ = co_await store_->open_another();
+    if (watch_stop_requested_) co_return WatchResult{WatchResult::kStopped, -1};
+    RendezvousStore& watcher = *watch_session_;
+    // Each key, and what its deletion means.
+    enum Event { kFailed, kLossNoticed, kNewcomer, kSuccessorGone };
+    std::vector<std::string> names{schema::in_round(a.round, name::kHealthy),
+                                   schema::in_round(a.round, name::kIntact)};
+    std::vector<Event> events{kFailed, kLossNoticed};
+    if (a.elastic) {
+      names.push_back(schema::in_round(a.round, name::kNoNewcomers));
+      events.push_back(kNewcomer);
+    }
+    if (const auto next = successor_key(a)) {
+      names.push_back(*next);
+      events.push_back(kSuccessorGone);
+    }
+    // Between events, a heartbeat: the wall-clock time, for `dist-launch status`.
+    const std::string beat = schema::in_round(a.round, name::kHeartbeat, a.node_rank);
+    std::optional<std::size_t> gone;
+    while (!gone) {
+      co_await watcher.set(beat,
+                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count()));
+      gone = co_await watcher.wait_deleted(names, heartbeat);
+    }
+    switch (events[*gone]) {
+      case kFailed:
+        co_return WatchResult{WatchResult::kFailed, -1};
+      case kLossNoticed: {
+        const std::string lost_key = schema::in_round(a.round, name::kLost);
+        const auto lost = co_await watcher.try_get(lost_key);
+        const int node = lost ? static_cast<int>(schema::decode_int(lost_key, *lost)) : -1;
+        co_return WatchResult{WatchResult::kNodeLost, node};
+      }
+      case kNewcomer:
+        co_return WatchResult{WatchResult::kNewcomer, -1};
+      case kSuccessorGone:
+        break;
+    }
+    co_await report_lost_successor(a, watcher);
+    co_return WatchResult{WatchResult::kNodeLost, (a.node_rank + 1) % a.num_nodes};
+  } catch (const rendezvous::StoreError& e) {
+    if (e.code() != rendezvous::StoreErrc::kCancelled) throw;
+  }
+  co_return WatchResult{WatchResult::kStopped, -1};
+}
+
+void NodeRendezvous::Impl::stop_watch() {
+  watch_stop_requested_ = true;
+  if (watch_session_) watch_session_->close();
+}
+
+Task<bool> NodeRendezvous::Impl::exit_barrier(Assignment a, milliseconds timeout) {
+  const std::string running = schema::in_round(a.round, name::kRunning);
+  const std::string done = schema::in_round(a.round, name::kDone);
+  if (co_await store_->add(done, 1) >= a.num_nodes) {
+    co_await store_->delete_key(running);  // wakes the others
+    co_return true;
+  }
+  std::vector<std::string> trouble{running, schema::in_round(a.round, name::kHealthy),
+                                   schema::in_round(a.round, name::kIntact)};
+  const auto next = successor_key(a);
+  const std::size_t successor_index = trouble.size();
+  if (next) trouble.push_back(*next);
+  // Elastic: a newcomer that got in before this node was done ends the round for everyone.
+  if (a.elastic) trouble.push_back(schema::in_round(a.round, name::kNoNewcomers));
+  const auto gone = co_await store_->wait_deleted(trouble, timeout);
+  if (!gone) {
+    throw RendezvousError("exit barrier of round " + std::to_string(a.round) +
+                          ": not every node finished within " + seconds_text(timeout) +
+                          " (--exit-barrier-timeout)");
+  }
+  if (*gone == 0) co_return true;
+  // A node that passed the barrier may leave at once: only a count short of everyone, seen after
+  // the trouble, means a failure or a lost node.
+  if (co_await store_->add(done, 0) >= a.num_nodes) co_return true;
+  if (next && *gone == successor_index) co_await report_lost_successor(a, *store_);
+  co_return false;
+}
+
+Task<void> NodeRendezvous::Impl::wait_for_others_to_leave(Assignment a, milliseconds timeout) {
+  const auto deadline = steady_clock::now() + timeout;
+  std::vector<std::string> others = liveness_keys(a, co_await members(a));
+  others.erase(others.begin() + a.node_rank);
+  for (auto& other : others) {  // one wait per node still there, each until it leaves
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+    if (left <= milliseconds(0)) co_return;
+    if (!co_await store_->wait_deleted(keys(std::move(other)), left)) co_return;
+  }
+}
+
+void NodeRendezvous::Impl::close() {
+  stop_watch();
+  store_->close();
+}
+
+// ---------------------------------------------------------------------------------------------
+// NodeRendezvous
+
+NodeRendezvous::NodeRendezvous(std::unique_ptr<RendezvousStore> session, JobShape shape,
+                               RendezvousTimeouts timeouts,
+                               std::function<void(const std::string&)> log)
+    : impl_(
+          std::make_unique<Impl>(std::move(session), std::move(shape), timeouts, std::move(log))) {}
+
+NodeRendezvous::~NodeRendezvous() = default;
+
+Task<Assignment> NodeRendezvous::join_static(int round, int node_rank) {
+  return impl_->join_static(round, node_rank);
+}
+Task<Assignment> NodeRendezvous::join_elastic(int round, std::optional<Assignment> previous,
+                                              std::string worker_store) {
+  return impl_->join_elastic(round, std::move(previous), std::move(worker_store));
+}
+Task<int> NodeRendezvous::current_round() {
+  return impl_->current_round();
+}
+Task<Verdict> NodeRendezvous::decide(Assignment a, int max_restarts) {
+  return impl_->decide(std::move(a), max_restarts);
+}
+Task<void> NodeRendezvous::mark_done(Assignment a) {
+  return impl_->mark_done(std::move(a));
+}
+Task<void> NodeRendezvous::mark_failed(Assignment a, std::string reason) {
+  return impl_->mark_failed(std::move(a), std::move(reason));
+}
+Task<void> NodeRendezvous::announce_failure(Assignment a, std::vector<WorkerFailure> failures) {
+  return impl_->announce_failure(std::move(a), std::move(failures));
+}
+Task<std::vector<WorkerFailure>> NodeRendezvous::failures(Assignment a) {
+  return impl_->failures(std::move(a));
+}
+Task<WatchResult> NodeRendezvous::watch(Assignment a, std::chrono::seconds heartbeat) {
+  return impl_->watch(std::move(a), heartbeat);
+}
+void NodeRendezvous::stop_watch() {
+  impl_->stop_watch();
+}
+Task<bool> NodeRendezvous::exit_barrier(Assignment a, milliseconds timeout) {
+  return impl_->exit_barrier(std::move(a), timeout);
+}
+Task<void> NodeRendezvous::wait_for_others_to_leave(Assignment a, milliseconds timeout) {
+  return impl_->wait_for_others_to_leave(std::move(a), timeout);
+}
+void NodeRendezvous::close() {
+  impl_->close();
+}
+std::string NodeRendezvous::describe() const {
+  return impl_->store().describe();
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,184 @@
+// The agents' rendezvous: how the nodes of a job agree, round after round, on who is in, each
+// node's rank and first global rank, and the job-wide restart count; and how a running round ends.
+// Every call is a coroutine over a RendezvousStore (store/store.h): nothing blocks, and
+// close() cancels whatever is pending.
+//
+// A round is one run of the worker group. Two ways to form one (the keys are in schema.h):
+//   static  (--nnodes N --node-rank k): round n is restart n. Every node claims its node rank;
+//           the node whose join completes the count publishes every node's offset. A node rank
+//           whose agent died may be claimed again by a relaunched agent: the round it held is
+//           aborted and the job restarts with the new agent (one restart).
+//   elastic (--nnodes MIN:MAX, c10d): nodes take tickets, and the round closes at MAX nodes, once
+//           every survivor of the previous round is back with at least MIN in, or after
+//           last_call_timeout with at least MIN (elastic_round.cc). How an ended round continues
+//           (restart, reshape, fail) is decided once for the whole job (decide()).
+// A running round ends when a node's workers fail, a node is lost (its liveness key vanished:
+// each node watches the next one's, a ring), or (elastic) a node waits to join.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "store/store.h"
+
+namespace dist::agent {
+
+// The rendezvous cannot go on; the message says why and what to do.
+class RendezvousError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The job is over (another node decided so) before this node got into a round.
+class JobOverError : public RendezvousError {
+ public:
+  JobOverError(const std::string& what, bool succeeded)
+      : RendezvousError(what), succeeded_(succeeded) {}
+  bool succeeded() const { return succeeded_; }
+
+ private:
+  bool succeeded_;
+};
+
+// Static: the round this node waited in was aborted (a relaunched node took over a dead node's
+// rank): the job goes on in the next round, as after a failure.
+class RoundAbortedError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
+// One worker's failure, as the agent records it, the other nodes read it from the store and the
+// failure report prints it.
+struct WorkerFailure {
+  std::chrono::system_clock::time_point time;  // from the error file when it has one
+  std::string host;
+  int rank = 0;
+  int local_rank = 0;
+  int exit_code = 0;  // the worker's status, or -signal when killed by a signal
+  pid_t pid = -1;
+  std::string error_file;
+  std::string message;    // from the error file: "<Type>: <text>"
+  std::string traceback;  // from the error file, else "Signal N (SIGX) received by PID p"
+};
+
+// What this node and every node of the job need from the rest of the job.
+struct JobShape {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int local_world_size = 1;
+  std::string host;  // this node's address as the others see it (--local-addr, else hostname)
+  // --max-restarts: what a newcomer decides for a round whose nodes all vanished undecided.
+  int max_restarts = 0;
+};
+
+// One round as this node sees it.
+struct Assignment {
+  int round = 0;
+  int node_rank = 0;
+  int num_nodes = 1;
+  int world_size = 0;
+  int rank_offset = 0;  // global rank of this node's local rank 0
+  int restarts = 0;     // job-wide restarts before this round (TORCHELASTIC_RESTART_COUNT)
+  bool elastic = false;
+  // Each node's liveness key exists exactly while that node's agent lives: alive_prefix followed
+  // by the node's id (static: its node rank; elastic: its ticket, listed by node rank in the
+  // members key, which only the nodes that need every id read).
+  std::string alive_prefix;
+  int successor_id = -1;    // the next node's id in the ring (-1: alone)
+  std::string members_key;  // elastic: "<id>,<id>,..." by node rank
+  // etcd: the workers' store of this round, hosted by node rank 0; no host: the rendezvous store
+  // itself serves the workers.
+  std::string worker_store_host;
+  std::uint16_t worker_store_port = 0;
+};
+
+// What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, or our own
+// stop (the watch was closed).
+struct WatchResult {
+  enum Kind { kFailed, kNodeLost, kNewcomer, kStopped } kind = kStopped;
+  int node = -1;  // for kNodeLost: its node rank (-1: unknown)
+};
+
+// How the job goes on after an elastic round ended: decided by the first node to ask, then the
+// same for every node.
+struct Verdict {
+  enum Action { kRestart, kReshape, kFail, kDone } action = kReshape;
+  int expect = 0;    // the round's nodes still alive: the next round closes once they are back
+  int restarts = 0;  // job-wide restarts after this round
+  std::string reason;
+};
+
+struct RendezvousTimeouts {
+  std::chrono::milliseconds rdzv{900'000};           // static: until every node joined
+  std::chrono::milliseconds join{600'000};           // elastic: until a round forms
+  std::chrono::milliseconds last_call{30'000};       // elastic: MIN reached, waiting for more
+  std::chrono::milliseconds waiting_notice{30'000};  // how often a waiting node says for whom
+};
+
+class NodeRendezvous {
+ public:
+  // `session` holds this node's liveness key for as long as this object lives. `log` hears the
+  // rendezvous's progress notices (who it waits for).
+  NodeRendezvous(std::unique_ptr<RendezvousStore> session, JobShape shape,
+                 RendezvousTimeouts timeouts, std::function<void(const std::string&)> log = {});
+  ~NodeRendezvous();
+
+  // Static: joins round `round` (or the job's latest, if later) as node `node_rank` and waits
+  // for all max_nodes; throws RendezvousError naming the nodes seen and missing, or a node rank
+  // claimed twice by live agents; RoundAbortedError; JobOverError.
+  Task<Assignment> join_static(int round, int node_rank);
+
+  // Elastic: joins round n (a member of round n-1 passes its assignment) or, if that one closed
+  // without it, a later one; throws RendezvousError when no round forms within the join timeout,
+  // JobOverError when the job ended meanwhile. `worker_store`: the store this node would host for
+  // the workers were it node rank 0 ("host:port"; empty when the rendezvous store serves them).
+  Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
+                                std::string worker_store = "");
+  // The first round an elastic node that is not coming back from a round should try.
+  Task<int> current_round();
+
+  // Elastic: how the job continues after round a.round ended (every node gets the same answer).
+  Task<Verdict> decide(Assignment a, int max_restarts);
+  // Elastic: every node of the round succeeded; late joiners learn the job is over.
+  Task<void> mark_done(Assignment a);
+  // Static: the job failed for good; nodes still joining (a relaunched one) learn it at once.
+  Task<void> mark_failed(Assignment a, std::string reason);
+
+  // Publishes this node's failures for round a and tells every node the round failed.
+  Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
+  // Every node's published failures for round a.
+  Task<std::vector<WorkerFailure>> failures(Assignment a);
+
+  // Until round a fails anywhere, another node's agent dies, a node waits to join, or
+  // stop_watch() is called, writing this node's heartbeat (wall-clock seconds) every `heartbeat`.
+  // Runs on a session of its own: may run while this object's other calls do.
+  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat);
+  void stop_watch();
+
+  // This node's workers all succeeded: true once every node's did, false when the round failed
+  // or a node was lost; RendezvousError after `timeout`.
+  Task<bool> exit_barrier(Assignment a, std::chrono::milliseconds timeout);
+
+  // The agent hosting the store: before it exits it waits (bounded) for the other agents of round
+  // a to leave.
+  Task<void> wait_for_others_to_leave(Assignment a, std::chrono::milliseconds timeout);
+
+  // Cancels every pending call (they throw StoreError kCancelled) and ends the sessions: this
+  // node's liveness key goes.
+  void close();
+  std::string describe() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dist::agent

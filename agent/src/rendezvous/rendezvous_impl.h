@@ -1,0 +1,97 @@
+// NodeRendezvous's state, shared by the static and common parts (node_rendezvous.cc) and the
+// elastic rounds (elastic_round.cc).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rendezvous/rendezvous.h"
+#include "rendezvous/schema.h"
+
+namespace dist::agent {
+
+// GCC 12 cannot compile a braced list inside a co_await expression ("array used as
+// initializer"), so key lists are built by this plain function.
+template <typename... K>
+std::vector<std::string> keys(K&&... k) {
+  return {std::string(std::forward<K>(k))...};
+}
+
+class NodeRendezvous::Impl {
+ public:
+  Impl(std::unique_ptr<RendezvousStore> session, JobShape shape, RendezvousTimeouts timeouts,
+       std::function<void(const std::string&)> log);
+
+  // Static (node_rendezvous.cc).
+  Task<Assignment> join_static(int round, int node_rank);
+  Task<void> mark_failed(Assignment a, std::string reason);
+
+  // Elastic (elastic_round.cc).
+  Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
+                                std::string worker_store);
+  Task<int> current_round();
+  Task<Verdict> decide(Assignment a, int max_restarts);
+  Task<void> mark_done(Assignment a);
+
+  // Both (node_rendezvous.cc).
+  Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
+  Task<std::vector<WorkerFailure>> failures(Assignment a);
+  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat);
+  void stop_watch();
+  Task<bool> exit_barrier(Assignment a, std::chrono::milliseconds timeout);
+  Task<void> wait_for_others_to_leave(Assignment a, std::chrono::milliseconds timeout);
+  void close();
+
+  RendezvousStore& store() { return *store_; }
+
+ private:
+  // Static rounds.
+  Task<void> publish_liveness(int node_rank, std::string record);
+  Task<void> raise_round_pointer(int round);
+  Task<void> abort_round(int round, int node_rank, std::string reason);
+  Task<void> close_static(int round);
+  Task<std::vector<int>> missing_static(int round);
+  Task<void> throw_if_over();
+
+  // Elastic rounds.
+  Task<int> take_ticket(int round, std::optional<Assignment> previous,
+                        const std::string& worker_store);
+  Task<void> close_if_complete(int round);
+  // `taken`: the round's ticket count, when this node has just read it after taking its own.
+  Task<bool> try_close(int round, std::optional<std::int64_t> taken = std::nullopt);
+  Task<std::optional<Assignment>> await_assignment(int round, int ticket,
+                                                   std::chrono::steady_clock::time_point deadline);
+  Task<std::optional<Verdict>> verdict_of(int round);
+  // A newcomer's remedy for a round that closed and whose nodes have all vanished (killed, cut
+  // off) before any of them decided its verdict: it decides it for them, so that the next round
+  // can close instead of waiting out the join timeout.
+  Task<void> decide_if_abandoned(int round);
+  Task<void> throw_if_job_over(int round);
+  std::string claim() const;  // "<nonce>/<pid>": whose claim a COMPARE_SET won
+
+  // Both.
+  std::vector<std::string> liveness_keys(const Assignment& a, const std::vector<int>& members);
+  Task<std::vector<int>> members(const Assignment& a);
+  Task<std::vector<int>> lost_nodes(Assignment a);
+  Task<void> report_lost_successor(const Assignment& a, RendezvousStore& via);
+  std::optional<std::string> successor_key(const Assignment& a) const;
+  void notice(const std::string& message) const {
+    if (log_) log_(message);
+  }
+
+  std::unique_ptr<RendezvousStore> store_;  // joins, announcements; holds this node's liveness
+  std::unique_ptr<RendezvousStore> watch_session_;
+  bool watch_stop_requested_ = false;
+  JobShape shape_;
+  RendezvousTimeouts timeouts_;
+  std::function<void(const std::string&)> log_;
+  std::uint32_t nonce_;
+  schema::NodeRecord self_;  // this agent's record (elastic rounds add its previous rank)
+  bool alive_published_ = false;
+};
+
+}  // namespace dist::agent

@@ -1,0 +1,351 @@
+// The three ways a node's rounds form (round_source.h): alone, static, elastic. Which store this
+// node hosts comes from store/'s plan_stores(); what the rounds do over the store, from
+// NodeRendezvous.
+#include "rendezvous/round_source.h"
+
+#include <spdlog/spdlog.h>
+
+#include <optional>
+
+#include "dist/rendezvous/async_client.h"
+#include "dist/rendezvous/errors.h"
+#include "store/store.h"
+
+namespace dist::agent {
+namespace {
+
+using rendezvous::Endpoint;
+
+// The agent that hosts the store waits this long for the others to leave, so that they can
+// finish their exit barrier and report.
+constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};
+
+// A store this agent hosts asks for the job's token, when there is one.
+rendezvous::ServerOptions with_token(const LaunchConfig& c, rendezvous::ServerOptions options) {
+  options.secret = c.secret;
+  options.unauthenticated = c.unauthenticated;
+  return options;
+}
+
+// TCP keepalive on the agents' store connections, both ends: a peer that went silent is dropped
+// after about keep_alive_interval * keep_alive_max_attempt seconds (the first probe after one
+// interval of silence, then max_attempt - 1 more).
+rendezvous::Keepalive liveness(const LaunchConfig& c) {
+  return {c.keep_alive_interval_seconds, c.keep_alive_interval_seconds,
+          std::max(1, c.keep_alive_max_attempt - 1)};
+}
+
+// One node: rounds formed here, no store call; the store is this agent's, for the workers.
+class LocalRounds final : public RoundSource {
+ public:
+  LocalRounds(boost::asio::io_context& io, const LaunchConfig& config)
+      : io_(io), config_(config), plan_(plan_stores(config)) {}
+
+  bool several_nodes() const override { return false; }
+  bool elastic() const override { return false; }
+
+  Task<void> prepare() override {
+    try {
+      store_.emplace(io_, plan_.bind_address, plan_.port, with_token(config_, {}));
+    } catch (const rendezvous::StoreError& e) {
+      throw RendezvousError(std::string("cannot host the rendezvous store: ") + e.what());
+    }
+    spdlog::debug("store listening on {}", store_->bound_address());
+    co_return;
+  }
+  Task<Assignment> join(int restarts, std::optional<Assignment>) override {
+    Assignment a;
+    a.round = a.restarts = restarts;
+    a.world_size = config_.nproc_per_node;
+    co_return a;
+  }
+  Endpoint workers_store(const Assignment&) const override {
+    return {config_.master_addr, store_->port()};
+  }
+  Task<WatchOutcome> watch(Assignment) override { co_return WatchOutcome{}; }
+  void stop_watch() override {}
+  Task<void> announce_failure(Assignment, std::vector<WorkerFailure>) override { co_return; }
+  Task<bool> exit_barrier(Assignment) override { co_return true; }
+  Task<Verdict> decide(Assignment) override {
+    throw RendezvousError("a single node's rounds have no verdict");
+  }
+  Task<std::vector<WorkerFailure>> collect_failures(Assignment, std::string) override {
+    co_return std::vector<WorkerFailure>{};
+  }
+  // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
+  void restart() override {
+    if (store_)
+      spdlog::debug("cleared {} keys of the previous attempt", store_->clear_worker_keys());
+  }
+  bool hosts_others() const override { return false; }
+  Task<void> wait_for_others(Assignment) override { co_return; }
+  void close() override {
+    if (store_) store_->stop();
+  }
+  std::string describe() const override {
+    return store_ ? store_->bound_address() : "this node's store";
+  }
+
+ private:
+  boost::asio::io_context& io_;
+  const LaunchConfig& config_;
+  StorePlan plan_;
+  std::optional<StoreHost> store_;
+};
+
+// What static and elastic rounds share: the store this node may host, the rendezvous session,
+// and every call made over it once a round runs.
+class NodeRounds : public RoundSource {
+ public:
+  NodeRounds(boost::asio::io_context& io, const LaunchConfig& config, std::string host,
+             std::function<void(const std::string&)> notice)
+      : io_(io),
+        config_(config),
+        plan_(plan_stores(config)),
+        host_(std::move(host)),
+        notice_(std::move(notice)) {}
+
+  bool several_nodes() const override { return true; }
+
+  Task<WatchOutcome> watch(Assignment a) override {
+    WatchOutcome o;
+    try {
+      o.result =
+          co_await rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds));
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      o.store_lost = e.what();
+    }
+    co_return o;
+  }
+  void stop_watch() override { rdzv_->stop_watch(); }
+  Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures) override {
+    co_await rdzv_->announce_failure(std::move(a), std::move(failures));
+  }
+  Task<std::vector<WorkerFailure>> collect_failures(Assignment a, std::string reason) override {
+    std::vector<WorkerFailure> all;
+    try {
+      co_await before_collecting(a, std::move(reason));
+      all = co_await rdzv_->failures(a);
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      spdlog::warn("cannot read the other nodes' failures: {}", e.what());
+    }
+    co_return all;
+  }
+  bool hosts_others() const override { return job_store_.has_value(); }
+  Task<void> wait_for_others(Assignment a) override {
+    co_await rdzv_->wait_for_others_to_leave(std::move(a), kLeaveTimeout);
+  }
+  void close() override {
+    if (opening_) opening_->close();
+    if (rdzv_) rdzv_->close();
+    if (job_store_) job_store_->stop();
+  }
+  std::string describe() const override { return rdzv_ ? rdzv_->describe() : config_.master_addr; }
+
+ protected:
+  virtual Task<void> before_collecting(const Assignment&, std::string) { co_return; }
+
+  // Hosts the job's store as the plan says; false when this node is a client of it.
+  Task<bool> host_job_store() {
+    bool host = plan_.role == StorePlan::Role::kHost;
+    // (No co_await inside && or ?: : GCC 12 evaluates it whatever the left side says.)
+    if (plan_.role == StorePlan::Role::kHostIfThisMachine) {
+      host = co_await names_this_machine(config_.master_addr);
+    }
+    if (!host) co_return false;
+    rendezvous::ServerOptions options;
+    options.keepalive = liveness(config_);  // agents that vanish are dropped
+    try {
+      job_store_.emplace(io_, plan_.bind_address, plan_.port, with_token(config_, options));
+    } catch (const rendezvous::StoreError& e) {
+      if (plan_.role == StorePlan::Role::kHost) {
+        throw RendezvousError(std::string("cannot host the rendezvous store") +
+                              (config_.elastic ? " (--rdzv-conf is_host=1): " : ": ") + e.what());
+      }
+      spdlog::debug("not hosting the store ({}): joining {}:{}", e.what(), config_.master_addr,
+                    plan_.port);
+      co_return false;
+    }
+    if (config_.elastic) {
+      spdlog::info("hosting the rendezvous store for {}:{} on {}", config_.master_addr,
+                   job_store_->port(), job_store_->bound_address());
+    } else {
+      spdlog::debug("store listening on {}", job_store_->bound_address());
+    }
+    co_return true;
+  }
+
+  // Opens `session`, which this node's rounds then run over: the job's TCPStore (hosted here or
+  // elsewhere), or etcd. (The session is made by the caller, outside any co_await: GCC 12 copies
+  // class temporaries in co_await expressions incorrectly.)
+  Task<void> open_session(std::unique_ptr<RendezvousStore> session) {
+    RendezvousTimeouts timeouts;
+    timeouts.rdzv = config_.rdzv_timeout;
+    timeouts.join = config_.join_timeout;
+    timeouts.last_call = config_.last_call_timeout;
+    const JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_,
+                         config_.max_restarts};
+    {
+      struct Opening {  // close() cancels through it while it connects, whatever ends the connect
+        RendezvousStore*& slot;
+        ~Opening() { slot = nullptr; }
+      } opening{opening_ = session.get()};
+      co_await session->open();
+    }
+    rdzv_.emplace(std::move(session), shape, timeouts, notice_);
+  }
+
+  // The job's TCPStore, as a client (every agent is one, the host included).
+  TcpStoreTarget tcp_target() const {
+    rendezvous::ClientOptions options;
+    options.host = config_.master_addr;
+    options.port = job_store_ ? job_store_->port() : plan_.port;
+    options.connect_timeout = config_.elastic ? config_.join_timeout : config_.rdzv_timeout;
+    options.secret = config_.secret;
+    const rendezvous::Keepalive keepalive = liveness(config_);
+    options.keepalive_idle_seconds = keepalive.idle_seconds;
+    options.keepalive_interval_seconds = keepalive.interval_seconds;
+    options.keepalive_probes = keepalive.probes;
+    options.on_retry = [](const std::string& why) { spdlog::warn("{}", why); };
+    return {std::move(options)};
+  }
+
+  boost::asio::io_context& io_;
+  const LaunchConfig& config_;
+  StorePlan plan_;
+  std::string host_;
+  std::function<void(const std::string&)> notice_;
+  std::optional<StoreHost> job_store_;  // the job's store, when this node hosts it
+  std::optional<NodeRendezvous> rdzv_;
+  RendezvousStore* opening_ = nullptr;  // the session being connected
+};
+
+// --nnodes N --node-rank k: round n is restart n; node rank 0 hosts the store.
+class StaticRounds final : public NodeRounds {
+ public:
+  using NodeRounds::NodeRounds;
+
+  bool elastic() const override { return false; }
+  Task<void> prepare() override {
+    co_await host_job_store();
+    auto session = make_rendezvous_store(io_, tcp_target(), config_.run_id);
+    co_await open_session(std::move(session));
+  }
+  Task<Assignment> join(int restarts, std::optional<Assignment>) override {
+    co_return co_await rdzv_->join_static(restarts, config_.node_rank);
+  }
+  Endpoint workers_store(const Assignment&) const override {
+    return {config_.master_addr, job_store_ ? job_store_->port() : plan_.port};
+  }
+  Task<bool> exit_barrier(Assignment a) override {
+    co_return co_await rdzv_->exit_barrier(std::move(a), config_.exit_barrier_timeout);
+  }
+  Task<Verdict> decide(Assignment) override {
+    throw RendezvousError("static rounds have no verdict: restarts are counted per node");
+  }
+  // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
+  void restart() override {
+    if (job_store_) {
+      spdlog::debug("cleared {} keys of the previous attempt", job_store_->clear_worker_keys());
+    }
+  }
+
+ private:
+  // Nodes still joining (a relaunched one) learn that the job failed.
+  Task<void> before_collecting(const Assignment& a, std::string reason) override {
+    co_await rdzv_->mark_failed(a, std::move(reason));
+  }
+};
+
+// --nnodes MIN:MAX: rounds of whoever is there, the job's verdict after each; every round's
+// workers on a store of their own.
+class ElasticRounds final : public NodeRounds {
+ public:
+  using NodeRounds::NodeRounds;
+
+  bool elastic() const override { return true; }
+  Task<void> prepare() override {
+    if (config_.rdzv_backend == RendezvousBackend::kEtcdV3) {
+      // A vanished node's lease expires after keep_alive_interval * (keep_alive_max_attempt - 1)
+      // seconds, at least 2 (etcd's own minimum is about 1.5 election timeouts).
+      const int ttl =
+          std::max(2, config_.keep_alive_interval_seconds * (config_.keep_alive_max_attempt - 1));
+      auto session = make_rendezvous_store(
+          io_, etcd_options(config_.etcd, std::chrono::seconds(ttl)), config_.run_id);
+      co_return co_await open_session(std::move(session));
+    }
+    co_await host_job_store();
+    if (plan_.port == 0 && !job_store_) {
+      throw RendezvousError("--rdzv-endpoint " + config_.master_addr +
+                            ":0 asks for a free port, which only the agent that hosts the store "
+                            "can pick, and this one does not host it (the endpoint is not this "
+                            "machine, or is_host=0): give the store's real port");
+    }
+    auto session = make_rendezvous_store(io_, tcp_target(), config_.run_id);
+    co_await open_session(std::move(session));
+  }
+  // As torch's rendezvous does, every round's workers get a fresh store of their own: the
+  // rendezvous store may outlive the job (etcd, a dist-rendezvous daemon, another job's agent),
+  // and torch keys the workers' entries by restart count only, so that two jobs, or two rounds of
+  // one job (a reshaped round does not advance the restart count), would read each other's there.
+  Task<Assignment> join(int, std::optional<Assignment> previous) override {
+    const int round = previous ? previous->round + 1 : co_await rdzv_->current_round();
+    round_store_.reset();
+    round_store_.emplace(io_, "", 0, with_token(config_, rendezvous::ServerOptions{}));
+    const std::string offered = Endpoint{host_, round_store_->port()}.to_string();
+    Assignment joined = co_await rdzv_->join_elastic(round, std::move(previous), offered);
+    if (!config_.secret.empty()) co_await introduce_to_workers_store(joined);
+    co_return joined;
+  }
+  Endpoint workers_store(const Assignment& a) const override {
+    return {a.worker_store_host, a.worker_store_port};
+  }
+  // Once every node succeeded, nodes still waiting to join learn the job is over.
+  Task<bool> exit_barrier(Assignment a) override {
+    const bool everyone = co_await rdzv_->exit_barrier(a, config_.exit_barrier_timeout);
+    if (everyone) co_await rdzv_->mark_done(a);
+    co_return everyone;
+  }
+  Task<Verdict> decide(Assignment a) override {
+    co_return co_await rdzv_->decide(std::move(a), config_.max_restarts);
+  }
+  void restart() override {}  // the verdict counted it, job-wide; the next round has a new store
+  void close() override {
+    NodeRounds::close();
+    if (round_store_) round_store_->stop();
+  }
+
+ private:
+  // The agents never use the round's workers' store, so it learns this host from one
+  // authentication here, and admits this node's PyTorch workers (--unauthenticated known-hosts).
+  Task<void> introduce_to_workers_store(const Assignment& a) {
+    rendezvous::ClientOptions options;
+    options.host = a.worker_store_host;
+    options.port = a.worker_store_port;
+    options.connect_timeout = config_.join_timeout;
+    options.secret = config_.secret;
+    rendezvous::AsyncStoreClient client(io_.get_executor(), options);
+    co_await client.open();
+    client.close();
+  }
+
+  std::optional<StoreHost> round_store_;  // the store this node offers this round's workers
+};
+
+}  // namespace
+
+std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io,
+                                               const LaunchConfig& config, std::string host,
+                                               std::function<void(const std::string&)> notice) {
+  if (config.elastic) {
+    return std::make_unique<ElasticRounds>(io, config, std::move(host), std::move(notice));
+  }
+  if (config.max_nodes > 1) {
+    return std::make_unique<StaticRounds>(io, config, std::move(host), std::move(notice));
+  }
+  return std::make_unique<LocalRounds>(io, config);
+}
+
+}  // namespace dist::agent

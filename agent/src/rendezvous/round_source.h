@@ -1,0 +1,85 @@
+// The rendezvous folder's face: how this node's rounds form and end, behind one interface chosen
+// once from the configuration (make_round_source), so that the agent's lifecycle is the same for
+// every mode, as torch's agent is behind its RendezvousHandler:
+//
+//   mode                          rounds                       the job's store        the workers'
+//   one node (static, 1 node)     formed here, no store call   hosted here            the same
+//   static  (--nnodes N)          NodeRendezvous, round=restart node rank 0 hosts it  the same
+//   elastic (--nnodes MIN:MAX)    NodeRendezvous, tickets      the endpoint's machine a new one per
+//                                 and the job's verdict        (c10d), or etcd        round, node
+//                                 0's
+//
+// Every call is a coroutine on the agent's io_context; close() cancels whatever is pending (the
+// calls throw StoreError kCancelled) and releases the stores this node hosts.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/agent/config.h"
+#include "dist/rendezvous/endpoint.h"
+#include "rendezvous/rendezvous.h"
+
+namespace dist::agent {
+
+// How a round's watch ended: a result, or the rendezvous store lost (why, in words).
+struct WatchOutcome {
+  WatchResult result;
+  std::string store_lost;
+};
+
+class RoundSource {
+ public:
+  virtual ~RoundSource() = default;
+
+  // Rounds are formed with other nodes (the watch, the exit barrier, the failure announcements
+  // and the report's collection mean something).
+  virtual bool several_nodes() const = 0;
+  // An ended round's fate is the job's verdict (decide()), not a count of this node's.
+  virtual bool elastic() const = 0;
+
+  // Once, before the first round: binds the store this node hosts (before any worker exists, so
+  // that whoever picks the port holds it) and opens the rendezvous session. Throws
+  // RendezvousError, rendezvous::StoreError.
+  virtual Task<void> prepare() = 0;
+  // Joins the next round (after `previous`, when this node was in one): static, round `restarts`;
+  // elastic, the job's next. Throws RendezvousError, JobOverError, RoundAbortedError.
+  virtual Task<Assignment> join(int restarts, std::optional<Assignment> previous) = 0;
+  // Where round `a`'s workers find their store (MASTER_ADDR, MASTER_PORT).
+  virtual rendezvous::Endpoint workers_store(const Assignment& a) const = 0;
+
+  // Several nodes: until round `a` ends elsewhere or stop_watch() is called. A lost store is an
+  // outcome too, not an error.
+  virtual Task<WatchOutcome> watch(Assignment a) = 0;
+  virtual void stop_watch() = 0;
+  // Several nodes: tells every node that round `a` failed here, and why.
+  virtual Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures) = 0;
+  // Several nodes: true once every node's workers succeeded, false when the round ended.
+  virtual Task<bool> exit_barrier(Assignment a) = 0;
+  // Elastic: how the job goes on after round `a` ended (the same verdict for every node).
+  virtual Task<Verdict> decide(Assignment a) = 0;
+  // The job failed for good: every node's failures for the report (static: first marks the job
+  // failed, so that a relaunched node still joining learns it). A store that is gone leaves an
+  // empty list (said as a warning).
+  virtual Task<std::vector<WorkerFailure>> collect_failures(Assignment a, std::string reason) = 0;
+  // Before the round that follows a failed one.
+  virtual void restart() = 0;
+  // Whether the other nodes need this one to stay once its work is over (it hosts their store);
+  // and the bounded wait for them to leave.
+  virtual bool hosts_others() const = 0;
+  virtual Task<void> wait_for_others(Assignment a) = 0;
+
+  virtual void close() = 0;
+  // Where the rendezvous store is, for messages.
+  virtual std::string describe() const = 0;
+};
+
+// The mode the configuration asks for. `host`: this node as the others see it; `notice` hears
+// the rendezvous's progress (who it waits for).
+std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io,
+                                               const LaunchConfig& config, std::string host,
+                                               std::function<void(const std::string&)> notice);
+
+}  // namespace dist::agent

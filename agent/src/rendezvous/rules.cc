@@ -1,0 +1,73 @@
+#include "rendezvous/rules.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "rendezvous/rendezvous_detail.h"
+
+namespace dist::agent::rules {
+
+std::vector<Candidate> choose_members(std::vector<Candidate> joined, int max_nodes) {
+  std::sort(joined.begin(), joined.end(), [](const Candidate& a, const Candidate& b) {
+    const auto& x = a.record;
+    const auto& y = b.record;
+    const bool x_back = x.previous_rank >= 0, y_back = y.previous_rank >= 0;
+    if (x_back != y_back) return x_back;
+    if (x_back) return x.previous_rank < y.previous_rank;
+    return std::tie(x.host, x.pid, x.nonce) < std::tie(y.host, y.pid, y.nonce);
+  });
+  if (static_cast<int>(joined.size()) > max_nodes) joined.resize(max_nodes);
+  return joined;
+}
+
+Placement place(const std::vector<int>& ids, const std::vector<int>& local_world_sizes) {
+  Placement p;
+  const std::size_t n = ids.size();
+  for (std::size_t rank = 0; rank < n; ++rank) {
+    const int successor = n > 1 ? ids[(rank + 1) % n] : -1;
+    p.places.push_back({static_cast<int>(rank), p.world_size, successor});
+    p.world_size += local_world_sizes[rank];
+  }
+  return p;
+}
+
+Verdict decide(const RoundEnd& end, int max_restarts, int min_nodes) {
+  Verdict v;
+  const int alive = end.num_nodes - static_cast<int>(end.lost.size());
+  v.expect = alive;
+  v.restarts = end.restarts;
+  const std::string lost_text = "node(s) " + detail::node_list(end.lost) + " lost";
+  if (end.worker_failed && end.lost.empty() && !end.newcomer) {
+    if (end.restarts < max_restarts) {
+      v.action = Verdict::kRestart;
+      v.restarts = end.restarts + 1;
+      v.reason = "a worker failed";
+    } else {
+      v.action = Verdict::kFail;
+      v.reason = "a worker failed after " + std::to_string(end.restarts) +
+                 " restart(s), the most --max-restarts allows";
+    }
+  } else if (alive + end.waiting < min_nodes) {
+    // Too few to go on now. With a restart left, the next round waits for MIN nodes until the
+    // join timeout, as torchrun's survivors do: a cluster manager brings the lost node back.
+    const std::string too_few = lost_text + ", " + std::to_string(alive + end.waiting) +
+                                " node(s) left, fewer than the minimum " +
+                                std::to_string(min_nodes);
+    if (end.restarts < max_restarts) {
+      v.action = Verdict::kRestart;
+      v.restarts = end.restarts + 1;
+      v.reason = too_few + ": waiting for nodes to join (until the join timeout)";
+    } else {
+      v.action = Verdict::kFail;
+      v.reason = too_few;
+    }
+  } else {
+    v.action = Verdict::kReshape;
+    v.reason = !end.lost.empty() ? lost_text
+               : end.newcomer    ? "a node is waiting to join"
+                                 : "the round ended elsewhere";
+  }
+  return v;
+}
+
+}  // namespace dist::agent::rules

@@ -1,0 +1,275 @@
+#include "rendezvous/schema.h"
+
+#include <charconv>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace dist::agent::schema {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::size_t kShownValueBytes = 80;
+
+std::string shown(std::string_view value) {
+  std::string s;
+  for (std::size_t i = 0; i < value.size() && i < kShownValueBytes; ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    if (c < 0x20 || c >= 0x7f || c == '\\') {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      s += escaped;
+    } else {
+      s += static_cast<char>(c);
+    }
+  }
+  if (value.size() > kShownValueBytes) s += "...";
+  return s;
+}
+
+// Integers joined by `separator`, exactly `count` of them (0: any number).
+std::vector<std::int64_t> integers(std::string_view key, std::string_view text, char separator,
+                                   std::size_t count, std::string_view expected) {
+  std::vector<std::int64_t> values;
+  const char* p = text.data();
+  const char* end = text.data() + text.size();
+  while (p < end) {
+    std::int64_t v = 0;
+    const auto [next, ec] = std::from_chars(p, end, v);
+    if (ec != std::errc()) throw CorruptValueError(key, text, expected);
+    values.push_back(v);
+    p = next;
+    if (p == end) break;
+    if (*p != separator || p + 1 == end) throw CorruptValueError(key, text, expected);
+    ++p;
+  }
+  if (count != 0 && values.size() != count) throw CorruptValueError(key, text, expected);
+  return values;
+}
+
+int as_int(std::string_view key, std::string_view text, std::int64_t v, std::string_view expected) {
+  if (v < INT32_MIN || v > INT32_MAX) throw CorruptValueError(key, text, expected);
+  return static_cast<int>(v);
+}
+
+json parse_json(std::string_view key, std::string_view text, std::string_view expected) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception&) {
+    throw CorruptValueError(key, text, expected);
+  }
+}
+
+// A JSON field of the expected type, or the error naming the key.
+template <typename T>
+T field(const json& j, const char* name, std::string_view key, std::string_view text,
+        std::string_view expected) {
+  try {
+    return j.at(name).get<T>();
+  } catch (const json::exception&) {
+    throw CorruptValueError(key, text, expected);
+  }
+}
+
+constexpr std::string_view kNodeRecordShape =
+    "a JSON object with host, local_world_size, pid, nonce, previous_rank and worker_store";
+constexpr std::string_view kPlaceShape = "'<node rank> <first global rank> <next ticket>'";
+constexpr std::string_view kTotalsShape = "'<restarts> <world size> <nodes>'";
+constexpr std::string_view kVerdictShape =
+    "a JSON object with action (restart, reshape, fail, done), expect, restarts and reason";
+constexpr std::string_view kFailuresShape = "a JSON list of worker failures";
+constexpr std::string_view kIntShape = "a decimal integer";
+constexpr std::string_view kMembersShape = "a comma-separated list of tickets";
+constexpr std::string_view kEndpointShape = "'host:port'";
+
+}  // namespace
+
+CorruptValueError::CorruptValueError(std::string_view key, std::string_view value,
+                                     std::string_view expected)
+    : RendezvousError("the rendezvous store holds a corrupted value at '" + shown(key) + "': '" +
+                      shown(value) + "' (expected " + std::string(expected) +
+                      "); was the store written by another program or version?") {}
+
+std::string job_prefix(const std::string& run_id) {
+  return std::string(kAgentNamespace) + run_id + "/";
+}
+
+std::string static_alive(int node_rank) {
+  return std::string(kStaticAlivePrefix) + std::to_string(node_rank);
+}
+
+std::string in_round(int round, std::string_view name) {
+  return "r" + std::to_string(round) + "/" + std::string(name);
+}
+
+std::string in_round(int round, std::string_view name, int id) {
+  return in_round(round, name) + "/" + std::to_string(id);
+}
+
+std::string encode(const NodeRecord& r) {
+  return json{{"host", r.host},
+              {"local_world_size", r.local_world_size},
+              {"pid", r.pid},
+              {"nonce", r.nonce},
+              {"previous_rank", r.previous_rank},
+              {"worker_store", r.worker_store}}
+      .dump();
+}
+
+NodeRecord decode_node_record(std::string_view key, std::string_view text) {
+  const json j = parse_json(key, text, kNodeRecordShape);
+  NodeRecord r;
+  r.host = field<std::string>(j, "host", key, text, kNodeRecordShape);
+  r.local_world_size = field<int>(j, "local_world_size", key, text, kNodeRecordShape);
+  r.pid = field<int>(j, "pid", key, text, kNodeRecordShape);
+  r.nonce = field<std::uint32_t>(j, "nonce", key, text, kNodeRecordShape);
+  r.previous_rank = field<int>(j, "previous_rank", key, text, kNodeRecordShape);
+  r.worker_store = field<std::string>(j, "worker_store", key, text, kNodeRecordShape);
+  if (r.local_world_size < 1) throw CorruptValueError(key, text, kNodeRecordShape);
+  return r;
+}
+
+std::string encode(const Place& p) {
+  return std::to_string(p.node_rank) + " " + std::to_string(p.rank_offset) + " " +
+         std::to_string(p.successor);
+}
+
+Place decode_place(std::string_view key, std::string_view text) {
+  const auto v = integers(key, text, ' ', 3, kPlaceShape);
+  Place p{as_int(key, text, v[0], kPlaceShape), as_int(key, text, v[1], kPlaceShape),
+          as_int(key, text, v[2], kPlaceShape)};
+  if (p.node_rank < 0 || p.rank_offset < 0) throw CorruptValueError(key, text, kPlaceShape);
+  return p;
+}
+
+std::string encode(const RoundTotals& t) {
+  return std::to_string(t.restarts) + " " + std::to_string(t.world_size) + " " +
+         std::to_string(t.num_nodes);
+}
+
+RoundTotals decode_round_totals(std::string_view key, std::string_view text) {
+  const auto v = integers(key, text, ' ', 3, kTotalsShape);
+  RoundTotals t{as_int(key, text, v[0], kTotalsShape), as_int(key, text, v[1], kTotalsShape),
+                as_int(key, text, v[2], kTotalsShape)};
+  if (t.restarts < 0 || t.world_size < 1 || t.num_nodes < 1) {
+    throw CorruptValueError(key, text, kTotalsShape);
+  }
+  return t;
+}
+
+const char* action_name(Verdict::Action a) {
+  switch (a) {
+    case Verdict::kRestart:
+      return "restart";
+    case Verdict::kReshape:
+      return "reshape";
+    case Verdict::kFail:
+      return "fail";
+    case Verdict::kDone:
+      return "done";
+  }
+  return "?";
+}
+
+std::string encode(const Verdict& v) {
+  return json{{"action", action_name(v.action)},
+              {"expect", v.expect},
+              {"restarts", v.restarts},
+              {"reason", v.reason}}
+      .dump();
+}
+
+Verdict decode_verdict(std::string_view key, std::string_view text) {
+  const json j = parse_json(key, text, kVerdictShape);
+  Verdict v;
+  const auto action = field<std::string>(j, "action", key, text, kVerdictShape);
+  if (action == "restart") {
+    v.action = Verdict::kRestart;
+  } else if (action == "reshape") {
+    v.action = Verdict::kReshape;
+  } else if (action == "fail") {
+    v.action = Verdict::kFail;
+  } else if (action == "done") {
+    v.action = Verdict::kDone;
+  } else {
+    throw CorruptValueError(key, text, kVerdictShape);
+  }
+  v.expect = field<int>(j, "expect", key, text, kVerdictShape);
+  v.restarts = field<int>(j, "restarts", key, text, kVerdictShape);
+  v.reason = field<std::string>(j, "reason", key, text, kVerdictShape);
+  return v;
+}
+
+std::string encode(const std::vector<WorkerFailure>& failures) {
+  json list = json::array();
+  for (const auto& f : failures) {
+    list.push_back({{"time", std::chrono::duration<double>(f.time.time_since_epoch()).count()},
+                    {"host", f.host},
+                    {"rank", f.rank},
+                    {"local_rank", f.local_rank},
+                    {"exit_code", f.exit_code},
+                    {"pid", f.pid},
+                    {"error_file", f.error_file},
+                    {"message", f.message},
+                    {"traceback", f.traceback}});
+  }
+  return list.dump();
+}
+
+std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_view text) {
+  const json list = parse_json(key, text, kFailuresShape);
+  if (!list.is_array()) throw CorruptValueError(key, text, kFailuresShape);
+  std::vector<WorkerFailure> failures;
+  for (const auto& j : list) {
+    WorkerFailure f;
+    f.time = std::chrono::system_clock::time_point(
+        std::chrono::round<std::chrono::system_clock::duration>(
+            std::chrono::duration<double>(field<double>(j, "time", key, text, kFailuresShape))));
+    f.host = field<std::string>(j, "host", key, text, kFailuresShape);
+    f.rank = field<int>(j, "rank", key, text, kFailuresShape);
+    f.local_rank = field<int>(j, "local_rank", key, text, kFailuresShape);
+    f.exit_code = field<int>(j, "exit_code", key, text, kFailuresShape);
+    f.pid = field<int>(j, "pid", key, text, kFailuresShape);
+    f.error_file = field<std::string>(j, "error_file", key, text, kFailuresShape);
+    f.message = field<std::string>(j, "message", key, text, kFailuresShape);
+    f.traceback = field<std::string>(j, "traceback", key, text, kFailuresShape);
+    failures.push_back(std::move(f));
+  }
+  return failures;
+}
+
+Endpoint decode_endpoint(std::string_view key, std::string_view text) {
+  if (text.empty()) return {};
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    throw CorruptValueError(key, text, kEndpointShape);
+  }
+  const auto port = integers(key, text.substr(colon + 1), ' ', 1, kEndpointShape).front();
+  if (port < 1 || port > 65535) throw CorruptValueError(key, text, kEndpointShape);
+  std::string host(text.substr(0, colon));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return {host, static_cast<std::uint16_t>(port)};
+}
+
+std::int64_t decode_int(std::string_view key, std::string_view text) {
+  return integers(key, text, ' ', 1, kIntShape).front();
+}
+
+std::string encode_members(const std::vector<int>& ids) {
+  std::string s;
+  for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+std::vector<int> decode_members(std::string_view key, std::string_view text) {
+  if (text.empty()) throw CorruptValueError(key, text, kMembersShape);
+  std::vector<int> ids;
+  for (const auto v : integers(key, text, ',', 0, kMembersShape)) {
+    ids.push_back(as_int(key, text, v, kMembersShape));
+  }
+  return ids;
+}
+
+}  // namespace dist::agent::schema

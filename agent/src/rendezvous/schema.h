@@ -1,0 +1,135 @@
+// The agents' rendezvous protocol as data: every key the agents write under the job's prefix and
+// every value's encoding, with checked decoding. A value that does not decode is a
+// CorruptValueError naming its key and what was expected, never a bare "stoi".
+//
+// Keys are relative to the job's prefix (TCPStore: rdzv/<run id>/). Job-wide:
+//   round               the latest round a node joined (static) or that was opened (elastic)
+//   alive/<k>           static: node rank k's liveness, ephemeral (exists while its agent lives)
+//   over                static: the job failed for good (the reason); nodes still joining stop
+//   nodes               static: the job's node count (for status)
+// Per round n, under r<n>/:
+//   node/<id>           the node's record (NodeRecord); static: id = node rank; elastic: id =
+//                       ticket, ephemeral (it is the node's liveness in that round)
+//   joined              static: count of nodes in; the node that completes it publishes:
+//   offset/<k>          static: node k's first global rank
+//   world_size          static: the round's world size
+//   pending             static: exists until the round closes or is aborted (waited on)
+//   closed              static: the round closed; elastic: the closer's claim (COMPARE_SET)
+//   aborted             static: why the round was aborted before it closed
+//   join                elastic: ticket counter
+//   returning           elastic: count of the previous round's nodes back in this one
+//   quorum              elastic: at least MIN tickets taken
+//   size                elastic: number of nodes the round closed with
+//   place/<ticket>      elastic: that node's Place
+//   members             elastic: tickets by node rank ("t,t,..."), for who needs every node
+//   assignment          elastic: RoundTotals, published last: the round is formed
+//   worker_store        etcd: "host:port" of the workers' store, hosted by node rank 0
+//   verdict             elastic: the Verdict after the round ended; deciding: the decider's claim
+// and, for a running round, in both modes:
+//   healthy             deleted by the first node whose workers fail
+//   failures/<k>        node k's failures, written before healthy is deleted
+//   intact, lost        intact is deleted (after naming the node in lost) by the node that saw
+//                       the next node in the ring vanish
+//   no_newcomers        elastic: deleted by a node that waits to join (ends the round)
+//   running, done       running is deleted by the node whose success completes done's count
+//   heartbeat/<k>       wall-clock seconds, refreshed while node k's workers run (for status)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rendezvous/rendezvous.h"
+
+namespace dist::agent::schema {
+
+// The agents' own keys in a TCPStore that workers share: everything else is the workers'.
+inline constexpr std::string_view kAgentNamespace = "rdzv/";
+std::string job_prefix(const std::string& run_id);  // "rdzv/<run id>/"
+
+// Job-wide keys.
+inline constexpr std::string_view kRoundPointer = "round";
+inline constexpr std::string_view kJobOver = "over";
+inline constexpr std::string_view kStaticNodes = "nodes";
+std::string static_alive(int node_rank);  // "alive/<k>"
+inline constexpr std::string_view kStaticAlivePrefix = "alive/";
+
+// Names within a round.
+namespace name {
+inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = "offset",
+                                  kWorldSize = "world_size", kPending = "pending",
+                                  kClosed = "closed", kAborted = "aborted", kJoin = "join",
+                                  kReturning = "returning", kQuorum = "quorum", kSize = "size",
+                                  kPlace = "place", kMembers = "members",
+                                  kAssignment = "assignment", kVerdict = "verdict",
+                                  kWorkerStore = "worker_store", kDeciding = "deciding",
+                                  kHealthy = "healthy", kFailures = "failures", kIntact = "intact",
+                                  kLost = "lost", kNoNewcomers = "no_newcomers",
+                                  kRunning = "running", kDone = "done", kHeartbeat = "heartbeat";
+}  // namespace name
+
+std::string in_round(int round, std::string_view name);          // "r<n>/<name>"
+std::string in_round(int round, std::string_view name, int id);  // "r<n>/<name>/<id>"
+
+// A value that does not decode: names the key, shows the value (escaped, shortened), says what
+// was expected.
+class CorruptValueError : public RendezvousError {
+ public:
+  CorruptValueError(std::string_view key, std::string_view value, std::string_view expected);
+};
+
+// A node's record in a round.
+struct NodeRecord {
+  std::string host;
+  int local_world_size = 0;
+  int pid = 0;
+  std::uint32_t nonce = 0;   // tells this agent's records from any other's, even on one host
+  int previous_rank = -1;    // elastic: its node rank in the previous round, -1 for a newcomer
+  std::string worker_store;  // etcd: "host:port" of the store this node would host for workers
+};
+std::string encode(const NodeRecord& record);
+NodeRecord decode_node_record(std::string_view key, std::string_view text);
+
+// Elastic: one node's place in a closed round.
+struct Place {
+  int node_rank = 0;
+  int rank_offset = 0;
+  int successor = -1;  // the next node's ticket in the ring, -1 when alone
+  bool operator==(const Place&) const = default;
+};
+std::string encode(const Place& place);
+Place decode_place(std::string_view key, std::string_view text);
+
+// Elastic: what every node of a closed round reads.
+struct RoundTotals {
+  int restarts = 0;
+  int world_size = 0;
+  int num_nodes = 0;
+  bool operator==(const RoundTotals&) const = default;
+};
+std::string encode(const RoundTotals& totals);
+RoundTotals decode_round_totals(std::string_view key, std::string_view text);
+
+std::string encode(const Verdict& verdict);
+Verdict decode_verdict(std::string_view key, std::string_view text);
+
+std::string encode(const std::vector<WorkerFailure>& failures);
+std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_view text);
+
+// "host:port" (a host may be a name, an IPv4 or a bracketed IPv6 address); the empty string for
+// none.
+struct Endpoint {
+  std::string host;
+  std::uint16_t port = 0;
+};
+Endpoint decode_endpoint(std::string_view key, std::string_view text);
+
+// Counters and integers ("12"), and member lists ("3,1,2").
+std::int64_t decode_int(std::string_view key, std::string_view text);
+std::string encode_members(const std::vector<int>& ids);
+std::vector<int> decode_members(std::string_view key, std::string_view text);
+
+const char* action_name(Verdict::Action action);
+
+}  // namespace dist::agent::schema

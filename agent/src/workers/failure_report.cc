@@ -1,0 +1,113 @@
+#include "workers/failure_report.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "processes/process.h"
+
+namespace dist::agent {
+namespace {
+
+std::string format_time(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::localtime_r(&secs, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", &tm);
+  return buf;
+}
+
+std::string describe(const WorkerFailure& f, std::size_t index) {
+  std::ostringstream out;
+  out << "[" << index << "]:\n"
+      << "  time      : " << format_time(f.time) << "\n"
+      << "  host      : " << f.host << "\n"
+      << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n"
+      << "  exitcode  : " << f.exit_code;
+  if (f.exit_code < 0) out << " (" << signal_name(-f.exit_code) << ")";
+  out << " (pid: " << f.pid << ")\n"
+      << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file) << "\n";
+  if (!f.message.empty()) out << "  message   : " << f.message << "\n";
+  std::string traceback = f.traceback;
+  if (traceback.empty()) {
+    traceback = f.exit_code < 0
+                    ? "Signal " + std::to_string(-f.exit_code) + " (" + signal_name(-f.exit_code) +
+                          ") received by PID " + std::to_string(f.pid)
+                    : "To enable traceback see: "
+                      "https://pytorch.org/docs/stable/elastic/errors.html";
+  }
+  out << "  traceback : ";
+  std::istringstream lines(traceback);
+  std::string line;
+  bool first = true;
+  while (std::getline(lines, line)) {
+    out << (first ? "" : "              ") << line << "\n";
+    first = false;
+  }
+  if (first) out << "\n";
+  return out.str();
+}
+
+}  // namespace
+
+void read_error_file(WorkerFailure& failure) {
+  if (failure.error_file.empty()) return;
+  std::ifstream in(failure.error_file);
+  if (!in) return;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    const nlohmann::json& m = j.at("message");
+    if (m.is_string()) {
+      failure.message = m.get<std::string>();
+      return;
+    }
+    failure.message = m.value("message", "");
+    if (m.contains("extraInfo")) {
+      const nlohmann::json& extra = m.at("extraInfo");
+      failure.traceback = extra.value("py_callstack", "");
+      const std::string ts = extra.value("timestamp", "");
+      if (!ts.empty()) {
+        // Seconds since the epoch as text: whole seconds from torch's @record, with fractions
+        // from the SDK's write_error_file.
+        const auto since_epoch = std::chrono::duration<double>(std::stod(ts));
+        failure.time = std::chrono::system_clock::time_point(
+            std::chrono::round<std::chrono::system_clock::duration>(since_epoch));
+      }
+    }
+  } catch (const std::exception&) {
+    failure.message = "(error file " + failure.error_file + " is not valid JSON)";
+  }
+}
+
+int exit_code_of(const WorkerFailure& failure) {
+  return failure.exit_code < 0 ? 128 + -failure.exit_code : failure.exit_code;
+}
+
+std::size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
+  return static_cast<std::size_t>(
+      std::min_element(failures.begin(), failures.end(),
+                       [](const auto& a, const auto& b) { return a.time < b.time; }) -
+      failures.begin());
+}
+
+std::string format_report(const std::string& script, const std::vector<WorkerFailure>& failures) {
+  const std::string rule(60, '=');
+  const std::string thin(60, '-');
+  const std::size_t root = root_cause_index(failures);
+  std::ostringstream out;
+  out << rule << "\n" << script << " FAILED\n" << thin << "\nFailures:\n";
+  std::size_t shown = 0;
+  for (std::size_t i = 0; i < failures.size(); ++i) {
+    if (i != root) out << describe(failures[i], ++shown);
+  }
+  if (shown == 0) out << "  <NO_OTHER_FAILURES>\n";
+  out << thin << "\nRoot Cause (first observed failure):\n"
+      << describe(failures[root], 0) << rule << "\n";
+  return out.str();
+}
+
+}  // namespace dist::agent

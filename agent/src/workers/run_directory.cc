@@ -1,0 +1,62 @@
+#include "workers/run_directory.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace dist::agent {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path make_unique_directory(const fs::path& parent, const std::string& prefix) {
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) {
+    throw std::runtime_error("cannot create log directory " + parent.string() + ": " +
+                             ec.message());
+  }
+  std::string pattern = (parent / (prefix + "XXXXXX")).string();
+  if (!::mkdtemp(pattern.data())) {
+    throw std::runtime_error("cannot create a directory in " + parent.string() + ": " +
+                             std::strerror(errno));
+  }
+  return pattern;
+}
+
+}  // namespace
+
+RunDirectory::RunDirectory(const LaunchConfig& config, const std::string& host) {
+  temporary_ = config.log_dir.empty();
+  root_ = temporary_ ? make_unique_directory(fs::temp_directory_path(), "dist-launch-")
+                     : make_unique_directory(config.log_dir, config.run_id + "_");
+  run_dir_ = root_;
+  if (config.elastic) {  // node ranks change from round to round
+    run_dir_ /= "node_" + host + "_" + std::to_string(::getpid());
+  } else if (config.max_nodes > 1) {
+    run_dir_ /= "node_" + std::to_string(config.node_rank);
+  }
+  std::error_code ec;
+  fs::create_directories(run_dir_, ec);
+  if (ec) {
+    throw std::runtime_error("cannot create log directory " + run_dir_.string() + ": " +
+                             ec.message());
+  }
+}
+
+fs::path RunDirectory::attempt(int round, int local_rank) const {
+  return run_dir_ / ("attempt_" + std::to_string(round)) / std::to_string(local_rank);
+}
+
+std::string RunDirectory::finish(bool keep) {
+  if (!temporary_) return "";
+  if (keep) return "worker logs and error files kept in " + root_.string();
+  std::error_code ec;
+  fs::remove_all(root_, ec);
+  return "";
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,365 @@
+#include "workers/worker_group.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <optional>
+
+#include "dist/agent/signals.h"
+#include "dist/rendezvous/worker_contract.h"
+#include "output/log_line_prefix.h"
+#include "output/log_pump.h"
+#include "processes/process.h"
+#include "workers/failure_report.h"
+#include "workers/worker_env.h"
+
+extern char** environ;
+
+namespace dist::agent {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// After the last worker is reaped, how long its output may still take to drain (a descendant that
+// kept the pipe open is not waited for longer).
+constexpr std::chrono::milliseconds kOutputDrainTimeout{1000};
+
+std::vector<std::string> current_environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  return env;
+}
+
+// TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun passes it on: "SIGTERM,SIGINT,...".
+std::string signal_list(const std::vector<int>& signals) {
+  std::string list;
+  for (const int s : signals) list += (list.empty() ? "" : ",") + signal_name(s);
+  return list;
+}
+
+bool selects(const StreamSelection& selection, ConsoleStream stream) {
+  return stream == ConsoleStream::kStdout ? selection.stdout_stream : selection.stderr_stream;
+}
+
+}  // namespace
+
+WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config,
+                         const RunDirectory& dir, const AgentId& agent_id, Janitor* janitor,
+                         std::shared_ptr<Console> console, Telemetry& telemetry, Identity identity,
+                         Events events)
+    : io_(io),
+      config_(config),
+      dir_(dir),
+      agent_id_(agent_id),
+      janitor_(janitor),
+      leftovers_(agent_id.id(), janitor ? janitor->pid() : -1),
+      console_(std::move(console)),
+      events_(std::move(events)),
+      telemetry_(telemetry),
+      watchdogs_(io, config.watchdogs, telemetry),
+      identity_(std::move(identity)),
+      resources_(plan_worker_resources(config)),
+      hostname_(this_host()),
+      kill_timer_(io),
+      drain_timer_(io) {}
+
+WorkerGroup::~WorkerGroup() {
+  for (auto& pump : pumps_) pump->abandon();
+  kill_all();
+  for (const auto& w : workers_) {
+    if (w.exited) continue;
+    while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+// Every worker is forked before any exec is waited for: they start side by side.
+void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) {
+  round_ = a;
+  store_ = store;
+  host_label_ = a.elastic || a.num_nodes > 1
+                    ? identity_.host + " (node " + std::to_string(a.node_rank) + ")"
+                    : identity_.host;
+  workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
+  pumps_.clear();
+  open_duplicate_logs();
+  state_ = State::kRunning;
+  const std::vector<std::string> base_env = current_environment();
+  const char* path = std::getenv("PATH");
+  const SpawnPlan plan = plan_spawn(config_.worker_argv.front(), path ? path : "");
+  std::vector<SpawnedProcess> started;
+  std::optional<std::runtime_error> failure;
+  for (int local = 0; local < config_.nproc_per_node && !failure; ++local) {
+    Worker& w = workers_[static_cast<std::size_t>(local)];
+    w.local_rank = local;
+    w.rank = a.rank_offset + local;
+    try {
+      started.push_back(spawn(w, plan, base_env));
+    } catch (const std::runtime_error& e) {
+      failure.emplace(e);
+    }
+  }
+  for (std::size_t i = 0; i < started.size(); ++i) {
+    Worker& w = workers_[i];
+    try {
+      confirm_started(started[i]);
+    } catch (const std::exception& e) {
+      w.exited = true;  // reaped, its pipes closed
+      if (janitor_) janitor_->untrack(w.pid);
+      if (!failure) {
+        failure.emplace("cannot start worker " + std::to_string(w.rank) + " (local rank " +
+                        std::to_string(w.local_rank) + "): " + e.what());
+      }
+      continue;
+    }
+    attach_output(w, started[i]);
+  }
+  for (auto& unstarted : workers_) unstarted.exited = unstarted.exited || unstarted.pid < 0;
+  if (failure) throw *failure;  // the caller stops the ones that started
+  spdlog::debug("started {} workers (round {})", workers_.size(), a.round);
+}
+
+// --duplicate-stdout-filters / --duplicate-stderr-filters: this round's filtered copies.
+void WorkerGroup::open_duplicate_logs() {
+  duplicates_ = {};
+  const auto& filters = {config_.duplicate_stdout_filters, config_.duplicate_stderr_filters};
+  const char* names[] = {"filtered_stdout.log", "filtered_stderr.log"};
+  const fs::path attempt_dir = dir_.attempt(round_.round, 0).parent_path();
+  std::size_t i = 0;
+  for (const auto& list : filters) {
+    if (!list.empty()) {
+      std::error_code ec;
+      fs::create_directories(attempt_dir, ec);
+      duplicates_[i] = std::make_shared<DuplicateLog>(attempt_dir / names[i], list);
+    }
+    ++i;
+  }
+}
+
+SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
+                                  const std::vector<std::string>& base_env) {
+  const fs::path dir = dir_.attempt(round_.round, w.local_rank);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  fs::remove(dir / "error.json", ec);
+
+  WorkerIdentity id = make_identity(round_, w.local_rank, store_, config_);
+  id.error_file = (dir / "error.json").string();
+  id.signals_to_handle = signal_list(config_.signals_to_handle);
+  auto variables = torchrun_variables(id, config_.omp_threads_defaulted);
+  const WorkerResources& resources = resources_[static_cast<std::size_t>(w.local_rank)];
+  for (const auto& [name, value] : resources.environment) variables[name] = value;
+  variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
+  // The SDK's Gloo group listens there (worker_sdk/src/local_address.h).
+  if (!config_.local_addr.empty()) {
+    variables[rendezvous::worker_contract::kLocalAddr] = config_.local_addr;
+  }
+  std::vector<int> inherited;  // the watchdogs' channels
+  watchdogs_.prepare(w.local_rank, variables, inherited);
+  // A path, never the secret: a process's environment is readable by much of the machine.
+  if (!identity_.token_file.empty()) {
+    variables[rendezvous::worker_contract::kTokenFile] = identity_.token_file;
+  }
+  const auto env = merge_environment(base_env, variables);
+  const WorkerPlacement& placement = resources.placement;
+  const bool bound = placement.bind_cpus || placement.bind_memory;
+  if (bound) spdlog::debug("local rank {}: {}", w.local_rank, placement.describe());
+  SpawnedProcess p;
+  try {
+    p = start_process(plan, substitute_local_rank(config_.worker_argv, w.local_rank), env,
+                      bound ? &placement : nullptr, inherited);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
+                             std::to_string(w.local_rank) + "): " + e.what());
+  }
+  w.pid = p.pid;
+  if (janitor_) janitor_->track(p.pid);  // the worker's process group
+  const WorkerRef ref{round_.round, w.rank, w.local_rank, p.pid};
+  watchdogs_.started(ref);
+  telemetry_.worker_started(ref);
+  return p;
+}
+
+void WorkerGroup::attach_output(Worker& w, const SpawnedProcess& p) {
+  const fs::path dir = dir_.attempt(round_.round, w.local_rank);
+  w.open_pipes = 2;
+  const bool write_logs = config_.writes_log_files();
+  const std::string prefix =
+      config_.log_line_prefix_template.empty()
+          ? default_log_line_prefix(config_.role, w.local_rank)
+          : render_log_line_prefix(config_.log_line_prefix_template,
+                                   {config_.role, w.rank, w.local_rank, hostname_});
+  pump(w, p.stdout_fd, ConsoleStream::kStdout, prefix,
+       write_logs ? dir / "stdout.log" : fs::path());
+  pump(w, p.stderr_fd, ConsoleStream::kStderr, prefix,
+       write_logs ? dir / "stderr.log" : fs::path());
+}
+
+// torchrun's rules: a tee'd stream goes to its file and the console, a redirected one to its file
+// only (tee wins when a stream is both), any other to the console; --local-ranks-filter limits the
+// console, never the files.
+void WorkerGroup::pump(Worker& w, int pipe_fd, ConsoleStream stream, const std::string& prefix,
+                       const fs::path& file) {
+  const bool teed = selects(config_.tee_for(w.local_rank), stream);
+  const bool redirected = selects(config_.redirects_for(w.local_rank), stream);
+  const bool shown = config_.shows_on_console(w.local_rank) && (teed || !redirected);
+  LogPump::Sink sink;
+  if (shown) sink.console = console_;
+  sink.stream = stream;
+  sink.file_path = file.string();
+  sink.on_file_error = [this](const LogFileError& e) { incomplete_logs_.push_back(e); };
+  const bool prefixed = config_.console_prefix == ConsolePrefix::kAll ||
+                        (config_.console_prefix == ConsolePrefix::kTee && teed);
+  if (prefixed) sink.prefix = prefix;
+  const auto& duplicate = duplicates_[stream == ConsoleStream::kStdout ? 0 : 1];
+  if (duplicate && teed && shown) {
+    sink.duplicate = duplicate;
+    sink.duplicate_prefix = prefix;
+  }
+  const pid_t pid = w.pid;
+  pumps_.push_back(LogPump::start(io_, pipe_fd, std::move(sink), [this, pid] {
+    for (auto& worker : workers_) {
+      if (worker.pid == pid) --worker.open_pipes;
+    }
+    maybe_stopped();
+  }));
+}
+
+// Every exit that has happened is collected before any is acted on: workers that died together
+// (a crash and the peers it broke) are all recorded, and the earliest is the root cause. Every
+// pid is reaped: the agent is a subreaper, so the workers' orphans are its children too (the
+// leftovers of a stop).
+void WorkerGroup::reap() {
+  const auto reaped_at = std::chrono::system_clock::now();
+  std::vector<WorkerFailure> failures;
+  int status = 0;
+  pid_t pid;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    for (auto& w : workers_) {
+      if (w.pid != pid || w.exited) continue;
+      w.exited = true;
+      if (janitor_) janitor_->untrack(pid);  // its group's id may be reused from now on
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      const std::string watchdog_reason = watchdogs_.reason(w.local_rank);
+      watchdogs_.exited(w.local_rank);
+      const bool failed = state_ == State::kRunning && (code != 0 || !watchdog_reason.empty());
+      if (failed) failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
+      telemetry_.worker_exited({round_.round, w.rank, w.local_rank, w.pid}, code, failed,
+                               watchdog_reason);
+    }
+  }
+  if (state_ == State::kStopping) return maybe_stopped();
+  if (state_ != State::kRunning) return;
+  if (!failures.empty()) return events_.failed(std::move(failures));
+  if (all_exited()) events_.succeeded();
+}
+
+WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
+                                      std::chrono::system_clock::time_point when,
+                                      const std::string& watchdog_reason) const {
+  WorkerFailure f;
+  f.time = when;  // the error file's own timestamp, when there is one, is more precise
+  f.host = host_label_;
+  f.rank = w.rank;
+  f.local_rank = w.local_rank;
+  f.exit_code = code;
+  f.pid = w.pid;
+  f.error_file = (dir_.attempt(round_.round, w.local_rank) / "error.json").string();
+  read_error_file(f);
+  if (!fs::exists(f.error_file)) f.error_file.clear();
+  if (!watchdog_reason.empty()) {  // the kill is the cause; what the worker wrote comes after
+    f.message = f.message.empty() ? watchdog_reason : watchdog_reason + "; " + f.message;
+  }
+  spdlog::error("worker {} (local rank {}, pid {}) failed: {}{}", w.rank, w.local_rank, f.pid,
+                code < 0 ? signal_name(-code) : "exit code " + std::to_string(code),
+                watchdog_reason.empty() ? "" : ", " + watchdog_reason);
+  return f;
+}
+
+void WorkerGroup::stop(int signal, bool already_sent) {
+  if (state_ == State::kStopping) {
+    if (signal != 0) {
+      kill_all();
+      leftovers_.kill();
+      maybe_stopped();
+    }
+    return;
+  }
+  state_ = State::kStopping;
+  watchdogs_.stopping();
+  draining_ = false;
+  deadline_armed_ = false;
+  leftovers_.reset();
+  for (const auto& w : workers_) {
+    if (!w.exited && signal != 0 && !already_sent) signal_group(w.pid, signal);
+  }
+  if (signal == SIGKILL) leftovers_.kill();
+  if (signal != 0 && signal != SIGKILL) arm_stop_deadline();
+  maybe_stopped();
+}
+
+// SIGKILL for the workers and their leftovers --shutdown-timeout after the stop signal (after the
+// leftovers' SIGTERM when the workers exited on their own).
+void WorkerGroup::arm_stop_deadline() {
+  if (deadline_armed_) return;
+  deadline_armed_ = true;
+  kill_timer_.expires_after(config_.shutdown_timeout);
+  kill_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || state_ != State::kStopping) return;
+    spdlog::warn("{} still running {} ms after the stop signal: sending SIGKILL",
+                 all_exited() ? "processes the workers left" : "workers",
+                 config_.shutdown_timeout.count());
+    kill_all();
+    leftovers_.kill();
+    maybe_stopped();
+  });
+}
+
+void WorkerGroup::forward(int signal) {
+  for (const auto& w : workers_) {
+    if (!w.exited) signal_group(w.pid, signal);
+  }
+}
+
+void WorkerGroup::kill_all() {
+  for (const auto& w : workers_) {
+    if (!w.exited) signal_group(w.pid, SIGKILL);
+  }
+}
+
+bool WorkerGroup::all_exited() const {
+  return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exited; });
+}
+
+// Stopped once every worker is reaped and its pipes closed, or kOutputDrainTimeout after the last
+// exit, whichever comes first.
+void WorkerGroup::maybe_stopped() {
+  if (state_ != State::kStopping || !all_exited()) return;
+  if (!leftovers_.gone()) return arm_stop_deadline();  // each exit comes back here (SIGCHLD)
+  kill_timer_.cancel();
+  const bool drained = std::all_of(workers_.begin(), workers_.end(),
+                                   [](const Worker& w) { return w.open_pipes == 0; });
+  if (!drained) {
+    if (draining_) return;
+    draining_ = true;
+    drain_timer_.expires_after(kOutputDrainTimeout);
+    drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state_ != State::kStopping) return;
+      spdlog::debug("output still open {} ms after the last worker exited: not waiting for it",
+                    kOutputDrainTimeout.count());
+      state_ = State::kIdle;
+      events_.stopped();
+    });
+    return;
+  }
+  drain_timer_.cancel();
+  state_ = State::kIdle;
+  events_.stopped();
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,139 @@
+// The workers of one round on this node: started together, each in its own process group with
+// its output on pipes; their exits reaped as SIGCHLD reports them; stopped together.
+//
+// The agent drives it and hears back through three events:
+//   failed(failures)  while running: workers exited non-zero (all exits reaped at that moment,
+//                     so a crash and the peers it broke are one batch: the earliest is the root)
+//   succeeded()       while running: the last worker exited 0
+//   stopped()         after stop(): every worker is reaped and its output drained (a descendant
+//                     that keeps a pipe open is waited for at most kOutputDrainTimeout)
+// Stopping covers what the workers started too (leftovers.h): the agent is a subreaper, every
+// process of the job carries its id, and a janitor kills them all if the agent itself is killed.
+// The destructor SIGKILLs and reaps whatever is left: no worker outlives the group.
+// Hung workers (worker_watchdogs.h) are killed by their watchdog; their exit fails the round, even
+// with code 0, and the report says which watchdog fired. Each start and exit goes to the telemetry.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/agent/config.h"
+#include "dist/agent/console.h"
+#include "dist/rendezvous/endpoint.h"
+#include "health/telemetry.h"
+#include "health/worker_watchdogs.h"
+#include "output/duplicate_log.h"
+#include "output/log_pump.h"
+#include "processes/janitor.h"
+#include "processes/job_processes.h"
+#include "processes/leftovers.h"
+#include "processes/process.h"
+#include "rendezvous/rendezvous.h"
+#include "resources/worker_resources.h"
+#include "workers/run_directory.h"
+
+namespace dist::agent {
+
+class WorkerGroup {
+ public:
+  // This node, for every round: its name (the failure report's) and the job's token file for the
+  // SDK (DIST_LAUNCH_TOKEN_FILE; empty: none).
+  struct Identity {
+    std::string host;
+    std::string token_file;
+  };
+  struct Events {
+    std::function<void(std::vector<WorkerFailure>)> failed;
+    std::function<void()> succeeded;
+    std::function<void()> stopped;
+  };
+
+  // `janitor` may be null (it could not start). Plans each local rank's device and placement
+  // (throws DeviceError / PlacementError with a message for the user), and starts the watchdogs
+  // (std::runtime_error: the file timer pipe cannot be served).
+  WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config, const RunDirectory& dir,
+              const AgentId& agent_id, Janitor* janitor, std::shared_ptr<Console> console,
+              Telemetry& telemetry, Identity identity, Events events);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Starts round `a`'s workers, whose store is `store` (MASTER_ADDR, MASTER_PORT); throws
+  // std::runtime_error naming the worker that could not start (the ones already started are
+  // then stopped by the caller).
+  void start(const Assignment& a, const rendezvous::Endpoint& store);
+  // Sends `signal` (0: none, just wait) to every worker's process group and SIGKILLs what is
+  // left after the shutdown timeout; stopped() follows. Again while stopping: SIGKILL at once.
+  // `already_sent`: the workers got `signal` from elsewhere (Slurm signals the whole step):
+  // only the shutdown timeout applies.
+  void stop(int signal, bool already_sent = false);
+  // SIGUSR1/SIGUSR2 and the like: to every running worker's process group, nothing else.
+  void forward(int signal);
+  // Reaps every child that exited (SIGCHLD arrived).
+  void reap();
+
+  bool running() const { return state_ == State::kRunning; }
+  // The running workers' heartbeats (for the metrics and the health check).
+  std::vector<WorkerProgress> progress() const { return watchdogs_.progress(); }
+  // The log files given up on so far (a full disk, an I/O error): they miss output.
+  const std::vector<LogFileError>& incomplete_logs() const { return incomplete_logs_; }
+
+ private:
+  struct Worker {
+    int local_rank = 0;
+    int rank = 0;
+    pid_t pid = -1;
+    bool exited = false;
+    int open_pipes = 0;
+  };
+  enum class State { kIdle, kRunning, kStopping };
+
+  SpawnedProcess spawn(Worker& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
+  void attach_output(Worker& w, const SpawnedProcess& p);
+  void open_duplicate_logs();
+  void pump(Worker& w, int pipe_fd, ConsoleStream stream, const std::string& prefix,
+            const std::filesystem::path& file);
+  WorkerFailure failure_of(const Worker& w, int code, std::chrono::system_clock::time_point when,
+                           const std::string& watchdog_reason) const;
+  bool all_exited() const;
+  void maybe_stopped();
+  void kill_all();
+  void arm_stop_deadline();
+
+  boost::asio::io_context& io_;
+  const LaunchConfig& config_;
+  const RunDirectory& dir_;
+  const AgentId& agent_id_;
+  Janitor* janitor_;
+  Leftovers leftovers_;
+  std::shared_ptr<Console> console_;
+  Events events_;
+  Telemetry& telemetry_;
+  WorkerWatchdogs watchdogs_;
+  State state_ = State::kIdle;
+  Identity identity_;
+  Assignment round_;                        // the round running (or last run)
+  rendezvous::Endpoint store_;              // its workers' store
+  std::string host_label_;                  // this node, as failure reports name it
+  std::vector<WorkerResources> resources_;  // by local rank
+  std::string hostname_;                    // ${hostname} in the prefix template
+  std::vector<Worker> workers_;
+  std::vector<std::shared_ptr<LogPump>> pumps_;
+  // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
+  std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
+  std::vector<LogFileError> incomplete_logs_;
+  boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
+  bool deadline_armed_ = false;
+  boost::asio::steady_timer drain_timer_;
+  bool draining_ = false;
+};
+
+}  // namespace dist::agent

@@ -1,0 +1,371 @@
+// The agent through the real dist-launch binary, with real worker processes and real signals.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/rendezvous/server.h"
+#include "launch_fixture.h"
+#include "test_ports.h"
+
+namespace {
+
+using namespace dist::agent::testing;
+
+TEST_F(LaunchTest, EveryWorkerGetsTorchrunsEnvironment) {
+  Launch launch({"--nproc-per-node", "3", "--no-python", kWorker, "env", path("env_${local_rank}")},
+                {{"DIST_TEST_INHERITED", "yes"}});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  std::string port;
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE("local rank " + std::to_string(r));
+    auto env = read_env(path("env_" + std::to_string(r)));
+    const std::string rank = std::to_string(r);
+    const std::map<std::string, std::string> expected = {
+        {"RANK", rank},
+        {"LOCAL_RANK", rank},
+        {"GROUP_RANK", "0"},
+        {"ROLE_RANK", rank},
+        {"ROLE_NAME", "default"},
+        {"LOCAL_WORLD_SIZE", "3"},
+        {"WORLD_SIZE", "3"},
+        {"GROUP_WORLD_SIZE", "1"},
+        {"ROLE_WORLD_SIZE", "3"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},
+        {"TORCHELASTIC_MAX_RESTARTS", "0"},
+        {"TORCHELASTIC_RUN_ID", "none"},
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+        {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+        {"OMP_NUM_THREADS", "1"},
+        {"DIST_TEST_INHERITED", "yes"},
+    };
+    for (const auto& [key, value] : expected) EXPECT_EQ(env[key], value) << key;
+    EXPECT_TRUE(env["TORCHELASTIC_ERROR_FILE"].ends_with("/attempt_0/" + rank + "/error.json"))
+        << env["TORCHELASTIC_ERROR_FILE"];
+    EXPECT_GT(std::stoi(env["MASTER_PORT"]), 0);
+    if (r == 0) port = env["MASTER_PORT"];
+    EXPECT_EQ(env["MASTER_PORT"], port) << "one store for the whole group";
+  }
+  EXPECT_NE(launch.output().find("OMP_NUM_THREADS is unset"), std::string::npos) << launch.output();
+}
+
+// A worker holds its stdin, stdout and stderr and the descriptors meant for it (the heartbeat
+// slot), nothing of the agent's: not the store's listening socket, the metrics port, the event
+// log, nor another worker's pipes.
+TEST_F(LaunchTest, AWorkerInheritsOnlyItsStandardStreamsAndItsHeartbeatSlot) {
+  Launch launch({"--nproc-per-node", "2", "--metrics-port", "0", "--event-log", path("events"),
+                 "--worker-heartbeat-timeout", "60", "--no-python", kWorker, "fds",
+                 path("fds_${local_rank}")});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("local rank " + std::to_string(r));
+    std::ifstream in(path("fds_" + std::to_string(r)));
+    std::map<int, std::string> fds;
+    for (std::string line; std::getline(in, line);) {
+      const auto space = line.find(' ');
+      const std::string target = line.substr(space + 1);
+      if (target.starts_with("/proc/")) continue;  // the listing's own directory
+      fds[std::stoi(line.substr(0, space))] = target;
+    }
+    ASSERT_GE(fds.size(), 3u);
+    EXPECT_EQ(fds[0], "/dev/null");
+    EXPECT_TRUE(fds[1].starts_with("pipe:")) << fds[1];
+    EXPECT_TRUE(fds[2].starts_with("pipe:")) << fds[2];
+    fds.erase(0);
+    fds.erase(1);
+    fds.erase(2);
+    ASSERT_EQ(fds.size(), 1u) << "more than the heartbeat slot: " << fds.begin()->second;
+    EXPECT_NE(fds.begin()->second.find("memfd:"), std::string::npos) << fds.begin()->second;
+  }
+}
+
+TEST_F(LaunchTest, AWorkerThatFailsOnlyOnAttemptZeroSucceedsWithOneRestart) {
+  Launch launch({"--nproc-per-node", "2", "--max-restarts", "1", "--no-python", kWorker, "env",
+                 path("env_${local_rank}"), "fail-on-attempt", "0", "3"});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  for (int r = 0; r < 2; ++r) {
+    auto env = read_env(path("env_" + std::to_string(r)));
+    EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "1");
+    EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "1");
+    EXPECT_TRUE(env["TORCHELASTIC_ERROR_FILE"].ends_with("/attempt_1/" + std::to_string(r) +
+                                                         "/error.json"));
+  }
+  EXPECT_NE(launch.output().find("restart 1 of 1"), std::string::npos) << launch.output();
+}
+
+TEST_F(LaunchTest, RestartsAreBoundedByMaxRestarts) {
+  Launch launch({"--nproc-per-node", "1", "--max-restarts", "2", "--no-python", kWorker, "env",
+                 path("env_${local_rank}"), "exit", "5"});
+  EXPECT_EQ(launch.wait(), 5) << launch.output();
+  EXPECT_EQ(read_env(path("env_0"))["TORCHELASTIC_RESTART_COUNT"], "2");
+  const std::string out = launch.output();
+  EXPECT_NE(out.find("restart 2 of 2"), std::string::npos) << out;
+  EXPECT_EQ(out.find("restart 3"), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, FailureReportNamesTheRootCauseAndTheAgentExitsWithItsCode) {
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "exit-if-rank", "0", "0",
+                 "error-file", "ValueError: learning rate must be positive", "exit-if-rank", "1",
+                 "7"});
+  EXPECT_EQ(launch.wait(), 7) << launch.output();
+  const std::string out = launch.output();
+  EXPECT_NE(out.find("dist-test-worker FAILED"), std::string::npos) << out;
+  EXPECT_NE(out.find("Root Cause (first observed failure):"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank      : 1 (local_rank: 1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("exitcode  : 7"), std::string::npos) << out;
+  EXPECT_NE(out.find("message   : ValueError: learning rate must be positive"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("Traceback (most recent call last):"), std::string::npos) << out;
+  EXPECT_NE(out.find("<NO_OTHER_FAILURES>"), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, AWorkerKilledByASignalIsReportedAs128PlusTheSignal) {
+  Launch launch(
+      {"--nproc-per-node", "1", "--no-python", kWorker, "kill-self", std::to_string(SIGSEGV)});
+  EXPECT_EQ(launch.wait(), 128 + SIGSEGV) << launch.output();
+  EXPECT_NE(launch.output().find("Signal 11 (SIGSEGV) received by PID"), std::string::npos)
+      << launch.output();
+}
+
+TEST_F(LaunchTest, SigkillOfTheAgentLeavesNoWorkerAlive) {
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "pidfile",
+                 path("pid_${local_rank}"), "forever"});
+  ASSERT_TRUE(wait_for_file(path("pid_0")));
+  ASSERT_TRUE(wait_for_file(path("pid_1")));
+  const pid_t w0 = read_pid(path("pid_0")), w1 = read_pid(path("pid_1"));
+  ASSERT_GT(w0, 0);
+  ASSERT_FALSE(process_gone(w0, 0ms));
+  ::kill(launch.pid(), SIGKILL);
+  EXPECT_EQ(launch.wait(), 128 + SIGKILL);
+  EXPECT_TRUE(process_gone(w0)) << "worker " << w0 << " outlived its agent";
+  EXPECT_TRUE(process_gone(w1)) << "worker " << w1 << " outlived its agent";
+}
+
+TEST_F(LaunchTest, SigtermIsForwardedAndTheGracePeriodHonoured) {
+  Launch launch({"--nproc-per-node", "2", "--shutdown-timeout", "10", "--no-python", kWorker,
+                 "trap", std::to_string(SIGTERM), path("got_${local_rank}"), "400", "pidfile",
+                 path("pid_${local_rank}"), "forever"});
+  ASSERT_TRUE(wait_for_file(path("pid_0")));
+  ASSERT_TRUE(wait_for_file(path("pid_1")));
+  const auto start = Clock::now();
+  ::kill(launch.pid(), SIGTERM);
+  EXPECT_EQ(launch.wait(), 128 + SIGTERM) << launch.output();
+  const auto elapsed = Clock::now() - start;
+  EXPECT_GE(elapsed, 400ms) << "the workers' own shutdown (400 ms) must be waited for";
+  EXPECT_LT(elapsed, 5s) << "the agent exits once the workers are done, not after the timeout";
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(path("got_" + std::to_string(r)));
+    int signal = 0;
+    in >> signal;
+    EXPECT_EQ(signal, SIGTERM) << "worker " << r;
+  }
+}
+
+TEST_F(LaunchTest, AWorkerIgnoringSigtermIsKilledAfterTheShutdownTimeout) {
+  Launch launch({"--nproc-per-node", "1", "--shutdown-timeout", "0.5", "--no-python", kWorker,
+                 "ignore", std::to_string(SIGTERM), "pidfile", path("pid_0"), "forever"});
+  ASSERT_TRUE(wait_for_file(path("pid_0")));
+  const pid_t worker = read_pid(path("pid_0"));
+  const auto start = Clock::now();
+  ::kill(launch.pid(), SIGTERM);
+  EXPECT_EQ(launch.wait(10s), 128 + SIGTERM) << launch.output();
+  EXPECT_GE(Clock::now() - start, 500ms);
+  EXPECT_TRUE(process_gone(worker));
+  EXPECT_NE(launch.output().find("sending SIGKILL"), std::string::npos) << launch.output();
+}
+
+TEST_F(LaunchTest, Sigusr1IsForwardedWithoutStoppingTheJob) {
+  Launch launch({"--nproc-per-node", "2", "--signals-to-handle", "SIGTERM,SIGUSR1", "--no-python",
+                 kWorker, "note", std::to_string(SIGUSR1), path("usr1_${local_rank}"), "pidfile",
+                 path("pid_${local_rank}"), "sleep", "1500"});
+  ASSERT_TRUE(wait_for_file(path("pid_0")));
+  ASSERT_TRUE(wait_for_file(path("pid_1")));
+  ::kill(launch.pid(), SIGUSR1);
+  EXPECT_EQ(launch.wait(), 0) << launch.output();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(wait_for_file(path("usr1_" + std::to_string(r)), 0ms)) << "worker " << r;
+  }
+}
+
+TEST_F(LaunchTest, WorkerLinesReachTheConsoleWholeAndPrefixed) {
+  constexpr int kLines = 300;
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "lines", std::to_string(kLines)});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  const std::regex whole(R"(\[default([01])\]:(out|err) line (\d+) of rank ([01]) end)");
+  std::istringstream lines(launch.output());
+  std::string line;
+  int matched = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("[dist-launch]", 0) == 0) continue;  // the agent's own messages
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, whole)) << "split or unprefixed line: '" << line << "'";
+    EXPECT_EQ(m[1], m[4]) << "prefix names the wrong rank: " << line;
+    ++matched;
+  }
+  EXPECT_EQ(matched, 2 * 2 * kLines);
+}
+
+TEST_F(LaunchTest, LogDirAndTeeWriteFilesAndFilterLimitsTheConsole) {
+  Launch launch({"--nproc-per-node", "2", "--log-dir", path("logs"), "--rdzv-id", "job7", "--tee",
+                 "3", "--local-ranks-filter", "1", "--no-python", kWorker, "lines", "3"});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  const auto dirs = run_dirs(path("logs"), "job7");
+  ASSERT_EQ(dirs.size(), 1u);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream out(dirs[0] / "attempt_0" / std::to_string(r) / "stdout.log");
+    std::stringstream s;
+    s << out.rdbuf();
+    EXPECT_EQ(s.str(), "out line 0 of rank " + std::to_string(r) + " end\nout line 1 of rank " +
+                           std::to_string(r) + " end\nout line 2 of rank " + std::to_string(r) +
+                           " end\n");
+  }
+  EXPECT_EQ(launch.output().find("[default0]:"), std::string::npos) << "rank 0 is filtered out";
+  EXPECT_NE(launch.output().find("[default1]:out line 2 of rank 1 end"), std::string::npos);
+}
+
+TEST_F(LaunchTest, EachRunGetsItsOwnDirectoryUnderTheLogDir) {
+  for (const char* line_count : {"1", "2"}) {
+    Launch launch({"--nproc-per-node", "1", "--log-dir", path("logs"), "--rdzv-id", "again",
+                   "--redirects", "3", "--no-python", kWorker, "lines", line_count});
+    ASSERT_EQ(launch.wait(), 0) << launch.output();
+  }
+  const auto dirs = run_dirs(path("logs"), "again");
+  ASSERT_EQ(dirs.size(), 2u) << "the second run overwrote the first";
+  std::set<std::string> contents;
+  for (const auto& dir : dirs) {
+    std::ifstream out(dir / "attempt_0" / "0" / "stdout.log");
+    std::stringstream s;
+    s << out.rdbuf();
+    contents.insert(s.str());
+  }
+  EXPECT_EQ(contents, (std::set<std::string>{"out line 0 of rank 0 end\n",
+                                             "out line 0 of rank 0 end\nout line 1 of rank 0 "
+                                             "end\n"}));
+}
+
+// Without --log-dir, the files of a run whose worker failed are kept, and where they are is said.
+TEST_F(LaunchTest, WithoutALogDirAFailedRunKeepsItsFilesAndSaysWhere) {
+  Launch launch({"--nproc-per-node", "1", "--redirects", "3", "--no-python", kWorker, "lines", "2",
+                 "exit", "3"});
+  ASSERT_EQ(launch.wait(), 3) << launch.output();
+  const std::regex kept("worker logs and error files kept in (\\S+)");
+  std::smatch m;
+  const std::string out = launch.output();
+  ASSERT_TRUE(std::regex_search(out, m, kept)) << out;
+  const fs::path dir = m[1].str();
+  std::ifstream log(dir / "attempt_0" / "0" / "stdout.log");
+  std::stringstream s;
+  s << log.rdbuf();
+  EXPECT_EQ(s.str(), "out line 0 of rank 0 end\nout line 1 of rank 0 end\n");
+  fs::remove_all(dir);
+}
+
+// A stop signal while the agent waits for other nodes: it leaves at once, cleanly, removing its
+// temporary directory (no worker ran, nothing to keep).
+TEST_F(LaunchTest, ASignalDuringTheRendezvousLeavesCleanly) {
+  const std::string port = std::to_string(dist::agent::testing::free_port("127.0.0.1"));
+  Launch launch({"--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                 port, "--no-python", kWorker, "lines", "1"},
+                {{"LOGLEVEL", "DEBUG"}});
+  ASSERT_TRUE(wait_for_output(launch, "store listening", 10s)) << launch.output();
+  ::kill(launch.pid(), SIGTERM);
+  EXPECT_EQ(launch.wait(10s), 128 + SIGTERM) << launch.output();
+  EXPECT_NE(launch.output().find("SIGTERM received: leaving the job"), std::string::npos)
+      << launch.output();
+}
+
+// --cpu-bind: each worker runs on its own CPUs (read back from /proc/self/status), with
+// OMP_NUM_THREADS its core count.
+TEST_F(LaunchTest, CpuBindingGivesEachWorkerItsOwnCpus) {
+  const unsigned cpus = std::thread::hardware_concurrency();
+  if (cpus < 2) GTEST_SKIP() << "needs two CPUs";
+  Launch launch({"--nproc-per-node", "2", "--cpu-bind", "0;1", "--no-python", kWorker, "status",
+                 path("status_${local_rank}"), "env", path("env_${local_rank}")});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  for (int r = 0; r < 2; ++r) {
+    std::string allowed;
+    std::ifstream in(path("status_" + std::to_string(r)));
+    for (std::string line; std::getline(in, line);) {
+      if (line.starts_with("Cpus_allowed_list:"))
+        allowed = line.substr(line.find_last_of('\t') + 1);
+    }
+    EXPECT_EQ(allowed, std::to_string(r)) << "worker " << r;
+    EXPECT_EQ(read_env(path("env_" + std::to_string(r)))["OMP_NUM_THREADS"], "1");
+  }
+}
+
+TEST_F(LaunchTest, RedirectsSendOutputToFilesOnly) {
+  Launch launch({"--nproc-per-node", "1", "--log-dir", path("logs"), "--redirects", "1",
+                 "--no-python", kWorker, "lines", "2"});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  EXPECT_EQ(launch.output().find("out line"), std::string::npos) << launch.output();
+  EXPECT_NE(launch.output().find("[default0]:err line 1 of rank 0 end"), std::string::npos);
+}
+
+TEST_F(LaunchTest, BadInputIsAOneLineErrorWithExitTwo) {
+  struct Case {
+    const char* name;
+    std::vector<std::string> args;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"nproc 0", {"--nproc-per-node", "0", "x.py"}, "--nproc-per-node must be a positive"},
+      {"nproc word", {"--nproc-per-node", "many", "x.py"}, "--nproc-per-node must be"},
+      {"bad MIN:MAX", {"--nnodes", "3:2", "x.py"}, "MIN must not exceed MAX"},
+      {"bad nnodes", {"--nnodes", "a:b", "x.py"}, "--nnodes (MIN) must be"},
+      {"missing script", {"--nproc-per-node", "1", "no_such_script.py"}, "not found"},
+      {"missing executable", {"--no-python", "/no/such/binary"}, "not found"},
+      {"unknown flag", {"--frobnicate", "x.py"}, "--frobnicate"},
+      {"no script", {"--nproc-per-node", "2"}, "no training script"},
+      {"bad signal", {"--signals-to-handle", "SIGNOPE", "x.py"}, "unknown signal"},
+      {"bad redirects", {"--redirects", "7", "x.py"}, "--redirects takes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Launch launch(c.args, {{"PYTHON_EXEC", "/bin/true"}});
+    EXPECT_EQ(launch.wait(10s), 2);
+    const std::string out = launch.output();
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    EXPECT_NE(out.find("dist-launch: error:"), std::string::npos) << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << out;
+  }
+}
+
+TEST_F(LaunchTest, PetVariablesWorkLikeFlags) {
+  Launch launch({"--no-python", kWorker, "env", path("env_${local_rank}")},
+                {{"PET_NPROC_PER_NODE", "2"}, {"PET_MAX_RESTARTS", "3"}});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  EXPECT_EQ(read_env(path("env_1"))["WORLD_SIZE"], "2");
+  EXPECT_EQ(read_env(path("env_1"))["TORCHELASTIC_MAX_RESTARTS"], "3");
+}
+
+TEST_F(LaunchTest, AnExplicitMasterPortIsBoundByTheAgentAndATakenOneIsAClearError) {
+  dist::rendezvous::StoreServerThread holder;
+  Launch launch({"--master-port", std::to_string(holder.port()), "--no-python", kWorker});
+  EXPECT_EQ(launch.wait(), 1);
+  const std::string out = launch.output();
+  EXPECT_NE(out.find("Address already in use"), std::string::npos) << out;
+  EXPECT_NE(out.find(std::to_string(holder.port())), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, LocalRankIsSubstitutedInWorkerArguments) {
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "pidfile",
+                 path("rank-${local_rank}-of-${local_rank}")});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  EXPECT_TRUE(fs::exists(path("rank-0-of-0")));
+  EXPECT_TRUE(fs::exists(path("rank-1-of-1")));
+}
+
+}  // namespace

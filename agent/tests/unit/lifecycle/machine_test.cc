@@ -1,0 +1,212 @@
+// The agent's state machine from tables: every transition lifecycle/machine.h promises, and the
+// inputs it drops, with no process, socket or store.
+#include "lifecycle/machine.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace dist::agent {
+namespace {
+
+// Shorthands for the facts of a case.
+Facts one_node() {
+  return {};
+}
+Facts static_nodes(bool restarts_left) {
+  Facts f;
+  f.several_nodes = true;
+  f.restarts_left = restarts_left;
+  return f;
+}
+Facts elastic() {
+  Facts f;
+  f.several_nodes = f.elastic = true;
+  return f;
+}
+// In STOPPING: why, the group reaped or not, the watch still running or not.
+Facts stopped(Facts f, StopReason reason, bool group_stopped = true, bool watching = false) {
+  f.stop_reason = reason;
+  f.group_stopped = group_stopped;
+  f.watching = watching;
+  return f;
+}
+
+struct Case {
+  std::string name;
+  State from;
+  Input input;
+  Facts facts;
+  std::optional<State> to;  // nullopt: the input is dropped
+  std::optional<StopReason> stop = std::nullopt;
+  std::optional<int> exit_code = std::nullopt;
+  bool signal_exit = false;
+};
+
+void check(const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto t = next_state(c.from, c.input, c.facts);
+    ASSERT_EQ(t.has_value(), c.to.has_value())
+        << (t ? "went to " + std::string(state_name(t->to)) : "dropped");
+    if (!t) continue;
+    EXPECT_EQ(state_name(t->to), state_name(*c.to));
+    EXPECT_EQ(t->stop, c.stop);
+    EXPECT_EQ(t->exit_code, c.exit_code);
+    EXPECT_EQ(t->signal_exit, c.signal_exit);
+  }
+}
+
+TEST(StateMachineTransitions, ARoundFormsAndItsWorkersRun) {
+  check({
+      {"prepared: the round itself next", State::kRendezvous, Input::kPrepared, one_node(),
+       State::kRendezvous},
+      {"joined: the workers start", State::kRendezvous, Input::kJoined, static_nodes(true),
+       State::kRunning},
+      {"a worker failed", State::kRunning, Input::kWorkersFailed, one_node(), State::kStopping,
+       StopReason::kWorkerFailed},
+      {"all succeeded", State::kRunning, Input::kWorkersSucceeded, one_node(), State::kStopping,
+       StopReason::kAllSucceeded},
+      {"the workers could not start", State::kRunning, Input::kStartFailed, one_node(),
+       State::kStopping, StopReason::kStartFailed},
+      {"the round ended on another node", State::kRunning, Input::kRoundEndedElsewhere, elastic(),
+       State::kStopping, StopReason::kRoundEnded},
+      {"the store is gone", State::kRunning, Input::kStoreLost, static_nodes(true),
+       State::kStopping, StopReason::kStoreLost},
+      {"SIGTERM", State::kRunning, Input::kStopSignal, one_node(), State::kStopping,
+       StopReason::kSignal},
+  });
+}
+
+TEST(StateMachineTransitions, StoppingEndsOnceTheGroupIsReapedAndTheWatchHasEnded) {
+  const Facts failed_static = static_nodes(true);
+  check({
+      {"group reaped, watch still running", State::kStopping, Input::kGroupStopped,
+       stopped(failed_static, StopReason::kWorkerFailed, true, true), std::nullopt},
+      {"watch ended, group still running", State::kStopping, Input::kWatchStopped,
+       stopped(failed_static, StopReason::kWorkerFailed, false, false), std::nullopt},
+      {"both: a static restart", State::kStopping, Input::kWatchStopped,
+       stopped(failed_static, StopReason::kWorkerFailed), State::kRestarting},
+      {"both, no restart left: failed", State::kStopping, Input::kGroupStopped,
+       stopped(static_nodes(false), StopReason::kWorkerFailed), State::kFailed},
+      {"elastic: the job's verdict", State::kStopping, Input::kGroupStopped,
+       stopped(elastic(), StopReason::kRoundEnded), State::kRoundEnded},
+      {"one node succeeded", State::kStopping, Input::kGroupStopped,
+       stopped(one_node(), StopReason::kAllSucceeded), State::kSucceeded},
+      {"several nodes: the exit barrier first", State::kStopping, Input::kGroupStopped,
+       stopped(static_nodes(false), StopReason::kAllSucceeded), State::kExitBarrier},
+      {"stopped by a signal: 128 + signal", State::kStopping, Input::kGroupStopped,
+       stopped(one_node(), StopReason::kSignal), State::kExit, std::nullopt, std::nullopt, true},
+      {"could not start: 1", State::kStopping, Input::kGroupStopped,
+       stopped(one_node(), StopReason::kStartFailed), State::kExit, std::nullopt, 1},
+      {"a watch that ended on its own counts as ended", State::kStopping,
+       Input::kRoundEndedElsewhere, stopped(elastic(), StopReason::kWorkerFailed),
+       State::kRoundEnded},
+  });
+}
+
+TEST(StateMachineTransitions, WhatArrivesWhileStoppingChangesWhereItLeads) {
+  check({
+      {"a signal: leave once stopped", State::kStopping, Input::kStopSignal,
+       stopped(static_nodes(true), StopReason::kWorkerFailed, false), State::kStopping,
+       StopReason::kSignal},
+      {"the store lost, group still running", State::kStopping, Input::kStoreLost,
+       stopped(static_nodes(true), StopReason::kWorkerFailed, false), State::kStopping,
+       StopReason::kStoreLost},
+      {"the store lost, group reaped: no restart without a store", State::kStopping,
+       Input::kStoreLost, stopped(static_nodes(true), StopReason::kWorkerFailed), State::kExit,
+       std::nullopt, 1},
+  });
+}
+
+TEST(StateMachineTransitions, BarrierVerdictAndReport) {
+  check({
+      {"everyone succeeded", State::kExitBarrier, Input::kBarrierEveryone, static_nodes(false),
+       State::kSucceeded},
+      {"the round ended at the barrier: static restart", State::kExitBarrier,
+       Input::kBarrierRoundEnded, static_nodes(true), State::kRestarting},
+      {"the round ended at the barrier: elastic verdict", State::kExitBarrier,
+       Input::kBarrierRoundEnded, elastic(), State::kRoundEnded},
+      {"verdict restart", State::kRoundEnded, Input::kVerdictRestart, elastic(),
+       State::kRestarting},
+      {"verdict reshape: a new round, not a restart", State::kRoundEnded, Input::kVerdictReshape,
+       elastic(), State::kRendezvous},
+      {"verdict fail", State::kRoundEnded, Input::kVerdictFail, elastic(), State::kFailed},
+      {"every node's failures in: report and leave", State::kFailed, Input::kFailuresCollected,
+       static_nodes(false), State::kExit},
+  });
+}
+
+TEST(StateMachineTransitions, RendezvousFailuresAndSignalsOutsideTheRound) {
+  check({
+      {"a late node finds the job done", State::kRendezvous, Input::kJobDone, elastic(),
+       State::kExit, std::nullopt, 0},
+      {"static round aborted: restart", State::kRendezvous, Input::kRoundAborted,
+       static_nodes(true), State::kRestarting},
+      {"static round aborted, none left", State::kRendezvous, Input::kRoundAborted,
+       static_nodes(false), State::kFailed},
+      {"aborted elsewhere than joining: an error", State::kRunning, Input::kRoundAborted,
+       static_nodes(true), State::kExit, std::nullopt, 1},
+      {"rendezvous error", State::kExitBarrier, Input::kRendezvousError, static_nodes(true),
+       State::kExit, std::nullopt, 1},
+      {"SIGTERM while joining", State::kRendezvous, Input::kStopSignal, static_nodes(true),
+       State::kExit, StopReason::kSignal, std::nullopt, true},
+      {"SIGTERM at the barrier", State::kExitBarrier, Input::kStopSignal, static_nodes(true),
+       State::kExit, StopReason::kSignal, std::nullopt, true},
+  });
+}
+
+TEST(StateMachineTransitions, LateResultsOfAbandonedStepsAreDropped) {
+  check({
+      {"a failure after the round stopped", State::kRendezvous, Input::kWorkersFailed,
+       static_nodes(true), std::nullopt},
+      {"a verdict while running", State::kRunning, Input::kVerdictRestart, elastic(), std::nullopt},
+      {"a join while stopping", State::kStopping, Input::kJoined, elastic(), std::nullopt},
+      {"a barrier result after the round ended", State::kRoundEnded, Input::kBarrierEveryone,
+       elastic(), std::nullopt},
+      {"an error while leaving", State::kExit, Input::kRendezvousError, elastic(), std::nullopt},
+      {"a signal while leaving", State::kExit, Input::kStopSignal, elastic(), std::nullopt},
+      {"the watch stopped while running (our own stop)", State::kRunning, Input::kWatchStopped,
+       elastic(), std::nullopt},
+  });
+}
+
+// A static two-node job, walked through the machine: a failure, a restart, then success.
+TEST(StateMachineTransitions, AStaticJobFailsRestartsAndSucceeds) {
+  State s = State::kRendezvous;
+  Facts f = static_nodes(true);
+  const auto step = [&](Input input) {
+    const auto t = next_state(s, input, f);
+    EXPECT_TRUE(t.has_value()) << state_name(s);
+    if (!t) return;
+    if (t->stop) f.stop_reason = *t->stop;
+    s = t->to;
+  };
+  step(Input::kJoined);
+  EXPECT_EQ(s, State::kRunning);
+  step(Input::kWorkersFailed);
+  EXPECT_EQ(s, State::kStopping);
+  f.group_stopped = true;
+  step(Input::kWatchStopped);
+  EXPECT_EQ(s, State::kRestarting);
+  // (RESTARTING's entry action counts the restart and enters RENDEZVOUS.)
+  s = State::kRendezvous;
+  f = static_nodes(false);
+  step(Input::kJoined);
+  step(Input::kWorkersSucceeded);
+  f.group_stopped = true;
+  step(Input::kGroupStopped);
+  EXPECT_EQ(s, State::kExitBarrier);
+  step(Input::kBarrierEveryone);
+  EXPECT_EQ(s, State::kSucceeded);
+}
+
+TEST(StateMachineTransitions, EveryStateHasItsTelemetryName) {
+  EXPECT_EQ(state_name(State::kInit), "init");
+  EXPECT_EQ(state_name(State::kExitBarrier), "exit_barrier");
+  EXPECT_EQ(state_name(State::kExit), "exit");
+}
+
+}  // namespace
+}  // namespace dist::agent

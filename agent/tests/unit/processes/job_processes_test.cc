@@ -1,0 +1,210 @@
+// Finding a job's processes by the marker in their environment, signalling them safely, and the
+// janitor: with real processes (sleep) and real signals.
+#include "processes/job_processes.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "process_helpers.h"
+#include "processes/janitor.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using dist::agent::carries_agent_id;
+using dist::agent::group_is_jobs;
+using dist::agent::has_children;
+using dist::agent::Janitor;
+using dist::agent::kill_marked_processes;
+using dist::agent::ProcessRef;
+using dist::agent::signal_process;
+using dist::agent::testing::process_gone;
+
+// Where a Sleeper runs: the test's process group, a session of its own, a group of its own, or
+// (a positive pid) that process group.
+constexpr pid_t kSameGroup = -1;
+constexpr pid_t kOwnSession = -2;
+constexpr pid_t kOwnGroup = 0;
+
+// `sleep 30` with exactly `env`. Killed and reaped at the end of the test unless the test did.
+class Sleeper {
+ public:
+  explicit Sleeper(std::vector<std::string> env, pid_t group = kSameGroup) {
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      if (group == kOwnSession) ::setsid();
+      if (group >= 0) ::setpgid(0, group);
+      char sleep[] = "sleep", seconds[] = "30";
+      char* argv[] = {sleep, seconds, nullptr};
+      ::execve("/bin/sleep", argv, envp.data());
+      ::_exit(127);
+    }
+    // Until it has exec'd, it carries the test's environment: wait for the new one.
+    const std::string marker = "SLEEPER_READY=1";
+    dist::agent::testing::eventually(
+        [&] { return environ_of(pid_).find(marker) != std::string::npos; });
+  }
+  ~Sleeper() {
+    if (!reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  Sleeper(const Sleeper&) = delete;
+  Sleeper& operator=(const Sleeper&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // The signal that ended it, once it ended (0: still running).
+  int reap() {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return 0;
+    reaped_ = true;
+    return WIFSIGNALED(status) ? WTERMSIG(status) : -1;
+  }
+
+ private:
+  static std::string environ_of(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+// An agent id unique to this test process: tests that run at once must not kill each other's
+// sleepers.
+std::string id(const std::string& suffix) {
+  return std::to_string(::getpid()) + "-" + suffix;
+}
+
+std::string marker(const std::string& ids) {
+  return "DIST_LAUNCH_AGENT_ID=" + ids;
+}
+
+std::vector<std::string> env_with(const std::string& marker_entry) {
+  return {"SLEEPER_READY=1", marker_entry};
+}
+
+unsigned long long start_time_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  std::istringstream fields(line.substr(line.rfind(')') + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) fields >> field;  // starttime is field 22
+  return std::stoull(field);
+}
+
+TEST(JobProcessesTest, TheIdIsFoundAsOneElementAnywhereInALongEnvironment) {
+  // The marker straddles the reader's 4096-byte blocks, after an entry longer than a block.
+  const std::string first = "SLEEPER_READY=1", pad = "PAD=" + std::string(9000, 'x');
+  const std::size_t marker_offset = 3 * 4096 - 10, pad_end = first.size() + 1 + pad.size() + 1;
+  const std::string pad2 = "PAD2=" + std::string(marker_offset - pad_end - 6, 'y');
+  Sleeper s({first, pad, pad2, marker(id("outer") + ":" + id("abc")), "AFTER=1"});
+  EXPECT_TRUE(carries_agent_id(s.pid(), id("abc")));
+  EXPECT_TRUE(carries_agent_id(s.pid(), id("outer")));
+  EXPECT_FALSE(carries_agent_id(s.pid(), id("ab"))) << "a prefix of an id is another id";
+  EXPECT_FALSE(carries_agent_id(s.pid(), "abc"));
+  EXPECT_FALSE(carries_agent_id(s.pid(), id("outer") + ":" + id("abc")));
+
+  Sleeper other_name(env_with("X_" + marker(id("abc"))));
+  EXPECT_FALSE(carries_agent_id(other_name.pid(), id("abc")));
+  Sleeper longer_name(env_with("DIST_LAUNCH_AGENT_IDS=" + id("abc")));
+  EXPECT_FALSE(carries_agent_id(longer_name.pid(), id("abc")));
+}
+
+TEST(JobProcessesTest, KillMarkedProcessesKillsExactlyTheMarkedOnes) {
+  Sleeper marked(env_with(marker(id("abc"))));
+  Sleeper nested(env_with(marker(id("abc") + ":" + id("def"))), kOwnSession);
+  Sleeper other_agent(env_with(marker(id("ghi"))));
+  Sleeper unmarked(env_with("PATH=/bin"));
+
+  EXPECT_EQ(kill_marked_processes(id("abc"), -1), 2);
+  EXPECT_TRUE(dist::agent::testing::eventually([&] { return marked.reap() == SIGKILL; }));
+  EXPECT_TRUE(dist::agent::testing::eventually([&] { return nested.reap() == SIGKILL; }));
+  EXPECT_EQ(other_agent.reap(), 0) << "another agent's process was killed";
+  EXPECT_EQ(unmarked.reap(), 0) << "an unmarked process was killed";
+}
+
+TEST(JobProcessesTest, SignalProcessSignalsOnlyTheProcessThatWasFound) {
+  Sleeper s(env_with("PATH=/bin"));
+  const unsigned long long start = start_time_of(s.pid());
+  errno = 0;
+  EXPECT_FALSE(signal_process(ProcessRef{s.pid(), start + 1}, SIGKILL))
+      << "a later process with the same pid was signalled";
+  EXPECT_EQ(errno, ESRCH);
+  EXPECT_EQ(s.reap(), 0);
+  EXPECT_TRUE(signal_process(ProcessRef{s.pid(), start}, SIGKILL));
+  EXPECT_TRUE(dist::agent::testing::eventually([&] { return s.reap() == SIGKILL; }));
+}
+
+TEST(JobProcessesTest, AGroupIsTheJobsWhileItsLeaderIsOursOrGone) {
+  Sleeper ours(env_with(marker(id("abc"))), kOwnSession);
+  Sleeper not_ours(env_with("PATH=/bin"), kOwnSession);
+  EXPECT_TRUE(group_is_jobs(ours.pid(), id("abc")));
+  EXPECT_FALSE(group_is_jobs(not_ours.pid(), id("abc"))) << "a reused id must not be killed";
+  ::kill(ours.pid(), SIGKILL);
+  ASSERT_TRUE(dist::agent::testing::eventually([&] { return ours.reap() == SIGKILL; }));
+  EXPECT_TRUE(group_is_jobs(ours.pid(), id("abc"))) << "a gone leader's group holds only ours";
+}
+
+TEST(JobProcessesTest, TheJanitorIsNoChildForTheReapingLoopAndADismissedOneKillsNothing) {
+  Janitor janitor(id("abc"));
+  ASSERT_GT(janitor.pid(), 0);
+  EXPECT_FALSE(has_children()) << "the janitor counts as a child";
+  errno = 0;
+  EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1) << "waitpid(-1) sees the janitor";
+  EXPECT_EQ(errno, ECHILD);
+
+  Sleeper marked(env_with(marker(id("abc"))), kOwnGroup);
+  EXPECT_TRUE(has_children());
+  janitor.track(marked.pid());
+  const pid_t janitor_pid = janitor.pid();
+  janitor.dismiss();
+  EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(janitor_pid)))
+      << "dismiss() did not reap the janitor";
+  EXPECT_EQ(marked.reap(), 0) << "a dismissed janitor killed the job";
+}
+
+// An "agent" (a child of the test) with a janitor, a marked daemon in a session of its own, and a
+// worker's process group whose member carries no marker; the agent is SIGKILLed; the janitor kills
+// the daemon (by the marker) and the member (by the group), then exits. These sleepers have no
+// PR_SET_PDEATHSIG: only the janitor can end them.
+TEST(JobProcessesTest, TheJanitorKillsTheMarkedProcessesAndTheTrackedGroupsWhenTheAgentDies) {
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  const pid_t agent = ::fork();
+  if (agent == 0) {
+    ::close(report[0]);
+    Janitor janitor(id("abc"));
+    Sleeper daemon(env_with(marker(id("abc"))), kOwnSession);
+    Sleeper worker(env_with(marker(id("abc"))), kOwnGroup);
+    Sleeper member(env_with("PATH=/bin"), worker.pid());  // found by its group only
+    janitor.track(worker.pid());
+    const pid_t pids[] = {janitor.pid(), daemon.pid(), member.pid()};
+    if (::write(report[1], pids, sizeof pids) != sizeof pids) ::_exit(1);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  pid_t pids[3] = {};
+  ASSERT_EQ(::read(report[0], pids, sizeof pids), static_cast<ssize_t>(sizeof pids));
+  ::close(report[0]);
+  ::kill(agent, SIGKILL);
+  ASSERT_EQ(::waitpid(agent, nullptr, 0), agent);
+  EXPECT_TRUE(process_gone(pids[1], 10s)) << "the marked daemon outlived its agent";
+  EXPECT_TRUE(process_gone(pids[2], 10s)) << "the tracked group's member outlived its agent";
+  EXPECT_TRUE(process_gone(pids[0], 10s)) << "the janitor lingers after cleaning";
+}
+
+}  // namespace

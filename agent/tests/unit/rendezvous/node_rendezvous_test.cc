@@ -1,0 +1,146 @@
+// NodeRendezvous without agents: several nodes as coroutines on one io_context, over a real
+// TCPStore served by a StoreHost on that io_context (as an agent hosts it). Static and elastic
+// rounds form, a failure reaches every watcher, a node's session ending is a lost node, the exit
+// barrier releases everyone, an elastic round's verdict is one for all.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "rendezvous/rendezvous.h"
+#include "run_task.h"
+#include "store/store.h"
+
+namespace dist::agent {
+namespace {
+
+using namespace std::chrono_literals;
+using rendezvous::testing::run_task;
+using rendezvous::testing::TaskGroup;
+
+class Nodes {
+ public:
+  // `n` nodes of a job of `min`..`max` nodes, 2 workers each.
+  Nodes(int n, int min, int max) : store_(io_, "127.0.0.1", 0, {}) {
+    RendezvousTimeouts timeouts;
+    timeouts.rdzv = timeouts.join = 30s;
+    timeouts.last_call = 1s;
+    for (int k = 0; k < n; ++k) {
+      rendezvous::ClientOptions options;
+      options.port = store_.port();
+      options.connect_timeout = options.timeout = 30s;
+      auto session = run_task(io_, open_rendezvous_store(io_, TcpStoreTarget{options}, "job"));
+      const JobShape shape{min, max, 2, "node-" + std::to_string(k), 1};
+      nodes_.emplace_back(std::make_unique<NodeRendezvous>(std::move(session), shape, timeouts));
+    }
+  }
+  ~Nodes() {
+    for (auto& node : nodes_) node->close();
+    io_.restart();
+    io_.run_for(100ms);
+  }
+
+  boost::asio::io_context& io() { return io_; }
+  NodeRendezvous& operator[](std::size_t k) { return *nodes_[k]; }
+  std::size_t size() const { return nodes_.size(); }
+
+  // Every node runs `body(k)`; returns once all have.
+  template <typename T>
+  std::vector<T> all(std::function<Task<T>(std::size_t)> body) {
+    std::vector<T> results(nodes_.size());
+    TaskGroup group(io_);
+    for (std::size_t k = 0; k < nodes_.size(); ++k) {
+      group.spawn([&, k]() -> Task<void> { results[k] = co_await body(k); });
+    }
+    group.wait(60s);
+    return results;
+  }
+
+ private:
+  boost::asio::io_context io_;
+  StoreHost store_;
+  std::vector<std::unique_ptr<NodeRendezvous>> nodes_;
+};
+
+TEST(NodeRendezvous, AStaticRoundGivesEveryNodeItsRankAndContiguousGlobalRanks) {
+  Nodes nodes(3, 3, 3);
+  const auto a = nodes.all<Assignment>(
+      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  for (std::size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(a[k].node_rank, static_cast<int>(k));
+    EXPECT_EQ(a[k].num_nodes, 3);
+    EXPECT_EQ(a[k].world_size, 6);
+    EXPECT_EQ(a[k].rank_offset, 2 * static_cast<int>(k));
+    EXPECT_EQ(a[k].restarts, 0);
+    EXPECT_FALSE(a[k].elastic);
+  }
+}
+
+TEST(NodeRendezvous, AFailureAnnouncedByOneNodeEndsEveryOthersWatchAndIsReadBack) {
+  Nodes nodes(2, 2, 2);
+  const auto a = nodes.all<Assignment>(
+      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  WatchResult seen;
+  TaskGroup group(nodes.io());
+  group.spawn([&]() -> Task<void> { seen = co_await nodes[1].watch(a[1], 1s); });
+  WorkerFailure failure;
+  failure.host = "node-0";
+  failure.rank = 1;
+  failure.exit_code = 3;
+  failure.message = "ValueError: boom";
+  run_task(nodes.io(), nodes[0].announce_failure(a[0], {failure}));
+  group.wait(30s);
+  EXPECT_EQ(seen.kind, WatchResult::kFailed);
+  const auto all = run_task(nodes.io(), nodes[1].failures(a[1]));
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].rank, 1);
+  EXPECT_EQ(all[0].exit_code, 3);
+  EXPECT_EQ(all[0].message, "ValueError: boom");
+}
+
+TEST(NodeRendezvous, ANodeWhoseSessionEndsIsLostToItsWatcher) {
+  Nodes nodes(2, 2, 2);
+  const auto a = nodes.all<Assignment>(
+      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  WatchResult seen;
+  TaskGroup group(nodes.io());
+  group.spawn([&]() -> Task<void> { seen = co_await nodes[0].watch(a[0], 1s); });
+  nodes[1].close();  // its agent is gone: its liveness key with its session
+  group.wait(30s);
+  EXPECT_EQ(seen.kind, WatchResult::kNodeLost);
+  EXPECT_EQ(seen.node, 1);
+}
+
+TEST(NodeRendezvous, TheExitBarrierReleasesEveryNodeOnceAllSucceeded) {
+  Nodes nodes(3, 3, 3);
+  const auto a = nodes.all<Assignment>(
+      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto everyone =
+      nodes.all<bool>([&](std::size_t k) { return nodes[k].exit_barrier(a[k], 30s); });
+  for (const bool e : everyone) EXPECT_TRUE(e);
+}
+
+TEST(NodeRendezvous, AnElasticRoundClosesAtMaxAndItsVerdictIsTheSameForAll) {
+  Nodes nodes(3, 2, 3);
+  const auto a =
+      nodes.all<Assignment>([&](std::size_t k) { return nodes[k].join_elastic(0, std::nullopt); });
+  std::vector<int> ranks;
+  for (const auto& x : a) {
+    EXPECT_TRUE(x.elastic);
+    EXPECT_EQ(x.num_nodes, 3);
+    EXPECT_EQ(x.world_size, 6);
+    ranks.push_back(x.node_rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2}));
+  run_task(nodes.io(), nodes[0].announce_failure(a[0], {}));
+  const auto verdicts = nodes.all<Verdict>([&](std::size_t k) { return nodes[k].decide(a[k], 1); });
+  for (const auto& v : verdicts) {
+    EXPECT_EQ(v.action, Verdict::kRestart) << v.reason;
+    EXPECT_EQ(v.restarts, 1);
+    EXPECT_EQ(v.reason, verdicts[0].reason);
+  }
+}
+
+}  // namespace
+}  // namespace dist::agent

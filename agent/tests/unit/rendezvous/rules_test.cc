@@ -1,0 +1,264 @@
+// The rendezvous's decisions (rules.h) and its encodings (schema.h), table-driven: one array of
+// cases, one loop, a SCOPED_TRACE per case.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include <string>
+#include <vector>
+
+#include "rendezvous/rules.h"
+#include "rendezvous/schema.h"
+
+namespace dist::agent {
+namespace {
+
+schema::NodeRecord record(std::string host, int pid, int previous_rank, int workers = 1) {
+  return {std::move(host), workers, pid, 7u, previous_rank, ""};
+}
+
+TEST(Rules, TheVerdictAfterARound) {
+  struct Case {
+    const char* name;
+    rules::RoundEnd end;
+    int max_restarts, min_nodes;
+    Verdict::Action action;
+    int restarts, expect;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {"a worker failed, restarts left",
+       {true, false, {}, 3, 0, 0},
+       1,
+       1,
+       Verdict::kRestart,
+       1,
+       3,
+       "a worker failed"},
+      {"a worker failed, none left",
+       {true, false, {}, 3, 2, 0},
+       2,
+       1,
+       Verdict::kFail,
+       2,
+       3,
+       "the most --max-restarts allows"},
+      {"a node lost, enough left",
+       {false, false, {2}, 3, 0, 0},
+       0,
+       2,
+       Verdict::kReshape,
+       0,
+       2,
+       "node(s) [2] lost"},
+      {"a failure with a lost node is collateral",
+       {true, false, {1}, 3, 0, 0},
+       0,
+       1,
+       Verdict::kReshape,
+       0,
+       2,
+       "node(s) [1] lost"},
+      {"too few left with a restart to spare: a restart whose round waits for MIN",
+       {false, false, {0, 1}, 3, 0, 0},
+       5,
+       2,
+       Verdict::kRestart,
+       1,
+       1,
+       "1 node(s) left, fewer than the minimum 2: waiting for nodes to join"},
+      {"too few left and no restart left",
+       {false, false, {0, 1}, 3, 2, 0},
+       2,
+       2,
+       Verdict::kFail,
+       2,
+       1,
+       "1 node(s) left, fewer than the minimum 2"},
+      {"a newcomer waiting counts towards the minimum",
+       {false, false, {0, 1}, 3, 0, 1},
+       5,
+       2,
+       Verdict::kReshape,
+       0,
+       1,
+       "lost"},
+      {"a newcomer",
+       {false, true, {}, 2, 1, 0},
+       1,
+       1,
+       Verdict::kReshape,
+       1,
+       2,
+       "a node is waiting to join"},
+      {"a failure while a newcomer waits is collateral",
+       {true, true, {}, 2, 0, 0},
+       0,
+       1,
+       Verdict::kReshape,
+       0,
+       2,
+       "waiting to join"},
+      {"ended elsewhere",
+       {false, false, {}, 2, 0, 0},
+       0,
+       1,
+       Verdict::kReshape,
+       0,
+       2,
+       "the round ended elsewhere"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Verdict v = rules::decide(c.end, c.max_restarts, c.min_nodes);
+    EXPECT_EQ(v.action, c.action);
+    EXPECT_EQ(v.restarts, c.restarts);
+    EXPECT_EQ(v.expect, c.expect);
+    EXPECT_NE(v.reason.find(c.reason), std::string::npos) << v.reason;
+  }
+}
+
+TEST(Rules, WhoIsInAClosingRoundAndInWhatOrder) {
+  struct Case {
+    const char* name;
+    std::vector<rules::Candidate> joined;
+    int max_nodes;
+    std::vector<int> tickets;  // by node rank
+  };
+  const std::vector<Case> cases = {
+      {"newcomers by host, then pid",
+       {{1, record("b", 10, -1)}, {2, record("a", 20, -1)}, {3, record("a", 5, -1)}},
+       3,
+       {3, 2, 1}},
+      {"the previous round's nodes keep their order, before newcomers",
+       {{1, record("z", 1, -1)}, {2, record("y", 2, 1)}, {3, record("x", 3, 0)}},
+       3,
+       {3, 2, 1}},
+      {"at most max_nodes: newcomers wait",
+       {{1, record("a", 1, -1)}, {2, record("b", 2, 0)}, {3, record("c", 3, 1)}},
+       2,
+       {2, 3}},
+      {"nobody", {}, 4, {}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<int> tickets;
+    for (const auto& m : rules::choose_members(c.joined, c.max_nodes)) tickets.push_back(m.ticket);
+    EXPECT_EQ(tickets, c.tickets);
+  }
+}
+
+TEST(Rules, PlacesGiveContiguousRanksAndARing) {
+  struct Case {
+    const char* name;
+    std::vector<int> ids, sizes;
+    std::vector<schema::Place> places;
+    int world_size;
+  };
+  const std::vector<Case> cases = {
+      {"alone", {5}, {4}, {{0, 0, -1}}, 4},
+      {"two", {5, 9}, {2, 3}, {{0, 0, 9}, {1, 2, 5}}, 5},
+      {"three, uneven", {1, 2, 3}, {1, 8, 2}, {{0, 0, 2}, {1, 1, 3}, {2, 9, 1}}, 11},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto p = rules::place(c.ids, c.sizes);
+    EXPECT_EQ(p.places, c.places);
+    EXPECT_EQ(p.world_size, c.world_size);
+  }
+}
+
+TEST(Schema, EveryEncodingRoundTrips) {
+  const schema::NodeRecord r{"node-a", 4, 1234, 99u, 2, "node-a:4100"};
+  const auto back = schema::decode_node_record("k", schema::encode(r));
+  EXPECT_EQ(back.host, r.host);
+  EXPECT_EQ(back.local_world_size, 4);
+  EXPECT_EQ(back.pid, 1234);
+  EXPECT_EQ(back.nonce, 99u);
+  EXPECT_EQ(back.previous_rank, 2);
+  EXPECT_EQ(back.worker_store, "node-a:4100");
+  const schema::Place place{3, 24, 7};
+  EXPECT_EQ(schema::decode_place("k", schema::encode(place)), place);
+  const schema::RoundTotals totals{1, 32, 4};
+  EXPECT_EQ(schema::decode_round_totals("k", schema::encode(totals)), totals);
+  Verdict v;
+  v.action = Verdict::kRestart;
+  v.expect = 3;
+  v.restarts = 2;
+  v.reason = "a worker failed";
+  const auto vb = schema::decode_verdict("k", schema::encode(v));
+  EXPECT_EQ(vb.action, v.action);
+  EXPECT_EQ(vb.expect, 3);
+  EXPECT_EQ(vb.restarts, 2);
+  EXPECT_EQ(vb.reason, v.reason);
+  WorkerFailure f;
+  f.host = "h";
+  f.rank = 5;
+  f.exit_code = -9;
+  f.message = "RuntimeError: x";
+  const auto fb = schema::decode_failures("k", schema::encode(std::vector<WorkerFailure>{f}));
+  ASSERT_EQ(fb.size(), 1u);
+  EXPECT_EQ(fb[0].rank, 5);
+  EXPECT_EQ(fb[0].exit_code, -9);
+  EXPECT_EQ(fb[0].message, f.message);
+  EXPECT_EQ(schema::decode_members("k", schema::encode_members({4, 1, 9})),
+            (std::vector<int>{4, 1, 9}));
+  const auto e = schema::decode_endpoint("k", "[fd00::1]:29500");
+  EXPECT_EQ(e.host, "fd00::1");
+  EXPECT_EQ(e.port, 29500);
+  EXPECT_TRUE(schema::decode_endpoint("k", "").host.empty());
+}
+
+// A value that does not decode is an error naming the key and showing the value (escaped), never
+// a bare "stoi".
+TEST(Schema, ACorruptedValueIsAnErrorNamingItsKey) {
+  struct Case {
+    const char* name;
+    std::function<void()> decode;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"place: too few numbers", [] { schema::decode_place("r3/place/5", "1 2"); },
+       "'<node rank> <first global rank> <next ticket>'"},
+      {"place: not numbers", [] { schema::decode_place("r3/place/5", "a b c"); }, "r3/place/5"},
+      {"place: a negative rank", [] { schema::decode_place("r3/place/5", "-1 0 2"); }, "-1 0 2"},
+      {"totals: trailing bytes", [] { schema::decode_round_totals("r1/assignment", "0 8 2x"); },
+       "r1/assignment"},
+      {"totals: no nodes", [] { schema::decode_round_totals("r1/assignment", "0 8 0"); },
+       "'<restarts> <world size> <nodes>'"},
+      {"int: empty", [] { schema::decode_int("round", ""); }, "a decimal integer"},
+      {"int: too big", [] { schema::decode_int("round", "99999999999999999999"); }, "round"},
+      {"int: a control byte shown escaped", [] { schema::decode_int("round", "1\n2"); }, "1\\x0a2"},
+      {"record: not JSON", [] { schema::decode_node_record("r0/node/1", "{oops"); }, "r0/node/1"},
+      {"record: a field missing",
+       [] { schema::decode_node_record("r0/node/1", R"({"host":"a","pid":1})"); },
+       "local_world_size"},
+      {"verdict: an unknown action",
+       [] {
+         schema::decode_verdict("r2/verdict",
+                                R"({"action":"party","expect":1,"restarts":0,"reason":""})");
+       },
+       "r2/verdict"},
+      {"failures: not a list", [] { schema::decode_failures("r0/failures/1", "{}"); },
+       "a JSON list of worker failures"},
+      {"members: empty", [] { schema::decode_members("r0/members", ""); }, "r0/members"},
+      {"endpoint: no port", [] { schema::decode_endpoint("r0/worker_store", "host"); },
+       "'host:port'"},
+      {"endpoint: port out of range",
+       [] { schema::decode_endpoint("r0/worker_store", "host:70000"); }, "host:70000"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    try {
+      c.decode();
+      ADD_FAILURE() << "decoded";
+    } catch (const schema::CorruptValueError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("corrupted value"), std::string::npos) << what;
+      EXPECT_NE(what.find(c.expected), std::string::npos) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dist::agent

@@ -1,0 +1,91 @@
+// The worker environment and the failure report's pieces, table-driven.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "dist/agent/signals.h"
+#include "workers/failure_report.h"
+#include "workers/worker_env.h"
+
+namespace dist::agent {
+namespace {
+
+TEST(WorkerEnv, UserSettingsWinOnlyForNcclAsyncErrorHandling) {
+  WorkerIdentity id;
+  id.rank = 5;
+  const auto env = merge_environment({"PATH=/bin", "RANK=99", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0"},
+                                     torchrun_variables(id, false));
+  auto has = [&](const std::string& entry) {
+    return std::find(env.begin(), env.end(), entry) != env.end();
+  };
+  EXPECT_TRUE(has("PATH=/bin"));
+  EXPECT_TRUE(has("RANK=5"));
+  EXPECT_FALSE(has("RANK=99"));
+  EXPECT_TRUE(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=0"));
+  EXPECT_FALSE(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
+  EXPECT_FALSE(has("OMP_NUM_THREADS=1"));
+}
+
+TEST(WorkerEnv, LocalRankSubstitution) {
+  EXPECT_EQ(substitute_local_rank({"--out=${local_rank}/x${local_rank}", "plain"}, 12),
+            (std::vector<std::string>{"--out=12/x12", "plain"}));
+}
+
+TEST(Signals, NamesAndNumbers) {
+  struct Case {
+    std::string name;
+    int number;
+  };
+  const Case cases[] = {{"SIGTERM", SIGTERM}, {"TERM", SIGTERM}, {"15", 15}, {"SIGUSR1", SIGUSR1},
+                        {"SIGHUP", SIGHUP},   {"NOPE", -1},      {"0", -1},  {"SIG", -1}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(signal_number(c.name), c.number);
+  }
+  EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
+}
+
+TEST(FailureReport, TheEarliestFailureIsTheRootCause) {
+  std::vector<WorkerFailure> failures(3);
+  const auto now = std::chrono::system_clock::now();
+  failures[0].time = now;
+  failures[0].exit_code = 1;
+  failures[1].time = now - std::chrono::seconds(2);
+  failures[1].rank = 1;
+  failures[1].exit_code = -SIGKILL;
+  failures[2].time = now - std::chrono::seconds(1);
+  EXPECT_EQ(root_cause_index(failures), 1u);
+  EXPECT_EQ(exit_code_of(failures[1]), 128 + SIGKILL);
+  const std::string report = format_report("train.py", failures);
+  const auto root = report.find("Root Cause");
+  ASSERT_NE(root, std::string::npos);
+  EXPECT_NE(report.find("Signal 9 (SIGKILL)", root), std::string::npos) << report;
+  EXPECT_EQ(report.find("<NO_OTHER_FAILURES>"), std::string::npos) << report;
+}
+
+}  // namespace
+}  // namespace dist::agent
+
+namespace dist::agent {
+namespace {
+
+TEST(FailureReport, ErrorFileTimestampsKeepTheirFractions) {
+  const std::string path = "/tmp/dist-error-file-test-" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"({"message": {"message": "ValueError: x", "extraInfo": )"
+                      << R"({"py_callstack": "tb", "timestamp": "1700000000.250000"}}})";
+  WorkerFailure f;
+  f.error_file = path;
+  read_error_file(f);
+  std::remove(path.c_str());
+  EXPECT_EQ(f.message, "ValueError: x");
+  EXPECT_EQ(f.traceback, "tb");
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count();
+  EXPECT_NEAR(static_cast<double>(ms), 1700000000250.0, 1.0);
+}
+
+}  // namespace
+}  // namespace dist::agent

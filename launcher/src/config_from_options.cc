@@ -1,0 +1,626 @@
+#include "config_from_options.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "dist/agent/signals.h"
+#include "dist/launcher/slurm.h"
+#include "dist/launcher/torchelastic_env.h"
+#include "dist/rendezvous/endpoint.h"
+#include "rdzv_conf.h"
+
+namespace dist::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using agent::LaunchConfig;
+using agent::RendezvousBackend;
+
+int parse_int_at_least(const std::string& flag, const std::string& text, int minimum) {
+  std::size_t used = 0;
+  int v = 0;
+  try {
+    v = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || v < minimum) {
+    throw UsageError(flag + " must be " + (minimum > 0 ? "a positive" : "a non-negative") +
+                     " integer, got '" + text + "'");
+  }
+  return v;
+}
+int parse_positive(const std::string& flag, const std::string& text) {
+  return parse_int_at_least(flag, text, 1);
+}
+int parse_non_negative(const std::string& flag, const std::string& text) {
+  return parse_int_at_least(flag, text, 0);
+}
+
+std::vector<int> parse_devices(const std::string& text) {
+  std::vector<int> devices;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) devices.push_back(parse_non_negative("--devices", item));
+  if (devices.empty()) throw UsageError("--devices needs a list like 0,2,5");
+  return devices;
+}
+
+agent::NumaBinding parse_numa_binding(const std::string& text) {
+  if (text.empty()) return agent::NumaBinding::kNone;
+  if (text == "node") return agent::NumaBinding::kNode;
+  if (text == "socket") return agent::NumaBinding::kSocket;
+  if (text == "exclusive") return agent::NumaBinding::kExclusive;
+  if (text == "core-complex") return agent::NumaBinding::kCoreComplex;
+  throw UsageError("--numa-binding takes node, socket, exclusive or core-complex, got '" + text +
+                   "'");
+}
+
+// core, none, or one CPU list per local rank: "0-3;4-7".
+void parse_cpu_bind(const std::string& text, agent::PlacementOptions& placement) {
+  if (text.empty() || text == "none") return;
+  if (text == "core") {
+    placement.cpu_bind = agent::CpuBind::kCore;
+    return;
+  }
+  placement.cpu_bind = agent::CpuBind::kList;
+  std::stringstream lists(text);
+  std::string list;
+  while (std::getline(lists, list, ';')) {
+    try {
+      placement.cpu_lists.push_back(agent::parse_cpu_list("--cpu-bind", list));
+    } catch (const agent::ConfigError& e) {
+      throw UsageError(std::string(e.what()) + " (--cpu-bind takes core, none or LIST;LIST)");
+    }
+  }
+}
+
+void parse_nnodes(const std::string& text, agent::LaunchConfig& c) {
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) {
+    c.min_nodes = c.max_nodes = parse_positive("--nnodes", text);
+    return;
+  }
+  c.min_nodes = parse_positive("--nnodes (MIN)", text.substr(0, colon));
+  c.max_nodes = parse_positive("--nnodes (MAX)", text.substr(colon + 1));
+  if (c.min_nodes > c.max_nodes) {
+    throw UsageError("--nnodes " + text + ": MIN must not exceed MAX");
+  }
+}
+
+// torchrun's "0".."3" (none, stdout, stderr, both), or per local rank "0:1,1:3".
+void parse_streams(const std::string& flag, const std::string& text, agent::StreamSelection& all,
+                   std::map<int, agent::StreamSelection>& by_rank) {
+  auto decode = [&](const std::string& v) {
+    if (v.size() != 1 || v[0] < '0' || v[0] > '3') {
+      throw UsageError(flag +
+                       " takes 0 (none), 1 (stdout), 2 (stderr), 3 (both) or "
+                       "LOCAL_RANK:VALUE,...; got '" +
+                       text + "'");
+    }
+    const int bits = v[0] - '0';
+    return agent::StreamSelection{(bits & 1) != 0, (bits & 2) != 0};
+  };
+  if (text.find(':') == std::string::npos) {
+    all = decode(text);
+    return;
+  }
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) throw UsageError(flag + ": '" + item + "' is not RANK:VALUE");
+    by_rank[parse_non_negative(flag, item.substr(0, colon))] = decode(item.substr(colon + 1));
+  }
+}
+
+// Longer than any job: a bound that keeps milliseconds far from overflow.
+constexpr double kMaxSeconds = 1e9;
+
+enum class Zero { kRejected, kAllowed };
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text,
+                                        Zero zero = Zero::kRejected) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const bool in_range = zero == Zero::kAllowed ? v >= 0 : v > 0;
+  if (used == 0 || used != text.size() || !in_range || !(v <= kMaxSeconds)) {
+    throw UsageError(flag + " must be a " + (zero == Zero::kAllowed ? "non-negative" : "positive") +
+                     " number of seconds, got '" + text + "'");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(v * 1000));
+}
+
+// 0 to 65535; 0 asks for a free port.
+int parse_port(const std::string& flag, const std::string& text) {
+  const int port = parse_non_negative(flag, text);
+  if (port > 65535) throw UsageError(flag + " " + text + " is not below 65536");
+  return port;
+}
+
+std::set<int> parse_rank_list(const std::string& text) {
+  std::set<int> ranks;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (!item.empty()) ranks.insert(parse_non_negative("--local-ranks-filter", item));
+  }
+  return ranks;
+}
+
+std::vector<int> parse_signals(const std::string& text) {
+  std::vector<int> signals;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const int s = agent::signal_number(item);
+    if (s <= 0) throw UsageError("--signals-to-handle: unknown signal '" + item + "'");
+    signals.push_back(s);
+  }
+  return signals;
+}
+
+enum class Executable { kFound, kNotExecutable, kMissing };
+
+// As exec would find `name`: the path itself when it has a '/', else along PATH.
+Executable find_executable(const std::string& name) {
+  const auto check = [](const fs::path& p) {
+    if (::access(p.c_str(), X_OK) == 0 && !fs::is_directory(p)) return Executable::kFound;
+    return ::access(p.c_str(), F_OK) == 0 ? Executable::kNotExecutable : Executable::kMissing;
+  };
+  if (name.find('/') != std::string::npos) return check(name);
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  Executable seen = Executable::kMissing;
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (dir.empty()) continue;
+    const Executable e = check(fs::path(dir) / name);
+    if (e == Executable::kFound) return e;
+    if (e == Executable::kNotExecutable) seen = e;
+  }
+  return seen;
+}
+
+void require_executable(const std::string& what, const std::string& name, const std::string& fix) {
+  switch (find_executable(name)) {
+    case Executable::kFound:
+      return;
+    case Executable::kNotExecutable:
+      throw UsageError(what + " '" + name + "' is not executable (" + fix + ")");
+    case Executable::kMissing:
+      if (name.find('/') == std::string::npos && fs::exists(name)) {
+        throw UsageError(what + " '" + name + "' not found on PATH (for the file here, give ./" +
+                         name + ")");
+      }
+      throw UsageError(what + " '" + name + "' not found");
+  }
+}
+
+}  // namespace
+
+std::string random_run_id() {
+  std::random_device rd;
+  std::ostringstream out;
+  out << std::hex << rd() << rd();
+  return out.str();
+}
+
+namespace {
+
+// Port 0 asks for a free port: the agent that binds the store picks it, and only that agent
+// learns which. On one node it hosts the store and gives its workers the real port; with several
+// nodes the others could never find the store.
+void check_free_port(const agent::LaunchConfig& c) {
+  if (c.master_port != 0 || c.rdzv_backend == agent::RendezvousBackend::kEtcdV3) return;
+  const std::string request =
+      c.elastic ? "--rdzv-endpoint " + c.master_addr + ":0" : "port 0 (--master-port 0)";
+  if (c.max_nodes > 1) {
+    throw UsageError(request +
+                     " asks for a free port, which works on a single node only: the other nodes "
+                     "must know the port to reach the store, and only the agent that binds it "
+                     "learns it; give a fixed port");
+  }
+  if (c.elastic && c.is_host == false) {
+    throw UsageError(request +
+                     " with is_host=0: only the agent that hosts the store can pick "
+                     "a free port; give the store's port");
+  }
+}
+
+// torchrun's comma-separated list, ",," standing for a comma; empty items are dropped (so '' is no
+// filter, as torchrun's help says; its parser would keep '' and copy every line).
+std::vector<std::string> parse_filters(const std::string& text) {
+  static const std::string kComma = "\x1f";  // a byte no filter holds
+  std::string escaped = text;
+  for (std::size_t at = escaped.find(",,"); at != std::string::npos; at = escaped.find(",,", at)) {
+    escaped.replace(at, 2, kComma);
+  }
+  std::vector<std::string> filters;
+  std::stringstream items(escaped);
+  for (std::string item; std::getline(items, item, ',');) {
+    for (std::size_t at = item.find(kComma); at != std::string::npos; at = item.find(kComma, at)) {
+      item.replace(at, kComma.size(), ",");
+    }
+    if (!item.empty()) filters.push_back(item);
+  }
+  return filters;
+}
+
+bool tees(const agent::LaunchConfig& c, bool stdout_stream) {
+  const auto selected = [&](const agent::StreamSelection& s) {
+    return stdout_stream ? s.stdout_stream : s.stderr_stream;
+  };
+  if (selected(c.tee)) return true;
+  return std::any_of(c.tee_by_rank.begin(), c.tee_by_rank.end(),
+                     [&](const auto& entry) { return selected(entry.second); });
+}
+
+// torchrun copies the lines of tee'd streams only; said, since without --tee the file stays empty.
+void note_filters_without_tee(const agent::LaunchConfig& c, std::ostream& err) {
+  const std::pair<bool, const char*> flags[] = {
+      {!c.duplicate_stdout_filters.empty() && !tees(c, true), "--duplicate-stdout-filters"},
+      {!c.duplicate_stderr_filters.empty() && !tees(c, false), "--duplicate-stderr-filters"},
+  };
+  for (const auto& [idle, flag] : flags) {
+    if (!idle) continue;
+    err << "[dist-launch] notice: " << flag
+        << " copies the lines of tee'd streams only (as torchrun does): add --tee 3 to "
+           "select any\n";
+  }
+}
+
+// torchrun's --logs-specs names a Python LogsSpecs class registered under the
+// torchrun.logs_specs entry points; dist-launch has the default layout only.
+void check_logs_specs(const std::string& name) {
+  if (name.empty() || name == "default") return;
+  throw UsageError(
+      "--logs-specs " + name +
+      ": torchrun loads a Python LogsSpecs class registered as the "
+      "'torchrun.logs_specs' entry point of that name; dist-launch has only torchrun's "
+      "default layout (--log-dir, -r, -t): give --logs-specs default or leave it out");
+}
+
+// torchrun's --event-log-handler names a Python logging handler for its events: "null" and
+// "dynamic_rendezvous" drop them, "console" prints them.
+void check_event_log_handler(const std::string& name) {
+  if (name == "null" || name == "dynamic_rendezvous") return;
+  if (name == "console") {
+    throw UsageError(
+        "--event-log-handler console: torchrun prints its Python event records there; "
+        "dist-launch has no Python events (its own lifecycle messages are on the console "
+        "already): leave the flag out");
+  }
+  throw UsageError("--event-log-handler " + name +
+                   ": torchrun knows null, dynamic_rendezvous and console; dist-launch drops "
+                   "events like null: leave the flag out");
+}
+
+agent::ConsolePrefix parse_console_prefix(const std::string& text) {
+  if (text == "all") return agent::ConsolePrefix::kAll;
+  if (text == "tee") return agent::ConsolePrefix::kTee;
+  if (text == "none") return agent::ConsolePrefix::kNone;
+  throw UsageError("--console-prefix takes all, tee or none, got '" + text + "'");
+}
+
+// torchrun's --log-line-prefix-template, else TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (checked with
+// the rest of the configuration, agent::check).
+std::string chosen_prefix_template(const std::string& flag_value) {
+  const char* env = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  return !flag_value.empty() ? flag_value : env ? env : "";
+}
+
+void check_local_ranks_filter(const agent::LaunchConfig& c) {
+  for (const int rank : c.local_ranks_filter) {
+    if (rank >= c.nproc_per_node) {
+      throw UsageError("--local-ranks-filter: local rank " + std::to_string(rank) +
+                       " does not exist on this node (--nproc-per-node " +
+                       std::to_string(c.nproc_per_node) + ": local ranks 0 to " +
+                       std::to_string(c.nproc_per_node - 1) + ")");
+    }
+  }
+}
+
+// --rdzv-endpoint (or Slurm's node) as host[:port]; 0 asks for a free port.
+rendezvous::Endpoint parse_rdzv_endpoint(const std::string& text, std::uint16_t default_port) {
+  try {
+    return rendezvous::parse_endpoint(text, default_port, /*allow_zero=*/true);
+  } catch (const rendezvous::EndpointError& e) {
+    throw UsageError(std::string("--rdzv-endpoint ") + e.what());
+  }
+}
+
+RendezvousBackend parse_backend(const std::string& text) {
+  if (text == "etcd" || text == "etcd-v2") {
+    throw UsageError("--rdzv-backend " + text +
+                     " speaks etcd's v2 API, which etcd 3.4+ turns off by default and "
+                     "dist-launch does not implement: use --rdzv-backend etcd-v3 (the same "
+                     "members, etcd's v3 API)");
+  }
+  if (text == "static") return RendezvousBackend::kStatic;
+  if (text == "c10d") return RendezvousBackend::kC10d;
+  if (text == "etcd-v3") return RendezvousBackend::kEtcdV3;
+  throw UsageError("--rdzv-backend must be static, c10d or etcd-v3, got '" + text + "'");
+}
+
+// The etcd members of --rdzv-endpoint: "h1:2379, h2:2379,h3".
+std::vector<std::string> etcd_members(const std::string& text) {
+  std::vector<std::string> members;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (!item.empty()) members.push_back(item);
+  }
+  if (members.empty()) {
+    throw UsageError("--rdzv-endpoint: give the etcd members, e.g. h1:2379,h2:2379,h3:2379");
+  }
+  return members;
+}
+
+void notice_node_rank_ignored(bool node_rank_given, std::ostream& err) {
+  if (!node_rank_given) return;
+  err << "[dist-launch] notice: --node-rank is ignored with dynamic rendezvous: node ranks are "
+         "assigned in each round\n";
+}
+
+// Static or elastic, from --rdzv-backend, --rdzv-endpoint and --nnodes, as torchrun decides.
+// `etcd_keys`: the --rdzv-conf keys given that only the etcd-v3 backend reads.
+void choose_rendezvous(const RawOptions& r, const std::vector<std::string>& etcd_keys,
+                       std::ostream& err, LaunchConfig& c) {
+  const bool node_rank_given = r.was_given("--node-rank") || std::getenv("PET_NODE_RANK");
+  if (r.standalone && c.max_nodes > 1) {
+    throw UsageError("--standalone runs a single node, but --nnodes " + r.nnodes +
+                     " asks for more: drop --standalone and give --rdzv-endpoint HOST:PORT "
+                     "(dynamic) or --master-addr and --master-port (static)");
+  }
+  if (r.standalone) return;  // one node, its own store
+  c.rdzv_backend = parse_backend(r.rdzv_backend);
+  if (c.rdzv_backend == RendezvousBackend::kEtcdV3) {
+    if (r.rdzv_endpoint.empty()) {
+      throw UsageError(
+          "--rdzv-backend etcd-v3 needs --rdzv-endpoint with the etcd members, "
+          "e.g. h1:2379,h2:2379,h3:2379");
+    }
+    c.elastic = true;
+    c.etcd.endpoints = etcd_members(r.rdzv_endpoint);
+    c.node_rank = 0;  // assigned per round
+    notice_node_rank_ignored(node_rank_given, err);
+    return;
+  }
+  if (!etcd_keys.empty()) {
+    throw UsageError("--rdzv-conf " + etcd_keys.front() + " is for --rdzv-backend etcd-v3");
+  }
+  const bool backend_given = r.was_given("--rdzv-backend") || std::getenv("PET_RDZV_BACKEND");
+  if (c.rdzv_backend == RendezvousBackend::kStatic && !r.rdzv_endpoint.empty() && !backend_given) {
+    c.rdzv_backend = RendezvousBackend::kC10d;
+  }
+  if (c.rdzv_backend == RendezvousBackend::kStatic) {
+    if (c.min_nodes != c.max_nodes) {
+      throw UsageError("--nnodes " + r.nnodes +
+                       ": a range needs dynamic rendezvous (--rdzv-backend c10d "
+                       "--rdzv-endpoint HOST:PORT)");
+    }
+    if (!r.rdzv_endpoint.empty()) {  // torchrun: the static store's address may come this way too
+      const auto endpoint = parse_rdzv_endpoint(r.rdzv_endpoint, agent::kDefaultStaticPort);
+      c.master_addr = endpoint.host;
+      c.master_port = endpoint.port;
+    }
+    if (c.node_rank >= c.max_nodes) {
+      throw UsageError("--node-rank " + std::to_string(c.node_rank) + " is not below --nnodes " +
+                       std::to_string(c.max_nodes));
+    }
+    return;
+  }
+  c.elastic = true;  // c10d: the store at the endpoint, node ranks assigned by the rendezvous
+  const auto endpoint = parse_rdzv_endpoint(r.rdzv_endpoint.empty() ? "127.0.0.1" : r.rdzv_endpoint,
+                                            agent::kDefaultC10dPort);
+  c.master_addr = endpoint.host;
+  c.master_port = endpoint.port;
+  notice_node_rank_ignored(node_rank_given, err);
+  c.node_rank = 0;  // assigned per round
+}
+
+// srun started several tasks on this node (--ntasks-per-node > 1): task 0 runs the node's agent,
+// which starts --nproc-per-node workers; the others leave at once, successfully, saying so. Not
+// when the command line lays the nodes out itself (--node-rank).
+bool is_extra_slurm_task(const SlurmJob& slurm, const RawOptions& r, std::ostream& err) {
+  if (slurm.local_task == 0 || r.was_given("--node-rank")) return false;
+  err << "[dist-launch] notice: Slurm task " << slurm.local_task << " of node "
+      << (slurm.node_name.empty() ? std::to_string(slurm.node_rank) : slurm.node_name)
+      << " exits: dist-launch runs one agent per node (task 0 starts the --nproc-per-node "
+         "workers); use srun --ntasks-per-node=1\n";
+  return true;
+}
+
+// What the command line leaves out, from the job step.
+void fill_from_slurm(const SlurmJob& slurm, RawOptions& r) {
+  if (!r.was_given("--nnodes")) r.nnodes = std::to_string(slurm.nnodes);
+  if (!r.was_given("--node-rank")) r.node_rank = std::to_string(slurm.node_rank);
+  if (!r.was_given("--master-addr")) r.master_addr = slurm.master_addr;
+  if (!r.was_given("--master-port") && slurm.nnodes > 1) {
+    r.master_port = std::to_string(slurm.master_port);
+  }
+  if (!r.was_given("--rdzv-id")) r.rdzv_id = slurm.run_id();
+  if (!r.was_given("--local-addr") && !slurm.node_name.empty()) r.local_addr = slurm.node_name;
+}
+
+// A static multi-node job laid out by Slurm needs one agent on every node: in the batch script (or
+// an salloc shell) only this one would run, and it would wait for the others until the timeout.
+void require_slurm_step(const SlurmJob& slurm, const RawOptions& r, const LaunchConfig& c) {
+  if (slurm.in_step() || c.elastic || c.max_nodes < 2 || r.was_given("--node-rank")) return;
+  throw UsageError("Slurm job " + slurm.job_id + " has " + std::to_string(c.max_nodes) +
+                   " nodes but dist-launch runs outside a job step (no SLURM_STEP_ID: the batch "
+                   "script or an salloc shell), so the other nodes would never join; start one "
+                   "agent per node with `srun --ntasks-per-node=1 dist-launch ...`, give --nnodes "
+                   "1 to run on this node only, or --node-rank when you start the others yourself");
+}
+
+// Options torchrun has that change nothing here: checked, then dropped.
+void check_compatibility_options(const RawOptions& r) {
+  check_logs_specs(r.logs_specs);
+  check_event_log_handler(r.event_log_handler);
+  parse_seconds("--monitor-interval", r.monitor_interval, Zero::kAllowed);
+}
+
+// The job's shape: nodes, this node's rank and workers, devices and placement.
+void read_job_shape(const RawOptions& r, LaunchConfig& c) {
+  c.role = r.role;
+  c.master_addr = r.master_addr;
+  c.run_id = r.rdzv_id;
+  c.local_addr = r.local_addr;
+  c.node_rank = parse_non_negative("--node-rank", r.node_rank);
+  c.max_restarts = parse_non_negative("--max-restarts", r.max_restarts);
+  parse_nnodes(r.nnodes, c);
+  if (!r.devices.empty()) c.devices.devices = parse_devices(r.devices);
+  c.devices.virtual_local_rank = r.virtual_local_rank;
+  if (!r.hosts.given()) {  // each host's own
+    c.nproc_per_node = agent::resolve_nproc_per_node(r.nproc_per_node, c.devices);
+  }
+  c.placement.numa_binding = parse_numa_binding(r.numa_binding);
+  parse_cpu_bind(r.cpu_bind, c.placement);
+  if (!r.master_port.empty()) {
+    c.master_port = static_cast<std::uint16_t>(parse_port("--master-port", r.master_port));
+  }
+}
+
+// Log files and the console.
+void read_output_options(const RawOptions& r, LaunchConfig& c, std::ostream& err) {
+  c.log_dir = r.log_dir;
+  parse_streams("--redirects", r.redirects, c.redirects, c.redirects_by_rank);
+  parse_streams("--tee", r.tee, c.tee, c.tee_by_rank);
+  c.local_ranks_filter = parse_rank_list(r.local_ranks_filter);
+  check_local_ranks_filter(c);
+  c.log_line_prefix_template = chosen_prefix_template(r.log_line_prefix_template);
+  c.console_prefix = parse_console_prefix(r.console_prefix);
+  c.duplicate_stdout_filters = parse_filters(r.duplicate_stdout_filters);
+  c.duplicate_stderr_filters = parse_filters(r.duplicate_stderr_filters);
+  note_filters_without_tee(c, err);
+}
+
+// Signals, timeouts, --rdzv-conf, watchdogs and telemetry. Returns the etcd-only --rdzv-conf keys
+// given.
+std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfig& c) {
+  c.signals_to_handle = parse_signals(r.signals_to_handle);
+  std::string shutdown_timeout = r.shutdown_timeout;
+  if (shutdown_timeout.empty()) {
+    const char* env = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    shutdown_timeout = env && *env ? env : "30";
+  }
+  c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown_timeout, Zero::kAllowed);
+  c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", r.exit_barrier_timeout);
+  std::vector<std::string> etcd_keys;
+  try {
+    etcd_keys = apply_rdzv_conf(r.rdzv_conf, c);
+  } catch (const RdzvConfError& e) {
+    throw UsageError(e.what());
+  }
+  read_torchelastic_environment(c.watchdogs);
+  c.watchdogs.worker_heartbeat_timeout =
+      parse_seconds("--worker-heartbeat-timeout", r.worker_heartbeat_timeout, Zero::kAllowed);
+  c.telemetry.event_log = r.event_log;
+  if (!r.metrics_port.empty()) {
+    c.telemetry.metrics_port =
+        static_cast<std::uint16_t>(parse_port("--metrics-port", r.metrics_port));
+  }
+  return etcd_keys;
+}
+
+// What each worker runs: the executable (--no-python), or python -u [-m] SCRIPT ARGS on the
+// interpreter dist-launch belongs to.
+void set_worker_command(const RawOptions& r, LaunchConfig& c) {
+  const std::string& script = r.script_and_args.front();
+  const std::vector<std::string> args(r.script_and_args.begin() + 1, r.script_and_args.end());
+  if (r.no_python && r.module) throw UsageError("--no-python and -m cannot be used together");
+  if (r.no_python) {
+    require_executable("executable", script,
+                       "chmod +x it, or run it without --no-python through its interpreter");
+    c.worker_argv = r.script_and_args;
+  } else {
+    const char* python_exec = std::getenv("PYTHON_EXEC");
+    std::error_code ec;  // no /proc: python3 from PATH
+    const std::string python = python_exec && *python_exec
+                                   ? python_exec
+                                   : default_python(fs::read_symlink("/proc/self/exe", ec));
+    require_executable("Python interpreter", python, "set PYTHON_EXEC to one that is");
+    c.worker_argv = {python, "-u"};
+    if (r.module) {
+      c.worker_argv.push_back("-m");
+    } else if (!fs::exists(script)) {
+      throw UsageError("training script '" + script + "' not found");
+    }
+    c.worker_argv.push_back(script);
+    c.worker_argv.insert(c.worker_argv.end(), args.begin(), args.end());
+  }
+  c.script_name = fs::path(script).filename().string();
+}
+
+// Several workers and no OMP_NUM_THREADS: 1 each (or their bound core count), said.
+void default_omp_threads(LaunchConfig& c, std::ostream& err) {
+  if ((c.nproc_per_node < 2 && !c.placement.binds()) || std::getenv("OMP_NUM_THREADS")) return;
+  c.omp_threads_defaulted = true;
+  if (c.placement.binds()) {
+    err << "[dist-launch] notice: OMP_NUM_THREADS is unset; setting it to each worker's bound "
+           "core count (set it yourself to tune)\n";
+  } else {
+    err << "[dist-launch] warning: OMP_NUM_THREADS is unset; setting it to 1 for each of the "
+        << c.nproc_per_node << " workers (set it yourself to tune)\n";
+  }
+}
+
+}  // namespace
+
+CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
+  if (raw.script_and_args.empty()) {
+    throw UsageError("no training script given (dist-launch [options] SCRIPT [args...])");
+  }
+  check_compatibility_options(raw);
+  RawOptions r = raw;
+  // Inside Slurm, what the command line leaves out comes from the job step.
+  const auto slurm = r.standalone || r.hosts.given() ? std::nullopt : slurm_job_from_environment();
+  if (slurm) {
+    if (is_extra_slurm_task(*slurm, r, err)) return {true, kExitOk, {}};
+    fill_from_slurm(*slurm, r);
+  }
+  CliOutcome outcome;
+  LaunchConfig& c = outcome.config;
+  read_job_shape(r, c);
+  read_output_options(r, c, err);
+  const std::vector<std::string> etcd_keys = read_lifecycle_options(r, c);
+  if (r.hosts.given()) {  // the job over ssh (hosts.cc): each host checks the rest for itself
+    apply_token_options(r.token, c);  // none given: the job generates one
+    outcome.hosts_job = hosts_job_config(r, c);
+    return outcome;
+  }
+  choose_rendezvous(r, etcd_keys, err, c);
+  if (slurm) require_slurm_step(*slurm, r, c);
+  if (r.standalone) {
+    c.master_addr = "127.0.0.1";
+    c.master_port.reset();
+    c.rdzv_backend = RendezvousBackend::kC10d;
+    if (c.run_id == "none") c.run_id = random_run_id();
+  }
+  check_free_port(c);
+  apply_token_options(r.token, c);
+  set_worker_command(r, c);
+  // Devices, placement, the prefix template and etcd's options are checked again by the agent;
+  // checking here turns what this node cannot give into a usage error before anything starts.
+  agent::check(c);
+  default_omp_threads(c, err);
+  return outcome;
+}
+
+}  // namespace dist::launcher

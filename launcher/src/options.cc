@@ -1,0 +1,171 @@
+#include "options.h"
+
+#include "completion.h"
+#include "rdzv_conf.h"
+
+namespace dist::launcher {
+namespace {
+
+// A valued option that may also come from PET_<env>, as torchrun's do.
+CLI::Option* option(CLI::App& app, const std::string& names, std::string& target,
+                    const std::string& env, const std::string& help) {
+  return app.add_option(names, target, help)->envname("PET_" + env);
+}
+
+void declare_nodes_and_rendezvous(CLI::App& app, RawOptions& r) {
+  option(app, "--nnodes", r.nnodes, "NNODES", "Number of nodes, N or MIN:MAX")
+      ->capture_default_str();
+  option(app, "--nproc-per-node,--nproc_per_node", r.nproc_per_node, "NPROC_PER_NODE",
+         "Workers per node: an integer, or cpu, gpu (CUDA or ROCm), xpu (Intel) or auto (the "
+         "GPUs, else the CPUs)")
+      ->capture_default_str();
+  option(app, "--node-rank,--node_rank", r.node_rank, "NODE_RANK",
+         "This node's rank (static rendezvous)")
+      ->capture_default_str();
+  option(app, "--master-addr,--master_addr", r.master_addr, "MASTER_ADDR",
+         "Address of node rank 0 (static rendezvous)")
+      ->capture_default_str();
+  option(app, "--master-port,--master_port", r.master_port, "MASTER_PORT",
+         "Port of the store on node rank 0 (default 29500 with several nodes); on one node, "
+         "unset or 0: a free port");
+  option(app, "--rdzv-backend,--rdzv_backend", r.rdzv_backend, "RDZV_BACKEND",
+         "static, c10d (dynamic: elastic --nnodes MIN:MAX, node ranks assigned), or etcd-v3 "
+         "(dynamic, over an etcd cluster: --rdzv-endpoint h1:2379,h2:2379,...)")
+      ->capture_default_str();
+  option(app, "--rdzv-endpoint,--rdzv_endpoint", r.rdzv_endpoint, "RDZV_ENDPOINT",
+         "host[:port] of the rendezvous store (c10d; port 29400 by default, 0 on one node: a "
+         "free one); implies c10d");
+  option(app, "--rdzv-id,--rdzv_id", r.rdzv_id, "RDZV_ID", "Job id shared by all nodes")
+      ->capture_default_str();
+  option(app, "--rdzv-conf,--rdzv_conf", r.rdzv_conf, "RDZV_CONF",
+         "key=value,...: " + rdzv_conf_keys());
+  app.add_flag("--standalone", r.standalone, "Single node, store on a free port, random run id")
+      ->envname("PET_STANDALONE");
+  add_token_options(app, r.token);
+  option(app, "--role", r.role, "ROLE", "Worker role name")->capture_default_str();
+  option(app, "--local-addr,--local_addr", r.local_addr, "LOCAL_ADDR",
+         "This node's address as published to the others");
+}
+
+void declare_lifecycle(CLI::App& app, RawOptions& r) {
+  option(app, "--max-restarts,--max_restarts", r.max_restarts, "MAX_RESTARTS",
+         "Restarts of the worker group before failing")
+      ->capture_default_str();
+  option(app, "--monitor-interval,--monitor_interval", r.monitor_interval, "MONITOR_INTERVAL",
+         "Accepted for torchrun compatibility; failures are seen at once (SIGCHLD), not polled")
+      ->capture_default_str();
+  option(app, "--start-method,--start_method", r.start_method, "START_METHOD",
+         "Accepted for torchrun compatibility (workers are always fresh processes)")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  option(app, "--event-log-handler,--event_log_handler", r.event_log_handler, "EVENT_LOG_HANDLER",
+         "torchrun's Python event handler: null (the default) and dynamic_rendezvous are "
+         "accepted; dist-launch emits no Python events")
+      ->capture_default_str();
+  option(app, "--signals-to-handle,--signals_to_handle", r.signals_to_handle, "SIGNALS_TO_HANDLE",
+         "Signals the agent catches and forwards to every worker. SIGTERM, SIGINT, SIGHUP and "
+         "SIGQUIT then stop the job. Add SIGUSR1,SIGUSR2 (Slurm's warning before a time limit or "
+         "preemption): those are forwarded to the workers and the job keeps running. Workers see "
+         "the list in TORCHELASTIC_SIGNALS_TO_HANDLE")
+      ->capture_default_str();
+  option(app, "--exit-barrier-timeout,--exit_barrier_timeout", r.exit_barrier_timeout,
+         "EXIT_BARRIER_TIMEOUT",
+         "Seconds a node whose workers succeeded waits for the other nodes' (several nodes)")
+      ->capture_default_str();
+  option(app, "--shutdown-timeout,--shutdown_timeout", r.shutdown_timeout, "SHUTDOWN_TIMEOUT",
+         "Seconds between the stop signal and SIGKILL (default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, "
+         "else 30)");
+  app.add_flag("-m,--module", r.module, "Run the script as a Python module (python -m)")
+      ->envname("PET_MODULE");
+  app.add_flag("--no-python,--no_python", r.no_python,
+               "Run the script as an executable, not through Python (C++ workers)")
+      ->envname("PET_NO_PYTHON");
+  app.add_flag("--run-path,--run_path", r.run_path, "Accepted; the script runs in a fresh Python")
+      ->envname("PET_RUN_PATH");
+}
+
+void declare_output(CLI::App& app, RawOptions& r) {
+  option(app, "--log-dir,--log_dir", r.log_dir, "LOG_DIR",
+         "Write attempt_<n>/<local_rank>/{stdout,stderr}.log and error.json here");
+  option(app, "-r,--redirects", r.redirects, "REDIRECTS",
+         "Streams sent to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or RANK:V,...")
+      ->capture_default_str();
+  option(app, "-t,--tee", r.tee, "TEE",
+         "Streams sent to log files and the console (same values; tee wins over --redirects)")
+      ->capture_default_str();
+  option(app, "--log-line-prefix-template,--log_line_prefix_template", r.log_line_prefix_template,
+         "LOG_LINE_PREFIX_TEMPLATE",
+         "Console prefix of each worker line, e.g. '[${rank}]: ' (${role_name}, ${rank}, "
+         "${local_rank}, ${hostname}); default '[${role_name}${local_rank}]:', or "
+         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  option(app, "--console-prefix,--console_prefix", r.console_prefix, "CONSOLE_PREFIX",
+         "Which console lines carry that prefix: all (default), tee (torchrun's console: only "
+         "tee'd streams; the others pass unchanged) or none")
+      ->capture_default_str();
+  option(app, "--local-ranks-filter,--local_ranks_filter", r.local_ranks_filter,
+         "LOCAL_RANKS_FILTER",
+         "Only these local ranks reach the console, e.g. 0 or 0,2 (the log files keep all)");
+  option(app, "--duplicate-stdout-filters,--duplicate_stdout_filters", r.duplicate_stdout_filters,
+         "DUPLICATE_STDOUT_FILTERS",
+         "Tee'd stdout lines containing any of these (a,b; ',,' for a comma) are also copied to "
+         "attempt_<n>/filtered_stdout.log");
+  option(app, "--duplicate-stderr-filters,--duplicate_stderr_filters", r.duplicate_stderr_filters,
+         "DUPLICATE_STDERR_FILTERS", "The same for stderr, to attempt_<n>/filtered_stderr.log");
+  app.add_option("--logs-specs,--logs_specs", r.logs_specs,
+                 "torchrun's LogsSpecs entry point: only 'default' (torchrun's layout) exists");
+}
+
+void declare_resources_and_health(CLI::App& app, RawOptions& r) {
+  option(app, "--devices", r.devices, "DEVICES",
+         "One device per worker, e.g. 0,2,5 (indices of the GPUs this node sees): local rank i "
+         "gets the i-th as its only CUDA_VISIBLE_DEVICES (HIP_VISIBLE_DEVICES on AMD)");
+  app.add_flag("--virtual-local-rank,--virtual_local_rank", r.virtual_local_rank,
+               "Each worker sees only its own GPU, as device 0, and LOCAL_RANK=0")
+      ->envname("PET_VIRTUAL_LOCAL_RANK");
+  option(app, "--numa-binding,--numa_binding", r.numa_binding, "NUMA_BINDING",
+         "Bind each worker's CPUs and memory: node, socket, exclusive or core-complex, by its "
+         "GPU's NUMA node (without GPUs: by local rank over the NUMA nodes)");
+  option(app, "--cpu-bind,--cpu_bind", r.cpu_bind, "CPU_BIND",
+         "core (each worker its own cores), none, or one CPU list per local rank: '0-3;4-7'");
+  option(app, "--worker-heartbeat-timeout", r.worker_heartbeat_timeout, "WORKER_HEARTBEAT_TIMEOUT",
+         "Seconds a worker that called dist::sdk::heartbeat() may stay silent before it is killed "
+         "as hung and the group restarts (0: off)")
+      ->capture_default_str();
+  option(app, "--event-log", r.event_log, "EVENT_LOG",
+         "Append the job's events to this file, one JSON object per line");
+  option(app, "--metrics-port", r.metrics_port, "METRICS_PORT",
+         "Serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, logged)");
+}
+
+}  // namespace
+
+void declare_options(CLI::App& app, RawOptions& raw) {
+  declare_nodes_and_rendezvous(app, raw);
+  declare_lifecycle(app, raw);
+  declare_output(app, raw);
+  declare_resources_and_health(app, raw);
+  app.add_option("--print-completion,--print_completion", raw.print_completion,
+                 std::string("Print a completion script for ") + kCompletionShells +
+                     " and exit, e.g. eval \"$(dist-launch --print-completion bash)\"");
+  add_hosts_options(app, raw.hosts);
+}
+
+std::vector<const CLI::Option*> all_options(const CLI::App& app) {
+  std::vector<const CLI::Option*> options = app.get_options();
+  for (const CLI::App* group : app.get_subcommands([](const CLI::App* sub) {
+         return sub->get_name().empty();  // an option group, not a subcommand
+       })) {
+    const auto in_group = all_options(*group);
+    options.insert(options.end(), in_group.begin(), in_group.end());
+  }
+  return options;
+}
+
+void collect_parse_results(const CLI::App& app, RawOptions& raw) {
+  raw.script_and_args = app.remaining();
+  for (const CLI::Option* option : all_options(app)) {
+    if (option->count() == 0) continue;
+    for (const auto& name : option->get_lnames()) raw.given.insert("--" + name);
+  }
+}
+
+}  // namespace dist::launcher

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures (once) and builds dist-launch. Incremental; Release unless BUILD_TYPE says otherwise.
 #   BUILD_DIR (default build), BUILD_TYPE (default Release), extra arguments go to CMake's configure.
+#   BUILD_TARGETS: only these targets (space-separated; default: everything, tests included).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${BUILD_DIR:-$root/build}
@@ -10,4 +11,6 @@ jobs=${JOBS:-$(nproc)}
 if [ ! -f "$build_dir/CMakeCache.txt" ] || [ $# -gt 0 ]; then
   cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" "$@"
 fi
-cmake --build "$build_dir" -j "$jobs"
+targets=()
+for target in ${BUILD_TARGETS:-}; do targets+=(--target "$target"); done
+cmake --build "$build_dir" -j "$jobs" "${targets[@]}"

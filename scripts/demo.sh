@@ -5,7 +5,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh" >/dev/null
-"$root/scripts/build.sh" >/dev/null
+# Only what the demo runs: the tests and benchmarks are scripts/test.sh's.
+BUILD_TARGETS="dist-launch ddp_train" "$root/scripts/build.sh" >/dev/null
 bin=${BUILD_DIR:-$root/build}/bin
 checkpoints=$(mktemp -d)
 trap 'rm -rf "$checkpoints"' EXIT

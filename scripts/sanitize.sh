@@ -12,7 +12,7 @@ kinds=${1:-asan,tsan}
 [ "$kinds" = all ] && kinds=asan,tsan
 jobs=${JOBS:-$(nproc)}
 targets=(dist-launch dist-rendezvous dist-test-worker dist-placement-probe rendezvous_tests
-  agent_tests tcp_store_tests launcher_tests sdk_tests)
+  agent_unit_tests agent_e2e_tests launcher_tests sdk_tests)
 # What runs: every test of those programs but the ones that need a daemon or a package the
 # sanitized build does not make (_NOT_BUILT: the test programs it leaves out), and the peak RSS
 # bound of dist-rendezvous, which the sanitizers' shadow memory and quarantine exceed by design.

@@ -7,6 +7,7 @@
 #include "dist/agent/job_status.h"
 #include "dist/launcher/cli.h"
 #include "dist/rendezvous/client.h"
+#include "dist/rendezvous/endpoint.h"
 #include "dist/rendezvous/token.h"
 
 namespace dist::launcher {
@@ -37,24 +38,16 @@ int run_status(const std::vector<std::string>& args, std::ostream& out, std::ost
     err << "dist-launch status: error: " << e.what() << "\n";
     return kExitUsage;
   }
-  const auto colon = endpoint.rfind(':');
-  std::uint16_t port = 0;
+  rendezvous::ClientOptions options;
   try {
-    const int p = std::stoi(endpoint.substr(colon == std::string::npos ? 0 : colon + 1));
-    if (colon == std::string::npos || p < 1 || p > 65535) throw std::out_of_range("port");
-    port = static_cast<std::uint16_t>(p);
-  } catch (const std::exception&) {
+    const rendezvous::Endpoint store = rendezvous::parse_endpoint(endpoint);
+    options.host = store.host;
+    options.port = store.port;
+  } catch (const rendezvous::EndpointError&) {
     err << "dist-launch status: error: --rdzv-endpoint must be HOST:PORT, got '" << endpoint
         << "'\n";
     return kExitUsage;
   }
-
-  rendezvous::ClientOptions options;
-  options.host = endpoint.substr(0, colon);
-  if (options.host.size() > 2 && options.host.front() == '[') {
-    options.host = options.host.substr(1, options.host.size() - 2);
-  }
-  options.port = port;
   options.connect_timeout = std::chrono::seconds(timeout_s);
   options.timeout = std::chrono::seconds(timeout_s);
   try {

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "dist/rendezvous/client.h"
+#include "dist/rendezvous/endpoint.h"
 #include "dist/rendezvous/errors.h"
 #include "session.h"
 #include "text.h"
@@ -148,8 +149,7 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
     if (peer_ec) return;  // the client is already gone
     PeerInfo peer;
     peer.host = remote.address().to_string();
-    peer.address = remote.address().is_v6() ? "[" + peer.host + "]:" + std::to_string(remote.port())
-                                            : peer.host + ":" + std::to_string(remote.port());
+    peer.address = Endpoint{peer.host, remote.port()}.to_string();
     peer.loopback =
         remote.address().is_loopback() ||
         (remote.address().is_v6() && remote.address().to_v6().is_v4_mapped() &&
@@ -422,8 +422,7 @@ tcp::acceptor StoreServer::bind(asio::io_context& io, const std::string& host, s
   }
   const tcp::endpoint endpoint(address, port);
   tcp::acceptor acceptor(io);
-  const std::string where =
-      (address.is_v6() ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  const std::string where = Endpoint{host, port}.to_string();
   acceptor.open(endpoint.protocol(), ec);
   // "::" is every address, IPv4 included, whatever net.ipv6.bindv6only says.
   if (!ec && address.is_v6() && address.is_unspecified()) {

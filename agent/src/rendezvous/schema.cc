@@ -238,19 +238,13 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
   return failures;
 }
 
-Endpoint decode_endpoint(std::string_view key, std::string_view text) {
+rendezvous::Endpoint decode_endpoint(std::string_view key, std::string_view text) {
   if (text.empty()) return {};
-  const auto colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) {
+  try {
+    return rendezvous::parse_endpoint(text);
+  } catch (const rendezvous::EndpointError&) {
     throw CorruptValueError(key, text, kEndpointShape);
   }
-  const auto port = integers(key, text.substr(colon + 1), ' ', 1, kEndpointShape).front();
-  if (port < 1 || port > 65535) throw CorruptValueError(key, text, kEndpointShape);
-  std::string host(text.substr(0, colon));
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return {host, static_cast<std::uint16_t>(port)};
 }
 
 std::int64_t decode_int(std::string_view key, std::string_view text) {

@@ -40,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dist/rendezvous/endpoint.h"
 #include "rendezvous/rendezvous.h"
 
 namespace dist::agent::schema {
@@ -118,12 +119,8 @@ std::string encode(const std::vector<WorkerFailure>& failures);
 std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_view text);
 
 // "host:port" (a host may be a name, an IPv4 or a bracketed IPv6 address); the empty string for
-// none.
-struct Endpoint {
-  std::string host;
-  std::uint16_t port = 0;
-};
-Endpoint decode_endpoint(std::string_view key, std::string_view text);
+// none (an empty host).
+rendezvous::Endpoint decode_endpoint(std::string_view key, std::string_view text);
 
 // Counters and integers ("12"), and member lists ("3,1,2").
 std::int64_t decode_int(std::string_view key, std::string_view text);

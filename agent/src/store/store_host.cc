@@ -5,6 +5,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "dist/rendezvous/endpoint.h"
 #include "dist/rendezvous/errors.h"
 
 namespace dist::agent {
@@ -42,9 +43,7 @@ std::uint16_t StoreHost::port() const {
 
 std::string StoreHost::bound_address() const {
   const auto endpoint = server_->local_endpoint();
-  const auto address = endpoint.address().to_string();
-  return (endpoint.address().is_v6() ? "[" + address + "]" : address) + ":" +
-         std::to_string(endpoint.port());
+  return rendezvous::Endpoint{endpoint.address().to_string(), endpoint.port()}.to_string();
 }
 
 std::size_t StoreHost::clear_worker_keys() {

@@ -11,6 +11,7 @@
 
 #include "codec.h"
 #include "connection.h"
+#include "dist/rendezvous/endpoint.h"
 #include "dist/rendezvous/errors.h"
 
 namespace dist::rendezvous::etcd {
@@ -22,7 +23,7 @@ using detail::Endpoint;
 using detail::GatewayError;
 using nlohmann::json;
 
-constexpr std::string_view kDefaultPort = "2379";  // etcd's client port
+constexpr std::uint16_t kDefaultPort = 2379;  // etcd's client port
 // Backoff between rounds of failed members: a leader election takes about a second.
 constexpr std::chrono::milliseconds kFirstBackoff{50};
 constexpr std::chrono::milliseconds kMaxBackoff{1'000};
@@ -65,32 +66,16 @@ Endpoint parse_endpoint(std::string text, std::string& scheme) {
     }
   }
   while (!text.empty() && text.back() == '/') text.pop_back();
+  rendezvous::Endpoint parsed;
+  try {
+    parsed = rendezvous::parse_endpoint(text, kDefaultPort);
+  } catch (const rendezvous::EndpointError& error) {
+    throw invalid("endpoint " + std::string(error.what()));
+  }
   Endpoint e;
-  std::string port;
-  if (!text.empty() && text.front() == '[') {
-    const auto close = text.find(']');
-    if (close == std::string::npos) throw invalid("endpoint '" + given + "': no ']'");
-    e.host = text.substr(1, close - 1);
-    const auto rest = text.substr(close + 1);
-    if (!rest.empty() && rest.front() != ':') throw invalid("endpoint '" + given + "': bad port");
-    port = rest.empty() ? std::string() : rest.substr(1);
-  } else {
-    const auto colon = text.rfind(':');
-    if (colon != std::string::npos && text.find(':') != colon) {
-      throw invalid("endpoint '" + given + "': write an IPv6 address as [address]:port");
-    }
-    e.host = text.substr(0, colon);
-    port = colon == std::string::npos ? std::string() : text.substr(colon + 1);
-  }
-  if (e.host.empty()) throw invalid("endpoint '" + given + "' has no host");
-  if (port.empty()) port = kDefaultPort;
-  unsigned value = 0;
-  const auto [end, error] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (error != std::errc() || end != port.data() + port.size() || value == 0 || value > 65535) {
-    throw invalid("endpoint '" + given + "': '" + port + "' is not a port");
-  }
-  e.port = port;
-  e.text = (e.host.find(':') != std::string::npos ? "[" + e.host + "]" : e.host) + ":" + port;
+  e.host = parsed.host;
+  e.port = std::to_string(parsed.port);
+  e.text = parsed.to_string();
   return e;
 }
 

@@ -368,7 +368,6 @@ class Agent {
       return group_->stop(SIGKILL);
     }
     stopping_.signal_received = true;
-    if (state_ == State::kExit) return finish();  // leaving already: now
     const State before = state_;
     stopping_.signal = signal;
     if (before == State::kRunning) {
@@ -379,10 +378,11 @@ class Agent {
     } else if (before == State::kStopping) {  // stopping for another reason: leave afterwards
       spdlog::warn("{} received: leaving once the workers are stopped", signal_name(signal));
       group_->stop(signal, workers_have_it);
-    } else {  // no worker runs: whatever is pending (a rendezvous, a barrier) is cancelled
+    } else if (before != State::kExit) {  // no worker runs: what is pending is cancelled
       spdlog::warn("{} received: leaving the job", signal_name(signal));
     }
     feed(Input::kStopSignal);
+    if (before == State::kExit) finish();  // leaving already (waiting for the others): now
   }
 
   // ------------------------------------------------------------------------------------------

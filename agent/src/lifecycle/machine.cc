@@ -107,9 +107,8 @@ std::optional<Transition> next_state(State state, Input input, const Facts& fact
     case Input::kRoundAborted:
     case Input::kRendezvousError:
       return from_rendezvous_failure(state, input, facts);
-    case Input::kStopSignal:
+    case Input::kStopSignal:  // (leaving already: still 128 + signal, and at once)
       if (state == State::kRunning || state == State::kStopping) break;
-      if (state == State::kExit) return std::nullopt;  // leaving already
       return Transition{State::kExit, StopReason::kSignal, std::nullopt, true};
     default:
       break;

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -78,6 +80,51 @@ void close_others_at_exec(const std::vector<int>& kept) {
   report_and_exit(status, {ChildFailure::kExec, errno});
 }
 
+// What the child needs, read from the parent's memory (CLONE_VM) while the parent waits.
+struct ChildStart {
+  const char* executable;
+  char* const* argv;
+  char* const* envp;
+  const int* signals_to_reset;
+  std::size_t signal_count;
+  pid_t parent;
+  Pipe out, err, status;
+  const WorkerPlacement* placement;
+  const std::vector<int>* inherited;
+};
+
+int child_entry(void* raw) {
+  const auto* c = static_cast<const ChildStart*>(raw);
+  exec_child(c->executable, c->argv, c->envp, c->signals_to_reset, c->signal_count, c->parent,
+             c->out, c->err, c->status, c->placement, *c->inherited);
+}
+
+// The stack a child runs on until it execs. The parent waits meanwhile (CLONE_VFORK), so one stack
+// serves every spawn. Reserved once; only the pages the child touches become memory. Null when it
+// cannot be had: the spawn forks instead.
+char* child_stack_top() {
+  static constexpr std::size_t kBytes = 1 << 20;  // execvpe's path buffer is a stack array
+  static void* const stack = [] {
+    void* p = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }();
+  return stack ? static_cast<char*>(stack) + kBytes : nullptr;
+}
+
+// Starts the child as posix_spawn does: clone(CLONE_VM | CLONE_VFORK) shares the parent's memory
+// until the exec instead of copying its page tables and then faulting on every page either side
+// writes (a fork's cost grows with the agent's size; this one does not). The child makes system
+// calls only, on its own stack.
+pid_t spawn_child(ChildStart& start) {
+  if (char* top = child_stack_top()) {
+    return ::clone(child_entry, top, CLONE_VM | CLONE_VFORK | SIGCHLD, &start);
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) child_entry(&start);
+  return pid;
+}
+
 }  // namespace
 
 std::string this_host() {
@@ -145,19 +192,26 @@ SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::strin
   sigset_t all, previous;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &previous);
-  const pid_t pid = ::fork();
-  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  ChildStart start{plan.executable.c_str(),
+                   c_argv.data(),
+                   c_env.data(),
+                   plan.signals_to_reset.data(),
+                   plan.signals_to_reset.size(),
+                   parent,
+                   out,
+                   err,
+                   status,
+                   placement,
+                   &inherited};
+  const pid_t pid = spawn_child(start);  // returns once the child has exec'd (or failed to)
+  const int spawn_error = errno;
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (pid < 0) {
-    const int error = errno;
     for (int fd : {out.read, out.write, err.read, err.write, status.read, status.write})
       ::close(fd);
-    throw std::runtime_error(std::string("fork failed: ") + std::strerror(error));
+    throw std::runtime_error(std::string("cannot start a process: ") + std::strerror(spawn_error));
   }
-  if (pid == 0) {
-    exec_child(plan.executable.c_str(), c_argv.data(), c_env.data(), plan.signals_to_reset.data(),
-               plan.signals_to_reset.size(), parent, out, err, status, placement, inherited);
-  }
-  ::setpgid(pid, pid);  // also from the parent, so signal_group works before the child runs
+  ::setpgid(pid, pid);  // (the child did it before its exec; a forked one may not have yet)
   ::close(out.write);
   ::close(err.write);
   ::close(status.write);

@@ -45,12 +45,14 @@ struct SpawnPlan {
 };
 SpawnPlan plan_spawn(const std::string& program, const std::string& path_variable);
 
-// fork + exec `argv` (argv[0] run as plan.executable) with exactly `env`, in a new process group
-// of its own, with PR_SET_PDEATHSIG so that it dies with this process (checked against a parent
-// that died before the flag took effect), bound to `placement`'s CPUs and memory nodes when given.
-// `inherited`: descriptors (close-on-exec here) that this child alone keeps across exec.
-// Returns at once: a group's children exec side by side. Throws std::runtime_error when the
-// process cannot be forked.
+// Starts `argv` (argv[0] run as plan.executable) with exactly `env`, in a new process group of its
+// own, with PR_SET_PDEATHSIG so that it dies with this process (checked against a parent that died
+// before the flag took effect), bound to `placement`'s CPUs and memory nodes when given, holding
+// stdin (/dev/null), stdout and stderr (pipes) and `inherited` (descriptors, close-on-exec here,
+// that this child alone keeps), nothing else of this process's. The child shares this process's
+// memory until its exec, as posix_spawn's does (no page tables copied); this returns once it has
+// exec'd, or failed to (confirm_started says which). Throws std::runtime_error when no process can
+// be started.
 SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::string>& argv,
                              const std::vector<std::string>& env,
                              const WorkerPlacement* placement = nullptr,

@@ -280,6 +280,10 @@ TEST_F(Elastic, NewcomersDecideForARoundWhoseNodesAllVanishedAndFormTheNext) {
   auto a = agent("a", "2:2", conf, worker);
   auto b = agent("b", "2:2", conf, worker);
   ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  // Both frozen first (a stopped agent's connections stay open), so that neither sees the other
+  // go and decides the round before its own end.
+  ::kill(a->pid(), SIGSTOP);
+  ::kill(b->pid(), SIGSTOP);
   ::kill(a->pid(), SIGKILL);
   ::kill(b->pid(), SIGKILL);
   a->wait();

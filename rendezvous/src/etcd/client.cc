@@ -66,6 +66,9 @@ Endpoint parse_endpoint(std::string text, std::string& scheme) {
     }
   }
   while (!text.empty() && text.back() == '/') text.pop_back();
+  if (text.find(':') != text.rfind(':') && text.front() != '[') {  // "::1:2379": which is the port?
+    throw invalid("endpoint '" + given + "': write an IPv6 address as [address]:port");
+  }
   rendezvous::Endpoint parsed;
   try {
     parsed = rendezvous::parse_endpoint(text, kDefaultPort);

@@ -154,6 +154,8 @@ TEST(StateMachineTransitions, RendezvousFailuresAndSignalsOutsideTheRound) {
        State::kExit, StopReason::kSignal, std::nullopt, true},
       {"SIGTERM at the barrier", State::kExitBarrier, Input::kStopSignal, static_nodes(true),
        State::kExit, StopReason::kSignal, std::nullopt, true},
+      {"SIGTERM while leaving: still 128 + signal", State::kExit, Input::kStopSignal, elastic(),
+       State::kExit, StopReason::kSignal, std::nullopt, true},
   });
 }
 
@@ -166,7 +168,7 @@ TEST(StateMachineTransitions, LateResultsOfAbandonedStepsAreDropped) {
       {"a barrier result after the round ended", State::kRoundEnded, Input::kBarrierEveryone,
        elastic(), std::nullopt},
       {"an error while leaving", State::kExit, Input::kRendezvousError, elastic(), std::nullopt},
-      {"a signal while leaving", State::kExit, Input::kStopSignal, elastic(), std::nullopt},
+
       {"the watch stopped while running (our own stop)", State::kRunning, Input::kWatchStopped,
        elastic(), std::nullopt},
   });

@@ -10,6 +10,7 @@
 // compared exactly: a run that crashed and resumed from its checkpoint ends bit-identical to one
 // that did not.
 #include <openssl/evp.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <CLI/CLI.hpp>
@@ -369,7 +370,10 @@ int main(int argc, char** argv) {
   try {
     return train(o);
   } catch (const std::exception& e) {
-    std::cerr << "ddp_train: error: " << e.what() << "\n";
+    // One write: the agent stops this worker when a peer fails, and a line cut between two
+    // writes would say "error: " and nothing else.
+    const std::string line = "ddp_train: error: " + std::string(e.what()) + "\n";
+    [[maybe_unused]] const auto written = ::write(STDERR_FILENO, line.data(), line.size());
     sdk::write_error_file(e.what());
     return 1;
   }

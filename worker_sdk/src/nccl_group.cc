@@ -56,6 +56,8 @@ constexpr auto kFinalizeTimeout = std::chrono::seconds(10);
 // How long an abort may take before the group goes on without it (some NCCL versions hang in
 // ncclCommAbort): an exit must happen, and a failed group must not block its callers.
 constexpr auto kAbortTimeout = std::chrono::seconds(10);
+// How long an abort lets a caller finish an NCCL call it is in (see abort_communicator).
+constexpr auto kEnqueueGrace = std::chrono::seconds(2);
 // Waits for a collective's event or enqueueing poll (so that a failure ends them): spinning, as
 // CUDA's own synchronization does, for up to kWaitSpin, then sleeping kWaitSleep between polls.
 constexpr auto kWaitSpin = std::chrono::milliseconds(10);
@@ -136,6 +138,27 @@ class Backoff {
  private:
   Clock::time_point spin_until_ = Clock::now() + kWaitSpin;
 };
+
+// ncclCommAbort on a thread of its own (under the group's device: NCCL restores the thread's
+// previous one, and a fresh thread's is 0), waited for at most kAbortTimeout: some NCCL versions
+// hang in it, and an exit must happen. False when it did not return in time.
+bool abort_bounded(ncclComm_t comm, int device, int rank) {
+  auto aborted = std::make_shared<std::promise<void>>();
+  std::future<void> done = aborted->get_future();
+  std::thread([comm, device, aborted] {
+    cudaSetDevice(device);
+    ncclCommAbort(comm);
+    aborted->set_value();
+  }).detach();
+  if (done.wait_for(kAbortTimeout) == std::future_status::ready) return true;
+  std::fprintf(stderr,
+               "dist-sdk: ncclCommAbort did not return within %lld ms on rank %d; going on "
+               "without it\n",
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(kAbortTimeout).count()),
+               rank);
+  return false;
+}
 
 // Whether the group failed, and why: shared by the group and every Work it handed out, which may
 // outlive it. The reason is written once, before the flag.
@@ -354,7 +377,16 @@ class NcclProcessGroup : public ProcessGroup {
     check_cuda(cudaStreamWaitEvent(stream_, caller_ready_, 0), "cudaStreamWaitEvent");
     auto work = std::make_shared<NcclWork>(health_, events_);  // before NCCL: nothing may throw
     const auto deadline = Clock::now() + options_.op_timeout;  // between launch and record
+    {
+      std::lock_guard state(state_mutex_);
+      if (aborting_) {
+        health_->check();
+        throw CollectiveError(describe(name) + ": the communicator is being aborted");
+      }
+      ++in_nccl_;  // an abort lets this call leave NCCL first (see abort_communicator)
+    }
     const ncclResult_t r = launch(stream_);
+    --in_nccl_;
     if (r == ncclInProgress) {
       wait_enqueued(name, deadline);  // non-blocking: throws once the communicator failed
     } else if (r != ncclSuccess) {
@@ -425,6 +457,7 @@ class NcclProcessGroup : public ProcessGroup {
   std::mutex enqueue_mutex_;            // callers' NCCL calls; never taken by the watchdog
   std::mutex state_mutex_;              // aborting_, and NCCL's quick queries on comm_
   bool aborting_ = false;
+  std::atomic<int> in_nccl_{0};      // callers inside an NCCL enqueue call
   std::atomic<int> abort_state_{0};  // 0 none, 1 started, 2 returned, 3 given up on
   std::mutex mutex_;                 // pending_, stopping_, graveyard_
   std::condition_variable wake_;
@@ -613,33 +646,19 @@ void NcclProcessGroup::finalize_or_abort() {
   }
 }
 
-// ncclCommAbort on a thread of its own (under the group's device: NCCL restores the thread's
-// previous one, and a fresh thread's is 0), waited for at most kAbortTimeout. Once only.
+// Aborts the communicator once. No NCCL call starts on it any more; a caller still inside an
+// enqueue (a launch queue that was full) gets kEnqueueGrace to leave before the abort frees the
+// communicator under it; one that does not leave is stuck in NCCL, and only the abort can free it.
 void NcclProcessGroup::abort_communicator() {
   int none = 0;
   if (!abort_state_.compare_exchange_strong(none, 1)) return;
   {
     std::lock_guard state(state_mutex_);
-    aborting_ = true;  // from here on no quick query touches comm_
+    aborting_ = true;  // from here on no NCCL call starts on comm_
   }
-  auto aborted = std::make_shared<std::promise<void>>();
-  std::future<void> done = aborted->get_future();
-  std::thread([comm = comm_, device = device_, aborted] {
-    cudaSetDevice(device);
-    ncclCommAbort(comm);
-    aborted->set_value();
-  }).detach();
-  if (done.wait_for(kAbortTimeout) == std::future_status::ready) {
-    abort_state_.store(2);
-    return;
-  }
-  abort_state_.store(3);
-  std::fprintf(stderr,
-               "dist-sdk: ncclCommAbort did not return within %lld ms on rank %d; going on "
-               "without it\n",
-               static_cast<long long>(
-                   std::chrono::duration_cast<std::chrono::milliseconds>(kAbortTimeout).count()),
-               rank_);
+  const auto grace = Clock::now() + kEnqueueGrace;
+  while (in_nccl_.load() > 0 && Clock::now() < grace) std::this_thread::sleep_for(kCommPollPeriod);
+  abort_state_.store(abort_bounded(comm_, device_, rank_) ? 2 : 3);
 }
 
 std::string init_failure(int rank, int size, const std::string& why) {
@@ -648,7 +667,7 @@ std::string init_failure(int rank, int size, const std::string& why) {
 }
 
 // Non-blocking initialization, polled: abortable at its deadline.
-ncclComm_t init_nonblocking(const ncclUniqueId& id, int rank, int size,
+ncclComm_t init_nonblocking(const ncclUniqueId& id, int rank, int size, int device,
                             std::chrono::milliseconds timeout) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -664,13 +683,14 @@ ncclComm_t init_nonblocking(const ncclUniqueId& id, int rank, int size,
                                   ? ncclGetErrorString(state) + nccl_last_error(comm)
                                   : "timed out after " + std::to_string(timeout.count()) +
                                         " ms (init_timeout) waiting for the other ranks";
-      ncclCommAbort(comm);
+      abort_bounded(comm, device, rank);
       throw CollectiveError(init_failure(rank, size, why));
     }
     std::this_thread::sleep_for(kCommPollPeriod);
   }
-  if (comm) ncclCommAbort(comm);
-  throw CollectiveError(init_failure(rank, size, ncclGetErrorString(r) + nccl_last_error(comm)));
+  const std::string why = ncclGetErrorString(r) + nccl_last_error(comm);
+  if (comm) abort_bounded(comm, device, rank);
+  throw CollectiveError(init_failure(rank, size, why));
 }
 
 // Blocking initialization on a thread of its own, waited for until the deadline. NCCL cannot abort
@@ -700,9 +720,9 @@ ncclComm_t init_blocking(const ncclUniqueId& id, int rank, int size, int device,
             "makes initialization abortable)"));
   }
   if (call->result != ncclSuccess) {
-    if (call->comm) ncclCommAbort(call->comm);
-    throw CollectiveError(
-        init_failure(rank, size, ncclGetErrorString(call->result) + nccl_last_error(call->comm)));
+    const std::string why = ncclGetErrorString(call->result) + nccl_last_error(call->comm);
+    if (call->comm) abort_bounded(call->comm, device, rank);
+    throw CollectiveError(init_failure(rank, size, why));
   }
   return call->comm;
 }
@@ -764,13 +784,14 @@ std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int
       exchange_nccl_unique_id(store, rank, key + "/unique_id", options.init_timeout);
   ncclUniqueId id;
   std::memcpy(&id, id_bytes.data(), sizeof id);
-  ncclComm_t comm = options.blocking ? init_blocking(id, rank, size, device, options.init_timeout)
-                                     : init_nonblocking(id, rank, size, options.init_timeout);
+  ncclComm_t comm = options.blocking
+                        ? init_blocking(id, rank, size, device, options.init_timeout)
+                        : init_nonblocking(id, rank, size, device, options.init_timeout);
   if (rank == 0) log_creation(key, size, device, options, interface);
   try {
     return std::make_unique<NcclProcessGroup>(comm, device, rank, size, std::move(options));
   } catch (...) {
-    ncclCommAbort(comm);
+    abort_bounded(comm, device, rank);
     throw;
   }
 }

@@ -3,6 +3,7 @@
 // NCCL_SOCKET_IFNAME chosen as Gloo chooses its address, and the loaded NCCL's version.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <optional>
@@ -160,6 +161,7 @@ TEST(NcclBootstrap, TheUsersNcclSocketIfnameWins) {
 
 TEST(NcclBootstrap, TheLoadedNcclVersionIsReported) {
   const std::string version = nccl_version();
+  std::printf("loaded NCCL %s\n", version.c_str());  // scripts/gpu-check.sh reports it
   if (!nccl_available()) {
     EXPECT_EQ(version, "none");
     return;

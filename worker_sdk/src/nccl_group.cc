@@ -630,8 +630,31 @@ NcclProcessGroup::~NcclProcessGroup() {
 }
 
 // An idle, healthy communicator is finalized (what it sent flushed) and destroyed; one that does
-// not finalize in time is aborted instead of hanging the worker's exit.
+// not finalize in time is aborted (non-blocking), or left behind (blocking: a finalize in progress
+// cannot be aborted), instead of hanging the worker's exit.
 void NcclProcessGroup::finalize_or_abort() {
+  if (options_.blocking) {
+    auto finished = std::make_shared<std::promise<void>>();
+    std::future<void> done = finished->get_future();
+    std::thread([comm = comm_, device = device_, finished] {
+      cudaSetDevice(device);
+      if (ncclCommFinalize(comm) == ncclSuccess) {
+        ncclCommDestroy(comm);
+      } else {
+        ncclCommAbort(comm);
+      }
+      finished->set_value();
+    }).detach();
+    const bool returned = done.wait_for(kFinalizeTimeout) == std::future_status::ready;
+    if (!returned) {
+      std::fprintf(stderr,
+                   "dist-sdk: ncclCommFinalize did not return within %lld s on rank %d; "
+                   "going on without it\n",
+                   static_cast<long long>(kFinalizeTimeout.count()), rank_);
+    }
+    abort_state_.store(returned ? 2 : 3);  // gone, as after an abort; or NCCL still has it
+    return;
+  }
   ncclResult_t r = ncclCommFinalize(comm_);
   const auto deadline = Clock::now() + kFinalizeTimeout;
   while (r == ncclInProgress && Clock::now() < deadline) {

@@ -1,5 +1,6 @@
 // Runs one disabled test of this test binary as a child process (a rank that really exits, an
-// abort whose CUDA context must not serve later tests), with extra environment variables; returns
+// abort whose CUDA context must not serve later tests), with environment variables set (over
+// this process's own); returns
 // its exit code and what it wrote on stdout and stderr. Killed (SIGKILL) past its timeout; always
 // reaped.
 #pragma once
@@ -38,7 +39,12 @@ class Child {
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
     posix_spawn_file_actions_addclose(&actions, fds[0]);
     std::vector<std::string> strings;
-    for (char** e = environ; *e; ++e) strings.emplace_back(*e);
+    for (char** e = environ; *e; ++e) {
+      const std::string entry = *e;
+      bool overridden = false;
+      for (const auto& [name, value] : env) overridden |= entry.rfind(name + "=", 0) == 0;
+      if (!overridden) strings.push_back(entry);
+    }
     for (const auto& [name, value] : env) strings.push_back(name + "=" + value);
     std::vector<char*> envp;
     for (auto& s : strings) envp.push_back(s.data());

@@ -601,6 +601,9 @@ NcclProcessGroup::~NcclProcessGroup() {
   }
   wake_.notify_one();
   watchdog_.join();
+  // A group destroyed at exit (a static one) after CUDA began unloading: NCCL and CUDA calls may
+  // crash or hang now, and the driver frees everything anyway.
+  if (cudaStreamQuery(stream_) == cudaErrorCudartUnloading) return;
   DeviceGuard guard(device_);
   const std::size_t running = health_->failed() ? 0 : still_running();
   if (running == SIZE_MAX) return;  // the process is exiting: leave everything to the driver

@@ -22,7 +22,8 @@
 #   warm_restart the warm-restart and in-place-recovery benchmarks with CUDA workers, once the
 #                bundle has them
 # Without a GPU (nvidia-smi lists none, or GPU_CHECK_FORCE_CPU=1) the GPU steps are skipped,
-# saying so, and the others run: a test runs it so on machines without one.
+# saying so, and the others run: a test runs it so on machines without one. GPU_CHECK_FORCE_GPU=1
+# runs the GPU steps anyway (a rehearsal of this script: without a device they skip or fail).
 # Exit 0 when no step failed or timed out, else 1.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,10 +41,12 @@ if [ "${GPU_CHECK_FORCE_CPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null 2>&1
   nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   gpu=true
 fi
+# A rehearsal of the GPU steps where there is no GPU (they skip or fail, but every step runs).
+[ "${GPU_CHECK_FORCE_GPU:-0}" = 1 ] && gpu=true
 
 # record NAME STATUS SECONDS NOTE
 record() {
-  rows+=("$(printf '%-44s %-8s %6s  %s' "$1" "$2" "$3" "$4")")
+  rows+=("$(printf '%-64s %-7s %4s  %s' "$1" "$2" "$3" "$4")")
   case $2 in FAIL | TIMEOUT) failures=$((failures + 1)) ;; esac
 }
 
@@ -220,21 +223,33 @@ ddp_train() {
     echo "NOTE: crash at 320 + restart = uninterrupted: sha256 ${digest[0]:0:16}, accuracy ${accuracy[0]}"
     return 0
   fi
-  echo "NOTE: digests differ or no restart: ${digest[0]:-none} vs ${digest[1]:-none}"
+  echo "NOTE: digests differ or no restart: ${digest[0]:-none} vs ${digest[1]:-none}; $(grep -ah 'ddp_train: error' "$dir/clean.txt" "$dir/crash.txt" | tail -1 | cut -c1-160)"
   return 1
 }
 
 compare() {
   with_nccl python3 "$here/bench/nccl_compare.py" --bench "$here/bin/nccl-bench" --python python3 \
-    --runs 3 --sizes 8,67108864 --min-seconds 1 --op "$1" | tee "$out/compare_$1.table"
-  local rc=${PIPESTATUS[0]}
-  echo "NOTE: $(awk '$1 == 8 {printf "8 B: sdk %s us, torch %s us (sdk-torch %s); ", $2, $4, $5} $1 == 67108864 {printf "64 MiB: sdk %s us, torch %s us", $2, $4}' "$out/compare_$1.table")"
+    --runs 3 --sizes 8,67108864 --min-seconds 1 --op "$1" >"$out/compare_$1.table" 2>&1
+  local rc=$?
+  cat "$out/compare_$1.table"
+  if [ $rc -ne 0 ]; then
+    echo "NOTE: $(grep -a . "$out/compare_$1.table" | tail -1 | cut -c1-160)"
+  else
+    echo "NOTE: $(awk '$1 == 8 {printf "8 B: sdk %s us, torch %s us (sdk-torch %s); ", $2, $4, $5} $1 == 67108864 {printf "64 MiB: sdk %s us (%s GB/s), torch %s us (%s GB/s)", $2, $6, $4, $7}' "$out/compare_$1.table")"
+  fi
   return $rc
 }
 
 sdk_nccl() {
+  local log rc
+  log=$(mktemp)
   NCCL_DEBUG=${NCCL_DEBUG:-VERSION} with_nccl "$here/bin/sdk_tests" --gtest_filter='Nccl.*' \
-    --gtest_brief=0
+    --gtest_brief=0 >"$log" 2>&1
+  rc=$?
+  cat "$log"
+  echo "NOTE: $(grep -aE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$log" | cut -c14- | paste -sd';' -)"
+  rm -f "$log"
+  return $rc
 }
 
 export -f facts link_nccl with_nccl load sdk_cpu gpu_test ddp_train compare sdk_nccl
@@ -253,8 +268,8 @@ main() {
   if $gpu; then
     for t in $(with_nccl "$here/bin/sdk_gpu_tests" --gtest_list_tests |
       awk '/^[A-Za-z]/ {suite=$1} /^  [A-Za-z]/ && suite !~ /Child/ {print suite $1}'); do
-      case $t in *Abort* | *Init* | *TwoRanks* | *Refuses* | *OpTimeout*) step "gpu_$t" 100 gpu_test "$t" ;;
-        *) step "gpu_$t" 60 gpu_test "$t" ;;
+      case $t in *Abort* | *Init* | *TwoRanks* | *Refuses* | *OpTimeout*) step "gpu:${t#OneGpu.}" 100 gpu_test "$t" ;;
+        *) step "gpu:${t#OneGpu.}" 60 gpu_test "$t" ;;
       esac
     done
     step ddp_train 200 ddp_train
@@ -268,8 +283,10 @@ main() {
 
   {
     echo
-    echo "=== summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), $((SECONDS - start)) s, $($gpu && nvidia-smi --query-gpu=name --format=csv,noheader | head -1 || echo 'no GPU'))"
-    printf '%-44s %-8s %6s  %s\n' step status s note
+    local device
+    device=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+    echo "=== summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), $((SECONDS - start)) s, ${device:-no GPU})"
+    printf '%-64s %-7s %4s  %s\n' step status s note
     printf '%s\n' "${rows[@]}"
     echo "$failures step(s) failed or timed out; logs in $out"
   } | tee "$out/summary.txt"

@@ -116,8 +116,12 @@ PY
 # Links the machine's NCCL into lib/ (torch's pip NCCL first: the one torch runs on). What later
 # steps need stays on disk: the link, or $out/.nccl_ld_path when lib/ is read-only.
 link_nccl() {
-  local dir="" d
+  local dir="" d torch_dir
   dir=$(timeout 60 python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)
+  if [ ! -f "$dir/libnccl.so.2" ]; then  # where torch's own RPATH looks: site-packages/nvidia/*/lib
+    torch_dir=$(timeout 60 python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+    dir=$(dirname "$(ls "$torch_dir"/../nvidia/*/lib/libnccl.so.2 2>/dev/null | head -1)" 2>/dev/null)
+  fi
   if [ ! -f "$dir/libnccl.so.2" ]; then
     dir=""
     for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do

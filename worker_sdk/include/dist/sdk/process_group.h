@@ -230,7 +230,8 @@ struct NcclOptions {
   // Every rank reaching the group, then NCCL's initialization; each bounded by this.
   std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds op_timeout{std::chrono::minutes(10)};  // then abort
-  // Store keys of this group: <key_prefix>/<n>/..., n counting the NCCL groups this rank built on
+  // Store keys of this group: <key_prefix>/<n>/arrived (a counter every rank adds 1 to),
+  // .../all_arrived and .../unique_id (rank 0's), n counting the NCCL groups this rank built on
   // the same key_prefix before (as torch counts its communicators), so a second group, or a group
   // rebuilt in the same process, never reads a previous one's unique id.
   std::string key_prefix = "sdk/nccl";

@@ -5,8 +5,11 @@
 //   build/bin/nccl-bench
 //   dist-launch --nproc-per-node 2 --no-python build/bin/nccl-bench     (two GPUs)
 //
-// sdk: group->all_reduce(data, n, float32, sum, stream), which returns once the collective's
+// sdk: group->all_reduce(data, n, float32, op, stream), which returns once the collective's
 // completion event fired. raw: ncclAllReduce on a stream, then cudaStreamSynchronize: the floor.
+// --op sum (default) or avg: at one rank NCCL does nothing for an in-place sum (the time is the
+// API's and the synchronization's), while avg runs its kernel over every byte (memory-bound: GB/s
+// is the GPU's memory, not a network). Each side's NCCL version is printed.
 // For each size: --rounds rounds alternating which side goes first; each round is 3 warm-ups and
 // enough back-to-back operations to fill its share of --min-seconds (at least 5). time = the
 // median round's mean per operation. bench/nccl_torch_bench.py measures torch's ProcessGroupNCCL
@@ -66,6 +69,7 @@ int main(int argc, char** argv) try {
   std::vector<std::size_t> sizes{8, 1024, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
   double min_seconds = 2.0;
   int rounds = 7;
+  std::string op_name = "sum";
   CLI::App app{"nccl-bench: synchronous all-reduce of the SDK's NCCL group vs raw NCCL"};
   app.add_option("--sizes", sizes, "message sizes in bytes")->delimiter(',')->capture_default_str();
   app.add_option("--min-seconds", min_seconds, "per size and side, over all rounds")
@@ -73,7 +77,12 @@ int main(int argc, char** argv) try {
   app.add_option("--rounds", rounds, "alternating rounds per size; the median is reported")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--op", op_name, "reduction: sum (nothing to do at one rank) or avg (a kernel)")
+      ->check(CLI::IsMember({"sum", "avg"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const auto op = op_name == "avg" ? dist::sdk::ReduceOp::kAvg : dist::sdk::ReduceOp::kSum;
+  const ncclRedOp_t raw_op_code = op_name == "avg" ? ncclAvg : ncclSum;
 
   auto dist = dist::sdk::init(dist::sdk::Backend::kNccl);
   const auto& env = dist.env;
@@ -87,8 +96,11 @@ int main(int argc, char** argv) try {
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   auto store = dist::sdk::connect_store(env);
+  // Keys of this attempt: a restarted bench never reads the previous attempt's id.
   const std::string id_bytes = dist::sdk::exchange_nccl_unique_id(
-      store, env.rank, "bench/raw_nccl_id", std::chrono::minutes(1));
+      store, env.rank,
+      "bench/" + env.run_id + "/attempt_" + std::to_string(env.restart_count) + "/raw_nccl_id",
+      std::chrono::minutes(1));
   ncclUniqueId id;
   std::memcpy(&id, id_bytes.data(), sizeof id);
   ncclComm_t raw = nullptr;
@@ -97,10 +109,15 @@ int main(int argc, char** argv) try {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
 
   if (env.rank == 0) {
-    std::printf("# %d rank(s), device %d, float32 sum in place, synchronous; median of %d rounds\n",
-                env.world_size, device, rounds);
+    cudaDeviceProp properties{};
+    cudaGetDeviceProperties(&properties, device);
+    std::printf(
+        "# nccl-bench: NCCL %s, %d rank(s), device %d (%s), float32 %s in place, "
+        "synchronous; median of %d rounds\n",
+        dist::sdk::nccl_version().c_str(), env.world_size, device, properties.name, op_name.c_str(),
+        rounds);
     std::printf("%12s %12s %12s %10s %12s\n", "bytes", "sdk us", "raw us", "sdk-raw us",
-                "sdk algbw");
+                "sdk GB/s");
   }
   for (const std::size_t bytes : sizes) {
     const std::size_t count = std::max<std::size_t>(1, bytes / sizeof(float));
@@ -109,11 +126,11 @@ int main(int argc, char** argv) try {
     check(cudaMemset(data, 0, count * sizeof(float)), "cudaMemset");
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     auto sdk_op = [&] {
-      dist.group->all_reduce(data, count, dist::sdk::DataType::kFloat32, dist::sdk::ReduceOp::kSum,
-                             stream);
+      dist.group->all_reduce(data, count, dist::sdk::DataType::kFloat32, op, stream);
     };
     auto raw_op = [&] {
-      check(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, raw, stream), "ncclAllReduce");
+      check(ncclAllReduce(data, data, count, ncclFloat32, raw_op_code, raw, stream),
+            "ncclAllReduce");
       check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     };
     std::vector<double> sdk_rounds, raw_rounds;

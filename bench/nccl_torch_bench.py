@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch's ProcessGroupNCCL measured as nccl-bench measures the SDK's group (see nccl_bench.cc).
 
-    python3 bench/nccl_torch_bench.py [--sizes 8,1024,...] [--min-seconds 2] [--rounds 7]
+    python3 bench/nccl_torch_bench.py [--sizes 8,1024,...] [--min-seconds 2] [--rounds 7] [--op sum]
 
 World size 1 on cuda:0. One operation: dist.all_reduce(t) then torch.cuda.synchronize(), the
 synchronous all-reduce a training script sees. For each size: --rounds rounds, each 3 warm-ups and
@@ -36,20 +36,25 @@ def main():
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="message sizes in bytes")
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--op", choices=["sum", "avg"], default="sum",
+                        help="sum: nothing to do at one rank; avg: NCCL's kernel over every byte")
     args = parser.parse_args()
+    op = dist.ReduceOp.AVG if args.op == "avg" else dist.ReduceOp.SUM
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
                             device_id=device)
-    print(f"# torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, "
-          f"1 rank, float32 sum in place, synchronous; median of {args.rounds} rounds")
+    print(f"# nccl_torch_bench: torch {torch.__version__}, NCCL "
+          f"{'.'.join(map(str, torch.cuda.nccl.version()))}, 1 rank, device 0 "
+          f"({torch.cuda.get_device_name(0)}), float32 {args.op} in place, synchronous; median of "
+          f"{args.rounds} rounds")
     print(f"{'bytes':>12} {'torch us':>12}")
     for size in (int(s) for s in args.sizes.split(",")):
         data = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
 
         def op():
-            dist.all_reduce(data)
+            dist.all_reduce(data, op=op)
             torch.cuda.synchronize()
 
         times = [seconds_per_op(op, args.min_seconds / args.rounds) for _ in range(args.rounds)]

@@ -1,6 +1,7 @@
 # FindNCCL: NCCL's header and library under NCCL_ROOT, next to the CUDA toolkit (find CUDAToolkit
 # first), under CUDA_HOME, or in the system's paths (Debian's libnccl-dev).
-#   NCCL_FOUND, NCCL_VERSION, and the imported target NCCL::nccl (with CUDA::cudart when defined).
+#   NCCL_FOUND, NCCL_VERSION, and the imported target NCCL::nccl (with CUDA's static runtime,
+#   CUDA::cudart_static, when defined: nvcc's default, so that a program has one runtime).
 # Installed with the DistSdk package, so a consumer finds NCCL the same way, on its own machine.
 find_path(NCCL_INCLUDE_DIR nccl.h
   HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS} ENV CUDA_HOME
@@ -30,7 +31,7 @@ if(NCCL_FOUND AND NOT TARGET NCCL::nccl)
   set_target_properties(NCCL::nccl PROPERTIES
     IMPORTED_LOCATION "${NCCL_LIBRARY}"
     INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
-  if(TARGET CUDA::cudart)
-    set_property(TARGET NCCL::nccl APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart)
+  if(TARGET CUDA::cudart_static)
+    set_property(TARGET NCCL::nccl APPEND PROPERTY INTERFACE_LINK_LIBRARIES CUDA::cudart_static)
   endif()
 endif()

@@ -83,6 +83,10 @@ TEST_F(DdpTrain, ACrashAndRestartEndsBitIdenticalToAnUninterruptedRun) {
   EXPECT_NE(crashed.output.find("restarting the worker group"), std::string::npos);
   EXPECT_EQ(crashed.sha, clean.sha) << "the resumed run must end bit-identical";
   EXPECT_EQ(crashed.rank_digests.size(), 1u);
+  // The survivor may be stopped before it notices its peer's death; when it does say so, it says
+  // what failed (the SDK's tests check that it names the peer), never "error: " and nothing.
+  EXPECT_FALSE(std::regex_search(crashed.output, std::regex(R"(error: *(\r?\n|$))")))
+      << crashed.output;
 }
 
 TEST_F(DdpTrain, OneWorkerWithTheSameGlobalBatchAlsoConverges) {
@@ -96,6 +100,50 @@ TEST_F(DdpTrain, AGlobalBatchThatDoesNotSplitIsAClearError) {
       launch("--nproc-per-node 3 --no-python " DDP_TRAIN_BIN " --global-batch 32");
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.output.find("not divisible by the world size 3"), std::string::npos) << run.output;
+}
+
+// --backend nccl: the model on the GPU, DDP over an NCCL group. On a machine without a GPU (or a
+// build without nvcc) a clear error; with one, the crash-and-restart run on the GPU.
+class DdpTrainOnTheGpu : public DdpTrain {
+ protected:
+  // Whether this machine can run the GPU path: one short run says so, or says why not.
+  static const TrainingRun& probe() {
+    static const TrainingRun run = [] {
+      const fs::path logs =
+          fs::temp_directory_path() / ("ddp-train-probe-" + std::to_string(::getpid()));
+      TrainingRun r = launch("--nproc-per-node 1 --log-dir " + logs.string() +
+                             " --no-python " DDP_TRAIN_BIN " --backend nccl --epochs 1");
+      fs::remove_all(logs);
+      return r;
+    }();
+    return run;
+  }
+  static bool gpu_path_runs() { return probe().exit_code == 0; }
+};
+
+TEST_F(DdpTrainOnTheGpu, WithoutAGpuTheNcclBackendIsAClearError) {
+  if (gpu_path_runs()) GTEST_SKIP() << "this machine runs the GPU path";
+  const TrainingRun& run = probe();
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_TRUE(
+      run.output.find("ddp_train: error: NCCL group on rank 0: no usable CUDA device") !=
+          std::string::npos ||
+      run.output.find("ddp_train: error: this ddp_train has no GPU path") != std::string::npos ||
+      run.output.find("ddp_train: error: this build has no NCCL backend") != std::string::npos)
+      << run.output;
+}
+
+TEST_F(DdpTrainOnTheGpu, ACrashAndRestartOnTheGpuEndsBitIdenticalToAnUninterruptedRun) {
+  if (!gpu_path_runs()) GTEST_SKIP() << "no GPU path here: " << probe().output;
+  const std::string gpu = " --backend nccl --checkpoint-dir ";
+  const TrainingRun clean = launch(train("1", gpu + (dir_ / "a").string()));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  EXPECT_GE(clean.accuracy, 0.95) << clean.output;
+  const TrainingRun crashed =
+      launch(train("1", gpu + (dir_ / "b").string() + " --crash-at-step 320"));
+  ASSERT_EQ(crashed.exit_code, 0) << crashed.output;
+  EXPECT_NE(crashed.output.find("at step 300"), std::string::npos) << crashed.output;
+  EXPECT_EQ(crashed.sha, clean.sha) << "the resumed GPU run must end bit-identical";
 }
 
 }  // namespace

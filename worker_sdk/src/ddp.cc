@@ -21,8 +21,9 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
                                                  std::vector<Parameter> parameters,
                                                  DdpOptions options)
     : group_(group),
-      memory_(group.device_buffers() ? detail::BucketMemory::device(options.stream)
-                                     : detail::BucketMemory::host()),
+      memory_(group.device_buffers()
+                  ? detail::BucketMemory::device(options.stream, group.cuda_device())
+                  : detail::BucketMemory::host()),
       params_(std::move(parameters)) {
   for (const auto& p : params_) {
     if (p.value.size() != p.grad.size()) {

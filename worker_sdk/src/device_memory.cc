@@ -5,6 +5,8 @@
 
 #if DIST_HAVE_NCCL
 #include <cuda_runtime_api.h>
+
+#include "cuda_device.h"
 #endif
 
 namespace dist::sdk::detail {
@@ -35,10 +37,13 @@ void check_cuda(cudaError_t e, const char* what) {
   }
 }
 
+// Every call under the group's device: a DDP built or used on another thread (whose current
+// device is 0) must neither put its buckets there nor create a context there.
 class DeviceMemory final : public BucketMemory {
  public:
-  explicit DeviceMemory(CudaStream stream) : stream_(stream) {}
+  DeviceMemory(CudaStream stream, int device) : stream_(stream), device_(device) {}
   ~DeviceMemory() override {
+    DeviceGuard guard(device_);
     cudaStreamSynchronize(stream_);  // copies out of the buckets may still run
     for (void* block : blocks_) cudaFree(block);
   }
@@ -46,6 +51,7 @@ class DeviceMemory final : public BucketMemory {
   DeviceMemory& operator=(const DeviceMemory&) = delete;
 
   void* allocate(std::size_t bytes) override {
+    DeviceGuard guard(device_);
     void* block = nullptr;
     check_cuda(cudaMalloc(&block, bytes), "cudaMalloc of a bucket");
     blocks_.push_back(block);
@@ -53,9 +59,11 @@ class DeviceMemory final : public BucketMemory {
     return block;
   }
   void copy(void* to, const void* from, std::size_t bytes) override {
+    DeviceGuard guard(device_);
     check_cuda(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
   }
   void synchronize() override {
+    DeviceGuard guard(device_);
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
   void complete(const Work& work) override { work.wait_on(stream_); }
@@ -63,6 +71,7 @@ class DeviceMemory final : public BucketMemory {
 
  private:
   CudaStream stream_;
+  int device_;
   std::vector<void*> blocks_;
 };
 #endif
@@ -73,9 +82,10 @@ std::unique_ptr<BucketMemory> BucketMemory::host() {
   return std::make_unique<HostMemory>();
 }
 
-std::unique_ptr<BucketMemory> BucketMemory::device([[maybe_unused]] CudaStream stream) {
+std::unique_ptr<BucketMemory> BucketMemory::device([[maybe_unused]] CudaStream stream,
+                                                   [[maybe_unused]] int device) {
 #if DIST_HAVE_NCCL
-  return std::make_unique<DeviceMemory>(stream);
+  return std::make_unique<DeviceMemory>(stream, device);
 #else
   throw CollectiveError(
       "DDP over device buffers needs a build with CUDA and NCCL (DIST_WITH_NCCL=ON)");

@@ -15,8 +15,9 @@ class BucketMemory {
  public:
   virtual ~BucketMemory() = default;
   static std::unique_ptr<BucketMemory> host();
-  // Device memory of the current CUDA device; CollectiveError in a build without CUDA.
-  static std::unique_ptr<BucketMemory> device(CudaStream stream);
+  // Memory of CUDA device `device` (the group's), whatever device the calling thread has current;
+  // CollectiveError in a build without CUDA.
+  static std::unique_ptr<BucketMemory> device(CudaStream stream, int device);
 
   // Zeroed `bytes`, owned by this object.
   virtual void* allocate(std::size_t bytes) = 0;

@@ -14,6 +14,9 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
+#include <regex>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -45,11 +48,56 @@ class StoreAdapter : public gloo::rendezvous::Store {
     for (const auto& k : keys) prefixed.push_back(prefix_ + k);
     client_.wait(prefixed, timeout);
   }
+  // The client back, once Gloo is done with the store (connectFullMesh returned).
+  rendezvous::StoreClient release() { return std::move(client_); }
 
  private:
   rendezvous::StoreClient client_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+};
+
+// Which rank listens at an address, as Gloo's errors name a peer ("[127.0.0.1]:8092"): once its
+// mesh is connected, every rank appends its own address to one store key; a failing collective
+// reads that key once, without waiting, to name the peer its error is about (a peer that died
+// before it appended stays unnamed). The store client is used for nothing else.
+class PeerDirectory {
+ public:
+  PeerDirectory(rendezvous::StoreClient store, std::string key)
+      : store_(std::move(store)), key_(std::move(key)) {}
+
+  void publish(int rank, const std::string& address) {
+    std::lock_guard lock(mutex_);
+    store_.append(key_, std::to_string(rank) + " " + address + "\n");
+  }
+
+  // ", peer rank 1 at [127.0.0.1]:8092" for a message that names an address: the rank that
+  // published it, when one did; "" when the message names none.
+  std::string describe(const std::string& message) {
+    static const std::regex kAddress(R"(\[[^\]]+\]:[0-9]+)");
+    std::smatch m;
+    if (!std::regex_search(message, m, kAddress)) return "";
+    const std::string address = m.str();
+    std::optional<std::string> published;
+    try {
+      std::lock_guard lock(mutex_);
+      published = store_.try_get(key_);
+    } catch (const std::exception&) {  // the store is gone too: the address alone, then
+    }
+    std::istringstream lines(published.value_or(""));
+    std::string rank, listening;
+    while (lines >> rank >> listening) {
+      if (listening.compare(0, address.size(), address) == 0) {
+        return ", peer rank " + rank + " at " + address;
+      }
+    }
+    return ", peer at " + address + " (no rank published that address)";
+  }
+
+ private:
+  std::mutex mutex_;
+  rendezvous::StoreClient store_;
+  std::string key_;
 };
 
 // A rank listening on a loopback address cannot be reached from another host. When some ranks
@@ -195,12 +243,14 @@ class CommThread {
     task();
   }
 
+  // The queued task holds a copy of the Work until it ran: what Work::keep_alive() was given
+  // lives until then.
   Work submit(std::function<void()> task) {
     auto packaged = std::make_shared<std::packaged_task<void()>>(std::move(task));
     Work work(packaged->get_future().share());
     {
       std::lock_guard lock(mutex_);
-      queue_.push_back([packaged] { (*packaged)(); });
+      queue_.push_back([packaged, work] { (*packaged)(); });
     }
     ready_.notify_one();
     return work;
@@ -238,8 +288,8 @@ class CommThread {
 class GlooProcessGroup : public ProcessGroup {
  public:
   GlooProcessGroup(std::shared_ptr<gloo::rendezvous::Context> context,
-                   std::chrono::milliseconds timeout)
-      : context_(std::move(context)), timeout_(timeout) {}
+                   std::chrono::milliseconds timeout, std::shared_ptr<PeerDirectory> peers)
+      : context_(std::move(context)), timeout_(timeout), peers_(std::move(peers)) {}
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
@@ -366,19 +416,31 @@ class GlooProcessGroup : public ProcessGroup {
   }
 
   // Every rank issues collectives in the same order, so a counter gives matching tags; a failure
-  // becomes a CollectiveError naming the operation and the rank.
+  // becomes a CollectiveError naming the operation, the rank and, when Gloo's error names an
+  // address, the peer's rank.
   std::function<void()> task(const char* name, Body body) {
     const std::uint32_t tag = next_tag_++;
-    const int r = rank();
-    return [name, body = std::move(body), tag, r] {
+    return [this, name, body = std::move(body), tag] {
       try {
         body(tag);
       } catch (const std::exception& e) {
-        throw CollectiveError(std::string(name) + " failed on rank " + std::to_string(r) +
-                              " (gloo): " + e.what() +
-                              "; the group is unusable: exit non-zero so the agent restarts it");
+        throw CollectiveError(failure(name, e.what()));
       }
     };
+  }
+
+  std::string failure(const char* name, const std::string& what) const {
+    const std::string peer = peers_ ? peers_->describe(what) : "";
+    std::string why = what.empty() ? "Gloo gave no reason" : what;
+    if (what.find("closed by peer") != std::string::npos ||
+        what.find("reset by peer") != std::string::npos) {
+      why += " (the peer exited or crashed: its own error says why)";
+    } else if (what.find("Timed out") != std::string::npos) {
+      why += " (a peer stopped issuing collectives, or is slower than the timeout)";
+    }
+    return std::string(name) + " failed on rank " + std::to_string(rank()) + " of " +
+           std::to_string(size()) + " (gloo" + peer + "): " + why +
+           "; the group is unusable: exit non-zero so the agent restarts it";
   }
   Work submit(const char* name, Body body) { return comm_.submit(task(name, std::move(body))); }
   void run_now(const char* name, Body body) { comm_.run_inline(task(name, std::move(body))); }
@@ -392,6 +454,7 @@ class GlooProcessGroup : public ProcessGroup {
 
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<PeerDirectory> peers_;  // null for a group of one
   std::uint32_t next_tag_ = 1;
   CommThread comm_;  // last: joined before the context goes
 };
@@ -413,7 +476,13 @@ std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int
     context->setTimeout(options.timeout);
     StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout);
     context->connectFullMesh(adapter, device);
-    return std::make_unique<GlooProcessGroup>(std::move(context), options.timeout);
+    std::shared_ptr<PeerDirectory> peers;
+    if (size > 1) {  // every pair listens on the device's address: any pair's is this rank's
+      peers = std::make_shared<PeerDirectory>(adapter.release(), options.key_prefix + "/listening");
+      peers->publish(rank, context->getPair(rank == 0 ? 1 : 0)->address().str());
+    }
+    return std::make_unique<GlooProcessGroup>(std::move(context), options.timeout,
+                                              std::move(peers));
   } catch (const std::exception& e) {
     throw CollectiveError("cannot build the gloo group (rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + ", local address " + attr.hostname +

@@ -1,5 +1,8 @@
 #include "dist/sdk/init.h"
 
+#include <cstdlib>
+#include <string>
+
 namespace dist::sdk {
 
 Distributed init(Backend backend) {
@@ -17,6 +20,10 @@ Distributed init(Backend backend) {
   if (backend == Backend::kNccl) {
     NcclOptions options;
     options.key_prefix = prefix + "nccl";
+    options.route_to = d.env.master_addr;  // NCCL_SOCKET_IFNAME, as Gloo chooses its address
+    const char* nonblocking = std::getenv("TORCH_NCCL_USE_COMM_NONBLOCKING");  // torch's switch
+    options.blocking =
+        !(nonblocking && (std::string(nonblocking) == "1" || std::string(nonblocking) == "true"));
     d.group = make_nccl_group(connect_store(d.env), d.env.rank, d.env.world_size, d.env.local_rank,
                               options);
   } else {

@@ -156,4 +156,55 @@ std::string choose_local_address(const std::string& explicit_address,
   return route;
 }
 
+namespace {
+
+// The address bytes of an IPv4 or IPv6 socket address, for comparisons under a netmask.
+std::vector<unsigned char> address_bytes(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    const auto* v4 = &reinterpret_cast<const sockaddr_in*>(a)->sin_addr;
+    const auto* p = reinterpret_cast<const unsigned char*>(v4);
+    return {p, p + 4};
+  }
+  const auto* v6 = &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+  const auto* p = reinterpret_cast<const unsigned char*>(v6);
+  return {p, p + 16};
+}
+
+bool same_network(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b,
+                  const std::vector<unsigned char>& mask) {
+  if (a.size() != b.size() || a.size() != mask.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if ((a[i] & mask[i]) != (b[i] & mask[i])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string interface_with_address(const std::string& address) {
+  std::vector<std::vector<unsigned char>> wanted;
+  for (const Resolved& r : resolve(address, "the local address")) {
+    wanted.push_back(address_bytes(reinterpret_cast<const sockaddr*>(&r.address)));
+  }
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::unique_ptr<ifaddrs, decltype(&::freeifaddrs)> owner(list, &::freeifaddrs);
+  // An interface's own address first; then the interface whose network holds it (127.0.0.2 is
+  // lo's, whose address is 127.0.0.1/8).
+  for (const bool exact : {true, false}) {
+    for (const ifaddrs* i = list; i; i = i->ifa_next) {
+      if (!i->ifa_addr || !i->ifa_netmask) continue;
+      const int f = i->ifa_addr->sa_family;
+      if (f != AF_INET && f != AF_INET6) continue;
+      const auto mine = address_bytes(i->ifa_addr);
+      const auto mask =
+          exact ? std::vector<unsigned char>(mine.size(), 0xFF) : address_bytes(i->ifa_netmask);
+      for (const auto& w : wanted) {
+        if (same_network(w, mine, mask)) return i->ifa_name;
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace dist::sdk::detail

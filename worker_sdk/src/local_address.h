@@ -26,6 +26,12 @@ std::string choose_local_address(const std::string& explicit_address,
 // address routes.
 std::string address_towards(const std::string& destination);
 
+// The name of the interface that has `address` (a name or a numeric address: any of its
+// addresses), or else whose network holds it (127.0.0.2: lo); "" when none; NCCL_SOCKET_IFNAME
+// is set from it. Throws CollectiveError when
+// `address` does not resolve.
+std::string interface_with_address(const std::string& address);
+
 // True for 127.0.0.0/8, ::1 and IPv4-mapped loopback; false for names and other addresses.
 bool is_loopback(const std::string& numeric_address);
 

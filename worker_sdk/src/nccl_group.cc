@@ -2,9 +2,17 @@
 //
 // Ordering follows PyTorch's ProcessGroupNCCL: a collective records an event on the caller's
 // stream, the group's stream waits for it, NCCL runs there, and an event recorded after it is the
-// collective's completion. Work::wait() synchronizes on that event (no thread hand-off, no
-// polling); Work::wait_on() makes another stream wait for it. The watchdog thread only retires
-// completed events, enforces op_timeout and reads the communicator's asynchronous error.
+// collective's completion. Work::wait() synchronizes on that event (no thread hand-off);
+// Work::wait_on() makes another stream wait for it.
+//
+// Failures, as ProcessGroupNCCL handles them: NCCL refusing a collective when it is issued is the
+// caller's error, thrown to the caller (the communicator is intact); the watchdog thread, which
+// retires completed events, enforces op_timeout and reads the communicator's asynchronous error,
+// is the only one to fail the group, aborting the communicator. A monitor thread watches the
+// watchdog. Locks: callers serialize their NCCL calls on enqueue_mutex_, which nothing else takes,
+// so an NCCL call stuck inside NCCL never keeps the watchdog from aborting it (NCCL lets
+// ncclCommAbort run beside it); state_mutex_ only covers NCCL's quick queries, so none of them runs
+// on a communicator being aborted.
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -13,14 +21,19 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "dist/sdk/process_group.h"
+#include "nccl_bootstrap.h"
 
 #if DIST_HAVE_NCCL
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "cuda_device.h"
+#include "stall_monitor.h"
 #endif
 
 namespace dist::sdk {
@@ -29,18 +42,22 @@ namespace dist::sdk {
 
 namespace {
 
+using detail::DeviceGuard;
+using Clock = std::chrono::steady_clock;
+
 // How often the watchdog reads the communicator's asynchronous error (a dead peer is noticed
-// within this) and checks deadlines. Completion does not wait for it.
+// within this) and checks deadlines. Completion does not wait for it; releasing what
+// Work::keep_alive() holds does.
 constexpr auto kWatchdogPeriod = std::chrono::milliseconds(100);
 // Polling of a non-blocking communicator while it initializes or finalizes.
 constexpr auto kCommPollPeriod = std::chrono::microseconds(50);
-// Polling of the last collectives while the group is destroyed.
-constexpr auto kDrainPollPeriod = std::chrono::milliseconds(1);
-// How long the destructor lets NCCL finalize a healthy communicator before aborting it.
+// How long the destructor lets NCCL finalize an idle, healthy communicator before aborting it.
 constexpr auto kFinalizeTimeout = std::chrono::seconds(10);
 // How long an abort may take before the group goes on without it (some NCCL versions hang in
 // ncclCommAbort): an exit must happen, and a failed group must not block its callers.
 constexpr auto kAbortTimeout = std::chrono::seconds(10);
+// How long an abort lets a caller finish an NCCL call it is in (see abort_communicator).
+constexpr auto kEnqueueGrace = std::chrono::seconds(2);
 // Waits for a collective's event or enqueueing poll (so that a failure ends them): spinning, as
 // CUDA's own synchronization does, for up to kWaitSpin, then sleeping kWaitSleep between polls.
 constexpr auto kWaitSpin = std::chrono::milliseconds(10);
@@ -65,7 +82,7 @@ ncclDataType_t nccl_type(DataType t) {
     case DataType::kInt64:
       return ncclInt64;
   }
-  return ncclFloat32;
+  throw std::invalid_argument("no NCCL type for DataType " + std::to_string(static_cast<int>(t)));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -79,7 +96,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
     case ReduceOp::kMax:
       return ncclMax;
   }
-  return ncclSum;
+  throw std::invalid_argument("no NCCL op for ReduceOp " + std::to_string(static_cast<int>(op)));
 }
 
 void check_cuda(cudaError_t e, const std::string& what) {
@@ -88,12 +105,30 @@ void check_cuda(cudaError_t e, const std::string& what) {
   }
 }
 
+// ncclGetVersion's code as text (2.9 and later: major * 10000 + minor * 100 + patch).
+std::string version_text(int code) {
+  const int major = code >= 10000 ? code / 10000 : code / 1000;
+  const int minor = code >= 10000 ? code % 10000 / 100 : code % 1000 / 100;
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(code % 100);
+}
+
+std::string loaded_nccl() {
+  int code = 0;
+  return ncclGetVersion(&code) == ncclSuccess ? version_text(code) : "unknown";
+}
+
+// NCCL's last warning in this process (its own words: which peer, which transport), or "".
+std::string nccl_last_error(ncclComm_t comm) {
+  const char* text = ncclGetLastError(comm);
+  return text && *text ? std::string(" (NCCL: ") + text + ")" : "";
+}
+
 // The pause between two polls: a yield while the wait is short (small collectives complete in
 // microseconds), a sleep once it is long (a slow peer must not cost a core).
 class Backoff {
  public:
   void pause() {
-    if (std::chrono::steady_clock::now() < spin_until_) {
+    if (Clock::now() < spin_until_) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(kWaitSleep);
@@ -101,28 +136,29 @@ class Backoff {
   }
 
  private:
-  std::chrono::steady_clock::time_point spin_until_ = std::chrono::steady_clock::now() + kWaitSpin;
+  Clock::time_point spin_until_ = Clock::now() + kWaitSpin;
 };
 
-// Makes the group's device current for a scope and gives the caller's back.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      cudaSetDevice(device);
-    } else {
-      previous_ = -1;
-    }
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
+// ncclCommAbort on a thread of its own (under the group's device: NCCL restores the thread's
+// previous one, and a fresh thread's is 0), waited for at most kAbortTimeout: some NCCL versions
+// hang in it, and an exit must happen. False when it did not return in time.
+bool abort_bounded(ncclComm_t comm, int device, int rank) {
+  auto aborted = std::make_shared<std::promise<void>>();
+  std::future<void> done = aborted->get_future();
+  std::thread([comm, device, aborted] {
+    cudaSetDevice(device);
+    ncclCommAbort(comm);
+    aborted->set_value();
+  }).detach();
+  if (done.wait_for(kAbortTimeout) == std::future_status::ready) return true;
+  std::fprintf(stderr,
+               "dist-sdk: ncclCommAbort did not return within %lld ms on rank %d; going on "
+               "without it\n",
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(kAbortTimeout).count()),
+               rank);
+  return false;
+}
 
 // Whether the group failed, and why: shared by the group and every Work it handed out, which may
 // outlive it. The reason is written once, before the flag.
@@ -151,9 +187,12 @@ class Health {
 // collective's launch.
 class EventPool {
  public:
+  explicit EventPool(int device) : device_(device) {}
   ~EventPool() {
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
   }
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
   cudaEvent_t take() {
     {
       std::lock_guard lock(mutex_);
@@ -163,6 +202,7 @@ class EventPool {
         return e;
       }
     }
+    DeviceGuard guard(device_);
     cudaEvent_t e = nullptr;
     check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     return e;
@@ -171,13 +211,16 @@ class EventPool {
     std::lock_guard lock(mutex_);
     free_.push_back(e);
   }
+  int device() const { return device_; }
 
  private:
+  const int device_;
   std::mutex mutex_;
   std::vector<cudaEvent_t> free_;
 };
 
-// One collective: done once its event, recorded on the group's stream after it, has fired.
+// One collective: done once its event, recorded on the group's stream after it, has fired. What
+// keep_alive() was given is held until the watchdog saw that (retire()).
 class NcclWork final : public Work::State {
  public:
   NcclWork(std::shared_ptr<Health> health, std::shared_ptr<EventPool> events)
@@ -187,14 +230,16 @@ class NcclWork final : public Work::State {
   NcclWork& operator=(const NcclWork&) = delete;
 
   cudaEvent_t event() const { return done_; }
+  cudaError_t query() const { return cudaEventQuery(done_); }
 
   // Not cudaEventSynchronize: a collective queued behind a kernel that never ends would hold
   // it past the group's failure. An aborted communicator ends its kernels, so the event may fire
   // after an abort too: the health check tells a result from an abort.
   void wait() override {
+    DeviceGuard guard(events_->device());
     Backoff backoff;
     cudaError_t e;
-    while ((e = cudaEventQuery(done_)) == cudaErrorNotReady) {
+    while ((e = query()) == cudaErrorNotReady) {
       health_->check();
       backoff.pause();
     }
@@ -202,8 +247,12 @@ class NcclWork final : public Work::State {
     check_cuda(e, "waiting for an NCCL collective");
   }
   bool ready() override {
-    const cudaError_t e = cudaEventQuery(done_);
-    if (e == cudaErrorNotReady) return false;
+    DeviceGuard guard(events_->device());
+    const cudaError_t e = query();
+    if (e == cudaErrorNotReady) {
+      health_->check();  // a failed group's collective is never "not ready yet"
+      return false;
+    }
     health_->check();
     check_cuda(e, "querying an NCCL collective");
     return true;
@@ -212,49 +261,59 @@ class NcclWork final : public Work::State {
     health_->check();
     check_cuda(cudaStreamWaitEvent(stream, done_, 0), "cudaStreamWaitEvent");
   }
+  void keep_alive(std::shared_ptr<const void> owner) override {
+    std::lock_guard lock(mutex_);
+    owners_.push_back(std::move(owner));
+  }
+  // The collective completed (or its communicator's abort returned): NCCL is done with the
+  // buffers.
+  void retire() {
+    std::vector<std::shared_ptr<const void>> owners;
+    std::lock_guard lock(mutex_);
+    owners.swap(owners_);
+  }
 
  private:
   std::shared_ptr<Health> health_;
   std::shared_ptr<EventPool> events_;
   cudaEvent_t done_;
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<const void>> owners_;
 };
 
 class NcclProcessGroup : public ProcessGroup {
  public:
   NcclProcessGroup(ncclComm_t comm, int device, int rank, int size, NcclOptions options)
-      : comm_(comm), device_(device), rank_(rank), size_(size), options_(std::move(options)) {
+      : comm_(comm),
+        device_(device),
+        rank_(rank),
+        size_(size),
+        options_(std::move(options)),
+        nccl_(loaded_nccl()),
+        events_(std::make_shared<EventPool>(device)) {
+    DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&caller_ready_, cudaEventDisableTiming), "cudaEventCreate");
+    monitor_ = std::make_unique<detail::StallMonitor>(
+        options_.watchdog_stall_timeout,
+        [this](std::chrono::milliseconds silent) { watchdog_stalled(silent); });
     watchdog_ = std::thread([this] { watch(); });
   }
 
-  ~NcclProcessGroup() override {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_one();
-    watchdog_.join();  // returns once every collective completed, or the group failed
-    {
-      std::lock_guard comm(comm_mutex_);
-      if (!health_->failed()) finalize_or_abort();
-    }
-    DeviceGuard guard(device_);
-    if (barrier_buffer_) cudaFree(barrier_buffer_);
-    cudaEventDestroy(caller_ready_);
-    cudaStreamDestroy(stream_);
-  }
+  ~NcclProcessGroup() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
+  int cuda_device() const override { return device_; }
 
   Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
                         CudaStream stream) override {
-    return issue("all_reduce", stream, [&](cudaStream_t s) {
-      return ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), comm_, s);
-    });
+    const auto t = nccl_type(type);
+    const auto o = nccl_op(op);
+    return issue("all_reduce", stream,
+                 [&](cudaStream_t s) { return ncclAllReduce(data, data, count, t, o, comm_, s); });
   }
   Work broadcast_async(void* data, std::size_t count, DataType type, int root,
                        CudaStream stream) override {
@@ -262,27 +321,33 @@ class NcclProcessGroup : public ProcessGroup {
       throw std::invalid_argument("broadcast root " + std::to_string(root) +
                                   " is not a rank of a group of " + std::to_string(size_));
     }
+    const auto t = nccl_type(type);
     return issue("broadcast", stream, [&](cudaStream_t s) {
-      return ncclBroadcast(data, data, count, nccl_type(type), root, comm_, s);
+      return ncclBroadcast(data, data, count, t, root, comm_, s);
     });
   }
   Work all_gather_async(const void* input, void* output, std::size_t count, DataType type,
                         CudaStream stream) override {
-    return issue("all_gather", stream, [&](cudaStream_t s) {
-      return ncclAllGather(input, output, count, nccl_type(type), comm_, s);
-    });
+    const auto t = nccl_type(type);
+    return issue("all_gather", stream,
+                 [&](cudaStream_t s) { return ncclAllGather(input, output, count, t, comm_, s); });
   }
   Work reduce_scatter_async(const void* input, void* output, std::size_t count, DataType type,
                             ReduceOp op, CudaStream stream) override {
+    const auto t = nccl_type(type);
+    const auto o = nccl_op(op);
     return issue("reduce_scatter", stream, [&](cudaStream_t s) {
-      return ncclReduceScatter(input, output, count, nccl_type(type), nccl_op(op), comm_, s);
+      return ncclReduceScatter(input, output, count, t, o, comm_, s);
     });
   }
   Work barrier_async() override {
-    if (!barrier_buffer_) {
-      DeviceGuard guard(device_);
-      check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc (barrier)");
-      check_cuda(cudaMemset(barrier_buffer_, 0, sizeof(float)), "cudaMemset (barrier)");
+    {
+      std::lock_guard enqueue(enqueue_mutex_);
+      if (!barrier_buffer_) {
+        DeviceGuard guard(device_);
+        check_cuda(cudaMalloc(&barrier_buffer_, sizeof(float)), "cudaMalloc (barrier)");
+        check_cuda(cudaMemset(barrier_buffer_, 0, sizeof(float)), "cudaMemset (barrier)");
+      }
     }
     return all_reduce_async(barrier_buffer_, 1, DataType::kFloat32, ReduceOp::kSum, nullptr);
   }
@@ -291,35 +356,46 @@ class NcclProcessGroup : public ProcessGroup {
   struct Pending {
     const char* name;
     std::shared_ptr<NcclWork> work;
-    std::chrono::steady_clock::time_point deadline;
+    Clock::time_point deadline;
   };
 
+  // "all_reduce on rank 0 of 2 (nccl 2.30.7, device 0)".
+  std::string describe(const char* op) const {
+    return std::string(op) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+           " (nccl " + nccl_ + ", device " + std::to_string(device_) + ")";
+  }
+
   // Orders the collective after `caller`, launches it on the group's stream and records its
-  // completion event there.
+  // completion event there. NCCL refusing it is thrown to the caller; the group stays usable.
   template <typename Launch>
   Work issue(const char* name, CudaStream caller, Launch&& launch) {
     health_->check();  // before the lock: a failing group may still hold it, aborting
-    std::lock_guard comm(comm_mutex_);
+    std::lock_guard enqueue(enqueue_mutex_);
     health_->check();
     DeviceGuard guard(device_);
     check_cuda(cudaEventRecord(caller_ready_, caller), "cudaEventRecord (caller's stream)");
     check_cuda(cudaStreamWaitEvent(stream_, caller_ready_, 0), "cudaStreamWaitEvent");
-    const auto deadline = std::chrono::steady_clock::now() + options_.op_timeout;
-    ncclResult_t r = launch(stream_);
-    // A non-blocking communicator may still be enqueueing: the kernel is on the stream only once
-    // the communicator leaves ncclInProgress, and the completion event must follow it.
-    Backoff backoff;
-    while (r == ncclInProgress) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        throw CollectiveError(fail_locked(name, "not enqueued within op_timeout (" +
-                                                    std::to_string(options_.op_timeout.count()) +
-                                                    " ms)"));
+    auto work = std::make_shared<NcclWork>(health_, events_);  // before NCCL: nothing may throw
+    const auto deadline = Clock::now() + options_.op_timeout;  // between launch and record
+    {
+      std::lock_guard state(state_mutex_);
+      if (aborting_) {
+        health_->check();
+        throw CollectiveError(describe(name) + ": the communicator is being aborted");
       }
-      backoff.pause();
-      ncclCommGetAsyncError(comm_, &r);
+      ++in_nccl_;  // an abort lets this call leave NCCL first (see abort_communicator)
     }
-    if (r != ncclSuccess) throw CollectiveError(fail_locked(name, ncclGetErrorString(r)));
-    auto work = std::make_shared<NcclWork>(health_, events_);
+    const ncclResult_t r = launch(stream_);
+    --in_nccl_;
+    if (r == ncclInProgress) {
+      wait_enqueued(name, deadline);  // non-blocking: throws once the communicator failed
+    } else if (r != ncclSuccess) {
+      throw CollectiveError(
+          describe(name) + " was refused by NCCL: " + ncclGetErrorString(r) +
+          nccl_last_error(comm_) +
+          (options_.blocking ? "; nothing ran and the group is intact (check the arguments)"
+                             : "; a non-blocking communicator keeps the error: the group fails"));
+    }
     check_cuda(cudaEventRecord(work->event(), stream_), "cudaEventRecord (NCCL stream)");
     {
       std::lock_guard lock(mutex_);
@@ -328,139 +404,356 @@ class NcclProcessGroup : public ProcessGroup {
     return Work(std::move(work));
   }
 
-  // Retires completed collectives; on an asynchronous NCCL error or a collective past its
-  // deadline, fails the group.
-  void watch() {
-    cudaSetDevice(device_);
-    while (true) {
-      const char* op = "the communicator";
-      std::string why;
-      bool drained = false;
-      {
-        std::unique_lock lock(mutex_);
-        if (stopping_) {
-          wake_.wait_for(lock, kDrainPollPeriod);
-        } else {
-          wake_.wait_for(lock, kWatchdogPeriod, [this] { return stopping_; });
-        }
-        cudaError_t state = cudaSuccess;
-        while (!pending_.empty() &&
-               (state = cudaEventQuery(pending_.front().work->event())) == cudaSuccess) {
-          pending_.pop_front();
-        }
-        if (!pending_.empty()) {
-          op = pending_.front().name;
-          if (state != cudaErrorNotReady) {
-            why = std::string("CUDA error: ") + cudaGetErrorString(state);
-          } else if (std::chrono::steady_clock::now() > pending_.front().deadline) {
-            why = "timed out after " + std::to_string(options_.op_timeout.count()) +
-                  " ms (op_timeout; a peer that stopped issuing collectives?)";
-          }
-        }
-        drained = stopping_ && pending_.empty();
+  // A non-blocking communicator still enqueueing: the kernel is on the stream only once the
+  // communicator leaves ncclInProgress, and the completion event must follow it.
+  void wait_enqueued(const char* name, Clock::time_point deadline) {
+    Backoff backoff;
+    for (ncclResult_t r = ncclInProgress; r != ncclSuccess;) {
+      if (r != ncclInProgress) {
+        throw CollectiveError(fail(name, std::string("asynchronous NCCL error while enqueuing: ") +
+                                             ncclGetErrorString(r) + nccl_last_error(comm_)));
       }
-      std::lock_guard comm(comm_mutex_);
-      if (health_->failed()) return;
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
-        why = std::string("asynchronous NCCL error: ") + ncclGetErrorString(async) +
-              (async == ncclRemoteError ? " (a peer failed or exited)" : "");
+      if (Clock::now() > deadline) {
+        throw CollectiveError(fail(name, "not enqueued within op_timeout (" +
+                                             std::to_string(options_.op_timeout.count()) + " ms)"));
       }
-      if (!why.empty()) {
-        fail_locked(op, why);
-        return;
+      backoff.pause();
+      const auto state = async_error();
+      if (!state) {  // another thread failed the group and is aborting the communicator
+        health_->check();
+        throw CollectiveError(describe(name) + ": the communicator is being aborted");
       }
-      if (drained) return;
+      r = *state;
     }
   }
 
-  // Aborts the communicator, which ends its running kernels, then applies on_failure: exits, or
-  // returns the message every later wait() and collective throws. The caller holds comm_mutex_.
-  std::string fail_locked(const char* op, const std::string& why) {
-    const std::string message = std::string(op) + " on rank " + std::to_string(rank_) + " of " +
-                                std::to_string(size_) + " (nccl, device " +
-                                std::to_string(device_) + ") failed: " + why;
-    if (options_.on_failure == NcclFailure::kExitProcess) {
-      std::fprintf(stderr,
-                   "dist-sdk: %s; aborting the communicator and exiting with %d so the agent "
-                   "restarts the group\n",
-                   message.c_str(), options_.exit_code_on_abort);
-      std::fflush(stderr);
-      abort_communicator();
-      std::_Exit(options_.exit_code_on_abort);
-    }
-    const std::string reported = message +
-                                 "; the communicator was aborted: rebuild the group, or exit "
-                                 "non-zero so the agent restarts it";
-    health_->fail(reported);  // before the abort: waiters its kernels release must see it
-    abort_communicator();
-    {
-      std::lock_guard lock(mutex_);
-      pending_.clear();
-    }
-    return reported;
+  // The communicator's asynchronous error; none once it is being aborted (then nothing may
+  // touch it). Quick: NCCL only reads a field.
+  std::optional<ncclResult_t> async_error() {
+    std::lock_guard state(state_mutex_);
+    if (aborting_) return std::nullopt;
+    ncclResult_t r = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &r);
+    return r;
   }
 
-  // A healthy communicator is finalized (its last collectives flushed) and destroyed; one that
-  // does not finalize in time is aborted instead of hanging the worker's exit.
-  void finalize_or_abort() {
-    ncclResult_t r = ncclCommFinalize(comm_);
-    const auto deadline = std::chrono::steady_clock::now() + kFinalizeTimeout;
-    while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(kCommPollPeriod);
-      ncclCommGetAsyncError(comm_, &r);
-    }
-    if (r == ncclSuccess) {
-      ncclCommDestroy(comm_);
-    } else {
-      abort_communicator();
-    }
-  }
-
-  // ncclCommAbort on a thread of its own, waited for at most kAbortTimeout.
-  void abort_communicator() {
-    auto aborted = std::make_shared<std::promise<void>>();
-    std::future<void> done = aborted->get_future();
-    std::thread([comm = comm_, aborted] {
-      ncclCommAbort(comm);
-      aborted->set_value();
-    }).detach();
-    if (done.wait_for(kAbortTimeout) != std::future_status::ready) {
-      std::fprintf(
-          stderr,
-          "dist-sdk: ncclCommAbort did not return within %lld ms on rank %d; going on "
-          "without it\n",
-          static_cast<long long>(
-              std::chrono::duration_cast<std::chrono::milliseconds>(kAbortTimeout).count()),
-          rank_);
-    }
-  }
+  void watch();
+  void retire_completed(const char*& op, Clock::time_point& deadline, cudaError_t& state);
+  std::string fail(const char* op, const std::string& why);
+  void watchdog_stalled(std::chrono::milliseconds silent);
+  std::size_t still_running();
+  void finalize_or_abort();
+  void abort_communicator();
 
   ncclComm_t comm_;
-  int device_, rank_, size_;
-  NcclOptions options_;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t caller_ready_ = nullptr;  // re-recorded by each collective (under comm_mutex_)
-  void* barrier_buffer_ = nullptr;
+  const int device_, rank_, size_;
+  const NcclOptions options_;
+  const std::string nccl_;  // the loaded NCCL's version, for messages
   std::shared_ptr<Health> health_ = std::make_shared<Health>();
-  std::shared_ptr<EventPool> events_ = std::make_shared<EventPool>();
-  std::mutex comm_mutex_;  // every use of comm_; taken before mutex_
-  std::mutex mutex_;       // pending_ and stopping_
+  std::shared_ptr<EventPool> events_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t caller_ready_ = nullptr;  // re-recorded by each collective (under enqueue_mutex_)
+  void* barrier_buffer_ = nullptr;      // created under enqueue_mutex_
+  std::mutex enqueue_mutex_;            // callers' NCCL calls; never taken by the watchdog
+  std::mutex state_mutex_;              // aborting_, and NCCL's quick queries on comm_
+  bool aborting_ = false;
+  std::atomic<int> in_nccl_{0};      // callers inside an NCCL enqueue call
+  std::atomic<int> abort_state_{0};  // 0 none, 1 started, 2 returned, 3 given up on
+  std::mutex mutex_;                 // pending_, stopping_, graveyard_
   std::condition_variable wake_;
   std::deque<Pending> pending_;
+  std::vector<std::shared_ptr<NcclWork>> graveyard_;  // failed collectives, until the abort returns
   bool stopping_ = false;
+  std::unique_ptr<detail::StallMonitor> monitor_;
   std::thread watchdog_;  // last: started once everything above exists
 };
 
-}  // namespace
-
-bool nccl_available() {
-  return true;
+// Retires completed collectives from the front (their events queried outside mutex_: a CUDA call
+// stuck in the driver must not block callers), leaving op/deadline/state on the first one running.
+void NcclProcessGroup::retire_completed(const char*& op, Clock::time_point& deadline,
+                                        cudaError_t& state) {
+  while (true) {
+    std::shared_ptr<NcclWork> front;
+    {
+      std::lock_guard lock(mutex_);
+      if (pending_.empty()) return;
+      front = pending_.front().work;
+      op = pending_.front().name;
+      deadline = pending_.front().deadline;
+    }
+    state = front->query();
+    if (state != cudaSuccess) return;
+    {
+      std::lock_guard lock(mutex_);
+      if (!pending_.empty() && pending_.front().work == front) pending_.pop_front();
+    }
+    front->retire();
+    op = nullptr;
+  }
 }
 
-std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int rank, int size,
-                                              int local_rank, NcclOptions options) {
+// Retires completed collectives; on an asynchronous NCCL error, a CUDA error or a collective
+// past its deadline, fails the group. Stops at once when the group is destroyed (no drain).
+void NcclProcessGroup::watch() {
+  cudaSetDevice(device_);  // this thread's only device: the group's, which has a context
+  while (true) {
+    monitor_->beat();
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait_for(lock, kWatchdogPeriod, [this] { return stopping_; });
+      if (stopping_) return;
+    }
+    if (health_->failed()) return;  // a caller failed it (a non-blocking enqueue): aborted
+    const char* op = nullptr;
+    Clock::time_point deadline;
+    cudaError_t state = cudaSuccess;
+    retire_completed(op, deadline, state);
+    std::string why;
+    if (op) {
+      // The process is exiting (a group left to static destruction): nothing to watch or abort,
+      // and no restart for a job that finished.
+      if (state == cudaErrorCudartUnloading) return;
+      if (state != cudaErrorNotReady) {
+        why = std::string("CUDA error: ") + cudaGetErrorString(state);
+      } else if (Clock::now() > deadline) {
+        why = "timed out after " + std::to_string(options_.op_timeout.count()) +
+              " ms (op_timeout; a peer that stopped issuing collectives, or died: within a node "
+              "NCCL reports no error for a dead peer)";
+      }
+    }
+    if (why.empty()) {
+      const ncclResult_t async = async_error().value_or(ncclInProgress);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        why = std::string("asynchronous NCCL error: ") + ncclGetErrorString(async) +
+              (async == ncclRemoteError ? " (a peer failed or exited)" : "") +
+              nccl_last_error(comm_);
+      }
+    }
+    if (!why.empty()) {
+      fail(op ? op : "the communicator", why);
+      return;
+    }
+  }
+}
+
+// Marks the group failed, aborts the communicator (which ends its running kernels), then applies
+// on_failure: exits, or returns the message every later wait() and collective throws.
+std::string NcclProcessGroup::fail(const char* op, const std::string& why) {
+  const std::string message = describe(op) + " failed: " + why;
+  if (options_.on_failure == NcclFailure::kExitProcess) {
+    health_->fail(message + "; the process is exiting");
+    std::fprintf(stderr,
+                 "dist-sdk: %s; aborting the communicator and exiting with %d so the agent "
+                 "restarts the group\n",
+                 message.c_str(), options_.exit_code_on_abort);
+    std::fflush(stderr);
+    abort_communicator();
+    std::_Exit(options_.exit_code_on_abort);
+  }
+  const std::string reported = message +
+                               "; the communicator was aborted: rebuild the group, or exit "
+                               "non-zero so the agent restarts it";
+  health_->fail(reported);  // before the abort: waiters its kernels release must see it
+  abort_communicator();
+  std::lock_guard lock(mutex_);
+  for (auto& p : pending_) {
+    if (abort_state_.load() == 2) {
+      p.work->retire();
+    } else {
+      graveyard_.push_back(p.work);  // NCCL may still use their buffers: never release them
+    }
+  }
+  pending_.clear();
+  return reported;
+}
+
+void NcclProcessGroup::watchdog_stalled(std::chrono::milliseconds silent) {
+  std::fprintf(stderr,
+               "dist-sdk: the NCCL watchdog of rank %d (device %d) made no progress for %lld ms "
+               "(watchdog_stall_timeout: a CUDA or NCCL call stuck in the driver); nothing can "
+               "detect a hang any more: exiting with %d so the agent restarts the group\n",
+               rank_, device_, static_cast<long long>(silent.count()), options_.exit_code_on_abort);
+  std::fflush(stderr);
+  std::_Exit(options_.exit_code_on_abort);
+}
+
+// How many collectives have not completed; retires the others. SIZE_MAX when CUDA is unloading.
+std::size_t NcclProcessGroup::still_running() {
+  std::lock_guard lock(mutex_);
+  std::size_t running = 0;
+  for (auto& p : pending_) {
+    const cudaError_t e = p.work->query();
+    if (e == cudaErrorCudartUnloading) return SIZE_MAX;
+    if (e == cudaSuccess) {
+      p.work->retire();
+    } else {
+      ++running;
+    }
+  }
+  return running;
+}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  monitor_.reset();
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  watchdog_.join();
+  // A group destroyed at exit (a static one) after CUDA began unloading: NCCL and CUDA calls may
+  // crash or hang now, and the driver frees everything anyway.
+  if (cudaStreamQuery(stream_) == cudaErrorCudartUnloading) return;
+  DeviceGuard guard(device_);
+  const std::size_t running = health_->failed() ? 0 : still_running();
+  if (running == SIZE_MAX) return;  // the process is exiting: leave everything to the driver
+  if (abort_state_.load() == 0) {
+    if (running == 0) {
+      finalize_or_abort();
+    } else {
+      // Never drain: collectives that have not completed wait on a peer that is behind or dead,
+      // for up to op_timeout. Abort them; their Work throws this.
+      const std::string why = describe("the group") + " was destroyed with " +
+                              std::to_string(running) +
+                              " collective(s) still running: the communicator was aborted";
+      health_->fail(why);
+      std::fprintf(stderr, "dist-sdk: %s\n", why.c_str());
+      abort_communicator();
+    }
+  }
+  if (abort_state_.load() == 3) return;  // NCCL may still use them: leak rather than block
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& p : pending_) p.work->retire();
+    for (auto& w : graveyard_) w->retire();
+  }
+  if (barrier_buffer_) cudaFree(barrier_buffer_);
+  cudaEventDestroy(caller_ready_);
+  cudaStreamDestroy(stream_);
+}
+
+// An idle, healthy communicator is finalized (what it sent flushed) and destroyed; one that does
+// not finalize in time is aborted (non-blocking), or left behind (blocking: a finalize in progress
+// cannot be aborted), instead of hanging the worker's exit.
+void NcclProcessGroup::finalize_or_abort() {
+  if (options_.blocking) {
+    auto finished = std::make_shared<std::promise<void>>();
+    std::future<void> done = finished->get_future();
+    std::thread([comm = comm_, device = device_, finished] {
+      cudaSetDevice(device);
+      if (ncclCommFinalize(comm) == ncclSuccess) {
+        ncclCommDestroy(comm);
+      } else {
+        ncclCommAbort(comm);
+      }
+      finished->set_value();
+    }).detach();
+    const bool returned = done.wait_for(kFinalizeTimeout) == std::future_status::ready;
+    if (!returned) {
+      std::fprintf(stderr,
+                   "dist-sdk: ncclCommFinalize did not return within %lld s on rank %d; "
+                   "going on without it\n",
+                   static_cast<long long>(kFinalizeTimeout.count()), rank_);
+    }
+    abort_state_.store(returned ? 2 : 3);  // gone, as after an abort; or NCCL still has it
+    return;
+  }
+  ncclResult_t r = ncclCommFinalize(comm_);
+  const auto deadline = Clock::now() + kFinalizeTimeout;
+  while (r == ncclInProgress && Clock::now() < deadline) {
+    std::this_thread::sleep_for(kCommPollPeriod);
+    ncclCommGetAsyncError(comm_, &r);
+  }
+  if (r == ncclSuccess) {
+    ncclCommDestroy(comm_);
+    abort_state_.store(2);  // gone, as after an abort
+  } else {
+    abort_communicator();
+  }
+}
+
+// Aborts the communicator once. No NCCL call starts on it any more; a caller still inside an
+// enqueue (a launch queue that was full) gets kEnqueueGrace to leave before the abort frees the
+// communicator under it; one that does not leave is stuck in NCCL, and only the abort can free it.
+void NcclProcessGroup::abort_communicator() {
+  int none = 0;
+  if (!abort_state_.compare_exchange_strong(none, 1)) return;
+  {
+    std::lock_guard state(state_mutex_);
+    aborting_ = true;  // from here on no NCCL call starts on comm_
+  }
+  const auto grace = Clock::now() + kEnqueueGrace;
+  while (in_nccl_.load() > 0 && Clock::now() < grace) std::this_thread::sleep_for(kCommPollPeriod);
+  abort_state_.store(abort_bounded(comm_, device_, rank_) ? 2 : 3);
+}
+
+std::string init_failure(int rank, int size, const std::string& why) {
+  return "NCCL initialization of rank " + std::to_string(rank) + " of " + std::to_string(size) +
+         " (nccl " + loaded_nccl() + ") failed: " + why;
+}
+
+// Non-blocking initialization, polled: abortable at its deadline.
+ncclComm_t init_nonblocking(const ncclUniqueId& id, int rank, int size, int device,
+                            std::chrono::milliseconds timeout) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  const auto deadline = Clock::now() + timeout;
+  while (comm != nullptr && (r == ncclInProgress || r == ncclSuccess)) {
+    ncclResult_t state = ncclInProgress;
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclSuccess) return comm;
+    if (state != ncclInProgress || Clock::now() > deadline) {
+      const std::string why = state != ncclInProgress
+                                  ? ncclGetErrorString(state) + nccl_last_error(comm)
+                                  : "timed out after " + std::to_string(timeout.count()) +
+                                        " ms (init_timeout) waiting for the other ranks";
+      abort_bounded(comm, device, rank);
+      throw CollectiveError(init_failure(rank, size, why));
+    }
+    std::this_thread::sleep_for(kCommPollPeriod);
+  }
+  const std::string why = ncclGetErrorString(r) + nccl_last_error(comm);
+  if (comm) abort_bounded(comm, device, rank);
+  throw CollectiveError(init_failure(rank, size, why));
+}
+
+// Blocking initialization on a thread of its own, waited for until the deadline. NCCL cannot abort
+// a blocking communicator while it initializes: past the deadline the call is left behind.
+ncclComm_t init_blocking(const ncclUniqueId& id, int rank, int size, int device,
+                         std::chrono::milliseconds timeout) {
+  struct Call {
+    ncclComm_t comm = nullptr;
+    ncclResult_t result = ncclInProgress;
+  };
+  auto call = std::make_shared<Call>();
+  auto finished = std::make_shared<std::promise<void>>();
+  std::future<void> done = finished->get_future();
+  std::thread([call, finished, id, rank, size, device] {
+    cudaSetDevice(device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    call->result = ncclCommInitRankConfig(&call->comm, size, id, rank, &config);
+    finished->set_value();
+  }).detach();
+  if (done.wait_for(timeout) != std::future_status::ready) {
+    throw CollectiveError(init_failure(
+        rank, size,
+        "timed out after " + std::to_string(timeout.count()) +
+            " ms (init_timeout) waiting for the other ranks; a blocking communicator cannot be "
+            "aborted while it initializes: exit this process (NcclOptions::blocking = false "
+            "makes initialization abortable)"));
+  }
+  if (call->result != ncclSuccess) {
+    const std::string why = ncclGetErrorString(call->result) + nccl_last_error(call->comm);
+    if (call->comm) abort_bounded(call->comm, device, rank);
+    throw CollectiveError(init_failure(rank, size, why));
+  }
+  return call->comm;
+}
+
+int choose_device(int rank, int local_rank, const NcclOptions& options) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     throw CollectiveError("NCCL group on rank " + std::to_string(rank) +
@@ -473,37 +766,58 @@ std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int
                           std::to_string(device) + " but this host has " + std::to_string(devices) +
                           " (--nproc-per-node above the GPU count?)");
   }
+  return device;
+}
+
+void log_creation(const std::string& key, int size, int device, const NcclOptions& options,
+                  const std::string& interface) {
+  cudaDeviceProp properties{};
+  cudaGetDeviceProperties(&properties, device);
+  char bus[32] = "?";
+  cudaDeviceGetPCIBusId(bus, sizeof bus, device);
+  std::fprintf(stderr,
+               "dist-sdk: NCCL group '%s' of %d rank(s): NCCL %s, %s communicator, rank 0 on "
+               "device %d (%s, %s)%s%s\n",
+               key.c_str(), size, nccl_version().c_str(),
+               options.blocking ? "blocking" : "non-blocking", device, properties.name, bus,
+               interface.empty() ? "" : ", NCCL_SOCKET_IFNAME==", interface.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+bool nccl_available() {
+  return true;
+}
+
+std::string nccl_version() {
+  return loaded_nccl() + " (built with " + version_text(NCCL_VERSION_CODE) + ")";
+}
+
+std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int rank, int size,
+                                              int local_rank, NcclOptions options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is not in a group of " +
+                                std::to_string(size));
+  }
+  const int device = choose_device(rank, local_rank, options);
   check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  // Before NCCL's first call in this process, which reads it.
+  const std::string interface = detail::set_nccl_socket_interface(options);
+  const std::string key = detail::nccl_communicator_key(options.key_prefix, rank);
+  detail::meet_on_store(store, key, rank, size, options.init_timeout);
   const std::string id_bytes =
-      exchange_nccl_unique_id(store, rank, options.key_prefix + "/unique_id", options.init_timeout);
+      exchange_nccl_unique_id(store, rank, key + "/unique_id", options.init_timeout);
   ncclUniqueId id;
   std::memcpy(&id, id_bytes.data(), sizeof id);
-
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // initialization must be abortable at a deadline
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  const auto deadline = std::chrono::steady_clock::now() + options.init_timeout;
-  while (r == ncclInProgress || (r == ncclSuccess && comm != nullptr)) {
-    ncclResult_t state = ncclInProgress;
-    ncclCommGetAsyncError(comm, &state);
-    if (state == ncclSuccess) break;
-    if (state != ncclInProgress || std::chrono::steady_clock::now() > deadline) {
-      ncclCommAbort(comm);
-      throw CollectiveError("NCCL initialization of rank " + std::to_string(rank) + " of " +
-                            std::to_string(size) + " failed: " +
-                            (state != ncclInProgress ? ncclGetErrorString(state)
-                                                     : "timed out waiting for the other ranks"));
-    }
-    std::this_thread::sleep_for(kCommPollPeriod);
-  }
-  if (r != ncclSuccess && r != ncclInProgress) {
-    throw CollectiveError(std::string("ncclCommInitRankConfig: ") + ncclGetErrorString(r));
-  }
+  ncclComm_t comm = options.blocking
+                        ? init_blocking(id, rank, size, device, options.init_timeout)
+                        : init_nonblocking(id, rank, size, device, options.init_timeout);
+  if (rank == 0) log_creation(key, size, device, options, interface);
   try {
     return std::make_unique<NcclProcessGroup>(comm, device, rank, size, std::move(options));
   } catch (...) {
-    ncclCommAbort(comm);
+    abort_bounded(comm, device, rank);
     throw;
   }
 }
@@ -533,6 +847,10 @@ std::string exchange_nccl_unique_id(rendezvous::StoreClient& store, int rank,
 
 bool nccl_available() {
   return false;
+}
+
+std::string nccl_version() {
+  return "none";
 }
 
 namespace {

@@ -1,13 +1,17 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "dist/sdk/process_group.h"
 
 namespace dist::sdk {
 namespace {
 
-// A collective completed by a host thread (Gloo's communication thread, or the caller's).
+// A collective completed by a host thread (Gloo's communication thread, or the caller's). The
+// thread that runs it holds a Work of its own until it ran, so what keep_alive() holds lives that
+// long too.
 class FutureState final : public Work::State {
  public:
   explicit FutureState(std::shared_future<void> done) : done_(std::move(done)) {}
@@ -16,9 +20,15 @@ class FutureState final : public Work::State {
     return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   }
   void wait_on(CudaStream) override { wait(); }  // host memory: the host is the only reader
+  void keep_alive(std::shared_ptr<const void> owner) override {
+    std::lock_guard lock(mutex_);
+    owners_.push_back(std::move(owner));
+  }
 
  private:
   std::shared_future<void> done_;
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<const void>> owners_;
 };
 
 }  // namespace
@@ -36,6 +46,10 @@ bool Work::ready() const {
 
 void Work::wait_on(CudaStream stream) const {
   if (state_) state_->wait_on(stream);
+}
+
+void Work::keep_alive(std::shared_ptr<const void> owner) const {
+  if (state_) state_->keep_alive(std::move(owner));  // nothing pending: released at once
 }
 
 void ProcessGroup::check_gather_sizes(std::size_t per_rank, std::size_t whole) const {

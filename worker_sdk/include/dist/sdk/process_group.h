@@ -9,6 +9,10 @@
 // caller enqueued on that stream before the call (the kernels that produce its input), runs on the
 // group's own stream, and Work::wait_on() orders the caller's later work after it. Host backends
 // ignore the stream.
+//
+// Buffers must stay valid until their collective completed: after Work::wait(), or once
+// Work::ready() says so. A caller that cannot promise it (a buffer freed on its own stream, a
+// stream-ordered pool) hands its owner to Work::keep_alive(), which holds it until then.
 #pragma once
 
 #include <chrono>
@@ -77,8 +81,10 @@ constexpr DataType data_type_of() {
     static_assert(sizeof(T) == 0, "unsupported element type");
 }
 
-// A collective failed or timed out: the group is unusable and the worker should exit non-zero so
-// the agent restarts the group.
+// A collective failed or timed out, or could not be issued. The message says which collective, on
+// which rank, and why (for a peer that died: which peer, when the backend can tell). A failed
+// group is unusable: exit non-zero so the agent restarts it. A collective refused before it started
+// (NCCL's invalid argument or usage) leaves the group usable.
 class CollectiveError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -94,6 +100,8 @@ class Work {
     virtual void wait() = 0;
     virtual bool ready() = 0;
     virtual void wait_on(CudaStream stream) = 0;
+    // Holds `owner` at least until the collective completed (see Work::keep_alive).
+    virtual void keep_alive(std::shared_ptr<const void> owner) = 0;
   };
 
   Work() = default;                              // nothing to wait for
@@ -107,6 +115,10 @@ class Work {
   // GPU backends: work enqueued on `stream` after this call waits for the collective; the host
   // does not. Host backends: wait(). Throws CollectiveError once the group has failed.
   void wait_on(CudaStream stream) const;
+  // Keeps `owner` (the buffers' owner: a shared_ptr whose deleter frees them) alive until the
+  // collective completed, even when this Work is dropped before: the group holds it, and releases
+  // it once the collective's completion was seen (never while NCCL may still read or write them).
+  void keep_alive(std::shared_ptr<const void> owner) const;
 
  private:
   std::shared_ptr<State> state_;
@@ -120,6 +132,8 @@ class ProcessGroup {
   virtual std::string backend() const = 0;
   // True when collectives take device pointers (NCCL), false for host memory (Gloo).
   virtual bool device_buffers() const = 0;
+  // The CUDA device of a GPU backend's buffers and streams; -1 for host backends.
+  virtual int cuda_device() const { return -1; }
 
   // Every collective takes `stream` last: see the top of this file. Its default binds to this
   // class's declaration, so call through ProcessGroup.
@@ -200,9 +214,10 @@ struct GlooOptions {
 std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int rank, int size,
                                               GlooOptions options = {});
 
-// What an NCCL group does once a collective failed (an asynchronous NCCL error, such as a peer
-// that died, or an operation past op_timeout). Either way the communicator is aborted first, so
-// no collective and no restart hangs on it.
+// What an NCCL group does once it failed: an asynchronous NCCL error (a peer that died, a network
+// error), a collective past op_timeout. Either way the communicator is aborted first, so no
+// collective and no restart hangs on it. A collective NCCL refuses when it is issued (an invalid
+// argument or usage) is not a failure of the group: it throws CollectiveError to its caller only.
 enum class NcclFailure {
   kExitProcess,  // exit with exit_code_on_abort at once, so the agent restarts the group
   kThrow,        // pending and later collectives throw CollectiveError; rebuild the group
@@ -212,22 +227,54 @@ struct NcclOptions {
   // CUDA device; -1: LOCAL_RANK's, or the only visible one (dist-launch --devices and
   // --virtual-local-rank give each worker its own device).
   int device = -1;
+  // Every rank reaching the group, then NCCL's initialization; each bounded by this.
   std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds op_timeout{std::chrono::minutes(10)};  // then abort
+  // Store keys of this group: <key_prefix>/<n>/arrived (a counter every rank adds 1 to),
+  // .../all_arrived and .../unique_id (rank 0's), n counting the NCCL groups this rank built on
+  // the same key_prefix before (as torch counts its communicators), so a second group, or a group
+  // rebuilt in the same process, never reads a previous one's unique id.
   std::string key_prefix = "sdk/nccl";
   NcclFailure on_failure = NcclFailure::kExitProcess;
   int exit_code_on_abort = 75;  // the worker exits with this after an abort, so the agent restarts
+  // A blocking communicator (NCCL's and torch's default): collectives return once enqueued. False:
+  // NCCL's non-blocking mode, every call polled until it leaves ncclInProgress (torch's
+  // TORCH_NCCL_USE_COMM_NONBLOCKING=1, which dist::sdk::init() honours). Either way the watchdog
+  // can abort the communicator while a call is stuck in NCCL; only a non-blocking one can also be
+  // aborted while it initializes (a blocking initialization past init_timeout throws, leaving
+  // NCCL's call behind on a thread of its own: exit then).
+  bool blocking = true;
+  // The watchdog's own watchdog: when the watchdog thread makes no progress for this long (a CUDA
+  // or NCCL call stuck in the driver), the process prints why and exits with exit_code_on_abort,
+  // whatever on_failure says (torch's TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC). Zero: not watched.
+  std::chrono::milliseconds watchdog_stall_timeout{std::chrono::minutes(8)};
+  // NCCL's bootstrap interface, as for Gloo: unless NCCL_SOCKET_IFNAME (or NCCL_COMM_ID) is set,
+  // the group sets NCCL_SOCKET_IFNAME to the interface of the address GlooOptions would choose from
+  // these (local_address, GLOO_SOCKET_IFNAME, DIST_LOCAL_ADDR, the route to route_to), before
+  // NCCL's first call in this process: a host with several interfaces (docker0) never
+  // advertises one the other hosts cannot reach.
+  std::string local_address;
+  std::string route_to = "127.0.0.1";
 };
 
 // True when this build has the NCCL backend (CUDA and NCCL were found at configure time).
 bool nccl_available();
 
-// Builds an NCCL group over GPUs. Buffers passed to its collectives are device pointers.
-// Rank 0's ncclUniqueId travels through the store; initialization is non-blocking with a
-// deadline. Collectives wait for the caller's stream (an event), run on the group's stream, and
-// complete through CUDA events: Work::wait() synchronizes on the collective's event. A watchdog
-// thread checks deadlines and the communicator's asynchronous error and applies on_failure.
-// Throws CollectiveError when the backend is missing or a GPU is not usable.
+// The NCCL this process loaded and the one it was built with, as "2.30.7 (built with 2.28.9)";
+// "none" in a build without the backend. Needs no GPU. Every NCCL group logs it when rank 0
+// creates it, and every NCCL error message carries it.
+std::string nccl_version();
+
+// Builds an NCCL group over GPUs. Buffers passed to its collectives are device pointers on
+// cuda_device(), which becomes the calling thread's current device (as torch.cuda.set_device);
+// the group touches memory and streams only under its own device, on any thread. Every rank
+// meets on the store first (CollectiveError naming how many came within init_timeout), then rank
+// 0's ncclUniqueId travels through it, and NCCL initializes within init_timeout. Collectives wait
+// for the caller's stream (an event), run on the group's stream, and complete through CUDA
+// events: Work::wait() synchronizes on the collective's event. A watchdog thread checks deadlines
+// and the communicator's asynchronous error and applies on_failure. Destroying the group with
+// collectives still running aborts the communicator (their Work then throws); an idle, healthy
+// one is finalized. Throws CollectiveError when the backend is missing or a GPU is not usable.
 std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int rank, int size,
                                               int local_rank, NcclOptions options = {});
 

@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# The GPU proof of the SDK's NCCL path (issue 24), in one command, run from the folder
+# scripts/gpu-bundle.sh makes (this file is copied into it):
+#
+#   bash gpu-bundle/gpu-check.sh        everything goes to $OUT when set, else ./gpu-check-out
+#
+# Steps, in order of what matters most, each bounded by `timeout` and by what is left of
+# GPU_CHECK_BUDGET (default 450 s: the command must end within 8 minutes); a step that fails is
+# recorded and the next one runs; a summary table ends the output (and $OUT/summary.txt):
+#   facts        nvidia-smi, the OS, glibc, Python, torch and its NCCL, the bundle's manifest
+#   nccl_link    the machine's NCCL (torch's pip NCCL, else a system one) linked into lib/, where
+#                the programs' RPATH ($ORIGIN/../lib) finds it; ldd of every program
+#   load         every program starts; the NCCL it loads and the one it was built with
+#   sdk_cpu      the SDK's tests that need no GPU (Gloo, keys, monitor), from the bundle
+#   gpu:<test>   each GPU test (sdk_gpu_tests) on its own, CUDA_MODULE_LOADING=EAGER
+#   ddp_train    ddp_train --backend nccl under dist-launch: an uninterrupted run, then one that
+#                crashes at step 320 and restarts: the same weights (SHA-256) or FAIL
+#   compare_sum, compare_avg   bench/nccl_compare.py: the SDK's group beside torch's
+#                ProcessGroupNCCL on this GPU, synchronous 8 B and 64 MiB all-reduces, interleaved,
+#                medians (sum: nothing to move at one rank; avg: NCCL's kernel over every byte)
+#   sdk_nccl     sdk_tests' NCCL tests (one rank per visible GPU)
+#   warm_restart the warm-restart and in-place-recovery benchmarks with CUDA workers, once the
+#                bundle has them
+# Without a GPU (nvidia-smi lists none, or GPU_CHECK_FORCE_CPU=1) the GPU steps are skipped,
+# saying so, and the others run: a test runs it so on machines without one. GPU_CHECK_FORCE_GPU=1
+# runs the GPU steps anyway (a rehearsal of this script: without a device they skip or fail).
+# Exit 0 when no step failed or timed out, else 1.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+budget=${GPU_CHECK_BUDGET:-450}
+start=$SECONDS
+rows=()
+failures=0
+export here out
+
+gpu=false
+if [ "${GPU_CHECK_FORCE_CPU:-0}" != 1 ] && command -v nvidia-smi >/dev/null 2>&1 &&
+  nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  gpu=true
+fi
+# A rehearsal of the GPU steps where there is no GPU (they skip or fail, but every step runs).
+[ "${GPU_CHECK_FORCE_GPU:-0}" = 1 ] && gpu=true
+
+# record NAME STATUS SECONDS NOTE
+record() {
+  rows+=("$(printf '%-64s %-7s %4s  %s' "$1" "$2" "$3" "$4")")
+  case $2 in FAIL | TIMEOUT) failures=$((failures + 1)) ;; esac
+}
+
+# step NAME LIMIT FUNCTION [ARGS...]: runs the exported FUNCTION under timeout (LIMIT seconds at
+# most, less when the budget is nearly spent), its output on the console and in $out/NAME.log.
+# Exit 0: PASS, 77: SKIP, 124/137: TIMEOUT, else FAIL. The note is its last "NOTE:" line.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((budget - (SECONDS - start)))
+  if ((left < 15)); then
+    record "$name" SKIP 0 "out of time: the ${budget}s budget is spent"
+    return
+  fi
+  ((limit > left - 10)) && limit=$((left - 10))
+  local log="$out/${name//[^A-Za-z0-9_.-]/_}.log"
+  echo
+  echo "=== $name (at most ${limit}s)"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" bash -c '"$@"' _ "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local note
+  note=$(grep -a '^NOTE: ' "$log" | tail -1 | cut -c7-)
+  case $rc in
+    0) record "$name" PASS $((SECONDS - t0)) "$note" ;;
+    77) record "$name" SKIP $((SECONDS - t0)) "$note" ;;
+    124 | 137) record "$name" TIMEOUT $((SECONDS - t0)) "killed after ${limit}s; $note" ;;
+    *) record "$name" FAIL $((SECONDS - t0)) "exit $rc; $note" ;;
+  esac
+}
+
+gpu_step_skipped() {
+  record "$1" SKIP 0 "no GPU on this machine (nvidia-smi lists none)"
+}
+
+# ---- the steps (exported: they run under timeout in a shell of their own) ----
+
+facts() {
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,pci.bus_id --format=csv
+  else
+    echo "nvidia-smi: not installed"
+  fi
+  uname -a
+  grep PRETTY_NAME /etc/os-release
+  ldd --version | head -1
+  echo "cores: $(nproc)"
+  python3 --version
+  timeout 60 python3 - <<'PY' || echo "torch: not importable"
+import torch
+info = [f"torch {torch.__version__}", f"CUDA {torch.version.cuda}",
+        f"cuda available {torch.cuda.is_available()}"]
+try:
+    info.append("NCCL " + ".".join(map(str, torch.cuda.nccl.version())))
+except Exception as e:  # a CPU build of torch
+    info.append(f"NCCL: {e}")
+print(", ".join(info))
+PY
+  env | grep -E '^(CUDA|NCCL|LD_LIBRARY_PATH)' || true
+  head -8 "$here/MANIFEST.txt"
+  local device
+  device=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+  echo "NOTE: ${device:-no GPU}; $(grep -m1 '^commit:' "$here/MANIFEST.txt")"
+}
+
+# Links the machine's NCCL into lib/ (torch's pip NCCL first: the one torch runs on). What later
+# steps need stays on disk: the link, or $out/.nccl_ld_path when lib/ is read-only.
+link_nccl() {
+  local dir="" d torch_dir
+  dir=$(timeout 60 python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)
+  if [ ! -f "$dir/libnccl.so.2" ]; then  # where torch's own RPATH looks: site-packages/nvidia/*/lib
+    torch_dir=$(timeout 60 python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)
+    dir=$(dirname "$(ls "$torch_dir"/../nvidia/*/lib/libnccl.so.2 2>/dev/null | head -1)" 2>/dev/null)
+  fi
+  if [ ! -f "$dir/libnccl.so.2" ]; then
+    dir=""
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
+      if [ -f "$d/libnccl.so.2" ]; then
+        dir=$d
+        break
+      fi
+    done
+  fi
+  if [ -z "$dir" ]; then
+    echo "no libnccl.so.2: neither python3's nvidia.nccl (torch's pip NCCL) nor a system one"
+    echo "NOTE: no NCCL found on this machine"
+    return 1
+  fi
+  if ln -sfn "$dir/libnccl.so.2" "$here/lib/libnccl.so.2" 2>/dev/null; then
+    echo "linked $here/lib/libnccl.so.2 -> $dir/libnccl.so.2"
+  else
+    echo "lib/ is read-only: LD_LIBRARY_PATH=$dir for the bundle's programs"
+    echo "$dir" >"$out/.nccl_ld_path"
+  fi
+  local missing=0 f
+  for f in "$here"/bin/*; do
+    echo "--- ldd $(basename "$f")"
+    with_nccl ldd "$f" | tee -a "$out/ldd.txt" | grep -E 'nccl|gloo|udev|not found|version .* not found'
+    with_nccl ldd "$f" 2>&1 | grep -qE 'not found' && missing=1
+  done
+  echo "NOTE: libnccl.so.2 from $dir$([ $missing = 1 ] && echo '; a library is NOT FOUND (ldd.txt)')"
+  return $missing
+}
+
+with_nccl() {
+  if [ -f "$out/.nccl_ld_path" ]; then
+    LD_LIBRARY_PATH="$(cat "$out/.nccl_ld_path")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
+  else
+    "$@"
+  fi
+}
+
+load() {
+  local rc=0
+  with_nccl "$here/bin/dist-launch" --version || rc=1
+  with_nccl "$here/bin/ddp_train" --help >/dev/null || rc=1
+  with_nccl "$here/bin/nccl-bench" --help >/dev/null || rc=1
+  with_nccl "$here/bin/sdk_gpu_tests" --gtest_list_tests >/dev/null || rc=1
+  local version
+  version=$(with_nccl "$here/bin/sdk_tests" --gtest_filter=NcclBootstrap.TheLoadedNcclVersionIsReported |
+    grep -a 'loaded NCCL')
+  echo "$version"
+  [ -n "$version" ] || rc=1
+  echo "NOTE: ${version:-the NCCL version could not be read}"
+  return $rc
+}
+
+sdk_cpu() {
+  with_nccl "$here/bin/sdk_tests" \
+    --gtest_filter='NcclBootstrap.*:StallMonitor.*:GlooPeerFailure.*:KeepAlive.*' --gtest_brief=1
+  local rc=$?
+  echo "NOTE: Gloo peer naming, keep_alive, communicator keys, stall monitor, from the bundle"
+  return $rc
+}
+
+# One GPU test, in a process of its own.
+gpu_test() {
+  local log rc
+  log=$(mktemp)
+  CUDA_MODULE_LOADING=EAGER NCCL_DEBUG=${NCCL_DEBUG:-VERSION} with_nccl "$here/bin/sdk_gpu_tests" \
+    --gtest_filter="$1" --gtest_brief=0 >"$log" 2>&1
+  rc=$?
+  cat "$log"
+  if grep -aq '\[  SKIPPED \]' "$log" && ! grep -aq '\[       OK \]' "$log"; then
+    echo "NOTE: $(grep -a -A1 'Skipped' "$log" | tail -1)"
+    rm -f "$log"
+    return 77
+  fi
+  echo "NOTE: $(grep -aoE 'wait\(\) returned a median [0-9.]+ us|destroyed with a collective running in [0-9.]+ s|failure seen after [0-9.]+ s|[0-9]+ collectives issued|gave up after [0-9.]+ s' "$log" | paste -sd';' -)"
+  rm -f "$log"
+  return $rc
+}
+
+# ddp_train on the GPU: an uninterrupted run and a crash-and-restart run, the same weights.
+ddp_train() {
+  local dir="$out/ddp_train" run digest=() accuracy=()
+  rm -rf "$dir"
+  for run in clean crash; do
+    mkdir -p "$dir/$run/checkpoints"
+    local extra=""
+    [ $run = crash ] && extra="--crash-at-step 320"
+    echo "--- $run"
+    with_nccl timeout 200 "$here/bin/dist-launch" --nproc-per-node 1 --max-restarts 1 \
+      --log-dir "$dir/$run/logs" --no-python "$here/bin/ddp_train" --backend nccl \
+      --data "$here/data/digits.csv.gz" --checkpoint-dir "$dir/$run/checkpoints" $extra \
+      2>&1 | tee "$dir/$run.txt" | grep -avE '^\[default0\]:epoch +([2-9]|1[0-9]|2[0-9]) '
+    local line
+    line=$(grep -aoE 'final test accuracy [0-9.]+ weights sha256 [0-9a-f]{64}' "$dir/$run.txt")
+    digest+=("${line##* }")
+    accuracy+=("$(echo "$line" | awk '{print $4}')")
+  done
+  local restarted
+  restarted=$(grep -ac 'resumed from' "$dir/crash.txt")
+  echo "clean:   accuracy ${accuracy[0]:-none} sha256 ${digest[0]:-none}"
+  echo "crashed: accuracy ${accuracy[1]:-none} sha256 ${digest[1]:-none} (resumed: $restarted)"
+  if [ -n "${digest[0]}" ] && [ "${digest[0]}" = "${digest[1]}" ] && [ "$restarted" -ge 1 ]; then
+    echo "NOTE: crash at 320 + restart = uninterrupted: sha256 ${digest[0]:0:16}, accuracy ${accuracy[0]}"
+    return 0
+  fi
+  echo "NOTE: digests differ or no restart: ${digest[0]:-none} vs ${digest[1]:-none}; $(grep -ah 'ddp_train: error' "$dir/clean.txt" "$dir/crash.txt" | tail -1 | cut -c1-160)"
+  return 1
+}
+
+compare() {
+  with_nccl python3 "$here/bench/nccl_compare.py" --bench "$here/bin/nccl-bench" --python python3 \
+    --runs 3 --sizes 8,67108864 --min-seconds 1 --op "$1" >"$out/compare_$1.table" 2>&1
+  local rc=$?
+  cat "$out/compare_$1.table"
+  if [ $rc -ne 0 ]; then
+    echo "NOTE: $(grep -a . "$out/compare_$1.table" | tail -1 | cut -c1-160)"
+  else
+    echo "NOTE: $(awk '$1 == 8 {printf "8 B: sdk %s us, torch %s us (sdk-torch %s); ", $2, $4, $5} $1 == 67108864 {printf "64 MiB: sdk %s us (%s GB/s), torch %s us (%s GB/s)", $2, $6, $4, $7}' "$out/compare_$1.table")"
+  fi
+  return $rc
+}
+
+sdk_nccl() {
+  local log rc
+  log=$(mktemp)
+  NCCL_DEBUG=${NCCL_DEBUG:-VERSION} with_nccl "$here/bin/sdk_tests" --gtest_filter='Nccl.*' \
+    --gtest_brief=0 >"$log" 2>&1
+  rc=$?
+  cat "$log"
+  echo "NOTE: $(grep -aE '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$log" | cut -c14- | paste -sd';' -)"
+  rm -f "$log"
+  return $rc
+}
+
+export -f facts link_nccl with_nccl load sdk_cpu gpu_test ddp_train compare sdk_nccl
+
+main() {
+  echo "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), bundle $here, output $out, budget ${budget}s"
+  if ! $gpu; then
+    echo "gpu-check: no GPU on this machine (nvidia-smi lists none$([ "${GPU_CHECK_FORCE_CPU:-0}" = 1 ] && echo ', or GPU_CHECK_FORCE_CPU=1')): the GPU steps are SKIPPED; the bundle's own checks run"
+  fi
+  rm -f "$out/.nccl_ld_path" "$out/ldd.txt"
+  step facts 60 facts
+  step nccl_link 60 link_nccl
+  step load 60 load
+  step sdk_cpu 90 sdk_cpu
+  local t
+  if $gpu; then
+    for t in $(with_nccl "$here/bin/sdk_gpu_tests" --gtest_list_tests |
+      awk '/^[A-Za-z]/ {suite=$1} /^  [A-Za-z]/ && suite !~ /Child/ {print suite $1}'); do
+      case $t in *Abort* | *Init* | *TwoRanks* | *Refuses* | *OpTimeout*) step "gpu:${t#OneGpu.}" 100 gpu_test "$t" ;;
+        *) step "gpu:${t#OneGpu.}" 60 gpu_test "$t" ;;
+      esac
+    done
+    step ddp_train 200 ddp_train
+    step compare_sum 120 compare sum
+    step compare_avg 120 compare avg
+    step sdk_nccl 60 sdk_nccl
+  else
+    for t in gpu_tests ddp_train compare_sum compare_avg sdk_nccl; do gpu_step_skipped "$t"; done
+  fi
+  record warm_restart SKIP 0 "no warm-restart or in-place-recovery benchmark in this bundle yet"
+
+  {
+    echo
+    local device
+    device=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+    echo "=== summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), $((SECONDS - start)) s, ${device:-no GPU})"
+    printf '%-64s %-7s %4s  %s\n' step status s note
+    printf '%s\n' "${rows[@]}"
+    echo "$failures step(s) failed or timed out; logs in $out"
+  } | tee "$out/summary.txt"
+  [ "$failures" -eq 0 ]
+}
+
+main "$@" 2>&1 | tee "$out/log.txt"
+exit "${PIPESTATUS[0]}"

@@ -17,7 +17,8 @@ namespace dist::sdk {
 struct Checkpoint {
   std::uint64_t step = 0;
   std::map<std::string, std::vector<float>> tensors;
-  std::map<std::string, std::string> blobs;
+  // "= {}": {step, tensors} initializes a Checkpoint without -Wmissing-field-initializers.
+  std::map<std::string, std::string> blobs = {};
 };
 
 class CheckpointError : public std::runtime_error {

@@ -77,8 +77,12 @@ class ExchangeThread {
     }
     wake_.notify_one();
   }
+  // Runs on the calling thread the jobs the exchange thread has not started (in order, one at a
+  // time, as the thread would: the last bucket's exchange then costs no thread hand-off), then
+  // waits for the one it runs.
   void drain() {
     std::unique_lock lock(mutex_);
+    while (!queue_.empty() && !busy_) run_front(lock);
     idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
     if (error_) {
       auto error = std::exchange(error_, nullptr);
@@ -90,25 +94,31 @@ class ExchangeThread {
   void run() {
     std::unique_lock lock(mutex_);
     while (true) {
-      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      wake_.wait(lock, [this] { return !busy_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping, and everything posted has run
-      auto job = std::move(queue_.front());
-      queue_.pop_front();
-      if (!error_) {
-        busy_ = true;
-        lock.unlock();
-        std::exception_ptr failed;
-        try {
-          job();
-        } catch (...) {
-          failed = std::current_exception();
-        }
-        lock.lock();
-        busy_ = false;
-        if (failed) error_ = failed;
-      }
-      if (queue_.empty()) idle_.notify_all();
+      run_front(lock);
     }
+  }
+
+  // Pops the first job and runs it unlocked (skipped once a job failed); `lock` holds mutex_.
+  void run_front(std::unique_lock<std::mutex>& lock) {
+    auto job = std::move(queue_.front());
+    queue_.pop_front();
+    if (!error_) {
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        job();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lock.lock();
+      busy_ = false;
+      if (failed) error_ = failed;
+    }
+    if (queue_.empty()) idle_.notify_all();
+    if (!queue_.empty()) wake_.notify_one();
   }
 
   std::mutex mutex_;

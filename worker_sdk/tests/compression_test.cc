@@ -138,8 +138,8 @@ TEST(CompressionSpec, BadSpecsAreOneLineErrorsNamingTheSpec) {
   }
 }
 
-// fp16 and bf16: each rank sends T(acc / 2); Gloo adds two 16-bit values in float and rounds;
-// the residual keeps acc - float(sent) * 2 for the next step.
+// fp16 and bf16: each rank sends T(acc / 2); the sum is taken in float, in rank order (two ranks:
+// an all-gather); the residual keeps acc - float(sent) * 2 for the next step.
 template <typename T>
 void check_cast(const std::string& spec) {
   constexpr int kSteps = 3;
@@ -159,7 +159,7 @@ void check_cast(const std::string& spec) {
         sent[static_cast<std::size_t>(r)] = T::from_float(acc * 0.5f);
         res[i] = acc - sent[static_cast<std::size_t>(r)].to_float() / 0.5f;
       }
-      sum = T::from_float(sent[0].to_float() + sent[1].to_float()).to_float();
+      sum = sent[0].to_float() + sent[1].to_float();
       expected[i] = sum;
     }
     ASSERT_EQ(got[static_cast<std::size_t>(s)], expected) << spec << " step " << s;
@@ -171,6 +171,33 @@ TEST(Compression, Fp16IsTheRoundedAverageWithTheResidualCarriedOver) {
 }
 TEST(Compression, Bf16IsTheRoundedAverageWithTheResidualCarriedOver) {
   check_cast<BFloat16>("bf16");
+}
+
+// Three ranks and 80 KB of fp16 per rank: past the all-gather's limit, Gloo's ring all-reduce in
+// float16 (partial sums rounded to half), so the result is within a few half ulps of the mean.
+TEST(Compression, Fp16OnALargeBucketOfThreeRanksUsesTheRingAllReduce) {
+  constexpr int kRanks = 3;
+  constexpr std::size_t kN = 40000;
+  std::mutex mutex;
+  std::vector<std::vector<float>> results;
+  on_ranks(kRanks, [&](ProcessGroup& g) {
+    std::vector<float> v(kN), dv = random_values(kN, 70 + static_cast<unsigned>(g.rank()));
+    DistributedDataParallel ddp(g, {{"v", v, dv}}, with("fp16"));
+    ddp.synchronize();
+    EXPECT_EQ(ddp.stats().bytes_sent, 2 * (kRanks - 1) * kN * 2 / kRanks);
+    std::lock_guard lock(mutex);
+    results.push_back(dv);
+  });
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+  std::vector<std::vector<float>> grads;
+  for (int r = 0; r < kRanks; ++r)
+    grads.push_back(random_values(kN, 70 + static_cast<unsigned>(r)));
+  for (std::size_t i = 0; i < kN; ++i) {
+    const double mean = (double{grads[0][i]} + grads[1][i] + grads[2][i]) / kRanks;
+    EXPECT_NEAR(results[0][i], mean, 4e-3 * std::max(1.0, std::fabs(mean))) << i;
+  }
 }
 
 // The k = ceil(ratio n) entries of each rank largest in magnitude (ties: lower index), summed

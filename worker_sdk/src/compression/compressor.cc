@@ -39,7 +39,7 @@ class Lossy : public BucketCompressor {
   float* acc_;  // gradients plus residual
 };
 
-// fp16 / bf16: the bucket divided by the world size, cast, summed.
+// fp16 / bf16: the bucket divided by the world size, cast, summed (in float).
 class Cast16 final : public Lossy {
  public:
   Cast16(Ops& ops, const BucketLayout& layout, DataType wire)
@@ -48,8 +48,7 @@ class Cast16 final : public Lossy {
   void exchange(void* flat) override {
     ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
     ops_.encode16(acc_, wire_, wire_type_, inverse_world(), residual_, n_);
-    ops_.all_reduce(wire_, n_, wire_type_, ReduceOp::kSum);
-    ops_.decode16(wire_, wire_type_, acc_, n_);
+    ops_.all_sum(wire_, wire_type_, n_, acc_);
     ops_.narrow(acc_, flat, layout_.type, n_);
   }
 
@@ -128,8 +127,8 @@ class Threshold final : public Lossy {
   std::size_t gathered_words_ = 0;
 };
 
-// powersgd:RANK, as torch's powerSGD_hook with warm start and error feedback. One all-reduce
-// carries every P and the uncompressed tensors, a second every Q.
+// powersgd:RANK, as torch's powerSGD_hook with warm start and error feedback. One exchange
+// carries every P and the uncompressed tensors (torch: two), a second every Q.
 class PowerSgd final : public Lossy {
  public:
   PowerSgd(Ops& ops, const BucketLayout& layout, const Compression& c, std::size_t index)
@@ -153,8 +152,8 @@ class PowerSgd final : public Lossy {
       ops_.copy(whole + at, acc_ + t.offset, t.count * sizeof(float));
       at += t.count;
     }
-    ops_.all_reduce(first_message_, plan_.p_size + plan_.uncompressed_size, DataType::kFloat32,
-                    ReduceOp::kSum);
+    ops_.all_sum(first_message_, DataType::kFloat32, plan_.p_size + plan_.uncompressed_size,
+                 first_message_);
     ops_.scale(whole, plan_.uncompressed_size, inverse_world());
     at = 0;
     for (const auto& t : plan_.uncompressed) {  // their average (their residual stays zero)
@@ -165,7 +164,7 @@ class PowerSgd final : public Lossy {
     for (const auto& m : plan_.matrices) {  // Q = M^T P
       ops_.matmul(acc_ + m.offset, p + m.p_offset, q_ + m.q_offset, m.cols, m.rows, m.rank, true);
     }
-    ops_.all_reduce(q_, plan_.q_size, DataType::kFloat32, ReduceOp::kSum);
+    ops_.all_sum(q_, DataType::kFloat32, plan_.q_size, q_);
     ops_.scale(q_, plan_.q_size, inverse_world());
     for (const auto& m : plan_.matrices) {  // M ~ P Q^T; the rest waits in the residual
       ops_.outer(p + m.p_offset, q_ + m.q_offset, out_ + m.offset, m.rows, m.cols, m.rank);

@@ -122,6 +122,10 @@ class DeviceOps final : public Ops {
   void decode16(const void* wire, DataType wire_type, float* out, std::size_t n) override {
     launch([&] { kernels::decode16(wire, float_type(wire_type), out, n, stream_); });
   }
+  void sum_ranks(const void* gathered, int ranks, DataType type, std::size_t n,
+                 float* out) override {
+    launch([&] { kernels::sum_ranks(gathered, ranks, float_type(type), n, out, stream_); });
+  }
   void select_topk(const float* acc, std::size_t n, std::size_t k, std::int32_t* message,
                    float* residual) override {
     const std::size_t needed = kernels::topk_scratch_bytes(n);

@@ -182,6 +182,21 @@ class HostOps final : public Ops {
     });
   }
 
+  void sum_ranks(const void* gathered, int ranks, DataType type, std::size_t n,
+                 float* out) override {
+    with_float_type(type, [&](auto zero) {
+      using T = decltype(zero);
+      const T* in = static_cast<const T*>(gathered);
+      for (std::size_t i = 0; i < n; ++i) {
+        float sum = 0.0f;
+        for (std::size_t r = 0; r < static_cast<std::size_t>(ranks); ++r) {
+          sum += to_float(in[r * n + i]);
+        }
+        out[i] = sum;
+      }
+    });
+  }
+
   void select_topk(const float* acc, std::size_t n, std::size_t k, std::int32_t* message,
                    float* residual) override {
     order_.resize(n);
@@ -306,6 +321,27 @@ void Ops::all_gather(const void* input, void* output, std::size_t count, DataTyp
   if (count == 0) return;
   run_all_gather(input, output, count, type);
   bytes_sent_ += ring_all_gather_bytes(count * element_size(type), world());
+}
+
+void Ops::all_sum(void* input, DataType type, std::size_t count, float* out) {
+  if (count == 0) return;
+  const std::size_t bytes = count * element_size(type);
+  if (world() == 2 || bytes <= kGatherBytes) {
+    const std::size_t whole = bytes * static_cast<std::size_t>(world());
+    if (whole > gathered_bytes_) {
+      gathered_ = allocate(whole);
+      gathered_bytes_ = whole;
+    }
+    all_gather(input, gathered_, count, type);
+    sum_ranks(gathered_, world(), type, count, out);
+    return;
+  }
+  all_reduce(input, count, type, ReduceOp::kSum);
+  if (type == DataType::kFloat32) {
+    if (static_cast<void*>(out) != input) copy(out, input, bytes);
+  } else {
+    decode16(input, type, out, count);
+  }
 }
 
 std::uint64_t ring_all_reduce_bytes(std::size_t bytes, int world) {

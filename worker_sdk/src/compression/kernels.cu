@@ -115,6 +115,15 @@ __global__ void decode_kernel(const T* wire, float* out, std::size_t n) {
   for (std::size_t i = first_index(); i < n; i += grid_stride()) out[i] = to_float(wire[i]);
 }
 
+template <typename T>
+__global__ void sum_ranks_kernel(const T* gathered, int ranks, std::size_t n, float* out) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    float sum = 0.0f;
+    for (int r = 0; r < ranks; ++r) sum += to_float(gathered[static_cast<std::size_t>(r) * n + i]);
+    out[i] = sum;
+  }
+}
+
 // The radix select's state: the key prefix found so far, its mask, how many entries are still
 // to take at or below it, and the slots taken by the entries above the final key.
 struct SelectState {
@@ -365,6 +374,16 @@ void decode16(const void* wire, FloatType wire_type, float* out, std::size_t n, 
     decode_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(wire), out, n);
   });
   check("decode16");
+}
+
+void sum_ranks(const void* gathered, int ranks, FloatType type, std::size_t n, float* out,
+               Stream stream) {
+  with_type(type, [&](auto zero) {
+    using T = decltype(zero);
+    sum_ranks_kernel<T>
+        <<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(gathered), ranks, n, out);
+  });
+  check("sum_ranks");
 }
 
 std::size_t topk_scratch_bytes(std::size_t n) {

@@ -21,6 +21,9 @@ void narrow(const float* src, void* flat, FloatType type, std::size_t n, Stream 
 void encode16(const float* acc, void* wire, FloatType wire_type, float scale, float* residual,
               std::size_t n, Stream stream);
 void decode16(const void* wire, FloatType wire_type, float* out, std::size_t n, Stream stream);
+// out[i] = sum over r < ranks, in order, of gathered[r * n + i].
+void sum_ranks(const void* gathered, int ranks, FloatType type, std::size_t n, float* out,
+               Stream stream);
 
 // Top-k by a radix select of the k-th largest magnitude (four 8-bit passes), then the entries
 // above it (in any order) and the first ties by index. `scratch` holds topk_scratch_bytes(n).

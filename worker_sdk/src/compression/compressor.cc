@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numbers>
 #include <random>
 #include <stdexcept>
@@ -57,13 +58,25 @@ class Cast16 final : public Lossy {
   void* wire_;
 };
 
+// The sparse modes send 32-bit indices.
+const BucketLayout& indexable(const BucketLayout& layout) {
+  if (layout.elements > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+    throw std::invalid_argument("DDP: a bucket of " + std::to_string(layout.elements) +
+                                " elements is too large for sparse compression (32-bit indices): "
+                                "lower DdpOptions::bucket_cap_bytes");
+  }
+  return layout;
+}
+
 // topk:RATIO: the k largest entries of each rank, all-gathered as (index, value) pairs.
 class TopK final : public Lossy {
  public:
   TopK(Ops& ops, const BucketLayout& layout, double ratio)
-      : Lossy(ops, layout),
-        k_(std::clamp<std::size_t>(
-            static_cast<std::size_t>(std::ceil(ratio * static_cast<double>(n_))), 1, n_)),
+      : Lossy(ops, indexable(layout)),
+        k_(n_ == 0
+               ? 0
+               : std::clamp<std::size_t>(
+                     static_cast<std::size_t>(std::ceil(ratio * static_cast<double>(n_))), 1, n_)),
         message_(static_cast<std::int32_t*>(ops.allocate(2 * k_ * sizeof(std::int32_t)))),
         gathered_(static_cast<std::int32_t*>(
             ops.allocate(2 * k_ * static_cast<std::size_t>(ops.world()) * sizeof(std::int32_t)))) {}
@@ -89,7 +102,7 @@ class TopK final : public Lossy {
 class Threshold final : public Lossy {
  public:
   Threshold(Ops& ops, const BucketLayout& layout, float threshold)
-      : Lossy(ops, layout),
+      : Lossy(ops, indexable(layout)),
         threshold_(threshold),
         message_(static_cast<std::int32_t*>(ops.allocate(2 * n_ * sizeof(std::int32_t)))),
         count_(static_cast<std::int32_t*>(ops.allocate(sizeof(std::int32_t)))),

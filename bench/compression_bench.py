@@ -156,8 +156,15 @@ def main():
             for rate in rates:
                 shape_link(hosts, rate)
                 for label, side, flags in MODES:
-                    port += 1  # a fresh store port per job: no wait for the last one's sockets
-                    r = run_job(hosts, args, side, flags, port, workdir)
+                    for attempt in range(2):  # one retry: a job that fails twice stops the bench
+                        port += 1  # a fresh store port per job: no wait for the last one's sockets
+                        try:
+                            r = run_job(hosts, args, side, flags, port, workdir)
+                            break
+                        except RuntimeError as e:
+                            if attempt:
+                                raise
+                            print(f"retrying once: {e}", file=sys.stderr, flush=True)
                     r.update(rate=rate, mode=label, round=round_index)
                     results[(rate, label)].append(r)
                     print(json.dumps(r), flush=True)

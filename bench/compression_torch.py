@@ -98,6 +98,8 @@ def main():
         print(f"torch {torch.__version__} hook {args.hook}: {steps} steps in {seconds:.3f} s of "
               f"training steps", flush=True)
         print(f"final test accuracy {accuracy:.4f}", flush=True)
+    # Both ranks leave together: gloo's threads can abort a rank whose peer tore down first.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -80,9 +80,11 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     memory_->complete(group_.broadcast_async(b.flat, b.elements, b.type, 0, memory_->stream()));
     copy_out(b, /*values=*/true);
   }
-  if (options.compression.lossy()) {
+  if (options.compression.lossy() || options.sync.local()) {
     ops_ = group.device_buffers() ? detail::make_device_ops(group, options.stream)
                                   : detail::make_host_ops(group);
+  }
+  if (options.compression.lossy()) {
     for (std::size_t i = 0; i < buckets_.size(); ++i) {
       detail::BucketLayout layout{buckets_[i].type, buckets_[i].elements, {}};
       for (std::size_t j = 0; j < buckets_[i].params.size(); ++j) {
@@ -159,7 +161,7 @@ void DistributedDataParallel::check_same_buckets_on_every_rank() {
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (auto& b : buckets_) {
-    if (b.launched && !ops_) {
+    if (b.launched && compressors_.empty()) {
       try {
         b.work.wait();
       } catch (...) {  // the group is failing anyway; never throw from a destructor
@@ -223,7 +225,7 @@ void DistributedDataParallel::launch(std::size_t index) {
   Bucket& b = buckets_[index];
   copy_in(b, /*values=*/false);
   b.launched = true;
-  if (!ops_) {
+  if (compressors_.empty()) {
     b.work = group_.all_reduce_async(b.flat, b.elements, b.type, ReduceOp::kAvg, memory_->stream());
     plain_bytes_ += detail::ring_all_reduce_bytes(b.elements * element_size(b.type), group_.size());
     return;
@@ -242,7 +244,7 @@ void DistributedDataParallel::synchronize() {
   }
   for (auto& b : buckets_) b.pending = 0;  // unmarked parameters go with what they hold
   launch_ready_buckets();
-  if (ops_) {
+  if (!compressors_.empty()) {
     ops_->drain();
     for (auto& b : buckets_) copy_out(b, /*values=*/false);
   } else {
@@ -276,19 +278,53 @@ void DistributedDataParallel::average_parameters() {
   average_values(0, 1);
 }
 
+// Through the Ops when there are (local strategies, lossy compression): each bucket's slice summed
+// in float (two ranks: one all-gather) in a job of its own, then divided and cast back; else the
+// group's all-reduce.
 void DistributedDataParallel::average_values(std::uint64_t chunk, std::uint64_t chunks) {
-  for (auto& b : buckets_) {
-    const std::size_t begin = b.elements * chunk / chunks;
-    const std::size_t end = b.elements * (chunk + 1) / chunks;
-    if (end == begin) continue;
-    const std::size_t size = element_size(b.type);
-    copy_in(b, /*values=*/true);
-    memory_->complete(group_.all_reduce_async(b.flat + begin * size, end - begin, b.type,
-                                              ReduceOp::kAvg, memory_->stream()));
-    copy_out(b, /*values=*/true);
-    plain_bytes_ += detail::ring_all_reduce_bytes((end - begin) * size, group_.size());
+  auto slice = [&](const Bucket& b) {
+    return std::pair{b.elements * chunk / chunks, b.elements * (chunk + 1) / chunks};
+  };
+  if (!ops_) {
+    for (auto& b : buckets_) {
+      const auto [begin, end] = slice(b);
+      if (end == begin) continue;
+      const std::size_t size = element_size(b.type);
+      copy_in(b, /*values=*/true);
+      memory_->complete(group_.all_reduce_async(b.flat + begin * size, end - begin, b.type,
+                                                ReduceOp::kAvg, memory_->stream()));
+      copy_out(b, /*values=*/true);
+      plain_bytes_ += detail::ring_all_reduce_bytes((end - begin) * size, group_.size());
+    }
+    stats_.bytes_sent = plain_bytes_;
+    return;
   }
-  stats_.bytes_sent = plain_bytes_ + (ops_ ? ops_->bytes_sent() : 0);
+  if (sums_.empty()) {
+    for (const auto& b : buckets_) sums_.push_back(ops_->allocate_floats(b.elements));
+  }
+  const float inverse = 1.0f / static_cast<float>(group_.size());
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    const auto [begin, end] = slice(b);
+    if (end == begin) continue;
+    copy_in(b, /*values=*/true);
+    detail::Ops* ops = ops_.get();
+    std::byte* values = b.flat + begin * element_size(b.type);
+    const DataType type = b.type;
+    const std::size_t count = end - begin;
+    float* sum = sums_[i];
+    ops->post([=] {
+      ops->all_sum(values, type, count, sum);
+      ops->scale(sum, count, inverse);
+      ops->narrow(sum, values, type, count);
+    });
+  }
+  ops_->drain();
+  for (const auto& b : buckets_) {
+    const auto [begin, end] = slice(b);
+    if (end != begin) copy_out(b, /*values=*/true);
+  }
+  stats_.bytes_sent = plain_bytes_ + ops_->bytes_sent();
 }
 
 std::string DistributedDataParallel::state() const {

@@ -168,9 +168,12 @@ class DistributedDataParallel {
   std::vector<bool> ready_;
   std::size_t next_launch_ = 0;
   bool sync_enabled_ = true;
-  // Lossy compression: the exchanges' operations and one compressor per bucket.
+  // Lossy compression and local strategies: the exchanges' operations; lossy compression: one
+  // compressor per bucket.
   std::unique_ptr<detail::Ops> ops_;
   std::vector<std::unique_ptr<detail::BucketCompressor>> compressors_;
+  std::vector<float*> sums_;  // average_values(): each bucket's float sums, in ops_
+
   std::uint64_t local_steps_ = 0;  // after_step() calls (local strategies)
   std::uint64_t plain_bytes_ = 0;  // sent outside ops_
   CommunicationStats stats_;

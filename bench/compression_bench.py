@@ -4,6 +4,7 @@ and --sync mode, beside torch 2.x DDP (gloo, CPU) with its fp16 and PowerSGD com
 on the same link and the same model (bench/compression_torch.py), 2 workers.
 
     python3 bench/compression_bench.py [--build build] [--runs 3] [--rates 100mbit,1gbit]
+        [--modes 'sdk fp16,torch fp16 hook'] [--hidden 128] [--out results.jsonl]
 
 Each job runs one worker on each of two named hosts (network namespaces on one bridge, see
 tests/named_hosts/named-hosts.sh), both under dist-launch; tc tbf limits each host's eth0 to the
@@ -88,6 +89,7 @@ def run_job(hosts, args, side, flags, port, workdir):
             argv += ["--no-python", os.path.join(args.build, "bin", "ddp_train")] + flags
         else:
             argv += [TORCH_WORKER] + flags
+        argv += ["--hidden", str(args.hidden)]
         log = os.path.join(workdir, f"{port}-{name}.log")
         logs.append(log)
         procs.append(hosts.start(name, argv, env=env, log=log))
@@ -130,6 +132,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rates", default="100mbit,1gbit")
     ap.add_argument("--modes", default="", help="comma-separated labels to run (default: all)")
+    ap.add_argument("--hidden", type=int, default=128, help="the MLP's hidden units (both sides)")
     ap.add_argument("--out", help="append every job's result to this JSON-lines file")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
@@ -165,7 +168,7 @@ def main():
                             if attempt:
                                 raise
                             print(f"retrying once: {e}", file=sys.stderr, flush=True)
-                    r.update(rate=rate, mode=label, round=round_index)
+                    r.update(rate=rate, mode=label, round=round_index, hidden=args.hidden)
                     results[(rate, label)].append(r)
                     print(json.dumps(r), flush=True)
                     if args.out:

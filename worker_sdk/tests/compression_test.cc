@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -98,6 +99,24 @@ std::vector<std::vector<float>> bucket_grads(int step) {
     all.push_back(flat);
   }
   return all;
+}
+
+TEST(Compression, FastHalfConversionsAreBitIdenticalToHalfs) {
+  for (std::uint32_t h = 0; h <= 0xFFFFu; ++h) {
+    const Half half{static_cast<std::uint16_t>(h)};
+    const float a = half.to_float(), b = detail::float_from_half_bits(half.bits);
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(a), std::bit_cast<std::uint32_t>(b)) << std::hex << h;
+  }
+  // Every 997th float bit pattern (all exponents, both signs), and the rounding edges.
+  std::vector<std::uint32_t> patterns{0x38800000u, 0x387FFFFFu, 0x477FEFFFu, 0x477FF000u,
+                                      0x33000000u, 0x33000001u, 0x7F800000u, 0x7FC00000u};
+  for (std::uint64_t x = 0; x <= 0xFFFFFFFFull; x += 997) {
+    patterns.push_back(static_cast<std::uint32_t>(x));
+  }
+  for (const std::uint32_t x : patterns) {
+    const float f = std::bit_cast<float>(x);
+    ASSERT_EQ(detail::half_bits_from_float(f), Half::from_float(f).bits) << std::hex << x;
+  }
 }
 
 TEST(CompressionSpec, ParsesAndPrintsEveryMode) {

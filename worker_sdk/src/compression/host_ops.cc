@@ -40,6 +40,8 @@ template <typename T>
 float to_float(T v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
+  } else if constexpr (std::is_same_v<T, Half>) {
+    return float_from_half_bits(v.bits);
   } else {
     return v.to_float();
   }
@@ -49,6 +51,8 @@ template <typename T>
 T from_float(float v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
+  } else if constexpr (std::is_same_v<T, Half>) {
+    return Half{half_bits_from_float(v)};
   } else {
     return T::from_float(v);
   }
@@ -310,6 +314,36 @@ class HostOps final : public Ops {
 };
 
 }  // namespace
+
+// After F. Giesen's float_to_half_fast3_rtne: the subnormal halves by one float addition (which
+// rounds to nearest even) instead of a call to nearbyint, the normal ones as Half::from_float.
+std::uint16_t half_bits_from_float(float f) {
+  std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7FFFFFFFu;
+  if (x >= 0x7F800000u)
+    return static_cast<std::uint16_t>(sign | (x > 0x7F800000u ? 0x7E00u : 0x7C00u));
+  if (x >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // rounds past 65504
+  if (x < 0x38800000u) {  // a subnormal half (or zero): align its 10 bits under 0.5's exponent
+    const float aligned = std::bit_cast<float>(x) + 0.5f;
+    return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(aligned) - 0x3F000000u));
+  }
+  x += 0xC8000FFFu + ((x >> 13) & 1u);  // rebias 127 -> 15 (mod 2^32), round half to even
+  return static_cast<std::uint16_t>(sign | (x >> 13));
+}
+
+float float_from_half_bits(std::uint16_t h) {
+  std::uint32_t x = static_cast<std::uint32_t>(h & 0x7FFFu) << 13;
+  const std::uint32_t exponent = x & 0x0F800000u;
+  x += 0x38000000u;  // rebias 15 -> 127
+  if (exponent == 0x0F800000u) {
+    x += 0x38000000u;          // inf, NaN: to float's top exponent
+  } else if (exponent == 0) {  // zero, subnormal: renormalize
+    x += 0x00800000u;
+    x = std::bit_cast<std::uint32_t>(std::bit_cast<float>(x) - 6.103515625e-05f);  // 2^-14
+  }
+  return std::bit_cast<float>(x | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
+}
 
 void Ops::all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) {
   if (count == 0) return;

@@ -122,6 +122,11 @@ std::unique_ptr<Ops> make_host_ops(ProcessGroup& group);
 // CollectiveError in a build without the CUDA kernels.
 std::unique_ptr<Ops> make_device_ops(ProcessGroup& group, CudaStream caller);
 
+// IEEE half conversions bit-identical to Half::from_float and Half::to_float, without their libm
+// call and division (the fp16 exchange's hot loop).
+std::uint16_t half_bits_from_float(float f);
+float float_from_half_bits(std::uint16_t h);
+
 // Wire bytes this rank sends, by the ring algorithms.
 std::uint64_t ring_all_reduce_bytes(std::size_t bytes, int world);
 std::uint64_t ring_all_gather_bytes(std::size_t bytes_per_rank, int world);

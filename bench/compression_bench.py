@@ -106,24 +106,38 @@ def run_job(hosts, args, side, flags, port, workdir):
             "accuracy": accuracy, "steps": steps}
 
 
-def table(results, rates):
+def table(results, rates, labels):
     lines = []
     for rate in rates:
-        lines.append(f"\n{rate} (median of {len(results[(rate, MODES[0][0])])} runs)\n")
-        lines.append("| mode | step ms | bytes/step (SDK count) | wire bytes/step | wire vs sdk none "
-                     "| test accuracy |")
-        lines.append("|---|---:|---:|---:|---:|---:|")
-        base = statistics.median(r["wire_bytes"] for r in results[(rate, "sdk none")])
-        for label, _, _ in MODES:
+        lines.append(f"\n{rate} (median of {len(results[(rate, labels[0])])} runs)\n")
+        lines.append("| mode | step ms | (min - max) | bytes/step (SDK count) | wire bytes/step "
+                     "| wire vs sdk none | test accuracy |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
+        none = results.get((rate, "sdk none"))
+        base = statistics.median(r["wire_bytes"] for r in none) if none else None
+        for label in labels:
             runs = results[(rate, label)]
-            step = statistics.median(r["step_ms"] for r in runs)
+            steps = [r["step_ms"] for r in runs]
             wire = statistics.median(r["wire_bytes"] for r in runs)
             acc = statistics.median(r["accuracy"] for r in runs)
             sdk = runs[0]["sdk_bytes"]
             sdk_text = f"{sdk:,}" if sdk is not None else "-"
-            lines.append(f"| {label} | {step:.2f} | {sdk_text} | {wire:,.0f} | {wire / base:.3f}x "
-                         f"| {acc:.4f} |")
+            ratio = f"{wire / base:.3f}x" if base else "-"
+            lines.append(f"| {label} | {statistics.median(steps):.2f} | ({min(steps):.2f} - "
+                         f"{max(steps):.2f}) | {sdk_text} | {wire:,.0f} | {ratio} | {acc:.4f} |")
     return "\n".join(lines)
+
+
+def report(path):
+    """The table of a JSON-lines file of an earlier run (--out)."""
+    results, rates, labels = {}, [], []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            results.setdefault((r["rate"], r["mode"]), []).append(r)
+            rates += [r["rate"]] if r["rate"] not in rates else []
+            labels += [r["mode"]] if r["mode"] not in labels else []
+    print(table(results, rates, labels))
 
 
 def main():
@@ -134,7 +148,11 @@ def main():
     ap.add_argument("--modes", default="", help="comma-separated labels to run (default: all)")
     ap.add_argument("--hidden", type=int, default=128, help="the MLP's hidden units (both sides)")
     ap.add_argument("--out", help="append every job's result to this JSON-lines file")
+    ap.add_argument("--report", metavar="FILE", help="print the table of an --out file; run nothing")
     args = ap.parse_args()
+    if args.report:
+        report(args.report)
+        return 0
     args.build = os.path.abspath(args.build)
     why = unavailable(NAMED_HOSTS)
     if why:
@@ -174,7 +192,7 @@ def main():
                     if args.out:
                         with open(args.out, "a") as f:
                             f.write(json.dumps(r) + "\n")
-    print(table(results, rates))
+    print(table(results, rates, [label for label, _, _ in MODES]))
     return 0
 
 

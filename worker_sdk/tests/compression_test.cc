@@ -157,8 +157,8 @@ TEST(CompressionSpec, BadSpecsAreOneLineErrorsNamingTheSpec) {
   }
 }
 
-// fp16 and bf16: each rank sends T(acc / 2); the sum is taken in float, in rank order (two ranks:
-// an all-gather); the residual keeps acc - float(sent) * 2 for the next step.
+// fp16 and bf16: each rank sends T(acc / 2); the sum is taken in float, in rank order (a small
+// bucket: an all-gather); the residual keeps acc - float(sent) * 2 for the next step.
 template <typename T>
 void check_cast(const std::string& spec) {
   constexpr int kSteps = 3;

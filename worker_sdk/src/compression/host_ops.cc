@@ -360,7 +360,7 @@ void Ops::all_gather(const void* input, void* output, std::size_t count, DataTyp
 void Ops::all_sum(void* input, DataType type, std::size_t count, float* out) {
   if (count == 0) return;
   const std::size_t bytes = count * element_size(type);
-  if (world() == 2 || bytes <= kGatherBytes) {
+  if (bytes <= kGatherBytes) {
     const std::size_t whole = bytes * static_cast<std::size_t>(world());
     if (whole > gathered_bytes_) {
       gathered_ = allocate(whole);

@@ -129,15 +129,18 @@ def table(results, rates, labels):
 
 
 def report(path):
-    """The table of a JSON-lines file of an earlier run (--out)."""
-    results, rates, labels = {}, [], []
+    """The tables of a JSON-lines file of earlier runs (--out), one per hidden size."""
+    by_hidden = {}
     with open(path) as f:
         for line in f:
             r = json.loads(line)
+            results, rates, labels = by_hidden.setdefault(r.get("hidden", 128), ({}, [], []))
             results.setdefault((r["rate"], r["mode"]), []).append(r)
             rates += [r["rate"]] if r["rate"] not in rates else []
             labels += [r["mode"]] if r["mode"] not in labels else []
-    print(table(results, rates, labels))
+    for hidden, (results, rates, labels) in by_hidden.items():
+        print(f"\n## 64-{hidden}-10")
+        print(table(results, rates, labels))
 
 
 def main():

@@ -10,6 +10,11 @@
 // The last line prints the final test accuracy and the SHA-256 of the final weights, so runs can be
 // compared exactly: a run that crashed and resumed from its checkpoint ends bit-identical to one
 // that did not (on the GPU too, whose digest differs from the CPU's: other rounding).
+//
+// --compression SPEC and --sync SPEC choose DDP's gradient compression and synchronisation
+// (dist/sdk/compression.h); rank 0 prints the bytes it sent per step ("all-reduce bytes per step
+// N"). With either, every rank checkpoints its own state (residuals, local weights) in
+// ddp_train.rank<R>.ckpt beside rank 0's ddp_train.ckpt.
 #include <openssl/evp.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -27,6 +32,7 @@
 
 #include "device_mlp.h"
 #include "dist/sdk/checkpoint.h"
+#include "dist/sdk/compression.h"
 #include "dist/sdk/ddp.h"
 #include "dist/sdk/error_file.h"
 #include "dist/sdk/init.h"
@@ -56,6 +62,8 @@ struct Options {
   int checkpoint_every = 50;     // steps
   long crash_at_step = -1;       // on attempt 0, the last rank exits here
   std::string backend = "gloo";  // or nccl: the model on this rank's GPU
+  sdk::Compression compression;
+  sdk::SyncStrategy sync;
 };
 
 struct Dataset {
@@ -132,7 +140,11 @@ struct Mlp {
   MatrixMap W2() { return {w2.data(), kClasses, hidden}; }
 
   std::vector<sdk::Parameter> parameters() {
-    return {{"w1", w1, dw1}, {"b1", b1, db1}, {"w2", w2, dw2}, {"b2", b2, db2}};
+    const auto h = static_cast<std::size_t>(hidden);
+    return {{"w1", w1, dw1, {h, kInputs}},
+            {"b1", b1, db1},
+            {"w2", w2, dw2, {kClasses, h}},
+            {"b2", b2, db2}};
   }
 
   // Logits for a batch of rows, and the hidden activations the backward pass needs.
@@ -240,6 +252,42 @@ struct Mlp {
   }
 };
 
+// Rank 0's checkpoint is ddp_train.ckpt; another rank's own, ddp_train.rank<R>.ckpt.
+std::filesystem::path checkpoint_path(const Options& o, int rank) {
+  if (o.checkpoint_dir.empty()) return {};
+  const std::string name =
+      rank == 0 ? "ddp_train.ckpt" : "ddp_train.rank" + std::to_string(rank) + ".ckpt";
+  return std::filesystem::path(o.checkpoint_dir) / name;
+}
+
+// Restores the model and DDP's state from `path` when it exists; returns the step to resume at.
+// Every rank must resume at the same step.
+std::uint64_t resume(const std::filesystem::path& path, sdk::ProcessGroup& group, Mlp& model,
+                     sdk::DistributedDataParallel& ddp) {
+  std::uint64_t step = 0;
+  if (!path.empty()) {
+    if (auto c = sdk::load_checkpoint(path)) {
+      model.restore(*c);
+      if (const auto state = c->blobs.find("ddp"); state != c->blobs.end()) {
+        ddp.load_state(state->second);
+      }
+      step = c->step;
+    }
+  }
+  std::vector<std::int64_t> low{static_cast<std::int64_t>(step)}, high = low;
+  group.all_reduce(std::span<std::int64_t>(low), sdk::ReduceOp::kMin);
+  group.all_reduce(std::span<std::int64_t>(high), sdk::ReduceOp::kMax);
+  if (low[0] != high[0]) {
+    throw std::runtime_error("the ranks' checkpoints are of different steps (" +
+                             std::to_string(low[0]) + " to " + std::to_string(high[0]) + ") in " +
+                             path.parent_path().string() + ": delete them to start over");
+  }
+  if (group.rank() == 0 && step > 0) {
+    std::printf("resumed from %s at step %llu\n", path.c_str(), (unsigned long long)step);
+  }
+  return step;
+}
+
 int train(const Options& o) {
   // Under dist-launch, or alone (then rank 0 of 1 with a private store).
   const bool on_gpu = o.backend == "nccl";
@@ -255,17 +303,6 @@ int train(const Options& o) {
 
   const auto [train_set, test_set] = load_digits(o.data);
   Mlp model(o.hidden, o.seed);
-  const std::filesystem::path ckpt_path =
-      o.checkpoint_dir.empty() ? "" : std::filesystem::path(o.checkpoint_dir) / "ddp_train.ckpt";
-  std::uint64_t step = 0;
-  if (!ckpt_path.empty()) {
-    if (auto c = sdk::load_checkpoint(ckpt_path)) {
-      model.restore(*c);
-      step = c->step;
-      if (chief)
-        std::printf("resumed from %s at step %llu\n", ckpt_path.c_str(), (unsigned long long)step);
-    }
-  }
   const std::size_t local_batch = static_cast<std::size_t>(o.global_batch / env.world_size);
   std::unique_ptr<ddp_train::DeviceMlp> gpu;  // --backend nccl: the model lives there
   if (on_gpu) {
@@ -273,9 +310,16 @@ int train(const Options& o) {
         ddp_train::make_device_mlp(group->cuda_device(), kInputs, o.hidden, kClasses, local_batch);
     gpu->upload(model.tensors());
   }
+  sdk::DdpOptions ddp_options = gpu ? gpu->ddp_options() : sdk::DdpOptions{};
+  ddp_options.compression = o.compression;
+  ddp_options.sync = o.sync;
   sdk::DistributedDataParallel ddp(*group, gpu ? gpu->parameters() : model.parameters(),
-                                   gpu ? gpu->ddp_options() : sdk::DdpOptions{});
-
+                                   ddp_options);
+  // Residuals and local weights differ between ranks: then every rank checkpoints its own.
+  const bool own_state = o.compression.lossy() || o.sync.local();
+  const std::filesystem::path ckpt_path = checkpoint_path(o, own_state ? env.rank : 0);
+  std::uint64_t step = resume(ckpt_path, *group, model, ddp);
+  if (gpu && step > 0) gpu->upload(model.tensors());  // the checkpoint's weights on the device
   sdk::DistributedSampler sampler({static_cast<std::size_t>(train_set.x.rows()), env.world_size,
                                    env.rank, true, o.seed, false});
   const std::size_t steps_per_epoch = (sampler.num_samples() + local_batch - 1) / local_batch;
@@ -320,6 +364,7 @@ int train(const Options& o) {
           gpu ? gpu->backward(x.data(), y.data(), y.size(), ddp) : model.backward(x, y, ddp);
       ddp.synchronize();
       gpu ? gpu->sgd_step(o.lr, o.momentum) : model.sgd_step(o.lr, o.momentum);
+      ddp.after_step();
       train_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
       samples += static_cast<std::uint64_t>(x.rows()) * static_cast<std::uint64_t>(env.world_size);
@@ -327,7 +372,11 @@ int train(const Options& o) {
       ++step;
       if (!ckpt_path.empty() && step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
         if (gpu) gpu->download(model.tensors());
-        if (chief) sdk::save_checkpoint(ckpt_path, model.checkpoint(step));
+        if (chief || own_state) {
+          sdk::Checkpoint c = model.checkpoint(step);
+          c.blobs["ddp"] = ddp.state();
+          sdk::save_checkpoint(ckpt_path, c);
+        }
         group->barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
       }
     }
@@ -344,12 +393,17 @@ int train(const Options& o) {
       std::fflush(stdout);
     }
   }
+  const sdk::CommunicationStats sent = ddp.stats();  // the training steps' traffic only
+  if (o.sync.local()) ddp.average_parameters();      // one model on every rank
   // Every rank reports its weights' digest (they must all agree); rank 0 the accuracy too.
   std::printf("rank %d weights sha256 %s\n", env.rank, model.weights_sha256().c_str());
   if (chief) {
     std::printf("throughput %.0f samples/s (%llu samples in %.3f s of training steps)\n",
                 static_cast<double>(samples) / train_seconds, (unsigned long long)samples,
                 train_seconds);
+    std::printf("all-reduce bytes per step %llu (compression %s, sync %s, %llu steps)\n",
+                (unsigned long long)sent.bytes_per_step(), o.compression.to_string().c_str(),
+                o.sync.to_string().c_str(), (unsigned long long)sent.steps);
     std::printf("final test accuracy %.4f weights sha256 %s\n", model.accuracy(test_set),
                 model.weights_sha256().c_str());
   }
@@ -384,10 +438,26 @@ int main(int argc, char** argv) {
                  "gloo: the model on the CPU; nccl: on this rank's GPU, DDP over NCCL")
       ->check(CLI::IsMember({"gloo", "nccl"}))
       ->capture_default_str();
+  std::string compression = "none", sync = "every-step";
+  app.add_option("--compression", compression,
+                 "Gradient compression: none, fp16, bf16, topk:RATIO, threshold:T, powersgd:RANK")
+      ->capture_default_str();
+  app.add_option("--sync", sync, "Synchronisation: every-step, partial:CHUNKS, local-sgd:K")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
+    o.compression = sdk::Compression::parse(compression);
+    o.sync = sdk::SyncStrategy::parse(sync);
+    if (o.compression.lossy() && o.sync.local()) {
+      throw std::invalid_argument("--compression " + compression +
+                                  " compresses gradients, which --sync " + sync +
+                                  " does not exchange: use one or the other");
+    }
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "ddp_train: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::invalid_argument& e) {
     std::cerr << "ddp_train: error: " << e.what() << "\n";
     return 2;
   }

@@ -1,8 +1,10 @@
 // The training example end to end, as processes under dist-launch: accuracy, identical replicas,
-// and a crash-and-restart run that ends bit-identical to an uninterrupted one.
+// and a crash-and-restart run that ends bit-identical to an uninterrupted one; the same with
+// gradient compression (residuals) and local SGD (per-rank weights), and the bytes each sends.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +22,7 @@ struct TrainingRun {
   double accuracy = 0;
   std::string sha;                     // rank 0's final line
   std::set<std::string> rank_digests;  // every rank's
+  long long bytes_per_step = -1;       // rank 0's
 };
 
 TrainingRun launch(const std::string& args) {
@@ -37,6 +40,9 @@ TrainingRun launch(const std::string& args) {
           std::regex(R"(final test accuracy ([0-9.]+) weights sha256 ([0-9a-f]{64}))"))) {
     run.accuracy = std::stod(m[1]);
     run.sha = m[2];
+  }
+  if (std::regex_search(run.output, m, std::regex(R"(all-reduce bytes per step (\d+))"))) {
+    run.bytes_per_step = std::stoll(m[1]);
   }
   const std::regex digest(R"(rank \d+ weights sha256 ([0-9a-f]{64}))");
   for (auto it = std::sregex_iterator(run.output.begin(), run.output.end(), digest);
@@ -144,6 +150,75 @@ TEST_F(DdpTrainOnTheGpu, ACrashAndRestartOnTheGpuEndsBitIdenticalToAnUninterrupt
   ASSERT_EQ(crashed.exit_code, 0) << crashed.output;
   EXPECT_NE(crashed.output.find("at step 300"), std::string::npos) << crashed.output;
   EXPECT_EQ(crashed.sha, clean.sha) << "the resumed GPU run must end bit-identical";
+}
+
+// Each mode sends what its ratio says, relative to the plain all-reduce of the same model
+// (64-128-10: 9,610 floats), and still trains; every rank ends with the same weights.
+TEST_F(DdpTrain, CompressionAndLocalSgdSendFewerBytesAndStillTrain) {
+  const TrainingRun plain = launch(train("2", "--epochs 8"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(plain.bytes_per_step, 9610 * 4) << "2 ranks: a ring all-reduce sends the buffer once";
+  const std::pair<const char*, double> modes[] = {
+      {"--compression fp16", 0.5},
+      {"--compression topk:0.01", 0.1},
+      {"--compression powersgd:2", 0.15},
+      {"--sync local-sgd:4", 0.26},
+  };
+  for (const auto& [flags, at_most] : modes) {
+    SCOPED_TRACE(flags);
+    const TrainingRun run = launch(train("2", std::string("--epochs 8 ") + flags));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_GT(run.bytes_per_step, 0) << run.output;
+    EXPECT_LE(static_cast<double>(run.bytes_per_step),
+              at_most * static_cast<double>(plain.bytes_per_step))
+        << run.output;
+    EXPECT_GE(run.accuracy, 0.93) << run.output;
+    EXPECT_EQ(run.rank_digests.size(), 1u) << "ranks disagree on the weights:\n" << run.output;
+  }
+}
+
+// A restart resumes the residuals (PowerSGD: and Q) or each rank's own local weights from every
+// rank's checkpoint, and ends bit-identical to a run that never stopped.
+TEST_F(DdpTrain, ACrashAndRestartWithCompressionOrLocalSgdEndsBitIdentical) {
+  // local-sgd:7: at the checkpoint (step 300) the ranks' weights differ (last average at 294).
+  for (const char* flags : {"--compression powersgd:2", "--sync local-sgd:7"}) {
+    SCOPED_TRACE(flags);
+    for (const char* d : {"a", "b"}) {  // fresh checkpoint directories for each mode
+      fs::remove_all(dir_ / d);
+      fs::create_directories(dir_ / d);
+    }
+    const std::string args = std::string(flags) + " --epochs 12 --checkpoint-dir ";
+    const TrainingRun clean = launch(train("2", args + (dir_ / "a").string()));
+    ASSERT_EQ(clean.exit_code, 0) << clean.output;
+    const TrainingRun crashed =
+        launch(train("2", args + (dir_ / "b").string() + " --crash-at-step 320"));
+    ASSERT_EQ(crashed.exit_code, 0) << crashed.output;
+    EXPECT_NE(crashed.output.find("at step 300"), std::string::npos) << crashed.output;
+    EXPECT_TRUE(fs::exists(dir_ / "b" / "ddp_train.rank1.ckpt")) << "rank 1's own checkpoint";
+    EXPECT_EQ(crashed.sha, clean.sha) << "the resumed run must end bit-identical";
+    EXPECT_EQ(crashed.rank_digests.size(), 1u);
+  }
+}
+
+TEST_F(DdpTrain, BadCompressionOrSyncSpecsAreOneLineErrors) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"--compression topk:2", "compression spec 'topk:2': RATIO must be"},
+      {"--compression gzip", "compression spec 'gzip': unknown compression"},
+      {"--sync local-sgd:0", "sync spec 'local-sgd:0': K must be"},
+      {"--compression fp16 --sync partial:4", "use one or the other"},
+  };
+  for (const auto& [flags, message] : bad) {
+    SCOPED_TRACE(flags);
+    const std::string cmd = std::string(DDP_TRAIN_BIN) + " " + flags + " 2>&1";
+    std::string output;
+    FILE* pipe = ::popen(cmd.c_str(), "r");
+    std::array<char, 4096> line{};
+    while (pipe && std::fgets(line.data(), line.size(), pipe)) output += line.data();
+    const int status = pipe ? ::pclose(pipe) : -1;
+    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 2) << output;
+    EXPECT_NE(output.find(message), std::string::npos) << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+  }
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 namespace dist::sdk {
 namespace {
 
+// Version 1: tensors only (what a checkpoint without blobs still writes); version 2 adds blobs.
 constexpr char kMagic[8] = {'D', 'I', 'S', 'T', 'C', 'K', 'P', '1'};
+constexpr char kMagicBlobs[8] = {'D', 'I', 'S', 'T', 'C', 'K', 'P', '2'};
 
 std::uint64_t fnv1a(const char* data, std::size_t n, std::uint64_t h = 0xCBF29CE484222325ull) {
   for (std::size_t i = 0; i < n; ++i) {
@@ -42,8 +44,10 @@ void write_all(int fd, const std::string& data, const std::filesystem::path& pat
 
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint) {
   // Layout: magic, step, count, then per tensor: name length, name, element count, floats;
-  // finally the FNV-1a checksum of everything before it.
-  std::string bytes(kMagic, sizeof kMagic);
+  // version 2 then: count, per blob: name length, name, byte count, bytes; finally the FNV-1a
+  // checksum of everything before it.
+  const bool blobs = !checkpoint.blobs.empty();
+  std::string bytes(blobs ? kMagicBlobs : kMagic, sizeof kMagic);
   put_u64(bytes, checkpoint.step);
   put_u64(bytes, checkpoint.tensors.size());
   for (const auto& [name, values] : checkpoint.tensors) {
@@ -51,6 +55,15 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkp
     bytes += name;
     put_u64(bytes, values.size());
     bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  }
+  if (blobs) {
+    put_u64(bytes, checkpoint.blobs.size());
+    for (const auto& [name, blob] : checkpoint.blobs) {
+      put_u64(bytes, name.size());
+      bytes += name;
+      put_u64(bytes, blob.size());
+      bytes += blob;
+    }
   }
   put_u64(bytes, fnv1a(bytes.data(), bytes.size()));
 
@@ -93,7 +106,11 @@ std::optional<Checkpoint> load_checkpoint(const std::filesystem::path& path) {
     return CheckpointError("checkpoint '" + path.string() + "' is damaged (" + why +
                            "); delete it to start over");
   };
-  if (bytes.size() < sizeof kMagic + 24 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+  const bool version1 =
+      bytes.size() >= sizeof kMagic && std::memcmp(bytes.data(), kMagic, sizeof kMagic) == 0;
+  const bool version2 = bytes.size() >= sizeof kMagic &&
+                        std::memcmp(bytes.data(), kMagicBlobs, sizeof kMagicBlobs) == 0;
+  if (bytes.size() < sizeof kMagic + 24 || (!version1 && !version2)) {
     throw corrupt("not a dist-launch checkpoint");
   }
   std::uint64_t stored = 0;
@@ -109,14 +126,17 @@ std::optional<Checkpoint> load_checkpoint(const std::filesystem::path& path) {
     pos += 8;
     return v;
   };
+  auto text = [&](std::uint64_t size) {
+    if (end - pos < size) throw corrupt("truncated name");
+    std::string s = bytes.substr(pos, size);
+    pos += size;
+    return s;
+  };
   Checkpoint c;
   c.step = u64();
   const std::uint64_t count = u64();
   for (std::uint64_t t = 0; t < count; ++t) {
-    const std::uint64_t name_size = u64();
-    if (end - pos < name_size) throw corrupt("truncated name");
-    std::string name = bytes.substr(pos, name_size);
-    pos += name_size;
+    std::string name = text(u64());
     const std::uint64_t n = u64();
     if ((end - pos) / sizeof(float) < n) throw corrupt("truncated tensor '" + name + "'");
     std::vector<float> values(n);
@@ -124,6 +144,14 @@ std::optional<Checkpoint> load_checkpoint(const std::filesystem::path& path) {
     if (n > 0) std::memcpy(values.data(), bytes.data() + pos, n * sizeof(float));
     pos += n * sizeof(float);
     c.tensors.emplace(std::move(name), std::move(values));
+  }
+  const std::uint64_t blobs = version2 ? u64() : 0;
+  for (std::uint64_t b = 0; b < blobs; ++b) {
+    std::string name = text(u64());
+    const std::uint64_t size = u64();
+    if (end - pos < size) throw corrupt("truncated blob '" + name + "'");
+    c.blobs.emplace(std::move(name), bytes.substr(pos, size));
+    pos += size;
   }
   if (pos != end) throw corrupt("trailing bytes");
   return c;

@@ -89,6 +89,39 @@ TEST_F(CheckpointTest, DamagedFilesAreRefusedWithTheirPath) {
   }
 }
 
+TEST_F(CheckpointTest, BlobsRoundTripAndAreCoveredByTheChecksum) {
+  Checkpoint c;
+  c.step = 9;
+  c.tensors["w"] = {1.0f, 2.0f};
+  c.blobs["ddp"] = std::string(
+      "state\0with\xff"
+      "bytes",
+      16);
+  c.blobs["empty"] = "";
+  save_checkpoint(dir_ / "blobs.bin", c);
+  const auto back = load_checkpoint(dir_ / "blobs.bin");
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->tensors, c.tensors);
+  EXPECT_EQ(back->blobs, c.blobs);
+
+  std::ifstream in(dir_ / "blobs.bin", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  bytes[bytes.size() - 12] ^= 1;  // inside the last blob
+  std::ofstream(dir_ / "blobs.bin", std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_THROW(load_checkpoint(dir_ / "blobs.bin"), CheckpointError);
+}
+
+TEST_F(CheckpointTest, ACheckpointWithoutBlobsKeepsTheFirstFormat) {
+  Checkpoint c;
+  c.tensors["w"] = {1.0f};
+  save_checkpoint(dir_ / "v1.bin", c);
+  std::ifstream in(dir_ / "v1.bin", std::ios::binary);
+  std::string magic(8, '\0');
+  in.read(magic.data(), 8);
+  EXPECT_EQ(magic, "DISTCKP1") << "readable by the SDK before blobs";
+  EXPECT_TRUE(load_checkpoint(dir_ / "v1.bin")->blobs.empty());
+}
+
 TEST_F(CheckpointTest, ReplacingKeepsEitherTheOldOrTheNewCheckpoint) {
   Checkpoint a, b;
   a.step = 1;

@@ -1,4 +1,5 @@
-// Checkpoints of named float tensors (model and optimizer state) plus the step they were taken at.
+// Checkpoints of named float tensors (model and optimizer state) plus the step they were taken at,
+// and named byte strings (such as DistributedDataParallel::state()).
 // Written atomically (temporary file, fsync, rename, fsync of the directory), so a crash leaves
 // either the previous checkpoint or the new one, never a torn file; a checksum guards the rest.
 #pragma once
@@ -16,6 +17,8 @@ namespace dist::sdk {
 struct Checkpoint {
   std::uint64_t step = 0;
   std::map<std::string, std::vector<float>> tensors;
+  // "= {}": {step, tensors} initializes a Checkpoint without -Wmissing-field-initializers.
+  std::map<std::string, std::string> blobs = {};
 };
 
 class CheckpointError : public std::runtime_error {

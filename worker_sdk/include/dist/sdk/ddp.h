@@ -1,5 +1,5 @@
 // Data-parallel training in the manner of PyTorch's DistributedDataParallel, for models whose
-// parameters and gradients are float buffers.
+// parameters and gradients are float32, float16 or bfloat16 buffers.
 //
 //   DistributedDataParallel ddp(group, {{"w2", w2, dw2}, {"b2", b2, db2}, ...});  // broadcasts
 //   rank 0's
@@ -7,10 +7,20 @@
 //       at once and overlaps the rest of the backward pass
 //   ddp.synchronize();   // every gradient is now the average over all ranks
 //   optimizer step
+//   ddp.after_step();    // local-sgd and partial: parameters averaged (else nothing)
 //
 // Buckets hold parameters in reverse registration order (the order a backward pass produces them):
-// the first up to first_bucket_cap_bytes, the others up to bucket_cap_bytes. Buckets are reduced in
-// index order on every rank, whatever order gradients become ready in.
+// the first up to first_bucket_cap_bytes, the others up to bucket_cap_bytes; a parameter of
+// another element type than the bucket's opens a new one. Buckets are reduced in index order on
+// every rank, whatever order gradients become ready in.
+//
+// DdpOptions::compression and ::sync (compression.h) make DDP send fewer bytes: a lossy
+// compression replaces each bucket's all-reduce by its exchange (fp16, top-k, PowerSGD...), which
+// starts as the bucket is ready, on a thread of DDP's own (host buffers) or on a stream of its own
+// (device buffers), so it overlaps the backward pass as the plain all-reduce does. Between the
+// first grad_ready() of a pass and synchronize(), issue no other collective on the group. state()
+// and load_state() carry what a restart needs (residuals, PowerSGD's Q, the step counter):
+// save them in the checkpoint of every rank, as they differ between ranks.
 //
 // With a group whose buffers live on the device (NCCL), parameters and gradients are device
 // memory and the buckets are too. Everything DDP does is enqueued on DdpOptions::stream, the
@@ -22,24 +32,41 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "dist/sdk/compression.h"
 #include "dist/sdk/process_group.h"
 
 namespace dist::sdk {
 
 namespace detail {
 class BucketMemory;
-}
+class BucketCompressor;
+class Ops;
+}  // namespace detail
 
-// Host memory, or device memory with a group whose device_buffers() is true.
+// Host memory, or device memory with a group whose device_buffers() is true. `shape` matters to
+// PowerSGD only, which sees a parameter as a shape[0] x (the rest) matrix; empty: one dimension.
 struct Parameter {
+  Parameter(std::string name, std::span<float> value, std::span<float> grad,
+            std::vector<std::size_t> shape = {});
+  Parameter(std::string name, std::span<Half> value, std::span<Half> grad,
+            std::vector<std::size_t> shape = {});
+  Parameter(std::string name, std::span<BFloat16> value, std::span<BFloat16> grad,
+            std::vector<std::size_t> shape = {});
+
   std::string name;
-  std::span<float> value;
-  std::span<float> grad;  // same size as value
+  void* value = nullptr;
+  void* grad = nullptr;
+  std::size_t count = 0;       // elements of value
+  std::size_t grad_count = 0;  // must equal count
+  DataType type = DataType::kFloat32;
+  std::vector<std::size_t> shape;
 };
 
 struct DdpOptions {
@@ -47,6 +74,17 @@ struct DdpOptions {
   std::size_t first_bucket_cap_bytes = 1024 * 1024;
   // Device buffers: the stream the backward pass writes gradients on (see above).
   CudaStream stream = nullptr;
+  Compression compression;  // of the gradients; lossy ones need sync every-step
+  SyncStrategy sync;
+};
+
+// What DDP sent: bytes this rank put on the wire by the ring algorithms of Gloo and NCCL (2 (n-1)/n
+// of each all-reduce's buffer, n-1 times each all-gather's input), over `steps` synchronize()
+// calls (after_step()'s averaging included).
+struct CommunicationStats {
+  std::uint64_t steps = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_per_step() const { return steps ? bytes_sent / steps : 0; }
 };
 
 class DistributedDataParallel {
@@ -63,8 +101,25 @@ class DistributedDataParallel {
   void grad_ready(std::size_t index);
   // Launches what is left, waits for every bucket and writes the averaged gradients back (device
   // buffers: enqueues the wait and the write-back on DdpOptions::stream).
-  // Parameters never marked ready are reduced with the gradient they hold.
+  // Parameters never marked ready are reduced with the gradient they hold. With a local sync
+  // strategy, gradients stay as they are.
   void synchronize();
+  // After the optimizer step: local-sgd:K averages every parameter each K-th call; partial:CHUNKS
+  // averages one slice of them; every-step does nothing.
+  void after_step();
+  // Every parameter becomes the average over the ranks (local strategies: at the end of training,
+  // so that every rank holds the same model).
+  void average_parameters();
+
+  // The state a restart needs to continue bit-identically: the compression and sync specs, the
+  // step counter of the sync strategy, each bucket's residual and PowerSGD's Q. Rank-specific.
+  // Call between steps.
+  std::string state() const;
+  // What state() returned, on the same rank of a job with the same model, world size, compression
+  // and sync; std::invalid_argument saying what differs otherwise.
+  void load_state(std::string_view state);
+  // Totals since construction (call between steps).
+  CommunicationStats stats() const { return stats_; }
 
   // While a NoSync lives, gradients are not communicated: they accumulate locally (do not zero
   // them), and the first synchronize() after it reduces the accumulated sum's average.
@@ -88,18 +143,24 @@ class DistributedDataParallel {
     std::vector<std::size_t> params;
     std::vector<std::size_t> offsets;  // of each parameter in `flat`
     std::size_t elements = 0;
-    float* flat = nullptr;    // in memory_
-    std::size_t pending = 0;  // parameters not yet ready in this pass
+    DataType type = DataType::kFloat32;
+    std::byte* flat = nullptr;  // in memory_
+    std::size_t pending = 0;    // parameters not yet ready in this pass
     bool launched = false;
     Work work;
   };
+  void build_buckets(const DdpOptions& options);
   void check_same_buckets_on_every_rank();
   void launch_ready_buckets();
+  void launch(std::size_t bucket);
   void copy_in(const Bucket& b, bool values);   // parameters (values or grads) into the bucket
   void copy_out(const Bucket& b, bool values);  // and back
+  // Averages slice `chunk` of `chunks` equal slices of every bucket's parameter values.
+  void average_values(std::uint64_t chunk, std::uint64_t chunks);
   void reset_pass();
 
   ProcessGroup& group_;
+  DdpOptions options_;
   std::unique_ptr<detail::BucketMemory> memory_;
   std::vector<Parameter> params_;
   std::vector<Bucket> buckets_;
@@ -107,6 +168,15 @@ class DistributedDataParallel {
   std::vector<bool> ready_;
   std::size_t next_launch_ = 0;
   bool sync_enabled_ = true;
+  // Lossy compression and local strategies: the exchanges' operations; lossy compression: one
+  // compressor per bucket.
+  std::unique_ptr<detail::Ops> ops_;
+  std::vector<std::unique_ptr<detail::BucketCompressor>> compressors_;
+  std::vector<float*> sums_;  // average_values(): each bucket's float sums, in ops_
+
+  std::uint64_t local_steps_ = 0;  // after_step() calls (local strategies)
+  std::uint64_t plain_bytes_ = 0;  // sent outside ops_
+  CommunicationStats stats_;
 };
 
 }  // namespace dist::sdk

@@ -1,0 +1,63 @@
+// How DistributedDataParallel communicates: gradient compression and synchronisation strategies,
+// one of each per job, written as short specs on command lines ("topk:0.01", "local-sgd:8").
+//
+// Compression (of the gradients DDP averages every step):
+//   none            full precision (the default)
+//   fp16, bf16      each bucket cast to 16 bits before its all-reduce (divided by the world size
+//                   first, as torch's fp16 hook does, so the sum cannot overflow)
+//   topk:RATIO      each rank sends the ceil(RATIO x n) largest-magnitude entries of each bucket
+//                   (index and value), 0 < RATIO <= 1; the others wait in the residual
+//   threshold:T     each rank sends the entries whose magnitude is at least T (T > 0)
+//   powersgd:RANK   PowerSGD (Vogels et al., torch's powerSGD_hook): every 2-D parameter M
+//                   (shape[0] x the rest) is sent as P = M Q and Q = M^T P of rank RANK, with warm
+//                   start (Q kept from the last step); one-dimensional parameters, and those where
+//                   (rows + cols) x RANK x 2 >= rows x cols, are sent uncompressed
+// Every lossy mode keeps an error-feedback residual per bucket: what a step did not send is added
+// to the next step's gradient, so nothing is lost for good.
+//
+// Synchronisation:
+//   every-step      gradients averaged every step (the default; compression applies here)
+//   partial:CHUNKS  SINGA's partial update: every rank steps with its own gradients, then one of
+//                   CHUNKS slices of the parameters is averaged (slice s mod CHUNKS at step s)
+//   local-sgd:K     local SGD: every rank steps with its own gradients; all parameters are
+//                   averaged every K steps
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace dist::sdk {
+
+struct Compression {
+  enum class Kind { kNone, kFp16, kBf16, kTopK, kThreshold, kPowerSgd };
+  Kind kind = Kind::kNone;
+  double ratio = 0;        // kTopK
+  float threshold = 0;     // kThreshold
+  int rank = 0;            // kPowerSgd
+  std::uint64_t seed = 0;  // kPowerSgd: the random start of Q (the same on every rank)
+
+  // Parses a spec as above; std::invalid_argument with a one-line message on anything else.
+  static Compression parse(std::string_view spec);
+  // The spec this parses from.
+  std::string to_string() const;
+  // Keeps a residual (fp16, bf16, topk, threshold, powersgd).
+  bool lossy() const { return kind != Kind::kNone; }
+  bool operator==(const Compression&) const = default;
+};
+
+struct SyncStrategy {
+  enum class Kind { kEveryStep, kPartial, kLocalSgd };
+  Kind kind = Kind::kEveryStep;
+  int chunks = 0;  // kPartial
+  int period = 0;  // kLocalSgd
+
+  static SyncStrategy parse(std::string_view spec);
+  std::string to_string() const;
+  // Gradients stay on each rank; parameters are averaged after the optimizer step instead.
+  bool local() const { return kind != Kind::kEveryStep; }
+  bool operator==(const SyncStrategy&) const = default;
+};
+
+}  // namespace dist::sdk

@@ -1,0 +1,292 @@
+#include "compression/compressor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <stdexcept>
+
+namespace dist::sdk::detail {
+namespace {
+
+// What every lossy exchange has: the residual, and a float buffer for this step's sum.
+class Lossy : public BucketCompressor {
+ public:
+  Lossy(Ops& ops, const BucketLayout& layout)
+      : ops_(ops),
+        layout_(layout),
+        n_(layout.elements),
+        residual_(ops.allocate_floats(n_)),
+        acc_(ops.allocate_floats(n_)) {}
+
+  void save(std::string& out) const override {
+    put_u64(out, n_);
+    put_floats(out, ops_, residual_, n_);
+  }
+  void load(std::string_view& in) override {
+    if (take_u64(in) != n_) throw std::invalid_argument("a bucket's residual has another size");
+    take_floats(in, ops_, residual_, n_);
+  }
+
+ protected:
+  float inverse_world() const { return 1.0f / static_cast<float>(ops_.world()); }
+
+  Ops& ops_;
+  BucketLayout layout_;
+  std::size_t n_;
+  float* residual_;
+  float* acc_;  // gradients plus residual
+};
+
+// fp16 / bf16: the bucket divided by the world size, cast, summed (in float).
+class Cast16 final : public Lossy {
+ public:
+  Cast16(Ops& ops, const BucketLayout& layout, DataType wire)
+      : Lossy(ops, layout), wire_type_(wire), wire_(ops.allocate(n_ * element_size(wire))) {}
+
+  void exchange(void* flat) override {
+    ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
+    ops_.encode16(acc_, wire_, wire_type_, inverse_world(), residual_, n_);
+    ops_.all_sum(wire_, wire_type_, n_, acc_);
+    ops_.narrow(acc_, flat, layout_.type, n_);
+  }
+
+ private:
+  DataType wire_type_;
+  void* wire_;
+};
+
+// The sparse modes send 32-bit indices.
+const BucketLayout& indexable(const BucketLayout& layout) {
+  if (layout.elements > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+    throw std::invalid_argument("DDP: a bucket of " + std::to_string(layout.elements) +
+                                " elements is too large for sparse compression (32-bit indices): "
+                                "lower DdpOptions::bucket_cap_bytes");
+  }
+  return layout;
+}
+
+// topk:RATIO: the k largest entries of each rank, all-gathered as (index, value) pairs.
+class TopK final : public Lossy {
+ public:
+  TopK(Ops& ops, const BucketLayout& layout, double ratio)
+      : Lossy(ops, indexable(layout)),
+        k_(n_ == 0
+               ? 0
+               : std::clamp<std::size_t>(
+                     static_cast<std::size_t>(std::ceil(ratio * static_cast<double>(n_))), 1, n_)),
+        message_(static_cast<std::int32_t*>(ops.allocate(2 * k_ * sizeof(std::int32_t)))),
+        gathered_(static_cast<std::int32_t*>(
+            ops.allocate(2 * k_ * static_cast<std::size_t>(ops.world()) * sizeof(std::int32_t)))) {}
+
+  void exchange(void* flat) override {
+    ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
+    ops_.select_topk(acc_, n_, k_, message_, residual_);
+    ops_.all_gather(message_, gathered_, 2 * k_, DataType::kInt32);
+    const std::vector<std::int32_t> counts(static_cast<std::size_t>(ops_.world()),
+                                           static_cast<std::int32_t>(k_));
+    ops_.scatter_add(gathered_, 2 * k_, counts, acc_, n_, inverse_world());
+    ops_.narrow(acc_, flat, layout_.type, n_);
+  }
+
+ private:
+  std::size_t k_;
+  std::int32_t* message_;
+  std::int32_t* gathered_;
+};
+
+// threshold:T: every entry at least T in magnitude; the counts first, then the entries, each
+// rank's padded to the largest count.
+class Threshold final : public Lossy {
+ public:
+  Threshold(Ops& ops, const BucketLayout& layout, float threshold)
+      : Lossy(ops, indexable(layout)),
+        threshold_(threshold),
+        message_(static_cast<std::int32_t*>(ops.allocate(2 * n_ * sizeof(std::int32_t)))),
+        count_(static_cast<std::int32_t*>(ops.allocate(sizeof(std::int32_t)))),
+        counts_(static_cast<std::int32_t*>(
+            ops.allocate(static_cast<std::size_t>(ops.world()) * sizeof(std::int32_t)))) {}
+
+  void exchange(void* flat) override {
+    ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
+    ops_.select_threshold(acc_, n_, threshold_, message_, residual_, count_);
+    ops_.all_gather(count_, counts_, 1, DataType::kInt32);
+    std::vector<std::int32_t> counts(static_cast<std::size_t>(ops_.world()));
+    ops_.to_host(counts.data(), counts_, counts.size() * sizeof(std::int32_t));
+    const auto most = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
+    if (most > 0) {
+      ensure_gathered(2 * most * counts.size());
+      ops_.all_gather(message_, gathered_, 2 * most, DataType::kInt32);
+    }
+    ops_.scatter_add(gathered_, 2 * most, counts, acc_, n_, inverse_world());
+    ops_.narrow(acc_, flat, layout_.type, n_);
+  }
+
+ private:
+  // The gathered messages' buffer grows (doubling) to what the counts need.
+  void ensure_gathered(std::size_t words) {
+    if (words <= gathered_words_) return;
+    gathered_words_ = std::max(words, 2 * gathered_words_);
+    gathered_ = static_cast<std::int32_t*>(ops_.allocate(gathered_words_ * sizeof(std::int32_t)));
+  }
+
+  float threshold_;
+  std::int32_t* message_;
+  std::int32_t* count_;
+  std::int32_t* counts_;
+  std::int32_t* gathered_ = nullptr;
+  std::size_t gathered_words_ = 0;
+};
+
+// powersgd:RANK, as torch's powerSGD_hook with warm start and error feedback. One exchange
+// carries every P and the uncompressed tensors (torch: two), a second every Q.
+class PowerSgd final : public Lossy {
+ public:
+  PowerSgd(Ops& ops, const BucketLayout& layout, const Compression& c, std::size_t index)
+      : Lossy(ops, layout),
+        plan_(plan_powersgd(layout, c.rank)),
+        seed_(c.seed + 0x9E3779B97F4A7C15ull * (index + 1)),
+        first_message_(ops.allocate_floats(plan_.p_size + plan_.uncompressed_size)),
+        q_(ops.allocate_floats(plan_.q_size)),
+        out_(ops.allocate_floats(n_)) {}
+
+  void exchange(void* flat) override {
+    ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
+    if (!q_ready_) start_q();
+    float* p = first_message_;
+    float* whole = first_message_ + plan_.p_size;
+    for (const auto& m : plan_.matrices) {
+      ops_.matmul(acc_ + m.offset, q_ + m.q_offset, p + m.p_offset, m.rows, m.cols, m.rank, false);
+    }
+    std::size_t at = 0;
+    for (const auto& t : plan_.uncompressed) {
+      ops_.copy(whole + at, acc_ + t.offset, t.count * sizeof(float));
+      at += t.count;
+    }
+    ops_.all_sum(first_message_, DataType::kFloat32, plan_.p_size + plan_.uncompressed_size,
+                 first_message_);
+    ops_.scale(whole, plan_.uncompressed_size, inverse_world());
+    at = 0;
+    for (const auto& t : plan_.uncompressed) {  // their average (their residual stays zero)
+      ops_.copy(out_ + t.offset, whole + at, t.count * sizeof(float));
+      at += t.count;
+    }
+    for (const auto& m : plan_.matrices) ops_.orthogonalize(p + m.p_offset, m.rows, m.rank);
+    for (const auto& m : plan_.matrices) {  // Q = M^T P
+      ops_.matmul(acc_ + m.offset, p + m.p_offset, q_ + m.q_offset, m.cols, m.rows, m.rank, true);
+    }
+    ops_.all_sum(q_, DataType::kFloat32, plan_.q_size, q_);
+    ops_.scale(q_, plan_.q_size, inverse_world());
+    for (const auto& m : plan_.matrices) {  // M ~ P Q^T; the rest waits in the residual
+      ops_.outer(p + m.p_offset, q_ + m.q_offset, out_ + m.offset, m.rows, m.cols, m.rank);
+      ops_.subtract(acc_ + m.offset, out_ + m.offset, residual_ + m.offset, m.rows * m.cols);
+    }
+    ops_.narrow(out_, flat, layout_.type, n_);
+  }
+
+  void save(std::string& out) const override {
+    Lossy::save(out);
+    put_u64(out, q_ready_ ? plan_.q_size : 0);
+    if (q_ready_) put_floats(out, ops_, q_, plan_.q_size);
+  }
+  void load(std::string_view& in) override {
+    Lossy::load(in);
+    const std::uint64_t q = take_u64(in);
+    if (q != 0 && q != plan_.q_size) throw std::invalid_argument("PowerSGD's Q has another size");
+    q_ready_ = q != 0;
+    if (q_ready_) take_floats(in, ops_, q_, plan_.q_size);
+  }
+
+ private:
+  // The first Q: standard normal entries from a generator seeded alike on every rank (Box-Muller
+  // over mt19937_64, the same on every platform), then orthogonalized.
+  void start_q() {
+    std::mt19937_64 generator(seed_);
+    auto uniform = [&] {  // in (0, 1]
+      return (static_cast<double>(generator() >> 11) + 1.0) * 0x1.0p-53;
+    };
+    std::vector<float> q(plan_.q_size);
+    for (std::size_t i = 0; i < q.size(); i += 2) {
+      const double radius = std::sqrt(-2.0 * std::log(uniform()));
+      const double angle = 2.0 * std::numbers::pi * uniform();
+      q[i] = static_cast<float>(radius * std::cos(angle));
+      if (i + 1 < q.size()) q[i + 1] = static_cast<float>(radius * std::sin(angle));
+    }
+    ops_.from_host(q_, q.data(), q.size() * sizeof(float));
+    for (const auto& m : plan_.matrices) ops_.orthogonalize(q_ + m.q_offset, m.cols, m.rank);
+    q_ready_ = true;
+  }
+
+  PowerSgdPlan plan_;
+  std::uint64_t seed_;
+  float* first_message_;  // every P, then the uncompressed tensors
+  float* q_;
+  float* out_;
+  bool q_ready_ = false;
+};
+
+}  // namespace
+
+PowerSgdPlan plan_powersgd(const BucketLayout& layout, int rank) {
+  PowerSgdPlan plan;
+  for (const auto& t : layout.tensors) {
+    const std::size_t rows = t.rows, cols = rows ? t.count / rows : 0;
+    const std::size_t r = std::min({rows, cols, static_cast<std::size_t>(rank)});
+    if (rows < 2 || cols < 2 || rows * cols != t.count || (rows + cols) * r * 2 >= rows * cols) {
+      plan.uncompressed.push_back(t);
+      plan.uncompressed_size += t.count;
+      continue;
+    }
+    plan.matrices.push_back({t.offset, rows, cols, r, plan.p_size, plan.q_size});
+    plan.p_size += rows * r;
+    plan.q_size += cols * r;
+  }
+  return plan;
+}
+
+std::unique_ptr<BucketCompressor> make_compressor(const Compression& c, Ops& ops,
+                                                  const BucketLayout& layout, std::size_t index) {
+  switch (c.kind) {
+    case Compression::Kind::kFp16:
+      return std::make_unique<Cast16>(ops, layout, DataType::kFloat16);
+    case Compression::Kind::kBf16:
+      return std::make_unique<Cast16>(ops, layout, DataType::kBFloat16);
+    case Compression::Kind::kTopK:
+      return std::make_unique<TopK>(ops, layout, c.ratio);
+    case Compression::Kind::kThreshold:
+      return std::make_unique<Threshold>(ops, layout, c.threshold);
+    case Compression::Kind::kPowerSgd:
+      return std::make_unique<PowerSgd>(ops, layout, c, index);
+    case Compression::Kind::kNone:
+      break;
+  }
+  throw std::logic_error("make_compressor: compression 'none' has no compressor");
+}
+
+void put_u64(std::string& out, std::uint64_t v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+std::uint64_t take_u64(std::string_view& in) {
+  std::uint64_t v = 0;
+  if (in.size() < sizeof v) throw std::invalid_argument("truncated");
+  std::memcpy(&v, in.data(), sizeof v);
+  in.remove_prefix(sizeof v);
+  return v;
+}
+
+void put_floats(std::string& out, Ops& ops, const float* buffer, std::size_t n) {
+  const std::size_t at = out.size();
+  out.resize(at + n * sizeof(float));
+  ops.to_host(out.data() + at, buffer, n * sizeof(float));
+}
+
+void take_floats(std::string_view& in, Ops& ops, float* buffer, std::size_t n) {
+  if (in.size() < n * sizeof(float)) throw std::invalid_argument("truncated");
+  ops.from_host(buffer, in.data(), n * sizeof(float));
+  in.remove_prefix(n * sizeof(float));
+}
+
+}  // namespace dist::sdk::detail

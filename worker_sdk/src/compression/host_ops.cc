@@ -1,0 +1,395 @@
+// Ops on host memory: plain loops, the collectives of the group (synchronous, called on the
+// exchange thread), and that thread, which runs the buckets' exchanges in order while the caller
+// goes on with its backward pass.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "compression/ops.h"
+
+namespace dist::sdk::detail {
+namespace {
+
+// |x| as an unsigned integer that orders like |x| (NaN above infinity): the selection key of the
+// sparse compressors, the same on the device.
+std::uint32_t magnitude_key(float x) {
+  return std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
+}
+
+template <typename F>
+void with_float_type(DataType type, F&& f) {
+  switch (type) {
+    case DataType::kFloat32:
+      return f(float{});
+    case DataType::kFloat16:
+      return f(Half{});
+    case DataType::kBFloat16:
+      return f(BFloat16{});
+    default:
+      throw std::invalid_argument("gradient compression: buckets of float32, float16 or bfloat16");
+  }
+}
+
+template <typename T>
+float to_float(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, Half>) {
+    return float_from_half_bits(v.bits);
+  } else {
+    return v.to_float();
+  }
+}
+
+template <typename T>
+T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, Half>) {
+    return Half{half_bits_from_float(v)};
+  } else {
+    return T::from_float(v);
+  }
+}
+
+// Runs jobs one at a time, in order, on its own thread. After a job throws, the jobs queued
+// behind it are dropped (the group is unusable) and drain() rethrows.
+class ExchangeThread {
+ public:
+  ExchangeThread() : thread_([this] { run(); }) {}
+  ~ExchangeThread() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+  ExchangeThread(const ExchangeThread&) = delete;
+  ExchangeThread& operator=(const ExchangeThread&) = delete;
+
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(job));
+    }
+    wake_.notify_one();
+  }
+  // Runs on the calling thread the jobs the exchange thread has not started (in order, one at a
+  // time, as the thread would: the last bucket's exchange then costs no thread hand-off), then
+  // waits for the one it runs.
+  void drain() {
+    std::unique_lock lock(mutex_);
+    while (!queue_.empty() && !busy_) run_front(lock);
+    idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+    if (error_) {
+      auto error = std::exchange(error_, nullptr);
+      std::rethrow_exception(error);
+    }
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [this] { return !busy_ && (stopping_ || !queue_.empty()); });
+      if (queue_.empty()) return;  // stopping, and everything posted has run
+      run_front(lock);
+    }
+  }
+
+  // Pops the first job and runs it unlocked (skipped once a job failed); `lock` holds mutex_.
+  void run_front(std::unique_lock<std::mutex>& lock) {
+    auto job = std::move(queue_.front());
+    queue_.pop_front();
+    if (!error_) {
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        job();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lock.lock();
+      busy_ = false;
+      if (failed) error_ = failed;
+    }
+    if (queue_.empty()) idle_.notify_all();
+    if (!queue_.empty()) wake_.notify_one();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false, stopping_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts once the rest exists
+};
+
+class HostOps final : public Ops {
+ public:
+  explicit HostOps(ProcessGroup& group) : Ops(group) {}
+
+  void post(std::function<void()> job) override { thread_.post(std::move(job)); }
+  void drain() override { thread_.drain(); }
+
+  void* allocate(std::size_t bytes) override {
+    blocks_.push_back(std::make_unique<std::byte[]>(std::max<std::size_t>(bytes, 1)));
+    return blocks_.back().get();
+  }
+  void copy(void* to, const void* from, std::size_t bytes) override {
+    if (bytes) std::memcpy(to, from, bytes);
+  }
+  void from_host(void* to, const void* host, std::size_t bytes) override { copy(to, host, bytes); }
+  void to_host(void* host, const void* from, std::size_t bytes) override {
+    copy(host, from, bytes);
+  }
+
+  void widen_add(const void* flat, DataType type, const float* residual, float* acc,
+                 std::size_t n) override {
+    with_float_type(type, [&](auto zero) {
+      using T = decltype(zero);
+      const T* in = static_cast<const T*>(flat);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = to_float(in[i]) + residual[i];
+    });
+  }
+  void narrow(const float* src, void* flat, DataType type, std::size_t n) override {
+    with_float_type(type, [&](auto zero) {
+      using T = decltype(zero);
+      T* out = static_cast<T*>(flat);
+      for (std::size_t i = 0; i < n; ++i) out[i] = from_float<T>(src[i]);
+    });
+  }
+  void encode16(const float* acc, void* wire, DataType wire_type, float scale, float* residual,
+                std::size_t n) override {
+    with_float_type(wire_type, [&](auto zero) {
+      using T = decltype(zero);
+      T* out = static_cast<T*>(wire);
+      for (std::size_t i = 0; i < n; ++i) {
+        out[i] = from_float<T>(acc[i] * scale);
+        residual[i] = acc[i] - to_float(out[i]) / scale;
+      }
+    });
+  }
+  void decode16(const void* wire, DataType wire_type, float* out, std::size_t n) override {
+    with_float_type(wire_type, [&](auto zero) {
+      using T = decltype(zero);
+      const T* in = static_cast<const T*>(wire);
+      for (std::size_t i = 0; i < n; ++i) out[i] = to_float(in[i]);
+    });
+  }
+
+  void sum_ranks(const void* gathered, int ranks, DataType type, std::size_t n,
+                 float* out) override {
+    with_float_type(type, [&](auto zero) {
+      using T = decltype(zero);
+      const T* in = static_cast<const T*>(gathered);
+      for (std::size_t i = 0; i < n; ++i) {
+        float sum = 0.0f;
+        for (std::size_t r = 0; r < static_cast<std::size_t>(ranks); ++r) {
+          sum += to_float(in[r * n + i]);
+        }
+        out[i] = sum;
+      }
+    });
+  }
+
+  void select_topk(const float* acc, std::size_t n, std::size_t k, std::int32_t* message,
+                   float* residual) override {
+    order_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) order_[i] = static_cast<std::uint32_t>(i);
+    auto before = [acc](std::uint32_t a, std::uint32_t b) {
+      const auto ka = magnitude_key(acc[a]), kb = magnitude_key(acc[b]);
+      return ka != kb ? ka > kb : a < b;
+    };
+    if (k < n)
+      std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(k),
+                       order_.end(), before);
+    std::copy(acc, acc + n, residual);
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::uint32_t i = order_[j];
+      message[2 * j] = static_cast<std::int32_t>(i);
+      message[2 * j + 1] = std::bit_cast<std::int32_t>(acc[i]);
+      residual[i] = 0.0f;
+    }
+  }
+  void select_threshold(const float* acc, std::size_t n, float t, std::int32_t* message,
+                        float* residual, std::int32_t* count) override {
+    const std::uint32_t bar = magnitude_key(t);
+    std::int32_t taken = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (magnitude_key(acc[i]) >= bar) {
+        message[2 * taken] = static_cast<std::int32_t>(i);
+        message[2 * taken + 1] = std::bit_cast<std::int32_t>(acc[i]);
+        ++taken;
+        residual[i] = 0.0f;
+      } else {
+        residual[i] = acc[i];
+      }
+    }
+    *count = taken;
+  }
+  void scatter_add(const std::int32_t* messages, std::size_t stride_words,
+                   const std::vector<std::int32_t>& counts, float* dense, std::size_t n,
+                   float scale) override {
+    std::fill(dense, dense + n, 0.0f);
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      const std::int32_t* m = messages + r * stride_words;
+      for (std::int32_t j = 0; j < counts[r]; ++j) {
+        const std::int32_t i = m[2 * j];
+        if (i < 0 || static_cast<std::size_t>(i) >= n) {
+          throw CollectiveError("gradient compression: rank " + std::to_string(r) +
+                                " sent an entry for index " + std::to_string(i) +
+                                " of a bucket of " + std::to_string(n) +
+                                " (do all ranks run the same model and compression?)");
+        }
+        dense[i] += std::bit_cast<float>(m[2 * j + 1]);
+      }
+    }
+    for (std::size_t i = 0; i < n; ++i) dense[i] *= scale;
+  }
+
+  void matmul(const float* a, const float* b, float* c, std::size_t rows, std::size_t inner,
+              std::size_t cols, bool transpose_a) override {
+    for (std::size_t i = 0; i < rows; ++i) {
+      for (std::size_t j = 0; j < cols; ++j) {
+        float sum = 0.0f;
+        for (std::size_t k = 0; k < inner; ++k) {
+          const float av = transpose_a ? a[k * rows + i] : a[i * inner + k];
+          sum += av * b[k * cols + j];
+        }
+        c[i * cols + j] = sum;
+      }
+    }
+  }
+  void outer(const float* p, const float* q, float* out, std::size_t rows, std::size_t cols,
+             std::size_t r) override {
+    for (std::size_t i = 0; i < rows; ++i) {
+      for (std::size_t j = 0; j < cols; ++j) {
+        float sum = 0.0f;
+        for (std::size_t c = 0; c < r; ++c) sum += p[i * r + c] * q[j * r + c];
+        out[i * cols + j] = sum;
+      }
+    }
+  }
+  void orthogonalize(float* m, std::size_t rows, std::size_t r) override {
+    for (std::size_t c = 0; c < r; ++c) {
+      float norm2 = 0.0f;
+      for (std::size_t i = 0; i < rows; ++i) norm2 += m[i * r + c] * m[i * r + c];
+      const float norm = std::sqrt(norm2);
+      for (std::size_t i = 0; i < rows; ++i) m[i * r + c] = norm > 0 ? m[i * r + c] / norm : 0.0f;
+      for (std::size_t d = c + 1; d < r; ++d) {
+        float dot = 0.0f;
+        for (std::size_t i = 0; i < rows; ++i) dot += m[i * r + c] * m[i * r + d];
+        for (std::size_t i = 0; i < rows; ++i) m[i * r + d] -= dot * m[i * r + c];
+      }
+    }
+  }
+  void subtract(const float* a, const float* b, float* out, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+  }
+  void scale(float* x, std::size_t n, float factor) override {
+    for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
+  }
+
+ protected:
+  void run_all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {
+    group().all_reduce(data, count, type, op);
+  }
+  void run_all_gather(const void* input, void* output, std::size_t count, DataType type) override {
+    group().all_gather(input, output, count, type);
+  }
+
+ private:
+  std::vector<std::unique_ptr<std::byte[]>> blocks_;
+  std::vector<std::uint32_t> order_;  // select_topk's scratch
+  ExchangeThread thread_;             // last: joined before the buffers go
+};
+
+}  // namespace
+
+// After F. Giesen's float_to_half_fast3_rtne: the subnormal halves by one float addition (which
+// rounds to nearest even) instead of a call to nearbyint, the normal ones as Half::from_float.
+std::uint16_t half_bits_from_float(float f) {
+  std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7FFFFFFFu;
+  if (x >= 0x7F800000u)
+    return static_cast<std::uint16_t>(sign | (x > 0x7F800000u ? 0x7E00u : 0x7C00u));
+  if (x >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // rounds past 65504
+  if (x < 0x38800000u) {  // a subnormal half (or zero): align its 10 bits under 0.5's exponent
+    const float aligned = std::bit_cast<float>(x) + 0.5f;
+    return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(aligned) - 0x3F000000u));
+  }
+  x += 0xC8000FFFu + ((x >> 13) & 1u);  // rebias 127 -> 15 (mod 2^32), round half to even
+  return static_cast<std::uint16_t>(sign | (x >> 13));
+}
+
+float float_from_half_bits(std::uint16_t h) {
+  std::uint32_t x = static_cast<std::uint32_t>(h & 0x7FFFu) << 13;
+  const std::uint32_t exponent = x & 0x0F800000u;
+  x += 0x38000000u;  // rebias 15 -> 127
+  if (exponent == 0x0F800000u) {
+    x += 0x38000000u;          // inf, NaN: to float's top exponent
+  } else if (exponent == 0) {  // zero, subnormal: renormalize
+    x += 0x00800000u;
+    x = std::bit_cast<std::uint32_t>(std::bit_cast<float>(x) - 6.103515625e-05f);  // 2^-14
+  }
+  return std::bit_cast<float>(x | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
+}
+
+void Ops::all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) {
+  if (count == 0) return;
+  run_all_reduce(data, count, type, op);
+  bytes_sent_ += ring_all_reduce_bytes(count * element_size(type), world());
+}
+
+void Ops::all_gather(const void* input, void* output, std::size_t count, DataType type) {
+  if (count == 0) return;
+  run_all_gather(input, output, count, type);
+  bytes_sent_ += ring_all_gather_bytes(count * element_size(type), world());
+}
+
+void Ops::all_sum(void* input, DataType type, std::size_t count, float* out) {
+  if (count == 0) return;
+  const std::size_t bytes = count * element_size(type);
+  if (bytes <= kGatherBytes) {
+    const std::size_t whole = bytes * static_cast<std::size_t>(world());
+    if (whole > gathered_bytes_) {
+      gathered_ = allocate(whole);
+      gathered_bytes_ = whole;
+    }
+    all_gather(input, gathered_, count, type);
+    sum_ranks(gathered_, world(), type, count, out);
+    return;
+  }
+  all_reduce(input, count, type, ReduceOp::kSum);
+  if (type == DataType::kFloat32) {
+    if (static_cast<void*>(out) != input) copy(out, input, bytes);
+  } else {
+    decode16(input, type, out, count);
+  }
+}
+
+std::uint64_t ring_all_reduce_bytes(std::size_t bytes, int world) {
+  const auto n = static_cast<std::uint64_t>(world);
+  return n <= 1 ? 0 : 2 * (n - 1) * static_cast<std::uint64_t>(bytes) / n;
+}
+
+std::uint64_t ring_all_gather_bytes(std::size_t bytes_per_rank, int world) {
+  const auto n = static_cast<std::uint64_t>(world);
+  return n <= 1 ? 0 : (n - 1) * static_cast<std::uint64_t>(bytes_per_rank);
+}
+
+std::unique_ptr<Ops> make_host_ops(ProcessGroup& group) {
+  return std::make_unique<HostOps>(group);
+}
+
+}  // namespace dist::sdk::detail

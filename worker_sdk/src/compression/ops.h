@@ -1,0 +1,135 @@
+// What the compressors (compressor.h) run on: memory, collectives and the element-wise and
+// small linear-algebra operations of gradient compression, on the host (Gloo: plain loops, the
+// exchange on a thread of DDP's own) or on the device (NCCL: CUDA kernels and collectives
+// ordered on a side stream). A compressor is written once against this interface.
+//
+// Everything an Ops does completes in the order it was called, as seen by the next call: on the
+// host because each call returns complete; on the device because everything runs in order on
+// the exchange stream. Only to_host() (and what returns a host value) waits on the device.
+//
+// Float buffers are row-major matrices where a shape is given. Messages of sparse entries are
+// pairs of 32-bit words: (index, bits of the float value).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "dist/sdk/process_group.h"
+
+namespace dist::sdk::detail {
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  // The exchange of a bucket: `job` runs after the buckets posted before it (host: on the
+  // exchange thread, so it overlaps the backward pass; device: now, enqueueing on the exchange
+  // stream, which first waits for what the caller's stream did until this call).
+  virtual void post(std::function<void()> job) = 0;
+  // Every posted job has completed (device: the caller's stream waits for them); rethrows the
+  // first job's exception (host).
+  virtual void drain() = 0;
+
+  // Zeroed memory owned by this object, where the collectives' buffers live.
+  virtual void* allocate(std::size_t bytes) = 0;
+  float* allocate_floats(std::size_t n) { return static_cast<float*>(allocate(n * sizeof(float))); }
+  // Between buffers of this Ops (device to device on the device).
+  virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
+  // From host memory into a buffer, and from a buffer into host memory (complete on return).
+  virtual void from_host(void* to, const void* host, std::size_t bytes) = 0;
+  virtual void to_host(void* host, const void* from, std::size_t bytes) = 0;
+
+  // Collectives on the group, counted in bytes_sent() (what this rank sends by the ring
+  // algorithms Gloo and NCCL use: 2 (n-1)/n of the buffer for an all-reduce, n-1 times its input
+  // for an all-gather).
+  void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op);
+  void all_gather(const void* input, void* output, std::size_t count, DataType type);
+  // out[i] = the sum over ranks of float(input[i]) (input: float32, float16 or bfloat16,
+  // overwritten; out may be input when it is float32). Up to kGatherBytes per rank, an all-gather
+  // and the sum here, in rank order: for two ranks as many bytes as a ring all-reduce, in one
+  // exchange instead of two (latency), and no 16-bit rounding of partial sums. Past it, Gloo's or
+  // NCCL's all-reduce in the input's type, whose ring pipelines large messages (on a 100 Mbit/s
+  // link, 150 KB of fp16 for two ranks: 18 ms a step against 21 ms as an all-gather).
+  void all_sum(void* input, DataType type, std::size_t count, float* out);
+  static constexpr std::size_t kGatherBytes = 64 * 1024;
+  std::uint64_t bytes_sent() const { return bytes_sent_; }
+  void count_bytes(std::uint64_t bytes) { bytes_sent_ += bytes; }
+  int world() const { return group_.size(); }
+  ProcessGroup& group() const { return group_; }
+
+  // acc[i] = float(flat[i]) + residual[i] (flat of type `type`: float32, float16 or bfloat16).
+  virtual void widen_add(const void* flat, DataType type, const float* residual, float* acc,
+                         std::size_t n) = 0;
+  // flat[i] = type(src[i]), rounded to nearest even.
+  virtual void narrow(const float* src, void* flat, DataType type, std::size_t n) = 0;
+  // wire[i] = wire_type(acc[i] * scale) (float16 or bfloat16); residual[i] = acc[i] -
+  // float(wire[i]) / scale: what the cast lost.
+  virtual void encode16(const float* acc, void* wire, DataType wire_type, float scale,
+                        float* residual, std::size_t n) = 0;
+  // out[i] = float(wire[i]).
+  virtual void decode16(const void* wire, DataType wire_type, float* out, std::size_t n) = 0;
+  // out[i] = sum over r < ranks, in order, of float(gathered[r * n + i]) (float32, float16 or
+  // bfloat16).
+  virtual void sum_ranks(const void* gathered, int ranks, DataType type, std::size_t n,
+                         float* out) = 0;
+  // The k entries of acc largest in magnitude (ties: the lower index) into message (k pairs,
+  // in any order); residual = acc with those entries zeroed.
+  virtual void select_topk(const float* acc, std::size_t n, std::size_t k, std::int32_t* message,
+                           float* residual) = 0;
+  // The entries with |acc| >= t into message; residual = acc with them zeroed; their count into
+  // *count (a buffer of this Ops).
+  virtual void select_threshold(const float* acc, std::size_t n, float t, std::int32_t* message,
+                                float* residual, std::int32_t* count) = 0;
+  // dense = (sum over ranks r of rank r's first counts[r] entries) * scale; rank r's message
+  // starts at messages + r * stride_words. Ranks in order, so every rank adds alike.
+  virtual void scatter_add(const std::int32_t* messages, std::size_t stride_words,
+                           const std::vector<std::int32_t>& counts, float* dense, std::size_t n,
+                           float scale) = 0;
+  // c (rows x cols) = a (rows x inner) * b (inner x cols); with transpose_a, a is given as its
+  // transpose (inner x rows).
+  virtual void matmul(const float* a, const float* b, float* c, std::size_t rows, std::size_t inner,
+                      std::size_t cols, bool transpose_a) = 0;
+  // out (rows x cols) = p (rows x r) * q^T (q: cols x r).
+  virtual void outer(const float* p, const float* q, float* out, std::size_t rows, std::size_t cols,
+                     std::size_t r) = 0;
+  // Gram-Schmidt on the r columns of m (rows x r): orthonormal columns; a column that becomes
+  // zero stays zero.
+  virtual void orthogonalize(float* m, std::size_t rows, std::size_t r) = 0;
+  // out[i] = a[i] - b[i].
+  virtual void subtract(const float* a, const float* b, float* out, std::size_t n) = 0;
+  virtual void scale(float* x, std::size_t n, float factor) = 0;
+
+ protected:
+  explicit Ops(ProcessGroup& group) : group_(group) {}
+  // The collective itself: complete, as seen by later calls, on return.
+  virtual void run_all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) = 0;
+  virtual void run_all_gather(const void* input, void* output, std::size_t count,
+                              DataType type) = 0;
+
+ private:
+  ProcessGroup& group_;
+  std::uint64_t bytes_sent_ = 0;
+  void* gathered_ = nullptr;  // all_sum's, grown as needed
+  std::size_t gathered_bytes_ = 0;
+};
+
+// Host memory and Gloo (or any group with host buffers).
+std::unique_ptr<Ops> make_host_ops(ProcessGroup& group);
+// Device memory of the current device, kernels and collectives on a stream of its own that
+// follows `caller` (the backward pass's stream) at post() and that `caller` follows at drain().
+// CollectiveError in a build without the CUDA kernels.
+std::unique_ptr<Ops> make_device_ops(ProcessGroup& group, CudaStream caller);
+
+// IEEE half conversions bit-identical to Half::from_float and Half::to_float, without their libm
+// call and division (the fp16 exchange's hot loop).
+std::uint16_t half_bits_from_float(float f);
+float float_from_half_bits(std::uint16_t h);
+
+// Wire bytes this rank sends, by the ring algorithms.
+std::uint64_t ring_all_reduce_bytes(std::size_t bytes, int world);
+std::uint64_t ring_all_gather_bytes(std::size_t bytes_per_rank, int world);
+
+}  // namespace dist::sdk::detail

@@ -1,0 +1,743 @@
+// DDP's gradient compression and sync strategies, ranks as threads of a real Gloo group: each
+// mode's result against a reference computed here (fp16/bf16 rounding, top-k selection, PowerSGD
+// against a direct low-rank computation in double precision), error feedback over steps, a
+// restart from state() ending bit-identical to an uninterrupted run, and mixed-dtype models.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <tuple>
+
+#include "compression/compressor.h"
+#include "dist/sdk/compression.h"
+#include "dist/sdk/ddp.h"
+#include "ranks.h"
+
+namespace dist::sdk {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::on_ranks;
+
+constexpr int kWorld = 2;
+
+std::vector<float> random_values(std::size_t n, unsigned seed, float spread = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, spread);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+void fill(std::vector<float>& into, const std::vector<float>& values) {
+  ASSERT_EQ(into.size(), values.size());
+  std::copy(values.begin(), values.end(), into.begin());
+}
+
+DdpOptions with(const std::string& compression, const std::string& sync = "every-step") {
+  DdpOptions o;
+  o.compression = Compression::parse(compression);
+  o.sync = SyncStrategy::parse(sync);
+  return o;
+}
+
+// Gradients of two parameters for (rank, step), the same whichever thread computes them.
+struct Grads {
+  static constexpr std::size_t kRows = 16, kCols = 12, kBias = 12;
+  static std::vector<float> w(int rank, int step) {
+    return random_values(kRows * kCols, static_cast<unsigned>(100 * step + rank));
+  }
+  static std::vector<float> b(int rank, int step) {
+    return random_values(kBias, static_cast<unsigned>(100 * step + rank + 50));
+  }
+};
+
+// One bucket [b, w] (reverse registration order) of this parameter pair; returns each step's
+// averaged gradients of rank `rank_of_interest` as the bucket's flat [b..., w...].
+std::vector<std::vector<float>> run_steps(const std::string& compression, int steps) {
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(steps));
+  std::mutex mutex;
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    std::vector<float> w(Grads::kRows * Grads::kCols), b(Grads::kBias), dw(w.size()), db(b.size());
+    DistributedDataParallel ddp(g, {{"w", w, dw, {Grads::kRows, Grads::kCols}}, {"b", b, db}},
+                                with(compression));
+    for (int s = 0; s < steps; ++s) {
+      fill(dw, Grads::w(g.rank(), s));  // in place: DDP holds the buffers
+      fill(db, Grads::b(g.rank(), s));
+      ddp.grad_ready(1);
+      ddp.grad_ready(0);
+      ddp.synchronize();
+      std::vector<float> flat = db;
+      flat.insert(flat.end(), dw.begin(), dw.end());
+      std::lock_guard lock(mutex);
+      auto& expected = results[static_cast<std::size_t>(s)];
+      if (expected.empty()) {
+        expected = flat;
+      } else {
+        EXPECT_EQ(expected, flat) << "ranks disagree at step " << s;
+      }
+    }
+  });
+  return results;
+}
+
+// Every rank's gradients for one step as the bucket's flat [b, w], plus the residuals.
+std::vector<std::vector<float>> bucket_grads(int step) {
+  std::vector<std::vector<float>> all;
+  for (int r = 0; r < kWorld; ++r) {
+    auto flat = Grads::b(r, step);
+    const auto w = Grads::w(r, step);
+    flat.insert(flat.end(), w.begin(), w.end());
+    all.push_back(flat);
+  }
+  return all;
+}
+
+TEST(Compression, FastHalfConversionsAreBitIdenticalToHalfs) {
+  for (std::uint32_t h = 0; h <= 0xFFFFu; ++h) {
+    const Half half{static_cast<std::uint16_t>(h)};
+    const float a = half.to_float(), b = detail::float_from_half_bits(half.bits);
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(a), std::bit_cast<std::uint32_t>(b)) << std::hex << h;
+  }
+  // Every 997th float bit pattern (all exponents, both signs), and the rounding edges.
+  std::vector<std::uint32_t> patterns{0x38800000u, 0x387FFFFFu, 0x477FEFFFu, 0x477FF000u,
+                                      0x33000000u, 0x33000001u, 0x7F800000u, 0x7FC00000u};
+  for (std::uint64_t x = 0; x <= 0xFFFFFFFFull; x += 997) {
+    patterns.push_back(static_cast<std::uint32_t>(x));
+  }
+  for (const std::uint32_t x : patterns) {
+    const float f = std::bit_cast<float>(x);
+    ASSERT_EQ(detail::half_bits_from_float(f), Half::from_float(f).bits) << std::hex << x;
+  }
+}
+
+TEST(CompressionSpec, ParsesAndPrintsEveryMode) {
+  for (const char* spec : {"none", "fp16", "bf16", "topk:0.01", "threshold:0.001", "powersgd:2"}) {
+    EXPECT_EQ(Compression::parse(spec).to_string(), spec);
+  }
+  EXPECT_EQ(Compression::parse("topk:0.25").ratio, 0.25);
+  EXPECT_EQ(Compression::parse("powersgd:4").rank, 4);
+  for (const char* spec : {"every-step", "partial:4", "local-sgd:8"}) {
+    EXPECT_EQ(SyncStrategy::parse(spec).to_string(), spec);
+  }
+  EXPECT_EQ(SyncStrategy::parse("local-sgd:8").period, 8);
+  EXPECT_EQ(SyncStrategy::parse("partial:3").chunks, 3);
+}
+
+TEST(CompressionSpec, BadSpecsAreOneLineErrorsNamingTheSpec) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"topk", "RATIO must be"},      {"topk:0", "RATIO must be"},
+      {"topk:1.5", "RATIO must be"},  {"topk:abc", "RATIO must be"},
+      {"threshold:-1", "T must be"},  {"threshold:nan", "T must be"},
+      {"powersgd:0", "RANK must be"}, {"powersgd:2.5", "RANK must be"},
+      {"fp16:3", "takes no value"},   {"zip", "unknown compression"},
+      {"", "unknown compression"},
+  };
+  for (const auto& [spec, why] : bad) {
+    try {
+      Compression::parse(spec);
+      ADD_FAILURE() << "accepted '" << spec << "'";
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("'") + spec + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find(why), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+  for (const char* spec : {"partial", "partial:0", "local-sgd:-2", "local-sgd:x", "sometimes"}) {
+    EXPECT_THROW(SyncStrategy::parse(spec), std::invalid_argument) << spec;
+  }
+}
+
+// fp16 and bf16: each rank sends T(acc / 2); the sum is taken in float, in rank order (a small
+// bucket: an all-gather); the residual keeps acc - float(sent) * 2 for the next step.
+template <typename T>
+void check_cast(const std::string& spec) {
+  constexpr int kSteps = 3;
+  const auto got = run_steps(spec, kSteps);
+  std::vector<std::vector<float>> residual(kWorld);
+  for (int s = 0; s < kSteps; ++s) {
+    const auto grads = bucket_grads(s);
+    const std::size_t n = grads[0].size();
+    std::vector<float> expected(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      float sum = 0.0f;
+      std::vector<T> sent(kWorld);
+      for (int r = 0; r < kWorld; ++r) {
+        auto& res = residual[static_cast<std::size_t>(r)];
+        res.resize(n, 0.0f);
+        const float acc = grads[static_cast<std::size_t>(r)][i] + res[i];
+        sent[static_cast<std::size_t>(r)] = T::from_float(acc * 0.5f);
+        res[i] = acc - sent[static_cast<std::size_t>(r)].to_float() / 0.5f;
+      }
+      sum = sent[0].to_float() + sent[1].to_float();
+      expected[i] = sum;
+    }
+    ASSERT_EQ(got[static_cast<std::size_t>(s)], expected) << spec << " step " << s;
+  }
+}
+
+TEST(Compression, Fp16IsTheRoundedAverageWithTheResidualCarriedOver) {
+  check_cast<Half>("fp16");
+}
+TEST(Compression, Bf16IsTheRoundedAverageWithTheResidualCarriedOver) {
+  check_cast<BFloat16>("bf16");
+}
+
+// Three ranks and 80 KB of fp16 per rank: past the all-gather's limit, Gloo's ring all-reduce in
+// float16 (partial sums rounded to half), so the result is within a few half ulps of the mean.
+TEST(Compression, Fp16OnALargeBucketOfThreeRanksUsesTheRingAllReduce) {
+  constexpr int kRanks = 3;
+  constexpr std::size_t kN = 40000;
+  std::mutex mutex;
+  std::vector<std::vector<float>> results;
+  on_ranks(kRanks, [&](ProcessGroup& g) {
+    std::vector<float> v(kN), dv = random_values(kN, 70 + static_cast<unsigned>(g.rank()));
+    DistributedDataParallel ddp(g, {{"v", v, dv}}, with("fp16"));
+    ddp.synchronize();
+    EXPECT_EQ(ddp.stats().bytes_sent, 2 * (kRanks - 1) * kN * 2 / kRanks);
+    std::lock_guard lock(mutex);
+    results.push_back(dv);
+  });
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+  std::vector<std::vector<float>> grads;
+  for (int r = 0; r < kRanks; ++r)
+    grads.push_back(random_values(kN, 70 + static_cast<unsigned>(r)));
+  for (std::size_t i = 0; i < kN; ++i) {
+    const double mean = (double{grads[0][i]} + grads[1][i] + grads[2][i]) / kRanks;
+    EXPECT_NEAR(results[0][i], mean, 4e-3 * std::max(1.0, std::fabs(mean))) << i;
+  }
+}
+
+// The k = ceil(ratio n) entries of each rank largest in magnitude (ties: lower index), summed
+// over ranks in rank order and halved; the rest stays in the residual.
+std::vector<std::vector<float>> sparse_reference(
+    int steps, const std::function<std::vector<std::size_t>(const std::vector<float>&)>& pick) {
+  std::vector<std::vector<float>> out;
+  std::vector<std::vector<float>> residual(kWorld);
+  for (int s = 0; s < steps; ++s) {
+    const auto grads = bucket_grads(s);
+    const std::size_t n = grads[0].size();
+    std::vector<float> dense(n, 0.0f);
+    for (int r = 0; r < kWorld; ++r) {
+      auto& res = residual[static_cast<std::size_t>(r)];
+      res.resize(n, 0.0f);
+      std::vector<float> acc(n);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = grads[static_cast<std::size_t>(r)][i] + res[i];
+      res = acc;
+      for (std::size_t i : pick(acc)) {
+        dense[i] += acc[i];
+        res[i] = 0.0f;
+      }
+    }
+    for (auto& v : dense) v *= 0.5f;
+    out.push_back(dense);
+  }
+  return out;
+}
+
+TEST(Compression, TopKSendsTheLargestEntriesOfEachRank) {
+  constexpr int kSteps = 4;
+  const auto got = run_steps("topk:0.05", kSteps);
+  const auto expected = sparse_reference(kSteps, [](const std::vector<float>& acc) {
+    std::vector<std::size_t> order(acc.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return std::fabs(acc[a]) > std::fabs(acc[b]);
+    });
+    order.resize(static_cast<std::size_t>(std::ceil(0.05 * static_cast<double>(acc.size()))));
+    return order;
+  });
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(got[static_cast<std::size_t>(s)], expected[static_cast<std::size_t>(s)]) << s;
+  }
+}
+
+TEST(Compression, ThresholdSendsTheEntriesAboveIt) {
+  constexpr int kSteps = 4;
+  constexpr float kT = 1.8f;
+  const auto got = run_steps("threshold:1.8", kSteps);
+  const auto expected = sparse_reference(kSteps, [](const std::vector<float>& acc) {
+    std::vector<std::size_t> picked;
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      if (std::fabs(acc[i]) >= kT) picked.push_back(i);
+    }
+    return picked;
+  });
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(got[static_cast<std::size_t>(s)], expected[static_cast<std::size_t>(s)]) << s;
+  }
+}
+
+TEST(Compression, TopKBreaksTiesByTheLowerIndex) {
+  on_ranks(1, [](ProcessGroup& g) {
+    std::vector<float> v(8), grad{0.5f, -2.0f, 2.0f, 1.0f, -2.0f, 2.0f, 0.1f, 0.0f};
+    DistributedDataParallel ddp(g, {{"v", v, grad}}, with("topk:0.25"));  // k = 2
+    ddp.synchronize();
+    EXPECT_EQ(grad, (std::vector<float>{0, -2.0f, 2.0f, 0, 0, 0, 0, 0}));
+    // The ties left behind come first next time (their residual is 2 + the new gradient).
+    grad.assign(8, 0.0f);
+    ddp.synchronize();
+    EXPECT_EQ(grad, (std::vector<float>{0, 0, 0, 0, -2.0f, 2.0f, 0, 0}));
+  });
+}
+
+// Double-precision Gram-Schmidt of the columns of m (rows x r).
+void orthonormalize(std::vector<double>& m, std::size_t rows, std::size_t r) {
+  for (std::size_t c = 0; c < r; ++c) {
+    double norm = 0;
+    for (std::size_t i = 0; i < rows; ++i) norm += m[i * r + c] * m[i * r + c];
+    norm = std::sqrt(norm);
+    for (std::size_t i = 0; i < rows; ++i) m[i * r + c] /= norm;
+    for (std::size_t d = c + 1; d < r; ++d) {
+      double dot = 0;
+      for (std::size_t i = 0; i < rows; ++i) dot += m[i * r + c] * m[i * r + d];
+      for (std::size_t i = 0; i < rows; ++i) m[i * r + d] -= dot * m[i * r + c];
+    }
+  }
+}
+
+// P P^T M for the orthonormalized columns P of x (rows x r): the projection of M (rows x cols)
+// onto their span, whatever basis of it x holds.
+std::vector<double> project(std::vector<double> x, const std::vector<double>& m, std::size_t rows,
+                            std::size_t cols, std::size_t r) {
+  orthonormalize(x, rows, r);
+  std::vector<double> out(rows * cols, 0);
+  for (std::size_t c = 0; c < r; ++c) {
+    for (std::size_t j = 0; j < cols; ++j) {
+      double pm = 0;  // (P^T M)[c][j]
+      for (std::size_t i = 0; i < rows; ++i) pm += x[i * r + c] * m[i * cols + j];
+      for (std::size_t i = 0; i < rows; ++i) out[i * cols + j] += x[i * r + c] * pm;
+    }
+  }
+  return out;
+}
+
+// a (rows x inner, or inner x rows transposed) times b (inner x cols).
+std::vector<double> times(const std::vector<double>& a, const std::vector<double>& b,
+                          std::size_t rows, std::size_t inner, std::size_t cols, bool transpose) {
+  std::vector<double> c(rows * cols, 0);
+  for (std::size_t i = 0; i < rows; ++i) {
+    for (std::size_t k = 0; k < inner; ++k) {
+      const double av = transpose ? a[k * rows + i] : a[i * inner + k];
+      for (std::size_t j = 0; j < cols; ++j) c[i * cols + j] += av * b[k * cols + j];
+    }
+  }
+  return c;
+}
+
+// PowerSGD against the direct computation, in double precision: M = the ranks' mean of gradient
+// plus residual, P = orth(M Q) with Q = M_prev^T P_prev of the step before (warm start), the
+// result P P^T M; the bias (one-dimensional) averaged exactly; residual = own M - result. Q's
+// random start is the SDK's: the first step is checked as a projection of M onto a rank-2 span
+// (taken from the result), and that span then carries the warm start of the steps after it.
+TEST(Compression, PowerSgdMatchesADirectLowRankComputation) {
+  constexpr int kSteps = 4;
+  constexpr std::size_t kRank = 2, kRows = Grads::kRows, kCols = Grads::kCols, kBias = Grads::kBias;
+  const auto got = run_steps("powersgd:2", kSteps);
+  std::vector<std::vector<double>> residual(kWorld, std::vector<double>(kRows * kCols, 0));
+  std::vector<double> q;  // cols x rank: a basis-free stand-in for the SDK's warm-start Q
+  for (int s = 0; s < kSteps; ++s) {
+    const auto grads = bucket_grads(s);
+    const auto& out = got[static_cast<std::size_t>(s)];
+    for (std::size_t i = 0; i < kBias; ++i) {
+      EXPECT_FLOAT_EQ(out[i], (grads[0][i] + grads[1][i]) / 2) << "bias " << i << " step " << s;
+    }
+    std::vector<double> m(kRows * kCols, 0), result(out.begin() + kBias, out.end());
+    for (int r = 0; r < kWorld; ++r) {
+      for (std::size_t i = 0; i < m.size(); ++i) {
+        m[i] += (grads[static_cast<std::size_t>(r)][kBias + i] +
+                 residual[static_cast<std::size_t>(r)][i]) /
+                kWorld;
+      }
+    }
+    std::vector<double> p;  // rows x rank, spanning what the SDK's P spans
+    if (s == 0) {
+      std::vector<double> probe(kCols * kRank);
+      for (std::size_t i = 0; i < probe.size(); ++i)
+        probe[i] = std::sin(1.0 + static_cast<double>(i));
+      p = times(result, probe, kRows, kCols, kRank, false);
+    } else {
+      p = times(m, q, kRows, kCols, kRank, false);  // M Q
+    }
+    const auto expected = project(p, m, kRows, kCols, kRank);
+    double scale = 0;
+    for (double v : m) scale = std::max(scale, std::fabs(v));
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_NEAR(result[i], expected[i], 1e-5 * scale) << "step " << s << " entry " << i;
+    }
+    orthonormalize(p, kRows, kRank);
+    q = times(m, p, kCols, kRows, kRank, true);  // M^T P
+    for (int r = 0; r < kWorld; ++r) {
+      auto& res = residual[static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < res.size(); ++i) {
+        res[i] = grads[static_cast<std::size_t>(r)][kBias + i] + res[i] - expected[i];
+      }
+    }
+  }
+}
+
+// A mean gradient of rank 2 is what rank-2 PowerSGD reproduces exactly, from any start.
+TEST(Compression, PowerSgdReproducesALowRankMean) {
+  constexpr std::size_t kRows = 10, kCols = 9;
+  std::vector<float> expected(kRows * kCols);
+  std::mutex mutex;
+  std::vector<std::vector<float>> results;
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    // Rank r sends 2 u_r v_r^T: rank one each, the mean u_0 v_0^T + u_1 v_1^T of rank two.
+    const auto u = random_values(kRows, 7 + static_cast<unsigned>(g.rank()));
+    const auto v = random_values(kCols, 17 + static_cast<unsigned>(g.rank()));
+    std::vector<float> w(kRows * kCols), dw(w.size());
+    for (std::size_t i = 0; i < kRows; ++i) {
+      for (std::size_t j = 0; j < kCols; ++j) dw[i * kCols + j] = 2 * u[i] * v[j];
+    }
+    DistributedDataParallel ddp(g, {{"w", w, dw, {kRows, kCols}}}, with("powersgd:2"));
+    ddp.synchronize();
+    std::lock_guard lock(mutex);
+    results.push_back(dw);
+  });
+  for (std::size_t i = 0; i < kRows; ++i) {
+    for (std::size_t j = 0; j < kCols; ++j) {
+      double mean = 0;
+      for (int r = 0; r < kWorld; ++r) {
+        const auto u = random_values(kRows, 7 + static_cast<unsigned>(r));
+        const auto v = random_values(kCols, 17 + static_cast<unsigned>(r));
+        mean += u[i] * v[j];
+      }
+      ASSERT_NEAR(results.at(0)[i * kCols + j], mean, 1e-4) << i << ", " << j;
+    }
+  }
+  EXPECT_EQ(results.at(0), results.at(1));
+}
+
+// Local SGD and partial: gradients stay local; after_step() averages every parameter each K-th
+// step, or one slice of each bucket per step.
+TEST(Compression, LocalSgdAveragesEveryKStepsAndPartialOneSlicePerStep) {
+  constexpr std::size_t kN = 8;
+  for (const std::string sync : {"local-sgd:3", "partial:4"}) {
+    SCOPED_TRACE(sync);
+    std::mutex mutex;
+    std::map<int, std::vector<std::vector<float>>> trajectory;  // rank -> values after each step
+    on_ranks(kWorld, [&](ProcessGroup& g) {
+      std::vector<float> v(kN, 1.0f), grad(kN);
+      DistributedDataParallel ddp(g, {{"v", v, grad}}, with("none", sync));
+      for (int s = 0; s < 6; ++s) {
+        for (std::size_t i = 0; i < kN; ++i)
+          grad[i] = static_cast<float>((g.rank() + 1) * (s + 1) + i);
+        const auto before = grad;
+        ddp.grad_ready(0);
+        ddp.synchronize();
+        EXPECT_EQ(grad, before) << "gradients stay local";
+        for (std::size_t i = 0; i < kN; ++i) v[i] -= 0.5f * grad[i];
+        ddp.after_step();
+        std::lock_guard lock(mutex);
+        trajectory[g.rank()].push_back(v);
+      }
+    });
+    // Replay both ranks here: local steps, then the averaging the strategy does.
+    std::vector<std::vector<float>> v(kWorld, std::vector<float>(kN, 1.0f));
+    for (int s = 0; s < 6; ++s) {
+      for (int r = 0; r < kWorld; ++r) {
+        for (std::size_t i = 0; i < kN; ++i) {
+          v[static_cast<std::size_t>(r)][i] -= 0.5f * static_cast<float>((r + 1) * (s + 1) + i);
+        }
+      }
+      std::size_t begin = 0, end = 0;
+      if (sync == "local-sgd:3") {
+        end = (s + 1) % 3 == 0 ? kN : 0;
+      } else {
+        begin = 2 * static_cast<std::size_t>(s % 4), end = begin + 2;
+      }
+      for (std::size_t i = begin; i < end; ++i) {
+        const float mean = (v[0][i] + v[1][i]) / 2;
+        v[0][i] = v[1][i] = mean;
+      }
+      for (int r = 0; r < kWorld; ++r) {
+        EXPECT_EQ(trajectory[r].at(static_cast<std::size_t>(s)), v[static_cast<std::size_t>(r)])
+            << "rank " << r << " step " << s;
+      }
+    }
+  }
+}
+
+// Bytes per step, by the ring formulas, for a bucket of 16 x 12 + 12 = 204 floats on 2 ranks.
+TEST(Compression, BytesSentFollowTheRingFormulas) {
+  const std::pair<const char*, std::uint64_t> expected[] = {
+      {"none", 204 * 4},
+      {"fp16", 204 * 2},
+      {"bf16", 204 * 2},
+      {"topk:0.05", 11 * 8},  // ceil(0.05 x 204) entries of (index, value), all-gathered
+      {"powersgd:2", (16 * 2 + 12) * 4 + (12 * 2) * 4},  // P and the bias, then Q
+  };
+  for (const auto& [spec, bytes] : expected) {
+    on_ranks(kWorld, [&](ProcessGroup& g) {
+      std::vector<float> w(16 * 12), b(12), dw(w.size(), 1.0f), db(b.size(), 1.0f);
+      DistributedDataParallel ddp(g, {{"w", w, dw, {16, 12}}, {"b", b, db}}, with(spec));
+      for (int s = 0; s < 3; ++s) ddp.synchronize();
+      EXPECT_EQ(ddp.stats().steps, 3u);
+      EXPECT_EQ(ddp.stats().bytes_per_step(), bytes) << spec;
+    });
+  }
+}
+
+// The exchange of a ready bucket runs without its rank calling synchronize(): rank 1 marks its
+// gradients ready and waits for rank 0 to finish synchronize() before calling its own.
+TEST(Compression, EveryModeExchangesWhileTheCallerGoesOn) {
+  for (const char* spec : {"none", "fp16", "topk:0.1", "threshold:0.5", "powersgd:1"}) {
+    SCOPED_TRACE(spec);
+    std::promise<void> rank0_done;
+    auto done = rank0_done.get_future().share();
+    on_ranks(kWorld, [&](ProcessGroup& g) {
+      std::vector<float> w(8 * 8), dw = random_values(64, 3), b(8), db(8, 1.0f);
+      DistributedDataParallel ddp(g, {{"w", w, dw, {8, 8}}, {"b", b, db}}, with(spec));
+      ddp.grad_ready(1);
+      ddp.grad_ready(0);
+      if (g.rank() == 0) {
+        ddp.synchronize();
+        rank0_done.set_value();
+      } else {
+        EXPECT_EQ(done.wait_for(30s), std::future_status::ready)
+            << "rank 0's synchronize() waited for rank 1's";
+        ddp.synchronize();
+      }
+    });
+  }
+}
+
+// A small regression model trained with SGD and momentum, through DDP: what a restart test needs.
+struct Regression {
+  static constexpr std::size_t kIn = 12, kOut = 8, kBatch = 4;
+  std::vector<float> w = random_values(kIn * kOut, 5, 0.3f), b = std::vector<float>(kOut, 0.0f);
+  std::vector<float> dw = std::vector<float>(kIn * kOut), db = std::vector<float>(kOut);
+  std::vector<float> vw = std::vector<float>(kIn * kOut), vb = std::vector<float>(kOut);
+
+  std::vector<Parameter> parameters() { return {{"w", w, dw, {kOut, kIn}}, {"b", b, db}}; }
+  void step(DistributedDataParallel& ddp, int rank, int step) {
+    const auto x = random_values(kBatch * kIn, static_cast<unsigned>(1000 * step + rank));
+    const auto y = random_values(kBatch * kOut, static_cast<unsigned>(1000 * step + rank + 500));
+    std::fill(dw.begin(), dw.end(), 0.0f);
+    std::fill(db.begin(), db.end(), 0.0f);
+    for (std::size_t s = 0; s < kBatch; ++s) {
+      for (std::size_t o = 0; o < kOut; ++o) {
+        float out = b[o];
+        for (std::size_t i = 0; i < kIn; ++i) out += w[o * kIn + i] * x[s * kIn + i];
+        const float err = (out - y[s * kOut + o]) / kBatch;
+        db[o] += err;
+        for (std::size_t i = 0; i < kIn; ++i) dw[o * kIn + i] += err * x[s * kIn + i];
+      }
+    }
+    ddp.grad_ready(1);
+    ddp.grad_ready(0);
+    ddp.synchronize();
+    for (auto [p, g, v] : {std::tuple{&w, &dw, &vw}, std::tuple{&b, &db, &vb}}) {
+      for (std::size_t i = 0; i < p->size(); ++i) {
+        (*v)[i] = 0.9f * (*v)[i] + (*g)[i];
+        (*p)[i] -= 0.05f * (*v)[i];
+      }
+    }
+    ddp.after_step();
+  }
+};
+
+struct Saved {
+  std::string ddp_state;
+  Regression model;
+};
+
+// Trains steps [from, to) on every rank, from `saved` (per rank) if given; returns each rank's
+// model and DDP state at the end.
+std::vector<Saved> train(const DdpOptions& options, int from, int to,
+                         const std::vector<Saved>* saved, bool load_state) {
+  std::vector<Saved> out(kWorld);
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    const auto rank = static_cast<std::size_t>(g.rank());
+    Regression& model = out[rank].model;
+    DistributedDataParallel ddp(g, model.parameters(), options);
+    if (saved) {  // a restart: this rank's own model and, unless told not to, its DDP state
+      const Regression& before = (*saved)[rank].model;
+      model.w = before.w, model.b = before.b, model.vw = before.vw, model.vb = before.vb;
+      if (load_state) ddp.load_state((*saved)[rank].ddp_state);
+    }
+    for (int s = from; s < to; ++s) model.step(ddp, g.rank(), s);
+    out[rank].ddp_state = ddp.state();
+  });
+  return out;
+}
+
+class Restart : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+
+TEST_P(Restart, FromStateEndsBitIdenticalToAnUninterruptedRun) {
+  const auto [compression, sync] = GetParam();
+  const DdpOptions options = with(compression, sync);
+  constexpr int kSteps = 12, kCut = 7;
+  const auto whole = train(options, 0, kSteps, nullptr, false);
+  const auto first = train(options, 0, kCut, nullptr, false);
+  const auto resumed = train(options, kCut, kSteps, &first, true);
+  for (std::size_t r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(resumed[r].model.w, whole[r].model.w) << "rank " << r;
+    EXPECT_EQ(resumed[r].model.b, whole[r].model.b) << "rank " << r;
+    EXPECT_EQ(resumed[r].ddp_state, whole[r].ddp_state) << "rank " << r;
+  }
+  // Without the state (residuals, Q, the step counter) the run ends elsewhere: it matters.
+  const auto forgetful = train(options, kCut, kSteps, &first, false);
+  EXPECT_NE(forgetful[0].model.w, whole[0].model.w);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryStatefulMode, Restart,
+    ::testing::Values(std::pair{"fp16", "every-step"}, std::pair{"bf16", "every-step"},
+                      std::pair{"topk:0.1", "every-step"},
+                      std::pair{"threshold:0.05", "every-step"},
+                      std::pair{"powersgd:1", "every-step"}, std::pair{"none", "local-sgd:3"},
+                      std::pair{"none", "partial:3"}),
+    [](const auto& info) {
+      std::string name = std::string(info.param.first) + "_" + info.param.second;
+      for (char& c : name) {
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      return name;
+    });
+
+TEST(Compression, AStateOfAnotherModeOrWorldIsRefusedSayingWhy) {
+  std::string fp16_state, single_rank_state;
+  on_ranks(1, [&](ProcessGroup& g) {
+    std::vector<float> v(16), dv(16, 1.0f);
+    DistributedDataParallel ddp(g, {{"v", v, dv}}, with("fp16"));
+    ddp.synchronize();
+    single_rank_state = ddp.state();
+  });
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    std::vector<float> v(16), dv(16, 1.0f);
+    DistributedDataParallel topk(g, {{"v", v, dv}}, with("topk:0.5"));
+    try {
+      topk.load_state(single_rank_state);
+      ADD_FAILURE() << "loaded an fp16 state into topk";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("compression 'fp16'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'topk:0.5'"), std::string::npos) << e.what();
+    }
+    DistributedDataParallel fp16(g, {{"v", v, dv}}, with("fp16"));
+    try {
+      fp16.load_state(single_rank_state);
+      ADD_FAILURE() << "loaded a state of a world of 1 into a world of 2";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("world of 1"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(fp16.load_state("garbage"), std::invalid_argument);
+    const std::string state = fp16.state();
+    EXPECT_THROW(fp16.load_state(state.substr(0, state.size() - 3)), std::invalid_argument);
+    fp16.load_state(state);  // its own state loads
+  });
+}
+
+TEST(Compression, CompressionWithALocalStrategyIsRefused) {
+  on_ranks(1, [](ProcessGroup& g) {
+    std::vector<float> v(4), dv(4);
+    try {
+      DistributedDataParallel ddp(g, {{"v", v, dv}}, with("fp16", "local-sgd:4"));
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("use one or the other"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(Compression, RanksWithDifferentCompressionAreRejected) {
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    std::vector<float> v(4), dv(4);
+    try {
+      DistributedDataParallel ddp(g, {{"v", v, dv}}, with(g.rank() == 0 ? "fp16" : "bf16"));
+    } catch (const std::runtime_error& e) {
+      std::lock_guard lock(mutex);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) EXPECT_NE(e.find("rank 1 has different"), std::string::npos) << e;
+}
+
+// A model of float32, bfloat16 and float16 parameters: buckets split by element type; plain
+// all-reduce averages each in its own type (Gloo: 16-bit sums in float, rounded), and the lossy
+// modes work on every type.
+TEST(MixedDtype, BucketsByTypeAndEachAveragedInItsType) {
+  constexpr std::size_t kN = 24;
+  std::mutex mutex;
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    std::vector<float> w(kN * 4), dw = random_values(kN * 4, 11 + static_cast<unsigned>(g.rank()));
+    std::vector<BFloat16> e(kN), de(kN);
+    std::vector<Half> b(kN), db(kN);
+    const auto de_f = random_values(kN, 21 + static_cast<unsigned>(g.rank()));
+    const auto db_f = random_values(kN, 31 + static_cast<unsigned>(g.rank()));
+    for (std::size_t i = 0; i < kN; ++i) de[i] = BFloat16::from_float(de_f[i]);
+    for (std::size_t i = 0; i < kN; ++i) db[i] = Half::from_float(db_f[i]);
+    DistributedDataParallel ddp(g, {{"w", w, dw, {kN, 4}}, {"e", e, de}, {"b", b, db}});
+    EXPECT_EQ(ddp.bucket_layout(), (std::vector<std::vector<std::size_t>>{{2}, {1}, {0}}));
+    ddp.synchronize();
+    std::lock_guard lock(mutex);
+    for (std::size_t i = 0; i < kN; ++i) {
+      auto value = [&](int r, unsigned seed, bool bf16) {
+        const float f = random_values(kN, seed + static_cast<unsigned>(r))[i];
+        return bf16 ? BFloat16::from_float(f).to_float() : Half::from_float(f).to_float();
+      };
+      const float e_sum = BFloat16::from_float(value(0, 21, true) + value(1, 21, true)).to_float();
+      EXPECT_EQ(de[i].bits, BFloat16::from_float(e_sum / 2).bits) << i;
+      const float b_sum = Half::from_float(value(0, 31, false) + value(1, 31, false)).to_float();
+      EXPECT_EQ(db[i].bits, Half::from_float(b_sum / 2).bits) << i;
+    }
+  });
+}
+
+TEST(MixedDtype, EveryCompressionTrainsAMixedModelWithIdenticalReplicas) {
+  constexpr std::size_t kRows = 12, kCols = 10;
+  for (const char* spec : {"fp16", "bf16", "topk:0.2", "threshold:0.3", "powersgd:2"}) {
+    SCOPED_TRACE(spec);
+    std::mutex mutex;
+    std::vector<std::vector<float>> finals;
+    on_ranks(kWorld, [&](ProcessGroup& g) {
+      std::vector<float> w(kRows * kCols, 0.5f), dw(w.size());
+      std::vector<BFloat16> u(kRows * kCols), du(u.size());
+      std::vector<Half> b(kCols), db(kCols);
+      DistributedDataParallel ddp(
+          g, {{"w", w, dw, {kRows, kCols}}, {"u", u, du, {kRows, kCols}}, {"b", b, db}},
+          with(spec));
+      for (int s = 0; s < 5; ++s) {
+        const auto gw = random_values(w.size(), static_cast<unsigned>(10 * s + g.rank()));
+        fill(dw, gw);
+        for (std::size_t i = 0; i < u.size(); ++i) du[i] = BFloat16::from_float(-gw[i]);
+        for (std::size_t i = 0; i < b.size(); ++i) db[i] = Half::from_float(gw[i] * 0.5f);
+        ddp.grad_ready(2), ddp.grad_ready(1), ddp.grad_ready(0);
+        ddp.synchronize();
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] -= 0.1f * dw[i];
+        for (std::size_t i = 0; i < u.size(); ++i) {
+          u[i] = BFloat16::from_float(u[i].to_float() - 0.1f * du[i].to_float());
+        }
+        for (std::size_t i = 0; i < b.size(); ++i) {
+          b[i] = Half::from_float(b[i].to_float() - 0.1f * db[i].to_float());
+        }
+      }
+      std::vector<float> all = w;
+      for (auto v : u) all.push_back(v.to_float());
+      for (auto v : b) all.push_back(v.to_float());
+      std::lock_guard lock(mutex);
+      finals.push_back(all);
+    });
+    ASSERT_EQ(finals.size(), 2u);
+    EXPECT_EQ(finals[0], finals[1]);
+    EXPECT_NE(finals[0][0], 0.5f) << "the model moved";
+  }
+}
+
+}  // namespace
+}  // namespace dist::sdk

@@ -116,8 +116,18 @@ char* child_stack_top() {
 // until the exec instead of copying its page tables and then faulting on every page either side
 // writes (a fork's cost grows with the agent's size; this one does not). The child makes system
 // calls only, on its own stack.
+//
+// Under AddressSanitizer or ThreadSanitizer the child forks instead: their runtimes keep per-thread
+// state for the stacks they know, and a child running instrumented code on a stack of its own in
+// the parent's memory corrupts it (ASan's no-return handler writes past the unknown stack).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kCloneOnOwnStack = false;
+#else
+constexpr bool kCloneOnOwnStack = true;
+#endif
+
 pid_t spawn_child(ChildStart& start) {
-  if (char* top = child_stack_top()) {
+  if (char* top = kCloneOnOwnStack ? child_stack_top() : nullptr) {
     return ::clone(child_entry, top, CLONE_VM | CLONE_VFORK | SIGCHLD, &start);
   }
   const pid_t pid = ::fork();

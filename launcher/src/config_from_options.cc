@@ -309,6 +309,12 @@ void check_event_log_handler(const std::string& name) {
                    "events like null: leave the flag out");
 }
 
+agent::RestartPolicy parse_restart_policy(const std::string& text) {
+  if (text == "group") return agent::RestartPolicy::kGroup;
+  if (text == "in-place") return agent::RestartPolicy::kInPlace;
+  throw UsageError("--restart-policy takes group or in-place, got '" + text + "'");
+}
+
 agent::ConsolePrefix parse_console_prefix(const std::string& text) {
   if (text == "all") return agent::ConsolePrefix::kAll;
   if (text == "tee") return agent::ConsolePrefix::kTee;
@@ -484,6 +490,7 @@ void read_job_shape(const RawOptions& r, LaunchConfig& c) {
   c.local_addr = r.local_addr;
   c.node_rank = parse_non_negative("--node-rank", r.node_rank);
   c.max_restarts = parse_non_negative("--max-restarts", r.max_restarts);
+  c.restart_policy = parse_restart_policy(r.restart_policy);
   parse_nnodes(r.nnodes, c);
   if (!r.devices.empty()) c.devices.devices = parse_devices(r.devices);
   c.devices.virtual_local_rank = r.virtual_local_rank;

@@ -51,6 +51,12 @@ void declare_lifecycle(CLI::App& app, RawOptions& r) {
   option(app, "--max-restarts,--max_restarts", r.max_restarts, "MAX_RESTARTS",
          "Restarts of the worker group before failing")
       ->capture_default_str();
+  option(app, "--restart-policy,--restart_policy", r.restart_policy, "RESTART_POLICY",
+         "What a worker's failure does: group (stop every worker, restart the group) or in-place "
+         "(replace the failed worker alone; the others keep running and rebuild their group with "
+         "it; a failure during recovery, or several at once, restart the group). Each "
+         "replacement counts against --max-restarts")
+      ->capture_default_str();
   option(app, "--monitor-interval,--monitor_interval", r.monitor_interval, "MONITOR_INTERVAL",
          "Accepted for torchrun compatibility; failures are seen at once (SIGCHLD), not polled")
       ->capture_default_str();

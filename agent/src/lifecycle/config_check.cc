@@ -2,6 +2,7 @@
 // planners, run once more, so that what this node cannot give is a usage error now rather than a
 // failed start later.
 #include <algorithm>
+#include <string>
 #include <thread>
 
 #include "dist/agent/config.h"
@@ -12,11 +13,36 @@
 #include "store/store.h"
 
 namespace dist::agent {
+namespace {
+
+// In-place recovery replaces one node's failed worker while the others keep running; across
+// nodes that needs the other nodes' agents to leave their workers alone, which only one node's
+// jobs do so far.
+void check_restart_policy(const LaunchConfig& config) {
+  if (config.restart_policy != RestartPolicy::kInPlace) return;
+  if (config.elastic || config.max_nodes > 1) {
+    const std::string nodes =
+        std::to_string(config.min_nodes) +
+        (config.min_nodes == config.max_nodes ? "" : ":" + std::to_string(config.max_nodes));
+    throw ConfigError(
+        "--restart-policy in-place runs one node's jobs only so far (--standalone, "
+        "or --nnodes 1 without a rendezvous backend), not this " +
+        std::string(config.elastic ? "elastic " : "") + "job of --nnodes " + nodes +
+        ": use --restart-policy group, the default");
+  }
+}
+
+}  // namespace
 
 void check(const LaunchConfig& config) {
   plan_worker_resources(config);
   render_log_line_prefix(config.log_line_prefix_template, {config.role, 0, 0, "host"});
   if (config.rdzv_backend == RendezvousBackend::kEtcdV3) etcd_options(config.etcd, {});
+  check_restart_policy(config);
+}
+
+const char* restart_policy_name(RestartPolicy policy) {
+  return policy == RestartPolicy::kInPlace ? "in-place" : "group";
 }
 
 const char* backend_name(RendezvousBackend backend) {

@@ -84,6 +84,14 @@ struct EtcdConfig {
   bool spread_over_members = true;  // member_order=spread (a random first member) or given
 };
 
+// --restart-policy: what a worker's failure does. kGroup: every worker of the job stops and the
+// group restarts (torchrun's behaviour). kInPlace: the failed worker alone is replaced, the others
+// keep running and rebuild their process group with it (dist/rendezvous/worker_contract.h says
+// how); a failure during that recovery, or several at once, restart the group.
+enum class RestartPolicy { kGroup, kInPlace };
+// "group", "in-place".
+const char* restart_policy_name(RestartPolicy policy);
+
 // A configuration the agent cannot run; what() is one line naming the option and what to change.
 // The agent's own checks (devices, placement, the prefix template) throw subclasses of it.
 class ConfigError : public std::runtime_error {
@@ -133,7 +141,8 @@ struct LaunchConfig {
       rendezvous::UnauthenticatedPolicy::kKnownHosts;
 
   // Lifecycle.
-  int max_restarts = 0;
+  int max_restarts = 0;  // group restarts and in-place replacements, counted together
+  RestartPolicy restart_policy = RestartPolicy::kGroup;
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::vector<int> signals_to_handle;  // forwarded to every worker
 
@@ -193,8 +202,8 @@ struct LaunchConfig {
 };
 
 // What the agent would refuse only once started, checked now: each local rank's devices and
-// CPU/NUMA placement (planned as the agent will plan them), the log line prefix template.
-// Throws ConfigError.
+// CPU/NUMA placement (planned as the agent will plan them), the log line prefix template, and a
+// restart policy the job's shape allows. Throws ConfigError.
 void check(const LaunchConfig& config);
 
 // --nproc-per-node: an integer; cpu (this machine's CPUs); gpu (the CUDA or ROCm devices this

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "dist/rendezvous/token.h"
 
@@ -36,6 +37,43 @@ inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLI
 // dist-launch's own.
 inline constexpr const char* kTokenFile = kTokenFileVariable;  // a path, never the secret
 inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: where Gloo listens
+
+// In-place recovery (--restart-policy in-place): the agent replaces a failed worker alone and the
+// survivors rebuild their group with it, one generation of the group after another. Every worker
+// of such a job gets kRestartPolicyVariable=in-place and kGenerationVariable: 0 for the workers
+// the group started with, g for the worker started as generation g's replacement (with the same
+// RANK, LOCAL_RANK, TORCHELASTIC_RESTART_COUNT and store as the worker it replaces).
+//
+// The keys, in the workers' store (MASTER_ADDR:MASTER_PORT), under
+// generation_prefix(run id, restart count) = "dist_launch/inplace/<run id>/attempt_<restart>/":
+//   generation        a counter: the agent adds 1 to publish the next generation, g
+//   gen/<g>           then writes this record: "replaced=<ranks> survivors=<ranks>"
+//   (comma-separated
+//                     global ranks). The survivors, whose collective failed, wait for it: it is
+//                     the agent's word that the peer is being replaced, not lost for good
+//   gen/<g>/recovered written by the group's new root (the lowest rank that kept its state) once
+//                     generation g's group is built and every rank holds the root's state:
+//                     "step=<n> root=<rank> wall_ns=<ns>". The agent waits for it: until then a
+//                     failure is a failure during recovery, and the whole group restarts
+// Generation g's process group keeps its keys under "sdk/<run id>/attempt_<restart>/gen_<g>/"
+// (generation 0: "sdk/<run id>/attempt_<restart>/"), so no key of a previous generation is read.
+// A group restart starts over at generation 0 with a new restart count, hence new keys.
+inline constexpr char kRestartPolicyVariable[] = "DIST_LAUNCH_RESTART_POLICY";
+inline constexpr char kInPlacePolicy[] = "in-place";
+inline constexpr char kGenerationVariable[] = "DIST_LAUNCH_GENERATION";
+
+inline std::string generation_prefix(const std::string& run_id, int restart_count) {
+  return "dist_launch/inplace/" + run_id + "/attempt_" + std::to_string(restart_count) + "/";
+}
+inline std::string generation_counter_key(const std::string& prefix) {
+  return prefix + "generation";
+}
+inline std::string generation_key(const std::string& prefix, int generation) {
+  return prefix + "gen/" + std::to_string(generation);
+}
+inline std::string recovered_key(const std::string& prefix, int generation) {
+  return generation_key(prefix, generation) + "/recovered";
+}
 
 // A worker's heartbeat slot: the agent gives each worker one page of shared memory (a memfd)
 // open at the descriptor that kFdVariable names; the worker maps it shared and, at each beat,

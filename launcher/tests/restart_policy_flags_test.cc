@@ -1,0 +1,78 @@
+// --restart-policy / PET_RESTART_POLICY as the command line and the environment give it, and what
+// the agent's check refuses before anything starts.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dist/launcher/cli.h"
+
+namespace {
+
+using dist::agent::RestartPolicy;
+
+dist::launcher::CliOutcome parse(std::vector<std::string> args, std::string* errors = nullptr) {
+  std::ostringstream out, err;
+  args.insert(args.end(), {"--no-python", "/bin/true"});
+  auto outcome = dist::launcher::parse_command_line(args, out, err);
+  if (errors) *errors = err.str();
+  return outcome;
+}
+
+TEST(RestartPolicyFlag, GroupByDefaultInPlaceWhenAsked) {
+  ::unsetenv("PET_RESTART_POLICY");
+  const auto plain = parse({});
+  ASSERT_FALSE(plain.exit_now);
+  EXPECT_EQ(plain.config.restart_policy, RestartPolicy::kGroup);
+  for (const char* spelling : {"--restart-policy", "--restart_policy"}) {
+    SCOPED_TRACE(spelling);
+    const auto o = parse({spelling, "in-place", "--max-restarts", "2", "--nproc-per-node", "2"});
+    ASSERT_FALSE(o.exit_now);
+    EXPECT_EQ(o.config.restart_policy, RestartPolicy::kInPlace);
+    EXPECT_EQ(o.config.max_restarts, 2);
+  }
+  const auto standalone = parse({"--standalone", "--restart-policy", "in-place"});
+  ASSERT_FALSE(standalone.exit_now);
+  EXPECT_EQ(standalone.config.restart_policy, RestartPolicy::kInPlace);
+  EXPECT_EQ(parse({"--restart-policy", "group"}).config.restart_policy, RestartPolicy::kGroup);
+}
+
+TEST(RestartPolicyFlag, PetRestartPolicyAsTheOperatorSetsIt) {
+  ::setenv("PET_RESTART_POLICY", "in-place", 1);
+  const auto from_env = parse({});
+  const auto flag_wins = parse({"--restart-policy", "group"});
+  ::setenv("PET_RESTART_POLICY", "", 1);
+  std::string error;
+  const auto empty = parse({}, &error);
+  ::unsetenv("PET_RESTART_POLICY");
+  ASSERT_FALSE(from_env.exit_now);
+  EXPECT_EQ(from_env.config.restart_policy, RestartPolicy::kInPlace);
+  EXPECT_EQ(flag_wins.config.restart_policy, RestartPolicy::kGroup);
+  EXPECT_EQ(empty.exit_code, dist::launcher::kExitUsage) << error;
+  EXPECT_NE(error.find("PET_RESTART_POLICY"), std::string::npos) << error;
+}
+
+TEST(RestartPolicyFlag, WhatCannotBeHonouredIsOneLineAndExit2) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--restart-policy", "inplace"}, "--restart-policy takes group or in-place, got 'inplace'"},
+      {{"--restart-policy", ""}, "--restart-policy takes group or in-place, got ''"},
+      {{"--restart-policy", "in-place", "--nnodes", "2", "--master-port", "29500"},
+       "--restart-policy in-place runs one node's jobs only so far"},
+      {{"--restart-policy", "in-place", "--nnodes", "1:2", "--rdzv-endpoint", "localhost:29400"},
+       "not this elastic job of --nnodes 1:2"},
+  };
+  // (Nothing binds a port while the command line is read: the fixed ones are only text here.)
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args[1]);
+    std::string error;
+    const auto o = parse(args, &error);
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
+    EXPECT_NE(error.find(message), std::string::npos) << error;
+    EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
+  }
+}
+
+}  // namespace

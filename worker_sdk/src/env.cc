@@ -60,6 +60,12 @@ WorkerEnv WorkerEnv::from_environment() {
   if (run_id && *run_id) env.run_id = run_id;
   const char* token_file = std::getenv(contract::kTokenFile);
   if (token_file && *token_file) env.token_file = token_file;
+  const char* policy = std::getenv(contract::kRestartPolicyVariable);
+  env.in_place = policy && std::string(policy) == contract::kInPlacePolicy;
+  if (const char* generation = std::getenv(contract::kGenerationVariable)) {
+    env.generation =
+        static_cast<int>(parse_integer(contract::kGenerationVariable, generation, 0, 1 << 30));
+  }
   return env;
 }
 

@@ -5,6 +5,30 @@
 
 namespace dist::sdk {
 
+std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
+                                         std::chrono::milliseconds timeout) {
+  // Keys fresh for each restart attempt and each generation of it: a restarted or rebuilt group
+  // never reads a previous one's.
+  std::string prefix = "sdk/" + env.run_id + "/attempt_" + std::to_string(env.restart_count) + "/";
+  if (env.generation > 0) prefix += "gen_" + std::to_string(env.generation) + "/";
+  if (backend == Backend::kNccl) {
+    NcclOptions options;
+    options.key_prefix = prefix + "nccl";
+    options.route_to = env.master_addr;  // NCCL_SOCKET_IFNAME, as Gloo chooses its address
+    options.init_timeout = timeout;
+    if (env.in_place) options.on_failure = NcclFailure::kThrow;  // rebuilt, not restarted
+    const char* nonblocking = std::getenv("TORCH_NCCL_USE_COMM_NONBLOCKING");  // torch's switch
+    options.blocking =
+        !(nonblocking && (std::string(nonblocking) == "1" || std::string(nonblocking) == "true"));
+    return make_nccl_group(connect_store(env), env.rank, env.world_size, env.local_rank, options);
+  }
+  GlooOptions options;
+  options.route_to = env.master_addr;
+  options.key_prefix = prefix + "gloo";
+  options.timeout = timeout;
+  return make_gloo_group(connect_store(env), env.rank, env.world_size, options);
+}
+
 Distributed init(Backend backend) {
   Distributed d;
   if (WorkerEnv::launched_by_dist_launch()) {
@@ -14,24 +38,7 @@ Distributed init(Backend backend) {
     d.env = WorkerEnv::single_process();
     d.env.master_port = d.own_store->port();
   }
-  // Keys fresh for each restart attempt: a restarted group never reads the previous one's.
-  const std::string prefix =
-      "sdk/" + d.env.run_id + "/attempt_" + std::to_string(d.env.restart_count) + "/";
-  if (backend == Backend::kNccl) {
-    NcclOptions options;
-    options.key_prefix = prefix + "nccl";
-    options.route_to = d.env.master_addr;  // NCCL_SOCKET_IFNAME, as Gloo chooses its address
-    const char* nonblocking = std::getenv("TORCH_NCCL_USE_COMM_NONBLOCKING");  // torch's switch
-    options.blocking =
-        !(nonblocking && (std::string(nonblocking) == "1" || std::string(nonblocking) == "true"));
-    d.group = make_nccl_group(connect_store(d.env), d.env.rank, d.env.world_size, d.env.local_rank,
-                              options);
-  } else {
-    GlooOptions options;
-    options.route_to = d.env.master_addr;
-    options.key_prefix = prefix + "gloo";
-    d.group = make_gloo_group(connect_store(d.env), d.env.rank, d.env.world_size, options);
-  }
+  d.group = join_group(d.env, backend, std::chrono::minutes(5));
   return d;
 }
 

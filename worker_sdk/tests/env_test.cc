@@ -19,7 +19,9 @@ const char* const kVariables[] = {"RANK",
                                   "MASTER_ADDR",
                                   "MASTER_PORT",
                                   "TORCHELASTIC_RESTART_COUNT",
-                                  "TORCHELASTIC_RUN_ID"};
+                                  "TORCHELASTIC_RUN_ID",
+                                  "DIST_LAUNCH_RESTART_POLICY",
+                                  "DIST_LAUNCH_GENERATION"};
 
 // Sets exactly `vars` (clearing the others) for one test, and restores nothing: each test sets
 // what it needs.
@@ -51,6 +53,28 @@ TEST(WorkerEnv, ReadsWhatDistLaunchSets) {
   EXPECT_EQ(env.restart_count, 2);
   EXPECT_EQ(env.run_id, "job7");
   EXPECT_TRUE(WorkerEnv::launched_by_dist_launch());
+}
+
+TEST(WorkerEnv, ReadsTheInPlacePolicyAndTheGeneration) {
+  auto vars = launched(29500);
+  set_environment(vars);
+  EXPECT_FALSE(WorkerEnv::from_environment().in_place);
+  EXPECT_EQ(WorkerEnv::from_environment().generation, 0);
+  vars["DIST_LAUNCH_RESTART_POLICY"] = "in-place";
+  vars["DIST_LAUNCH_GENERATION"] = "3";
+  set_environment(vars);
+  EXPECT_TRUE(WorkerEnv::from_environment().in_place);
+  EXPECT_EQ(WorkerEnv::from_environment().generation, 3);
+  vars["DIST_LAUNCH_RESTART_POLICY"] = "group";
+  vars["DIST_LAUNCH_GENERATION"] = "-1";
+  set_environment(vars);
+  try {
+    WorkerEnv::from_environment();
+    FAIL() << "must throw";
+  } catch (const EnvironmentError& e) {
+    EXPECT_NE(std::string(e.what()).find("DIST_LAUNCH_GENERATION='-1'"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(WorkerEnv, MissingOrMalformedVariablesAreNamed) {

@@ -28,10 +28,18 @@ struct WorkerEnv {
   // The job's token file (DIST_LAUNCH_TOKEN_FILE, set when the job has a token): connect_store
   // authenticates with what it holds. Empty: the store asks for none.
   std::string token_file;
+  // dist-launch --restart-policy in-place (DIST_LAUNCH_RESTART_POLICY): a failed worker is
+  // replaced alone while the others rebuild their group (recovery.h).
+  bool in_place = false;
+  // The generation of the group this worker is in: DIST_LAUNCH_GENERATION at start, 0 for the
+  // workers the group started with and g for a worker started as generation g's replacement (it
+  // has no state yet: recovery.h gives it a survivor's); InPlaceRecovery advances it.
+  int generation = 0;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-  // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID and DIST_LAUNCH_TOKEN_FILE. Throws
-  // EnvironmentError when one is missing or malformed, or when the ranks are inconsistent.
+  // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID, DIST_LAUNCH_TOKEN_FILE,
+  // DIST_LAUNCH_RESTART_POLICY and DIST_LAUNCH_GENERATION. Throws EnvironmentError when one is
+  // missing or malformed, or when the ranks are inconsistent.
   static WorkerEnv from_environment();
 
   // Rank 0 of a world of 1, for running a worker without dist-launch: the caller hosts a store

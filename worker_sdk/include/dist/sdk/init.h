@@ -8,6 +8,7 @@
 // world of 1 and hosts a private store itself, so the same program runs alone unchanged.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 
@@ -28,5 +29,12 @@ struct Distributed {
 // Throws EnvironmentError (bad launcher environment), rendezvous::StoreError (store unreachable)
 // or CollectiveError (the group could not form).
 Distributed init(Backend backend = Backend::kGloo);
+
+// The group of `env`'s restart attempt and generation, on a store connection of its own: its keys
+// under sdk/<run id>/attempt_<restart>/ (generation g > 0: .../gen_<g>/). In-place jobs' NCCL
+// groups throw CollectiveError on a failure instead of exiting, so that the group can be rebuilt.
+// `timeout` bounds forming the group (connecting to the store: connect_store's default).
+std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
+                                         std::chrono::milliseconds timeout);
 
 }  // namespace dist::sdk

@@ -1,0 +1,133 @@
+// In-place recovery around a training loop, for jobs run with dist-launch --restart-policy
+// in-place: when a worker fails, the agent replaces it alone; the survivors' collective fails at
+// once (the peer's sockets close), they wait for the agent's new generation of the group, rebuild
+// the group with the replacement, and every rank takes the state of the most senior survivor (the
+// lowest rank that kept its state) by broadcast, not from disk. The unit of work that was in
+// flight is run again from that state, so training ends with the weights of a run that never
+// failed. Under --restart-policy group (or without dist-launch) a failed collective is rethrown,
+// as without this helper.
+//
+//   auto dist = dist::sdk::init();
+//   Model model(seed);                      // every rank builds its state as usual
+//   std::uint64_t step = 0;
+//   std::optional<dist::sdk::DistributedDataParallel> ddp;
+//   dist::sdk::InPlaceRecovery recovery(dist);
+//   recovery.state().add("w", std::span<float>(model.w));   // ... every tensor, the optimizer's
+//   recovery.state().add("step", step);                     // state, counters (sampler position)
+//   recovery.on_group([&](dist::sdk::ProcessGroup& g) { ddp.emplace(g, model.parameters()); },
+//                     [&] { ddp.reset(); });                // what depends on the group
+//   recovery.start();                       // a replacement receives the survivors' state here
+//   while (step < total_steps) recovery.run([&] { train_step(*ddp); ++step; });
+//
+// The contract that makes a unit safe to run again: a unit changes the registered state only
+// after its last collective (DDP: backward, synchronize(), then the optimizer step and the
+// counters), and what the loop does next follows from the registered state alone (the step
+// counter gives the epoch and the sampler's position). Then a unit that failed left its rank's
+// state as it was before the unit, and every rank goes on from the root's, which is either that
+// or the state after the unit (the root completed it): both are states of an uninterrupted run.
+//
+// The store keys and the variables are the worker contract's (dist/rendezvous/worker_contract.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dist/rendezvous/client.h"
+#include "dist/sdk/init.h"
+#include "dist/sdk/process_group.h"
+
+namespace dist::sdk {
+
+// What a replacement receives: named buffers of a fixed size (tensors, optimizer state,
+// counters) and named blobs of any size (DistributedDataParallel::state()), the same names in the
+// same order on every rank. The buffers are the caller's: they must outlive the recovery.
+class RecoverableState {
+ public:
+  void add(std::string name, std::span<float> values);
+  void add(std::string name, std::span<double> values);
+  void add(std::string name, std::uint64_t& counter);
+  void add(std::string name, std::int64_t& counter);
+  void add(std::string name, float& value);
+  // Bytes: `get` is called on the rank that sends, `set` on the ranks that receive.
+  void add_blob(std::string name, std::function<std::string()> get,
+                std::function<void(const std::string&)> set);
+
+  // The counters as "name=value ..." (the agent's event log shows them).
+  std::string describe_counters() const;
+
+ private:
+  friend class InPlaceRecovery;
+  struct Item {
+    std::string name;
+    void* data = nullptr;  // fixed-size items
+    std::size_t bytes = 0;
+    bool counter = false;
+    std::function<std::string()> get;  // blobs
+    std::function<void(const std::string&)> set;
+  };
+  std::string serialize() const;
+  void deserialize(const std::string& bytes);
+  std::uint64_t layout_hash() const;
+  std::vector<Item> items_;
+};
+
+struct RecoveryOptions {
+  // How long a survivor waits for the agent's new generation after its collective failed: the
+  // agent publishes it as soon as it reaps the failed worker, or stops every worker (a group
+  // restart) instead. Past it, the collective's error is rethrown.
+  std::chrono::milliseconds generation_timeout{std::chrono::seconds(60)};
+  // Building generation g's group and receiving the state, each bounded by this.
+  std::chrono::milliseconds group_timeout{std::chrono::minutes(5)};
+  Backend backend = Backend::kGloo;
+};
+
+class InPlaceRecovery {
+ public:
+  // `dist` is init()'s result: its group is replaced at each recovery (dist.group always holds
+  // the current one). Connects a store client of its own when the job is in-place.
+  explicit InPlaceRecovery(Distributed& dist, RecoveryOptions options = {});
+  ~InPlaceRecovery();
+  InPlaceRecovery(const InPlaceRecovery&) = delete;
+  InPlaceRecovery& operator=(const InPlaceRecovery&) = delete;
+
+  RecoverableState& state() { return state_; }
+  // `build` makes what depends on the group (DDP), `release` destroys it before the group goes.
+  void on_group(std::function<void(ProcessGroup&)> build, std::function<void()> release);
+
+  // Once, after the state is registered: a replacement (DIST_LAUNCH_GENERATION > 0) receives the
+  // survivors' state; then `build` runs on every rank.
+  void start();
+  // Runs `unit`. True when it completed; false when a peer failed during it and the group was
+  // recovered instead: the state is now the root's, so let the loop decide what runs next (the
+  // same unit, usually). Rethrows CollectiveError when the job is not in-place, or no new
+  // generation came.
+  bool run(const std::function<void()>& unit);
+
+  bool enabled() const { return dist_.env.in_place; }
+  int generation() const { return generation_; }
+  // The rank whose state every rank took at the last recovery (-1: none yet).
+  int last_root() const { return last_root_; }
+
+ private:
+  void recover(const CollectiveError& error);
+  void rebuild_group(int generation);
+  void synchronize_state();
+
+  Distributed& dist_;
+  RecoveryOptions options_;
+  RecoverableState state_;
+  std::function<void(ProcessGroup&)> build_;
+  std::function<void()> release_;
+  std::unique_ptr<rendezvous::StoreClient> store_;  // in-place jobs: the generation keys
+  std::string prefix_;                              // their prefix
+  int generation_ = 0;
+  bool has_state_ = true;  // false for a replacement until it received the root's
+  int last_root_ = -1;
+};
+
+}  // namespace dist::sdk

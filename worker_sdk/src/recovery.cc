@@ -1,0 +1,253 @@
+// In-place recovery (recovery.h): the survivors' side (a failed collective, the agent's new
+// generation, the group rebuilt, the root's state broadcast) and the replacement's (the same
+// group and broadcast, from start()).
+#include "dist/sdk/recovery.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <stdexcept>
+
+#include "dist/rendezvous/errors.h"
+#include "dist/rendezvous/worker_contract.h"
+
+namespace dist::sdk {
+namespace {
+
+namespace contract = rendezvous::worker_contract;
+using Clock = std::chrono::steady_clock;
+
+std::int64_t wall_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// One write, so that the line is never cut by another thread's or process's output.
+void say(const std::string& text) {
+  const std::string line = "dist-sdk: " + text + "\n";
+  [[maybe_unused]] const auto written = ::write(STDERR_FILENO, line.data(), line.size());
+}
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+std::string fixed(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", value);
+  return text;
+}
+
+void append_u64(std::string& out, std::uint64_t v) {
+  char bytes[8];
+  std::memcpy(bytes, &v, sizeof v);
+  out.append(bytes, sizeof bytes);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// RecoverableState
+
+void RecoverableState::add(std::string name, std::span<float> values) {
+  items_.push_back({std::move(name), values.data(), values.size_bytes(), false, {}, {}});
+}
+void RecoverableState::add(std::string name, std::span<double> values) {
+  items_.push_back({std::move(name), values.data(), values.size_bytes(), false, {}, {}});
+}
+void RecoverableState::add(std::string name, std::uint64_t& counter) {
+  items_.push_back({std::move(name), &counter, sizeof counter, true, {}, {}});
+}
+void RecoverableState::add(std::string name, std::int64_t& counter) {
+  items_.push_back({std::move(name), &counter, sizeof counter, true, {}, {}});
+}
+void RecoverableState::add(std::string name, float& value) {
+  items_.push_back({std::move(name), &value, sizeof value, false, {}, {}});
+}
+void RecoverableState::add_blob(std::string name, std::function<std::string()> get,
+                                std::function<void(const std::string&)> set) {
+  items_.push_back({std::move(name), nullptr, 0, false, std::move(get), std::move(set)});
+}
+
+std::string RecoverableState::describe_counters() const {
+  std::string out;
+  for (const Item& item : items_) {
+    if (!item.counter) continue;
+    std::int64_t value = 0;  // both kinds of counter are 8 bytes; shown as signed
+    std::memcpy(&value, item.data, sizeof value);
+    out += (out.empty() ? "" : " ") + item.name + "=" + std::to_string(value);
+  }
+  return out;
+}
+
+std::string RecoverableState::serialize() const {
+  std::string out;
+  for (const Item& item : items_) {
+    if (item.get) {
+      const std::string blob = item.get();
+      append_u64(out, blob.size());
+      out += blob;
+    } else {
+      out.append(static_cast<const char*>(item.data), item.bytes);
+    }
+  }
+  return out;
+}
+
+void RecoverableState::deserialize(const std::string& bytes) {
+  std::size_t at = 0;
+  auto take = [&](std::size_t n, const std::string& name) {
+    if (bytes.size() - at < n) {
+      throw std::runtime_error("in-place recovery: the state received ends inside '" + name +
+                               "' (" + std::to_string(bytes.size()) + " bytes)");
+    }
+    const std::size_t from = at;
+    at += n;
+    return from;
+  };
+  for (Item& item : items_) {
+    if (item.set) {
+      std::uint64_t length = 0;
+      std::memcpy(&length, bytes.data() + take(sizeof length, item.name), sizeof length);
+      const std::size_t from = take(static_cast<std::size_t>(length), item.name);
+      item.set(bytes.substr(from, static_cast<std::size_t>(length)));
+    } else {
+      std::memcpy(item.data, bytes.data() + take(item.bytes, item.name), item.bytes);
+    }
+  }
+  if (at != bytes.size()) {
+    throw std::runtime_error("in-place recovery: the state received has " +
+                             std::to_string(bytes.size() - at) + " bytes more than registered");
+  }
+}
+
+// FNV-1a over each item's name, kind and size: ranks that registered different state must not
+// exchange it.
+std::uint64_t RecoverableState::layout_hash() const {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  for (const Item& item : items_) {
+    mix(item.name.data(), item.name.size());
+    const std::uint64_t shape[2] = {item.get ? 1u : 0u, item.bytes};
+    mix(shape, sizeof shape);
+  }
+  return h;
+}
+
+// ------------------------------------------------------------------------------------------
+// InPlaceRecovery
+
+InPlaceRecovery::InPlaceRecovery(Distributed& dist, RecoveryOptions options)
+    : dist_(dist),
+      options_(options),
+      generation_(dist.env.generation),
+      has_state_(dist.env.generation == 0) {
+  if (!enabled()) return;
+  prefix_ = contract::generation_prefix(dist.env.run_id, dist.env.restart_count);
+  store_ = std::make_unique<rendezvous::StoreClient>(connect_store(dist.env));
+}
+
+InPlaceRecovery::~InPlaceRecovery() = default;
+
+void InPlaceRecovery::on_group(std::function<void(ProcessGroup&)> build,
+                               std::function<void()> release) {
+  build_ = std::move(build);
+  release_ = std::move(release);
+}
+
+void InPlaceRecovery::start() {
+  if (!has_state_) {  // a replacement: the survivors are rebuilding the same generation's group
+    const auto began = Clock::now();
+    synchronize_state();
+    say("rank " + std::to_string(dist_.env.rank) + " joined generation " +
+        std::to_string(generation_) + " as a replacement: state from rank " +
+        std::to_string(last_root_) + " (" + state_.describe_counters() + ") in " +
+        fixed(ms_since(began)) + " ms");
+  }
+  if (build_) build_(*dist_.group);
+}
+
+bool InPlaceRecovery::run(const std::function<void()>& unit) {
+  try {
+    unit();
+    return true;
+  } catch (const CollectiveError& e) {
+    if (!enabled()) throw;
+    recover(e);
+    return false;
+  }
+}
+
+void InPlaceRecovery::recover(const CollectiveError& error) {
+  const auto failed_at = Clock::now();
+  const int next = generation_ + 1;
+  const std::string rank = "rank " + std::to_string(dist_.env.rank);
+  std::string what = error.what();  // without the advice to exit, which does not apply here
+  what = what.substr(0, what.find("; the group is unusable"));
+  say(rank + ": " + what + "; waiting for generation " + std::to_string(next) + " of the group");
+  try {
+    store_->wait({contract::generation_key(prefix_, next)}, options_.generation_timeout);
+  } catch (const rendezvous::StoreError& e) {
+    throw CollectiveError(std::string(error.what()) + "; and no generation " +
+                          std::to_string(next) + " of the group came from the agent (" + e.what() +
+                          ")");
+  }
+  const auto latest = static_cast<int>(store_->add(contract::generation_counter_key(prefix_), 0));
+  rebuild_group(std::max(next, latest));
+  synchronize_state();
+  if (build_) build_(*dist_.group);
+  if (dist_.env.rank == last_root_) {  // the agent's word that the group is whole again
+    store_->set(contract::recovered_key(prefix_, generation_),
+                "root=" + std::to_string(last_root_) + " wall_ns=" + std::to_string(wall_ns()) +
+                    " " + state_.describe_counters());
+  }
+  say(rank + " recovered in place: generation " + std::to_string(generation_) +
+      ", state from rank " + std::to_string(last_root_) + " (" + state_.describe_counters() +
+      "), " + fixed(ms_since(failed_at)) + " ms after its collective failed");
+}
+
+void InPlaceRecovery::rebuild_group(int generation) {
+  if (release_) release_();
+  dist_.group.reset();  // its pairs with the failed peer are broken: a new mesh, new keys
+  generation_ = generation;
+  dist_.env.generation = generation;
+  dist_.group = join_group(dist_.env, options_.backend, options_.group_timeout);
+}
+
+// The root is the lowest rank that kept its state; every other rank takes the root's, so that
+// survivors that stopped in different units (the root finished the one that failed elsewhere)
+// go on from one state. The layouts are compared first, on every rank, so that all agree on
+// refusing a mismatch rather than some waiting on a broadcast.
+void InPlaceRecovery::synchronize_state() {
+  ProcessGroup& group = *dist_.group;
+  const int size = group.size();
+  const auto hash = static_cast<std::int64_t>(state_.layout_hash());
+  std::vector<std::int64_t> facts{has_state_ ? group.rank() : size, hash, -hash};
+  group.all_reduce(std::span<std::int64_t>(facts), ReduceOp::kMin);
+  if (facts[0] >= size) {
+    throw CollectiveError("in-place recovery of generation " + std::to_string(generation_) +
+                          ": no rank kept its state, so there is nothing to recover from");
+  }
+  if (facts[1] != -facts[2]) {
+    throw CollectiveError("in-place recovery of generation " + std::to_string(generation_) +
+                          ": the ranks registered different state (names, sizes or order of "
+                          "RecoverableState::add differ)");
+  }
+  const int root = static_cast<int>(facts[0]);
+  std::string bytes = group.rank() == root ? state_.serialize() : std::string();
+  std::vector<std::int64_t> length{static_cast<std::int64_t>(bytes.size())};
+  group.broadcast(std::span<std::int64_t>(length), root);
+  bytes.resize(static_cast<std::size_t>(length[0]));
+  if (!bytes.empty()) group.broadcast(bytes.data(), bytes.size(), DataType::kUInt8, root);
+  if (group.rank() != root) state_.deserialize(bytes);
+  has_state_ = true;
+  last_root_ = root;
+}
+
+}  // namespace dist::sdk

@@ -68,6 +68,31 @@ nlohmann::ordered_json worker_fields(const WorkerRef& w) {
   return {{"round", w.round}, {"rank", w.rank}, {"local_rank", w.local_rank}, {"pid", w.pid}};
 }
 
+// "root=0 wall_ns=... step=320" (the recovered key's record) as JSON: numbers where they are.
+nlohmann::ordered_json record_fields(const std::string& record) {
+  nlohmann::ordered_json fields = nlohmann::ordered_json::object();
+  std::size_t at = 0;
+  while (at < record.size()) {
+    const std::size_t end = std::min(record.find(' ', at), record.size());
+    const std::string item = record.substr(at, end - at);
+    at = end + 1;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos) continue;
+    const std::string value = item.substr(eq + 1);
+    try {
+      std::size_t used = 0;
+      const long long number = std::stoll(value, &used);
+      if (used == value.size()) {
+        fields[item.substr(0, eq)] = number;
+        continue;
+      }
+    } catch (const std::exception&) {
+    }
+    fields[item.substr(0, eq)] = value;
+  }
+  return fields;
+}
+
 nlohmann::ordered_json signal_or_null(int signal) {
   return signal > 0 ? nlohmann::ordered_json(signal_name(signal)) : nlohmann::ordered_json();
 }
@@ -176,7 +201,9 @@ void Telemetry::round_joined(const Assignment& a) {
 void Telemetry::worker_started(const WorkerRef& w) {
   ++workers_alive_;
   ++worker_starts_;
-  log("worker_start", worker_fields(w));
+  auto fields = worker_fields(w);
+  if (config_.restart_policy == RestartPolicy::kInPlace) fields["generation"] = w.generation;
+  log("worker_start", fields);
 }
 
 void Telemetry::worker_exited(const WorkerRef& w, int code, bool failed,
@@ -213,6 +240,46 @@ void Telemetry::restarting(int restart_count) {
   log("restart", {{"restart_count", restart_count}, {"max_restarts", config_.max_restarts}});
 }
 
+void Telemetry::in_place_restart(const InPlaceRestart& r) {
+  ++in_place_restarts_;
+  auto fields = worker_fields(r.failed);
+  fields.erase("round");
+  nlohmann::ordered_json event = {{"round", r.round}, {"generation", r.generation}};
+  event.update(fields);
+  event["exit_code"] =
+      r.exit_code >= 0 ? nlohmann::ordered_json(r.exit_code) : nlohmann::ordered_json();
+  event["signal"] = signal_or_null(-r.exit_code);
+  event["new_pid"] = r.new_pid;
+  event["survivors"] = r.survivors;
+  event["restarts"] = r.restarts;
+  event["max_restarts"] = config_.max_restarts;
+  log("inplace_restart", event);
+}
+
+void Telemetry::in_place_recovered(int round, int generation, int rank,
+                                   std::chrono::milliseconds stall, const std::string& record) {
+  auto counters = record_fields(record);
+  const auto root = counters.contains("root") ? counters["root"] : nlohmann::ordered_json();
+  counters.erase("root");
+  counters.erase("wall_ns");
+  log("inplace_recovered",
+      {{"round", round},
+       {"generation", generation},
+       {"rank", rank},
+       {"root", root},
+       {"stall_ms", stall.count()},
+       {"first_step", counters.contains("step") ? counters["step"] : nlohmann::ordered_json()},
+       {"counters", counters}});
+}
+
+void Telemetry::in_place_fallback(int round, std::optional<int> generation,
+                                  const std::string& reason) {
+  log("inplace_fallback",
+      {{"round", round},
+       {"generation", generation ? nlohmann::ordered_json(*generation) : nlohmann::ordered_json()},
+       {"reason", reason}});
+}
+
 void Telemetry::verdict(int round, const Verdict& v) {
   log("verdict", {{"round", round},
                   {"action", schema::action_name(v.action)},
@@ -232,7 +299,7 @@ void Telemetry::node_joined(int round) {
 void Telemetry::job_ended(int exit_code, std::string_view outcome, const std::string& reason) {
   log("job_end", {{"outcome", outcome},
                   {"exit_code", exit_code},
-                  {"restarts", round_.restarts},
+                  {"restarts", round_.restarts + static_cast<int>(in_place_restarts_)},
                   {"reason", text_or_null(reason)}});
 }
 
@@ -259,6 +326,9 @@ HttpResponse Telemetry::metrics() const {
   m.family("dist_launch_restarts_total", "counter",
            "Restarts of the worker group (job-wide in elastic jobs).")
       .sample(round_.restarts);
+  m.family("dist_launch_in_place_restarts_total", "counter",
+           "Workers of this node replaced alone (--restart-policy in-place).")
+      .sample(static_cast<double>(in_place_restarts_));
   m.family("dist_launch_max_restarts", "gauge", "--max-restarts.").sample(config_.max_restarts);
   m.family("dist_launch_workers", "gauge", "Workers of this node per round (--nproc-per-node).")
       .sample(config_.nproc_per_node);

@@ -25,7 +25,20 @@
 //                  the job-wide decision after a round ended)
 //   node_lost      round, node_rank (-1: unknown)
 //   node_joined    round (a node asked to join: the round ends for a new one)
-//   job_end        outcome (succeeded, failed, stopped), exit_code, restarts, reason (or null)
+//   inplace_restart  round, generation, rank, local_rank, pid (the failed worker's), exit_code
+//                  (null when killed by a signal), signal, new_pid (its replacement's),
+//                  survivors (the ranks that keep running), restarts (used, replacements
+//                  included), max_restarts (--restart-policy in-place: one worker replaced alone)
+//   inplace_recovered  round, generation, rank (the replaced one), root (the rank whose state
+//                  every rank took), stall_ms (from the failure's reaping to the group's word
+//                  that it is whole again: how long the survivors did not train), first_step
+//                  (the step the replacement trains first, when the workers register one; null
+//                  otherwise), counters (every counter the workers registered, as they reported
+//                  them)
+//   inplace_fallback  round, generation (or null), reason (why a failure restarts the group
+//                  although the policy is in-place)
+//   job_end        outcome (succeeded, failed, stopped), exit_code, restarts (group restarts and
+//                  in-place replacements), reason (or null)
 //
 // Health check: torch 2.x reads TORCHELASTIC_HEALTH_CHECK_PORT and builds a server whose alive
 // callback is the file timer's last progress time (or the current time), with a 60 s timeout, but
@@ -59,9 +72,9 @@ namespace dist::agent {
 inline constexpr std::chrono::seconds kHealthCheckTimeout{60};  // torch's
 
 // The agent's lifecycle states (agent.cc's State, in its order), as the metrics name them.
-inline constexpr std::array<std::string_view, 10> kAgentStateNames = {
-    "init",        "rendezvous", "running",   "stopping", "exit_barrier",
-    "round_ended", "restarting", "succeeded", "failed",   "exit"};
+inline constexpr std::array<std::string_view, 11> kAgentStateNames = {
+    "init",        "rendezvous", "running",   "replacing", "stopping", "exit_barrier",
+    "round_ended", "restarting", "succeeded", "failed",    "exit"};
 
 // A worker, as the events name it.
 struct WorkerRef {
@@ -69,6 +82,7 @@ struct WorkerRef {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = -1;
+  int generation = 0;  // in-place jobs: the group's generation this worker joined at start
 };
 
 // A running worker's heartbeat, for the metrics and the health check.
@@ -102,6 +116,20 @@ class Telemetry {
   void timer_expired(const WorkerRef& w, const TimerExpiry& timer);
   void worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent, int signal);
   void restarting(int restart_count);
+  // --restart-policy in-place (the fields: the schema above).
+  struct InPlaceRestart {
+    int round = 0;
+    int generation = 0;
+    WorkerRef failed;
+    int exit_code = 0;
+    pid_t new_pid = -1;
+    std::vector<int> survivors;
+    int restarts = 0;  // used, this one included
+  };
+  void in_place_restart(const InPlaceRestart& r);
+  void in_place_recovered(int round, int generation, int rank, std::chrono::milliseconds stall,
+                          const std::string& record);
+  void in_place_fallback(int round, std::optional<int> generation, const std::string& reason);
   void verdict(int round, const Verdict& v);
   void node_lost(int round, int node_rank);
   void node_joined(int round);
@@ -128,6 +156,7 @@ class Telemetry {
   std::uint64_t timer_expirations_ = 0;
   std::uint64_t hung_workers_ = 0;
   std::uint64_t nodes_lost_ = 0;
+  std::uint64_t in_place_restarts_ = 0;
 };
 
 }  // namespace dist::agent

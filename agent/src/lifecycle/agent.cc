@@ -8,7 +8,9 @@
 // enter() runs the entry action of the state it returns. Nothing blocks the thread: the hosted
 // store, the workers' output and every store call share it. A stop signal works in every state:
 // pending store calls are cancelled (their sessions closed) and the agent leaves through EXIT,
-// cleaning up as it always does.
+// cleaning up as it always does. Under --restart-policy in-place one failed worker is replaced
+// alone (REPLACING) while the others run on and rebuild their group with it
+// (workers/generations.h).
 #include "dist/agent/agent.h"
 
 #include <signal.h>
@@ -37,6 +39,7 @@
 #include "processes/process.h"
 #include "rendezvous/round_source.h"
 #include "workers/failure_report.h"
+#include "workers/generations.h"
 #include "workers/run_directory.h"
 #include "workers/worker_group.h"
 
@@ -89,12 +92,16 @@ struct SignalReceived {
   pid_t sender = 0;
   int code = 0;  // si_code
 };
+struct Recovered {  // in-place: the group's word after a replacement, or why none came
+  RecoveryOutcome outcome;
+};
 }  // namespace event
 
-using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed,
-                           event::WorkersSucceeded, event::GroupStopped, event::WatchEnded,
-                           event::BarrierDone, event::VerdictReached, event::FailuresCollected,
-                           event::OthersLeft, event::RendezvousFailed, event::SignalReceived>;
+using Event =
+    std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::WorkersSucceeded,
+                 event::GroupStopped, event::WatchEnded, event::BarrierDone, event::VerdictReached,
+                 event::FailuresCollected, event::OthersLeft, event::RendezvousFailed,
+                 event::SignalReceived, event::Recovered>;
 
 class Agent {
  public:
@@ -129,12 +136,17 @@ class Agent {
     Facts f;
     f.several_nodes = rounds_->several_nodes();
     f.elastic = rounds_->elastic();
-    f.restarts_left = restart_count_ < config_.max_restarts;
+    f.restarts_left = restarts_used() < config_.max_restarts;
+    f.in_place = config_.restart_policy == RestartPolicy::kInPlace;
+    f.one_failure = failures_.size() == 1;
     f.stop_reason = stopping_.reason;
     f.group_stopped = stopping_.group_stopped;
     f.watching = watching_;
     return f;
   }
+
+  // Group restarts and in-place replacements: both count against --max-restarts.
+  int restarts_used() const { return restart_count_ + replacements_; }
 
   // What the workers are sent when the group stops: nothing when they all succeeded, SIGKILL when
   // they could not all start, the stop signal received, else SIGTERM (--shutdown-timeout later:
@@ -174,7 +186,7 @@ class Agent {
   // Entry actions, in one place.
 
   void transition(State next) {
-    state_ = next;
+    const State previous = std::exchange(state_, next);
     if (telemetry_) telemetry_->state(state_name(next));
     switch (next) {
       case State::kInit:
@@ -183,8 +195,12 @@ class Agent {
         if (!prepared_) return prepare();  // continues on Prepared
         return begin_round();              // continues on Joined
       case State::kRunning:
+        if (previous == State::kReplacing) return;  // whole again: the group runs on
         return start_workers();
+      case State::kReplacing:
+        return replace_worker();  // continues on Recovered
       case State::kStopping:
+        if (generations_) generations_->close();  // a recovery's wait ends here
         stopping_.group_stopped = false;
         group_->stop(stop_signal(), std::exchange(stopping_.signal_already_sent, false));
         return;  // continues on GroupStopped (and WatchEnded)
@@ -254,6 +270,7 @@ class Agent {
                    },
                    [&](event::RendezvousFailed& f) { on_rendezvous_failed(f); },
                    [&](event::SignalReceived& s) { on_signal(s.signal, s.sender, s.code); },
+                   [&](event::Recovered& r) { on_recovered(r.outcome); },
                },
                e);
   }
@@ -270,12 +287,57 @@ class Agent {
   }
 
   void on_workers_failed(std::vector<WorkerFailure> failures) {
-    if (state_ != State::kRunning) return;
+    if (state_ != State::kRunning && state_ != State::kReplacing) return;
+    const bool recovering = state_ == State::kReplacing;
     failures_ = std::move(failures);
-    if (rounds_->several_nodes()) {  // every node stops its workers and hears what failed here
+    failed_at_ = std::chrono::steady_clock::now();
+    const auto t = next_state(state_, Input::kWorkersFailed, facts());
+    if (!t) return;
+    const bool stops = t->to == State::kStopping;
+    if (stops && config_.restart_policy == RestartPolicy::kInPlace) explain_fallback(recovering);
+    if (stops && rounds_->several_nodes()) {  // every node stops its workers, hears what failed
       fire_and_forget(rounds_->announce_failure(*round_, failures_), "announcing the failure");
     }
-    feed(Input::kWorkersFailed);
+    enter(*t);
+  }
+
+  // In-place, yet the group stops: why, in the log and the event log.
+  void explain_fallback(bool recovering) {
+    std::string why;
+    if (recovering) {
+      why = "worker " + std::to_string(failures_.front().rank) +
+            " failed during the in-place recovery of generation " + std::to_string(generation_);
+    } else if (failures_.size() > 1) {
+      why = std::to_string(failures_.size()) + " workers failed at once";
+    } else {
+      why = "worker " + std::to_string(failures_.front().rank) + " failed";
+    }
+    const bool left = restarts_used() < config_.max_restarts;
+    why += left ? ": restarting the whole group"
+                : ": no restart left (--max-restarts " + std::to_string(config_.max_restarts) +
+                      ", " + std::to_string(replacements_) + " used in place)";
+    spdlog::warn("{}", why);
+    telemetry_->in_place_fallback(round_->round,
+                                  recovering ? std::optional<int>(generation_) : std::nullopt, why);
+  }
+
+  void on_recovered(const RecoveryOutcome& o) {
+    if (state_ != State::kReplacing) return;
+    const InPlaceReplacement& r = replaced_.back();
+    if (!o.recovered) {
+      const std::string why = "the in-place recovery of generation " +
+                              std::to_string(r.generation) + " failed: " + o.why +
+                              ": restarting the whole group";
+      spdlog::error("{}", why);
+      telemetry_->in_place_fallback(round_->round, r.generation, why);
+      return feed(Input::kRecoveryFailed);
+    }
+    const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - failed_at_);
+    spdlog::info("generation {}: the group is whole again, {} ms after worker {} failed ({})",
+                 r.generation, stall.count(), r.failure.rank, o.record);
+    telemetry_->in_place_recovered(round_->round, r.generation, r.failure.rank, stall, o.record);
+    feed(Input::kRecovered);
   }
 
   void on_watch_ended(const WatchOutcome& o) {
@@ -370,7 +432,7 @@ class Agent {
     stopping_.signal_received = true;
     const State before = state_;
     stopping_.signal = signal;
-    if (before == State::kRunning) {
+    if (before == State::kRunning || before == State::kReplacing) {
       spdlog::warn("{} received{}: stopping the workers (grace period {} ms)", signal_name(signal),
                    workers_have_it ? " from Slurm, which signalled the workers too" : "",
                    config_.shutdown_timeout.count());
@@ -442,7 +504,7 @@ class Agent {
   void restart() {
     if (!rounds_->elastic()) ++restart_count_;  // elastic: the verdict counted it, job-wide
     telemetry_->restarting(restart_count_);
-    spdlog::warn("restarting the worker group (restart {} of {})", restart_count_,
+    spdlog::warn("restarting the worker group (restart {} of {})", restarts_used(),
                  config_.max_restarts);
     failures_.clear();
     rounds_->restart();
@@ -453,6 +515,10 @@ class Agent {
   // RUNNING
 
   void start_workers() {
+    generation_ = 0;
+    if (config_.restart_policy == RestartPolicy::kInPlace) {
+      generations_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
+    }
     try {
       group_->start(*round_, rounds_->workers_store(*round_));
     } catch (const std::exception& e) {
@@ -462,6 +528,45 @@ class Agent {
     if (!rounds_->several_nodes()) return;
     watching_ = true;
     launch(rounds_->watch(*round_), [](WatchOutcome o) { return event::WatchEnded{std::move(o)}; });
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // REPLACING (--restart-policy in-place): the failed worker alone is started again as the next
+  // generation's replacement; the survivors, whose collectives failed, wait for that generation's
+  // record, rebuild their group with it and give it their state; the group's new root then says
+  // it recovered (Recovered). It counts against --max-restarts.
+
+  void replace_worker() {
+    const WorkerFailure& failed = failures_.front();
+    ++replacements_;
+    ++generation_;
+    InPlaceReplacement r{failed, generation_, -1, group_->running_ranks()};
+    try {
+      r.new_pid = group_->replace(failed.local_rank, generation_);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return feed(Input::kStartFailed);
+    }
+    std::string survivors;
+    for (const int rank : r.survivors)
+      survivors += (survivors.empty() ? "" : ",") + std::to_string(rank);
+    spdlog::warn(
+        "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of {}); "
+        "ranks {} keep running",
+        failed.rank, failed.local_rank, r.new_pid, generation_, restarts_used(),
+        config_.max_restarts, survivors.empty() ? "none" : survivors);
+    if (config_.print_failure_report) {
+      console_->write(ConsoleStream::kStderr, format_replacement(config_.script_name, r));
+    }
+    telemetry_->in_place_restart(
+        {round_->round, generation_,
+         WorkerRef{round_->round, failed.rank, failed.local_rank, failed.pid, generation_ - 1},
+         failed.exit_code, r.new_pid, r.survivors, restarts_used()});
+    replaced_.push_back(std::move(r));
+    launch(generations_->publish_and_wait(
+               generation_, "replaced=" + std::to_string(failed.rank) + " survivors=" + survivors,
+               kInPlaceRecoveryTimeout),
+           [](RecoveryOutcome o) { return event::Recovered{std::move(o)}; });
   }
 
   // ------------------------------------------------------------------------------------------
@@ -485,7 +590,8 @@ class Agent {
       exit_code_ = kExitAgentError;
     } else {
       if (config_.print_failure_report) {
-        console_->write(ConsoleStream::kStderr, format_report(config_.script_name, failures_));
+        console_->write(ConsoleStream::kStderr,
+                        format_report(config_.script_name, failures_, replaced_));
       }
       exit_code_ = exit_code_of(failures_[root_cause_index(failures_)]);
     }
@@ -539,6 +645,7 @@ class Agent {
     if (shut_down_) return;
     shut_down_ = true;
     rounds_->close();
+    if (generations_) generations_->close();
     group_.reset();  // SIGKILLs and reaps whatever still runs
     if (!written_token_file_.empty()) {
       std::error_code ignored;
@@ -628,13 +735,18 @@ class Agent {
   std::string written_token_file_;      // when this agent wrote it: removed at the end
   std::optional<Telemetry> telemetry_;  // from prepare() on
   std::optional<WorkerGroup> group_;
+  std::optional<Generations> generations_;  // in-place: this round's, from RUNNING on
 
   State state_ = State::kInit;
   bool prepared_ = false;
   std::optional<Assignment> round_;  // the round this node is in, or was in last
   bool watching_ = false;            // the round's watch has not reported back yet
   Stopping stopping_;
-  int restart_count_ = 0;
+  int restart_count_ = 0;  // group restarts (the workers' TORCHELASTIC_RESTART_COUNT)
+  int replacements_ = 0;   // in-place replacements, all rounds
+  int generation_ = 0;     // in-place: this round's group's latest generation
+  std::vector<InPlaceReplacement> replaced_;
+  std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped
   std::vector<WorkerFailure> failures_;
   std::string failure_reason_;  // why the job failed when no worker did
   int exit_code_ = 0;

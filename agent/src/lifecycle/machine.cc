@@ -23,11 +23,12 @@ std::optional<Transition> once_stopped(const Facts& facts) {
   return after_stopping(facts);
 }
 
-std::optional<Transition> from_running(Input input) {
+std::optional<Transition> from_running(Input input, const Facts& facts) {
   switch (input) {
     case Input::kStartFailed:
       return stopping(StopReason::kStartFailed);
     case Input::kWorkersFailed:
+      if (facts.in_place && facts.one_failure && facts.restarts_left) return to(State::kReplacing);
       return stopping(StopReason::kWorkerFailed);
     case Input::kWorkersSucceeded:
       return stopping(StopReason::kAllSucceeded);
@@ -39,6 +40,20 @@ std::optional<Transition> from_running(Input input) {
       return stopping(StopReason::kSignal);
     default:
       return std::nullopt;
+  }
+}
+
+// While one worker is replaced, the others run: what stops RUNNING stops this too, and any
+// failure now (or a recovery that does not come) is the whole group's.
+std::optional<Transition> from_replacing(Input input, const Facts& facts) {
+  switch (input) {
+    case Input::kRecovered:
+      return to(State::kRunning);
+    case Input::kWorkersFailed:
+    case Input::kRecoveryFailed:
+      return stopping(StopReason::kWorkerFailed);
+    default:
+      return from_running(input, facts);
   }
 }
 
@@ -108,7 +123,9 @@ std::optional<Transition> next_state(State state, Input input, const Facts& fact
     case Input::kRendezvousError:
       return from_rendezvous_failure(state, input, facts);
     case Input::kStopSignal:  // (leaving already: still 128 + signal, and at once)
-      if (state == State::kRunning || state == State::kStopping) break;
+      if (state == State::kRunning || state == State::kReplacing || state == State::kStopping) {
+        break;
+      }
       return Transition{State::kExit, StopReason::kSignal, std::nullopt, true};
     default:
       break;
@@ -119,7 +136,9 @@ std::optional<Transition> next_state(State state, Input input, const Facts& fact
       if (input == Input::kJoined) return to(State::kRunning);
       return std::nullopt;
     case State::kRunning:
-      return from_running(input);
+      return from_running(input, facts);
+    case State::kReplacing:
+      return from_replacing(input, facts);
     case State::kStopping:
       return from_stopping(input, facts);
     case State::kExitBarrier:

@@ -11,6 +11,14 @@
 //               +--- RESTARTING <--restart-- (static: restarts left? / elastic: ROUND_ENDED)
 //               +------------------reshape--------------------------/        \--fail--> FAILED
 //   SUCCEEDED, FAILED -> EXIT
+//
+// --restart-policy in-place adds one loop to RUNNING: one worker failed and restarts are left ->
+// REPLACING (that worker alone is started again; the others run on and rebuild their group with
+// it) -> RUNNING once the group says it recovered. A failure while REPLACING (or several at once
+// in RUNNING), or a recovery that never comes, stops the group as any failure does: a group
+// restart while restarts are left.
+//               RUNNING --one worker failed (in-place)--> REPLACING --recovered--> RUNNING
+//                                                             \--failed again--> STOPPING
 #pragma once
 
 #include <optional>
@@ -22,6 +30,7 @@ enum class State {
   kInit,
   kRendezvous,
   kRunning,
+  kReplacing,
   kStopping,
   kExitBarrier,
   kRoundEnded,
@@ -66,13 +75,17 @@ enum class Input {
   kRoundAborted,       // static: the round waited in was aborted (a relaunched node)
   kRendezvousError,    // a rendezvous step cannot be done
   kStopSignal,         // SIGTERM, SIGINT, ... (the first one)
+  kRecovered,          // in-place: the group rebuilt itself with the replacement
+  kRecoveryFailed,     // in-place: it did not within its time, or its store cannot be used
 };
 
 // What the job's mode and this node's progress say, as the machine needs it.
 struct Facts {
   bool several_nodes = false;  // rounds are formed with other nodes
   bool elastic = false;        // an ended round's fate is the job's verdict, not a local count
-  bool restarts_left = false;  // static: --max-restarts not used up
+  bool restarts_left = false;  // static: --max-restarts not used up (in-place replacements too)
+  bool in_place = false;       // --restart-policy in-place
+  bool one_failure = false;    // the failures just reaped are one worker's
   // In STOPPING: why it was entered, and what it still waits for.
   StopReason stop_reason = StopReason::kAllSucceeded;
   bool group_stopped = false;

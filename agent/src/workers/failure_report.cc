@@ -94,7 +94,36 @@ std::size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
       failures.begin());
 }
 
-std::string format_report(const std::string& script, const std::vector<WorkerFailure>& failures) {
+namespace {
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (const int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out.empty() ? "none" : out;
+}
+
+// A replaced worker's entry: its failure, then what became of it.
+std::string describe_replacement(const InPlaceReplacement& r, std::size_t index) {
+  return describe(r.failure, index) + "  recovery  : replaced in place by pid " +
+         std::to_string(r.new_pid) + " (generation " + std::to_string(r.generation) +
+         "); survivors kept running: ranks " + rank_list(r.survivors) + "\n";
+}
+
+}  // namespace
+
+std::string format_replacement(const std::string& script, const InPlaceReplacement& r) {
+  const std::string rule(60, '=');
+  const std::string thin(60, '-');
+  std::ostringstream out;
+  out << rule << "\n"
+      << script << " worker " << r.failure.rank << " FAILED, replaced in place\n"
+      << thin << "\n"
+      << describe_replacement(r, 0) << rule << "\n";
+  return out.str();
+}
+
+std::string format_report(const std::string& script, const std::vector<WorkerFailure>& failures,
+                          const std::vector<InPlaceReplacement>& replaced) {
   const std::string rule(60, '=');
   const std::string thin(60, '-');
   const std::size_t root = root_cause_index(failures);
@@ -105,8 +134,12 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
     if (i != root) out << describe(failures[i], ++shown);
   }
   if (shown == 0) out << "  <NO_OTHER_FAILURES>\n";
-  out << thin << "\nRoot Cause (first observed failure):\n"
-      << describe(failures[root], 0) << rule << "\n";
+  out << thin << "\nRoot Cause (first observed failure):\n" << describe(failures[root], 0);
+  if (!replaced.empty()) {
+    out << thin << "\nReplaced in place before (the job went on):\n";
+    for (std::size_t i = 0; i < replaced.size(); ++i) out << describe_replacement(replaced[i], i);
+  }
+  out << rule << "\n";
   return out.str();
 }
 

@@ -141,9 +141,42 @@ void WorkerGroup::open_duplicate_logs() {
   }
 }
 
+// attempt_<round>/<local rank>/, and a replacement's generation_<g>/ inside it.
+fs::path WorkerGroup::worker_dir(const Worker& w) const {
+  const fs::path dir = dir_.attempt(round_.round, w.local_rank);
+  return w.generation == 0 ? dir : dir / ("generation_" + std::to_string(w.generation));
+}
+
+pid_t WorkerGroup::replace(int local_rank, int generation) {
+  Worker& w = workers_.at(static_cast<std::size_t>(local_rank));
+  const int rank = w.rank;
+  w = Worker{local_rank, rank, -1, false, 0, generation};
+  const char* path = std::getenv("PATH");
+  SpawnedProcess p =
+      spawn(w, plan_spawn(config_.worker_argv.front(), path ? path : ""), current_environment());
+  try {
+    confirm_started(p);
+  } catch (const std::exception& e) {
+    w.exited = true;  // reaped, its pipes closed
+    if (janitor_) janitor_->untrack(w.pid);
+    throw std::runtime_error("cannot start the replacement of worker " + std::to_string(rank) +
+                             " (local rank " + std::to_string(local_rank) + "): " + e.what());
+  }
+  attach_output(w, p);
+  return w.pid;
+}
+
+std::vector<int> WorkerGroup::running_ranks() const {
+  std::vector<int> ranks;
+  for (const auto& w : workers_) {
+    if (!w.exited) ranks.push_back(w.rank);
+  }
+  return ranks;
+}
+
 SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
                                   const std::vector<std::string>& base_env) {
-  const fs::path dir = dir_.attempt(round_.round, w.local_rank);
+  const fs::path dir = worker_dir(w);
   std::error_code ec;
   fs::create_directories(dir, ec);
   fs::remove(dir / "error.json", ec);
@@ -158,6 +191,11 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   // The SDK's Gloo group listens there (worker_sdk/src/local_address.h).
   if (!config_.local_addr.empty()) {
     variables[rendezvous::worker_contract::kLocalAddr] = config_.local_addr;
+  }
+  if (config_.restart_policy == RestartPolicy::kInPlace) {  // recovery.h's switch
+    variables[rendezvous::worker_contract::kRestartPolicyVariable] =
+        rendezvous::worker_contract::kInPlacePolicy;
+    variables[rendezvous::worker_contract::kGenerationVariable] = std::to_string(w.generation);
   }
   std::vector<int> inherited;  // the watchdogs' channels
   watchdogs_.prepare(w.local_rank, variables, inherited);
@@ -179,14 +217,14 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   }
   w.pid = p.pid;
   if (janitor_) janitor_->track(p.pid);  // the worker's process group
-  const WorkerRef ref{round_.round, w.rank, w.local_rank, p.pid};
+  const WorkerRef ref{round_.round, w.rank, w.local_rank, p.pid, w.generation};
   watchdogs_.started(ref);
   telemetry_.worker_started(ref);
   return p;
 }
 
 void WorkerGroup::attach_output(Worker& w, const SpawnedProcess& p) {
-  const fs::path dir = dir_.attempt(round_.round, w.local_rank);
+  const fs::path dir = worker_dir(w);
   w.open_pipes = 2;
   const bool write_logs = config_.writes_log_files();
   const std::string prefix =
@@ -249,8 +287,8 @@ void WorkerGroup::reap() {
       watchdogs_.exited(w.local_rank);
       const bool failed = state_ == State::kRunning && (code != 0 || !watchdog_reason.empty());
       if (failed) failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
-      telemetry_.worker_exited({round_.round, w.rank, w.local_rank, w.pid}, code, failed,
-                               watchdog_reason);
+      telemetry_.worker_exited({round_.round, w.rank, w.local_rank, w.pid, w.generation}, code,
+                               failed, watchdog_reason);
     }
   }
   if (state_ == State::kStopping) return maybe_stopped();
@@ -269,7 +307,7 @@ WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
   f.local_rank = w.local_rank;
   f.exit_code = code;
   f.pid = w.pid;
-  f.error_file = (dir_.attempt(round_.round, w.local_rank) / "error.json").string();
+  f.error_file = (worker_dir(w) / "error.json").string();
   read_error_file(f);
   if (!fs::exists(f.error_file)) f.error_file.clear();
   if (!watchdog_reason.empty()) {  // the kill is the cause; what the worker wrote comes after

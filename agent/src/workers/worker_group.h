@@ -10,6 +10,8 @@
 // Stopping covers what the workers started too (leftovers.h): the agent is a subreaper, every
 // process of the job carries its id, and a janitor kills them all if the agent itself is killed.
 // The destructor SIGKILLs and reaps whatever is left: no worker outlives the group.
+// --restart-policy in-place: replace() starts one failed worker again, alone, while the others
+// run (its logs in attempt_<round>/<local rank>/generation_<g>/).
 // Hung workers (worker_watchdogs.h) are killed by their watchdog; their exit fails the round, even
 // with code 0, and the report says which watchdog fired. Each start and exit goes to the telemetry.
 #pragma once
@@ -77,6 +79,12 @@ class WorkerGroup {
   void stop(int signal, bool already_sent = false);
   // SIGUSR1/SIGUSR2 and the like: to every running worker's process group, nothing else.
   void forward(int signal);
+  // In-place: starts local rank `local_rank` again (it failed and was reaped) as the replacement
+  // of `generation`, with its rank, store and restart count, while the others run on. Returns its
+  // pid; throws std::runtime_error naming it when it cannot start.
+  pid_t replace(int local_rank, int generation);
+  // The global ranks of the workers still running.
+  std::vector<int> running_ranks() const;
   // Reaps every child that exited (SIGCHLD arrived).
   void reap();
 
@@ -93,10 +101,12 @@ class WorkerGroup {
     pid_t pid = -1;
     bool exited = false;
     int open_pipes = 0;
+    int generation = 0;  // in-place: the generation it started as (0: with the group)
   };
   enum class State { kIdle, kRunning, kStopping };
 
   SpawnedProcess spawn(Worker& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
+  std::filesystem::path worker_dir(const Worker& w) const;
   void attach_output(Worker& w, const SpawnedProcess& p);
   void open_duplicate_logs();
   void pump(Worker& w, int pipe_fd, ConsoleStream stream, const std::string& prefix,

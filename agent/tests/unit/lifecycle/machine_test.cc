@@ -25,6 +25,14 @@ Facts elastic() {
   f.several_nodes = f.elastic = true;
   return f;
 }
+// --restart-policy in-place on one node: `failures` reaped at once, restarts left or not.
+Facts in_place(int failures, bool restarts_left = true) {
+  Facts f;
+  f.in_place = true;
+  f.one_failure = failures == 1;
+  f.restarts_left = restarts_left;
+  return f;
+}
 // In STOPPING: why, the group reaped or not, the watch still running or not.
 Facts stopped(Facts f, StopReason reason, bool group_stopped = true, bool watching = false) {
   f.stop_reason = reason;
@@ -174,6 +182,37 @@ TEST(StateMachineTransitions, LateResultsOfAbandonedStepsAreDropped) {
   });
 }
 
+TEST(StateMachineTransitions, InPlaceOneFailedWorkerIsReplacedWhileTheOthersRun) {
+  check({
+      {"one failure: replaced alone", State::kRunning, Input::kWorkersFailed, in_place(1),
+       State::kReplacing},
+      {"the group says it recovered: running again, whole", State::kReplacing, Input::kRecovered,
+       in_place(1), State::kRunning},
+      {"the group policy: every failure stops the group", State::kRunning, Input::kWorkersFailed,
+       one_node(), State::kStopping, StopReason::kWorkerFailed},
+      {"two failures at once: the group restarts", State::kRunning, Input::kWorkersFailed,
+       in_place(2), State::kStopping, StopReason::kWorkerFailed},
+      {"no restart left: stop (then FAILED)", State::kRunning, Input::kWorkersFailed,
+       in_place(1, false), State::kStopping, StopReason::kWorkerFailed},
+      {"a failure during the recovery: the group restarts", State::kReplacing,
+       Input::kWorkersFailed, in_place(1), State::kStopping, StopReason::kWorkerFailed},
+      {"no recovery in time: the group restarts", State::kReplacing, Input::kRecoveryFailed,
+       in_place(1), State::kStopping, StopReason::kWorkerFailed},
+      {"the replacement could not start", State::kReplacing, Input::kStartFailed, in_place(1),
+       State::kStopping, StopReason::kStartFailed},
+      {"everyone finished meanwhile", State::kReplacing, Input::kWorkersSucceeded, in_place(1),
+       State::kStopping, StopReason::kAllSucceeded},
+      {"SIGTERM while replacing: the workers are stopped", State::kReplacing, Input::kStopSignal,
+       in_place(1), State::kStopping, StopReason::kSignal},
+      {"a late recovery after the group stopped", State::kStopping, Input::kRecovered,
+       stopped(in_place(1), StopReason::kWorkerFailed, false), std::nullopt},
+      {"a late recovery failure while running", State::kRunning, Input::kRecoveryFailed,
+       in_place(1), std::nullopt},
+      {"STOPPING after a failed recovery: restart", State::kStopping, Input::kGroupStopped,
+       stopped(in_place(1), StopReason::kWorkerFailed), State::kRestarting},
+  });
+}
+
 // A static two-node job, walked through the machine: a failure, a restart, then success.
 TEST(StateMachineTransitions, AStaticJobFailsRestartsAndSucceeds) {
   State s = State::kRendezvous;
@@ -206,6 +245,7 @@ TEST(StateMachineTransitions, AStaticJobFailsRestartsAndSucceeds) {
 
 TEST(StateMachineTransitions, EveryStateHasItsTelemetryName) {
   EXPECT_EQ(state_name(State::kInit), "init");
+  EXPECT_EQ(state_name(State::kReplacing), "replacing");
   EXPECT_EQ(state_name(State::kExitBarrier), "exit_barrier");
   EXPECT_EQ(state_name(State::kExit), "exit");
 }

@@ -1,0 +1,70 @@
+#include "workers/generations.h"
+
+#include "dist/rendezvous/errors.h"
+#include "dist/rendezvous/worker_contract.h"
+
+namespace dist::agent {
+namespace {
+
+namespace contract = rendezvous::worker_contract;
+
+// A free coroutine: it holds what it uses, so that the Generations object may go while it waits
+// (closed: the wait then ends in kCancelled).
+rendezvous::Task<RecoveryOutcome> publish_then_wait(
+    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
+    std::string prefix, int generation, std::string record, std::chrono::milliseconds timeout) {
+  RecoveryOutcome outcome;
+  try {
+    if (!*opened) {
+      co_await client->open();
+      *opened = true;
+    }
+    // The counter first: a survivor that sees the record reads the counter next.
+    co_await client->set(contract::generation_counter_key(prefix), std::to_string(generation));
+    co_await client->set(contract::generation_key(prefix, generation), std::move(record));
+    const std::string recovered = contract::recovered_key(prefix, generation);
+    std::vector<std::string> keys{recovered};
+    const bool arrived = co_await client->wait(std::move(keys), timeout);
+    if (!arrived) {
+      outcome.why = "the group did not say it recovered within " +
+                    std::to_string(timeout.count() / 1000) + " s of generation " +
+                    std::to_string(generation) +
+                    " (do its workers use the SDK's InPlaceRecovery, or one of their own?)";
+      co_return outcome;
+    }
+    outcome.record = (co_await client->try_get(recovered)).value_or("");
+    outcome.recovered = true;
+  } catch (const rendezvous::StoreError& e) {
+    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+    outcome.why = "the workers' store at " + client->endpoint() + " cannot be used: " + e.what();
+  }
+  co_return outcome;
+}
+
+}  // namespace
+
+Generations::Generations(boost::asio::io_context& io, const LaunchConfig& config,
+                         rendezvous::Endpoint store, int restart_count)
+    : opened_(std::make_shared<bool>(false)),
+      prefix_(contract::generation_prefix(config.run_id, restart_count)) {
+  rendezvous::ClientOptions options;
+  options.host = store.host;
+  options.port = store.port;
+  options.secret = config.secret;
+  client_ = std::make_shared<rendezvous::AsyncStoreClient>(io.get_executor(), options);
+}
+
+Generations::~Generations() {
+  close();
+}
+
+rendezvous::Task<RecoveryOutcome> Generations::publish_and_wait(int generation, std::string record,
+                                                                std::chrono::milliseconds timeout) {
+  return publish_then_wait(client_, opened_, prefix_, generation, std::move(record), timeout);
+}
+
+void Generations::close() {
+  client_->close();
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,54 @@
+// The agent's side of in-place recovery (--restart-policy in-place), over the workers' store with
+// the keys of dist/rendezvous/worker_contract.h: the next generation of the group published for
+// the survivors (the counter, then its record), then the group's word that it recovered (written
+// by the new root once every rank holds its state), waited for at most kInPlaceRecoveryTimeout.
+// Until that word the recovery is in progress, and any failure restarts the whole group.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "dist/agent/config.h"
+#include "dist/rendezvous/async_client.h"
+#include "dist/rendezvous/endpoint.h"
+#include "dist/rendezvous/task.h"
+
+namespace dist::agent {
+
+// From a failure to the group's recovery: what the survivors need (the generation, a new group,
+// the state broadcast) is seconds even for large models; a group that says nothing for this long
+// is not recovering (its workers may not use the SDK's recovery), and restarts.
+inline constexpr std::chrono::milliseconds kInPlaceRecoveryTimeout{std::chrono::minutes(5)};
+
+struct RecoveryOutcome {
+  bool recovered = false;
+  std::string record;  // the recovered key's value ("root=0 wall_ns=... step=320")
+  std::string why;     // when not recovered
+};
+
+class Generations {
+ public:
+  // The generations of `restart_count`'s group, whose store is `store` (the workers' store; with
+  // the job's token when it has one). Connects on first use.
+  Generations(boost::asio::io_context& io, const LaunchConfig& config, rendezvous::Endpoint store,
+              int restart_count);
+  ~Generations();
+  Generations(const Generations&) = delete;
+  Generations& operator=(const Generations&) = delete;
+
+  // Publishes generation `generation` with `record` ("replaced=1 survivors=0"), then waits for
+  // the group's recovery, at most `timeout`. A store that cannot be used is an outcome (not
+  // recovered, why), not an error; close() ends the wait with StoreError kCancelled.
+  rendezvous::Task<RecoveryOutcome> publish_and_wait(int generation, std::string record,
+                                                     std::chrono::milliseconds timeout);
+  void close();
+
+ private:
+  std::shared_ptr<rendezvous::AsyncStoreClient> client_;  // shared with the coroutine in flight
+  std::shared_ptr<bool> opened_;
+  std::string prefix_;
+};
+
+}  // namespace dist::agent

@@ -1,0 +1,262 @@
+// --restart-policy in-place through the real dist-launch, with workers on the SDK's recovery
+// (dist-inplace-worker): one failed worker is replaced alone while the survivors keep their
+// processes and receive no signal; every rank ends with the digest of a run without failures; a
+// failure during the recovery, or several at once, restart the whole group, saying why; each
+// replacement counts against --max-restarts; the event log and the report say what happened.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "process_helpers.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using dist::agent::testing::Child;
+using Json = nlohmann::json;
+
+const std::string kWorker = DIST_INPLACE_WORKER_BIN;
+
+class InPlace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dist-inplace-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A job of `nproc` workers, in-place, its worker files in `out` (made here), its event log
+  // `out`.jsonl. Returns the exit code; the output in `output`.
+  int run(const std::string& out, int nproc, int max_restarts,
+          const std::vector<std::string>& worker_args, std::string* output = nullptr) {
+    fs::create_directories(dir_ / out);
+    std::vector<std::string> args = {"--nproc-per-node",
+                                     std::to_string(nproc),
+                                     "--max-restarts",
+                                     std::to_string(max_restarts),
+                                     "--restart-policy",
+                                     "in-place",
+                                     "--event-log",
+                                     path(out + ".jsonl"),
+                                     "--no-python",
+                                     kWorker,
+                                     "--out",
+                                     path(out)};
+    args.insert(args.end(), worker_args.begin(), worker_args.end());
+    Child agent(DIST_LAUNCH_BIN, args, dir_ / (out + ".log"), {},
+                std::vector<std::string>{"OMP_NUM_THREADS"});
+    const int code = agent.wait(120s);
+    if (output) *output = agent.output();
+    return code;
+  }
+
+  std::string read(const std::string& file) const {
+    std::ifstream in(path(file));
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  struct Final {
+    long pid = -1;
+    int step = -1;
+    std::string digest;
+    int generation = -1;
+  };
+  std::optional<Final> final_of(const std::string& out, int rank) const {
+    std::istringstream in(read(out + "/final_" + std::to_string(rank)));
+    Final f;
+    if (!(in >> f.pid >> f.step >> f.digest >> f.generation)) return std::nullopt;
+    return f;
+  }
+  long start_pid(const std::string& out, int rank, int attempt, int generation) const {
+    long pid = -1;
+    std::istringstream(read(out + "/start_" + std::to_string(rank) + "_" + std::to_string(attempt) +
+                            "_" + std::to_string(generation))) >>
+        pid;
+    return pid;
+  }
+  bool any_signal_file(const std::string& out) const {
+    for (const auto& entry : fs::directory_iterator(dir_ / out)) {
+      if (entry.path().filename().string().starts_with("signal_")) return true;
+    }
+    return false;
+  }
+  std::vector<Json> events(const std::string& out, const std::string& name) const {
+    std::vector<Json> found;
+    std::ifstream in(path(out + ".jsonl"));
+    std::string line;
+    while (std::getline(in, line)) {
+      Json e = Json::parse(line);
+      if (e["event"] == name) found.push_back(std::move(e));
+    }
+    return found;
+  }
+
+  // The digest every rank of a run without a failure ends with.
+  std::string clean_digest(int nproc, const std::vector<std::string>& args) {
+    std::string output;
+    EXPECT_EQ(run("clean", nproc, 0, args, &output), 0) << output;
+    const auto f = final_of("clean", 0);
+    EXPECT_TRUE(f.has_value()) << output;
+    return f ? f->digest : "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(InPlace, OneFailedWorkerIsReplacedAloneAndTheSurvivorsAreNotSignalled) {
+  const std::string clean = clean_digest(3, {"--steps", "30"});
+  std::string output;
+  ASSERT_EQ(run("job", 3, 1, {"--steps", "30", "--crash", "1:10"}, &output), 0) << output;
+  for (const int rank : {0, 2}) {  // the survivors: one process from start to end
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << output;
+    EXPECT_EQ(f->pid, start_pid("job", rank, 0, 0)) << "the survivor kept its process";
+    EXPECT_EQ(f->generation, 1);
+    EXPECT_EQ(f->step, 30);
+    EXPECT_EQ(f->digest, clean) << output;
+  }
+  const auto replaced = final_of("job", 1);
+  ASSERT_TRUE(replaced.has_value()) << output;
+  EXPECT_EQ(replaced->pid, start_pid("job", 1, 0, 1)) << "rank 1 ended as generation 1's process";
+  EXPECT_NE(replaced->pid, start_pid("job", 1, 0, 0));
+  EXPECT_EQ(replaced->digest, clean) << output;
+  EXPECT_FALSE(any_signal_file("job")) << "no worker was sent SIGTERM or SIGINT:\n" << output;
+  EXPECT_FALSE(fs::exists(path("job/start_0_1_0"))) << "no group restart";
+
+  EXPECT_NE(output.find("replaced in place by pid " + std::to_string(replaced->pid) +
+                        ": generation 1 (restart 1 of 1); ranks 0,2 keep running"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("dist-inplace-worker worker 1 FAILED, replaced in place"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("generation 1: the group is whole again"), std::string::npos) << output;
+  EXPECT_NE(output.find("dist-sdk: rank 0 recovered in place: generation 1, state from rank 0 "
+                        "(step=10)"),
+            std::string::npos)
+      << output;
+
+  const auto restarts = events("job", "inplace_restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0]["rank"], 1);
+  EXPECT_EQ(restarts[0]["local_rank"], 1);
+  EXPECT_EQ(restarts[0]["generation"], 1);
+  EXPECT_EQ(restarts[0]["exit_code"], 3);
+  EXPECT_EQ(restarts[0]["new_pid"], replaced->pid);
+  EXPECT_EQ(restarts[0]["survivors"], Json::array({0, 2}));
+  EXPECT_EQ(restarts[0]["restarts"], 1);
+  const auto recovered = events("job", "inplace_recovered");
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_EQ(recovered[0]["generation"], 1);
+  EXPECT_EQ(recovered[0]["rank"], 1);
+  EXPECT_EQ(recovered[0]["root"], 0);
+  EXPECT_EQ(recovered[0]["first_step"], 10);
+  EXPECT_GE(recovered[0]["stall_ms"].get<long>(), 0);
+  EXPECT_TRUE(events("job", "restart").empty()) << "no group restart";
+  const auto starts = events("job", "worker_start");
+  ASSERT_EQ(starts.size(), 4u);
+  EXPECT_EQ(starts[3]["rank"], 1);
+  EXPECT_EQ(starts[3]["generation"], 1);
+  const auto end = events("job", "job_end");
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0]["outcome"], "succeeded");
+  EXPECT_EQ(end[0]["restarts"], 1);
+}
+
+TEST_F(InPlace, AFailureDuringTheRecoveryRestartsTheWholeGroup) {
+  const std::string clean = clean_digest(2, {"--steps", "20"});
+  std::string output;
+  // Rank 1 fails at step 5; rank 0 fails in turn once it has read generation 1 (the agent is then
+  // REPLACING, and the group has not recovered: rank 0 is the root it waits for).
+  ASSERT_EQ(
+      run("job", 2, 2, {"--steps", "20", "--crash", "1:5", "--fail-in-recovery", "0"}, &output), 0)
+      << output;
+  EXPECT_NE(output.find("worker 0 failed during the in-place recovery of generation 1: "
+                        "restarting the whole group"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("restarting the worker group (restart 2 of 2)"), std::string::npos)
+      << output;
+  const auto fallback = events("job", "inplace_fallback");
+  ASSERT_EQ(fallback.size(), 1u);
+  EXPECT_EQ(fallback[0]["generation"], 1);
+  ASSERT_EQ(events("job", "restart").size(), 1u);
+  EXPECT_TRUE(events("job", "inplace_recovered").empty());
+  for (const int rank : {0, 1}) {  // attempt 1: both fresh, both at the clean digest
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << output;
+    EXPECT_EQ(f->pid, start_pid("job", rank, 1, 0));
+    EXPECT_EQ(f->digest, clean);
+  }
+}
+
+TEST_F(InPlace, EveryReplacementCountsAgainstMaxRestarts) {
+  // Rank 1 fails at step 5, then its replacement at step 12.
+  const std::vector<std::string> twice = {"--steps", "20", "--crash", "1:5", "--crash", "1:12:1"};
+  std::string output;
+  EXPECT_EQ(run("one", 2, 1, twice, &output), 3) << "one restart: the second failure ends the job";
+  EXPECT_NE(output.find("worker 1 failed: no restart left (--max-restarts 1, 1 used in place)"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("dist-inplace-worker FAILED"), std::string::npos) << output;
+  EXPECT_NE(output.find("Replaced in place before (the job went on):"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("recovery  : replaced in place by pid"), std::string::npos) << output;
+  EXPECT_EQ(events("one", "inplace_restart").size(), 1u);
+  const auto end = events("one", "job_end");
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0]["restarts"], 1);
+
+  const std::string clean = clean_digest(2, {"--steps", "20"});
+  EXPECT_EQ(run("two", 2, 2, twice, &output), 0) << output;
+  const auto restarts = events("two", "inplace_restart");
+  ASSERT_EQ(restarts.size(), 2u);
+  EXPECT_EQ(restarts[1]["generation"], 2);
+  EXPECT_EQ(restarts[1]["restarts"], 2);
+  const auto f0 = final_of("two", 0), f1 = final_of("two", 1);
+  ASSERT_TRUE(f0 && f1) << output;
+  EXPECT_EQ(f0->pid, start_pid("two", 0, 0, 0)) << "rank 0 kept its process through both";
+  EXPECT_EQ(f0->generation, 2);
+  EXPECT_EQ(f1->pid, start_pid("two", 1, 0, 2));
+  EXPECT_EQ(f0->digest, clean);
+  EXPECT_EQ(f1->digest, clean);
+}
+
+TEST_F(InPlace, SeveralWorkersFailingTogetherRestartTheWholeGroup) {
+  std::string output;
+  ASSERT_EQ(run("job", 3, 2, {"--steps", "20", "--crash", "1:5", "--crash", "2:5"}, &output), 0)
+      << output;
+  // Reaped in one batch ("2 workers failed at once"), or the second while the first is being
+  // replaced: either way the whole group restarts, and says why.
+  const bool at_once =
+      output.find("2 workers failed at once: restarting the whole group") != std::string::npos;
+  const bool during =
+      output.find(
+          "failed during the in-place recovery of generation 1: restarting the whole "
+          "group") != std::string::npos;
+  EXPECT_TRUE(at_once || during) << output;
+  EXPECT_EQ(events("job", "inplace_fallback").size(), 1u);
+  EXPECT_EQ(events("job", "restart").size(), 1u);
+  for (const int rank : {0, 1, 2}) EXPECT_TRUE(final_of("job", rank).has_value()) << output;
+}
+
+}  // namespace

@@ -1,0 +1,179 @@
+// dist-inplace-worker: a worker on the SDK's InPlaceRecovery for the agent's in-place tests and
+// bench/recovery_bench.py. Trains nothing: each step all-reduces values that depend on the step
+// and the rank and folds them into its state, so that every rank ends with the digest of a run
+// without failures only if the recovery gave it the right state.
+//
+//   --steps N                 steps (default 40)
+//   --step-ms MS              sleep after each step (default 0)
+//   --crash R:S[:G[:A]]       rank R exits with code 3 as step S begins, in generation G
+//                             (default 0) of restart attempt A (default 0); repeatable
+//   --fail-in-recovery R      rank R exits with code 4 as its recovery begins (it has read the
+//                             new generation), on restart attempt 0
+//   --out DIR                 DIR/start_<rank>_<attempt>_<generation>: "<pid>", written at start;
+//                             DIR/final_<rank>: "<pid> <step> <digest> <generation>" at the end;
+//                             DIR/signal_<rank>_<pid>: the signal number, if SIGTERM/SIGINT came
+//
+// Prints "rank R pid P generation G attempt A" at start and "rank R pid P step S digest D" at the
+// end, and "rank R step S" after each step with --step-ms.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/sdk/init.h"
+#include "dist/sdk/recovery.h"
+
+namespace {
+
+using namespace dist::sdk;
+
+struct Crash {
+  int rank = -1, step = -1, generation = 0, attempt = 0;
+};
+
+struct Options {
+  int steps = 40;
+  int step_ms = 0;
+  std::vector<Crash> crashes;
+  int fail_in_recovery = -1;
+  std::string out;
+};
+
+std::string g_signal_file;
+
+void on_signal(int s) {
+  if (g_signal_file.empty()) return;
+  const std::string text = std::to_string(s) + "\n";
+  const int fd = ::open(g_signal_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (fd >= 0) {
+    [[maybe_unused]] const auto n = ::write(fd, text.data(), text.size());
+    ::close(fd);
+  }
+  std::_Exit(128 + s);
+}
+
+void write_file(const std::string& path, const std::string& content) {
+  const std::string temp = path + ".partial";  // tests poll for the name: never half written
+  std::ofstream(temp) << content;
+  std::rename(temp.c_str(), path.c_str());
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--steps") {
+      o.steps = std::stoi(value);
+    } else if (flag == "--step-ms") {
+      o.step_ms = std::stoi(value);
+    } else if (flag == "--crash") {
+      Crash c;
+      std::sscanf(value.c_str(), "%d:%d:%d:%d", &c.rank, &c.step, &c.generation, &c.attempt);
+      o.crashes.push_back(c);
+    } else if (flag == "--fail-in-recovery") {
+      o.fail_in_recovery = std::stoi(value);
+    } else if (flag == "--out") {
+      o.out = value;
+    } else {
+      std::fprintf(stderr, "dist-inplace-worker: unknown option %s\n", flag.c_str());
+      std::exit(2);
+    }
+  }
+  return o;
+}
+
+int run(const Options& o) {
+  Distributed dist = init();
+  const int rank = dist.env.rank, attempt = dist.env.restart_count;
+  const long pid = static_cast<long>(::getpid());
+  if (!o.out.empty()) {
+    g_signal_file = o.out + "/signal_" + std::to_string(rank) + "_" + std::to_string(pid);
+    write_file(o.out + "/start_" + std::to_string(rank) + "_" + std::to_string(attempt) + "_" +
+                   std::to_string(dist.env.generation),
+               std::to_string(pid));
+  }
+  for (const int s : {SIGTERM, SIGINT}) ::signal(s, on_signal);
+  std::printf("rank %d pid %ld generation %d attempt %d\n", rank, pid, dist.env.generation,
+              attempt);
+  std::fflush(stdout);
+
+  std::vector<double> sum(64, 0.0);
+  std::uint64_t step = 0;
+  InPlaceRecovery recovery(dist);
+  recovery.state().add("sum", std::span<double>(sum));
+  recovery.state().add("step", step);
+  recovery.on_group([](ProcessGroup&) {},
+                    [&] {
+                      if (rank == o.fail_in_recovery && attempt == 0) {
+                        std::fprintf(stderr, "rank %d: failing as its recovery begins\n", rank);
+                        std::fflush(stderr);
+                        std::_Exit(4);
+                      }
+                    });
+  recovery.start();
+  while (step < static_cast<std::uint64_t>(o.steps)) {
+    recovery.run([&] {
+      for (const Crash& c : o.crashes) {
+        if (c.rank == rank && c.step == static_cast<int>(step) &&
+            c.generation == dist.env.generation && c.attempt == attempt) {
+          std::fprintf(stderr, "rank %d: crashing at step %llu\n", rank,
+                       static_cast<unsigned long long>(step));
+          std::fflush(stdout);
+          std::fflush(stderr);
+          std::_Exit(3);
+        }
+      }
+      std::vector<double> v(sum.size());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        v[i] = std::sin(static_cast<double>(step * 131 + i) + rank * 0.25);
+      }
+      dist.group->all_reduce(std::span<double>(v), ReduceOp::kSum);
+      for (std::size_t i = 0; i < v.size(); ++i) sum[i] = sum[i] * 0.99 + v[i];
+      ++step;
+    });
+    if (o.step_ms > 0) {
+      std::printf("rank %d step %llu\n", rank, static_cast<unsigned long long>(step));
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
+    }
+  }
+  std::uint64_t digest = 1469598103934665603ull;
+  for (const double x : sum) {
+    std::uint64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    digest = (digest ^ bits) * 1099511628211ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+  std::printf("rank %d pid %ld step %llu digest %s\n", rank, pid,
+              static_cast<unsigned long long>(step), hex);
+  std::fflush(stdout);
+  if (!o.out.empty()) {
+    write_file(o.out + "/final_" + std::to_string(rank),
+               std::to_string(pid) + " " + std::to_string(step) + " " + hex + " " +
+                   std::to_string(dist.env.generation));
+  }
+  dist.group->barrier();  // no rank leaves while another may still need it
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    const std::string line = "dist-inplace-worker: error: " + std::string(e.what()) + "\n";
+    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, line.data(), line.size());
+    return 1;
+  }
+}

@@ -15,6 +15,12 @@
 // (dist/sdk/compression.h); rank 0 prints the bytes it sent per step ("all-reduce bytes per step
 // N"). With either, every rank checkpoints its own state (residuals, local weights) in
 // ddp_train.rank<R>.ckpt beside rank 0's ddp_train.ckpt.
+//
+// --in-place, under dist-launch --restart-policy in-place: a crashed rank is replaced alone; the
+// others keep their processes, rebuild their group with the replacement and give it the model, the
+// momentum, the step and the epoch's loss sums (dist/sdk/recovery.h), so the run still ends with
+// the digest of a run that never crashed. Each rank prints "ddp_train: rank R pid P generation G"
+// when it starts and when it finishes.
 #include <openssl/evp.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -25,6 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -37,6 +44,7 @@
 #include "dist/sdk/error_file.h"
 #include "dist/sdk/init.h"
 #include "dist/sdk/process_group.h"
+#include "dist/sdk/recovery.h"
 #include "dist/sdk/sampler.h"
 
 namespace {
@@ -62,6 +70,7 @@ struct Options {
   int checkpoint_every = 50;     // steps
   long crash_at_step = -1;       // on attempt 0, the last rank exits here
   std::string backend = "gloo";  // or nccl: the model on this rank's GPU
+  bool in_place = false;         // survivors keep training when a peer fails (recovery.h)
   sdk::Compression compression;
   sdk::SyncStrategy sync;
 };
@@ -288,42 +297,113 @@ std::uint64_t resume(const std::filesystem::path& path, sdk::ProcessGroup& group
   return step;
 }
 
+// The last lines: every rank's digest (they must all agree), rank 0's accuracy, throughput and
+// bytes sent.
+void finish(const Options& o, sdk::Distributed& dist, Mlp& model, sdk::DistributedDataParallel& ddp,
+            const Dataset& test_set, std::uint64_t samples, double train_seconds) {
+  const sdk::CommunicationStats sent = ddp.stats();  // the training steps' traffic only
+  if (o.sync.local()) ddp.average_parameters();      // one model on every rank
+  std::printf("rank %d weights sha256 %s\n", dist.env.rank, model.weights_sha256().c_str());
+  if (dist.env.rank != 0) return;
+  std::printf("throughput %.0f samples/s (%llu samples in %.3f s of training steps)\n",
+              static_cast<double>(samples) / train_seconds, (unsigned long long)samples,
+              train_seconds);
+  std::printf("all-reduce bytes per step %llu (compression %s, sync %s, %llu steps)\n",
+              (unsigned long long)sent.bytes_per_step(), o.compression.to_string().c_str(),
+              o.sync.to_string().c_str(), (unsigned long long)sent.steps);
+  std::printf("final test accuracy %.4f weights sha256 %s\n", model.accuracy(test_set),
+              model.weights_sha256().c_str());
+}
+
+// What decides what the loop runs next: the step (with it the epoch and the sampler's position),
+// the epochs reported, the last checkpoint's step and this epoch's loss sums. Under --in-place it
+// is, with the model and the optimizer's momentum, what a replacement receives.
+struct Progress {
+  std::uint64_t step = 0;
+  std::uint64_t epochs_reported = 0;
+  std::uint64_t checkpointed = 0;
+  float loss_sum = 0;
+  std::uint64_t batches = 0;
+};
+
+// --in-place: the model, the optimizer's momentum, the progress and DDP's state, registered with
+// the SDK's recovery (dist/sdk/recovery.h).
+void register_state(sdk::RecoverableState& state, Mlp& model, Progress& p,
+                    std::optional<sdk::DistributedDataParallel>& ddp) {
+  const std::pair<const char*, std::vector<float>*> tensors[] = {{"w1", &model.w1},
+                                                                 {"b1", &model.b1},
+                                                                 {"w2", &model.w2},
+                                                                 {"b2", &model.b2},
+                                                                 {"momentum/w1", &model.v_w1},
+                                                                 {"momentum/b1", &model.v_b1},
+                                                                 {"momentum/w2", &model.v_w2},
+                                                                 {"momentum/b2", &model.v_b2}};
+  for (const auto& [name, tensor] : tensors) state.add(name, std::span<float>(*tensor));
+  state.add("step", p.step);
+  state.add("epochs_reported", p.epochs_reported);
+  state.add("checkpointed", p.checkpointed);
+  state.add("batches", p.batches);
+  state.add("loss_sum", p.loss_sum);
+  state.add_blob(
+      "ddp", [&] { return ddp->state(); },
+      [&](const std::string& saved) { ddp->load_state(saved); });
+}
+
 int train(const Options& o) {
   // Under dist-launch, or alone (then rank 0 of 1 with a private store).
   const bool on_gpu = o.backend == "nccl";
   sdk::Distributed dist = sdk::init(on_gpu ? sdk::Backend::kNccl : sdk::Backend::kGloo);
-  const sdk::WorkerEnv& env = dist.env;
-  sdk::ProcessGroup* group = dist.group.get();
+  const sdk::WorkerEnv& env = dist.env;  // (its generation advances at each in-place recovery)
   if (o.global_batch % env.world_size != 0) {
     throw std::runtime_error("--global-batch " + std::to_string(o.global_batch) +
                              " is not divisible by the world size " +
                              std::to_string(env.world_size));
   }
   const bool chief = env.rank == 0;
+  const long pid = static_cast<long>(::getpid());
 
   const auto [train_set, test_set] = load_digits(o.data);
   Mlp model(o.hidden, o.seed);
   const std::size_t local_batch = static_cast<std::size_t>(o.global_batch / env.world_size);
   std::unique_ptr<ddp_train::DeviceMlp> gpu;  // --backend nccl: the model lives there
   if (on_gpu) {
-    gpu =
-        ddp_train::make_device_mlp(group->cuda_device(), kInputs, o.hidden, kClasses, local_batch);
+    gpu = ddp_train::make_device_mlp(dist.group->cuda_device(), kInputs, o.hidden, kClasses,
+                                     local_batch);
     gpu->upload(model.tensors());
   }
   sdk::DdpOptions ddp_options = gpu ? gpu->ddp_options() : sdk::DdpOptions{};
   ddp_options.compression = o.compression;
   ddp_options.sync = o.sync;
-  sdk::DistributedDataParallel ddp(*group, gpu ? gpu->parameters() : model.parameters(),
-                                   ddp_options);
+  // DDP holds the group: under --in-place it is made again with each new generation's group.
+  std::optional<sdk::DistributedDataParallel> ddp;
+  const auto build_ddp = [&](sdk::ProcessGroup& g) {
+    ddp.emplace(g, gpu ? gpu->parameters() : model.parameters(), ddp_options);
+  };
+  Progress p;
+  std::optional<sdk::InPlaceRecovery> recovery;
+  if (o.in_place) {
+    std::printf("ddp_train: rank %d pid %ld generation %d (in place)\n", env.rank, pid,
+                env.generation);
+    std::fflush(stdout);
+    recovery.emplace(dist);
+    register_state(recovery->state(), model, p, ddp);
+    recovery->on_group(build_ddp, [&] { ddp.reset(); });
+    recovery->start();  // a replacement receives the survivors' state here
+  } else {
+    build_ddp(*dist.group);
+  }
   // Residuals and local weights differ between ranks: then every rank checkpoints its own.
   const bool own_state = o.compression.lossy() || o.sync.local();
   const std::filesystem::path ckpt_path = checkpoint_path(o, own_state ? env.rank : 0);
-  std::uint64_t step = resume(ckpt_path, *group, model, ddp);
-  if (gpu && step > 0) gpu->upload(model.tensors());  // the checkpoint's weights on the device
   sdk::DistributedSampler sampler({static_cast<std::size_t>(train_set.x.rows()), env.world_size,
                                    env.rank, true, o.seed, false});
   const std::size_t steps_per_epoch = (sampler.num_samples() + local_batch - 1) / local_batch;
-  if (chief) {
+  if (env.generation == 0) {
+    p.step = p.checkpointed = resume(ckpt_path, *dist.group, model, *ddp);
+    p.epochs_reported = p.step / steps_per_epoch;
+    if (gpu && p.step > 0) gpu->upload(model.tensors());  // the checkpoint's weights on the device
+  }
+  if (chief && env.generation == 0) {
     std::printf(
         "ddp_train: %d ranks, %zu train / %zu test rows, global batch %d (%zu per rank), "
         "%zu steps per epoch, attempt %d\n",
@@ -332,83 +412,108 @@ int train(const Options& o) {
         env.restart_count);
   }
 
+  // The loop runs units, each decided by the progress alone. Each unit issues its collectives
+  // before it changes the progress or the model, so that a unit a failed peer interrupted left
+  // them as they were and can run again (--in-place: recovery.h).
+  const std::uint64_t total_steps = steps_per_epoch * static_cast<std::uint64_t>(o.epochs);
   double train_seconds = 0;   // in training steps only (not evaluation or checkpoints)
   std::uint64_t samples = 0;  // global samples trained on
-  for (auto epoch = static_cast<int>(step / steps_per_epoch); epoch < o.epochs; ++epoch) {
-    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
-    const auto indices = sampler.indices();
-    float loss_sum = 0;
-    std::size_t batches = 0;
-    for (std::size_t b = step % steps_per_epoch; b < steps_per_epoch; ++b) {
-      const std::size_t begin = b * local_batch;
-      const std::size_t end = std::min(indices.size(), begin + local_batch);
-      Matrix x(static_cast<Eigen::Index>(end - begin), kInputs);
-      std::vector<int> y;
-      for (std::size_t i = begin; i < end; ++i) {
-        x.row(static_cast<Eigen::Index>(i - begin)) =
-            train_set.x.row(static_cast<Eigen::Index>(indices[i]));
-        y.push_back(train_set.y[indices[i]]);
-      }
-      if (env.restart_count == 0 && static_cast<long>(step) == o.crash_at_step &&
-          env.rank == env.world_size - 1) {
-        const std::string what = "InjectedCrash: --crash-at-step " + std::to_string(step) +
-                                 " on rank " + std::to_string(env.rank);
-        std::fprintf(stderr, "ddp_train: injected crash at step %llu on rank %d\n",
-                     (unsigned long long)step, env.rank);
-        sdk::write_error_file(what,
-                              "ddp_train.cc: train(), attempt 0, step " + std::to_string(step));
-        return 3;
-      }
-      const auto step_start = std::chrono::steady_clock::now();
-      loss_sum +=
-          gpu ? gpu->backward(x.data(), y.data(), y.size(), ddp) : model.backward(x, y, ddp);
-      ddp.synchronize();
-      gpu ? gpu->sgd_step(o.lr, o.momentum) : model.sgd_step(o.lr, o.momentum);
-      ddp.after_step();
-      train_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-      samples += static_cast<std::uint64_t>(x.rows()) * static_cast<std::uint64_t>(env.world_size);
-      ++batches;
-      ++step;
-      if (!ckpt_path.empty() && step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
-        if (gpu) gpu->download(model.tensors());
-        if (chief || own_state) {
-          sdk::Checkpoint c = model.checkpoint(step);
-          c.blobs["ddp"] = ddp.state();
-          sdk::save_checkpoint(ckpt_path, c);
-        }
-        group->barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
-      }
+  std::vector<std::size_t> indices;
+  std::uint64_t indices_epoch = ~std::uint64_t{0};
+  const auto train_step = [&] {
+    const std::uint64_t epoch = p.step / steps_per_epoch;
+    if (epoch != indices_epoch) {
+      sampler.set_epoch(epoch);
+      indices = sampler.indices();
+      indices_epoch = epoch;
     }
-    std::vector<float> mean_loss{batches ? loss_sum / static_cast<float>(batches) : 0.0f};
+    const std::size_t begin = (p.step % steps_per_epoch) * local_batch;
+    const std::size_t end = std::min(indices.size(), begin + local_batch);
+    Matrix x(static_cast<Eigen::Index>(end - begin), kInputs);
+    std::vector<int> y;
+    for (std::size_t i = begin; i < end; ++i) {
+      x.row(static_cast<Eigen::Index>(i - begin)) =
+          train_set.x.row(static_cast<Eigen::Index>(indices[i]));
+      y.push_back(train_set.y[indices[i]]);
+    }
+    if (env.restart_count == 0 && env.generation == 0 &&
+        static_cast<long>(p.step) == o.crash_at_step && env.rank == env.world_size - 1) {
+      const std::string what = "InjectedCrash: --crash-at-step " + std::to_string(p.step) +
+                               " on rank " + std::to_string(env.rank);
+      std::fprintf(stderr, "ddp_train: injected crash at step %llu on rank %d\n",
+                   (unsigned long long)p.step, env.rank);
+      sdk::write_error_file(what,
+                            "ddp_train.cc: train(), attempt 0, step " + std::to_string(p.step));
+      std::fflush(stdout);
+      std::_Exit(3);
+    }
+    const auto step_start = std::chrono::steady_clock::now();
+    const float loss =
+        gpu ? gpu->backward(x.data(), y.data(), y.size(), *ddp) : model.backward(x, y, *ddp);
+    ddp->synchronize();
+    gpu ? gpu->sgd_step(o.lr, o.momentum) : model.sgd_step(o.lr, o.momentum);
+    ddp->after_step();
+    train_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    samples += static_cast<std::uint64_t>(x.rows()) * static_cast<std::uint64_t>(env.world_size);
+    p.loss_sum += loss;
+    ++p.batches;
+    ++p.step;
+  };
+  const auto checkpoint = [&] {
+    if (gpu) gpu->download(model.tensors());
+    if (chief || own_state) {
+      sdk::Checkpoint c = model.checkpoint(p.step);
+      c.blobs["ddp"] = ddp->state();
+      sdk::save_checkpoint(ckpt_path, c);
+    }
+    dist.group->barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
+    p.checkpointed = p.step;
+  };
+  const auto report_epoch = [&] {
+    std::vector<float> mean_loss{p.batches ? p.loss_sum / static_cast<float>(p.batches) : 0.0f};
     if (gpu) {
-      mean_loss[0] = gpu->average(*group, mean_loss[0]);
+      mean_loss[0] = gpu->average(*dist.group, mean_loss[0]);
       gpu->download(model.tensors());  // for the accuracy
     } else {
-      group->all_reduce(std::span<float>(mean_loss), sdk::ReduceOp::kAvg);
+      dist.group->all_reduce(std::span<float>(mean_loss), sdk::ReduceOp::kAvg);
     }
     if (chief) {
-      std::printf("epoch %2d  loss %.4f  test accuracy %.4f\n", epoch + 1, mean_loss[0],
-                  model.accuracy(test_set));
+      std::printf("epoch %2d  loss %.4f  test accuracy %.4f\n",
+                  static_cast<int>(p.epochs_reported) + 1, mean_loss[0], model.accuracy(test_set));
       std::fflush(stdout);
     }
+    p.loss_sum = 0;
+    p.batches = 0;
+    ++p.epochs_reported;
+  };
+  const auto run = [&](const std::function<void()>& unit) {
+    if (recovery) {
+      recovery->run(unit);
+    } else {
+      unit();
+    }
+  };
+  while (true) {
+    const bool checkpoint_due = !ckpt_path.empty() && p.step > p.checkpointed &&
+                                p.step % static_cast<std::uint64_t>(o.checkpoint_every) == 0;
+    if (checkpoint_due) {
+      run(checkpoint);
+    } else if (p.epochs_reported < p.step / steps_per_epoch) {
+      run(report_epoch);
+    } else if (p.step < total_steps) {
+      run(train_step);
+    } else {
+      break;
+    }
   }
-  const sdk::CommunicationStats sent = ddp.stats();  // the training steps' traffic only
-  if (o.sync.local()) ddp.average_parameters();      // one model on every rank
-  // Every rank reports its weights' digest (they must all agree); rank 0 the accuracy too.
-  std::printf("rank %d weights sha256 %s\n", env.rank, model.weights_sha256().c_str());
-  if (chief) {
-    std::printf("throughput %.0f samples/s (%llu samples in %.3f s of training steps)\n",
-                static_cast<double>(samples) / train_seconds, (unsigned long long)samples,
-                train_seconds);
-    std::printf("all-reduce bytes per step %llu (compression %s, sync %s, %llu steps)\n",
-                (unsigned long long)sent.bytes_per_step(), o.compression.to_string().c_str(),
-                o.sync.to_string().c_str(), (unsigned long long)sent.steps);
-    std::printf("final test accuracy %.4f weights sha256 %s\n", model.accuracy(test_set),
-                model.weights_sha256().c_str());
+  finish(o, dist, model, *ddp, test_set, samples, train_seconds);
+  if (o.in_place) {
+    std::printf("ddp_train: rank %d pid %ld generation %d finished\n", env.rank, pid,
+                env.generation);
   }
   std::fflush(stdout);
-  group->barrier();
+  dist.group->barrier();
   return 0;
 }
 
@@ -444,6 +549,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sync", sync, "Synchronisation: every-step, partial:CHUNKS, local-sgd:K")
       ->capture_default_str();
+  app.add_flag("--in-place", o.in_place,
+               "Under dist-launch --restart-policy in-place: when a peer fails, keep this process, "
+               "rebuild the group with its replacement and give it the model, the optimizer's "
+               "state and the step (the step in flight is run again)");
   try {
     app.parse(argc, argv);
     o.compression = sdk::Compression::parse(compression);
@@ -452,6 +561,12 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--compression " + compression +
                                   " compresses gradients, which --sync " + sync +
                                   " does not exchange: use one or the other");
+    }
+    if (o.in_place && (o.backend != "gloo" || o.compression.lossy() || o.sync.local())) {
+      throw std::invalid_argument(
+          "--in-place gives a replacement a survivor's state, which must be every rank's: the "
+          "model in host memory (--backend gloo) and no per-rank residuals or weights (no lossy "
+          "--compression, --sync every-step)");
     }
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);

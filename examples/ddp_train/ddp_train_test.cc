@@ -1,6 +1,7 @@
 // The training example end to end, as processes under dist-launch: accuracy, identical replicas,
 // and a crash-and-restart run that ends bit-identical to an uninterrupted one; the same with
-// gradient compression (residuals) and local SGD (per-rank weights), and the bytes each sends.
+// gradient compression (residuals) and local SGD (per-rank weights), and the bytes each sends; and
+// in-place recovery, where the survivor keeps its process.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -93,6 +94,52 @@ TEST_F(DdpTrain, ACrashAndRestartEndsBitIdenticalToAnUninterruptedRun) {
   // what failed (the SDK's tests check that it names the peer), never "error: " and nothing.
   EXPECT_FALSE(std::regex_search(crashed.output, std::regex(R"(error: *(\r?\n|$))")))
       << crashed.output;
+}
+
+// --restart-policy in-place: rank 1 crashes at step 320 and is replaced alone; rank 0 keeps its
+// process (the pid it prints when it starts is the one it prints when it finishes), gives the
+// replacement its state, and both end with the weights of the uninterrupted run.
+TEST_F(DdpTrain, InPlaceRankZeroKeepsItsProcessAndBothEndWithTheUninterruptedWeights) {
+  const TrainingRun clean = launch(train("2", ""));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const TrainingRun run = launch(
+      "--restart-policy in-place --nproc-per-node 2 --max-restarts 1 --no-python " DDP_TRAIN_BIN
+      " --in-place --crash-at-step 320");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("injected crash at step 320 on rank 1"), std::string::npos)
+      << run.output;
+  std::smatch started, finished, replacement;
+  ASSERT_TRUE(std::regex_search(run.output, started,
+                                std::regex(R"(rank 0 pid (\d+) generation 0 \(in place\))")))
+      << run.output;
+  ASSERT_TRUE(std::regex_search(run.output, finished,
+                                std::regex(R"(rank 0 pid (\d+) generation 1 finished)")))
+      << run.output;
+  EXPECT_EQ(started[1], finished[1]) << "rank 0 kept its process:\n" << run.output;
+  ASSERT_TRUE(std::regex_search(run.output, replacement,
+                                std::regex(R"(rank 1 pid (\d+) generation 1 finished)")))
+      << run.output;
+  EXPECT_NE(replacement[1], started[1]);
+  EXPECT_NE(run.output.find("replaced in place by pid " + replacement[1].str() + ": generation 1"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("state from rank 0 (step=320"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("restarting the worker group"), std::string::npos) << run.output;
+  EXPECT_EQ(run.sha, clean.sha) << "rank 0's weights must equal the uninterrupted run's";
+  EXPECT_EQ(run.rank_digests, std::set<std::string>{clean.sha}) << run.output;
+}
+
+TEST_F(DdpTrain, InPlaceRefusesStateThatIsNotEveryRanks) {
+  for (const char* flags : {"--compression fp16", "--sync local-sgd:4", "--backend nccl"}) {
+    SCOPED_TRACE(flags);
+    const TrainingRun run =
+        launch("--no-python " DDP_TRAIN_BIN " --in-place " + std::string(flags));
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_NE(
+        run.output.find("ddp_train: error: --in-place gives a replacement a survivor's state"),
+        std::string::npos)
+        << run.output;
+  }
 }
 
 TEST_F(DdpTrain, OneWorkerWithTheSameGlobalBatchAlsoConverges) {

@@ -53,23 +53,35 @@ void append_u64(std::string& out, std::uint64_t v) {
 // RecoverableState
 
 void RecoverableState::add(std::string name, std::span<float> values) {
-  items_.push_back({std::move(name), values.data(), values.size_bytes(), false, {}, {}});
+  items_.push_back({std::move(name), values.data(), values.size_bytes(), false, {}, {}, {}});
 }
 void RecoverableState::add(std::string name, std::span<double> values) {
-  items_.push_back({std::move(name), values.data(), values.size_bytes(), false, {}, {}});
+  items_.push_back({std::move(name), values.data(), values.size_bytes(), false, {}, {}, {}});
 }
 void RecoverableState::add(std::string name, std::uint64_t& counter) {
-  items_.push_back({std::move(name), &counter, sizeof counter, true, {}, {}});
+  items_.push_back({std::move(name), &counter, sizeof counter, true, {}, {}, {}});
 }
 void RecoverableState::add(std::string name, std::int64_t& counter) {
-  items_.push_back({std::move(name), &counter, sizeof counter, true, {}, {}});
+  items_.push_back({std::move(name), &counter, sizeof counter, true, {}, {}, {}});
 }
 void RecoverableState::add(std::string name, float& value) {
-  items_.push_back({std::move(name), &value, sizeof value, false, {}, {}});
+  items_.push_back({std::move(name), &value, sizeof value, false, {}, {}, {}});
 }
 void RecoverableState::add_blob(std::string name, std::function<std::string()> get,
                                 std::function<void(const std::string&)> set) {
-  items_.push_back({std::move(name), nullptr, 0, false, std::move(get), std::move(set)});
+  items_.push_back({std::move(name), nullptr, 0, false, std::move(get), std::move(set), {}});
+}
+
+void RecoverableState::capture_blobs() {
+  for (Item& item : items_) {
+    if (item.get) item.blob = item.get();
+  }
+}
+
+void RecoverableState::apply_blobs() {
+  for (Item& item : items_) {
+    if (item.set) item.set(item.blob);
+  }
 }
 
 std::string RecoverableState::describe_counters() const {
@@ -87,9 +99,8 @@ std::string RecoverableState::serialize() const {
   std::string out;
   for (const Item& item : items_) {
     if (item.get) {
-      const std::string blob = item.get();
-      append_u64(out, blob.size());
-      out += blob;
+      append_u64(out, item.blob.size());
+      out += item.blob;
     } else {
       out.append(static_cast<const char*>(item.data), item.bytes);
     }
@@ -113,7 +124,7 @@ void RecoverableState::deserialize(const std::string& bytes) {
       std::uint64_t length = 0;
       std::memcpy(&length, bytes.data() + take(sizeof length, item.name), sizeof length);
       const std::size_t from = take(static_cast<std::size_t>(length), item.name);
-      item.set(bytes.substr(from, static_cast<std::size_t>(length)));
+      item.blob = bytes.substr(from, static_cast<std::size_t>(length));
     } else {
       std::memcpy(item.data, bytes.data() + take(item.bytes, item.name), item.bytes);
     }
@@ -162,7 +173,8 @@ void InPlaceRecovery::on_group(std::function<void(ProcessGroup&)> build,
 }
 
 void InPlaceRecovery::start() {
-  if (!has_state_) {  // a replacement: the survivors are rebuilding the same generation's group
+  const bool replacement = !has_state_;
+  if (replacement) {  // the survivors are rebuilding the same generation's group
     const auto began = Clock::now();
     synchronize_state();
     say("rank " + std::to_string(dist_.env.rank) + " joined generation " +
@@ -171,6 +183,7 @@ void InPlaceRecovery::start() {
         fixed(ms_since(began)) + " ms");
   }
   if (build_) build_(*dist_.group);
+  if (replacement) state_.apply_blobs();
 }
 
 bool InPlaceRecovery::run(const std::function<void()>& unit) {
@@ -199,9 +212,11 @@ void InPlaceRecovery::recover(const CollectiveError& error) {
                           ")");
   }
   const auto latest = static_cast<int>(store_->add(contract::generation_counter_key(prefix_), 0));
+  state_.capture_blobs();  // while what holds them still exists
   rebuild_group(std::max(next, latest));
   synchronize_state();
   if (build_) build_(*dist_.group);
+  state_.apply_blobs();
   if (dist_.env.rank == last_root_) {  // the agent's word that the group is whole again
     store_->set(contract::recovered_key(prefix_, generation_),
                 "root=" + std::to_string(last_root_) + " wall_ns=" + std::to_string(wall_ns()) +

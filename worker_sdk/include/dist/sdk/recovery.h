@@ -44,8 +44,10 @@
 namespace dist::sdk {
 
 // What a replacement receives: named buffers of a fixed size (tensors, optimizer state,
-// counters) and named blobs of any size (DistributedDataParallel::state()), the same names in the
-// same order on every rank. The buffers are the caller's: they must outlive the recovery.
+// counters) and named blobs of any size, the same names in the same order on every rank. The
+// buffers are the caller's: they must outlive the recovery. Blobs are the state of what depends on
+// the group (DistributedDataParallel::state()): a survivor reads them (`get`) before `release`
+// destroys their owner, and every rank applies the root's (`set`) after `build` made it again.
 class RecoverableState {
  public:
   void add(std::string name, std::span<float> values);
@@ -53,7 +55,8 @@ class RecoverableState {
   void add(std::string name, std::uint64_t& counter);
   void add(std::string name, std::int64_t& counter);
   void add(std::string name, float& value);
-  // Bytes: `get` is called on the rank that sends, `set` on the ranks that receive.
+  // Bytes: `get` before the group is released (on every survivor), `set` after it was built again
+  // (on every rank, with the root's).
   void add_blob(std::string name, std::function<std::string()> get,
                 std::function<void(const std::string&)> set);
 
@@ -69,7 +72,10 @@ class RecoverableState {
     bool counter = false;
     std::function<std::string()> get;  // blobs
     std::function<void(const std::string&)> set;
+    std::string blob;  // captured, or received
   };
+  void capture_blobs();
+  void apply_blobs();
   std::string serialize() const;
   void deserialize(const std::string& bytes);
   std::uint64_t layout_hash() const;

@@ -71,6 +71,7 @@ struct Options {
   long crash_at_step = -1;       // on attempt 0, the last rank exits here
   std::string backend = "gloo";  // or nccl: the model on this rank's GPU
   bool in_place = false;         // survivors keep training when a peer fails (recovery.h)
+  bool timestamps = false;       // the wall clock of a crash and of each process's first step
   sdk::Compression compression;
   sdk::SyncStrategy sync;
 };
@@ -261,6 +262,12 @@ struct Mlp {
   }
 };
 
+long long wall_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Rank 0's checkpoint is ddp_train.ckpt; another rank's own, ddp_train.rank<R>.ckpt.
 std::filesystem::path checkpoint_path(const Options& o, int rank) {
   if (o.checkpoint_dir.empty()) return {};
@@ -420,6 +427,22 @@ int train(const Options& o) {
   std::uint64_t samples = 0;  // global samples trained on
   std::vector<std::size_t> indices;
   std::uint64_t indices_epoch = ~std::uint64_t{0};
+  std::string first_step_since = "start";
+  // --timestamps, after a step: the first of this process (or since its recovery), the crash
+  // step once trained again. bench/recovery_bench.py reads these lines.
+  const auto stamp = [&] {
+    const auto done = static_cast<long>(p.step) - 1;
+    if (!first_step_since.empty()) {
+      std::printf("ddp_train: rank %d step %ld done at wall_ns %lld (first since %s)\n", env.rank,
+                  done, wall_ns(), first_step_since.c_str());
+    }
+    if (done == o.crash_at_step) {
+      std::printf("ddp_train: rank %d step %ld done at wall_ns %lld (the crash step)\n", env.rank,
+                  done, wall_ns());
+    }
+    std::fflush(stdout);
+    first_step_since.clear();
+  };
   const auto train_step = [&] {
     const std::uint64_t epoch = p.step / steps_per_epoch;
     if (epoch != indices_epoch) {
@@ -440,8 +463,9 @@ int train(const Options& o) {
         static_cast<long>(p.step) == o.crash_at_step && env.rank == env.world_size - 1) {
       const std::string what = "InjectedCrash: --crash-at-step " + std::to_string(p.step) +
                                " on rank " + std::to_string(env.rank);
-      std::fprintf(stderr, "ddp_train: injected crash at step %llu on rank %d\n",
-                   (unsigned long long)p.step, env.rank);
+      std::fprintf(stderr, "ddp_train: injected crash at step %llu on rank %d%s\n",
+                   (unsigned long long)p.step, env.rank,
+                   o.timestamps ? (" at wall_ns " + std::to_string(wall_ns())).c_str() : "");
       sdk::write_error_file(what,
                             "ddp_train.cc: train(), attempt 0, step " + std::to_string(p.step));
       std::fflush(stdout);
@@ -459,6 +483,7 @@ int train(const Options& o) {
     p.loss_sum += loss;
     ++p.batches;
     ++p.step;
+    if (o.timestamps) stamp();
   };
   const auto checkpoint = [&] {
     if (gpu) gpu->download(model.tensors());
@@ -489,7 +514,7 @@ int train(const Options& o) {
   };
   const auto run = [&](const std::function<void()>& unit) {
     if (recovery) {
-      recovery->run(unit);
+      if (!recovery->run(unit) && o.timestamps) first_step_since = "recovery";
     } else {
       unit();
     }
@@ -549,6 +574,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sync", sync, "Synchronisation: every-step, partial:CHUNKS, local-sgd:K")
       ->capture_default_str();
+  app.add_flag("--timestamps", o.timestamps,
+               "Print the wall clock of an injected crash, of each process's first step (after its "
+               "start, or after an in-place recovery) and of --crash-at-step's step once trained: "
+               "bench/recovery_bench.py");
   app.add_flag("--in-place", o.in_place,
                "Under dist-launch --restart-policy in-place: when a peer fails, keep this process, "
                "rebuild the group with its replacement and give it the model, the optimizer's "

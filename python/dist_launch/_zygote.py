@@ -1,0 +1,560 @@
+"""dist-launch's zygote (--warm-restart): an interpreter that has imported the heavy modules once
+and forks every Python worker of the job, so that a restarted worker trains again without paying
+`import torch` (and the rest) a second time.
+
+Started by the agent as `PYTHON -u _zygote.py --control-fd N ...` on the workers' own interpreter,
+with their environment (the part every worker shares), in the workers' working directory; the agent
+embeds this file in its binary (agent/src/warm/) and writes it next to its snapshots. Standard
+library only. The protocol on the control socket (SOCK_SEQPACKET, one message each):
+
+    zygote -> agent   b"ready " + JSON {preloaded, seconds, files}   or  b"failed " + reason
+    agent -> zygote   a spawn request (see _parse_request), the worker's descriptors as SCM_RIGHTS
+    zygote -> agent   b"pid N"   or  b"error " + reason
+
+A worker is forked twice: the zygote forks an intermediate, which forks the worker, puts it in a
+process group of its own, reports its pid and exits. The agent is a child subreaper, so the worker
+is reparented to the agent and the agent waits for it, sees its exit in SIGCHLD and stops its
+group, as for a worker it forked itself. Only then (the zygote has reaped the intermediate) is the
+worker told to go on: it sets PR_SET_PDEATHSIG (set earlier, it would fire when the intermediate
+exits) and checks that its parent is the agent. Then it becomes what `python -u SCRIPT ARGS` would
+have been at its first line: the agent's descriptors on 0/1/2 (and the watchdogs' at their
+numbers), no other inherited descriptor, its working directory, exactly its environment (os.environ
+and the C environ), the signal dispositions and mask of a fresh interpreter, sys.argv,
+sys.orig_argv, sys.path[0], a fresh __main__, import caches invalidated, fresh random seeds; and it
+runs the script from the zygote's outermost frame, so that it ends as an interpreter ends: atexit
+handlers, non-daemon threads joined, SystemExit codes, an uncaught exception printed by
+sys.excepthook (without the zygote's frames) and exit status 1, KeyboardInterrupt as SIGINT.
+
+What cannot be made fresh: the string hash seed (PYTHONHASHSEED) is the zygote's, the same in
+every worker and attempt; /proc/PID/environ shows the zygote's environment (the worker's own is
+what os.environ, getenv() and its children see); objects of the preloaded modules are frozen
+(gc.freeze) so that the workers share their memory pages.
+"""
+import os
+import sys
+
+# This file's directory is not the workers' sys.path[0] (set below), and must not shadow anything.
+# (Under -P / PYTHONSAFEPATH nothing was put there.)
+if not sys.flags.safe_path and sys.path:
+    del sys.path[0]
+
+import ctypes  # noqa: E402
+import gc  # noqa: E402
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import linecache  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+import time  # noqa: E402
+import types  # noqa: E402
+
+DEFAULT_PRELOAD = ("torch", "numpy")  # when the interpreter has them
+REQUEST_MAGIC = b"DLZ1"
+REQUEST_HEADER = struct.Struct("<4sIIII")  # magic, argc, envc, nfds, agent pid
+MAX_REQUEST_BYTES = 1 << 22
+MAX_FDS = 64
+PR_SET_PDEATHSIG = 1
+
+
+class Startup:
+    """What a fresh interpreter looks like, recorded before anything here changes it."""
+
+    def __init__(self):
+        self.signals = {}
+        for number in range(1, signal.NSIG):
+            try:
+                self.signals[number] = signal.getsignal(number)
+            except (OSError, ValueError):
+                continue
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _send(sock, message):
+    sock.sendmsg([message])
+
+
+def _thread_count():
+    return len(os.listdir("/proc/self/task"))
+
+
+def _park_thread_pools():
+    """Fork-aware libraries (OpenBLAS) stop their thread pools before a fork, and start them again
+    on their next call: one throwaway fork parks them, so the zygote forks with one thread."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def preload(modules, default):
+    """Imports the preload list; returns (imported names, their files for the staleness check)."""
+    names = [m for m in modules if m]
+    if default:
+        names = [m for m in DEFAULT_PRELOAD if importlib.util.find_spec(m) is not None]
+    imported = []
+    for name in names:
+        importlib.import_module(name)
+        imported.append(name)
+    files = [os.path.realpath(sys.executable)]
+    for name in imported:
+        path = getattr(sys.modules[name], "__file__", None)
+        if path:
+            files.append(path)
+    return imported, files
+
+
+def refuse_unsafe_state():
+    """None, or why forking this interpreter would not give the workers a clean one."""
+    if _thread_count() > 1:
+        _park_thread_pools()
+    threads = _thread_count()
+    if threads > 1:
+        return (f"the preloaded modules started {threads - 1} thread(s), which a fork would not "
+                f"carry into the workers")
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "the preloaded modules initialised CUDA, which a forked worker cannot use"
+    return None
+
+
+def _parse_request(data):
+    """DLZ1 | argc | envc | nfds | agent pid | argv NUL-terminated | env NUL-terminated |
+    cwd NUL-terminated | nfds int32 target descriptor numbers."""
+    magic, argc, envc, nfds, agent_pid = REQUEST_HEADER.unpack_from(data)
+    if magic != REQUEST_MAGIC:
+        raise ValueError("not a spawn request")
+    strings = argc + envc + 1
+    body = data[REQUEST_HEADER.size:]
+    parts = body.split(b"\0", strings)
+    if len(parts) != strings + 1:
+        raise ValueError("truncated spawn request")
+    targets = struct.unpack(f"<{nfds}i", parts[strings][:4 * nfds])
+    return {"argv": parts[:argc], "env": parts[argc:argc + envc], "cwd": parts[argc + envc],
+            "targets": targets, "agent_pid": agent_pid}
+
+
+def _receive(sock):
+    """(request, descriptors), or None at EOF (the agent is done, or gone)."""
+    data, ancillary, flags, _ = sock.recvmsg(MAX_REQUEST_BYTES, socket.CMSG_SPACE(4 * MAX_FDS))
+    fds = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(struct.unpack(f"<{len(payload) // 4}i", payload[:len(payload) // 4 * 4]))
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("spawn request too large")
+    return data, fds
+
+
+def _read_exactly(fd, n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+class Worker:
+    """In a forked worker: what it must become, and the zygote's descriptors it must drop."""
+
+    def __init__(self, request, fds, go_fd, startup, sock):
+        self.request = request
+        self.fds = fds
+        self.go_fd = go_fd
+        self.startup = startup
+        self.sock = sock
+
+
+def _intermediate(worker_pid, report_fd):
+    """In the intermediate: the worker's process group, its pid to the zygote, and exit."""
+    try:
+        try:
+            os.setpgid(worker_pid, worker_pid)
+        except OSError:  # the worker did it first, or already died: its exit tells the agent
+            pass
+        os.write(report_fd, struct.pack("<i", worker_pid))
+    finally:
+        os._exit(0)
+
+
+def spawn(request, fds, startup, sock):
+    """In the zygote: forks the worker (returns its pid) through an intermediate. In the worker,
+    returns a Worker instead: the zygote's loop unwinds and the worker runs from main()."""
+    go_r, go_w = os.pipe()
+    report_r, report_w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            pid = os.fork()
+        except BaseException:  # noqa: B036
+            os._exit(1)
+        if pid == 0:
+            os.close(go_w)
+            os.close(report_r)
+            os.close(report_w)
+            os.setpgid(0, 0)
+            return Worker(request, fds, go_r, startup, sock)
+        _intermediate(pid, report_w)
+    os.close(go_r)
+    os.close(report_w)
+    for fd in fds:
+        os.close(fd)
+    try:
+        data = _read_exactly(report_r, 4)
+        os.close(report_r)
+        os.waitpid(middle, 0)  # the worker is the agent's child from here on
+        if len(data) != 4:
+            raise OSError("the intermediate process failed before forking the worker")
+        os.write(go_w, b"g")
+        return struct.unpack("<i", data)[0]
+    finally:
+        os.close(go_w)
+
+
+def serve(sock, startup):
+    """The zygote's loop: one worker per request; returns only in a worker."""
+    while True:
+        try:
+            received = _receive(sock)
+        except (OSError, ValueError) as e:
+            _send(sock, b"error " + str(e).encode(errors="replace"))
+            continue
+        if received is None:
+            os._exit(0)
+        data, fds = received
+        try:
+            request = _parse_request(data)
+            if len(fds) != len(request["targets"]):
+                raise ValueError(f"{len(fds)} descriptors for {len(request['targets'])} targets")
+            result = spawn(request, fds, startup, sock)
+        except (OSError, ValueError, struct.error) as e:
+            _send(sock, b"error " + str(e).encode(errors="replace"))
+            continue
+        if isinstance(result, Worker):
+            return result
+        _send(sock, b"pid %d" % result)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the worker.
+
+def _become_the_agents(worker):
+    """Waits until the zygote has reaped the intermediate (this process is the agent's child),
+    then dies with the agent, as a worker the agent forked does."""
+    go = os.read(worker.go_fd, 1)
+    os.close(worker.go_fd)
+    if go != b"g":  # the zygote died first: the agent starts this worker some other way
+        os.kill(os.getpid(), signal.SIGKILL)
+    _libc().prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != worker.request["agent_pid"]:  # the agent died meanwhile
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _install_descriptors(worker, keep_open):
+    """The agent's descriptors at their numbers (0/1/2, the watchdogs'), no other of the
+    zygote's."""
+    targets = worker.request["targets"]
+    sock_fd = worker.sock.detach()  # closed below by number, never by a finalizer later
+    floor = max([*targets, *worker.fds, sock_fd, 2]) + 1
+    moved = [_fcntl_dup(fd, floor) for fd in worker.fds]
+    for fd in worker.fds:
+        os.close(fd)
+    for source, target in zip(moved, targets):
+        os.dup2(source, target, inheritable=True)
+    keep = set(targets) | keep_open
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the directory listing's own descriptor
+
+
+def _open_descriptors():
+    """The descriptors open now (not the directory listing's own)."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            os.fstat(int(name))
+        except OSError:
+            continue
+        found.add(int(name))
+    return found
+
+
+def _fcntl_dup(fd, floor):
+    import fcntl
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+
+
+def _install_environment(env):
+    """os.environ (and through it the C environ: getenv, exec) becomes exactly `env`."""
+    wanted = {}
+    for entry in env:
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            wanted[name] = value
+    for name in list(os.environb):
+        if name not in wanted:
+            del os.environb[name]
+    for name, value in wanted.items():
+        if os.environb.get(name) != value:
+            os.environb[name] = value
+
+
+def _install_signals(startup):
+    for number, disposition in startup.signals.items():
+        if disposition is None:  # not Python's to set (a C handler at start-up)
+            continue
+        try:
+            signal.signal(number, disposition)
+        except (OSError, ValueError, TypeError):
+            continue
+    signal.pthread_sigmask(signal.SIG_SETMASK, startup.mask)
+
+
+def _reseed():
+    """What a fresh interpreter would have fresh: torch's CPU generator and numpy's global one are
+    seeded from the OS at import (random reseeds itself at fork); CUDA's generators, created at
+    CUDA's initialisation in the worker, are as a cold worker's."""
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None) if torch is not None else None
+    if generator is not None:
+        generator.seed()
+    nprandom = sys.modules.get("numpy.random")
+    if nprandom is not None:
+        nprandom.seed()
+    mpprocess = sys.modules.get("multiprocessing.process")
+    if mpprocess is not None:
+        mpprocess.current_process().authkey = os.urandom(32)
+
+
+def _script_path0(script):
+    """sys.path[0] for `python SCRIPT`: the script's directory, symbolic links resolved."""
+    return os.path.dirname(os.path.realpath(script))
+
+
+def prepare(worker, keep_open):
+    """Everything that makes this process the worker `python -u ARGV` would have started."""
+    _become_the_agents(worker)
+    _install_descriptors(worker, keep_open)
+    request = worker.request
+    os.chdir(request["cwd"])
+    _install_environment(request["env"])
+    _install_signals(worker.startup)
+    argv = [os.fsdecode(a) for a in request["argv"]]
+    if hasattr(sys, "orig_argv"):
+        sys.orig_argv = list(argv)
+    importlib.invalidate_caches()
+    linecache.clearcache()
+    _reseed()
+    return argv[1:]
+
+
+def _strip_arguments(args):
+    """(module or script, its argv) from the interpreter's arguments after the executable: -u
+    and other flags the zygote shares, then -m MODULE or the script."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] not in ("-m", "-c", "-"):
+        i += 2 if args[i] in ("-X", "-W") else 1
+    if i < len(args) and args[i] == "-m":
+        return ("module", args[i + 1], args[i + 2:])
+    return ("script", args[i], args[i:])
+
+
+def _fresh_main():
+    main = types.ModuleType("__main__")
+    main.__dict__["__annotations__"] = {}
+    main.__dict__["__builtins__"] = sys.modules["builtins"]
+    sys.modules["__main__"] = main
+    return main
+
+
+def _set_path0(path0):
+    if sys.flags.safe_path:
+        return
+    if _ZYGOTE_PATH0 is not None and sys.path and sys.path[0] == _ZYGOTE_PATH0:
+        sys.path[0] = path0
+    else:
+        sys.path.insert(0, path0)
+
+
+def run_script(script, argv):
+    """As `python SCRIPT`: pymain_run_file / _PyRun_SimpleFileObject."""
+    sys.argv = argv
+    main = _fresh_main()
+    if os.path.isdir(script) or _is_zip(script):  # a directory or zip with __main__.py
+        _set_path0(script)
+        import runpy
+        runpy._run_module_as_main("__main__", alter_argv=False)
+        return
+    _set_path0(_script_path0(script))
+    filename = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+    with open(script, "rb") as f:
+        source = f.read()
+    from importlib.machinery import SourceFileLoader, SourcelessFileLoader
+    if source[:4] == importlib.util.MAGIC_NUMBER:
+        import marshal
+        code = marshal.loads(source[16:])
+        main.__loader__ = SourcelessFileLoader("__main__", filename)
+    else:
+        code = compile(source, filename, "exec", dont_inherit=True)
+        main.__loader__ = SourceFileLoader("__main__", filename)
+    main.__file__ = filename
+    main.__cached__ = None
+    try:
+        exec(code, main.__dict__)
+    finally:
+        main.__dict__.pop("__file__", None)
+        main.__dict__.pop("__cached__", None)
+
+
+def _is_zip(path):
+    import zipfile
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+def run_module(module, argv):
+    """As `python -m MODULE`: runpy._run_module_as_main, sys.path[0] the working directory."""
+    sys.argv = ["-m", *argv]
+    _fresh_main()
+    _set_path0(os.getcwd())
+    import runpy
+    runpy._run_module_as_main(module, alter_argv=True)
+
+
+_ZYGOTE_PATH0 = None
+_sigint_on_exit = False
+
+
+def _exit_by_sigint():
+    """The last atexit handler (registered first): an uncaught KeyboardInterrupt ends a Python
+    process with SIGINT, after the rest of the shutdown, as CPython's exit_sigint() does."""
+    if _sigint_on_exit:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _user_traceback(tb, code_names):
+    """The traceback from the user's first frame on (the zygote's own frames dropped)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__ and \
+            tb.tb_frame.f_code.co_name in code_names:
+        tb = tb.tb_next
+    return tb
+
+
+def run_worker(worker, keep_open):
+    global _sigint_on_exit
+    args = prepare(worker, keep_open)
+    import atexit
+    atexit.register(_exit_by_sigint)
+    kind, target, argv = _strip_arguments(args)
+    error = None
+    try:
+        if kind == "module":
+            run_module(target, argv)
+        else:
+            run_script(target, argv)
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: B036: what the interpreter would print, then exit 1
+        error = e
+    if error is None:
+        return
+    tb = _user_traceback(error.__traceback__,
+                         {"run_worker", "run_script", "run_module", "main", "<module>"})
+    error.__traceback__ = tb
+    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = error
+    try:
+        sys.excepthook(type(error), error, tb)
+    except BaseException:  # noqa: B036
+        pass
+    _sigint_on_exit = isinstance(error, KeyboardInterrupt)
+    del error, tb
+    raise SystemExit(1)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _arguments(argv):
+    options = {"preload": None, "control_fd": None, "path0": None}
+    i = 0
+    while i < len(argv):
+        name = argv[i]
+        if name == "--control-fd":
+            options["control_fd"] = int(argv[i + 1])
+        elif name == "--preload":
+            options["preload"] = argv[i + 1]
+        elif name == "--path0":
+            options["path0"] = argv[i + 1]
+        else:
+            raise SystemExit(f"dist-launch zygote: unknown argument {name}")
+        i += 2
+    return options
+
+
+def start(options):
+    """The zygote's set-up; returns (socket, startup state) once the agent was told it is ready."""
+    global _ZYGOTE_PATH0
+    startup = Startup()
+    sock = socket.socket(fileno=options["control_fd"])
+    os.set_inheritable(sock.fileno(), False)
+    if not sys.flags.safe_path and options["path0"] is not None:
+        _ZYGOTE_PATH0 = options["path0"]
+        sys.path.insert(0, _ZYGOTE_PATH0)  # imports resolve as in the workers
+    began = time.monotonic()
+    default = options["preload"] is None
+    modules = [] if default else options["preload"].split(",")
+    try:
+        imported, files = preload(modules, default)
+        refusal = refuse_unsafe_state()
+    except BaseException as e:  # noqa: B036: a failed import of any kind is a refusal
+        refusal = f"cannot preload: {type(e).__name__}: {e}"
+    if refusal:
+        _send(sock, b"failed " + refusal.encode(errors="replace"))
+        os._exit(1)
+    gc.collect()
+    gc.freeze()  # the workers share the preloaded objects' pages (no collection writes to them)
+    ready = {"preloaded": imported, "seconds": round(time.monotonic() - began, 3),
+             "files": files}
+    _send(sock, b"ready " + json.dumps(ready).encode())
+    return sock, startup
+
+
+def main():
+    options = _arguments(sys.argv[1:])
+    sock, startup = start(options)
+    keep_open = _open_descriptors() - {0, 1, 2, sock.fileno()}
+    worker = serve(sock, startup)
+    run_worker(worker, keep_open)
+
+
+if __name__ == "__main__":
+    main()

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@
 #include "process.h"
 #include "run_directory.h"
 #include "telemetry.h"
+#include "warm/scratch.h"
+#include "warm/snapshot_store.h"
+#include "warm/warm_start.h"
 #include "worker_watchdogs.h"
 
 namespace dist::agent {
@@ -61,6 +65,8 @@ class WorkerGroup {
     std::function<void(std::vector<WorkerFailure>)> failed;
     std::function<void()> succeeded;
     std::function<void()> stopped;
+    // A start that waited for the --warm-restart zygote failed (null: reported as failed()).
+    std::function<void(std::string)> start_failed;
   };
 
   // `janitor` may be null (it could not start). Plans each local rank's device and placement
@@ -102,6 +108,10 @@ class WorkerGroup {
   };
   enum class State { kIdle, kRunning, kStopping };
 
+  void start_now(const RoundSpec& spec);
+  void defer_start(const RoundSpec& spec);  // until the zygote is ready (warm/warm_start.h)
+  void set_up_warm();
+  std::vector<pid_t> agent_helpers() const;  // the zygote, the scratch guardian: not leftovers
   SpawnedProcess spawn(Worker& w, const RoundSpec& spec, const SpawnPlan& plan,
                        const std::vector<std::string>& base_env);
   void attach_output(Worker& w, const SpawnedProcess& p);
@@ -138,6 +148,11 @@ class WorkerGroup {
   bool deadline_armed_ = false;
   boost::asio::steady_timer drain_timer_;
   bool draining_ = false;
+  // --warm-restart and snapshots (destroyed in this order's reverse: zygote, snapshots, scratch).
+  std::unique_ptr<warm::Scratch> scratch_;
+  std::unique_ptr<warm::SnapshotStore> snapshots_;
+  std::unique_ptr<warm::WarmStart> warm_;
+  std::optional<RoundSpec> pending_;  // a start waiting for the zygote
 };
 
 }  // namespace dist::agent

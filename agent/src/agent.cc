@@ -485,7 +485,11 @@ class Agent {
           io_, config_, *run_dir_, agent_id_, janitor_, console_, *telemetry_,
           WorkerGroup::Events{
               [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
-              [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
+              [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); },
+              [this](std::string why) {  // a start that waited for the zygote (--warm-restart)
+                spdlog::error("{}", why);
+                stop(StopReason::kStartFailed, SIGKILL);
+              }});
       telemetry_->set_progress_source(
           [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
     } catch (const std::exception& e) {  // devices, placement, ports or files this node cannot give

@@ -26,6 +26,7 @@
 #include "hosts_options.h"
 #include "job_token.h"
 #include "option_scan.h"
+#include "warm_options.h"
 
 namespace dist::launcher {
 namespace {
@@ -790,6 +791,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
 
   HostsFlags hosts;
   add_hosts_options(app, hosts);
+  WarmFlags warm;
+  add_warm_options(app, warm);
 
   std::vector<std::string> expanded;  // the arguments with abbreviated options written out
   try {
@@ -916,6 +919,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       c.worker_argv.insert(c.worker_argv.end(), script_args.begin(), script_args.end());
     }
     c.script_name = fs::path(script).filename().string();
+    c.python_workers = !no_python;
+    apply_warm_options(app, warm, c, err);
 
     // Devices and placement are planned again by the agent; planning here turns what this node
     // cannot give into a usage error before anything starts.

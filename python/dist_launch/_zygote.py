@@ -79,6 +79,26 @@ def _send(sock, message):
     sock.sendmsg([message])
 
 
+def _stat_fields():
+    """/proc/self/stat's fields from the state on (the command name may hold spaces)."""
+    with open("/proc/self/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+def set_command_line(args):
+    """What ps, pgrep -f and /proc/PID/cmdline show: `args`, written over this process's own
+    argument area (the agent gave the zygote's command line room for a worker's), truncated to
+    it. argv[0] is the zygote's own, so glibc's program_invocation_name still reads right."""
+    try:
+        fields = _stat_fields()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    except (OSError, IndexError, ValueError):
+        return
+    size = end - start
+    data = b"\0".join(os.fsencode(a) for a in args)[:max(0, size - 1)]
+    ctypes.memmove(start, data.ljust(size, b"\0"), size)
+
+
 def _thread_count():
     return len(os.listdir("/proc/self/task"))
 
@@ -362,6 +382,7 @@ def prepare(worker, keep_open):
     argv = [os.fsdecode(a) for a in request["argv"]]
     if hasattr(sys, "orig_argv"):
         sys.orig_argv = list(argv)
+    set_command_line(argv)
     importlib.invalidate_caches()
     linecache.clearcache()
     _reseed()
@@ -508,7 +529,9 @@ def _arguments(argv):
     i = 0
     while i < len(argv):
         name = argv[i]
-        if name == "--control-fd":
+        if name == "--room":  # room for the workers' command lines (set_command_line)
+            pass
+        elif name == "--control-fd":
             options["control_fd"] = int(argv[i + 1])
         elif name == "--preload":
             options["preload"] = argv[i + 1]
@@ -550,6 +573,8 @@ def start(options):
 
 def main():
     options = _arguments(sys.argv[1:])
+    title = sys.orig_argv if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
+    set_command_line(title[:title.index("--room")] if "--room" in title else title)
     sock, startup = start(options)
     keep_open = _open_descriptors() - {0, 1, 2, sock.fileno()}
     worker = serve(sock, startup)

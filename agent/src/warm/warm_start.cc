@@ -18,6 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Beyond the workers' command line as configured: ${local_rank} substituted, and a margin.
+constexpr std::size_t kCommandLineSlack = 256;
+
 std::string join(const std::vector<std::string>& items, const char* separator) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : separator) + item;
@@ -71,6 +74,8 @@ WarmStart::WarmStart(boost::asio::io_context& io, const LaunchConfig& config,
   spec_.reset_signals = plan.signals_to_reset;
   spec_.flags = interpreter_flags(argv);
   spec_.path0 = workers_path0(argv);
+  for (const auto& arg : argv) spec_.command_line_room += arg.size() + 1;
+  spec_.command_line_room += kCommandLineSlack;
   spec_.script = scratch.write_file("zygote/_zygote.py", python::kZygote).string();
   if (config.warm.preload) spec_.preload = join(*config.warm.preload, ",");
   spec_.env = merge_environment(base_env, shared);

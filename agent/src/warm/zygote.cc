@@ -87,6 +87,11 @@ Zygote::Zygote(boost::asio::io_context& io, ZygoteSpec spec, Listener listener)
   exec.argv.insert(exec.argv.end(), {spec_.script, "--control-fd", std::to_string(kControlFd),
                                      "--path0", spec_.path0});
   if (spec_.preload) exec.argv.insert(exec.argv.end(), {"--preload", *spec_.preload});
+  // Room in the zygote's argument area for a worker's command line, which each worker writes
+  // there (what ps shows); the zygote shows its own without this.
+  if (spec_.command_line_room > 0) {
+    exec.argv.insert(exec.argv.end(), {"--room", std::string(spec_.command_line_room, '.')});
+  }
   exec.env = spec_.env;
   exec.fds = {
       {null, 0}, {log < 0 ? null : log, 1}, {log < 0 ? null : log, 2}, {fds[1], kControlFd}};

@@ -44,6 +44,7 @@ struct ZygoteSpec {
   std::vector<std::string> env;        // the zygote's environment (what every worker shares)
   std::string log;                     // the zygote's stdout and stderr go to this file
   std::vector<int> reset_signals;      // the agent's handled signals, back to SIG_DFL
+  std::size_t command_line_room = 0;   // bytes a worker's command line may take (ps shows it)
   bool operator==(const ZygoteSpec&) const = default;
 };
 

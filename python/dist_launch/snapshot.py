@@ -141,8 +141,14 @@ def _numpy_array(a: Any, np: Any) -> Optional[_Tensor]:
     if a.dtype.hasobject or a.dtype.fields is not None or a.dtype.subdtype is not None:
         return None  # pickled as numpy pickles it
     data = np.ascontiguousarray(a)
-    return _Tensor("numpy", data.dtype.str, list(data.shape),
-                   memoryview(data.reshape(-1).view(np.uint8)), data)
+    if data.dtype.kind in "biufc?":  # numbers: named as torch and the C++ SDK name them
+        if not data.dtype.isnative:
+            data = data.astype(data.dtype.newbyteorder("="))
+        dtype = data.dtype.name
+    else:
+        dtype = data.dtype.str
+    return _Tensor("numpy", dtype, list(data.shape), memoryview(data.reshape(-1).view(np.uint8)),
+                   data)
 
 
 class _Pickler(pickle.Pickler):

@@ -14,8 +14,8 @@ void add_warm_options(CLI::App& app, WarmFlags& flags) {
                "effect)")
       ->envname("PET_WARM_RESTART");
   app.add_option("--preload", flags.preload,
-                 "Modules the zygote imports, e.g. torch,numpy,transformers (default: torch and "
-                 "numpy, where the workers' Python has them)")
+                 "Modules the zygote imports, e.g. torch,numpy,transformers (default: torch, "
+                 "torch._dynamo and numpy, where the workers' Python has them)")
       ->envname("PET_PRELOAD");
   app.add_option("--snapshot-memory,--snapshot_memory", flags.snapshot_memory,
                  "Keep the workers' dist_launch.snapshot / dist::sdk::save_snapshot snapshots in "

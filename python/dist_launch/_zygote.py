@@ -50,7 +50,9 @@ import struct  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 
-DEFAULT_PRELOAD = ("torch", "numpy")  # when the interpreter has them
+# When the interpreter has them. torch._dynamo: torch 2.x's optimizers import it when the first
+# one is made (over a second: sympy, triton...); it starts no thread and touches no CUDA.
+DEFAULT_PRELOAD = ("torch", "torch._dynamo", "numpy")
 REQUEST_MAGIC = b"DLZ1"
 REQUEST_HEADER = struct.Struct("<4sIIII")  # magic, argc, envc, nfds, agent pid
 MAX_REQUEST_BYTES = 1 << 22
@@ -114,11 +116,11 @@ def _park_thread_pools():
 
 def preload(modules, default):
     """Imports the preload list; returns (imported names, their files for the staleness check)."""
-    names = [m for m in modules if m]
-    if default:
-        names = [m for m in DEFAULT_PRELOAD if importlib.util.find_spec(m) is not None]
+    names = list(DEFAULT_PRELOAD) if default else [m for m in modules if m]
     imported = []
     for name in names:
+        if default and not _installed(name):
+            continue
         importlib.import_module(name)
         imported.append(name)
     files = [os.path.realpath(sys.executable)]
@@ -127,6 +129,13 @@ def preload(modules, default):
         if path:
             files.append(path)
     return imported, files
+
+
+def _installed(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a submodule of a package that is not there
+        return False
 
 
 def refuse_unsafe_state():

@@ -100,7 +100,8 @@ void WarmStart::start_zygote() {
     return turn_off(e.what());
   }
   spdlog::debug("warm restart: zygote pid {} importing {} on {}", zygote_->pid(),
-                spec_.preload.value_or("torch and numpy (where installed)"), spec_.python);
+                spec_.preload.value_or("torch, torch._dynamo and numpy (where installed)"),
+                spec_.python);
   std::weak_ptr<char> alive = alive_;
   ready_timer_.expires_after(kZygoteReadyTimeout);
   ready_timer_.async_wait([this, alive](const boost::system::error_code& ec) {

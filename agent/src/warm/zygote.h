@@ -39,7 +39,7 @@ struct ZygoteSpec {
   std::string executable;              // python resolved on PATH
   std::vector<std::string> flags;      // the interpreter's options before the script, e.g. "-u"
   std::string script;                  // _zygote.py, written by the agent
-  std::optional<std::string> preload;  // "MOD,MOD"; none: torch and numpy where installed
+  std::optional<std::string> preload;  // "MOD,MOD"; none: torch, torch._dynamo, numpy
   std::string path0;                   // the workers' sys.path[0]
   std::vector<std::string> env;        // the zygote's environment (what every worker shares)
   std::string log;                     // the zygote's stdout and stderr go to this file

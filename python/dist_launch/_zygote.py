@@ -58,6 +58,7 @@ REQUEST_HEADER = struct.Struct("<4sIIII")  # magic, argc, envc, nfds, agent pid
 MAX_REQUEST_BYTES = 1 << 22
 MAX_FDS = 64
 PR_SET_PDEATHSIG = 1
+PR_SET_MM, PR_SET_MM_MAP = 35, 14
 
 
 class Startup:
@@ -87,18 +88,36 @@ def _stat_fields():
         return f.read().rsplit(b")", 1)[1].split()
 
 
+class _MmMap(ctypes.Structure):
+    """struct prctl_mm_map (linux/prctl.h)."""
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+        "arg_start", "arg_end", "env_start", "env_end")] + [
+        ("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+
 def set_command_line(args):
     """What ps, pgrep -f and /proc/PID/cmdline show: `args`, written over this process's own
     argument area (the agent gave the zygote's command line room for a worker's), truncated to
-    it. argv[0] is the zygote's own, so glibc's program_invocation_name still reads right."""
+    it. argv[0] is the zygote's own, so glibc's program_invocation_name still reads right. The
+    area's end then moves to the title's (PR_SET_MM_MAP, which needs no privilege when the
+    executable stays), else /proc/PID/cmdline would show the rest of the room as empty
+    arguments."""
     try:
         fields = _stat_fields()
         start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
     except (OSError, IndexError, ValueError):
         return
     size = end - start
-    data = b"\0".join(os.fsencode(a) for a in args)[:max(0, size - 1)]
+    data = b"\0".join(os.fsencode(a) for a in args)[:max(0, size - 1)] + b"\0"
     ctypes.memmove(start, data.ljust(size, b"\0"), size)
+    value = [int(fields[n - 3]) for n in (26, 27, 45, 46, 47)]  # code, data, start_brk
+    mm = _MmMap(*value, 0, int(fields[28 - 3]), start, start + len(data), int(fields[50 - 3]),
+                int(fields[51 - 3]), None, 0, 0xFFFFFFFF)
+    libc = _libc()
+    libc.sbrk.restype = ctypes.c_void_p
+    mm.brk = libc.sbrk(0) or mm.start_brk
+    libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm), ctypes.sizeof(mm), 0)
 
 
 def _thread_count():
@@ -333,13 +352,46 @@ def _fcntl_dup(fd, floor):
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
 
 
-def _install_environment(env):
-    """os.environ (and through it the C environ: getenv, exec) becomes exactly `env`."""
-    wanted = {}
-    for entry in env:
+def _parse_environment(entries):
+    found = {}
+    for entry in entries:
         name, sep, value = entry.partition(b"=")
         if sep and name:
-            wanted[name] = value
+            found[name] = value
+    return found
+
+
+class Wrapper:
+    """What the interpreter's start did to the environment the agent gave the zygote (nothing,
+    unless PYTHON_EXEC is a wrapper, such as pyenv's shim, that sets or unsets variables before
+    it runs the interpreter): done the same to each worker's, where the worker's value is the one
+    the zygote got."""
+
+    def __init__(self, given):
+        self.given = given
+        started = dict(os.environb)
+        self.changed = {k: v for k, v in started.items() if given.get(k) != v}
+        self.removed = [k for k in given if k not in started]
+
+    def apply(self, wanted):
+        for name, value in self.changed.items():
+            if wanted.get(name) == self.given.get(name):
+                wanted[name] = value
+        for name in self.removed:
+            if wanted.get(name) == self.given.get(name):
+                wanted.pop(name, None)
+        return wanted
+
+
+_WRAPPER = None
+
+
+def _install_environment(env):
+    """os.environ (and through it the C environ: getenv, exec) becomes exactly `env` (as the
+    interpreter's start changed the zygote's)."""
+    wanted = _parse_environment(env)
+    if _WRAPPER is not None:
+        wanted = _WRAPPER.apply(wanted)
     for name in list(os.environb):
         if name not in wanted:
             del os.environb[name]
@@ -389,21 +441,31 @@ def prepare(worker, keep_open):
     _install_environment(request["env"])
     _install_signals(worker.startup)
     argv = [os.fsdecode(a) for a in request["argv"]]
+    # What the interpreter itself was given, as for the zygote: its argv[0] and options (a
+    # wrapper such as pyenv's shim may have put in another argv[0], or options of its own), then
+    # the worker's script or -m and arguments.
+    given = _INTERPRETER_ARGS + argv[1 + _first_target(argv[1:]):]
     if hasattr(sys, "orig_argv"):
-        sys.orig_argv = list(argv)
-    set_command_line(argv)
+        sys.orig_argv = given
+    set_command_line(given)
     importlib.invalidate_caches()
     linecache.clearcache()
     _reseed()
     return argv[1:]
 
 
-def _strip_arguments(args):
-    """(module or script, its argv) from the interpreter's arguments after the executable: -u
-    and other flags the zygote shares, then -m MODULE or the script."""
+def _first_target(args):
+    """The index in the interpreter's arguments (after the executable) of -m or the script."""
     i = 0
     while i < len(args) and args[i].startswith("-") and args[i] not in ("-m", "-c", "-"):
         i += 2 if args[i] in ("-X", "-W") else 1
+    return i
+
+
+def _strip_arguments(args):
+    """(module or script, its argv) from the interpreter's arguments after the executable: -u
+    and other flags the zygote shares, then -m MODULE or the script."""
+    i = _first_target(args)
     if i < len(args) and args[i] == "-m":
         return ("module", args[i + 1], args[i + 2:])
     return ("script", args[i], args[i:])
@@ -474,6 +536,7 @@ def run_module(module, argv):
 
 
 _ZYGOTE_PATH0 = None
+_INTERPRETER_ARGS = []  # the zygote's argv[0] and interpreter options, as the interpreter got them
 _sigint_on_exit = False
 
 
@@ -534,7 +597,7 @@ def run_worker(worker, keep_open):
 # ---------------------------------------------------------------------------------------------
 
 def _arguments(argv):
-    options = {"preload": None, "control_fd": None, "path0": None}
+    options = {"preload": None, "control_fd": None, "path0": None, "given_env": None}
     i = 0
     while i < len(argv):
         name = argv[i]
@@ -544,6 +607,8 @@ def _arguments(argv):
             options["control_fd"] = int(argv[i + 1])
         elif name == "--preload":
             options["preload"] = argv[i + 1]
+        elif name == "--given-env":  # the environment the agent started the zygote with
+            options["given_env"] = argv[i + 1]
         elif name == "--path0":
             options["path0"] = argv[i + 1]
         else:
@@ -554,8 +619,11 @@ def _arguments(argv):
 
 def start(options):
     """The zygote's set-up; returns (socket, startup state) once the agent was told it is ready."""
-    global _ZYGOTE_PATH0
+    global _ZYGOTE_PATH0, _WRAPPER
     startup = Startup()
+    if options["given_env"]:
+        with open(options["given_env"], "rb") as f:
+            _WRAPPER = Wrapper(_parse_environment(f.read().split(b"\0")))
     sock = socket.socket(fileno=options["control_fd"])
     os.set_inheritable(sock.fileno(), False)
     if not sys.flags.safe_path and options["path0"] is not None:
@@ -581,8 +649,13 @@ def start(options):
 
 
 def main():
+    global _INTERPRETER_ARGS
     options = _arguments(sys.argv[1:])
     title = sys.orig_argv if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
+    if hasattr(sys, "orig_argv") and sys.argv[0] in sys.orig_argv:
+        _INTERPRETER_ARGS = sys.orig_argv[:sys.orig_argv.index(sys.argv[0])]
+    else:
+        _INTERPRETER_ARGS = [sys.executable, "-u"]
     set_command_line(title[:title.index("--room")] if "--room" in title else title)
     sock, startup = start(options)
     keep_open = _open_descriptors() - {0, 1, 2, sock.fileno()}

@@ -91,6 +91,7 @@ void WarmStart::start_zygote() {
   ++generation_;
   ZygoteSpec spec = spec_;
   spec.log = spec_.log + "/zygote-" + std::to_string(generation_) + ".log";
+  spec.env_file = spec_.log + "/zygote-" + std::to_string(generation_) + ".env";
   started_at_ = std::chrono::steady_clock::now();
   try {
     zygote_ =
@@ -139,9 +140,7 @@ void WarmStart::on_state(Zygote::State state) {
     case Zygote::State::kFailed:
       turn_off(zygote_->failure());
       return settle();
-    case Zygote::State::kExited:
-      ++deaths_;
-      spdlog::warn("warm restart: {}; the next attempt gets a new zygote", zygote_->failure());
+    case Zygote::State::kExited:  // replaced at the next attempt (readiness())
       return settle();
   }
 }
@@ -173,10 +172,11 @@ WarmStart::Readiness WarmStart::readiness() {
         break;
       case Zygote::State::kFailed:
       case Zygote::State::kExited:
-        if (deaths_ >= kMaxZygoteDeaths) {
-          turn_off(std::to_string(deaths_) + " zygotes died");
+        if (++deaths_ >= kMaxZygoteDeaths) {
+          turn_off(zygote_->failure() + " (" + std::to_string(deaths_) + " zygotes died)");
           return Readiness::kOff;
         }
+        spdlog::warn("warm restart: {}: this attempt gets a new zygote", zygote_->failure());
         break;
     }
     zygote_.reset();

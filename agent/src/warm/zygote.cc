@@ -87,6 +87,11 @@ Zygote::Zygote(boost::asio::io_context& io, ZygoteSpec spec, Listener listener)
   exec.argv.insert(exec.argv.end(), {spec_.script, "--control-fd", std::to_string(kControlFd),
                                      "--path0", spec_.path0});
   if (spec_.preload) exec.argv.insert(exec.argv.end(), {"--preload", *spec_.preload});
+  if (!spec_.env_file.empty()) {
+    std::ofstream given(spec_.env_file, std::ios::binary | std::ios::trunc);
+    for (const auto& entry : spec_.env) given.write(entry.c_str(), entry.size() + 1);
+    if (given) exec.argv.insert(exec.argv.end(), {"--given-env", spec_.env_file});
+  }
   // Room in the zygote's argument area for a worker's command line, which each worker writes
   // there (what ps shows); the zygote shows its own without this.
   if (spec_.command_line_room > 0) {

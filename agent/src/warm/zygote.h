@@ -42,9 +42,10 @@ struct ZygoteSpec {
   std::optional<std::string> preload;  // "MOD,MOD"; none: torch, torch._dynamo, numpy
   std::string path0;                   // the workers' sys.path[0]
   std::vector<std::string> env;        // the zygote's environment (what every worker shares)
-  std::string log;                     // the zygote's stdout and stderr go to this file
-  std::vector<int> reset_signals;      // the agent's handled signals, back to SIG_DFL
-  std::size_t command_line_room = 0;   // bytes a worker's command line may take (ps shows it)
+  std::string env_file;  // where it is written for the zygote (a wrapper may change the real one)
+  std::string log;       // the zygote's stdout and stderr go to this file
+  std::vector<int> reset_signals;     // the agent's handled signals, back to SIG_DFL
+  std::size_t command_line_room = 0;  // bytes a worker's command line may take (ps shows it)
   bool operator==(const ZygoteSpec&) const = default;
 };
 

@@ -338,9 +338,11 @@ def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
             os.rename(os.path.join(rank_dir, recycled), temporary)
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            if os.fstat(fd).st_size > size:
+            have = os.fstat(fd).st_size  # a reused file's memory is all there already
+            if have > size:
                 os.ftruncate(fd, size)
-            os.posix_fallocate(fd, 0, size)
+            elif have < size:
+                os.posix_fallocate(fd, have, size - have)
         except OSError as e:
             os.close(fd)
             os.unlink(temporary)
@@ -413,11 +415,19 @@ def steps() -> List[int]:
     return sorted(_steps_by_rank().get(_local_rank(), ()))
 
 
-def _read(path: str) -> Tuple[dict, bytearray]:
+def _buffer(size: int) -> Any:
+    """`size` writable bytes, uninitialised where numpy is already there (no zeroing to pay)."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        return np.empty(size, dtype=np.uint8)
+    return bytearray(size)
+
+
+def _read(path: str) -> Tuple[dict, Any]:
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        data = bytearray(size)
-        view = memoryview(data)
+        data = _buffer(size)
+        view = memoryview(data).cast("B")
         got = 0
         while got < size:
             n = f.readinto(view[got:])
@@ -430,14 +440,14 @@ def _read(path: str) -> Tuple[dict, bytearray]:
     footer, total = _FOOTER.unpack_from(data, size - _FOOTER.size)
     if magic != MAGIC or footer != FOOTER or total != size:
         raise SnapshotError(f"{path}: not a complete dist-launch snapshot")
-    header = json.loads(bytes(data[_PREFIX.size:_PREFIX.size + header_len]))
+    header = json.loads(bytes(memoryview(data)[_PREFIX.size:_PREFIX.size + header_len]))
     if header.get("format") != FORMAT:
         raise SnapshotError(f"{path}: snapshot format {header.get('format')}, this reads "
                             f"{FORMAT}")
     return header, data
 
 
-def _rebuild(entry: dict, data: bytearray) -> Any:
+def _rebuild(entry: dict, data: Any) -> Any:
     shape, offset, nbytes = entry["shape"], entry["offset"], entry["nbytes"]
     # "raw" (the C++ SDK's): numpy arrays, or torch tensors where numpy is missing.
     if entry["kind"] == "torch" or (entry["kind"] == "raw" and not _has("numpy")):
@@ -483,7 +493,8 @@ def _load_file(path: str) -> Tuple[int, Any]:
     skeleton = header["skeleton"]
     if skeleton["kind"] == "pickle":
         start = skeleton["offset"]
-        obj = _Unpickler(io.BytesIO(data[start:start + skeleton["size"]]), tensors).load()
+        skeleton_bytes = bytes(memoryview(data)[start:start + skeleton["size"]])
+        obj = _Unpickler(io.BytesIO(skeleton_bytes), tensors).load()
     else:  # the C++ SDK's: named tensors
         obj = {entry["name"]: t for entry, t in zip(header["tensors"], tensors)}
     return int(header["step"]), obj

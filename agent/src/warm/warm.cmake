@@ -19,3 +19,7 @@ target_sources(dist_agent PRIVATE
   src/warm/zygote.cc
   ${_dist_warm_header})
 target_include_directories(dist_agent PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/warm_generated)
+
+if(DIST_BUILD_TESTS)
+  add_subdirectory(tests/warm)
+endif()

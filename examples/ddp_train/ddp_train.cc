@@ -29,6 +29,7 @@
 #include "dist/sdk/init.h"
 #include "dist/sdk/process_group.h"
 #include "dist/sdk/sampler.h"
+#include "dist/sdk/snapshot.h"
 
 namespace {
 
@@ -52,6 +53,7 @@ struct Options {
   std::string checkpoint_dir;
   int checkpoint_every = 50;  // steps
   long crash_at_step = -1;    // on attempt 0, the last rank exits here
+  bool snapshots = false;     // also dist-launch snapshots (--snapshot-memory) at checkpoints
 };
 
 struct Dataset {
@@ -259,6 +261,13 @@ int train(const Options& o) {
         std::printf("resumed from %s at step %llu\n", ckpt_path.c_str(), (unsigned long long)step);
     }
   }
+  if (o.snapshots) {  // the agent's copy in memory, when it is newer than the disk's
+    if (auto s = sdk::load_snapshot(); s && s->step > step) {
+      model.restore(*s);
+      step = s->step;
+      if (chief) std::printf("resumed from a snapshot at step %llu\n", (unsigned long long)step);
+    }
+  }
   sdk::DistributedDataParallel ddp(*group, model.parameters());
 
   const std::size_t local_batch = static_cast<std::size_t>(o.global_batch / env.world_size);
@@ -310,6 +319,9 @@ int train(const Options& o) {
       samples += static_cast<std::uint64_t>(x.rows()) * static_cast<std::uint64_t>(env.world_size);
       ++batches;
       ++step;
+      if (o.snapshots && step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
+        sdk::save_snapshot(model.checkpoint(step));  // every rank its own, no barrier
+      }
       if (!ckpt_path.empty() && step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
         if (chief) sdk::save_checkpoint(ckpt_path, model.checkpoint(step));
         group->barrier();  // no rank runs ahead of a checkpoint that is not on disk yet
@@ -359,6 +371,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--crash-at-step", o.crash_at_step,
                  "On restart attempt 0, the last rank exits with code 3 at this step");
+  app.add_flag("--snapshots", o.snapshots,
+               "Also keep snapshots in dist-launch's memory (--snapshot-memory) at checkpoint "
+               "steps, and resume from the newest");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,7 +7,8 @@ workers: what a worker forked from the zygote is (compared with a cold one, fiel
 __main__, sys.path, environment, signals, descriptors, process group...), -m, a function
 entrypoint, a venv, exit codes and tracebacks, a worker that forks, SIGKILL of the agent, the
 zygote dying between attempts, a zygote that cannot import, snapshots (a save torn by a crash,
-the memory bound, --snapshot-dir, the stand-in dist_launch module). Needs numpy only.
+the memory bound, --snapshot-dir, the stand-in dist_launch module), and the C++ SDK's snapshots in
+examples/ddp_train (--ddp-train). Needs numpy only.
 torch: a torch DDP job (gloo) restarted warm ends with the weights of an uninterrupted cold run,
 with the error file in the report; the same job resuming from snapshots after a SIGKILL.
 Exits 77 (skip) when the interpreter lacks numpy (workers) or torch of --require-major (torch).
@@ -215,8 +216,7 @@ class WarmWorkers(Temp):
                 return base + int(os.environ["RANK"]), "numpy" in sys.modules
 
             if __name__ == "__main__":
-                config = LaunchConfig(nproc_per_node=2, max_restarts=0,
-                                      extra_args=["--warm-restart", "--preload", "numpy"])
+                config = LaunchConfig(nproc_per_node=2, warm_restart=True, preload=["numpy"])
                 print("RESULT", sorted(launch(config, where, 10).items()), flush=True)
         """)
         env = environment(PATH=os.path.dirname(ARGS.launcher) + os.pathsep + os.environ["PATH"])
@@ -225,6 +225,25 @@ class WarmWorkers(Temp):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("RESULT [(0, (10, True)), (1, (11, True))]", proc.stdout)
         self.assertIn("round 0: 2 of 2 workers forked from the zygote", proc.stderr)
+
+    def test_redirects_and_tee_write_a_warm_workers_logs(self):
+        d = self.temp()
+        script = write(d, "talk.py", """
+            import sys
+            print("to stdout", flush=True)
+            print("to stderr", file=sys.stderr, flush=True)
+        """)
+        logs = os.path.join(d, "logs")
+        proc = launch("--nproc-per-node", "1", "--warm-restart", "--preload", "", "--log-dir", logs,
+                      "--redirects", "1", "--tee", "2", "--rdzv-id", "talk", script)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(forked_rounds(proc), {0: (1, 1)}, proc.stderr)
+        self.assertNotIn("to stdout", proc.stdout)  # redirected: the file only
+        self.assertIn("[default0]:to stderr", proc.stderr)  # tee'd: the file and the console
+        (run,) = os.listdir(logs)
+        worker = os.path.join(logs, run, "attempt_0", "0")
+        self.assertEqual(open(os.path.join(worker, "stdout.log")).read(), "to stdout\n")
+        self.assertEqual(open(os.path.join(worker, "stderr.log")).read(), "to stderr\n")
 
     def test_exit_codes_output_and_tracebacks_are_a_cold_workers(self):
         d = self.temp()
@@ -512,6 +531,29 @@ class Snapshots(Temp):
                           worker_lines(proc.stdout))
 
 
+class CppSnapshots(Temp):
+    """dist::sdk::save_snapshot / load_snapshot in examples/ddp_train (--snapshots)."""
+
+    def test_ddp_train_resumes_from_a_snapshot_with_an_uninterrupted_runs_weights(self):
+        if not ARGS.ddp_train:
+            self.skipTest("no --ddp-train")
+
+        def sha(proc):
+            return set(re.findall(r"rank \d weights sha256 ([0-9a-f]+)", proc.stdout))
+
+        reference = launch("--nproc-per-node", "2", "--no-python", ARGS.ddp_train, "--epochs",
+                           "3")
+        self.assertEqual(reference.returncode, 0, reference.stderr)
+        proc = launch("--nproc-per-node", "2", "--max-restarts", "1", "--snapshot-memory", "64M",
+                      "--no-python", ARGS.ddp_train, "--epochs", "3", "--snapshots",
+                      "--crash-at-step", "120")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("injected crash at step 120", proc.stdout + proc.stderr)
+        self.assertIn("resumed from a snapshot at step 100", proc.stdout)
+        self.assertEqual(len(sha(reference)), 1)
+        self.assertEqual(sha(proc), sha(reference))
+
+
 def kill_rank1_at(argv, step, env, timeout=JOB_TIMEOUT_S):
     """Runs a bench/ttfs_train.py job, SIGKILLs rank 1 of attempt 0 once it completed `step`;
     returns (exit code, output lines)."""
@@ -603,6 +645,7 @@ def main():
     parser.add_argument("--python", default="/usr/bin/python3")
     parser.add_argument("--suite", choices=("workers", "torch"), required=True)
     parser.add_argument("--require-major", type=int, default=None)
+    parser.add_argument("--ddp-train", default=None, help="examples/ddp_train's binary")
     ARGS, rest = parser.parse_known_args()
     ARGS.launcher = os.path.abspath(ARGS.launcher)
     ARGS.python = shutil.which(ARGS.python) or ARGS.python
@@ -610,7 +653,7 @@ def main():
         if not has(ARGS.python, "import numpy"):
             print(f"SKIP: {ARGS.python} has no numpy")
             sys.exit(77)
-        cases = [WarmWorkers, Snapshots]
+        cases = [WarmWorkers, Snapshots, CppSnapshots]
     else:
         probe = subprocess.run([ARGS.python, "-c", "import torch; print(torch.__version__)"],
                                capture_output=True, text=True)

@@ -603,6 +603,15 @@ class WarmTorch(Temp):
         self.assertEqual(sha(warm), sha(reference))
         self.assertIn("injected failure on attempt 0", warm.stdout + warm.stderr)
 
+    def test_torchs_generator_is_seeded_afresh_in_each_warm_worker(self):
+        proc = launch("--nproc-per-node", "2", "--max-restarts", "0", "--warm-restart", PROBE)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(forked_rounds(proc), {0: (2, 2)}, proc.stderr)
+        found = probes(proc)
+        seeds = {found[0]["torch_seed"], found[1]["torch_seed"]}
+        self.assertNotIn(None, seeds, "torch preloaded by default")
+        self.assertEqual(len(seeds), 2, "as torch seeds a fresh interpreter's from the OS")
+
     def test_the_error_file_of_a_warm_worker_reaches_the_report(self):
         proc = launch("--nproc-per-node", "2", "--warm-restart", DDP_EXAMPLE,
                       "--crash-on-attempt", "0")

@@ -10,13 +10,16 @@ library only. The protocol on the control socket (SOCK_SEQPACKET, one message ea
     zygote -> agent   b"ready " + JSON {preloaded, seconds, files}   or  b"failed " + reason
     agent -> zygote   a spawn request (see _parse_request), the worker's descriptors as SCM_RIGHTS
     zygote -> agent   b"pid N"   or  b"error " + reason
+    zygote -> agent   b"standby N" (between requests): a worker forked ahead, see below
 
 A worker is forked twice: the zygote forks an intermediate, which forks the worker, puts it in a
 process group of its own, reports its pid and exits. The agent is a child subreaper, so the worker
 is reparented to the agent and the agent waits for it, sees its exit in SIGCHLD and stops its
 group, as for a worker it forked itself. Only then (the zygote has reaped the intermediate) is the
 worker told to go on: it sets PR_SET_PDEATHSIG (set earlier, it would fire when the intermediate
-exits) and checks that its parent is the agent. Then it becomes what `python -u SCRIPT ARGS` would
+exits) and checks that its parent is the agent. The zygote forks such workers ahead ("standbys",
+as many as the node's workers, whenever no request came for IDLE_SECONDS): the agent's children
+already, they wait for a request, so that the next attempt's spawns are messages, not forks. Then it becomes what `python -u SCRIPT ARGS` would
 have been at its first line: the agent's descriptors on 0/1/2 (and the watchdogs' at their
 numbers), no other inherited descriptor, its working directory, exactly its environment (os.environ
 and the C environ), the signal dispositions and mask of a fresh interpreter, sys.argv,
@@ -57,6 +60,7 @@ REQUEST_MAGIC = b"DLZ1"
 REQUEST_HEADER = struct.Struct("<4sIIII")  # magic, argc, envc, nfds, agent pid
 MAX_REQUEST_BYTES = 1 << 22
 MAX_FDS = 64
+IDLE_SECONDS = 0.05  # no request for this long: standbys are forked
 PR_SET_PDEATHSIG = 1
 PR_SET_MM, PR_SET_MM_MAP = 35, 14
 
@@ -217,7 +221,8 @@ def _read_exactly(fd, n):
 
 
 class Worker:
-    """In a forked worker: what it must become, and the zygote's descriptors it must drop."""
+    """In a forked worker: what it must become, and the zygote's descriptors it must drop.
+    go_fd: None for a standby, already the agent's child when it got its request."""
 
     def __init__(self, request, fds, go_fd, startup, sock):
         self.request = request
@@ -227,11 +232,21 @@ class Worker:
         self.sock = sock
 
 
-def _intermediate(worker_pid, report_fd):
+class Standby:
+    """In the zygote: a worker forked ahead of its request (the agent's child already), waiting
+    on `sock` for it."""
+
+    def __init__(self, pid, sock):
+        self.pid = pid
+        self.sock = sock
+
+
+def _intermediate(worker_pid, report_fd, own_group):
     """In the intermediate: the worker's process group, its pid to the zygote, and exit."""
     try:
         try:
-            os.setpgid(worker_pid, worker_pid)
+            if own_group:
+                os.setpgid(worker_pid, worker_pid)
         except OSError:  # the worker did it first, or already died: its exit tells the agent
             pass
         os.write(report_fd, struct.pack("<i", worker_pid))
@@ -239,9 +254,10 @@ def _intermediate(worker_pid, report_fd):
         os._exit(0)
 
 
-def spawn(request, fds, startup, sock):
-    """In the zygote: forks the worker (returns its pid) through an intermediate. In the worker,
-    returns a Worker instead: the zygote's loop unwinds and the worker runs from main()."""
+def _fork_reparented(in_worker, own_group):
+    """In the zygote: forks a process through an intermediate that exits, so that the agent (a
+    child subreaper) becomes its parent; returns its pid once it is the agent's child. In that
+    process, returns in_worker(go_fd): the zygote's loop unwinds there."""
     go_r, go_w = os.pipe()
     report_r, report_w = os.pipe()
     for stream in (sys.stdout, sys.stderr):
@@ -256,13 +272,12 @@ def spawn(request, fds, startup, sock):
             os.close(go_w)
             os.close(report_r)
             os.close(report_w)
-            os.setpgid(0, 0)
-            return Worker(request, fds, go_r, startup, sock)
-        _intermediate(pid, report_w)
+            if own_group:
+                os.setpgid(0, 0)
+            return in_worker(go_r)
+        _intermediate(pid, report_w, own_group)
     os.close(go_r)
     os.close(report_w)
-    for fd in fds:
-        os.close(fd)
     try:
         data = _read_exactly(report_r, 4)
         os.close(report_r)
@@ -275,9 +290,84 @@ def spawn(request, fds, startup, sock):
         os.close(go_w)
 
 
-def serve(sock, startup):
-    """The zygote's loop: one worker per request; returns only in a worker."""
+def spawn(request, fds, startup, sock):
+    """In the zygote: forks the worker (returns its pid). In the worker, returns a Worker: the
+    zygote's loop unwinds and the worker runs from main()."""
+    return _fork_reparented(lambda go: Worker(request, fds, go, startup, sock), own_group=True)
+
+
+def fork_standby(startup, sock, standbys):
+    """In the zygote: forks a standby worker, which waits, the agent's child already, for a
+    request; returns a Standby. In the standby, once it got its request, returns its Worker."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def in_standby(go_fd):
+        ours.close()
+        for other in standbys:  # theirs to the zygote only: their EOF tells them it is gone
+            other.sock.close()
+        return _stand_by(theirs, go_fd, startup, sock)
+
+    result = _fork_reparented(in_standby, own_group=False)
+    if isinstance(result, Worker):
+        return result
+    theirs.close()
+    return Standby(result, ours)
+
+
+def _stand_by(activation, go_fd, startup, sock):
+    """In a standby: the agent's child (it dies with the agent), it waits for its request and
+    descriptors, takes a process group of its own, and acknowledges; the zygote then tells the
+    agent its pid. EOF: the zygote is gone (or retires it), and it exits."""
+    _become_the_agents(_AGENT_PID, go_fd)
+    set_command_line([_INTERPRETER_ARGS[0], "(dist-launch standby worker)"])
+    try:
+        received = _receive(activation)
+        if received is None:
+            os._exit(0)
+        request = _parse_request(received[0])
+        os.setpgid(0, 0)
+        activation.sendmsg([b"ok"])
+    except BaseException:  # noqa: B036: the zygote forks another way
+        os._exit(1)
+    activation.detach()  # among the descriptors every worker closes
+    return Worker(request, received[1], None, startup, sock)
+
+
+def activate(standbys, data, fds):
+    """In the zygote: hands the request to a standby; its pid, or None when none took it."""
+    while standbys:
+        standby = standbys.pop(0)
+        try:
+            standby.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                           struct.pack(f"<{len(fds)}i", *fds))])
+            ack = standby.sock.recv(16)
+        except OSError:
+            ack = b""
+        standby.sock.close()
+        if ack == b"ok":
+            return standby.pid
+    return None
+
+
+def _readable(sock, seconds):
+    import select
+    return bool(select.select([sock], [], [], seconds)[0])
+
+
+def serve(sock, startup, standby_count):
+    """The zygote's loop: one worker per request, a standby's when one waits; between requests
+    (none for IDLE_SECONDS), standbys forked up to standby_count. Returns only in a worker."""
+    standbys = []
     while True:
+        while len(standbys) < standby_count and not _readable(sock, IDLE_SECONDS):
+            try:
+                result = fork_standby(startup, sock, standbys)
+            except OSError:
+                break
+            if isinstance(result, Worker):
+                return result
+            standbys.append(result)
+            _send(sock, b"standby %d" % result.pid)
         try:
             received = _receive(sock)
         except (OSError, ValueError) as e:
@@ -286,31 +376,34 @@ def serve(sock, startup):
         if received is None:
             os._exit(0)
         data, fds = received
+        result = None
         try:
             request = _parse_request(data)
             if len(fds) != len(request["targets"]):
                 raise ValueError(f"{len(fds)} descriptors for {len(request['targets'])} targets")
-            result = spawn(request, fds, startup, sock)
+            result = activate(standbys, data, fds) or spawn(request, fds, startup, sock)
         except (OSError, ValueError, struct.error) as e:
-            _send(sock, b"error " + str(e).encode(errors="replace"))
-            continue
+            error = str(e)
         if isinstance(result, Worker):
             return result
-        _send(sock, b"pid %d" % result)
+        for fd in fds:  # the worker has its copies (the agent's pipes close with the worker)
+            os.close(fd)
+        _send(sock, b"pid %d" % result if result is not None else
+              b"error " + error.encode(errors="replace"))
 
 
 # ---------------------------------------------------------------------------------------------
 # In the worker.
 
-def _become_the_agents(worker):
+def _become_the_agents(agent_pid, go_fd):
     """Waits until the zygote has reaped the intermediate (this process is the agent's child),
     then dies with the agent, as a worker the agent forked does."""
-    go = os.read(worker.go_fd, 1)
-    os.close(worker.go_fd)
+    go = os.read(go_fd, 1)
+    os.close(go_fd)
     if go != b"g":  # the zygote died first: the agent starts this worker some other way
         os.kill(os.getpid(), signal.SIGKILL)
     _libc().prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != worker.request["agent_pid"]:  # the agent died meanwhile
+    if os.getppid() != agent_pid:  # the agent died meanwhile
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -434,7 +527,8 @@ def _script_path0(script):
 
 def prepare(worker, keep_open):
     """Everything that makes this process the worker `python -u ARGV` would have started."""
-    _become_the_agents(worker)
+    if worker.go_fd is not None:  # (a standby became the agent's before its request)
+        _become_the_agents(worker.request["agent_pid"], worker.go_fd)
     _install_descriptors(worker, keep_open)
     request = worker.request
     os.chdir(request["cwd"])
@@ -499,8 +593,13 @@ def run_script(script, argv):
         return
     _set_path0(_script_path0(script))
     filename = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
-    with open(script, "rb") as f:
-        source = f.read()
+    try:
+        with open(script, "rb") as f:
+            source = f.read()
+    except OSError as e:  # as pymain_run_file says it
+        sys.stderr.write(f"{_INTERPRETER_ARGS[0]}: can't open file {filename!r}: "
+                         f"[Errno {e.errno}] {e.strerror}\n")
+        raise SystemExit(2) from None
     from importlib.machinery import SourceFileLoader, SourcelessFileLoader
     if source[:4] == importlib.util.MAGIC_NUMBER:
         import marshal
@@ -537,6 +636,7 @@ def run_module(module, argv):
 
 _ZYGOTE_PATH0 = None
 _INTERPRETER_ARGS = []  # the zygote's argv[0] and interpreter options, as the interpreter got them
+_AGENT_PID = 0
 _sigint_on_exit = False
 
 
@@ -597,7 +697,8 @@ def run_worker(worker, keep_open):
 # ---------------------------------------------------------------------------------------------
 
 def _arguments(argv):
-    options = {"preload": None, "control_fd": None, "path0": None, "given_env": None}
+    options = {"preload": None, "control_fd": None, "path0": None, "given_env": None,
+               "standbys": 0}
     i = 0
     while i < len(argv):
         name = argv[i]
@@ -607,6 +708,8 @@ def _arguments(argv):
             options["control_fd"] = int(argv[i + 1])
         elif name == "--preload":
             options["preload"] = argv[i + 1]
+        elif name == "--standbys":  # workers forked ahead of their requests
+            options["standbys"] = int(argv[i + 1])
         elif name == "--given-env":  # the environment the agent started the zygote with
             options["given_env"] = argv[i + 1]
         elif name == "--path0":
@@ -649,7 +752,8 @@ def start(options):
 
 
 def main():
-    global _INTERPRETER_ARGS
+    global _INTERPRETER_ARGS, _AGENT_PID
+    _AGENT_PID = os.getppid()
     options = _arguments(sys.argv[1:])
     title = sys.orig_argv if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
     if hasattr(sys, "orig_argv") and sys.argv[0] in sys.orig_argv:
@@ -659,7 +763,7 @@ def main():
     set_command_line(title[:title.index("--room")] if "--room" in title else title)
     sock, startup = start(options)
     keep_open = _open_descriptors() - {0, 1, 2, sock.fileno()}
-    worker = serve(sock, startup)
+    worker = serve(sock, startup, options["standbys"])
     run_worker(worker, keep_open)
 
 

@@ -75,6 +75,7 @@ WarmStart::WarmStart(boost::asio::io_context& io, const LaunchConfig& config,
   spec_.flags = interpreter_flags(argv);
   spec_.path0 = workers_path0(argv);
   for (const auto& arg : argv) spec_.command_line_room += arg.size() + 1;
+  spec_.standbys = config.nproc_per_node;
   spec_.command_line_room += kCommandLineSlack;
   spec_.script = scratch.write_file("zygote/_zygote.py", python::kZygote).string();
   if (config.warm.preload) spec_.preload = join(*config.warm.preload, ",");
@@ -199,8 +200,20 @@ pid_t WarmStart::zygote_pid() const {
   return state == Zygote::State::kStarting || state == Zygote::State::kReady ? zygote_->pid() : -1;
 }
 
+std::vector<pid_t> WarmStart::helpers() const {
+  if (!zygote_) return {};
+  std::vector<pid_t> pids = zygote_->standbys();
+  const auto state = zygote_->state();
+  if (state == Zygote::State::kStarting || state == Zygote::State::kReady) {
+    pids.push_back(zygote_->pid());
+  }
+  return pids;
+}
+
 bool WarmStart::reaped(pid_t pid, int status) {
-  if (!zygote_ || zygote_->pid() != pid) return false;
+  if (!zygote_) return false;
+  if (zygote_->forget_standby(pid)) return true;  // its zygote is gone, or retired it
+  if (zygote_->pid() != pid) return false;
   zygote_->reaped(status);
   return true;
 }

@@ -64,9 +64,12 @@ class WarmStart {
                                       const std::vector<std::string>& env,
                                       const std::vector<int>& inherited, int rank);
 
-  // The zygote's pid (the worker group's stop must spare it), -1 when none runs.
+  // The zygote and its standby workers (the worker group's stop must spare them).
+  std::vector<pid_t> helpers() const;
+  // The zygote's pid alone, -1 when none runs.
   pid_t zygote_pid() const;
-  // The worker group's reaping loop reaped `pid`: true when it was the zygote (consumed here).
+  // The worker group's reaping loop reaped `pid`: true when it was the zygote or a standby
+  // (consumed here).
   bool reaped(pid_t pid, int status);
 
  private:

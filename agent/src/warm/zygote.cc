@@ -94,6 +94,9 @@ Zygote::Zygote(boost::asio::io_context& io, ZygoteSpec spec, Listener listener)
   }
   // Room in the zygote's argument area for a worker's command line, which each worker writes
   // there (what ps shows); the zygote shows its own without this.
+  if (spec_.standbys > 0) {
+    exec.argv.insert(exec.argv.end(), {"--standbys", std::to_string(spec_.standbys)});
+  }
   if (spec_.command_line_room > 0) {
     exec.argv.insert(exec.argv.end(), {"--room", std::string(spec_.command_line_room, '.')});
   }
@@ -133,6 +136,10 @@ Zygote::~Zygote() {
     ::kill(pid_, SIGKILL);  // our unreaped child: the pid cannot have been reused
     reap_cloned(pid_);
   }
+  for (const pid_t standby : standbys_) {  // our children too, not reaped yet
+    ::kill(standby, SIGKILL);
+    reap_cloned(standby);
+  }
 }
 
 void Zygote::await_message() {
@@ -153,12 +160,27 @@ void Zygote::await_exit() {
                           });
 }
 
+// "standby <pid>": a worker forked ahead, the agent's child, to spare until it gets a request.
+bool Zygote::take_notice(const std::string& message) {
+  if (!message.starts_with("standby ")) return false;
+  standbys_.push_back(static_cast<pid_t>(std::stol(message.substr(8))));
+  return true;
+}
+
+bool Zygote::forget_standby(pid_t pid) {
+  const auto it = std::find(standbys_.begin(), standbys_.end(), pid);
+  if (it == standbys_.end()) return false;
+  standbys_.erase(it);
+  return true;
+}
+
 void Zygote::on_message() {
   std::string buffer(kMaxReply, '\0');
   const ssize_t n = ::recv(control_, buffer.data(), buffer.size(), MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return await_message();
   if (n <= 0) return;  // EOF: it is exiting (the pidfd, or the reaping loop, tells when it did)
   buffer.resize(static_cast<std::size_t>(n));
+  if (state_ == State::kReady && take_notice(buffer)) return await_message();
   if (state_ != State::kStarting) return;  // a late word from a zygote already given up on
   if (buffer.rfind("failed ", 0) == 0) return fail(buffer.substr(7));
   if (buffer.rfind("ready ", 0) != 0) return fail("unexpected message: " + buffer.substr(0, 80));
@@ -173,6 +195,7 @@ void Zygote::on_message() {
     return fail(std::string("unreadable readiness message: ") + e.what());
   }
   notify(State::kReady);
+  await_message();  // its standbys' notices
 }
 
 void Zygote::on_exit() {
@@ -289,22 +312,27 @@ pid_t Zygote::spawn(const WorkerRequest& request, std::chrono::milliseconds time
     fail(std::string("cannot reach the zygote: ") + std::strerror(error));
     throw ZygoteError(failure_);
   }
-  if (!wait_for(control_, POLLIN, deadline)) {
-    fail("the zygote did not fork a worker within " + std::to_string(timeout.count()) + " ms");
-    throw ZygoteError(failure_);
-  }
-  std::string reply(kMaxReply, '\0');
-  const ssize_t n = ::recv(control_, reply.data(), reply.size(), MSG_DONTWAIT);
-  if (n <= 0) {  // its exit is reported by on_exit()
-    throw ZygoteError("the zygote (pid " + std::to_string(pid_) + ") is gone");
-  }
-  reply.resize(static_cast<std::size_t>(n));
+  std::string reply;
+  do {  // a standby's notice may come first
+    if (!wait_for(control_, POLLIN, deadline)) {
+      fail("the zygote did not fork a worker within " + std::to_string(timeout.count()) + " ms");
+      throw ZygoteError(failure_);
+    }
+    reply.assign(kMaxReply, '\0');
+    const ssize_t n = ::recv(control_, reply.data(), reply.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) {  // its exit is reported by on_exit()
+      throw ZygoteError("the zygote (pid " + std::to_string(pid_) + ") is gone");
+    }
+    reply.resize(static_cast<std::size_t>(n));
+  } while (take_notice(reply));
   if (reply.rfind("error ", 0) == 0) throw ZygoteError(reply.substr(6));
   if (reply.rfind("pid ", 0) != 0) {
     fail("unexpected reply: " + reply.substr(0, 80));
     throw ZygoteError(failure_);
   }
   const pid_t pid = static_cast<pid_t>(std::stol(reply.substr(4)));
+  forget_standby(pid);  // a worker now
   // The worker must be this process's child now (reparented): its exit comes to the agent.
   siginfo_t info{};
   // (One that is not kills itself: it checks its parent is the agent.)

@@ -8,9 +8,11 @@
 // SOCK_SEQPACKET socket. Starting it returns at once; its readiness (or its refusal: an import that
 // failed, threads or CUDA started by the imports) and its exit (its pidfd, or the worker group's
 // reaping loop: reaped()) arrive on the io_context and are passed to the listener. spawn() is
-// synchronous and short (two forks of the zygote): the worker's descriptors go over as SCM_RIGHTS,
-// and the reply is the worker's pid, a process that is the agent's child by then (reparented to the
-// agent, a child subreaper), in a process group of its own, that dies with the agent.
+// synchronous and short: the worker's descriptors go over as SCM_RIGHTS, and the reply is the
+// worker's pid, a process that is the agent's child by then (reparented to the agent, a child
+// subreaper), in a process group of its own, that dies with the agent. Between requests the
+// zygote forks standbys: workers forked ahead, the agent's children already, waiting for a
+// request (a spawn is then a message, not two forks); it announces each ("standby <pid>").
 #pragma once
 
 #include <sys/types.h>
@@ -46,6 +48,7 @@ struct ZygoteSpec {
   std::string log;       // the zygote's stdout and stderr go to this file
   std::vector<int> reset_signals;     // the agent's handled signals, back to SIG_DFL
   std::size_t command_line_room = 0;  // bytes a worker's command line may take (ps shows it)
+  int standbys = 0;  // workers forked ahead of their requests (a spawn is then a message)
   bool operator==(const ZygoteSpec&) const = default;
 };
 
@@ -83,6 +86,10 @@ class Zygote {
 
   // The worker group's reaping loop (waitpid(-1)) reaped it: its exit status.
   void reaped(int status);
+  // Workers it forked ahead of their requests, already this process's children, waiting; they
+  // exit when the zygote does. True (and forgotten) when `pid` was one of them.
+  const std::vector<pid_t>& standbys() const { return standbys_; }
+  bool forget_standby(pid_t pid);
 
   // Forks a worker; returns its pid. Throws ZygoteError (the zygote is not ready, refused the
   // request, or did not answer within `timeout`: it is then killed and fails).
@@ -99,6 +106,7 @@ class Zygote {
   };
   static std::optional<FileIdentity> identify(const std::string& path);
 
+  bool take_notice(const std::string& message);
   void await_message();
   void await_exit();
   void on_message();
@@ -121,6 +129,7 @@ class Zygote {
   std::vector<std::string> preloaded_;
   double preload_seconds_ = 0;
   std::vector<FileIdentity> files_;  // the interpreter's and the preloaded modules'
+  std::vector<pid_t> standbys_;
   std::shared_ptr<char> alive_ = std::make_shared<char>();
 };
 

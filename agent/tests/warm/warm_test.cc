@@ -138,6 +138,42 @@ TEST_F(ZygoteTest, ForksWorkersThatAreThisProcesssChildrenAndRunTheirScript) {
   ::close(out2);
 }
 
+TEST_F(ZygoteTest, ForksStandbysAheadThatTakeTheNextRequestsAndGoWithIt) {
+  spec_.standbys = 2;
+  Zygote z(io_, spec_, nullptr);
+  ASSERT_EQ(wait_for(z), Zygote::State::kReady) << z.failure();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;  // forked once it is idle
+  while (z.standbys().size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    io_.run_for(20ms);
+    io_.restart();
+  }
+  ASSERT_EQ(z.standbys().size(), 2u);
+  const std::vector<pid_t> standbys = z.standbys();
+  for (const pid_t s : standbys) {
+    siginfo_t info{};
+    EXPECT_EQ(::waitid(P_PID, static_cast<id_t>(s), &info, WEXITED | WNOHANG | WNOWAIT), 0)
+        << "standby " << s << " is this process's child already";
+  }
+  const auto path = script("job.py",
+                           "import os, sys\n"
+                           "print(sys.argv[1:], os.getpgid(0) == os.getpid(), flush=True)\n"
+                           "sys.exit(4)\n");
+  const auto [pid, out] = spawn(z, {"python3", "-u", path.string(), "x"});
+  EXPECT_NE(std::find(standbys.begin(), standbys.end(), pid), standbys.end())
+      << "the request went to a standby";
+  EXPECT_EQ(z.standbys().size(), 1u);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_EQ(WEXITSTATUS(status), 4);
+  EXPECT_EQ(read_all(out), "['x'] True\n");
+  // The zygote gone, its standby leaves too (and is this process's to reap).
+  const pid_t left = z.standbys().front();
+  ASSERT_EQ(::kill(z.pid(), SIGKILL), 0);
+  ASSERT_EQ(::waitpid(left, &status, 0), left);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_TRUE(z.forget_standby(left));
+}
+
 TEST_F(ZygoteTest, RefusesWhenAPreloadFailsAndSaysWhy) {
   spec_.preload = "no_such_module_anywhere";
   Zygote z(io_, spec_, nullptr);

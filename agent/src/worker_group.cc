@@ -105,7 +105,9 @@ void WorkerGroup::set_up_warm() {
 std::vector<pid_t> WorkerGroup::agent_helpers() const {
   std::vector<pid_t> pids;
   if (scratch_ && scratch_->guardian() > 0) pids.push_back(scratch_->guardian());
-  if (warm_ && warm_->zygote_pid() > 0) pids.push_back(warm_->zygote_pid());
+  if (warm_) {
+    for (const pid_t pid : warm_->helpers()) pids.push_back(pid);
+  }
   return pids;
 }
 
@@ -330,7 +332,7 @@ void WorkerGroup::reap() {
   int status = 0;
   pid_t pid;
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-    if (warm_ && warm_->reaped(pid, status)) continue;  // the --warm-restart zygote
+    if (warm_ && warm_->reaped(pid, status)) continue;  // the zygote, a standby
     for (auto& w : workers_) {
       if (w.pid != pid || w.exited) continue;
       w.exited = true;

@@ -111,7 +111,7 @@ class WorkerGroup {
   void start_now(const RoundSpec& spec);
   void defer_start(const RoundSpec& spec);  // until the zygote is ready (warm/warm_start.h)
   void set_up_warm();
-  std::vector<pid_t> agent_helpers() const;  // the zygote, the scratch guardian: not leftovers
+  std::vector<pid_t> agent_helpers() const;  // zygote, standbys, scratch guardian: not leftovers
   SpawnedProcess spawn(Worker& w, const RoundSpec& spec, const SpawnPlan& plan,
                        const std::vector<std::string>& base_env);
   void attach_output(Worker& w, const SpawnedProcess& p);

@@ -254,6 +254,7 @@ class WarmWorkers(Temp):
             "os_exit": "import os\nos._exit(7)\n",
             "segv": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n",
             "interrupted": "raise KeyboardInterrupt\n",
+            "syntax_error": "print('fine')\ndef broken(:\n",
             "unwinds": textwrap.dedent("""
                 import atexit, threading, time
                 atexit.register(lambda: print('atexit ran', flush=True))

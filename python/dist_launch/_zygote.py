@@ -92,6 +92,9 @@ def _stat_fields():
         return f.read().rsplit(b")", 1)[1].split()
 
 
+_ARG_AREA = None  # (start, end) of the argument area exec gave the zygote
+
+
 class _MmMap(ctypes.Structure):
     """struct prctl_mm_map (linux/prctl.h)."""
     _fields_ = [(name, ctypes.c_uint64) for name in (
@@ -107,11 +110,14 @@ def set_command_line(args):
     area's end then moves to the title's (PR_SET_MM_MAP, which needs no privilege when the
     executable stays), else /proc/PID/cmdline would show the rest of the room as empty
     arguments."""
+    global _ARG_AREA
     try:
         fields = _stat_fields()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+        if _ARG_AREA is None:  # the area as exec made it: later titles may take all of it again
+            _ARG_AREA = (int(fields[45]), int(fields[46]))  # arg_start, arg_end (48 and 49)
     except (OSError, IndexError, ValueError):
         return
+    start, end = _ARG_AREA
     size = end - start
     data = b"\0".join(os.fsencode(a) for a in args)[:max(0, size - 1)] + b"\0"
     ctypes.memmove(start, data.ljust(size, b"\0"), size)

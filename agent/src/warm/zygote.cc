@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -163,7 +164,8 @@ void Zygote::await_exit() {
 // "standby <pid>": a worker forked ahead, the agent's child, to spare until it gets a request.
 bool Zygote::take_notice(const std::string& message) {
   if (!message.starts_with("standby ")) return false;
-  standbys_.push_back(static_cast<pid_t>(std::stol(message.substr(8))));
+  const long pid = std::strtol(message.c_str() + 8, nullptr, 10);
+  if (pid > 0) standbys_.push_back(static_cast<pid_t>(pid));
   return true;
 }
 
@@ -331,7 +333,11 @@ pid_t Zygote::spawn(const WorkerRequest& request, std::chrono::milliseconds time
     fail("unexpected reply: " + reply.substr(0, 80));
     throw ZygoteError(failure_);
   }
-  const pid_t pid = static_cast<pid_t>(std::stol(reply.substr(4)));
+  const pid_t pid = static_cast<pid_t>(std::strtol(reply.c_str() + 4, nullptr, 10));
+  if (pid <= 0) {
+    fail("unexpected reply: " + reply.substr(0, 80));
+    throw ZygoteError(failure_);
+  }
   forget_standby(pid);  // a worker now
   // The worker must be this process's child now (reparented): its exit comes to the agent.
   siginfo_t info{};

@@ -56,8 +56,15 @@ std::string step_name(std::uint64_t step) {
 std::optional<std::uint64_t> step_of(const std::string& name) {
   if (!name.starts_with("step_") || !name.ends_with(".snap") || name.size() <= 10) return {};
   const std::string digits = name.substr(5, name.size() - 10);
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return {};
-  return std::stoull(digits);
+  if (digits.empty() || digits.size() > 20 ||
+      !std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+    return {};
+  }
+  try {
+    return std::stoull(digits);
+  } catch (const std::out_of_range&) {
+    return {};
+  }
 }
 
 fs::path rank_dir(const fs::path& root, int rank) {
@@ -289,19 +296,24 @@ std::optional<Checkpoint> read_snapshot(const fs::path& path) {
   const auto header = nlohmann::json::parse(data.substr(kPrefixBytes, header_len), nullptr, false);
   if (header.is_discarded() || header.value("format", 0) != kFormat) return std::nullopt;
   Checkpoint c;
-  c.step = header.at("step").get<std::uint64_t>();
-  for (const auto& t : header.at("tensors")) {
-    const std::string name = t.at("name").get<std::string>();
-    if (t.at("dtype").get<std::string>() != "float32") {
-      throw SnapshotError(path.string() + ": tensor '" + name + "' is " +
-                          t.at("dtype").get<std::string>() + ": the C++ SDK reads float32 tensors");
+  try {
+    c.step = header.at("step").get<std::uint64_t>();
+    for (const auto& t : header.at("tensors")) {
+      const std::string name = t.at("name").get<std::string>();
+      if (t.at("dtype").get<std::string>() != "float32") {
+        throw SnapshotError(path.string() + ": tensor '" + name + "' is " +
+                            t.at("dtype").get<std::string>() +
+                            ": the C++ SDK reads float32 tensors");
+      }
+      const auto offset = t.at("offset").get<std::uint64_t>();
+      const auto nbytes = t.at("nbytes").get<std::uint64_t>();
+      if (offset > data.size() || nbytes > data.size() - offset) return std::nullopt;
+      std::vector<float> values(nbytes / sizeof(float));
+      std::memcpy(values.data(), data.data() + offset, values.size() * sizeof(float));
+      c.tensors[name] = std::move(values);
     }
-    const auto offset = t.at("offset").get<std::uint64_t>();
-    const auto nbytes = t.at("nbytes").get<std::uint64_t>();
-    if (offset + nbytes > data.size()) return std::nullopt;
-    std::vector<float> values(nbytes / sizeof(float));
-    std::memcpy(values.data(), data.data() + offset, values.size() * sizeof(float));
-    c.tensors[name] = std::move(values);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // a damaged header: the next one
   }
   return c;
 }

@@ -135,8 +135,9 @@ class WarmWorkers(Temp):
 
     def run_probe(self, *target, warm, cwd=None, env=None):
         flags = ["--warm-restart", "--preload", "numpy"] if warm else []
+        # A long argument: the zygote's own command line is shorter than the workers'.
         proc = launch("--nproc-per-node", "2", *flags, *target, "an arg", "--x=${local_rank}",
-                      cwd=cwd, env=env)
+                      "y" * 300, cwd=cwd, env=env)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         if warm:
             self.assertEqual(forked_rounds(proc), {0: (2, 2)}, proc.stderr)
@@ -150,15 +151,15 @@ class WarmWorkers(Temp):
         cold = self.run_probe(PROBE, warm=False)
         warm = self.run_probe(PROBE, warm=True)
         self.compare(cold, warm)
-        self.assertEqual(warm[0]["argv"], [PROBE, "an arg", "--x=0"])
-        self.assertEqual(warm[1]["argv"], [PROBE, "an arg", "--x=1"])
+        self.assertEqual(warm[0]["argv"], [PROBE, "an arg", "--x=0", "y" * 300])
+        self.assertEqual(warm[1]["argv"], [PROBE, "an arg", "--x=1", "y" * 300])
         self.assertEqual(warm[0]["path"][0], HERE)
         self.assertEqual(warm[0]["fds"], [0, 1, 2], "no descriptor but the agent's")
         self.assertEqual(warm[0]["stdin"], "/dev/null")
         self.assertTrue(warm[0]["pgid_is_pid"])
         self.assertEqual(warm[0]["parent"], "dist-launch")
         self.assertEqual(warm[0]["pdeathsig"], signal.SIGKILL)
-        self.assertEqual(warm[0]["cmdline"][1:], ["-u", PROBE, "an arg", "--x=0"])
+        self.assertEqual(warm[0]["cmdline"][1:], ["-u", PROBE, "an arg", "--x=0", "y" * 300])
         self.assertEqual(warm[0]["threads"], 1)
         # Fresh per worker, as in a fresh interpreter.
         self.assertNotEqual(warm[0]["random"], warm[1]["random"])
@@ -168,7 +169,7 @@ class WarmWorkers(Temp):
         cold = self.run_probe("-m", "probe", warm=False, cwd=HERE)
         warm = self.run_probe("-m", "probe", warm=True, cwd=HERE)
         self.compare(cold, warm)
-        self.assertEqual(warm[0]["argv"], [PROBE, "an arg", "--x=0"])
+        self.assertEqual(warm[0]["argv"], [PROBE, "an arg", "--x=0", "y" * 300])
         self.assertEqual(warm[0]["spec"], "probe")
         self.assertEqual(warm[0]["path"][0], HERE)
 
@@ -376,7 +377,7 @@ class WarmWorkers(Temp):
 
     def test_the_zygote_dying_between_attempts_is_replaced(self):
         d = self.temp()
-        script = write(d, "kill_zygote.py", """
+        script = write(d, "the_job.py", """
             import os, signal, time
             attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
             started = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank1_started")
@@ -393,7 +394,8 @@ class WarmWorkers(Temp):
                         environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
                     except OSError:
                         continue
-                    if b"_zygote.py" in cmdline and b"DIST_LAUNCH_AGENT_ID=" + me in environ:
+                    named = any(os.path.basename(a) == b"_zygote.py" for a in cmdline.split(b"\\0"))
+                    if named and b"DIST_LAUNCH_AGENT_ID=" + me in environ:
                         os.kill(int(pid), signal.SIGKILL)
                         print("killed the zygote", pid, flush=True)
                 raise SystemExit(3)

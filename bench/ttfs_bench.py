@@ -102,10 +102,7 @@ def run_job(argv, env, timeout, kill_step):
                 break
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
-            for raw in lines:
-                m = LINE.search(raw.decode(errors="replace"))
-                if not m:
-                    continue
+            for m in (m for raw in lines for m in LINE.finditer(raw.decode(errors="replace"))):
                 rank = int(m.group(1))
                 if m.group(4):
                     pids[rank], attempt_of[rank] = int(m.group(4)), int(m.group(5))
@@ -115,7 +112,7 @@ def run_job(argv, env, timeout, kill_step):
                     attempt = attempt_of.get(rank, 0)
                     first.setdefault((rank, attempt), float(m.group(3)))
                     if (kill_step is not None and killed_at is None and rank == 1 and
-                            attempt == 0 and int(m.group(2)) >= kill_step):
+                            attempt == 0 and int(m.group(2)) >= kill_step and 1 in pids):
                         killed_at = time.time()
                         try:
                             os.kill(pids[1], signal.SIGKILL)

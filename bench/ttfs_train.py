@@ -23,6 +23,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+def say(line):
+    """One line in one write: ranks that share a pipe (torchrun's workers) do not mix theirs."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def build(hidden):
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(),
@@ -80,12 +86,12 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    print(f"rank {rank} pid {os.getpid()} attempt {attempt}", flush=True)
+    say(f"rank {rank} pid {os.getpid()} attempt {attempt}")
     module = build(args.hidden)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
     start, source = resume(args, module, optimizer)
     model = DDP(module)
-    print(f"rank {rank} attempt {attempt} resumes after step {start} from {source}", flush=True)
+    say(f"rank {rank} attempt {attempt} resumes after step {start} from {source}")
     for step in range(start + 1, args.steps + 1):
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(args.batch, 64, generator=g)
@@ -96,12 +102,11 @@ def main():
         optimizer.step()
         if args.step_seconds:
             time.sleep(args.step_seconds)
-        print(f"rank {rank} step {step} done at {time.time():.6f}", flush=True)
+        say(f"rank {rank} step {step} done at {time.time():.6f}")
         if step % args.checkpoint_every == 0:
             save(args, step, module, optimizer, rank)
     flat = torch.cat([p.detach().flatten() for p in module.parameters()])
-    print(f"rank {rank} final weights sha256 "
-          f"{hashlib.sha256(flat.numpy().tobytes()).hexdigest()}", flush=True)
+    say(f"rank {rank} final weights sha256 {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}")
     dist.destroy_process_group()
     return 0
 

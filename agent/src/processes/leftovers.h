@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 namespace dist::agent {
 
@@ -24,6 +25,11 @@ class Leftovers {
 
   // A new stop begins.
   void reset() { stage_ = Stage::kNone; }
+
+  // Processes of the agent's own that are never leftovers: the --warm-restart zygote and the
+  // guardian of the agent's shared-memory directory (agent/src/warm/), children of the agent
+  // (the zygote carries the marker). Nothing is left once they are the only children.
+  void spare(std::vector<pid_t> pids) { spared_ = std::move(pids); }
 
   // Call once every worker is reaped, then again after each child's exit while it returns false.
   // True once nothing the workers started remains, reaped (leftovers that refuse SIGKILL, another
@@ -48,6 +54,7 @@ class Leftovers {
 
   std::string agent_id_;
   pid_t janitor_;
+  std::vector<pid_t> spared_;
   Stage stage_ = Stage::kNone;
 };
 

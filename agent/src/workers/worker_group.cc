@@ -113,7 +113,7 @@ WorkerGroup::~WorkerGroup() {
   for (auto& pump : pumps_) pump->abandon();
   kill_all();
   for (const auto& w : workers_) {
-    if (w.exited) continue;
+    if (w.exited || w.pid <= 0) continue;  // never started: waitpid(-1) would wait for any child
     while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
     }
   }

@@ -556,6 +556,18 @@ class CppSnapshots(Temp):
         self.assertEqual(len(sha(reference)), 1)
         self.assertEqual(sha(proc), sha(reference))
 
+    def test_ddp_train_refuses_snapshots_with_per_rank_state(self):
+        # Snapshots hold the weights only: a lossy compression's residuals and local-sgd's own
+        # weights would be lost, so ddp_train says so at once (one line, exit 2).
+        if not ARGS.ddp_train or not os.access(ARGS.ddp_train, os.X_OK):
+            self.skipTest("examples/ddp_train is not built here")
+        for extra in (["--compression", "fp16"], ["--sync", "local-sgd:4"]):
+            proc = subprocess.run([ARGS.ddp_train, "--snapshots", *extra], capture_output=True,
+                                  text=True, timeout=60)
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertEqual(proc.stderr.count("\n"), 1, proc.stderr)
+            self.assertIn("--snapshots keeps the weights only", proc.stderr)
+
 
 def kill_rank1_at(argv, step, env, timeout=JOB_TIMEOUT_S):
     """Runs a bench/ttfs_train.py job, SIGKILLs rank 1 of attempt 0 once it completed `step`;

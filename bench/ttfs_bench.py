@@ -18,9 +18,16 @@ first launch (launcher start to every rank's first completed step) of dist-launc
 --warm-restart, and the time dist_launch.snapshot.save takes for a 100 MB state under the agent,
 beside a memcpy of the same 100 MB in the same process.
 
+No job outlives its run: each one's processes carry a marker in their environment, and its end
+kills every process that has it (torchrun's workers run in sessions of their own, which a kill of
+torchrun's process group misses) and reaps them (the bench is a child subreaper); a launcher that
+exited leaving processes behind is said in a warning.
+
     python3 bench/ttfs_bench.py [--build build] [--python python3] [--runs 10] [--warm-runs 20]
 """
 import argparse
+import ctypes
+import itertools
 import os
 import re
 import select
@@ -40,6 +47,88 @@ KILL_STEP = 25
 TRAIN_ARGS = ["--steps", "60", "--step-seconds", "0.02"]
 LINE = re.compile(r"rank (\d+) (?:step (\d+) done at ([\d.]+)|pid (\d+) attempt (\d+)|"
                   r"final weights sha256 ([0-9a-f]+))")
+
+
+# Every job's processes carry JOB_MARKER=<this bench's pid>-<n> in their environment, so that the
+# end of a job finds them all: torchrun starts each worker in a session of its own
+# (start_new_session), out of reach of a kill of torchrun's process group, and a torchrun killed
+# at the timeout cannot stop them itself.
+JOB_MARKER = "TTFS_BENCH_JOB"
+_jobs = itertools.count()
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper():
+    """Orphans of the jobs become this process's children, to be killed and reaped here."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        print(f"warning: PR_SET_CHILD_SUBREAPER: {os.strerror(ctypes.get_errno())}",
+              file=sys.stderr)
+
+
+def marked(marker):
+    """The pids of the processes whose environment holds `marker`."""
+    needle = b"\0" + f"{JOB_MARKER}={marker}".encode() + b"\0"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in b"\0" + f.read() + b"\0":
+                    pids.append(int(entry))
+        except OSError:  # gone, or another user's
+            pass
+    return pids
+
+
+def reap_children():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def end_job(proc, marker):
+    """Kills whatever the job left: its launcher's process group while the launcher runs (it is
+    a session leader), then every process carrying the job's marker, until none is left; reaps
+    what became this process's children. Returns how many processes outlived the launcher."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    left = set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pids = [pid for pid in marked(marker) if not is_zombie(pid)]
+        if not pids:
+            break
+        left.update(pids)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        reap_children()
+        time.sleep(0.05)
+    else:
+        print(f"warning: processes of job {marker} survive SIGKILL: {marked(marker)}",
+              file=sys.stderr)
+    reap_children()
+    return len(left)
+
+
+def is_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def free_port():
@@ -81,8 +170,9 @@ def run_job(argv, env, timeout, kill_step):
     Returns (exit code or None on timeout, start time, kill time, {(rank, attempt): first step
     time}, {rank: final sha})."""
     started = time.time()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    marker = f"{os.getpid()}-{next(_jobs)}"
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=dict(env, **{JOB_MARKER: marker}), start_new_session=True)
     pids, attempt_of, first, sha = {}, {}, {}, {}
     killed_at = None
     buffer = b""
@@ -122,10 +212,14 @@ def run_job(argv, env, timeout, kill_step):
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        running = proc.poll() is None
+        left = end_job(proc, marker)
+        proc.stdout.close()
+        if running:
             code = None
+        if left and not running:
+            print(f"warning: {os.path.basename(argv[0])} exited ({code}) and left {left} "
+                  f"process(es), killed", file=sys.stderr)
     return code, started, killed_at, first, sha
 
 
@@ -193,9 +287,17 @@ def snapshot_save(build, env, runs):
         with open(script, "w") as f:
             f.write(SAVE_WORKER)
         for _ in range(runs):
-            out = subprocess.run([os.path.join(build, "bin", "dist-launch"), "--snapshot-memory",
-                                  "1G", script], env=env, capture_output=True, text=True,
-                                 timeout=300).stdout
+            marker = f"{os.getpid()}-{next(_jobs)}"
+            proc = subprocess.Popen([os.path.join(build, "bin", "dist-launch"),
+                                     "--snapshot-memory", "1G", script],
+                                    env=dict(env, **{JOB_MARKER: marker}), stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+            try:
+                out = proc.communicate(timeout=300)[0]
+            except subprocess.TimeoutExpired:
+                out = ""
+            finally:
+                end_job(proc, marker)
             saves = [tuple(map(float, m)) for m in re.findall(r"save \d+ ([\d.]+) memcpy ([\d.]+)",
                                                                out)]
             load = re.search(r"load ([\d.]+)", out)
@@ -226,6 +328,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=120)
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
+    become_subreaper()
     probe = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
                            capture_output=True, text=True)
     if probe.returncode != 0:

@@ -5,9 +5,9 @@
 // nothing at all. Once every worker is reaped, whatever remains below the agent (a subreaper: its
 // workers' orphans are its children) or carries its marker (job_processes.h) gets SIGTERM, and
 // SIGKILL at the stop's deadline (--shutdown-timeout), like the workers themselves. The stop ends
-// when the agent has no child left: the agent must start no child of its own but its workers (the
-// janitor, a clone child without exit signal, is not counted), or that child would be taken for a
-// leftover and killed.
+// when the agent has no child left but those it spares (spare()): a child of the agent's own that
+// is not spared (the janitor, a clone child without exit signal, is not counted) would be taken
+// for a leftover and killed.
 #pragma once
 
 #include <sys/types.h>

@@ -38,6 +38,7 @@
 #include "dist/sdk/init.h"
 #include "dist/sdk/process_group.h"
 #include "dist/sdk/sampler.h"
+#include "dist/sdk/snapshot.h"
 
 namespace {
 
@@ -64,6 +65,7 @@ struct Options {
   std::string backend = "gloo";  // or nccl: the model on this rank's GPU
   sdk::Compression compression;
   sdk::SyncStrategy sync;
+  bool snapshots = false;  // also dist-launch snapshots (--snapshot-memory) at checkpoints
 };
 
 struct Dataset {
@@ -288,6 +290,27 @@ std::uint64_t resume(const std::filesystem::path& path, sdk::ProcessGroup& group
   return step;
 }
 
+// --snapshots: the newest snapshot every rank has (each keeps its two newest), when it is newer
+// than `step` (the disk's); restores the model from it and returns its step, else returns `step`.
+// Snapshots hold the weights only, never DDP's state (hence not with a lossy --compression or a
+// local --sync, where that state differs between ranks).
+std::uint64_t resume_from_snapshot(sdk::ProcessGroup& group, Mlp& model, std::uint64_t step) {
+  const std::vector<std::uint64_t> own = sdk::snapshot_steps();
+  std::vector<std::int64_t> newest{own.empty() ? 0 : static_cast<std::int64_t>(own.back())};
+  group.all_reduce(std::span<std::int64_t>(newest), sdk::ReduceOp::kMin);
+  const auto candidate = static_cast<std::uint64_t>(newest[0]);
+  std::optional<sdk::Checkpoint> s;
+  if (candidate > step) s = sdk::load_snapshot(candidate);
+  std::vector<std::int64_t> everyone{s && s->step == candidate ? 1 : 0};
+  group.all_reduce(std::span<std::int64_t>(everyone), sdk::ReduceOp::kMin);
+  if (everyone[0] == 0) return step;
+  model.restore(*s);
+  if (group.rank() == 0) {
+    std::printf("resumed from a snapshot at step %llu\n", (unsigned long long)candidate);
+  }
+  return candidate;
+}
+
 int train(const Options& o) {
   // Under dist-launch, or alone (then rank 0 of 1 with a private store).
   const bool on_gpu = o.backend == "nccl";
@@ -319,6 +342,7 @@ int train(const Options& o) {
   const bool own_state = o.compression.lossy() || o.sync.local();
   const std::filesystem::path ckpt_path = checkpoint_path(o, own_state ? env.rank : 0);
   std::uint64_t step = resume(ckpt_path, *group, model, ddp);
+  if (o.snapshots) step = resume_from_snapshot(*group, model, step);
   if (gpu && step > 0) gpu->upload(model.tensors());  // the checkpoint's weights on the device
   sdk::DistributedSampler sampler({static_cast<std::size_t>(train_set.x.rows()), env.world_size,
                                    env.rank, true, o.seed, false});
@@ -370,6 +394,10 @@ int train(const Options& o) {
       samples += static_cast<std::uint64_t>(x.rows()) * static_cast<std::uint64_t>(env.world_size);
       ++batches;
       ++step;
+      if (o.snapshots && step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
+        if (gpu) gpu->download(model.tensors());
+        sdk::save_snapshot(model.checkpoint(step));  // every rank its own, no barrier
+      }
       if (!ckpt_path.empty() && step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
         if (gpu) gpu->download(model.tensors());
         if (chief || own_state) {
@@ -444,6 +472,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sync", sync, "Synchronisation: every-step, partial:CHUNKS, local-sgd:K")
       ->capture_default_str();
+  app.add_flag("--snapshots", o.snapshots,
+               "Also keep snapshots in dist-launch's memory (--snapshot-memory) at checkpoint "
+               "steps, and resume from the newest that every rank has");
   try {
     app.parse(argc, argv);
     o.compression = sdk::Compression::parse(compression);
@@ -452,6 +483,11 @@ int main(int argc, char** argv) {
       throw std::invalid_argument("--compression " + compression +
                                   " compresses gradients, which --sync " + sync +
                                   " does not exchange: use one or the other");
+    }
+    if (o.snapshots && (o.compression.lossy() || o.sync.local())) {
+      throw std::invalid_argument(
+          "--snapshots keeps the weights only, not the per-rank state of --compression " +
+          compression + " or --sync " + sync + ": use --checkpoint-dir alone");
     }
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);

@@ -46,6 +46,7 @@
 #include "dist/sdk/process_group.h"
 #include "dist/sdk/recovery.h"
 #include "dist/sdk/sampler.h"
+#include "dist/sdk/snapshot.h"
 
 namespace {
 
@@ -74,6 +75,7 @@ struct Options {
   bool timestamps = false;       // the wall clock of a crash and of each process's first step
   sdk::Compression compression;
   sdk::SyncStrategy sync;
+  bool snapshots = false;  // also dist-launch snapshots (--snapshot-memory) at checkpoints
 };
 
 struct Dataset {
@@ -304,6 +306,27 @@ std::uint64_t resume(const std::filesystem::path& path, sdk::ProcessGroup& group
   return step;
 }
 
+// --snapshots: the newest snapshot every rank has (each keeps its two newest), when it is newer
+// than `step` (the disk's); restores the model from it and returns its step, else returns `step`.
+// Snapshots hold the weights only, never DDP's state (hence not with a lossy --compression or a
+// local --sync, where that state differs between ranks).
+std::uint64_t resume_from_snapshot(sdk::ProcessGroup& group, Mlp& model, std::uint64_t step) {
+  const std::vector<std::uint64_t> own = sdk::snapshot_steps();
+  std::vector<std::int64_t> newest{own.empty() ? 0 : static_cast<std::int64_t>(own.back())};
+  group.all_reduce(std::span<std::int64_t>(newest), sdk::ReduceOp::kMin);
+  const auto candidate = static_cast<std::uint64_t>(newest[0]);
+  std::optional<sdk::Checkpoint> s;
+  if (candidate > step) s = sdk::load_snapshot(candidate);
+  std::vector<std::int64_t> everyone{s && s->step == candidate ? 1 : 0};
+  group.all_reduce(std::span<std::int64_t>(everyone), sdk::ReduceOp::kMin);
+  if (everyone[0] == 0) return step;
+  model.restore(*s);
+  if (group.rank() == 0) {
+    std::printf("resumed from a snapshot at step %llu\n", (unsigned long long)candidate);
+  }
+  return candidate;
+}
+
 // The last lines: every rank's digest (they must all agree), rank 0's accuracy, throughput and
 // bytes sent.
 void finish(const Options& o, sdk::Distributed& dist, Mlp& model, sdk::DistributedDataParallel& ddp,
@@ -406,7 +429,9 @@ int train(const Options& o) {
                                    env.rank, true, o.seed, false});
   const std::size_t steps_per_epoch = (sampler.num_samples() + local_batch - 1) / local_batch;
   if (env.generation == 0) {
-    p.step = p.checkpointed = resume(ckpt_path, *dist.group, model, *ddp);
+    p.step = resume(ckpt_path, *dist.group, model, *ddp);
+    if (o.snapshots) p.step = resume_from_snapshot(*dist.group, model, p.step);
+    p.checkpointed = p.step;
     p.epochs_reported = p.step / steps_per_epoch;
     if (gpu && p.step > 0) gpu->upload(model.tensors());  // the checkpoint's weights on the device
   }
@@ -484,6 +509,10 @@ int train(const Options& o) {
     ++p.batches;
     ++p.step;
     if (o.timestamps) stamp();
+    if (o.snapshots && p.step % static_cast<std::uint64_t>(o.checkpoint_every) == 0) {
+      if (gpu) gpu->download(model.tensors());
+      sdk::save_snapshot(model.checkpoint(p.step));  // every rank its own, no barrier
+    }
   };
   const auto checkpoint = [&] {
     if (gpu) gpu->download(model.tensors());
@@ -582,6 +611,9 @@ int main(int argc, char** argv) {
                "Under dist-launch --restart-policy in-place: when a peer fails, keep this process, "
                "rebuild the group with its replacement and give it the model, the optimizer's "
                "state and the step (the step in flight is run again)");
+  app.add_flag("--snapshots", o.snapshots,
+               "Also keep snapshots in dist-launch's memory (--snapshot-memory) at checkpoint "
+               "steps, and resume from the newest that every rank has");
   try {
     app.parse(argc, argv);
     o.compression = sdk::Compression::parse(compression);
@@ -596,6 +628,11 @@ int main(int argc, char** argv) {
           "--in-place gives a replacement a survivor's state, which must be every rank's: the "
           "model in host memory (--backend gloo) and no per-rank residuals or weights (no lossy "
           "--compression, --sync every-step)");
+    }
+    if (o.snapshots && (o.compression.lossy() || o.sync.local())) {
+      throw std::invalid_argument(
+          "--snapshots keeps the weights only, not the per-rank state of --compression " +
+          compression + " or --sync " + sync + ": use --checkpoint-dir alone");
     }
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);

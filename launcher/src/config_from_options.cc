@@ -573,6 +573,7 @@ void set_worker_command(const RawOptions& r, LaunchConfig& c) {
     c.worker_argv.insert(c.worker_argv.end(), args.begin(), args.end());
   }
   c.script_name = fs::path(script).filename().string();
+  c.python_workers = !r.no_python;
 }
 
 // Several workers and no OMP_NUM_THREADS: 1 each (or their bound core count), said.
@@ -623,6 +624,7 @@ CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
   check_free_port(c);
   apply_token_options(r.token, c);
   set_worker_command(r, c);
+  apply_warm_options(r.warm, r.was_given("--preload"), c, err);
   // Devices, placement, the prefix template and etcd's options are checked again by the agent;
   // checking here turns what this node cannot give into a usage error before anything starts.
   agent::check(c);

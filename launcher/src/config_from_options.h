@@ -1,7 +1,8 @@
 // The meaning of dist-launch's options (options.h): a validated LaunchConfig, or the job over ssh
 // (--hosts), with no CLI11 in sight. The steps run in one order, each its own function: Slurm's
 // step fills what the command line left out, --hosts takes over, the rendezvous is chosen (as
-// torchrun chooses it), --standalone patches it, then the worker command and the agent's checks.
+// torchrun chooses it), --standalone patches it, then the worker command, the warm-restart and
+// snapshot flags (which depend on it: Python workers or not) and the agent's checks.
 #pragma once
 
 #include <iosfwd>

@@ -153,6 +153,7 @@ void declare_options(CLI::App& app, RawOptions& raw) {
                  std::string("Print a completion script for ") + kCompletionShells +
                      " and exit, e.g. eval \"$(dist-launch --print-completion bash)\"");
   add_hosts_options(app, raw.hosts);
+  add_warm_options(app, raw.warm);
 }
 
 std::vector<const CLI::Option*> all_options(const CLI::App& app) {

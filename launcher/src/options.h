@@ -11,6 +11,7 @@
 
 #include "hosts_options.h"
 #include "job_token.h"
+#include "warm_options.h"
 
 namespace dist::launcher {
 
@@ -62,6 +63,8 @@ struct RawOptions {
   std::string worker_heartbeat_timeout = "0";
   std::string event_log;
   std::string metrics_port;
+  // Warm restarts and snapshots (--warm-restart, --preload, --snapshot-memory, --snapshot-dir).
+  WarmFlags warm;
   // Several hosts from one command.
   HostsFlags hosts;
   std::string print_completion;

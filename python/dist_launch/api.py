@@ -30,7 +30,11 @@ class LaunchConfig:
     As torchrun does, a static job takes the store's address from rdzv_endpoint (HOST:PORT) and
     this node's rank from rdzv_configs["rank"]. nproc_per_node may be an integer or "gpu", "cpu",
     "auto". `python` runs scripts and modules (default: PYTHON_EXEC, else this interpreter, as
-    torchrun runs sys.executable); `extra_args` are further dist-launch options, given as is."""
+    torchrun runs sys.executable); `extra_args` are further dist-launch options, given as is.
+
+    dist-launch's own: warm_restart (--warm-restart: Python workers forked from a zygote that
+    imported `preload`'s modules once, default torch and numpy), snapshot_memory and
+    snapshot_dir (--snapshot-memory "8G", --snapshot-dir: dist_launch.snapshot's store)."""
 
     min_nodes: int = 1
     max_nodes: int = 1
@@ -53,6 +57,10 @@ class LaunchConfig:
     tee: Streams = 0
     local_ranks_filter: Optional[Sequence[int]] = None
     python: Optional[str] = None
+    warm_restart: bool = False
+    preload: Optional[Sequence[str]] = None
+    snapshot_memory: Optional[str] = None
+    snapshot_dir: Optional[str] = None
     extra_args: List[str] = field(default_factory=list)
 
     def to_args(self) -> List[str]:
@@ -93,6 +101,14 @@ class LaunchConfig:
             args += ["--log-dir", str(self.log_dir)]
         if self.local_ranks_filter is not None:
             args += ["--local-ranks-filter", ",".join(str(r) for r in self.local_ranks_filter)]
+        if self.warm_restart:
+            args.append("--warm-restart")
+        if self.preload is not None:
+            args += ["--preload", ",".join(self.preload)]
+        if self.snapshot_memory is not None:
+            args += ["--snapshot-memory", str(self.snapshot_memory)]
+        if self.snapshot_dir is not None:
+            args += ["--snapshot-dir", str(self.snapshot_dir)]
         return args + [str(a) for a in self.extra_args]
 
 

@@ -2,15 +2,15 @@
 // hides how rounds form (one node, static, elastic: rendezvous/round_source.h).
 //
 // What happens to the agent arrives as a typed event (namespace event) through on(): from the
-// worker group (failed, succeeded, stopped), the signals (signalfd, with the sender's pid), and the
-// coroutines that talk to the rendezvous store (joined, round ended elsewhere, barrier, verdict,
-// failures). Each handler records what the event says, asks next_state() where it leads, and
-// enter() runs the entry action of the state it returns. Nothing blocks the thread: the hosted
-// store, the workers' output and every store call share it. A stop signal works in every state:
-// pending store calls are cancelled (their sessions closed) and the agent leaves through EXIT,
-// cleaning up as it always does. Under --restart-policy in-place one failed worker is replaced
-// alone (REPLACING) while the others run on and rebuild their group with it
-// (workers/generations.h).
+// worker group (failed, succeeded, stopped, a start that waited for the zygote failed), the
+// signals (signalfd, with the sender's pid), and the coroutines that talk to the rendezvous store
+// (joined, round ended elsewhere, barrier, verdict, failures). Each handler records what the event
+// says, asks next_state() where it leads, and enter() runs the entry action of the state it
+// returns. Nothing blocks the thread: the hosted store, the workers' output and every store call
+// share it. A stop signal works in every state: pending store calls are cancelled (their sessions
+// closed) and the agent leaves through EXIT, cleaning up as it always does. Under
+// --restart-policy in-place one failed worker is replaced alone (REPLACING) while the others run
+// on and rebuild their group with it (workers/generations.h).
 #include "dist/agent/agent.h"
 
 #include <signal.h>
@@ -68,6 +68,9 @@ struct Joined {
 struct WorkersFailed {
   std::vector<WorkerFailure> failures;
 };
+struct StartFailed {  // a start that waited for the --warm-restart zygote
+  std::string why;
+};
 struct WorkersSucceeded {};
 struct GroupStopped {};
 struct WatchEnded {  // the round's watch: ended elsewhere, stopped, or the store lost
@@ -97,11 +100,11 @@ struct Recovered {  // in-place: the group's word after a replacement, or why no
 };
 }  // namespace event
 
-using Event =
-    std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::WorkersSucceeded,
-                 event::GroupStopped, event::WatchEnded, event::BarrierDone, event::VerdictReached,
-                 event::FailuresCollected, event::OthersLeft, event::RendezvousFailed,
-                 event::SignalReceived, event::Recovered>;
+using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
+                           event::WorkersSucceeded, event::GroupStopped, event::WatchEnded,
+                           event::BarrierDone, event::VerdictReached, event::FailuresCollected,
+                           event::OthersLeft, event::RendezvousFailed, event::SignalReceived,
+                           event::Recovered>;
 
 class Agent {
  public:
@@ -244,6 +247,11 @@ class Agent {
                    },
                    [&](event::Joined& j) { on_joined(std::move(j.assignment)); },
                    [&](event::WorkersFailed& f) { on_workers_failed(std::move(f.failures)); },
+                   [&](event::StartFailed& f) {
+                     if (state_ != State::kRunning) return;
+                     spdlog::error("{}", f.why);
+                     feed(Input::kStartFailed);
+                   },
                    [&](event::WorkersSucceeded&) { feed(Input::kWorkersSucceeded); },
                    [&](event::GroupStopped&) {
                      if (state_ != State::kStopping) return;
@@ -481,7 +489,8 @@ class Agent {
         WorkerGroup::Identity{host_, token_file_},
         WorkerGroup::Events{
             [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
-            [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
+            [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); },
+            [this](std::string why) { on(event::StartFailed{std::move(why)}); }});
     telemetry_->set_progress_source(
         [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
   }

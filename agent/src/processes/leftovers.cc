@@ -3,15 +3,44 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
 
 #include "dist/agent/signals.h"
 #include "processes/job_processes.h"
 
 namespace dist::agent {
 
+namespace {
+
+// Whether every child of this process (zombies included) is one of `spared`, by each thread's
+// /proc/self/task/<tid>/children. False when the kernel does not list them (CONFIG_PROC_CHILDREN).
+bool only_spared_children(const std::vector<pid_t>& spared) {
+  std::error_code ec;
+  bool listed = false;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream children(task.path() / "children");
+    if (!children) return false;
+    listed = true;
+    for (pid_t pid; children >> pid;) {
+      if (std::find(spared.begin(), spared.end(), pid) == spared.end()) return false;
+    }
+  }
+  return listed;
+}
+
+}  // namespace
+
 bool Leftovers::gone() {
   if (!has_children()) return true;  // the fast path: a subreaper with no child has no descendant
+  // The same when the only children are the agent's own helpers (an orphan of theirs is a child).
+  if (!spared_.empty()) {
+    std::vector<pid_t> own = spared_;
+    own.push_back(janitor_);  // a child too (has_children() does not count it: no exit signal)
+    if (only_spared_children(own)) return true;
+  }
   switch (stage_) {
     case Stage::kNone: {
       stage_ = Stage::kTerminated;
@@ -47,6 +76,7 @@ int Leftovers::kill() {
 Leftovers::Sent Leftovers::signal_all(int signal) const {
   Sent sent;
   for (const ProcessRef& p : job_processes(agent_id_, janitor_)) {
+    if (std::find(spared_.begin(), spared_.end(), p.pid) != spared_.end()) continue;
     if (signal_process(p, signal)) {
       ++sent.signalled;
       spdlog::debug("{} to pid {}, left by the workers", signal_name(signal), p.pid);

@@ -5,14 +5,15 @@
 // nothing at all. Once every worker is reaped, whatever remains below the agent (a subreaper: its
 // workers' orphans are its children) or carries its marker (job_processes.h) gets SIGTERM, and
 // SIGKILL at the stop's deadline (--shutdown-timeout), like the workers themselves. The stop ends
-// when the agent has no child left: the agent must start no child of its own but its workers (the
-// janitor, a clone child without exit signal, is not counted), or that child would be taken for a
-// leftover and killed.
+// when the agent has no child left but those it spares (spare()): a child of the agent's own that
+// is not spared (the janitor, a clone child without exit signal, is not counted) would be taken
+// for a leftover and killed.
 #pragma once
 
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 namespace dist::agent {
 
@@ -24,6 +25,11 @@ class Leftovers {
 
   // A new stop begins.
   void reset() { stage_ = Stage::kNone; }
+
+  // Processes of the agent's own that are never leftovers: the --warm-restart zygote and the
+  // guardian of the agent's shared-memory directory (agent/src/warm/), children of the agent
+  // (the zygote carries the marker). Nothing is left once they are the only children.
+  void spare(std::vector<pid_t> pids) { spared_ = std::move(pids); }
 
   // Call once every worker is reaped, then again after each child's exit while it returns false.
   // True once nothing the workers started remains, reaped (leftovers that refuse SIGKILL, another
@@ -48,6 +54,7 @@ class Leftovers {
 
   std::string agent_id_;
   pid_t janitor_;
+  std::vector<pid_t> spared_;
   Stage stage_ = Stage::kNone;
 };
 

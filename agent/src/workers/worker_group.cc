@@ -14,6 +14,9 @@
 #include "output/log_line_prefix.h"
 #include "output/log_pump.h"
 #include "processes/process.h"
+#include "warm/scratch.h"
+#include "warm/snapshot_store.h"
+#include "warm/warm_start.h"
 #include "workers/failure_report.h"
 #include "workers/worker_env.h"
 
@@ -66,25 +69,90 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       resources_(plan_worker_resources(config)),
       hostname_(this_host()),
       kill_timer_(io),
-      drain_timer_(io) {}
+      drain_timer_(io) {
+  if (config_.warm.snapshots() || warm::WarmStart::applies(config_)) set_up_warm();
+}
+
+// The agent's shared-memory directory, the snapshot store, and the zygote, which starts importing
+// now: while the nodes rendezvous.
+void WorkerGroup::set_up_warm() {
+  try {
+    scratch_ = std::make_unique<warm::Scratch>(agent_id_.id());
+  } catch (const std::exception& e) {
+    if (config_.warm.snapshots()) throw std::runtime_error(std::string("snapshots: ") + e.what());
+    spdlog::warn("--warm-restart: {}: Python workers start cold", e.what());
+    return;
+  }
+  if (config_.warm.snapshots())
+    snapshots_ = std::make_unique<warm::SnapshotStore>(config_, *scratch_);
+  if (!warm::WarmStart::applies(config_)) return;
+  Variables shared;  // what every worker's environment has, whatever its rank
+  shared[kAgentIdVariable] = agent_id_.value();
+  if (config_.omp_threads_defaulted) shared["OMP_NUM_THREADS"] = "1";
+  if (snapshots_) {
+    for (const auto& [name, value] : snapshots_->environment()) shared[name] = value;
+  }
+  try {
+    warm_ = std::make_unique<warm::WarmStart>(io_, config_, *scratch_,
+                                              merge_environment(current_environment(), shared));
+  } catch (const std::exception& e) {
+    spdlog::warn("--warm-restart: {}: Python workers start cold", e.what());
+  }
+}
+
+std::vector<pid_t> WorkerGroup::agent_helpers() const {
+  std::vector<pid_t> pids;
+  if (scratch_ && scratch_->guardian() > 0) pids.push_back(scratch_->guardian());
+  if (warm_) {
+    for (const pid_t pid : warm_->helpers()) pids.push_back(pid);
+  }
+  return pids;
+}
 
 WorkerGroup::~WorkerGroup() {
   for (auto& pump : pumps_) pump->abandon();
   kill_all();
   for (const auto& w : workers_) {
-    if (w.exited) continue;
+    if (w.exited || w.pid <= 0) continue;  // never started: waitpid(-1) would wait for any child
     while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
     }
   }
 }
 
-// Every worker is forked before any exec is waited for: they start side by side.
 void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) {
   round_ = a;
   store_ = store;
   host_label_ = a.elastic || a.num_nodes > 1
                     ? identity_.host + " (node " + std::to_string(a.node_rank) + ")"
                     : identity_.host;
+  if (snapshots_) snapshots_->sweep_torn();
+  if (warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing) return defer_start();
+  start_now();
+}
+
+// The zygote's imports are the ones the workers would do themselves: the round waits for them, and
+// its workers are forked (or start cold if the zygote fails). A start that fails then is reported
+// through Events::start_failed.
+void WorkerGroup::defer_start() {
+  start_pending_ = true;
+  workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
+  pumps_.clear();
+  state_ = State::kRunning;
+  spdlog::debug("round {}: waiting for the zygote's imports", round_.round);
+  warm_->when_settled([this] {
+    if (!start_pending_ || state_ != State::kRunning) return;
+    start_pending_ = false;
+    try {
+      start_now();
+    } catch (const std::exception& e) {
+      events_.start_failed(e.what());
+    }
+  });
+}
+
+// Every worker is forked before any exec is waited for: they start side by side.
+void WorkerGroup::start_now() {
+  const auto began = std::chrono::steady_clock::now();
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
   pumps_.clear();
   open_duplicate_logs();
@@ -97,17 +165,19 @@ void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) 
   for (int local = 0; local < config_.nproc_per_node && !failure; ++local) {
     Worker& w = workers_[static_cast<std::size_t>(local)];
     w.local_rank = local;
-    w.rank = a.rank_offset + local;
+    w.rank = round_.rank_offset + local;
     try {
       started.push_back(spawn(w, plan, base_env));
     } catch (const std::runtime_error& e) {
       failure.emplace(e);
     }
   }
+  int forked = 0;  // from the zygote: nothing to confirm
   for (std::size_t i = 0; i < started.size(); ++i) {
     Worker& w = workers_[i];
     try {
-      confirm_started(started[i]);
+      if (started[i].status_fd < 0) ++forked;
+      if (started[i].status_fd >= 0) confirm_started(started[i]);
     } catch (const std::exception& e) {
       w.exited = true;  // reaped, its pipes closed
       if (janitor_) janitor_->untrack(w.pid);
@@ -121,7 +191,13 @@ void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) 
   }
   for (auto& unstarted : workers_) unstarted.exited = unstarted.exited || unstarted.pid < 0;
   if (failure) throw *failure;  // the caller stops the ones that started
-  spdlog::debug("started {} workers (round {})", workers_.size(), a.round);
+  spdlog::debug("started {} workers (round {})", workers_.size(), round_.round);
+  if (forked > 0) {
+    spdlog::info("round {}: {} of {} workers forked from the zygote in {:.1f} ms", round_.round,
+                 forked, workers_.size(),
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began)
+                     .count());
+  }
 }
 
 // --duplicate-stdout-filters / --duplicate-stderr-filters: this round's filtered copies.
@@ -155,7 +231,7 @@ pid_t WorkerGroup::replace(int local_rank, int generation) {
   SpawnedProcess p =
       spawn(w, plan_spawn(config_.worker_argv.front(), path ? path : ""), current_environment());
   try {
-    confirm_started(p);
+    if (p.status_fd >= 0) confirm_started(p);  // (forked from the zygote: nothing to confirm)
   } catch (const std::exception& e) {
     w.exited = true;  // reaped, its pipes closed
     if (janitor_) janitor_->untrack(w.pid);
@@ -203,14 +279,20 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   if (!identity_.token_file.empty()) {
     variables[rendezvous::worker_contract::kTokenFile] = identity_.token_file;
   }
+  if (snapshots_) {
+    for (const auto& [name, value] : snapshots_->environment()) variables[name] = value;
+  }
   const auto env = merge_environment(base_env, variables);
   const WorkerPlacement& placement = resources.placement;
   const bool bound = placement.bind_cpus || placement.bind_memory;
   if (bound) spdlog::debug("local rank {}: {}", w.local_rank, placement.describe());
+  const auto argv = substitute_local_rank(config_.worker_argv, w.local_rank);
   SpawnedProcess p;
+  if (warm_ && !bound) {
+    if (auto forked = warm_->spawn(argv, env, inherited, w.rank)) p = *forked;
+  }
   try {
-    p = start_process(plan, substitute_local_rank(config_.worker_argv, w.local_rank), env,
-                      bound ? &placement : nullptr, inherited);
+    if (p.pid < 0) p = start_process(plan, argv, env, bound ? &placement : nullptr, inherited);
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
                              std::to_string(w.local_rank) + "): " + e.what());
@@ -278,6 +360,7 @@ void WorkerGroup::reap() {
   int status = 0;
   pid_t pid;
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    if (warm_ && warm_->reaped(pid, status)) continue;  // the zygote, a standby
     for (auto& w : workers_) {
       if (w.pid != pid || w.exited) continue;
       w.exited = true;
@@ -293,6 +376,7 @@ void WorkerGroup::reap() {
   }
   if (state_ == State::kStopping) return maybe_stopped();
   if (state_ != State::kRunning) return;
+  if (!failures.empty() && snapshots_) snapshots_->persist_now();
   if (!failures.empty()) return events_.failed(std::move(failures));
   if (all_exited()) events_.succeeded();
 }
@@ -328,11 +412,16 @@ void WorkerGroup::stop(int signal, bool already_sent) {
     }
     return;
   }
+  if (start_pending_) {  // the workers waiting for the zygote never start
+    start_pending_ = false;
+    for (auto& w : workers_) w.exited = true;
+  }
   state_ = State::kStopping;
   watchdogs_.stopping();
   draining_ = false;
   deadline_armed_ = false;
   leftovers_.reset();
+  leftovers_.spare(agent_helpers());
   for (const auto& w : workers_) {
     if (!w.exited && signal != 0 && !already_sent) signal_group(w.pid, signal);
   }

@@ -14,6 +14,10 @@
 // run (its logs in attempt_<round>/<local rank>/generation_<g>/).
 // Hung workers (worker_watchdogs.h) are killed by their watchdog; their exit fails the round, even
 // with code 0, and the report says which watchdog fired. Each start and exit goes to the telemetry.
+// --warm-restart: Python workers are forked from the zygote (warm/warm_start.h), cold ones started
+// by processes/process.h; the zygote, its standbys and the snapshot scratch's guardian are the
+// agent's own children, spared by a stop and reaped here (warm/). The snapshot store
+// (--snapshot-memory, --snapshot-dir) is held here too, so that it outlives every round.
 #pragma once
 
 #include <sys/types.h>
@@ -44,6 +48,12 @@
 
 namespace dist::agent {
 
+namespace warm {  // --warm-restart and snapshots (warm/)
+class Scratch;
+class SnapshotStore;
+class WarmStart;
+}  // namespace warm
+
 class WorkerGroup {
  public:
   // This node, for every round: its name (the failure report's) and the job's token file for the
@@ -56,6 +66,9 @@ class WorkerGroup {
     std::function<void(std::vector<WorkerFailure>)> failed;
     std::function<void()> succeeded;
     std::function<void()> stopped;
+    // A start that waited for the --warm-restart zygote failed, for this reason (the workers
+    // that started are stopped by the caller, as when start() throws).
+    std::function<void(std::string)> start_failed;
   };
 
   // `janitor` may be null (it could not start). Plans each local rank's device and placement
@@ -70,7 +83,8 @@ class WorkerGroup {
 
   // Starts round `a`'s workers, whose store is `store` (MASTER_ADDR, MASTER_PORT); throws
   // std::runtime_error naming the worker that could not start (the ones already started are
-  // then stopped by the caller).
+  // then stopped by the caller). While the zygote still imports, the start waits for it (running,
+  // no worker yet); a failure then comes as Events::start_failed.
   void start(const Assignment& a, const rendezvous::Endpoint& store);
   // Sends `signal` (0: none, just wait) to every worker's process group and SIGKILLs what is
   // left after the shutdown timeout; stopped() follows. Again while stopping: SIGKILL at once.
@@ -105,6 +119,10 @@ class WorkerGroup {
   };
   enum class State { kIdle, kRunning, kStopping };
 
+  void start_now();
+  void defer_start();  // until the zygote is ready (warm/warm_start.h)
+  void set_up_warm();
+  std::vector<pid_t> agent_helpers() const;  // zygote, standbys, scratch guardian: not leftovers
   SpawnedProcess spawn(Worker& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
   std::filesystem::path worker_dir(const Worker& w) const;
   void attach_output(Worker& w, const SpawnedProcess& p);
@@ -144,6 +162,11 @@ class WorkerGroup {
   bool deadline_armed_ = false;
   boost::asio::steady_timer drain_timer_;
   bool draining_ = false;
+  // --warm-restart and snapshots (destroyed in this order's reverse: zygote, snapshots, scratch).
+  std::unique_ptr<warm::Scratch> scratch_;
+  std::unique_ptr<warm::SnapshotStore> snapshots_;
+  std::unique_ptr<warm::WarmStart> warm_;
+  bool start_pending_ = false;  // round_'s start waits for the zygote
 };
 
 }  // namespace dist::agent

@@ -54,6 +54,15 @@ struct TelemetryOptions {
   std::optional<std::uint16_t> metrics_port;  // --metrics-port: Prometheus text (0: a free one)
 };
 
+// Warm restarts and snapshots (agent/src/warm/).
+struct WarmOptions {
+  bool warm_restart = false;  // --warm-restart: Python workers forked from a preloaded zygote
+  std::optional<std::vector<std::string>> preload;  // --preload; none: torch, numpy if installed
+  std::uint64_t snapshot_memory_bytes = 0;  // --snapshot-memory; 0: half the free shm (with a dir)
+  std::string snapshot_dir;                 // --snapshot-dir: snapshots persisted there too
+  bool snapshots() const { return snapshot_memory_bytes > 0 || !snapshot_dir.empty(); }
+};
+
 // Which worker records carry the prefix on the console. kAll: every one (dist-launch's default:
 // interleaved output says whose it is). kTee: only the tee'd streams' (torchrun's console: what
 // is neither tee'd nor redirected passes unchanged). kNone: none.
@@ -189,7 +198,8 @@ struct LaunchConfig {
 
   // The worker command: argv[0] is what to exec (python, or the executable with --no-python).
   std::vector<std::string> worker_argv;
-  std::string script_name;  // for the failure report's title
+  std::string script_name;      // for the failure report's title
+  bool python_workers = false;  // worker_argv is `python -u SCRIPT|-m MODULE ...`
 
   // OMP_NUM_THREADS was unset: workers get 1, or their bound core count when placement binds.
   bool omp_threads_defaulted = false;
@@ -199,6 +209,7 @@ struct LaunchConfig {
 
   WatchdogOptions watchdogs;
   TelemetryOptions telemetry;
+  WarmOptions warm;
 };
 
 // What the agent would refuse only once started, checked now: each local rank's devices and

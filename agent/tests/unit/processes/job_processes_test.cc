@@ -1,5 +1,6 @@
-// Finding a job's processes by the marker in their environment, signalling them safely, and the
-// janitor: with real processes (sleep) and real signals.
+// Finding a job's processes by the marker in their environment, signalling them safely, the
+// janitor, and the leftovers of a stop that spare the agent's own helpers: with real processes
+// (sleep) and real signals.
 #include "processes/job_processes.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 
 #include "process_helpers.h"
 #include "processes/janitor.h"
+#include "processes/leftovers.h"
 
 namespace {
 
@@ -205,6 +207,21 @@ TEST(JobProcessesTest, TheJanitorKillsTheMarkedProcessesAndTheTrackedGroupsWhenT
   EXPECT_TRUE(process_gone(pids[1], 10s)) << "the marked daemon outlived its agent";
   EXPECT_TRUE(process_gone(pids[2], 10s)) << "the tracked group's member outlived its agent";
   EXPECT_TRUE(process_gone(pids[0], 10s)) << "the janitor lingers after cleaning";
+}
+
+// The --warm-restart zygote and its standbys carry the job's marker and are the agent's children,
+// as leftovers are: the stop spares them (no signal, even at the deadline) and ends once they are
+// all that runs, while a marked leftover beside them gets SIGTERM.
+TEST(LeftoversTest, SparedHelpersAreNeverSignalledAndNothingIsLeftWhenOnlyTheyRun) {
+  Sleeper helper(env_with(marker(id("abc"))));
+  Sleeper leftover(env_with(marker(id("abc"))));
+  dist::agent::Leftovers leftovers(id("abc"), -1);
+  leftovers.spare({helper.pid()});
+  EXPECT_FALSE(leftovers.gone()) << "a marked leftover was taken for a helper";
+  EXPECT_TRUE(dist::agent::testing::eventually([&] { return leftover.reap() == SIGTERM; }));
+  EXPECT_TRUE(leftovers.gone()) << "the spared helper alone counts as a leftover";
+  EXPECT_EQ(leftovers.kill(), 0) << "the deadline's SIGKILL reached a spared helper";
+  EXPECT_EQ(helper.reap(), 0) << "the spared helper was signalled";
 }
 
 }  // namespace

@@ -1,0 +1,115 @@
+"""An ordinary PyTorch DDP training script, as bench/ttfs_bench.py and tests/warm restart it: gloo,
+an MLP on synthetic data (each step's batch a function of the step and the rank, so a resumed run
+recomputes exactly what it lost), rank 0 saving a checkpoint (model and optimizer, torch.save to a
+temporary file, then renamed) every --checkpoint-every steps, every rank resuming from it at start.
+No import of dist-launch's: it runs as well under torchrun.
+
+With --snapshots it also keeps dist_launch.snapshot snapshots at those steps (every rank its own)
+and resumes from the newest one before looking at the disk.
+
+Each rank prints "rank R step N done at T" (T: time.time()) as each step completes, its pid at
+start, and at the end the SHA-256 of its final weights (torchrun does not prefix the lines).
+
+    dist-launch --nproc-per-node 2 --max-restarts 1 bench/ttfs_train.py --checkpoint-dir DIR
+"""
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def say(line):
+    """One line in one write: ranks that share a pipe (torchrun's workers) do not mix theirs."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def build(hidden):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 1))
+
+
+def checkpoint_path(directory):
+    return os.path.join(directory, "checkpoint.pt")
+
+
+def resume(args, model, optimizer):
+    """The step to start after: from a snapshot (--snapshots), else the checkpoint, else 0."""
+    if args.snapshots:
+        from dist_launch import snapshot
+        restored = snapshot.load()
+        if restored is not None:
+            step, state = restored
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            return step, "snapshot"
+    path = checkpoint_path(args.checkpoint_dir)
+    if os.path.exists(path):
+        state = torch.load(path)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        return state["step"], "checkpoint"
+    return 0, "scratch"
+
+
+def save(args, step, model, optimizer, rank):
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    if args.snapshots:
+        from dist_launch import snapshot
+        snapshot.save(step, state)
+    if rank == 0:
+        path = checkpoint_path(args.checkpoint_dir)
+        torch.save(dict(state, step=step), path + ".tmp")
+        os.replace(path + ".tmp", path)
+    dist.barrier()  # no rank runs ahead of a checkpoint that is not written yet
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--checkpoint-dir", required=True)
+    ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--step-seconds", type=float, default=0.0,
+                    help="sleep this long in each step (a step's time on a real model)")
+    ap.add_argument("--snapshots", action="store_true")
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    say(f"rank {rank} pid {os.getpid()} attempt {attempt}")
+    module = build(args.hidden)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    start, source = resume(args, module, optimizer)
+    model = DDP(module)
+    say(f"rank {rank} attempt {attempt} resumes after step {start} from {source}")
+    for step in range(start + 1, args.steps + 1):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(args.batch, 64, generator=g)
+        y = x.sum(dim=1, keepdim=True).sin()
+        loss = ((model(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
+        say(f"rank {rank} step {step} done at {time.time():.6f}")
+        if step % args.checkpoint_every == 0:
+            save(args, step, module, optimizer, rank)
+    flat = torch.cat([p.detach().flatten() for p in module.parameters()])
+    say(f"rank {rank} final weights sha256 {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""Snapshots the agent holds: a worker's state in shared memory that outlives the worker, so that a
+restarted worker resumes from its last step without reading a checkpoint from disk.
+
+    from dist_launch import snapshot
+    restored = snapshot.load()                       # (step, obj) or None
+    if restored:
+        step, state = restored
+        model.load_state_dict(state["model"]); optimizer.load_state_dict(state["optim"])
+    ...
+    snapshot.save(step, {"model": model.state_dict(), "optim": optimizer.state_dict()})
+
+Under `dist-launch --snapshot-memory SIZE` (or `--snapshot-dir DIR`) the agent owns a directory in
+/dev/shm, named in DIST_LAUNCH_SNAPSHOT_DIR, and removes it when the job ends. save() writes one
+file per save into this local rank's folder: tensors (torch or numpy) as their raw bytes, the rest
+of the object pickled around them. A save is atomic: it is written under a temporary name and
+renamed when complete, so a save torn by a crash is never loaded. Each local rank keeps its two
+newest snapshots (the older one's memory is reused by the next save: a save is a copy, not an
+allocation); all of them together stay within --snapshot-memory, and a save past it raises
+SnapshotMemoryError. With --snapshot-dir the agent also copies them to disk (in the background, and
+at once when a worker fails), and load() reads them there after a restart of the node.
+
+load() returns the newest step that every local rank with snapshots has complete (so that DDP
+replicas resume together), else this rank's newest. Across nodes, agree on a step yourself (an
+all_reduce of MIN over steps()) and load(step).
+
+Outside dist-launch (or without those options) save() saves nothing and returns False, and load()
+returns None. Importing this module imports neither torch nor numpy; loading imports whichever
+the snapshot holds. The C++ SDK (dist/sdk/snapshot.h) reads and writes the same files.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import pickle
+import struct
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["SnapshotError", "SnapshotMemoryError", "enabled", "load", "save", "steps"]
+
+DIR_VARIABLE = "DIST_LAUNCH_SNAPSHOT_DIR"
+MEMORY_VARIABLE = "DIST_LAUNCH_SNAPSHOT_MEMORY"
+PERSIST_VARIABLE = "DIST_LAUNCH_SNAPSHOT_PERSIST_DIR"
+KEEP = 2  # complete snapshots per local rank
+
+MAGIC = b"DLSNAP01"
+FOOTER = b"DLSNAPOK"
+ALIGN = 64
+FORMAT = 1
+_PREFIX = struct.Struct("<8sQ")  # magic, header length
+_FOOTER = struct.Struct("<8sQ")  # "DLSNAPOK", total size
+
+
+class SnapshotError(RuntimeError):
+    """A snapshot could not be saved or read."""
+
+
+class SnapshotMemoryError(SnapshotError, MemoryError):
+    """A save would take the snapshots past --snapshot-memory."""
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _step_name(step: int) -> str:
+    return f"step_{step:020d}.snap"
+
+
+def _step_of(name: str) -> Optional[int]:
+    if name.startswith("step_") and name.endswith(".snap"):
+        try:
+            return int(name[5:-5])
+        except ValueError:
+            return None
+    return None
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _rank_dir(root: str, local_rank: int) -> str:
+    return os.path.join(root, f"local_rank_{local_rank}")
+
+
+def enabled() -> bool:
+    """Whether this worker runs under an agent that holds snapshots."""
+    return bool(os.environ.get(DIR_VARIABLE))
+
+
+_warned = False
+
+
+def _warn_disabled() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        print("dist_launch.snapshot: no snapshot store here (run under dist-launch "
+              "--snapshot-memory SIZE): nothing is saved", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+class _Tensor:
+    """One tensor's bytes, in place (no copy), and how to rebuild it."""
+
+    def __init__(self, kind: str, dtype: str, shape: List[int], view: Any, keep: Any,
+                 requires_grad: bool = False, parameter: bool = False):
+        self.kind, self.dtype, self.shape = kind, dtype, shape
+        self.view, self.keep = view, keep  # a buffer over the bytes, and what keeps them alive
+        self.requires_grad, self.parameter = requires_grad, parameter
+        self.name = ""
+        self.offset = 0
+        self.source: Any = None  # the object while pickling (its id is the key)
+
+    @property
+    def nbytes(self) -> int:
+        return self.view.nbytes
+
+
+def _torch_tensor(t: Any, torch: Any) -> Optional[_Tensor]:
+    if t.layout != torch.strided or t.is_quantized or getattr(t, "is_nested", False):
+        return None  # pickled as torch pickles it
+    data = t.detach()
+    if data.device.type != "cpu":
+        data = data.cpu()
+    data = data.contiguous()
+    nbytes = data.numel() * data.element_size()
+    view = memoryview((ctypes.c_ubyte * nbytes).from_address(data.data_ptr())) if nbytes else \
+        memoryview(b"")
+    return _Tensor("torch", str(data.dtype).replace("torch.", ""), list(data.shape), view, data,
+                   requires_grad=bool(t.requires_grad),
+                   parameter=isinstance(t, torch.nn.Parameter))
+
+
+def _numpy_array(a: Any, np: Any) -> Optional[_Tensor]:
+    if a.dtype.hasobject or a.dtype.fields is not None or a.dtype.subdtype is not None:
+        return None  # pickled as numpy pickles it
+    data = np.ascontiguousarray(a)
+    if data.dtype.kind in "biufc?":  # numbers: named as torch and the C++ SDK name them
+        if not data.dtype.isnative:
+            data = data.astype(data.dtype.newbyteorder("="))
+        dtype = data.dtype.name
+    else:
+        dtype = data.dtype.str
+    return _Tensor("numpy", dtype, list(data.shape), memoryview(data.reshape(-1).view(np.uint8)),
+                   data)
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles the object with every tensor replaced by its index in the tensor table."""
+
+    def __init__(self, file: Any, tensors: List[_Tensor]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors = tensors
+        self.by_id: Dict[int, int] = {}
+        self.torch = sys.modules.get("torch")
+        self.np = sys.modules.get("numpy")
+
+    def persistent_id(self, obj: Any) -> Optional[Tuple[str, int]]:
+        found = self.by_id.get(id(obj))
+        if found is not None:
+            return ("tensor", found)
+        tensor = None
+        if self.torch is not None and isinstance(obj, self.torch.Tensor):
+            tensor = _torch_tensor(obj, self.torch)
+        elif self.np is not None and type(obj) is self.np.ndarray:
+            tensor = _numpy_array(obj, self.np)
+        if tensor is None:
+            return None
+        self.by_id[id(obj)] = len(self.tensors)
+        self.tensors.append(tensor)
+        tensor.source = obj  # the id stays valid while pickling
+        return ("tensor", len(self.tensors) - 1)
+
+
+def _name_tensors(obj: Any, tensors: List[_Tensor], by_id: Dict[int, int]) -> None:
+    """Each tensor's path in the object ("model.fc.weight"), for the C++ SDK and for errors."""
+    stack = [("", obj)]
+    seen = set()
+    while stack:
+        path, item = stack.pop()
+        index = by_id.get(id(item))
+        if index is not None:
+            if not tensors[index].name:
+                tensors[index].name = path
+            continue
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(item))
+    for i, t in enumerate(tensors):
+        if not t.name:
+            t.name = f"#{i}"
+
+
+class _Plan:
+    """The file's layout: header, pickled skeleton, tensors, footer."""
+
+    def __init__(self, step: int, obj: Any):
+        import io
+        self.tensors: List[_Tensor] = []
+        buffer = io.BytesIO()
+        pickler = _Pickler(buffer, self.tensors)
+        pickler.dump(obj)
+        self.skeleton = buffer.getvalue()
+        _name_tensors(obj, self.tensors, pickler.by_id)
+        for t in self.tensors:
+            t.source = None
+        header = self._header(step, 0, 0)
+        while True:  # offsets depend on the header's length, which depends on them
+            start = _align(_PREFIX.size + len(header))
+            self.skeleton_offset = start
+            offset = _align(start + len(self.skeleton))
+            for t in self.tensors:
+                t.offset = offset
+                offset = _align(offset + t.nbytes)
+            self.size = offset + _FOOTER.size
+            new_header = self._header(step, self.skeleton_offset, self.size)
+            if len(new_header) <= len(header):
+                header = new_header.ljust(len(header))
+                break
+            header = new_header
+        self.header = header
+
+    def _header(self, step: int, skeleton_offset: int, size: int) -> bytes:
+        return json.dumps({
+            "format": FORMAT, "step": step, "local_rank": _local_rank(), "writer": "python",
+            "skeleton": {"kind": "pickle", "offset": skeleton_offset,
+                         "size": len(self.skeleton)},
+            "tensors": [{"name": t.name, "kind": t.kind, "dtype": t.dtype, "shape": t.shape,
+                         "offset": t.offset, "nbytes": t.nbytes,
+                         "requires_grad": t.requires_grad, "parameter": t.parameter}
+                        for t in self.tensors],
+            "size": size}).encode()
+
+    def write(self, fd: int) -> None:
+        os.pwrite(fd, _PREFIX.pack(MAGIC, len(self.header)) + self.header, 0)
+        os.pwrite(fd, self.skeleton, self.skeleton_offset)
+        for t in self.tensors:
+            written = 0
+            while written < t.nbytes:  # a write of more than 2 GiB returns short
+                written += os.pwrite(fd, t.view[written:], t.offset + written)
+        os.pwrite(fd, _FOOTER.pack(FOOTER, self.size), self.size - _FOOTER.size)
+
+
+def _allocated(path: str) -> int:
+    try:
+        return os.stat(path).st_blocks * 512
+    except OSError:
+        return 0
+
+
+def _usage(root: str) -> int:
+    total = 0
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            total += _allocated(os.path.join(dirpath, name))
+    return total
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_torn(rank_dir: str) -> None:
+    """Removes the partial saves of workers that died while saving."""
+    for name in os.listdir(rank_dir):
+        if name.startswith(".tmp."):
+            try:
+                pid = int(name.rsplit(".", 1)[1])
+            except ValueError:
+                continue
+            if pid != os.getpid() and not _pid_alive(pid):
+                try:
+                    os.unlink(os.path.join(rank_dir, name))
+                except FileNotFoundError:
+                    pass
+
+
+def _complete_steps(rank_dir: str) -> List[int]:
+    try:
+        names = os.listdir(rank_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(s for s in map(_step_of, names) if s is not None)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
+    """Under the store's lock: a file of `size` bytes for this save, allocated (the oldest
+    snapshot's memory reused when this rank has KEEP of them), within the memory limit. Returns
+    (descriptor, temporary path)."""
+    limit = int(os.environ.get(MEMORY_VARIABLE, "0") or 0)
+    lock = os.open(os.path.join(root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _sweep_torn(rank_dir)
+        complete = _complete_steps(rank_dir)
+        recycled = None
+        if step in complete:
+            recycled = _step_name(step)
+        elif len(complete) >= KEEP:
+            recycled = _step_name(complete[0])
+        temporary = os.path.join(rank_dir, f".tmp.{_step_name(step)}.{os.getpid()}")
+        reused = 0
+        if recycled is not None:
+            reused = _allocated(os.path.join(rank_dir, recycled))
+        usage = _usage(root)
+        needed = max(0, size - reused)
+        if limit and usage + needed > limit:
+            raise SnapshotMemoryError(
+                f"snapshot of local rank {_local_rank()} at step {step} needs {_human(size)}: "
+                f"the snapshots hold {_human(usage)} of --snapshot-memory {_human(limit)} "
+                f"(each local rank keeps {KEEP} and writes a third while saving); raise "
+                f"--snapshot-memory or save less")
+        if recycled is not None:
+            os.rename(os.path.join(rank_dir, recycled), temporary)
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            have = os.fstat(fd).st_size  # a reused file's memory is all there already
+            if have > size:
+                os.ftruncate(fd, size)
+            elif have < size:
+                os.posix_fallocate(fd, have, size - have)
+        except OSError as e:
+            os.close(fd)
+            os.unlink(temporary)
+            raise SnapshotMemoryError(f"cannot allocate {_human(size)} for the snapshot of local "
+                                      f"rank {_local_rank()} at step {step}: {e}") from e
+        return fd, temporary
+    finally:
+        os.close(lock)
+
+
+def save(step: int, obj: Any) -> bool:
+    """Stores `obj` (a state_dict, or any picklable object; its tensors as raw bytes) as this local
+    rank's snapshot at `step`, atomically. Returns False when no agent holds snapshots here.
+    Raises SnapshotMemoryError past --snapshot-memory, SnapshotError when it cannot be written."""
+    root = os.environ.get(DIR_VARIABLE)
+    if not root:
+        _warn_disabled()
+        return False
+    step = int(step)
+    if step < 0:
+        raise ValueError(f"snapshot step must be >= 0, got {step}")
+    plan = _Plan(step, obj)
+    rank_dir = _rank_dir(root, _local_rank())
+    try:
+        os.makedirs(rank_dir, exist_ok=True)
+        fd, temporary = _reserve(root, rank_dir, step, plan.size)
+    except SnapshotError:
+        raise
+    except OSError as e:
+        raise SnapshotError(f"cannot save the snapshot of local rank {_local_rank()} at step "
+                            f"{step} in {rank_dir}: {e}") from e
+    try:
+        plan.write(fd)
+    except OSError as e:
+        os.close(fd)
+        os.unlink(temporary)
+        raise SnapshotError(f"cannot write the snapshot of local rank {_local_rank()} at step "
+                            f"{step}: {e}") from e
+    os.close(fd)
+    os.rename(temporary, os.path.join(rank_dir, _step_name(step)))
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+def _roots() -> List[str]:
+    return [r for r in (os.environ.get(DIR_VARIABLE), os.environ.get(PERSIST_VARIABLE)) if r]
+
+
+def _steps_by_rank() -> Dict[int, set]:
+    found: Dict[int, set] = {}
+    for root in _roots():
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            if name.startswith("local_rank_"):
+                try:
+                    rank = int(name[len("local_rank_"):])
+                except ValueError:
+                    continue
+                found.setdefault(rank, set()).update(_complete_steps(os.path.join(root, name)))
+    return found
+
+
+def steps() -> List[int]:
+    """This local rank's complete snapshots' steps, oldest first."""
+    return sorted(_steps_by_rank().get(_local_rank(), ()))
+
+
+def _buffer(size: int) -> Any:
+    """`size` writable bytes, uninitialised where numpy is already there (no zeroing to pay)."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        return np.empty(size, dtype=np.uint8)
+    return bytearray(size)
+
+
+def _read(path: str) -> Tuple[dict, Any]:
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = _buffer(size)
+        view = memoryview(data).cast("B")
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    if got != size or size < _PREFIX.size + _FOOTER.size:
+        raise SnapshotError(f"{path}: truncated")
+    magic, header_len = _PREFIX.unpack_from(data, 0)
+    footer, total = _FOOTER.unpack_from(data, size - _FOOTER.size)
+    if magic != MAGIC or footer != FOOTER or total != size:
+        raise SnapshotError(f"{path}: not a complete dist-launch snapshot")
+    header = json.loads(bytes(memoryview(data)[_PREFIX.size:_PREFIX.size + header_len]))
+    if header.get("format") != FORMAT:
+        raise SnapshotError(f"{path}: snapshot format {header.get('format')}, this reads "
+                            f"{FORMAT}")
+    return header, data
+
+
+def _rebuild(entry: dict, data: Any) -> Any:
+    shape, offset, nbytes = entry["shape"], entry["offset"], entry["nbytes"]
+    # "raw" (the C++ SDK's): numpy arrays, or torch tensors where numpy is missing.
+    if entry["kind"] == "torch" or (entry["kind"] == "raw" and not _has("numpy")):
+        import torch
+        dtype = getattr(torch, entry["dtype"])
+        if nbytes == 0:
+            t = torch.empty(shape, dtype=dtype)
+        else:
+            count = nbytes // torch.empty((), dtype=dtype).element_size()
+            t = torch.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+        if entry.get("parameter"):
+            return torch.nn.Parameter(t, requires_grad=bool(entry.get("requires_grad")))
+        if entry.get("requires_grad"):
+            t.requires_grad_(True)
+        return t
+    import numpy as np
+    dtype = np.dtype(entry["dtype"])
+    count = nbytes // dtype.itemsize if dtype.itemsize else 0
+    return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: Any, tensors: List[Any]):
+        super().__init__(file)
+        self.tensors = tensors
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, index = pid
+        if kind != "tensor":
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        return self.tensors[index]
+
+
+def _load_file(path: str) -> Tuple[int, Any]:
+    import io
+    header, data = _read(path)
+    tensors = [_rebuild(entry, data) for entry in header["tensors"]]
+    skeleton = header["skeleton"]
+    if skeleton["kind"] == "pickle":
+        start = skeleton["offset"]
+        skeleton_bytes = bytes(memoryview(data)[start:start + skeleton["size"]])
+        obj = _Unpickler(io.BytesIO(skeleton_bytes), tensors).load()
+    else:  # the C++ SDK's: named tensors
+        obj = {entry["name"]: t for entry, t in zip(header["tensors"], tensors)}
+    return int(header["step"]), obj
+
+
+def _choose(by_rank: Dict[int, set], rank: int) -> List[int]:
+    """This rank's steps to try, best first: those every rank with snapshots has, newest first,
+    then the rest of this rank's."""
+    mine = by_rank.get(rank, set())
+    common = set(mine)
+    for other in by_rank.values():
+        if other:
+            common &= other
+    return sorted(common, reverse=True) + sorted(mine - common, reverse=True)
+
+
+def load(step: Optional[int] = None) -> Optional[Tuple[int, Any]]:
+    """(step, obj) of this local rank's newest complete snapshot that every local rank with
+    snapshots has (or of `step`), None when there is none. Tensors come back as they were saved
+    (torch or numpy, on the CPU), sharing one buffer per snapshot."""
+    rank = _local_rank()
+    by_rank = _steps_by_rank()
+    candidates = [step] if step is not None else _choose(by_rank, rank)
+    for candidate in candidates:
+        for root in _roots():
+            path = os.path.join(_rank_dir(root, rank), _step_name(candidate))
+            if not os.path.exists(path):
+                continue
+            try:
+                return _load_file(path)
+            except (OSError, SnapshotError, ValueError, KeyError):
+                continue  # replaced while read, or a damaged copy: the next one
+    return None

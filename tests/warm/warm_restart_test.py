@@ -1,0 +1,702 @@
+"""dist-launch --warm-restart and snapshots with real interpreters and real processes.
+
+    python3 warm_restart_test.py --launcher build/bin/dist-launch --python /usr/bin/python3 \
+        --suite workers|torch [--require-major 1|2] [unittest args]
+
+workers: what a worker forked from the zygote is (compared with a cold one, field by field: argv,
+__main__, sys.path, environment, signals, descriptors, process group...), -m, a function
+entrypoint, a venv, exit codes and tracebacks, a worker that forks, SIGKILL of the agent, the
+zygote dying between attempts, a zygote that cannot import, snapshots (a save torn by a crash,
+the memory bound, --snapshot-dir, the stand-in dist_launch module), and the C++ SDK's snapshots in
+examples/ddp_train (--ddp-train). Needs numpy only.
+torch: a torch DDP job (gloo) restarted warm ends with the weights of an uninterrupted cold run,
+with the error file in the report; the same job resuming from snapshots after a SIGKILL.
+Exits 77 (skip) when the interpreter lacks numpy (workers) or torch of --require-major (torch).
+"""
+import argparse
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.dirname(os.path.dirname(HERE))
+PROBE = os.path.join(HERE, "probe.py")
+DDP_EXAMPLE = os.path.join(SOURCE, "examples", "torch", "ddp_train.py")
+TTFS_TRAIN = os.path.join(SOURCE, "bench", "ttfs_train.py")
+ARGS = None
+JOB_TIMEOUT_S = 240
+FORKED = re.compile(r"round (\d+): (\d+) of (\d+) workers forked from the zygote")
+# The values that differ between any two runs of one job, cold or warm.
+PER_RUN = {"MASTER_PORT", "DIST_LAUNCH_AGENT_ID", "TORCHELASTIC_ERROR_FILE"}
+
+
+def environment(**extra):
+    env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+    for name in ("OMP_NUM_THREADS", "PYTHONPATH", "LOGLEVEL"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def launch(*args, env=None, cwd=None, timeout=JOB_TIMEOUT_S):
+    return subprocess.run([ARGS.launcher, *args], env=env or environment(), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def worker_lines(text, rank=0):
+    prefix = f"[default{rank}]:"
+    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def probes(proc):
+    found = {}
+    for rank in (0, 1):
+        for line in worker_lines(proc.stdout, rank):
+            if line.startswith("PROBE "):
+                found[rank] = json.loads(line[len("PROBE "):])
+    return found
+
+
+def forked_rounds(proc):
+    """{round: (workers forked, workers)} from the agent's lines."""
+    return {int(m.group(1)): (int(m.group(2)), int(m.group(3)))
+            for m in FORKED.finditer(proc.stderr or proc.stdout)}
+
+
+def write(directory, name, code):
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        f.write(textwrap.dedent(code))
+    return path
+
+
+def wait_until(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def marked_processes(agent_id):
+    """Every process whose environment carries the job's marker."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.startswith(b"DIST_LAUNCH_AGENT_ID=") and \
+                    agent_id.encode() in entry.split(b"=", 1)[1].split(b":"):
+                found.append(int(pid))
+    return found
+
+
+class Temp(unittest.TestCase):
+    def temp(self):
+        d = tempfile.mkdtemp(prefix="dist-warm-test-")
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
+        return d
+
+
+class WarmWorkers(Temp):
+    """No torch needed: the zygote preloads numpy, or nothing."""
+
+    def compare(self, cold, warm, ranks=(0, 1)):
+        for rank in ranks:
+            c, w = dict(cold[rank]), dict(warm[rank])
+            for state in (c, w):
+                for key in ("env", "child_env"):
+                    state[key] = {k: (v if k not in PER_RUN else "<per run>")
+                                  for k, v in state[key].items()}
+                for key in ("random", "numpy_random", "torch_seed"):
+                    state.pop(key)
+                # A warm worker has exactly the descriptors the agent passes; a cold one, today,
+                # also inherits two the agent leaves inheritable (its store's listening socket,
+                # which asio opens without FD_CLOEXEC, and the /dev/null process.cc opens for
+                # stdin): not a difference to keep.
+                state["fds"] = [fd for fd in state.pop("fds") if fd <= 2]
+            self.assertEqual(w["fds"], [0, 1, 2])
+            for key in c:
+                self.assertEqual(c[key], w[key], f"rank {rank}: '{key}' differs cold/warm")
+            self.assertEqual(w["env"], w["child_env"], "the C environ is os.environ")
+
+    def run_probe(self, *target, warm, cwd=None, env=None):
+        flags = ["--warm-restart", "--preload", "numpy"] if warm else []
+        # A long argument: the zygote's own command line is shorter than the workers'.
+        proc = launch("--nproc-per-node", "2", *flags, *target, "an arg", "--x=${local_rank}",
+                      "y" * 300, cwd=cwd, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        if warm:
+            self.assertEqual(forked_rounds(proc), {0: (2, 2)}, proc.stderr)
+        else:
+            self.assertEqual(forked_rounds(proc), {})
+        found = probes(proc)
+        self.assertEqual(set(found), {0, 1}, proc.stdout)
+        return found
+
+    def test_a_warm_worker_is_what_a_cold_one_is(self):
+        cold = self.run_probe(PROBE, warm=False)
+        warm = self.run_probe(PROBE, warm=True)
+        self.compare(cold, warm)
+        self.assertEqual(warm[0]["argv"], [PROBE, "an arg", "--x=0", "y" * 300])
+        self.assertEqual(warm[1]["argv"], [PROBE, "an arg", "--x=1", "y" * 300])
+        self.assertEqual(warm[0]["path"][0], HERE)
+        self.assertEqual(warm[0]["fds"], [0, 1, 2], "no descriptor but the agent's")
+        self.assertEqual(warm[0]["stdin"], "/dev/null")
+        self.assertTrue(warm[0]["pgid_is_pid"])
+        self.assertEqual(warm[0]["parent"], "dist-launch")
+        self.assertEqual(warm[0]["pdeathsig"], signal.SIGKILL)
+        self.assertEqual(warm[0]["cmdline"][1:], ["-u", PROBE, "an arg", "--x=0", "y" * 300])
+        self.assertEqual(warm[0]["threads"], 1)
+        # Fresh per worker, as in a fresh interpreter.
+        self.assertNotEqual(warm[0]["random"], warm[1]["random"])
+        self.assertNotEqual(warm[0]["numpy_random"], warm[1]["numpy_random"])
+
+    def test_dash_m_module(self):
+        cold = self.run_probe("-m", "probe", warm=False, cwd=HERE)
+        warm = self.run_probe("-m", "probe", warm=True, cwd=HERE)
+        self.compare(cold, warm)
+        self.assertEqual(warm[0]["argv"], [PROBE, "an arg", "--x=0", "y" * 300])
+        self.assertEqual(warm[0]["spec"], "probe")
+        self.assertEqual(warm[0]["path"][0], HERE)
+
+    def test_a_venv(self):
+        venv = os.path.join(self.temp(), "venv")
+        subprocess.run([ARGS.python, "-m", "venv", "--without-pip", "--system-site-packages",
+                        venv], check=True, timeout=120)
+        python = os.path.join(venv, "bin", "python")
+        env = environment(PYTHON_EXEC=python)
+        cold = self.run_probe(PROBE, warm=False, env=env)
+        warm = self.run_probe(PROBE, warm=True, env=env)
+        self.compare(cold, warm)
+        self.assertEqual(os.path.realpath(warm[0]["prefix"]), os.path.realpath(venv))
+        self.assertEqual(warm[0]["executable"], python)
+
+    def test_an_interpreter_behind_a_wrapper_script(self):
+        # As pyenv's shims are: the wrapper changes the environment, then runs the interpreter.
+        d = self.temp()
+        wrapper = write(d, "python-wrapper", f"""\
+            #!/bin/sh
+            export WRAPPED=yes
+            export PATH="/wrapper/bin:$PATH"
+            unset DIST_WARM_TEST_UNSET
+            exec {ARGS.python} "$@"
+        """)
+        os.chmod(wrapper, 0o755)
+        env = environment(PYTHON_EXEC=wrapper, DIST_WARM_TEST_UNSET="1")
+        cold = self.run_probe(PROBE, warm=False, env=env)
+        warm = self.run_probe(PROBE, warm=True, env=env)
+        self.compare(cold, warm)
+        self.assertEqual(warm[1]["env"]["WRAPPED"], "yes")
+        self.assertIn("/wrapper/bin:", warm[1]["env"]["PATH"])
+        self.assertNotIn("DIST_WARM_TEST_UNSET", warm[1]["env"])
+        self.assertEqual(warm[1]["env"]["RANK"], "1")
+
+    def test_a_function_entrypoint(self):
+        d = self.temp()
+        driver = write(d, "driver.py", f"""
+            import os, sys
+            sys.path.insert(0, {os.path.join(SOURCE, "python")!r})
+            from dist_launch import LaunchConfig, launch
+
+            def where(base):
+                # numpy is in a warm worker before anything imported it: the zygote preloaded it
+                return base + int(os.environ["RANK"]), "numpy" in sys.modules
+
+            if __name__ == "__main__":
+                config = LaunchConfig(nproc_per_node=2, warm_restart=True, preload=["numpy"])
+                print("RESULT", sorted(launch(config, where, 10).items()), flush=True)
+        """)
+        env = environment(PATH=os.path.dirname(ARGS.launcher) + os.pathsep + os.environ["PATH"])
+        proc = subprocess.run([ARGS.python, driver], env=env, capture_output=True, text=True,
+                              timeout=JOB_TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("RESULT [(0, (10, True)), (1, (11, True))]", proc.stdout)
+        self.assertIn("round 0: 2 of 2 workers forked from the zygote", proc.stderr)
+
+    def test_redirects_and_tee_write_a_warm_workers_logs(self):
+        d = self.temp()
+        script = write(d, "talk.py", """
+            import sys
+            print("to stdout", flush=True)
+            print("to stderr", file=sys.stderr, flush=True)
+        """)
+        logs = os.path.join(d, "logs")
+        proc = launch("--nproc-per-node", "1", "--warm-restart", "--preload", "", "--log-dir", logs,
+                      "--redirects", "1", "--tee", "2", "--rdzv-id", "talk", script)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(forked_rounds(proc), {0: (1, 1)}, proc.stderr)
+        self.assertNotIn("to stdout", proc.stdout)  # redirected: the file only
+        self.assertIn("[default0]:to stderr", proc.stderr)  # tee'd: the file and the console
+        (run,) = os.listdir(logs)
+        worker = os.path.join(logs, run, "attempt_0", "0")
+        self.assertEqual(open(os.path.join(worker, "stdout.log")).read(), "to stdout\n")
+        self.assertEqual(open(os.path.join(worker, "stderr.log")).read(), "to stderr\n")
+
+    def test_exit_codes_output_and_tracebacks_are_a_cold_workers(self):
+        d = self.temp()
+        scripts = {
+            "raises": "def inner():\n    raise ValueError('boom')\ninner()\n",
+            "exits_3": "import sys\nprint('bye', flush=True)\nsys.exit(3)\n",
+            "exits_message": "import sys\nsys.exit('a message')\n",
+            "os_exit": "import os\nos._exit(7)\n",
+            "segv": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n",
+            "interrupted": "raise KeyboardInterrupt\n",
+            "syntax_error": "print('fine')\ndef broken(:\n",
+            "unwinds": textwrap.dedent("""
+                import atexit, threading, time
+                atexit.register(lambda: print('atexit ran', flush=True))
+                def late():
+                    time.sleep(0.2)
+                    print('thread done', flush=True)
+                threading.Thread(target=late).start()
+                print('main done', flush=True)
+            """),
+        }
+        for name, code in scripts.items():
+            path = write(d, name + ".py", code)
+            runs = {}
+            for warm in (False, True):
+                flags = ["--warm-restart", "--preload", ""] if warm else []
+                proc = launch("--nproc-per-node", "1", *flags, path)
+                runs[warm] = (proc.returncode, worker_lines(proc.stdout),
+                              [ln for ln in worker_lines(proc.stderr)])
+                self.assertEqual(bool(forked_rounds(proc)), warm, proc.stderr)
+            with self.subTest(script=name):
+                self.assertEqual(runs[False], runs[True])
+        self.assertEqual(runs[True][1], ["main done", "thread done", "atexit ran"])
+
+    def test_the_failure_report_and_signals_reach_a_warm_worker(self):
+        d = self.temp()
+        script = write(d, "usr1.py", """
+            import os, signal, time
+            got = []
+            signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+            fd = int(os.environ["DIST_HEARTBEAT_FD"])
+            print("heartbeat", os.readlink(f"/proc/self/fd/{fd}"), flush=True)
+            print("waiting", flush=True)
+            while not got:
+                time.sleep(0.01)
+            raise RuntimeError(f"rank {os.environ['RANK']} got signal {got[0]}")
+        """)
+        proc = subprocess.Popen([ARGS.launcher, "--nproc-per-node", "1", "--warm-restart",
+                                 "--preload", "", "--signals-to-handle", "SIGTERM,SIGUSR1",
+                                 "--worker-heartbeat-timeout", "60", script],
+                                env=environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            for line in proc.stdout:
+                if "waiting" in line:
+                    break
+            proc.send_signal(signal.SIGUSR1)
+            out, err = proc.communicate(timeout=JOB_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.assertEqual(proc.returncode, 1, err)
+        self.assertIn("round 0: 1 of 1 workers forked from the zygote", err)
+        self.assertIn("RuntimeError: rank 0 got signal 10", err)
+        self.assertIn("usr1.py FAILED", err)
+
+    def test_a_worker_that_forks_and_the_next_attempt_is_warm_again(self):
+        d = self.temp()
+        script = write(d, "forks.py", f"""
+            import os, subprocess, sys, time
+            attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+            if attempt == 0 and os.environ["RANK"] == "0":
+                child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+                pid = os.fork()
+                if pid == 0:
+                    os.setsid()
+                    time.sleep(600)
+                    os._exit(0)
+                with open({os.path.join(d, "children")!r}, "w") as f:
+                    f.write(f"{{child.pid}} {{pid}}")
+                raise SystemExit(5)
+            print("attempt", attempt, flush=True)
+        """)
+        proc = launch("--nproc-per-node", "2", "--max-restarts", "1", "--warm-restart",
+                      "--preload", "numpy", script)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(forked_rounds(proc), {0: (2, 2), 1: (2, 2)}, proc.stderr)
+        self.assertIn("attempt 1", worker_lines(proc.stdout, 0))
+        for pid in map(int, open(os.path.join(d, "children")).read().split()):
+            self.assertFalse(os.path.exists(f"/proc/{pid}"), f"child {pid} outlived its job")
+
+    def test_sigkill_of_the_agent_leaves_no_process_and_no_shared_memory(self):
+        d = self.temp()
+        script = write(d, "forever.py", """
+            import os, subprocess, sys, time
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            if os.fork() == 0:
+                os.setsid()
+                time.sleep(600)
+                os._exit(0)
+            print("ids", os.environ["DIST_LAUNCH_AGENT_ID"].split(":")[-1],
+                  os.environ["DIST_LAUNCH_SNAPSHOT_DIR"], flush=True)
+            time.sleep(600)
+        """)
+        proc = subprocess.Popen([ARGS.launcher, "--nproc-per-node", "2", "--warm-restart",
+                                 "--preload", "numpy", "--snapshot-memory", "16M", script],
+                                env=environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        try:
+            seen = 0
+            for line in proc.stdout:
+                if "ids " in line:
+                    agent_id, snapshots = line.split("ids ", 1)[1].split()
+                    seen += 1
+                if seen == 2:
+                    break
+            self.assertEqual(seen, 2)
+            scratch = os.path.dirname(snapshots)
+            self.assertTrue(os.path.isdir(scratch))
+            self.assertGreaterEqual(len(marked_processes(agent_id)), 5)  # zygote, workers, ...
+            proc.kill()
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        wait_until(lambda: not marked_processes(agent_id), 30, "every marked process gone")
+        wait_until(lambda: not os.path.exists(scratch), 30, f"{scratch} removed")
+
+    def test_the_zygote_dying_between_attempts_is_replaced(self):
+        d = self.temp()
+        script = write(d, "the_job.py", """
+            import os, signal, time
+            attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+            started = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank1_started")
+            if attempt == 0 and os.environ["RANK"] == "1":
+                open(started, "w").close()
+            if attempt == 0 and os.environ["RANK"] == "0":
+                deadline = time.monotonic() + 60  # both forked before the zygote goes
+                while not os.path.exists(started) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                me = os.environ["DIST_LAUNCH_AGENT_ID"].encode()
+                for pid in filter(str.isdigit, os.listdir("/proc")):
+                    try:
+                        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+                        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+                    except OSError:
+                        continue
+                    named = any(os.path.basename(a) == b"_zygote.py" for a in cmdline.split(b"\\0"))
+                    if named and b"DIST_LAUNCH_AGENT_ID=" + me in environ:
+                        os.kill(int(pid), signal.SIGKILL)
+                        print("killed the zygote", pid, flush=True)
+                raise SystemExit(3)
+            print("attempt", attempt, flush=True)
+        """)
+        proc = launch("--nproc-per-node", "2", "--max-restarts", "1", "--warm-restart",
+                      "--preload", "numpy", script)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("killed the zygote", proc.stdout)
+        self.assertIn("this attempt gets a new zygote", proc.stderr)
+        self.assertEqual(forked_rounds(proc), {0: (2, 2), 1: (2, 2)}, proc.stderr)
+
+    def test_a_zygote_that_cannot_import_falls_back_cold_with_one_warning(self):
+        d = self.temp()
+        script = write(d, "flaky.py", """
+            import os
+            if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+                raise SystemExit(4)
+            print("ran", flush=True)
+        """)
+        proc = launch("--nproc-per-node", "2", "--max-restarts", "1", "--warm-restart",
+                      "--preload", "no_such_module_here", script)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        warnings = [ln for ln in proc.stderr.splitlines() if "--warm-restart:" in ln]
+        self.assertEqual(len(warnings), 1, proc.stderr)
+        self.assertIn("no_such_module_here", warnings[0])
+        self.assertEqual(forked_rounds(proc), {})
+        self.assertIn("restarting the worker group (restart 1 of 1)", proc.stderr)
+
+    def test_no_python_workers_are_unaffected(self):
+        proc = launch("--nproc-per-node", "1", "--warm-restart", "--no-python", "/bin/echo",
+                      "plain")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("[default0]:plain", proc.stdout)
+        self.assertIn("--warm-restart forks Python workers only", proc.stderr)
+        self.assertEqual(forked_rounds(proc), {})
+
+
+class Snapshots(Temp):
+    """dist_launch.snapshot in workers (numpy arrays; torch in the torch suite)."""
+
+    def test_a_save_torn_by_a_crash_is_never_loaded(self):
+        d = self.temp()
+        script = write(d, "torn.py", """
+            import os, signal, sys
+            import numpy as np
+            from dist_launch import snapshot
+            attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+            if attempt == 0:
+                assert snapshot.save(10, {"w": np.full(1000, 10.0), "step": 10})
+                real = os.pwrite
+                def die_midway(fd, data, offset):
+                    real(fd, data, offset)
+                    os.kill(os.getpid(), signal.SIGKILL)  # after the header, before the rest
+                os.pwrite = die_midway
+                snapshot.save(20, {"w": np.full(1000, 20.0), "step": 20})
+            step, state = snapshot.load()
+            folder = os.path.join(os.environ["DIST_LAUNCH_SNAPSHOT_DIR"], "local_rank_0")
+            print("loaded", step, state["step"], float(state["w"][0]), sorted(os.listdir(folder)),
+                  "torch" in sys.modules, flush=True)
+        """)
+        proc = launch("--nproc-per-node", "1", "--max-restarts", "1", "--snapshot-memory", "64M",
+                      "--warm-restart", "--preload", "numpy", script)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("failed: SIGKILL", proc.stderr)
+        line = [ln for ln in worker_lines(proc.stdout) if ln.startswith("loaded")]
+        self.assertEqual(line, ["loaded 10 10 10.0 ['step_00000000000000000010.snap'] False"],
+                         "the torn step-20 save neither loaded nor left behind")
+
+    def test_past_the_memory_bound_a_save_fails_clearly(self):
+        d = self.temp()
+        script = write(d, "big.py", """
+            import numpy as np
+            from dist_launch import snapshot
+            snapshot.save(1, {"w": np.zeros(2 * 1024 * 1024 // 8)})  # 2 MiB
+        """)
+        proc = launch("--nproc-per-node", "1", "--snapshot-memory", "1M", script)
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("SnapshotMemoryError: snapshot of local rank 0 at step 1 needs 2.0 MiB",
+                      proc.stderr)
+        self.assertIn("raise --snapshot-memory or save less", proc.stderr)
+
+    def test_snapshot_dir_keeps_them_for_a_restarted_node(self):
+        d = self.temp()
+        persisted = os.path.join(d, "persisted")
+        script = write(d, "persist.py", """
+            import os, sys
+            import numpy as np
+            from dist_launch import snapshot
+            found = snapshot.load()
+            if found is None:
+                for step in (10, 20):
+                    snapshot.save(step, {"w": np.full(4, float(step))})
+                raise SystemExit("the node goes down")
+            print("resumed", found[0], found[1]["w"].tolist(), flush=True)
+        """)
+        first = launch("--nproc-per-node", "1", "--snapshot-dir", persisted, script)
+        self.assertEqual(first.returncode, 1, first.stdout + first.stderr)
+        self.assertEqual(sorted(os.listdir(os.path.join(persisted, "local_rank_0"))),
+                         ["step_00000000000000000020.snap"],
+                         "persisted at once when the worker failed")
+        second = launch("--nproc-per-node", "1", "--snapshot-dir", persisted, script)
+        self.assertEqual(second.returncode, 0, second.stdout + second.stderr)
+        self.assertIn("resumed 20 [20.0, 20.0, 20.0, 20.0]", worker_lines(second.stdout))
+
+    def test_the_module_needs_no_installed_dist_launch_and_shadows_none(self):
+        d = self.temp()
+        script = write(d, "which.py", """
+            import sys
+            from dist_launch import snapshot
+            import dist_launch
+            print("which", getattr(dist_launch, "MARK", "the stand-in"), "torch" in sys.modules,
+                  snapshot.save(1, {"n": 1}), snapshot.load(), flush=True)
+        """)
+        # An interpreter without dist_launch: the stand-in module the agent puts on the path.
+        if not has(ARGS.python, "import dist_launch"):
+            proc = launch("--nproc-per-node", "1", "--snapshot-memory", "8M", script)
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            self.assertIn("which the stand-in False True (1, {'n': 1})",
+                          worker_lines(proc.stdout))
+        # A venv where a dist_launch (without snapshot.py) is installed: that one is imported.
+        venv = os.path.join(d, "venv")
+        subprocess.run([ARGS.python, "-m", "venv", "--without-pip", "--system-site-packages",
+                        venv], check=True, timeout=120)
+        python = os.path.join(venv, "bin", "python")
+        site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                               "['purelib'])"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        os.makedirs(os.path.join(site, "dist_launch"))
+        write(os.path.join(site, "dist_launch"), "__init__.py", "MARK = 'the installed one'\n")
+        for warm in ([], ["--warm-restart", "--preload", ""]):
+            proc = launch("--nproc-per-node", "1", "--snapshot-memory", "8M", *warm, script,
+                          env=environment(PYTHON_EXEC=python))
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            self.assertIn("which the installed one False True (1, {'n': 1})",
+                          worker_lines(proc.stdout))
+
+
+class CppSnapshots(Temp):
+    """dist::sdk::save_snapshot / load_snapshot in examples/ddp_train (--snapshots)."""
+
+    def test_ddp_train_resumes_from_a_snapshot_with_an_uninterrupted_runs_weights(self):
+        if not ARGS.ddp_train or not os.access(ARGS.ddp_train, os.X_OK):
+            self.skipTest("examples/ddp_train is not built here")
+
+        def sha(proc):
+            return set(re.findall(r"rank \d weights sha256 ([0-9a-f]+)", proc.stdout))
+
+        reference = launch("--nproc-per-node", "2", "--no-python", ARGS.ddp_train, "--epochs",
+                           "3")
+        self.assertEqual(reference.returncode, 0, reference.stderr)
+        proc = launch("--nproc-per-node", "2", "--max-restarts", "1", "--snapshot-memory", "64M",
+                      "--no-python", ARGS.ddp_train, "--epochs", "3", "--snapshots",
+                      "--crash-at-step", "120")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("injected crash at step 120", proc.stdout + proc.stderr)
+        self.assertIn("resumed from a snapshot at step 100", proc.stdout)
+        self.assertEqual(len(sha(reference)), 1)
+        self.assertEqual(sha(proc), sha(reference))
+
+    def test_ddp_train_refuses_snapshots_with_per_rank_state(self):
+        # Snapshots hold the weights only: a lossy compression's residuals and local-sgd's own
+        # weights would be lost, so ddp_train says so at once (one line, exit 2).
+        if not ARGS.ddp_train or not os.access(ARGS.ddp_train, os.X_OK):
+            self.skipTest("examples/ddp_train is not built here")
+        for extra in (["--compression", "fp16"], ["--sync", "local-sgd:4"]):
+            proc = subprocess.run([ARGS.ddp_train, "--snapshots", *extra], capture_output=True,
+                                  text=True, timeout=60)
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertEqual(proc.stderr.count("\n"), 1, proc.stderr)
+            self.assertIn("--snapshots keeps the weights only", proc.stderr)
+
+
+def kill_rank1_at(argv, step, env, timeout=JOB_TIMEOUT_S):
+    """Runs a bench/ttfs_train.py job, SIGKILLs rank 1 of attempt 0 once it completed `step`;
+    returns (exit code, output lines)."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines, pid1, killed, buffer = [], None, False, b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if not ready:
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            for raw in complete:
+                line = raw.decode(errors="replace")
+                lines.append(line)
+                m = re.search(r"rank 1 pid (\d+) attempt 0", line)
+                if m:
+                    pid1 = int(m.group(1))
+                m = re.search(r"rank 1 step (\d+) done", line)
+                if m and step is not None and not killed and pid1 and int(m.group(1)) >= step:
+                    os.kill(pid1, signal.SIGKILL)
+                    killed = True
+        return proc.wait(timeout=max(1, deadline - time.monotonic())), lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+class WarmTorch(Temp):
+    def test_ddp_restarted_warm_trains_to_an_uninterrupted_runs_weights(self):
+        def sha(proc):
+            return set(re.findall(r"weights in sync sha256 ([0-9a-f]+)", proc.stdout))
+
+        reference = launch("--nproc-per-node", "2", DDP_EXAMPLE)
+        self.assertEqual(reference.returncode, 0, reference.stdout + reference.stderr)
+        out = self.temp()
+        warm = launch("--nproc-per-node", "2", "--max-restarts", "1", "--warm-restart",
+                      DDP_EXAMPLE, "--crash-on-attempt", "0", "--out", out)
+        self.assertEqual(warm.returncode, 0, warm.stdout + warm.stderr)
+        self.assertEqual(forked_rounds(warm), {0: (2, 2), 1: (2, 2)}, warm.stderr)
+        self.assertEqual(len(sha(reference)), 1)
+        self.assertEqual(sha(warm), sha(reference))
+        self.assertIn("injected failure on attempt 0", warm.stdout + warm.stderr)
+
+    def test_torchs_generator_is_seeded_afresh_in_each_warm_worker(self):
+        proc = launch("--nproc-per-node", "2", "--max-restarts", "0", "--warm-restart", PROBE)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(forked_rounds(proc), {0: (2, 2)}, proc.stderr)
+        found = probes(proc)
+        seeds = {found[0]["torch_seed"], found[1]["torch_seed"]}
+        self.assertNotIn(None, seeds, "torch preloaded by default")
+        self.assertEqual(len(seeds), 2, "as torch seeds a fresh interpreter's from the OS")
+
+    def test_the_error_file_of_a_warm_worker_reaches_the_report(self):
+        proc = launch("--nproc-per-node", "2", "--warm-restart", DDP_EXAMPLE,
+                      "--crash-on-attempt", "0")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertEqual(forked_rounds(proc), {0: (2, 2)}, proc.stderr)
+        report = proc.stderr[proc.stderr.index("ddp_train.py FAILED"):]
+        self.assertIn("rank      : 1 (local_rank: 1)", report)
+        self.assertIn("message   : RuntimeError: injected failure on attempt 0", report)
+        self.assertRegex(report, r"error_file: \S+/error.json")
+
+    def test_resumes_from_snapshots_after_a_sigkill_with_the_same_weights(self):
+        ckpt = self.temp()
+        code, lines = kill_rank1_at([ARGS.launcher, "--nproc-per-node", "2", TTFS_TRAIN,
+                                     "--checkpoint-dir", ckpt], None, environment())
+        self.assertEqual(code, 0, "\n".join(lines))
+        reference = set(re.findall(r"final weights sha256 ([0-9a-f]+)", "\n".join(lines)))
+        self.assertEqual(len(reference), 1)
+        ckpt = self.temp()
+        code, lines = kill_rank1_at([ARGS.launcher, "--nproc-per-node", "2", "--max-restarts",
+                                     "1", "--warm-restart", "--snapshot-memory", "256M",
+                                     TTFS_TRAIN, "--checkpoint-dir", ckpt, "--snapshots"], 25,
+                                    environment())
+        text = "\n".join(lines)
+        self.assertEqual(code, 0, text)
+        self.assertIn("rank 0 attempt 1 resumes after step 20 from snapshot", text)
+        self.assertIn("rank 1 attempt 1 resumes after step 20 from snapshot", text)
+        self.assertEqual(set(re.findall(r"final weights sha256 ([0-9a-f]+)", text)), reference)
+        self.assertEqual(forked_rounds(subprocess.CompletedProcess([], 0, "", text)),
+                         {0: (2, 2), 1: (2, 2)})
+
+
+def has(python, statement):
+    return subprocess.run([python, "-c", statement], capture_output=True).returncode == 0
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launcher", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--suite", choices=("workers", "torch"), required=True)
+    parser.add_argument("--require-major", type=int, default=None)
+    parser.add_argument("--ddp-train", default=None, help="examples/ddp_train's binary")
+    ARGS, rest = parser.parse_known_args()
+    ARGS.launcher = os.path.abspath(ARGS.launcher)
+    ARGS.python = shutil.which(ARGS.python) or ARGS.python
+    if ARGS.suite == "workers":
+        if not has(ARGS.python, "import numpy"):
+            print(f"SKIP: {ARGS.python} has no numpy")
+            sys.exit(77)
+        cases = [WarmWorkers, Snapshots, CppSnapshots]
+    else:
+        probe = subprocess.run([ARGS.python, "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            print(f"SKIP: {ARGS.python} has no torch")
+            sys.exit(77)
+        version = probe.stdout.strip()
+        if ARGS.require_major is not None and int(version.split(".")[0]) != ARGS.require_major:
+            print(f"SKIP: {ARGS.python} has torch {version}, not {ARGS.require_major}.x")
+            sys.exit(77)
+        print(f"torch {version} at {ARGS.python}", flush=True)
+        cases = [WarmTorch]
+    loader = unittest.TestLoader()
+    suite = unittest.TestSuite(loader.loadTestsFromTestCase(c) for c in cases)
+    if rest:
+        suite = loader.loadTestsFromNames(rest, sys.modules[__name__])
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if result.wasSuccessful() else 1)
+
+
+if __name__ == "__main__":
+    main()

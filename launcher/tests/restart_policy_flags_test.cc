@@ -34,6 +34,10 @@ TEST(RestartPolicyFlag, GroupByDefaultInPlaceWhenAsked) {
     EXPECT_EQ(o.config.restart_policy, RestartPolicy::kInPlace);
     EXPECT_EQ(o.config.max_restarts, 2);
   }
+  const auto static_nodes = parse({"--restart-policy", "in-place", "--nnodes", "2", "--node-rank",
+                                   "1", "--master-port", "29500"});
+  ASSERT_FALSE(static_nodes.exit_now);
+  EXPECT_EQ(static_nodes.config.restart_policy, RestartPolicy::kInPlace);
   const auto standalone = parse({"--standalone", "--restart-policy", "in-place"});
   ASSERT_FALSE(standalone.exit_now);
   EXPECT_EQ(standalone.config.restart_policy, RestartPolicy::kInPlace);
@@ -59,10 +63,10 @@ TEST(RestartPolicyFlag, WhatCannotBeHonouredIsOneLineAndExit2) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--restart-policy", "inplace"}, "--restart-policy takes group or in-place, got 'inplace'"},
       {{"--restart-policy", ""}, "--restart-policy takes group or in-place, got ''"},
-      {{"--restart-policy", "in-place", "--nnodes", "2", "--master-port", "29500"},
-       "--restart-policy in-place runs one node's jobs only so far"},
       {{"--restart-policy", "in-place", "--nnodes", "1:2", "--rdzv-endpoint", "localhost:29400"},
-       "not this elastic job of --nnodes 1:2"},
+       "not elastic ones (--nnodes 1:2, c10d)"},
+      {{"--restart-policy", "in-place", "--nnodes", "1", "--rdzv-endpoint", "localhost:29400"},
+       "not elastic ones (--nnodes 1:1, c10d)"},
   };
   // (Nothing binds a port while the command line is read: the fixed ones are only text here.)
   for (const auto& [args, message] : cases) {

@@ -1,9 +1,25 @@
 #include "dist/sdk/init.h"
 
+#include <signal.h>
+
 #include <cstdlib>
 #include <string>
 
 namespace dist::sdk {
+namespace {
+
+// A survivor's write to a dead peer's socket (Gloo sends without MSG_NOSIGNAL on some paths) must
+// fail with EPIPE, which the group reports as the peer's failure, not kill the process with
+// SIGPIPE: in-place jobs ignore it unless the program chose a handler of its own.
+void ignore_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
+
+}  // namespace
 
 std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
                                          std::chrono::milliseconds timeout) {
@@ -11,6 +27,7 @@ std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
   // never reads a previous one's.
   std::string prefix = "sdk/" + env.run_id + "/attempt_" + std::to_string(env.restart_count) + "/";
   if (env.generation > 0) prefix += "gen_" + std::to_string(env.generation) + "/";
+  if (env.in_place) ignore_sigpipe();
   if (backend == Backend::kNccl) {
     NcclOptions options;
     options.key_prefix = prefix + "nccl";

@@ -4,6 +4,7 @@
 // keeps its process, the replacement receives the state by broadcast, and both end where a run
 // without a failure ends.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -166,6 +167,10 @@ TEST(RecoveryChild, DISABLED_Trains) {
     options.generation_timeout = std::chrono::milliseconds(std::atoi(ms));
   }
   Distributed dist = init();
+  struct sigaction pipe {};
+  ::sigaction(SIGPIPE, nullptr, &pipe);
+  EXPECT_EQ(pipe.sa_handler, dist.env.in_place ? SIG_IGN : SIG_DFL)
+      << "in-place: a write to a dead peer must not kill the survivor";
   std::vector<double> sum(16, 0.0);
   std::uint64_t step = 0;
   std::string note = "fresh";  // a blob: received as it is

@@ -59,6 +59,13 @@ Overloaded(F...) -> Overloaded<F...>;
 
 }  // namespace
 
+// In-place: the claim of the job's one recovery (nullopt: another node's is under way) and the
+// generation its replacement starts.
+struct ReplacementClaim {
+  std::optional<int> replacements;
+  int generation = 0;
+};
+
 // What happens to the agent, as typed events.
 namespace event {
 struct Prepared {};  // the stores and the rendezvous session are ready
@@ -95,8 +102,14 @@ struct SignalReceived {
   pid_t sender = 0;
   int code = 0;  // si_code
 };
+struct ReplacementClaimed {  // in-place: the job's one recovery is this node's, or not
+  ReplacementClaim claim;
+};
 struct Recovered {  // in-place: the group's word after a replacement, or why none came
   RecoveryOutcome outcome;
+};
+struct ReplacementsCounted {  // in-place, several nodes: the job's replacements, read in STOPPING
+  int replacements = 0;
 };
 }  // namespace event
 
@@ -104,7 +117,7 @@ using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed,
                            event::WorkersSucceeded, event::GroupStopped, event::WatchEnded,
                            event::BarrierDone, event::VerdictReached, event::FailuresCollected,
                            event::OthersLeft, event::RendezvousFailed, event::SignalReceived,
-                           event::Recovered>;
+                           event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted>;
 
 class Agent {
  public:
@@ -145,6 +158,7 @@ class Agent {
     f.stop_reason = stopping_.reason;
     f.group_stopped = stopping_.group_stopped;
     f.watching = watching_;
+    f.counting = counting_;
     return f;
   }
 
@@ -201,9 +215,10 @@ class Agent {
         if (previous == State::kReplacing) return;  // whole again: the group runs on
         return start_workers();
       case State::kReplacing:
-        return replace_worker();  // continues on Recovered
+        return replace_worker();  // continues on ReplacementClaimed, then Recovered
       case State::kStopping:
         if (generations_) generations_->close();  // a recovery's wait ends here
+        count_replacements();
         stopping_.group_stopped = false;
         group_->stop(stop_signal(), std::exchange(stopping_.signal_already_sent, false));
         return;  // continues on GroupStopped (and WatchEnded)
@@ -278,7 +293,14 @@ class Agent {
                    },
                    [&](event::RendezvousFailed& f) { on_rendezvous_failed(f); },
                    [&](event::SignalReceived& s) { on_signal(s.signal, s.sender, s.code); },
+                   [&](event::ReplacementClaimed& c) { on_replacement_claimed(c.claim); },
                    [&](event::Recovered& r) { on_recovered(r.outcome); },
+                   [&](event::ReplacementsCounted& c) {
+                     if (state_ != State::kStopping || !counting_) return;
+                     counting_ = false;
+                     replacements_ = c.replacements;
+                     feed(Input::kReplacementsCounted);
+                   },
                },
                e);
   }
@@ -314,7 +336,8 @@ class Agent {
     std::string why;
     if (recovering) {
       why = "worker " + std::to_string(failures_.front().rank) +
-            " failed during the in-place recovery of generation " + std::to_string(generation_);
+            " failed during the in-place recovery of worker " + std::to_string(replacing_rank_) +
+            (generation_claimed_ ? " (generation " + std::to_string(generation_) + ")" : "");
     } else if (failures_.size() > 1) {
       why = std::to_string(failures_.size()) + " workers failed at once";
     } else {
@@ -325,8 +348,9 @@ class Agent {
                 : ": no restart left (--max-restarts " + std::to_string(config_.max_restarts) +
                       ", " + std::to_string(replacements_) + " used in place)";
     spdlog::warn("{}", why);
-    telemetry_->in_place_fallback(round_->round,
-                                  recovering ? std::optional<int>(generation_) : std::nullopt, why);
+    telemetry_->in_place_fallback(
+        round_->round,
+        recovering && generation_claimed_ ? std::optional<int>(generation_) : std::nullopt, why);
   }
 
   void on_recovered(const RecoveryOutcome& o) {
@@ -345,6 +369,7 @@ class Agent {
     spdlog::info("generation {}: the group is whole again, {} ms after worker {} failed ({})",
                  r.generation, stall.count(), r.failure.rank, o.record);
     telemetry_->in_place_recovered(round_->round, r.generation, r.failure.rank, stall, o.record);
+    fire_and_forget(rounds_->replacement_recovered(*round_), "ending the in-place recovery");
     feed(Input::kRecovered);
   }
 
@@ -356,7 +381,7 @@ class Agent {
       return feed(Input::kStoreLost);
     }
     if (o.result.kind == WatchResult::kStopped) return feed(Input::kWatchStopped);
-    if (state_ == State::kRunning) {
+    if (state_ == State::kRunning || state_ == State::kReplacing) {
       switch (o.result.kind) {
         case WatchResult::kFailed:
           spdlog::warn("a worker on another node failed");
@@ -545,11 +570,69 @@ class Agent {
   // record, rebuild their group with it and give it their state; the group's new root then says
   // it recovered (Recovered). It counts against --max-restarts.
 
+  // In-place, several nodes, a round that failed: every node decides restart or fail from the
+  // same count, the job's replacements, read before STOPPING ends.
+  void count_replacements() {
+    const bool failed = stopping_.reason == StopReason::kWorkerFailed ||
+                        stopping_.reason == StopReason::kRoundEnded;
+    if (config_.restart_policy != RestartPolicy::kInPlace || !rounds_->several_nodes() || !failed) {
+      return;
+    }
+    counting_ = true;
+    launch(rounds_->replacements(), [](int n) { return event::ReplacementsCounted{n}; });
+  }
+
   void replace_worker() {
+    replacing_rank_ = failures_.front().rank;
+    generation_claimed_ = false;
+    launch(claim_replacement(),
+           [](ReplacementClaim c) { return event::ReplacementClaimed{std::move(c)}; });
+  }
+
+  // The job's one recovery (several nodes: in the job's store), then the generation.
+  Task<ReplacementClaim> claim_replacement() {
+    ReplacementClaim c;
+    c.replacements = co_await rounds_->claim_replacement(*round_);
+    if (c.replacements) c.generation = co_await generations_->next();
+    co_return c;
+  }
+
+  void on_replacement_claimed(const ReplacementClaim& c) {
+    if (state_ != State::kReplacing) return;
+    if (!c.replacements) {
+      return give_up_replacing("worker " + std::to_string(failures_.front().rank) +
+                               " failed while another node's worker is being replaced in place");
+    }
+    replacements_ = *c.replacements;
+    if (restarts_used() > config_.max_restarts) {
+      return give_up_replacing(
+          "worker " + std::to_string(failures_.front().rank) + " failed: no restart left (" +
+          "--max-restarts " + std::to_string(config_.max_restarts) + ", " +
+          std::to_string(replacements_ - 1) + " used in place by the job's nodes)");
+    }
+    generation_ = c.generation;
+    generation_claimed_ = true;
+    start_replacement();
+  }
+
+  // In-place after all: the group stops (a restart while restarts are left), everywhere.
+  void give_up_replacing(const std::string& why) {
+    const bool left = restarts_used() < config_.max_restarts;
+    spdlog::warn("{}{}", why, left ? ": restarting the whole group" : "");
+    telemetry_->in_place_fallback(round_->round, std::nullopt, why);
+    if (rounds_->several_nodes()) {
+      fire_and_forget(rounds_->announce_failure(*round_, failures_), "announcing the failure");
+    }
+    feed(Input::kRecoveryFailed);
+  }
+
+  void start_replacement() {
     const WorkerFailure& failed = failures_.front();
-    ++replacements_;
-    ++generation_;
-    InPlaceReplacement r{failed, generation_, -1, group_->running_ranks()};
+    const int failed_generation = group_->generation_of(failed.local_rank);
+    InPlaceReplacement r{failed, generation_, -1, {}};
+    for (int rank = 0; rank < round_->world_size; ++rank) {
+      if (rank != failed.rank) r.survivors.push_back(rank);
+    }
     try {
       r.new_pid = group_->replace(failed.local_rank, generation_);
     } catch (const std::exception& e) {
@@ -557,8 +640,9 @@ class Agent {
       return feed(Input::kStartFailed);
     }
     std::string survivors;
-    for (const int rank : r.survivors)
+    for (const int rank : r.survivors) {
       survivors += (survivors.empty() ? "" : ",") + std::to_string(rank);
+    }
     spdlog::warn(
         "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of {}); "
         "ranks {} keep running",
@@ -569,7 +653,7 @@ class Agent {
     }
     telemetry_->in_place_restart(
         {round_->round, generation_,
-         WorkerRef{round_->round, failed.rank, failed.local_rank, failed.pid, generation_ - 1},
+         WorkerRef{round_->round, failed.rank, failed.local_rank, failed.pid, failed_generation},
          failed.exit_code, r.new_pid, r.survivors, restarts_used()});
     replaced_.push_back(std::move(r));
     launch(generations_->publish_and_wait(
@@ -750,10 +834,13 @@ class Agent {
   bool prepared_ = false;
   std::optional<Assignment> round_;  // the round this node is in, or was in last
   bool watching_ = false;            // the round's watch has not reported back yet
+  bool counting_ = false;            // in-place, several nodes: STOPPING reads the replacements
   Stopping stopping_;
-  int restart_count_ = 0;  // group restarts (the workers' TORCHELASTIC_RESTART_COUNT)
-  int replacements_ = 0;   // in-place replacements, all rounds
-  int generation_ = 0;     // in-place: this round's group's latest generation
+  int restart_count_ = 0;            // group restarts (the workers' TORCHELASTIC_RESTART_COUNT)
+  int replacements_ = 0;             // in-place replacements, all rounds
+  int generation_ = 0;               // in-place: this round's group's latest generation
+  int replacing_rank_ = -1;          // in-place: the worker REPLACING replaces
+  bool generation_claimed_ = false;  // and whether its generation is known yet
   std::vector<InPlaceReplacement> replaced_;
   std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped
   std::vector<WorkerFailure> failures_;

@@ -15,20 +15,17 @@
 namespace dist::agent {
 namespace {
 
-// In-place recovery replaces one node's failed worker while the others keep running; across
-// nodes that needs the other nodes' agents to leave their workers alone, which only one node's
-// jobs do so far.
+// In-place recovery replaces one node's failed worker while the others keep running: one node, or
+// static nodes whose agents count the job's replacements in its TCP store. Elastic rounds (whose
+// restarts the verdict counts) are not there yet.
 void check_restart_policy(const LaunchConfig& config) {
   if (config.restart_policy != RestartPolicy::kInPlace) return;
-  if (config.elastic || config.max_nodes > 1) {
-    const std::string nodes =
-        std::to_string(config.min_nodes) +
-        (config.min_nodes == config.max_nodes ? "" : ":" + std::to_string(config.max_nodes));
+  if (config.elastic) {
     throw ConfigError(
-        "--restart-policy in-place runs one node's jobs only so far (--standalone, "
-        "or --nnodes 1 without a rendezvous backend), not this " +
-        std::string(config.elastic ? "elastic " : "") + "job of --nnodes " + nodes +
-        ": use --restart-policy group, the default");
+        "--restart-policy in-place runs one node's jobs and static ones of several nodes (over "
+        "the TCP store) so far, not elastic ones (--nnodes " +
+        std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) + ", " +
+        backend_name(config.rdzv_backend) + "): use --restart-policy group, the default");
   }
 }
 

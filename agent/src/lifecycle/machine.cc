@@ -17,9 +17,10 @@ Transition exit_with(int code) {
   return {State::kExit, std::nullopt, code, false};
 }
 
-// STOPPING is over only once the group is stopped and the watch (several nodes) has ended.
+// STOPPING is over only once the group is stopped, the watch (several nodes) has ended and the
+// job's in-place replacements (several nodes) are counted.
 std::optional<Transition> once_stopped(const Facts& facts) {
-  if (!facts.group_stopped || facts.watching) return std::nullopt;
+  if (!facts.group_stopped || facts.watching || facts.counting) return std::nullopt;
   return after_stopping(facts);
 }
 
@@ -61,6 +62,7 @@ std::optional<Transition> from_stopping(Input input, Facts facts) {
   switch (input) {
     case Input::kGroupStopped:
     case Input::kWatchStopped:
+    case Input::kReplacementsCounted:
     case Input::kRoundEndedElsewhere:  // the watch ended on its own meanwhile
       return once_stopped(facts);
     case Input::kStoreLost: {  // the store went while stopping: nothing after this can use it

@@ -70,13 +70,15 @@ enum class Input {
   kVerdictRestart,       // elastic: the job's verdict on an ended round
   kVerdictReshape,
   kVerdictFail,
-  kFailuresCollected,  // FAILED: every node's failures are in
-  kJobDone,            // a late elastic node found the job finished
-  kRoundAborted,       // static: the round waited in was aborted (a relaunched node)
-  kRendezvousError,    // a rendezvous step cannot be done
-  kStopSignal,         // SIGTERM, SIGINT, ... (the first one)
-  kRecovered,          // in-place: the group rebuilt itself with the replacement
-  kRecoveryFailed,     // in-place: it did not within its time, or its store cannot be used
+  kFailuresCollected,    // FAILED: every node's failures are in
+  kJobDone,              // a late elastic node found the job finished
+  kRoundAborted,         // static: the round waited in was aborted (a relaunched node)
+  kRendezvousError,      // a rendezvous step cannot be done
+  kStopSignal,           // SIGTERM, SIGINT, ... (the first one)
+  kRecovered,            // in-place: the group rebuilt itself with the replacement
+  kRecoveryFailed,       // in-place: it did not within its time, or its store cannot be used;
+                         // or another node's recovery is under way, or no restart is left
+  kReplacementsCounted,  // in-place, several nodes: STOPPING has read the job's replacements
 };
 
 // What the job's mode and this node's progress say, as the machine needs it.
@@ -90,6 +92,7 @@ struct Facts {
   StopReason stop_reason = StopReason::kAllSucceeded;
   bool group_stopped = false;
   bool watching = false;  // the round's watch has not ended yet
+  bool counting = false;  // in-place, several nodes: the job's replacements are being read
 };
 
 struct Transition {

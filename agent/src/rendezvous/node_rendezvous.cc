@@ -233,6 +233,39 @@ Task<void> NodeRendezvous::Impl::mark_failed(Assignment a, std::string reason) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// In-place recovery: one at a time, job-wide, counted with the restarts
+
+Task<std::optional<int>> NodeRendezvous::Impl::claim_replacement(Assignment a) {
+  const std::string key(schema::kInPlace);
+  const std::optional<std::string> now = co_await store_->try_get(key);
+  schema::InPlaceState state;
+  if (now) state = schema::decode_in_place(key, *now);
+  // A recovery of an earlier round ended with that round, whatever it became.
+  if (state.recovering && state.round == a.round) co_return std::nullopt;
+  const schema::InPlaceState claimed{state.replacements + 1, a.round, true, a.node_rank};
+  const std::string desired = schema::encode(claimed);
+  const std::string stored = co_await store_->compare_set(key, now.value_or(""), desired);
+  if (stored != desired) co_return std::nullopt;  // another node claimed first
+  co_return claimed.replacements;
+}
+
+Task<void> NodeRendezvous::Impl::replacement_recovered(Assignment a) {
+  const std::string key(schema::kInPlace);
+  const std::optional<std::string> now = co_await store_->try_get(key);
+  if (!now) co_return;
+  schema::InPlaceState state = schema::decode_in_place(key, *now);
+  if (!state.recovering || state.round != a.round || state.node_rank != a.node_rank) co_return;
+  state.recovering = false;
+  co_await store_->compare_set(key, *now, schema::encode(state));
+}
+
+Task<int> NodeRendezvous::Impl::replacements() {
+  const std::string key(schema::kInPlace);
+  const std::optional<std::string> now = co_await store_->try_get(key);
+  co_return now ? schema::decode_in_place(key, *now).replacements : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Both: failures, liveness, the watch, the exit barrier
 
 Task<void> NodeRendezvous::Impl::announce_failure(Assignment a,
@@ -438,6 +471,15 @@ Task<void> NodeRendezvous::mark_done(Assignment a) {
 }
 Task<void> NodeRendezvous::mark_failed(Assignment a, std::string reason) {
   return impl_->mark_failed(std::move(a), std::move(reason));
+}
+Task<std::optional<int>> NodeRendezvous::claim_replacement(Assignment a) {
+  return impl_->claim_replacement(std::move(a));
+}
+Task<void> NodeRendezvous::replacement_recovered(Assignment a) {
+  return impl_->replacement_recovered(std::move(a));
+}
+Task<int> NodeRendezvous::replacements() {
+  return impl_->replacements();
 }
 Task<void> NodeRendezvous::announce_failure(Assignment a, std::vector<WorkerFailure> failures) {
   return impl_->announce_failure(std::move(a), std::move(failures));

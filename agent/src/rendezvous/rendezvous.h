@@ -152,6 +152,15 @@ class NodeRendezvous {
   // Static: the job failed for good; nodes still joining (a relaunched one) learn it at once.
   Task<void> mark_failed(Assignment a, std::string reason);
 
+  // --restart-policy in-place: claims the job's one recovery (a worker of node a.node_rank
+  // replaced alone in round a.round). The replacements counted so far, this one included; nullopt
+  // when another node's recovery of this round is under way (then the group must restart).
+  Task<std::optional<int>> claim_replacement(Assignment a);
+  // That recovery is over: another may be claimed.
+  Task<void> replacement_recovered(Assignment a);
+  // The job's replacements so far.
+  Task<int> replacements();
+
   // Publishes this node's failures for round a and tells every node the round failed.
   Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
   // Every node's published failures for round a.

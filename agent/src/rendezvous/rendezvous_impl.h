@@ -30,6 +30,11 @@ class NodeRendezvous::Impl {
   Task<Assignment> join_static(int round, int node_rank);
   Task<void> mark_failed(Assignment a, std::string reason);
 
+  // In-place recovery (node_rendezvous.cc).
+  Task<std::optional<int>> claim_replacement(Assignment a);
+  Task<void> replacement_recovered(Assignment a);
+  Task<int> replacements();
+
   // Elastic (elastic_round.cc).
   Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
                                 std::string worker_store);

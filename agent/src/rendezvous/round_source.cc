@@ -72,6 +72,17 @@ class LocalRounds final : public RoundSource {
   Task<std::vector<WorkerFailure>> collect_failures(Assignment, std::string) override {
     co_return std::vector<WorkerFailure>{};
   }
+  Task<std::optional<int>> claim_replacement(Assignment a) override {
+    if (recovering_ && recovering_round_ == a.round) co_return std::nullopt;
+    recovering_ = true;
+    recovering_round_ = a.round;
+    co_return ++replacements_;
+  }
+  Task<void> replacement_recovered(Assignment) override {
+    recovering_ = false;
+    co_return;
+  }
+  Task<int> replacements() override { co_return replacements_; }
   // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
   void restart() override {
     if (store_)
@@ -91,6 +102,9 @@ class LocalRounds final : public RoundSource {
   const LaunchConfig& config_;
   StorePlan plan_;
   std::optional<StoreHost> store_;
+  int replacements_ = 0;  // in-place
+  bool recovering_ = false;
+  int recovering_round_ = 0;
 };
 
 // What static and elastic rounds share: the store this node may host, the rendezvous session,
@@ -122,6 +136,13 @@ class NodeRounds : public RoundSource {
   Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures) override {
     co_await rdzv_->announce_failure(std::move(a), std::move(failures));
   }
+  Task<std::optional<int>> claim_replacement(Assignment a) override {
+    co_return co_await rdzv_->claim_replacement(std::move(a));
+  }
+  Task<void> replacement_recovered(Assignment a) override {
+    co_await rdzv_->replacement_recovered(std::move(a));
+  }
+  Task<int> replacements() override { co_return co_await rdzv_->replacements(); }
   Task<std::vector<WorkerFailure>> collect_failures(Assignment a, std::string reason) override {
     std::vector<WorkerFailure> all;
     try {

@@ -157,6 +157,24 @@ RoundTotals decode_round_totals(std::string_view key, std::string_view text) {
   return t;
 }
 
+constexpr std::string_view kInPlaceShape =
+    "'<replacements> <round> <recovering: 0 or 1> <node rank>'";
+
+std::string encode(const InPlaceState& s) {
+  return std::to_string(s.replacements) + " " + std::to_string(s.round) + " " +
+         (s.recovering ? "1" : "0") + " " + std::to_string(s.node_rank);
+}
+
+InPlaceState decode_in_place(std::string_view key, std::string_view text) {
+  const auto v = integers(key, text, ' ', 4, kInPlaceShape);
+  InPlaceState s{as_int(key, text, v[0], kInPlaceShape), as_int(key, text, v[1], kInPlaceShape),
+                 v[2] == 1, as_int(key, text, v[3], kInPlaceShape)};
+  if (s.replacements < 0 || s.round < 0 || (v[2] != 0 && v[2] != 1)) {
+    throw CorruptValueError(key, text, kInPlaceShape);
+  }
+  return s;
+}
+
 const char* action_name(Verdict::Action a) {
   switch (a) {
     case Verdict::kRestart:

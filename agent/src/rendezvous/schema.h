@@ -7,6 +7,8 @@
 //   alive/<k>           static: node rank k's liveness, ephemeral (exists while its agent lives)
 //   over                static: the job failed for good (the reason); nodes still joining stop
 //   nodes               static: the job's node count (for status)
+//   in_place            --restart-policy in-place: InPlaceState, the replacements so far and the
+//                       one recovery under way (claimed by COMPARE_SET: one at a time, job-wide)
 // Per round n, under r<n>/:
 //   node/<id>           the node's record (NodeRecord); static: id = node rank; elastic: id =
 //                       ticket, ephemeral (it is the node's liveness in that round)
@@ -53,6 +55,7 @@ std::string job_prefix(const std::string& run_id);  // "rdzv/<run id>/"
 inline constexpr std::string_view kRoundPointer = "round";
 inline constexpr std::string_view kJobOver = "over";
 inline constexpr std::string_view kStaticNodes = "nodes";
+inline constexpr std::string_view kInPlace = "in_place";
 std::string static_alive(int node_rank);  // "alive/<k>"
 inline constexpr std::string_view kStaticAlivePrefix = "alive/";
 
@@ -126,6 +129,19 @@ rendezvous::Endpoint decode_endpoint(std::string_view key, std::string_view text
 std::int64_t decode_int(std::string_view key, std::string_view text);
 std::string encode_members(const std::vector<int>& ids);
 std::vector<int> decode_members(std::string_view key, std::string_view text);
+
+// --restart-policy in-place: every worker replaced alone so far, job-wide (they count against
+// --max-restarts with the group restarts), and whether the last one's recovery, claimed by node
+// `node_rank` in round `round`, is still under way. "<replacements> <round> <0|1> <node rank>".
+struct InPlaceState {
+  int replacements = 0;
+  int round = 0;
+  bool recovering = false;
+  int node_rank = -1;
+  bool operator==(const InPlaceState&) const = default;
+};
+std::string encode(const InPlaceState& state);
+InPlaceState decode_in_place(std::string_view key, std::string_view text);
 
 const char* action_name(Verdict::Action action);
 

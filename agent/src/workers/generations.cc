@@ -8,19 +8,26 @@ namespace {
 
 namespace contract = rendezvous::worker_contract;
 
-// A free coroutine: it holds what it uses, so that the Generations object may go while it waits
+rendezvous::Task<void> open_once(rendezvous::AsyncStoreClient& client, bool& opened) {
+  if (opened) co_return;
+  co_await client.open();
+  opened = true;
+}
+
+rendezvous::Task<int> add_generation(std::shared_ptr<rendezvous::AsyncStoreClient> client,
+                                     std::shared_ptr<bool> opened, std::string prefix) {
+  co_await open_once(*client, *opened);
+  co_return static_cast<int>(co_await client->add(contract::generation_counter_key(prefix), 1));
+}
+
+// Free coroutines: they hold what they use, so that the Generations object may go while they wait
 // (closed: the wait then ends in kCancelled).
 rendezvous::Task<RecoveryOutcome> publish_then_wait(
     std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
     std::string prefix, int generation, std::string record, std::chrono::milliseconds timeout) {
   RecoveryOutcome outcome;
   try {
-    if (!*opened) {
-      co_await client->open();
-      *opened = true;
-    }
-    // The counter first: a survivor that sees the record reads the counter next.
-    co_await client->set(contract::generation_counter_key(prefix), std::to_string(generation));
+    co_await open_once(*client, *opened);  // (the counter was added to first: next())
     co_await client->set(contract::generation_key(prefix, generation), std::move(record));
     const std::string recovered = contract::recovered_key(prefix, generation);
     std::vector<std::string> keys{recovered};
@@ -56,6 +63,10 @@ Generations::Generations(boost::asio::io_context& io, const LaunchConfig& config
 
 Generations::~Generations() {
   close();
+}
+
+rendezvous::Task<int> Generations::next() {
+  return add_generation(client_, opened_, prefix_);
 }
 
 rendezvous::Task<RecoveryOutcome> Generations::publish_and_wait(int generation, std::string record,

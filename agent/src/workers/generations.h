@@ -1,8 +1,9 @@
 // The agent's side of in-place recovery (--restart-policy in-place), over the workers' store with
-// the keys of dist/rendezvous/worker_contract.h: the next generation of the group published for
-// the survivors (the counter, then its record), then the group's word that it recovered (written
-// by the new root once every rank holds its state), waited for at most kInPlaceRecoveryTimeout.
-// Until that word the recovery is in progress, and any failure restarts the whole group.
+// the keys of dist/rendezvous/worker_contract.h: the next generation of the group counted (before
+// the replacement starts: it is told its generation), its record published for the survivors, then
+// the group's word that it recovered (written by the new root once every rank holds its state),
+// waited for at most kInPlaceRecoveryTimeout. Until that word the recovery is in progress, and any
+// failure restarts the whole group.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -38,6 +39,9 @@ class Generations {
   Generations(const Generations&) = delete;
   Generations& operator=(const Generations&) = delete;
 
+  // The next generation of this restart's group (the counter, job-wide: on several nodes it is
+  // the claimant of the job's one recovery that adds to it). Throws rendezvous::StoreError.
+  rendezvous::Task<int> next();
   // Publishes generation `generation` with `record` ("replaced=1 survivors=0"), then waits for
   // the group's recovery, at most `timeout`. A store that cannot be used is an outcome (not
   // recovered, why), not an error; close() ends the wait with StoreError kCancelled.

@@ -99,6 +99,10 @@ class WorkerGroup {
   pid_t replace(int local_rank, int generation);
   // The global ranks of the workers still running.
   std::vector<int> running_ranks() const;
+  // In-place: the generation local rank `local_rank`'s worker started as.
+  int generation_of(int local_rank) const {
+    return workers_.at(static_cast<std::size_t>(local_rank)).generation;
+  }
   // Reaps every child that exited (SIGCHLD arrived).
   void reap();
 

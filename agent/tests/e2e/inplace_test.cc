@@ -2,7 +2,9 @@
 // (dist-inplace-worker): one failed worker is replaced alone while the survivors keep their
 // processes and receive no signal; every rank ends with the digest of a run without failures; a
 // failure during the recovery, or several at once, restart the whole group, saying why; each
-// replacement counts against --max-restarts; the event log and the report say what happened.
+// replacement counts against --max-restarts; the event log and the report say what happened. The
+// same across two static nodes (two agents on this machine, the store on 127.0.0.2): the other
+// node's workers keep running, and every node counts every node's replacements.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "process_helpers.h"
+#include "test_ports.h"
 
 namespace {
 
@@ -190,7 +193,7 @@ TEST_F(InPlace, AFailureDuringTheRecoveryRestartsTheWholeGroup) {
   ASSERT_EQ(
       run("job", 2, 2, {"--steps", "20", "--crash", "1:5", "--fail-in-recovery", "0"}, &output), 0)
       << output;
-  EXPECT_NE(output.find("worker 0 failed during the in-place recovery of generation 1: "
+  EXPECT_NE(output.find("worker 0 failed during the in-place recovery of worker 1 (generation 1): "
                         "restarting the whole group"),
             std::string::npos)
       << output;
@@ -229,7 +232,7 @@ TEST_F(InPlace, EveryReplacementCountsAgainstMaxRestarts) {
   const std::string clean = clean_digest(2, {"--steps", "20"});
   EXPECT_EQ(run("two", 2, 2, twice, &output), 0) << output;
   const auto restarts = events("two", "inplace_restart");
-  ASSERT_EQ(restarts.size(), 2u);
+  ASSERT_EQ(restarts.size(), 2u) << output;
   EXPECT_EQ(restarts[1]["generation"], 2);
   EXPECT_EQ(restarts[1]["restarts"], 2);
   const auto f0 = final_of("two", 0), f1 = final_of("two", 1);
@@ -250,13 +253,114 @@ TEST_F(InPlace, SeveralWorkersFailingTogetherRestartTheWholeGroup) {
   const bool at_once =
       output.find("2 workers failed at once: restarting the whole group") != std::string::npos;
   const bool during =
-      output.find(
-          "failed during the in-place recovery of generation 1: restarting the whole "
-          "group") != std::string::npos;
+      output.find("failed during the in-place recovery of worker ") != std::string::npos &&
+      output.find(": restarting the whole group") != std::string::npos;
   EXPECT_TRUE(at_once || during) << output;
   EXPECT_EQ(events("job", "inplace_fallback").size(), 1u);
   EXPECT_EQ(events("job", "restart").size(), 1u);
   for (const int rank : {0, 1, 2}) EXPECT_TRUE(final_of("job", rank).has_value()) << output;
+}
+
+// Two static nodes of one worker each: node 0 hosts the job's store on 127.0.0.2.
+class InPlaceStaticNodes : public InPlace {
+ protected:
+  // Both nodes of a job; returns their exit codes, their outputs in `outputs`.
+  std::vector<int> run_nodes(const std::string& out, int max_restarts,
+                             const std::vector<std::string>& worker_args,
+                             std::vector<std::string>& outputs) {
+    fs::create_directories(dir_ / out);
+    const int port = dist::agent::testing::free_port("127.0.0.2");
+    std::vector<std::unique_ptr<Child>> agents;
+    for (const int node : {0, 1}) {
+      const std::string name = out + "_node" + std::to_string(node);
+      std::vector<std::string> args = {
+          "--nnodes",         "2",         "--node-rank",    std::to_string(node),
+          "--master-addr",    "127.0.0.2", "--master-port",  std::to_string(port),
+          "--nproc-per-node", "1",         "--max-restarts", std::to_string(max_restarts),
+          "--restart-policy", "in-place",  "--event-log",    path(name + ".jsonl"),
+          "--no-python",      kWorker,     "--out",          path(out)};
+      args.insert(args.end(), worker_args.begin(), worker_args.end());
+      agents.push_back(std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log"),
+                                               std::map<std::string, std::string>{},
+                                               std::vector<std::string>{"OMP_NUM_THREADS"}));
+    }
+    std::vector<int> codes;
+    outputs.clear();
+    for (auto& agent : agents) {
+      codes.push_back(agent->wait(120s));
+      outputs.push_back(agent->output());
+    }
+    return codes;
+  }
+};
+
+TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsItsState) {
+  const std::string clean = clean_digest(2, {"--steps", "30"});
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 1, {"--steps", "30", "--crash", "1:10"}, out);
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
+  const auto survivor = final_of("job", 0), replaced = final_of("job", 1);
+  ASSERT_TRUE(survivor && replaced) << out[0] << out[1];
+  EXPECT_EQ(survivor->pid, start_pid("job", 0, 0, 0)) << "node 0's worker kept its process";
+  EXPECT_EQ(survivor->generation, 1);
+  EXPECT_EQ(replaced->pid, start_pid("job", 1, 0, 1));
+  EXPECT_EQ(survivor->digest, clean) << out[0];
+  EXPECT_EQ(replaced->digest, clean) << out[1];
+  EXPECT_FALSE(any_signal_file("job")) << out[0] << out[1];
+  EXPECT_NE(out[1].find("replaced in place by pid " + std::to_string(replaced->pid) +
+                        ": generation 1 (restart 1 of 1); ranks 0 keep running"),
+            std::string::npos)
+      << out[1];
+  EXPECT_EQ(out[0].find("stopping the workers"), std::string::npos) << out[0];
+  EXPECT_EQ(out[0].find("restarting"), std::string::npos) << out[0];
+  EXPECT_TRUE(events("job_node0", "inplace_restart").empty());
+  const auto restarts = events("job_node1", "inplace_restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0]["survivors"], Json::array({0}));
+  const auto recovered = events("job_node1", "inplace_recovered");
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_EQ(recovered[0]["root"], 0);
+  EXPECT_EQ(recovered[0]["first_step"], 10);
+}
+
+TEST_F(InPlaceStaticNodes, EveryNodeCountsTheOthersReplacements) {
+  // Rank 1 (node 1) is replaced, then rank 0 (node 0) fails in generation 1: node 0 has replaced
+  // nothing itself, yet its failure finds no restart left, and both nodes fail alike.
+  std::vector<std::string> out;
+  const auto codes =
+      run_nodes("job", 1, {"--steps", "30", "--crash", "1:5", "--crash", "0:12:1"}, out);
+  EXPECT_EQ(codes, (std::vector<int>{3, 3})) << out[0] << out[1];
+  EXPECT_NE(out[0].find("worker 0 failed: no restart left (--max-restarts 1, 1 used in place by "
+                        "the job's nodes)"),
+            std::string::npos)
+      << out[0];
+  for (const std::string& o : out) {
+    EXPECT_NE(o.find("dist-inplace-worker FAILED"), std::string::npos) << o;
+    EXPECT_EQ(o.find("restarting the worker group"), std::string::npos) << o;
+  }
+  EXPECT_EQ(events("job_node1", "inplace_restart").size(), 1u);
+  EXPECT_EQ(events("job_node0", "inplace_fallback").size(), 1u);
+}
+
+TEST_F(InPlaceStaticNodes, FailuresOnBothNodesAtOnceRestartTheWholeGroup) {
+  // One node claims the job's one recovery; the other finds it under way: the group restarts.
+  std::vector<std::string> out;
+  const auto codes =
+      run_nodes("job", 2, {"--steps", "20", "--crash", "0:5", "--crash", "1:5"}, out);
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
+  const std::string both = out[0] + out[1];
+  EXPECT_NE(both.find("failed while another node's worker is being replaced in place: "
+                      "restarting the whole group"),
+            std::string::npos)
+      << both;
+  for (const std::string& o : out) {
+    EXPECT_NE(o.find("restarting the worker group (restart 2 of 2)"), std::string::npos) << o;
+  }
+  for (const int rank : {0, 1}) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->pid, start_pid("job", rank, 1, 0)) << "attempt 1's worker";
+  }
 }
 
 }  // namespace

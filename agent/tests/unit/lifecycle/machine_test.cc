@@ -33,6 +33,10 @@ Facts in_place(int failures, bool restarts_left = true) {
   f.restarts_left = restarts_left;
   return f;
 }
+Facts counting(Facts f) {
+  f.several_nodes = f.counting = true;
+  return f;
+}
 // In STOPPING: why, the group reaped or not, the watch still running or not.
 Facts stopped(Facts f, StopReason reason, bool group_stopped = true, bool watching = false) {
   f.stop_reason = reason;
@@ -209,6 +213,12 @@ TEST(StateMachineTransitions, InPlaceOneFailedWorkerIsReplacedWhileTheOthersRun)
       {"a late recovery failure while running", State::kRunning, Input::kRecoveryFailed,
        in_place(1), std::nullopt},
       {"STOPPING after a failed recovery: restart", State::kStopping, Input::kGroupStopped,
+       stopped(in_place(1), StopReason::kWorkerFailed), State::kRestarting},
+      {"several nodes: STOPPING waits for the job's replacements", State::kStopping,
+       Input::kGroupStopped, counting(stopped(in_place(1), StopReason::kRoundEnded)), std::nullopt},
+      {"counted, none left: failed", State::kStopping, Input::kReplacementsCounted,
+       stopped(in_place(1, false), StopReason::kRoundEnded), State::kFailed},
+      {"counted, some left: restart", State::kStopping, Input::kReplacementsCounted,
        stopped(in_place(1), StopReason::kWorkerFailed), State::kRestarting},
   });
 }

@@ -98,6 +98,33 @@ TEST(NodeRendezvous, AFailureAnnouncedByOneNodeEndsEveryOthersWatchAndIsReadBack
   EXPECT_EQ(all[0].message, "ValueError: boom");
 }
 
+// --restart-policy in-place: one recovery at a time, job-wide, claimed by COMPARE_SET; the count
+// is every node's.
+TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
+  Nodes nodes(2, 2, 2);
+  const auto a = nodes.all<Assignment>(
+      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 0);
+  // Both claim at once: exactly one wins, with the count 1.
+  const auto claims = nodes.all<std::optional<int>>(
+      [&](std::size_t k) { return nodes[k].claim_replacement(a[k]); });
+  ASSERT_NE(claims[0].has_value(), claims[1].has_value());
+  const std::size_t winner = claims[0] ? 0 : 1, loser = 1 - winner;
+  EXPECT_EQ(claims[winner], 1);
+  EXPECT_FALSE(run_task(nodes.io(), nodes[loser].claim_replacement(a[loser])).has_value())
+      << "under way until the winner says it is over";
+  // Only the claimant ends it.
+  run_task(nodes.io(), nodes[loser].replacement_recovered(a[loser]));
+  EXPECT_FALSE(run_task(nodes.io(), nodes[loser].claim_replacement(a[loser])).has_value());
+  run_task(nodes.io(), nodes[winner].replacement_recovered(a[winner]));
+  EXPECT_EQ(run_task(nodes.io(), nodes[loser].claim_replacement(a[loser])), 2);
+  EXPECT_EQ(run_task(nodes.io(), nodes[winner].replacements()), 2);
+  // Left under way when its round ended (a group restart): the next round may claim.
+  Assignment next = a[winner];
+  next.round = 1;
+  EXPECT_EQ(run_task(nodes.io(), nodes[winner].claim_replacement(next)), 3);
+}
+
 TEST(NodeRendezvous, ANodeWhoseSessionEndsIsLostToItsWatcher) {
   Nodes nodes(2, 2, 2);
   const auto a = nodes.all<Assignment>(

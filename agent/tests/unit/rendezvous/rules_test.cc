@@ -181,6 +181,9 @@ TEST(Schema, EveryEncodingRoundTrips) {
   EXPECT_EQ(schema::decode_place("k", schema::encode(place)), place);
   const schema::RoundTotals totals{1, 32, 4};
   EXPECT_EQ(schema::decode_round_totals("k", schema::encode(totals)), totals);
+  const schema::InPlaceState in_place{3, 2, true, 1};
+  EXPECT_EQ(schema::decode_in_place("k", schema::encode(in_place)), in_place);
+  EXPECT_EQ(schema::encode(in_place), "3 2 1 1");
   Verdict v;
   v.action = Verdict::kRestart;
   v.expect = 3;
@@ -226,6 +229,9 @@ TEST(Schema, ACorruptedValueIsAnErrorNamingItsKey) {
        "r1/assignment"},
       {"totals: no nodes", [] { schema::decode_round_totals("r1/assignment", "0 8 0"); },
        "'<restarts> <world size> <nodes>'"},
+      {"in-place: a state that is neither 0 nor 1",
+       [] { schema::decode_in_place("in_place", "1 0 2 0"); },
+       "'<replacements> <round> <recovering: 0 or 1> <node rank>'"},
       {"int: empty", [] { schema::decode_int("round", ""); }, "a decimal integer"},
       {"int: too big", [] { schema::decode_int("round", "99999999999999999999"); }, "round"},
       {"int: a control byte shown escaped", [] { schema::decode_int("round", "1\n2"); }, "1\\x0a2"},

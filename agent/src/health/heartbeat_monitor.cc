@@ -54,7 +54,8 @@ int HeartbeatMonitor::open(int local_rank) {
     ::close(fd);
     throw std::runtime_error(std::string("cannot map the heartbeat slot: ") + std::strerror(error));
   }
-  w.slot = new (at) slot::Slot{slot::kMagic, {0}, {0}};
+  w.slot = new (at) slot::Slot{};  // (a fresh memfd is zeros already)
+  w.slot->magic = slot::kMagic;
   w.fd = fd;
   return fd;
 }

@@ -71,11 +71,20 @@ struct WorkerRef {
   pid_t pid = -1;
 };
 
-// A running worker's heartbeat, for the metrics and the health check.
+// A running worker's progress, as its slot says (dist/rendezvous/worker_contract.h): for the
+// metrics, the health check, the status page and `dist-launch status`.
 struct WorkerProgress {
   WorkerRef worker;
   std::optional<std::chrono::nanoseconds> silence;  // since its last beat; none before the first
   std::uint64_t beats = 0;
+  // Training steps (dist::sdk::step(), dist_launch.progress.step(), torch's optimizer-step hook).
+  std::uint64_t steps = 0;
+  std::optional<std::chrono::nanoseconds> since_step;  // since its last step; none before the first
+  std::optional<double> step_seconds;                  // the median of its recent steps
+  std::optional<double> steps_per_second;              // over the last few seconds
+  std::optional<double> hang_timeout_s;                // when it would be taken for hung
+  bool straggler = false;                              // slower than its group by more than noise
+  std::string pending_collective;  // the SDK's oldest pending collective ("all_reduce #12")
 };
 
 class Telemetry {

@@ -232,6 +232,7 @@ class Agent {
                    [&](event::GroupStopped&) {
                      if (state_ != State::kStopping) return;
                      stopping_.group_stopped = true;
+                     add_late_failures();
                      if (watching_) rounds_->stop_watch();  // continues on WatchEnded
                      feed(Input::kGroupStopped);
                    },
@@ -276,6 +277,18 @@ class Agent {
       fire_and_forget(rounds_->announce_failure(*round_, failures_), "announcing the failure");
     }
     feed(Input::kWorkersFailed);
+  }
+
+  // Workers that failed on their own while the group was stopping (a root cause a few
+  // milliseconds after the failure it caused): the round's failures, told to the other nodes too.
+  void add_late_failures() {
+    std::vector<WorkerFailure> late = group_->take_late_failures();
+    if (late.empty()) return;
+    failures_.insert(failures_.end(), std::make_move_iterator(late.begin()),
+                     std::make_move_iterator(late.end()));
+    if (rounds_->several_nodes() && round_) {
+      fire_and_forget(rounds_->announce_failure(*round_, failures_), "announcing the failure");
+    }
   }
 
   void on_watch_ended(const WatchOutcome& o) {

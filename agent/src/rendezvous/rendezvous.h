@@ -67,6 +67,9 @@ struct WorkerFailure {
   std::string error_file;
   std::string message;    // from the error file: "<Type>: <text>"
   std::string traceback;  // from the error file, else "Signal N (SIGX) received by PID p"
+  // The worker failed because another did (a peer's connection reset, an aborted collective):
+  // listed in the report, never chosen as its root cause over a failure of its own.
+  bool collateral = false;
 };
 
 // What this node and every node of the job need from the rest of the job.

@@ -211,7 +211,8 @@ std::string encode(const std::vector<WorkerFailure>& failures) {
                     {"pid", f.pid},
                     {"error_file", f.error_file},
                     {"message", f.message},
-                    {"traceback", f.traceback}});
+                    {"traceback", f.traceback},
+                    {"collateral", f.collateral}});
   }
   return list.dump();
 }
@@ -233,6 +234,7 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
     f.error_file = field<std::string>(j, "error_file", key, text, kFailuresShape);
     f.message = field<std::string>(j, "message", key, text, kFailuresShape);
     f.traceback = field<std::string>(j, "traceback", key, text, kFailuresShape);
+    f.collateral = j.value("collateral", false);  // (absent from older agents' records)
     failures.push_back(std::move(f));
   }
   return failures;

@@ -42,6 +42,24 @@ std::string signal_list(const std::vector<int>& signals) {
   return list;
 }
 
+// A worker that exited while its group was stopping: did it fail with an error (an exit code
+// rather than the stop's signal, an error file that does not say it was stopped), its own or a
+// peer's consequence, rather than because it was stopped?
+bool failed_with_an_error(const WorkerFailure& f) {
+  if (f.exit_code <= 0 || f.error_file.empty()) return false;
+  for (const char* stopped : {"SignalException", "KeyboardInterrupt", "received signal"}) {
+    if (f.message.find(stopped) != std::string::npos) return false;
+  }
+  return true;
+}
+
+void log_failure(const WorkerFailure& f, const std::string& note) {
+  spdlog::error(
+      "worker {} (local rank {}, pid {}) failed: {}{}{}", f.rank, f.local_rank, f.pid,
+      f.exit_code < 0 ? signal_name(-f.exit_code) : "exit code " + std::to_string(f.exit_code),
+      note.empty() ? "" : ", " + note, f.collateral ? " (after a peer's failure)" : "");
+}
+
 bool selects(const StreamSelection& selection, ConsoleStream stream) {
   return stream == ConsoleStream::kStdout ? selection.stdout_stream : selection.stderr_stream;
 }
@@ -86,6 +104,7 @@ void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) 
                     ? identity_.host + " (node " + std::to_string(a.node_rank) + ")"
                     : identity_.host;
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
+  late_failures_.clear();
   pumps_.clear();
   open_duplicate_logs();
   state_ = State::kRunning;
@@ -247,8 +266,17 @@ void WorkerGroup::reap() {
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
       const std::string watchdog_reason = watchdogs_.reason(w.local_rank);
       watchdogs_.exited(w.local_rank);
-      const bool failed = state_ == State::kRunning && (code != 0 || !watchdog_reason.empty());
-      if (failed) failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
+      const bool failed = code != 0 || !watchdog_reason.empty();
+      if (failed && state_ == State::kRunning) {
+        failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
+        log_failure(failures.back(), watchdog_reason);
+      } else if (failed && state_ == State::kStopping) {
+        WorkerFailure f = failure_of(w, code, reaped_at, watchdog_reason);
+        if (w.exited_before_stop || failed_with_an_error(f)) {
+          log_failure(f, "before the stop reached it");
+          late_failures_.push_back(std::move(f));
+        }
+      }
       telemetry_.worker_exited({round_.round, w.rank, w.local_rank, w.pid}, code, failed,
                                watchdog_reason);
     }
@@ -272,12 +300,10 @@ WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
   f.error_file = (dir_.attempt(round_.round, w.local_rank) / "error.json").string();
   read_error_file(f);
   if (!fs::exists(f.error_file)) f.error_file.clear();
+  f.collateral = watchdog_reason.empty() && looks_collateral(f);
   if (!watchdog_reason.empty()) {  // the kill is the cause; what the worker wrote comes after
     f.message = f.message.empty() ? watchdog_reason : watchdog_reason + "; " + f.message;
   }
-  spdlog::error("worker {} (local rank {}, pid {}) failed: {}{}", w.rank, w.local_rank, f.pid,
-                code < 0 ? signal_name(-code) : "exit code " + std::to_string(code),
-                watchdog_reason.empty() ? "" : ", " + watchdog_reason);
   return f;
 }
 
@@ -295,8 +321,14 @@ void WorkerGroup::stop(int signal, bool already_sent) {
   draining_ = false;
   deadline_armed_ = false;
   leftovers_.reset();
-  for (const auto& w : workers_) {
-    if (!w.exited && signal != 0 && !already_sent) signal_group(w.pid, signal);
+  for (auto& w : workers_) {
+    if (w.exited) continue;
+    // An exit not reaped yet was the worker's own, whatever comes now: its error counts.
+    siginfo_t info{};
+    w.exited_before_stop =
+        ::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == w.pid;
+    if (signal != 0 && !already_sent) signal_group(w.pid, signal);
   }
   if (signal == SIGKILL) leftovers_.kill();
   if (signal != 0 && signal != SIGKILL) arm_stop_deadline();

@@ -83,6 +83,10 @@ class WorkerGroup {
   bool running() const { return state_ == State::kRunning; }
   // The running workers' heartbeats (for the metrics and the health check).
   std::vector<WorkerProgress> progress() const { return watchdogs_.progress(); }
+  // Failures seen while stopping: workers that had exited with an error on their own before the
+  // stop reached them (a root cause may come a few milliseconds after the failure it caused).
+  // Taken once.
+  std::vector<WorkerFailure> take_late_failures() { return std::exchange(late_failures_, {}); }
   // The log files given up on so far (a full disk, an I/O error): they miss output.
   const std::vector<LogFileError>& incomplete_logs() const { return incomplete_logs_; }
 
@@ -92,6 +96,7 @@ class WorkerGroup {
     int rank = 0;
     pid_t pid = -1;
     bool exited = false;
+    bool exited_before_stop = false;  // had exited (not yet reaped) when the group was stopped
     int open_pipes = 0;
   };
   enum class State { kIdle, kRunning, kStopping };
@@ -130,6 +135,7 @@ class WorkerGroup {
   // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
   std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
   std::vector<LogFileError> incomplete_logs_;
+  std::vector<WorkerFailure> late_failures_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;
   boost::asio::steady_timer drain_timer_;

@@ -13,6 +13,9 @@
 //   fail-on-attempt N CODE   exit with CODE when $TORCHELASTIC_RESTART_COUNT == N
 //   kill-self SIGNAL         raise SIGNAL (a number)
 //   error-file MESSAGE       write $TORCHELASTIC_ERROR_FILE the way torch's @record does
+//   error-file-if-rank RANK MESSAGE   the same, when RANK matches $RANK
+//   wait-gone PIDFILE        wait until PIDFILE names a process that has exited (a zombie or
+//                            gone; at most a minute, else exit 65)
 //   trap SIGNAL FILE MS      on SIGNAL: append the signal number to FILE, wait MS, exit 0
 //   note SIGNAL FILE         on SIGNAL: append the signal number to FILE and carry on
 //   ignore SIGNAL            ignore SIGNAL
@@ -166,6 +169,33 @@ bool connects_to_master() {
 
 }  // namespace
 
+// $TORCHELASTIC_ERROR_FILE the way torch's @record writes it (a timestamp of whole seconds).
+void write_error_file(const std::string& message) {
+  std::ofstream(env_or("TORCHELASTIC_ERROR_FILE", "/dev/null"))
+      << R"({"message": {"message": ")" << message
+      << R"(", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 3\n)"
+      << message << R"(", "timestamp": ")" << std::time(nullptr) << R"("}}})";
+}
+
+// Whether the process PIDFILE names has exited (waiting for the file, then for the exit).
+bool wait_gone(const std::string& pidfile) {
+  for (int i = 0; i < 6000; ++i) {
+    std::ifstream in(pidfile);
+    pid_t pid = 0;
+    if (in >> pid && pid > 0) {
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string line;
+      if (!std::getline(stat, line)) return true;
+      const auto close = line.rfind(')');
+      if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z') {
+        return true;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -220,12 +250,15 @@ int main(int argc, char** argv) {
       const int s = std::stoi(next());
       signal(s, SIG_DFL);
       raise(s);
+    } else if (a == "error-file-if-rank") {
+      const std::string rank = next();
+      const std::string message = next();
+      if (env_or("RANK", "") == rank) write_error_file(message);
+    } else if (a == "wait-gone") {
+      if (!wait_gone(next())) return 65;
     } else if (a == "error-file") {
       const std::string message = next();
-      std::ofstream(env_or("TORCHELASTIC_ERROR_FILE", "/dev/null"))
-          << R"({"message": {"message": ")" << message
-          << R"(", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 3\n)"
-          << message << R"(", "timestamp": ")" << std::time(nullptr) << R"("}}})";
+      write_error_file(message);
     } else if (a == "trap") {
       const int s = std::stoi(next());
       const std::string file = next();

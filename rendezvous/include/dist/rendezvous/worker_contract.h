@@ -1,8 +1,8 @@
 // What dist-launch's agent tells each worker, as one contract both sides include: the agent
 // writes it (agent/src/workers/worker_env.cc, health/), the worker SDK reads it
-// (worker_sdk/src/env.cc, heartbeat.cc). torchrun's variables keep torchrun's names; dist-launch's
-// own start with DIST_. (It lives in the store library because that is the one library both sides
-// link.)
+// (worker_sdk/src/env.cc, progress_slot.cc). torchrun's variables keep torchrun's names;
+// dist-launch's own start with DIST_. (It lives in the store library because that is the one
+// library both sides link.)
 #pragma once
 
 #include <atomic>
@@ -43,10 +43,14 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: 
 // last_beat_ns, and beats counts them; at each training step (dist::sdk::step(),
 // dist_launch.progress.step(), the optimizer-step hook dist-launch installs in torch workers) the
 // same into last_step_ns, and steps counts them; the SDK's groups count their collectives, and
-// stamp the oldest one still pending. The agent writes kMagic first: a descriptor without it is not
-// a slot. Every field is 8-byte aligned at a fixed offset (Python workers write them through
-// ctypes): magic 0, last_beat_ns 8, beats 16, steps 24, last_step_ns 32, collectives_issued 40,
-// collectives_done 48, pending_since_ns 56, pending_op 64, features 68.
+// stamp the oldest one still pending; work_ns adds up the time each step computed before it waited
+// for its peers (the straggler measure: torch's forward pass, from the optimizer step to
+// backward(); the SDK's DDP, from after_step() to synchronize()). A worker that can dump its stacks
+// says so in features and names the process to signal in dump_pid. The agent writes kMagic first: a
+// descriptor without it is not a slot. Every field sits at a fixed offset, aligned to its size
+// (Python workers write them through a memoryview): magic 0, last_beat_ns 8, beats 16, steps 24,
+// last_step_ns 32, collectives_issued 40, collectives_done 48, pending_since_ns 56, pending_op 64,
+// features 68, work_ns 72, dump_pid 80.
 namespace heartbeat_slot {
 
 inline constexpr char kFdVariable[] = "DIST_HEARTBEAT_FD";
@@ -77,9 +81,14 @@ struct Slot {
   std::atomic<std::uint64_t> pending_since_ns;  // the oldest pending collective's issue; 0: none
   std::atomic<std::uint32_t> pending_op;        // its Collective
   std::atomic<std::uint32_t> features;
+  std::atomic<std::uint64_t> work_ns;
+  std::atomic<std::uint32_t> dump_pid;  // 0: none
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
 static_assert(sizeof(Slot) <= kBytes);
+static_assert(offsetof(Slot, features) == 68 && offsetof(Slot, work_ns) == 72 &&
+                  offsetof(Slot, dump_pid) == 80,
+              "the offsets Python workers write at");
 
 }  // namespace heartbeat_slot
 

@@ -64,6 +64,26 @@ double seconds(std::chrono::nanoseconds d) {
   return std::chrono::duration<double>(d).count();
 }
 
+double wall_clock() {
+  return seconds(std::chrono::system_clock::now().time_since_epoch());
+}
+
+RankStatus rank_status(const WorkerProgress& p) {
+  RankStatus r;
+  r.rank = p.worker.rank;
+  r.local_rank = p.worker.local_rank;
+  if (p.steps > 0 || p.since_step) r.steps = p.steps;
+  r.steps_per_second = p.steps_per_second;
+  r.step_seconds = p.step_seconds;
+  if (p.since_step) r.since_step_seconds = seconds(*p.since_step);
+  if (p.silence) r.since_beat_seconds = seconds(*p.silence);
+  r.beats = p.beats;
+  r.hang_timeout_seconds = p.hang_timeout_s;
+  r.straggler = p.straggler;
+  r.pending_collective = p.pending_collective;
+  return r;
+}
+
 nlohmann::ordered_json worker_fields(const WorkerRef& w) {
   return {{"round", w.round}, {"rank", w.rank}, {"local_rank", w.local_rank}, {"pid", w.pid}};
 }
@@ -137,6 +157,16 @@ std::optional<std::uint16_t> Telemetry::health_check_port() const {
 
 std::vector<WorkerProgress> Telemetry::progress() const {
   return progress_source_ ? progress_source_() : std::vector<WorkerProgress>{};
+}
+
+std::vector<RankStatus> Telemetry::ranks() const {
+  std::vector<RankStatus> ranks;
+  for (const auto& p : progress()) ranks.push_back(rank_status(p));
+  return ranks;
+}
+
+schema::NodeProgress Telemetry::node_progress() const {
+  return {wall_clock(), state_, ranks(), 0};
 }
 
 void Telemetry::log(std::string_view event, const nlohmann::ordered_json& fields) {

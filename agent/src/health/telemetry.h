@@ -53,6 +53,7 @@
 #include "health/file_timer_server.h"
 #include "health/http_endpoint.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/schema.h"
 
 namespace dist::agent {
 
@@ -99,6 +100,10 @@ class Telemetry {
   void set_progress_source(std::function<std::vector<WorkerProgress>()> source);
   std::optional<std::uint16_t> metrics_port() const;
   std::optional<std::uint16_t> health_check_port() const;
+  // This node's running workers as `dist-launch status` shows them.
+  std::vector<RankStatus> ranks() const;
+  // What this node publishes beside its heartbeat (round_source.h): the state and ranks().
+  schema::NodeProgress node_progress() const;
   // Whether an endpoint shows the workers' heartbeats (then workers get a heartbeat slot even
   // without --worker-heartbeat-timeout).
   bool shows_heartbeats() const { return metrics_endpoint_ || health_endpoint_; }

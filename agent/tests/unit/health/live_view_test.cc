@@ -1,0 +1,192 @@
+// The live view's pieces on their own: the progress a node publishes beside its heartbeat (its
+// encoding, bounds and checked decoding) and the status table's per-rank rows.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dist/agent/job_status.h"
+#include "rendezvous/schema.h"
+
+namespace dist::agent {
+namespace {
+
+using Json = nlohmann::json;
+
+RankStatus stepping(int rank, std::uint64_t steps, double since_step) {
+  RankStatus r;
+  r.rank = rank;
+  r.local_rank = rank;
+  r.steps = steps;
+  r.since_step_seconds = since_step;
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------------
+// progress/<k>
+
+TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
+  RankStatus full = stepping(3, 1200, 0.25);
+  full.local_rank = 1;
+  full.steps_per_second = 9.87654;
+  full.step_seconds = 0.1013;
+  full.since_beat_seconds = 0.5;
+  full.beats = 77;
+  full.hang_timeout_seconds = 30;
+  full.straggler = true;
+  full.pending_collective = "all_reduce #12";
+  RankStatus bare;  // a worker that reports nothing yet
+  bare.rank = 2;
+  const schema::NodeProgress p{1'700'000'000.5, "running", {full, bare}, 0};
+  const std::string text = schema::encode(p);
+  const auto back = schema::decode_node_progress("r0/progress/1", text);
+  EXPECT_DOUBLE_EQ(back.time, 1'700'000'000.5);
+  EXPECT_EQ(back.state, "running");
+  ASSERT_EQ(back.ranks.size(), 2u);
+  const RankStatus& f = back.ranks[0];
+  EXPECT_EQ(f.rank, 3);
+  EXPECT_EQ(f.local_rank, 1);
+  EXPECT_EQ(f.steps, 1200u);
+  EXPECT_DOUBLE_EQ(*f.steps_per_second, 9.877);  // milliseconds' precision is what travels
+  EXPECT_DOUBLE_EQ(*f.step_seconds, 0.101);
+  EXPECT_DOUBLE_EQ(*f.since_step_seconds, 0.25);
+  EXPECT_DOUBLE_EQ(*f.since_beat_seconds, 0.5);
+  EXPECT_EQ(f.beats, 77u);
+  EXPECT_DOUBLE_EQ(*f.hang_timeout_seconds, 30);
+  EXPECT_TRUE(f.straggler);
+  EXPECT_EQ(f.pending_collective, "all_reduce #12");
+  const RankStatus& b = back.ranks[1];
+  EXPECT_EQ(b.rank, 2);
+  EXPECT_FALSE(b.steps || b.steps_per_second || b.step_seconds || b.since_step_seconds ||
+               b.since_beat_seconds || b.hang_timeout_seconds);
+  EXPECT_FALSE(b.straggler);
+  EXPECT_NE(text.find(R"({"r":2,"l":0})"), std::string::npos) << "absent fields left out: " << text;
+}
+
+TEST(NodeProgress, TheValueIsBoundedWhateverTheNodeRuns) {
+  schema::NodeProgress p{1.0, std::string(500, 's'), {}, 0};
+  for (int r = 0; r < 1000; ++r) {
+    RankStatus w = stepping(r, 1'000'000'000'000ull, 123.456);
+    w.steps_per_second = w.step_seconds = w.since_beat_seconds = w.hang_timeout_seconds = 1e6;
+    w.beats = 1'000'000'000'000ull;
+    w.straggler = true;
+    w.pending_collective = std::string(1000, 'c');
+    p.ranks.push_back(w);
+  }
+  const std::string text = schema::encode(p);
+  EXPECT_LT(text.size(), 32u * 1024) << "1,000 workers with every field at its longest";
+  const auto back = schema::decode_node_progress("r0/progress/0", text);
+  EXPECT_EQ(back.ranks.size(), schema::kMaxPublishedRanks);
+  EXPECT_EQ(back.more, 1000 - schema::kMaxPublishedRanks);
+  EXPECT_EQ(back.ranks[0].pending_collective.size(), schema::kMaxPublishedNameBytes);
+  EXPECT_EQ(back.state.size(), schema::kMaxPublishedNameBytes);
+}
+
+TEST(NodeProgress, ACorruptedValueIsAnErrorNamingItsKey) {
+  for (const char* text : {
+           "", "[]", "{oops", R"({"st":"running","w":[]})",             // no time
+           R"({"t":1,"w":[]})",                                         // no state
+           R"({"t":1,"st":"running","w":{}})",                          // workers not a list
+           R"({"t":1,"st":"running","w":[{"l":0}]})",                   // a worker without rank
+           R"({"t":1,"st":"running","w":[{"r":-1,"l":0}]})",            // a negative rank
+           R"({"t":1,"st":"running","w":[{"r":0,"l":0,"s":"many"}]})",  // steps not a count
+           R"({"t":1,"st":"running","w":[{"r":0,"l":0,"as":-2}]})",     // a negative age
+           R"({"t":1,"st":"running","w":[{"r":0,"l":0,"sg":"yes"}]})",  // straggler not a bool
+           R"({"t":1,"st":"running","w":[{"r":0,"l":0,"pc":7}]})",      // pending not a name
+       }) {
+    SCOPED_TRACE(text);
+    try {
+      schema::decode_node_progress("r4/progress/2", text);
+      ADD_FAILURE() << "decoded";
+    } catch (const schema::CorruptValueError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("'r4/progress/2'"), std::string::npos) << what;
+      EXPECT_NE(what.find("a JSON object with t (seconds)"), std::string::npos) << what;
+    }
+  }
+}
+
+TEST(NodeProgress, AReaderAgesWhatWasPublishedToItsOwnNow) {
+  RankStatus beating;
+  beating.since_beat_seconds = 0.5;
+  schema::NodeProgress p{100.0, "running", {stepping(0, 10, 1.0), beating}, 0};
+  schema::age_to(p, 103.0);
+  EXPECT_DOUBLE_EQ(*p.ranks[0].since_step_seconds, 4.0);
+  EXPECT_DOUBLE_EQ(*p.ranks[1].since_beat_seconds, 3.5);
+  EXPECT_DOUBLE_EQ(*p.ranks[0].progress_age_seconds(), 4.0) << "its last step, not its last beat";
+  EXPECT_DOUBLE_EQ(*p.ranks[1].progress_age_seconds(), 3.5) << "no steps: its last beat";
+  schema::age_to(p, 50.0);  // a reader whose clock is behind never makes an age negative
+  EXPECT_DOUBLE_EQ(*p.ranks[0].since_step_seconds, 4.0);
+}
+
+TEST(NodeProgress, TheHeartbeatAndTheProgressGoInOneRequest) {
+  const auto items = schema::heartbeat_items(3, 1, [] { return std::string("{...}"); });
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[0].first, "r3/heartbeat/1");
+  EXPECT_GT(schema::decode_int(items[0].first, items[0].second), 1'600'000'000);
+  EXPECT_EQ(items[1], (std::pair<std::string, std::string>{"r3/progress/1", "{...}"}));
+  EXPECT_EQ(schema::heartbeat_items(3, 1, {}).size(), 1u) << "no source: the heartbeat alone";
+}
+
+// ------------------------------------------------------------------------------------------------
+// The status table and JSON
+
+TEST(StatusTable, EachRankHasARowWithItsMarksAndADashForWhatIsNotReported) {
+  JobStatus s;
+  s.run_id = "j";
+  s.endpoint = "127.0.0.1:1";
+  s.state = "running";
+  NodeStatus n;
+  n.node_rank = 1;
+  n.first_rank = 2;
+  n.workers = 2;
+  n.alive = true;
+  n.agent_state = "running";
+  RankStatus slow = stepping(2, 340, 45.0);
+  slow.local_rank = 0;
+  slow.steps_per_second = 2.5;
+  slow.step_seconds = 0.4;
+  slow.hang_timeout_seconds = 30;
+  slow.straggler = true;
+  slow.pending_collective = "all_reduce #7";
+  RankStatus beating;
+  beating.rank = 3;
+  beating.local_rank = 1;
+  beating.since_beat_seconds = 1.5;
+  beating.beats = 12;
+  n.ranks = {slow, beating};
+  s.nodes = {n};
+  const std::string table = format_table(s);
+  EXPECT_NE(table.find("running      ?"), std::string::npos) << "the agent's state\n" << table;
+  EXPECT_NE(table.find("2     1     0      340        2.50     0.40 s     45.0 s ago     0        "
+                       "HUNG? STRAGGLER waits in all_reduce #7\n"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("3     1     1      -          -        -          1.50 s ago     12\n"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("2 running worker(s), 1 straggler(s), 1 past their hang timeout"),
+            std::string::npos)
+      << table;
+  const Json j = Json::parse(to_json(s));
+  const Json& r = j["nodes"][0]["ranks"];
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0]["steps"], 340);
+  EXPECT_EQ(r[0]["hung"], true);
+  EXPECT_EQ(r[0]["progress_age_seconds"], 45.0);
+  EXPECT_TRUE(r[1]["steps"].is_null());
+  EXPECT_EQ(r[1]["beats"], 12);
+  EXPECT_EQ(j["nodes"][0]["agent_state"], "running");
+}
+
+TEST(StatusTable, SecondsReadAtAGlance) {
+  EXPECT_EQ(format_seconds(std::nullopt), "-");
+  EXPECT_EQ(format_seconds(0.123), "0.12 s");
+  EXPECT_EQ(format_seconds(42.25), "42.2 s");
+  EXPECT_EQ(format_seconds(185), "3m05s");
+  EXPECT_EQ(format_seconds(7300), "2h01m");
+}
+
+}  // namespace
+}  // namespace dist::agent

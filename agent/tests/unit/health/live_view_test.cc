@@ -1,5 +1,6 @@
 // The live view's pieces on their own: the progress a node publishes beside its heartbeat (its
-// encoding, bounds and checked decoding) and the status table's per-rank rows.
+// encoding, bounds and checked decoding), the ring of samples the status page plots, the recent
+// events of its timeline, the status table's per-rank rows, and the page's embedding of its data.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -7,6 +8,8 @@
 #include <vector>
 
 #include "dist/agent/job_status.h"
+#include "health/progress_history.h"
+#include "health/status_page.h"
 #include "rendezvous/schema.h"
 
 namespace dist::agent {
@@ -186,6 +189,115 @@ TEST(StatusTable, SecondsReadAtAGlance) {
   EXPECT_EQ(format_seconds(42.25), "42.2 s");
   EXPECT_EQ(format_seconds(185), "3m05s");
   EXPECT_EQ(format_seconds(7300), "2h01m");
+}
+
+// ------------------------------------------------------------------------------------------------
+// The ring of samples
+
+TEST(ProgressHistory, AStepTimeIsMeasuredFromWhenTheStepsHappened) {
+  ProgressHistory h;
+  h.add(100.0, 0, {stepping(0, 10, 0.2)});  // step 10 at 99.8: the baseline, nothing measured
+  h.add(101.0, 0, {stepping(0, 10, 1.2)});  // no step this second
+  h.add(102.0, 0, {stepping(0, 14, 0.2)});  // steps 11..14 by 101.8: 2 s for 4 steps
+  const auto* s = h.samples(0);
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(s->size(), 3u);
+  EXPECT_FALSE((*s)[0].step_seconds);
+  EXPECT_FALSE((*s)[1].step_seconds) << "a second without a step has no step time";
+  ASSERT_TRUE((*s)[2].step_seconds);
+  EXPECT_DOUBLE_EQ(*(*s)[2].step_seconds, 0.5);
+}
+
+TEST(ProgressHistory, ASlowStepIsMeasuredWhole) {
+  ProgressHistory h;
+  h.add(100.0, 0, {stepping(0, 1, 0.0)});
+  for (int t = 101; t < 105; ++t) h.add(t, 0, {stepping(0, 1, t - 100.0)});
+  h.add(105.0, 0, {stepping(0, 2, 0.0)});  // one step of 5 s, not of the last second
+  EXPECT_DOUBLE_EQ(*h.samples(0)->back().step_seconds, 5.0);
+}
+
+TEST(ProgressHistory, WithoutStepsTheHeartbeatsAreMeasured) {
+  ProgressHistory h;
+  RankStatus w;
+  w.since_beat_seconds = 0.0;
+  w.beats = 5;
+  h.add(10.0, 0, {w});
+  w.beats = 8;
+  w.since_beat_seconds = 0.5;
+  h.add(11.0, 0, {w});
+  const auto& last = h.samples(0)->back();
+  EXPECT_FALSE(last.step_seconds);
+  ASSERT_TRUE(last.beat_seconds);
+  EXPECT_DOUBLE_EQ(*last.beat_seconds, 0.5 / 3);
+}
+
+TEST(ProgressHistory, ANewRoundOrAFallingCountStartsAfresh) {
+  ProgressHistory h;
+  h.add(10.0, 0, {stepping(0, 100, 0.0)});
+  h.add(11.0, 1, {stepping(0, 150, 0.0)});  // a new round: its worker's steps are not comparable
+  h.add(12.0, 1, {stepping(0, 3, 0.0)});    // a new worker in this rank: its count restarted
+  h.add(13.0, 1, {stepping(0, 5, 0.0)});
+  const auto& s = *h.samples(0);
+  EXPECT_FALSE(s[1].step_seconds);
+  EXPECT_FALSE(s[2].step_seconds);
+  EXPECT_DOUBLE_EQ(*s[3].step_seconds, 0.5);
+  EXPECT_EQ(s[3].round, 1);
+}
+
+TEST(ProgressHistory, TheRingKeepsTheLastSamplesOfTheLastRanks) {
+  ProgressHistory h(5, 3);
+  for (int t = 0; t < 12; ++t) h.add(t, 0, {stepping(0, t, 0), stepping(1, t, 0)});
+  EXPECT_EQ(h.samples(0)->size(), 5u);
+  EXPECT_DOUBLE_EQ(h.samples(0)->front().time, 7.0);
+  h.add(12.0, 0, {stepping(2, 1, 0)});
+  h.add(13.0, 0, {stepping(0, 13, 0), stepping(2, 2, 0)});
+  h.add(14.0, 0, {stepping(3, 1, 0)});  // a fourth rank: rank 1, sampled longest ago, goes
+  EXPECT_EQ(h.size(), 3u);
+  EXPECT_EQ(h.samples(1), nullptr);
+  EXPECT_NE(h.samples(3), nullptr);
+}
+
+TEST(ProgressHistory, TheJsonHasOneColumnPerFieldAndOnlyWhatCameAfterSince) {
+  ProgressHistory h;
+  for (int t = 0; t < 4; ++t) h.add(1000.0 + t, 2, {stepping(7, 10 * t, 0)});
+  const Json all = h.to_json(0);
+  ASSERT_TRUE(all.contains("7"));
+  EXPECT_EQ(all["7"]["t"], Json({1000.0, 1001.0, 1002.0, 1003.0}));
+  EXPECT_EQ(all["7"]["round"], Json({2, 2, 2, 2}));
+  EXPECT_EQ(all["7"]["step_s"], Json({nullptr, 0.1, 0.1, 0.1}));
+  EXPECT_EQ(all["7"]["beat_s"], Json({nullptr, nullptr, nullptr, nullptr}));
+  const Json later = h.to_json(1001.0);
+  EXPECT_EQ(later["7"]["t"], Json({1002.0, 1003.0}));
+  EXPECT_TRUE(h.to_json(1003.0).empty()) << "nothing new: no rank at all";
+}
+
+TEST(EventTimeline, KeepsTheLastEventsWithTheirFields) {
+  EventTimeline t(3);
+  for (int i = 0; i < 5; ++i) t.add(10.0 + i, "restart", {{"restart_count", i}});
+  EXPECT_EQ(t.size(), 3u);
+  EXPECT_EQ(t.dropped(), 2u);
+  const Json all = t.to_json(0);
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(all[0], Json({{"t", 12.0}, {"event", "restart"}, {"restart_count", 2}}));
+  EXPECT_EQ(t.to_json(13.0).size(), 1u);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The page
+
+TEST(StatusPage, TheDataItStartsFromCannotEndItsScript) {
+  const nlohmann::ordered_json status = {{"run_id", "</script><script>alert(1)</script>"}};
+  const std::string page = status_page(status);
+  EXPECT_EQ(page.find("@STATUS_JSON@"), std::string::npos);
+  EXPECT_EQ(page.find("alert(1)</script>"), std::string::npos) << "escaped: " << page.substr(0, 80);
+  const auto start = page.find(R"(<script id="initial" type="application/json">)");
+  ASSERT_NE(start, std::string::npos);
+  const auto body = start + std::string(R"(<script id="initial" type="application/json">)").size();
+  const auto end = page.find("</script>", body);
+  EXPECT_EQ(Json::parse(page.substr(body, end - body))["run_id"], status["run_id"]);
+  for (const char* external : {"src=\"http", "href=\"http", "@import", "url("}) {
+    EXPECT_EQ(page.find(external), std::string::npos) << "self-contained: " << external;
+  }
 }
 
 }  // namespace

@@ -1,9 +1,21 @@
 // What the agent tells the outside about its job, all on its io_context:
 //   - the event log (--event-log FILE, event_log.h): one JSON object per line;
 //   - Prometheus metrics (--metrics-port P): text format 0.0.4 at /metrics;
+//   - the status page (--metrics-port P): at / and /ui one self-contained HTML page (status_page.h)
+//     that polls /status.json every second: this node's workers (steps, rates, last progress,
+//     stragglers, hangs), their step times over the last ten minutes (progress_history.h) and a
+//     timeline of the job's events;
 //   - torch's health check (TORCHELASTIC_HEALTH_CHECK_PORT): HTTP at / (also /health, /healthz).
 // The agent and the worker group report what happens through the calls below; the same port for
-// both endpoints serves both.
+// both endpoints serves both, and then / is the health check's unless the client asks for HTML
+// (a browser's Accept: text/html): torch's clients, and curl, get the JSON as before; /ui is
+// always the page.
+//
+// /status.json: {run_id, host, time, started (wall-clock seconds), state, round, node_rank,
+// num_nodes, world_size, restarts, max_restarts, nproc_per_node, workers_alive, worker_failures,
+// hung_workers, ranks: [schema::to_json(RankStatus)...], history: {interval_s, window_s, ranks:
+// ProgressHistory::to_json}, events: EventTimeline::to_json}; ?since=T leaves out the samples and
+// events up to T (the page passes the last answer's time).
 //
 // Event log schema, version 1 (fields are added, never renamed or removed; a reader ignores what
 // it does not know). Every line:
@@ -39,6 +51,7 @@
 
 #include <array>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -52,7 +65,9 @@
 #include "health/event_log.h"
 #include "health/file_timer_server.h"
 #include "health/http_endpoint.h"
+#include "health/progress_history.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/schema.h"
 
 namespace dist::agent {
 
@@ -99,6 +114,10 @@ class Telemetry {
   void set_progress_source(std::function<std::vector<WorkerProgress>()> source);
   std::optional<std::uint16_t> metrics_port() const;
   std::optional<std::uint16_t> health_check_port() const;
+  // This node's running workers as `dist-launch status` and the status page show them.
+  std::vector<RankStatus> ranks() const;
+  // What this node publishes beside its heartbeat (round_source.h): the state and ranks().
+  schema::NodeProgress node_progress() const;
   // Whether an endpoint shows the workers' heartbeats (then workers get a heartbeat slot even
   // without --worker-heartbeat-timeout).
   bool shows_heartbeats() const { return metrics_endpoint_ || health_endpoint_; }
@@ -118,8 +137,13 @@ class Telemetry {
 
  private:
   void log(std::string_view event, const nlohmann::ordered_json& fields);
+  std::map<std::string, HttpEndpoint::Handler> metrics_routes(bool shared);
   HttpResponse metrics() const;
   HttpResponse health() const;
+  HttpResponse page() const;
+  HttpResponse status_json(const HttpRequest& request) const;
+  nlohmann::ordered_json status(double since) const;
+  void arm_sampler();
   std::vector<WorkerProgress> progress() const;
 
   const LaunchConfig& config_;
@@ -128,6 +152,10 @@ class Telemetry {
   std::unique_ptr<HttpEndpoint> metrics_endpoint_;
   std::unique_ptr<HttpEndpoint> health_endpoint_;  // null when the metrics' serves it too
   std::function<std::vector<WorkerProgress>()> progress_source_;
+  ProgressHistory history_;  // sampled every kSampleInterval while the page is served
+  EventTimeline timeline_;
+  boost::asio::steady_timer sampler_;
+  double started_ = 0;  // wall-clock seconds
 
   std::string state_ = "init";
   Assignment round_;  // the round joined last (before one: num_nodes 0)

@@ -435,6 +435,8 @@ class Agent {
             [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); }});
     telemetry_->set_progress_source(
         [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
+    // Published beside this node's heartbeat, for `dist-launch status`.
+    rounds_->set_progress_source([this] { return telemetry_->node_progress(); });
   }
 
   // Where the workers find the token (DIST_LAUNCH_TOKEN_FILE): the file given, or one written

@@ -161,9 +161,11 @@ class NodeRendezvous {
   Task<std::vector<WorkerFailure>> failures(Assignment a);
 
   // Until round a fails anywhere, another node's agent dies, a node waits to join, or
-  // stop_watch() is called, writing this node's heartbeat (wall-clock seconds) every `heartbeat`.
+  // stop_watch() is called, writing this node's heartbeat (wall-clock seconds) every `heartbeat`,
+  // and with it, in the same request, what `progress` returns (schema::NodeProgress, encoded).
   // Runs on a session of its own: may run while this object's other calls do.
-  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat);
+  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
+                          std::function<std::string()> progress = {});
   void stop_watch();
 
   // This node's workers all succeeded: true once every node's did, false when the round failed

@@ -30,10 +30,15 @@
 //   stamp DIR                write the wall clock (ns) to DIR/start_<attempt>_<local rank>
 //   crash-if DIR RANK ATTEMPT   on that rank and attempt: write the clock to DIR/crash, exit 1
 //   sleep-if-attempt N MS    sleep MS on attempt N only
+//   progress MS              from now on, a thread counts a step and a heartbeat in the worker's
+//                            progress slot (DIST_HEARTBEAT_FD, as a Python worker does through
+//                            ctypes) every MS * (RANK + 1) ms: each rank its own pace; exit 68
+//                            when the agent gave no slot
 //   sleep MS                 sleep (signals interrupt it and are handled)
 //   forever                  sleep until a signal handler ends the process
 #include <netdb.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -48,6 +53,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+
+#include "dist/rendezvous/worker_contract.h"
 
 extern char** environ;
 
@@ -165,6 +172,37 @@ bool connects_to_master() {
   }
   ::freeaddrinfo(found);
   return connected;
+}
+
+long long monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
+}
+
+// Steps and beats in the progress slot the agent gave this worker, from a thread of their own.
+void start_progress(long every_ms) {
+  namespace slot = dist::rendezvous::worker_contract::heartbeat_slot;
+  const char* fd = std::getenv(slot::kFdVariable);
+  void* page =
+      fd ? ::mmap(nullptr, slot::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, std::atoi(fd), 0)
+         : MAP_FAILED;
+  auto* s = static_cast<slot::Slot*>(page == MAP_FAILED ? nullptr : page);
+  if (!s || s->magic != slot::kMagic) {
+    std::fprintf(stderr, "dist-test-worker: no progress slot (%s)\n", fd ? fd : "unset");
+    std::exit(68);
+  }
+  const long pace = every_ms * (std::atol(env_or("RANK", "0").c_str()) + 1);
+  std::thread([s, pace] {
+    while (true) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(pace));
+      const auto now = static_cast<std::uint64_t>(monotonic_ns());
+      s->steps.fetch_add(1, std::memory_order_relaxed);
+      s->last_step_ns.store(now, std::memory_order_release);
+      s->beats.fetch_add(1, std::memory_order_relaxed);
+      s->last_beat_ns.store(now, std::memory_order_release);
+    }
+  }).detach();
 }
 
 }  // namespace
@@ -324,6 +362,8 @@ int main(int argc, char** argv) {
       const std::string attempt = next();
       const long ms = std::stol(next());
       if (env_or("TORCHELASTIC_RESTART_COUNT", "") == attempt) sleep_ms(ms);
+    } else if (a == "progress") {
+      start_progress(std::stol(next()));
     } else if (a == "sleep") {
       sleep_ms(std::stol(next()));
     } else if (a == "forever") {

@@ -95,6 +95,30 @@ TEST_F(DdpTrain, ACrashAndRestartEndsBitIdenticalToAnUninterruptedRun) {
       << crashed.output;
 }
 
+// dist-launch's hang detection, on by default, with the SDK's progress: rank 1 stops at step 320
+// outside any collective, rank 0 waits for it in its next all-reduce. The agent looks where each
+// rank is, kills rank 1 as the hung one, names where rank 0 waited, and the restart resumes from
+// the checkpoint to the same weights as a run without the hang.
+TEST_F(DdpTrain, AHungRankIsFoundNamedAndTheRestartEndsBitIdentical) {
+  const TrainingRun clean = launch(train("2", "--checkpoint-dir " + (dir_ / "a").string()));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const TrainingRun hung =
+      launch("--hang-timeout 3 " +
+             train("2", "--checkpoint-dir " + (dir_ / "b").string() + " --hang-at-step 320"));
+  ASSERT_EQ(hung.exit_code, 0) << hung.output;
+  EXPECT_NE(hung.output.find("injected hang at step 320"), std::string::npos) << hung.output;
+  EXPECT_TRUE(std::regex_search(
+      hung.output, std::regex(R"(rank 0 \(local rank 0, pid \d+\): waiting in all_reduce #\d+)")))
+      << hung.output;
+  EXPECT_TRUE(std::regex_search(
+      hung.output,
+      std::regex(
+          R"(rank 1 \(local rank 1, pid \d+\): not in a collective \(steps 320, .*<- hung)")))
+      << hung.output;
+  EXPECT_NE(hung.output.find("restarting the worker group"), std::string::npos) << hung.output;
+  EXPECT_EQ(hung.sha, clean.sha) << "the resumed run must end bit-identical";
+}
+
 TEST_F(DdpTrain, OneWorkerWithTheSameGlobalBatchAlsoConverges) {
   const TrainingRun run = launch(train("1", ""));
   ASSERT_EQ(run.exit_code, 0) << run.output;

@@ -236,12 +236,9 @@ void install_stack_dump() {
 void step() {
   detail::Slot* s = detail::progress_slot();
   if (!s) return;
-  const std::uint64_t now = detail::monotonic_ns();
-  s->last_step_ns.store(now, std::memory_order_release);
-  s->last_beat_ns.store(now, std::memory_order_release);  // a step is a heartbeat too
+  s->last_step_ns.store(detail::monotonic_ns(), std::memory_order_release);
   // One writer in practice; steps racing from several threads may lose a count, never a step.
   s->steps.store(s->steps.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  s->beats.store(s->beats.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
 bool progress_enabled() {

@@ -101,6 +101,11 @@ std::uint64_t HeartbeatMonitor::beats(int local_rank) const {
   return s ? s->beats.load(std::memory_order_relaxed) : 0;
 }
 
+const slot::Slot* HeartbeatMonitor::slot(int local_rank) const {
+  if (static_cast<std::size_t>(local_rank) >= slots_.size()) return nullptr;
+  return slots_[static_cast<std::size_t>(local_rank)].slot;
+}
+
 void HeartbeatMonitor::arm(int local_rank, std::chrono::nanoseconds after) {
   auto& timer = *slots_[static_cast<std::size_t>(local_rank)].deadline;
   timer.expires_after(after);

@@ -267,6 +267,48 @@ void Telemetry::worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent,
   log("worker_hung", fields);
 }
 
+void Telemetry::hang(const std::vector<HangRank>& ranks, std::chrono::nanoseconds silent,
+                     std::chrono::nanoseconds timeout) {
+  auto list = nlohmann::ordered_json::array();
+  for (const auto& r : ranks) {
+    list.push_back({{"rank", r.worker.rank},
+                    {"local_rank", r.worker.local_rank},
+                    {"pid", r.worker.pid},
+                    {"cause", r.cause},
+                    {"waiting", r.waiting},
+                    {"where", r.where}});
+  }
+  log("hang",
+      {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()},
+       {"timeout_ms", std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()},
+       {"ranks", std::move(list)}});
+}
+
+void Telemetry::straggler(const WorkerRef& w, bool flagged, double ratio,
+                          std::string_view measure) {
+  auto fields = worker_fields(w);
+  fields["straggler"] = flagged;
+  fields["ratio"] = ratio;
+  fields["measure"] = measure;
+  log("straggler", fields);
+  if (flagged) {
+    StragglerRecord& r = stragglers_[w.rank];
+    ++r.flags;
+    r.worst = std::max(r.worst, ratio);
+    r.measure = measure;
+  }
+}
+
+std::vector<std::string> Telemetry::straggler_summary() const {
+  std::vector<std::string> lines;
+  for (const auto& [rank, r] : stragglers_) {
+    lines.push_back(
+        fmt::format("rank {} was a straggler{}: its {} up to {:.2f}x the other ranks' median", rank,
+                    r.flags > 1 ? fmt::format(" ({} times)", r.flags) : "", r.measure, r.worst));
+  }
+  return lines;
+}
+
 void Telemetry::restarting(int restart_count) {
   round_.restarts = restart_count;
   log("restart", {{"restart_count", restart_count}, {"max_restarts", config_.max_restarts}});
@@ -289,10 +331,13 @@ void Telemetry::node_joined(int round) {
 }
 
 void Telemetry::job_ended(int exit_code, std::string_view outcome, const std::string& reason) {
+  auto stragglers = nlohmann::ordered_json::array();
+  for (const auto& [rank, _] : stragglers_) stragglers.push_back(rank);
   log("job_end", {{"outcome", outcome},
                   {"exit_code", exit_code},
                   {"restarts", round_.restarts},
-                  {"reason", text_or_null(reason)}});
+                  {"reason", text_or_null(reason)},
+                  {"stragglers", std::move(stragglers)}});
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -332,7 +377,7 @@ HttpResponse Telemetry::metrics() const {
            "File timers (TORCHELASTIC_TIMER_FILE) that expired on this node.")
       .sample(static_cast<double>(timer_expirations_));
   m.family("dist_launch_hung_workers_total", "counter",
-           "Workers of this node killed for a silent heartbeat.")
+           "Workers of this node killed as hung (a silent heartbeat, or no progress).")
       .sample(static_cast<double>(hung_workers_));
   m.family("dist_launch_nodes_lost_total", "counter", "Other nodes this node saw vanish.")
       .sample(static_cast<double>(nodes_lost_));
@@ -354,6 +399,39 @@ HttpResponse Telemetry::metrics() const {
     m.sample(static_cast<double>(p.beats), {{"rank", std::to_string(p.worker.rank)},
                                             {"local_rank", std::to_string(p.worker.local_rank)}});
   }
+  // Progress (hang_detector.h), for workers that count steps.
+  const auto per_worker = [&](const char* name, const char* type, const char* help, auto value) {
+    m.family(name, type, help);
+    for (const auto& p : workers) {
+      const std::optional<double> v = value(p);
+      if (!v) continue;
+      m.sample(*v, {{"rank", std::to_string(p.worker.rank)},
+                    {"local_rank", std::to_string(p.worker.local_rank)}});
+    }
+  };
+  const auto counts_steps = [](const WorkerProgress& p) { return p.steps > 0 || p.since_step; };
+  per_worker("dist_launch_worker_steps_total", "counter",
+             "Training steps of a running worker (the SDK's step(), dist_launch.progress.step(), "
+             "torch's optimizer steps).",
+             [&](const WorkerProgress& p) -> std::optional<double> {
+               if (!counts_steps(p)) return std::nullopt;
+               return static_cast<double>(p.steps);
+             });
+  per_worker("dist_launch_worker_steps_per_second", "gauge",
+             "A running worker's steps per second over the last 10 s.",
+             [](const WorkerProgress& p) { return p.steps_per_second; });
+  per_worker("dist_launch_worker_step_seconds", "gauge",
+             "The median of a running worker's recent step times.",
+             [](const WorkerProgress& p) { return p.step_seconds; });
+  per_worker("dist_launch_worker_hang_timeout_seconds", "gauge",
+             "How long a running worker may make no progress before it is taken for hung.",
+             [](const WorkerProgress& p) { return p.hang_timeout_s; });
+  per_worker("dist_launch_worker_straggler", "gauge",
+             "1 while a running worker is slower than the others by more than noise.",
+             [&](const WorkerProgress& p) -> std::optional<double> {
+               if (!counts_steps(p)) return std::nullopt;
+               return p.straggler ? 1.0 : 0.0;
+             });
   if (event_log_) {
     m.family("dist_launch_event_log_lost_total", "counter",
              "Event log lines that could not be written.")

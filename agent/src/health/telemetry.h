@@ -32,12 +32,17 @@
 //   timer_expired  round, rank, local_rank, pid (the request's), scope_id, signal (or null: the
 //                  request named none and nothing is killed)
 //   worker_hung    round, rank, local_rank, pid, silent_ms, signal (what it is sent first)
+//   hang           silent_ms, timeout_ms, ranks: [{rank, local_rank, pid, cause, waiting,
+//                  where}] (what a hang investigation found, before the hung ranks are killed)
+//   straggler      round, rank, local_rank, pid, straggler (flagged or cleared), ratio (its time
+//                  over the other ranks' median), measure ("work per step" or "step time")
 //   restart        restart_count, max_restarts
 //   verdict        round, action (restart, reshape, fail, done), restarts, reason (elastic jobs:
 //                  the job-wide decision after a round ended)
 //   node_lost      round, node_rank (-1: unknown)
 //   node_joined    round (a node asked to join: the round ends for a new one)
-//   job_end        outcome (succeeded, failed, stopped), exit_code, restarts, reason (or null)
+//   job_end        outcome (succeeded, failed, stopped), exit_code, restarts, reason (or null),
+//                  stragglers (the ranks flagged as stragglers during the job)
 //
 // Health check: torch 2.x reads TORCHELASTIC_HEALTH_CHECK_PORT and builds a server whose alive
 // callback is the file timer's last progress time (or the current time), with a 60 s timeout, but
@@ -55,6 +60,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,6 +108,14 @@ struct WorkerProgress {
   std::string pending_collective;  // the SDK's oldest pending collective ("all_reduce #12")
 };
 
+// One rank of a hang investigation (hang_detector.h): where it was, and whether it is the cause.
+struct HangRank {
+  WorkerRef worker;
+  bool cause = false;
+  bool waiting = false;
+  std::string where;
+};
+
 class Telemetry {
  public:
   // Opens the event log and binds the endpoints the configuration asks for. Throws
@@ -121,6 +135,8 @@ class Telemetry {
   // Whether an endpoint shows the workers' heartbeats (then workers get a heartbeat slot even
   // without --worker-heartbeat-timeout).
   bool shows_heartbeats() const { return metrics_endpoint_ || health_endpoint_; }
+  // Whether a watchdog killed a hung worker in this job (its stacks are worth keeping).
+  bool saw_hung_workers() const { return hung_workers_ > 0; }
 
   void job_started();
   void state(std::string_view name);  // the agent's lifecycle state, for the metrics
@@ -129,6 +145,12 @@ class Telemetry {
   void worker_exited(const WorkerRef& w, int code, bool failed, const std::string& reason);
   void timer_expired(const WorkerRef& w, const TimerExpiry& timer);
   void worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent, int signal);
+  void hang(const std::vector<HangRank>& ranks, std::chrono::nanoseconds silent,
+            std::chrono::nanoseconds timeout);
+  void straggler(const WorkerRef& w, bool flagged, double ratio, std::string_view measure);
+  // The ranks flagged as stragglers during the job, one line each (for the end of the job);
+  // empty when none was.
+  std::vector<std::string> straggler_summary() const;
   void restarting(int restart_count);
   void verdict(int round, const Verdict& v);
   void node_lost(int round, int node_rank);
@@ -165,6 +187,12 @@ class Telemetry {
   std::uint64_t timer_expirations_ = 0;
   std::uint64_t hung_workers_ = 0;
   std::uint64_t nodes_lost_ = 0;
+  struct StragglerRecord {
+    int flags = 0;        // times flagged
+    double worst = 0;     // the highest ratio it was flagged at
+    std::string measure;  // "work per step" or "step time"
+  };
+  std::map<int, StragglerRecord> stragglers_;  // by rank
 };
 
 }  // namespace dist::agent

@@ -531,8 +531,12 @@ class Agent {
     if (finished_) return;
     finished_ = true;
     record_job_end();
+    if (telemetry_) {
+      for (const auto& line : telemetry_->straggler_summary()) spdlog::warn("{}", line);
+    }
     if (run_dir_) {
-      const bool keep = !failures_.empty() || config_.writes_log_files();
+      const bool keep = !failures_.empty() || config_.writes_log_files() ||
+                        (telemetry_ && telemetry_->saw_hung_workers());
       if (const auto said = run_dir_->finish(keep); !said.empty()) spdlog::info("{}", said);
     }
     io_.stop();

@@ -45,12 +45,18 @@ std::string signal_list(const std::vector<int>& signals) {
 // A worker that exited while its group was stopping: did it fail with an error (an exit code
 // rather than the stop's signal, an error file that does not say it was stopped), its own or a
 // peer's consequence, rather than because it was stopped?
-bool failed_with_an_error(const WorkerFailure& f) {
-  if (f.exit_code <= 0 || f.error_file.empty()) return false;
+// Whether a worker reaped while the group stops had failed on its own: it exited with an error
+// file, or wrote one before the stop began (the stop's signal may then have ended it on its way
+// out); never for an error that says the stop's signal.
+bool failed_with_an_error(const WorkerFailure& f, fs::file_time_type stop_began) {
+  if (f.error_file.empty()) return false;
   for (const char* stopped : {"SignalException", "KeyboardInterrupt", "received signal"}) {
     if (f.message.find(stopped) != std::string::npos) return false;
   }
-  return true;
+  if (f.exit_code > 0) return true;
+  std::error_code ec;
+  const auto written = fs::last_write_time(f.error_file, ec);
+  return !ec && written < stop_began;
 }
 
 void log_failure(const WorkerFailure& f, const std::string& note) {
@@ -58,6 +64,17 @@ void log_failure(const WorkerFailure& f, const std::string& note) {
       "worker {} (local rank {}, pid {}) failed: {}{}{}", f.rank, f.local_rank, f.pid,
       f.exit_code < 0 ? signal_name(-f.exit_code) : "exit code " + std::to_string(f.exit_code),
       note.empty() ? "" : ", " + note, f.collateral ? " (after a peer's failure)" : "");
+}
+
+HangOptions hang_options(const LaunchConfig& config, const std::string& host) {
+  HangOptions o;
+  if (config.watchdogs.hang_timeout) {
+    o.timeout.off = config.watchdogs.hang_timeout->count() == 0;
+    o.timeout.fixed = *config.watchdogs.hang_timeout;
+  }
+  o.other_nodes = config.max_nodes > 1;
+  o.host = host;
+  return o;
 }
 
 bool selects(const StreamSelection& selection, ConsoleStream stream) {
@@ -79,7 +96,7 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       console_(std::move(console)),
       events_(std::move(events)),
       telemetry_(telemetry),
-      watchdogs_(io, config.watchdogs, telemetry),
+      watchdogs_(io, config.watchdogs, telemetry, hang_options(config, identity.host)),
       identity_(std::move(identity)),
       resources_(plan_worker_resources(config)),
       hostname_(this_host()),
@@ -107,6 +124,13 @@ void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) 
   late_failures_.clear();
   pumps_.clear();
   open_duplicate_logs();
+  if (config_.watchdogs.step_hook && python_hook_.empty()) {
+    try {
+      python_hook_ = write_python_hook(dir_.path());
+    } catch (const std::exception& e) {
+      spdlog::warn("Python workers get no progress hook: {}", e.what());
+    }
+  }
   state_ = State::kRunning;
   const std::vector<std::string> base_env = current_environment();
   const char* path = std::getenv("PATH");
@@ -179,7 +203,8 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
     variables[rendezvous::worker_contract::kLocalAddr] = config_.local_addr;
   }
   std::vector<int> inherited;  // the watchdogs' channels
-  watchdogs_.prepare(w.local_rank, variables, inherited);
+  watchdogs_.prepare(w.local_rank, dir, variables, inherited);
+  if (!python_hook_.empty()) add_python_hook(variables, python_hook_, base_env);
   // A path, never the secret: a process's environment is readable by much of the machine.
   if (!identity_.token_file.empty()) {
     variables[rendezvous::worker_contract::kTokenFile] = identity_.token_file;
@@ -266,13 +291,15 @@ void WorkerGroup::reap() {
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
       const std::string watchdog_reason = watchdogs_.reason(w.local_rank);
       watchdogs_.exited(w.local_rank);
-      const bool failed = code != 0 || !watchdog_reason.empty();
+      // A worker the stop ended is "stopped", not failed (the event log's "failed": false).
+      bool failed = code != 0 || !watchdog_reason.empty();
       if (failed && state_ == State::kRunning) {
         failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
         log_failure(failures.back(), watchdog_reason);
       } else if (failed && state_ == State::kStopping) {
         WorkerFailure f = failure_of(w, code, reaped_at, watchdog_reason);
-        if (w.exited_before_stop || failed_with_an_error(f)) {
+        failed = w.exited_before_stop || failed_with_an_error(f, stop_began_);
+        if (failed) {
           log_failure(f, "before the stop reached it");
           late_failures_.push_back(std::move(f));
         }
@@ -300,7 +327,8 @@ WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
   f.error_file = (dir_.attempt(round_.round, w.local_rank) / "error.json").string();
   read_error_file(f);
   if (!fs::exists(f.error_file)) f.error_file.clear();
-  f.collateral = watchdog_reason.empty() && looks_collateral(f);
+  f.collateral =
+      watchdog_reason.empty() ? looks_collateral(f) : watchdogs_.collateral(w.local_rank);
   if (!watchdog_reason.empty()) {  // the kill is the cause; what the worker wrote comes after
     f.message = f.message.empty() ? watchdog_reason : watchdog_reason + "; " + f.message;
   }
@@ -317,6 +345,7 @@ void WorkerGroup::stop(int signal, bool already_sent) {
     return;
   }
   state_ = State::kStopping;
+  stop_began_ = fs::file_time_type::clock::now();
   watchdogs_.stopping();
   draining_ = false;
   deadline_armed_ = false;

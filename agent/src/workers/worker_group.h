@@ -20,6 +20,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -28,6 +29,7 @@
 #include "dist/agent/config.h"
 #include "dist/agent/console.h"
 #include "dist/rendezvous/endpoint.h"
+#include "health/python_hook.h"
 #include "health/telemetry.h"
 #include "health/worker_watchdogs.h"
 #include "output/duplicate_log.h"
@@ -134,12 +136,16 @@ class WorkerGroup {
   std::vector<std::shared_ptr<LogPump>> pumps_;
   // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
   std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
+  std::filesystem::path python_hook_;  // on the workers' PYTHONPATH (health/python_hook.h)
   std::vector<LogFileError> incomplete_logs_;
   std::vector<WorkerFailure> late_failures_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;
   boost::asio::steady_timer drain_timer_;
   bool draining_ = false;
+  // When the stop began: an error file written before it is a failure of the worker's own, even
+  // when the stop's signal then ended the worker before it exited.
+  std::filesystem::file_time_type stop_began_{};
 };
 
 }  // namespace dist::agent

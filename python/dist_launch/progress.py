@@ -212,6 +212,7 @@ class _AfterTorchImport:
             run(module)
             try:
                 _hook_torch(module)
+                module._dist_launch_hooked = True
             except Exception as e:  # a torch this hook does not know: say so, train anyway
                 print(
                     f"dist-launch: cannot hook torch {getattr(module, '__version__', '?')}'s "
@@ -250,10 +251,17 @@ def reset():
 
 
 def install(hook_torch=True):
-    """What the agent's sitecustomize runs at interpreter start."""
+    """What the agent's sitecustomize runs at interpreter start, and a warm worker (forked from
+    a zygote that imported torch already) once its environment is its own."""
     reset()
-    if _words is not None and hook_torch and "torch" not in sys.modules:
+    if _words is None or not hook_torch:
+        return
+    torch = sys.modules.get("torch")
+    if torch is None:
         sys.meta_path.insert(0, _AfterTorchImport())
+    elif not getattr(torch, "_dist_launch_hooked", False):
+        _hook_torch(torch)
+        torch._dist_launch_hooked = True
 
 
 # The package's copy and the agent's are one: a script that imports dist_launch.progress in a

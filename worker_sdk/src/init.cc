@@ -3,9 +3,12 @@
 #include <cstdlib>
 #include <string>
 
+#include "progress_slot.h"
+
 namespace dist::sdk {
 
 Distributed init(Backend backend) {
+  detail::install_stack_dump();  // where this worker is, when the agent asks (a hang)
   Distributed d;
   if (WorkerEnv::launched_by_dist_launch()) {
     d.env = WorkerEnv::from_environment();

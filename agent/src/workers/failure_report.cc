@@ -118,6 +118,8 @@ std::size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
   const auto before = [](const WorkerFailure& a, const WorkerFailure& b) {
     if (a.collateral != b.collateral) return !a.collateral;
     if (a.time != b.time) return a.time < b.time;
+    // Of two at once, the one that exited with its own error over one the stop's signal ended.
+    if (a.ended_by_the_stop != b.ended_by_the_stop) return !a.ended_by_the_stop;
     if (a.error_file.empty() != b.error_file.empty()) return !a.error_file.empty();
     return a.rank < b.rank;
   };

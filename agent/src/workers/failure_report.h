@@ -22,8 +22,9 @@ bool looks_collateral(const WorkerFailure& failure);
 
 // The root cause: the earliest failure of its own, by when it happened (the error file's time,
 // else when the agent saw the exit); collateral failures only when there is nothing else. Ties
-// (one reaping, the same second in torch's error files) go to a failure with an error file, then
-// to the lower rank. Returns its index.
+// (one reaping, the same second in torch's error files) go to a worker that exited on its own
+// over one the stop's signal ended, then to a failure with an error file, then to the lower rank.
+// Returns its index.
 std::size_t root_cause_index(const std::vector<WorkerFailure>& failures);
 
 // The whole block, from the "<script> FAILED" title to the closing rule.

@@ -116,6 +116,25 @@ TEST(FailureReport, TiesGoToAnErrorFileThenToTheLowerRank) {
   EXPECT_EQ(root_cause_index(failures), 2u);
 }
 
+// Both ranks raised in the same second; rank 0's exit was then taken by the agent's stop (its
+// error file written before the stop): the root cause is rank 1, which exited with its own code.
+TEST(FailureReport, OfTwoAtOnceTheOneThatExitedOnItsOwnIsTheRootCause) {
+  const auto now = std::chrono::system_clock::now();
+  std::vector<WorkerFailure> failures(2);
+  for (auto& f : failures) {
+    f.time = now;
+    f.error_file = "/run/error.json";
+  }
+  failures[0].rank = 1;
+  failures[0].exit_code = 1;
+  failures[1].rank = 0;
+  failures[1].exit_code = -SIGTERM;
+  failures[1].ended_by_the_stop = true;
+  EXPECT_EQ(root_cause_index(failures), 0u);
+  failures[1].time = now - std::chrono::milliseconds(5);  // clearly first: first it is
+  EXPECT_EQ(root_cause_index(failures), 1u);
+}
+
 TEST(FailureReport, ErrorFileTimestampsKeepTheirFractions) {
   const std::string path = "/tmp/dist-error-file-test-" + std::to_string(::getpid()) + ".json";
   std::ofstream(path) << R"({"message": {"message": "ValueError: x", "extraInfo": )"

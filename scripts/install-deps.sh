@@ -21,10 +21,11 @@ BUILD_PKGS=(
 # namespaces for named hosts (iproute2, util-linux's unshare), a real Slurm (munge, slurmctld,
 # three slurmd on this machine), etcd 3.4 members and etcdctl for the etcd rendezvous store,
 # openssl for its TLS tests' certificates, OpenSSH (sshd per test host, the client) for
-# dist-launch --hosts, and venvs for the Python package's pip install test.
+# dist-launch --hosts, venvs for the Python package's pip install test, and headless Chromium for
+# the agent's status page (tests/status_page).
 TEST_PKGS=(python3-torch clang-format iproute2 procps util-linux
   munge slurmctld slurmd slurm-client etcd-server etcd-client openssl
-  openssh-server openssh-client python3-venv)
+  openssh-server openssh-client python3-venv chromium)
 
 missing=()
 for pkg in "${BUILD_PKGS[@]}" "${TEST_PKGS[@]}"; do

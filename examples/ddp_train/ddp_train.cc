@@ -70,6 +70,7 @@ struct Options {
   std::string checkpoint_dir;
   int checkpoint_every = 50;     // steps
   long crash_at_step = -1;       // on attempt 0, the last rank exits here
+  long hang_at_step = -1;        // on attempt 0, the last rank stops making progress here
   std::string backend = "gloo";  // or nccl: the model on this rank's GPU
   bool in_place = false;         // survivors keep training when a peer fails (recovery.h)
   bool timestamps = false;       // the wall clock of a crash and of each process's first step
@@ -379,10 +380,22 @@ void register_state(sdk::RecoverableState& state, Mlp& model, Progress& p,
       [&](const std::string& saved) { ddp->load_state(saved); });
 }
 
-int train(const Options& o) {
-  // Under dist-launch, or alone (then rank 0 of 1 with a private store).
+// Says why this rank fails: one line on stderr (one write: the agent stops this worker when a peer
+// fails, and a line cut between two writes would say "error: " and nothing else) and the error
+// file.
+void report_failure(const std::string& what) {
+  const std::string line = "ddp_train: error: " + what + "\n";
+  [[maybe_unused]] const auto written = ::write(STDERR_FILENO, line.data(), line.size());
+  sdk::write_error_file(what);
+}
+
+// A failure already said (by train(), while the group was still up).
+struct ReportedFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+int train_with(const Options& o, sdk::Distributed& dist) {
   const bool on_gpu = o.backend == "nccl";
-  sdk::Distributed dist = sdk::init(on_gpu ? sdk::Backend::kNccl : sdk::Backend::kGloo);
   const sdk::WorkerEnv& env = dist.env;  // (its generation advances at each in-place recovery)
   if (o.global_batch % env.world_size != 0) {
     throw std::runtime_error("--global-batch " + std::to_string(o.global_batch) +
@@ -496,6 +509,12 @@ int train(const Options& o) {
       std::fflush(stdout);
       std::_Exit(3);
     }
+    if (env.restart_count == 0 && env.generation == 0 &&
+        static_cast<long>(p.step) == o.hang_at_step && env.rank == env.world_size - 1) {
+      std::fprintf(stderr, "ddp_train: injected hang at step %llu on rank %d\n",
+                   (unsigned long long)p.step, env.rank);
+      for (;;) ::pause();  // what a rank stuck outside any collective looks like
+    }
     const auto step_start = std::chrono::steady_clock::now();
     const float loss =
         gpu ? gpu->backward(x.data(), y.data(), y.size(), *ddp) : model.backward(x, y, *ddp);
@@ -571,6 +590,21 @@ int train(const Options& o) {
   return 0;
 }
 
+// Under dist-launch, or alone (then rank 0 of 1 with a private store). A failure is said while
+// this rank's group is up: its peers see it gone (and fail, and the agent stops the rest) only
+// after its error file exists, so the report names it as the root cause, not a peer's "connection
+// reset" (a failure said after the unwinding closed the group's sockets raced the agent's stop).
+int train(const Options& o) {
+  sdk::Distributed dist =
+      sdk::init(o.backend == "nccl" ? sdk::Backend::kNccl : sdk::Backend::kGloo);
+  try {
+    return train_with(o, dist);
+  } catch (const std::exception& e) {
+    report_failure(e.what());
+    throw ReportedFailure(e.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -593,6 +627,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--crash-at-step", o.crash_at_step,
                  "On restart attempt 0, the last rank exits with code 3 at this step");
+  app.add_option("--hang-at-step", o.hang_at_step,
+                 "On restart attempt 0, the last rank stops making progress at this step (its "
+                 "peers wait for it in their next all-reduce): for dist-launch's hang detection");
   app.add_option("--backend", o.backend,
                  "gloo: the model on the CPU; nccl: on this rank's GPU, DDP over NCCL")
       ->check(CLI::IsMember({"gloo", "nccl"}))
@@ -644,12 +681,10 @@ int main(int argc, char** argv) {
   }
   try {
     return train(o);
+  } catch (const ReportedFailure&) {
+    return 1;
   } catch (const std::exception& e) {
-    // One write: the agent stops this worker when a peer fails, and a line cut between two
-    // writes would say "error: " and nothing else.
-    const std::string line = "ddp_train: error: " + std::string(e.what()) + "\n";
-    [[maybe_unused]] const auto written = ::write(STDERR_FILENO, line.data(), line.size());
-    sdk::write_error_file(e.what());
+    report_failure(e.what());
     return 1;
   }
 }

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <string>
@@ -139,6 +140,51 @@ TEST_F(DdpTrain, InPlaceRefusesStateThatIsNotEveryRanks) {
         run.output.find("ddp_train: error: --in-place gives a replacement a survivor's state"),
         std::string::npos)
         << run.output;
+  }
+}
+
+// dist-launch's hang detection, on by default, with the SDK's progress: rank 1 stops at step 320
+// outside any collective, rank 0 waits for it in its next all-reduce. The agent looks where each
+// rank is, kills rank 1 as the hung one, names where rank 0 waited, and the restart resumes from
+// the checkpoint to the same weights as a run without the hang.
+TEST_F(DdpTrain, AHungRankIsFoundNamedAndTheRestartEndsBitIdentical) {
+  const TrainingRun clean = launch(train("2", "--checkpoint-dir " + (dir_ / "a").string()));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const TrainingRun hung =
+      launch("--hang-timeout 3 " +
+             train("2", "--checkpoint-dir " + (dir_ / "b").string() + " --hang-at-step 320"));
+  ASSERT_EQ(hung.exit_code, 0) << hung.output;
+  EXPECT_NE(hung.output.find("injected hang at step 320"), std::string::npos) << hung.output;
+  EXPECT_TRUE(std::regex_search(
+      hung.output, std::regex(R"(rank 0 \(local rank 0, pid \d+\): waiting in all_reduce #\d+)")))
+      << hung.output;
+  EXPECT_TRUE(std::regex_search(
+      hung.output,
+      std::regex(
+          R"(rank 1 \(local rank 1, pid \d+\): not in a collective \(steps 320, .*<- hung)")))
+      << hung.output;
+  EXPECT_NE(hung.output.find("restarting the worker group"), std::string::npos) << hung.output;
+  EXPECT_EQ(hung.sha, clean.sha) << "the resumed run must end bit-identical";
+}
+
+// Rank 0 cannot write its checkpoint (the directory is a file); rank 1 then fails in its next
+// collective ("connection reset" or "closed"), milliseconds later. Whichever the agent reaps first,
+// and even when the stop reaches rank 0 on its way out, the root cause is rank 0, rank 1 is listed.
+TEST_F(DdpTrain, ACheckpointThatCannotBeWrittenIsTheRootCauseNotThePeersReset) {
+  const fs::path not_a_directory = dir_ / "file";
+  std::ofstream(not_a_directory).put('x');
+  for (int run = 0; run < 5; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    const TrainingRun r = launch("--nproc-per-node 2 --no-python " DDP_TRAIN_BIN
+                                 " --epochs 2 --checkpoint-every 20 --checkpoint-dir " +
+                                 not_a_directory.string());
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    const auto root = r.output.find("Root Cause (first observed failure):");
+    ASSERT_NE(root, std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("rank      : 0 (local_rank: 0)", root), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Not a directory", root), std::string::npos) << r.output;
+    const std::string listed = r.output.substr(0, root);
+    EXPECT_NE(listed.find("rank      : 1 (local_rank: 1)"), std::string::npos) << r.output;
   }
 }
 

@@ -538,6 +538,15 @@ std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfi
   read_torchelastic_environment(c.watchdogs);
   c.watchdogs.worker_heartbeat_timeout =
       parse_seconds("--worker-heartbeat-timeout", r.worker_heartbeat_timeout, Zero::kAllowed);
+  if (r.hang_timeout != "auto") {
+    try {
+      c.watchdogs.hang_timeout = parse_seconds("--hang-timeout", r.hang_timeout, Zero::kAllowed);
+    } catch (const UsageError&) {
+      throw UsageError("--hang-timeout must be auto or a non-negative number of seconds, got '" +
+                       r.hang_timeout + "'");
+    }
+  }
+  c.watchdogs.step_hook = !r.no_step_hook;
   c.telemetry.event_log = r.event_log;
   if (!r.metrics_port.empty()) {
     c.telemetry.metrics_port =

@@ -1,4 +1,6 @@
 // dist-launch: parse the command line, then run this node's agent, or the job on many hosts.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iostream>
 
@@ -14,7 +16,8 @@
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && args.front() == "status") {
-    return dist::launcher::run_status({args.begin() + 1, args.end()}, std::cout, std::cerr);
+    return dist::launcher::run_status({args.begin() + 1, args.end()}, std::cout, std::cerr,
+                                      ::isatty(STDOUT_FILENO) == 1);
   }
   if (!args.empty() && args.front() == dist::agent::kRemoteAgentCommand) {
     return dist::launcher::run_remote_agent({args.begin() + 1, args.end()});

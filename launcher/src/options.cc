@@ -136,6 +136,14 @@ void declare_resources_and_health(CLI::App& app, RawOptions& r) {
          "Seconds a worker that called dist::sdk::heartbeat() may stay silent before it is killed "
          "as hung and the group restarts (0: off)")
       ->capture_default_str();
+  option(app, "--hang-timeout", r.hang_timeout, "HANG_TIMEOUT",
+         "Seconds a worker that counts steps (torch's optimizer steps, dist::sdk::step()) may make "
+         "no progress before dist-launch looks where every rank is and kills the hung ones: auto "
+         "(10x the p99 of its step times, at least 30 s), or 0 (off)")
+      ->capture_default_str();
+  app.add_flag("--no-step-hook", r.no_step_hook,
+               "Do not put dist-launch's progress hook (optimizer steps, stacks on a hang) into "
+               "Python workers; they may still call dist_launch.progress.step()");
   option(app, "--event-log", r.event_log, "EVENT_LOG",
          "Append the job's events to this file, one JSON object per line");
   option(app, "--metrics-port", r.metrics_port, "METRICS_PORT",

@@ -61,6 +61,8 @@ struct RawOptions {
   std::string cpu_bind;
   // Watchdogs and telemetry.
   std::string worker_heartbeat_timeout = "0";
+  std::string hang_timeout = "auto";
+  bool no_step_hook = false;
   std::string event_log;
   std::string metrics_port;
   // Warm restarts and snapshots (--warm-restart, --preload, --snapshot-memory, --snapshot-dir).

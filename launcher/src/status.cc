@@ -2,30 +2,63 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <ctime>
+#include <optional>
 #include <ostream>
+#include <sstream>
+#include <thread>
+#include <variant>
 
 #include "dist/agent/job_status.h"
 #include "dist/launcher/cli.h"
 #include "dist/rendezvous/client.h"
 #include "dist/rendezvous/endpoint.h"
+#include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/token.h"
 
 namespace dist::launcher {
+namespace {
 
-int run_status(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  CLI::App app{"dist-launch status: the nodes of a job, read from its rendezvous store",
-               "dist-launch status"};
-  std::string endpoint, run_id = "none", token_file;
-  int timeout_s = 10;
+// Once a watch has shown the job, a store that went away (the job ended) is said at once, not
+// after the first connection's --timeout.
+constexpr std::chrono::milliseconds kWatchReconnectTimeout{2000};
+
+struct StatusRequest {
+  rendezvous::ClientOptions options;
+  std::string endpoint;
+  std::string run_id;
   bool json = false;
-  app.add_option("--rdzv-endpoint,--rdzv_endpoint,--master-addr-port", endpoint,
-                 "HOST:PORT of the job's store (static: node 0's --master-addr:--master-port)")
+  bool watch = false;
+  std::chrono::milliseconds interval{1000};
+  int count = 0;  // --watch: refreshes before stopping; 0: until interrupted
+};
+
+// The command line, or the exit code for help and usage errors.
+std::variant<StatusRequest, int> parse(const std::vector<std::string>& args, std::ostream& out,
+                                       std::ostream& err) {
+  CLI::App app{"dist-launch status: the nodes and workers of a job, read from its rendezvous store",
+               "dist-launch status"};
+  StatusRequest r;
+  std::string token_file;
+  r.run_id = "none";
+  int timeout_s = 10;
+  double interval_s = 1;
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint,--master-addr-port", r.endpoint,
+                 "HOST:PORT of the job's store (static: node 0's --master-addr:--master-port; one "
+                 "node: 127.0.0.1 and its workers' MASTER_PORT)")
       ->required();
-  app.add_option("--rdzv-id,--rdzv_id", run_id, "The job's id")->capture_default_str();
+  app.add_option("--rdzv-id,--rdzv_id", r.run_id, "The job's id")->capture_default_str();
   app.add_option("--timeout", timeout_s, "Seconds to wait for the store")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_flag("--json", json, "One JSON object instead of the table");
+  app.add_flag("--json", r.json, "One JSON object instead of the table (--watch: one a line)");
+  app.add_flag("--watch", r.watch, "Refresh in place every --interval until interrupted");
+  app.add_option("--interval", interval_s, "--watch: seconds between refreshes")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  app.add_option("--count", r.count, "--watch: stop after this many refreshes (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--token-file", token_file, "The job's token file, when the job has one")
       ->envname(rendezvous::kTokenFileVariable);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
@@ -38,37 +71,117 @@ int run_status(const std::vector<std::string>& args, std::ostream& out, std::ost
     err << "dist-launch status: error: " << e.what() << "\n";
     return kExitUsage;
   }
-  rendezvous::ClientOptions options;
   try {
-    const rendezvous::Endpoint store = rendezvous::parse_endpoint(endpoint);
-    options.host = store.host;
-    options.port = store.port;
+    const rendezvous::Endpoint store = rendezvous::parse_endpoint(r.endpoint);
+    r.options.host = store.host;
+    r.options.port = store.port;
   } catch (const rendezvous::EndpointError&) {
-    err << "dist-launch status: error: --rdzv-endpoint must be HOST:PORT, got '" << endpoint
+    err << "dist-launch status: error: --rdzv-endpoint must be HOST:PORT, got '" << r.endpoint
         << "'\n";
     return kExitUsage;
   }
-  options.connect_timeout = std::chrono::seconds(timeout_s);
-  options.timeout = std::chrono::seconds(timeout_s);
+  r.options.connect_timeout = std::chrono::seconds(timeout_s);
+  r.options.timeout = std::chrono::seconds(timeout_s);
+  r.interval = std::chrono::milliseconds(static_cast<long long>(interval_s * 1000));
   try {
-    if (!token_file.empty()) options.secret = rendezvous::read_secret_file(token_file);
+    if (!token_file.empty()) r.options.secret = rendezvous::read_secret_file(token_file);
   } catch (const rendezvous::StoreError& e) {
     err << "dist-launch status: error: " << e.what() << "\n";
     return kExitUsage;
   }
+  return r;
+}
+
+std::string local_time() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char text[16];
+  std::strftime(text, sizeof text, "%H:%M:%S", &local);
+  return text;
+}
+
+// One refresh of the watch: on a terminal the screen redrawn in place (cursor home, each line
+// cleared to its end, the rest of the screen cleared), else a block after the previous one.
+void show_refresh(const StatusRequest& r, const agent::JobStatus& status, int shown, bool terminal,
+                  std::ostream& out) {
+  if (r.json) {
+    out << agent::to_json(status) << "\n" << std::flush;
+    return;
+  }
+  std::ostringstream title;
+  title << "dist-launch status --watch: " << local_time() << ", every "
+        << std::chrono::duration<double>(r.interval).count() << " s";
+  if (r.count > 0) {
+    title << " (" << shown + 1 << " of " << r.count << ")";
+  } else if (terminal) {
+    title << " (Ctrl-C to stop)";
+  }
+  const std::string block = title.str() + "\n" + agent::format_table(status);
+  if (!terminal) {
+    out << (shown ? "\n" : "") << block << std::flush;
+    return;
+  }
+  std::string screen = "\x1b[H";
+  std::istringstream lines(block);
+  for (std::string line; std::getline(lines, line);) screen += line + "\x1b[K\n";
+  out << screen << "\x1b[J" << std::flush;
+}
+
+bool store_gone(const std::exception& e) {
+  const auto* store = dynamic_cast<const rendezvous::StoreError*>(&e);
+  return store && (store->code() == rendezvous::StoreErrc::kUnavailable ||
+                   store->code() == rendezvous::StoreErrc::kConnectionLost);
+}
+
+int watch(StatusRequest r, bool terminal, std::ostream& out, std::ostream& err) {
+  if (terminal && !r.json) out << "\x1b[2J";
+  for (int shown = 0; r.count == 0 || shown < r.count; ++shown) {
+    if (shown > 0) std::this_thread::sleep_for(r.interval);
+    std::optional<agent::JobStatus> status;
+    try {
+      status = agent::read_job_status(r.options, r.run_id);
+    } catch (const std::exception& e) {
+      if (shown > 0 && store_gone(e)) {  // the normal end of a job: its store goes with it
+        err << "dist-launch status: the store at " << r.endpoint
+            << " is gone (the job ended, or the agent hosting it did): " << e.what() << "\n";
+        return kExitOk;
+      }
+      err << "dist-launch status: error: " << e.what() << "\n";
+      return 1;
+    }
+    if (!status) {
+      err << "dist-launch status: no job '" << r.run_id << "' in the store at " << r.endpoint
+          << (shown ? " any more\n" : " (check --rdzv-id)\n");
+      return shown ? kExitOk : 1;
+    }
+    show_refresh(r, *status, shown, terminal, out);
+    r.options.connect_timeout = std::min(r.options.connect_timeout, kWatchReconnectTimeout);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_status(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+               bool terminal) {
+  auto parsed = parse(args, out, err);
+  if (const int* code = std::get_if<int>(&parsed)) return *code;
+  const StatusRequest& r = std::get<StatusRequest>(parsed);
+  if (r.watch) return watch(r, terminal, out, err);
   std::optional<agent::JobStatus> status;
   try {
-    status = agent::read_job_status(options, run_id);
+    status = agent::read_job_status(r.options, r.run_id);
   } catch (const std::exception& e) {
     err << "dist-launch status: error: " << e.what() << "\n";
     return 1;
   }
   if (!status) {
-    err << "dist-launch status: no job '" << run_id << "' in the store at " << endpoint
+    err << "dist-launch status: no job '" << r.run_id << "' in the store at " << r.endpoint
         << " (check --rdzv-id)\n";
     return 1;
   }
-  out << (json ? agent::to_json(*status) + "\n" : agent::format_table(*status));
+  out << (r.json ? agent::to_json(*status) + "\n" : agent::format_table(*status));
   return kExitOk;
 }
 

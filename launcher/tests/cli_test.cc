@@ -52,6 +52,22 @@ TEST(LauncherCli, UnknownFlagIsAOneLineErrorWithExitTwo) {
   EXPECT_NE(r.output.find("--no-such-flag"), std::string::npos) << r.output;
 }
 
+TEST(LauncherCli, StatusWatchOptionsAreCheckedBeforeAnyConnection) {
+  for (const char* bad :
+       {"--watch --interval 0", "--watch --interval soon", "--watch --count -1"}) {
+    SCOPED_TRACE(bad);
+    const RunResult r = run_binary(std::string("status --rdzv-endpoint 127.0.0.1:29400 ") + bad);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find("dist-launch status: error:"), std::string::npos) << r.output;
+  }
+  const RunResult help = run_binary("status --help");
+  EXPECT_EQ(help.exit_code, 0);
+  for (const char* option : {"--watch", "--interval", "--count", "--json"}) {
+    EXPECT_NE(help.output.find(option), std::string::npos) << option << "\n" << help.output;
+  }
+}
+
 TEST(LauncherCli, ParserReportsErrorsToTheErrorStream) {
   std::ostringstream out, err;
   const auto outcome = dist::launcher::parse_command_line({"--bogus"}, out, err);

@@ -72,6 +72,24 @@ TEST(WatchdogFlags, FlagsAndTorchsVariables) {
   EXPECT_EQ(o.config.telemetry.metrics_port, 0);
 }
 
+TEST(WatchdogFlags, HangsAreFoundByDefaultWithTheAutomaticTimeout) {
+  const auto defaults = parse({});
+  ASSERT_FALSE(defaults.exit_now);
+  EXPECT_FALSE(defaults.config.watchdogs.hang_timeout) << "auto";
+  EXPECT_TRUE(defaults.config.watchdogs.step_hook);
+
+  const auto fixed = parse({"--hang-timeout", "12.5", "--no-step-hook"});
+  ASSERT_FALSE(fixed.exit_now);
+  ASSERT_TRUE(fixed.config.watchdogs.hang_timeout);
+  EXPECT_EQ(fixed.config.watchdogs.hang_timeout->count(), 12500);
+  EXPECT_FALSE(fixed.config.watchdogs.step_hook);
+
+  const auto off = parse({"--hang-timeout", "0"});
+  ASSERT_TRUE(off.config.watchdogs.hang_timeout);
+  EXPECT_EQ(off.config.watchdogs.hang_timeout->count(), 0) << "0 is off";
+  EXPECT_FALSE(parse({"--hang-timeout", "auto"}).config.watchdogs.hang_timeout);
+}
+
 TEST(WatchdogFlags, TheFileTimerIsOnForOneOnlyAsWithTorch) {
   for (const char* value : {"0", "true", "yes", ""}) {
     SCOPED_TRACE(value);
@@ -93,6 +111,10 @@ TEST(WatchdogFlags, BadValuesAreOneLineErrors) {
       {{}, "70000", "TORCHELASTIC_HEALTH_CHECK_PORT must be a port number"},
       {{"--metrics-port", "65536"}, nullptr, "--metrics-port"},
       {{"--worker-heartbeat-timeout", "-1"}, nullptr, "--worker-heartbeat-timeout"},
+      {{"--hang-timeout", "soon"},
+       nullptr,
+       "--hang-timeout must be auto or a non-negative number of seconds, got 'soon'"},
+      {{"--hang-timeout", "-3"}, nullptr, "--hang-timeout"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.says);

@@ -540,6 +540,11 @@ def prepare(worker, keep_open):
     os.chdir(request["cwd"])
     _install_environment(request["env"])
     _install_signals(worker.startup)
+    # dist-launch's progress hook (loaded by the zygote's sitecustomize, where it found no slot):
+    # this worker's slot and stack signal, and torch's optimizer steps (torch is imported already).
+    progress = sys.modules.get("_dist_launch_progress")
+    if progress is not None:
+        progress.install()
     argv = [os.fsdecode(a) for a in request["argv"]]
     # What the interpreter itself was given, as for the zygote: its argv[0] and options (a
     # wrapper such as pyenv's shim may have put in another argv[0], or options of its own), then

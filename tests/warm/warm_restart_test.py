@@ -134,7 +134,11 @@ class WarmWorkers(Temp):
             self.assertEqual(w["env"], w["child_env"], "the C environ is os.environ")
 
     def run_probe(self, *target, warm, cwd=None, env=None):
-        flags = ["--warm-restart", "--preload", "numpy"] if warm else []
+        # Without the progress hook and its slot (their descriptors and the hook's directory on
+        # sys.path are the worker's own, not the zygote's): tests/torch/hang_test.py checks the
+        # hook in warm workers.
+        flags = ["--no-step-hook", "--hang-timeout", "0"]
+        flags += ["--warm-restart", "--preload", "numpy"] if warm else []
         # A long argument: the zygote's own command line is shorter than the workers'.
         proc = launch("--nproc-per-node", "2", *flags, *target, "an arg", "--x=${local_rank}",
                       "y" * 300, cwd=cwd, env=env)

@@ -1,4 +1,5 @@
 #include "dist/sdk/ddp.h"
+#include "dist/sdk/progress.h"
 
 #include <cstring>
 #include <stdexcept>
@@ -6,6 +7,7 @@
 #include "compression/compressor.h"
 #include "compression/ops.h"
 #include "device_memory.h"
+#include "progress_slot.h"
 
 namespace dist::sdk {
 namespace {
@@ -238,6 +240,10 @@ void DistributedDataParallel::launch(std::size_t index) {
 
 void DistributedDataParallel::synchronize() {
   if (!sync_enabled_) return;
+  // The step's own work ends here, where it may start waiting for its peers (the agent's
+  // straggler measure).
+  if (step_end_ns_ != 0) detail::add_work(detail::monotonic_ns() - step_end_ns_);
+  step_end_ns_ = 0;
   ++stats_.steps;
   if (options_.sync.local()) {
     reset_pass();
@@ -261,18 +267,20 @@ void DistributedDataParallel::synchronize() {
 void DistributedDataParallel::after_step() {
   switch (options_.sync.kind) {
     case SyncStrategy::Kind::kEveryStep:
-      return;
+      break;
     case SyncStrategy::Kind::kPartial: {
       const auto chunks = static_cast<std::uint64_t>(options_.sync.chunks);
       average_values(local_steps_++ % chunks, chunks);
-      return;
+      break;
     }
     case SyncStrategy::Kind::kLocalSgd:
       if (++local_steps_ % static_cast<std::uint64_t>(options_.sync.period) == 0) {
         average_values(0, 1);
       }
-      return;
+      break;
   }
+  sdk::step();  // the agent's hang and straggler detection counts it (dist/sdk/progress.h)
+  if (detail::progress_slot()) step_end_ns_ = detail::monotonic_ns();
 }
 
 void DistributedDataParallel::average_parameters() {

@@ -22,6 +22,7 @@
 
 #include "dist/sdk/process_group.h"
 #include "local_address.h"
+#include "progress_slot.h"
 
 namespace dist::sdk {
 namespace {
@@ -418,9 +419,15 @@ class GlooProcessGroup : public ProcessGroup {
   // Every rank issues collectives in the same order, so a counter gives matching tags; a failure
   // becomes a CollectiveError naming the operation, the rank and, when Gloo's error names an
   // address, the peer's rank.
+  // Each is counted in the worker's progress slot from its issue to its end (progress_slot.h).
   std::function<void()> task(const char* name, Body body) {
     const std::uint32_t tag = next_tag_++;
-    return [this, name, body = std::move(body), tag] {
+    const std::uint64_t sequence = detail::collective_issued(detail::collective_kind(name));
+    return [this, name, body = std::move(body), tag, sequence] {
+      struct Done {
+        std::uint64_t sequence;
+        ~Done() { detail::collective_completed(sequence); }
+      } done{sequence};
       try {
         body(tag);
       } catch (const std::exception& e) {

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "progress_slot.h"
+
 namespace dist::sdk {
 namespace {
 
@@ -47,6 +49,7 @@ std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
 }
 
 Distributed init(Backend backend) {
+  detail::install_stack_dump();  // where this worker is, when the agent asks (a hang)
   Distributed d;
   if (WorkerEnv::launched_by_dist_launch()) {
     d.env = WorkerEnv::from_environment();

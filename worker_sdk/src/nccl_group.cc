@@ -27,6 +27,7 @@
 
 #include "dist/sdk/process_group.h"
 #include "nccl_bootstrap.h"
+#include "progress_slot.h"
 
 #if DIST_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -357,6 +358,7 @@ class NcclProcessGroup : public ProcessGroup {
     const char* name;
     std::shared_ptr<NcclWork> work;
     Clock::time_point deadline;
+    std::uint64_t sequence = 0;  // in the worker's progress slot (progress_slot.h)
   };
 
   // "all_reduce on rank 0 of 2 (nccl 2.30.7, device 0)".
@@ -399,7 +401,8 @@ class NcclProcessGroup : public ProcessGroup {
     check_cuda(cudaEventRecord(work->event(), stream_), "cudaEventRecord (NCCL stream)");
     {
       std::lock_guard lock(mutex_);
-      pending_.push_back({name, work, deadline});
+      pending_.push_back(
+          {name, work, deadline, detail::collective_issued(detail::collective_kind(name))});
     }
     return Work(std::move(work));
   }
@@ -485,7 +488,10 @@ void NcclProcessGroup::retire_completed(const char*& op, Clock::time_point& dead
     if (state != cudaSuccess) return;
     {
       std::lock_guard lock(mutex_);
-      if (!pending_.empty() && pending_.front().work == front) pending_.pop_front();
+      if (!pending_.empty() && pending_.front().work == front) {
+        detail::collective_completed(pending_.front().sequence);
+        pending_.pop_front();
+      }
     }
     front->retire();
     op = nullptr;

@@ -1,12 +1,9 @@
-// The SDK's side of the agent's watchdogs, against what the agent does: a heartbeat slot made as
-// the agent makes it (a memfd, the magic, its number in DIST_HEARTBEAT_FD) beaten by a real child
-// process, and timer requests read from a real named pipe.
+// The SDK's side of torch's file timer, against what the agent does: timer requests read from a
+// real named pipe. (Heartbeats: progress_test.cc.)
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <limits.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,63 +12,9 @@
 #include <string>
 
 #include "dist/sdk/file_timer.h"
-#include "dist/sdk/heartbeat.h"
 
 namespace dist::sdk {
 namespace {
-
-namespace slot = heartbeat_slot;
-
-// Runs `body` in a child process (heartbeat() maps its slot once per process); its exit code.
-template <typename Body>
-int in_child(Body body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-TEST(Heartbeat, BeatsLandInTheSlotTheAgentPassed) {
-  const int fd = ::memfd_create("test-heartbeat", 0);
-  ASSERT_EQ(::ftruncate(fd, slot::kBytes), 0);
-  auto* s = static_cast<slot::Slot*>(
-      ::mmap(nullptr, slot::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  ASSERT_NE(s, MAP_FAILED);
-  s->magic = slot::kMagic;
-  timespec before{};
-  ::clock_gettime(CLOCK_MONOTONIC, &before);
-  const int code = in_child([fd] {
-    ::setenv(slot::kFdVariable, std::to_string(fd).c_str(), 1);
-    if (!heartbeat_enabled()) return 1;
-    for (int i = 0; i < 3; ++i) heartbeat();
-    // The descriptor is not passed on to programs the worker runs.
-    return (::fcntl(fd, F_GETFD) & FD_CLOEXEC) ? 0 : 2;
-  });
-  EXPECT_EQ(code, 0);
-  const auto before_ns = static_cast<std::uint64_t>(before.tv_sec) * 1'000'000'000ULL +
-                         static_cast<std::uint64_t>(before.tv_nsec);
-  EXPECT_GE(s->last_beat_ns.load(), before_ns);
-  EXPECT_EQ(s->beats.load(), 3u);
-  ::munmap(s, slot::kBytes);
-  ::close(fd);
-}
-
-TEST(Heartbeat, ADescriptorThatIsNotASlotTurnsHeartbeatsOff) {
-  const int code = in_child([] {
-    const int fd = ::open("/dev/null", O_RDONLY);  // what a reused descriptor number may be
-    ::setenv(slot::kFdVariable, std::to_string(fd).c_str(), 1);
-    heartbeat();  // must not crash
-    return heartbeat_enabled() ? 1 : 0;
-  });
-  EXPECT_EQ(code, 0);
-  EXPECT_EQ(in_child([] {
-              ::unsetenv(slot::kFdVariable);
-              heartbeat();
-              return heartbeat_enabled() ? 1 : 0;
-            }),
-            0);
-}
 
 class FileTimer : public ::testing::Test {
  protected:

@@ -54,7 +54,8 @@ int HeartbeatMonitor::open(int local_rank) {
     ::close(fd);
     throw std::runtime_error(std::string("cannot map the heartbeat slot: ") + std::strerror(error));
   }
-  w.slot = new (at) slot::Slot{slot::kMagic, {0}, {0}};
+  w.slot = new (at) slot::Slot{};  // (a fresh memfd is zeros already)
+  w.slot->magic = slot::kMagic;
   w.fd = fd;
   return fd;
 }
@@ -98,6 +99,11 @@ std::uint64_t HeartbeatMonitor::beats(int local_rank) const {
   if (static_cast<std::size_t>(local_rank) >= slots_.size()) return 0;
   const slot::Slot* s = slots_[static_cast<std::size_t>(local_rank)].slot;
   return s ? s->beats.load(std::memory_order_relaxed) : 0;
+}
+
+const slot::Slot* HeartbeatMonitor::slot(int local_rank) const {
+  if (static_cast<std::size_t>(local_rank) >= slots_.size()) return nullptr;
+  return slots_[static_cast<std::size_t>(local_rank)].slot;
 }
 
 void HeartbeatMonitor::arm(int local_rank, std::chrono::nanoseconds after) {

@@ -51,6 +51,8 @@ class HeartbeatMonitor {
   // Since the last beat; none before the first (or without a slot).
   std::optional<std::chrono::nanoseconds> silence(int local_rank) const;
   std::uint64_t beats(int local_rank) const;
+  // The slot itself, for the hang detector's readings; null without one.
+  const rendezvous::worker_contract::heartbeat_slot::Slot* slot(int local_rank) const;
 
  private:
   struct Watched {

@@ -1,9 +1,11 @@
 #include "health/http_endpoint.h"
 
+#include <algorithm>
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <cctype>
 #include <stdexcept>
 
 namespace dist::agent {
@@ -138,26 +140,82 @@ void HttpEndpoint::accept() {
   });
 }
 
-HttpResponse HttpEndpoint::respond(const std::string& head) const {
-  // "GET /metrics?x=1 HTTP/1.1"
+namespace {
+
+std::string lowercase(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+std::string trimmed(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return text.substr(first, text.find_last_not_of(" \t") - first + 1);
+}
+
+// "GET /metrics?x=1 HTTP/1.1\r\nAccept: text/html\r\n...": none when the request line is not
+// three words.
+std::optional<HttpRequest> parse_request(const std::string& head) {
   const auto line_end = head.find("\r\n");
   const std::string line = head.substr(0, line_end);
   const auto first = line.find(' ');
   const auto second = first == std::string::npos ? first : line.find(' ', first + 1);
-  if (second == std::string::npos) return {400, "text/plain; charset=utf-8", "bad request\n"};
-  const std::string method = line.substr(0, first);
-  std::string path = line.substr(first + 1, second - first - 1);
-  path = path.substr(0, path.find('?'));
-  if (method != "GET" && method != "HEAD") {
+  if (second == std::string::npos) return std::nullopt;
+  HttpRequest r;
+  r.method = line.substr(0, first);
+  const std::string target = line.substr(first + 1, second - first - 1);
+  const auto question = target.find('?');
+  r.path = target.substr(0, question);
+  if (question != std::string::npos) r.query = target.substr(question + 1);
+  for (auto at = line_end; at != std::string::npos && at + 2 < head.size();) {
+    const auto next = head.find("\r\n", at + 2);
+    const std::string header =
+        head.substr(at + 2, next == std::string::npos ? next : next - at - 2);
+    const auto colon = header.find(':');
+    if (colon != std::string::npos) {
+      r.headers[lowercase(trimmed(header.substr(0, colon)))] = trimmed(header.substr(colon + 1));
+    }
+    at = next;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string HttpRequest::header(const std::string& lowercase_name) const {
+  const auto it = headers.find(lowercase_name);
+  return it == headers.end() ? "" : it->second;
+}
+
+std::optional<std::string> HttpRequest::parameter(const std::string& name) const {
+  std::size_t at = 0;
+  while (at <= query.size()) {
+    const auto end = std::min(query.find('&', at), query.size());
+    const std::string pair = query.substr(at, end - at);
+    const auto eq = pair.find('=');
+    if (pair.substr(0, eq) == name) return eq == std::string::npos ? "" : pair.substr(eq + 1);
+    at = end + 1;
+  }
+  return std::nullopt;
+}
+
+bool HttpRequest::accepts_html() const {
+  return lowercase(header("accept")).find("text/html") != std::string::npos;
+}
+
+HttpResponse HttpEndpoint::respond(const std::string& head) const {
+  const auto request = parse_request(head);
+  if (!request) return {400, "text/plain; charset=utf-8", "bad request\n"};
+  if (request->method != "GET" && request->method != "HEAD") {
     return {405, "text/plain; charset=utf-8", "only GET and HEAD\n"};
   }
-  const auto route = routes_.find(path);
+  const auto route = routes_.find(request->path);
   if (route == routes_.end()) {
     std::string known;
     for (const auto& [p, handler] : routes_) known += " " + p;
     return {404, "text/plain; charset=utf-8", "not found; served:" + known + "\n"};
   }
-  return route->second();
+  return route->second(*request);
 }
 
 }  // namespace dist::agent

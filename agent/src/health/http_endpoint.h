@@ -1,8 +1,8 @@
 // A small HTTP/1.1 server on the agent's io_context for read-only endpoints (the metrics, the
-// health check): GET or HEAD, one request per connection, answered and closed. A client that does
-// not send its request head within kHttpRequestTimeout, or sends more than kMaxHttpRequestBytes,
-// is dropped; past kMaxHttpConnections open at once, new ones are closed at once. Nothing a client
-// does can block the agent.
+// health check, the status page): GET or HEAD, one request per connection, answered and closed. A
+// client that does not send its request head within kHttpRequestTimeout, or sends more than
+// kMaxHttpRequestBytes, is dropped; past kMaxHttpConnections open at once, new ones are closed at
+// once. Nothing a client does can block the agent.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace dist::agent {
@@ -20,6 +21,21 @@ namespace dist::agent {
 inline constexpr std::chrono::milliseconds kHttpRequestTimeout{5000};
 inline constexpr std::size_t kMaxHttpRequestBytes = 8192;
 inline constexpr int kMaxHttpConnections = 32;
+
+// What a handler sees of a request: its method, path, query (after '?', undecoded) and the
+// headers it may need (names lowercased).
+struct HttpRequest {
+  std::string method;
+  std::string path;
+  std::string query;
+  std::map<std::string, std::string> headers;
+
+  std::string header(const std::string& lowercase_name) const;
+  // A query parameter's value ("since" in "since=12.5&x=1"), none when absent.
+  std::optional<std::string> parameter(const std::string& name) const;
+  // The client accepts HTML (a browser: "Accept: text/html,...").
+  bool accepts_html() const;
+};
 
 struct HttpResponse {
   int status = 200;
@@ -29,7 +45,7 @@ struct HttpResponse {
 
 class HttpEndpoint {
  public:
-  using Handler = std::function<HttpResponse()>;
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
   // Serves `routes` (by path, the query ignored) on every address of the machine at `port` (0: a
   // free one). Throws std::runtime_error naming the port when it cannot bind.

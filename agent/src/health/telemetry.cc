@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <stdexcept>
 
 #include "dist/agent/signals.h"
+#include "health/status_page.h"
 #include "rendezvous/schema.h"
 
 namespace dist::agent {
@@ -16,6 +18,9 @@ namespace {
 
 constexpr std::string_view kMetricsPath = "/metrics";
 constexpr std::array<std::string_view, 3> kHealthPaths = {"/", "/health", "/healthz"};
+constexpr std::string_view kPagePath = "/ui";
+constexpr std::string_view kStatusPath = "/status.json";
+constexpr std::chrono::seconds kSampleInterval{1};
 
 std::string escape_label(std::string_view value) {
   std::string out;
@@ -64,6 +69,26 @@ double seconds(std::chrono::nanoseconds d) {
   return std::chrono::duration<double>(d).count();
 }
 
+double wall_clock() {
+  return seconds(std::chrono::system_clock::now().time_since_epoch());
+}
+
+RankStatus rank_status(const WorkerProgress& p) {
+  RankStatus r;
+  r.rank = p.worker.rank;
+  r.local_rank = p.worker.local_rank;
+  if (p.steps > 0 || p.since_step) r.steps = p.steps;
+  r.steps_per_second = p.steps_per_second;
+  r.step_seconds = p.step_seconds;
+  if (p.since_step) r.since_step_seconds = seconds(*p.since_step);
+  if (p.silence) r.since_beat_seconds = seconds(*p.silence);
+  r.beats = p.beats;
+  r.hang_timeout_seconds = p.hang_timeout_s;
+  r.straggler = p.straggler;
+  r.pending_collective = p.pending_collective;
+  return r;
+}
+
 nlohmann::ordered_json worker_fields(const WorkerRef& w) {
   return {{"round", w.round}, {"rank", w.rank}, {"local_rank", w.local_rank}, {"pid", w.pid}};
 }
@@ -104,7 +129,7 @@ nlohmann::ordered_json text_or_null(const std::string& text) {
 }  // namespace
 
 Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, std::string host)
-    : config_(config), host_(std::move(host)) {
+    : config_(config), host_(std::move(host)), sampler_(io), started_(wall_clock()) {
   round_.num_nodes = 0;
   if (!config.telemetry.event_log.empty()) {
     event_log_.emplace(config.telemetry.event_log,
@@ -115,12 +140,11 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
   const auto health_port = config.watchdogs.health_check_port;
   std::map<std::string, HttpEndpoint::Handler> health_routes;
   for (const auto path : kHealthPaths)
-    health_routes[std::string(path)] = [this] { return health(); };
+    health_routes[std::string(path)] = [this](const HttpRequest&) { return health(); };
   if (metrics_port) {
-    std::map<std::string, HttpEndpoint::Handler> routes = {
-        {std::string(kMetricsPath), [this] { return metrics(); }}};
     const bool shared = health_port && *health_port == *metrics_port && *metrics_port != 0;
-    if (shared) routes.merge(health_routes);
+    auto routes = metrics_routes(shared);
+    if (shared) routes.merge(health_routes);  // "/" stays the metrics' own
     try {
       metrics_endpoint_ = std::make_unique<HttpEndpoint>(io, *metrics_port, std::move(routes));
     } catch (const std::exception& e) {
@@ -129,6 +153,9 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
     }
     spdlog::info("serving Prometheus metrics at http://{}:{}{}", host_, metrics_endpoint_->port(),
                  kMetricsPath);
+    spdlog::info("serving the status page at http://{}:{}{}", host_, metrics_endpoint_->port(),
+                 shared ? kPagePath : "/");
+    arm_sampler();
     if (shared) {
       spdlog::info("serving the health check at http://{}:{}/", host_, metrics_endpoint_->port());
     }
@@ -143,6 +170,17 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
     }
     spdlog::info("serving the health check at http://{}:{}/", host_, health_endpoint_->port());
   }
+}
+
+// The metrics' port: the metrics, the status page and its data. `shared` with the health check,
+// "/" stays the health check's for torch's clients and curl (no Accept: text/html).
+std::map<std::string, HttpEndpoint::Handler> Telemetry::metrics_routes(bool shared) {
+  return {{std::string(kMetricsPath), [this](const HttpRequest&) { return metrics(); }},
+          {std::string(kPagePath), [this](const HttpRequest&) { return page(); }},
+          {std::string(kStatusPath), [this](const HttpRequest& r) { return status_json(r); }},
+          {"/", [this, shared](const HttpRequest& r) {
+             return shared && !r.accepts_html() ? health() : page();
+           }}};
 }
 
 void Telemetry::set_progress_source(std::function<std::vector<WorkerProgress>()> source) {
@@ -164,7 +202,28 @@ std::vector<WorkerProgress> Telemetry::progress() const {
   return progress_source_ ? progress_source_() : std::vector<WorkerProgress>{};
 }
 
+std::vector<RankStatus> Telemetry::ranks() const {
+  std::vector<RankStatus> ranks;
+  for (const auto& p : progress()) ranks.push_back(rank_status(p));
+  return ranks;
+}
+
+schema::NodeProgress Telemetry::node_progress() const {
+  return {wall_clock(), state_, ranks(), 0};
+}
+
+// Once a second while the page is served: a sample of every running worker for its plots.
+void Telemetry::arm_sampler() {
+  sampler_.expires_after(kSampleInterval);
+  sampler_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;  // cancelled: this object is going
+    history_.add(wall_clock(), round_.round, ranks());
+    arm_sampler();
+  });
+}
+
 void Telemetry::log(std::string_view event, const nlohmann::ordered_json& fields) {
+  timeline_.add(wall_clock(), event, fields);
   if (event_log_) event_log_->write(event, fields);
 }
 
@@ -235,6 +294,48 @@ void Telemetry::worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent,
   log("worker_hung", fields);
 }
 
+void Telemetry::hang(const std::vector<HangRank>& ranks, std::chrono::nanoseconds silent,
+                     std::chrono::nanoseconds timeout) {
+  auto list = nlohmann::ordered_json::array();
+  for (const auto& r : ranks) {
+    list.push_back({{"rank", r.worker.rank},
+                    {"local_rank", r.worker.local_rank},
+                    {"pid", r.worker.pid},
+                    {"cause", r.cause},
+                    {"waiting", r.waiting},
+                    {"where", r.where}});
+  }
+  log("hang",
+      {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()},
+       {"timeout_ms", std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()},
+       {"ranks", std::move(list)}});
+}
+
+void Telemetry::straggler(const WorkerRef& w, bool flagged, double ratio,
+                          std::string_view measure) {
+  auto fields = worker_fields(w);
+  fields["straggler"] = flagged;
+  fields["ratio"] = ratio;
+  fields["measure"] = measure;
+  log("straggler", fields);
+  if (flagged) {
+    StragglerRecord& r = stragglers_[w.rank];
+    ++r.flags;
+    r.worst = std::max(r.worst, ratio);
+    r.measure = measure;
+  }
+}
+
+std::vector<std::string> Telemetry::straggler_summary() const {
+  std::vector<std::string> lines;
+  for (const auto& [rank, r] : stragglers_) {
+    lines.push_back(
+        fmt::format("rank {} was a straggler{}: its {} up to {:.2f}x the other ranks' median", rank,
+                    r.flags > 1 ? fmt::format(" ({} times)", r.flags) : "", r.measure, r.worst));
+  }
+  return lines;
+}
+
 void Telemetry::restarting(int restart_count) {
   round_.restarts = restart_count;
   log("restart", {{"restart_count", restart_count}, {"max_restarts", config_.max_restarts}});
@@ -297,10 +398,13 @@ void Telemetry::node_joined(int round) {
 }
 
 void Telemetry::job_ended(int exit_code, std::string_view outcome, const std::string& reason) {
+  auto stragglers = nlohmann::ordered_json::array();
+  for (const auto& [rank, _] : stragglers_) stragglers.push_back(rank);
   log("job_end", {{"outcome", outcome},
                   {"exit_code", exit_code},
                   {"restarts", round_.restarts + static_cast<int>(in_place_restarts_)},
-                  {"reason", text_or_null(reason)}});
+                  {"reason", text_or_null(reason)},
+                  {"stragglers", std::move(stragglers)}});
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -343,7 +447,7 @@ HttpResponse Telemetry::metrics() const {
            "File timers (TORCHELASTIC_TIMER_FILE) that expired on this node.")
       .sample(static_cast<double>(timer_expirations_));
   m.family("dist_launch_hung_workers_total", "counter",
-           "Workers of this node killed for a silent heartbeat.")
+           "Workers of this node killed as hung (a silent heartbeat, or no progress).")
       .sample(static_cast<double>(hung_workers_));
   m.family("dist_launch_nodes_lost_total", "counter", "Other nodes this node saw vanish.")
       .sample(static_cast<double>(nodes_lost_));
@@ -365,6 +469,39 @@ HttpResponse Telemetry::metrics() const {
     m.sample(static_cast<double>(p.beats), {{"rank", std::to_string(p.worker.rank)},
                                             {"local_rank", std::to_string(p.worker.local_rank)}});
   }
+  // Progress (hang_detector.h), for workers that count steps.
+  const auto per_worker = [&](const char* name, const char* type, const char* help, auto value) {
+    m.family(name, type, help);
+    for (const auto& p : workers) {
+      const std::optional<double> v = value(p);
+      if (!v) continue;
+      m.sample(*v, {{"rank", std::to_string(p.worker.rank)},
+                    {"local_rank", std::to_string(p.worker.local_rank)}});
+    }
+  };
+  const auto counts_steps = [](const WorkerProgress& p) { return p.steps > 0 || p.since_step; };
+  per_worker("dist_launch_worker_steps_total", "counter",
+             "Training steps of a running worker (the SDK's step(), dist_launch.progress.step(), "
+             "torch's optimizer steps).",
+             [&](const WorkerProgress& p) -> std::optional<double> {
+               if (!counts_steps(p)) return std::nullopt;
+               return static_cast<double>(p.steps);
+             });
+  per_worker("dist_launch_worker_steps_per_second", "gauge",
+             "A running worker's steps per second over the last 10 s.",
+             [](const WorkerProgress& p) { return p.steps_per_second; });
+  per_worker("dist_launch_worker_step_seconds", "gauge",
+             "The median of a running worker's recent step times.",
+             [](const WorkerProgress& p) { return p.step_seconds; });
+  per_worker("dist_launch_worker_hang_timeout_seconds", "gauge",
+             "How long a running worker may make no progress before it is taken for hung.",
+             [](const WorkerProgress& p) { return p.hang_timeout_s; });
+  per_worker("dist_launch_worker_straggler", "gauge",
+             "1 while a running worker is slower than the others by more than noise.",
+             [&](const WorkerProgress& p) -> std::optional<double> {
+               if (!counts_steps(p)) return std::nullopt;
+               return p.straggler ? 1.0 : 0.0;
+             });
   if (event_log_) {
     m.family("dist_launch_event_log_lost_total", "counter",
              "Event log lines that could not be written.")
@@ -397,6 +534,48 @@ HttpResponse Telemetry::health() const {
                                   {"heartbeat_age_s", seconds(silence)}};
   }
   return {alive ? 200 : 503, "application/json", body.dump() + "\n"};
+}
+
+nlohmann::ordered_json Telemetry::status(double since) const {
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (const auto& r : this->ranks()) ranks.push_back(schema::to_json(r));
+  return {{"run_id", config_.run_id},
+          {"host", host_},
+          {"time", std::round(wall_clock() * 1000) / 1000},
+          {"started", started_},
+          {"state", state_},
+          {"round", round_.round},
+          {"node_rank", round_.node_rank},
+          {"num_nodes", round_.num_nodes},
+          {"world_size", round_.world_size},
+          {"restarts", round_.restarts},
+          {"max_restarts", config_.max_restarts},
+          {"nproc_per_node", config_.nproc_per_node},
+          {"workers_alive", workers_alive_},
+          {"worker_failures", worker_failures_},
+          {"hung_workers", hung_workers_},
+          {"ranks", std::move(ranks)},
+          {"history",
+           {{"interval_s", kSampleInterval.count()},
+            {"window_s", kSampleInterval.count() * static_cast<long long>(kHistorySamples)},
+            {"ranks", history_.to_json(since)}}},
+          {"events", timeline_.to_json(since)}};
+}
+
+HttpResponse Telemetry::status_json(const HttpRequest& request) const {
+  double since = 0;
+  if (const auto value = request.parameter("since")) {
+    try {
+      since = std::stod(*value);
+    } catch (const std::exception&) {
+      return {400, "text/plain; charset=utf-8", "since must be a number of seconds\n"};
+    }
+  }
+  return {200, "application/json", status(since).dump() + "\n"};
+}
+
+HttpResponse Telemetry::page() const {
+  return {200, "text/html; charset=utf-8", status_page(status(0))};
 }
 
 }  // namespace dist::agent

@@ -1,9 +1,21 @@
 // What the agent tells the outside about its job, all on its io_context:
 //   - the event log (--event-log FILE, event_log.h): one JSON object per line;
 //   - Prometheus metrics (--metrics-port P): text format 0.0.4 at /metrics;
+//   - the status page (--metrics-port P): at / and /ui one self-contained HTML page (status_page.h)
+//     that polls /status.json every second: this node's workers (steps, rates, last progress,
+//     stragglers, hangs), their step times over the last ten minutes (progress_history.h) and a
+//     timeline of the job's events;
 //   - torch's health check (TORCHELASTIC_HEALTH_CHECK_PORT): HTTP at / (also /health, /healthz).
 // The agent and the worker group report what happens through the calls below; the same port for
-// both endpoints serves both.
+// both endpoints serves both, and then / is the health check's unless the client asks for HTML
+// (a browser's Accept: text/html): torch's clients, and curl, get the JSON as before; /ui is
+// always the page.
+//
+// /status.json: {run_id, host, time, started (wall-clock seconds), state, round, node_rank,
+// num_nodes, world_size, restarts, max_restarts, nproc_per_node, workers_alive, worker_failures,
+// hung_workers, ranks: [schema::to_json(RankStatus)...], history: {interval_s, window_s, ranks:
+// ProgressHistory::to_json}, events: EventTimeline::to_json}; ?since=T leaves out the samples and
+// events up to T (the page passes the last answer's time).
 //
 // Event log schema, version 1 (fields are added, never renamed or removed; a reader ignores what
 // it does not know). Every line:
@@ -20,6 +32,10 @@
 //   timer_expired  round, rank, local_rank, pid (the request's), scope_id, signal (or null: the
 //                  request named none and nothing is killed)
 //   worker_hung    round, rank, local_rank, pid, silent_ms, signal (what it is sent first)
+//   hang           silent_ms, timeout_ms, ranks: [{rank, local_rank, pid, cause, waiting,
+//                  where}] (what a hang investigation found, before the hung ranks are killed)
+//   straggler      round, rank, local_rank, pid, straggler (flagged or cleared), ratio (its time
+//                  over the other ranks' median), measure ("work per step" or "step time")
 //   restart        restart_count, max_restarts
 //   verdict        round, action (restart, reshape, fail, done), restarts, reason (elastic jobs:
 //                  the job-wide decision after a round ended)
@@ -38,7 +54,8 @@
 //   inplace_fallback  round, generation (or null), reason (why a failure restarts the group
 //                  although the policy is in-place)
 //   job_end        outcome (succeeded, failed, stopped), exit_code, restarts (group restarts and
-//                  in-place replacements), reason (or null)
+//                  in-place replacements), reason (or null), stragglers (the ranks flagged as
+//                  stragglers during the job)
 //
 // Health check: torch 2.x reads TORCHELASTIC_HEALTH_CHECK_PORT and builds a server whose alive
 // callback is the file timer's last progress time (or the current time), with a 60 s timeout, but
@@ -52,9 +69,11 @@
 
 #include <array>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,7 +84,9 @@
 #include "health/event_log.h"
 #include "health/file_timer_server.h"
 #include "health/http_endpoint.h"
+#include "health/progress_history.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/schema.h"
 
 namespace dist::agent {
 
@@ -85,11 +106,28 @@ struct WorkerRef {
   int generation = 0;  // in-place jobs: the group's generation this worker joined at start
 };
 
-// A running worker's heartbeat, for the metrics and the health check.
+// A running worker's progress, as its slot says (dist/rendezvous/worker_contract.h): for the
+// metrics, the health check, the status page and `dist-launch status`.
 struct WorkerProgress {
   WorkerRef worker;
   std::optional<std::chrono::nanoseconds> silence;  // since its last beat; none before the first
   std::uint64_t beats = 0;
+  // Training steps (dist::sdk::step(), dist_launch.progress.step(), torch's optimizer-step hook).
+  std::uint64_t steps = 0;
+  std::optional<std::chrono::nanoseconds> since_step;  // since its last step; none before the first
+  std::optional<double> step_seconds;                  // the median of its recent steps
+  std::optional<double> steps_per_second;              // over the last few seconds
+  std::optional<double> hang_timeout_s;                // when it would be taken for hung
+  bool straggler = false;                              // slower than its group by more than noise
+  std::string pending_collective;  // the SDK's oldest pending collective ("all_reduce #12")
+};
+
+// One rank of a hang investigation (hang_detector.h): where it was, and whether it is the cause.
+struct HangRank {
+  WorkerRef worker;
+  bool cause = false;
+  bool waiting = false;
+  std::string where;
 };
 
 class Telemetry {
@@ -104,9 +142,15 @@ class Telemetry {
   void set_progress_source(std::function<std::vector<WorkerProgress>()> source);
   std::optional<std::uint16_t> metrics_port() const;
   std::optional<std::uint16_t> health_check_port() const;
+  // This node's running workers as `dist-launch status` and the status page show them.
+  std::vector<RankStatus> ranks() const;
+  // What this node publishes beside its heartbeat (round_source.h): the state and ranks().
+  schema::NodeProgress node_progress() const;
   // Whether an endpoint shows the workers' heartbeats (then workers get a heartbeat slot even
   // without --worker-heartbeat-timeout).
   bool shows_heartbeats() const { return metrics_endpoint_ || health_endpoint_; }
+  // Whether a watchdog killed a hung worker in this job (its stacks are worth keeping).
+  bool saw_hung_workers() const { return hung_workers_ > 0; }
 
   void job_started();
   void state(std::string_view name);  // the agent's lifecycle state, for the metrics
@@ -115,6 +159,12 @@ class Telemetry {
   void worker_exited(const WorkerRef& w, int code, bool failed, const std::string& reason);
   void timer_expired(const WorkerRef& w, const TimerExpiry& timer);
   void worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent, int signal);
+  void hang(const std::vector<HangRank>& ranks, std::chrono::nanoseconds silent,
+            std::chrono::nanoseconds timeout);
+  void straggler(const WorkerRef& w, bool flagged, double ratio, std::string_view measure);
+  // The ranks flagged as stragglers during the job, one line each (for the end of the job);
+  // empty when none was.
+  std::vector<std::string> straggler_summary() const;
   void restarting(int restart_count);
   // --restart-policy in-place (the fields: the schema above).
   struct InPlaceRestart {
@@ -137,8 +187,13 @@ class Telemetry {
 
  private:
   void log(std::string_view event, const nlohmann::ordered_json& fields);
+  std::map<std::string, HttpEndpoint::Handler> metrics_routes(bool shared);
   HttpResponse metrics() const;
   HttpResponse health() const;
+  HttpResponse page() const;
+  HttpResponse status_json(const HttpRequest& request) const;
+  nlohmann::ordered_json status(double since) const;
+  void arm_sampler();
   std::vector<WorkerProgress> progress() const;
 
   const LaunchConfig& config_;
@@ -147,6 +202,10 @@ class Telemetry {
   std::unique_ptr<HttpEndpoint> metrics_endpoint_;
   std::unique_ptr<HttpEndpoint> health_endpoint_;  // null when the metrics' serves it too
   std::function<std::vector<WorkerProgress>()> progress_source_;
+  ProgressHistory history_;  // sampled every kSampleInterval while the page is served
+  EventTimeline timeline_;
+  boost::asio::steady_timer sampler_;
+  double started_ = 0;  // wall-clock seconds
 
   std::string state_ = "init";
   Assignment round_;  // the round joined last (before one: num_nodes 0)
@@ -157,6 +216,12 @@ class Telemetry {
   std::uint64_t hung_workers_ = 0;
   std::uint64_t nodes_lost_ = 0;
   std::uint64_t in_place_restarts_ = 0;
+  struct StragglerRecord {
+    int flags = 0;        // times flagged
+    double worst = 0;     // the highest ratio it was flagged at
+    std::string measure;  // "work per step" or "step time"
+  };
+  std::map<int, StragglerRecord> stragglers_;  // by rank
 };
 
 }  // namespace dist::agent

@@ -31,7 +31,7 @@ std::string describe(const WorkerRef& w) {
 }  // namespace
 
 WorkerWatchdogs::WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options,
-                                 Telemetry& telemetry)
+                                 Telemetry& telemetry, HangOptions hang)
     : io_(io), options_(options), telemetry_(telemetry) {
   if (options.file_timer) {
     const std::string path =
@@ -39,19 +39,37 @@ WorkerWatchdogs::WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOpti
     timers_.emplace(io, path, [this](const TimerExpiry& t) { on_timer_expired(t); });
     spdlog::info("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)", path);
   }
-  if (options.worker_heartbeat_timeout.count() > 0 || telemetry.shows_heartbeats()) {
+  const bool hangs_found = !hang.timeout.off;
+  if (hangs_found || options.worker_heartbeat_timeout.count() > 0 || telemetry.shows_heartbeats()) {
     heartbeats_.emplace(
         io, options.worker_heartbeat_timeout,
         [this](int local_rank, std::chrono::nanoseconds silent) { on_silent(local_rank, silent); });
   }
+  if (hangs_found) {
+    hang_.emplace(io, std::move(hang), *heartbeats_, telemetry,
+                  [this](int local_rank, const std::string& reason, bool collateral,
+                         std::chrono::nanoseconds silent) {
+                    on_hung(local_rank, reason, collateral, silent);
+                  });
+  }
 }
 
-void WorkerWatchdogs::prepare(int local_rank, Variables& env, std::vector<int>& fds) {
+void WorkerWatchdogs::prepare(int local_rank, const std::filesystem::path& dir, Variables& env,
+                              std::vector<int>& fds) {
+  namespace contract = rendezvous::worker_contract;
   if (timers_) env["TORCHELASTIC_TIMER_FILE"] = timers_->path();
   if (heartbeats_) {
     const int fd = heartbeats_->open(local_rank);
-    env[rendezvous::worker_contract::heartbeat_slot::kFdVariable] = std::to_string(fd);
+    env[contract::heartbeat_slot::kFdVariable] = std::to_string(fd);
     fds.push_back(fd);
+  }
+  if (hang_) {
+    if (static_cast<std::size_t>(local_rank) >= stack_files_.size()) {
+      stack_files_.resize(static_cast<std::size_t>(local_rank) + 1);
+    }
+    stack_files_[static_cast<std::size_t>(local_rank)] = dir / "stacks.txt";
+    env[contract::kStackSignalVariable] = std::to_string(stack_signal());
+    env[contract::kStackFileVariable] = (dir / "stacks.txt").string();
   }
 }
 
@@ -60,8 +78,9 @@ void WorkerWatchdogs::started(const WorkerRef& worker) {
   if (static_cast<std::size_t>(worker.local_rank) >= workers_.size()) {
     workers_.resize(static_cast<std::size_t>(worker.local_rank) + 1);
   }
-  workers_[static_cast<std::size_t>(worker.local_rank)] = Watched{worker, true, "", nullptr};
+  workers_[static_cast<std::size_t>(worker.local_rank)] = Watched{worker, true, "", false, nullptr};
   if (heartbeats_) heartbeats_->watch(worker.local_rank);
+  if (hang_) hang_->started(worker, stack_files_.at(static_cast<std::size_t>(worker.local_rank)));
 }
 
 void WorkerWatchdogs::exited(int local_rank) {
@@ -69,18 +88,25 @@ void WorkerWatchdogs::exited(int local_rank) {
   Watched& w = workers_[static_cast<std::size_t>(local_rank)];
   w.running = false;
   w.abort_grace.reset();
+  if (hang_) hang_->exited(local_rank);
   if (heartbeats_) heartbeats_->forget(local_rank);
 }
 
 void WorkerWatchdogs::stopping() {
   running_ = false;
   if (timers_) timers_->clear();
+  if (hang_) hang_->stopping();
   if (heartbeats_) heartbeats_->forget_all();
 }
 
 std::string WorkerWatchdogs::reason(int local_rank) const {
   if (static_cast<std::size_t>(local_rank) >= workers_.size()) return "";
   return workers_[static_cast<std::size_t>(local_rank)].reason;
+}
+
+bool WorkerWatchdogs::collateral(int local_rank) const {
+  if (static_cast<std::size_t>(local_rank) >= workers_.size()) return false;
+  return workers_[static_cast<std::size_t>(local_rank)].collateral;
 }
 
 std::vector<WorkerProgress> WorkerWatchdogs::progress() const {
@@ -93,6 +119,7 @@ std::vector<WorkerProgress> WorkerWatchdogs::progress() const {
       p.silence = heartbeats_->silence(w.worker.local_rank);
       p.beats = heartbeats_->beats(w.worker.local_rank);
     }
+    if (hang_) hang_->fill(p);
     out.push_back(p);
   }
   return out;
@@ -153,6 +180,20 @@ void WorkerWatchdogs::on_silent(int local_rank, std::chrono::nanoseconds silent)
                  kHungWorkerAbortGrace.count());
     signal_group(pid, SIGKILL);
   });
+}
+
+// The hang detector's verdict: killed at once (its stacks are taken), the reason kept for the
+// failure report.
+void WorkerWatchdogs::on_hung(int local_rank, const std::string& reason, bool collateral,
+                              std::chrono::nanoseconds silent) {
+  if (!running_ || static_cast<std::size_t>(local_rank) >= workers_.size()) return;
+  Watched& w = workers_[static_cast<std::size_t>(local_rank)];
+  if (!w.running) return;
+  w.reason = reason;
+  w.collateral = collateral;
+  telemetry_.worker_hung(w.worker, silent, SIGKILL);
+  spdlog::error("{}: {}: sending SIGKILL", describe(w.worker), reason);
+  signal_group(w.worker.pid, SIGKILL);
 }
 
 }  // namespace dist::agent

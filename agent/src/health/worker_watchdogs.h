@@ -8,6 +8,9 @@
 //     so that it leaves a core or a stack trace of the hang, and its process group SIGKILL
 //     kHungWorkerAbortGrace later. Without the timeout, workers still get a slot when the metrics
 //     or the health check show heartbeats: nothing is then killed.
+//   - hangs and stragglers, by default (hang_detector.h): every worker gets a slot, and the stack
+//     signal and file (DIST_STACK_SIGNAL, DIST_STACK_FILE); a rank found hung is killed (SIGKILL:
+//     its stacks are taken).
 // The worker's exit then fails the round like any failure, and the group restarts if restarts are
 // left; reason() names the watchdog for the failure report. Timers and deadlines apply to a
 // running group only: stopping() ends them until the next start.
@@ -18,6 +21,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,6 +30,7 @@
 
 #include "dist/agent/config.h"
 #include "health/file_timer_server.h"
+#include "health/hang_detector.h"
 #include "health/heartbeat_monitor.h"
 #include "health/telemetry.h"
 #include "processes/process.h"
@@ -38,20 +43,23 @@ class WorkerWatchdogs {
  public:
   // Serves the file timer pipe when the options ask for it (throws std::runtime_error naming the
   // path when it cannot).
-  WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options,
-                  Telemetry& telemetry);
+  WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options, Telemetry& telemetry,
+                  HangOptions hang);
   WorkerWatchdogs(const WorkerWatchdogs&) = delete;
   WorkerWatchdogs& operator=(const WorkerWatchdogs&) = delete;
 
-  // For local rank `local_rank`, about to start: its variables, and the descriptors it must
-  // inherit.
-  void prepare(int local_rank, Variables& env, std::vector<int>& fds);
+  // For local rank `local_rank`, about to start in `dir`: its variables, and the descriptors it
+  // must inherit.
+  void prepare(int local_rank, const std::filesystem::path& dir, Variables& env,
+               std::vector<int>& fds);
   void started(const WorkerRef& worker);
   void exited(int local_rank);
   void stopping();
 
   // Why a watchdog killed this worker ("timer expired (scope 'step')"); empty when none did.
   std::string reason(int local_rank) const;
+  // Whether it was killed only as a consequence (hung waiting for a peer elsewhere).
+  bool collateral(int local_rank) const;
   // The running workers' heartbeats.
   std::vector<WorkerProgress> progress() const;
 
@@ -60,10 +68,13 @@ class WorkerWatchdogs {
     WorkerRef worker;
     bool running = false;
     std::string reason;
+    bool collateral = false;
     std::unique_ptr<boost::asio::steady_timer> abort_grace;
   };
   void on_timer_expired(const TimerExpiry& timer);
   void on_silent(int local_rank, std::chrono::nanoseconds silent);
+  void on_hung(int local_rank, const std::string& reason, bool collateral,
+               std::chrono::nanoseconds silent);
   Watched* owner_of(pid_t pid);
 
   boost::asio::io_context& io_;
@@ -71,7 +82,9 @@ class WorkerWatchdogs {
   Telemetry& telemetry_;
   std::optional<FileTimerServer> timers_;
   std::optional<HeartbeatMonitor> heartbeats_;
-  std::vector<Watched> workers_;  // by local rank
+  std::optional<HangDetector> hang_;
+  std::vector<std::filesystem::path> stack_files_;  // by local rank
+  std::vector<Watched> workers_;                    // by local rank
   bool running_ = false;
   std::shared_ptr<char> alive_ = std::make_shared<char>();
 };

@@ -271,6 +271,7 @@ class Agent {
                    [&](event::GroupStopped&) {
                      if (state_ != State::kStopping) return;
                      stopping_.group_stopped = true;
+                     add_late_failures();
                      if (watching_) rounds_->stop_watch();  // continues on WatchEnded
                      feed(Input::kGroupStopped);
                    },
@@ -371,6 +372,18 @@ class Agent {
     telemetry_->in_place_recovered(round_->round, r.generation, r.failure.rank, stall, o.record);
     fire_and_forget(rounds_->replacement_recovered(*round_), "ending the in-place recovery");
     feed(Input::kRecovered);
+  }
+
+  // Workers that failed on their own while the group was stopping (a root cause a few
+  // milliseconds after the failure it caused): the round's failures, told to the other nodes too.
+  void add_late_failures() {
+    std::vector<WorkerFailure> late = group_->take_late_failures();
+    if (late.empty()) return;
+    failures_.insert(failures_.end(), std::make_move_iterator(late.begin()),
+                     std::make_move_iterator(late.end()));
+    if (rounds_->several_nodes() && round_) {
+      fire_and_forget(rounds_->announce_failure(*round_, failures_), "announcing the failure");
+    }
   }
 
   void on_watch_ended(const WatchOutcome& o) {
@@ -518,6 +531,8 @@ class Agent {
             [this](std::string why) { on(event::StartFailed{std::move(why)}); }});
     telemetry_->set_progress_source(
         [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
+    // Published beside this node's heartbeat, for `dist-launch status`.
+    rounds_->set_progress_source([this] { return telemetry_->node_progress(); });
   }
 
   // Where the workers find the token (DIST_LAUNCH_TOKEN_FILE): the file given, or one written
@@ -715,8 +730,12 @@ class Agent {
     if (finished_) return;
     finished_ = true;
     record_job_end();
+    if (telemetry_) {
+      for (const auto& line : telemetry_->straggler_summary()) spdlog::warn("{}", line);
+    }
     if (run_dir_) {
-      const bool keep = !failures_.empty() || config_.writes_log_files();
+      const bool keep = !failures_.empty() || config_.writes_log_files() ||
+                        (telemetry_ && telemetry_->saw_hung_workers());
       if (const auto said = run_dir_->finish(keep); !said.empty()) spdlog::info("{}", said);
     }
     io_.stop();

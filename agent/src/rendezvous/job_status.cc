@@ -1,8 +1,10 @@
 #include "dist/agent/job_status.h"
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -19,6 +21,10 @@ long long now_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+double now_precise() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // An optional integer key (a counter, a heartbeat).
@@ -65,6 +71,25 @@ Task<std::vector<std::optional<long long>>> heartbeats(RendezvousStore& store, i
   co_return ages;
 }
 
+// Each node's published progress (its agent's state, its workers), aged to now.
+Task<void> read_progress(RendezvousStore& store, int round, std::vector<NodeStatus>& nodes) {
+  std::vector<std::string> names;
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    names.push_back(schema::in_round(round, name::kProgress, nodes[n].node_rank));
+  }
+  const auto values = co_await store.multi_get(names);
+  const double now = now_precise();
+  for (std::size_t n = 0; n < values.size(); ++n) {
+    if (!values[n]) continue;
+    auto progress = schema::decode_node_progress(names[n], *values[n]);
+    schema::age_to(progress, now);
+    nodes[n].agent_state = progress.state;
+    nodes[n].ranks = std::move(progress.ranks);
+    std::sort(nodes[n].ranks.begin(), nodes[n].ranks.end(),
+              [](const RankStatus& a, const RankStatus& b) { return a.rank < b.rank; });
+  }
+}
+
 Task<JobStatus> static_status(RendezvousStore& store, int round) {
   JobStatus s;
   s.round = round;
@@ -93,6 +118,7 @@ Task<JobStatus> static_status(RendezvousStore& store, int round) {
     node.heartbeat_age_seconds = ages[i];
     s.nodes.push_back(std::move(node));
   }
+  co_await read_progress(store, round, s.nodes);
   s.state = co_await round_state(store, round, s.nodes.size());
   if (co_await store.try_get(std::string(schema::kJobOver))) s.state = "FAILED";
   co_return s;
@@ -138,6 +164,7 @@ Task<JobStatus> elastic_status(RendezvousStore& store, int pointer) {
     node.heartbeat_age_seconds = ages[i];
     s.nodes.push_back(std::move(node));
   }
+  co_await read_progress(store, s.round, s.nodes);
   s.state = co_await round_state(store, s.round, s.nodes.size());
   co_return s;
 }
@@ -178,6 +205,77 @@ std::optional<JobStatus> read_job_status(const rendezvous::ClientOptions& option
   return status;
 }
 
+std::optional<double> RankStatus::progress_age_seconds() const {
+  return since_step_seconds ? since_step_seconds : since_beat_seconds;
+}
+
+bool RankStatus::hung() const {
+  const auto age = progress_age_seconds();
+  return age && hang_timeout_seconds && *age > *hang_timeout_seconds;
+}
+
+std::string format_seconds(std::optional<double> seconds) {
+  if (!seconds || !std::isfinite(*seconds)) return "-";
+  const double v = std::max(0.0, *seconds);
+  char text[32];
+  if (v < 10) {
+    std::snprintf(text, sizeof text, "%.2f s", v);
+  } else if (v < 100) {
+    std::snprintf(text, sizeof text, "%.1f s", v);
+  } else if (v < 3600) {
+    const auto whole = static_cast<long long>(v);
+    std::snprintf(text, sizeof text, "%lldm%02llds", whole / 60, whole % 60);
+  } else {
+    const auto minutes = static_cast<long long>(v / 60);
+    std::snprintf(text, sizeof text, "%lldh%02lldm", minutes / 60, minutes % 60);
+  }
+  return text;
+}
+
+std::string rank_marks(const RankStatus& r) {
+  std::string marks;
+  const auto add = [&](const std::string& m) { marks += (marks.empty() ? "" : " ") + m; };
+  if (r.hung()) add("HUNG?");
+  if (r.straggler) add("STRAGGLER");
+  if (!r.pending_collective.empty()) add("waits in " + r.pending_collective);
+  return marks;
+}
+
+namespace {
+
+std::string node_line(const NodeStatus& n) {
+  std::string ranks = "-";
+  if (n.first_rank >= 0 && n.workers > 0) {
+    ranks = std::to_string(n.first_rank) + ".." + std::to_string(n.first_rank + n.workers - 1);
+  }
+  const std::string beat =
+      n.heartbeat_age_seconds ? std::to_string(*n.heartbeat_age_seconds) + " s ago" : "-";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-5d %-12s %-8d %-6s %-10s %-12s %s (%d)\n", n.node_rank,
+                ranks.c_str(), n.workers, n.alive ? "yes" : "NO", beat.c_str(),
+                n.agent_state.empty() ? "-" : n.agent_state.c_str(),
+                n.host.empty() ? "?" : n.host.c_str(), n.pid);
+  return line;
+}
+
+std::string rank_line(const NodeStatus& n, const RankStatus& r) {
+  char rate[32] = "-";
+  if (r.steps_per_second) std::snprintf(rate, sizeof rate, "%.2f", *r.steps_per_second);
+  const std::string steps = r.steps ? std::to_string(*r.steps) : "-";
+  const std::string age =
+      r.progress_age_seconds() ? format_seconds(r.progress_age_seconds()) + " ago" : "-";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-5d %-5d %-6d %-10s %-8s %-10s %-14s %-8llu %s", r.rank,
+                n.node_rank, r.local_rank, steps.c_str(), rate,
+                format_seconds(r.step_seconds).c_str(), age.c_str(),
+                static_cast<unsigned long long>(r.beats), rank_marks(r).c_str());
+  std::string text = line;
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text + "\n";
+}
+
+}  // namespace
+
 std::string format_table(const JobStatus& s) {
   std::string out = "job " + s.run_id + " at " + s.endpoint +
                     (s.elastic ? " (elastic)" : " (static)") + ": round " +
@@ -187,44 +285,52 @@ std::string format_table(const JobStatus& s) {
     out += "next round forming: " + std::to_string(s.next_round_joined) + " node(s) joined\n";
   }
   if (s.nodes.empty()) return out;
-  out += "node  ranks        workers  alive  heartbeat  host (pid)\n";
+  out += "node  ranks        workers  alive  heartbeat  agent        host (pid)\n";
+  std::size_t ranks = 0, hung = 0, stragglers = 0;
   for (const auto& n : s.nodes) {
-    std::string ranks = "-";
-    if (n.first_rank >= 0 && n.workers > 0) {
-      ranks = std::to_string(n.first_rank) + ".." + std::to_string(n.first_rank + n.workers - 1);
+    out += node_line(n);
+    for (const auto& r : n.ranks) {
+      ++ranks;
+      hung += r.hung() ? 1 : 0;
+      stragglers += r.straggler ? 1 : 0;
     }
-    const std::string beat =
-        n.heartbeat_age_seconds ? std::to_string(*n.heartbeat_age_seconds) + " s ago" : "-";
-    char line[512];
-    std::snprintf(line, sizeof line, "%-5d %-12s %-8d %-6s %-10s %s (%d)\n", n.node_rank,
-                  ranks.c_str(), n.workers, n.alive ? "yes" : "NO", beat.c_str(),
-                  n.host.empty() ? "?" : n.host.c_str(), n.pid);
-    out += line;
   }
+  if (ranks == 0) return out;
+  out += "\nrank  node  local  steps      steps/s  step time  last progress  beats    marks\n";
+  for (const auto& n : s.nodes) {
+    for (const auto& r : n.ranks) out += rank_line(n, r);
+  }
+  out += std::to_string(ranks) + " running worker(s), " + std::to_string(stragglers) +
+         " straggler(s), " + std::to_string(hung) + " past their hang timeout\n";
   return out;
 }
 
 std::string to_json(const JobStatus& s) {
-  nlohmann::json nodes = nlohmann::json::array();
+  nlohmann::ordered_json nodes = nlohmann::ordered_json::array();
   for (const auto& n : s.nodes) {
+    nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+    for (const auto& r : n.ranks) ranks.push_back(schema::to_json(r));
     nodes.push_back({{"node_rank", n.node_rank},
                      {"first_rank", n.first_rank},
                      {"workers", n.workers},
                      {"alive", n.alive},
-                     {"heartbeat_age_seconds", n.heartbeat_age_seconds
-                                                   ? nlohmann::json(*n.heartbeat_age_seconds)
-                                                   : nlohmann::json(nullptr)},
+                     {"heartbeat_age_seconds",
+                      n.heartbeat_age_seconds ? nlohmann::ordered_json(*n.heartbeat_age_seconds)
+                                              : nlohmann::ordered_json(nullptr)},
                      {"host", n.host},
-                     {"pid", n.pid}});
+                     {"pid", n.pid},
+                     {"agent_state", n.agent_state.empty() ? nlohmann::ordered_json(nullptr)
+                                                           : nlohmann::ordered_json(n.agent_state)},
+                     {"ranks", std::move(ranks)}});
   }
-  return nlohmann::json{{"run_id", s.run_id},
-                        {"endpoint", s.endpoint},
-                        {"mode", s.elastic ? "elastic" : "static"},
-                        {"round", s.round},
-                        {"restarts", s.restarts},
-                        {"state", s.state},
-                        {"next_round_joined", s.next_round_joined},
-                        {"nodes", nodes}}
+  return nlohmann::ordered_json{{"run_id", s.run_id},
+                                {"endpoint", s.endpoint},
+                                {"mode", s.elastic ? "elastic" : "static"},
+                                {"round", s.round},
+                                {"restarts", s.restarts},
+                                {"state", s.state},
+                                {"next_round_joined", s.next_round_joined},
+                                {"nodes", nodes}}
       .dump();
 }
 

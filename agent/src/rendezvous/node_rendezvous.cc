@@ -334,7 +334,8 @@ Task<void> NodeRendezvous::Impl::report_lost_successor(const Assignment& a, Rend
   co_await via.delete_key(schema::in_round(a.round, name::kIntact));
 }
 
-Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds heartbeat) {
+Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds heartbeat,
+                                              std::function<std::string()> progress) {
   struct Reset {  // the next watch starts afresh, however this one ends
     bool& flag;
     std::unique_ptr<RendezvousStore>& session;
@@ -361,14 +362,11 @@ Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds
       names.push_back(*next);
       events.push_back(kSuccessorGone);
     }
-    // Between events, a heartbeat: the wall-clock time, for `dist-launch status`.
-    const std::string beat = schema::in_round(a.round, name::kHeartbeat, a.node_rank);
+    // Between events, a heartbeat for `dist-launch status`: the wall-clock time, and this node's
+    // progress beside it (one request).
     std::optional<std::size_t> gone;
     while (!gone) {
-      co_await watcher.set(beat,
-                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                              std::chrono::system_clock::now().time_since_epoch())
-                                              .count()));
+      co_await watcher.multi_set(schema::heartbeat_items(a.round, a.node_rank, progress));
       gone = co_await watcher.wait_deleted(names, heartbeat);
     }
     switch (events[*gone]) {
@@ -487,8 +485,9 @@ Task<void> NodeRendezvous::announce_failure(Assignment a, std::vector<WorkerFail
 Task<std::vector<WorkerFailure>> NodeRendezvous::failures(Assignment a) {
   return impl_->failures(std::move(a));
 }
-Task<WatchResult> NodeRendezvous::watch(Assignment a, std::chrono::seconds heartbeat) {
-  return impl_->watch(std::move(a), heartbeat);
+Task<WatchResult> NodeRendezvous::watch(Assignment a, std::chrono::seconds heartbeat,
+                                        std::function<std::string()> progress) {
+  return impl_->watch(std::move(a), heartbeat, std::move(progress));
 }
 void NodeRendezvous::stop_watch() {
   impl_->stop_watch();

@@ -67,6 +67,12 @@ struct WorkerFailure {
   std::string error_file;
   std::string message;    // from the error file: "<Type>: <text>"
   std::string traceback;  // from the error file, else "Signal N (SIGX) received by PID p"
+  // The worker failed because another did (a peer's connection reset, an aborted collective):
+  // listed in the report, never chosen as its root cause over a failure of its own.
+  bool collateral = false;
+  // It had failed on its own (its error file predates the stop) when the stop's signal ended it:
+  // the job's exit code is then 1, not 128 + that signal.
+  bool ended_by_the_stop = false;
 };
 
 // What this node and every node of the job need from the rest of the job.
@@ -167,9 +173,11 @@ class NodeRendezvous {
   Task<std::vector<WorkerFailure>> failures(Assignment a);
 
   // Until round a fails anywhere, another node's agent dies, a node waits to join, or
-  // stop_watch() is called, writing this node's heartbeat (wall-clock seconds) every `heartbeat`.
+  // stop_watch() is called, writing this node's heartbeat (wall-clock seconds) every `heartbeat`,
+  // and with it, in the same request, what `progress` returns (schema::NodeProgress, encoded).
   // Runs on a session of its own: may run while this object's other calls do.
-  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat);
+  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
+                          std::function<std::string()> progress = {});
   void stop_watch();
 
   // This node's workers all succeeded: true once every node's did, false when the round failed

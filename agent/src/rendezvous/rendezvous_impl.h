@@ -45,7 +45,8 @@ class NodeRendezvous::Impl {
   // Both (node_rendezvous.cc).
   Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
   Task<std::vector<WorkerFailure>> failures(Assignment a);
-  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat);
+  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
+                          std::function<std::string()> progress);
   void stop_watch();
   Task<bool> exit_barrier(Assignment a, std::chrono::milliseconds timeout);
   Task<void> wait_for_others_to_leave(Assignment a, std::chrono::milliseconds timeout);

@@ -4,7 +4,14 @@
 #include "rendezvous/round_source.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <memory>
 #include <optional>
 
 #include "dist/rendezvous/async_client.h"
@@ -35,11 +42,16 @@ rendezvous::Keepalive liveness(const LaunchConfig& c) {
           std::max(1, c.keep_alive_max_attempt - 1)};
 }
 
-// One node: rounds formed here, no store call; the store is this agent's, for the workers.
+// One node: rounds formed here; the store is this agent's, for the workers. In it, under the
+// agents' namespace, the keys `dist-launch status` reads (as a static job of one node), written
+// over a session of this agent's own: the round's at each join, the heartbeat and progress every
+// keep_alive_interval until the agent closes. Status is a courtesy: a store call that fails is
+// said at debug level and changes nothing.
 class LocalRounds final : public RoundSource {
  public:
-  LocalRounds(boost::asio::io_context& io, const LaunchConfig& config)
-      : io_(io), config_(config), plan_(plan_stores(config)) {}
+  LocalRounds(boost::asio::io_context& io, const LaunchConfig& config, std::string host)
+      : io_(io), config_(config), plan_(plan_stores(config)), host_(std::move(host)) {}
+  ~LocalRounds() override { close(); }
 
   bool several_nodes() const override { return false; }
   bool elastic() const override { return false; }
@@ -50,13 +62,33 @@ class LocalRounds final : public RoundSource {
     } catch (const rendezvous::StoreError& e) {
       throw RendezvousError(std::string("cannot host the rendezvous store: ") + e.what());
     }
-    spdlog::debug("store listening on {}", store_->bound_address());
-    co_return;
+    spdlog::debug(
+        "store listening on {} (dist-launch status --rdzv-endpoint 127.0.0.1:{} "
+        "--rdzv-id {})",
+        store_->bound_address(), store_->port(), config_.run_id);
+    rendezvous::ClientOptions options;
+    options.host = "127.0.0.1";
+    options.port = store_->port();
+    options.secret = config_.secret;
+    status_ = make_rendezvous_store(io_, TcpStoreTarget{std::move(options)}, config_.run_id);
+    try {
+      co_await status_->open();
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      spdlog::debug("no job status in this node's store: {}", e.what());
+      status_.reset();
+    }
   }
   Task<Assignment> join(int restarts, std::optional<Assignment>) override {
     Assignment a;
     a.round = a.restarts = restarts;
     a.world_size = config_.nproc_per_node;
+    round_ = a.round;
+    co_await publish_round(a);
+    if (!beating_ && status_) {
+      beating_ = true;
+      boost::asio::co_spawn(io_, heartbeat(std::weak_ptr<char>(alive_)), boost::asio::detached);
+    }
     co_return a;
   }
   Endpoint workers_store(const Assignment&) const override {
@@ -91,6 +123,8 @@ class LocalRounds final : public RoundSource {
   bool hosts_others() const override { return false; }
   Task<void> wait_for_others(Assignment) override { co_return; }
   void close() override {
+    if (beat_timer_) beat_timer_->cancel();
+    if (status_) status_->close();
     if (store_) store_->stop();
   }
   std::string describe() const override {
@@ -98,10 +132,66 @@ class LocalRounds final : public RoundSource {
   }
 
  private:
+  // The keys of a static job's round a status reader needs, for node rank 0 alone.
+  Task<void> publish_round(Assignment a) {
+    if (!status_) co_return;
+    const std::string record = schema::encode(
+        schema::NodeRecord{host_, config_.nproc_per_node, static_cast<int>(::getpid()), 0, -1, ""});
+    namespace name = schema::name;
+    std::vector<std::pair<std::string, std::string>> items{
+        {std::string(schema::kRoundPointer), std::to_string(a.round)},
+        {std::string(schema::kStaticNodes), "1"},
+        {schema::in_round(a.round, name::kNode, 0), record},
+        {schema::in_round(a.round, name::kOffset, 0), "0"},
+        {schema::in_round(a.round, name::kWorldSize), std::to_string(a.world_size)},
+        {schema::in_round(a.round, name::kHealthy), "1"}};
+    for (auto& item : schema::heartbeat_items(a.round, 0, encoded_progress())) {
+      items.push_back(std::move(item));
+    }
+    try {
+      if (a.round == 0) co_await status_->set_ephemeral(schema::static_alive(0), record);
+      co_await status_->multi_set(std::move(items));
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      spdlog::debug("cannot publish round {} for dist-launch status: {}", a.round, e.what());
+    }
+  }
+
+  // Until close(): this node's heartbeat and progress, every keep_alive_interval.
+  Task<void> heartbeat(std::weak_ptr<char> alive) {
+    boost::asio::steady_timer timer(io_);
+    beat_timer_ = &timer;
+    struct Forget {  // the timer goes with this frame; this object may be gone before it
+      std::weak_ptr<char>& alive;
+      boost::asio::steady_timer*& slot;
+      ~Forget() {
+        if (!alive.expired()) slot = nullptr;
+      }
+    } forget{alive, beat_timer_};
+    while (true) {
+      timer.expires_after(std::chrono::seconds(config_.keep_alive_interval_seconds));
+      boost::system::error_code ec;
+      co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+      if (alive.expired() || ec) co_return;  // closed (this object may be gone)
+      try {
+        co_await status_->multi_set(schema::heartbeat_items(round_, 0, encoded_progress()));
+      } catch (const rendezvous::StoreError& e) {
+        if (alive.expired() || e.code() == rendezvous::StoreErrc::kCancelled) co_return;
+        spdlog::debug("cannot publish the heartbeat for dist-launch status: {}", e.what());
+      }
+    }
+  }
+
   boost::asio::io_context& io_;
   const LaunchConfig& config_;
   StorePlan plan_;
+  std::string host_;
   std::optional<StoreHost> store_;
+  std::unique_ptr<RendezvousStore> status_;  // a session to store_, for the status keys
+  int round_ = 0;
+  bool beating_ = false;
+  boost::asio::steady_timer* beat_timer_ = nullptr;  // the heartbeat's, while it runs
+  std::shared_ptr<char> alive_ = std::make_shared<char>();
   int replacements_ = 0;  // in-place
   bool recovering_ = false;
   int recovering_round_ = 0;
@@ -124,8 +214,8 @@ class NodeRounds : public RoundSource {
   Task<WatchOutcome> watch(Assignment a) override {
     WatchOutcome o;
     try {
-      o.result =
-          co_await rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds));
+      o.result = co_await rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds),
+                                       encoded_progress());
     } catch (const rendezvous::StoreError& e) {
       if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
       o.store_lost = e.what();
@@ -366,7 +456,7 @@ std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io,
   if (config.max_nodes > 1) {
     return std::make_unique<StaticRounds>(io, config, std::move(host), std::move(notice));
   }
-  return std::make_unique<LocalRounds>(io, config);
+  return std::make_unique<LocalRounds>(io, config, std::move(host));
 }
 
 }  // namespace dist::agent

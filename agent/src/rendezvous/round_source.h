@@ -21,6 +21,7 @@
 #include "dist/agent/config.h"
 #include "dist/rendezvous/endpoint.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/schema.h"
 
 namespace dist::agent {
 
@@ -81,6 +82,23 @@ class RoundSource {
   virtual void close() = 0;
   // Where the rendezvous store is, for messages.
   virtual std::string describe() const = 0;
+
+  // What this node publishes beside its heartbeat while a round runs (its agent's state and its
+  // workers' progress, progress/<k>) for `dist-launch status`: several nodes in the watch, one
+  // node in the store it hosts (the keys a status reader needs, under the agents' namespace).
+  void set_progress_source(std::function<schema::NodeProgress()> source) {
+    progress_ = std::move(source);
+  }
+
+ protected:
+  // progress_, encoded (none without a source).
+  std::function<std::string()> encoded_progress() const {
+    if (!progress_) return {};
+    return [this] { return schema::encode(progress_()); };
+  }
+
+ private:
+  std::function<schema::NodeProgress()> progress_;
 };
 
 // The mode the configuration asks for. `host`: this node as the others see it; `notice` hears

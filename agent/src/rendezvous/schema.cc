@@ -1,6 +1,9 @@
 #include "rendezvous/schema.h"
 
+#include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -81,6 +84,86 @@ constexpr std::string_view kFailuresShape = "a JSON list of worker failures";
 constexpr std::string_view kIntShape = "a decimal integer";
 constexpr std::string_view kMembersShape = "a comma-separated list of tickets";
 constexpr std::string_view kEndpointShape = "'host:port'";
+constexpr std::string_view kProgressShape =
+    "a JSON object with t (seconds), st (a state) and w (a list of workers, each with r and l)";
+
+using ordered_json = nlohmann::ordered_json;
+
+// A value as published: milliseconds are enough, and keep the value short.
+double rounded(double v) {
+  return std::round(v * 1000) / 1000;
+}
+
+void put(ordered_json& j, const char* name, const std::optional<double>& v) {
+  if (v && std::isfinite(*v)) j[name] = rounded(*v);
+}
+
+// An optional non-negative number; what is not one is the error naming the key.
+std::optional<double> number(const ordered_json& j, const char* name, std::string_view key,
+                             std::string_view text) {
+  const auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number() || it->get<double>() < 0) throw CorruptValueError(key, text, kProgressShape);
+  return it->get<double>();
+}
+
+std::optional<std::uint64_t> unsigned_field(const ordered_json& j, const char* name,
+                                            std::string_view key, std::string_view text) {
+  const auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_unsigned()) throw CorruptValueError(key, text, kProgressShape);
+  return it->get<std::uint64_t>();
+}
+
+int small_count(const ordered_json& j, const char* name, std::string_view key,
+                std::string_view text) {
+  const auto v = unsigned_field(j, name, key, text);
+  if (!v || *v > INT32_MAX) throw CorruptValueError(key, text, kProgressShape);
+  return static_cast<int>(*v);
+}
+
+std::string shortened(const std::string& name) {
+  return name.size() <= kMaxPublishedNameBytes ? name : name.substr(0, kMaxPublishedNameBytes);
+}
+
+ordered_json encode_rank(const RankStatus& r) {
+  ordered_json j = {{"r", r.rank}, {"l", r.local_rank}};
+  if (r.steps) j["s"] = *r.steps;
+  put(j, "sps", r.steps_per_second);
+  put(j, "ss", r.step_seconds);
+  put(j, "as", r.since_step_seconds);
+  put(j, "ab", r.since_beat_seconds);
+  if (r.beats) j["b"] = r.beats;
+  put(j, "ht", r.hang_timeout_seconds);
+  if (r.straggler) j["sg"] = true;
+  if (!r.pending_collective.empty()) j["pc"] = shortened(r.pending_collective);
+  return j;
+}
+
+RankStatus decode_rank(const ordered_json& j, std::string_view key, std::string_view text) {
+  if (!j.is_object()) throw CorruptValueError(key, text, kProgressShape);
+  RankStatus r;
+  r.rank = small_count(j, "r", key, text);
+  r.local_rank = small_count(j, "l", key, text);
+  r.steps = unsigned_field(j, "s", key, text);
+  r.steps_per_second = number(j, "sps", key, text);
+  r.step_seconds = number(j, "ss", key, text);
+  r.since_step_seconds = number(j, "as", key, text);
+  r.since_beat_seconds = number(j, "ab", key, text);
+  r.beats = unsigned_field(j, "b", key, text).value_or(0);
+  r.hang_timeout_seconds = number(j, "ht", key, text);
+  try {
+    r.straggler = j.value("sg", false);
+    r.pending_collective = shortened(j.value("pc", std::string()));
+  } catch (const nlohmann::json::exception&) {
+    throw CorruptValueError(key, text, kProgressShape);
+  }
+  return r;
+}
+
+ordered_json or_null(const std::optional<double>& v) {
+  return v ? ordered_json(*v) : ordered_json();
+}
 
 }  // namespace
 
@@ -229,7 +312,9 @@ std::string encode(const std::vector<WorkerFailure>& failures) {
                     {"pid", f.pid},
                     {"error_file", f.error_file},
                     {"message", f.message},
-                    {"traceback", f.traceback}});
+                    {"traceback", f.traceback},
+                    {"collateral", f.collateral},
+                    {"ended_by_the_stop", f.ended_by_the_stop}});
   }
   return list.dump();
 }
@@ -251,6 +336,8 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
     f.error_file = field<std::string>(j, "error_file", key, text, kFailuresShape);
     f.message = field<std::string>(j, "message", key, text, kFailuresShape);
     f.traceback = field<std::string>(j, "traceback", key, text, kFailuresShape);
+    f.collateral = j.value("collateral", false);  // (absent from older agents' records)
+    f.ended_by_the_stop = j.value("ended_by_the_stop", false);
     failures.push_back(std::move(f));
   }
   return failures;
@@ -282,6 +369,73 @@ std::vector<int> decode_members(std::string_view key, std::string_view text) {
     ids.push_back(as_int(key, text, v, kMembersShape));
   }
   return ids;
+}
+
+std::string encode(const NodeProgress& p) {
+  ordered_json workers = ordered_json::array();
+  const std::size_t shown = std::min(p.ranks.size(), kMaxPublishedRanks);
+  for (std::size_t i = 0; i < shown; ++i) workers.push_back(encode_rank(p.ranks[i]));
+  ordered_json j = {{"t", rounded(p.time)}, {"st", shortened(p.state)}, {"w", std::move(workers)}};
+  if (const std::size_t more = p.more + (p.ranks.size() - shown)) j["more"] = more;
+  return j.dump();
+}
+
+NodeProgress decode_node_progress(std::string_view key, std::string_view text) {
+  ordered_json j;
+  try {
+    j = ordered_json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw CorruptValueError(key, text, kProgressShape);
+  }
+  if (!j.is_object()) throw CorruptValueError(key, text, kProgressShape);
+  NodeProgress p;
+  const auto time = number(j, "t", key, text);
+  const auto workers = j.find("w");
+  const auto state = j.find("st");
+  if (!time || workers == j.end() || !workers->is_array() || workers->size() > kMaxPublishedRanks ||
+      state == j.end() || !state->is_string()) {
+    throw CorruptValueError(key, text, kProgressShape);
+  }
+  p.time = *time;
+  p.state = shortened(state->get<std::string>());
+  p.more = static_cast<std::size_t>(unsigned_field(j, "more", key, text).value_or(0));
+  for (const auto& w : *workers) p.ranks.push_back(decode_rank(w, key, text));
+  return p;
+}
+
+void age_to(NodeProgress& p, double now) {
+  const double elapsed = std::max(0.0, now - p.time);
+  for (auto& r : p.ranks) {
+    if (r.since_step_seconds) *r.since_step_seconds += elapsed;
+    if (r.since_beat_seconds) *r.since_beat_seconds += elapsed;
+  }
+  p.time = std::max(p.time, now);
+}
+
+std::vector<std::pair<std::string, std::string>> heartbeat_items(
+    int round, int node_rank, const std::function<std::string()>& progress) {
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  std::vector<std::pair<std::string, std::string>> items{
+      {in_round(round, name::kHeartbeat, node_rank), std::to_string(now.count())}};
+  if (progress) items.emplace_back(in_round(round, name::kProgress, node_rank), progress());
+  return items;
+}
+
+nlohmann::ordered_json to_json(const RankStatus& r) {
+  return {{"rank", r.rank},
+          {"local_rank", r.local_rank},
+          {"steps", r.steps ? ordered_json(*r.steps) : ordered_json()},
+          {"steps_per_second", or_null(r.steps_per_second)},
+          {"step_seconds", or_null(r.step_seconds)},
+          {"since_step_seconds", or_null(r.since_step_seconds)},
+          {"since_beat_seconds", or_null(r.since_beat_seconds)},
+          {"beats", r.beats},
+          {"progress_age_seconds", or_null(r.progress_age_seconds())},
+          {"hang_timeout_seconds", or_null(r.hang_timeout_seconds)},
+          {"straggler", r.straggler},
+          {"hung", r.hung()},
+          {"pending_collective", r.pending_collective}};
 }
 
 }  // namespace dist::agent::schema

@@ -35,13 +35,22 @@
 //   no_newcomers        elastic: deleted by a node that waits to join (ends the round)
 //   running, done       running is deleted by the node whose success completes done's count
 //   heartbeat/<k>       wall-clock seconds, refreshed while node k's workers run (for status)
+//   progress/<k>        node k's agent state and its running workers' progress (NodeProgress),
+//                       written with heartbeat/<k>, in the same request
+// A single node's agent writes the static keys a status reader needs (round, nodes, alive/0,
+// node/0, offset/0, world_size, healthy, heartbeat/0, progress/0) in the store it hosts.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "dist/agent/job_status.h"
 #include "dist/rendezvous/endpoint.h"
 #include "rendezvous/rendezvous.h"
 
@@ -70,7 +79,8 @@ inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = 
                                   kWorkerStore = "worker_store", kDeciding = "deciding",
                                   kHealthy = "healthy", kFailures = "failures", kIntact = "intact",
                                   kLost = "lost", kNoNewcomers = "no_newcomers",
-                                  kRunning = "running", kDone = "done", kHeartbeat = "heartbeat";
+                                  kRunning = "running", kDone = "done", kHeartbeat = "heartbeat",
+                                  kProgress = "progress";
 }  // namespace name
 
 std::string in_round(int round, std::string_view name);          // "r<n>/<name>"
@@ -144,5 +154,30 @@ std::string encode(const InPlaceState& state);
 InPlaceState decode_in_place(std::string_view key, std::string_view text);
 
 const char* action_name(Verdict::Action action);
+
+// What a node publishes beside its heartbeat: its agent's lifecycle state and its running workers'
+// progress. Bounded: at most kMaxPublishedRanks workers (the rest are counted in `more`), names
+// shortened to kMaxPublishedNameBytes, so that a value stays under about 32 KiB; compact keys
+// ({"t","st","w":[{"r","l","s",...}]}), an absent field left out.
+inline constexpr std::size_t kMaxPublishedRanks = 128;
+inline constexpr std::size_t kMaxPublishedNameBytes = 40;
+struct NodeProgress {
+  double time = 0;    // wall-clock seconds when it was taken
+  std::string state;  // the agent's lifecycle state ("running")
+  std::vector<RankStatus> ranks;
+  std::size_t more = 0;  // workers left out (past kMaxPublishedRanks)
+};
+std::string encode(const NodeProgress& progress);
+NodeProgress decode_node_progress(std::string_view key, std::string_view text);
+// The same value's ages moved on to `now` (wall-clock seconds): what a reader shows.
+void age_to(NodeProgress& progress, double now);
+
+// Node `node_rank`'s heartbeat in `round`: heartbeat/<k> (the wall-clock seconds, now) and, when
+// there is a `progress` (encoded NodeProgress), progress/<k>: one MULTI_SET.
+std::vector<std::pair<std::string, std::string>> heartbeat_items(
+    int round, int node_rank, const std::function<std::string()>& progress);
+
+// One worker's progress as `dist-launch status --json` and the status page name it (absent: null).
+nlohmann::ordered_json to_json(const RankStatus& rank);
 
 }  // namespace dist::agent::schema

@@ -84,14 +84,47 @@ void read_error_file(WorkerFailure& failure) {
 }
 
 int exit_code_of(const WorkerFailure& failure) {
+  if (failure.ended_by_the_stop) return 1;
   return failure.exit_code < 0 ? 128 + -failure.exit_code : failure.exit_code;
 }
 
+bool looks_collateral(const WorkerFailure& failure) {
+  // What Gloo, NCCL, torch.distributed and the SDK say when a peer is gone, lower-cased.
+  static constexpr std::string_view kPeerGone[] = {
+      "connection reset by peer",
+      "connection closed by peer",
+      "broken pipe",
+      "the peer exited or crashed",
+      "peer rank",
+      "remote process exited",
+      "communicator was aborted",
+      "nccl communicator was aborted",
+      "collective was aborted",
+      "econnreset",
+      "epipe",
+      "connection refused",
+      "connection closed",
+  };
+  std::string text = failure.message + "\n" + failure.traceback;
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const std::string_view pattern : kPeerGone) {
+    if (text.find(pattern) != std::string::npos) return true;
+  }
+  return failure.exit_code == 75;  // the SDK's exit after an NCCL abort
+}
+
 std::size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
-  return static_cast<std::size_t>(
-      std::min_element(failures.begin(), failures.end(),
-                       [](const auto& a, const auto& b) { return a.time < b.time; }) -
-      failures.begin());
+  const auto before = [](const WorkerFailure& a, const WorkerFailure& b) {
+    if (a.collateral != b.collateral) return !a.collateral;
+    if (a.time != b.time) return a.time < b.time;
+    // Of two at once, the one that exited with its own error over one the stop's signal ended.
+    if (a.ended_by_the_stop != b.ended_by_the_stop) return !a.ended_by_the_stop;
+    if (a.error_file.empty() != b.error_file.empty()) return !a.error_file.empty();
+    return a.rank < b.rank;
+  };
+  return static_cast<std::size_t>(std::min_element(failures.begin(), failures.end(), before) -
+                                  failures.begin());
 }
 
 namespace {

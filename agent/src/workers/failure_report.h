@@ -15,7 +15,16 @@ void read_error_file(WorkerFailure& failure);
 // The agent's exit code for a failure: the worker's own code, or 128 + signal.
 int exit_code_of(const WorkerFailure& failure);
 
-// The earliest failure is the root cause; returns its index.
+// Whether a failure reads as the consequence of another's (a peer's connection reset or closed, a
+// collective aborted or timed out waiting for a peer, the SDK's NCCL abort exit): by its message
+// and traceback, and its exit code.
+bool looks_collateral(const WorkerFailure& failure);
+
+// The root cause: the earliest failure of its own, by when it happened (the error file's time,
+// else when the agent saw the exit); collateral failures only when there is nothing else. Ties
+// (one reaping, the same second in torch's error files) go to a worker that exited on its own
+// over one the stop's signal ended, then to a failure with an error file, then to the lower rank.
+// Returns its index.
 std::size_t root_cause_index(const std::vector<WorkerFailure>& failures);
 
 // A worker replaced alone (--restart-policy in-place): its failure, the generation its

@@ -45,6 +45,41 @@ std::string signal_list(const std::vector<int>& signals) {
   return list;
 }
 
+// A worker that exited while its group was stopping: did it fail with an error (an exit code
+// rather than the stop's signal, an error file that does not say it was stopped), its own or a
+// peer's consequence, rather than because it was stopped?
+// Whether a worker reaped while the group stops had failed on its own: it exited with an error
+// file, or wrote one before the stop began (the stop's signal may then have ended it on its way
+// out); never for an error that says the stop's signal.
+bool failed_with_an_error(const WorkerFailure& f, fs::file_time_type stop_began) {
+  if (f.error_file.empty()) return false;
+  for (const char* stopped : {"SignalException", "KeyboardInterrupt", "received signal"}) {
+    if (f.message.find(stopped) != std::string::npos) return false;
+  }
+  if (f.exit_code > 0) return true;
+  std::error_code ec;
+  const auto written = fs::last_write_time(f.error_file, ec);
+  return !ec && written < stop_began;
+}
+
+void log_failure(const WorkerFailure& f, const std::string& note) {
+  spdlog::error(
+      "worker {} (local rank {}, pid {}) failed: {}{}{}", f.rank, f.local_rank, f.pid,
+      f.exit_code < 0 ? signal_name(-f.exit_code) : "exit code " + std::to_string(f.exit_code),
+      note.empty() ? "" : ", " + note, f.collateral ? " (after a peer's failure)" : "");
+}
+
+HangOptions hang_options(const LaunchConfig& config, const std::string& host) {
+  HangOptions o;
+  if (config.watchdogs.hang_timeout) {
+    o.timeout.off = config.watchdogs.hang_timeout->count() == 0;
+    o.timeout.fixed = *config.watchdogs.hang_timeout;
+  }
+  o.other_nodes = config.max_nodes > 1;
+  o.host = host;
+  return o;
+}
+
 bool selects(const StreamSelection& selection, ConsoleStream stream) {
   return stream == ConsoleStream::kStdout ? selection.stdout_stream : selection.stderr_stream;
 }
@@ -64,7 +99,7 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       console_(std::move(console)),
       events_(std::move(events)),
       telemetry_(telemetry),
-      watchdogs_(io, config.watchdogs, telemetry),
+      watchdogs_(io, config.watchdogs, telemetry, hang_options(config, identity.host)),
       identity_(std::move(identity)),
       resources_(plan_worker_resources(config)),
       hostname_(this_host()),
@@ -92,11 +127,24 @@ void WorkerGroup::set_up_warm() {
   if (snapshots_) {
     for (const auto& [name, value] : snapshots_->environment()) shared[name] = value;
   }
+  // The progress hook's module is loaded by the zygote (its sitecustomize finds no slot there);
+  // each forked worker installs it once its environment and descriptors are its own.
+  write_python_hook_once();
+  if (!python_hook_.empty()) add_python_hook(shared, python_hook_, current_environment());
   try {
     warm_ = std::make_unique<warm::WarmStart>(io_, config_, *scratch_,
                                               merge_environment(current_environment(), shared));
   } catch (const std::exception& e) {
     spdlog::warn("--warm-restart: {}: Python workers start cold", e.what());
+  }
+}
+
+void WorkerGroup::write_python_hook_once() {
+  if (!config_.watchdogs.step_hook || !python_hook_.empty()) return;
+  try {
+    python_hook_ = write_python_hook(dir_.path());
+  } catch (const std::exception& e) {
+    spdlog::warn("Python workers get no progress hook: {}", e.what());
   }
 }
 
@@ -154,8 +202,10 @@ void WorkerGroup::defer_start() {
 void WorkerGroup::start_now() {
   const auto began = std::chrono::steady_clock::now();
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
+  late_failures_.clear();
   pumps_.clear();
   open_duplicate_logs();
+  write_python_hook_once();
   state_ = State::kRunning;
   const std::vector<std::string> base_env = current_environment();
   const char* path = std::getenv("PATH");
@@ -226,7 +276,7 @@ fs::path WorkerGroup::worker_dir(const Worker& w) const {
 pid_t WorkerGroup::replace(int local_rank, int generation) {
   Worker& w = workers_.at(static_cast<std::size_t>(local_rank));
   const int rank = w.rank;
-  w = Worker{local_rank, rank, -1, false, 0, generation};
+  w = Worker{local_rank, rank, -1, false, false, 0, generation};
   const char* path = std::getenv("PATH");
   SpawnedProcess p =
       spawn(w, plan_spawn(config_.worker_argv.front(), path ? path : ""), current_environment());
@@ -274,7 +324,8 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
     variables[rendezvous::worker_contract::kGenerationVariable] = std::to_string(w.generation);
   }
   std::vector<int> inherited;  // the watchdogs' channels
-  watchdogs_.prepare(w.local_rank, variables, inherited);
+  watchdogs_.prepare(w.local_rank, dir, variables, inherited);
+  if (!python_hook_.empty()) add_python_hook(variables, python_hook_, base_env);
   // A path, never the secret: a process's environment is readable by much of the machine.
   if (!identity_.token_file.empty()) {
     variables[rendezvous::worker_contract::kTokenFile] = identity_.token_file;
@@ -368,8 +419,22 @@ void WorkerGroup::reap() {
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
       const std::string watchdog_reason = watchdogs_.reason(w.local_rank);
       watchdogs_.exited(w.local_rank);
-      const bool failed = state_ == State::kRunning && (code != 0 || !watchdog_reason.empty());
-      if (failed) failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
+      // A worker the stop ended is "stopped", not failed (the event log's "failed": false).
+      bool failed = code != 0 || !watchdog_reason.empty();
+      if (failed && state_ == State::kRunning) {
+        failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
+        log_failure(failures.back(), watchdog_reason);
+      } else if (failed && state_ == State::kStopping) {
+        WorkerFailure f = failure_of(w, code, reaped_at, watchdog_reason);
+        failed = w.exited_before_stop || failed_with_an_error(f, stop_began_);
+        if (failed) {
+          f.ended_by_the_stop = code < 0 && !w.exited_before_stop;
+          log_failure(f, f.ended_by_the_stop
+                             ? "its error file written before the stop, whose signal then ended it"
+                             : "before the stop reached it");
+          late_failures_.push_back(std::move(f));
+        }
+      }
       telemetry_.worker_exited({round_.round, w.rank, w.local_rank, w.pid, w.generation}, code,
                                failed, watchdog_reason);
     }
@@ -394,12 +459,11 @@ WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
   f.error_file = (worker_dir(w) / "error.json").string();
   read_error_file(f);
   if (!fs::exists(f.error_file)) f.error_file.clear();
+  f.collateral =
+      watchdog_reason.empty() ? looks_collateral(f) : watchdogs_.collateral(w.local_rank);
   if (!watchdog_reason.empty()) {  // the kill is the cause; what the worker wrote comes after
     f.message = f.message.empty() ? watchdog_reason : watchdog_reason + "; " + f.message;
   }
-  spdlog::error("worker {} (local rank {}, pid {}) failed: {}{}", w.rank, w.local_rank, f.pid,
-                code < 0 ? signal_name(-code) : "exit code " + std::to_string(code),
-                watchdog_reason.empty() ? "" : ", " + watchdog_reason);
   return f;
 }
 
@@ -417,13 +481,20 @@ void WorkerGroup::stop(int signal, bool already_sent) {
     for (auto& w : workers_) w.exited = true;
   }
   state_ = State::kStopping;
+  stop_began_ = fs::file_time_type::clock::now();
   watchdogs_.stopping();
   draining_ = false;
   deadline_armed_ = false;
   leftovers_.reset();
   leftovers_.spare(agent_helpers());
-  for (const auto& w : workers_) {
-    if (!w.exited && signal != 0 && !already_sent) signal_group(w.pid, signal);
+  for (auto& w : workers_) {
+    if (w.exited) continue;
+    // An exit not reaped yet was the worker's own, whatever comes now: its error counts.
+    siginfo_t info{};
+    w.exited_before_stop =
+        ::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == w.pid;
+    if (signal != 0 && !already_sent) signal_group(w.pid, signal);
   }
   if (signal == SIGKILL) leftovers_.kill();
   if (signal != 0 && signal != SIGKILL) arm_stop_deadline();

@@ -26,6 +26,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,6 +35,7 @@
 #include "dist/agent/config.h"
 #include "dist/agent/console.h"
 #include "dist/rendezvous/endpoint.h"
+#include "health/python_hook.h"
 #include "health/telemetry.h"
 #include "health/worker_watchdogs.h"
 #include "output/duplicate_log.h"
@@ -109,6 +111,10 @@ class WorkerGroup {
   bool running() const { return state_ == State::kRunning; }
   // The running workers' heartbeats (for the metrics and the health check).
   std::vector<WorkerProgress> progress() const { return watchdogs_.progress(); }
+  // Failures seen while stopping: workers that had exited with an error on their own before the
+  // stop reached them (a root cause may come a few milliseconds after the failure it caused).
+  // Taken once.
+  std::vector<WorkerFailure> take_late_failures() { return std::exchange(late_failures_, {}); }
   // The log files given up on so far (a full disk, an I/O error): they miss output.
   const std::vector<LogFileError>& incomplete_logs() const { return incomplete_logs_; }
 
@@ -118,6 +124,7 @@ class WorkerGroup {
     int rank = 0;
     pid_t pid = -1;
     bool exited = false;
+    bool exited_before_stop = false;  // had exited (not yet reaped) when the group was stopped
     int open_pipes = 0;
     int generation = 0;  // in-place: the generation it started as (0: with the group)
   };
@@ -126,6 +133,7 @@ class WorkerGroup {
   void start_now();
   void defer_start();  // until the zygote is ready (warm/warm_start.h)
   void set_up_warm();
+  void write_python_hook_once();             // --no-step-hook: none
   std::vector<pid_t> agent_helpers() const;  // zygote, standbys, scratch guardian: not leftovers
   SpawnedProcess spawn(Worker& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
   std::filesystem::path worker_dir(const Worker& w) const;
@@ -161,7 +169,9 @@ class WorkerGroup {
   std::vector<std::shared_ptr<LogPump>> pumps_;
   // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
   std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
+  std::filesystem::path python_hook_;  // on the workers' PYTHONPATH (health/python_hook.h)
   std::vector<LogFileError> incomplete_logs_;
+  std::vector<WorkerFailure> late_failures_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;
   boost::asio::steady_timer drain_timer_;
@@ -171,6 +181,9 @@ class WorkerGroup {
   std::unique_ptr<warm::SnapshotStore> snapshots_;
   std::unique_ptr<warm::WarmStart> warm_;
   bool start_pending_ = false;  // round_'s start waits for the zygote
+  // When the stop began: an error file written before it is a failure of the worker's own, even
+  // when the stop's signal then ended the worker before it exited.
+  std::filesystem::file_time_type stop_began_{};
 };
 
 }  // namespace dist::agent

@@ -91,6 +91,51 @@ TEST_F(LaunchTest, AWorkerInheritsOnlyItsStandardStreamsAndItsHeartbeatSlot) {
   }
 }
 
+// Rank 0 fails on its own; rank 1 fails a few milliseconds later only because rank 0 is gone
+// ("Connection reset by peer"; it ignores SIGTERM, as a worker inside a long C call does, so that
+// it fails whether the agent's stop reaches it first or not). Whichever exit the agent reaps first,
+// the report names rank 0 as the root cause and lists rank 1; the job's exit code is rank 0's.
+TEST_F(LaunchTest, TheRootCauseIsTheFirstFailureOfItsOwnNotTheCollateralOne) {
+  for (int run = 0; run < 5; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    const std::string pid0 = path("pid_0_" + std::to_string(run));
+    Launch launch({"--nproc-per-node",
+                   "2",
+                   "--no-python",
+                   kWorker,
+                   "ignore",
+                   "15",
+                   "pidfile",
+                   path("pid_${local_rank}_" + std::to_string(run)),
+                   "wait-file",
+                   path("pid_1_" + std::to_string(run)),
+                   "error-file-if-rank",
+                   "0",
+                   "ValueError: the checkpoint cannot be written",
+                   "exit-if-rank",
+                   "0",
+                   "3",
+                   "wait-gone",
+                   pid0,
+                   "error-file",
+                   "RuntimeError: Connection reset by peer",
+                   "exit",
+                   "1"});
+    ASSERT_EQ(launch.wait(), 3) << launch.output();
+    const std::string out = launch.output();
+    const auto root = out.find("Root Cause (first observed failure):");
+    ASSERT_NE(root, std::string::npos) << out;
+    EXPECT_NE(out.find("rank      : 0", root), std::string::npos) << out;
+    EXPECT_NE(out.find("ValueError: the checkpoint cannot be written", root), std::string::npos)
+        << out;
+    const auto failures = out.find("Failures:");
+    ASSERT_NE(failures, std::string::npos) << out;
+    const std::string others = out.substr(failures, root - failures);
+    EXPECT_NE(others.find("rank      : 1"), std::string::npos) << "rank 1 is listed:\n" << out;
+    EXPECT_NE(others.find("Connection reset by peer"), std::string::npos) << out;
+  }
+}
+
 TEST_F(LaunchTest, AWorkerThatFailsOnlyOnAttemptZeroSucceedsWithOneRestart) {
   Launch launch({"--nproc-per-node", "2", "--max-restarts", "1", "--no-python", kWorker, "env",
                  path("env_${local_rank}"), "fail-on-attempt", "0", "3"});

@@ -13,6 +13,9 @@
 //   fail-on-attempt N CODE   exit with CODE when $TORCHELASTIC_RESTART_COUNT == N
 //   kill-self SIGNAL         raise SIGNAL (a number)
 //   error-file MESSAGE       write $TORCHELASTIC_ERROR_FILE the way torch's @record does
+//   error-file-if-rank RANK MESSAGE   the same, when RANK matches $RANK
+//   wait-gone PIDFILE        wait until PIDFILE names a process that has exited (a zombie or
+//                            gone; at most a minute, else exit 65)
 //   trap SIGNAL FILE MS      on SIGNAL: append the signal number to FILE, wait MS, exit 0
 //   note SIGNAL FILE         on SIGNAL: append the signal number to FILE and carry on
 //   ignore SIGNAL            ignore SIGNAL
@@ -27,10 +30,15 @@
 //   stamp DIR                write the wall clock (ns) to DIR/start_<attempt>_<local rank>
 //   crash-if DIR RANK ATTEMPT   on that rank and attempt: write the clock to DIR/crash, exit 1
 //   sleep-if-attempt N MS    sleep MS on attempt N only
+//   progress MS              from now on, a thread counts a step and a heartbeat in the worker's
+//                            progress slot (DIST_HEARTBEAT_FD, as a Python worker does through
+//                            ctypes) every MS * (RANK + 1) ms: each rank its own pace; exit 68
+//                            when the agent gave no slot
 //   sleep MS                 sleep (signals interrupt it and are handled)
 //   forever                  sleep until a signal handler ends the process
 #include <netdb.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -45,6 +53,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+
+#include "dist/rendezvous/worker_contract.h"
 
 extern char** environ;
 
@@ -164,7 +174,65 @@ bool connects_to_master() {
   return connected;
 }
 
+long long monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1'000'000'000LL + ts.tv_nsec;
+}
+
+// Steps and beats in the progress slot the agent gave this worker, from a thread of their own.
+void start_progress(long every_ms) {
+  namespace slot = dist::rendezvous::worker_contract::heartbeat_slot;
+  const char* fd = std::getenv(slot::kFdVariable);
+  void* page =
+      fd ? ::mmap(nullptr, slot::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, std::atoi(fd), 0)
+         : MAP_FAILED;
+  auto* s = static_cast<slot::Slot*>(page == MAP_FAILED ? nullptr : page);
+  if (!s || s->magic != slot::kMagic) {
+    std::fprintf(stderr, "dist-test-worker: no progress slot (%s)\n", fd ? fd : "unset");
+    std::exit(68);
+  }
+  const long pace = every_ms * (std::atol(env_or("RANK", "0").c_str()) + 1);
+  std::thread([s, pace] {
+    while (true) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(pace));
+      const auto now = static_cast<std::uint64_t>(monotonic_ns());
+      s->steps.fetch_add(1, std::memory_order_relaxed);
+      s->last_step_ns.store(now, std::memory_order_release);
+      s->beats.fetch_add(1, std::memory_order_relaxed);
+      s->last_beat_ns.store(now, std::memory_order_release);
+    }
+  }).detach();
+}
+
 }  // namespace
+
+// $TORCHELASTIC_ERROR_FILE the way torch's @record writes it (a timestamp of whole seconds).
+void write_error_file(const std::string& message) {
+  std::ofstream(env_or("TORCHELASTIC_ERROR_FILE", "/dev/null"))
+      << R"({"message": {"message": ")" << message
+      << R"(", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 3\n)"
+      << message << R"(", "timestamp": ")" << std::time(nullptr) << R"("}}})";
+}
+
+// Whether the process PIDFILE names has exited (waiting for the file, then for the exit).
+bool wait_gone(const std::string& pidfile) {
+  for (int i = 0; i < 6000; ++i) {
+    std::ifstream in(pidfile);
+    pid_t pid = 0;
+    if (in >> pid && pid > 0) {
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string line;
+      if (!std::getline(stat, line)) return true;
+      const auto close = line.rfind(')');
+      if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z') {
+        return true;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -220,12 +288,15 @@ int main(int argc, char** argv) {
       const int s = std::stoi(next());
       signal(s, SIG_DFL);
       raise(s);
+    } else if (a == "error-file-if-rank") {
+      const std::string rank = next();
+      const std::string message = next();
+      if (env_or("RANK", "") == rank) write_error_file(message);
+    } else if (a == "wait-gone") {
+      if (!wait_gone(next())) return 65;
     } else if (a == "error-file") {
       const std::string message = next();
-      std::ofstream(env_or("TORCHELASTIC_ERROR_FILE", "/dev/null"))
-          << R"({"message": {"message": ")" << message
-          << R"(", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"train.py\", line 3\n)"
-          << message << R"(", "timestamp": ")" << std::time(nullptr) << R"("}}})";
+      write_error_file(message);
     } else if (a == "trap") {
       const int s = std::stoi(next());
       const std::string file = next();
@@ -291,6 +362,8 @@ int main(int argc, char** argv) {
       const std::string attempt = next();
       const long ms = std::stol(next());
       if (env_or("TORCHELASTIC_RESTART_COUNT", "") == attempt) sleep_ms(ms);
+    } else if (a == "progress") {
+      start_progress(std::stol(next()));
     } else if (a == "sleep") {
       sleep_ms(std::stol(next()));
     } else if (a == "forever") {

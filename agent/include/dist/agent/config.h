@@ -46,6 +46,11 @@ struct WatchdogOptions {
   std::string timer_file;   // TORCHELASTIC_TIMER_FILE: its path (empty: a fresh one in TMPDIR)
   std::chrono::milliseconds worker_heartbeat_timeout{0};  // --worker-heartbeat-timeout; 0: off
   std::optional<std::uint16_t> health_check_port;  // TORCHELASTIC_HEALTH_CHECK_PORT (0: a free one)
+  // --hang-timeout: how long a worker that counts steps may make no progress before the hang
+  // detector looks at it (agent/src/health/hang_detector.h). None: automatic (10 x the p99 of its
+  // step times, at least 30 s); zero: hang detection off.
+  std::optional<std::chrono::milliseconds> hang_timeout;
+  bool step_hook = true;  // --no-step-hook off: the progress hook in Python workers (python_hook.h)
 };
 
 // What the agent tells the outside (agent/src/telemetry.h).

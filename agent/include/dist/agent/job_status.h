@@ -1,6 +1,7 @@
 // A running job as its agents wrote it in the rendezvous store: what `dist-launch status` shows.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -8,6 +9,28 @@
 #include "dist/rendezvous/client.h"
 
 namespace dist::agent {
+
+// One running worker's progress, as its node's agent published it beside its heartbeat (ages as of
+// the moment the status was read). What the worker does not report is absent: steps before its
+// first one (or a worker that reports none), rates and timeouts the agent has not measured yet.
+struct RankStatus {
+  int rank = 0;
+  int local_rank = 0;
+  std::optional<std::uint64_t> steps;
+  std::optional<double> steps_per_second;
+  std::optional<double> step_seconds;        // the median of its recent steps
+  std::optional<double> since_step_seconds;  // since its last step
+  std::optional<double> since_beat_seconds;  // since its last heartbeat (dist::sdk::heartbeat())
+  std::uint64_t beats = 0;
+  std::optional<double> hang_timeout_seconds;  // progress stopped this long: taken for hung
+  bool straggler = false;                      // slower than its group by more than noise
+  std::string pending_collective;              // the SDK's oldest pending one ("all_reduce #12")
+
+  // Since its last sign of progress: its last step, else its last heartbeat; none before either.
+  std::optional<double> progress_age_seconds() const;
+  // Its progress has stopped for longer than its hang timeout.
+  bool hung() const;
+};
 
 struct NodeStatus {
   int node_rank = 0;
@@ -17,6 +40,8 @@ struct NodeStatus {
   std::optional<long long> heartbeat_age_seconds;
   std::string host;
   int pid = 0;
+  std::string agent_state;        // its agent's lifecycle state as last published; "" when none
+  std::vector<RankStatus> ranks;  // its running workers as last published, by rank
 };
 
 struct JobStatus {
@@ -36,7 +61,10 @@ struct JobStatus {
 std::optional<JobStatus> read_job_status(const rendezvous::ClientOptions& store,
                                          const std::string& run_id);
 
-std::string format_table(const JobStatus& status);
-std::string to_json(const JobStatus& status);  // one JSON object
+std::string format_table(const JobStatus& status);  // the nodes, then their ranks
+std::string to_json(const JobStatus& status);       // one JSON object
+// Text cells as the table shows them: "-" for what is absent.
+std::string format_seconds(std::optional<double> seconds);  // "0.25 s", "12 s", "3m05s"
+std::string rank_marks(const RankStatus& rank);             // "HUNG? STRAGGLER wait all_reduce #3"
 
 }  // namespace dist::agent

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "http_client.h"
+#include "process_helpers.h"
 
 namespace dist::agent {
 namespace {
@@ -83,7 +84,11 @@ TEST(Telemetry, TheMetricsSayWhatTheAgentReported) {
   io.stop();
   serving.join();
   ASSERT_EQ(reply.status, 200);
-  EXPECT_EQ(other.status, 404) << "the health check has its own port here";
+  // The health check has its own port here: / on the metrics' port is the status page, for any
+  // client.
+  EXPECT_EQ(other.status, 200);
+  EXPECT_NE(other.head.find("Content-Type: text/html"), std::string::npos) << other.head;
+  EXPECT_EQ(other.body.find("\"alive\""), std::string::npos);
   for (const std::string expected : {
            "# TYPE dist_launch_restarts_total counter\ndist_launch_restarts_total 2\n",
            "dist_launch_info{run_id=\"job \\\"7\\\"\",role=\"default\",host=\"node-a\",version=\"",
@@ -120,11 +125,93 @@ TEST(Telemetry, OnePortServesBothWhenTheyAreTheSame) {
   std::thread serving([&] { io.run(); });
   const auto metrics = http_request(port, "GET /metrics HTTP/1.1");
   const auto health = http_request(port, "GET / HTTP/1.1");
+  // A browser asks for HTML (what Chromium sends); torch's clients and curl do not.
+  const auto browser =
+      http_request(port, "GET / HTTP/1.1\r\nAccept: text/html,application/xhtml+xml,*/*;q=0.8");
+  const auto any = http_request(port, "GET / HTTP/1.1\r\nAccept: */*");
+  const auto page = http_request(port, "GET /ui HTTP/1.1");
   io.stop();
   serving.join();
   EXPECT_EQ(metrics.status, 200);
   EXPECT_EQ(health.status, 200);
   EXPECT_EQ(nlohmann::json::parse(health.body)["alive"], true);
+  EXPECT_EQ(nlohmann::json::parse(any.body)["alive"], true);
+  for (const auto* reply : {&browser, &page}) {
+    EXPECT_EQ(reply->status, 200);
+    EXPECT_NE(reply->head.find("Content-Type: text/html"), std::string::npos) << reply->head;
+    EXPECT_NE(reply->body.find("<svg id=\"chart\""), std::string::npos);
+  }
+}
+
+// The page's data over a real socket: this node's ranks as the worker group reports them, one
+// sample of each a second with the step time measured, the events so far; ?since= leaves out what
+// the page has.
+TEST(Telemetry, StatusJsonHasTheRanksTheirHistoryAndTheEvents) {
+  const LaunchConfig config = config_with_ports();
+  boost::asio::io_context io;
+  Telemetry t(io, config, "node-a");
+  const auto start = std::chrono::steady_clock::now();
+  t.set_progress_source([start] {  // on the io thread: steps every 100 ms (rank 1: 200 ms)
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    std::vector<WorkerProgress> workers;
+    for (int rank : {0, 1}) {
+      const auto pace = std::chrono::milliseconds(100 * (rank + 1));
+      WorkerProgress p = silent_for(rank, std::chrono::seconds(0));
+      p.steps = static_cast<std::uint64_t>(elapsed / pace);
+      p.since_step = elapsed % pace;
+      p.straggler = rank == 1;
+      workers.push_back(p);
+    }
+    return workers;
+  });
+  Assignment a;
+  a.round = 2;
+  a.world_size = 2;
+  t.state("running");
+  t.round_joined(a);
+  t.worker_started({2, 0, 0, 100});
+  const int port = *t.metrics_port();
+  std::thread serving([&] { io.run(); });
+  nlohmann::json body;
+  const bool measured = dist::agent::testing::eventually(
+      [&] {
+        const auto r = http_request(port, "GET /status.json HTTP/1.1");
+        if (r.status != 200) return false;
+        body = nlohmann::json::parse(r.body);
+        const auto& h = body["history"]["ranks"];
+        return h.contains("1") && h["1"]["step_s"].size() >= 2 &&
+               !h["1"]["step_s"].back().is_null();
+      },
+      std::chrono::seconds(20));
+  const double time = body["time"];
+  const auto later =
+      http_request(port, "GET /status.json?since=" + std::to_string(time) + " HTTP/1.1");
+  const auto bad = http_request(port, "GET /status.json?since=soon HTTP/1.1");
+  io.stop();
+  serving.join();
+  ASSERT_TRUE(measured) << body.dump();
+  EXPECT_EQ(body["state"], "running");
+  EXPECT_EQ(body["round"], 2);
+  EXPECT_EQ(body["workers_alive"], 1);
+  ASSERT_EQ(body["ranks"].size(), 2u);
+  EXPECT_EQ(body["ranks"][1]["rank"], 1);
+  EXPECT_GT(body["ranks"][1]["steps"].get<int>(), 0);
+  EXPECT_EQ(body["ranks"][1]["straggler"], true);
+  EXPECT_TRUE(body["ranks"][1]["steps_per_second"].is_null()) << "not reported: null, not 0";
+  EXPECT_EQ(body["history"]["interval_s"], 1);
+  EXPECT_EQ(body["history"]["window_s"], 600);
+  const double step_s = body["history"]["ranks"]["1"]["step_s"].back();
+  EXPECT_NEAR(step_s, 0.2, 0.05) << "rank 1 steps every 200 ms";
+  std::vector<std::string> events;
+  for (const auto& e : body["events"]) events.push_back(e["event"]);
+  EXPECT_EQ(events, (std::vector<std::string>{"rendezvous", "worker_start"}));
+  ASSERT_EQ(later.status, 200);
+  const auto newer = nlohmann::json::parse(later.body);
+  EXPECT_TRUE(newer["events"].empty());
+  for (const auto& [rank, cols] : newer["history"]["ranks"].items()) {
+    for (const auto& sample_time : cols["t"]) EXPECT_GT(sample_time.get<double>(), time) << rank;
+  }
+  EXPECT_EQ(bad.status, 400);
 }
 
 TEST(Telemetry, APortInUseIsAnErrorNamingWhatCouldNotBeServed) {

@@ -59,6 +59,9 @@ TEST(FailureReport, TheEarliestFailureIsTheRootCause) {
   failures[2].time = now - std::chrono::seconds(1);
   EXPECT_EQ(root_cause_index(failures), 1u);
   EXPECT_EQ(exit_code_of(failures[1]), 128 + SIGKILL);
+  WorkerFailure stopped_on_its_way_out = failures[1];
+  stopped_on_its_way_out.ended_by_the_stop = true;
+  EXPECT_EQ(exit_code_of(stopped_on_its_way_out), 1) << "its own failure, not the stop's signal";
   const std::string report = format_report("train.py", failures);
   const auto root = report.find("Root Cause");
   ASSERT_NE(root, std::string::npos);
@@ -71,6 +74,66 @@ TEST(FailureReport, TheEarliestFailureIsTheRootCause) {
 
 namespace dist::agent {
 namespace {
+
+// A worker that failed because its peer did (its connection reset, an aborted collective) is never
+// the root cause while a failure of its own is there, whatever the order it was seen in.
+TEST(FailureReport, ACollateralFailureIsNeverChosenOverAFailureOfItsOwn) {
+  const auto now = std::chrono::system_clock::now();
+  std::vector<WorkerFailure> failures(3);
+  failures[0].rank = 1;
+  failures[0].time = now - std::chrono::seconds(1);  // seen first
+  failures[0].message =
+      "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Read error: "
+      "Connection reset by peer";
+  failures[1].rank = 0;
+  failures[1].time = now;
+  failures[1].message = "ValueError: the checkpoint cannot be written";
+  failures[2].rank = 2;
+  failures[2].time = now - std::chrono::seconds(2);
+  failures[2].exit_code = 75;  // the SDK's exit after an NCCL abort
+  for (auto& f : failures) f.collateral = looks_collateral(f);
+  EXPECT_TRUE(failures[0].collateral);
+  EXPECT_FALSE(failures[1].collateral);
+  EXPECT_TRUE(failures[2].collateral);
+  EXPECT_EQ(root_cause_index(failures), 1u);
+  // Only collateral failures: the earliest of them.
+  failures.erase(failures.begin() + 1);
+  EXPECT_EQ(root_cause_index(failures), 1u);  // rank 2, two seconds ago
+}
+
+// One second in torch's error files, one reaping for both: the one with an error file, then the
+// lower rank.
+TEST(FailureReport, TiesGoToAnErrorFileThenToTheLowerRank) {
+  const auto now = std::chrono::system_clock::now();
+  std::vector<WorkerFailure> failures(3);
+  for (auto& f : failures) f.time = now;
+  failures[0].rank = 2;
+  failures[1].rank = 3;
+  failures[1].error_file = "/run/3/error.json";
+  failures[2].rank = 1;
+  EXPECT_EQ(root_cause_index(failures), 1u);
+  failures[1].error_file.clear();
+  EXPECT_EQ(root_cause_index(failures), 2u);
+}
+
+// Both ranks raised in the same second; rank 0's exit was then taken by the agent's stop (its
+// error file written before the stop): the root cause is rank 1, which exited with its own code.
+TEST(FailureReport, OfTwoAtOnceTheOneThatExitedOnItsOwnIsTheRootCause) {
+  const auto now = std::chrono::system_clock::now();
+  std::vector<WorkerFailure> failures(2);
+  for (auto& f : failures) {
+    f.time = now;
+    f.error_file = "/run/error.json";
+  }
+  failures[0].rank = 1;
+  failures[0].exit_code = 1;
+  failures[1].rank = 0;
+  failures[1].exit_code = -SIGTERM;
+  failures[1].ended_by_the_stop = true;
+  EXPECT_EQ(root_cause_index(failures), 0u);
+  failures[1].time = now - std::chrono::milliseconds(5);  // clearly first: first it is
+  EXPECT_EQ(root_cause_index(failures), 1u);
+}
 
 TEST(FailureReport, ErrorFileTimestampsKeepTheirFractions) {
   const std::string path = "/tmp/dist-error-file-test-" + std::to_string(::getpid()) + ".json";

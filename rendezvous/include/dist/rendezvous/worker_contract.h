@@ -1,8 +1,8 @@
 // What dist-launch's agent tells each worker, as one contract both sides include: the agent
 // writes it (agent/src/workers/worker_env.cc, health/), the worker SDK reads it
-// (worker_sdk/src/env.cc, heartbeat.cc). torchrun's variables keep torchrun's names; dist-launch's
-// own start with DIST_. (It lives in the store library because that is the one library both sides
-// link.)
+// (worker_sdk/src/env.cc, progress_slot.cc). torchrun's variables keep torchrun's names;
+// dist-launch's own start with DIST_. (It lives in the store library because that is the one
+// library both sides link.)
 #pragma once
 
 #include <atomic>
@@ -75,23 +75,64 @@ inline std::string recovered_key(const std::string& prefix, int generation) {
   return generation_key(prefix, generation) + "/recovered";
 }
 
-// A worker's heartbeat slot: the agent gives each worker one page of shared memory (a memfd)
-// open at the descriptor that kFdVariable names; the worker maps it shared and, at each beat,
-// stores the CLOCK_MONOTONIC time in nanoseconds into last_beat_ns (beats counts them, for the
-// metrics). The agent writes kMagic first: a descriptor without it is not a slot.
+// A worker's progress slot: the agent gives each worker one page of shared memory (a memfd) open
+// at the descriptor that kFdVariable names; the worker maps it shared and stores into it, with no
+// system call: at each beat (dist::sdk::heartbeat()) the CLOCK_MONOTONIC time in nanoseconds into
+// last_beat_ns, and beats counts them; at each training step (dist::sdk::step(),
+// dist_launch.progress.step(), the optimizer-step hook dist-launch installs in torch workers) the
+// same into last_step_ns, and steps counts them; the SDK's groups count their collectives, and
+// stamp the oldest one still pending; work_ns adds up the time each step computed before it waited
+// for its peers (the straggler measure: torch's forward pass, from the optimizer step to
+// backward(); the SDK's DDP, from after_step() to synchronize()). A worker that can dump its stacks
+// says so in features and names the process to signal in dump_pid. The agent writes kMagic first: a
+// descriptor without it is not a slot. Every field sits at a fixed offset, aligned to its size
+// (Python workers write them through a memoryview): magic 0, last_beat_ns 8, beats 16, steps 24,
+// last_step_ns 32, collectives_issued 40, collectives_done 48, pending_since_ns 56, pending_op 64,
+// features 68, work_ns 72, dump_pid 80.
 namespace heartbeat_slot {
 
 inline constexpr char kFdVariable[] = "DIST_HEARTBEAT_FD";
 inline constexpr std::uint64_t kMagic = 0x3130'4248'5453'4944;  // "DISTHB01", little-endian
 inline constexpr std::size_t kBytes = 4096;
 
+// What a pending collective is (pending_op).
+enum class Collective : std::uint32_t {
+  kNone,
+  kAllReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kBarrier,
+  kOther
+};
+// features: what the worker can do for the agent.
+inline constexpr std::uint32_t kStacksOnSignal = 1;  // dumps its stacks on kStackSignalVariable
+
 struct Slot {
   std::uint64_t magic;
   std::atomic<std::uint64_t> last_beat_ns;  // 0: not beaten yet
   std::atomic<std::uint64_t> beats;
+  std::atomic<std::uint64_t> steps;
+  std::atomic<std::uint64_t> last_step_ns;  // 0: no step yet
+  std::atomic<std::uint64_t> collectives_issued;
+  std::atomic<std::uint64_t> collectives_done;
+  std::atomic<std::uint64_t> pending_since_ns;  // the oldest pending collective's issue; 0: none
+  std::atomic<std::uint32_t> pending_op;        // its Collective
+  std::atomic<std::uint32_t> features;
+  std::atomic<std::uint64_t> work_ns;
+  std::atomic<std::uint32_t> dump_pid;  // 0: none
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
 static_assert(sizeof(Slot) <= kBytes);
+static_assert(offsetof(Slot, features) == 68 && offsetof(Slot, work_ns) == 72 &&
+                  offsetof(Slot, dump_pid) == 80,
+              "the offsets Python workers write at");
 
 }  // namespace heartbeat_slot
+
+// Where a worker dumps its stacks when the agent asks (a hang): the signal the agent sends (a
+// realtime signal, sent only to a worker whose slot has kStacksOnSignal), and the file it appends
+// them to.
+inline constexpr char kStackSignalVariable[] = "DIST_STACK_SIGNAL";
+inline constexpr char kStackFileVariable[] = "DIST_STACK_FILE";
 }  // namespace dist::rendezvous::worker_contract

@@ -105,7 +105,8 @@ class DistributedDataParallel {
   // strategy, gradients stay as they are.
   void synchronize();
   // After the optimizer step: local-sgd:K averages every parameter each K-th call; partial:CHUNKS
-  // averages one slice of them; every-step does nothing.
+  // averages one slice of them; every-step does nothing. Counts a step for dist-launch's hang and
+  // straggler detection either way (dist/sdk/progress.h).
   void after_step();
   // Every parameter becomes the average over the ranks (local strategies: at the end of training,
   // so that every rank holds the same model).
@@ -175,6 +176,7 @@ class DistributedDataParallel {
   std::vector<float*> sums_;  // average_values(): each bucket's float sums, in ops_
 
   std::uint64_t local_steps_ = 0;  // after_step() calls (local strategies)
+  std::uint64_t step_end_ns_ = 0;  // the last after_step(): a step's own work starts there
   std::uint64_t plain_bytes_ = 0;  // sent outside ops_
   CommunicationStats stats_;
 };

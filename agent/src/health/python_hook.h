@@ -1,0 +1,27 @@
+// The progress hook of Python workers (hang_detector.h): the agent writes two files into its run
+// directory, python/sitecustomize.py and python/_dist_launch_progress.py (python/dist_launch/
+// progress.py, embedded at build time), and puts that directory first on the workers' PYTHONPATH.
+// Python imports sitecustomize at start: it installs the hook (the worker's slot mapped, the
+// stack-dump signal taken by faulthandler, torch's optimizer steps counted once torch is
+// imported) and then runs the sitecustomize it shadows, if any, as Python would have. Interpreters
+// that ignore PYTHONPATH (-E, -I) get no hook. --no-step-hook: none is written.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "processes/process.h"
+
+namespace dist::agent {
+
+// Writes the hook under `run_dir`; the directory to put on PYTHONPATH. Throws std::runtime_error
+// naming the file it could not write.
+std::filesystem::path write_python_hook(const std::filesystem::path& run_dir);
+
+// PYTHONPATH for a worker: `hook_dir` before what the worker would have had (`env`'s own, else the
+// agent's `base_env`'s).
+void add_python_hook(Variables& env, const std::filesystem::path& hook_dir,
+                     const std::vector<std::string>& base_env);
+
+}  // namespace dist::agent

@@ -1,0 +1,142 @@
+#include "health/step_stats.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace dist::agent {
+
+namespace slot = rendezvous::worker_contract::heartbeat_slot;
+
+std::chrono::nanoseconds monotonic_now() {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+}
+
+std::optional<std::chrono::nanoseconds> SlotReading::last_progress() const {
+  const std::uint64_t last = std::max(last_step_ns, last_beat_ns);
+  if (last == 0) return std::nullopt;
+  return std::chrono::nanoseconds(last);
+}
+
+SlotReading read_slot(const slot::Slot& s, std::chrono::nanoseconds now) {
+  SlotReading r;
+  r.at = now;
+  r.beats = s.beats.load(std::memory_order_relaxed);
+  r.last_beat_ns = s.last_beat_ns.load(std::memory_order_acquire);
+  r.steps = s.steps.load(std::memory_order_relaxed);
+  r.last_step_ns = s.last_step_ns.load(std::memory_order_acquire);
+  r.collectives_issued = s.collectives_issued.load(std::memory_order_relaxed);
+  r.collectives_done = s.collectives_done.load(std::memory_order_relaxed);
+  r.pending_since_ns = s.pending_since_ns.load(std::memory_order_acquire);
+  r.pending_op = s.pending_op.load(std::memory_order_relaxed);
+  r.features = s.features.load(std::memory_order_acquire);
+  r.work_ns = s.work_ns.load(std::memory_order_relaxed);
+  r.dump_pid = s.dump_pid.load(std::memory_order_relaxed);
+  return r;
+}
+
+void StepHistory::add(const SlotReading& r) {
+  if (r.steps < last_.steps) {  // a new worker in this slot: start afresh
+    *this = StepHistory{};
+  }
+  if (r.steps > last_.steps && last_.last_step_ns != 0 && r.last_step_ns > last_.last_step_ns) {
+    const double span = static_cast<double>(r.last_step_ns - last_.last_step_ns) / 1e9;
+    durations_.push_back(span / static_cast<double>(r.steps - last_.steps));
+    if (durations_.size() > kDurations) durations_.pop_front();
+  }
+  last_ = r;
+  window_.push_back(r);
+  while (window_.size() > 2 && r.at - window_.front().at > kRateWindow) window_.pop_front();
+}
+
+std::optional<double> StepHistory::percentile(double p) const {
+  if (durations_.empty()) return std::nullopt;
+  std::vector<double> sorted(durations_.begin(), durations_.end());
+  std::sort(sorted.begin(), sorted.end());
+  const auto index =
+      static_cast<std::size_t>(std::ceil(p * static_cast<double>(sorted.size())) - 1);
+  return sorted[std::min(index, sorted.size() - 1)];
+}
+
+std::optional<double> StepHistory::step_seconds_p50() const {
+  return percentile(0.5);
+}
+
+std::optional<double> StepHistory::step_seconds_p99() const {
+  return percentile(0.99);
+}
+
+std::optional<double> StepHistory::steps_per_second() const {
+  if (window_.size() < 2) return std::nullopt;
+  const SlotReading& first = window_.front();
+  const double seconds = std::chrono::duration<double>(last_.at - first.at).count();
+  if (seconds <= 0 || last_.steps < first.steps) return std::nullopt;
+  return static_cast<double>(last_.steps - first.steps) / seconds;
+}
+
+std::optional<double> StepHistory::work_seconds_per_step() const {
+  if (window_.size() < 2) return std::nullopt;
+  const SlotReading& first = window_.front();
+  if (last_.steps <= first.steps || last_.work_ns <= first.work_ns) return std::nullopt;
+  return static_cast<double>(last_.work_ns - first.work_ns) / 1e9 /
+         static_cast<double>(last_.steps - first.steps);
+}
+
+std::optional<std::chrono::nanoseconds> StepHistory::hang_timeout(
+    const HangTimeoutRule& rule) const {
+  if (rule.off || !last_.last_progress()) return std::nullopt;
+  if (rule.fixed) return *rule.fixed;
+  if (last_.steps < kStepsBeforeAutoTimeout) return std::nullopt;
+  const std::optional<double> p99 = step_seconds_p99();
+  // No step time yet with enough steps: they all came between two readings (a second apart), so
+  // each took well under the floor's tenth.
+  if (!p99) return kMinHangTimeout;
+  const auto derived = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(kHangTimeoutP99Factor * *p99));
+  return std::max<std::chrono::nanoseconds>(kMinHangTimeout, derived);
+}
+
+std::vector<StragglerWatch::Change> StragglerWatch::update(
+    const std::map<int, std::optional<double>>& seconds_per_step) {
+  std::vector<Change> changes;
+  for (const auto& [rank, mine] : seconds_per_step) {
+    Rank& r = ranks_[rank];
+    std::vector<double> others;
+    for (const auto& [other, theirs] : seconds_per_step) {
+      if (other != rank && theirs && *theirs > 0) others.push_back(*theirs);
+    }
+    if (!mine || others.empty()) {  // nothing to compare this time: the counts stand
+      r.ratio.reset();
+      continue;
+    }
+    std::sort(others.begin(), others.end());
+    const std::size_t n = others.size();
+    const double median = n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+    r.ratio = *mine / median;
+    r.slow = *r.ratio > kMargin ? r.slow + 1 : 0;
+    r.fast = *r.ratio <= kClearMargin ? r.fast + 1 : 0;
+    if (!r.flagged && r.slow >= kFlagAfter) {
+      r.flagged = true;
+      changes.push_back({rank, true, *r.ratio});
+    } else if (r.flagged && r.fast >= kClearAfter) {
+      r.flagged = false;
+      changes.push_back({rank, false, *r.ratio});
+    }
+  }
+  return changes;
+}
+
+bool StragglerWatch::straggler(int rank) const {
+  const auto it = ranks_.find(rank);
+  return it != ranks_.end() && it->second.flagged;
+}
+
+std::optional<double> StragglerWatch::ratio(int rank) const {
+  const auto it = ranks_.find(rank);
+  return it == ranks_.end() ? std::nullopt : it->second.ratio;
+}
+
+}  // namespace dist::agent

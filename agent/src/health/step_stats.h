@@ -1,0 +1,113 @@
+// What the agent makes of its workers' progress slots (dist/rendezvous/worker_contract.h), read
+// about once a second by the hang detector (hang_detector.h): each worker's step times and their
+// p99, its steps per second, its own work per step, when it would be taken for hung; and which
+// ranks are stragglers. Plain values in, plain answers out: nothing here touches a process.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "dist/rendezvous/worker_contract.h"
+
+namespace dist::agent {
+
+// One reading of a slot, at `at` (CLOCK_MONOTONIC, the clock the slot's stamps use).
+struct SlotReading {
+  std::chrono::nanoseconds at{0};
+  std::uint64_t beats = 0;
+  std::uint64_t last_beat_ns = 0;
+  std::uint64_t steps = 0;
+  std::uint64_t last_step_ns = 0;
+  std::uint64_t collectives_issued = 0;
+  std::uint64_t collectives_done = 0;
+  std::uint64_t pending_since_ns = 0;
+  std::uint32_t pending_op = 0;
+  std::uint32_t features = 0;
+  std::uint64_t work_ns = 0;
+  std::uint32_t dump_pid = 0;
+
+  // The last step or beat, whichever came later; none before the first.
+  std::optional<std::chrono::nanoseconds> last_progress() const;
+};
+SlotReading read_slot(const rendezvous::worker_contract::heartbeat_slot::Slot& slot,
+                      std::chrono::nanoseconds now);
+std::chrono::nanoseconds monotonic_now();
+
+// --hang-timeout: automatic (10 x the p99 of the worker's own step times, at least kMinHangTimeout,
+// once it made kStepsBeforeAutoTimeout steps), fixed (from the first step or beat), or off.
+struct HangTimeoutRule {
+  std::optional<std::chrono::milliseconds> fixed;  // none: automatic
+  bool off = false;
+};
+inline constexpr std::chrono::seconds kMinHangTimeout{30};
+inline constexpr double kHangTimeoutP99Factor = 10;
+inline constexpr std::uint64_t kStepsBeforeAutoTimeout = 5;
+
+// One worker's recent steps.
+class StepHistory {
+ public:
+  void add(const SlotReading& r);
+  const SlotReading& last() const { return last_; }
+
+  // Step times seen between readings (each reading's steps share the time since the previous
+  // step); the first step is not one of them (it carries the start-up).
+  std::optional<double> step_seconds_p50() const;
+  std::optional<double> step_seconds_p99() const;
+  // Over the readings of the last kRateWindow.
+  std::optional<double> steps_per_second() const;
+  // The work each step did before waiting for its peers (work_ns), over the last kRateWindow;
+  // none when the worker does not measure it.
+  std::optional<double> work_seconds_per_step() const;
+
+  // How long without progress makes this worker hung; none while it cannot be (no progress yet,
+  // too few steps for the automatic rule, or off).
+  std::optional<std::chrono::nanoseconds> hang_timeout(const HangTimeoutRule& rule) const;
+
+  static constexpr std::size_t kDurations = 256;  // step times kept
+  static constexpr std::chrono::seconds kRateWindow{10};
+
+ private:
+  std::optional<double> percentile(double p) const;
+
+  SlotReading last_;
+  std::deque<double> durations_;    // seconds
+  std::deque<SlotReading> window_;  // the readings of the last kRateWindow
+};
+
+// Stragglers: each rank's own work per step (or, for workers that do not measure it, its step
+// time) against the median of the other ranks'. A rank is flagged once it is slower by kMargin in
+// kFlagAfter consecutive readings, and cleared once within kClearMargin for kClearAfter: a
+// passing hiccup of a loaded machine does not flag it, a flag does not flicker.
+class StragglerWatch {
+ public:
+  static constexpr double kMargin = 1.2;
+  static constexpr double kClearMargin = 1.1;
+  static constexpr int kFlagAfter = 5;
+  static constexpr int kClearAfter = 10;
+
+  struct Change {
+    int rank;
+    bool straggler;  // flagged, or cleared
+    double ratio;    // its time over the others' median
+  };
+  // One reading per rank: its seconds per step (none: not measurable now). Returns the ranks
+  // flagged or cleared by this reading.
+  std::vector<Change> update(const std::map<int, std::optional<double>>& seconds_per_step);
+  bool straggler(int rank) const;
+  std::optional<double> ratio(int rank) const;
+  void clear() { ranks_.clear(); }
+
+ private:
+  struct Rank {
+    int slow = 0, fast = 0;
+    bool flagged = false;
+    std::optional<double> ratio;
+  };
+  std::map<int, Rank> ranks_;
+};
+
+}  // namespace dist::agent

@@ -1,0 +1,187 @@
+// The hang detector's arithmetic on its own: step times and their percentiles from slot readings,
+// the hang timeout each rule gives, steps per second and work per step over the rate window, and
+// the straggler watch's flag and clear.
+#include "health/step_stats.h"
+
+#include <gtest/gtest.h>
+
+namespace dist::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+using std::chrono::seconds;
+
+constexpr std::uint64_t kSecond = 1'000'000'000;
+
+// A reading taken at `at_s` seconds of a worker that made `steps` steps, its last at `step_s`.
+SlotReading reading(double at_s, std::uint64_t steps, double step_s, std::uint64_t work_ns = 0) {
+  SlotReading r;
+  r.at = nanoseconds(static_cast<std::int64_t>(at_s * 1e9));
+  r.steps = steps;
+  r.last_step_ns = step_s > 0 ? static_cast<std::uint64_t>(step_s * 1e9) : 0;
+  r.work_ns = work_ns;
+  return r;
+}
+
+// A history fed one reading a second, a step every `step_s` seconds, for `readings` seconds.
+StepHistory steady(double step_s, int readings) {
+  StepHistory h;
+  for (int i = 1; i <= readings; ++i) {
+    const auto steps = static_cast<std::uint64_t>(i / step_s);
+    h.add(reading(i, steps, static_cast<double>(steps) * step_s, steps * kSecond / 100));
+  }
+  return h;
+}
+
+TEST(StepHistory, NothingIsKnownBeforeTheSecondStep) {
+  StepHistory h;
+  h.add(reading(1, 0, 0));
+  EXPECT_FALSE(h.step_seconds_p50());
+  EXPECT_FALSE(h.steps_per_second());
+  EXPECT_FALSE(h.hang_timeout({}));
+  EXPECT_FALSE(h.hang_timeout({milliseconds(3000), false})) << "no progress yet: nothing to time";
+  h.add(reading(2, 1, 1.5));
+  EXPECT_FALSE(h.step_seconds_p50()) << "the first step carries the start-up: not a step time";
+}
+
+TEST(StepHistory, StepTimesShareTheSpanOfTheStepsBetweenTwoReadings) {
+  StepHistory h;
+  h.add(reading(1, 1, 0.9));
+  h.add(reading(2, 5, 1.9));  // 4 steps in 1 s
+  ASSERT_TRUE(h.step_seconds_p50());
+  EXPECT_DOUBLE_EQ(*h.step_seconds_p50(), 0.25);
+  h.add(reading(3, 5, 1.9));  // no step: nothing added
+  h.add(reading(4, 6, 3.9));  // one step of 2 s
+  EXPECT_DOUBLE_EQ(*h.step_seconds_p50(), 0.25);
+  EXPECT_DOUBLE_EQ(*h.step_seconds_p99(), 2.0);
+}
+
+TEST(StepHistory, TheAutomaticTimeoutIsTenTimesTheP99AtLeastThirtySeconds) {
+  const StepHistory fast = steady(0.1, 20);
+  ASSERT_TRUE(fast.hang_timeout({}));
+  EXPECT_EQ(*fast.hang_timeout({}), kMinHangTimeout) << "10 x 0.1 s is under the floor";
+
+  const StepHistory slow = steady(5, 60);  // a step every 5 s: 12 steps
+  ASSERT_TRUE(slow.hang_timeout({}));
+  EXPECT_NEAR(std::chrono::duration<double>(*slow.hang_timeout({})).count(), 50.0, 1e-6);
+}
+
+TEST(StepHistory, TheAutomaticTimeoutWaitsForFiveSteps) {
+  const StepHistory h = steady(1, 4);  // 4 steps
+  EXPECT_FALSE(h.hang_timeout({})) << "4 steps are too few to know a step's time";
+  EXPECT_EQ(*h.hang_timeout({milliseconds(3000), false}), milliseconds(3000))
+      << "a fixed timeout counts from the first step";
+  EXPECT_FALSE(h.hang_timeout({std::nullopt, true})) << "off is off";
+}
+
+TEST(StepHistory, StepsFasterThanTheReadingsGetTheFloor) {
+  StepHistory h;
+  h.add(reading(1, 0, 0));
+  h.add(reading(2, 9, 1.8));  // 9 steps between two readings, then none
+  EXPECT_FALSE(h.step_seconds_p99());
+  ASSERT_TRUE(h.hang_timeout({}));
+  EXPECT_EQ(*h.hang_timeout({}), kMinHangTimeout);
+}
+
+TEST(StepHistory, RatesAreOverTheLastTenSeconds) {
+  StepHistory h;
+  // 100 steps in the first 5 s, then 1 step a second.
+  for (int i = 1; i <= 5; ++i) h.add(reading(i, 20U * i, i, 20ULL * i * kSecond / 1000));
+  for (int i = 6; i <= 30; ++i)
+    h.add(reading(i, 100 + (i - 5), i, (100ULL + (i - 5)) * kSecond / 1000));
+  ASSERT_TRUE(h.steps_per_second());
+  EXPECT_NEAR(*h.steps_per_second(), 1.0, 0.15) << "the burst left the window";
+  ASSERT_TRUE(h.work_seconds_per_step());
+  EXPECT_NEAR(*h.work_seconds_per_step(), 0.001, 1e-9);
+}
+
+TEST(StepHistory, ANewWorkerInTheSlotStartsAfresh) {
+  StepHistory h = steady(0.1, 20);
+  ASSERT_TRUE(h.step_seconds_p50());
+  h.add(reading(21, 1, 20.5));  // the restarted worker's first step
+  EXPECT_FALSE(h.step_seconds_p50());
+  EXPECT_EQ(h.last().steps, 1U);
+}
+
+TEST(StepHistory, NoWorkMeasuredIsNoWorkPerStep) {
+  StepHistory h;
+  h.add(reading(1, 10, 1));
+  h.add(reading(2, 20, 2));
+  EXPECT_FALSE(h.work_seconds_per_step());
+  EXPECT_TRUE(h.steps_per_second());
+}
+
+TEST(SlotReading, ProgressIsTheLaterOfTheLastStepAndBeat) {
+  SlotReading r;
+  EXPECT_FALSE(r.last_progress());
+  r.last_beat_ns = 7;
+  EXPECT_EQ(*r.last_progress(), nanoseconds(7));
+  r.last_step_ns = 5;
+  EXPECT_EQ(*r.last_progress(), nanoseconds(7));
+  r.last_step_ns = 9;
+  EXPECT_EQ(*r.last_progress(), nanoseconds(9));
+}
+
+std::map<int, std::optional<double>> times(double r0, double r1, double r2, double r3) {
+  return {{0, r0}, {1, r1}, {2, r2}, {3, r3}};
+}
+
+TEST(StragglerWatch, ARankSlowerByAFifthFiveTimesRunningIsFlagged) {
+  StragglerWatch w;
+  for (int i = 0; i < StragglerWatch::kFlagAfter - 1; ++i) {
+    EXPECT_TRUE(w.update(times(0.1, 0.1, 0.1, 0.13)).empty());
+  }
+  const auto changes = w.update(times(0.1, 0.1, 0.1, 0.13));
+  ASSERT_EQ(changes.size(), 1U);
+  EXPECT_EQ(changes[0].rank, 3);
+  EXPECT_TRUE(changes[0].straggler);
+  EXPECT_NEAR(changes[0].ratio, 1.3, 1e-9);
+  EXPECT_TRUE(w.straggler(3));
+  EXPECT_FALSE(w.straggler(0));
+  EXPECT_TRUE(w.update(times(0.1, 0.1, 0.1, 0.13)).empty()) << "flagged once, not again";
+}
+
+TEST(StragglerWatch, AHiccupIsNotAStragglerAndAFlagDoesNotFlicker) {
+  StragglerWatch w;
+  for (int round = 0; round < 10; ++round) {
+    for (int i = 0; i < StragglerWatch::kFlagAfter - 1; ++i) w.update(times(0.1, 0.2, 0.1, 0.1));
+    w.update(times(0.1, 0.1, 0.1, 0.1));  // back in line before the fifth
+  }
+  EXPECT_FALSE(w.straggler(1));
+
+  for (int i = 0; i < StragglerWatch::kFlagAfter; ++i) w.update(times(0.1, 0.2, 0.1, 0.1));
+  ASSERT_TRUE(w.straggler(1));
+  for (int i = 0; i < StragglerWatch::kClearAfter - 1; ++i) {
+    EXPECT_TRUE(w.update(times(0.1, 0.105, 0.1, 0.1)).empty());
+  }
+  w.update(times(0.1, 0.115, 0.1, 0.1));  // between the margins: the clear count starts again
+  EXPECT_TRUE(w.straggler(1));
+  for (int i = 0; i < StragglerWatch::kClearAfter - 1; ++i) w.update(times(0.1, 0.1, 0.1, 0.1));
+  const auto cleared = w.update(times(0.1, 0.1, 0.1, 0.1));
+  ASSERT_EQ(cleared.size(), 1U);
+  EXPECT_FALSE(cleared[0].straggler);
+  EXPECT_FALSE(w.straggler(1));
+}
+
+TEST(StragglerWatch, TheMedianLeavesTheRankItselfOutAndTwoRanksCompare) {
+  StragglerWatch w;
+  for (int i = 0; i < StragglerWatch::kFlagAfter; ++i) w.update({{0, 0.1}, {1, 0.3}});
+  EXPECT_TRUE(w.straggler(1));
+  EXPECT_FALSE(w.straggler(0)) << "rank 0 against rank 1 alone: faster";
+  EXPECT_NEAR(*w.ratio(0), 1.0 / 3, 1e-9);
+}
+
+TEST(StragglerWatch, AnUnmeasuredRankKeepsItsCounts) {
+  StragglerWatch w;
+  for (int i = 0; i < StragglerWatch::kFlagAfter - 1; ++i) w.update({{0, 0.1}, {1, 0.3}});
+  w.update({{0, 0.1}, {1, std::nullopt}});
+  EXPECT_FALSE(w.ratio(1));
+  w.update({{0, 0.1}, {1, 0.3}});
+  EXPECT_TRUE(w.straggler(1)) << "a reading without a figure neither counts nor resets";
+  w.update({{0, std::nullopt}});
+  EXPECT_TRUE(w.update({{0, 0.1}}).empty()) << "alone: no one to compare with";
+}
+
+}  // namespace
+}  // namespace dist::agent

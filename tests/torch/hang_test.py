@@ -1,0 +1,184 @@
+"""Hangs and stragglers in unmodified torch DDP jobs (tests/torch/hang_worker.py) under
+dist-launch, found without a line of our code in the script: each injected hang (a sleep, a C call
+deadlocked with the GIL held, a busy loop, SIGSTOP, a blocked FIFO read, a skipped collective) is
+found, the report names rank 1 and the line it hung on, the hung rank is killed and the group
+restarts; the automatic timeout finds one in <= 90 s; a healthy job is left alone; a slower rank is
+flagged a straggler; --no-step-hook loads nothing; an explicit dist_launch.progress.step() takes
+over from the optimizer hook.
+
+    python3 hang_test.py --launcher build/bin/dist-launch --python /usr/bin/python3
+Exits 77 (skip) when that interpreter has no torch (or not --require-major).
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "hang_worker.py")
+REPO_PYTHON = os.path.join(HERE, "..", "..", "python")
+ARGS = None
+
+
+def fault_line(name):
+    """The line of hang_worker.py marked '# FAULT: name'."""
+    with open(WORKER) as f:
+        for number, line in enumerate(f, 1):
+            if line.rstrip().endswith(f"# FAULT: {name}"):
+                return number
+    raise AssertionError(f"no '# FAULT: {name}' in {WORKER}")
+
+
+class Hangs(unittest.TestCase):
+    def launch(self, *extra, script_args=(), timeout=240, env_extra=None):
+        self.dir = tempfile.mkdtemp(prefix="dist-hang-test-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        env.update(env_extra or {})
+        self.events = os.path.join(self.dir, "events.jsonl")
+        cmd = [ARGS.launcher, "--nproc-per-node", "2", "--event-log", self.events,
+               "--log-dir", os.path.join(self.dir, "logs"), *extra, WORKER, *script_args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+    def read_events(self, name):
+        with open(self.events) as f:
+            return [e for e in map(json.loads, f) if e["event"] == name]
+
+    def hang_lines(self, stderr):
+        """The report's lines: {rank: where} and the hung ranks."""
+        where, hung = {}, set()
+        for m in re.finditer(r"^  rank (\d+) \(local rank \d+, pid \d+\): (.*?)(   <- hung)?$",
+                             stderr, re.M):
+            where[int(m.group(1))] = m.group(2)
+            if m.group(3):
+                hung.add(int(m.group(1)))
+        return where, hung
+
+    def assert_found(self, fault, expected_where, *extra):
+        proc = self.launch("--max-restarts", "1", "--hang-timeout", "5", *extra,
+                           script_args=["--fault", fault])
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, out)
+        self.assertRegex(proc.stderr, r"hang on \S+: no progress for [0-9.]+ s \(hang timeout 5\.0 s\)")
+        where, hung = self.hang_lines(proc.stderr)
+        self.assertEqual(hung, {1}, out)
+        self.assertIn(expected_where, where[1], out)
+        self.assertIn("restarting the worker group (restart 1 of 1)", proc.stderr)
+        self.assertIn("rank 0 steps 40", proc.stdout)
+        self.assertIn("rank 1 steps 40", proc.stdout)
+        # The event log: the investigation's finding, then rank 1 killed for it.
+        (hang,) = self.read_events("hang")
+        self.assertEqual([r["rank"] for r in hang["ranks"] if r["cause"]], [1])
+        exits = [e for e in self.read_events("worker_exit") if e["round"] == 0 and e["rank"] == 1]
+        self.assertEqual(exits[0]["signal"], "SIGKILL")
+        self.assertTrue(exits[0]["reason"].startswith("hung: "), exits[0])
+        # The stacks it dumped are kept.
+        stacks = os.path.join(self.dir, "logs")
+        found = [os.path.join(d, f) for d, _, fs in os.walk(stacks) for f in fs if f == "stacks.txt"]
+        self.assertTrue(found, "no stacks.txt under the log dir")
+        return proc
+
+    def test_a_sleep(self):
+        self.assert_found("sleep", f"hang_worker.py:{fault_line('sleep')} in stall_sleep")
+
+    def test_a_c_call_deadlocked_with_the_gil_held(self):
+        self.assert_found("gil", f"hang_worker.py:{fault_line('gil')} in stall_gil")
+
+    def test_a_busy_loop(self):
+        self.assert_found("spin", "in stall_spin")
+
+    def test_a_stopped_process(self):
+        self.assert_found("sigstop", "stopped (state T: SIGSTOP or a debugger)")
+
+    def test_a_blocked_fifo_read(self):
+        self.assert_found("io", f"hang_worker.py:{fault_line('io')} in stall_io")
+
+    def test_a_skipped_collective(self):
+        proc = self.assert_found("skip", "behind the others")
+        where, _ = self.hang_lines(proc.stderr)
+        self.assertRegex(where[0], r"^waiting in all_reduce #\d+ for [0-9.]+ s$")
+
+    def test_a_warm_worker_is_hooked_too(self):
+        # Forked from the zygote, which imported torch before any worker: the hook counts its steps
+        # and its stacks still name the line.
+        proc = self.assert_found("sleep", f"hang_worker.py:{fault_line('sleep')} in stall_sleep",
+                                 "--warm-restart")
+        self.assertIn("rank 0 steps 40 hook 40 ", proc.stdout)
+
+    def test_the_automatic_timeout_finds_a_hang_within_90_seconds(self):
+        proc = self.launch("--max-restarts", "1", script_args=["--fault", "sleep"], timeout=300)
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, out)
+        m = re.search(r"hang on \S+: no progress for ([0-9.]+) s \(hang timeout ([0-9.]+) s\)",
+                      proc.stderr)
+        self.assertIsNotNone(m, out)
+        self.assertEqual(float(m.group(2)), 30.0, "10 x a 20 ms step's p99 is under the 30 s floor")
+        self.assertLessEqual(float(m.group(1)), 90.0)
+        _, hung = self.hang_lines(proc.stderr)
+        self.assertEqual(hung, {1}, out)
+
+    def test_a_healthy_job_is_left_alone(self):
+        proc = self.launch("--hang-timeout", "3", script_args=["--seconds", "12"])
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, out)
+        self.assertNotIn("looking at where every rank is", proc.stderr)
+        self.assertNotIn("straggler", proc.stderr)
+        self.assertEqual(self.read_events("hang"), [])
+
+    def test_a_slower_rank_is_flagged_a_straggler(self):
+        proc = self.launch(script_args=["--fault", "slow", "--slow-factor", "1.4", "--work",
+                                        "0.05", "--seconds", "25"])
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, out)
+        self.assertRegex(proc.stderr, r"rank 1 \(local rank 1, pid \d+\) is a straggler: its work "
+                                      r"per step is 1\.[2-6]\dx the other ranks' median")
+        self.assertNotRegex(proc.stderr, r"rank 0 \(local rank 0, pid \d+\) is a straggler")
+        self.assertIn("rank 1 was a straggler", proc.stderr)
+        flagged = [e for e in self.read_events("straggler") if e["straggler"]]
+        self.assertEqual({e["rank"] for e in flagged}, {1})
+        self.assertEqual(self.read_events("job_end")[0]["stragglers"], [1])
+
+    def test_the_optimizer_hook_counts_every_step_and_no_step_hook_loads_nothing(self):
+        proc = self.launch(script_args=["--steps", "25"])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("rank 0 steps 25 hook 25 ", proc.stdout)
+        self.assertIn("rank 1 steps 25 hook 25 ", proc.stdout)
+        proc = self.launch("--no-step-hook", script_args=["--steps", "25"])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("rank 0 steps 25 hook off", proc.stdout)
+        self.assertIn("rank 1 steps 25 hook off", proc.stdout)
+
+    def test_an_explicit_step_takes_over_from_the_optimizer_hook(self):
+        path = os.pathsep.join(p for p in (REPO_PYTHON, os.environ.get("PYTHONPATH")) if p)
+        proc = self.launch(script_args=["--steps", "25", "--explicit-step"],
+                           env_extra={"PYTHONPATH": path})
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        # The hook counted the first optimizer step, before the script's first step() call; from
+        # then on only the script's two a step count.
+        self.assertIn("rank 0 steps 25 hook 51 ", proc.stdout)
+        self.assertIn("rank 1 steps 25 hook 51 ", proc.stdout)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launcher", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--require-major", type=int, default=None)
+    ARGS, rest = parser.parse_known_args()
+    ARGS.launcher = os.path.abspath(ARGS.launcher)
+    probe = subprocess.run([ARGS.python, "-c", "import torch; print(torch.__version__)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        print(f"SKIP: {ARGS.python} has no torch")
+        sys.exit(77)
+    version = probe.stdout.strip()
+    if ARGS.require_major is not None and int(version.split(".")[0]) != ARGS.require_major:
+        print(f"SKIP: {ARGS.python} has torch {version}, not {ARGS.require_major}.x")
+        sys.exit(77)
+    print(f"torch {version} at {ARGS.python}", flush=True)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

@@ -1,0 +1,34 @@
+// The worker's progress slot (dist/rendezvous/worker_contract.h), mapped once for heartbeat(),
+// step() and the process groups' collectives; and what the SDK writes when the agent asks a hung
+// worker where it is.
+#pragma once
+
+#include <cstdint>
+
+#include "dist/rendezvous/worker_contract.h"
+
+namespace dist::sdk::detail {
+
+using Slot = rendezvous::worker_contract::heartbeat_slot::Slot;
+using Collective = rendezvous::worker_contract::heartbeat_slot::Collective;
+
+// The slot the agent passed, mapped; null without one (outside dist-launch, or heartbeats off).
+Slot* progress_slot();
+
+// CLOCK_MONOTONIC in nanoseconds: the clock every stamp in the slot uses.
+std::uint64_t monotonic_ns();
+
+// A collective issued (its sequence number) and completed (or failed): the slot's counts and the
+// oldest pending one. Cheap (a lock held for a few stores), safe from any thread.
+std::uint64_t collective_issued(Collective kind);
+void collective_completed(std::uint64_t sequence);
+Collective collective_kind(const char* name);  // "all_reduce" -> kAllReduce, ...
+
+// A step's own work, before it waited for its peers (the slot's work_ns; the straggler measure).
+void add_work(std::uint64_t ns);
+
+// Once (init() calls it): on the agent's stack-dump signal (DIST_STACK_SIGNAL), append this
+// process's pending collective and a backtrace to DIST_STACK_FILE, and tell the agent it does.
+void install_stack_dump();
+
+}  // namespace dist::sdk::detail

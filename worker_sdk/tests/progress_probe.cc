@@ -1,0 +1,96 @@
+// A worker as the SDK's progress tests need one: a fresh process (the SDK maps its slot once per
+// process, so a forked child of a test that already looked would inherit the answer), given the
+// slot's descriptor and the variables by the test, doing one thing:
+//   beats N        heartbeat() N times; exit 0 when the slot was found and is close-on-exec now
+//   steps N        step() N times; exit 0 when the slot was found
+//   off            heartbeat() and step() without a usable slot; exit 0 when both said it was off
+//   pending        two ranks of a Gloo group (threads): rank 1 joins rank 0's all-reduce only once
+//                  the slot shows it pending as an all-reduce; exit: the number of failures
+//   dump SIGNAL    install the stack dump, 2 steps, a broadcast issued, then SIGNAL to itself
+//   no-dump        install the stack dump without the agent's variables; exit 0 when no handler
+#include <fcntl.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/rendezvous/server.h"
+#include "dist/sdk/heartbeat.h"
+#include "dist/sdk/process_group.h"
+#include "dist/sdk/progress.h"
+#include "progress_slot.h"
+
+namespace {
+
+using namespace dist;
+namespace slot = rendezvous::worker_contract::heartbeat_slot;
+
+int pending() {
+  sdk::detail::Slot* s = sdk::detail::progress_slot();
+  if (!s) return 100;
+  rendezvous::StoreServerThread store;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        rendezvous::ClientOptions client;
+        client.port = store.port();
+        auto group = sdk::make_gloo_group(rendezvous::StoreClient::connect(client), rank, 2, {});
+        float value = 1.0f;
+        if (rank == 1) {
+          while (s->pending_since_ns.load() == 0) std::this_thread::yield();
+          if (s->pending_op.load() != static_cast<std::uint32_t>(slot::Collective::kAllReduce)) {
+            ++failures;
+          }
+        }
+        group->all_reduce(&value, 1, sdk::DataType::kFloat32, sdk::ReduceOp::kSum);
+        if (value != 2.0f) ++failures;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        ++failures;
+      }
+    });
+  }
+  for (auto& r : ranks) r.join();
+  return failures.load();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "";
+  const int n = argc > 2 ? std::atoi(argv[2]) : 0;
+  if (what == "beats" || what == "steps") {
+    if (!sdk::progress_enabled()) return 1;
+    for (int i = 0; i < n; ++i) what == "beats" ? sdk::heartbeat() : sdk::step();
+    const int fd = std::atoi(std::getenv(slot::kFdVariable));
+    return (::fcntl(fd, F_GETFD) & FD_CLOEXEC) ? 0 : 2;
+  }
+  if (what == "off") {
+    sdk::heartbeat();
+    sdk::step();
+    return sdk::heartbeat_enabled() || sdk::progress_enabled() ? 1 : 0;
+  }
+  if (what == "pending") return pending();
+  if (what == "dump") {
+    sdk::detail::install_stack_dump();
+    sdk::step();
+    sdk::step();
+    sdk::detail::collective_issued(slot::Collective::kBroadcast);
+    return ::raise(n) == 0 ? 0 : 1;
+  }
+  if (what == "no-dump") {
+    sdk::detail::install_stack_dump();
+    struct sigaction now {};
+    ::sigaction(SIGRTMIN + 2, nullptr, &now);
+    return now.sa_handler == SIG_DFL ? 0 : 1;
+  }
+  std::fprintf(stderr, "progress_probe: unknown action '%s'\n", what.c_str());
+  return 64;
+}

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <fstream>
 
-
 namespace dist::agent {
 namespace {
 

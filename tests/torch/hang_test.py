@@ -9,7 +9,6 @@ over from the optimizer hook.
     python3 hang_test.py --launcher build/bin/dist-launch --python /usr/bin/python3
 Exits 77 (skip) when that interpreter has no torch (or not --require-major).
 """
-import argparse
 import json
 import os
 import re
@@ -18,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import unittest
+
+import launcher_test_main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "hang_worker.py")
@@ -165,20 +166,4 @@ class Hangs(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--launcher", required=True)
-    parser.add_argument("--python", default="/usr/bin/python3")
-    parser.add_argument("--require-major", type=int, default=None)
-    ARGS, rest = parser.parse_known_args()
-    ARGS.launcher = os.path.abspath(ARGS.launcher)
-    probe = subprocess.run([ARGS.python, "-c", "import torch; print(torch.__version__)"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        print(f"SKIP: {ARGS.python} has no torch")
-        sys.exit(77)
-    version = probe.stdout.strip()
-    if ARGS.require_major is not None and int(version.split(".")[0]) != ARGS.require_major:
-        print(f"SKIP: {ARGS.python} has torch {version}, not {ARGS.require_major}.x")
-        sys.exit(77)
-    print(f"torch {version} at {ARGS.python}", flush=True)
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    launcher_test_main.main(sys.modules[__name__])

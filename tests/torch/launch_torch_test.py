@@ -5,7 +5,6 @@ to two (a new round with the same restart count: the store must be clean for tor
     python3 launch_torch_test.py --launcher build/bin/dist-launch [--python /usr/bin/python3]
 Exits 77 (skip) when that interpreter has no torch.
 """
-import argparse
 import os
 import shutil
 import socket
@@ -14,6 +13,8 @@ import sys
 import tempfile
 import time
 import unittest
+
+import launcher_test_main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch", "ddp_train.py")
@@ -110,20 +111,4 @@ class TorchUnderDistLaunch(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--launcher", required=True)
-    parser.add_argument("--python", default="/usr/bin/python3")
-    parser.add_argument("--require-major", type=int, default=None)
-    ARGS, rest = parser.parse_known_args()
-    ARGS.launcher = os.path.abspath(ARGS.launcher)
-    probe = subprocess.run([ARGS.python, "-c", "import torch; print(torch.__version__)"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        print(f"SKIP: {ARGS.python} has no torch")
-        sys.exit(77)
-    version = probe.stdout.strip()
-    if ARGS.require_major is not None and int(version.split(".")[0]) != ARGS.require_major:
-        print(f"SKIP: {ARGS.python} has torch {version}, not {ARGS.require_major}.x")
-        sys.exit(77)
-    print(f"torch {version} at {ARGS.python}", flush=True)
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    launcher_test_main.main(sys.modules[__name__])

@@ -7,9 +7,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
-
-#include "dist/agent/signals.h"
 
 namespace dist::agent {
 namespace {

@@ -337,13 +337,15 @@ Task<void> NodeRendezvous::Impl::report_lost_successor(const Assignment& a, Rend
 Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds heartbeat,
                                               std::function<std::string()> progress) {
   struct Reset {  // the next watch starts afresh, however this one ends
+    std::weak_ptr<char> alive;
     bool& flag;
     std::unique_ptr<RendezvousStore>& session;
     ~Reset() {
+      if (alive.expired()) return;  // the frame outlived this object: nothing left to reset
       flag = false;
       session.reset();
     }
-  } reset{watch_stop_requested_, watch_session_};
+  } reset{alive_, watch_stop_requested_, watch_session_};
   try {
     if (watch_stop_requested_) co_return WatchResult{WatchResult::kStopped, -1};
     watch_session_ = co_await store_->open_another();

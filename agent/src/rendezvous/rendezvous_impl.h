@@ -92,6 +92,9 @@ class NodeRendezvous::Impl {
   std::unique_ptr<RendezvousStore> store_;  // joins, announcements; holds this node's liveness
   std::unique_ptr<RendezvousStore> watch_session_;
   bool watch_stop_requested_ = false;
+  // Expires with this object: a coroutine frame destroyed after it (the io_context goes last)
+  // must not touch its members.
+  std::shared_ptr<char> alive_ = std::make_shared<char>();
   JobShape shape_;
   RendezvousTimeouts timeouts_;
   std::function<void(const std::string&)> log_;

@@ -298,14 +298,11 @@ class NodeRounds : public RoundSource {
     timeouts.last_call = config_.last_call_timeout;
     const JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_,
                          config_.max_restarts};
-    {
-      struct Opening {  // close() cancels through it while it connects, whatever ends the connect
-        RendezvousStore*& slot;
-        ~Opening() { slot = nullptr; }
-      } opening{opening_ = session.get()};
-      co_await session->open();
-    }
-    rdzv_.emplace(std::move(session), shape, timeouts, notice_);
+    // Held here, not in this frame, so that close() can cancel the connect, and a frame destroyed
+    // after this object (the io_context goes last) has nothing of it to touch.
+    opening_ = std::move(session);
+    co_await opening_->open();
+    rdzv_.emplace(std::move(opening_), shape, timeouts, notice_);
   }
 
   // The job's TCPStore, as a client (every agent is one, the host included).
@@ -330,7 +327,7 @@ class NodeRounds : public RoundSource {
   std::function<void(const std::string&)> notice_;
   std::optional<StoreHost> job_store_;  // the job's store, when this node hosts it
   std::optional<NodeRendezvous> rdzv_;
-  RendezvousStore* opening_ = nullptr;  // the session being connected
+  std::unique_ptr<RendezvousStore> opening_;  // the session being connected
 };
 
 // --nnodes N --node-rank k: round n is restart n; node rank 0 hosts the store.

@@ -1,0 +1,40 @@
+"""The command line the tests of dist-launch with torch workers share (launch_torch_test.py,
+file_timer_test.py, hang_test.py):
+
+    python3 TEST.py --launcher build/bin/dist-launch [--python P] [--require-major N] [unittest args]
+
+Exits 77 (skip) when P has no torch, or not torch N.x; otherwise sets the test module's ARGS and
+runs its tests.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import unittest
+
+SKIP = 77
+
+
+def main(test_module):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launcher", required=True)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--require-major", type=int, default=None)
+    args, rest = parser.parse_known_args()
+    args.launcher = os.path.abspath(args.launcher)
+    try:
+        probe = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True)
+    except OSError as e:
+        print(f"SKIP: cannot run {args.python}: {e.strerror}")
+        sys.exit(SKIP)
+    if probe.returncode != 0:
+        print(f"SKIP: {args.python} has no torch")
+        sys.exit(SKIP)
+    version = probe.stdout.strip()
+    if args.require_major is not None and int(version.split(".")[0]) != args.require_major:
+        print(f"SKIP: {args.python} has torch {version}, not {args.require_major}.x")
+        sys.exit(SKIP)
+    print(f"torch {version} at {args.python}", flush=True)
+    test_module.ARGS = args
+    unittest.main(module=test_module, argv=[sys.argv[0]] + rest, verbosity=2)

@@ -1,10 +1,11 @@
 """The `dist_launch` package dist-launch puts on its Python workers' path (appended to PYTHONPATH,
-under the agent's private directory) when it holds snapshots, so that `from dist_launch import
-snapshot` works in an interpreter where dist_launch is not installed. Where it is installed, the
-installed package is what gets imported: this module finds it further along sys.path and makes way
-for it (keeping this directory on its __path__, for an installed version without snapshot.py).
+in the agent's run directory: agent/src/warm/stand_in.h), so that `from dist_launch import
+snapshot, elastic` works in an interpreter where dist_launch is not installed. Where it is
+installed, the installed package is what gets imported: this module finds it further along
+sys.path and makes way for it (keeping this directory on its __path__, for an installed version
+without those modules).
 
-The agent writes this file as dist_launch/__init__.py next to a copy of snapshot.py.
+The agent writes this file as dist_launch/__init__.py next to copies of snapshot.py and elastic.py.
 """
 import importlib.machinery
 import importlib.util
@@ -31,4 +32,4 @@ if _spec is not None and _spec.loader is not None and _spec.submodule_search_loc
         sys.modules.pop(__name__, None)
         raise
 else:
-    __all__ = ["snapshot"]
+    __all__ = ["elastic", "snapshot"]

@@ -70,17 +70,23 @@ fs::path write_python_hook(const fs::path& run_dir) {
   return dir;
 }
 
-void add_python_hook(Variables& env, const fs::path& hook_dir,
-                     const std::vector<std::string>& base_env) {
-  std::string rest;
-  if (const auto own = env.find("PYTHONPATH"); own != env.end()) {
-    rest = own->second;
+void add_python_paths(Variables& env, const fs::path& first, const fs::path& last,
+                      const std::vector<std::string>& base_env) {
+  std::string own;
+  if (const auto it = env.find("PYTHONPATH"); it != env.end()) {
+    own = it->second;
   } else {
     for (const auto& entry : base_env) {
-      if (entry.starts_with("PYTHONPATH=")) rest = entry.substr(11);
+      if (entry.starts_with("PYTHONPATH=")) own = entry.substr(11);
     }
   }
-  env["PYTHONPATH"] = rest.empty() ? hook_dir.string() : hook_dir.string() + ":" + rest;
+  std::string path;
+  for (const std::string& part : {first.string(), own, last.string()}) {
+    if (part.empty()) continue;
+    if (!path.empty()) path += ':';
+    path += part;
+  }
+  if (!path.empty()) env["PYTHONPATH"] = path;
 }
 
 }  // namespace dist::agent

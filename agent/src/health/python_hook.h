@@ -19,9 +19,10 @@ namespace dist::agent {
 // naming the file it could not write.
 std::filesystem::path write_python_hook(const std::filesystem::path& run_dir);
 
-// PYTHONPATH for a worker: `hook_dir` before what the worker would have had (`env`'s own, else the
-// agent's `base_env`'s).
-void add_python_hook(Variables& env, const std::filesystem::path& hook_dir,
-                     const std::vector<std::string>& base_env);
+// PYTHONPATH for a worker: `first` (the hook's directory) before what the worker would have had
+// (`env`'s own, else the agent's `base_env`'s), `last` (the stand-in dist_launch package,
+// warm/stand_in.h) after it; an empty path is left out.
+void add_python_paths(Variables& env, const std::filesystem::path& first,
+                      const std::filesystem::path& last, const std::vector<std::string>& base_env);
 
 }  // namespace dist::agent

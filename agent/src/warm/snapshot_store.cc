@@ -14,7 +14,6 @@
 #include <stdexcept>
 #include <vector>
 
-#include "warm_python_sources.h"
 
 namespace dist::agent::warm {
 
@@ -86,14 +85,6 @@ SnapshotStore::SnapshotStore(const LaunchConfig& config, const Scratch& scratch)
                                ec.message());
     }
     environment_[kSnapshotPersistVariable] = persist_dir_.string();
-  }
-  if (config.python_workers) {
-    const fs::path python = scratch.path() / "python";
-    scratch.write_file("python/dist_launch/__init__.py", python::kStandInPackage);
-    scratch.write_file("python/dist_launch/snapshot.py", python::kSnapshot);
-    const char* existing = std::getenv("PYTHONPATH");
-    environment_["PYTHONPATH"] =
-        existing && *existing ? std::string(existing) + ":" + python.string() : python.string();
   }
   spdlog::debug("snapshots in {} (at most {} bytes){}", directory_.string(), memory_limit_,
                 persist_dir_.empty() ? "" : ", persisted to " + persist_dir_.string());

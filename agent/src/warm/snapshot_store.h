@@ -12,9 +12,8 @@
 // directory), and the workers' load() reads them (DIST_LAUNCH_SNAPSHOT_PERSIST_DIR) when shared
 // memory has none: after a restart of the node.
 //
-// For Python workers, the agent also puts a stand-in dist_launch package on PYTHONPATH (after the
-// user's entries), so that `from dist_launch import snapshot` works where dist_launch is not
-// installed; where it is, the installed package is imported (python/dist_launch/_stand_in.py).
+// Python workers import dist_launch.snapshot from the stand-in package every Python worker gets
+// (warm/stand_in.h) where dist_launch is not installed.
 #pragma once
 
 #include <chrono>

@@ -1,5 +1,7 @@
 #include "workers/generations.h"
 
+#include <spdlog/spdlog.h>
+
 #include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/worker_contract.h"
 
@@ -28,6 +30,8 @@ rendezvous::Task<RecoveryOutcome> publish_then_wait(
   RecoveryOutcome outcome;
   try {
     co_await open_once(*client, *opened);  // (the counter was added to first: next())
+    spdlog::debug("in-place: generation {} published in the workers' store at {}: {}", generation,
+                  client->endpoint(), contract::generation_key(prefix, generation));
     co_await client->set(contract::generation_key(prefix, generation), std::move(record));
     const std::string recovered = contract::recovered_key(prefix, generation);
     std::vector<std::string> keys{recovered};

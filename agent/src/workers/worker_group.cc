@@ -16,6 +16,7 @@
 #include "processes/process.h"
 #include "warm/scratch.h"
 #include "warm/snapshot_store.h"
+#include "warm/stand_in.h"
 #include "warm/warm_start.h"
 #include "workers/failure_report.h"
 #include "workers/worker_env.h"
@@ -129,8 +130,8 @@ void WorkerGroup::set_up_warm() {
   }
   // The progress hook's module is loaded by the zygote (its sitecustomize finds no slot there);
   // each forked worker installs it once its environment and descriptors are its own.
-  write_python_hook_once();
-  if (!python_hook_.empty()) add_python_hook(shared, python_hook_, current_environment());
+  write_python_files_once();
+  add_python_paths(shared, python_hook_, python_package_, current_environment());
   try {
     warm_ = std::make_unique<warm::WarmStart>(io_, config_, *scratch_,
                                               merge_environment(current_environment(), shared));
@@ -139,12 +140,23 @@ void WorkerGroup::set_up_warm() {
   }
 }
 
-void WorkerGroup::write_python_hook_once() {
-  if (!config_.watchdogs.step_hook || !python_hook_.empty()) return;
+// The progress hook (unless --no-step-hook) and the stand-in dist_launch package, once per job,
+// for every worker: a --no-python worker may be `python3 train.py` too.
+void WorkerGroup::write_python_files_once() {
+  if (python_files_written_) return;
+  python_files_written_ = true;
+  if (config_.watchdogs.step_hook) {
+    try {
+      python_hook_ = write_python_hook(dir_.path());
+    } catch (const std::exception& e) {
+      spdlog::warn("Python workers get no progress hook: {}", e.what());
+    }
+  }
   try {
-    python_hook_ = write_python_hook(dir_.path());
+    warm::write_stand_in_package(dir_.path() / "package");
+    python_package_ = dir_.path() / "package";
   } catch (const std::exception& e) {
-    spdlog::warn("Python workers get no progress hook: {}", e.what());
+    spdlog::warn("Python workers get no dist_launch package (snapshot, elastic): {}", e.what());
   }
 }
 
@@ -205,7 +217,7 @@ void WorkerGroup::start_now() {
   late_failures_.clear();
   pumps_.clear();
   open_duplicate_logs();
-  write_python_hook_once();
+  write_python_files_once();
   state_ = State::kRunning;
   const std::vector<std::string> base_env = current_environment();
   const char* path = std::getenv("PATH");
@@ -325,7 +337,7 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   }
   std::vector<int> inherited;  // the watchdogs' channels
   watchdogs_.prepare(w.local_rank, dir, variables, inherited);
-  if (!python_hook_.empty()) add_python_hook(variables, python_hook_, base_env);
+  add_python_paths(variables, python_hook_, python_package_, base_env);
   // A path, never the secret: a process's environment is readable by much of the machine.
   if (!identity_.token_file.empty()) {
     variables[rendezvous::worker_contract::kTokenFile] = identity_.token_file;

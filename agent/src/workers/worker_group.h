@@ -133,7 +133,7 @@ class WorkerGroup {
   void start_now();
   void defer_start();  // until the zygote is ready (warm/warm_start.h)
   void set_up_warm();
-  void write_python_hook_once();             // --no-step-hook: none
+  void write_python_files_once();            // the hook (not with --no-step-hook), the package
   std::vector<pid_t> agent_helpers() const;  // zygote, standbys, scratch guardian: not leftovers
   SpawnedProcess spawn(Worker& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
   std::filesystem::path worker_dir(const Worker& w) const;
@@ -169,7 +169,9 @@ class WorkerGroup {
   std::vector<std::shared_ptr<LogPump>> pumps_;
   // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
   std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
-  std::filesystem::path python_hook_;  // on the workers' PYTHONPATH (health/python_hook.h)
+  std::filesystem::path python_hook_;     // on the workers' PYTHONPATH (health/python_hook.h)
+  std::filesystem::path python_package_;  // the stand-in dist_launch package (warm/stand_in.h)
+  bool python_files_written_ = false;
   std::vector<LogFileError> incomplete_logs_;
   std::vector<WorkerFailure> late_failures_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout

@@ -45,7 +45,9 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: 
 // RANK, LOCAL_RANK, TORCHELASTIC_RESTART_COUNT and store as the worker it replaces).
 //
 // The keys, in the workers' store (MASTER_ADDR:MASTER_PORT), under
-// generation_prefix(run id, restart count) = "dist_launch/inplace/<run id>/attempt_<restart>/":
+// generation_prefix(run id, restart count) = "/dist_launch/inplace/<run id>/attempt_<restart>/"
+// (the leading "/" is the one PyTorch's TCPStore client puts before every key it sends, so that a
+// torch worker reads and writes them as "dist_launch/inplace/..."; python/dist_launch/elastic.py):
 //   generation        a counter: the agent adds 1 to publish the next generation, g
 //   gen/<g>           then writes this record: "replaced=<ranks> survivors=<ranks>"
 //   (comma-separated
@@ -63,7 +65,7 @@ inline constexpr char kInPlacePolicy[] = "in-place";
 inline constexpr char kGenerationVariable[] = "DIST_LAUNCH_GENERATION";
 
 inline std::string generation_prefix(const std::string& run_id, int restart_count) {
-  return "dist_launch/inplace/" + run_id + "/attempt_" + std::to_string(restart_count) + "/";
+  return "/dist_launch/inplace/" + run_id + "/attempt_" + std::to_string(restart_count) + "/";
 }
 inline std::string generation_counter_key(const std::string& prefix) {
   return prefix + "generation";

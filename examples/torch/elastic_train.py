@@ -1,0 +1,75 @@
+"""A torch DDP job that survives a worker's failure in place (dist_launch.elastic):
+
+    dist-launch --nproc-per-node 2 --restart-policy in-place --max-restarts 3 \\
+        examples/torch/elastic_train.py --steps 60 --crash-at-step 25
+
+Rank --crash-rank kills itself (SIGKILL, or --crash-how exit: an exception) at the start of step
+--crash-at-step of the job's first attempt. Its peers keep their processes: their collective
+fails, they wait for the agent's next generation, rebuild the group with the replacement, give it
+their state (model, SGD momentum, the step counter) and redo the step. Each step's batch follows
+from the step counter, so the job ends with the weights of a run that never failed: every rank
+prints "rank R pid P generation G steps S digest D" at the end, and "rank R pid P started" at its
+start. Under `--restart-policy group` (or torchrun) the same script restarts from step 0.
+"""
+import argparse
+import hashlib
+import os
+import signal
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dist_launch import elastic
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--crash-rank", type=int, default=1)
+    ap.add_argument("--crash-at-step", type=int, default=-1)
+    ap.add_argument("--crash-how", choices=("kill", "exit"), default="kill")
+    ap.add_argument("--commit-every", type=int, default=1)
+    args = ap.parse_args()
+
+    rank = int(os.environ["RANK"])
+    generation = int(os.environ.get("DIST_LAUNCH_GENERATION", "0"))
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    print(f"rank {rank} pid {os.getpid()} started (generation {generation})", flush=True)
+
+    elastic.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
+
+    @elastic.run
+    def train(state):
+        ddp = DDP(state.model)  # built for the group of this entry
+        while state.step < args.steps:
+            crash = (first_attempt and generation == 0 and rank == args.crash_rank
+                     and state.step == args.crash_at_step)
+            if crash and args.crash_how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if crash:
+                raise RuntimeError(f"injected failure at step {state.step}")
+            g = torch.Generator().manual_seed(1000 * state.step + rank)
+            x = torch.randn(32, 16, generator=g)
+            loss = ((ddp(x) - x.sum(dim=1, keepdim=True).sin()) ** 2).mean()
+            state.optimizer.zero_grad()
+            loss.backward()
+            state.optimizer.step()
+            state.step += 1
+            if state.step % args.commit_every == 0:
+                state.commit()
+
+    train(state)
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().numpy().tobytes())
+    generation = elastic._this_group().generation if elastic.in_place() else 0
+    print(f"rank {rank} pid {os.getpid()} generation {generation} steps {state.step} "
+          f"digest {digest.hexdigest()[:16]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+"""In-place recovery for torch.distributed jobs, with Horovod Elastic's contract: under
+`dist-launch --restart-policy in-place` a failed worker is replaced alone, and the survivors keep
+their processes, their imported torch and their state in memory. They catch the failed collective,
+wait for the agent's next generation of the group, build a new process group with the
+replacement, and every rank takes the state of the most senior survivor (the lowest rank that kept
+its state) by broadcast, not from disk. Then the training function runs again from that state.
+
+    import torch.distributed as dist
+    from dist_launch import elastic
+
+    elastic.init_process_group("gloo")               # instead of dist.init_process_group
+    model = Net(); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
+
+    @elastic.run
+    def train(state):
+        ddp = DistributedDataParallel(state.model)   # what depends on the group: built in here
+        while state.step < total_steps:
+            loss = ddp(batch(state.step)).sum()       # the data follows from the counters
+            state.optimizer.zero_grad(); loss.backward(); state.optimizer.step()
+            state.step += 1
+            state.commit()                            # the point a recovery rolls back to
+
+    train(state)
+
+The contract: `commit()` saves a copy of the state in memory (model, optimizer, counters); after a
+peer's failure every survivor `restore()`s its last commit, then all ranks `sync()` from the root.
+Commit after each step for a recovery that loses nothing (the step in flight is redone, so the job
+ends with the weights of a run that never failed), or every few steps when a copy costs too much.
+The function's arguments and what it builds itself (DDP, data iterators positioned from the
+counters) are made again at each entry; `state.register_reset_callbacks([...])` runs callables
+after each recovery.
+
+A replacement (DIST_LAUNCH_GENERATION > 0) runs the same script: `init_process_group` joins the
+generation the survivors are building instead of the job's first group, and `run` receives the
+state before the function starts. Outside dist-launch's in-place policy (`--restart-policy group`,
+torchrun) `init_process_group` is torch's and `run` calls the function once: a failed collective
+is raised as usual, and the agent restarts the group.
+
+The store keys and variables are dist-launch's worker contract
+(rendezvous/include/dist/rendezvous/worker_contract.h), shared with the C++ SDK's
+dist::sdk::InPlaceRecovery.
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import functools
+import gc
+import os
+import sys
+import time
+
+__all__ = ["ObjectState", "State", "TorchState", "init_process_group", "in_place", "run"]
+
+_POLICY = "DIST_LAUNCH_RESTART_POLICY"
+_GENERATION = "DIST_LAUNCH_GENERATION"
+
+# How long a survivor waits for the agent's next generation after its collective failed: the
+# agent publishes it as soon as it reaps the failed worker, or stops every worker instead.
+GENERATION_TIMEOUT = datetime.timedelta(seconds=60)
+# Building a generation's group and receiving the state.
+GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+
+# What a failed collective says when a peer is gone (gloo's transport, NCCL, torch's wrappers).
+_PEER_FAILURE_MARKERS = (
+    "connection closed by peer", "connection reset by peer", "broken pipe", "socket closed",
+    "nccl", "gloo", "timed out", "timeout", "processgroup", "aborted",
+)
+
+
+def in_place() -> bool:
+    """True in a worker of a `dist-launch --restart-policy in-place` job."""
+    return os.environ.get(_POLICY) == "in-place"
+
+
+def _say(message: str) -> None:
+    print(f"[dist_launch.elastic] {message}", file=sys.stderr, flush=True)
+
+
+class _Group:
+    """This worker's place in the job and the generations of its group (one per process)."""
+
+    def __init__(self):
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.generation = int(os.environ.get(_GENERATION, "0"))
+        self.has_state = self.generation == 0  # a replacement receives it
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        # torch's TCPStore sends every key with "/" before it: these are the contract's
+        # "/dist_launch/inplace/..." keys, which the agent and the C++ SDK use as they are.
+        self.prefix = f"dist_launch/inplace/{run_id}/attempt_{restart}/"
+        self.group_prefix = f"sdk/{run_id}/attempt_{restart}/"
+        self.backend = None
+        self.timeout = GROUP_TIMEOUT
+        self.last_root = -1
+        self._store = None
+
+    @property
+    def store(self):
+        """A client of the workers' store (MASTER_ADDR:MASTER_PORT), opened once."""
+        if self._store is None:
+            import torch.distributed as dist
+            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                        self.world_size, False, timeout=self.timeout)
+        return self._store
+
+    def generation_key(self, generation: int) -> str:
+        return f"{self.prefix}gen/{generation}"
+
+    def join(self, generation: int) -> None:
+        """Builds generation `generation`'s process group (its keys apart from every other's)."""
+        import torch.distributed as dist
+        self.generation = generation
+        store = dist.PrefixStore(f"{self.group_prefix}gen_{generation}/", self.store)
+        dist.init_process_group(self.backend, store=store, rank=self.rank,
+                                world_size=self.world_size, timeout=self.timeout)
+
+    def device(self):
+        import torch
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+
+_group = None
+
+
+def _this_group() -> _Group:
+    global _group
+    if _group is None:
+        _group = _Group()
+    return _group
+
+
+def init_process_group(backend: str | None = None, timeout: datetime.timedelta | None = None):
+    """torch.distributed.init_process_group for the job's workers: the job's first group (env://),
+    or for a replacement the generation the survivors are building."""
+    import torch
+    import torch.distributed as dist
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not in_place():
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        return dist.init_process_group(backend, **kwargs)
+    g = _this_group()
+    g.backend = backend
+    if timeout is not None:
+        g.timeout = timeout
+    if g.generation == 0:
+        return dist.init_process_group(backend, init_method="env://", timeout=g.timeout)
+    return g.join(g.generation)
+
+
+class State:
+    """What a recovery restores and synchronises: `save`/`restore` keep and bring back a copy in
+    memory, `sync(root)` makes every rank's state the root's. Subclasses say what the state is."""
+
+    def __init__(self):
+        self._reset_callbacks = []
+
+    def register_reset_callbacks(self, callbacks) -> None:
+        """Callables run on every rank after each recovery (after the state is synchronised)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """The point a recovery rolls back to: a copy of the state, in memory."""
+        self.save()
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self, root: int = 0) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return ""
+
+
+class ObjectState(State):
+    """Counters and other picklable values, as attributes: `ObjectState(epoch=0, batch=0)`."""
+
+    def __init__(self, **values):
+        super().__init__()
+        self._names = list(values)
+        for name, value in values.items():
+            setattr(self, name, value)
+        self._saved_values = {}
+        ObjectState.save(self)
+
+    def _values(self):
+        return {name: getattr(self, name) for name in self._names}
+
+    def save(self) -> None:
+        self._saved_values = copy.deepcopy(self._values())
+
+    def restore(self) -> None:
+        for name, value in copy.deepcopy(self._saved_values).items():
+            setattr(self, name, value)
+
+    def sync(self, root: int = 0) -> None:
+        import torch.distributed as dist
+        values = [self._values() if dist.get_rank() == root else None]
+        dist.broadcast_object_list(values, src=root)
+        for name, value in values[0].items():
+            setattr(self, name, value)
+
+    def describe(self) -> str:
+        return " ".join(f"{name}={getattr(self, name)}" for name in self._names
+                        if isinstance(getattr(self, name), (int, float, str)))
+
+
+class TorchState(ObjectState):
+    """A model, an optimizer and counters: `TorchState(model=m, optimizer=opt, step=0)`. The
+    model's parameters and buffers are broadcast in place (the optimizer keeps referring to
+    them); the optimizer's state goes as an object; a restore also drops the gradients a failed
+    backward left half-reduced."""
+
+    def __init__(self, model=None, optimizer=None, **values):
+        self.model = model
+        self.optimizer = optimizer
+        self._saved_model = None
+        self._saved_optimizer = None
+        super().__init__(**values)
+        self.save()
+
+    def save(self) -> None:
+        super().save()
+        if self.model is not None:
+            self._saved_model = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        if self.optimizer is not None:
+            self._saved_optimizer = copy.deepcopy(self.optimizer.state_dict())
+
+    def restore(self) -> None:
+        super().restore()
+        if self.model is not None:
+            self.model.load_state_dict(self._saved_model)
+            for p in self.model.parameters():
+                p.grad = None
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(copy.deepcopy(self._saved_optimizer))
+
+    def sync(self, root: int = 0) -> None:
+        import torch
+        import torch.distributed as dist
+        super().sync(root)
+        if self.model is not None:
+            device = _this_group().device() if in_place() else None
+            with torch.no_grad():
+                for tensor in self.model.state_dict().values():
+                    if device is not None and tensor.device != device:
+                        staged = tensor.to(device)
+                        dist.broadcast(staged, src=root)
+                        tensor.copy_(staged)
+                    else:
+                        dist.broadcast(tensor, src=root)
+            for p in self.model.parameters():
+                p.grad = None
+        if self.optimizer is not None:
+            state = [self.optimizer.state_dict() if dist.get_rank() == root else None]
+            dist.broadcast_object_list(state, src=root)
+            if dist.get_rank() != root:
+                self.optimizer.load_state_dict(state[0])
+
+
+def _is_peer_failure(error: BaseException) -> bool:
+    import torch.distributed as dist
+    backend_error = getattr(dist, "DistBackendError", None)
+    if backend_error is not None and isinstance(error, backend_error):
+        return True
+    if not isinstance(error, RuntimeError):
+        return False
+    text = str(error).lower()
+    return any(marker in text for marker in _PEER_FAILURE_MARKERS)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _synchronize(g: _Group, state: State) -> int:
+    """Every rank takes the state of the lowest rank that kept its own; returns that rank."""
+    import torch
+    import torch.distributed as dist
+    facts = torch.tensor([g.rank if g.has_state else g.world_size], dtype=torch.int64,
+                         device=g.device())
+    dist.all_reduce(facts, op=dist.ReduceOp.MIN)
+    root = int(facts.item())
+    if root >= g.world_size:
+        raise RuntimeError(f"in-place recovery of generation {g.generation}: no rank kept its "
+                           "state, so there is nothing to recover from")
+    state.sync(root)
+    state.save()  # the state every rank holds now is the next recovery's restore point
+    g.has_state = True
+    g.last_root = root
+    return root
+
+
+def _recover(g: _Group, state: State, error: BaseException) -> None:
+    import torch.distributed as dist
+    failed_at = time.monotonic()
+    following = g.generation + 1
+    _say(f"rank {g.rank}: a collective failed ({_first_line(error)}); waiting for generation "
+         f"{following} of the group")
+    # The failed group's sockets close now, so that peers still waiting on this rank fail too.
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    gc.collect()  # what held the old group (a DDP wrapper in the failed frames) goes with it
+    try:
+        g.store.wait([g.generation_key(following)], GENERATION_TIMEOUT)
+    except Exception as e:
+        raise RuntimeError(f"{error}; and no generation {following} of the group came from the "
+                           f"agent ({_first_line(e)})") from error
+    latest = g.store.add(f"{g.prefix}generation", 0)
+    state.restore()
+    g.join(max(following, latest))
+    root = _synchronize(g, state)
+    if g.rank == root:  # the agent's word that the group is whole again
+        g.store.set(f"{g.prefix}gen/{g.generation}/recovered",
+                    f"root={root} wall_ns={time.time_ns()} {state.describe()}".strip())
+    state.on_reset()
+    elapsed_ms = (time.monotonic() - failed_at) * 1000
+    _say(f"rank {g.rank} recovered in place: generation {g.generation}, state from rank {root} "
+         f"({state.describe()}), {elapsed_ms:.1f} ms after its collective failed")
+
+
+def run(func):
+    """Runs `func(state, ...)`, and under the in-place policy runs it again after each recovery
+    from a peer's failure (see the module's documentation)."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args, **kwargs):
+        import torch.distributed as dist
+        if not in_place():
+            if not dist.is_initialized():
+                init_process_group()
+            return func(state, *args, **kwargs)
+        g = _this_group()
+        if not dist.is_initialized():
+            init_process_group()
+        if g.backend is None:
+            g.backend = dist.get_backend()
+        g.store  # connected now, not when the job is failing
+        if not g.has_state:  # a replacement: the survivors' state first
+            began = time.monotonic()
+            root = _synchronize(g, state)
+            state.on_reset()
+            _say(f"rank {g.rank} joined generation {g.generation} as a replacement: state from "
+                 f"rank {root} ({state.describe()}) in "
+                 f"{(time.monotonic() - began) * 1000:.1f} ms")
+        while True:
+            try:
+                return func(state, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001 (only a peer's failure is handled)
+                if not _is_peer_failure(error):
+                    raise
+                error.__traceback__ = None  # let go of the failed frames (and their DDP)
+                _recover(g, state, error)
+
+    return wrapper

@@ -9,12 +9,15 @@ fails, they wait for the agent's next generation, rebuild the group with the rep
 their state (model, SGD momentum, the step counter) and redo the step. Each step's batch follows
 from the step counter, so the job ends with the weights of a run that never failed: every rank
 prints "rank R pid P generation G steps S digest D" at the end, and "rank R pid P started" at its
-start. Under `--restart-policy group` (or torchrun) the same script restarts from step 0.
+start (--timestamps: each step's completion and the crash, with the wall clock, for
+bench/torch_recovery_bench.py). Under `--restart-policy group` (or torchrun) the same script
+restarts from step 0.
 """
 import argparse
 import hashlib
 import os
 import signal
+import time
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -29,6 +32,8 @@ def main():
     ap.add_argument("--crash-at-step", type=int, default=-1)
     ap.add_argument("--crash-how", choices=("kill", "exit"), default="kill")
     ap.add_argument("--commit-every", type=int, default=1)
+    ap.add_argument("--timestamps", action="store_true",
+                    help="print each step's completion and the crash with the wall clock")
     args = ap.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -48,6 +53,9 @@ def main():
         while state.step < args.steps:
             crash = (first_attempt and generation == 0 and rank == args.crash_rank
                      and state.step == args.crash_at_step)
+            if crash and args.timestamps:
+                print(f"rank {rank} crash at step {state.step} wall_ns {time.time_ns()}",
+                      flush=True)
             if crash and args.crash_how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if crash:
@@ -58,6 +66,9 @@ def main():
             state.optimizer.zero_grad()
             loss.backward()
             state.optimizer.step()
+            if args.timestamps:
+                print(f"rank {rank} pid {os.getpid()} step {state.step} done wall_ns "
+                      f"{time.time_ns()}", flush=True)
             state.step += 1
             if state.step % args.commit_every == 0:
                 state.commit()

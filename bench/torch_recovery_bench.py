@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Recovery of a torch DDP job from one worker's crash: torchrun's group restart, dist-launch's
+group restart, and dist-launch's in-place recovery (dist_launch.elastic), cold and warm.
+
+    python3 bench/torch_recovery_bench.py [--build build] [--python python3] [--runs 5]
+        [--nproc 2] [--steps 60] [--crash-at-step 25] [--modes torchrun,group,in-place,in-place-warm]
+
+Each run is one job of --nproc workers of examples/torch/elastic_train.py (gloo, CPU, a commit
+after every step, --max-restarts 1); rank 1 SIGKILLs itself as step --crash-at-step begins. The
+modes alternate (A B C D A B C D ...):
+  torchrun       torch's own launcher (`python -m torch.distributed.run`, its default static
+                 rendezvous on a free port): every worker stops, the group restarts from step 0;
+  group          dist-launch --max-restarts 1: the same, through dist-launch;
+  in-place       dist-launch --restart-policy in-place: rank 1 alone is started again; the
+                 survivors keep their processes and give it their state; the crash step is redone;
+  in-place-warm  the same with --warm-restart: the replacement is forked from the zygote.
+From the wall clock the script prints (the crash; each step's completion):
+  survivors training again = the latest survivor's first completed step after the crash
+  replacement training     = the new rank 1's first completed step after the crash
+  back at the crash step   = the latest rank to complete the crash step after the crash
+Every run's final weights must be the same on every rank (checked), and for two workers the same
+as an uninterrupted run's. A torchrun run that fails or does not finish in --timeout s counts as a
+failure (torchrun 2.x's static agent has been seen to hang after a worker's death, and its
+restarted workers to fail): reported, not timed. Debian's torch 1.13 torchrun does not run on
+Python 3.11: leave torchrun out of --modes there.
+"""
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCRIPT = os.path.join(ROOT, "examples", "torch", "elastic_train.py")
+CRASH = re.compile(r"rank 1 crash at step (\d+) wall_ns (\d+)")
+STEP = re.compile(r"rank (\d+) pid (\d+) step (\d+) done wall_ns (\d+)")
+END = re.compile(r"rank (\d+) pid \d+ generation \d+ steps \d+ digest (\w+)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(args, mode, crash):
+    train = [SCRIPT, "--steps", str(args.steps), "--timestamps"]
+    if crash:
+        train += ["--crash-at-step", str(args.crash_at_step)]
+    if mode == "torchrun":
+        return [args.python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
+                str(args.nproc), "--max_restarts", "1", "--master_addr", "127.0.0.1",
+                "--master_port", str(free_port()), *train]
+    extra = {"group": [], "in-place": ["--restart-policy", "in-place"],
+             "in-place-warm": ["--restart-policy", "in-place", "--warm-restart"]}[mode]
+    return [os.path.join(args.build, "bin", "dist-launch"), "--nproc-per-node", str(args.nproc),
+            "--max-restarts", "1", *extra, *train]
+
+
+def launch(args, mode, crash):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python,
+               PYTHONPATH=os.path.join(ROOT, "python"))  # torchrun's workers: dist_launch.elastic
+    try:
+        proc = subprocess.run(command(args, mode, crash), env=env, capture_output=True, text=True,
+                              timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        if mode == "torchrun":  # counted, as a hang is
+            print(f"{mode} failed ({proc.returncode}): {output.strip().splitlines()[-12:]}",
+                  file=sys.stderr)
+            return None
+        sys.exit(f"{mode} failed ({proc.returncode}):\n{output}")
+    return output
+
+
+def digests(output, mode):
+    found = dict((int(r), d) for r, d in END.findall(output))
+    if len(found) != len(set(range(len(found)))) or len(set(found.values())) != 1:
+        sys.exit(f"{mode}: the ranks ended with different weights:\n{output}")
+    return found[0]
+
+
+def job(args, mode, clean):
+    output = launch(args, mode, crash=True)
+    if output is None:
+        return None
+    digest = digests(output, mode)
+    if args.nproc == 2 and digest != clean:
+        sys.exit(f"{mode}: ended with {digest}, not the uninterrupted run's {clean}")
+    if mode.startswith("in-place") and "restarting the worker group" in output:
+        sys.exit(f"{mode} fell back to a group restart:\n{output}")
+    crash = CRASH.search(output)
+    if not crash:
+        sys.exit(f"{mode}: no crash line:\n{output}")
+    fault = int(crash.group(2))
+    steps = [(int(r), int(pid), int(s), int(ns)) for r, pid, s, ns in STEP.findall(output)]
+    before = {pid for _, pid, _, ns in steps if ns <= fault}
+    # After the kill: a new process's steps, or a survivor's from the crash step on (not the
+    # step before it, which a survivor may finish just after the kill).
+    after = [(r, s, ns) for r, pid, s, ns in steps
+             if ns > fault and (pid not in before or s >= args.crash_at_step)]
+    first = {}
+    for rank, _, ns in after:
+        first[rank] = min(first.get(rank, ns), ns)
+    back = [ns for _, step, ns in after if step == args.crash_at_step]
+    survivors = [first.get(r) for r in range(args.nproc) if r != 1]
+    if None in survivors or 1 not in first or len(back) < args.nproc:
+        sys.exit(f"{mode}: missing steps after the crash:\n{output}")
+    return ((max(survivors) - fault) / 1e9, (first[1] - fault) / 1e9, (max(back) - fault) / 1e9)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--python", default="python3")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--crash-at-step", type=int, default=25)
+    parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--modes", default="torchrun,group,in-place,in-place-warm")
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    clean = digests(launch(args, "group", crash=False), "uninterrupted")
+    results = {mode: [] for mode in modes}
+    failures = {mode: 0 for mode in modes}
+    for run in range(args.runs):
+        for mode in modes:  # A B C D A B C D
+            r = job(args, mode, clean)
+            if r is None:
+                failures[mode] += 1
+                print(f"run {run} {mode:13}: failed, or did not finish in {args.timeout:.0f} s",
+                      file=sys.stderr)
+                continue
+            results[mode].append(r)
+            print(f"run {run} {mode:13}: survivors {r[0] * 1e3:7.1f} ms, replacement "
+                  f"{r[1] * 1e3:7.1f} ms, back at the crash step {r[2] * 1e3:7.1f} ms",
+                  file=sys.stderr)
+
+    def ms(xs):
+        if not xs:
+            return "-"
+        return (f"{statistics.median(xs) * 1e3:7.1f} ms ({min(xs) * 1e3:.0f}-"
+                f"{max(xs) * 1e3:.0f})")
+
+    print(f"torch {version}, {args.nproc} workers, examples/torch/elastic_train.py --steps "
+          f"{args.steps}, rank 1 killed at step {args.crash_at_step}, {args.runs} runs each, "
+          f"medians (min-max) from the kill")
+    print(f"{'mode':14} {'survivors training again':>28} {'replacement training':>28} "
+          f"{'back at the crash step':>28}  finished")
+    for mode in modes:
+        rows = results[mode]
+        print(f"{mode:14} {ms([r[0] for r in rows]):>28} {ms([r[1] for r in rows]):>28} "
+              f"{ms([r[2] for r in rows]):>28}  {len(rows)}/{args.runs}")
+
+
+if __name__ == "__main__":
+    main()

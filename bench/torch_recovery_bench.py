@@ -27,6 +27,7 @@ Python 3.11: leave torchrun out of --modes there.
 import argparse
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -63,12 +64,16 @@ def command(args, mode, crash):
 def launch(args, mode, crash):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python,
                PYTHONPATH=os.path.join(ROOT, "python"))  # torchrun's workers: dist_launch.elastic
+    # Its own process group, all killed on a timeout: a hung torchrun leaves its workers behind.
+    proc = subprocess.Popen(command(args, mode, crash), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(command(args, mode, crash), env=env, capture_output=True, text=True,
-                              timeout=args.timeout)
+        out, err = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return None
-    output = proc.stdout + proc.stderr
+    output = out + err
     if proc.returncode != 0:
         if mode == "torchrun":  # counted, as a hang is
             print(f"{mode} failed ({proc.returncode}): {output.strip().splitlines()[-12:]}",

@@ -1,6 +1,8 @@
 """A PyTorch gloo DDP job (examples/torch/ddp_train.py, Debian's torch 1.13) on three hosts known by
 name ends with the same weights as the same job on one host. The master's host maps its own name to
-127.0.1.1, as Debian does; the commands hold names and an interface name, never an address.
+127.0.1.1, as Debian does; the commands hold names and an interface name, never an address. And
+in-place recovery across two of them (dist_launch.elastic, examples/torch/elastic_train.py): only
+the failed host's worker is replaced, the other keeps its process, the weights are one host's.
 
     python3 torch_named_hosts_test.py --launcher build/bin/dist-launch --named-hosts named-hosts.sh
 Exits 77 (skip) when that interpreter has no torch, or named hosts cannot be made here.
@@ -18,6 +20,7 @@ from named_hosts import SKIP, NamedHosts, unavailable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "torch", "ddp_train.py")
+ELASTIC = os.path.join(HERE, "..", "..", "examples", "torch", "elastic_train.py")
 HOSTS = ["node-a", "node-b", "node-c"]
 STORE_PORT = "29500"  # the hosts are fresh network namespaces: nothing else holds a port there
 JOB_TIMEOUT_S = 300
@@ -66,6 +69,33 @@ class TorchOnNamedHosts(unittest.TestCase):
             [("node-b", [ARGS.launcher, "--nproc-per-node", "3", EXAMPLE])])
         self.assertEqual(codes, [0], outputs[0])
         self.assertEqual(digests(outputs[0]), spread, outputs[0])
+
+    def test_in_place_across_two_hosts_replaces_only_the_failed_hosts_worker(self):
+        """--restart-policy in-place, one worker on each of node-a and node-b: node-b's is
+        SIGKILLed at step 12 and replaced there alone; node-a's keeps its process; both end with
+        the weights of the same job run uninterrupted on one host."""
+        train = [ELASTIC, "--steps", "30", "--crash-at-step", "12"]
+        two = [(host, [ARGS.launcher, "--nnodes", "2", "--node-rank", str(rank),
+                       "--master-addr", "node-a", "--master-port", STORE_PORT,
+                       "--nproc-per-node", "1", "--restart-policy", "in-place",
+                       "--max-restarts", "1", *train])
+               for rank, host in enumerate(HOSTS[:2])]
+        codes, outputs = self.run_nodes(two)
+        self.assertEqual(codes, [0, 0], "\n".join(outputs))
+        a, b = outputs
+        self.assertEqual(len(re.findall(r"rank 0 pid \d+ started", a)), 1, a)
+        self.assertRegex(a, r"rank 0 recovered in place: generation 1, state from rank 0")
+        self.assertEqual(len(re.findall(r"rank 1 pid \d+ started", b)), 2, b)
+        self.assertIn("replaced in place", b)
+        self.assertNotIn("restarting the worker group", a + b)
+        ends = re.findall(r"steps 30 digest (\w+)", a + b)
+        self.assertEqual(len(ends), 2, a + b)
+
+        codes, outputs = self.run_nodes(
+            [("node-b", [ARGS.launcher, "--nproc-per-node", "2", ELASTIC, "--steps", "30"])])
+        self.assertEqual(codes, [0], outputs[0])
+        self.assertEqual(set(re.findall(r"steps 30 digest (\w+)", outputs[0])), set(ends),
+                         outputs[0])
 
 
 if __name__ == "__main__":

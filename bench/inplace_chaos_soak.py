@@ -13,7 +13,9 @@ random every --min-gap..--max-gap s (uniform) and SIGKILLs it, until --faults ki
 runs to its end. Checked: exit 0, every rank's final SHA-256 equal to an uninterrupted run's of the
 same job. Reported, from the agent's event log: the in-place recoveries and their stall (the kill
 to the group's word that it is whole again), the fallbacks to a group restart and why, and the
-wall time. (bench/chaos_soak.py is the wider soak of issue 12: group restarts of elastic jobs on
+wall time. With --torch PYTHON the job is examples/torch/elastic_train.py (dist_launch.elastic, a
+commit every step; two workers, so that the weights are the uninterrupted run's to the bit: see
+tests/torch/elastic_test.py), cold or --warm. (bench/chaos_soak.py is the wider soak of issue 12: group restarts of elastic jobs on
 named hosts under agent kills, partitions, store loss.)
 """
 import argparse
@@ -34,10 +36,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DIGEST = re.compile(r"rank (\d+) weights sha256 ([0-9a-f]{64})")
+TORCH_DIGEST = re.compile(r"rank (\d+) pid \d+ generation \d+ steps \d+ digest (\w+)")
+ELASTIC = os.path.join(ROOT, "examples", "torch", "elastic_train.py")
 
 
-def workers_of(agent_pid):
-    """The agent's children that run ddp_train."""
+def workers_of(agent_pid, torch):
+    """The agent's children that run the job's workers (ddp_train, or elastic_train.py)."""
     found = []
     try:
         children = open(f"/proc/{agent_pid}/task/{agent_pid}/children").read().split()
@@ -49,7 +53,9 @@ def workers_of(agent_pid):
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if argv and os.path.basename(argv[0]) == b"ddp_train":
+        if torch and any(a.endswith(b"elastic_train.py") for a in argv):
+            found.append(pid)
+        elif not torch and argv and os.path.basename(argv[0]) == b"ddp_train":
             found.append(pid)
     return found
 
@@ -61,12 +67,13 @@ def run(args, chaos):
            "--event-log", events]
     if chaos:
         cmd += ["--restart-policy", "in-place", "--max-restarts", "100000"]
-    cmd += ["--no-python", os.path.join(args.build, "bin", "ddp_train"), "--epochs",
-            str(args.epochs), "--checkpoint-dir", os.path.join(work, "ckpt"),
-            "--checkpoint-every", "20"]
-    if chaos:
-        cmd.append("--in-place")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if args.torch:  # every recovery from the last commit (each step): no checkpoint needed
+        cmd += (["--warm-restart"] if args.warm else []) + [ELASTIC, "--steps", str(args.steps)]
+    else:
+        cmd += ["--no-python", os.path.join(args.build, "bin", "ddp_train"), "--epochs",
+                str(args.epochs), "--checkpoint-dir", os.path.join(work, "ckpt"),
+                "--checkpoint-every", "20"] + (["--in-place"] if chaos else [])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.torch or "python3")
     began = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -78,7 +85,7 @@ def run(args, chaos):
         rng = random.Random(args.seed)
         while len(kills) < args.faults and proc.poll() is None:
             time.sleep(rng.uniform(args.min_gap, args.max_gap))
-            victims = workers_of(proc.pid)
+            victims = workers_of(proc.pid, bool(args.torch))
             if not victims:
                 continue
             victim = rng.choice(victims)
@@ -102,7 +109,7 @@ def run(args, chaos):
     shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0:
         sys.exit(f"exit {proc.returncode} after {len(kills)} kills:\n{text[-6000:]}")
-    digests = dict(DIGEST.findall(text))
+    digests = dict((TORCH_DIGEST if args.torch else DIGEST).findall(text))
     if len(digests) != args.nproc:
         sys.exit(f"not every rank printed its digest:\n{text[-4000:]}")
     return digests, kills, log, wall
@@ -118,6 +125,11 @@ def main():
     parser.add_argument("--max-gap", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--torch", metavar="PYTHON", default="",
+                        help="soak examples/torch/elastic_train.py (dist_launch.elastic) on this "
+                             "interpreter instead of ddp_train")
+    parser.add_argument("--steps", type=int, default=3000, help="elastic_train.py's steps")
+    parser.add_argument("--warm", action="store_true", help="with --torch: --warm-restart")
     args = parser.parse_args()
 
     clean, _, _, clean_wall = run(args, chaos=False)
@@ -130,7 +142,9 @@ def main():
     stalls = [e["stall_ms"] for e in log if e["event"] == "inplace_recovered"]
     reasons = collections.Counter(re.sub(r"\d+", "N", e["reason"]) for e in log
                                   if e["event"] == "inplace_fallback")
-    print(f"{args.nproc} ddp_train workers, --epochs {args.epochs}: uninterrupted run "
+    job = (f"elastic_train.py --steps {args.steps} ({args.torch}{', warm' if args.warm else ''})"
+           if args.torch else f"ddp_train --epochs {args.epochs}")
+    print(f"{args.nproc} workers of {job}: uninterrupted run "
           f"{clean_wall:.1f} s; chaos run {wall:.1f} s with {len(kills)} SIGKILLs "
           f"(every {args.min_gap}-{args.max_gap} s, seed {args.seed})")
     print(f"in-place recoveries: {events['inplace_recovered']}, stall median "
@@ -139,7 +153,8 @@ def main():
     for reason, n in reasons.most_common():
         print(f"  fallback x{n}: {reason}")
     if len(kills) < args.faults:
-        sys.exit(f"the job ended after {len(kills)} of {args.faults} kills: raise --epochs")
+        sys.exit(f"the job ended after {len(kills)} of {args.faults} kills: raise --epochs "
+                 "(--steps)")
     if wrong:
         sys.exit(f"FAILED: ranks {sorted(wrong)} ended with other weights than the "
                  f"uninterrupted run's ({expected[:16]})")

@@ -37,6 +37,12 @@ JOB_TIMEOUT_S = 240
 FORKED = re.compile(r"round (\d+): (\d+) of (\d+) workers forked from the zygote")
 # The values that differ between any two runs of one job, cold or warm.
 PER_RUN = {"MASTER_PORT", "DIST_LAUNCH_AGENT_ID", "TORCHELASTIC_ERROR_FILE"}
+# The run directory (where the stand-in dist_launch package on PYTHONPATH lives) is per run too.
+RUN_DIR = re.compile(r"/dist-launch-[A-Za-z0-9]+/")
+
+
+def unrun(value):
+    return RUN_DIR.sub("/dist-launch-<run>/", value)
 
 
 def environment(**extra):
@@ -119,8 +125,9 @@ class WarmWorkers(Temp):
             c, w = dict(cold[rank]), dict(warm[rank])
             for state in (c, w):
                 for key in ("env", "child_env"):
-                    state[key] = {k: (v if k not in PER_RUN else "<per run>")
+                    state[key] = {k: (unrun(v) if k not in PER_RUN else "<per run>")
                                   for k, v in state[key].items()}
+                state["path"] = [unrun(entry) for entry in state["path"]]
                 for key in ("random", "numpy_random", "torch_seed"):
                     state.pop(key)
                 # A warm worker has exactly the descriptors the agent passes; a cold one, today,

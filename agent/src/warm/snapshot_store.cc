@@ -14,7 +14,6 @@
 #include <stdexcept>
 #include <vector>
 
-
 namespace dist::agent::warm {
 
 namespace fs = std::filesystem;

@@ -19,9 +19,11 @@
 #include <string>
 #include <thread>
 
+#include "health/python_hook.h"
 #include "processes/process.h"
 #include "warm/scratch.h"
 #include "warm/snapshot_store.h"
+#include "warm/stand_in.h"
 #include "warm/zygote.h"
 
 namespace dist::agent::warm {
@@ -255,9 +257,7 @@ TEST(SnapshotStoreTest, GivesTheWorkersTheirVariablesAndSweepsTornSaves) {
   EXPECT_EQ(env.at(kSnapshotDirVariable), (scratch.path() / "snapshots").string());
   EXPECT_EQ(env.at(kSnapshotMemoryVariable), "1048576");
   EXPECT_FALSE(env.contains(kSnapshotPersistVariable));
-  const std::string pythonpath = env.at("PYTHONPATH");
-  EXPECT_TRUE(pythonpath.ends_with((scratch.path() / "python").string())) << pythonpath;
-  EXPECT_TRUE(fs::exists(scratch.path() / "python" / "dist_launch" / "snapshot.py"));
+  EXPECT_FALSE(env.contains("PYTHONPATH")) << "the worker group's, for every job (stand_in.h)";
   const fs::path rank = store.directory() / "local_rank_0";
   fs::create_directories(rank);
   std::ofstream(rank / ".tmp.step_00000000000000000020.snap.12345") << "torn";
@@ -265,6 +265,26 @@ TEST(SnapshotStoreTest, GivesTheWorkersTheirVariablesAndSweepsTornSaves) {
   store.sweep_torn();
   EXPECT_FALSE(fs::exists(rank / ".tmp.step_00000000000000000020.snap.12345"));
   EXPECT_TRUE(fs::exists(rank / "step_00000000000000000010.snap"));
+}
+
+// The stand-in package every job's workers get, after their own PYTHONPATH and the hook's
+// directory before it; an empty path is left out.
+TEST(StandInPackageTest, IsWrittenWholeAndGoesAfterTheWorkersOwnPath) {
+  Scratch scratch("test-" + std::to_string(::getpid()));
+  const fs::path dir = scratch.path() / "package";
+  write_stand_in_package(dir);
+  for (const char* file : {"__init__.py", "snapshot.py", "elastic.py"}) {
+    EXPECT_GT(fs::file_size(dir / "dist_launch" / file), 1000u) << file;
+  }
+  Variables own{{"PYTHONPATH", "/mine"}};
+  add_python_paths(own, "/hook", dir, {"PYTHONPATH=/agents"});
+  EXPECT_EQ(own.at("PYTHONPATH"), "/hook:/mine:" + dir.string());
+  Variables inherited;
+  add_python_paths(inherited, "", dir, {"PYTHONPATH=/agents"});
+  EXPECT_EQ(inherited.at("PYTHONPATH"), "/agents:" + dir.string());
+  Variables none;
+  add_python_paths(none, "", "", {});
+  EXPECT_FALSE(none.contains("PYTHONPATH"));
 }
 
 TEST(SnapshotStoreTest, PersistsTheNewestAtOnceWhenAWorkerFails) {

@@ -293,7 +293,12 @@ pid_t WorkerGroup::replace(int local_rank, int generation) {
   SpawnedProcess p =
       spawn(w, plan_spawn(config_.worker_argv.front(), path ? path : ""), current_environment());
   try {
-    if (p.status_fd >= 0) confirm_started(p);  // (forked from the zygote: nothing to confirm)
+    if (p.status_fd >= 0) {
+      confirm_started(p);
+    } else {  // forked from the zygote: nothing to confirm
+      spdlog::info("the replacement of worker {} (local rank {}) was forked from the zygote", rank,
+                   local_rank);
+    }
   } catch (const std::exception& e) {
     w.exited = true;  // reaped, its pipes closed
     if (janitor_) janitor_->untrack(w.pid);

@@ -48,7 +48,9 @@ import datetime
 import functools
 import gc
 import os
+import socket
 import sys
+import threading
 import time
 
 __all__ = ["ObjectState", "State", "TorchState", "init_process_group", "in_place", "run"]
@@ -78,6 +80,19 @@ def _say(message: str) -> None:
     print(f"[dist_launch.elastic] {message}", file=sys.stderr, flush=True)
 
 
+def _socket_inodes():
+    """This process's sockets: {inode: descriptor}."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found[int(target[8:-1])] = int(name)
+    return found
+
+
 class _Group:
     """This worker's place in the job and the generations of its group (one per process)."""
 
@@ -96,32 +111,98 @@ class _Group:
         self.timeout = GROUP_TIMEOUT
         self.last_root = -1
         self._store = None
+        # The group's own sockets (inodes: the ones its init opened), which the watcher shuts
+        # down when the agent publishes the next generation: a rank whose collective waits on a
+        # peer that is alive (it waits on the dead one in turn) fails then too, at once.
+        self.sockets = set()
+        self.recovering = False
+        self.changed = threading.Condition()
+        self._watcher = None
 
     @property
     def store(self):
         """A client of the workers' store (MASTER_ADDR:MASTER_PORT), opened once."""
         if self._store is None:
-            import torch.distributed as dist
-            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                        self.world_size, False, timeout=self.timeout)
+            self._store = self._connect(self.timeout)
         return self._store
+
+    def _connect(self, timeout):
+        import torch.distributed as dist
+        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                             self.world_size, False, timeout=timeout)
 
     def generation_key(self, generation: int) -> str:
         return f"{self.prefix}gen/{generation}"
 
+    def init(self, **kwargs) -> None:
+        """torch's init_process_group, noting the sockets it opened (the group's)."""
+        import torch.distributed as dist
+        self.store  # connected first: not one of the group's
+        before = set(_socket_inodes())
+        dist.init_process_group(self.backend, timeout=self.timeout, **kwargs)
+        with self.changed:
+            self.sockets = set(_socket_inodes()) - before
+
     def join(self, generation: int) -> None:
         """Builds generation `generation`'s process group (its keys apart from every other's)."""
         import torch.distributed as dist
-        self.generation = generation
         store = dist.PrefixStore(f"{self.group_prefix}gen_{generation}/", self.store)
-        dist.init_process_group(self.backend, store=store, rank=self.rank,
-                                world_size=self.world_size, timeout=self.timeout)
+        self.init(store=store, rank=self.rank, world_size=self.world_size)
+        with self.changed:
+            self.generation = generation
+            self.recovering = False
+            self.changed.notify_all()
+
+    def watch(self) -> None:
+        """Starts the watcher (once): a thread with a store client of its own."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="dist_launch.elastic",
+                                             daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        try:
+            store = self._connect(datetime.timedelta(days=365))
+            while True:
+                with self.changed:
+                    following = self.generation + 1
+                store.wait([self.generation_key(following)])
+                with self.changed:
+                    if self.generation < following and not self.recovering:
+                        _shut_down(self.sockets)
+                    self.changed.wait_for(lambda: self.generation >= following)
+        except Exception:  # the store went with the job: nothing left to watch
+            return
 
     def device(self):
         import torch
         if self.backend == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
+
+
+def _shut_down(inodes) -> None:
+    """Shuts down (without closing: they are not ours to close) the connections to the peers
+    among the sockets with these inodes: whatever waits on them wakes with an error. A listening
+    socket (gloo aborts when its accept fails) and a connection to the store are left alone."""
+    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    current = _socket_inodes()
+    for inode in inodes:
+        fd = current.get(inode)
+        if fd is None:
+            continue
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            if not listening and sock.getpeername()[1] != store_port:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.detach()
 
 
 _group = None
@@ -149,7 +230,7 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
     if timeout is not None:
         g.timeout = timeout
     if g.generation == 0:
-        return dist.init_process_group(backend, init_method="env://", timeout=g.timeout)
+        return g.init(init_method="env://")
     return g.join(g.generation)
 
 
@@ -311,7 +392,12 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
     following = g.generation + 1
     _say(f"rank {g.rank}: a collective failed ({_first_line(error)}); waiting for generation "
          f"{following} of the group")
-    # The failed group's sockets close now, so that peers still waiting on this rank fail too.
+    # The failed group's sockets are shut down now, so that peers still waiting on this rank
+    # fail too (the watchers of the others do the same when the next generation comes).
+    with g.changed:
+        g.recovering = True
+        _shut_down(g.sockets)
+        g.sockets = set()
     try:
         dist.destroy_process_group()
     except Exception:
@@ -352,6 +438,7 @@ def run(func):
         if g.backend is None:
             g.backend = dist.get_backend()
         g.store  # connected now, not when the job is failing
+        g.watch()
         if not g.has_state:  # a replacement: the survivors' state first
             began = time.monotonic()
             root = _synchronize(g, state)

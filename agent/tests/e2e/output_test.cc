@@ -656,9 +656,10 @@ class SmallFileSystem {
 };
 
 TEST_F(OutputTest, AFullLogFileSystemIsAWarningNamingTheFileAndTheReportSaysLogsAreIncomplete) {
-  SmallFileSystem small(path("small"), "64k");
+  // (The run directory also holds the Python workers' hook and dist_launch package: ~60 KiB.)
+  SmallFileSystem small(path("small"), "256k");
   if (!small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << small.error();
-  constexpr long kLines = 20'000;  // 2 MB into 64 KiB
+  constexpr long kLines = 20'000;  // 2 MB into 256 KiB
   constexpr int kJobExitCode = 3;
   Launch launch(
       {"--log-dir", path("small"), "--rdzv-id", "job", "--tee", "3", "--no-python", kWorker,

@@ -10,13 +10,14 @@ The job: dist-launch --restart-policy in-place --max-restarts 100000 over --npro
 examples/ddp_train workers (--in-place, a checkpoint every 20 steps for the group restarts that a
 fault during a recovery falls back to). A killer picks one of the agent's ddp_train children at
 random every --min-gap..--max-gap s (uniform) and SIGKILLs it, until --faults kills. Then the job
-runs to its end. Checked: exit 0, every rank's final SHA-256 equal to an uninterrupted run's of the
-same job. Reported, from the agent's event log: the in-place recoveries and their stall (the kill
-to the group's word that it is whole again), the fallbacks to a group restart and why, and the
+runs to its end. Checked: exit 0, no process of the job left (by the agent's id in
+DIST_LAUNCH_AGENT_ID), every rank's final SHA-256 equal to an uninterrupted run's of the same job.
+Reported, from the agent's event log: the in-place recoveries and their stall (the kill to the
+group's word that it is whole again), the fallbacks to a group restart and why, and the
 wall time. With --torch PYTHON the job is examples/torch/elastic_train.py (dist_launch.elastic, a
 commit every step; two workers, so that the weights are the uninterrupted run's to the bit: see
-tests/torch/elastic_test.py), cold or --warm. (bench/chaos_soak.py is the wider soak of issue 12: group restarts of elastic jobs on
-named hosts under agent kills, partitions, store loss.)
+tests/torch/elastic_test.py), cold or --warm. (bench/chaos_soak.py is the wider soak of issue 12:
+group restarts of elastic jobs on named hosts under agent kills, partitions, store loss.)
 """
 import argparse
 import collections
@@ -57,6 +58,25 @@ def workers_of(agent_pid, torch):
             found.append(pid)
         elif not torch and argv and os.path.basename(argv[0]) == b"ddp_train":
             found.append(pid)
+    return found
+
+
+def job_processes(agent_pid):
+    """Processes still marked with the agent's id (DIST_LAUNCH_AGENT_ID=<agent pid>-...)."""
+    variable, ours = b"DIST_LAUNCH_AGENT_ID=", f"{agent_pid}-".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                entries = f.read().split(b"\0")
+        except OSError:
+            continue
+        for entry in entries:  # "<outer agents' ids>:<pid>-<random>"
+            if entry.startswith(variable) and any(
+                    part.startswith(ours) for part in entry[len(variable):].split(b":")):
+                found.append(int(name))
     return found
 
 
@@ -103,6 +123,11 @@ def run(args, chaos):
         sys.exit(f"the job did not end in {args.timeout} s:\n{''.join(output[-60:])}")
     reader.join()
     wall = time.monotonic() - began
+    left = job_processes(proc.pid)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    if left:
+        sys.exit(f"{len(left)} of the job's processes outlived it: {left}")
     text = "".join(output)
     with open(events) as f:
         log = [json.loads(line) for line in f]

@@ -33,7 +33,9 @@ after each recovery.
 
 A replacement (DIST_LAUNCH_GENERATION > 0) runs the same script: `init_process_group` joins the
 generation the survivors are building instead of the job's first group, and `run` receives the
-state before the function starts. Outside dist-launch's in-place policy (`--restart-policy group`,
+state before the function starts. (So call `elastic.init_process_group`, not torch's: torch's
+would wait for the job's first group, and ours also notes the group's connections, which a
+recovery shuts down so that a rank waiting on a live peer fails at once too.) Outside dist-launch's in-place policy (`--restart-policy group`,
 torchrun) `init_process_group` is torch's and `run` calls the function once: a failed collective
 is raised as usual, and the agent restarts the group.
 

@@ -3,14 +3,19 @@
 group restart, and dist-launch's in-place recovery (dist_launch.elastic), cold and warm.
 
     python3 bench/torch_recovery_bench.py [--build build] [--python python3] [--runs 5]
-        [--nproc 2] [--steps 60] [--crash-at-step 25] [--modes torchrun,group,in-place,in-place-warm]
+        [--nproc 2] [--steps 60] [--crash-at-step 25] [--named-hosts tests/named_hosts/named-hosts.sh]
+        [--modes torchrun,group,group-warm,in-place,in-place-warm]
 
 Each run is one job of --nproc workers of examples/torch/elastic_train.py (gloo, CPU, a commit
 after every step, --max-restarts 1); rank 1 SIGKILLs itself as step --crash-at-step begins. The
-modes alternate (A B C D A B C D ...):
+modes alternate (A B C D A B C D ...). With --named-hosts each job runs on two hosts (network
+namespaces node-a and node-b, --nproc/2 workers each, two agents or two torchruns), rank 1 on
+node-a:
   torchrun       torch's own launcher (`python -m torch.distributed.run`, its default static
                  rendezvous on a free port): every worker stops, the group restarts from step 0;
   group          dist-launch --max-restarts 1: the same, through dist-launch;
+  group-warm     the same with --warm-restart: every worker of the new attempt forked from the
+                 zygote;
   in-place       dist-launch --restart-policy in-place: rank 1 alone is started again; the
                  survivors keep their processes and give it their state; the crash step is redone;
   in-place-warm  the same with --warm-restart: the replacement is forked from the zygote.
@@ -32,6 +37,8 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,23 +54,37 @@ def free_port():
         return s.getsockname()[1]
 
 
-def command(args, mode, crash):
+_ports = iter(range(29500, 30500))  # fresh network namespaces: nothing else holds their ports
+
+
+def command(args, mode, crash, node=None, port=None):
+    """The job's command line; with node (0 or 1): that node's half of a two-host job."""
     train = [SCRIPT, "--steps", str(args.steps), "--timestamps"]
     if crash:
         train += ["--crash-at-step", str(args.crash_at_step)]
+    nodes = [] if node is None else ["--nnodes", "2", "--node-rank", str(node)]
+    per_node = args.nproc if node is None else args.nproc // 2
+    master = "127.0.0.1" if node is None else "node-a"
     if mode == "torchrun":
-        return [args.python, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node",
-                str(args.nproc), "--max_restarts", "1", "--master_addr", "127.0.0.1",
-                "--master_port", str(free_port()), *train]
-    extra = {"group": [], "in-place": ["--restart-policy", "in-place"],
+        return [args.python, "-m", "torch.distributed.run",
+                *(["--nnodes", "1"] if node is None else ["--nnodes", "2", "--node_rank",
+                                                           str(node)]),
+                "--nproc_per_node", str(per_node), "--max_restarts", "1", "--master_addr", master,
+                "--master_port", str(port or free_port()), *train]
+    extra = {"group": [], "group-warm": ["--warm-restart"],
+             "in-place": ["--restart-policy", "in-place"],
              "in-place-warm": ["--restart-policy", "in-place", "--warm-restart"]}[mode]
-    return [os.path.join(args.build, "bin", "dist-launch"), "--nproc-per-node", str(args.nproc),
-            "--max-restarts", "1", *extra, *train]
+    if node is not None:
+        extra += ["--master-addr", master, "--master-port", str(port)]
+    return [os.path.join(args.build, "bin", "dist-launch"), *nodes, "--nproc-per-node",
+            str(per_node), "--max-restarts", "1", *extra, *train]
 
 
 def launch(args, mode, crash):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python,
                PYTHONPATH=os.path.join(ROOT, "python"))  # torchrun's workers: dist_launch.elastic
+    if args.hosts is not None:
+        return launch_on_hosts(args, mode, crash, env)
     # Its own process group, all killed on a timeout: a hung torchrun leaves its workers behind.
     proc = subprocess.Popen(command(args, mode, crash), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -80,6 +101,38 @@ def launch(args, mode, crash):
                   file=sys.stderr)
             return None
         sys.exit(f"{mode} failed ({proc.returncode}):\n{output}")
+    return output
+
+
+def launch_on_hosts(args, mode, crash, env):
+    """One job on node-a and node-b (network namespaces), nproc/2 workers each; the two outputs
+    together, or None when it did not end in time (both killed) or failed under torchrun."""
+    env = dict(env, GLOO_SOCKET_IFNAME="eth0")  # (node-a's own name is 127.0.1.1, as on Debian)
+    port = next(_ports)
+    logs = [tempfile.NamedTemporaryFile("r", prefix=f"torch-recovery-{h}-", suffix=".log")
+            for h in ("node-a", "node-b")]
+    procs = [args.hosts.start(host, command(args, mode, crash, node, port), env=env, log=log.name)
+             for node, (host, log) in enumerate(zip(("node-a", "node-b"), logs))]
+    deadline = time.monotonic() + args.timeout
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = "".join(log.read() for log in logs)
+    for log in logs:
+        log.close()
+    if None in codes or any(codes):
+        if mode == "torchrun" or None in codes:
+            print(f"{mode} on two hosts: exit codes {codes}: {output.strip().splitlines()[-8:]}",
+                  file=sys.stderr)
+            return None
+        sys.exit(f"{mode} on two hosts failed ({codes}):\n{output}")
     return output
 
 
@@ -135,7 +188,27 @@ def main():
     parser.add_argument("--crash-at-step", type=int, default=25)
     parser.add_argument("--timeout", type=float, default=120)
     parser.add_argument("--modes", default="torchrun,group,in-place,in-place-warm")
+    parser.add_argument("--named-hosts", metavar="SCRIPT", default=None,
+                        help="run each job on two hosts (tests/named_hosts/named-hosts.sh: "
+                             "node-a, node-b; root), --nproc/2 workers each")
     args = parser.parse_args()
+    args.hosts = None
+    if args.named_hosts:
+        sys.path.insert(0, os.path.join(ROOT, "tests", "named_hosts"))
+        from named_hosts import NamedHosts, unavailable
+        why = unavailable(os.path.abspath(args.named_hosts))
+        if why:
+            sys.exit(f"named hosts: {why}")
+        args.hosts = NamedHosts(os.path.abspath(args.named_hosts), ["node-a", "node-b"],
+                                loopback_self="node-a")
+    try:
+        bench(args)
+    finally:
+        if args.hosts is not None:
+            args.hosts.close()
+
+
+def bench(args):
     modes = args.modes.split(",")
     version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True, check=True).stdout.strip()
@@ -161,7 +234,8 @@ def main():
         return (f"{statistics.median(xs) * 1e3:7.1f} ms ({min(xs) * 1e3:.0f}-"
                 f"{max(xs) * 1e3:.0f})")
 
-    print(f"torch {version}, {args.nproc} workers, examples/torch/elastic_train.py --steps "
+    where = " on two named hosts" if args.hosts is not None else ""
+    print(f"torch {version}, {args.nproc} workers{where}, examples/torch/elastic_train.py --steps "
           f"{args.steps}, rank 1 killed at step {args.crash_at_step}, {args.runs} runs each, "
           f"medians (min-max) from the kill")
     print(f"{'mode':14} {'survivors training again':>28} {'replacement training':>28} "

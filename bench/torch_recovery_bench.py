@@ -80,18 +80,44 @@ def command(args, mode, crash, node=None, port=None):
             str(per_node), "--max-restarts", "1", *extra, *train]
 
 
+MARKER = "DIST_RECOVERY_BENCH_JOB"
+
+
+def kill_marked(job):
+    """SIGKILLs every process whose environment carries this job's marker: what a hung torchrun
+    leaves behind (its workers run in sessions of their own, holding our pipes)."""
+    mark = f"{MARKER}={job}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            continue
+
+
+_jobs = iter(range(1, 1 << 30))
+
+
 def launch(args, mode, crash):
+    job = f"{os.getpid()}-{next(_jobs)}"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python,
-               PYTHONPATH=os.path.join(ROOT, "python"))  # torchrun's workers: dist_launch.elastic
+               PYTHONPATH=os.path.join(ROOT, "python"),  # torchrun's workers: dist_launch.elastic
+               **{MARKER: job})
     if args.hosts is not None:
-        return launch_on_hosts(args, mode, crash, env)
-    # Its own process group, all killed on a timeout: a hung torchrun leaves its workers behind.
+        try:
+            return launch_on_hosts(args, mode, crash, env)
+        finally:
+            kill_marked(job)
     proc = subprocess.Popen(command(args, mode, crash), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+        kill_marked(job)
         proc.communicate()
         return None
     output = out + err

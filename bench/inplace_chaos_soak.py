@@ -10,8 +10,8 @@ The job: dist-launch --restart-policy in-place --max-restarts 100000 over --npro
 examples/ddp_train workers (--in-place, a checkpoint every 20 steps for the group restarts that a
 fault during a recovery falls back to). A killer picks one of the agent's ddp_train children at
 random every --min-gap..--max-gap s (uniform) and SIGKILLs it, until --faults kills. Then the job
-runs to its end. Checked: exit 0, no process of the job left (by the agent's id in
-DIST_LAUNCH_AGENT_ID), every rank's final SHA-256 equal to an uninterrupted run's of the same job.
+runs to its end. Checked: exit 0, no process of the job left (by ttfs_bench's marker in the
+environment), every rank's final SHA-256 equal to an uninterrupted run's of the same job.
 Reported, from the agent's event log: the in-place recoveries and their stall (the kill to the
 group's word that it is whole again), the fallbacks to a group restart and why, and the
 wall time. With --torch PYTHON the job is examples/torch/elastic_train.py (dist_launch.elastic, a
@@ -33,6 +33,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from ttfs_bench import JOB_MARKER, end_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -61,25 +63,6 @@ def workers_of(agent_pid, torch):
     return found
 
 
-def job_processes(agent_pid):
-    """Processes still marked with the agent's id (DIST_LAUNCH_AGENT_ID=<agent pid>-...)."""
-    variable, ours = b"DIST_LAUNCH_AGENT_ID=", f"{agent_pid}-".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                entries = f.read().split(b"\0")
-        except OSError:
-            continue
-        for entry in entries:  # "<outer agents' ids>:<pid>-<random>"
-            if entry.startswith(variable) and any(
-                    part.startswith(ours) for part in entry[len(variable):].split(b":")):
-                found.append(int(name))
-    return found
-
-
 def run(args, chaos):
     work = tempfile.mkdtemp(prefix="chaos-soak-")
     events = os.path.join(work, "events.jsonl")
@@ -93,7 +76,9 @@ def run(args, chaos):
         cmd += ["--no-python", os.path.join(args.build, "bin", "ddp_train"), "--epochs",
                 str(args.epochs), "--checkpoint-dir", os.path.join(work, "ckpt"),
                 "--checkpoint-every", "20"] + (["--in-place"] if chaos else [])
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.torch or "python3")
+    job = f"{os.getpid()}-{'chaos' if chaos else 'clean'}"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.torch or "python3",
+               **{JOB_MARKER: job})
     began = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -123,11 +108,9 @@ def run(args, chaos):
         sys.exit(f"the job did not end in {args.timeout} s:\n{''.join(output[-60:])}")
     reader.join()
     wall = time.monotonic() - began
-    left = job_processes(proc.pid)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    left = end_job(proc, job)  # kills and counts what carries the job's marker
     if left:
-        sys.exit(f"{len(left)} of the job's processes outlived it: {left}")
+        sys.exit(f"{left} of the job's processes outlived it")
     text = "".join(output)
     with open(events) as f:
         log = [json.loads(line) for line in f]

@@ -33,12 +33,13 @@ import argparse
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from ttfs_bench import JOB_MARKER, end_job, free_port, marked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -46,12 +47,6 @@ SCRIPT = os.path.join(ROOT, "examples", "torch", "elastic_train.py")
 CRASH = re.compile(r"rank 1 crash at step (\d+) wall_ns (\d+)")
 STEP = re.compile(r"rank (\d+) pid (\d+) step (\d+) done wall_ns (\d+)")
 END = re.compile(r"rank (\d+) pid \d+ generation \d+ steps \d+ digest (\w+)")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _ports = iter(range(29500, 30500))  # fresh network namespaces: nothing else holds their ports
@@ -80,44 +75,28 @@ def command(args, mode, crash, node=None, port=None):
             str(per_node), "--max-restarts", "1", *extra, *train]
 
 
-MARKER = "DIST_RECOVERY_BENCH_JOB"
-
-
-def kill_marked(job):
-    """SIGKILLs every process whose environment carries this job's marker: what a hung torchrun
-    leaves behind (its workers run in sessions of their own, holding our pipes)."""
-    mark = f"{MARKER}={job}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if mark in f.read().split(b"\0"):
-                    os.kill(int(name), signal.SIGKILL)
-        except OSError:
-            continue
-
-
 _jobs = iter(range(1, 1 << 30))
 
 
 def launch(args, mode, crash):
+    # Every process of the job carries ttfs_bench's marker: a hung torchrun's workers (in sessions
+    # of their own, holding our pipes) are killed by it.
     job = f"{os.getpid()}-{next(_jobs)}"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python,
                PYTHONPATH=os.path.join(ROOT, "python"),  # torchrun's workers: dist_launch.elastic
-               **{MARKER: job})
+               **{JOB_MARKER: job})
     if args.hosts is not None:
         try:
             return launch_on_hosts(args, mode, crash, env)
         finally:
-            kill_marked(job)
+            for pid in marked(job):
+                os.kill(pid, signal.SIGKILL)
     proc = subprocess.Popen(command(args, mode, crash), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        kill_marked(job)
+        end_job(proc, job)
         proc.communicate()
         return None
     output = out + err

@@ -1,5 +1,5 @@
 """The `dist_launch` package dist-launch puts on its Python workers' path (appended to PYTHONPATH,
-in the agent's run directory: agent/src/warm/stand_in.h), so that `from dist_launch import
+in the agent's run directory: agent/src/health/python_hook.h), so that `from dist_launch import
 snapshot, elastic` works in an interpreter where dist_launch is not installed. Where it is
 installed, the installed package is what gets imported: this module finds it further along
 sys.path and makes way for it (keeping this directory on its __path__, for an installed version

@@ -45,6 +45,7 @@ dist::sdk::InPlaceRecovery.
 """
 from __future__ import annotations
 
+import abc
 import copy
 import datetime
 import functools
@@ -236,7 +237,7 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
     return g.join(g.generation)
 
 
-class State:
+class State(abc.ABC):
     """What a recovery restores and synchronises: `save`/`restore` keep and bring back a copy in
     memory, `sync(root)` makes every rank's state the root's. Subclasses say what the state is."""
 
@@ -255,14 +256,14 @@ class State:
         """The point a recovery rolls back to: a copy of the state, in memory."""
         self.save()
 
-    def save(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def save(self) -> None: ...
 
-    def restore(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def restore(self) -> None: ...
 
-    def sync(self, root: int = 0) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def sync(self, root: int = 0) -> None: ...
 
     def describe(self) -> str:
         return ""

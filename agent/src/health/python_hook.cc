@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "warm_python_sources.h"  // the stand-in package (warm/warm.cmake)
+
 namespace dist::agent {
 
 extern const std::string_view kProgressModule;  // generated from python/dist_launch/progress.py
@@ -59,6 +61,16 @@ void write_file(const fs::path& path, std::string_view text) {
 }
 
 }  // namespace
+
+void write_stand_in_package(const fs::path& dir) {
+  const fs::path package = dir / "dist_launch";
+  std::error_code ec;
+  fs::create_directories(package, ec);
+  if (ec) throw std::runtime_error("cannot create " + package.string() + " (" + ec.message() + ")");
+  write_file(package / "__init__.py", warm::python::kStandInPackage);
+  write_file(package / "snapshot.py", warm::python::kSnapshot);
+  write_file(package / "elastic.py", warm::python::kElastic);
+}
 
 fs::path write_python_hook(const fs::path& run_dir) {
   const fs::path dir = run_dir / "python";

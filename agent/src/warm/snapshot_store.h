@@ -13,7 +13,7 @@
 // memory has none: after a restart of the node.
 //
 // Python workers import dist_launch.snapshot from the stand-in package every Python worker gets
-// (warm/stand_in.h) where dist_launch is not installed.
+// (health/python_hook.h) where dist_launch is not installed.
 #pragma once
 
 #include <chrono>

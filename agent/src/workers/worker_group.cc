@@ -16,7 +16,6 @@
 #include "processes/process.h"
 #include "warm/scratch.h"
 #include "warm/snapshot_store.h"
-#include "warm/stand_in.h"
 #include "warm/warm_start.h"
 #include "workers/failure_report.h"
 #include "workers/worker_env.h"
@@ -153,7 +152,7 @@ void WorkerGroup::write_python_files_once() {
     }
   }
   try {
-    warm::write_stand_in_package(dir_.path() / "package");
+    write_stand_in_package(dir_.path() / "package");
     python_package_ = dir_.path() / "package";
   } catch (const std::exception& e) {
     spdlog::warn("Python workers get no dist_launch package (snapshot, elastic): {}", e.what());

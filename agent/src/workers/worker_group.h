@@ -170,7 +170,7 @@ class WorkerGroup {
   // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
   std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
   std::filesystem::path python_hook_;     // on the workers' PYTHONPATH (health/python_hook.h)
-  std::filesystem::path python_package_;  // the stand-in dist_launch package (warm/stand_in.h)
+  std::filesystem::path python_package_;  // the stand-in dist_launch package (health/python_hook.h)
   bool python_files_written_ = false;
   std::vector<LogFileError> incomplete_logs_;
   std::vector<WorkerFailure> late_failures_;

@@ -23,7 +23,6 @@
 #include "processes/process.h"
 #include "warm/scratch.h"
 #include "warm/snapshot_store.h"
-#include "warm/stand_in.h"
 #include "warm/zygote.h"
 
 namespace dist::agent::warm {
@@ -257,7 +256,8 @@ TEST(SnapshotStoreTest, GivesTheWorkersTheirVariablesAndSweepsTornSaves) {
   EXPECT_EQ(env.at(kSnapshotDirVariable), (scratch.path() / "snapshots").string());
   EXPECT_EQ(env.at(kSnapshotMemoryVariable), "1048576");
   EXPECT_FALSE(env.contains(kSnapshotPersistVariable));
-  EXPECT_FALSE(env.contains("PYTHONPATH")) << "the worker group's, for every job (stand_in.h)";
+  EXPECT_FALSE(env.contains("PYTHONPATH"))
+      << "the worker group's, for every job (health/python_hook.h)";
   const fs::path rank = store.directory() / "local_rank_0";
   fs::create_directories(rank);
   std::ofstream(rank / ".tmp.step_00000000000000000020.snap.12345") << "torn";

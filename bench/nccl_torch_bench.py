@@ -39,7 +39,7 @@ def main():
     parser.add_argument("--op", choices=["sum", "avg"], default="sum",
                         help="sum: nothing to do at one rank; avg: NCCL's kernel over every byte")
     args = parser.parse_args()
-    op = dist.ReduceOp.AVG if args.op == "avg" else dist.ReduceOp.SUM
+    reduce_op = dist.ReduceOp.AVG if args.op == "avg" else dist.ReduceOp.SUM
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -53,11 +53,12 @@ def main():
     for size in (int(s) for s in args.sizes.split(",")):
         data = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
 
-        def op():
-            dist.all_reduce(data, op=op)
+        def all_reduce():
+            dist.all_reduce(data, op=reduce_op)
             torch.cuda.synchronize()
 
-        times = [seconds_per_op(op, args.min_seconds / args.rounds) for _ in range(args.rounds)]
+        times = [seconds_per_op(all_reduce, args.min_seconds / args.rounds)
+                 for _ in range(args.rounds)]
         print(f"{data.numel() * 4:>12} {statistics.median(times) * 1e6:>12.2f}", flush=True)
     dist.destroy_process_group()
 

@@ -53,7 +53,8 @@ if $build; then
   fi
   type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
   [ "$type" = Release ] || say "warning: $build_dir is a '$type' build, not Release"
-  if ! cmake --build "$build_dir" --target help | grep -q sdk_gpu_tests; then
+  # (not `| grep -q`: under pipefail, make's broken pipe would fail the test when grep matched)
+  if ! cmake --build "$build_dir" --target help | grep sdk_gpu_tests >/dev/null; then
     say "$build_dir has no NCCL backend or no nvcc (DIST_WITH_NCCL, CUDAToolkit_ROOT, NCCL_ROOT)"
     exit 77
   fi
@@ -70,7 +71,8 @@ for name in "${!programs[@]}"; do
   strip --strip-unneeded -o "$out/bin/$name" "$build_dir/bin/${programs[$name]}"
 done
 cp "$root/scripts/gpu-check.sh" "$out/gpu-check.sh"
-cp "$root/bench/nccl_compare.py" "$root/bench/nccl_torch_bench.py" "$out/bench/"
+cp "$root/bench/nccl_compare.py" "$root/bench/nccl_torch_bench.py" "$root/bench/cuda_warm_restart.py" \
+  "$out/bench/"
 cp "$root/examples/data/"* "$out/data/"
 
 # The libraries the programs load, transitively, that are not the GPU machine's own: copied under

@@ -19,8 +19,8 @@
 #                ProcessGroupNCCL on this GPU, synchronous 8 B and 64 MiB all-reduces, interleaved,
 #                medians (sum: nothing to move at one rank; avg: NCCL's kernel over every byte)
 #   sdk_nccl     sdk_tests' NCCL tests (one rank per visible GPU)
-#   warm_restart the warm-restart and in-place-recovery benchmarks with CUDA workers, once the
-#                bundle has them
+#   warm_restart bench/cuda_warm_restart.py (torch, NCCL) crashed and restarted, cold and under
+#                --warm-restart: the forked worker creates its CUDA context; crash-to-step times
 # Without a GPU (nvidia-smi lists none, or GPU_CHECK_FORCE_CPU=1) the GPU steps are skipped,
 # saying so, and the others run: a test runs it so on machines without one. GPU_CHECK_FORCE_GPU=1
 # runs the GPU steps anyway (a rehearsal of this script: without a device they skip or fail).
@@ -256,7 +256,42 @@ sdk_nccl() {
   return $rc
 }
 
-export -f facts link_nccl with_nccl load sdk_cpu gpu_test ddp_train compare sdk_nccl
+# Warm restart with CUDA workers: bench/cuda_warm_restart.py (NCCL, one rank per GPU) crashes at
+# step 5 and is restarted, cold and under --warm-restart (forked from a zygote that imported torch
+# without touching CUDA), interleaved; each run's time from the crash to attempt 1's first step.
+warm_restart() {
+  local dir="$out/warm_restart" run mode rc=0
+  local -A times=([cold]="" [warm]="")
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  ((gpus >= 1)) || gpus=1
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  for run in 1 2 3; do
+    for mode in cold warm; do
+      local log="$dir/$mode-$run.txt" flags=()
+      [ $mode = warm ] && flags=(--warm-restart)
+      with_nccl timeout 60 "$here/bin/dist-launch" --nproc-per-node "$gpus" --max-restarts 1 \
+        "${flags[@]}" "$here/bench/cuda_warm_restart.py" >"$log" 2>&1
+      local status=$? ms forked
+      ms=$(awk '/crashes at/ {c = $NF} /attempt 1 rank 0 step 1 done at/ {s = $NF}
+        END {if (c && s) printf "%.0f", (s - c) * 1000}' "$log")
+      forked=$(grep -ac 'forked from the zygote' "$log")
+      echo "$mode run $run: exit $status, crash to first step of attempt 1: ${ms:-none} ms, zygote lines $forked"
+      if [ $status -ne 0 ] || [ -z "$ms" ] || ! grep -aq 'attempt 1 rank 0 step 10 done' "$log" ||
+        { [ $mode = warm ] && [ "$forked" -eq 0 ]; }; then
+        rc=1
+        tail -20 "$log"
+      fi
+      times[$mode]+="${ms:-} "
+    done
+  done
+  median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]; else print "none"}'; }
+  echo "NOTE: crash to first CUDA step, $gpus rank(s), NCCL: cold $(echo "${times[cold]}" | median) ms, warm $(echo "${times[warm]}" | median) ms (medians of 3; cold ${times[cold]% }, warm ${times[warm]% })"
+  return $rc
+}
+
+export -f facts link_nccl with_nccl load sdk_cpu gpu_test ddp_train compare sdk_nccl warm_restart
 
 main() {
   echo "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), bundle $here, output $out, budget ${budget}s"
@@ -277,13 +312,13 @@ main() {
       esac
     done
     step ddp_train 200 ddp_train
+    step warm_restart 120 warm_restart
     step compare_sum 120 compare sum
     step compare_avg 120 compare avg
     step sdk_nccl 60 sdk_nccl
   else
-    for t in gpu_tests ddp_train compare_sum compare_avg sdk_nccl; do gpu_step_skipped "$t"; done
+    for t in gpu_tests ddp_train warm_restart compare_sum compare_avg sdk_nccl; do gpu_step_skipped "$t"; done
   fi
-  record warm_restart SKIP 0 "no warm-restart or in-place-recovery benchmark in this bundle yet"
 
   {
     echo

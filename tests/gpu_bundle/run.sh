@@ -47,7 +47,7 @@ grep -q 'the GPU steps are SKIPPED' "$out/log.txt" || fail "no message that the 
 for s in facts nccl_link load sdk_cpu; do
   grep -qE "^$s +PASS" "$summary" || fail "step $s did not pass: $(grep "^$s " "$summary")"
 done
-for s in gpu_tests ddp_train compare_sum compare_avg sdk_nccl; do
+for s in gpu_tests ddp_train warm_restart compare_sum compare_avg sdk_nccl; do
   grep -qE "^$s +SKIP .*no GPU on this machine" "$summary" || fail "step $s was not skipped"
 done
 grep -q 'loaded NCCL [0-9]' "$summary" || fail "the loaded NCCL's version is not in the summary"

@@ -86,7 +86,13 @@ ncclDataType_t nccl_type(DataType t) {
   throw std::invalid_argument("no NCCL type for DataType " + std::to_string(static_cast<int>(t)));
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+// `group_size` ranks reduce with `op`. An average over one rank is the value itself: NCCL's
+// one-rank path for ncclAvg (a pre-multiply kernel, src/device/onerank.cu) splits the elements
+// into up to 32 blocks of alignUp(count / blocks, 16 / element size) and drops the tail when that
+// rounds down, for example the last 3 of 1,000,003 doubles (seen on an H100 with NCCL 2.28.9:
+// worker_sdk/tests/gpu_test.cc, OutOfPlaceResultsAreNcclsWorkInEveryDataType). ncclSum is a copy.
+ncclRedOp_t nccl_op(ReduceOp op, int group_size) {
+  if (op == ReduceOp::kAvg && group_size == 1) return ncclSum;
   switch (op) {
     case ReduceOp::kSum:
       return ncclSum;
@@ -312,7 +318,7 @@ class NcclProcessGroup : public ProcessGroup {
   Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
                         CudaStream stream) override {
     const auto t = nccl_type(type);
-    const auto o = nccl_op(op);
+    const auto o = nccl_op(op, size_);
     return issue("all_reduce", stream,
                  [&](cudaStream_t s) { return ncclAllReduce(data, data, count, t, o, comm_, s); });
   }
@@ -336,7 +342,7 @@ class NcclProcessGroup : public ProcessGroup {
   Work reduce_scatter_async(const void* input, void* output, std::size_t count, DataType type,
                             ReduceOp op, CudaStream stream) override {
     const auto t = nccl_type(type);
-    const auto o = nccl_op(op);
+    const auto o = nccl_op(op, size_);
     return issue("reduce_scatter", stream, [&](cudaStream_t s) {
       return ncclReduceScatter(input, output, count, t, o, comm_, s);
     });

@@ -20,6 +20,7 @@ import signal
 import time
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dist_launch import elastic
@@ -80,6 +81,10 @@ def main():
     generation = elastic._this_group().generation if elastic.in_place() else 0
     print(f"rank {rank} pid {os.getpid()} generation {generation} steps {state.step} "
           f"digest {digest.hexdigest()[:16]}", flush=True)
+    # torch's own advice (2.x warns without it): a group left to the interpreter's exit is torn
+    # down while its peers leave too, and gloo's threads then ended one worker in CI with
+    # "terminate called without an active exception" (SIGABRT) after its last step.
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

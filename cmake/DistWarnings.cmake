@@ -12,3 +12,10 @@ function(dist_target_warnings target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>)
   endif()
 endfunction()
+
+# A unity build (CMAKE_UNITY_BUILD, as scripts/demo.sh builds) includes several .cc files into one:
+# GCC then takes a type of one .cc that uses its anonymous namespace for a type "defined in a
+# header", a false -Wsubobject-linkage. Each .cc builds on its own, every warning on, by default.
+if(CMAKE_UNITY_BUILD AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-Wno-subobject-linkage>)
+endif()

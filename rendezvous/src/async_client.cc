@@ -26,10 +26,10 @@ using Task = asio::awaitable<T>;
 
 namespace {
 
-constexpr milliseconds kInitialBackoff{100};
-constexpr milliseconds kMaxBackoff{2000};
-constexpr double kBackoffFactor = 1.5;
-constexpr std::size_t kReadChunkBytes = 64 * 1024;
+using requests::kBackoffFactor;
+using requests::kInitialBackoff;
+using requests::kMaxBackoff;
+using requests::kReadChunkBytes;
 
 }  // namespace
 

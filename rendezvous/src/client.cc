@@ -28,10 +28,10 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr milliseconds kInitialBackoff{100};
-constexpr milliseconds kMaxBackoff{2000};
-constexpr double kBackoffFactor = 1.5;
-constexpr std::size_t kReadChunkBytes = 64 * 1024;
+using requests::kBackoffFactor;
+using requests::kInitialBackoff;
+using requests::kMaxBackoff;
+using requests::kReadChunkBytes;
 constexpr std::size_t kMaxSecretFileBytes = 64 * 1024;  // a token, not a data file
 
 // Milliseconds left until the deadline, rounded up so that a wait never ends early.

@@ -2,6 +2,8 @@
 // one function per operation, each appending one whole request to `out`.
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -11,6 +13,13 @@
 #include "protocol.h"
 
 namespace dist::rendezvous::requests {
+
+// How both clients reconnect and read: the first retry after 100 ms, each next one 1.5x later,
+// at most 2 s apart; replies read 64 KiB at a time.
+inline constexpr std::chrono::milliseconds kInitialBackoff{100};
+inline constexpr std::chrono::milliseconds kMaxBackoff{2000};
+inline constexpr double kBackoffFactor = 1.5;
+inline constexpr std::size_t kReadChunkBytes = 64 * 1024;
 
 inline wire::Writer begin(std::string& out, wire::Op op) {
   wire::Writer w(out);

@@ -48,7 +48,7 @@ double wall_clock_seconds() {
 }
 
 // A request as torch's FileTimerRequest.to_json writes it; throws on anything else.
-TimerExpiry parse_request(const std::string& line) {
+TimerExpiry parse_expiry(const std::string& line) {
   const nlohmann::json j = nlohmann::json::parse(line);
   TimerExpiry r;
   r.pid = j.at("pid").get<pid_t>();
@@ -139,7 +139,7 @@ void FileTimerServer::take(std::string_view bytes) {
 void FileTimerServer::handle(const std::string& line) {
   TimerExpiry request;
   try {
-    request = parse_request(line);
+    request = parse_expiry(line);
   } catch (const std::exception& e) {
     if (malformed_reported_++ < kMalformedRequestsReported) {
       spdlog::warn("file timer pipe {}: ignored a malformed request ({}): {}", path_, e.what(),

@@ -11,18 +11,12 @@
 #include <string>
 
 #include "dist/rendezvous/worker_contract.h"
+#include "health/step_stats.h"  // monotonic_now(): the clock the SDK stamps beats with
 
 namespace dist::agent {
 namespace {
 
 namespace slot = rendezvous::worker_contract::heartbeat_slot;
-
-// The clock the SDK stamps beats with.
-std::chrono::nanoseconds monotonic_now() {
-  timespec now{};
-  ::clock_gettime(CLOCK_MONOTONIC, &now);
-  return std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
-}
 
 }  // namespace
 

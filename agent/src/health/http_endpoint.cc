@@ -155,7 +155,7 @@ std::string trimmed(const std::string& text) {
 
 // "GET /metrics?x=1 HTTP/1.1\r\nAccept: text/html\r\n...": none when the request line is not
 // three words.
-std::optional<HttpRequest> parse_request(const std::string& head) {
+std::optional<HttpRequest> parse_http_request(const std::string& head) {
   const auto line_end = head.find("\r\n");
   const std::string line = head.substr(0, line_end);
   const auto first = line.find(' ');
@@ -204,7 +204,7 @@ bool HttpRequest::accepts_html() const {
 }
 
 HttpResponse HttpEndpoint::respond(const std::string& head) const {
-  const auto request = parse_request(head);
+  const auto request = parse_http_request(head);
   if (!request) return {400, "text/plain; charset=utf-8", "bad request\n"};
   if (request->method != "GET" && request->method != "HEAD") {
     return {405, "text/plain; charset=utf-8", "only GET and HEAD\n"};

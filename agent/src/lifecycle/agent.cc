@@ -48,8 +48,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-constexpr int kExitAgentError = 1;
-
 template <typename... F>
 struct Overloaded : F... {
   using F::operator()...;

@@ -5,8 +5,6 @@
 namespace dist::agent {
 namespace {
 
-constexpr int kExitAgentError = 1;  // the job could not be run (rendezvous, store, start)
-
 Transition to(State state) {
   return {state, std::nullopt, std::nullopt, false};
 }

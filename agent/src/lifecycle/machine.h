@@ -26,6 +26,9 @@
 
 namespace dist::agent {
 
+// The agent's exit code when the job could not be run (rendezvous, store, start).
+inline constexpr int kExitAgentError = 1;
+
 enum class State {
   kInit,
   kRendezvous,

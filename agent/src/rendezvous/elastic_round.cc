@@ -38,11 +38,6 @@ constexpr milliseconds kRecordGrace{2000};
 // How long a node waits for another node's verdict before deciding itself.
 constexpr milliseconds kDecisionGrace{10'000};
 
-milliseconds until(steady_clock::time_point deadline, milliseconds at_most) {
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
-  return std::clamp(left, milliseconds(1), at_most);
-}
-
 // What every node of a closed round shares: its keys and totals (a node adds its own place).
 Assignment closed_round(int round, const schema::RoundTotals& totals) {
   Assignment a;
@@ -207,7 +202,7 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
   };
   // Until MIN nodes are in (a node whose ticket reached MIN set `quorum` itself).
   if (ticket < shape_.min_nodes) {
-    while (!co_await store_->wait(keys(quorum), until(deadline, timeouts_.last_call))) {
+    while (!co_await store_->wait(keys(quorum), detail::until(deadline, timeouts_.last_call))) {
       co_await throw_if_job_over(round);
       const auto count = co_await store_->add(join, 0);
       notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
@@ -216,7 +211,7 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
     }
   }
   // Until the round closes: after each last call, close it with whoever is in.
-  while (!co_await store_->wait(keys(published), until(deadline, timeouts_.last_call))) {
+  while (!co_await store_->wait(keys(published), detail::until(deadline, timeouts_.last_call))) {
     if (co_await try_close(round)) break;
     if (round > 0) co_await decide_if_abandoned(round - 1);
     co_await throw_if_job_over(round);

@@ -28,11 +28,6 @@ namespace name = schema::name;
 
 namespace {
 
-milliseconds until(steady_clock::time_point deadline, milliseconds at_most) {
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
-  return std::clamp(left, milliseconds(1), at_most);
-}
-
 std::string seconds_text(milliseconds d) {
   return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
 }
@@ -86,8 +81,8 @@ Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
 
   const auto deadline = steady_clock::now() + timeouts_.rdzv;
   while (true) {  // WAIT
-    const auto gone =
-        co_await store_->wait_deleted(keys(pending), until(deadline, timeouts_.waiting_notice));
+    const auto gone = co_await store_->wait_deleted(
+        keys(pending), detail::until(deadline, timeouts_.waiting_notice));
     if (gone) break;
     const auto missing = co_await missing_static(round);
     if (steady_clock::now() >= deadline) {

@@ -19,7 +19,7 @@ namespace {
 // The child's descriptors are first moved this high, so that no source is overwritten by another's
 // target.
 constexpr int kStagingFloor = 64;
-constexpr std::size_t kMaxDescriptors = 16;
+constexpr std::size_t kMaxCloneDescriptors = 16;
 
 // In the child, between the clone and the exec: system calls only.
 [[noreturn]] void exec_in_child(const ExecSpec& spec, char* const* argv, char* const* envp,
@@ -40,7 +40,7 @@ constexpr std::size_t kMaxDescriptors = 16;
   }
   // The status pipe first, out of the way of the targets (it closes at the exec).
   status_fd = ::fcntl(status_fd, F_DUPFD_CLOEXEC, kStagingFloor);
-  int staged[kMaxDescriptors];
+  int staged[kMaxCloneDescriptors];
   const std::size_t n = spec.fds.size();
   for (std::size_t i = 0; i < n; ++i) {
     staged[i] = ::fcntl(spec.fds[i].first, F_DUPFD, kStagingFloor + static_cast<int>(i));
@@ -89,7 +89,7 @@ pid_t clone_with_pidfd(int* pidfd) {
 }  // namespace
 
 Cloned clone_exec(const ExecSpec& spec) {
-  if (spec.fds.size() > kMaxDescriptors) {
+  if (spec.fds.size() > kMaxCloneDescriptors) {
     throw std::invalid_argument("clone_exec: at most 16 descriptors for " + spec.executable);
   }
   std::vector<char*> argv, envp;

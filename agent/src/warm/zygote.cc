@@ -25,7 +25,7 @@ namespace {
 
 constexpr int kControlFd = 3;  // the zygote's end of the socket
 constexpr std::size_t kMaxReply = 64 * 1024;
-constexpr std::size_t kMaxDescriptors = 64;  // as _zygote.py's MAX_FDS
+constexpr std::size_t kMaxZygoteDescriptors = 64;  // as _zygote.py's MAX_FDS
 constexpr std::size_t kLogTailBytes = 4096;
 constexpr std::size_t kLogTailLines = 6;
 constexpr char kRequestMagic[4] = {'D', 'L', 'Z', '1'};
@@ -274,7 +274,7 @@ bool Zygote::stale() const {
 
 pid_t Zygote::spawn(const WorkerRequest& request, std::chrono::milliseconds timeout) {
   if (state_ != State::kReady) throw ZygoteError(std::string("the zygote is ") + to_string(state_));
-  if (request.fds.size() > kMaxDescriptors) throw ZygoteError("too many descriptors to pass");
+  if (request.fds.size() > kMaxZygoteDescriptors) throw ZygoteError("too many descriptors to pass");
   std::string message(kRequestMagic, sizeof kRequestMagic);
   append_u32(message, static_cast<std::uint32_t>(request.argv.size()));
   append_u32(message, static_cast<std::uint32_t>(request.env.size()));

@@ -5,9 +5,15 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh" >/dev/null
-# Only what the demo runs: the tests and benchmarks are scripts/test.sh's.
-BUILD_TARGETS="dist-launch ddp_train" "$root/scripts/build.sh" >/dev/null
-bin=${BUILD_DIR:-$root/build}/bin
+# Only what the demo runs (the tests and benchmarks are scripts/test.sh's, in build/), as a unity
+# build (several .cc files per compiler run: each header is parsed once per batch), in a folder of
+# its own: from a fresh clone on 2 cores it takes half the time of a file-by-file build.
+build_dir=${BUILD_DIR:-$root/build-demo}
+configure=()
+[ -f "$build_dir/CMakeCache.txt" ] || configure=(-DCMAKE_UNITY_BUILD=ON)
+BUILD_DIR=$build_dir BUILD_TARGETS="dist-launch ddp_train" "$root/scripts/build.sh" \
+  "${configure[@]}" >/dev/null
+bin=$build_dir/bin
 checkpoints=$(mktemp -d)
 trap 'rm -rf "$checkpoints"' EXIT
 

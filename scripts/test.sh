@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sets up and runs every test: installs missing dependencies, builds, runs ctest; then the
-# sanitized builds of the store, agent and SDK tests (scripts/sanitize.sh).
+# Sets up and runs every test: installs missing dependencies, builds, runs ctest and the demo
+# (scripts/demo.sh, its own build); then the sanitized builds of the store, agent and SDK tests (scripts/sanitize.sh).
 #   DIST_SANITIZE: which sanitized builds run after the plain suite: asan (ASan+UBSan), tsan, or
 #   asan,tsan (default); empty (DIST_SANITIZE=) skips them.
 set -euo pipefail
@@ -17,6 +17,8 @@ if [ -z "${DIST_TORCHRUN_COMPAT_UPSTREAM:-}" ] &&
   fi
 fi
 (cd "${BUILD_DIR:-$root/build}" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 600)
+# The newcomer's first command, as README.md gives it: its own quick build (build-demo/) and run.
+BUILD_DIR= "$root/scripts/demo.sh"
 sanitize=${DIST_SANITIZE-asan,tsan}
 if [ -n "$sanitize" ]; then
   "$root/scripts/sanitize.sh" "$sanitize"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs every test: installs missing dependencies, builds, runs ctest and the demo
-# (scripts/demo.sh, its own build); then the sanitized builds of the store, agent and SDK tests (scripts/sanitize.sh).
+# (scripts/demo.sh, its own build); then the sanitized builds of the store, agent and SDK tests
+# (scripts/sanitize.sh).
 #   DIST_SANITIZE: which sanitized builds run after the plain suite: asan (ASan+UBSan), tsan, or
 #   asan,tsan (default); empty (DIST_SANITIZE=) skips them.
 set -euo pipefail

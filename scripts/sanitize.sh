@@ -36,7 +36,7 @@ quiet_tsan="$quiet -Wno-maybe-uninitialized -Wno-tsan"
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp
 
 # Debug keeps assert() on; -g1 is enough for the reports' file:line and costs less to build.
 # ASan+UBSan at -O0: a third of -O1's compile time here, and the tests wait on processes.

@@ -15,12 +15,12 @@
 #   gpu:<test>   each GPU test (sdk_gpu_tests) on its own, CUDA_MODULE_LOADING=EAGER
 #   ddp_train    ddp_train --backend nccl under dist-launch: an uninterrupted run, then one that
 #                crashes at step 320 and restarts: the same weights (SHA-256) or FAIL
+#   warm_restart bench/cuda_warm_restart.py (torch, NCCL) crashed and restarted, cold and under
+#                --warm-restart: the forked worker creates its CUDA context; crash-to-step times
 #   compare_sum, compare_avg   bench/nccl_compare.py: the SDK's group beside torch's
 #                ProcessGroupNCCL on this GPU, synchronous 8 B and 64 MiB all-reduces, interleaved,
 #                medians (sum: nothing to move at one rank; avg: NCCL's kernel over every byte)
 #   sdk_nccl     sdk_tests' NCCL tests (one rank per visible GPU)
-#   warm_restart bench/cuda_warm_restart.py (torch, NCCL) crashed and restarted, cold and under
-#                --warm-restart: the forked worker creates its CUDA context; crash-to-step times
 # Without a GPU (nvidia-smi lists none, or GPU_CHECK_FORCE_CPU=1) the GPU steps are skipped,
 # saying so, and the others run: a test runs it so on machines without one. GPU_CHECK_FORCE_GPU=1
 # runs the GPU steps anyway (a rehearsal of this script: without a device they skip or fail).
@@ -276,8 +276,8 @@ warm_restart() {
       local status=$? ms forked
       ms=$(awk '/crashes at/ {c = $NF} /attempt 1 rank 0 step 1 done at/ {s = $NF}
         END {if (c && s) printf "%.0f", (s - c) * 1000}' "$log")
-      forked=$(grep -ac 'forked from the zygote' "$log")
-      echo "$mode run $run: exit $status, crash to first step of attempt 1: ${ms:-none} ms, zygote lines $forked"
+      forked=$(grep -acE 'round 1: [0-9]+ of [0-9]+ workers forked from the zygote' "$log")
+      echo "$mode run $run: exit $status, crash to first step of attempt 1: ${ms:-none} ms, attempt 1 forked: $forked"
       if [ $status -ne 0 ] || [ -z "$ms" ] || ! grep -aq 'attempt 1 rank 0 step 10 done' "$log" ||
         { [ $mode = warm ] && [ "$forked" -eq 0 ]; }; then
         rc=1

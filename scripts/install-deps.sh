@@ -5,7 +5,7 @@ set -euo pipefail
 
 # Build: compiler toolchain and libraries.
 BUILD_PKGS=(
-  g++ cmake make pkg-config
+  g++ cmake make ninja-build pkg-config   # Ninja: the demo's quick build (scripts/demo.sh)
   libboost-dev          # Asio (header-only)
   libcli11-dev          # command lines
   libspdlog-dev         # the agent's and daemon's logs

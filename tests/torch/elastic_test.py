@@ -4,8 +4,8 @@ survivors keep their processes (one pid each from start to end), the replacement
 state by broadcast, and every rank ends with the weights of an uninterrupted run of the same job,
 computed here first (two workers). Also: four workers (every survivor recovers, the replicas
 equal), an exception rather than a
-signal, a warm (forked) replacement, and the same script under the group policy (restarted from
-the start, as torchrun would, with the same weights).
+signal, a warm (forked) replacement, two nodes of elastic rendezvous (c10d), and the same script
+under the group policy (restarted from the start, as torchrun would, with the same weights).
 
     python3 elastic_test.py --launcher build/bin/dist-launch --python /usr/bin/python3
 Exits 77 (skip) when that interpreter has no torch (or not --require-major).
@@ -13,8 +13,10 @@ Exits 77 (skip) when that interpreter has no torch (or not --require-major).
 import collections
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 import unittest
 
 import launcher_test_main
@@ -23,6 +25,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "examples", "torch", "elastic_train.py")
 ARGS = None
 STEPS = "30"
+
+
+def free_port(host):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_listener(host, port, proc, timeout=60):
+    """Until something accepts on host:port (the agent that hosts the store), or proc ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError(f"nothing listens on {host}:{port}")
 
 
 class Run:
@@ -116,6 +136,27 @@ class InPlace(unittest.TestCase):
         self.check_in_place(run, 2)
         self.assertRegex(run.out, r"rank 0 recovered in place: generation 1, state from rank 0 "
                                   r"\(step=10\)")
+
+    def test_across_two_nodes_of_elastic_rendezvous(self):
+        # Two agents of one worker each behind c10d rendezvous (the store on 127.0.0.2): rank 1's
+        # node replaces it alone, rank 0's node runs on, untouched.
+        port = free_port("127.0.0.2")
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        procs = []
+        for _ in range(2):
+            cmd = [ARGS.launcher, "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.2:{port}",
+                   "--rdzv-id", "elastic-inplace", "--nproc-per-node", "1", "--restart-policy",
+                   "in-place", "--max-restarts", "2", SCRIPT, "--steps", STEPS, "--crash-at-step",
+                   "12"]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+            if len(procs) == 1:  # it hosts the store: the second joins as its client
+                wait_for_listener("127.0.0.2", port, procs[0])
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+        codes = [p.returncode for p in procs]
+        run = Run(subprocess.CompletedProcess([], max(codes, key=abs), outputs[0] + outputs[1], ""))
+        self.check_in_place(run, 2)
+        self.assertNotIn("restarting", run.out)
 
     def test_under_the_group_policy_the_same_script_restarts_from_the_start(self):
         run = self.launch(2, "--max-restarts", "1", script_args=("--crash-at-step", "12"))

@@ -13,29 +13,11 @@
 #include "store/store.h"
 
 namespace dist::agent {
-namespace {
-
-// In-place recovery replaces one node's failed worker while the others keep running: one node, or
-// static nodes whose agents count the job's replacements in its TCP store. Elastic rounds (whose
-// restarts the verdict counts) are not there yet.
-void check_restart_policy(const LaunchConfig& config) {
-  if (config.restart_policy != RestartPolicy::kInPlace) return;
-  if (config.elastic) {
-    throw ConfigError(
-        "--restart-policy in-place runs one node's jobs and static ones of several nodes (over "
-        "the TCP store) so far, not elastic ones (--nnodes " +
-        std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) + ", " +
-        backend_name(config.rdzv_backend) + "): use --restart-policy group, the default");
-  }
-}
-
-}  // namespace
 
 void check(const LaunchConfig& config) {
   plan_worker_resources(config);
   render_log_line_prefix(config.log_line_prefix_template, {config.role, 0, 0, "host"});
   if (config.rdzv_backend == RendezvousBackend::kEtcdV3) etcd_options(config.etcd, {});
-  check_restart_policy(config);
 }
 
 const char* restart_policy_name(RestartPolicy policy) {

@@ -285,6 +285,7 @@ Task<Verdict> NodeRendezvous::Impl::decide(Assignment a, int max_restarts) {
   end.lost = co_await lost_nodes(a);
   end.num_nodes = a.num_nodes;
   end.restarts = a.restarts;
+  end.replacements = co_await replacements();  // --restart-policy in-place: the job's so far
   // Newcomers already waiting in the next round count towards its minimum (no node of this round
   // has joined it yet: they all wait for this verdict).
   end.waiting = co_await store_->add(schema::in_round(a.round + 1, name::kJoin), 0);

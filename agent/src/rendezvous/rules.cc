@@ -37,15 +37,19 @@ Verdict decide(const RoundEnd& end, int max_restarts, int min_nodes) {
   v.expect = alive;
   v.restarts = end.restarts;
   const std::string lost_text = "node(s) " + detail::node_list(end.lost) + " lost";
+  const bool restart_left = end.restarts + end.replacements < max_restarts;
   if (end.worker_failed && end.lost.empty() && !end.newcomer) {
-    if (end.restarts < max_restarts) {
+    if (restart_left) {
       v.action = Verdict::kRestart;
       v.restarts = end.restarts + 1;
       v.reason = "a worker failed";
     } else {
       v.action = Verdict::kFail;
-      v.reason = "a worker failed after " + std::to_string(end.restarts) +
-                 " restart(s), the most --max-restarts allows";
+      v.reason = "a worker failed after " + std::to_string(end.restarts) + " restart(s)" +
+                 (end.replacements > 0
+                      ? " and " + std::to_string(end.replacements) + " in-place replacement(s)"
+                      : "") +
+                 ", the most --max-restarts allows";
     }
   } else if (alive + end.waiting < min_nodes) {
     // Too few to go on now. With a restart left, the next round waits for MIN nodes until the
@@ -53,7 +57,7 @@ Verdict decide(const RoundEnd& end, int max_restarts, int min_nodes) {
     const std::string too_few = lost_text + ", " + std::to_string(alive + end.waiting) +
                                 " node(s) left, fewer than the minimum " +
                                 std::to_string(min_nodes);
-    if (end.restarts < max_restarts) {
+    if (restart_left) {
       v.action = Verdict::kRestart;
       v.restarts = end.restarts + 1;
       v.reason = too_few + ": waiting for nodes to join (until the join timeout)";

@@ -1,5 +1,6 @@
 // Elastic jobs over a real 3-member etcd (--rdzv-backend etcd-v3): real dist-launch agents, real
-// workers, etcd members killed by PID. Workers append one line per round they run in.
+// workers, etcd members killed by PID. Workers append one line per round they run in; the
+// in-place job's (dist-inplace-worker) write their start and their final state.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@ using dist::agent::testing::eventually;
 using dist::rendezvous::testing::EtcdCluster;
 
 const std::string kWorker = DIST_TEST_WORKER_BIN;
+const std::string kInPlaceWorker = DIST_INPLACE_WORKER_BIN;
 
 // Heartbeats are wall-clock seconds. One this far past the second the new leader was elected
 // comes after the new leader's extension of every lease (the agents' 2 s TTL plus its election
@@ -205,6 +207,87 @@ TEST_F(EtcdJob, ANodeWhoseLeaseExpiredLeavesCleanly) {
     if (i == frozen) continue;
     EXPECT_EQ(agents_[i]->wait(60s), 0) << agents_[i]->output();
   }
+}
+
+// --restart-policy in-place over etcd: the job's replacements are counted in etcd, the group's
+// generations in the round's workers' store. Rank 1 crashes at step 10: its worker alone is
+// replaced; rank 0, on the other node, keeps its process; both end with the digest of a run
+// without failures (the same job once more, no crash).
+TEST_F(EtcdJob, InPlaceReplacesTheFailedWorkerAloneAndTheOtherNodeRunsOn) {
+  const fs::path out = dir_ / "inplace";
+  auto job = [&](const std::string& tag, std::vector<std::string> crash) {
+    fs::create_directories(out / tag);
+    std::vector<Child*> nodes;
+    for (const std::string node : {"a", "b"}) {
+      std::vector<std::string> args{"--nnodes",
+                                    "2",
+                                    "--rdzv-backend",
+                                    "etcd-v3",
+                                    "--rdzv-endpoint",
+                                    cluster_->endpoint_list(),
+                                    "--rdzv-id",
+                                    "inplace-" + tag,
+                                    "--nproc-per-node",
+                                    "1",
+                                    "--local-addr",
+                                    "127.0.0.1",
+                                    "--max-restarts",
+                                    "1",
+                                    "--restart-policy",
+                                    "in-place",
+                                    "--no-python",
+                                    kInPlaceWorker,
+                                    "--steps",
+                                    "30",
+                                    "--out",
+                                    (out / tag).string()};
+      args.insert(args.end(), crash.begin(), crash.end());
+      agents_.push_back(
+          std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (tag + "_" + node + ".log")));
+      nodes.push_back(agents_.back().get());
+    }
+    std::string both;
+    for (Child* n : nodes) {
+      EXPECT_EQ(n->wait(120s), 0) << n->output();
+      both += n->output();
+    }
+    return both;
+  };
+  auto read = [&](const fs::path& file) {
+    std::ifstream in(file);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  struct Final {
+    long pid = -1;
+    long step = -1;
+    std::string digest;
+    int generation = -1;
+  };
+  auto final_of = [&](const std::string& tag, int rank) {
+    Final f;
+    std::istringstream(read(out / tag / ("final_" + std::to_string(rank)))) >> f.pid >> f.step >>
+        f.digest >> f.generation;
+    return f;
+  };
+  job("clean", {});
+  const std::string both = job("crash", {"--crash", "1:10"});
+  const Final clean = final_of("clean", 0), survivor = final_of("crash", 0),
+              replaced = final_of("crash", 1);
+  ASSERT_FALSE(clean.digest.empty()) << both;
+  long first_pid = -1;
+  std::istringstream(read(out / "crash" / "start_0_0_0")) >> first_pid;
+  EXPECT_EQ(survivor.pid, first_pid) << "rank 0 kept its process: " << both;
+  EXPECT_EQ(survivor.generation, 1) << both;
+  EXPECT_EQ(replaced.generation, 1) << both;
+  EXPECT_EQ(survivor.digest, clean.digest) << both;
+  EXPECT_EQ(replaced.digest, clean.digest) << both;
+  EXPECT_NE(both.find("replaced in place by pid " + std::to_string(replaced.pid) +
+                      ": generation 1 (restart 1 of 1); ranks 0 keep running"),
+            std::string::npos)
+      << both;
+  EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
 }
 
 // Two of three members lost: no quorum. The agents say so and stop within a bounded time.

@@ -4,7 +4,8 @@
 // failure during the recovery, or several at once, restart the whole group, saying why; each
 // replacement counts against --max-restarts; the event log and the report say what happened. The
 // same across two static nodes (two agents on this machine, the store on 127.0.0.2): the other
-// node's workers keep running, and every node counts every node's replacements.
+// node's workers keep running, and every node counts every node's replacements; and across two
+// nodes of elastic rendezvous, whose verdict counts the replacements with the restarts.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -364,3 +365,147 @@ TEST_F(InPlaceStaticNodes, FailuresOnBothNodesAtOnceRestartTheWholeGroup) {
 }
 
 }  // namespace
+
+// Two nodes of one worker each behind elastic rendezvous (c10d, --nnodes 2, the store on
+// 127.0.0.2): node ranks, hence which agent runs which global rank, are the rendezvous' choice.
+class InPlaceElasticNodes : public InPlace {
+ protected:
+  std::vector<int> run_nodes(const std::string& out, int max_restarts,
+                             const std::vector<std::string>& worker_args,
+                             std::vector<std::string>& outputs) {
+    fs::create_directories(dir_ / out);
+    const std::string endpoint =
+        "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+    std::vector<std::unique_ptr<Child>> agents;
+    for (const int node : {0, 1}) {
+      const std::string name = out + "_node" + std::to_string(node);
+      std::vector<std::string> args = {"--nnodes",
+                                       "2",
+                                       "--rdzv-endpoint",
+                                       endpoint,
+                                       "--rdzv-id",
+                                       "job",
+                                       "--nproc-per-node",
+                                       "1",
+                                       "--max-restarts",
+                                       std::to_string(max_restarts),
+                                       "--restart-policy",
+                                       "in-place",
+                                       "--event-log",
+                                       path(name + ".jsonl"),
+                                       "--no-python",
+                                       kWorker,
+                                       "--out",
+                                       path(out)};
+      args.insert(args.end(), worker_args.begin(), worker_args.end());
+      agents.push_back(std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log"),
+                                               std::map<std::string, std::string>{},
+                                               std::vector<std::string>{"OMP_NUM_THREADS"}));
+      if (node == 0) {  // it hosts the store: the other joins as its client
+        EXPECT_TRUE(dist::agent::testing::eventually(
+            [&] {
+              return agents[0]->output().find("hosting the rendezvous store") != std::string::npos;
+            },
+            30s))
+            << agents[0]->output();
+      }
+    }
+    std::vector<int> codes;
+    outputs.clear();
+    for (auto& agent : agents) {
+      codes.push_back(agent->wait(120s));
+      outputs.push_back(agent->output());
+    }
+    return codes;
+  }
+  // Both nodes' events of one kind.
+  std::vector<Json> node_events(const std::string& out, const std::string& name) const {
+    auto found = events(out + "_node0", name);
+    for (auto& e : events(out + "_node1", name)) found.push_back(std::move(e));
+    return found;
+  }
+};
+
+TEST_F(InPlaceElasticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsItsState) {
+  const std::string clean = clean_digest(2, {"--steps", "30"});
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 1, {"--steps", "30", "--crash", "1:10"}, out);
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
+  const auto survivor = final_of("job", 0), replaced = final_of("job", 1);
+  ASSERT_TRUE(survivor && replaced) << out[0] << out[1];
+  EXPECT_EQ(survivor->pid, start_pid("job", 0, 0, 0)) << "rank 0 kept its process";
+  EXPECT_EQ(survivor->generation, 1);
+  EXPECT_EQ(replaced->pid, start_pid("job", 1, 0, 1));
+  EXPECT_EQ(survivor->digest, clean) << out[0] << out[1];
+  EXPECT_EQ(replaced->digest, clean) << out[0] << out[1];
+  EXPECT_FALSE(any_signal_file("job")) << out[0] << out[1];
+  const std::string both = out[0] + out[1];
+  EXPECT_NE(both.find("replaced in place by pid " + std::to_string(replaced->pid) +
+                      ": generation 1 (restart 1 of 1); ranks 0 keep running"),
+            std::string::npos)
+      << both;
+  EXPECT_EQ(both.find("stopping the workers"), std::string::npos) << both;
+  EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
+  EXPECT_EQ(both.find("round 1"), std::string::npos) << "one round: " << both;
+  const auto restarts = node_events("job", "inplace_restart");
+  ASSERT_EQ(restarts.size(), 1u) << both;
+  EXPECT_EQ(restarts[0]["survivors"], Json::array({0}));
+  const auto recovered = node_events("job", "inplace_recovered");
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_EQ(recovered[0]["root"], 0);
+  EXPECT_EQ(recovered[0]["first_step"], 10);
+}
+
+TEST_F(InPlaceElasticNodes, TheJobsVerdictCountsTheReplacementsAgainstMaxRestarts) {
+  // Rank 1 is replaced, then rank 0 fails in generation 1: no restart is left, and the job's
+  // verdict, whichever node reaches it, says the replacement used it.
+  std::vector<std::string> out;
+  const auto codes =
+      run_nodes("job", 1, {"--steps", "30", "--crash", "1:5", "--crash", "0:12:1"}, out);
+  const std::string both = out[0] + out[1];
+  EXPECT_NE(codes[0], 0) << both;
+  EXPECT_NE(codes[1], 0) << both;
+  EXPECT_NE(both.find("worker 0 failed: no restart left (--max-restarts 1, 1 used in place by "
+                      "the job's nodes)"),
+            std::string::npos)
+      << both;
+  EXPECT_NE(both.find("round 0 ended: a worker failed after 0 restart(s) and 2 in-place "
+                      "replacement(s), the most --max-restarts allows: the job fails"),
+            std::string::npos)
+      << both;
+  const auto verdicts = node_events("job", "verdict");
+  ASSERT_FALSE(verdicts.empty());
+  for (const Json& v : verdicts) EXPECT_EQ(v["action"], "fail") << v;
+  EXPECT_EQ(both.find("restarting the worker group"), std::string::npos) << both;
+  for (const std::string& o : out) {
+    EXPECT_NE(o.find("dist-inplace-worker FAILED"), std::string::npos) << o;
+  }
+  EXPECT_EQ(node_events("job", "inplace_restart").size(), 1u);
+  EXPECT_EQ(node_events("job", "inplace_fallback").size(), 1u);
+}
+
+TEST_F(InPlaceElasticNodes, AFailureDuringTheRecoveryIsANewRoundOfTheWholeGroup) {
+  // Rank 1 is replaced (1 of 2); rank 0, on the other node, fails as its recovery begins: its
+  // node finds the job's recovery under way and ends the round; the verdict, one restart left
+  // beside the replacement, restarts the group in a new round, which ends with the weights of a
+  // run without failures.
+  const std::string clean = clean_digest(2, {"--steps", "20"});
+  std::vector<std::string> out;
+  const auto codes =
+      run_nodes("job", 2, {"--steps", "20", "--crash", "1:5", "--fail-in-recovery", "0"}, out);
+  const std::string both = out[0] + out[1];
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << both;
+  EXPECT_NE(both.find("worker 0 failed while another node's worker is being replaced in place: "
+                      "restarting the whole group"),
+            std::string::npos)
+      << both;
+  for (const std::string& o : out) {
+    EXPECT_NE(o.find("round 1: node"), std::string::npos) << o;
+  }
+  for (const int rank : {0, 1}) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->digest, clean) << both;
+    EXPECT_EQ(f->pid, start_pid("job", rank, 1, 0)) << "the new round's worker";
+  }
+}

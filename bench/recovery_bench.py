@@ -2,9 +2,13 @@
 """Recovery from one worker's crash: group restart against in-place (C++ workers).
 
     python3 bench/recovery_bench.py [--build build] [--runs 5] [--epochs 8] [--crash-at-step 320]
+                                    [--nodes one|elastic]
 
 Each run is one dist-launch job of 2 examples/ddp_train workers (--max-restarts 1, a checkpoint
-every 50 steps into a fresh directory, --timestamps); rank 1 crashes as step 320 begins. The modes
+every 50 steps into a fresh directory, --timestamps); rank 1 crashes as step 320 begins. The two
+workers run under one agent, or (--nodes elastic) under two agents of elastic rendezvous (c10d,
+--nnodes 2, the store on 127.0.0.2), one worker each: rank 1's node replaces it (in-place) or the
+job's verdict restarts both nodes' groups (group). The modes
 alternate (A B A B ...):
   A, group (today's and torchrun's behaviour): every worker stops, the group restarts from the
      last checkpoint (step 300: steps 300..319 are trained again);
@@ -26,7 +30,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import socket
 import tempfile
+import time
 
 CRASH = re.compile(r"injected crash at step (\d+) on rank 1 at wall_ns (\d+)")
 FIRST = re.compile(r"\[default(\d)\]:ddp_train: rank (\d) step (\d+) done at wall_ns (\d+) "
@@ -35,16 +41,50 @@ CRASH_STEP = re.compile(r"ddp_train: rank (\d) step \d+ done at wall_ns (\d+) \(
 DIGEST = re.compile(r"rank (\d) weights sha256 ([0-9a-f]{64})")
 
 
+def free_port(host):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_listener(host, port, proc, timeout=60):
+    """Until the agent that hosts the rendezvous store accepts on host:port (or it ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+    sys.exit(f"nothing listens on {host}:{port}")
+
+
 def launch(args, extra, train_args):
-    cmd = [os.path.join(args.build, "bin", "dist-launch"), "--nproc-per-node", "2",
-           "--max-restarts", "1", *extra, "--no-python",
-           os.path.join(args.build, "bin", "ddp_train"), "--epochs", str(args.epochs),
-           *train_args]
+    """One job: 2 workers on one agent, or (--nodes elastic) one worker on each of two agents
+    behind c10d rendezvous on 127.0.0.2. Returns every agent's output, together."""
+    program = [os.path.join(args.build, "bin", "dist-launch")]
+    worker = ["--max-restarts", "1", *extra, "--no-python",
+              os.path.join(args.build, "bin", "ddp_train"), "--epochs", str(args.epochs),
+              *train_args]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}")
+    if args.nodes == "one":
+        cmds = [program + ["--nproc-per-node", "2"] + worker]
+    else:
+        port = free_port("127.0.0.2")
+        nodes = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.2:{port}", "--rdzv-id",
+                 f"bench-{port}", "--nproc-per-node", "1"]
+        cmds = [program + nodes + worker] * 2
+    procs = []
+    for cmd in cmds:
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+        if args.nodes == "elastic" and len(procs) == 1:
+            wait_for_listener("127.0.0.2", port, procs[0])
+    output = ""
+    for cmd, proc in zip(cmds, procs):
+        output += proc.communicate(timeout=300)[0]
+        if proc.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}")
     return output
 
 
@@ -95,6 +135,9 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--crash-at-step", type=int, default=320)
+    parser.add_argument("--nodes", choices=("one", "elastic"), default="one",
+                        help="one agent of 2 workers, or two agents of one behind elastic "
+                             "(c10d) rendezvous")
     args = parser.parse_args()
     clean = digests(launch(args, [], []))["0"]
     results = {mode: {"survivors": [], "replacement": [], "trained": []}
@@ -110,7 +153,8 @@ def main():
                   f"{trained * 1e3:7.1f} ms", file=sys.stderr)
     ms = lambda xs: f"median {statistics.median(xs) * 1e3:6.1f} ms (min {min(xs) * 1e3:.1f}, " \
                     f"max {max(xs) * 1e3:.1f})"
-    print(f"2 workers, ddp_train --epochs {args.epochs}, crash of rank 1 at step "
+    where = "on one node" if args.nodes == "one" else "on two elastic nodes"
+    print(f"2 workers {where}, ddp_train --epochs {args.epochs}, crash of rank 1 at step "
           f"{args.crash_at_step}, {args.runs} runs each, every digest the clean run's")
     for mode in ("group", "in-place"):
         print(f"{mode:8}  fault -> survivors training again:  {ms(results[mode]['survivors'])}")

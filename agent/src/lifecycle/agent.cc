@@ -429,7 +429,9 @@ class Agent {
         return feed(Input::kVerdictReshape);
       case Verdict::kFail:
       case Verdict::kDone:  // cannot follow a round that failed here; treated as a failure
-        spdlog::warn("round {} ended: {}: the job fails", round_->round, v.reason);
+        if (v.action == Verdict::kFail) {
+          spdlog::warn("round {} ended: {}: the job fails", round_->round, v.reason);
+        }
         failure_reason_ = v.reason;
         return feed(Input::kVerdictFail);
     }

@@ -134,10 +134,17 @@ class Job:
             time.sleep(sshd_hosts.POLL_S)
 
 
+def announce(what):
+    """Shell: writes `what` (a line) into $JOB_OUT/started_$RANK whole: written beside it, then
+    renamed, so that a test that sees the file (wait_for_files) never reads it half written."""
+    return (f'echo "{what}" > "$JOB_OUT/.started_$RANK" && '
+            'mv "$JOB_OUT/.started_$RANK" "$JOB_OUT/started_$RANK"')
+
+
 # A worker that says who it is, then waits for a signal.
 WORKER_STARTS_AND_WAITS = (
-    'echo "$RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $TORCHELASTIC_RESTART_COUNT" '
-    '> "$JOB_OUT/started_$RANK"; exec sleep 1000')
+    announce("$RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $TORCHELASTIC_RESTART_COUNT") +
+    '; exec sleep 1000')
 
 
 class HostsTestCase(unittest.TestCase):
@@ -335,9 +342,9 @@ class SshHosts(HostsTestCase):
         # no agent's leftovers, and the local agent's workers are its own. SIGUSR1 reaches every
         # worker and the job goes on; SIGINT stops it.
         a, b = self.hosts.addresses
-        job = self.job('trap \'touch "$JOB_OUT/usr1_$RANK"\' USR1; echo "$RANK $WORLD_SIZE '
-                       '$LOCAL_RANK $GROUP_RANK" > "$JOB_OUT/started_$RANK"; sleep 1000 & '
-                       'while :; do wait; done', hosts=f"localhost:1,{a}:2,{b}:1",
+        job = self.job('trap \'touch "$JOB_OUT/usr1_$RANK"\' USR1; ' +
+                       announce("$RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK") +
+                       '; sleep 1000 & while :; do wait; done', hosts=f"localhost:1,{a}:2,{b}:1",
                        options=["--signals-to-handle", "SIGINT,SIGTERM,SIGUSR1"])
         job.wait_for_files("started_", 4)
         ranks = [job.file(f"started_{r}").split() for r in range(4)]
@@ -357,8 +364,8 @@ class StandinHosts(HostsTestCase):
         return Job(self, hosts, script, ssh=["--ssh", ARGS.standin])
 
     def test_four_hosts_of_one_worker_then_sigkill_of_the_launcher(self):
-        job = self.job("h1,h2,h3,h4", 'echo "$RANK $STANDIN_SSH_HOST" > "$JOB_OUT/started_$RANK";'
-                       ' exec sleep 1000')
+        job = self.job("h1,h2,h3,h4",
+                       announce("$RANK $STANDIN_SSH_HOST") + '; exec sleep 1000')
         job.wait_for_files("started_", 4)
         self.assertEqual([job.file(f"started_{r}").split() for r in range(4)],
                          [["0", "h1"], ["1", "h2"], ["2", "h3"], ["3", "h4"]])

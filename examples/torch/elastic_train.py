@@ -81,9 +81,8 @@ def main():
     generation = elastic._this_group().generation if elastic.in_place() else 0
     print(f"rank {rank} pid {os.getpid()} generation {generation} steps {state.step} "
           f"digest {digest.hexdigest()[:16]}", flush=True)
-    # torch's own advice (2.x warns without it): a group left to the interpreter's exit is torn
-    # down while its peers leave too, and gloo's threads then ended one worker in CI with
-    # "terminate called without an active exception" (SIGABRT) after its last step.
+    # torch's own advice (2.x warns without it): the group is torn down here, not by the
+    # interpreter's exit.
     dist.destroy_process_group()
 
 

@@ -46,6 +46,7 @@ dist::sdk::InPlaceRecovery.
 from __future__ import annotations
 
 import abc
+import atexit
 import copy
 import datetime
 import functools
@@ -121,6 +122,8 @@ class _Group:
         self.recovering = False
         self.changed = threading.Condition()
         self._watcher = None
+        self._watcher_sockets = set()  # the watcher's store connection (inodes)
+        self._closing = False
 
     @property
     def store(self):
@@ -157,25 +160,43 @@ class _Group:
             self.changed.notify_all()
 
     def watch(self) -> None:
-        """Starts the watcher (once): a thread with a store client of its own."""
+        """Starts the watcher (once): a thread with a store client of its own, which it blocks
+        on. It is stopped before the interpreter's exit (atexit): a daemon thread that wakes in
+        torch's C++ (its store's wait returning) once the interpreter is finalizing is ended by
+        pthread_exit, whose unwinding through pybind11's noexcept frames aborts the process
+        ("terminate called without an active exception": SIGABRT after the last step)."""
         if self._watcher is None:
-            self._watcher = threading.Thread(target=self._watch, name="dist_launch.elastic",
-                                             daemon=True)
-            self._watcher.start()
-
-    def _watch(self) -> None:
-        try:
+            before = set(_socket_inodes())
             store = self._connect(datetime.timedelta(days=365))
+            self._watcher_sockets = set(_socket_inodes()) - before
+            self._watcher = threading.Thread(target=self._watch, args=(store,),
+                                             name="dist_launch.elastic", daemon=True)
+            self._watcher.start()
+            atexit.register(self._stop_watching)
+
+    def _watch(self, store) -> None:
+        try:
             while True:
                 with self.changed:
                     following = self.generation + 1
                 store.wait([self.generation_key(following)])
                 with self.changed:
+                    if self._closing:
+                        return
                     if self.generation < following and not self.recovering:
                         _shut_down(self.sockets)
-                    self.changed.wait_for(lambda: self.generation >= following)
-        except Exception:  # the store went with the job: nothing left to watch
+                    self.changed.wait_for(lambda: self.generation >= following or self._closing)
+        except Exception:  # the store went with the job, or the process is leaving
             return
+
+    def _stop_watching(self) -> None:
+        """At exit: wakes the watcher (its store connection shut down: the wait fails) and
+        joins it, while the interpreter still runs threads."""
+        with self.changed:
+            self._closing = True
+            self.changed.notify_all()
+        _shut_down(self._watcher_sockets, store_too=True)
+        self._watcher.join(timeout=10)
 
     def device(self):
         import torch
@@ -184,10 +205,11 @@ class _Group:
         return torch.device("cpu")
 
 
-def _shut_down(inodes) -> None:
+def _shut_down(inodes, store_too=False) -> None:
     """Shuts down (without closing: they are not ours to close) the connections to the peers
     among the sockets with these inodes: whatever waits on them wakes with an error. A listening
-    socket (gloo aborts when its accept fails) and a connection to the store are left alone."""
+    socket (gloo aborts when its accept fails) and, unless store_too, a connection to the store
+    are left alone."""
     store_port = int(os.environ.get("MASTER_PORT", "0"))
     current = _socket_inodes()
     for inode in inodes:
@@ -200,7 +222,7 @@ def _shut_down(inodes) -> None:
             continue
         try:
             listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-            if not listening and sock.getpeername()[1] != store_port:
+            if not listening and (store_too or sock.getpeername()[1] != store_port):
                 sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass

@@ -167,5 +167,48 @@ class InPlace(unittest.TestCase):
         self.assertEqual(run.digests(), {r: self.baseline(2) for r in range(2)}, run.out)
 
 
+class Exit(unittest.TestCase):
+    def test_a_watcher_woken_while_the_worker_exits_does_not_abort_it(self):
+        # A daemon thread that wakes in torch's C++ once the interpreter is finalizing is ended by
+        # pthread_exit, which aborts the process (SIGABRT after the last step, seen in CI): the
+        # generation watcher is stopped at exit. Its key is set at several moments around the
+        # worker's exit; every one must leave the worker's exit code 0.
+        import datetime
+        import torch.distributed as dist
+        daemon = subprocess.Popen([os.path.join(os.path.dirname(ARGS.launcher), "dist-rendezvous"),
+                                   "--host", "127.0.0.1", "--port", "0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(daemon.wait)
+        self.addCleanup(daemon.kill)
+        port = None
+        for line in daemon.stdout:
+            m = re.search(r"listening on \S*?:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        self.assertIsNotNone(port, "dist-rendezvous said no port")
+        client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=datetime.timedelta(seconds=30))
+        python = os.path.join(HERE, "..", "..", "python")
+        for n, delay in enumerate((0.0, 0.01, 0.03, 0.06, 0.1, 0.2)):
+            run_id = f"exit-{n}"
+            env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=run_id,
+                       DIST_LAUNCH_RESTART_POLICY="in-place", DIST_LAUNCH_GENERATION="0",
+                       PYTHONPATH=os.pathsep.join(p for p in (python, os.environ.get("PYTHONPATH"))
+                                                  if p))
+            worker = subprocess.Popen([ARGS.python, os.path.join(HERE, "exit_worker.py")], env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+            self.assertEqual(worker.stdout.readline().strip(), "watching")
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+            self.assertEqual(worker.stdout.readline().strip(), "leaving")
+            time.sleep(delay)  # a moment of its exit, not an order: each must end the same
+            client.set(f"dist_launch/inplace/{run_id}/attempt_0/gen/1", "replaced=1 survivors=0")
+            out = worker.communicate(timeout=60)[0]
+            self.assertEqual(worker.returncode, 0, f"key set {delay} s after it left: {out}")
+            self.assertNotIn("terminate called", out)
+
+
 if __name__ == "__main__":
     launcher_test_main.main(sys.modules[__name__])

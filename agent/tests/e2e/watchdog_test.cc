@@ -290,8 +290,13 @@ TEST_F(Watchdogs, TheHealthCheckAnswersWithTheMostSilentWorkersProgress) {
   EXPECT_TRUE(head.body.empty());
   EXPECT_EQ(http_request(port, "GET /nothing HTTP/1.1").status, 404);
   EXPECT_EQ(http_request(port, "POST / HTTP/1.1").status, 405);
-  ::kill(worker, SIGCONT);
+  // The agent stops first; the worker, continued before, could end its script (exit 0) and be
+  // reaped as a success before the agent's SIGTERM came.
   ::kill(agent->pid(), SIGTERM);
+  EXPECT_TRUE(eventually(
+      [&] { return agent->output().find("SIGTERM received") != std::string::npos; }, 20s))
+      << agent->output();
+  ::kill(worker, SIGCONT);
   EXPECT_EQ(agent->wait(), 128 + SIGTERM) << agent->output();
 }
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -120,6 +121,45 @@ class InPlace : public ::testing::Test {
     const auto f = final_of("clean", 0);
     EXPECT_TRUE(f.has_value()) << output;
     return f ? f->digest : "";
+  }
+
+  // Two agents of one in-place worker each, on this machine; `where(node)` gives each its
+  // rendezvous flags. With `first_hosts`, the first is waited for until it hosts the store, so
+  // that the other joins as its client. Returns their exit codes, their outputs in `outputs`.
+  std::vector<int> run_two_nodes(const std::string& out, int max_restarts,
+                                 const std::vector<std::string>& worker_args,
+                                 std::vector<std::string>& outputs,
+                                 const std::function<std::vector<std::string>(int)>& where,
+                                 bool first_hosts) {
+    fs::create_directories(dir_ / out);
+    std::vector<std::unique_ptr<Child>> agents;
+    for (const int node : {0, 1}) {
+      const std::string name = out + "_node" + std::to_string(node);
+      std::vector<std::string> args = where(node);
+      args.insert(args.end(),
+                  {"--nproc-per-node", "1", "--max-restarts", std::to_string(max_restarts),
+                   "--restart-policy", "in-place", "--event-log", path(name + ".jsonl"),
+                   "--no-python", kWorker, "--out", path(out)});
+      args.insert(args.end(), worker_args.begin(), worker_args.end());
+      agents.push_back(std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log"),
+                                               std::map<std::string, std::string>{},
+                                               std::vector<std::string>{"OMP_NUM_THREADS"}));
+      if (node == 0 && first_hosts) {
+        EXPECT_TRUE(dist::agent::testing::eventually(
+            [&] {
+              return agents[0]->output().find("hosting the rendezvous store") != std::string::npos;
+            },
+            30s))
+            << agents[0]->output();
+      }
+    }
+    std::vector<int> codes;
+    outputs.clear();
+    for (auto& agent : agents) {
+      codes.push_back(agent->wait(120s));
+      outputs.push_back(agent->output());
+    }
+    return codes;
   }
 
   fs::path dir_;
@@ -269,29 +309,15 @@ class InPlaceStaticNodes : public InPlace {
   std::vector<int> run_nodes(const std::string& out, int max_restarts,
                              const std::vector<std::string>& worker_args,
                              std::vector<std::string>& outputs) {
-    fs::create_directories(dir_ / out);
-    const int port = dist::agent::testing::free_port("127.0.0.2");
-    std::vector<std::unique_ptr<Child>> agents;
-    for (const int node : {0, 1}) {
-      const std::string name = out + "_node" + std::to_string(node);
-      std::vector<std::string> args = {
-          "--nnodes",         "2",         "--node-rank",    std::to_string(node),
-          "--master-addr",    "127.0.0.2", "--master-port",  std::to_string(port),
-          "--nproc-per-node", "1",         "--max-restarts", std::to_string(max_restarts),
-          "--restart-policy", "in-place",  "--event-log",    path(name + ".jsonl"),
-          "--no-python",      kWorker,     "--out",          path(out)};
-      args.insert(args.end(), worker_args.begin(), worker_args.end());
-      agents.push_back(std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log"),
-                                               std::map<std::string, std::string>{},
-                                               std::vector<std::string>{"OMP_NUM_THREADS"}));
-    }
-    std::vector<int> codes;
-    outputs.clear();
-    for (auto& agent : agents) {
-      codes.push_back(agent->wait(120s));
-      outputs.push_back(agent->output());
-    }
-    return codes;
+    const std::string port = std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+    return run_two_nodes(
+        out, max_restarts, worker_args, outputs,
+        [&](int node) {
+          return std::vector<std::string>{
+              "--nnodes",      "2",         "--node-rank",   std::to_string(node),
+              "--master-addr", "127.0.0.2", "--master-port", port};
+        },
+        false);
   }
 };
 
@@ -373,50 +399,15 @@ class InPlaceElasticNodes : public InPlace {
   std::vector<int> run_nodes(const std::string& out, int max_restarts,
                              const std::vector<std::string>& worker_args,
                              std::vector<std::string>& outputs) {
-    fs::create_directories(dir_ / out);
     const std::string endpoint =
         "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
-    std::vector<std::unique_ptr<Child>> agents;
-    for (const int node : {0, 1}) {
-      const std::string name = out + "_node" + std::to_string(node);
-      std::vector<std::string> args = {"--nnodes",
-                                       "2",
-                                       "--rdzv-endpoint",
-                                       endpoint,
-                                       "--rdzv-id",
-                                       "job",
-                                       "--nproc-per-node",
-                                       "1",
-                                       "--max-restarts",
-                                       std::to_string(max_restarts),
-                                       "--restart-policy",
-                                       "in-place",
-                                       "--event-log",
-                                       path(name + ".jsonl"),
-                                       "--no-python",
-                                       kWorker,
-                                       "--out",
-                                       path(out)};
-      args.insert(args.end(), worker_args.begin(), worker_args.end());
-      agents.push_back(std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log"),
-                                               std::map<std::string, std::string>{},
-                                               std::vector<std::string>{"OMP_NUM_THREADS"}));
-      if (node == 0) {  // it hosts the store: the other joins as its client
-        EXPECT_TRUE(dist::agent::testing::eventually(
-            [&] {
-              return agents[0]->output().find("hosting the rendezvous store") != std::string::npos;
-            },
-            30s))
-            << agents[0]->output();
-      }
-    }
-    std::vector<int> codes;
-    outputs.clear();
-    for (auto& agent : agents) {
-      codes.push_back(agent->wait(120s));
-      outputs.push_back(agent->output());
-    }
-    return codes;
+    return run_two_nodes(
+        out, max_restarts, worker_args, outputs,
+        [&](int) {
+          return std::vector<std::string>{"--nnodes", "2",         "--rdzv-endpoint",
+                                          endpoint,   "--rdzv-id", "job"};
+        },
+        true);
   }
   // Both nodes' events of one kind.
   std::vector<Json> node_events(const std::string& out, const std::string& name) const {

@@ -33,6 +33,11 @@ def main():
     dist.init_process_group("gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == int(os.environ["WORLD_SIZE"]) and rank == int(os.environ["RANK"])
+    if rank == 1 and attempt == args.crash_on_attempt:
+        # Before any collective: a torch 2.x process that exits just after one may abort
+        # (SIGABRT, "terminate called without an active exception") instead of exiting 1, when
+        # gloo's worker thread drops the finished work's tensors while the interpreter finalizes.
+        raise RuntimeError(f"injected failure on attempt {attempt}")
 
     for op, expected in ((dist.ReduceOp.SUM, world * (world + 1) / 2), (dist.ReduceOp.MAX, world)):
         t = torch.tensor([float(rank + 1)])
@@ -42,9 +47,6 @@ def main():
     print(f"rank {rank}/{world} attempt {attempt}: process group up", flush=True)
     while world < args.wait_for_world:
         time.sleep(0.1)
-
-    if rank == 1 and attempt == args.crash_on_attempt:
-        raise RuntimeError(f"injected failure on attempt {attempt}")
 
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))

@@ -1,8 +1,15 @@
 #include "health/python_hook.h"
 
+#include <spdlog/spdlog.h>
+#include <stdlib.h>
+
+#include <array>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string_view>
 
@@ -60,26 +67,108 @@ void write_file(const fs::path& path, std::string_view text) {
   }
 }
 
-}  // namespace
+// The files of python_files(), by their place under its directory.
+struct PythonFile {
+  std::string_view path;
+  std::string_view text;
+};
 
-void write_stand_in_package(const fs::path& dir) {
-  const fs::path package = dir / "dist_launch";
-  std::error_code ec;
-  fs::create_directories(package, ec);
-  if (ec) throw std::runtime_error("cannot create " + package.string() + " (" + ec.message() + ")");
-  write_file(package / "__init__.py", warm::python::kStandInPackage);
-  write_file(package / "snapshot.py", warm::python::kSnapshot);
-  write_file(package / "elastic.py", warm::python::kElastic);
+std::array<PythonFile, 5> every_python_file() {
+  return {{{"hook/sitecustomize.py", kSiteCustomize},
+           {"hook/_dist_launch_progress.py", kProgressModule},
+           {"package/dist_launch/__init__.py", warm::python::kStandInPackage},
+           {"package/dist_launch/snapshot.py", warm::python::kSnapshot},
+           {"package/dist_launch/elastic.py", warm::python::kElastic}}};
 }
 
-fs::path write_python_hook(const fs::path& run_dir) {
-  const fs::path dir = run_dir / "python";
+// A hash of every file's place and text: the cache directory's name, a new one for new text.
+// (std::hash, eight bytes at a step: the name only has to differ between the texts one build
+// and another put there.)
+std::string content_name() {
+  std::size_t h = 0;
+  for (const auto& f : every_python_file()) {
+    for (const std::string_view part : {f.path, f.text}) {
+      h = (h ^ std::hash<std::string_view>{}(part)) * 1099511628211ULL;
+    }
+  }
+  char name[32];
+  std::snprintf(name, sizeof name, "python-%016zx", h);
+  return name;
+}
+
+// $XDG_CACHE_HOME/dist-launch, else $HOME/.cache/dist-launch; empty without either.
+fs::path cache_root() {
+  const char* xdg = ::getenv("XDG_CACHE_HOME");
+  if (xdg && xdg[0] == '/') return fs::path(xdg) / "dist-launch";
+  const char* home = ::getenv("HOME");
+  if (home && home[0] == '/') return fs::path(home) / ".cache" / "dist-launch";
+  return {};
+}
+
+// Every file there, at its size (a stat each: a copy a cleaner emptied or cut is not used).
+bool complete(const fs::path& dir) {
+  for (const auto& f : every_python_file()) {
+    std::error_code ec;
+    if (fs::file_size(dir / f.path, ec) != f.text.size() || ec) return false;
+  }
+  return true;
+}
+
+void write_all(const fs::path& dir) {
+  for (const auto& f : every_python_file()) {
+    const fs::path path = dir / f.path;
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    if (ec) {
+      throw std::runtime_error("cannot create " + path.parent_path().string() + " (" +
+                               ec.message() + ")");
+    }
+    write_file(path, f.text);
+  }
+}
+
+// The cache's copy, written if missing; empty when the cache cannot be used.
+fs::path cached_python_files() {
+  const fs::path root = cache_root();
+  if (root.empty()) return {};
+  const fs::path dir = root / content_name();
+  if (complete(dir)) return dir;
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error("cannot create " + dir.string() + " (" + ec.message() + ")");
-  write_file(dir / "_dist_launch_progress.py", kProgressModule);
-  write_file(dir / "sitecustomize.py", kSiteCustomize);
-  return dir;
+  fs::create_directories(root, ec);
+  std::string pattern = (root / ".writing-XXXXXX").string();
+  if (ec || !::mkdtemp(pattern.data())) {
+    spdlog::debug("no Python file cache in {}: {}", root.string(),
+                  ec ? ec.message() : std::strerror(errno));
+    return {};
+  }
+  const fs::path temporary = pattern;
+  try {
+    write_all(temporary);
+  } catch (const std::exception& e) {
+    spdlog::debug("no Python file cache: {}", e.what());
+    fs::remove_all(temporary, ec);
+    return {};
+  }
+  fs::rename(temporary, dir, ec);  // fails where a directory is in the way
+  if (ec && !complete(dir)) {      // a damaged copy: set aside for ours (a complete one is in use)
+    const fs::path aside = temporary.string() + ".damaged";
+    fs::rename(dir, aside, ec);
+    fs::rename(temporary, dir, ec);
+    fs::remove_all(aside, ec);
+  }
+  fs::remove_all(temporary, ec);  // still there when another launch renamed its copy first
+  return complete(dir) ? dir : fs::path{};
+}
+
+}  // namespace
+
+PythonFiles python_files(const fs::path& run_dir, bool with_hook) {
+  fs::path dir = cached_python_files();
+  if (dir.empty()) {
+    dir = run_dir / "python";
+    write_all(dir);
+  }
+  return {with_hook ? dir / "hook" : fs::path{}, dir / "package"};
 }
 
 void add_python_paths(Variables& env, const fs::path& first, const fs::path& last,

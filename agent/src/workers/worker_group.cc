@@ -144,18 +144,14 @@ void WorkerGroup::set_up_warm() {
 void WorkerGroup::write_python_files_once() {
   if (python_files_written_) return;
   python_files_written_ = true;
-  if (config_.watchdogs.step_hook) {
-    try {
-      python_hook_ = write_python_hook(dir_.path());
-    } catch (const std::exception& e) {
-      spdlog::warn("Python workers get no progress hook: {}", e.what());
-    }
-  }
   try {
-    write_stand_in_package(dir_.path() / "package");
-    python_package_ = dir_.path() / "package";
+    const PythonFiles files = python_files(dir_.path(), config_.watchdogs.step_hook);
+    python_hook_ = files.hook;
+    python_package_ = files.package;
   } catch (const std::exception& e) {
-    spdlog::warn("Python workers get no dist_launch package (snapshot, elastic): {}", e.what());
+    spdlog::warn(
+        "Python workers get no progress hook and no dist_launch package (snapshot, elastic): {}",
+        e.what());
   }
 }
 

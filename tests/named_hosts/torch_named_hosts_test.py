@@ -1,8 +1,9 @@
 """A PyTorch gloo DDP job (examples/torch/ddp_train.py, Debian's torch 1.13) on three hosts known by
 name ends with the same weights as the same job on one host. The master's host maps its own name to
 127.0.1.1, as Debian does; the commands hold names and an interface name, never an address. And
-in-place recovery across two of them (dist_launch.elastic, examples/torch/elastic_train.py): only
-the failed host's worker is replaced, the other keeps its process, the weights are one host's.
+in-place recovery across two of them (dist_launch.elastic, examples/torch/elastic_train.py), with
+static and with elastic (c10d) rendezvous: only the failed host's worker is replaced, the other
+keeps its process, the weights are one host's.
 
     python3 torch_named_hosts_test.py --launcher build/bin/dist-launch --named-hosts named-hosts.sh
 Exits 77 (skip) when that interpreter has no torch, or named hosts cannot be made here.
@@ -70,26 +71,27 @@ class TorchOnNamedHosts(unittest.TestCase):
         self.assertEqual(codes, [0], outputs[0])
         self.assertEqual(digests(outputs[0]), spread, outputs[0])
 
-    def test_in_place_across_two_hosts_replaces_only_the_failed_hosts_worker(self):
-        """--restart-policy in-place, one worker on each of node-a and node-b: node-b's is
-        SIGKILLed at step 12 and replaced there alone; node-a's keeps its process; both end with
-        the weights of the same job run uninterrupted on one host."""
+    def in_place_on_two_hosts(self, rendezvous):
+        """--restart-policy in-place, one worker on each of node-a and node-b, `rendezvous` their
+        flags for host h: rank 1 is SIGKILLed at step 12 and replaced on its host alone; the
+        other host's worker keeps its process; both end with the weights of the same job run
+        uninterrupted on one host."""
         train = [ELASTIC, "--steps", "30", "--crash-at-step", "12"]
-        two = [(host, [ARGS.launcher, "--nnodes", "2", "--node-rank", str(rank),
-                       "--master-addr", "node-a", "--master-port", STORE_PORT,
-                       "--nproc-per-node", "1", "--restart-policy", "in-place",
-                       "--max-restarts", "1", *train])
+        two = [(host, [ARGS.launcher, *rendezvous(rank, host), "--nproc-per-node", "1",
+                       "--restart-policy", "in-place", "--max-restarts", "1", *train])
                for rank, host in enumerate(HOSTS[:2])]
         codes, outputs = self.run_nodes(two)
         self.assertEqual(codes, [0, 0], "\n".join(outputs))
-        a, b = outputs
-        self.assertEqual(len(re.findall(r"rank 0 pid \d+ started", a)), 1, a)
-        self.assertRegex(a, r"rank 0 recovered in place: generation 1, state from rank 0")
-        self.assertEqual(len(re.findall(r"rank 1 pid \d+ started", b)), 2, b)
-        self.assertIn("replaced in place", b)
-        self.assertNotIn("restarting the worker group", a + b)
-        ends = re.findall(r"steps 30 digest (\w+)", a + b)
-        self.assertEqual(len(ends), 2, a + b)
+        # An elastic job ranks its nodes by arrival: find the survivor's host by its output.
+        survivor = next(out for out in outputs if "rank 0 pid" in out)
+        failed = next(out for out in outputs if "rank 1 pid" in out)
+        self.assertEqual(len(re.findall(r"rank 0 pid \d+ started", survivor)), 1, survivor)
+        self.assertRegex(survivor, r"rank 0 recovered in place: generation 1, state from rank 0")
+        self.assertEqual(len(re.findall(r"rank 1 pid \d+ started", failed)), 2, failed)
+        self.assertIn("replaced in place", failed)
+        self.assertNotIn("restarting the worker group", survivor + failed)
+        ends = re.findall(r"steps 30 digest (\w+)", survivor + failed)
+        self.assertEqual(len(ends), 2, survivor + failed)
 
         codes, outputs = self.run_nodes(
             [("node-b", [ARGS.launcher, "--nproc-per-node", "2", ELASTIC, "--steps", "30"])])
@@ -97,6 +99,17 @@ class TorchOnNamedHosts(unittest.TestCase):
         self.assertEqual(set(re.findall(r"steps 30 digest (\w+)", outputs[0])), set(ends),
                          outputs[0])
 
+    def test_in_place_across_two_hosts_replaces_only_the_failed_hosts_worker(self):
+        self.in_place_on_two_hosts(lambda rank, host: [
+            "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "node-a",
+            "--master-port", STORE_PORT])
+
+    def test_in_place_across_two_hosts_of_an_elastic_job(self):
+        """The same over c10d rendezvous at node-a's name (--nnodes 1:2 --rdzv-endpoint), the
+        way most multi-node torchrun jobs are launched."""
+        self.in_place_on_two_hosts(lambda rank, host: [
+            "--nnodes", "1:2", "--rdzv-endpoint", f"node-a:{STORE_PORT}", "--rdzv-id",
+            "named-inplace", "--rdzv-backend", "c10d", "--rdzv-conf", "last_call_timeout=30"])
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

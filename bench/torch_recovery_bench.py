@@ -4,13 +4,14 @@ group restart, and dist-launch's in-place recovery (dist_launch.elastic), cold a
 
     python3 bench/torch_recovery_bench.py [--build build] [--python python3] [--runs 5]
         [--nproc 2] [--steps 60] [--crash-at-step 25] [--named-hosts tests/named_hosts/named-hosts.sh]
-        [--modes torchrun,group,group-warm,in-place,in-place-warm]
+        [--rendezvous static|elastic] [--modes torchrun,group,group-warm,in-place,in-place-warm]
 
 Each run is one job of --nproc workers of examples/torch/elastic_train.py (gloo, CPU, a commit
 after every step, --max-restarts 1); rank 1 SIGKILLs itself as step --crash-at-step begins. The
 modes alternate (A B C D A B C D ...). With --named-hosts each job runs on two hosts (network
-namespaces node-a and node-b, --nproc/2 workers each, two agents or two torchruns), rank 1 on
-node-a:
+namespaces node-a and node-b, --nproc/2 workers each, two agents or two torchruns; static
+rendezvous at node-a, rank 1 on node-a, or --rendezvous elastic: --nnodes 1:2 through c10d at
+node-a, ranks by the nodes' arrival):
   torchrun       torch's own launcher (`python -m torch.distributed.run`, its default static
                  rendezvous on a free port): every worker stops, the group restarts from step 0;
   group          dist-launch --max-restarts 1: the same, through dist-launch;
@@ -57,22 +58,28 @@ def command(args, mode, crash, node=None, port=None):
     train = [SCRIPT, "--steps", str(args.steps), "--timestamps"]
     if crash:
         train += ["--crash-at-step", str(args.crash_at_step)]
-    nodes = [] if node is None else ["--nnodes", "2", "--node-rank", str(node)]
     per_node = args.nproc if node is None else args.nproc // 2
     master = "127.0.0.1" if node is None else "node-a"
-    if mode == "torchrun":
-        return [args.python, "-m", "torch.distributed.run",
-                *(["--nnodes", "1"] if node is None else ["--nnodes", "2", "--node_rank",
-                                                           str(node)]),
-                "--nproc_per_node", str(per_node), "--max_restarts", "1", "--master_addr", master,
-                "--master_port", str(port or free_port()), *train]
+    port = port or free_port()
+    torchrun = mode == "torchrun"
+    if node is None:  # one host: torchrun's static mode; dist-launch's own default
+        nodes = (["--nnodes", "1", "--master_addr", master, "--master_port", str(port)]
+                 if torchrun else [])
+    elif args.rendezvous == "static":
+        nodes = ["--nnodes", "2", "--node_rank", str(node), "--master_addr", master,
+                 "--master_port", str(port)]
+    else:  # c10d at node-a's name; ranks follow the nodes' arrival
+        nodes = ["--nnodes", "1:2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                 f"{master}:{port}", "--rdzv_id", f"bench-{port}", "--rdzv_conf",
+                 "last_call_timeout=30"]
+    if torchrun:
+        return [args.python, "-m", "torch.distributed.run", *nodes, "--nproc_per_node",
+                str(per_node), "--max_restarts", "1", *train]
     extra = {"group": [], "group-warm": ["--warm-restart"],
              "in-place": ["--restart-policy", "in-place"],
              "in-place-warm": ["--restart-policy", "in-place", "--warm-restart"]}[mode]
-    if node is not None:
-        extra += ["--master-addr", master, "--master-port", str(port)]
-    return [os.path.join(args.build, "bin", "dist-launch"), *nodes, "--nproc-per-node",
-            str(per_node), "--max-restarts", "1", *extra, *train]
+    return [os.path.join(args.build, "bin", "dist-launch"), *nodes, "--nproc_per_node",
+            str(per_node), "--max_restarts", "1", *extra, *train]
 
 
 _jobs = iter(range(1, 1 << 30))
@@ -196,6 +203,9 @@ def main():
     parser.add_argument("--named-hosts", metavar="SCRIPT", default=None,
                         help="run each job on two hosts (tests/named_hosts/named-hosts.sh: "
                              "node-a, node-b; root), --nproc/2 workers each")
+    parser.add_argument("--rendezvous", choices=["static", "elastic"], default="static",
+                        help="two hosts' rendezvous: static (--master-addr node-a) or elastic "
+                             "(--nnodes 1:2, c10d at node-a)")
     args = parser.parse_args()
     args.hosts = None
     if args.named_hosts:
@@ -239,7 +249,8 @@ def bench(args):
         return (f"{statistics.median(xs) * 1e3:7.1f} ms ({min(xs) * 1e3:.0f}-"
                 f"{max(xs) * 1e3:.0f})")
 
-    where = " on two named hosts" if args.hosts is not None else ""
+    where = (f" on two named hosts ({args.rendezvous} rendezvous)" if args.hosts is not None
+             else "")
     print(f"torch {version}, {args.nproc} workers{where}, examples/torch/elastic_train.py --steps "
           f"{args.steps}, rank 1 killed at step {args.crash_at_step}, {args.runs} runs each, "
           f"medians (min-max) from the kill")

@@ -33,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "ssh_hosts"))
 import sshd_hosts  # noqa: E402
+from blocking_run import blocking_run, wait_all  # noqa: E402
 
 JOB_TIMEOUT_S = 120
 
@@ -45,7 +46,7 @@ def anchor(ssh_argv, hosts):
     """`ssh HOST true` to every host at once: seconds until the last one ended."""
     start = time.perf_counter()
     procs = [subprocess.Popen(ssh_argv + [h, "true"], stdin=subprocess.DEVNULL) for h in hosts]
-    codes = [p.wait(timeout=JOB_TIMEOUT_S) for p in procs]
+    codes = wait_all(procs, JOB_TIMEOUT_S)
     if any(codes):
         raise RuntimeError(f"ssh failed: {codes}")
     return time.perf_counter() - start
@@ -64,12 +65,12 @@ def job(build, hosts, workers, ssh_options):
                 "--no-python", "/bin/sh", "-c", f'exec {worker} stamp "$JOB_OUT/$GROUP_RANK"']
         env = dict(os.environ, JOB_OUT=out, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
         t0 = time.time_ns()
-        start = time.perf_counter()
-        code = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=JOB_TIMEOUT_S, text=True)
-        total = time.perf_counter() - start
-        if code.returncode != 0:
-            raise RuntimeError(f"dist-launch failed ({code.returncode}): {code.stderr}")
+        with tempfile.TemporaryFile("w+") as err:
+            total, code = blocking_run(argv, JOB_TIMEOUT_S, env=env, stdout=subprocess.DEVNULL,
+                                       stderr=err)
+            if code != 0:
+                err.seek(0)
+                raise RuntimeError(f"dist-launch failed ({code}): {err.read()}")
         stamps = []
         for node in range(len(hosts)):
             for name in os.listdir(os.path.join(out, str(node))):

@@ -31,7 +31,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from blocking_run import blocking_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MONITOR_INTERVAL = ["--monitor_interval", "0.1"]
@@ -53,12 +54,10 @@ def free_port():
 def run(cmd, env=None, timeout=120):
     """Runs cmd under GNU time; returns (wall seconds, peak RSS KiB of the launcher, exit code)."""
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
-        start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name] + cmd, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
-        wall = time.perf_counter() - start
+        wall, code = blocking_run(["/usr/bin/time", "-f", "%M", "-o", rss.name] + cmd, timeout,
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         lines = rss.read().split()
-        return wall, int(lines[-1]) if lines else 0, proc.returncode
+        return wall, int(lines[-1]) if lines else 0, code
 
 
 class Launcher:

@@ -18,7 +18,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from blocking_run import blocking_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -30,10 +31,8 @@ def compile_anchor(out_dir):
 
 
 def timed(cmd, env):
-    start = time.perf_counter()
-    code = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          timeout=60).returncode
-    elapsed = time.perf_counter() - start
+    elapsed, code = blocking_run(cmd, 60, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
     if code != 0:
         sys.exit(f"{cmd[0]} exited with {code}")
     return elapsed

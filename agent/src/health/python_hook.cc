@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -127,6 +128,20 @@ void write_all(const fs::path& dir) {
   }
 }
 
+// Temporaries (and damaged copies set aside) that a launch killed while writing left behind: an
+// hour old, no launch is still writing them.
+void sweep_leftovers(const fs::path& root) {
+  std::error_code ec;
+  const auto old = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(".writing-")) continue;
+    std::error_code stat_ec;
+    const auto written = fs::last_write_time(entry.path(), stat_ec);
+    if (!stat_ec && written < old) fs::remove_all(entry.path(), stat_ec);
+  }
+}
+
 // The cache's copy, written if missing; empty when the cache cannot be used.
 fs::path cached_python_files() {
   const fs::path root = cache_root();
@@ -135,6 +150,7 @@ fs::path cached_python_files() {
   if (complete(dir)) return dir;
   std::error_code ec;
   fs::create_directories(root, ec);
+  sweep_leftovers(root);
   std::string pattern = (root / ".writing-XXXXXX").string();
   if (ec || !::mkdtemp(pattern.data())) {
     spdlog::debug("no Python file cache in {}: {}", root.string(),

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -110,6 +111,18 @@ TEST_F(PythonFilesTest, ACopyMissingAFileOrCutShortIsReplacedWhole) {
   EXPECT_EQ(again.hook, first.hook);
   EXPECT_GT(fs::file_size(again.package / "dist_launch" / "elastic.py"), 1000U);
   EXPECT_GT(fs::file_size(again.hook / "_dist_launch_progress.py"), 1000U);
+}
+
+TEST_F(PythonFilesTest, ATemporaryAnHourOldIsSweptWhenTheNextCopyIsWritten) {
+  ScopedVariable cache("XDG_CACHE_HOME", (root_ / "cache").string());
+  const fs::path root = root_ / "cache" / "dist-launch";
+  fs::create_directories(root / ".writing-killed" / "hook");
+  fs::create_directories(root / ".writing-running");
+  fs::last_write_time(root / ".writing-killed",
+                      fs::file_time_type::clock::now() - std::chrono::hours(2));
+  python_files(run_dir_, true);
+  EXPECT_FALSE(fs::exists(root / ".writing-killed")) << "left by a launch killed while writing";
+  EXPECT_TRUE(fs::exists(root / ".writing-running")) << "maybe another launch's, being written";
 }
 
 TEST_F(PythonFilesTest, LaunchesStartingTogetherEachSeeEveryFile) {

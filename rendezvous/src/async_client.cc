@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <random>
+#include <vector>
 
 #include "auth.h"
 #include "protocol.h"
@@ -304,16 +305,24 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
 };
 
 // Resolves (on every attempt: a name may appear late, as in a cluster that is still booting) and
-// tries each address until one connects before the deadline; returns why none did.
+// tries each address until one connects before the deadline; returns why none did. An address
+// given as digits is used as it is: Asio resolves on a thread of its own, which a launch would
+// otherwise start (and wait for) only to be told 127.0.0.1.
 Task<std::string> AsyncStoreClient::Impl::connect_once(Clock::time_point deadline) {
   boost::system::error_code ec;
-  const auto results = co_await resolver_.async_resolve(
-      options_.host, std::to_string(options_.port), asio::redirect_error(use_awaitable, ec));
-  if (ec) co_return "cannot resolve '" + options_.host + "': " + ec.message();
+  std::vector<asio::ip::tcp::endpoint> endpoints;
+  if (const auto literal = asio::ip::make_address(options_.host, ec); !ec) {
+    endpoints.emplace_back(literal, options_.port);
+  } else {
+    const auto results = co_await resolver_.async_resolve(
+        options_.host, std::to_string(options_.port), asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return "cannot resolve '" + options_.host + "': " + ec.message();
+    for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+  }
   std::string why = "no address";
-  for (const auto& entry : results) {
+  for (const auto& endpoint : endpoints) {
     socket_.close(ec);
-    socket_.open(entry.endpoint().protocol(), ec);
+    socket_.open(endpoint.protocol(), ec);
     if (ec) {
       why = ec.message();
       continue;
@@ -323,7 +332,7 @@ Task<std::string> AsyncStoreClient::Impl::connect_once(Clock::time_point deadlin
       auto self = weak.lock();
       if (!e && self && self->generation_ == gen) self->socket_.cancel(e);
     });
-    co_await socket_.async_connect(entry.endpoint(), asio::redirect_error(use_awaitable, ec));
+    co_await socket_.async_connect(endpoint, asio::redirect_error(use_awaitable, ec));
     deadline_.cancel();
     if (!ec) co_return "";
     why = ec == asio::error::operation_aborted ? "connect timed out" : ec.message();

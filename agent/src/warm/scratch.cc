@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +12,7 @@
 #include <stdexcept>
 
 #include "warm/clone_exec.h"
+#include "workers/run_directory.h"
 
 namespace dist::agent::warm {
 
@@ -20,17 +20,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kSharedMemory[] = "/dev/shm";
-constexpr long kTmpfsMagic = 0x01021994;
 constexpr char kShell[] = "/bin/sh";
 
 // /dev/shm when it is a writable tmpfs, else TMPDIR's directory.
 fs::path scratch_parent() {
-  struct statfs info {};
-  if (::statfs(kSharedMemory, &info) == 0 && info.f_type == kTmpfsMagic &&
-      ::access(kSharedMemory, W_OK | X_OK) == 0) {
-    return kSharedMemory;
-  }
+  if (auto memory = shared_memory_directory(); !memory.empty()) return memory;
   return fs::temp_directory_path();
 }
 

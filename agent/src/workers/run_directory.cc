@@ -1,8 +1,10 @@
 #include "workers/run_directory.h"
 
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -27,11 +29,33 @@ fs::path make_unique_directory(const fs::path& parent, const std::string& prefix
   return pattern;
 }
 
+// Where a temporary run directory goes (see the header).
+fs::path temporary_parent(const LaunchConfig& config) {
+  const char* chosen = std::getenv("TMPDIR");
+  const bool small = !config.writes_log_files() && config.duplicate_stdout_filters.empty() &&
+                     config.duplicate_stderr_filters.empty();
+  if ((!chosen || !*chosen) && small) {
+    if (auto memory = shared_memory_directory(); !memory.empty()) return memory;
+  }
+  return fs::temp_directory_path();
+}
+
 }  // namespace
+
+fs::path shared_memory_directory() {
+  constexpr char kSharedMemory[] = "/dev/shm";
+  constexpr long kTmpfsMagic = 0x01021994;
+  struct statfs info {};
+  if (::statfs(kSharedMemory, &info) == 0 && info.f_type == kTmpfsMagic &&
+      ::access(kSharedMemory, W_OK | X_OK) == 0) {
+    return kSharedMemory;
+  }
+  return {};
+}
 
 RunDirectory::RunDirectory(const LaunchConfig& config, const std::string& host) {
   temporary_ = config.log_dir.empty();
-  root_ = temporary_ ? make_unique_directory(fs::temp_directory_path(), "dist-launch-")
+  root_ = temporary_ ? make_unique_directory(temporary_parent(config), "dist-launch-")
                      : make_unique_directory(config.log_dir, config.run_id + "_");
   run_dir_ = root_;
   if (config.elastic) {  // node ranks change from round to round

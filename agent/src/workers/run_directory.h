@@ -5,6 +5,11 @@
 //
 // Inside it: [node_<rank>/ (static, several nodes) | node_<host>_<pid>/ (elastic)]
 //            attempt_<round>/<local rank>/{stdout.log, stderr.log, error.json}
+//
+// The temporary directory is made in $TMPDIR when that is set. Otherwise, for a run that writes
+// no log into it (only error files and a token, a few KB), in /dev/shm when that is a writable
+// tmpfs: its directories are then made and removed in memory rather than on a journalled disk
+// (on ext4 about 1 ms of a launch of 8 workers); else in /tmp.
 #pragma once
 
 #include <filesystem>
@@ -13,6 +18,9 @@
 #include "dist/agent/config.h"
 
 namespace dist::agent {
+
+// /dev/shm when it is a tmpfs this process may write to; empty otherwise.
+std::filesystem::path shared_memory_directory();
 
 class RunDirectory {
  public:

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -20,13 +21,12 @@
 namespace dist::agent {
 namespace {
 
-// The messages on the socket (SOCK_SEQPACKET: each arrives whole or not at all), one int32 each: a
-// positive pid tracks that process group, a negative one untracks it, zero dismisses the janitor.
+// The one message on the socket (SOCK_SEQPACKET: it arrives whole or not at all): dismissed.
 using Message = std::int32_t;
 constexpr Message kDismiss = 0;
 
-// Groups the janitor remembers (a worker's group is untracked once its worker is reaped, so this
-// bounds the workers alive at once); beyond it, the marker alone finds their processes.
+// Groups the janitor can be told of (a worker's group is untracked once its worker is reaped, so
+// this bounds the workers alive at once); beyond it, the marker alone finds their processes.
 constexpr std::size_t kMaxTrackedGroups = 4096;
 // After the agent's death: marker sweeps until one finds nothing, at most this many, this far apart
 // (a process SIGKILLed in one sweep may still be exiting in the next).
@@ -59,7 +59,7 @@ void close_all_but(int keep) {
 
 // The janitor's whole life. A copy of the agent made by a raw clone: only system calls and our own
 // allocation-free code run here (glibc's per-thread state still describes the agent's thread).
-[[noreturn]] void run_janitor(int channel, std::string_view agent_id) {
+[[noreturn]] void run_janitor(int channel, const Janitor::Slot* groups, std::string_view agent_id) {
   struct sigaction action {};
   for (int s = 1; s < NSIG; ++s) {
     // A fault ends the janitor; every other signal is the agent's business, or a supervisor's
@@ -75,23 +75,17 @@ void close_all_but(int keep) {
   [[maybe_unused]] const int ignored = ::chdir("/");  // never keeps a directory busy
   close_all_but(channel);
 
-  pid_t groups[kMaxTrackedGroups];
-  std::size_t n_groups = 0;
   while (true) {
     Message m;
     const ssize_t n = ::read(channel, &m, sizeof m);
     if (n < 0 && errno == EINTR) continue;
     if (n != static_cast<ssize_t>(sizeof m)) break;  // EOF: the agent is gone without a word
     if (m == kDismiss) ::_exit(0);
-    if (m > 0 && n_groups < kMaxTrackedGroups) groups[n_groups++] = m;
-    if (m < 0) {
-      const auto end = std::remove(groups, groups + n_groups, -m);
-      n_groups = static_cast<std::size_t>(end - groups);
-    }
   }
 
-  for (std::size_t i = 0; i < n_groups; ++i) {
-    if (group_is_jobs(groups[i], agent_id)) ::kill(-groups[i], SIGKILL);
+  for (std::size_t i = 0; i < kMaxTrackedGroups; ++i) {
+    const pid_t group = groups[i].load(std::memory_order_relaxed);
+    if (group > 0 && group_is_jobs(group, agent_id)) ::kill(-group, SIGKILL);
   }
   const timespec pause{0, kSweepPauseNanoseconds};
   for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
@@ -104,9 +98,19 @@ void close_all_but(int keep) {
 }  // namespace
 
 Janitor::Janitor(std::string_view agent_id) {
+  // Shared with the janitor across the clone (MAP_SHARED), zeroed: no group tracked.
+  void* table = ::mmap(nullptr, kMaxTrackedGroups * sizeof(Slot), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (table == MAP_FAILED) {
+    throw std::system_error(errno, std::generic_category(), "cannot map the janitor's table");
+  }
+  groups_ = static_cast<Slot*>(table);
+  static_assert(Slot::is_always_lock_free, "the table is read by another process");
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
-    throw std::system_error(errno, std::generic_category(), "cannot create the janitor's socket");
+    const int error = errno;
+    unmap();
+    throw std::system_error(error, std::generic_category(), "cannot create the janitor's socket");
   }
   // Signals stay blocked across the clone until the janitor has replaced the agent's handlers.
   sigset_t all, previous;
@@ -115,12 +119,13 @@ Janitor::Janitor(std::string_view agent_id) {
   // Flags 0: a copy like fork's, but with no exit signal (see janitor.h). Every argument is 0, so
   // the architectures' different argument orders for clone do not matter.
   const long pid = ::syscall(SYS_clone, 0UL, 0UL, 0UL, 0UL, 0UL);
-  if (pid == 0) run_janitor(fds[1], agent_id);
+  if (pid == 0) run_janitor(fds[1], groups_, agent_id);
   const int error = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   ::close(fds[1]);
   if (pid < 0) {
     ::close(fds[0]);
+    unmap();
     throw std::system_error(error, std::generic_category(), "cannot start the janitor");
   }
   pid_ = static_cast<pid_t>(pid);
@@ -129,40 +134,50 @@ Janitor::Janitor(std::string_view agent_id) {
 
 Janitor::~Janitor() {
   dismiss();
+  unmap();
 }
 
 void Janitor::track(pid_t pgid) {
-  if (pgid > 0) send(pgid);
+  if (pgid <= 0 || !groups_ || slot_of_.contains(pgid)) return;
+  std::size_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else if (used_slots_ < kMaxTrackedGroups) {
+    slot = used_slots_++;
+  } else {
+    return;  // full: the marker still finds the group's processes
+  }
+  groups_[slot].store(pgid, std::memory_order_relaxed);
+  slot_of_.emplace(pgid, slot);
 }
 
 void Janitor::untrack(pid_t pgid) {
-  if (pgid > 0) send(-pgid);
-}
-
-void Janitor::send(Message message) {
-  if (channel_ < 0) return;
-  if (::send(channel_, &message, sizeof message, MSG_DONTWAIT | MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(sizeof message) ||
-      lost_) {
-    return;
-  }
-  if (errno == EPIPE || errno == ECONNRESET) {
-    lost_ = true;
-    spdlog::warn(
-        "the janitor (pid {}) is gone: if this agent is killed, processes the workers started may "
-        "outlive it",
-        pid_);
-  }
+  const auto it = slot_of_.find(pgid);
+  if (it == slot_of_.end()) return;
+  groups_[it->second].store(0, std::memory_order_relaxed);
+  free_slots_.push_back(it->second);
+  slot_of_.erase(it);
 }
 
 void Janitor::dismiss() {
   if (pid_ < 0) return;
-  send(kDismiss);  // without it, the closed socket alone would make the janitor sweep
+  // Without the word, the closed socket alone would make the janitor sweep.
+  const Message message = kDismiss;
+  if (::send(channel_, &message, sizeof message, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
+      (errno == EPIPE || errno == ECONNRESET)) {
+    spdlog::warn("the janitor (pid {}) was gone before this agent's end", pid_);
+  }
   ::close(channel_);
   channel_ = -1;
   while (::waitpid(pid_, nullptr, __WCLONE) < 0 && errno == EINTR) {
   }
   pid_ = -1;
+}
+
+void Janitor::unmap() {
+  if (groups_) ::munmap(groups_, kMaxTrackedGroups * sizeof(Slot));
+  groups_ = nullptr;
 }
 
 }  // namespace dist::agent

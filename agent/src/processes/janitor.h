@@ -6,7 +6,10 @@
 // dismissal (the agent was SIGKILLed or crashed), the janitor SIGKILLs every worker process group
 // it was told of, then every process carrying the agent's marker (job_processes.h), sweeping until
 // none is left, and exits. Dismissed (the agent exits normally, having stopped everything itself),
-// it exits at once and the agent reaps it.
+// it exits at once and the agent reaps it. It is told of the groups through a table in memory
+// shared with it, which it reads only once the agent is gone: it sleeps through the whole job
+// (woken for each worker started and reaped, it took a core from a launch of 8 workers on 2 cores
+// 16 times, about 0.8 ms of it).
 //
 // Cheap and out of the way: forked before the agent starts a thread or allocates much (the fork
 // copies page tables: about 0.1 ms; dismissing and reaping it at exit costs about as much), it
@@ -19,7 +22,11 @@
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <cstddef>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 namespace dist::agent {
 
@@ -35,10 +42,13 @@ class Janitor {
 
   // A worker's process group, to SIGKILL if the agent dies. Untrack it once the agent has reaped
   // the worker (a group's id may be reused once the group is empty; its members that remain carry
-  // the marker). Never blocks: a message the socket cannot take is dropped, and the marker still
-  // finds the group's processes.
+  // the marker). A store into the shared table: it wakes nobody; beyond 4096 groups at once it
+  // is dropped, and the marker still finds the group's processes.
   void track(pid_t pgid);
   void untrack(pid_t pgid);
+
+  // One entry of the table shared with the janitor: a tracked group, or 0.
+  using Slot = std::atomic<pid_t>;
 
   // The agent exits normally with nothing left to clean: the janitor exits, and is reaped here.
   void dismiss();
@@ -46,11 +56,14 @@ class Janitor {
   pid_t pid() const { return pid_; }
 
  private:
-  void send(pid_t message);
+  void unmap();
 
   int channel_ = -1;
   pid_t pid_ = -1;
-  bool lost_ = false;  // said once: the janitor is gone
+  Slot* groups_ = nullptr;  // the shared table (kMaxTrackedGroups slots)
+  std::unordered_map<pid_t, std::size_t> slot_of_;
+  std::vector<std::size_t> free_slots_;  // below used_slots_
+  std::size_t used_slots_ = 0;
 };
 
 }  // namespace dist::agent

@@ -209,6 +209,46 @@ TEST(JobProcessesTest, TheJanitorKillsTheMarkedProcessesAndTheTrackedGroupsWhenT
   EXPECT_TRUE(process_gone(pids[0], 10s)) << "the janitor lingers after cleaning";
 }
 
+// The table the janitor reads after the agent's death holds the groups tracked then: a group
+// untracked before (its worker reaped) is left alone, and its slot serves the next group.
+TEST(JobProcessesTest, TheJanitorLeavesAnUntrackedGroupAndReusesItsSlot) {
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  const pid_t agent = ::fork();
+  if (agent == 0) {
+    ::close(report[0]);
+    Janitor janitor(id("abc"));
+    Sleeper first(env_with(marker(id("abc"))), kOwnGroup);
+    Sleeper first_member(env_with("PATH=/bin"), first.pid());
+    Sleeper second(env_with(marker(id("abc"))), kOwnGroup);
+    Sleeper second_member(env_with("PATH=/bin"), second.pid());
+    Sleeper third(env_with(marker(id("abc"))), kOwnGroup);
+    Sleeper third_member(env_with("PATH=/bin"), third.pid());
+    janitor.track(first.pid());
+    janitor.track(second.pid());
+    janitor.untrack(second.pid());
+    janitor.untrack(first.pid());
+    janitor.track(third.pid());  // in the first's slot
+    const pid_t pids[] = {janitor.pid(), first_member.pid(), second_member.pid(),
+                          third_member.pid()};
+    if (::write(report[1], pids, sizeof pids) != sizeof pids) ::_exit(1);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(report[1]);
+  pid_t pids[4] = {};
+  ASSERT_EQ(::read(report[0], pids, sizeof pids), static_cast<ssize_t>(sizeof pids));
+  ::close(report[0]);
+  ::kill(agent, SIGKILL);
+  ASSERT_EQ(::waitpid(agent, nullptr, 0), agent);
+  EXPECT_TRUE(process_gone(pids[3], 10s)) << "the tracked group's member outlived its agent";
+  EXPECT_TRUE(process_gone(pids[0], 10s)) << "the janitor lingers after cleaning";
+  for (const pid_t untracked : {pids[1], pids[2]}) {
+    EXPECT_FALSE(process_gone(untracked, 0ms)) << "the janitor killed a group untracked before";
+    ::kill(untracked, SIGKILL);  // an orphan now: init reaps it
+  }
+}
+
 // The --warm-restart zygote and its standbys carry the job's marker and are the agent's children,
 // as leftovers are: the stop spares them (no signal, even at the deadline) and ends once they are
 // all that runs, while a marked leftover beside them gets SIGTERM.

@@ -13,37 +13,13 @@
 #include <vector>
 
 #include "health/python_hook.h"
+#include "scoped_variable.h"
 
 namespace dist::agent {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Sets (or, with nullopt, unsets) an environment variable for the test's life.
-class ScopedVariable {
- public:
-  ScopedVariable(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = ::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value->c_str(), 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedVariable() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedVariable(const ScopedVariable&) = delete;
-  ScopedVariable& operator=(const ScopedVariable&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedVariable;
 
 class PythonFilesTest : public ::testing::Test {
  protected:

@@ -1,0 +1,88 @@
+// Where a run's directory is made: the user's --log-dir; else $TMPDIR when set; else, for a run
+// that writes no logs into it, /dev/shm when it is a writable tmpfs; else the system's temporary
+// directory. And what finish() does with a temporary one.
+#include "workers/run_directory.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "scoped_variable.h"
+
+namespace dist::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ScopedVariable;
+
+class RunDirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/run-directory-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    scratch_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(scratch_); }
+
+  fs::path scratch_;
+};
+
+TEST_F(RunDirectoryTest, WithoutTmpdirOrLogsItIsMadeInSharedMemoryAndRemovedAtTheEnd) {
+  ScopedVariable tmpdir("TMPDIR", std::nullopt);
+  RunDirectory dir(LaunchConfig{}, "host");
+  const fs::path memory = shared_memory_directory();
+  EXPECT_EQ(dir.path().parent_path(), memory.empty() ? fs::temp_directory_path() : memory);
+  EXPECT_TRUE(dir.temporary());
+  EXPECT_TRUE(fs::is_directory(dir.path()));
+  EXPECT_EQ(dir.attempt(2, 3), dir.path() / "attempt_2" / "3");
+  EXPECT_EQ(dir.finish(false), "");
+  EXPECT_FALSE(fs::exists(dir.path()));
+}
+
+TEST_F(RunDirectoryTest, TmpdirIsHonoured) {
+  ScopedVariable tmpdir("TMPDIR", scratch_.string());
+  RunDirectory dir(LaunchConfig{}, "host");
+  EXPECT_EQ(dir.path().parent_path(), scratch_);
+  dir.finish(false);
+}
+
+TEST_F(RunDirectoryTest, ARunThatWritesLogsKeepsThemOutOfMemory) {
+  ScopedVariable tmpdir("TMPDIR", std::nullopt);
+  LaunchConfig tee;
+  tee.tee.stdout_stream = true;
+  LaunchConfig filtered;
+  filtered.duplicate_stderr_filters = {"loss"};
+  for (const LaunchConfig* config : {&tee, &filtered}) {
+    RunDirectory dir(*config, "host");
+    EXPECT_EQ(dir.path().parent_path(), fs::temp_directory_path());
+    dir.finish(false);
+  }
+}
+
+TEST_F(RunDirectoryTest, AKeptDirectoryIsSaidAndAnElasticNodeHasItsOwn) {
+  ScopedVariable tmpdir("TMPDIR", scratch_.string());
+  LaunchConfig elastic;
+  elastic.elastic = true;
+  RunDirectory dir(elastic, "node-a");
+  EXPECT_EQ(dir.path().parent_path().parent_path(), scratch_);
+  EXPECT_TRUE(dir.path().filename().string().starts_with("node_node-a_"));
+  const std::string said = dir.finish(true);
+  EXPECT_NE(said.find("kept in " + dir.path().parent_path().string()), std::string::npos) << said;
+  EXPECT_TRUE(fs::is_directory(dir.path()));
+}
+
+TEST_F(RunDirectoryTest, LogDirGetsARunOfItsOwnThatIsNeverRemoved) {
+  LaunchConfig config;
+  config.log_dir = (scratch_ / "logs").string();
+  config.run_id = "job7";
+  RunDirectory dir(config, "host");
+  EXPECT_EQ(dir.path().parent_path(), scratch_ / "logs");
+  EXPECT_TRUE(dir.path().filename().string().starts_with("job7_"));
+  EXPECT_FALSE(dir.temporary());
+  EXPECT_EQ(dir.finish(false), "");
+  EXPECT_TRUE(fs::is_directory(dir.path()));
+}
+
+}  // namespace
+}  // namespace dist::agent

@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 // An empty PET_* value is an error, not a silent default: the Kubeflow training operator sets
 // PET_STANDALONE="" for `standalone: true`, which read as unset would run a different job.
 void reject_empty_environment(const CLI::App& app) {
-  for (const CLI::Option* option : app.get_options()) {
+  for (const CLI::Option* option : all_options(app)) {
     const std::string name = option->get_envname();
     if (name.empty() || option->count() > 0) continue;  // the command line gave it
     const char* value = std::getenv(name.c_str());

@@ -296,37 +296,30 @@ std::vector<agent::JobHost> select_hosts(std::vector<agent::JobHost> hosts,
 }
 
 void add_hosts_options(CLI::App& app, HostsFlags& flags) {
-  CLI::App* group = app.add_option_group(
-      "Several hosts",
-      "One command for the whole job: an agent per host over ssh; this command hosts the store");
-  group->add_option("--hosts", flags.hosts,
-                    "Run on these hosts, HOST:SLOTS,... (slots: workers per host, unless "
-                    "--nproc-per-node); this host, if listed, runs its agent without ssh");
-  group->add_option("--hostfile", flags.hostfile,
-                    "Hosts from a file of `host slots=N` lines (deepspeed's, mpirun's)");
-  group->add_option("--include", flags.include,
-                    "Only these hosts (or slots: device indices), deepspeed's form: a:0,1@b");
-  group->add_option("--exclude", flags.exclude, "Not these hosts (or slots), e.g. a:1@c");
-  group->add_option("--ssh", flags.ssh_program, "The ssh client to run")->capture_default_str();
-  group->add_option("--ssh-port", flags.ssh_port, "ssh -p PORT for every host")
+  app.add_option("--hosts", flags.hosts,
+                 "Run on these hosts, HOST:SLOTS,... (slots: workers per host, unless "
+                 "--nproc-per-node); this host, if listed, runs its agent without ssh");
+  app.add_option("--hostfile", flags.hostfile,
+                 "Hosts from a file of `host slots=N` lines (deepspeed's, mpirun's)");
+  app.add_option("--include", flags.include,
+                 "Only these hosts (or slots: device indices), deepspeed's form: a:0,1@b");
+  app.add_option("--exclude", flags.exclude, "Not these hosts (or slots), e.g. a:1@c");
+  app.add_option("--ssh", flags.ssh_program, "The ssh client to run")->capture_default_str();
+  app.add_option("--ssh-port", flags.ssh_port, "ssh -p PORT for every host")
       ->check(CLI::Range(1, 65535));
-  group->add_option("--ssh-config", flags.ssh_config, "ssh -F FILE (default: ~/.ssh/config)");
-  group
-      ->add_option("--ssh-option", flags.ssh_options,
-                   "ssh -o OPTION, repeatable (ControlMaster=auto, User=..., ...)")
+  app.add_option("--ssh-config", flags.ssh_config, "ssh -F FILE (default: ~/.ssh/config)");
+  app.add_option("--ssh-option", flags.ssh_options,
+                 "ssh -o OPTION, repeatable (ControlMaster=auto, User=..., ...)")
       ->allow_extra_args(false);
-  group
-      ->add_option("--export", flags.exports,
-                   "Pass VAR (or VAR=VALUE) to every host's agent and workers, repeatable "
-                   "(mpirun -x); PYTHON_EXEC and LOGLEVEL always are")
+  app.add_option("--export", flags.exports,
+                 "Pass VAR (or VAR=VALUE) to every host's agent and workers, repeatable "
+                 "(mpirun -x); PYTHON_EXEC and LOGLEVEL always are")
       ->allow_extra_args(false);
-  group
-      ->add_option("--export-prefix", flags.export_prefixes,
-                   "Pass every variable starting with PREFIX (e.g. NCCL_), repeatable")
+  app.add_option("--export-prefix", flags.export_prefixes,
+                 "Pass every variable starting with PREFIX (e.g. NCCL_), repeatable")
       ->allow_extra_args(false);
-  group
-      ->add_option("--remote-dist-launch", flags.remote_dist_launch,
-                   "dist-launch on the other hosts: a name on their PATH, or a path")
+  app.add_option("--remote-dist-launch", flags.remote_dist_launch,
+                 "dist-launch on the other hosts: a name on their PATH, or a path")
       ->capture_default_str();
 }
 

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,6 +37,26 @@ TEST(LauncherCli, HelpPrintsUsageAndExitsZero) {
   const RunResult r = run_binary("--help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("Usage: dist-launch"), std::string::npos) << r.output;
+}
+
+// The options are declared in groups (one per concern, each under its heading in --help); CLI11
+// checks a name against its own group only, so the names are checked here: each is declared once,
+// and --help is one option (each group had a copy of it: "--hel" was ambiguous).
+TEST(LauncherCli, EveryOptionIsNamedOnceAcrossItsGroups) {
+  const RunResult completion = run_binary("--print-completion bash");
+  ASSERT_EQ(completion.exit_code, 0) << completion.output;
+  const auto words = completion.output.find("-W \"");
+  ASSERT_NE(words, std::string::npos) << completion.output;
+  std::istringstream names(
+      completion.output.substr(words + 4, completion.output.find('"', words + 4) - words - 4));
+  std::map<std::string, int> seen;
+  for (std::string name; names >> name;) ++seen[name];
+  EXPECT_GT(seen.size(), 90u);  // every group was read (97 names today)
+  for (const auto& [name, count] : seen) EXPECT_EQ(count, 1) << name;
+  const RunResult help = run_binary("--hel");
+  EXPECT_EQ(help.exit_code, 0) << help.output;
+  EXPECT_NE(help.output.find("[Option Group: Nodes and rendezvous]"), std::string::npos)
+      << help.output;
 }
 
 TEST(LauncherCli, VersionPrintsTheProjectVersion) {

@@ -40,7 +40,7 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/s
 
 # Debug keeps assert() on; -g1 is enough for the reports' file:line and costs less to build.
 # ASan+UBSan at -O0: a third of -O1's compile time here, and the tests wait on processes.
-# A unity build of the libraries and programs (the test programs opt out): unoptimised and
+# A unity build of the libraries, programs and tests (a few test files build alone): unoptimised and
 # instrumented, a .cc costs its headers' templates more than its own code, which a unity file
 # pays once for eight (10 of agent/src: 80 s alone, 33 s as one; under TSan 49 s and 23 s).
 run() {

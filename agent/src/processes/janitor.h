@@ -11,15 +11,13 @@
 // (woken for each worker started and reaped, it took a core from a launch of 8 workers on 2 cores
 // 16 times, about 0.8 ms of it).
 //
-// Cheap and out of the way: a process that shares the agent's memory (CLONE_VM, as a vfork child
-// does, but the agent goes on at once; a copy, as fork makes it, under the sanitizers), so that
-// starting it copies no page tables, the agent's writes after it copy no pages and its exit tears
-// nothing down; it keeps no file descriptor but its socket (not the store's listening socket, not
-// the workers' pipes, not the console), runs in a process group of its own (a terminal's ^C, or
-// `kill -- -PGID` of the agent's group, leaves it be) and keeps every signal blocked (only SIGKILL,
-// or a fault of its own, ends it). It is a clone child that reports its exit with no signal: the
-// agent's waitpid(-1) reaping loop and has_children() never see it, and only dismiss() reaps it.
-// It is named "dist-janitor" in ps.
+// Cheap and out of the way: forked before the agent starts a thread or allocates much (the fork
+// copies page tables: about 0.1 ms; dismissing and reaping it at exit costs about as much), it
+// keeps no file descriptor but its socket (not the store's listening socket, not the workers'
+// pipes, not the console), runs in a process group of its own (a terminal's ^C, or `kill -- -PGID`
+// of the agent's group, leaves it be) and ignores every signal but SIGKILL. It is a clone child
+// that reports its exit with no signal: the agent's waitpid(-1) reaping loop and has_children()
+// never see it, and only dismiss() reaps it. It is named "dist-janitor" in ps.
 #pragma once
 
 #include <sys/types.h>
@@ -34,7 +32,7 @@ namespace dist::agent {
 
 class Janitor {
  public:
-  // Starts the janitor for the agent `agent_id` (AgentId::id()). Call it before the agent starts
+  // Forks the janitor for the agent `agent_id` (AgentId::id()). Call it before the agent starts
   // any thread: the janitor is a raw clone (no fork handlers run), safe only in a process with one
   // thread (sanitizer runtimes included). Throws std::system_error when it cannot start.
   explicit Janitor(std::string_view agent_id);
@@ -63,7 +61,6 @@ class Janitor {
   int channel_ = -1;
   pid_t pid_ = -1;
   Slot* groups_ = nullptr;  // the shared table (kMaxTrackedGroups slots)
-  void* stack_ = nullptr;   // the janitor's stack, its start at the bottom
   std::unordered_map<pid_t, std::size_t> slot_of_;
   std::vector<std::size_t> free_slots_;  // below used_slots_
   std::size_t used_slots_ = 0;

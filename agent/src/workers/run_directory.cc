@@ -29,12 +29,17 @@ fs::path make_unique_directory(const fs::path& parent, const std::string& prefix
   return pattern;
 }
 
-// Where a temporary run directory goes (see the header).
+// Where a temporary run directory goes (see the header). A temporary directory the user chose, in
+// any of the variables temp_directory_path() reads, is theirs.
 fs::path temporary_parent(const LaunchConfig& config) {
-  const char* chosen = std::getenv("TMPDIR");
+  bool chosen = false;
+  for (const char* name : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
+    const char* value = std::getenv(name);
+    chosen = chosen || (value && *value);
+  }
   const bool small = !config.writes_log_files() && config.duplicate_stdout_filters.empty() &&
                      config.duplicate_stderr_filters.empty();
-  if ((!chosen || !*chosen) && small) {
+  if (!chosen && small) {
     if (auto memory = shared_memory_directory(); !memory.empty()) return memory;
   }
   return fs::temp_directory_path();

@@ -6,10 +6,10 @@
 // Inside it: [node_<rank>/ (static, several nodes) | node_<host>_<pid>/ (elastic)]
 //            attempt_<round>/<local rank>/{stdout.log, stderr.log, error.json}
 //
-// The temporary directory is made in $TMPDIR when that is set. Otherwise, for a run that writes
-// no log into it (only error files and a token, a few KB), in /dev/shm when that is a writable
-// tmpfs: its directories are then made and removed in memory rather than on a journalled disk
-// (on ext4 about 1 ms of a launch of 8 workers); else in /tmp.
+// The temporary directory is made in $TMPDIR (or $TMP, $TEMP, $TEMPDIR) when that is set.
+// Otherwise, for a run that writes no log into it (only error files and a token, a few KB), in
+// /dev/shm when that is a writable tmpfs: its directories are then made and removed in memory
+// rather than on a journalled disk (on ext4 about 1 ms of a launch of 8 workers); else in /tmp.
 #pragma once
 
 #include <filesystem>

@@ -28,8 +28,14 @@ class RunDirectoryTest : public ::testing::Test {
   fs::path scratch_;
 };
 
+// No temporary directory chosen in any of the variables temp_directory_path() reads.
+struct NoTemporaryDirectoryChosen {
+  ScopedVariable tmpdir{"TMPDIR", std::nullopt}, tmp{"TMP", std::nullopt},
+      temp{"TEMP", std::nullopt}, tempdir{"TEMPDIR", std::nullopt};
+};
+
 TEST_F(RunDirectoryTest, WithoutTmpdirOrLogsItIsMadeInSharedMemoryAndRemovedAtTheEnd) {
-  ScopedVariable tmpdir("TMPDIR", std::nullopt);
+  NoTemporaryDirectoryChosen none;
   RunDirectory dir(LaunchConfig{}, "host");
   const fs::path memory = shared_memory_directory();
   EXPECT_EQ(dir.path().parent_path(), memory.empty() ? fs::temp_directory_path() : memory);
@@ -40,15 +46,19 @@ TEST_F(RunDirectoryTest, WithoutTmpdirOrLogsItIsMadeInSharedMemoryAndRemovedAtTh
   EXPECT_FALSE(fs::exists(dir.path()));
 }
 
-TEST_F(RunDirectoryTest, TmpdirIsHonoured) {
-  ScopedVariable tmpdir("TMPDIR", scratch_.string());
-  RunDirectory dir(LaunchConfig{}, "host");
-  EXPECT_EQ(dir.path().parent_path(), scratch_);
-  dir.finish(false);
+TEST_F(RunDirectoryTest, ATemporaryDirectoryChosenInAnyOfItsVariablesIsHonoured) {
+  for (const char* name : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
+    SCOPED_TRACE(name);
+    NoTemporaryDirectoryChosen none;
+    ScopedVariable chosen(name, scratch_.string());
+    RunDirectory dir(LaunchConfig{}, "host");
+    EXPECT_EQ(dir.path().parent_path(), scratch_);
+    dir.finish(false);
+  }
 }
 
 TEST_F(RunDirectoryTest, ARunThatWritesLogsKeepsThemOutOfMemory) {
-  ScopedVariable tmpdir("TMPDIR", std::nullopt);
+  NoTemporaryDirectoryChosen none;
   LaunchConfig tee;
   tee.tee.stdout_stream = true;
   LaunchConfig filtered;

@@ -163,7 +163,8 @@ CLI::App& group(CLI::App& app, const std::string& name, const std::string& descr
 // Each concern's options in a group of their own: --help shows them under its heading, and CLI11,
 // which checks every option it adds against each one already in the same group (matching names
 // through copies of their name vectors), compares about 1,200 pairs instead of 7,000: 0.13 ms of a
-// launch. (Across groups it checks nothing: OptionsTest keeps the names unique.)
+// launch. (Across groups it checks nothing: LauncherCli.EveryOptionIsNamedOnceAcrossItsGroups
+// keeps the names unique.)
 void declare_options(CLI::App& app, RawOptions& raw) {
   declare_nodes_and_rendezvous(group(app, "Nodes and rendezvous"), raw);
   declare_lifecycle(group(app, "Restarts and the worker command"), raw);

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -178,32 +179,50 @@ TEST(JobProcessesTest, TheJanitorIsNoChildForTheReapingLoopAndADismissedOneKills
   EXPECT_EQ(marked.reap(), 0) << "a dismissed janitor killed the job";
 }
 
-// An "agent" (a child of the test) with a janitor, a marked daemon in a session of its own, and a
-// worker's process group whose member carries no marker; the agent is SIGKILLed; the janitor kills
-// the daemon (by the marker) and the member (by the group), then exits. These sleepers have no
-// PR_SET_PDEATHSIG: only the janitor can end them.
-TEST(JobProcessesTest, TheJanitorKillsTheMarkedProcessesAndTheTrackedGroupsWhenTheAgentDies) {
+// In an "agent" (see kill_agent_after): tells the test the pids to watch, then waits for the
+// SIGKILL, keeping alive whatever the caller's frame holds (its janitor, its processes).
+[[noreturn]] void report_and_wait(int report, const std::vector<pid_t>& pids) {
+  const auto bytes = static_cast<ssize_t>(pids.size() * sizeof(pid_t));
+  if (::write(report, pids.data(), static_cast<std::size_t>(bytes)) != bytes) ::_exit(1);
+  while (true) ::pause();
+}
+
+// Forks an "agent" (a child of the test) that runs `agent` with the descriptor to report on
+// (report_and_wait), reads the `count` pids it reports, SIGKILLs and reaps it, and returns them
+// (none when it did not report). What the agent started has no PR_SET_PDEATHSIG: only its janitor
+// can end it.
+std::vector<pid_t> kill_agent_after(std::size_t count, const std::function<void(int)>& agent) {
   int report[2];
-  ASSERT_EQ(::pipe(report), 0);
-  const pid_t agent = ::fork();
-  if (agent == 0) {
+  if (::pipe(report) != 0) return {};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
     ::close(report[0]);
+    agent(report[1]);
+    ::_exit(1);
+  }
+  ::close(report[1]);
+  std::vector<pid_t> pids(count);
+  const auto bytes = static_cast<ssize_t>(count * sizeof(pid_t));
+  const bool reported = ::read(report[0], pids.data(), static_cast<std::size_t>(bytes)) == bytes;
+  ::close(report[0]);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return reported ? pids : std::vector<pid_t>{};
+}
+
+// The agent has a janitor, a marked daemon in a session of its own, and a worker's process group
+// whose member carries no marker; once the agent is SIGKILLed the janitor kills the daemon (by the
+// marker) and the member (by the group), then exits.
+TEST(JobProcessesTest, TheJanitorKillsTheMarkedProcessesAndTheTrackedGroupsWhenTheAgentDies) {
+  const auto pids = kill_agent_after(3, [](int report) {
     Janitor janitor(id("abc"));
     Sleeper daemon(env_with(marker(id("abc"))), kOwnSession);
     Sleeper worker(env_with(marker(id("abc"))), kOwnGroup);
     Sleeper member(env_with("PATH=/bin"), worker.pid());  // found by its group only
     janitor.track(worker.pid());
-    const pid_t pids[] = {janitor.pid(), daemon.pid(), member.pid()};
-    if (::write(report[1], pids, sizeof pids) != sizeof pids) ::_exit(1);
-    ::pause();
-    ::_exit(0);
-  }
-  ::close(report[1]);
-  pid_t pids[3] = {};
-  ASSERT_EQ(::read(report[0], pids, sizeof pids), static_cast<ssize_t>(sizeof pids));
-  ::close(report[0]);
-  ::kill(agent, SIGKILL);
-  ASSERT_EQ(::waitpid(agent, nullptr, 0), agent);
+    report_and_wait(report, {janitor.pid(), daemon.pid(), member.pid()});
+  });
+  ASSERT_EQ(pids.size(), 3u) << "the agent did not report";
   EXPECT_TRUE(process_gone(pids[1], 10s)) << "the marked daemon outlived its agent";
   EXPECT_TRUE(process_gone(pids[2], 10s)) << "the tracked group's member outlived its agent";
   EXPECT_TRUE(process_gone(pids[0], 10s)) << "the janitor lingers after cleaning";
@@ -212,11 +231,7 @@ TEST(JobProcessesTest, TheJanitorKillsTheMarkedProcessesAndTheTrackedGroupsWhenT
 // The table the janitor reads after the agent's death holds the groups tracked then: a group
 // untracked before (its worker reaped) is left alone, and its slot serves the next group.
 TEST(JobProcessesTest, TheJanitorLeavesAnUntrackedGroupAndReusesItsSlot) {
-  int report[2];
-  ASSERT_EQ(::pipe(report), 0);
-  const pid_t agent = ::fork();
-  if (agent == 0) {
-    ::close(report[0]);
+  const auto pids = kill_agent_after(4, [](int report) {
     Janitor janitor(id("abc"));
     Sleeper first(env_with(marker(id("abc"))), kOwnGroup);
     Sleeper first_member(env_with("PATH=/bin"), first.pid());
@@ -229,18 +244,10 @@ TEST(JobProcessesTest, TheJanitorLeavesAnUntrackedGroupAndReusesItsSlot) {
     janitor.untrack(second.pid());
     janitor.untrack(first.pid());
     janitor.track(third.pid());  // in the first's slot
-    const pid_t pids[] = {janitor.pid(), first_member.pid(), second_member.pid(),
-                          third_member.pid()};
-    if (::write(report[1], pids, sizeof pids) != sizeof pids) ::_exit(1);
-    ::pause();
-    ::_exit(0);
-  }
-  ::close(report[1]);
-  pid_t pids[4] = {};
-  ASSERT_EQ(::read(report[0], pids, sizeof pids), static_cast<ssize_t>(sizeof pids));
-  ::close(report[0]);
-  ::kill(agent, SIGKILL);
-  ASSERT_EQ(::waitpid(agent, nullptr, 0), agent);
+    report_and_wait(report,
+                    {janitor.pid(), first_member.pid(), second_member.pid(), third_member.pid()});
+  });
+  ASSERT_EQ(pids.size(), 4u) << "the agent did not report";
   EXPECT_TRUE(process_gone(pids[3], 10s)) << "the tracked group's member outlived its agent";
   EXPECT_TRUE(process_gone(pids[0], 10s)) << "the janitor lingers after cleaning";
   for (const pid_t untracked : {pids[1], pids[2]}) {

@@ -381,6 +381,28 @@ void Telemetry::in_place_fallback(int round, std::optional<int> generation,
        {"reason", reason}});
 }
 
+void Telemetry::in_place_regrouped(const InPlaceRegroup& r) {
+  auto counters = record_fields(r.record);
+  const auto root = counters.contains("root") ? counters["root"] : nlohmann::ordered_json();
+  counters.erase("root");
+  counters.erase("wall_ns");
+  auto ranks = nlohmann::ordered_json::array();
+  for (const auto& [from, to] : r.ranks)
+    ranks.push_back(std::to_string(from) + "->" + std::to_string(to));
+  log("inplace_regrouped",
+      {{"round", r.round},
+       {"new_round", r.new_round},
+       {"generation",
+        r.generation ? nlohmann::ordered_json(*r.generation) : nlohmann::ordered_json()},
+       {"node_rank", r.node_rank},
+       {"world_size", r.world_size},
+       {"ranks", ranks},
+       {"stall_ms", r.stall.count()},
+       {"root", root},
+       {"first_step", counters.contains("step") ? counters["step"] : nlohmann::ordered_json()},
+       {"counters", counters}});
+}
+
 void Telemetry::verdict(int round, const Verdict& v) {
   log("verdict", {{"round", round},
                   {"action", schema::action_name(v.action)},

@@ -53,6 +53,12 @@
 //                  them)
 //   inplace_fallback  round, generation (or null), reason (why a failure restarts the group
 //                  although the policy is in-place)
+//   inplace_regrouped  round (the one a node was lost from), new_round, generation (or null on
+//                  the nodes that did not publish it), node_rank (this node's in the new round),
+//                  world_size (the new, smaller world), ranks (this node's workers, "old->new"),
+//                  stall_ms (from the node's loss to this node's workers told their new ranks;
+//                  the publishing node: to the group's word that it is whole again), root,
+//                  first_step, counters (as in inplace_recovered; the publishing node only)
 //   job_end        outcome (succeeded, failed, stopped), exit_code, restarts (group restarts and
 //                  in-place replacements), reason (or null), stragglers (the ranks flagged as
 //                  stragglers during the job)
@@ -93,9 +99,9 @@ namespace dist::agent {
 inline constexpr std::chrono::seconds kHealthCheckTimeout{60};  // torch's
 
 // The agent's lifecycle states (agent.cc's State, in its order), as the metrics name them.
-inline constexpr std::array<std::string_view, 11> kAgentStateNames = {
-    "init",        "rendezvous", "running",   "replacing", "stopping", "exit_barrier",
-    "round_ended", "restarting", "succeeded", "failed",    "exit"};
+inline constexpr std::array<std::string_view, 12> kAgentStateNames = {
+    "init",         "rendezvous",  "running",    "replacing", "regrouping", "stopping",
+    "exit_barrier", "round_ended", "restarting", "succeeded", "failed",     "exit"};
 
 // A worker, as the events name it.
 struct WorkerRef {
@@ -180,6 +186,17 @@ class Telemetry {
   void in_place_recovered(int round, int generation, int rank, std::chrono::milliseconds stall,
                           const std::string& record);
   void in_place_fallback(int round, std::optional<int> generation, const std::string& reason);
+  struct InPlaceRegroup {
+    int round = 0;
+    int new_round = 0;
+    std::optional<int> generation;  // the publishing node's
+    int node_rank = 0;
+    int world_size = 0;
+    std::vector<std::pair<int, int>> ranks;  // this node's workers: old rank, new rank
+    std::chrono::milliseconds stall{0};
+    std::string record;  // the group's recovered record (the publishing node's), or empty
+  };
+  void in_place_regrouped(const InPlaceRegroup& r);
   void verdict(int round, const Verdict& v);
   void node_lost(int round, int node_rank);
   void node_joined(int round);

@@ -31,6 +31,9 @@ std::optional<Transition> from_running(Input input, const Facts& facts) {
       return stopping(StopReason::kWorkerFailed);
     case Input::kWorkersSucceeded:
       return stopping(StopReason::kAllSucceeded);
+    case Input::kNodeLost:
+      if (facts.in_place && facts.elastic) return to(State::kRegrouping);
+      return stopping(StopReason::kRoundEnded);
     case Input::kRoundEndedElsewhere:
       return stopping(StopReason::kRoundEnded);
     case Input::kStoreLost:
@@ -51,6 +54,25 @@ std::optional<Transition> from_replacing(Input input, const Facts& facts) {
     case Input::kWorkersFailed:
     case Input::kRecoveryFailed:
       return stopping(StopReason::kWorkerFailed);
+    case Input::kNodeLost:
+      return stopping(StopReason::kRoundEnded);
+    default:
+      return from_running(input, facts);
+  }
+}
+
+// While the survivors of a lost node regroup, their workers run (waiting in their recovery): a
+// worker failing, another node lost or the round ending stop them as in RUNNING, and so does a
+// regroup that cannot be done.
+std::optional<Transition> from_regrouping(Input input, const Facts& facts) {
+  switch (input) {
+    case Input::kRegrouped:
+      return to(State::kRunning);
+    case Input::kRegroupFailed:
+    case Input::kNodeLost:
+      return stopping(StopReason::kRoundEnded);
+    case Input::kWorkersFailed:
+      return stopping(StopReason::kWorkerFailed);
     default:
       return from_running(input, facts);
   }
@@ -62,6 +84,7 @@ std::optional<Transition> from_stopping(Input input, Facts facts) {
     case Input::kWatchStopped:
     case Input::kReplacementsCounted:
     case Input::kRoundEndedElsewhere:  // the watch ended on its own meanwhile
+    case Input::kNodeLost:
       return once_stopped(facts);
     case Input::kStoreLost: {  // the store went while stopping: nothing after this can use it
       facts.stop_reason = StopReason::kStoreLost;
@@ -123,7 +146,8 @@ std::optional<Transition> next_state(State state, Input input, const Facts& fact
     case Input::kRendezvousError:
       return from_rendezvous_failure(state, input, facts);
     case Input::kStopSignal:  // (leaving already: still 128 + signal, and at once)
-      if (state == State::kRunning || state == State::kReplacing || state == State::kStopping) {
+      if (state == State::kRunning || state == State::kReplacing || state == State::kRegrouping ||
+          state == State::kStopping) {
         break;
       }
       return Transition{State::kExit, StopReason::kSignal, std::nullopt, true};
@@ -139,6 +163,8 @@ std::optional<Transition> next_state(State state, Input input, const Facts& fact
       return from_running(input, facts);
     case State::kReplacing:
       return from_replacing(input, facts);
+    case State::kRegrouping:
+      return from_regrouping(input, facts);
     case State::kStopping:
       return from_stopping(input, facts);
     case State::kExitBarrier:

@@ -19,6 +19,13 @@
 // restart while restarts are left.
 //               RUNNING --one worker failed (in-place)--> REPLACING --recovered--> RUNNING
 //                                                             \--failed again--> STOPPING
+// In-place and elastic, a lost node does not stop the survivors' workers: REGROUPING takes the
+// job's verdict on the round and joins the next one while they run, then tells them their ranks
+// in the smaller world (a generation of their group). Anything else -- another verdict, a round
+// that is not the survivors alone, a failure meanwhile -- stops the group as a lost node always
+// did: a new round from scratch.
+//               RUNNING --a node lost (in-place, elastic)--> REGROUPING --regrouped--> RUNNING
+//                                                                \--cannot--> STOPPING
 #pragma once
 
 #include <optional>
@@ -34,6 +41,7 @@ enum class State {
   kRendezvous,
   kRunning,
   kReplacing,
+  kRegrouping,
   kStopping,
   kExitBarrier,
   kRoundEnded,
@@ -65,6 +73,7 @@ enum class Input {
   kWorkersFailed,        // a worker of this node failed
   kWorkersSucceeded,     // every worker of this node exited 0
   kRoundEndedElsewhere,  // the watch: a failure on another node, a node lost or waiting to join
+  kNodeLost,             // the watch: another node's agent is gone
   kStoreLost,            // the watch lost the rendezvous store
   kGroupStopped,         // every worker is reaped and its output drained
   kWatchStopped,         // the round's watch has ended
@@ -82,6 +91,8 @@ enum class Input {
   kRecoveryFailed,       // in-place: it did not within its time, or its store cannot be used;
                          // or another node's recovery is under way, or no restart is left
   kReplacementsCounted,  // in-place, several nodes: STOPPING has read the job's replacements
+  kRegrouped,            // in-place, elastic: the survivors run on in the next round
+  kRegroupFailed,        // in-place, elastic: they cannot (the verdict, the round, the store)
 };
 
 // What the job's mode and this node's progress say, as the machine needs it.

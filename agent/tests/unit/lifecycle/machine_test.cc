@@ -223,6 +223,41 @@ TEST(StateMachineTransitions, InPlaceOneFailedWorkerIsReplacedWhileTheOthersRun)
   });
 }
 
+TEST(StateMachineTransitions, InPlaceElasticALostNodesSurvivorsRegroupWhileTheirWorkersRun) {
+  Facts f = elastic();
+  f.in_place = f.restarts_left = true;
+  Facts static_in_place = static_nodes(true);
+  static_in_place.in_place = true;
+  check({
+      {"a node lost: regroup, the workers run on", State::kRunning, Input::kNodeLost, f,
+       State::kRegrouping},
+      {"regrouped: running again, in the next round", State::kRegrouping, Input::kRegrouped, f,
+       State::kRunning},
+      {"the group policy: a lost node ends the round", State::kRunning, Input::kNodeLost, elastic(),
+       State::kStopping, StopReason::kRoundEnded},
+      {"static nodes: no smaller world, the round ends", State::kRunning, Input::kNodeLost,
+       static_in_place, State::kStopping, StopReason::kRoundEnded},
+      {"cannot regroup (verdict, newcomer, store): the round ends", State::kRegrouping,
+       Input::kRegroupFailed, f, State::kStopping, StopReason::kRoundEnded},
+      {"another node lost meanwhile: the round ends", State::kRegrouping, Input::kNodeLost, f,
+       State::kStopping, StopReason::kRoundEnded},
+      {"a worker failed meanwhile: the group restarts", State::kRegrouping, Input::kWorkersFailed,
+       f, State::kStopping, StopReason::kWorkerFailed},
+      {"a failure elsewhere in the new round", State::kRegrouping, Input::kRoundEndedElsewhere, f,
+       State::kStopping, StopReason::kRoundEnded},
+      {"SIGTERM while regrouping: the workers are stopped", State::kRegrouping, Input::kStopSignal,
+       f, State::kStopping, StopReason::kSignal},
+      {"the store lost while regrouping", State::kRegrouping, Input::kStoreLost, f,
+       State::kStopping, StopReason::kStoreLost},
+      {"a node lost while replacing: the round ends", State::kReplacing, Input::kNodeLost, f,
+       State::kStopping, StopReason::kRoundEnded},
+      {"a node lost while stopping: the watch has ended", State::kStopping, Input::kNodeLost,
+       stopped(f, StopReason::kWorkerFailed), State::kRoundEnded},
+      {"a late regroup after the group stopped", State::kStopping, Input::kRegrouped,
+       stopped(f, StopReason::kRoundEnded, false), std::nullopt},
+  });
+}
+
 // A static two-node job, walked through the machine: a failure, a restart, then success.
 TEST(StateMachineTransitions, AStaticJobFailsRestartsAndSucceeds) {
   State s = State::kRendezvous;
@@ -256,6 +291,7 @@ TEST(StateMachineTransitions, AStaticJobFailsRestartsAndSucceeds) {
 TEST(StateMachineTransitions, EveryStateHasItsTelemetryName) {
   EXPECT_EQ(state_name(State::kInit), "init");
   EXPECT_EQ(state_name(State::kReplacing), "replacing");
+  EXPECT_EQ(state_name(State::kRegrouping), "regrouping");
   EXPECT_EQ(state_name(State::kExitBarrier), "exit_barrier");
   EXPECT_EQ(state_name(State::kExit), "exit");
 }

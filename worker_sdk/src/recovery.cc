@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <stdexcept>
@@ -211,9 +212,11 @@ void InPlaceRecovery::recover(const CollectiveError& error) {
                           std::to_string(next) + " of the group came from the agent (" + e.what() +
                           ")");
   }
-  const auto latest = static_cast<int>(store_->add(contract::generation_counter_key(prefix_), 0));
+  const auto latest =
+      std::max(next, static_cast<int>(store_->add(contract::generation_counter_key(prefix_), 0)));
+  for (int g = next; g <= latest; ++g) take_new_rank(g);
   state_.capture_blobs();  // while what holds them still exists
-  rebuild_group(std::max(next, latest));
+  rebuild_group(latest);
   synchronize_state();
   if (build_) build_(*dist_.group);
   state_.apply_blobs();
@@ -225,6 +228,39 @@ void InPlaceRecovery::recover(const CollectiveError& error) {
   say(rank + " recovered in place: generation " + std::to_string(generation_) +
       ", state from rank " + std::to_string(last_root_) + " (" + state_.describe_counters() +
       "), " + fixed(ms_since(failed_at)) + " ms after its collective failed");
+}
+
+// Generation g's record: a replacement's changes no rank; a regroup's (a node was lost) moves this
+// rank to where its agent's key says, in a world of the record's size.
+void InPlaceRecovery::take_new_rank(int generation) {
+  const std::string record =
+      store_->get(contract::generation_key(prefix_, generation), options_.generation_timeout);
+  int round = -1, world = -1;
+  if (std::sscanf(record.c_str(), "regrouped round=%d world=%d", &round, &world) != 2) return;
+  const int old_offset = dist_.env.rank - dist_.env.local_rank;
+  const std::string place = contract::regroup_key(prefix_, round, old_offset);
+  std::string value;
+  try {
+    value = store_->get(place, options_.generation_timeout);
+  } catch (const rendezvous::StoreError& e) {
+    throw CollectiveError("rank " + std::to_string(dist_.env.rank) + ": generation " +
+                          std::to_string(generation) + " regrouped the job in round " +
+                          std::to_string(round) + " without a place for this node's workers (" +
+                          e.what() + ")");
+  }
+  int new_offset = -1, node_rank = -1;
+  if (std::sscanf(value.c_str(), "%d %d", &new_offset, &node_rank) != 2 || new_offset < 0 ||
+      world <= 0 || new_offset + dist_.env.local_world_size > world) {
+    throw CollectiveError("rank " + std::to_string(dist_.env.rank) + ": the regrouped place " +
+                          place + " cannot be read: '" + value + "' (world " +
+                          std::to_string(world) + ")");
+  }
+  say("rank " + std::to_string(dist_.env.rank) + " is rank " +
+      std::to_string(new_offset + dist_.env.local_rank) + " of " + std::to_string(world) +
+      " from generation " + std::to_string(generation) + " (a node was lost; round " +
+      std::to_string(round) + ")");
+  dist_.env.rank = new_offset + dist_.env.local_rank;
+  dist_.env.world_size = world;
 }
 
 void InPlaceRecovery::rebuild_group(int generation) {

@@ -10,7 +10,8 @@
 // share it. A stop signal works in every state: pending store calls are cancelled (their sessions
 // closed) and the agent leaves through EXIT, cleaning up as it always does. Under
 // --restart-policy in-place one failed worker is replaced alone (REPLACING) while the others run
-// on and rebuild their group with it (workers/generations.h).
+// on and rebuild their group with it (workers/generations.h); and in an elastic job a lost node's
+// survivors regroup in the next round without stopping their workers (REGROUPING).
 #include "dist/agent/agent.h"
 
 #include <signal.h>
@@ -64,6 +65,18 @@ struct ReplacementClaim {
   int generation = 0;
 };
 
+// In-place, elastic: how the survivors of a lost node got into the next round (or why not).
+struct RegroupJoin {
+  std::optional<Verdict> verdict;   // the job's verdict on the round the node was lost from
+  std::optional<Assignment> round;  // the next round, when the verdict was a reshape
+  std::string why;                  // the rendezvous could not be done
+};
+// And what became of telling the workers their places there.
+struct RegroupTold {
+  std::optional<int> generation;  // node 0 publishes it
+  RecoveryOutcome outcome;        // node 0: the group's word; the others: recovered once placed
+};
+
 // What happens to the agent, as typed events.
 namespace event {
 struct Prepared {};  // the stores and the rendezvous session are ready
@@ -109,13 +122,20 @@ struct Recovered {  // in-place: the group's word after a replacement, or why no
 struct ReplacementsCounted {  // in-place, several nodes: the job's replacements, read in STOPPING
   int replacements = 0;
 };
+struct RegroupJoined {  // in-place, elastic: a lost node's survivors in the next round, or not
+  RegroupJoin join;
+};
+struct RegroupDone {  // and their workers told where they are now
+  RegroupTold told;
+};
 }  // namespace event
 
 using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
                            event::WorkersSucceeded, event::GroupStopped, event::WatchEnded,
                            event::BarrierDone, event::VerdictReached, event::FailuresCollected,
                            event::OthersLeft, event::RendezvousFailed, event::SignalReceived,
-                           event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted>;
+                           event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted,
+                           event::RegroupJoined, event::RegroupDone>;
 
 class Agent {
  public:
@@ -210,10 +230,12 @@ class Agent {
         if (!prepared_) return prepare();  // continues on Prepared
         return begin_round();              // continues on Joined
       case State::kRunning:
-        if (previous == State::kReplacing) return;  // whole again: the group runs on
+        if (previous == State::kReplacing || previous == State::kRegrouping) return;  // runs on
         return start_workers();
       case State::kReplacing:
         return replace_worker();  // continues on ReplacementClaimed, then Recovered
+      case State::kRegrouping:
+        return regroup();  // continues on RegroupJoined, then RegroupDone
       case State::kStopping:
         if (generations_) generations_->close();  // a recovery's wait ends here
         count_replacements();
@@ -300,6 +322,8 @@ class Agent {
                      replacements_ = c.replacements;
                      feed(Input::kReplacementsCounted);
                    },
+                   [&](event::RegroupJoined& j) { on_regroup_joined(std::move(j.join)); },
+                   [&](event::RegroupDone& d) { on_regroup_done(d.told); },
                },
                e);
   }
@@ -316,7 +340,9 @@ class Agent {
   }
 
   void on_workers_failed(std::vector<WorkerFailure> failures) {
-    if (state_ != State::kRunning && state_ != State::kReplacing) return;
+    if (state_ != State::kRunning && state_ != State::kReplacing && state_ != State::kRegrouping) {
+      return;
+    }
     const bool recovering = state_ == State::kReplacing;
     failures_ = std::move(failures);
     failed_at_ = std::chrono::steady_clock::now();
@@ -392,7 +418,7 @@ class Agent {
       return feed(Input::kStoreLost);
     }
     if (o.result.kind == WatchResult::kStopped) return feed(Input::kWatchStopped);
-    if (state_ == State::kRunning || state_ == State::kReplacing) {
+    if (state_ == State::kRunning || state_ == State::kReplacing || state_ == State::kRegrouping) {
       switch (o.result.kind) {
         case WatchResult::kFailed:
           spdlog::warn("a worker on another node failed");
@@ -409,6 +435,10 @@ class Agent {
         case WatchResult::kStopped:
           break;
       }
+    }
+    if (o.result.kind == WatchResult::kNodeLost) {
+      lost_node_ = o.result.node;
+      return feed(Input::kNodeLost);
     }
     feed(Input::kRoundEndedElsewhere);
   }
@@ -679,6 +709,140 @@ class Agent {
   }
 
   // ------------------------------------------------------------------------------------------
+  // REGROUPING (--restart-policy in-place, elastic): a node was lost and this one's workers run on,
+  // their collectives failed and waiting in their recovery. The job's verdict on the round, then
+  // the next round with the survivors alone (the rendezvous's reshape, while the workers wait);
+  // then each node writes its workers' new first rank, and the new node 0 publishes the
+  // generation that tells them (worker_contract.h) and waits for the group's word that it is
+  // whole again. A verdict other than a reshape, a round with a node that was not in the last
+  // one, a workers' store that moved, or a failure meanwhile: the group stops, as a lost node
+  // always stopped it, and the job goes on from a new round.
+
+  void regroup() {
+    regroup_began_ = std::chrono::steady_clock::now();
+    spdlog::warn(
+        "in-place: this node's workers keep running while the surviving nodes form the next "
+        "round without node {}",
+        lost_node_);
+    launch(join_survivors(*round_),
+           [](RegroupJoin j) { return event::RegroupJoined{std::move(j)}; });
+  }
+
+  Task<RegroupJoin> join_survivors(Assignment from) {
+    RegroupJoin j;
+    try {
+      j.verdict = co_await rounds_->decide(from);
+      if (j.verdict->action == Verdict::kReshape) {
+        j.round = co_await rounds_->join_keeping_workers(from);
+      }
+    } catch (const JobOverError&) {
+      throw;  // as in any rendezvous: the job ended meanwhile
+    } catch (const RendezvousError& e) {
+      j.why = e.what();
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      j.why = e.what();
+    }
+    co_return j;
+  }
+
+  void on_regroup_joined(RegroupJoin j) {
+    if (state_ != State::kRegrouping) return;
+    if (!j.why.empty()) return regroup_failed("the surviving nodes could not regroup: " + j.why);
+    if (j.verdict->action != Verdict::kReshape) {  // said again (and logged) in ROUND_ENDED
+      return regroup_failed("round " + std::to_string(round_->round) + " ended (" +
+                            j.verdict->reason + ") and the job's verdict is not a new round of " +
+                            "the surviving nodes");
+    }
+    telemetry_->verdict(round_->round, *j.verdict);
+    const Assignment& from = *round_;
+    const Assignment& to = *j.round;
+    const std::string why = cannot_regroup(from, to, j.verdict->expect);
+    const Assignment previous = from;
+    round_ = to;
+    restart_count_ = to.restarts;
+    telemetry_->round_joined(to);
+    if (!why.empty()) {  // the others are in the new round too: it ends for all of them
+      fire_and_forget(rounds_->announce_failure(*round_, {}), "ending the round");
+      return regroup_failed(why);
+    }
+    regrouped_ranks_ = group_->regroup(to);
+    spdlog::info("round {}: node {} of {}, global ranks {}..{} of {} (were {}..{} of {})", to.round,
+                 to.node_rank, to.num_nodes, to.rank_offset,
+                 to.rank_offset + config_.nproc_per_node - 1, to.world_size, previous.rank_offset,
+                 previous.rank_offset + config_.nproc_per_node - 1, previous.world_size);
+    regrouped_from_ = previous.round;
+    watching_ = true;
+    launch(rounds_->watch(*round_), [](WatchOutcome o) { return event::WatchEnded{std::move(o)}; });
+    launch(tell_workers(previous.rank_offset, *round_),
+           [](RegroupTold t) { return event::RegroupDone{std::move(t)}; });
+  }
+
+  // Why the workers cannot simply go on in round `to`; empty when they can.
+  std::string cannot_regroup(const Assignment& from, const Assignment& to, int expected) const {
+    if (to.num_nodes != expected) {
+      return "round " + std::to_string(to.round) + " has " + std::to_string(to.num_nodes) +
+             " node(s), not the " + std::to_string(expected) + " that survived round " +
+             std::to_string(from.round) + ": a new node starts with the whole group";
+    }
+    if (rounds_->workers_store(to) != rounds_->workers_store(from)) {
+      return "round " + std::to_string(to.round) + "'s workers' store is not round " +
+             std::to_string(from.round) + "'s: the workers cannot find each other there";
+    }
+    if (to.restarts != from.restarts) return "the job restarted meanwhile";
+    return {};
+  }
+
+  Task<RegroupTold> tell_workers(int old_rank_offset, Assignment to) {
+    RegroupTold t;
+    try {
+      co_await generations_->place_regrouped(to.round, old_rank_offset, to.rank_offset,
+                                             to.node_rank);
+      if (to.node_rank != 0) {
+        t.outcome.recovered = true;
+        co_return t;
+      }
+      t.generation = co_await generations_->next();
+      std::string record =
+          "regrouped round=" + std::to_string(to.round) + " world=" + std::to_string(to.world_size);
+      t.outcome = co_await generations_->publish_and_wait(*t.generation, std::move(record),
+                                                          kInPlaceRecoveryTimeout);
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      t.outcome.why = "the workers' store cannot be used: " + std::string(e.what());
+    }
+    co_return t;
+  }
+
+  void on_regroup_done(const RegroupTold& t) {
+    if (state_ != State::kRegrouping) return;
+    if (!t.outcome.recovered) {
+      fire_and_forget(rounds_->announce_failure(*round_, {}), "ending the round");
+      return regroup_failed("the regrouped workers did not recover: " + t.outcome.why);
+    }
+    const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - regroup_began_);
+    std::string ranks;
+    for (const auto& [from, to] : regrouped_ranks_) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(from) + "->" + std::to_string(to);
+    }
+    spdlog::info(
+        "in-place: regrouped without node {} in round {}: world {}, this node's ranks {}{} "
+        "({} ms after the node was lost)",
+        lost_node_, round_->round, round_->world_size, ranks,
+        t.generation ? ", generation " + std::to_string(*t.generation) : "", stall.count());
+    telemetry_->in_place_regrouped({regrouped_from_, round_->round, t.generation, round_->node_rank,
+                                    round_->world_size, regrouped_ranks_, stall, t.outcome.record});
+    feed(Input::kRegrouped);
+  }
+
+  void regroup_failed(const std::string& why) {
+    spdlog::warn("{}: stopping the workers", why);
+    telemetry_->in_place_fallback(round_->round, std::nullopt, why);
+    feed(Input::kRegroupFailed);
+  }
+
+  // ------------------------------------------------------------------------------------------
   // FAILED and EXIT
 
   std::string failure_summary() const {
@@ -862,6 +1026,11 @@ class Agent {
   int replacing_rank_ = -1;          // in-place: the worker REPLACING replaces
   bool generation_claimed_ = false;  // and whether its generation is known yet
   std::vector<InPlaceReplacement> replaced_;
+  int lost_node_ = -1;  // the last node the watch found lost (-1: unknown)
+  // REGROUPING: since when, from which round, and this node's workers' old and new ranks.
+  std::chrono::steady_clock::time_point regroup_began_;
+  int regrouped_from_ = 0;
+  std::vector<std::pair<int, int>> regrouped_ranks_;
   std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped
   std::vector<WorkerFailure> failures_;
   std::string failure_reason_;  // why the job failed when no worker did

@@ -402,10 +402,16 @@ class ElasticRounds final : public NodeRounds {
     const int round = previous ? previous->round + 1 : co_await rdzv_->current_round();
     round_store_.reset();
     round_store_.emplace(io_, "", 0, with_token(config_, rendezvous::ServerOptions{}));
-    const std::string offered = Endpoint{host_, round_store_->port()}.to_string();
-    Assignment joined = co_await rdzv_->join_elastic(round, std::move(previous), offered);
-    if (!config_.secret.empty()) co_await introduce_to_workers_store(joined);
-    co_return joined;
+    co_return co_await join_offering_store(round, std::move(previous));
+  }
+  // The workers run on: the store this node offers is the one they use (when it was node 0, the
+  // round's first member, whose offer the round takes again).
+  Task<Assignment> join_keeping_workers(Assignment previous) override {
+    if (!round_store_) {
+      round_store_.emplace(io_, "", 0, with_token(config_, rendezvous::ServerOptions{}));
+    }
+    const int round = previous.round + 1;
+    co_return co_await join_offering_store(round, std::move(previous));
   }
   Endpoint workers_store(const Assignment& a) const override {
     return {a.worker_store_host, a.worker_store_port};
@@ -428,6 +434,13 @@ class ElasticRounds final : public NodeRounds {
  private:
   // The agents never use the round's workers' store, so it learns this host from one
   // authentication here, and admits this node's PyTorch workers (--unauthenticated known-hosts).
+  Task<Assignment> join_offering_store(int round, std::optional<Assignment> previous) {
+    const std::string offered = Endpoint{host_, round_store_->port()}.to_string();
+    Assignment joined = co_await rdzv_->join_elastic(round, std::move(previous), offered);
+    if (!config_.secret.empty()) co_await introduce_to_workers_store(joined);
+    co_return joined;
+  }
+
   Task<void> introduce_to_workers_store(const Assignment& a) {
     rendezvous::ClientOptions options;
     options.host = a.worker_store_host;

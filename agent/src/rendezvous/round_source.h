@@ -48,6 +48,13 @@ class RoundSource {
   // Joins the next round (after `previous`, when this node was in one): static, round `restarts`;
   // elastic, the job's next. Throws RendezvousError, JobOverError, RoundAbortedError.
   virtual Task<Assignment> join(int restarts, std::optional<Assignment> previous) = 0;
+  // Elastic, --restart-policy in-place: joins the round after `previous` while this node's
+  // workers run on (a lost node's survivors regroup): the workers' store this node offers is the
+  // one they use. Other modes have no such round: RendezvousError.
+  virtual Task<Assignment> join_keeping_workers(Assignment previous) {
+    throw RendezvousError("round " + std::to_string(previous.round) +
+                          " cannot be followed while its workers run: only elastic rounds can");
+  }
   // Where round `a`'s workers find their store (MASTER_ADDR, MASTER_PORT).
   virtual rendezvous::Endpoint workers_store(const Assignment& a) const = 0;
 

@@ -52,6 +52,12 @@ rendezvous::Task<RecoveryOutcome> publish_then_wait(
   co_return outcome;
 }
 
+rendezvous::Task<void> set_place(std::shared_ptr<rendezvous::AsyncStoreClient> client,
+                                 std::shared_ptr<bool> opened, std::string key, std::string value) {
+  co_await open_once(*client, *opened);
+  co_await client->set(std::move(key), std::move(value));
+}
+
 }  // namespace
 
 Generations::Generations(boost::asio::io_context& io, const LaunchConfig& config,
@@ -71,6 +77,12 @@ Generations::~Generations() {
 
 rendezvous::Task<int> Generations::next() {
   return add_generation(client_, opened_, prefix_);
+}
+
+rendezvous::Task<void> Generations::place_regrouped(int round, int old_rank_offset,
+                                                    int new_rank_offset, int new_node_rank) {
+  return set_place(client_, opened_, contract::regroup_key(prefix_, round, old_rank_offset),
+                   std::to_string(new_rank_offset) + " " + std::to_string(new_node_rank));
 }
 
 rendezvous::Task<RecoveryOutcome> Generations::publish_and_wait(int generation, std::string record,

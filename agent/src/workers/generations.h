@@ -47,6 +47,11 @@ class Generations {
   // recovered, why), not an error; close() ends the wait with StoreError kCancelled.
   rendezvous::Task<RecoveryOutcome> publish_and_wait(int generation, std::string record,
                                                      std::chrono::milliseconds timeout);
+  // A lost node's survivors regroup in round `round`: this node's workers, whose global ranks
+  // started at `old_rank_offset`, now start at `new_rank_offset` on node `new_node_rank`.
+  // Throws rendezvous::StoreError.
+  rendezvous::Task<void> place_regrouped(int round, int old_rank_offset, int new_rank_offset,
+                                         int new_node_rank);
   void close();
 
  private:

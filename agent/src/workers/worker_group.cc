@@ -304,6 +304,17 @@ pid_t WorkerGroup::replace(int local_rank, int generation) {
   return w.pid;
 }
 
+std::vector<std::pair<int, int>> WorkerGroup::regroup(const Assignment& a) {
+  round_ = a;
+  host_label_ = identity_.host + " (node " + std::to_string(a.node_rank) + ")";
+  std::vector<std::pair<int, int>> moved;
+  for (auto& w : workers_) {
+    const int rank = a.rank_offset + w.local_rank;
+    moved.emplace_back(std::exchange(w.rank, rank), rank);
+  }
+  return moved;
+}
+
 std::vector<int> WorkerGroup::running_ranks() const {
   std::vector<int> ranks;
   for (const auto& w : workers_) {

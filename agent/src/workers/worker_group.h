@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/agent/config.h"
@@ -99,6 +100,10 @@ class WorkerGroup {
   // of `generation`, with its rank, store and restart count, while the others run on. Returns its
   // pid; throws std::runtime_error naming it when it cannot start.
   pid_t replace(int local_rank, int generation);
+  // In-place, a lost node: the running workers go on in round `a` (a smaller world); their global
+  // ranks start at a.rank_offset from now on, and a later replacement starts with a's variables.
+  // Returns each worker's old and new global rank.
+  std::vector<std::pair<int, int>> regroup(const Assignment& a);
   // The global ranks of the workers still running.
   std::vector<int> running_ranks() const;
   // In-place: the generation local rank `local_rank`'s worker started as.

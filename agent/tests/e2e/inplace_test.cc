@@ -500,3 +500,195 @@ TEST_F(InPlaceElasticNodes, AFailureDuringTheRecoveryIsANewRoundOfTheWholeGroup)
     EXPECT_EQ(f->pid, start_pid("job", rank, 1, 0)) << "the new round's worker";
   }
 }
+
+// An elastic in-place job of three nodes of one worker (--nnodes 2:3), whose node 1 is lost
+// mid-training (its agent SIGKILLed: its worker goes with it): the other two workers keep their
+// processes and go on as ranks 0 and 1 of a world of two in the next round (node 2's worker
+// renumbered from 2 to 1), without a restart, and end with the same state.
+TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASmallerWorld) {
+  fs::create_directories(dir_ / "job");
+  const std::string endpoint =
+      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const auto agent = [&](int i) {
+    const std::string name = "job_node" + std::to_string(i);
+    return std::make_unique<Child>(DIST_LAUNCH_BIN,
+                                   std::vector<std::string>{"--nnodes",
+                                                            "2:3",
+                                                            "--rdzv-endpoint",
+                                                            endpoint,
+                                                            "--rdzv-id",
+                                                            "job",
+                                                            "--nproc-per-node",
+                                                            "1",
+                                                            "--max-restarts",
+                                                            "1",
+                                                            "--restart-policy",
+                                                            "in-place",
+                                                            "--event-log",
+                                                            path(name + ".jsonl"),
+                                                            "--no-python",
+                                                            kWorker,
+                                                            "--out",
+                                                            path("job"),
+                                                            "--steps",
+                                                            "300",
+                                                            "--step-ms",
+                                                            "10"},
+                                   dir_ / (name + ".log"), std::map<std::string, std::string>{},
+                                   std::vector<std::string>{"OMP_NUM_THREADS"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  agents.push_back(agent(2));
+  // Which agent the rendezvous made node 1 (the store's host is node 0: it joined first).
+  int lost = -1;
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        for (int i = 1; i < 3; ++i) {
+          if (agents[static_cast<std::size_t>(i)]->output().find("round 0: node 1 of 3") !=
+              std::string::npos) {
+            lost = i;
+          }
+        }
+        return lost > 0;
+      },
+      60s));
+  const int last = 3 - lost;  // node 2: its worker is renumbered
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return agents[static_cast<std::size_t>(lost)]->output().find(" step 5\n") !=
+               std::string::npos;
+      },
+      60s))
+      << agents[static_cast<std::size_t>(lost)]->output();
+  ::kill(agents[static_cast<std::size_t>(lost)]->pid(), SIGKILL);
+  EXPECT_EQ(agents[static_cast<std::size_t>(lost)]->wait(10s), 128 + SIGKILL);
+
+  std::string both;
+  for (const int i : {0, last}) {
+    const int code = agents[static_cast<std::size_t>(i)]->wait(120s);
+    const std::string out = agents[static_cast<std::size_t>(i)]->output();
+    both += out;
+    EXPECT_EQ(code, 0) << out;
+  }
+  std::string digest;
+  for (const int rank : {0, 1}) {
+    std::istringstream in(read("job/final_" + std::to_string(rank)));
+    long pid = -1, generation = -1, world = -1;
+    int step = -1;
+    std::string d;
+    ASSERT_TRUE(in >> pid >> step >> d >> generation >> world) << both;
+    EXPECT_EQ(step, 300) << both;
+    EXPECT_EQ(world, 2) << both;
+    EXPECT_EQ(generation, 1) << both;
+    // Rank 0 was rank 0; rank 1 was node 2's rank 2, in the same process.
+    EXPECT_EQ(pid, start_pid("job", rank == 0 ? 0 : 2, 0, 0)) << both;
+    if (rank == 0) digest = d;
+    EXPECT_EQ(d, digest) << "every survivor ends with the same state: " << both;
+  }
+  EXPECT_NE(both.find("round 1: node 1 of 2, global ranks 1..1 of 2 (were 2..2 of 3)"),
+            std::string::npos)
+      << both;
+  EXPECT_NE(both.find("rank 2 is rank 1 of 2 from generation 1"), std::string::npos) << both;
+  EXPECT_EQ(both.find("stopping the workers"), std::string::npos) << both;
+  EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
+  EXPECT_FALSE(any_signal_file("job")) << both;
+  const auto regrouped = events("job_node0", "inplace_regrouped");
+  ASSERT_EQ(regrouped.size(), 1u) << both;
+  EXPECT_EQ(regrouped[0]["round"], 0);
+  EXPECT_EQ(regrouped[0]["new_round"], 1);
+  EXPECT_EQ(regrouped[0]["world_size"], 2);
+  EXPECT_EQ(regrouped[0]["generation"], 1);
+  EXPECT_EQ(regrouped[0]["root"], 0);
+  EXPECT_EQ(regrouped[0]["ranks"], Json::array({"0->0"}));
+  const auto renumbered = events("job_node" + std::to_string(last), "inplace_regrouped");
+  ASSERT_EQ(renumbered.size(), 1u) << both;
+  EXPECT_EQ(renumbered[0]["ranks"], Json::array({"2->1"}));
+  EXPECT_EQ(renumbered[0]["node_rank"], 1);
+  for (const int i : {0, last}) {
+    const std::string name = "job_node" + std::to_string(i);
+    EXPECT_EQ(events(name, "node_lost").size(), 1u) << both;
+    EXPECT_TRUE(events(name, "inplace_fallback").empty()) << both;
+    EXPECT_TRUE(events(name, "restart").empty()) << both;
+  }
+}
+
+// The lost node hosted its round's workers' store (node 0; the rendezvous store is a
+// dist-rendezvous of its own): the survivor's worker has nowhere to regroup, and its agent says
+// so and restarts the group, which then trains in a world of one.
+TEST_F(InPlaceElasticNodes, ALostNodeThatHostedTheWorkersStoreRestartsTheGroupSayingWhy) {
+  fs::create_directories(dir_ / "job");
+  const std::string host = "127.0.0.2";
+  const std::string port = std::to_string(dist::agent::testing::free_port(host));
+  Child store(DIST_RENDEZVOUS_BIN, {"--host", host, "--port", port}, dir_ / "store.log");
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return store.output().find("listening on") != std::string::npos; }, 20s))
+      << store.output();
+  const auto agent = [&](int i) {
+    const std::string name = "job_node" + std::to_string(i);
+    return std::make_unique<Child>(DIST_LAUNCH_BIN,
+                                   std::vector<std::string>{"--nnodes",
+                                                            "1:2",
+                                                            "--rdzv-endpoint",
+                                                            host + ":" + port,
+                                                            "--rdzv-id",
+                                                            "job",
+                                                            "--nproc-per-node",
+                                                            "1",
+                                                            "--max-restarts",
+                                                            "1",
+                                                            "--restart-policy",
+                                                            "in-place",
+                                                            "--event-log",
+                                                            path(name + ".jsonl"),
+                                                            "--no-python",
+                                                            kWorker,
+                                                            "--out",
+                                                            path("job"),
+                                                            "--steps",
+                                                            "300",
+                                                            "--step-ms",
+                                                            "10"},
+                                   dir_ / (name + ".log"), std::map<std::string, std::string>{},
+                                   std::vector<std::string>{"OMP_NUM_THREADS"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  agents.push_back(agent(1));
+  int lost = -1;
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        for (int i = 0; i < 2; ++i) {
+          const std::string out = agents[static_cast<std::size_t>(i)]->output();
+          if (out.find("round 0: node 0 of 2") != std::string::npos &&
+              out.find(" step 5\n") != std::string::npos) {
+            lost = i;
+          }
+        }
+        return lost >= 0;
+      },
+      60s));
+  ::kill(agents[static_cast<std::size_t>(lost)]->pid(), SIGKILL);
+  EXPECT_EQ(agents[static_cast<std::size_t>(lost)]->wait(10s), 128 + SIGKILL);
+  Child& survivor = *agents[static_cast<std::size_t>(1 - lost)];
+  ASSERT_EQ(survivor.wait(120s), 0) << survivor.output();
+  const std::string out = survivor.output();
+  EXPECT_NE(out.find("round 1's workers' store is not round 0's: the workers cannot find each "
+                     "other there: stopping the workers"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("restarting the worker group (restart 1 of 1)"), std::string::npos) << out;
+  const auto f = final_of("job", 0);
+  ASSERT_TRUE(f.has_value()) << out;
+  EXPECT_EQ(f->pid, start_pid("job", 0, 1, 0)) << "the restarted group's worker: " << out;
+  const std::string name = "job_node" + std::to_string(1 - lost);
+  const auto fallbacks = events(name, "inplace_fallback");
+  ASSERT_EQ(fallbacks.size(), 1u) << out;
+  EXPECT_NE(fallbacks[0]["reason"].get<std::string>().find("workers' store"), std::string::npos);
+  EXPECT_TRUE(events(name, "inplace_regrouped").empty()) << out;
+}

@@ -10,7 +10,9 @@
 //   --fail-in-recovery R      rank R exits with code 4 as its recovery begins (it has read the
 //                             new generation), on restart attempt 0
 //   --out DIR                 DIR/start_<rank>_<attempt>_<generation>: "<pid>", written at start;
-//                             DIR/final_<rank>: "<pid> <step> <digest> <generation>" at the end;
+//                             DIR/final_<rank>: "<pid> <step> <digest> <generation> <world
+//                             size>" at the end (the rank and world of then: a lost node's
+//                             survivors go on in a smaller world);
 //                             DIR/signal_<rank>_<pid>: the signal number, if SIGTERM/SIGINT came
 //
 // Prints "rank R pid P generation G attempt A" at start and "rank R pid P step S digest D" at the
@@ -122,10 +124,11 @@ int run(const Options& o) {
   recovery.start();
   while (step < static_cast<std::uint64_t>(o.steps)) {
     recovery.run([&] {
+      const int current = dist.env.rank;  // a lost node's survivors are renumbered
       for (const Crash& c : o.crashes) {
-        if (c.rank == rank && c.step == static_cast<int>(step) &&
+        if (c.rank == current && c.step == static_cast<int>(step) &&
             c.generation == dist.env.generation && c.attempt == attempt) {
-          std::fprintf(stderr, "rank %d: crashing at step %llu\n", rank,
+          std::fprintf(stderr, "rank %d: crashing at step %llu\n", current,
                        static_cast<unsigned long long>(step));
           std::fflush(stdout);
           std::fflush(stderr);
@@ -134,14 +137,14 @@ int run(const Options& o) {
       }
       std::vector<double> v(sum.size());
       for (std::size_t i = 0; i < v.size(); ++i) {
-        v[i] = std::sin(static_cast<double>(step * 131 + i) + rank * 0.25);
+        v[i] = std::sin(static_cast<double>(step * 131 + i) + current * 0.25);
       }
       dist.group->all_reduce(std::span<double>(v), ReduceOp::kSum);
       for (std::size_t i = 0; i < v.size(); ++i) sum[i] = sum[i] * 0.99 + v[i];
       ++step;
     });
     if (o.step_ms > 0) {
-      std::printf("rank %d step %llu\n", rank, static_cast<unsigned long long>(step));
+      std::printf("rank %d step %llu\n", dist.env.rank, static_cast<unsigned long long>(step));
       std::fflush(stdout);
       std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
     }
@@ -154,13 +157,13 @@ int run(const Options& o) {
   }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
-  std::printf("rank %d pid %ld step %llu digest %s\n", rank, pid,
+  std::printf("rank %d pid %ld step %llu digest %s\n", dist.env.rank, pid,
               static_cast<unsigned long long>(step), hex);
   std::fflush(stdout);
   if (!o.out.empty()) {
-    write_file(o.out + "/final_" + std::to_string(rank),
+    write_file(o.out + "/final_" + std::to_string(dist.env.rank),
                std::to_string(pid) + " " + std::to_string(step) + " " + hex + " " +
-                   std::to_string(dist.env.generation));
+                   std::to_string(dist.env.generation) + " " + std::to_string(dist.env.world_size));
   }
   dist.group->barrier();  // no rank leaves while another may still need it
   return 0;

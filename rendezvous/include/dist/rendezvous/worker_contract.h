@@ -57,6 +57,15 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: 
 //                     generation g's group is built and every rank holds the root's state:
 //                     "step=<n> root=<rank> wall_ns=<ns>". The agent waits for it: until then a
 //                     failure is a failure during recovery, and the whole group restarts
+//   A lost node (elastic rendezvous): the survivors keep their processes and go on in a smaller
+//   world. Its agents join the next round R while their workers wait, each writes, for its
+//   workers,
+//   regroup/<R>/from/<o>  "<new rank offset> <new node rank>": the workers whose global ranks
+//                     started at o (RANK - LOCAL_RANK) are now those from the new offset on
+//                     (LOCAL_RANK and LOCAL_WORLD_SIZE stay)
+//   and node 0 of round R publishes the generation: gen/<g> = "regrouped round=<R> world=<N>".
+//   Every survivor takes its new rank from its own node's key, and the group is rebuilt as for
+//   a replacement (gen/<g>/recovered included), only without one.
 // Generation g's process group keeps its keys under "sdk/<run id>/attempt_<restart>/gen_<g>/"
 // (generation 0: "sdk/<run id>/attempt_<restart>/"), so no key of a previous generation is read.
 // A group restart starts over at generation 0 with a new restart count, hence new keys.
@@ -75,6 +84,9 @@ inline std::string generation_key(const std::string& prefix, int generation) {
 }
 inline std::string recovered_key(const std::string& prefix, int generation) {
   return generation_key(prefix, generation) + "/recovered";
+}
+inline std::string regroup_key(const std::string& prefix, int round, int old_rank_offset) {
+  return prefix + "regroup/" + std::to_string(round) + "/from/" + std::to_string(old_rank_offset);
 }
 
 // A worker's progress slot: the agent gives each worker one page of shared memory (a memfd) open

@@ -121,6 +121,7 @@ class InPlaceRecovery {
 
  private:
   void recover(const CollectiveError& error);
+  void take_new_rank(int generation);
   void rebuild_group(int generation);
   void synchronize_state();
 

@@ -8,7 +8,7 @@ Rank --crash-rank kills itself (SIGKILL, or --crash-how exit: an exception) at t
 fails, they wait for the agent's next generation, rebuild the group with the replacement, give it
 their state (model, SGD momentum, the step counter) and redo the step. Each step's batch follows
 from the step counter, so the job ends with the weights of a run that never failed: every rank
-prints "rank R pid P generation G steps S digest D" at the end, and "rank R pid P started" at its
+prints "rank R pid P generation G steps S digest D world W" at the end, and "rank R pid P started" at its
 start (--timestamps: each step's completion and the crash, with the wall clock, for
 bench/torch_recovery_bench.py). Under `--restart-policy group` (or torchrun) the same script
 restarts from step 0.
@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--crash-at-step", type=int, default=-1)
     ap.add_argument("--crash-how", choices=("kill", "exit"), default="kill")
     ap.add_argument("--commit-every", type=int, default=1)
+    ap.add_argument("--pause-ms", type=float, default=0,
+                    help="sleep this long after each step (a longer step, for tests)")
     ap.add_argument("--timestamps", action="store_true",
                     help="print each step's completion and the crash with the wall clock")
     args = ap.parse_args()
@@ -50,8 +52,10 @@ def main():
 
     @elastic.run
     def train(state):
+        nonlocal rank
         ddp = DDP(state.model)  # built for the group of this entry
         while state.step < args.steps:
+            rank = dist.get_rank()  # a lost node's survivors are renumbered
             crash = (first_attempt and generation == 0 and rank == args.crash_rank
                      and state.step == args.crash_at_step)
             if crash and args.timestamps:
@@ -73,14 +77,16 @@ def main():
             state.step += 1
             if state.step % args.commit_every == 0:
                 state.commit()
+            if args.pause_ms:
+                time.sleep(args.pause_ms / 1000)
 
     train(state)
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
         digest.update(tensor.detach().numpy().tobytes())
     generation = elastic._this_group().generation if elastic.in_place() else 0
-    print(f"rank {rank} pid {os.getpid()} generation {generation} steps {state.step} "
-          f"digest {digest.hexdigest()[:16]}", flush=True)
+    print(f"rank {dist.get_rank()} pid {os.getpid()} generation {generation} steps {state.step} "
+          f"digest {digest.hexdigest()[:16]} world {dist.get_world_size()}", flush=True)
     # torch's own advice (2.x warns without it): the group is torn down here, not by the
     # interpreter's exit.
     dist.destroy_process_group()

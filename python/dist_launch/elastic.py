@@ -39,6 +39,11 @@ recovery shuts down so that a rank waiting on a live peer fails at once too.) Ou
 torchrun) `init_process_group` is torch's and `run` calls the function once: a failed collective
 is raised as usual, and the agent restarts the group.
 
+When a whole node is lost from an elastic job (`--nnodes MIN:MAX`), nobody replaces its workers:
+the survivors go on in a smaller world, each at the rank its agent gives it (RANK, WORLD_SIZE and
+GROUP_RANK in os.environ, and torch's get_rank()/get_world_size(), change; LOCAL_RANK stays). A
+script that shards its data by rank reads the rank inside the function, not once before it.
+
 The store keys and variables are dist-launch's worker contract
 (rendezvous/include/dist/rendezvous/worker_contract.h), shared with the C++ SDK's
 dist::sdk::InPlaceRecovery.
@@ -52,6 +57,7 @@ import datetime
 import functools
 import gc
 import os
+import re
 import socket
 import sys
 import threading
@@ -411,6 +417,32 @@ def _synchronize(g: _Group, state: State) -> int:
     return root
 
 
+def _take_new_rank(g: _Group, generation: int) -> None:
+    """Generation `generation`'s record: a replacement's changes no rank; a regroup's (a node was
+    lost, its survivors go on in a smaller world) moves this rank to where its agent's key says
+    (the contract's regroup/<round>/from/<first rank of this node>)."""
+    g.store.wait([g.generation_key(generation)], GENERATION_TIMEOUT)
+    record = g.store.get(g.generation_key(generation)).decode()
+    match = re.match(r"regrouped round=(\d+) world=(\d+)", record)
+    if not match:
+        return
+    regroup_round, world = int(match.group(1)), int(match.group(2))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    place = f"{g.prefix}regroup/{regroup_round}/from/{g.rank - local_rank}"
+    try:
+        g.store.wait([place], GENERATION_TIMEOUT)
+    except Exception as e:
+        raise RuntimeError(f"rank {g.rank}: generation {generation} regrouped the job in round "
+                           f"{regroup_round} without a place for this node's workers "
+                           f"({_first_line(e)})") from e
+    offset, node_rank = (int(v) for v in g.store.get(place).decode().split())
+    _say(f"rank {g.rank} is rank {offset + local_rank} of {world} from generation {generation} "
+         f"(a node was lost; round {regroup_round})")
+    g.rank, g.world_size = offset + local_rank, world
+    # What the script reads of its place follows (torch's own get_rank() does, from the group).
+    os.environ.update(RANK=str(g.rank), WORLD_SIZE=str(world), GROUP_RANK=str(node_rank))
+
+
 def _recover(g: _Group, state: State, error: BaseException) -> None:
     import torch.distributed as dist
     failed_at = time.monotonic()
@@ -433,9 +465,11 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
     except Exception as e:
         raise RuntimeError(f"{error}; and no generation {following} of the group came from the "
                            f"agent ({_first_line(e)})") from error
-    latest = g.store.add(f"{g.prefix}generation", 0)
+    latest = max(following, g.store.add(f"{g.prefix}generation", 0))
+    for generation in range(following, latest + 1):
+        _take_new_rank(g, generation)
     state.restore()
-    g.join(max(following, latest))
+    g.join(latest)
     root = _synchronize(g, state)
     if g.rank == root:  # the agent's word that the group is whole again
         g.store.set(f"{g.prefix}gen/{g.generation}/recovered",

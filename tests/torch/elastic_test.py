@@ -13,9 +13,11 @@ Exits 77 (skip) when that interpreter has no torch (or not --require-major).
 import collections
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -157,6 +159,62 @@ class InPlace(unittest.TestCase):
         run = Run(subprocess.CompletedProcess([], max(codes, key=abs), outputs[0] + outputs[1], ""))
         self.check_in_place(run, 2)
         self.assertNotIn("restarting", run.out)
+
+    def test_a_lost_nodes_survivors_train_on_in_a_smaller_world(self):
+        # Three agents of one worker each (--nnodes 2:3); node 1's agent is SIGKILLed mid-training
+        # (its worker goes with it). Nobody replaces it: the other two keep their processes and
+        # go on as ranks 0 and 1 of two (node 2's worker renumbered), with equal weights.
+        port = free_port("127.0.0.2")
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        procs, lines = [], []
+        for i in range(3):
+            cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.2:{port}",
+                   "--rdzv-id", "elastic-regroup", "--nproc-per-node", "1", "--restart-policy",
+                   "in-place", "--max-restarts", "1", SCRIPT, "--steps", STEPS, "--pause-ms",
+                   "100", "--timestamps"]
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+            self.addCleanup(p.stdout.close)
+            self.addCleanup(p.wait)
+            self.addCleanup(p.kill)
+            procs.append(p)
+            lines.append([])
+            threading.Thread(target=lambda p=p, out=lines[-1]: out.extend(p.stdout),
+                             daemon=True).start()
+            if i == 0:  # it hosts the store: the others join as its clients
+                wait_for_listener("127.0.0.2", port, procs[0])
+        deadline = time.monotonic() + 120
+        lost = None
+        while lost is None and time.monotonic() < deadline:
+            for i, out in enumerate(lines):
+                text = "".join(out)
+                if "round 0: node 1 of 3" in text and re.search(r"rank 1 pid \d+ step 3 done",
+                                                                 text):
+                    lost = i
+            time.sleep(0.01)
+        self.assertIsNotNone(lost, ["".join(out) for out in lines])
+        procs[lost].send_signal(signal.SIGKILL)
+        procs[lost].wait(timeout=30)
+        survivors = [i for i in range(3) if i != lost]
+        for i in survivors:
+            procs[i].wait(timeout=180)
+        time.sleep(0.1)  # the readers' last lines
+        run = Run(subprocess.CompletedProcess(
+            [], 0, "".join("".join(lines[i]) for i in survivors), ""))
+        for i in survivors:
+            self.assertEqual(procs[i].returncode, 0, run.out)
+        self.assertEqual(sorted(run.ends), [0, 1], run.out)
+        self.assertEqual(len(set(run.digests().values())), 1, run.out)
+        self.assertRegex(run.out, r"rank 1 pid \d+ generation 1 steps " + STEPS
+                         + r" digest \w+ world 2")
+        self.assertIn("rank 2 is rank 1 of 2 from generation 1 (a node was lost; round 1)",
+                      run.out)
+        # One process each, from start to end: rank 1's is the one that started as rank 2.
+        self.assertEqual(run.ends[0][0], run.pids[0][0], run.out)
+        self.assertEqual(run.ends[1][0], run.pids[2][0], run.out)
+        self.assertIn("regrouped without node 1 in round 1: world 2", run.out)
+        self.assertNotIn("restarting", run.out)
+        self.assertNotIn("stopping the workers", run.out)
 
     def test_under_the_group_policy_the_same_script_restarts_from_the_start(self):
         run = self.launch(2, "--max-restarts", "1", script_args=("--crash-at-step", "12"))

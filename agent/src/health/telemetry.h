@@ -56,8 +56,9 @@
 //   inplace_regrouped  round (the one a node was lost from), new_round, generation (or null on
 //                  the nodes that did not publish it), node_rank (this node's in the new round),
 //                  world_size (the new, smaller world), ranks (this node's workers, "old->new"),
-//                  stall_ms (from the node's loss to this node's workers told their new ranks;
-//                  the publishing node: to the group's word that it is whole again), root,
+//                  stall_ms (from the watch's finding the node lost to this node's workers
+//                  told their new ranks; the publishing node: to the group's word that it is
+//                  whole again), root,
 //                  first_step, counters (as in inplace_recovered; the publishing node only)
 //   job_end        outcome (succeeded, failed, stopped), exit_code, restarts (group restarts and
 //                  in-place replacements), reason (or null), stragglers (the ranks flagged as

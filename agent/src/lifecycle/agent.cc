@@ -128,6 +128,7 @@ struct RegroupJoined {  // in-place, elastic: a lost node's survivors in the nex
 struct RegroupDone {  // and their workers told where they are now
   RegroupTold told;
 };
+struct RoundAbandoned {};  // a round joined for a regroup that does not go on: announced failed
 }  // namespace event
 
 using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
@@ -135,7 +136,7 @@ using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed,
                            event::BarrierDone, event::VerdictReached, event::FailuresCollected,
                            event::OthersLeft, event::RendezvousFailed, event::SignalReceived,
                            event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted,
-                           event::RegroupJoined, event::RegroupDone>;
+                           event::RegroupJoined, event::RegroupDone, event::RoundAbandoned>;
 
 class Agent {
  public:
@@ -177,6 +178,7 @@ class Agent {
     f.group_stopped = stopping_.group_stopped;
     f.watching = watching_;
     f.counting = counting_;
+    f.joining = regroup_joining_;
     return f;
   }
 
@@ -324,6 +326,10 @@ class Agent {
                    },
                    [&](event::RegroupJoined& j) { on_regroup_joined(std::move(j.join)); },
                    [&](event::RegroupDone& d) { on_regroup_done(d.told); },
+                   [&](event::RoundAbandoned&) {
+                     regroup_joining_ = false;
+                     if (state_ == State::kStopping) feed(Input::kRegroupFailed);  // may end now
+                   },
                },
                e);
   }
@@ -509,7 +515,7 @@ class Agent {
     stopping_.signal_received = true;
     const State before = state_;
     stopping_.signal = signal;
-    if (before == State::kRunning || before == State::kReplacing) {
+    if (before == State::kRunning || before == State::kReplacing || before == State::kRegrouping) {
       spdlog::warn("{} received{}: stopping the workers (grace period {} ms)", signal_name(signal),
                    workers_have_it ? " from Slurm, which signalled the workers too" : "",
                    config_.shutdown_timeout.count());
@@ -720,6 +726,7 @@ class Agent {
 
   void regroup() {
     regroup_began_ = std::chrono::steady_clock::now();
+    regroup_joining_ = true;  // STOPPING waits for it: it may join the next round
     spdlog::warn(
         "in-place: this node's workers keep running while the surviving nodes form the next "
         "round without node {}",
@@ -735,18 +742,18 @@ class Agent {
       if (j.verdict->action == Verdict::kReshape) {
         j.round = co_await rounds_->join_keeping_workers(from);
       }
-    } catch (const JobOverError&) {
-      throw;  // as in any rendezvous: the job ended meanwhile
-    } catch (const RendezvousError& e) {
-      j.why = e.what();
     } catch (const rendezvous::StoreError& e) {
-      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;  // leaving: nothing to decide
+      j.why = e.what();
+    } catch (const std::exception& e) {  // the job over meanwhile included: ROUND_ENDED says so
       j.why = e.what();
     }
     co_return j;
   }
 
   void on_regroup_joined(RegroupJoin j) {
+    regroup_joining_ = false;
+    if (state_ == State::kStopping) return abandon_regroup(j);
     if (state_ != State::kRegrouping) return;
     if (!j.why.empty()) return regroup_failed("the surviving nodes could not regroup: " + j.why);
     if (j.verdict->action != Verdict::kReshape) {  // said again (and logged) in ROUND_ENDED
@@ -763,7 +770,7 @@ class Agent {
     restart_count_ = to.restarts;
     telemetry_->round_joined(to);
     if (!why.empty()) {  // the others are in the new round too: it ends for all of them
-      fire_and_forget(rounds_->announce_failure(*round_, {}), "ending the round");
+      end_joined_round();
       return regroup_failed(why);
     }
     regrouped_ranks_ = group_->regroup(to);
@@ -776,6 +783,23 @@ class Agent {
     launch(rounds_->watch(*round_), [](WatchOutcome o) { return event::WatchEnded{std::move(o)}; });
     launch(tell_workers(previous.rank_offset, *round_),
            [](RegroupTold t) { return event::RegroupDone{std::move(t)}; });
+  }
+
+  // The group stopped while the regroup's join was under way: a round it joined is this node's
+  // now, and ends (announced: the others, in it too, stop as well), so that ROUND_ENDED decides
+  // that round, not the one already decided.
+  void abandon_regroup(const RegroupJoin& j) {
+    if (!j.round) return feed(Input::kRegroupFailed);
+    round_ = *j.round;
+    restart_count_ = j.round->restarts;
+    end_joined_round();
+  }
+
+  // A round joined for a regroup that does not go on: announced failed (the others in it stop
+  // too), and STOPPING waits for the announcement, so that the verdict on it knows.
+  void end_joined_round() {
+    regroup_joining_ = true;
+    launch(rounds_->announce_failure(*round_, failures_), [] { return event::RoundAbandoned{}; });
   }
 
   // Why the workers cannot simply go on in round `to`; empty when they can.
@@ -803,8 +827,9 @@ class Agent {
         co_return t;
       }
       t.generation = co_await generations_->next();
-      std::string record =
-          "regrouped round=" + std::to_string(to.round) + " world=" + std::to_string(to.world_size);
+      std::string record = "regrouped round=" + std::to_string(to.round) +
+                           " world=" + std::to_string(to.world_size) +
+                           " nodes=" + std::to_string(to.num_nodes);
       t.outcome = co_await generations_->publish_and_wait(*t.generation, std::move(record),
                                                           kInPlaceRecoveryTimeout);
     } catch (const rendezvous::StoreError& e) {
@@ -817,7 +842,7 @@ class Agent {
   void on_regroup_done(const RegroupTold& t) {
     if (state_ != State::kRegrouping) return;
     if (!t.outcome.recovered) {
-      fire_and_forget(rounds_->announce_failure(*round_, {}), "ending the round");
+      end_joined_round();
       return regroup_failed("the regrouped workers did not recover: " + t.outcome.why);
     }
     const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -1026,7 +1051,8 @@ class Agent {
   int replacing_rank_ = -1;          // in-place: the worker REPLACING replaces
   bool generation_claimed_ = false;  // and whether its generation is known yet
   std::vector<InPlaceReplacement> replaced_;
-  int lost_node_ = -1;  // the last node the watch found lost (-1: unknown)
+  int lost_node_ = -1;            // the last node the watch found lost (-1: unknown)
+  bool regroup_joining_ = false;  // REGROUPING's join has not reported back
   // REGROUPING: since when, from which round, and this node's workers' old and new ranks.
   std::chrono::steady_clock::time_point regroup_began_;
   int regrouped_from_ = 0;

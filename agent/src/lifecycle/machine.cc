@@ -15,10 +15,13 @@ Transition exit_with(int code) {
   return {State::kExit, std::nullopt, code, false};
 }
 
-// STOPPING is over only once the group is stopped, the watch (several nodes) has ended and the
-// job's in-place replacements (several nodes) are counted.
+// STOPPING is over only once the group is stopped, the watch (several nodes) has ended, the
+// job's in-place replacements (several nodes) are counted and a regroup's join has reported back
+// (it may have joined the next round: that round is the one to end).
 std::optional<Transition> once_stopped(const Facts& facts) {
-  if (!facts.group_stopped || facts.watching || facts.counting) return std::nullopt;
+  if (!facts.group_stopped || facts.watching || facts.counting || facts.joining) {
+    return std::nullopt;
+  }
   return after_stopping(facts);
 }
 
@@ -85,6 +88,7 @@ std::optional<Transition> from_stopping(Input input, Facts facts) {
     case Input::kReplacementsCounted:
     case Input::kRoundEndedElsewhere:  // the watch ended on its own meanwhile
     case Input::kNodeLost:
+    case Input::kRegroupFailed:
       return once_stopped(facts);
     case Input::kStoreLost: {  // the store went while stopping: nothing after this can use it
       facts.stop_reason = StopReason::kStoreLost;

@@ -92,7 +92,8 @@ enum class Input {
                          // or another node's recovery is under way, or no restart is left
   kReplacementsCounted,  // in-place, several nodes: STOPPING has read the job's replacements
   kRegrouped,            // in-place, elastic: the survivors run on in the next round
-  kRegroupFailed,        // in-place, elastic: they cannot (the verdict, the round, the store)
+  kRegroupFailed,        // in-place, elastic: they cannot (the verdict, the round, the store);
+                         // in STOPPING: a regroup's join, left behind, has reported back
 };
 
 // What the job's mode and this node's progress say, as the machine needs it.
@@ -107,6 +108,7 @@ struct Facts {
   bool group_stopped = false;
   bool watching = false;  // the round's watch has not ended yet
   bool counting = false;  // in-place, several nodes: the job's replacements are being read
+  bool joining = false;   // a regroup's join of the next round has not reported back yet
 };
 
 struct Transition {

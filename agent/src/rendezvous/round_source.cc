@@ -394,7 +394,8 @@ class ElasticRounds final : public NodeRounds {
     auto session = make_rendezvous_store(io_, tcp_target(), config_.run_id);
     co_await open_session(std::move(session));
   }
-  // As torch's rendezvous does, every round's workers get a fresh store of their own: the
+  // As torch's rendezvous does, every round's workers get a fresh store of their own (except
+  // when a lost node's survivors regroup in place: join_keeping_workers): the
   // rendezvous store may outlive the job (etcd, a dist-rendezvous daemon, another job's agent),
   // and torch keys the workers' entries by restart count only, so that two jobs, or two rounds of
   // one job (a reshaped round does not advance the restart count), would read each other's there.
@@ -411,7 +412,8 @@ class ElasticRounds final : public NodeRounds {
       round_store_.emplace(io_, "", 0, with_token(config_, rendezvous::ServerOptions{}));
     }
     const int round = previous.round + 1;
-    co_return co_await join_offering_store(round, std::move(previous));
+    std::optional<Assignment> after = std::move(previous);
+    co_return co_await join_offering_store(round, std::move(after));
   }
   Endpoint workers_store(const Assignment& a) const override {
     return {a.worker_store_host, a.worker_store_port};

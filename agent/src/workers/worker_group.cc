@@ -176,6 +176,7 @@ WorkerGroup::~WorkerGroup() {
 
 void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) {
   round_ = a;
+  started_round_ = a.round;
   store_ = store;
   host_label_ = a.elastic || a.num_nodes > 1
                     ? identity_.host + " (node " + std::to_string(a.node_rank) + ")"
@@ -274,9 +275,10 @@ void WorkerGroup::open_duplicate_logs() {
   }
 }
 
-// attempt_<round>/<local rank>/, and a replacement's generation_<g>/ inside it.
+// attempt_<round>/<local rank>/, and a replacement's generation_<g>/ inside it (the round the group
+// started in: after a regroup its workers' error files are where they were told).
 fs::path WorkerGroup::worker_dir(const Worker& w) const {
-  const fs::path dir = dir_.attempt(round_.round, w.local_rank);
+  const fs::path dir = dir_.attempt(started_round_, w.local_rank);
   return w.generation == 0 ? dir : dir / ("generation_" + std::to_string(w.generation));
 }
 

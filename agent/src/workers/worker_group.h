@@ -166,6 +166,7 @@ class WorkerGroup {
   State state_ = State::kIdle;
   Identity identity_;
   Assignment round_;                        // the round running (or last run)
+  int started_round_ = 0;                   // the round the group started in (its directories)
   rendezvous::Endpoint store_;              // its workers' store
   std::string host_label_;                  // this node, as failure reports name it
   std::vector<WorkerResources> resources_;  // by local rank

@@ -619,8 +619,8 @@ TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASm
 }
 
 // The lost node hosted its round's workers' store (node 0; the rendezvous store is a
-// dist-rendezvous of its own): the survivor's worker has nowhere to regroup, and its agent says
-// so and restarts the group, which then trains in a world of one.
+// dist-rendezvous of its own): the survivor's worker has nowhere to regroup, and the group
+// restarts, saying why, then trains in a world of one.
 TEST_F(InPlaceElasticNodes, ALostNodeThatHostedTheWorkersStoreRestartsTheGroupSayingWhy) {
   fs::create_directories(dir_ / "job");
   const std::string host = "127.0.0.2";
@@ -678,17 +678,17 @@ TEST_F(InPlaceElasticNodes, ALostNodeThatHostedTheWorkersStoreRestartsTheGroupSa
   Child& survivor = *agents[static_cast<std::size_t>(1 - lost)];
   ASSERT_EQ(survivor.wait(120s), 0) << survivor.output();
   const std::string out = survivor.output();
-  EXPECT_NE(out.find("round 1's workers' store is not round 0's: the workers cannot find each "
-                     "other there: stopping the workers"),
-            std::string::npos)
+  // Said by the agent once in the next round, or (the worker's own connection to the store closed
+  // with node 0) by its worker failing first: either way the group restarts, saying why.
+  EXPECT_TRUE(out.find("round 1's workers' store is not round 0's: the workers cannot find each "
+                       "other there: stopping the workers") != std::string::npos ||
+              out.find("worker 0 failed: restarting the whole group") != std::string::npos)
       << out;
   EXPECT_NE(out.find("restarting the worker group (restart 1 of 1)"), std::string::npos) << out;
   const auto f = final_of("job", 0);
   ASSERT_TRUE(f.has_value()) << out;
   EXPECT_EQ(f->pid, start_pid("job", 0, 1, 0)) << "the restarted group's worker: " << out;
   const std::string name = "job_node" + std::to_string(1 - lost);
-  const auto fallbacks = events(name, "inplace_fallback");
-  ASSERT_EQ(fallbacks.size(), 1u) << out;
-  EXPECT_NE(fallbacks[0]["reason"].get<std::string>().find("workers' store"), std::string::npos);
+  EXPECT_EQ(events(name, "inplace_fallback").size(), 1u) << out;
   EXPECT_TRUE(events(name, "inplace_regrouped").empty()) << out;
 }

@@ -37,6 +37,10 @@ Facts counting(Facts f) {
   f.several_nodes = f.counting = true;
   return f;
 }
+Facts joining(Facts f) {
+  f.joining = true;
+  return f;
+}
 // In STOPPING: why, the group reaped or not, the watch still running or not.
 Facts stopped(Facts f, StopReason reason, bool group_stopped = true, bool watching = false) {
   f.stop_reason = reason;
@@ -255,6 +259,10 @@ TEST(StateMachineTransitions, InPlaceElasticALostNodesSurvivorsRegroupWhileTheir
        stopped(f, StopReason::kWorkerFailed), State::kRoundEnded},
       {"a late regroup after the group stopped", State::kStopping, Input::kRegrouped,
        stopped(f, StopReason::kRoundEnded, false), std::nullopt},
+      {"STOPPING waits for a regroup's join left behind", State::kStopping, Input::kGroupStopped,
+       joining(stopped(f, StopReason::kWorkerFailed)), std::nullopt},
+      {"the join reported back: the round ends", State::kStopping, Input::kRegroupFailed,
+       stopped(f, StopReason::kWorkerFailed), State::kRoundEnded},
   });
 }
 

@@ -63,7 +63,8 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: 
 //   regroup/<R>/from/<o>  "<new rank offset> <new node rank>": the workers whose global ranks
 //                     started at o (RANK - LOCAL_RANK) are now those from the new offset on
 //                     (LOCAL_RANK and LOCAL_WORLD_SIZE stay)
-//   and node 0 of round R publishes the generation: gen/<g> = "regrouped round=<R> world=<N>".
+//   and node 0 of round R publishes the generation: gen/<g> = "regrouped round=<R> world=<N>
+//   nodes=<K>".
 //   Every survivor takes its new rank from its own node's key, and the group is rebuilt as for
 //   a replacement (gen/<g>/recovered included), only without one.
 // Generation g's process group keeps its keys under "sdk/<run id>/attempt_<restart>/gen_<g>/"

@@ -560,11 +560,20 @@ int train_with(const Options& o, sdk::Distributed& dist) {
     p.batches = 0;
     ++p.epochs_reported;
   };
+  const int world_size = env.world_size;
   const auto run = [&](const std::function<void()>& unit) {
-    if (recovery) {
-      if (!recovery->run(unit) && o.timestamps) first_step_since = "recovery";
-    } else {
-      unit();
+    if (!recovery) return unit();
+    if (recovery->run(unit)) return;
+    if (o.timestamps) first_step_since = "recovery";
+    // A lost node's survivors go on in a smaller world (recovery.h): this example's sampler, batch
+    // and epochs are sized for the world it started in, so it stops rather than train on a wrong
+    // shard; the agent then restarts the group, sized anew.
+    if (env.world_size != world_size) {
+      throw std::runtime_error("a node was lost and the group regrouped as rank " +
+                               std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                               " (was " + std::to_string(world_size) +
+                               " ranks): ddp_train shards its data for the world it started in; "
+                               "the group restarts from its last checkpoint");
     }
   };
   while (true) {

@@ -640,6 +640,23 @@ TEST(Compression, AStateOfAnotherModeOrWorldIsRefusedSayingWhy) {
   });
 }
 
+TEST(Compression, AnUncompressedStateLoadsInAnotherWorldSize) {
+  // Nothing of it is a rank's own: a job resumed (or regrouped in place) in a smaller or larger
+  // world takes it.
+  std::string state;
+  on_ranks(1, [&](ProcessGroup& g) {
+    std::vector<float> v(16), dv(16, 1.0f);
+    DistributedDataParallel ddp(g, {{"v", v, dv}}, with("none"));
+    ddp.synchronize();
+    state = ddp.state();
+  });
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    std::vector<float> v(16), dv(16, 1.0f);
+    DistributedDataParallel ddp(g, {{"v", v, dv}}, with("none"));
+    EXPECT_NO_THROW(ddp.load_state(state));
+  });
+}
+
 TEST(Compression, CompressionWithALocalStrategyIsRefused) {
   on_ranks(1, [](ProcessGroup& g) {
     std::vector<float> v(4), dv(4);

@@ -40,8 +40,9 @@ torchrun) `init_process_group` is torch's and `run` calls the function once: a f
 is raised as usual, and the agent restarts the group.
 
 When a whole node is lost from an elastic job (`--nnodes MIN:MAX`), nobody replaces its workers:
-the survivors go on in a smaller world, each at the rank its agent gives it (RANK, WORLD_SIZE and
-GROUP_RANK in os.environ, and torch's get_rank()/get_world_size(), change; LOCAL_RANK stays). A
+the survivors go on in a smaller world, each at the rank its agent gives it (RANK, WORLD_SIZE,
+GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK and ROLE_WORLD_SIZE in os.environ, and torch's
+get_rank()/get_world_size(), change; LOCAL_RANK stays). A
 script that shards its data by rank reads the rank inside the function, not once before it.
 
 The store keys and variables are dist-launch's worker contract
@@ -423,11 +424,12 @@ def _take_new_rank(g: _Group, generation: int) -> None:
     (the contract's regroup/<round>/from/<first rank of this node>)."""
     g.store.wait([g.generation_key(generation)], GENERATION_TIMEOUT)
     record = g.store.get(g.generation_key(generation)).decode()
-    match = re.match(r"regrouped round=(\d+) world=(\d+)", record)
+    match = re.match(r"regrouped round=(\d+) world=(\d+)(?: nodes=(\d+))?", record)
     if not match:
         return
     regroup_round, world = int(match.group(1)), int(match.group(2))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     place = f"{g.prefix}regroup/{regroup_round}/from/{g.rank - local_rank}"
     try:
         g.store.wait([place], GENERATION_TIMEOUT)
@@ -435,12 +437,22 @@ def _take_new_rank(g: _Group, generation: int) -> None:
         raise RuntimeError(f"rank {g.rank}: generation {generation} regrouped the job in round "
                            f"{regroup_round} without a place for this node's workers "
                            f"({_first_line(e)})") from e
-    offset, node_rank = (int(v) for v in g.store.get(place).decode().split())
+    value = g.store.get(place).decode()
+    try:
+        offset, node_rank = (int(v) for v in value.split())
+    except ValueError:
+        offset = node_rank = -1
+    if offset < 0 or offset + local_world > world:
+        raise RuntimeError(f"rank {g.rank}: the regrouped place {place} cannot be read: "
+                           f"{value!r} (world {world})")
     _say(f"rank {g.rank} is rank {offset + local_rank} of {world} from generation {generation} "
          f"(a node was lost; round {regroup_round})")
     g.rank, g.world_size = offset + local_rank, world
     # What the script reads of its place follows (torch's own get_rank() does, from the group).
-    os.environ.update(RANK=str(g.rank), WORLD_SIZE=str(world), GROUP_RANK=str(node_rank))
+    os.environ.update(RANK=str(g.rank), WORLD_SIZE=str(world), GROUP_RANK=str(node_rank),
+                      ROLE_RANK=str(g.rank), ROLE_WORLD_SIZE=str(world))
+    if match.group(3):
+        os.environ["GROUP_WORLD_SIZE"] = match.group(3)
 
 
 def _recover(g: _Group, state: State, error: BaseException) -> None:

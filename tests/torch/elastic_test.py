@@ -166,7 +166,7 @@ class InPlace(unittest.TestCase):
         # go on as ranks 0 and 1 of two (node 2's worker renumbered), with equal weights.
         port = free_port("127.0.0.2")
         env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
-        procs, lines = [], []
+        procs, lines, readers = [], [], []
         for i in range(3):
             cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.2:{port}",
                    "--rdzv-id", "elastic-regroup", "--nproc-per-node", "1", "--restart-policy",
@@ -179,8 +179,9 @@ class InPlace(unittest.TestCase):
             self.addCleanup(p.kill)
             procs.append(p)
             lines.append([])
-            threading.Thread(target=lambda p=p, out=lines[-1]: out.extend(p.stdout),
-                             daemon=True).start()
+            readers.append(threading.Thread(target=lambda p=p, out=lines[-1]: out.extend(p.stdout),
+                                            daemon=True))
+            readers[-1].start()
             if i == 0:  # it hosts the store: the others join as its clients
                 wait_for_listener("127.0.0.2", port, procs[0])
         deadline = time.monotonic() + 120
@@ -198,7 +199,8 @@ class InPlace(unittest.TestCase):
         survivors = [i for i in range(3) if i != lost]
         for i in survivors:
             procs[i].wait(timeout=180)
-        time.sleep(0.1)  # the readers' last lines
+        for reader in readers:  # until each output's end
+            reader.join(timeout=30)
         run = Run(subprocess.CompletedProcess(
             [], 0, "".join("".join(lines[i]) for i in survivors), ""))
         for i in survivors:

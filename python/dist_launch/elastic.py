@@ -42,8 +42,8 @@ is raised as usual, and the agent restarts the group.
 When a whole node is lost from an elastic job (`--nnodes MIN:MAX`), nobody replaces its workers:
 the survivors go on in a smaller world, each at the rank its agent gives it (RANK, WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK and ROLE_WORLD_SIZE in os.environ, and torch's
-get_rank()/get_world_size(), change; LOCAL_RANK stays). A
-script that shards its data by rank reads the rank inside the function, not once before it.
+get_rank()/get_world_size(), change; LOCAL_RANK stays). A script that shards its data by rank
+reads the rank inside the function, not once before it.
 
 The store keys and variables are dist-launch's worker contract
 (rendezvous/include/dist/rendezvous/worker_contract.h), shared with the C++ SDK's

@@ -762,10 +762,9 @@ class Agent {
                             "the surviving nodes");
     }
     telemetry_->verdict(round_->round, *j.verdict);
-    const Assignment& from = *round_;
+    const Assignment previous = *round_;
     const Assignment& to = *j.round;
-    const std::string why = cannot_regroup(from, to, j.verdict->expect);
-    const Assignment previous = from;
+    const std::string why = cannot_regroup(previous, to, j.verdict->expect);
     round_ = to;
     restart_count_ = to.restarts;
     telemetry_->round_joined(to);

@@ -16,10 +16,14 @@ Transition exit_with(int code) {
 }
 
 // STOPPING is over only once the group is stopped, the watch (several nodes) has ended, the
-// job's in-place replacements (several nodes) are counted and a regroup's join has reported back
-// (it may have joined the next round: that round is the one to end).
+// job's in-place replacements (several nodes) are counted and, unless the agent leaves (a signal,
+// the store lost: its pending calls are cancelled), a regroup's join has reported back (it may
+// have joined the next round: that round is the one to end).
 std::optional<Transition> once_stopped(const Facts& facts) {
-  if (!facts.group_stopped || facts.watching || facts.counting || facts.joining) {
+  const bool leaving = facts.stop_reason == StopReason::kSignal ||
+                       facts.stop_reason == StopReason::kStoreLost ||
+                       facts.stop_reason == StopReason::kStartFailed;
+  if (!facts.group_stopped || facts.watching || facts.counting || (facts.joining && !leaving)) {
     return std::nullopt;
   }
   return after_stopping(facts);

@@ -409,6 +409,37 @@ class InPlaceElasticNodes : public InPlace {
         },
         true);
   }
+  // Agent `i` ("job_node<i>") of an elastic in-place job (--nnodes `nnodes` at `endpoint`) of one
+  // worker training 300 steps of about 10 ms, long enough to lose a node midway; its files in job/.
+  std::unique_ptr<Child> training_agent(int i, const std::string& nnodes,
+                                        const std::string& endpoint) {
+    const std::string name = "job_node" + std::to_string(i);
+    std::vector<std::string> args{"--nnodes",
+                                  nnodes,
+                                  "--rdzv-endpoint",
+                                  endpoint,
+                                  "--rdzv-id",
+                                  "job",
+                                  "--nproc-per-node",
+                                  "1",
+                                  "--max-restarts",
+                                  "1",
+                                  "--restart-policy",
+                                  "in-place",
+                                  "--event-log",
+                                  path(name + ".jsonl"),
+                                  "--no-python",
+                                  kWorker,
+                                  "--out",
+                                  path("job"),
+                                  "--steps",
+                                  "300",
+                                  "--step-ms",
+                                  "10"};
+    return std::make_unique<Child>(DIST_LAUNCH_BIN, std::move(args), dir_ / (name + ".log"),
+                                   std::map<std::string, std::string>{},
+                                   std::vector<std::string>{"OMP_NUM_THREADS"});
+  }
   // Both nodes' events of one kind.
   std::vector<Json> node_events(const std::string& out, const std::string& name) const {
     auto found = events(out + "_node0", name);
@@ -509,34 +540,7 @@ TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASm
   fs::create_directories(dir_ / "job");
   const std::string endpoint =
       "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
-  const auto agent = [&](int i) {
-    const std::string name = "job_node" + std::to_string(i);
-    return std::make_unique<Child>(DIST_LAUNCH_BIN,
-                                   std::vector<std::string>{"--nnodes",
-                                                            "2:3",
-                                                            "--rdzv-endpoint",
-                                                            endpoint,
-                                                            "--rdzv-id",
-                                                            "job",
-                                                            "--nproc-per-node",
-                                                            "1",
-                                                            "--max-restarts",
-                                                            "1",
-                                                            "--restart-policy",
-                                                            "in-place",
-                                                            "--event-log",
-                                                            path(name + ".jsonl"),
-                                                            "--no-python",
-                                                            kWorker,
-                                                            "--out",
-                                                            path("job"),
-                                                            "--steps",
-                                                            "300",
-                                                            "--step-ms",
-                                                            "10"},
-                                   dir_ / (name + ".log"), std::map<std::string, std::string>{},
-                                   std::vector<std::string>{"OMP_NUM_THREADS"});
-  };
+  const auto agent = [&](int i) { return training_agent(i, "2:3", endpoint); };
   std::vector<std::unique_ptr<Child>> agents;
   agents.push_back(agent(0));
   ASSERT_TRUE(dist::agent::testing::eventually(
@@ -629,34 +633,7 @@ TEST_F(InPlaceElasticNodes, ALostNodeThatHostedTheWorkersStoreRestartsTheGroupSa
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] { return store.output().find("listening on") != std::string::npos; }, 20s))
       << store.output();
-  const auto agent = [&](int i) {
-    const std::string name = "job_node" + std::to_string(i);
-    return std::make_unique<Child>(DIST_LAUNCH_BIN,
-                                   std::vector<std::string>{"--nnodes",
-                                                            "1:2",
-                                                            "--rdzv-endpoint",
-                                                            host + ":" + port,
-                                                            "--rdzv-id",
-                                                            "job",
-                                                            "--nproc-per-node",
-                                                            "1",
-                                                            "--max-restarts",
-                                                            "1",
-                                                            "--restart-policy",
-                                                            "in-place",
-                                                            "--event-log",
-                                                            path(name + ".jsonl"),
-                                                            "--no-python",
-                                                            kWorker,
-                                                            "--out",
-                                                            path("job"),
-                                                            "--steps",
-                                                            "300",
-                                                            "--step-ms",
-                                                            "10"},
-                                   dir_ / (name + ".log"), std::map<std::string, std::string>{},
-                                   std::vector<std::string>{"OMP_NUM_THREADS"});
-  };
+  const auto agent = [&](int i) { return training_agent(i, "1:2", host + ":" + port); };
   std::vector<std::unique_ptr<Child>> agents;
   agents.push_back(agent(0));
   agents.push_back(agent(1));

@@ -263,6 +263,9 @@ TEST(StateMachineTransitions, InPlaceElasticALostNodesSurvivorsRegroupWhileTheir
        joining(stopped(f, StopReason::kWorkerFailed)), std::nullopt},
       {"the join reported back: the round ends", State::kStopping, Input::kRegroupFailed,
        stopped(f, StopReason::kWorkerFailed), State::kRoundEnded},
+      {"stopped by a signal: leaves without waiting for the join", State::kStopping,
+       Input::kGroupStopped, joining(stopped(f, StopReason::kSignal)), State::kExit, std::nullopt,
+       std::nullopt, true},
   });
 }
 

@@ -63,6 +63,7 @@ Overloaded(F...) -> Overloaded<F...>;
 struct ReplacementClaim {
   std::optional<int> replacements;
   int generation = 0;
+  std::string why;  // the workers' store could not count the generation (its host is gone)
 };
 
 // In-place, elastic: how the survivors of a lost node got into the next round (or why not).
@@ -645,7 +646,13 @@ class Agent {
   Task<ReplacementClaim> claim_replacement() {
     ReplacementClaim c;
     c.replacements = co_await rounds_->claim_replacement(*round_);
-    if (c.replacements) c.generation = co_await generations_->next();
+    if (!c.replacements) co_return c;
+    try {
+      c.generation = co_await generations_->next();
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      c.why = e.what();
+    }
     co_return c;
   }
 
@@ -654,6 +661,12 @@ class Agent {
     if (!c.replacements) {
       return give_up_replacing("worker " + std::to_string(failures_.front().rank) +
                                " failed while another node's worker is being replaced in place");
+    }
+    if (!c.why.empty()) {  // e.g. the node that hosted the workers' store was lost with it
+      return give_up_replacing("worker " + std::to_string(failures_.front().rank) +
+                               " failed and its group's generation cannot be counted in the "
+                               "workers' store (" +
+                               c.why + ")");
     }
     replacements_ = *c.replacements;
     if (restarts_used() > config_.max_restarts) {

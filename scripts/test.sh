@@ -6,7 +6,14 @@
 #   asan,tsan (default); empty (DIST_SANITIZE=) skips them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# Each phase's wall time, so a CI log shows where its minutes go.
+phase_start=$SECONDS
+phase() {
+  echo "== test.sh: $1 took $((SECONDS - phase_start)) s ($SECONDS s in all)"
+  phase_start=$SECONDS
+}
 "$root/scripts/install-deps.sh"
+phase "installing dependencies"
 # A build tree made here (CI's always is) is a unity build, the tests' too: the same compiler work
 # packed into fewer, evenly sized runs (the libraries and programs alone: 586 s against 702 s cold
 # on 2 cores). An existing tree keeps its configuration.
@@ -15,6 +22,7 @@ if [ ! -f "${BUILD_DIR:-$root/build}/CMakeCache.txt" ]; then
 else
   "$root/scripts/build.sh"
 fi
+phase "the build"
 # PyTorch's own launcher tests (tests/torchrun_compat) run where python3 has torch 2.x: their
 # pinned files are fetched once into the build tree; without them (no network) they skip.
 if [ -z "${DIST_TORCHRUN_COMPAT_UPSTREAM:-}" ] &&
@@ -25,9 +33,12 @@ if [ -z "${DIST_TORCHRUN_COMPAT_UPSTREAM:-}" ] &&
   fi
 fi
 (cd "${BUILD_DIR:-$root/build}" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 600)
+phase "the tests"
 # The newcomer's first command, as README.md gives it: its own quick build (build-demo/) and run.
 BUILD_DIR= "$root/scripts/demo.sh"
+phase "the demo (its build and run)"
 sanitize=${DIST_SANITIZE-asan,tsan}
 if [ -n "$sanitize" ]; then
   "$root/scripts/sanitize.sh" "$sanitize"
+  phase "the sanitized builds and tests"
 fi

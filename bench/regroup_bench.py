@@ -131,7 +131,7 @@ def job(args, policy, workdir):
         sys.exit(f"{policy}: a survivor trained no step after the kill")
     before = max(a.last_steps_before(killed_at) for a in agents)
     again = before + 1 - min(done for _, done in firsts)
-    regrouped = all("regrouped without node" in a.text() for a in survivors)
+    regrouped = all("in-place: regrouped in round" in a.text() for a in survivors)
     if (policy == "in-place") != regrouped:
         sys.exit(f"{policy}: regrouped={regrouped}:\n" + "\n".join(a.text() for a in survivors))
     return max(when for when, _ in firsts) - killed_at, again

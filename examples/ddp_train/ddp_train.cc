@@ -565,13 +565,13 @@ int train_with(const Options& o, sdk::Distributed& dist) {
     if (!recovery) return unit();
     if (recovery->run(unit)) return;
     if (o.timestamps) first_step_since = "recovery";
-    // A lost node's survivors go on in a smaller world (recovery.h): this example's sampler, batch
-    // and epochs are sized for the world it started in, so it stops rather than train on a wrong
-    // shard; the agent then restarts the group, sized anew.
+    // A regrouped job (a node lost or joined) goes on in another world (recovery.h): this
+    // example's sampler, batch and epochs are sized for the world it started in, so it stops
+    // rather than train on a wrong shard; the agent then restarts the group, sized anew.
     if (env.world_size != world_size) {
-      throw std::runtime_error("a node was lost and the group regrouped as rank " +
-                               std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
-                               " (was " + std::to_string(world_size) +
+      throw std::runtime_error("the job regrouped this worker as rank " + std::to_string(env.rank) +
+                               " of " + std::to_string(env.world_size) + " (was " +
+                               std::to_string(world_size) +
                                " ranks): ddp_train shards its data for the world it started in; "
                                "the group restarts from its last checkpoint");
     }

@@ -446,7 +446,7 @@ def _take_new_rank(g: _Group, generation: int) -> None:
         raise RuntimeError(f"rank {g.rank}: the regrouped place {place} cannot be read: "
                            f"{value!r} (world {world})")
     _say(f"rank {g.rank} is rank {offset + local_rank} of {world} from generation {generation} "
-         f"(a node was lost; round {regroup_round})")
+         f"(the job regrouped in round {regroup_round})")
     g.rank, g.world_size = offset + local_rank, world
     # What the script reads of its place follows (torch's own get_rank() does, from the group).
     os.environ.update(RANK=str(g.rank), WORLD_SIZE=str(world), GROUP_RANK=str(node_rank),

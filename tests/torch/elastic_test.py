@@ -209,12 +209,65 @@ class InPlace(unittest.TestCase):
         self.assertEqual(len(set(run.digests().values())), 1, run.out)
         self.assertRegex(run.out, r"rank 1 pid \d+ generation 1 steps " + STEPS
                          + r" digest \w+ world 2")
-        self.assertIn("rank 2 is rank 1 of 2 from generation 1 (a node was lost; round 1)",
+        self.assertIn("rank 2 is rank 1 of 2 from generation 1 (the job regrouped in round 1)",
                       run.out)
         # One process each, from start to end: rank 1's is the one that started as rank 2.
         self.assertEqual(run.ends[0][0], run.pids[0][0], run.out)
         self.assertEqual(run.ends[1][0], run.pids[2][0], run.out)
-        self.assertIn("regrouped without node 1 in round 1: world 2", run.out)
+        self.assertIn("regrouped in round 1 (node 1 was lost): world 2", run.out)
+        self.assertNotIn("restarting", run.out)
+        self.assertNotIn("stopping the workers", run.out)
+
+    def test_a_newcomer_joins_the_running_workers_in_a_larger_world(self):
+        # Two agents of one worker each (--nnodes 2:3) train; a third agent starts midway. The two
+        # keep their processes and take its worker in (the watcher aborts their collective when
+        # node 0 publishes the regroup's generation): ranks 0..2 of three, equal weights.
+        port = free_port("127.0.0.2")
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        procs, lines, readers = [], [], []
+
+        def start():
+            cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.2:{port}",
+                   "--rdzv-id", "elastic-newcomer", "--rdzv-conf", "last_call_timeout=1",
+                   "--nproc-per-node", "1", "--restart-policy", "in-place", "--max-restarts", "1",
+                   SCRIPT, "--steps", STEPS, "--pause-ms", "100", "--timestamps"]
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+            self.addCleanup(p.stdout.close)
+            self.addCleanup(p.wait)
+            self.addCleanup(p.kill)
+            procs.append(p)
+            lines.append([])
+            readers.append(threading.Thread(target=lambda p=p, out=lines[-1]: out.extend(p.stdout),
+                                            daemon=True))
+            readers[-1].start()
+
+        start()
+        wait_for_listener("127.0.0.2", port, procs[0])  # it hosts the store
+        start()
+        deadline = time.monotonic() + 120
+        while (time.monotonic() < deadline and
+               not re.search(r"rank 1 pid \d+ step 3 done", "".join(lines[0] + lines[1]))):
+            time.sleep(0.01)
+        start()
+        for p in procs:
+            p.wait(timeout=180)
+        for reader in readers:  # until each output's end
+            reader.join(timeout=30)
+        run = Run(subprocess.CompletedProcess([], 0, "".join("".join(out) for out in lines), ""))
+        self.assertEqual([p.returncode for p in procs], [0, 0, 0], run.out)
+        self.assertEqual(sorted(run.ends), [0, 1, 2], run.out)
+        self.assertEqual(len(set(run.digests().values())), 1, run.out)
+        self.assertRegex(run.out, r"rank 2 pid \d+ generation 1 steps " + STEPS
+                         + r" digest \w+ world 3")
+        # One process each, from start to end; the newcomer's started as generation 1.
+        for rank in range(3):
+            self.assertEqual([run.ends[rank][0]], run.pids[rank], run.out)
+        self.assertIn("rank 2 pid %d started (generation 1)" % run.ends[2][0], run.out)
+        self.assertIn("regrouped in round 1 (a node is waiting to join): world 3, 1 node(s) new",
+                      run.out)
+        self.assertIn("round 1: this node's workers joined the running workers as generation 1",
+                      "".join(lines[2]))
         self.assertNotIn("restarting", run.out)
         self.assertNotIn("stopping the workers", run.out)
 

@@ -13,6 +13,7 @@
 
 #include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/worker_contract.h"
+#include "progress_slot.h"
 
 namespace dist::sdk {
 namespace {
@@ -163,6 +164,10 @@ InPlaceRecovery::InPlaceRecovery(Distributed& dist, RecoveryOptions options)
   if (!enabled()) return;
   prefix_ = contract::generation_prefix(dist.env.run_id, dist.env.restart_count);
   store_ = std::make_unique<rendezvous::StoreClient>(connect_store(dist.env));
+  // A regroup asked before this process started (it is a newcomer's, or a replacement) is not
+  // this rank's to follow: it starts in the group that regroup made.
+  if (const detail::Slot* slot = detail::progress_slot())
+    regroup_seen_ = slot->regroup_round.load();
 }
 
 InPlaceRecovery::~InPlaceRecovery() = default;
@@ -178,16 +183,23 @@ void InPlaceRecovery::start() {
   if (replacement) {  // the survivors are rebuilding the same generation's group
     const auto began = Clock::now();
     synchronize_state();
+    // A replacement's generation replaced a worker; a regroup's took this node into the job.
+    const auto record = store_->try_get(contract::generation_key(prefix_, generation_));
+    const bool newcomer = record && record->starts_with("regrouped");
     say("rank " + std::to_string(dist_.env.rank) + " joined generation " +
-        std::to_string(generation_) + " as a replacement: state from rank " +
-        std::to_string(last_root_) + " (" + state_.describe_counters() + ") in " +
-        fixed(ms_since(began)) + " ms");
+        std::to_string(generation_) + (newcomer ? " as a newcomer" : " as a replacement") +
+        ": state from rank " + std::to_string(last_root_) + " (" + state_.describe_counters() +
+        ") in " + fixed(ms_since(began)) + " ms");
   }
   if (build_) build_(*dist_.group);
   if (replacement) state_.apply_blobs();
 }
 
 bool InPlaceRecovery::run(const std::function<void()>& unit) {
+  if (enabled() && regroup_asked()) {  // between two units: the unit runs in the new group
+    regroup();
+    return false;
+  }
   try {
     unit();
     return true;
@@ -200,22 +212,52 @@ bool InPlaceRecovery::run(const std::function<void()>& unit) {
 
 void InPlaceRecovery::recover(const CollectiveError& error) {
   const auto failed_at = Clock::now();
-  const int next = generation_ + 1;
-  const std::string rank = "rank " + std::to_string(dist_.env.rank);
   std::string what = error.what();  // without the advice to exit, which does not apply here
   what = what.substr(0, what.find("; the group is unusable"));
-  say(rank + ": " + what + "; waiting for generation " + std::to_string(next) + " of the group");
+  if (regroup_asked()) {  // no peer failed: one let go of the group first, as this one would have
+    regroup_seen_ = detail::progress_slot()->regroup_round.load();
+    what = "the job regroups in round " + std::to_string(regroup_seen_) +
+           " (a peer let go of the group first)";
+  }
+  say("rank " + std::to_string(dist_.env.rank) + ": " + what + "; waiting for generation " +
+      std::to_string(generation_ + 1) + " of the group");
+  join_next_generation(failed_at, "its collective failed", error.what());
+}
+
+bool InPlaceRecovery::regroup_asked() const {
+  const detail::Slot* slot = detail::progress_slot();
+  return slot != nullptr && slot->regroup_round.load() > regroup_seen_;
+}
+
+// The agent asks the running workers to regroup when a node joins the job (their collectives do
+// not fail: nothing did). This rank lets its group go first, so that the collectives of peers
+// that have not seen the request yet fail at once, and follows the next generation as a
+// survivor of a failure does.
+void InPlaceRecovery::regroup() {
+  const auto asked_at = Clock::now();
+  regroup_seen_ = detail::progress_slot()->regroup_round.load();
+  const std::string where = "the job regroups in round " + std::to_string(regroup_seen_);
+  say("rank " + std::to_string(dist_.env.rank) + ": " + where + "; waiting for generation " +
+      std::to_string(generation_ + 1) + " of the group");
+  state_.capture_blobs();  // while what holds them still exists
+  release_group();
+  join_next_generation(asked_at, "its agent asked it to regroup",
+                       "rank " + std::to_string(dist_.env.rank) + ": " + where);
+}
+
+void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::string& since,
+                                           const std::string& cause) {
+  const int next = generation_ + 1;
   try {
     store_->wait({contract::generation_key(prefix_, next)}, options_.generation_timeout);
   } catch (const rendezvous::StoreError& e) {
-    throw CollectiveError(std::string(error.what()) + "; and no generation " +
-                          std::to_string(next) + " of the group came from the agent (" + e.what() +
-                          ")");
+    throw CollectiveError(cause + "; and no generation " + std::to_string(next) +
+                          " of the group came from the agent (" + e.what() + ")");
   }
   const auto latest =
       std::max(next, static_cast<int>(store_->add(contract::generation_counter_key(prefix_), 0)));
   for (int g = next; g <= latest; ++g) take_new_rank(g);
-  state_.capture_blobs();  // while what holds them still exists
+  if (dist_.group) state_.capture_blobs();  // (a regroup captured them before letting go)
   rebuild_group(latest);
   synchronize_state();
   if (build_) build_(*dist_.group);
@@ -225,18 +267,27 @@ void InPlaceRecovery::recover(const CollectiveError& error) {
                 "root=" + std::to_string(last_root_) + " wall_ns=" + std::to_string(wall_ns()) +
                     " " + state_.describe_counters());
   }
-  say(rank + " recovered in place: generation " + std::to_string(generation_) +
-      ", state from rank " + std::to_string(last_root_) + " (" + state_.describe_counters() +
-      "), " + fixed(ms_since(failed_at)) + " ms after its collective failed");
+  say("rank " + std::to_string(dist_.env.rank) + " recovered in place: generation " +
+      std::to_string(generation_) + ", state from rank " + std::to_string(last_root_) + " (" +
+      state_.describe_counters() + "), " + fixed(ms_since(began)) + " ms after " + since);
 }
 
-// Generation g's record: a replacement's changes no rank; a regroup's (a node was lost) moves this
-// rank to where its agent's key says, in a world of the record's size.
+void InPlaceRecovery::release_group() {
+  if (!dist_.group) return;
+  if (release_) release_();
+  dist_.group.reset();  // its pairs with a failed peer are broken: a new mesh, new keys
+}
+
+// Generation g's record: a replacement's changes no rank; a regroup's (a node was lost, or joined)
+// moves this rank to where its agent's key says, in a world of the record's size.
 void InPlaceRecovery::take_new_rank(int generation) {
   const std::string record =
       store_->get(contract::generation_key(prefix_, generation), options_.generation_timeout);
   int round = -1, world = -1;
   if (std::sscanf(record.c_str(), "regrouped round=%d world=%d", &round, &world) != 2) return;
+  // The agent's request to regroup in this round (the slot) is followed, whatever brought this
+  // rank here: its collective may have failed first (a node lost).
+  regroup_seen_ = std::max(regroup_seen_, static_cast<std::uint32_t>(std::max(round, 0)));
   const int old_offset = dist_.env.rank - dist_.env.local_rank;
   const std::string place = contract::regroup_key(prefix_, round, old_offset);
   std::string value;
@@ -257,15 +308,14 @@ void InPlaceRecovery::take_new_rank(int generation) {
   }
   say("rank " + std::to_string(dist_.env.rank) + " is rank " +
       std::to_string(new_offset + dist_.env.local_rank) + " of " + std::to_string(world) +
-      " from generation " + std::to_string(generation) + " (a node was lost; round " +
+      " from generation " + std::to_string(generation) + " (the job regrouped in round " +
       std::to_string(round) + ")");
   dist_.env.rank = new_offset + dist_.env.local_rank;
   dist_.env.world_size = world;
 }
 
 void InPlaceRecovery::rebuild_group(int generation) {
-  if (release_) release_();
-  dist_.group.reset();  // its pairs with the failed peer are broken: a new mesh, new keys
+  release_group();
   generation_ = generation;
   dist_.env.generation = generation;
   dist_.group = join_group(dist_.env, options_.backend, options_.group_timeout);

@@ -73,6 +73,12 @@ void HeartbeatMonitor::forget_all() {
   for (auto& w : slots_) release(w);
 }
 
+void HeartbeatMonitor::ask_to_regroup(int round) {
+  for (const Watched& w : slots_) {
+    if (w.slot) w.slot->regroup_round.store(static_cast<std::uint32_t>(round));
+  }
+}
+
 void HeartbeatMonitor::release(Watched& w) {
   w.deadline.reset();  // cancels its wait
   if (w.slot) ::munmap(w.slot, slot::kBytes);

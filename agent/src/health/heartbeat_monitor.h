@@ -53,6 +53,9 @@ class HeartbeatMonitor {
   std::uint64_t beats(int local_rank) const;
   // The slot itself, for the hang detector's readings; null without one.
   const rendezvous::worker_contract::heartbeat_slot::Slot* slot(int local_rank) const;
+  // --restart-policy in-place: tells every worker with a slot that the job regroups in `round`
+  // (the slot's regroup_round: the SDK recovers at its next unit of work).
+  void ask_to_regroup(int round);
 
  private:
   struct Watched {

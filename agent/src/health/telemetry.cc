@@ -373,6 +373,10 @@ void Telemetry::in_place_recovered(int round, int generation, int rank,
        {"counters", counters}});
 }
 
+void Telemetry::in_place_joined(int round, int generation, const std::vector<int>& ranks) {
+  log("inplace_joined", {{"round", round}, {"generation", generation}, {"ranks", ranks}});
+}
+
 void Telemetry::in_place_fallback(int round, std::optional<int> generation,
                                   const std::string& reason) {
   log("inplace_fallback",
@@ -400,7 +404,8 @@ void Telemetry::in_place_regrouped(const InPlaceRegroup& r) {
        {"stall_ms", r.stall.count()},
        {"root", root},
        {"first_step", counters.contains("step") ? counters["step"] : nlohmann::ordered_json()},
-       {"counters", counters}});
+       {"counters", counters},
+       {"new_nodes", r.new_nodes}});
 }
 
 void Telemetry::verdict(int round, const Verdict& v) {

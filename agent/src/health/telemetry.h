@@ -59,7 +59,10 @@
 //                  stall_ms (from the watch's finding the node lost to this node's workers
 //                  told their new ranks; the publishing node: to the group's word that it is
 //                  whole again), root,
-//                  first_step, counters (as in inplace_recovered; the publishing node only)
+//                  first_step, counters (as in inplace_recovered; the publishing node only),
+//                  new_nodes (the nodes that joined the job in the new round)
+//   inplace_joined  round, generation, ranks (a node new to a running in-place job: its workers
+//                  started as the regroup's generation, with the running workers' state)
 //   job_end        outcome (succeeded, failed, stopped), exit_code, restarts (group restarts and
 //                  in-place replacements), reason (or null), stragglers (the ranks flagged as
 //                  stragglers during the job)
@@ -196,8 +199,10 @@ class Telemetry {
     std::vector<std::pair<int, int>> ranks;  // this node's workers: old rank, new rank
     std::chrono::milliseconds stall{0};
     std::string record;  // the group's recovered record (the publishing node's), or empty
+    int new_nodes = 0;   // nodes new to the job in the new round
   };
   void in_place_regrouped(const InPlaceRegroup& r);
+  void in_place_joined(int round, int generation, const std::vector<int>& ranks);
   void verdict(int round, const Verdict& v);
   void node_lost(int round, int node_rank);
   void node_joined(int round);

@@ -31,7 +31,7 @@ std::string describe(const WorkerRef& w) {
 }  // namespace
 
 WorkerWatchdogs::WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options,
-                                 Telemetry& telemetry, HangOptions hang)
+                                 Telemetry& telemetry, HangOptions hang, bool in_place)
     : io_(io), options_(options), telemetry_(telemetry) {
   if (options.file_timer) {
     const std::string path =
@@ -40,7 +40,8 @@ WorkerWatchdogs::WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOpti
     spdlog::info("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)", path);
   }
   const bool hangs_found = !hang.timeout.off;
-  if (hangs_found || options.worker_heartbeat_timeout.count() > 0 || telemetry.shows_heartbeats()) {
+  if (hangs_found || in_place || options.worker_heartbeat_timeout.count() > 0 ||
+      telemetry.shows_heartbeats()) {
     heartbeats_.emplace(
         io, options.worker_heartbeat_timeout,
         [this](int local_rank, std::chrono::nanoseconds silent) { on_silent(local_rank, silent); });
@@ -97,6 +98,10 @@ void WorkerWatchdogs::stopping() {
   if (timers_) timers_->clear();
   if (hang_) hang_->stopping();
   if (heartbeats_) heartbeats_->forget_all();
+}
+
+void WorkerWatchdogs::ask_to_regroup(int round) {
+  if (heartbeats_) heartbeats_->ask_to_regroup(round);
 }
 
 std::string WorkerWatchdogs::reason(int local_rank) const {

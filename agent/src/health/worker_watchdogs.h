@@ -42,9 +42,10 @@ inline constexpr std::chrono::milliseconds kHungWorkerAbortGrace{3000};
 class WorkerWatchdogs {
  public:
   // Serves the file timer pipe when the options ask for it (throws std::runtime_error naming the
-  // path when it cannot).
+  // path when it cannot). `in_place` (--restart-policy in-place): every worker gets a progress
+  // slot, the channel that asks it to regroup (ask_to_regroup).
   WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options, Telemetry& telemetry,
-                  HangOptions hang);
+                  HangOptions hang, bool in_place);
   WorkerWatchdogs(const WorkerWatchdogs&) = delete;
   WorkerWatchdogs& operator=(const WorkerWatchdogs&) = delete;
 
@@ -55,6 +56,9 @@ class WorkerWatchdogs {
   void started(const WorkerRef& worker);
   void exited(int local_rank);
   void stopping();
+  // In-place: the running workers are asked to recover at their next unit of work, into the
+  // job's regroup in round `round` (worker_contract.h, the slot's regroup_round).
+  void ask_to_regroup(int round);
 
   // Why a watchdog killed this worker ("timer expired (scope 'step')"); empty when none did.
   std::string reason(int local_rank) const;

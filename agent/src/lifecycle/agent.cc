@@ -72,10 +72,16 @@ struct RegroupJoin {
   std::optional<Assignment> round;  // the next round, when the verdict was a reshape
   std::string why;                  // the rendezvous could not be done
 };
+// A newcomer to a running in-place job: the generation its workers join as (or why none came).
+struct NamedGeneration {
+  std::optional<int> generation;
+  std::string why;
+};
 // And what became of telling the workers their places there.
 struct RegroupTold {
   std::optional<int> generation;  // node 0 publishes it
   RecoveryOutcome outcome;        // node 0: the group's word; the others: recovered once placed
+  std::chrono::steady_clock::time_point published_at;  // when the workers were asked to regroup
 };
 
 // What happens to the agent, as typed events.
@@ -130,14 +136,17 @@ struct RegroupDone {  // and their workers told where they are now
   RegroupTold told;
 };
 struct RoundAbandoned {};  // a round joined for a regroup that does not go on: announced failed
+struct GenerationNamed {   // a newcomer to a running in-place job: the generation it joins
+  NamedGeneration named;
+};
 }  // namespace event
 
-using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
-                           event::WorkersSucceeded, event::GroupStopped, event::WatchEnded,
-                           event::BarrierDone, event::VerdictReached, event::FailuresCollected,
-                           event::OthersLeft, event::RendezvousFailed, event::SignalReceived,
-                           event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted,
-                           event::RegroupJoined, event::RegroupDone, event::RoundAbandoned>;
+using Event = std::variant<
+    event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
+    event::WorkersSucceeded, event::GroupStopped, event::WatchEnded, event::BarrierDone,
+    event::VerdictReached, event::FailuresCollected, event::OthersLeft, event::RendezvousFailed,
+    event::SignalReceived, event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted,
+    event::RegroupJoined, event::RegroupDone, event::RoundAbandoned, event::GenerationNamed>;
 
 class Agent {
  public:
@@ -331,6 +340,7 @@ class Agent {
                      regroup_joining_ = false;
                      if (state_ == State::kStopping) feed(Input::kRegroupFailed);  // may end now
                    },
+                   [&](event::GenerationNamed& n) { on_generation_named(n.named); },
                },
                e);
   }
@@ -436,7 +446,9 @@ class Agent {
           telemetry_->node_lost(round_->round, o.result.node);
           break;
         case WatchResult::kNewcomer:
-          spdlog::info("a new node is waiting to join: stopping the workers for a new round");
+          if (config_.restart_policy != RestartPolicy::kInPlace) {
+            spdlog::info("a new node is waiting to join: stopping the workers for a new round");
+          }
           telemetry_->node_joined(round_->round);
           break;
         case WatchResult::kStopped:
@@ -444,8 +456,14 @@ class Agent {
       }
     }
     if (o.result.kind == WatchResult::kNodeLost) {
-      lost_node_ = o.result.node;
+      regroup_cause_ = "node " + std::to_string(o.result.node) + " was lost";
+      regroup_lost_node_ = true;
       return feed(Input::kNodeLost);
+    }
+    if (o.result.kind == WatchResult::kNewcomer) {
+      regroup_cause_ = "a node is waiting to join";
+      regroup_lost_node_ = false;
+      return feed(Input::kNodeWaiting);
     }
     feed(Input::kRoundEndedElsewhere);
   }
@@ -603,11 +621,19 @@ class Agent {
 
   void start_workers() {
     generation_ = 0;
-    if (config_.restart_policy == RestartPolicy::kInPlace) {
+    const bool in_place = config_.restart_policy == RestartPolicy::kInPlace;
+    // In place, a round that continues the job's running workers (they regrouped with this node
+    // in it): this node's workers join them, as the generation node 0 names.
+    awaiting_generation_ = in_place && round_->continues;
+    if (in_place) {
       generations_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
     }
     try {
-      group_->start(*round_, rounds_->workers_store(*round_));
+      if (awaiting_generation_) {
+        group_->start_joining(*round_, rounds_->workers_store(*round_));
+      } else {
+        group_->start(*round_, rounds_->workers_store(*round_));
+      }
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
       return feed(Input::kStartFailed);
@@ -615,6 +641,51 @@ class Agent {
     if (!rounds_->several_nodes()) return;
     watching_ = true;
     launch(rounds_->watch(*round_), [](WatchOutcome o) { return event::WatchEnded{std::move(o)}; });
+    if (!awaiting_generation_) return;
+    spdlog::info(
+        "round {} continues the job's running workers: this node's workers join them as the "
+        "generation node 0 names",
+        round_->round);
+    launch(named_generation(round_->round),
+           [](NamedGeneration n) { return event::GenerationNamed{std::move(n)}; });
+  }
+
+  Task<NamedGeneration> named_generation(int round) {
+    NamedGeneration n;
+    try {
+      n.generation = co_await generations_->regroup_generation(round, kInPlaceRecoveryTimeout);
+      if (!n.generation) {
+        n.why = "node 0 did not name the generation to join within " +
+                std::to_string(kInPlaceRecoveryTimeout.count() / 1000) + " s";
+      }
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      n.why = "the workers' store cannot be used: " + std::string(e.what());
+    }
+    co_return n;
+  }
+
+  void on_generation_named(const NamedGeneration& n) {
+    if (state_ != State::kRunning || !awaiting_generation_) return;
+    awaiting_generation_ = false;
+    if (!n.generation) {  // the others' regroup did not go on: the round starts over with all
+      const std::string why = "this node cannot join the running workers (" + n.why +
+                              "): ending round " + std::to_string(round_->round);
+      spdlog::warn("{}", why);
+      telemetry_->in_place_fallback(round_->round, std::nullopt, why);
+      fire_and_forget(rounds_->announce_failure(*round_, {}), "announcing the failure");
+      return feed(Input::kRoundEndedElsewhere);
+    }
+    generation_ = *n.generation;
+    try {
+      group_->start_generation(generation_);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return feed(Input::kStartFailed);
+    }
+    spdlog::info("round {}: this node's workers joined the running workers as generation {}",
+                 round_->round, generation_);
+    telemetry_->in_place_joined(round_->round, generation_, group_->running_ranks());
   }
 
   // ------------------------------------------------------------------------------------------
@@ -741,9 +812,8 @@ class Agent {
     regroup_began_ = std::chrono::steady_clock::now();
     regroup_joining_ = true;  // STOPPING waits for it: it may join the next round
     spdlog::warn(
-        "in-place: this node's workers keep running while the surviving nodes form the next "
-        "round without node {}",
-        lost_node_);
+        "in-place: {}: this node's workers keep running while the nodes form the next round",
+        regroup_cause_);
     launch(join_survivors(*round_),
            [](RegroupJoin j) { return event::RegroupJoined{std::move(j)}; });
   }
@@ -777,7 +847,7 @@ class Agent {
     telemetry_->verdict(round_->round, *j.verdict);
     const Assignment previous = *round_;
     const Assignment& to = *j.round;
-    const std::string why = cannot_regroup(previous, to, j.verdict->expect);
+    const std::string why = cannot_regroup(previous, to, *j.verdict);
     round_ = to;
     restart_count_ = to.restarts;
     telemetry_->round_joined(to);
@@ -814,12 +884,15 @@ class Agent {
     launch(rounds_->announce_failure(*round_, failures_), [] { return event::RoundAbandoned{}; });
   }
 
-  // Why the workers cannot simply go on in round `to`; empty when they can.
-  std::string cannot_regroup(const Assignment& from, const Assignment& to, int expected) const {
-    if (to.num_nodes != expected) {
-      return "round " + std::to_string(to.round) + " has " + std::to_string(to.num_nodes) +
-             " node(s), not the " + std::to_string(expected) + " that survived round " +
-             std::to_string(from.round) + ": a new node starts with the whole group";
+  // Why the workers cannot simply go on in round `to`; empty when they can. Nodes new to the job
+  // may be in it (their workers join as the regroup's generation), but every node of round
+  // `from` that the verdict counted alive must be: one that did not make it (slow, or gone since)
+  // left its workers in the old group.
+  std::string cannot_regroup(const Assignment& from, const Assignment& to, const Verdict& v) const {
+    if (to.returning != v.expect) {
+      return "round " + std::to_string(to.round) + " has " + std::to_string(to.returning) +
+             " of the " + std::to_string(v.expect) + " node(s) still running round " +
+             std::to_string(from.round) + ": the group starts again with the nodes there are";
     }
     if (rounds_->workers_store(to) != rounds_->workers_store(from)) {
       return "round " + std::to_string(to.round) + "'s workers' store is not round " +
@@ -829,21 +902,37 @@ class Agent {
     return {};
   }
 
+  // Each node places its workers; node 0 counts the generation, names it for the newcomers'
+  // agents (they start their workers as that generation) and publishes it; every node then asks
+  // its running workers to recover at their next unit (a newcomer fails no collective of theirs),
+  // and node 0 waits for the group's word that it is whole again.
   Task<RegroupTold> tell_workers(int old_rank_offset, Assignment to) {
     RegroupTold t;
     try {
       co_await generations_->place_regrouped(to.round, old_rank_offset, to.rank_offset,
                                              to.node_rank);
+      if (to.node_rank == 0) {
+        t.generation = co_await generations_->next();
+        co_await generations_->name_regroup_generation(to.round, *t.generation);
+        std::string record = "regrouped round=" + std::to_string(to.round) +
+                             " world=" + std::to_string(to.world_size) +
+                             " nodes=" + std::to_string(to.num_nodes);
+        co_await generations_->publish(*t.generation, std::move(record));
+      } else {
+        const auto g = co_await generations_->regroup_generation(to.round, kInPlaceRecoveryTimeout);
+        if (!g || !co_await generations_->wait_published(*g, kInPlaceRecoveryTimeout)) {
+          t.outcome.why = "node 0 did not publish the regroup's generation within " +
+                          std::to_string(kInPlaceRecoveryTimeout.count() / 1000) + " s";
+          co_return t;
+        }
+      }
+      t.published_at = std::chrono::steady_clock::now();
+      if (group_) group_->ask_to_regroup();
       if (to.node_rank != 0) {
         t.outcome.recovered = true;
         co_return t;
       }
-      t.generation = co_await generations_->next();
-      std::string record = "regrouped round=" + std::to_string(to.round) +
-                           " world=" + std::to_string(to.world_size) +
-                           " nodes=" + std::to_string(to.num_nodes);
-      t.outcome = co_await generations_->publish_and_wait(*t.generation, std::move(record),
-                                                          kInPlaceRecoveryTimeout);
+      t.outcome = co_await generations_->wait_recovered(*t.generation, kInPlaceRecoveryTimeout);
     } catch (const rendezvous::StoreError& e) {
       if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
       t.outcome.why = "the workers' store cannot be used: " + std::string(e.what());
@@ -857,19 +946,23 @@ class Agent {
       end_joined_round();
       return regroup_failed("the regrouped workers did not recover: " + t.outcome.why);
     }
+    // The workers stalled from the node's loss; with only newcomers, they trained on until asked.
+    const auto stalled_from = regroup_lost_node_ ? regroup_began_ : t.published_at;
     const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - regroup_began_);
+        std::chrono::steady_clock::now() - stalled_from);
     std::string ranks;
     for (const auto& [from, to] : regrouped_ranks_) {
       ranks += (ranks.empty() ? "" : ", ") + std::to_string(from) + "->" + std::to_string(to);
     }
+    const int new_nodes = round_->num_nodes - round_->returning;
     spdlog::info(
-        "in-place: regrouped without node {} in round {}: world {}, this node's ranks {}{} "
-        "({} ms after the node was lost)",
-        lost_node_, round_->round, round_->world_size, ranks,
+        "in-place: regrouped in round {} ({}): world {}, {} node(s) new, this node's ranks {}{} "
+        "(the workers stalled {} ms)",
+        round_->round, regroup_cause_, round_->world_size, new_nodes, ranks,
         t.generation ? ", generation " + std::to_string(*t.generation) : "", stall.count());
     telemetry_->in_place_regrouped({regrouped_from_, round_->round, t.generation, round_->node_rank,
-                                    round_->world_size, regrouped_ranks_, stall, t.outcome.record});
+                                    round_->world_size, regrouped_ranks_, stall, t.outcome.record,
+                                    new_nodes});
     feed(Input::kRegrouped);
   }
 
@@ -1063,8 +1156,10 @@ class Agent {
   int replacing_rank_ = -1;          // in-place: the worker REPLACING replaces
   bool generation_claimed_ = false;  // and whether its generation is known yet
   std::vector<InPlaceReplacement> replaced_;
-  int lost_node_ = -1;            // the last node the watch found lost (-1: unknown)
-  bool regroup_joining_ = false;  // REGROUPING's join has not reported back
+  std::string regroup_cause_;         // why the last regroup began ("node 1 was lost")
+  bool regroup_lost_node_ = false;    // and whether a node was lost (its workers stalled at once)
+  bool regroup_joining_ = false;      // REGROUPING's join has not reported back
+  bool awaiting_generation_ = false;  // a newcomer's workers wait for the generation to join
   // REGROUPING: since when, from which round, and this node's workers' old and new ranks.
   std::chrono::steady_clock::time_point regroup_began_;
   int regrouped_from_ = 0;

@@ -39,6 +39,7 @@ std::optional<Transition> from_running(Input input, const Facts& facts) {
     case Input::kWorkersSucceeded:
       return stopping(StopReason::kAllSucceeded);
     case Input::kNodeLost:
+    case Input::kNodeWaiting:
       if (facts.in_place && facts.elastic) return to(State::kRegrouping);
       return stopping(StopReason::kRoundEnded);
     case Input::kRoundEndedElsewhere:
@@ -62,6 +63,7 @@ std::optional<Transition> from_replacing(Input input, const Facts& facts) {
     case Input::kRecoveryFailed:
       return stopping(StopReason::kWorkerFailed);
     case Input::kNodeLost:
+    case Input::kNodeWaiting:
       return stopping(StopReason::kRoundEnded);
     default:
       return from_running(input, facts);
@@ -77,6 +79,7 @@ std::optional<Transition> from_regrouping(Input input, const Facts& facts) {
       return to(State::kRunning);
     case Input::kRegroupFailed:
     case Input::kNodeLost:
+    case Input::kNodeWaiting:
       return stopping(StopReason::kRoundEnded);
     case Input::kWorkersFailed:
       return stopping(StopReason::kWorkerFailed);
@@ -92,6 +95,7 @@ std::optional<Transition> from_stopping(Input input, Facts facts) {
     case Input::kReplacementsCounted:
     case Input::kRoundEndedElsewhere:  // the watch ended on its own meanwhile
     case Input::kNodeLost:
+    case Input::kNodeWaiting:
     case Input::kRegroupFailed:
       return once_stopped(facts);
     case Input::kStoreLost: {  // the store went while stopping: nothing after this can use it

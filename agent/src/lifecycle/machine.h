@@ -19,13 +19,13 @@
 // restart while restarts are left.
 //               RUNNING --one worker failed (in-place)--> REPLACING --recovered--> RUNNING
 //                                                             \--failed again--> STOPPING
-// In-place and elastic, a lost node does not stop the survivors' workers: REGROUPING takes the
-// job's verdict on the round and joins the next one while they run, then tells them their ranks
-// in the smaller world (a generation of their group). Anything else -- another verdict, a round
-// that is not the survivors alone, a failure meanwhile -- stops the group as a lost node always
-// did: a new round from scratch.
-//               RUNNING --a node lost (in-place, elastic)--> REGROUPING --regrouped--> RUNNING
-//                                                                \--cannot--> STOPPING
+// In-place and elastic, a lost node or a node waiting to join does not stop the running workers:
+// REGROUPING takes the job's verdict on the round and joins the next one while they run, then
+// tells them their ranks in the new world (a generation of their group, which a newcomer's
+// workers join). Anything else -- another verdict, a round without every survivor, a failure
+// meanwhile -- stops the group as a reshape always did: a new round from scratch.
+//               RUNNING --a node lost or waiting (in-place, elastic)--> REGROUPING --regrouped-->
+//               RUNNING; REGROUPING --cannot--> STOPPING
 #pragma once
 
 #include <optional>
@@ -72,8 +72,9 @@ enum class Input {
   kStartFailed,          // the workers could not start
   kWorkersFailed,        // a worker of this node failed
   kWorkersSucceeded,     // every worker of this node exited 0
-  kRoundEndedElsewhere,  // the watch: a failure on another node, a node lost or waiting to join
+  kRoundEndedElsewhere,  // the watch, or a newcomer's wait: a failure on another node
   kNodeLost,             // the watch: another node's agent is gone
+  kNodeWaiting,          // the watch: a node waits to join the job
   kStoreLost,            // the watch lost the rendezvous store
   kGroupStopped,         // every worker is reaped and its output drained
   kWatchStopped,         // the round's watch has ended

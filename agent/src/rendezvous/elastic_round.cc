@@ -48,6 +48,8 @@ Assignment closed_round(int round, const schema::RoundTotals& totals) {
   a.restarts = totals.restarts;
   a.world_size = totals.world_size;
   a.num_nodes = totals.num_nodes;
+  a.returning = totals.returning;
+  a.continues = totals.continues;
   return a;
 }
 
@@ -65,14 +67,15 @@ Task<int> NodeRendezvous::Impl::current_round() {
 }
 
 Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Assignment> previous,
-                                                    std::string worker_store) {
+                                                    std::string worker_store, bool keeps_workers) {
   const auto deadline = steady_clock::now() + timeouts_.join;
   for (int n = round;; ++n) {
     co_await throw_if_job_over(n);
     // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
     std::optional<Assignment> back_from;
     if (n == round) back_from = previous;
-    const int ticket = co_await take_ticket(n, std::move(back_from), worker_store);  // JOIN
+    const int ticket =
+        co_await take_ticket(n, std::move(back_from), worker_store, keeps_workers);  // JOIN
     co_await close_if_complete(n);                                                   // CLOSE?
     if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;       // WAIT
     // EXCLUDED: on to the next round, as a newcomer.
@@ -80,13 +83,14 @@ Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Ass
 }
 
 Task<int> NodeRendezvous::Impl::take_ticket(int round, std::optional<Assignment> previous,
-                                            const std::string& worker_store) {
+                                            const std::string& worker_store, bool keeps_workers) {
   const bool returning = previous && previous->round == round - 1;
   const int ticket =
       static_cast<int>(co_await store_->add(schema::in_round(round, name::kJoin), 1));
   schema::NodeRecord record = self_;
   record.previous_rank = returning ? previous->node_rank : -1;
   record.worker_store = worker_store;
+  record.keeps_workers = returning && keeps_workers;
   co_await store_->set_ephemeral(schema::in_round(round, name::kNode, ticket),
                                  schema::encode(record));
   if (returning) co_await store_->add(schema::in_round(round, name::kReturning), 1);
@@ -181,9 +185,15 @@ Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t
   }
   places.emplace_back(schema::in_round(round, name::kMembers), schema::encode_members(tickets));
   co_await store_->multi_set(std::move(places));
+  // In place, the round continues the previous one's running workers when its node 0 was that
+  // round's node 0 and kept them: the workers' store is theirs (regroup, in the agent).
+  const auto& first = members.front().record;
+  const int returning = static_cast<int>(std::count_if(
+      members.begin(), members.end(), [](const auto& m) { return m.record.previous_rank >= 0; }));
   co_await store_->set(schema::in_round(round, name::kAssignment),
-                       schema::encode(schema::RoundTotals{restarts, placement.world_size,
-                                                          static_cast<int>(members.size())}));
+                       schema::encode(schema::RoundTotals{
+                           restarts, placement.world_size, static_cast<int>(members.size()),
+                           returning, first.keeps_workers && first.previous_rank == 0}));
   co_return true;
 }
 

@@ -452,8 +452,8 @@ Task<Assignment> NodeRendezvous::join_static(int round, int node_rank) {
   return impl_->join_static(round, node_rank);
 }
 Task<Assignment> NodeRendezvous::join_elastic(int round, std::optional<Assignment> previous,
-                                              std::string worker_store) {
-  return impl_->join_elastic(round, std::move(previous), std::move(worker_store));
+                                              std::string worker_store, bool keeps_workers) {
+  return impl_->join_elastic(round, std::move(previous), std::move(worker_store), keeps_workers);
 }
 Task<int> NodeRendezvous::current_round() {
   return impl_->current_round();

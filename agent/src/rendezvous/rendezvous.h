@@ -94,6 +94,10 @@ struct Assignment {
   int rank_offset = 0;  // global rank of this node's local rank 0
   int restarts = 0;     // job-wide restarts before this round (TORCHELASTIC_RESTART_COUNT)
   bool elastic = false;
+  // Elastic: the members that were in the previous round, and whether this round continues that
+  // round's running workers (--restart-policy in-place: node 0 kept them, and its store).
+  int returning = 0;
+  bool continues = false;
   // Each node's liveness key exists exactly while that node's agent lives: alive_prefix followed
   // by the node's id (static: its node rank; elastic: its ticket, listed by node rank in the
   // members key, which only the nodes that need every id read).
@@ -146,8 +150,9 @@ class NodeRendezvous {
   // without it, a later one; throws RendezvousError when no round forms within the join timeout,
   // JobOverError when the job ended meanwhile. `worker_store`: the store this node would host for
   // the workers were it node rank 0 ("host:port"; empty when the rendezvous store serves them).
+  // `keeps_workers`: it joins while its workers run on (in-place, a regroup).
   Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
-                                std::string worker_store = "");
+                                std::string worker_store = "", bool keeps_workers = false);
   // The first round an elastic node that is not coming back from a round should try.
   Task<int> current_round();
 

@@ -37,7 +37,7 @@ class NodeRendezvous::Impl {
 
   // Elastic (elastic_round.cc).
   Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
-                                std::string worker_store);
+                                std::string worker_store, bool keeps_workers);
   Task<int> current_round();
   Task<Verdict> decide(Assignment a, int max_restarts);
   Task<void> mark_done(Assignment a);
@@ -65,7 +65,7 @@ class NodeRendezvous::Impl {
 
   // Elastic rounds.
   Task<int> take_ticket(int round, std::optional<Assignment> previous,
-                        const std::string& worker_store);
+                        const std::string& worker_store, bool keeps_workers);
   Task<void> close_if_complete(int round);
   // `taken`: the round's ticket count, when this node has just read it after taking its own.
   Task<bool> try_close(int round, std::optional<std::int64_t> taken = std::nullopt);

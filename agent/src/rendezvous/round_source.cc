@@ -413,7 +413,7 @@ class ElasticRounds final : public NodeRounds {
     }
     const int round = previous.round + 1;
     std::optional<Assignment> after = std::move(previous);
-    co_return co_await join_offering_store(round, std::move(after));
+    co_return co_await join_offering_store(round, std::move(after), true);
   }
   Endpoint workers_store(const Assignment& a) const override {
     return {a.worker_store_host, a.worker_store_port};
@@ -436,9 +436,11 @@ class ElasticRounds final : public NodeRounds {
  private:
   // The agents never use the round's workers' store, so it learns this host from one
   // authentication here, and admits this node's PyTorch workers (--unauthenticated known-hosts).
-  Task<Assignment> join_offering_store(int round, std::optional<Assignment> previous) {
+  Task<Assignment> join_offering_store(int round, std::optional<Assignment> previous,
+                                       bool keeps_workers = false) {
     const std::string offered = Endpoint{host_, round_store_->port()}.to_string();
-    Assignment joined = co_await rdzv_->join_elastic(round, std::move(previous), offered);
+    Assignment joined =
+        co_await rdzv_->join_elastic(round, std::move(previous), offered, keeps_workers);
     if (!config_.secret.empty()) co_await introduce_to_workers_store(joined);
     co_return joined;
   }

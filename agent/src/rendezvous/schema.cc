@@ -75,9 +75,11 @@ T field(const json& j, const char* name, std::string_view key, std::string_view 
 }
 
 constexpr std::string_view kNodeRecordShape =
-    "a JSON object with host, local_world_size, pid, nonce, previous_rank and worker_store";
+    "a JSON object with host, local_world_size, pid, nonce, previous_rank, worker_store and "
+    "keeps_workers";
 constexpr std::string_view kPlaceShape = "'<node rank> <first global rank> <next ticket>'";
-constexpr std::string_view kTotalsShape = "'<restarts> <world size> <nodes>'";
+constexpr std::string_view kTotalsShape =
+    "'<restarts> <world size> <nodes> <returning nodes> <continues: 0 or 1>'";
 constexpr std::string_view kVerdictShape =
     "a JSON object with action (restart, reshape, fail, done), expect, restarts and reason";
 constexpr std::string_view kFailuresShape = "a JSON list of worker failures";
@@ -195,7 +197,8 @@ std::string encode(const NodeRecord& r) {
               {"pid", r.pid},
               {"nonce", r.nonce},
               {"previous_rank", r.previous_rank},
-              {"worker_store", r.worker_store}}
+              {"worker_store", r.worker_store},
+              {"keeps_workers", r.keeps_workers}}
       .dump();
 }
 
@@ -208,6 +211,7 @@ NodeRecord decode_node_record(std::string_view key, std::string_view text) {
   r.nonce = field<std::uint32_t>(j, "nonce", key, text, kNodeRecordShape);
   r.previous_rank = field<int>(j, "previous_rank", key, text, kNodeRecordShape);
   r.worker_store = field<std::string>(j, "worker_store", key, text, kNodeRecordShape);
+  r.keeps_workers = field<bool>(j, "keeps_workers", key, text, kNodeRecordShape);
   if (r.local_world_size < 1) throw CorruptValueError(key, text, kNodeRecordShape);
   return r;
 }
@@ -227,14 +231,17 @@ Place decode_place(std::string_view key, std::string_view text) {
 
 std::string encode(const RoundTotals& t) {
   return std::to_string(t.restarts) + " " + std::to_string(t.world_size) + " " +
-         std::to_string(t.num_nodes);
+         std::to_string(t.num_nodes) + " " + std::to_string(t.returning) + " " +
+         (t.continues ? "1" : "0");
 }
 
 RoundTotals decode_round_totals(std::string_view key, std::string_view text) {
-  const auto v = integers(key, text, ' ', 3, kTotalsShape);
+  const auto v = integers(key, text, ' ', 5, kTotalsShape);
   RoundTotals t{as_int(key, text, v[0], kTotalsShape), as_int(key, text, v[1], kTotalsShape),
-                as_int(key, text, v[2], kTotalsShape)};
-  if (t.restarts < 0 || t.world_size < 1 || t.num_nodes < 1) {
+                as_int(key, text, v[2], kTotalsShape), as_int(key, text, v[3], kTotalsShape),
+                v[4] == 1};
+  if (t.restarts < 0 || t.world_size < 1 || t.num_nodes < 1 || t.returning < 0 ||
+      t.returning > t.num_nodes || (v[4] != 0 && v[4] != 1)) {
     throw CorruptValueError(key, text, kTotalsShape);
   }
   return t;

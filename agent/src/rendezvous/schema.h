@@ -98,9 +98,10 @@ struct NodeRecord {
   std::string host;
   int local_world_size = 0;
   int pid = 0;
-  std::uint32_t nonce = 0;   // tells this agent's records from any other's, even on one host
-  int previous_rank = -1;    // elastic: its node rank in the previous round, -1 for a newcomer
-  std::string worker_store;  // etcd: "host:port" of the store this node would host for workers
+  std::uint32_t nonce = 0;     // tells this agent's records from any other's, even on one host
+  int previous_rank = -1;      // elastic: its node rank in the previous round, -1 for a newcomer
+  std::string worker_store;    // etcd: "host:port" of the store this node would host for workers
+  bool keeps_workers = false;  // in-place: it joins while its workers run on (a regroup)
 };
 std::string encode(const NodeRecord& record);
 NodeRecord decode_node_record(std::string_view key, std::string_view text);
@@ -120,6 +121,8 @@ struct RoundTotals {
   int restarts = 0;
   int world_size = 0;
   int num_nodes = 0;
+  int returning = 0;       // members that were in the previous round
+  bool continues = false;  // its workers' store is the previous round's, whose workers run on
   bool operator==(const RoundTotals&) const = default;
 };
 std::string encode(const RoundTotals& totals);

@@ -24,15 +24,21 @@ rendezvous::Task<int> add_generation(std::shared_ptr<rendezvous::AsyncStoreClien
 
 // Free coroutines: they hold what they use, so that the Generations object may go while they wait
 // (closed: the wait then ends in kCancelled).
-rendezvous::Task<RecoveryOutcome> publish_then_wait(
-    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
-    std::string prefix, int generation, std::string record, std::chrono::milliseconds timeout) {
+rendezvous::Task<void> publish_generation(std::shared_ptr<rendezvous::AsyncStoreClient> client,
+                                          std::shared_ptr<bool> opened, std::string prefix,
+                                          int generation, std::string record) {
+  co_await open_once(*client, *opened);  // (the counter was added to first: next())
+  spdlog::debug("in-place: generation {} published in the workers' store at {}: {}", generation,
+                client->endpoint(), contract::generation_key(prefix, generation));
+  co_await client->set(contract::generation_key(prefix, generation), std::move(record));
+}
+
+rendezvous::Task<RecoveryOutcome> recovery_of(std::shared_ptr<rendezvous::AsyncStoreClient> client,
+                                              std::shared_ptr<bool> opened, std::string prefix,
+                                              int generation, std::chrono::milliseconds timeout) {
   RecoveryOutcome outcome;
   try {
-    co_await open_once(*client, *opened);  // (the counter was added to first: next())
-    spdlog::debug("in-place: generation {} published in the workers' store at {}: {}", generation,
-                  client->endpoint(), contract::generation_key(prefix, generation));
-    co_await client->set(contract::generation_key(prefix, generation), std::move(record));
+    co_await open_once(*client, *opened);
     const std::string recovered = contract::recovered_key(prefix, generation);
     std::vector<std::string> keys{recovered};
     const bool arrived = co_await client->wait(std::move(keys), timeout);
@@ -52,10 +58,47 @@ rendezvous::Task<RecoveryOutcome> publish_then_wait(
   co_return outcome;
 }
 
+rendezvous::Task<RecoveryOutcome> publish_then_wait(
+    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
+    std::string prefix, int generation, std::string record, std::chrono::milliseconds timeout) {
+  try {
+    co_await publish_generation(client, opened, prefix, generation, std::move(record));
+  } catch (const rendezvous::StoreError& e) {
+    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+    co_return RecoveryOutcome{
+        false, "", "the workers' store at " + client->endpoint() + " cannot be used: " + e.what()};
+  }
+  co_return co_await recovery_of(client, opened, prefix, generation, timeout);
+}
+
+rendezvous::Task<bool> wait_for_keys(std::shared_ptr<rendezvous::AsyncStoreClient> client,
+                                     std::shared_ptr<bool> opened, std::vector<std::string> keys,
+                                     std::chrono::milliseconds timeout) {
+  co_await open_once(*client, *opened);
+  co_return co_await client->wait(std::move(keys), timeout);
+}
+
 rendezvous::Task<void> set_place(std::shared_ptr<rendezvous::AsyncStoreClient> client,
                                  std::shared_ptr<bool> opened, std::string key, std::string value) {
   co_await open_once(*client, *opened);
   co_await client->set(std::move(key), std::move(value));
+}
+
+rendezvous::Task<std::optional<int>> wait_for_generation(
+    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
+    std::string key, std::chrono::milliseconds timeout) {
+  co_await open_once(*client, *opened);
+  std::vector<std::string> keys{key};
+  if (!co_await client->wait(std::move(keys), timeout)) co_return std::nullopt;
+  const auto value = co_await client->try_get(key);
+  try {
+    const int generation = value ? std::stoi(*value) : 0;
+    if (generation > 0) co_return generation;
+  } catch (const std::exception&) {
+  }
+  throw rendezvous::StoreError(
+      rendezvous::StoreErrc::kProtocol,
+      "the workers' store holds '" + value.value_or("") + "' at " + key + ", not a generation");
 }
 
 }  // namespace
@@ -83,6 +126,31 @@ rendezvous::Task<void> Generations::place_regrouped(int round, int old_rank_offs
                                                     int new_rank_offset, int new_node_rank) {
   return set_place(client_, opened_, contract::regroup_key(prefix_, round, old_rank_offset),
                    std::to_string(new_rank_offset) + " " + std::to_string(new_node_rank));
+}
+
+rendezvous::Task<void> Generations::name_regroup_generation(int round, int generation) {
+  return set_place(client_, opened_, contract::regroup_generation_key(prefix_, round),
+                   std::to_string(generation));
+}
+
+rendezvous::Task<std::optional<int>> Generations::regroup_generation(
+    int round, std::chrono::milliseconds timeout) {
+  return wait_for_generation(client_, opened_, contract::regroup_generation_key(prefix_, round),
+                             timeout);
+}
+
+rendezvous::Task<void> Generations::publish(int generation, std::string record) {
+  return publish_generation(client_, opened_, prefix_, generation, std::move(record));
+}
+
+rendezvous::Task<RecoveryOutcome> Generations::wait_recovered(int generation,
+                                                              std::chrono::milliseconds timeout) {
+  return recovery_of(client_, opened_, prefix_, generation, timeout);
+}
+
+rendezvous::Task<bool> Generations::wait_published(int generation,
+                                                   std::chrono::milliseconds timeout) {
+  return wait_for_keys(client_, opened_, {contract::generation_key(prefix_, generation)}, timeout);
 }
 
 rendezvous::Task<RecoveryOutcome> Generations::publish_and_wait(int generation, std::string record,

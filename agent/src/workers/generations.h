@@ -9,6 +9,7 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "dist/agent/config.h"
@@ -52,6 +53,20 @@ class Generations {
   // Throws rendezvous::StoreError.
   rendezvous::Task<void> place_regrouped(int round, int old_rank_offset, int new_rank_offset,
                                          int new_node_rank);
+  // Node 0 of a regroup in round `round`: its generation is `generation`, for the workers of
+  // nodes new to the job (regroup_generation_key). Throws rendezvous::StoreError.
+  rendezvous::Task<void> name_regroup_generation(int round, int generation);
+  // A newcomer, or another node of the regroup: the generation of the regroup in round `round`,
+  // once node 0 named it; nullopt when it did not within `timeout`. Throws rendezvous::StoreError.
+  rendezvous::Task<std::optional<int>> regroup_generation(int round,
+                                                          std::chrono::milliseconds timeout);
+  // The steps of publish_and_wait, apart: a regroup asks its workers to recover in between.
+  // Throws rendezvous::StoreError; wait_recovered makes a store that cannot be used an outcome.
+  rendezvous::Task<void> publish(int generation, std::string record);
+  rendezvous::Task<RecoveryOutcome> wait_recovered(int generation,
+                                                   std::chrono::milliseconds timeout);
+  // Whether generation `generation` was published within `timeout`. Throws rendezvous::StoreError.
+  rendezvous::Task<bool> wait_published(int generation, std::chrono::milliseconds timeout);
   void close();
 
  private:

@@ -99,7 +99,8 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       console_(std::move(console)),
       events_(std::move(events)),
       telemetry_(telemetry),
-      watchdogs_(io, config.watchdogs, telemetry, hang_options(config, identity.host)),
+      watchdogs_(io, config.watchdogs, telemetry, hang_options(config, identity.host),
+                 config.restart_policy == RestartPolicy::kInPlace),
       identity_(std::move(identity)),
       resources_(plan_worker_resources(config)),
       hostname_(this_host()),
@@ -175,12 +176,36 @@ WorkerGroup::~WorkerGroup() {
 }
 
 void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) {
+  start_generation_ = 0;
+  awaiting_generation_ = false;
   round_ = a;
   started_round_ = a.round;
   store_ = store;
   host_label_ = a.elastic || a.num_nodes > 1
                     ? identity_.host + " (node " + std::to_string(a.node_rank) + ")"
                     : identity_.host;
+  if (snapshots_) snapshots_->sweep_torn();
+  if (warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing) return defer_start();
+  start_now();
+}
+
+void WorkerGroup::start_joining(const Assignment& a, const rendezvous::Endpoint& store) {
+  round_ = a;
+  started_round_ = a.round;
+  store_ = store;
+  host_label_ = identity_.host + " (node " + std::to_string(a.node_rank) + ")";
+  awaiting_generation_ = true;
+  start_pending_ = true;  // stop() ends the wait, as it ends one for the zygote
+  workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
+  pumps_.clear();
+  state_ = State::kRunning;
+}
+
+void WorkerGroup::start_generation(int generation) {
+  if (!awaiting_generation_ || !start_pending_ || state_ != State::kRunning) return;
+  awaiting_generation_ = false;
+  start_pending_ = false;
+  start_generation_ = generation;
   if (snapshots_) snapshots_->sweep_torn();
   if (warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing) return defer_start();
   start_now();
@@ -224,6 +249,7 @@ void WorkerGroup::start_now() {
     Worker& w = workers_[static_cast<std::size_t>(local)];
     w.local_rank = local;
     w.rank = round_.rank_offset + local;
+    w.generation = start_generation_;
     try {
       started.push_back(spawn(w, plan, base_env));
     } catch (const std::runtime_error& e) {

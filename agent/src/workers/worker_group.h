@@ -89,6 +89,13 @@ class WorkerGroup {
   // then stopped by the caller). While the zygote still imports, the start waits for it (running,
   // no worker yet); a failure then comes as Events::start_failed.
   void start(const Assignment& a, const rendezvous::Endpoint& store);
+  // In-place, a newcomer to a running job: round `a` continues a group that is running on the
+  // other nodes, which this node's workers join as one of its generations, known later. Until
+  // start_generation(g) the group runs with no worker (a stop ends it at once); then round `a`'s
+  // workers start as generation g's (DIST_LAUNCH_GENERATION; they receive the running workers'
+  // state), as start() starts them, and throws as it does.
+  void start_joining(const Assignment& a, const rendezvous::Endpoint& store);
+  void start_generation(int generation);
   // Sends `signal` (0: none, just wait) to every worker's process group and SIGKILLs what is
   // left after the shutdown timeout; stopped() follows. Again while stopping: SIGKILL at once.
   // `already_sent`: the workers got `signal` from elsewhere (Slurm signals the whole step):
@@ -100,10 +107,13 @@ class WorkerGroup {
   // of `generation`, with its rank, store and restart count, while the others run on. Returns its
   // pid; throws std::runtime_error naming it when it cannot start.
   pid_t replace(int local_rank, int generation);
-  // In-place, a lost node: the running workers go on in round `a` (a smaller world); their global
-  // ranks start at a.rank_offset from now on, and a later replacement starts with a's variables.
-  // Returns each worker's old and new global rank.
+  // In-place, a lost node or a newcomer: the running workers go on in round `a` (another world
+  // size); their global ranks start at a.rank_offset from now on, and a later replacement starts
+  // with a's variables. Returns each worker's old and new global rank.
   std::vector<std::pair<int, int>> regroup(const Assignment& a);
+  // And once the regroup's generation is out: each running worker is asked to recover at its
+  // next unit of work (WorkerWatchdogs::ask_to_regroup; their collectives may not fail).
+  void ask_to_regroup() { watchdogs_.ask_to_regroup(round_.round); }
   // The global ranks of the workers still running.
   std::vector<int> running_ranks() const;
   // In-place: the generation local rank `local_rank`'s worker started as.
@@ -188,7 +198,9 @@ class WorkerGroup {
   std::unique_ptr<warm::Scratch> scratch_;
   std::unique_ptr<warm::SnapshotStore> snapshots_;
   std::unique_ptr<warm::WarmStart> warm_;
-  bool start_pending_ = false;  // round_'s start waits for the zygote
+  bool start_pending_ = false;        // round_'s start waits for the zygote, or for its generation
+  bool awaiting_generation_ = false;  // start_joining(): for its generation
+  int start_generation_ = 0;          // the generation round_'s workers start as
   // When the stop began: an error file written before it is a failure of the worker's own, even
   // when the stop's signal then ended the worker before it exited.
   std::filesystem::file_time_type stop_began_{};

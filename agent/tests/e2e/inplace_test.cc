@@ -412,30 +412,19 @@ class InPlaceElasticNodes : public InPlace {
   // Agent `i` ("job_node<i>") of an elastic in-place job (--nnodes `nnodes` at `endpoint`) of one
   // worker training 300 steps of about 10 ms, long enough to lose a node midway; its files in job/.
   std::unique_ptr<Child> training_agent(int i, const std::string& nnodes,
-                                        const std::string& endpoint) {
+                                        const std::string& endpoint,
+                                        const std::vector<std::string>& extra = {}) {
     const std::string name = "job_node" + std::to_string(i);
-    std::vector<std::string> args{"--nnodes",
-                                  nnodes,
-                                  "--rdzv-endpoint",
-                                  endpoint,
-                                  "--rdzv-id",
-                                  "job",
-                                  "--nproc-per-node",
-                                  "1",
-                                  "--max-restarts",
-                                  "1",
-                                  "--restart-policy",
-                                  "in-place",
-                                  "--event-log",
-                                  path(name + ".jsonl"),
-                                  "--no-python",
-                                  kWorker,
-                                  "--out",
-                                  path("job"),
-                                  "--steps",
-                                  "300",
-                                  "--step-ms",
-                                  "10"};
+    std::vector<std::string> args{"--nnodes",         nnodes,
+                                  "--rdzv-endpoint",  endpoint,
+                                  "--rdzv-id",        "job",
+                                  "--nproc-per-node", "1",
+                                  "--max-restarts",   "1",
+                                  "--restart-policy", "in-place",
+                                  "--event-log",      path(name + ".jsonl")};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--no-python", kWorker, "--out", path("job"), "--steps", "300",
+                             "--step-ms", "10"});
     return std::make_unique<Child>(DIST_LAUNCH_BIN, std::move(args), dir_ / (name + ".log"),
                                    std::map<std::string, std::string>{},
                                    std::vector<std::string>{"OMP_NUM_THREADS"});
@@ -669,4 +658,86 @@ TEST_F(InPlaceElasticNodes, ALostNodeThatHostedTheWorkersStoreRestartsTheGroupSa
   const std::string name = "job_node" + std::to_string(1 - lost);
   EXPECT_EQ(events(name, "inplace_fallback").size(), 1u) << out;
   EXPECT_TRUE(events(name, "inplace_regrouped").empty()) << out;
+}
+
+// An elastic in-place job of two nodes of one worker (--nnodes 2:3) training; a third node's
+// agent starts midway: the two workers keep their processes and take the new node's worker in at
+// their next step, as ranks 0 and 1 of a world of three, without a restart; the newcomer's worker
+// starts as the regroup's generation and receives their state, and all three end with the same.
+TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
+  fs::create_directories(dir_ / "job");
+  const std::string endpoint =
+      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  // Round 0 closes with two nodes one second after the second joined.
+  const auto agent = [&](int i) {
+    return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("rank 0 step 5\n") != std::string::npos; }, 60s))
+      << agents[0]->output() << agents[1]->output();
+  agents.push_back(agent(2));
+
+  std::string all;
+  for (auto& a : agents) {
+    const int code = a->wait(120s);
+    all += a->output();
+    EXPECT_EQ(code, 0) << a->output();
+  }
+  std::string digest;
+  for (const int rank : {0, 1, 2}) {
+    std::istringstream in(read("job/final_" + std::to_string(rank)));
+    long pid = -1, generation = -1, world = -1;
+    int step = -1;
+    std::string d;
+    ASSERT_TRUE(in >> pid >> step >> d >> generation >> world) << all;
+    EXPECT_EQ(step, 300) << all;
+    EXPECT_EQ(world, 3) << all;
+    EXPECT_EQ(generation, 1) << all;
+    // Ranks 0 and 1 kept the processes they started with; rank 2 started as generation 1.
+    EXPECT_EQ(pid, start_pid("job", rank, 0, rank < 2 ? 0 : 1)) << all;
+    if (rank == 0) digest = d;
+    EXPECT_EQ(d, digest) << "every rank ends with the same state: " << all;
+  }
+  const std::string newcomer = agents[2]->output();
+  EXPECT_NE(newcomer.find("round 1: node 2 of 3, global ranks 2..2 of 3"), std::string::npos)
+      << newcomer;
+  EXPECT_NE(newcomer.find("round 1: this node's workers joined the running workers as "
+                          "generation 1"),
+            std::string::npos)
+      << newcomer;
+  EXPECT_NE(all.find("rank 2 joined generation 1 as a newcomer: state from rank 0"),
+            std::string::npos)
+      << all;
+  // The first worker to see its agent's request lets go of the group (the other's collective
+  // fails then, unless it saw the request too).
+  EXPECT_NE(all.find(": the job regroups in round 1; waiting for generation 1"), std::string::npos)
+      << all;
+  EXPECT_EQ(all.find("stopping the workers"), std::string::npos) << all;
+  EXPECT_EQ(all.find("restarting"), std::string::npos) << all;
+  EXPECT_FALSE(any_signal_file("job")) << all;
+  const auto regrouped = events("job_node0", "inplace_regrouped");
+  ASSERT_EQ(regrouped.size(), 1u) << all;
+  EXPECT_EQ(regrouped[0]["new_round"], 1);
+  EXPECT_EQ(regrouped[0]["world_size"], 3);
+  EXPECT_EQ(regrouped[0]["generation"], 1);
+  EXPECT_EQ(regrouped[0]["new_nodes"], 1);
+  EXPECT_EQ(regrouped[0]["ranks"], Json::array({"0->0"}));
+  const auto joined = events("job_node2", "inplace_joined");
+  ASSERT_EQ(joined.size(), 1u) << all;
+  EXPECT_EQ(joined[0]["round"], 1);
+  EXPECT_EQ(joined[0]["generation"], 1);
+  EXPECT_EQ(joined[0]["ranks"], Json::array({2}));
+  for (const int i : {0, 1}) {
+    const std::string name = "job_node" + std::to_string(i);
+    EXPECT_EQ(events(name, "node_joined").size(), 1u) << all;
+    EXPECT_TRUE(events(name, "inplace_fallback").empty()) << all;
+    EXPECT_TRUE(events(name, "restart").empty()) << all;
+  }
 }

@@ -269,6 +269,25 @@ TEST(StateMachineTransitions, InPlaceElasticALostNodesSurvivorsRegroupWhileTheir
   });
 }
 
+TEST(StateMachineTransitions, InPlaceElasticANodeWaitingToJoinIsTakenInWhileTheWorkersRun) {
+  Facts f = elastic();
+  f.in_place = f.restarts_left = true;
+  check({
+      {"a node waits to join: regroup, the workers run on", State::kRunning, Input::kNodeWaiting, f,
+       State::kRegrouping},
+      {"the group policy: the round ends for a new one", State::kRunning, Input::kNodeWaiting,
+       elastic(), State::kStopping, StopReason::kRoundEnded},
+      {"a newcomer while replacing: the round ends", State::kReplacing, Input::kNodeWaiting, f,
+       State::kStopping, StopReason::kRoundEnded},
+      {"another newcomer while regrouping: the round ends", State::kRegrouping, Input::kNodeWaiting,
+       f, State::kStopping, StopReason::kRoundEnded},
+      {"a newcomer while stopping: the watch has ended", State::kStopping, Input::kNodeWaiting,
+       stopped(f, StopReason::kRoundEnded), State::kRoundEnded},
+      {"the newcomer could not join the running workers: the round ends", State::kRunning,
+       Input::kRoundEndedElsewhere, f, State::kStopping, StopReason::kRoundEnded},
+  });
+}
+
 // A static two-node job, walked through the machine: a failure, a restart, then success.
 TEST(StateMachineTransitions, AStaticJobFailsRestartsAndSucceeds) {
   State s = State::kRendezvous;

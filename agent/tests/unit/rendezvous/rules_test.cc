@@ -193,7 +193,7 @@ TEST(Rules, PlacesGiveContiguousRanksAndARing) {
 }
 
 TEST(Schema, EveryEncodingRoundTrips) {
-  const schema::NodeRecord r{"node-a", 4, 1234, 99u, 2, "node-a:4100"};
+  const schema::NodeRecord r{"node-a", 4, 1234, 99u, 2, "node-a:4100", true};
   const auto back = schema::decode_node_record("k", schema::encode(r));
   EXPECT_EQ(back.host, r.host);
   EXPECT_EQ(back.local_world_size, 4);
@@ -201,9 +201,10 @@ TEST(Schema, EveryEncodingRoundTrips) {
   EXPECT_EQ(back.nonce, 99u);
   EXPECT_EQ(back.previous_rank, 2);
   EXPECT_EQ(back.worker_store, "node-a:4100");
+  EXPECT_TRUE(back.keeps_workers);
   const schema::Place place{3, 24, 7};
   EXPECT_EQ(schema::decode_place("k", schema::encode(place)), place);
-  const schema::RoundTotals totals{1, 32, 4};
+  const schema::RoundTotals totals{1, 32, 4, 3, true};
   EXPECT_EQ(schema::decode_round_totals("k", schema::encode(totals)), totals);
   const schema::InPlaceState in_place{3, 2, true, 1};
   EXPECT_EQ(schema::decode_in_place("k", schema::encode(in_place)), in_place);
@@ -251,8 +252,12 @@ TEST(Schema, ACorruptedValueIsAnErrorNamingItsKey) {
       {"place: a negative rank", [] { schema::decode_place("r3/place/5", "-1 0 2"); }, "-1 0 2"},
       {"totals: trailing bytes", [] { schema::decode_round_totals("r1/assignment", "0 8 2x"); },
        "r1/assignment"},
-      {"totals: no nodes", [] { schema::decode_round_totals("r1/assignment", "0 8 0"); },
-       "'<restarts> <world size> <nodes>'"},
+      {"totals: no nodes", [] { schema::decode_round_totals("r1/assignment", "0 8 0 0 0"); },
+       "'<restarts> <world size> <nodes> <returning nodes> <continues: 0 or 1>'"},
+      {"totals: more returning than nodes",
+       [] { schema::decode_round_totals("r1/assignment", "0 8 2 3 1"); }, "0 8 2 3 1"},
+      {"totals: continues neither 0 nor 1",
+       [] { schema::decode_round_totals("r1/assignment", "0 8 2 2 2"); }, "0 8 2 2 2"},
       {"in-place: a state that is neither 0 nor 1",
        [] { schema::decode_in_place("in_place", "1 0 2 0"); },
        "'<replacements> <round> <recovering: 0 or 1> <node rank>'"},

@@ -67,6 +67,14 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: 
 //   nodes=<K>".
 //   Every survivor takes its new rank from its own node's key, and the group is rebuilt as for
 //   a replacement (gen/<g>/recovered included), only without one.
+//   A newcomer (elastic rendezvous): a node that waits to join a running in-place job makes the
+//   running nodes regroup the same way, in a larger world. Node 0 of round R also writes
+//   regroup/<R>/generation  "<g>": the newcomer's agent starts its workers as generation g
+//                     (kGenerationVariable), which receive the running workers' state as a
+//                     replacement does.
+//   The running workers' collectives do not fail: once gen/<g> is out, their agents ask them to
+//   recover at their next unit of work (the progress slot's regroup_round, below; a torch
+//   worker's watcher sees gen/<g> itself), and they wait in the new group for the newcomers.
 // Generation g's process group keeps its keys under "sdk/<run id>/attempt_<restart>/gen_<g>/"
 // (generation 0: "sdk/<run id>/attempt_<restart>/"), so no key of a previous generation is read.
 // A group restart starts over at generation 0 with a new restart count, hence new keys.
@@ -89,6 +97,9 @@ inline std::string recovered_key(const std::string& prefix, int generation) {
 inline std::string regroup_key(const std::string& prefix, int round, int old_rank_offset) {
   return prefix + "regroup/" + std::to_string(round) + "/from/" + std::to_string(old_rank_offset);
 }
+inline std::string regroup_generation_key(const std::string& prefix, int round) {
+  return prefix + "regroup/" + std::to_string(round) + "/generation";
+}
 
 // A worker's progress slot: the agent gives each worker one page of shared memory (a memfd) open
 // at the descriptor that kFdVariable names; the worker maps it shared and stores into it, with no
@@ -103,7 +114,9 @@ inline std::string regroup_key(const std::string& prefix, int round, int old_ran
 // descriptor without it is not a slot. Every field sits at a fixed offset, aligned to its size
 // (Python workers write them through a memoryview): magic 0, last_beat_ns 8, beats 16, steps 24,
 // last_step_ns 32, collectives_issued 40, collectives_done 48, pending_since_ns 56, pending_op 64,
-// features 68, work_ns 72, dump_pid 80.
+// features 68, work_ns 72, dump_pid 80. One field goes the other way: the agent writes
+// regroup_round (84) when the job regroups in place in round R (a node joins or was lost), and
+// the SDK's InPlaceRecovery, seeing a round it has not regrouped in, recovers at its next unit.
 namespace heartbeat_slot {
 
 inline constexpr char kFdVariable[] = "DIST_HEARTBEAT_FD";
@@ -136,11 +149,13 @@ struct Slot {
   std::atomic<std::uint32_t> features;
   std::atomic<std::uint64_t> work_ns;
   std::atomic<std::uint32_t> dump_pid;  // 0: none
+  std::atomic<std::uint32_t>
+      regroup_round;  // written by the agent; 0: none (round 0 is no regroup)
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
 static_assert(sizeof(Slot) <= kBytes);
 static_assert(offsetof(Slot, features) == 68 && offsetof(Slot, work_ns) == 72 &&
-                  offsetof(Slot, dump_pid) == 80,
+                  offsetof(Slot, dump_pid) == 80 && offsetof(Slot, regroup_round) == 84,
               "the offsets Python workers write at");
 
 }  // namespace heartbeat_slot

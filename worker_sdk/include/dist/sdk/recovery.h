@@ -111,7 +111,9 @@ class InPlaceRecovery {
   // Runs `unit`. True when it completed; false when a peer failed during it and the group was
   // recovered instead: the state is now the root's, so let the loop decide what runs next (the
   // same unit, usually). Rethrows CollectiveError when the job is not in-place, or no new
-  // generation came.
+  // generation came. Before the unit, when the agent asked the workers to regroup (a node joins
+  // the job: the progress slot's regroup_round), the group is recovered instead of running it,
+  // in the new world, with the newcomers' workers, and it returns false.
   bool run(const std::function<void()>& unit);
 
   bool enabled() const { return dist_.env.in_place; }
@@ -121,6 +123,13 @@ class InPlaceRecovery {
 
  private:
   void recover(const CollectiveError& error);
+  bool regroup_asked() const;
+  void regroup();
+  // After the failure or the regroup (`since`, for the log): the agent's next generation, this
+  // rank's place in it, the group rebuilt and the root's state. `cause` starts its errors.
+  void join_next_generation(std::chrono::steady_clock::time_point began, const std::string& since,
+                            const std::string& cause);
+  void release_group();
   void take_new_rank(int generation);
   void rebuild_group(int generation);
   void synchronize_state();
@@ -135,6 +144,7 @@ class InPlaceRecovery {
   int generation_ = 0;
   bool has_state_ = true;  // false for a replacement until it received the root's
   int last_root_ = -1;
+  std::uint32_t regroup_seen_ = 0;  // the last round the job regrouped in that this rank followed
 };
 
 }  // namespace dist::sdk

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""A lost node's survivors: regrouped in place against a group restart (C++ SDK workers).
+"""A lost node's survivors, or a node joining: regrouped in place against a group restart.
 
     python3 bench/regroup_bench.py [--build build] [--runs 7] [--nodes 3] [--nproc 2]
-                                   [--torch PYTHON]
+                                   [--torch PYTHON] [--event lost|join]
 
 Each run is one elastic job (--nnodes 2:NODES, c10d, the rendezvous store hosted by the first
 agent on 127.0.0.2) of NODES agents of --nproc workers each, --max-restarts 1: the C++ SDK's
@@ -21,6 +21,15 @@ survivor's agent prints afterwards (read through its pipe: the console's own lat
                              checkpoint here; in place, the step in flight is redone)
 Medians of --runs, with min and max. The issue's targets for in-place: C++ SDK <= 0.5 s, torch
 <= 1 s.
+
+--event join: NODES - 1 agents start (round 0 closes after a 1 s last call); once a worker has
+taken 20 steps, the NODES-th agent starts and joins. Group: every worker stops and the group
+starts again in a round with the newcomer; in-place: the running workers take it in at a step
+boundary (they stall while its workers start). Measured, from the newcomer's start:
+  running workers' longest pause = the longest gap between two step lines of a running agent
+                                   (the stall; a group restart's includes its start-up)
+  newcomer training              = to the newcomer's first step line
+  steps trained again            = as above, at that pause
 """
 import argparse
 import os
@@ -79,33 +88,87 @@ class Agent:
         return max((d for d in done if d is not None), default=0)
 
 
-def job(args, policy, workdir):
-    port = free_port("127.0.0.2")
+def start_agent(args, policy, workdir, port, i, extra=()):
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     if args.torch:
         env.update(PYTHON_EXEC=args.torch, GLOO_SOCKET_IFNAME="lo")
-    agents = []
-    for i in range(args.nodes):
-        out = os.path.join(workdir, f"{policy}-{i}")
-        os.makedirs(out, exist_ok=True)
-        cmd = [os.path.join(args.build, "bin", "dist-launch"), "--nnodes", f"2:{args.nodes}",
-               "--rdzv-endpoint", f"127.0.0.2:{port}", "--rdzv-id", "regroup",
-               "--nproc-per-node", str(args.nproc), "--max-restarts", "1", "--restart-policy",
-               policy]
-        if args.torch:
-            cmd += [os.path.join(HERE, "..", "examples", "torch", "elastic_train.py"),
-                    "--steps", str(args.steps), "--pause-ms", "10", "--timestamps"]
-        else:
-            cmd += ["--no-python", os.path.join(args.build, "bin", "dist-inplace-worker"),
-                    "--out", out, "--steps", str(args.steps), "--step-ms", "10"]
-        agents.append(Agent(cmd, env))
-        if i == 0:
-            deadline = time.monotonic() + 30
-            while "hosting the rendezvous store" not in agents[0].text():
-                if time.monotonic() > deadline:
-                    sys.exit(f"the first agent did not host the store:\n{agents[0].text()}")
-                time.sleep(0.01)
+    out = os.path.join(workdir, f"{policy}-{i}")
+    os.makedirs(out, exist_ok=True)
+    cmd = [os.path.join(args.build, "bin", "dist-launch"), "--nnodes", f"2:{args.nodes}",
+           "--rdzv-endpoint", f"127.0.0.2:{port}", "--rdzv-id", "regroup",
+           "--nproc-per-node", str(args.nproc), "--max-restarts", "1", "--restart-policy",
+           policy, *extra]
+    if args.torch:
+        cmd += [os.path.join(HERE, "..", "examples", "torch", "elastic_train.py"),
+                "--steps", str(args.steps), "--pause-ms", "10", "--timestamps"]
+    else:
+        cmd += ["--no-python", os.path.join(args.build, "bin", "dist-inplace-worker"),
+                "--out", out, "--steps", str(args.steps), "--step-ms", "10"]
+    agent = Agent(cmd, env)
+    if i == 0:
+        deadline = time.monotonic() + 30
+        while "hosting the rendezvous store" not in agent.text():
+            if time.monotonic() > deadline:
+                sys.exit(f"the first agent did not host the store:\n{agent.text()}")
+            time.sleep(0.01)
+    return agent
+
+
+def wait_all(policy, agents):
+    for agent in agents:
+        agent.proc.wait(timeout=180)
+        agent.thread.join(timeout=10)
+        if agent.proc.returncode != 0:
+            sys.exit(f"{policy}: an agent exited {agent.proc.returncode}:\n{agent.text()}")
+
+
+def longest_pause(agent, t):
+    """The longest gap between two step lines read from t on (the first from the last before
+    t), the steps done before it and at its end."""
+    steps = [(when, agent.steps_done(line)) for when, line in list(agent.lines)
+             if agent.steps_done(line) is not None]
+    before = [s for s in steps if s[0] <= t]
+    previous = before[-1] if before else (t, 0)
+    best = (0.0, 0, 0)
+    for when, done in steps:
+        if when <= t:
+            continue
+        if when - previous[0] > best[0]:
+            best = (when - previous[0], previous[1], done)
+        previous = (when, done)
+    return best
+
+
+def join_job(args, policy, workdir):
+    port = free_port("127.0.0.2")
+    conf = ("--rdzv-conf", "last_call_timeout=1")
+    running = [start_agent(args, policy, workdir, port, i, conf) for i in range(args.nodes - 1)]
+    deadline = time.monotonic() + 60
+    while not any(re.search(r"\]:rank \d+ (pid \d+ )?step 20( |$)", a.text(), re.M)
+                  for a in running):
+        if time.monotonic() > deadline:
+            sys.exit("no worker took 20 steps:\n" + "\n".join(a.text() for a in running))
+        time.sleep(0.002)
+    joined_at = time.monotonic()
+    newcomer = start_agent(args, policy, workdir, port, args.nodes - 1, conf)
+    wait_all(policy, running + [newcomer])
+    pauses = [longest_pause(a, joined_at) for a in running]
+    pause, before, after = max(pauses)
+    first = newcomer.first_step_after(joined_at)
+    if first is None:
+        sys.exit(f"{policy}: the newcomer trained no step:\n{newcomer.text()}")
+    regrouped = all("in-place: regrouped in round" in a.text() for a in running)
+    if (policy == "in-place") != regrouped:
+        sys.exit(f"{policy}: regrouped={regrouped}:\n" + "\n".join(a.text() for a in running))
+    return pause, before + 1 - after, first[0] - joined_at
+
+
+def job(args, policy, workdir):
+    if args.event == "join":
+        return join_job(args, policy, workdir)
+    port = free_port("127.0.0.2")
+    agents = [start_agent(args, policy, workdir, port, i) for i in range(args.nodes)]
     lost = None
     deadline = time.monotonic() + 60
     while lost is None:
@@ -134,7 +197,7 @@ def job(args, policy, workdir):
     regrouped = all("in-place: regrouped in round" in a.text() for a in survivors)
     if (policy == "in-place") != regrouped:
         sys.exit(f"{policy}: regrouped={regrouped}:\n" + "\n".join(a.text() for a in survivors))
-    return max(when for when, _ in firsts) - killed_at, again
+    return max(when for when, _ in firsts) - killed_at, again, None
 
 
 def main():
@@ -146,6 +209,8 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--torch", metavar="PYTHON",
                         help="torch workers (examples/torch/elastic_train.py) on this interpreter")
+    parser.add_argument("--event", choices=("lost", "join"), default="lost",
+                        help="node 1 lost (default), or a node joining")
     args = parser.parse_args()
     if args.nodes < 3:
         sys.exit("--nodes: at least 3 (node 0 hosts the workers' store; node 1 is lost)")
@@ -154,17 +219,30 @@ def main():
         for run in range(args.runs):
             for policy in results:
                 results[policy].append(job(args, policy, os.path.join(workdir, str(run))))
-                seconds, again = results[policy][-1]
+                seconds, again, newcomer = results[policy][-1]
+                joined = "" if newcomer is None else f", newcomer training {newcomer * 1000:.0f} ms"
                 print(f"run {run + 1}/{args.runs} {policy}: {seconds * 1000:.0f} ms, {again} "
-                      f"step(s) trained again", file=sys.stderr)
+                      f"step(s) trained again{joined}", file=sys.stderr)
     workers = "torch" if args.torch else "C++ SDK"
-    print(f"| {args.nodes} nodes x {args.nproc} {workers} workers, node 1 lost at step 20 | "
-          f"survivors training again, median ms (min-max) | steps trained again (median) | runs |")
-    print("|---|---:|---:|---:|")
+
+    def span(values):
+        ms = [v * 1000 for v in values]
+        return f"{statistics.median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f})"
+
+    if args.event == "join":
+        print(f"| {args.nodes - 1}+1 nodes x {args.nproc} {workers} workers, a node joins at "
+              f"step 20 | running workers' longest pause, median ms (min-max) | newcomer "
+              f"training, ms | steps trained again (median) | runs |")
+        print("|---|---:|---:|---:|---:|")
+    else:
+        print(f"| {args.nodes} nodes x {args.nproc} {workers} workers, node 1 lost at step 20 | "
+              f"survivors training again, median ms (min-max) | steps trained again (median) | "
+              f"runs |")
+        print("|---|---:|---:|---:|")
     for policy, values in results.items():
-        ms = [v[0] * 1000 for v in values]
-        print(f"| {policy} | {statistics.median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f}) | "
-              f"{statistics.median(v[1] for v in values):.0f} | {len(ms)} |")
+        joined = "" if args.event == "lost" else f"{span(v[2] for v in values)} | "
+        print(f"| {policy} | {span(v[0] for v in values)} | {joined}"
+              f"{statistics.median(v[1] for v in values):.0f} | {len(values)} |")
 
 
 if __name__ == "__main__":

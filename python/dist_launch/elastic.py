@@ -35,15 +35,19 @@ A replacement (DIST_LAUNCH_GENERATION > 0) runs the same script: `init_process_g
 generation the survivors are building instead of the job's first group, and `run` receives the
 state before the function starts. (So call `elastic.init_process_group`, not torch's: torch's
 would wait for the job's first group, and ours also notes the group's connections, which a
-recovery shuts down so that a rank waiting on a live peer fails at once too.) Outside dist-launch's in-place policy (`--restart-policy group`,
-torchrun) `init_process_group` is torch's and `run` calls the function once: a failed collective
-is raised as usual, and the agent restarts the group.
+recovery shuts down so that a rank waiting on a live peer fails at once too.) Outside
+dist-launch's in-place policy (`--restart-policy group`, torchrun) `init_process_group` is
+torch's and `run` calls the function once: a failed collective is raised as usual, and the agent
+restarts the group.
 
 When a whole node is lost from an elastic job (`--nnodes MIN:MAX`), nobody replaces its workers:
 the survivors go on in a smaller world, each at the rank its agent gives it (RANK, WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK and ROLE_WORLD_SIZE in os.environ, and torch's
 get_rank()/get_world_size(), change; LOCAL_RANK stays). A script that shards its data by rank
-reads the rank inside the function, not once before it.
+reads the rank inside the function, not once before it. A node that joins the job is taken in the
+same way: the watcher aborts the collective in flight when the agents publish the next
+generation, the function runs again in the larger world from the committed state, and the
+newcomer's workers start as that generation and receive the state, as a replacement does.
 
 The store keys and variables are dist-launch's worker contract
 (rendezvous/include/dist/rendezvous/worker_contract.h), shared with the C++ SDK's

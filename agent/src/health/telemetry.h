@@ -40,7 +40,8 @@
 //   verdict        round, action (restart, reshape, fail, done), restarts, reason (elastic jobs:
 //                  the job-wide decision after a round ended)
 //   node_lost      round, node_rank (-1: unknown)
-//   node_joined    round (a node asked to join: the round ends for a new one)
+//   node_joined    round (a node asked to join: the round ends for a new one; in place, the
+//                  running nodes regroup with it)
 //   inplace_restart  round, generation, rank, local_rank, pid (the failed worker's), exit_code
 //                  (null when killed by a signal), signal, new_pid (its replacement's),
 //                  survivors (the ranks that keep running), restarts (used, replacements

@@ -47,6 +47,59 @@ def wait_for_listener(host, port, proc, timeout=60):
     raise AssertionError(f"nothing listens on {host}:{port}")
 
 
+class ElasticAgents:
+    """The agents of one elastic in-place job (--nnodes 2:3, c10d on 127.0.0.2) of one worker
+    each, started one by one, each read by a thread of its own; the first hosts the store."""
+
+    def __init__(self, test, rdzv_id, *extra):
+        self.test = test
+        self.port = free_port("127.0.0.2")
+        self.env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        self.cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint",
+                    f"127.0.0.2:{self.port}", "--rdzv-id", rdzv_id, *extra, "--nproc-per-node",
+                    "1", "--restart-policy", "in-place", "--max-restarts", "1", SCRIPT, "--steps",
+                    STEPS, "--pause-ms", "100", "--timestamps"]
+        self.procs, self.lines, self.readers = [], [], []
+
+    def start(self):
+        p = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        self.test.addCleanup(p.stdout.close)
+        self.test.addCleanup(p.wait)
+        self.test.addCleanup(p.kill)
+        self.procs.append(p)
+        self.lines.append([])
+        self.readers.append(threading.Thread(
+            target=lambda p=p, out=self.lines[-1]: out.extend(p.stdout), daemon=True))
+        self.readers[-1].start()
+        if len(self.procs) == 1:  # it hosts the store: the others join as its clients
+            wait_for_listener("127.0.0.2", self.port, p)
+
+    def text(self, i):
+        return "".join(self.lines[i])
+
+    def wait_for(self, found, timeout=120):
+        """The first agent whose output so far satisfies `found`, polled until `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i in range(len(self.procs)):
+                if found(self.text(i)):
+                    return i
+            time.sleep(0.01)
+        raise AssertionError([self.text(i) for i in range(len(self.procs))])
+
+    def finish(self, agents):
+        """Waits for every agent; the output of `agents` (each of which must exit 0) as a Run."""
+        for p in self.procs:
+            p.wait(timeout=180)
+        for reader in self.readers:  # until each output's end
+            reader.join(timeout=30)
+        run = Run(subprocess.CompletedProcess([], 0, "".join(self.text(i) for i in agents), ""))
+        self.test.assertEqual([self.procs[i].returncode for i in agents], [0] * len(agents),
+                              run.out)
+        return run
+
+
 class Run:
     def __init__(self, proc):
         self.proc = proc
@@ -164,47 +217,15 @@ class InPlace(unittest.TestCase):
         # Three agents of one worker each (--nnodes 2:3); node 1's agent is SIGKILLed mid-training
         # (its worker goes with it). Nobody replaces it: the other two keep their processes and
         # go on as ranks 0 and 1 of two (node 2's worker renumbered), with equal weights.
-        port = free_port("127.0.0.2")
-        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
-        procs, lines, readers = [], [], []
-        for i in range(3):
-            cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.2:{port}",
-                   "--rdzv-id", "elastic-regroup", "--nproc-per-node", "1", "--restart-policy",
-                   "in-place", "--max-restarts", "1", SCRIPT, "--steps", STEPS, "--pause-ms",
-                   "100", "--timestamps"]
-            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-            self.addCleanup(p.stdout.close)
-            self.addCleanup(p.wait)
-            self.addCleanup(p.kill)
-            procs.append(p)
-            lines.append([])
-            readers.append(threading.Thread(target=lambda p=p, out=lines[-1]: out.extend(p.stdout),
-                                            daemon=True))
-            readers[-1].start()
-            if i == 0:  # it hosts the store: the others join as its clients
-                wait_for_listener("127.0.0.2", port, procs[0])
-        deadline = time.monotonic() + 120
-        lost = None
-        while lost is None and time.monotonic() < deadline:
-            for i, out in enumerate(lines):
-                text = "".join(out)
-                if "round 0: node 1 of 3" in text and re.search(r"rank 1 pid \d+ step 3 done",
-                                                                 text):
-                    lost = i
-            time.sleep(0.01)
-        self.assertIsNotNone(lost, ["".join(out) for out in lines])
-        procs[lost].send_signal(signal.SIGKILL)
-        procs[lost].wait(timeout=30)
+        job = ElasticAgents(self, "elastic-regroup")
+        for _ in range(3):
+            job.start()
+        lost = job.wait_for(lambda text: "round 0: node 1 of 3" in text and
+                            re.search(r"rank 1 pid \d+ step 3 done", text))
+        job.procs[lost].send_signal(signal.SIGKILL)
+        job.procs[lost].wait(timeout=30)
         survivors = [i for i in range(3) if i != lost]
-        for i in survivors:
-            procs[i].wait(timeout=180)
-        for reader in readers:  # until each output's end
-            reader.join(timeout=30)
-        run = Run(subprocess.CompletedProcess(
-            [], 0, "".join("".join(lines[i]) for i in survivors), ""))
-        for i in survivors:
-            self.assertEqual(procs[i].returncode, 0, run.out)
+        run = job.finish(survivors)
         self.assertEqual(sorted(run.ends), [0, 1], run.out)
         self.assertEqual(len(set(run.digests().values())), 1, run.out)
         self.assertRegex(run.out, r"rank 1 pid \d+ generation 1 steps " + STEPS
@@ -222,40 +243,12 @@ class InPlace(unittest.TestCase):
         # Two agents of one worker each (--nnodes 2:3) train; a third agent starts midway. The two
         # keep their processes and take its worker in (the watcher aborts their collective when
         # node 0 publishes the regroup's generation): ranks 0..2 of three, equal weights.
-        port = free_port("127.0.0.2")
-        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
-        procs, lines, readers = [], [], []
-
-        def start():
-            cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.2:{port}",
-                   "--rdzv-id", "elastic-newcomer", "--rdzv-conf", "last_call_timeout=1",
-                   "--nproc-per-node", "1", "--restart-policy", "in-place", "--max-restarts", "1",
-                   SCRIPT, "--steps", STEPS, "--pause-ms", "100", "--timestamps"]
-            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-            self.addCleanup(p.stdout.close)
-            self.addCleanup(p.wait)
-            self.addCleanup(p.kill)
-            procs.append(p)
-            lines.append([])
-            readers.append(threading.Thread(target=lambda p=p, out=lines[-1]: out.extend(p.stdout),
-                                            daemon=True))
-            readers[-1].start()
-
-        start()
-        wait_for_listener("127.0.0.2", port, procs[0])  # it hosts the store
-        start()
-        deadline = time.monotonic() + 120
-        while (time.monotonic() < deadline and
-               not re.search(r"rank 1 pid \d+ step 3 done", "".join(lines[0] + lines[1]))):
-            time.sleep(0.01)
-        start()
-        for p in procs:
-            p.wait(timeout=180)
-        for reader in readers:  # until each output's end
-            reader.join(timeout=30)
-        run = Run(subprocess.CompletedProcess([], 0, "".join("".join(out) for out in lines), ""))
-        self.assertEqual([p.returncode for p in procs], [0, 0, 0], run.out)
+        job = ElasticAgents(self, "elastic-newcomer", "--rdzv-conf", "last_call_timeout=1")
+        job.start()
+        job.start()
+        job.wait_for(lambda text: re.search(r"rank 1 pid \d+ step 3 done", text))
+        job.start()
+        run = job.finish([0, 1, 2])
         self.assertEqual(sorted(run.ends), [0, 1, 2], run.out)
         self.assertEqual(len(set(run.digests().values())), 1, run.out)
         self.assertRegex(run.out, r"rank 2 pid \d+ generation 1 steps " + STEPS
@@ -267,7 +260,7 @@ class InPlace(unittest.TestCase):
         self.assertIn("regrouped in round 1 (a node is waiting to join): world 3, 1 node(s) new",
                       run.out)
         self.assertIn("round 1: this node's workers joined the running workers as generation 1",
-                      "".join(lines[2]))
+                      job.text(2))
         self.assertNotIn("restarting", run.out)
         self.assertNotIn("stopping the workers", run.out)
 

@@ -624,12 +624,12 @@ class Agent {
     const bool in_place = config_.restart_policy == RestartPolicy::kInPlace;
     // In place, a round that continues the job's running workers (they regrouped with this node
     // in it): this node's workers join them, as the generation node 0 names.
-    awaiting_generation_ = in_place && round_->continues;
+    const bool joins = in_place && round_->continues;
     if (in_place) {
       generations_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
     }
     try {
-      if (awaiting_generation_) {
+      if (joins) {
         group_->start_joining(*round_, rounds_->workers_store(*round_));
       } else {
         group_->start(*round_, rounds_->workers_store(*round_));
@@ -641,7 +641,7 @@ class Agent {
     if (!rounds_->several_nodes()) return;
     watching_ = true;
     launch(rounds_->watch(*round_), [](WatchOutcome o) { return event::WatchEnded{std::move(o)}; });
-    if (!awaiting_generation_) return;
+    if (!joins) return;
     spdlog::info(
         "round {} continues the job's running workers: this node's workers join them as the "
         "generation node 0 names",
@@ -666,8 +666,7 @@ class Agent {
   }
 
   void on_generation_named(const NamedGeneration& n) {
-    if (state_ != State::kRunning || !awaiting_generation_) return;
-    awaiting_generation_ = false;
+    if (state_ != State::kRunning) return;  // (the round ended first: the wait was closed)
     if (!n.generation) {  // the others' regroup did not go on: the round starts over with all
       const std::string why = "this node cannot join the running workers (" + n.why +
                               "): ending round " + std::to_string(round_->round);
@@ -1156,10 +1155,9 @@ class Agent {
   int replacing_rank_ = -1;          // in-place: the worker REPLACING replaces
   bool generation_claimed_ = false;  // and whether its generation is known yet
   std::vector<InPlaceReplacement> replaced_;
-  std::string regroup_cause_;         // why the last regroup began ("node 1 was lost")
-  bool regroup_lost_node_ = false;    // and whether a node was lost (its workers stalled at once)
-  bool regroup_joining_ = false;      // REGROUPING's join has not reported back
-  bool awaiting_generation_ = false;  // a newcomer's workers wait for the generation to join
+  std::string regroup_cause_;       // why the last regroup began ("node 1 was lost")
+  bool regroup_lost_node_ = false;  // and whether a node was lost (its workers stalled at once)
+  bool regroup_joining_ = false;    // REGROUPING's join has not reported back
   // REGROUPING: since when, from which round, and this node's workers' old and new ranks.
   std::chrono::steady_clock::time_point regroup_began_;
   int regrouped_from_ = 0;

@@ -176,24 +176,13 @@ WorkerGroup::~WorkerGroup() {
 }
 
 void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) {
+  take_round(a, store);
   start_generation_ = 0;
-  awaiting_generation_ = false;
-  round_ = a;
-  started_round_ = a.round;
-  store_ = store;
-  host_label_ = a.elastic || a.num_nodes > 1
-                    ? identity_.host + " (node " + std::to_string(a.node_rank) + ")"
-                    : identity_.host;
-  if (snapshots_) snapshots_->sweep_torn();
-  if (warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing) return defer_start();
-  start_now();
+  launch();
 }
 
 void WorkerGroup::start_joining(const Assignment& a, const rendezvous::Endpoint& store) {
-  round_ = a;
-  started_round_ = a.round;
-  store_ = store;
-  host_label_ = identity_.host + " (node " + std::to_string(a.node_rank) + ")";
+  take_round(a, store);
   awaiting_generation_ = true;
   start_pending_ = true;  // stop() ends the wait, as it ends one for the zygote
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
@@ -206,6 +195,20 @@ void WorkerGroup::start_generation(int generation) {
   awaiting_generation_ = false;
   start_pending_ = false;
   start_generation_ = generation;
+  launch();
+}
+
+void WorkerGroup::take_round(const Assignment& a, const rendezvous::Endpoint& store) {
+  awaiting_generation_ = false;
+  round_ = a;
+  started_round_ = a.round;
+  store_ = store;
+  host_label_ = a.elastic || a.num_nodes > 1
+                    ? identity_.host + " (node " + std::to_string(a.node_rank) + ")"
+                    : identity_.host;
+}
+
+void WorkerGroup::launch() {
   if (snapshots_) snapshots_->sweep_torn();
   if (warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing) return defer_start();
   start_now();

@@ -145,6 +145,8 @@ class WorkerGroup {
   };
   enum class State { kIdle, kRunning, kStopping };
 
+  void take_round(const Assignment& a, const rendezvous::Endpoint& store);  // round_ and the rest
+  void launch();  // round_'s workers: now, or once the zygote is ready
   void start_now();
   void defer_start();  // until the zygote is ready (warm/warm_start.h)
   void set_up_warm();

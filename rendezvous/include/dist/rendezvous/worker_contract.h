@@ -148,9 +148,8 @@ struct Slot {
   std::atomic<std::uint32_t> pending_op;        // its Collective
   std::atomic<std::uint32_t> features;
   std::atomic<std::uint64_t> work_ns;
-  std::atomic<std::uint32_t> dump_pid;  // 0: none
-  std::atomic<std::uint32_t>
-      regroup_round;  // written by the agent; 0: none (round 0 is no regroup)
+  std::atomic<std::uint32_t> dump_pid;       // 0: none
+  std::atomic<std::uint32_t> regroup_round;  // by the agent; 0: none (round 0 is no regroup)
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
 static_assert(sizeof(Slot) <= kBytes);

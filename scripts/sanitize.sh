@@ -11,8 +11,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 kinds=${1:-asan,tsan}
 [ "$kinds" = all ] && kinds=asan,tsan
 jobs=${JOBS:-$(nproc)}
-targets=(dist-launch dist-rendezvous dist-test-worker dist-placement-probe rendezvous_tests
-  agent_unit_tests agent_e2e_tests launcher_tests sdk_tests)
+# The whole-program tests (agent_e2e_tests) are the plain build's, run against these sanitized
+# programs (DIST_TEST_PROGRAMS): their own code starts processes and reads files, and costs a
+# third of a sanitized build's compile time.
+targets=(dist-launch dist-rendezvous dist-test-worker dist-watchdog-worker dist-inplace-worker
+  dist-placement-probe rendezvous_tests agent_unit_tests launcher_tests sdk_tests)
 # What runs: every test of those programs but the ones that need a daemon or a package the
 # sanitized build does not make (_NOT_BUILT: the test programs it leaves out), and the peak RSS
 # bound of dist-rendezvous, which the sanitizers' shadow memory and quarantine exceed by design.
@@ -45,13 +48,20 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$root/s
 # pays once for eight (10 of agent/src: 80 s alone, 33 s as one; under TSan 49 s and 23 s).
 run() {
   local kind=$1 opt=$2 flags=$3 skip=$4
-  local dir="$root/build-$kind"
-  cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="$opt" \
+  local dir="$root/build-$kind" generator=()
+  if [ ! -f "$dir/CMakeCache.txt" ] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
+  cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="$opt" \
     -DDIST_WITH_NCCL=OFF -DDIST_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
   (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600 -E "$exclude$skip")
+  DIST_TEST_PROGRAMS="$dir/bin" ctest --test-dir "$plain" --output-on-failure -j "$jobs" \
+    --timeout 600 -L agent_e2e -E "$exclude$skip"
 }
+
+# The plain build's whole-program tests (scripts/test.sh has built them already).
+plain=${BUILD_DIR:-$root/build}
+BUILD_DIR=$plain BUILD_TARGETS=agent_e2e_tests "$root/scripts/build.sh" >/dev/null
 
 asan="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined $quiet"
 IFS=, read -ra wanted <<<"$kinds"

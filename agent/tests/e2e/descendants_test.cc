@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "process_helpers.h"
+#include "programs.h"
 
 namespace {
 

@@ -17,6 +17,7 @@
 
 #include "etcd_cluster.h"
 #include "process_helpers.h"
+#include "programs.h"
 
 namespace {
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "process_helpers.h"
+#include "programs.h"
 #include "test_ports.h"
 
 namespace {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "process_helpers.h"
+#include "programs.h"
 
 namespace {
 

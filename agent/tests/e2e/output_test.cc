@@ -31,6 +31,7 @@
 #include "output/log_line_prefix.h"
 #include "output/log_pump.h"
 #include "process_helpers.h"
+#include "programs.h"
 
 namespace {
 

@@ -21,6 +21,7 @@
 #include "dist/rendezvous/errors.h"
 #include "dist/rendezvous/token.h"
 #include "process_helpers.h"
+#include "programs.h"
 
 namespace {
 

@@ -22,6 +22,7 @@
 
 #include "http_client.h"
 #include "process_helpers.h"
+#include "programs.h"
 #include "test_ports.h"
 
 namespace {

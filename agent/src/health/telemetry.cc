@@ -377,6 +377,14 @@ void Telemetry::in_place_joined(int round, int generation, const std::vector<int
   log("inplace_joined", {{"round", round}, {"generation", generation}, {"ranks", ranks}});
 }
 
+void Telemetry::in_place_finished(int round, std::optional<int> generation,
+                                  const std::string& reason) {
+  log("inplace_finished",
+      {{"round", round},
+       {"generation", generation ? nlohmann::ordered_json(*generation) : nlohmann::ordered_json()},
+       {"reason", reason}});
+}
+
 void Telemetry::in_place_fallback(int round, std::optional<int> generation,
                                   const std::string& reason) {
   log("inplace_fallback",

@@ -64,6 +64,9 @@
 //                  new_nodes (the nodes that joined the job in the new round)
 //   inplace_joined  round, generation, ranks (a node new to a running in-place job: its workers
 //                  started as the regroup's generation, with the running workers' state)
+//   inplace_finished  round, generation (or null), reason (the job's workers finished while the
+//                  nodes regrouped in that round: a node whose workers finished told its newcomers,
+//                  or a newcomer's workers, with nothing left to join, were stopped)
 //   job_end        outcome (succeeded, failed, stopped), exit_code, restarts (group restarts and
 //                  in-place replacements), reason (or null), stragglers (the ranks flagged as
 //                  stragglers during the job)
@@ -204,6 +207,9 @@ class Telemetry {
   };
   void in_place_regrouped(const InPlaceRegroup& r);
   void in_place_joined(int round, int generation, const std::vector<int>& ranks);
+  // The job's workers finished while the nodes regrouped in round `round` (`generation`: the one
+  // named already, if any): the round's exit barrier ends the job, its newcomers included.
+  void in_place_finished(int round, std::optional<int> generation, const std::string& reason);
   void verdict(int round, const Verdict& v);
   void node_lost(int round, int node_rank);
   void node_joined(int round);

@@ -72,9 +72,10 @@ struct RegroupJoin {
   std::optional<Assignment> round;  // the next round, when the verdict was a reshape
   std::string why;                  // the rendezvous could not be done
 };
-// A newcomer to a running in-place job: the generation its workers join as (or why none came).
+// A newcomer to a running in-place job: the generation its workers join as, or the word that the
+// running workers finished the job first (or why neither came).
 struct NamedGeneration {
-  std::optional<int> generation;
+  std::optional<RegroupName> name;
   std::string why;
 };
 // And what became of telling the workers their places there.
@@ -82,6 +83,12 @@ struct RegroupTold {
   std::optional<int> generation;  // node 0 publishes it
   RecoveryOutcome outcome;        // node 0: the group's word; the others: recovered once placed
   std::chrono::steady_clock::time_point published_at;  // when the workers were asked to regroup
+  bool finished = false;  // a node's workers finished the job before a generation was named
+};
+// The workers finished the job while their node regrouped: how the round's newcomers were told.
+struct RegroupFinish {
+  std::optional<int> generation;  // the one named already (its finished key was set)
+  std::string why;                // the workers' store could not be used
 };
 
 // What happens to the agent, as typed events.
@@ -136,17 +143,26 @@ struct RegroupDone {  // and their workers told where they are now
   RegroupTold told;
 };
 struct RoundAbandoned {};  // a round joined for a regroup that does not go on: announced failed
-struct GenerationNamed {   // a newcomer to a running in-place job: the generation it joins
+struct RegroupFinished {   // a regroup whose workers finished the job: its newcomers told
+  RegroupFinish finish;
+};
+struct GenerationNamed {  // a newcomer to a running in-place job: the generation it joins
   NamedGeneration named;
+};
+struct JobFinishedMeanwhile {  // and the running workers finished before its workers joined them
+  int round = 0;
+  bool finished = false;  // (false: the wait ended without it)
 };
 }  // namespace event
 
-using Event = std::variant<
-    event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
-    event::WorkersSucceeded, event::GroupStopped, event::WatchEnded, event::BarrierDone,
-    event::VerdictReached, event::FailuresCollected, event::OthersLeft, event::RendezvousFailed,
-    event::SignalReceived, event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted,
-    event::RegroupJoined, event::RegroupDone, event::RoundAbandoned, event::GenerationNamed>;
+using Event =
+    std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
+                 event::WorkersSucceeded, event::GroupStopped, event::WatchEnded,
+                 event::BarrierDone, event::VerdictReached, event::FailuresCollected,
+                 event::OthersLeft, event::RendezvousFailed, event::SignalReceived,
+                 event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted,
+                 event::RegroupJoined, event::RegroupDone, event::RoundAbandoned,
+                 event::RegroupFinished, event::GenerationNamed, event::JobFinishedMeanwhile>;
 
 class Agent {
  public:
@@ -202,6 +218,8 @@ class Agent {
     switch (stopping_.reason) {
       case StopReason::kAllSucceeded:
         return 0;
+      case StopReason::kJobFinished:  // the workers wait to join running workers that are gone
+        return SIGTERM;
       case StopReason::kStartFailed:
         return SIGKILL;
       case StopReason::kSignal:
@@ -250,6 +268,7 @@ class Agent {
         return regroup();  // continues on RegroupJoined, then RegroupDone
       case State::kStopping:
         if (generations_) generations_->close();  // a recovery's wait ends here
+        if (finish_watch_) finish_watch_->close();
         count_replacements();
         stopping_.group_stopped = false;
         group_->stop(stop_signal(), std::exchange(stopping_.signal_already_sent, false));
@@ -263,7 +282,9 @@ class Agent {
       case State::kRestarting:
         return restart();
       case State::kSucceeded:
-        if (config_.nproc_per_node == 1) {
+        if (stopping_.reason == StopReason::kJobFinished) {
+          spdlog::info("the job finished before this node's workers joined it");
+        } else if (config_.nproc_per_node == 1) {
           spdlog::info("the worker of this node succeeded");
         } else {
           spdlog::info("all {} workers of this node succeeded", config_.nproc_per_node);
@@ -286,63 +307,71 @@ class Agent {
   // Events.
 
   void on(Event e) {
-    std::visit(Overloaded{
-                   [&](event::Prepared&) {
-                     if (state_ != State::kRendezvous) return;
-                     prepared_ = true;
-                     feed(Input::kPrepared);
-                   },
-                   [&](event::Joined& j) { on_joined(std::move(j.assignment)); },
-                   [&](event::WorkersFailed& f) { on_workers_failed(std::move(f.failures)); },
-                   [&](event::StartFailed& f) {
-                     if (state_ != State::kRunning) return;
-                     spdlog::error("{}", f.why);
-                     feed(Input::kStartFailed);
-                   },
-                   [&](event::WorkersSucceeded&) { feed(Input::kWorkersSucceeded); },
-                   [&](event::GroupStopped&) {
-                     if (state_ != State::kStopping) return;
-                     stopping_.group_stopped = true;
-                     add_late_failures();
-                     if (watching_) rounds_->stop_watch();  // continues on WatchEnded
-                     feed(Input::kGroupStopped);
-                   },
-                   [&](event::WatchEnded& w) { on_watch_ended(w.outcome); },
-                   [&](event::BarrierDone& b) {
-                     if (state_ == State::kExitBarrier && !b.everyone) {
-                       spdlog::warn(
-                           "the round ended on another node while this one waited at the exit "
-                           "barrier");
-                     }
-                     feed(b.everyone ? Input::kBarrierEveryone : Input::kBarrierRoundEnded);
-                   },
-                   [&](event::VerdictReached& v) { on_verdict(v.verdict); },
-                   [&](event::FailuresCollected& c) {
-                     if (state_ != State::kFailed) return;
-                     report(c.all.empty() ? failures_ : std::move(c.all));
-                   },
-                   [&](event::OthersLeft&) {
-                     if (state_ == State::kExit) finish();
-                   },
-                   [&](event::RendezvousFailed& f) { on_rendezvous_failed(f); },
-                   [&](event::SignalReceived& s) { on_signal(s.signal, s.sender, s.code); },
-                   [&](event::ReplacementClaimed& c) { on_replacement_claimed(c.claim); },
-                   [&](event::Recovered& r) { on_recovered(r.outcome); },
-                   [&](event::ReplacementsCounted& c) {
-                     if (state_ != State::kStopping || !counting_) return;
-                     counting_ = false;
-                     replacements_ = c.replacements;
-                     feed(Input::kReplacementsCounted);
-                   },
-                   [&](event::RegroupJoined& j) { on_regroup_joined(std::move(j.join)); },
-                   [&](event::RegroupDone& d) { on_regroup_done(d.told); },
-                   [&](event::RoundAbandoned&) {
-                     regroup_joining_ = false;
-                     if (state_ == State::kStopping) feed(Input::kRegroupFailed);  // may end now
-                   },
-                   [&](event::GenerationNamed& n) { on_generation_named(n.named); },
-               },
-               e);
+    std::visit(
+        Overloaded{
+            [&](event::Prepared&) {
+              if (state_ != State::kRendezvous) return;
+              prepared_ = true;
+              feed(Input::kPrepared);
+            },
+            [&](event::Joined& j) { on_joined(std::move(j.assignment)); },
+            [&](event::WorkersFailed& f) { on_workers_failed(std::move(f.failures)); },
+            [&](event::StartFailed& f) {
+              if (state_ != State::kRunning) return;
+              spdlog::error("{}", f.why);
+              feed(Input::kStartFailed);
+            },
+            [&](event::WorkersSucceeded&) { on_workers_succeeded(); },
+            [&](event::GroupStopped&) {
+              if (state_ != State::kStopping) return;
+              stopping_.group_stopped = true;
+              add_late_failures();
+              if (watching_) rounds_->stop_watch();  // continues on WatchEnded
+              feed(Input::kGroupStopped);
+            },
+            [&](event::WatchEnded& w) { on_watch_ended(w.outcome); },
+            [&](event::BarrierDone& b) {
+              if (state_ == State::kExitBarrier && !b.everyone) {
+                spdlog::warn(
+                    "the round ended on another node while this one waited at the exit "
+                    "barrier");
+              }
+              feed(b.everyone ? Input::kBarrierEveryone : Input::kBarrierRoundEnded);
+            },
+            [&](event::VerdictReached& v) { on_verdict(v.verdict); },
+            [&](event::FailuresCollected& c) {
+              if (state_ != State::kFailed) return;
+              report(c.all.empty() ? failures_ : std::move(c.all));
+            },
+            [&](event::OthersLeft&) {
+              if (state_ == State::kExit) finish();
+            },
+            [&](event::RendezvousFailed& f) { on_rendezvous_failed(f); },
+            [&](event::SignalReceived& s) { on_signal(s.signal, s.sender, s.code); },
+            [&](event::ReplacementClaimed& c) { on_replacement_claimed(c.claim); },
+            [&](event::Recovered& r) { on_recovered(r.outcome); },
+            [&](event::ReplacementsCounted& c) {
+              if (state_ != State::kStopping || !counting_) return;
+              counting_ = false;
+              replacements_ = c.replacements;
+              feed(Input::kReplacementsCounted);
+            },
+            [&](event::RegroupJoined& j) { on_regroup_joined(std::move(j.join)); },
+            [&](event::RegroupDone& d) { on_regroup_done(d.told); },
+            [&](event::RoundAbandoned&) {
+              regroup_joining_ = false;
+              if (state_ == State::kStopping) feed(Input::kRegroupFailed);  // may end now
+            },
+            [&](event::RegroupFinished& f) { on_regroup_finished(f.finish); },
+            [&](event::GenerationNamed& n) { on_generation_named(n.named); },
+            [&](event::JobFinishedMeanwhile& f) {
+              if (!f.finished || state_ != State::kRunning || !round_ || round_->round != f.round) {
+                return;
+              }
+              job_finished_before_joining(f.round, generation_);
+            },
+        },
+        e);
   }
 
   void on_joined(Assignment a) {
@@ -653,8 +682,8 @@ class Agent {
   Task<NamedGeneration> named_generation(int round) {
     NamedGeneration n;
     try {
-      n.generation = co_await generations_->regroup_generation(round, kInPlaceRecoveryTimeout);
-      if (!n.generation) {
+      n.name = co_await generations_->regroup_generation(round, kInPlaceRecoveryTimeout);
+      if (!n.name) {
         n.why = "node 0 did not name the generation to join within " +
                 std::to_string(kInPlaceRecoveryTimeout.count() / 1000) + " s";
       }
@@ -667,7 +696,8 @@ class Agent {
 
   void on_generation_named(const NamedGeneration& n) {
     if (state_ != State::kRunning) return;  // (the round ended first: the wait was closed)
-    if (!n.generation) {  // the others' regroup did not go on: the round starts over with all
+    if (n.name && n.name->finished) return job_finished_before_joining(round_->round, 0);
+    if (!n.name) {  // the others' regroup did not go on: the round starts over with all
       const std::string why = "this node cannot join the running workers (" + n.why +
                               "): ending round " + std::to_string(round_->round);
       spdlog::warn("{}", why);
@@ -675,7 +705,7 @@ class Agent {
       fire_and_forget(rounds_->announce_failure(*round_, {}), "announcing the failure");
       return feed(Input::kRoundEndedElsewhere);
     }
-    generation_ = *n.generation;
+    generation_ = n.name->generation;
     try {
       group_->start_generation(generation_);
     } catch (const std::exception& e) {
@@ -685,6 +715,33 @@ class Agent {
     spdlog::info("round {}: this node's workers joined the running workers as generation {}",
                  round_->round, generation_);
     telemetry_->in_place_joined(round_->round, generation_, group_->running_ranks());
+    // The running workers may finish the job before they regroup: their nodes then say so, and
+    // these workers, waiting for them, are stopped. A client of its own: the wait holds it.
+    finish_watch_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
+    launch(finished_meanwhile(round_->round), [](event::JobFinishedMeanwhile f) { return f; });
+  }
+
+  Task<event::JobFinishedMeanwhile> finished_meanwhile(int round) {
+    event::JobFinishedMeanwhile f{round, false};
+    try {
+      f.finished = co_await finish_watch_->wait_regroup_finished(round, kInPlaceRecoveryTimeout);
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      spdlog::debug("round {}: watching for the job's end during the regroup: {}", round, e.what());
+    }
+    co_return f;
+  }
+
+  // A newcomer whose workers have nothing left to join (`generation`: 0 when none was started):
+  // they stop, and the node passes the round's exit barrier with the others.
+  void job_finished_before_joining(int round, int generation) {
+    spdlog::info(
+        "round {}: the job's running workers finished the job before this node's workers joined "
+        "them{}",
+        round, generation > 0 ? ": stopping them" : "; none is started");
+    telemetry_->in_place_finished(round, generation > 0 ? std::optional(generation) : std::nullopt,
+                                  "the running workers finished before this node's joined them");
+    feed(Input::kJobFinished);
   }
 
   // ------------------------------------------------------------------------------------------
@@ -871,9 +928,53 @@ class Agent {
   // that round, not the one already decided.
   void abandon_regroup(const RegroupJoin& j) {
     if (!j.round) return feed(Input::kRegroupFailed);
+    const bool finished = stopping_.reason == StopReason::kAllSucceeded && j.round->continues &&
+                          j.round->restarts == round_->restarts;
     round_ = *j.round;
     restart_count_ = j.round->restarts;
+    if (finished) return finish_regroup();
     end_joined_round();
+  }
+
+  // This node's workers all finished while it regrouped: the job is done, in the round joined for
+  // the regroup. Its newcomers are told (nothing is left for their workers to join), so that every
+  // node of it passes its exit barrier and the job is not restarted. STOPPING waits for it.
+  void on_workers_succeeded() {
+    const bool regrouped = state_ == State::kRegrouping && !regroup_joining_;
+    feed(Input::kWorkersSucceeded);
+    if (regrouped && state_ == State::kStopping) finish_regroup();
+  }
+
+  void finish_regroup() {
+    regroup_joining_ = true;
+    spdlog::info(
+        "in-place: this node's workers finished the job during the regroup: round {} ends here",
+        round_->round);
+    generations_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
+    launch(tell_regroup_finished(round_->round),
+           [](RegroupFinish f) { return event::RegroupFinished{std::move(f)}; });
+  }
+
+  Task<RegroupFinish> tell_regroup_finished(int round) {
+    RegroupFinish f;
+    try {
+      f.generation = co_await generations_->mark_regroup_finished(round);
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      f.why = "the workers' store cannot be used: " + std::string(e.what());
+    }
+    co_return f;
+  }
+
+  void on_regroup_finished(const RegroupFinish& f) {
+    regroup_joining_ = false;
+    if (!f.why.empty()) {
+      spdlog::warn("round {}: the newcomers could not be told the job finished: {}", round_->round,
+                   f.why);
+    }
+    telemetry_->in_place_finished(round_->round, f.generation,
+                                  "this node's workers finished during the regroup");
+    if (state_ == State::kStopping) feed(Input::kRegroupFailed);  // the join reported: may end
   }
 
   // A round joined for a regroup that does not go on: announced failed (the others in it stop
@@ -912,14 +1013,22 @@ class Agent {
                                              to.node_rank);
       if (to.node_rank == 0) {
         t.generation = co_await generations_->next();
-        co_await generations_->name_regroup_generation(to.round, *t.generation);
+        const auto name = co_await generations_->name_regroup_generation(to.round, *t.generation);
+        if (name.finished) {  // a node's workers finished the job first: nothing to publish
+          t.finished = true;
+          co_return t;
+        }
         std::string record = "regrouped round=" + std::to_string(to.round) +
                              " world=" + std::to_string(to.world_size) +
                              " nodes=" + std::to_string(to.num_nodes);
         co_await generations_->publish(*t.generation, std::move(record));
       } else {
         const auto g = co_await generations_->regroup_generation(to.round, kInPlaceRecoveryTimeout);
-        if (!g || !co_await generations_->wait_published(*g, kInPlaceRecoveryTimeout)) {
+        if (g && g->finished) {
+          t.finished = true;
+          co_return t;
+        }
+        if (!g || !co_await generations_->wait_published(g->generation, kInPlaceRecoveryTimeout)) {
           t.outcome.why = "node 0 did not publish the regroup's generation within " +
                           std::to_string(kInPlaceRecoveryTimeout.count() / 1000) + " s";
           co_return t;
@@ -941,6 +1050,13 @@ class Agent {
 
   void on_regroup_done(const RegroupTold& t) {
     if (state_ != State::kRegrouping) return;
+    if (t.finished) {  // they end the same way here: WorkersSucceeded, then finish_regroup()
+      spdlog::info(
+          "in-place: a node's workers finished the job during the regroup in round {}: waiting "
+          "for this node's workers to end",
+          round_->round);
+      return;
+    }
     if (!t.outcome.recovered) {
       end_joined_round();
       return regroup_failed("the regrouped workers did not recover: " + t.outcome.why);
@@ -1141,7 +1257,8 @@ class Agent {
   std::string written_token_file_;      // when this agent wrote it: removed at the end
   std::optional<Telemetry> telemetry_;  // from prepare() on
   std::optional<WorkerGroup> group_;
-  std::optional<Generations> generations_;  // in-place: this round's, from RUNNING on
+  std::optional<Generations> generations_;   // in-place: this round's, from RUNNING on
+  std::optional<Generations> finish_watch_;  // a newcomer's: the job finishing before it joins
 
   State state_ = State::kInit;
   bool prepared_ = false;

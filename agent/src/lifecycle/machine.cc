@@ -38,6 +38,8 @@ std::optional<Transition> from_running(Input input, const Facts& facts) {
       return stopping(StopReason::kWorkerFailed);
     case Input::kWorkersSucceeded:
       return stopping(StopReason::kAllSucceeded);
+    case Input::kJobFinished:
+      return stopping(StopReason::kJobFinished);
     case Input::kNodeLost:
     case Input::kNodeWaiting:
       if (facts.in_place && facts.elastic) return to(State::kRegrouping);
@@ -138,6 +140,7 @@ State after_failed_round(const Facts& facts) {
 Transition after_stopping(const Facts& facts) {
   switch (facts.stop_reason) {
     case StopReason::kAllSucceeded:
+    case StopReason::kJobFinished:
       return to(facts.several_nodes ? State::kExitBarrier : State::kSucceeded);
     case StopReason::kWorkerFailed:
     case StopReason::kRoundEnded:

@@ -26,6 +26,9 @@
 // meanwhile -- stops the group as a reshape always did: a new round from scratch.
 //               RUNNING --a node lost or waiting (in-place, elastic)--> REGROUPING --regrouped-->
 //               RUNNING; REGROUPING --cannot--> STOPPING
+// Workers that all finish while their node regroups finished the job: STOPPING, as any success,
+// and the round joined for the regroup is the one whose exit barrier the nodes pass, the
+// newcomers' included (their workers, waiting to join, are stopped: kJobFinished).
 #pragma once
 
 #include <optional>
@@ -56,8 +59,11 @@ std::string_view state_name(State state);
 
 // Why the group is being stopped: decides where STOPPING leads once every worker is gone.
 // kRoundEnded: elsewhere (a failure on another node, a lost node, a node waiting to join).
+// kJobFinished: in place, the job's running workers finished before this node's joined them
+// (a newcomer's): they are stopped, and the node succeeds with the others.
 enum class StopReason {
   kAllSucceeded,
+  kJobFinished,
   kWorkerFailed,
   kRoundEnded,
   kSignal,
@@ -95,6 +101,8 @@ enum class Input {
   kRegrouped,            // in-place, elastic: the survivors run on in the next round
   kRegroupFailed,        // in-place, elastic: they cannot (the verdict, the round, the store);
                          // in STOPPING: a regroup's join, left behind, has reported back
+  kJobFinished,          // in-place, elastic, a newcomer: the running workers finished the job
+                         // before this node's workers joined them
 };
 
 // What the job's mode and this node's progress say, as the machine needs it.

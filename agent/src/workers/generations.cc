@@ -84,21 +84,52 @@ rendezvous::Task<void> set_place(std::shared_ptr<rendezvous::AsyncStoreClient> c
   co_await client->set(std::move(key), std::move(value));
 }
 
-rendezvous::Task<std::optional<int>> wait_for_generation(
+RegroupName regroup_name(const std::string& key, const std::string& value) {
+  if (value == contract::kRegroupFinished) return {0, true};
+  try {
+    const int generation = std::stoi(value);
+    if (generation > 0) return {generation, false};
+  } catch (const std::exception&) {
+  }
+  throw rendezvous::StoreError(rendezvous::StoreErrc::kProtocol,
+                               "the workers' store holds '" + value + "' at " + key +
+                                   ", not a generation (or '" + contract::kRegroupFinished + "')");
+}
+
+rendezvous::Task<std::optional<RegroupName>> wait_for_generation(
     std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
     std::string key, std::chrono::milliseconds timeout) {
   co_await open_once(*client, *opened);
   std::vector<std::string> keys{key};
   if (!co_await client->wait(std::move(keys), timeout)) co_return std::nullopt;
   const auto value = co_await client->try_get(key);
-  try {
-    const int generation = value ? std::stoi(*value) : 0;
-    if (generation > 0) co_return generation;
-  } catch (const std::exception&) {
-  }
-  throw rendezvous::StoreError(
-      rendezvous::StoreErrc::kProtocol,
-      "the workers' store holds '" + value.value_or("") + "' at " + key + ", not a generation");
+  co_return regroup_name(key, value.value_or(""));
+}
+
+// The key's first value stays: a generation named, or the word that the job finished.
+rendezvous::Task<RegroupName> claim_regroup_generation(
+    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
+    std::string key, std::string value) {
+  co_await open_once(*client, *opened);
+  const std::string now = co_await client->compare_set(key, "", std::move(value));
+  co_return regroup_name(key, now);
+}
+
+rendezvous::Task<std::optional<int>> say_regroup_finished(
+    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
+    std::string prefix, int round) {
+  std::string key = contract::regroup_generation_key(prefix, round);
+  std::string finished = contract::kRegroupFinished;
+  const auto name =
+      co_await claim_regroup_generation(client, opened, std::move(key), std::move(finished));
+  if (name.finished) co_return std::nullopt;
+  // The group recovered with the newcomers first: they trained, and end with the others.
+  std::vector<std::string> recovered{contract::recovered_key(prefix, name.generation)};
+  if (co_await client->check(std::move(recovered))) co_return name.generation;
+  std::string finished_key = contract::regroup_finished_key(prefix, round);
+  std::string generation = std::to_string(name.generation);
+  co_await client->set(std::move(finished_key), std::move(generation));
+  co_return name.generation;
 }
 
 }  // namespace
@@ -128,15 +159,25 @@ rendezvous::Task<void> Generations::place_regrouped(int round, int old_rank_offs
                    std::to_string(new_rank_offset) + " " + std::to_string(new_node_rank));
 }
 
-rendezvous::Task<void> Generations::name_regroup_generation(int round, int generation) {
-  return set_place(client_, opened_, contract::regroup_generation_key(prefix_, round),
-                   std::to_string(generation));
+rendezvous::Task<RegroupName> Generations::name_regroup_generation(int round, int generation) {
+  return claim_regroup_generation(client_, opened_,
+                                  contract::regroup_generation_key(prefix_, round),
+                                  std::to_string(generation));
 }
 
-rendezvous::Task<std::optional<int>> Generations::regroup_generation(
+rendezvous::Task<std::optional<RegroupName>> Generations::regroup_generation(
     int round, std::chrono::milliseconds timeout) {
   return wait_for_generation(client_, opened_, contract::regroup_generation_key(prefix_, round),
                              timeout);
+}
+
+rendezvous::Task<std::optional<int>> Generations::mark_regroup_finished(int round) {
+  return say_regroup_finished(client_, opened_, prefix_, round);
+}
+
+rendezvous::Task<bool> Generations::wait_regroup_finished(int round,
+                                                          std::chrono::milliseconds timeout) {
+  return wait_for_keys(client_, opened_, {contract::regroup_finished_key(prefix_, round)}, timeout);
 }
 
 rendezvous::Task<void> Generations::publish(int generation, std::string record) {

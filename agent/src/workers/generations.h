@@ -30,6 +30,13 @@ struct RecoveryOutcome {
   std::string why;     // when not recovered
 };
 
+// What a regroup's generation key says: the generation the newcomers' workers join, or that the
+// job's running workers finished first (there is nothing left to join).
+struct RegroupName {
+  int generation = 0;  // when not finished
+  bool finished = false;
+};
+
 class Generations {
  public:
   // The generations of `restart_count`'s group, whose store is `store` (the workers' store; with
@@ -54,12 +61,22 @@ class Generations {
   rendezvous::Task<void> place_regrouped(int round, int old_rank_offset, int new_rank_offset,
                                          int new_node_rank);
   // Node 0 of a regroup in round `round`: its generation is `generation`, for the workers of
-  // nodes new to the job (regroup_generation_key). Throws rendezvous::StoreError.
-  rendezvous::Task<void> name_regroup_generation(int round, int generation);
+  // nodes new to the job (regroup_generation_key), unless a node said the job's workers finished
+  // first; returns what the key says. Throws rendezvous::StoreError.
+  rendezvous::Task<RegroupName> name_regroup_generation(int round, int generation);
   // A newcomer, or another node of the regroup: the generation of the regroup in round `round`,
-  // once node 0 named it; nullopt when it did not within `timeout`. Throws rendezvous::StoreError.
-  rendezvous::Task<std::optional<int>> regroup_generation(int round,
-                                                          std::chrono::milliseconds timeout);
+  // once node 0 named it (or the job finished); nullopt when nothing came within `timeout`.
+  // Throws rendezvous::StoreError.
+  rendezvous::Task<std::optional<RegroupName>> regroup_generation(
+      int round, std::chrono::milliseconds timeout);
+  // A node whose workers all finished while the job regrouped in round `round`: says so at the
+  // regroup's generation key, or, when node 0 named a generation already, at its finished key
+  // (unless that generation's group recovered: the newcomers trained), and returns that
+  // generation. Throws rendezvous::StoreError.
+  rendezvous::Task<std::optional<int>> mark_regroup_finished(int round);
+  // A newcomer's workers joined the regroup of round `round`: whether the job's running workers
+  // finished without them (mark_regroup_finished) within `timeout`. Throws rendezvous::StoreError.
+  rendezvous::Task<bool> wait_regroup_finished(int round, std::chrono::milliseconds timeout);
   // The steps of publish_and_wait, apart: a regroup asks its workers to recover in between.
   // Throws rendezvous::StoreError; wait_recovered makes a store that cannot be used an outcome.
   rendezvous::Task<void> publish(int generation, std::string record);

@@ -415,7 +415,9 @@ class InPlaceElasticNodes : public InPlace {
   // worker training 300 steps of about 10 ms, long enough to lose a node midway; its files in job/.
   std::unique_ptr<Child> training_agent(int i, const std::string& nnodes,
                                         const std::string& endpoint,
-                                        const std::vector<std::string>& extra = {}) {
+                                        const std::vector<std::string>& extra = {},
+                                        const std::vector<std::string>& worker = {
+                                            "--steps", "300", "--step-ms", "10"}) {
     const std::string name = "job_node" + std::to_string(i);
     std::vector<std::string> args{"--nnodes",         nnodes,
                                   "--rdzv-endpoint",  endpoint,
@@ -425,8 +427,8 @@ class InPlaceElasticNodes : public InPlace {
                                   "--restart-policy", "in-place",
                                   "--event-log",      path(name + ".jsonl")};
     args.insert(args.end(), extra.begin(), extra.end());
-    args.insert(args.end(), {"--no-python", kWorker, "--out", path("job"), "--steps", "300",
-                             "--step-ms", "10"});
+    args.insert(args.end(), {"--no-python", kWorker, "--out", path("job")});
+    args.insert(args.end(), worker.begin(), worker.end());
     return std::make_unique<Child>(DIST_LAUNCH_BIN, std::move(args), dir_ / (name + ".log"),
                                    std::map<std::string, std::string>{},
                                    std::vector<std::string>{"OMP_NUM_THREADS"});
@@ -735,5 +737,140 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
     EXPECT_EQ(events(name, "node_joined").size(), 1u) << all;
     EXPECT_TRUE(events(name, "inplace_fallback").empty()) << all;
     EXPECT_TRUE(events(name, "restart").empty()) << all;
+  }
+}
+
+// The running workers finish the job while the nodes regroup for a newcomer: they end their loop
+// as soon as node 0's agent says a node waits to join. Whether that comes before node 0 names the
+// regroup's generation (the newcomer then starts no worker), after it (its worker is stopped), or
+// after the regroup (the newcomer's worker trained its last steps with them) is the machine's
+// timing; every way, the job ends done on all three nodes, without a restart, and the ranks that
+// trained agree. (The next test takes the second way every time.)
+TEST_F(InPlaceElasticNodes, WorkersFinishingDuringANewcomersRegroupEndTheJobDone) {
+  fs::create_directories(dir_ / "job");
+  const std::string endpoint =
+      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const fs::path finish = dir_ / "finish";
+  const auto agent = [&](int i) {
+    return training_agent(
+        i, "2:4", endpoint, {"--rdzv-conf", "last_call_timeout=2"},
+        {"--steps", "100000", "--step-ms", "10", "--finish-at-file", finish.string()});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("rank 0 step 5\n") != std::string::npos; }, 60s))
+      << agents[0]->output() << agents[1]->output();
+  agents.push_back(agent(2));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return agents[0]->output().find("in-place: a node is waiting to join") != std::string::npos;
+      },
+      60s))
+      << agents[0]->output();
+  std::ofstream(finish) << "now\n";
+
+  std::string all;
+  std::vector<int> codes;
+  for (auto& a : agents) {
+    codes.push_back(a->wait(120s));
+    all += a->output();
+  }
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0})) << all;
+  const auto first = final_of("job", 0), second = final_of("job", 1), third = final_of("job", 2);
+  ASSERT_TRUE(first && second) << all;
+  const int world = third ? 3 : 2;  // the newcomer's worker trained, or it never did
+  for (const auto& f : {*first, *second}) {
+    EXPECT_EQ(f.world, world) << all;
+    EXPECT_EQ(f.step, first->step) << all;
+    EXPECT_EQ(f.digest, first->digest) << all;
+  }
+  EXPECT_EQ(first->pid, start_pid("job", 0, 0, 0)) << all;
+  EXPECT_EQ(second->pid, start_pid("job", 1, 0, 0)) << all;
+  if (third) {
+    EXPECT_EQ(third->step, first->step) << all;
+    EXPECT_EQ(third->digest, first->digest) << all;
+  } else {
+    EXPECT_NE(agents[2]->output().find("the job finished before this node's workers joined it"),
+              std::string::npos)
+        << agents[2]->output();
+    const auto finished = events("job_node2", "inplace_finished");
+    ASSERT_EQ(finished.size(), 1u) << all;
+    EXPECT_EQ(finished[0]["round"], 1);
+  }
+  EXPECT_EQ(all.find("restarting"), std::string::npos) << all;
+  for (const int i : {0, 1, 2}) {
+    const std::string name = "job_node" + std::to_string(i);
+    EXPECT_TRUE(events(name, "restart").empty()) << all;
+    const auto end = events(name, "job_end");
+    ASSERT_EQ(end.size(), 1u) << all;
+    EXPECT_EQ(end[0]["outcome"], "succeeded") << end[0];
+  }
+}
+
+// The same, once the regroup's generation is out: the running workers, asked to regroup, end
+// their loop instead (as a loop at its last step would). The newcomer's worker, started as that
+// generation, has nobody left to join: its agent is told, stops it, and the job ends done.
+TEST_F(InPlaceElasticNodes, WorkersFinishingAfterTheGenerationIsNamedEndTheJobDone) {
+  fs::create_directories(dir_ / "job");
+  const std::string endpoint =
+      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const auto agent = [&](int i) {
+    return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"},
+                          {"--steps", "100000", "--step-ms", "10", "--finish-when-asked"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("rank 0 step 5\n") != std::string::npos; }, 60s))
+      << agents[0]->output() << agents[1]->output();
+  agents.push_back(agent(2));
+
+  std::string all;
+  std::vector<int> codes;
+  for (auto& a : agents) {
+    codes.push_back(a->wait(120s));
+    all += a->output();
+  }
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0})) << all;
+  const auto first = final_of("job", 0), second = final_of("job", 1);
+  ASSERT_TRUE(first && second) << all;
+  for (const auto& f : {*first, *second}) {
+    EXPECT_EQ(f.world, 2) << all;
+    EXPECT_EQ(f.step, first->step) << all;
+    EXPECT_EQ(f.digest, first->digest) << all;
+  }
+  EXPECT_EQ(first->pid, start_pid("job", 0, 0, 0)) << all;
+  EXPECT_EQ(second->pid, start_pid("job", 1, 0, 0)) << all;
+  const auto joined = events("job_node2", "inplace_joined");
+  ASSERT_EQ(joined.size(), 1u) << "the newcomer's worker started as generation 1: " << all;
+  EXPECT_EQ(joined[0]["generation"], 1);
+  EXPECT_FALSE(final_of("job", 2).has_value()) << all;
+  EXPECT_EQ(all.find("restarting"), std::string::npos) << all;
+  EXPECT_NE(agents[2]->output().find("the job finished before this node's workers joined it"),
+            std::string::npos)
+      << agents[2]->output();
+  const auto told = events("job_node0", "inplace_finished");
+  ASSERT_EQ(told.size(), 1u) << all;
+  EXPECT_EQ(told[0]["generation"], 1) << told[0];
+  const auto stopped = events("job_node2", "inplace_finished");
+  ASSERT_EQ(stopped.size(), 1u) << all;
+  EXPECT_EQ(stopped[0]["generation"], 1) << stopped[0];
+  for (const int i : {0, 1, 2}) {
+    const std::string name = "job_node" + std::to_string(i);
+    EXPECT_TRUE(events(name, "restart").empty()) << all;
+    const auto end = events(name, "job_end");
+    ASSERT_EQ(end.size(), 1u) << all;
+    EXPECT_EQ(end[0]["outcome"], "succeeded") << end[0];
   }
 }

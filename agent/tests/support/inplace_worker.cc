@@ -9,6 +9,10 @@
 //                             (default 0) of restart attempt A (default 0); repeatable
 //   --fail-in-recovery R      rank R exits with code 4 as its recovery begins (it has read the
 //                             new generation), on restart attempt 0
+//   --finish-at-file PATH     the ranks end their loop, together, at the first step before which
+//                             one of them sees PATH exist (all-reduced)
+//   --finish-when-asked       the ranks end their loop, together, at the first step before which
+//                             one of them was asked to regroup (a node joins), without regrouping
 //   --out DIR                 DIR/start_<rank>_<attempt>_<generation>: "<pid>", written at start;
 //                             DIR/final_<rank>: "<pid> <step> <digest> <generation> <world
 //                             size>" at the end (the rank and world of then: a lost node's
@@ -47,6 +51,8 @@ struct Options {
   int step_ms = 0;
   std::vector<Crash> crashes;
   int fail_in_recovery = -1;
+  std::string finish_file;
+  bool finish_when_asked = false;
   std::string out;
 };
 
@@ -71,8 +77,18 @@ void write_file(const std::string& path, const std::string& content) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--finish-when-asked") {
+      o.finish_when_asked = true;
+      --i;  // no value
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "dist-inplace-worker: %s needs a value\n", flag.c_str());
+      std::exit(2);
+    }
+    const std::string value = argv[i + 1];
     if (flag == "--steps") {
       o.steps = std::stoi(value);
     } else if (flag == "--step-ms") {
@@ -83,6 +99,8 @@ Options parse(int argc, char** argv) {
       o.crashes.push_back(c);
     } else if (flag == "--fail-in-recovery") {
       o.fail_in_recovery = std::stoi(value);
+    } else if (flag == "--finish-at-file") {
+      o.finish_file = value;
     } else if (flag == "--out") {
       o.out = value;
     } else {
@@ -122,7 +140,20 @@ int run(const Options& o) {
                       }
                     });
   recovery.start();
-  while (step < static_cast<std::uint64_t>(o.steps)) {
+  // Whether every rank ends its loop now: one rank's reason is all of theirs.
+  const auto finishing = [&] {
+    if (o.finish_file.empty() && !o.finish_when_asked) return false;
+    const bool mine = (!o.finish_file.empty() && std::filesystem::exists(o.finish_file)) ||
+                      (o.finish_when_asked && recovery.regroup_asked());
+    std::vector<double> any{mine ? 1.0 : 0.0};
+    dist.group->all_reduce(std::span<double>(any), ReduceOp::kMax);
+    if (any[0] > 0 && rank == 0) {
+      std::printf("rank 0: the ranks end their loop at step %llu\n",
+                  static_cast<unsigned long long>(step));
+    }
+    return any[0] > 0;
+  };
+  while (step < static_cast<std::uint64_t>(o.steps) && !finishing()) {
     recovery.run([&] {
       const int current = dist.env.rank;  // a lost node's survivors are renumbered
       for (const Crash& c : o.crashes) {

@@ -288,6 +288,28 @@ TEST(StateMachineTransitions, InPlaceElasticANodeWaitingToJoinIsTakenInWhileTheW
   });
 }
 
+// The job's workers finish while the nodes regroup: a success, whose exit barrier is passed once
+// the regroup's join has reported back (the round joined is the one the job ends in); a newcomer
+// with nothing left to join stops its workers and succeeds with the others.
+TEST(StateMachineTransitions, InPlaceElasticWorkersFinishingDuringARegroupEndTheJobDone) {
+  Facts f = elastic();
+  f.in_place = f.restarts_left = true;
+  check({
+      {"the workers finish while regrouping: a success", State::kRegrouping,
+       Input::kWorkersSucceeded, f, State::kStopping, StopReason::kAllSucceeded},
+      {"stopped, the join still under way: it is waited for", State::kStopping,
+       Input::kGroupStopped, joining(stopped(f, StopReason::kAllSucceeded)), std::nullopt},
+      {"the join reported back (the newcomers told): the exit barrier", State::kStopping,
+       Input::kRegroupFailed, stopped(f, StopReason::kAllSucceeded), State::kExitBarrier},
+      {"a newcomer: the running workers finished before its own joined", State::kRunning,
+       Input::kJobFinished, f, State::kStopping, StopReason::kJobFinished},
+      {"its workers stopped: the exit barrier, as a success", State::kStopping,
+       Input::kGroupStopped, stopped(f, StopReason::kJobFinished), State::kExitBarrier},
+      {"one node alone: no barrier", State::kStopping, Input::kGroupStopped,
+       stopped(one_node(), StopReason::kJobFinished), State::kSucceeded},
+  });
+}
+
 // A static two-node job, walked through the machine: a failure, a restart, then success.
 TEST(StateMachineTransitions, AStaticJobFailsRestartsAndSucceeds) {
   State s = State::kRendezvous;

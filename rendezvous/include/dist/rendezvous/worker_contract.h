@@ -75,6 +75,12 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: 
 //   The running workers' collectives do not fail: once gen/<g> is out, their agents ask them to
 //   recover at their next unit of work (the progress slot's regroup_round, below; a torch
 //   worker's watcher sees gen/<g> itself), and they wait in the new group for the newcomers.
+//   The running workers may finish the job meanwhile. A node whose workers all finished during
+//   the regroup writes "finished" at regroup/<R>/generation when nothing was named there yet
+//   (node 0 then names nothing: the key is set by compare-and-set), and otherwise
+//   regroup/<R>/finished  "<g>": the newcomer's agent stops its workers, which would wait for
+//                     running workers that are gone; every node of round R passes its exit
+//                     barrier and the job ends done, not restarted.
 // Generation g's process group keeps its keys under "sdk/<run id>/attempt_<restart>/gen_<g>/"
 // (generation 0: "sdk/<run id>/attempt_<restart>/"), so no key of a previous generation is read.
 // A group restart starts over at generation 0 with a new restart count, hence new keys.
@@ -99,6 +105,10 @@ inline std::string regroup_key(const std::string& prefix, int round, int old_ran
 }
 inline std::string regroup_generation_key(const std::string& prefix, int round) {
   return prefix + "regroup/" + std::to_string(round) + "/generation";
+}
+inline constexpr char kRegroupFinished[] = "finished";  // at regroup_generation_key
+inline std::string regroup_finished_key(const std::string& prefix, int round) {
+  return prefix + "regroup/" + std::to_string(round) + "/finished";
 }
 
 // A worker's progress slot: the agent gives each worker one page of shared memory (a memfd) open

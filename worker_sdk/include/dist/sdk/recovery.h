@@ -118,12 +118,15 @@ class InPlaceRecovery {
 
   bool enabled() const { return dist_.env.in_place; }
   int generation() const { return generation_; }
+  // Whether the agent asked the workers to regroup (a node joins) and this rank has not yet: the
+  // next run() recovers first. A loop about to end may end instead (every rank alike): the
+  // agents then tell the newcomers the job finished.
+  bool regroup_asked() const;
   // The rank whose state every rank took at the last recovery (-1: none yet).
   int last_root() const { return last_root_; }
 
  private:
   void recover(const CollectiveError& error);
-  bool regroup_asked() const;
   void regroup();
   // After the failure or the regroup (`since`, for the log): the agent's next generation, this
   // rank's place in it, the group rebuilt and the root's state. `cause` starts its errors.

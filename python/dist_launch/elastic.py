@@ -267,6 +267,9 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
         g.timeout = timeout
     if g.generation == 0:
         return g.init(init_method="env://")
+    # Here (imports done): a regroup's generation is published once every rank of the new world
+    # is, so that the running workers train on while this one started.
+    g.store.set(f"{g.generation_key(g.generation)}/arrived/{g.rank}", "1")
     return g.join(g.generation)
 
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "dist/rendezvous/worker_contract.h"
 #include "progress_slot.h"
 
 namespace dist::sdk {
@@ -19,6 +20,15 @@ void ignore_sigpipe() {
   struct sigaction ignore {};
   ignore.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &ignore, nullptr);
+}
+
+// A worker started as a later generation of an in-place group (a newcomer's, a replacement) says
+// it is here before it waits for the group: a regroup's generation is published once every rank
+// of the new world is (worker_contract.h), so that the running workers train on meanwhile.
+void say_arrived(const WorkerEnv& env) {
+  namespace contract = rendezvous::worker_contract;
+  const std::string prefix = contract::generation_prefix(env.run_id, env.restart_count);
+  connect_store(env).set(contract::arrived_key(prefix, env.generation, env.rank), "1");
 }
 
 }  // namespace
@@ -58,6 +68,7 @@ Distributed init(Backend backend) {
     d.env = WorkerEnv::single_process();
     d.env.master_port = d.own_store->port();
   }
+  if (d.env.in_place && d.env.generation > 0) say_arrived(d.env);
   d.group = join_group(d.env, backend, std::chrono::minutes(5));
   return d;
 }

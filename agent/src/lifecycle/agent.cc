@@ -1011,6 +1011,9 @@ class Agent {
     try {
       co_await generations_->place_regrouped(to.round, old_rank_offset, to.rank_offset,
                                              to.node_rank);
+      // With newcomers, the generation is published once their workers are ready (their imports
+      // done), so that the running workers stall for the regroup alone; they train meanwhile.
+      const bool newcomers = to.num_nodes > to.returning;
       if (to.node_rank == 0) {
         t.generation = co_await generations_->next();
         const auto name = co_await generations_->name_regroup_generation(to.round, *t.generation);
@@ -1018,6 +1021,7 @@ class Agent {
           t.finished = true;
           co_return t;
         }
+        if (newcomers) co_await await_arrivals(*t.generation, to.rank_offset, to.world_size);
         std::string record = "regrouped round=" + std::to_string(to.round) +
                              " world=" + std::to_string(to.world_size) +
                              " nodes=" + std::to_string(to.num_nodes);
@@ -1027,6 +1031,10 @@ class Agent {
         if (g && g->finished) {
           t.finished = true;
           co_return t;
+        }
+        if (g && newcomers) {
+          co_await generations_->mark_arrived(g->generation, to.rank_offset,
+                                              config_.nproc_per_node);
         }
         if (!g || !co_await generations_->wait_published(g->generation, kInPlaceRecoveryTimeout)) {
           t.outcome.why = "node 0 did not publish the regroup's generation within " +
@@ -1046,6 +1054,25 @@ class Agent {
       t.outcome.why = "the workers' store cannot be used: " + std::string(e.what());
     }
     co_return t;
+  }
+
+  // Node 0: this node's workers are there; then every rank of the new world, the newcomers'
+  // workers included, at most kArrivalTimeout (then the generation is published anyway).
+  Task<void> await_arrivals(int generation, int rank_offset, int world_size) {
+    co_await generations_->mark_arrived(generation, rank_offset, config_.nproc_per_node);
+    const auto began = std::chrono::steady_clock::now();
+    if (co_await generations_->wait_arrived(generation, world_size, kArrivalTimeout)) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - began);
+      spdlog::info(
+          "generation {}: every worker of the new world is ready after {} ms: publishing it",
+          generation, waited.count());
+      co_return;
+    }
+    spdlog::warn(
+        "generation {}: not every worker of the new world was ready to join it within {} s: "
+        "publishing it anyway",
+        generation, kArrivalTimeout.count() / 1000);
   }
 
   void on_regroup_done(const RegroupTold& t) {

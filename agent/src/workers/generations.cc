@@ -78,6 +78,13 @@ rendezvous::Task<bool> wait_for_keys(std::shared_ptr<rendezvous::AsyncStoreClien
   co_return co_await client->wait(std::move(keys), timeout);
 }
 
+rendezvous::Task<void> set_all(std::shared_ptr<rendezvous::AsyncStoreClient> client,
+                               std::shared_ptr<bool> opened,
+                               rendezvous::AsyncStoreClient::Items items) {
+  co_await open_once(*client, *opened);
+  co_await client->multi_set(std::move(items));
+}
+
 rendezvous::Task<void> set_place(std::shared_ptr<rendezvous::AsyncStoreClient> client,
                                  std::shared_ptr<bool> opened, std::string key, std::string value) {
   co_await open_once(*client, *opened);
@@ -173,6 +180,23 @@ rendezvous::Task<std::optional<RegroupName>> Generations::regroup_generation(
 
 rendezvous::Task<std::optional<int>> Generations::mark_regroup_finished(int round) {
   return say_regroup_finished(client_, opened_, prefix_, round);
+}
+
+rendezvous::Task<void> Generations::mark_arrived(int generation, int first_rank, int count) {
+  rendezvous::AsyncStoreClient::Items items;
+  for (int rank = first_rank; rank < first_rank + count; ++rank) {
+    items.emplace_back(contract::arrived_key(prefix_, generation, rank), "1");
+  }
+  return set_all(client_, opened_, std::move(items));
+}
+
+rendezvous::Task<bool> Generations::wait_arrived(int generation, int world_size,
+                                                 std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < world_size; ++rank) {
+    keys.push_back(contract::arrived_key(prefix_, generation, rank));
+  }
+  return wait_for_keys(client_, opened_, std::move(keys), timeout);
 }
 
 rendezvous::Task<bool> Generations::wait_regroup_finished(int round,

@@ -23,6 +23,9 @@ namespace dist::agent {
 // the state broadcast) is seconds even for large models; a group that says nothing for this long
 // is not recovering (its workers may not use the SDK's recovery), and restarts.
 inline constexpr std::chrono::milliseconds kInPlaceRecoveryTimeout{std::chrono::minutes(5)};
+// How long node 0 of a regroup waits for the newcomers' workers to be ready (their imports) before
+// it publishes the generation anyway: less than the others wait for that publication.
+inline constexpr std::chrono::milliseconds kArrivalTimeout{std::chrono::minutes(4)};
 
 struct RecoveryOutcome {
   bool recovered = false;
@@ -74,6 +77,13 @@ class Generations {
   // (unless that generation's group recovered: the newcomers trained), and returns that
   // generation. Throws rendezvous::StoreError.
   rendezvous::Task<std::optional<int>> mark_regroup_finished(int round);
+  // Generation `generation`'s ranks [first_rank, first_rank + count) are ready to join it (this
+  // node's running workers). Throws rendezvous::StoreError.
+  rendezvous::Task<void> mark_arrived(int generation, int first_rank, int count);
+  // Whether every rank of generation `generation`'s world of `world_size` arrived within
+  // `timeout` (mark_arrived; a newcomer's worker writes its own). Throws rendezvous::StoreError.
+  rendezvous::Task<bool> wait_arrived(int generation, int world_size,
+                                      std::chrono::milliseconds timeout);
   // A newcomer's workers joined the regroup of round `round`: whether the job's running workers
   // finished without them (mark_regroup_finished) within `timeout`. Throws rendezvous::StoreError.
   rendezvous::Task<bool> wait_regroup_finished(int round, std::chrono::milliseconds timeout);

@@ -713,6 +713,10 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
   EXPECT_NE(all.find("rank 2 joined generation 1 as a newcomer: state from rank 0"),
             std::string::npos)
       << all;
+  // Published once the newcomer's worker was there: the running workers trained meanwhile.
+  EXPECT_NE(agents[0]->output().find("generation 1: every worker of the new world is ready after"),
+            std::string::npos)
+      << agents[0]->output();
   // The first worker to see its agent's request lets go of the group (the other's collective
   // fails then, unless it saw the request too).
   EXPECT_NE(all.find(": the job regroups in round 1; waiting for generation 1"), std::string::npos)

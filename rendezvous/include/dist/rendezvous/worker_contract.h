@@ -72,6 +72,11 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: 
 //   regroup/<R>/generation  "<g>": the newcomer's agent starts its workers as generation g
 //                     (kGenerationVariable), which receive the running workers' state as a
 //                     replacement does.
+//   gen/<g>/arrived/<rank>  "1": rank `rank` of generation g's world is ready to join it: a
+//                     newcomer's worker writes its own once started (its imports done, as it
+//                     waits for the group); every running node's agent writes its workers'.
+//                     Node 0 publishes gen/<g> once every rank arrived (or after
+//                     kArrivalTimeout, agent side): the running workers train on meanwhile.
 //   The running workers' collectives do not fail: once gen/<g> is out, their agents ask them to
 //   recover at their next unit of work (the progress slot's regroup_round, below; a torch
 //   worker's watcher sees gen/<g> itself), and they wait in the new group for the newcomers.
@@ -105,6 +110,9 @@ inline std::string regroup_key(const std::string& prefix, int round, int old_ran
 }
 inline std::string regroup_generation_key(const std::string& prefix, int round) {
   return prefix + "regroup/" + std::to_string(round) + "/generation";
+}
+inline std::string arrived_key(const std::string& prefix, int generation, int rank) {
+  return generation_key(prefix, generation) + "/arrived/" + std::to_string(rank);
 }
 inline constexpr char kRegroupFinished[] = "finished";  // at regroup_generation_key
 inline std::string regroup_finished_key(const std::string& prefix, int round) {

@@ -12,7 +12,8 @@
 //             `assignment`; each last call that passes without one, close the round with
 //             whoever is in (at least MIN).
 //   ASSIGNED  the ticket is in the assignment: done.
-//   EXCLUDED  it came after the close, or beyond MAX: JOIN round n+1 as a newcomer.
+//   EXCLUDED  it came after the close, or beyond MAX: JOIN round n+1 as a newcomer (a node whose
+//             workers run on, regrouping: an error instead).
 //
 // Whoever claims `closed` first (COMPARE_SET) reads the records, orders them (rules.h), keeps at
 // most MAX, gives the workers a clean store, publishes healthy / intact / running /
@@ -78,7 +79,12 @@ Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Ass
         co_await take_ticket(n, std::move(back_from), worker_store, keeps_workers);  // JOIN
     co_await close_if_complete(n);                                                   // CLOSE?
     if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;       // WAIT
-    // EXCLUDED: on to the next round, as a newcomer.
+    // EXCLUDED: on to the next round, as a newcomer; unless the node's workers run on (a
+    // regroup): a later round cannot continue them, and its others must not wait on them.
+    if (keeps_workers) {
+      throw RendezvousError("round " + std::to_string(n) +
+                            " closed without this node: its running workers cannot go on in it");
+    }
   }
 }
 

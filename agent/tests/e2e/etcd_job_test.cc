@@ -291,6 +291,90 @@ TEST_F(EtcdJob, InPlaceReplacesTheFailedWorkerAloneAndTheOtherNodeRunsOn) {
   EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
 }
 
+// An elastic in-place job over etcd (--nnodes 2:3): a third node joins midway. The running
+// workers keep their processes and take the newcomer's in at their next step, as ranks 0 and 1 of
+// a world of three; the newcomer's worker starts as the regroup's generation with their state, and
+// all three end with the same. The rounds, the verdict and the newcomer's wait are etcd's; the
+// generations are the round's workers' store's.
+TEST_F(EtcdJob, InPlaceANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
+  const fs::path out = dir_ / "join";
+  fs::create_directories(out);
+  const auto node = [&](const std::string& name) -> Child& {
+    std::vector<std::string> args{"--nnodes",
+                                  "2:3",
+                                  "--rdzv-backend",
+                                  "etcd-v3",
+                                  "--rdzv-endpoint",
+                                  cluster_->endpoint_list(),
+                                  "--rdzv-id",
+                                  "join",
+                                  "--rdzv-conf",
+                                  "last_call_timeout=1,join_timeout=60",
+                                  "--nproc-per-node",
+                                  "1",
+                                  "--local-addr",
+                                  "127.0.0.1",
+                                  "--max-restarts",
+                                  "1",
+                                  "--restart-policy",
+                                  "in-place",
+                                  "--no-python",
+                                  kInPlaceWorker,
+                                  "--steps",
+                                  "300",
+                                  "--step-ms",
+                                  "10",
+                                  "--out",
+                                  out.string()};
+    agents_.push_back(std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log")));
+    return *agents_.back();
+  };
+  Child& a = node("a");
+  Child& b = node("b");
+  ASSERT_TRUE(eventually(
+      [&] {
+        return a.output().find("rank 0 step 5\n") != std::string::npos ||
+               b.output().find("rank 0 step 5\n") != std::string::npos;
+      },
+      60s))
+      << a.output() << b.output();
+  Child& c = node("c");
+  std::string all;
+  for (Child* n : {&a, &b, &c}) {
+    EXPECT_EQ(n->wait(120s), 0) << n->output();
+    all += n->output();
+  }
+  const auto read = [&](const std::string& file) {
+    std::ifstream in(out / file);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  std::string digest;
+  for (const int rank : {0, 1, 2}) {
+    long pid = -1, step = -1;
+    std::string hex;
+    int generation = -1, world = -1;
+    std::istringstream(read("final_" + std::to_string(rank))) >> pid >> step >> hex >> generation >>
+        world;
+    EXPECT_EQ(step, 300) << all;
+    EXPECT_EQ(world, 3) << all;
+    EXPECT_EQ(generation, 1) << all;
+    long started = -1;
+    std::istringstream(read("start_" + std::to_string(rank) + "_0_" + (rank < 2 ? "0" : "1"))) >>
+        started;
+    EXPECT_EQ(pid, started) << "ranks 0 and 1 kept their processes, rank 2 started as generation "
+                            << "1: " << all;
+    if (rank == 0) digest = hex;
+    EXPECT_EQ(hex, digest) << all;
+  }
+  EXPECT_NE(c.output().find("this node's workers joined the running workers as generation 1"),
+            std::string::npos)
+      << c.output();
+  EXPECT_EQ(all.find("restarting"), std::string::npos) << all;
+  EXPECT_EQ(all.find("stopping the workers"), std::string::npos) << all;
+}
+
 // Two of three members lost: no quorum. The agents say so and stop within a bounded time.
 TEST_F(EtcdJob, LosingQuorumIsAClearErrorWithinBoundedTime) {
   const std::vector<std::string> worker{"forever"};

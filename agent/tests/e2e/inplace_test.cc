@@ -819,7 +819,9 @@ TEST_F(InPlaceElasticNodes, WorkersFinishingDuringANewcomersRegroupEndTheJobDone
 
 // The same, once the regroup's generation is out: the running workers, asked to regroup, end
 // their loop instead (as a loop at its last step would). The newcomer's worker, started as that
-// generation, has nobody left to join: its agent is told, stops it, and the job ends done.
+// generation, has nobody left to join: its agent is told, stops it, and the job ends done. (When
+// the request reaches a worker between its check and its next unit, the group regroups first and
+// all three end a step later, in the world of three: the job ends done that way too.)
 TEST_F(InPlaceElasticNodes, WorkersFinishingAfterTheGenerationIsNamedEndTheJobDone) {
   fs::create_directories(dir_ / "job");
   const std::string endpoint =
@@ -847,10 +849,10 @@ TEST_F(InPlaceElasticNodes, WorkersFinishingAfterTheGenerationIsNamedEndTheJobDo
     all += a->output();
   }
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0})) << all;
-  const auto first = final_of("job", 0), second = final_of("job", 1);
+  const auto first = final_of("job", 0), second = final_of("job", 1), third = final_of("job", 2);
   ASSERT_TRUE(first && second) << all;
   for (const auto& f : {*first, *second}) {
-    EXPECT_EQ(f.world, 2) << all;
+    EXPECT_EQ(f.world, third ? 3 : 2) << all;
     EXPECT_EQ(f.step, first->step) << all;
     EXPECT_EQ(f.digest, first->digest) << all;
   }
@@ -859,17 +861,20 @@ TEST_F(InPlaceElasticNodes, WorkersFinishingAfterTheGenerationIsNamedEndTheJobDo
   const auto joined = events("job_node2", "inplace_joined");
   ASSERT_EQ(joined.size(), 1u) << "the newcomer's worker started as generation 1: " << all;
   EXPECT_EQ(joined[0]["generation"], 1);
-  EXPECT_FALSE(final_of("job", 2).has_value()) << all;
   EXPECT_EQ(all.find("restarting"), std::string::npos) << all;
-  EXPECT_NE(agents[2]->output().find("the job finished before this node's workers joined it"),
-            std::string::npos)
-      << agents[2]->output();
-  const auto told = events("job_node0", "inplace_finished");
-  ASSERT_EQ(told.size(), 1u) << all;
-  EXPECT_EQ(told[0]["generation"], 1) << told[0];
-  const auto stopped = events("job_node2", "inplace_finished");
-  ASSERT_EQ(stopped.size(), 1u) << all;
-  EXPECT_EQ(stopped[0]["generation"], 1) << stopped[0];
+  if (third) {  // regrouped first (above)
+    EXPECT_EQ(third->digest, first->digest) << all;
+  } else {
+    EXPECT_NE(agents[2]->output().find("the job finished before this node's workers joined it"),
+              std::string::npos)
+        << agents[2]->output();
+    const auto told = events("job_node0", "inplace_finished");
+    ASSERT_EQ(told.size(), 1u) << all;
+    EXPECT_EQ(told[0]["generation"], 1) << told[0];
+    const auto stopped = events("job_node2", "inplace_finished");
+    ASSERT_EQ(stopped.size(), 1u) << all;
+    EXPECT_EQ(stopped[0]["generation"], 1) << stopped[0];
+  }
   for (const int i : {0, 1, 2}) {
     const std::string name = "job_node" + std::to_string(i);
     EXPECT_TRUE(events(name, "restart").empty()) << all;

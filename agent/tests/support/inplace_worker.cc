@@ -12,7 +12,9 @@
 //   --finish-at-file PATH     the ranks end their loop, together, at the first step before which
 //                             one of them sees PATH exist (all-reduced)
 //   --finish-when-asked       the ranks end their loop, together, at the first step before which
-//                             one of them was asked to regroup (a node joins), without regrouping
+//                             one of them was asked to regroup (a node joins), without regrouping;
+//                             or, when the request came between that check and the unit's (the
+//                             group regrouped), at the step after
 //   --out DIR                 DIR/start_<rank>_<attempt>_<generation>: "<pid>", written at start;
 //                             DIR/final_<rank>: "<pid> <step> <digest> <generation> <world
 //                             size>" at the end (the rank and world of then: a lost node's
@@ -141,10 +143,12 @@ int run(const Options& o) {
                     });
   recovery.start();
   // Whether every rank ends its loop now: one rank's reason is all of theirs.
+  const int first_generation = dist.env.generation;
   const auto finishing = [&] {
     if (o.finish_file.empty() && !o.finish_when_asked) return false;
     const bool mine = (!o.finish_file.empty() && std::filesystem::exists(o.finish_file)) ||
-                      (o.finish_when_asked && recovery.regroup_asked());
+                      (o.finish_when_asked &&
+                       (recovery.regroup_asked() || recovery.generation() > first_generation));
     std::vector<double> any{mine ? 1.0 : 0.0};
     dist.group->all_reduce(std::span<double>(any), ReduceOp::kMax);
     if (any[0] > 0 && rank == 0) {

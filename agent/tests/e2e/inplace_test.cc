@@ -433,6 +433,23 @@ class InPlaceElasticNodes : public InPlace {
                                    std::map<std::string, std::string>{},
                                    std::vector<std::string>{"OMP_NUM_THREADS"});
   }
+  // Nodes 0 (it hosts the store) and 1 of `agent` training, then node 2 once rank 0 has taken
+  // 5 steps: a newcomer to the running job.
+  void start_two_then_a_newcomer(const std::function<std::unique_ptr<Child>(int)>& agent,
+                                 std::vector<std::unique_ptr<Child>>& agents) {
+    agents.push_back(agent(0));
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] {
+          return agents[0]->output().find("hosting the rendezvous store") != std::string::npos;
+        },
+        30s))
+        << agents[0]->output();
+    agents.push_back(agent(1));
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return agents[0]->output().find("rank 0 step 5\n") != std::string::npos; }, 60s))
+        << agents[0]->output() << agents[1]->output();
+    agents.push_back(agent(2));
+  }
   // Both nodes' events of one kind.
   std::vector<Json> node_events(const std::string& out, const std::string& name) const {
     auto found = events(out + "_node0", name);
@@ -674,16 +691,7 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
     return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"});
   };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("rank 0 step 5\n") != std::string::npos; }, 60s))
-      << agents[0]->output() << agents[1]->output();
-  agents.push_back(agent(2));
+  ASSERT_NO_FATAL_FAILURE(start_two_then_a_newcomer(agent, agents));
 
   std::string all;
   for (auto& a : agents) {
@@ -761,16 +769,7 @@ TEST_F(InPlaceElasticNodes, WorkersFinishingDuringANewcomersRegroupEndTheJobDone
         {"--steps", "100000", "--step-ms", "10", "--finish-at-file", finish.string()});
   };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("rank 0 step 5\n") != std::string::npos; }, 60s))
-      << agents[0]->output() << agents[1]->output();
-  agents.push_back(agent(2));
+  ASSERT_NO_FATAL_FAILURE(start_two_then_a_newcomer(agent, agents));
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] {
         return agents[0]->output().find("in-place: a node is waiting to join") != std::string::npos;
@@ -831,16 +830,7 @@ TEST_F(InPlaceElasticNodes, WorkersFinishingAfterTheGenerationIsNamedEndTheJobDo
                           {"--steps", "100000", "--step-ms", "10", "--finish-when-asked"});
   };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("rank 0 step 5\n") != std::string::npos; }, 60s))
-      << agents[0]->output() << agents[1]->output();
-  agents.push_back(agent(2));
+  ASSERT_NO_FATAL_FAILURE(start_two_then_a_newcomer(agent, agents));
 
   std::string all;
   std::vector<int> codes;

@@ -96,7 +96,7 @@ done
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
   echo "build: $build_dir ($(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build_dir/CMakeCache.txt"))"
   [ -n "$nvcc" ] && echo "nvcc: $("$nvcc" --version | tail -1)"
-  echo "CUDA code: $(grep -ohE -- '--generate-code=arch=[^ ]*' "$build_dir/build.ninja" "$build_dir"/CMakeFiles/*.dir/flags.make 2>/dev/null | sort -u | paste -sd' ')"
+  echo "CUDA code: $({ [ -f "$build_dir/build.ninja" ] && cat "$build_dir/build.ninja"; find "$build_dir" -name flags.make -exec cat {} +; } | grep -ohE -- '--generate-code=arch=[^ ]*' | sort -u | paste -sd' ')"
   echo "NCCL built with: $(grep -hE '^#define NCCL_(MAJOR|MINOR|PATCH) ' "$(sed -n 's/^NCCL_INCLUDE_DIR:[A-Z]*=//p' "$build_dir/CMakeCache.txt")/nccl.h" | awk '{print $3}' | paste -sd.)"
   echo "lib/ carries: ${!copied[*]}"
   echo "files:"

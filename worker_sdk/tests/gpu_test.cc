@@ -533,6 +533,60 @@ TEST_F(OneGpuChild, DISABLED_OpTimeout) {
   std::_Exit(1);
 }
 
+// What an in-place survivor does on its GPU (recovery.h): its group is aborted (here by
+// op_timeout, as a dead peer's collective would be), and the same process, on the same device and
+// CUDA context, builds the next generation's group and runs collectives in it. The values read
+// are ones only NCCL can have written (an out-of-place all-gather over zeros).
+TEST_F(OneGpu, AfterAnAbortTheSameProcessBuildsTheNextGenerationsGroup) {
+  SKIP_WITHOUT_GPU();
+  const auto child_run = child("NextGeneration", "throw");
+  EXPECT_EQ(child_run.exit_code, kChildPassed) << child_run.output;
+  EXPECT_NE(child_run.output.find("timed out"), std::string::npos) << child_run.output;
+  EXPECT_NE(child_run.output.find("the next generation's group gathered"), std::string::npos)
+      << child_run.output;
+}
+TEST_F(OneGpuChild, DISABLED_NextGeneration) {
+  ONLY_AS_A_CHILD();
+  NcclOptions options;
+  options.op_timeout = 1s;
+  options.on_failure = NcclFailure::kThrow;
+  options.key_prefix = "test/generation/1";
+  auto g = group(options);
+  DeviceBuffer data(kCount * sizeof(float));
+  Stream producer;
+  Gate gate;
+  gate.hold(producer.s);
+  Work work =
+      g->all_reduce_async(data.data, kCount, DataType::kFloat32, ReduceOp::kAvg, producer.s);
+  try {
+    work.wait();
+    std::fprintf(stderr, "the collective completed behind a closed gate\n");
+    std::_Exit(1);
+  } catch (const CollectiveError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+  }
+  gate.open();
+  const auto aborted = std::chrono::steady_clock::now();
+  g.reset();
+  NcclOptions next;
+  next.on_failure = NcclFailure::kThrow;
+  next.key_prefix = "test/generation/2";
+  auto g2 = group(next);  // warmed up: every collective once
+  DeviceBuffer in(16 * sizeof(float)), out(16 * sizeof(float));
+  testing::fill(in.floats(), 16, kProduced, producer.s);
+  g2->all_gather(in.data, out.data, 16, DataType::kFloat32, producer.s);
+  check(cudaStreamSynchronize(producer.s));
+  const auto gathered = out.host_floats(16);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - aborted).count();
+  const bool right =
+      std::all_of(gathered.begin(), gathered.end(), [](float v) { return v == kProduced; });
+  std::fprintf(stderr, "the next generation's group gathered %s, %.2f s after the abort\n",
+               right ? "the right values" : "WRONG values", seconds);
+  std::fflush(stderr);
+  std::_Exit(right ? kChildPassed : 1);
+}
+
 // NCCL's own kernels in flight when the watchdog aborts: a queue of large avg all-reduces (each a
 // kernel reading and writing 512 MiB) far longer than op_timeout. The group fails, the abort
 // returns, every later call throws.

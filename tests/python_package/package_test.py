@@ -12,6 +12,7 @@ with --torch-python when P has no torch 2.x.
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -176,9 +177,18 @@ def pip_install(venv_python):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, drawn below the kernel's ephemeral ports (as tests/torch's free_port):
+    one the kernel just handed out can go to any connection before the agent binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        high = int(f.read().split()[0])
+    while True:
+        port = random.randrange(max(1024, high - 10000), high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
 
 
 def process_alive(pid):

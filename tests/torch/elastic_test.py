@@ -29,12 +29,6 @@ ARGS = None
 STEPS = "30"
 
 
-def free_port(host):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def wait_for_listener(host, port, proc, timeout=60):
     """Until something accepts on host:port (the agent that hosts the store), or proc ends."""
     deadline = time.monotonic() + timeout
@@ -53,7 +47,7 @@ class ElasticAgents:
 
     def __init__(self, test, rdzv_id, *extra):
         self.test = test
-        self.port = free_port("127.0.0.2")
+        self.port = launcher_test_main.free_port("127.0.0.2")
         self.env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
         self.cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint",
                     f"127.0.0.2:{self.port}", "--rdzv-id", rdzv_id, *extra, "--nproc-per-node",
@@ -195,7 +189,7 @@ class InPlace(unittest.TestCase):
     def test_across_two_nodes_of_elastic_rendezvous(self):
         # Two agents of one worker each behind c10d rendezvous (the store on 127.0.0.2): rank 1's
         # node replaces it alone, rank 0's node runs on, untouched.
-        port = free_port("127.0.0.2")
+        port = launcher_test_main.free_port("127.0.0.2")
         env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
         procs = []
         for _ in range(2):

@@ -7,7 +7,6 @@ Exits 77 (skip) when that interpreter has no torch.
 """
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -65,9 +64,7 @@ class TorchUnderDistLaunch(unittest.TestCase):
     def test_elastic_job_scales_up_and_torch_workers_form_the_larger_group(self):
         out_dir = tempfile.mkdtemp(prefix="dist-launch-torch-")
         self.addCleanup(shutil.rmtree, out_dir, ignore_errors=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = launcher_test_main.free_port()
         env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
         cmd = [ARGS.launcher, "--nproc-per-node", "2", "--nnodes", "1:2",
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "torch-elastic",

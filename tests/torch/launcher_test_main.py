@@ -1,5 +1,5 @@
 """The command line the tests of dist-launch with torch workers share (launch_torch_test.py,
-file_timer_test.py, hang_test.py):
+file_timer_test.py, hang_test.py, elastic_test.py), and free_port:
 
     python3 TEST.py --launcher build/bin/dist-launch [--python P] [--require-major N] [unittest args]
 
@@ -8,11 +8,31 @@ runs its tests.
 """
 import argparse
 import os
+import random
+import socket
 import subprocess
 import sys
 import unittest
 
 SKIP = 77
+
+
+def free_port(host="127.0.0.1"):
+    """A port free now on `host`, for an agent to bind, drawn below the kernel's ephemeral ports:
+    one the kernel just handed out (bind to port 0) can go to any connection's source port before
+    the agent binds it. Below that range only another test drawing the same number can take it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        high = int(f.read().split()[0])
+    low = high - 10000 if high > 12000 else 1024
+    for _ in range(1000):
+        port = random.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no free port on {host} in [{low}, {high})")
 
 
 def main(test_module):

@@ -3,7 +3,8 @@ name ends with the same weights as the same job on one host. The master's host m
 127.0.1.1, as Debian does; the commands hold names and an interface name, never an address. And
 in-place recovery across two of them (dist_launch.elastic, examples/torch/elastic_train.py), with
 static and with elastic (c10d) rendezvous: only the failed host's worker is replaced, the other
-keeps its process, the weights are one host's.
+keeps its process, the weights are one host's. And a third host joining a running in-place job:
+its worker is taken in at a step boundary, the running workers keep their processes.
 
     python3 torch_named_hosts_test.py --launcher build/bin/dist-launch --named-hosts named-hosts.sh
 Exits 77 (skip) when that interpreter has no torch, or named hosts cannot be made here.
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 from named_hosts import SKIP, NamedHosts, unavailable
@@ -110,6 +112,59 @@ class TorchOnNamedHosts(unittest.TestCase):
         self.in_place_on_two_hosts(lambda rank, host: [
             "--nnodes", "1:2", "--rdzv-endpoint", f"node-a:{STORE_PORT}", "--rdzv-id",
             "named-inplace", "--rdzv-backend", "c10d", "--rdzv-conf", "last_call_timeout=30"])
+
+    def test_a_newcomer_host_joins_the_running_workers_at_a_step_boundary(self):
+        """--nnodes 2:3 in place over c10d at node-a's name: node-a and node-b train, node-c
+        starts midway. Its worker joins the running two as rank 2 of three; theirs keep their
+        processes; all three end with one digest."""
+        steps = "60"
+        argv = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint", f"node-a:{STORE_PORT}",
+                "--rdzv-id", "named-newcomer", "--rdzv-backend", "c10d", "--rdzv-conf",
+                "last_call_timeout=1", "--nproc-per-node", "1", "--restart-policy", "in-place",
+                "--max-restarts", "1", ELASTIC, "--steps", steps, "--pause-ms", "100",
+                "--timestamps"]
+        logs = [os.path.join(self.dir, f"{host}.log") for host in HOSTS]
+        procs = [self.hosts.start(host, argv, env=self.env, log=log)
+                 for host, log in zip(HOSTS[:2], logs)]
+        self.wait_for_line(logs[:2], r"rank 1 pid \d+ step 3 done", procs)
+        procs.append(self.hosts.start("node-c", argv, env=self.env, log=logs[2]))
+        codes = [p.wait(timeout=JOB_TIMEOUT_S) for p in procs]
+        outputs = [read(log) for log in logs]
+        out = "\n".join(outputs)
+        self.assertEqual(codes, [0, 0, 0], out)
+        ends = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in re.finditer(
+            r"rank (\d+) pid (\d+) generation \d+ steps " + steps + r" digest (\w+)", out)}
+        self.assertEqual(sorted(ends), [0, 1, 2], out)
+        self.assertEqual(len({digest for _, digest in ends.values()}), 1, out)
+        # One process each, from start to end; the newcomer's started as generation 1.
+        for rank, (pid, _) in ends.items():
+            self.assertEqual(re.findall(rf"rank {rank} pid (\d+) started", out), [str(pid)], out)
+        self.assertIn("rank 2 pid %d started (generation 1)" % ends[2][0], outputs[2])
+        self.assertIn("round 1: this node's workers joined the running workers as generation 1",
+                      outputs[2])
+        self.assertIn("regrouped in round 1 (a node is waiting to join): world 3, 1 node(s) new",
+                      out)
+        self.assertNotIn("restarting", out)
+
+    def wait_for_line(self, logs, pattern, procs, timeout=120):
+        """Until one of `logs` has a line matching `pattern` (or a process has ended)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(re.search(pattern, read(log)) for log in logs):
+                return
+            if any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.05)
+        self.fail(f"no '{pattern}' in time:\n" + "\n".join(read(log) for log in logs))
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()

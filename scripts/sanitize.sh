@@ -6,6 +6,7 @@
 # same code through slower daemons.
 #   scripts/sanitize.sh [KINDS]     KINDS: asan, tsan, or asan,tsan (default; "all" too)
 # scripts/test.sh runs it after the plain suite (DIST_SANITIZE). JOBS: parallel compiles and tests.
+# DIST_SANITIZE_BUILD_ONLY=1: the builds alone (scripts/test.sh starts them beside the plain tests).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 kinds=${1:-asan,tsan}
@@ -54,6 +55,7 @@ run() {
     -DDIST_WITH_NCCL=OFF -DDIST_BUILD_BENCH=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_CXX_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  [ "$build_only" = 1 ] && return
   (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600 -E "$exclude$skip")
   DIST_TEST_PROGRAMS="$dir/bin" ctest --test-dir "$plain" --output-on-failure -j "$jobs" \
     --timeout 600 -L agent_e2e -E "$exclude$skip"
@@ -61,7 +63,10 @@ run() {
 
 # The plain build's whole-program tests (scripts/test.sh has built them already).
 plain=${BUILD_DIR:-$root/build}
-BUILD_DIR=$plain BUILD_TARGETS=agent_e2e_tests "$root/scripts/build.sh" >/dev/null
+build_only=${DIST_SANITIZE_BUILD_ONLY:-0}
+if [ "$build_only" != 1 ]; then
+  BUILD_DIR=$plain BUILD_TARGETS=agent_e2e_tests "$root/scripts/build.sh" >/dev/null
+fi
 
 asan="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined $quiet"
 IFS=, read -ra wanted <<<"$kinds"

@@ -32,6 +32,26 @@ if [ -z "${DIST_TORCHRUN_COMPAT_UPSTREAM:-}" ] &&
     export DIST_TORCHRUN_COMPAT_UPSTREAM=$upstream
   fi
 fi
+sanitize=${DIST_SANITIZE-asan,tsan}
+# The sanitized builds start now, beside the plain tests, one compile at a time at the lowest
+# priority: they take the CPU the tests leave idle (most of them wait on processes and sockets),
+# and the tests keep what they need. Once the tests are done the builds stop where they are and
+# scripts/sanitize.sh below goes on from there on every core. In a session of their own (setsid),
+# so that stopping them stops every compiler they started.
+early_build=""
+if [ -n "$sanitize" ] && command -v setsid >/dev/null; then
+  early_log="${BUILD_DIR:-$root/build}/sanitized-early-build.log"
+  setsid env JOBS=1 DIST_SANITIZE_BUILD_ONLY=1 nice -n 19 "$root/scripts/sanitize.sh" "$sanitize" \
+    >"$early_log" 2>&1 &
+  early_build=$!
+fi
+stop_early_build() {
+  if [ -n "$early_build" ] && kill -0 "$early_build" 2>/dev/null; then
+    kill -TERM -- "-$early_build" 2>/dev/null || true
+  fi
+  [ -z "$early_build" ] || wait "$early_build" 2>/dev/null || true
+}
+trap stop_early_build EXIT
 (cd "${BUILD_DIR:-$root/build}" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 600)
 phase "the tests"
 # The newcomer's first command, as README.md gives it, run on the build above: its own quick build
@@ -39,8 +59,12 @@ phase "the tests"
 # from a fresh clone is measured apart (docs/BENCHMARKS.md, "The demo's build").
 BUILD_DIR="${BUILD_DIR:-$root/build}" "$root/scripts/demo.sh"
 phase "the demo"
-sanitize=${DIST_SANITIZE-asan,tsan}
 if [ -n "$sanitize" ]; then
+  if [ -n "$early_build" ]; then
+    running=$(kill -0 "$early_build" 2>/dev/null && echo "stopped" || echo "done")
+    stop_early_build
+    echo "== test.sh: the sanitized builds beside the tests: $running ($(grep -c '^\[[0-9]*/[0-9]*\]' "$early_log") build steps; $early_log)"
+  fi
   "$root/scripts/sanitize.sh" "$sanitize"
   phase "the sanitized builds and tests"
 fi

@@ -3,6 +3,7 @@
 
     python3 bench/regroup_bench.py [--build build] [--runs 7] [--nodes 3] [--nproc 2]
                                    [--torch PYTHON] [--event lost|join]
+                                   [--named-hosts tests/named_hosts/named-hosts.sh]
 
 Each run is one elastic job (--nnodes 2:NODES, c10d, the rendezvous store hosted by the first
 agent on 127.0.0.2) of NODES agents of --nproc workers each, --max-restarts 1: the C++ SDK's
@@ -21,6 +22,9 @@ survivor's agent prints afterwards (read through its pipe: the console's own lat
                              checkpoint here; in place, the step in flight is redone)
 Medians of --runs, with min and max. The issue's targets for in-place: C++ SDK <= 0.5 s, torch
 <= 1 s.
+
+--named-hosts SCRIPT: each agent on a host of its own (network namespaces node-0, node-1, ...: root
+only), the rendezvous endpoint node-0's name, the workers' Gloo on the hosts' eth0.
 
 --event join: NODES - 1 agents start (round 0 closes after a 1 s last call); once a worker has
 taken 20 steps, the NODES-th agent starts and joins. Group: every worker stops and the group
@@ -46,6 +50,7 @@ import time
 # dist-inplace-worker: "rank R step S" (S steps done); elastic_train.py --timestamps: "rank R pid P
 # step S done wall_ns W" (step S done: S + 1 steps done).
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "named_hosts"))
 STEP = re.compile(r"\]:rank \d+ (?:pid \d+ )?step (\d+)( done|$)")
 
 
@@ -53,6 +58,16 @@ def free_port(host):
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+_named_ports = iter(range(29500, 31500))  # fresh network namespaces: nothing else holds them
+
+
+def store_endpoint(args):
+    """Where this run's rendezvous store will be: 127.0.0.2, or node-0 on named hosts."""
+    if args.hosts:
+        return "node-0", next(_named_ports)
+    return "127.0.0.2", free_port("127.0.0.2")
 
 
 class Agent:
@@ -88,23 +103,28 @@ class Agent:
         return max((d for d in done if d is not None), default=0)
 
 
-def start_agent(args, policy, workdir, port, i, extra=()):
+def start_agent(args, policy, workdir, endpoint, i, extra=()):
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     if args.torch:
-        env.update(PYTHON_EXEC=args.torch, GLOO_SOCKET_IFNAME="lo")
+        env.update(PYTHON_EXEC=args.torch)
+    env["GLOO_SOCKET_IFNAME"] = "eth0" if args.hosts else "lo"
     out = os.path.join(workdir, f"{policy}-{i}")
     os.makedirs(out, exist_ok=True)
-    cmd = [os.path.join(args.build, "bin", "dist-launch"), "--nnodes", f"2:{args.nodes}",
-           "--rdzv-endpoint", f"127.0.0.2:{port}", "--rdzv-id", "regroup",
+    host, port = endpoint
+    cmd = [os.path.abspath(os.path.join(args.build, "bin", "dist-launch")), "--nnodes",
+           f"2:{args.nodes}", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", "regroup",
            "--nproc-per-node", str(args.nproc), "--max-restarts", "1", "--restart-policy",
            policy, *extra]
     if args.torch:
         cmd += [os.path.join(HERE, "..", "examples", "torch", "elastic_train.py"),
                 "--steps", str(args.steps), "--pause-ms", "10", "--timestamps"]
     else:
-        cmd += ["--no-python", os.path.join(args.build, "bin", "dist-inplace-worker"),
+        cmd += ["--no-python", os.path.abspath(os.path.join(args.build, "bin",
+                                                             "dist-inplace-worker")),
                 "--out", out, "--steps", str(args.steps), "--step-ms", "10"]
+    if args.hosts:  # named-hosts.sh exec: the agent replaces it (the same PID, for SIGKILL)
+        cmd = [args.hosts.script, "exec", args.hosts.run_id, f"node-{i}", *cmd]
     agent = Agent(cmd, env)
     if i == 0:
         deadline = time.monotonic() + 30
@@ -141,9 +161,10 @@ def longest_pause(agent, t):
 
 
 def join_job(args, policy, workdir):
-    port = free_port("127.0.0.2")
+    endpoint = store_endpoint(args)
     conf = ("--rdzv-conf", "last_call_timeout=1")
-    running = [start_agent(args, policy, workdir, port, i, conf) for i in range(args.nodes - 1)]
+    running = [start_agent(args, policy, workdir, endpoint, i, conf)
+               for i in range(args.nodes - 1)]
     deadline = time.monotonic() + 60
     while not any(re.search(r"\]:rank \d+ (pid \d+ )?step 20( |$)", a.text(), re.M)
                   for a in running):
@@ -151,7 +172,7 @@ def join_job(args, policy, workdir):
             sys.exit("no worker took 20 steps:\n" + "\n".join(a.text() for a in running))
         time.sleep(0.002)
     joined_at = time.monotonic()
-    newcomer = start_agent(args, policy, workdir, port, args.nodes - 1, conf)
+    newcomer = start_agent(args, policy, workdir, endpoint, args.nodes - 1, conf)
     wait_all(policy, running + [newcomer])
     pauses = [longest_pause(a, joined_at) for a in running]
     pause, before, after = max(pauses)
@@ -167,8 +188,8 @@ def join_job(args, policy, workdir):
 def job(args, policy, workdir):
     if args.event == "join":
         return join_job(args, policy, workdir)
-    port = free_port("127.0.0.2")
-    agents = [start_agent(args, policy, workdir, port, i) for i in range(args.nodes)]
+    endpoint = store_endpoint(args)
+    agents = [start_agent(args, policy, workdir, endpoint, i) for i in range(args.nodes)]
     lost = None
     deadline = time.monotonic() + 60
     while lost is None:
@@ -211,9 +232,27 @@ def main():
                         help="torch workers (examples/torch/elastic_train.py) on this interpreter")
     parser.add_argument("--event", choices=("lost", "join"), default="lost",
                         help="node 1 lost (default), or a node joining")
+    parser.add_argument("--named-hosts", metavar="SCRIPT",
+                        help="each agent on a named host (tests/named_hosts/named-hosts.sh)")
     args = parser.parse_args()
     if args.nodes < 3:
         sys.exit("--nodes: at least 3 (node 0 hosts the workers' store; node 1 is lost)")
+    args.hosts = None
+    if args.named_hosts:
+        from named_hosts import NamedHosts, unavailable
+        why = unavailable(args.named_hosts)
+        if why:
+            sys.exit(f"--named-hosts: {why}")
+        args.hosts = NamedHosts(os.path.abspath(args.named_hosts),
+                                [f"node-{i}" for i in range(args.nodes)])
+    try:
+        measure(args)
+    finally:
+        if args.hosts:
+            args.hosts.close()
+
+
+def measure(args):
     results = {"group": [], "in-place": []}
     with tempfile.TemporaryDirectory(prefix="regroup-bench-") as workdir:
         for run in range(args.runs):
@@ -224,18 +263,19 @@ def main():
                 print(f"run {run + 1}/{args.runs} {policy}: {seconds * 1000:.0f} ms, {again} "
                       f"step(s) trained again{joined}", file=sys.stderr)
     workers = "torch" if args.torch else "C++ SDK"
+    where = " on named hosts" if args.hosts else ""
 
     def span(values):
         ms = [v * 1000 for v in values]
         return f"{statistics.median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f})"
 
     if args.event == "join":
-        print(f"| {args.nodes - 1}+1 nodes x {args.nproc} {workers} workers, a node joins at "
+        print(f"| {args.nodes - 1}+1 nodes x {args.nproc} {workers} workers{where}, a node joins at "
               f"step 20 | running workers' longest pause, median ms (min-max) | newcomer "
               f"training, ms | steps trained again (median) | runs |")
         print("|---|---:|---:|---:|---:|")
     else:
-        print(f"| {args.nodes} nodes x {args.nproc} {workers} workers, node 1 lost at step 20 | "
+        print(f"| {args.nodes} nodes x {args.nproc} {workers} workers{where}, node 1 lost at step 20 | "
               f"survivors training again, median ms (min-max) | steps trained again (median) | "
               f"runs |")
         print("|---|---:|---:|---:|")

@@ -37,11 +37,14 @@ sanitize=${DIST_SANITIZE-asan,tsan}
 # priority: they take the CPU the tests leave idle (most of them wait on processes and sockets),
 # and the tests keep what they need. Once the tests are done the builds stop where they are and
 # scripts/sanitize.sh below goes on from there on every core. In a session of their own (setsid),
-# so that stopping them stops every compiler they started.
+# so that stopping them stops every compiler they started. A new session is also a new scheduling
+# group where the kernel groups by session (sched_autogroup): its own nice (/proc/self/autogroup)
+# must be lowered too, or the group gets as much CPU as the tests' whole group.
 early_build=""
 if [ -n "$sanitize" ] && command -v setsid >/dev/null; then
   early_log="${BUILD_DIR:-$root/build}/sanitized-early-build.log"
-  setsid env JOBS=1 DIST_SANITIZE_BUILD_ONLY=1 nice -n 19 "$root/scripts/sanitize.sh" "$sanitize" \
+  setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 "$@"' _ \
+    env JOBS=1 DIST_SANITIZE_BUILD_ONLY=1 "$root/scripts/sanitize.sh" "$sanitize" \
     >"$early_log" 2>&1 &
   early_build=$!
 fi

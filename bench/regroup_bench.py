@@ -270,14 +270,14 @@ def measure(args):
         return f"{statistics.median(ms):.0f} ({min(ms):.0f}-{max(ms):.0f})"
 
     if args.event == "join":
-        print(f"| {args.nodes - 1}+1 nodes x {args.nproc} {workers} workers{where}, a node joins at "
-              f"step 20 | running workers' longest pause, median ms (min-max) | newcomer "
+        print(f"| {args.nodes - 1}+1 nodes x {args.nproc} {workers} workers{where}, a node "
+              f"joins at step 20 | running workers' longest pause, median ms (min-max) | newcomer "
               f"training, ms | steps trained again (median) | runs |")
         print("|---|---:|---:|---:|---:|")
     else:
-        print(f"| {args.nodes} nodes x {args.nproc} {workers} workers{where}, node 1 lost at step 20 | "
-              f"survivors training again, median ms (min-max) | steps trained again (median) | "
-              f"runs |")
+        print(f"| {args.nodes} nodes x {args.nproc} {workers} workers{where}, node 1 lost at "
+              f"step 20 | survivors training again, median ms (min-max) | steps trained again "
+              f"(median) | runs |")
         print("|---|---:|---:|---:|")
     for policy, values in results.items():
         joined = "" if args.event == "lost" else f"{span(v[2] for v in values)} | "

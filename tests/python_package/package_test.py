@@ -12,16 +12,18 @@ with --torch-python when P has no torch 2.x.
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 import unittest
+
+# A port free now for an agent to bind: the torch tests' helper (drawn below the ephemeral range).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
+from launcher_test_main import free_port  # noqa: E402
 
 SKIP = 77
 VENV_TIMEOUT_S = 120
@@ -174,21 +176,6 @@ def pip_install(venv_python):
     log(f"pip install took {time.monotonic() - started:.1f} s")
     if proc.returncode != 0:
         sys.exit(f"pip install failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
-
-
-def free_port():
-    """A port free now, drawn below the kernel's ephemeral ports (as tests/torch's free_port):
-    one the kernel just handed out can go to any connection before the agent binds it."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        high = int(f.read().split()[0])
-    while True:
-        port = random.randrange(max(1024, high - 10000), high)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
 
 
 def process_alive(pid):

@@ -480,6 +480,25 @@ TEST_F(OneGpuChild, DISABLED_RefusedCollective) {
   std::_Exit(out.host_floats(16)[15] == kProduced ? kChildPassed : 1);
 }
 
+// A collective behind a gate that stays closed past the group's op_timeout: its wait() must
+// throw (the watchdog aborted the communicator). The gate is opened once the failure is seen, so
+// the abort (which frees memory, and so waits for the device) can return. Exits the child when
+// the collective completes instead. The caller keeps the gate, for as long as it did before.
+void fail_by_op_timeout(ProcessGroup& g, const DeviceBuffer& data, const Stream& producer,
+                        Gate& gate) {
+  gate.hold(producer.s);
+  Work work = g.all_reduce_async(data.data, kCount, DataType::kFloat32, ReduceOp::kAvg, producer.s);
+  try {
+    work.wait();
+    std::fprintf(stderr, "the collective completed behind a closed gate\n");
+    std::_Exit(1);
+  } catch (const CollectiveError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::fflush(stderr);
+  }
+  gate.open();
+}
+
 // A collective behind a gate that does not open before op_timeout: the watchdog aborts. Once
 // the waiter saw the failure it opens the gate, so the abort (which frees memory, and so waits
 // for the device) returns.
@@ -508,18 +527,7 @@ TEST_F(OneGpuChild, DISABLED_OpTimeout) {
   DeviceBuffer data(kCount * sizeof(float));
   Stream producer;
   Gate gate;
-  gate.hold(producer.s);
-  Work work =
-      g->all_reduce_async(data.data, kCount, DataType::kFloat32, ReduceOp::kAvg, producer.s);
-  try {
-    work.wait();
-    std::fprintf(stderr, "the collective completed behind a closed gate\n");
-    std::_Exit(1);
-  } catch (const CollectiveError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    std::fflush(stderr);
-  }
-  gate.open();
+  fail_by_op_timeout(*g, data, producer, gate);
   if (options.on_failure == NcclFailure::kExitProcess) {
     std::this_thread::sleep_for(60s);  // the watchdog exits the process once the abort returned
     std::_Exit(1);
@@ -555,17 +563,7 @@ TEST_F(OneGpuChild, DISABLED_NextGeneration) {
   DeviceBuffer data(kCount * sizeof(float));
   Stream producer;
   Gate gate;
-  gate.hold(producer.s);
-  Work work =
-      g->all_reduce_async(data.data, kCount, DataType::kFloat32, ReduceOp::kAvg, producer.s);
-  try {
-    work.wait();
-    std::fprintf(stderr, "the collective completed behind a closed gate\n");
-    std::_Exit(1);
-  } catch (const CollectiveError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-  }
-  gate.open();
+  fail_by_op_timeout(*g, data, producer, gate);
   const auto aborted = std::chrono::steady_clock::now();
   g.reset();
   NcclOptions next;

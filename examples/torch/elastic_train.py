@@ -8,10 +8,11 @@ Rank --crash-rank kills itself (SIGKILL, or --crash-how exit: an exception) at t
 fails, they wait for the agent's next generation, rebuild the group with the replacement, give it
 their state (model, SGD momentum, the step counter) and redo the step. Each step's batch follows
 from the step counter, so the job ends with the weights of a run that never failed: every rank
-prints "rank R pid P generation G steps S digest D world W" at the end, and "rank R pid P started" at its
-start (--timestamps: each step's completion and the crash, with the wall clock, for
-bench/torch_recovery_bench.py). Under `--restart-policy group` (or torchrun) the same script
-restarts from step 0.
+prints "rank R pid P generation G steps S digest D world W" at the end, and "rank R pid P started"
+at its start. --timestamps: each step's completion and the crash, with the wall clock, for
+bench/torch_recovery_bench.py. --hold-at-step S --hold-until-world N: the workers wait at step S
+until a joining node has grown the world to N (a test's newcomer then always trains). Under
+`--restart-policy group` (or torchrun) the same script restarts from step 0.
 """
 import argparse
 import hashlib
@@ -35,6 +36,10 @@ def main():
     ap.add_argument("--commit-every", type=int, default=1)
     ap.add_argument("--pause-ms", type=float, default=0,
                     help="sleep this long after each step (a longer step, for tests)")
+    ap.add_argument("--hold-at-step", type=int, default=-1,
+                    help="at this step, wait (in barriers) until the world holds "
+                         "--hold-until-world workers: a joining node's tests end with it in")
+    ap.add_argument("--hold-until-world", type=int, default=0)
     ap.add_argument("--timestamps", action="store_true",
                     help="print each step's completion and the crash with the wall clock")
     args = ap.parse_args()
@@ -56,6 +61,10 @@ def main():
         ddp = DDP(state.model)  # built for the group of this entry
         while state.step < args.steps:
             rank = dist.get_rank()  # a lost node's survivors are renumbered
+            holding = state.step == args.hold_at_step
+            while holding and dist.get_world_size() < args.hold_until_world:
+                dist.barrier()  # the regroup's generation aborts it; the next entry is grown
+                time.sleep(0.05)
             crash = (first_attempt and generation == 0 and rank == args.crash_rank
                      and state.step == args.crash_at_step)
             if crash and args.timestamps:

@@ -116,13 +116,13 @@ class TorchOnNamedHosts(unittest.TestCase):
     def test_a_newcomer_host_joins_the_running_workers_at_a_step_boundary(self):
         """--nnodes 2:3 in place over c10d at node-a's name: node-a and node-b train, node-c
         starts midway. Its worker joins the running two as rank 2 of three; theirs keep their
-        processes; all three end with one digest."""
+        processes; all three end with one digest. The two hold at step 40 until it is in."""
         steps = "60"
         argv = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint", f"node-a:{STORE_PORT}",
                 "--rdzv-id", "named-newcomer", "--rdzv-backend", "c10d", "--rdzv-conf",
                 "last_call_timeout=1", "--nproc-per-node", "1", "--restart-policy", "in-place",
                 "--max-restarts", "1", ELASTIC, "--steps", steps, "--pause-ms", "100",
-                "--timestamps"]
+                "--timestamps", "--hold-at-step", "40", "--hold-until-world", "3"]
         logs = [os.path.join(self.dir, f"{host}.log") for host in HOSTS]
         procs = [self.hosts.start(host, argv, env=self.env, log=log)
                  for host, log in zip(HOSTS[:2], logs)]

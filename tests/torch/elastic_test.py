@@ -45,14 +45,14 @@ class ElasticAgents:
     """The agents of one elastic in-place job (--nnodes 2:3, c10d on 127.0.0.2) of one worker
     each, started one by one, each read by a thread of its own; the first hosts the store."""
 
-    def __init__(self, test, rdzv_id, *extra):
+    def __init__(self, test, rdzv_id, *extra, script_args=()):
         self.test = test
         self.port = launcher_test_main.free_port("127.0.0.2")
         self.env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
         self.cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint",
                     f"127.0.0.2:{self.port}", "--rdzv-id", rdzv_id, *extra, "--nproc-per-node",
                     "1", "--restart-policy", "in-place", "--max-restarts", "1", SCRIPT, "--steps",
-                    STEPS, "--pause-ms", "100", "--timestamps"]
+                    STEPS, "--pause-ms", "100", "--timestamps", *script_args]
         self.procs, self.lines, self.readers = [], [], []
 
     def start(self):
@@ -236,8 +236,11 @@ class InPlace(unittest.TestCase):
     def test_a_newcomer_joins_the_running_workers_in_a_larger_world(self):
         # Two agents of one worker each (--nnodes 2:3) train; a third agent starts midway. The two
         # keep their processes and take its worker in (the watcher aborts their collective when
-        # node 0 publishes the regroup's generation): ranks 0..2 of three, equal weights.
-        job = ElasticAgents(self, "elastic-newcomer", "--rdzv-conf", "last_call_timeout=1")
+        # node 0 publishes the regroup's generation): ranks 0..2 of three, equal weights. The two
+        # hold at step 20 until it is in, however long its worker takes to start (4 s of a 30-step
+        # job's 4 s, seen in CI with torch 2.15).
+        job = ElasticAgents(self, "elastic-newcomer", "--rdzv-conf", "last_call_timeout=1",
+                            script_args=("--hold-at-step", "20", "--hold-until-world", "3"))
         job.start()
         job.start()
         job.wait_for(lambda text: re.search(r"rank 1 pid \d+ step 3 done", text))

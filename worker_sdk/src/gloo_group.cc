@@ -399,7 +399,12 @@ class GlooProcessGroup : public ProcessGroup {
         opts.setReduceFunction(reduce_function<T>(op));
         opts.setTag(tag);
         opts.setTimeout(timeout_);
-        gloo::allreduce(opts);
+        try {
+          gloo::allreduce(opts);
+        } catch (...) {
+          close_pairs();  // before `whole`, which a pair may still be writing, is freed
+          throw;
+        }
         T* block = whole.data() + count * static_cast<std::size_t>(rank());
         if (op == ReduceOp::kAvg) divide(block, count, size());
         std::copy(block, block + count, static_cast<T*>(output));
@@ -431,9 +436,27 @@ class GlooProcessGroup : public ProcessGroup {
       try {
         body(tag);
       } catch (const std::exception& e) {
+        close_pairs();
         throw CollectiveError(failure(name, e.what()));
       }
     };
+  }
+
+  // A failed collective's pairs may still be sending from, or receiving into, the caller's
+  // memory on Gloo's loop thread. Closing each pair takes the mutex that I/O holds, so once this
+  // returns Gloo no longer touches that memory, and the caller may free it. A failed group is
+  // unusable (failure() says so) and its pairs close when it is destroyed anyway: closing them
+  // here only moves that moment before the error is reported. A live peer still waiting on this
+  // rank then fails with "closed by peer" at once, as it would when this rank exits, and this
+  // rank's own error, the earlier one, says what went wrong first.
+  void close_pairs() noexcept {
+    for (int r = 0; r < context_->size; ++r) {
+      if (r == context_->rank) continue;
+      try {
+        if (auto& pair = context_->getPair(r)) pair->close();
+      } catch (const std::exception&) {  // a pair that failed already: nothing left to order
+      }
+    }
   }
 
   std::string failure(const char* name, const std::string& what) const {

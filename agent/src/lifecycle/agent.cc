@@ -153,16 +153,19 @@ struct JobFinishedMeanwhile {  // and the running workers finished before its wo
   int round = 0;
   bool finished = false;  // (false: the wait ended without it)
 };
+struct TakenIn {  // or node 0 published the generation its workers joined: they are in
+  int round = 0;
+  bool published = false;  // (false: the wait ended without it)
+};
 }  // namespace event
 
-using Event =
-    std::variant<event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
-                 event::WorkersSucceeded, event::GroupStopped, event::WatchEnded,
-                 event::BarrierDone, event::VerdictReached, event::FailuresCollected,
-                 event::OthersLeft, event::RendezvousFailed, event::SignalReceived,
-                 event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted,
-                 event::RegroupJoined, event::RegroupDone, event::RoundAbandoned,
-                 event::RegroupFinished, event::GenerationNamed, event::JobFinishedMeanwhile>;
+using Event = std::variant<
+    event::Prepared, event::Joined, event::WorkersFailed, event::StartFailed,
+    event::WorkersSucceeded, event::GroupStopped, event::WatchEnded, event::BarrierDone,
+    event::VerdictReached, event::FailuresCollected, event::OthersLeft, event::RendezvousFailed,
+    event::SignalReceived, event::ReplacementClaimed, event::Recovered, event::ReplacementsCounted,
+    event::RegroupJoined, event::RegroupDone, event::RoundAbandoned, event::RegroupFinished,
+    event::GenerationNamed, event::JobFinishedMeanwhile, event::TakenIn>;
 
 class Agent {
  public:
@@ -200,6 +203,7 @@ class Agent {
     f.restarts_left = restarts_used() < config_.max_restarts;
     f.in_place = config_.restart_policy == RestartPolicy::kInPlace;
     f.one_failure = failures_.size() == 1;
+    f.unjoined = unjoined_;
     f.stop_reason = stopping_.reason;
     f.group_stopped = stopping_.group_stopped;
     f.watching = watching_;
@@ -269,6 +273,7 @@ class Agent {
       case State::kStopping:
         if (generations_) generations_->close();  // a recovery's wait ends here
         if (finish_watch_) finish_watch_->close();
+        if (publish_watch_) publish_watch_->close();
         count_replacements();
         stopping_.group_stopped = false;
         group_->stop(stop_signal(), std::exchange(stopping_.signal_already_sent, false));
@@ -370,6 +375,9 @@ class Agent {
               }
               job_finished_before_joining(f.round, generation_);
             },
+            [&](event::TakenIn& t) {
+              if (t.published && round_ && round_->round == t.round) unjoined_ = false;
+            },
         },
         e);
   }
@@ -395,6 +403,7 @@ class Agent {
     const auto t = next_state(state_, Input::kWorkersFailed, facts());
     if (!t) return;
     const bool stops = t->to == State::kStopping;
+    if (stops && unjoined_ && generation_ > 0) say_arrival_failed();
     if (stops && config_.restart_policy == RestartPolicy::kInPlace) explain_fallback(recovering);
     if (stops && rounds_->several_nodes()) {  // every node stops its workers, hears what failed
       fire_and_forget(rounds_->announce_failure(*round_, failures_), "announcing the failure");
@@ -409,6 +418,10 @@ class Agent {
       why = "worker " + std::to_string(failures_.front().rank) +
             " failed during the in-place recovery of worker " + std::to_string(replacing_rank_) +
             (generation_claimed_ ? " (generation " + std::to_string(generation_) + ")" : "");
+    } else if (unjoined_) {
+      why = "worker " + std::to_string(failures_.front().rank) +
+            " failed before the running workers took it in as generation " +
+            std::to_string(generation_);
     } else if (failures_.size() > 1) {
       why = std::to_string(failures_.size()) + " workers failed at once";
     } else {
@@ -654,6 +667,7 @@ class Agent {
     // In place, a round that continues the job's running workers (they regrouped with this node
     // in it): this node's workers join them, as the generation node 0 names.
     const bool joins = in_place && round_->continues;
+    unjoined_ = joins;
     if (in_place) {
       generations_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
     }
@@ -719,6 +733,32 @@ class Agent {
     // these workers, waiting for them, are stopped. A client of its own: the wait holds it.
     finish_watch_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
     launch(finished_meanwhile(round_->round), [](event::JobFinishedMeanwhile f) { return f; });
+    // Until node 0 publishes that generation, a failed worker of this node has no group to be
+    // replaced into (facts().unjoined). Another client: that wait holds it too.
+    publish_watch_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
+    launch(taken_in(round_->round, generation_), [](event::TakenIn t) { return t; });
+  }
+
+  Task<event::TakenIn> taken_in(int round, int generation) {
+    event::TakenIn t{round, false};
+    try {
+      t.published = co_await publish_watch_->wait_published(generation, kInPlaceRecoveryTimeout);
+    } catch (const rendezvous::StoreError& e) {
+      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+      spdlog::debug("round {}: waiting for generation {}'s publication: {}", round, generation,
+                    e.what());
+    }
+    co_return t;
+  }
+
+  // A newcomer's worker died before the running workers took it in: node 0, which waits for
+  // every worker of the new world to arrive (kArrivalTimeout), hears it at once and publishes
+  // nothing. A client of its own, which STOPPING leaves open.
+  void say_arrival_failed() {
+    arrival_failed_.emplace(io_, config_, rounds_->workers_store(*round_), round_->restarts);
+    fire_and_forget(arrival_failed_->mark_arrival_failed(generation_, round_->rank_offset,
+                                                         config_.nproc_per_node),
+                    "telling node 0 that this node's workers failed before they joined");
   }
 
   Task<event::JobFinishedMeanwhile> finished_meanwhile(int round) {
@@ -1021,7 +1061,10 @@ class Agent {
           t.finished = true;
           co_return t;
         }
-        if (newcomers) co_await await_arrivals(*t.generation, to.rank_offset, to.world_size);
+        if (newcomers) {
+          t.outcome.why = co_await await_arrivals(*t.generation, to.rank_offset, to.world_size);
+          if (!t.outcome.why.empty()) co_return t;  // a group restart: nothing to join
+        }
         std::string record = "regrouped round=" + std::to_string(to.round) +
                              " world=" + std::to_string(to.world_size) +
                              " nodes=" + std::to_string(to.num_nodes);
@@ -1057,22 +1100,29 @@ class Agent {
   }
 
   // Node 0: this node's workers are there; then every rank of the new world, the newcomers'
-  // workers included, at most kArrivalTimeout (then the generation is published anyway).
-  Task<void> await_arrivals(int generation, int rank_offset, int world_size) {
+  // workers included, at most kArrivalTimeout (then the generation is published anyway). Returns
+  // why it must not be published (a newcomer's worker died first); empty when it may.
+  Task<std::string> await_arrivals(int generation, int rank_offset, int world_size) {
     co_await generations_->mark_arrived(generation, rank_offset, config_.nproc_per_node);
     const auto began = std::chrono::steady_clock::now();
-    if (co_await generations_->wait_arrived(generation, world_size, kArrivalTimeout)) {
+    const Arrivals a = co_await generations_->wait_arrived(generation, world_size, kArrivalTimeout);
+    std::string why;
+    if (a.failed_rank) {
+      why = "worker " + std::to_string(*a.failed_rank) + " of the new world failed before it " +
+            "joined generation " + std::to_string(generation);
+    } else if (a.all) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::steady_clock::now() - began);
       spdlog::info(
           "generation {}: every worker of the new world is ready after {} ms: publishing it",
           generation, waited.count());
-      co_return;
+    } else {
+      spdlog::warn(
+          "generation {}: not every worker of the new world was ready to join it within {} s: "
+          "publishing it anyway",
+          generation, kArrivalTimeout.count() / 1000);
     }
-    spdlog::warn(
-        "generation {}: not every worker of the new world was ready to join it within {} s: "
-        "publishing it anyway",
-        generation, kArrivalTimeout.count() / 1000);
+    co_return why;
   }
 
   void on_regroup_done(const RegroupTold& t) {
@@ -1284,8 +1334,10 @@ class Agent {
   std::string written_token_file_;      // when this agent wrote it: removed at the end
   std::optional<Telemetry> telemetry_;  // from prepare() on
   std::optional<WorkerGroup> group_;
-  std::optional<Generations> generations_;   // in-place: this round's, from RUNNING on
-  std::optional<Generations> finish_watch_;  // a newcomer's: the job finishing before it joins
+  std::optional<Generations> generations_;     // in-place: this round's, from RUNNING on
+  std::optional<Generations> finish_watch_;    // a newcomer's: the job finishing before it joins
+  std::optional<Generations> publish_watch_;   // a newcomer's: its generation published
+  std::optional<Generations> arrival_failed_;  // a newcomer's: its workers died before that
 
   State state_ = State::kInit;
   bool prepared_ = false;
@@ -1302,6 +1354,7 @@ class Agent {
   std::string regroup_cause_;       // why the last regroup began ("node 1 was lost")
   bool regroup_lost_node_ = false;  // and whether a node was lost (its workers stalled at once)
   bool regroup_joining_ = false;    // REGROUPING's join has not reported back
+  bool unjoined_ = false;           // a newcomer's workers, not yet taken in by the running workers
   // REGROUPING: since when, from which round, and this node's workers' old and new ranks.
   std::chrono::steady_clock::time_point regroup_began_;
   int regrouped_from_ = 0;

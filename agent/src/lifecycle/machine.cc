@@ -34,7 +34,11 @@ std::optional<Transition> from_running(Input input, const Facts& facts) {
     case Input::kStartFailed:
       return stopping(StopReason::kStartFailed);
     case Input::kWorkersFailed:
-      if (facts.in_place && facts.one_failure && facts.restarts_left) return to(State::kReplacing);
+      // A newcomer's worker that the running workers have not taken in has no group to be
+      // replaced into: the job starts again with every node.
+      if (facts.in_place && facts.one_failure && facts.restarts_left && !facts.unjoined) {
+        return to(State::kReplacing);
+      }
       return stopping(StopReason::kWorkerFailed);
     case Input::kWorkersSucceeded:
       return stopping(StopReason::kAllSucceeded);

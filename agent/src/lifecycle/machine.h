@@ -112,6 +112,7 @@ struct Facts {
   bool restarts_left = false;  // static: --max-restarts not used up (in-place replacements too)
   bool in_place = false;       // --restart-policy in-place
   bool one_failure = false;    // the failures just reaped are one worker's
+  bool unjoined = false;       // a newcomer's workers not yet taken in by the running workers
   // In STOPPING: why it was entered, and what it still waits for.
   StopReason stop_reason = StopReason::kAllSucceeded;
   bool group_stopped = false;

@@ -78,6 +78,24 @@ rendezvous::Task<bool> wait_for_keys(std::shared_ptr<rendezvous::AsyncStoreClien
   co_return co_await client->wait(std::move(keys), timeout);
 }
 
+rendezvous::Task<Arrivals> arrivals_of(std::shared_ptr<rendezvous::AsyncStoreClient> client,
+                                       std::shared_ptr<bool> opened, std::vector<std::string> keys,
+                                       std::chrono::milliseconds timeout) {
+  Arrivals a;
+  co_await open_once(*client, *opened);
+  std::vector<std::string> waited = keys;  // (no temporary inside co_await: GCC 12)
+  a.all = co_await client->wait(std::move(waited), timeout);
+  if (!a.all) co_return a;
+  const auto values = co_await client->multi_get(std::move(keys));
+  for (std::size_t rank = 0; rank < values.size(); ++rank) {
+    if (values[rank] == contract::kArrivalFailed) {
+      a.failed_rank = static_cast<int>(rank);
+      break;
+    }
+  }
+  co_return a;
+}
+
 rendezvous::Task<void> set_all(std::shared_ptr<rendezvous::AsyncStoreClient> client,
                                std::shared_ptr<bool> opened,
                                rendezvous::AsyncStoreClient::Items items) {
@@ -190,13 +208,21 @@ rendezvous::Task<void> Generations::mark_arrived(int generation, int first_rank,
   return set_all(client_, opened_, std::move(items));
 }
 
-rendezvous::Task<bool> Generations::wait_arrived(int generation, int world_size,
-                                                 std::chrono::milliseconds timeout) {
+rendezvous::Task<void> Generations::mark_arrival_failed(int generation, int first_rank, int count) {
+  rendezvous::AsyncStoreClient::Items items;
+  for (int rank = first_rank; rank < first_rank + count; ++rank) {
+    items.emplace_back(contract::arrived_key(prefix_, generation, rank), contract::kArrivalFailed);
+  }
+  return set_all(client_, opened_, std::move(items));
+}
+
+rendezvous::Task<Arrivals> Generations::wait_arrived(int generation, int world_size,
+                                                     std::chrono::milliseconds timeout) {
   std::vector<std::string> keys;
   for (int rank = 0; rank < world_size; ++rank) {
     keys.push_back(contract::arrived_key(prefix_, generation, rank));
   }
-  return wait_for_keys(client_, opened_, std::move(keys), timeout);
+  return arrivals_of(client_, opened_, std::move(keys), timeout);
 }
 
 rendezvous::Task<bool> Generations::wait_regroup_finished(int round,

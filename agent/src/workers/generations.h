@@ -27,6 +27,12 @@ inline constexpr std::chrono::milliseconds kInPlaceRecoveryTimeout{std::chrono::
 // it publishes the generation anyway: less than the others wait for that publication.
 inline constexpr std::chrono::milliseconds kArrivalTimeout{std::chrono::minutes(4)};
 
+// Whether every rank of a regroup's world is ready to join its generation.
+struct Arrivals {
+  bool all = false;                // every rank arrived (or failed: below) within the wait
+  std::optional<int> failed_rank;  // a newcomer's worker that died first (mark_arrival_failed)
+};
+
 struct RecoveryOutcome {
   bool recovered = false;
   std::string record;  // the recovered key's value ("root=0 wall_ns=... step=320")
@@ -80,10 +86,14 @@ class Generations {
   // Generation `generation`'s ranks [first_rank, first_rank + count) are ready to join it (this
   // node's running workers). Throws rendezvous::StoreError.
   rendezvous::Task<void> mark_arrived(int generation, int first_rank, int count);
+  // A newcomer: those ranks' workers died before the running workers took them in. Throws
+  // rendezvous::StoreError.
+  rendezvous::Task<void> mark_arrival_failed(int generation, int first_rank, int count);
   // Whether every rank of generation `generation`'s world of `world_size` arrived within
-  // `timeout` (mark_arrived; a newcomer's worker writes its own). Throws rendezvous::StoreError.
-  rendezvous::Task<bool> wait_arrived(int generation, int world_size,
-                                      std::chrono::milliseconds timeout);
+  // `timeout` (mark_arrived; a newcomer's worker writes its own), and the first that failed
+  // instead. Throws rendezvous::StoreError.
+  rendezvous::Task<Arrivals> wait_arrived(int generation, int world_size,
+                                          std::chrono::milliseconds timeout);
   // A newcomer's workers joined the regroup of round `round`: whether the job's running workers
   // finished without them (mark_regroup_finished) within `timeout`. Throws rendezvous::StoreError.
   rendezvous::Task<bool> wait_regroup_finished(int round, std::chrono::milliseconds timeout);

@@ -752,6 +752,52 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
   }
 }
 
+// A newcomer's worker that dies as it starts, before it says it arrived: the running workers
+// cannot take it in, and node 0 does not wait minutes for it (kArrivalTimeout). Its agent says
+// the worker failed before joining and ends the round (node 0, waiting for its arrival, hears it
+// too), and the job restarts: its next attempt, on all three nodes, ends as one world of three.
+TEST_F(InPlaceElasticNodes, ANewcomersWorkerDyingBeforeItJoinsIsAGroupRestartNotAWait) {
+  fs::create_directories(dir_ / "job");
+  const std::string endpoint =
+      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const auto agent = [&](int i) {
+    return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"},
+                          {"--steps", "300", "--step-ms", "10", "--fail-at-start", "2:1"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  ASSERT_NO_FATAL_FAILURE(start_two_then_a_newcomer(agent, agents));
+
+  std::string all;
+  for (auto& a : agents) {
+    const int code = a->wait(120s);
+    all += a->output();
+    EXPECT_EQ(code, 0) << a->output();
+  }
+  EXPECT_NE(all.find("rank 2: failing as it starts, before it arrived"), std::string::npos) << all;
+  EXPECT_NE(agents[2]->output().find("worker 2 failed before the running workers took it in as "
+                                     "generation 1: restarting the whole group"),
+            std::string::npos)
+      << all;
+  EXPECT_EQ(all.find("replaced in place"), std::string::npos) << all;
+  EXPECT_EQ(all.find("publishing it anyway"), std::string::npos) << all;
+  EXPECT_TRUE(events("job_node0", "inplace_regrouped").empty()) << "nothing published: " << all;
+  const auto fallback = events("job_node2", "inplace_fallback");
+  ASSERT_EQ(fallback.size(), 1u) << all;
+  EXPECT_EQ(fallback[0]["round"], 1) << all;
+  for (const int i : {0, 1, 2}) {
+    EXPECT_EQ(events("job_node" + std::to_string(i), "restart").size(), 1u) << all;
+  }
+  std::string digest;
+  for (const int rank : {0, 1, 2}) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << all;
+    EXPECT_EQ(f->step, 300) << all;
+    EXPECT_EQ(f->world, 3) << all;
+    if (rank == 0) digest = f->digest;
+    EXPECT_EQ(f->digest, digest) << "every rank ends with the same state: " << all;
+  }
+}
+
 // The running workers finish the job while the nodes regroup for a newcomer: they end their loop
 // as soon as node 0's agent says a node waits to join. Whether that comes before node 0 names the
 // regroup's generation (the newcomer then starts no worker), after it (its worker is stopped), or

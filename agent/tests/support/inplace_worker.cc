@@ -9,6 +9,9 @@
 //                             (default 0) of restart attempt A (default 0); repeatable
 //   --fail-in-recovery R      rank R exits with code 4 as its recovery begins (it has read the
 //                             new generation), on restart attempt 0
+//   --fail-at-start R:G        rank R exits with code 5 as it starts in generation G, before it
+//                             connects to anything (a newcomer's worker that dies before it
+//                             says it arrived), on restart attempt 0
 //   --finish-at-file PATH     the ranks end their loop, together, at the first step before which
 //                             one of them sees PATH exist (all-reduced)
 //   --finish-when-asked       the ranks end their loop, together, at the first step before which
@@ -53,6 +56,7 @@ struct Options {
   int step_ms = 0;
   std::vector<Crash> crashes;
   int fail_in_recovery = -1;
+  Crash fail_at_start;  // its step unused
   std::string finish_file;
   bool finish_when_asked = false;
   std::string out;
@@ -101,6 +105,8 @@ Options parse(int argc, char** argv) {
       o.crashes.push_back(c);
     } else if (flag == "--fail-in-recovery") {
       o.fail_in_recovery = std::stoi(value);
+    } else if (flag == "--fail-at-start") {
+      std::sscanf(value.c_str(), "%d:%d", &o.fail_at_start.rank, &o.fail_at_start.generation);
     } else if (flag == "--finish-at-file") {
       o.finish_file = value;
     } else if (flag == "--out") {
@@ -113,7 +119,21 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// The launcher's environment, read before init() does (which connects to the store).
+int env_int(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::atoi(value) : 0;
+}
+
 int run(const Options& o) {
+  if (o.fail_at_start.rank >= 0 && env_int("RANK") == o.fail_at_start.rank &&
+      env_int("DIST_LAUNCH_GENERATION") == o.fail_at_start.generation &&
+      env_int("TORCHELASTIC_RESTART_COUNT") == 0) {
+    std::fprintf(stderr, "rank %d: failing as it starts, before it arrived\n",
+                 o.fail_at_start.rank);
+    std::fflush(stderr);
+    std::_Exit(5);
+  }
   Distributed dist = init();
   const int rank = dist.env.rank, attempt = dist.env.restart_count;
   const long pid = static_cast<long>(::getpid());

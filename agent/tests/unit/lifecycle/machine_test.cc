@@ -37,6 +37,10 @@ Facts counting(Facts f) {
   f.several_nodes = f.counting = true;
   return f;
 }
+Facts unjoined(Facts f) {
+  f.several_nodes = f.elastic = f.unjoined = true;
+  return f;
+}
 Facts joining(Facts f) {
   f.joining = true;
   return f;
@@ -194,6 +198,9 @@ TEST(StateMachineTransitions, InPlaceOneFailedWorkerIsReplacedWhileTheOthersRun)
   check({
       {"one failure: replaced alone", State::kRunning, Input::kWorkersFailed, in_place(1),
        State::kReplacing},
+      {"a newcomer's worker failed before the running workers took it in: the group restarts",
+       State::kRunning, Input::kWorkersFailed, unjoined(in_place(1)), State::kStopping,
+       StopReason::kWorkerFailed},
       {"the group says it recovered: running again, whole", State::kReplacing, Input::kRecovered,
        in_place(1), State::kRunning},
       {"the group policy: every failure stops the group", State::kRunning, Input::kWorkersFailed,

@@ -77,6 +77,9 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: 
 //                     waits for the group); every running node's agent writes its workers'.
 //                     Node 0 publishes gen/<g> once every rank arrived (or after
 //                     kArrivalTimeout, agent side): the running workers train on meanwhile.
+//                     "failed" (kArrivalFailed): the newcomer's agent says that worker died
+//                     before the running workers took it in; node 0 then publishes nothing,
+//                     and the job starts again with every node (a group restart).
 //   The running workers' collectives do not fail: once gen/<g> is out, their agents ask them to
 //   recover at their next unit of work (the progress slot's regroup_round, below; a torch
 //   worker's watcher sees gen/<g> itself), and they wait in the new group for the newcomers.
@@ -114,6 +117,7 @@ inline std::string regroup_generation_key(const std::string& prefix, int round) 
 inline std::string arrived_key(const std::string& prefix, int generation, int rank) {
   return generation_key(prefix, generation) + "/arrived/" + std::to_string(rank);
 }
+inline constexpr char kArrivalFailed[] = "failed";      // at arrived_key
 inline constexpr char kRegroupFinished[] = "finished";  // at regroup_generation_key
 inline std::string regroup_finished_key(const std::string& prefix, int round) {
   return prefix + "regroup/" + std::to_string(round) + "/finished";

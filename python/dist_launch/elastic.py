@@ -283,6 +283,8 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
     g.backend = backend
     if timeout is not None:
         g.timeout = timeout
+    if g.generation > 0:  # a newcomer or a replacement: its set-up imports before it arrives
+        _import_lazy_modules()
     # What is alive now (the modules, torch's included) stays alive: frozen, the full collection
     # of each recovery (which frees the failed group's DDP) skips it: 0.2 s less of the
     # survivors' stall with torch 2.x.
@@ -291,8 +293,6 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
         return g.init(init_method="env://")
     # Here (imports done, the lazy ones too): a regroup's generation is published once every rank
     # of the new world is, so that the running workers train on while this one starts.
-    _import_lazy_modules()
-    gc.freeze()
     g.store.set(f"{g.generation_key(g.generation)}/arrived/{g.rank}", "1")
     return g.join(g.generation)
 

@@ -103,27 +103,41 @@ class PeerDirectory {
 
 // A rank listening on a loopback address cannot be reached from another host. When some ranks
 // chose one and others did not, the group spans hosts and would hang until its timeout: say so
-// at once, on every rank. Four plain store requests per rank (PyTorch's TCPStore has them too).
+// at once, on every rank, each naming the ranks on loopback and the fix, since whichever rank
+// fails first is the one the failure report shows. A few plain store requests per rank.
 void check_reachable(rendezvous::StoreClient& store, const std::string& prefix, int rank, int size,
                      const std::string& address, std::chrono::milliseconds timeout) {
   const bool loopback = detail::is_loopback(address);
-  store.add(prefix + "/loopback_ranks", loopback ? 1 : 0);
+  // Appended before the count, so the list is whole once every rank has been counted.
+  if (loopback)
+    store.append(prefix + "/loopback_ranks", std::to_string(rank) + "@" + address + " ");
   if (store.add(prefix + "/addresses_chosen", 1) == size) store.set(prefix + "/all_chosen", "1");
   store.wait({prefix + "/all_chosen"}, timeout);
-  const std::int64_t on_loopback = store.add(prefix + "/loopback_ranks", 0);
-  if (on_loopback == 0 || on_loopback == size) return;
-  const std::string counts = std::to_string(on_loopback) + " of " + std::to_string(size) +
-                             " ranks listen on a loopback address and the others do not";
+  std::istringstream list(store.try_get(prefix + "/loopback_ranks").value_or(""));
+  std::vector<std::string> on_loopback;
+  for (std::string entry; list >> entry;) on_loopback.push_back(entry);
+  if (on_loopback.empty() || std::ssize(on_loopback) == size) return;
+
+  std::string named;  // "rank 0 at 127.0.1.1, rank 3 at 127.0.1.1"
+  for (const auto& entry : on_loopback) {
+    const auto at = entry.find('@');
+    named +=
+        (named.empty() ? "rank " : ", rank ") + entry.substr(0, at) + " at " + entry.substr(at + 1);
+  }
+  const std::string why = "a loopback address the other hosts cannot reach (" +
+                          std::to_string(on_loopback.size()) + " of " + std::to_string(size) +
+                          " ranks: " + named + ")";
+  const std::string fix =
+      "/etc/hosts may map MASTER_ADDR or the host's own name to 127.0.1.1; set "
+      "GLOO_SOCKET_IFNAME to the interface the other hosts reach, or DIST_LOCAL_ADDR "
+      "(dist-launch --local-addr)";
   if (loopback) {
-    throw CollectiveError("rank " + std::to_string(rank) + " would listen on " + address +
-                          ", a loopback address the other hosts cannot reach (" + counts +
-                          "): this host's /etc/hosts may map MASTER_ADDR or its own name to "
-                          "127.0.1.1; set GLOO_SOCKET_IFNAME to the interface the other hosts "
-                          "reach, or DIST_LOCAL_ADDR (dist-launch --local-addr)");
+    throw CollectiveError("rank " + std::to_string(rank) + " would listen on " + address + ", " +
+                          why + ": this host's " + fix);
   }
   throw CollectiveError("rank " + std::to_string(rank) + " (" + address +
-                        ") cannot form the group: " + counts +
-                        ", so they cannot be reached from here; see their error");
+                        ") cannot form the group: the ranks on loopback would listen on " + why +
+                        ": on their hosts, " + fix);
 }
 
 // Calls f(T{}) with T the element type of `type`.

@@ -15,13 +15,13 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <regex>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "dist/sdk/process_group.h"
 #include "local_address.h"
+#include "peer_names.h"
 #include "progress_slot.h"
 
 namespace dist::sdk {
@@ -64,41 +64,30 @@ class StoreAdapter : public gloo::rendezvous::Store {
 // before it appended stays unnamed). The store client is used for nothing else.
 class PeerDirectory {
  public:
-  PeerDirectory(rendezvous::StoreClient store, std::string key)
-      : store_(std::move(store)), key_(std::move(key)) {}
+  PeerDirectory(rendezvous::StoreClient store, std::string key, int own_rank)
+      : store_(std::move(store)), key_(std::move(key)), own_rank_(own_rank) {}
 
-  void publish(int rank, const std::string& address) {
+  void publish(const std::string& address) {
     std::lock_guard lock(mutex_);
-    store_.append(key_, std::to_string(rank) + " " + address + "\n");
+    store_.append(key_, std::to_string(own_rank_) + " " + address + "\n");
   }
 
-  // ", peer rank 1 at [127.0.0.1]:8092" for a message that names an address: the rank that
-  // published it, when one did; "" when the message names none.
+  // ", peer rank 1 at [127.0.0.1]:8092": see name_peer.
   std::string describe(const std::string& message) {
-    static const std::regex kAddress(R"(\[[^\]]+\]:[0-9]+)");
-    std::smatch m;
-    if (!std::regex_search(message, m, kAddress)) return "";
-    const std::string address = m.str();
     std::optional<std::string> published;
     try {
       std::lock_guard lock(mutex_);
       published = store_.try_get(key_);
     } catch (const std::exception&) {  // the store is gone too: the address alone, then
     }
-    std::istringstream lines(published.value_or(""));
-    std::string rank, listening;
-    while (lines >> rank >> listening) {
-      if (listening.compare(0, address.size(), address) == 0) {
-        return ", peer rank " + rank + " at " + address;
-      }
-    }
-    return ", peer at " + address + " (no rank published that address)";
+    return detail::name_peer(message, published.value_or(""), own_rank_);
   }
 
  private:
   std::mutex mutex_;
   rendezvous::StoreClient store_;
   std::string key_;
+  int own_rank_;
 };
 
 // A rank listening on a loopback address cannot be reached from another host. When some ranks
@@ -522,8 +511,9 @@ std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int
     context->connectFullMesh(adapter, device);
     std::shared_ptr<PeerDirectory> peers;
     if (size > 1) {  // every pair listens on the device's address: any pair's is this rank's
-      peers = std::make_shared<PeerDirectory>(adapter.release(), options.key_prefix + "/listening");
-      peers->publish(rank, context->getPair(rank == 0 ? 1 : 0)->address().str());
+      peers = std::make_shared<PeerDirectory>(adapter.release(), options.key_prefix + "/listening",
+                                              rank);
+      peers->publish(context->getPair(rank == 0 ? 1 : 0)->address().str());
     }
     return std::make_unique<GlooProcessGroup>(std::move(context), options.timeout,
                                               std::move(peers));

@@ -450,6 +450,33 @@ class InPlaceElasticNodes : public InPlace {
         << agents[0]->output() << agents[1]->output();
     agents.push_back(agent(2));
   }
+  // A fresh endpoint for an elastic job's store, on 127.0.0.2; the job's files go to job/.
+  std::string job_endpoint() {
+    fs::create_directories(dir_ / "job");
+    return "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  }
+  // Waits for every agent to exit (each within 120 s): their exit codes, and their outputs, one
+  // after the other, into `all`.
+  static std::vector<int> wait_all(std::vector<std::unique_ptr<Child>>& agents, std::string& all) {
+    std::vector<int> codes;
+    for (auto& a : agents) {
+      codes.push_back(a->wait(120s));
+      all += a->output();
+    }
+    return codes;
+  }
+  // Each of `ranks` ended at step 300 in a world of that many ranks, all with rank 0's digest.
+  void expect_one_world_at_step_300(int ranks, const std::string& all) {
+    std::string digest;
+    for (int rank = 0; rank < ranks; ++rank) {
+      const auto f = final_of("job", rank);
+      ASSERT_TRUE(f.has_value()) << "rank " << rank << ": " << all;
+      EXPECT_EQ(f->step, 300) << all;
+      EXPECT_EQ(f->world, ranks) << all;
+      if (rank == 0) digest = f->digest;
+      EXPECT_EQ(f->digest, digest) << "every rank ends with the same state: " << all;
+    }
+  }
   // Both nodes' events of one kind.
   std::vector<Json> node_events(const std::string& out, const std::string& name) const {
     auto found = events(out + "_node0", name);
@@ -547,9 +574,7 @@ TEST_F(InPlaceElasticNodes, AFailureDuringTheRecoveryIsANewRoundOfTheWholeGroup)
 // processes and go on as ranks 0 and 1 of a world of two in the next round (node 2's worker
 // renumbered from 2 to 1), without a restart, and end with the same state.
 TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASmallerWorld) {
-  fs::create_directories(dir_ / "job");
-  const std::string endpoint =
-      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const std::string endpoint = job_endpoint();
   const auto agent = [&](int i) { return training_agent(i, "2:3", endpoint); };
   std::vector<std::unique_ptr<Child>> agents;
   agents.push_back(agent(0));
@@ -683,9 +708,7 @@ TEST_F(InPlaceElasticNodes, ALostNodeThatHostedTheWorkersStoreRestartsTheGroupSa
 // their next step, as ranks 0 and 1 of a world of three, without a restart; the newcomer's worker
 // starts as the regroup's generation and receives their state, and all three end with the same.
 TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
-  fs::create_directories(dir_ / "job");
-  const std::string endpoint =
-      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const std::string endpoint = job_endpoint();
   // Round 0 closes with two nodes one second after the second joined.
   const auto agent = [&](int i) {
     return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"});
@@ -694,22 +717,13 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
   ASSERT_NO_FATAL_FAILURE(start_two_then_a_newcomer(agent, agents));
 
   std::string all;
-  for (auto& a : agents) {
-    const int code = a->wait(120s);
-    all += a->output();
-    EXPECT_EQ(code, 0) << a->output();
-  }
-  std::string digest;
+  EXPECT_EQ(wait_all(agents, all), (std::vector<int>{0, 0, 0})) << all;
+  ASSERT_NO_FATAL_FAILURE(expect_one_world_at_step_300(3, all));
   for (const int rank : {0, 1, 2}) {
     const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << all;
-    EXPECT_EQ(f->step, 300) << all;
-    EXPECT_EQ(f->world, 3) << all;
     EXPECT_EQ(f->generation, 1) << all;
     // Ranks 0 and 1 kept the processes they started with; rank 2 started as generation 1.
     EXPECT_EQ(f->pid, start_pid("job", rank, 0, rank < 2 ? 0 : 1)) << all;
-    if (rank == 0) digest = f->digest;
-    EXPECT_EQ(f->digest, digest) << "every rank ends with the same state: " << all;
   }
   const std::string newcomer = agents[2]->output();
   EXPECT_NE(newcomer.find("round 1: node 2 of 3, global ranks 2..2 of 3"), std::string::npos)
@@ -757,9 +771,7 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
 // the worker failed before joining and ends the round (node 0, waiting for its arrival, hears it
 // too), and the job restarts: its next attempt, on all three nodes, ends as one world of three.
 TEST_F(InPlaceElasticNodes, ANewcomersWorkerDyingBeforeItJoinsIsAGroupRestartNotAWait) {
-  fs::create_directories(dir_ / "job");
-  const std::string endpoint =
-      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const std::string endpoint = job_endpoint();
   const auto agent = [&](int i) {
     return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"},
                           {"--steps", "300", "--step-ms", "10", "--fail-at-start", "2:1"});
@@ -768,11 +780,7 @@ TEST_F(InPlaceElasticNodes, ANewcomersWorkerDyingBeforeItJoinsIsAGroupRestartNot
   ASSERT_NO_FATAL_FAILURE(start_two_then_a_newcomer(agent, agents));
 
   std::string all;
-  for (auto& a : agents) {
-    const int code = a->wait(120s);
-    all += a->output();
-    EXPECT_EQ(code, 0) << a->output();
-  }
+  EXPECT_EQ(wait_all(agents, all), (std::vector<int>{0, 0, 0})) << all;
   EXPECT_NE(all.find("rank 2: failing as it starts, before it arrived"), std::string::npos) << all;
   EXPECT_NE(agents[2]->output().find("worker 2 failed before the running workers took it in as "
                                      "generation 1: restarting the whole group"),
@@ -787,15 +795,7 @@ TEST_F(InPlaceElasticNodes, ANewcomersWorkerDyingBeforeItJoinsIsAGroupRestartNot
   for (const int i : {0, 1, 2}) {
     EXPECT_EQ(events("job_node" + std::to_string(i), "restart").size(), 1u) << all;
   }
-  std::string digest;
-  for (const int rank : {0, 1, 2}) {
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << all;
-    EXPECT_EQ(f->step, 300) << all;
-    EXPECT_EQ(f->world, 3) << all;
-    if (rank == 0) digest = f->digest;
-    EXPECT_EQ(f->digest, digest) << "every rank ends with the same state: " << all;
-  }
+  expect_one_world_at_step_300(3, all);
 }
 
 // The running workers finish the job while the nodes regroup for a newcomer: they end their loop
@@ -805,9 +805,7 @@ TEST_F(InPlaceElasticNodes, ANewcomersWorkerDyingBeforeItJoinsIsAGroupRestartNot
 // timing; every way, the job ends done on all three nodes, without a restart, and the ranks that
 // trained agree. (The next test takes the second way every time.)
 TEST_F(InPlaceElasticNodes, WorkersFinishingDuringANewcomersRegroupEndTheJobDone) {
-  fs::create_directories(dir_ / "job");
-  const std::string endpoint =
-      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const std::string endpoint = job_endpoint();
   const fs::path finish = dir_ / "finish";
   const auto agent = [&](int i) {
     return training_agent(
@@ -825,12 +823,7 @@ TEST_F(InPlaceElasticNodes, WorkersFinishingDuringANewcomersRegroupEndTheJobDone
   std::ofstream(finish) << "now\n";
 
   std::string all;
-  std::vector<int> codes;
-  for (auto& a : agents) {
-    codes.push_back(a->wait(120s));
-    all += a->output();
-  }
-  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0})) << all;
+  EXPECT_EQ(wait_all(agents, all), (std::vector<int>{0, 0, 0})) << all;
   const auto first = final_of("job", 0), second = final_of("job", 1), third = final_of("job", 2);
   ASSERT_TRUE(first && second) << all;
   const int world = third ? 3 : 2;  // the newcomer's worker trained, or it never did
@@ -868,9 +861,7 @@ TEST_F(InPlaceElasticNodes, WorkersFinishingDuringANewcomersRegroupEndTheJobDone
 // the request reaches a worker between its check and its next unit, the group regroups first and
 // all three end a step later, in the world of three: the job ends done that way too.)
 TEST_F(InPlaceElasticNodes, WorkersFinishingAfterTheGenerationIsNamedEndTheJobDone) {
-  fs::create_directories(dir_ / "job");
-  const std::string endpoint =
-      "127.0.0.2:" + std::to_string(dist::agent::testing::free_port("127.0.0.2"));
+  const std::string endpoint = job_endpoint();
   const auto agent = [&](int i) {
     return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"},
                           {"--steps", "100000", "--step-ms", "10", "--finish-when-asked"});
@@ -879,12 +870,7 @@ TEST_F(InPlaceElasticNodes, WorkersFinishingAfterTheGenerationIsNamedEndTheJobDo
   ASSERT_NO_FATAL_FAILURE(start_two_then_a_newcomer(agent, agents));
 
   std::string all;
-  std::vector<int> codes;
-  for (auto& a : agents) {
-    codes.push_back(a->wait(120s));
-    all += a->output();
-  }
-  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0})) << all;
+  EXPECT_EQ(wait_all(agents, all), (std::vector<int>{0, 0, 0})) << all;
   const auto first = final_of("job", 0), second = final_of("job", 1), third = final_of("job", 2);
   ASSERT_TRUE(first && second) << all;
   for (const auto& f : {*first, *second}) {

@@ -4,6 +4,7 @@
     python3 bench/regroup_bench.py [--build build] [--runs 7] [--nodes 3] [--nproc 2]
                                    [--torch PYTHON] [--event lost|join]
                                    [--named-hosts tests/named_hosts/named-hosts.sh]
+                                   [--torchrun PYTHON]
 
 Each run is one elastic job (--nnodes 2:NODES, c10d, the rendezvous store hosted by the first
 agent on 127.0.0.2) of NODES agents of --nproc workers each, --max-restarts 1: the C++ SDK's
@@ -22,6 +23,17 @@ survivor's agent prints afterwards (read through its pipe: the console's own lat
                              checkpoint here; in place, the step in flight is redone)
 Medians of --runs, with min and max. The issue's targets for in-place: C++ SDK <= 0.5 s, torch
 <= 1 s.
+
+--torchrun PYTHON (with --torch): a third policy in the interleave (A B C A B C ...), torchrun
+itself (PYTHON -m torch.distributed.run, torch 2.x: c10d rendezvous at the same endpoint, its
+defaults otherwise, --tee 3 for the step lines; the same script, which under torchrun restarts from
+step 0 as under the group policy). A lost torchrun node is its whole session SIGKILLed (torchrun's
+workers outlive a SIGKILLed agent); its steps are read from torchrun's tee of the workers' logs,
+which polls them (a few ms more on each side of a pause). For --event join torchrun runs with
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with torch 2.x's default (the agents share one TCPStore with
+the workers) the running agents, which built their workers' store address in their first round, do
+not write it again for the next round, and the newcomer, rank 1 or 2 of that round, waits 60 s for
+it and fails the job (torch 2.15 here, every run); --torchrun-shared-store keeps that default.
 
 --named-hosts SCRIPT: each agent on a host of its own (network namespaces node-0, node-1, ...: root
 only), the rendezvous endpoint node-0's name, the workers' Gloo on the hosts' eth0.
@@ -70,12 +82,20 @@ def store_endpoint(args):
     return "127.0.0.2", free_port("127.0.0.2")
 
 
+STARTED = []  # every agent, so that none outlives the bench
+
+
 class Agent:
     """One dist-launch agent; every line it prints, with the time it was read."""
 
     def __init__(self, cmd, env):
+        self.torchrun = "torch.distributed.run" in cmd
+        self.hosted = False  # the first agent, which hosts the store
+        # A session of its own: a lost torchrun node is its whole session killed.
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=self.torchrun)
+        STARTED.append(self)
         self.lines = []  # (monotonic seconds, line)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -86,6 +106,31 @@ class Agent:
 
     def text(self):
         return "\n".join(line for _, line in list(self.lines))
+
+    def hosts_the_store(self, endpoint):
+        """Whether this (first) agent serves the rendezvous store yet."""
+        if not self.torchrun:
+            return "hosting the rendezvous store" in self.text()
+        try:
+            socket.create_connection(endpoint, timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    def may_be_lost(self):
+        """Whether losing this agent leaves the job its rendezvous store: dist-launch's node 1 of
+        round 0; any torchrun agent but the first (its TCPStore's host, whatever its rank)."""
+        if self.torchrun:
+            return not self.hosted
+        return "round 0: node 1 of" in self.text()
+
+    def lose(self):
+        """As a lost machine: the agent SIGKILLed (dist-launch's workers die with it), or a
+        torchrun node's whole session (its workers would outlive the agent)."""
+        if self.torchrun:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        else:
+            self.proc.send_signal(signal.SIGKILL)
 
     def steps_done(self, line):
         m = STEP.search(line)
@@ -103,6 +148,16 @@ class Agent:
         return max((d for d in done if d is not None), default=0)
 
 
+def torchrun_command(args, endpoint, extra):
+    """torchrun's agent for the same job: its c10d rendezvous, its defaults otherwise."""
+    host, port = endpoint
+    conf = [value for flag, value in zip(extra[::2], extra[1::2]) if flag == "--rdzv-conf"]
+    return [args.torchrun, "-m", "torch.distributed.run", "--nnodes", f"2:{args.nodes}",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", "regroup",
+            "--nproc-per-node", str(args.nproc), "--max-restarts", "1", "--tee", "3",
+            *(["--rdzv-conf", ",".join(conf)] if conf else [])]
+
+
 def start_agent(args, policy, workdir, endpoint, i, extra=()):
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
@@ -112,10 +167,17 @@ def start_agent(args, policy, workdir, endpoint, i, extra=()):
     out = os.path.join(workdir, f"{policy}-{i}")
     os.makedirs(out, exist_ok=True)
     host, port = endpoint
-    cmd = [os.path.abspath(os.path.join(args.build, "bin", "dist-launch")), "--nnodes",
-           f"2:{args.nodes}", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", "regroup",
-           "--nproc-per-node", str(args.nproc), "--max-restarts", "1", "--restart-policy",
-           policy, *extra]
+    if policy == "torchrun":
+        # dist_launch.elastic from the source tree (dist-launch embeds it); OMP as dist-launch sets it
+        env.update(PYTHONPATH=os.path.join(HERE, "..", "python"), OMP_NUM_THREADS="1")
+        if args.event == "join" and not args.torchrun_shared_store:
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        cmd = torchrun_command(args, endpoint, extra)
+    else:
+        cmd = [os.path.abspath(os.path.join(args.build, "bin", "dist-launch")), "--nnodes",
+               f"2:{args.nodes}", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", "regroup",
+               "--nproc-per-node", str(args.nproc), "--max-restarts", "1", "--restart-policy",
+               policy, *extra]
     if args.torch:
         cmd += [os.path.join(HERE, "..", "examples", "torch", "elastic_train.py"),
                 "--steps", str(args.steps), "--pause-ms", "10", "--timestamps"]
@@ -128,7 +190,8 @@ def start_agent(args, policy, workdir, endpoint, i, extra=()):
     agent = Agent(cmd, env)
     if i == 0:
         deadline = time.monotonic() + 30
-        while "hosting the rendezvous store" not in agent.text():
+        agent.hosted = True
+        while not agent.hosts_the_store(endpoint):
             if time.monotonic() > deadline:
                 sys.exit(f"the first agent did not host the store:\n{agent.text()}")
             time.sleep(0.01)
@@ -196,13 +259,12 @@ def job(args, policy, workdir):
         if time.monotonic() > deadline:
             sys.exit("no node 1 took 20 steps:\n" + "\n".join(a.text() for a in agents))
         for agent in agents:
-            text = agent.text()
-            if "round 0: node 1 of" in text and re.search(r"\]:rank \d+ (pid \d+ )?step 20( |$)",
-                                                         text, re.M):
+            if agent.may_be_lost() and re.search(r"\]:rank \d+ (pid \d+ )?step 20( |$)",
+                                              agent.text(), re.M):
                 lost = agent
         time.sleep(0.002)
     killed_at = time.monotonic()
-    lost.proc.send_signal(signal.SIGKILL)
+    lost.lose()
     survivors = [a for a in agents if a is not lost]
     for agent in agents:
         agent.proc.wait(timeout=180)
@@ -234,7 +296,15 @@ def main():
                         help="node 1 lost (default), or a node joining")
     parser.add_argument("--named-hosts", metavar="SCRIPT",
                         help="each agent on a named host (tests/named_hosts/named-hosts.sh)")
+    parser.add_argument("--torchrun", metavar="PYTHON",
+                        help="also torchrun (PYTHON -m torch.distributed.run, torch 2.x), "
+                             "interleaved with the two policies; needs --torch")
+    parser.add_argument("--torchrun-shared-store", action="store_true",
+                        help="torchrun with torch's default TCPStore sharing for --event join "
+                             "too (its newcomer fails there: see above)")
     args = parser.parse_args()
+    if args.torchrun and (not args.torch or args.named_hosts):
+        sys.exit("--torchrun: with --torch, and not on --named-hosts")
     if args.nodes < 3:
         sys.exit("--nodes: at least 3 (node 0 hosts the workers' store; node 1 is lost)")
     args.hosts = None
@@ -248,12 +318,18 @@ def main():
     try:
         measure(args)
     finally:
+        for agent in STARTED:  # a run that failed or timed out leaves its agents behind
+            if agent.proc.poll() is None:
+                agent.lose()
+                agent.proc.wait()
         if args.hosts:
             args.hosts.close()
 
 
 def measure(args):
     results = {"group": [], "in-place": []}
+    if args.torchrun:
+        results["torchrun"] = []
     with tempfile.TemporaryDirectory(prefix="regroup-bench-") as workdir:
         for run in range(args.runs):
             for policy in results:

@@ -86,7 +86,7 @@ STARTED = []  # every agent, so that none outlives the bench
 
 
 class Agent:
-    """One dist-launch agent; every line it prints, with the time it was read."""
+    """One agent (dist-launch, or torchrun's); every line it prints, with the time it was read."""
 
     def __init__(self, cmd, env):
         self.torchrun = "torch.distributed.run" in cmd

@@ -98,23 +98,22 @@ void check_reachable(rendezvous::StoreClient& store, const std::string& prefix, 
                      const std::string& address, std::chrono::milliseconds timeout) {
   const bool loopback = detail::is_loopback(address);
   // Appended before the count, so the list is whole once every rank has been counted.
-  if (loopback)
+  if (loopback) {
     store.append(prefix + "/loopback_ranks", std::to_string(rank) + "@" + address + " ");
+  }
   if (store.add(prefix + "/addresses_chosen", 1) == size) store.set(prefix + "/all_chosen", "1");
   store.wait({prefix + "/all_chosen"}, timeout);
   std::istringstream list(store.try_get(prefix + "/loopback_ranks").value_or(""));
-  std::vector<std::string> on_loopback;
-  for (std::string entry; list >> entry;) on_loopback.push_back(entry);
-  if (on_loopback.empty() || std::ssize(on_loopback) == size) return;
-
+  int on_loopback = 0;
   std::string named;  // "rank 0 at 127.0.1.1, rank 3 at 127.0.1.1"
-  for (const auto& entry : on_loopback) {
+  for (std::string entry; list >> entry; ++on_loopback) {
     const auto at = entry.find('@');
     named +=
         (named.empty() ? "rank " : ", rank ") + entry.substr(0, at) + " at " + entry.substr(at + 1);
   }
+  if (on_loopback == 0 || on_loopback == size) return;
   const std::string why = "a loopback address the other hosts cannot reach (" +
-                          std::to_string(on_loopback.size()) + " of " + std::to_string(size) +
+                          std::to_string(on_loopback) + " of " + std::to_string(size) +
                           " ranks: " + named + ")";
   const std::string fix =
       "/etc/hosts may map MASTER_ADDR or the host's own name to 127.0.1.1; set "
@@ -125,7 +124,7 @@ void check_reachable(rendezvous::StoreClient& store, const std::string& prefix, 
                           why + ": this host's " + fix);
   }
   throw CollectiveError("rank " + std::to_string(rank) + " (" + address +
-                        ") cannot form the group: the ranks on loopback would listen on " + why +
+                        ") cannot form the group: some ranks would listen on " + why +
                         ": on their hosts, " + fix);
 }
 

@@ -27,8 +27,9 @@ Medians of --runs, with min and max. The issue's targets for in-place: C++ SDK <
 --torchrun PYTHON (with --torch): a third policy in the interleave (A B C A B C ...), torchrun
 itself (PYTHON -m torch.distributed.run, torch 2.x: c10d rendezvous at the same endpoint, its
 defaults otherwise, --tee 3 for the step lines; the same script, which under torchrun restarts from
-step 0 as under the group policy). A lost torchrun node is its whole session SIGKILLed (torchrun's
-workers outlive a SIGKILLed agent); its steps are read from torchrun's tee of the workers' logs,
+step 0 as under the group policy). A lost torchrun node is its agent and every process below it
+SIGKILLed, each worker's own session included (torchrun starts each worker in a session of its
+own, and its workers outlive a SIGKILLed agent); its steps are read from torchrun's tee of the workers' logs,
 which polls them (a few ms more on each side of a pause). For --event join torchrun runs with
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with torch 2.x's default (the agents share one TCPStore with
 the workers) the running agents, which built their workers' store address in their first round, do
@@ -64,6 +65,26 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "named_hosts"))
 STEP = re.compile(r"\]:rank \d+ (?:pid \d+ )?step (\d+)( done|$)")
+
+
+def descendants(pid):
+    """Every process below pid (from /proc's parent links), children first."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(0), [])
+        found.extend(below)
+        todo.extend(below)
+    return found
 
 
 def free_port(host):
@@ -126,9 +147,16 @@ class Agent:
 
     def lose(self):
         """As a lost machine: the agent SIGKILLed (dist-launch's workers die with it), or a
-        torchrun node's whole session (its workers would outlive the agent)."""
+        torchrun node's agent with every process below it, in whatever session (torchrun puts
+        each worker in one of its own, and they would outlive the agent)."""
         if self.torchrun:
+            below = descendants(self.proc.pid)  # before the kill: then they are reparented
             os.killpg(self.proc.pid, signal.SIGKILL)
+            for pid in below:
+                try:
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         else:
             self.proc.send_signal(signal.SIGKILL)
 

@@ -49,6 +49,14 @@ same way: the watcher aborts the collective in flight when the agents publish th
 generation, the function runs again in the larger world from the committed state, and the
 newcomer's workers start as that generation and receive the state, as a replacement does.
 
+A rank that neither catches the failure nor leaves the failed group once the next generation is
+published (the watcher has shut the group's connections down) while its process stays idle for
+DIST_LAUNCH_STUCK_COLLECTIVE_S (10 s) is stuck in a collective that will not end: gloo does not
+fail a send it had begun to write when its connection fails, and that send waits out the group's
+timeout. The rank says so, writes its error file (with its main thread's stack) and exits 75; the
+agent counts it as a failed worker (during a regroup: a group restart, saying why). A rank that
+computes meanwhile (a long step before its next collective) is not idle and is left alone.
+
 The store keys and variables are dist-launch's worker contract
 (rendezvous/include/dist/rendezvous/worker_contract.h), shared with the C++ SDK's
 dist::sdk::InPlaceRecovery.
@@ -63,12 +71,15 @@ import functools
 import gc
 import importlib
 import importlib.util
+import json
 import os
 import re
 import socket
+import struct
 import sys
 import threading
 import time
+import traceback
 
 __all__ = ["ObjectState", "State", "TorchState", "init_process_group", "in_place", "run"]
 
@@ -80,6 +91,16 @@ _GENERATION = "DIST_LAUNCH_GENERATION"
 GENERATION_TIMEOUT = datetime.timedelta(seconds=60)
 # Building a generation's group and receiving the state.
 GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+# How long a rank may stay in the failed group, idle, once the next generation is published and
+# its connections are shut down (DIST_LAUNCH_STUCK_COLLECTIVE_S). Gloo does not fail a send it
+# had begun to write when its connection fails (tcp::Pair::signalException fails the pending
+# operations but not an unbound buffer's send queued for the socket): that send, and the
+# collective around it, wait out the group's timeout. Such a rank leaves instead (see _Group).
+STUCK_COLLECTIVE_S = float(os.environ.get("DIST_LAUNCH_STUCK_COLLECTIVE_S", "10"))
+# The exit status of a rank that leaves so (any failure's would do: this one says which).
+STUCK_EXIT_CODE = 75
+# Below this share of a core (the process's CPU time over the wall time) a rank counts as idle.
+_IDLE_CPU_SHARE = 0.05
 
 # What a failed collective says when a peer is gone (gloo's transport, NCCL, torch's wrappers).
 _PEER_FAILURE_MARKERS = (
@@ -133,9 +154,10 @@ class _Group:
         # peer that is alive (it waits on the dead one in turn) fails then too, at once.
         self.sockets = set()
         self.recovering = False
+        self.left_failed_group = False  # this generation's recovery has torn the old group down
         self.changed = threading.Condition()
         self._watcher = None
-        self._watcher_sockets = set()  # the watcher's store connection (inodes)
+        self._watcher_connection = None  # the watcher's own connection to the store
         self._closing = False
 
     @property
@@ -170,46 +192,95 @@ class _Group:
         with self.changed:
             self.generation = generation
             self.recovering = False
+            self.left_failed_group = False
             self.changed.notify_all()
 
     def watch(self) -> None:
-        """Starts the watcher (once): a thread with a store client of its own, which it blocks
-        on. It is stopped before the interpreter's exit (atexit): a daemon thread that wakes in
-        torch's C++ (its store's wait returning) once the interpreter is finalizing is ended by
-        pthread_exit, whose unwinding through pybind11's noexcept frames aborts the process
-        ("terminate called without an active exception": SIGABRT after the last step)."""
+        """Starts the watcher (once): a thread blocked on a connection of its own to the store
+        (_GenerationWaiter, not torch's client: torch prints a warning and a C++ stack when the
+        connection it waits on is shut down, which this one is at every exit). It is stopped
+        before the interpreter's exit (atexit), while the interpreter still runs threads: a
+        daemon thread that wakes once it is finalizing is ended by pthread_exit."""
         if self._watcher is None:
-            before = set(_socket_inodes())
-            store = self._connect(datetime.timedelta(days=365))
-            self._watcher_sockets = set(_socket_inodes()) - before
-            self._watcher = threading.Thread(target=self._watch, args=(store,),
-                                             name="dist_launch.elastic", daemon=True)
+            self._watcher_connection = _GenerationWaiter(os.environ["MASTER_ADDR"],
+                                                         int(os.environ["MASTER_PORT"]))
+            self._watcher = threading.Thread(target=self._watch, name="dist_launch.elastic",
+                                             daemon=True)
             self._watcher.start()
             atexit.register(self._stop_watching)
 
-    def _watch(self, store) -> None:
+    def _watch(self) -> None:
         try:
             while True:
                 with self.changed:
                     following = self.generation + 1
-                store.wait([self.generation_key(following)])
+                self._watcher_connection.wait(self.generation_key(following))
                 with self.changed:
                     if self._closing:
                         return
                     if self.generation < following and not self.recovering:
                         _shut_down(self.sockets)
+                    if self._stuck_in_failed_group(following):
+                        self._leave_stuck(following)
                     self.changed.wait_for(lambda: self.generation >= following or self._closing)
-        except Exception:  # the store went with the job, or the process is leaving
+        except OSError:  # the store went with the job, or the process is leaving
             return
 
+    def _stuck_in_failed_group(self, following: int) -> bool:
+        """Waits (holding self.changed) until this rank has left the failed group: True when it
+        has not after STUCK_COLLECTIVE_S in a row of an idle process. A rank that computes
+        (a long step before its next collective) is not idle, and one that waits in the new
+        group has left the old one."""
+        def left():
+            return self.generation >= following or self.left_failed_group or self._closing
+
+        window_start, cpu_start = time.monotonic(), time.process_time()
+        while not left():
+            self.changed.wait(timeout=min(1.0, STUCK_COLLECTIVE_S))
+            now, cpu = time.monotonic(), time.process_time()
+            if left():
+                return False
+            if cpu - cpu_start > _IDLE_CPU_SHARE * (now - window_start):
+                window_start, cpu_start = now, cpu  # it computes: not stuck
+            elif now - window_start >= STUCK_COLLECTIVE_S:
+                return True
+        return False
+
+    def _leave_stuck(self, following: int) -> None:
+        """Says why, writes the error file (torch's @record format: the failure report's root
+        cause) and exits: the agent counts this rank as failed, as it would a crashed one."""
+        main = sys._current_frames().get(threading.main_thread().ident)
+        where = "".join(traceback.format_stack(main)) if main else ""
+        message = (f"rank {self.rank} stayed in a collective of the failed group, idle, "
+                   f"{STUCK_COLLECTIVE_S:g} s after generation {following} was published and "
+                   f"its connections were shut down (gloo does not fail a send it had begun "
+                   f"when its connection fails: it waits out the group's timeout, "
+                   f"{self.timeout.total_seconds():g} s); leaving, so that the agent starts it "
+                   f"again")
+        _say(message)
+        if where:
+            _say(f"rank {self.rank}'s main thread:\n{where.rstrip()}")
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if path and not os.path.exists(path):
+            data = {"message": {"message": f"RuntimeError: {message}",
+                                "extraInfo": {"py_callstack": where,
+                                              "timestamp": str(int(time.time()))}}}
+            try:
+                with open(path, "w") as f:
+                    json.dump(data, f)
+            except OSError as e:
+                _say(f"cannot write the error file {path}: {e}")
+        sys.stdout.flush()
+        os._exit(STUCK_EXIT_CODE)
+
     def _stop_watching(self) -> None:
-        """At exit: wakes the watcher (its store connection shut down: the wait fails) and
-        joins it, while the interpreter still runs threads."""
+        """At exit: wakes the watcher (its connection shut down: the wait fails) and joins it."""
         with self.changed:
             self._closing = True
             self.changed.notify_all()
-        _shut_down(self._watcher_sockets, store_too=True)
+        self._watcher_connection.wake()
         self._watcher.join(timeout=10)
+        self._watcher_connection.close()
 
     def device(self):
         import torch
@@ -218,11 +289,10 @@ class _Group:
         return torch.device("cpu")
 
 
-def _shut_down(inodes, store_too=False) -> None:
+def _shut_down(inodes) -> None:
     """Shuts down (without closing: they are not ours to close) the connections to the peers
     among the sockets with these inodes: whatever waits on them wakes with an error. A listening
-    socket (gloo aborts when its accept fails) and, unless store_too, a connection to the store
-    are left alone."""
+    socket (gloo aborts when its accept fails) and a connection to the store are left alone."""
     store_port = int(os.environ.get("MASTER_PORT", "0"))
     current = _socket_inodes()
     for inode in inodes:
@@ -235,12 +305,44 @@ def _shut_down(inodes, store_too=False) -> None:
             continue
         try:
             listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-            if not listening and (store_too or sock.getpeername()[1] != store_port):
+            if not listening and sock.getpeername()[1] != store_port:
                 sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         finally:
             sock.detach()
+
+
+class _GenerationWaiter:
+    """A connection to the agent's store that waits for one key at a time, in the c10d TCPStore
+    protocol's current dialect (rendezvous/src/protocol.h): VALIDATE, then WAIT with a list of
+    one key, answered with the byte STOP_WAITING once the key exists. The store is always
+    dist-launch's under the in-place policy. Keys travel with the "/" torch's client puts first."""
+
+    _VALIDATE, _WAIT, _MAGIC, _STOP_WAITING = 0, 6, 0x3C85F7CE, b"\x00"
+
+    def __init__(self, host: str, port: int):
+        self._sock = socket.create_connection((host, port), timeout=GROUP_TIMEOUT.total_seconds())
+        self._sock.settimeout(None)
+        self._sock.sendall(struct.pack("<BI", self._VALIDATE, self._MAGIC))
+
+    def wait(self, key: str) -> None:
+        """Blocks until `key` exists; OSError when the connection is shut down or lost."""
+        name = ("/" + key).encode()
+        self._sock.sendall(struct.pack("<BQQ", self._WAIT, 1, len(name)) + name)
+        reply = self._sock.recv(1)
+        if reply != self._STOP_WAITING:
+            raise ConnectionError(f"the store answered {reply!r} to a wait for {key}")
+
+    def wake(self) -> None:
+        """Ends a wait in another thread (it raises OSError): the connection is shut down."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 _group = None
@@ -504,6 +606,9 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
     except Exception:
         pass
     gc.collect()  # what held the old group (a DDP wrapper in the failed frames) goes with it
+    with g.changed:
+        g.left_failed_group = True
+        g.changed.notify_all()
     marks.append(("teardown", time.monotonic()))
     try:
         g.store.wait([g.generation_key(following)], GENERATION_TIMEOUT)

@@ -68,34 +68,17 @@ import tempfile
 import threading
 import time
 
-# dist-inplace-worker: "rank R step S" (S steps done); elastic_train.py --timestamps: "rank R pid P
-# step S done wall_ns W" (step S done: S + 1 steps done).
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "named_hosts"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "ssh_hosts"))
+from sshd_hosts import descendants  # noqa: E402 (the processes below a pid, from /proc)
+
 WALL = re.compile(r" wall_ns (\d+)")
 # This script's clock (monotonic) minus the wall clock: a worker's wall-clock stamp, read on it.
 CLOCK_OFFSET = time.monotonic() - time.time()
+# dist-inplace-worker: "rank R step S" (S steps done); elastic_train.py --timestamps: "rank R pid P
+# step S done wall_ns W" (step S done: S + 1 steps done).
 STEP = re.compile(r"\]:rank \d+ (?:pid \d+ )?step (\d+)( done|$)")
-
-
-def descendants(pid):
-    """Every process below pid (from /proc's parent links), children first."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(0), [])
-        found.extend(below)
-        todo.extend(below)
-    return found
 
 
 def free_port(host):

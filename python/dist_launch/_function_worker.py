@@ -20,14 +20,14 @@ CALL_FILE = "call.pickle"
 PREPARING = "DIST_LAUNCH_PREPARING_WORKER"
 
 
-def write_error_file(error: BaseException) -> None:
+def write_error_file(message: str, callstack: str) -> None:
     """TORCHELASTIC_ERROR_FILE in torch's @record format, unless the function's own @record (or
-    anything else) wrote it first."""
+    anything else) wrote it first (dist_launch.elastic writes a stuck rank's with it too)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):
         return
-    data = {"message": {"message": f"{type(error).__name__}: {error}",
-                        "extraInfo": {"py_callstack": traceback.format_exc(),
+    data = {"message": {"message": message,
+                        "extraInfo": {"py_callstack": callstack,
                                       "timestamp": str(int(time.time()))}}}
     try:
         with open(path, "w") as f:
@@ -73,7 +73,7 @@ def main() -> int:
     except SystemExit:
         raise
     except BaseException as e:  # noqa: B036 (KeyboardInterrupt too: the worker failed)
-        write_error_file(e)
+        write_error_file(f"{type(e).__name__}: {e}", traceback.format_exc())
         traceback.print_exc()
         return 1
     name = f"result_{os.environ['TORCHELASTIC_RESTART_COUNT']}_{os.environ['RANK']}.pickle"

@@ -71,7 +71,6 @@ import functools
 import gc
 import importlib
 import importlib.util
-import json
 import os
 import re
 import socket
@@ -260,16 +259,8 @@ class _Group:
         _say(message)
         if where:
             _say(f"rank {self.rank}'s main thread:\n{where.rstrip()}")
-        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if path and not os.path.exists(path):
-            data = {"message": {"message": f"RuntimeError: {message}",
-                                "extraInfo": {"py_callstack": where,
-                                              "timestamp": str(int(time.time()))}}}
-            try:
-                with open(path, "w") as f:
-                    json.dump(data, f)
-            except OSError as e:
-                _say(f"cannot write the error file {path}: {e}")
+        from ._function_worker import write_error_file
+        write_error_file(f"RuntimeError: {message}", where)
         sys.stdout.flush()
         os._exit(STUCK_EXIT_CODE)
 

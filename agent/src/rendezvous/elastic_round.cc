@@ -38,6 +38,8 @@ namespace name = schema::name;
 constexpr milliseconds kRecordGrace{2000};
 // How long a node waits for another node's verdict before deciding itself.
 constexpr milliseconds kDecisionGrace{10'000};
+// How often a node waiting to join looks whether the job ended meanwhile.
+constexpr milliseconds kJobOverPoll{1000};
 
 // What every node of a closed round shares: its keys and totals (a node adds its own place).
 Assignment closed_round(int round, const schema::RoundTotals& totals) {
@@ -77,8 +79,9 @@ Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Ass
     if (n == round) back_from = previous;
     const int ticket =
         co_await take_ticket(n, std::move(back_from), worker_store, keeps_workers);  // JOIN
-    co_await close_if_complete(n);                                                   // CLOSE?
-    if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;       // WAIT
+    co_await throw_if_job_over(n);  // (again: the store's host waits only for tickets it saw)
+    co_await close_if_complete(n);  // CLOSE?
+    if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;  // WAIT
     // EXCLUDED: on to the next round, as a newcomer; unless the node's workers run on (a
     // regroup): a later round cannot continue them, and its others must not wait on them.
     if (keeps_workers) {
@@ -216,10 +219,21 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
                           " needed; start more agents with the same --rdzv-endpoint and "
                           "--rdzv-id, or raise --rdzv-conf join_timeout");
   };
+  // Each wait is at most kJobOverPoll long: a node waiting for a place (the job full, or
+  // finishing) learns within it that the job ended, and leaves with the job's outcome.
+  const auto poll = std::min(timeouts_.last_call, kJobOverPoll);
+  auto last_call = steady_clock::now() + timeouts_.last_call;
+  auto at_last_call = [&] {
+    const auto now = steady_clock::now();
+    if (now < last_call && now < deadline) return false;
+    last_call = now + timeouts_.last_call;
+    return true;
+  };
   // Until MIN nodes are in (a node whose ticket reached MIN set `quorum` itself).
   if (ticket < shape_.min_nodes) {
-    while (!co_await store_->wait(keys(quorum), detail::until(deadline, timeouts_.last_call))) {
+    while (!co_await store_->wait(keys(quorum), detail::until(deadline, poll))) {
       co_await throw_if_job_over(round);
+      if (!at_last_call()) continue;
       const auto count = co_await store_->add(join, 0);
       notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
              std::to_string(count) + " of at least " + std::to_string(shape_.min_nodes) + " in");
@@ -227,10 +241,12 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
     }
   }
   // Until the round closes: after each last call, close it with whoever is in.
-  while (!co_await store_->wait(keys(published), detail::until(deadline, timeouts_.last_call))) {
+  last_call = steady_clock::now() + timeouts_.last_call;
+  while (!co_await store_->wait(keys(published), detail::until(deadline, poll))) {
+    co_await throw_if_job_over(round);
+    if (!at_last_call()) continue;
     if (co_await try_close(round)) break;
     if (round > 0) co_await decide_if_abandoned(round - 1);
-    co_await throw_if_job_over(round);
     too_late("did not close within join_timeout", co_await store_->add(join, 0));
   }
 

@@ -430,6 +430,22 @@ Task<void> NodeRendezvous::Impl::wait_for_others_to_leave(Assignment a, millisec
     if (left <= milliseconds(0)) co_return;
     if (!co_await store_->wait_deleted(keys(std::move(other)), left)) co_return;
   }
+  if (!a.elastic) co_return;
+  // Then the nodes waiting for a place in the next round (the job was full, or finishing), so
+  // that they learn its outcome (they look every kJobOverPoll) rather than lose the store. A
+  // node that takes its ticket while these leave is waited for too.
+  const std::string next_round_join = schema::in_round(a.round + 1, name::kJoin);
+  for (std::int64_t seen = 0;;) {
+    const std::int64_t waiting = co_await store_->add(next_round_join, 0);
+    if (waiting <= seen) co_return;
+    for (; seen < waiting; ++seen) {
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+      if (left <= milliseconds(0)) co_return;
+      const std::string record =
+          schema::in_round(a.round + 1, name::kNode, static_cast<int>(seen + 1));
+      if (!co_await store_->wait_deleted(keys(record), left)) co_return;
+    }
+  }
 }
 
 void NodeRendezvous::Impl::close() {

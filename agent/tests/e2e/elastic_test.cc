@@ -231,6 +231,32 @@ TEST_F(Elastic, ANodeArrivingAtMaxWaitsAndReplacesALostOne) {
   EXPECT_EQ(rc[0].restarts, 0);
 }
 
+TEST_F(Elastic, ANodeWaitingForAPlaceWhenTheJobSucceedsLeavesWithItsSuccess) {
+  // A spare: 1:2 nodes, both in, a third waiting, and the job then ends well. The store lives in
+  // the first agent, which waits for the spare to read the outcome before it takes the store away
+  // (the spare said "connection lost" and exited 1 before). last_call_timeout stays at its
+  // default (30 s): the spare looks at the job's verdict more often than that.
+  const std::string go = (dir_ / "go").string();
+  const std::vector<std::string> worker{"wait-file", go, "exit", "0"};
+  auto a = host("a", "1:2", {}, worker);
+  auto b = agent("b", "1:2", {}, worker);
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  auto spare = agent("spare", "1:2", {}, worker);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return spare->output().find("is full: waiting for a place") != std::string::npos; },
+      30s))
+      << spare->output();
+
+  std::ofstream(go) << "1\n";
+  EXPECT_EQ(a->wait(), 0) << a->output();
+  EXPECT_EQ(b->wait(), 0) << b->output();
+  EXPECT_EQ(spare->wait(), 0) << spare->output();
+  EXPECT_NE(spare->output().find("the job already finished (round 0)"), std::string::npos)
+      << spare->output();
+  EXPECT_EQ(spare->output().find("connection lost"), std::string::npos) << spare->output();
+  EXPECT_TRUE(rounds("spare").empty()) << "no worker ran";
+}
+
 TEST_F(Elastic, FewerNodesThanTheMinimumLeftFailsTheJobWithAClearReport) {
   // 2:2 nodes, the second agent killed: one node cannot go on.
   auto a = host("a", "2:2", {}, {"forever"});

@@ -175,6 +175,7 @@ Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t
       {schema::in_round(round, name::kIntact), "1"},
       {schema::in_round(round, name::kRunning), "1"},
       {schema::in_round(round, name::kNoNewcomers), "1"},
+      {schema::in_round(round, name::kUndecided), "1"},
       {schema::in_round(round, name::kSize), std::to_string(members.size())},
       {schema::in_round(round, name::kWorkerStore), members.front().record.worker_store},
       {std::string(schema::kRoundPointer), std::to_string(round + 1)}};
@@ -321,9 +322,17 @@ Task<Verdict> NodeRendezvous::Impl::decide(Assignment a, int max_restarts) {
   // Newcomers already waiting in the next round count towards its minimum (no node of this round
   // has joined it yet: they all wait for this verdict).
   end.waiting = co_await store_->add(schema::in_round(a.round + 1, name::kJoin), 0);
-  const std::string mine = schema::encode(rules::decide(end, max_restarts, shape_.min_nodes));
-  co_return schema::decode_verdict(verdict_key,
-                                   co_await store_->compare_set(verdict_key, "", mine));
+  co_return co_await settle(a.round,
+                            schema::encode(rules::decide(end, max_restarts, shape_.min_nodes)));
+}
+
+// The round's one verdict: this one, unless another node's came first; and `undecided` goes,
+// waking the nodes that wait at the exit barrier for someone to act on a newcomer.
+Task<Verdict> NodeRendezvous::Impl::settle(int round, std::string verdict) {
+  const std::string verdict_key = schema::in_round(round, name::kVerdict);
+  const std::string settled = co_await store_->compare_set(verdict_key, "", std::move(verdict));
+  co_await store_->delete_key(schema::in_round(round, name::kUndecided));
+  co_return schema::decode_verdict(verdict_key, settled);
 }
 
 Task<void> NodeRendezvous::Impl::mark_done(Assignment a) {
@@ -331,7 +340,7 @@ Task<void> NodeRendezvous::Impl::mark_done(Assignment a) {
   v.action = Verdict::kDone;
   v.restarts = a.restarts;
   v.reason = "every node succeeded";
-  co_await store_->compare_set(schema::in_round(a.round, name::kVerdict), "", schema::encode(v));
+  co_await settle(a.round, schema::encode(v));
 }
 
 }  // namespace dist::agent

@@ -405,20 +405,33 @@ Task<bool> NodeRendezvous::Impl::exit_barrier(Assignment a, milliseconds timeout
   const auto next = successor_key(a);
   const std::size_t successor_index = trouble.size();
   if (next) trouble.push_back(*next);
-  // Elastic: a newcomer that got in before this node was done ends the round for everyone.
+  // Elastic: a newcomer that got in before this node was done. Alone it ends nothing: every
+  // node's workers may have finished too (the job is done then, and the newcomer told so). What
+  // ends the round is a node acting on it (its workers still ran): its verdict, `undecided` gone.
+  const std::size_t newcomer_index = trouble.size();
+  const std::string undecided = schema::in_round(a.round, name::kUndecided);
   if (a.elastic) trouble.push_back(schema::in_round(a.round, name::kNoNewcomers));
-  const auto gone = co_await store_->wait_deleted(trouble, timeout);
-  if (!gone) {
-    throw RendezvousError("exit barrier of round " + std::to_string(a.round) +
-                          ": not every node finished within " + seconds_text(timeout) +
-                          " (--exit-barrier-timeout)");
+  const auto deadline = steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+    std::optional<std::size_t> gone;
+    if (left > milliseconds(0)) gone = co_await store_->wait_deleted(trouble, left);
+    if (!gone) {
+      throw RendezvousError("exit barrier of round " + std::to_string(a.round) +
+                            ": not every node finished within " + seconds_text(timeout) +
+                            " (--exit-barrier-timeout)");
+    }
+    if (*gone == 0) co_return true;
+    // A node that passed the barrier may leave at once: only a count short of everyone, seen
+    // after the trouble, means a failure, a lost node or a newcomer acted on.
+    if (co_await store_->add(done, 0) >= a.num_nodes) co_return true;
+    if (a.elastic && *gone == newcomer_index && trouble[newcomer_index] != undecided) {
+      trouble[newcomer_index] = undecided;
+      continue;
+    }
+    if (next && *gone == successor_index) co_await report_lost_successor(a, *store_);
+    co_return false;
   }
-  if (*gone == 0) co_return true;
-  // A node that passed the barrier may leave at once: only a count short of everyone, seen after
-  // the trouble, means a failure or a lost node.
-  if (co_await store_->add(done, 0) >= a.num_nodes) co_return true;
-  if (next && *gone == successor_index) co_await report_lost_successor(a, *store_);
-  co_return false;
 }
 
 Task<void> NodeRendezvous::Impl::wait_for_others_to_leave(Assignment a, milliseconds timeout) {

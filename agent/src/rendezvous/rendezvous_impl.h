@@ -40,6 +40,7 @@ class NodeRendezvous::Impl {
                                 std::string worker_store, bool keeps_workers);
   Task<int> current_round();
   Task<Verdict> decide(Assignment a, int max_restarts);
+  Task<Verdict> settle(int round, std::string verdict);
   Task<void> mark_done(Assignment a);
 
   // Both (node_rendezvous.cc).

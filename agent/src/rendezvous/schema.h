@@ -79,8 +79,8 @@ inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = 
                                   kWorkerStore = "worker_store", kDeciding = "deciding",
                                   kHealthy = "healthy", kFailures = "failures", kIntact = "intact",
                                   kLost = "lost", kNoNewcomers = "no_newcomers",
-                                  kRunning = "running", kDone = "done", kHeartbeat = "heartbeat",
-                                  kProgress = "progress";
+                                  kUndecided = "undecided", kRunning = "running", kDone = "done",
+                                  kHeartbeat = "heartbeat", kProgress = "progress";
 }  // namespace name
 
 std::string in_round(int round, std::string_view name);          // "r<n>/<name>"

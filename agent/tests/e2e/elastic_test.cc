@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dist/rendezvous/client.h"
 #include "process_helpers.h"
 #include "programs.h"
 #include "test_ports.h"
@@ -255,6 +256,61 @@ TEST_F(Elastic, ANodeWaitingForAPlaceWhenTheJobSucceedsLeavesWithItsSuccess) {
       << spare->output();
   EXPECT_EQ(spare->output().find("connection lost"), std::string::npos) << spare->output();
   EXPECT_TRUE(rounds("spare").empty()) << "no worker ran";
+}
+
+TEST_F(Elastic, ANewcomerLetInAsEveryNodesWorkersFinishedDoesNotRestartTheJob) {
+  // The order a busy machine can give: every node's workers finish, and a newcomer gets in
+  // (running round 0 not finishing yet: no node had reached its exit barrier) before either agent
+  // acts. The first node at its exit barrier sees the newcomer. That alone ends nothing: it
+  // waits, the other node comes, and the job ends done (the first node used to leave the barrier
+  // at once for a new round with the newcomer, training again from the start). The agents are
+  // stopped (SIGSTOP) to make that order; the store is external, so it answers meanwhile.
+  auto store = external_store();
+  const std::string go = (dir_ / "go").string();
+  const auto worker = [&](const std::string& n) {
+    return std::vector<std::string>{
+        "pidfile", (dir_ / ("pid_" + n)).string(), "wait-file", go, "exit", "0"};
+  };
+  const std::vector<std::string> conf{"--rdzv-conf", "last_call_timeout=0.5"};
+  auto a = agent("a", "2:3", conf, worker("a"));
+  auto b = agent("b", "2:3", conf, worker("b"));
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  pid_t worker_a = 0, worker_b = 0;
+  std::ifstream(dir_ / "pid_a") >> worker_a;
+  std::ifstream(dir_ / "pid_b") >> worker_b;
+  ASSERT_GT(worker_a, 0);
+  ASSERT_GT(worker_b, 0);
+
+  ::kill(a->pid(), SIGSTOP);
+  ::kill(b->pid(), SIGSTOP);
+  std::ofstream(go) << "1\n";
+  ASSERT_TRUE(dist::agent::testing::process_gone(worker_a, 30s));  // zombies: nobody reaps yet
+  ASSERT_TRUE(dist::agent::testing::process_gone(worker_b, 30s));
+  dist::rendezvous::ClientOptions options;
+  options.host = kHost;
+  options.port = port_;
+  auto client = dist::rendezvous::StoreClient::connect(options);
+  const std::string prefix = "rdzv/job/r0/";
+  auto late = agent("late", "2:3", conf, {"exit", "0"});
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return !client.check({prefix + "no_newcomers"}); }, 30s))
+      << "the newcomer was not let in: " << late->output();
+
+  ::kill(a->pid(), SIGCONT);  // a reaches its barrier first, and sees the newcomer there
+  ASSERT_TRUE(
+      dist::agent::testing::eventually([&] { return client.add(prefix + "done", 0) == 1; }, 30s))
+      << a->output();
+  ::kill(b->pid(), SIGCONT);
+  EXPECT_EQ(a->wait(), 0) << a->output();
+  EXPECT_EQ(b->wait(), 0) << b->output();
+  EXPECT_EQ(late->wait(), 0) << late->output();
+  EXPECT_NE(late->output().find("the job already finished (round 0)"), std::string::npos)
+      << late->output();
+  for (const auto& [name, child] : {std::pair{"a", &a}, std::pair{"b", &b}}) {
+    EXPECT_EQ(rounds(name).size(), 1u) << "one round, no other: " << (*child)->output();
+    EXPECT_EQ((*child)->output().find("round ended"), std::string::npos) << (*child)->output();
+  }
+  EXPECT_TRUE(rounds("late").empty()) << "no worker ran";
 }
 
 TEST_F(Elastic, FewerNodesThanTheMinimumLeftFailsTheJobWithAClearReport) {

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "dist/rendezvous/errors.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/schema.h"
 #include "run_task.h"
 #include "store/store.h"
 
@@ -25,16 +27,18 @@ class Nodes {
     RendezvousTimeouts timeouts;
     timeouts.rdzv = timeouts.join = 30s;
     timeouts.last_call = 1s;
+    rendezvous::ClientOptions options;
+    options.port = store_.port();
+    options.connect_timeout = options.timeout = 30s;
     for (int k = 0; k < n; ++k) {
-      rendezvous::ClientOptions options;
-      options.port = store_.port();
-      options.connect_timeout = options.timeout = 30s;
       auto session = run_task(io_, open_rendezvous_store(io_, TcpStoreTarget{options}, "job"));
       const JobShape shape{min, max, 2, "node-" + std::to_string(k), 1};
       nodes_.emplace_back(std::make_unique<NodeRendezvous>(std::move(session), shape, timeouts));
     }
+    probe_ = run_task(io_, open_rendezvous_store(io_, TcpStoreTarget{options}, "job"));
   }
   ~Nodes() {
+    probe_->close();
     for (auto& node : nodes_) node->close();
     io_.restart();
     io_.run_for(100ms);
@@ -42,6 +46,8 @@ class Nodes {
 
   boost::asio::io_context& io() { return io_; }
   NodeRendezvous& operator[](std::size_t k) { return *nodes_[k]; }
+  // The job's keys as the nodes see them, for what a test waits on.
+  RendezvousStore& probe() { return *probe_; }
   std::size_t size() const { return nodes_.size(); }
 
   // Every node runs `body(k)`; returns once all have.
@@ -60,6 +66,7 @@ class Nodes {
   boost::asio::io_context io_;
   StoreHost store_;
   std::vector<std::unique_ptr<NodeRendezvous>> nodes_;
+  std::unique_ptr<RendezvousStore> probe_;
 };
 
 TEST(NodeRendezvous, AStaticRoundGivesEveryNodeItsRankAndContiguousGlobalRanks) {
@@ -166,6 +173,55 @@ TEST(NodeRendezvous, AnElasticRoundClosesAtMaxAndItsVerdictIsTheSameForAll) {
     EXPECT_EQ(v.action, Verdict::kRestart) << v.reason;
     EXPECT_EQ(v.restarts, 1);
     EXPECT_EQ(v.reason, verdicts[0].reason);
+  }
+}
+
+// Elastic: a newcomer let in (it deleted running round 0's no_newcomers) before any node reached
+// its exit barrier. That alone ends nothing: node 1 waits at the barrier, and both pass once node
+// 0 comes too (every node's workers had finished: the job is done). Only a verdict on the round
+// (node 0 acted on the newcomer while its workers ran) sends node 1 on to the next round.
+TEST(NodeRendezvous, ANewcomerAloneDoesNotEndTheExitBarrierANodeActingOnItDoes) {
+  for (const bool acted : {false, true}) {
+    SCOPED_TRACE(acted ? "node 0 decides the round" : "node 0 comes to the barrier");
+    Nodes nodes(3, 2, 3);  // node 2 is the newcomer
+    std::vector<Assignment> a(2);
+    TaskGroup round0(nodes.io());  // closes with nodes 0 and 1 after the 1 s last call
+    for (std::size_t k = 0; k < 2; ++k) {
+      round0.spawn([&, k]() -> Task<void> { a[k] = co_await nodes[k].join_elastic(0, {}); });
+    }
+    round0.wait(30s);
+    TaskGroup newcomer(nodes.io());
+    newcomer.spawn([&]() -> Task<void> {
+      try {
+        co_await nodes[2].join_elastic(1, {});
+      } catch (const rendezvous::StoreError&) {  // closed at the end
+      }
+    });
+    EXPECT_EQ(run_task(nodes.io(), nodes[0].watch(a[0], 1s)).kind, WatchResult::kNewcomer);
+
+    bool passed = false;
+    TaskGroup barrier(nodes.io());
+    barrier.spawn([&]() -> Task<void> { passed = co_await nodes[1].exit_barrier(a[1], 30s); });
+    const std::string done = schema::in_round(0, schema::name::kDone);
+    while (run_task(nodes.io(), nodes.probe().add(done, 0)) < 1) {
+    }
+    // Node 1 waits at the barrier, with the newcomer in. (It used to leave at once, false: the
+    // time to do so.)
+    nodes.io().restart();
+    nodes.io().run_for(300ms);
+    ASSERT_EQ(barrier.running(), 1) << "node 1 left the barrier, passed: " << passed;
+    if (acted) {
+      const Verdict v = run_task(nodes.io(), nodes[0].decide(a[0], 1));
+      EXPECT_EQ(v.action, Verdict::kReshape) << v.reason;
+      barrier.wait(30s);
+      EXPECT_FALSE(passed) << "node 1 goes on to the next round";
+    } else {
+      EXPECT_TRUE(run_task(nodes.io(), nodes[0].exit_barrier(a[0], 30s)));
+      barrier.wait(30s);
+      EXPECT_TRUE(passed) << "the job is done: node 1 passes with node 0";
+    }
+    nodes[2].close();
+    newcomer.wait(30s);
   }
 }
 

@@ -146,6 +146,44 @@ TEST_F(OnNamedHosts, AnElasticJobAtLocalhostOnOneHost) {
   expect_elastic_ranks({{"env_first", "node-b"}, {"env_second", "node-b"}}, 2);
 }
 
+TEST_F(OnNamedHosts, ASpareOnAThirdHostLeavesWithTheJobsSuccess) {
+  // 1:2 nodes on node-a (whose agent hosts the store) and node-b; node-c's agent comes as a spare
+  // and waits for a place. The job ends well: node-a's agent keeps the store until the spare has
+  // read the outcome, and the spare exits 0 having run nothing. last_call_timeout stays at its
+  // default (30 s): the spare looks at the job's verdict more often than that.
+  hosts(kThreeHosts);
+  const std::string endpoint = std::string("node-a:") + kEndpointPort;
+  const std::string go = path("go");
+  const auto node = [&](const std::string& host, const std::string& name) -> auto& {
+    return hosts_->start(
+        host, DIST_LAUNCH_BIN,
+        {"--nnodes", "1:2", "--rdzv-endpoint", endpoint, "--rdzv-id", "job", "--rdzv-conf",
+         "join_timeout=60", "--nproc-per-node", "1", "--no-python", DIST_TEST_WORKER_BIN, "env",
+         path("env_" + name), "wait-file", go, "exit", "0"},
+        log(name));
+  };
+  auto& a = node("node-a", "a");
+  auto& b = node("node-b", "b");
+  ASSERT_TRUE(eventually(
+      [&] { return env("env_a")["WORLD_SIZE"] == "2" && env("env_b")["WORLD_SIZE"] == "2"; }, 60s))
+      << a.output() << b.output();
+  auto& spare = node("node-c", "spare");
+  ASSERT_TRUE(eventually(
+      [&] { return spare.output().find("is full: waiting for a place") != std::string::npos; },
+      60s))
+      << spare.output();
+
+  std::ofstream(go) << "1\n";
+  EXPECT_EQ(a.wait(60s), 0) << a.output();
+  EXPECT_EQ(b.wait(60s), 0) << b.output();
+  EXPECT_EQ(spare.wait(60s), 0) << spare.output();
+  EXPECT_NE(spare.output().find("the job already finished (round 0)"), std::string::npos)
+      << spare.output();
+  EXPECT_EQ(spare.output().find("connection lost"), std::string::npos) << spare.output();
+  EXPECT_TRUE(env("env_spare").empty()) << "a worker ran on the spare";
+  expect_elastic_ranks({{"env_a", "node-a"}, {"env_b", "node-b"}}, 2);
+}
+
 TEST_F(OnNamedHosts, AnUnresolvableMasterIsSaidWhileRetryingThenNamed) {
   // Pending the agent: resolution retried with a visible message every ~10 s until the
   // rendezvous timeout, then an error naming the name.

@@ -160,6 +160,32 @@ TEST_F(EtcdJob, TheLeaderKilledMidJobLeavesTheJobAlone) {
   for (const char* name : {"a", "b", "c"}) EXPECT_EQ(rounds(name).size(), 1u) << name;
 }
 
+// A spare over etcd: 1:2 nodes, both in, a third waiting for a place, and the job then ends
+// well. Nobody hosts a store here that could vanish under the spare: it must see the job's
+// verdict in etcd and leave with the job's success, having run no worker.
+TEST_F(EtcdJob, ASpareWaitingForAPlaceLeavesWithTheJobsSuccess) {
+  const std::string go = (dir_ / "go").string();
+  const std::vector<std::string> worker{"wait-file", go, "exit", "0"};
+  auto& a = agent("a", "1:2", worker);
+  auto& b = agent("b", "1:2", worker);
+  ASSERT_TRUE(in_world({"a", "b"}, 2)) << a.output() << b.output();
+  auto& spare = agent("spare", "1:2", worker);
+  ASSERT_TRUE(eventually(
+      [&] { return spare.output().find("is full: waiting for a place") != std::string::npos; },
+      60s))
+      << spare.output();
+
+  std::ofstream(go) << "1\n";
+  EXPECT_EQ(a.wait(), 0) << a.output();
+  EXPECT_EQ(b.wait(), 0) << b.output();
+  EXPECT_EQ(spare.wait(60s), 0) << spare.output();
+  EXPECT_NE(spare.output().find("the job already finished (round 0)"), std::string::npos)
+      << spare.output();
+  EXPECT_TRUE(rounds("spare").empty()) << "no worker ran";
+  EXPECT_EQ(rounds("a").size(), 1u) << "the spare restarted the job";
+  EXPECT_EQ(rounds("b").size(), 1u) << "the spare restarted the job";
+}
+
 // The node whose agent hosts the workers' store (node rank 0) is killed: the survivors reshape
 // into a world of two, with a store of the new node rank 0, and finish.
 TEST_F(EtcdJob, TheNodeHostingTheWorkersStoreIsLostAndTheSurvivorsFinish) {

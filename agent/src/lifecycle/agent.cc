@@ -58,10 +58,11 @@ Overloaded(F...) -> Overloaded<F...>;
 
 }  // namespace
 
-// In-place: the claim of the job's one recovery (nullopt: another node's is under way) and the
-// generation its replacement starts.
+// In-place: the claim of the job's one recovery (nullopt: another node's is under way, of that
+// kind) and the generation its replacement starts.
 struct ReplacementClaim {
   std::optional<int> replacements;
+  Recovery under_way = Recovery::kNone;
   int generation = 0;
   std::string why;  // the workers' store could not count the generation (its host is gone)
 };
@@ -453,7 +454,7 @@ class Agent {
     spdlog::info("generation {}: the group is whole again, {} ms after worker {} failed ({})",
                  r.generation, stall.count(), r.failure.rank, o.record);
     telemetry_->in_place_recovered(round_->round, r.generation, r.failure.rank, stall, o.record);
-    fire_and_forget(rounds_->replacement_recovered(*round_), "ending the in-place recovery");
+    fire_and_forget(rounds_->recovery_over(*round_), "ending the in-place recovery");
     feed(Input::kRecovered);
   }
 
@@ -812,7 +813,9 @@ class Agent {
   // The job's one recovery (several nodes: in the job's store), then the generation.
   Task<ReplacementClaim> claim_replacement() {
     ReplacementClaim c;
-    c.replacements = co_await rounds_->claim_replacement(*round_);
+    const RecoveryClaim claim = co_await rounds_->claim_recovery(*round_, Recovery::kReplacement);
+    c.replacements = claim.replacements;
+    c.under_way = claim.under_way;
     if (!c.replacements) co_return c;
     try {
       c.generation = co_await generations_->next();
@@ -827,7 +830,10 @@ class Agent {
     if (state_ != State::kReplacing) return;
     if (!c.replacements) {
       return give_up_replacing("worker " + std::to_string(failures_.front().rank) +
-                               " failed while another node's worker is being replaced in place");
+                               (c.under_way == Recovery::kRegroup
+                                    ? " failed while the group regroups in place"
+                                    : " failed while another node's worker is being replaced "
+                                      "in place"));
     }
     if (!c.why.empty()) {  // e.g. the node that hosted the workers' store was lost with it
       return give_up_replacing("worker " + std::to_string(failures_.front().rank) +
@@ -1065,6 +1071,15 @@ class Agent {
           t.outcome.why = co_await await_arrivals(*t.generation, to.rank_offset, to.world_size);
           if (!t.outcome.why.empty()) co_return t;  // a group restart: nothing to join
         }
+        // The job's one recovery is the regroup's until the group's word: a worker failing
+        // meanwhile on another node restarts the group instead of starting a replacement that
+        // this regroup's workers would wait for in vain.
+        const RecoveryClaim claim = co_await rounds_->claim_recovery(to, Recovery::kRegroup);
+        if (!claim.replacements) {
+          t.outcome.why = "another node's worker is being replaced in place in round " +
+                          std::to_string(to.round);
+          co_return t;
+        }
         std::string record = "regrouped round=" + std::to_string(to.round) +
                              " world=" + std::to_string(to.world_size) +
                              " nodes=" + std::to_string(to.num_nodes);
@@ -1155,6 +1170,9 @@ class Agent {
     telemetry_->in_place_regrouped({regrouped_from_, round_->round, t.generation, round_->node_rank,
                                     round_->world_size, regrouped_ranks_, stall, t.outcome.record,
                                     new_nodes});
+    if (round_->node_rank == 0) {  // its claim, from the generation's publication
+      fire_and_forget(rounds_->recovery_over(*round_), "ending the regroup's recovery");
+    }
     feed(Input::kRegrouped);
   }
 

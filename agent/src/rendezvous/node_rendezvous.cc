@@ -230,27 +230,35 @@ Task<void> NodeRendezvous::Impl::mark_failed(Assignment a, std::string reason) {
 // ---------------------------------------------------------------------------------------------
 // In-place recovery: one at a time, job-wide, counted with the restarts
 
-Task<std::optional<int>> NodeRendezvous::Impl::claim_replacement(Assignment a) {
+Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Assignment a, Recovery kind) {
   const std::string key(schema::kInPlace);
   const std::optional<std::string> now = co_await store_->try_get(key);
   schema::InPlaceState state;
   if (now) state = schema::decode_in_place(key, *now);
   // A recovery of an earlier round ended with that round, whatever it became.
-  if (state.recovering && state.round == a.round) co_return std::nullopt;
-  const schema::InPlaceState claimed{state.replacements + 1, a.round, true, a.node_rank};
+  if (state.recovery != Recovery::kNone && state.round == a.round) {
+    co_return RecoveryClaim{std::nullopt, state.recovery};
+  }
+  const int counted = kind == Recovery::kReplacement ? 1 : 0;
+  const schema::InPlaceState claimed{state.replacements + counted, a.round, kind, a.node_rank};
   const std::string desired = schema::encode(claimed);
   const std::string stored = co_await store_->compare_set(key, now.value_or(""), desired);
-  if (stored != desired) co_return std::nullopt;  // another node claimed first
-  co_return claimed.replacements;
+  if (stored != desired) {  // another node claimed first
+    co_return RecoveryClaim{std::nullopt, schema::decode_in_place(key, stored).recovery};
+  }
+  co_return RecoveryClaim{claimed.replacements, Recovery::kNone};
 }
 
-Task<void> NodeRendezvous::Impl::replacement_recovered(Assignment a) {
+Task<void> NodeRendezvous::Impl::recovery_over(Assignment a) {
   const std::string key(schema::kInPlace);
   const std::optional<std::string> now = co_await store_->try_get(key);
   if (!now) co_return;
   schema::InPlaceState state = schema::decode_in_place(key, *now);
-  if (!state.recovering || state.round != a.round || state.node_rank != a.node_rank) co_return;
-  state.recovering = false;
+  if (state.recovery == Recovery::kNone || state.round != a.round ||
+      state.node_rank != a.node_rank) {
+    co_return;
+  }
+  state.recovery = Recovery::kNone;
   co_await store_->compare_set(key, *now, schema::encode(state));
 }
 
@@ -496,11 +504,11 @@ Task<void> NodeRendezvous::mark_done(Assignment a) {
 Task<void> NodeRendezvous::mark_failed(Assignment a, std::string reason) {
   return impl_->mark_failed(std::move(a), std::move(reason));
 }
-Task<std::optional<int>> NodeRendezvous::claim_replacement(Assignment a) {
-  return impl_->claim_replacement(std::move(a));
+Task<RecoveryClaim> NodeRendezvous::claim_recovery(Assignment a, Recovery kind) {
+  return impl_->claim_recovery(std::move(a), kind);
 }
-Task<void> NodeRendezvous::replacement_recovered(Assignment a) {
-  return impl_->replacement_recovered(std::move(a));
+Task<void> NodeRendezvous::recovery_over(Assignment a) {
+  return impl_->recovery_over(std::move(a));
 }
 Task<int> NodeRendezvous::replacements() {
   return impl_->replacements();

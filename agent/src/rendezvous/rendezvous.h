@@ -126,6 +126,19 @@ struct Verdict {
   std::string reason;
 };
 
+// --restart-policy in-place: what holds the job's one recovery while it is under way. A worker
+// replaced alone, or the group regrouping after a node was lost or joined (node 0 holds it from the
+// regroup's generation until the group's word that it is whole).
+enum class Recovery { kNone = 0, kReplacement = 1, kRegroup = 2 };
+
+// A claim of that recovery: once claimed, the job's replacements so far (a replacement's claim
+// counts itself); otherwise which kind of recovery another node has under way in this round (then
+// the group must restart).
+struct RecoveryClaim {
+  std::optional<int> replacements;
+  Recovery under_way = Recovery::kNone;
+};
+
 struct RendezvousTimeouts {
   std::chrono::milliseconds rdzv{900'000};           // static: until every node joined
   std::chrono::milliseconds join{600'000};           // elastic: until a round forms
@@ -163,12 +176,12 @@ class NodeRendezvous {
   // Static: the job failed for good; nodes still joining (a relaunched one) learn it at once.
   Task<void> mark_failed(Assignment a, std::string reason);
 
-  // --restart-policy in-place: claims the job's one recovery (a worker of node a.node_rank
-  // replaced alone in round a.round). The replacements counted so far, this one included; nullopt
-  // when another node's recovery of this round is under way (then the group must restart).
-  Task<std::optional<int>> claim_replacement(Assignment a);
-  // That recovery is over: another may be claimed.
-  Task<void> replacement_recovered(Assignment a);
+  // --restart-policy in-place: claims the job's one recovery for node a.node_rank in round
+  // a.round: a worker of it replaced alone (counted with the replacements), or, node 0, the
+  // group's regroup. One recovery at a time, job-wide, by COMPARE_SET.
+  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind);
+  // This node's recovery is over: another may be claimed.
+  Task<void> recovery_over(Assignment a);
   // The job's replacements so far.
   Task<int> replacements();
 

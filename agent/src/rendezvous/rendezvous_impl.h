@@ -31,8 +31,8 @@ class NodeRendezvous::Impl {
   Task<void> mark_failed(Assignment a, std::string reason);
 
   // In-place recovery (node_rendezvous.cc).
-  Task<std::optional<int>> claim_replacement(Assignment a);
-  Task<void> replacement_recovered(Assignment a);
+  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind);
+  Task<void> recovery_over(Assignment a);
   Task<int> replacements();
 
   // Elastic (elastic_round.cc).

@@ -104,14 +104,17 @@ class LocalRounds final : public RoundSource {
   Task<std::vector<WorkerFailure>> collect_failures(Assignment, std::string) override {
     co_return std::vector<WorkerFailure>{};
   }
-  Task<std::optional<int>> claim_replacement(Assignment a) override {
-    if (recovering_ && recovering_round_ == a.round) co_return std::nullopt;
-    recovering_ = true;
+  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind) override {
+    if (recovering_ != Recovery::kNone && recovering_round_ == a.round) {
+      co_return RecoveryClaim{std::nullopt, recovering_};
+    }
+    recovering_ = kind;
     recovering_round_ = a.round;
-    co_return ++replacements_;
+    if (kind == Recovery::kReplacement) ++replacements_;
+    co_return RecoveryClaim{replacements_, Recovery::kNone};
   }
-  Task<void> replacement_recovered(Assignment) override {
-    recovering_ = false;
+  Task<void> recovery_over(Assignment) override {
+    recovering_ = Recovery::kNone;
     co_return;
   }
   Task<int> replacements() override { co_return replacements_; }
@@ -193,7 +196,7 @@ class LocalRounds final : public RoundSource {
   boost::asio::steady_timer* beat_timer_ = nullptr;  // the heartbeat's, while it runs
   std::shared_ptr<char> alive_ = std::make_shared<char>();
   int replacements_ = 0;  // in-place
-  bool recovering_ = false;
+  Recovery recovering_ = Recovery::kNone;
   int recovering_round_ = 0;
 };
 
@@ -226,12 +229,10 @@ class NodeRounds : public RoundSource {
   Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures) override {
     co_await rdzv_->announce_failure(std::move(a), std::move(failures));
   }
-  Task<std::optional<int>> claim_replacement(Assignment a) override {
-    co_return co_await rdzv_->claim_replacement(std::move(a));
+  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind) override {
+    co_return co_await rdzv_->claim_recovery(std::move(a), kind);
   }
-  Task<void> replacement_recovered(Assignment a) override {
-    co_await rdzv_->replacement_recovered(std::move(a));
-  }
+  Task<void> recovery_over(Assignment a) override { co_await rdzv_->recovery_over(std::move(a)); }
   Task<int> replacements() override { co_return co_await rdzv_->replacements(); }
   Task<std::vector<WorkerFailure>> collect_failures(Assignment a, std::string reason) override {
     std::vector<WorkerFailure> all;

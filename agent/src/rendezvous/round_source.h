@@ -72,12 +72,12 @@ class RoundSource {
   // failed, so that a relaunched node still joining learns it). A store that is gone leaves an
   // empty list (said as a warning).
   virtual Task<std::vector<WorkerFailure>> collect_failures(Assignment a, std::string reason) = 0;
-  // --restart-policy in-place: claims the job's one recovery for a worker of this node (the
-  // replacements counted so far, this one included; nullopt while another node's recovery of this
-  // round is under way), says it is over, reads the count. One node keeps them itself; several,
-  // in the job's store (NodeRendezvous::claim_replacement), so that every node counts the others'.
-  virtual Task<std::optional<int>> claim_replacement(Assignment a) = 0;
-  virtual Task<void> replacement_recovered(Assignment a) = 0;
+  // --restart-policy in-place: claims the job's one recovery for this node (a worker replaced
+  // alone, counted with the replacements; node 0's regroup), says it is over, reads the count.
+  // One node keeps them itself; several, in the job's store (NodeRendezvous::claim_recovery), so
+  // that every node counts the others' and no two recoveries overlap.
+  virtual Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind) = 0;
+  virtual Task<void> recovery_over(Assignment a) = 0;
   virtual Task<int> replacements() = 0;
   // Before the round that follows a failed one.
   virtual void restart() = 0;

@@ -248,20 +248,22 @@ RoundTotals decode_round_totals(std::string_view key, std::string_view text) {
 }
 
 constexpr std::string_view kInPlaceShape =
-    "'<replacements> <round> <recovering: 0 or 1> <node rank>'";
+    "'<replacements> <round> <recovery under way: 0 none, 1 a replacement, 2 a regroup> <node "
+    "rank>'";
 
 std::string encode(const InPlaceState& s) {
   return std::to_string(s.replacements) + " " + std::to_string(s.round) + " " +
-         (s.recovering ? "1" : "0") + " " + std::to_string(s.node_rank);
+         std::to_string(static_cast<int>(s.recovery)) + " " + std::to_string(s.node_rank);
 }
 
 InPlaceState decode_in_place(std::string_view key, std::string_view text) {
   const auto v = integers(key, text, ' ', 4, kInPlaceShape);
-  InPlaceState s{as_int(key, text, v[0], kInPlaceShape), as_int(key, text, v[1], kInPlaceShape),
-                 v[2] == 1, as_int(key, text, v[3], kInPlaceShape)};
-  if (s.replacements < 0 || s.round < 0 || (v[2] != 0 && v[2] != 1)) {
+  if (v[2] < static_cast<int>(Recovery::kNone) || v[2] > static_cast<int>(Recovery::kRegroup)) {
     throw CorruptValueError(key, text, kInPlaceShape);
   }
+  InPlaceState s{as_int(key, text, v[0], kInPlaceShape), as_int(key, text, v[1], kInPlaceShape),
+                 static_cast<Recovery>(v[2]), as_int(key, text, v[3], kInPlaceShape)};
+  if (s.replacements < 0 || s.round < 0) throw CorruptValueError(key, text, kInPlaceShape);
   return s;
 }
 

@@ -144,12 +144,13 @@ std::string encode_members(const std::vector<int>& ids);
 std::vector<int> decode_members(std::string_view key, std::string_view text);
 
 // --restart-policy in-place: every worker replaced alone so far, job-wide (they count against
-// --max-restarts with the group restarts), and whether the last one's recovery, claimed by node
-// `node_rank` in round `round`, is still under way. "<replacements> <round> <0|1> <node rank>".
+// --max-restarts with the group restarts), and the recovery under way, if any (0 none, 1 a
+// replacement, 2 a regroup), claimed by node `node_rank` in round `round`.
+// "<replacements> <round> <0|1|2> <node rank>".
 struct InPlaceState {
   int replacements = 0;
   int round = 0;
-  bool recovering = false;
+  Recovery recovery = Recovery::kNone;
   int node_rank = -1;
   bool operator==(const InPlaceState&) const = default;
 };

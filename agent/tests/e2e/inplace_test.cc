@@ -654,6 +654,80 @@ TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASm
   }
 }
 
+// A worker failing while a lost node's survivors regroup (node 0 waiting for the regrouped
+// group's word) cannot be replaced alone: one recovery at a time, job-wide. Node 0 holds the job's
+// recovery from the regroup's generation to the group's word, so the failing worker's node finds
+// the regroup under way and the whole group restarts at once. (Its node used to replace it, and
+// the group went on to the replacement's generation; node 0 waited on for the regroup's word,
+// which never came, until its workers finished the job or 5 minutes passed, then restarted the
+// group: checked with the agent before the change.) The worker, node 2's, fails as its recovery
+// begins, once its agent has been told of the regroup: the test waits for its agent's line.
+TEST_F(InPlaceElasticNodes, AWorkerFailingWhileTheSurvivorsRegroupRestartsTheGroupAtOnce) {
+  const std::string endpoint = job_endpoint();
+  const std::string fail = path("fail");
+  const auto agent = [&](int i) {
+    return training_agent(i, "2:3", endpoint, {},
+                          {"--steps", "300", "--step-ms", "10", "--fail-in-recovery", "2:" + fail});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  agents.push_back(agent(2));
+  int lost = -1;
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        for (int i = 1; i < 3; ++i) {
+          if (agents[static_cast<std::size_t>(i)]->output().find("round 0: node 1 of 3") !=
+              std::string::npos) {
+            lost = i;
+          }
+        }
+        return lost > 0;
+      },
+      60s));
+  const auto last = static_cast<std::size_t>(3 - lost);  // node 2: its worker fails
+  auto& lost_agent = *agents[static_cast<std::size_t>(lost)];
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return lost_agent.output().find(" step 5\n") != std::string::npos; }, 60s))
+      << lost_agent.output();
+  ::kill(lost_agent.pid(), SIGKILL);
+  EXPECT_EQ(lost_agent.wait(10s), 128 + SIGKILL);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return agents[last]->output().find("in-place: regrouped in round 1") != std::string::npos;
+      },
+      60s))
+      << agents[last]->output();
+  std::ofstream(fail) << "1\n";
+
+  std::string both;
+  for (const std::size_t i : {std::size_t{0}, last}) {
+    const int code = agents[i]->wait(120s);
+    both += agents[i]->output();
+    EXPECT_EQ(code, 0) << agents[i]->output();
+  }
+  EXPECT_NE(both.find("worker 1 failed while the group regroups in place: restarting the whole "
+                      "group"),
+            std::string::npos)
+      << both;
+  std::string digest;
+  for (const int rank : {0, 1}) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->step, 300) << both;
+    EXPECT_EQ(f->world, 2) << both;
+    EXPECT_EQ(f->pid, start_pid("job", rank, 1, 0)) << "the restarted group's worker: " << both;
+    if (rank == 0) digest = f->digest;
+    EXPECT_EQ(f->digest, digest) << both;
+  }
+  EXPECT_TRUE(events("job_node0", "inplace_regrouped").empty()) << "the regroup never ended";
+  EXPECT_EQ(events("job_node" + std::to_string(last), "inplace_fallback").size(), 1u) << both;
+}
+
 // The lost node hosted its round's workers' store (node 0; the rendezvous store is a
 // dist-rendezvous of its own): the survivor's worker has nowhere to regroup, and the group
 // restarts, saying why, then trains in a world of one.

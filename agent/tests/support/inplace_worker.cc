@@ -7,8 +7,10 @@
 //   --step-ms MS              sleep after each step (default 0)
 //   --crash R:S[:G[:A]]       rank R exits with code 3 as step S begins, in generation G
 //                             (default 0) of restart attempt A (default 0); repeatable
-//   --fail-in-recovery R      rank R exits with code 4 as its recovery begins (it has read the
-//                             new generation), on restart attempt 0
+//   --fail-in-recovery R[:PATH]
+//                             rank R exits with code 4 as its recovery begins (it has read the
+//                             new generation), on restart attempt 0; with PATH, once PATH exists
+//                             (at most 60 s later), so that a test can choose the moment
 //   --fail-at-start R:G        rank R exits with code 5 as it starts in generation G, before it
 //                             connects to anything (a newcomer's worker that dies before it
 //                             says it arrived), on restart attempt 0
@@ -56,6 +58,7 @@ struct Options {
   int step_ms = 0;
   std::vector<Crash> crashes;
   int fail_in_recovery = -1;
+  std::string fail_in_recovery_file;
   Crash fail_at_start;  // its step unused
   std::string finish_file;
   bool finish_when_asked = false;
@@ -104,7 +107,9 @@ Options parse(int argc, char** argv) {
       std::sscanf(value.c_str(), "%d:%d:%d:%d", &c.rank, &c.step, &c.generation, &c.attempt);
       o.crashes.push_back(c);
     } else if (flag == "--fail-in-recovery") {
-      o.fail_in_recovery = std::stoi(value);
+      const auto colon = value.find(':');
+      o.fail_in_recovery = std::stoi(value.substr(0, colon));
+      if (colon != std::string::npos) o.fail_in_recovery_file = value.substr(colon + 1);
     } else if (flag == "--fail-at-start") {
       std::sscanf(value.c_str(), "%d:%d", &o.fail_at_start.rank, &o.fail_at_start.generation);
     } else if (flag == "--finish-at-file") {
@@ -156,6 +161,12 @@ int run(const Options& o) {
   recovery.on_group([](ProcessGroup&) {},
                     [&] {
                       if (rank == o.fail_in_recovery && attempt == 0) {
+                        for (int waited_ms = 0; !o.fail_in_recovery_file.empty() &&
+                                                !std::filesystem::exists(o.fail_in_recovery_file) &&
+                                                waited_ms < 60'000;
+                             waited_ms += 10) {
+                          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                        }
                         std::fprintf(stderr, "rank %d: failing as its recovery begins\n", rank);
                         std::fflush(stderr);
                         std::_Exit(4);

@@ -111,25 +111,48 @@ TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
   Nodes nodes(2, 2, 2);
   const auto a = nodes.all<Assignment>(
       [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto replacement = [&](std::size_t k, const Assignment& in) {
+    return run_task(nodes.io(), nodes[k].claim_recovery(in, Recovery::kReplacement));
+  };
   EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 0);
   // Both claim at once: exactly one wins, with the count 1.
-  const auto claims = nodes.all<std::optional<int>>(
-      [&](std::size_t k) { return nodes[k].claim_replacement(a[k]); });
-  ASSERT_NE(claims[0].has_value(), claims[1].has_value());
-  const std::size_t winner = claims[0] ? 0 : 1, loser = 1 - winner;
-  EXPECT_EQ(claims[winner], 1);
-  EXPECT_FALSE(run_task(nodes.io(), nodes[loser].claim_replacement(a[loser])).has_value())
+  const auto claims = nodes.all<RecoveryClaim>(
+      [&](std::size_t k) { return nodes[k].claim_recovery(a[k], Recovery::kReplacement); });
+  ASSERT_NE(claims[0].replacements.has_value(), claims[1].replacements.has_value());
+  const std::size_t winner = claims[0].replacements ? 0 : 1, loser = 1 - winner;
+  EXPECT_EQ(claims[winner].replacements, 1);
+  EXPECT_EQ(claims[loser].under_way, Recovery::kReplacement);
+  EXPECT_FALSE(replacement(loser, a[loser]).replacements.has_value())
       << "under way until the winner says it is over";
   // Only the claimant ends it.
-  run_task(nodes.io(), nodes[loser].replacement_recovered(a[loser]));
-  EXPECT_FALSE(run_task(nodes.io(), nodes[loser].claim_replacement(a[loser])).has_value());
-  run_task(nodes.io(), nodes[winner].replacement_recovered(a[winner]));
-  EXPECT_EQ(run_task(nodes.io(), nodes[loser].claim_replacement(a[loser])), 2);
+  run_task(nodes.io(), nodes[loser].recovery_over(a[loser]));
+  EXPECT_FALSE(replacement(loser, a[loser]).replacements.has_value());
+  run_task(nodes.io(), nodes[winner].recovery_over(a[winner]));
+  EXPECT_EQ(replacement(loser, a[loser]).replacements, 2);
   EXPECT_EQ(run_task(nodes.io(), nodes[winner].replacements()), 2);
   // Left under way when its round ended (a group restart): the next round may claim.
   Assignment next = a[winner];
   next.round = 1;
-  EXPECT_EQ(run_task(nodes.io(), nodes[winner].claim_replacement(next)), 3);
+  EXPECT_EQ(replacement(winner, next).replacements, 3);
+}
+
+// Node 0's regroup holds the job's recovery too, without counting as a replacement: a worker
+// failing on another node meanwhile finds a regroup under way (its group must restart).
+TEST(NodeRendezvous, InPlaceARegroupHoldsTheRecoveryWithoutCountingAReplacement) {
+  Nodes nodes(2, 2, 2);
+  const auto a = nodes.all<Assignment>(
+      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const RecoveryClaim regroup =
+      run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup));
+  EXPECT_EQ(regroup.replacements, 0) << "claimed, and no replacement counted";
+  const RecoveryClaim refused =
+      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement));
+  EXPECT_FALSE(refused.replacements.has_value());
+  EXPECT_EQ(refused.under_way, Recovery::kRegroup);
+  run_task(nodes.io(), nodes[0].recovery_over(a[0]));
+  EXPECT_EQ(
+      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement)).replacements, 1);
+  EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 1);
 }
 
 TEST(NodeRendezvous, ANodeWhoseSessionEndsIsLostToItsWatcher) {

@@ -206,9 +206,12 @@ TEST(Schema, EveryEncodingRoundTrips) {
   EXPECT_EQ(schema::decode_place("k", schema::encode(place)), place);
   const schema::RoundTotals totals{1, 32, 4, 3, true};
   EXPECT_EQ(schema::decode_round_totals("k", schema::encode(totals)), totals);
-  const schema::InPlaceState in_place{3, 2, true, 1};
-  EXPECT_EQ(schema::decode_in_place("k", schema::encode(in_place)), in_place);
-  EXPECT_EQ(schema::encode(in_place), "3 2 1 1");
+  for (const Recovery r : {Recovery::kNone, Recovery::kReplacement, Recovery::kRegroup}) {
+    const schema::InPlaceState in_place{3, 2, r, 1};
+    EXPECT_EQ(schema::decode_in_place("k", schema::encode(in_place)), in_place);
+  }
+  EXPECT_EQ(schema::encode(schema::InPlaceState{3, 2, Recovery::kReplacement, 1}), "3 2 1 1");
+  EXPECT_EQ(schema::encode(schema::InPlaceState{3, 2, Recovery::kRegroup, 0}), "3 2 2 0");
   Verdict v;
   v.action = Verdict::kRestart;
   v.expect = 3;
@@ -258,9 +261,10 @@ TEST(Schema, ACorruptedValueIsAnErrorNamingItsKey) {
        [] { schema::decode_round_totals("r1/assignment", "0 8 2 3 1"); }, "0 8 2 3 1"},
       {"totals: continues neither 0 nor 1",
        [] { schema::decode_round_totals("r1/assignment", "0 8 2 2 2"); }, "0 8 2 2 2"},
-      {"in-place: a state that is neither 0 nor 1",
-       [] { schema::decode_in_place("in_place", "1 0 2 0"); },
-       "'<replacements> <round> <recovering: 0 or 1> <node rank>'"},
+      {"in-place: a recovery neither 0, 1 nor 2",
+       [] { schema::decode_in_place("in_place", "1 0 3 0"); },
+       "'<replacements> <round> <recovery under way: 0 none, 1 a replacement, 2 a regroup> <node "
+       "rank>'"},
       {"int: empty", [] { schema::decode_int("round", ""); }, "a decimal integer"},
       {"int: too big", [] { schema::decode_int("round", "99999999999999999999"); }, "round"},
       {"int: a control byte shown escaped", [] { schema::decode_int("round", "1\n2"); }, "1\\x0a2"},

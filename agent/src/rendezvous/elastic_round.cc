@@ -77,7 +77,7 @@ Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Ass
     // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
     std::optional<Assignment> back_from;
     if (n == round) back_from = previous;
-    const int ticket =
+    const Ticket ticket =
         co_await take_ticket(n, std::move(back_from), worker_store, keeps_workers);  // JOIN
     co_await throw_if_job_over(n);  // (again: the store's host waits only for tickets it saw)
     co_await close_if_complete(n);  // CLOSE?
@@ -91,8 +91,9 @@ Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Ass
   }
 }
 
-Task<int> NodeRendezvous::Impl::take_ticket(int round, std::optional<Assignment> previous,
-                                            const std::string& worker_store, bool keeps_workers) {
+Task<NodeRendezvous::Impl::Ticket> NodeRendezvous::Impl::take_ticket(
+    int round, std::optional<Assignment> previous, const std::string& worker_store,
+    bool keeps_workers) {
   const bool returning = previous && previous->round == round - 1;
   const int ticket =
       static_cast<int>(co_await store_->add(schema::in_round(round, name::kJoin), 1));
@@ -115,9 +116,10 @@ Task<int> NodeRendezvous::Impl::take_ticket(int round, std::optional<Assignment>
     } else if (size) {
       notice("round " + std::to_string(round - 1) + (finishing ? " is finishing" : " is full") +
              ": waiting for a place in round " + std::to_string(round));
+      co_return Ticket{ticket, true};
     }
   }
-  co_return ticket;
+  co_return Ticket{ticket, false};
 }
 
 Task<void> NodeRendezvous::Impl::close_if_complete(int round) {
@@ -208,7 +210,7 @@ Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t
 }
 
 Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
-    int round, int ticket, steady_clock::time_point deadline) {
+    int round, Ticket ticket, steady_clock::time_point deadline) {
   const std::string quorum = schema::in_round(round, name::kQuorum);
   const std::string published = schema::in_round(round, name::kAssignment);
   const std::string join = schema::in_round(round, name::kJoin);
@@ -231,13 +233,14 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
     return true;
   };
   // Until MIN nodes are in (a node whose ticket reached MIN set `quorum` itself).
-  if (ticket < shape_.min_nodes) {
+  if (ticket.number < shape_.min_nodes) {
     while (!co_await store_->wait(keys(quorum), detail::until(deadline, poll))) {
       co_await throw_if_job_over(round);
       if (!at_last_call()) continue;
       const auto count = co_await store_->add(join, 0);
       notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
              std::to_string(count) + " of at least " + std::to_string(shape_.min_nodes) + " in");
+      if (ticket.spare) co_await extend_while_running(round, deadline);
       too_late("did not reach its minimum within join_timeout", count);
     }
   }
@@ -248,11 +251,12 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
     if (!at_last_call()) continue;
     if (co_await try_close(round)) break;
     if (round > 0) co_await decide_if_abandoned(round - 1);
+    if (ticket.spare) co_await extend_while_running(round, deadline);
     too_late("did not close within join_timeout", co_await store_->add(join, 0));
   }
 
   // One request: this node's place, the round's totals and its workers' store.
-  const std::string place_key = schema::in_round(round, name::kPlace, ticket);
+  const std::string place_key = schema::in_round(round, name::kPlace, ticket.number);
   const auto values = co_await store_->multi_get(
       keys(place_key, published, schema::in_round(round, name::kWorkerStore)));
   if (!values[0]) co_return std::nullopt;
@@ -274,6 +278,26 @@ Task<std::optional<Verdict>> NodeRendezvous::Impl::verdict_of(int round) {
   const auto text = co_await store_->try_get(key);
   if (!text) co_return std::nullopt;
   co_return schema::decode_verdict(key, *text);
+}
+
+Task<bool> NodeRendezvous::Impl::runs_on(int round) {
+  if (round < 0) co_return false;
+  // (Plain locals: GCC 12 miscompiled these co_awaits written inside the `if` and the
+  // `co_return`: SIGILL at the first call.)
+  const auto verdict = co_await verdict_of(round);
+  if (verdict) co_return false;
+  const bool closed = co_await store_->check(keys(schema::in_round(round, name::kAssignment)));
+  co_return closed;
+}
+
+Task<void> NodeRendezvous::Impl::extend_while_running(int round,
+                                                      steady_clock::time_point& deadline) {
+  if (steady_clock::now() < deadline) co_return;
+  const bool running = co_await runs_on(round - 1);
+  if (!running) co_return;
+  deadline = steady_clock::now() + timeouts_.join;
+  notice("round " + std::to_string(round - 1) + " runs on: waiting for a place in round " +
+         std::to_string(round) + " as a hot spare (join_timeout counts from its end)");
 }
 
 Task<void> NodeRendezvous::Impl::decide_if_abandoned(int round) {

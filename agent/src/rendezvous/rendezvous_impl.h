@@ -65,14 +65,25 @@ class NodeRendezvous::Impl {
   Task<void> throw_if_over();
 
   // Elastic rounds.
-  Task<int> take_ticket(int round, std::optional<Assignment> previous,
-                        const std::string& worker_store, bool keeps_workers);
+  // This node's ticket in `round`; `spare`: the running round was full or finishing, so this node
+  // waits for a place (a hot spare) rather than for the running nodes to make one.
+  struct Ticket {
+    int number = 0;
+    bool spare = false;
+  };
+  Task<Ticket> take_ticket(int round, std::optional<Assignment> previous,
+                           const std::string& worker_store, bool keeps_workers);
   Task<void> close_if_complete(int round);
   // `taken`: the round's ticket count, when this node has just read it after taking its own.
   Task<bool> try_close(int round, std::optional<std::int64_t> taken = std::nullopt);
-  Task<std::optional<Assignment>> await_assignment(int round, int ticket,
+  Task<std::optional<Assignment>> await_assignment(int round, Ticket ticket,
                                                    std::chrono::steady_clock::time_point deadline);
   Task<std::optional<Verdict>> verdict_of(int round);
+  // Whether round `round` closed and runs on, undecided.
+  Task<bool> runs_on(int round);
+  // At a hot spare's last call past its deadline: while the round before `round` runs on, the
+  // deadline moves on (saying so): a spare's join timeout counts from that round's end.
+  Task<void> extend_while_running(int round, std::chrono::steady_clock::time_point& deadline);
   // A newcomer's remedy for a round that closed and whose nodes have all vanished (killed, cut
   // off) before any of them decided its verdict: it decides it for them, so that the next round
   // can close instead of waiting out the join timeout.

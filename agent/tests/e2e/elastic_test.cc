@@ -232,6 +232,43 @@ TEST_F(Elastic, ANodeArrivingAtMaxWaitsAndReplacesALostOne) {
   EXPECT_EQ(rc[0].restarts, 0);
 }
 
+TEST_F(Elastic, AHotSpareOutwaitsItsJoinTimeoutWhileTheJobRunsThenTakesALostNodesPlace) {
+  // 1:2 nodes, both in, a third waiting for a place, every join timeout 1 s. While round 0 runs,
+  // the third waits on as a hot spare (its join timeout counts from the round's end; torchrun's
+  // would time out), saying so each time its timeout passes. When a node is lost, it takes the
+  // place.
+  auto store = external_store();
+  const std::string go = (dir_ / "go").string();
+  const std::vector<std::string> worker{"exit-if-file", go, "0", "forever"};
+  const std::vector<std::string> conf{"--rdzv-conf", "join_timeout=1,last_call_timeout=0.2"};
+  auto a = agent("a", "1:2", conf, worker);
+  auto b = agent("b", "1:2", conf, worker);
+  ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
+  auto spare = agent("spare", "1:2", conf, worker);
+  const auto said = [&](const std::string& what) {
+    const std::string out = spare->output();
+    int n = 0;
+    for (auto at = out.find(what); at != std::string::npos; at = out.find(what, at + 1)) ++n;
+    return n;
+  };
+  ASSERT_TRUE(dist::agent::testing::eventually([&] { return said("as a hot spare") >= 2; }, 30s))
+      << "the spare did not outwait two join timeouts: " << spare->output();
+  EXPECT_TRUE(rounds("spare").empty());
+
+  std::ofstream(go) << "1\n";
+  const bool a_is_rank_0 = rounds("a").back().node_rank == 0;
+  auto& lost = a_is_rank_0 ? b : a;
+  auto& survivor = a_is_rank_0 ? a : b;
+  ::kill(lost->pid(), SIGKILL);
+  lost->wait();
+  EXPECT_EQ(survivor->wait(), 0) << survivor->output();
+  EXPECT_EQ(spare->wait(), 0) << spare->output();
+  const auto rs = rounds("spare");
+  ASSERT_EQ(rs.size(), 1u) << spare->output();
+  EXPECT_EQ(rs[0].node_rank, 1);
+  EXPECT_EQ(rs[0].world_size, 2);
+}
+
 TEST_F(Elastic, ANodeWaitingForAPlaceWhenTheJobSucceedsLeavesWithItsSuccess) {
   // A spare: 1:2 nodes, both in, a third waiting, and the job then ends well. The store lives in
   // the first agent, which waits for the spare to read the outcome before it takes the store away

@@ -2,7 +2,7 @@
 """A lost node's survivors, or a node joining: regrouped in place against a group restart.
 
     python3 bench/regroup_bench.py [--build build] [--runs 7] [--nodes 3] [--nproc 2]
-                                   [--torch PYTHON] [--event lost|join]
+                                   [--torch PYTHON] [--event lost|join|spare] [--warm]
                                    [--named-hosts tests/named_hosts/named-hosts.sh]
                                    [--torchrun PYTHON]
 
@@ -44,6 +44,9 @@ every run); for a lost node the survivors' restarted workers could not connect t
 (connection refused by addresses of the round before) and the job failed (the one run tried).
 --torchrun-shared-store keeps that default.
 
+--warm: dist-launch's agents run with --warm-restart (torch workers forked from a zygote that
+imported torch as the agent started: a spare's too, while it waits).
+
 --named-hosts SCRIPT: each agent on a host of its own (network namespaces node-0, node-1, ...: root
 only), the rendezvous endpoint node-0's name, the workers' Gloo on the hosts' eth0.
 
@@ -55,6 +58,13 @@ boundary (they stall while its workers start). Measured, from the newcomer's sta
                                    (the stall; a group restart's includes its start-up)
   newcomer training              = to the newcomer's first step line
   steps trained again            = as above, at that pause
+
+--event spare: a hot spare. The job is --nnodes 2:NODES-1: NODES - 1 agents train, the NODES-th
+starts once a worker has taken 20 steps and, the job full, waits for a place; then node 1 is lost
+as above and the spare takes its place (group: every worker starts again in a round with it;
+in-place: the survivors keep their processes and the spare's workers join them at a step
+boundary). Measured from the kill: survivors training again, as above, and
+  spare training                 = to the spare's first step line
 """
 import argparse
 import os
@@ -176,7 +186,7 @@ def torchrun_command(args, endpoint, extra):
     """torchrun's agent for the same job: its c10d rendezvous, its defaults otherwise."""
     host, port = endpoint
     conf = [value for flag, value in zip(extra[::2], extra[1::2]) if flag == "--rdzv-conf"]
-    return [args.torchrun, "-m", "torch.distributed.run", "--nnodes", f"2:{args.nodes}",
+    return [args.torchrun, "-m", "torch.distributed.run", "--nnodes", f"2:{args.max_nodes}",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", "regroup",
             "--nproc-per-node", str(args.nproc), "--max-restarts", "1", "--tee", "3",
             *(["--rdzv-conf", ",".join(conf)] if conf else [])]
@@ -199,9 +209,9 @@ def start_agent(args, policy, workdir, endpoint, i, extra=()):
         cmd = torchrun_command(args, endpoint, extra)
     else:
         cmd = [os.path.abspath(os.path.join(args.build, "bin", "dist-launch")), "--nnodes",
-               f"2:{args.nodes}", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", "regroup",
+               f"2:{args.max_nodes}", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", "regroup",
                "--nproc-per-node", str(args.nproc), "--max-restarts", "1", "--restart-policy",
-               policy, *extra]
+               policy, *(["--warm-restart"] if args.warm else []), *extra]
     if args.torch:
         cmd += [os.path.join(HERE, "..", "examples", "torch", "elastic_train.py"),
                 "--steps", str(args.steps), "--pause-ms", "10", "--timestamps"]
@@ -272,11 +282,31 @@ def join_job(args, policy, workdir):
     return pause, before + 1 - after, first[0] - joined_at
 
 
+def start_spare(args, policy, workdir, endpoint, agents):
+    """The spare, once a worker took 20 steps; returns when it waits for a place."""
+    deadline = time.monotonic() + 60
+    while not any(re.search(r"\]:rank \d+ (pid \d+ )?step 20( |$)", a.text(), re.M)
+                  for a in agents):
+        if time.monotonic() > deadline:
+            sys.exit("no worker took 20 steps:\n" + "\n".join(a.text() for a in agents))
+        time.sleep(0.002)
+    spare = start_agent(args, policy, workdir, endpoint, args.nodes - 1)
+    while "waiting for a place" not in spare.text():
+        if time.monotonic() > deadline:
+            sys.exit(f"{policy}: the spare did not wait for a place:\n{spare.text()}")
+        time.sleep(0.002)
+    return spare
+
+
 def job(args, policy, workdir):
     if args.event == "join":
         return join_job(args, policy, workdir)
     endpoint = store_endpoint(args)
-    agents = [start_agent(args, policy, workdir, endpoint, i) for i in range(args.nodes)]
+    training = args.nodes - 1 if args.event == "spare" else args.nodes
+    agents = [start_agent(args, policy, workdir, endpoint, i) for i in range(training)]
+    spare = start_spare(args, policy, workdir, endpoint, agents) if args.event == "spare" else None
+    if spare:
+        agents.append(spare)
     lost = None
     deadline = time.monotonic() + 60
     while lost is None:
@@ -289,11 +319,11 @@ def job(args, policy, workdir):
         time.sleep(0.002)
     killed_at = time.monotonic()
     lost.lose()
-    survivors = [a for a in agents if a is not lost]
+    survivors = [a for a in agents if a is not lost and a is not spare]
     for agent in agents:
         agent.proc.wait(timeout=180)
         agent.thread.join(timeout=10)
-    for agent in survivors:
+    for agent in survivors + ([spare] if spare else []):
         if agent.proc.returncode != 0:
             sys.exit(f"{policy}: a surviving agent exited {agent.proc.returncode}:\n{agent.text()}")
     # Each survivor's pause: its longest gap between two steps from the kill on (a step in flight
@@ -306,7 +336,13 @@ def job(args, policy, workdir):
     regrouped = all("in-place: regrouped in round" in a.text() for a in survivors)
     if (policy == "in-place") != regrouped:
         sys.exit(f"{policy}: regrouped={regrouped}:\n" + "\n".join(a.text() for a in survivors))
-    return max(ended for _, _, _, ended in pauses) - killed_at, again, None
+    spare_first = None
+    if spare:
+        first = spare.first_step_after(killed_at)
+        if first is None:
+            sys.exit(f"{policy}: the spare trained no step:\n{spare.text()}")
+        spare_first = first[0] - killed_at
+    return max(ended for _, _, _, ended in pauses) - killed_at, again, spare_first
 
 
 def main():
@@ -318,8 +354,11 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--torch", metavar="PYTHON",
                         help="torch workers (examples/torch/elastic_train.py) on this interpreter")
-    parser.add_argument("--event", choices=("lost", "join"), default="lost",
-                        help="node 1 lost (default), or a node joining")
+    parser.add_argument("--event", choices=("lost", "join", "spare"), default="lost",
+                        help="node 1 lost (default), a node joining, or node 1 lost with a hot "
+                             "spare waiting")
+    parser.add_argument("--warm", action="store_true",
+                        help="dist-launch's agents with --warm-restart")
     parser.add_argument("--named-hosts", metavar="SCRIPT",
                         help="each agent on a named host (tests/named_hosts/named-hosts.sh)")
     parser.add_argument("--torchrun", metavar="PYTHON",
@@ -333,6 +372,7 @@ def main():
         sys.exit("--torchrun: with --torch, and not on --named-hosts")
     if args.nodes < 3:
         sys.exit("--nodes: at least 3 (node 0 hosts the workers' store; node 1 is lost)")
+    args.max_nodes = args.nodes - 1 if args.event == "spare" else args.nodes
     args.hosts = None
     if args.named_hosts:
         from named_hosts import NamedHosts, unavailable
@@ -362,9 +402,11 @@ def measure(args):
                 results[policy].append(job(args, policy, os.path.join(workdir, str(run))))
                 seconds, again, newcomer = results[policy][-1]
                 joined = "" if newcomer is None else f", newcomer training {newcomer * 1000:.0f} ms"
+                if args.event == "spare":
+                    joined = f", spare training {newcomer * 1000:.0f} ms"
                 print(f"run {run + 1}/{args.runs} {policy}: {seconds * 1000:.0f} ms, {again} "
                       f"step(s) trained again{joined}", file=sys.stderr)
-    workers = "torch" if args.torch else "C++ SDK"
+    workers = ("warm " if args.warm and args.torch else "") + ("torch" if args.torch else "C++ SDK")
     where = " on named hosts" if args.hosts else ""
 
     def span(values):
@@ -374,6 +416,11 @@ def measure(args):
     if args.event == "join":
         print(f"| {args.nodes - 1}+1 nodes x {args.nproc} {workers} workers{where}, a node "
               f"joins at step 20 | running workers' longest pause, median ms (min-max) | newcomer "
+              f"training, ms | steps trained again (median) | runs |")
+        print("|---|---:|---:|---:|---:|")
+    elif args.event == "spare":
+        print(f"| {args.nodes - 1} nodes x {args.nproc} {workers} workers{where} and a hot spare, "
+              f"node 1 lost at step 20 | survivors training again, median ms (min-max) | spare "
               f"training, ms | steps trained again (median) | runs |")
         print("|---|---:|---:|---:|---:|")
     else:

@@ -677,6 +677,11 @@ def run_worker(worker, keep_open):
     args = prepare(worker, keep_open)
     import atexit
     atexit.register(_exit_by_sigint)
+    # Run before it (last in, first out) and after the script's own handlers: the objects the
+    # zygote froze rejoin the collector for the interpreter's shutdown, as a cold worker's are.
+    # Frozen, extension modules that count their objects at shutdown call them leaked (triton's
+    # nanobind, which torch 2.x imports with torch._dynamo: about 30 lines at each exit).
+    atexit.register(gc.unfreeze)
     kind, target, argv = _strip_arguments(args)
     error = None
     try:

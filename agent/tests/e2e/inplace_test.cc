@@ -728,6 +728,53 @@ TEST_F(InPlaceElasticNodes, AWorkerFailingWhileTheSurvivorsRegroupRestartsTheGro
   EXPECT_EQ(events("job_node" + std::to_string(last), "inplace_fallback").size(), 1u) << both;
 }
 
+// A hot spare under in-place: 1:2 nodes training, a third waiting for a place. Node 1 is lost: the
+// spare takes its place in the next round, its worker joining the survivor's (which keeps its
+// process) at a step boundary with the survivor's state. The world is two ranks throughout, so
+// both end with the weights of a run that lost nothing.
+TEST_F(InPlaceElasticNodes,
+       AHotSpareTakesALostNodesPlaceAndEndsWithTheWeightsOfARunThatLostNothing) {
+  const std::string clean = clean_digest(2, {"--steps", "300"});
+  const std::string endpoint = job_endpoint();
+  const auto agent = [&](int i) { return training_agent(i, "1:2", endpoint); };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+      << agents[0]->output() << agents[1]->output();
+  agents.push_back(agent(2));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[2]->output().find("is full: waiting for a place") != std::string::npos; },
+      30s))
+      << agents[2]->output();
+  ::kill(agents[1]->pid(), SIGKILL);
+  EXPECT_EQ(agents[1]->wait(10s), 128 + SIGKILL);
+
+  std::string both;
+  for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
+    const int code = agents[i]->wait(120s);
+    both += agents[i]->output();
+    EXPECT_EQ(code, 0) << agents[i]->output();
+  }
+  for (const int rank : {0, 1}) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->step, 300) << both;
+    EXPECT_EQ(f->world, 2) << both;
+    EXPECT_EQ(f->digest, clean) << "rank " << rank << ": " << both;
+  }
+  EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "the survivor kept its process";
+  EXPECT_EQ(final_of("job", 1)->pid, start_pid("job", 1, 0, 1))
+      << "the spare's worker started as generation 1: " << both;
+  EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
+  EXPECT_EQ(events("job_node2", "inplace_joined").size(), 1u) << both;
+}
+
 // The lost node hosted its round's workers' store (node 0; the rendezvous store is a
 // dist-rendezvous of its own): the survivor's worker has nowhere to regroup, and the group
 // restarts, saying why, then trains in a world of one.

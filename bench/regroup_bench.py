@@ -45,7 +45,8 @@ every run); for a lost node the survivors' restarted workers could not connect t
 --torchrun-shared-store keeps that default.
 
 --warm: dist-launch's agents run with --warm-restart (torch workers forked from a zygote that
-imported torch as the agent started: a spare's too, while it waits).
+imported torch as the agent started: a spare's too, while it waits; --event spare then loses node 1
+once the spare's zygote is ready).
 
 --named-hosts SCRIPT: each agent on a host of its own (network namespaces node-0, node-1, ...: root
 only), the rendezvous endpoint node-0's name, the workers' Gloo on the hosts' eth0.
@@ -291,9 +292,13 @@ def start_spare(args, policy, workdir, endpoint, agents):
             sys.exit("no worker took 20 steps:\n" + "\n".join(a.text() for a in agents))
         time.sleep(0.002)
     spare = start_agent(args, policy, workdir, endpoint, args.nodes - 1)
-    while "waiting for a place" not in spare.text():
+    # Ready: waiting for a place, and under --warm with its zygote's imports done (a spare waits
+    # for as long as the job runs: its imports are long done when a node is lost).
+    ready = re.compile(r"waiting for a place" +
+                       (r"(.|\n)*zygote pid \d+ ready" if args.warm and args.torch else ""))
+    while not ready.search(spare.text()):
         if time.monotonic() > deadline:
-            sys.exit(f"{policy}: the spare did not wait for a place:\n{spare.text()}")
+            sys.exit(f"{policy}: the spare was not ready:\n{spare.text()}")
         time.sleep(0.002)
     return spare
 
@@ -419,8 +424,10 @@ def measure(args):
               f"training, ms | steps trained again (median) | runs |")
         print("|---|---:|---:|---:|---:|")
     elif args.event == "spare":
+        ready = " (its zygote ready)" if args.warm and args.torch else ""
         print(f"| {args.nodes - 1} nodes x {args.nproc} {workers} workers{where} and a hot spare, "
-              f"node 1 lost at step 20 | survivors training again, median ms (min-max) | spare "
+              f"node 1 lost once the spare waits{ready} | survivors training again, median ms "
+              f"(min-max) | spare "
               f"training, ms | steps trained again (median) | runs |")
         print("|---|---:|---:|---:|---:|")
     else:

@@ -478,6 +478,13 @@ class Agent {
       return feed(Input::kStoreLost);
     }
     if (o.result.kind == WatchResult::kStopped) return feed(Input::kWatchStopped);
+    if (o.result.kind == WatchResult::kNewcomer && state_ == State::kRunning && group_) {
+      // Workers that exited as the newcomer came are reaped first (their SIGCHLD may be queued
+      // behind this event): when they all finished, this node goes to its exit barrier, where a
+      // newcomer alone ends nothing, rather than ending the round for it.
+      group_->reap();
+      if (state_ == State::kStopping) return;
+    }
     if (state_ == State::kRunning || state_ == State::kReplacing || state_ == State::kRegrouping) {
       switch (o.result.kind) {
         case WatchResult::kFailed:

@@ -175,8 +175,8 @@ TEST_F(Elastic, SurvivorsOfAKilledNodeFinishInASmallerWorld) {
   for (std::size_t i = 0; i < names.size(); ++i) {
     if (rounds(names[i]).back().node_rank == 1) victim = i;
   }
-  pid_t victim_worker = 0;
-  std::ifstream(dir_ / ("pid_" + names[victim])) >> victim_worker;
+  const pid_t victim_worker = dist::agent::testing::written_pid(dir_ / ("pid_" + names[victim]));
+  ASSERT_GT(victim_worker, 0) << agents[victim]->output();
   const long long killed_ns = wall_clock_ns();
   ::kill(agents[victim]->pid(), SIGKILL);
   EXPECT_EQ(agents[victim]->wait(), 128 + SIGKILL);
@@ -312,11 +312,10 @@ TEST_F(Elastic, ANewcomerLetInAsEveryNodesWorkersFinishedDoesNotRestartTheJob) {
   auto a = agent("a", "2:3", conf, worker("a"));
   auto b = agent("b", "2:3", conf, worker("b"));
   ASSERT_TRUE(wait_for_world({"a", "b"}, 2)) << a->output() << b->output();
-  pid_t worker_a = 0, worker_b = 0;
-  std::ifstream(dir_ / "pid_a") >> worker_a;
-  std::ifstream(dir_ / "pid_b") >> worker_b;
-  ASSERT_GT(worker_a, 0);
-  ASSERT_GT(worker_b, 0);
+  const pid_t worker_a = dist::agent::testing::written_pid(dir_ / "pid_a");
+  const pid_t worker_b = dist::agent::testing::written_pid(dir_ / "pid_b");
+  ASSERT_GT(worker_a, 0) << a->output();
+  ASSERT_GT(worker_b, 0) << b->output();
 
   ::kill(a->pid(), SIGSTOP);
   ::kill(b->pid(), SIGSTOP);

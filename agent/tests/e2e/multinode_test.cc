@@ -186,13 +186,9 @@ TEST_F(MultiNode, SigkillOfOneAgentStopsTheOthersAndLeavesNoWorker) {
     agents.push_back(node(2, k, 1, {"--rdzv-conf", "timeout=2"},
                           {"pidfile", path("pid_" + std::to_string(k)), "forever"}));
   }
-  const auto deadline = Clock::now() + 20s;
-  while ((!fs::exists(path("pid_0")) || !fs::exists(path("pid_1"))) && Clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-  }
-  ASSERT_TRUE(fs::exists(path("pid_1")));
-  pid_t worker1 = 0;
-  std::ifstream(path("pid_1")) >> worker1;
+  ASSERT_GT(dist::agent::testing::written_pid(path("pid_0"), 20s), 0);
+  const pid_t worker1 = dist::agent::testing::written_pid(path("pid_1"), 20s);
+  ASSERT_GT(worker1, 0);
   const auto killed = Clock::now();
   ::kill(agents[1]->pid(), SIGKILL);
   EXPECT_EQ(agents[1]->wait(), 128 + SIGKILL);

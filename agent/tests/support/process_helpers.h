@@ -52,6 +52,22 @@ bool eventually(Condition condition,
   return true;
 }
 
+// The pid a worker wrote to `file` (the test worker's `pidfile` action), once it is there: a worker
+// writes it after whatever the test waited for before (its round's line), and the file exists a
+// moment before its content. 0 when it is not there within `timeout`.
+inline pid_t written_pid(const std::filesystem::path& file,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  pid_t pid = 0;
+  eventually(
+      [&] {
+        pid = 0;
+        std::ifstream(file) >> pid;
+        return pid > 0;
+      },
+      timeout);
+  return pid;
+}
+
 // A process as /proc/<pid>/stat describes it.
 struct ProcessInfo {
   pid_t pid = -1;

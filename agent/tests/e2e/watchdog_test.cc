@@ -72,10 +72,8 @@ class Watchdogs : public ::testing::Test {
   }
 
   static pid_t read_pid(const std::string& file) {
-    pid_t pid = -1;
-    eventually([&] { return fs::exists(file); }, 20s);
-    std::ifstream(file) >> pid;
-    return pid;
+    const pid_t pid = dist::agent::testing::written_pid(file, 20s);
+    return pid > 0 ? pid : -1;
   }
 
   std::vector<Json> events(const std::string& file) const {

@@ -71,7 +71,7 @@ Task<int> NodeRendezvous::Impl::current_round() {
 
 Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Assignment> previous,
                                                     std::string worker_store, bool keeps_workers) {
-  const auto deadline = steady_clock::now() + timeouts_.join;
+  auto deadline = steady_clock::now() + timeouts_.join;
   for (int n = round;; ++n) {
     co_await throw_if_job_over(n);
     // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
@@ -88,6 +88,9 @@ Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Ass
       throw RendezvousError("round " + std::to_string(n) +
                             " closed without this node: its running workers cannot go on in it");
     }
+    // A hot spare's timeout counts from the end of the round it waited on, however long that
+    // ran: afresh now, as round n closed (and runs) without it.
+    if (ticket.spare) deadline = steady_clock::now() + timeouts_.join;
   }
 }
 

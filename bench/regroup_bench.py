@@ -258,17 +258,22 @@ def longest_pause(agent, t):
     return best
 
 
+def wait_for_step_20(agents):
+    """Returns once a worker of `agents` has taken 20 steps (at most 60 s)."""
+    deadline = time.monotonic() + 60
+    while not any(re.search(r"\]:rank \d+ (pid \d+ )?step 20( |$)", a.text(), re.M)
+                  for a in agents):
+        if time.monotonic() > deadline:
+            sys.exit("no worker took 20 steps:\n" + "\n".join(a.text() for a in agents))
+        time.sleep(0.002)
+
+
 def join_job(args, policy, workdir):
     endpoint = store_endpoint(args)
     conf = ("--rdzv-conf", "last_call_timeout=1")
     running = [start_agent(args, policy, workdir, endpoint, i, conf)
                for i in range(args.nodes - 1)]
-    deadline = time.monotonic() + 60
-    while not any(re.search(r"\]:rank \d+ (pid \d+ )?step 20( |$)", a.text(), re.M)
-                  for a in running):
-        if time.monotonic() > deadline:
-            sys.exit("no worker took 20 steps:\n" + "\n".join(a.text() for a in running))
-        time.sleep(0.002)
+    wait_for_step_20(running)
     joined_at = time.monotonic()
     newcomer = start_agent(args, policy, workdir, endpoint, args.nodes - 1, conf)
     wait_all(policy, running + [newcomer])
@@ -285,12 +290,8 @@ def join_job(args, policy, workdir):
 
 def start_spare(args, policy, workdir, endpoint, agents):
     """The spare, once a worker took 20 steps; returns when it waits for a place."""
+    wait_for_step_20(agents)
     deadline = time.monotonic() + 60
-    while not any(re.search(r"\]:rank \d+ (pid \d+ )?step 20( |$)", a.text(), re.M)
-                  for a in agents):
-        if time.monotonic() > deadline:
-            sys.exit("no worker took 20 steps:\n" + "\n".join(a.text() for a in agents))
-        time.sleep(0.002)
     spare = start_agent(args, policy, workdir, endpoint, args.nodes - 1)
     # Ready: waiting for a place, and under --warm with its zygote's imports done (a spare waits
     # for as long as the job runs: its imports are long done when a node is lost).

@@ -450,6 +450,34 @@ class InPlaceElasticNodes : public InPlace {
         << agents[0]->output() << agents[1]->output();
     agents.push_back(agent(2));
   }
+  // Agents 0 (it hosts the store, so it is node 0), 1 and 2 of `agent`: which of 1 and 2 the
+  // rendezvous made node 1 of round 0, or -1 when that is not seen within the bounds.
+  int start_three_find_node_1(const std::function<std::unique_ptr<Child>(int)>& agent,
+                              std::vector<std::unique_ptr<Child>>& agents) {
+    agents.push_back(agent(0));
+    if (!dist::agent::testing::eventually(
+            [&] {
+              return agents[0]->output().find("hosting the rendezvous store") != std::string::npos;
+            },
+            30s)) {
+      return -1;
+    }
+    agents.push_back(agent(1));
+    agents.push_back(agent(2));
+    int lost = -1;
+    dist::agent::testing::eventually(
+        [&] {
+          for (int i = 1; i < 3; ++i) {
+            if (agents[static_cast<std::size_t>(i)]->output().find("round 0: node 1 of 3") !=
+                std::string::npos) {
+              lost = i;
+            }
+          }
+          return lost > 0;
+        },
+        60s);
+    return lost;
+  }
   // A fresh endpoint for an elastic job's store, on 127.0.0.2; the job's files go to job/.
   std::string job_endpoint() {
     fs::create_directories(dir_ / "job");
@@ -577,26 +605,8 @@ TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASm
   const std::string endpoint = job_endpoint();
   const auto agent = [&](int i) { return training_agent(i, "2:3", endpoint); };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  agents.push_back(agent(2));
-  // Which agent the rendezvous made node 1 (the store's host is node 0: it joined first).
-  int lost = -1;
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] {
-        for (int i = 1; i < 3; ++i) {
-          if (agents[static_cast<std::size_t>(i)]->output().find("round 0: node 1 of 3") !=
-              std::string::npos) {
-            lost = i;
-          }
-        }
-        return lost > 0;
-      },
-      60s));
+  const int lost = start_three_find_node_1(agent, agents);
+  ASSERT_GT(lost, 0) << agents[0]->output();
   const int last = 3 - lost;  // node 2: its worker is renumbered
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] {
@@ -670,25 +680,8 @@ TEST_F(InPlaceElasticNodes, AWorkerFailingWhileTheSurvivorsRegroupRestartsTheGro
                           {"--steps", "300", "--step-ms", "10", "--fail-in-recovery", "2:" + fail});
   };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  agents.push_back(agent(2));
-  int lost = -1;
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] {
-        for (int i = 1; i < 3; ++i) {
-          if (agents[static_cast<std::size_t>(i)]->output().find("round 0: node 1 of 3") !=
-              std::string::npos) {
-            lost = i;
-          }
-        }
-        return lost > 0;
-      },
-      60s));
+  const int lost = start_three_find_node_1(agent, agents);
+  ASSERT_GT(lost, 0) << agents[0]->output();
   const auto last = static_cast<std::size_t>(3 - lost);  // node 2: its worker fails
   auto& lost_agent = *agents[static_cast<std::size_t>(lost)];
   ASSERT_TRUE(dist::agent::testing::eventually(

@@ -42,7 +42,9 @@ their workers' store address in their first round, do not write it again for the
 the newcomer, rank 1 or 2 of that round, waits 60 s for it and fails the job (torch 2.15 here,
 every run); for a lost node the survivors' restarted workers could not connect their gloo group
 (connection refused by addresses of the round before) and the job failed (the one run tried).
---torchrun-shared-store keeps that default.
+--torchrun-shared-store keeps that default. For --event spare, torchrun's spare (torch 2.2 on)
+waits in the running round's redundancy list, past its join timeout; it is ready once the
+rendezvous state in the store lists it there (torch says so only at DEBUG).
 
 --warm: dist-launch's agents run with --warm-restart (torch workers forked from a zygote that
 imported torch as the agent started: a spare's too, while it waits; --event spare then loses node 1
@@ -288,6 +290,21 @@ def join_job(args, policy, workdir):
     return pause, before + 1 - after, first[0] - joined_at
 
 
+def in_redundancy_list(endpoint):
+    """Whether a torchrun node waits in the running round's redundancy list (torch 2.2 on: a node
+    that found the job full, kept past its join timeout). Torch logs it only at DEBUG; the
+    rendezvous state in the store says it."""
+    import base64
+    import pickle
+    from datetime import timedelta
+
+    import torch.distributed as tdist
+    store = tdist.TCPStore(endpoint[0], endpoint[1], is_master=False,
+                           timeout=timedelta(seconds=10), wait_for_workers=False)
+    state = pickle.loads(base64.b64decode(store.get("torch.rendezvous.regroup")))
+    return len(state.redundancy_list) > 0
+
+
 def start_spare(args, policy, workdir, endpoint, agents):
     """The spare, once a worker took 20 steps; returns when it waits for a place."""
     wait_for_step_20(agents)
@@ -297,7 +314,7 @@ def start_spare(args, policy, workdir, endpoint, agents):
     # for as long as the job runs: its imports are long done when a node is lost).
     ready = re.compile(r"waiting for a place" +
                        (r"(.|\n)*zygote pid \d+ ready" if args.warm and args.torch else ""))
-    while not ready.search(spare.text()):
+    while not (in_redundancy_list(endpoint) if spare.torchrun else ready.search(spare.text())):
         if time.monotonic() > deadline:
             sys.exit(f"{policy}: the spare was not ready:\n{spare.text()}")
         time.sleep(0.002)

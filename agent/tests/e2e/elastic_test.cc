@@ -115,6 +115,20 @@ class Elastic : public ::testing::Test {
     return false;
   }
 
+  // Agents "a" and "b" of a running 1:2 job whose workers wait for `go`: the one that is not node
+  // rank 0 is lost (SIGKILLed once `go` is written), and the other finishes the job. Returns the
+  // survivor's name.
+  std::string lose_the_node_that_is_not_rank_0(Child& a, Child& b, const std::string& go) {
+    std::ofstream(go) << "1\n";
+    const bool a_is_rank_0 = rounds("a").back().node_rank == 0;
+    Child& lost = a_is_rank_0 ? b : a;
+    Child& survivor = a_is_rank_0 ? a : b;
+    ::kill(lost.pid(), SIGKILL);
+    lost.wait();
+    EXPECT_EQ(survivor.wait(), 0) << survivor.output();
+    return a_is_rank_0 ? "a" : "b";
+  }
+
   fs::path dir_;
   int port_ = 0;
 };
@@ -215,15 +229,9 @@ TEST_F(Elastic, ANodeArrivingAtMaxWaitsAndReplacesALostOne) {
   EXPECT_TRUE(rounds("c").empty());
   // (That a and b were not disturbed shows below: each ran exactly the rounds it should.)
 
-  std::ofstream(go) << "1\n";
-  const bool a_is_rank_0 = rounds("a").back().node_rank == 0;
-  auto& lost = a_is_rank_0 ? b : a;
-  auto& survivor = a_is_rank_0 ? a : b;
-  ::kill(lost->pid(), SIGKILL);
-  lost->wait();
-  EXPECT_EQ(survivor->wait(), 0) << survivor->output();
+  const std::string survivor = lose_the_node_that_is_not_rank_0(*a, *b, go);
   EXPECT_EQ(c->wait(), 0) << c->output();
-  const auto rs = rounds(a_is_rank_0 ? "a" : "b"), rc = rounds("c");
+  const auto rs = rounds(survivor), rc = rounds("c");
   ASSERT_EQ(rs.size(), 2u);
   ASSERT_EQ(rc.size(), 1u);
   EXPECT_EQ(rs[1].node_rank, 0);
@@ -255,13 +263,7 @@ TEST_F(Elastic, AHotSpareOutwaitsItsJoinTimeoutWhileTheJobRunsThenTakesALostNode
       << "the spare did not outwait two join timeouts: " << spare->output();
   EXPECT_TRUE(rounds("spare").empty());
 
-  std::ofstream(go) << "1\n";
-  const bool a_is_rank_0 = rounds("a").back().node_rank == 0;
-  auto& lost = a_is_rank_0 ? b : a;
-  auto& survivor = a_is_rank_0 ? a : b;
-  ::kill(lost->pid(), SIGKILL);
-  lost->wait();
-  EXPECT_EQ(survivor->wait(), 0) << survivor->output();
+  lose_the_node_that_is_not_rank_0(*a, *b, go);
   EXPECT_EQ(spare->wait(), 0) << spare->output();
   const auto rs = rounds("spare");
   ASSERT_EQ(rs.size(), 1u) << spare->output();

@@ -229,6 +229,7 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
   // finishing) learns within it that the job ended, and leaves with the job's outcome.
   const auto poll = std::min(timeouts_.last_call, kJobOverPoll);
   auto last_call = steady_clock::now() + timeouts_.last_call;
+  bool running = ticket.spare;  // a spare found the round before running (full, or finishing)
   auto at_last_call = [&] {
     const auto now = steady_clock::now();
     if (now < last_call && now < deadline) return false;
@@ -243,7 +244,7 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
       const auto count = co_await store_->add(join, 0);
       notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
              std::to_string(count) + " of at least " + std::to_string(shape_.min_nodes) + " in");
-      if (ticket.spare) co_await extend_while_running(round, deadline);
+      if (ticket.spare) co_await extend_while_running(round, deadline, running);
       too_late("did not reach its minimum within join_timeout", count);
     }
   }
@@ -253,8 +254,11 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
     co_await throw_if_job_over(round);
     if (!at_last_call()) continue;
     if (co_await try_close(round)) break;
-    if (round > 0) co_await decide_if_abandoned(round - 1);
-    if (ticket.spare) co_await extend_while_running(round, deadline);
+    if (ticket.spare) {
+      co_await extend_while_running(round, deadline, running);  // (deciding it if abandoned)
+    } else if (round > 0) {
+      co_await decide_if_abandoned(round - 1);
+    }
     too_late("did not close within join_timeout", co_await store_->add(join, 0));
   }
 
@@ -293,12 +297,21 @@ Task<bool> NodeRendezvous::Impl::runs_on(int round) {
   co_return closed;
 }
 
-Task<void> NodeRendezvous::Impl::extend_while_running(int round,
-                                                      steady_clock::time_point& deadline) {
-  if (steady_clock::now() < deadline) co_return;
-  const bool running = co_await runs_on(round - 1);
-  if (!running) co_return;
-  deadline = steady_clock::now() + timeouts_.join;
+Task<void> NodeRendezvous::Impl::extend_while_running(int round, steady_clock::time_point& deadline,
+                                                      bool& running) {
+  // (Without this, a round whose nodes were all killed before any wrote its verdict would run
+  // on for ever in a spare's eyes, over a store that outlives them: etcd, an external one.)
+  co_await decide_if_abandoned(round - 1);
+  const bool runs = co_await runs_on(round - 1);
+  const auto now = steady_clock::now();
+  if (!runs) {
+    if (running) deadline = std::max(deadline, now + timeouts_.join);  // it has just ended
+    running = false;
+    co_return;
+  }
+  running = true;
+  if (now < deadline) co_return;
+  deadline = now + timeouts_.join;
   notice("round " + std::to_string(round - 1) + " runs on: waiting for a place in round " +
          std::to_string(round) + " as a hot spare (join_timeout counts from its end)");
 }

@@ -81,9 +81,13 @@ class NodeRendezvous::Impl {
   Task<std::optional<Verdict>> verdict_of(int round);
   // Whether round `round` closed and runs on, undecided.
   Task<bool> runs_on(int round);
-  // At a hot spare's last call past its deadline: while the round before `round` runs on, the
-  // deadline moves on (saying so): a spare's join timeout counts from that round's end.
-  Task<void> extend_while_running(int round, std::chrono::steady_clock::time_point& deadline);
+  // At each of a hot spare's last calls: while the round before `round` runs on, a deadline
+  // that passed moves on by join_timeout (saying so); once that round is over, join_timeout
+  // counts from the first last call that sees it over (`running`: it ran at the last look). A
+  // spare's join timeout thus counts from that round's end. A round whose nodes have all
+  // vanished runs on no more: it is decided first (decide_if_abandoned).
+  Task<void> extend_while_running(int round, std::chrono::steady_clock::time_point& deadline,
+                                  bool& running);
   // A newcomer's remedy for a round that closed and whose nodes have all vanished (killed, cut
   // off) before any of them decided its verdict: it decides it for them, so that the next round
   // can close instead of waiting out the join timeout.

@@ -23,10 +23,8 @@ using rendezvous::testing::TaskGroup;
 class Nodes {
  public:
   // `n` nodes of a job of `min`..`max` nodes, 2 workers each.
-  Nodes(int n, int min, int max) : store_(io_, "127.0.0.1", 0, {}) {
-    RendezvousTimeouts timeouts;
-    timeouts.rdzv = timeouts.join = 30s;
-    timeouts.last_call = 1s;
+  Nodes(int n, int min, int max, RendezvousTimeouts timeouts = default_timeouts())
+      : store_(io_, "127.0.0.1", 0, {}) {
     rendezvous::ClientOptions options;
     options.port = store_.port();
     options.connect_timeout = options.timeout = 30s;
@@ -42,6 +40,13 @@ class Nodes {
     for (auto& node : nodes_) node->close();
     io_.restart();
     io_.run_for(100ms);
+  }
+
+  static RendezvousTimeouts default_timeouts() {
+    RendezvousTimeouts timeouts;
+    timeouts.rdzv = timeouts.join = 30s;
+    timeouts.last_call = 1s;
+    return timeouts;
   }
 
   boost::asio::io_context& io() { return io_; }
@@ -246,6 +251,49 @@ TEST(NodeRendezvous, ANewcomerAloneDoesNotEndTheExitBarrierANodeActingOnItDoes) 
     nodes[2].close();
     newcomer.wait(30s);
   }
+}
+
+// A hot spare (round 0 full) whose running round loses every node before any of them wrote its
+// verdict, over a store that outlives them (here the test's; etcd or a dist-rendezvous daemon in a
+// job): the spare decides that round for them, as a newcomer does, and leaves when its join
+// timeout has passed since, saying why. It used to take the undecided round for one that runs on
+// and wait on as a hot spare for ever.
+TEST(NodeRendezvous, AHotSpareDecidesARunningRoundWhoseNodesAllVanishedAndDoesNotWaitForEver) {
+  RendezvousTimeouts timeouts;
+  timeouts.rdzv = timeouts.join = 1s;
+  timeouts.last_call = 200ms;
+  std::string ended;  // (before the nodes: the spare's task, if it outlives the test, writes it)
+  Nodes nodes(3, 2, 2, timeouts);  // node 2 is the spare
+  std::vector<Assignment> a(2);
+  TaskGroup round0(nodes.io());  // closes at once: MAX nodes
+  for (std::size_t k = 0; k < 2; ++k) {
+    round0.spawn([&, k]() -> Task<void> { a[k] = co_await nodes[k].join_elastic(0, {}); });
+  }
+  round0.wait(30s);
+  TaskGroup spare(nodes.io());
+  spare.spawn([&]() -> Task<void> {
+    try {
+      const Assignment got = co_await nodes[2].join_elastic(1, {});
+      ended = "joined round " + std::to_string(got.round);
+    } catch (const std::exception& e) {
+      ended = e.what();
+    }
+  });
+  const std::string tickets = schema::in_round(1, schema::name::kJoin);
+  while (run_task(nodes.io(), nodes.probe().add(tickets, 0)) < 1) {
+  }
+  nodes[0].close();  // both agents gone (their sessions end, and their liveness keys with them)
+  nodes[1].close();
+  try {
+    spare.wait(20s);
+  } catch (const std::runtime_error& e) {
+    nodes[2].close();
+    FAIL() << "the spare still waits for round 0, which no node runs (" << e.what() << ")";
+  }
+  EXPECT_NE(ended.find("within join_timeout"), std::string::npos) << ended;
+  const auto verdict =
+      run_task(nodes.io(), nodes.probe().try_get(schema::in_round(0, schema::name::kVerdict)));
+  EXPECT_TRUE(verdict.has_value()) << "round 0 was not decided";
 }
 
 }  // namespace

@@ -1101,7 +1101,12 @@ class Agent {
           co_await generations_->mark_arrived(g->generation, to.rank_offset,
                                               config_.nproc_per_node);
         }
-        if (!g || !co_await generations_->wait_published(g->generation, kInPlaceRecoveryTimeout)) {
+        // (Not `!g || !co_await ...`: GCC 12 runs a co_await whatever the left side says.)
+        bool published = false;
+        if (g) {
+          published = co_await generations_->wait_published(g->generation, kInPlaceRecoveryTimeout);
+        }
+        if (!published) {
           t.outcome.why = "node 0 did not publish the regroup's generation within " +
                           std::to_string(kInPlaceRecoveryTimeout.count() / 1000) + " s";
           co_return t;

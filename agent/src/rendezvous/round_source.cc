@@ -401,7 +401,13 @@ class ElasticRounds final : public NodeRounds {
   // and torch keys the workers' entries by restart count only, so that two jobs, or two rounds of
   // one job (a reshaped round does not advance the restart count), would read each other's there.
   Task<Assignment> join(int, std::optional<Assignment> previous) override {
-    const int round = previous ? previous->round + 1 : co_await rdzv_->current_round();
+    // (Not `previous ? ... : co_await ...`: GCC 12 runs a co_await in either branch.)
+    int round = 0;
+    if (previous) {
+      round = previous->round + 1;
+    } else {
+      round = co_await rdzv_->current_round();
+    }
     round_store_.reset();
     round_store_.emplace(io_, "", 0, with_token(config_, rendezvous::ServerOptions{}));
     co_return co_await join_offering_store(round, std::move(previous));

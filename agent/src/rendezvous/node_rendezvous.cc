@@ -28,6 +28,10 @@ namespace name = schema::name;
 
 namespace {
 
+// How often an in-place claim reads the state again after losing its COMPARE_SET to a write that
+// claimed nothing for this round (a recovery's end, an earlier round's count).
+constexpr int kClaimAttempts = 4;
+
 std::string seconds_text(milliseconds d) {
   return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
 }
@@ -232,21 +236,27 @@ Task<void> NodeRendezvous::Impl::mark_failed(Assignment a, std::string reason) {
 
 Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Assignment a, Recovery kind) {
   const std::string key(schema::kInPlace);
-  const std::optional<std::string> now = co_await store_->try_get(key);
-  schema::InPlaceState state;
-  if (now) state = schema::decode_in_place(key, *now);
-  // A recovery of an earlier round ended with that round, whatever it became.
-  if (state.recovery != Recovery::kNone && state.round == a.round) {
-    co_return RecoveryClaim{std::nullopt, state.recovery};
+  const std::optional<std::string> read = co_await store_->try_get(key);
+  std::string seen = read.value_or("");
+  // The COMPARE_SET loses when the state changed since it was read: another node's claim (then
+  // this one is refused), or a recovery's end, or a count of an earlier round's (then it is read
+  // again and claimed afresh). Each lost try means another node's write went in.
+  for (int attempt = 0;; ++attempt) {
+    schema::InPlaceState state;
+    if (!seen.empty()) state = schema::decode_in_place(key, seen);
+    // A recovery of an earlier round ended with that round, whatever it became.
+    const bool under_way = state.recovery != Recovery::kNone && state.round == a.round;
+    if (under_way) co_return RecoveryClaim{std::nullopt, state.recovery};
+    if (attempt == kClaimAttempts) {  // other nodes' claims kept going in: recoveries elsewhere
+      co_return RecoveryClaim{std::nullopt, Recovery::kReplacement};
+    }
+    const int counted = kind == Recovery::kReplacement ? 1 : 0;
+    const schema::InPlaceState claimed{state.replacements + counted, a.round, kind, a.node_rank};
+    const std::string desired = schema::encode(claimed);
+    const std::string stored = co_await store_->compare_set(key, seen, desired);
+    if (stored == desired) co_return RecoveryClaim{claimed.replacements, Recovery::kNone};
+    seen = stored;
   }
-  const int counted = kind == Recovery::kReplacement ? 1 : 0;
-  const schema::InPlaceState claimed{state.replacements + counted, a.round, kind, a.node_rank};
-  const std::string desired = schema::encode(claimed);
-  const std::string stored = co_await store_->compare_set(key, now.value_or(""), desired);
-  if (stored != desired) {  // another node claimed first
-    co_return RecoveryClaim{std::nullopt, schema::decode_in_place(key, stored).recovery};
-  }
-  co_return RecoveryClaim{claimed.replacements, Recovery::kNone};
 }
 
 Task<void> NodeRendezvous::Impl::recovery_over(Assignment a) {

@@ -242,9 +242,9 @@ TEST_F(Elastic, ANodeArrivingAtMaxWaitsAndReplacesALostOne) {
 
 TEST_F(Elastic, AHotSpareOutwaitsItsJoinTimeoutWhileTheJobRunsThenTakesALostNodesPlace) {
   // 1:2 nodes, both in, a third waiting for a place, every join timeout 1 s. While round 0 runs,
-  // the third waits on as a hot spare (its join timeout counts from the round's end; torchrun's
-  // would time out), saying so each time its timeout passes. When a node is lost, it takes the
-  // place.
+  // the third waits on as a hot spare (its join timeout counts from the round's end; torch
+  // 1.13's would time out), saying so each time its timeout passes. When a node is lost, it takes
+  // the place.
   auto store = external_store();
   const std::string go = (dir_ / "go").string();
   const std::vector<std::string> worker{"exit-if-file", go, "0", "forever"};

@@ -317,7 +317,8 @@ def start_spare(args, policy, workdir, endpoint, agents):
     while not (in_redundancy_list(endpoint) if spare.torchrun else ready.search(spare.text())):
         if time.monotonic() > deadline:
             sys.exit(f"{policy}: the spare was not ready:\n{spare.text()}")
-        time.sleep(0.002)
+        # (Torchrun's readiness is a connection to its store: a few a second, not hundreds.)
+        time.sleep(0.1 if spare.torchrun else 0.002)
     return spare
 
 

@@ -241,6 +241,7 @@ Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Assignment a, Recovery 
   // The COMPARE_SET loses when the state changed since it was read: another node's claim (then
   // this one is refused), or a recovery's end, or a count of an earlier round's (then it is read
   // again and claimed afresh). Each lost try means another node's write went in.
+  const int counted = kind == Recovery::kReplacement ? 1 : 0;
   for (int attempt = 0;; ++attempt) {
     schema::InPlaceState state;
     if (!seen.empty()) state = schema::decode_in_place(key, seen);
@@ -250,7 +251,6 @@ Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Assignment a, Recovery 
     if (attempt == kClaimAttempts) {  // other nodes' claims kept going in: recoveries elsewhere
       co_return RecoveryClaim{std::nullopt, Recovery::kReplacement};
     }
-    const int counted = kind == Recovery::kReplacement ? 1 : 0;
     const schema::InPlaceState claimed{state.replacements + counted, a.round, kind, a.node_rank};
     const std::string desired = schema::encode(claimed);
     const std::string stored = co_await store_->compare_set(key, seen, desired);

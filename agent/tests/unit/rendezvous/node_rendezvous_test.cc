@@ -50,6 +50,17 @@ class Nodes {
   }
 
   boost::asio::io_context& io() { return io_; }
+
+  // Nodes 0..count-1 join elastic round 0 together; returns their assignments once it closed.
+  std::vector<Assignment> join_round_0(std::size_t count) {
+    std::vector<Assignment> a(count);
+    TaskGroup round0(io_);
+    for (std::size_t k = 0; k < count; ++k) {
+      round0.spawn([&, k]() -> Task<void> { a[k] = co_await nodes_[k]->join_elastic(0, {}); });
+    }
+    round0.wait(30s);
+    return a;
+  }
   NodeRendezvous& operator[](std::size_t k) { return *nodes_[k]; }
   // The job's keys as the nodes see them, for what a test waits on.
   RendezvousStore& probe() { return *probe_; }
@@ -211,13 +222,8 @@ TEST(NodeRendezvous, AnElasticRoundClosesAtMaxAndItsVerdictIsTheSameForAll) {
 TEST(NodeRendezvous, ANewcomerAloneDoesNotEndTheExitBarrierANodeActingOnItDoes) {
   for (const bool acted : {false, true}) {
     SCOPED_TRACE(acted ? "node 0 decides the round" : "node 0 comes to the barrier");
-    Nodes nodes(3, 2, 3);  // node 2 is the newcomer
-    std::vector<Assignment> a(2);
-    TaskGroup round0(nodes.io());  // closes with nodes 0 and 1 after the 1 s last call
-    for (std::size_t k = 0; k < 2; ++k) {
-      round0.spawn([&, k]() -> Task<void> { a[k] = co_await nodes[k].join_elastic(0, {}); });
-    }
-    round0.wait(30s);
+    Nodes nodes(3, 2, 3);                  // node 2 is the newcomer
+    const auto a = nodes.join_round_0(2);  // closes with nodes 0 and 1 after the 1 s last call
     TaskGroup newcomer(nodes.io());
     newcomer.spawn([&]() -> Task<void> {
       try {
@@ -264,12 +270,7 @@ TEST(NodeRendezvous, AHotSpareDecidesARunningRoundWhoseNodesAllVanishedAndDoesNo
   timeouts.last_call = 200ms;
   std::string ended;  // (before the nodes: the spare's task, if it outlives the test, writes it)
   Nodes nodes(3, 2, 2, timeouts);  // node 2 is the spare
-  std::vector<Assignment> a(2);
-  TaskGroup round0(nodes.io());  // closes at once: MAX nodes
-  for (std::size_t k = 0; k < 2; ++k) {
-    round0.spawn([&, k]() -> Task<void> { a[k] = co_await nodes[k].join_elastic(0, {}); });
-  }
-  round0.wait(30s);
+  nodes.join_round_0(2);           // closes at once: MAX nodes
   TaskGroup spare(nodes.io());
   spare.spawn([&]() -> Task<void> {
     try {

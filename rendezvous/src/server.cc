@@ -458,6 +458,16 @@ std::size_t StoreServer::erase_keys(const std::function<bool(std::string_view)>&
   return impl_->state().erase_if(predicate);
 }
 
+void StoreServer::multi_set(const std::vector<std::pair<std::string, std::string>>& items) {
+  const std::vector<std::pair<std::string_view, std::string_view>> views(items.begin(),
+                                                                         items.end());
+  try {
+    impl_->state().multi_set(views);
+  } catch (const RequestError& e) {
+    throw StoreError(e.code, e.message);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // StoreServerThread
 

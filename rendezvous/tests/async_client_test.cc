@@ -249,5 +249,49 @@ TEST(AsyncClientConnect, CloseDuringConnectRetriesCancelsAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);
 }
 
+// The hosting process's own keys (StoreServer::multi_set): stored without a connection, and a
+// client waiting on one of them wakes as for a client's MULTI_SET.
+TEST(StoreServerTest, TheHostsOwnKeysWakeAWaitingClient) {
+  asio::io_context io;
+  StoreServer server(io, StoreServer::bind(io, "127.0.0.1", 0));
+  server.start();
+  ClientOptions o;
+  o.port = server.local_endpoint().port();
+  o.timeout = 5s;
+  o.connect_timeout = 5s;
+  std::exception_ptr failure;
+  asio::co_spawn(
+      io,
+      [&]() -> Task<> {
+        auto c = co_await AsyncStoreClient::connect(o);
+        // Written once the client waits: the wait is sent before the post below runs.
+        asio::post(io, [&] { server.multi_set({{"k", "v"}, {"other", "w"}}); });
+        const bool woke = co_await c.wait(keys("k"), 5s);
+        EXPECT_TRUE(woke);
+        const auto values = co_await c.multi_get(keys("k", "other"));
+        EXPECT_EQ(values, keys("v", "w"));
+        c.close();
+        server.stop();
+      },
+      [&](std::exception_ptr e) { failure = e; });
+  io.run();
+  if (failure) std::rethrow_exception(failure);
+}
+
+TEST(StoreServerTest, TheHostsOwnKeysOverTheStoresLimitsAreRefusedWhole) {
+  asio::io_context io;
+  ServerOptions options;
+  options.limits.max_total_bytes = 64 * 1024;
+  StoreServer server(io, StoreServer::bind(io, "127.0.0.1", 0), options);
+  try {
+    server.multi_set({{"small", "1"}, {"large", std::string(128 * 1024, 'x')}});
+    FAIL() << "a write over max_total_bytes was stored";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("store is full"), std::string::npos) << e.what();
+  }
+  server.multi_set({{"after", "1"}});  // the store still takes what fits
+  EXPECT_EQ(server.stats().keys, 1u) << "part of a refused write was stored";
+}
+
 }  // namespace
 }  // namespace dist::rendezvous

@@ -1415,17 +1415,24 @@ int run_agent(const LaunchConfig& config) {
   } catch (const std::exception& e) {
     spdlog::warn("{}: processes the workers start may outlive a SIGKILL of this agent", e.what());
   }
-  int exit_code;
-  {
-    Agent agent(config, agent_id, janitor ? &*janitor : nullptr);
-    exit_code = agent.run();
-  }
-  if (has_children()) {  // STOPPING ends with none; whatever path missed it, nothing stays
+  // STOPPING ends with no descendant; whatever path missed one, nothing stays.
+  const auto kill_leftovers = [&] {
+    if (!has_children()) return;
     for (const ProcessRef& p : job_processes(agent_id.id(), janitor ? janitor->pid() : -1)) {
       signal_process(p, SIGKILL);
     }
+  };
+  int exit_code;
+  {
+    Agent agent(config, agent_id, janitor ? &*janitor : nullptr);
+    exit_code = agent.run();  // every worker and helper stopped and reaped
+    kill_leftovers();
+    // Nothing is left for the janitor to clean: it exits while this agent tears down (its run
+    // directory, store and console), and is reaped last.
+    if (janitor) janitor->dismiss();
   }
-  return exit_code;  // ~Janitor dismisses it
+  kill_leftovers();
+  return exit_code;  // ~Janitor reaps it
 }
 
 }  // namespace dist::agent

@@ -134,6 +134,7 @@ Janitor::Janitor(std::string_view agent_id) {
 
 Janitor::~Janitor() {
   dismiss();
+  reap();
   unmap();
 }
 
@@ -161,7 +162,7 @@ void Janitor::untrack(pid_t pgid) {
 }
 
 void Janitor::dismiss() {
-  if (pid_ < 0) return;
+  if (channel_ < 0) return;
   // Without the word, the closed socket alone would make the janitor sweep.
   const Message message = kDismiss;
   if (::send(channel_, &message, sizeof message, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 &&
@@ -170,6 +171,10 @@ void Janitor::dismiss() {
   }
   ::close(channel_);
   channel_ = -1;
+}
+
+void Janitor::reap() {
+  if (pid_ < 0) return;
   while (::waitpid(pid_, nullptr, __WCLONE) < 0 && errno == EINTR) {
   }
   pid_ = -1;

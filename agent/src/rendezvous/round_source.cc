@@ -44,9 +44,10 @@ rendezvous::Keepalive liveness(const LaunchConfig& c) {
 
 // One node: rounds formed here; the store is this agent's, for the workers. In it, under the
 // agents' namespace, the keys `dist-launch status` reads (as a static job of one node), written
-// over a session of this agent's own: the round's at each join, the heartbeat and progress every
-// keep_alive_interval until the agent closes. Status is a courtesy: a store call that fails is
-// said at debug level and changes nothing.
+// straight into the store (no session of this agent's own: a launch spares its connection and
+// round trips): the round's at each join, the heartbeat and progress every keep_alive_interval
+// until the agent closes. Status is a courtesy: a write the store refuses is said at debug level
+// and changes nothing.
 class LocalRounds final : public RoundSource {
  public:
   LocalRounds(boost::asio::io_context& io, const LaunchConfig& config, std::string host)
@@ -66,26 +67,15 @@ class LocalRounds final : public RoundSource {
         "store listening on {} (dist-launch status --rdzv-endpoint 127.0.0.1:{} "
         "--rdzv-id {})",
         store_->bound_address(), store_->port(), config_.run_id);
-    rendezvous::ClientOptions options;
-    options.host = "127.0.0.1";
-    options.port = store_->port();
-    options.secret = config_.secret;
-    status_ = make_rendezvous_store(io_, TcpStoreTarget{std::move(options)}, config_.run_id);
-    try {
-      co_await status_->open();
-    } catch (const rendezvous::StoreError& e) {
-      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
-      spdlog::debug("no job status in this node's store: {}", e.what());
-      status_.reset();
-    }
+    co_return;
   }
   Task<Assignment> join(int restarts, std::optional<Assignment>) override {
     Assignment a;
     a.round = a.restarts = restarts;
     a.world_size = config_.nproc_per_node;
     round_ = a.round;
-    co_await publish_round(a);
-    if (!beating_ && status_) {
+    publish_round(a);
+    if (!beating_) {
       beating_ = true;
       boost::asio::co_spawn(io_, heartbeat(std::weak_ptr<char>(alive_)), boost::asio::detached);
     }
@@ -127,7 +117,6 @@ class LocalRounds final : public RoundSource {
   Task<void> wait_for_others(Assignment) override { co_return; }
   void close() override {
     if (beat_timer_) beat_timer_->cancel();
-    if (status_) status_->close();
     if (store_) store_->stop();
   }
   std::string describe() const override {
@@ -135,9 +124,9 @@ class LocalRounds final : public RoundSource {
   }
 
  private:
-  // The keys of a static job's round a status reader needs, for node rank 0 alone.
-  Task<void> publish_round(Assignment a) {
-    if (!status_) co_return;
+  // The keys of a static job's round a status reader needs, for node rank 0 alone. Its alive key
+  // is a plain one: the store goes with this agent, as an ephemeral key would.
+  void publish_round(Assignment a) {
     const std::string record = schema::encode(
         schema::NodeRecord{host_, config_.nproc_per_node, static_cast<int>(::getpid()), 0, -1, ""});
     namespace name = schema::name;
@@ -148,15 +137,18 @@ class LocalRounds final : public RoundSource {
         {schema::in_round(a.round, name::kOffset, 0), "0"},
         {schema::in_round(a.round, name::kWorldSize), std::to_string(a.world_size)},
         {schema::in_round(a.round, name::kHealthy), "1"}};
+    if (a.round == 0) items.emplace_back(schema::static_alive(0), record);
     for (auto& item : schema::heartbeat_items(a.round, 0, encoded_progress())) {
       items.push_back(std::move(item));
     }
+    publish(std::move(items), "round " + std::to_string(a.round));
+  }
+
+  void publish(std::vector<std::pair<std::string, std::string>> items, const std::string& what) {
     try {
-      if (a.round == 0) co_await status_->set_ephemeral(schema::static_alive(0), record);
-      co_await status_->multi_set(std::move(items));
+      store_->set_agent_keys(config_.run_id, std::move(items));
     } catch (const rendezvous::StoreError& e) {
-      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
-      spdlog::debug("cannot publish round {} for dist-launch status: {}", a.round, e.what());
+      spdlog::debug("cannot publish {} for dist-launch status: {}", what, e.what());
     }
   }
 
@@ -176,12 +168,7 @@ class LocalRounds final : public RoundSource {
       boost::system::error_code ec;
       co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
       if (alive.expired() || ec) co_return;  // closed (this object may be gone)
-      try {
-        co_await status_->multi_set(schema::heartbeat_items(round_, 0, encoded_progress()));
-      } catch (const rendezvous::StoreError& e) {
-        if (alive.expired() || e.code() == rendezvous::StoreErrc::kCancelled) co_return;
-        spdlog::debug("cannot publish the heartbeat for dist-launch status: {}", e.what());
-      }
+      publish(schema::heartbeat_items(round_, 0, encoded_progress()), "the heartbeat");
     }
   }
 
@@ -190,7 +177,6 @@ class LocalRounds final : public RoundSource {
   StorePlan plan_;
   std::string host_;
   std::optional<StoreHost> store_;
-  std::unique_ptr<RendezvousStore> status_;  // a session to store_, for the status keys
   int round_ = 0;
   bool beating_ = false;
   boost::asio::steady_timer* beat_timer_ = nullptr;  // the heartbeat's, while it runs

@@ -51,6 +51,13 @@ std::size_t StoreHost::clear_worker_keys() {
       [](std::string_view key) { return !key.starts_with(rendezvous::kAgentKeyPrefix); });
 }
 
+void StoreHost::set_agent_keys(const std::string& run_id,
+                               std::vector<std::pair<std::string, std::string>> items) {
+  const std::string prefix = std::string(rendezvous::kAgentKeyPrefix) + run_id + "/";
+  for (auto& item : items) item.first.insert(0, prefix);
+  server_->multi_set(items);
+}
+
 void StoreHost::stop() {
   if (server_) server_->stop();
 }

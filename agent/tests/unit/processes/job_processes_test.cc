@@ -10,7 +10,10 @@
 
 #include <cerrno>
 #include <chrono>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -161,8 +164,18 @@ TEST(JobProcessesTest, AGroupIsTheJobsWhileItsLeaderIsOursOrGone) {
   EXPECT_TRUE(group_is_jobs(ours.pid(), id("abc"))) << "a gone leader's group holds only ours";
 }
 
+// The state letter in /proc/<pid>/stat ('Z': exited, not reaped yet), or 0 when the pid is gone.
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+}
+
 TEST(JobProcessesTest, TheJanitorIsNoChildForTheReapingLoopAndADismissedOneKillsNothing) {
-  Janitor janitor(id("abc"));
+  std::optional<Janitor> owner;
+  owner.emplace(id("abc"));
+  Janitor& janitor = *owner;
   ASSERT_GT(janitor.pid(), 0);
   EXPECT_FALSE(has_children()) << "the janitor counts as a child";
   errno = 0;
@@ -174,8 +187,11 @@ TEST(JobProcessesTest, TheJanitorIsNoChildForTheReapingLoopAndADismissedOneKills
   janitor.track(marked.pid());
   const pid_t janitor_pid = janitor.pid();
   janitor.dismiss();
-  EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(janitor_pid)))
-      << "dismiss() did not reap the janitor";
+  // Dismissed, it exits on its own, while the agent tears down; the destructor reaps it.
+  EXPECT_TRUE(dist::agent::testing::eventually([&] { return process_state(janitor_pid) == 'Z'; }))
+      << "a dismissed janitor did not exit";
+  owner.reset();
+  EXPECT_EQ(process_state(janitor_pid), 0) << "~Janitor did not reap the janitor";
   EXPECT_EQ(marked.reap(), 0) << "a dismissed janitor killed the job";
 }
 

@@ -16,6 +16,8 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "dist/rendezvous/limits.h"
 
@@ -115,6 +117,11 @@ class StoreServer {
   // how many were deleted. The hosting agent gives each restart attempt a clean namespace with it.
   // Call on the io_context's thread.
   std::size_t erase_keys(const std::function<bool(std::string_view key)>& predicate);
+
+  // Stores every item, all or none, as a client's MULTI_SET would (the sessions waiting on them
+  // wake), without a connection: the hosting process's own keys. Throws StoreError when the
+  // store's limits refuse them. Call on the io_context's thread.
+  void multi_set(const std::vector<std::pair<std::string, std::string>>& items);
 
  private:
   std::shared_ptr<detail::ServerCore> impl_;

@@ -295,32 +295,27 @@ std::vector<agent::JobHost> select_hosts(std::vector<agent::JobHost> hosts,
   return selected;
 }
 
-void add_hosts_options(CLI::App& app, HostsFlags& flags) {
-  app.add_option("--hosts", flags.hosts,
-                 "Run on these hosts, HOST:SLOTS,... (slots: workers per host, unless "
-                 "--nproc-per-node); this host, if listed, runs its agent without ssh");
-  app.add_option("--hostfile", flags.hostfile,
-                 "Hosts from a file of `host slots=N` lines (deepspeed's, mpirun's)");
-  app.add_option("--include", flags.include,
-                 "Only these hosts (or slots: device indices), deepspeed's form: a:0,1@b");
-  app.add_option("--exclude", flags.exclude, "Not these hosts (or slots), e.g. a:1@c");
-  app.add_option("--ssh", flags.ssh_program, "The ssh client to run")->capture_default_str();
-  app.add_option("--ssh-port", flags.ssh_port, "ssh -p PORT for every host")
-      ->check(CLI::Range(1, 65535));
-  app.add_option("--ssh-config", flags.ssh_config, "ssh -F FILE (default: ~/.ssh/config)");
-  app.add_option("--ssh-option", flags.ssh_options,
-                 "ssh -o OPTION, repeatable (ControlMaster=auto, User=..., ...)")
-      ->allow_extra_args(false);
-  app.add_option("--export", flags.exports,
-                 "Pass VAR (or VAR=VALUE) to every host's agent and workers, repeatable "
-                 "(mpirun -x); PYTHON_EXEC and LOGLEVEL always are")
-      ->allow_extra_args(false);
-  app.add_option("--export-prefix", flags.export_prefixes,
-                 "Pass every variable starting with PREFIX (e.g. NCCL_), repeatable")
-      ->allow_extra_args(false);
-  app.add_option("--remote-dist-launch", flags.remote_dist_launch,
-                 "dist-launch on the other hosts: a name on their PATH, or a path")
-      ->capture_default_str();
+void add_hosts_options(CommandLine& app, HostsFlags& flags) {
+  app.text("--hosts", flags.hosts,
+           "Run on these hosts, HOST:SLOTS,... (slots: workers per host, unless "
+           "--nproc-per-node); this host, if listed, runs its agent without ssh");
+  app.text("--hostfile", flags.hostfile,
+           "Hosts from a file of `host slots=N` lines (deepspeed's, mpirun's)");
+  app.text("--include", flags.include,
+           "Only these hosts (or slots: device indices), deepspeed's form: a:0,1@b");
+  app.text("--exclude", flags.exclude, "Not these hosts (or slots), e.g. a:1@c");
+  app.text("--ssh", flags.ssh_program, "The ssh client to run").show_default();
+  app.number("--ssh-port", flags.ssh_port, 1, 65535, "ssh -p PORT for every host");
+  app.text("--ssh-config", flags.ssh_config, "ssh -F FILE (default: ~/.ssh/config)");
+  app.list("--ssh-option", flags.ssh_options, "ssh -o OPTION (ControlMaster=auto, User=..., ...)");
+  app.list("--export", flags.exports,
+           "Pass VAR (or VAR=VALUE) to every host's agent and workers (mpirun -x); PYTHON_EXEC "
+           "and LOGLEVEL always are");
+  app.list("--export-prefix", flags.export_prefixes,
+           "Pass every variable starting with PREFIX (e.g. NCCL_)");
+  app.text("--remote-dist-launch", flags.remote_dist_launch,
+           "dist-launch on the other hosts: a name on their PATH, or a path")
+      .show_default();
 }
 
 agent::HostsJobConfig hosts_job_config(const RawOptions& raw, const agent::LaunchConfig& parsed) {

@@ -2,10 +2,10 @@
 // cli.cc adds them to its command line, and the job they describe.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
 
+#include "command_line.h"
 #include "dist/agent/config.h"
 #include "dist/agent/hosts_job.h"
 
@@ -25,7 +25,7 @@ struct HostsFlags {
 
 // Adds the options, in a group of their own. They have no PET_ variables: an agent started by
 // --hosts must never take its environment for a request to start more hosts.
-void add_hosts_options(CLI::App& app, HostsFlags& flags);
+void add_hosts_options(CommandLine& app, HostsFlags& flags);
 
 struct RawOptions;
 

@@ -43,22 +43,22 @@ std::string token_from_stdin() {
 
 }  // namespace
 
-void add_token_options(CLI::App& app, TokenOptions& options) {
-  app.add_option("--token-file,--token_file", options.token_file,
-                 "The job's token, the same file on every node (chmod 600): every agent proves it "
-                 "to the store; C++ workers find it through DIST_LAUNCH_TOKEN_FILE. '-': one line "
-                 "from standard input. Default: $DIST_LAUNCH_TOKEN_FILE")
-      ->envname("PET_TOKEN_FILE");
-  app.add_flag("--generate-token,--generate_token", options.generate,
-               "One node: a random token for this job (a 0600 file in the run directory)")
-      ->envname("PET_GENERATE_TOKEN");
-  app.add_option("--unauthenticated", options.unauthenticated,
-                 "With a token: who may use this agent's store without it (PyTorch workers "
-                 "cannot authenticate): deny, loopback, known-hosts (default: this machine and "
-                 "the hosts whose agents authenticated) or allow. Such clients never touch the "
-                 "agents' keys")
-      ->envname("PET_UNAUTHENTICATED")
-      ->check(CLI::IsMember({"deny", "loopback", "known-hosts", "allow"}));
+void add_token_options(CommandLine& app, TokenOptions& options) {
+  app.text("--token-file,--token_file", options.token_file,
+           "The job's token, the same file on every node (chmod 600): every agent proves it "
+           "to the store; C++ workers find it through DIST_LAUNCH_TOKEN_FILE. '-': one line "
+           "from standard input. Default: $DIST_LAUNCH_TOKEN_FILE")
+      .env("PET_TOKEN_FILE");
+  app.flag("--generate-token,--generate_token", options.generate,
+           "One node: a random token for this job (a 0600 file in the run directory)")
+      .env("PET_GENERATE_TOKEN");
+  app.text("--unauthenticated", options.unauthenticated,
+           "With a token: who may use this agent's store without it (PyTorch workers "
+           "cannot authenticate): deny, loopback, known-hosts (default: this machine and "
+           "the hosts whose agents authenticated) or allow. Such clients never touch the "
+           "agents' keys")
+      .env("PET_UNAUTHENTICATED")
+      .choices({"deny", "loopback", "known-hosts", "allow"});
 }
 
 void apply_token_options(const TokenOptions& options, agent::LaunchConfig& config) {

@@ -5,9 +5,9 @@
 //   --unauthenticated P  with a token: who may use this agent's store without it
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <string>
 
+#include "command_line.h"
 #include "dist/agent/config.h"
 
 namespace dist::launcher {
@@ -18,7 +18,7 @@ struct TokenOptions {
   std::string unauthenticated;
 };
 
-void add_token_options(CLI::App& app, TokenOptions& options);
+void add_token_options(CommandLine& app, TokenOptions& options);
 
 // Puts the token into `config`, whose nodes are already known (a generated token is for one node
 // only). Throws std::invalid_argument with a one-line message for the user.

@@ -4,11 +4,11 @@
 // config_from_args().
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "command_line.h"
 #include "hosts_options.h"
 #include "job_token.h"
 #include "warm_options.h"
@@ -71,8 +71,9 @@ struct RawOptions {
   HostsFlags hosts;
   std::string print_completion;
 
-  // Filled by the parse: the training script and its arguments; the command line with abbreviated
-  // options written out; the long names (both spellings) of every option given.
+  // Filled by the parse (CommandLine::Parsed): the training script and its arguments; the command
+  // line with abbreviated options written out; the long names (both spellings) of every option
+  // given, on the command line or in its PET_ variable.
   std::vector<std::string> script_and_args;
   std::vector<std::string> expanded_args;
   std::set<std::string> given;
@@ -80,13 +81,6 @@ struct RawOptions {
 };
 
 // Declares every option on `app`, each bound to its field of `raw`.
-void declare_options(CLI::App& app, RawOptions& raw);
-
-// The options of `app`, those in option groups (--hosts, ...) included: what the abbreviation
-// scan (option_scan.h) and the completion scripts see.
-std::vector<const CLI::Option*> all_options(const CLI::App& app);
-
-// After app.parse(): the script, and which options were given.
-void collect_parse_results(const CLI::App& app, RawOptions& raw);
+void declare_options(CommandLine& app, RawOptions& raw);
 
 }  // namespace dist::launcher

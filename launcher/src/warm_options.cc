@@ -7,24 +7,24 @@
 
 namespace dist::launcher {
 
-void add_warm_options(CLI::App& app, WarmFlags& flags) {
-  app.add_flag("--warm-restart,--warm_restart", flags.warm_restart,
-               "Fork Python workers from a zygote that imported torch (and --preload's modules) "
-               "once: a restarted group trains again without importing them (C++ workers: no "
-               "effect)")
-      ->envname("PET_WARM_RESTART");
-  app.add_option("--preload", flags.preload,
-                 "Modules the zygote imports, e.g. torch,numpy,transformers (default: torch, "
-                 "torch._dynamo and numpy, where the workers' Python has them)")
-      ->envname("PET_PRELOAD");
-  app.add_option("--snapshot-memory,--snapshot_memory", flags.snapshot_memory,
-                 "Keep the workers' dist_launch.snapshot / dist::sdk::save_snapshot snapshots in "
-                 "the agent's shared memory, at most this much in all (e.g. 8G)")
-      ->envname("PET_SNAPSHOT_MEMORY");
-  app.add_option("--snapshot-dir,--snapshot_dir", flags.snapshot_dir,
-                 "Also persist the newest snapshots to this directory (in the background, and at "
-                 "once when a worker fails), where a restarted node's workers find them")
-      ->envname("PET_SNAPSHOT_DIR");
+void add_warm_options(CommandLine& app, WarmFlags& flags) {
+  app.flag("--warm-restart,--warm_restart", flags.warm_restart,
+           "Fork Python workers from a zygote that imported torch (and --preload's modules) "
+           "once: a restarted group trains again without importing them (C++ workers: no "
+           "effect)")
+      .env("PET_WARM_RESTART");
+  app.text("--preload", flags.preload,
+           "Modules the zygote imports, e.g. torch,numpy,transformers (default: torch, "
+           "torch._dynamo and numpy, where the workers' Python has them)")
+      .env("PET_PRELOAD");
+  app.text("--snapshot-memory,--snapshot_memory", flags.snapshot_memory,
+           "Keep the workers' dist_launch.snapshot / dist::sdk::save_snapshot snapshots in "
+           "the agent's shared memory, at most this much in all (e.g. 8G)")
+      .env("PET_SNAPSHOT_MEMORY");
+  app.text("--snapshot-dir,--snapshot_dir", flags.snapshot_dir,
+           "Also persist the newest snapshots to this directory (in the background, and at "
+           "once when a worker fails), where a restarted node's workers find them")
+      .env("PET_SNAPSHOT_DIR");
 }
 
 std::uint64_t parse_size(const std::string& flag, const std::string& text) {

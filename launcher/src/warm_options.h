@@ -6,11 +6,11 @@
 //   --snapshot-dir DIR    ... and persisted to DIR (a restarted node reads them there)
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <ostream>
 #include <string>
 
+#include "command_line.h"
 #include "dist/agent/config.h"
 
 namespace dist::launcher {
@@ -22,7 +22,7 @@ struct WarmFlags {
   std::string snapshot_dir;
 };
 
-void add_warm_options(CLI::App& app, WarmFlags& flags);
+void add_warm_options(CommandLine& app, WarmFlags& flags);
 
 // Into `config`, whose worker command is known (config_from_options.cc). `preload_given`: --preload
 // was on the command line or in PET_PRELOAD, even empty (no module preloaded). Throws

@@ -1,5 +1,7 @@
 #include "workers/run_directory.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -7,6 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace dist::agent {
 
@@ -43,6 +49,37 @@ fs::path temporary_parent(const LaunchConfig& config) {
     if (auto memory = shared_memory_directory(); !memory.empty()) return memory;
   }
   return fs::temp_directory_path();
+}
+
+// Removes `name` in the directory `parent` and everything under it, never following a symbolic
+// link. An empty directory (a worker's that wrote nothing, the common case) costs one rmdir(2),
+// where std::filesystem::remove_all opens, inspects and reads each: 11 directories of a launch of
+// 8 took about 90 system calls. Best effort: what cannot be removed stays.
+void remove_tree(int parent, const char* name) {
+  if (::unlinkat(parent, name, AT_REMOVEDIR) == 0 || errno == ENOENT) return;
+  if (errno == ENOTDIR) {
+    ::unlinkat(parent, name, 0);
+    return;
+  }
+  if (errno != ENOTEMPTY && errno != EEXIST) return;
+  const int dir = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dir < 0) return;
+  std::vector<std::pair<std::string, bool>> entries;  // name, is a directory
+  alignas(dirent64) char buffer[16 * 1024];
+  for (ssize_t n; (n = ::getdents64(dir, buffer, sizeof buffer)) > 0;) {
+    for (ssize_t at = 0; at < n;) {
+      const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
+      at += entry->d_reclen;
+      const std::string_view entry_name = entry->d_name;
+      if (entry_name == "." || entry_name == "..") continue;
+      entries.emplace_back(entry_name, entry->d_type == DT_DIR || entry->d_type == DT_UNKNOWN);
+    }
+  }
+  for (const auto& [entry, is_directory] : entries) {
+    if (is_directory || ::unlinkat(dir, entry.c_str(), 0) != 0) remove_tree(dir, entry.c_str());
+  }
+  ::close(dir);
+  ::unlinkat(parent, name, AT_REMOVEDIR);
 }
 
 }  // namespace
@@ -83,8 +120,7 @@ fs::path RunDirectory::attempt(int round, int local_rank) const {
 std::string RunDirectory::finish(bool keep) {
   if (!temporary_) return "";
   if (keep) return "worker logs and error files kept in " + root_.string();
-  std::error_code ec;
-  fs::remove_all(root_, ec);
+  remove_tree(AT_FDCWD, root_.c_str());
   return "";
 }
 

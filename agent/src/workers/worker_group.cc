@@ -357,9 +357,13 @@ std::vector<int> WorkerGroup::running_ranks() const {
 SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
                                   const std::vector<std::string>& base_env) {
   const fs::path dir = worker_dir(w);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  fs::remove(dir / "error.json", ec);
+  // A directory made here is empty. One that could not be: its attempt's is missing (the first
+  // worker's), or it is there, holding the error file of the worker this one replaces.
+  if (::mkdir(dir.c_str(), 0777) != 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    fs::remove(dir / "error.json", ec);
+  }
 
   WorkerIdentity id = make_identity(round_, w.local_rank, store_, config_);
   id.error_file = (dir / "error.json").string();

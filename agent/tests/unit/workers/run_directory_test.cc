@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "scoped_variable.h"
@@ -92,6 +93,26 @@ TEST_F(RunDirectoryTest, LogDirGetsARunOfItsOwnThatIsNeverRemoved) {
   EXPECT_FALSE(dir.temporary());
   EXPECT_EQ(dir.finish(false), "");
   EXPECT_TRUE(fs::is_directory(dir.path()));
+}
+
+// What workers leave in a temporary run directory goes with it: files, empty and full
+// directories, links; a link is removed, never followed out of the directory.
+TEST_F(RunDirectoryTest, FinishRemovesEverythingInsideAndFollowsNoLink) {
+  ScopedVariable tmpdir{"TMPDIR", scratch_.string()};
+  const fs::path outside = scratch_ / "outside";
+  fs::create_directories(outside / "kept");
+  std::ofstream(outside / "kept" / "file") << "x";
+  RunDirectory dir(LaunchConfig{}, "host");
+  const fs::path attempt = dir.attempt(0, 0).parent_path();
+  fs::create_directories(dir.attempt(0, 0));
+  fs::create_directories(dir.attempt(0, 1) / "deeper" / "still");
+  std::ofstream(dir.attempt(0, 1) / "error.json") << "{}";
+  std::ofstream(dir.attempt(0, 1) / "deeper" / "still" / "log") << "line";
+  fs::create_directory_symlink(outside, attempt / "link-to-outside");
+  fs::create_symlink(outside / "kept" / "file", attempt / "link-to-file");
+  EXPECT_EQ(dir.finish(false), "");
+  EXPECT_FALSE(fs::exists(dir.path()));
+  EXPECT_TRUE(fs::exists(outside / "kept" / "file")) << "a link was followed out of the run";
 }
 
 }  // namespace

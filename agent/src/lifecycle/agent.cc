@@ -1246,6 +1246,9 @@ class Agent {
   void finish() {
     if (finished_) return;
     finished_ = true;
+    // No process of the job is left (a zygote or a standby would be a child): the janitor has
+    // nothing to clean, and exits while this agent writes its report and tears down.
+    if (janitor_ && !has_children()) janitor_->dismiss();
     record_job_end();
     if (telemetry_) {
       for (const auto& line : telemetry_->straggler_summary()) spdlog::warn("{}", line);

@@ -1,11 +1,9 @@
 #include "auth.h"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-
 #include <stdexcept>
+#include <system_error>
+
+#include "sha256.h"
 
 namespace dist::rendezvous::auth {
 namespace {
@@ -15,23 +13,17 @@ Mac proof(std::string_view label, std::string_view secret, const Nonce& server_n
   std::string message(label);
   message.append(reinterpret_cast<const char*>(server_nonce.data()), server_nonce.size());
   message.append(reinterpret_cast<const char*>(client_nonce.data()), client_nonce.size());
-  Mac mac{};
-  unsigned int length = 0;
-  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-            reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac.data(),
-            &length) ||
-      length != mac.size()) {
-    throw std::runtime_error("HMAC-SHA256 failed in OpenSSL");
-  }
-  return mac;
+  return crypto::hmac_sha256(secret, message);
 }
 
 }  // namespace
 
 Nonce random_nonce() {
   Nonce nonce{};
-  if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1) {
-    throw std::runtime_error("OpenSSL could not produce random bytes for an auth nonce");
+  try {
+    crypto::random_bytes(nonce);
+  } catch (const std::system_error& e) {
+    throw std::runtime_error(std::string("no random bytes for an auth nonce: ") + e.what());
   }
   return nonce;
 }
@@ -45,7 +37,7 @@ Mac server_proof(std::string_view secret, const Nonce& server_nonce, const Nonce
 }
 
 bool equal(const unsigned char* a, const unsigned char* b, std::size_t n) {
-  return CRYPTO_memcmp(a, b, n) == 0;
+  return crypto::equal_in_constant_time(a, b, n);
 }
 
 namespace {

@@ -1,14 +1,15 @@
 #include "dist/rendezvous/token.h"
 
 #include <fcntl.h>
-#include <openssl/rand.h>
 #include <unistd.h>
 
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "dist/rendezvous/errors.h"
+#include "sha256.h"
 
 namespace dist::rendezvous {
 
@@ -18,8 +19,11 @@ constexpr std::size_t kSecretBytes = 32;
 
 std::string generate_secret() {
   std::array<unsigned char, kSecretBytes> bytes{};
-  if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) {
-    throw StoreError(StoreErrc::kInvalidArgument, "no random bytes for a token (OpenSSL failed)");
+  try {
+    crypto::random_bytes(bytes);
+  } catch (const std::system_error& e) {
+    throw StoreError(StoreErrc::kInvalidArgument,
+                     std::string("no random bytes for a token: ") + e.what());
   }
   static constexpr char kHex[] = "0123456789abcdef";
   std::string secret;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -89,6 +90,25 @@ TEST_F(LaunchTest, AWorkerInheritsOnlyItsStandardStreamsAndItsHeartbeatSlot) {
     ASSERT_EQ(fds.size(), 1u) << "more than the heartbeat slot: " << fds.begin()->second;
     EXPECT_NE(fds.begin()->second.find("memfd:"), std::string::npos) << fds.begin()->second;
   }
+}
+
+// OpenSSL is loaded only for etcd's TLS (rendezvous/src/etcd/lazy_openssl.cc): an agent that
+// never uses it has neither libssl nor libcrypto mapped, and neither is linked into dist-launch.
+TEST_F(LaunchTest, AnAgentWithoutTlsLoadsNoOpenSsl) {
+  Launch launch({"--no-python", "/bin/sh", "-c", "cat /proc/$PPID/maps > " + path("agent_maps")});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  std::ifstream in(path("agent_maps"));
+  const std::string maps((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_NE(maps.find("dist-launch"), std::string::npos) << "not the agent's maps:\n" << maps;
+  EXPECT_EQ(maps.find("libssl"), std::string::npos) << maps;
+  EXPECT_EQ(maps.find("libcrypto"), std::string::npos) << maps;
+  // Nor linked in: a static libssl brings its cipher suites' names.
+  std::ifstream binary(DIST_LAUNCH_BIN, std::ios::binary);
+  const std::string program((std::istreambuf_iterator<char>(binary)),
+                            std::istreambuf_iterator<char>());
+  ASSERT_GT(program.size(), 0u);
+  EXPECT_EQ(program.find("TLS_AES_256_GCM_SHA384"), std::string::npos)
+      << DIST_LAUNCH_BIN << " links OpenSSL";
 }
 
 // Rank 0 fails on its own; rank 1 fails a few milliseconds later only because rank 0 is gone

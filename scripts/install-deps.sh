@@ -12,7 +12,7 @@ BUILD_PKGS=(
   nlohmann-json3-dev    # error files, status output
   libgloo-dev           # CPU process group (worker SDK)
   libhwloc-dev          # CPU and NUMA placement of workers (agent)
-  libssl-dev            # HMAC-SHA256 for store authentication, SHA-256 of weights
+  libssl-dev            # headers for etcd's TLS (libssl.so.3 loaded when used); ddp_train's digests
   libeigen3-dev         # CPU math of the training example
   zlib1g-dev            # reading the example data set (.csv.gz)
   libgtest-dev libgmock-dev

@@ -12,7 +12,11 @@ namespace {
 constexpr std::size_t kHelpWidth = 100;
 constexpr std::size_t kHelpColumn = 32;  // where an option's description starts
 
+// Torchrun reads a flag's variable as bool(int(value)): any integer, non-zero for on.
 std::optional<bool> parse_bool(std::string_view text) {
+  long long number = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (error == std::errc() && end == text.data() + text.size() && !text.empty()) return number != 0;
   std::string lower(text);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
@@ -176,8 +180,9 @@ void CommandLine::apply(const Option& o, const std::string& spelling, const std:
     case Kind::kFlag: {
       const auto on = has_value ? parse_bool(value) : std::optional<bool>(true);
       if (!on) {
-        throw CommandLineError(spelling + " takes no value, or 1 or 0 (true or false), not '" +
-                               value + "'");
+        throw CommandLineError(spelling +
+                               (spelling.starts_with("-") ? " takes no value, or" : " is") +
+                               " 1 or 0 (true or false), not '" + value + "'");
       }
       *static_cast<bool*>(o.target_) = *on;
       return;

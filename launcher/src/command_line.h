@@ -10,8 +10,10 @@
 #include <cstddef>
 #include <deque>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "option_scan.h"

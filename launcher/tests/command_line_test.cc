@@ -100,8 +100,14 @@ TEST_F(CommandLineTest, AVariableFillsWhatTheCommandLineLeftOutAndCountsAsGiven)
   EXPECT_TRUE(p.given.contains("--nnodes"));
   p = line_.parse({"--nnodes", "5", "x"});
   EXPECT_EQ(f_.nnodes, "5") << "the command line wins";
+  ::setenv("PET_TEST_STANDALONE", "2", 1);  // torchrun's bool(int(value))
+  line_.parse({"x"});
+  EXPECT_TRUE(f_.standalone);
+  ::setenv("PET_TEST_STANDALONE", "0", 1);
+  line_.parse({"x"});
+  EXPECT_FALSE(f_.standalone);
   ::setenv("PET_TEST_STANDALONE", "sometimes", 1);
-  EXPECT_NE(error({"x"}).find("PET_TEST_STANDALONE takes no value, or 1 or 0"), std::string::npos);
+  EXPECT_EQ(error({"x"}), "PET_TEST_STANDALONE is 1 or 0 (true or false), not 'sometimes'");
 }
 
 TEST_F(CommandLineTest, AnEmptyVariableIsReportedUnlessTheCommandLineGaveTheOption) {

@@ -67,6 +67,7 @@ void Sha256::block(const unsigned char* data) {
 }
 
 void Sha256::update(std::span<const unsigned char> bytes) {
+  if (bytes.empty()) return;  // (its data() may be null, which memcpy may not be given)
   total_bytes_ += bytes.size();
   std::size_t at = 0;
   if (pending_size_ > 0) {
@@ -117,7 +118,7 @@ Digest hmac_sha256(std::string_view key, std::string_view message) {
   if (key.size() > kBlockBytes) {
     const Digest hashed = sha256(key);
     std::memcpy(block_key.data(), hashed.data(), hashed.size());
-  } else {
+  } else if (!key.empty()) {
     std::memcpy(block_key.data(), key.data(), key.size());
   }
   std::array<unsigned char, kBlockBytes> inner_pad, outer_pad;

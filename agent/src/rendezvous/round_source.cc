@@ -116,6 +116,7 @@ class LocalRounds final : public RoundSource {
   bool hosts_others() const override { return false; }
   Task<void> wait_for_others(Assignment) override { co_return; }
   void close() override {
+    closed_ = true;
     if (beat_timer_) beat_timer_->cancel();
     if (store_) store_->stop();
   }
@@ -145,6 +146,7 @@ class LocalRounds final : public RoundSource {
   }
 
   void publish(std::vector<std::pair<std::string, std::string>> items, const std::string& what) {
+    if (closed_) return;  // a heartbeat whose timer fired before close() cancelled it
     try {
       store_->set_agent_keys(config_.run_id, std::move(items));
     } catch (const rendezvous::StoreError& e) {
@@ -179,6 +181,7 @@ class LocalRounds final : public RoundSource {
   std::optional<StoreHost> store_;
   int round_ = 0;
   bool beating_ = false;
+  bool closed_ = false;
   boost::asio::steady_timer* beat_timer_ = nullptr;  // the heartbeat's, while it runs
   std::shared_ptr<char> alive_ = std::make_shared<char>();
   int replacements_ = 0;  // in-place

@@ -5,9 +5,11 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -65,10 +67,12 @@ void remove_tree(int parent, const char* name) {
   const int dir = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dir < 0) return;
   std::vector<std::pair<std::string, bool>> entries;  // name, is a directory
-  alignas(dirent64) char buffer[16 * 1024];
-  for (ssize_t n; (n = ::getdents64(dir, buffer, sizeof buffer)) > 0;) {
+  // On the heap: a deep tree recurses once per level.
+  auto buffer = std::make_unique<std::array<dirent64, 64>>();
+  for (ssize_t n; (n = ::getdents64(dir, buffer->data(), sizeof *buffer)) > 0;) {
     for (ssize_t at = 0; at < n;) {
-      const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
+      const auto* entry =
+          reinterpret_cast<const dirent64*>(reinterpret_cast<const char*>(buffer->data()) + at);
       at += entry->d_reclen;
       const std::string_view entry_name = entry->d_name;
       if (entry_name == "." || entry_name == "..") continue;

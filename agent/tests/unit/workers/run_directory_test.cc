@@ -115,5 +115,18 @@ TEST_F(RunDirectoryTest, FinishRemovesEverythingInsideAndFollowsNoLink) {
   EXPECT_TRUE(fs::exists(outside / "kept" / "file")) << "a link was followed out of the run";
 }
 
+// A deep tree (a worker's own nesting) is removed whole: 700 levels, each of which held a 16 KiB
+// buffer on the stack before remove_tree kept it on the heap (11 MiB: past the 8 MiB stack).
+TEST_F(RunDirectoryTest, FinishRemovesADeepTree) {
+  ScopedVariable tmpdir{"TMPDIR", scratch_.string()};
+  RunDirectory dir(LaunchConfig{}, "host");
+  fs::path deep = dir.attempt(0, 0);
+  for (int level = 0; level < 700; ++level) deep /= "d";
+  fs::create_directories(deep);
+  std::ofstream(deep / "log") << "line";
+  EXPECT_EQ(dir.finish(false), "");
+  EXPECT_FALSE(fs::exists(dir.path()));
+}
+
 }  // namespace
 }  // namespace dist::agent

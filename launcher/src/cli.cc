@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <stdexcept>
+#include <string>
 
 #include "command_line.h"
 #include "completion.h"
@@ -22,14 +24,15 @@ namespace fs = std::filesystem;
 
 // An empty PET_* value is an error, not a silent default: the Kubeflow training operator sets
 // PET_STANDALONE="" for `standalone: true`, which read as unset would run a different job.
-void reject_empty_environment(const CommandLine& app, const CommandLine::Parsed& parsed) {
-  for (const auto& empty : app.empty_variables(parsed)) {
-    throw UsageError(empty.variable + " is set but empty: " +
-                     (empty.flag ? "set it to 1 or 0, or unset it (for standalone: true, which the "
-                                   "Kubeflow training operator passes as an empty PET_STANDALONE, "
-                                   "give --standalone)"
-                                 : "give it a value or unset it (" + empty.option + ")"));
-  }
+std::optional<std::string> empty_environment(const CommandLine& app,
+                                             const CommandLine::Parsed& parsed) {
+  const auto empty = app.empty_variables(parsed);
+  if (empty.empty()) return std::nullopt;
+  const auto& first = empty.front();
+  return first.variable + " is set but empty: " +
+         (first.flag ? "set it to 1 or 0, or unset it (for standalone: true, which the Kubeflow "
+                       "training operator passes as an empty PET_STANDALONE, give --standalone)"
+                     : "give it a value or unset it (" + first.option + ")");
 }
 
 constexpr const char* kExamples =
@@ -63,10 +66,8 @@ std::optional<CliOutcome> parse(CommandLine& app, const std::vector<std::string>
     return CliOutcome{true, kExitOk, {}};
   }
   if (!parsed.rest.empty() && !parsed.given.contains("--print-completion")) {
-    try {
-      reject_empty_environment(app, parsed);
-    } catch (const UsageError& e) {
-      err << "dist-launch: error: " << e.what() << "\n";
+    if (const auto empty = empty_environment(app, parsed)) {
+      err << "dist-launch: error: " << *empty << "\n";
       return CliOutcome{true, kExitUsage, {}};
     }
   }

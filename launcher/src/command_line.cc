@@ -19,8 +19,8 @@ std::optional<bool> parse_bool(std::string_view text) {
   if (error == std::errc() && end == text.data() + text.size() && !text.empty()) return number != 0;
   std::string lower(text);
   for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (lower == "1" || lower == "true" || lower == "yes" || lower == "on") return true;
-  if (lower == "0" || lower == "false" || lower == "no" || lower == "off") return false;
+  if (lower == "true" || lower == "yes" || lower == "on") return true;
+  if (lower == "false" || lower == "no" || lower == "off") return false;
   return std::nullopt;
 }
 

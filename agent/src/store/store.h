@@ -101,6 +101,11 @@ struct EtcdOptions {  // etcd v3: keys under "<prefix>/<run id>/", ephemeral per
 };
 using StoreTarget = std::variant<TcpStoreTarget, EtcdOptions>;
 
+// Where job `run_id`'s agent keys live in a TCPStore: "rdzv/<run id>/".
+inline std::string tcp_job_prefix(const std::string& run_id) {
+  return std::string(rendezvous::kAgentKeyPrefix) + run_id + "/";
+}
+
 // The etcd client's options from the launch configuration's (the password read from its file).
 // Throws ConfigError with a one-line reason: no members, a user without a password file or the
 // reverse, a password file that cannot be read.

@@ -53,7 +53,7 @@ std::size_t StoreHost::clear_worker_keys() {
 
 void StoreHost::set_agent_keys(const std::string& run_id,
                                std::vector<std::pair<std::string, std::string>> items) {
-  const std::string prefix = std::string(rendezvous::kAgentKeyPrefix) + run_id + "/";
+  const std::string prefix = tcp_job_prefix(run_id);
   for (auto& item : items) item.first.insert(0, prefix);
   server_->multi_set(items);
 }

@@ -10,7 +10,7 @@ TcpRendezvousStore::TcpRendezvousStore(boost::asio::any_io_executor executor,
                                        rendezvous::ClientOptions options, std::string run_id)
     : client_(std::move(executor), std::move(options)),
       run_id_(std::move(run_id)),
-      prefix_(std::string(rendezvous::kAgentKeyPrefix) + run_id_ + "/") {}
+      prefix_(tcp_job_prefix(run_id_)) {}
 
 Task<void> TcpRendezvousStore::open() {
   co_await client_.open();

@@ -45,7 +45,8 @@ NodeRendezvous::Impl::Impl(std::unique_ptr<RendezvousStore> session, JobShape sh
       timeouts_(timeouts),
       log_(std::move(log)),
       nonce_(std::random_device{}()),
-      self_{shape_.host, shape_.local_world_size, static_cast<int>(::getpid()), nonce_, -1, ""} {}
+      self_{shape_.host, shape_.local_world_size, static_cast<int>(::getpid()), nonce_, -1, "",
+            false,       shape_.hosts_store} {}
 
 // ---------------------------------------------------------------------------------------------
 // Static rounds

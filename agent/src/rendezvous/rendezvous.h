@@ -83,6 +83,10 @@ struct JobShape {
   std::string host;  // this node's address as the others see it (--local-addr, else hostname)
   // --max-restarts: what a newcomer decides for a round whose nodes all vanished undecided.
   int max_restarts = 0;
+  // This node's agent hosts the rendezvous store: a newcomer among newcomers, it is node 0, so
+  // that losing another node never loses the node that coordinates recoveries and hosts the
+  // workers' store while the store survives.
+  bool hosts_store = false;
 };
 
 // One round as this node sees it.

@@ -286,8 +286,8 @@ class NodeRounds : public RoundSource {
     timeouts.rdzv = config_.rdzv_timeout;
     timeouts.join = config_.join_timeout;
     timeouts.last_call = config_.last_call_timeout;
-    const JobShape shape{config_.min_nodes, config_.max_nodes, config_.nproc_per_node, host_,
-                         config_.max_restarts};
+    const JobShape shape{config_.min_nodes,    config_.max_nodes,     config_.nproc_per_node, host_,
+                         config_.max_restarts, job_store_.has_value()};
     // Held here, not in this frame, so that close() can cancel the connect, and a frame destroyed
     // after this object (the io_context goes last) has nothing of it to touch.
     opening_ = std::move(session);

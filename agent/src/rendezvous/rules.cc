@@ -14,6 +14,7 @@ std::vector<Candidate> choose_members(std::vector<Candidate> joined, int max_nod
     const bool x_back = x.previous_rank >= 0, y_back = y.previous_rank >= 0;
     if (x_back != y_back) return x_back;
     if (x_back) return x.previous_rank < y.previous_rank;
+    if (x.hosts_store != y.hosts_store) return x.hosts_store;
     return std::tie(x.host, x.pid, x.nonce) < std::tie(y.host, y.pid, y.nonce);
   });
   if (static_cast<int>(joined.size()) > max_nodes) joined.resize(max_nodes);

@@ -18,7 +18,7 @@ struct Candidate {
 };
 
 // Who is in a closing elastic round, by node rank: the previous round's nodes keep their order,
-// newcomers follow by host, pid and nonce; at most max_nodes.
+// newcomers follow, the store's host first, then by host, pid and nonce; at most max_nodes.
 std::vector<Candidate> choose_members(std::vector<Candidate> joined, int max_nodes);
 
 // Each member's place (node rank = position, first global rank, ring successor: the next member's

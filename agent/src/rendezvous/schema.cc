@@ -75,8 +75,8 @@ T field(const json& j, const char* name, std::string_view key, std::string_view 
 }
 
 constexpr std::string_view kNodeRecordShape =
-    "a JSON object with host, local_world_size, pid, nonce, previous_rank, worker_store and "
-    "keeps_workers";
+    "a JSON object with host, local_world_size, pid, nonce, previous_rank, worker_store, "
+    "keeps_workers and hosts_store";
 constexpr std::string_view kPlaceShape = "'<node rank> <first global rank> <next ticket>'";
 constexpr std::string_view kTotalsShape =
     "'<restarts> <world size> <nodes> <returning nodes> <continues: 0 or 1>'";
@@ -198,7 +198,8 @@ std::string encode(const NodeRecord& r) {
               {"nonce", r.nonce},
               {"previous_rank", r.previous_rank},
               {"worker_store", r.worker_store},
-              {"keeps_workers", r.keeps_workers}}
+              {"keeps_workers", r.keeps_workers},
+              {"hosts_store", r.hosts_store}}
       .dump();
 }
 
@@ -212,6 +213,7 @@ NodeRecord decode_node_record(std::string_view key, std::string_view text) {
   r.previous_rank = field<int>(j, "previous_rank", key, text, kNodeRecordShape);
   r.worker_store = field<std::string>(j, "worker_store", key, text, kNodeRecordShape);
   r.keeps_workers = field<bool>(j, "keeps_workers", key, text, kNodeRecordShape);
+  r.hosts_store = field<bool>(j, "hosts_store", key, text, kNodeRecordShape);
   if (r.local_world_size < 1) throw CorruptValueError(key, text, kNodeRecordShape);
   return r;
 }

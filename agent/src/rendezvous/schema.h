@@ -102,6 +102,7 @@ struct NodeRecord {
   int previous_rank = -1;      // elastic: its node rank in the previous round, -1 for a newcomer
   std::string worker_store;    // etcd: "host:port" of the store this node would host for workers
   bool keeps_workers = false;  // in-place: it joins while its workers run on (a regroup)
+  bool hosts_store = false;    // its agent hosts the rendezvous store (c10d)
 };
 std::string encode(const NodeRecord& record);
 NodeRecord decode_node_record(std::string_view key, std::string_view text);

@@ -532,6 +532,22 @@ TEST_F(Elastic, StoppingTheStoresHostStopsEveryNode) {
   EXPECT_NE(b->output().find("lost the rendezvous store"), std::string::npos) << b->output();
 }
 
+TEST_F(Elastic, TheStoresHostIsNodeZeroWhicheverAgentStartedFirst) {
+  // "b" (is_host=0: a client) starts first, so its pid is the lower one and, on one machine, its
+  // record would sort first; the agent that hosts the store is node 0 all the same, so that node 0
+  // (the workers' store, in-place recoveries) shares the rendezvous store's fate.
+  auto b = agent("b", "2", {"--rdzv-conf", "is_host=0"}, {"exit", "0"});
+  auto a = host("a", "2", {}, {"exit", "0"});
+  ASSERT_EQ(a->wait(), 0) << a->output();
+  ASSERT_EQ(b->wait(), 0) << b->output();
+  ASSERT_LT(b->pid(), a->pid()) << "pids wrapped between the two starts: nothing shown";
+  const auto ra = rounds("a"), rb = rounds("b");
+  ASSERT_EQ(ra.size(), 1u) << a->output();
+  ASSERT_EQ(rb.size(), 1u) << b->output();
+  EXPECT_EQ(ra[0].node_rank, 0) << a->output();
+  EXPECT_EQ(rb[0].node_rank, 1) << b->output();
+}
+
 TEST_F(Elastic, TooFewNodesIsATimeoutSayingHowMany) {
   auto lonely = agent("a", "2:3", {"--rdzv-conf", "join_timeout=1"}, {"exit", "0"});
   EXPECT_EQ(lonely->wait(), 1);

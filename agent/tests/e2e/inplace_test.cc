@@ -545,19 +545,27 @@ TEST_F(InPlaceElasticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGets
 
 TEST_F(InPlaceElasticNodes, TheJobsVerdictCountsTheReplacementsAgainstMaxRestarts) {
   // Rank 1 is replaced, then rank 0 fails in generation 1: no restart is left, and the job's
-  // verdict, whichever node reaches it, says the replacement used it.
+  // verdict, whichever node reaches it, says the replacement used it. Rank 0 fails seven steps
+  // into generation 1: on a loaded machine that can come before node 1's agent has said the
+  // replacement is over, and node 0 then finds it under way and asks for a group restart rather
+  // than a replacement of its own; there is none left either way.
   std::vector<std::string> out;
   const auto codes =
       run_nodes("job", 1, {"--steps", "30", "--crash", "1:5", "--crash", "0:12:1"}, out);
   const std::string both = out[0] + out[1];
   EXPECT_NE(codes[0], 0) << both;
   EXPECT_NE(codes[1], 0) << both;
-  EXPECT_NE(both.find("worker 0 failed: no restart left (--max-restarts 1, 1 used in place by "
-                      "the job's nodes)"),
-            std::string::npos)
-      << both;
-  EXPECT_NE(both.find("round 0 ended: a worker failed after 0 restart(s) and 2 in-place "
-                      "replacement(s), the most --max-restarts allows: the job fails"),
+  const bool after_the_recovery =
+      both.find(
+          "worker 0 failed: no restart left (--max-restarts 1, 1 used in place by the job's "
+          "nodes)") != std::string::npos;
+  const bool during_it = both.find(
+                             "worker 0 failed while another node's worker is being "
+                             "replaced in place: restarting the whole group") != std::string::npos;
+  EXPECT_TRUE(after_the_recovery || during_it) << both;
+  EXPECT_NE(both.find("round 0 ended: a worker failed after 0 restart(s) and " +
+                      std::string(after_the_recovery ? "2" : "1") +
+                      " in-place replacement(s), the most --max-restarts allows: the job fails"),
             std::string::npos)
       << both;
   const auto verdicts = node_events("job", "verdict");

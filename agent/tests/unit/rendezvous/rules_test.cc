@@ -17,6 +17,13 @@ schema::NodeRecord record(std::string host, int pid, int previous_rank, int work
   return {std::move(host), workers, pid, 7u, previous_rank, ""};
 }
 
+// A newcomer whose agent hosts the rendezvous store.
+schema::NodeRecord store_host(std::string host, int pid) {
+  schema::NodeRecord r = record(std::move(host), pid, -1);
+  r.hosts_store = true;
+  return r;
+}
+
 TEST(Rules, TheVerdictAfterARound) {
   struct Case {
     const char* name;
@@ -158,6 +165,15 @@ TEST(Rules, WhoIsInAClosingRoundAndInWhatOrder) {
        {{1, record("z", 1, -1)}, {2, record("y", 2, 1)}, {3, record("x", 3, 0)}},
        3,
        {3, 2, 1}},
+      // Whatever its name and pid (pids wrap): node 0 shares the store's fate.
+      {"the store's host first among newcomers",
+       {{1, record("a", 10, -1)}, {2, store_host("b", 30000)}, {3, record("a", 5, -1)}},
+       3,
+       {2, 3, 1}},
+      {"a returning node keeps its rank before the store's host",
+       {{1, store_host("a", 1)}, {2, record("b", 2, 0)}},
+       2,
+       {2, 1}},
       {"at most max_nodes: newcomers wait",
        {{1, record("a", 1, -1)}, {2, record("b", 2, 0)}, {3, record("c", 3, 1)}},
        2,
@@ -193,7 +209,7 @@ TEST(Rules, PlacesGiveContiguousRanksAndARing) {
 }
 
 TEST(Schema, EveryEncodingRoundTrips) {
-  const schema::NodeRecord r{"node-a", 4, 1234, 99u, 2, "node-a:4100", true};
+  const schema::NodeRecord r{"node-a", 4, 1234, 99u, 2, "node-a:4100", true, true};
   const auto back = schema::decode_node_record("k", schema::encode(r));
   EXPECT_EQ(back.host, r.host);
   EXPECT_EQ(back.local_world_size, 4);
@@ -202,6 +218,7 @@ TEST(Schema, EveryEncodingRoundTrips) {
   EXPECT_EQ(back.previous_rank, 2);
   EXPECT_EQ(back.worker_store, "node-a:4100");
   EXPECT_TRUE(back.keeps_workers);
+  EXPECT_TRUE(back.hosts_store);
   const schema::Place place{3, 24, 7};
   EXPECT_EQ(schema::decode_place("k", schema::encode(place)), place);
   const schema::RoundTotals totals{1, 32, 4, 3, true};

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -13,11 +14,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
+
+#include "processes/raw_syscall.h"
 
 namespace dist::agent {
 namespace {
@@ -28,110 +33,183 @@ struct ChildFailure {
   int error = 0;
 };
 
-[[noreturn]] void report_and_exit(Pipe status, ChildFailure failure) {
-  [[maybe_unused]] ssize_t n = ::write(status.write, &failure, sizeof failure);
-  ::_exit(127);
+// The child's system calls (raw_syscall.h: errno untouched). Each returns the kernel's result.
+long sys(long number, long a = 0, long b = 0, long c = 0, long d = 0) noexcept {
+  return raw_syscall(number, a, b, c, d);
+}
+long address(const void* p) noexcept {
+  return reinterpret_cast<long>(p);
+}
+
+[[noreturn]] void exit_child() noexcept {
+  for (;;) sys(SYS_exit_group, 127);
+}
+
+[[noreturn]] void report_and_exit(int status_fd, ChildFailure failure) noexcept {
+  sys(SYS_write, status_fd, address(&failure), sizeof failure);
+  exit_child();
+}
+
+// `from` as descriptor `to`, kept across exec.
+void move_fd(int from, int to) noexcept {
+  if (from == to) {
+    sys(SYS_fcntl, to, F_SETFD, 0);
+  } else {
+    sys(SYS_dup3, from, to, 0);
+  }
 }
 
 // In the child: every descriptor from 3 up closes at exec, but those in `kept` (the agent's
 // listening sockets, its pipes and files are none of the worker's business, and a worker holding
 // a store's socket could accept its connections and keep its port bound after the agent).
-// Async-signal-safe.
-void close_others_at_exec(const std::vector<int>& kept) {
-  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {  // before Linux 5.11
+void close_others_at_exec(const std::vector<int>& kept) noexcept {
+  if (sys(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {  // before Linux 5.11
     struct rlimit limit {};
-    const rlim_t last =
-        ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < 65536 ? limit.rlim_cur : 65536;
-    for (int fd = 3; fd < static_cast<int>(last); ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    const bool known = sys(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, address(&limit)) == 0;
+    const rlim_t last = known && limit.rlim_cur < 65536 ? limit.rlim_cur : 65536;
+    for (long fd = 3; fd < static_cast<long>(last); ++fd) sys(SYS_fcntl, fd, F_SETFD, FD_CLOEXEC);
   }
-  for (const int fd : kept) ::fcntl(fd, F_SETFD, 0);
+  for (const int fd : kept) sys(SYS_fcntl, fd, F_SETFD, 0);
 }
 
-// In the child, between fork and exec: only async-signal-safe calls.
-[[noreturn]] void exec_child(const char* executable, char* const* argv, char* const* envp,
-                             const int* signals_to_reset, std::size_t signal_count, pid_t parent,
-                             Pipe out, Pipe err, Pipe status, const WorkerPlacement* placement,
-                             const std::vector<int>& inherited) {
-  // Signals arrive blocked (see start_process): the agent's dispositions are put back to the
-  // defaults before any can arrive here. (A handler run in this process would act for the agent.)
-  for (std::size_t i = 0; i < signal_count; ++i) ::signal(signals_to_reset[i], SIG_DFL);
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::setpgid(0, 0);
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(127);  // the agent died before the flag was set
-  if (placement) {
-    const PlacementResult bound = apply_placement_in_child(*placement);
-    if (bound.error != 0) {
-      const bool cpus = bound.call[0] == 's' && bound.call[1] == 'c';  // "sched_setaffinity"
-      report_and_exit(
-          status, {cpus ? ChildFailure::kCpuAffinity : ChildFailure::kMemoryPolicy, bound.error});
-    }
-  }
-  ::dup2(out.write, STDOUT_FILENO);
-  ::dup2(err.write, STDERR_FILENO);
-  const int devnull = ::open("/dev/null", O_RDONLY);
-  if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
-  close_others_at_exec(inherited);
-  ::execve(executable, argv, envp);
-  // A script without "#!" (ENOEXEC), or a name not found on PATH: as execvp does it.
-  if (errno == ENOEXEC || errno == ENOENT) ::execvpe(argv[0], argv, envp);
-  report_and_exit(status, {ChildFailure::kExec, errno});
-}
+}  // namespace
 
-// What the child needs, read from the parent's memory (CLONE_VM) while the parent waits.
-struct ChildStart {
-  const char* executable;
-  char* const* argv;
-  char* const* envp;
-  const int* signals_to_reset;
-  std::size_t signal_count;
-  pid_t parent;
-  Pipe out, err, status;
-  const WorkerPlacement* placement;
-  const std::vector<int>* inherited;
+// Everything a child reads between its clone and its exec. Written before the clone, never after:
+// the child shares this process's memory and, started beside it (below), reads this while the
+// agent goes on.
+struct ChildArgs {
+  std::string executable;
+  std::vector<std::string> argv, env;
+  std::vector<char*> c_argv, c_env;
+  std::vector<char*> sh_argv;  // a script without "#!", as execvp runs it: /bin/sh SCRIPT ARGS
+  std::vector<int> signals_to_reset;
+  std::optional<WorkerPlacement> placement;
+  std::vector<int> inherited;
+  pid_t parent = 0;
+  int stdout_fd = -1, stderr_fd = -1, status_fd = -1;  // the pipes' write ends
 };
 
-int child_entry(void* raw) {
-  const auto* c = static_cast<const ChildStart*>(raw);
-  exec_child(c->executable, c->argv, c->envp, c->signals_to_reset, c->signal_count, c->parent,
-             c->out, c->err, c->status, c->placement, *c->inherited);
+// A child's arguments and stack, allocated apart from start_process's frame, kept until the kernel
+// says the child let go of the memory: at its exec or exit, CLONE_CHILD_CLEARTID zeroes `in_use`
+// and wakes its waiters. The child writes only its own stack.
+struct ChildLaunch {
+  ChildArgs args;
+  void* stack = nullptr;  // this child's own (beside), unmapped with this
+  std::size_t stack_bytes = 0;
+  std::atomic<pid_t> in_use{-1};  // 0 once the child no longer shares the memory
+  bool beside = false;            // started beside the agent: wait for in_use before freeing
+  // The kernel writes a plain pid_t there.
+  static_assert(sizeof(std::atomic<pid_t>) == sizeof(pid_t) &&
+                std::atomic<pid_t>::is_always_lock_free);
+
+  ChildLaunch() = default;
+  ChildLaunch(const ChildLaunch&) = delete;
+  ChildLaunch& operator=(const ChildLaunch&) = delete;
+  ~ChildLaunch() {
+    if (beside) {
+      while (in_use.load(std::memory_order_acquire) != 0) {
+        // Shared (not private): the kernel's wake at the child's exec or exit is.
+        ::syscall(SYS_futex, reinterpret_cast<pid_t*>(&in_use), FUTEX_WAIT, -1, nullptr);
+      }
+    }
+    if (stack) ::munmap(stack, stack_bytes);
+  }
+};
+
+namespace {
+
+// In the child, between clone and exec: raw system calls only (no errno, no allocation, no
+// locks: the agent's memory is this process's too, and the agent may be running).
+[[noreturn]] void exec_child(const ChildArgs& c) noexcept {
+  // Signals arrive blocked (see start_process): the agent's dispositions are put back to the
+  // defaults before any can arrive here. (A handler run in this process would act for the agent.)
+  // All zeros is SIG_DFL, no flags, no mask in every architecture's kernel sigaction.
+  const long no_handler[4] = {};
+  for (const int signal : c.signals_to_reset) {
+    sys(SYS_rt_sigaction, signal, address(no_handler), 0, sizeof(long));
+  }
+  const unsigned long none = 0;
+  sys(SYS_rt_sigprocmask, SIG_SETMASK, address(&none), 0, sizeof none);
+  sys(SYS_setpgid, 0, 0);
+  sys(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL);
+  if (sys(SYS_getppid) != c.parent) exit_child();  // the agent died before the flag was set
+  if (c.placement) {
+    const PlacementResult bound = apply_placement_in_child(*c.placement);
+    if (bound.error != 0) {
+      const bool cpus = bound.call[0] == 's' && bound.call[1] == 'c';  // "sched_setaffinity"
+      report_and_exit(c.status_fd, {cpus ? ChildFailure::kCpuAffinity : ChildFailure::kMemoryPolicy,
+                                    bound.error});
+    }
+  }
+  move_fd(c.stdout_fd, STDOUT_FILENO);
+  move_fd(c.stderr_fd, STDERR_FILENO);
+  const long devnull = sys(SYS_openat, AT_FDCWD, address("/dev/null"), O_RDONLY);
+  if (devnull >= 0) move_fd(static_cast<int>(devnull), STDIN_FILENO);
+  close_others_at_exec(c.inherited);
+  long error = sys(SYS_execve, address(c.executable.c_str()), address(c.c_argv.data()),
+                   address(c.c_env.data()));
+  if (error == -ENOEXEC) {  // a script without "#!": as execvp does it
+    error =
+        sys(SYS_execve, address(c.sh_argv[0]), address(c.sh_argv.data()), address(c.c_env.data()));
+  }
+  report_and_exit(c.status_fd, {ChildFailure::kExec, static_cast<int>(-error)});
 }
 
-// The stack a child runs on until it execs. The parent waits meanwhile (CLONE_VFORK), so one stack
-// serves every spawn. Reserved once; only the pages the child touches become memory. Null when it
-// cannot be had: the spawn forks instead.
-char* child_stack_top() {
-  static constexpr std::size_t kBytes = 1 << 20;  // execvpe's path buffer is a stack array
-  static void* const stack = [] {
-    void* p = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
-  }();
-  return stack ? static_cast<char*>(stack) + kBytes : nullptr;
+int child_entry(void* args) {
+  exec_child(*static_cast<const ChildArgs*>(args));
 }
 
-// Starts the child as posix_spawn does: clone(CLONE_VM | CLONE_VFORK) shares the parent's memory
-// until the exec instead of copying its page tables and then faulting on every page either side
-// writes (a fork's cost grows with the agent's size; this one does not). The child makes system
-// calls only, on its own stack.
+// How a child is started. Beside: clone(CLONE_VM) shares the agent's memory until the exec, as
+// posix_spawn's does (no page tables copied: a fork's cost grows with the agent's size, this one
+// does not), without posix_spawn's CLONE_VFORK: the agent goes on while the kernel sets up the
+// exec (about 0.3 ms a child here), so a group's children exec side by side on the machine's cores
+// instead of one after the other. That needs system calls that leave errno alone
+// (raw_syscall.h); where there are none, the agent waits (CLONE_VFORK) on one shared stack.
 //
 // Under AddressSanitizer or ThreadSanitizer the child forks instead: their runtimes keep per-thread
 // state for the stacks they know, and a child running instrumented code on a stack of its own in
 // the parent's memory corrupts it (ASan's no-return handler writes past the unknown stack).
+enum class StartMode { kBeside, kVfork, kFork };
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kCloneOnOwnStack = false;
+constexpr StartMode kStartMode = StartMode::kFork;
 #else
-constexpr bool kCloneOnOwnStack = true;
+constexpr StartMode kStartMode = kErrnoFreeSyscalls ? StartMode::kBeside : StartMode::kVfork;
 #endif
 
-pid_t spawn_child(ChildStart& start) {
-  if (char* top = kCloneOnOwnStack ? child_stack_top() : nullptr) {
-    return ::clone(child_entry, top, CLONE_VM | CLONE_VFORK | SIGCHLD, &start);
+// The stack a child runs on until it execs; only the pages it touches become memory. Null when
+// it cannot be had: the spawn forks instead.
+constexpr std::size_t kChildStackBytes = 256 << 10;
+void* map_stack() {
+  void* p = ::mmap(nullptr, kChildStackBytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+// Vfork: the parent waits meanwhile, so one stack serves every spawn.
+void* shared_stack() {
+  static void* const stack = map_stack();
+  return stack;
+}
+
+pid_t spawn_child(ChildLaunch& launch) {
+  if (kStartMode == StartMode::kBeside) {
+    launch.stack = map_stack();
+    if (launch.stack) {
+      launch.stack_bytes = kChildStackBytes;
+      char* top = static_cast<char*>(launch.stack) + kChildStackBytes;
+      const pid_t pid = ::clone(child_entry, top, CLONE_VM | CLONE_CHILD_CLEARTID | SIGCHLD,
+                                &launch.args, nullptr, nullptr, &launch.in_use);
+      launch.beside = pid > 0;
+      return pid;
+    }
+  } else if (kStartMode == StartMode::kVfork) {
+    if (void* stack = shared_stack()) {
+      return ::clone(child_entry, static_cast<char*>(stack) + kChildStackBytes,
+                     CLONE_VM | CLONE_VFORK | SIGCHLD, &launch.args);
+    }
   }
   const pid_t pid = ::fork();
-  if (pid == 0) child_entry(&start);
+  if (pid == 0) child_entry(&launch.args);
   return pid;
 }
 
@@ -187,48 +265,59 @@ SpawnPlan plan_spawn(const std::string& program, const std::string& path_variabl
   return plan;
 }
 
-SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::string>& argv,
-                             const std::vector<std::string>& env, const WorkerPlacement* placement,
+SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> argv,
+                             std::vector<std::string> env, const WorkerPlacement* placement,
                              const std::vector<int>& inherited) {
-  std::vector<char*> c_argv, c_env;
-  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
-  c_argv.push_back(nullptr);
-  for (const auto& e : env) c_env.push_back(const_cast<char*>(e.c_str()));
-  c_env.push_back(nullptr);
+  struct Pipes {  // closed here, but for the read ends handed on
+    Pipe out, err, status;
+    ~Pipes() {
+      for (Pipe* p : {&out, &err, &status}) p->close();
+    }
+  } pipes;
+  pipes.out = make_pipe();
+  pipes.err = make_pipe();
+  pipes.status = make_pipe();
 
-  Pipe out = make_pipe(), err = make_pipe(), status = make_pipe();
-  const pid_t parent = ::getpid();
-  // Every signal stays blocked across fork until the child has its dispositions back.
+  auto launch = std::make_shared<ChildLaunch>();
+  ChildArgs& c = launch->args;
+  c.executable = plan.executable;
+  c.argv = std::move(argv);
+  c.env = std::move(env);
+  for (auto& a : c.argv) c.c_argv.push_back(a.data());
+  c.c_argv.push_back(nullptr);
+  for (auto& e : c.env) c.c_env.push_back(e.data());
+  c.c_env.push_back(nullptr);
+  static char shell[] = "/bin/sh";
+  c.sh_argv = {shell, c.executable.data()};
+  c.sh_argv.insert(c.sh_argv.end(), c.c_argv.begin() + 1, c.c_argv.end());
+  c.signals_to_reset = plan.signals_to_reset;
+  if (placement) c.placement = *placement;
+  c.inherited = inherited;
+  c.parent = ::getpid();
+  c.stdout_fd = pipes.out.write;
+  c.stderr_fd = pipes.err.write;
+  c.status_fd = pipes.status.write;
+
+  // Every signal stays blocked across the clone until the child has its dispositions back.
   sigset_t all, previous;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &previous);
-  ChildStart start{plan.executable.c_str(),
-                   c_argv.data(),
-                   c_env.data(),
-                   plan.signals_to_reset.data(),
-                   plan.signals_to_reset.size(),
-                   parent,
-                   out,
-                   err,
-                   status,
-                   placement,
-                   &inherited};
-  const pid_t pid = spawn_child(start);  // returns once the child has exec'd (or failed to)
+  const pid_t pid = spawn_child(*launch);
   const int spawn_error = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (pid < 0) {
-    for (int fd : {out.read, out.write, err.read, err.write, status.read, status.write})
-      ::close(fd);
     throw std::runtime_error(std::string("cannot start a process: ") + std::strerror(spawn_error));
   }
-  ::setpgid(pid, pid);  // (the child did it before its exec; a forked one may not have yet)
-  ::close(out.write);
-  ::close(err.write);
-  ::close(status.write);
-  return {pid, out.read, err.read, status.read, argv.front(), placement};
+  ::setpgid(pid, pid);  // (the child does it before its exec; it may not have yet)
+  SpawnedProcess started{pid,       pipes.out.read, pipes.err.read, pipes.status.read,
+                         c.argv[0], placement,      nullptr};
+  started.launch = std::move(launch);  // the child may still be reading it
+  for (Pipe* p : {&pipes.out, &pipes.err, &pipes.status}) p->read = -1;  // handed on
+  return started;  // (the write ends close here: the child has its own copies)
 }
 
 void confirm_started(SpawnedProcess& p) {
+  p.launch.reset();  // (once the child let go of this process's memory)
   ChildFailure failure;
   const ssize_t n = ::read(p.status_fd, &failure, sizeof failure);  // EOF once exec worked
   ::close(p.status_fd);

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct Pipe {
 };
 Pipe make_pipe();
 
+// What a child started by start_process reads until its exec (process.cc).
+struct ChildLaunch;
+
 // A process started by start_process, whose exec has not been confirmed yet.
 struct SpawnedProcess {
   pid_t pid = -1;
@@ -35,6 +39,9 @@ struct SpawnedProcess {
   int status_fd = -1;  // EOF once the exec worked; else the child's ChildFailure
   std::string program;
   const WorkerPlacement* placement = nullptr;
+  // Held until the child no longer shares this process's memory (confirm_started, or whoever
+  // drops the last copy: that waits for the child's exec or exit).
+  std::shared_ptr<ChildLaunch> launch;
 };
 
 // What every child of one group shares, worked out once: the executable, searched on PATH as
@@ -50,11 +57,11 @@ SpawnPlan plan_spawn(const std::string& program, const std::string& path_variabl
 // before the flag took effect), bound to `placement`'s CPUs and memory nodes when given, holding
 // stdin (/dev/null), stdout and stderr (pipes) and `inherited` (descriptors, close-on-exec here,
 // that this child alone keeps), nothing else of this process's. The child shares this process's
-// memory until its exec, as posix_spawn's does (no page tables copied); this returns once it has
-// exec'd, or failed to (confirm_started says which). Throws std::runtime_error when no process can
-// be started.
-SpawnedProcess start_process(const SpawnPlan& plan, const std::vector<std::string>& argv,
-                             const std::vector<std::string>& env,
+// memory until its exec, as posix_spawn's does (no page tables copied), but this returns at once:
+// children started one after the other exec side by side. confirm_started says whether the exec
+// worked. Throws std::runtime_error when no process can be started.
+SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> argv,
+                             std::vector<std::string> env,
                              const WorkerPlacement* placement = nullptr,
                              const std::vector<int>& inherited = {});
 

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <utility>
 
+#include "processes/raw_syscall.h"
+
 namespace dist::agent {
 namespace {
 
@@ -373,13 +375,15 @@ std::vector<WorkerPlacement> plan_placement(const Topology& topology,
 }
 
 PlacementResult apply_placement_in_child(const WorkerPlacement& placement) noexcept {
-  if (placement.bind_cpus &&
-      ::syscall(SYS_sched_setaffinity, 0, sizeof placement.cpus, placement.cpus.data()) != 0) {
-    return {errno, "sched_setaffinity"};
+  const auto address = [](const void* p) { return reinterpret_cast<long>(p); };
+  if (placement.bind_cpus) {
+    const long done = raw_syscall(SYS_sched_setaffinity, 0, sizeof placement.cpus,
+                                  address(placement.cpus.data()));
+    if (done < 0) return {static_cast<int>(-done), "sched_setaffinity"};
   }
   if (placement.bind_memory) {
     // The kernel reads maxnode - 1 bits of the mask.
-    constexpr unsigned long kMaxNode = WorkerPlacement::kMaxNumaNodes + 1;
+    constexpr long kMaxNode = WorkerPlacement::kMaxNumaNodes + 1;
     int nodes = 0, first = -1;
     for (std::size_t w = 0; w < placement.memory_nodes.size(); ++w) {
       const std::uint64_t bits = placement.memory_nodes[w];
@@ -390,17 +394,17 @@ PlacementResult apply_placement_in_child(const WorkerPlacement& placement) noexc
     }
     long done = -1;
     if (nodes > 1) {
-      done = ::syscall(SYS_set_mempolicy, MPOL_PREFERRED_MANY, placement.memory_nodes.data(),
-                       kMaxNode);
+      done = raw_syscall(SYS_set_mempolicy, MPOL_PREFERRED_MANY,
+                         address(placement.memory_nodes.data()), kMaxNode);
     }
     if (done != 0 && first >= 0) {  // one node, or a kernel before 5.15: the first node
       std::array<std::uint64_t, WorkerPlacement::kMaxNumaNodes / WorkerPlacement::kBitsPerWord>
           one{};
       one[static_cast<std::size_t>(first / WorkerPlacement::kBitsPerWord)] =
           std::uint64_t{1} << (first % WorkerPlacement::kBitsPerWord);
-      done = ::syscall(SYS_set_mempolicy, MPOL_PREFERRED, one.data(), kMaxNode);
+      done = raw_syscall(SYS_set_mempolicy, MPOL_PREFERRED, address(one.data()), kMaxNode);
     }
-    if (done != 0) return {errno, "set_mempolicy"};
+    if (done != 0) return {static_cast<int>(done < 0 ? -done : EINVAL), "set_mempolicy"};
   }
   return {};
 }

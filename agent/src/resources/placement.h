@@ -91,8 +91,9 @@ struct PlacementResult {
   const char* call = "";
 };
 
-// In the child between fork and exec: sched_setaffinity and set_mempolicy as raw system calls,
-// nothing else (async-signal-safe; no allocation, no locks). Both survive exec.
+// In the child between clone and exec: sched_setaffinity and set_mempolicy as raw system calls
+// that leave errno alone (raw_syscall.h), nothing else (no allocation, no locks). Both survive
+// exec.
 PlacementResult apply_placement_in_child(const WorkerPlacement& placement) noexcept;
 
 // OMP_NUM_THREADS for a bound worker: its core count, when the user did not set the variable.

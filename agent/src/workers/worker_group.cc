@@ -391,17 +391,19 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   if (snapshots_) {
     for (const auto& [name, value] : snapshots_->environment()) variables[name] = value;
   }
-  const auto env = merge_environment(base_env, variables);
+  auto env = merge_environment(base_env, variables);
   const WorkerPlacement& placement = resources.placement;
   const bool bound = placement.bind_cpus || placement.bind_memory;
   if (bound) spdlog::debug("local rank {}: {}", w.local_rank, placement.describe());
-  const auto argv = substitute_local_rank(config_.worker_argv, w.local_rank);
+  auto argv = substitute_local_rank(config_.worker_argv, w.local_rank);
   SpawnedProcess p;
   if (warm_ && !bound) {
     if (auto forked = warm_->spawn(argv, env, inherited, w.rank)) p = *forked;
   }
   try {
-    if (p.pid < 0) p = start_process(plan, argv, env, bound ? &placement : nullptr, inherited);
+    if (p.pid < 0)
+      p = start_process(plan, std::move(argv), std::move(env), bound ? &placement : nullptr,
+                        inherited);
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
                              std::to_string(w.local_rank) + "): " + e.what());

@@ -92,6 +92,35 @@ TEST_F(LaunchTest, AWorkerInheritsOnlyItsStandardStreamsAndItsHeartbeatSlot) {
   }
 }
 
+// Workers are started side by side (each exec'ing while the agent starts the next): each reports
+// its own exec failure, here an interpreter that is not there, as the one-line start error.
+TEST_F(LaunchTest, AnExecThatFailsIsAOneLineStartErrorNamingTheCause) {
+  const std::string script = path("bad_interpreter.sh");
+  std::ofstream(script) << "#!/no/such/interpreter\necho never\n";
+  fs::permissions(script, fs::perms::owner_all);
+  Launch launch({"--nproc-per-node", "8", "--no-python", script});
+  EXPECT_EQ(launch.wait(), 1) << launch.output();
+  EXPECT_NE(launch.output().find("cannot start worker 0 (local rank 0): cannot run '" + script +
+                                 "': No such file or directory"),
+            std::string::npos)
+      << launch.output();
+  EXPECT_EQ(launch.output().find("never"), std::string::npos) << launch.output();
+}
+
+// A script without "#!" runs under /bin/sh, as execvp (and torchrun's Popen with a shell) run it.
+TEST_F(LaunchTest, AScriptWithoutAnInterpreterLineRunsUnderTheShell) {
+  const std::string script = path("plain.sh");
+  std::ofstream(script) << "echo \"plain script rank $RANK args $*\"\n";
+  fs::permissions(script, fs::perms::owner_all);
+  Launch launch({"--nproc-per-node", "2", "--no-python", script, "a", "b"});
+  ASSERT_EQ(launch.wait(), 0) << launch.output();
+  for (const char* rank : {"0", "1"}) {
+    EXPECT_NE(launch.output().find(std::string("plain script rank ") + rank + " args a b"),
+              std::string::npos)
+        << launch.output();
+  }
+}
+
 // OpenSSL is loaded only for etcd's TLS (rendezvous/src/etcd/lazy_openssl.cc): an agent that
 // never uses it has neither libssl nor libcrypto mapped, and neither is linked into dist-launch.
 TEST_F(LaunchTest, AnAgentWithoutTlsLoadsNoOpenSsl) {

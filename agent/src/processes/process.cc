@@ -82,7 +82,6 @@ struct ChildArgs {
   std::vector<std::string> argv, env;
   std::vector<char*> c_argv, c_env;
   std::vector<char*> sh_argv;  // a script without "#!", as execvp runs it: /bin/sh SCRIPT ARGS
-  std::vector<int> signals_to_reset;
   std::optional<WorkerPlacement> placement;
   std::vector<int> inherited;
   pid_t parent = 0;
@@ -118,16 +117,30 @@ struct ChildLaunch {
 
 namespace {
 
+// Signals arrive blocked (see start_process): every handler is put back to the default before any
+// can arrive (a handler run in this process would act for the agent, on its thread's state), as
+// are the ignored SIGPIPE and SIGXFSZ (the agent's console), as Python's subprocess does it; other
+// ignored signals stay ignored, as exec keeps them. Read here, not in the agent: glibc's sigaction
+// hides its own signals (32 and 33) and another thread may change one meanwhile. A kernel
+// sigaction begins with the handler and the flags on every architecture; all zeros is SIG_DFL,
+// no flags, no mask.
+void reset_signal_dispositions() noexcept {
+  const long no_handler[4] = {};
+  for (long signal = 1; signal < NSIG; ++signal) {
+    long current[4] = {};
+    if (sys(SYS_rt_sigaction, signal, 0, address(current), sizeof(long)) != 0) continue;
+    const auto handler = reinterpret_cast<__sighandler_t>(current[0]);
+    const bool kept_ignored = handler == SIG_IGN && signal != SIGPIPE && signal != SIGXFSZ;
+    if (handler != SIG_DFL && !kept_ignored) {
+      sys(SYS_rt_sigaction, signal, address(no_handler), 0, sizeof(long));
+    }
+  }
+}
+
 // In the child, between clone and exec: raw system calls only (no errno, no allocation, no
 // locks: the agent's memory is this process's too, and the agent may be running).
 [[noreturn]] void exec_child(const ChildArgs& c) noexcept {
-  // Signals arrive blocked (see start_process): the agent's dispositions are put back to the
-  // defaults before any can arrive here. (A handler run in this process would act for the agent.)
-  // All zeros is SIG_DFL, no flags, no mask in every architecture's kernel sigaction.
-  const long no_handler[4] = {};
-  for (const int signal : c.signals_to_reset) {
-    sys(SYS_rt_sigaction, signal, address(no_handler), 0, sizeof(long));
-  }
+  reset_signal_dispositions();
   const unsigned long none = 0;
   sys(SYS_rt_sigprocmask, SIG_SETMASK, address(&none), 0, sizeof none);
   sys(SYS_setpgid, 0, 0);
@@ -149,8 +162,9 @@ namespace {
   long error = sys(SYS_execve, address(c.executable.c_str()), address(c.c_argv.data()),
                    address(c.c_env.data()));
   if (error == -ENOEXEC) {  // a script without "#!": as execvp does it
-    error =
+    const long shell =
         sys(SYS_execve, address(c.sh_argv[0]), address(c.sh_argv.data()), address(c.c_env.data()));
+    if (shell != -ENOENT) error = shell;  // (no /bin/sh: the script's own error says more)
   }
   report_and_exit(c.status_fd, {ChildFailure::kExec, static_cast<int>(-error)});
 }
@@ -170,19 +184,31 @@ int child_entry(void* args) {
 // state for the stacks they know, and a child running instrumented code on a stack of its own in
 // the parent's memory corrupts it (ASan's no-return handler writes past the unknown stack).
 enum class StartMode { kBeside, kVfork, kFork };
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__has_feature)
+#if __has_feature(memory_sanitizer) || __has_feature(hwaddress_sanitizer)
+#define DIST_CHILD_MUST_FORK 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || \
+    defined(__SANITIZE_HWADDRESS__) || defined(DIST_CHILD_MUST_FORK)
 constexpr StartMode kStartMode = StartMode::kFork;
 #else
 constexpr StartMode kStartMode = kErrnoFreeSyscalls ? StartMode::kBeside : StartMode::kVfork;
 #endif
 
-// The stack a child runs on until it execs; only the pages it touches become memory. Null when
-// it cannot be had: the spawn forks instead.
+// The stack a child runs on until it execs; only the pages it touches become memory. Its lowest
+// page is a guard: an overflow faults instead of writing over the agent's memory. Null when it
+// cannot be had: the spawn forks instead.
 constexpr std::size_t kChildStackBytes = 256 << 10;
 void* map_stack() {
   void* p = ::mmap(nullptr, kChildStackBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-  return p == MAP_FAILED ? nullptr : p;
+  if (p == MAP_FAILED) return nullptr;
+  if (::mprotect(p, static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)), PROT_NONE) != 0) {
+    ::munmap(p, kChildStackBytes);
+    return nullptr;
+  }
+  return p;
 }
 
 // Vfork: the parent waits meanwhile, so one stack serves every spawn.
@@ -240,13 +266,21 @@ SpawnPlan plan_spawn(const std::string& program, const std::string& path_variabl
   SpawnPlan plan;
   plan.executable = program;
   if (program.find('/') == std::string::npos) {
+    plan.found = false;
+    // No PATH: the system's default search path, as execvp takes it.
+    std::string path = path_variable;
+    if (path.empty()) {
+      char buffer[256] = {};
+      path = ::confstr(_CS_PATH, buffer, sizeof buffer) > 0 ? buffer : "/bin:/usr/bin";
+    }
     std::size_t start = 0;
-    while (start <= path_variable.size()) {
-      const auto end = std::min(path_variable.find(':', start), path_variable.size());
-      const std::string dir = end > start ? path_variable.substr(start, end - start) : ".";
+    while (start <= path.size()) {
+      const auto end = std::min(path.find(':', start), path.size());
+      const std::string dir = end > start ? path.substr(start, end - start) : ".";
       const std::string candidate = dir + "/" + program;
       if (::access(candidate.c_str(), X_OK) == 0) {
         plan.executable = candidate;
+        plan.found = true;
         break;
       }
       start = end + 1;
@@ -278,6 +312,9 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
   pipes.err = make_pipe();
   pipes.status = make_pipe();
 
+  if (!plan.found) {  // as execvp: a bare name is looked for on PATH alone
+    throw std::runtime_error("cannot run '" + argv.front() + "': " + std::strerror(ENOENT));
+  }
   auto launch = std::make_shared<ChildLaunch>();
   ChildArgs& c = launch->args;
   c.executable = plan.executable;
@@ -290,13 +327,15 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
   static char shell[] = "/bin/sh";
   c.sh_argv = {shell, c.executable.data()};
   c.sh_argv.insert(c.sh_argv.end(), c.c_argv.begin() + 1, c.c_argv.end());
-  c.signals_to_reset = plan.signals_to_reset;
   if (placement) c.placement = *placement;
   c.inherited = inherited;
   c.parent = ::getpid();
   c.stdout_fd = pipes.out.write;
   c.stderr_fd = pipes.err.write;
   c.status_fd = pipes.status.write;
+
+  std::string program = c.argv.front();  // (copied now: nothing may throw once the child runs)
+  SpawnedProcess started{-1, -1, -1, -1, {}, placement, nullptr};
 
   // Every signal stays blocked across the clone until the child has its dispositions back.
   sigset_t all, previous;
@@ -309,8 +348,11 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
     throw std::runtime_error(std::string("cannot start a process: ") + std::strerror(spawn_error));
   }
   ::setpgid(pid, pid);  // (the child does it before its exec; it may not have yet)
-  SpawnedProcess started{pid,       pipes.out.read, pipes.err.read, pipes.status.read,
-                         c.argv[0], placement,      nullptr};
+  started.pid = pid;
+  started.stdout_fd = pipes.out.read;
+  started.stderr_fd = pipes.err.read;
+  started.status_fd = pipes.status.read;
+  started.program = std::move(program);
   started.launch = std::move(launch);  // the child may still be reading it
   for (Pipe* p : {&pipes.out, &pipes.err, &pipes.status}) p->read = -1;  // handed on
   return started;  // (the write ends close here: the child has its own copies)

@@ -48,6 +48,7 @@ struct SpawnedProcess {
 // execvp would, and the signals whose disposition the child must put back to the default.
 struct SpawnPlan {
   std::string executable;  // argv[0] resolved; argv[0] itself when it names no file on PATH
+  bool found = true;       // false: a bare name found nowhere on PATH (start_process throws)
   std::vector<int> signals_to_reset;
 };
 SpawnPlan plan_spawn(const std::string& program, const std::string& path_variable);

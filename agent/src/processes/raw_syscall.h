@@ -17,8 +17,9 @@ inline constexpr bool kErrnoFreeSyscalls = true;
 inline constexpr bool kErrnoFreeSyscalls = false;
 #endif
 
-inline long raw_syscall(long number, long a = 0, long b = 0, long c = 0, long d = 0,
-                        long e = 0) noexcept {
+// Always inlined: the child must not call through a PLT (a lazy binding writes the agent's state).
+[[gnu::always_inline]] inline long raw_syscall(long number, long a = 0, long b = 0, long c = 0,
+                                               long d = 0, long e = 0) noexcept {
 #if defined(__x86_64__)
   long result;
   register long r10 asm("r10") = d;

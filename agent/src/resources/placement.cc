@@ -392,7 +392,7 @@ PlacementResult apply_placement_in_child(const WorkerPlacement& placement) noexc
       }
       nodes += std::popcount(bits);
     }
-    long done = -1;
+    long done = -EINVAL;
     if (nodes > 1) {
       done = raw_syscall(SYS_set_mempolicy, MPOL_PREFERRED_MANY,
                          address(placement.memory_nodes.data()), kMaxNode);
@@ -404,7 +404,7 @@ PlacementResult apply_placement_in_child(const WorkerPlacement& placement) noexc
           std::uint64_t{1} << (first % WorkerPlacement::kBitsPerWord);
       done = raw_syscall(SYS_set_mempolicy, MPOL_PREFERRED, address(one.data()), kMaxNode);
     }
-    if (done != 0) return {static_cast<int>(done < 0 ? -done : EINVAL), "set_mempolicy"};
+    if (done != 0) return {static_cast<int>(-done), "set_mempolicy"};
   }
   return {};
 }

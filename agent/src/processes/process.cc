@@ -286,17 +286,19 @@ SpawnPlan plan_spawn(const std::string& program, const std::string& path_variabl
       start = end + 1;
     }
   }
-  // Handlers do not survive exec, but ignored signals do: the ones the agent ignores (SIGPIPE:
-  // its console) go back to the default, as Python's subprocess does it; so does any signal with
-  // a handler, which would otherwise run in the child until the exec.
+  return plan;
+}
+
+std::vector<int> signals_to_reset() {
+  std::vector<int> reset;
   for (int s = 1; s < NSIG; ++s) {
     struct sigaction current {};
     if (::sigaction(s, nullptr, &current) != 0) continue;
     const bool handled = (current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL;
     const bool inherited_ignore = current.sa_handler == SIG_IGN && s != SIGPIPE && s != SIGXFSZ;
-    if (handled && !inherited_ignore) plan.signals_to_reset.push_back(s);
+    if (handled && !inherited_ignore) reset.push_back(s);
   }
-  return plan;
+  return reset;
 }
 
 SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> argv,

@@ -45,13 +45,18 @@ struct SpawnedProcess {
 };
 
 // What every child of one group shares, worked out once: the executable, searched on PATH as
-// execvp would, and the signals whose disposition the child must put back to the default.
+// execvp would (an empty `path_variable`: the system's default path).
 struct SpawnPlan {
   std::string executable;  // argv[0] resolved; argv[0] itself when it names no file on PATH
   bool found = true;       // false: a bare name found nowhere on PATH (start_process throws)
-  std::vector<int> signals_to_reset;
 };
 SpawnPlan plan_spawn(const std::string& program, const std::string& path_variable);
+
+// The signals whose disposition a child of this process must put back to the default before its
+// exec: those with a handler, and the ignored SIGPIPE and SIGXFSZ (the agent's console), as
+// Python's subprocess does it; other ignored signals stay ignored, as exec keeps them. (The warm
+// zygote's; start_process's child reads them itself.)
+std::vector<int> signals_to_reset();
 
 // Starts `argv` (argv[0] run as plan.executable) with exactly `env`, in a new process group of its
 // own, with PR_SET_PDEATHSIG so that it dies with this process (checked against a parent that died

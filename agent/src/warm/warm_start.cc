@@ -71,7 +71,7 @@ WarmStart::WarmStart(boost::asio::io_context& io, const LaunchConfig& config,
   const char* path = std::getenv("PATH");
   const SpawnPlan plan = plan_spawn(spec_.python, path ? path : "");
   spec_.executable = plan.executable;
-  spec_.reset_signals = plan.signals_to_reset;
+  spec_.reset_signals = signals_to_reset();
   spec_.flags = interpreter_flags(argv);
   spec_.path0 = workers_path0(argv);
   for (const auto& arg : argv) spec_.command_line_room += arg.size() + 1;

@@ -121,6 +121,31 @@ TEST_F(LaunchTest, AScriptWithoutAnInterpreterLineRunsUnderTheShell) {
   }
 }
 
+// A worker gets the signal dispositions its launcher's caller gave: a signal ignored there stays
+// ignored (exec keeps it, as under torchrun), while SIGPIPE, which the agent ignores for its
+// console, and every signal the agent handles are back to the default.
+TEST_F(LaunchTest, AWorkerKeepsTheCallersIgnoredSignalsButNotTheAgents) {
+  const std::string status = path("status");
+  Child launch("/bin/sh",
+               {"-c", "trap '' PROF; exec \"$0\" \"$@\"", DIST_LAUNCH_BIN, "--nproc-per-node", "2",
+                "--no-python", "/bin/sh", "-c", "cat /proc/self/status > " + status + "_$RANK"},
+               path("launch.log"), {}, {"OMP_NUM_THREADS"});
+  ASSERT_EQ(launch.wait(60s), 0) << launch.output();
+  for (const char* rank : {"0", "1"}) {
+    std::ifstream in(status + "_" + rank);
+    std::string line;
+    unsigned long long ignored = 0, caught = ~0ULL;
+    while (std::getline(in, line)) {
+      if (line.starts_with("SigIgn:")) ignored = std::stoull(line.substr(7), nullptr, 16);
+      if (line.starts_with("SigCgt:")) caught = std::stoull(line.substr(7), nullptr, 16);
+    }
+    const auto bit = [](int signal) { return 1ULL << (signal - 1); };
+    EXPECT_NE(ignored & bit(SIGPROF), 0u) << "rank " << rank << ": SigIgn " << std::hex << ignored;
+    EXPECT_EQ(ignored & bit(SIGPIPE), 0u) << "rank " << rank << ": SigIgn " << std::hex << ignored;
+    EXPECT_EQ(caught, 0u) << "rank " << rank;  // (cat installs no handler)
+  }
+}
+
 // OpenSSL is loaded only for etcd's TLS (rendezvous/src/etcd/lazy_openssl.cc): an agent that
 // never uses it has neither libssl nor libcrypto mapped, and neither is linked into dist-launch.
 TEST_F(LaunchTest, AnAgentWithoutTlsLoadsNoOpenSsl) {

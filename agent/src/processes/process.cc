@@ -37,16 +37,13 @@ struct ChildFailure {
 long sys(long number, long a = 0, long b = 0, long c = 0, long d = 0) noexcept {
   return raw_syscall(number, a, b, c, d);
 }
-long address(const void* p) noexcept {
-  return reinterpret_cast<long>(p);
-}
 
 [[noreturn]] void exit_child() noexcept {
   for (;;) sys(SYS_exit_group, 127);
 }
 
 [[noreturn]] void report_and_exit(int status_fd, ChildFailure failure) noexcept {
-  sys(SYS_write, status_fd, address(&failure), sizeof failure);
+  sys(SYS_write, status_fd, syscall_arg(&failure), sizeof failure);
   exit_child();
 }
 
@@ -65,12 +62,15 @@ void move_fd(int from, int to) noexcept {
 void close_others_at_exec(const std::vector<int>& kept) noexcept {
   if (sys(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {  // before Linux 5.11
     struct rlimit limit {};
-    const bool known = sys(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, address(&limit)) == 0;
+    const bool known = sys(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, syscall_arg(&limit)) == 0;
     const rlim_t last = known && limit.rlim_cur < 65536 ? limit.rlim_cur : 65536;
     for (long fd = 3; fd < static_cast<long>(last); ++fd) sys(SYS_fcntl, fd, F_SETFD, FD_CLOEXEC);
   }
   for (const int fd : kept) sys(SYS_fcntl, fd, F_SETFD, 0);
 }
+
+// The stack of a child started beside the agent (below).
+constexpr std::size_t kChildStackBytes = 256 << 10;
 
 }  // namespace
 
@@ -93,8 +93,7 @@ struct ChildArgs {
 // and wakes its waiters. The child writes only its own stack.
 struct ChildLaunch {
   ChildArgs args;
-  void* stack = nullptr;  // this child's own (beside), unmapped with this
-  std::size_t stack_bytes = 0;
+  void* stack = nullptr;          // this child's own (kChildStackBytes, beside), unmapped with this
   std::atomic<pid_t> in_use{-1};  // 0 once the child no longer shares the memory
   bool beside = false;            // started beside the agent: wait for in_use before freeing
   // The kernel writes a plain pid_t there.
@@ -111,7 +110,7 @@ struct ChildLaunch {
         ::syscall(SYS_futex, reinterpret_cast<pid_t*>(&in_use), FUTEX_WAIT, -1, nullptr);
       }
     }
-    if (stack) ::munmap(stack, stack_bytes);
+    if (stack) ::munmap(stack, kChildStackBytes);
   }
 };
 
@@ -128,11 +127,11 @@ void reset_signal_dispositions() noexcept {
   const long no_handler[4] = {};
   for (long signal = 1; signal < NSIG; ++signal) {
     long current[4] = {};
-    if (sys(SYS_rt_sigaction, signal, 0, address(current), sizeof(long)) != 0) continue;
+    if (sys(SYS_rt_sigaction, signal, 0, syscall_arg(current), sizeof(long)) != 0) continue;
     const auto handler = reinterpret_cast<__sighandler_t>(current[0]);
     const bool kept_ignored = handler == SIG_IGN && signal != SIGPIPE && signal != SIGXFSZ;
     if (handler != SIG_DFL && !kept_ignored) {
-      sys(SYS_rt_sigaction, signal, address(no_handler), 0, sizeof(long));
+      sys(SYS_rt_sigaction, signal, syscall_arg(no_handler), 0, sizeof(long));
     }
   }
 }
@@ -142,7 +141,7 @@ void reset_signal_dispositions() noexcept {
 [[noreturn]] void exec_child(const ChildArgs& c) noexcept {
   reset_signal_dispositions();
   const unsigned long none = 0;
-  sys(SYS_rt_sigprocmask, SIG_SETMASK, address(&none), 0, sizeof none);
+  sys(SYS_rt_sigprocmask, SIG_SETMASK, syscall_arg(&none), 0, sizeof none);
   sys(SYS_setpgid, 0, 0);
   sys(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL);
   if (sys(SYS_getppid) != c.parent) exit_child();  // the agent died before the flag was set
@@ -156,14 +155,14 @@ void reset_signal_dispositions() noexcept {
   }
   move_fd(c.stdout_fd, STDOUT_FILENO);
   move_fd(c.stderr_fd, STDERR_FILENO);
-  const long devnull = sys(SYS_openat, AT_FDCWD, address("/dev/null"), O_RDONLY);
+  const long devnull = sys(SYS_openat, AT_FDCWD, syscall_arg("/dev/null"), O_RDONLY);
   if (devnull >= 0) move_fd(static_cast<int>(devnull), STDIN_FILENO);
   close_others_at_exec(c.inherited);
-  long error = sys(SYS_execve, address(c.executable.c_str()), address(c.c_argv.data()),
-                   address(c.c_env.data()));
+  long error = sys(SYS_execve, syscall_arg(c.executable.c_str()), syscall_arg(c.c_argv.data()),
+                   syscall_arg(c.c_env.data()));
   if (error == -ENOEXEC) {  // a script without "#!": as execvp does it
-    const long shell =
-        sys(SYS_execve, address(c.sh_argv[0]), address(c.sh_argv.data()), address(c.c_env.data()));
+    const long shell = sys(SYS_execve, syscall_arg(c.sh_argv[0]), syscall_arg(c.sh_argv.data()),
+                           syscall_arg(c.c_env.data()));
     if (shell != -ENOENT) error = shell;  // (no /bin/sh: the script's own error says more)
   }
   report_and_exit(c.status_fd, {ChildFailure::kExec, static_cast<int>(-error)});
@@ -199,7 +198,6 @@ constexpr StartMode kStartMode = kErrnoFreeSyscalls ? StartMode::kBeside : Start
 // The stack a child runs on until it execs; only the pages it touches become memory. Its lowest
 // page is a guard: an overflow faults instead of writing over the agent's memory. Null when it
 // cannot be had: the spawn forks instead.
-constexpr std::size_t kChildStackBytes = 256 << 10;
 void* map_stack() {
   void* p = ::mmap(nullptr, kChildStackBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
@@ -221,7 +219,6 @@ pid_t spawn_child(ChildLaunch& launch) {
   if (kStartMode == StartMode::kBeside) {
     launch.stack = map_stack();
     if (launch.stack) {
-      launch.stack_bytes = kChildStackBytes;
       char* top = static_cast<char*>(launch.stack) + kChildStackBytes;
       const pid_t pid = ::clone(child_entry, top, CLONE_VM | CLONE_CHILD_CLEARTID | SIGCHLD,
                                 &launch.args, nullptr, nullptr, &launch.in_use);
@@ -304,6 +301,9 @@ std::vector<int> signals_to_reset() {
 SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> argv,
                              std::vector<std::string> env, const WorkerPlacement* placement,
                              const std::vector<int>& inherited) {
+  if (!plan.found) {  // as execvp: a bare name is looked for on PATH alone
+    throw std::runtime_error("cannot run '" + argv.front() + "': " + std::strerror(ENOENT));
+  }
   struct Pipes {  // closed here, but for the read ends handed on
     Pipe out, err, status;
     ~Pipes() {
@@ -313,10 +313,6 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
   pipes.out = make_pipe();
   pipes.err = make_pipe();
   pipes.status = make_pipe();
-
-  if (!plan.found) {  // as execvp: a bare name is looked for on PATH alone
-    throw std::runtime_error("cannot run '" + argv.front() + "': " + std::strerror(ENOENT));
-  }
   auto launch = std::make_shared<ChildLaunch>();
   ChildArgs& c = launch->args;
   c.executable = plan.executable;
@@ -337,7 +333,6 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
   c.status_fd = pipes.status.write;
 
   std::string program = c.argv.front();  // (copied now: nothing may throw once the child runs)
-  SpawnedProcess started{-1, -1, -1, -1, {}, placement, nullptr};
 
   // Every signal stays blocked across the clone until the child has its dispositions back.
   sigset_t all, previous;
@@ -350,12 +345,9 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
     throw std::runtime_error(std::string("cannot start a process: ") + std::strerror(spawn_error));
   }
   ::setpgid(pid, pid);  // (the child does it before its exec; it may not have yet)
-  started.pid = pid;
-  started.stdout_fd = pipes.out.read;
-  started.stderr_fd = pipes.err.read;
-  started.status_fd = pipes.status.read;
-  started.program = std::move(program);
-  started.launch = std::move(launch);  // the child may still be reading it
+  SpawnedProcess started{
+      pid,       pipes.out.read,   pipes.err.read, pipes.status.read, std::move(program),
+      placement, std::move(launch)};  // (still read by the child)
   for (Pipe* p : {&pipes.out, &pipes.err, &pipes.status}) p->read = -1;  // handed on
   return started;  // (the write ends close here: the child has its own copies)
 }

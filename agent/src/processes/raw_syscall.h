@@ -44,4 +44,9 @@ inline constexpr bool kErrnoFreeSyscalls = false;
 #endif
 }
 
+// A pointer as a system call's argument.
+[[gnu::always_inline]] inline long syscall_arg(const void* p) noexcept {
+  return reinterpret_cast<long>(p);
+}
+
 }  // namespace dist::agent

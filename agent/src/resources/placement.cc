@@ -375,10 +375,9 @@ std::vector<WorkerPlacement> plan_placement(const Topology& topology,
 }
 
 PlacementResult apply_placement_in_child(const WorkerPlacement& placement) noexcept {
-  const auto address = [](const void* p) { return reinterpret_cast<long>(p); };
   if (placement.bind_cpus) {
     const long done = raw_syscall(SYS_sched_setaffinity, 0, sizeof placement.cpus,
-                                  address(placement.cpus.data()));
+                                  syscall_arg(placement.cpus.data()));
     if (done < 0) return {static_cast<int>(-done), "sched_setaffinity"};
   }
   if (placement.bind_memory) {
@@ -395,14 +394,14 @@ PlacementResult apply_placement_in_child(const WorkerPlacement& placement) noexc
     long done = -EINVAL;
     if (nodes > 1) {
       done = raw_syscall(SYS_set_mempolicy, MPOL_PREFERRED_MANY,
-                         address(placement.memory_nodes.data()), kMaxNode);
+                         syscall_arg(placement.memory_nodes.data()), kMaxNode);
     }
     if (done != 0 && first >= 0) {  // one node, or a kernel before 5.15: the first node
       std::array<std::uint64_t, WorkerPlacement::kMaxNumaNodes / WorkerPlacement::kBitsPerWord>
           one{};
       one[static_cast<std::size_t>(first / WorkerPlacement::kBitsPerWord)] =
           std::uint64_t{1} << (first % WorkerPlacement::kBitsPerWord);
-      done = raw_syscall(SYS_set_mempolicy, MPOL_PREFERRED, address(one.data()), kMaxNode);
+      done = raw_syscall(SYS_set_mempolicy, MPOL_PREFERRED, syscall_arg(one.data()), kMaxNode);
     }
     if (done != 0) return {static_cast<int>(-done), "set_mempolicy"};
   }

@@ -401,9 +401,10 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
     if (auto forked = warm_->spawn(argv, env, inherited, w.rank)) p = *forked;
   }
   try {
-    if (p.pid < 0)
+    if (p.pid < 0) {
       p = start_process(plan, std::move(argv), std::move(env), bound ? &placement : nullptr,
                         inherited);
+    }
   } catch (const std::exception& e) {
     throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
                              std::to_string(w.local_rank) + "): " + e.what());

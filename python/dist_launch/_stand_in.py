@@ -1,11 +1,12 @@
 """The `dist_launch` package dist-launch puts on its Python workers' path (appended to PYTHONPATH,
 in the agent's run directory: agent/src/health/python_hook.h), so that `from dist_launch import
-snapshot, elastic` works in an interpreter where dist_launch is not installed. Where it is
+snapshot, elastic, progress` works in an interpreter where dist_launch is not installed. Where it is
 installed, the installed package is what gets imported: this module finds it further along
 sys.path and makes way for it (keeping this directory on its __path__, for an installed version
 without those modules).
 
-The agent writes this file as dist_launch/__init__.py next to copies of snapshot.py and elastic.py.
+The agent writes this file as dist_launch/__init__.py next to copies of snapshot.py, elastic.py and
+progress.py.
 """
 import importlib.machinery
 import importlib.util
@@ -32,4 +33,4 @@ if _spec is not None and _spec.loader is not None and _spec.submodule_search_loc
         sys.modules.pop(__name__, None)
         raise
 else:
-    __all__ = ["elastic", "snapshot"]
+    __all__ = ["elastic", "progress", "snapshot"]

@@ -2,20 +2,34 @@
 
 Nothing to do in a torch script: dist-launch puts a copy of this module on its workers'
 PYTHONPATH (``_dist_launch_progress``, loaded by a ``sitecustomize`` that chains the one it
-shadows) and, once the script imports torch, counts every optimizer step (torch 2.x:
-``torch.optim.optimizer.register_optimizer_step_post_hook``; 1.13: the profiler's per-step call)
-and times the forward pass until ``backward()`` (how stragglers are told apart: in a synchronous
-job every rank's step takes as long as the slowest one's, its own work does not), and counts the
-script's blocking ``torch.distributed`` collectives (a rank that skipped one is behind). On the agent's
-stack-dump signal ``faulthandler`` writes every thread's Python stack to the worker's stack file,
-even while a thread holds the GIL. ``--no-step-hook`` turns all this off.
+shadows). Once the script imports torch it
 
-A script without an optimizer (or with its own idea of a step) calls ``step()``::
+- counts every optimizer step (torch 2.x: torch's own ``register_optimizer_step_post_hook``;
+  1.13: the profiler's per-step call), and
+- samples the main thread about fifty times a second from a thread of its own: each process
+  group's own sequence number (``ProcessGroup._get_sequence_number_for_group()``: the collectives
+  issued on it, the same count on every rank of the group), whether the main thread is blocked in
+  a collective (its Python frames inside torch.distributed, DDP or autograd's backward while the
+  kernel has the thread asleep), in which one and since when, and what else it is in
+  (torch.save, torch.distributed.checkpoint, a DataLoader, a forward pass, backward, compiling).
+  The time it is not blocked is the rank's own work: stragglers are told apart by it.
+
+Nothing of torch's is replaced or wrapped: torch.compile (fullgraph too), torch's functional
+collectives and DTensor see the torch they would see without dist-launch. A process the worker
+forks (a DataLoader worker, a trainer of its own) leaves the slot alone. On the agent's stack-dump
+signal ``faulthandler`` writes every thread's Python stack to the worker's stack file, even while a
+thread holds the GIL. ``--no-step-hook`` turns all this off.
+
+A script without an optimizer (or with its own idea of a step) calls ``step()``; a long pause of
+its own (a checkpoint written for minutes, an evaluation on one rank while the others wait) can be
+said with ``pause()``, so that nobody takes it for a hang::
 
     from dist_launch import progress
     for batch in data:
         ...
         progress.step()
+    with progress.pause("evaluation"):
+        evaluate(model)
 
 An explicit ``step()`` takes over from the optimizer hook. A step costs a clock read and two
 stores into a page the agent shares (the worker's slot, rendezvous/.../worker_contract.h): no
@@ -24,6 +38,7 @@ system call. Outside dist-launch every call is a no-op.
 Standard library only: the agent writes this file into its run directory for any Python.
 """
 
+import _thread
 import faulthandler
 import functools
 import os
@@ -31,7 +46,7 @@ import stat
 import sys
 import time
 
-__all__ = ["step", "enabled"]
+__all__ = ["step", "enabled", "pause"]
 
 # The slot (dist/rendezvous/worker_contract.h): 8-byte fields by index, 4-byte ones by index.
 _FD_VARIABLE = "DIST_HEARTBEAT_FD"
@@ -39,33 +54,57 @@ _STACK_SIGNAL_VARIABLE = "DIST_STACK_SIGNAL"
 _STACK_FILE_VARIABLE = "DIST_STACK_FILE"
 _MAGIC = 0x3130424854534944  # "DISTHB01"
 _BYTES = 4096
-_Q_MAGIC, _Q_STEPS, _Q_LAST_STEP, _Q_WORK = 0, 3, 4, 9
-_Q_ISSUED, _Q_DONE, _Q_PENDING_SINCE = 5, 6, 7
-_I_PENDING_OP, _I_FEATURES, _I_DUMP_PID = 16, 17, 20
-# The slot's Collective values, by torch.distributed's function names.
+_Q_MAGIC, _Q_STEPS, _Q_LAST_STEP, _Q_ISSUED, _Q_PENDING_SINCE, _Q_WORK = 0, 3, 4, 5, 7, 9
+_Q_SAMPLED, _Q_WAIT, _Q_PENDING_GROUP, _Q_PENDING_SEQ = 11, 12, 13, 14
+_Q_PAUSED_SINCE, _Q_RESUMED, _Q_TIMEOUT_MS = 15, 16, 17
+_Q_GROUPS = 27  # {id, seq} pairs
+_I_PENDING_OP, _I_FEATURES, _I_DUMP_PID, _I_ACTIVITY, _I_GROUP_COUNT = 16, 17, 20, 36, 37
+_PAUSE_REASON_AT, _PAUSE_REASON_BYTES = 152, 64
+_MAX_GROUPS = 32
+_STACKS_ON_SIGNAL, _SAMPLER, _PROGRESS_HOOK = 1, 2, 4
+_ACT_SAVE, _ACT_CHECKPOINT, _ACT_DATA, _ACT_FORWARD, _ACT_BACKWARD, _ACT_COMPILE = (
+    1, 2, 4, 8, 16, 32)
+# The slot's Collective values, by the names of torch.distributed's functions (distributed_c10d.py).
+_ALL_REDUCE, _OTHER = 1, 6
 _COLLECTIVES = {
     "all_reduce": 1,
+    "all_reduce_coalesced": 1,
     "broadcast": 2,
+    "broadcast_object_list": 2,
     "all_gather": 3,
     "all_gather_into_tensor": 3,
     "all_gather_object": 3,
+    "all_gather_coalesced": 3,
+    "_all_gather_base": 3,
     "reduce_scatter": 4,
     "reduce_scatter_tensor": 4,
+    "_reduce_scatter_base": 4,
     "barrier": 5,
-    "reduce": 6,
-    "all_to_all": 6,
-    "all_to_all_single": 6,
-    "gather": 6,
-    "scatter": 6,
-    "broadcast_object_list": 2,
+    "monitored_barrier": 5,
+    "reduce": 7,
+    "all_to_all": 8,
+    "all_to_all_single": 8,
+    "gather": 9,
+    "gather_object": 9,
+    "scatter": 10,
+    "scatter_object_list": 10,
+    "send": 11,
+    "recv": 11,
+    "send_object_list": 11,
+    "recv_object_list": 11,
+    "batch_isend_irecv": 11,
 }
-_STACKS_ON_SIGNAL = 1
+_SAMPLE_SECONDS = 0.02
 
 _words = None  # the slot as 8-byte words; None outside dist-launch
 _halves = None  # and as 4-byte ones
+_area = None  # and as bytes
 _explicit = False  # step() was called: the optimizer hook no longer counts
-_step_end = 0  # when the last step ended (monotonic ns): the next one's work starts there
 _stack_file = None  # kept open for faulthandler
+_sampler = None  # the running _Sampler, if any
+_pause_depth = 0
+_pause_lock = _thread.allocate_lock()
+_fork_handler = False
 
 
 def _map_slot():
@@ -90,18 +129,15 @@ def _map_slot():
         area.close()
         return None
     os.set_inheritable(fd, False)  # programs this worker runs would beat for it
-    return words, memoryview(area).cast("I")
+    return words, memoryview(area).cast("I"), area
 
 
 def _count_step():
-    global _step_end
     words = _words
     if words is None:
         return
-    now = time.monotonic_ns()  # CLOCK_MONOTONIC, the agent's clock; read through the vDSO
-    words[_Q_LAST_STEP] = now
+    words[_Q_LAST_STEP] = time.monotonic_ns()  # CLOCK_MONOTONIC, the agent's; through the vDSO
     words[_Q_STEPS] += 1
-    _step_end = now
 
 
 def step():
@@ -121,61 +157,293 @@ def _optimizer_stepped(*_):
         _count_step()
 
 
-def _work_done():
-    """backward() starts: the step's own work (data, forward, loss) is done."""
-    global _step_end
-    if _step_end and _words is not None:
-        _words[_Q_WORK] += time.monotonic_ns() - _step_end
-        _step_end = 0
+def _pause_enter(reason):
+    global _pause_depth
+    with _pause_lock:
+        _pause_depth += 1
+        if _pause_depth != 1 or _area is None:
+            return
+        text = reason.encode("utf-8", "replace")[:_PAUSE_REASON_BYTES - 1]
+        text = text.decode("utf-8", "ignore").encode("utf-8")  # no character cut in two
+        _area[_PAUSE_REASON_AT:_PAUSE_REASON_AT + _PAUSE_REASON_BYTES] = text.ljust(
+            _PAUSE_REASON_BYTES, b"\0")
+        _words[_Q_PAUSED_SINCE] = time.monotonic_ns()
 
 
-def _before(function, hook):
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        hook()
-        return function(*args, **kwargs)
+def _pause_exit():
+    global _pause_depth
+    with _pause_lock:
+        _pause_depth = max(0, _pause_depth - 1)
+        if _pause_depth == 0 and _words is not None:
+            _words[_Q_RESUMED] = time.monotonic_ns()
+            _words[_Q_PAUSED_SINCE] = 0
 
-    return wrapper
+
+class pause:
+    """A long pause of the script's own, said to dist-launch: ``with progress.pause("checkpoint"):``
+    (or ``@progress.pause("evaluation")`` on a function). While it lasts the rank makes no steps
+    and the others may wait for it: the agent reports it as paused (the reason, for how long),
+    never as hung, and ends it for no timeout of its own; the collectives' own timeout still holds.
+    Nests; any thread."""
+
+    def __init__(self, reason="a pause of the script's own"):
+        self.reason = str(reason)
+
+    def __enter__(self):
+        _pause_enter(self.reason)
+        return self
+
+    def __exit__(self, *_):
+        _pause_exit()
+        return False
+
+    def __call__(self, function):
+        @functools.wraps(function)
+        def paused(*args, **kwargs):
+            with self:
+                return function(*args, **kwargs)
+
+        return paused
 
 
-def _counted(function, op):
-    """torch.distributed's blocking collective `function`, counted in the slot: issued, the
-    oldest pending one's kind and start, done. (One rank that skipped a collective is the one
-    behind the others; async_op=True calls pass uncounted: their end is not seen here.)"""
+class _Sampler:
+    """The main thread, seen from a thread of this module's own every _SAMPLE_SECONDS: what it is
+    in, whether it is blocked in a collective, and every process group's sequence number, into
+    the slot. Reads only: nothing of torch's is called but the groups' counters."""
 
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        words = _words
-        if words is None or kwargs.get("async_op"):
-            return function(*args, **kwargs)
-        words[_Q_ISSUED] += 1
-        outer = words[_Q_PENDING_SINCE] == 0
-        if outer:
-            _halves[_I_PENDING_OP] = op
-            words[_Q_PENDING_SINCE] = time.monotonic_ns()
+    def __init__(self, torch, words, halves):
+        import threading
+
+        self.words, self.halves = words, halves
+        self.c10d = torch.distributed.distributed_c10d
+        self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.cpu = getattr(torch, "device", None) and torch.device("cpu")
+        main = threading.main_thread()
+        self.main = main.ident
         try:
-            return function(*args, **kwargs)
-        finally:
-            if outer:
+            self.state_fd = os.open(f"/proc/self/task/{main.native_id}/stat", os.O_RDONLY)
+        except (OSError, AttributeError):
+            self.state_fd = None
+        self.codes = {}  # code object -> (category, collective kind)
+        # id(process group) -> [group id, first seq, last seq, last change ns] (no reference kept:
+        # a group the script destroys is freed as it would be without this module)
+        self.groups = {}
+        self.timeout_ms = 0
+        self.last = time.monotonic_ns()
+        self.waiting_since = 0
+        self.waiting_issued = 0
+        self.failures = 0
+
+    # Frame categories.
+    USER, TORCH, COLLECTIVE, DIST, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = range(10)
+    ACTIVITY = {SAVE: _ACT_SAVE, CHECKPOINT: _ACT_CHECKPOINT, DATA: _ACT_DATA,
+                FORWARD: _ACT_FORWARD, BACKWARD: _ACT_BACKWARD, COMPILE: _ACT_COMPILE}
+
+    def classify(self, code):
+        file = code.co_filename
+        if not file.startswith(self.torch_dir):
+            return self.USER, 0
+        rest = file[len(self.torch_dir):].replace(os.sep, "/")
+        name = code.co_name
+        if rest == "distributed/distributed_c10d.py":
+            kind = _COLLECTIVES.get(name)
+            return (self.COLLECTIVE, kind) if kind else (self.DIST, 0)
+        if rest.startswith("distributed/checkpoint/"):
+            return self.CHECKPOINT, 0
+        if rest.startswith("distributed/") or rest == "nn/parallel/distributed.py":
+            return self.DIST, 0
+        if rest == "serialization.py":
+            return self.SAVE, 0
+        if rest.startswith("utils/data/"):
+            return self.DATA, 0
+        if rest == "nn/modules/module.py" and name in ("_call_impl", "_wrapped_call_impl"):
+            return self.FORWARD, 0
+        if rest in ("autograd/__init__.py", "_tensor.py", "autograd/graph.py") and name in (
+                "backward", "_engine_run_backward", "grad"):
+            return self.BACKWARD, 0
+        if rest.startswith(("_dynamo/", "_inductor/")):
+            return self.COMPILE, 0
+        return self.TORCH, 0
+
+    def main_thread(self):
+        """(activity bits, innermost collective frame and its kind, in torch.distributed or
+        backward) of the main thread now."""
+        frame = sys._current_frames().get(self.main)
+        activity, collective, kind, distributed = 0, None, 0, False
+        depth = 0
+        codes = self.codes
+        while frame is not None and depth < 200:
+            code = frame.f_code
+            found = codes.get(code)
+            if found is None:
+                if len(codes) > 20000:
+                    codes.clear()
+                found = codes[code] = self.classify(code)
+            category = found[0]
+            if category == self.COLLECTIVE:
+                if collective is None:
+                    collective, kind = frame, found[1]
+                distributed = True
+            elif category == self.DIST:
+                distributed = True
+            elif category >= self.SAVE:
+                activity |= self.ACTIVITY[category]
+                if category == self.BACKWARD:
+                    distributed = distributed or bool(self.groups)
+            frame = frame.f_back
+            depth += 1
+        return activity, collective, kind, distributed
+
+    def asleep(self):
+        """Whether the kernel has the main thread waiting (not running)."""
+        if self.state_fd is None:
+            return True
+        text = os.pread(self.state_fd, 512, 0)
+        close = text.rfind(b")")
+        return text[close + 2:close + 3] not in (b"R", b"")
+
+    def read_groups(self, now):
+        """Every process group's sequence number, into the slot; the sum issued since each was
+        first seen."""
+        world = getattr(self.c10d, "_world", None)
+        current = list(world.pg_map if world is not None else getattr(self.c10d, "_pg_map", {}))
+        if len(self.groups) > len(current):  # destroyed groups
+            alive = {id(g) for g in current}
+            for gone in [key for key in self.groups if key not in alive]:
+                del self.groups[gone]
+        issued = 0
+        words = self.words
+        index = 0
+        for group in current:
+            entry = self.groups.get(id(group))
+            try:
+                seq = group._get_sequence_number_for_group()
+            except Exception:
+                continue
+            if entry is None:
+                entry = self.groups[id(group)] = [self.name_id(group), seq, seq, 0]
+                self.timeout_ms = max(self.timeout_ms, self.group_timeout_ms(group))
+                words[_Q_TIMEOUT_MS] = self.timeout_ms
+            elif seq < entry[1]:  # torch 1.x sets a new group's count once the group is made
+                entry[1], entry[2], entry[3] = seq, seq, now
+            elif seq != entry[2]:
+                entry[2], entry[3] = seq, now
+            issued += seq - entry[1]
+            if index < _MAX_GROUPS:
+                words[_Q_GROUPS + 2 * index] = entry[0]
+                words[_Q_GROUPS + 2 * index + 1] = seq
+                index += 1
+        self.halves[_I_GROUP_COUNT] = index
+        words[_Q_ISSUED] = issued
+        return issued
+
+    def name_id(self, group):
+        name = getattr(group, "group_name", None)
+        if not isinstance(name, str):
+            names = getattr(self.c10d, "_pg_names", None)
+            world = getattr(self.c10d, "_world", None)
+            names = names if names is not None else getattr(world, "pg_names", {})
+            name = names.get(group, str(len(self.groups)))
+        h = 0xcbf29ce484222325  # FNV-1a, 64 bits
+        for byte in name.encode():
+            h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+        return h or 1
+
+    def group_timeout_ms(self, group):
+        for get in (lambda: group.options._timeout,
+                    lambda: group._get_backend(self.cpu).options._timeout):
+            try:
+                return int(get().total_seconds() * 1000)
+            except Exception:
+                pass
+        return 0
+
+    def pending_group(self, collective):
+        """The group a blocked main thread waits in: the collective's own argument, else the
+        group whose count moved last."""
+        if collective is not None:
+            try:
+                group = collective.f_locals.get("group")
+                if group is None:
+                    group = self.c10d._get_default_group()
+                entry = self.groups.get(id(group))
+                if entry:
+                    return entry[0], entry[2]
+            except Exception:
+                pass
+        latest = max(self.groups.values(), key=lambda e: e[3], default=None)
+        return (latest[0], latest[2]) if latest else (0, 0)
+
+    def sample(self):
+        now = time.monotonic_ns()
+        elapsed, self.last = now - self.last, now
+        words, halves = self.words, self.halves
+        issued = self.read_groups(now) if self.c10d.is_initialized() else 0
+        activity, collective, kind, distributed = self.main_thread()
+        halves[_I_ACTIVITY] = activity
+        blocked = distributed and self.groups and self.asleep()
+        if blocked and self.waiting_since and issued != self.waiting_issued:
+            blocked = False  # it issued another one meanwhile: a new wait, from the next pass
+        if blocked:
+            if not self.waiting_since:
+                group, seq = self.pending_group(collective)
+                kind = kind or (_ALL_REDUCE if activity & _ACT_BACKWARD else _OTHER)
+                halves[_I_PENDING_OP] = kind
+                words[_Q_PENDING_GROUP] = group
+                words[_Q_PENDING_SEQ] = seq
+                self.waiting_since, self.waiting_issued = now, issued
+                words[_Q_PENDING_SINCE] = now
+            words[_Q_WAIT] += elapsed
+        else:
+            if self.waiting_since:
+                self.waiting_since = 0
                 words[_Q_PENDING_SINCE] = 0
-                _halves[_I_PENDING_OP] = 0
-            words[_Q_DONE] += 1
+                halves[_I_PENDING_OP] = 0
+                words[_Q_PENDING_GROUP] = 0
+            words[_Q_WORK] += elapsed
+        del collective
+        words[_Q_SAMPLED] = now
 
-    return wrapper
+    def stop(self):
+        """Nothing this sampler wrote stands: the agent reads the rank without it."""
+        self.halves[_I_FEATURES] &= ~_SAMPLER
+        self.words[_Q_PENDING_SINCE] = 0
+        self.halves[_I_PENDING_OP] = 0
+        self.words[_Q_PENDING_GROUP] = 0
+        self.halves[_I_GROUP_COUNT] = 0
+
+    def run(self):
+        while _sampler is self:
+            time.sleep(_SAMPLE_SECONDS)
+            if _sampler is not self:
+                return
+            try:
+                self.sample()
+                self.failures = 0
+            except Exception as e:  # a torch this does not know: say so once, train on
+                self.failures += 1
+                if self.failures == 20:
+                    self.stop()
+                    print(f"dist-launch: the progress sampler stops ({type(e).__name__}: {e}); "
+                          "hangs in this rank are still reported, collectives not told apart",
+                          file=sys.stderr)
+                    return
 
 
-def _count_collectives(torch):
+def _start_sampler(torch):
+    global _sampler
     distributed = getattr(torch, "distributed", None)
-    if distributed is None or not distributed.is_available():
+    if _words is None or distributed is None or not distributed.is_available():
         return
-    for name, op in _COLLECTIVES.items():
-        function = getattr(distributed, name, None)
-        if callable(function):
-            setattr(distributed, name, _counted(function, op))
+    _sampler = _Sampler(torch, _words, _halves)
+    _halves[_I_FEATURES] |= _SAMPLER
+    # A thread of the interpreter's own, not threading's: no script sees it in
+    # threading.enumerate(), and it ends with the interpreter.
+    _thread.start_new_thread(_sampler.run, ())
 
 
 def _hook_torch(torch):
-    """Counts optimizer steps and times forward passes; torch was just imported."""
+    """Counts optimizer steps and samples the main thread; torch was just imported."""
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook
     except ImportError:  # torch 1.x: each step ends in _optimizer_step_code(), for the profiler
@@ -189,9 +457,7 @@ def _hook_torch(torch):
         optimizer._optimizer_step_code = _optimizer_step_code
     else:
         register_optimizer_step_post_hook(_optimizer_stepped)
-    torch.Tensor.backward = _before(torch.Tensor.backward, _work_done)
-    torch.autograd.backward = _before(torch.autograd.backward, _work_done)
-    _count_collectives(torch)
+    _start_sampler(torch)
 
 
 class _AfterTorchImport:
@@ -239,13 +505,24 @@ def _install_stack_dump():
     _halves[_I_FEATURES] |= _STACKS_ON_SIGNAL
 
 
+def _forget_slot():
+    """In a process the worker forked: the slot is the worker's, not this process's."""
+    global _words, _halves, _area, _sampler, _pause_depth, _pause_lock
+    _words = _halves = _area = _sampler = None
+    _pause_depth = 0
+    _pause_lock = _thread.allocate_lock()  # another thread may have held it at the fork
+
+
 def reset():
     """This process is a worker of its own now (a zygote's child, its environment set): map its
     slot and take the agent's stack signal."""
-    global _words, _halves, _step_end
+    global _words, _halves, _area, _sampler, _fork_handler
+    if not _fork_handler:
+        os.register_at_fork(after_in_child=_forget_slot)
+        _fork_handler = True
     slot = _map_slot()
-    _words, _halves = slot if slot else (None, None)
-    _step_end = 0
+    _words, _halves, _area = slot if slot else (None, None, None)
+    _sampler = None
     if _words is not None:
         _install_stack_dump()
 
@@ -254,7 +531,10 @@ def install(hook_torch=True):
     """What the agent's sitecustomize runs at interpreter start, and a warm worker (forked from
     a zygote that imported torch already) once its environment is its own."""
     reset()
-    if _words is None or not hook_torch:
+    if _words is None:
+        return
+    _halves[_I_FEATURES] |= _PROGRESS_HOOK
+    if not hook_torch:
         return
     torch = sys.modules.get("torch")
     if torch is None:
@@ -262,6 +542,8 @@ def install(hook_torch=True):
     elif not getattr(torch, "_dist_launch_hooked", False):
         _hook_torch(torch)
         torch._dist_launch_hooked = True
+    else:  # a warm worker: its zygote hooked the steps, the sampler is this process's own
+        _start_sampler(torch)
 
 
 # The package's copy and the agent's are one: a script that imports dist_launch.progress in a
@@ -269,6 +551,6 @@ def install(hook_torch=True):
 if __name__ != "_dist_launch_progress":
     if "_dist_launch_progress" in sys.modules:
         _agent_copy = sys.modules["_dist_launch_progress"]
-        step, enabled = _agent_copy.step, _agent_copy.enabled
+        step, enabled, pause = _agent_copy.step, _agent_copy.enabled, _agent_copy.pause
     else:
         reset()

@@ -56,5 +56,6 @@ def main(test_module):
         print(f"SKIP: {args.python} has torch {version}, not {args.require_major}.x")
         sys.exit(SKIP)
     print(f"torch {version} at {args.python}", flush=True)
+    args.version = version
     test_module.ARGS = args
     unittest.main(module=test_module, argv=[sys.argv[0]] + rest, verbosity=2)

@@ -506,6 +506,7 @@ std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options.timeout);
+    detail::note_collective_timeout(options.timeout);
     StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout);
     context->connectFullMesh(adapter, device);
     std::shared_ptr<PeerDirectory> peers;

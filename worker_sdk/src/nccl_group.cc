@@ -814,6 +814,7 @@ std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int
   }
   const int device = choose_device(rank, local_rank, options);
   check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  detail::note_collective_timeout(options.op_timeout);
   // Before NCCL's first call in this process, which reads it.
   const std::string interface = detail::set_nccl_socket_interface(options);
   const std::string key = detail::nccl_communicator_key(options.key_prefix, rank);

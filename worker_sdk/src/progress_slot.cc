@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -117,6 +118,16 @@ const char* collective_name(std::uint32_t kind) {
       return "barrier";
     case Collective::kOther:
       return "collective";
+    case Collective::kReduce:
+      return "reduce";
+    case Collective::kAllToAll:
+      return "all_to_all";
+    case Collective::kGather:
+      return "gather";
+    case Collective::kScatter:
+      return "scatter";
+    case Collective::kSendRecv:
+      return "send/recv";
     case Collective::kNone:
       break;
   }
@@ -205,7 +216,22 @@ Collective collective_kind(const char* name) {
   if (n == "all_gather") return Collective::kAllGather;
   if (n == "reduce_scatter") return Collective::kReduceScatter;
   if (n == "barrier") return Collective::kBarrier;
+  if (n == "reduce") return Collective::kReduce;
+  if (n == "all_to_all") return Collective::kAllToAll;
+  if (n == "gather") return Collective::kGather;
+  if (n == "scatter") return Collective::kScatter;
+  if (n == "send" || n == "recv") return Collective::kSendRecv;
   return Collective::kOther;
+}
+
+void note_collective_timeout(std::chrono::milliseconds timeout) {
+  Slot* s = progress_slot();
+  if (!s || timeout.count() <= 0) return;
+  const auto ms = static_cast<std::uint64_t>(timeout.count());
+  std::uint64_t seen = s->collective_timeout_ms.load(std::memory_order_relaxed);
+  while (ms > seen &&
+         !s->collective_timeout_ms.compare_exchange_weak(seen, ms, std::memory_order_relaxed)) {
+  }
 }
 
 void install_stack_dump() {
@@ -243,6 +269,37 @@ void step() {
 
 bool progress_enabled() {
   return detail::progress_slot() != nullptr;
+}
+
+namespace {
+namespace slot = rendezvous::worker_contract::heartbeat_slot;
+std::mutex pause_mutex;
+int pause_depth = 0;
+}  // namespace
+
+Pause::Pause(std::string_view reason) {
+  detail::Slot* s = detail::progress_slot();
+  std::lock_guard lock(pause_mutex);
+  if (++pause_depth != 1 || !s) return;
+  // The reason first (NUL-padded, cut before a UTF-8 character's continuation bytes), then the
+  // stamp that makes it a pause.
+  std::size_t length = std::min(reason.size(), slot::kPauseReasonBytes - 1);
+  while (length > 0 && length < reason.size() &&
+         (static_cast<unsigned char>(reason[length]) & 0xC0) == 0x80) {
+    --length;
+  }
+  char text[slot::kPauseReasonBytes] = {};
+  std::memcpy(text, reason.data(), length);
+  std::memcpy(s->pause_reason, text, sizeof text);
+  s->paused_since_ns.store(detail::monotonic_ns(), std::memory_order_release);
+}
+
+Pause::~Pause() {
+  detail::Slot* s = detail::progress_slot();
+  std::lock_guard lock(pause_mutex);
+  if (--pause_depth != 0 || !s) return;
+  s->resumed_ns.store(detail::monotonic_ns(), std::memory_order_relaxed);
+  s->paused_since_ns.store(0, std::memory_order_release);
 }
 
 void heartbeat() {

@@ -3,6 +3,7 @@
 // worker where it is.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include "dist/rendezvous/worker_contract.h"
@@ -23,6 +24,9 @@ std::uint64_t monotonic_ns();
 std::uint64_t collective_issued(Collective kind);
 void collective_completed(std::uint64_t sequence);
 Collective collective_kind(const char* name);  // "all_reduce" -> kAllReduce, ...
+// A process group's collective timeout: the slot keeps the longest (the agent's bound for a hang
+// it cannot prove).
+void note_collective_timeout(std::chrono::milliseconds timeout);
 
 // A step's own work, before it waited for its peers (the slot's work_ns; the straggler measure).
 void add_work(std::uint64_t ns);

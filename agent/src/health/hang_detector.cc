@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <fstream>
 
+#include "health/process_activity.h"
+
 namespace dist::agent {
 namespace {
 
@@ -19,21 +21,6 @@ constexpr std::size_t kMaxStackBytes = 256 * 1024;  // read of one dump
 
 double seconds(std::chrono::nanoseconds d) {
   return std::chrono::duration<double>(d).count();
-}
-
-std::string read_small(const fs::path& path) {
-  std::ifstream in(path);
-  std::string text;
-  std::getline(in, text, '\0');
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  return text;
-}
-
-// /proc/<pid>/stat's state letter ('?' when the process is gone).
-char process_state(pid_t pid) {
-  const std::string stat = read_small("/proc/" + std::to_string(pid) + "/stat");
-  const auto close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
 }
 
 // Whether `pid` catches `signal` (/proc/<pid>/status SigCgt): a realtime signal nobody catches
@@ -89,9 +76,12 @@ void HangDetector::started(const WorkerRef& worker, fs::path stack_file) {
   w.worker = worker;
   w.stack_file = std::move(stack_file);
   w.running = true;
+  w.started_at = monotonic_now();
   if (!running_) {
     running_ = true;
     quiet_since_ = monotonic_now();
+    episode_.reset();
+    last_report_.clear();
     stragglers_.clear();
     arm_sample();
   }
@@ -120,25 +110,47 @@ void HangDetector::arm_sample() {
       });
 }
 
+// A Python worker whose interpreter never loaded the hook (python -I, -E or -S; a wrapper that
+// set its own PYTHONPATH): said once, since nothing of it can be seen.
+void HangDetector::check_hook(Watched& w, const SlotReading& r, std::chrono::nanoseconds now) {
+  if (!options_.python_workers || hook_missing_said_ || now - w.started_at < kHookLoadGrace ||
+      (r.features & slot::kProgressHook)) {
+    return;
+  }
+  hook_missing_said_ = true;
+  spdlog::warn(
+      "{}: dist-launch's progress hook is not in this Python worker (its interpreter ignored "
+      "PYTHONPATH or site.py: python -I, -E or -S, or a wrapper set PYTHONPATH of its own): its "
+      "steps are not counted and a hang in it goes unseen. Run the script with plain python, or "
+      "call dist_launch.progress.install() in it",
+      describe(w.worker));
+}
+
 void HangDetector::sample() {
   const auto now = monotonic_now();
   std::map<int, std::optional<double>> own_work, step_time;
   bool every_rank_measures_work = true;
   std::optional<std::pair<std::chrono::nanoseconds, std::chrono::nanoseconds>> overdue;
+  std::optional<std::chrono::nanoseconds> least_recent;  // the oldest last progress, not paused
   for (auto& [local_rank, w] : workers_) {
     const slot::Slot* s = w.running ? slots_.slot(local_rank) : nullptr;
     if (!s) continue;
-    w.history.add(read_slot(*s, now));
+    const SlotReading reading = read_slot(*s, now);
+    w.history.add(reading);
+    check_hook(w, reading, now);
     own_work[w.worker.rank] = w.history.work_seconds_per_step();
     every_rank_measures_work = every_rank_measures_work && own_work[w.worker.rank].has_value();
     const auto rate = w.history.steps_per_second();
     if (rate && *rate > 0) step_time[w.worker.rank] = 1 / *rate;
+    if (reading.paused()) continue;  // a pause the worker declared is no silence
     const auto timeout = w.history.hang_timeout(options_.timeout);
-    const auto last = w.history.last().last_progress();
+    const auto last = reading.last_progress();
+    if (last && (!least_recent || *last < *least_recent)) least_recent = *last;
     if (!timeout || !last) continue;
     const auto silent = now - std::max(*last, quiet_since_);
     if (silent >= *timeout && (!overdue || silent > overdue->first)) overdue = {{silent, *timeout}};
   }
+  if (episode_ && (!least_recent || *least_recent > *episode_)) progress_resumed(now);
   for (const auto& change : stragglers_.update(every_rank_measures_work ? own_work : step_time)) {
     const auto it = std::find_if(workers_.begin(), workers_.end(), [&](const auto& entry) {
       return entry.second.worker.rank == change.rank;
@@ -157,16 +169,27 @@ void HangDetector::sample() {
   if (overdue && !investigating_) investigate(overdue->first, overdue->second);
 }
 
+// Every rank made progress since the silence a report was made of: said, and the marks go.
+void HangDetector::progress_resumed(std::chrono::nanoseconds now) {
+  const auto silent = now - *episode_;
+  spdlog::info("progress again on every rank here, after {:.1f} s without it", seconds(silent));
+  telemetry_.hang_cleared(silent);
+  for (auto& [_, w] : workers_) w.reported.reset();
+  episode_.reset();
+  last_report_.clear();
+}
+
 void HangDetector::investigate(std::chrono::nanoseconds silent, std::chrono::nanoseconds timeout) {
   investigating_ = true;
   silent_ = silent;
   timeout_ = timeout;
-  spdlog::warn("no progress for {:.1f} s (hang timeout {:.1f} s): looking at where every rank is",
-               seconds(silent), seconds(timeout));
+  spdlog::log(last_report_.empty() ? spdlog::level::info : spdlog::level::debug,
+              "no progress for {:.1f} s (hang timeout {:.1f} s): looking at where every rank is",
+              seconds(silent), seconds(timeout));
   look(/*first=*/true);
 }
 
-// Reads every running rank's slot and state, and asks those that can for their stacks.
+// Reads every running rank's slot and processes, and asks those that can for their stacks.
 void HangDetector::look(bool first) {
   const auto now = monotonic_now();
   const int signal = stack_signal();
@@ -185,13 +208,15 @@ void HangDetector::look(bool first) {
       continue;  // started meanwhile: not part of this look
     }
     w.look->second = reading;
+    (first ? w.look->before : w.look->after) = read_activity(w.worker.pid);
     const auto dumper = static_cast<pid_t>(reading.dump_pid);
     const bool ours = dumper > 0 && (dumper == w.worker.pid || ::getpgid(dumper) == w.worker.pid);
-    const pid_t watched = ours ? dumper : w.worker.pid;
-    w.look->state = process_state(watched);
-    if (watched != w.worker.pid && process_state(w.worker.pid) == 'T') w.look->state = 'T';
-    w.look->wchan = read_small("/proc/" + std::to_string(watched) + "/wchan");
-    if (w.look->wchan == "0") w.look->wchan.clear();
+    if (!first && ours && dumper != w.worker.pid && w.look->after.state != 'T') {
+      // The Python process under a wrapper is the one that hangs.
+      const ProcessActivity inner = read_activity(dumper);
+      if (inner.state == 'T' || inner.state == 'D') w.look->after.state = inner.state;
+      if (w.look->after.wchan.empty()) w.look->after.wchan = inner.wchan;
+    }
     w.stacks_offset = size_of(w.stack_file);
     w.signalled = ours && (reading.features & slot::kStacksOnSignal) && catches(dumper, signal) &&
                   ::kill(dumper, signal) == 0;
@@ -234,6 +259,23 @@ void HangDetector::await_dumps(bool first, std::chrono::steady_clock::time_point
       });
 }
 
+// The longest collective timeout the workers said, plus kBoundMargin: past it a healthy job's
+// collectives would have failed by themselves. None when no worker said one.
+std::optional<std::chrono::nanoseconds> HangDetector::bound() const {
+  std::uint64_t longest_ms = 0;
+  for (const auto& [_, w] : workers_) {
+    if (w.running) longest_ms = std::max(longest_ms, w.history.last().collective_timeout_ms);
+  }
+  if (longest_ms == 0) return std::nullopt;
+  return std::chrono::milliseconds(longest_ms) + kBoundMargin;
+}
+
+HangRule HangDetector::rule() const {
+  if (options_.timeout.fixed) return HangRule::kTimeout;
+  const auto limit = bound();
+  return limit && silent_ + kConfirmGap >= *limit ? HangRule::kBound : HangRule::kProof;
+}
+
 void HangDetector::conclude() {
   std::vector<RankLook> looks;
   std::vector<Watched*> ranks;
@@ -242,9 +284,14 @@ void HangDetector::conclude() {
     looks.push_back(*w.look);
     ranks.push_back(&w);
   }
-  const HangFinding finding = examine(looks);
+  // A proof needs waits this old at least: kMinProvenWaitSeconds, or a shorter explicit timeout.
+  const double min_wait = std::min(kMinProvenWaitSeconds, seconds(timeout_));
+  const HangFinding finding =
+      examine(looks, rule(),
+              options_.elsewhere ? options_.elsewhere() : std::vector<CollectiveState>{}, min_wait);
   if (finding.moving) {
-    spdlog::info("not a hang: {}; the next look comes after another hang timeout", *finding.moving);
+    spdlog::log(last_report_.empty() ? spdlog::level::info : spdlog::level::debug,
+                "not a hang: {}; the next look comes after another hang timeout", *finding.moving);
     quiet_since_ = monotonic_now();
     investigating_ = false;
     return;
@@ -257,15 +304,130 @@ std::string HangDetector::hang_reason() const {
                      seconds(silent_ + kConfirmGap), seconds(timeout_));
 }
 
+// Where each rank was and what it was doing, one line each.
+std::string HangDetector::rank_block(const HangFinding& finding,
+                                     const std::vector<Watched*>& ranks) const {
+  std::string block;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const RankWhere& r = finding.ranks[i];
+    block += fmt::format("\n  {}: {}{}{}", describe(ranks[i]->worker), r.where,
+                         r.doing.empty() ? "" : "; " + r.doing, r.cause ? "   <- hung" : "");
+  }
+  for (const auto* w : ranks) {
+    if (w->look && (w->look->stacks_first || w->look->stacks_second)) {
+      block += fmt::format("\n  stacks: {}",
+                           w->stack_file.parent_path().parent_path().string() + "/*/stacks.txt");
+      break;
+    }
+  }
+  return block;
+}
+
+HangReport HangDetector::telemetry_report(const HangFinding& finding,
+                                          const std::vector<Watched*>& ranks, bool acted,
+                                          const std::string& verdict) const {
+  HangReport report;
+  report.silent = silent_ + kConfirmGap;
+  report.timeout = timeout_;
+  report.acted = acted;
+  report.verdict = verdict;
+  report.proof = finding.proof;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const RankWhere& r = finding.ranks[i];
+    report.ranks.push_back({ranks[i]->worker, r.cause, r.waiting, r.where, r.doing, r.suspect,
+                            r.active, r.paused, r.proven});
+  }
+  return report;
+}
+
+// --hang-timeout auto, nothing proven: what is seen is said, nothing is done.
+void HangDetector::report(const HangFinding& finding, const std::vector<Watched*>& ranks) {
+  std::vector<std::string> suspects, paused;
+  bool all_wait = !ranks.empty();
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const RankWhere& r = finding.ranks[i];
+    if (r.suspect) suspects.push_back(std::to_string(ranks[i]->worker.rank));
+    if (r.paused) paused.push_back(std::to_string(ranks[i]->worker.rank));
+    all_wait = all_wait && r.waiting;
+  }
+  const auto list = [](const std::vector<std::string>& v) {
+    std::string text;
+    for (const auto& x : v) text += (text.empty() ? "" : ", ") + x;
+    return text;
+  };
+  const bool warn = finding.idle_suspect() || (all_wait && !options_.other_nodes);
+  std::string verdict;
+  if (!paused.empty()) {
+    verdict = fmt::format("rank {} declared a pause of its own: not a hang", list(paused));
+  } else if (finding.idle_suspect()) {
+    verdict = fmt::format(
+        "suspected hang: the others wait for rank {}, which does nothing (nothing is ended: "
+        "a rank is ended only on proof that it cannot go on, or past the job's collective "
+        "timeout{})",
+        list(suspects), bound() ? fmt::format(", {:.0f} s", seconds(*bound())) : "");
+  } else if (!suspects.empty()) {
+    verdict =
+        fmt::format("rank {} is working and the others wait for it: not a hang", list(suspects));
+  } else if (all_wait) {
+    verdict = options_.other_nodes
+                  ? "every rank here waits in a collective, for a rank on another node (its "
+                    "node's agent reports it) or a slow transfer"
+                  : "every rank waits in a collective and none of them provably cannot go on "
+                    "(a slow transfer, or a hang nothing here can prove)";
+  } else {
+    verdict = "no rank here is known to wait for another";
+  }
+  // The same finding is said once; the next looks only when it changes.
+  std::string key = verdict;
+  for (const auto& r : finding.ranks) {
+    key += fmt::format("|{}{}{}{}", r.suspect, r.active, r.paused, r.waiting);
+  }
+  const bool repeated = key == last_report_;
+  const std::string block =
+      fmt::format("{} on {}: {}; {}. Where each rank is:{}", warn ? "hang suspected" : "no step",
+                  options_.host, hang_reason(), verdict, rank_block(finding, ranks));
+  spdlog::log(repeated ? spdlog::level::debug
+              : warn   ? spdlog::level::warn
+                       : spdlog::level::info,
+              "{}", block);
+  if (!repeated) telemetry_.hang(telemetry_report(finding, ranks, /*acted=*/false, verdict));
+  last_report_ = key;
+  for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i]->reported = finding.ranks[i];
+  if (!episode_) {
+    std::optional<std::chrono::nanoseconds> oldest;
+    for (const auto* w : ranks) {
+      const auto last = w->look->second.last_progress();
+      if (last && (!oldest || *last < *oldest)) oldest = *last;
+    }
+    episode_ = oldest.value_or(monotonic_now() - silent_);
+  }
+  quiet_since_ = monotonic_now();
+  investigating_ = false;
+}
+
 void HangDetector::act(const HangFinding& finding, const std::vector<Watched*>& ranks) {
+  const HangRule r = rule();
+  if (!finding.any_cause() && r != HangRule::kTimeout) return report(finding, ranks);
   const bool all_wait = std::all_of(finding.ranks.begin(), finding.ranks.end(),
-                                    [](const RankWhere& r) { return r.waiting; });
+                                    [](const RankWhere& w) { return w.waiting; });
   const bool none_known = std::none_of(
       finding.ranks.begin(), finding.ranks.end(),
-      [](const RankWhere& r) { return r.waiting || r.where.rfind("no stack", 0) != 0; });
+      [](const RankWhere& w) { return w.waiting || w.where.rfind("no stack", 0) != 0; });
   std::string verdict;
   if (finding.any_cause()) {
-    verdict = "the cause: the rank(s) marked";
+    verdict = finding.proof ? *finding.proof : "the cause: the rank(s) marked";
+    if (r == HangRule::kBound && !finding.proof) {
+      verdict = fmt::format(
+          "past the job's collective timeout and its margin ({:.0f} s), the "
+          "rank(s) marked do nothing",
+          seconds(*bound()));
+    }
+  } else if (finding.any_paused()) {
+    spdlog::info("{}, but a rank declared a pause of its own: not taken for a hang{}",
+                 hang_reason(), rank_block(finding, ranks));
+    quiet_since_ = monotonic_now();
+    investigating_ = false;
+    return;
   } else if (all_wait && options_.other_nodes) {
     verdict = fmt::format(
         "every rank here waits for a peer: a rank on another node? (killed in {} s unless its node "
@@ -282,39 +444,24 @@ void HangDetector::act(const HangFinding& finding, const std::vector<Watched*>& 
     investigating_ = false;
     return;
   }
-  std::string block = fmt::format("hang on {}: {}; {}. Where each rank was:", options_.host,
-                                  hang_reason(), verdict);
-  std::vector<HangRank> report;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    const RankWhere& r = finding.ranks[i];
-    block += fmt::format("\n  {}: {}{}", describe(ranks[i]->worker), r.where,
-                         r.cause ? "   <- hung" : "");
-    report.push_back({ranks[i]->worker, r.cause, r.waiting, r.where});
-  }
-  for (const auto* w : ranks) {
-    if (w->look && (w->look->stacks_first || w->look->stacks_second)) {
-      block += fmt::format("\n  stacks: {}",
-                           w->stack_file.parent_path().parent_path().string() + "/*/stacks.txt");
-      break;
-    }
-  }
-  spdlog::error("{}", block);
-  telemetry_.hang(report, silent_ + kConfirmGap, timeout_);
+  spdlog::error("hang on {}: {}; {}. Where each rank was:{}", options_.host, hang_reason(), verdict,
+                rank_block(finding, ranks));
+  telemetry_.hang(telemetry_report(finding, ranks, /*acted=*/true, verdict));
   investigating_ = false;
   std::vector<int> grace_ranks;
   std::vector<std::string> grace_reasons;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
-    const RankWhere& r = finding.ranks[i];
+    const RankWhere& w = finding.ranks[i];
     const int local_rank = ranks[i]->worker.local_rank;
+    const std::string why = w.proven && finding.proof ? *finding.proof : hang_reason();
     if (finding.any_cause()) {
-      if (r.cause)
-        kill_(local_rank, fmt::format("hung: {}; {}", r.where, hang_reason()), false, silent_);
+      if (w.cause) kill_(local_rank, fmt::format("hung: {}; {}", w.where, why), false, silent_);
     } else if (all_wait && options_.other_nodes) {
       grace_ranks.push_back(local_rank);
       grace_reasons.push_back(
-          fmt::format("hung: {}, for a peer on another node; {}", r.where, hang_reason()));
+          fmt::format("hung: {}, for a peer on another node; {}", w.where, hang_reason()));
     } else {
-      kill_(local_rank, fmt::format("hung: {}; {}", r.where, hang_reason()), false, silent_);
+      kill_(local_rank, fmt::format("hung: {}; {}", w.where, hang_reason()), false, silent_);
     }
   }
   if (!grace_ranks.empty()) kill_after_grace(std::move(grace_ranks), std::move(grace_reasons));
@@ -340,7 +487,8 @@ void HangDetector::kill_after_grace(std::vector<int> local_ranks,
 void HangDetector::fill(WorkerProgress& p) const {
   const auto it = workers_.find(p.worker.local_rank);
   if (it == workers_.end() || !it->second.running) return;
-  const StepHistory& h = it->second.history;
+  const Watched& w = it->second;
+  const StepHistory& h = w.history;
   const SlotReading& r = h.last();
   p.steps = r.steps;
   if (r.last_step_ns != 0)
@@ -349,9 +497,13 @@ void HangDetector::fill(WorkerProgress& p) const {
   p.steps_per_second = h.steps_per_second();
   if (const auto timeout = h.hang_timeout(options_.timeout)) p.hang_timeout_s = seconds(*timeout);
   p.straggler = stragglers_.straggler(p.worker.rank);
-  if (r.pending_since_ns != 0) {
-    p.pending_collective =
-        fmt::format("{} #{}", collective_name(r.pending_op), r.collectives_done + 1);
+  p.pending_collective = pending_text(r);
+  p.paused = r.paused();
+  if (p.paused)
+    p.doing = "paused: " + (r.pause_reason.empty() ? "no reason given" : r.pause_reason);
+  if (w.reported) {
+    p.suspect = w.reported->suspect && !w.reported->active && !w.reported->paused;
+    if (!p.paused) p.doing = w.reported->doing;
   }
 }
 

@@ -1,21 +1,34 @@
 // Hangs and stragglers, found by default (--hang-timeout, --no-step-hook). Every worker has a
 // progress slot (heartbeat_monitor.h) that its steps stamp: the SDK's step() and DDP, Python's
 // dist_launch.progress.step(), and the optimizer-step hook the agent installs in torch workers
-// (python_hook.h). Once a second the detector reads every running worker's slot (step_stats.h):
+// (python_hook.h), whose sampler also says which collective the main thread is blocked in and
+// every process group's count. Once a second the detector reads every running worker's slot
+// (step_stats.h). What is seen and what is done are apart:
 //
-//   - a worker without progress for its hang timeout (10 x the p99 of its own step times, at least
-//     30 s, once it made 5 steps; or --hang-timeout S from its first step) starts an
-//     investigation: every rank that can is asked for its stacks (the stack signal: faulthandler in
-//     Python, the SDK's handler in C++), twice, kConfirmGap apart, and its process state read
-//     (hang_report.h says what is made of it);
-//   - a rank that moved meanwhile clears it (the next one comes a timeout later); the ranks found
-//     to be the cause are killed (SIGKILL: their stacks are taken) with a reason naming where they
-//     were, so that the failure report names them and the normal restart policy applies; when
-//     every rank here waits for a peer, none of them is the cause: with other nodes, the node
-//     whose rank it is gets kVictimGrace to find it before these are killed as collateral; alone,
-//     every rank waits for another: all are hung;
-//   - each rank's own work per step (or its step time) against the others' median flags
-//     stragglers (StragglerWatch): logged, in the event log, the metrics and dist-launch status.
+//   - seen: a worker without progress for its hang timeout (10 x the p99 of its own step times,
+//     at least 30 s, once it made 5 steps; or --hang-timeout S from its first step; a declared
+//     pause is no silence) starts an investigation: every rank that can is asked for its stacks
+//     (the stack signal: faulthandler in Python, the SDK's handler in C++), twice, kConfirmGap
+//     apart, and its processes read (state, CPU, I/O: process_activity.h); hang_report.h says what
+//     is made of it. A rank that moved meanwhile clears it. Otherwise the finding is reported in
+//     the log (a warning when a rank the others wait for does nothing at all, else what it is
+//     doing), the event log (hang_suspected), the metrics, the status page and `dist-launch
+//     status`; the next look comes a timeout later, and progress after it is said (hang_cleared);
+//   - done, under --hang-timeout auto: a rank is ended only on proof that it cannot go on (held
+//     stopped; collectives that can never match: collective_proof.h, with the other nodes' ranks
+//     as their agents publish them), or, once the silence passed the bound (the job's own
+//     collective timeout plus kBoundMargin; none when no worker says its timeout), a rank the
+//     others wait for that does nothing at all (no CPU, no I/O, its stack still). A rank that
+//     works or declared a pause is never ended;
+//   - done, under an explicit --hang-timeout S: after S the ranks found to be the cause are
+//     ended (proven, else behind the others, else not waiting while others wait), unless a rank
+//     declared a pause. When every rank here waits for a peer, none of them is the cause: with
+//     other nodes, the node whose rank it is gets kVictimGrace to find it before these are
+//     ended as collateral; alone, every rank waits for another: all are hung.
+// Ending is SIGKILL (the stacks are taken first), with a reason naming where the rank was, so that
+// the failure report names it and the restart policy applies.
+//   - stragglers: each rank's own work per step (or its step time) against the others' median
+//     (StragglerWatch): logged, in the event log, the metrics and dist-launch status.
 //
 // The investigation is one event on the detector's timers; nothing blocks the agent's loop.
 #pragma once
@@ -42,14 +55,20 @@ inline constexpr std::chrono::seconds kProgressSampleInterval{1};
 inline constexpr std::chrono::seconds kConfirmGap{2};
 inline constexpr std::chrono::seconds kStackDumpWait{2};
 inline constexpr std::chrono::seconds kVictimGrace{10};
+inline constexpr std::chrono::seconds kBoundMargin{60};    // past the job's collective timeout
+inline constexpr std::chrono::seconds kHookLoadGrace{10};  // a Python worker's hook must be in
 
 // The realtime signal that asks a worker for its stacks (DIST_STACK_SIGNAL).
 int stack_signal();
 
 struct HangOptions {
   HangTimeoutRule timeout;
-  bool other_nodes = false;  // ranks on other nodes: a rank here may wait for one of them
-  std::string host;          // for the report
+  bool other_nodes = false;     // ranks on other nodes: a rank here may wait for one of them
+  bool python_workers = false;  // the workers are Python with the progress hook on their path
+  std::string host;             // for the report
+  // The collectives of the ranks on other nodes, as their agents last published them (a hang
+  // that spans nodes is proven with them); none without other nodes.
+  std::function<std::vector<CollectiveState>()> elsewhere;
 };
 
 class HangDetector {
@@ -65,7 +84,7 @@ class HangDetector {
   void exited(int local_rank);
   void stopping();  // the group stops: no sampling, no investigation until the next start
 
-  // The step counts, rates, hang timeout and straggler flag of a running worker.
+  // The step counts, rates, hang timeout, straggler flag and suspected hang of a running worker.
   void fill(WorkerProgress& p) const;
 
  private:
@@ -73,21 +92,31 @@ class HangDetector {
     WorkerRef worker;
     std::filesystem::path stack_file;
     bool running = false;
+    std::chrono::nanoseconds started_at{0};
     StepHistory history;
     std::optional<RankLook> look;      // during an investigation
     std::uintmax_t stacks_offset = 0;  // the stack file's size before the last signal
     bool signalled = false;
+    std::optional<RankWhere> reported;  // what the last report said of it, while it stands
   };
   void arm_sample();
   void sample();
+  void check_hook(Watched& w, const SlotReading& r, std::chrono::nanoseconds now);
   void investigate(std::chrono::nanoseconds silent, std::chrono::nanoseconds timeout);
   void look(bool first);
   void await_dumps(bool first, std::chrono::steady_clock::time_point deadline);
   void conclude();
+  HangRule rule() const;
+  std::optional<std::chrono::nanoseconds> bound() const;
+  void report(const HangFinding& finding, const std::vector<Watched*>& ranks);
   void act(const HangFinding& finding, const std::vector<Watched*>& ranks);
   void kill_after_grace(std::vector<int> local_ranks, std::vector<std::string> reasons);
+  std::string rank_block(const HangFinding& finding, const std::vector<Watched*>& ranks) const;
+  HangReport telemetry_report(const HangFinding& finding, const std::vector<Watched*>& ranks,
+                              bool acted, const std::string& verdict) const;
   bool dumps_arrived() const;
   std::string hang_reason() const;
+  void progress_resumed(std::chrono::nanoseconds now);
 
   boost::asio::io_context& io_;
   HangOptions options_;
@@ -102,6 +131,9 @@ class HangDetector {
   bool investigating_ = false;
   std::chrono::nanoseconds quiet_since_{0};  // progress before this does not count (a cleared look)
   std::chrono::nanoseconds silent_{0}, timeout_{0};  // of the investigation under way
+  std::optional<std::chrono::nanoseconds> episode_;  // the silence a report was made of began
+  std::string last_report_;                          // its text, not said twice
+  bool hook_missing_said_ = false;
   std::shared_ptr<char> alive_ = std::make_shared<char>();
 };
 

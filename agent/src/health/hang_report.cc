@@ -11,6 +11,11 @@ namespace {
 
 namespace slot = rendezvous::worker_contract::heartbeat_slot;
 
+// I/O between the looks that is a rank's own work. Reads are counted from a higher floor: the
+// progress hook's sampler reads /proc about fifty times a second.
+constexpr std::uint64_t kActiveWriteBytes = 64 * 1024;
+constexpr std::uint64_t kActiveReadBytes = 1024 * 1024;
+
 // faulthandler's blocks: "Thread 0x... (most recent call first):" or "Current thread 0x... ...",
 // then "  File "<path>", line <n> in <function>" lines. The main thread is the interpreter's first,
 // and faulthandler lists the newest first: the last block.
@@ -50,6 +55,12 @@ bool is_torchs(std::string_view file) {
   return false;
 }
 
+// Where in torch a file is ("distributed/distributed_c10d.py"); empty when it is not torch's.
+std::string_view torch_part(std::string_view file) {
+  if (!is_torchs(file)) return {};
+  return file.substr(file.rfind("/torch/") + 7);
+}
+
 std::optional<PythonFrame> parse_frame(std::string_view line) {
   constexpr std::string_view kFile = "File \"";
   const std::size_t file = line.find(kFile);
@@ -74,11 +85,13 @@ std::string frame_text(const PythonFrame& f) {
   return fmt::format("{}:{} in {}", f.file, f.line, f.function);
 }
 
-// The main thread's functions, outermost to innermost, without line numbers: a loop that stays in
-// one function reads the same twice, work that moves on does not.
-std::vector<std::tuple<std::string, std::string>> functions(std::string_view dump) {
-  std::vector<std::tuple<std::string, std::string>> out;
-  for (const auto& f : main_thread_frames(dump)) out.emplace_back(f.file, f.function);
+// The main thread's functions, outermost to innermost, with or without their lines.
+std::vector<std::tuple<std::string, std::string, int>> functions(std::string_view dump,
+                                                                 bool with_lines) {
+  std::vector<std::tuple<std::string, std::string, int>> out;
+  for (const auto& f : main_thread_frames(dump)) {
+    out.emplace_back(f.file, f.function, with_lines ? f.line : 0);
+  }
   return out;
 }
 
@@ -86,10 +99,40 @@ bool sdk_dump(std::string_view dump) {
   return dump.find("dist::sdk stack of pid") != std::string::npos;
 }
 
-// The counters that move when a rank works.
+bool python_dumps(const RankLook& l) {
+  return l.stacks_first && l.stacks_second && !sdk_dump(*l.stacks_second);
+}
+
+bool stack_moved(const RankLook& l, bool with_lines) {
+  return python_dumps(l) &&
+         functions(*l.stacks_first, with_lines) != functions(*l.stacks_second, with_lines);
+}
+
+// The counters that move when a rank makes progress (work_ns and wait_ns move with the clock).
 bool counters_moved(const SlotReading& a, const SlotReading& b) {
   return b.steps != a.steps || b.beats != a.beats || b.collectives_done != a.collectives_done ||
-         b.collectives_issued != a.collectives_issued || b.work_ns != a.work_ns;
+         b.collectives_issued != a.collectives_issued || b.resumed_ns != a.resumed_ns ||
+         b.groups != a.groups;
+}
+
+double look_seconds(const RankLook& l) {
+  return std::chrono::duration<double>(l.second.at - l.first.at).count();
+}
+
+bool stopped(const RankLook& l) {
+  return l.before.state == 'T' && l.after.state == 'T';
+}
+
+double seconds_since(std::chrono::nanoseconds now, std::uint64_t stamp_ns) {
+  return std::chrono::duration<double>(now - std::chrono::nanoseconds(stamp_ns)).count();
+}
+
+double blocked_seconds(const SlotReading& s) {
+  return seconds_since(s.at, s.pending_since_ns);
+}
+
+std::string megabytes(std::uint64_t bytes) {
+  return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
 }
 
 struct Position {
@@ -98,45 +141,180 @@ struct Position {
   std::string where;
 };
 
+// Where a Python rank's main thread is, from its stack: the innermost frame of the user's (and
+// the torch function it is in). Without the sampler, a main thread inside torch.distributed or
+// autograd is taken for waiting.
+Position python_position(const std::vector<PythonFrame>& frames, bool sampled) {
+  const auto user = std::find_if(frames.begin(), frames.end(),
+                                 [](const PythonFrame& f) { return !f.in_torch && !f.hook; });
+  const PythonFrame& top = frames.front();
+  if (!top.in_torch && !top.hook) return {false, true, "at " + frame_text(top)};
+  const std::string_view part = torch_part(top.file);
+  const bool communicates = part.starts_with("distributed/") || part.starts_with("autograd/") ||
+                            part == "nn/parallel/distributed.py" || part == "_tensor.py";
+  const std::string in_torch = fmt::format("torch ({}, {}:{})", top.function, top.file, top.line);
+  if (communicates && !sampled) {
+    return {true, true,
+            "waiting in " + in_torch +
+                (user != frames.end() ? " from " + frame_text(*user) : std::string())};
+  }
+  if (user == frames.end()) return {false, true, "in " + in_torch};
+  return {false, true, "at " + frame_text(*user) + ", in " + in_torch};
+}
+
 Position position_of(const RankLook& look) {
   const SlotReading& s = look.second;
-  if (look.state == 'T' || look.state == 't') {
-    return {false, true, "stopped (state T: SIGSTOP or a debugger)"};
-  }
-  if (look.state == 'D') {
+  const char state = look.after.state;
+  if (state == 'T') return {false, true, "stopped (state T: SIGSTOP)"};
+  if (state == 't') return {false, true, "stopped by a debugger (state t)"};
+  if (state == 'D') {
     return {false, true,
             fmt::format("in uninterruptible I/O (state D{})",
-                        look.wchan.empty() ? "" : ", in " + look.wchan)};
+                        look.after.wchan.empty() ? "" : ", in " + look.after.wchan)};
   }
   if (s.pending_since_ns != 0) {
-    const double waited =
-        std::chrono::duration<double>(s.at - std::chrono::nanoseconds(s.pending_since_ns)).count();
     return {true, true,
-            fmt::format("waiting in {} #{} for {:.1f} s", collective_name(s.pending_op),
-                        s.collectives_done + 1, waited)};
+            fmt::format("waiting in {} for {:.1f} s", pending_text(s), blocked_seconds(s))};
   }
   if (look.stacks_second && !sdk_dump(*look.stacks_second)) {
     const auto frames = main_thread_frames(*look.stacks_second);
-    if (!frames.empty()) {
-      const auto user = std::find_if(frames.begin(), frames.end(),
-                                     [](const PythonFrame& f) { return !f.in_torch && !f.hook; });
-      if (!frames.front().in_torch && !frames.front().hook) {
-        return {false, true, "at " + frame_text(frames.front())};
-      }
-      std::string where = fmt::format("waiting in torch ({}, {}:{})", frames.front().function,
-                                      frames.front().file, frames.front().line);
-      if (user != frames.end()) where += " from " + frame_text(*user);
-      return {true, true, where};
-    }
+    if (!frames.empty()) return python_position(frames, s.features & slot::kSampler);
   }
-  if (s.collectives_issued > 0) {  // the SDK's groups count: nothing pending
+  if (s.collectives_issued > 0 && s.groups.empty()) {  // the SDK's groups count: nothing pending
     return {false, true,
             fmt::format("not in a collective (steps {}, collectives {} done)", s.steps,
                         s.collectives_done)};
   }
   return {false, false,
-          fmt::format("no stack (state {}{})", look.state,
-                      look.wchan.empty() ? "" : ", in " + look.wchan)};
+          fmt::format("no stack (state {}{})", state,
+                      look.after.wchan.empty() ? "" : ", in " + look.after.wchan)};
+}
+
+// What the sampler saw the main thread in, in words.
+std::vector<std::string> activity_words(std::uint32_t activity) {
+  std::vector<std::string> words;
+  if (activity & slot::kActivityCheckpoint) words.emplace_back("in torch.distributed.checkpoint");
+  if (activity & slot::kActivitySave) words.emplace_back("in torch.save/torch.load");
+  if (activity & slot::kActivityData) words.emplace_back("loading data (torch.utils.data)");
+  if (activity & slot::kActivityCompile) words.emplace_back("compiling (torch.compile)");
+  if (activity & slot::kActivityBackward) {
+    words.emplace_back("in backward");
+  } else if (activity & slot::kActivityForward) {
+    words.emplace_back("in a forward pass");
+  }
+  return words;
+}
+
+// What a rank was doing between the looks, and whether that is work of its own.
+std::pair<std::string, bool> doing_of(const RankLook& l) {
+  std::vector<std::string> parts;
+  const SlotReading& s = l.second;
+  const double seconds = std::max(look_seconds(l), 1e-3);
+  if (s.paused()) {
+    parts.push_back(fmt::format("paused: {} (for {:.1f} s)",
+                                s.pause_reason.empty() ? "no reason given" : s.pause_reason,
+                                seconds_since(s.at, s.paused_since_ns)));
+  }
+  bool active = false;
+  const double cpu = cpu_share(l.before, l.after, seconds);
+  if (cpu >= kIdleCpuShare) {
+    parts.push_back(fmt::format("computing (CPU {:.0f}%)", cpu * 100));
+    active = true;
+  }
+  // The first look's dump was written between the two readings: not the rank's own.
+  const std::uint64_t dumped = l.stacks_first ? l.stacks_first->size() : 0;
+  const auto grew = [](std::uint64_t a, std::uint64_t b) { return b > a ? b - a : 0; };
+  const std::uint64_t written = grew(l.before.write_bytes + dumped, l.after.write_bytes);
+  const std::uint64_t read = grew(l.before.read_bytes, l.after.read_bytes);
+  if (written >= kActiveWriteBytes) {
+    parts.push_back(fmt::format("writing ({} in {:.1f} s)", megabytes(written), seconds));
+    active = true;
+  }
+  if (read >= kActiveReadBytes) {
+    parts.push_back(fmt::format("reading ({} in {:.1f} s)", megabytes(read), seconds));
+    active = true;
+  }
+  if (stack_moved(l, /*with_lines=*/true)) {
+    parts.emplace_back("its stack moving");
+    active = true;
+  }
+  for (auto& w : activity_words(s.activity)) parts.push_back(std::move(w));
+  const bool sampler_stuck = (s.features & slot::kSampler) && s.sampled_ns != 0 &&
+                             s.sampled_ns == l.first.sampled_ns && l.after.state != 'T';
+  if (sampler_stuck) parts.emplace_back("Python not running (a thread holds the GIL?)");
+  if (!active && !s.paused()) {
+    parts.insert(parts.begin(), l.after.wchan.empty() ? std::string("idle")
+                                                      : "idle (asleep in " + l.after.wchan + ")");
+  }
+  std::string text;
+  for (const auto& p : parts) text += (text.empty() ? "" : ", ") + p;
+  return {text, active};
+}
+
+// The ranks the others wait for: behind the others, else not waiting while others wait, else
+// (alone) the rank itself. `where` of those behind says by how much.
+std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankWhere>& ranks,
+                           const std::vector<Position>& positions) {
+  std::vector<bool> out(looks.size(), false);
+  const auto progress = [&](std::size_t i) {
+    return std::make_tuple(looks[i].second.steps, looks[i].second.collectives_issued);
+  };
+  std::size_t ahead = 0;
+  for (std::size_t i = 1; i < looks.size(); ++i) {
+    if (progress(i) > progress(ahead)) ahead = i;
+  }
+  bool any = false;
+  for (std::size_t i = 0; i < looks.size(); ++i) {
+    if (progress(i) >= progress(ahead)) continue;
+    out[i] = any = true;
+    const auto& s = looks[i].second;
+    const auto& lead = looks[ahead].second;
+    ranks[i].where += fmt::format(
+        "; behind the others: {} steps and {} collectives, rank {} at {} and {}", s.steps,
+        s.collectives_issued, looks[ahead].worker.rank, lead.steps, lead.collectives_issued);
+  }
+  if (any) return out;
+  const bool someone_waits =
+      std::any_of(positions.begin(), positions.end(), [](const Position& p) { return p.waiting; });
+  for (std::size_t i = 0; i < looks.size(); ++i) {
+    if (someone_waits) {
+      out[i] = positions[i].known && !positions[i].waiting;
+    } else if (looks.size() == 1) {
+      out[i] = positions[i].known;  // alone here, not waiting: it is stuck on its own
+    }
+  }
+  return out;
+}
+
+// Marks the proven ranks: stopped, or in collectives that can never match.
+void prove(const std::vector<RankLook>& looks, const std::vector<CollectiveState>& elsewhere,
+           double min_wait_s, HangFinding& finding) {
+  std::vector<std::string> stopped_ranks;
+  for (std::size_t i = 0; i < looks.size(); ++i) {
+    if (!stopped(looks[i])) continue;
+    finding.ranks[i].proven = true;
+    stopped_ranks.push_back(std::to_string(looks[i].worker.rank));
+  }
+  std::vector<CollectiveState> states = elsewhere;
+  for (const auto& l : looks) states.push_back(collective_state(l, min_wait_s));
+  const auto mismatch = prove_mismatch(states);
+  if (mismatch) {
+    for (std::size_t i = 0; i < looks.size(); ++i) {
+      if (std::binary_search(mismatch->causes.begin(), mismatch->causes.end(),
+                             looks[i].worker.rank)) {
+        finding.ranks[i].proven = true;
+      }
+    }
+  }
+  std::string proof;
+  if (!stopped_ranks.empty()) {
+    std::string names;
+    for (const auto& r : stopped_ranks) names += (names.empty() ? "" : ", ") + r;
+    proof = fmt::format("rank{} {} stopped (SIGSTOP or SIGTSTP): no progress until continued",
+                        stopped_ranks.size() > 1 ? "s" : "", names);
+  }
+  if (mismatch) proof += (proof.empty() ? "" : "; ") + mismatch->why;
+  if (!proof.empty()) finding.proof = proof;
 }
 
 }  // namespace
@@ -145,24 +323,49 @@ bool HangFinding::any_cause() const {
   return std::any_of(ranks.begin(), ranks.end(), [](const RankWhere& r) { return r.cause; });
 }
 
-std::string_view collective_name(std::uint32_t pending_op) {
-  switch (static_cast<slot::Collective>(pending_op)) {
-    case slot::Collective::kAllReduce:
-      return "all_reduce";
-    case slot::Collective::kBroadcast:
-      return "broadcast";
-    case slot::Collective::kAllGather:
-      return "all_gather";
-    case slot::Collective::kReduceScatter:
-      return "reduce_scatter";
-    case slot::Collective::kBarrier:
-      return "barrier";
-    case slot::Collective::kOther:
-      return "a collective";
-    case slot::Collective::kNone:
-      break;
+bool HangFinding::idle_suspect() const {
+  return std::any_of(ranks.begin(), ranks.end(),
+                     [](const RankWhere& r) { return r.suspect && !r.active && !r.paused; });
+}
+
+bool HangFinding::any_paused() const {
+  return std::any_of(ranks.begin(), ranks.end(), [](const RankWhere& r) { return r.paused; });
+}
+
+std::string pending_text(const SlotReading& s) {
+  if (s.pending_since_ns == 0) return "";
+  if (s.pending_group == 0) {  // the SDK's one sequence: the oldest pending one
+    return collective_text(s.pending_op, s.collectives_done + 1, 0, {});
   }
-  return "none";
+  std::vector<std::uint64_t> order;
+  for (const auto& [id, seq] : s.groups) order.push_back(id);
+  return collective_text(s.pending_op, s.pending_seq, s.pending_group, order);
+}
+
+CollectiveState collective_state(const RankLook& l, double min_wait_s) {
+  CollectiveState c;
+  c.rank = l.worker.rank;
+  const SlotReading& a = l.first;
+  const SlotReading& b = l.second;
+  const bool torch = !b.groups.empty();
+  if (torch) {
+    for (const auto& [id, seq] : b.groups) {
+      c.seqs[id] = seq;
+      c.order.push_back(id);
+    }
+  } else if (b.collectives_issued > 0) {
+    c.seqs[0] = b.collectives_issued;
+  }
+  const bool same_wait = b.pending_since_ns != 0 && a.pending_since_ns == b.pending_since_ns &&
+                         a.pending_group == b.pending_group && a.pending_seq == b.pending_seq &&
+                         a.pending_op == b.pending_op && !counters_moved(a, b);
+  const bool idle = cpu_share(l.before, l.after, std::max(look_seconds(l), 1e-3)) < kIdleCpuShare;
+  if (same_wait && idle && blocked_seconds(b) >= min_wait_s && (torch || b.pending_group == 0)) {
+    c.wait = CollectiveState::Wait{torch ? b.pending_group : 0,
+                                   torch ? b.pending_seq : b.collectives_done + 1, b.pending_op,
+                                   blocked_seconds(b)};
+  }
+  return c;
 }
 
 std::vector<PythonFrame> main_thread_frames(std::string_view dump) {
@@ -176,7 +379,8 @@ std::vector<PythonFrame> main_thread_frames(std::string_view dump) {
   return frames;
 }
 
-HangFinding examine(const std::vector<RankLook>& looks) {
+HangFinding examine(const std::vector<RankLook>& looks, HangRule rule,
+                    const std::vector<CollectiveState>& elsewhere, double min_proven_wait_s) {
   HangFinding finding;
   for (const auto& look : looks) {
     if (counters_moved(look.first, look.second)) {
@@ -184,8 +388,7 @@ HangFinding examine(const std::vector<RankLook>& looks) {
           fmt::format("rank {} made progress while it was looked at", look.worker.rank);
       return finding;
     }
-    if (look.stacks_first && look.stacks_second && !sdk_dump(*look.stacks_second) &&
-        functions(*look.stacks_first) != functions(*look.stacks_second)) {
+    if (rule == HangRule::kTimeout && stack_moved(look, /*with_lines=*/false)) {
       finding.moving =
           fmt::format("rank {} is working (its stack moved between two looks)", look.worker.rank);
       return finding;
@@ -195,43 +398,20 @@ HangFinding examine(const std::vector<RankLook>& looks) {
   for (const auto& look : looks) positions.push_back(position_of(look));
   finding.ranks.resize(looks.size());
   for (std::size_t i = 0; i < looks.size(); ++i) {
-    finding.ranks[i].where = positions[i].where;
-    finding.ranks[i].waiting = positions[i].waiting;
+    RankWhere& r = finding.ranks[i];
+    r.where = positions[i].where;
+    r.waiting = positions[i].waiting;
+    r.paused = looks[i].second.paused();
+    std::tie(r.doing, r.active) = doing_of(looks[i]);
   }
-  const auto mark = [&](auto is_cause) {
-    bool any = false;
-    for (std::size_t i = 0; i < looks.size(); ++i) {
-      if (is_cause(i)) finding.ranks[i].cause = any = true;
-    }
-    return any;
-  };
-  if (mark([&](std::size_t i) { return looks[i].state == 'T' || looks[i].state == 't'; })) {
-    return finding;
-  }
-  const auto progress = [&](std::size_t i) {
-    return std::make_tuple(looks[i].second.steps, looks[i].second.collectives_issued);
-  };
-  std::size_t ahead = 0;
-  for (std::size_t i = 1; i < looks.size(); ++i) {
-    if (progress(i) > progress(ahead)) ahead = i;
-  }
-  if (mark([&](std::size_t i) { return progress(i) < progress(ahead); })) {
-    const auto& lead = looks[ahead].second;
-    for (std::size_t i = 0; i < looks.size(); ++i) {
-      if (!finding.ranks[i].cause) continue;
-      const auto& s = looks[i].second;
-      finding.ranks[i].where += fmt::format(
-          "; behind the others: {} steps and {} collectives, rank {} at {} and {}", s.steps,
-          s.collectives_issued, looks[ahead].worker.rank, lead.steps, lead.collectives_issued);
-    }
-    return finding;
-  }
-  const bool someone_waits =
-      std::any_of(positions.begin(), positions.end(), [](const Position& p) { return p.waiting; });
-  if (someone_waits) {
-    mark([&](std::size_t i) { return positions[i].known && !positions[i].waiting; });
-  } else if (looks.size() == 1 && positions[0].known) {
-    finding.ranks[0].cause = true;  // alone here, not waiting: it is stuck on its own
+  const auto suspected = suspects(looks, finding.ranks, positions);
+  for (std::size_t i = 0; i < looks.size(); ++i) finding.ranks[i].suspect = suspected[i];
+  prove(looks, elsewhere, min_proven_wait_s, finding);
+  const bool paused = finding.any_paused();
+  for (auto& r : finding.ranks) {
+    const bool ended_suspect =
+        rule == HangRule::kTimeout || (rule == HangRule::kBound && !r.active);
+    r.cause = r.proven || (ended_suspect && r.suspect && !paused);
   }
   return finding;
 }

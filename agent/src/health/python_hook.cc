@@ -74,12 +74,13 @@ struct PythonFile {
   std::string_view text;
 };
 
-std::array<PythonFile, 5> every_python_file() {
+std::array<PythonFile, 6> every_python_file() {
   return {{{"hook/sitecustomize.py", kSiteCustomize},
            {"hook/_dist_launch_progress.py", kProgressModule},
            {"package/dist_launch/__init__.py", warm::python::kStandInPackage},
            {"package/dist_launch/snapshot.py", warm::python::kSnapshot},
-           {"package/dist_launch/elastic.py", warm::python::kElastic}}};
+           {"package/dist_launch/elastic.py", warm::python::kElastic},
+           {"package/dist_launch/progress.py", kProgressModule}}};
 }
 
 // A hash of every file's place and text: the cache directory's name, a new one for new text.

@@ -37,6 +37,7 @@ constexpr std::string_view kPage = R"page(<!doctype html>
   td.num { text-align: right; }
   .mark { display: inline-block; padding: 0 6px; border-radius: 3px; font-size: 11px; font-weight: 600; margin-right: 4px; }
   .mark.hung { background: #fde2e1; color: #b42318; }
+  .mark.paused { background: #e8eefc; color: #1f4db8; }
   .mark.straggler { background: #fff1d6; color: #9a6700; }
   .mark.pending { background: #eef2f7; color: #3b4a5a; }
   #timeline .round { stroke: none; }
@@ -148,7 +149,7 @@ function renderSummary(s) {
     ["state", "<span class=\"state-" + esc(s.state) + "\">" + esc(s.state) + "</span>"],
     ["round", s.round], ["restarts", s.restarts + " of " + s.max_restarts],
     ["world size", s.world_size], ["workers here", s.workers_alive + " of " + s.nproc_per_node],
-    ["stragglers", stragglers], ["past hang timeout", hung], ["up", seconds(s.time - s.started)]];
+    ["stragglers", stragglers], ["suspected hangs", hung], ["up", seconds(s.time - s.started)]];
   $("summary").innerHTML = items.map(([k, v]) => "<span>" + k + ": <b>" + v + "</b></span>").join(" ");
 }
 
@@ -225,7 +226,8 @@ function sparkline(rank) {
 
 function renderRanks(s) {
   const rows = s.ranks.map((r) => {
-    const marks = (r.hung ? "<span class=\"mark hung\">HUNG?</span>" : "") +
+    const marks = (r.hung ? "<span class=\"mark hung\" title=\"" + esc(r.doing) + "\">HUNG?</span>" : "") +
+                  (r.paused ? "<span class=\"mark paused\" title=\"" + esc(r.doing) + "\">PAUSED</span>" : "") +
                   (r.straggler ? "<span class=\"mark straggler\">STRAGGLER</span>" : "") +
                   (r.pending_collective ? "<span class=\"mark pending\">waits in " + esc(r.pending_collective) + "</span>" : "");
     const cells = [r.rank, r.local_rank, r.steps === null ? "-" : r.steps,
@@ -246,6 +248,9 @@ function describe(e) {
     case "rendezvous": return "round " + e.round + ": node " + e.node_rank + " of " + e.num_nodes + ", world size " + e.world_size;
     case "restart": return "restart " + e.restart_count + " of " + e.max_restarts;
     case "worker_hung": return "rank " + e.rank + " hung (silent " + seconds(e.silent_ms / 1000) + ")";
+    case "hang": return "hang: " + e.verdict;
+    case "hang_suspected": return "no progress for " + seconds(e.silent_ms / 1000) + ": " + e.verdict;
+    case "hang_cleared": return "progress again after " + seconds(e.silent_ms / 1000);
     case "worker_exit": return "rank " + e.rank + " exited " + (e.signal || e.exit_code) + (e.failed ? " (failed)" : "") + (e.reason ? ": " + e.reason : "");
     case "worker_start": return "rank " + e.rank + " started (pid " + e.pid + ")";
     case "verdict": return "verdict: " + e.action + " (" + e.reason + ")";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace dist::agent {
 
@@ -16,7 +17,7 @@ std::chrono::nanoseconds monotonic_now() {
 }
 
 std::optional<std::chrono::nanoseconds> SlotReading::last_progress() const {
-  const std::uint64_t last = std::max(last_step_ns, last_beat_ns);
+  const std::uint64_t last = std::max({last_step_ns, last_beat_ns, resumed_ns});
   if (last == 0) return std::nullopt;
   return std::chrono::nanoseconds(last);
 }
@@ -35,6 +36,26 @@ SlotReading read_slot(const slot::Slot& s, std::chrono::nanoseconds now) {
   r.features = s.features.load(std::memory_order_acquire);
   r.work_ns = s.work_ns.load(std::memory_order_relaxed);
   r.dump_pid = s.dump_pid.load(std::memory_order_relaxed);
+  r.sampled_ns = s.sampled_ns.load(std::memory_order_relaxed);
+  r.wait_ns = s.wait_ns.load(std::memory_order_relaxed);
+  r.pending_group = s.pending_group.load(std::memory_order_relaxed);
+  r.pending_seq = s.pending_seq.load(std::memory_order_relaxed);
+  r.activity = s.activity.load(std::memory_order_relaxed);
+  const std::size_t groups =
+      std::min<std::size_t>(s.group_count.load(std::memory_order_acquire), slot::kMaxGroups);
+  for (std::size_t i = 0; i < groups; ++i) {
+    const std::uint64_t id = s.groups[i].id.load(std::memory_order_relaxed);
+    if (id != 0) r.groups.emplace_back(id, s.groups[i].seq.load(std::memory_order_relaxed));
+  }
+  r.paused_since_ns = s.paused_since_ns.load(std::memory_order_acquire);
+  r.resumed_ns = s.resumed_ns.load(std::memory_order_relaxed);
+  if (r.paused_since_ns != 0) {
+    // The worker writes the reason before it stamps the pause: NUL-padded UTF-8, made valid.
+    char reason[slot::kPauseReasonBytes];
+    std::memcpy(reason, s.pause_reason, sizeof reason);
+    r.pause_reason.assign(reason, ::strnlen(reason, sizeof reason));
+  }
+  r.collective_timeout_ms = s.collective_timeout_ms.load(std::memory_order_relaxed);
   return r;
 }
 
@@ -78,11 +99,20 @@ std::optional<double> StepHistory::steps_per_second() const {
 }
 
 std::optional<double> StepHistory::work_seconds_per_step() const {
-  if (window_.size() < 2) return std::nullopt;
-  const SlotReading& first = window_.front();
-  if (last_.steps <= first.steps || last_.work_ns <= first.work_ns) return std::nullopt;
-  return static_cast<double>(last_.work_ns - first.work_ns) / 1e9 /
-         static_cast<double>(last_.steps - first.steps);
+  // The median over the window's readings of each one's work per step: one reading that carries a
+  // long pause of the rank's own (a checkpoint, an evaluation, a data stall) is not a straggler.
+  std::vector<double> per_reading;
+  for (std::size_t i = 1; i < window_.size(); ++i) {
+    const SlotReading& a = window_[i - 1];
+    const SlotReading& b = window_[i];
+    if (b.steps <= a.steps || b.work_ns <= a.work_ns) continue;
+    per_reading.push_back(static_cast<double>(b.work_ns - a.work_ns) / 1e9 /
+                          static_cast<double>(b.steps - a.steps));
+  }
+  if (per_reading.size() < kMinWorkReadings) return std::nullopt;
+  std::sort(per_reading.begin(), per_reading.end());
+  const std::size_t n = per_reading.size();
+  return n % 2 ? per_reading[n / 2] : (per_reading[n / 2 - 1] + per_reading[n / 2]) / 2;
 }
 
 std::optional<std::chrono::nanoseconds> StepHistory::hang_timeout(

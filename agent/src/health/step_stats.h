@@ -9,6 +9,8 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/rendezvous/worker_contract.h"
@@ -29,9 +31,24 @@ struct SlotReading {
   std::uint32_t features = 0;
   std::uint64_t work_ns = 0;
   std::uint32_t dump_pid = 0;
+  // torch workers' sampler (worker_contract.h): its last pass, the collective the main thread is
+  // blocked in (pending_group, pending_seq; 0: none, or the SDK's one sequence), every process
+  // group's sequence number, what the main thread is in.
+  std::uint64_t sampled_ns = 0;
+  std::uint64_t wait_ns = 0;
+  std::uint64_t pending_group = 0;
+  std::uint64_t pending_seq = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> groups;  // id, seq
+  std::uint32_t activity = 0;
+  // A pause the worker declared (dist_launch.progress.pause(), dist::sdk::Pause).
+  std::uint64_t paused_since_ns = 0;
+  std::uint64_t resumed_ns = 0;
+  std::string pause_reason;
+  std::uint64_t collective_timeout_ms = 0;
 
-  // The last step or beat, whichever came later; none before the first.
+  // The last step, beat or end of a pause, whichever came later; none before the first.
   std::optional<std::chrono::nanoseconds> last_progress() const;
+  bool paused() const { return paused_since_ns != 0; }
 };
 SlotReading read_slot(const rendezvous::worker_contract::heartbeat_slot::Slot& slot,
                       std::chrono::nanoseconds now);
@@ -59,8 +76,10 @@ class StepHistory {
   std::optional<double> step_seconds_p99() const;
   // Over the readings of the last kRateWindow.
   std::optional<double> steps_per_second() const;
-  // The work each step did before waiting for its peers (work_ns), over the last kRateWindow;
-  // none when the worker does not measure it.
+  // The work each step did rather than wait for its peers (work_ns): the median, over the
+  // readings of the last kRateWindow that saw steps, of each one's work per step (a reading
+  // that carries a long pause of the rank's own is one of them, not the measure); none when the
+  // worker does not measure it, or fewer than kMinWorkReadings saw steps.
   std::optional<double> work_seconds_per_step() const;
 
   // How long without progress makes this worker hung; none while it cannot be (no progress yet,
@@ -69,6 +88,7 @@ class StepHistory {
 
   static constexpr std::size_t kDurations = 256;  // step times kept
   static constexpr std::chrono::seconds kRateWindow{10};
+  static constexpr std::size_t kMinWorkReadings = 3;
 
  private:
   std::optional<double> percentile(double p) const;

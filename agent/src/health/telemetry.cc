@@ -86,6 +86,9 @@ RankStatus rank_status(const WorkerProgress& p) {
   r.hang_timeout_seconds = p.hang_timeout_s;
   r.straggler = p.straggler;
   r.pending_collective = p.pending_collective;
+  r.suspect = p.suspect;
+  r.paused = p.paused;
+  r.doing = p.doing;
   return r;
 }
 
@@ -294,21 +297,37 @@ void Telemetry::worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent,
   log("worker_hung", fields);
 }
 
-void Telemetry::hang(const std::vector<HangRank>& ranks, std::chrono::nanoseconds silent,
-                     std::chrono::nanoseconds timeout) {
+void Telemetry::hang(const HangReport& report) {
   auto list = nlohmann::ordered_json::array();
-  for (const auto& r : ranks) {
+  for (const auto& r : report.ranks) {
     list.push_back({{"rank", r.worker.rank},
                     {"local_rank", r.worker.local_rank},
                     {"pid", r.worker.pid},
                     {"cause", r.cause},
                     {"waiting", r.waiting},
-                    {"where", r.where}});
+                    {"where", r.where},
+                    {"doing", r.doing},
+                    {"suspect", r.suspect},
+                    {"active", r.active},
+                    {"paused", r.paused},
+                    {"proven", r.proven}});
   }
-  log("hang",
-      {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()},
-       {"timeout_ms", std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()},
+  if (report.acted)
+    ++hangs_acted_;
+  else
+    ++hangs_suspected_;
+  log(report.acted ? "hang" : "hang_suspected",
+      {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(report.silent).count()},
+       {"timeout_ms",
+        std::chrono::duration_cast<std::chrono::milliseconds>(report.timeout).count()},
+       {"verdict", report.verdict},
+       {"proof", report.proof ? nlohmann::ordered_json(*report.proof) : nlohmann::ordered_json()},
        {"ranks", std::move(list)}});
+}
+
+void Telemetry::hang_cleared(std::chrono::nanoseconds silent) {
+  log("hang_cleared",
+      {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()}});
 }
 
 void Telemetry::straggler(const WorkerRef& w, bool flagged, double ratio,
@@ -484,6 +503,12 @@ HttpResponse Telemetry::metrics() const {
   m.family("dist_launch_hung_workers_total", "counter",
            "Workers of this node killed as hung (a silent heartbeat, or no progress).")
       .sample(static_cast<double>(hung_workers_));
+  m.family("dist_launch_hangs_suspected_total", "counter",
+           "Hang investigations that only reported (nothing proven: nothing ended).")
+      .sample(static_cast<double>(hangs_suspected_));
+  m.family("dist_launch_hangs_ended_total", "counter",
+           "Hang investigations that ended ranks (proven, or past the timeout).")
+      .sample(static_cast<double>(hangs_acted_));
   m.family("dist_launch_nodes_lost_total", "counter", "Other nodes this node saw vanish.")
       .sample(static_cast<double>(nodes_lost_));
   if (config_.watchdogs.worker_heartbeat_timeout.count() > 0) {
@@ -536,6 +561,19 @@ HttpResponse Telemetry::metrics() const {
              [&](const WorkerProgress& p) -> std::optional<double> {
                if (!counts_steps(p)) return std::nullopt;
                return p.straggler ? 1.0 : 0.0;
+             });
+  per_worker("dist_launch_worker_hang_suspected", "gauge",
+             "1 while the others wait for a running worker that does nothing (reported, not "
+             "ended).",
+             [&](const WorkerProgress& p) -> std::optional<double> {
+               if (!counts_steps(p)) return std::nullopt;
+               return p.suspect ? 1.0 : 0.0;
+             });
+  per_worker("dist_launch_worker_paused", "gauge",
+             "1 while a running worker is in a pause it declared (dist_launch.progress.pause()).",
+             [&](const WorkerProgress& p) -> std::optional<double> {
+               if (!counts_steps(p) && !p.paused) return std::nullopt;
+               return p.paused ? 1.0 : 0.0;
              });
   if (event_log_) {
     m.family("dist_launch_event_log_lost_total", "counter",

@@ -32,8 +32,12 @@
 //   timer_expired  round, rank, local_rank, pid (the request's), scope_id, signal (or null: the
 //                  request named none and nothing is killed)
 //   worker_hung    round, rank, local_rank, pid, silent_ms, signal (what it is sent first)
-//   hang           silent_ms, timeout_ms, ranks: [{rank, local_rank, pid, cause, waiting,
-//                  where}] (what a hang investigation found, before the hung ranks are killed)
+//   hang           silent_ms, timeout_ms, verdict, proof (or null), ranks: [{rank, local_rank,
+//                  pid, cause, waiting, where, doing, suspect, active, paused, proven}] (what a
+//                  hang investigation found, before the hung ranks are killed)
+//   hang_suspected the same fields, for a finding only reported (--hang-timeout auto ends no
+//                  rank without proof): said once until it changes
+//   hang_cleared   silent_ms (every rank made progress again after a reported hang)
 //   straggler      round, rank, local_rank, pid, straggler (flagged or cleared), ratio (its time
 //                  over the other ranks' median), measure ("work per step" or "step time")
 //   restart        restart_count, max_restarts
@@ -133,15 +137,35 @@ struct WorkerProgress {
   std::optional<double> steps_per_second;              // over the last few seconds
   std::optional<double> hang_timeout_s;                // when it would be taken for hung
   bool straggler = false;                              // slower than its group by more than noise
-  std::string pending_collective;  // the SDK's oldest pending collective ("all_reduce #12")
+  std::string pending_collective;  // the collective it is blocked in ("all_reduce #12")
+  bool suspect = false;            // a hang investigation found the others wait for it, idle
+  bool paused = false;             // it declared a pause of its own
+  std::string doing;               // what the last investigation (or its pause) says it does
 };
 
-// One rank of a hang investigation (hang_detector.h): where it was, and whether it is the cause.
+// One rank of a hang investigation (hang_detector.h): where it was, what it was doing, and
+// whether it is the cause.
 struct HangRank {
   WorkerRef worker;
   bool cause = false;
   bool waiting = false;
   std::string where;
+  std::string doing;
+  bool suspect = false;
+  bool active = false;
+  bool paused = false;
+  bool proven = false;
+};
+
+// What a hang investigation found: acted upon (ranks ended: the `hang` event) or only reported
+// (`hang_suspected`).
+struct HangReport {
+  std::vector<HangRank> ranks;
+  std::chrono::nanoseconds silent{0};
+  std::chrono::nanoseconds timeout{0};
+  bool acted = false;
+  std::string verdict;
+  std::optional<std::string> proof;
 };
 
 class Telemetry {
@@ -173,8 +197,9 @@ class Telemetry {
   void worker_exited(const WorkerRef& w, int code, bool failed, const std::string& reason);
   void timer_expired(const WorkerRef& w, const TimerExpiry& timer);
   void worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent, int signal);
-  void hang(const std::vector<HangRank>& ranks, std::chrono::nanoseconds silent,
-            std::chrono::nanoseconds timeout);
+  void hang(const HangReport& report);
+  // Every rank made progress again after a reported hang.
+  void hang_cleared(std::chrono::nanoseconds silent);
   void straggler(const WorkerRef& w, bool flagged, double ratio, std::string_view measure);
   // The ranks flagged as stragglers during the job, one line each (for the end of the job);
   // empty when none was.
@@ -244,6 +269,8 @@ class Telemetry {
   std::uint64_t worker_failures_ = 0;
   std::uint64_t timer_expirations_ = 0;
   std::uint64_t hung_workers_ = 0;
+  std::uint64_t hangs_acted_ = 0;      // investigations that ended ranks
+  std::uint64_t hangs_suspected_ = 0;  // and that only reported
   std::uint64_t nodes_lost_ = 0;
   std::uint64_t in_place_restarts_ = 0;
   struct StragglerRecord {

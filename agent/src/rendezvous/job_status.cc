@@ -210,8 +210,7 @@ std::optional<double> RankStatus::progress_age_seconds() const {
 }
 
 bool RankStatus::hung() const {
-  const auto age = progress_age_seconds();
-  return age && hang_timeout_seconds && *age > *hang_timeout_seconds;
+  return suspect;
 }
 
 std::string format_seconds(std::optional<double> seconds) {
@@ -235,7 +234,8 @@ std::string format_seconds(std::optional<double> seconds) {
 std::string rank_marks(const RankStatus& r) {
   std::string marks;
   const auto add = [&](const std::string& m) { marks += (marks.empty() ? "" : " ") + m; };
-  if (r.hung()) add("HUNG?");
+  if (r.hung()) add("HUNG?" + (r.doing.empty() ? "" : " (" + r.doing + ")"));
+  if (r.paused) add("PAUSED" + (r.doing.empty() ? "" : " (" + r.doing + ")"));
   if (r.straggler) add("STRAGGLER");
   if (!r.pending_collective.empty()) add("waits in " + r.pending_collective);
   return marks;
@@ -301,7 +301,7 @@ std::string format_table(const JobStatus& s) {
     for (const auto& r : n.ranks) out += rank_line(n, r);
   }
   out += std::to_string(ranks) + " running worker(s), " + std::to_string(stragglers) +
-         " straggler(s), " + std::to_string(hung) + " past their hang timeout\n";
+         " straggler(s), " + std::to_string(hung) + " suspected of a hang\n";
   return out;
 }
 

@@ -124,8 +124,12 @@ int small_count(const ordered_json& j, const char* name, std::string_view key,
   return static_cast<int>(*v);
 }
 
-std::string shortened(const std::string& name) {
-  return name.size() <= kMaxPublishedNameBytes ? name : name.substr(0, kMaxPublishedNameBytes);
+// At most `bytes`, cut before a UTF-8 character's continuation bytes (never inside a character).
+std::string shortened(const std::string& name, std::size_t bytes = kMaxPublishedNameBytes) {
+  if (name.size() <= bytes) return name;
+  std::size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(name[end]) & 0xC0) == 0x80) --end;
+  return name.substr(0, end);
 }
 
 ordered_json encode_rank(const RankStatus& r) {
@@ -139,6 +143,9 @@ ordered_json encode_rank(const RankStatus& r) {
   put(j, "ht", r.hang_timeout_seconds);
   if (r.straggler) j["sg"] = true;
   if (!r.pending_collective.empty()) j["pc"] = shortened(r.pending_collective);
+  if (r.suspect) j["hs"] = true;
+  if (r.paused) j["pa"] = true;
+  if (!r.doing.empty()) j["do"] = shortened(r.doing, kMaxPublishedDoingBytes);
   return j;
 }
 
@@ -157,6 +164,9 @@ RankStatus decode_rank(const ordered_json& j, std::string_view key, std::string_
   try {
     r.straggler = j.value("sg", false);
     r.pending_collective = shortened(j.value("pc", std::string()));
+    r.suspect = j.value("hs", false);
+    r.paused = j.value("pa", false);
+    r.doing = shortened(j.value("do", std::string()), kMaxPublishedDoingBytes);
   } catch (const nlohmann::json::exception&) {
     throw CorruptValueError(key, text, kProgressShape);
   }
@@ -446,6 +456,8 @@ nlohmann::ordered_json to_json(const RankStatus& r) {
           {"hang_timeout_seconds", or_null(r.hang_timeout_seconds)},
           {"straggler", r.straggler},
           {"hung", r.hung()},
+          {"paused", r.paused},
+          {"doing", r.doing},
           {"pending_collective", r.pending_collective}};
 }
 

@@ -166,6 +166,7 @@ const char* action_name(Verdict::Action action);
 // ({"t","st","w":[{"r","l","s",...}]}), an absent field left out.
 inline constexpr std::size_t kMaxPublishedRanks = 128;
 inline constexpr std::size_t kMaxPublishedNameBytes = 40;
+inline constexpr std::size_t kMaxPublishedDoingBytes = 96;  // what a rank is doing, in words
 struct NodeProgress {
   double time = 0;    // wall-clock seconds when it was taken
   std::string state;  // the agent's lifecycle state ("running")

@@ -76,6 +76,7 @@ HangOptions hang_options(const LaunchConfig& config, const std::string& host) {
     o.timeout.fixed = *config.watchdogs.hang_timeout;
   }
   o.other_nodes = config.max_nodes > 1;
+  o.python_workers = config.python_workers && config.watchdogs.step_hook;
   o.host = host;
   return o;
 }

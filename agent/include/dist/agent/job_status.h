@@ -24,11 +24,14 @@ struct RankStatus {
   std::uint64_t beats = 0;
   std::optional<double> hang_timeout_seconds;  // progress stopped this long: taken for hung
   bool straggler = false;                      // slower than its group by more than noise
-  std::string pending_collective;              // the SDK's oldest pending one ("all_reduce #12")
+  std::string pending_collective;              // the one it is blocked in ("all_reduce #12")
+  bool suspect = false;  // a hang investigation found the others wait for it, and it does nothing
+  bool paused = false;   // in a pause it declared (dist_launch.progress.pause())
+  std::string doing;     // what the last investigation (or its pause) says it is doing
 
   // Since its last sign of progress: its last step, else its last heartbeat; none before either.
   std::optional<double> progress_age_seconds() const;
-  // Its progress has stopped for longer than its hang timeout.
+  // Suspected of a hang: the others wait for it and it does nothing (its agent looked).
   bool hung() const;
 };
 
@@ -65,6 +68,7 @@ std::string format_table(const JobStatus& status);  // the nodes, then their ran
 std::string to_json(const JobStatus& status);       // one JSON object
 // Text cells as the table shows them: "-" for what is absent.
 std::string format_seconds(std::optional<double> seconds);  // "0.25 s", "12 s", "3m05s"
-std::string rank_marks(const RankStatus& rank);             // "HUNG? STRAGGLER wait all_reduce #3"
+// "HUNG? (idle) STRAGGLER waits in all_reduce #3", "PAUSED (checkpoint)".
+std::string rank_marks(const RankStatus& rank);
 
 }  // namespace dist::agent

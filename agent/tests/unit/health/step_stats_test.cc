@@ -104,6 +104,25 @@ TEST(StepHistory, ANewWorkerInTheSlotStartsAfresh) {
   EXPECT_EQ(h.last().steps, 1U);
 }
 
+TEST(StepHistory, AReadingThatCarriesALongPauseIsNotTheWorkPerStep) {
+  // 10 steps a second, 20 ms of work each; then the rank pauses 30 s on its own (a checkpoint)
+  // and trains on: the reading after the pause holds 30 s of work for its steps.
+  StepHistory h;
+  std::uint64_t steps = 0, work = 0;
+  double t = 0;
+  const auto next = [&](double seconds, std::uint64_t work_ns) {
+    t += seconds;
+    steps += 10;
+    work += work_ns;
+    h.add(reading(t, steps, t, work));
+  };
+  for (int i = 0; i < 5; ++i) next(1, 200 * kSecond / 1000);
+  next(30, 30 * kSecond + 200 * kSecond / 1000);
+  for (int i = 0; i < 4; ++i) next(1, 200 * kSecond / 1000);
+  ASSERT_TRUE(h.work_seconds_per_step());
+  EXPECT_NEAR(*h.work_seconds_per_step(), 0.02, 1e-9);
+}
+
 TEST(StepHistory, NoWorkMeasuredIsNoWorkPerStep) {
   StepHistory h;
   h.add(reading(1, 10, 1));

@@ -128,17 +128,33 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // system call: at each beat (dist::sdk::heartbeat()) the CLOCK_MONOTONIC time in nanoseconds into
 // last_beat_ns, and beats counts them; at each training step (dist::sdk::step(),
 // dist_launch.progress.step(), the optimizer-step hook dist-launch installs in torch workers) the
-// same into last_step_ns, and steps counts them; the SDK's groups count their collectives, and
-// stamp the oldest one still pending; work_ns adds up the time each step computed before it waited
-// for its peers (the straggler measure: torch's forward pass, from the optimizer step to
-// backward(); the SDK's DDP, from after_step() to synchronize()). A worker that can dump its stacks
-// says so in features and names the process to signal in dump_pid. The agent writes kMagic first: a
-// descriptor without it is not a slot. Every field sits at a fixed offset, aligned to its size
-// (Python workers write them through a memoryview): magic 0, last_beat_ns 8, beats 16, steps 24,
-// last_step_ns 32, collectives_issued 40, collectives_done 48, pending_since_ns 56, pending_op 64,
-// features 68, work_ns 72, dump_pid 80. One field goes the other way: the agent writes
-// regroup_round (84) when the job regroups in place in round R (a node joins or was lost), and
-// the SDK's InPlaceRecovery, seeing a round it has not regrouped in, recovers at its next unit.
+// same into last_step_ns, and steps counts them. The worker's collectives:
+//   - the SDK's groups count theirs (one sequence for all of them: collectives_issued, _done) and
+//     stamp the oldest one still pending (pending_since_ns, pending_op; pending_group 0);
+//   - a torch worker's progress hook samples its main thread about fifty times a second (nothing of
+//     torch's is replaced): each process group's own sequence number (groups: id = a hash of the
+//     group's name, the same on every rank; seq = the collectives issued on it), and whether the
+//     main thread is blocked in a collective: pending_since_ns (when it was first seen there),
+//     pending_op, pending_group and pending_seq (the group's sequence number of the one it waits
+//     in). sampled_ns stamps each pass: a pass that stops coming means the interpreter cannot run
+//     (a thread holds the GIL). wait_ns adds up the time it was seen blocked.
+// work_ns adds up the time each step computed rather than waited for its peers (the straggler
+// measure: the SDK's DDP from after_step() to synchronize(); torch: the sampler's time not
+// blocked). activity says what the main thread was last seen doing (kActivity*). A worker can say
+// "a long pause of my own" (dist_launch.progress.pause(reason), dist::sdk::Pause): paused_since_ns
+// and pause_reason while it lasts, resumed_ns when it ends (counted as progress).
+// collective_timeout_ms is the longest timeout of its process groups (0: unknown): the agent's
+// bound for a hang it cannot prove. A worker that can dump its stacks says so in features and names
+// the process to signal in dump_pid. The agent writes kMagic first: a descriptor without it is not
+// a slot. Every field sits at a fixed offset, aligned to its size (Python workers write them
+// through a memoryview): magic 0, last_beat_ns 8, beats 16, steps 24, last_step_ns 32,
+// collectives_issued 40, collectives_done 48, pending_since_ns 56, pending_op 64, features 68,
+// work_ns 72, dump_pid 80, regroup_round 84, sampled_ns 88, wait_ns 96, pending_group 104,
+// pending_seq 112, paused_since_ns 120, resumed_ns 128, collective_timeout_ms 136, activity 144,
+// group_count 148, pause_reason 152 (64 bytes, NUL-padded UTF-8), groups 216 (kMaxGroups of {id,
+// seq}). One field goes the other way: the agent writes regroup_round when the job regroups in
+// place in round R (a node joins or was lost), and the SDK's InPlaceRecovery, seeing a round it has
+// not regrouped in, recovers at its next unit.
 namespace heartbeat_slot {
 
 inline constexpr char kFdVariable[] = "DIST_HEARTBEAT_FD";
@@ -153,10 +169,31 @@ enum class Collective : std::uint32_t {
   kAllGather,
   kReduceScatter,
   kBarrier,
-  kOther
+  kOther,
+  kReduce,
+  kAllToAll,
+  kGather,
+  kScatter,
+  kSendRecv,
 };
 // features: what the worker can do for the agent.
 inline constexpr std::uint32_t kStacksOnSignal = 1;  // dumps its stacks on kStackSignalVariable
+inline constexpr std::uint32_t kSampler = 2;         // samples its main thread (torch's hook)
+inline constexpr std::uint32_t kProgressHook = 4;    // dist-launch's Python hook loaded
+// activity: what the main thread was last seen in (bits; torch workers' sampler).
+inline constexpr std::uint32_t kActivitySave = 1;        // torch.save / torch.load
+inline constexpr std::uint32_t kActivityCheckpoint = 2;  // torch.distributed.checkpoint
+inline constexpr std::uint32_t kActivityData = 4;        // torch.utils.data (a DataLoader)
+inline constexpr std::uint32_t kActivityForward = 8;     // a module's forward
+inline constexpr std::uint32_t kActivityBackward = 16;   // autograd's backward
+inline constexpr std::uint32_t kActivityCompile = 32;    // torch.compile (dynamo, inductor)
+inline constexpr std::size_t kMaxGroups = 32;
+inline constexpr std::size_t kPauseReasonBytes = 64;
+
+struct GroupSequence {
+  std::atomic<std::uint64_t> id;   // a hash of the group's name; 0: an empty entry
+  std::atomic<std::uint64_t> seq;  // collectives issued on it
+};
 
 struct Slot {
   std::uint64_t magic;
@@ -170,13 +207,28 @@ struct Slot {
   std::atomic<std::uint32_t> pending_op;        // its Collective
   std::atomic<std::uint32_t> features;
   std::atomic<std::uint64_t> work_ns;
-  std::atomic<std::uint32_t> dump_pid;       // 0: none
-  std::atomic<std::uint32_t> regroup_round;  // by the agent; 0: none (round 0 is no regroup)
+  std::atomic<std::uint32_t> dump_pid;         // 0: none
+  std::atomic<std::uint32_t> regroup_round;    // by the agent; 0: none (round 0 is no regroup)
+  std::atomic<std::uint64_t> sampled_ns;       // the sampler's last pass; 0: no sampler
+  std::atomic<std::uint64_t> wait_ns;          // time seen blocked in collectives
+  std::atomic<std::uint64_t> pending_group;    // the pending collective's group (torch); 0: none
+  std::atomic<std::uint64_t> pending_seq;      // and its number in that group
+  std::atomic<std::uint64_t> paused_since_ns;  // a declared pause; 0: none
+  std::atomic<std::uint64_t> resumed_ns;       // the last pause's end
+  std::atomic<std::uint64_t> collective_timeout_ms;  // 0: unknown
+  std::atomic<std::uint32_t> activity;               // kActivity* bits
+  std::atomic<std::uint32_t> group_count;            // entries of groups in use
+  char pause_reason[kPauseReasonBytes];
+  GroupSequence groups[kMaxGroups];
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
 static_assert(sizeof(Slot) <= kBytes);
 static_assert(offsetof(Slot, features) == 68 && offsetof(Slot, work_ns) == 72 &&
-                  offsetof(Slot, dump_pid) == 80 && offsetof(Slot, regroup_round) == 84,
+                  offsetof(Slot, dump_pid) == 80 && offsetof(Slot, regroup_round) == 84 &&
+                  offsetof(Slot, sampled_ns) == 88 && offsetof(Slot, pending_seq) == 112 &&
+                  offsetof(Slot, collective_timeout_ms) == 136 && offsetof(Slot, activity) == 144 &&
+                  offsetof(Slot, group_count) == 148 && offsetof(Slot, pause_reason) == 152 &&
+                  offsetof(Slot, groups) == 216 && sizeof(GroupSequence) == 16,
               "the offsets Python workers write at");
 
 }  // namespace heartbeat_slot

@@ -1,0 +1,214 @@
+#include "health/collective_proof.h"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "dist/rendezvous/worker_contract.h"
+
+namespace dist::agent {
+namespace {
+
+using Collective = rendezvous::worker_contract::heartbeat_slot::Collective;
+
+bool known(std::uint32_t op) {
+  return op != static_cast<std::uint32_t>(Collective::kNone) &&
+         op != static_cast<std::uint32_t>(Collective::kOther) && collective_name(op) != "none";
+}
+
+std::string waits_text(const CollectiveState& r) {
+  return collective_text(r.wait->op, r.wait->seq, r.wait->group, r.order);
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+// Ranks blocked in the same collective of a group with operations that differ.
+std::optional<Mismatch> different_operations(const std::vector<CollectiveState>& ranks) {
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::map<std::uint32_t, std::vector<int>>>
+      at;  // (group, seq) -> op -> ranks
+  for (const auto& r : ranks) {
+    if (r.wait && known(r.wait->op)) at[{r.wait->group, r.wait->seq}][r.wait->op].push_back(r.rank);
+  }
+  for (const auto& [place, ops] : at) {
+    if (ops.size() < 2) continue;
+    std::size_t most = 0, with_most = 0;
+    for (const auto& [op, who] : ops) {
+      if (who.size() > most) {
+        most = who.size();
+        with_most = 1;
+      } else if (who.size() == most) {
+        ++with_most;
+      }
+    }
+    Mismatch m;
+    std::string parts;
+    for (const auto& [op, who] : ops) {
+      m.involved.insert(m.involved.end(), who.begin(), who.end());
+      if (with_most > 1 || who.size() < most)
+        m.causes.insert(m.causes.end(), who.begin(), who.end());
+      parts += fmt::format("{}rank{} {} in {}", parts.empty() ? "" : ", ",
+                           who.size() > 1 ? "s" : "", ranks_text(who), collective_name(op));
+    }
+    std::sort(m.involved.begin(), m.involved.end());
+    std::sort(m.causes.begin(), m.causes.end());
+    const auto& any = *std::find_if(ranks.begin(), ranks.end(), [&](const CollectiveState& r) {
+      return r.wait && r.wait->group == place.first && r.wait->seq == place.second;
+    });
+    m.why = fmt::format("collective #{}{} can never complete: {}", place.second,
+                        group_text(place.first, any.order), parts);
+    return m;
+  }
+  return std::nullopt;
+}
+
+// The ranks of a cycle whose count differs from the majority's in a group the cycle waits in: the
+// ones that went past a collective (or issued one too many); none when no count has a majority
+// (two ranks: either may be the one).
+std::vector<int> odd_ones(const std::vector<CollectiveState>& ranks,
+                          const std::vector<std::size_t>& cycle) {
+  std::vector<int> odd;
+  for (const std::size_t i : cycle) {
+    const std::uint64_t group = ranks[i].wait->group;
+    std::map<std::uint64_t, std::vector<int>> by_count;
+    for (const auto& r : ranks) {
+      const auto it = r.seqs.find(group);
+      if (it != r.seqs.end()) by_count[it->second].push_back(r.rank);
+    }
+    std::size_t most = 0, with_most = 0;
+    std::uint64_t majority = 0;
+    for (const auto& [count, who] : by_count) {
+      if (who.size() > most) {
+        most = who.size();
+        majority = count;
+        with_most = 1;
+      } else if (who.size() == most) {
+        ++with_most;
+      }
+    }
+    if (with_most > 1) return {};
+    for (const std::size_t j : cycle) {
+      const auto it = ranks[j].seqs.find(group);
+      if (it != ranks[j].seqs.end() && it->second != majority) odd.push_back(ranks[j].rank);
+    }
+  }
+  std::sort(odd.begin(), odd.end());
+  odd.erase(std::unique(odd.begin(), odd.end()), odd.end());
+  return odd;
+}
+
+// A cycle of ranks each blocked in a collective the next one has not issued.
+std::optional<Mismatch> cycle_of_waits(const std::vector<CollectiveState>& ranks) {
+  const std::size_t n = ranks.size();
+  std::vector<std::vector<std::size_t>> waits_for(n);
+  for (std::size_t a = 0; a < n; ++a) {
+    if (!ranks[a].wait) continue;
+    for (std::size_t b = 0; b < n; ++b) {
+      if (b == a || !ranks[b].wait) continue;  // only blocked ranks can close a cycle
+      const auto it = ranks[b].seqs.find(ranks[a].wait->group);
+      if (it != ranks[b].seqs.end() && it->second < ranks[a].wait->seq) waits_for[a].push_back(b);
+    }
+  }
+  // Depth-first search for a cycle: 0 unseen, 1 on the path, 2 done.
+  std::vector<int> mark(n, 0);
+  std::vector<std::size_t> path;
+  std::vector<std::size_t> cycle;
+  const std::function<bool(std::size_t)> visit = [&](std::size_t a) {
+    mark[a] = 1;
+    path.push_back(a);
+    for (const std::size_t b : waits_for[a]) {
+      if (mark[b] == 1) {
+        cycle.assign(std::find(path.begin(), path.end(), b), path.end());
+        return true;
+      }
+      if (mark[b] == 0 && visit(b)) return true;
+    }
+    path.pop_back();
+    mark[a] = 2;
+    return false;
+  };
+  for (std::size_t a = 0; a < n && cycle.empty(); ++a) {
+    if (mark[a] == 0) visit(a);
+  }
+  if (cycle.empty()) return std::nullopt;
+  Mismatch m;
+  std::string chain;
+  for (std::size_t i = 0; i < cycle.size(); ++i) {
+    const auto& a = ranks[cycle[i]];
+    const auto& b = ranks[cycle[(i + 1) % cycle.size()]];
+    m.involved.push_back(a.rank);
+    chain +=
+        fmt::format("{}rank {} waits in {}, which rank {} has not issued (it issued {})",
+                    i == 0 ? "" : "; ", a.rank, waits_text(a), b.rank, b.seqs.at(a.wait->group));
+  }
+  std::sort(m.involved.begin(), m.involved.end());
+  m.causes = odd_ones(ranks, cycle);
+  if (m.causes.empty()) {
+    m.causes = m.involved;
+    m.why = fmt::format("collectives that can never match: {}; ranks {} wait for each other", chain,
+                        ranks_text(m.involved));
+  } else {
+    m.why = fmt::format(
+        "collectives that can never match: {}; rank{} {} went past a collective the others wait "
+        "in",
+        chain, m.causes.size() > 1 ? "s" : "", ranks_text(m.causes));
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string collective_name(std::uint32_t op) {
+  switch (static_cast<Collective>(op)) {
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kBarrier:
+      return "barrier";
+    case Collective::kOther:
+      return "a collective";
+    case Collective::kReduce:
+      return "reduce";
+    case Collective::kAllToAll:
+      return "all_to_all";
+    case Collective::kGather:
+      return "gather";
+    case Collective::kScatter:
+      return "scatter";
+    case Collective::kSendRecv:
+      return "send/recv";
+    case Collective::kNone:
+      break;
+  }
+  return "none";
+}
+
+std::string group_text(std::uint64_t group, const std::vector<std::uint64_t>& order) {
+  if (group == 0) return "";
+  const auto at = std::find(order.begin(), order.end(), group);
+  if (at == order.end()) return " of a process group";
+  return " of process group " + std::to_string(at - order.begin());
+}
+
+std::string collective_text(std::uint32_t op, std::uint64_t seq, std::uint64_t group,
+                            const std::vector<std::uint64_t>& order) {
+  return collective_name(op) + " #" + std::to_string(seq) + group_text(group, order);
+}
+
+std::optional<Mismatch> prove_mismatch(const std::vector<CollectiveState>& ranks) {
+  if (auto m = different_operations(ranks)) return m;
+  return cycle_of_waits(ranks);
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,61 @@
+// Proof that some ranks can never go on: their collectives can never match (the hang detector
+// ends ranks by default only on such proof, or on a stopped process: hang_detector.h). Plain
+// values in, plain answers out.
+//
+// Each rank says, for every process group it is in, how many collectives it issued there (torch:
+// the group's own sequence number, the same count on every rank; the SDK: its one sequence as
+// group 0), and the one it is blocked in, when it is: the same in two looks seconds apart, its
+// process idle meanwhile. Two things cannot end:
+//   - ranks blocked in the same collective of a group (the same number) with different
+//     operations (an all_reduce against a barrier): the ranks in the minority's operation (all of
+//     them when there is no majority) are the cause;
+//   - a cycle of waits: rank A blocked in collective n of a group that rank B, a member of it, has
+//     not issued yet (B issued fewer), and B blocked in one that A has not issued, and so on back
+//     to A. Nobody in the cycle can issue what the next one waits for. The ranks of the cycle whose
+//     count in a group it waits in differs from the majority's are the cause (they went past a
+//     collective the others wait in, or issued one too many); without a majority (two ranks),
+//     all of the cycle.
+// A rank waiting for one that is not blocked (computing, writing a checkpoint, asleep) proves
+// nothing: that one may come.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dist::agent {
+
+struct CollectiveState {
+  int rank = 0;
+  std::map<std::uint64_t, std::uint64_t> seqs;  // group id -> collectives issued on it
+  std::vector<std::uint64_t> order;             // its groups' ids, in the order it made them
+  struct Wait {
+    std::uint64_t group = 0;
+    std::uint64_t seq = 0;  // the collective's number in that group
+    std::uint32_t op = 0;   // worker_contract.h's Collective
+    double seconds = 0;     // blocked in it for
+  };
+  std::optional<Wait> wait;  // blocked, stably and idle; none otherwise
+};
+
+struct Mismatch {
+  std::vector<int> causes;    // ranks, ascending
+  std::vector<int> involved;  // every rank of the proof, causes included, ascending
+  std::string why;            // one sentence naming the ranks and collectives
+};
+
+std::optional<Mismatch> prove_mismatch(const std::vector<CollectiveState>& ranks);
+
+// "all_reduce", "barrier", ... for worker_contract.h's Collective; "a collective" for kOther,
+// "none" for kNone and values it does not know.
+std::string collective_name(std::uint32_t op);
+
+// " of process group 1" (the group's place in `order`); "" for the SDK's one sequence, group 0.
+std::string group_text(std::uint64_t group, const std::vector<std::uint64_t>& order);
+// "all_reduce #17 of process group 1".
+std::string collective_text(std::uint32_t op, std::uint64_t seq, std::uint64_t group,
+                            const std::vector<std::uint64_t>& order);
+
+}  // namespace dist::agent

@@ -1,0 +1,94 @@
+#include "health/process_activity.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace dist::agent {
+namespace {
+
+constexpr int kMaxProcesses = 256;  // a worker's tree read at most: a fork bomb is not read whole
+
+std::string read_small(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  std::getline(in, text, '\0');
+  return text;
+}
+
+// State and CPU ticks (utime + stime, fields 14 and 15) from /proc/<pid>/stat; false when gone.
+bool read_stat(pid_t pid, char& state, std::uint64_t& ticks) {
+  const std::string stat = read_small("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  state = stat[close + 2];
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  std::uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state
+    if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
+    if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
+  }
+  ticks = utime + stime;
+  return true;
+}
+
+void add_io(pid_t pid, ProcessActivity& a) {
+  std::istringstream lines(read_small("/proc/" + std::to_string(pid) + "/io"));
+  for (std::string name; lines >> name;) {
+    std::uint64_t value = 0;
+    lines >> value;
+    if (name == "rchar:") a.read_bytes += value;
+    if (name == "wchar:") a.write_bytes += value;
+    if (name == "write_bytes:") a.storage_written += value;
+  }
+}
+
+// The children of every thread of `pid` (/proc/<pid>/task/<tid>/children).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> children;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::istringstream list(read_small(task.path().string() + "/children"));
+    for (pid_t child; list >> child;) children.push_back(child);
+  }
+  return children;
+}
+
+}  // namespace
+
+ProcessActivity read_activity(pid_t pid) {
+  ProcessActivity a;
+  std::vector<pid_t> todo = {pid};
+  while (!todo.empty() && a.processes < kMaxProcesses) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    char state = '?';
+    std::uint64_t ticks = 0;
+    if (!read_stat(p, state, ticks)) continue;
+    if (p == pid) {
+      a.state = state;
+      a.wchan = read_small("/proc/" + std::to_string(p) + "/wchan");
+      if (a.wchan == "0") a.wchan.clear();
+    }
+    a.cpu_ticks += ticks;
+    add_io(p, a);
+    ++a.processes;
+    for (const pid_t child : children_of(p)) todo.push_back(child);
+  }
+  return a;
+}
+
+double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds) {
+  if (seconds <= 0 || after.cpu_ticks < before.cpu_ticks) return 0;
+  static const long ticks_per_second = ::sysconf(_SC_CLK_TCK);
+  return static_cast<double>(after.cpu_ticks - before.cpu_ticks) /
+         static_cast<double>(ticks_per_second > 0 ? ticks_per_second : 100) / seconds;
+}
+
+}  // namespace dist::agent

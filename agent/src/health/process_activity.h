@@ -1,0 +1,31 @@
+// What the kernel says a worker is doing, for the hang detector (hang_detector.h): its state, the
+// CPU time and the I/O of its process and every process under it (a DataLoader's workers, a
+// trainer it runs), read from /proc. Two readings a few seconds apart tell a rank that works
+// (computes, reads, writes) from one that only waits.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dist::agent {
+
+struct ProcessActivity {
+  char state = '?';                   // /proc/<pid>/stat's state letter of the process itself
+  std::uint64_t cpu_ticks = 0;        // user + system, of the process and its descendants now alive
+  std::uint64_t read_bytes = 0;       // rchar: read(), recv() and the like, files and sockets alike
+  std::uint64_t write_bytes = 0;      // wchar
+  std::uint64_t storage_written = 0;  // write_bytes: what went to storage (checkpoints)
+  std::string wchan;                  // where the kernel has it wait; empty when running
+  int processes = 0;                  // read (0: the process is gone)
+};
+
+// The worker `pid` and its descendants now; processes = 0 when it is gone.
+ProcessActivity read_activity(pid_t pid);
+
+// The CPU a reading's processes used between two readings, as a share of one core (1.0 = one core
+// busy all the time).
+double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds);
+
+}  // namespace dist::agent

@@ -1,0 +1,206 @@
+"""Healthy torch jobs under dist-launch's defaults (tests/torch/healthy_worker.py): each ends as
+under torchrun, exit 0, with no worker killed, no hang acted upon and no straggler flagged. A
+rank that works on its own for longer than the automatic hang timeout's floor (30 s) while the
+others wait (it sleeps, writes checkpoints, evaluates, logs to a slow service; a pause between two
+steps; a stall of every rank; a long first step; a DataLoader's workers; no optimizer at all;
+gradient accumulation; the script's own collective timeout) may be reported, never ended; one
+that says its pause (dist_launch.progress.pause) is reported as paused, never as a hang; and
+torch.compile(fullgraph=True) of a function with a collective, torch's functional collectives and
+DTensor work as they do without dist-launch (torch 2.x).
+
+The scenarios run side by side, a few jobs at a time (a loaded machine is their normal case).
+
+    python3 healthy_test.py --launcher build/bin/dist-launch --python python3 [--require-major 2]
+Exits 77 (skip) when that interpreter has no torch (or not --require-major).
+"""
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import launcher_test_main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "healthy_worker.py")
+ARGS = None
+PAUSE_S = 36  # past the automatic hang timeout's 30 s floor, and its look
+CONCURRENT_JOBS = 4
+
+SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
+             "no-optimizer", "accumulate", "slow-log", "paused", "compile"]
+
+
+class SlowService:
+    """A log service that reads slowly: 96 KiB a second, so that a sender's socket fills and
+    its sends block for most of PAUSE_S."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        try:
+            conn, _ = self.server.accept()
+        except OSError:
+            return
+        with conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            while conn.recv(9600):
+                time.sleep(0.1)
+
+    def close(self):
+        self.server.close()
+
+
+class Job:
+    def __init__(self, scenario, directory):
+        self.scenario = scenario
+        self.dir = os.path.join(directory, scenario)
+        os.makedirs(self.dir)
+        self.events_path = os.path.join(self.dir, "events.jsonl")
+
+    def run(self):
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        extra = []
+        service = None
+        if self.scenario == "slow-log":
+            service = SlowService()
+            extra = ["--log-port", str(service.port)]
+        cmd = [ARGS.launcher, "--nproc-per-node", "2", "--event-log", self.events_path,
+               "--log-dir", os.path.join(self.dir, "logs"), WORKER, "--scenario", self.scenario,
+               "--pause", str(PAUSE_S), *extra]
+        start = time.monotonic()
+        try:
+            self.proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+        finally:
+            if service:
+                service.close()
+        self.seconds = time.monotonic() - start
+        return self
+
+    def events(self, name):
+        if not os.path.exists(self.events_path):
+            return []
+        with open(self.events_path) as f:
+            return [e for e in map(json.loads, f) if e["event"] == name]
+
+
+class Healthy(unittest.TestCase):
+    jobs = {}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="dist-healthy-test-")
+        major = int(ARGS.version.split(".")[0])
+        scenarios = [s for s in SCENARIOS if s != "compile" or major >= 2]
+        with concurrent.futures.ThreadPoolExecutor(CONCURRENT_JOBS) as pool:
+            for job in pool.map(lambda s: Job(s, cls.dir).run(), scenarios):
+                cls.jobs[job.scenario] = job
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def check(self, scenario):
+        if scenario not in self.jobs:
+            self.skipTest(f"{scenario} needs torch 2.x")
+        job = self.jobs[scenario]
+        out = job.proc.stdout + job.proc.stderr
+        self.assertEqual(job.proc.returncode, 0, out)
+        for rank in (0, 1):
+            self.assertRegex(job.proc.stdout, rf"rank {rank} done steps \d+ hook \d+", out)
+        self.assertEqual(job.events("hang"), [], out)
+        self.assertEqual([e for e in job.events("worker_exit") if e["reason"]], [], out)
+        self.assertEqual([e for e in job.events("straggler") if e["straggler"]], [], out)
+        self.assertNotIn("SIGKILL", job.proc.stderr)
+        self.assertNotIn("restarting the worker group", job.proc.stderr)
+        return job
+
+    def test_a_rank_sleeping_while_the_other_waits_in_a_barrier(self):
+        job = self.check("sleep")
+        # Seen, and said: the rank, its line, and that it does nothing; not ended.
+        (suspected,) = job.events("hang_suspected")
+        (rank0,) = [r for r in suspected["ranks"] if r["rank"] == 0]
+        self.assertTrue(rank0["suspect"])
+        self.assertRegex(rank0["where"], r"healthy_worker\.py:\d+ in main")
+        self.assertTrue(rank0["doing"].startswith("idle"), rank0)
+        self.assertEqual(len(job.events("hang_cleared")), 1)
+
+    def test_a_rank_writing_checkpoints_while_the_other_waits(self):
+        job = self.check("save")
+        for event in job.events("hang_suspected"):
+            (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
+            self.assertTrue(rank0["active"], rank0)
+            self.assertIn("torch.save", rank0["doing"] + rank0["where"])
+        self.assertNotIn("hang suspected", job.proc.stderr, "a rank that writes is working")
+
+    def test_a_rank_evaluating_while_the_other_waits(self):
+        job = self.check("eval")
+        for event in job.events("hang_suspected"):
+            (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
+            self.assertTrue(rank0["active"], rank0)
+        self.assertNotIn("hang suspected", job.proc.stderr, "a rank that computes is working")
+
+    def test_a_pause_between_steps_while_the_other_waits_in_ddps_all_reduce(self):
+        job = self.check("between")
+        for event in job.events("hang_suspected"):
+            (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
+            self.assertTrue(rank0["waiting"], rank0)
+
+    def test_every_rank_stalling(self):
+        self.check("all")
+
+    def test_the_scripts_own_collective_timeout(self):
+        self.check("timeout")
+
+    def test_a_long_first_step(self):
+        job = self.check("first-step")
+        self.assertEqual(job.events("hang_suspected"), [], "no step yet: no hang timeout yet")
+
+    def test_a_dataloader_with_workers_and_a_forked_trainer_leave_the_counts_alone(self):
+        job = self.check("loader")
+        for rank in (0, 1):
+            m = re.search(rf"rank {rank} done steps (\d+) hook (\d+)", job.proc.stdout)
+            self.assertEqual(m.group(1), m.group(2), "the forked processes' steps are not counted")
+
+    def test_no_optimizer_step_at_all(self):
+        job = self.check("no-optimizer")
+        self.assertEqual(job.events("hang_suspected"), [], "no step: no hang timeout")
+
+    def test_gradient_accumulation(self):
+        self.check("accumulate")
+
+    def test_a_rank_logging_to_a_slow_network_service(self):
+        self.check("slow-log")
+
+    def test_a_declared_pause_is_reported_as_a_pause(self):
+        job = self.check("paused")
+        self.assertNotIn("hang suspected", job.proc.stderr)
+        for event in job.events("hang_suspected"):
+            (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
+            self.assertTrue(rank0["paused"], rank0)
+            self.assertTrue(rank0["doing"].startswith("paused: checkpoint"), rank0)
+
+    def test_compiled_collectives_functional_collectives_and_dtensor(self):
+        job = self.check("compile")
+        for rank in (0, 1):
+            self.assertIn(f"rank {rank} compiled, functional collectives and DTensor",
+                          job.proc.stdout)
+
+
+def main():
+    launcher_test_main.main(sys.modules[__name__])
+
+
+if __name__ == "__main__":
+    main()

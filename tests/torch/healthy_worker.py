@@ -1,0 +1,177 @@
+"""Healthy torch jobs that torchrun runs to the end, for tests/torch/healthy_test.py: a small DDP
+model (gloo) trained for --steps steps, then, per --scenario, a long stretch of work of the
+script's own (--pause seconds), then a few more steps. Nothing here is a hang: dist-launch's
+defaults must end none of them.
+
+  sleep         rank 0 sleeps while rank 1 waits in dist.barrier()
+  save          rank 0 writes checkpoints (torch.save, in a loop) while rank 1 waits in a barrier
+  eval          rank 0 evaluates (model.eval(), torch.no_grad()) while rank 1 waits in a barrier
+  between       rank 1 pauses between two steps while rank 0 waits in DDP's all-reduce
+  all           every rank stalls (a data stall on a shared file system)
+  timeout       the script's own collective timeout (--pause + 60 s), rank 0 works --pause s
+  first-step    the first step takes --pause s (a warm-up, a compile)
+  loader        a DataLoader with 2 worker processes; rank 0 stalls in its loop; and each rank
+                forks a trainer of its own (50 optimizer steps) that must not count as its
+  no-optimizer  collectives only, no optimizer step ever; rank 0 stalls
+  accumulate    gradient accumulation (no_sync, a step every 4 micro-batches); rank 0 stalls
+                between micro-batches
+  slow-log      rank 0 logs to a network service that reads slowly (--log-port): its send blocks
+  paused        rank 0 says its pause: dist_launch.progress.pause("checkpoint")
+  compile       torch.compile(fullgraph=True) of a function with dist.all_reduce, torch's
+                functional collectives and a DTensor (torch 2.x)
+
+Prints "rank R done steps N hook H" at the end (H: the steps the agent's hook counted, or "off").
+"""
+import argparse
+import datetime
+import io
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def busy_for(seconds, work):
+    """Calls work() until `seconds` passed."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        work()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--scenario", required=True)
+    p.add_argument("--pause", type=float, default=36)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--log-port", type=int, default=0)
+    a = p.parse_args()
+    timeout = datetime.timedelta(seconds=a.pause + 60) if a.scenario == "timeout" else None
+    dist.init_process_group("gloo", **({"timeout": timeout} if timeout else {}))
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(32, 32))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(16, 32)
+    steps = 0
+
+    def step():
+        nonlocal steps
+        loss = model(data).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+        time.sleep(0.02)
+
+    def train(n):
+        for _ in range(n):
+            step()
+
+    s = a.scenario
+    if s == "first-step":
+        time.sleep(a.pause)
+    if s == "loader":
+        child = os.fork()
+        if child == 0:  # a trainer of the script's own: its steps are not the rank's
+            local = torch.nn.Linear(8, 8)
+            local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+            for _ in range(50):
+                local(torch.ones(8)).sum().backward()
+                local_opt.step()
+            os._exit(0)
+        os.waitpid(child, 0)
+        dataset = torch.utils.data.TensorDataset(torch.randn(4096, 32))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=2)
+        for i, (batch,) in enumerate(loader):
+            if rank == 0 and i == a.steps:
+                time.sleep(a.pause)
+            loss = model(batch).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            steps += 1
+            if i == a.steps + 10:
+                break
+    elif s == "accumulate":
+        for micro in range(4 * (a.steps + 10)):
+            if rank == 0 and micro == 4 * a.steps + 2:
+                time.sleep(a.pause)
+            last = micro % 4 == 3
+            if last:
+                model(data).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+                steps += 1
+            else:
+                with model.no_sync():
+                    model(data).pow(2).mean().backward()
+    elif s == "no-optimizer":
+        t = torch.ones(8)
+        for i in range(a.steps):
+            dist.all_reduce(t)
+            time.sleep(0.02)
+        if rank == 0:
+            time.sleep(a.pause)
+        dist.barrier()
+    else:
+        train(a.steps)
+    print(f"rank {rank} trained", flush=True)
+
+    if s in ("sleep", "timeout") and rank == 0:
+        time.sleep(a.pause)
+    elif s == "save" and rank == 0:
+        path = os.path.join(tempfile.mkdtemp(prefix="healthy-save-"), "checkpoint.pt")
+        busy_for(a.pause, lambda: torch.save({"model": model.state_dict(),
+                                               "pad": torch.zeros(1 << 18)}, path))
+    elif s == "eval" and rank == 0:
+        model.eval()
+        with torch.no_grad():
+            busy_for(a.pause, lambda: model.module(torch.randn(256, 32)).sum())
+        model.train()
+    elif s == "between" and rank == 1:
+        time.sleep(a.pause)
+    elif s == "all":
+        time.sleep(a.pause)
+    elif s == "slow-log" and rank == 0:
+        with socket.create_connection(("127.0.0.1", a.log_port)) as log:
+            line = b"step done, loss 0.1234 " * 40 + b"\n"
+            for _ in range(4000):  # about 3.7 MB: the service reads it for --pause seconds
+                log.sendall(line)
+    elif s == "paused" and rank == 0:
+        from dist_launch import progress
+
+        with progress.pause("checkpoint"):
+            time.sleep(a.pause)
+    elif s == "compile":
+        def f(x):
+            dist.all_reduce(x)
+            return x * 2
+
+        compiled = torch.compile(f, fullgraph=True)
+        got = compiled(torch.ones(4))
+        assert got.tolist() == [4.0] * 4, got
+        import torch.distributed._functional_collectives as fc
+        reduced = fc.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
+        assert reduced.tolist() == [2.0] * 4, reduced
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        full = torch.arange(8.0)
+        assert distribute_tensor(full, mesh, [Shard(0)]).full_tensor().tolist() == full.tolist()
+        print(f"rank {rank} compiled, functional collectives and DTensor", flush=True)
+    if s not in ("loader", "accumulate", "no-optimizer"):
+        dist.barrier()
+        train(5)
+    hook = sys.modules.get("_dist_launch_progress")
+    counted = hook._words[3] if hook is not None and hook._words is not None else "off"
+    print(f"rank {rank} done steps {steps} hook {counted}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

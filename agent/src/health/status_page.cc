@@ -2,6 +2,8 @@
 
 #include <string_view>
 
+#include "output/valid_text.h"
+
 namespace dist::agent {
 namespace {
 
@@ -332,7 +334,7 @@ std::string status_page(const nlohmann::ordered_json& initial) {
   // Inside <script>, "<" only ever appears in JSON strings, where \u003c means the same and can
   // end no element.
   std::string json;
-  for (const char c : initial.dump()) {
+  for (const char c : json_text(initial)) {
     if (c == '<') {
       json += "\\u003c";
     } else {

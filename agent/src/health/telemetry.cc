@@ -11,6 +11,7 @@
 
 #include "dist/agent/signals.h"
 #include "health/status_page.h"
+#include "output/valid_text.h"
 #include "rendezvous/schema.h"
 
 namespace dist::agent {
@@ -22,9 +23,10 @@ constexpr std::string_view kPagePath = "/ui";
 constexpr std::string_view kStatusPath = "/status.json";
 constexpr std::chrono::seconds kSampleInterval{1};
 
+// A label value: UTF-8 (Prometheus refuses a scrape that is not), quotes and newlines escaped.
 std::string escape_label(std::string_view value) {
   std::string out;
-  for (const char c : value) {
+  for (const char c : valid_utf8(value)) {
     if (c == '\\' || c == '"') out.push_back('\\');
     if (c == '\n') {
       out += "\\n";
@@ -568,7 +570,7 @@ HttpResponse Telemetry::health() const {
                                   {"local_rank", most_silent->worker.local_rank},
                                   {"heartbeat_age_s", seconds(silence)}};
   }
-  return {alive ? 200 : 503, "application/json", body.dump() + "\n"};
+  return {alive ? 200 : 503, "application/json", json_text(body) + "\n"};
 }
 
 nlohmann::ordered_json Telemetry::status(double since) const {
@@ -606,7 +608,7 @@ HttpResponse Telemetry::status_json(const HttpRequest& request) const {
       return {400, "text/plain; charset=utf-8", "since must be a number of seconds\n"};
     }
   }
-  return {200, "application/json", status(since).dump() + "\n"};
+  return {200, "application/json", json_text(status(since)) + "\n"};
 }
 
 HttpResponse Telemetry::page() const {

@@ -148,7 +148,8 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
     auto routes = metrics_routes(shared);
     if (shared) routes.merge(health_routes);  // "/" stays the metrics' own
     try {
-      metrics_endpoint_ = std::make_unique<HttpEndpoint>(io, *metrics_port, std::move(routes));
+      metrics_endpoint_ =
+          std::make_unique<HttpEndpoint>(io, HttpListen{{}, *metrics_port}, std::move(routes));
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("cannot serve the metrics (--metrics-port): ") +
                                e.what());
@@ -164,7 +165,8 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
   }
   if (health_port && !(metrics_port && *health_port == *metrics_port && *metrics_port != 0)) {
     try {
-      health_endpoint_ = std::make_unique<HttpEndpoint>(io, *health_port, std::move(health_routes));
+      health_endpoint_ = std::make_unique<HttpEndpoint>(io, HttpListen{{}, *health_port},
+                                                        std::move(health_routes));
     } catch (const std::exception& e) {
       throw std::runtime_error(
           std::string("cannot serve the health check (TORCHELASTIC_HEALTH_CHECK_PORT): ") +

@@ -90,6 +90,9 @@ const EVENT_STYLE = {
 };
 const SVG = "http://www.w3.org/2000/svg";
 const view = { status: null, history: {}, events: [], since: 0, polls: 0 };
+// The token the page was opened with (?token=, --metrics-token-file), for its own requests; none
+// when the browser sends it (Basic) or none is asked for.
+const TOKEN = new URLSearchParams(location.search).get("token");
 
 const $ = (id) => document.getElementById(id);
 const color = (rank) => PALETTE[rank % PALETTE.length];
@@ -305,7 +308,8 @@ function render() {
 
 async function poll() {
   try {
-    const answer = await fetch("status.json?since=" + view.since, {cache: "no-store"});
+    const answer = await fetch("status.json?since=" + view.since,
+                               {cache: "no-store", headers: TOKEN ? {Authorization: "Bearer " + TOKEN} : {}});
     if (!answer.ok) throw new Error("HTTP " + answer.status);
     merge(await answer.json());
     ++view.polls;
@@ -320,6 +324,9 @@ async function poll() {
   setTimeout(poll, 1000);
 }
 
+if (TOKEN) {
+  for (const a of document.querySelectorAll("footer a")) a.search = "?token=" + encodeURIComponent(TOKEN);
+}
 merge(JSON.parse($("initial").textContent));
 render();
 setTimeout(poll, 1000);

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "dist/agent/signals.h"
+#include "health/metrics_access.h"
 #include "health/status_page.h"
 #include "output/valid_text.h"
 #include "rendezvous/schema.h"
@@ -145,26 +146,28 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
     health_routes[std::string(path)] = [this](const HttpRequest&) { return health(); };
   if (metrics_port) {
     const bool shared = health_port && *health_port == *metrics_port && *metrics_port != 0;
-    auto routes = metrics_routes(shared);
+    const MetricsAccess access = metrics_access(config, host_);
+    auto routes = metrics_routes(shared, access);
     if (shared) routes.merge(health_routes);  // "/" stays the metrics' own
     try {
-      metrics_endpoint_ =
-          std::make_unique<HttpEndpoint>(io, HttpListen{{}, *metrics_port}, std::move(routes));
+      metrics_endpoint_ = std::make_unique<HttpEndpoint>(io, access.listen, std::move(routes));
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("cannot serve the metrics (--metrics-port): ") +
                                e.what());
     }
-    spdlog::info("serving Prometheus metrics at http://{}:{}{}", host_, metrics_endpoint_->port(),
-                 kMetricsPath);
-    spdlog::info("serving the status page at http://{}:{}{}", host_, metrics_endpoint_->port(),
-                 shared ? kPagePath : "/");
+    if (!access.warning.empty()) spdlog::warn("{}", access.warning);
+    const std::string where =
+        fmt::format("http://{}:{}", access.shown_host, metrics_endpoint_->port());
+    const char* token = access.token.empty() ? "" : " (with the token of --metrics-token-file)";
+    spdlog::info("serving Prometheus metrics at {}{}{}", where, kMetricsPath, token);
+    spdlog::info("serving the status page at {}{}{}", where, shared ? kPagePath : "/", token);
     arm_sampler();
-    if (shared) {
-      spdlog::info("serving the health check at http://{}:{}/", host_, metrics_endpoint_->port());
-    }
+    if (shared) spdlog::info("serving the health check at {}/", where);
   }
   if (health_port && !(metrics_port && *health_port == *metrics_port && *metrics_port != 0)) {
     try {
+      // Every interface, as torch's own server would: its clients (an orchestrator's liveness
+      // probe) come from elsewhere, and it says no more than whether the workers are alive.
       health_endpoint_ = std::make_unique<HttpEndpoint>(io, HttpListen{{}, *health_port},
                                                         std::move(health_routes));
     } catch (const std::exception& e) {
@@ -176,14 +179,20 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
   }
 }
 
-// The metrics' port: the metrics, the status page and its data. `shared` with the health check,
-// "/" stays the health check's for torch's clients and curl (no Accept: text/html).
-std::map<std::string, HttpEndpoint::Handler> Telemetry::metrics_routes(bool shared) {
-  return {{std::string(kMetricsPath), [this](const HttpRequest&) { return metrics(); }},
-          {std::string(kPagePath), [this](const HttpRequest&) { return page(); }},
-          {std::string(kStatusPath), [this](const HttpRequest& r) { return status_json(r); }},
-          {"/", [this, shared](const HttpRequest& r) {
-             return shared && !r.accepts_html() ? health() : page();
+// The metrics' port: the metrics, the status page and its data, guarded as `access` says (the
+// token, the Host). `shared` with the health check, "/" stays the health check's for torch's
+// clients and curl (no Accept: text/html), which are not asked for either.
+std::map<std::string, HttpEndpoint::Handler> Telemetry::metrics_routes(
+    bool shared, const MetricsAccess& access) {
+  const HttpEndpoint::Handler page =
+      guarded([this](const HttpRequest&) { return this->page(); }, access);
+  return {{std::string(kMetricsPath),
+           guarded([this](const HttpRequest&) { return metrics(); }, access)},
+          {std::string(kPagePath), page},
+          {std::string(kStatusPath),
+           guarded([this](const HttpRequest& r) { return status_json(r); }, access)},
+          {"/", [this, shared, page](const HttpRequest& r) {
+             return shared && !r.accepts_html() ? health() : page(r);
            }}};
 }
 

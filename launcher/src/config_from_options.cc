@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <ostream>
@@ -15,6 +16,7 @@
 #include "dist/agent/signals.h"
 #include "dist/launcher/slurm.h"
 #include "dist/launcher/torchelastic_env.h"
+#include "dist/rendezvous/client.h"
 #include "dist/rendezvous/endpoint.h"
 #include "rdzv_conf.h"
 
@@ -518,6 +520,53 @@ void read_output_options(const RawOptions& r, LaunchConfig& c, std::ostream& err
   note_filters_without_tee(c, err);
 }
 
+// --metrics-token-file, else DIST_LAUNCH_METRICS_TOKEN_FILE: the token, which travels in a header
+// and an address, so printable ASCII without spaces.
+std::string read_metrics_token(const RawOptions& r) {
+  std::string file = r.metrics_token_file;
+  if (file.empty()) {
+    const char* from_environment = std::getenv(agent::kMetricsTokenFileVariable);
+    if (!from_environment || !*from_environment) return "";
+    file = from_environment;
+  }
+  std::string token;
+  try {
+    token = rendezvous::read_secret_file(file);
+  } catch (const std::exception& e) {
+    throw UsageError(std::string("--metrics-token-file: ") + e.what());
+  }
+  while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.pop_back();
+  const bool printable = std::all_of(token.begin(), token.end(), [](char ch) {
+    return static_cast<unsigned char>(ch) > 0x20 && static_cast<unsigned char>(ch) < 0x7F;
+  });
+  if (token.empty() || !printable) {
+    throw UsageError("--metrics-token-file: the token in '" + file +
+                     "' must be one line of printable ASCII without spaces (it travels in an HTTP "
+                     "header and the page's address), e.g. head -c 32 /dev/urandom | xxd -p -c 64");
+  }
+  return token;
+}
+
+// Where the metrics' port listens and who may read it.
+void read_metrics_options(const RawOptions& r, LaunchConfig& c) {
+  if (!r.metrics_port.empty()) {
+    c.telemetry.metrics_port =
+        static_cast<std::uint16_t>(parse_port("--metrics-port", r.metrics_port));
+  }
+  for (const char* flag : {"--metrics-addr", "--metrics-token-file"}) {
+    if (r.was_given(flag) && !c.telemetry.metrics_port) {
+      throw UsageError(std::string(flag) +
+                       " applies to the port --metrics-port opens: give it too");
+    }
+  }
+  if (!c.telemetry.metrics_port) return;
+  if (r.was_given("--metrics-addr") && r.metrics_addr.empty()) {
+    throw UsageError("--metrics-addr needs an address or a host name (0.0.0.0: every interface)");
+  }
+  c.telemetry.metrics_addr = r.metrics_addr;
+  c.telemetry.metrics_token = read_metrics_token(r);
+}
+
 // Signals, timeouts, --rdzv-conf, watchdogs and telemetry. Returns the etcd-only --rdzv-conf keys
 // given.
 std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfig& c) {
@@ -548,10 +597,7 @@ std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfi
   }
   c.watchdogs.step_hook = !r.no_step_hook;
   c.telemetry.event_log = r.event_log;
-  if (!r.metrics_port.empty()) {
-    c.telemetry.metrics_port =
-        static_cast<std::uint16_t>(parse_port("--metrics-port", r.metrics_port));
-  }
+  read_metrics_options(r, c);
   return etcd_keys;
 }
 

@@ -146,7 +146,17 @@ void declare_resources_and_health(CommandLine& app, RawOptions& r) {
   option(app, "--event-log", r.event_log, "EVENT_LOG",
          "Append the job's events to this file, one JSON object per line");
   option(app, "--metrics-port", r.metrics_port, "METRICS_PORT",
-         "Serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, logged)");
+         "Serve Prometheus metrics at http://HOST:PORT/metrics and the status page at / (0: a "
+         "free port, logged)");
+  option(app, "--metrics-addr", r.metrics_addr, "METRICS_ADDR",
+         "The address --metrics-port listens on, or a host name (0.0.0.0 or ::: every "
+         "interface). Default: 127.0.0.1 when the job is one node, else the node's own address "
+         "(--local-addr, else its host name)");
+  option(app, "--metrics-token-file", r.metrics_token_file, "METRICS_TOKEN_FILE",
+         "A file holding a token (chmod 600) the status page, status.json and /metrics then ask "
+         "for: Authorization: Bearer TOKEN (Prometheus: authorization: credentials_file), or "
+         "?token=TOKEN in the page's address. torch's health check never asks for it. Default: "
+         "$DIST_LAUNCH_METRICS_TOKEN_FILE");
 }
 
 }  // namespace

@@ -65,6 +65,8 @@ struct RawOptions {
   bool no_step_hook = false;
   std::string event_log;
   std::string metrics_port;
+  std::string metrics_addr;
+  std::string metrics_token_file;
   // Warm restarts and snapshots (--warm-restart, --preload, --snapshot-memory, --snapshot-dir).
   WarmFlags warm;
   // Several hosts from one command.

@@ -7,6 +7,10 @@ running dist-launch job (two dist-test-worker ranks counting steps at different 
   - its DOM after the page's JavaScript ran (--dump-dom) has a row per rank, a plotted line per
     rank, and at least one poll of status.json merged.
 
+With --token, the agent asks for a token (DIST_LAUNCH_METRICS_TOKEN_FILE), the page is opened as
+http://127.0.0.1:PORT/?token=... and its own polls must carry it; and the worker runs under a name
+that is not UTF-8 (caf\xe9-worker), which the page shows with U+FFFD in the byte's place.
+
 Exits 77 (skipped) when Chromium is not installed (scripts/install-deps.sh installs it).
 """
 import argparse
@@ -20,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import zlib
 
@@ -116,7 +121,7 @@ def check_screenshot(path):
           (width, height, x0, y0, x1, y1, heights))
 
 
-def check_dom(dom):
+def check_dom(dom, odd_name):
     polls = re.search(r'<body[^>]*data-polls="(\d+)"', dom)
     assert polls and int(polls.group(1)) >= 1, "the page never merged a poll of status.json"
     for rank in RANK_COLOURS:
@@ -126,6 +131,8 @@ def check_dom(dom):
         points = re.findall(r"[ML][0-9.]+,[0-9.]+", line.group(1))
         assert len(points) >= 2, "rank %d's line has %d point(s)" % (rank, len(points))
     assert "<title>dist-launch pagejob: running</title>" in dom, "the title says the job's state"
+    if odd_name:
+        assert "caf\ufffd-worker" in dom, "the script's name, its byte replaced, in the events"
     print("DOM: %s polls merged, a row and a line per rank" % polls.group(1))
 
 
@@ -143,6 +150,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--launcher", required=True)
     parser.add_argument("--worker", required=True)
+    parser.add_argument("--token", action="store_true",
+                        help="ask for a token, and run the worker under a name that is not UTF-8")
     args = parser.parse_args()
     binary = chromium()
     if not binary:
@@ -151,21 +160,41 @@ def main():
     with tempfile.TemporaryDirectory(prefix="dist-status-page-") as tmp:
         log_path = os.path.join(tmp, "launch.log")
         env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("DIST_LAUNCH_METRICS_TOKEN_FILE", None)
+        worker, token, query, headers = args.worker, None, "", {}
+        if args.token:
+            token = "0123456789abcdef0123456789abcdef"
+            token_file = os.path.join(tmp, "metrics.token")
+            with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write(token + "\n")
+            env["DIST_LAUNCH_METRICS_TOKEN_FILE"] = token_file
+            worker = os.path.join(os.fsencode(tmp), b"caf\xe9-worker")
+            os.symlink(args.worker, worker)
+            query = "?token=" + token
+            headers = {"Authorization": "Bearer " + token}
         with open(log_path, "w") as log:
             agent = subprocess.Popen(
                 [args.launcher, "--nproc-per-node", "2", "--metrics-port", "0", "--rdzv-id",
-                 "pagejob", "--no-python", args.worker, "progress", "40", "forever"],
+                 "pagejob", "--no-python", worker, "progress", "40", "forever"],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             def served():
-                with open(log_path) as f:
+                with open(log_path, errors="replace") as f:
                     m = re.search(r"serving the status page at http://[^ ]*:(\d+)/", f.read())
                 return m and int(m.group(1))
             port = wait_for("the agent's status page", served)
             url = "http://127.0.0.1:%d/" % port
 
+            if token:
+                try:
+                    urllib.request.urlopen(url + "status.json", timeout=5)
+                    raise AssertionError("status.json answered without the token")
+                except urllib.error.HTTPError as e:
+                    assert e.code == 401, e.code
+
             def plotted():  # three measured samples a rank: lines to draw
-                with urllib.request.urlopen(url + "status.json", timeout=5) as answer:
+                request = urllib.request.Request(url + "status.json", headers=headers)
+                with urllib.request.urlopen(request, timeout=5) as answer:
                     ranks = json.load(answer)["history"]["ranks"]
                 return all(sum(v is not None for v in ranks.get(str(r), {}).get("beat_s", [])) >= 3
                            for r in RANK_COLOURS)
@@ -173,13 +202,13 @@ def main():
 
             shot = os.path.join(tmp, "page.png")
             taken = browser(binary, os.path.join(tmp, "profile-shot"), "--window-size=1100,900",
-                            "--virtual-time-budget=2500", "--screenshot=" + shot, url)
+                            "--virtual-time-budget=2500", "--screenshot=" + shot, url + query)
             assert os.path.exists(shot), "no screenshot: %s" % taken.stderr.decode()[-2000:]
             check_screenshot(shot)
 
             dumped = browser(binary, os.path.join(tmp, "profile-dom"),
-                             "--virtual-time-budget=3500", "--dump-dom", url)
-            check_dom(dumped.stdout.decode())
+                             "--virtual-time-budget=3500", "--dump-dom", url + query)
+            check_dom(dumped.stdout.decode(), odd_name=args.token)
         finally:
             agent.send_signal(signal.SIGTERM)
             try:
@@ -188,7 +217,7 @@ def main():
                 agent.kill()
                 code = agent.wait()
         if code != 128 + signal.SIGTERM and code != -signal.SIGTERM:
-            with open(log_path) as f:
+            with open(log_path, errors="replace") as f:
                 print(f.read())
             raise AssertionError("dist-launch ended %s after SIGTERM" % code)
     print("ok")

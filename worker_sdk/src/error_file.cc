@@ -20,7 +20,9 @@ bool write_error_file(const std::string& message, const std::string& details) {
        {{"message", message},
         {"extraInfo", {{"py_callstack", details}, {"timestamp", timestamp}}}}}};
   std::ofstream out(path);
-  out << j.dump();
+  // A message that is not UTF-8 (a path, a peer's name) is written with U+FFFD in its place
+  // rather than thrown on while reporting an error.
+  out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return static_cast<bool>(out.flush());
 }
 

@@ -10,6 +10,8 @@
 #include <ctime>
 #include <stdexcept>
 
+#include "output/valid_text.h"
+
 namespace dist::agent {
 namespace {
 
@@ -50,8 +52,7 @@ void EventLog::write(std::string_view event, const nlohmann::ordered_json& field
   for (const auto& [key, value] : common_.items()) line[key] = value;
   for (const auto& [key, value] : fields.items()) line[key] = value;
   if (failing_) line["lost_before"] = lost_in_a_row_;
-  const std::string text =
-      line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string text = json_text(line) + "\n";
 
   const off_t before = ::lseek(fd_, 0, SEEK_END);
   const ssize_t n = ::write(fd_, text.data(), text.size());

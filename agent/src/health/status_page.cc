@@ -2,6 +2,8 @@
 
 #include <string_view>
 
+#include "output/valid_text.h"
+
 namespace dist::agent {
 namespace {
 
@@ -89,6 +91,9 @@ const EVENT_STYLE = {
 };
 const SVG = "http://www.w3.org/2000/svg";
 const view = { status: null, history: {}, events: [], since: 0, polls: 0 };
+// The token the page was opened with (?token=, --metrics-token-file), for its own requests; none
+// when the browser sends it (Basic) or none is asked for.
+const TOKEN = new URLSearchParams(location.search).get("token");
 
 const $ = (id) => document.getElementById(id);
 const color = (rank) => PALETTE[rank % PALETTE.length];
@@ -308,7 +313,8 @@ function render() {
 
 async function poll() {
   try {
-    const answer = await fetch("status.json?since=" + view.since, {cache: "no-store"});
+    const answer = await fetch("status.json?since=" + view.since,
+                               {cache: "no-store", headers: TOKEN ? {Authorization: "Bearer " + TOKEN} : {}});
     if (!answer.ok) throw new Error("HTTP " + answer.status);
     merge(await answer.json());
     ++view.polls;
@@ -323,6 +329,9 @@ async function poll() {
   setTimeout(poll, 1000);
 }
 
+if (TOKEN) {
+  for (const a of document.querySelectorAll("footer a")) a.search = "?token=" + encodeURIComponent(TOKEN);
+}
 merge(JSON.parse($("initial").textContent));
 render();
 setTimeout(poll, 1000);
@@ -337,7 +346,7 @@ std::string status_page(const nlohmann::ordered_json& initial) {
   // Inside <script>, "<" only ever appears in JSON strings, where \u003c means the same and can
   // end no element.
   std::string json;
-  for (const char c : initial.dump()) {
+  for (const char c : json_text(initial)) {
     if (c == '<') {
       json += "\\u003c";
     } else {

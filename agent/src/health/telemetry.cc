@@ -10,7 +10,9 @@
 #include <stdexcept>
 
 #include "dist/agent/signals.h"
+#include "health/metrics_access.h"
 #include "health/status_page.h"
+#include "output/valid_text.h"
 #include "rendezvous/schema.h"
 
 namespace dist::agent {
@@ -22,9 +24,10 @@ constexpr std::string_view kPagePath = "/ui";
 constexpr std::string_view kStatusPath = "/status.json";
 constexpr std::chrono::seconds kSampleInterval{1};
 
+// A label value: UTF-8 (Prometheus refuses a scrape that is not), quotes and newlines escaped.
 std::string escape_label(std::string_view value) {
   std::string out;
-  for (const char c : value) {
+  for (const char c : valid_utf8(value)) {
     if (c == '\\' || c == '"') out.push_back('\\');
     if (c == '\n') {
       out += "\\n";
@@ -146,26 +149,30 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
     health_routes[std::string(path)] = [this](const HttpRequest&) { return health(); };
   if (metrics_port) {
     const bool shared = health_port && *health_port == *metrics_port && *metrics_port != 0;
-    auto routes = metrics_routes(shared);
+    const MetricsAccess access = metrics_access(config, host_);
+    auto routes = metrics_routes(shared, access);
     if (shared) routes.merge(health_routes);  // "/" stays the metrics' own
     try {
-      metrics_endpoint_ = std::make_unique<HttpEndpoint>(io, *metrics_port, std::move(routes));
+      metrics_endpoint_ = std::make_unique<HttpEndpoint>(io, access.listen, std::move(routes));
     } catch (const std::exception& e) {
       throw std::runtime_error(std::string("cannot serve the metrics (--metrics-port): ") +
                                e.what());
     }
-    spdlog::info("serving Prometheus metrics at http://{}:{}{}", host_, metrics_endpoint_->port(),
-                 kMetricsPath);
-    spdlog::info("serving the status page at http://{}:{}{}", host_, metrics_endpoint_->port(),
-                 shared ? kPagePath : "/");
+    if (!access.warning.empty()) spdlog::warn("{}", access.warning);
+    const std::string where =
+        fmt::format("http://{}:{}", access.shown_host, metrics_endpoint_->port());
+    const char* token = access.token.empty() ? "" : " (with the token of --metrics-token-file)";
+    spdlog::info("serving Prometheus metrics at {}{}{}", where, kMetricsPath, token);
+    spdlog::info("serving the status page at {}{}{}", where, shared ? kPagePath : "/", token);
     arm_sampler();
-    if (shared) {
-      spdlog::info("serving the health check at http://{}:{}/", host_, metrics_endpoint_->port());
-    }
+    if (shared) spdlog::info("serving the health check at {}/", where);
   }
   if (health_port && !(metrics_port && *health_port == *metrics_port && *metrics_port != 0)) {
     try {
-      health_endpoint_ = std::make_unique<HttpEndpoint>(io, *health_port, std::move(health_routes));
+      // Every interface, as torch's own server would: its clients (an orchestrator's liveness
+      // probe) come from elsewhere, and it says no more than whether the workers are alive.
+      health_endpoint_ = std::make_unique<HttpEndpoint>(io, HttpListen{{}, *health_port},
+                                                        std::move(health_routes));
     } catch (const std::exception& e) {
       throw std::runtime_error(
           std::string("cannot serve the health check (TORCHELASTIC_HEALTH_CHECK_PORT): ") +
@@ -175,14 +182,20 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
   }
 }
 
-// The metrics' port: the metrics, the status page and its data. `shared` with the health check,
-// "/" stays the health check's for torch's clients and curl (no Accept: text/html).
-std::map<std::string, HttpEndpoint::Handler> Telemetry::metrics_routes(bool shared) {
-  return {{std::string(kMetricsPath), [this](const HttpRequest&) { return metrics(); }},
-          {std::string(kPagePath), [this](const HttpRequest&) { return page(); }},
-          {std::string(kStatusPath), [this](const HttpRequest& r) { return status_json(r); }},
-          {"/", [this, shared](const HttpRequest& r) {
-             return shared && !r.accepts_html() ? health() : page();
+// The metrics' port: the metrics, the status page and its data, guarded as `access` says (the
+// token, the Host). `shared` with the health check, "/" stays the health check's for torch's
+// clients and curl (no Accept: text/html), which are not asked for either.
+std::map<std::string, HttpEndpoint::Handler> Telemetry::metrics_routes(
+    bool shared, const MetricsAccess& access) {
+  const HttpEndpoint::Handler page =
+      guarded([this](const HttpRequest&) { return this->page(); }, access);
+  return {{std::string(kMetricsPath),
+           guarded([this](const HttpRequest&) { return metrics(); }, access)},
+          {std::string(kPagePath), page},
+          {std::string(kStatusPath),
+           guarded([this](const HttpRequest& r) { return status_json(r); }, access)},
+          {"/", [this, shared, page](const HttpRequest& r) {
+             return shared && !r.accepts_html() ? health() : page(r);
            }}};
 }
 
@@ -606,7 +619,7 @@ HttpResponse Telemetry::health() const {
                                   {"local_rank", most_silent->worker.local_rank},
                                   {"heartbeat_age_s", seconds(silence)}};
   }
-  return {alive ? 200 : 503, "application/json", body.dump() + "\n"};
+  return {alive ? 200 : 503, "application/json", json_text(body) + "\n"};
 }
 
 nlohmann::ordered_json Telemetry::status(double since) const {
@@ -644,7 +657,7 @@ HttpResponse Telemetry::status_json(const HttpRequest& request) const {
       return {400, "text/plain; charset=utf-8", "since must be a number of seconds\n"};
     }
   }
-  return {200, "application/json", status(since).dump() + "\n"};
+  return {200, "application/json", json_text(status(since)) + "\n"};
 }
 
 HttpResponse Telemetry::page() const {

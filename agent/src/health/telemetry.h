@@ -6,6 +6,8 @@
 //     stragglers, hangs), their step times over the last ten minutes (progress_history.h) and a
 //     timeline of the job's events;
 //   - torch's health check (TORCHELASTIC_HEALTH_CHECK_PORT): HTTP at / (also /health, /healthz).
+// Where the metrics' port listens and what it asks of a client (--metrics-addr, the token of
+// --metrics-token-file): metrics_access.h; the health check asks nothing.
 // The agent and the worker group report what happens through the calls below; the same port for
 // both endpoints serves both, and then / is the health check's unless the client asks for HTML
 // (a browser's Accept: text/html): torch's clients, and curl, get the JSON as before; /ui is
@@ -109,6 +111,8 @@
 namespace dist::agent {
 
 inline constexpr std::chrono::seconds kHealthCheckTimeout{60};  // torch's
+
+struct MetricsAccess;  // health/metrics_access.h
 
 // The agent's lifecycle states (agent.cc's State, in its order), as the metrics name them.
 inline constexpr std::array<std::string_view, 12> kAgentStateNames = {
@@ -242,7 +246,8 @@ class Telemetry {
 
  private:
   void log(std::string_view event, const nlohmann::ordered_json& fields);
-  std::map<std::string, HttpEndpoint::Handler> metrics_routes(bool shared);
+  std::map<std::string, HttpEndpoint::Handler> metrics_routes(bool shared,
+                                                              const MetricsAccess& access);
   HttpResponse metrics() const;
   HttpResponse health() const;
   HttpResponse page() const;

@@ -1,5 +1,7 @@
 // The agent's own messages (spdlog) through the non-blocking console, so that a console nobody
-// reads can never hold up the agent's io thread, its signal handling or its exit.
+// reads can never hold up the agent's io thread, its signal handling or its exit. They are UTF-8:
+// a name in one that is not (a script's, a host's) is written with U+FFFD in its place, so that a
+// log collector reading the console as UTF-8 takes the line.
 #include <spdlog/logger.h>
 #include <spdlog/sinks/base_sink.h>
 
@@ -7,6 +9,7 @@
 #include <string_view>
 
 #include "dist/agent/console.h"
+#include "output/valid_text.h"
 
 namespace dist::agent {
 namespace {
@@ -43,17 +46,21 @@ class ConsoleSink final : public spdlog::sinks::base_sink<std::mutex> {
     formatter_->format(msg, formatted);
     const std::string_view text(formatted.data(), formatted.size());
     if (!colored_ || msg.color_range_end <= msg.color_range_start) {
-      console_->write(ConsoleStream::kStderr, text);
+      if (is_valid_utf8(text)) {
+        console_->write(ConsoleStream::kStderr, text);
+      } else {
+        console_->write(ConsoleStream::kStderr, valid_utf8(text));
+      }
       return;
     }
     const std::size_t start = msg.color_range_start, end = msg.color_range_end;
     std::string record;
     record.reserve(text.size() + 16);
-    record.append(text.substr(0, start))
+    record.append(valid_utf8(text.substr(0, start)))
         .append(level_color(msg.level))
-        .append(text.substr(start, end - start))
+        .append(valid_utf8(text.substr(start, end - start)))
         .append(kColorReset)
-        .append(text.substr(end));
+        .append(valid_utf8(text.substr(end)));
     console_->write(ConsoleStream::kStderr, record);  // one record: a message is never split
   }
 

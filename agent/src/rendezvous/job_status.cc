@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "output/valid_text.h"
 #include "rendezvous/rendezvous_impl.h"
 #include "rendezvous/schema.h"
 
@@ -323,15 +324,14 @@ std::string to_json(const JobStatus& s) {
                                                            : nlohmann::ordered_json(n.agent_state)},
                      {"ranks", std::move(ranks)}});
   }
-  return nlohmann::ordered_json{{"run_id", s.run_id},
-                                {"endpoint", s.endpoint},
-                                {"mode", s.elastic ? "elastic" : "static"},
-                                {"round", s.round},
-                                {"restarts", s.restarts},
-                                {"state", s.state},
-                                {"next_round_joined", s.next_round_joined},
-                                {"nodes", nodes}}
-      .dump();
+  return json_text(nlohmann::ordered_json{{"run_id", s.run_id},
+                                          {"endpoint", s.endpoint},
+                                          {"mode", s.elastic ? "elastic" : "static"},
+                                          {"round", s.round},
+                                          {"restarts", s.restarts},
+                                          {"state", s.state},
+                                          {"next_round_joined", s.next_round_joined},
+                                          {"nodes", nodes}});
 }
 
 }  // namespace dist::agent

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "output/valid_text.h"
+
 namespace dist::agent::schema {
 namespace {
 
@@ -202,15 +204,14 @@ std::string in_round(int round, std::string_view name, int id) {
 }
 
 std::string encode(const NodeRecord& r) {
-  return json{{"host", r.host},
-              {"local_world_size", r.local_world_size},
-              {"pid", r.pid},
-              {"nonce", r.nonce},
-              {"previous_rank", r.previous_rank},
-              {"worker_store", r.worker_store},
-              {"keeps_workers", r.keeps_workers},
-              {"hosts_store", r.hosts_store}}
-      .dump();
+  return json_text(json{{"host", r.host},
+                        {"local_world_size", r.local_world_size},
+                        {"pid", r.pid},
+                        {"nonce", r.nonce},
+                        {"previous_rank", r.previous_rank},
+                        {"worker_store", r.worker_store},
+                        {"keeps_workers", r.keeps_workers},
+                        {"hosts_store", r.hosts_store}});
 }
 
 NodeRecord decode_node_record(std::string_view key, std::string_view text) {
@@ -294,11 +295,10 @@ const char* action_name(Verdict::Action a) {
 }
 
 std::string encode(const Verdict& v) {
-  return json{{"action", action_name(v.action)},
-              {"expect", v.expect},
-              {"restarts", v.restarts},
-              {"reason", v.reason}}
-      .dump();
+  return json_text(json{{"action", action_name(v.action)},
+                        {"expect", v.expect},
+                        {"restarts", v.restarts},
+                        {"reason", v.reason}});
 }
 
 Verdict decode_verdict(std::string_view key, std::string_view text) {
@@ -337,7 +337,7 @@ std::string encode(const std::vector<WorkerFailure>& failures) {
                     {"collateral", f.collateral},
                     {"ended_by_the_stop", f.ended_by_the_stop}});
   }
-  return list.dump();
+  return json_text(list);
 }
 
 std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_view text) {
@@ -398,7 +398,7 @@ std::string encode(const NodeProgress& p) {
   for (std::size_t i = 0; i < shown; ++i) workers.push_back(encode_rank(p.ranks[i]));
   ordered_json j = {{"t", rounded(p.time)}, {"st", shortened(p.state)}, {"w", std::move(workers)}};
   if (const std::size_t more = p.more + (p.ranks.size() - shown)) j["more"] = more;
-  return j.dump();
+  return json_text(j);
 }
 
 NodeProgress decode_node_progress(std::string_view key, std::string_view text) {

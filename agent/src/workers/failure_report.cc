@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
+#include "output/valid_text.h"
 #include "processes/process.h"
 
 namespace dist::agent {
@@ -59,7 +61,9 @@ void read_error_file(WorkerFailure& failure) {
   std::ifstream in(failure.error_file);
   if (!in) return;
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
+    // Python writes a name that is not UTF-8 as lone surrogate escapes, which nlohmann refuses.
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    const nlohmann::json j = nlohmann::json::parse(lenient_json(text));
     const nlohmann::json& m = j.at("message");
     if (m.is_string()) {
       failure.message = m.get<std::string>();
@@ -152,7 +156,7 @@ std::string format_replacement(const std::string& script, const InPlaceReplaceme
       << script << " worker " << r.failure.rank << " FAILED, replaced in place\n"
       << thin << "\n"
       << describe_replacement(r, 0) << rule << "\n";
-  return out.str();
+  return valid_utf8(out.str());
 }
 
 std::string format_report(const std::string& script, const std::vector<WorkerFailure>& failures,
@@ -173,7 +177,7 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
     for (std::size_t i = 0; i < replaced.size(); ++i) out << describe_replacement(replaced[i], i);
   }
   out << rule << "\n";
-  return out.str();
+  return valid_utf8(out.str());
 }
 
 }  // namespace dist::agent

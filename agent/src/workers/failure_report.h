@@ -9,7 +9,8 @@
 namespace dist::agent {
 
 // Fills message/traceback/time from a TORCHELASTIC_ERROR_FILE written the way torch's @record
-// does; leaves them as they are when the file is missing or unreadable.
+// does (a name that is not UTF-8 comes out with U+FFFD in its place); leaves them as they are when
+// the file is missing or unreadable.
 void read_error_file(WorkerFailure& failure);
 
 // The agent's exit code for a failure: the worker's own code, or 128 + signal.
@@ -37,7 +38,8 @@ struct InPlaceReplacement {
 };
 
 // The whole block, from the "<script> FAILED" title to the closing rule; the workers replaced in
-// place before the failure that ended the job, listed after the root cause.
+// place before the failure that ended the job, listed after the root cause. UTF-8: what is not
+// (a script's name, an error message) replaced by U+FFFD.
 std::string format_report(const std::string& script, const std::vector<WorkerFailure>& failures,
                           const std::vector<InPlaceReplacement>& replaced = {});
 

@@ -17,9 +17,10 @@ struct HttpReply {
   std::string body;
 };
 
-// `request_line` as sent ("GET /metrics HTTP/1.1"); waits at most 5 s for the whole reply.
-inline HttpReply http_request(int port, const std::string& request_line,
-                              const std::string& host = "127.0.0.1") {
+// `request` sent as it is (request line, headers and the blank line) to `host`:port; waits at most
+// 5 s for the whole reply.
+inline HttpReply http_exchange(int port, const std::string& request,
+                               const std::string& host = "127.0.0.1") {
   HttpReply reply;
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   timeval limit{5, 0};
@@ -32,7 +33,6 @@ inline HttpReply http_request(int port, const std::string& request_line,
     ::close(fd);
     return reply;
   }
-  const std::string request = request_line + "\r\nHost: " + host + "\r\n\r\n";
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(request.size())) {
     ::close(fd);
@@ -49,6 +49,13 @@ inline HttpReply http_request(int port, const std::string& request_line,
   reply.head = raw.substr(0, end_of_head);
   reply.body = raw.substr(end_of_head + 4);
   return reply;
+}
+
+// `request_line` as sent ("GET /metrics HTTP/1.1", and header lines after it), with Host: `host`;
+// waits at most 5 s for the whole reply.
+inline HttpReply http_request(int port, const std::string& request_line,
+                              const std::string& host = "127.0.0.1") {
+  return http_exchange(port, request_line + "\r\nHost: " + host + "\r\n\r\n", host);
 }
 
 }  // namespace dist::agent::testing

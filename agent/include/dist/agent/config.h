@@ -53,10 +53,19 @@ struct WatchdogOptions {
   bool step_hook = true;  // --no-step-hook off: the progress hook in Python workers (python_hook.h)
 };
 
+// The environment variable that names --metrics-token-file's file when the option is not given.
+inline constexpr char kMetricsTokenFileVariable[] = "DIST_LAUNCH_METRICS_TOKEN_FILE";
+
 // What the agent tells the outside (agent/src/telemetry.h).
 struct TelemetryOptions {
   std::string event_log;                      // --event-log: JSON lines appended to this file
   std::optional<std::uint16_t> metrics_port;  // --metrics-port: Prometheus text (0: a free one)
+  // --metrics-addr: where the metrics' port listens, an address or a name (0.0.0.0, ::: every
+  // interface). Empty: loopback for a job of one node, else the node's own address (local_addr).
+  std::string metrics_addr;
+  // --metrics-token-file's token: the status page, status.json and /metrics answer only requests
+  // that present it (agent/src/health/metrics_access.h); empty: none asked for.
+  std::string metrics_token;
 };
 
 // Warm restarts and snapshots (agent/src/warm/).

@@ -150,5 +150,25 @@ TEST(FailureReport, ErrorFileTimestampsKeepTheirFractions) {
   EXPECT_NEAR(static_cast<double>(ms), 1700000000250.0, 1.0);
 }
 
+// A Python script whose name is not UTF-8 fails: torch's @record writes its traceback with the
+// name's byte as a lone surrogate escape. The report keeps the message, with U+FFFD in the
+// byte's place, and is UTF-8 throughout.
+TEST(FailureReport, AnErrorFileNamingAFileThatIsNotUtf8IsReadAndReported) {
+  const std::string path = "/tmp/dist-error-file-test-" + std::to_string(::getpid()) + "-b.json";
+  std::ofstream(path) << R"({"message": {"message": "FileNotFoundError: caf\udce9.csv", )"
+                      << R"("extraInfo": {"py_callstack": "File \"caf\udce9.py\", line 3", )"
+                      << R"("timestamp": "1700000000"}}})";
+  WorkerFailure f;
+  f.error_file = path;
+  f.exit_code = 1;
+  read_error_file(f);
+  std::remove(path.c_str());
+  EXPECT_EQ(f.message, "FileNotFoundError: caf\xEF\xBF\xBD.csv");
+  EXPECT_EQ(f.traceback, "File \"caf\xEF\xBF\xBD.py\", line 3");
+  const std::string report = format_report("caf\xE9.py", {f});
+  EXPECT_NE(report.find("caf\xEF\xBF\xBD.py FAILED"), std::string::npos) << report;
+  EXPECT_EQ(report.find('\xE9'), std::string::npos) << report;
+}
+
 }  // namespace
 }  // namespace dist::agent

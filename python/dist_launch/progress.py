@@ -95,6 +95,7 @@ _COLLECTIVES = {
     "batch_isend_irecv": 11,
 }
 _SAMPLE_SECONDS = 0.02
+_ACTIVITY_NS = 2_000_000_000  # what the main thread was in, over this long
 
 _words = None  # the slot as 8-byte words; None outside dist-launch
 _halves = None  # and as 4-byte ones
@@ -233,6 +234,7 @@ class _Sampler:
         self.waiting_since = 0
         self.waiting_issued = 0
         self.failures = 0
+        self.activity_seen = {}  # activity bit -> when the main thread was last seen in it
 
     # Frame categories.
     USER, TORCH, COLLECTIVE, DIST, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = range(10)
@@ -380,7 +382,15 @@ class _Sampler:
         words, halves = self.words, self.halves
         issued = self.read_groups(now) if self.c10d.is_initialized() else 0
         activity, collective, kind, distributed = self.main_thread()
-        halves[_I_ACTIVITY] = activity
+        # What it was in over the last _ACTIVITY_SECONDS, not only now: a loop of torch.save calls
+        # spends some of each turn outside them.
+        seen = self.activity_seen
+        bit = 1
+        while bit <= activity:
+            if activity & bit:
+                seen[bit] = now
+            bit <<= 1
+        halves[_I_ACTIVITY] = sum(b for b, t in seen.items() if now - t < _ACTIVITY_NS)
         blocked = distributed and self.groups and self.asleep()
         if blocked and self.waiting_since and issued != self.waiting_issued:
             blocked = False  # it issued another one meanwhile: a new wait, from the next pass

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "health/process_activity.h"
+#include "rendezvous/rendezvous.h"
 
 namespace dist::agent {
 namespace {
@@ -136,7 +137,9 @@ void HangDetector::sample() {
     const slot::Slot* s = w.running ? slots_.slot(local_rank) : nullptr;
     if (!s) continue;
     const SlotReading reading = read_slot(*s, now);
+    const SlotReading previous = w.history.last();
     w.history.add(reading);
+    track_blocked(w, previous, reading);
     check_hook(w, reading, now);
     own_work[w.worker.rank] = w.history.work_seconds_per_step();
     every_rank_measures_work = every_rank_measures_work && own_work[w.worker.rank].has_value();
@@ -151,22 +154,83 @@ void HangDetector::sample() {
     if (silent >= *timeout && (!overdue || silent > overdue->first)) overdue = {{silent, *timeout}};
   }
   if (episode_ && (!least_recent || *least_recent > *episode_)) progress_resumed(now);
-  for (const auto& change : stragglers_.update(every_rank_measures_work ? own_work : step_time)) {
-    const auto it = std::find_if(workers_.begin(), workers_.end(), [&](const auto& entry) {
-      return entry.second.worker.rank == change.rank;
-    });
-    if (it == workers_.end()) continue;
-    const char* what = every_rank_measures_work ? "work per step" : "step time";
-    if (change.straggler) {
-      spdlog::warn("{} is a straggler: its {} is {:.2f}x the other ranks' median",
-                   describe(it->second.worker), what, change.ratio);
-    } else {
-      spdlog::info("{} is no longer a straggler ({} {:.2f}x the median)",
-                   describe(it->second.worker), what, change.ratio);
-    }
-    telemetry_.straggler(it->second.worker, change.straggler, change.ratio, what);
+  // One node: its ranks against each other, every second. Several: the job view's turn.
+  if (!options_.other_nodes) {
+    flag_stragglers(every_rank_measures_work ? own_work : step_time,
+                    every_rank_measures_work ? "work per step" : "step time");
   }
   if (overdue && !investigating_) investigate(overdue->first, overdue->second);
+}
+
+// Whether the worker has been blocked in the same collective since the previous sample (the
+// sampler still running, for torch's), and how busy its process was meanwhile.
+void HangDetector::track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now) {
+  const auto ticks = read_cpu_ticks(w.worker.pid);
+  if (ticks && w.cpu_ticks && previous.at.count() > 0) {
+    w.cpu_share = cpu_share(*w.cpu_ticks, *ticks, seconds(now.at - previous.at));
+  }
+  w.cpu_ticks = ticks;
+  const bool same =
+      now.pending_since_ns != 0 && now.pending_since_ns == previous.pending_since_ns &&
+      now.pending_group == previous.pending_group && now.pending_seq == previous.pending_seq &&
+      now.pending_op == previous.pending_op &&
+      (now.pending_group == 0 || now.sampled_ns != previous.sampled_ns);
+  w.blocked_readings = same ? w.blocked_readings + 1 : 0;
+}
+
+// Ranks flagged or cleared as stragglers: said, and into the event log. Only this node's ranks
+// are said here (with several nodes, each node says its own).
+void HangDetector::flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
+                                   std::string_view measure) {
+  for (const auto& change : stragglers_.update(seconds_per_step)) {
+    const auto it = std::find_if(workers_.begin(), workers_.end(), [&](const auto& entry) {
+      return entry.second.running && entry.second.worker.rank == change.rank;
+    });
+    if (it == workers_.end()) continue;
+    const char* others = options_.other_nodes ? "the job's other ranks'" : "the other ranks'";
+    if (change.straggler) {
+      spdlog::warn("{} is a straggler: its {} is {:.2f}x {} median", describe(it->second.worker),
+                   measure, change.ratio, others);
+    } else {
+      spdlog::info("{} is no longer a straggler ({} {:.2f}x the median)",
+                   describe(it->second.worker), measure, change.ratio);
+    }
+    telemetry_.straggler(it->second.worker, change.straggler, change.ratio, measure);
+  }
+}
+
+void HangDetector::job_view(const schema::JobView& view) {
+  if (!running_) return;
+  view_ = view;
+  view_at_ = std::chrono::steady_clock::now();
+  // Every rank's work per step as the view lists it; this node's own as measured now.
+  std::map<int, std::optional<double>> work;
+  for (const auto& [rank, seconds] : view.work) work[rank] = seconds;
+  for (const auto& [_, w] : workers_) {
+    if (w.running) work[w.worker.rank] = w.history.work_seconds_per_step();
+  }
+  flag_stragglers(work, "work per step");
+}
+
+// The other nodes' ranks blocked in a collective, from a job view fresh enough to prove with.
+std::vector<CollectiveState> HangDetector::elsewhere() const {
+  std::vector<CollectiveState> states;
+  if (!view_ || std::chrono::steady_clock::now() - view_at_ > 3 * kJobViewInterval) return states;
+  for (const auto& b : view_->blocked) {
+    const bool ours = std::any_of(workers_.begin(), workers_.end(), [&](const auto& entry) {
+      return entry.second.running && entry.second.worker.rank == b.rank;
+    });
+    if (ours) continue;
+    CollectiveState c;
+    c.rank = b.rank;
+    for (const auto& [id, seq] : b.groups) {
+      c.seqs[id] = seq;
+      c.order.push_back(id);
+    }
+    c.wait = CollectiveState::Wait{b.group, b.seq, b.op, b.seconds};
+    states.push_back(std::move(c));
+  }
+  return states;
 }
 
 // Every rank made progress since the silence a report was made of: said, and the marks go.
@@ -286,9 +350,7 @@ void HangDetector::conclude() {
   }
   // A proof needs waits this old at least: kMinProvenWaitSeconds, or a shorter explicit timeout.
   const double min_wait = std::min(kMinProvenWaitSeconds, seconds(timeout_));
-  const HangFinding finding =
-      examine(looks, rule(),
-              options_.elsewhere ? options_.elsewhere() : std::vector<CollectiveState>{}, min_wait);
+  const HangFinding finding = examine(looks, rule(), elsewhere(), min_wait);
   if (finding.moving) {
     spdlog::log(last_report_.empty() ? spdlog::level::info : spdlog::level::debug,
                 "not a hang: {}; the next look comes after another hang timeout", *finding.moving);
@@ -504,6 +566,27 @@ void HangDetector::fill(WorkerProgress& p) const {
   if (w.reported) {
     p.suspect = w.reported->suspect && !w.reported->active && !w.reported->paused;
     if (!p.paused) p.doing = w.reported->doing;
+  }
+  p.work_seconds = h.work_seconds_per_step();
+  const double blocked_s =
+      r.pending_since_ns == 0
+          ? 0
+          : seconds(monotonic_now() - std::chrono::nanoseconds(r.pending_since_ns));
+  if (w.blocked_readings >= kStableBlockedReadings && w.cpu_share < kIdleCpuShare &&
+      blocked_s >= kMinProvenWaitSeconds) {
+    schema::BlockedRank b;
+    b.rank = w.worker.rank;
+    b.op = r.pending_op;
+    b.seconds = blocked_s;
+    if (r.pending_group != 0) {
+      b.groups = r.groups;
+      b.group = r.pending_group;
+      b.seq = r.pending_seq;
+    } else {  // the SDK's one sequence, as group 0
+      b.groups = {{0, r.collectives_issued}};
+      b.seq = r.collectives_done + 1;
+    }
+    p.blocked = std::move(b);
   }
 }
 

@@ -57,6 +57,7 @@ inline constexpr std::chrono::seconds kStackDumpWait{2};
 inline constexpr std::chrono::seconds kVictimGrace{10};
 inline constexpr std::chrono::seconds kBoundMargin{60};    // past the job's collective timeout
 inline constexpr std::chrono::seconds kHookLoadGrace{10};  // a Python worker's hook must be in
+inline constexpr int kStableBlockedReadings = 3;  // samples in the same collective: a stable wait
 
 // The realtime signal that asks a worker for its stacks (DIST_STACK_SIGNAL).
 int stack_signal();
@@ -66,9 +67,6 @@ struct HangOptions {
   bool other_nodes = false;     // ranks on other nodes: a rank here may wait for one of them
   bool python_workers = false;  // the workers are Python with the progress hook on their path
   std::string host;             // for the report
-  // The collectives of the ranks on other nodes, as their agents last published them (a hang
-  // that spans nodes is proven with them); none without other nodes.
-  std::function<std::vector<CollectiveState>()> elsewhere;
 };
 
 class HangDetector {
@@ -84,8 +82,13 @@ class HangDetector {
   void exited(int local_rank);
   void stopping();  // the group stops: no sampling, no investigation until the next start
 
-  // The step counts, rates, hang timeout, straggler flag and suspected hang of a running worker.
+  // The step counts, rates, hang timeout, straggler flag, suspected hang, work per step and stable
+  // wait in a collective of a running worker.
   void fill(WorkerProgress& p) const;
+
+  // The job as node 0 sees it (several nodes): stragglers are told against every rank of the job,
+  // and a hang is proven with the other nodes' blocked ranks.
+  void job_view(const schema::JobView& view);
 
  private:
   struct Watched {
@@ -97,7 +100,10 @@ class HangDetector {
     std::optional<RankLook> look;      // during an investigation
     std::uintmax_t stacks_offset = 0;  // the stack file's size before the last signal
     bool signalled = false;
-    std::optional<RankWhere> reported;  // what the last report said of it, while it stands
+    std::optional<RankWhere> reported;       // what the last report said of it, while it stands
+    std::optional<std::uint64_t> cpu_ticks;  // its process's, at the last sample
+    double cpu_share = 0;                    // of a core, over the last sample's interval
+    int blocked_readings = 0;  // consecutive samples that saw it blocked in the same collective
   };
   void arm_sample();
   void sample();
@@ -117,14 +123,20 @@ class HangDetector {
   bool dumps_arrived() const;
   std::string hang_reason() const;
   void progress_resumed(std::chrono::nanoseconds now);
+  void track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now);
+  void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
+                       std::string_view measure);
+  std::vector<CollectiveState> elsewhere() const;
 
   boost::asio::io_context& io_;
   HangOptions options_;
   const HeartbeatMonitor& slots_;
   Telemetry& telemetry_;
   Kill kill_;
-  std::map<int, Watched> workers_;  // by local rank
-  StragglerWatch stragglers_;
+  std::map<int, Watched> workers_;       // by local rank
+  StragglerWatch stragglers_;            // this node's ranks (one node), or the job's (several)
+  std::optional<schema::JobView> view_;  // the last job view, with when it came
+  std::chrono::steady_clock::time_point view_at_{};
   bool running_ = false;
   boost::asio::steady_timer sampler_;
   boost::asio::steady_timer investigation_;

@@ -95,6 +95,21 @@ std::vector<std::tuple<std::string, std::string, int>> functions(std::string_vie
   return out;
 }
 
+// Whether the torch hook's sampler ran between the looks: what it wrote is current. A sampler
+// that did not (the interpreter held by a thread that keeps the GIL) left its last word behind,
+// which is no longer true.
+bool sampler_alive(const RankLook& l) {
+  return (l.second.features & slot::kSampler) && l.second.sampled_ns != l.first.sampled_ns;
+}
+
+// The slot's pending collective, when it can be believed: the SDK's always, the sampler's while
+// it runs.
+bool pending(const RankLook& l) {
+  const SlotReading& s = l.second;
+  if (s.pending_since_ns == 0) return false;
+  return s.pending_group == 0 || sampler_alive(l);
+}
+
 bool sdk_dump(std::string_view dump) {
   return dump.find("dist::sdk stack of pid") != std::string::npos;
 }
@@ -172,13 +187,13 @@ Position position_of(const RankLook& look) {
             fmt::format("in uninterruptible I/O (state D{})",
                         look.after.wchan.empty() ? "" : ", in " + look.after.wchan)};
   }
-  if (s.pending_since_ns != 0) {
+  if (pending(look)) {
     return {true, true,
             fmt::format("waiting in {} for {:.1f} s", pending_text(s), blocked_seconds(s))};
   }
   if (look.stacks_second && !sdk_dump(*look.stacks_second)) {
     const auto frames = main_thread_frames(*look.stacks_second);
-    if (!frames.empty()) return python_position(frames, s.features & slot::kSampler);
+    if (!frames.empty()) return python_position(frames, sampler_alive(look));
   }
   if (s.collectives_issued > 0 && s.groups.empty()) {  // the SDK's groups count: nothing pending
     return {false, true,
@@ -238,10 +253,12 @@ std::pair<std::string, bool> doing_of(const RankLook& l) {
     parts.emplace_back("its stack moving");
     active = true;
   }
-  for (auto& w : activity_words(s.activity)) parts.push_back(std::move(w));
-  const bool sampler_stuck = (s.features & slot::kSampler) && s.sampled_ns != 0 &&
-                             s.sampled_ns == l.first.sampled_ns && l.after.state != 'T';
-  if (sampler_stuck) parts.emplace_back("Python not running (a thread holds the GIL?)");
+  const bool sampled = sampler_alive(l);
+  if (sampled) {
+    for (auto& w : activity_words(s.activity)) parts.push_back(std::move(w));
+  } else if ((s.features & slot::kSampler) && l.after.state != 'T' && l.after.state != 't') {
+    parts.emplace_back("its Python not running (a thread holds the GIL)");
+  }
   if (!active && !s.paused()) {
     parts.insert(parts.begin(), l.after.wchan.empty() ? std::string("idle")
                                                       : "idle (asleep in " + l.after.wchan + ")");
@@ -251,27 +268,55 @@ std::pair<std::string, bool> doing_of(const RankLook& l) {
   return {text, active};
 }
 
-// The ranks the others wait for: behind the others, else not waiting while others wait, else
-// (alone) the rank itself. `where` of those behind says by how much.
+// Whether rank a has issued fewer collectives than rank b and none more: in every process group
+// both are in (torch's counts), or in the SDK's one sequence. Empty when it is not; otherwise what
+// says so ("16 collectives of process group 0, rank 1 at 17").
+std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, int b_rank) {
+  if (a.groups.empty() || b.groups.empty()) {
+    if (!a.groups.empty() || !b.groups.empty() || a.collectives_issued >= b.collectives_issued) {
+      return "";
+    }
+    return fmt::format("{} collectives, rank {} at {}", a.collectives_issued, b_rank,
+                       b.collectives_issued);
+  }
+  std::string first_lower;
+  for (std::size_t i = 0; i < a.groups.size(); ++i) {
+    const auto [id, seq] = a.groups[i];
+    const auto other = std::find_if(b.groups.begin(), b.groups.end(),
+                                    [id = id](const auto& g) { return g.first == id; });
+    if (other == b.groups.end()) continue;
+    if (seq > other->second) return "";
+    if (seq < other->second && first_lower.empty()) {
+      const std::uint64_t fewer = other->second - seq;
+      first_lower = fmt::format("{} collective{} fewer than rank {} in process group {}", fewer,
+                                fewer > 1 ? "s" : "", b_rank, i);
+    }
+  }
+  return first_lower;
+}
+
+// The ranks the others wait for: behind the others (fewer steps, or at as many steps fewer
+// collectives issued and none more), else not waiting while others wait, else (alone) the rank
+// itself. `where` of those behind says by how much.
 std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankWhere>& ranks,
                            const std::vector<Position>& positions) {
   std::vector<bool> out(looks.size(), false);
-  const auto progress = [&](std::size_t i) {
-    return std::make_tuple(looks[i].second.steps, looks[i].second.collectives_issued);
-  };
-  std::size_t ahead = 0;
-  for (std::size_t i = 1; i < looks.size(); ++i) {
-    if (progress(i) > progress(ahead)) ahead = i;
-  }
   bool any = false;
   for (std::size_t i = 0; i < looks.size(); ++i) {
-    if (progress(i) >= progress(ahead)) continue;
-    out[i] = any = true;
-    const auto& s = looks[i].second;
-    const auto& lead = looks[ahead].second;
-    ranks[i].where += fmt::format(
-        "; behind the others: {} steps and {} collectives, rank {} at {} and {}", s.steps,
-        s.collectives_issued, looks[ahead].worker.rank, lead.steps, lead.collectives_issued);
+    const SlotReading& mine = looks[i].second;
+    for (std::size_t j = 0; j < looks.size() && !out[i]; ++j) {
+      const SlotReading& theirs = looks[j].second;
+      std::string behind;
+      if (mine.steps < theirs.steps) {
+        behind =
+            fmt::format("{} steps, rank {} at {}", mine.steps, looks[j].worker.rank, theirs.steps);
+      } else if (mine.steps == theirs.steps) {
+        behind = behind_in_collectives(mine, theirs, looks[j].worker.rank);
+      }
+      if (behind.empty()) continue;
+      out[i] = any = true;
+      ranks[i].where += "; behind the others: " + behind;
+    }
   }
   if (any) return out;
   const bool someone_waits =
@@ -356,7 +401,7 @@ CollectiveState collective_state(const RankLook& l, double min_wait_s) {
   } else if (b.collectives_issued > 0) {
     c.seqs[0] = b.collectives_issued;
   }
-  const bool same_wait = b.pending_since_ns != 0 && a.pending_since_ns == b.pending_since_ns &&
+  const bool same_wait = pending(l) && a.pending_since_ns == b.pending_since_ns &&
                          a.pending_group == b.pending_group && a.pending_seq == b.pending_seq &&
                          a.pending_op == b.pending_op && !counters_moved(a, b);
   const bool idle = cpu_share(l.before, l.after, std::max(look_seconds(l), 1e-3)) < kIdleCpuShare;

@@ -84,10 +84,21 @@ ProcessActivity read_activity(pid_t pid) {
   return a;
 }
 
+std::optional<std::uint64_t> read_cpu_ticks(pid_t pid) {
+  char state = '?';
+  std::uint64_t ticks = 0;
+  if (!read_stat(pid, state, ticks)) return std::nullopt;
+  return ticks;
+}
+
 double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds) {
-  if (seconds <= 0 || after.cpu_ticks < before.cpu_ticks) return 0;
+  return cpu_share(before.cpu_ticks, after.cpu_ticks, seconds);
+}
+
+double cpu_share(std::uint64_t before, std::uint64_t after, double seconds) {
+  if (seconds <= 0 || after < before) return 0;
   static const long ticks_per_second = ::sysconf(_SC_CLK_TCK);
-  return static_cast<double>(after.cpu_ticks - before.cpu_ticks) /
+  return static_cast<double>(after - before) /
          static_cast<double>(ticks_per_second > 0 ? ticks_per_second : 100) / seconds;
 }
 

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace dist::agent {
@@ -23,9 +24,12 @@ struct ProcessActivity {
 
 // The worker `pid` and its descendants now; processes = 0 when it is gone.
 ProcessActivity read_activity(pid_t pid);
+// The CPU ticks of `pid` alone (one read of /proc/<pid>/stat); none when it is gone.
+std::optional<std::uint64_t> read_cpu_ticks(pid_t pid);
 
 // The CPU a reading's processes used between two readings, as a share of one core (1.0 = one core
 // busy all the time).
 double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds);
+double cpu_share(std::uint64_t ticks_before, std::uint64_t ticks_after, double seconds);
 
 }  // namespace dist::agent

@@ -92,6 +92,7 @@ RankStatus rank_status(const WorkerProgress& p) {
   r.suspect = p.suspect;
   r.paused = p.paused;
   r.doing = p.doing;
+  r.work_seconds = p.work_seconds;
   return r;
 }
 
@@ -225,7 +226,12 @@ std::vector<RankStatus> Telemetry::ranks() const {
 }
 
 schema::NodeProgress Telemetry::node_progress() const {
-  return {wall_clock(), state_, ranks(), 0};
+  schema::NodeProgress p{wall_clock(), state_, {}, 0, {}};
+  for (const auto& w : progress()) {
+    p.ranks.push_back(rank_status(w));
+    if (w.blocked) p.blocked.push_back(*w.blocked);
+  }
+  return p;
 }
 
 // Once a second while the page is served: a sample of every running worker for its plots.

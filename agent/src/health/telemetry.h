@@ -141,10 +141,12 @@ struct WorkerProgress {
   std::optional<double> steps_per_second;              // over the last few seconds
   std::optional<double> hang_timeout_s;                // when it would be taken for hung
   bool straggler = false;                              // slower than its group by more than noise
-  std::string pending_collective;  // the collective it is blocked in ("all_reduce #12")
-  bool suspect = false;            // a hang investigation found the others wait for it, idle
-  bool paused = false;             // it declared a pause of its own
-  std::string doing;               // what the last investigation (or its pause) says it does
+  std::string pending_collective;      // the collective it is blocked in ("all_reduce #12")
+  bool suspect = false;                // a hang investigation found the others wait for it, idle
+  bool paused = false;                 // it declared a pause of its own
+  std::string doing;                   // what the last investigation (or its pause) says it does
+  std::optional<double> work_seconds;  // its own work per step (the straggler measure)
+  std::optional<schema::BlockedRank> blocked;  // stably blocked in a collective, idle
 };
 
 // One rank of a hang investigation (hang_detector.h): where it was, what it was doing, and

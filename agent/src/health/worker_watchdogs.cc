@@ -130,6 +130,10 @@ std::vector<WorkerProgress> WorkerWatchdogs::progress() const {
   return out;
 }
 
+void WorkerWatchdogs::job_view(const schema::JobView& view) {
+  if (hang_) hang_->job_view(view);
+}
+
 // The worker whose process group holds `pid` (its own, or one it started there).
 WorkerWatchdogs::Watched* WorkerWatchdogs::owner_of(pid_t pid) {
   const pid_t group = ::getpgid(pid);

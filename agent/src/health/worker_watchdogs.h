@@ -66,6 +66,8 @@ class WorkerWatchdogs {
   bool collateral(int local_rank) const;
   // The running workers' heartbeats.
   std::vector<WorkerProgress> progress() const;
+  // The job view (several nodes), for the hang detector.
+  void job_view(const schema::JobView& view);
 
  private:
   struct Watched {

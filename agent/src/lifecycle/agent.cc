@@ -639,6 +639,10 @@ class Agent {
         [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
     // Published beside this node's heartbeat, for `dist-launch status`.
     rounds_->set_progress_source([this] { return telemetry_->node_progress(); });
+    // The job as node 0 reads it (several nodes): stragglers job-wide, hangs across nodes.
+    rounds_->set_job_view_sink([this](schema::JobView view) {
+      if (group_) group_->job_view(view);
+    });
   }
 
   // Where the workers find the token (DIST_LAUNCH_TOKEN_FILE): the file given, or one written

@@ -348,8 +348,43 @@ Task<void> NodeRendezvous::Impl::report_lost_successor(const Assignment& a, Rend
   co_await via.delete_key(schema::in_round(a.round, name::kIntact));
 }
 
+Task<void> NodeRendezvous::Impl::exchange_view(
+    const Assignment& a, RendezvousStore& via,
+    const std::function<void(schema::JobView)>& on_view) {
+  const std::string key = schema::in_round(a.round, name::kView);
+  try {
+    if (a.node_rank != 0) {
+      if (const auto value = co_await via.try_get(key))
+        on_view(schema::decode_job_view(key, *value));
+      co_return;
+    }
+    std::vector<std::string> names;
+    for (int k = 0; k < a.num_nodes; ++k) {
+      names.push_back(schema::in_round(a.round, name::kProgress, k));
+    }
+    const auto values = co_await via.multi_get(names);  // one request, every node's progress
+    std::vector<schema::NodeProgress> nodes;
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      if (!values[k]) continue;
+      try {
+        nodes.push_back(schema::decode_node_progress(names[k], *values[k]));
+      } catch (const schema::CorruptValueError& e) {
+        spdlog::debug("job view: {}", e.what());
+      }
+    }
+    const double now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    schema::JobView view = schema::make_job_view(nodes, now);
+    co_await via.set(key, schema::encode(view));
+    on_view(std::move(view));
+  } catch (const schema::CorruptValueError& e) {
+    spdlog::debug("job view: {}", e.what());
+  }
+}
+
 Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds heartbeat,
-                                              std::function<std::string()> progress) {
+                                              std::function<std::string()> progress,
+                                              std::function<void(schema::JobView)> on_view) {
   struct Reset {  // the next watch starts afresh, however this one ends
     std::weak_ptr<char> alive;
     bool& flag;
@@ -380,9 +415,14 @@ Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds
     }
     // Between events, a heartbeat for `dist-launch status`: the wall-clock time, and this node's
     // progress beside it (one request).
+    // Every kJobViewInterval, the job view (node 0 makes it from every node's progress).
+    const auto view_every = std::max<std::int64_t>(
+        1, kJobViewInterval.count() / std::max<std::int64_t>(1, heartbeat.count()));
     std::optional<std::size_t> gone;
-    while (!gone) {
+    for (std::int64_t beat = 1; !gone; ++beat) {
       co_await watcher.multi_set(schema::heartbeat_items(a.round, a.node_rank, progress));
+      if (on_view && progress && beat % view_every == 0)
+        co_await exchange_view(a, watcher, on_view);
       gone = co_await watcher.wait_deleted(names, heartbeat);
     }
     switch (events[*gone]) {
@@ -531,8 +571,9 @@ Task<std::vector<WorkerFailure>> NodeRendezvous::failures(Assignment a) {
   return impl_->failures(std::move(a));
 }
 Task<WatchResult> NodeRendezvous::watch(Assignment a, std::chrono::seconds heartbeat,
-                                        std::function<std::string()> progress) {
-  return impl_->watch(std::move(a), heartbeat, std::move(progress));
+                                        std::function<std::string()> progress,
+                                        std::function<void(schema::JobView)> on_view) {
+  return impl_->watch(std::move(a), heartbeat, std::move(progress), std::move(on_view));
 }
 void NodeRendezvous::stop_watch() {
   impl_->stop_watch();

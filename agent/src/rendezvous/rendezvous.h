@@ -116,6 +116,13 @@ struct Assignment {
 
 // What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, or our own
 // stop (the watch was closed).
+namespace schema {
+struct JobView;
+}
+
+// How often the job view (schema::JobView) is made and read while a round runs.
+inline constexpr std::chrono::seconds kJobViewInterval{5};
+
 struct WatchResult {
   enum Kind { kFailed, kNodeLost, kNewcomer, kStopped } kind = kStopped;
   int node = -1;  // for kNodeLost: its node rank (-1: unknown)
@@ -198,8 +205,11 @@ class NodeRendezvous {
   // stop_watch() is called, writing this node's heartbeat (wall-clock seconds) every `heartbeat`,
   // and with it, in the same request, what `progress` returns (schema::NodeProgress, encoded).
   // Runs on a session of its own: may run while this object's other calls do.
+  // Every kJobViewInterval, `on_view` hears the job view (schema.h's JobView): node 0 makes it
+  // from every node's progress and writes it, the others read it.
   Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
-                          std::function<std::string()> progress = {});
+                          std::function<std::string()> progress = {},
+                          std::function<void(schema::JobView)> on_view = {});
   void stop_watch();
 
   // This node's workers all succeeded: true once every node's did, false when the round failed

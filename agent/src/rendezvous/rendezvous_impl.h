@@ -47,7 +47,8 @@ class NodeRendezvous::Impl {
   Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
   Task<std::vector<WorkerFailure>> failures(Assignment a);
   Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
-                          std::function<std::string()> progress);
+                          std::function<std::string()> progress,
+                          std::function<void(schema::JobView)> on_view);
   void stop_watch();
   Task<bool> exit_barrier(Assignment a, std::chrono::milliseconds timeout);
   Task<void> wait_for_others_to_leave(Assignment a, std::chrono::milliseconds timeout);
@@ -100,6 +101,10 @@ class NodeRendezvous::Impl {
   Task<std::vector<int>> members(const Assignment& a);
   Task<std::vector<int>> lost_nodes(Assignment a);
   Task<void> report_lost_successor(const Assignment& a, RendezvousStore& via);
+  // The job view (schema::JobView): node 0 reads every node's progress and writes it, the others
+  // read it; `on_view` hears it. A value that does not decode is said at debug level and skipped.
+  Task<void> exchange_view(const Assignment& a, RendezvousStore& via,
+                           const std::function<void(schema::JobView)>& on_view);
   std::optional<std::string> successor_key(const Assignment& a) const;
   void notice(const std::string& message) const {
     if (log_) log_(message);

@@ -207,7 +207,7 @@ class NodeRounds : public RoundSource {
     WatchOutcome o;
     try {
       o.result = co_await rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds),
-                                       encoded_progress());
+                                       encoded_progress(), view_sink());
     } catch (const rendezvous::StoreError& e) {
       if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
       o.store_lost = e.what();

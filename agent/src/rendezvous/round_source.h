@@ -96,8 +96,13 @@ class RoundSource {
   void set_progress_source(std::function<schema::NodeProgress()> source) {
     progress_ = std::move(source);
   }
+  // Several nodes: what hears the job view (schema::JobView) while a round runs.
+  void set_job_view_sink(std::function<void(schema::JobView)> sink) {
+    view_sink_ = std::move(sink);
+  }
 
  protected:
+  const std::function<void(schema::JobView)>& view_sink() const { return view_sink_; }
   // progress_, encoded (none without a source).
   std::function<std::string()> encoded_progress() const {
     if (!progress_) return {};
@@ -106,6 +111,7 @@ class RoundSource {
 
  private:
   std::function<schema::NodeProgress()> progress_;
+  std::function<void(schema::JobView)> view_sink_;
 };
 
 // The mode the configuration asks for. `host`: this node as the others see it; `notice` hears

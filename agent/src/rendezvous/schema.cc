@@ -134,6 +134,64 @@ std::string shortened(const std::string& name, std::size_t bytes = kMaxPublished
   return name.substr(0, end);
 }
 
+constexpr std::string_view kViewShape =
+    "a JSON object {\"t\": seconds, \"n\": ranks, \"m\": seconds, \"w\": [[rank, seconds], "
+    "...], \"b\": [blocked ranks]}";
+constexpr std::string_view kBlockedShape =
+    "blocked ranks [{\"r\": rank, \"g\": [[id, seq], ...], \"w\": [group, seq, op, "
+    "seconds]}, ...]";
+
+ordered_json encode_blocked(const std::vector<BlockedRank>& blocked, std::size_t most) {
+  ordered_json list = ordered_json::array();
+  for (std::size_t i = 0; i < std::min(blocked.size(), most); ++i) {
+    const BlockedRank& b = blocked[i];
+    ordered_json groups = ordered_json::array();
+    for (std::size_t g = 0; g < std::min(b.groups.size(), kMaxPublishedGroups); ++g) {
+      groups.push_back({b.groups[g].first, b.groups[g].second});
+    }
+    list.push_back({{"r", b.rank},
+                    {"g", std::move(groups)},
+                    {"w", {b.group, b.seq, b.op, rounded(b.seconds)}}});
+  }
+  return list;
+}
+
+std::vector<BlockedRank> decode_blocked(const ordered_json& list, std::size_t most,
+                                        std::string_view key, std::string_view text,
+                                        std::string_view shape) {
+  const auto corrupt = [&] {
+    return CorruptValueError(key, text, std::string(shape) + "; " + std::string(kBlockedShape));
+  };
+  if (!list.is_array() || list.size() > most) throw corrupt();
+  std::vector<BlockedRank> out;
+  for (const auto& item : list) {
+    if (!item.is_object()) throw corrupt();
+    const auto r = item.find("r"), g = item.find("g"), w = item.find("w");
+    if (r == item.end() || !r->is_number_unsigned() || r->get<std::uint64_t>() > INT32_MAX ||
+        g == item.end() || !g->is_array() || g->size() > kMaxPublishedGroups || w == item.end() ||
+        !w->is_array() || w->size() != 4 || !(*w)[0].is_number_unsigned() ||
+        !(*w)[1].is_number_unsigned() || !(*w)[2].is_number_unsigned() || !(*w)[3].is_number() ||
+        (*w)[2].get<std::uint64_t>() > UINT32_MAX) {
+      throw corrupt();
+    }
+    BlockedRank b;
+    b.rank = r->get<int>();
+    for (const auto& pair : *g) {
+      if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_unsigned() ||
+          !pair[1].is_number_unsigned()) {
+        throw corrupt();
+      }
+      b.groups.emplace_back(pair[0].get<std::uint64_t>(), pair[1].get<std::uint64_t>());
+    }
+    b.group = (*w)[0].get<std::uint64_t>();
+    b.seq = (*w)[1].get<std::uint64_t>();
+    b.op = (*w)[2].get<std::uint32_t>();
+    b.seconds = (*w)[3].get<double>();
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 ordered_json encode_rank(const RankStatus& r) {
   ordered_json j = {{"r", r.rank}, {"l", r.local_rank}};
   if (r.steps) j["s"] = *r.steps;
@@ -148,6 +206,7 @@ ordered_json encode_rank(const RankStatus& r) {
   if (r.suspect) j["hs"] = true;
   if (r.paused) j["pa"] = true;
   if (!r.doing.empty()) j["do"] = shortened(r.doing, kMaxPublishedDoingBytes);
+  put(j, "wk", r.work_seconds);
   return j;
 }
 
@@ -163,6 +222,7 @@ RankStatus decode_rank(const ordered_json& j, std::string_view key, std::string_
   r.since_beat_seconds = number(j, "ab", key, text);
   r.beats = unsigned_field(j, "b", key, text).value_or(0);
   r.hang_timeout_seconds = number(j, "ht", key, text);
+  r.work_seconds = number(j, "wk", key, text);
   try {
     r.straggler = j.value("sg", false);
     r.pending_collective = shortened(j.value("pc", std::string()));
@@ -398,6 +458,7 @@ std::string encode(const NodeProgress& p) {
   for (std::size_t i = 0; i < shown; ++i) workers.push_back(encode_rank(p.ranks[i]));
   ordered_json j = {{"t", rounded(p.time)}, {"st", shortened(p.state)}, {"w", std::move(workers)}};
   if (const std::size_t more = p.more + (p.ranks.size() - shown)) j["more"] = more;
+  if (!p.blocked.empty()) j["b"] = encode_blocked(p.blocked, kMaxPublishedBlocked);
   return json_text(j);
 }
 
@@ -421,7 +482,79 @@ NodeProgress decode_node_progress(std::string_view key, std::string_view text) {
   p.state = shortened(state->get<std::string>());
   p.more = static_cast<std::size_t>(unsigned_field(j, "more", key, text).value_or(0));
   for (const auto& w : *workers) p.ranks.push_back(decode_rank(w, key, text));
+  if (const auto blocked = j.find("b"); blocked != j.end()) {
+    p.blocked = decode_blocked(*blocked, kMaxPublishedBlocked, key, text, kProgressShape);
+  }
   return p;
+}
+
+JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
+  JobView v;
+  v.time = now;
+  std::vector<double> all;
+  for (const auto& n : nodes) {
+    for (const auto& r : n.ranks) {
+      if (!r.work_seconds || !std::isfinite(*r.work_seconds) || *r.work_seconds <= 0) continue;
+      all.push_back(*r.work_seconds);
+      v.work.emplace_back(r.rank, *r.work_seconds);
+    }
+    for (const auto& b : n.blocked) {
+      if (v.blocked.size() < kMaxViewBlocked) v.blocked.push_back(b);
+    }
+  }
+  v.measured = all.size();
+  if (!all.empty()) {
+    std::sort(all.begin(), all.end());
+    const std::size_t m = all.size();
+    v.median_work = m % 2 ? all[m / 2] : (all[m / 2 - 1] + all[m / 2]) / 2;
+  }
+  std::sort(v.work.begin(), v.work.end());
+  if (v.work.size() > kMaxViewRanks) v.work.resize(kMaxViewRanks);
+  return v;
+}
+
+std::string encode(const JobView& v) {
+  ordered_json work = ordered_json::array();
+  for (const auto& [rank, seconds] : v.work) work.push_back({rank, rounded(seconds)});
+  ordered_json j = {{"t", rounded(v.time)},
+                    {"n", v.measured},
+                    {"m", rounded(v.median_work)},
+                    {"w", std::move(work)}};
+  if (!v.blocked.empty()) j["b"] = encode_blocked(v.blocked, kMaxViewBlocked);
+  return json_text(j);
+}
+
+JobView decode_job_view(std::string_view key, std::string_view text) {
+  ordered_json j;
+  try {
+    j = ordered_json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw CorruptValueError(key, text, kViewShape);
+  }
+  if (!j.is_object()) throw CorruptValueError(key, text, kViewShape);
+  JobView v;
+  const auto time = number(j, "t", key, text);
+  const auto median = number(j, "m", key, text);
+  const auto measured = unsigned_field(j, "n", key, text);
+  const auto work = j.find("w");
+  if (!time || !median || !measured || work == j.end() || !work->is_array() ||
+      work->size() > kMaxViewRanks) {
+    throw CorruptValueError(key, text, kViewShape);
+  }
+  v.time = *time;
+  v.median_work = *median;
+  v.measured = static_cast<std::size_t>(*measured);
+  for (const auto& entry : *work) {
+    if (!entry.is_array() || entry.size() != 2 || !entry[0].is_number_unsigned() ||
+        !entry[1].is_number() || entry[0].get<std::uint64_t>() > INT32_MAX) {
+      throw CorruptValueError(key, text, kViewShape);
+    }
+    v.work.emplace_back(entry[0].get<int>(), entry[1].get<double>());
+  }
+  if (const auto blocked = j.find("b"); blocked != j.end()) {
+    v.blocked = decode_blocked(*blocked, kMaxViewBlocked, key, text, kViewShape);
+  }
+  return v;
 }
 
 void age_to(NodeProgress& p, double now) {
@@ -458,6 +591,7 @@ nlohmann::ordered_json to_json(const RankStatus& r) {
           {"hung", r.hung()},
           {"paused", r.paused},
           {"doing", r.doing},
+          {"work_seconds", or_null(r.work_seconds)},
           {"pending_collective", r.pending_collective}};
 }
 

@@ -37,6 +37,8 @@
 //   heartbeat/<k>       wall-clock seconds, refreshed while node k's workers run (for status)
 //   progress/<k>        node k's agent state and its running workers' progress (NodeProgress),
 //                       written with heartbeat/<k>, in the same request
+//   view                the job as node 0 read every node's progress (JobView): each rank's work
+//                       per step and the ranks blocked in a collective; every node reads it
 // A single node's agent writes the static keys a status reader needs (round, nodes, alive/0,
 // node/0, offset/0, world_size, healthy, heartbeat/0, progress/0) in the store it hosts.
 #pragma once
@@ -80,7 +82,7 @@ inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = 
                                   kHealthy = "healthy", kFailures = "failures", kIntact = "intact",
                                   kLost = "lost", kNoNewcomers = "no_newcomers",
                                   kUndecided = "undecided", kRunning = "running", kDone = "done",
-                                  kHeartbeat = "heartbeat", kProgress = "progress";
+                                  kHeartbeat = "heartbeat", kProgress = "progress", kView = "view";
 }  // namespace name
 
 std::string in_round(int round, std::string_view name);          // "r<n>/<name>"
@@ -160,23 +162,56 @@ InPlaceState decode_in_place(std::string_view key, std::string_view text);
 
 const char* action_name(Verdict::Action action);
 
-// What a node publishes beside its heartbeat: its agent's lifecycle state and its running workers'
-// progress. Bounded: at most kMaxPublishedRanks workers (the rest are counted in `more`), names
-// shortened to kMaxPublishedNameBytes, so that a value stays under about 32 KiB; compact keys
-// ({"t","st","w":[{"r","l","s",...}]}), an absent field left out.
+// What a node publishes beside its heartbeat: its agent's lifecycle state, its running workers'
+// progress and those blocked in a collective. Bounded: at most kMaxPublishedRanks workers (the rest
+// are counted in `more`), names shortened to kMaxPublishedNameBytes, kMaxPublishedBlocked blocked
+// ranks of kMaxPublishedGroups groups each, so that a value stays under about 48 KiB at its
+// longest (about 100 bytes a worker in practice); compact keys ({"t","st","w":[{"r","l","s",...}],
+// "b":[...]}), an absent field left out.
 inline constexpr std::size_t kMaxPublishedRanks = 128;
 inline constexpr std::size_t kMaxPublishedNameBytes = 40;
-inline constexpr std::size_t kMaxPublishedDoingBytes = 96;  // what a rank is doing, in words
+inline constexpr std::size_t kMaxPublishedDoingBytes = 64;  // what a rank is doing, in words
+inline constexpr std::size_t kMaxPublishedBlocked = 8;      // blocked ranks a node publishes
+inline constexpr std::size_t kMaxPublishedGroups = 16;      // and process groups of each
+// A rank blocked in a collective, stably (the same one for several seconds, its processes idle):
+// what another node needs of it to prove a hang across nodes (health/collective_proof.h).
+struct BlockedRank {
+  int rank = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> groups;  // id, collectives issued
+  std::uint64_t group = 0;  // the one it is blocked in (0: the SDK's one sequence)
+  std::uint64_t seq = 0;
+  std::uint32_t op = 0;
+  double seconds = 0;  // blocked for
+};
+
 struct NodeProgress {
   double time = 0;    // wall-clock seconds when it was taken
   std::string state;  // the agent's lifecycle state ("running")
   std::vector<RankStatus> ranks;
-  std::size_t more = 0;  // workers left out (past kMaxPublishedRanks)
+  std::size_t more = 0;              // workers left out (past kMaxPublishedRanks)
+  std::vector<BlockedRank> blocked;  // its ranks blocked in a collective (at most the ranks)
 };
 std::string encode(const NodeProgress& progress);
 NodeProgress decode_node_progress(std::string_view key, std::string_view text);
 // The same value's ages moved on to `now` (wall-clock seconds): what a reader shows.
 void age_to(NodeProgress& progress, double now);
+
+// The job as node 0 of a round sees it, every kJobViewInterval: each rank's work per step (the
+// straggler measure, compared job-wide) and the ranks blocked in a collective (a hang proven
+// across nodes). Bounded: at most kMaxViewRanks work entries (the lowest ranks; the median is of
+// every rank measured) and kMaxViewBlocked blocked ranks.
+inline constexpr std::size_t kMaxViewRanks = 1024;
+inline constexpr std::size_t kMaxViewBlocked = 256;
+struct JobView {
+  double time = 0;                           // wall-clock seconds when node 0 made it
+  std::vector<std::pair<int, double>> work;  // rank, work seconds per step; ascending by rank
+  std::size_t measured = 0;                  // ranks with a work measure (work may list fewer)
+  double median_work = 0;                    // of all of them
+  std::vector<BlockedRank> blocked;
+};
+JobView make_job_view(const std::vector<NodeProgress>& nodes, double now);
+std::string encode(const JobView& view);
+JobView decode_job_view(std::string_view key, std::string_view text);
 
 // Node `node_rank`'s heartbeat in `round`: heartbeat/<k> (the wall-clock seconds, now) and, when
 // there is a `progress` (encoded NodeProgress), progress/<k>: one MULTI_SET.

@@ -126,6 +126,8 @@ class WorkerGroup {
   bool running() const { return state_ == State::kRunning; }
   // The running workers' heartbeats (for the metrics and the health check).
   std::vector<WorkerProgress> progress() const { return watchdogs_.progress(); }
+  // The job view (several nodes: schema::JobView), for the hang detector.
+  void job_view(const schema::JobView& view) { watchdogs_.job_view(view); }
   // Failures seen while stopping: workers that had exited with an error on their own before the
   // stop reached them (a root cause may come a few milliseconds after the failure it caused).
   // Taken once.

@@ -27,7 +27,8 @@ struct RankStatus {
   std::string pending_collective;              // the one it is blocked in ("all_reduce #12")
   bool suspect = false;  // a hang investigation found the others wait for it, and it does nothing
   bool paused = false;   // in a pause it declared (dist_launch.progress.pause())
-  std::string doing;     // what the last investigation (or its pause) says it is doing
+  std::optional<double> work_seconds;  // its own work per step (the straggler measure)
+  std::string doing;  // what the last investigation (or its pause) says it is doing
 
   // Since its last sign of progress: its last step, else its last heartbeat; none before either.
   std::optional<double> progress_age_seconds() const;

@@ -65,6 +65,8 @@ constexpr std::uint64_t kWorld = 0xA1, kMetrics = 0xB2;
 void torch_rank(RankLook& l, std::vector<std::pair<std::uint64_t, std::uint64_t>> groups,
                 std::uint64_t pending_group = 0, std::uint64_t pending_seq = 0,
                 slot::Collective op = slot::Collective::kAllReduce, double since_s = 60) {
+  l.first.sampled_ns = 101'000'000'000;
+  l.second.sampled_ns = 102'000'000'000;  // the sampler ran between the looks
   for (SlotReading* r : {&l.first, &l.second}) {
     r->features = slot::kStacksOnSignal | slot::kSampler | slot::kProgressHook;
     r->groups = groups;
@@ -173,8 +175,8 @@ TEST(HangReport, ARankWritingACheckpointIsWorkingAndNeverEndedByTheProofRule) {
   EXPECT_FALSE(f.idle_suspect());
   EXPECT_EQ(f.ranks[0].where,
             "at /home/u/train.py:88 in checkpoint, in torch (save, "
-            "/usr/lib/python3/dist-packages/torch/serialization.py:650); behind the others: 30 "
-            "steps and 40 collectives, rank 1 at 30 and 41");
+            "/usr/lib/python3/dist-packages/torch/serialization.py:650); behind the others: 1 "
+            "collective fewer than rank 1 in process group 0");
   EXPECT_EQ(f.ranks[0].doing,
             "computing (CPU 40%), writing (50.0 MB in 2.0 s), in torch.save/torch.load");
   EXPECT_TRUE(f.ranks[1].waiting);
@@ -214,6 +216,26 @@ TEST(HangReport, ADeclaredPauseIsNeverAHangWhateverTheRule) {
     EXPECT_TRUE(f.ranks[0].doing.starts_with("paused: checkpoint (for 32.0 s)"))
         << f.ranks[0].doing;
   }
+}
+
+TEST(HangReport, ASamplerThatStoppedLeftNothingToBelieve) {
+  // Rank 1's main thread took the GIL and never gave it back: its sampler's last word (blocked in
+  // the previous step's all_reduce) is stale; its stack says where it is.
+  auto stuck = look(1, 9);
+  torch_rank(stuck, {{kWorld, 20}}, kWorld, 20);
+  stuck.second.sampled_ns = stuck.first.sampled_ns;
+  stuck.stacks_first = stuck.stacks_second = at_user_code_dump(40);
+  auto waiting = look(0, 10);
+  torch_rank(waiting, {{kWorld, 21}}, kWorld, 21);
+  const auto f = examine({waiting, stuck}, HangRule::kTimeout);
+  EXPECT_FALSE(f.ranks[1].waiting);
+  EXPECT_TRUE(f.ranks[1].where.starts_with("at /home/u/train.py:40 in slow_loader"))
+      << f.ranks[1].where;
+  EXPECT_NE(f.ranks[1].doing.find("its Python not running (a thread holds the GIL)"),
+            std::string::npos)
+      << f.ranks[1].doing;
+  EXPECT_TRUE(f.ranks[1].cause);
+  EXPECT_FALSE(collective_state(stuck).wait) << "no proof from a stale word";
 }
 
 TEST(HangReport, AStoppedRankIsProvenStuckButADebuggersStopIsNot) {

@@ -39,9 +39,20 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   full.hang_timeout_seconds = 30;
   full.straggler = true;
   full.pending_collective = "all_reduce #12";
+  full.suspect = true;
+  full.paused = true;
+  full.doing = "paused: checkpoint (for 40.0 s)";
+  full.work_seconds = 0.0123456;
   RankStatus bare;  // a worker that reports nothing yet
   bare.rank = 2;
-  const schema::NodeProgress p{1'700'000'000.5, "running", {full, bare}, 0};
+  schema::BlockedRank blocked;
+  blocked.rank = 3;
+  blocked.groups = {{0xFFFF'FFFF'FFFF'FFF1ULL, 17}, {42, 3}};
+  blocked.group = 42;
+  blocked.seq = 3;
+  blocked.op = 5;
+  blocked.seconds = 31.5;
+  const schema::NodeProgress p{1'700'000'000.5, "running", {full, bare}, 0, {blocked}};
   const std::string text = schema::encode(p);
   const auto back = schema::decode_node_progress("r0/progress/1", text);
   EXPECT_DOUBLE_EQ(back.time, 1'700'000'000.5);
@@ -59,6 +70,16 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   EXPECT_DOUBLE_EQ(*f.hang_timeout_seconds, 30);
   EXPECT_TRUE(f.straggler);
   EXPECT_EQ(f.pending_collective, "all_reduce #12");
+  EXPECT_TRUE(f.suspect && f.paused);
+  EXPECT_EQ(f.doing, "paused: checkpoint (for 40.0 s)");
+  EXPECT_DOUBLE_EQ(*f.work_seconds, 0.012);
+  ASSERT_EQ(back.blocked.size(), 1u);
+  EXPECT_EQ(back.blocked[0].rank, 3);
+  EXPECT_EQ(back.blocked[0].groups, blocked.groups) << "64-bit group ids travel whole";
+  EXPECT_EQ(back.blocked[0].group, 42u);
+  EXPECT_EQ(back.blocked[0].seq, 3u);
+  EXPECT_EQ(back.blocked[0].op, 5u);
+  EXPECT_DOUBLE_EQ(back.blocked[0].seconds, 31.5);
   const RankStatus& b = back.ranks[1];
   EXPECT_EQ(b.rank, 2);
   EXPECT_FALSE(b.steps || b.steps_per_second || b.step_seconds || b.since_step_seconds ||
@@ -68,22 +89,82 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
 }
 
 TEST(NodeProgress, TheValueIsBoundedWhateverTheNodeRuns) {
-  schema::NodeProgress p{1.0, std::string(500, 's'), {}, 0};
+  schema::NodeProgress p{1.0, std::string(500, 's'), {}, 0, {}};
   for (int r = 0; r < 1000; ++r) {
     RankStatus w = stepping(r, 1'000'000'000'000ull, 123.456);
     w.steps_per_second = w.step_seconds = w.since_beat_seconds = w.hang_timeout_seconds = 1e6;
     w.beats = 1'000'000'000'000ull;
     w.straggler = true;
     w.pending_collective = std::string(1000, 'c');
+    w.suspect = w.paused = true;
+    w.doing = std::string(1000, 'd');
+    w.work_seconds = 1e6;
     p.ranks.push_back(w);
+    schema::BlockedRank b;
+    b.rank = r;
+    b.groups.assign(1000, {~0ULL, ~0ULL});
+    b.group = b.seq = ~0ULL;
+    b.op = ~0U;
+    b.seconds = 1e9;
+    p.blocked.push_back(b);
   }
   const std::string text = schema::encode(p);
-  EXPECT_LT(text.size(), 32u * 1024) << "1,000 workers with every field at its longest";
+  EXPECT_LT(text.size(), 48u * 1024) << "1,000 workers with every field at its longest";
   const auto back = schema::decode_node_progress("r0/progress/0", text);
   EXPECT_EQ(back.ranks.size(), schema::kMaxPublishedRanks);
   EXPECT_EQ(back.more, 1000 - schema::kMaxPublishedRanks);
   EXPECT_EQ(back.ranks[0].pending_collective.size(), schema::kMaxPublishedNameBytes);
+  EXPECT_EQ(back.ranks[0].doing.size(), schema::kMaxPublishedDoingBytes);
+  EXPECT_EQ(back.blocked.size(), schema::kMaxPublishedBlocked);
+  EXPECT_EQ(back.blocked[0].groups.size(), schema::kMaxPublishedGroups);
   EXPECT_EQ(back.state.size(), schema::kMaxPublishedNameBytes);
+}
+
+TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
+  RankStatus fast = stepping(0, 10, 0.1), slow = stepping(1, 10, 0.1), quiet = stepping(2, 0, 1);
+  fast.work_seconds = 0.020;
+  slow.work_seconds = 0.026;
+  schema::BlockedRank b;
+  b.rank = 1;
+  b.groups = {{7, 12}};
+  b.group = 7;
+  b.seq = 12;
+  b.op = 1;
+  b.seconds = 20;
+  const std::vector<schema::NodeProgress> nodes = {{100, "running", {slow}, 0, {b}},
+                                                   {100, "running", {fast, quiet}, 0, {}}};
+  const schema::JobView v = schema::make_job_view(nodes, 123.5);
+  EXPECT_EQ(v.measured, 2u) << "a rank without a work measure is not counted";
+  EXPECT_DOUBLE_EQ(v.median_work, 0.023);
+  ASSERT_EQ(v.work.size(), 2u);
+  EXPECT_EQ(v.work[0].first, 0) << "ascending by rank";
+  const auto back = schema::decode_job_view("r3/view", schema::encode(v));
+  EXPECT_DOUBLE_EQ(back.time, 123.5);
+  EXPECT_EQ(back.measured, 2u);
+  EXPECT_EQ(back.work, v.work);
+  ASSERT_EQ(back.blocked.size(), 1u);
+  EXPECT_EQ(back.blocked[0].groups, b.groups);
+  for (const char* text :
+       {"", "{}", R"({"t":1,"n":1,"m":0.1})", R"({"t":1,"n":1,"m":0.1,"w":[[-1,0.1]]})",
+        R"({"t":1,"n":1,"m":0.1,"w":[],"b":[{"r":1}]})"}) {
+    SCOPED_TRACE(text);
+    EXPECT_THROW(schema::decode_job_view("r3/view", text), schema::CorruptValueError);
+  }
+}
+
+TEST(JobView, TheViewOfAHugeJobIsBounded) {
+  std::vector<schema::NodeProgress> nodes(100);
+  for (int n = 0; n < 100; ++n) {
+    for (int l = 0; l < 100; ++l) {
+      RankStatus r = stepping(n * 100 + l, 1, 1);
+      r.work_seconds = 0.01 + 0.0001 * l;
+      nodes[static_cast<std::size_t>(n)].ranks.push_back(r);
+    }
+  }
+  const schema::JobView v = schema::make_job_view(nodes, 1);
+  EXPECT_EQ(v.measured, 10'000u);
+  EXPECT_EQ(v.work.size(), schema::kMaxViewRanks);
+  EXPECT_NEAR(v.median_work, 0.01495, 1e-4) << "the median of every rank, listed or not";
 }
 
 TEST(NodeProgress, ACorruptedValueIsAnErrorNamingItsKey) {
@@ -113,7 +194,7 @@ TEST(NodeProgress, ACorruptedValueIsAnErrorNamingItsKey) {
 TEST(NodeProgress, AReaderAgesWhatWasPublishedToItsOwnNow) {
   RankStatus beating;
   beating.since_beat_seconds = 0.5;
-  schema::NodeProgress p{100.0, "running", {stepping(0, 10, 1.0), beating}, 0};
+  schema::NodeProgress p{100.0, "running", {stepping(0, 10, 1.0), beating}, 0, {}};
   schema::age_to(p, 103.0);
   EXPECT_DOUBLE_EQ(*p.ranks[0].since_step_seconds, 4.0);
   EXPECT_DOUBLE_EQ(*p.ranks[1].since_beat_seconds, 3.5);
@@ -153,6 +234,8 @@ TEST(StatusTable, EachRankHasARowWithItsMarksAndADashForWhatIsNotReported) {
   slow.hang_timeout_seconds = 30;
   slow.straggler = true;
   slow.pending_collective = "all_reduce #7";
+  slow.suspect = true;
+  slow.doing = "idle";
   RankStatus beating;
   beating.rank = 3;
   beating.local_rank = 1;
@@ -163,13 +246,13 @@ TEST(StatusTable, EachRankHasARowWithItsMarksAndADashForWhatIsNotReported) {
   const std::string table = format_table(s);
   EXPECT_NE(table.find("running      ?"), std::string::npos) << "the agent's state\n" << table;
   EXPECT_NE(table.find("2     1     0      340        2.50     0.40 s     45.0 s ago     0        "
-                       "HUNG? STRAGGLER waits in all_reduce #7\n"),
+                       "HUNG? (idle) STRAGGLER waits in all_reduce #7\n"),
             std::string::npos)
       << table;
   EXPECT_NE(table.find("3     1     1      -          -        -          1.50 s ago     12\n"),
             std::string::npos)
       << table;
-  EXPECT_NE(table.find("2 running worker(s), 1 straggler(s), 1 past their hang timeout"),
+  EXPECT_NE(table.find("2 running worker(s), 1 straggler(s), 1 suspected of a hang"),
             std::string::npos)
       << table;
   const Json j = Json::parse(to_json(s));

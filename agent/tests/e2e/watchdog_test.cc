@@ -253,6 +253,51 @@ TEST_F(Watchdogs, AWorkerThatNeverBeatsIsNotWatched) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// Hangs of C++ workers (the SDK's step() and Pause)
+
+TEST_F(Watchdogs, ASilenceLongerThanTheHangTimeoutEndsTheWorker) {
+  auto agent = launch({"--hang-timeout", "1", "--event-log", path("events.jsonl"), "--no-python",
+                       kWorker, "steps", "10", "20", "sleep", "4000", "steps", "5", "20"});
+  EXPECT_NE(agent->wait(), 0) << agent->output();
+  EXPECT_NE(agent->output().find("hang on "), std::string::npos) << agent->output();
+}
+
+TEST_F(Watchdogs, ADeclaredPauseIsNoSilenceWhateverTheHangTimeout) {
+  // The same silence as above, said: nothing is looked at, nothing ended.
+  auto agent =
+      launch({"--hang-timeout", "1", "--event-log", path("events.jsonl"), "--no-python", kWorker,
+              "steps", "10", "20", "pause", "4000", "checkpoint", "steps", "5", "20"});
+  ASSERT_EQ(agent->wait(), 0) << agent->output();
+  EXPECT_EQ(agent->output().find("hang on "), std::string::npos) << agent->output();
+  EXPECT_EQ(agent->output().find("looking at where every rank is"), std::string::npos)
+      << agent->output();
+  for (const Json& e : events(path("events.jsonl"))) {
+    EXPECT_NE(e["event"], "worker_hung") << e;
+    EXPECT_NE(e["event"], "hang") << e;
+  }
+}
+
+TEST_F(Watchdogs, APythonWorkerWithoutTheHookIsSaidOnce) {
+  // An interpreter that ignores PYTHONPATH (python -I, through PYTHON_EXEC's wrapper): no hook.
+  const std::string wrapper = path("python-isolated");
+  {
+    std::ofstream out(wrapper);
+    out << "#!/bin/sh\nexec python3 -I \"$@\"\n";
+  }
+  fs::permissions(wrapper, fs::perms::owner_all);
+  const std::string script = path("train.py");
+  std::ofstream(script) << "import time\ntime.sleep(12)\n";
+  auto agent = launch({"--nproc-per-node", "2", script}, {{"PYTHON_EXEC", wrapper}});
+  ASSERT_EQ(agent->wait(), 0) << agent->output();
+  const std::string out = agent->output();
+  EXPECT_EQ(count(out, "dist-launch's progress hook is not in this Python worker"), 1U) << out;
+
+  auto hooked = launch({"--nproc-per-node", "2", script});  // the same script, hooked
+  ASSERT_EQ(hooked->wait(), 0) << hooked->output();
+  EXPECT_EQ(hooked->output().find("progress hook is not"), std::string::npos) << hooked->output();
+}
+
+// ------------------------------------------------------------------------------------------------
 // Health check and metrics
 
 TEST_F(Watchdogs, TheHealthCheckAnswersWithTheMostSilentWorkersProgress) {

@@ -13,6 +13,8 @@
 //   ignore SIGNAL              ignore SIGNAL (a number)
 //   stop-if-rank R             raise SIGSTOP when $RANK is R
 //   sleep MS                   sleep MS, without beating from this thread
+//   steps N MS                 N training steps (dist::sdk::step()), MS ms apart
+//   pause MS REASON            a pause of its own (dist::sdk::Pause) of MS ms
 //   hang                       sleep until killed
 #include <signal.h>
 #include <sys/resource.h>
@@ -29,6 +31,7 @@
 
 #include "dist/sdk/file_timer.h"
 #include "dist/sdk/heartbeat.h"
+#include "dist/sdk/progress.h"
 
 namespace {
 
@@ -111,6 +114,17 @@ int main(int argc, char** argv) {
         if (env_or("RANK", "") == next()) raise(SIGSTOP);
       } else if (a == "sleep") {
         std::this_thread::sleep_for(std::chrono::milliseconds(std::stol(next())));
+      } else if (a == "steps") {
+        const long n = std::stol(next());
+        const auto gap = std::chrono::milliseconds(std::stol(next()));
+        for (long s = 0; s < n; ++s) {
+          std::this_thread::sleep_for(gap);
+          dist::sdk::step();
+        }
+      } else if (a == "pause") {
+        const auto length = std::chrono::milliseconds(std::stol(next()));
+        const dist::sdk::Pause pause(next());
+        std::this_thread::sleep_for(length);
       } else if (a == "hang") {
         while (true) pause();
       } else {

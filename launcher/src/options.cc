@@ -137,8 +137,9 @@ void declare_resources_and_health(CommandLine& app, RawOptions& r) {
       .show_default();
   option(app, "--hang-timeout", r.hang_timeout, "HANG_TIMEOUT",
          "Seconds a worker that counts steps (torch's optimizer steps, dist::sdk::step()) may make "
-         "no progress before dist-launch looks where every rank is and kills the hung ones: auto "
-         "(10x the p99 of its step times, at least 30 s), or 0 (off)")
+         "no progress before dist-launch looks where every rank is: auto (10x the p99 of its "
+         "step times, at least 30 s; reports, and ends a rank only on proof that it cannot go "
+         "on), seconds (the cause is ended), or 0 (off)")
       .show_default();
   app.flag("--no-step-hook", r.no_step_hook,
            "Do not put dist-launch's progress hook (optimizer steps, stacks on a hang) into "

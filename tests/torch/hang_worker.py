@@ -91,7 +91,8 @@ def main():
     print(f"rank {rank} training", flush=True)
     start = time.monotonic()
     step = 0
-    while (time.monotonic() - start < args.seconds) if args.seconds else step < args.steps:
+    stop = False  # --seconds: rank 0's clock decides, every rank stops after the same step
+    while not stop if args.seconds else step < args.steps:
         step += 1
         if faulty and step == args.fault_step and args.fault in STALLS:
             print(f"rank {rank} step {step}: {args.fault}", flush=True)
@@ -107,7 +108,10 @@ def main():
         if faulty and step == args.fault_step and args.fault == "skip":
             print(f"rank {rank} step {step}: skip", flush=True)
             continue  # FAULT: skip
-        dist.all_reduce(loss.detach(), group=metrics)
+        time_up = rank == 0 and args.seconds and time.monotonic() - start >= args.seconds
+        message = torch.stack([loss.detach(), torch.tensor(1.0 if time_up else 0.0)])
+        dist.all_reduce(message, group=metrics)
+        stop = bool(message[1] > 0)
     hook = sys.modules.get("_dist_launch_progress")
     counted = hook._words[3] if hook is not None and hook._words is not None else "off"
     elapsed = time.monotonic() - start

@@ -99,6 +99,7 @@ void HangDetector::stopping() {
   sampler_.cancel();
   investigation_.cancel();
   for (auto& [_, w] : workers_) w.running = false;
+  view_.reset();  // the next round's ranks are not this one's
 }
 
 void HangDetector::arm_sample() {
@@ -131,7 +132,12 @@ void HangDetector::sample() {
   const auto now = monotonic_now();
   std::map<int, std::optional<double>> own_work, step_time;
   bool every_rank_measures_work = true;
-  std::optional<std::pair<std::chrono::nanoseconds, std::chrono::nanoseconds>> overdue;
+  // The most silent overdue worker: its silence since the last look (quiet_since_) and since its
+  // last progress, and its hang timeout.
+  struct Overdue {
+    std::chrono::nanoseconds since_look, since_progress, timeout;
+  };
+  std::optional<Overdue> overdue;
   std::optional<std::chrono::nanoseconds> least_recent;  // the oldest last progress, not paused
   for (auto& [local_rank, w] : workers_) {
     const slot::Slot* s = w.running ? slots_.slot(local_rank) : nullptr;
@@ -151,7 +157,9 @@ void HangDetector::sample() {
     if (last && (!least_recent || *last < *least_recent)) least_recent = *last;
     if (!timeout || !last) continue;
     const auto silent = now - std::max(*last, quiet_since_);
-    if (silent >= *timeout && (!overdue || silent > overdue->first)) overdue = {{silent, *timeout}};
+    if (silent >= *timeout && (!overdue || silent > overdue->since_look)) {
+      overdue = Overdue{silent, now - *last, *timeout};
+    }
   }
   if (episode_ && (!least_recent || *least_recent > *episode_)) progress_resumed(now);
   // One node: its ranks against each other, every second. Several: the job view's turn.
@@ -159,7 +167,7 @@ void HangDetector::sample() {
     flag_stragglers(every_rank_measures_work ? own_work : step_time,
                     every_rank_measures_work ? "work per step" : "step time");
   }
-  if (overdue && !investigating_) investigate(overdue->first, overdue->second);
+  if (overdue && !investigating_) investigate(overdue->since_progress, overdue->timeout);
 }
 
 // Whether the worker has been blocked in the same collective since the previous sample (the

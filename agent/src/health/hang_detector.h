@@ -141,8 +141,12 @@ class HangDetector {
   boost::asio::steady_timer sampler_;
   boost::asio::steady_timer investigation_;
   bool investigating_ = false;
-  std::chrono::nanoseconds quiet_since_{0};  // progress before this does not count (a cleared look)
-  std::chrono::nanoseconds silent_{0}, timeout_{0};  // of the investigation under way
+  // A silence counts from here at the latest (the last look ended then): the next look comes a
+  // hang timeout after the last.
+  std::chrono::nanoseconds quiet_since_{0};
+  // Of the investigation under way: the silence since the most silent worker's last progress,
+  // and its hang timeout.
+  std::chrono::nanoseconds silent_{0}, timeout_{0};
   std::optional<std::chrono::nanoseconds> episode_;  // the silence a report was made of began
   std::string last_report_;                          // its text, not said twice
   bool hook_missing_said_ = false;

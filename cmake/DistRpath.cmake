@@ -1,7 +1,7 @@
 # Where the programs find their shared libraries at run time, so that they also run where they were
 # not built (scripts/gpu-bundle.sh carries them to a GPU machine), in this order:
 #   $ORIGIN                 a libnccl.so.2 put next to the program;
-#   $ORIGIN/../lib          a lib/ beside its bin/ (the bundle's, with Gloo's and libudev; on the
+#   $ORIGIN/../lib          a lib/ beside its bin/ (the bundle's, with Gloo's; on the
 #                           GPU machine scripts/gpu-check.sh links the pip NCCL of its torch there);
 #   DIST_NCCL_RUNTIME_DIRS  more directories, e.g. a pip NCCL (.../site-packages/nvidia/nccl/lib);
 #   the directory of the NCCL this build linked (/usr/local/cuda/lib here), when it has NCCL.

@@ -8,8 +8,8 @@
 #   JOBS: parallel compiles (default 2).   --no-build: take the programs BUILD_DIR already has.
 #
 # The folder: bin/ (the GPU tests, the SDK tests, ddp_train with its device path, dist-launch,
-# nccl-bench; stripped), lib/ (the shared libraries they load that the GPU machine lacks: Gloo's,
-# libudev; never libnccl, 218 MB: the GPU machine's pip NCCL is linked in by gpu-check.sh, found
+# nccl-bench; stripped), lib/ (the shared libraries they load that the GPU machine lacks: Gloo's;
+# never libnccl, 218 MB: the GPU machine's pip NCCL is linked in by gpu-check.sh, found
 # through the programs' RPATH $ORIGIN/../lib), bench/ (nccl_compare.py, nccl_torch_bench.py),
 # data/ (the digits set), gpu-check.sh, MANIFEST.txt. The GPU machine needs its own libc,
 # libstdc++ (GLIBCXX_3.4.30: GCC 12's, Ubuntu 22.04 and later), CUDA driver and pip NCCL; the

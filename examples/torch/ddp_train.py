@@ -20,6 +20,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+def tensor_bytes(tensor):
+    """A tensor's bytes, as numpy's tobytes() gives them, without numpy: torch's wheels do not
+    depend on it, so a venv with only torch has none (torch 1.13 and 2.x alike)."""
+    return bytes(tensor.detach().flatten().contiguous().view(torch.uint8).tolist())
+
+
 @record
 def main():
     ap = argparse.ArgumentParser()
@@ -64,7 +70,7 @@ def main():
     reference = flat.clone()
     dist.broadcast(reference, src=0)
     assert torch.equal(flat, reference), "replicas diverged"
-    digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    digest = hashlib.sha256(tensor_bytes(flat)).hexdigest()
     print(f"rank {rank}/{world} attempt {attempt}: loss={loss.item():.4f} weights in sync "
           f"sha256 {digest}", flush=True)
     if args.out:

@@ -27,6 +27,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dist_launch import elastic
 
 
+def tensor_bytes(tensor):
+    """A tensor's bytes, as numpy's tobytes() gives them, without numpy: torch's wheels do not
+    depend on it, so a venv with only torch has none (torch 1.13 and 2.x alike)."""
+    return bytes(tensor.detach().flatten().contiguous().view(torch.uint8).tolist())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
@@ -92,7 +98,7 @@ def main():
     train(state)
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        digest.update(tensor.detach().numpy().tobytes())
+        digest.update(tensor_bytes(tensor))
     generation = elastic._this_group().generation if elastic.in_place() else 0
     print(f"rank {dist.get_rank()} pid {os.getpid()} generation {generation} steps {state.step} "
           f"digest {digest.hexdigest()[:16]} world {dist.get_world_size()}", flush=True)

@@ -28,7 +28,7 @@ fail() {
   exit 1
 }
 for f in bin/sdk_gpu_tests bin/sdk_tests bin/ddp_train bin/nccl-bench bin/dist-launch \
-  lib/libgloo.so.0 lib/libudev.so.1 gpu-check.sh bench/nccl_compare.py bench/nccl_torch_bench.py \
+  lib/libgloo.so.0 gpu-check.sh bench/nccl_compare.py bench/nccl_torch_bench.py \
   bench/cuda_warm_restart.py \
   data/digits.csv.gz MANIFEST.txt; do
   [ -e "$bundle/$f" ] || fail "the bundle has no $f"

@@ -1,17 +1,30 @@
-"""The Python package as a user gets it: `pip install .` into a fresh venv, then the installed
-dist-launch, `python -m dist_launch` and the Python API, with no PYTHON_EXEC: workers must run on
-the venv's interpreter, as torchrun's run on torchrun's.
+"""The Python package as a user gets it, then the installed dist-launch, `python -m dist_launch`
+and the Python API, with no PYTHON_EXEC: workers must run on the venv's interpreter, as torchrun's
+run on torchrun's.
 
-    python3 package_test.py --source REPO --build-cache DIR                  # no torch needed
-    python3 package_test.py --source REPO --build-cache DIR --torch-python P # P: a torch 2.x
+    python3 package_test.py --source REPO --build-cache DIR          # from source
+    python3 package_test.py --source REPO --wheel-from BUILD         # the binary wheel
+    python3 package_test.py --source REPO --wheel-from BUILD --torch-python P  # P: a torch 2.x
 
-The build tree is kept in --build-cache, so a second run rebuilds only what changed. Exits 77
-(skip) when a venv cannot be made or PyPI cannot be reached (pip needs scikit-build-core), and
+From source, README.md's block `install-source` runs as written (`python3 -m venv .venv && .
+.venv/bin/activate`, `pip install .`) in a fresh copy of the working tree at DIR/source, with
+--python first on PATH; pip's build tree is kept in DIR/tree (SKBUILD_BUILD_DIR), so a second
+run rebuilds only what changed, and the build is unoptimised (SKBUILD_CMAKE_DEFINE): what this
+tests is the packaging, and the optimiser is most of the build's time.
+
+The wheel: scripts/wheel.sh packs BUILD's programs (built already: nothing is compiled) and the
+wheel goes into a fresh venv with `pip install --no-index --only-binary :all:` (no compiler could
+run). With --torch-python, the venv sees P's packages (its torch) and the README's torch example
+runs in it.
+
+Exits 77 (skip) when a venv cannot be made or PyPI cannot be reached (pip needs
+scikit-build-core, wheel.sh its tools), with --wheel-from when BUILD is not a Release build, and
 with --torch-python when P has no torch 2.x.
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,14 +38,18 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
 from launcher_test_main import free_port  # noqa: E402
 
+import readme_blocks  # noqa: E402
+
 SKIP = 77
 VENV_TIMEOUT_S = 120
 PIP_INSTALL_TIMEOUT_S = 1500  # a first build on a loaded 2-core machine
+WHEEL_TIMEOUT_S = 600  # scripts/wheel.sh: its tools from PyPI the first time, the build up to date
 JOB_TIMEOUT_S = 240
 QUICK_FLAGS = "-O0 -DNDEBUG -Wno-mismatched-new-delete"
 WAIT_STEP_S = 0.05
 ARGS = None
 VENV = None  # the venv dist-launch was installed into
+WORK = None  # this run's scratch directory
 
 # A worker that proves which interpreter runs it, then does what its arguments say.
 WORKER = textwrap.dedent("""\
@@ -128,7 +145,7 @@ def skip(message):
 
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHON_EXEC", "PYTHONPATH", "VIRTUAL_ENV")}
+           if k not in ("PYTHON_EXEC", "PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("PIP_")}
     env.update(extra)
     return env
 
@@ -155,29 +172,76 @@ def make_venv(python, path, site_packages_of=None):
     return venv_python
 
 
-def pip_install(venv_python):
-    """`pip install SOURCE` into the venv, its build tree kept in --build-cache."""
-    with tempfile.TemporaryDirectory(prefix="dist-pip-probe-") as probe:
-        reach = subprocess.run([venv_python, "-m", "pip", "download", "--no-deps", "--quiet",
-                                "--dest", probe, "scikit-build-core"],
-                               capture_output=True, text=True, timeout=VENV_TIMEOUT_S)
+def install_from_source():
+    """README.md's block install-source, as written, in a fresh copy of the working tree; returns
+    the venv it made."""
+    reach = subprocess.run([ARGS.python, "-m", "pip", "download", "--no-deps", "--quiet",
+                            "--dest", os.path.join(WORK, "probe"), "scikit-build-core"],
+                           capture_output=True, text=True, timeout=VENV_TIMEOUT_S)
     if reach.returncode != 0:
         last = (reach.stderr.strip().splitlines() or [""])[-1]
         skip(f"pip cannot fetch scikit-build-core (no network to PyPI?): {last}")
+    block = readme_blocks.block(os.path.join(ARGS.source, "README.md"), "install-source")
+    clone = os.path.join(ARGS.build_cache, "source")
+    why = readme_blocks.fresh_copy(ARGS.source, clone)
+    if why:
+        skip(why)
     started = time.monotonic()
-    # The package's Release build, unoptimised: what this tests is the packaging, and the
-    # optimiser is most of the build's time (the plain build tests the -O3 programs; this test's
-    # serial minutes are CI's). GCC 12 warns falsely about Asio's recycling allocator once the
-    # inlining changes, hence -Wno-mismatched-new-delete.
-    proc = subprocess.run([venv_python, "-m", "pip", "install",
-                           f"--config-settings=build-dir={ARGS.build_cache}",
-                           f"--config-settings=cmake.define.CMAKE_CXX_FLAGS_RELEASE={QUICK_FLAGS}",
-                           ARGS.source],
+    # GCC 12 warns falsely about Asio's recycling allocator once the inlining changes, hence
+    # -Wno-mismatched-new-delete.
+    env = clean_env(PATH=newcomer_path(), TMPDIR=WORK,
+                    SKBUILD_BUILD_DIR=os.path.join(ARGS.build_cache, "tree"),
+                    SKBUILD_CMAKE_DEFINE=f"CMAKE_CXX_FLAGS_RELEASE={QUICK_FLAGS}")
+    code, out, err = readme_blocks.run_session([block], clone, env, PIP_INSTALL_TIMEOUT_S)
+    log(f"README.md's install-source block (line {block.line}) took "
+        f"{time.monotonic() - started:.1f} s")
+    if code != 0:
+        sys.exit(f"{out[-6000:]}\n{err[-6000:]}\nREADME.md's install-source block "
+                 f"{'timed out' if code is None else f'exited {code}'}")
+    return os.path.join(clone, ".venv")
+
+
+def install_wheel():
+    """scripts/wheel.sh's wheel of --wheel-from's programs, installed into a fresh venv with no
+    index and no source build allowed; returns the venv."""
+    why = readme_blocks.release_build(ARGS.wheel_from)
+    if why:
+        skip(why)
+    out = os.path.join(WORK, "dist")
+    started = time.monotonic()
+    proc = subprocess.run([os.path.join(ARGS.source, "scripts", "wheel.sh"), out],
+                          capture_output=True, text=True, timeout=WHEEL_TIMEOUT_S,
+                          env=clean_env(BUILD_DIR=ARGS.wheel_from, TMPDIR=WORK,
+                                        DIST_WHEEL_TOOLS=os.path.join(ARGS.wheel_from,
+                                                                      "wheel-tools")))
+    print(proc.stdout + proc.stderr, end="", flush=True)
+    if proc.returncode == SKIP:
+        skip("scripts/wheel.sh could not install its tools")
+    if proc.returncode != 0:
+        sys.exit(f"scripts/wheel.sh exited {proc.returncode}")
+    wheels = [os.path.join(out, f) for f in os.listdir(out) if f.endswith(".whl")]
+    log(f"scripts/wheel.sh took {time.monotonic() - started:.1f} s: {wheels}")
+    venv = os.path.join(WORK, "venv")
+    python = make_venv(ARGS.torch_python or ARGS.python, venv,
+                       site_packages_of=ARGS.torch_python)
+    started = time.monotonic()
+    proc = subprocess.run([python, "-m", "pip", "install", "--no-index", "--only-binary", ":all:",
+                           "--disable-pip-version-check", *wheels],
                           capture_output=True, text=True, timeout=PIP_INSTALL_TIMEOUT_S,
                           env=clean_env())
-    log(f"pip install took {time.monotonic() - started:.1f} s")
+    log(f"pip install of the wheel took {time.monotonic() - started:.1f} s")
     if proc.returncode != 0:
-        sys.exit(f"pip install failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+        sys.exit(f"pip install of the wheel failed:\n{proc.stdout}\n{proc.stderr}")
+    return venv
+
+
+def newcomer_path():
+    """PATH with --python as the first python3, as a newcomer's shell finds it."""
+    bin_dir = os.path.join(WORK, "bin")
+    if not os.path.isdir(bin_dir):
+        os.makedirs(bin_dir)
+        os.symlink(ARGS.python, os.path.join(bin_dir, "python3"))
+    return bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
 def process_alive(pid):
@@ -225,9 +289,29 @@ class InstalledPackage(Job):
         for name in ("dist-launch", "dist-rendezvous"):
             with open(os.path.join(VENV, "bin", name), "rb") as f:
                 self.assertEqual(f.read(4), b"\x7fELF", f"{name} is not the program itself")
-        proc = self.run_in_venv([os.path.join(VENV, "bin", "dist-launch"), "--version"])
+
+    def test_every_version_is_the_packages(self):
+        with open(os.path.join(ARGS.source, "CMakeLists.txt")) as f:
+            version = re.search(r"project\(dist_launch VERSION ([0-9.]+)", f.read()).group(1)
+        python = os.path.join(VENV, "bin", "python")
+        said = {}
+        for name, argv in (("dist-launch --version", ["dist-launch", "--version"]),
+                           ("dist-rendezvous --version", ["dist-rendezvous", "--version"]),
+                           ("python -m dist_launch --version",
+                            [python, "-m", "dist_launch", "--version"])):
+            if not argv[0].startswith("/"):
+                argv[0] = os.path.join(VENV, "bin", argv[0])
+            proc = self.run_in_venv(argv)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            said[name] = proc.stdout.strip()
+        proc = self.run_in_venv([python, "-c", "import dist_launch, importlib.metadata as m; "
+                                 "print(dist_launch.__version__, m.version('dist-launch'))"])
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertTrue(proc.stdout.startswith("dist-launch "), proc.stdout)
+        said["dist_launch.__version__"], said["pip's metadata"] = proc.stdout.split()
+        self.assertEqual(said, {"dist-launch --version": f"dist-launch {version}",
+                                "dist-rendezvous --version": f"dist-rendezvous {version}",
+                                "python -m dist_launch --version": f"dist-launch {version}",
+                                "dist_launch.__version__": version, "pip's metadata": version})
 
     def test_the_package_brings_no_torch(self):
         proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), "-c", "import torch"])
@@ -372,6 +456,27 @@ class PythonApi(Job):
         self.assertEqual([p for p in pids if process_alive(p)], [], "workers outlived the job")
 
 
+class InstalledWheel(Job):
+    """What only the binary wheel promises: programs that run wherever manylinux's libraries are."""
+
+    ANYWHERE = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2",
+                "/lib64/ld-linux-x86-64.so.2"}
+
+    def test_the_programs_need_only_libc_and_libm(self):
+        for name in ("dist-launch", "dist-rendezvous"):
+            proc = self.run_in_venv(["ldd", os.path.join(VENV, "bin", name)])
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            needed = {line.split()[0] for line in proc.stdout.splitlines() if line.strip()}
+            self.assertLessEqual(needed, self.ANYWHERE, f"{name} needs more:\n{proc.stdout}")
+            proc = self.run_in_venv(["readelf", "-d", os.path.join(VENV, "bin", name)])
+            self.assertNotRegex(proc.stdout, r"R(UN)?PATH", f"{name} has a run-time search path")
+
+    def test_dist_rendezvous_runs(self):
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "dist-rendezvous"), "--help"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("TCPStore", proc.stdout)
+
+
 class TorchExample(Job):
     """The README's torch example from a venv with dist-launch and a torch 2.x, no PYTHON_EXEC."""
 
@@ -429,18 +534,24 @@ class TorchExample(Job):
 
 
 def main():
-    global ARGS, VENV
+    global ARGS, VENV, WORK
     ap = argparse.ArgumentParser()
     ap.add_argument("--source", required=True, help="the repository root")
-    ap.add_argument("--build-cache", required=True, help="scikit-build-core's build tree")
+    ap.add_argument("--build-cache", help="from source: the copy and pip's build tree")
+    ap.add_argument("--wheel-from", help="the wheel: a Release build tree with the two programs")
     ap.add_argument("--python", default=sys.executable, help="makes the venv")
     ap.add_argument("--torch-python", help="an interpreter with torch 2.x: run the torch tests")
     ARGS = ap.parse_args()
-    ARGS.build_cache = os.path.abspath(ARGS.build_cache)
+    if bool(ARGS.build_cache) == bool(ARGS.wheel_from) or (ARGS.torch_python and
+                                                           not ARGS.wheel_from):
+        ap.error("one of --build-cache (from source) and --wheel-from (the wheel); "
+                 "--torch-python goes with --wheel-from")
     ARGS.source = os.path.abspath(ARGS.source)
-    work = tempfile.mkdtemp(prefix="dist-package-venv-")
+    for name in ("build_cache", "wheel_from"):
+        if getattr(ARGS, name):
+            setattr(ARGS, name, os.path.abspath(getattr(ARGS, name)))
+    WORK = tempfile.mkdtemp(prefix="dist-package-test-")
     try:
-        VENV = os.path.join(work, "venv")
         if ARGS.torch_python:
             version = subprocess.run(
                 [ARGS.torch_python, "-c", "import torch; print(torch.__version__)"],
@@ -448,19 +559,19 @@ def main():
             if version.returncode != 0 or not version.stdout.startswith("2."):
                 skip(f"{ARGS.torch_python} has no torch 2.x "
                      "(scripts/install-torch2.sh installs one)")
-            make_venv(ARGS.torch_python, VENV, site_packages_of=ARGS.torch_python)
             TorchExample.EXAMPLE = os.path.join(ARGS.source, "examples", "torch", "ddp_train.py")
             tests = [TorchExample]
         else:
-            make_venv(ARGS.python, VENV)
-            tests = [InstalledPackage, PythonApi]
-        pip_install(os.path.join(VENV, "bin", "python"))
+            tests = [InstalledPackage, PythonApi] + ([InstalledWheel] if ARGS.wheel_from else [])
+        VENV = install_wheel() if ARGS.wheel_from else install_from_source()
         suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(t)
                                    for t in tests)
         result = unittest.TextTestRunner(verbosity=2).run(suite)
         return 0 if result.wasSuccessful() else 1
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(WORK, ignore_errors=True)
+        if ARGS.build_cache:  # the copy and its venv; pip's build tree stays
+            shutil.rmtree(os.path.join(ARGS.build_cache, "source"), ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ Parts (--only): detection, auto, straggler, healthy, overhead, hookcost, graphs,
              one; medians over --overhead-runs.
   hookcost   what the hook costs in-process: the optimizer hook per step (nanoseconds, best of 5
              loops of 200000) and one pass of the sampler (a gloo group of one, the main thread
-             in a loop), and that pass's share of a core at its 50 passes a second.
+             in a loop), that pass's share of a core, and a loop of 3 ms steps (torch ops) with
+             the sampler running against without it, alternated (what the main thread loses to
+             it, GIL hand-overs included).
   graphs     torch.compile(fullgraph=True) of a function with dist.all_reduce under dist-launch's
              hook and with --no-step-hook: the FX graphs Dynamo hands its backend, compared.
   rootcause  ddp_train whose rank 0 cannot write its checkpoint (rank 1 then fails in its next
@@ -242,7 +244,40 @@ def busy():
         return deep(n - 1) if n else sampler.sample()
     deep(40)
 per_pass = per(busy, 20000) - per(lambda: (lambda n: None)(0), 20000)
-print(step, per_pass)
+# The main thread's steps of about 3 ms (a fixed amount of torch work each) with the sampler
+# thread running against without it, alternated: what the process spends (CPU time, the sampler's
+# own and the GIL's hand-overs) and the loop's wall time.
+torch.set_num_threads(1)  # the process's CPU time is then this thread's and the sampler's
+x = torch.randn(96, 96)
+def one_step():
+    for _ in range(100):
+        torch.relu(x @ x).sum()
+def loop(steps=300):
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        one_step()
+    return (time.perf_counter() - wall) / steps, (time.process_time() - cpu) / steps
+def timed(with_sampler):
+    prog._sampler = sampler if with_sampler else None
+    thread = None
+    if with_sampler:
+        sampler.main = threading.main_thread().ident
+        thread = threading.Thread(target=sampler.run, daemon=True)
+        thread.start()
+    try:
+        return loop()
+    finally:
+        prog._sampler = None
+        if thread:
+            thread.join()
+walls, cpus, step_s = [], [], []
+for i in range(7):  # A B B A ...: a trend in the machine's load falls on both
+    off, on = (timed(False), timed(True)) if i % 2 == 0 else reversed((timed(True), timed(False)))
+    walls.append(on[0] / off[0])
+    cpus.append(on[1] / off[1])
+    step_s.append(off[0])
+walls.sort(); cpus.sort(); step_s.sort()
+print(step, per_pass, walls[3], cpus[3], step_s[3], prog._SAMPLE_SECONDS)
 """
 
 
@@ -251,8 +286,7 @@ def hook_cost(args):
     module = os.path.join(ROOT, "python", "dist_launch", "progress.py")
     out = subprocess.run([args.python, "-c", HOOK_COST, module], capture_output=True, text=True,
                          check=True).stdout
-    step, per_pass = out.split()
-    return float(step), float(per_pass)
+    return tuple(float(v) for v in out.split())
 
 
 GRAPHS = r"""
@@ -267,8 +301,7 @@ def f(x):
     return torch.relu(x * 2 + 1)
 out = torch.compile(f, fullgraph=True, backend=backend)(torch.ones(8))
 if dist.get_rank() == 0:
-    print("graph", len(graphs), hashlib.sha256("
-".join(graphs).encode()).hexdigest()[:16])
+    print("graph", len(graphs), hashlib.sha256("\n".join(graphs).encode()).hexdigest()[:16])
 dist.destroy_process_group()
 """
 
@@ -377,10 +410,13 @@ def main():
             print(f"  --work {work}: {on * 1e3:.3f} ms / {off * 1e3:.3f} ms = "
                   f"{(on / off - 1) * 100:+.2f}%")
     if "hookcost" in parts:
-        step, per_pass = hook_cost(args)
+        step, per_pass, wall, cpu, step_s, period = hook_cost(args)
         print(f"\nThe hook in-process: the optimizer hook {step:.0f} ns a step; a sampler pass "
               f"{per_pass / 1e3:.1f} us (40 frames deep, one group), "
-              f"{per_pass * 50 / 1e9 * 100:.3f}% of a core at 50 passes a second")
+              f"{per_pass / 1e9 / period * 100:.3f}% of a core at a pass every {period * 1e3:.0f} "
+              f"ms; a loop of {step_s * 1e3:.1f} ms steps (torch ops) with the sampler running "
+              f"against without it, medians of 7 alternations: CPU time {(cpu - 1) * 100:+.2f}%, "
+              f"wall time {(wall - 1) * 100:+.2f}% (load {os.getloadavg()[0]:.1f})")
     if "graphs" in parts:
         found = graphs(args)
         same = found["hook"] == found["no hook"]

@@ -6,7 +6,7 @@ shadows). Once the script imports torch it
 
 - counts every optimizer step (torch 2.x: torch's own ``register_optimizer_step_post_hook``;
   1.13: the profiler's per-step call), and
-- samples the main thread about fifty times a second from a thread of its own: each process
+- samples the main thread ten times a second from a thread of its own: each process
   group's own sequence number (``ProcessGroup._get_sequence_number_for_group()``: the collectives
   issued on it, the same count on every rank of the group), whether the main thread is blocked in
   a collective (its Python frames inside torch.distributed, DDP or autograd's backward while the
@@ -94,8 +94,9 @@ _COLLECTIVES = {
     "recv_object_list": 11,
     "batch_isend_irecv": 11,
 }
-_SAMPLE_SECONDS = 0.02
+_SAMPLE_SECONDS = 0.1
 _ACTIVITY_NS = 2_000_000_000  # what the main thread was in, over this long
+_WAKEUP_PASSES = 3  # passes running inside a wait that do not end it
 
 _words = None  # the slot as 8-byte words; None outside dist-launch
 _halves = None  # and as 4-byte ones
@@ -235,6 +236,7 @@ class _Sampler:
         self.waiting_issued = 0
         self.failures = 0
         self.activity_seen = {}  # activity bit -> when the main thread was last seen in it
+        self.running_passes = 0  # passes in a row that saw the main thread not blocked
 
     # Frame categories.
     USER, TORCH, COLLECTIVE, DIST, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = range(10)
@@ -391,9 +393,18 @@ class _Sampler:
                 seen[bit] = now
             bit <<= 1
         halves[_I_ACTIVITY] = sum(b for b, t in seen.items() if now - t < _ACTIVITY_NS)
-        blocked = distributed and self.groups and self.asleep()
-        if blocked and self.waiting_since and issued != self.waiting_issued:
+        # In a collective's own call the thread is blocked in it (issuing one takes microseconds);
+        # in DDP or backward only while the kernel has it asleep: only then is /proc read (each
+        # read hands the GIL over once more).
+        blocked = distributed and self.groups and (collective is not None or self.asleep())
+        same_wait = self.waiting_since and issued == self.waiting_issued
+        if blocked and self.waiting_since and not same_wait:
             blocked = False  # it issued another one meanwhile: a new wait, from the next pass
+        # A wait the kernel woke the thread from for a moment (nothing issued, still in
+        # torch.distributed) goes on: a few passes running do not end it.
+        self.running_passes = 0 if blocked else self.running_passes + 1
+        if not blocked and same_wait and distributed and self.running_passes <= _WAKEUP_PASSES:
+            blocked = True
         if blocked:
             if not self.waiting_since:
                 group, seq = self.pending_group(collective)

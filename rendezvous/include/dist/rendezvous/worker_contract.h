@@ -131,7 +131,7 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // same into last_step_ns, and steps counts them. The worker's collectives:
 //   - the SDK's groups count theirs (one sequence for all of them: collectives_issued, _done) and
 //     stamp the oldest one still pending (pending_since_ns, pending_op; pending_group 0);
-//   - a torch worker's progress hook samples its main thread about fifty times a second (nothing of
+//   - a torch worker's progress hook samples its main thread ten times a second (nothing of
 //     torch's is replaced): each process group's own sequence number (groups: id = a hash of the
 //     group's name, the same on every rank; seq = the collectives issued on it), and whether the
 //     main thread is blocked in a collective: pending_since_ns (when it was first seen there),

@@ -39,6 +39,7 @@ Standard library only: the agent writes this file into its run directory for any
 """
 
 import _thread
+import atexit
 import faulthandler
 import functools
 import os
@@ -237,6 +238,9 @@ class _Sampler:
         self.failures = 0
         self.activity_seen = {}  # activity bit -> when the main thread was last seen in it
         self.running_passes = 0  # passes in a row that saw the main thread not blocked
+        # Held for each pass: the interpreter's exit waits for the pass under way (_end_sampler).
+        self.passing = _thread.allocate_lock()
+        self.ended = False
 
     # Frame categories.
     USER, TORCH, COLLECTIVE, DIST, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = range(10)
@@ -434,21 +438,40 @@ class _Sampler:
         self.halves[_I_GROUP_COUNT] = 0
 
     def run(self):
-        while _sampler is self:
+        while True:
             time.sleep(_SAMPLE_SECONDS)
-            if _sampler is not self:
-                return
-            try:
-                self.sample()
-                self.failures = 0
-            except Exception as e:  # a torch this does not know: say so once, train on
-                self.failures += 1
-                if self.failures == 20:
-                    self.stop()
-                    print(f"dist-launch: the progress sampler stops ({type(e).__name__}: {e}); "
-                          "hangs in this rank are still reported, collectives not told apart",
-                          file=sys.stderr)
+            with self.passing:
+                if _sampler is not self or self.ended:
                     return
+                try:
+                    self.sample()
+                    self.failures = 0
+                except Exception as e:  # a torch this does not know: say so once, train on
+                    self.failures += 1
+                    if self.failures == 20:
+                        self.stop()
+                        print(f"dist-launch: the progress sampler stops ({type(e).__name__}: "
+                              f"{e}); hangs in this rank are still reported, collectives not "
+                              "told apart", file=sys.stderr)
+                        return
+
+    def end(self):
+        """No pass runs from now on: the one under way finishes first."""
+        if self.passing.acquire(timeout=2.0):
+            self.ended = True
+            self.passing.release()
+        else:
+            self.ended = True
+
+
+def _end_sampler():
+    """At the interpreter's exit, before it finalizes: a thread still running then is ended by
+    pthread_exit when it next takes the GIL, and one inside torch's C++ (a group's counter is
+    read with the GIL released) then aborts the process ("terminate called without an active
+    exception", exit 134 for a script that succeeded)."""
+    sampler = _sampler
+    if sampler is not None:
+        sampler.end()
 
 
 def _start_sampler(torch):
@@ -461,6 +484,17 @@ def _start_sampler(torch):
     # A thread of the interpreter's own, not threading's: no script sees it in
     # threading.enumerate(), and it ends with the interpreter.
     _thread.start_new_thread(_sampler.run, ())
+    _register_exit_handler()
+
+
+_exit_handler = False
+
+
+def _register_exit_handler():
+    global _exit_handler
+    if not _exit_handler:
+        atexit.register(_end_sampler)
+        _exit_handler = True
 
 
 def _hook_torch(torch):

@@ -6,7 +6,8 @@ steps; a stall of every rank; a long first step; a DataLoader's workers; no opti
 gradient accumulation; the script's own collective timeout) may be reported, never ended; one
 that says its pause (dist_launch.progress.pause) is reported as paused, never as a hang; and
 torch.compile(fullgraph=True) of a function with a collective, torch's functional collectives and
-DTensor work as they do without dist-launch (torch 2.x).
+DTensor work as they do without dist-launch (torch 2.x); and a worker whose interpreter ends
+while dist-launch's progress sampler reads its group exits 0.
 
 The scenarios run side by side, a few jobs at a time (a loaded machine is their normal case).
 
@@ -35,7 +36,7 @@ PAUSE_S = 36  # past the automatic hang timeout's 30 s floor, and its look
 CONCURRENT_JOBS = 4
 
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
-             "no-optimizer", "accumulate", "slow-log", "paused", "compile"]
+             "no-optimizer", "accumulate", "slow-log", "paused", "compile", "exit"]
 
 
 class SlowService:
@@ -125,6 +126,13 @@ class Healthy(unittest.TestCase):
         self.assertNotIn("SIGKILL", job.proc.stderr)
         self.assertNotIn("restarting the worker group", job.proc.stderr)
         return job
+
+    def test_a_worker_ends_while_the_sampler_is_in_torchs_code(self):
+        # The interpreter's exit waits for the sampler's pass under way: without that, a pass
+        # inside torch's C++ then aborts the worker (SIGABRT, "terminate called without an
+        # active exception") after the script succeeded.
+        job = self.check("exit")
+        self.assertNotIn("terminate called", job.proc.stdout + job.proc.stderr)
 
     def test_a_rank_sleeping_while_the_other_waits_in_a_barrier(self):
         job = self.check("sleep")

@@ -19,6 +19,8 @@ defaults must end none of them.
   paused        rank 0 says its pause: dist_launch.progress.pause("checkpoint")
   compile       torch.compile(fullgraph=True) of a function with dist.all_reduce, torch's
                 functional collectives and a DTensor (torch 2.x)
+  exit          no pause; the interpreter ends while the progress sampler reads the group's
+                counter (in torch's C++, the GIL released), pass after pass: the worker exits 0
 
 Prints "rank R done steps N hook H" at the end (H: the steps the agent's hook counted, or "off").
 """
@@ -170,6 +172,21 @@ def main():
     hook = sys.modules.get("_dist_launch_progress")
     counted = hook._words[3] if hook is not None and hook._words is not None else "off"
     print(f"rank {rank} done steps {steps} hook {counted}", flush=True)
+    if s == "exit" and hook is not None and hook._sampler is not None:
+        # The interpreter ends while the sampler is inside torch's C++ with the GIL released:
+        # passes back to back, each reading the group's counter many times. A pass under way
+        # must finish before the interpreter finalizes, or the worker aborts (exit 134).
+        sampler, group, read = hook._sampler, dist.group.WORLD, hook._sampler.read_groups
+
+        def slow_read(now):
+            for _ in range(1000):
+                group._get_sequence_number_for_group()
+            return read(now)
+
+        sampler.read_groups = slow_read
+        hook._SAMPLE_SECONDS = 0
+        time.sleep(0.2)
+        return  # the group is not destroyed: the sampler reads it until the interpreter ends
     dist.destroy_process_group()
 
 

@@ -283,6 +283,33 @@ class SshHosts(HostsTestCase):
         for host in self.hosts.addresses:
             self.assertIn(f"[dist-launch@{host}] warning: stopped by SIGTERM", job.output())
 
+    def test_a_host_that_sees_another_stop_first_stops_for_the_launchers_signal(self):
+        # The launcher's SIGTERM reaches host b first (host a's ssh client is held stopped, the
+        # line for it waiting in its pipe): a's agent sees b's leave, reads the launcher's stop
+        # in the store and stops its workers for SIGTERM before its own copy comes, rather than
+        # fail the job for "a node that left no failure record".
+        job = self.job(announce("$RANK") + '; trap \'touch "$JOB_OUT/term_$RANK"; exit 143\' '
+                       'TERM; sleep 1000 & wait')
+        job.wait_for_files("started_", 4)
+        a, _ = self.hosts.addresses
+        ssh_to_a = [p for p in sshd_hosts.descendants(job.process.pid)
+                    if f" -- {a} " in " ".join(open(f"/proc/{p}/cmdline").read().split("\0"))]
+        self.assertEqual(len(ssh_to_a), 1, job.output())
+        os.kill(ssh_to_a[0], signal.SIGSTOP)
+        try:
+            job.process.send_signal(signal.SIGTERM)
+            job.wait_for_files("term_", 4)  # a's workers too, while its signal still waits
+        finally:
+            os.kill(ssh_to_a[0], signal.SIGCONT)
+        self.assertEqual(job.wait(), 128 + signal.SIGTERM, job.output())
+        self.assertIn(f"[dist-launch@{a}] info: the launcher stops the job (SIGTERM), another "
+                      "host's agent has left already", job.output())
+        for host in self.hosts.addresses:
+            self.assertIn(f"[dist-launch@{host}] warning: stopped by SIGTERM", job.output())
+        self.assertNotIn("error", job.output())
+        self.assertNotIn("again", job.output())  # the signal that came after is no second one
+        self.assert_nothing_left(job, self.hosts)
+
     def test_sigkill_of_the_launcher_leaves_no_process_on_any_host(self):
         job, code = self.stop_the_launcher(signal.SIGKILL)
         self.assertEqual(code, -signal.SIGKILL)

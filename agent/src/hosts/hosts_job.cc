@@ -158,6 +158,7 @@ class HostsJob {
     stop_signal_ = signal;
     spdlog::warn("{} received: stopping every host's agent (grace period {} ms)",
                  signal_name(signal), config_.shutdown_timeout.count());
+    mark_stopping(signal);
     stop_all(signal);
   }
 
@@ -198,6 +199,18 @@ class HostsJob {
       if (!stopping_) launch(failed_as_a_whole(), agent.host());
     }
     if (all_ended()) io_.stop();
+  }
+
+  // The stop, in the store before it reaches any host: an agent that sees another leave first
+  // (that host had the signal sooner) reads why, and stops as told rather than fails.
+  void mark_stopping(int signal) {
+    if (!store_) return;
+    try {
+      store_->set_agent_keys(config_.run_id,
+                             {{std::string(schema::kLauncherStop), std::to_string(signal)}});
+    } catch (const rendezvous::StoreError& e) {
+      spdlog::debug("cannot mark the job stopping in its store: {}", e.what());
+    }
   }
 
   // Whether the job failed for every host (an agent marked it over: the others end by

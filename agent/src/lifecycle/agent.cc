@@ -478,6 +478,14 @@ class Agent {
       return feed(Input::kStoreLost);
     }
     if (o.result.kind == WatchResult::kStopped) return feed(Input::kWatchStopped);
+    if (o.result.kind == WatchResult::kLauncherStop) {
+      // Another host's agent had the launcher's signal first and left: this one stops as the
+      // signal it is about to get would have it (and takes that signal, when it comes, as said).
+      spdlog::info("the launcher stops the job ({}), another host's agent has left already",
+                   signal_name(o.result.signal));
+      stopping_.launcher_signal = o.result.signal;
+      return on_signal(o.result.signal, 0, SI_USER);
+    }
     if (o.result.kind == WatchResult::kNewcomer && state_ == State::kRunning && group_) {
       // Workers that exited as the newcomer came are reaped first (their SIGCHLD may be queued
       // behind this event): when they all finished, this node goes to its exit barrier, where a
@@ -502,6 +510,7 @@ class Agent {
           telemetry_->node_joined(round_->round);
           break;
         case WatchResult::kStopped:
+        case WatchResult::kLauncherStop:
           break;
       }
     }
@@ -624,7 +633,11 @@ class Agent {
     });
     if (config_.launcher_fd >= 0) {
       launcher_.emplace(io_, config_.launcher_fd);
-      launcher_->start([this](int signal) { on(event::SignalReceived{signal, 0, SI_USER}); });
+      launcher_->start([this](int signal) {
+        // Its stop, known from the store already, is no second signal (which kills at once).
+        if (std::exchange(stopping_.launcher_signal, 0) == signal) return;
+        on(event::SignalReceived{signal, 0, SI_USER});
+      });
     }
     telemetry_.emplace(io_, config_, host_);  // the event log, metrics and health check
     telemetry_->job_started();
@@ -1355,6 +1368,7 @@ class Agent {
     bool group_stopped = false;
     bool signal_received = false;      // a stop signal came: a second one kills at once
     bool signal_already_sent = false;  // the stop signal reached the workers from Slurm
+    int launcher_signal = 0;  // the launcher's stop, read from the store before its signal came
   };
 
   const LaunchConfig& config_;

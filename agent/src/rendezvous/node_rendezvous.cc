@@ -425,6 +425,20 @@ Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds
         co_await exchange_view(a, watcher, on_view);
       gone = co_await watcher.wait_deleted(names, heartbeat);
     }
+    if (events[*gone] == kLossNoticed || events[*gone] == kSuccessorGone) {
+      const std::string stop_key(schema::kLauncherStop);
+      if (const auto stop = co_await watcher.try_get(stop_key)) {
+        std::int64_t signal = 0;
+        try {
+          signal = schema::decode_int(stop_key, *stop);
+        } catch (const schema::CorruptValueError& e) {
+          spdlog::debug("{}", e.what());  // not the launcher's: the node is lost
+        }
+        if (signal > 0 && signal < 65) {
+          co_return WatchResult{WatchResult::kLauncherStop, -1, static_cast<int>(signal)};
+        }
+      }
+    }
     switch (events[*gone]) {
       case kFailed:
         co_return WatchResult{WatchResult::kFailed, -1};

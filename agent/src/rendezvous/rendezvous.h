@@ -124,8 +124,11 @@ struct JobView;
 inline constexpr std::chrono::seconds kJobViewInterval{5};
 
 struct WatchResult {
-  enum Kind { kFailed, kNodeLost, kNewcomer, kStopped } kind = kStopped;
-  int node = -1;  // for kNodeLost: its node rank (-1: unknown)
+  // kLauncherStop: a node left because dist-launch --hosts stops the job (its signal forwarded
+  // to that host first); this one's is on its way.
+  enum Kind { kFailed, kNodeLost, kNewcomer, kStopped, kLauncherStop } kind = kStopped;
+  int node = -1;   // for kNodeLost: its node rank (-1: unknown)
+  int signal = 0;  // for kLauncherStop: the signal the launcher forwards
 };
 
 // How the job goes on after an elastic round ended: decided by the first node to ask, then the

@@ -65,6 +65,9 @@ std::string job_prefix(const std::string& run_id);  // "rdzv/<run id>/"
 // Job-wide keys.
 inline constexpr std::string_view kRoundPointer = "round";
 inline constexpr std::string_view kJobOver = "over";
+// dist-launch --hosts was told to stop the job (the signal's number): set before it forwards the
+// signal to each host, so that an agent that sees another host leave first stops as told too.
+inline constexpr std::string_view kLauncherStop = "launcher_stop";
 inline constexpr std::string_view kStaticNodes = "nodes";
 inline constexpr std::string_view kInPlace = "in_place";
 std::string static_alive(int node_rank);  // "alive/<k>"

@@ -83,7 +83,10 @@ class HangsOnNamedHosts(unittest.TestCase):
         flagged = [e for e in events[1] if e["event"] == "straggler" and e["straggler"]]
         self.assertTrue(flagged, everything)
         self.assertEqual({e["rank"] for e in flagged}, {1})
-        self.assertLessEqual((flagged[0]["ts_ms"] - start["ts_ms"]) / 1000, 60, everything)
+        seconds = (flagged[0]["ts_ms"] - start["ts_ms"]) / 1000
+        print(f"straggler: rank 1 flagged {seconds:.1f} s after its start "
+              f"(ratio {flagged[0].get('ratio', '?')})", file=sys.stderr)  # docs/BENCHMARKS.md
+        self.assertLessEqual(seconds, 60, everything)
         self.assertFalse([e for e in events[0] if e["event"] == "straggler"])
 
     def test_a_collective_skipped_on_one_of_three_hosts_is_proven_and_ended(self):

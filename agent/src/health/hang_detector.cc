@@ -19,6 +19,8 @@ namespace fs = std::filesystem;
 
 constexpr std::chrono::milliseconds kDumpPoll{50};
 constexpr std::size_t kMaxStackBytes = 256 * 1024;  // read of one dump
+// A rank's work per step is compared each second only when that second's reading saw it step.
+constexpr std::chrono::nanoseconds kFreshReading{0};
 
 double seconds(std::chrono::nanoseconds d) {
   return std::chrono::duration<double>(d).count();
@@ -147,8 +149,9 @@ void HangDetector::sample() {
     w.history.add(reading);
     track_blocked(w, previous, reading);
     check_hook(w, reading, now);
-    own_work[w.worker.rank] = w.history.work_seconds_per_step();
-    every_rank_measures_work = every_rank_measures_work && own_work[w.worker.rank].has_value();
+    every_rank_measures_work =
+        every_rank_measures_work && w.history.work_seconds_per_step().has_value();
+    own_work[w.worker.rank] = w.history.recent_work_seconds_per_step(kFreshReading);
     const auto rate = w.history.steps_per_second();
     if (rate && *rate > 0) step_time[w.worker.rank] = 1 / *rate;
     if (reading.paused()) continue;  // a pause the worker declared is no silence
@@ -215,7 +218,7 @@ void HangDetector::job_view(const schema::JobView& view) {
   std::map<int, std::optional<double>> work;
   for (const auto& [rank, seconds] : view.work) work[rank] = seconds;
   for (const auto& [_, w] : workers_) {
-    if (w.running) work[w.worker.rank] = w.history.work_seconds_per_step();
+    if (w.running) work[w.worker.rank] = w.history.recent_work_seconds_per_step(kJobViewInterval);
   }
   flag_stragglers(work, "work per step");
 }
@@ -575,7 +578,7 @@ void HangDetector::fill(WorkerProgress& p) const {
     p.suspect = w.reported->suspect && !w.reported->active && !w.reported->paused;
     if (!p.paused) p.doing = w.reported->doing;
   }
-  p.work_seconds = h.work_seconds_per_step();
+  p.work_seconds = h.recent_work_seconds_per_step(kJobViewInterval);  // what the view compares
   const double blocked_s =
       r.pending_since_ns == 0
           ? 0

@@ -68,6 +68,7 @@ void StepHistory::add(const SlotReading& r) {
     durations_.push_back(span / static_cast<double>(r.steps - last_.steps));
     if (durations_.size() > kDurations) durations_.pop_front();
   }
+  if (r.steps > last_.steps) stepped_at_ = r.at;
   last_ = r;
   window_.push_back(r);
   while (window_.size() > 2 && r.at - window_.front().at > kRateWindow) window_.pop_front();
@@ -113,6 +114,12 @@ std::optional<double> StepHistory::work_seconds_per_step() const {
   std::sort(per_reading.begin(), per_reading.end());
   const std::size_t n = per_reading.size();
   return n % 2 ? per_reading[n / 2] : (per_reading[n / 2 - 1] + per_reading[n / 2]) / 2;
+}
+
+std::optional<double> StepHistory::recent_work_seconds_per_step(
+    std::chrono::nanoseconds within) const {
+  if (stepped_at_.count() < 0 || last_.at - stepped_at_ > within) return std::nullopt;
+  return work_seconds_per_step();
 }
 
 std::optional<std::chrono::nanoseconds> StepHistory::hang_timeout(

@@ -81,6 +81,10 @@ class StepHistory {
   // that carries a long pause of the rank's own is one of them, not the measure); none when the
   // worker does not measure it, or fewer than kMinWorkReadings saw steps.
   std::optional<double> work_seconds_per_step() const;
+  // The same, only while it measures the present: the worker stepped in the readings of the last
+  // `within` (0: the latest reading saw steps). A measure that a pause froze (no step since) is not
+  // compared again at each reading, as if it were a new one.
+  std::optional<double> recent_work_seconds_per_step(std::chrono::nanoseconds within) const;
 
   // How long without progress makes this worker hung; none while it cannot be (no progress yet,
   // too few steps for the automatic rule, or off).
@@ -94,8 +98,10 @@ class StepHistory {
   std::optional<double> percentile(double p) const;
 
   SlotReading last_;
-  std::deque<double> durations_;    // seconds
-  std::deque<SlotReading> window_;  // the readings of the last kRateWindow
+  std::chrono::nanoseconds stepped_at_{-1};  // the time (SlotReading::at) of the last reading
+                                             // that saw steps
+  std::deque<double> durations_;             // seconds
+  std::deque<SlotReading> window_;           // the readings of the last kRateWindow
 };
 
 // Stragglers: each rank's own work per step (or, for workers that do not measure it, its step

@@ -123,6 +123,51 @@ TEST(StepHistory, AReadingThatCarriesALongPauseIsNotTheWorkPerStep) {
   EXPECT_NEAR(*h.work_seconds_per_step(), 0.02, 1e-9);
 }
 
+TEST(StepHistory, AMeasureAPauseFrozeIsNotARecentOne) {
+  StepHistory h;
+  for (int i = 1; i <= 5; ++i) h.add(reading(i, 10U * i, i, 200ULL * i * kSecond / 1000));
+  ASSERT_TRUE(h.recent_work_seconds_per_step(nanoseconds(0)));
+  h.add(reading(6, 50, 5, kSecond));  // a pause: no step since the last reading
+  EXPECT_TRUE(h.work_seconds_per_step()) << "the window still holds the steps before it";
+  EXPECT_FALSE(h.recent_work_seconds_per_step(nanoseconds(0)));
+  EXPECT_TRUE(h.recent_work_seconds_per_step(std::chrono::seconds(5)));
+  h.add(reading(12, 50, 5, kSecond));
+  EXPECT_FALSE(h.recent_work_seconds_per_step(std::chrono::seconds(5)));
+}
+
+// Two ranks train with rank 1 measured 1.5x rank 0 for fewer readings than it takes to flag it
+// (a loaded machine's few seconds), then both wait (rank 1 pauses, rank 0 waits for it): the
+// frozen measures are not counted once a second until they flag it.
+TEST(StragglerWatch, AMeasureFrozenByAPauseDoesNotFlag) {
+  StepHistory fast, slow;
+  std::uint64_t steps = 0, fast_work = 0, slow_work = 0;
+  double t = 0;
+  StragglerWatch watch;
+  const auto second = [&](bool stepping) {
+    t += 1;
+    if (stepping) {
+      steps += 10;
+      fast_work += 200 * kSecond / 1000;
+      slow_work += 300 * kSecond / 1000;
+    }
+    fast.add(reading(t, steps, t, fast_work));
+    slow.add(reading(t, steps, t, slow_work));
+    return watch.update({{0, fast.recent_work_seconds_per_step(nanoseconds(0))},
+                         {1, slow.recent_work_seconds_per_step(nanoseconds(0))}});
+  };
+  // Measures from the fourth reading on (three that saw steps): three of the five it takes.
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(second(true).empty());
+  ASSERT_TRUE(watch.ratio(1));
+  EXPECT_NEAR(*watch.ratio(1), 1.5, 1e-9);
+  for (int i = 0; i < 9; ++i) EXPECT_TRUE(second(false).empty()) << "second " << t;
+  EXPECT_FALSE(watch.straggler(1));
+  // Stepping again at 1.5x: new measures, and those flag it.
+  bool flagged = false;
+  for (int i = 0; i < 5 && !flagged; ++i) flagged = !second(true).empty();
+  EXPECT_TRUE(flagged);
+  EXPECT_TRUE(watch.straggler(1));
+}
+
 TEST(StepHistory, NoWorkMeasuredIsNoWorkPerStep) {
   StepHistory h;
   h.add(reading(1, 10, 1));

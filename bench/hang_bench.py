@@ -21,7 +21,7 @@ Parts (--only): detection, auto, straggler, healthy, overhead, hookcost, graphs,
              and left running: the job is stopped once the report is out.
   straggler  rank 1 doing 1.3x the work of rank 0 each step (20 ms against 26 ms): the time from
              the job's first worker start to the straggler event; and rank 0 never flagged.
-  healthy    one healthy job of --healthy-seconds with the default settings: hang investigations,
+  healthy    one healthy job of --healthy-seconds with the default settings: hangs suspected,
              hangs and straggler flags (all false positives).
   overhead   the training loop's time per step with the agent's hook and with --no-step-hook,
              interleaved, for a bare step (--work 0: a 32x32 DDP step, the worst case) and a 20 ms
@@ -195,7 +195,7 @@ def healthy(args):
               timeout=args.healthy_seconds + 300)
     steps = [int(m) for m in re.findall(r"rank \d steps (\d+)", job.proc.stdout)]
     return {"rc": job.proc.returncode, "seconds": job.wall, "steps": steps,
-            "investigations": job.proc.stderr.count("looking at where every rank is"),
+            "suspected": len(job.of("hang_suspected")),
             "hangs": len(job.of("hang")),
             "stragglers": len([e for e in job.of("straggler") if e["straggler"]])}
 
@@ -401,7 +401,7 @@ def main():
     if "healthy" in parts:
         r = healthy(args)
         print(f"\nHealthy {args.healthy_seconds} s job (default settings): exit {r['rc']}, "
-              f"steps {r['steps']}, investigations {r['investigations']}, hangs {r['hangs']}, "
+              f"steps {r['steps']}, hangs suspected {r['suspected']}, hangs {r['hangs']}, "
               f"straggler flags {r['stragglers']}")
     if "overhead" in parts:
         print("\nStep-time overhead of the hook (median loop time per step, hook on / off):")

@@ -12,7 +12,8 @@ with 2 workers on this machine: its exit code and wall time, and what dist-launc
 
 torchrun is torch 2.x's (`python -m torch.distributed.run`) in its default static rendezvous on a
 free port (not --standalone); dist-launch is build/bin/dist-launch with no flags but
---nproc-per-node.
+--nproc-per-node. Under torchrun the package in python/ is on PYTHONPATH (the paused scenario
+imports dist_launch.progress, whose pause does nothing there).
 """
 import argparse
 import json
@@ -49,6 +50,10 @@ def run(args, launcher, scenario):
                "--event-log", events_path, *script]
         env["PYTHON_EXEC"] = args.python
     else:
+        # The script's `from dist_launch import progress` (the paused scenario) finds the package
+        # as if installed: under torchrun its pause is a no-op.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.path.join(ROOT, "python"), env.get("PYTHONPATH")) if p)
         cmd = [args.python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-port", str(free_port()), *script]
     start = time.monotonic()

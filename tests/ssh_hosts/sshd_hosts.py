@@ -85,7 +85,10 @@ def descendants(pid):
 
 
 def port_is_free(address, port):
+    """Whether sshd could listen there: nothing listens (connections of earlier tests still in
+    TIME_WAIT do not count: sshd binds with SO_REUSEADDR, and so does this probe)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((address, port))
             return True

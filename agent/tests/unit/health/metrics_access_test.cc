@@ -30,7 +30,9 @@ const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 // A Telemetry on its own io thread.
 class Serving {
  public:
-  Serving(const LaunchConfig& config, const std::string& host) : telemetry_(io_, config, host) {
+  // The config is kept: Telemetry holds a reference to it, and callers pass temporaries.
+  Serving(const LaunchConfig& config, const std::string& host)
+      : config_(config), telemetry_(io_, config_, host) {
     thread_ = std::thread([this] {
       auto work = boost::asio::make_work_guard(io_);
       io_.run();
@@ -45,6 +47,7 @@ class Serving {
 
  private:
   boost::asio::io_context io_;
+  LaunchConfig config_;
   Telemetry telemetry_;
   std::thread thread_;
 };

@@ -240,7 +240,6 @@ class _Sampler:
         self.running_passes = 0  # passes in a row that saw the main thread not blocked
         # Held for each pass: the interpreter's exit waits for the pass under way (_end_sampler).
         self.passing = _thread.allocate_lock()
-        self.ended = False
 
     # Frame categories.
     USER, TORCH, COLLECTIVE, DIST, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = range(10)
@@ -441,7 +440,7 @@ class _Sampler:
         while True:
             time.sleep(_SAMPLE_SECONDS)
             with self.passing:
-                if _sampler is not self or self.ended:
+                if _sampler is not self:
                     return
                 try:
                     self.sample()
@@ -455,23 +454,17 @@ class _Sampler:
                               "told apart", file=sys.stderr)
                         return
 
-    def end(self):
-        """No pass runs from now on: the one under way finishes first."""
-        if self.passing.acquire(timeout=2.0):
-            self.ended = True
-            self.passing.release()
-        else:
-            self.ended = True
-
 
 def _end_sampler():
-    """At the interpreter's exit, before it finalizes: a thread still running then is ended by
-    pthread_exit when it next takes the GIL, and one inside torch's C++ (a group's counter is
-    read with the GIL released) then aborts the process ("terminate called without an active
-    exception", exit 134 for a script that succeeded)."""
-    sampler = _sampler
-    if sampler is not None:
-        sampler.end()
+    """At the interpreter's exit, before it finalizes: no pass starts from now on, and the one
+    under way finishes first (bounded). A thread still running then is ended by pthread_exit when
+    it next takes the GIL, and one inside torch's C++ (a group's counter is read with the GIL
+    released) then aborts the process ("terminate called without an active exception", exit 134
+    for a script that succeeded)."""
+    global _sampler
+    sampler, _sampler = _sampler, None
+    if sampler is not None and sampler.passing.acquire(timeout=2.0):
+        sampler.passing.release()
 
 
 def _start_sampler(torch):
@@ -484,17 +477,9 @@ def _start_sampler(torch):
     # A thread of the interpreter's own, not threading's: no script sees it in
     # threading.enumerate(), and it ends with the interpreter.
     _thread.start_new_thread(_sampler.run, ())
-    _register_exit_handler()
-
-
-_exit_handler = False
-
-
-def _register_exit_handler():
-    global _exit_handler
-    if not _exit_handler:
-        atexit.register(_end_sampler)
-        _exit_handler = True
+    # Once, and after torch's own exit handlers were registered (they run after this one).
+    atexit.unregister(_end_sampler)
+    atexit.register(_end_sampler)
 
 
 def _hook_torch(torch):

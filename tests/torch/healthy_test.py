@@ -132,6 +132,8 @@ class Healthy(unittest.TestCase):
         # inside torch's C++ then aborts the worker (SIGABRT, "terminate called without an
         # active exception") after the script succeeded.
         job = self.check("exit")
+        for rank in (0, 1):
+            self.assertIn(f"rank {rank} exits with the sampler reading", job.proc.stdout)
         self.assertNotIn("terminate called", job.proc.stdout + job.proc.stderr)
 
     def test_a_rank_sleeping_while_the_other_waits_in_a_barrier(self):

@@ -185,6 +185,7 @@ def main():
 
         sampler.read_groups = slow_read
         hook._SAMPLE_SECONDS = 0
+        print(f"rank {rank} exits with the sampler reading", flush=True)
         time.sleep(0.2)
         return  # the group is not destroyed: the sampler reads it until the interpreter ends
     dist.destroy_process_group()

@@ -10,6 +10,7 @@
 //             whose count completes max_nodes publishes every offset and closes the round.
 //   WAIT      until `pending` is gone, saying every timeouts.waiting_notice which node ranks it
 //             waits for; then `aborted` (RoundAbortedError) or the node's offset.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -434,7 +435,7 @@ Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds
         } catch (const schema::CorruptValueError& e) {
           spdlog::debug("{}", e.what());  // not the launcher's: the node is lost
         }
-        if (signal > 0 && signal < 65) {
+        if (signal > 0 && signal < NSIG) {
           co_return WatchResult{WatchResult::kLauncherStop, -1, static_cast<int>(signal)};
         }
       }

@@ -9,6 +9,7 @@ before it scales up to N workers: the agent stops these workers then).
 Each rank prints the SHA-256 of its final weights, so runs can be compared exactly.
 """
 import argparse
+import gc
 import hashlib
 import os
 import sys
@@ -76,6 +77,13 @@ def main():
     if args.out:
         with open(os.path.join(args.out, f"done_{rank}"), "w") as f:
             f.write(f"{attempt}\n")
+    # The model first (DDP holds the process group), so that destroying the group ends its gloo
+    # threads now, while every tensor they were given is still held here. A gloo thread that drops
+    # a collective's last tensor as the interpreter finalizes aborts a torch 2.x process that
+    # succeeded ("terminate called without an active exception", exit 134: seen once in CI as
+    # this script exited; pytorch/pytorch#179291 describes it).
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -86,11 +86,12 @@ CommandLine::Option& CommandLine::Option::choices(std::vector<std::string_view> 
   return *this;
 }
 
-CommandLine::CommandLine(std::string program, std::string description, std::string usage)
+CommandLine::CommandLine(std::string program, std::string description, std::string usage,
+                         Builtins builtins)
     : program_(std::move(program)), description_(std::move(description)), usage_(std::move(usage)) {
   group("Options");
   flag("-h,--help", help_, "Print this help and exit");
-  flag("--version", version_, "Print the version and exit");
+  if (builtins == kHelpAndVersion) flag("--version", version_, "Print the version and exit");
 }
 
 void CommandLine::group(std::string heading, std::string description) {

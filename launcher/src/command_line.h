@@ -1,3 +1,4 @@
+// The one command-line parser of dist-launch (the launch's options, and `dist-launch status`'s).
 // A command line declared as data: options in groups, each bound to a field of the caller's, read
 // the way torchrun's argparse reads them (option_scan.h: abbreviations, unknown options, the
 // training script and everything after it left alone), with PET_<NAME> variables as fallbacks.
@@ -54,8 +55,12 @@ class CommandLine {
     std::set<std::string> given;        // "--name" for both spellings of every option given
   };
 
+  // Whether --version is declared with -h/--help (a subcommand has none of its own).
+  enum Builtins { kHelpAndVersion, kNoVersion };
+
   // `usage` follows "Usage: <program> " in --help.
-  CommandLine(std::string program, std::string description, std::string usage);
+  CommandLine(std::string program, std::string description, std::string usage,
+              Builtins builtins = kHelpAndVersion);
   CommandLine(const CommandLine&) = delete;
   CommandLine& operator=(const CommandLine&) = delete;
 

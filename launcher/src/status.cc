@@ -1,14 +1,16 @@
 #include "dist/launcher/status.h"
 
-#include <CLI/CLI.hpp>
+#include <charconv>
 #include <chrono>
 #include <ctime>
+#include <limits>
 #include <optional>
 #include <ostream>
 #include <sstream>
 #include <thread>
 #include <variant>
 
+#include "command_line.h"
 #include "dist/agent/job_status.h"
 #include "dist/launcher/cli.h"
 #include "dist/rendezvous/client.h"
@@ -22,6 +24,15 @@ namespace {
 // Once a watch has shown the job, a store that went away (the job ended) is said at once, not
 // after the first connection's --timeout.
 constexpr std::chrono::milliseconds kWatchReconnectTimeout{2000};
+constexpr int kMaxTimeoutSeconds = std::numeric_limits<int>::max();
+
+// A number of seconds ("0.5", "2"); nullopt when the text is not one.
+std::optional<double> seconds_of(const std::string& text) {
+  double value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return value;
+}
 
 struct StatusRequest {
   rendezvous::ClientOptions options;
@@ -33,61 +44,67 @@ struct StatusRequest {
   int count = 0;  // --watch: refreshes before stopping; 0: until interrupted
 };
 
-// The command line, or the exit code for help and usage errors.
+// The command line, or the exit code for help and usage errors. The same parser as the launch's
+// (command_line.h): abbreviations, --name=value, the token file's variable as a fallback.
 std::variant<StatusRequest, int> parse(const std::vector<std::string>& args, std::ostream& out,
                                        std::ostream& err) {
-  CLI::App app{"dist-launch status: the nodes and workers of a job, read from its rendezvous store",
-               "dist-launch status"};
+  CommandLine app("dist-launch status",
+                  "dist-launch status: the nodes and workers of a job, read from its rendezvous "
+                  "store",
+                  "[OPTIONS]", CommandLine::kNoVersion);
   StatusRequest r;
   std::string token_file;
   r.run_id = "none";
   int timeout_s = 10;
-  double interval_s = 1;
-  app.add_option("--rdzv-endpoint,--rdzv_endpoint,--master-addr-port", r.endpoint,
-                 "HOST:PORT of the job's store (static: node 0's --master-addr:--master-port; one "
-                 "node: 127.0.0.1 and its workers' MASTER_PORT)")
-      ->required();
-  app.add_option("--rdzv-id,--rdzv_id", r.run_id, "The job's id")->capture_default_str();
-  app.add_option("--timeout", timeout_s, "Seconds to wait for the store")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_flag("--json", r.json, "One JSON object instead of the table (--watch: one a line)");
-  app.add_flag("--watch", r.watch, "Refresh in place every --interval until interrupted");
-  app.add_option("--interval", interval_s, "--watch: seconds between refreshes")
-      ->check(CLI::Range(0.1, 3600.0))
-      ->capture_default_str();
-  app.add_option("--count", r.count, "--watch: stop after this many refreshes (0: never)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--token-file", token_file, "The job's token file, when the job has one")
-      ->envname(rendezvous::kTokenFileVariable);
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    out << app.help();
-    return kExitOk;
-  } catch (const CLI::ParseError& e) {
-    err << "dist-launch status: error: " << e.what() << "\n";
+  std::string interval = "1";
+  app.text("--rdzv-endpoint,--rdzv_endpoint,--master-addr-port", r.endpoint,
+           "HOST:PORT of the job's store (static: node 0's --master-addr:--master-port; one node: "
+           "127.0.0.1 and its workers' MASTER_PORT) (required)");
+  app.text("--rdzv-id,--rdzv_id", r.run_id, "The job's id").show_default();
+  app.number("--timeout", timeout_s, 1, kMaxTimeoutSeconds, "Seconds to wait for the store")
+      .show_default();
+  app.flag("--json", r.json, "One JSON object instead of the table (--watch: one a line)");
+  app.flag("--watch", r.watch, "Refresh in place every --interval until interrupted");
+  app.text("--interval", interval, "--watch: seconds between refreshes, 0.1 to 3600")
+      .show_default();
+  app.number("--count", r.count, 0, std::numeric_limits<int>::max(),
+             "--watch: stop after this many refreshes (0: never)")
+      .show_default();
+  app.text("--token-file", token_file, "The job's token file, when the job has one")
+      .env(rendezvous::kTokenFileVariable);
+  const auto usage = [&err](const std::string& message) {
+    err << "dist-launch status: error: " << message << "\n";
     return kExitUsage;
+  };
+  try {
+    const CommandLine::Parsed parsed = app.parse(args);
+    if (parsed.help) {
+      out << app.help();
+      return kExitOk;
+    }
+    if (!parsed.rest.empty()) return usage("unexpected argument '" + parsed.rest.front() + "'");
+  } catch (const std::runtime_error& e) {  // OptionScanError, CommandLineError
+    return usage(e.what());
+  }
+  if (r.endpoint.empty()) return usage("--rdzv-endpoint is required");
+  const std::optional<double> interval_s = seconds_of(interval);
+  if (!interval_s || *interval_s < 0.1 || *interval_s > 3600) {
+    return usage("--interval takes seconds from 0.1 to 3600, not '" + interval + "'");
   }
   try {
     const rendezvous::Endpoint store = rendezvous::parse_endpoint(r.endpoint);
     r.options.host = store.host;
     r.options.port = store.port;
   } catch (const rendezvous::EndpointError&) {
-    err << "dist-launch status: error: --rdzv-endpoint must be HOST:PORT, got '" << r.endpoint
-        << "'\n";
-    return kExitUsage;
+    return usage("--rdzv-endpoint must be HOST:PORT, got '" + r.endpoint + "'");
   }
   r.options.connect_timeout = std::chrono::seconds(timeout_s);
   r.options.timeout = std::chrono::seconds(timeout_s);
-  r.interval = std::chrono::milliseconds(static_cast<long long>(interval_s * 1000));
+  r.interval = std::chrono::milliseconds(static_cast<long long>(*interval_s * 1000));
   try {
     if (!token_file.empty()) r.options.secret = rendezvous::read_secret_file(token_file);
   } catch (const rendezvous::StoreError& e) {
-    err << "dist-launch status: error: " << e.what() << "\n";
-    return kExitUsage;
+    return usage(e.what());
   }
   return r;
 }

@@ -131,7 +131,7 @@ def _failure(fields: Dict[str, str]) -> ProcessFailure:
 
 def parse_report(lines: List[str]) -> FailureReport:
     """Parses the report's lines, from its first rule to its last (as format_report writes them:
-    agent/src/failure_report.cc)."""
+    agent/src/workers/failure_report.cc)."""
     if len(lines) < 2 or lines[0] != RULE or not lines[1].endswith(" FAILED"):
         raise ValueError("not a dist-launch failure report")
     report = FailureReport(name=lines[1][: -len(" FAILED")], text="\n".join(lines) + "\n")

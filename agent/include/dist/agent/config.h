@@ -22,15 +22,16 @@ struct StreamSelection {
   bool any() const { return stdout_stream || stderr_stream; }
 };
 
-// Which accelerator each worker gets (agent/src/devices.h). Neither field: every worker sees what
-// the agent sees, as with torchrun.
+// Which accelerator each worker gets (agent/src/resources/devices.h). Neither field: every worker
+// sees what the agent sees, as with torchrun.
 struct DeviceOptions {
   std::vector<int> devices;         // --devices: indices of the devices the agent sees, one each
   bool virtual_local_rank = false;  // --virtual-local-rank: own device only, LOCAL_RANK=0
 };
 
-// CPU and memory binding of each worker (agent/src/placement.h): torchrun's --numa-binding modes,
-// or --cpu-bind (one core set per worker, or explicit CPU lists). At most one of the two.
+// CPU and memory binding of each worker (agent/src/resources/placement.h): torchrun's
+// --numa-binding modes, or --cpu-bind (one core set per worker, or explicit CPU lists). At most one
+// of the two.
 enum class NumaBinding { kNone, kNode, kSocket, kExclusive, kCoreComplex };
 enum class CpuBind { kNone, kCore, kList };
 struct PlacementOptions {
@@ -40,7 +41,7 @@ struct PlacementOptions {
   bool binds() const { return numa_binding != NumaBinding::kNone || cpu_bind != CpuBind::kNone; }
 };
 
-// Hang watchdogs (agent/src/worker_watchdogs.h) and torch's health check.
+// Hang watchdogs (agent/src/health/worker_watchdogs.h) and torch's health check.
 struct WatchdogOptions {
   bool file_timer = false;  // TORCHELASTIC_ENABLE_FILE_TIMER=1: serve torch's file timer pipe
   std::string timer_file;   // TORCHELASTIC_TIMER_FILE: its path (empty: a fresh one in TMPDIR)
@@ -56,7 +57,7 @@ struct WatchdogOptions {
 // The environment variable that names --metrics-token-file's file when the option is not given.
 inline constexpr char kMetricsTokenFileVariable[] = "DIST_LAUNCH_METRICS_TOKEN_FILE";
 
-// What the agent tells the outside (agent/src/telemetry.h).
+// What the agent tells the outside (agent/src/health/telemetry.h).
 struct TelemetryOptions {
   std::string event_log;                      // --event-log: JSON lines appended to this file
   std::optional<std::uint16_t> metrics_port;  // --metrics-port: Prometheus text (0: a free one)

@@ -136,19 +136,15 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   Task<void> read_exact(void* dst, std::size_t n) {
     char* out = static_cast<char*>(dst);
     while (n > 0) {
-      if (in_pos_ < in_len_) {
-        const std::size_t take = std::min(n, in_len_ - in_pos_);
-        std::memcpy(out, in_.get() + in_pos_, take);
-        in_pos_ += take;
-        out += take;
-        n -= take;
+      if (const std::size_t took = in_.take(out, n); took > 0) {
+        out += took;
+        n -= took;
         continue;
       }
-      if (!in_) in_ = std::make_unique_for_overwrite<char[]>(kReadChunkBytes);
       try {
-        in_len_ = co_await socket_.async_read_some(asio::buffer(in_.get(), kReadChunkBytes),
-                                                   use_awaitable);
-        in_pos_ = 0;
+        char* space = in_.space();
+        in_.filled(
+            co_await socket_.async_read_some(asio::buffer(space, kReadChunkBytes), use_awaitable));
       } catch (const boost::system::system_error& e) {
         fail(e);
       }
@@ -162,9 +158,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   }
   Task<std::string> bytes() {
     const auto n = co_await fixed<std::uint64_t>();
-    if (n > limits_.max_value_bytes * 2 + limits_.max_request_bytes) {
-      lost("reply announces " + std::to_string(n) + " bytes, more than the store's limits allow");
-    }
+    if (const auto why = requests::oversized_reply(n, limits_)) lost(*why);
     std::string value(n, '\0');
     co_await read_exact(value.data(), n);
     co_return value;
@@ -174,13 +168,10 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   Task<void> status() {
     const auto code = co_await fixed<std::uint8_t>();
     if (code == wire::kStatusOk) co_return;
-    std::string message = co_await bytes();
-    if (code < static_cast<std::uint8_t>(StoreErrc::kTimeout) ||
-        code > static_cast<std::uint8_t>(StoreErrc::kInvalidArgument)) {
-      lost("unknown status " + std::to_string(code) + " in reply to " + context_);
-    }
-    throw StoreError(static_cast<StoreErrc>(code),
-                     context_ + " failed on the store at " + endpoint() + ": " + message);
+    const std::string message = co_await bytes();
+    const auto error = requests::status_error(code, context_, endpoint(), message);
+    if (!error) lost("unknown status " + std::to_string(code) + " in reply to " + context_);
+    throw *error;
   }
 
   // A wait's reply: kStopWaiting or kKeyGone (with the key's index), or nullopt once `timeout`
@@ -290,9 +281,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   asio::steady_timer wait_timer_;  // a wait's own timeout, and the connect backoff
   std::string out_;
   std::string cancel_out_;
-  std::unique_ptr<char[]> in_;  // kReadChunkBytes, allocated on the first read, never zeroed
-  std::size_t in_len_ = 0;
-  std::size_t in_pos_ = 0;
+  requests::ReplyBuffer in_;  // allocated on the first read, never zeroed
   std::uint64_t generation_ = 0;
   std::string context_;
   bool busy_ = false;

@@ -141,9 +141,7 @@ class StoreClient::Impl {
   StoreLimits limits_;
   int fd_ = -1;
   std::string out_;
-  std::unique_ptr<char[]> in_;  // kReadChunkBytes, allocated on the first read, never zeroed
-  std::size_t in_len_ = 0;
-  std::size_t in_pos_ = 0;
+  requests::ReplyBuffer in_;  // allocated on the first read, never zeroed
   bool broken_ = false;
   std::string broken_reason_;
 
@@ -285,33 +283,27 @@ void StoreClient::Impl::send(Clock::time_point deadline) {
 void StoreClient::Impl::read_exact(void* dst, std::size_t n, Clock::time_point deadline) {
   char* out = static_cast<char*>(dst);
   while (n > 0) {
-    if (in_pos_ < in_len_) {
-      const std::size_t take = std::min(n, in_len_ - in_pos_);
-      std::memcpy(out, in_.get() + in_pos_, take);
-      in_pos_ += take;
-      out += take;
-      n -= take;
+    if (const std::size_t took = in_.take(out, n); took > 0) {
+      out += took;
+      n -= took;
       continue;
     }
-    in_len_ = in_pos_ = 0;
+    char* space = in_.space();
     pollfd p{fd_, POLLIN, 0};
     const auto left = remaining_ms(deadline);
     const int ready = left > 0 ? ::poll(&p, 1, static_cast<int>(left)) : 0;
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) throw StoreError(StoreErrc::kTimeout, "");  // callers add the context
-    if (!in_) in_ = std::make_unique_for_overwrite<char[]>(kReadChunkBytes);
-    const ssize_t got = ::recv(fd_, in_.get(), kReadChunkBytes, 0);
+    const ssize_t got = ::recv(fd_, space, kReadChunkBytes, 0);
     if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (got <= 0) lost(got == 0 ? "the store closed the connection" : std::strerror(errno));
-    in_len_ = static_cast<std::size_t>(got);
+    in_.filled(static_cast<std::size_t>(got));
   }
 }
 
 std::string StoreClient::Impl::bytes(Clock::time_point d) {
   const std::uint64_t n = u64(d);
-  if (n > limits_.max_value_bytes * 2 + limits_.max_request_bytes) {
-    lost("reply announces " + std::to_string(n) + " bytes, more than the store's limits allow");
-  }
+  if (const auto why = requests::oversized_reply(n, limits_)) lost(*why);
   std::string value(n, '\0');
   read_exact(value.data(), n, d);
   return value;
@@ -334,13 +326,10 @@ void StoreClient::Impl::status(Clock::time_point d, const std::string& context) 
 void StoreClient::Impl::check_status(std::uint8_t code, Clock::time_point d,
                                      const std::string& context) {
   if (code == wire::kStatusOk) return;
-  std::string message = bytes(d);
-  if (code < static_cast<std::uint8_t>(StoreErrc::kTimeout) ||
-      code > static_cast<std::uint8_t>(StoreErrc::kInvalidArgument)) {
-    lost("unknown status " + std::to_string(code) + " in reply to " + context);
-  }
-  throw StoreError(static_cast<StoreErrc>(code),
-                   context + " failed on the store at " + endpoint() + ": " + message);
+  const std::string message = bytes(d);
+  const auto error = requests::status_error(code, context, endpoint(), message);
+  if (!error) lost("unknown status " + std::to_string(code) + " in reply to " + context);
+  throw *error;
 }
 
 std::optional<std::pair<std::uint8_t, std::uint64_t>> StoreClient::Impl::await(

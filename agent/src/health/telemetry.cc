@@ -283,7 +283,7 @@ void Telemetry::worker_started(const WorkerRef& w) {
   ++workers_alive_;
   ++worker_starts_;
   auto fields = worker_fields(w);
-  if (config_.restart_policy == RestartPolicy::kInPlace) fields["generation"] = w.generation;
+  if (w.generation) fields["generation"] = *w.generation;
   log("worker_start", fields);
 }
 

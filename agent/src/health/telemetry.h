@@ -125,7 +125,8 @@ struct WorkerRef {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = -1;
-  int generation = 0;  // in-place jobs: the group's generation this worker joined at start
+  // Workers that are generations of their group (in place): the one it joined at start.
+  std::optional<int> generation = std::nullopt;
 };
 
 // A running worker's progress, as its slot says (dist/rendezvous/worker_contract.h): for the

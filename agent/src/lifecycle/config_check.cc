@@ -20,10 +20,6 @@ void check(const LaunchConfig& config) {
   if (config.rdzv_backend == RendezvousBackend::kEtcdV3) etcd_options(config.etcd, {});
 }
 
-const char* restart_policy_name(RestartPolicy policy) {
-  return policy == RestartPolicy::kInPlace ? "in-place" : "group";
-}
-
 const char* backend_name(RendezvousBackend backend) {
   switch (backend) {
     case RendezvousBackend::kStatic:

@@ -1,5 +1,7 @@
 #include "lifecycle/machine.h"
 
+#include <signal.h>
+
 #include "health/telemetry.h"
 
 namespace dist::agent {
@@ -156,6 +158,24 @@ Transition after_stopping(const Facts& facts) {
       return exit_with(kExitAgentError);
   }
   return exit_with(kExitAgentError);
+}
+
+int stop_signal(StopReason reason, int signal_received) {
+  switch (reason) {
+    case StopReason::kAllSucceeded:
+      return 0;
+    case StopReason::kJobFinished:  // the workers wait to join running workers that are gone
+      return SIGTERM;
+    case StopReason::kStartFailed:
+      return SIGKILL;
+    case StopReason::kSignal:
+      return signal_received;
+    case StopReason::kWorkerFailed:
+    case StopReason::kRoundEnded:
+    case StopReason::kStoreLost:
+      break;
+  }
+  return SIGTERM;
 }
 
 std::optional<Transition> next_state(State state, Input input, const Facts& facts) {

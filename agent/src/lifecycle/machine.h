@@ -141,4 +141,9 @@ Transition after_stopping(const Facts& facts);
 // any is left.
 State after_failed_round(const Facts& facts);
 
+// What the workers are sent when the group stops for `reason`: nothing when they all succeeded,
+// SIGKILL when they could not all start, the stop signal received (`signal_received`), else
+// SIGTERM (--shutdown-timeout later: SIGKILL).
+int stop_signal(StopReason reason, int signal_received);
+
 }  // namespace dist::agent

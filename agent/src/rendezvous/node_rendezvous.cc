@@ -11,6 +11,7 @@
 //   WAIT      until `pending` is gone, saying every timeouts.waiting_notice which node ranks it
 //             waits for; then `aborted` (RoundAbortedError) or the node's offset.
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "dist/rendezvous/token.h"
+
 namespace dist::agent {
 
 namespace fs = std::filesystem;
@@ -126,6 +128,14 @@ std::string RunDirectory::finish(bool keep) {
   if (keep) return "worker logs and error files kept in " + root_.string();
   remove_tree(AT_FDCWD, root_.c_str());
   return "";
+}
+
+std::string provide_token_file(const LaunchConfig& config, const RunDirectory& dir,
+                               std::string& written) {
+  if (config.secret.empty() || !config.token_file.empty()) return config.token_file;
+  const std::string path = (dir.path() / "token").string();
+  rendezvous::write_secret_file(path, config.secret);
+  return written = path;
 }
 
 }  // namespace dist::agent

@@ -43,4 +43,10 @@ class RunDirectory {
   bool temporary_ = false;
 };
 
+// Where the workers find the job's token (DIST_LAUNCH_TOKEN_FILE): the file given, or one written
+// in `dir`, mode 0600, for a secret without a file (generated, or read from stdin), whose path is
+// then `written` too (the agent removes it when it ends). Empty: no token.
+std::string provide_token_file(const LaunchConfig& config, const RunDirectory& dir,
+                               std::string& written);
+
 }  // namespace dist::agent

@@ -81,6 +81,12 @@ HangOptions hang_options(const LaunchConfig& config, const std::string& host) {
   return o;
 }
 
+// A worker's generation as the events name it: only workers that are generations have one.
+std::optional<int> named_generation(const WorkerGroup::Identity& identity, int generation) {
+  if (!identity.generations) return std::nullopt;
+  return generation;
+}
+
 bool selects(const StreamSelection& selection, ConsoleStream stream) {
   return stream == ConsoleStream::kStdout ? selection.stdout_stream : selection.stderr_stream;
 }
@@ -101,7 +107,7 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       events_(std::move(events)),
       telemetry_(telemetry),
       watchdogs_(io, config.watchdogs, telemetry, hang_options(config, identity.host),
-                 config.restart_policy == RestartPolicy::kInPlace),
+                 identity.generations),
       identity_(std::move(identity)),
       resources_(plan_worker_resources(config)),
       hostname_(this_host()),
@@ -377,7 +383,7 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   if (!config_.local_addr.empty()) {
     variables[rendezvous::worker_contract::kLocalAddr] = config_.local_addr;
   }
-  if (config_.restart_policy == RestartPolicy::kInPlace) {  // recovery.h's switch
+  if (identity_.generations) {  // recovery.h's switch
     variables[rendezvous::worker_contract::kRestartPolicyVariable] =
         rendezvous::worker_contract::kInPlacePolicy;
     variables[rendezvous::worker_contract::kGenerationVariable] = std::to_string(w.generation);
@@ -412,7 +418,8 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   }
   w.pid = p.pid;
   if (janitor_) janitor_->track(p.pid);  // the worker's process group
-  const WorkerRef ref{round_.round, w.rank, w.local_rank, p.pid, w.generation};
+  const WorkerRef ref{round_.round, w.rank, w.local_rank, p.pid,
+                      named_generation(identity_, w.generation)};
   watchdogs_.started(ref);
   telemetry_.worker_started(ref);
   return p;
@@ -497,8 +504,9 @@ void WorkerGroup::reap() {
           late_failures_.push_back(std::move(f));
         }
       }
-      telemetry_.worker_exited({round_.round, w.rank, w.local_rank, w.pid, w.generation}, code,
-                               failed, watchdog_reason);
+      telemetry_.worker_exited(
+          {round_.round, w.rank, w.local_rank, w.pid, named_generation(identity_, w.generation)},
+          code, failed, watchdog_reason);
     }
   }
   if (state_ == State::kStopping) return maybe_stopped();

@@ -59,11 +59,14 @@ class WarmStart;
 
 class WorkerGroup {
  public:
-  // This node, for every round: its name (the failure report's) and the job's token file for the
-  // SDK (DIST_LAUNCH_TOKEN_FILE; empty: none).
+  // This node, for every round: its name (the failure report's), the job's token file for the
+  // SDK (DIST_LAUNCH_TOKEN_FILE; empty: none), and whether its workers are generations of their
+  // group (the recovery policy says: in place, each is told its generation and has a progress
+  // slot, where a regroup is asked; the event log names the generation).
   struct Identity {
     std::string host;
     std::string token_file;
+    bool generations = false;
   };
   struct Events {
     std::function<void(std::vector<WorkerFailure>)> failed;

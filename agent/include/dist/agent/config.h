@@ -112,9 +112,8 @@ struct EtcdConfig {
 // group restarts (torchrun's behaviour). kInPlace: the failed worker alone is replaced, the others
 // keep running and rebuild their process group with it (dist/rendezvous/worker_contract.h says
 // how); a failure during that recovery, or several at once, restart the group.
+// The agent reads it once (recovery/recovery_policy.h's make_recovery_policy).
 enum class RestartPolicy { kGroup, kInPlace };
-// "group", "in-place".
-const char* restart_policy_name(RestartPolicy policy);
 
 // A configuration the agent cannot run; what() is one line naming the option and what to change.
 // The agent's own checks (devices, placement, the prefix template) throw subclasses of it.

@@ -1,4 +1,4 @@
-#include "workers/generations.h"
+#include "recovery/generations.h"
 
 #include <spdlog/spdlog.h>
 

@@ -112,4 +112,11 @@ class Generations {
   std::string prefix_;
 };
 
+// What the in-place parts share of a round (recovery/in_place.h): its generations, over its
+// workers' store (from RUNNING on), and the latest generation of this node's group.
+struct RoundGenerations {
+  std::optional<Generations> store;
+  int latest = 0;
+};
+
 }  // namespace dist::agent

@@ -1,0 +1,52 @@
+// The process around the agent: no descendant outlives the job (job_processes.h). The agent is a
+// subreaper, and its janitor, started before the agent allocates much or starts a thread, cleans
+// up if the agent is killed.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "dist/agent/agent.h"
+#include "lifecycle/agent_driver.h"
+#include "processes/janitor.h"
+#include "processes/job_processes.h"
+#include "processes/process.h"
+
+namespace dist::agent {
+
+int run_agent(const LaunchConfig& config) {
+  const AgentId agent_id = AgentId::generate();
+  spdlog::debug("agent id {}: every process of this job has {}={} in its environment",
+                agent_id.id(), kAgentIdVariable, agent_id.value());
+  if (!become_subreaper()) {
+    spdlog::warn(
+        "cannot become a child subreaper ({}): processes the workers start may outlive "
+        "the job",
+        std::strerror(errno));
+  }
+  std::optional<Janitor> janitor;
+  try {
+    janitor.emplace(agent_id.id());
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: processes the workers start may outlive a SIGKILL of this agent", e.what());
+  }
+  // STOPPING ends with no descendant; whatever path missed one, nothing stays.
+  const auto kill_leftovers = [&] {
+    if (!has_children()) return;
+    for (const ProcessRef& p : job_processes(agent_id.id(), janitor ? janitor->pid() : -1)) {
+      signal_process(p, SIGKILL);
+    }
+  };
+  const int exit_code = drive_agent(config, agent_id, janitor ? &*janitor : nullptr, [&] {
+    kill_leftovers();
+    // Nothing is left for the janitor to clean: it exits while this agent tears down (its run
+    // directory, store and console), and is reaped last.
+    if (janitor) janitor->dismiss();
+  });
+  kill_leftovers();
+  return exit_code;  // ~Janitor reaps it
+}
+
+}  // namespace dist::agent

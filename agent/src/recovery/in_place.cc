@@ -1,0 +1,218 @@
+#include "recovery/in_place.h"
+
+#include <spdlog/spdlog.h>
+
+#include "dist/rendezvous/errors.h"
+
+namespace dist::agent {
+
+void InPlace::add_facts(Facts& facts) const {
+  facts.in_place = true;
+  facts.unjoined = joining_.unjoined();
+  facts.counting = counting_;
+  facts.joining = regroup_.joining();
+}
+
+void InPlace::start_workers() {
+  g_.latest = 0;
+  const Assignment& round = *p_.now.round;
+  // A round that continues the job's running workers (they regrouped with this node in it): this
+  // node's workers join them, as the generation node 0 names.
+  const bool joins = joining_.begin(round);
+  const rendezvous::Endpoint store = p_.rounds.workers_store(round);
+  g_.store.emplace(p_.io, p_.config, store, round.restarts);
+  if (joins) return p_.group->start_joining(round, store);
+  p_.group->start(round, store);
+}
+
+// Several nodes, a round that failed: every node decides restart or fail from the same count, the
+// job's replacements, read before STOPPING ends.
+void InPlace::stopping() {
+  if (g_.store) g_.store->close();  // a recovery's wait ends here
+  joining_.close();
+  const bool failed = p_.now.stop_reason == StopReason::kWorkerFailed ||
+                      p_.now.stop_reason == StopReason::kRoundEnded;
+  if (!p_.rounds.several_nodes() || !failed) return;
+  counting_ = true;
+  p_.steps.launch(p_.rounds.replacements(), [this](int n) {
+    if (p_.now.state != State::kStopping || !counting_) return;
+    counting_ = false;
+    replacements_ = n;
+    p_.feed(Input::kReplacementsCounted);
+  });
+}
+
+void InPlace::workers_failed(bool stops) {
+  failed_at_ = std::chrono::steady_clock::now();
+  if (!stops) return;
+  if (joining_.unjoined() && g_.latest > 0) joining_.say_arrival_failed();
+  explain_fallback(p_.now.state == State::kReplacing);
+}
+
+void InPlace::node_lost(int node) {
+  regroup_.found("node " + std::to_string(node) + " was lost", true);
+}
+
+void InPlace::node_waiting(bool) {
+  regroup_.found("a node is waiting to join", false);
+}
+
+void InPlace::close() {
+  if (g_.store) g_.store->close();
+}
+
+// In place, yet the group stops: why, in the log and the event log.
+void InPlace::explain_fallback(bool recovering) {
+  const std::vector<WorkerFailure>& failures = p_.now.failures;
+  std::string why;
+  if (recovering) {
+    why = "worker " + std::to_string(failures.front().rank) +
+          " failed during the in-place recovery of worker " + std::to_string(replacing_rank_) +
+          (generation_claimed_ ? " (generation " + std::to_string(g_.latest) + ")" : "");
+  } else if (joining_.unjoined()) {
+    why = "worker " + std::to_string(failures.front().rank) +
+          " failed before the running workers took it in as generation " +
+          std::to_string(g_.latest);
+  } else if (failures.size() > 1) {
+    why = std::to_string(failures.size()) + " workers failed at once";
+  } else {
+    why = "worker " + std::to_string(failures.front().rank) + " failed";
+  }
+  const int max_restarts = p_.config.max_restarts;
+  const bool left = restarts_used() < max_restarts;
+  why += left ? ": restarting the whole group"
+              : ": no restart left (--max-restarts " + std::to_string(max_restarts) + ", " +
+                    std::to_string(replacements_) + " used in place)";
+  spdlog::warn("{}", why);
+  p_.telemetry->in_place_fallback(
+      p_.now.round->round,
+      recovering && generation_claimed_ ? std::optional<int>(g_.latest) : std::nullopt, why);
+}
+
+// ------------------------------------------------------------------------------------------
+// REPLACING: the failed worker alone is started again as the next generation's replacement; the
+// survivors, whose collectives failed, wait for that generation's record, rebuild their group with
+// it and give it their state; the group's new root then says it recovered.
+
+void InPlace::replace() {
+  replacing_rank_ = p_.now.failures.front().rank;
+  generation_claimed_ = false;
+  p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c); });
+}
+
+// The job's one recovery (several nodes: in the job's store), then the generation.
+Task<InPlace::Claim> InPlace::claim_replacement() {
+  Claim c;
+  const RecoveryClaim claim =
+      co_await p_.rounds.claim_recovery(*p_.now.round, Recovery::kReplacement);
+  c.replacements = claim.replacements;
+  c.under_way = claim.under_way;
+  if (!c.replacements) co_return c;
+  try {
+    c.generation = co_await g_.store->next();
+  } catch (const rendezvous::StoreError& e) {
+    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+    c.why = e.what();
+  }
+  co_return c;
+}
+
+void InPlace::on_claimed(const Claim& c) {
+  if (p_.now.state != State::kReplacing) return;
+  const std::string worker = "worker " + std::to_string(p_.now.failures.front().rank);
+  if (!c.replacements) {
+    return give_up_replacing(worker + (c.under_way == Recovery::kRegroup
+                                           ? " failed while the group regroups in place"
+                                           : " failed while another node's worker is being "
+                                             "replaced in place"));
+  }
+  if (!c.why.empty()) {  // e.g. the node that hosted the workers' store was lost with it
+    return give_up_replacing(worker +
+                             " failed and its group's generation cannot be counted in the "
+                             "workers' store (" +
+                             c.why + ")");
+  }
+  replacements_ = *c.replacements;
+  if (restarts_used() > p_.config.max_restarts) {
+    return give_up_replacing(worker + " failed: no restart left (" + "--max-restarts " +
+                             std::to_string(p_.config.max_restarts) + ", " +
+                             std::to_string(replacements_ - 1) +
+                             " used in place by the job's nodes)");
+  }
+  g_.latest = c.generation;
+  generation_claimed_ = true;
+  start_replacement();
+}
+
+// In-place after all: the group stops (a restart while restarts are left), everywhere.
+void InPlace::give_up_replacing(const std::string& why) {
+  const bool left = restarts_used() < p_.config.max_restarts;
+  spdlog::warn("{}{}", why, left ? ": restarting the whole group" : "");
+  p_.telemetry->in_place_fallback(p_.now.round->round, std::nullopt, why);
+  if (p_.rounds.several_nodes()) {
+    p_.steps.fire_and_forget(p_.rounds.announce_failure(*p_.now.round, p_.now.failures),
+                             "announcing the failure");
+  }
+  p_.feed(Input::kRecoveryFailed);
+}
+
+void InPlace::start_replacement() {
+  const Assignment& round = *p_.now.round;
+  const WorkerFailure& failed = p_.now.failures.front();
+  const int generation = g_.latest;
+  const int failed_generation = p_.group->generation_of(failed.local_rank);
+  InPlaceReplacement r{failed, generation, -1, {}};
+  for (int rank = 0; rank < round.world_size; ++rank) {
+    if (rank != failed.rank) r.survivors.push_back(rank);
+  }
+  try {
+    r.new_pid = p_.group->replace(failed.local_rank, generation);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return p_.feed(Input::kStartFailed);
+  }
+  std::string survivors;
+  for (const int rank : r.survivors) {
+    survivors += (survivors.empty() ? "" : ",") + std::to_string(rank);
+  }
+  spdlog::warn(
+      "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of {}); "
+      "ranks {} keep running",
+      failed.rank, failed.local_rank, r.new_pid, generation, restarts_used(),
+      p_.config.max_restarts, survivors.empty() ? "none" : survivors);
+  if (p_.config.print_failure_report) {
+    p_.console->write(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
+  }
+  p_.telemetry->in_place_restart(
+      {round.round, generation,
+       WorkerRef{round.round, failed.rank, failed.local_rank, failed.pid, failed_generation},
+       failed.exit_code, r.new_pid, r.survivors, restarts_used()});
+  replaced_.push_back(std::move(r));
+  p_.steps.launch(
+      g_.store->publish_and_wait(
+          generation, "replaced=" + std::to_string(failed.rank) + " survivors=" + survivors,
+          kInPlaceRecoveryTimeout),
+      [this](RecoveryOutcome o) { on_recovered(o); });
+}
+
+void InPlace::on_recovered(const RecoveryOutcome& o) {
+  if (p_.now.state != State::kReplacing) return;
+  const InPlaceReplacement& r = replaced_.back();
+  const int round = p_.now.round->round;
+  if (!o.recovered) {
+    const std::string why = "the in-place recovery of generation " + std::to_string(r.generation) +
+                            " failed: " + o.why + ": restarting the whole group";
+    spdlog::error("{}", why);
+    p_.telemetry->in_place_fallback(round, r.generation, why);
+    return p_.feed(Input::kRecoveryFailed);
+  }
+  const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - failed_at_);
+  spdlog::info("generation {}: the group is whole again, {} ms after worker {} failed ({})",
+               r.generation, stall.count(), r.failure.rank, o.record);
+  p_.telemetry->in_place_recovered(round, r.generation, r.failure.rank, stall, o.record);
+  p_.steps.fire_and_forget(p_.rounds.recovery_over(*p_.now.round), "ending the in-place recovery");
+  p_.feed(Input::kRecovered);
+}
+
+}  // namespace dist::agent

@@ -1,0 +1,77 @@
+// --restart-policy in-place: the workers that did not fail keep running. One failed worker is
+// started again alone (REPLACING) as the next generation of its group: the agent claims the job's
+// one recovery (RoundSource::claim_recovery), counts the generation and starts the replacement,
+// publishes the generation's record for the survivors, whose collectives failed, and waits for the
+// group's word that it rebuilt itself (recovery/generations.h, worker_contract.h). Each
+// replacement counts against --max-restarts. Several failures at once, a failure meanwhile, a
+// recovery that fails or never comes: the group stops, a group restart while restarts are left
+// (said as inplace_fallback). Elastic jobs also keep their workers across a lost node or a
+// newcomer (recovery/regroup.h), and a newcomer's workers join the running ones
+// (recovery/joining.h).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "recovery/generations.h"
+#include "recovery/joining.h"
+#include "recovery/recovery_policy.h"
+#include "recovery/regroup.h"
+
+namespace dist::agent {
+
+class InPlace final : public RecoveryPolicy {
+ public:
+  explicit InPlace(RecoveryParts parts)
+      : p_(std::move(parts)), regroup_(p_, g_), joining_(p_, g_) {}
+
+  void add_facts(Facts& facts) const override;
+  int replacements() const override { return replacements_; }
+  bool in_generations() const override { return true; }
+  const std::vector<InPlaceReplacement>& replaced() const override { return replaced_; }
+
+  void start_workers() override;
+  void watching() override { joining_.watching(); }
+  void replace() override;
+  void regroup() override { regroup_.begin(); }
+  void stopping() override;
+
+  void workers_failed(bool stops) override;
+  void workers_succeeded() override { regroup_.workers_succeeded(); }
+  void node_lost(int node) override;
+  void node_waiting(bool said) override;
+
+  void close() override;
+
+ private:
+  // The claim of the job's one recovery (nullopt: another node's is under way, of that kind) and
+  // the generation its replacement starts.
+  struct Claim {
+    std::optional<int> replacements;
+    Recovery under_way = Recovery::kNone;
+    int generation = 0;
+    std::string why;  // the workers' store could not count the generation (its host is gone)
+  };
+
+  int restarts_used() const { return p_.now.restart_count + replacements_; }
+  void explain_fallback(bool recovering);
+  Task<Claim> claim_replacement();
+  void on_claimed(const Claim& c);
+  void give_up_replacing(const std::string& why);
+  void start_replacement();
+  void on_recovered(const RecoveryOutcome& o);
+
+  RecoveryParts p_;
+  RoundGenerations g_;
+  Regroup regroup_;
+  Joining joining_;
+  bool counting_ = false;            // several nodes: STOPPING reads the job's replacements
+  int replacements_ = 0;             // all rounds
+  int replacing_rank_ = -1;          // the worker REPLACING replaces
+  bool generation_claimed_ = false;  // and whether its generation is known yet
+  std::vector<InPlaceReplacement> replaced_;
+  std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped
+};
+
+}  // namespace dist::agent

@@ -81,14 +81,16 @@ HangOptions hang_options(const LaunchConfig& config, const std::string& host) {
   return o;
 }
 
+// Whether every worker was reaped (or never started).
+template <typename Workers>
+bool all_exited(const Workers& workers) {
+  return std::all_of(workers.begin(), workers.end(), [](const auto& w) { return w.exited; });
+}
+
 // A worker's generation as the events name it: only workers that are generations have one.
 std::optional<int> named_generation(const WorkerGroup::Identity& identity, int generation) {
   if (!identity.generations) return std::nullopt;
   return generation;
-}
-
-bool selects(const StreamSelection& selection, ConsoleStream stream) {
-  return stream == ConsoleStream::kStdout ? selection.stdout_stream : selection.stderr_stream;
 }
 
 }  // namespace
@@ -103,14 +105,13 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       agent_id_(agent_id),
       janitor_(janitor),
       leftovers_(agent_id.id(), janitor ? janitor->pid() : -1),
-      console_(std::move(console)),
+      output_(io, config, std::move(console)),
       events_(std::move(events)),
       telemetry_(telemetry),
       watchdogs_(io, config.watchdogs, telemetry, hang_options(config, identity.host),
                  identity.generations),
       identity_(std::move(identity)),
       resources_(plan_worker_resources(config)),
-      hostname_(this_host()),
       kill_timer_(io),
       drain_timer_(io) {
   if (config_.warm.snapshots() || warm::WarmStart::applies(config_)) set_up_warm();
@@ -173,8 +174,8 @@ std::vector<pid_t> WorkerGroup::agent_helpers() const {
 }
 
 WorkerGroup::~WorkerGroup() {
-  for (auto& pump : pumps_) pump->abandon();
-  kill_all();
+  output_.abandon();
+  forward(SIGKILL);
   for (const auto& w : workers_) {
     if (w.exited || w.pid <= 0) continue;  // never started: waitpid(-1) would wait for any child
     while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
@@ -193,7 +194,7 @@ void WorkerGroup::start_joining(const Assignment& a, const rendezvous::Endpoint&
   awaiting_generation_ = true;
   start_pending_ = true;  // stop() ends the wait, as it ends one for the zygote
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
-  pumps_.clear();
+  output_.begin_round();
   state_ = State::kRunning;
 }
 
@@ -227,7 +228,7 @@ void WorkerGroup::launch() {
 void WorkerGroup::defer_start() {
   start_pending_ = true;
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
-  pumps_.clear();
+  output_.begin_round();
   state_ = State::kRunning;
   spdlog::debug("round {}: waiting for the zygote's imports", round_.round);
   warm_->when_settled([this] {
@@ -246,8 +247,7 @@ void WorkerGroup::start_now() {
   const auto began = std::chrono::steady_clock::now();
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
   late_failures_.clear();
-  pumps_.clear();
-  open_duplicate_logs();
+  output_.begin_round(dir_.attempt(round_.round, 0).parent_path());
   write_python_files_once();
   state_ = State::kRunning;
   const std::vector<std::string> base_env = current_environment();
@@ -291,23 +291,6 @@ void WorkerGroup::start_now() {
                  forked, workers_.size(),
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began)
                      .count());
-  }
-}
-
-// --duplicate-stdout-filters / --duplicate-stderr-filters: this round's filtered copies.
-void WorkerGroup::open_duplicate_logs() {
-  duplicates_ = {};
-  const auto& filters = {config_.duplicate_stdout_filters, config_.duplicate_stderr_filters};
-  const char* names[] = {"filtered_stdout.log", "filtered_stderr.log"};
-  const fs::path attempt_dir = dir_.attempt(round_.round, 0).parent_path();
-  std::size_t i = 0;
-  for (const auto& list : filters) {
-    if (!list.empty()) {
-      std::error_code ec;
-      fs::create_directories(attempt_dir, ec);
-      duplicates_[i] = std::make_shared<DuplicateLog>(attempt_dir / names[i], list);
-    }
-    ++i;
   }
 }
 
@@ -425,49 +408,16 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   return p;
 }
 
+// Its output is pumped; the group is stopped only once both pipes closed (or the drain timed out).
 void WorkerGroup::attach_output(Worker& w, const SpawnedProcess& p) {
-  const fs::path dir = worker_dir(w);
   w.open_pipes = 2;
-  const bool write_logs = config_.writes_log_files();
-  const std::string prefix =
-      config_.log_line_prefix_template.empty()
-          ? default_log_line_prefix(config_.role, w.local_rank)
-          : render_log_line_prefix(config_.log_line_prefix_template,
-                                   {config_.role, w.rank, w.local_rank, hostname_});
-  pump(w, p.stdout_fd, ConsoleStream::kStdout, prefix,
-       write_logs ? dir / "stdout.log" : fs::path());
-  pump(w, p.stderr_fd, ConsoleStream::kStderr, prefix,
-       write_logs ? dir / "stderr.log" : fs::path());
-}
-
-// torchrun's rules: a tee'd stream goes to its file and the console, a redirected one to its file
-// only (tee wins when a stream is both), any other to the console; --local-ranks-filter limits the
-// console, never the files.
-void WorkerGroup::pump(Worker& w, int pipe_fd, ConsoleStream stream, const std::string& prefix,
-                       const fs::path& file) {
-  const bool teed = selects(config_.tee_for(w.local_rank), stream);
-  const bool redirected = selects(config_.redirects_for(w.local_rank), stream);
-  const bool shown = config_.shows_on_console(w.local_rank) && (teed || !redirected);
-  LogPump::Sink sink;
-  if (shown) sink.console = console_;
-  sink.stream = stream;
-  sink.file_path = file.string();
-  sink.on_file_error = [this](const LogFileError& e) { incomplete_logs_.push_back(e); };
-  const bool prefixed = config_.console_prefix == ConsolePrefix::kAll ||
-                        (config_.console_prefix == ConsolePrefix::kTee && teed);
-  if (prefixed) sink.prefix = prefix;
-  const auto& duplicate = duplicates_[stream == ConsoleStream::kStdout ? 0 : 1];
-  if (duplicate && teed && shown) {
-    sink.duplicate = duplicate;
-    sink.duplicate_prefix = prefix;
-  }
   const pid_t pid = w.pid;
-  pumps_.push_back(LogPump::start(io_, pipe_fd, std::move(sink), [this, pid] {
+  output_.attach(w.rank, w.local_rank, p, worker_dir(w), [this, pid] {
     for (auto& worker : workers_) {
       if (worker.pid == pid) --worker.open_pipes;
     }
     maybe_stopped();
-  }));
+  });
 }
 
 // Every exit that has happened is collected before any is acted on: workers that died together
@@ -513,7 +463,7 @@ void WorkerGroup::reap() {
   if (state_ != State::kRunning) return;
   if (!failures.empty() && snapshots_) snapshots_->persist_now();
   if (!failures.empty()) return events_.failed(std::move(failures));
-  if (all_exited()) events_.succeeded();
+  if (all_exited(workers_)) events_.succeeded();
 }
 
 WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
@@ -540,7 +490,7 @@ WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
 void WorkerGroup::stop(int signal, bool already_sent) {
   if (state_ == State::kStopping) {
     if (signal != 0) {
-      kill_all();
+      forward(SIGKILL);
       leftovers_.kill();
       maybe_stopped();
     }
@@ -580,9 +530,9 @@ void WorkerGroup::arm_stop_deadline() {
   kill_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || state_ != State::kStopping) return;
     spdlog::warn("{} still running {} ms after the stop signal: sending SIGKILL",
-                 all_exited() ? "processes the workers left" : "workers",
+                 all_exited(workers_) ? "processes the workers left" : "workers",
                  config_.shutdown_timeout.count());
-    kill_all();
+    forward(SIGKILL);
     leftovers_.kill();
     maybe_stopped();
   });
@@ -594,20 +544,10 @@ void WorkerGroup::forward(int signal) {
   }
 }
 
-void WorkerGroup::kill_all() {
-  for (const auto& w : workers_) {
-    if (!w.exited) signal_group(w.pid, SIGKILL);
-  }
-}
-
-bool WorkerGroup::all_exited() const {
-  return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exited; });
-}
-
 // Stopped once every worker is reaped and its pipes closed, or kOutputDrainTimeout after the last
 // exit, whichever comes first.
 void WorkerGroup::maybe_stopped() {
-  if (state_ != State::kStopping || !all_exited()) return;
+  if (state_ != State::kStopping || !all_exited(workers_)) return;
   if (!leftovers_.gone()) return arm_stop_deadline();  // each exit comes back here (SIGCHLD)
   kill_timer_.cancel();
   const bool drained = std::all_of(workers_.begin(), workers_.end(),

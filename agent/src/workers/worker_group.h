@@ -48,6 +48,7 @@
 #include "rendezvous/rendezvous.h"
 #include "resources/worker_resources.h"
 #include "workers/run_directory.h"
+#include "workers/worker_output.h"
 
 namespace dist::agent {
 
@@ -104,7 +105,8 @@ class WorkerGroup {
   // `already_sent`: the workers got `signal` from elsewhere (Slurm signals the whole step):
   // only the shutdown timeout applies.
   void stop(int signal, bool already_sent = false);
-  // SIGUSR1/SIGUSR2 and the like: to every running worker's process group, nothing else.
+  // SIGUSR1/SIGUSR2 and the like (SIGKILL too): to every running worker's process group, nothing
+  // else.
   void forward(int signal);
   // In-place: starts local rank `local_rank` again (it failed and was reaped) as the replacement
   // of `generation`, with its rank, store and restart count, while the others run on. Returns its
@@ -126,7 +128,6 @@ class WorkerGroup {
   // Reaps every child that exited (SIGCHLD arrived).
   void reap();
 
-  bool running() const { return state_ == State::kRunning; }
   // The running workers' heartbeats (for the metrics and the health check).
   std::vector<WorkerProgress> progress() const { return watchdogs_.progress(); }
   // The job view (several nodes: schema::JobView), for the hang detector.
@@ -136,7 +137,7 @@ class WorkerGroup {
   // Taken once.
   std::vector<WorkerFailure> take_late_failures() { return std::exchange(late_failures_, {}); }
   // The log files given up on so far (a full disk, an I/O error): they miss output.
-  const std::vector<LogFileError>& incomplete_logs() const { return incomplete_logs_; }
+  const std::vector<LogFileError>& incomplete_logs() const { return output_.incomplete_logs(); }
 
  private:
   struct Worker {
@@ -160,14 +161,9 @@ class WorkerGroup {
   SpawnedProcess spawn(Worker& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
   std::filesystem::path worker_dir(const Worker& w) const;
   void attach_output(Worker& w, const SpawnedProcess& p);
-  void open_duplicate_logs();
-  void pump(Worker& w, int pipe_fd, ConsoleStream stream, const std::string& prefix,
-            const std::filesystem::path& file);
   WorkerFailure failure_of(const Worker& w, int code, std::chrono::system_clock::time_point when,
                            const std::string& watchdog_reason) const;
-  bool all_exited() const;
   void maybe_stopped();
-  void kill_all();
   void arm_stop_deadline();
 
   boost::asio::io_context& io_;
@@ -176,7 +172,7 @@ class WorkerGroup {
   const AgentId& agent_id_;
   Janitor* janitor_;
   Leftovers leftovers_;
-  std::shared_ptr<Console> console_;
+  WorkerOutput output_;  // the workers' pipes, to their log files and the console
   Events events_;
   Telemetry& telemetry_;
   WorkerWatchdogs watchdogs_;
@@ -187,15 +183,10 @@ class WorkerGroup {
   rendezvous::Endpoint store_;              // its workers' store
   std::string host_label_;                  // this node, as failure reports name it
   std::vector<WorkerResources> resources_;  // by local rank
-  std::string hostname_;                    // ${hostname} in the prefix template
   std::vector<Worker> workers_;
-  std::vector<std::shared_ptr<LogPump>> pumps_;
-  // This round's --duplicate-stdout-filters / --duplicate-stderr-filters files (null: none).
-  std::array<std::shared_ptr<DuplicateLog>, 2> duplicates_;
   std::filesystem::path python_hook_;     // on the workers' PYTHONPATH (health/python_hook.h)
   std::filesystem::path python_package_;  // the stand-in dist_launch package (health/python_hook.h)
   bool python_files_written_ = false;
-  std::vector<LogFileError> incomplete_logs_;
   std::vector<WorkerFailure> late_failures_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;

@@ -1,0 +1,79 @@
+#include "workers/worker_output.h"
+
+#include <utility>
+
+#include "output/log_line_prefix.h"
+
+namespace dist::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool selects(const StreamSelection& selection, ConsoleStream stream) {
+  return stream == ConsoleStream::kStdout ? selection.stdout_stream : selection.stderr_stream;
+}
+
+}  // namespace
+
+WorkerOutput::WorkerOutput(boost::asio::io_context& io, const LaunchConfig& config,
+                           std::shared_ptr<Console> console)
+    : io_(io), config_(config), console_(std::move(console)), hostname_(this_host()) {}
+
+void WorkerOutput::begin_round(const fs::path& attempt_dir) {
+  pumps_.clear();
+  if (attempt_dir.empty()) return;
+  duplicates_ = {};
+  const auto& filters = {config_.duplicate_stdout_filters, config_.duplicate_stderr_filters};
+  const char* names[] = {"filtered_stdout.log", "filtered_stderr.log"};
+  std::size_t i = 0;
+  for (const auto& list : filters) {
+    if (!list.empty()) {
+      std::error_code ec;
+      fs::create_directories(attempt_dir, ec);
+      duplicates_[i] = std::make_shared<DuplicateLog>(attempt_dir / names[i], list);
+    }
+    ++i;
+  }
+}
+
+void WorkerOutput::abandon() {
+  for (auto& pump : pumps_) pump->abandon();
+}
+
+void WorkerOutput::attach(int rank, int local_rank, const SpawnedProcess& p, const fs::path& dir,
+                          const std::function<void()>& closed) {
+  const bool write_logs = config_.writes_log_files();
+  const std::string prefix =
+      config_.log_line_prefix_template.empty()
+          ? default_log_line_prefix(config_.role, local_rank)
+          : render_log_line_prefix(config_.log_line_prefix_template,
+                                   {config_.role, rank, local_rank, hostname_});
+  pump(local_rank, p.stdout_fd, ConsoleStream::kStdout, prefix,
+       write_logs ? dir / "stdout.log" : fs::path(), closed);
+  pump(local_rank, p.stderr_fd, ConsoleStream::kStderr, prefix,
+       write_logs ? dir / "stderr.log" : fs::path(), closed);
+}
+
+void WorkerOutput::pump(int local_rank, int pipe_fd, ConsoleStream stream,
+                        const std::string& prefix, const fs::path& file,
+                        const std::function<void()>& closed) {
+  const bool teed = selects(config_.tee_for(local_rank), stream);
+  const bool redirected = selects(config_.redirects_for(local_rank), stream);
+  const bool shown = config_.shows_on_console(local_rank) && (teed || !redirected);
+  LogPump::Sink sink;
+  if (shown) sink.console = console_;
+  sink.stream = stream;
+  sink.file_path = file.string();
+  sink.on_file_error = [this](const LogFileError& e) { incomplete_logs_.push_back(e); };
+  const bool prefixed = config_.console_prefix == ConsolePrefix::kAll ||
+                        (config_.console_prefix == ConsolePrefix::kTee && teed);
+  if (prefixed) sink.prefix = prefix;
+  const auto& duplicate = duplicates_[stream == ConsoleStream::kStdout ? 0 : 1];
+  if (duplicate && teed && shown) {
+    sink.duplicate = duplicate;
+    sink.duplicate_prefix = prefix;
+  }
+  pumps_.push_back(LogPump::start(io_, pipe_fd, std::move(sink), closed));
+}
+
+}  // namespace dist::agent

@@ -67,13 +67,6 @@ struct Stopping {
   int launcher_signal = 0;  // the launcher's stop, read from the store before its signal came
 };
 
-void warn_incomplete_logs(const WorkerGroup& group) {
-  for (const LogFileError& e : group.incomplete_logs()) {
-    spdlog::warn("worker logs are incomplete: {} holds the first {} bytes only ({})", e.path,
-                 e.bytes_written, e.error);
-  }
-}
-
 }  // namespace
 
 class Agent {
@@ -185,7 +178,7 @@ class Agent {
               on(event::FailuresCollected{std::move(all)});
             });
       case State::kExit:
-        if (group_) warn_incomplete_logs(*group_);
+        if (group_) group_->warn_incomplete_logs();
         return begin_exit();
     }
   }

@@ -136,8 +136,8 @@ class WorkerGroup {
   // stop reached them (a root cause may come a few milliseconds after the failure it caused).
   // Taken once.
   std::vector<WorkerFailure> take_late_failures() { return std::exchange(late_failures_, {}); }
-  // The log files given up on so far (a full disk, an I/O error): they miss output.
-  const std::vector<LogFileError>& incomplete_logs() const { return output_.incomplete_logs(); }
+  // Warns of each log file given up on so far (a full disk, an I/O error): they miss output.
+  void warn_incomplete_logs() const { output_.warn_incomplete_logs(); }
 
  private:
   struct Worker {

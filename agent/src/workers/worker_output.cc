@@ -1,5 +1,7 @@
 #include "workers/worker_output.h"
 
+#include <spdlog/spdlog.h>
+
 #include <utility>
 
 #include "output/log_line_prefix.h"
@@ -38,6 +40,13 @@ void WorkerOutput::begin_round(const fs::path& attempt_dir) {
 
 void WorkerOutput::abandon() {
   for (auto& pump : pumps_) pump->abandon();
+}
+
+void WorkerOutput::warn_incomplete_logs() const {
+  for (const LogFileError& e : incomplete_logs_) {
+    spdlog::warn("worker logs are incomplete: {} holds the first {} bytes only ({})", e.path,
+                 e.bytes_written, e.error);
+  }
 }
 
 void WorkerOutput::attach(int rank, int local_rank, const SpawnedProcess& p, const fs::path& dir,

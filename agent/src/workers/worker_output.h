@@ -38,8 +38,8 @@ class WorkerOutput {
               const std::function<void()>& closed);
   // The pumps stop reading (the group is going).
   void abandon();
-  // The log files given up on so far (a full disk, an I/O error): they miss output.
-  const std::vector<LogFileError>& incomplete_logs() const { return incomplete_logs_; }
+  // Warns of each log file given up on so far (a full disk, an I/O error): they miss output.
+  void warn_incomplete_logs() const;
 
  private:
   void pump(int local_rank, int pipe_fd, ConsoleStream stream, const std::string& prefix,

@@ -58,7 +58,7 @@ agent counts it as a failed worker (during a regroup: a group restart, saying wh
 computes meanwhile (a long step before its next collective) is not idle and is left alone.
 
 The store keys and variables are dist-launch's worker contract
-(rendezvous/include/dist/rendezvous/worker_contract.h), shared with the C++ SDK's
+(contract/include/dist/contract/worker_contract.h), shared with the C++ SDK's
 dist::sdk::InPlaceRecovery.
 """
 from __future__ import annotations

@@ -49,7 +49,7 @@ import time
 
 __all__ = ["step", "enabled", "pause"]
 
-# The slot (dist/rendezvous/worker_contract.h): 8-byte fields by index, 4-byte ones by index.
+# The slot (dist/contract/worker_contract.h): 8-byte fields by index, 4-byte ones by index.
 _FD_VARIABLE = "DIST_HEARTBEAT_FD"
 _STACK_SIGNAL_VARIABLE = "DIST_STACK_SIGNAL"
 _STACK_FILE_VARIABLE = "DIST_STACK_FILE"

@@ -3,13 +3,13 @@
 #include <cstdlib>
 #include <string>
 
+#include "dist/contract/worker_contract.h"
 #include "dist/rendezvous/token.h"
-#include "dist/rendezvous/worker_contract.h"
 
 namespace dist::sdk {
 namespace {
 
-namespace contract = rendezvous::worker_contract;
+namespace contract = worker_contract;
 
 constexpr const char* kHint =
     "; start workers with dist-launch (or use WorkerEnv::single_process() to run one alone)";

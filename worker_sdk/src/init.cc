@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 #include "progress_slot.h"
 
 namespace dist::sdk {
@@ -26,7 +26,7 @@ void ignore_sigpipe() {
 // it is here before it waits for the group: a regroup's generation is published once every rank
 // of the new world is (worker_contract.h), so that the running workers train on meanwhile.
 void say_arrived(const WorkerEnv& env) {
-  namespace contract = rendezvous::worker_contract;
+  namespace contract = worker_contract;
   const std::string prefix = contract::generation_prefix(env.run_id, env.restart_count);
   connect_store(env).set(contract::arrived_key(prefix, env.generation, env.rank), "1");
 }

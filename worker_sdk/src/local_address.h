@@ -1,14 +1,14 @@
 // Which local address a rank's Gloo device binds, and so advertises to the other ranks.
 #pragma once
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 
 #include <string>
 
 namespace dist::sdk::detail {
 
 // This node's address as the other nodes reach it: dist-launch exports its --local-addr here.
-inline constexpr const char* kLocalAddrVariable = rendezvous::worker_contract::kLocalAddr;
+inline constexpr const char* kLocalAddrVariable = worker_contract::kLocalAddr;
 // The interface to use, as PyTorch reads it (the first of a comma-separated list).
 inline constexpr const char* kSocketIfnameVariable = "GLOO_SOCKET_IFNAME";
 

@@ -26,7 +26,7 @@ namespace dist::sdk {
 namespace detail {
 namespace {
 
-namespace slot = rendezvous::worker_contract::heartbeat_slot;
+namespace slot = worker_contract::heartbeat_slot;
 
 // The slot the agent passed, mapped; null without one. A descriptor that is not a slot (a wrapper
 // closed it and the number was reused) is said once on stderr.
@@ -238,8 +238,8 @@ void install_stack_dump() {
   static std::once_flag once;
   std::call_once(once, [] {
     Slot* s = progress_slot();
-    const char* signal_text = std::getenv(rendezvous::worker_contract::kStackSignalVariable);
-    const char* file = std::getenv(rendezvous::worker_contract::kStackFileVariable);
+    const char* signal_text = std::getenv(worker_contract::kStackSignalVariable);
+    const char* file = std::getenv(worker_contract::kStackFileVariable);
     if (!s || !signal_text || !file || !*file) return;
     const int signal = std::atoi(signal_text);
     if (signal < SIGRTMIN || signal > SIGRTMAX) return;
@@ -272,7 +272,7 @@ bool progress_enabled() {
 }
 
 namespace {
-namespace slot = rendezvous::worker_contract::heartbeat_slot;
+namespace slot = worker_contract::heartbeat_slot;
 std::mutex pause_mutex;
 int pause_depth = 0;
 }  // namespace

@@ -1,4 +1,4 @@
-// The worker's progress slot (dist/rendezvous/worker_contract.h), mapped once for heartbeat(),
+// The worker's progress slot (dist/contract/worker_contract.h), mapped once for heartbeat(),
 // step() and the process groups' collectives; and what the SDK writes when the agent asks a hung
 // worker where it is.
 #pragma once
@@ -6,12 +6,12 @@
 #include <chrono>
 #include <cstdint>
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 
 namespace dist::sdk::detail {
 
-using Slot = rendezvous::worker_contract::heartbeat_slot::Slot;
-using Collective = rendezvous::worker_contract::heartbeat_slot::Collective;
+using Slot = worker_contract::heartbeat_slot::Slot;
+using Collective = worker_contract::heartbeat_slot::Collective;
 
 // The slot the agent passed, mapped; null without one (outside dist-launch, or heartbeats off).
 Slot* progress_slot();

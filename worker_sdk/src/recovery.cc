@@ -11,14 +11,14 @@
 #include <ctime>
 #include <stdexcept>
 
+#include "dist/contract/worker_contract.h"
 #include "dist/rendezvous/errors.h"
-#include "dist/rendezvous/worker_contract.h"
 #include "progress_slot.h"
 
 namespace dist::sdk {
 namespace {
 
-namespace contract = rendezvous::worker_contract;
+namespace contract = worker_contract;
 using Clock = std::chrono::steady_clock;
 
 std::int64_t wall_ns() {

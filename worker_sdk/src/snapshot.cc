@@ -16,15 +16,17 @@
 #include <set>
 #include <string>
 
+#include "dist/contract/worker_contract.h"
+
 namespace dist::sdk {
 namespace {
 
 namespace fs = std::filesystem;
 
-// As python/dist_launch/snapshot.py.
-constexpr char kDirVariable[] = "DIST_LAUNCH_SNAPSHOT_DIR";
-constexpr char kMemoryVariable[] = "DIST_LAUNCH_SNAPSHOT_MEMORY";
-constexpr char kPersistVariable[] = "DIST_LAUNCH_SNAPSHOT_PERSIST_DIR";
+// As python/dist_launch/snapshot.py (the variables: the worker contract's).
+constexpr const char* kDirVariable = worker_contract::kSnapshotDirVariable;
+constexpr const char* kMemoryVariable = worker_contract::kSnapshotMemoryVariable;
+constexpr const char* kPersistVariable = worker_contract::kSnapshotPersistVariable;
 constexpr std::size_t kKeep = 2;
 constexpr char kMagic[8] = {'D', 'L', 'S', 'N', 'A', 'P', '0', '1'};
 constexpr char kFooter[8] = {'D', 'L', 'S', 'N', 'A', 'P', 'O', 'K'};

@@ -28,7 +28,7 @@
 namespace {
 
 using namespace dist;
-namespace slot = rendezvous::worker_contract::heartbeat_slot;
+namespace slot = worker_contract::heartbeat_slot;
 
 int pending() {
   sdk::detail::Slot* s = sdk::detail::progress_slot();

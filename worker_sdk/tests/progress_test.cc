@@ -24,7 +24,7 @@ extern char** environ;
 namespace dist::sdk {
 namespace {
 
-namespace contract = rendezvous::worker_contract;
+namespace contract = worker_contract;
 namespace slot = contract::heartbeat_slot;
 
 // A slot as the agent makes one, and the probe (progress_probe.cc) run against it: a fresh

@@ -17,15 +17,15 @@
 #include <vector>
 
 #include "child_process.h"
+#include "dist/contract/worker_contract.h"
 #include "dist/rendezvous/server.h"
-#include "dist/rendezvous/worker_contract.h"
 #include "dist/sdk/recovery.h"
 
 namespace dist::sdk {
 namespace {
 
 using namespace std::chrono_literals;
-namespace contract = rendezvous::worker_contract;
+namespace contract = worker_contract;
 
 constexpr const char* kChild = "RecoveryChild.DISABLED_Trains";
 constexpr int kSteps = 40;

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <functional>
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 
 namespace dist::agent {
 namespace {
 
-using Collective = rendezvous::worker_contract::heartbeat_slot::Collective;
+using Collective = worker_contract::heartbeat_slot::Collective;
 
 bool known(std::uint32_t op) {
   return op != static_cast<std::uint32_t>(Collective::kNone) &&

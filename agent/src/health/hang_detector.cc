@@ -14,7 +14,7 @@
 namespace dist::agent {
 namespace {
 
-namespace slot = rendezvous::worker_contract::heartbeat_slot;
+namespace slot = worker_contract::heartbeat_slot;
 namespace fs = std::filesystem;
 
 constexpr std::chrono::milliseconds kDumpPoll{50};

@@ -9,7 +9,7 @@
 namespace dist::agent {
 namespace {
 
-namespace slot = rendezvous::worker_contract::heartbeat_slot;
+namespace slot = worker_contract::heartbeat_slot;
 
 // I/O between the looks that is a rank's own work. Reads are counted from a higher floor: the
 // progress hook's sampler reads /proc about fifty times a second.

@@ -10,13 +10,13 @@
 #include <stdexcept>
 #include <string>
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 #include "health/step_stats.h"  // monotonic_now(): the clock the SDK stamps beats with
 
 namespace dist::agent {
 namespace {
 
-namespace slot = rendezvous::worker_contract::heartbeat_slot;
+namespace slot = worker_contract::heartbeat_slot;
 
 }  // namespace
 

@@ -22,7 +22,7 @@
 #include <optional>
 #include <vector>
 
-namespace dist::rendezvous::worker_contract::heartbeat_slot {
+namespace dist::worker_contract::heartbeat_slot {
 struct Slot;
 }
 
@@ -52,14 +52,14 @@ class HeartbeatMonitor {
   std::optional<std::chrono::nanoseconds> silence(int local_rank) const;
   std::uint64_t beats(int local_rank) const;
   // The slot itself, for the hang detector's readings; null without one.
-  const rendezvous::worker_contract::heartbeat_slot::Slot* slot(int local_rank) const;
+  const worker_contract::heartbeat_slot::Slot* slot(int local_rank) const;
   // --restart-policy in-place: tells every worker with a slot that the job regroups in `round`
   // (the slot's regroup_round: the SDK recovers at its next unit of work).
   void ask_to_regroup(int round);
 
  private:
   struct Watched {
-    rendezvous::worker_contract::heartbeat_slot::Slot* slot = nullptr;
+    worker_contract::heartbeat_slot::Slot* slot = nullptr;
     int fd = -1;
     std::unique_ptr<boost::asio::steady_timer> deadline;
   };

@@ -7,8 +7,8 @@ namespace asio = boost::asio;
 
 namespace {
 
-bool several_nodes(const LaunchConfig& config) {
-  return config.max_nodes > 1 || config.elastic;
+bool several_nodes(const JobConfig& job) {
+  return job.max_nodes > 1 || job.elastic;
 }
 
 std::string bracketed(const std::string& address) {
@@ -18,12 +18,13 @@ std::string bracketed(const std::string& address) {
 
 }  // namespace
 
-MetricsAccess metrics_access(const LaunchConfig& config, const std::string& host) {
+MetricsAccess metrics_access(const JobConfig& job, const TelemetryOptions& telemetry,
+                             const std::string& host) {
   MetricsAccess access;
-  access.token = config.telemetry.metrics_token;
-  access.listen.port = config.telemetry.metrics_port.value_or(0);
-  const std::string& given = config.telemetry.metrics_addr;
-  if (given.empty() && !several_nodes(config)) {
+  access.token = telemetry.metrics_token;
+  access.listen.port = telemetry.metrics_port.value_or(0);
+  const std::string& given = telemetry.metrics_addr;
+  if (given.empty() && !several_nodes(job)) {
     access.listen.addresses = {asio::ip::address_v4::loopback()};
     access.shown_host = "127.0.0.1";
     access.loopback_names_only = access.token.empty();

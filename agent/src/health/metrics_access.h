@@ -28,9 +28,11 @@ struct MetricsAccess {
   std::string warning;  // something the user should know about where it listens, or empty
 };
 
-// Where the metrics' port of `config` listens, `host` being the address the agent advertises.
-// Throws ConfigError naming --metrics-addr when the address is none.
-MetricsAccess metrics_access(const LaunchConfig& config, const std::string& host);
+// Where the metrics' port of `telemetry` listens for `job` (loopback for one node), `host` being
+// the address the agent advertises. Throws ConfigError naming --metrics-addr when the address is
+// none.
+MetricsAccess metrics_access(const JobConfig& job, const TelemetryOptions& telemetry,
+                             const std::string& host);
 
 // `handler`, answering 401 to a request that does not present the token, and 403 to one for
 // another name than localhost or an IP address when `access` checks the Host.

@@ -8,7 +8,7 @@
 
 namespace dist::agent {
 
-namespace slot = rendezvous::worker_contract::heartbeat_slot;
+namespace slot = worker_contract::heartbeat_slot;
 
 std::chrono::nanoseconds monotonic_now() {
   timespec now{};

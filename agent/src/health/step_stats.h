@@ -1,4 +1,4 @@
-// What the agent makes of its workers' progress slots (dist/rendezvous/worker_contract.h), read
+// What the agent makes of its workers' progress slots (dist/contract/worker_contract.h), read
 // about once a second by the hang detector (hang_detector.h): each worker's step times and their
 // p99, its steps per second, its own work per step, when it would be taken for hung; and which
 // ranks are stragglers. Plain values in, plain answers out: nothing here touches a process.
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 
 namespace dist::agent {
 
@@ -50,7 +50,7 @@ struct SlotReading {
   std::optional<std::chrono::nanoseconds> last_progress() const;
   bool paused() const { return paused_since_ns != 0; }
 };
-SlotReading read_slot(const rendezvous::worker_contract::heartbeat_slot::Slot& slot,
+SlotReading read_slot(const worker_contract::heartbeat_slot::Slot& slot,
                       std::chrono::nanoseconds now);
 std::chrono::nanoseconds monotonic_now();
 

@@ -150,7 +150,7 @@ Telemetry::Telemetry(boost::asio::io_context& io, const LaunchConfig& config, st
     health_routes[std::string(path)] = [this](const HttpRequest&) { return health(); };
   if (metrics_port) {
     const bool shared = health_port && *health_port == *metrics_port && *metrics_port != 0;
-    const MetricsAccess access = metrics_access(config, host_);
+    const MetricsAccess access = metrics_access(config, config.telemetry, host_);
     auto routes = metrics_routes(shared, access);
     if (shared) routes.merge(health_routes);  // "/" stays the metrics' own
     try {

@@ -129,7 +129,7 @@ struct WorkerRef {
   std::optional<int> generation = std::nullopt;
 };
 
-// A running worker's progress, as its slot says (dist/rendezvous/worker_contract.h): for the
+// A running worker's progress, as its slot says (dist/contract/worker_contract.h): for the
 // metrics, the health check, the status page and `dist-launch status`.
 struct WorkerProgress {
   WorkerRef worker;

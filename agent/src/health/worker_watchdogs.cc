@@ -7,7 +7,7 @@
 
 #include <fstream>
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 #include "processes/process.h"
 
 namespace dist::agent {
@@ -57,7 +57,7 @@ WorkerWatchdogs::WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOpti
 
 void WorkerWatchdogs::prepare(int local_rank, const std::filesystem::path& dir, Variables& env,
                               std::vector<int>& fds) {
-  namespace contract = rendezvous::worker_contract;
+  namespace contract = worker_contract;
   if (timers_) env["TORCHELASTIC_TIMER_FILE"] = timers_->path();
   if (heartbeats_) {
     const int fd = heartbeats_->open(local_rank);

@@ -77,7 +77,7 @@ class Agent {
         janitor_(janitor),
         signals_(io_, watched_signals(config)),
         host_(config.local_addr.empty() ? this_host() : config.local_addr),
-        rounds_(make_round_source(io_, config, host_,
+        rounds_(make_round_source(io_, config, config, host_,
                                   [](const std::string& text) { spdlog::info("{}", text); })),
         steps_(io_, [this](std::exception_ptr e) { on(failure_event(e)); }),
         policy_(make_recovery_policy({io_, config_, *rounds_, steps_, now_, group_, telemetry_,
@@ -412,7 +412,7 @@ class Agent {
   }
 
   void prepare_node() {
-    run_dir_.emplace(config_, host_);
+    run_dir_.emplace(config_, config_, host_);
     if (config_.writes_log_files()) spdlog::info("worker logs in {}", run_dir_->path().string());
     const std::string token_file = provide_token_file(config_, *run_dir_, written_token_file_);
     signals_.start([this](SignalWatcher::Received r) {

@@ -2,13 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include "dist/contract/worker_contract.h"
 #include "dist/rendezvous/errors.h"
-#include "dist/rendezvous/worker_contract.h"
 
 namespace dist::agent {
 namespace {
 
-namespace contract = rendezvous::worker_contract;
+namespace contract = worker_contract;
 
 rendezvous::Task<void> open_once(rendezvous::AsyncStoreClient& client, bool& opened) {
   if (opened) co_return;
@@ -159,14 +159,14 @@ rendezvous::Task<std::optional<int>> say_regroup_finished(
 
 }  // namespace
 
-Generations::Generations(boost::asio::io_context& io, const LaunchConfig& config,
-                         rendezvous::Endpoint store, int restart_count)
+Generations::Generations(boost::asio::io_context& io, const std::string& run_id,
+                         const std::string& secret, rendezvous::Endpoint store, int restart_count)
     : opened_(std::make_shared<bool>(false)),
-      prefix_(contract::generation_prefix(config.run_id, restart_count)) {
+      prefix_(contract::generation_prefix(run_id, restart_count)) {
   rendezvous::ClientOptions options;
   options.host = store.host;
   options.port = store.port;
-  options.secret = config.secret;
+  options.secret = secret;
   client_ = std::make_shared<rendezvous::AsyncStoreClient>(io.get_executor(), options);
 }
 

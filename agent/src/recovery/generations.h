@@ -1,5 +1,5 @@
 // The agent's side of in-place recovery (--restart-policy in-place), over the workers' store with
-// the keys of dist/rendezvous/worker_contract.h: the next generation of the group counted (before
+// the keys of dist/contract/worker_contract.h: the next generation of the group counted (before
 // the replacement starts: it is told its generation), its record published for the survivors, then
 // the group's word that it recovered (written by the new root once every rank holds its state),
 // waited for at most kInPlaceRecoveryTimeout. Until that word the recovery is in progress, and any
@@ -12,7 +12,6 @@
 #include <optional>
 #include <string>
 
-#include "dist/agent/config.h"
 #include "dist/rendezvous/async_client.h"
 #include "dist/rendezvous/endpoint.h"
 #include "dist/rendezvous/task.h"
@@ -48,10 +47,10 @@ struct RegroupName {
 
 class Generations {
  public:
-  // The generations of `restart_count`'s group, whose store is `store` (the workers' store; with
-  // the job's token when it has one). Connects on first use.
-  Generations(boost::asio::io_context& io, const LaunchConfig& config, rendezvous::Endpoint store,
-              int restart_count);
+  // The generations of `restart_count`'s group of job `run_id`, whose store is `store` (the
+  // workers' store; `secret`: the job's token, empty when it has none). Connects on first use.
+  Generations(boost::asio::io_context& io, const std::string& run_id, const std::string& secret,
+              rendezvous::Endpoint store, int restart_count);
   ~Generations();
   Generations(const Generations&) = delete;
   Generations& operator=(const Generations&) = delete;

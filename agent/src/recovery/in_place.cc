@@ -20,7 +20,7 @@ void InPlace::start_workers() {
   // node's workers join them, as the generation node 0 names.
   const bool joins = joining_.begin(round);
   const rendezvous::Endpoint store = p_.rounds.workers_store(round);
-  g_.store.emplace(p_.io, p_.config, store, round.restarts);
+  g_.store.emplace(p_.io, p_.config.run_id, p_.config.secret, store, round.restarts);
   if (joins) return p_.group->start_joining(round, store);
   p_.group->start(round, store);
 }

@@ -56,12 +56,12 @@ void Joining::on_generation_named(const Named& n) {
   // The running workers may finish the job before they regroup: their nodes then say so, and
   // these workers, waiting for them, are stopped. A client of its own: the wait holds it.
   const rendezvous::Endpoint store = p_.rounds.workers_store(round);
-  finish_watch_.emplace(p_.io, p_.config, store, round.restarts);
+  finish_watch_.emplace(p_.io, p_.config.run_id, p_.config.secret, store, round.restarts);
   p_.steps.launch(finished_meanwhile(round.round),
                   [this, r = round.round](bool finished) { on_finished_meanwhile(r, finished); });
   // Until node 0 publishes that generation, a failed worker of this node has no group to be
   // replaced into (Facts::unjoined). Another client: that wait holds it too.
-  publish_watch_.emplace(p_.io, p_.config, store, round.restarts);
+  publish_watch_.emplace(p_.io, p_.config.run_id, p_.config.secret, store, round.restarts);
   p_.steps.launch(taken_in(round.round, g_.latest), [this, r = round.round](bool published) {
     if (published && p_.now.round && p_.now.round->round == r) unjoined_ = false;
   });
@@ -82,7 +82,8 @@ Task<bool> Joining::taken_in(int round, int generation) {
 // A client of its own, which STOPPING leaves open.
 void Joining::say_arrival_failed() {
   const Assignment& round = *p_.now.round;
-  arrival_failed_.emplace(p_.io, p_.config, p_.rounds.workers_store(round), round.restarts);
+  arrival_failed_.emplace(p_.io, p_.config.run_id, p_.config.secret, p_.rounds.workers_store(round),
+                          round.restarts);
   p_.steps.fire_and_forget(
       arrival_failed_->mark_arrival_failed(g_.latest, round.rank_offset, p_.config.nproc_per_node),
       "telling node 0 that this node's workers failed before they joined");

@@ -89,7 +89,8 @@ void Regroup::finish() {
   spdlog::info(
       "in-place: this node's workers finished the job during the regroup: round {} ends here",
       round.round);
-  g_.store.emplace(p_.io, p_.config, p_.rounds.workers_store(round), round.restarts);
+  g_.store.emplace(p_.io, p_.config.run_id, p_.config.secret, p_.rounds.workers_store(round),
+                   round.restarts);
   p_.steps.launch(tell_finished(round.round), [this](Finish f) { on_finished(f); });
 }
 

@@ -58,20 +58,30 @@ Assignment closed_round(int round, const schema::RoundTotals& totals) {
 
 }  // namespace
 
-std::string NodeRendezvous::Impl::claim() const {
-  return std::to_string(nonce_) + "/" + std::to_string(::getpid());
+RendezvousStore& ElasticRendezvous::store() {
+  return *node_.store_;
+}
+const JobShape& ElasticRendezvous::shape() const {
+  return node_.shape_;
+}
+const RendezvousTimeouts& ElasticRendezvous::timeouts() const {
+  return node_.timeouts_;
 }
 
-Task<int> NodeRendezvous::Impl::current_round() {
+std::string ElasticRendezvous::claim() const {
+  return std::to_string(node_.nonce_) + "/" + std::to_string(::getpid());
+}
+
+Task<int> ElasticRendezvous::current_round() {
   const std::string pointer(schema::kRoundPointer);
-  const auto value = co_await store_->try_get(pointer);
+  const auto value = co_await store().try_get(pointer);
   if (!value) co_return 0;
   co_return static_cast<int>(schema::decode_int(pointer, *value));
 }
 
-Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Assignment> previous,
-                                                    std::string worker_store, bool keeps_workers) {
-  auto deadline = steady_clock::now() + timeouts_.join;
+Task<Assignment> ElasticRendezvous::join_elastic(int round, std::optional<Assignment> previous,
+                                                 std::string worker_store, bool keeps_workers) {
+  auto deadline = steady_clock::now() + timeouts().join;
   for (int n = round;; ++n) {
     co_await throw_if_job_over(n);
     // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
@@ -90,60 +100,63 @@ Task<Assignment> NodeRendezvous::Impl::join_elastic(int round, std::optional<Ass
     }
     // A hot spare's timeout counts from the end of the round it waited on, however long that
     // ran: afresh now, as round n closed (and runs) without it.
-    if (ticket.spare) deadline = steady_clock::now() + timeouts_.join;
+    if (ticket.spare) deadline = steady_clock::now() + timeouts().join;
   }
 }
 
-Task<NodeRendezvous::Impl::Ticket> NodeRendezvous::Impl::take_ticket(
-    int round, std::optional<Assignment> previous, const std::string& worker_store,
-    bool keeps_workers) {
+Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(int round,
+                                                               std::optional<Assignment> previous,
+                                                               const std::string& worker_store,
+                                                               bool keeps_workers) {
   const bool returning = previous && previous->round == round - 1;
   const int ticket =
-      static_cast<int>(co_await store_->add(schema::in_round(round, name::kJoin), 1));
-  schema::NodeRecord record = self_;
+      static_cast<int>(co_await store().add(schema::in_round(round, name::kJoin), 1));
+  schema::NodeRecord record = node_.self_;
   record.previous_rank = returning ? previous->node_rank : -1;
   record.worker_store = worker_store;
   record.keeps_workers = returning && keeps_workers;
-  co_await store_->set_ephemeral(schema::in_round(round, name::kNode, ticket),
+  co_await store().set_ephemeral(schema::in_round(round, name::kNode, ticket),
                                  schema::encode(record));
-  if (returning) co_await store_->add(schema::in_round(round, name::kReturning), 1);
-  if (ticket >= shape_.min_nodes) co_await store_->set(schema::in_round(round, name::kQuorum), "1");
+  if (returning) co_await store().add(schema::in_round(round, name::kReturning), 1);
+  if (ticket >= shape().min_nodes)
+    co_await store().set(schema::in_round(round, name::kQuorum), "1");
   if (!returning && round > 0) {
     // A newcomer: the running round makes room, unless it is full or already finishing (a node's
     // workers all succeeded): then the newcomer waits for the next round, if there is one.
     const std::string size_key = schema::in_round(round - 1, name::kSize);
-    const auto size = co_await store_->try_get(size_key);
-    const bool finishing = co_await store_->check(keys(schema::in_round(round - 1, name::kDone)));
-    if (size && schema::decode_int(size_key, *size) < shape_.max_nodes && !finishing) {
-      co_await store_->delete_key(schema::in_round(round - 1, name::kNoNewcomers));
+    const auto size = co_await store().try_get(size_key);
+    const bool finishing = co_await store().check(keys(schema::in_round(round - 1, name::kDone)));
+    if (size && schema::decode_int(size_key, *size) < shape().max_nodes && !finishing) {
+      co_await store().delete_key(schema::in_round(round - 1, name::kNoNewcomers));
     } else if (size) {
-      notice("round " + std::to_string(round - 1) + (finishing ? " is finishing" : " is full") +
-             ": waiting for a place in round " + std::to_string(round));
+      node_.notice("round " + std::to_string(round - 1) +
+                   (finishing ? " is finishing" : " is full") + ": waiting for a place in round " +
+                   std::to_string(round));
       co_return Ticket{ticket, true};
     }
   }
   co_return Ticket{ticket, false};
 }
 
-Task<void> NodeRendezvous::Impl::close_if_complete(int round) {
+Task<void> ElasticRendezvous::close_if_complete(int round) {
   // Read after this node's own ADDs: of two nodes completing the round together, the later one
   // sees both counts.
-  const auto count = co_await store_->add(schema::in_round(round, name::kJoin), 0);
+  const auto count = co_await store().add(schema::in_round(round, name::kJoin), 0);
   if (round == 0) {
-    if (count >= shape_.max_nodes) co_await try_close(round, count);
+    if (count >= shape().max_nodes) co_await try_close(round, count);
     co_return;
   }
   const auto previous = co_await verdict_of(round - 1);
-  if (!previous || count < shape_.min_nodes) co_return;
-  if (co_await store_->add(schema::in_round(round, name::kReturning), 0) >= previous->expect) {
+  if (!previous || count < shape().min_nodes) co_return;
+  if (co_await store().add(schema::in_round(round, name::kReturning), 0) >= previous->expect) {
     co_await try_close(round, count);
   }
 }
 
-Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t> taken) {
+Task<bool> ElasticRendezvous::try_close(int round, std::optional<std::int64_t> taken) {
   const std::string join = schema::in_round(round, name::kJoin);
-  if (!taken) taken = co_await store_->add(join, 0);
-  if (*taken < shape_.min_nodes) co_return false;
+  if (!taken) taken = co_await store().add(join, 0);
+  if (*taken < shape().min_nodes) co_return false;
   int restarts = 0;
   if (round > 0) {  // the previous round must have ended: its nodes are on their way here
     const auto previous = co_await verdict_of(round - 1);
@@ -155,14 +168,14 @@ Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t
   // `closed` is the closer's claim: one node reads the records, the others give up after one
   // request. A ticket taken after the count below belongs to the next round.
   const std::string closed = schema::in_round(round, name::kClosed);
-  if (co_await store_->check(keys(closed))) co_return false;
-  if (co_await store_->compare_set(closed, "", claim()) != claim()) co_return false;
-  const int count = static_cast<int>(co_await store_->add(join, 0));
+  if (co_await store().check(keys(closed))) co_return false;
+  if (co_await store().compare_set(closed, "", claim()) != claim()) co_return false;
+  const int count = static_cast<int>(co_await store().add(join, 0));
 
   std::vector<std::string> record_keys;
   for (int t = 1; t <= count; ++t) record_keys.push_back(schema::in_round(round, name::kNode, t));
-  co_await store_->wait(record_keys, kRecordGrace);  // tickets taken a moment ago: on their way
-  const auto records = co_await store_->multi_get(record_keys);  // a joiner may have died since
+  co_await store().wait(record_keys, kRecordGrace);  // tickets taken a moment ago: on their way
+  const auto records = co_await store().multi_get(record_keys);  // a joiner may have died since
   std::vector<rules::Candidate> joined;
   for (int t = 1; t <= count; ++t) {
     const auto& record = records[static_cast<std::size_t>(t - 1)];
@@ -170,9 +183,9 @@ Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t
     joined.push_back(
         {t, schema::decode_node_record(record_keys[static_cast<std::size_t>(t - 1)], *record)});
   }
-  const auto members = rules::choose_members(std::move(joined), shape_.max_nodes);
-  if (static_cast<int>(members.size()) < shape_.min_nodes) {  // some left after their ticket
-    co_await store_->delete_key(closed);
+  const auto members = rules::choose_members(std::move(joined), shape().max_nodes);
+  if (static_cast<int>(members.size()) < shape().min_nodes) {  // some left after their ticket
+    co_await store().delete_key(closed);
     co_return false;
   }
   std::vector<std::pair<std::string, std::string>> items{
@@ -184,7 +197,7 @@ Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t
       {schema::in_round(round, name::kSize), std::to_string(members.size())},
       {schema::in_round(round, name::kWorkerStore), members.front().record.worker_store},
       {std::string(schema::kRoundPointer), std::to_string(round + 1)}};
-  co_await store_->multi_set(std::move(items));
+  co_await store().multi_set(std::move(items));
   // Each member reads only its own place and the round's totals: O(1) per node. The member list
   // is for the few that need every node (a verdict's decider, the store's host, status).
   std::vector<int> tickets, sizes;
@@ -199,20 +212,20 @@ Task<bool> NodeRendezvous::Impl::try_close(int round, std::optional<std::int64_t
                         schema::encode(placement.places[i]));
   }
   places.emplace_back(schema::in_round(round, name::kMembers), schema::encode_members(tickets));
-  co_await store_->multi_set(std::move(places));
+  co_await store().multi_set(std::move(places));
   // In place, the round continues the previous one's running workers when its node 0 was that
   // round's node 0 and kept them: the workers' store is theirs (regroup, in the agent).
   const auto& first = members.front().record;
   const int returning = static_cast<int>(std::count_if(
       members.begin(), members.end(), [](const auto& m) { return m.record.previous_rank >= 0; }));
-  co_await store_->set(schema::in_round(round, name::kAssignment),
+  co_await store().set(schema::in_round(round, name::kAssignment),
                        schema::encode(schema::RoundTotals{
                            restarts, placement.world_size, static_cast<int>(members.size()),
                            returning, first.keeps_workers && first.previous_rank == 0}));
   co_return true;
 }
 
-Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
+Task<std::optional<Assignment>> ElasticRendezvous::await_assignment(
     int round, Ticket ticket, steady_clock::time_point deadline) {
   const std::string quorum = schema::in_round(round, name::kQuorum);
   const std::string published = schema::in_round(round, name::kAssignment);
@@ -221,36 +234,37 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
     if (steady_clock::now() < deadline) return;
     throw RendezvousError("elastic round " + std::to_string(round) + " " + what + ": " +
                           std::to_string(count) + " node(s) joined, at least " +
-                          std::to_string(shape_.min_nodes) +
+                          std::to_string(shape().min_nodes) +
                           " needed; start more agents with the same --rdzv-endpoint and "
                           "--rdzv-id, or raise --rdzv-conf join_timeout");
   };
   // Each wait is at most kJobOverPoll long: a node waiting for a place (the job full, or
   // finishing) learns within it that the job ended, and leaves with the job's outcome.
-  const auto poll = std::min(timeouts_.last_call, kJobOverPoll);
-  auto last_call = steady_clock::now() + timeouts_.last_call;
+  const auto poll = std::min(timeouts().last_call, kJobOverPoll);
+  auto last_call = steady_clock::now() + timeouts().last_call;
   bool running = ticket.spare;  // a spare found the round before running (full, or finishing)
   auto at_last_call = [&] {
     const auto now = steady_clock::now();
     if (now < last_call && now < deadline) return false;
-    last_call = now + timeouts_.last_call;
+    last_call = now + timeouts().last_call;
     return true;
   };
   // Until MIN nodes are in (a node whose ticket reached MIN set `quorum` itself).
-  if (ticket.number < shape_.min_nodes) {
-    while (!co_await store_->wait(keys(quorum), detail::until(deadline, poll))) {
+  if (ticket.number < shape().min_nodes) {
+    while (!co_await store().wait(keys(quorum), detail::until(deadline, poll))) {
       co_await throw_if_job_over(round);
       if (!at_last_call()) continue;
-      const auto count = co_await store_->add(join, 0);
-      notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
-             std::to_string(count) + " of at least " + std::to_string(shape_.min_nodes) + " in");
+      const auto count = co_await store().add(join, 0);
+      node_.notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
+                   std::to_string(count) + " of at least " + std::to_string(shape().min_nodes) +
+                   " in");
       if (ticket.spare) co_await extend_while_running(round, deadline, running);
       too_late("did not reach its minimum within join_timeout", count);
     }
   }
   // Until the round closes: after each last call, close it with whoever is in.
-  last_call = steady_clock::now() + timeouts_.last_call;
-  while (!co_await store_->wait(keys(published), detail::until(deadline, poll))) {
+  last_call = steady_clock::now() + timeouts().last_call;
+  while (!co_await store().wait(keys(published), detail::until(deadline, poll))) {
     co_await throw_if_job_over(round);
     if (!at_last_call()) continue;
     if (co_await try_close(round)) break;
@@ -259,12 +273,12 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
     } else if (round > 0) {
       co_await decide_if_abandoned(round - 1);
     }
-    too_late("did not close within join_timeout", co_await store_->add(join, 0));
+    too_late("did not close within join_timeout", co_await store().add(join, 0));
   }
 
   // One request: this node's place, the round's totals and its workers' store.
   const std::string place_key = schema::in_round(round, name::kPlace, ticket.number);
-  const auto values = co_await store_->multi_get(
+  const auto values = co_await store().multi_get(
       keys(place_key, published, schema::in_round(round, name::kWorkerStore)));
   if (!values[0]) co_return std::nullopt;
   if (!values[1]) throw RendezvousError("round " + std::to_string(round) + " lost its assignment");
@@ -280,56 +294,56 @@ Task<std::optional<Assignment>> NodeRendezvous::Impl::await_assignment(
   co_return a;
 }
 
-Task<std::optional<Verdict>> NodeRendezvous::Impl::verdict_of(int round) {
+Task<std::optional<Verdict>> ElasticRendezvous::verdict_of(int round) {
   const std::string key = schema::in_round(round, name::kVerdict);
-  const auto text = co_await store_->try_get(key);
+  const auto text = co_await store().try_get(key);
   if (!text) co_return std::nullopt;
   co_return schema::decode_verdict(key, *text);
 }
 
-Task<bool> NodeRendezvous::Impl::runs_on(int round) {
+Task<bool> ElasticRendezvous::runs_on(int round) {
   if (round < 0) co_return false;
   // (Plain locals: GCC 12 miscompiled these co_awaits written inside the `if` and the
   // `co_return`: SIGILL at the first call.)
   const auto verdict = co_await verdict_of(round);
   if (verdict) co_return false;
-  const bool closed = co_await store_->check(keys(schema::in_round(round, name::kAssignment)));
+  const bool closed = co_await store().check(keys(schema::in_round(round, name::kAssignment)));
   co_return closed;
 }
 
-Task<void> NodeRendezvous::Impl::extend_while_running(int round, steady_clock::time_point& deadline,
-                                                      bool& running) {
+Task<void> ElasticRendezvous::extend_while_running(int round, steady_clock::time_point& deadline,
+                                                   bool& running) {
   // (Without this, a round whose nodes were all killed before any wrote its verdict would run
   // on for ever in a spare's eyes, over a store that outlives them: etcd, an external one.)
   co_await decide_if_abandoned(round - 1);
   const bool runs = co_await runs_on(round - 1);
   const auto now = steady_clock::now();
   if (!runs) {
-    if (running) deadline = std::max(deadline, now + timeouts_.join);  // it has just ended
+    if (running) deadline = std::max(deadline, now + timeouts().join);  // it has just ended
     running = false;
     co_return;
   }
   running = true;
   if (now < deadline) co_return;
-  deadline = now + timeouts_.join;
-  notice("round " + std::to_string(round - 1) + " runs on: waiting for a place in round " +
-         std::to_string(round) + " as a hot spare (join_timeout counts from its end)");
+  deadline = now + timeouts().join;
+  node_.notice("round " + std::to_string(round - 1) + " runs on: waiting for a place in round " +
+               std::to_string(round) + " as a hot spare (join_timeout counts from its end)");
 }
 
-Task<void> NodeRendezvous::Impl::decide_if_abandoned(int round) {
+Task<void> ElasticRendezvous::decide_if_abandoned(int round) {
   if (co_await verdict_of(round)) co_return;
   const std::string published = schema::in_round(round, name::kAssignment);
-  const auto totals_text = co_await store_->try_get(published);
+  const auto totals_text = co_await store().try_get(published);
   if (!totals_text) co_return;  // it never closed: its nodes are joining the same round as we
   const Assignment a = closed_round(round, schema::decode_round_totals(published, *totals_text));
-  const auto lost = co_await lost_nodes(a);
+  const auto lost = co_await node_.lost_nodes(a);
   if (static_cast<int>(lost.size()) < a.num_nodes) co_return;  // a node of it lives: its call
-  notice("every node of round " + std::to_string(round) +
-         " is gone without a verdict: deciding it");
-  co_await decide(a, shape_.max_restarts);
+  node_.notice("every node of round " + std::to_string(round) +
+               " is gone without a verdict: deciding it");
+  co_await decide(a, shape().max_restarts);
 }
 
-Task<void> NodeRendezvous::Impl::throw_if_job_over(int round) {
+Task<void> ElasticRendezvous::throw_if_job_over(int round) {
   if (round == 0) co_return;
   const auto previous = co_await verdict_of(round - 1);
   if (previous && previous->action == Verdict::kFail) {
@@ -341,41 +355,41 @@ Task<void> NodeRendezvous::Impl::throw_if_job_over(int round) {
   }
 }
 
-Task<Verdict> NodeRendezvous::Impl::decide(Assignment a, int max_restarts) {
+Task<Verdict> ElasticRendezvous::decide(Assignment a, int max_restarts) {
   if (auto v = co_await verdict_of(a.round)) co_return *v;
   // One node decides (and counts the lost nodes, O(N)); the others wait for its verdict, and
   // decide themselves only if it vanished meanwhile.
   const std::string verdict_key = schema::in_round(a.round, name::kVerdict);
-  if (co_await store_->compare_set(schema::in_round(a.round, name::kDeciding), "", claim()) !=
+  if (co_await store().compare_set(schema::in_round(a.round, name::kDeciding), "", claim()) !=
       claim()) {
-    if (co_await store_->wait(keys(verdict_key), kDecisionGrace)) {
+    if (co_await store().wait(keys(verdict_key), kDecisionGrace)) {
       if (auto v = co_await verdict_of(a.round)) co_return *v;
     }
   }
   rules::RoundEnd end;
-  end.worker_failed = !co_await store_->check(keys(schema::in_round(a.round, name::kHealthy)));
-  end.newcomer = !co_await store_->check(keys(schema::in_round(a.round, name::kNoNewcomers)));
-  end.lost = co_await lost_nodes(a);
+  end.worker_failed = !co_await store().check(keys(schema::in_round(a.round, name::kHealthy)));
+  end.newcomer = !co_await store().check(keys(schema::in_round(a.round, name::kNoNewcomers)));
+  end.lost = co_await node_.lost_nodes(a);
   end.num_nodes = a.num_nodes;
   end.restarts = a.restarts;
-  end.replacements = co_await replacements();  // --restart-policy in-place: the job's so far
+  end.replacements = co_await node_.replacements();  // --restart-policy in-place: the job's so far
   // Newcomers already waiting in the next round count towards its minimum (no node of this round
   // has joined it yet: they all wait for this verdict).
-  end.waiting = co_await store_->add(schema::in_round(a.round + 1, name::kJoin), 0);
+  end.waiting = co_await store().add(schema::in_round(a.round + 1, name::kJoin), 0);
   co_return co_await settle(a.round,
-                            schema::encode(rules::decide(end, max_restarts, shape_.min_nodes)));
+                            schema::encode(rules::decide(end, max_restarts, shape().min_nodes)));
 }
 
 // The round's one verdict: this one, unless another node's came first; and `undecided` goes,
 // waking the nodes that wait at the exit barrier for someone to act on a newcomer.
-Task<Verdict> NodeRendezvous::Impl::settle(int round, std::string verdict) {
+Task<Verdict> ElasticRendezvous::settle(int round, std::string verdict) {
   const std::string verdict_key = schema::in_round(round, name::kVerdict);
-  const std::string settled = co_await store_->compare_set(verdict_key, "", std::move(verdict));
-  co_await store_->delete_key(schema::in_round(round, name::kUndecided));
+  const std::string settled = co_await store().compare_set(verdict_key, "", std::move(verdict));
+  co_await store().delete_key(schema::in_round(round, name::kUndecided));
   co_return schema::decode_verdict(verdict_key, settled);
 }
 
-Task<void> NodeRendezvous::Impl::mark_done(Assignment a) {
+Task<void> ElasticRendezvous::mark_done(Assignment a) {
   Verdict v;
   v.action = Verdict::kDone;
   v.restarts = a.restarts;

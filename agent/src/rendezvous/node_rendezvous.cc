@@ -557,16 +557,17 @@ Task<Assignment> NodeRendezvous::join_static(int round, int node_rank) {
 }
 Task<Assignment> NodeRendezvous::join_elastic(int round, std::optional<Assignment> previous,
                                               std::string worker_store, bool keeps_workers) {
-  return impl_->join_elastic(round, std::move(previous), std::move(worker_store), keeps_workers);
+  return impl_->elastic.join_elastic(round, std::move(previous), std::move(worker_store),
+                                     keeps_workers);
 }
 Task<int> NodeRendezvous::current_round() {
-  return impl_->current_round();
+  return impl_->elastic.current_round();
 }
 Task<Verdict> NodeRendezvous::decide(Assignment a, int max_restarts) {
-  return impl_->decide(std::move(a), max_restarts);
+  return impl_->elastic.decide(std::move(a), max_restarts);
 }
 Task<void> NodeRendezvous::mark_done(Assignment a) {
-  return impl_->mark_done(std::move(a));
+  return impl_->elastic.mark_done(std::move(a));
 }
 Task<void> NodeRendezvous::mark_failed(Assignment a, std::string reason) {
   return impl_->mark_failed(std::move(a), std::move(reason));

@@ -229,6 +229,7 @@ class NodeRendezvous {
   std::string describe() const;
 
  private:
+  friend class ElasticRendezvous;  // the elastic rounds, over Impl's state (rendezvous_impl.h)
   class Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,5 +1,5 @@
-// NodeRendezvous's state, shared by the static and common parts (node_rendezvous.cc) and the
-// elastic rounds (elastic_round.cc).
+// NodeRendezvous's state and its static and common parts (node_rendezvous.cc), and the elastic
+// rounds (ElasticRendezvous, elastic_round.cc), which work over that state.
 #pragma once
 
 #include <cstdint>
@@ -21,21 +21,13 @@ std::vector<std::string> keys(K&&... k) {
   return {std::string(std::forward<K>(k))...};
 }
 
-class NodeRendezvous::Impl {
+// The elastic rounds of one node's rendezvous (--nnodes MIN:MAX; elastic_round.cc): joining one,
+// and the job's verdict after it ends. It works over its NodeRendezvous::Impl's sessions, job
+// shape, timeouts and record.
+class ElasticRendezvous {
  public:
-  Impl(std::unique_ptr<RendezvousStore> session, JobShape shape, RendezvousTimeouts timeouts,
-       std::function<void(const std::string&)> log);
+  explicit ElasticRendezvous(NodeRendezvous::Impl& node) : node_(node) {}
 
-  // Static (node_rendezvous.cc).
-  Task<Assignment> join_static(int round, int node_rank);
-  Task<void> mark_failed(Assignment a, std::string reason);
-
-  // In-place recovery (node_rendezvous.cc).
-  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind);
-  Task<void> recovery_over(Assignment a);
-  Task<int> replacements();
-
-  // Elastic (elastic_round.cc).
   Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
                                 std::string worker_store, bool keeps_workers);
   Task<int> current_round();
@@ -43,29 +35,7 @@ class NodeRendezvous::Impl {
   Task<Verdict> settle(int round, std::string verdict);
   Task<void> mark_done(Assignment a);
 
-  // Both (node_rendezvous.cc).
-  Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
-  Task<std::vector<WorkerFailure>> failures(Assignment a);
-  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
-                          std::function<std::string()> progress,
-                          std::function<void(schema::JobView)> on_view);
-  void stop_watch();
-  Task<bool> exit_barrier(Assignment a, std::chrono::milliseconds timeout);
-  Task<void> wait_for_others_to_leave(Assignment a, std::chrono::milliseconds timeout);
-  void close();
-
-  RendezvousStore& store() { return *store_; }
-
  private:
-  // Static rounds.
-  Task<void> publish_liveness(int node_rank, std::string record);
-  Task<void> raise_round_pointer(int round);
-  Task<void> abort_round(int round, int node_rank, std::string reason);
-  Task<void> close_static(int round);
-  Task<std::vector<int>> missing_static(int round);
-  Task<void> throw_if_over();
-
-  // Elastic rounds.
   // This node's ticket in `round`; `spare`: the running round was full or finishing, so this node
   // waits for a place (a hot spare) rather than for the running nodes to make one.
   struct Ticket {
@@ -95,6 +65,54 @@ class NodeRendezvous::Impl {
   Task<void> decide_if_abandoned(int round);
   Task<void> throw_if_job_over(int round);
   std::string claim() const;  // "<nonce>/<pid>": whose claim a COMPARE_SET won
+
+  // The node's session, job shape and timeouts.
+  RendezvousStore& store();
+  const JobShape& shape() const;
+  const RendezvousTimeouts& timeouts() const;
+
+  NodeRendezvous::Impl& node_;
+};
+
+class NodeRendezvous::Impl {
+ public:
+  Impl(std::unique_ptr<RendezvousStore> session, JobShape shape, RendezvousTimeouts timeouts,
+       std::function<void(const std::string&)> log);
+
+  // Static (node_rendezvous.cc).
+  Task<Assignment> join_static(int round, int node_rank);
+  Task<void> mark_failed(Assignment a, std::string reason);
+
+  // In-place recovery (node_rendezvous.cc).
+  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind);
+  Task<void> recovery_over(Assignment a);
+  Task<int> replacements();
+
+  // Both (node_rendezvous.cc).
+  Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
+  Task<std::vector<WorkerFailure>> failures(Assignment a);
+  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
+                          std::function<std::string()> progress,
+                          std::function<void(schema::JobView)> on_view);
+  void stop_watch();
+  Task<bool> exit_barrier(Assignment a, std::chrono::milliseconds timeout);
+  Task<void> wait_for_others_to_leave(Assignment a, std::chrono::milliseconds timeout);
+  void close();
+
+  RendezvousStore& store() { return *store_; }
+
+  ElasticRendezvous elastic{*this};  // the elastic rounds (elastic_round.cc), over this state
+
+ private:
+  friend class ElasticRendezvous;
+
+  // Static rounds.
+  Task<void> publish_liveness(int node_rank, std::string record);
+  Task<void> raise_round_pointer(int round);
+  Task<void> abort_round(int round, int node_rank, std::string reason);
+  Task<void> close_static(int round);
+  Task<std::vector<int>> missing_static(int round);
+  Task<void> throw_if_over();
 
   // Both.
   std::vector<std::string> liveness_keys(const Assignment& a, const std::vector<int>& members);

@@ -28,7 +28,7 @@ using rendezvous::Endpoint;
 constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};
 
 // A store this agent hosts asks for the job's token, when there is one.
-rendezvous::ServerOptions with_token(const LaunchConfig& c, rendezvous::ServerOptions options) {
+rendezvous::ServerOptions with_token(const RendezvousConfig& c, rendezvous::ServerOptions options) {
   options.secret = c.secret;
   options.unauthenticated = c.unauthenticated;
   return options;
@@ -37,7 +37,7 @@ rendezvous::ServerOptions with_token(const LaunchConfig& c, rendezvous::ServerOp
 // TCP keepalive on the agents' store connections, both ends: a peer that went silent is dropped
 // after about keep_alive_interval * keep_alive_max_attempt seconds (the first probe after one
 // interval of silence, then max_attempt - 1 more).
-rendezvous::Keepalive liveness(const LaunchConfig& c) {
+rendezvous::Keepalive liveness(const RendezvousConfig& c) {
   return {c.keep_alive_interval_seconds, c.keep_alive_interval_seconds,
           std::max(1, c.keep_alive_max_attempt - 1)};
 }
@@ -50,8 +50,13 @@ rendezvous::Keepalive liveness(const LaunchConfig& c) {
 // and changes nothing.
 class LocalRounds final : public RoundSource {
  public:
-  LocalRounds(boost::asio::io_context& io, const LaunchConfig& config, std::string host)
-      : io_(io), config_(config), plan_(plan_stores(config)), host_(std::move(host)) {}
+  LocalRounds(boost::asio::io_context& io, const JobConfig& job, const RendezvousConfig& config,
+              std::string host)
+      : io_(io),
+        job_(job),
+        config_(config),
+        plan_(plan_stores(job, config)),
+        host_(std::move(host)) {}
   ~LocalRounds() override { close(); }
 
   bool several_nodes() const override { return false; }
@@ -66,13 +71,13 @@ class LocalRounds final : public RoundSource {
     spdlog::debug(
         "store listening on {} (dist-launch status --rdzv-endpoint 127.0.0.1:{} "
         "--rdzv-id {})",
-        store_->bound_address(), store_->port(), config_.run_id);
+        store_->bound_address(), store_->port(), job_.run_id);
     co_return;
   }
   Task<Assignment> join(int restarts, std::optional<Assignment>) override {
     Assignment a;
     a.round = a.restarts = restarts;
-    a.world_size = config_.nproc_per_node;
+    a.world_size = job_.nproc_per_node;
     round_ = a.round;
     publish_round(a);
     if (!beating_) {
@@ -129,7 +134,7 @@ class LocalRounds final : public RoundSource {
   // is a plain one: the store goes with this agent, as an ephemeral key would.
   void publish_round(Assignment a) {
     const std::string record = schema::encode(
-        schema::NodeRecord{host_, config_.nproc_per_node, static_cast<int>(::getpid()), 0, -1, ""});
+        schema::NodeRecord{host_, job_.nproc_per_node, static_cast<int>(::getpid()), 0, -1, ""});
     namespace name = schema::name;
     std::vector<std::pair<std::string, std::string>> items{
         {std::string(schema::kRoundPointer), std::to_string(a.round)},
@@ -148,7 +153,7 @@ class LocalRounds final : public RoundSource {
   void publish(std::vector<std::pair<std::string, std::string>> items, const std::string& what) {
     if (closed_) return;  // a heartbeat whose timer fired before close() cancelled it
     try {
-      store_->set_agent_keys(config_.run_id, std::move(items));
+      store_->set_agent_keys(job_.run_id, std::move(items));
     } catch (const rendezvous::StoreError& e) {
       spdlog::debug("cannot publish {} for dist-launch status: {}", what, e.what());
     }
@@ -175,7 +180,8 @@ class LocalRounds final : public RoundSource {
   }
 
   boost::asio::io_context& io_;
-  const LaunchConfig& config_;
+  const JobConfig& job_;
+  const RendezvousConfig& config_;
   StorePlan plan_;
   std::string host_;
   std::optional<StoreHost> store_;
@@ -193,11 +199,12 @@ class LocalRounds final : public RoundSource {
 // and every call made over it once a round runs.
 class NodeRounds : public RoundSource {
  public:
-  NodeRounds(boost::asio::io_context& io, const LaunchConfig& config, std::string host,
-             std::function<void(const std::string&)> notice)
+  NodeRounds(boost::asio::io_context& io, const JobConfig& job, const RendezvousConfig& config,
+             std::string host, std::function<void(const std::string&)> notice)
       : io_(io),
+        job_(job),
         config_(config),
-        plan_(plan_stores(config)),
+        plan_(plan_stores(job, config)),
         host_(std::move(host)),
         notice_(std::move(notice)) {}
 
@@ -263,13 +270,13 @@ class NodeRounds : public RoundSource {
     } catch (const rendezvous::StoreError& e) {
       if (plan_.role == StorePlan::Role::kHost) {
         throw RendezvousError(std::string("cannot host the rendezvous store") +
-                              (config_.elastic ? " (--rdzv-conf is_host=1): " : ": ") + e.what());
+                              (job_.elastic ? " (--rdzv-conf is_host=1): " : ": ") + e.what());
       }
       spdlog::debug("not hosting the store ({}): joining {}:{}", e.what(), config_.master_addr,
                     plan_.port);
       co_return false;
     }
-    if (config_.elastic) {
+    if (job_.elastic) {
       spdlog::info("hosting the rendezvous store for {}:{} on {}", config_.master_addr,
                    job_store_->port(), job_store_->bound_address());
     } else {
@@ -286,8 +293,8 @@ class NodeRounds : public RoundSource {
     timeouts.rdzv = config_.rdzv_timeout;
     timeouts.join = config_.join_timeout;
     timeouts.last_call = config_.last_call_timeout;
-    const JobShape shape{config_.min_nodes,    config_.max_nodes,     config_.nproc_per_node, host_,
-                         config_.max_restarts, job_store_.has_value()};
+    const JobShape shape{job_.min_nodes, job_.max_nodes,    job_.nproc_per_node,
+                         host_,          job_.max_restarts, job_store_.has_value()};
     // Held here, not in this frame, so that close() can cancel the connect, and a frame destroyed
     // after this object (the io_context goes last) has nothing of it to touch.
     opening_ = std::move(session);
@@ -300,7 +307,7 @@ class NodeRounds : public RoundSource {
     rendezvous::ClientOptions options;
     options.host = config_.master_addr;
     options.port = job_store_ ? job_store_->port() : plan_.port;
-    options.connect_timeout = config_.elastic ? config_.join_timeout : config_.rdzv_timeout;
+    options.connect_timeout = job_.elastic ? config_.join_timeout : config_.rdzv_timeout;
     options.secret = config_.secret;
     const rendezvous::Keepalive keepalive = liveness(config_);
     options.keepalive_idle_seconds = keepalive.idle_seconds;
@@ -311,7 +318,8 @@ class NodeRounds : public RoundSource {
   }
 
   boost::asio::io_context& io_;
-  const LaunchConfig& config_;
+  const JobConfig& job_;
+  const RendezvousConfig& config_;
   StorePlan plan_;
   std::string host_;
   std::function<void(const std::string&)> notice_;
@@ -328,11 +336,11 @@ class StaticRounds final : public NodeRounds {
   bool elastic() const override { return false; }
   Task<void> prepare() override {
     co_await host_job_store();
-    auto session = make_rendezvous_store(io_, tcp_target(), config_.run_id);
+    auto session = make_rendezvous_store(io_, tcp_target(), job_.run_id);
     co_await open_session(std::move(session));
   }
   Task<Assignment> join(int restarts, std::optional<Assignment>) override {
-    co_return co_await rdzv_->join_static(restarts, config_.node_rank);
+    co_return co_await rdzv_->join_static(restarts, job_.node_rank);
   }
   Endpoint workers_store(const Assignment&) const override {
     return {config_.master_addr, job_store_ ? job_store_->port() : plan_.port};
@@ -371,7 +379,7 @@ class ElasticRounds final : public NodeRounds {
       const int ttl =
           std::max(2, config_.keep_alive_interval_seconds * (config_.keep_alive_max_attempt - 1));
       auto session = make_rendezvous_store(
-          io_, etcd_options(config_.etcd, std::chrono::seconds(ttl)), config_.run_id);
+          io_, etcd_options(config_.etcd, std::chrono::seconds(ttl)), job_.run_id);
       co_return co_await open_session(std::move(session));
     }
     co_await host_job_store();
@@ -381,7 +389,7 @@ class ElasticRounds final : public NodeRounds {
                             "can pick, and this one does not host it (the endpoint is not this "
                             "machine, or is_host=0): give the store's real port");
     }
-    auto session = make_rendezvous_store(io_, tcp_target(), config_.run_id);
+    auto session = make_rendezvous_store(io_, tcp_target(), job_.run_id);
     co_await open_session(std::move(session));
   }
   // As torch's rendezvous does, every round's workers get a fresh store of their own (except
@@ -421,7 +429,7 @@ class ElasticRounds final : public NodeRounds {
     co_return everyone;
   }
   Task<Verdict> decide(Assignment a) override {
-    co_return co_await rdzv_->decide(std::move(a), config_.max_restarts);
+    co_return co_await rdzv_->decide(std::move(a), job_.max_restarts);
   }
   void restart() override {}  // the verdict counted it, job-wide; the next round has a new store
   void close() override {
@@ -457,16 +465,16 @@ class ElasticRounds final : public NodeRounds {
 
 }  // namespace
 
-std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io,
-                                               const LaunchConfig& config, std::string host,
+std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io, const JobConfig& job,
+                                               const RendezvousConfig& config, std::string host,
                                                std::function<void(const std::string&)> notice) {
-  if (config.elastic) {
-    return std::make_unique<ElasticRounds>(io, config, std::move(host), std::move(notice));
+  if (job.elastic) {
+    return std::make_unique<ElasticRounds>(io, job, config, std::move(host), std::move(notice));
   }
-  if (config.max_nodes > 1) {
-    return std::make_unique<StaticRounds>(io, config, std::move(host), std::move(notice));
+  if (job.max_nodes > 1) {
+    return std::make_unique<StaticRounds>(io, job, config, std::move(host), std::move(notice));
   }
-  return std::make_unique<LocalRounds>(io, config, std::move(host));
+  return std::make_unique<LocalRounds>(io, job, config, std::move(host));
 }
 
 }  // namespace dist::agent

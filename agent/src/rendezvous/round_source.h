@@ -114,10 +114,11 @@ class RoundSource {
   std::function<void(schema::JobView)> view_sink_;
 };
 
-// The mode the configuration asks for. `host`: this node as the others see it; `notice` hears
-// the rendezvous's progress (who it waits for).
-std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io,
-                                               const LaunchConfig& config, std::string host,
+// The mode the configuration asks for, from the job's shape and the rendezvous's part of the
+// configuration. `host`: this node as the others see it; `notice` hears the rendezvous's
+// progress (who it waits for).
+std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io, const JobConfig& job,
+                                               const RendezvousConfig& rendezvous, std::string host,
                                                std::function<void(const std::string&)> notice);
 
 }  // namespace dist::agent

@@ -1,5 +1,6 @@
 // What each local rank gets from its node: a device (devices.h) and a CPU and memory placement
-// (placement.h), planned once per agent from LaunchConfig::devices and LaunchConfig::placement.
+// (placement.h), planned once per agent from --devices / --virtual-local-rank and the binding
+// flags.
 //
 // The agent's spawn code, for local rank i:
 //   parent: environment = torchrun_variables(...), then resources[i].environment on top
@@ -26,6 +27,10 @@ struct WorkerResources {
 // One entry per local rank. Discovers the devices only when a flag needs them and reads the
 // topology only when binding; without any of these flags every entry is empty. Throws DeviceError
 // or PlacementError with a message for the user.
-std::vector<WorkerResources> plan_worker_resources(const LaunchConfig& config);
+// `omp_threads_defaulted`: OMP_NUM_THREADS was unset (WorkerCommand), so a bound worker gets its
+// core count.
+std::vector<WorkerResources> plan_worker_resources(int workers, const DeviceOptions& devices,
+                                                   const PlacementOptions& placement,
+                                                   bool omp_threads_defaulted);
 
 }  // namespace dist::agent

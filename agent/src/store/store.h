@@ -142,7 +142,7 @@ struct StorePlan {
   bool session = false;       // the agents meet in a rendezvous session (several nodes)
   bool round_stores = false;  // elastic: every round's workers get a store of their own
 };
-StorePlan plan_stores(const LaunchConfig& config);
+StorePlan plan_stores(const JobConfig& job, const RendezvousConfig& rendezvous);
 
 // A store this agent hosts (a job's, or a round's for its workers). It is bound before any worker
 // starts, so the process that decides the port is the one that holds it.

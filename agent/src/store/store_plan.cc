@@ -13,11 +13,11 @@ bool is_loopback_name(const std::string& host) {
 
 }  // namespace
 
-StorePlan plan_stores(const LaunchConfig& c) {
+StorePlan plan_stores(const JobConfig& job, const RendezvousConfig& c) {
   StorePlan plan;
-  const bool several_nodes = c.max_nodes > 1 || c.elastic;
+  const bool several_nodes = job.max_nodes > 1 || job.elastic;
   plan.session = several_nodes;
-  plan.round_stores = c.elastic;
+  plan.round_stores = job.elastic;
   if (c.rdzv_backend == RendezvousBackend::kEtcdV3) return plan;  // etcd is the store
   if (!several_nodes) {  // the workers are all here: loopback, unless told otherwise
     plan.role = StorePlan::Role::kHost;
@@ -26,7 +26,7 @@ StorePlan plan_stores(const LaunchConfig& c) {
     return plan;
   }
   plan.port = c.master_port.value_or(kDefaultStaticPort);
-  if (c.elastic) {
+  if (job.elastic) {
     plan.role = !c.is_host   ? StorePlan::Role::kHostIfThisMachine
                 : *c.is_host ? StorePlan::Role::kHost
                              : StorePlan::Role::kClient;
@@ -34,7 +34,7 @@ StorePlan plan_stores(const LaunchConfig& c) {
   }
   // Static: node rank 0 hosts, unless someone else does (is_host=0: dist-launch --hosts).
   plan.role =
-      c.node_rank == 0 && c.is_host != false ? StorePlan::Role::kHost : StorePlan::Role::kClient;
+      job.node_rank == 0 && c.is_host != false ? StorePlan::Role::kHost : StorePlan::Role::kClient;
   return plan;
 }
 

@@ -67,13 +67,13 @@ bool copy_all(int in, int out, off_t size) {
 
 }  // namespace
 
-SnapshotStore::SnapshotStore(const LaunchConfig& config, const Scratch& scratch)
-    : directory_(scratch.path() / "snapshots"), persist_dir_(config.warm.snapshot_dir) {
+SnapshotStore::SnapshotStore(const WarmOptions& options, const Scratch& scratch)
+    : directory_(scratch.path() / "snapshots"), persist_dir_(options.snapshot_dir) {
   std::error_code ec;
   fs::create_directories(directory_, ec);
   if (ec) throw std::runtime_error("cannot create " + directory_.string() + ": " + ec.message());
-  memory_limit_ = config.warm.snapshot_memory_bytes ? config.warm.snapshot_memory_bytes
-                                                    : default_limit(directory_);
+  memory_limit_ =
+      options.snapshot_memory_bytes ? options.snapshot_memory_bytes : default_limit(directory_);
   environment_[kSnapshotDirVariable] = directory_.string();
   environment_[kSnapshotMemoryVariable] = std::to_string(memory_limit_);
   if (!persist_dir_.empty()) {

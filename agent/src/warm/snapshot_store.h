@@ -26,21 +26,22 @@
 #include <thread>
 
 #include "dist/agent/config.h"
+#include "dist/contract/worker_contract.h"
 #include "processes/process.h"
 #include "warm/scratch.h"
 
 namespace dist::agent::warm {
 
-inline constexpr char kSnapshotDirVariable[] = "DIST_LAUNCH_SNAPSHOT_DIR";
-inline constexpr char kSnapshotMemoryVariable[] = "DIST_LAUNCH_SNAPSHOT_MEMORY";
-inline constexpr char kSnapshotPersistVariable[] = "DIST_LAUNCH_SNAPSHOT_PERSIST_DIR";
+using worker_contract::kSnapshotDirVariable;  // the workers' variables: the contract's
+using worker_contract::kSnapshotMemoryVariable;
+using worker_contract::kSnapshotPersistVariable;
 inline constexpr std::chrono::seconds kPersistInterval{5};
 inline constexpr int kPersistedPerRank = 2;  // on disk, as in memory
 
 class SnapshotStore {
  public:
   // Throws std::runtime_error (the snapshot directory or --snapshot-dir cannot be made).
-  SnapshotStore(const LaunchConfig& config, const Scratch& scratch);
+  SnapshotStore(const WarmOptions& options, const Scratch& scratch);
   ~SnapshotStore();  // persists what is new a last time (--snapshot-dir)
   SnapshotStore(const SnapshotStore&) = delete;
   SnapshotStore& operator=(const SnapshotStore&) = delete;

@@ -55,18 +55,19 @@ void close_all(std::initializer_list<int> fds) {
 
 }  // namespace
 
-bool WarmStart::applies(const LaunchConfig& config) {
-  return config.warm.warm_restart && config.python_workers && !config.worker_argv.empty();
+bool WarmStart::applies(const WorkerCommand& command, const WarmOptions& options) {
+  return options.warm_restart && command.python_workers && !command.worker_argv.empty();
 }
 
-WarmStart::WarmStart(boost::asio::io_context& io, const LaunchConfig& config,
+WarmStart::WarmStart(boost::asio::io_context& io, const WorkerCommand& command,
+                     const WarmOptions& options, const PlacementOptions& placement, int workers,
                      const Scratch& scratch, std::vector<std::string> env)
-    : io_(io), config_(config), ready_timer_(io) {
-  if (config.placement.binds()) {
+    : io_(io), ready_timer_(io) {
+  if (placement.binds()) {
     turn_off("workers bound to CPUs or memory nodes (--cpu-bind, --numa-binding) are not forked");
     return;
   }
-  const auto& argv = config.worker_argv;
+  const auto& argv = command.worker_argv;
   spec_.python = argv.front();
   const char* path = std::getenv("PATH");
   const SpawnPlan plan = plan_spawn(spec_.python, path ? path : "");
@@ -75,10 +76,10 @@ WarmStart::WarmStart(boost::asio::io_context& io, const LaunchConfig& config,
   spec_.flags = interpreter_flags(argv);
   spec_.path0 = workers_path0(argv);
   for (const auto& arg : argv) spec_.command_line_room += arg.size() + 1;
-  spec_.standbys = config.nproc_per_node;
+  spec_.standbys = workers;
   spec_.command_line_room += kCommandLineSlack;
   spec_.script = scratch.write_file("zygote/_zygote.py", python::kZygote).string();
-  if (config.warm.preload) spec_.preload = join(*config.warm.preload, ",");
+  if (options.preload) spec_.preload = join(*options.preload, ",");
   spec_.env = std::move(env);
   spec_.log = (scratch.path() / "zygote").string();  // + "-<generation>.log"
   start_zygote();

@@ -41,17 +41,20 @@ class WarmStart {
  public:
   enum class Readiness { kReady, kPreparing, kOff };
 
-  // Starts the zygote for `config`'s Python workers. `env`: the zygote's environment, the agent's
-  // with the variables every worker gets whatever its rank (the job's marker, OMP_NUM_THREADS,
-  // the snapshot variables): the zygote imports under them.
-  WarmStart(boost::asio::io_context& io, const LaunchConfig& config, const Scratch& scratch,
+  // Starts the zygote for `command`'s Python workers, `workers` of them on this node (the
+  // standbys it keeps), as `options` asks (--preload); workers `placement` binds are not forked.
+  // `env`: the zygote's environment, the agent's with the variables every worker gets whatever its
+  // rank (the job's marker, OMP_NUM_THREADS, the snapshot variables): the zygote imports under
+  // them.
+  WarmStart(boost::asio::io_context& io, const WorkerCommand& command, const WarmOptions& options,
+            const PlacementOptions& placement, int workers, const Scratch& scratch,
             std::vector<std::string> env);
   ~WarmStart();
   WarmStart(const WarmStart&) = delete;
   WarmStart& operator=(const WarmStart&) = delete;
 
   // Whether --warm-restart applies to these workers at all.
-  static bool applies(const LaunchConfig& config);
+  static bool applies(const WorkerCommand& command, const WarmOptions& options);
 
   // Before an attempt: a dead or stale zygote is replaced here.
   Readiness readiness();
@@ -79,7 +82,6 @@ class WarmStart {
   void post(std::function<void()> then);
 
   boost::asio::io_context& io_;
-  const LaunchConfig& config_;
   ZygoteSpec spec_;
   std::unique_ptr<Zygote> zygote_;
   bool off_ = false;

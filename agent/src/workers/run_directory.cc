@@ -41,7 +41,7 @@ fs::path make_unique_directory(const fs::path& parent, const std::string& prefix
 
 // Where a temporary run directory goes (see the header). A temporary directory the user chose, in
 // any of the variables temp_directory_path() reads, is theirs.
-fs::path temporary_parent(const LaunchConfig& config) {
+fs::path temporary_parent(const OutputConfig& config) {
   bool chosen = false;
   for (const char* name : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
     const char* value = std::getenv(name);
@@ -101,15 +101,16 @@ fs::path shared_memory_directory() {
   return {};
 }
 
-RunDirectory::RunDirectory(const LaunchConfig& config, const std::string& host) {
+RunDirectory::RunDirectory(const JobConfig& job, const OutputConfig& config,
+                           const std::string& host) {
   temporary_ = config.log_dir.empty();
   root_ = temporary_ ? make_unique_directory(temporary_parent(config), "dist-launch-")
-                     : make_unique_directory(config.log_dir, config.run_id + "_");
+                     : make_unique_directory(config.log_dir, job.run_id + "_");
   run_dir_ = root_;
-  if (config.elastic) {  // node ranks change from round to round
+  if (job.elastic) {  // node ranks change from round to round
     run_dir_ /= "node_" + host + "_" + std::to_string(::getpid());
-  } else if (config.max_nodes > 1) {
-    run_dir_ /= "node_" + std::to_string(config.node_rank);
+  } else if (job.max_nodes > 1) {
+    run_dir_ /= "node_" + std::to_string(job.node_rank);
   }
   std::error_code ec;
   fs::create_directories(run_dir_, ec);
@@ -130,7 +131,7 @@ std::string RunDirectory::finish(bool keep) {
   return "";
 }
 
-std::string provide_token_file(const LaunchConfig& config, const RunDirectory& dir,
+std::string provide_token_file(const RendezvousConfig& config, const RunDirectory& dir,
                                std::string& written) {
   if (config.secret.empty() || !config.token_file.empty()) return config.token_file;
   const std::string path = (dir.path() / "token").string();

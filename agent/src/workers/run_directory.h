@@ -25,7 +25,8 @@ std::filesystem::path shared_memory_directory();
 class RunDirectory {
  public:
   // Throws std::runtime_error with a one-line reason when it cannot be made.
-  RunDirectory(const LaunchConfig& config, const std::string& host);
+  // The job names it (run id, node), the output part says where and whether it is kept.
+  RunDirectory(const JobConfig& job, const OutputConfig& output, const std::string& host);
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
 
@@ -46,7 +47,7 @@ class RunDirectory {
 // Where the workers find the job's token (DIST_LAUNCH_TOKEN_FILE): the file given, or one written
 // in `dir`, mode 0600, for a secret without a file (generated, or read from stdin), whose path is
 // then `written` too (the agent removes it when it ends). Empty: no token.
-std::string provide_token_file(const LaunchConfig& config, const RunDirectory& dir,
+std::string provide_token_file(const RendezvousConfig& rendezvous, const RunDirectory& dir,
                                std::string& written);
 
 }  // namespace dist::agent

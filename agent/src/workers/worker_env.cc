@@ -2,12 +2,12 @@
 
 #include <string_view>
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 
 namespace dist::agent {
 
 WorkerIdentity make_identity(const Assignment& a, int local_rank, const rendezvous::Endpoint& store,
-                             const LaunchConfig& config) {
+                             const JobConfig& config) {
   WorkerIdentity id;
   id.local_rank = local_rank;
   id.rank = a.rank_offset + local_rank;
@@ -25,7 +25,7 @@ WorkerIdentity make_identity(const Assignment& a, int local_rank, const rendezvo
 }
 
 Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads) {
-  namespace contract = rendezvous::worker_contract;
+  namespace contract = worker_contract;
   Variables v = {
       {contract::kRank, std::to_string(id.rank)},
       {contract::kLocalRank, std::to_string(id.local_rank)},
@@ -54,8 +54,7 @@ Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads)
 
 std::vector<std::string> merge_environment(const std::vector<std::string>& base,
                                            const Variables& overrides) {
-  static constexpr std::string_view kUsersChoice =
-      rendezvous::worker_contract::kNcclAsyncErrorHandling;
+  static constexpr std::string_view kUsersChoice = worker_contract::kNcclAsyncErrorHandling;
   std::vector<std::string> env;
   env.reserve(base.size() + overrides.size());
   bool user_set_nccl_handling = false;

@@ -33,7 +33,7 @@ struct WorkerIdentity {
 
 // What local rank `local_rank` of round `a` is told, its store being `store`.
 WorkerIdentity make_identity(const Assignment& a, int local_rank, const rendezvous::Endpoint& store,
-                             const LaunchConfig& config);
+                             const JobConfig& job);
 
 // torchrun's variables for one worker. OMP_NUM_THREADS=1 is added when `default_omp_threads`.
 Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads);

@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "dist/agent/signals.h"
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 #include "output/log_line_prefix.h"
 #include "output/log_pump.h"
 #include "processes/process.h"
@@ -105,16 +105,17 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       agent_id_(agent_id),
       janitor_(janitor),
       leftovers_(agent_id.id(), janitor ? janitor->pid() : -1),
-      output_(io, config, std::move(console)),
+      output_(io, config, config.role, std::move(console)),
       events_(std::move(events)),
       telemetry_(telemetry),
       watchdogs_(io, config.watchdogs, telemetry, hang_options(config, identity.host),
                  identity.generations),
       identity_(std::move(identity)),
-      resources_(plan_worker_resources(config)),
+      resources_(plan_worker_resources(config.nproc_per_node, config.devices, config.placement,
+                                       config.omp_threads_defaulted)),
       kill_timer_(io),
       drain_timer_(io) {
-  if (config_.warm.snapshots() || warm::WarmStart::applies(config_)) set_up_warm();
+  if (config_.warm.snapshots() || warm::WarmStart::applies(config_, config_.warm)) set_up_warm();
 }
 
 // The agent's shared-memory directory, the snapshot store, and the zygote, which starts importing
@@ -128,8 +129,8 @@ void WorkerGroup::set_up_warm() {
     return;
   }
   if (config_.warm.snapshots())
-    snapshots_ = std::make_unique<warm::SnapshotStore>(config_, *scratch_);
-  if (!warm::WarmStart::applies(config_)) return;
+    snapshots_ = std::make_unique<warm::SnapshotStore>(config_.warm, *scratch_);
+  if (!warm::WarmStart::applies(config_, config_.warm)) return;
   Variables shared;  // what every worker's environment has, whatever its rank
   shared[kAgentIdVariable] = agent_id_.value();
   if (config_.omp_threads_defaulted) shared["OMP_NUM_THREADS"] = "1";
@@ -141,7 +142,8 @@ void WorkerGroup::set_up_warm() {
   write_python_files_once();
   add_python_paths(shared, python_hook_, python_package_, current_environment());
   try {
-    warm_ = std::make_unique<warm::WarmStart>(io_, config_, *scratch_,
+    warm_ = std::make_unique<warm::WarmStart>(io_, config_, config_.warm, config_.placement,
+                                              config_.nproc_per_node, *scratch_,
                                               merge_environment(current_environment(), shared));
   } catch (const std::exception& e) {
     spdlog::warn("--warm-restart: {}: Python workers start cold", e.what());
@@ -364,19 +366,18 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
   // The SDK's Gloo group listens there (worker_sdk/src/local_address.h).
   if (!config_.local_addr.empty()) {
-    variables[rendezvous::worker_contract::kLocalAddr] = config_.local_addr;
+    variables[worker_contract::kLocalAddr] = config_.local_addr;
   }
   if (identity_.generations) {  // recovery.h's switch
-    variables[rendezvous::worker_contract::kRestartPolicyVariable] =
-        rendezvous::worker_contract::kInPlacePolicy;
-    variables[rendezvous::worker_contract::kGenerationVariable] = std::to_string(w.generation);
+    variables[worker_contract::kRestartPolicyVariable] = worker_contract::kInPlacePolicy;
+    variables[worker_contract::kGenerationVariable] = std::to_string(w.generation);
   }
   std::vector<int> inherited;  // the watchdogs' channels
   watchdogs_.prepare(w.local_rank, dir, variables, inherited);
   add_python_paths(variables, python_hook_, python_package_, base_env);
   // A path, never the secret: a process's environment is readable by much of the machine.
   if (!identity_.token_file.empty()) {
-    variables[rendezvous::worker_contract::kTokenFile] = identity_.token_file;
+    variables[worker_contract::kTokenFile] = identity_.token_file;
   }
   if (snapshots_) {
     for (const auto& [name, value] : snapshots_->environment()) variables[name] = value;

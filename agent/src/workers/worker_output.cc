@@ -17,9 +17,13 @@ bool selects(const StreamSelection& selection, ConsoleStream stream) {
 
 }  // namespace
 
-WorkerOutput::WorkerOutput(boost::asio::io_context& io, const LaunchConfig& config,
-                           std::shared_ptr<Console> console)
-    : io_(io), config_(config), console_(std::move(console)), hostname_(this_host()) {}
+WorkerOutput::WorkerOutput(boost::asio::io_context& io, const OutputConfig& config,
+                           std::string role, std::shared_ptr<Console> console)
+    : io_(io),
+      config_(config),
+      role_(std::move(role)),
+      console_(std::move(console)),
+      hostname_(this_host()) {}
 
 void WorkerOutput::begin_round(const fs::path& attempt_dir) {
   pumps_.clear();
@@ -52,11 +56,10 @@ void WorkerOutput::warn_incomplete_logs() const {
 void WorkerOutput::attach(int rank, int local_rank, const SpawnedProcess& p, const fs::path& dir,
                           const std::function<void()>& closed) {
   const bool write_logs = config_.writes_log_files();
-  const std::string prefix =
-      config_.log_line_prefix_template.empty()
-          ? default_log_line_prefix(config_.role, local_rank)
-          : render_log_line_prefix(config_.log_line_prefix_template,
-                                   {config_.role, rank, local_rank, hostname_});
+  const std::string prefix = config_.log_line_prefix_template.empty()
+                                 ? default_log_line_prefix(role_, local_rank)
+                                 : render_log_line_prefix(config_.log_line_prefix_template,
+                                                          {role_, rank, local_rank, hostname_});
   pump(local_rank, p.stdout_fd, ConsoleStream::kStdout, prefix,
        write_logs ? dir / "stdout.log" : fs::path(), closed);
   pump(local_rank, p.stderr_fd, ConsoleStream::kStderr, prefix,

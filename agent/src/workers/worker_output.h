@@ -24,7 +24,8 @@ namespace dist::agent {
 
 class WorkerOutput {
  public:
-  WorkerOutput(boost::asio::io_context& io, const LaunchConfig& config,
+  // `role`: ${role_name} and the default prefix's.
+  WorkerOutput(boost::asio::io_context& io, const OutputConfig& config, std::string role,
                std::shared_ptr<Console> console);
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;
@@ -46,7 +47,8 @@ class WorkerOutput {
             const std::filesystem::path& file, const std::function<void()>& closed);
 
   boost::asio::io_context& io_;
-  const LaunchConfig& config_;
+  const OutputConfig& config_;
+  std::string role_;
   std::shared_ptr<Console> console_;
   std::string hostname_;  // ${hostname} in the prefix template
   std::vector<std::shared_ptr<LogPump>> pumps_;

@@ -54,7 +54,7 @@
 #include <string_view>
 #include <thread>
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 
 extern char** environ;
 
@@ -182,7 +182,7 @@ long long monotonic_ns() {
 
 // Steps and beats in the progress slot the agent gave this worker, from a thread of their own.
 void start_progress(long every_ms) {
-  namespace slot = dist::rendezvous::worker_contract::heartbeat_slot;
+  namespace slot = dist::worker_contract::heartbeat_slot;
   const char* fd = std::getenv(slot::kFdVariable);
   void* page =
       fd ? ::mmap(nullptr, slot::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, std::atoi(fd), 0)

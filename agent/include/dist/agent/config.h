@@ -110,7 +110,7 @@ struct EtcdConfig {
 
 // --restart-policy: what a worker's failure does. kGroup: every worker of the job stops and the
 // group restarts (torchrun's behaviour). kInPlace: the failed worker alone is replaced, the others
-// keep running and rebuild their process group with it (dist/rendezvous/worker_contract.h says
+// keep running and rebuild their process group with it (dist/contract/worker_contract.h says
 // how); a failure during that recovery, or several at once, restart the group.
 // The agent reads it once (recovery/recovery_policy.h's make_recovery_policy).
 enum class RestartPolicy { kGroup, kInPlace };
@@ -122,22 +122,33 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct LaunchConfig {
-  // Nodes and workers.
+// The configuration in parts, one for each room that acts on it; LaunchConfig, the launcher's
+// product, is all of them. A room takes the job's shape and its own part (rendezvous/ and store/:
+// RendezvousConfig; output/ and the run directory: OutputConfig; workers/: WorkerCommand;
+// lifecycle/ and recovery/: LifecycleConfig; health/, resources/, warm/: their option structs
+// above). A flag is one field, in the part of the room where it acts.
+
+// The job's shape, which most rooms read: its nodes, its workers per node, its name, the restarts
+// it may use.
+struct JobConfig {
   int min_nodes = 1;
   int max_nodes = 1;
   int nproc_per_node = 1;
   int node_rank = 0;
   std::string role = "default";
+  std::string run_id = "none";
+  bool elastic = false;  // dynamic rendezvous (c10d, etcd-v3): --nnodes MIN:MAX, ranks assigned
+  int max_restarts = 0;  // group restarts and in-place replacements, counted together
+};
 
-  // Rendezvous. master_addr:master_port is the store's endpoint in every mode: static multi-node
-  // jobs (node 0's agent hosts it), elastic jobs (--rdzv-endpoint) and the workers' MASTER_*.
+// How this node meets the others (rendezvous/, store/). master_addr:master_port is the store's
+// endpoint in every mode: static multi-node jobs (node 0's agent hosts it), elastic jobs
+// (--rdzv-endpoint) and the workers' MASTER_*.
+struct RendezvousConfig {
   std::string master_addr = "127.0.0.1";
   std::optional<std::uint16_t> master_port;  // none: the agent picks a free port
   RendezvousBackend rdzv_backend = RendezvousBackend::kStatic;
-  bool elastic = false;  // dynamic rendezvous (c10d, etcd-v3): --nnodes MIN:MAX, ranks assigned
-  EtcdConfig etcd;       // etcd-v3: each round's node rank 0 hosts the workers' store
-  std::string run_id = "none";
+  EtcdConfig etcd;         // etcd-v3: each round's node rank 0 hosts the workers' store
   std::string local_addr;  // this node's address as published to the others (empty: hostname)
   std::chrono::milliseconds rdzv_timeout{900'000};      // static: until every node joined
   std::chrono::milliseconds join_timeout{600'000};      // elastic: until a round forms
@@ -162,14 +173,10 @@ struct LaunchConfig {
   std::string token_file;  // absolute
   rendezvous::UnauthenticatedPolicy unauthenticated =
       rendezvous::UnauthenticatedPolicy::kKnownHosts;
+};
 
-  // Lifecycle.
-  int max_restarts = 0;  // group restarts and in-place replacements, counted together
-  RestartPolicy restart_policy = RestartPolicy::kGroup;
-  std::chrono::milliseconds shutdown_timeout{30'000};
-  std::vector<int> signals_to_handle;  // forwarded to every worker
-
-  // Logs.
+// Where the workers' output goes (output/, workers/worker_output.h, the run directory).
+struct OutputConfig {
   std::string log_dir;        // empty: a temporary directory, removed at exit
   StreamSelection redirects;  // to files only (every local rank...)
   StreamSelection tee;        // to files and the console
@@ -189,11 +196,6 @@ struct LaunchConfig {
   // node's console is the same one there.
   bool print_failure_report = true;
 
-  // A pipe from the launcher that started this agent (dist-launch --hosts; agent_launch.h): its
-  // control lines act as signals, its end (the launcher, or its ssh connection, gone) as SIGHUP.
-  // -1: none.
-  int launcher_fd = -1;
-
   StreamSelection redirects_for(int local_rank) const {
     auto it = redirects_by_rank.find(local_rank);
     return it == redirects_by_rank.end() ? redirects : it->second;
@@ -209,15 +211,30 @@ struct LaunchConfig {
   bool shows_on_console(int local_rank) const {
     return local_ranks_filter.empty() || local_ranks_filter.contains(local_rank);
   }
+};
 
-  // The worker command: argv[0] is what to exec (python, or the executable with --no-python).
+// What each worker runs (workers/, warm/).
+struct WorkerCommand {
+  // argv[0] is what to exec (python, or the executable with --no-python).
   std::vector<std::string> worker_argv;
   std::string script_name;      // for the failure report's title
   bool python_workers = false;  // worker_argv is `python -u SCRIPT|-m MODULE ...`
-
   // OMP_NUM_THREADS was unset: workers get 1, or their bound core count when placement binds.
   bool omp_threads_defaulted = false;
+};
 
+// What a failure and a signal do (lifecycle/, recovery/).
+struct LifecycleConfig {
+  RestartPolicy restart_policy = RestartPolicy::kGroup;
+  std::chrono::milliseconds shutdown_timeout{30'000};
+  std::vector<int> signals_to_handle;  // forwarded to every worker
+  // A pipe from the launcher that started this agent (dist-launch --hosts; agent_launch.h): its
+  // control lines act as signals, its end (the launcher, or its ssh connection, gone) as SIGHUP.
+  // -1: none.
+  int launcher_fd = -1;
+};
+
+struct LaunchConfig : JobConfig, RendezvousConfig, OutputConfig, WorkerCommand, LifecycleConfig {
   DeviceOptions devices;
   PlacementOptions placement;
 

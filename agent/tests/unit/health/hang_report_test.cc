@@ -16,7 +16,7 @@
 namespace dist::agent {
 namespace {
 
-namespace slot = rendezvous::worker_contract::heartbeat_slot;
+namespace slot = worker_contract::heartbeat_slot;
 
 // What `faulthandler.dump_traceback(all_threads=True)` writes for a main thread inside `inner()`
 // (called from `outer()` of a script named train.py) while a second thread waits in an Event.

@@ -9,10 +9,14 @@
 namespace dist::agent {
 namespace {
 
+std::vector<WorkerResources> plan(const LaunchConfig& c) {
+  return plan_worker_resources(c.nproc_per_node, c.devices, c.placement, c.omp_threads_defaulted);
+}
+
 TEST(WorkerResources, WithoutFlagsEveryWorkerInheritsTheAgentsView) {
   LaunchConfig config;
   config.nproc_per_node = 3;
-  const auto resources = plan_worker_resources(config);
+  const auto resources = plan(config);
   ASSERT_EQ(resources.size(), 3u);
   for (const auto& r : resources) {
     EXPECT_TRUE(r.environment.empty());
@@ -26,10 +30,10 @@ TEST(WorkerResources, BindingGivesEachWorkerItsCoresAndThreadCount) {
   config.placement.cpu_bind = CpuBind::kCore;
   config.omp_threads_defaulted = true;
   config.nproc_per_node = 1;
-  const int cores = plan_worker_resources(config)[0].placement.cores;
+  const int cores = plan(config)[0].placement.cores;
   ASSERT_GT(cores, 0);
   config.nproc_per_node = std::min(cores, 4);
-  const auto resources = plan_worker_resources(config);
+  const auto resources = plan(config);
   std::set<int> used;
   for (const auto& r : resources) {
     ASSERT_TRUE(r.placement.bind_cpus);
@@ -43,9 +47,9 @@ TEST(WorkerResources, DeviceFlagsNeedDevicesOnThisNode) {
   config.nproc_per_node = 1;
   config.devices.virtual_local_rank = true;
   if (discover_accelerators().count() == 0) {
-    EXPECT_THROW(plan_worker_resources(config), DeviceError);
+    EXPECT_THROW(plan(config), DeviceError);
   } else {
-    const auto resources = plan_worker_resources(config);
+    const auto resources = plan(config);
     EXPECT_EQ(resources[0].environment.at("LOCAL_RANK"), "0");
   }
 }

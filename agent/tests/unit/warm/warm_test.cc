@@ -251,7 +251,7 @@ TEST(SnapshotStoreTest, GivesTheWorkersTheirVariablesAndSweepsTornSaves) {
   LaunchConfig config;
   config.python_workers = true;
   config.warm.snapshot_memory_bytes = 1 << 20;
-  SnapshotStore store(config, scratch);
+  SnapshotStore store(config.warm, scratch);
   const auto& env = store.environment();
   EXPECT_EQ(env.at(kSnapshotDirVariable), (scratch.path() / "snapshots").string());
   EXPECT_EQ(env.at(kSnapshotMemoryVariable), "1048576");
@@ -286,7 +286,7 @@ TEST(SnapshotStoreTest, PersistsTheNewestAtOnceWhenAWorkerFails) {
   const fs::path disk = scratch.path() / "disk";
   LaunchConfig config;
   config.warm.snapshot_dir = disk.string();
-  SnapshotStore store(config, scratch);
+  SnapshotStore store(config.warm, scratch);
   EXPECT_EQ(store.environment().at(kSnapshotPersistVariable), disk.string());
   EXPECT_GT(store.memory_limit(), 0u) << "half the free shared memory by default";
   const fs::path rank = store.directory() / "local_rank_1";

@@ -37,7 +37,7 @@ struct NoTemporaryDirectoryChosen {
 
 TEST_F(RunDirectoryTest, WithoutTmpdirOrLogsItIsMadeInSharedMemoryAndRemovedAtTheEnd) {
   NoTemporaryDirectoryChosen none;
-  RunDirectory dir(LaunchConfig{}, "host");
+  RunDirectory dir(JobConfig{}, OutputConfig{}, "host");
   const fs::path memory = shared_memory_directory();
   EXPECT_EQ(dir.path().parent_path(), memory.empty() ? fs::temp_directory_path() : memory);
   EXPECT_TRUE(dir.temporary());
@@ -52,7 +52,7 @@ TEST_F(RunDirectoryTest, ATemporaryDirectoryChosenInAnyOfItsVariablesIsHonoured)
     SCOPED_TRACE(name);
     NoTemporaryDirectoryChosen none;
     ScopedVariable chosen(name, scratch_.string());
-    RunDirectory dir(LaunchConfig{}, "host");
+    RunDirectory dir(JobConfig{}, OutputConfig{}, "host");
     EXPECT_EQ(dir.path().parent_path(), scratch_);
     dir.finish(false);
   }
@@ -65,7 +65,7 @@ TEST_F(RunDirectoryTest, ARunThatWritesLogsKeepsThemOutOfMemory) {
   LaunchConfig filtered;
   filtered.duplicate_stderr_filters = {"loss"};
   for (const LaunchConfig* config : {&tee, &filtered}) {
-    RunDirectory dir(*config, "host");
+    RunDirectory dir(*config, *config, "host");
     EXPECT_EQ(dir.path().parent_path(), fs::temp_directory_path());
     dir.finish(false);
   }
@@ -75,7 +75,7 @@ TEST_F(RunDirectoryTest, AKeptDirectoryIsSaidAndAnElasticNodeHasItsOwn) {
   ScopedVariable tmpdir("TMPDIR", scratch_.string());
   LaunchConfig elastic;
   elastic.elastic = true;
-  RunDirectory dir(elastic, "node-a");
+  RunDirectory dir(elastic, elastic, "node-a");
   EXPECT_EQ(dir.path().parent_path().parent_path(), scratch_);
   EXPECT_TRUE(dir.path().filename().string().starts_with("node_node-a_"));
   const std::string said = dir.finish(true);
@@ -87,7 +87,7 @@ TEST_F(RunDirectoryTest, LogDirGetsARunOfItsOwnThatIsNeverRemoved) {
   LaunchConfig config;
   config.log_dir = (scratch_ / "logs").string();
   config.run_id = "job7";
-  RunDirectory dir(config, "host");
+  RunDirectory dir(config, config, "host");
   EXPECT_EQ(dir.path().parent_path(), scratch_ / "logs");
   EXPECT_TRUE(dir.path().filename().string().starts_with("job7_"));
   EXPECT_FALSE(dir.temporary());
@@ -102,7 +102,7 @@ TEST_F(RunDirectoryTest, FinishRemovesEverythingInsideAndFollowsNoLink) {
   const fs::path outside = scratch_ / "outside";
   fs::create_directories(outside / "kept");
   std::ofstream(outside / "kept" / "file") << "x";
-  RunDirectory dir(LaunchConfig{}, "host");
+  RunDirectory dir(JobConfig{}, OutputConfig{}, "host");
   const fs::path attempt = dir.attempt(0, 0).parent_path();
   fs::create_directories(dir.attempt(0, 0));
   fs::create_directories(dir.attempt(0, 1) / "deeper" / "still");
@@ -119,7 +119,7 @@ TEST_F(RunDirectoryTest, FinishRemovesEverythingInsideAndFollowsNoLink) {
 // buffer on the stack before remove_tree kept it on the heap (11 MiB: past the 8 MiB stack).
 TEST_F(RunDirectoryTest, FinishRemovesADeepTree) {
   ScopedVariable tmpdir{"TMPDIR", scratch_.string()};
-  RunDirectory dir(LaunchConfig{}, "host");
+  RunDirectory dir(JobConfig{}, OutputConfig{}, "host");
   fs::path deep = dir.attempt(0, 0);
   for (int level = 0; level < 700; ++level) deep /= "d";
   fs::create_directories(deep);

@@ -6,11 +6,13 @@
 
 #include <string>
 
+#include "dist/contract/worker_contract.h"
+
 namespace dist::rendezvous {
 
 // The environment variable that names the job's token file: the agents' default for
-// --token-file, and how dist-launch tells its workers (the SDK reads it).
-inline constexpr char kTokenFileVariable[] = "DIST_LAUNCH_TOKEN_FILE";
+// --token-file, and how dist-launch tells its workers (the SDK reads it; the worker contract's).
+inline constexpr const char* kTokenFileVariable = worker_contract::kTokenFile;
 
 // A new random token: 32 bytes from the system's generator, as 64 hex digits.
 std::string generate_secret();

@@ -4,7 +4,7 @@
 // worker that never beats is never watched.
 #pragma once
 
-#include "dist/rendezvous/worker_contract.h"
+#include "dist/contract/worker_contract.h"
 
 namespace dist::sdk {
 
@@ -16,7 +16,7 @@ void heartbeat();
 // Whether heartbeat() reaches the agent (the worker was started with a heartbeat slot).
 bool heartbeat_enabled();
 
-// The channel, for workers in other languages: dist/rendezvous/worker_contract.h.
-namespace heartbeat_slot = rendezvous::worker_contract::heartbeat_slot;
+// The channel, for workers in other languages: dist/contract/worker_contract.h.
+namespace heartbeat_slot = worker_contract::heartbeat_slot;
 
 }  // namespace dist::sdk

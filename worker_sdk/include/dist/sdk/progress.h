@@ -3,7 +3,7 @@
 // counts their optimizer steps itself.
 //
 // A step costs a clock read and two stores to memory the agent shares (the worker's slot,
-// dist/rendezvous/worker_contract.h): no system call, nothing that can block. The SDK's process
+// dist/contract/worker_contract.h): no system call, nothing that can block. The SDK's process
 // groups also count their collectives there, and the oldest one still pending, so that the agent
 // can say where a hung rank waits. Outside dist-launch nothing is recorded.
 #pragma once

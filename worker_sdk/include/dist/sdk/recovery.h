@@ -26,7 +26,7 @@
 // state as it was before the unit, and every rank goes on from the root's, which is either that
 // or the state after the unit (the root completed it): both are states of an uninterrupted run.
 //
-// The store keys and the variables are the worker contract's (dist/rendezvous/worker_contract.h).
+// The store keys and the variables are the worker contract's (dist/contract/worker_contract.h).
 #pragma once
 
 #include <chrono>

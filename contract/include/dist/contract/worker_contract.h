@@ -1,8 +1,10 @@
 // What dist-launch's agent tells each worker, as one contract both sides include: the agent
-// writes it (agent/src/workers/worker_env.cc, health/), the worker SDK reads it
-// (worker_sdk/src/env.cc, progress_slot.cc). torchrun's variables keep torchrun's names;
-// dist-launch's own start with DIST_. (It lives in the store library because that is the one
-// library both sides link.)
+// writes it (agent/src/workers/worker_env.cc, worker_group.cc, health/, warm/), the worker SDK
+// reads it (worker_sdk/src/env.cc, progress_slot.cc, snapshot.cc). torchrun's variables keep
+// torchrun's names; dist-launch's own start with DIST_. A header-only library of its own
+// (contract/, Dist::contract) that depends on nothing: the store library names the token file's
+// variable from it too. python/dist_launch/ (progress.py, elastic.py, snapshot.py) spells the
+// same names and offsets.
 #pragma once
 
 #include <atomic>
@@ -10,9 +12,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dist/rendezvous/token.h"
-
-namespace dist::rendezvous::worker_contract {
+namespace dist::worker_contract {
 
 // torchrun's worker environment.
 inline constexpr char kRank[] = "RANK";
@@ -35,8 +35,8 @@ inline constexpr char kSignalsToHandle[] = "TORCHELASTIC_SIGNALS_TO_HANDLE";
 inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 
 // dist-launch's own.
-inline constexpr const char* kTokenFile = kTokenFileVariable;  // a path, never the secret
-inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";        // --local-addr: where Gloo listens
+inline constexpr char kTokenFile[] = "DIST_LAUNCH_TOKEN_FILE";  // a path, never the secret
+inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";         // --local-addr: where Gloo listens
 
 // In-place recovery (--restart-policy in-place): the agent replaces a failed worker alone and the
 // survivors rebuild their group with it, one generation of the group after another. Every worker
@@ -238,4 +238,12 @@ static_assert(offsetof(Slot, features) == 68 && offsetof(Slot, work_ns) == 72 &&
 // them to.
 inline constexpr char kStackSignalVariable[] = "DIST_STACK_SIGNAL";
 inline constexpr char kStackFileVariable[] = "DIST_STACK_FILE";
-}  // namespace dist::rendezvous::worker_contract
+
+// Snapshots (--snapshot-memory, --snapshot-dir; agent/src/warm/snapshot_store.h): the shared-memory
+// directory the workers save into, the bound on what they keep there (bytes), and where the agent
+// persists them to disk. python/dist_launch/snapshot.py and worker_sdk/src/snapshot.cc write them
+// in one format.
+inline constexpr char kSnapshotDirVariable[] = "DIST_LAUNCH_SNAPSHOT_DIR";
+inline constexpr char kSnapshotMemoryVariable[] = "DIST_LAUNCH_SNAPSHOT_MEMORY";
+inline constexpr char kSnapshotPersistVariable[] = "DIST_LAUNCH_SNAPSHOT_PERSIST_DIR";
+}  // namespace dist::worker_contract

@@ -27,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 // Gloo's rendezvous through the store, for the raw-Gloo side.
 class RawStore : public gloo::rendezvous::Store {
  public:
-  explicit RawStore(dist::rendezvous::StoreClient c) : c_(std::move(c)) {}
+  explicit RawStore(dist::store::StoreClient c) : c_(std::move(c)) {}
   void set(const std::string& k, const std::vector<char>& v) override {
     c_.set("raw/" + k, std::string(v.begin(), v.end()));
   }
@@ -42,7 +42,7 @@ class RawStore : public gloo::rendezvous::Store {
   }
 
  private:
-  dist::rendezvous::StoreClient c_;
+  dist::store::StoreClient c_;
 };
 
 // Mean seconds per operation: two warm-ups, a probe that lets rank 0 choose how many iterations

@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous/client.h"
+#include "dist/store/client.h"
 
 namespace {
 
@@ -120,7 +120,7 @@ Result run_once(const std::string& launcher, bool blocked, int seconds, int inte
   }
   int port = 0;
   std::ifstream(port_file) >> port;
-  dist::rendezvous::ClientOptions options;
+  dist::store::ClientOptions options;
   options.port = static_cast<std::uint16_t>(port);
   options.timeout = kStoreCallTimeout;
   options.connect_timeout = kStoreCallTimeout;
@@ -128,7 +128,7 @@ Result run_once(const std::string& launcher, bool blocked, int seconds, int inte
   std::vector<double> round_trips;
   auto t0 = Clock::now();
   try {  // a store that does not answer in time ends the sampling, its wait counted
-    auto client = dist::rendezvous::StoreClient::connect(options);
+    auto client = dist::store::StoreClient::connect(options);
     const auto end = Clock::now() + std::chrono::seconds(seconds);
     for (int k = 0; Clock::now() < end; ++k) {
       t0 = Clock::now();
@@ -137,7 +137,7 @@ Result run_once(const std::string& launcher, bool blocked, int seconds, int inte
       round_trips.push_back(ms_since(t0));
       std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
     }
-  } catch (const dist::rendezvous::StoreError& e) {
+  } catch (const dist::store::StoreError& e) {
     round_trips.push_back(ms_since(t0));
     std::fprintf(stderr, "store call failed: %s\n", e.what());
   }

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 #include "etcd_cluster.h"
 #include "run_task.h"
 #include "store/store.h"
@@ -38,9 +38,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using dist::agent::RendezvousStore;
 using dist::agent::Task;
-using dist::rendezvous::testing::EtcdCluster;
-using dist::rendezvous::testing::run_task;
-using dist::rendezvous::testing::TaskGroup;
+using dist::store::testing::EtcdCluster;
+using dist::store::testing::run_task;
+using dist::store::testing::TaskGroup;
 
 // A lease the loss cost is gone by then: its TTL, a new leader's extension of an election timeout,
 // etcd's 500 ms expiry check, and the election itself on a loaded machine.
@@ -116,7 +116,7 @@ RunResult run(const Loss& loss, int sessions, std::chrono::seconds ttl) {
   for (int i = 0; i < sessions; ++i) {
     try {
       if (run_task(io, held[i]->try_get(keys[i]))) ++result.leases_kept;
-    } catch (const dist::rendezvous::StoreError&) {
+    } catch (const dist::store::StoreError&) {
       // The session was lost: its lease expired.
     }
   }

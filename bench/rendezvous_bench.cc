@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/limits.h"
-#include "dist/rendezvous/server.h"
+#include "dist/store/limits.h"
+#include "dist/store/server.h"
 #include "etcd_cluster.h"
 #include "rendezvous/rendezvous.h"
 
@@ -81,7 +81,7 @@ class TcpJobStore final : public JobStore {
  public:
   explicit TcpJobStore(std::string run_id) : run_id_(std::move(run_id)) {}
   Task<std::unique_ptr<RendezvousStore>> open_session(asio::io_context& io) override {
-    dist::rendezvous::ClientOptions options;
+    dist::store::ClientOptions options;
     options.port = server_.port();
     options.connect_timeout = kRunTimeout;
     options.timeout = kRunTimeout;
@@ -90,7 +90,7 @@ class TcpJobStore final : public JobStore {
   std::optional<std::uint64_t> requests() override { return server_.stats().requests; }
 
  private:
-  dist::rendezvous::StoreServerThread server_;
+  dist::store::StoreServerThread server_;
   std::string run_id_;
 };
 
@@ -331,10 +331,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  dist::rendezvous::raise_open_file_limit();  // before etcd starts: its members inherit it
+  dist::store::raise_open_file_limit();  // before etcd starts: its members inherit it
 
   const bool elastic = mode == "elastic";
-  std::optional<dist::rendezvous::testing::EtcdCluster> cluster;
+  std::optional<dist::store::testing::EtcdCluster> cluster;
   EtcdTarget etcd;
   if (std::find(backends.begin(), backends.end(), "etcd-v3") != backends.end()) {
     if (etcd_endpoints.empty()) {

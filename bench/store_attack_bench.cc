@@ -34,16 +34,16 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous/client.h"
-#include "dist/rendezvous/limits.h"
+#include "dist/store/client.h"
+#include "dist/store/limits.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
-using dist::rendezvous::ClientOptions;
-using dist::rendezvous::StoreClient;
-using dist::rendezvous::StoreError;
+using dist::store::ClientOptions;
+using dist::store::StoreClient;
+using dist::store::StoreError;
 
 constexpr std::uint32_t kValidateMagic = 0x3C85F7CE;
 constexpr std::uint8_t kSet = 1, kGet = 3, kAdd = 4, kWait = 6;
@@ -340,7 +340,7 @@ int main(int argc, char** argv) {
   app.add_option("--runs", o.runs, "Runs of each (anchor, attacked), interleaved")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  dist::rendezvous::raise_open_file_limit();
+  dist::store::raise_open_file_limit();
   ::signal(SIGPIPE, SIG_IGN);
 
   const std::string token_file = "/tmp/dist-store-attack-bench-token-" + std::to_string(::getpid());

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/limits.h"
+#include "dist/store/limits.h"
 
 namespace {
 
@@ -389,6 +389,6 @@ int main(int argc, char** argv) {
   app.add_option("--server-pid", o.server_pid, "read the server's RSS from /proc");
   app.add_option("--label", o.label)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  dist::rendezvous::raise_open_file_limit();
+  dist::store::raise_open_file_limit();
   return Bench(o).run();
 }

@@ -16,7 +16,7 @@ jobs=${JOBS:-$(nproc)}
 # programs (DIST_TEST_PROGRAMS): their own code starts processes and reads files, and costs a
 # third of a sanitized build's compile time.
 targets=(dist-launch dist-rendezvous dist-test-worker dist-watchdog-worker dist-inplace-worker
-  dist-placement-probe rendezvous_tests agent_unit_tests launcher_tests sdk_tests)
+  dist-placement-probe store_tests agent_unit_tests launcher_tests sdk_tests)
 # What runs: every test of those programs but the ones that need a daemon or a package the
 # sanitized build does not make (_NOT_BUILT: the test programs it leaves out), and the peak RSS
 # bound of dist-rendezvous, which the sanitizers' shadow memory and quarantine exceed by design.

@@ -99,7 +99,7 @@ with zipfile.ZipFile(wheel) as z:
 moved = [n for n in names if n.startswith(("dist_launch.libs/", "dist_launch.scripts/"))]
 if moved:
     problems.append("auditwheel bundled libraries, so a program needs one that manylinux does not "
-                    "count on (load it lazily, as rendezvous/src/etcd/lazy_openssl.cc, or link it "
+                    "count on (load it lazily, as store/src/etcd/lazy_openssl.cc, or link it "
                     f"statically): {', '.join(moved)}")
 for program in ("dist-launch", "dist-rendezvous"):
     path = os.path.join(unpacked, f"dist_launch-{version}.data", "scripts", program)

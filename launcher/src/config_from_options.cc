@@ -16,8 +16,8 @@
 #include "dist/agent/signals.h"
 #include "dist/launcher/slurm.h"
 #include "dist/launcher/torchelastic_env.h"
-#include "dist/rendezvous/client.h"
-#include "dist/rendezvous/endpoint.h"
+#include "dist/store/client.h"
+#include "dist/store/endpoint.h"
 #include "rdzv_conf.h"
 
 namespace dist::launcher {
@@ -343,10 +343,10 @@ void check_local_ranks_filter(const agent::LaunchConfig& c) {
 }
 
 // --rdzv-endpoint (or Slurm's node) as host[:port]; 0 asks for a free port.
-rendezvous::Endpoint parse_rdzv_endpoint(const std::string& text, std::uint16_t default_port) {
+store::Endpoint parse_rdzv_endpoint(const std::string& text, std::uint16_t default_port) {
   try {
-    return rendezvous::parse_endpoint(text, default_port, /*allow_zero=*/true);
-  } catch (const rendezvous::EndpointError& e) {
+    return store::parse_endpoint(text, default_port, /*allow_zero=*/true);
+  } catch (const store::EndpointError& e) {
     throw UsageError(std::string("--rdzv-endpoint ") + e.what());
   }
 }
@@ -531,7 +531,7 @@ std::string read_metrics_token(const RawOptions& r) {
   }
   std::string token;
   try {
-    token = rendezvous::read_secret_file(file);
+    token = store::read_secret_file(file);
   } catch (const std::exception& e) {
     throw UsageError(std::string("--metrics-token-file: ") + e.what());
   }

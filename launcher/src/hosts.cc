@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "config_from_options.h"
-#include "dist/rendezvous/endpoint.h"
+#include "dist/store/endpoint.h"
 #include "hosts_options.h"
 #include "options.h"
 
@@ -82,9 +82,9 @@ int parse_count(const std::string& text, const std::string& what) {
 // "host", "host:N", "[v6]:N", "v6" (several ':' and no brackets: an address, no count).
 std::pair<std::string, std::optional<std::string>> split_host(const std::string& entry) {
   try {
-    auto [host, count] = rendezvous::split_host(entry);
+    auto [host, count] = store::split_host(entry);
     return {std::move(host), std::move(count)};
-  } catch (const rendezvous::EndpointError& e) {
+  } catch (const store::EndpointError& e) {
     throw HostsError(e.what());
   }
 }

@@ -6,26 +6,26 @@
 #include <map>
 #include <stdexcept>
 
-#include "dist/rendezvous/client.h"
-#include "dist/rendezvous/token.h"
+#include "dist/store/client.h"
+#include "dist/store/token.h"
 
 namespace dist::launcher {
 
 namespace {
 
-const std::map<std::string, rendezvous::UnauthenticatedPolicy> kPolicies = {
-    {"deny", rendezvous::UnauthenticatedPolicy::kDeny},
-    {"loopback", rendezvous::UnauthenticatedPolicy::kLoopback},
-    {"known-hosts", rendezvous::UnauthenticatedPolicy::kKnownHosts},
-    {"allow", rendezvous::UnauthenticatedPolicy::kAllow}};
+const std::map<std::string, store::UnauthenticatedPolicy> kPolicies = {
+    {"deny", store::UnauthenticatedPolicy::kDeny},
+    {"loopback", store::UnauthenticatedPolicy::kLoopback},
+    {"known-hosts", store::UnauthenticatedPolicy::kKnownHosts},
+    {"allow", store::UnauthenticatedPolicy::kAllow}};
 
 // --token-file, else DIST_LAUNCH_TOKEN_FILE (what a launcher that writes the file sets).
 std::string token_file_given(const TokenOptions& options) {
   if (!options.token_file.empty() || options.generate) return options.token_file;
-  const char* from_environment = std::getenv(rendezvous::kTokenFileVariable);
+  const char* from_environment = std::getenv(store::kTokenFileVariable);
   if (!from_environment) return "";
   if (!*from_environment) {
-    throw std::invalid_argument(std::string(rendezvous::kTokenFileVariable) +
+    throw std::invalid_argument(std::string(store::kTokenFileVariable) +
                                 " is set but empty: give it the token file's path or unset it");
   }
   return from_environment;
@@ -72,13 +72,13 @@ void apply_token_options(const TokenOptions& options, agent::LaunchConfig& confi
           "--generate-token makes a token only this node knows; a job of several nodes needs "
           "the same --token-file on every node");
     }
-    config.secret = rendezvous::generate_secret();
+    config.secret = store::generate_secret();
   } else if (file == "-") {
     config.secret = token_from_stdin();
   } else if (!file.empty()) {
     try {
-      config.secret = rendezvous::read_secret_file(file);
-    } catch (const rendezvous::StoreError& e) {
+      config.secret = store::read_secret_file(file);
+    } catch (const store::StoreError& e) {
       throw std::invalid_argument(e.what());
     }
     config.token_file = std::filesystem::absolute(file).string();

@@ -15,7 +15,7 @@
 #include "dist/agent/agent_launch.h"
 #include "dist/agent/console.h"
 #include "dist/launcher/cli.h"
-#include "dist/rendezvous/token.h"
+#include "dist/store/token.h"
 #include "logging.h"
 
 namespace dist::launcher {
@@ -88,7 +88,7 @@ void relay(const std::string& text, const std::string& name, agent::Console& con
 int run_job(const agent::AgentLaunch& launch, const std::string& name,
             std::shared_ptr<agent::Console> console) {
   const TokenFile token(launch.token);
-  if (!token.path().empty()) ::setenv(rendezvous::kTokenFileVariable, token.path().c_str(), 1);
+  if (!token.path().empty()) ::setenv(store::kTokenFileVariable, token.path().c_str(), 1);
   if (!launch.working_directory.empty() && ::chdir(launch.working_directory.c_str()) != 0) {
     spdlog::error(
         "cannot work in {} here ({}): run dist-launch --hosts from a directory every "

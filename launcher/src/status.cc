@@ -13,10 +13,10 @@
 #include "command_line.h"
 #include "dist/agent/job_status.h"
 #include "dist/launcher/cli.h"
-#include "dist/rendezvous/client.h"
-#include "dist/rendezvous/endpoint.h"
-#include "dist/rendezvous/errors.h"
-#include "dist/rendezvous/token.h"
+#include "dist/store/client.h"
+#include "dist/store/endpoint.h"
+#include "dist/store/errors.h"
+#include "dist/store/token.h"
 
 namespace dist::launcher {
 namespace {
@@ -35,7 +35,7 @@ std::optional<double> seconds_of(const std::string& text) {
 }
 
 struct StatusRequest {
-  rendezvous::ClientOptions options;
+  store::ClientOptions options;
   std::string endpoint;
   std::string run_id;
   bool json = false;
@@ -71,7 +71,7 @@ std::variant<StatusRequest, int> parse(const std::vector<std::string>& args, std
              "--watch: stop after this many refreshes (0: never)")
       .show_default();
   app.text("--token-file", token_file, "The job's token file, when the job has one")
-      .env(rendezvous::kTokenFileVariable);
+      .env(store::kTokenFileVariable);
   const auto usage = [&err](const std::string& message) {
     err << "dist-launch status: error: " << message << "\n";
     return kExitUsage;
@@ -92,18 +92,18 @@ std::variant<StatusRequest, int> parse(const std::vector<std::string>& args, std
     return usage("--interval takes seconds from 0.1 to 3600, not '" + interval + "'");
   }
   try {
-    const rendezvous::Endpoint store = rendezvous::parse_endpoint(r.endpoint);
+    const store::Endpoint store = store::parse_endpoint(r.endpoint);
     r.options.host = store.host;
     r.options.port = store.port;
-  } catch (const rendezvous::EndpointError&) {
+  } catch (const store::EndpointError&) {
     return usage("--rdzv-endpoint must be HOST:PORT, got '" + r.endpoint + "'");
   }
   r.options.connect_timeout = std::chrono::seconds(timeout_s);
   r.options.timeout = std::chrono::seconds(timeout_s);
   r.interval = std::chrono::milliseconds(static_cast<long long>(*interval_s * 1000));
   try {
-    if (!token_file.empty()) r.options.secret = rendezvous::read_secret_file(token_file);
-  } catch (const rendezvous::StoreError& e) {
+    if (!token_file.empty()) r.options.secret = store::read_secret_file(token_file);
+  } catch (const store::StoreError& e) {
     return usage(e.what());
   }
   return r;
@@ -146,9 +146,9 @@ void show_refresh(const StatusRequest& r, const agent::JobStatus& status, int sh
 }
 
 bool store_gone(const std::exception& e) {
-  const auto* store = dynamic_cast<const rendezvous::StoreError*>(&e);
-  return store && (store->code() == rendezvous::StoreErrc::kUnavailable ||
-                   store->code() == rendezvous::StoreErrc::kConnectionLost);
+  const auto* store = dynamic_cast<const store::StoreError*>(&e);
+  return store && (store->code() == store::StoreErrc::kUnavailable ||
+                   store->code() == store::StoreErrc::kConnectionLost);
 }
 
 int watch(StatusRequest r, bool terminal, std::ostream& out, std::ostream& err) {

@@ -19,7 +19,7 @@ namespace dist::launcher {
 namespace {
 
 namespace fs = std::filesystem;
-using rendezvous::UnauthenticatedPolicy;
+using store::UnauthenticatedPolicy;
 
 class TokenOnTheCommandLine : public ::testing::Test {
  protected:

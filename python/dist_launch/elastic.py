@@ -306,7 +306,7 @@ def _shut_down(inodes) -> None:
 
 class _GenerationWaiter:
     """A connection to the agent's store that waits for one key at a time, in the c10d TCPStore
-    protocol's current dialect (rendezvous/src/protocol.h): VALIDATE, then WAIT with a list of
+    protocol's current dialect (store/src/protocol.h): VALIDATE, then WAIT with a list of
     one key, answered with the byte STOP_WAITING once the key exists. The store is always
     dist-launch's under the in-place policy. Keys travel with the "/" torch's client puts first."""
 

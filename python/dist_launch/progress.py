@@ -32,7 +32,7 @@ said with ``pause()``, so that nobody takes it for a hang::
         evaluate(model)
 
 An explicit ``step()`` takes over from the optimizer hook. A step costs a clock read and two
-stores into a page the agent shares (the worker's slot, rendezvous/.../worker_contract.h): no
+stores into a page the agent shares (the worker's slot, store/.../worker_contract.h): no
 system call. Outside dist-launch every call is a no-op.
 
 Standard library only: the agent writes this file into its run directory for any Python.

@@ -2,13 +2,13 @@
 #include <cstdio>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/env.h"
 #include "dist/sdk/process_group.h"
 #include "dist/sdk/sampler.h"
+#include "dist/store/server.h"
 
 int main() {
-  dist::rendezvous::StoreServerThread store;
+  dist::store::StoreServerThread store;
   dist::sdk::WorkerEnv env = dist::sdk::WorkerEnv::single_process();
   env.master_port = store.port();
   auto group = dist::sdk::make_gloo_group(dist::sdk::connect_store(env), env.rank, env.world_size);

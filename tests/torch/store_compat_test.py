@@ -96,7 +96,7 @@ class StoreOperations(unittest.TestCase):
     def test_check(self):
         if not hasattr(self.store, "check"):
             self.skipTest(f"torch {torch.__version__}'s Python TCPStore has no check(); the legacy "
-                          "CHECK op is tested byte for byte in rendezvous_tests")
+                          "CHECK op is tested byte for byte in store_tests")
         self.store.set("a", "1")
         self.assertTrue(self.store.check(["a"]))
         self.assertFalse(self.store.check(["a", "zzz"]))

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "dist/contract/worker_contract.h"
-#include "dist/rendezvous/token.h"
+#include "dist/store/token.h"
 
 namespace dist::sdk {
 namespace {
@@ -73,19 +73,19 @@ WorkerEnv WorkerEnv::single_process() {
   return WorkerEnv{};
 }
 
-rendezvous::StoreClient connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) {
-  rendezvous::ClientOptions options;
+store::StoreClient connect_store(const WorkerEnv& env, std::chrono::milliseconds timeout) {
+  store::ClientOptions options;
   options.host = env.master_addr;
   options.port = env.master_port;
   options.connect_timeout = timeout;
   if (!env.token_file.empty()) {
     try {
-      options.secret = rendezvous::read_secret_file(env.token_file);
-    } catch (const rendezvous::StoreError& e) {
-      throw EnvironmentError(std::string(rendezvous::kTokenFileVariable) + ": " + e.what());
+      options.secret = store::read_secret_file(env.token_file);
+    } catch (const store::StoreError& e) {
+      throw EnvironmentError(std::string(store::kTokenFileVariable) + ": " + e.what());
     }
   }
-  return rendezvous::StoreClient::connect(options);
+  return store::StoreClient::connect(options);
 }
 
 }  // namespace dist::sdk

@@ -30,8 +30,7 @@ namespace {
 // Gloo's rendezvous (each rank publishes its address, reads everyone's) through our store.
 class StoreAdapter : public gloo::rendezvous::Store {
  public:
-  StoreAdapter(rendezvous::StoreClient client, std::string prefix,
-               std::chrono::milliseconds timeout)
+  StoreAdapter(store::StoreClient client, std::string prefix, std::chrono::milliseconds timeout)
       : client_(std::move(client)), prefix_(std::move(prefix) + "/"), timeout_(timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -50,10 +49,10 @@ class StoreAdapter : public gloo::rendezvous::Store {
     client_.wait(prefixed, timeout);
   }
   // The client back, once Gloo is done with the store (connectFullMesh returned).
-  rendezvous::StoreClient release() { return std::move(client_); }
+  store::StoreClient release() { return std::move(client_); }
 
  private:
-  rendezvous::StoreClient client_;
+  store::StoreClient client_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
 };
@@ -64,7 +63,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
 // before it appended stays unnamed). The store client is used for nothing else.
 class PeerDirectory {
  public:
-  PeerDirectory(rendezvous::StoreClient store, std::string key, int own_rank)
+  PeerDirectory(store::StoreClient store, std::string key, int own_rank)
       : store_(std::move(store)), key_(std::move(key)), own_rank_(own_rank) {}
 
   void publish(const std::string& address) {
@@ -85,7 +84,7 @@ class PeerDirectory {
 
  private:
   std::mutex mutex_;
-  rendezvous::StoreClient store_;
+  store::StoreClient store_;
   std::string key_;
   int own_rank_;
 };
@@ -94,7 +93,7 @@ class PeerDirectory {
 // chose one and others did not, the group spans hosts and would hang until its timeout: say so
 // at once, on every rank, each naming the ranks on loopback and the fix, since whichever rank
 // fails first is the one the failure report shows. A few plain store requests per rank.
-void check_reachable(rendezvous::StoreClient& store, const std::string& prefix, int rank, int size,
+void check_reachable(store::StoreClient& store, const std::string& prefix, int rank, int size,
                      const std::string& address, std::chrono::milliseconds timeout) {
   const bool loopback = detail::is_loopback(address);
   // Appended before the count, so the list is whole once every rank has been counted.
@@ -493,7 +492,7 @@ class GlooProcessGroup : public ProcessGroup {
 
 }  // namespace
 
-std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int rank, int size,
+std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank, int size,
                                               GlooOptions options) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw std::invalid_argument("rank " + std::to_string(rank) + " is not in a group of " +

@@ -64,7 +64,7 @@ Distributed init(Backend backend) {
   if (WorkerEnv::launched_by_dist_launch()) {
     d.env = WorkerEnv::from_environment();
   } else {
-    d.own_store = std::make_unique<rendezvous::StoreServerThread>();
+    d.own_store = std::make_unique<store::StoreServerThread>();
     d.env = WorkerEnv::single_process();
     d.env.master_port = d.own_store->port();
   }

@@ -16,13 +16,13 @@ std::string nccl_communicator_key(const std::string& prefix, int rank) {
   return prefix + "/" + std::to_string(built[{prefix, rank}]++);
 }
 
-void meet_on_store(rendezvous::StoreClient& store, const std::string& key, int rank, int size,
+void meet_on_store(store::StoreClient& store, const std::string& key, int rank, int size,
                    std::chrono::milliseconds timeout) {
   if (store.add(key + "/arrived", 1) == size) store.set(key + "/all_arrived", "1");
   try {
     store.wait({key + "/all_arrived"}, timeout);
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() != rendezvous::StoreErrc::kTimeout) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() != store::StoreErrc::kTimeout) throw;
     const auto arrived = store.add(key + "/arrived", 0);
     throw CollectiveError("NCCL group '" + key + "': rank " + std::to_string(rank) + " waited " +
                           std::to_string(timeout.count()) + " ms (init_timeout) and only " +

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <string>
 
-#include "dist/rendezvous/client.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/client.h"
 
 namespace dist::sdk::detail {
 
@@ -19,7 +19,7 @@ std::string nccl_communicator_key(const std::string& prefix, int rank);
 
 // Every rank of `size` meets under `key` ("<key>/arrived"); returns once all came. Throws
 // CollectiveError after `timeout` naming how many ranks came.
-void meet_on_store(rendezvous::StoreClient& store, const std::string& key, int rank, int size,
+void meet_on_store(store::StoreClient& store, const std::string& key, int rank, int size,
                    std::chrono::milliseconds timeout);
 
 // The interface NCCL's bootstrap should use (NCCL_SOCKET_IFNAME), chosen as the Gloo group chooses

@@ -806,7 +806,7 @@ std::string nccl_version() {
   return loaded_nccl() + " (built with " + version_text(NCCL_VERSION_CODE) + ")";
 }
 
-std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int rank, int size,
+std::unique_ptr<ProcessGroup> make_nccl_group(store::StoreClient store, int rank, int size,
                                               int local_rank, NcclOptions options) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw std::invalid_argument("rank " + std::to_string(rank) + " is not in a group of " +
@@ -835,8 +835,8 @@ std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int
   }
 }
 
-std::string exchange_nccl_unique_id(rendezvous::StoreClient& store, int rank,
-                                    const std::string& key, std::chrono::milliseconds timeout) {
+std::string exchange_nccl_unique_id(store::StoreClient& store, int rank, const std::string& key,
+                                    std::chrono::milliseconds timeout) {
   if (rank == 0) {
     ncclUniqueId id;
     const ncclResult_t r = ncclGetUniqueId(&id);
@@ -874,10 +874,10 @@ namespace {
 }
 }  // namespace
 
-std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient, int, int, int, NcclOptions) {
+std::unique_ptr<ProcessGroup> make_nccl_group(store::StoreClient, int, int, int, NcclOptions) {
   no_nccl();
 }
-std::string exchange_nccl_unique_id(rendezvous::StoreClient&, int, const std::string&,
+std::string exchange_nccl_unique_id(store::StoreClient&, int, const std::string&,
                                     std::chrono::milliseconds) {
   no_nccl();
 }

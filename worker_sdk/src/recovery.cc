@@ -12,7 +12,7 @@
 #include <stdexcept>
 
 #include "dist/contract/worker_contract.h"
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 #include "progress_slot.h"
 
 namespace dist::sdk {
@@ -163,7 +163,7 @@ InPlaceRecovery::InPlaceRecovery(Distributed& dist, RecoveryOptions options)
       has_state_(dist.env.generation == 0) {
   if (!enabled()) return;
   prefix_ = contract::generation_prefix(dist.env.run_id, dist.env.restart_count);
-  store_ = std::make_unique<rendezvous::StoreClient>(connect_store(dist.env));
+  store_ = std::make_unique<store::StoreClient>(connect_store(dist.env));
   // A regroup asked before this process started (it is a newcomer's, or a replacement) is not
   // this rank's to follow: it starts in the group that regroup made.
   if (const detail::Slot* slot = detail::progress_slot())
@@ -250,7 +250,7 @@ void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::s
   const int next = generation_ + 1;
   try {
     store_->wait({contract::generation_key(prefix_, next)}, options_.generation_timeout);
-  } catch (const rendezvous::StoreError& e) {
+  } catch (const store::StoreError& e) {
     throw CollectiveError(cause + "; and no generation " + std::to_string(next) +
                           " of the group came from the agent (" + e.what() + ")");
   }
@@ -293,7 +293,7 @@ void InPlaceRecovery::take_new_rank(int generation) {
   std::string value;
   try {
     value = store_->get(place, options_.generation_timeout);
-  } catch (const rendezvous::StoreError& e) {
+  } catch (const store::StoreError& e) {
     throw CollectiveError("rank " + std::to_string(dist_.env.rank) + ": generation " +
                           std::to_string(generation) + " regrouped the job in round " +
                           std::to_string(round) + " without a place for this node's workers (" +

@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 #include "ranks.h"
 
 namespace dist::sdk {
@@ -153,14 +153,14 @@ TEST(Collectives, MismatchedBufferSizesAreRejectedBeforeCommunicating) {
 }
 
 TEST(Collectives, APeerThatNeverArrivesIsACollectiveErrorNotAHang) {
-  rendezvous::StoreServerThread store;
-  rendezvous::ClientOptions options;
+  store::StoreServerThread store;
+  store::ClientOptions options;
   options.port = store.port();
   GlooOptions gloo;
   gloo.timeout = 500ms;
   const auto start = std::chrono::steady_clock::now();
   try {
-    make_gloo_group(rendezvous::StoreClient::connect(options), 0, 2, gloo);
+    make_gloo_group(store::StoreClient::connect(options), 0, 2, gloo);
     FAIL() << "a group of 2 cannot form with 1 rank";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 of 2"), std::string::npos) << e.what();

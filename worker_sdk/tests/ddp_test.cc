@@ -7,8 +7,8 @@
 #include <random>
 #include <thread>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/ddp.h"
+#include "dist/store/server.h"
 #include "ranks.h"
 
 namespace dist::sdk {
@@ -158,14 +158,14 @@ TEST(Ddp, MarkingAParameterTwiceIsAnError) {
 }
 
 TEST(Ddp, DifferentModelsOnDifferentRanksAreRejected) {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < 2; ++rank) {
     threads.emplace_back([&, rank] {
-      rendezvous::ClientOptions options;
+      store::ClientOptions options;
       options.port = store.port();
-      auto group = make_gloo_group(rendezvous::StoreClient::connect(options), rank, 2);
+      auto group = make_gloo_group(store::StoreClient::connect(options), rank, 2);
       std::vector<float> v(rank == 0 ? 4 : 5), g(v.size());
       try {
         DistributedDataParallel ddp(*group, {{"p", v, g}});

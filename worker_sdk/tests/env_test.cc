@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/env.h"
+#include "dist/store/server.h"
 
 namespace dist::sdk {
 namespace {
@@ -114,7 +114,7 @@ TEST(WorkerEnv, MissingOrMalformedVariablesAreNamed) {
 TEST(WorkerEnv, SingleProcessIsRankZeroOfOne) {
   set_environment({});
   EXPECT_FALSE(WorkerEnv::launched_by_dist_launch());
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   WorkerEnv env = WorkerEnv::single_process();
   EXPECT_EQ(env.rank, 0);
   EXPECT_EQ(env.world_size, 1);
@@ -124,7 +124,7 @@ TEST(WorkerEnv, SingleProcessIsRankZeroOfOne) {
 }
 
 TEST(WorkerEnv, ConnectsToTheStoreNamedByTheEnvironment) {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   set_environment(launched(store.port()));
   auto client = connect_store(WorkerEnv::from_environment(), std::chrono::seconds(5));
   client.set("hello", "from rank 3");
@@ -152,7 +152,7 @@ TEST(Init, AloneAProcessIsRankZeroOfOneWithItsOwnStore) {
 }
 
 TEST(Init, UnderALauncherItJoinsTheStoreItNames) {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   auto vars = launched(store.port());
   vars["RANK"] = "0";
   vars["LOCAL_RANK"] = "0";

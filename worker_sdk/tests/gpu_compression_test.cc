@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/ddp.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 #include "ranks.h"
 
 namespace dist::sdk {
@@ -67,12 +67,12 @@ Result on_host(const std::string& spec) {
 
 Result on_device(const std::string& spec) {
   Result out;
-  rendezvous::StoreServerThread store;
-  rendezvous::ClientOptions client;
+  store::StoreServerThread store;
+  store::ClientOptions client;
   client.port = store.port();
   NcclOptions nccl;
   nccl.device = 0;
-  auto group = make_nccl_group(rendezvous::StoreClient::connect(client), 0, 1, 0, nccl);
+  auto group = make_nccl_group(store::StoreClient::connect(client), 0, 1, 0, nccl);
   CudaStream stream = nullptr;
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   std::vector<float*> buffers(4);

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "child_process.h"
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/ddp.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 #include "gpu_kernels.h"
 
 namespace dist::sdk {
@@ -146,11 +146,11 @@ void warm_up(ProcessGroup& g) {
 // A group of one on device 0, warmed up unless its op_timeout is too short for a first call (the
 // children that use one run with CUDA_MODULE_LOADING=EAGER instead).
 std::unique_ptr<ProcessGroup> one_rank_group(std::uint16_t port, NcclOptions options = {}) {
-  rendezvous::ClientOptions client;
+  store::ClientOptions client;
   client.port = port;
   options.device = 0;
   if (options.init_timeout == NcclOptions{}.init_timeout) options.init_timeout = 60s;
-  auto g = make_nccl_group(rendezvous::StoreClient::connect(client), 0, 1, 0, options);
+  auto g = make_nccl_group(store::StoreClient::connect(client), 0, 1, 0, options);
   if (options.op_timeout >= 10s) warm_up(*g);
   return g;
 }
@@ -171,7 +171,7 @@ class OneGpu : public ::testing::Test {
   }
 
  private:
-  rendezvous::StoreServerThread store_;
+  store::StoreServerThread store_;
 };
 
 // The child tests: each runs in a process of its own (OneGpu::child).
@@ -652,8 +652,8 @@ TEST_F(OneGpu, AnInitializationWaitingForAMissingRankEndsAtInitTimeout) {
 }
 TEST_F(OneGpuChild, DISABLED_InitWithoutPeer) {
   ONLY_AS_A_CHILD();
-  rendezvous::StoreServerThread store;
-  rendezvous::ClientOptions client;
+  store::StoreServerThread store;
+  store::ClientOptions client;
   client.port = store.port();
   NcclOptions options;
   options.device = 0;
@@ -661,14 +661,14 @@ TEST_F(OneGpuChild, DISABLED_InitWithoutPeer) {
   options.blocking = child_mode() == "blocking";
   options.key_prefix = "test/init_without_peer";
   std::thread peer([&] {  // rank 1 as far as the store goes
-    auto c = rendezvous::StoreClient::connect(client);
+    auto c = store::StoreClient::connect(client);
     const std::string key = options.key_prefix + "/0";
     if (c.add(key + "/arrived", 1) == 2) c.set(key + "/all_arrived", "1");
     c.get(key + "/unique_id", 30s);
   });
   const auto start = std::chrono::steady_clock::now();
   try {
-    auto g = make_nccl_group(rendezvous::StoreClient::connect(client), 0, 2, 0, options);
+    auto g = make_nccl_group(store::StoreClient::connect(client), 0, 2, 0, options);
     std::fprintf(stderr, "a group of 2 formed with one rank\n");
     std::_Exit(1);
   } catch (const CollectiveError& e) {
@@ -699,7 +699,7 @@ TEST_F(OneGpu, TwoRanksOnOneGpuExchangeAndAbortAHungCollective) {
 // Rank `rank` of two, on device 0: the collectives and their values, then (rank 0 only) the
 // hung collective; each rank a thread of this child.
 void two_ranks_on_one_gpu(std::uint16_t port, int rank, std::promise<void>* hang_seen) {
-  rendezvous::ClientOptions client;
+  store::ClientOptions client;
   client.port = port;
   NcclOptions options;
   options.device = 0;
@@ -707,7 +707,7 @@ void two_ranks_on_one_gpu(std::uint16_t port, int rank, std::promise<void>* hang
   options.op_timeout = 5s;  // the first collectives connect the pair
   options.on_failure = NcclFailure::kThrow;
   options.key_prefix = "test/two";
-  auto g = make_nccl_group(rendezvous::StoreClient::connect(client), rank, 2, 0, options);
+  auto g = make_nccl_group(store::StoreClient::connect(client), rank, 2, 0, options);
   DeviceBuffer data(4 * 1024), gathered(8 * 1024);
   testing::fill(data.floats(), 1024, float(rank + 1), nullptr);
   g->all_reduce(data.data, 1024, DataType::kFloat32, ReduceOp::kSum);
@@ -746,7 +746,7 @@ TEST_F(OneGpuChild, DISABLED_TwoRanks) {
                  version.c_str());
     std::_Exit(kChildCannotRun);
   }
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   std::promise<void> hang_seen;
   std::string errors;
   std::mutex mutex;
@@ -775,22 +775,22 @@ TEST_F(OneGpuChild, DISABLED_TwoRanks) {
   // A fresh pair: rank 0's collective waits for rank 1, and rank 0's group is destroyed under it.
   std::promise<void> destroyed;
   std::thread peer([&] {
-    rendezvous::ClientOptions client;
+    store::ClientOptions client;
     client.port = store.port();
     NcclOptions options;
     options.device = 0;
     options.key_prefix = "test/destroy";
     options.on_failure = NcclFailure::kThrow;
-    auto g = make_nccl_group(rendezvous::StoreClient::connect(client), 1, 2, 0, options);
+    auto g = make_nccl_group(store::StoreClient::connect(client), 1, 2, 0, options);
     destroyed.get_future().wait();  // issues nothing: rank 0's all-gather waits for it
   });
-  rendezvous::ClientOptions client;
+  store::ClientOptions client;
   client.port = store.port();
   NcclOptions options;
   options.device = 0;
   options.key_prefix = "test/destroy";
   options.on_failure = NcclFailure::kThrow;
-  auto g = make_nccl_group(rendezvous::StoreClient::connect(client), 0, 2, 0, options);
+  auto g = make_nccl_group(store::StoreClient::connect(client), 0, 2, 0, options);
   DeviceBuffer data(4096);
   Work pending = g->all_gather_async(data.data, data.data, 1, DataType::kFloat32);  // in place
   const auto start = std::chrono::steady_clock::now();

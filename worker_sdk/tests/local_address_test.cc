@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 
 namespace dist::sdk {
 namespace {
@@ -143,19 +143,19 @@ TEST(LocalAddress, DistLocalAddrUnlessItIsLoopbackAndTheMasterIsNot) {
 TEST(LocalAddress, AGroupMixingLoopbackAndOtherAddressesFailsOnEveryRank) {
   const auto own = non_loopback_ipv4();
   if (!own) GTEST_SKIP() << "this host has no IPv4 address besides loopback";
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   const std::string addresses[] = {"127.0.1.1", *own};
   std::string errors[2];
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
-      rendezvous::ClientOptions client;
+      store::ClientOptions client;
       client.port = store.port();
       GlooOptions options;
       options.local_address = addresses[rank];
       options.timeout = std::chrono::seconds(20);
       try {
-        make_gloo_group(rendezvous::StoreClient::connect(client), rank, 2, options);
+        make_gloo_group(store::StoreClient::connect(client), rank, 2, options);
       } catch (const CollectiveError& e) {
         errors[rank] = e.what();
       }

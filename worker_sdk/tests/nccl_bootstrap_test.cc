@@ -10,8 +10,8 @@
 #include <regex>
 #include <thread>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 #include "local_address.h"
 #include "nccl_bootstrap.h"
 
@@ -24,10 +24,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-rendezvous::StoreClient client(std::uint16_t port) {
-  rendezvous::ClientOptions options;
+store::StoreClient client(std::uint16_t port) {
+  store::ClientOptions options;
   options.port = port;
-  return rendezvous::StoreClient::connect(options);
+  return store::StoreClient::connect(options);
 }
 
 // Sets (or unsets, with nullopt) an environment variable for a scope.
@@ -68,10 +68,10 @@ TEST(NcclBootstrap, EveryGroupARankBuildsOnAPrefixHasKeysOfItsOwn) {
 // rank 0's second id, where one key per attempt handed it the first at once.
 TEST(NcclBootstrap, ARebuiltGroupNeverReadsThePreviousGroupsUniqueId) {
   if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL backend (DIST_WITH_NCCL)";
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   auto rank0 = client(store.port());
   auto rank1 = client(store.port());
-  const auto exchange = [](rendezvous::StoreClient& c, int rank) {
+  const auto exchange = [](store::StoreClient& c, int rank) {
     const std::string key = detail::nccl_communicator_key("test/rebuild", rank);
     return exchange_nccl_unique_id(c, rank, key + "/unique_id", 10s);
   };
@@ -86,7 +86,7 @@ TEST(NcclBootstrap, ARebuiltGroupNeverReadsThePreviousGroupsUniqueId) {
 }
 
 TEST(NcclBootstrap, EveryRankMeetsOnTheStore) {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   std::vector<std::thread> ranks;
   std::vector<std::string> errors(3);
   for (int r = 0; r < 3; ++r) {
@@ -104,7 +104,7 @@ TEST(NcclBootstrap, EveryRankMeetsOnTheStore) {
 }
 
 TEST(NcclBootstrap, ARankThatNeverComesIsCountedAtInitTimeout) {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   auto other = client(store.port());
   auto self = client(store.port());
   std::thread early([&] {

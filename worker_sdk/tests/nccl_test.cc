@@ -4,8 +4,8 @@
 
 #include <thread>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 
 #if DIST_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -16,15 +16,15 @@ namespace {
 
 using namespace std::chrono_literals;
 
-rendezvous::StoreClient client(std::uint16_t port) {
-  rendezvous::ClientOptions options;
+store::StoreClient client(std::uint16_t port) {
+  store::ClientOptions options;
   options.port = port;
-  return rendezvous::StoreClient::connect(options);
+  return store::StoreClient::connect(options);
 }
 
 TEST(Nccl, UniqueIdOfRankZeroReachesEveryRankThroughTheStore) {
   if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL backend (DIST_WITH_NCCL)";
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   constexpr int kWorld = 4;
   std::vector<std::string> ids(kWorld);
   std::vector<std::thread> ranks;
@@ -42,14 +42,14 @@ TEST(Nccl, UniqueIdOfRankZeroReachesEveryRankThroughTheStore) {
 
 TEST(Nccl, AMissingIdIsATimeoutNotAHang) {
   if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL backend (DIST_WITH_NCCL)";
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   auto c = client(store.port());
-  EXPECT_THROW(exchange_nccl_unique_id(c, 1, "never/published", 200ms), rendezvous::StoreError);
+  EXPECT_THROW(exchange_nccl_unique_id(c, 1, "never/published", 200ms), store::StoreError);
 }
 
 TEST(Nccl, WithoutAGpuTheGroupIsAClearError) {
   if (!nccl_available()) GTEST_SKIP() << "this build has no NCCL backend (DIST_WITH_NCCL)";
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   try {
     auto group = make_nccl_group(client(store.port()), 0, 1, 0);
     GTEST_SKIP() << "a CUDA device is present: the GPU collective tests below apply instead";
@@ -66,7 +66,7 @@ TEST(Nccl, CollectivesOnEveryVisibleGpu) {
     GTEST_SKIP() << "no CUDA device on this machine: the NCCL collectives are compile-tested "
                     "here and run on a GPU host";
   }
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   std::vector<std::string> errors(static_cast<std::size_t>(devices));
   std::vector<std::thread> ranks;
   for (int r = 0; r < devices; ++r) {
@@ -104,7 +104,7 @@ TEST(Nccl, CollectivesOnEveryVisibleGpu) {
 
 TEST(Nccl, BuildsWithoutTheBackendSayWhatToDo) {
   if (nccl_available()) GTEST_SKIP() << "this build has the NCCL backend";
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   EXPECT_THROW(make_nccl_group(client(store.port()), 0, 1, 0), CollectiveError);
 }
 

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "child_process.h"
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 #include "ranks.h"
 
 namespace dist::sdk {
@@ -30,10 +30,10 @@ GlooOptions options() {
   return o;
 }
 
-rendezvous::StoreClient client(std::uint16_t port) {
-  rendezvous::ClientOptions c;
+store::StoreClient client(std::uint16_t port) {
+  store::ClientOptions c;
   c.port = port;
-  return rendezvous::StoreClient::connect(c);
+  return store::StoreClient::connect(c);
 }
 
 TEST(GlooPeerFailure, TheSurvivorNamesTheCollectiveAndTheDeadPeer) {
@@ -41,7 +41,7 @@ TEST(GlooPeerFailure, TheSurvivorNamesTheCollectiveAndTheDeadPeer) {
   // peer's socket without MSG_NOSIGNAL on some paths, which must be EPIPE (the error below), not
   // SIGPIPE (CI once saw this test die of it).
   ::signal(SIGPIPE, SIG_IGN);
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   testing::Child peer("GlooPeerChild.DISABLED_JoinsThenCrashes",
                       {{kPortVariable, std::to_string(store.port())}});
   auto group = make_gloo_group(client(store.port()), 0, 2, options());

@@ -19,10 +19,10 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/heartbeat.h"
 #include "dist/sdk/process_group.h"
 #include "dist/sdk/progress.h"
+#include "dist/store/server.h"
 #include "progress_slot.h"
 
 namespace {
@@ -33,15 +33,15 @@ namespace slot = worker_contract::heartbeat_slot;
 int pending() {
   sdk::detail::Slot* s = sdk::detail::progress_slot();
   if (!s) return 100;
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   std::atomic<int> failures{0};
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.emplace_back([&, rank] {
       try {
-        rendezvous::ClientOptions client;
+        store::ClientOptions client;
         client.port = store.port();
-        auto group = sdk::make_gloo_group(rendezvous::StoreClient::connect(client), rank, 2, {});
+        auto group = sdk::make_gloo_group(store::StoreClient::connect(client), rank, 2, {});
         float value = 1.0f;
         if (rank == 1) {
           while (s->pending_since_ns.load() == 0) std::this_thread::yield();

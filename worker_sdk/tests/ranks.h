@@ -9,23 +9,23 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 
 namespace dist::sdk::testing {
 
 // Fails the test (naming the rank) if body throws on any rank.
 inline void on_ranks(int size, const std::function<void(ProcessGroup&)>& body,
                      GlooOptions options = {}) {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   std::vector<std::thread> threads;
   std::vector<std::string> errors(static_cast<std::size_t>(size));
   for (int rank = 0; rank < size; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        rendezvous::ClientOptions client;
+        store::ClientOptions client;
         client.port = store.port();
-        auto group = make_gloo_group(rendezvous::StoreClient::connect(client), rank, size, options);
+        auto group = make_gloo_group(store::StoreClient::connect(client), rank, size, options);
         EXPECT_EQ(group->rank(), rank);
         EXPECT_EQ(group->size(), size);
         body(*group);

@@ -18,8 +18,8 @@
 
 #include "child_process.h"
 #include "dist/contract/worker_contract.h"
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/recovery.h"
+#include "dist/store/server.h"
 
 namespace dist::sdk {
 namespace {
@@ -62,15 +62,15 @@ std::optional<Final> final_line(const std::string& output, int rank) {
   return Final{m[3], std::stol(m[1])};
 }
 
-rendezvous::StoreClient agent_client(std::uint16_t port) {
-  rendezvous::ClientOptions options;
+store::StoreClient agent_client(std::uint16_t port) {
+  store::ClientOptions options;
   options.port = port;
-  return rendezvous::StoreClient::connect(options);
+  return store::StoreClient::connect(options);
 }
 
 // Both ranks without a failure: the digest every recovered run must end with.
 std::string uninterrupted_digest() {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   testing::Child r0(kChild, rank_env(store.port(), 0, 0, true));
   testing::Child r1(kChild, rank_env(store.port(), 1, 0, true));
   const auto a = r0.finish(60s), b = r1.finish(60s);
@@ -90,7 +90,7 @@ TEST(InPlaceRecovery, TheSurvivorKeepsItsProcessAndTheReplacementReceivesItsStat
   for (const char* crashing : {"1", "0"}) {  // a follower, then rank 0 itself (rank 1 is the root)
     SCOPED_TRACE(std::string("rank ") + crashing + " fails");
     const int dead = std::stoi(crashing), survivor = 1 - dead;
-    rendezvous::StoreServerThread store;
+    store::StoreServerThread store;
     const Env crash = {{"DIST_TEST_CRASH", std::string(crashing) + ":17"}};
     testing::Child kept(kChild, rank_env(store.port(), survivor, 0, true, crash));
     std::optional<testing::Child> failing(std::in_place, kChild,
@@ -126,7 +126,7 @@ TEST(InPlaceRecovery, TheSurvivorKeepsItsProcessAndTheReplacementReceivesItsStat
 }
 
 TEST(InPlaceRecovery, UnderTheGroupPolicyTheFailedCollectiveIsRethrown) {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   const Env crash = {{"DIST_TEST_CRASH", "1:5"}};
   testing::Child r0(kChild, rank_env(store.port(), 0, 0, false, crash));
   testing::Child r1(kChild, rank_env(store.port(), 1, 0, false, crash));
@@ -140,7 +140,7 @@ TEST(InPlaceRecovery, UnderTheGroupPolicyTheFailedCollectiveIsRethrown) {
 }
 
 TEST(InPlaceRecovery, WithoutANewGenerationTheSurvivorGivesUpSayingWhy) {
-  rendezvous::StoreServerThread store;
+  store::StoreServerThread store;
   const Env crash = {{"DIST_TEST_CRASH", "1:5"}, {"DIST_TEST_GENERATION_TIMEOUT_MS", "300"}};
   testing::Child r0(kChild, rank_env(store.port(), 0, 0, true, crash));
   testing::Child r1(kChild, rank_env(store.port(), 1, 0, true, crash));

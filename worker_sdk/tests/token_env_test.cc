@@ -11,9 +11,9 @@
 #include <map>
 #include <string>
 
-#include "dist/rendezvous/server.h"
-#include "dist/rendezvous/token.h"
 #include "dist/sdk/env.h"
+#include "dist/store/server.h"
+#include "dist/store/token.h"
 
 namespace dist::sdk {
 namespace {
@@ -30,20 +30,20 @@ class SdkToken : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     token_ = (dir_ / "token").string();
-    rendezvous::write_secret_file(token_, "job-token");
+    store::write_secret_file(token_, "job-token");
   }
   void TearDown() override {
     for (const char* name :
          {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
       ::unsetenv(name);
     }
-    ::unsetenv(rendezvous::kTokenFileVariable);
+    ::unsetenv(store::kTokenFileVariable);
     fs::remove_all(dir_);
   }
-  static rendezvous::ServerOptions asking_for(const std::string& secret) {
-    rendezvous::ServerOptions o;
+  static store::ServerOptions asking_for(const std::string& secret) {
+    store::ServerOptions o;
     o.secret = secret;
-    o.unauthenticated = rendezvous::UnauthenticatedPolicy::kDeny;
+    o.unauthenticated = store::UnauthenticatedPolicy::kDeny;
     return o;
   }
   WorkerEnv env_for(std::uint16_t port) const {
@@ -64,12 +64,12 @@ TEST_F(SdkToken, TheTokenFileComesFromTheEnvironmentAndOpensTheStore) {
                                                                       {"MASTER_PORT", "29500"}}) {
     ::setenv(name.c_str(), value.c_str(), 1);
   }
-  ::setenv(rendezvous::kTokenFileVariable, token_.c_str(), 1);
+  ::setenv(store::kTokenFileVariable, token_.c_str(), 1);
   EXPECT_EQ(WorkerEnv::from_environment().token_file, token_);
-  ::unsetenv(rendezvous::kTokenFileVariable);
+  ::unsetenv(store::kTokenFileVariable);
   EXPECT_EQ(WorkerEnv::from_environment().token_file, "");
 
-  rendezvous::StoreServerThread server("127.0.0.1", 0, asking_for("job-token"));
+  store::StoreServerThread server("127.0.0.1", 0, asking_for("job-token"));
   WorkerEnv env = env_for(server.port());
   env.token_file = token_;
   auto store = connect_store(env, 5s);
@@ -79,21 +79,20 @@ TEST_F(SdkToken, TheTokenFileComesFromTheEnvironmentAndOpensTheStore) {
   try {
     connect_store(env, 5s);
     ADD_FAILURE() << "a worker without the token must be refused";
-  } catch (const rendezvous::StoreError& e) {
-    EXPECT_EQ(e.code(), rendezvous::StoreErrc::kUnauthenticated) << e.what();
+  } catch (const store::StoreError& e) {
+    EXPECT_EQ(e.code(), store::StoreErrc::kUnauthenticated) << e.what();
   }
 }
 
 TEST_F(SdkToken, AnUnusableTokenFileIsAnEnvironmentErrorNamingTheVariableAndTheFile) {
-  rendezvous::StoreServerThread server("127.0.0.1", 0, asking_for("job-token"));
+  store::StoreServerThread server("127.0.0.1", 0, asking_for("job-token"));
   WorkerEnv env = env_for(server.port());
   env.token_file = (dir_ / "missing").string();
   try {
     connect_store(env, 5s);
     ADD_FAILURE() << "a missing token file must be an error";
   } catch (const EnvironmentError& e) {
-    EXPECT_NE(std::string(e.what()).find(rendezvous::kTokenFileVariable), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find(store::kTokenFileVariable), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(env.token_file), std::string::npos) << e.what();
   }
 }

@@ -28,8 +28,8 @@
 
 #include "dist/agent/agent_launch.h"
 #include "dist/agent/signals.h"
-#include "dist/rendezvous/errors.h"
-#include "dist/rendezvous/token.h"
+#include "dist/store/errors.h"
+#include "dist/store/token.h"
 #include "hosts/host_agent.h"
 #include "hosts/launch_plan.h"
 #include "hosts/ssh_command.h"
@@ -97,17 +97,17 @@ class HostsJob {
     const std::size_t nodes = config_.hosts.size();
     std::uint16_t store_port = 0;
     HostsJobConfig job = config_;
-    if (job.token.empty()) job.token = rendezvous::generate_secret();
+    if (job.token.empty()) job.token = store::generate_secret();
     token_ = job.token;
     if (nodes > 1) {
-      rendezvous::ServerOptions options;
+      store::ServerOptions options;
       options.secret = job.token;  // every agent proves it; workers as `unauthenticated` says
       options.unauthenticated = job.unauthenticated;
       options.keepalive = {config_.keep_alive_interval_seconds, config_.keep_alive_interval_seconds,
                            std::max(1, config_.keep_alive_max_attempt - 1)};
       try {
         store_.emplace(io_, "", config_.master_port.value_or(0), options);
-      } catch (const rendezvous::StoreError& e) {
+      } catch (const store::StoreError& e) {
         spdlog::error("cannot host the job's rendezvous store: {}", e.what());
         launch_error_ = true;
         return false;
@@ -208,7 +208,7 @@ class HostsJob {
     try {
       store_->set_agent_keys(config_.run_id,
                              {{std::string(schema::kLauncherStop), std::to_string(signal)}});
-    } catch (const rendezvous::StoreError& e) {
+    } catch (const store::StoreError& e) {
       spdlog::debug("cannot mark the job stopping in its store: {}", e.what());
     }
   }
@@ -216,7 +216,7 @@ class HostsJob {
   // Whether the job failed for every host (an agent marked it over: the others end by
   // themselves), or for that host alone.
   Task<bool> failed_as_a_whole() {
-    rendezvous::ClientOptions options;
+    store::ClientOptions options;
     options.host = "127.0.0.1";
     options.port = store_->port();
     options.connect_timeout = kOwnStoreTimeout;

@@ -18,10 +18,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
 #include <filesystem>
 #include <functional>
-
-#include <boost/asio/io_context.hpp>
 #include <optional>
 #include <variant>
 
@@ -44,13 +43,6 @@
 namespace dist::agent {
 
 namespace {
-
-template <typename... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <typename... F>
-Overloaded(F...) -> Overloaded<F...>;
 
 std::vector<int> watched_signals(const LaunchConfig& config) {
   std::vector<int> s = config.signals_to_handle;

@@ -1,6 +1,6 @@
 #include "lifecycle/events.h"
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 
 namespace dist::agent {
 
@@ -12,8 +12,8 @@ event::RendezvousFailed failure_event(std::exception_ptr e) {
     return {error.succeeded() ? Kind::kJobDone : Kind::kJobOver, error.what()};
   } catch (const RoundAbortedError& error) {
     return {Kind::kRoundAborted, error.what()};
-  } catch (const rendezvous::StoreError& error) {
-    if (error.code() == rendezvous::StoreErrc::kCancelled) return {Kind::kCancelled, ""};
+  } catch (const store::StoreError& error) {
+    if (error.code() == store::StoreErrc::kCancelled) return {Kind::kCancelled, ""};
     return {Kind::kError, error.what()};
   } catch (const std::exception& error) {
     return {Kind::kError, error.what()};

@@ -57,6 +57,14 @@ using Event = std::variant<event::Prepared, event::Joined, event::WorkersFailed,
                            event::BarrierDone, event::VerdictReached, event::FailuresCollected,
                            event::OthersLeft, event::RendezvousFailed, event::SignalReceived>;
 
+// One lambda per event type, for std::visit over an Event.
+template <typename... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <typename... F>
+Overloaded(F...) -> Overloaded<F...>;
+
 // A step's exception, as the event it is: the job over or done, the round aborted, cancelled
 // (the agent leaving: nothing to say), or an error.
 event::RendezvousFailed failure_event(std::exception_ptr e);

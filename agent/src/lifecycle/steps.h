@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "dist/rendezvous/task.h"
+#include "dist/store/task.h"
 
 namespace dist::agent {
 
@@ -25,14 +25,14 @@ class Steps {
 
   // Runs `task`; its result goes to `then`, an exception to the failure handler.
   template <typename T, typename Then>
-  void launch(rendezvous::Task<T> task, Then then) {
+  void launch(store::Task<T> task, Then then) {
     boost::asio::co_spawn(io_, std::move(task), [this, then](std::exception_ptr e, T value) {
       if (e) return failed_(e);
       then(std::move(value));
     });
   }
   template <typename Then>
-  void launch(rendezvous::Task<void> task, Then then) {
+  void launch(store::Task<void> task, Then then) {
     boost::asio::co_spawn(io_, std::move(task), [this, then](std::exception_ptr e) {
       if (e) return failed_(e);
       then();
@@ -41,7 +41,7 @@ class Steps {
 
   // A call whose outcome changes nothing here (announcing a failure): a failure is worth a line,
   // no more (a cancelled call, not even that).
-  void fire_and_forget(rendezvous::Task<void> task, std::string what);
+  void fire_and_forget(store::Task<void> task, std::string what);
 
  private:
   boost::asio::io_context& io_;

@@ -3,39 +3,39 @@
 #include <spdlog/spdlog.h>
 
 #include "dist/contract/worker_contract.h"
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 
 namespace dist::agent {
 namespace {
 
 namespace contract = worker_contract;
 
-rendezvous::Task<void> open_once(rendezvous::AsyncStoreClient& client, bool& opened) {
+store::Task<void> open_once(store::AsyncStoreClient& client, bool& opened) {
   if (opened) co_return;
   co_await client.open();
   opened = true;
 }
 
-rendezvous::Task<int> add_generation(std::shared_ptr<rendezvous::AsyncStoreClient> client,
-                                     std::shared_ptr<bool> opened, std::string prefix) {
+store::Task<int> add_generation(std::shared_ptr<store::AsyncStoreClient> client,
+                                std::shared_ptr<bool> opened, std::string prefix) {
   co_await open_once(*client, *opened);
   co_return static_cast<int>(co_await client->add(contract::generation_counter_key(prefix), 1));
 }
 
 // Free coroutines: they hold what they use, so that the Generations object may go while they wait
 // (closed: the wait then ends in kCancelled).
-rendezvous::Task<void> publish_generation(std::shared_ptr<rendezvous::AsyncStoreClient> client,
-                                          std::shared_ptr<bool> opened, std::string prefix,
-                                          int generation, std::string record) {
+store::Task<void> publish_generation(std::shared_ptr<store::AsyncStoreClient> client,
+                                     std::shared_ptr<bool> opened, std::string prefix,
+                                     int generation, std::string record) {
   co_await open_once(*client, *opened);  // (the counter was added to first: next())
   spdlog::debug("in-place: generation {} published in the workers' store at {}: {}", generation,
                 client->endpoint(), contract::generation_key(prefix, generation));
   co_await client->set(contract::generation_key(prefix, generation), std::move(record));
 }
 
-rendezvous::Task<RecoveryOutcome> recovery_of(std::shared_ptr<rendezvous::AsyncStoreClient> client,
-                                              std::shared_ptr<bool> opened, std::string prefix,
-                                              int generation, std::chrono::milliseconds timeout) {
+store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient> client,
+                                         std::shared_ptr<bool> opened, std::string prefix,
+                                         int generation, std::chrono::milliseconds timeout) {
   RecoveryOutcome outcome;
   try {
     co_await open_once(*client, *opened);
@@ -51,36 +51,37 @@ rendezvous::Task<RecoveryOutcome> recovery_of(std::shared_ptr<rendezvous::AsyncS
     }
     outcome.record = (co_await client->try_get(recovered)).value_or("");
     outcome.recovered = true;
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
     outcome.why = "the workers' store at " + client->endpoint() + " cannot be used: " + e.what();
   }
   co_return outcome;
 }
 
-rendezvous::Task<RecoveryOutcome> publish_then_wait(
-    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
-    std::string prefix, int generation, std::string record, std::chrono::milliseconds timeout) {
+store::Task<RecoveryOutcome> publish_then_wait(std::shared_ptr<store::AsyncStoreClient> client,
+                                               std::shared_ptr<bool> opened, std::string prefix,
+                                               int generation, std::string record,
+                                               std::chrono::milliseconds timeout) {
   try {
     co_await publish_generation(client, opened, prefix, generation, std::move(record));
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
     co_return RecoveryOutcome{
         false, "", "the workers' store at " + client->endpoint() + " cannot be used: " + e.what()};
   }
   co_return co_await recovery_of(client, opened, prefix, generation, timeout);
 }
 
-rendezvous::Task<bool> wait_for_keys(std::shared_ptr<rendezvous::AsyncStoreClient> client,
-                                     std::shared_ptr<bool> opened, std::vector<std::string> keys,
-                                     std::chrono::milliseconds timeout) {
+store::Task<bool> wait_for_keys(std::shared_ptr<store::AsyncStoreClient> client,
+                                std::shared_ptr<bool> opened, std::vector<std::string> keys,
+                                std::chrono::milliseconds timeout) {
   co_await open_once(*client, *opened);
   co_return co_await client->wait(std::move(keys), timeout);
 }
 
-rendezvous::Task<Arrivals> arrivals_of(std::shared_ptr<rendezvous::AsyncStoreClient> client,
-                                       std::shared_ptr<bool> opened, std::vector<std::string> keys,
-                                       std::chrono::milliseconds timeout) {
+store::Task<Arrivals> arrivals_of(std::shared_ptr<store::AsyncStoreClient> client,
+                                  std::shared_ptr<bool> opened, std::vector<std::string> keys,
+                                  std::chrono::milliseconds timeout) {
   Arrivals a;
   co_await open_once(*client, *opened);
   std::vector<std::string> waited = keys;  // (no temporary inside co_await: GCC 12)
@@ -96,15 +97,14 @@ rendezvous::Task<Arrivals> arrivals_of(std::shared_ptr<rendezvous::AsyncStoreCli
   co_return a;
 }
 
-rendezvous::Task<void> set_all(std::shared_ptr<rendezvous::AsyncStoreClient> client,
-                               std::shared_ptr<bool> opened,
-                               rendezvous::AsyncStoreClient::Items items) {
+store::Task<void> set_all(std::shared_ptr<store::AsyncStoreClient> client,
+                          std::shared_ptr<bool> opened, store::AsyncStoreClient::Items items) {
   co_await open_once(*client, *opened);
   co_await client->multi_set(std::move(items));
 }
 
-rendezvous::Task<void> set_place(std::shared_ptr<rendezvous::AsyncStoreClient> client,
-                                 std::shared_ptr<bool> opened, std::string key, std::string value) {
+store::Task<void> set_place(std::shared_ptr<store::AsyncStoreClient> client,
+                            std::shared_ptr<bool> opened, std::string key, std::string value) {
   co_await open_once(*client, *opened);
   co_await client->set(std::move(key), std::move(value));
 }
@@ -116,14 +116,14 @@ RegroupName regroup_name(const std::string& key, const std::string& value) {
     if (generation > 0) return {generation, false};
   } catch (const std::exception&) {
   }
-  throw rendezvous::StoreError(rendezvous::StoreErrc::kProtocol,
-                               "the workers' store holds '" + value + "' at " + key +
-                                   ", not a generation (or '" + contract::kRegroupFinished + "')");
+  throw store::StoreError(store::StoreErrc::kProtocol,
+                          "the workers' store holds '" + value + "' at " + key +
+                              ", not a generation (or '" + contract::kRegroupFinished + "')");
 }
 
-rendezvous::Task<std::optional<RegroupName>> wait_for_generation(
-    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
-    std::string key, std::chrono::milliseconds timeout) {
+store::Task<std::optional<RegroupName>> wait_for_generation(
+    std::shared_ptr<store::AsyncStoreClient> client, std::shared_ptr<bool> opened, std::string key,
+    std::chrono::milliseconds timeout) {
   co_await open_once(*client, *opened);
   std::vector<std::string> keys{key};
   if (!co_await client->wait(std::move(keys), timeout)) co_return std::nullopt;
@@ -132,16 +132,16 @@ rendezvous::Task<std::optional<RegroupName>> wait_for_generation(
 }
 
 // The key's first value stays: a generation named, or the word that the job finished.
-rendezvous::Task<RegroupName> claim_regroup_generation(
-    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
-    std::string key, std::string value) {
+store::Task<RegroupName> claim_regroup_generation(std::shared_ptr<store::AsyncStoreClient> client,
+                                                  std::shared_ptr<bool> opened, std::string key,
+                                                  std::string value) {
   co_await open_once(*client, *opened);
   const std::string now = co_await client->compare_set(key, "", std::move(value));
   co_return regroup_name(key, now);
 }
 
-rendezvous::Task<std::optional<int>> say_regroup_finished(
-    std::shared_ptr<rendezvous::AsyncStoreClient> client, std::shared_ptr<bool> opened,
+store::Task<std::optional<int>> say_regroup_finished(
+    std::shared_ptr<store::AsyncStoreClient> client, std::shared_ptr<bool> opened,
     std::string prefix, int round) {
   std::string key = contract::regroup_generation_key(prefix, round);
   std::string finished = contract::kRegroupFinished;
@@ -160,64 +160,64 @@ rendezvous::Task<std::optional<int>> say_regroup_finished(
 }  // namespace
 
 Generations::Generations(boost::asio::io_context& io, const std::string& run_id,
-                         const std::string& secret, rendezvous::Endpoint store, int restart_count)
+                         const std::string& secret, store::Endpoint store, int restart_count)
     : opened_(std::make_shared<bool>(false)),
       prefix_(contract::generation_prefix(run_id, restart_count)) {
-  rendezvous::ClientOptions options;
+  store::ClientOptions options;
   options.host = store.host;
   options.port = store.port;
   options.secret = secret;
-  client_ = std::make_shared<rendezvous::AsyncStoreClient>(io.get_executor(), options);
+  client_ = std::make_shared<store::AsyncStoreClient>(io.get_executor(), options);
 }
 
 Generations::~Generations() {
   close();
 }
 
-rendezvous::Task<int> Generations::next() {
+store::Task<int> Generations::next() {
   return add_generation(client_, opened_, prefix_);
 }
 
-rendezvous::Task<void> Generations::place_regrouped(int round, int old_rank_offset,
-                                                    int new_rank_offset, int new_node_rank) {
+store::Task<void> Generations::place_regrouped(int round, int old_rank_offset, int new_rank_offset,
+                                               int new_node_rank) {
   return set_place(client_, opened_, contract::regroup_key(prefix_, round, old_rank_offset),
                    std::to_string(new_rank_offset) + " " + std::to_string(new_node_rank));
 }
 
-rendezvous::Task<RegroupName> Generations::name_regroup_generation(int round, int generation) {
+store::Task<RegroupName> Generations::name_regroup_generation(int round, int generation) {
   return claim_regroup_generation(client_, opened_,
                                   contract::regroup_generation_key(prefix_, round),
                                   std::to_string(generation));
 }
 
-rendezvous::Task<std::optional<RegroupName>> Generations::regroup_generation(
+store::Task<std::optional<RegroupName>> Generations::regroup_generation(
     int round, std::chrono::milliseconds timeout) {
   return wait_for_generation(client_, opened_, contract::regroup_generation_key(prefix_, round),
                              timeout);
 }
 
-rendezvous::Task<std::optional<int>> Generations::mark_regroup_finished(int round) {
+store::Task<std::optional<int>> Generations::mark_regroup_finished(int round) {
   return say_regroup_finished(client_, opened_, prefix_, round);
 }
 
-rendezvous::Task<void> Generations::mark_arrived(int generation, int first_rank, int count) {
-  rendezvous::AsyncStoreClient::Items items;
+store::Task<void> Generations::mark_arrived(int generation, int first_rank, int count) {
+  store::AsyncStoreClient::Items items;
   for (int rank = first_rank; rank < first_rank + count; ++rank) {
     items.emplace_back(contract::arrived_key(prefix_, generation, rank), "1");
   }
   return set_all(client_, opened_, std::move(items));
 }
 
-rendezvous::Task<void> Generations::mark_arrival_failed(int generation, int first_rank, int count) {
-  rendezvous::AsyncStoreClient::Items items;
+store::Task<void> Generations::mark_arrival_failed(int generation, int first_rank, int count) {
+  store::AsyncStoreClient::Items items;
   for (int rank = first_rank; rank < first_rank + count; ++rank) {
     items.emplace_back(contract::arrived_key(prefix_, generation, rank), contract::kArrivalFailed);
   }
   return set_all(client_, opened_, std::move(items));
 }
 
-rendezvous::Task<Arrivals> Generations::wait_arrived(int generation, int world_size,
-                                                     std::chrono::milliseconds timeout) {
+store::Task<Arrivals> Generations::wait_arrived(int generation, int world_size,
+                                                std::chrono::milliseconds timeout) {
   std::vector<std::string> keys;
   for (int rank = 0; rank < world_size; ++rank) {
     keys.push_back(contract::arrived_key(prefix_, generation, rank));
@@ -225,27 +225,25 @@ rendezvous::Task<Arrivals> Generations::wait_arrived(int generation, int world_s
   return arrivals_of(client_, opened_, std::move(keys), timeout);
 }
 
-rendezvous::Task<bool> Generations::wait_regroup_finished(int round,
-                                                          std::chrono::milliseconds timeout) {
+store::Task<bool> Generations::wait_regroup_finished(int round, std::chrono::milliseconds timeout) {
   return wait_for_keys(client_, opened_, {contract::regroup_finished_key(prefix_, round)}, timeout);
 }
 
-rendezvous::Task<void> Generations::publish(int generation, std::string record) {
+store::Task<void> Generations::publish(int generation, std::string record) {
   return publish_generation(client_, opened_, prefix_, generation, std::move(record));
 }
 
-rendezvous::Task<RecoveryOutcome> Generations::wait_recovered(int generation,
-                                                              std::chrono::milliseconds timeout) {
+store::Task<RecoveryOutcome> Generations::wait_recovered(int generation,
+                                                         std::chrono::milliseconds timeout) {
   return recovery_of(client_, opened_, prefix_, generation, timeout);
 }
 
-rendezvous::Task<bool> Generations::wait_published(int generation,
-                                                   std::chrono::milliseconds timeout) {
+store::Task<bool> Generations::wait_published(int generation, std::chrono::milliseconds timeout) {
   return wait_for_keys(client_, opened_, {contract::generation_key(prefix_, generation)}, timeout);
 }
 
-rendezvous::Task<RecoveryOutcome> Generations::publish_and_wait(int generation, std::string record,
-                                                                std::chrono::milliseconds timeout) {
+store::Task<RecoveryOutcome> Generations::publish_and_wait(int generation, std::string record,
+                                                           std::chrono::milliseconds timeout) {
   return publish_then_wait(client_, opened_, prefix_, generation, std::move(record), timeout);
 }
 

@@ -12,9 +12,9 @@
 #include <optional>
 #include <string>
 
-#include "dist/rendezvous/async_client.h"
-#include "dist/rendezvous/endpoint.h"
-#include "dist/rendezvous/task.h"
+#include "dist/store/async_client.h"
+#include "dist/store/endpoint.h"
+#include "dist/store/task.h"
 
 namespace dist::agent {
 
@@ -50,63 +50,62 @@ class Generations {
   // The generations of `restart_count`'s group of job `run_id`, whose store is `store` (the
   // workers' store; `secret`: the job's token, empty when it has none). Connects on first use.
   Generations(boost::asio::io_context& io, const std::string& run_id, const std::string& secret,
-              rendezvous::Endpoint store, int restart_count);
+              store::Endpoint store, int restart_count);
   ~Generations();
   Generations(const Generations&) = delete;
   Generations& operator=(const Generations&) = delete;
 
   // The next generation of this restart's group (the counter, job-wide: on several nodes it is
-  // the claimant of the job's one recovery that adds to it). Throws rendezvous::StoreError.
-  rendezvous::Task<int> next();
+  // the claimant of the job's one recovery that adds to it). Throws store::StoreError.
+  store::Task<int> next();
   // Publishes generation `generation` with `record` ("replaced=1 survivors=0"), then waits for
   // the group's recovery, at most `timeout`. A store that cannot be used is an outcome (not
   // recovered, why), not an error; close() ends the wait with StoreError kCancelled.
-  rendezvous::Task<RecoveryOutcome> publish_and_wait(int generation, std::string record,
-                                                     std::chrono::milliseconds timeout);
+  store::Task<RecoveryOutcome> publish_and_wait(int generation, std::string record,
+                                                std::chrono::milliseconds timeout);
   // A lost node's survivors regroup in round `round`: this node's workers, whose global ranks
   // started at `old_rank_offset`, now start at `new_rank_offset` on node `new_node_rank`.
-  // Throws rendezvous::StoreError.
-  rendezvous::Task<void> place_regrouped(int round, int old_rank_offset, int new_rank_offset,
-                                         int new_node_rank);
+  // Throws store::StoreError.
+  store::Task<void> place_regrouped(int round, int old_rank_offset, int new_rank_offset,
+                                    int new_node_rank);
   // Node 0 of a regroup in round `round`: its generation is `generation`, for the workers of
   // nodes new to the job (regroup_generation_key), unless a node said the job's workers finished
-  // first; returns what the key says. Throws rendezvous::StoreError.
-  rendezvous::Task<RegroupName> name_regroup_generation(int round, int generation);
+  // first; returns what the key says. Throws store::StoreError.
+  store::Task<RegroupName> name_regroup_generation(int round, int generation);
   // A newcomer, or another node of the regroup: the generation of the regroup in round `round`,
   // once node 0 named it (or the job finished); nullopt when nothing came within `timeout`.
-  // Throws rendezvous::StoreError.
-  rendezvous::Task<std::optional<RegroupName>> regroup_generation(
-      int round, std::chrono::milliseconds timeout);
+  // Throws store::StoreError.
+  store::Task<std::optional<RegroupName>> regroup_generation(int round,
+                                                             std::chrono::milliseconds timeout);
   // A node whose workers all finished while the job regrouped in round `round`: says so at the
   // regroup's generation key, or, when node 0 named a generation already, at its finished key
   // (unless that generation's group recovered: the newcomers trained), and returns that
-  // generation. Throws rendezvous::StoreError.
-  rendezvous::Task<std::optional<int>> mark_regroup_finished(int round);
+  // generation. Throws store::StoreError.
+  store::Task<std::optional<int>> mark_regroup_finished(int round);
   // Generation `generation`'s ranks [first_rank, first_rank + count) are ready to join it (this
-  // node's running workers). Throws rendezvous::StoreError.
-  rendezvous::Task<void> mark_arrived(int generation, int first_rank, int count);
+  // node's running workers). Throws store::StoreError.
+  store::Task<void> mark_arrived(int generation, int first_rank, int count);
   // A newcomer: those ranks' workers died before the running workers took them in. Throws
-  // rendezvous::StoreError.
-  rendezvous::Task<void> mark_arrival_failed(int generation, int first_rank, int count);
+  // store::StoreError.
+  store::Task<void> mark_arrival_failed(int generation, int first_rank, int count);
   // Whether every rank of generation `generation`'s world of `world_size` arrived within
   // `timeout` (mark_arrived; a newcomer's worker writes its own), and the first that failed
-  // instead. Throws rendezvous::StoreError.
-  rendezvous::Task<Arrivals> wait_arrived(int generation, int world_size,
-                                          std::chrono::milliseconds timeout);
+  // instead. Throws store::StoreError.
+  store::Task<Arrivals> wait_arrived(int generation, int world_size,
+                                     std::chrono::milliseconds timeout);
   // A newcomer's workers joined the regroup of round `round`: whether the job's running workers
-  // finished without them (mark_regroup_finished) within `timeout`. Throws rendezvous::StoreError.
-  rendezvous::Task<bool> wait_regroup_finished(int round, std::chrono::milliseconds timeout);
+  // finished without them (mark_regroup_finished) within `timeout`. Throws store::StoreError.
+  store::Task<bool> wait_regroup_finished(int round, std::chrono::milliseconds timeout);
   // The steps of publish_and_wait, apart: a regroup asks its workers to recover in between.
-  // Throws rendezvous::StoreError; wait_recovered makes a store that cannot be used an outcome.
-  rendezvous::Task<void> publish(int generation, std::string record);
-  rendezvous::Task<RecoveryOutcome> wait_recovered(int generation,
-                                                   std::chrono::milliseconds timeout);
-  // Whether generation `generation` was published within `timeout`. Throws rendezvous::StoreError.
-  rendezvous::Task<bool> wait_published(int generation, std::chrono::milliseconds timeout);
+  // Throws store::StoreError; wait_recovered makes a store that cannot be used an outcome.
+  store::Task<void> publish(int generation, std::string record);
+  store::Task<RecoveryOutcome> wait_recovered(int generation, std::chrono::milliseconds timeout);
+  // Whether generation `generation` was published within `timeout`. Throws store::StoreError.
+  store::Task<bool> wait_published(int generation, std::chrono::milliseconds timeout);
   void close();
 
  private:
-  std::shared_ptr<rendezvous::AsyncStoreClient> client_;  // shared with the coroutine in flight
+  std::shared_ptr<store::AsyncStoreClient> client_;  // shared with the coroutine in flight
   std::shared_ptr<bool> opened_;
   std::string prefix_;
 };

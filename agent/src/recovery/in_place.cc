@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 
 namespace dist::agent {
 
@@ -19,7 +19,7 @@ void InPlace::start_workers() {
   // A round that continues the job's running workers (they regrouped with this node in it): this
   // node's workers join them, as the generation node 0 names.
   const bool joins = joining_.begin(round);
-  const rendezvous::Endpoint store = p_.rounds.workers_store(round);
+  const store::Endpoint store = p_.rounds.workers_store(round);
   g_.store.emplace(p_.io, p_.config.run_id, p_.config.secret, store, round.restarts);
   if (joins) return p_.group->start_joining(round, store);
   p_.group->start(round, store);
@@ -110,8 +110,8 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
   if (!c.replacements) co_return c;
   try {
     c.generation = co_await g_.store->next();
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
     c.why = e.what();
   }
   co_return c;

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 
 namespace dist::agent {
 
@@ -24,8 +24,8 @@ Task<Joining::Named> Joining::named_generation(int round) {
       n.why = "node 0 did not name the generation to join within " +
               std::to_string(kInPlaceRecoveryTimeout.count() / 1000) + " s";
     }
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
     n.why = "the workers' store cannot be used: " + std::string(e.what());
   }
   co_return n;
@@ -55,7 +55,7 @@ void Joining::on_generation_named(const Named& n) {
   p_.telemetry->in_place_joined(round.round, g_.latest, p_.group->running_ranks());
   // The running workers may finish the job before they regroup: their nodes then say so, and
   // these workers, waiting for them, are stopped. A client of its own: the wait holds it.
-  const rendezvous::Endpoint store = p_.rounds.workers_store(round);
+  const store::Endpoint store = p_.rounds.workers_store(round);
   finish_watch_.emplace(p_.io, p_.config.run_id, p_.config.secret, store, round.restarts);
   p_.steps.launch(finished_meanwhile(round.round),
                   [this, r = round.round](bool finished) { on_finished_meanwhile(r, finished); });
@@ -71,8 +71,8 @@ Task<bool> Joining::taken_in(int round, int generation) {
   bool published = false;
   try {
     published = co_await publish_watch_->wait_published(generation, kInPlaceRecoveryTimeout);
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
     spdlog::debug("round {}: waiting for generation {}'s publication: {}", round, generation,
                   e.what());
   }
@@ -93,8 +93,8 @@ Task<bool> Joining::finished_meanwhile(int round) {
   bool finished = false;
   try {
     finished = co_await finish_watch_->wait_regroup_finished(round, kInPlaceRecoveryTimeout);
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
     spdlog::debug("round {}: watching for the job's end during the regroup: {}", round, e.what());
   }
   co_return finished;

@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 
 namespace dist::agent {
 
@@ -21,8 +21,8 @@ Task<Regroup::Join> Regroup::join_survivors(Assignment from) {
     if (j.verdict->action == Verdict::kReshape) {
       j.round = co_await p_.rounds.join_keeping_workers(from);
     }
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;  // leaving: nothing to decide
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;  // leaving: nothing to decide
     j.why = e.what();
   } catch (const std::exception& e) {  // the job over meanwhile included: ROUND_ENDED says so
     j.why = e.what();
@@ -98,8 +98,8 @@ Task<Regroup::Finish> Regroup::tell_finished(int round) {
   Finish f;
   try {
     f.generation = co_await g_.store->mark_regroup_finished(round);
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
     f.why = "the workers' store cannot be used: " + std::string(e.what());
   }
   co_return f;
@@ -205,8 +205,8 @@ Task<Regroup::Told> Regroup::tell_workers(int old_rank_offset, Assignment to) {
       co_return t;
     }
     t.outcome = co_await g_.store->wait_recovered(*t.generation, kInPlaceRecoveryTimeout);
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
     t.outcome.why = "the workers' store cannot be used: " + std::string(e.what());
   }
   co_return t;

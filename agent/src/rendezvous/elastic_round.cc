@@ -22,7 +22,7 @@
 // read of every record by the closer.
 #include <algorithm>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 #include "rendezvous/rendezvous_detail.h"
 #include "rendezvous/rendezvous_impl.h"
 #include "rendezvous/rules.h"

@@ -188,7 +188,7 @@ Task<std::optional<JobStatus>> read_status(RendezvousStore& store, std::string r
 
 }  // namespace
 
-std::optional<JobStatus> read_job_status(const rendezvous::ClientOptions& options,
+std::optional<JobStatus> read_job_status(const store::ClientOptions& options,
                                          const std::string& run_id) {
   boost::asio::io_context io;
   std::optional<JobStatus> status;

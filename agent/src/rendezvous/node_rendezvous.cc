@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <random>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 #include "rendezvous/rendezvous_detail.h"
 #include "rendezvous/rendezvous_impl.h"
 #include "rendezvous/rules.h"
@@ -457,8 +457,8 @@ Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds
     }
     co_await report_lost_successor(a, watcher);
     co_return WatchResult{WatchResult::kNodeLost, (a.node_rank + 1) % a.num_nodes};
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() != rendezvous::StoreErrc::kCancelled) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() != store::StoreErrc::kCancelled) throw;
   }
   co_return WatchResult{WatchResult::kStopped, -1};
 }

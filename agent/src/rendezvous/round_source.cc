@@ -14,21 +14,21 @@
 #include <memory>
 #include <optional>
 
-#include "dist/rendezvous/async_client.h"
-#include "dist/rendezvous/errors.h"
+#include "dist/store/async_client.h"
+#include "dist/store/errors.h"
 #include "store/store.h"
 
 namespace dist::agent {
 namespace {
 
-using rendezvous::Endpoint;
+using store::Endpoint;
 
 // The agent that hosts the store waits this long for the others to leave, so that they can
 // finish their exit barrier and report.
 constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};
 
 // A store this agent hosts asks for the job's token, when there is one.
-rendezvous::ServerOptions with_token(const RendezvousConfig& c, rendezvous::ServerOptions options) {
+store::ServerOptions with_token(const RendezvousConfig& c, store::ServerOptions options) {
   options.secret = c.secret;
   options.unauthenticated = c.unauthenticated;
   return options;
@@ -37,7 +37,7 @@ rendezvous::ServerOptions with_token(const RendezvousConfig& c, rendezvous::Serv
 // TCP keepalive on the agents' store connections, both ends: a peer that went silent is dropped
 // after about keep_alive_interval * keep_alive_max_attempt seconds (the first probe after one
 // interval of silence, then max_attempt - 1 more).
-rendezvous::Keepalive liveness(const RendezvousConfig& c) {
+store::Keepalive liveness(const RendezvousConfig& c) {
   return {c.keep_alive_interval_seconds, c.keep_alive_interval_seconds,
           std::max(1, c.keep_alive_max_attempt - 1)};
 }
@@ -65,7 +65,7 @@ class LocalRounds final : public RoundSource {
   Task<void> prepare() override {
     try {
       store_.emplace(io_, plan_.bind_address, plan_.port, with_token(config_, {}));
-    } catch (const rendezvous::StoreError& e) {
+    } catch (const store::StoreError& e) {
       throw RendezvousError(std::string("cannot host the rendezvous store: ") + e.what());
     }
     spdlog::debug(
@@ -154,7 +154,7 @@ class LocalRounds final : public RoundSource {
     if (closed_) return;  // a heartbeat whose timer fired before close() cancelled it
     try {
       store_->set_agent_keys(job_.run_id, std::move(items));
-    } catch (const rendezvous::StoreError& e) {
+    } catch (const store::StoreError& e) {
       spdlog::debug("cannot publish {} for dist-launch status: {}", what, e.what());
     }
   }
@@ -215,8 +215,8 @@ class NodeRounds : public RoundSource {
     try {
       o.result = co_await rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds),
                                        encoded_progress(), view_sink());
-    } catch (const rendezvous::StoreError& e) {
-      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+    } catch (const store::StoreError& e) {
+      if (e.code() == store::StoreErrc::kCancelled) throw;
       o.store_lost = e.what();
     }
     co_return o;
@@ -235,8 +235,8 @@ class NodeRounds : public RoundSource {
     try {
       co_await before_collecting(a, std::move(reason));
       all = co_await rdzv_->failures(a);
-    } catch (const rendezvous::StoreError& e) {
-      if (e.code() == rendezvous::StoreErrc::kCancelled) throw;
+    } catch (const store::StoreError& e) {
+      if (e.code() == store::StoreErrc::kCancelled) throw;
       spdlog::warn("cannot read the other nodes' failures: {}", e.what());
     }
     co_return all;
@@ -263,11 +263,11 @@ class NodeRounds : public RoundSource {
       host = co_await names_this_machine(config_.master_addr);
     }
     if (!host) co_return false;
-    rendezvous::ServerOptions options;
+    store::ServerOptions options;
     options.keepalive = liveness(config_);  // agents that vanish are dropped
     try {
       job_store_.emplace(io_, plan_.bind_address, plan_.port, with_token(config_, options));
-    } catch (const rendezvous::StoreError& e) {
+    } catch (const store::StoreError& e) {
       if (plan_.role == StorePlan::Role::kHost) {
         throw RendezvousError(std::string("cannot host the rendezvous store") +
                               (job_.elastic ? " (--rdzv-conf is_host=1): " : ": ") + e.what());
@@ -304,12 +304,12 @@ class NodeRounds : public RoundSource {
 
   // The job's TCPStore, as a client (every agent is one, the host included).
   TcpStoreTarget tcp_target() const {
-    rendezvous::ClientOptions options;
+    store::ClientOptions options;
     options.host = config_.master_addr;
     options.port = job_store_ ? job_store_->port() : plan_.port;
     options.connect_timeout = job_.elastic ? config_.join_timeout : config_.rdzv_timeout;
     options.secret = config_.secret;
-    const rendezvous::Keepalive keepalive = liveness(config_);
+    const store::Keepalive keepalive = liveness(config_);
     options.keepalive_idle_seconds = keepalive.idle_seconds;
     options.keepalive_interval_seconds = keepalive.interval_seconds;
     options.keepalive_probes = keepalive.probes;
@@ -406,14 +406,14 @@ class ElasticRounds final : public NodeRounds {
       round = co_await rdzv_->current_round();
     }
     round_store_.reset();
-    round_store_.emplace(io_, "", 0, with_token(config_, rendezvous::ServerOptions{}));
+    round_store_.emplace(io_, "", 0, with_token(config_, store::ServerOptions{}));
     co_return co_await join_offering_store(round, std::move(previous));
   }
   // The workers run on: the store this node offers is the one they use (when it was node 0, the
   // round's first member, whose offer the round takes again).
   Task<Assignment> join_keeping_workers(Assignment previous) override {
     if (!round_store_) {
-      round_store_.emplace(io_, "", 0, with_token(config_, rendezvous::ServerOptions{}));
+      round_store_.emplace(io_, "", 0, with_token(config_, store::ServerOptions{}));
     }
     const int round = previous.round + 1;
     std::optional<Assignment> after = std::move(previous);
@@ -450,12 +450,12 @@ class ElasticRounds final : public NodeRounds {
   }
 
   Task<void> introduce_to_workers_store(const Assignment& a) {
-    rendezvous::ClientOptions options;
+    store::ClientOptions options;
     options.host = a.worker_store_host;
     options.port = a.worker_store_port;
     options.connect_timeout = config_.join_timeout;
     options.secret = config_.secret;
-    rendezvous::AsyncStoreClient client(io_.get_executor(), options);
+    store::AsyncStoreClient client(io_.get_executor(), options);
     co_await client.open();
     client.close();
   }

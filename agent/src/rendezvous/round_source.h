@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "dist/agent/config.h"
-#include "dist/rendezvous/endpoint.h"
+#include "dist/store/endpoint.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/schema.h"
 
@@ -43,7 +43,7 @@ class RoundSource {
 
   // Once, before the first round: binds the store this node hosts (before any worker exists, so
   // that whoever picks the port holds it) and opens the rendezvous session. Throws
-  // RendezvousError, rendezvous::StoreError.
+  // RendezvousError, store::StoreError.
   virtual Task<void> prepare() = 0;
   // Joins the next round (after `previous`, when this node was in one): static, round `restarts`;
   // elastic, the job's next. Throws RendezvousError, JobOverError, RoundAbortedError.
@@ -56,7 +56,7 @@ class RoundSource {
                           " cannot be followed while its workers run: only elastic rounds can");
   }
   // Where round `a`'s workers find their store (MASTER_ADDR, MASTER_PORT).
-  virtual rendezvous::Endpoint workers_store(const Assignment& a) const = 0;
+  virtual store::Endpoint workers_store(const Assignment& a) const = 0;
 
   // Several nodes: until round `a` ends elsewhere or stop_watch() is called. A lost store is an
   // outcome too, not an error.

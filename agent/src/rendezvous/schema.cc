@@ -424,11 +424,11 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
   return failures;
 }
 
-rendezvous::Endpoint decode_endpoint(std::string_view key, std::string_view text) {
+store::Endpoint decode_endpoint(std::string_view key, std::string_view text) {
   if (text.empty()) return {};
   try {
-    return rendezvous::parse_endpoint(text);
-  } catch (const rendezvous::EndpointError&) {
+    return store::parse_endpoint(text);
+  } catch (const store::EndpointError&) {
     throw CorruptValueError(key, text, kEndpointShape);
   }
 }

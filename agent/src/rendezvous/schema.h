@@ -53,7 +53,7 @@
 #include <vector>
 
 #include "dist/agent/job_status.h"
-#include "dist/rendezvous/endpoint.h"
+#include "dist/store/endpoint.h"
 #include "rendezvous/rendezvous.h"
 
 namespace dist::agent::schema {
@@ -142,7 +142,7 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
 
 // "host:port" (a host may be a name, an IPv4 or a bracketed IPv6 address); the empty string for
 // none (an empty host).
-rendezvous::Endpoint decode_endpoint(std::string_view key, std::string_view text);
+store::Endpoint decode_endpoint(std::string_view key, std::string_view text);
 
 // Counters and integers ("12"), and member lists ("3,1,2").
 std::int64_t decode_int(std::string_view key, std::string_view text);

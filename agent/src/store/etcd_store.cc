@@ -9,22 +9,22 @@
 #include <set>
 #include <unordered_map>
 
-#include "dist/rendezvous/errors.h"
-#include "dist/rendezvous/etcd/lease_session.h"
+#include "dist/store/errors.h"
+#include "dist/store/etcd/lease_session.h"
 
 namespace dist::agent {
 namespace {
 
 namespace asio = boost::asio;
-namespace etcd = rendezvous::etcd;
+namespace etcd = store::etcd;
 using etcd::Cancellation;
 using etcd::Clock;
 using etcd::Compare;
 using etcd::KeyValue;
 using etcd::Op;
 using etcd::TxnRequest;
-using rendezvous::StoreErrc;
-using rendezvous::StoreError;
+using store::StoreErrc;
+using store::StoreError;
 using Target = Compare::Target;
 
 // etcd's default --max-txn-ops: longer batches go as several transactions.

@@ -10,7 +10,7 @@
 // - Calls on one object are served one at a time, in order (a call made while another is in
 //   flight waits for it). A user that must not wait behind another's long wait (the round's
 //   watch) opens its own session with open_another().
-// - Failures throw rendezvous::StoreError: kUnavailable or kConnectionLost when the store is gone
+// - Failures throw store::StoreError: kUnavailable or kConnectionLost when the store is gone
 //   (the job cannot go on through this session), kCancelled after close(), kLimitExceeded or
 //   kInvalidArgument for a request the store refuses. A wait that times out is not an error: it
 //   returns false / nullopt.
@@ -34,14 +34,14 @@
 #include <vector>
 
 #include "dist/agent/config.h"
-#include "dist/rendezvous/client.h"
-#include "dist/rendezvous/etcd/client.h"
-#include "dist/rendezvous/server.h"
-#include "dist/rendezvous/task.h"
+#include "dist/store/client.h"
+#include "dist/store/etcd/client.h"
+#include "dist/store/server.h"
+#include "dist/store/task.h"
 
 namespace dist::agent {
 
-using rendezvous::Task;
+using store::Task;
 
 class RendezvousStore {
  public:
@@ -89,10 +89,10 @@ class RendezvousStore {
 // Where a job's store is.
 struct TcpStoreTarget {  // the job's TCPStore: keys under "rdzv/<run id>/", ephemeral per
                          // connection
-  rendezvous::ClientOptions client;
+  store::ClientOptions client;
 };
 struct EtcdOptions {  // etcd v3: keys under "<prefix>/<run id>/", ephemeral per lease
-  rendezvous::etcd::ClientOptions client;
+  store::etcd::ClientOptions client;
   std::string prefix = "/dist-launch";
   // An ephemeral key outlives a vanished session by about this (etcd raises it to its minimum,
   // about 1.5 election timeouts); the agent's: keep_alive_interval * (keep_alive_max_attempt - 1),
@@ -103,7 +103,7 @@ using StoreTarget = std::variant<TcpStoreTarget, EtcdOptions>;
 
 // Where job `run_id`'s agent keys live in a TCPStore: "rdzv/<run id>/".
 inline std::string tcp_job_prefix(const std::string& run_id) {
-  return std::string(rendezvous::kAgentKeyPrefix) + run_id + "/";
+  return std::string(store::kAgentKeyPrefix) + run_id + "/";
 }
 
 // The etcd client's options from the launch configuration's (the password read from its file).
@@ -149,10 +149,10 @@ StorePlan plan_stores(const JobConfig& job, const RendezvousConfig& rendezvous);
 class StoreHost {
  public:
   // Binds `address` ("" for every address of the machine: "::" with IPv4 mapped in, or 0.0.0.0
-  // where IPv6 is off) on `port` (0: a free one) and serves. Throws rendezvous::StoreError
+  // where IPv6 is off) on `port` (0: a free one) and serves. Throws store::StoreError
   // (kUnavailable) naming the address when it cannot.
   StoreHost(boost::asio::io_context& io, const std::string& address, std::uint16_t port,
-            rendezvous::ServerOptions options);
+            store::ServerOptions options);
   ~StoreHost();
   StoreHost(const StoreHost&) = delete;
   StoreHost& operator=(const StoreHost&) = delete;
@@ -163,13 +163,13 @@ class StoreHost {
   std::size_t clear_worker_keys();
   // Stores the agents' keys of job `run_id` (keys relative to the job, as RendezvousStore's) in
   // one MULTI_SET, straight into this store: a session's round trips spared. Throws
-  // rendezvous::StoreError when the store's limits refuse them.
+  // store::StoreError when the store's limits refuse them.
   void set_agent_keys(const std::string& run_id,
                       std::vector<std::pair<std::string, std::string>> items);
   void stop();
 
  private:
-  std::optional<rendezvous::StoreServer> server_;
+  std::optional<store::StoreServer> server_;
 };
 
 // Whether `host` (a name or an address) is this machine: one of its resolved addresses can be

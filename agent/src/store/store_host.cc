@@ -5,8 +5,8 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
-#include "dist/rendezvous/endpoint.h"
-#include "dist/rendezvous/errors.h"
+#include "dist/store/endpoint.h"
+#include "dist/store/errors.h"
 
 namespace dist::agent {
 
@@ -20,15 +20,15 @@ asio::ip::tcp::acceptor bind_any(asio::io_context& io, std::uint16_t port) {
   asio::ip::tcp::acceptor probe(io);
   boost::system::error_code ec;
   probe.open(asio::ip::tcp::v6(), ec);
-  return rendezvous::StoreServer::bind(io, ec ? "0.0.0.0" : "::", port);
+  return store::StoreServer::bind(io, ec ? "0.0.0.0" : "::", port);
 }
 
 }  // namespace
 
 StoreHost::StoreHost(asio::io_context& io, const std::string& address, std::uint16_t port,
-                     rendezvous::ServerOptions options) {
+                     store::ServerOptions options) {
   server_.emplace(
-      io, address.empty() ? bind_any(io, port) : rendezvous::StoreServer::bind(io, address, port),
+      io, address.empty() ? bind_any(io, port) : store::StoreServer::bind(io, address, port),
       std::move(options));
   server_->start();
 }
@@ -43,12 +43,12 @@ std::uint16_t StoreHost::port() const {
 
 std::string StoreHost::bound_address() const {
   const auto endpoint = server_->local_endpoint();
-  return rendezvous::Endpoint{endpoint.address().to_string(), endpoint.port()}.to_string();
+  return store::Endpoint{endpoint.address().to_string(), endpoint.port()}.to_string();
 }
 
 std::size_t StoreHost::clear_worker_keys() {
   return server_->erase_keys(
-      [](std::string_view key) { return !key.starts_with(rendezvous::kAgentKeyPrefix); });
+      [](std::string_view key) { return !key.starts_with(store::kAgentKeyPrefix); });
 }
 
 void StoreHost::set_agent_keys(const std::string& run_id,

@@ -7,7 +7,7 @@
 namespace dist::agent {
 
 TcpRendezvousStore::TcpRendezvousStore(boost::asio::any_io_executor executor,
-                                       rendezvous::ClientOptions options, std::string run_id)
+                                       store::ClientOptions options, std::string run_id)
     : client_(std::move(executor), std::move(options)),
       run_id_(std::move(run_id)),
       prefix_(tcp_job_prefix(run_id_)) {}
@@ -46,8 +46,8 @@ Task<std::vector<std::optional<std::string>>> TcpRendezvousStore::multi_get(
   try {  // one request when every key exists, the usual case
     for (auto& v : co_await client_.multi_get(names)) values.emplace_back(std::move(v));
     co_return values;
-  } catch (const rendezvous::StoreError& e) {
-    if (e.code() != rendezvous::StoreErrc::kNotFound) throw;
+  } catch (const store::StoreError& e) {
+    if (e.code() != store::StoreErrc::kNotFound) throw;
   }
   for (auto& name : names) values.push_back(co_await client_.try_get(std::move(name)));
   co_return values;
@@ -84,7 +84,7 @@ Task<std::optional<std::size_t>> TcpRendezvousStore::wait_deleted(
 // it is not up yet, so the connect gives up after the liveness period rather than the rendezvous
 // timeout. (An agent told to stop while its round's watch session connects waits for this.)
 Task<std::unique_ptr<RendezvousStore>> TcpRendezvousStore::open_another() {
-  rendezvous::ClientOptions options = client_.options();
+  store::ClientOptions options = client_.options();
   if (options.keepalive_idle_seconds > 0) {
     const std::chrono::milliseconds liveness =
         std::chrono::seconds(options.keepalive_idle_seconds +

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "dist/rendezvous/async_client.h"
+#include "dist/store/async_client.h"
 #include "store/store.h"
 
 namespace dist::agent {
@@ -13,7 +13,7 @@ namespace dist::agent {
 class TcpRendezvousStore : public RendezvousStore {
  public:
   // Not yet connected: open() connects, and close() may end it at any time, open() included.
-  TcpRendezvousStore(boost::asio::any_io_executor executor, rendezvous::ClientOptions options,
+  TcpRendezvousStore(boost::asio::any_io_executor executor, store::ClientOptions options,
                      std::string run_id);
   Task<void> open() override;
 
@@ -38,7 +38,7 @@ class TcpRendezvousStore : public RendezvousStore {
   std::string full(const std::string& key) const { return prefix_ + key; }
   std::vector<std::string> full(std::vector<std::string> keys) const;
 
-  rendezvous::AsyncStoreClient client_;
+  store::AsyncStoreClient client_;
   std::string run_id_;
   std::string prefix_;
 };

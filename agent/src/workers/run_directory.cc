@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/rendezvous/token.h"
+#include "dist/store/token.h"
 
 namespace dist::agent {
 
@@ -135,7 +135,7 @@ std::string provide_token_file(const RendezvousConfig& config, const RunDirector
                                std::string& written) {
   if (config.secret.empty() || !config.token_file.empty()) return config.token_file;
   const std::string path = (dir.path() / "token").string();
-  rendezvous::write_secret_file(path, config.secret);
+  store::write_secret_file(path, config.secret);
   return written = path;
 }
 

@@ -6,7 +6,7 @@
 
 namespace dist::agent {
 
-WorkerIdentity make_identity(const Assignment& a, int local_rank, const rendezvous::Endpoint& store,
+WorkerIdentity make_identity(const Assignment& a, int local_rank, const store::Endpoint& store,
                              const JobConfig& config) {
   WorkerIdentity id;
   id.local_rank = local_rank;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dist/agent/config.h"
-#include "dist/rendezvous/endpoint.h"
+#include "dist/store/endpoint.h"
 #include "processes/process.h"
 #include "rendezvous/rendezvous.h"
 
@@ -32,7 +32,7 @@ struct WorkerIdentity {
 };
 
 // What local rank `local_rank` of round `a` is told, its store being `store`.
-WorkerIdentity make_identity(const Assignment& a, int local_rank, const rendezvous::Endpoint& store,
+WorkerIdentity make_identity(const Assignment& a, int local_rank, const store::Endpoint& store,
                              const JobConfig& job);
 
 // torchrun's variables for one worker. OMP_NUM_THREADS=1 is added when `default_omp_threads`.

@@ -185,13 +185,13 @@ WorkerGroup::~WorkerGroup() {
   }
 }
 
-void WorkerGroup::start(const Assignment& a, const rendezvous::Endpoint& store) {
+void WorkerGroup::start(const Assignment& a, const store::Endpoint& store) {
   take_round(a, store);
   start_generation_ = 0;
   launch();
 }
 
-void WorkerGroup::start_joining(const Assignment& a, const rendezvous::Endpoint& store) {
+void WorkerGroup::start_joining(const Assignment& a, const store::Endpoint& store) {
   take_round(a, store);
   awaiting_generation_ = true;
   start_pending_ = true;  // stop() ends the wait, as it ends one for the zygote
@@ -208,7 +208,7 @@ void WorkerGroup::start_generation(int generation) {
   launch();
 }
 
-void WorkerGroup::take_round(const Assignment& a, const rendezvous::Endpoint& store) {
+void WorkerGroup::take_round(const Assignment& a, const store::Endpoint& store) {
   awaiting_generation_ = false;
   round_ = a;
   started_round_ = a.round;

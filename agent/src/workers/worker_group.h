@@ -35,7 +35,7 @@
 
 #include "dist/agent/config.h"
 #include "dist/agent/console.h"
-#include "dist/rendezvous/endpoint.h"
+#include "dist/store/endpoint.h"
 #include "health/python_hook.h"
 #include "health/telemetry.h"
 #include "health/worker_watchdogs.h"
@@ -92,13 +92,13 @@ class WorkerGroup {
   // std::runtime_error naming the worker that could not start (the ones already started are
   // then stopped by the caller). While the zygote still imports, the start waits for it (running,
   // no worker yet); a failure then comes as Events::start_failed.
-  void start(const Assignment& a, const rendezvous::Endpoint& store);
+  void start(const Assignment& a, const store::Endpoint& store);
   // In-place, a newcomer to a running job: round `a` continues a group that is running on the
   // other nodes, which this node's workers join as one of its generations, known later. Until
   // start_generation(g) the group runs with no worker (a stop ends it at once); then round `a`'s
   // workers start as generation g's (DIST_LAUNCH_GENERATION; they receive the running workers'
   // state), as start() starts them, and throws as it does.
-  void start_joining(const Assignment& a, const rendezvous::Endpoint& store);
+  void start_joining(const Assignment& a, const store::Endpoint& store);
   void start_generation(int generation);
   // Sends `signal` (0: none, just wait) to every worker's process group and SIGKILLs what is
   // left after the shutdown timeout; stopped() follows. Again while stopping: SIGKILL at once.
@@ -151,7 +151,7 @@ class WorkerGroup {
   };
   enum class State { kIdle, kRunning, kStopping };
 
-  void take_round(const Assignment& a, const rendezvous::Endpoint& store);  // round_ and the rest
+  void take_round(const Assignment& a, const store::Endpoint& store);  // round_ and the rest
   void launch();  // round_'s workers: now, or once the zygote is ready
   void start_now();
   void defer_start();  // until the zygote is ready (warm/warm_start.h)
@@ -180,7 +180,7 @@ class WorkerGroup {
   Identity identity_;
   Assignment round_;                        // the round running (or last run)
   int started_round_ = 0;                   // the round the group started in (its directories)
-  rendezvous::Endpoint store_;              // its workers' store
+  store::Endpoint store_;                   // its workers' store
   std::string host_label_;                  // this node, as failure reports name it
   std::vector<WorkerResources> resources_;  // by local rank
   std::vector<Worker> workers_;

@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "dist/rendezvous/client.h"
+#include "dist/store/client.h"
 #include "process_helpers.h"
 #include "programs.h"
 #include "test_ports.h"
@@ -324,10 +324,10 @@ TEST_F(Elastic, ANewcomerLetInAsEveryNodesWorkersFinishedDoesNotRestartTheJob) {
   std::ofstream(go) << "1\n";
   ASSERT_TRUE(dist::agent::testing::process_gone(worker_a, 30s));  // zombies: nobody reaps yet
   ASSERT_TRUE(dist::agent::testing::process_gone(worker_b, 30s));
-  dist::rendezvous::ClientOptions options;
+  dist::store::ClientOptions options;
   options.host = kHost;
   options.port = port_;
-  auto client = dist::rendezvous::StoreClient::connect(options);
+  auto client = dist::store::StoreClient::connect(options);
   const std::string prefix = "rdzv/job/r0/";
   auto late = agent("late", "2:3", conf, {"exit", "0"});
   ASSERT_TRUE(dist::agent::testing::eventually(

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using dist::agent::testing::Child;
 using dist::agent::testing::eventually;
-using dist::rendezvous::testing::EtcdCluster;
+using dist::store::testing::EtcdCluster;
 
 const std::string kWorker = DIST_TEST_WORKER_BIN;
 const std::string kInPlaceWorker = DIST_INPLACE_WORKER_BIN;

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
+#include "dist/store/server.h"
 #include "launch_fixture.h"
 #include "test_ports.h"
 
@@ -146,7 +146,7 @@ TEST_F(LaunchTest, AWorkerKeepsTheCallersIgnoredSignalsButNotTheAgents) {
   }
 }
 
-// OpenSSL is loaded only for etcd's TLS (rendezvous/src/etcd/lazy_openssl.cc): an agent that
+// OpenSSL is loaded only for etcd's TLS (store/src/etcd/lazy_openssl.cc): an agent that
 // never uses it has neither libssl nor libcrypto mapped, and neither is linked into dist-launch.
 TEST_F(LaunchTest, AnAgentWithoutTlsLoadsNoOpenSsl) {
   Launch launch({"--no-python", "/bin/sh", "-c", "cat /proc/$PPID/maps > " + path("agent_maps")});
@@ -471,7 +471,7 @@ TEST_F(LaunchTest, PetVariablesWorkLikeFlags) {
 }
 
 TEST_F(LaunchTest, AnExplicitMasterPortIsBoundByTheAgentAndATakenOneIsAClearError) {
-  dist::rendezvous::StoreServerThread holder;
+  dist::store::StoreServerThread holder;
   Launch launch({"--master-port", std::to_string(holder.port()), "--no-python", kWorker});
   EXPECT_EQ(launch.wait(), 1);
   const std::string out = launch.output();

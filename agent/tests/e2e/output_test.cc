@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "dist/agent/console.h"
-#include "dist/rendezvous/client.h"
+#include "dist/store/client.h"
 #include "output/log_line_prefix.h"
 #include "output/log_pump.h"
 #include "process_helpers.h"
@@ -522,11 +522,11 @@ TEST_F(OutputTest, WithAConsoleNobodyReadsTheStoreAnswersAndSigtermEndsTheAgent)
   }
   ASSERT_FALSE(port.empty());
 
-  dist::rendezvous::ClientOptions options;
+  dist::store::ClientOptions options;
   options.port = static_cast<std::uint16_t>(std::stoi(port));
   options.connect_timeout = 10s;
   options.timeout = 10s;  // a blocked agent would fail these calls (the bench measures the p99)
-  auto client = dist::rendezvous::StoreClient::connect(options);
+  auto client = dist::store::StoreClient::connect(options);
   for (int k = 0; k < 20; ++k) {
     client.set("output_test/" + std::to_string(k), "v" + std::to_string(k));
     EXPECT_EQ(client.get("output_test/" + std::to_string(k)), "v" + std::to_string(k));

@@ -17,9 +17,9 @@
 #include <optional>
 #include <string>
 
-#include "dist/rendezvous/client.h"
-#include "dist/rendezvous/errors.h"
-#include "dist/rendezvous/token.h"
+#include "dist/store/client.h"
+#include "dist/store/errors.h"
+#include "dist/store/token.h"
 #include "process_helpers.h"
 #include "programs.h"
 
@@ -147,8 +147,8 @@ class TokenTest : public ::testing::Test {
     std::ofstream(path("go")) << "go\n";
     EXPECT_EQ(launch.wait(60s), 0) << launch.output();
   }
-  static dist::rendezvous::ClientOptions client(const std::string& port, std::string secret) {
-    dist::rendezvous::ClientOptions o;
+  static dist::store::ClientOptions client(const std::string& port, std::string secret) {
+    dist::store::ClientOptions o;
     o.port = static_cast<std::uint16_t>(std::stoi(port));
     o.secret = std::move(secret);
     o.connect_timeout = 10s;
@@ -163,12 +163,12 @@ TEST_F(TokenTest, AGeneratedTokenReachesTheWorkersAsAFileOfTheirOwnerAlone) {
   auto launch = start({"--generate-token", "--unauthenticated", "deny"}, 2);
   const auto envs = worker_envs(*launch, 2);
   ASSERT_EQ(envs.size(), 2u);
-  const std::string token_file = envs[0].at(dist::rendezvous::kTokenFileVariable);
-  EXPECT_EQ(envs[1].at(dist::rendezvous::kTokenFileVariable), token_file);
+  const std::string token_file = envs[0].at(dist::store::kTokenFileVariable);
+  EXPECT_EQ(envs[1].at(dist::store::kTokenFileVariable), token_file);
   struct stat st {};
   ASSERT_EQ(::stat(token_file.c_str(), &st), 0) << token_file;
   EXPECT_EQ(st.st_mode & 07777, 0600u);
-  const std::string secret = dist::rendezvous::read_secret_file(token_file);
+  const std::string secret = dist::store::read_secret_file(token_file);
   EXPECT_EQ(secret.size(), 64u);
   for (const auto& env : envs) {  // the secret itself is in no worker's environment
     for (const auto& [name, value] : env) {
@@ -179,14 +179,14 @@ TEST_F(TokenTest, AGeneratedTokenReachesTheWorkersAsAFileOfTheirOwnerAlone) {
   // The agent's store asks for it, and under deny admits nobody without it.
   const std::string port = envs[0].at("MASTER_PORT");
   try {
-    dist::rendezvous::StoreClient::connect(client(port, ""));
+    dist::store::StoreClient::connect(client(port, ""));
     ADD_FAILURE() << "a client without the token must be refused";
-  } catch (const dist::rendezvous::StoreError& e) {
-    EXPECT_EQ(e.code(), dist::rendezvous::StoreErrc::kUnauthenticated) << e.what();
+  } catch (const dist::store::StoreError& e) {
+    EXPECT_EQ(e.code(), dist::store::StoreErrc::kUnauthenticated) << e.what();
   }
   TorchLikeClient stranger(std::stoi(port));
   EXPECT_EQ(stranger.add("job/counter", 1), std::nullopt);
-  auto member = dist::rendezvous::StoreClient::connect(client(port, secret));
+  auto member = dist::store::StoreClient::connect(client(port, secret));
   EXPECT_EQ(member.add("job/counter", 1), 1);
 
   finish(*launch);
@@ -195,23 +195,22 @@ TEST_F(TokenTest, AGeneratedTokenReachesTheWorkersAsAFileOfTheirOwnerAlone) {
 
 TEST_F(TokenTest, AGivenTokenFileIsTheWorkersAndStays) {
   const std::string token = path("token");
-  dist::rendezvous::write_secret_file(token, "given-token");
+  dist::store::write_secret_file(token, "given-token");
   auto launch = start({"--token-file", token});
   const auto envs = worker_envs(*launch, 1);
   ASSERT_EQ(envs.size(), 1u);
-  EXPECT_EQ(envs[0].at(dist::rendezvous::kTokenFileVariable), token);
-  auto member =
-      dist::rendezvous::StoreClient::connect(client(envs[0].at("MASTER_PORT"), "given-token"));
+  EXPECT_EQ(envs[0].at(dist::store::kTokenFileVariable), token);
+  auto member = dist::store::StoreClient::connect(client(envs[0].at("MASTER_PORT"), "given-token"));
   EXPECT_EQ(member.add("job/counter", 2), 2);
   finish(*launch);
-  EXPECT_EQ(dist::rendezvous::read_secret_file(token), "given-token");
+  EXPECT_EQ(dist::store::read_secret_file(token), "given-token");
 }
 
 TEST_F(TokenTest, NoTokenNoVariable) {
   auto launch = start({});
   const auto envs = worker_envs(*launch, 1);
   ASSERT_EQ(envs.size(), 1u);
-  EXPECT_FALSE(envs[0].contains(dist::rendezvous::kTokenFileVariable));
+  EXPECT_FALSE(envs[0].contains(dist::store::kTokenFileVariable));
   finish(*launch);
 }
 
@@ -227,9 +226,9 @@ TEST_F(TokenTest, LocalClientsWithoutTheTokenGetTheWorkersKeysOnly) {
     EXPECT_EQ(worker.add("torchelastic/counter", 5), 5);
     EXPECT_EQ(worker.get("torchelastic/counter"), "5");
   }
-  auto agent_like = dist::rendezvous::StoreClient::connect(
+  auto agent_like = dist::store::StoreClient::connect(
       client(envs[0].at("MASTER_PORT"),
-             dist::rendezvous::read_secret_file(envs[0].at(dist::rendezvous::kTokenFileVariable))));
+             dist::store::read_secret_file(envs[0].at(dist::store::kTokenFileVariable))));
   agent_like.set("rdzv/none/round", "7");
   TorchLikeClient reader(port);
   EXPECT_EQ(reader.get("rdzv/none/round"), std::nullopt);  // exists, yet closed

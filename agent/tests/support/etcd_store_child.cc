@@ -11,7 +11,7 @@
 #include <string>
 
 #include <sstream>
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 
 #include "store/store.h"
 

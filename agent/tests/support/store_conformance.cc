@@ -7,14 +7,14 @@
 #include <boost/asio/co_spawn.hpp>
 #include <set>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 
 namespace dist::agent::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using rendezvous::StoreErrc;
-using rendezvous::StoreError;
+using store::StoreErrc;
+using store::StoreError;
 
 // Long enough never to pass on a loaded machine, where a wait is expected to end early.
 constexpr std::chrono::milliseconds kLongWait = 60s;

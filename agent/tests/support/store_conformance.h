@@ -61,12 +61,12 @@ class StoreConformance : public ::testing::TestWithParam<StoreBackendFactory> {
   std::unique_ptr<RendezvousStore> store_;
 
  private:
-  rendezvous::testing::TaskGroup beside_{io_};
+  store::testing::TaskGroup beside_{io_};
 };
 
 template <typename T>
 T StoreConformance::run(Task<T> task) {
-  return rendezvous::testing::run_task(io_, std::move(task));
+  return store::testing::run_task(io_, std::move(task));
 }
 
 }  // namespace dist::agent::testing

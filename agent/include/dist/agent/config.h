@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
+#include "dist/store/server.h"
 
 namespace dist::agent {
 
@@ -171,8 +171,7 @@ struct RendezvousConfig {
   // stdin): the agent writes one, mode 0600, in its run directory.
   std::string secret;
   std::string token_file;  // absolute
-  rendezvous::UnauthenticatedPolicy unauthenticated =
-      rendezvous::UnauthenticatedPolicy::kKnownHosts;
+  store::UnauthenticatedPolicy unauthenticated = store::UnauthenticatedPolicy::kKnownHosts;
 };
 
 // Where the workers' output goes (output/, workers/worker_output.h, the run directory).

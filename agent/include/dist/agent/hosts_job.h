@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/server.h"
+#include "dist/store/server.h"
 
 namespace dist::agent {
 
@@ -55,8 +55,7 @@ struct HostsJobConfig {
   std::string working_directory;                   // every agent's (and so its workers')
   std::string token;  // the job's store token, sent to every agent; empty: one is generated
   // Who may use the store without the token (PyTorch workers cannot authenticate).
-  rendezvous::UnauthenticatedPolicy unauthenticated =
-      rendezvous::UnauthenticatedPolicy::kKnownHosts;
+  store::UnauthenticatedPolicy unauthenticated = store::UnauthenticatedPolicy::kKnownHosts;
   std::vector<int> signals_to_handle;  // forwarded to every agent
   std::chrono::milliseconds shutdown_timeout{30'000};
   // The store's TCP keepalive on the agents' connections, and ssh's ServerAlive*.

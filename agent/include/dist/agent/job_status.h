@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/client.h"
+#include "dist/store/client.h"
 
 namespace dist::agent {
 
@@ -60,9 +60,9 @@ struct JobStatus {
 };
 
 // Reads job `run_id` from the TCPStore `store` names (connecting and waiting as its options say);
-// nullopt when the store holds no job by that id. Throws rendezvous::StoreError when the store
+// nullopt when the store holds no job by that id. Throws store::StoreError when the store
 // cannot be read, std::runtime_error naming the key of a corrupted value.
-std::optional<JobStatus> read_job_status(const rendezvous::ClientOptions& store,
+std::optional<JobStatus> read_job_status(const store::ClientOptions& store,
                                          const std::string& run_id);
 
 std::string format_table(const JobStatus& status);  // the nodes, then their ranks

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/schema.h"
 #include "run_task.h"
@@ -17,15 +17,15 @@ namespace dist::agent {
 namespace {
 
 using namespace std::chrono_literals;
-using rendezvous::testing::run_task;
-using rendezvous::testing::TaskGroup;
+using store::testing::run_task;
+using store::testing::TaskGroup;
 
 class Nodes {
  public:
   // `n` nodes of a job of `min`..`max` nodes, 2 workers each.
   Nodes(int n, int min, int max, RendezvousTimeouts timeouts = default_timeouts())
       : store_(io_, "127.0.0.1", 0, {}) {
-    rendezvous::ClientOptions options;
+    store::ClientOptions options;
     options.port = store_.port();
     options.connect_timeout = options.timeout = 30s;
     for (int k = 0; k < n; ++k) {
@@ -228,7 +228,7 @@ TEST(NodeRendezvous, ANewcomerAloneDoesNotEndTheExitBarrierANodeActingOnItDoes) 
     newcomer.spawn([&]() -> Task<void> {
       try {
         co_await nodes[2].join_elastic(1, {});
-      } catch (const rendezvous::StoreError&) {  // closed at the end
+      } catch (const store::StoreError&) {  // closed at the end
       }
     });
     EXPECT_EQ(run_task(nodes.io(), nodes[0].watch(a[0], 1s)).kind, WatchResult::kNewcomer);

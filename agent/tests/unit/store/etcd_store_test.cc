@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "dist/rendezvous/errors.h"
+#include "dist/store/errors.h"
 #include "etcd_cluster.h"
 #include "lossy_proxy.h"
 #include "process_helpers.h"
@@ -25,12 +25,12 @@ namespace dist::agent::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using rendezvous::StoreErrc;
-using rendezvous::StoreError;
-using rendezvous::testing::EtcdCluster;
-using rendezvous::testing::EtcdClusterOptions;
-using rendezvous::testing::run_task;
-using rendezvous::testing::TaskGroup;
+using store::StoreErrc;
+using store::StoreError;
+using store::testing::EtcdCluster;
+using store::testing::EtcdClusterOptions;
+using store::testing::run_task;
+using store::testing::TaskGroup;
 
 // etcd raises shorter TTLs to its minimum (1.5 s with its default election timeout).
 constexpr std::chrono::seconds kLeaseTtl{2};
@@ -430,7 +430,7 @@ TEST(EtcdStore, TlsAndPasswordFromRdzvConf) {
   const auto pki_dir = std::filesystem::temp_directory_path() /
                        ("dist-etcd-store-pki-" + std::to_string(::getpid()));
   EtcdClusterOptions cluster_options;
-  cluster_options.tls = rendezvous::testing::make_test_pki(pki_dir);
+  cluster_options.tls = store::testing::make_test_pki(pki_dir);
   EtcdCluster cluster(cluster_options);
   cluster.etcdctl({"user", "add", "root:s3cret"});
   cluster.etcdctl({"auth", "enable"});

@@ -8,8 +8,8 @@
 #include <optional>
 #include <string>
 
-#include "dist/rendezvous/errors.h"
-#include "dist/rendezvous/server.h"
+#include "dist/store/errors.h"
+#include "dist/store/server.h"
 #include "store/store.h"
 #include "store_conformance.h"
 
@@ -22,7 +22,7 @@ class TcpBackend final : public StoreBackend {
  public:
   Task<std::unique_ptr<RendezvousStore>> open(boost::asio::io_context& io,
                                               std::string run_id) override {
-    rendezvous::ClientOptions options;
+    store::ClientOptions options;
     options.port = server_.port();
     options.connect_timeout = 10s;
     options.timeout = 10s;
@@ -30,7 +30,7 @@ class TcpBackend final : public StoreBackend {
   }
 
  private:
-  rendezvous::StoreServerThread server_;
+  store::StoreServerThread server_;
 };
 
 INSTANTIATE_TEST_SUITE_P(Tcp, StoreConformance,
@@ -40,8 +40,8 @@ INSTANTIATE_TEST_SUITE_P(Tcp, StoreConformance,
 // A second session (the round's watch) to a store that went away gives up within the liveness
 // period, not the (here 60 s) connect timeout: an agent stopping meanwhile is not held up.
 TEST(TcpRendezvousStore, AnotherSessionToAStoreThatIsGoneFailsWithinTheLivenessPeriod) {
-  std::optional<rendezvous::StoreServerThread> server(std::in_place);
-  rendezvous::ClientOptions options;
+  std::optional<store::StoreServerThread> server(std::in_place);
+  store::ClientOptions options;
   options.port = server->port();
   options.connect_timeout = 60s;
   options.timeout = 60s;
@@ -68,7 +68,7 @@ TEST(TcpRendezvousStore, AnotherSessionToAStoreThatIsGoneFailsWithinTheLivenessP
       [&](std::exception_ptr e) { failure = e; });
   io.run();
   ASSERT_TRUE(failure);
-  EXPECT_THROW(std::rethrow_exception(failure), rendezvous::StoreError);
+  EXPECT_THROW(std::rethrow_exception(failure), store::StoreError);
   EXPECT_LT(elapsed, 30s);  // the liveness period is 2 s; the connect timeout 60 s
 }
 

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "dist/rendezvous/client.h"
+#include "dist/store/client.h"
 
 namespace dist::sdk {
 
@@ -43,7 +43,7 @@ struct WorkerEnv {
   static WorkerEnv from_environment();
 
   // Rank 0 of a world of 1, for running a worker without dist-launch: the caller hosts a store
-  // itself (rendezvous::StoreServerThread) and sets master_port to it.
+  // itself (store::StoreServerThread) and sets master_port to it.
   static WorkerEnv single_process();
 
   // True when the variables dist-launch sets are present (RANK and WORLD_SIZE).
@@ -52,8 +52,8 @@ struct WorkerEnv {
 
 // Connects to the agent's store at MASTER_ADDR:MASTER_PORT (retrying until `timeout`), with the
 // job's token when env.token_file names one. Throws EnvironmentError when that file cannot be
-// read (naming it and the variable), rendezvous::StoreError when the store cannot be used.
-rendezvous::StoreClient connect_store(const WorkerEnv& env,
-                                      std::chrono::milliseconds timeout = std::chrono::seconds(60));
+// read (naming it and the variable), store::StoreError when the store cannot be used.
+store::StoreClient connect_store(const WorkerEnv& env,
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace dist::sdk

@@ -12,9 +12,9 @@
 #include <memory>
 #include <optional>
 
-#include "dist/rendezvous/server.h"
 #include "dist/sdk/env.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/server.h"
 
 namespace dist::sdk {
 
@@ -23,10 +23,10 @@ enum class Backend { kGloo, kNccl };
 struct Distributed {
   WorkerEnv env;
   std::unique_ptr<ProcessGroup> group;
-  std::unique_ptr<rendezvous::StoreServerThread> own_store;  // only when run alone
+  std::unique_ptr<store::StoreServerThread> own_store;  // only when run alone
 };
 
-// Throws EnvironmentError (bad launcher environment), rendezvous::StoreError (store unreachable)
+// Throws EnvironmentError (bad launcher environment), store::StoreError (store unreachable)
 // or CollectiveError (the group could not form).
 Distributed init(Backend backend = Backend::kGloo);
 

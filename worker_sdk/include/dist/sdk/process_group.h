@@ -25,7 +25,7 @@
 #include <string>
 #include <type_traits>
 
-#include "dist/rendezvous/client.h"
+#include "dist/store/client.h"
 
 struct CUstream_st;
 
@@ -211,7 +211,7 @@ struct GlooOptions {
 };
 
 // Builds a Gloo group of `size` ranks: every rank passes its own store client (the group keeps it).
-std::unique_ptr<ProcessGroup> make_gloo_group(rendezvous::StoreClient store, int rank, int size,
+std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank, int size,
                                               GlooOptions options = {});
 
 // What an NCCL group does once it failed: an asynchronous NCCL error (a peer that died, a network
@@ -275,12 +275,12 @@ std::string nccl_version();
 // and the communicator's asynchronous error and applies on_failure. Destroying the group with
 // collectives still running aborts the communicator (their Work then throws); an idle, healthy
 // one is finalized. Throws CollectiveError when the backend is missing or a GPU is not usable.
-std::unique_ptr<ProcessGroup> make_nccl_group(rendezvous::StoreClient store, int rank, int size,
+std::unique_ptr<ProcessGroup> make_nccl_group(store::StoreClient store, int rank, int size,
                                               int local_rank, NcclOptions options = {});
 
 // The unique-id exchange on its own (it needs no GPU): rank 0 creates the id and publishes it under
 // `key`, the others wait for it. Returns the 128 bytes every rank must pass to NCCL.
-std::string exchange_nccl_unique_id(rendezvous::StoreClient& store, int rank,
-                                    const std::string& key, std::chrono::milliseconds timeout);
+std::string exchange_nccl_unique_id(store::StoreClient& store, int rank, const std::string& key,
+                                    std::chrono::milliseconds timeout);
 
 }  // namespace dist::sdk

@@ -37,9 +37,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/rendezvous/client.h"
 #include "dist/sdk/init.h"
 #include "dist/sdk/process_group.h"
+#include "dist/store/client.h"
 
 namespace dist::sdk {
 
@@ -142,8 +142,8 @@ class InPlaceRecovery {
   RecoverableState state_;
   std::function<void(ProcessGroup&)> build_;
   std::function<void()> release_;
-  std::unique_ptr<rendezvous::StoreClient> store_;  // in-place jobs: the generation keys
-  std::string prefix_;                              // their prefix
+  std::unique_ptr<store::StoreClient> store_;  // in-place jobs: the generation keys
+  std::string prefix_;                         // their prefix
   int generation_ = 0;
   bool has_state_ = true;  // false for a replacement until it received the root's
   int last_root_ = -1;

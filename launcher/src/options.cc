@@ -56,6 +56,11 @@ void declare_lifecycle(CommandLine& app, RawOptions& r) {
          "it; a failure during recovery, or several at once, restart the group). Each "
          "replacement counts against --max-restarts")
       .show_default();
+  option(app, "--in-place-timeout,--in_place_timeout", r.in_place_timeout, "IN_PLACE_TIMEOUT",
+         "Seconds an in-place recovery may take, from the failure to the group's word that it "
+         "recovered; past it the whole group restarts. The workers bound their wait for the new "
+         "group and its state by it too")
+      .show_default();
   option(app, "--monitor-interval,--monitor_interval", r.monitor_interval, "MONITOR_INTERVAL",
          "Accepted for torchrun compatibility; failures are seen at once (SIGCHLD), not polled")
       .show_default();

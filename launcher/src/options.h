@@ -34,6 +34,7 @@ struct RawOptions {
   // Lifecycle.
   std::string max_restarts = "0";
   std::string restart_policy = "group";
+  std::string in_place_timeout = "300";
   std::string monitor_interval = "0.1";  // accepted for torchrun compatibility
   std::string start_method = "spawn";    // (the same)
   std::string event_log_handler = "null";

@@ -1,9 +1,11 @@
 // --restart-policy / PET_RESTART_POLICY as the command line and the environment give it: every
-// kind of job takes either policy; a policy that is not one is a usage error.
+// kind of job takes either policy; a policy that is not one is a usage error. --in-place-timeout:
+// 300 s unless given, in seconds (a fraction too), never zero.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -85,6 +87,32 @@ TEST(RestartPolicyFlag, WhatCannotBeHonouredIsOneLineAndExit2) {
     const auto o = parse(args, &error);
     EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
     EXPECT_NE(error.find(message), std::string::npos) << error;
+    EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
+  }
+}
+
+TEST(InPlaceTimeoutFlag, FiveMinutesUnlessGivenInSecondsAndFractions) {
+  ::unsetenv("PET_IN_PLACE_TIMEOUT");
+  EXPECT_EQ(parse({}).config.in_place_timeout, std::chrono::milliseconds(300'000));
+  for (const char* spelling : {"--in-place-timeout", "--in_place_timeout"}) {
+    SCOPED_TRACE(spelling);
+    const auto o = parse({"--restart-policy", "in-place", spelling, "2.5"});
+    ASSERT_FALSE(o.exit_now);
+    EXPECT_EQ(o.config.in_place_timeout, std::chrono::milliseconds(2'500));
+  }
+  ::setenv("PET_IN_PLACE_TIMEOUT", "45", 1);
+  const auto from_env = parse({});
+  ::unsetenv("PET_IN_PLACE_TIMEOUT");
+  EXPECT_EQ(from_env.config.in_place_timeout, std::chrono::milliseconds(45'000));
+  for (const char* bad : {"0", "-1", "soon", ""}) {
+    SCOPED_TRACE(bad);
+    std::string error;
+    const auto o = parse({"--in-place-timeout", bad}, &error);
+    EXPECT_EQ(o.exit_code, dist::launcher::kExitUsage) << error;
+    EXPECT_NE(error.find("--in-place-timeout must be a positive number of seconds, got '" +
+                         std::string(bad) + "'"),
+              std::string::npos)
+        << error;
     EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
   }
 }

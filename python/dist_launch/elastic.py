@@ -84,12 +84,26 @@ __all__ = ["ObjectState", "State", "TorchState", "init_process_group", "in_place
 
 _POLICY = "DIST_LAUNCH_RESTART_POLICY"
 _GENERATION = "DIST_LAUNCH_GENERATION"
+_IN_PLACE_TIMEOUT = "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS"
 
 # How long a survivor waits for the agent's next generation after its collective failed: the
 # agent publishes it as soon as it reaps the failed worker, or stops every worker instead.
 GENERATION_TIMEOUT = datetime.timedelta(seconds=60)
-# Building a generation's group and receiving the state.
+# Building a generation's group and receiving the state, when the agent does not say
+# (dist-launch --in-place-timeout: it restarts the group past it, so no rank waits longer).
 GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+def _group_timeout() -> datetime.timedelta:
+    """The agent's --in-place-timeout (read at each use: a warm zygote imports this module before
+    a worker's environment is its own), else GROUP_TIMEOUT."""
+    text = os.environ.get(_IN_PLACE_TIMEOUT, "")
+    try:
+        ms = int(text)
+    except ValueError:
+        return GROUP_TIMEOUT
+    return datetime.timedelta(milliseconds=ms) if ms > 0 else GROUP_TIMEOUT
+
 # How long a rank may stay in the failed group, idle, once the next generation is published and
 # its connections are shut down (DIST_LAUNCH_STUCK_COLLECTIVE_S). Gloo does not fail a send it
 # had begun to write when its connection fails (tcp::Pair::signalException fails the pending
@@ -145,7 +159,7 @@ class _Group:
         self.prefix = f"dist_launch/inplace/{run_id}/attempt_{restart}/"
         self.group_prefix = f"sdk/{run_id}/attempt_{restart}/"
         self.backend = None
-        self.timeout = GROUP_TIMEOUT
+        self.timeout = _group_timeout()
         self.last_root = -1
         self._store = None
         # The group's own sockets (inodes: the ones its init opened), which the watcher shuts
@@ -313,7 +327,8 @@ class _GenerationWaiter:
     _VALIDATE, _WAIT, _MAGIC, _STOP_WAITING = 0, 6, 0x3C85F7CE, b"\x00"
 
     def __init__(self, host: str, port: int):
-        self._sock = socket.create_connection((host, port), timeout=GROUP_TIMEOUT.total_seconds())
+        self._sock = socket.create_connection((host, port),
+                                              timeout=_group_timeout().total_seconds())
         self._sock.settimeout(None)
         self._sock.sendall(struct.pack("<BI", self._VALIDATE, self._MAGIC))
 

@@ -307,6 +307,23 @@ def publish_generation_1(port, run_id):
     client.set(f"dist_launch/inplace/{run_id}/attempt_0/gen/1", "replaced=1 survivors=0")
 
 
+class GroupTimeout(unittest.TestCase):
+    def test_the_agents_in_place_timeout_bounds_a_generations_group(self):
+        # dist-launch --in-place-timeout reaches the worker as DIST_LAUNCH_IN_PLACE_TIMEOUT_MS: a
+        # generation's group is built within it (the agent restarts the group past it), read when
+        # the group is made (a warm zygote imports the module before the worker's environment).
+        probe = "from dist_launch import elastic; print(elastic._Group().timeout.total_seconds())"
+        for value, expected in (("2500", "2.5"), (None, "300.0"), ("soon", "300.0")):
+            extra = {"DIST_LAUNCH_IN_PLACE_TIMEOUT_MS": value} if value is not None else {}
+            env = worker_env(1, "timeout", 0, 1, **extra)
+            if value is None:
+                env.pop("DIST_LAUNCH_IN_PLACE_TIMEOUT_MS", None)
+            out = subprocess.run([ARGS.python, "-c", probe], env=env, capture_output=True,
+                                 text=True, timeout=120)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertEqual(out.stdout.strip(), expected, f"{value}: {out.stderr}")
+
+
 class Exit(unittest.TestCase):
     def test_a_watcher_woken_while_the_worker_exits_does_not_abort_it(self):
         # A daemon thread that wakes in torch's C++ once the interpreter is finalizing is ended by

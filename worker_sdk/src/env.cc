@@ -66,6 +66,10 @@ WorkerEnv WorkerEnv::from_environment() {
     env.generation =
         static_cast<int>(parse_integer(contract::kGenerationVariable, generation, 0, 1 << 30));
   }
+  if (const char* timeout = std::getenv(contract::kInPlaceTimeoutVariable)) {
+    env.in_place_timeout = std::chrono::milliseconds(
+        parse_integer(contract::kInPlaceTimeoutVariable, timeout, 1, 1'000'000'000'000LL));
+  }
   return env;
 }
 

@@ -318,7 +318,8 @@ void InPlaceRecovery::rebuild_group(int generation) {
   release_group();
   generation_ = generation;
   dist_.env.generation = generation;
-  dist_.group = join_group(dist_.env, options_.backend, options_.group_timeout);
+  dist_.group = join_group(dist_.env, options_.backend,
+                           options_.group_timeout.value_or(dist_.env.in_place_timeout));
 }
 
 // The root is the lowest rank that kept its state; every other rank takes the root's, so that

@@ -1,6 +1,7 @@
 // The worker's view of dist-launch's environment, and the way to the agent's store.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -21,7 +22,8 @@ const char* const kVariables[] = {"RANK",
                                   "TORCHELASTIC_RESTART_COUNT",
                                   "TORCHELASTIC_RUN_ID",
                                   "DIST_LAUNCH_RESTART_POLICY",
-                                  "DIST_LAUNCH_GENERATION"};
+                                  "DIST_LAUNCH_GENERATION",
+                                  "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS"};
 
 // Sets exactly `vars` (clearing the others) for one test, and restores nothing: each test sets
 // what it needs.
@@ -73,6 +75,25 @@ TEST(WorkerEnv, ReadsTheInPlacePolicyAndTheGeneration) {
     FAIL() << "must throw";
   } catch (const EnvironmentError& e) {
     EXPECT_NE(std::string(e.what()).find("DIST_LAUNCH_GENERATION='-1'"), std::string::npos)
+        << e.what();
+  }
+}
+
+// dist-launch --in-place-timeout: how long a generation's group may take (5 minutes without it).
+TEST(WorkerEnv, ReadsTheInPlaceTimeout) {
+  auto vars = launched(29500);
+  set_environment(vars);
+  EXPECT_EQ(WorkerEnv::from_environment().in_place_timeout, std::chrono::minutes(5));
+  vars["DIST_LAUNCH_IN_PLACE_TIMEOUT_MS"] = "2500";
+  set_environment(vars);
+  EXPECT_EQ(WorkerEnv::from_environment().in_place_timeout, std::chrono::milliseconds(2500));
+  vars["DIST_LAUNCH_IN_PLACE_TIMEOUT_MS"] = "0";
+  set_environment(vars);
+  try {
+    WorkerEnv::from_environment();
+    FAIL() << "must throw";
+  } catch (const EnvironmentError& e) {
+    EXPECT_NE(std::string(e.what()).find("DIST_LAUNCH_IN_PLACE_TIMEOUT_MS='0'"), std::string::npos)
         << e.what();
   }
 }

@@ -43,9 +43,8 @@ store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient
     std::vector<std::string> keys{recovered};
     const bool arrived = co_await client->wait(std::move(keys), timeout);
     if (!arrived) {
-      outcome.why = "the group did not say it recovered within " +
-                    std::to_string(timeout.count() / 1000) + " s of generation " +
-                    std::to_string(generation) +
+      outcome.why = "the group did not say it recovered within " + seconds_text(timeout) +
+                    " (--in-place-timeout) of generation " + std::to_string(generation) +
                     " (do its workers use the SDK's InPlaceRecovery, or one of their own?)";
       co_return outcome;
     }
@@ -158,6 +157,17 @@ store::Task<std::optional<int>> say_regroup_finished(
 }
 
 }  // namespace
+
+std::string seconds_text(std::chrono::milliseconds timeout) {
+  const auto ms = timeout.count();
+  std::string text = std::to_string(ms / 1000);
+  if (ms % 1000 != 0) {
+    std::string fraction = std::to_string(1000 + ms % 1000).substr(1);  // "050"
+    while (fraction.back() == '0') fraction.pop_back();
+    text += "." + fraction;
+  }
+  return text + " s";
+}
 
 Generations::Generations(boost::asio::io_context& io, const std::string& run_id,
                          const std::string& secret, store::Endpoint store, int restart_count)

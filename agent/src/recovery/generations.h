@@ -2,7 +2,7 @@
 // the keys of dist/contract/worker_contract.h: the next generation of the group counted (before
 // the replacement starts: it is told its generation), its record published for the survivors, then
 // the group's word that it recovered (written by the new root once every rank holds its state),
-// waited for at most kInPlaceRecoveryTimeout. Until that word the recovery is in progress, and any
+// waited for at most --in-place-timeout. Until that word the recovery is in progress, and any
 // failure restarts the whole group.
 #pragma once
 
@@ -18,13 +18,17 @@
 
 namespace dist::agent {
 
-// From a failure to the group's recovery: what the survivors need (the generation, a new group,
-// the state broadcast) is seconds even for large models; a group that says nothing for this long
-// is not recovering (its workers may not use the SDK's recovery), and restarts.
-inline constexpr std::chrono::milliseconds kInPlaceRecoveryTimeout{std::chrono::minutes(5)};
+// From a failure to the group's recovery (--in-place-timeout, LifecycleConfig::in_place_timeout):
+// what the survivors need (the generation, a new group, the state broadcast) is seconds even for
+// large models; a group that says nothing for that long is not recovering (its workers may not
+// use the SDK's recovery), and restarts.
 // How long node 0 of a regroup waits for the newcomers' workers to be ready (their imports) before
 // it publishes the generation anyway: less than the others wait for that publication.
-inline constexpr std::chrono::milliseconds kArrivalTimeout{std::chrono::minutes(4)};
+inline std::chrono::milliseconds arrival_timeout(std::chrono::milliseconds in_place_timeout) {
+  return in_place_timeout * 4 / 5;
+}
+// "300 s", "2.5 s": a timeout as the log says it.
+std::string seconds_text(std::chrono::milliseconds timeout);
 
 // Whether every rank of a regroup's world is ready to join its generation.
 struct Arrivals {

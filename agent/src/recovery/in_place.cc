@@ -191,7 +191,7 @@ void InPlace::start_replacement() {
   p_.steps.launch(
       g_.store->publish_and_wait(
           generation, "replaced=" + std::to_string(failed.rank) + " survivors=" + survivors,
-          kInPlaceRecoveryTimeout),
+          p_.config.in_place_timeout),
       [this](RecoveryOutcome o) { on_recovered(o); });
 }
 

@@ -19,10 +19,10 @@ void Joining::watching() {
 Task<Joining::Named> Joining::named_generation(int round) {
   Named n;
   try {
-    n.name = co_await g_.store->regroup_generation(round, kInPlaceRecoveryTimeout);
+    n.name = co_await g_.store->regroup_generation(round, p_.config.in_place_timeout);
     if (!n.name) {
       n.why = "node 0 did not name the generation to join within " +
-              std::to_string(kInPlaceRecoveryTimeout.count() / 1000) + " s";
+              seconds_text(p_.config.in_place_timeout);
     }
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
@@ -70,7 +70,7 @@ void Joining::on_generation_named(const Named& n) {
 Task<bool> Joining::taken_in(int round, int generation) {
   bool published = false;
   try {
-    published = co_await publish_watch_->wait_published(generation, kInPlaceRecoveryTimeout);
+    published = co_await publish_watch_->wait_published(generation, p_.config.in_place_timeout);
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
     spdlog::debug("round {}: waiting for generation {}'s publication: {}", round, generation,
@@ -92,7 +92,7 @@ void Joining::say_arrival_failed() {
 Task<bool> Joining::finished_meanwhile(int round) {
   bool finished = false;
   try {
-    finished = co_await finish_watch_->wait_regroup_finished(round, kInPlaceRecoveryTimeout);
+    finished = co_await finish_watch_->wait_regroup_finished(round, p_.config.in_place_timeout);
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
     spdlog::debug("round {}: watching for the job's end during the regroup: {}", round, e.what());

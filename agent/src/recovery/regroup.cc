@@ -181,7 +181,7 @@ Task<Regroup::Told> Regroup::tell_workers(int old_rank_offset, Assignment to) {
                            " nodes=" + std::to_string(to.num_nodes);
       co_await g_.store->publish(*t.generation, std::move(record));
     } else {
-      const auto g = co_await g_.store->regroup_generation(to.round, kInPlaceRecoveryTimeout);
+      const auto g = co_await g_.store->regroup_generation(to.round, p_.config.in_place_timeout);
       if (g && g->finished) {
         t.finished = true;
         co_return t;
@@ -191,10 +191,11 @@ Task<Regroup::Told> Regroup::tell_workers(int old_rank_offset, Assignment to) {
       }
       // (Not `!g || !co_await ...`: GCC 12 runs a co_await whatever the left side says.)
       bool published = false;
-      if (g) published = co_await g_.store->wait_published(g->generation, kInPlaceRecoveryTimeout);
+      if (g)
+        published = co_await g_.store->wait_published(g->generation, p_.config.in_place_timeout);
       if (!published) {
         t.outcome.why = "node 0 did not publish the regroup's generation within " +
-                        std::to_string(kInPlaceRecoveryTimeout.count() / 1000) + " s";
+                        seconds_text(p_.config.in_place_timeout);
         co_return t;
       }
     }
@@ -204,7 +205,7 @@ Task<Regroup::Told> Regroup::tell_workers(int old_rank_offset, Assignment to) {
       t.outcome.recovered = true;
       co_return t;
     }
-    t.outcome = co_await g_.store->wait_recovered(*t.generation, kInPlaceRecoveryTimeout);
+    t.outcome = co_await g_.store->wait_recovered(*t.generation, p_.config.in_place_timeout);
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
     t.outcome.why = "the workers' store cannot be used: " + std::string(e.what());
@@ -213,12 +214,13 @@ Task<Regroup::Told> Regroup::tell_workers(int old_rank_offset, Assignment to) {
 }
 
 // Node 0: this node's workers are there; then every rank of the new world, the newcomers' workers
-// included, at most kArrivalTimeout (then the generation is published anyway). Returns why it must
-// not be published (a newcomer's worker died first); empty when it may.
+// included, at most arrival_timeout() (then the generation is published anyway). Returns why it
+// must not be published (a newcomer's worker died first); empty when it may.
 Task<std::string> Regroup::await_arrivals(int generation, int rank_offset, int world_size) {
   co_await g_.store->mark_arrived(generation, rank_offset, p_.config.nproc_per_node);
   const auto began = std::chrono::steady_clock::now();
-  const Arrivals a = co_await g_.store->wait_arrived(generation, world_size, kArrivalTimeout);
+  const Arrivals a = co_await g_.store->wait_arrived(generation, world_size,
+                                                     arrival_timeout(p_.config.in_place_timeout));
   std::string why;
   if (a.failed_rank) {
     why = "worker " + std::to_string(*a.failed_rank) + " of the new world failed before it " +
@@ -230,9 +232,9 @@ Task<std::string> Regroup::await_arrivals(int generation, int rank_offset, int w
                  generation, waited.count());
   } else {
     spdlog::warn(
-        "generation {}: not every worker of the new world was ready to join it within {} s: "
+        "generation {}: not every worker of the new world was ready to join it within {}: "
         "publishing it anyway",
-        generation, kArrivalTimeout.count() / 1000);
+        generation, seconds_text(arrival_timeout(p_.config.in_place_timeout)));
   }
   co_return why;
 }

@@ -371,6 +371,8 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   if (identity_.generations) {  // recovery.h's switch
     variables[worker_contract::kRestartPolicyVariable] = worker_contract::kInPlacePolicy;
     variables[worker_contract::kGenerationVariable] = std::to_string(w.generation);
+    variables[worker_contract::kInPlaceTimeoutVariable] =
+        std::to_string(config_.in_place_timeout.count());
   }
   std::vector<int> inherited;  // the watchdogs' channels
   watchdogs_.prepare(w.local_rank, dir, variables, inherited);

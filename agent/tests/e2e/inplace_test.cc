@@ -48,22 +48,18 @@ class InPlace : public ::testing::Test {
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // A job of `nproc` workers, in-place, its worker files in `out` (made here), its event log
-  // `out`.jsonl. Returns the exit code; the output in `output`.
+  // `out`.jsonl, `launcher_args` added to dist-launch's. Returns the exit code; the output in
+  // `output`.
   int run(const std::string& out, int nproc, int max_restarts,
-          const std::vector<std::string>& worker_args, std::string* output = nullptr) {
+          const std::vector<std::string>& worker_args, std::string* output = nullptr,
+          const std::vector<std::string>& launcher_args = {}) {
     fs::create_directories(dir_ / out);
-    std::vector<std::string> args = {"--nproc-per-node",
-                                     std::to_string(nproc),
-                                     "--max-restarts",
-                                     std::to_string(max_restarts),
-                                     "--restart-policy",
-                                     "in-place",
-                                     "--event-log",
-                                     path(out + ".jsonl"),
-                                     "--no-python",
-                                     kWorker,
-                                     "--out",
-                                     path(out)};
+    std::vector<std::string> args = {"--nproc-per-node", std::to_string(nproc),
+                                     "--max-restarts",   std::to_string(max_restarts),
+                                     "--restart-policy", "in-place",
+                                     "--event-log",      path(out + ".jsonl")};
+    args.insert(args.end(), launcher_args.begin(), launcher_args.end());
+    args.insert(args.end(), {"--no-python", kWorker, "--out", path(out)});
     args.insert(args.end(), worker_args.begin(), worker_args.end());
     Child agent(DIST_LAUNCH_BIN, args, dir_ / (out + ".log"), {},
                 std::vector<std::string>{"OMP_NUM_THREADS"});
@@ -247,6 +243,44 @@ TEST_F(InPlace, AFailureDuringTheRecoveryRestartsTheWholeGroup) {
   EXPECT_EQ(fallback[0]["generation"], 1);
   ASSERT_EQ(events("job", "restart").size(), 1u);
   EXPECT_TRUE(events("job", "inplace_recovered").empty());
+  for (const int rank : {0, 1}) {  // attempt 1: both fresh, both at the clean digest
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << output;
+    EXPECT_EQ(f->pid, start_pid("job", rank, 1, 0));
+    EXPECT_EQ(f->digest, clean);
+  }
+}
+
+// A recovery that never ends: the survivors and the replacement all stop for good where their
+// recovery begins (nothing fails, nothing says it recovered). --in-place-timeout bounds the wait:
+// 3 s after the generation is published the agent restarts the whole group, saying why, and the
+// next attempt trains to the digest of a run without failures. (It was a constant of 5 minutes.)
+TEST_F(InPlace, ARecoveryThatNeverEndsRestartsTheGroupAfterTheInPlaceTimeout) {
+  const std::string clean = clean_digest(2, {"--steps", "20"});
+  std::string output;
+  const auto began = std::chrono::steady_clock::now();
+  ASSERT_EQ(run("job", 2, 2, {"--steps", "20", "--crash", "1:5", "--stall-in-recovery"}, &output,
+                {"--in-place-timeout", "3"}),
+            0)
+      << output;
+  const auto took = std::chrono::steady_clock::now() - began;
+  EXPECT_LT(took, 100s) << "the recovery's wait was bounded by --in-place-timeout, not 300 s";
+  EXPECT_NE(output.find("rank 0: stalling as its recovery begins"), std::string::npos) << output;
+  // The workers were told the timeout (the SDK bounds its wait for the new group by it).
+  EXPECT_NE(
+      output.find("rank 1: stalling as it starts as a replacement (in-place timeout 3000 ms)"),
+      std::string::npos)
+      << output;
+  EXPECT_NE(output.find("the in-place recovery of generation 1 failed: the group did not say it "
+                        "recovered within 3 s (--in-place-timeout) of generation 1"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("restarting the worker group (restart 2 of 2)"), std::string::npos)
+      << output;
+  const auto fallback = events("job", "inplace_fallback");
+  ASSERT_EQ(fallback.size(), 1u) << output;
+  EXPECT_EQ(fallback[0]["generation"], 1);
+  EXPECT_EQ(events("job", "restart").size(), 1u);
   for (const int rank : {0, 1}) {  // attempt 1: both fresh, both at the clean digest
     const auto f = final_of("job", rank);
     ASSERT_TRUE(f.has_value()) << output;
@@ -889,9 +923,10 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
 }
 
 // A newcomer's worker that dies as it starts, before it says it arrived: the running workers
-// cannot take it in, and node 0 does not wait minutes for it (kArrivalTimeout). Its agent says
-// the worker failed before joining and ends the round (node 0, waiting for its arrival, hears it
-// too), and the job restarts: its next attempt, on all three nodes, ends as one world of three.
+// cannot take it in, and node 0 does not wait minutes for it (arrival_timeout(): 4/5 of
+// --in-place-timeout). Its agent says the worker failed before joining and ends the round (node 0,
+// waiting for its arrival, hears it too), and the job restarts: its next attempt, on all three
+// nodes, ends as one world of three.
 TEST_F(InPlaceElasticNodes, ANewcomersWorkerDyingBeforeItJoinsIsAGroupRestartNotAWait) {
   const std::string endpoint = job_endpoint();
   const auto agent = [&](int i) {

@@ -11,6 +11,9 @@
 //                             rank R exits with code 4 as its recovery begins (it has read the
 //                             new generation), on restart attempt 0; with PATH, once PATH exists
 //                             (at most 60 s later), so that a test can choose the moment
+//   --stall-in-recovery       on restart attempt 0, every rank stops for good (sleeps until it
+//                             is killed) where its recovery begins, and so does each
+//                             replacement as it starts: the group never says it recovered
 //   --fail-at-start R:G        rank R exits with code 5 as it starts in generation G, before it
 //                             connects to anything (a newcomer's worker that dies before it
 //                             says it arrived), on restart attempt 0
@@ -62,6 +65,7 @@ struct Options {
   Crash fail_at_start;  // its step unused
   std::string finish_file;
   bool finish_when_asked = false;
+  bool stall_in_recovery = false;
   std::string out;
 };
 
@@ -88,8 +92,8 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--finish-when-asked") {
-      o.finish_when_asked = true;
+    if (flag == "--finish-when-asked" || flag == "--stall-in-recovery") {
+      (flag == "--finish-when-asked" ? o.finish_when_asked : o.stall_in_recovery) = true;
       --i;  // no value
       continue;
     }
@@ -130,6 +134,14 @@ int env_int(const char* name) {
   return value ? std::atoi(value) : 0;
 }
 
+// --stall-in-recovery: stopped for good, as a worker blocked where nothing fails (a survivor whose
+// recovery waits on something that never comes). Only a signal ends it.
+[[noreturn]] void stall(int rank, const char* where) {
+  std::fprintf(stderr, "rank %d: stalling %s\n", rank, where);
+  std::fflush(stderr);
+  for (;;) ::pause();
+}
+
 int run(const Options& o) {
   if (o.fail_at_start.rank >= 0 && env_int("RANK") == o.fail_at_start.rank &&
       env_int("DIST_LAUNCH_GENERATION") == o.fail_at_start.generation &&
@@ -138,6 +150,14 @@ int run(const Options& o) {
                  o.fail_at_start.rank);
     std::fflush(stderr);
     std::_Exit(5);
+  }
+  // (Before init(), which a replacement leaves only once its generation's group is built.)
+  if (o.stall_in_recovery && env_int("TORCHELASTIC_RESTART_COUNT") == 0 &&
+      env_int("DIST_LAUNCH_GENERATION") > 0) {
+    const char* timeout = std::getenv("DIST_LAUNCH_IN_PLACE_TIMEOUT_MS");
+    const std::string where = "as it starts as a replacement (in-place timeout " +
+                              std::string(timeout ? timeout : "unset") + " ms)";
+    stall(env_int("RANK"), where.c_str());
   }
   Distributed dist = init();
   const int rank = dist.env.rank, attempt = dist.env.restart_count;
@@ -160,6 +180,9 @@ int run(const Options& o) {
   recovery.state().add("step", step);
   recovery.on_group([](ProcessGroup&) {},
                     [&] {
+                      if (o.stall_in_recovery && attempt == 0) {
+                        stall(rank, "as its recovery begins");
+                      }
                       if (rank == o.fail_in_recovery && attempt == 0) {
                         for (int waited_ms = 0; !o.fail_in_recovery_file.empty() &&
                                                 !std::filesystem::exists(o.fail_in_recovery_file) &&

@@ -225,6 +225,10 @@ struct WorkerCommand {
 // What a failure and a signal do (lifecycle/, recovery/).
 struct LifecycleConfig {
   RestartPolicy restart_policy = RestartPolicy::kGroup;
+  // --in-place-timeout: from a worker's failure to its group's word that it recovered in place
+  // (or a regroup's); past it the whole group restarts. The workers get it too (their wait for the
+  // group and its state).
+  std::chrono::milliseconds in_place_timeout{300'000};
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::vector<int> signals_to_handle;  // forwarded to every worker
   // A pipe from the launcher that started this agent (dist-launch --hosts; agent_launch.h): its

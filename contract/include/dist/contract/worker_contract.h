@@ -93,6 +93,12 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";         // --local-addr:
 // (generation 0: "sdk/<run id>/attempt_<restart>/"), so no key of a previous generation is read.
 // A group restart starts over at generation 0 with a new restart count, hence new keys.
 inline constexpr char kRestartPolicyVariable[] = "DIST_LAUNCH_RESTART_POLICY";
+// --in-place-timeout, in milliseconds: how long a recovery may take, from a failure to the group's
+// word (gen/<g>/recovered). The agent restarts the group past it; the workers bound their wait for
+// a generation's group and state by it (the SDK's RecoveryOptions::group_timeout,
+// dist_launch.elastic's group timeout).
+inline constexpr char kInPlaceTimeoutVariable[] = "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS";
+inline constexpr long long kDefaultInPlaceTimeoutMs = 300'000;
 inline constexpr char kInPlacePolicy[] = "in-place";
 inline constexpr char kGenerationVariable[] = "DIST_LAUNCH_GENERATION";
 

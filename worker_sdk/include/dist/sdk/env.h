@@ -35,11 +35,14 @@ struct WorkerEnv {
   // workers the group started with and g for a worker started as generation g's replacement (it
   // has no state yet: recovery.h gives it a survivor's); InPlaceRecovery advances it.
   int generation = 0;
+  // How long an in-place recovery may take (--in-place-timeout, DIST_LAUNCH_IN_PLACE_TIMEOUT_MS):
+  // the agent restarts the group past it, so a worker waits no longer for a generation's group.
+  std::chrono::milliseconds in_place_timeout{std::chrono::minutes(5)};
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
   // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID, DIST_LAUNCH_TOKEN_FILE,
-  // DIST_LAUNCH_RESTART_POLICY and DIST_LAUNCH_GENERATION. Throws EnvironmentError when one is
-  // missing or malformed, or when the ranks are inconsistent.
+  // DIST_LAUNCH_RESTART_POLICY, DIST_LAUNCH_GENERATION and DIST_LAUNCH_IN_PLACE_TIMEOUT_MS. Throws
+  // EnvironmentError when one is missing or malformed, or when the ranks are inconsistent.
   static WorkerEnv from_environment();
 
   // Rank 0 of a world of 1, for running a worker without dist-launch: the caller hosts a store

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -87,8 +88,9 @@ struct RecoveryOptions {
   // agent publishes it as soon as it reaps the failed worker, or stops every worker (a group
   // restart) instead. Past it, the collective's error is rethrown.
   std::chrono::milliseconds generation_timeout{std::chrono::seconds(60)};
-  // Building generation g's group and receiving the state, each bounded by this.
-  std::chrono::milliseconds group_timeout{std::chrono::minutes(5)};
+  // Building generation g's group and receiving the state, each bounded by this. None: the
+  // agent's --in-place-timeout (WorkerEnv::in_place_timeout), past which it restarts the group.
+  std::optional<std::chrono::milliseconds> group_timeout;
   Backend backend = Backend::kGloo;
 };
 

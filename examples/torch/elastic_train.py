@@ -39,6 +39,9 @@ def main():
     ap.add_argument("--crash-rank", type=int, default=1)
     ap.add_argument("--crash-at-step", type=int, default=-1)
     ap.add_argument("--crash-how", choices=("kill", "exit"), default="kill")
+    ap.add_argument("--crash-at-exit", action="store_true",
+                    help="--crash-rank is SIGKILLed in its teardown instead, once every other "
+                         "rank's process has exited (a crash at exit: the commonest)")
     ap.add_argument("--commit-every", type=int, default=1)
     ap.add_argument("--pause-ms", type=float, default=0,
                     help="sleep this long after each step (a longer step, for tests)")
@@ -102,9 +105,26 @@ def main():
     generation = elastic._this_group().generation if elastic.in_place() else 0
     print(f"rank {dist.get_rank()} pid {os.getpid()} generation {generation} steps {state.step} "
           f"digest {digest.hexdigest()[:16]} world {dist.get_world_size()}", flush=True)
+    crash_at_exit = args.crash_at_exit and first_attempt and rank == args.crash_rank
+    peers = [None] * dist.get_world_size() if args.crash_at_exit else []
+    if args.crash_at_exit:
+        dist.all_gather_object(peers, os.getpid())
     # torch's own advice (2.x warns without it): the group is torn down here, not by the
     # interpreter's exit.
     dist.destroy_process_group()
+    if crash_at_exit:
+        for _ in range(6000):  # at most 60 s: until the launcher has reaped every other rank
+            alive = False
+            for pid in peers:
+                try:
+                    alive = alive or (pid != os.getpid() and os.kill(pid, 0) is None)
+                except ProcessLookupError:
+                    pass
+            if not alive:
+                break
+            time.sleep(0.01)
+        print(f"rank {rank} crashing at exit", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -263,6 +263,22 @@ class InPlace(unittest.TestCase):
         self.assertNotIn("restarting", run.out)
         self.assertNotIn("stopping the workers", run.out)
 
+    def test_a_worker_crashing_at_exit_after_the_others_finished_ends_the_job_done(self):
+        # Rank 1 is SIGKILLed in its teardown once rank 0 has exited: there is no group left to
+        # rejoin. The job ends done with the trained weights, no replacement, no restart (it used
+        # to wait 300 s for the gone group, then train everything again: issue 43).
+        run = self.launch(2, "--restart-policy", "in-place", "--max-restarts", "2",
+                          script_args=("--crash-at-exit",))
+        self.assertEqual(run.proc.returncode, 0, run.out)
+        self.assertIn("rank 1 crashing at exit", run.out)
+        self.assertIn("worker 1 (local rank 1) failed after every other worker of the job had "
+                      "finished: nothing is left to recover in place, and the job is done", run.out)
+        self.assertNotIn("replaced in place", run.out)
+        self.assertNotIn("restarting the worker group", run.out)
+        self.assertEqual({rank: len(pids) for rank, pids in run.pids.items()}, {0: 1, 1: 1},
+                         run.out)
+        self.assertEqual(run.digests(), {r: self.baseline(2) for r in range(2)}, run.out)
+
     def test_under_the_group_policy_the_same_script_restarts_from_the_start(self):
         run = self.launch(2, "--max-restarts", "1", script_args=("--crash-at-step", "12"))
         self.assertEqual(run.proc.returncode, 0, run.out)

@@ -431,6 +431,10 @@ void Telemetry::in_place_fallback(int round, std::optional<int> generation,
        {"reason", reason}});
 }
 
+void Telemetry::in_place_job_done(int round, int rank, const std::string& reason) {
+  log("inplace_job_done", {{"round", round}, {"rank", rank}, {"reason", reason}});
+}
+
 void Telemetry::in_place_regrouped(const InPlaceRegroup& r) {
   auto counters = record_fields(r.record);
   const auto root = counters.contains("root") ? counters["root"] : nlohmann::ordered_json();

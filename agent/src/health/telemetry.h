@@ -226,6 +226,8 @@ class Telemetry {
   void in_place_recovered(int round, int generation, int rank, std::chrono::milliseconds stall,
                           const std::string& record);
   void in_place_fallback(int round, std::optional<int> generation, const std::string& reason);
+  // A worker failed once every other worker of the job had finished: not replaced, the job done.
+  void in_place_job_done(int round, int rank, const std::string& reason);
   struct InPlaceRegroup {
     int round = 0;
     int new_round = 0;

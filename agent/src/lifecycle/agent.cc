@@ -154,7 +154,8 @@ class Agent {
         return restart();
       case State::kSucceeded:
         if (now_.stop_reason == StopReason::kJobFinished) {
-          spdlog::info("the job finished before this node's workers joined it");
+          spdlog::info(
+              "the job finished: its other workers succeeded before this node's joined them");
         } else if (config_.nproc_per_node == 1) {
           spdlog::info("the worker of this node succeeded");
         } else {
@@ -426,7 +427,8 @@ class Agent {
         WorkerGroup::Events{
             [this](std::vector<WorkerFailure> f) { on(event::WorkersFailed{std::move(f)}); },
             [this] { on(event::WorkersSucceeded{}); }, [this] { on(event::GroupStopped{}); },
-            [this](std::string why) { on(event::StartFailed{std::move(why)}); }});
+            [this](std::string why) { on(event::StartFailed{std::move(why)}); },
+            [this] { policy_->worker_succeeded(); }});
     telemetry_->set_progress_source(
         [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
     // Published beside this node's heartbeat, for `dist-launch status`.

@@ -4,6 +4,7 @@
 
 #include "dist/contract/worker_contract.h"
 #include "dist/store/errors.h"
+#include "rendezvous/rendezvous.h"  // seconds_text
 
 namespace dist::agent {
 namespace {
@@ -157,17 +158,6 @@ store::Task<std::optional<int>> say_regroup_finished(
 }
 
 }  // namespace
-
-std::string seconds_text(std::chrono::milliseconds timeout) {
-  const auto ms = timeout.count();
-  std::string text = std::to_string(ms / 1000);
-  if (ms % 1000 != 0) {
-    std::string fraction = std::to_string(1000 + ms % 1000).substr(1);  // "050"
-    while (fraction.back() == '0') fraction.pop_back();
-    text += "." + fraction;
-  }
-  return text + " s";
-}
 
 Generations::Generations(boost::asio::io_context& io, const std::string& run_id,
                          const std::string& secret, store::Endpoint store, int restart_count)

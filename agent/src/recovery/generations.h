@@ -27,8 +27,6 @@ namespace dist::agent {
 inline std::chrono::milliseconds arrival_timeout(std::chrono::milliseconds in_place_timeout) {
   return in_place_timeout * 4 / 5;
 }
-// "300 s", "2.5 s": a timeout as the log says it.
-std::string seconds_text(std::chrono::milliseconds timeout);
 
 // Whether every rank of a regroup's world is ready to join its generation.
 struct Arrivals {

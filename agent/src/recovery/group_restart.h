@@ -24,6 +24,7 @@ class GroupRestart final : public RecoveryPolicy {
 
   void workers_failed(bool) override {}
   void workers_succeeded() override { p_.feed(Input::kWorkersSucceeded); }
+  void worker_succeeded() override {}
   void node_lost(int) override {}
   void node_waiting(bool said) override;
 

@@ -97,7 +97,47 @@ void InPlace::explain_fallback(bool recovering) {
 void InPlace::replace() {
   replacing_rank_ = p_.now.failures.front().rank;
   generation_claimed_ = false;
-  p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c); });
+  peers_check_ = false;
+  if (!p_.group->others_exited(p_.now.failures.front().local_rank)) {
+    return p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c); });
+  }
+  // This node's other workers have all finished: the others' nodes too?
+  peers_check_ = true;
+  p_.steps.launch(p_.rounds.others_finished(*p_.now.round), [this](bool finished) {
+    if (p_.now.state != State::kReplacing) return;
+    peers_check_ = false;
+    if (finished) return end_as_done("after every other worker of the job had finished");
+    p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c); });
+  });
+}
+
+// A worker of this node exited 0. While a replacement waits for its group, the last of its peers
+// finishing leaves it nobody to join (a survivor that was still tearing down when the failed
+// worker crashed): the job is done.
+void InPlace::worker_succeeded() {
+  if (p_.now.state != State::kReplacing || peers_check_) return;
+  if (!p_.group->others_exited(p_.now.failures.front().local_rank)) return;
+  peers_check_ = true;
+  p_.steps.launch(p_.rounds.others_finished(*p_.now.round), [this](bool finished) {
+    if (p_.now.state != State::kReplacing) return;
+    peers_check_ = false;
+    if (finished) {
+      end_as_done(
+          "and every other worker of the job has finished since: its replacement is stopped");
+    }
+  });
+}
+
+// The failed worker had nobody left to rejoin: what the job set out to do, its other workers
+// did. Said with the failure; no replacement, no group restart (which would train it all again).
+void InPlace::end_as_done(const std::string& when) {
+  const WorkerFailure& failed = p_.now.failures.front();
+  const std::string why = "worker " + std::to_string(failed.rank) + " (local rank " +
+                          std::to_string(failed.local_rank) + ") failed " + when +
+                          ": nothing is left to recover in place, and the job is done";
+  spdlog::warn("{}", why);
+  p_.telemetry->in_place_job_done(p_.now.round->round, failed.rank, why);
+  p_.feed(Input::kJobFinished);
 }
 
 // The job's one recovery (several nodes: in the job's store), then the generation.

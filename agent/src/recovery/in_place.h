@@ -7,7 +7,9 @@
 // recovery that fails or never comes: the group stops, a group restart while restarts are left
 // (said as inplace_fallback). Elastic jobs also keep their workers across a lost node or a
 // newcomer (recovery/regroup.h), and a newcomer's workers join the running ones
-// (recovery/joining.h).
+// (recovery/joining.h). A worker that fails once every other worker of the job has finished (a
+// crash in its teardown, the commonest) has nobody to rejoin: it is not replaced, or its
+// replacement is stopped once the last of the others finishes, and the job ends done.
 #pragma once
 
 #include <chrono>
@@ -39,6 +41,7 @@ class InPlace final : public RecoveryPolicy {
 
   void workers_failed(bool stops) override;
   void workers_succeeded() override { regroup_.workers_succeeded(); }
+  void worker_succeeded() override;
   void node_lost(int node) override;
   void node_waiting(bool said) override;
 
@@ -61,6 +64,10 @@ class InPlace final : public RecoveryPolicy {
   void give_up_replacing(const std::string& why);
   void start_replacement();
   void on_recovered(const RecoveryOutcome& o);
+  // REPLACING: every other worker of the job has finished (this node's exited 0, every other
+  // node at its exit barrier), `when` says since when: the job ends done.
+  void end_as_done(const std::string& when);
+  bool peers_check_ = false;  // that check is under way
 
   RecoveryParts p_;
   RoundGenerations g_;

@@ -88,6 +88,8 @@ class RecoveryPolicy {
   virtual void workers_failed(bool stops) = 0;
   // Every worker of this node exited 0: feeds the machine.
   virtual void workers_succeeded() = 0;
+  // One worker exited 0 while others still run (a replacement may have nobody left to join).
+  virtual void worker_succeeded() = 0;
   // The watch found another node lost, or a node waiting to join (`said`: the round was running
   // here, the finding logged); the machine is fed next.
   virtual void node_lost(int node) = 0;

@@ -34,11 +34,18 @@ namespace {
 // claimed nothing for this round (a recovery's end, an earlier round's count).
 constexpr int kClaimAttempts = 4;
 
-std::string seconds_text(milliseconds d) {
-  return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
-}
-
 }  // namespace
+
+std::string seconds_text(milliseconds timeout) {
+  const auto ms = timeout.count();
+  std::string text = std::to_string(ms / 1000);
+  if (ms % 1000 != 0) {
+    std::string fraction = std::to_string(1000 + ms % 1000).substr(1);  // "050"
+    while (fraction.back() == '0') fraction.pop_back();
+    text += "." + fraction;
+  }
+  return text + " s";
+}
 
 NodeRendezvous::Impl::Impl(std::unique_ptr<RendezvousStore> session, JobShape shape,
                            RendezvousTimeouts timeouts, std::function<void(const std::string&)> log)
@@ -273,6 +280,12 @@ Task<void> NodeRendezvous::Impl::recovery_over(Assignment a) {
   }
   state.recovery = Recovery::kNone;
   co_await store_->compare_set(key, *now, schema::encode(state));
+}
+
+// The exit barrier's count: a node adds itself once its workers all succeeded (this one has not).
+Task<bool> NodeRendezvous::Impl::others_finished(Assignment a) {
+  const auto done = co_await store_->add(schema::in_round(a.round, name::kDone), 0);
+  co_return done >= a.num_nodes - 1;
 }
 
 Task<int> NodeRendezvous::Impl::replacements() {
@@ -577,6 +590,9 @@ Task<RecoveryClaim> NodeRendezvous::claim_recovery(Assignment a, Recovery kind) 
 }
 Task<void> NodeRendezvous::recovery_over(Assignment a) {
   return impl_->recovery_over(std::move(a));
+}
+Task<bool> NodeRendezvous::others_finished(Assignment a) {
+  return impl_->others_finished(std::move(a));
 }
 Task<int> NodeRendezvous::replacements() {
   return impl_->replacements();

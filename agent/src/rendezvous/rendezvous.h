@@ -153,6 +153,9 @@ struct RecoveryClaim {
   Recovery under_way = Recovery::kNone;
 };
 
+// "300 s", "2.5 s": a timeout as the log says it (the rounds' and the recoveries').
+std::string seconds_text(std::chrono::milliseconds timeout);
+
 struct RendezvousTimeouts {
   std::chrono::milliseconds rdzv{900'000};           // static: until every node joined
   std::chrono::milliseconds join{600'000};           // elastic: until a round forms
@@ -198,6 +201,8 @@ class NodeRendezvous {
   Task<void> recovery_over(Assignment a);
   // The job's replacements so far.
   Task<int> replacements();
+  // Whether every node of round a but this one is at its exit barrier (its workers all succeeded).
+  Task<bool> others_finished(Assignment a);
 
   // Publishes this node's failures for round a and tells every node the round failed.
   Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);

@@ -87,6 +87,7 @@ class NodeRendezvous::Impl {
   Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind);
   Task<void> recovery_over(Assignment a);
   Task<int> replacements();
+  Task<bool> others_finished(Assignment a);
 
   // Both (node_rendezvous.cc).
   Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);

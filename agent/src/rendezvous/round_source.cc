@@ -113,6 +113,7 @@ class LocalRounds final : public RoundSource {
     co_return;
   }
   Task<int> replacements() override { co_return replacements_; }
+  Task<bool> others_finished(Assignment) override { co_return true; }
   // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
   void restart() override {
     if (store_)
@@ -230,6 +231,9 @@ class NodeRounds : public RoundSource {
   }
   Task<void> recovery_over(Assignment a) override { co_await rdzv_->recovery_over(std::move(a)); }
   Task<int> replacements() override { co_return co_await rdzv_->replacements(); }
+  Task<bool> others_finished(Assignment a) override {
+    co_return co_await rdzv_->others_finished(std::move(a));
+  }
   Task<std::vector<WorkerFailure>> collect_failures(Assignment a, std::string reason) override {
     std::vector<WorkerFailure> all;
     try {

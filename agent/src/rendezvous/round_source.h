@@ -79,6 +79,9 @@ class RoundSource {
   virtual Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind) = 0;
   virtual Task<void> recovery_over(Assignment a) = 0;
   virtual Task<int> replacements() = 0;
+  // In place: whether every other node of round a has finished (its workers all succeeded: it is
+  // at the exit barrier). One node: there is no other.
+  virtual Task<bool> others_finished(Assignment a) = 0;
   // Before the round that follows a failed one.
   virtual void restart() = 0;
   // Whether the other nodes need this one to stay once its work is over (it hosts their store);

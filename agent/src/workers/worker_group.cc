@@ -430,6 +430,7 @@ void WorkerGroup::attach_output(Worker& w, const SpawnedProcess& p) {
 void WorkerGroup::reap() {
   const auto reaped_at = std::chrono::system_clock::now();
   std::vector<WorkerFailure> failures;
+  bool exited_ok = false;  // a worker exited 0 (while running)
   int status = 0;
   pid_t pid;
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
@@ -443,6 +444,7 @@ void WorkerGroup::reap() {
       watchdogs_.exited(w.local_rank);
       // A worker the stop ended is "stopped", not failed (the event log's "failed": false).
       bool failed = code != 0 || !watchdog_reason.empty();
+      if (!failed) exited_ok = true;
       if (failed && state_ == State::kRunning) {
         failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
         log_failure(failures.back(), watchdog_reason);
@@ -466,7 +468,13 @@ void WorkerGroup::reap() {
   if (state_ != State::kRunning) return;
   if (!failures.empty() && snapshots_) snapshots_->persist_now();
   if (!failures.empty()) return events_.failed(std::move(failures));
-  if (all_exited(workers_)) events_.succeeded();
+  if (all_exited(workers_)) return events_.succeeded();
+  if (exited_ok && events_.one_succeeded) events_.one_succeeded();
+}
+
+bool WorkerGroup::others_exited(int local_rank) const {
+  return std::all_of(workers_.begin(), workers_.end(),
+                     [&](const Worker& w) { return w.exited || w.local_rank == local_rank; });
 }
 
 WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,

@@ -1,10 +1,11 @@
 // The workers of one round on this node: started together, each in its own process group with
 // its output on pipes; their exits reaped as SIGCHLD reports them; stopped together.
 //
-// The agent drives it and hears back through three events:
+// The agent drives it and hears back through these events:
 //   failed(failures)  while running: workers exited non-zero (all exits reaped at that moment,
 //                     so a crash and the peers it broke are one batch: the earliest is the root)
 //   succeeded()       while running: the last worker exited 0
+//   one_succeeded()   while running: a worker exited 0, others still run
 //   stopped()         after stop(): every worker is reaped and its output drained (a descendant
 //                     that keeps a pipe open is waited for at most kOutputDrainTimeout)
 // Stopping covers what the workers started too (leftovers.h): the agent is a subreaper, every
@@ -76,6 +77,7 @@ class WorkerGroup {
     // A start that waited for the --warm-restart zygote failed, for this reason (the workers
     // that started are stopped by the caller, as when start() throws).
     std::function<void(std::string)> start_failed;
+    std::function<void()> one_succeeded;  // optional
   };
 
   // `janitor` may be null (it could not start). Plans each local rank's device and placement
@@ -122,6 +124,9 @@ class WorkerGroup {
   // The global ranks of the workers still running.
   std::vector<int> running_ranks() const;
   // In-place: the generation local rank `local_rank`'s worker started as.
+  // Whether every worker but local rank `local_rank`'s has exited (while running: with 0, else
+  // the group would have reported a failure).
+  bool others_exited(int local_rank) const;
   int generation_of(int local_rank) const {
     return workers_.at(static_cast<std::size_t>(local_rank)).generation;
   }

@@ -14,6 +14,12 @@
 //   --stall-in-recovery       on restart attempt 0, every rank stops for good (sleeps until it
 //                             is killed) where its recovery begins, and so does each
 //                             replacement as it starts: the group never says it recovered
+//   --crash-at-exit R:after|R:before
+//                             rank R exits with code 3 once the job is over (after the final
+//                             barrier), on restart attempt 0: `after` once every other rank's
+//                             process is gone (reaped by the agent); `before`: at once, while the
+//                             others wait, the job over, until R's replacement has started
+//                             (DIR/born_R_0_1, at most 60 s), then exit 0
 //   --fail-at-start R:G        rank R exits with code 5 as it starts in generation G, before it
 //                             connects to anything (a newcomer's worker that dies before it
 //                             says it arrived), on restart attempt 0
@@ -23,7 +29,9 @@
 //                             one of them was asked to regroup (a node joins), without regrouping;
 //                             or, when the request came between that check and the unit's (the
 //                             group regrouped), at the step after
-//   --out DIR                 DIR/start_<rank>_<attempt>_<generation>: "<pid>", written at start;
+//   --out DIR                 DIR/start_<rank>_<attempt>_<generation>: "<pid>", written at start
+//                             (DIR/born_<rank>_<attempt>_<generation> as the process begins,
+//                             before init(), which a replacement leaves once its group is built);
 //                             DIR/final_<rank>: "<pid> <step> <digest> <generation> <world
 //                             size>" at the end (the rank and world of then: a lost node's
 //                             survivors go on in a smaller world);
@@ -41,6 +49,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +75,8 @@ struct Options {
   std::string finish_file;
   bool finish_when_asked = false;
   bool stall_in_recovery = false;
+  int crash_at_exit = -1;
+  bool crash_after_peers = false;
   std::string out;
 };
 
@@ -80,6 +91,13 @@ void on_signal(int s) {
     ::close(fd);
   }
   std::_Exit(128 + s);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  std::getline(in, text);
+  return text;
 }
 
 void write_file(const std::string& path, const std::string& content) {
@@ -114,6 +132,10 @@ Options parse(int argc, char** argv) {
       const auto colon = value.find(':');
       o.fail_in_recovery = std::stoi(value.substr(0, colon));
       if (colon != std::string::npos) o.fail_in_recovery_file = value.substr(colon + 1);
+    } else if (flag == "--crash-at-exit") {
+      const auto colon = value.find(':');
+      o.crash_at_exit = std::stoi(value.substr(0, colon));
+      o.crash_after_peers = colon != std::string::npos && value.substr(colon + 1) == "after";
     } else if (flag == "--fail-at-start") {
       std::sscanf(value.c_str(), "%d:%d", &o.fail_at_start.rank, &o.fail_at_start.generation);
     } else if (flag == "--finish-at-file") {
@@ -142,7 +164,22 @@ int env_int(const char* name) {
   for (;;) ::pause();
 }
 
+// Waits (at most 60 s) for `done`; false if it never was.
+bool wait_for(const std::function<bool()>& done) {
+  for (int waited_ms = 0; waited_ms < 60'000; waited_ms += 10) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
 int run(const Options& o) {
+  if (!o.out.empty()) {
+    write_file(o.out + "/born_" + std::to_string(env_int("RANK")) + "_" +
+                   std::to_string(env_int("TORCHELASTIC_RESTART_COUNT")) + "_" +
+                   std::to_string(env_int("DIST_LAUNCH_GENERATION")),
+               std::to_string(::getpid()));
+  }
   if (o.fail_at_start.rank >= 0 && env_int("RANK") == o.fail_at_start.rank &&
       env_int("DIST_LAUNCH_GENERATION") == o.fail_at_start.generation &&
       env_int("TORCHELASTIC_RESTART_COUNT") == 0) {
@@ -255,6 +292,31 @@ int run(const Options& o) {
                    std::to_string(dist.env.generation) + " " + std::to_string(dist.env.world_size));
   }
   dist.group->barrier();  // no rank leaves while another may still need it
+  if (o.crash_at_exit >= 0 && attempt == 0 && dist.env.generation == 0) {
+    if (dist.env.rank == o.crash_at_exit) {
+      if (o.crash_after_peers) {
+        wait_for([&] {  // each peer reaped: its pid no longer exists
+          for (int r = 0; r < dist.env.world_size; ++r) {
+            if (r == rank) continue;
+            const long peer =
+                std::atol(read_file(o.out + "/start_" + std::to_string(r) + "_0_0").c_str());
+            if (peer > 0 && ::kill(static_cast<pid_t>(peer), 0) == 0) return false;
+          }
+          return true;
+        });
+      }
+      std::fprintf(stderr, "rank %d: crashing at exit\n", rank);
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+    if (!o.crash_after_peers) {
+      const std::string born = o.out + "/born_" + std::to_string(o.crash_at_exit) + "_0_1";
+      if (!wait_for([&] { return std::filesystem::exists(born); })) {
+        std::fprintf(stderr, "rank %d: no replacement of rank %d started\n", rank, o.crash_at_exit);
+        return 1;
+      }
+    }
+  }
   return 0;
 }
 

@@ -579,6 +579,10 @@ std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfi
   c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown_timeout, Zero::kAllowed);
   c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", r.exit_barrier_timeout);
   c.in_place_timeout = parse_seconds("--in-place-timeout", r.in_place_timeout);
+  if (c.in_place_timeout < std::chrono::milliseconds(1)) {  // the workers get milliseconds
+    throw UsageError("--in-place-timeout must be at least 0.001 seconds, got '" +
+                     r.in_place_timeout + "'");
+  }
   std::vector<std::string> etcd_keys;
   try {
     etcd_keys = apply_rdzv_conf(r.rdzv_conf, c);

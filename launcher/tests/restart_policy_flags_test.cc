@@ -115,6 +115,11 @@ TEST(InPlaceTimeoutFlag, FiveMinutesUnlessGivenInSecondsAndFractions) {
         << error;
     EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
   }
+  std::string error;  // the workers get whole milliseconds: none of them is not a timeout
+  EXPECT_EQ(parse({"--in-place-timeout", "0.0004"}, &error).exit_code, dist::launcher::kExitUsage);
+  EXPECT_NE(error.find("--in-place-timeout must be at least 0.001 seconds, got '0.0004'"),
+            std::string::npos)
+      << error;
 }
 
 }  // namespace

@@ -154,8 +154,7 @@ class Agent {
         return restart();
       case State::kSucceeded:
         if (now_.stop_reason == StopReason::kJobFinished) {
-          spdlog::info(
-              "the job finished: its other workers succeeded before this node's joined them");
+          spdlog::info("the job finished: its other workers succeeded");
         } else if (config_.nproc_per_node == 1) {
           spdlog::info("the worker of this node succeeded");
         } else {

@@ -59,8 +59,9 @@ std::string_view state_name(State state);
 
 // Why the group is being stopped: decides where STOPPING leads once every worker is gone.
 // kRoundEnded: elsewhere (a failure on another node, a lost node, a node waiting to join).
-// kJobFinished: in place, the job's running workers finished before this node's joined them
-// (a newcomer's): they are stopped, and the node succeeds with the others.
+// kJobFinished: in place, the job's other workers finished before this node's joined them (a
+// newcomer's), or before a failed worker's replacement could (or did) rejoin them: this node's
+// are stopped, and the node succeeds with the others.
 enum class StopReason {
   kAllSucceeded,
   kJobFinished,
@@ -101,8 +102,8 @@ enum class Input {
   kRegrouped,            // in-place, elastic: the survivors run on in the next round
   kRegroupFailed,        // in-place, elastic: they cannot (the verdict, the round, the store);
                          // in STOPPING: a regroup's join, left behind, has reported back
-  kJobFinished,          // in-place, elastic, a newcomer: the running workers finished the job
-                         // before this node's workers joined them
+  kJobFinished,          // in-place: the job's other workers finished it before this node's
+                         // joined them (a newcomer's), or a failed one's replacement could
 };
 
 // What the job's mode and this node's progress say, as the machine needs it.

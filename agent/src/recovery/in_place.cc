@@ -98,7 +98,7 @@ void InPlace::replace() {
   replacing_rank_ = p_.now.failures.front().rank;
   generation_claimed_ = false;
   peers_check_ = false;
-  if (!p_.group->others_exited(p_.now.failures.front().local_rank)) {
+  if (!peers_may_have_finished()) {
     return p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c); });
   }
   // This node's other workers have all finished: the others' nodes too?
@@ -115,8 +115,7 @@ void InPlace::replace() {
 // finishing leaves it nobody to join (a survivor that was still tearing down when the failed
 // worker crashed): the job is done.
 void InPlace::worker_succeeded() {
-  if (p_.now.state != State::kReplacing || peers_check_) return;
-  if (!p_.group->others_exited(p_.now.failures.front().local_rank)) return;
+  if (p_.now.state != State::kReplacing || peers_check_ || !peers_may_have_finished()) return;
   peers_check_ = true;
   p_.steps.launch(p_.rounds.others_finished(*p_.now.round), [this](bool finished) {
     if (p_.now.state != State::kReplacing) return;
@@ -130,8 +129,17 @@ void InPlace::worker_succeeded() {
 
 // The failed worker had nobody left to rejoin: what the job set out to do, its other workers
 // did. Said with the failure; no replacement, no group restart (which would train it all again).
+// A world of one has no peer to have finished: its failure is recovered (or fails) as any other.
+bool InPlace::peers_may_have_finished() const {
+  return p_.now.round->world_size > 1 &&
+         p_.group->others_exited(p_.now.failures.front().local_rank);
+}
+
 void InPlace::end_as_done(const std::string& when) {
   const WorkerFailure& failed = p_.now.failures.front();
+  if (generation_claimed_ && p_.rounds.several_nodes()) {  // the job's recovery was claimed
+    p_.steps.fire_and_forget(p_.rounds.recovery_over(*p_.now.round), "ending the recovery");
+  }
   const std::string why = "worker " + std::to_string(failed.rank) + " (local rank " +
                           std::to_string(failed.local_rank) + ") failed " + when +
                           ": nothing is left to recover in place, and the job is done";

@@ -67,7 +67,8 @@ class InPlace final : public RecoveryPolicy {
   // REPLACING: every other worker of the job has finished (this node's exited 0, every other
   // node at its exit barrier), `when` says since when: the job ends done.
   void end_as_done(const std::string& when);
-  bool peers_check_ = false;  // that check is under way
+  bool peers_may_have_finished() const;  // this node's others exited, in a world of several
+  bool peers_check_ = false;             // that check is under way
 
   RecoveryParts p_;
   RoundGenerations g_;

@@ -283,9 +283,12 @@ Task<void> NodeRendezvous::Impl::recovery_over(Assignment a) {
 }
 
 // The exit barrier's count: a node adds itself once its workers all succeeded (this one has not).
+// Read, not ADDed to: the key's existence says the round is finishing (a newcomer then waits for
+// the next round), so a check must not create it.
 Task<bool> NodeRendezvous::Impl::others_finished(Assignment a) {
-  const auto done = co_await store_->add(schema::in_round(a.round, name::kDone), 0);
-  co_return done >= a.num_nodes - 1;
+  const std::string key = schema::in_round(a.round, name::kDone);
+  const auto done = co_await store_->try_get(key);
+  co_return (done ? schema::decode_int(key, *done) : 0) >= a.num_nodes - 1;
 }
 
 Task<int> NodeRendezvous::Impl::replacements() {

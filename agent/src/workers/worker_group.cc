@@ -430,7 +430,7 @@ void WorkerGroup::attach_output(Worker& w, const SpawnedProcess& p) {
 void WorkerGroup::reap() {
   const auto reaped_at = std::chrono::system_clock::now();
   std::vector<WorkerFailure> failures;
-  bool exited_ok = false;  // a worker exited 0 (while running)
+  bool exited_ok = false;  // a worker exited 0 (reported only while running)
   int status = 0;
   pid_t pid;
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {

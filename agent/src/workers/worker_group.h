@@ -123,10 +123,10 @@ class WorkerGroup {
   void ask_to_regroup() { watchdogs_.ask_to_regroup(round_.round); }
   // The global ranks of the workers still running.
   std::vector<int> running_ranks() const;
-  // In-place: the generation local rank `local_rank`'s worker started as.
   // Whether every worker but local rank `local_rank`'s has exited (while running: with 0, else
-  // the group would have reported a failure).
+  // the group would have reported a failure). True when there is no other.
   bool others_exited(int local_rank) const;
+  // In-place: the generation local rank `local_rank`'s worker started as.
   int generation_of(int local_rank) const {
     return workers_.at(static_cast<std::size_t>(local_rank)).generation;
   }

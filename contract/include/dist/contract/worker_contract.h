@@ -98,7 +98,6 @@ inline constexpr char kRestartPolicyVariable[] = "DIST_LAUNCH_RESTART_POLICY";
 // a generation's group and state by it (the SDK's RecoveryOptions::group_timeout,
 // dist_launch.elastic's group timeout).
 inline constexpr char kInPlaceTimeoutVariable[] = "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS";
-inline constexpr long long kDefaultInPlaceTimeoutMs = 300'000;
 inline constexpr char kInPlacePolicy[] = "in-place";
 inline constexpr char kGenerationVariable[] = "DIST_LAUNCH_GENERATION";
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "command_line.h"
+#include "dist/contract/worker_contract.h"
 #include "hosts_options.h"
 #include "job_token.h"
 #include "warm_options.h"
@@ -34,7 +35,8 @@ struct RawOptions {
   // Lifecycle.
   std::string max_restarts = "0";
   std::string restart_policy = "group";
-  std::string in_place_timeout = "300";
+  std::string in_place_timeout =  // seconds
+      std::to_string(worker_contract::kDefaultInPlaceTimeout.count() / 1000);
   std::string monitor_interval = "0.1";  // accepted for torchrun compatibility
   std::string start_method = "spawn";    // (the same)
   std::string event_log_handler = "null";

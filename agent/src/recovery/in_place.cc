@@ -98,17 +98,11 @@ void InPlace::replace() {
   replacing_rank_ = p_.now.failures.front().rank;
   generation_claimed_ = false;
   peers_check_ = false;
-  if (!peers_may_have_finished()) {
-    return p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c); });
-  }
-  // This node's other workers have all finished: the others' nodes too?
-  peers_check_ = true;
-  p_.steps.launch(p_.rounds.others_finished(*p_.now.round), [this](bool finished) {
-    if (p_.now.state != State::kReplacing) return;
-    peers_check_ = false;
-    if (finished) return end_as_done("after every other worker of the job had finished");
+  const auto claim = [this] {
     p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c); });
-  });
+  };
+  if (!peers_may_have_finished()) return claim();
+  end_if_others_finished("after every other worker of the job had finished", claim);
 }
 
 // A worker of this node exited 0. While a replacement waits for its group, the last of its peers
@@ -116,25 +110,31 @@ void InPlace::replace() {
 // worker crashed): the job is done.
 void InPlace::worker_succeeded() {
   if (p_.now.state != State::kReplacing || peers_check_ || !peers_may_have_finished()) return;
-  peers_check_ = true;
-  p_.steps.launch(p_.rounds.others_finished(*p_.now.round), [this](bool finished) {
-    if (p_.now.state != State::kReplacing) return;
-    peers_check_ = false;
-    if (finished) {
-      end_as_done(
-          "and every other worker of the job has finished since: its replacement is stopped");
-    }
-  });
+  end_if_others_finished(
+      "and every other worker of the job has finished since: its replacement is stopped", {});
 }
 
-// The failed worker had nobody left to rejoin: what the job set out to do, its other workers
-// did. Said with the failure; no replacement, no group restart (which would train it all again).
 // A world of one has no peer to have finished: its failure is recovered (or fails) as any other.
 bool InPlace::peers_may_have_finished() const {
   return p_.now.round->world_size > 1 &&
          p_.group->others_exited(p_.now.failures.front().local_rank);
 }
 
+// This node's other workers have all finished: the other nodes' too? Then the job is done (said
+// with `when`); else `otherwise` runs, if any.
+void InPlace::end_if_others_finished(const std::string& when, std::function<void()> otherwise) {
+  peers_check_ = true;
+  p_.steps.launch(p_.rounds.others_finished(*p_.now.round),
+                  [this, when, otherwise = std::move(otherwise)](bool finished) {
+                    if (p_.now.state != State::kReplacing) return;
+                    peers_check_ = false;
+                    if (finished) return end_as_done(when);
+                    if (otherwise) otherwise();
+                  });
+}
+
+// The failed worker had nobody left to rejoin: what the job set out to do, its other workers
+// did. Said with the failure; no replacement, no group restart (which would train it all again).
 void InPlace::end_as_done(const std::string& when) {
   const WorkerFailure& failed = p_.now.failures.front();
   if (generation_claimed_ && p_.rounds.several_nodes()) {  // the job's recovery was claimed

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,7 @@ class InPlace final : public RecoveryPolicy {
   void on_recovered(const RecoveryOutcome& o);
   // REPLACING: every other worker of the job has finished (this node's exited 0, every other
   // node at its exit barrier), `when` says since when: the job ends done.
+  void end_if_others_finished(const std::string& when, std::function<void()> otherwise);
   void end_as_done(const std::string& when);
   bool peers_may_have_finished() const;  // this node's others exited, in a world of several
   bool peers_check_ = false;             // that check is under way

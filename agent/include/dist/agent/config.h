@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/contract/worker_contract.h"
 #include "dist/store/server.h"
 
 namespace dist::agent {
@@ -228,7 +229,7 @@ struct LifecycleConfig {
   // --in-place-timeout: from a worker's failure to its group's word that it recovered in place
   // (or a regroup's); past it the whole group restarts. The workers get it too (their wait for the
   // group and its state).
-  std::chrono::milliseconds in_place_timeout{300'000};
+  std::chrono::milliseconds in_place_timeout = worker_contract::kDefaultInPlaceTimeout;
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::vector<int> signals_to_handle;  // forwarded to every worker
   // A pipe from the launcher that started this agent (dist-launch --hosts; agent_launch.h): its

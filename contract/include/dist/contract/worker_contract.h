@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -98,6 +99,7 @@ inline constexpr char kRestartPolicyVariable[] = "DIST_LAUNCH_RESTART_POLICY";
 // a generation's group and state by it (the SDK's RecoveryOptions::group_timeout,
 // dist_launch.elastic's group timeout).
 inline constexpr char kInPlaceTimeoutVariable[] = "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS";
+inline constexpr std::chrono::milliseconds kDefaultInPlaceTimeout{300'000};  // without the flag
 inline constexpr char kInPlacePolicy[] = "in-place";
 inline constexpr char kGenerationVariable[] = "DIST_LAUNCH_GENERATION";
 

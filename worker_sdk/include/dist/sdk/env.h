@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "dist/contract/worker_contract.h"
 #include "dist/store/client.h"
 
 namespace dist::sdk {
@@ -37,7 +38,7 @@ struct WorkerEnv {
   int generation = 0;
   // How long an in-place recovery may take (--in-place-timeout, DIST_LAUNCH_IN_PLACE_TIMEOUT_MS):
   // the agent restarts the group past it, so a worker waits no longer for a generation's group.
-  std::chrono::milliseconds in_place_timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds in_place_timeout = worker_contract::kDefaultInPlaceTimeout;
 
   // Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
   // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID, DIST_LAUNCH_TOKEN_FILE,

@@ -246,28 +246,14 @@ TEST_F(EtcdJob, InPlaceReplacesTheFailedWorkerAloneAndTheOtherNodeRunsOn) {
     fs::create_directories(out / tag);
     std::vector<Child*> nodes;
     for (const std::string node : {"a", "b"}) {
-      std::vector<std::string> args{"--nnodes",
-                                    "2",
-                                    "--rdzv-backend",
-                                    "etcd-v3",
-                                    "--rdzv-endpoint",
-                                    cluster_->endpoint_list(),
-                                    "--rdzv-id",
-                                    "inplace-" + tag,
-                                    "--nproc-per-node",
-                                    "1",
-                                    "--local-addr",
-                                    "127.0.0.1",
-                                    "--max-restarts",
-                                    "1",
-                                    "--restart-policy",
-                                    "in-place",
-                                    "--no-python",
-                                    kInPlaceWorker,
-                                    "--steps",
-                                    "30",
-                                    "--out",
-                                    (out / tag).string()};
+      std::vector<std::string> args{"--nnodes", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                                    cluster_->endpoint_list(), "--rdzv-id", "inplace-" + tag,
+                                    // This test is about in-place recovery, not lost leases: a
+                                    // TTL of 6 s, not 2, rides out a loaded machine's stalls.
+                                    "--rdzv-conf", "keep_alive_interval=3", "--nproc-per-node", "1",
+                                    "--local-addr", "127.0.0.1", "--max-restarts", "1",
+                                    "--restart-policy", "in-place", "--no-python", kInPlaceWorker,
+                                    "--steps", "30", "--out", (out / tag).string()};
       args.insert(args.end(), crash.begin(), crash.end());
       agents_.push_back(
           std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (tag + "_" + node + ".log")));

@@ -11,21 +11,28 @@ restarted worker resumes from its last step without reading a checkpoint from di
 
 Under `dist-launch --snapshot-memory SIZE` (or `--snapshot-dir DIR`) the agent owns a directory in
 /dev/shm, named in DIST_LAUNCH_SNAPSHOT_DIR, and removes it when the job ends. save() writes one
-file per save into this local rank's folder: tensors (torch or numpy) as their raw bytes, the rest
-of the object pickled around them. A save is atomic: it is written under a temporary name and
-renamed when complete, so a save torn by a crash is never loaded. Each local rank keeps its two
-newest snapshots (the older one's memory is reused by the next save: a save is a copy, not an
-allocation); all of them together stay within --snapshot-memory, and a save past it raises
-SnapshotMemoryError. With --snapshot-dir the agent also copies them to disk (in the background, and
-at once when a worker fails), and load() reads them there after a restart of the node.
+file per save into this rank's folder: tensors (torch or numpy) as their raw bytes, the rest of the
+object pickled around them. A save is atomic: it is written under a temporary name and renamed when
+complete, so a save torn by a crash is never loaded. Each rank keeps its two newest snapshots (the
+older one's memory is reused by the next save: a save is a copy, not an allocation); all of them
+together stay within --snapshot-memory, and a save past it raises SnapshotMemoryError. With
+--snapshot-dir the agent also copies them to DIR/JOB (JOB: the job's --rdzv-id; in the background,
+and at once when a worker fails), and load() reads them there after a restart of the node or in the
+job's next run.
 
-load() returns the newest step that every local rank with snapshots has complete (so that DDP
-replicas resume together), else this rank's newest. Across nodes, agree on a step yourself (an
-all_reduce of MIN over steps()) and load(step).
+Every snapshot names its job (--rdzv-id), global rank and world size, and load() returns only this
+rank's, of this job, in this world size: never another rank's (under --virtual-local-rank every
+worker is local rank 0), never one another job left in a shared --snapshot-dir. The newest *saved*
+wins (a resumed run's step 110 beats the step 5000 an earlier run left). load() prefers the newest
+step that every rank here has (so that replicas and shards resume together), else this rank's
+newest. State that is the same on every rank (DDP's) may pass replicated=True: any rank's newest
+save of this job, whatever rank and world size saved it (an elastic job that reshaped). Across
+nodes, agree on a step yourself (an all_reduce of MIN over steps()) and load(step).
 
 Outside dist-launch (or without those options) save() saves nothing and returns False, and load()
 returns None. Importing this module imports neither torch nor numpy; loading imports whichever
-the snapshot holds. The C++ SDK (dist/sdk/snapshot.h) reads and writes the same files.
+the snapshot holds. The C++ SDK (dist/sdk/snapshot.h) reads and writes the same files; the format
+and its rules: docs/SNAPSHOTS.md.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ import os
 import pickle
 import struct
 import sys
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["SnapshotError", "SnapshotMemoryError", "enabled", "load", "save", "steps"]
@@ -43,14 +51,16 @@ __all__ = ["SnapshotError", "SnapshotMemoryError", "enabled", "load", "save", "s
 DIR_VARIABLE = "DIST_LAUNCH_SNAPSHOT_DIR"
 MEMORY_VARIABLE = "DIST_LAUNCH_SNAPSHOT_MEMORY"
 PERSIST_VARIABLE = "DIST_LAUNCH_SNAPSHOT_PERSIST_DIR"
-KEEP = 2  # complete snapshots per local rank
+RUN_VARIABLE = "DIST_LAUNCH_SNAPSHOT_RUN"
+KEEP = 2  # complete snapshots per rank
 
-MAGIC = b"DLSNAP01"
+MAGIC = b"DLSNAP02"
 FOOTER = b"DLSNAPOK"
 ALIGN = 64
-FORMAT = 1
+FORMAT = 2
 _PREFIX = struct.Struct("<8sQ")  # magic, header length
-_FOOTER = struct.Struct("<8sQ")  # "DLSNAPOK", total size
+_FOOTER = struct.Struct("<8sQQ")  # "DLSNAPOK", total size, save id (the header's)
+_NO_FOOTER = bytes(_FOOTER.size)
 
 
 class SnapshotError(RuntimeError):
@@ -78,12 +88,44 @@ def _step_of(name: str) -> Optional[int]:
     return None
 
 
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
 def _local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    return _env_int("LOCAL_RANK", 0)
 
 
-def _rank_dir(root: str, local_rank: int) -> str:
-    return os.path.join(root, f"local_rank_{local_rank}")
+def _rank() -> int:
+    return _env_int("RANK", 0)
+
+
+def _world_size() -> int:
+    return _env_int("WORLD_SIZE", 1)
+
+
+def _job() -> str:
+    return os.environ.get("TORCHELASTIC_RUN_ID") or "none"
+
+
+def _who() -> str:
+    return f"rank {_rank()} (local rank {_local_rank()})"
+
+
+def _rank_dir(root: str, rank: int) -> str:
+    return os.path.join(root, f"rank_{rank}")
+
+
+def _rank_of_folder(name: str) -> Optional[int]:
+    if name.startswith("rank_"):
+        try:
+            return int(name[len("rank_"):])
+        except ValueError:
+            return None
+    return None
 
 
 def enabled() -> bool:
@@ -206,6 +248,10 @@ class _Plan:
 
     def __init__(self, step: int, obj: Any):
         import io
+        self.saved_at = time.time_ns()
+        self.save_id = 0
+        while not self.save_id:  # 0 is no save
+            self.save_id = int.from_bytes(os.urandom(8), "little")
         self.tensors: List[_Tensor] = []
         buffer = io.BytesIO()
         pickler = _Pickler(buffer, self.tensors)
@@ -232,7 +278,10 @@ class _Plan:
 
     def _header(self, step: int, skeleton_offset: int, size: int) -> bytes:
         return json.dumps({
-            "format": FORMAT, "step": step, "local_rank": _local_rank(), "writer": "python",
+            "format": FORMAT, "job": _job(), "run": os.environ.get(RUN_VARIABLE, ""),
+            "rank": _rank(), "world_size": _world_size(), "local_rank": _local_rank(),
+            "generation": _env_int("TORCHELASTIC_RESTART_COUNT", 0), "step": step,
+            "saved_at": self.saved_at, "save_id": self.save_id, "writer": "python",
             "skeleton": {"kind": "pickle", "offset": skeleton_offset,
                          "size": len(self.skeleton)},
             "tensors": [{"name": t.name, "kind": t.kind, "dtype": t.dtype, "shape": t.shape,
@@ -242,13 +291,16 @@ class _Plan:
             "size": size}).encode()
 
     def write(self, fd: int) -> None:
-        os.pwrite(fd, _PREFIX.pack(MAGIC, len(self.header)) + self.header, 0)
+        """The data, then the header, then the footer (_reserve zeroed the footers first): a
+        reader that overlaps the rewrite of a recycled file sees a zeroed footer or two save ids
+        (docs/SNAPSHOTS.md)."""
         os.pwrite(fd, self.skeleton, self.skeleton_offset)
         for t in self.tensors:
             written = 0
             while written < t.nbytes:  # a write of more than 2 GiB returns short
                 written += os.pwrite(fd, t.view[written:], t.offset + written)
-        os.pwrite(fd, _FOOTER.pack(FOOTER, self.size), self.size - _FOOTER.size)
+        os.pwrite(fd, _PREFIX.pack(MAGIC, len(self.header)) + self.header, 0)
+        os.pwrite(fd, _FOOTER.pack(FOOTER, self.size, self.save_id), self.size - _FOOTER.size)
 
 
 def _allocated(path: str) -> int:
@@ -307,10 +359,81 @@ def _human(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def _header_of(path: str) -> Optional[dict]:
+    """The header of a whole snapshot (its footer's save id is the header's), reading only the two
+    ends; None for anything else: torn, being rewritten, or not a snapshot of this format."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < _PREFIX.size + _FOOTER.size:
+                return None
+            magic, header_len = _PREFIX.unpack(f.read(_PREFIX.size))
+            if magic != MAGIC or _PREFIX.size + header_len + _FOOTER.size > size:
+                return None
+            header_bytes = f.read(header_len)
+            footer = os.pread(f.fileno(), _FOOTER.size, size - _FOOTER.size)
+    except OSError:
+        return None
+    if len(footer) != _FOOTER.size:
+        return None
+    tag, total, save_id = _FOOTER.unpack(footer)
+    if tag != FOOTER or total != size or not save_id:
+        return None
+    try:
+        header = json.loads(header_bytes)
+    except ValueError:
+        return None
+    if not isinstance(header, dict) or header.get("format") != FORMAT or \
+            header.get("save_id") != save_id:
+        return None
+    return header
+
+
+def _saved_at(path: str) -> int:
+    header = _header_of(path)
+    return int(header.get("saved_at", 0)) if header else -1
+
+
+def _current_ranks(root: str) -> Optional[set]:
+    """The ranks the agent runs on this node now (.ranks), None when it lists none."""
+    try:
+        with open(os.path.join(root, ".ranks")) as f:
+            return {int(line) for line in f if line.strip()}
+    except (OSError, ValueError):
+        return None
+
+
+def _evict_other_ranks(root: str, needed: int, limit: int) -> int:
+    """Removes snapshots of ranks this node no longer runs (an elastic job that reshaped), oldest
+    saved first, until `needed` more bytes fit; returns the usage after."""
+    usage = _usage(root)
+    current = _current_ranks(root)
+    if current is None:
+        return usage
+    stale = []
+    for name in os.listdir(root):
+        rank = _rank_of_folder(name)
+        if rank is None or rank in current:
+            continue
+        folder = os.path.join(root, name)
+        stale.extend((_saved_at(os.path.join(folder, n)), os.path.join(folder, n))
+                     for n in os.listdir(folder) if _step_of(n) is not None)
+    for _, path in sorted(stale):
+        if usage + needed <= limit:
+            break
+        freed = _allocated(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        usage -= freed
+    return usage
+
+
 def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
-    """Under the store's lock: a file of `size` bytes for this save, allocated (the oldest
-    snapshot's memory reused when this rank has KEEP of them), within the memory limit. Returns
-    (descriptor, temporary path)."""
+    """Under the store's lock: a file of `size` bytes for this save, allocated (the memory of this
+    rank's oldest saved snapshot reused when it keeps KEEP of them, or of the same step's), within
+    the memory limit, its old and new footers zeroed. Returns (descriptor, temporary path)."""
     limit = int(os.environ.get(MEMORY_VARIABLE, "0") or 0)
     lock = os.open(os.path.join(root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -321,7 +444,8 @@ def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
         if step in complete:
             recycled = _step_name(step)
         elif len(complete) >= KEEP:
-            recycled = _step_name(complete[0])
+            recycled = min((_step_name(s) for s in complete),
+                           key=lambda n: _saved_at(os.path.join(rank_dir, n)))
         temporary = os.path.join(rank_dir, f".tmp.{_step_name(step)}.{os.getpid()}")
         reused = 0
         if recycled is not None:
@@ -329,34 +453,38 @@ def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
         usage = _usage(root)
         needed = max(0, size - reused)
         if limit and usage + needed > limit:
+            usage = _evict_other_ranks(root, needed, limit)
+        if limit and usage + needed > limit:
             raise SnapshotMemoryError(
-                f"snapshot of local rank {_local_rank()} at step {step} needs {_human(size)}: "
-                f"the snapshots hold {_human(usage)} of --snapshot-memory {_human(limit)} "
-                f"(each local rank keeps {KEEP} and writes a third while saving); raise "
-                f"--snapshot-memory or save less")
+                f"snapshot of {_who()} at step {step} needs {_human(size)}: the snapshots hold "
+                f"{_human(usage)} of --snapshot-memory {_human(limit)} (each rank keeps {KEEP} "
+                f"and writes a third while saving); raise --snapshot-memory or save less")
         if recycled is not None:
             os.rename(os.path.join(rank_dir, recycled), temporary)
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             have = os.fstat(fd).st_size  # a reused file's memory is all there already
+            if have >= _FOOTER.size:  # whoever still reads the old save sees it is gone
+                os.pwrite(fd, _NO_FOOTER, have - _FOOTER.size)
             if have > size:
                 os.ftruncate(fd, size)
             elif have < size:
                 os.posix_fallocate(fd, have, size - have)
+            os.pwrite(fd, _NO_FOOTER, size - _FOOTER.size)
         except OSError as e:
             os.close(fd)
             os.unlink(temporary)
-            raise SnapshotMemoryError(f"cannot allocate {_human(size)} for the snapshot of local "
-                                      f"rank {_local_rank()} at step {step}: {e}") from e
+            raise SnapshotMemoryError(f"cannot allocate {_human(size)} for the snapshot of "
+                                      f"{_who()} at step {step}: {e}") from e
         return fd, temporary
     finally:
         os.close(lock)
 
 
 def save(step: int, obj: Any) -> bool:
-    """Stores `obj` (a state_dict, or any picklable object; its tensors as raw bytes) as this local
-    rank's snapshot at `step`, atomically. Returns False when no agent holds snapshots here.
-    Raises SnapshotMemoryError past --snapshot-memory, SnapshotError when it cannot be written."""
+    """Stores `obj` (a state_dict, or any picklable object; its tensors as raw bytes) as this rank's
+    snapshot at `step`, atomically. Returns False when no agent holds snapshots here. Raises
+    SnapshotMemoryError past --snapshot-memory, SnapshotError when it cannot be written."""
     root = os.environ.get(DIR_VARIABLE)
     if not root:
         _warn_disabled()
@@ -365,22 +493,21 @@ def save(step: int, obj: Any) -> bool:
     if step < 0:
         raise ValueError(f"snapshot step must be >= 0, got {step}")
     plan = _Plan(step, obj)
-    rank_dir = _rank_dir(root, _local_rank())
+    rank_dir = _rank_dir(root, _rank())
     try:
         os.makedirs(rank_dir, exist_ok=True)
         fd, temporary = _reserve(root, rank_dir, step, plan.size)
     except SnapshotError:
         raise
     except OSError as e:
-        raise SnapshotError(f"cannot save the snapshot of local rank {_local_rank()} at step "
-                            f"{step} in {rank_dir}: {e}") from e
+        raise SnapshotError(f"cannot save the snapshot of {_who()} at step {step} in "
+                            f"{rank_dir}: {e}") from e
     try:
         plan.write(fd)
     except OSError as e:
         os.close(fd)
         os.unlink(temporary)
-        raise SnapshotError(f"cannot write the snapshot of local rank {_local_rank()} at step "
-                            f"{step}: {e}") from e
+        raise SnapshotError(f"cannot write the snapshot of {_who()} at step {step}: {e}") from e
     os.close(fd)
     os.rename(temporary, os.path.join(rank_dir, _step_name(step)))
     return True
@@ -389,30 +516,62 @@ def save(step: int, obj: Any) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Reading
 
-def _roots() -> List[str]:
-    return [r for r in (os.environ.get(DIR_VARIABLE), os.environ.get(PERSIST_VARIABLE)) if r]
+def _roots() -> List[Tuple[str, str]]:
+    """(where, path) of shared memory, then of --snapshot-dir."""
+    return [(where, r) for where, r in (("shared memory", os.environ.get(DIR_VARIABLE)),
+                                        ("--snapshot-dir", os.environ.get(PERSIST_VARIABLE)))
+            if r]
 
 
-def _steps_by_rank() -> Dict[int, set]:
-    found: Dict[int, set] = {}
-    for root in _roots():
+class _Found:
+    """One whole snapshot file of this job, by its header."""
+
+    def __init__(self, where: str, path: str, header: dict):
+        self.where, self.path, self.header = where, path, header
+        self.step = int(header.get("step", -1))
+        self.saved_at = int(header.get("saved_at", 0))
+        self.rank = header.get("rank")
+
+
+def _found(replicated: bool) -> Dict[int, List[_Found]]:
+    """This job's whole snapshots here, by rank folder: every folder's with `replicated`, else
+    those saved in this world size (this rank's, and its peers', for the steps they share)."""
+    job, world = _job(), _world_size()
+    by_rank: Dict[int, List[_Found]] = {}
+    for where, root in _roots():
         try:
             names = os.listdir(root)
         except FileNotFoundError:
             continue
         for name in names:
-            if name.startswith("local_rank_"):
-                try:
-                    rank = int(name[len("local_rank_"):])
-                except ValueError:
+            rank = _rank_of_folder(name)
+            if rank is None:
+                continue
+            folder = os.path.join(root, name)
+            try:
+                files = os.listdir(folder)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for file in files:
+                if _step_of(file) is None:
                     continue
-                found.setdefault(rank, set()).update(_complete_steps(os.path.join(root, name)))
-    return found
+                path = os.path.join(folder, file)
+                header = _header_of(path)
+                if header is None or header.get("job") != job or header.get("rank") != rank:
+                    continue  # torn, or foreign: never returned
+                if not replicated and header.get("world_size") != world:
+                    continue
+                by_rank.setdefault(rank, []).append(_Found(where, path, header))
+    return by_rank
 
 
 def steps() -> List[int]:
-    """This local rank's complete snapshots' steps, oldest first."""
-    return sorted(_steps_by_rank().get(_local_rank(), ()))
+    """This rank's complete snapshots' steps (of this job, in this world size), oldest saved first
+    (the last is the newest save, whatever its step)."""
+    newest: Dict[int, int] = {}
+    for f in _found(False).get(_rank(), []):
+        newest[f.step] = max(newest.get(f.step, f.saved_at), f.saved_at)
+    return sorted(newest, key=lambda step: (newest[step], step))
 
 
 def _buffer(size: int) -> Any:
@@ -437,13 +596,15 @@ def _read(path: str) -> Tuple[dict, Any]:
     if got != size or size < _PREFIX.size + _FOOTER.size:
         raise SnapshotError(f"{path}: truncated")
     magic, header_len = _PREFIX.unpack_from(data, 0)
-    footer, total = _FOOTER.unpack_from(data, size - _FOOTER.size)
-    if magic != MAGIC or footer != FOOTER or total != size:
+    footer, total, save_id = _FOOTER.unpack_from(data, size - _FOOTER.size)
+    if magic != MAGIC or footer != FOOTER or total != size or not save_id:
         raise SnapshotError(f"{path}: not a complete dist-launch snapshot")
     header = json.loads(bytes(memoryview(data)[_PREFIX.size:_PREFIX.size + header_len]))
     if header.get("format") != FORMAT:
         raise SnapshotError(f"{path}: snapshot format {header.get('format')}, this reads "
                             f"{FORMAT}")
+    if header.get("save_id") != save_id:  # read while it was rewritten
+        raise SnapshotError(f"{path}: torn (rewritten while read)")
     return header, data
 
 
@@ -486,7 +647,7 @@ class _Unpickler(pickle.Unpickler):
         return self.tensors[index]
 
 
-def _load_file(path: str) -> Tuple[int, Any]:
+def _load_file(path: str) -> Tuple[dict, Any]:
     import io
     header, data = _read(path)
     tensors = [_rebuild(entry, data) for entry in header["tensors"]]
@@ -497,34 +658,65 @@ def _load_file(path: str) -> Tuple[int, Any]:
         obj = _Unpickler(io.BytesIO(skeleton_bytes), tensors).load()
     else:  # the C++ SDK's: named tensors
         obj = {entry["name"]: t for entry, t in zip(header["tensors"], tensors)}
-    return int(header["step"]), obj
+    return header, obj
 
 
-def _choose(by_rank: Dict[int, set], rank: int) -> List[int]:
-    """This rank's steps to try, best first: those every rank with snapshots has, newest first,
-    then the rest of this rank's."""
-    mine = by_rank.get(rank, set())
-    common = set(mine)
-    for other in by_rank.values():
-        if other:
-            common &= other
-    return sorted(common, reverse=True) + sorted(mine - common, reverse=True)
+def _order(by_rank: Dict[int, List[_Found]], rank: int, replicated: bool) -> List[_Found]:
+    """The files to try, best first. Newest saved first (not highest step: an earlier run's step
+    5000 loses to this run's 110); for this rank, the steps every rank folder here has before the
+    rest (replicas and shards resume at one step)."""
+    def newest_first(files: List[_Found]) -> List[_Found]:
+        return sorted(files, key=lambda f: (f.saved_at, f.where == "shared memory"), reverse=True)
+
+    if replicated:
+        return newest_first([f for files in by_rank.values() for f in files])
+    mine = newest_first(by_rank.get(rank, []))
+    if not mine:
+        return []
+    common = {f.step for f in mine}
+    for files in by_rank.values():
+        common &= {f.step for f in files}
+    # Of the run that saved this rank's newest: an earlier run's step that every rank has never
+    # beats this run's newer ones.
+    run = mine[0].header.get("run")
+    preferred = [f for f in mine if f.step in common and f.header.get("run") == run]
+    return preferred + [f for f in mine if f not in preferred]
 
 
-def load(step: Optional[int] = None) -> Optional[Tuple[int, Any]]:
-    """(step, obj) of this local rank's newest complete snapshot that every local rank with
-    snapshots has (or of `step`), None when there is none. Tensors come back as they were saved
-    (torch or numpy, on the CPU), sharing one buffer per snapshot."""
-    rank = _local_rank()
-    by_rank = _steps_by_rank()
-    candidates = [step] if step is not None else _choose(by_rank, rank)
-    for candidate in candidates:
-        for root in _roots():
-            path = os.path.join(_rank_dir(root, rank), _step_name(candidate))
-            if not os.path.exists(path):
-                continue
-            try:
-                return _load_file(path)
-            except (OSError, SnapshotError, ValueError, KeyError):
-                continue  # replaced while read, or a damaged copy: the next one
+def _say(text: str) -> None:
+    print(f"dist_launch.snapshot: {text}", file=sys.stderr, flush=True)
+
+
+def load(step: Optional[int] = None, *, replicated: bool = False) -> Optional[Tuple[int, Any]]:
+    """(step, obj) of this rank's newest complete snapshot of this job (preferring a step that
+    every rank here has), or of `step`; None when there is none. Only this rank's files, saved in
+    this world size, are read, unless `replicated` (state that is the same on every rank, as DDP's):
+    then any rank's newest save of this job. Tensors come back as they were saved (torch or numpy,
+    on the CPU), sharing one buffer per snapshot. Where it resumed from goes to stderr."""
+    rank = _rank()
+    by_rank = _found(replicated)
+    candidates = _order(by_rank, rank, replicated)
+    if step is not None:
+        candidates = [f for f in candidates if f.step == int(step)]
+    for f in candidates:
+        try:
+            header, obj = _load_file(f.path)
+        except (OSError, SnapshotError, ValueError, KeyError):
+            continue  # replaced while read, or a damaged copy: the next one
+        if header.get("save_id") != f.header.get("save_id"):
+            continue  # rewritten (another save) since it was listed
+        origin = "" if header.get("rank") == rank else f" of rank {header.get('rank')}"
+        _say(f"{_who()} resumes from step {header['step']}{origin} (job {_job()!r}, saved by "
+             f"{header.get('run') or 'an agent'} in generation {header.get('generation')}, "
+             f"world size {header.get('world_size')}) from {f.where} {os.path.dirname(f.path)}")
+        return int(header["step"]), obj
+    if not candidates and not replicated and step is None:
+        saved = _found(True)  # this job's, whatever rank and world size saved them
+        if saved:
+            worlds = sorted({f.header.get("world_size") for files in saved.values()
+                             for f in files})
+            _say(f"no snapshot of {_who()} in world size {_world_size()} here; ranks "
+                 f"{sorted(saved)} of job {_job()!r} have some (world size "
+                 f"{', '.join(map(str, worlds))}): if the state is the same on every rank (DDP), "
+                 f"load(replicated=True) resumes from theirs")
     return None

@@ -16,10 +16,12 @@ Exits 77 (skip) when the interpreter lacks numpy (workers) or torch of --require
 import argparse
 import json
 import os
+import random
 import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -83,6 +85,36 @@ def write(directory, name, code):
     with open(path, "w") as f:
         f.write(textwrap.dedent(code))
     return path
+
+
+def free_port(host):
+    """A port free now on `host`, below the kernel's ephemeral range (see
+    tests/torch/launcher_test_main.py)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        high = int(f.read().split()[0])
+    low = high - 10000 if high > 12000 else 1024
+    for _ in range(1000):
+        port = random.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError(f"no free port on {host} in [{low}, {high})")
+
+
+def wait_for_listener(host, port, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the agent exited ({proc.returncode}) before listening")
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError(f"nothing listens on {host}:{port}")
 
 
 def wait_until(condition, timeout, what):
@@ -464,7 +496,7 @@ class Snapshots(Temp):
                 os.pwrite = die_midway
                 snapshot.save(20, {"w": np.full(1000, 20.0), "step": 20})
             step, state = snapshot.load()
-            folder = os.path.join(os.environ["DIST_LAUNCH_SNAPSHOT_DIR"], "local_rank_0")
+            folder = os.path.join(os.environ["DIST_LAUNCH_SNAPSHOT_DIR"], "rank_0")
             print("loaded", step, state["step"], float(state["w"][0]), sorted(os.listdir(folder)),
                   "torch" in sys.modules, flush=True)
         """)
@@ -485,7 +517,8 @@ class Snapshots(Temp):
         """)
         proc = launch("--nproc-per-node", "1", "--snapshot-memory", "1M", script)
         self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-        self.assertIn("SnapshotMemoryError: snapshot of local rank 0 at step 1 needs 2.0 MiB",
+        self.assertIn("SnapshotMemoryError: snapshot of rank 0 (local rank 0) at step 1 needs "
+                      "2.0 MiB",
                       proc.stderr)
         self.assertIn("raise --snapshot-memory or save less", proc.stderr)
 
@@ -505,12 +538,302 @@ class Snapshots(Temp):
         """)
         first = launch("--nproc-per-node", "1", "--snapshot-dir", persisted, script)
         self.assertEqual(first.returncode, 1, first.stdout + first.stderr)
-        self.assertEqual(sorted(os.listdir(os.path.join(persisted, "local_rank_0"))),
+        # No --rdzv-id: the job is "none", as torchrun names it.
+        self.assertEqual(sorted(os.listdir(os.path.join(persisted, "none", "rank_0"))),
                          ["step_00000000000000000020.snap"],
                          "persisted at once when the worker failed")
         second = launch("--nproc-per-node", "1", "--snapshot-dir", persisted, script)
         self.assertEqual(second.returncode, 0, second.stdout + second.stderr)
         self.assertIn("resumed 20 [20.0, 20.0, 20.0, 20.0]", worker_lines(second.stdout))
+        self.assertIn("holds this job's snapshots from an earlier run (1 rank, the newest "
+                      "rank_0/step_00000000000000000020.snap)", second.stderr)
+        self.assertIn("rank 0 (local rank 0) resumes from step 20 (job 'none'", second.stderr)
+
+    def test_virtual_local_ranks_never_load_each_others_state(self):
+        # Under --virtual-local-rank every worker of a node is local rank 0 in one snapshot
+        # store. That flag needs a GPU, so the workers here are run as the agent runs them: the
+        # real module in two processes, one store, LOCAL_RANK=0 both, RANK 0 and 1. Both save
+        # step 5, one after the other; each then loads its own state.
+        d = self.temp()
+        store = os.path.join(d, "store")
+        os.makedirs(store)
+        script = write(d, "virtual.py", """
+            import sys
+            from dist_launch import snapshot
+            if sys.argv[1] == "save":
+                assert snapshot.save(5, {"rank": int(sys.argv[2])})
+            else:
+                print("loaded", sys.argv[2], snapshot.load(), flush=True)
+        """)
+
+        def worker(action, rank):
+            return self.as_a_worker(store, script, action, str(rank), RANK=str(rank),
+                                    LOCAL_RANK="0", WORLD_SIZE="2").stdout.strip()
+
+        worker("save", 0)
+        worker("save", 1)
+        self.assertEqual(worker("load", 0), "loaded 0 (5, {'rank': 0})")
+        self.assertEqual(worker("load", 1), "loaded 1 (5, {'rank': 1})")
+
+    def as_a_worker(self, store, script, *args, memory=8 << 20, **env):
+        """Runs `script` as the agent runs a worker with snapshots in `store` (the real module;
+        for what needs more than this machine has, a GPU or a reshaped elastic job)."""
+        env = environment(DIST_LAUNCH_SNAPSHOT_DIR=store, DIST_LAUNCH_SNAPSHOT_MEMORY=str(memory),
+                          TORCHELASTIC_RUN_ID="job", PYTHONPATH=os.path.join(SOURCE, "python"),
+                          **env)
+        proc = subprocess.run([ARGS.python, script, *args], env=env, capture_output=True,
+                              text=True, timeout=JOB_TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        return proc
+
+    def test_a_rank_whose_world_changed_loads_its_peers_state_only_when_replicated(self):
+        # An elastic job reshaped: rank 1 of 2 saved; now this node's worker is rank 0 of 1.
+        # Sharded state must not be taken from another rank or world; DDP's may (replicated).
+        d = self.temp()
+        store = os.path.join(d, "store")
+        os.makedirs(store)
+        script = write(d, "reshaped.py", """
+            import sys
+            from dist_launch import snapshot
+            if sys.argv[1] == "save":
+                snapshot.save(5, {"saved by": "rank 1 of 2"})
+            else:
+                print("own", snapshot.load(), flush=True)
+                print("replicated", snapshot.load(replicated=True), flush=True)
+        """)
+        self.as_a_worker(store, script, "save", RANK="1", LOCAL_RANK="0", WORLD_SIZE="2")
+        proc = self.as_a_worker(store, script, "load", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        self.assertEqual(proc.stdout.splitlines(),
+                         ["own None", "replicated (5, {'saved by': 'rank 1 of 2'})"])
+        self.assertIn("no snapshot of rank 0 (local rank 0) in world size 1 here; ranks [1] of "
+                      "job 'job' have some (world size 2): if the state is the same on every "
+                      "rank (DDP), load(replicated=True) resumes from theirs", proc.stderr)
+        self.assertIn("rank 0 (local rank 0) resumes from step 5 of rank 1", proc.stderr)
+
+    def test_a_step_every_rank_has_from_an_earlier_run_never_beats_this_runs_save(self):
+        # Ranks 0 and 1 of an earlier run both saved step 5000; this run's rank 0 saved step 110,
+        # rank 1 not yet: rank 0 resumes from 110. Within one run, the step every rank has wins.
+        d = self.temp()
+        store = os.path.join(d, "store")
+        os.makedirs(store)
+        script = write(d, "runs.py", """
+            import sys
+            from dist_launch import snapshot
+            if sys.argv[1] == "save":
+                snapshot.save(int(sys.argv[2]), {"step": int(sys.argv[2])})
+            else:
+                print(snapshot.load()[0], snapshot.steps(), flush=True)
+        """)
+
+        def as_rank(rank, run, *args):
+            return self.as_a_worker(store, script, *args, RANK=str(rank), LOCAL_RANK=str(rank),
+                                    WORLD_SIZE="2", DIST_LAUNCH_SNAPSHOT_RUN=run).stdout
+
+        for rank in (0, 1):
+            as_rank(rank, "earlier", "save", "5000")
+        as_rank(0, "this", "save", "110")
+        self.assertEqual(as_rank(0, "this", "load"), "110 [5000, 110]\n")
+        as_rank(0, "this", "save", "120")
+        as_rank(1, "this", "save", "110")
+        self.assertEqual(as_rank(0, "this", "load"), "110 [110, 120]\n",
+                         "this run's step that both ranks have: replicas resume together")
+
+    def test_a_full_store_evicts_the_ranks_this_node_no_longer_runs(self):
+        # After a reshape the node runs rank 0 only (the agent's .ranks): rank 3's old snapshots
+        # give way to rank 0's save; while rank 3 is this node's too, the save fails clearly.
+        d = self.temp()
+        store = os.path.join(d, "store")
+        os.makedirs(store)
+        script = write(d, "full.py", """
+            import sys
+            from dist_launch import snapshot
+            try:
+                snapshot.save(int(sys.argv[1]), {"w": bytes(700 * 1024)})
+                print("saved", flush=True)
+            except snapshot.SnapshotMemoryError as e:
+                print("refused", e, flush=True)
+        """)
+        old = dict(RANK="3", LOCAL_RANK="0", WORLD_SIZE="4")
+        new = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        for step in ("1", "2"):
+            self.as_a_worker(store, script, step, memory=2 << 20, **old)
+        with open(os.path.join(store, ".ranks"), "w") as f:
+            f.write("0\n3\n")
+        refused = self.as_a_worker(store, script, "10", memory=2 << 20, **new).stdout
+        self.assertIn("refused snapshot of rank 0 (local rank 0) at step 10 needs", refused)
+        with open(os.path.join(store, ".ranks"), "w") as f:
+            f.write("0\n")
+        self.assertEqual(self.as_a_worker(store, script, "10", memory=2 << 20, **new).stdout,
+                         "saved\n")
+        self.assertEqual(sorted(os.listdir(os.path.join(store, "rank_3"))),
+                         ["step_00000000000000000002.snap"], "the oldest saved went first")
+
+    def test_a_shared_snapshot_dir_keeps_each_nodes_ranks_apart(self):
+        # Two agents (nodes) of one worker each, one --rdzv-id, one --snapshot-dir: each rank's
+        # state is its own when the job runs again, though both are local rank 0.
+        d = self.temp()
+        shared = os.path.join(d, "shared")
+        script = write(d, "nodes.py", """
+            import os
+            from dist_launch import snapshot
+            rank = int(os.environ["RANK"])
+            found = snapshot.load()
+            if found is None:
+                snapshot.save(7, {"rank": rank})
+            else:
+                print("loaded", rank, found[0], found[1], flush=True)
+        """)
+
+        def job():
+            port = free_port("127.0.0.2")
+            procs = []
+            for _ in range(2):
+                procs.append(subprocess.Popen(
+                    [ARGS.launcher, "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.2:{port}",
+                     "--rdzv-id", "shared-job", "--nproc-per-node", "1", "--snapshot-dir",
+                     shared, script], env=environment(), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True))
+                if len(procs) == 1:  # it hosts the store: the second joins as its client
+                    wait_for_listener("127.0.0.2", port, procs[0])
+            try:
+                outputs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in procs]
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            for p, out in zip(procs, outputs):
+                self.assertEqual(p.returncode, 0, out)
+            return outputs[0] + outputs[1]
+
+        job()
+        self.assertEqual(sorted(os.listdir(os.path.join(shared, "shared-job"))),
+                         ["rank_0", "rank_1"])
+        out = job()
+        self.assertIn("loaded 0 7 {'rank': 0}", worker_lines(out, 0))
+        self.assertIn("loaded 1 7 {'rank': 1}", worker_lines(out, 0))
+
+    def test_another_jobs_snapshots_are_never_loaded(self):
+        # A --snapshot-dir another job saved into: its files are in its own folder, and a copy of
+        # one put in this job's folder is read as foreign (its header names the other job).
+        d = self.temp()
+        shared = os.path.join(d, "shared")
+        script = write(d, "jobs.py", """
+            import sys
+            from dist_launch import snapshot
+            print("found", snapshot.load(), flush=True)
+            snapshot.save(int(sys.argv[1]), {"job": sys.argv[2]})
+        """)
+        first = launch("--nproc-per-node", "1", "--rdzv-id", "job-a", "--snapshot-dir", shared,
+                       script, "5000", "a")
+        self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+        self.assertIn("found None", worker_lines(first.stdout))
+        planted = os.path.join(shared, "job-b", "rank_0")
+        os.makedirs(planted)
+        shutil.copy(os.path.join(shared, "job-a", "rank_0", "step_00000000000000005000.snap"),
+                    planted)
+        second = launch("--nproc-per-node", "1", "--rdzv-id", "job-b", "--snapshot-dir", shared,
+                        script, "10", "b")
+        self.assertEqual(second.returncode, 0, second.stdout + second.stderr)
+        self.assertIn("found None", worker_lines(second.stdout))
+        third = launch("--nproc-per-node", "1", "--rdzv-id", "job-b", "--snapshot-dir", shared,
+                       script, "11", "b")
+        self.assertIn("found (10, {'job': 'b'})", worker_lines(third.stdout))
+
+    def test_this_runs_saves_beat_a_higher_step_an_earlier_run_left(self):
+        # An earlier run of the job left step 5000 on disk; this run started afresh (it did not
+        # load), saved steps 110 and 120 and its worker failed: the next run resumes from 120
+        # (newest saved), not from 5000 (highest step).
+        d = self.temp()
+        shared = os.path.join(d, "shared")
+        script = write(d, "fresh.py", """
+            import sys
+            from dist_launch import snapshot
+            if sys.argv[1] == "load":
+                print("resumed", snapshot.load(), flush=True)
+                raise SystemExit(0)
+            for step in map(int, sys.argv[2:]):
+                snapshot.save(step, {"step": step})
+            raise SystemExit(sys.argv[1] == "fail")
+        """)
+        for args in (["ok", "4990", "5000"], ["fail", "110", "120"], ["load"]):
+            proc = launch("--nproc-per-node", "1", "--rdzv-id", "j", "--snapshot-dir", shared,
+                          script, *args)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("resumed (120, {'step': 120})", worker_lines(proc.stdout))
+        # Each rank keeps its two newest saves on disk: the earlier run's newest, and this run's
+        # (persisted when its worker failed); an earlier run's 4990 went when 5000 came.
+        self.assertEqual(sorted(os.listdir(os.path.join(shared, "j", "rank_0"))),
+                         ["step_00000000000000000120.snap", "step_00000000000000005000.snap"])
+
+    def test_a_read_that_overlaps_a_rewrite_is_never_taken_for_a_snapshot(self):
+        # A reader holds step 1's file open when the writer recycles it for step 3 (its third
+        # save) and has written part of it: the reader must see it torn, not step 1's footer.
+        d = self.temp()
+        script = write(d, "overlap.py", """
+            import os
+            import numpy as np
+            from dist_launch import snapshot
+            folder = os.path.join(os.environ["DIST_LAUNCH_SNAPSHOT_DIR"], "rank_0")
+            snapshot.save(1, {"w": np.full(100000, 1.0)})
+            snapshot.save(2, {"w": np.full(100000, 2.0)})
+            reader = os.open(os.path.join(folder, "step_00000000000000000001.snap"), os.O_RDONLY)
+            real, calls = os.pwrite, []
+            def stop_after_the_data(fd, data, offset):
+                calls.append(offset)
+                if len(calls) > 2:  # the footers zeroed, the skeleton written: then the tensor
+                    raise OSError("the writer stops here")
+                return real(fd, data, offset)
+            os.pwrite = stop_after_the_data
+            try:
+                snapshot.save(3, {"w": np.full(100000, 3.0)})
+            except snapshot.SnapshotError:
+                pass
+            os.pwrite = real
+            try:
+                snapshot._read(f"/proc/self/fd/{reader}")
+                print("read a torn file as whole", flush=True)
+            except snapshot.SnapshotError as e:
+                print("rejected", "not a complete" in str(e) or "torn" in str(e), flush=True)
+            print("loaded", snapshot.load()[0], flush=True)
+        """)
+        proc = launch("--nproc-per-node", "1", "--snapshot-memory", "8M", script)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual([ln for ln in worker_lines(proc.stdout) if not ln.startswith("dist_")],
+                         ["rejected True", "loaded 2"])
+
+    def test_a_snapshot_memory_the_machine_cannot_hold_is_a_clear_error(self):
+        shm = os.statvfs("/dev/shm")
+        too_much = shm.f_blocks * shm.f_frsize * 2
+        proc = launch("--nproc-per-node", "1", "--snapshot-memory", str(too_much), "--no-python",
+                      "/bin/true")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("is more than /dev/shm's file system holds", proc.stderr)
+        self.assertIn("lower --snapshot-memory", proc.stderr)
+        self.assertEqual(proc.stderr.count("error"), 1, proc.stderr)
+
+    def test_shared_memory_of_agents_that_are_gone_is_swept_at_start(self):
+        # An agent killed with its guardian (Slurm after KillWait, an OOM kill of the group)
+        # leaves its directory, and its snapshots' memory, in /dev/shm: the next agent removes
+        # it; a living agent's, and a kept run directory (not a scratch one), stay.
+        dead = subprocess.Popen(["/bin/true"])
+        dead.wait()
+        left = os.path.join("/dev/shm", f"dist-launch-{dead.pid}-0123456789ab-Xy12Z9")
+        living = os.path.join("/dev/shm", f"dist-launch-{os.getpid()}-0123456789ab-Ab34C5")
+        kept_run = os.path.join("/dev/shm", "dist-launch-Kp78Q1")
+        for d in (left, living, kept_run):
+            os.makedirs(os.path.join(d, "snapshots", "rank_0"))
+            self.addCleanup(shutil.rmtree, d, True)
+            with open(os.path.join(d, "snapshots", "rank_0", "step_1.snap"), "wb") as f:
+                f.write(b"x" * 4096)
+        os.utime(left, (1, 1))  # its agent is long gone, whatever runs under its pid now
+        proc = launch("--nproc-per-node", "1", "--snapshot-memory", "8M", "--no-python",
+                      "/bin/true")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertFalse(os.path.exists(left))
+        self.assertTrue(os.path.exists(living))
+        self.assertTrue(os.path.exists(kept_run))
+        self.assertIn("shared-memory director", proc.stderr)
 
     def test_the_module_needs_no_installed_dist_launch_and_shadows_none(self):
         d = self.temp()

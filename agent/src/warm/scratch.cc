@@ -8,7 +8,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fstream>
+#include <optional>
+#include <regex>
+#include <sstream>
 #include <stdexcept>
 
 #include "warm/clone_exec.h"
@@ -28,10 +32,61 @@ fs::path scratch_parent() {
   return fs::temp_directory_path();
 }
 
+// When `pid` started (Unix seconds), nullopt when no such process runs.
+std::optional<std::time_t> started_at(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return std::nullopt;
+  const auto close = text.rfind(')');  // the command may hold spaces and parentheses
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(text.substr(close + 2));
+  std::string field;
+  for (int i = 3; i < 22 && fields >> field; ++i) {
+  }
+  unsigned long long ticks = 0;
+  if (!(fields >> ticks)) return std::nullopt;
+  std::ifstream boot("/proc/stat");
+  long long btime = 0;
+  for (std::string line; std::getline(boot, line);) {
+    if (line.starts_with("btime ")) btime = std::stoll(line.substr(6));
+  }
+  return static_cast<std::time_t>(btime + static_cast<long long>(ticks / ::sysconf(_SC_CLK_TCK)));
+}
+
+// Scratch directories of agents that are gone (an agent and its guardian killed together: Slurm
+// after KillWait, an OOM kill of the whole group) hold their snapshots' memory until someone
+// removes them. Only dist-launch's own (the name scratch directories have, this user's), and only
+// when their agent (the pid in the name) runs no more, or that pid is now a later process.
+void sweep_dead_agents(const fs::path& parent) {
+  static const std::regex kName(R"(dist-launch-(\d+)-[0-9a-f]{12}-[A-Za-z0-9]{6})");
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, kName)) continue;
+    struct stat st {};
+    if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != ::geteuid()) {
+      continue;
+    }
+    const auto owner = started_at(static_cast<pid_t>(std::stol(m[1].str())));
+    if (owner && *owner <= st.st_mtime + 1) continue;  // its agent may still run
+    std::error_code removing;
+    fs::remove_all(entry.path(), removing);
+    if (!removing) ++removed;
+  }
+  if (removed > 0) {
+    spdlog::info("removed {} shared-memory director{} of dist-launch agents that are gone ({})",
+                 removed, removed == 1 ? "y" : "ies", parent.string());
+  }
+}
+
 }  // namespace
 
 Scratch::Scratch(std::string_view agent_id) {
   const fs::path parent = scratch_parent();
+  sweep_dead_agents(parent);
   std::string pattern = (parent / ("dist-launch-" + std::string(agent_id) + "-XXXXXX")).string();
   if (!::mkdtemp(pattern.data())) {
     throw std::runtime_error("cannot create a directory in " + parent.string() + ": " +

@@ -9,8 +9,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
 
@@ -20,31 +23,133 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kRankPrefix[] = "local_rank_";
+constexpr char kRankPrefix[] = "rank_";
 constexpr char kSnapshotSuffix[] = ".snap";
 constexpr char kStepPrefix[] = "step_";
+constexpr char kMagic[] = "DLSNAP02";
+constexpr char kFooterTag[] = "DLSNAPOK";
+constexpr std::size_t kPrefixBytes = 16;  // magic, header length
+constexpr std::size_t kFooterBytes = 24;  // "DLSNAPOK", size, save id
+constexpr std::uint64_t kMaxHeaderBytes = 1ULL << 30;
 
 bool is_snapshot(const std::string& name) {
   return name.starts_with(kStepPrefix) && name.ends_with(kSnapshotSuffix);
 }
 
-// The complete snapshots in a rank's folder, oldest first (the names sort by step).
-std::vector<std::string> snapshots_in(const fs::path& rank_dir) {
-  std::vector<std::string> names;
+struct Saved {
+  fs::path path;
+  SaveStamp stamp;
+};
+
+// The whole snapshots in a rank's folder, oldest saved first (not by step: a later run's step 110
+// is newer than an earlier run's step 5000).
+std::vector<Saved> snapshots_in(const fs::path& rank_dir) {
+  std::vector<Saved> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(rank_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (is_snapshot(name)) names.push_back(name);
+    if (!is_snapshot(entry.path().filename().string())) continue;
+    if (auto stamp = read_stamp(entry.path())) found.push_back({entry.path(), *stamp});
   }
-  std::sort(names.begin(), names.end());
-  return names;
+  std::sort(found.begin(), found.end(),
+            [](const Saved& a, const Saved& b) { return a.stamp.saved_at < b.stamp.saved_at; });
+  return found;
+}
+
+bool read_at(int fd, void* into, std::size_t n, off_t offset) {
+  auto* p = static_cast<char*>(into);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, offset);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<std::size_t>(got);
+    offset += got;
+  }
+  return true;
+}
+
+std::string human(std::uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double n = static_cast<double>(bytes);
+  int u = 0;
+  while (n >= 1024 && u < 4) {
+    n /= 1024;
+    ++u;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.1f %s", n, units[u]);
+  return text;
+}
+
+// This process's cgroup memory limit (v2 memory.max, or v1 memory.limit_in_bytes); nullopt when
+// none is set or it cannot be read. Shared memory counts against it.
+std::optional<std::uint64_t> cgroup_memory_limit() {
+  std::ifstream groups("/proc/self/cgroup");
+  for (std::string line; std::getline(groups, line);) {
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    fs::path file;
+    if (controllers.empty()) {
+      file = fs::path("/sys/fs/cgroup") / path.substr(1) / "memory.max";
+    } else if (controllers == "memory" || controllers.find("memory,") != std::string::npos ||
+               controllers.ends_with(",memory")) {
+      file = fs::path("/sys/fs/cgroup/memory") / path.substr(1) / "memory.limit_in_bytes";
+    } else {
+      continue;
+    }
+    std::ifstream in(file);
+    std::string value;
+    if (!(in >> value) || value == "max") continue;
+    try {
+      const std::uint64_t limit = std::stoull(value);
+      if (limit < (1ULL << 60)) return limit;  // v1 writes "no limit" as a huge number
+    } catch (const std::exception&) {
+    }
+  }
+  return std::nullopt;
+}
+
+// --snapshot-memory must fit where the snapshots live: a save past the file system's size or the
+// cgroup's memory fails (ENOSPC) or kills the job (the OOM killer) halfway through training.
+void check_fits(std::uint64_t limit, const fs::path& directory) {
+  struct statvfs info {};
+  if (::statvfs(directory.c_str(), &info) == 0) {
+    const std::uint64_t size = static_cast<std::uint64_t>(info.f_blocks) * info.f_frsize;
+    const std::uint64_t free = static_cast<std::uint64_t>(info.f_bavail) * info.f_frsize;
+    if (limit > size) {
+      throw std::runtime_error(
+          "--snapshot-memory " + human(limit) + " is more than " +
+          directory.parent_path().parent_path().string() + "'s file system holds (" + human(size) +
+          " in all, " + human(free) +
+          " free): lower --snapshot-memory, or give the container more shared memory (docker "
+          "--shm-size, a larger /dev/shm)");
+    }
+    if (limit > free) {
+      spdlog::warn("--snapshot-memory {}: only {} of {} is free now; saves past it will fail",
+                   human(limit), human(free), directory.parent_path().parent_path().string());
+    }
+  }
+  if (const auto cgroup = cgroup_memory_limit(); cgroup && limit > *cgroup) {
+    throw std::runtime_error("--snapshot-memory " + human(limit) +
+                             " is more than this job's memory limit (its cgroup's, " +
+                             human(*cgroup) +
+                             "), which shared memory counts against: lower "
+                             "--snapshot-memory, or raise the limit");
+  }
 }
 
 // Half the free space of the file system `dir` is on: the default bound with --snapshot-dir alone.
+// (and half the cgroup's memory limit, where there is one).
 std::uint64_t default_limit(const fs::path& dir) {
   struct statvfs info {};
-  if (::statvfs(dir.c_str(), &info) != 0) return 1ULL << 30;
-  return static_cast<std::uint64_t>(info.f_bavail) * info.f_frsize / 2;
+  std::uint64_t limit = 1ULL << 30;
+  if (::statvfs(dir.c_str(), &info) == 0) {
+    limit = static_cast<std::uint64_t>(info.f_bavail) * info.f_frsize / 2;
+  }
+  if (const auto cgroup = cgroup_memory_limit()) limit = std::min(limit, *cgroup / 2);
+  return limit;
 }
 
 void fsync_directory(const fs::path& dir) {
@@ -67,23 +172,84 @@ bool copy_all(int in, int out, off_t size) {
 
 }  // namespace
 
-SnapshotStore::SnapshotStore(const WarmOptions& options, const Scratch& scratch)
+std::string job_folder(const std::string& job) {
+  std::string name = job.empty() ? "none" : job;
+  for (char& c : name) {
+    const bool safe = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '_' || c == '-';
+    if (!safe) c = '_';
+  }
+  if (name.front() == '.') name.insert(name.begin(), '_');
+  return name;
+}
+
+std::optional<SaveStamp> read_stamp(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::nullopt;
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  char prefix[kPrefixBytes];
+  char footer[kFooterBytes];
+  if (size < kPrefixBytes + kFooterBytes || !read_at(fd, prefix, sizeof prefix, 0)) {
+    return std::nullopt;
+  }
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, prefix + 8, 8);
+  if (std::memcmp(prefix, kMagic, 8) != 0 || header_bytes > kMaxHeaderBytes ||
+      kPrefixBytes + header_bytes + kFooterBytes > size) {
+    return std::nullopt;
+  }
+  std::string header(header_bytes, '\0');
+  if (!read_at(fd, header.data(), header.size(), kPrefixBytes) ||
+      !read_at(fd, footer, sizeof footer, static_cast<off_t>(size - kFooterBytes))) {
+    return std::nullopt;
+  }
+  std::uint64_t total = 0, footer_id = 0;
+  std::memcpy(&total, footer + 8, 8);
+  std::memcpy(&footer_id, footer + 16, 8);
+  if (std::memcmp(footer, kFooterTag, 8) != 0 || total != size || footer_id == 0) {
+    return std::nullopt;
+  }
+  const auto json = nlohmann::json::parse(header, nullptr, false);
+  if (!json.is_object()) return std::nullopt;
+  SaveStamp stamp;
+  try {
+    stamp.save_id = json.at("save_id").get<std::uint64_t>();
+    stamp.saved_at = json.at("saved_at").get<std::int64_t>();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  if (stamp.save_id != footer_id)
+    return std::nullopt;  // the header of one save, the footer of another
+  return stamp;
+}
+
+SnapshotStore::SnapshotStore(const WarmOptions& options, const Scratch& scratch,
+                             const std::string& job, const std::string& run)
     : directory_(scratch.path() / "snapshots"), persist_dir_(options.snapshot_dir) {
   std::error_code ec;
   fs::create_directories(directory_, ec);
   if (ec) throw std::runtime_error("cannot create " + directory_.string() + ": " + ec.message());
   memory_limit_ =
       options.snapshot_memory_bytes ? options.snapshot_memory_bytes : default_limit(directory_);
+  if (options.snapshot_memory_bytes) check_fits(memory_limit_, directory_);
   environment_[kSnapshotDirVariable] = directory_.string();
   environment_[kSnapshotMemoryVariable] = std::to_string(memory_limit_);
+  environment_[kSnapshotRunVariable] = run;
   if (!persist_dir_.empty()) {
-    persist_dir_ = fs::absolute(persist_dir_, ec);
+    persist_dir_ = fs::absolute(persist_dir_, ec) / job_folder(job);
     fs::create_directories(persist_dir_, ec);
     if (ec) {
       throw std::runtime_error("cannot create --snapshot-dir " + persist_dir_.string() + ": " +
                                ec.message());
     }
     environment_[kSnapshotPersistVariable] = persist_dir_.string();
+    announce_earlier_snapshots();
   }
   spdlog::debug("snapshots in {} (at most {} bytes){}", directory_.string(), memory_limit_,
                 persist_dir_.empty() ? "" : ", persisted to " + persist_dir_.string());
@@ -122,21 +288,46 @@ void SnapshotStore::run_persister() {
   }
 }
 
+// A resume of the job from --snapshot-dir is said, with what it will find.
+void SnapshotStore::announce_earlier_snapshots() const {
+  std::error_code ec;
+  int ranks = 0;
+  std::optional<Saved> newest;
+  for (const auto& entry : fs::directory_iterator(persist_dir_, ec)) {
+    if (!entry.path().filename().string().starts_with(kRankPrefix)) continue;
+    const auto saved = snapshots_in(entry.path());
+    if (saved.empty()) continue;
+    ++ranks;
+    if (!newest || saved.back().stamp.saved_at > newest->stamp.saved_at) newest = saved.back();
+  }
+  if (!newest) return;
+  spdlog::info(
+      "--snapshot-dir {} holds this job's snapshots from an earlier run ({} rank{}, the "
+      "newest {}): workers that load() resume from them",
+      persist_dir_.string(), ranks, ranks == 1 ? "" : "s",
+      (newest->path.parent_path().filename() / newest->path.filename()).string());
+}
+
 void SnapshotStore::persist_all() {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(directory_, ec)) {
     const std::string rank = entry.path().filename().string();
     if (!rank.starts_with(kRankPrefix)) continue;
-    const auto names = snapshots_in(entry.path());
-    if (names.empty() || persisted_[rank] == names.back()) continue;
-    if (persist(persist_dir_ / rank, entry.path() / names.back())) persisted_[rank] = names.back();
+    const auto saved = snapshots_in(entry.path());
+    if (saved.empty() || persisted_[rank] == saved.back().stamp.save_id) continue;
+    const Saved& newest = saved.back();
+    if (persist(persist_dir_ / rank, newest.path, newest.stamp.save_id)) {
+      persisted_[rank] = newest.stamp.save_id;
+    }
   }
 }
 
-// One snapshot to disk, atomically; the rank's older persisted snapshots beyond
-// kPersistedPerRank go. False (with a warning) when it could not be copied, or the writer reused
-// the file meanwhile (a newer one is then taken next time).
-bool SnapshotStore::persist(const fs::path& rank_dir, const fs::path& source) {
+// One snapshot to disk, atomically; the rank's older persisted saves beyond kPersistedPerRank go
+// (the oldest saved first, whichever run saved them). False (with a warning) when it could not be
+// copied; false, quietly, when the writer rewrote the file meanwhile (the copy is not the save it
+// names: a newer one is taken next time).
+bool SnapshotStore::persist(const fs::path& rank_dir, const fs::path& source,
+                            std::uint64_t save_id) {
   std::error_code ec;
   fs::create_directories(rank_dir, ec);
   const int in = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
@@ -151,11 +342,11 @@ bool SnapshotStore::persist(const fs::path& rank_dir, const fs::path& source) {
   const int error = errno;
   if (out >= 0) ::close(out);
   ::close(in);
-  struct stat after {};
-  // A writer reuses its oldest file by renaming it first: still there under its name, the
-  // copy is the snapshot it names.
-  const bool unchanged = ::stat(source.c_str(), &after) == 0 && after.st_ino == before.st_ino;
-  if (!ok || !unchanged) {
+  // The copy was read front to back, as a worker's load() reads: it is whole when its header's and
+  // footer's save ids agree, and the save it names is the one listed.
+  const auto copied = ok ? read_stamp(partial) : std::nullopt;
+  const bool whole = copied && copied->save_id == save_id;
+  if (!ok || !whole) {
     fs::remove(partial, ec);
     if (!ok) {
       spdlog::warn("cannot persist the snapshot {} to {}: {}", source.string(), rank_dir.string(),
@@ -170,16 +361,23 @@ bool SnapshotStore::persist(const fs::path& rank_dir, const fs::path& source) {
     return false;
   }
   fsync_directory(rank_dir);
-  auto names = snapshots_in(rank_dir);
-  while (names.size() > static_cast<std::size_t>(kPersistedPerRank)) {
-    fs::remove(rank_dir / names.front(), ec);
-    names.erase(names.begin());
-  }
+  auto saved = snapshots_in(rank_dir);
+  for (std::size_t i = 0; i + kPersistedPerRank < saved.size(); ++i) fs::remove(saved[i].path, ec);
   spdlog::debug("snapshot {} persisted to {}", source.filename().string(), rank_dir.string());
   return true;
 }
 
-void SnapshotStore::sweep_torn() {
+void SnapshotStore::begin_attempt(int first_rank, int count) {
+  {
+    const fs::path ranks = directory_ / ".ranks";
+    const fs::path partial = directory_ / ".ranks.tmp";
+    std::ofstream out(partial, std::ios::trunc);
+    for (int r = first_rank; r < first_rank + count; ++r) out << r << '\n';
+    out.close();
+    std::error_code ec;
+    fs::rename(partial, ranks, ec);
+    if (ec) spdlog::warn("cannot list this node's ranks in {}: {}", ranks.string(), ec.message());
+  }
   std::error_code ec;
   for (const auto& rank : fs::directory_iterator(directory_, ec)) {
     std::error_code inner;

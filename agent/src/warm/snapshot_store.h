@@ -1,16 +1,21 @@
 // Snapshots the agent holds (--snapshot-memory, --snapshot-dir): a directory in the agent's scratch
 // space in shared memory (scratch.h), named in the workers' DIST_LAUNCH_SNAPSHOT_DIR, where
 // dist_launch.snapshot (python/dist_launch/snapshot.py) and dist::sdk::save_snapshot
-// (worker_sdk/include/dist/sdk/snapshot.h) keep each local rank's newest snapshots, so that they
-// outlive the worker that saved them. The writers enforce the memory limit among themselves (a lock
-// file and an allocation per save: DIST_LAUNCH_SNAPSHOT_MEMORY); the agent removes what a worker
-// that died mid-save left (sweep_torn(), before each attempt) and the whole directory at its end.
+// (worker_sdk/include/dist/sdk/snapshot.h) keep each global rank's newest snapshots, so that they
+// outlive the worker that saved them. Every file names its job, rank and world size, and a load
+// returns only its own (docs/SNAPSHOTS.md: the format and its rules). The writers enforce the
+// memory limit among themselves (a lock file and an allocation per save:
+// DIST_LAUNCH_SNAPSHOT_MEMORY), evicting first the snapshots of ranks this node no longer runs (the
+// agent lists those it runs before each attempt: begin_attempt()); the agent removes what a worker
+// that died mid-save left (begin_attempt()) and the whole directory at its end.
 //
-// With --snapshot-dir the agent also copies each local rank's newest snapshot to disk, on a thread
-// of its own: every kPersistInterval, at once when a worker fails (persist_now()), and a last time
-// when the agent ends. The copies are atomic (temporary file, fsync, rename, fsync of the
-// directory), and the workers' load() reads them (DIST_LAUNCH_SNAPSHOT_PERSIST_DIR) when shared
-// memory has none: after a restart of the node.
+// With --snapshot-dir the agent also copies each rank's newest save to DIR/JOB/rank_R (JOB: the
+// job's --rdzv-id), on a thread of its own: every kPersistInterval, at once when a worker fails
+// (persist_now()), and a last time when the agent ends. A copy is checked whole (its header's and
+// footer's save ids agree: it did not overlap a rewrite) and put in place atomically (temporary
+// file, fsync, rename, fsync of the directory); a step saved again is copied again. The workers'
+// load() reads them (DIST_LAUNCH_SNAPSHOT_PERSIST_DIR) beside shared memory: after a restart of the
+// node, or in the job's next run under the same --rdzv-id.
 //
 // Python workers import dist_launch.snapshot from the stand-in package every Python worker gets
 // (health/python_hook.h) where dist_launch is not installed.
@@ -22,6 +27,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -35,13 +41,29 @@ namespace dist::agent::warm {
 using worker_contract::kSnapshotDirVariable;  // the workers' variables: the contract's
 using worker_contract::kSnapshotMemoryVariable;
 using worker_contract::kSnapshotPersistVariable;
+using worker_contract::kSnapshotRunVariable;
 inline constexpr std::chrono::seconds kPersistInterval{5};
 inline constexpr int kPersistedPerRank = 2;  // on disk, as in memory
 
+// The folder of a job's snapshots under --snapshot-dir: its --rdzv-id, every byte outside
+// [A-Za-z0-9._-] made '_' (and a leading '.' escaped), as docs/SNAPSHOTS.md says.
+std::string job_folder(const std::string& job);
+
+// What identifies one save (docs/SNAPSHOTS.md): read from a file's header and checked against its
+// footer; nullopt for a file that is not a whole snapshot (torn, rewritten under the reader, or
+// not one).
+struct SaveStamp {
+  std::uint64_t save_id = 0;
+  std::int64_t saved_at = 0;  // Unix nanoseconds
+};
+std::optional<SaveStamp> read_stamp(const std::filesystem::path& file);
+
 class SnapshotStore {
  public:
-  // Throws std::runtime_error (the snapshot directory or --snapshot-dir cannot be made).
-  SnapshotStore(const WarmOptions& options, const Scratch& scratch);
+  // `job`: the job's --rdzv-id; `run`: this agent's run, as the headers name it. Throws
+  // std::runtime_error (the snapshot directory or --snapshot-dir cannot be made).
+  SnapshotStore(const WarmOptions& options, const Scratch& scratch, const std::string& job,
+                const std::string& run);
   ~SnapshotStore();  // persists what is new a last time (--snapshot-dir)
   SnapshotStore(const SnapshotStore&) = delete;
   SnapshotStore& operator=(const SnapshotStore&) = delete;
@@ -51,15 +73,18 @@ class SnapshotStore {
   std::uint64_t memory_limit() const { return memory_limit_; }
   const std::filesystem::path& directory() const { return directory_; }
 
-  // Before an attempt (no worker runs): removes the partial saves the last one left.
-  void sweep_torn();
+  // Before an attempt (no worker runs): removes the partial saves the last one left, and lists the
+  // global ranks this node runs now (the writers evict other ranks' snapshots first).
+  void begin_attempt(int first_rank, int count);
   // A worker failed: the newest snapshots go to --snapshot-dir now.
   void persist_now();
 
  private:
   void run_persister();
+  void announce_earlier_snapshots() const;
   void persist_all();
-  bool persist(const std::filesystem::path& rank_dir, const std::filesystem::path& source);
+  bool persist(const std::filesystem::path& rank_dir, const std::filesystem::path& source,
+               std::uint64_t save_id);
 
   std::filesystem::path directory_;
   std::filesystem::path persist_dir_;  // empty: none
@@ -70,7 +95,7 @@ class SnapshotStore {
   std::condition_variable wake_;
   bool urgent_ = false;
   bool stopping_ = false;
-  std::map<std::string, std::string> persisted_;  // rank folder -> newest file persisted
+  std::map<std::string, std::uint64_t> persisted_;  // rank folder -> save id last persisted
   std::thread persister_;
 };
 

@@ -129,7 +129,8 @@ void WorkerGroup::set_up_warm() {
     return;
   }
   if (config_.warm.snapshots())
-    snapshots_ = std::make_unique<warm::SnapshotStore>(config_.warm, *scratch_);
+    snapshots_ = std::make_unique<warm::SnapshotStore>(config_.warm, *scratch_, config_.run_id,
+                                                       identity_.host + "/" + agent_id_.id());
   if (!warm::WarmStart::applies(config_, config_.warm)) return;
   Variables shared;  // what every worker's environment has, whatever its rank
   shared[kAgentIdVariable] = agent_id_.value();
@@ -219,7 +220,7 @@ void WorkerGroup::take_round(const Assignment& a, const store::Endpoint& store) 
 }
 
 void WorkerGroup::launch() {
-  if (snapshots_) snapshots_->sweep_torn();
+  if (snapshots_) snapshots_->begin_attempt(round_.rank_offset, config_.nproc_per_node);
   if (warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing) return defer_start();
   start_now();
 }

@@ -10,14 +10,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "health/python_hook.h"
 #include "processes/process.h"
@@ -251,20 +255,33 @@ TEST(SnapshotStoreTest, GivesTheWorkersTheirVariablesAndSweepsTornSaves) {
   LaunchConfig config;
   config.python_workers = true;
   config.warm.snapshot_memory_bytes = 1 << 20;
-  SnapshotStore store(config.warm, scratch);
+  SnapshotStore store(config.warm, scratch, "job", "host/run");
   const auto& env = store.environment();
   EXPECT_EQ(env.at(kSnapshotDirVariable), (scratch.path() / "snapshots").string());
   EXPECT_EQ(env.at(kSnapshotMemoryVariable), "1048576");
+  EXPECT_EQ(env.at(kSnapshotRunVariable), "host/run");
   EXPECT_FALSE(env.contains(kSnapshotPersistVariable));
   EXPECT_FALSE(env.contains("PYTHONPATH"))
       << "the worker group's, for every job (health/python_hook.h)";
-  const fs::path rank = store.directory() / "local_rank_0";
+  const fs::path rank = store.directory() / "rank_4";
   fs::create_directories(rank);
   std::ofstream(rank / ".tmp.step_00000000000000000020.snap.12345") << "torn";
   std::ofstream(rank / "step_00000000000000000010.snap") << "complete";
-  store.sweep_torn();
+  store.begin_attempt(4, 2);
   EXPECT_FALSE(fs::exists(rank / ".tmp.step_00000000000000000020.snap.12345"));
   EXPECT_TRUE(fs::exists(rank / "step_00000000000000000010.snap"));
+  std::ifstream ranks(store.directory() / ".ranks");
+  std::stringstream listed;
+  listed << ranks.rdbuf();
+  EXPECT_EQ(listed.str(), "4\n5\n") << "the global ranks this node runs, for the writers";
+}
+
+// A job's folder under --snapshot-dir is its --rdzv-id, safe as one file name.
+TEST(SnapshotStoreTest, NamesAJobsFolderByItsRendezvousId) {
+  EXPECT_EQ(job_folder("job7"), "job7");
+  EXPECT_EQ(job_folder("a/b c:d"), "a_b_c_d");
+  EXPECT_EQ(job_folder(".."), "_..");
+  EXPECT_EQ(job_folder(""), "none");
 }
 
 // The stand-in package every job's workers get, after their own PYTHONPATH and the hook's
@@ -281,38 +298,95 @@ TEST(StandInPackageTest, GoesAfterTheWorkersOwnPath) {
   EXPECT_FALSE(none.contains("PYTHONPATH"));
 }
 
-TEST(SnapshotStoreTest, PersistsTheNewestAtOnceWhenAWorkerFails) {
+// A snapshot file as the workers write it (docs/SNAPSHOTS.md), with `footer_id` in its footer:
+// the header's save id for a whole one, another for one read while it was rewritten.
+void write_snapshot(const fs::path& path, std::uint64_t save_id, std::int64_t saved_at,
+                    const std::string& payload, std::uint64_t footer_id = 0) {
+  std::string header = "{\"format\":2,\"save_id\":" + std::to_string(save_id) +
+                       ",\"saved_at\":" + std::to_string(saved_at) + "}";
+  std::string bytes = "DLSNAP02";
+  const std::uint64_t header_bytes = header.size();
+  bytes.append(reinterpret_cast<const char*>(&header_bytes), 8);
+  bytes += header + payload;
+  const std::uint64_t size = bytes.size() + 24;
+  const std::uint64_t id = footer_id ? footer_id : save_id;
+  bytes += "DLSNAPOK";
+  bytes.append(reinterpret_cast<const char*>(&size), 8);
+  bytes.append(reinterpret_cast<const char*>(&id), 8);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::string step_file(int step) {
+  std::string digits = std::to_string(step);
+  return "step_" + std::string(20 - digits.size(), '0') + digits + ".snap";
+}
+
+// The files of a folder, sorted.
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Waits (bounded) until `done`, asking the persister to run first.
+bool persisted(SnapshotStore& store, const std::function<bool()>& done) {
+  store.persist_now();
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  return done();
+}
+
+TEST(SnapshotStoreTest, PersistsTheNewestSaveAtOnceWhenAWorkerFails) {
   Scratch scratch("test-" + std::to_string(::getpid()));
   const fs::path disk = scratch.path() / "disk";
   LaunchConfig config;
   config.warm.snapshot_dir = disk.string();
-  SnapshotStore store(config.warm, scratch);
-  EXPECT_EQ(store.environment().at(kSnapshotPersistVariable), disk.string());
+  SnapshotStore store(config.warm, scratch, "job/7", "run");
+  EXPECT_EQ(store.environment().at(kSnapshotPersistVariable), (disk / "job_7").string())
+      << "one folder per job: --snapshot-dir can be shared by jobs and nodes";
   EXPECT_GT(store.memory_limit(), 0u) << "half the free shared memory by default";
-  const fs::path rank = store.directory() / "local_rank_1";
+  const fs::path rank = store.directory() / "rank_1";
+  const fs::path copies = disk / "job_7" / "rank_1";
   fs::create_directories(rank);
-  for (const char* step : {"10", "20", "30"}) {
-    std::ofstream(rank / ("step_000000000000000000" + std::string(step) + ".snap")) << step;
-    store.persist_now();
-    const fs::path copy =
-        disk / "local_rank_1" / ("step_000000000000000000" + std::string(step) + ".snap");
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (!fs::exists(copy) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(5ms);
-    }
-    ASSERT_TRUE(fs::exists(copy)) << copy;
-    std::ifstream in(copy);
-    std::string content;
-    in >> content;
-    EXPECT_EQ(content, step);
+  // Saved in the order 5000, 10, 20 (a run that started afresh after an earlier one left step
+  // 5000): the two newest saves stay on disk, whatever their steps.
+  std::int64_t now = 1'000'000;
+  for (const int step : {5000, 10, 20}) {
+    if (step == 20) fs::remove(rank / step_file(5000));  // as a writer recycles its oldest
+    write_snapshot(rank / step_file(step), static_cast<std::uint64_t>(step) + 1, now++,
+                   "payload " + std::to_string(step));
+    ASSERT_TRUE(persisted(store, [&] { return fs::exists(copies / step_file(step)); }))
+        << step_file(step);
+    EXPECT_TRUE(read_stamp(copies / step_file(step))) << "a whole copy";
   }
-  std::vector<std::string> kept;
-  for (const auto& e : fs::directory_iterator(disk / "local_rank_1")) {
-    kept.push_back(e.path().filename().string());
-  }
-  std::sort(kept.begin(), kept.end());
-  EXPECT_EQ(kept, (std::vector<std::string>{"step_00000000000000000020.snap",
-                                            "step_00000000000000000030.snap"}));
+  EXPECT_EQ(files_in(copies), (std::vector<std::string>{step_file(10), step_file(20)}));
+  // Step 20 saved again (another save id): copied again.
+  write_snapshot(rank / step_file(20), 99, now++, "payload 20 again");
+  ASSERT_TRUE(persisted(store, [&] {
+    const auto stamp = read_stamp(copies / step_file(20));
+    return stamp && stamp->save_id == 99;
+  })) << "a re-saved step is persisted";
+}
+
+TEST(SnapshotStoreTest, NeverPersistsACopyThatOverlappedARewrite) {
+  Scratch scratch("test-" + std::to_string(::getpid()));
+  const fs::path disk = scratch.path() / "disk";
+  LaunchConfig config;
+  config.warm.snapshot_dir = disk.string();
+  SnapshotStore store(config.warm, scratch, "job", "run");
+  const fs::path rank = store.directory() / "rank_0";
+  fs::create_directories(rank);
+  // The header of one save and the footer of another: what a copy reads while the writer
+  // rewrites the file. Not a snapshot: never listed, never copied.
+  write_snapshot(rank / step_file(30), 7, 1, "half old, half new", 8);
+  EXPECT_FALSE(read_stamp(rank / step_file(30)));
+  write_snapshot(rank / step_file(10), 5, 0, "whole");
+  ASSERT_TRUE(
+      persisted(store, [&] { return fs::exists(disk / "job" / "rank_0" / step_file(10)); }));
+  EXPECT_EQ(files_in(disk / "job" / "rank_0"), (std::vector<std::string>{step_file(10)}));
 }
 
 }  // namespace

@@ -248,9 +248,11 @@ inline constexpr char kStackFileVariable[] = "DIST_STACK_FILE";
 
 // Snapshots (--snapshot-memory, --snapshot-dir; agent/src/warm/snapshot_store.h): the shared-memory
 // directory the workers save into, the bound on what they keep there (bytes), and where the agent
-// persists them to disk. python/dist_launch/snapshot.py and worker_sdk/src/snapshot.cc write them
-// in one format.
+// persists them to disk (--snapshot-dir/JOB). python/dist_launch/snapshot.py and
+// worker_sdk/src/snapshot.cc write them in one format: docs/SNAPSHOTS.md.
 inline constexpr char kSnapshotDirVariable[] = "DIST_LAUNCH_SNAPSHOT_DIR";
 inline constexpr char kSnapshotMemoryVariable[] = "DIST_LAUNCH_SNAPSHOT_MEMORY";
 inline constexpr char kSnapshotPersistVariable[] = "DIST_LAUNCH_SNAPSHOT_PERSIST_DIR";
+// The agent's run (host, pid, start), which every snapshot's header names (docs/SNAPSHOTS.md).
+inline constexpr char kSnapshotRunVariable[] = "DIST_LAUNCH_SNAPSHOT_RUN";
 }  // namespace dist::worker_contract

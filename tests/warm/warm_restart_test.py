@@ -26,8 +26,10 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import unittest
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
@@ -801,6 +803,44 @@ class Snapshots(Temp):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertEqual([ln for ln in worker_lines(proc.stdout) if not ln.startswith("dist_")],
                          ["rejected True", "loaded 2"])
+
+    def test_the_status_shows_the_snapshots_memory_and_each_ranks_newest(self):
+        d = self.temp()
+        script = write(d, "status.py", f"""
+            import os, time
+            from dist_launch import snapshot
+            for step in (3, 4):
+                snapshot.save(step, {{"w": bytes(100000)}})
+            open(os.path.join({d!r}, "saved"), "w").close()
+            while not os.path.exists(os.path.join({d!r}, "done")):
+                time.sleep(0.05)
+        """)
+        proc = subprocess.Popen([ARGS.launcher, "--nproc-per-node", "1", "--snapshot-memory",
+                                 "8M", "--metrics-port", "0", script], env=environment(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            lines = []
+            reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+            reader.start()
+            served = re.compile(r"serving the status page at (http://[^/ ]+)")
+            wait_until(lambda: any(served.search(ln) for ln in lines), 60, "the status page")
+            wait_until(lambda: os.path.exists(os.path.join(d, "saved")), 60, "the saves")
+            base = next(served.search(ln).group(1) for ln in lines if served.search(ln))
+            with urllib.request.urlopen(base + "/status.json", timeout=30) as answer:
+                snapshots = json.load(answer)["snapshots"]
+            self.assertEqual(snapshots["memory_limit_bytes"], 8 << 20)
+            self.assertGreater(snapshots["memory_used_bytes"], 200000)
+            self.assertIsNone(snapshots["persisted_to"])
+            self.assertEqual([(r["rank"], r["step"]) for r in snapshots["ranks"]], [(0, 4)])
+        finally:
+            open(os.path.join(d, "done"), "w").close()
+            try:
+                proc.wait(timeout=JOB_TIMEOUT_S)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        self.assertEqual(proc.returncode, 0, "".join(lines))
 
     def test_a_snapshot_memory_the_machine_cannot_hold_is_a_clear_error(self):
         shm = os.statvfs("/dev/shm")

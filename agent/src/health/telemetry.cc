@@ -204,6 +204,10 @@ void Telemetry::set_progress_source(std::function<std::vector<WorkerProgress>()>
   progress_source_ = std::move(source);
 }
 
+void Telemetry::set_snapshot_source(std::function<nlohmann::ordered_json()> source) {
+  snapshot_source_ = std::move(source);
+}
+
 std::optional<std::uint16_t> Telemetry::metrics_port() const {
   if (!metrics_endpoint_) return std::nullopt;
   return metrics_endpoint_->port();
@@ -651,6 +655,7 @@ nlohmann::ordered_json Telemetry::status(double since) const {
           {"worker_failures", worker_failures_},
           {"hung_workers", hung_workers_},
           {"ranks", std::move(ranks)},
+          {"snapshots", snapshot_source_ ? snapshot_source_() : nlohmann::ordered_json()},
           {"history",
            {{"interval_s", kSampleInterval.count()},
             {"window_s", kSampleInterval.count() * static_cast<long long>(kHistorySamples)},

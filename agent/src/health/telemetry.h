@@ -15,9 +15,11 @@
 //
 // /status.json: {run_id, host, time, started (wall-clock seconds), state, round, node_rank,
 // num_nodes, world_size, restarts, max_restarts, nproc_per_node, workers_alive, worker_failures,
-// hung_workers, ranks: [schema::to_json(RankStatus)...], history: {interval_s, window_s, ranks:
-// ProgressHistory::to_json}, events: EventTimeline::to_json}; ?since=T leaves out the samples and
-// events up to T (the page passes the last answer's time).
+// hung_workers, ranks: [schema::to_json(RankStatus)...], snapshots: {memory_used_bytes,
+// memory_limit_bytes, persisted_to, ranks: [{rank, step, saved_at}...]} (null without snapshots),
+// history: {interval_s, window_s, ranks: ProgressHistory::to_json}, events:
+// EventTimeline::to_json}; ?since=T leaves out the samples and events up to T (the page passes the
+// last answer's time).
 //
 // Event log schema, version 1 (fields are added, never renamed or removed; a reader ignores what
 // it does not know). Every line:
@@ -185,6 +187,8 @@ class Telemetry {
 
   // Where the running workers' heartbeats are read (the worker group).
   void set_progress_source(std::function<std::vector<WorkerProgress>()> source);
+  // What status.json shows of the snapshots (the worker group's snapshot store).
+  void set_snapshot_source(std::function<nlohmann::ordered_json()> source);
   std::optional<std::uint16_t> metrics_port() const;
   std::optional<std::uint16_t> health_check_port() const;
   // This node's running workers as `dist-launch status` and the status page show them.
@@ -267,6 +271,7 @@ class Telemetry {
   std::unique_ptr<HttpEndpoint> metrics_endpoint_;
   std::unique_ptr<HttpEndpoint> health_endpoint_;  // null when the metrics' serves it too
   std::function<std::vector<WorkerProgress>()> progress_source_;
+  std::function<nlohmann::ordered_json()> snapshot_source_;
   ProgressHistory history_;  // sampled every kSampleInterval while the page is served
   EventTimeline timeline_;
   boost::asio::steady_timer sampler_;

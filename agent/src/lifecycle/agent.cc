@@ -430,8 +430,9 @@ class Agent {
             [this] { policy_->worker_succeeded(); }});
     telemetry_->set_progress_source(
         [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
-    // Published beside this node's heartbeat, for `dist-launch status`.
-    rounds_->set_progress_source([this] { return telemetry_->node_progress(); });
+    telemetry_->set_snapshot_source(
+        [this] { return group_ ? group_->snapshot_status() : nlohmann::ordered_json(); });
+    rounds_->set_progress_source([this] { return telemetry_->node_progress(); });  // for status
     // The job as node 0 reads it (several nodes): stragglers job-wide, hangs across nodes.
     rounds_->set_job_view_sink([this](schema::JobView view) {
       if (group_) group_->job_view(view);

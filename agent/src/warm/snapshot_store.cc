@@ -221,6 +221,7 @@ std::optional<SaveStamp> read_stamp(const fs::path& file) {
   try {
     stamp.save_id = json.at("save_id").get<std::uint64_t>();
     stamp.saved_at = json.at("saved_at").get<std::int64_t>();
+    stamp.step = json.value("step", std::uint64_t{0});
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   }
@@ -365,6 +366,41 @@ bool SnapshotStore::persist(const fs::path& rank_dir, const fs::path& source,
   for (std::size_t i = 0; i + kPersistedPerRank < saved.size(); ++i) fs::remove(saved[i].path, ec);
   spdlog::debug("snapshot {} persisted to {}", source.filename().string(), rank_dir.string());
   return true;
+}
+
+nlohmann::ordered_json SnapshotStore::status() const {
+  std::uint64_t used = 0;
+  auto ranks = nlohmann::ordered_json::array();
+  std::error_code ec;
+  std::vector<std::pair<int, Saved>> newest;
+  for (const auto& entry : fs::recursive_directory_iterator(directory_, ec)) {
+    struct stat st {};
+    if (::lstat(entry.path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      used += static_cast<std::uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(directory_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(kRankPrefix)) continue;
+    const auto saved = snapshots_in(entry.path());
+    if (saved.empty()) continue;
+    try {
+      newest.emplace_back(std::stoi(name.substr(std::strlen(kRankPrefix))), saved.back());
+    } catch (const std::exception&) {
+    }
+  }
+  std::sort(newest.begin(), newest.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [rank, save] : newest) {
+    ranks.push_back({{"rank", rank},
+                     {"step", save.stamp.step},
+                     {"saved_at", static_cast<double>(save.stamp.saved_at) / 1e9}});
+  }
+  return {{"memory_used_bytes", used},
+          {"memory_limit_bytes", memory_limit_},
+          {"persisted_to", persist_dir_.empty() ? nlohmann::ordered_json()
+                                                : nlohmann::ordered_json(persist_dir_.string())},
+          {"ranks", std::move(ranks)}};
 }
 
 void SnapshotStore::begin_attempt(int first_rank, int count) {

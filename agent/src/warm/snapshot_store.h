@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -55,6 +56,7 @@ std::string job_folder(const std::string& job);
 struct SaveStamp {
   std::uint64_t save_id = 0;
   std::int64_t saved_at = 0;  // Unix nanoseconds
+  std::uint64_t step = 0;
 };
 std::optional<SaveStamp> read_stamp(const std::filesystem::path& file);
 
@@ -78,6 +80,9 @@ class SnapshotStore {
   void begin_attempt(int first_rank, int count);
   // A worker failed: the newest snapshots go to --snapshot-dir now.
   void persist_now();
+  // For status.json: the memory the snapshots hold and may hold, each rank's newest save, and
+  // where they are persisted.
+  nlohmann::ordered_json status() const;
 
  private:
   void run_persister();

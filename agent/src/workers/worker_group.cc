@@ -219,6 +219,10 @@ void WorkerGroup::take_round(const Assignment& a, const store::Endpoint& store) 
                     : identity_.host;
 }
 
+nlohmann::ordered_json WorkerGroup::snapshot_status() const {
+  return snapshots_ ? snapshots_->status() : nlohmann::ordered_json();
+}
+
 void WorkerGroup::launch() {
   if (snapshots_) snapshots_->begin_attempt(round_.rank_offset, config_.nproc_per_node);
   if (warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing) return defer_start();

@@ -21,6 +21,8 @@
 // (--snapshot-memory, --snapshot-dir) is held here too, so that it outlives every round.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <sys/types.h>
 
 #include <array>
@@ -135,6 +137,8 @@ class WorkerGroup {
 
   // The running workers' heartbeats (for the metrics and the health check).
   std::vector<WorkerProgress> progress() const { return watchdogs_.progress(); }
+  // The snapshot store's status.json section (warm/snapshot_store.h); null without snapshots.
+  nlohmann::ordered_json snapshot_status() const;
   // The job view (several nodes: schema::JobView), for the hang detector.
   void job_view(const schema::JobView& view) { watchdogs_.job_view(view); }
   // Failures seen while stopping: workers that had exited with an error on their own before the

@@ -1,8 +1,8 @@
-// Agents in two network namespaces joined by a veth pair, as two hosts: a job across them, a
-// partition (one side's link taken down) noticed by both within seconds, and an elastic job that
-// loses the partitioned host and goes on without it. Needs root and iproute2;
-// skips, saying so, elsewhere. Addresses come from 198.18.0.0/15, the range set aside for network
-// benchmarks, and exist only inside these namespaces.
+// Agents in two network namespaces joined by a veth pair, as two hosts: a job across them, one
+// --snapshot-dir both hosts share, a partition (one side's link taken down) noticed by both within
+// seconds, and an elastic job that loses the partitioned host and goes on without it. Needs root
+// and iproute2; skips, saying so, elsewhere. Addresses come from 198.18.0.0/15, the range set aside
+// for network benchmarks, and exist only inside these namespaces.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -148,6 +148,48 @@ TEST_F(TwoHosts, AJobSpansTheTwoHosts) {
   std::string all((std::istreambuf_iterator<char>(env1)), std::istreambuf_iterator<char>());
   EXPECT_NE(all.find("RANK=1\n"), std::string::npos);
   EXPECT_NE(all.find("MASTER_ADDR=" + addr_[0] + "\n"), std::string::npos);
+}
+
+// Each host's worker is local rank 0; both keep their snapshots in one --snapshot-dir (storage
+// the hosts share). When the job runs again, each rank resumes from its own state, not the
+// other host's (the folders were per local rank: both wrote local_rank_0).
+TEST_F(TwoHosts, ASharedSnapshotDirKeepsEachHostsRanksApart) {
+  const std::string shared = path("snapshots");
+  {
+    std::ofstream script(path("resume.py"));
+    script << "import os, sys\n"
+              "from dist_launch import snapshot\n"
+              "rank = int(os.environ['RANK'])\n"
+              "found = snapshot.load()\n"
+              "if found is None:\n"
+              "    snapshot.save(7, {'rank': rank, 'host': sys.argv[1]})\n"
+              "else:\n"
+              "    with open(sys.argv[2] + str(rank) + '.log', 'w') as f:\n"
+              "        f.write(repr(found))\n";
+  }
+  auto job = [&](const std::string& tag) {
+    pid_t nodes[2];
+    for (int rank = 0; rank < 2; ++rank) {
+      nodes[rank] = spawn(
+          rank,
+          {DIST_LAUNCH_BIN, "--nnodes", "2", "--node-rank", std::to_string(rank), "--master-addr",
+           addr_[0], "--master-port", "29512", "--rdzv-id", "shared", "--nproc-per-node", "1",
+           "--snapshot-dir", shared, path("resume.py"), ns_[rank], path("loaded_")},
+          tag + std::to_string(rank));
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(wait(nodes[rank], 90s), 0) << log(tag + std::to_string(rank));
+    }
+  };
+  job("first");
+  EXPECT_TRUE(fs::exists(fs::path(shared) / "shared" / "rank_0"));
+  EXPECT_TRUE(fs::exists(fs::path(shared) / "shared" / "rank_1"));
+  job("again");
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(log("loaded_" + std::to_string(rank)),
+              "(7, {'rank': " + std::to_string(rank) + ", 'host': '" + ns_[rank] + "'})")
+        << log("again" + std::to_string(rank));
+  }
 }
 
 TEST_F(TwoHosts, APartitionIsNoticedByBothSidesWithinSeconds) {

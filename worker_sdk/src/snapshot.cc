@@ -25,6 +25,7 @@
 #include <string>
 #include <tuple>
 
+#include "dist/contract/snapshot_format.h"
 #include "dist/contract/worker_contract.h"
 
 namespace dist::sdk {
@@ -39,15 +40,15 @@ constexpr const char* kMemoryVariable = contract::kSnapshotMemoryVariable;
 constexpr const char* kPersistVariable = contract::kSnapshotPersistVariable;
 constexpr const char* kRunVariable = contract::kSnapshotRunVariable;
 constexpr std::size_t kKeep = 2;  // saves per rank folder
-constexpr char kMagic[8] = {'D', 'L', 'S', 'N', 'A', 'P', '0', '2'};
-constexpr char kFooter[8] = {'D', 'L', 'S', 'N', 'A', 'P', 'O', 'K'};
-constexpr std::uint64_t kAlign = 64;
-constexpr int kFormat = 2;
-constexpr std::size_t kPrefixBytes = 16;  // magic, header length
-constexpr std::size_t kFooterBytes = 24;  // "DLSNAPOK", total size, save_id
-constexpr std::uint64_t kMaxHeaderBytes = 1ULL << 30;
-constexpr std::string_view kRankPrefix = "rank_";
-constexpr char kRanksFile[] = ".ranks";  // the ranks this node runs, one a line (the agent's)
+using snapshot_format::kAlign;
+using snapshot_format::kFooterBytes;
+using snapshot_format::kFormat;
+using snapshot_format::kMagic;
+using snapshot_format::kMaxHeaderBytes;
+using snapshot_format::kPrefixBytes;
+using snapshot_format::kRanksFile;
+constexpr const char (&kFooter)[8] = snapshot_format::kFooterTag;
+constexpr std::string_view kRankPrefix = snapshot_format::kRankFolderPrefix;
 
 std::uint64_t align(std::uint64_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;

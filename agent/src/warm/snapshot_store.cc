@@ -17,20 +17,22 @@
 #include <stdexcept>
 #include <vector>
 
+#include "dist/contract/snapshot_format.h"
+
 namespace dist::agent::warm {
 
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kRankPrefix[] = "rank_";
+using snapshot_format::kFooterBytes;
+using snapshot_format::kFooterTag;
+using snapshot_format::kMagic;
+using snapshot_format::kMaxHeaderBytes;
+using snapshot_format::kPrefixBytes;
+constexpr const char* kRankPrefix = snapshot_format::kRankFolderPrefix;
 constexpr char kSnapshotSuffix[] = ".snap";
 constexpr char kStepPrefix[] = "step_";
-constexpr char kMagic[] = "DLSNAP02";
-constexpr char kFooterTag[] = "DLSNAPOK";
-constexpr std::size_t kPrefixBytes = 16;  // magic, header length
-constexpr std::size_t kFooterBytes = 24;  // "DLSNAPOK", size, save id
-constexpr std::uint64_t kMaxHeaderBytes = 1ULL << 30;
 
 bool is_snapshot(const std::string& name) {
   return name.starts_with(kStepPrefix) && name.ends_with(kSnapshotSuffix);
@@ -405,8 +407,8 @@ nlohmann::ordered_json SnapshotStore::status() const {
 
 void SnapshotStore::begin_attempt(int first_rank, int count) {
   {
-    const fs::path ranks = directory_ / ".ranks";
-    const fs::path partial = directory_ / ".ranks.tmp";
+    const fs::path ranks = directory_ / snapshot_format::kRanksFile;
+    const fs::path partial = directory_ / (std::string(snapshot_format::kRanksFile) + ".tmp");
     std::ofstream out(partial, std::ios::trunc);
     for (int r = first_rank; r < first_rank + count; ++r) out << r << '\n';
     out.close();

@@ -1,6 +1,7 @@
 #include "dist/sdk/ddp.h"
 #include "dist/sdk/progress.h"
 
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -254,6 +255,7 @@ void DistributedDataParallel::synchronize() {
   if (!compressors_.empty()) {
     ops_->drain();
     for (auto& b : buckets_) copy_out(b, /*values=*/false);
+    if (!group_.device_buffers()) say_skipped_updates();
   } else {
     for (auto& b : buckets_) {
       memory_->complete(b.work);
@@ -262,6 +264,31 @@ void DistributedDataParallel::synchronize() {
   }
   stats_.bytes_sent = plain_bytes_ + (ops_ ? ops_->bytes_sent() : 0);
   reset_pass();
+}
+
+CommunicationStats DistributedDataParallel::stats() const {
+  CommunicationStats s = stats_;
+  for (const auto& c : compressors_) {
+    const auto guarded = c->guarded();
+    s.nonfinite_skipped += guarded.skipped;
+    s.nonfinite_cleaned += guarded.cleaned;
+  }
+  return s;
+}
+
+// Host buffers: the guard's counters are plain memory, read at no cost after the drain.
+void DistributedDataParallel::say_skipped_updates() {
+  std::uint64_t skipped = 0;
+  for (const auto& c : compressors_) skipped += c->guarded().skipped;
+  if (skipped == skipped_said_) return;
+  std::fprintf(stderr,
+               "dist-sdk: rank %d: step %llu: %llu bucket(s) averaged to inf or NaN (%s): their "
+               "update is skipped (gradients zeroed), their residual and compression state reset "
+               "(%llu so far)\n",
+               group_.rank(), static_cast<unsigned long long>(stats_.steps),
+               static_cast<unsigned long long>(skipped - skipped_said_),
+               options_.compression.to_string().c_str(), static_cast<unsigned long long>(skipped));
+  skipped_said_ = skipped;
 }
 
 void DistributedDataParallel::after_step() {

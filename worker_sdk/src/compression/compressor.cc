@@ -7,6 +7,7 @@
 #include <numbers>
 #include <random>
 #include <stdexcept>
+#include <vector>
 
 namespace dist::sdk::detail {
 namespace {
@@ -24,20 +25,53 @@ class Lossy : public BucketCompressor {
   void save(std::string& out) const override {
     put_u64(out, n_);
     put_floats(out, ops_, residual_, n_);
+    clean_floats(out, n_);  // a checkpoint never carries a poisoned residual
   }
   void load(std::string_view& in) override {
     if (take_u64(in) != n_) throw std::invalid_argument("a bucket's residual has another size");
     take_floats(in, ops_, residual_, n_);
+    ops_.zero_nonfinite(residual_, n_, counts_ + kCleaned);  // one written before the guard
+  }
+  Guarded guarded() const override {
+    std::uint32_t counts[2] = {};
+    ops_.to_host(counts, counts_, sizeof counts);
+    return {counts[kSkipped], counts[kCleaned]};
   }
 
  protected:
   float inverse_world() const { return 1.0f / static_cast<float>(ops_.world()); }
+
+  // After the exchange wrote the average into `out`: the inf/NaN guard (compressor.h).
+  void guard(float* out) {
+    ops_.flag_nonfinite(out, n_, flag_, counts_ + kSkipped);
+    ops_.zero_if(flag_, out, n_);
+    ops_.zero_if(flag_, residual_, n_);
+    reset_if(flag_);
+    ops_.zero_nonfinite(residual_, n_, counts_ + kCleaned);
+  }
+  // When *flag: the compressor's own state back to its start (PowerSGD: Q).
+  virtual void reset_if(const std::uint32_t* /*flag*/) {}
+
+  // The last `n` floats of `out` with every inf or NaN made 0.
+  static void clean_floats(std::string& out, std::size_t n) {
+    char* at = out.data() + out.size() - n * sizeof(float);
+    for (std::size_t i = 0; i < n; ++i, at += sizeof(float)) {
+      float v;
+      std::memcpy(&v, at, sizeof v);
+      if (!std::isfinite(v)) std::memset(at, 0, sizeof v);
+    }
+  }
 
   Ops& ops_;
   BucketLayout layout_;
   std::size_t n_;
   float* residual_;
   float* acc_;  // gradients plus residual
+
+ private:
+  static constexpr int kSkipped = 0, kCleaned = 1;
+  std::uint32_t* flag_ = static_cast<std::uint32_t*>(ops_.allocate(sizeof(std::uint32_t)));
+  std::uint32_t* counts_ = static_cast<std::uint32_t*>(ops_.allocate(2 * sizeof(std::uint32_t)));
 };
 
 // fp16 / bf16: the bucket divided by the world size, cast, summed (in float).
@@ -50,6 +84,7 @@ class Cast16 final : public Lossy {
     ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
     ops_.encode16(acc_, wire_, wire_type_, inverse_world(), residual_, n_);
     ops_.all_sum(wire_, wire_type_, n_, acc_);
+    guard(acc_);
     ops_.narrow(acc_, flat, layout_.type, n_);
   }
 
@@ -57,6 +92,10 @@ class Cast16 final : public Lossy {
   DataType wire_type_;
   void* wire_;
 };
+
+bool all_finite(const std::vector<float>& values) {
+  return std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });
+}
 
 // The sparse modes send 32-bit indices.
 const BucketLayout& indexable(const BucketLayout& layout) {
@@ -88,6 +127,7 @@ class TopK final : public Lossy {
     const std::vector<std::int32_t> counts(static_cast<std::size_t>(ops_.world()),
                                            static_cast<std::int32_t>(k_));
     ops_.scatter_add(gathered_, 2 * k_, counts, acc_, n_, inverse_world());
+    guard(acc_);
     ops_.narrow(acc_, flat, layout_.type, n_);
   }
 
@@ -121,6 +161,7 @@ class Threshold final : public Lossy {
       ops_.all_gather(message_, gathered_, 2 * most, DataType::kInt32);
     }
     ops_.scatter_add(gathered_, 2 * most, counts, acc_, n_, inverse_world());
+    guard(acc_);
     ops_.narrow(acc_, flat, layout_.type, n_);
   }
 
@@ -183,20 +224,30 @@ class PowerSgd final : public Lossy {
       ops_.outer(p + m.p_offset, q_ + m.q_offset, out_ + m.offset, m.rows, m.cols, m.rank);
       ops_.subtract(acc_ + m.offset, out_ + m.offset, residual_ + m.offset, m.rows * m.cols);
     }
+    guard(out_);
     ops_.narrow(out_, flat, layout_.type, n_);
   }
 
   void save(std::string& out) const override {
     Lossy::save(out);
-    put_u64(out, q_ready_ ? plan_.q_size : 0);
-    if (q_ready_) put_floats(out, ops_, q_, plan_.q_size);
+    std::vector<float> q(q_ready_ ? plan_.q_size : 0);
+    ops_.to_host(q.data(), q_, q.size() * sizeof(float));
+    const bool whole = q_ready_ && all_finite(q);  // a poisoned Q is not kept: it starts afresh
+    put_u64(out, whole ? plan_.q_size : 0);
+    if (whole) out.append(reinterpret_cast<const char*>(q.data()), q.size() * sizeof(float));
   }
   void load(std::string_view& in) override {
     Lossy::load(in);
     const std::uint64_t q = take_u64(in);
     if (q != 0 && q != plan_.q_size) throw std::invalid_argument("PowerSGD's Q has another size");
-    q_ready_ = q != 0;
-    if (q_ready_) take_floats(in, ops_, q_, plan_.q_size);
+    q_ready_ = false;  // the first exchange starts Q (and keeps its start for the guard)
+    if (q == 0) return;
+    std::vector<float> loaded(plan_.q_size);
+    take_floats_to_host(in, loaded);
+    if (all_finite(loaded)) {
+      start_q();
+      ops_.from_host(q_, loaded.data(), loaded.size() * sizeof(float));
+    }
   }
 
  private:
@@ -216,13 +267,23 @@ class PowerSgd final : public Lossy {
     }
     ops_.from_host(q_, q.data(), q.size() * sizeof(float));
     for (const auto& m : plan_.matrices) ops_.orthogonalize(q_ + m.q_offset, m.cols, m.rank);
+    ops_.copy(q_start_, q_, plan_.q_size * sizeof(float));
     q_ready_ = true;
+  }
+  void reset_if(const std::uint32_t* flag) override {
+    ops_.copy_if(flag, q_, q_start_, plan_.q_size);  // every rank alike: the start is shared
+  }
+  static void take_floats_to_host(std::string_view& in, std::vector<float>& out) {
+    if (in.size() < out.size() * sizeof(float)) throw std::invalid_argument("truncated");
+    std::memcpy(out.data(), in.data(), out.size() * sizeof(float));
+    in.remove_prefix(out.size() * sizeof(float));
   }
 
   PowerSgdPlan plan_;
   std::uint64_t seed_;
   float* first_message_;  // every P, then the uncompressed tensors
   float* q_;
+  float* q_start_ = ops_.allocate_floats(plan_.q_size);  // the first Q, which a reset returns to
   float* out_;
   bool q_ready_ = false;
 };

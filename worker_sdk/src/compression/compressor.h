@@ -2,9 +2,18 @@
 // an approximation of their average over the ranks, keeping what it did not send in a residual
 // that joins the next step's gradients (error feedback). Written against Ops, so the same code
 // runs on the host (Gloo) and on the device (NCCL).
+//
+// An inf or NaN gradient (one rank's overflow, a bad batch) must not ruin training for good: the
+// residual would carry it into every later step, and PowerSGD's reused Q too. After each exchange
+// the average (the same on every rank) is checked: when it holds an inf or NaN, the bucket's update
+// is skipped (its averaged gradients are zeros) and its residual and PowerSGD's Q are reset, on
+// every rank alike, without a collective more; and a residual that took an inf or NaN only this
+// rank held (a sparse mode that did not send it) is cleaned here. Saved and loaded states are
+// never poisoned either. On the device the checks are kernels: no wait, no host copy.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -38,6 +47,13 @@ class BucketCompressor {
   // fit this bucket).
   virtual void save(std::string& out) const = 0;
   virtual void load(std::string_view& in) = 0;
+
+  // What the inf/NaN guard did (call between steps: on the device it waits for the exchanges).
+  struct Guarded {
+    std::uint64_t skipped = 0;  // exchanges whose average held inf or NaN: zeroed, state reset
+    std::uint64_t cleaned = 0;  // this rank's residual cleaned of inf or NaN it alone held
+  };
+  virtual Guarded guarded() const = 0;
 };
 
 // `compression` must be lossy. `index` (the bucket's) seeds PowerSGD's first Q.

@@ -168,6 +168,20 @@ class DeviceOps final : public Ops {
   void scale(float* x, std::size_t n, float factor) override {
     launch([&] { kernels::scale(x, n, factor, stream_); });
   }
+  void flag_nonfinite(const float* x, std::size_t n, std::uint32_t* flag,
+                      std::uint32_t* count) override {
+    launch([&] { kernels::flag_nonfinite(x, n, flag, count, stream_); });
+  }
+  void zero_if(const std::uint32_t* flag, float* x, std::size_t n) override {
+    launch([&] { kernels::zero_if(flag, x, n, stream_); });
+  }
+  void copy_if(const std::uint32_t* flag, float* to, const float* from, std::size_t n) override {
+    launch([&] { kernels::copy_if(flag, to, from, n, stream_); });
+  }
+  void zero_nonfinite(float* x, std::size_t n, std::uint32_t* count) override {
+    if (!found_) found_ = static_cast<std::uint32_t*>(allocate(sizeof(std::uint32_t)));
+    launch([&] { kernels::zero_nonfinite(x, n, count, found_, stream_); });
+  }
 
  protected:
   void run_all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {
@@ -184,6 +198,7 @@ class DeviceOps final : public Ops {
   std::vector<void*> blocks_;
   void* scratch_ = nullptr;
   std::size_t scratch_bytes_ = 0;
+  std::uint32_t* found_ = nullptr;  // zero_nonfinite()'s flag
 };
 
 }  // namespace

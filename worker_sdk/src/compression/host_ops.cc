@@ -298,6 +298,29 @@ class HostOps final : public Ops {
   void scale(float* x, std::size_t n, float factor) override {
     for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
   }
+  void flag_nonfinite(const float* x, std::size_t n, std::uint32_t* flag,
+                      std::uint32_t* count) override {
+    bool found = false;
+    for (std::size_t i = 0; i < n; ++i) found |= !std::isfinite(x[i]);
+    *flag = found ? 1 : 0;
+    *count += *flag;
+  }
+  void zero_if(const std::uint32_t* flag, float* x, std::size_t n) override {
+    if (*flag) std::fill(x, x + n, 0.0f);
+  }
+  void copy_if(const std::uint32_t* flag, float* to, const float* from, std::size_t n) override {
+    if (*flag) copy(to, from, n * sizeof(float));
+  }
+  void zero_nonfinite(float* x, std::size_t n, std::uint32_t* count) override {
+    bool found = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(x[i])) {
+        x[i] = 0.0f;
+        found = true;
+      }
+    }
+    *count += found ? 1 : 0;
+  }
 
  protected:
   void run_all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {

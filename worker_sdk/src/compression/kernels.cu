@@ -338,6 +338,37 @@ __global__ void scale_kernel(float* x, std::size_t n, float factor) {
   for (std::size_t i = first_index(); i < n; i += grid_stride()) x[i] *= factor;
 }
 
+// Any thread that finds a non-finite entry writes 1 (every writer writes the same value).
+__global__ void flag_nonfinite_kernel(const float* x, std::size_t n, std::uint32_t* flag) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    if (!isfinite(x[i])) *flag = 1;
+  }
+}
+
+__global__ void add_flag_kernel(const std::uint32_t* flag, std::uint32_t* count) {
+  *count += *flag;
+}
+
+__global__ void zero_if_kernel(const std::uint32_t* flag, float* x, std::size_t n) {
+  if (!*flag) return;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) x[i] = 0.0f;
+}
+
+__global__ void copy_if_kernel(const std::uint32_t* flag, float* to, const float* from,
+                               std::size_t n) {
+  if (!*flag) return;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) to[i] = from[i];
+}
+
+__global__ void zero_nonfinite_kernel(float* x, std::size_t n, std::uint32_t* found) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    if (!isfinite(x[i])) {
+      x[i] = 0.0f;
+      *found = 1;
+    }
+  }
+}
+
 }  // namespace
 
 void widen_add(const void* flat, FloatType type, const float* residual, float* acc, std::size_t n,
@@ -456,6 +487,35 @@ void subtract(const float* a, const float* b, float* out, std::size_t n, Stream 
 void scale(float* x, std::size_t n, float factor, Stream stream) {
   scale_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, factor);
   check("scale");
+}
+
+void flag_nonfinite(const float* x, std::size_t n, std::uint32_t* flag, std::uint32_t* count,
+                    Stream stream) {
+  check(cudaMemsetAsync(flag, 0, sizeof *flag, stream), "flag_nonfinite");
+  if (n > 0) flag_nonfinite_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, flag);
+  add_flag_kernel<<<1, 1, 0, stream>>>(flag, count);
+  check("flag_nonfinite");
+}
+
+void zero_if(const std::uint32_t* flag, float* x, std::size_t n, Stream stream) {
+  if (n == 0) return;
+  zero_if_kernel<<<blocks_for(n), kThreads, 0, stream>>>(flag, x, n);
+  check("zero_if");
+}
+
+void copy_if(const std::uint32_t* flag, float* to, const float* from, std::size_t n,
+             Stream stream) {
+  if (n == 0) return;
+  copy_if_kernel<<<blocks_for(n), kThreads, 0, stream>>>(flag, to, from, n);
+  check("copy_if");
+}
+
+void zero_nonfinite(float* x, std::size_t n, std::uint32_t* count, std::uint32_t* scratch,
+                    Stream stream) {
+  check(cudaMemsetAsync(scratch, 0, sizeof *scratch, stream), "zero_nonfinite");
+  if (n > 0) zero_nonfinite_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, scratch);
+  add_flag_kernel<<<1, 1, 0, stream>>>(scratch, count);
+  check("zero_nonfinite");
 }
 
 }  // namespace dist::sdk::detail::kernels

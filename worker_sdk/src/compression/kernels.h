@@ -44,5 +44,12 @@ void outer(const float* p, const float* q, float* out, std::size_t rows, std::si
 void orthogonalize(float* m, std::size_t rows, std::size_t r, Stream stream);
 void subtract(const float* a, const float* b, float* out, std::size_t n, Stream stream);
 void scale(float* x, std::size_t n, float factor, Stream stream);
+// As Ops' (ops.h); `scratch` is one std::uint32_t of device memory.
+void flag_nonfinite(const float* x, std::size_t n, std::uint32_t* flag, std::uint32_t* count,
+                    Stream stream);
+void zero_if(const std::uint32_t* flag, float* x, std::size_t n, Stream stream);
+void copy_if(const std::uint32_t* flag, float* to, const float* from, std::size_t n, Stream stream);
+void zero_nonfinite(float* x, std::size_t n, std::uint32_t* count, std::uint32_t* scratch,
+                    Stream stream);
 
 }  // namespace dist::sdk::detail::kernels

@@ -102,6 +102,18 @@ class Ops {
   virtual void subtract(const float* a, const float* b, float* out, std::size_t n) = 0;
   virtual void scale(float* x, std::size_t n, float factor) = 0;
 
+  // Non-finite values (inf, NaN), which would poison a compressor's state for good. The flags and
+  // counters are std::uint32_t buffers of this Ops, read without a wait on the device.
+  // *flag = 1 when an entry of x is not finite, else 0; *count += *flag.
+  virtual void flag_nonfinite(const float* x, std::size_t n, std::uint32_t* flag,
+                              std::uint32_t* count) = 0;
+  // When *flag is set: x = 0.
+  virtual void zero_if(const std::uint32_t* flag, float* x, std::size_t n) = 0;
+  // When *flag is set: to = from.
+  virtual void copy_if(const std::uint32_t* flag, float* to, const float* from, std::size_t n) = 0;
+  // Every entry of x that is not finite becomes 0; *count += 1 when there was one.
+  virtual void zero_nonfinite(float* x, std::size_t n, std::uint32_t* count) = 0;
+
  protected:
   explicit Ops(ProcessGroup& group) : group_(group) {}
   // The collective itself: complete, as seen by later calls, on return.

@@ -13,7 +13,10 @@
 //                   start (Q kept from the last step); one-dimensional parameters, and those where
 //                   (rows + cols) x RANK x 2 >= rows x cols, are sent uncompressed
 // Every lossy mode keeps an error-feedback residual per bucket: what a step did not send is added
-// to the next step's gradient, so nothing is lost for good.
+// to the next step's gradient, so nothing is lost for good. An inf or NaN never poisons that
+// state: a bucket whose average holds one is not applied (its averaged gradients are zeros, as a
+// skipped step's) and its residual and PowerSGD's Q are reset on every rank; the events are counted
+// (CommunicationStats) and, with host buffers, said on stderr.
 //
 // Synchronisation:
 //   every-step      gradients averaged every step (the default; compression applies here)

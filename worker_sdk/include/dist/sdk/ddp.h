@@ -84,6 +84,11 @@ struct DdpOptions {
 struct CommunicationStats {
   std::uint64_t steps = 0;
   std::uint64_t bytes_sent = 0;
+  // Lossy compression's inf/NaN guard (compression.h): bucket updates skipped because their
+  // average held an inf or NaN (their gradients zeroed, residual and PowerSGD's Q reset on every
+  // rank), and residuals of this rank cleaned of an inf or NaN only it held.
+  std::uint64_t nonfinite_skipped = 0;
+  std::uint64_t nonfinite_cleaned = 0;
   std::uint64_t bytes_per_step() const { return steps ? bytes_sent / steps : 0; }
 };
 
@@ -119,8 +124,8 @@ class DistributedDataParallel {
   // What state() returned, on the same rank of a job with the same model, world size, compression
   // and sync; std::invalid_argument saying what differs otherwise.
   void load_state(std::string_view state);
-  // Totals since construction (call between steps).
-  CommunicationStats stats() const { return stats_; }
+  // Totals since construction (call between steps; on the device it waits for the exchanges).
+  CommunicationStats stats() const;
 
   // While a NoSync lives, gradients are not communicated: they accumulate locally (do not zero
   // them), and the first synchronize() after it reduces the accumulated sum's average.
@@ -159,6 +164,7 @@ class DistributedDataParallel {
   // Averages slice `chunk` of `chunks` equal slices of every bucket's parameter values.
   void average_values(std::uint64_t chunk, std::uint64_t chunks);
   void reset_pass();
+  void say_skipped_updates();
 
   ProcessGroup& group_;
   DdpOptions options_;
@@ -175,9 +181,10 @@ class DistributedDataParallel {
   std::vector<std::unique_ptr<detail::BucketCompressor>> compressors_;
   std::vector<float*> sums_;  // average_values(): each bucket's float sums, in ops_
 
-  std::uint64_t local_steps_ = 0;  // after_step() calls (local strategies)
-  std::uint64_t step_end_ns_ = 0;  // the last after_step(): a step's own work starts there
-  std::uint64_t plain_bytes_ = 0;  // sent outside ops_
+  std::uint64_t local_steps_ = 0;   // after_step() calls (local strategies)
+  std::uint64_t step_end_ns_ = 0;   // the last after_step(): a step's own work starts there
+  std::uint64_t plain_bytes_ = 0;   // sent outside ops_
+  std::uint64_t skipped_said_ = 0;  // nonfinite_skipped when last told on stderr (host buffers)
   CommunicationStats stats_;
 };
 

@@ -413,7 +413,7 @@ def _evict_other_ranks(root: str, needed: int, limit: int) -> int:
     stale = []
     for name in os.listdir(root):
         rank = _rank_of_folder(name)
-        if rank is None or rank in current:
+        if rank is None or rank in current or rank == _rank():
             continue
         folder = os.path.join(root, name)
         stale.extend((_saved_at(os.path.join(folder, n)), os.path.join(folder, n))
@@ -605,6 +605,9 @@ def _read(path: str) -> Tuple[dict, Any]:
                             f"{FORMAT}")
     if header.get("save_id") != save_id:  # read while it was rewritten
         raise SnapshotError(f"{path}: torn (rewritten while read)")
+    with open(path, "rb", buffering=0) as f:  # the header again: not one read while written
+        if f.read(_PREFIX.size + header_len) != bytes(memoryview(data)[:_PREFIX.size + header_len]):
+            raise SnapshotError(f"{path}: torn (rewritten while read)")
     return header, data
 
 

@@ -14,6 +14,7 @@ with the error file in the report; the same job resuming from snapshots after a 
 Exits 77 (skip) when the interpreter lacks numpy (workers) or torch of --require-major (torch).
 """
 import argparse
+import fcntl
 import json
 import os
 import random
@@ -669,6 +670,16 @@ class Snapshots(Temp):
                          "saved\n")
         self.assertEqual(sorted(os.listdir(os.path.join(store, "rank_3"))),
                          ["step_00000000000000000002.snap"], "the oldest saved went first")
+        # A .ranks that does not list this rank (written before a regroup renumbered it): its
+        # own snapshots are never evicted; its next save reuses its oldest.
+        with open(os.path.join(store, ".ranks"), "w") as f:
+            f.write("5\n")
+        self.assertEqual(self.as_a_worker(store, script, "11", memory=2 << 20, **new).stdout,
+                         "saved\n")
+        self.assertEqual(self.as_a_worker(store, script, "12", memory=2 << 20, **new).stdout,
+                         "saved\n")
+        self.assertEqual(sorted(os.listdir(os.path.join(store, "rank_0"))),
+                         ["step_00000000000000000011.snap", "step_00000000000000000012.snap"])
 
     def test_a_shared_snapshot_dir_keeps_each_nodes_ranks_apart(self):
         # Two agents (nodes) of one worker each, one --rdzv-id, one --snapshot-dir: each rank's
@@ -770,7 +781,8 @@ class Snapshots(Temp):
 
     def test_a_read_that_overlaps_a_rewrite_is_never_taken_for_a_snapshot(self):
         # A reader holds step 1's file open when the writer recycles it for step 3 (its third
-        # save) and has written part of it: the reader must see it torn, not step 1's footer.
+        # save) and has rewritten half its data: the reader must see it torn, though the header
+        # is still step 1's.
         d = self.temp()
         script = write(d, "overlap.py", """
             import os
@@ -781,12 +793,13 @@ class Snapshots(Temp):
             snapshot.save(2, {"w": np.full(100000, 2.0)})
             reader = os.open(os.path.join(folder, "step_00000000000000000001.snap"), os.O_RDONLY)
             real, calls = os.pwrite, []
-            def stop_after_the_data(fd, data, offset):
+            def stop_in_the_data(fd, data, offset):
                 calls.append(offset)
-                if len(calls) > 2:  # the footers zeroed, the skeleton written: then the tensor
+                if len(calls) == 4:  # the footers zeroed, the skeleton written: half the tensor
+                    real(fd, bytes(data)[:len(data) // 2], offset)
                     raise OSError("the writer stops here")
                 return real(fd, data, offset)
-            os.pwrite = stop_after_the_data
+            os.pwrite = stop_in_the_data
             try:
                 snapshot.save(3, {"w": np.full(100000, 3.0)})
             except snapshot.SnapshotError:
@@ -855,23 +868,30 @@ class Snapshots(Temp):
     def test_shared_memory_of_agents_that_are_gone_is_swept_at_start(self):
         # An agent killed with its guardian (Slurm after KillWait, an OOM kill of the group)
         # leaves its directory, and its snapshots' memory, in /dev/shm: the next agent removes
-        # it; a living agent's, and a kept run directory (not a scratch one), stay.
-        dead = subprocess.Popen(["/bin/true"])
-        dead.wait()
-        left = os.path.join("/dev/shm", f"dist-launch-{dead.pid}-0123456789ab-Xy12Z9")
-        living = os.path.join("/dev/shm", f"dist-launch-{os.getpid()}-0123456789ab-Ab34C5")
+        # it, its .alive file being locked by nobody. A directory whose .alive is locked (a
+        # living agent, in whatever pid namespace), one without .alive (being made) and a kept
+        # run directory (not a scratch one) stay.
+        name = f"dist-launch-{os.getpid()}-0123456789ab-"
+        left = os.path.join("/dev/shm", name + "Xy12Z9")
+        living = os.path.join("/dev/shm", name + "Ab34C5")
+        unmarked = os.path.join("/dev/shm", name + "Nm56P7")
         kept_run = os.path.join("/dev/shm", "dist-launch-Kp78Q1")
-        for d in (left, living, kept_run):
+        for d in (left, living, unmarked, kept_run):
             os.makedirs(os.path.join(d, "snapshots", "rank_0"))
             self.addCleanup(shutil.rmtree, d, True)
             with open(os.path.join(d, "snapshots", "rank_0", "step_1.snap"), "wb") as f:
                 f.write(b"x" * 4096)
-        os.utime(left, (1, 1))  # its agent is long gone, whatever runs under its pid now
+        for d in (left, living):
+            open(os.path.join(d, ".alive"), "w").close()
+        lock = open(os.path.join(living, ".alive"))
+        self.addCleanup(lock.close)
+        fcntl.flock(lock, fcntl.LOCK_EX)
         proc = launch("--nproc-per-node", "1", "--snapshot-memory", "8M", "--no-python",
                       "/bin/true")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertFalse(os.path.exists(left))
         self.assertTrue(os.path.exists(living))
+        self.assertTrue(os.path.exists(unmarked))
         self.assertTrue(os.path.exists(kept_run))
         self.assertIn("shared-memory director", proc.stderr)
 

@@ -282,9 +282,18 @@ std::optional<Checkpoint> read_snapshot(const fs::path& path, std::uint64_t step
     if (::fstat(file.fd, &st) != 0) return std::nullopt;
     data.resize(static_cast<std::size_t>(st.st_size));
     if (!read_at(file.fd, data.data(), data.size(), 0)) return std::nullopt;
+    if (data.size() < kPrefixBytes + kFooterBytes) return std::nullopt;
+    // The header again, after the footer: not one read while it was being written.
+    std::uint64_t header_len = 0;
+    std::memcpy(&header_len, data.data() + 8, 8);
+    if (header_len > data.size() - kPrefixBytes - kFooterBytes) return std::nullopt;
+    std::string again(kPrefixBytes + header_len, '\0');
+    if (!read_at(file.fd, again.data(), again.size(), 0) ||
+        std::memcmp(again.data(), data.data(), again.size()) != 0) {
+      return std::nullopt;
+    }
   }
   const std::uint64_t size = data.size();
-  if (size < kPrefixBytes + kFooterBytes) return std::nullopt;
   std::uint64_t header_len = 0, total = 0, footer_id = 0;
   std::memcpy(&header_len, data.data() + 8, 8);
   std::memcpy(&total, data.data() + size - 16, 8);

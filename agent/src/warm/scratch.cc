@@ -3,16 +3,14 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <fstream>
-#include <optional>
 #include <regex>
-#include <sstream>
 #include <stdexcept>
 
 #include "warm/clone_exec.h"
@@ -26,55 +24,34 @@ namespace {
 
 constexpr char kShell[] = "/bin/sh";
 
-// /dev/shm when it is a writable tmpfs, else TMPDIR's directory.
-fs::path scratch_parent() {
-  if (auto memory = shared_memory_directory(); !memory.empty()) return memory;
-  return fs::temp_directory_path();
-}
-
-// When `pid` started (Unix seconds), nullopt when no such process runs.
-std::optional<std::time_t> started_at(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(stat, text)) return std::nullopt;
-  const auto close = text.rfind(')');  // the command may hold spaces and parentheses
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream fields(text.substr(close + 2));
-  std::string field;
-  for (int i = 3; i < 22 && fields >> field; ++i) {
-  }
-  unsigned long long ticks = 0;
-  if (!(fields >> ticks)) return std::nullopt;
-  std::ifstream boot("/proc/stat");
-  long long btime = 0;
-  for (std::string line; std::getline(boot, line);) {
-    if (line.starts_with("btime ")) btime = std::stoll(line.substr(6));
-  }
-  return static_cast<std::time_t>(btime + static_cast<long long>(ticks / ::sysconf(_SC_CLK_TCK)));
-}
+constexpr char kAliveFile[] = ".alive";  // locked (flock) by its agent for the directory's life
 
 // Scratch directories of agents that are gone (an agent and its guardian killed together: Slurm
 // after KillWait, an OOM kill of the whole group) hold their snapshots' memory until someone
 // removes them. Only dist-launch's own (the name scratch directories have, this user's), and only
-// when their agent (the pid in the name) runs no more, or that pid is now a later process.
+// when nobody holds the lock on its .alive file: its agent's lock goes only with the agent, in
+// whatever pid namespace it runs. A directory without one (being made) is left alone.
 void sweep_dead_agents(const fs::path& parent) {
-  static const std::regex kName(R"(dist-launch-(\d+)-[0-9a-f]{12}-[A-Za-z0-9]{6})");
+  static const std::regex kName(R"(dist-launch-\d+-[0-9a-f]{12}-[A-Za-z0-9]{6})");
   std::error_code ec;
   int removed = 0;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (!std::regex_match(name, m, kName)) continue;
+    if (!std::regex_match(entry.path().filename().string(), kName)) continue;
     struct stat st {};
     if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
         st.st_uid != ::geteuid()) {
       continue;
     }
-    const auto owner = started_at(static_cast<pid_t>(std::stol(m[1].str())));
-    if (owner && *owner <= st.st_mtime + 1) continue;  // its agent may still run
-    std::error_code removing;
-    fs::remove_all(entry.path(), removing);
-    if (!removing) ++removed;
+    const int alive =
+        ::open((entry.path() / kAliveFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (alive < 0) continue;
+    const bool gone = ::flock(alive, LOCK_EX | LOCK_NB) == 0;
+    if (gone) {
+      std::error_code removing;
+      fs::remove_all(entry.path(), removing);
+      if (!removing) ++removed;
+    }
+    ::close(alive);
   }
   if (removed > 0) {
     spdlog::info("removed {} shared-memory director{} of dist-launch agents that are gone ({})",
@@ -85,15 +62,28 @@ void sweep_dead_agents(const fs::path& parent) {
 }  // namespace
 
 Scratch::Scratch(std::string_view agent_id) {
-  const fs::path parent = scratch_parent();
-  sweep_dead_agents(parent);
+  const fs::path memory = shared_memory_directory();
+  const fs::path parent = memory.empty() ? fs::temp_directory_path() : memory;
+  if (!memory.empty()) sweep_dead_agents(memory);  // never a TMPDIR other hosts may share
   std::string pattern = (parent / ("dist-launch-" + std::string(agent_id) + "-XXXXXX")).string();
   if (!::mkdtemp(pattern.data())) {
     throw std::runtime_error("cannot create a directory in " + parent.string() + ": " +
                              std::strerror(errno));
   }
   path_ = pattern;
+  hold_alive_lock();
   start_guardian();
+}
+
+// Locked before it is named .alive: a sweep never finds it unlocked while this agent lives.
+void Scratch::hold_alive_lock() {
+  const fs::path partial = path_ / (std::string(kAliveFile) + ".new");
+  alive_fd_ = ::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (alive_fd_ < 0 || ::flock(alive_fd_, LOCK_EX) != 0 ||
+      ::rename(partial.c_str(), (path_ / kAliveFile).c_str()) != 0) {
+    spdlog::warn("cannot lock {} ({}): a later agent will not sweep it if this one is killed",
+                 (path_ / kAliveFile).string(), std::strerror(errno));
+  }
 }
 
 void Scratch::start_guardian() {
@@ -128,6 +118,7 @@ void Scratch::start_guardian() {
 Scratch::~Scratch() {
   std::error_code ec;
   fs::remove_all(path_, ec);
+  if (alive_fd_ >= 0) ::close(alive_fd_);
   if (guardian_pipe_ >= 0) ::close(guardian_pipe_);
   if (guardian_ > 0) reap_cloned(guardian_);
 }

@@ -8,7 +8,9 @@
 // `/bin/sh` started with the read end of a pipe whose write end only the agent holds, which removes
 // the directory once that pipe closes. The guardian carries no job marker (the janitor leaves it
 // be: it must outlive the agent), ignores the terminal's signals and has no PR_SET_PDEATHSIG; the
-// worker group's stop spares it (guardian()).
+// worker group's stop spares it (guardian()). If both are killed together (Slurm after KillWait,
+// an OOM kill of the group), the next agent on the machine removes the directory: its .alive file,
+// locked (flock) by its agent for as long as that agent lives, is no longer locked.
 #pragma once
 
 #include <sys/types.h>
@@ -39,11 +41,13 @@ class Scratch {
                                    std::string_view content) const;
 
  private:
+  void hold_alive_lock();
   void start_guardian();
 
   std::filesystem::path path_;
   pid_t guardian_ = -1;
   int guardian_pipe_ = -1;  // its write end: closed, the guardian removes path_ and exits
+  int alive_fd_ = -1;       // path_/.alive, locked while this agent lives (the sweep's sign)
 };
 
 }  // namespace dist::agent::warm

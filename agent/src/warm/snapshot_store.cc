@@ -161,27 +161,56 @@ void fsync_directory(const fs::path& dir) {
   ::close(fd);
 }
 
-// Copies `in` (from its start) to `out`; false with errno on failure.
+// Copies `in` (from its start) to `out`; false with errno on failure (0: `in` shrank, its writer
+// rewrote it).
 bool copy_all(int in, int out, off_t size) {
   off_t offset = 0;
   while (offset < size) {
     const ssize_t n = ::sendfile(out, in, &offset, static_cast<std::size_t>(size - offset));
     if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = 0;
     if (n <= 0) return false;
   }
   return true;
 }
 
+// A snapshot's prefix and header, as bytes; empty when they cannot be read.
+std::string header_of(int fd) {
+  char prefix[kPrefixBytes];
+  if (!read_at(fd, prefix, sizeof prefix, 0)) return {};
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, prefix + 8, 8);
+  if (header_bytes > kMaxHeaderBytes) return {};
+  std::string bytes(prefix, sizeof prefix);
+  bytes.resize(kPrefixBytes + header_bytes);
+  if (!read_at(fd, bytes.data() + kPrefixBytes, header_bytes, kPrefixBytes)) return {};
+  return bytes;
+}
+
+std::string header_of(const fs::path& file) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string bytes = header_of(fd);
+  ::close(fd);
+  return bytes;
+}
+
 }  // namespace
 
 std::string job_folder(const std::string& job) {
-  std::string name = job.empty() ? "none" : job;
-  for (char& c : name) {
+  if (job.empty()) return "none";
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string name;
+  for (const char c : job) {
     const bool safe = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                      c == '.' || c == '_' || c == '-';
-    if (!safe) c = '_';
+                      c == '_' || c == '-' || (c == '.' && !name.empty());
+    if (safe) {
+      name += c;
+    } else {  // one job, one folder: distinct ids never share one
+      const auto byte = static_cast<unsigned char>(c);
+      name += {'%', kHex[byte >> 4], kHex[byte & 15]};
+    }
   }
-  if (name.front() == '.') name.insert(name.begin(), '_');
   return name;
 }
 
@@ -252,6 +281,12 @@ SnapshotStore::SnapshotStore(const WarmOptions& options, const Scratch& scratch,
                                ec.message());
     }
     environment_[kSnapshotPersistVariable] = persist_dir_.string();
+    if (job == "none") {
+      spdlog::warn(
+          "--snapshot-dir without --rdzv-id: this job's snapshots go to {}, which every "
+          "job without an id shares (and resumes from): give each job its --rdzv-id",
+          persist_dir_.string());
+    }
     announce_earlier_snapshots();
   }
   spdlog::debug("snapshots in {} (at most {} bytes){}", directory_.string(), memory_limit_,
@@ -344,14 +379,15 @@ bool SnapshotStore::persist(const fs::path& rank_dir, const fs::path& source,
   bool ok = out >= 0 && copy_all(in, out, before.st_size) && ::fsync(out) == 0;
   const int error = errno;
   if (out >= 0) ::close(out);
-  ::close(in);
   // The copy was read front to back, as a worker's load() reads: it is whole when its header's and
-  // footer's save ids agree, and the save it names is the one listed.
+  // footer's save ids agree, the save it names is the one listed, and its header is the file's
+  // header now (not one read while the writer rewrote it).
   const auto copied = ok ? read_stamp(partial) : std::nullopt;
-  const bool whole = copied && copied->save_id == save_id;
+  const bool whole = copied && copied->save_id == save_id && header_of(in) == header_of(partial);
+  ::close(in);
   if (!ok || !whole) {
     fs::remove(partial, ec);
-    if (!ok) {
+    if (!ok && error != 0) {
       spdlog::warn("cannot persist the snapshot {} to {}: {}", source.string(), rank_dir.string(),
                    std::strerror(error));
     }
@@ -364,8 +400,11 @@ bool SnapshotStore::persist(const fs::path& rank_dir, const fs::path& source,
     return false;
   }
   fsync_directory(rank_dir);
+  // The two newest saves stay (never the one just copied, whatever another host's clock said).
   auto saved = snapshots_in(rank_dir);
-  for (std::size_t i = 0; i + kPersistedPerRank < saved.size(); ++i) fs::remove(saved[i].path, ec);
+  for (std::size_t i = 0; i + kPersistedPerRank < saved.size(); ++i) {
+    if (saved[i].path != target) fs::remove(saved[i].path, ec);
+  }
   spdlog::debug("snapshot {} persisted to {}", source.filename().string(), rank_dir.string());
   return true;
 }
@@ -405,17 +444,19 @@ nlohmann::ordered_json SnapshotStore::status() const {
           {"ranks", std::move(ranks)}};
 }
 
+void SnapshotStore::list_ranks(int first_rank, int count) {
+  const fs::path ranks = directory_ / snapshot_format::kRanksFile;
+  const fs::path partial = directory_ / (std::string(snapshot_format::kRanksFile) + ".tmp");
+  std::ofstream out(partial, std::ios::trunc);
+  for (int r = first_rank; r < first_rank + count; ++r) out << r << '\n';
+  out.close();
+  std::error_code ec;
+  fs::rename(partial, ranks, ec);
+  if (ec) spdlog::warn("cannot list this node's ranks in {}: {}", ranks.string(), ec.message());
+}
+
 void SnapshotStore::begin_attempt(int first_rank, int count) {
-  {
-    const fs::path ranks = directory_ / snapshot_format::kRanksFile;
-    const fs::path partial = directory_ / (std::string(snapshot_format::kRanksFile) + ".tmp");
-    std::ofstream out(partial, std::ios::trunc);
-    for (int r = first_rank; r < first_rank + count; ++r) out << r << '\n';
-    out.close();
-    std::error_code ec;
-    fs::rename(partial, ranks, ec);
-    if (ec) spdlog::warn("cannot list this node's ranks in {}: {}", ranks.string(), ec.message());
-  }
+  list_ranks(first_rank, count);
   std::error_code ec;
   for (const auto& rank : fs::directory_iterator(directory_, ec)) {
     std::error_code inner;

@@ -47,7 +47,8 @@ inline constexpr std::chrono::seconds kPersistInterval{5};
 inline constexpr int kPersistedPerRank = 2;  // on disk, as in memory
 
 // The folder of a job's snapshots under --snapshot-dir: its --rdzv-id, every byte outside
-// [A-Za-z0-9._-] made '_' (and a leading '.' escaped), as docs/SNAPSHOTS.md says.
+// [A-Za-z0-9._-] (and a leading '.') written %XX, so that two ids never share a folder
+// (docs/SNAPSHOTS.md).
 std::string job_folder(const std::string& job);
 
 // What identifies one save (docs/SNAPSHOTS.md): read from a file's header and checked against its
@@ -78,6 +79,8 @@ class SnapshotStore {
   // Before an attempt (no worker runs): removes the partial saves the last one left, and lists the
   // global ranks this node runs now (the writers evict other ranks' snapshots first).
   void begin_attempt(int first_rank, int count);
+  // The ranks this node runs changed under running workers (an in-place regroup).
+  void list_ranks(int first_rank, int count);
   // A worker failed: the newest snapshots go to --snapshot-dir now.
   void persist_now();
   // For status.json: the memory the snapshots hold and may hold, each rank's newest save, and

@@ -340,6 +340,8 @@ std::vector<std::pair<int, int>> WorkerGroup::regroup(const Assignment& a) {
     const int rank = a.rank_offset + w.local_rank;
     moved.emplace_back(std::exchange(w.rank, rank), rank);
   }
+  // The running workers save under their new ranks: the writers must not evict those.
+  if (snapshots_) snapshots_->list_ranks(a.rank_offset, config_.nproc_per_node);
   return moved;
 }
 

@@ -274,13 +274,19 @@ TEST(SnapshotStoreTest, GivesTheWorkersTheirVariablesAndSweepsTornSaves) {
   std::stringstream listed;
   listed << ranks.rdbuf();
   EXPECT_EQ(listed.str(), "4\n5\n") << "the global ranks this node runs, for the writers";
+  store.list_ranks(0, 2);  // an in-place regroup renumbered the running workers
+  std::ifstream relisted(store.directory() / ".ranks");
+  std::stringstream now;
+  now << relisted.rdbuf();
+  EXPECT_EQ(now.str(), "0\n1\n");
 }
 
 // A job's folder under --snapshot-dir is its --rdzv-id, safe as one file name.
 TEST(SnapshotStoreTest, NamesAJobsFolderByItsRendezvousId) {
   EXPECT_EQ(job_folder("job7"), "job7");
-  EXPECT_EQ(job_folder("a/b c:d"), "a_b_c_d");
-  EXPECT_EQ(job_folder(".."), "_..");
+  EXPECT_EQ(job_folder("a/b c:d"), "a%2Fb%20c%3Ad");
+  EXPECT_NE(job_folder("a/b"), job_folder("a_b")) << "two ids, two folders";
+  EXPECT_EQ(job_folder(".."), "%2E.");
   EXPECT_EQ(job_folder(""), "none");
 }
 
@@ -345,11 +351,11 @@ TEST(SnapshotStoreTest, PersistsTheNewestSaveAtOnceWhenAWorkerFails) {
   LaunchConfig config;
   config.warm.snapshot_dir = disk.string();
   SnapshotStore store(config.warm, scratch, "job/7", "run");
-  EXPECT_EQ(store.environment().at(kSnapshotPersistVariable), (disk / "job_7").string())
+  EXPECT_EQ(store.environment().at(kSnapshotPersistVariable), (disk / "job%2F7").string())
       << "one folder per job: --snapshot-dir can be shared by jobs and nodes";
   EXPECT_GT(store.memory_limit(), 0u) << "half the free shared memory by default";
   const fs::path rank = store.directory() / "rank_1";
-  const fs::path copies = disk / "job_7" / "rank_1";
+  const fs::path copies = disk / "job%2F7" / "rank_1";
   fs::create_directories(rank);
   // Saved in the order 5000, 10, 20 (a run that started afresh after an earlier one left step
   // 5000): the two newest saves stay on disk, whatever their steps.
@@ -371,7 +377,7 @@ TEST(SnapshotStoreTest, PersistsTheNewestSaveAtOnceWhenAWorkerFails) {
   })) << "a re-saved step is persisted";
 }
 
-TEST(SnapshotStoreTest, NeverPersistsACopyThatOverlappedARewrite) {
+TEST(SnapshotStoreTest, NeverPersistsATornSnapshot) {
   Scratch scratch("test-" + std::to_string(::getpid()));
   const fs::path disk = scratch.path() / "disk";
   LaunchConfig config;

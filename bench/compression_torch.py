@@ -4,6 +4,7 @@ PyTorch's default Linear init), the same DistributedSampler (seed 0), global bat
 lr 0.1 and momentum 0.9, 30 epochs; DDP over gloo with one of torch's communication hooks.
 
     dist-launch --nproc-per-node 2 bench/compression_torch.py --hook fp16|powersgd:2|none
+        [--nan-at-step STEP]
 
 Rank 0 prints the lines compression_bench.py reads: the training steps' time (forward, backward
 with DDP's all-reduce, optimizer step) and the final test accuracy.
@@ -64,6 +65,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--global-batch", type=int, default=32)
+    ap.add_argument("--nan-at-step", type=int, default=-1,
+                    help="the last rank's batch holds a NaN at this step (bench/nonfinite_bench.py)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -85,8 +88,12 @@ def main():
         indices = torch.tensor(list(sampler))
         for begin in range(0, len(indices), local_batch):
             batch = indices[begin:begin + local_batch]
+            x = train_x[batch]
+            if steps == args.nan_at_step and rank == world - 1:
+                x = x.clone()
+                x[0, 0] = float("nan")  # a bad batch: every gradient of this rank is NaN
             start = time.perf_counter()
-            loss = loss_fn(model(train_x[batch]), train_y[batch])
+            loss = loss_fn(model(x), train_y[batch])
             opt.zero_grad()
             loss.backward()
             opt.step()

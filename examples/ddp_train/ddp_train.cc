@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -71,6 +72,7 @@ struct Options {
   int checkpoint_every = 50;     // steps
   long crash_at_step = -1;       // on attempt 0, the last rank exits here
   long hang_at_step = -1;        // on attempt 0, the last rank stops making progress here
+  long nan_at_step = -1;         // the last rank's batch holds a NaN at this step (a bad batch)
   std::string backend = "gloo";  // or nccl: the model on this rank's GPU
   bool in_place = false;         // survivors keep training when a peer fails (recovery.h)
   bool timestamps = false;       // the wall clock of a crash and of each process's first step
@@ -515,6 +517,11 @@ int train_with(const Options& o, sdk::Distributed& dist) {
                    (unsigned long long)p.step, env.rank);
       for (;;) ::pause();  // what a rank stuck outside any collective looks like
     }
+    if (static_cast<long>(p.step) == o.nan_at_step && env.rank == env.world_size - 1) {
+      x(0, 0) = std::numeric_limits<float>::quiet_NaN();  // every gradient of this rank is NaN
+      std::fprintf(stderr, "ddp_train: a NaN in rank %d's batch at step %llu\n", env.rank,
+                   (unsigned long long)p.step);
+    }
     const auto step_start = std::chrono::steady_clock::now();
     const float loss =
         gpu ? gpu->backward(x.data(), y.data(), y.size(), *ddp) : model.backward(x, y, *ddp);
@@ -524,7 +531,7 @@ int train_with(const Options& o, sdk::Distributed& dist) {
     train_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     samples += static_cast<std::uint64_t>(x.rows()) * static_cast<std::uint64_t>(env.world_size);
-    p.loss_sum += loss;
+    if (std::isfinite(loss)) p.loss_sum += loss;  // a bad batch's loss says nothing of the model
     ++p.batches;
     ++p.step;
     if (o.timestamps) stamp();
@@ -639,6 +646,9 @@ int main(int argc, char** argv) {
   app.add_option("--hang-at-step", o.hang_at_step,
                  "On restart attempt 0, the last rank stops making progress at this step (its "
                  "peers wait for it in their next all-reduce): for dist-launch's hang detection");
+  app.add_option("--nan-at-step", o.nan_at_step,
+                 "The last rank's batch holds a NaN at this step (a bad batch): what DDP and its "
+                 "compression make of an inf or NaN gradient");
   app.add_option("--backend", o.backend,
                  "gloo: the model on the CPU; nccl: on this rank's GPU, DDP over NCCL")
       ->check(CLI::IsMember({"gloo", "nccl"}))

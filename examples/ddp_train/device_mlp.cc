@@ -54,9 +54,9 @@ class CudaMlp final : public DeviceMlp {
   std::vector<dist::sdk::Parameter> parameters() override {
     const auto h = static_cast<std::size_t>(m_.hidden), in = static_cast<std::size_t>(m_.inputs),
                c = static_cast<std::size_t>(m_.classes);
-    return {{"w1", {m_.w1, h * in}, {m_.dw1, h * in}},
+    return {{"w1", {m_.w1, h * in}, {m_.dw1, h * in}, {h, in}},  // shapes: PowerSGD's matrices
             {"b1", {m_.b1, h}, {m_.db1, h}},
-            {"w2", {m_.w2, c * h}, {m_.dw2, c * h}},
+            {"w2", {m_.w2, c * h}, {m_.dw2, c * h}, {c, h}},
             {"b2", {m_.b2, c}, {m_.db2, c}}};
   }
   dist::sdk::DdpOptions ddp_options() const override {

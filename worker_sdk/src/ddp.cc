@@ -89,6 +89,7 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
                                   : detail::make_host_ops(group);
   }
   if (options.compression.lossy()) {
+    std::size_t matrices = 0;  // PowerSGD's compressed ones
     for (std::size_t i = 0; i < buckets_.size(); ++i) {
       detail::BucketLayout layout{buckets_[i].type, buckets_[i].elements, {}};
       for (std::size_t j = 0; j < buckets_[i].params.size(); ++j) {
@@ -96,10 +97,31 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
         layout.tensors.push_back(
             {buckets_[i].offsets[j], p.count, p.shape.empty() ? 0 : p.shape[0]});
       }
+      if (options.compression.kind == Compression::Kind::kPowerSgd) {
+        matrices += detail::plan_powersgd(layout, options.compression.rank).matrices.size();
+      }
       compressors_.push_back(detail::make_compressor(options.compression, *ops_, layout, i));
+    }
+    if (options.compression.kind == Compression::Kind::kPowerSgd && matrices == 0 &&
+        group_.rank() == 0) {
+      warn_powersgd_compresses_nothing();
     }
   }
   reset_pass();
+}
+
+// PowerSGD sends a parameter whole unless it knows it as a matrix (Parameter::shape) large enough
+// for the rank to pay: silently sending everything whole would be a surprise.
+void DistributedDataParallel::warn_powersgd_compresses_nothing() const {
+  std::size_t shaped = 0;
+  for (const auto& p : params_) shaped += p.shape.size() >= 2 ? 1 : 0;
+  std::fprintf(stderr,
+               "dist-sdk: warning: %s compresses nothing here: %s, so every bucket is sent whole "
+               "(as much as without compression)\n",
+               options_.compression.to_string().c_str(),
+               shaped == 0 ? "no parameter has a shape of two or more dimensions (give "
+                             "Parameter::shape, e.g. {rows, cols})"
+                           : "every matrix is too small for its rank to send less");
 }
 
 // Buckets in reverse registration order. A parameter opens a new bucket when it would take a

@@ -719,6 +719,29 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// PowerSGD compresses only what it knows as a matrix: without shapes it sends every bucket whole,
+// and says so (once, on rank 0) instead of silently sending as much as no compression.
+TEST(Compression, PowerSgdThatCompressesNothingSaysSo) {
+  for (const bool shaped : {false, true}) {
+    ::testing::internal::CaptureStderr();
+    on_ranks(kWorld, [&](ProcessGroup& g) {
+      std::vector<float> w(32 * 32), dw(w.size()), b(32), db(b.size());
+      std::vector<Parameter> parameters{{"w", w, dw}, {"b", b, db}};
+      if (shaped) parameters[0].shape = {32, 32};
+      DistributedDataParallel ddp(g, parameters, with("powersgd:2"));
+    });
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    if (shaped) {
+      EXPECT_EQ(said.find("compresses nothing"), std::string::npos) << said;
+    } else {
+      EXPECT_NE(said.find("powersgd:2 compresses nothing here: no parameter has a shape of two or "
+                          "more dimensions (give Parameter::shape"),
+                std::string::npos)
+          << said;
+    }
+  }
+}
+
 TEST(Compression, AStateOfAnotherModeOrWorldIsRefusedSayingWhy) {
   std::string fp16_state, single_rank_state;
   on_ranks(1, [&](ProcessGroup& g) {

@@ -1,8 +1,8 @@
 // DDP's gradient compression over device buffers (NCCL, world size 1, the CUDA kernels) against
 // the same steps over host buffers (Gloo, the host's loops): the casts, top-k (radix select over
 // several tiles, ties included) and threshold give the same bits, residuals included (the states
-// are equal byte for byte); PowerSGD the same within float rounding. Without a GPU every test
-// skips, saying so.
+// are equal byte for byte); PowerSGD the same within float rounding; the inf/NaN guard's kernels
+// do what the host's loops do with a NaN gradient. Without a GPU every test skips, saying so.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -27,6 +27,8 @@ bool have_gpu() {
   return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
 }
 
+bool poison = false;  // a NaN in w's gradient at step 2 (the guard's test)
+
 // Step s's gradients: normal values, then a run of equal magnitudes (ties for top-k).
 std::vector<float> gradients(std::size_t n, int step, unsigned salt) {
   std::mt19937 g(static_cast<unsigned>(1000 * step) + salt);
@@ -34,12 +36,14 @@ std::vector<float> gradients(std::size_t n, int step, unsigned salt) {
   std::vector<float> v(n);
   for (auto& x : v) x = d(g);
   for (std::size_t i = 0; i < n / 10; ++i) v[3 * i % n] = (i % 2 ? 2.5f : -2.5f);
+  if (poison && step == 2 && salt == 1) v[7] = std::nanf("");
   return v;
 }
 
 struct Result {
   std::vector<std::vector<float>> grads;  // per step: b then w
   std::string state;
+  CommunicationStats stats;
 };
 
 Result on_host(const std::string& spec) {
@@ -61,6 +65,7 @@ Result on_host(const std::string& spec) {
       out.grads.push_back(flat);
     }
     out.state = ddp.state();
+    out.stats = ddp.stats();
   });
   return out;
 }
@@ -111,6 +116,7 @@ Result on_device(const std::string& spec) {
       out.grads.push_back(flat);
     }
     out.state = ddp.state();
+    out.stats = ddp.stats();
   }
   for (float* p : buffers) cudaFree(p);
   cudaStreamDestroy(stream);
@@ -139,6 +145,28 @@ TEST_P(GpuCompression, DeviceKernelsGiveTheHostsResults) {
   }
   if (spec.rfind("powersgd", 0) != 0) {
     EXPECT_EQ(device.state, host.state) << "residuals differ";
+  }
+}
+
+TEST_P(GpuCompression, TheInfNanGuardOnTheDeviceIsTheHosts) {
+  if (!have_gpu()) {
+    GTEST_SKIP() << "no CUDA device on this machine: the compression kernels run on a GPU host";
+  }
+  const std::string spec = GetParam();
+  poison = true;
+  const Result host = on_host(spec), device = on_device(spec);
+  poison = false;
+  EXPECT_EQ(device.stats.nonfinite_skipped, host.stats.nonfinite_skipped);
+  EXPECT_EQ(device.stats.nonfinite_cleaned, host.stats.nonfinite_cleaned);
+  EXPECT_GE(host.stats.nonfinite_skipped + host.stats.nonfinite_cleaned, 1u);
+  ASSERT_EQ(device.grads.size(), host.grads.size());
+  for (std::size_t s = 0; s < host.grads.size(); ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    for (std::size_t i = 0; i < host.grads[s].size(); ++i) {
+      ASSERT_TRUE(std::isfinite(device.grads[s][i])) << i;
+      ASSERT_NEAR(device.grads[s][i], host.grads[s][i], 1e-4 * (1 + std::fabs(host.grads[s][i])))
+          << i;
+    }
   }
 }
 

@@ -165,6 +165,7 @@ class DistributedDataParallel {
   void average_values(std::uint64_t chunk, std::uint64_t chunks);
   void reset_pass();
   void say_skipped_updates();
+  void warn_powersgd_compresses_nothing() const;
 
   ProcessGroup& group_;
   DdpOptions options_;

@@ -9,6 +9,10 @@
 //   build/bin/rendezvous-bench --nodes 10,100,1000 [--mode static|elastic]
 //   build/bin/rendezvous-bench --nodes 100,1000 --mode elastic --backend tcp,etcd-v3 --repeats 3
 //
+// --max-requests-per-node and --max-requests-per-survivor make it a regression guard (the test
+// suite runs it so, bench/CMakeLists.txt): the store requests a round costs are a count, not a
+// timing, the same on any machine; a run above a bound exits 2, saying which.
+//
 // Runs are interleaved (each repeat runs every size, each size every backend); with --repeats
 // above 1 the table ends with the medians.
 #include <unistd.h>
@@ -309,6 +313,7 @@ int main(int argc, char** argv) {
   int members = 3;
   int lease_ttl_seconds = 2;
   std::string etcd_endpoints;
+  std::optional<double> max_per_node, max_per_survivor;
   CLI::App app{"rendezvous-bench: N simulated nodes joining a round and noticing a dead node"};
   app.add_option("--nodes", sizes, "node counts")->delimiter(',');
   app.add_option("--mode", mode, "static (--nnodes N) or elastic (--nnodes 1:N, c10d)")
@@ -330,6 +335,10 @@ int main(int argc, char** argv) {
                  "etcd: each session's lease TTL in seconds (the agents' default: 2)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-requests-per-node", max_per_node,
+                 "exit 2 when a run's round costs more store requests per node than this");
+  app.add_option("--max-requests-per-survivor", max_per_survivor,
+                 "elastic: exit 2 when the survivors' next round costs more per survivor");
   CLI11_PARSE(app, argc, argv);
   dist::store::raise_open_file_limit();  // before etcd starts: its members inherit it
 
@@ -384,5 +393,22 @@ int main(int argc, char** argv) {
                 elastic, "", "");
     }
   }
-  return failed_runs == 0 ? 0 : 1;
+  if (failed_runs > 0) return 1;
+  bool above = false;
+  const auto check = [&](std::optional<double> value, std::optional<double> bound, const char* what,
+                         int n) {
+    if (!value || !bound || *value <= *bound) return;
+    std::fprintf(stderr,
+                 "rendezvous-bench: %s %.2f at %d nodes, above the bound %.2f: a change to the "
+                 "rounds costs every node more store requests (say each in the code, issue 46)\n",
+                 what, *value, n, *bound);
+    above = true;
+  };
+  for (const auto& [key, results] : runs) {
+    for (const auto& r : results) {
+      check(r.join_requests, max_per_node, "requests per node", key.second);
+      check(r.regroup_requests, max_per_survivor, "requests per survivor", key.second);
+    }
+  }
+  return above ? 2 : 0;
 }

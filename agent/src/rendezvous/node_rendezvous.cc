@@ -63,13 +63,17 @@ NodeRendezvous::Impl::Impl(std::unique_ptr<RendezvousStore> session, JobShape sh
 Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
   const int num_nodes = shape_.max_nodes;
   const std::string record = schema::encode(self_);
-  co_await throw_if_over();
-  co_await publish_liveness(node_rank, record);  // LIVE
-  if (const auto pointer = co_await store_->try_get(std::string(schema::kRoundPointer))) {
+  // Each store request here is paid by every node of the job at every round: the count per node
+  // is guarded by a test (rendezvous_requests_test.cc) and measured by bench/rendezvous_bench.cc.
+  co_await throw_if_over();                      // GET over
+  co_await publish_liveness(node_rank, record);  // LIVE: GET, SET alive/<rank>
+  const std::string pointer =                    // GET round
+      (co_await store_->try_get(std::string(schema::kRoundPointer))).value_or("");
+  if (!pointer.empty()) {
     round =
-        std::max<int>(round, static_cast<int>(schema::decode_int(schema::kRoundPointer, *pointer)));
+        std::max<int>(round, static_cast<int>(schema::decode_int(schema::kRoundPointer, pointer)));
   }
-  while (true) {  // CLAIM
+  while (true) {  // CLAIM: COMPARE_SET round/R/node/<rank>
     const auto stored =
         co_await store_->compare_set(schema::in_round(round, name::kNode, node_rank), "", record);
     if (stored == record) break;
@@ -83,19 +87,20 @@ Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
     co_await abort_round(round, node_rank, reason);
     ++round;
   }
-  co_await raise_round_pointer(round);  // JOIN
-  if (round == 0)
-    co_await store_->set(std::string(schema::kStaticNodes), std::to_string(num_nodes));
+  co_await raise_round_pointer(round, pointer);  // JOIN: COMPARE_SET round, when it is behind
   const std::string pending = schema::in_round(round, name::kPending);
-  co_await store_->compare_set(pending, "", "1");
+  co_await store_->compare_set(pending, "", "1");  // COMPARE_SET pending
   const std::string aborted = schema::in_round(round, name::kAborted);
-  if (co_await store_->add(schema::in_round(round, name::kJoined), 1) == num_nodes) {
-    co_await close_static(round);
+  const auto joined = co_await store_->add(schema::in_round(round, name::kJoined), 1);  // ADD
+  // The job's shape, for `dist-launch status`: written once, by the round's first node.
+  if (round == 0 && joined == 1) {
+    co_await store_->set(std::string(schema::kStaticNodes), std::to_string(num_nodes));
   }
+  if (joined == num_nodes) co_await close_static(round);
 
   const auto deadline = steady_clock::now() + timeouts_.rdzv;
-  while (true) {  // WAIT
-    const auto gone = co_await store_->wait_deleted(
+  while (true) {                                      // WAIT
+    const auto gone = co_await store_->wait_deleted(  // WAIT_DELETED pending
         keys(pending), detail::until(deadline, timeouts_.waiting_notice));
     if (gone) break;
     const auto missing = co_await missing_static(round);
@@ -116,13 +121,13 @@ Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
            seconds_text(std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now())) +
            ")");
   }
-  if (const auto why = co_await store_->try_get(aborted)) {
+  if (const auto why = co_await store_->try_get(aborted)) {  // GET aborted
     co_await throw_if_over();
     throw RoundAbortedError("round " + std::to_string(round) + " was aborted: " + *why);
   }
   const auto offset_key = schema::in_round(round, name::kOffset, node_rank);
   const auto size_key = schema::in_round(round, name::kWorldSize);
-  const auto placement = co_await store_->multi_get(keys(offset_key, size_key));
+  const auto placement = co_await store_->multi_get(keys(offset_key, size_key));  // MULTI_GET
   if (!placement[0] || !placement[1]) {
     throw RendezvousError("round " + std::to_string(round) + " closed without node rank " +
                           std::to_string(node_rank) + "'s offset; was the store cleared?");
@@ -155,11 +160,11 @@ Task<void> NodeRendezvous::Impl::publish_liveness(int node_rank, std::string rec
   alive_published_ = true;
 }
 
-// The pointer only grows: a COMPARE_SET loop against concurrent joiners of other rounds.
-Task<void> NodeRendezvous::Impl::raise_round_pointer(int round) {
+// The pointer only grows: a COMPARE_SET loop against concurrent joiners of other rounds, from
+// `current`, the value last read (a stale one costs one more COMPARE_SET, never a wrong pointer).
+Task<void> NodeRendezvous::Impl::raise_round_pointer(int round, std::string current) {
   const std::string pointer(schema::kRoundPointer);
   const std::string mine = std::to_string(round);
-  std::string current = (co_await store_->try_get(pointer)).value_or("");
   while (current.empty() || schema::decode_int(pointer, current) < round) {
     const std::string stored = co_await store_->compare_set(pointer, current, mine);
     if (stored == mine) break;

@@ -109,7 +109,7 @@ class NodeRendezvous::Impl {
 
   // Static rounds.
   Task<void> publish_liveness(int node_rank, std::string record);
-  Task<void> raise_round_pointer(int round);
+  Task<void> raise_round_pointer(int round, std::string current);
   Task<void> abort_round(int round, int node_rank, std::string reason);
   Task<void> close_static(int round);
   Task<std::vector<int>> missing_static(int round);

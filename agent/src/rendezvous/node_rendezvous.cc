@@ -88,9 +88,7 @@ Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
     ++round;
   }
   co_await raise_round_pointer(round, pointer);  // JOIN: COMPARE_SET round, when it is behind
-  const std::string pending = schema::in_round(round, name::kPending);
-  co_await store_->compare_set(pending, "", "1");  // COMPARE_SET pending
-  const std::string aborted = schema::in_round(round, name::kAborted);
+  const std::string settled = schema::in_round(round, name::kSettled);
   const auto joined = co_await store_->add(schema::in_round(round, name::kJoined), 1);  // ADD
   // The job's shape, for `dist-launch status`: written once, by the round's first node.
   if (round == 0 && joined == 1) {
@@ -99,10 +97,11 @@ Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
   if (joined == num_nodes) co_await close_static(round);
 
   const auto deadline = steady_clock::now() + timeouts_.rdzv;
-  while (true) {                                      // WAIT
-    const auto gone = co_await store_->wait_deleted(  // WAIT_DELETED pending
-        keys(pending), detail::until(deadline, timeouts_.waiting_notice));
-    if (gone) break;
+  while (true) {                              // WAIT
+    if (co_await store_->wait(keys(settled),  // WAIT settled: closed, or aborted
+                              detail::until(deadline, timeouts_.waiting_notice))) {
+      break;
+    }
     const auto missing = co_await missing_static(round);
     if (steady_clock::now() >= deadline) {
       std::vector<int> seen;
@@ -121,14 +120,18 @@ Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
            seconds_text(std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now())) +
            ")");
   }
-  if (const auto why = co_await store_->try_get(aborted)) {  // GET aborted
-    co_await throw_if_over();
-    throw RoundAbortedError("round " + std::to_string(round) + " was aborted: " + *why);
-  }
   const auto offset_key = schema::in_round(round, name::kOffset, node_rank);
   const auto size_key = schema::in_round(round, name::kWorldSize);
-  const auto placement = co_await store_->multi_get(keys(offset_key, size_key));  // MULTI_GET
-  if (!placement[0] || !placement[1]) {
+  // MULTI_GET: how the round settled, and this node's place (missing when it was aborted).
+  const auto placement = co_await store_->multi_get(keys(settled, offset_key, size_key));
+  if (placement[0] != schema::kSettledClosed) {
+    const auto why = co_await store_->try_get(schema::in_round(round, name::kAborted));
+    co_await throw_if_over();
+    throw RoundAbortedError("round " + std::to_string(round) +
+                            " was aborted: " + why.value_or("(no reason recorded)"));
+  }
+  const std::optional<std::string> offset = placement[1], size = placement[2];
+  if (!offset || !size) {
     throw RendezvousError("round " + std::to_string(round) + " closed without node rank " +
                           std::to_string(node_rank) + "'s offset; was the store cleared?");
   }
@@ -139,8 +142,8 @@ Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
   a.num_nodes = num_nodes;
   a.alive_prefix = std::string(schema::kStaticAlivePrefix);
   if (num_nodes > 1) a.successor_id = (node_rank + 1) % num_nodes;
-  a.rank_offset = static_cast<int>(schema::decode_int(offset_key, *placement[0]));
-  a.world_size = static_cast<int>(schema::decode_int(size_key, *placement[1]));
+  a.rank_offset = static_cast<int>(schema::decode_int(offset_key, *offset));
+  a.world_size = static_cast<int>(schema::decode_int(size_key, *size));
   co_return a;
 }
 
@@ -172,16 +175,16 @@ Task<void> NodeRendezvous::Impl::raise_round_pointer(int round, std::string curr
   }
 }
 
-// Ends a round for everyone in it: those running restart (`healthy` gone), those waiting wake up
-// (`pending` gone) and read why.
+// Ends a round for everyone in it: those running restart (`healthy` gone), those waiting (and
+// any that joins it later) wake up (`settled` aborted) and read why.
 Task<void> NodeRendezvous::Impl::abort_round(int round, int node_rank, std::string reason) {
   std::vector<std::pair<std::string, std::string>> why{
       {schema::in_round(round, name::kAborted), reason},
-      {schema::in_round(round, name::kLost), std::to_string(node_rank)}};
+      {schema::in_round(round, name::kLost), std::to_string(node_rank)},
+      {schema::in_round(round, name::kSettled), std::string(schema::kSettledAborted)}};
   co_await store_->multi_set(std::move(why));
   for (auto& key :
-       keys(schema::in_round(round, name::kIntact), schema::in_round(round, name::kHealthy),
-            schema::in_round(round, name::kPending))) {
+       keys(schema::in_round(round, name::kIntact), schema::in_round(round, name::kHealthy))) {
     co_await store_->delete_key(std::move(key));
   }
 }
@@ -217,8 +220,8 @@ Task<void> NodeRendezvous::Impl::close_static(int round) {
   items.emplace_back(schema::in_round(round, name::kIntact), "1");
   items.emplace_back(schema::in_round(round, name::kRunning), "1");
   items.emplace_back(schema::in_round(round, name::kClosed), "1");
-  co_await store_->multi_set(std::move(items));
-  co_await store_->delete_key(schema::in_round(round, name::kPending));
+  items.emplace_back(schema::in_round(round, name::kSettled), std::string(schema::kSettledClosed));
+  co_await store_->multi_set(std::move(items));  // last: the waiters wake on `settled`
 }
 
 Task<std::vector<int>> NodeRendezvous::Impl::missing_static(int round) {

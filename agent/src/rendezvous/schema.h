@@ -76,17 +76,20 @@ inline constexpr std::string_view kStaticAlivePrefix = "alive/";
 // Names within a round.
 namespace name {
 inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = "offset",
-                                  kWorldSize = "world_size", kPending = "pending",
-                                  kClosed = "closed", kAborted = "aborted", kJoin = "join",
-                                  kReturning = "returning", kQuorum = "quorum", kSize = "size",
-                                  kPlace = "place", kMembers = "members",
-                                  kAssignment = "assignment", kVerdict = "verdict",
-                                  kWorkerStore = "worker_store", kDeciding = "deciding",
-                                  kHealthy = "healthy", kFailures = "failures", kIntact = "intact",
-                                  kLost = "lost", kNoNewcomers = "no_newcomers",
-                                  kUndecided = "undecided", kRunning = "running", kDone = "done",
-                                  kHeartbeat = "heartbeat", kProgress = "progress", kView = "view";
+                                  kWorldSize = "world_size", kClosed = "closed",
+                                  kAborted = "aborted", kJoin = "join", kReturning = "returning",
+                                  kQuorum = "quorum", kSize = "size", kPlace = "place",
+                                  kMembers = "members", kAssignment = "assignment",
+                                  kVerdict = "verdict", kWorkerStore = "worker_store",
+                                  kDeciding = "deciding", kHealthy = "healthy",
+                                  kFailures = "failures", kIntact = "intact", kLost = "lost",
+                                  kNoNewcomers = "no_newcomers", kUndecided = "undecided",
+                                  kRunning = "running", kDone = "done", kHeartbeat = "heartbeat",
+                                  kProgress = "progress", kView = "view", kSettled = "settled";
 }  // namespace name
+
+// A static round's `settled`: its closer or its abort writes it, and every node waits for it.
+inline constexpr std::string_view kSettledClosed = "closed", kSettledAborted = "aborted";
 
 std::string in_round(int round, std::string_view name);          // "r<n>/<name>"
 std::string in_round(int round, std::string_view name, int id);  // "r<n>/<name>/<id>"

@@ -121,6 +121,31 @@ TEST(NodeRendezvous, AFailureAnnouncedByOneNodeEndsEveryOthersWatchAndIsReadBack
   EXPECT_EQ(all[0].message, "ValueError: boom");
 }
 
+// A node relaunched into a static job that already failed is told so (and changes nothing):
+// whether it claims the round that ran (its rank's record is there) or the next one (which the
+// failure aborted).
+TEST(NodeRendezvous, ANodeRelaunchedIntoAFailedStaticJobIsToldItFailed) {
+  Nodes nodes(4, 2, 2);
+  const auto a = nodes.all<Assignment>([&](std::size_t k) -> Task<Assignment> {
+    if (k >= 2) co_return Assignment{};
+    co_return co_await nodes[k].join_static(0, static_cast<int>(k));
+  });
+  run_task(nodes.io(), nodes[0].mark_failed(a[0], "worker 1 failed: exit code 3"));
+  // Node rank 1's agent gone (its liveness key with it), then relaunched, twice.
+  for (const int round : {0, 1}) {  // the round the pointer says, or the next one
+    nodes[static_cast<std::size_t>(1 + round)].close();
+    ASSERT_TRUE(run_task(nodes.io(), nodes.probe().wait_deleted({schema::static_alive(1)}, 30s)));
+    try {
+      run_task(nodes.io(), nodes[static_cast<std::size_t>(2 + round)].join_static(round, 1));
+      ADD_FAILURE() << "round " << round << ": joined a job that failed";
+    } catch (const JobOverError& e) {
+      EXPECT_NE(std::string(e.what()).find("the job already failed: worker 1 failed"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 // --restart-policy in-place: one recovery at a time, job-wide, claimed by COMPARE_SET; the count
 // is every node's.
 TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {

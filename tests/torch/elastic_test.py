@@ -31,16 +31,7 @@ ARGS = None
 STEPS = "30"
 
 
-def wait_for_listener(host, port, proc, timeout=60):
-    """Until something accepts on host:port (the agent that hosts the store), or proc ends."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            socket.create_connection((host, port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise AssertionError(f"nothing listens on {host}:{port}")
+wait_for_listener = launcher_test_main.wait_for_listener
 
 
 class ElasticAgents:

@@ -12,6 +12,7 @@ import random
 import socket
 import subprocess
 import sys
+import time
 import unittest
 
 SKIP = 77
@@ -33,6 +34,18 @@ def free_port(host="127.0.0.1"):
             except OSError:
                 continue
     raise RuntimeError(f"no free port on {host} in [{low}, {high})")
+
+
+def wait_for_listener(host, port, proc, timeout=60):
+    """Until something accepts on host:port (the agent that hosts the store), or proc ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError(f"nothing listens on {host}:{port}")
 
 
 def main(test_module):

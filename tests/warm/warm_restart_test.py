@@ -17,12 +17,10 @@ import argparse
 import fcntl
 import json
 import os
-import random
 import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +35,9 @@ SOURCE = os.path.dirname(os.path.dirname(HERE))
 PROBE = os.path.join(HERE, "probe.py")
 DDP_EXAMPLE = os.path.join(SOURCE, "examples", "torch", "ddp_train.py")
 TTFS_TRAIN = os.path.join(SOURCE, "bench", "ttfs_train.py")
+sys.path.insert(0, os.path.join(SOURCE, "tests", "torch"))
+from launcher_test_main import free_port, wait_for_listener  # noqa: E402
+
 ARGS = None
 JOB_TIMEOUT_S = 240
 FORKED = re.compile(r"round (\d+): (\d+) of (\d+) workers forked from the zygote")
@@ -88,36 +89,6 @@ def write(directory, name, code):
     with open(path, "w") as f:
         f.write(textwrap.dedent(code))
     return path
-
-
-def free_port(host):
-    """A port free now on `host`, below the kernel's ephemeral range (see
-    tests/torch/launcher_test_main.py)."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        high = int(f.read().split()[0])
-    low = high - 10000 if high > 12000 else 1024
-    for _ in range(1000):
-        port = random.randrange(low, high)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError(f"no free port on {host} in [{low}, {high})")
-
-
-def wait_for_listener(host, port, proc, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the agent exited ({proc.returncode}) before listening")
-        try:
-            socket.create_connection((host, port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise AssertionError(f"nothing listens on {host}:{port}")
 
 
 def wait_until(condition, timeout, what):

@@ -13,8 +13,20 @@
 // suite runs it so, bench/CMakeLists.txt): the store requests a round costs are a count, not a
 // timing, the same on any machine; a run above a bound exits 2, saying which.
 //
+// --processes P spreads each run's nodes over P child processes (this program, --slice), the
+// store staying in this one: the store's process then holds one end of each connection, not both,
+// and 16,000 nodes' sessions fit a 20,000-file limit. The dead-node phase (a second session per
+// watching node) runs where the store's process can hold two connections per node, and is said
+// to be skipped where it cannot.
+//
+//   build/bin/rendezvous-bench --nodes 4000,16000 --mode elastic --processes 4
+//
 // Runs are interleaved (each repeat runs every size, each size every backend); with --repeats
 // above 1 the table ends with the medians.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -23,14 +35,22 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/store/limits.h"
@@ -62,41 +82,23 @@ constexpr seconds kRunTimeout{120};
 // After the run: the sessions' ends (etcd: lease revocations) get this long.
 constexpr seconds kCloseGrace{5};
 
+double ms_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
 double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  return ms_between(t, Clock::now());
 }
 
-double max_of(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, x);
-  return m;
+// steady_clock is CLOCK_MONOTONIC, one clock for every process of this machine: the slices of a
+// run report their phases' ends as its nanoseconds, and the driver takes the latest.
+std::int64_t to_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
-
-// One job's store for one run: a fresh TCPStore, or a fresh run id on the etcd cluster.
-class JobStore {
- public:
-  virtual ~JobStore() = default;
-  virtual Task<std::unique_ptr<RendezvousStore>> open_session(asio::io_context& io) = 0;
-  // Requests the store has served, where the bench can count them.
-  virtual std::optional<std::uint64_t> requests() { return std::nullopt; }
-};
-
-class TcpJobStore final : public JobStore {
- public:
-  explicit TcpJobStore(std::string run_id) : run_id_(std::move(run_id)) {}
-  Task<std::unique_ptr<RendezvousStore>> open_session(asio::io_context& io) override {
-    dist::store::ClientOptions options;
-    options.port = server_.port();
-    options.connect_timeout = kRunTimeout;
-    options.timeout = kRunTimeout;
-    return dist::agent::open_rendezvous_store(io, dist::agent::TcpStoreTarget{options}, run_id_);
-  }
-  std::optional<std::uint64_t> requests() override { return server_.stats().requests; }
-
- private:
-  dist::store::StoreServerThread server_;
-  std::string run_id_;
-};
+Clock::time_point from_ns(std::int64_t ns) {
+  return Clock::time_point(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
+}
 
 // The members and options an agent would be given.
 struct EtcdTarget {
@@ -104,19 +106,26 @@ struct EtcdTarget {
   seconds lease_ttl{2};
 };
 
-class EtcdJobStore final : public JobStore {
- public:
-  EtcdJobStore(const EtcdTarget& target, std::string run_id)
-      : target_(target), run_id_(std::move(run_id)) {}
-  Task<std::unique_ptr<RendezvousStore>> open_session(asio::io_context& io) override {
-    return dist::agent::open_rendezvous_store(
-        io, dist::agent::etcd_options(target_.config, target_.lease_ttl), run_id_);
-  }
-
- private:
-  const EtcdTarget& target_;
-  std::string run_id_;
+// Where one run's nodes open their sessions: the run's TCPStore, or a fresh run id on etcd.
+struct Target {
+  std::string backend = "tcp";
+  std::uint16_t port = 0;  // tcp
+  EtcdTarget etcd;
+  std::string run_id;
 };
+
+Task<std::unique_ptr<RendezvousStore>> open_session(asio::io_context& io, const Target& target) {
+  if (target.backend == "tcp") {
+    dist::store::ClientOptions options;
+    options.port = target.port;
+    options.connect_timeout = kRunTimeout;
+    options.timeout = kRunTimeout;
+    return dist::agent::open_rendezvous_store(io, dist::agent::TcpStoreTarget{options},
+                                              target.run_id);
+  }
+  return dist::agent::open_rendezvous_store(
+      io, dist::agent::etcd_options(target.etcd.config, target.etcd.lease_ttl), target.run_id);
+}
 
 // Runs `body(i)` for i in [0, n) as coroutines on `io` and returns once all of them finished
 // (the sessions' own work, such as lease renewals, stays queued); counts and shows failures.
@@ -138,6 +147,134 @@ void for_all(asio::io_context& io, int n, const std::function<Task<void>(int)>& 
   while (running > 0) io.run_one();
 }
 
+// What a slice of the job's nodes saw in one phase: its latest end, and failures.
+struct JoinedSlice {
+  Clock::time_point end;
+  int victim = -1;  // the node (index in the job) given the highest node rank, when in this slice
+  int failures = 0;
+};
+struct WatchedSlice {
+  Clock::time_point noticed, regrouped;  // the slice's latest
+  int ok = 0;
+  int failures = 0;
+};
+
+// Nodes [first, first + count) of a job of n, as coroutines on one thread, each with its own
+// store session running the agent's real NodeRendezvous: the whole job in one process, or one
+// child process's share of it (--processes).
+class NodeSlice {
+ public:
+  NodeSlice(Target target, int n, int first, int count, bool elastic)
+      : target_(std::move(target)),
+        n_(n),
+        first_(first),
+        count_(count),
+        elastic_(elastic),
+        nodes_(static_cast<std::size_t>(count)),
+        assignments_(static_cast<std::size_t>(count)) {
+    timeouts_.rdzv = timeouts_.join = kRunTimeout;
+    timeouts_.last_call = seconds(30);
+  }
+  ~NodeSlice() { close(); }
+
+  // Sessions are not part of a round: agents hold theirs for the job.
+  int open() {
+    int failures = 0;
+    for_all(
+        io_, count_,
+        [&](int i) -> Task<void> {
+          const int k = first_ + i;
+          const JobShape shape{elastic_ ? 1 : n_, n_, kWorkersPerNode, "node" + std::to_string(k)};
+          node(i).emplace(co_await open_session(io_, target_), shape, timeouts_);
+        },
+        failures);
+    return failures;
+  }
+
+  JoinedSlice join() {
+    JoinedSlice result;
+    result.end = Clock::now();
+    for_all(
+        io_, count_,
+        [&](int i) -> Task<void> {
+          const int k = first_ + i;
+          auto& a = assignments_[static_cast<std::size_t>(i)];
+          if (elastic_) {  // (not a conditional expression: g++ 12 miscompiles co_await in one)
+            a = co_await node(i)->join_elastic(0, std::nullopt);
+          } else {
+            a = co_await node(i)->join_static(0, k);
+          }
+          result.end = std::max(result.end, Clock::now());
+          if (a.node_rank == n_ - 1) result.victim = k;
+        },
+        result.failures);
+    return result;
+  }
+
+  // Every node but `victim` watches; at `kill_at` the victim's agent "dies" (its session ends),
+  // when it is in this slice. Elastic survivors then agree on a verdict and form the next round.
+  WatchedSlice watch(Clock::time_point kill_at, int victim) {
+    WatchedSlice result;
+    result.noticed = result.regrouped = kill_at;
+    for_all(
+        io_, count_,
+        [&](int i) -> Task<void> {
+          const int k = first_ + i;
+          const auto slot = static_cast<std::size_t>(i);
+          if (k == victim) {
+            asio::steady_timer timer(io_, kill_at);
+            co_await timer.async_wait(asio::use_awaitable);
+            node(i)->close();
+            co_return;
+          }
+          const WatchResult r = co_await node(i)->watch(assignments_[slot], seconds(60));
+          result.noticed = std::max(result.noticed, Clock::now());
+          const bool noticed = r.kind == WatchResult::kNodeLost && r.node == n_ - 1;
+          if (!elastic_) {
+            if (noticed) ++result.ok;
+            co_return;
+          }
+          const Verdict v = co_await node(i)->decide(assignments_[slot], 0);
+          const Assignment next =
+              co_await node(i)->join_elastic(assignments_[slot].round + 1, assignments_[slot]);
+          result.regrouped = std::max(result.regrouped, Clock::now());
+          if (v.action == Verdict::kReshape && next.num_nodes == n_ - 1) {
+            ++result.ok;
+          } else if (k == 0 || (victim == 0 && k == 1)) {  // every node hears the same verdict
+            std::fprintf(stderr,
+                         "not regrouped as expected: verdict %d (%s), next round %d of %d nodes\n",
+                         static_cast<int>(v.action), v.reason.c_str(), next.round, next.num_nodes);
+          }
+        },
+        result.failures);
+    return result;
+  }
+
+  // After the run: the sessions' ends (etcd: lease revocations) get kCloseGrace.
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    for (auto& node : nodes_) {
+      if (node) node->close();
+    }
+    nodes_.clear();
+    io_.restart();
+    io_.run_for(kCloseGrace);
+  }
+
+ private:
+  std::optional<NodeRendezvous>& node(int i) { return nodes_[static_cast<std::size_t>(i)]; }
+
+  asio::io_context io_;
+  Target target_;
+  int n_, first_, count_;
+  bool elastic_;
+  RendezvousTimeouts timeouts_;
+  std::vector<std::optional<NodeRendezvous>> nodes_;
+  std::vector<Assignment> assignments_;
+  bool closed_ = false;
+};
+
 // One run's figures: none for a phase where a node failed, nor for the phases after it.
 struct RunResult {
   std::optional<double> open_ms, join_ms, join_requests, notice_ms, regroup_ms, regroup_requests;
@@ -150,110 +287,256 @@ std::optional<double> per(std::optional<std::uint64_t> requests, int n) {
   return static_cast<double>(*requests) / n;
 }
 
-RunResult run(JobStore& job, int n, bool elastic) {
-  RendezvousTimeouts timeouts;
-  timeouts.rdzv = timeouts.join = kRunTimeout;
-  timeouts.last_call = seconds(30);
-  RunResult result;
+// The nodes of a run, wherever they are: one NodeSlice here, or one per child process.
+class Nodes {
+ public:
+  virtual ~Nodes() = default;
+  virtual int open() = 0;
+  virtual JoinedSlice join() = 0;
+  virtual WatchedSlice watch(Clock::time_point kill_at, int victim) = 0;
+};
 
-  asio::io_context io;
-  std::vector<std::optional<NodeRendezvous>> nodes(static_cast<std::size_t>(n));
-  std::vector<Assignment> assignments(static_cast<std::size_t>(n));
-  const auto end_run = [&] {
-    for (auto& node : nodes) {
-      if (node) node->close();
+class LocalNodes final : public Nodes {
+ public:
+  LocalNodes(const Target& target, int n, bool elastic) : slice_(target, n, 0, n, elastic) {}
+  int open() override { return slice_.open(); }
+  JoinedSlice join() override { return slice_.join(); }
+  WatchedSlice watch(Clock::time_point kill_at, int victim) override {
+    return slice_.watch(kill_at, victim);
+  }
+
+ private:
+  NodeSlice slice_;
+};
+
+// A child's side of --processes: `rendezvous-bench --slice FIRST,COUNT ...` runs a NodeSlice and
+// answers its parent's commands (stdin), one line each (stdout):
+//   open                  -> opened FAILURES
+//   join                  -> joined END_NS VICTIM FAILURES
+//   watch KILL_AT_NS VICTIM -> watched NOTICED_NS REGROUPED_NS OK FAILURES
+//   end (or end of input) -> closes the sessions and exits
+int serve_slice(NodeSlice& slice) {
+  for (std::string line; std::getline(std::cin, line);) {
+    std::istringstream command(line);
+    std::string verb;
+    command >> verb;
+    if (verb == "open") {
+      std::printf("opened %d\n", slice.open());
+    } else if (verb == "join") {
+      const JoinedSlice r = slice.join();
+      std::printf("joined %lld %d %d\n", static_cast<long long>(to_ns(r.end)), r.victim,
+                  r.failures);
+    } else if (verb == "watch") {
+      long long kill_at = 0;
+      int victim = -1;
+      command >> kill_at >> victim;
+      const WatchedSlice r = slice.watch(from_ns(kill_at), victim);
+      std::printf("watched %lld %lld %d %d\n", static_cast<long long>(to_ns(r.noticed)),
+                  static_cast<long long>(to_ns(r.regrouped)), r.ok, r.failures);
+    } else {
+      break;
     }
-    nodes.clear();
-    io.restart();
-    io.run_for(kCloseGrace);
+    std::fflush(stdout);
+  }
+  slice.close();
+  return 0;
+}
+
+// The run's nodes split over child processes (this program, --slice), each with its own
+// connections: the store's process holds one end of each connection, not both.
+class ChildNodes final : public Nodes {
+ public:
+  ChildNodes(const Target& target, int n, bool elastic, int processes) {
+    for (int p = 0; p < processes; ++p) {
+      const int first = n * p / processes, count = n * (p + 1) / processes - first;
+      std::vector<std::string> args{"rendezvous-bench",
+                                    "--slice",
+                                    std::to_string(first) + "," + std::to_string(count),
+                                    "--nodes",
+                                    std::to_string(n),
+                                    "--mode",
+                                    elastic ? "elastic" : "static",
+                                    "--backend",
+                                    target.backend,
+                                    "--run-id",
+                                    target.run_id,
+                                    "--lease-ttl",
+                                    std::to_string(target.etcd.lease_ttl.count())};
+      if (target.backend == "tcp") {
+        args.insert(args.end(), {"--port", std::to_string(target.port)});
+      } else {
+        std::string endpoints;
+        for (const auto& e : target.etcd.config.endpoints) {
+          endpoints += (endpoints.empty() ? "" : ",") + e;
+        }
+        args.insert(args.end(), {"--etcd-endpoints", endpoints});
+      }
+      try {
+        children_.push_back(spawn(args));
+      } catch (...) {
+        end_all();
+        throw;
+      }
+    }
+  }
+  ~ChildNodes() override { end_all(); }
+
+  int open() override {
+    int failures = 0;
+    for (const auto& line : ask_all("open")) failures += std::stoi(field(line, 1));
+    return failures;
+  }
+  JoinedSlice join() override {
+    JoinedSlice result;
+    result.end = Clock::now();
+    for (const auto& line : ask_all("join")) {
+      result.end = std::max(result.end, from_ns(std::stoll(field(line, 1))));
+      result.victim = std::max(result.victim, std::stoi(field(line, 2)));
+      result.failures += std::stoi(field(line, 3));
+    }
+    return result;
+  }
+  WatchedSlice watch(Clock::time_point kill_at, int victim) override {
+    WatchedSlice result;
+    result.noticed = result.regrouped = kill_at;
+    for (const auto& line :
+         ask_all("watch " + std::to_string(to_ns(kill_at)) + " " + std::to_string(victim))) {
+      result.noticed = std::max(result.noticed, from_ns(std::stoll(field(line, 1))));
+      result.regrouped = std::max(result.regrouped, from_ns(std::stoll(field(line, 2))));
+      result.ok += std::stoi(field(line, 3));
+      result.failures += std::stoi(field(line, 4));
+    }
+    return result;
+  }
+
+ private:
+  struct Child {
+    pid_t pid = -1;
+    FILE* to = nullptr;    // its stdin
+    FILE* from = nullptr;  // its stdout
   };
-  // Sessions are not part of a round: agents hold theirs for the job.
+
+  static Child spawn(const std::vector<std::string>& args) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) {
+      throw std::runtime_error("rendezvous-bench: pipe: " + std::string(std::strerror(errno)));
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
+    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    Child c;
+    const int error =
+        ::posix_spawn(&c.pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(in[0]);
+    ::close(out[1]);
+    if (error != 0) {
+      throw std::runtime_error("rendezvous-bench: cannot start a slice: " +
+                               std::string(std::strerror(error)));
+    }
+    c.to = ::fdopen(in[1], "w");
+    c.from = ::fdopen(out[0], "r");
+    return c;
+  }
+
+  // Each child closes its sessions and exits; every one is reaped.
+  void end_all() {
+    for (auto& c : children_) {
+      send(c, "end");
+      std::fclose(c.to);
+      std::fclose(c.from);
+      int status = 0;
+      ::waitpid(c.pid, &status, 0);
+    }
+    children_.clear();
+  }
+
+  static void send(Child& c, const std::string& line) {
+    std::fprintf(c.to, "%s\n", line.c_str());
+    std::fflush(c.to);
+  }
+
+  // Sends `command` to every child, then reads each one's answer.
+  std::vector<std::string> ask_all(const std::string& command) {
+    for (auto& c : children_) send(c, command);
+    std::vector<std::string> answers;
+    for (auto& c : children_) {
+      char* line = nullptr;
+      std::size_t size = 0;
+      const ssize_t got = ::getline(&line, &size, c.from);
+      std::string answer = got > 0 ? std::string(line, static_cast<std::size_t>(got)) : "";
+      std::free(line);
+      if (answer.empty()) {
+        throw std::runtime_error("rendezvous-bench: a slice (pid " + std::to_string(c.pid) +
+                                 ") ended without answering '" + command + "'");
+      }
+      answers.push_back(std::move(answer));
+    }
+    return answers;
+  }
+
+  static std::string field(const std::string& line, int index) {
+    std::istringstream words(line);
+    std::string word;
+    for (int i = 0; i <= index; ++i) words >> word;
+    return word;
+  }
+
+  std::vector<Child> children_;
+};
+
+// Requests the run's store has served, where the bench can count them (its own TCPStore).
+using RequestCounter = std::function<std::optional<std::uint64_t>()>;
+
+// Connections the store's process can hold: its open-file limit, less a margin for its own files.
+std::uint64_t store_connection_room() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+  return limit.rlim_cur > 64 ? limit.rlim_cur - 64 : 0;
+}
+
+// `watch`: whether the dead-node phase runs; each watching node opens a second session, so the
+// store then holds two connections per node (and this process four, when it holds both ends).
+RunResult run(Nodes& nodes, int n, const RequestCounter& requests, bool watch) {
+  RunResult result;
   const auto opening = Clock::now();
-  for_all(
-      io, n,
-      [&](int k) -> Task<void> {
-        const JobShape shape{elastic ? 1 : n, n, kWorkersPerNode, "node" + std::to_string(k)};
-        nodes[static_cast<std::size_t>(k)].emplace(co_await job.open_session(io), shape, timeouts);
-      },
-      result.failures);
+  result.failures = nodes.open();
   result.open_ms = ms_since(opening);
-  if (result.failures > 0) {
-    end_run();
-    return result;
-  }
+  if (result.failures > 0) return result;
 
-  const auto requests_before = job.requests();
+  const auto requests_before = requests();
   const auto start = Clock::now();
-  std::vector<double> joined_ms(static_cast<std::size_t>(n));
-  for_all(
-      io, n,
-      [&](int k) -> Task<void> {
-        const auto i = static_cast<std::size_t>(k);
-        if (elastic) {
-          assignments[i] = co_await nodes[i]->join_elastic(0, std::nullopt);
-        } else {
-          assignments[i] = co_await nodes[i]->join_static(0, k);
-        }
-        joined_ms[i] = ms_since(start);
-      },
-      result.failures);
-  if (requests_before) result.join_requests = per(*job.requests() - *requests_before, n);
-  if (result.failures > 0) {
-    end_run();
-    return result;
-  }
-  result.join_ms = max_of(joined_ms);
+  const JoinedSlice joined = nodes.join();
+  result.failures = joined.failures;
+  if (requests_before) result.join_requests = per(*requests() - *requests_before, n);
+  if (result.failures > 0) return result;
+  result.join_ms = ms_between(start, joined.end);
+  if (!watch) return result;
 
-  // Every node but the one with the highest node rank watches; that one's agent "dies" (its
-  // session ends). Elastic survivors then agree on a verdict and form the next round.
-  int victim = 0;
-  for (int k = 0; k < n; ++k) {
-    if (assignments[static_cast<std::size_t>(k)].node_rank == n - 1) victim = k;
-  }
-  std::vector<double> notice_ms(static_cast<std::size_t>(n)),
-      regroup_ms(static_cast<std::size_t>(n));
-  Clock::time_point killed;
+  // Watches are registered on the store before the victim goes.
+  const auto kill_at =
+      Clock::now() +
+      std::max<std::chrono::milliseconds>(
+          kWatchSettle, std::chrono::milliseconds(static_cast<long>(*result.join_ms)));
   std::optional<std::uint64_t> requests_at_kill;
-  asio::steady_timer settle(
-      io, std::max<std::chrono::milliseconds>(
-              kWatchSettle, std::chrono::milliseconds(static_cast<long>(*result.join_ms))));
-  settle.async_wait([&](boost::system::error_code) {
-    requests_at_kill = job.requests();
-    killed = Clock::now();
-    nodes[static_cast<std::size_t>(victim)]->close();
+  std::jthread count_at_kill([&] {  // joined on every path, an exception's too
+    std::this_thread::sleep_until(kill_at);
+    requests_at_kill = requests();
   });
-  for_all(
-      io, n,
-      [&](int k) -> Task<void> {
-        if (k == victim) co_return;
-        const auto i = static_cast<std::size_t>(k);
-        const WatchResult r = co_await nodes[i]->watch(assignments[i], seconds(60));
-        notice_ms[i] = ms_since(killed);
-        const bool noticed = r.kind == WatchResult::kNodeLost && r.node == n - 1;
-        if (!elastic) {
-          if (noticed) ++result.ok;
-          co_return;
-        }
-        const Verdict v = co_await nodes[i]->decide(assignments[i], 0);
-        const Assignment next =
-            co_await nodes[i]->join_elastic(assignments[i].round + 1, assignments[i]);
-        regroup_ms[i] = ms_since(killed);
-        if (v.action == Verdict::kReshape && next.num_nodes == n - 1) {
-          ++result.ok;
-        } else if (k == 0 || (victim == 0 && k == 1)) {  // every node hears the same verdict
-          std::fprintf(stderr,
-                       "not regrouped as expected: verdict %d (%s), next round %d of %d nodes\n",
-                       static_cast<int>(v.action), v.reason.c_str(), next.round, next.num_nodes);
-        }
-      },
-      result.failures);
+  const WatchedSlice watched = nodes.watch(kill_at, joined.victim);
+  count_at_kill.join();
+  result.failures = watched.failures;
+  result.ok = watched.ok;
   if (result.failures == 0) {
-    result.notice_ms = max_of(notice_ms);
-    if (elastic) result.regroup_ms = max_of(regroup_ms);
+    result.notice_ms = ms_between(kill_at, watched.noticed);
+    result.regroup_ms = ms_between(kill_at, watched.regrouped);
   }
   // Store requests per survivor: constant in N means O(N) for the whole job.
-  if (requests_at_kill) result.regroup_requests = per(*job.requests() - *requests_at_kill, n - 1);
-  end_run();
+  if (requests_at_kill) result.regroup_requests = per(*requests() - *requests_at_kill, n - 1);
   return result;
 }
 
@@ -314,6 +597,7 @@ int main(int argc, char** argv) {
   int lease_ttl_seconds = 2;
   std::string etcd_endpoints;
   std::optional<double> max_per_node, max_per_survivor;
+  int processes = 1;
   CLI::App app{"rendezvous-bench: N simulated nodes joining a round and noticing a dead node"};
   app.add_option("--nodes", sizes, "node counts")->delimiter(',');
   app.add_option("--mode", mode, "static (--nnodes N) or elastic (--nnodes 1:N, c10d)")
@@ -339,22 +623,46 @@ int main(int argc, char** argv) {
                  "exit 2 when a run's round costs more store requests per node than this");
   app.add_option("--max-requests-per-survivor", max_per_survivor,
                  "elastic: exit 2 when the survivors' next round costs more per survivor");
+  app.add_option("--processes", processes,
+                 "spread each run's nodes over this many processes (the store's process then "
+                 "holds one end of each connection, not both: 16,000 nodes fit)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  // A child of --processes: its share of one run's nodes (not for use by hand).
+  std::string slice;
+  std::uint16_t port = 0;
+  std::string run_id;
+  app.add_option("--slice", slice)->group("");
+  app.add_option("--port", port)->group("");
+  app.add_option("--run-id", run_id)->group("");
   CLI11_PARSE(app, argc, argv);
   dist::store::raise_open_file_limit();  // before etcd starts: its members inherit it
 
   const bool elastic = mode == "elastic";
-  std::optional<dist::store::testing::EtcdCluster> cluster;
   EtcdTarget etcd;
-  if (std::find(backends.begin(), backends.end(), "etcd-v3") != backends.end()) {
-    if (etcd_endpoints.empty()) {
-      cluster.emplace(members);
-      etcd_endpoints = cluster->endpoint_list();
-    }
+  const auto parse_endpoints = [&] {
     std::stringstream items(etcd_endpoints);
     for (std::string item; std::getline(items, item, ',');) etcd.config.endpoints.push_back(item);
     etcd.config.prefix = "/rendezvous-bench";
     etcd.config.unavailable_timeout = kRunTimeout;
     etcd.lease_ttl = seconds(lease_ttl_seconds);
+  };
+  if (!slice.empty()) {
+    const auto comma = slice.find(',');
+    parse_endpoints();
+    const Target target{backends.front(), port, etcd, run_id};
+    NodeSlice nodes(target, sizes.front(), std::stoi(slice.substr(0, comma)),
+                    std::stoi(slice.substr(comma + 1)), elastic);
+    return serve_slice(nodes);
+  }
+  std::signal(SIGPIPE, SIG_IGN);  // a slice that died is told by its pipe's error, not a signal
+  std::optional<dist::store::testing::EtcdCluster> cluster;
+  if (std::find(backends.begin(), backends.end(), "etcd-v3") != backends.end()) {
+    if (etcd_endpoints.empty()) {
+      cluster.emplace(members);
+      etcd_endpoints = cluster->endpoint_list();
+    }
+    parse_endpoints();
   }
 
   std::printf(
@@ -371,18 +679,47 @@ int main(int argc, char** argv) {
         // A fresh job per run; etcd keeps every run's keys under its own run id.
         const auto run_id = "bench-" + std::to_string(::getpid()) + "-" + std::to_string(n) + "-" +
                             std::to_string(r);
-        std::unique_ptr<JobStore> job;
+        Target target{backend, 0, etcd, run_id};
+        std::optional<dist::store::StoreServerThread> store;
         if (backend == "tcp") {
-          job = std::make_unique<TcpJobStore>(run_id);
-        } else {
-          job = std::make_unique<EtcdJobStore>(etcd, run_id);
+          store.emplace();
+          target.port = store->port();
         }
-        const auto result = run(*job, n, elastic);
+        const RequestCounter requests = [&]() -> std::optional<std::uint64_t> {
+          if (!store) return std::nullopt;
+          return store->stats().requests;
+        };
+        RunResult result;
+        {
+          std::unique_ptr<Nodes> nodes;
+          if (processes > 1) {
+            nodes = std::make_unique<ChildNodes>(target, n, elastic, processes);
+          } else {
+            nodes = std::make_unique<LocalNodes>(target, n, elastic);
+          }
+          const std::uint64_t needed = 2ull * n * (processes > 1 ? 1 : 2);
+          const bool watch = needed <= store_connection_room();
+          if (!watch) {
+            std::fprintf(stderr,
+                         "rendezvous-bench: no dead-node phase at %d nodes: its watches need %llu "
+                         "connections in the store's process, above its open-file limit (%llu, "
+                         "ulimit -Hn; --processes halves what one process holds)\n",
+                         n, static_cast<unsigned long long>(needed),
+                         static_cast<unsigned long long>(store_connection_room() + 64));
+          }
+          try {
+            result = run(*nodes, n, requests, watch);
+          } catch (const std::exception& e) {  // a slice that died: the run failed
+            std::fprintf(stderr, "%s\n", e.what());
+            result.failures = std::max(result.failures, 1);
+          }
+        }  // the nodes' sessions end before their store
         print_row(backend, n, std::to_string(r), result, elastic,
-                  std::to_string(result.ok) + "/" + std::to_string(n - 1),
+                  result.notice_ms ? std::to_string(result.ok) + "/" + std::to_string(n - 1) : "-",
                   std::to_string(result.failures));
         runs[{backend, n}].push_back(result);
-        if (result.failures > 0) ++failed_runs;
+        // A run fails where a node failed, or a survivor did not see the lost node (or regroup).
+        if (result.failures > 0 || (result.notice_ms && result.ok != n - 1)) ++failed_runs;
       }
     }
   }

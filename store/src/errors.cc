@@ -4,6 +4,8 @@
 
 #include <sys/resource.h>
 
+#include <fstream>
+
 namespace dist::store {
 
 std::string_view to_string(StoreErrc code) {
@@ -32,7 +34,14 @@ std::string_view to_string(StoreErrc code) {
 
 void raise_open_file_limit() {
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  std::ifstream nr_open("/proc/sys/fs/nr_open");
+  rlim_t most = 0;
+  if (nr_open >> most && most > limit.rlim_max) {
+    const rlimit raised{most, most};
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) return;  // else not allowed: the hard limit holds
+  }
+  if (limit.rlim_cur < limit.rlim_max) {
     limit.rlim_cur = limit.rlim_max;
     setrlimit(RLIMIT_NOFILE, &limit);
   }

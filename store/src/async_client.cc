@@ -392,11 +392,7 @@ Task<void> AsyncStoreClient::Impl::handshake() {
     co_await status();
   } catch (const StoreError& e) {
     if (e.code() != StoreErrc::kConnectionLost) throw;
-    throw StoreError(StoreErrc::kProtocol,
-                     "the server at " + endpoint() +
-                         " does not speak dist-launch's store extensions (is it a plain PyTorch "
-                         "TCPStore?): " +
-                         e.what());
+    throw StoreError(StoreErrc::kProtocol, closed_at_handshake(endpoint(), e.what()));
   }
   co_await fixed<std::uint32_t>();  // the server's extension version
   limits_.max_key_bytes = co_await fixed<std::uint64_t>();

@@ -217,11 +217,7 @@ void StoreClient::Impl::handshake(Clock::time_point d) {
     limits_.max_total_bytes = u64(d);
   } catch (const StoreError& e) {
     if (e.code() != StoreErrc::kConnectionLost) throw;
-    throw StoreError(StoreErrc::kProtocol,
-                     "the server at " + endpoint() +
-                         " does not speak dist-launch's store extensions (is it a plain PyTorch "
-                         "TCPStore?): " +
-                         e.what());
+    throw StoreError(StoreErrc::kProtocol, closed_at_handshake(endpoint(), e.what()));
   }
   const bool auth_required = u8(d) != 0;
   if (!auth_required) {

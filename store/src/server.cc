@@ -1,10 +1,16 @@
 #include "dist/store/server.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cstring>
 #include <future>
 #include <unordered_set>
 
@@ -82,7 +88,13 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         state_(std::move(options)),
         retry_timer_(io),
         sweep_timer_(io),
-        warnings_(state_.options().warning_interval) {}
+        warnings_(state_.options().warning_interval),
+        reserve_fd_(open_reserve()) {}
+  ~ServerCore() {
+    if (reserve_fd_ >= 0) ::close(reserve_fd_);
+  }
+  ServerCore(const ServerCore&) = delete;
+  ServerCore& operator=(const ServerCore&) = delete;
 
   void start() {
     accept();
@@ -131,8 +143,64 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
         });
   }
 
+  static int open_reserve() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
+  // At the open-file limit the connections waiting to be accepted would wait in the listen
+  // backlog until their clients' connect timeouts (minutes of a stalled rendezvous). Instead the
+  // descriptor kept in reserve is given up for a moment, each waiting connection is accepted and
+  // closed at once (its client is told now: the store closed the connection), and the reserve is
+  // taken back. False where there is no reserve to give up.
+  bool refuse_waiting_connections() {
+    if (reserve_fd_ < 0) return false;
+    ::close(reserve_fd_);
+    std::uint64_t refused = 0;
+    std::string last;
+    const int listener = acceptor_.native_handle();
+    while (true) {
+      pollfd ready{listener, POLLIN, 0};
+      if (::poll(&ready, 1, 0) != 1) break;  // none waiting (the listener may block: ask first)
+      sockaddr_storage address{};
+      socklen_t length = sizeof address;
+      const int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&address), &length,
+                               SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      tcp::endpoint remote;
+      if (length <= remote.capacity()) {
+        std::memcpy(remote.data(), &address, length);
+        remote.resize(length);
+        last = Endpoint{remote.address().to_string(), remote.port()}.to_string();
+      }
+      ::close(fd);
+      ++refused;
+    }
+    reserve_fd_ = open_reserve();
+    stats_.connections_rejected += refused;
+    rlimit limit{};
+    const std::string files =
+        ::getrlimit(RLIMIT_NOFILE, &limit) == 0 ? group_digits(limit.rlim_cur) + " " : "";
+    if (refused > 0) {
+      warn("refused connections",
+           "refusing " +
+               (refused == 1 ? last
+                             : group_digits(refused) +
+                                   " connections (the last "
+                                   "from " +
+                                   last + ")") +
+               ": the store's process has every file it may open (" + files + "open files, " +
+               group_digits(connections_.size()) +
+               " connections): raise its limit (ulimit -n) on the store's host");
+    }
+    return true;
+  }
+
   void on_accept(const boost::system::error_code& ec, tcp::socket socket) {
     if (stopped_ || ec == asio::error::operation_aborted) return;
+    if ((ec == asio::error::no_descriptors ||
+         ec == boost::system::errc::too_many_files_open_in_system) &&
+        refuse_waiting_connections()) {
+      accept();
+      return;
+    }
     if (ec) {
       warn("accept failures", "accept failed: " + ec.message() + " (retrying every " +
                                   std::to_string(kAcceptRetryDelay.count()) +
@@ -243,6 +311,8 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   std::unordered_set<std::shared_ptr<Connection>> connections_;
   std::array<char, kReadChunkBytes> read_buffer_{};
   ServerStats stats_;
+  // Kept open to be given up at the open-file limit (refuse_waiting_connections).
+  int reserve_fd_ = -1;
   bool stopped_ = false;
 };
 }  // namespace detail

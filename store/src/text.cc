@@ -28,4 +28,12 @@ std::string group_digits(std::uint64_t n) {
   return digits;
 }
 
+std::string closed_at_handshake(const std::string& endpoint, const std::string& what) {
+  return "the server at " + endpoint +
+         " closed the connection at the handshake: it does not speak dist-launch's store "
+         "extensions (a plain PyTorch TCPStore?), or it refused the connection at a limit "
+         "(--max-connections, or the open-file limit of its process: its log says which): " +
+         what;
+}
+
 }  // namespace dist::store

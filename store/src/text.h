@@ -16,4 +16,8 @@ std::string quote_key(std::string_view key, std::size_t max_bytes = 96);
 // 5703 -> "5,703": counts in warnings a person reads.
 std::string group_digits(std::uint64_t n);
 
+// A client's error for a connection the server closed at the handshake (HELLO): a plain PyTorch
+// TCPStore does so, and so does a store of ours that refuses the connection at a limit.
+std::string closed_at_handshake(const std::string& endpoint, const std::string& what);
+
 }  // namespace dist::store

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <string>
 
@@ -109,31 +110,55 @@ TEST(Daemon, TokenFileRequiresAgentsToAuthenticate) {
   std::filesystem::remove(token);
 }
 
-// dist-rendezvous under a file-descriptor limit lower than its clients: accept fails every 50 ms
-// while the limit is reached, and that is logged once, then summed up.
-TEST(Daemon, TheOpenFileLimitWarningIsNotRepeatedEvery50Ms) {
+// dist-rendezvous under a file-descriptor limit lower than its clients: the connections past
+// the limit are closed at once (their clients are told now, instead of waiting in the listen
+// backlog until their connect timeouts), said once and then summed up; the clients it holds are
+// served throughout, and new ones once there is room again.
+TEST(Daemon, AtTheOpenFileLimitNewConnectionsAreRefusedAtOnce) {
   constexpr std::uint64_t kOpenFiles = 32;
   testing::DaemonProcess daemon({"--log-level", "warn"}, kOpenFiles);
   ASSERT_GT(daemon.port(), 0) << daemon.output();
+  ClientOptions options;
+  options.port = daemon.port();
+  options.connect_timeout = 10s;
+  StoreClient first = StoreClient::connect(options);
+  EXPECT_EQ(first.add("n", 1), 1);
+
   std::vector<std::unique_ptr<testing::RawClient>> held;
   for (std::uint64_t i = 0; i < kOpenFiles + 8; ++i) {
     held.push_back(std::make_unique<testing::RawClient>("127.0.0.1", daemon.port()));
   }
-  ASSERT_TRUE(daemon.wait_for(std::regex("accept failed: Too many open files"), 10s))
+  EXPECT_TRUE(held.back()->closed_by_server(10s)) << daemon.output();
+  ASSERT_TRUE(daemon.wait_for(std::regex("refusing [^\\n]*: the store's process has every file it "
+                                         "may open \\(32 open files"),
+                              10s))
       << daemon.output();
-  // A second of failed accepts (about 20 retries) adds no line.
-  EXPECT_FALSE(daemon.wait_for(std::regex("accept failed[\\s\\S]*accept failed"), 1s))
-      << daemon.output();
+  EXPECT_EQ(first.add("n", 1), 2);  // the clients it holds are served
 
-  held.clear();  // below the limit again: served
-  ClientOptions options;
-  options.port = daemon.port();
-  options.connect_timeout = 10s;
-  EXPECT_EQ(StoreClient::connect(options).add("n", 1), 1);
+  // A client's own view: its connection closes at once, not after its connect timeout.
+  testing::RawClient late("127.0.0.1", daemon.port());
+  EXPECT_TRUE(late.closed_by_server(10s)) << daemon.output();
+  // Refusals are said once, then summed up (no line per connection).
+  EXPECT_FALSE(daemon.wait_for(std::regex("refusing[\\s\\S]*refusing"), 1s)) << daemon.output();
+
+  // Below the limit again once the store has seen the held connections close: served.
+  held.clear();
+  std::optional<std::int64_t> after;
+  for (const auto give_up = std::chrono::steady_clock::now() + 10s;
+       !after && std::chrono::steady_clock::now() < give_up;) {
+    try {
+      after = StoreClient::connect(options).add("n", 1);
+    } catch (const StoreError& e) {  // refused: said so, at once
+      EXPECT_NE(std::string(e.what()).find("refused the connection at a limit"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(after, 3) << daemon.output();
   EXPECT_EQ(daemon.stop(), 0);
   EXPECT_TRUE(std::regex_search(daemon.output(),
-                                std::regex("accept failures: [0-9,]+ more in the last 10 s")))
+                                std::regex("refused connections: [0-9,]+ more in the last 10 s")))
       << daemon.output();
+  EXPECT_EQ(daemon.output().find("accept failed"), std::string::npos) << daemon.output();
 }
 
 TEST(Daemon, ServesOnThePrintedPortAndStopsOnSigterm) {

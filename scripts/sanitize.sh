@@ -26,7 +26,7 @@ exclude+='|DdpTrain|agent_resources|OneGpu|Nccl|_NOT_BUILT|Memory.PeakResident'
 # IsAccessibleMemoryRange): in a process at its open-file limit, which this test puts
 # dist-rendezvous at on purpose, every virtual call then fails as "invalid vptr" (spdlog's sink
 # call first). A limitation of the runtime, not a bug here; TSan and the plain build run the test.
-asan_exclude='|Daemon.TheOpenFileLimitWarning'
+asan_exclude='|Daemon.AtTheOpenFileLimit'
 
 # Warnings the sanitizers raise in headers that are not ours (-Werror stays on for the rest):
 # - GCC 12 takes Asio 1.18's recycling allocator for a mismatched new/delete once the sanitizers

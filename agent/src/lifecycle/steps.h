@@ -5,6 +5,8 @@
 // means one thing whoever launched it.
 #pragma once
 
+#include <utility>  // first: Asio 1.18's awaitable.hpp uses std::exchange without it
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <exception>

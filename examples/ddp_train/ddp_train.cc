@@ -655,7 +655,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string compression = "none", sync = "every-step";
   app.add_option("--compression", compression,
-                 "Gradient compression: none, fp16, bf16, topk:RATIO, threshold:T, powersgd:RANK")
+                 "Gradient compression: none, fp16, bf16, topk:RATIO, threshold:T, "
+                 "powersgd:RANK[:WARMUP]")
       ->capture_default_str();
   app.add_option("--sync", sync, "Synchronisation: every-step, partial:CHUNKS, local-sgd:K")
       ->capture_default_str();

@@ -1,6 +1,7 @@
 #include "dist/sdk/ddp.h"
 #include "dist/sdk/progress.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -106,6 +107,7 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
         group_.rank() == 0) {
       warn_powersgd_compresses_nothing();
     }
+    if (group_.rank() == 0) say_dense_buckets();
   }
   reset_pass();
 }
@@ -122,6 +124,20 @@ void DistributedDataParallel::warn_powersgd_compresses_nothing() const {
                shaped == 0 ? "no parameter has a shape of two or more dimensions (give "
                              "Parameter::shape, e.g. {rows, cols})"
                            : "every matrix is too small for its rank to send less");
+}
+
+// A sparse mode that sends more than dense at this world size averages those buckets whole: said,
+// since the user asked for compression.
+void DistributedDataParallel::say_dense_buckets() const {
+  const auto dense = std::count_if(compressors_.begin(), compressors_.end(),
+                                   [](const auto& c) { return c->always_dense(); });
+  if (dense == 0) return;
+  std::fprintf(stderr,
+               "dist-sdk: note: %s would send more than a dense all-reduce in a world of %d "
+               "(each rank's entries x %d ranks >= the bucket's size) in %zu of %zu bucket(s): "
+               "they are averaged whole instead (a smaller ratio compresses them)\n",
+               options_.compression.to_string().c_str(), group_.size(), group_.size(),
+               static_cast<std::size_t>(dense), compressors_.size());
 }
 
 // Buckets in reverse registration order. A parameter opens a new bucket when it would take a
@@ -291,9 +307,10 @@ void DistributedDataParallel::synchronize() {
 CommunicationStats DistributedDataParallel::stats() const {
   CommunicationStats s = stats_;
   for (const auto& c : compressors_) {
-    const auto guarded = c->guarded();
-    s.nonfinite_skipped += guarded.skipped;
-    s.nonfinite_cleaned += guarded.cleaned;
+    const auto events = c->events();
+    s.nonfinite_skipped += events.skipped;
+    s.nonfinite_cleaned += events.cleaned;
+    s.dense_exchanges += events.dense;
   }
   return s;
 }
@@ -301,7 +318,7 @@ CommunicationStats DistributedDataParallel::stats() const {
 // Host buffers: the guard's counters are plain memory, read at no cost after the drain.
 void DistributedDataParallel::say_skipped_updates() {
   std::uint64_t skipped = 0;
-  for (const auto& c : compressors_) skipped += c->guarded().skipped;
+  for (const auto& c : compressors_) skipped += c->events().skipped;
   if (skipped == skipped_said_) return;
   std::fprintf(stderr,
                "dist-sdk: rank %d: step %llu: %llu bucket(s) averaged to inf or NaN (%s): their "

@@ -64,7 +64,9 @@ struct Grads {
 
 // One bucket [b, w] (reverse registration order) of this parameter pair; returns each step's
 // averaged gradients of rank `rank_of_interest` as the bucket's flat [b..., w...].
-std::vector<std::vector<float>> run_steps(const std::string& compression, int steps) {
+// The gradients are those of steps first, first + 1, ...; `stats` (when given) gets rank 0's.
+std::vector<std::vector<float>> run_steps(const std::string& compression, int steps, int first = 0,
+                                          CommunicationStats* stats = nullptr) {
   std::vector<std::vector<float>> results(static_cast<std::size_t>(steps));
   std::mutex mutex;
   on_ranks(kWorld, [&](ProcessGroup& g) {
@@ -72,8 +74,8 @@ std::vector<std::vector<float>> run_steps(const std::string& compression, int st
     DistributedDataParallel ddp(g, {{"w", w, dw, {Grads::kRows, Grads::kCols}}, {"b", b, db}},
                                 with(compression));
     for (int s = 0; s < steps; ++s) {
-      fill(dw, Grads::w(g.rank(), s));  // in place: DDP holds the buffers
-      fill(db, Grads::b(g.rank(), s));
+      fill(dw, Grads::w(g.rank(), first + s));  // in place: DDP holds the buffers
+      fill(db, Grads::b(g.rank(), first + s));
       ddp.grad_ready(1);
       ddp.grad_ready(0);
       ddp.synchronize();
@@ -87,6 +89,7 @@ std::vector<std::vector<float>> run_steps(const std::string& compression, int st
         EXPECT_EQ(expected, flat) << "ranks disagree at step " << s;
       }
     }
+    if (stats && g.rank() == 0) *stats = ddp.stats();
   });
   return results;
 }
@@ -122,11 +125,15 @@ TEST(Compression, FastHalfConversionsAreBitIdenticalToHalfs) {
 }
 
 TEST(CompressionSpec, ParsesAndPrintsEveryMode) {
-  for (const char* spec : {"none", "fp16", "bf16", "topk:0.01", "threshold:0.001", "powersgd:2"}) {
+  for (const char* spec :
+       {"none", "fp16", "bf16", "topk:0.01", "threshold:0.001", "powersgd:2", "powersgd:2:1000"}) {
     EXPECT_EQ(Compression::parse(spec).to_string(), spec);
   }
   EXPECT_EQ(Compression::parse("topk:0.25").ratio, 0.25);
   EXPECT_EQ(Compression::parse("powersgd:4").rank, 4);
+  EXPECT_EQ(Compression::parse("powersgd:4").warmup, 0u);
+  EXPECT_EQ(Compression::parse("powersgd:4:250").rank, 4);
+  EXPECT_EQ(Compression::parse("powersgd:4:250").warmup, 250u);
   for (const char* spec : {"every-step", "partial:4", "local-sgd:8"}) {
     EXPECT_EQ(SyncStrategy::parse(spec).to_string(), spec);
   }
@@ -136,11 +143,22 @@ TEST(CompressionSpec, ParsesAndPrintsEveryMode) {
 
 TEST(CompressionSpec, BadSpecsAreOneLineErrorsNamingTheSpec) {
   const std::pair<const char*, const char*> bad[] = {
-      {"topk", "RATIO must be"},      {"topk:0", "RATIO must be"},
-      {"topk:1.5", "RATIO must be"},  {"topk:abc", "RATIO must be"},
-      {"threshold:-1", "T must be"},  {"threshold:nan", "T must be"},
-      {"powersgd:0", "RANK must be"}, {"powersgd:2.5", "RANK must be"},
-      {"fp16:3", "takes no value"},   {"zip", "unknown compression"},
+      {"topk", "RATIO must be"},
+      {"topk:0", "RATIO must be"},
+      {"topk:1.5", "RATIO must be"},
+      {"topk:abc", "RATIO must be"},
+      {"threshold:-1", "T must be"},
+      {"threshold:nan", "T must be"},
+      {"powersgd:0", "RANK must be"},
+      {"powersgd:2.5", "RANK must be"},
+      {"powersgd::9", "RANK must be"},
+      {"powersgd:2:0", "WARMUP must be"},
+      {"powersgd:2:", "WARMUP must be"},
+      {"powersgd:2:-4", "WARMUP must be"},
+      {"powersgd:2:1e3", "WARMUP must be"},
+      {"powersgd:2:5:1", "WARMUP must be"},
+      {"fp16:3", "takes no value"},
+      {"zip", "unknown compression"},
       {"", "unknown compression"},
   };
   for (const auto& [spec, why] : bad) {
@@ -389,6 +407,95 @@ TEST(Compression, PowerSgdMatchesADirectLowRankComputation) {
   }
 }
 
+// powersgd:2:3: the first three steps are the exact average (as without compression), and from
+// the fourth PowerSGD starts afresh (its residual empty, Q at its start): the steps after the
+// warm-up are those of a powersgd:2 run whose gradients begin at step 3.
+TEST(Compression, PowerSgdWarmUpAveragesWholeThenCompressesFromAFreshStart) {
+  constexpr int kWarmUp = 3, kSteps = 6;
+  CommunicationStats stats, plain_stats;
+  const auto got = run_steps("powersgd:2:3", kSteps, 0, &stats);
+  const auto exact = run_steps("none", kWarmUp, 0, &plain_stats);
+  const auto after = run_steps("powersgd:2", kSteps - kWarmUp, kWarmUp);
+  for (int s = 0; s < kWarmUp; ++s) {
+    EXPECT_EQ(got[static_cast<std::size_t>(s)], exact[static_cast<std::size_t>(s)]) << s;
+  }
+  for (int s = kWarmUp; s < kSteps; ++s) {
+    EXPECT_EQ(got[static_cast<std::size_t>(s)], after[static_cast<std::size_t>(s - kWarmUp)]) << s;
+    EXPECT_NE(got[static_cast<std::size_t>(s)], run_steps("none", 1, s)[0]) << "compressed " << s;
+  }
+  EXPECT_EQ(stats.dense_exchanges, static_cast<std::uint64_t>(kWarmUp));
+  const std::uint64_t compressed = (16 * 2 + 12) * 4 + (12 * 2) * 4;  // P and the bias, then Q
+  EXPECT_EQ(stats.bytes_sent, kWarmUp * plain_stats.bytes_per_step() + 3 * compressed);
+}
+
+// Top-k with k x world >= the bucket's size would send more than a dense all-reduce: the bucket is
+// averaged whole (exactly, its residual empty), said once on rank 0, counted; a ratio below it
+// stays sparse and says nothing.
+TEST(Compression, TopKThatWouldSendMoreThanDenseAveragesWholeAndSaysSo) {
+  constexpr int kSteps = 3;
+  const auto exact = run_steps("none", kSteps);
+  CommunicationStats dense_stats, sparse_stats, plain_stats;
+  run_steps("none", 1, 0, &plain_stats);
+  ::testing::internal::CaptureStderr();
+  const auto dense = run_steps("topk:0.5", kSteps, 0, &dense_stats);  // k = 102 of 204, 2 ranks
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(dense, exact) << "averaged whole; nothing carried in a residual";
+  EXPECT_EQ(dense_stats.dense_exchanges, static_cast<std::uint64_t>(kSteps));
+  EXPECT_EQ(dense_stats.bytes_per_step(), plain_stats.bytes_per_step());
+  EXPECT_NE(said.find("topk:0.5 would send more than a dense all-reduce in a world of 2"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("would send more", said.find("would send more") + 1), std::string::npos)
+      << "said once: " << said;
+
+  ::testing::internal::CaptureStderr();
+  const auto sparse = run_steps("topk:0.45", kSteps, 0, &sparse_stats);  // k = 92: 184 < 204
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("would send more"), std::string::npos);
+  EXPECT_NE(sparse, exact);
+  EXPECT_EQ(sparse_stats.dense_exchanges, 0u);
+  EXPECT_LT(sparse_stats.bytes_per_step(), plain_stats.bytes_per_step());
+}
+
+// Threshold decides at each step from the largest count: a step where most entries pass is
+// averaged whole (residual emptied), a step where few do is sparse (the rest kept), and what stays
+// below the threshold stays in the residual.
+TEST(Compression, ThresholdAveragesWholeAtAStepWhereSparseWouldSendMore) {
+  constexpr std::size_t kN = 100;
+  std::mutex mutex;
+  std::vector<std::vector<float>> results[2];
+  std::vector<CommunicationStats> stats(kWorld);
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    const float own = static_cast<float>(g.rank() + 1);  // 1 and 2
+    std::vector<float> v(kN), grad(kN);
+    DistributedDataParallel ddp(g, {{"v", v, grad}}, with("threshold:0.5"));
+    std::vector<std::vector<float>> mine;
+    // Step 0: every entry passes (100 x 2 ranks >= 100): dense, the exact average 1.5.
+    std::fill(grad.begin(), grad.end(), own);
+    ddp.synchronize();
+    mine.push_back(grad);
+    // Step 1: three entries pass (3 x 2 < 100): sparse; the 0.01s wait in the residual.
+    std::fill(grad.begin(), grad.end(), 0.01f * own);
+    grad[7] = grad[40] = grad[93] = 5.0f * own;
+    ddp.synchronize();
+    mine.push_back(grad);
+    // Step 2: nothing new; the residual (0.01 x own, under 0.5) is not sent.
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    ddp.synchronize();
+    mine.push_back(grad);
+    stats[static_cast<std::size_t>(g.rank())] = ddp.stats();
+    std::lock_guard lock(mutex);
+    results[g.rank()] = mine;
+  });
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0].at(0), std::vector<float>(kN, 1.5f));
+  std::vector<float> sparse(kN, 0.0f);
+  sparse[7] = sparse[40] = sparse[93] = 7.5f;
+  EXPECT_EQ(results[0].at(1), sparse) << "step 0 left no residual; the small entries wait";
+  EXPECT_EQ(results[0].at(2), std::vector<float>(kN, 0.0f));
+  EXPECT_EQ(stats[0].dense_exchanges, 1u);
+  EXPECT_EQ(stats[1].dense_exchanges, 1u);
+}
+
 // A mean gradient of rank 2 is what rank-2 PowerSGD reproduces exactly, from any start.
 TEST(Compression, PowerSgdReproducesALowRankMean) {
   constexpr std::size_t kRows = 10, kCols = 9;
@@ -495,7 +602,7 @@ TEST(Compression, BytesSentFollowTheRingFormulas) {
 // The exchange of a ready bucket runs without its rank calling synchronize(): rank 1 marks its
 // gradients ready and waits for rank 0 to finish synchronize() before calling its own.
 TEST(Compression, EveryModeExchangesWhileTheCallerGoesOn) {
-  for (const char* spec : {"none", "fp16", "topk:0.1", "threshold:0.5", "powersgd:1"}) {
+  for (const char* spec : {"none", "fp16", "topk:0.1", "threshold:1.5", "powersgd:1"}) {
     SCOPED_TRACE(spec);
     std::promise<void> rank0_done;
     auto done = rank0_done.get_future().share();
@@ -584,6 +691,7 @@ struct Regression {
 struct Saved {
   std::string ddp_state;
   Regression model;
+  CommunicationStats stats;
 };
 
 // Trains steps [from, to) on every rank, from `saved` (per rank) if given; returns each rank's
@@ -602,6 +710,7 @@ std::vector<Saved> train(const DdpOptions& options, int from, int to,
     }
     for (int s = from; s < to; ++s) model.step(ddp, g.rank(), s);
     out[rank].ddp_state = ddp.state();
+    out[rank].stats = ddp.stats();
   });
   return out;
 }
@@ -623,15 +732,18 @@ TEST_P(Restart, FromStateEndsBitIdenticalToAnUninterruptedRun) {
   // Without the state (residuals, Q, the step counter) the run ends elsewhere: it matters.
   const auto forgetful = train(options, kCut, kSteps, &first, false);
   EXPECT_NE(forgetful[0].model.w, whole[0].model.w);
+  // A sparse mode's state is tested only where it stays sparse (no residual when averaged whole).
+  EXPECT_LT(whole[0].stats.dense_exchanges, static_cast<std::uint64_t>(kSteps)) << "compressed";
 }
 
 INSTANTIATE_TEST_SUITE_P(
     EveryStatefulMode, Restart,
     ::testing::Values(std::pair{"fp16", "every-step"}, std::pair{"bf16", "every-step"},
-                      std::pair{"topk:0.1", "every-step"},
-                      std::pair{"threshold:0.05", "every-step"},
-                      std::pair{"powersgd:1", "every-step"}, std::pair{"none", "local-sgd:3"},
-                      std::pair{"none", "partial:3"}),
+                      std::pair{"topk:0.1", "every-step"}, std::pair{"threshold:0.6", "every-step"},
+                      std::pair{"powersgd:1", "every-step"},
+                      std::pair{"powersgd:1:4", "every-step"},   // cut after the warm-up
+                      std::pair{"powersgd:1:10", "every-step"},  // cut inside it
+                      std::pair{"none", "local-sgd:3"}, std::pair{"none", "partial:3"}),
     [](const auto& info) {
       std::string name = std::string(info.param.first) + "_" + info.param.second;
       for (char& c : name) {
@@ -703,8 +815,7 @@ INSTANTIATE_TEST_SUITE_P(Fp16Overflow, NonFinite,
 
 INSTANTIATE_TEST_SUITE_P(
     EveryLossyMode, NonFinite,
-    ::testing::Combine(::testing::Values("fp16", "bf16", "topk:0.1", "threshold:0.05",
-                                         "powersgd:2"),
+    ::testing::Combine(::testing::Values("fp16", "bf16", "topk:0.1", "threshold:0.6", "powersgd:2"),
                        ::testing::Values(std::numeric_limits<float>::quiet_NaN(),
                                          std::numeric_limits<float>::infinity())),
     [](const auto& info) {
@@ -852,7 +963,7 @@ TEST(MixedDtype, BucketsByTypeAndEachAveragedInItsType) {
 
 TEST(MixedDtype, EveryCompressionTrainsAMixedModelWithIdenticalReplicas) {
   constexpr std::size_t kRows = 12, kCols = 10;
-  for (const char* spec : {"fp16", "bf16", "topk:0.2", "threshold:0.3", "powersgd:2"}) {
+  for (const char* spec : {"fp16", "bf16", "topk:0.2", "threshold:1.5", "powersgd:2"}) {
     SCOPED_TRACE(spec);
     std::mutex mutex;
     std::vector<std::vector<float>> finals;

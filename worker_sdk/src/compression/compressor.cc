@@ -1,6 +1,7 @@
 #include "compression/compressor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -32,14 +33,31 @@ class Lossy : public BucketCompressor {
     take_floats(in, ops_, residual_, n_);
     ops_.zero_nonfinite(residual_, n_, counts_ + kCleaned);  // one written before the guard
   }
-  Guarded guarded() const override {
+  Events events() const override {
     std::uint32_t counts[2] = {};
     ops_.to_host(counts, counts_, sizeof counts);
-    return {counts[kSkipped], counts[kCleaned]};
+    return {counts[kSkipped], counts[kCleaned], dense_exchanges_.load(std::memory_order_relaxed)};
   }
 
  protected:
   float inverse_world() const { return 1.0f / static_cast<float>(ops_.world()); }
+
+  // The bucket averaged whole, in float32, as without compression: everything is sent, so the
+  // residual empties. acc_ must hold the gradients plus the residual (widen_add).
+  void exchange_dense(void* flat) {
+    ops_.all_sum(acc_, DataType::kFloat32, n_, acc_);
+    ops_.scale(acc_, n_, inverse_world());
+    ops_.zero(residual_, n_ * sizeof(float));
+    guard(acc_);
+    ops_.narrow(acc_, flat, layout_.type, n_);
+    dense_exchanges_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Whether W ranks' sparse messages of `entries` pairs each cost more than a dense all-reduce of
+  // the bucket: an all-gather sends (W - 1) x 2 x entries words a rank, a ring all-reduce
+  // 2 (W - 1) / W x n, so sparse pays only while entries x W < n.
+  bool dense_is_cheaper(std::size_t entries) const {
+    return entries * static_cast<std::size_t>(ops_.world()) >= n_;
+  }
 
   // After the exchange wrote the average into `out`: the inf/NaN guard (compressor.h).
   void guard(float* out) {
@@ -72,6 +90,7 @@ class Lossy : public BucketCompressor {
   static constexpr int kSkipped = 0, kCleaned = 1;
   std::uint32_t* flag_ = static_cast<std::uint32_t*>(ops_.allocate(sizeof(std::uint32_t)));
   std::uint32_t* counts_ = static_cast<std::uint32_t*>(ops_.allocate(2 * sizeof(std::uint32_t)));
+  std::atomic<std::uint64_t> dense_exchanges_{0};  // exchange_dense() calls (exchange thread)
 };
 
 // fp16 / bf16: the bucket divided by the world size, cast, summed (in float).
@@ -107,7 +126,8 @@ const BucketLayout& indexable(const BucketLayout& layout) {
   return layout;
 }
 
-// topk:RATIO: the k largest entries of each rank, all-gathered as (index, value) pairs.
+// topk:RATIO: the k largest entries of each rank, all-gathered as (index, value) pairs; the
+// bucket whole where k x world >= n (decided once: neither changes).
 class TopK final : public Lossy {
  public:
   TopK(Ops& ops, const BucketLayout& layout, double ratio)
@@ -116,12 +136,17 @@ class TopK final : public Lossy {
                ? 0
                : std::clamp<std::size_t>(
                      static_cast<std::size_t>(std::ceil(ratio * static_cast<double>(n_))), 1, n_)),
-        message_(static_cast<std::int32_t*>(ops.allocate(2 * k_ * sizeof(std::int32_t)))),
+        always_dense_(n_ > 0 && dense_is_cheaper(k_)),
+        words_(always_dense_ ? 0 : 2 * k_),
+        message_(static_cast<std::int32_t*>(ops.allocate(words_ * sizeof(std::int32_t)))),
         gathered_(static_cast<std::int32_t*>(
-            ops.allocate(2 * k_ * static_cast<std::size_t>(ops.world()) * sizeof(std::int32_t)))) {}
+            ops.allocate(words_ * static_cast<std::size_t>(ops.world()) * sizeof(std::int32_t)))) {}
+
+  bool always_dense() const override { return always_dense_; }
 
   void exchange(void* flat) override {
     ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
+    if (always_dense_) return exchange_dense(flat);
     ops_.select_topk(acc_, n_, k_, message_, residual_);
     ops_.all_gather(message_, gathered_, 2 * k_, DataType::kInt32);
     const std::vector<std::int32_t> counts(static_cast<std::size_t>(ops_.world()),
@@ -133,12 +158,14 @@ class TopK final : public Lossy {
 
  private:
   std::size_t k_;
+  bool always_dense_;
+  std::size_t words_;  // of a message
   std::int32_t* message_;
   std::int32_t* gathered_;
 };
 
 // threshold:T: every entry at least T in magnitude; the counts first, then the entries, each
-// rank's padded to the largest count.
+// rank's padded to the largest count; the bucket whole at a step where that count x world >= n.
 class Threshold final : public Lossy {
  public:
   Threshold(Ops& ops, const BucketLayout& layout, float threshold)
@@ -156,6 +183,7 @@ class Threshold final : public Lossy {
     std::vector<std::int32_t> counts(static_cast<std::size_t>(ops_.world()));
     ops_.to_host(counts.data(), counts_, counts.size() * sizeof(std::int32_t));
     const auto most = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
+    if (most > 0 && dense_is_cheaper(most)) return exchange_dense(flat);  // acc_ is untouched
     if (most > 0) {
       ensure_gathered(2 * most * counts.size());
       ops_.all_gather(message_, gathered_, 2 * most, DataType::kInt32);
@@ -181,20 +209,27 @@ class Threshold final : public Lossy {
   std::size_t gathered_words_ = 0;
 };
 
-// powersgd:RANK, as torch's powerSGD_hook with warm start and error feedback. One exchange
-// carries every P and the uncompressed tensors (torch: two), a second every Q.
+// powersgd:RANK[:WARMUP], as torch's powerSGD_hook with warm start and error feedback. One
+// exchange carries every P and the uncompressed tensors (torch: two), a second every Q. The
+// first WARMUP exchanges average the bucket whole (torch's start_powerSGD_iter); their count is
+// part of the state, so that every rank of a resumed job compresses from the same step.
 class PowerSgd final : public Lossy {
  public:
   PowerSgd(Ops& ops, const BucketLayout& layout, const Compression& c, std::size_t index)
       : Lossy(ops, layout),
         plan_(plan_powersgd(layout, c.rank)),
         seed_(c.seed + 0x9E3779B97F4A7C15ull * (index + 1)),
+        warmup_(c.warmup),
         first_message_(ops.allocate_floats(plan_.p_size + plan_.uncompressed_size)),
         q_(ops.allocate_floats(plan_.q_size)),
         out_(ops.allocate_floats(n_)) {}
 
   void exchange(void* flat) override {
     ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
+    if (warmed_ < warmup_) {
+      ++warmed_;
+      return exchange_dense(flat);
+    }
     if (!q_ready_) start_q();
     float* p = first_message_;
     float* whole = first_message_ + plan_.p_size;
@@ -230,6 +265,7 @@ class PowerSgd final : public Lossy {
 
   void save(std::string& out) const override {
     Lossy::save(out);
+    if (warmup_) put_u64(out, warmed_);  // without a warm-up, the state of powersgd:RANK as ever
     std::vector<float> q(q_ready_ ? plan_.q_size : 0);
     ops_.to_host(q.data(), q_, q.size() * sizeof(float));
     const bool whole = q_ready_ && all_finite(q);  // a poisoned Q is not kept: it starts afresh
@@ -238,6 +274,7 @@ class PowerSgd final : public Lossy {
   }
   void load(std::string_view& in) override {
     Lossy::load(in);
+    if (warmup_) warmed_ = std::min(take_u64(in), warmup_);
     const std::uint64_t q = take_u64(in);
     if (q != 0 && q != plan_.q_size) throw std::invalid_argument("PowerSGD's Q has another size");
     q_ready_ = false;  // the first exchange starts Q (and keeps its start for the guard)
@@ -281,7 +318,9 @@ class PowerSgd final : public Lossy {
 
   PowerSgdPlan plan_;
   std::uint64_t seed_;
-  float* first_message_;  // every P, then the uncompressed tensors
+  std::uint64_t warmup_;      // exchanges averaged whole before compressing
+  std::uint64_t warmed_ = 0;  // of them done
+  float* first_message_;      // every P, then the uncompressed tensors
   float* q_;
   float* q_start_ = ops_.allocate_floats(plan_.q_size);  // the first Q, which a reset returns to
   float* out_;

@@ -1,7 +1,9 @@
 // The lossy exchanges of one DDP bucket (compression.h): each replaces the bucket's gradients by
 // an approximation of their average over the ranks, keeping what it did not send in a residual
 // that joins the next step's gradients (error feedback). Written against Ops, so the same code
-// runs on the host (Gloo) and on the device (NCCL).
+// runs on the host (Gloo) and on the device (NCCL). Where compressing costs more than it saves
+// (a sparse mode at a large world size) or has not begun (PowerSGD's warm-up), an exchange
+// averages the bucket whole, in float32, and empties the residual.
 //
 // An inf or NaN gradient (one rank's overflow, a bad batch) must not ruin training for good: the
 // residual would carry it into every later step, and PowerSGD's reused Q too. After each exchange
@@ -48,12 +50,16 @@ class BucketCompressor {
   virtual void save(std::string& out) const = 0;
   virtual void load(std::string_view& in) = 0;
 
-  // What the inf/NaN guard did (call between steps: on the device it waits for the exchanges).
-  struct Guarded {
+  // What the exchanges did besides compressing (call between steps: on the device it waits for
+  // them).
+  struct Events {
     std::uint64_t skipped = 0;  // exchanges whose average held inf or NaN: zeroed, state reset
     std::uint64_t cleaned = 0;  // this rank's residual cleaned of inf or NaN it alone held
+    std::uint64_t dense = 0;    // exchanges that averaged the bucket whole (compression.h)
   };
-  virtual Guarded guarded() const = 0;
+  virtual Events events() const = 0;
+  // Every exchange averages the bucket whole (top-k where k x world >= its size).
+  virtual bool always_dense() const { return false; }
 };
 
 // `compression` must be lossy. `index` (the bucket's) seeds PowerSGD's first Q.

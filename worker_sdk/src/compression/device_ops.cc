@@ -94,6 +94,10 @@ class DeviceOps final : public Ops {
     check_cuda(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream_),
                "cudaMemcpyAsync");
   }
+  void zero(void* x, std::size_t bytes) override {
+    if (bytes == 0) return;
+    check_cuda(cudaMemsetAsync(x, 0, bytes, stream_), "cudaMemsetAsync");
+  }
   void from_host(void* to, const void* host, std::size_t bytes) override {
     if (bytes == 0) return;
     check_cuda(cudaMemcpyAsync(to, host, bytes, cudaMemcpyHostToDevice, stream_),

@@ -147,6 +147,9 @@ class HostOps final : public Ops {
   void copy(void* to, const void* from, std::size_t bytes) override {
     if (bytes) std::memcpy(to, from, bytes);
   }
+  void zero(void* x, std::size_t bytes) override {
+    if (bytes) std::memset(x, 0, bytes);
+  }
   void from_host(void* to, const void* host, std::size_t bytes) override { copy(to, host, bytes); }
   void to_host(void* host, const void* from, std::size_t bytes) override {
     copy(host, from, bytes);

@@ -38,6 +38,8 @@ class Ops {
   float* allocate_floats(std::size_t n) { return static_cast<float*>(allocate(n * sizeof(float))); }
   // Between buffers of this Ops (device to device on the device).
   virtual void copy(void* to, const void* from, std::size_t bytes) = 0;
+  // A buffer's bytes all zero.
+  virtual void zero(void* x, std::size_t bytes) = 0;
   // From host memory into a buffer, and from a buffer into host memory (complete on return).
   virtual void from_host(void* to, const void* host, std::size_t bytes) = 0;
   virtual void to_host(void* host, const void* from, std::size_t bytes) = 0;

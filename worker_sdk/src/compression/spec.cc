@@ -10,7 +10,7 @@ namespace dist::sdk {
 namespace {
 
 constexpr const char* kCompressionSpecs =
-    "none, fp16, bf16, topk:RATIO, threshold:T, powersgd:RANK";
+    "none, fp16, bf16, topk:RATIO, threshold:T, powersgd:RANK[:WARMUP]";
 constexpr const char* kSyncSpecs = "every-step, partial:CHUNKS, local-sgd:K";
 constexpr int kMaxRank = 1024;
 
@@ -86,8 +86,14 @@ Compression Compression::parse(std::string_view spec) {
     c.kind = Kind::kThreshold;
     return c;
   }
-  if (s.name == "powersgd") {
-    c.rank = positive_int(kWhat, spec, s, "RANK", kMaxRank, kCompressionSpecs);
+  if (s.name == "powersgd") {  // RANK[:WARMUP]
+    const Split rank = split(s.value);
+    c.rank = positive_int(kWhat, spec, {s.name, rank.name, s.has_value}, "RANK", kMaxRank,
+                          kCompressionSpecs);
+    if (rank.has_value && (!parse_number(rank.value, c.warmup) || c.warmup < 1)) {
+      bad(kWhat, spec, "WARMUP must be a positive number of steps, such as powersgd:2:1000",
+          kCompressionSpecs);
+    }
     c.kind = Kind::kPowerSgd;
     return c;
   }
@@ -107,7 +113,8 @@ std::string Compression::to_string() const {
     case Kind::kThreshold:
       return "threshold:" + number_text(threshold);
     case Kind::kPowerSgd:
-      return "powersgd:" + std::to_string(rank);
+      return "powersgd:" + std::to_string(rank) +
+             (warmup ? ":" + std::to_string(warmup) : std::string());
   }
   return "?";
 }

@@ -5,13 +5,19 @@
 //   none            full precision (the default)
 //   fp16, bf16      each bucket cast to 16 bits before its all-reduce (divided by the world size
 //                   first, as torch's fp16 hook does, so the sum cannot overflow)
-//   topk:RATIO      each rank sends the ceil(RATIO x n) largest-magnitude entries of each bucket
-//                   (index and value), 0 < RATIO <= 1; the others wait in the residual
+//   topk:RATIO      each rank sends the k = ceil(RATIO x n) largest-magnitude entries of each
+//                   bucket (index and value), 0 < RATIO <= 1; the others wait in the residual
 //   threshold:T     each rank sends the entries whose magnitude is at least T (T > 0)
-//   powersgd:RANK   PowerSGD (Vogels et al., torch's powerSGD_hook): every 2-D parameter M
+//   powersgd:RANK[:WARMUP]
+//                   PowerSGD (Vogels et al., torch's powerSGD_hook): every 2-D parameter M
 //                   (shape[0] x the rest) is sent as P = M Q and Q = M^T P of rank RANK, with warm
 //                   start (Q kept from the last step); one-dimensional parameters, and those where
-//                   (rows + cols) x RANK x 2 >= rows x cols, are sent uncompressed
+//                   (rows + cols) x RANK x 2 >= rows x cols, are sent uncompressed. The first
+//                   WARMUP steps (default 0) are averaged whole, as torch's start_powerSGD_iter
+// The sparse modes send (index, value) pairs, all-gathered: k pairs from each of the world's W
+// ranks cost as much as a dense all-reduce once k x W reaches n. A bucket where they would cost
+// more is averaged whole instead (top-k: decided once, and said; threshold: at each step, from the
+// largest count), with nothing left in its residual.
 // Every lossy mode keeps an error-feedback residual per bucket: what a step did not send is added
 // to the next step's gradient, so nothing is lost for good. An inf or NaN never poisons that
 // state: a bucket whose average holds one is not applied (its averaged gradients are zeros, as a
@@ -36,10 +42,11 @@ namespace dist::sdk {
 struct Compression {
   enum class Kind { kNone, kFp16, kBf16, kTopK, kThreshold, kPowerSgd };
   Kind kind = Kind::kNone;
-  double ratio = 0;        // kTopK
-  float threshold = 0;     // kThreshold
-  int rank = 0;            // kPowerSgd
-  std::uint64_t seed = 0;  // kPowerSgd: the random start of Q (the same on every rank)
+  double ratio = 0;          // kTopK
+  float threshold = 0;       // kThreshold
+  int rank = 0;              // kPowerSgd
+  std::uint64_t warmup = 0;  // kPowerSgd: the first steps, averaged whole
+  std::uint64_t seed = 0;    // kPowerSgd: the random start of Q (the same on every rank)
 
   // Parses a spec as above; std::invalid_argument with a one-line message on anything else.
   static Compression parse(std::string_view spec);

@@ -89,6 +89,9 @@ struct CommunicationStats {
   // rank), and residuals of this rank cleaned of an inf or NaN only it held.
   std::uint64_t nonfinite_skipped = 0;
   std::uint64_t nonfinite_cleaned = 0;
+  // Bucket exchanges that averaged the bucket whole (compression.h): a sparse mode where dense
+  // costs less at this world size, PowerSGD's warm-up.
+  std::uint64_t dense_exchanges = 0;
   std::uint64_t bytes_per_step() const { return steps ? bytes_sent / steps : 0; }
 };
 
@@ -166,6 +169,7 @@ class DistributedDataParallel {
   void reset_pass();
   void say_skipped_updates();
   void warn_powersgd_compresses_nothing() const;
+  void say_dense_buckets() const;
 
   ProcessGroup& group_;
   DdpOptions options_;

@@ -12,8 +12,9 @@ namespace dist::sdk {
 namespace {
 
 // A survivor's write to a dead peer's socket (Gloo sends without MSG_NOSIGNAL on some paths) must
-// fail with EPIPE, which the group reports as the peer's failure, not kill the process with
-// SIGPIPE: in-place jobs ignore it unless the program chose a handler of its own.
+// fail with EPIPE, which the group reports as the peer's failure (the job's report names the
+// peer), not kill the process with SIGPIPE (exit 141, no word of why): a worker's group ignores it
+// unless the program chose a handler of its own, as Python, and so every torch worker, does.
 void ignore_sigpipe() {
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
@@ -39,7 +40,7 @@ std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
   // never reads a previous one's.
   std::string prefix = "sdk/" + env.run_id + "/attempt_" + std::to_string(env.restart_count) + "/";
   if (env.generation > 0) prefix += "gen_" + std::to_string(env.generation) + "/";
-  if (env.in_place) ignore_sigpipe();
+  ignore_sigpipe();
   if (backend == Backend::kNccl) {
     NcclOptions options;
     options.key_prefix = prefix + "nccl";

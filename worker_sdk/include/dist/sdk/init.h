@@ -32,9 +32,10 @@ Distributed init(Backend backend = Backend::kGloo);
 
 // The group of `env`'s restart attempt and generation, on a store connection of its own: its keys
 // under sdk/<run id>/attempt_<restart>/ (generation g > 0: .../gen_<g>/). In-place jobs' NCCL
-// groups throw CollectiveError on a failure instead of exiting, so that the group can be rebuilt,
-// and in-place jobs ignore SIGPIPE (unless the program handles it): a write to a dead peer fails
-// instead of killing the survivor.
+// groups throw CollectiveError on a failure instead of exiting, so that the group can be rebuilt.
+// The process ignores SIGPIPE from here on (unless the program handles it, as Python does for
+// torch workers): a write to a dead peer fails, naming the peer, instead of killing the survivor
+// with no word of why (exit 141).
 // `timeout` bounds forming the group (connecting to the store: connect_store's default).
 std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
                                          std::chrono::milliseconds timeout);

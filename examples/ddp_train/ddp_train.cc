@@ -13,7 +13,8 @@
 //
 // --compression SPEC and --sync SPEC choose DDP's gradient compression and synchronisation
 // (dist/sdk/compression.h); rank 0 prints the bytes it sent per step ("all-reduce bytes per step
-// N"). With either, every rank checkpoints its own state (residuals, local weights) in
+// N", by the ring formulas, and over Gloo "transport bytes per step M", what its sockets sent
+// for them). With either, every rank checkpoints its own state (residuals, local weights) in
 // ddp_train.rank<R>.ckpt beside rank 0's ddp_train.ckpt.
 //
 // --in-place, under dist-launch --restart-policy in-place: a crashed rank is replaced alone; the
@@ -344,6 +345,12 @@ void finish(const Options& o, sdk::Distributed& dist, Mlp& model, sdk::Distribut
   std::printf("all-reduce bytes per step %llu (compression %s, sync %s, %llu steps)\n",
               (unsigned long long)sent.bytes_per_step(), o.compression.to_string().c_str(),
               o.sync.to_string().c_str(), (unsigned long long)sent.steps);
+  if (const auto measured = sent.transport_bytes_per_step()) {  // Gloo: what its sockets sent
+    std::printf(
+        "transport bytes per step %llu (the group's TCP payload, the per-epoch loss "
+        "all-reduce included)\n",
+        (unsigned long long)*measured);
+  }
   std::printf("final test accuracy %.4f weights sha256 %s\n", model.accuracy(test_set),
               model.weights_sha256().c_str());
 }

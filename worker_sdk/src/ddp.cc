@@ -110,6 +110,7 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group,
     if (group_.rank() == 0) say_dense_buckets();
   }
   reset_pass();
+  transport_start_ = group_.transport_bytes_sent();
 }
 
 // PowerSGD sends a parameter whole unless it knows it as a matrix (Parameter::shape) large enough
@@ -312,6 +313,8 @@ CommunicationStats DistributedDataParallel::stats() const {
     s.nonfinite_cleaned += events.cleaned;
     s.dense_exchanges += events.dense;
   }
+  const auto transport = group_.transport_bytes_sent();
+  if (transport && transport_start_) s.transport_bytes_sent = *transport - *transport_start_;
   return s;
 }
 

@@ -23,6 +23,7 @@
 #include "local_address.h"
 #include "peer_names.h"
 #include "progress_slot.h"
+#include "tcp_bytes.h"
 
 namespace dist::sdk {
 namespace {
@@ -68,7 +69,29 @@ class PeerDirectory {
 
   void publish(const std::string& address) {
     std::lock_guard lock(mutex_);
+    own_address_ = address;
     store_.append(key_, std::to_string(own_rank_) + " " + address + "\n");
+  }
+
+  // This rank's connections to the `size` - 1 others (Gloo keeps its sockets to itself: they are
+  // found by address, those accepted at this rank's address and those made to the others'), or
+  // nullopt while not every rank has published its address.
+  std::optional<std::vector<detail::TcpSocket>> sockets(int size) {
+    std::vector<std::string> others;
+    try {
+      std::lock_guard lock(mutex_);
+      std::istringstream lines(store_.try_get(key_).value_or(""));
+      for (std::string rank, listening; lines >> rank >> listening;) {
+        if (rank != std::to_string(own_rank_)) others.push_back(listening);
+      }
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    const auto expected = static_cast<std::size_t>(size - 1);
+    if (others.size() != expected) return std::nullopt;
+    auto found = detail::tcp_sockets_of(own_address_, others);
+    if (found.size() != expected) return std::nullopt;
+    return found;
   }
 
   // ", peer rank 1 at [127.0.0.1]:8092": see name_peer.
@@ -87,6 +110,7 @@ class PeerDirectory {
   store::StoreClient store_;
   std::string key_;
   int own_rank_;
+  std::string own_address_;
 };
 
 // A rank listening on a loopback address cannot be reached from another host. When some ranks
@@ -297,6 +321,20 @@ class GlooProcessGroup : public ProcessGroup {
   int size() const override { return context_->size; }
   std::string backend() const override { return "gloo"; }
   bool device_buffers() const override { return false; }
+  // The sum over this rank's connections (one to each peer) of what each socket sent.
+  std::optional<std::uint64_t> transport_bytes_sent() const override {
+    if (!peers_) return 0;  // a group of one
+    std::lock_guard lock(sockets_mutex_);
+    if (sockets_.empty()) sockets_ = peers_->sockets(size()).value_or(sockets_);
+    if (sockets_.empty()) return std::nullopt;
+    std::uint64_t total = 0;
+    for (const auto& socket : sockets_) {
+      const auto sent = detail::tcp_bytes_sent(socket);
+      if (!sent) return std::nullopt;
+      total += *sent;
+    }
+    return total;
+  }
 
   // Asynchronous: on the communication thread. Synchronous: on the calling thread, once everything
   // issued before has run (no thread hand-off in the common case).
@@ -486,6 +524,8 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<PeerDirectory> peers_;  // null for a group of one
+  mutable std::mutex sockets_mutex_;
+  mutable std::vector<detail::TcpSocket> sockets_;  // transport_bytes_sent()'s, once found
   std::uint32_t next_tag_ = 1;
   CommThread comm_;  // last: joined before the context goes
 };

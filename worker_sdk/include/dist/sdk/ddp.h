@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -92,7 +93,16 @@ struct CommunicationStats {
   // Bucket exchanges that averaged the bucket whole (compression.h): a sparse mode where dense
   // costs less at this world size, PowerSGD's warm-up.
   std::uint64_t dense_exchanges = 0;
+  // What the group's transport counted instead of the formulas (ProcessGroup::
+  // transport_bytes_sent(): Gloo's TCP payload, its framing included), since the DDP was built
+  // (its first broadcast not counted), collectives the program ran on the same group between
+  // included; nullopt where the backend cannot tell (NCCL).
+  std::optional<std::uint64_t> transport_bytes_sent;
   std::uint64_t bytes_per_step() const { return steps ? bytes_sent / steps : 0; }
+  std::optional<std::uint64_t> transport_bytes_per_step() const {
+    if (!transport_bytes_sent || steps == 0) return std::nullopt;
+    return *transport_bytes_sent / steps;
+  }
 };
 
 class DistributedDataParallel {
@@ -190,6 +200,7 @@ class DistributedDataParallel {
   std::uint64_t step_end_ns_ = 0;   // the last after_step(): a step's own work starts there
   std::uint64_t plain_bytes_ = 0;   // sent outside ops_
   std::uint64_t skipped_said_ = 0;  // nonfinite_skipped when last told on stderr (host buffers)
+  std::optional<std::uint64_t> transport_start_;  // the group's transport count once built
   CommunicationStats stats_;
 };
 

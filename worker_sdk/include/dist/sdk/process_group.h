@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -134,6 +135,10 @@ class ProcessGroup {
   virtual bool device_buffers() const = 0;
   // The CUDA device of a GPU backend's buffers and streams; -1 for host backends.
   virtual int cuda_device() const { return -1; }
+  // What this rank's connections to its peers have sent so far, as the transport counts it
+  // (Gloo: the TCP payload bytes of its sockets, framing and retransmissions included); nullopt
+  // where the backend cannot tell (NCCL: NVLink, shared memory and its own sockets are its own).
+  virtual std::optional<std::uint64_t> transport_bytes_sent() const { return std::nullopt; }
 
   // Every collective takes `stream` last: see the top of this file. Its default binds to this
   // class's declaration, so call through ProcessGroup.

@@ -1,0 +1,92 @@
+// Apart from the unity build: <linux/tcp.h>'s struct tcp_info (with the byte counters) cannot
+// share a translation unit with glibc's <netinet/tcp.h> (without them).
+#include "tcp_bytes.h"
+
+#include <arpa/inet.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <filesystem>
+#include <system_error>
+
+namespace dist::sdk::detail {
+namespace {
+
+// "[ip]:port" of a socket address, as Gloo's tcp::Address::str() writes it: its port is the
+// field as stored, in network byte order (on a little-endian host the port's bytes swapped:
+// 39253 is written 21913), which is how its addresses are published and named in its errors.
+std::optional<std::string> gloo_text(const sockaddr_storage& address) {
+  char host[INET6_ADDRSTRLEN] = {};
+  unsigned port = 0;
+  if (address.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(address);
+    if (!::inet_ntop(AF_INET, &in.sin_addr, host, sizeof host)) return std::nullopt;
+    port = in.sin_port;
+  } else if (address.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(address);
+    if (!::inet_ntop(AF_INET6, &in6.sin6_addr, host, sizeof host)) return std::nullopt;
+    port = in6.sin6_port;
+  } else {
+    return std::nullopt;
+  }
+  return "[" + std::string(host) + "]:" + std::to_string(port);
+}
+
+std::string without_sequence(const std::string& address) {
+  return address.substr(0, address.find('$'));
+}
+
+std::optional<std::uint64_t> inode_of(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return std::nullopt;
+  return static_cast<std::uint64_t>(st.st_ino);
+}
+
+}  // namespace
+
+std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
+                                      const std::vector<std::string>& peers) {
+  const std::string own = without_sequence(listening);
+  std::vector<std::string> others;
+  for (const auto& p : peers) others.push_back(without_sequence(p));
+  std::vector<TcpSocket> found;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    const auto inode = inode_of(fd);
+    sockaddr_storage local{}, peer{};
+    socklen_t local_length = sizeof local, peer_length = sizeof peer;
+    if (!inode || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
+      continue;  // not a socket, or not connected (the listening one)
+    }
+    const auto local_text = gloo_text(local), peer_text = gloo_text(peer);
+    if (!local_text || !peer_text) continue;
+    if (*local_text == own || std::find(others.begin(), others.end(), *peer_text) != others.end()) {
+      found.push_back({fd, *inode});
+    }
+  }
+  return found;
+}
+
+std::optional<std::uint64_t> tcp_bytes_sent(const TcpSocket& socket) {
+  if (inode_of(socket.fd) != socket.inode) return std::nullopt;
+  tcp_info info{};
+  socklen_t length = sizeof info;
+  if (::getsockopt(socket.fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) return std::nullopt;
+  if (length < offsetof(tcp_info, tcpi_bytes_sent) + sizeof info.tcpi_bytes_sent) {
+    return std::nullopt;  // a kernel older than 4.19
+  }
+  return info.tcpi_bytes_sent;
+}
+
+}  // namespace dist::sdk::detail

@@ -1,0 +1,30 @@
+// What TCP sockets have carried, as the kernel counts it: the measure of "bytes on the wire" that
+// a process group gives beside its ring formulas.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dist::sdk::detail {
+
+// A connected TCP socket of this process, by descriptor and inode (a descriptor closed and
+// reused since is another socket).
+struct TcpSocket {
+  int fd = -1;
+  std::uint64_t inode = 0;
+};
+
+// This process's connected TCP sockets whose local address is `listening` (connections it
+// accepted there) or whose peer's is one of `peers` (connections it made to them); addresses as
+// Gloo writes them, "[127.0.0.1]:8092" (a "$sequence" suffix ignored).
+std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
+                                      const std::vector<std::string>& peers);
+
+// The payload bytes `socket` has sent (TCP_INFO's tcpi_bytes_sent: what left this host,
+// retransmissions included, headers not; Linux 4.19 and later); nullopt when it is no longer
+// that socket or the kernel does not count it.
+std::optional<std::uint64_t> tcp_bytes_sent(const TcpSocket& socket);
+
+}  // namespace dist::sdk::detail

@@ -61,7 +61,9 @@ class StoreAdapter : public gloo::rendezvous::Store {
 // Which rank listens at an address, as Gloo's errors name a peer ("[127.0.0.1]:8092"): once its
 // mesh is connected, every rank appends its own address to one store key; a failing collective
 // reads that key once, without waiting, to name the peer its error is about (a peer that died
-// before it appended stays unnamed). The store client is used for nothing else.
+// before it appended stays unnamed). The same key finds the rank's connections for
+// transport_bytes_sent() (read until every rank has appended); the store client is used for
+// nothing else.
 class PeerDirectory {
  public:
   PeerDirectory(store::StoreClient store, std::string key, int own_rank)

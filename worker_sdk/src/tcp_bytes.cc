@@ -54,11 +54,12 @@ std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
   std::vector<std::string> others;
   for (const auto& p : peers) others.push_back(without_sequence(p));
   std::vector<TcpSocket> found;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", error)) {
+  std::error_code error;  // never thrown: a descriptor closed while listed is skipped
+  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
+       it.increment(error)) {
     int fd = -1;
     try {
-      fd = std::stoi(entry.path().filename().string());
+      fd = std::stoi(it->path().filename().string());
     } catch (const std::exception&) {
       continue;
     }
@@ -79,6 +80,8 @@ std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
 }
 
 std::optional<std::uint64_t> tcp_bytes_sent(const TcpSocket& socket) {
+  // (A descriptor closed and reused between this check and the read is a window the group's
+  // owner closes: its sockets live as long as the group.)
   if (inode_of(socket.fd) != socket.inode) return std::nullopt;
   tcp_info info{};
   socklen_t length = sizeof info;

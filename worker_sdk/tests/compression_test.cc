@@ -469,16 +469,19 @@ TEST(Compression, ThresholdAveragesWholeAtAStepWhereSparseWouldSendMore) {
     std::vector<float> v(kN), grad(kN);
     DistributedDataParallel ddp(g, {{"v", v, grad}}, with("threshold:0.5"));
     std::vector<std::vector<float>> mine;
-    // Step 0: every entry passes (100 x 2 ranks >= 100): dense, the exact average 1.5.
-    std::fill(grad.begin(), grad.end(), own);
+    // Step 0: 60 entries pass (60 x 2 ranks >= 100): dense, the exact average of everything,
+    // the 0.4s under the threshold included (none of them left in the residual).
+    std::fill(grad.begin(), grad.end(), 0.4f);
+    std::fill(grad.begin(), grad.begin() + 60, own);
     ddp.synchronize();
     mine.push_back(grad);
-    // Step 1: three entries pass (3 x 2 < 100): sparse; the 0.01s wait in the residual.
-    std::fill(grad.begin(), grad.end(), 0.01f * own);
-    grad[7] = grad[40] = grad[93] = 5.0f * own;
+    // Step 1: three entries pass (3 x 2 < 100): sparse. The 0.2s wait in the residual (had step 0
+    // left its 0.4s there, they would pass now: 0.6).
+    std::fill(grad.begin(), grad.end(), 0.2f);
+    grad[7] = grad[70] = grad[93] = 5.0f * own;
     ddp.synchronize();
     mine.push_back(grad);
-    // Step 2: nothing new; the residual (0.01 x own, under 0.5) is not sent.
+    // Step 2: nothing new; the residual (0.2, under 0.5) is not sent.
     std::fill(grad.begin(), grad.end(), 0.0f);
     ddp.synchronize();
     mine.push_back(grad);
@@ -487,9 +490,11 @@ TEST(Compression, ThresholdAveragesWholeAtAStepWhereSparseWouldSendMore) {
     results[g.rank()] = mine;
   });
   EXPECT_EQ(results[0], results[1]);
-  EXPECT_EQ(results[0].at(0), std::vector<float>(kN, 1.5f));
+  std::vector<float> dense(kN, 0.4f);
+  std::fill(dense.begin(), dense.begin() + 60, 1.5f);
+  EXPECT_EQ(results[0].at(0), dense);
   std::vector<float> sparse(kN, 0.0f);
-  sparse[7] = sparse[40] = sparse[93] = 7.5f;
+  sparse[7] = sparse[70] = sparse[93] = 7.5f;
   EXPECT_EQ(results[0].at(1), sparse) << "step 0 left no residual; the small entries wait";
   EXPECT_EQ(results[0].at(2), std::vector<float>(kN, 0.0f));
   EXPECT_EQ(stats[0].dense_exchanges, 1u);
@@ -844,7 +849,9 @@ INSTANTIATE_TEST_SUITE_P(Fp16Overflow, NonFinite,
 
 INSTANTIATE_TEST_SUITE_P(
     EveryLossyMode, NonFinite,
-    ::testing::Combine(::testing::Values("fp16", "bf16", "topk:0.1", "threshold:0.6", "powersgd:2"),
+    // topk:0.6 (63 x 2 >= 104) and PowerSGD's warm-up go through the dense exchange.
+    ::testing::Combine(::testing::Values("fp16", "bf16", "topk:0.1", "threshold:0.6", "powersgd:2",
+                                         "topk:0.6", "powersgd:2:8"),
                        ::testing::Values(std::numeric_limits<float>::quiet_NaN(),
                                          std::numeric_limits<float>::infinity())),
     [](const auto& info) {

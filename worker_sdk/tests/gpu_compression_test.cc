@@ -171,8 +171,9 @@ TEST_P(GpuCompression, TheInfNanGuardOnTheDeviceIsTheHosts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryLossyMode, GpuCompression,
+                         // topk:1 and the warm-up: the dense exchange (a ring all-reduce).
                          ::testing::Values("fp16", "bf16", "topk:0.05", "topk:0.3", "threshold:1.5",
-                                           "powersgd:2"),
+                                           "powersgd:2", "topk:1", "powersgd:2:2"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) {

@@ -42,10 +42,11 @@ class Lossy : public BucketCompressor {
  protected:
   float inverse_world() const { return 1.0f / static_cast<float>(ops_.world()); }
 
-  // The bucket averaged whole, in float32, as without compression: everything is sent, so the
-  // residual empties. acc_ must hold the gradients plus the residual (widen_add).
+  // The bucket averaged whole, in float32, by the ring all-reduce whose cost dense_is_cheaper()
+  // weighs (not all_sum's all-gather, which costs (W - 1) n): everything is sent, so the residual
+  // empties. acc_ must hold the gradients plus the residual (widen_add).
   void exchange_dense(void* flat) {
-    ops_.all_sum(acc_, DataType::kFloat32, n_, acc_);
+    ops_.all_reduce(acc_, n_, DataType::kFloat32, ReduceOp::kSum);
     ops_.scale(acc_, n_, inverse_world());
     ops_.zero(residual_, n_ * sizeof(float));
     guard(acc_);
@@ -227,8 +228,9 @@ class PowerSgd final : public Lossy {
   void exchange(void* flat) override {
     ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
     if (warmed_ < warmup_) {
-      ++warmed_;
-      return exchange_dense(flat);
+      exchange_dense(flat);
+      ++warmed_;  // once done: an exchange a failure interrupted is redone as it was
+      return;
     }
     if (!q_ready_) start_q();
     float* p = first_message_;

@@ -13,11 +13,12 @@
 //                   (shape[0] x the rest) is sent as P = M Q and Q = M^T P of rank RANK, with warm
 //                   start (Q kept from the last step); one-dimensional parameters, and those where
 //                   (rows + cols) x RANK x 2 >= rows x cols, are sent uncompressed. The first
-//                   WARMUP steps (default 0) are averaged whole, as torch's start_powerSGD_iter
+//                   WARMUP steps (none when omitted) are averaged whole, as torch's
+//                   start_powerSGD_iter
 // The sparse modes send (index, value) pairs, all-gathered: k pairs from each of the world's W
-// ranks cost as much as a dense all-reduce once k x W reaches n. A bucket where they would cost
-// more is averaged whole instead (top-k: decided once, and said; threshold: at each step, from the
-// largest count), with nothing left in its residual.
+// ranks cost as much as a ring all-reduce of the bucket in float32 once k x W reaches n. A bucket
+// where they would cost more is averaged whole instead, by that all-reduce (top-k: decided once,
+// and said; threshold: at each step, from the largest count), with nothing left in its residual.
 // Every lossy mode keeps an error-feedback residual per bucket: what a step did not send is added
 // to the next step's gradient, so nothing is lost for good. An inf or NaN never poisons that
 // state: a bucket whose average holds one is not applied (its averaged gradients are zeros, as a
@@ -45,8 +46,8 @@ struct Compression {
   double ratio = 0;          // kTopK
   float threshold = 0;       // kThreshold
   int rank = 0;              // kPowerSgd
-  std::uint64_t warmup = 0;  // kPowerSgd: the first steps, averaged whole
   std::uint64_t seed = 0;    // kPowerSgd: the random start of Q (the same on every rank)
+  std::uint64_t warmup = 0;  // kPowerSgd: the first steps, averaged whole (0: none)
 
   // Parses a spec as above; std::invalid_argument with a one-line message on anything else.
   static Compression parse(std::string_view spec);

@@ -96,7 +96,8 @@ struct CommunicationStats {
   // What the group's transport counted instead of the formulas (ProcessGroup::
   // transport_bytes_sent(): Gloo's TCP payload, its framing included), since the DDP was built
   // (its first broadcast not counted), collectives the program ran on the same group between
-  // included; nullopt where the backend cannot tell (NCCL).
+  // included; counted as the kernel transmits, so a step's last bytes may count in the next;
+  // nullopt where the backend cannot tell (NCCL).
   std::optional<std::uint64_t> transport_bytes_sent;
   std::uint64_t bytes_per_step() const { return steps ? bytes_sent / steps : 0; }
   std::optional<std::uint64_t> transport_bytes_per_step() const {
@@ -131,7 +132,9 @@ class DistributedDataParallel {
   void average_parameters();
 
   // The state a restart needs to continue bit-identically: the compression and sync specs, the
-  // step counter of the sync strategy, each bucket's residual and PowerSGD's Q. Rank-specific.
+  // step counter of the sync strategy, each bucket's residual, PowerSGD's Q and its warm-up count.
+  // Rank-specific; every rank must load the state it saved at the same step as the others (a
+  // warm-up count that differs between ranks would have them run different collectives).
   // Call between steps.
   std::string state() const;
   // What state() returned, on the same rank of a job with the same model, world size, compression

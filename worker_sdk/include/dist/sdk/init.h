@@ -35,7 +35,8 @@ Distributed init(Backend backend = Backend::kGloo);
 // groups throw CollectiveError on a failure instead of exiting, so that the group can be rebuilt.
 // The process ignores SIGPIPE from here on (unless the program handles it, as Python does for
 // torch workers): a write to a dead peer fails, naming the peer, instead of killing the survivor
-// with no word of why (exit 141).
+// with no word of why (exit 141). Programs the worker starts inherit the ignored SIGPIPE (exec
+// keeps it); one that relies on dying of it (a producer piped into `head`) restores it.
 // `timeout` bounds forming the group (connecting to the store: connect_store's default).
 std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
                                          std::chrono::milliseconds timeout);

@@ -137,7 +137,8 @@ class ProcessGroup {
   virtual int cuda_device() const { return -1; }
   // What this rank's connections to its peers have sent so far, as the transport counts it
   // (Gloo: the TCP payload bytes of its sockets, framing and retransmissions included); nullopt
-  // where the backend cannot tell (NCCL: NVLink, shared memory and its own sockets are its own).
+  // where the backend cannot tell (NCCL: NVLink, shared memory and its own sockets are its own;
+  // Gloo with more than two ranks in one process, whose connections it cannot tell apart).
   virtual std::optional<std::uint64_t> transport_bytes_sent() const { return std::nullopt; }
 
   // Every collective takes `stream` last: see the top of this file. Its default binds to this

@@ -5,7 +5,9 @@ temporary file, then renamed) every --checkpoint-every steps, every rank resumin
 No import of dist-launch's: it runs as well under torchrun.
 
 With --snapshots it also keeps dist_launch.snapshot snapshots at those steps (every rank its own)
-and resumes from the newest one before looking at the disk.
+and resumes from the newest one before looking at the disk. With --in-place it recovers in place
+instead (dist_launch.elastic, for `dist-launch --restart-policy in-place`): the same model, batches
+and steps, its state committed after every step, no checkpoint; the same final weights.
 
 Each rank prints "rank R step N done at T" (T: time.time()) as each step completes, its pid at
 start, and at the end the SHA-256 of its final weights (torchrun does not prefix the lines).
@@ -81,7 +83,11 @@ def main():
     ap.add_argument("--step-seconds", type=float, default=0.0,
                     help="sleep this long in each step (a step's time on a real model)")
     ap.add_argument("--snapshots", action="store_true")
+    ap.add_argument("--in-place", action="store_true",
+                    help="recover in place through dist_launch.elastic (no checkpoint)")
     args = ap.parse_args()
+    if args.in_place:
+        return train_in_place(args)
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -93,20 +99,54 @@ def main():
     model = DDP(module)
     say(f"rank {rank} attempt {attempt} resumes after step {start} from {source}")
     for step in range(start + 1, args.steps + 1):
-        g = torch.Generator().manual_seed(1000 * step + rank)
-        x = torch.randn(args.batch, 64, generator=g)
-        y = x.sum(dim=1, keepdim=True).sin()
-        loss = ((model(x) - y) ** 2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if args.step_seconds:
-            time.sleep(args.step_seconds)
-        say(f"rank {rank} step {step} done at {time.time():.6f}")
+        train_step(args, model, optimizer, step, rank)
         if step % args.checkpoint_every == 0:
             save(args, step, module, optimizer, rank)
+    say_final(module, rank)
+    dist.destroy_process_group()
+    return 0
+
+
+def train_step(args, model, optimizer, step, rank):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(args.batch, 64, generator=g)
+    y = x.sum(dim=1, keepdim=True).sin()
+    loss = ((model(x) - y) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    if args.step_seconds:
+        time.sleep(args.step_seconds)
+    say(f"rank {rank} step {step} done at {time.time():.6f}")
+
+
+def say_final(module, rank):
     flat = torch.cat([p.detach().flatten() for p in module.parameters()])
     say(f"rank {rank} final weights sha256 {hashlib.sha256(flat.numpy().tobytes()).hexdigest()}")
+
+
+def train_in_place(args):
+    """The same training, recovered in place: a survivor keeps its process, a replacement takes
+    the lowest survivor's state (model, momentum, step) and the interrupted step is redone."""
+    from dist_launch import elastic
+    elastic.init_process_group("gloo")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    say(f"rank {dist.get_rank()} pid {os.getpid()} attempt {attempt} "
+        f"generation {os.environ.get('DIST_LAUNCH_GENERATION', '0')}")
+    module = build(args.hidden)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    state = elastic.TorchState(model=module, optimizer=optimizer, step=0)
+
+    @elastic.run
+    def train(state):
+        model = DDP(state.model)  # built for this entry's group
+        while state.step < args.steps:
+            train_step(args, model, state.optimizer, state.step + 1, dist.get_rank())
+            state.step += 1
+            state.commit()
+
+    train(state)
+    say_final(module, dist.get_rank())
     dist.destroy_process_group()
     return 0
 

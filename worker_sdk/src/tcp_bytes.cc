@@ -6,11 +6,13 @@
 #include <linux/tcp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
 #include <filesystem>
+#include <string_view>
 #include <system_error>
 
 namespace dist::sdk::detail {
@@ -40,10 +42,20 @@ std::string without_sequence(const std::string& address) {
   return address.substr(0, address.find('$'));
 }
 
+// The inode of socket `fd`, from its /proc link ("socket:[12345]"): a path, not the descriptor,
+// so that looking at descriptors other threads own (and may be closing) touches none of them.
 std::optional<std::uint64_t> inode_of(int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return std::nullopt;
-  return static_cast<std::uint64_t>(st.st_ino);
+  char target[64] = {};
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t length = ::readlink(link.c_str(), target, sizeof target - 1);
+  constexpr std::string_view kPrefix = "socket:[";
+  const std::string_view text(target, length > 0 ? static_cast<std::size_t>(length) : 0);
+  if (!text.starts_with(kPrefix) || !text.ends_with(']')) return std::nullopt;
+  std::uint64_t inode = 0;
+  const auto digits = text.substr(kPrefix.size(), text.size() - kPrefix.size() - 1);
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), inode);
+  if (error != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return inode;
 }
 
 }  // namespace

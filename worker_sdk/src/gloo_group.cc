@@ -76,8 +76,9 @@ class PeerDirectory {
   }
 
   // This rank's connections to the `size` - 1 others (Gloo keeps its sockets to itself: they are
-  // found by address, those accepted at this rank's address and those made to the others'), or
-  // nullopt while not every rank has published its address.
+  // found by address, those accepted at this rank's address and those made to the others');
+  // nullopt while not every rank has published its address (or the store cannot say), empty when
+  // they cannot be told apart (more than two ranks in one process): an answer for good.
   std::optional<std::vector<detail::TcpSocket>> sockets(int size) {
     std::vector<std::string> others;
     try {
@@ -92,7 +93,7 @@ class PeerDirectory {
     const auto expected = static_cast<std::size_t>(size - 1);
     if (others.size() != expected) return std::nullopt;
     auto found = detail::tcp_sockets_of(own_address_, others);
-    if (found.size() != expected) return std::nullopt;
+    if (found.size() != expected) found.clear();
     return found;
   }
 
@@ -327,10 +328,10 @@ class GlooProcessGroup : public ProcessGroup {
   std::optional<std::uint64_t> transport_bytes_sent() const override {
     if (!peers_) return 0;  // a group of one
     std::lock_guard lock(sockets_mutex_);
-    if (sockets_.empty()) sockets_ = peers_->sockets(size()).value_or(sockets_);
-    if (sockets_.empty()) return std::nullopt;
+    if (!sockets_) sockets_ = peers_->sockets(size());  // looked up once it can be answered
+    if (!sockets_ || sockets_->empty()) return std::nullopt;
     std::uint64_t total = 0;
-    for (const auto& socket : sockets_) {
+    for (const auto& socket : *sockets_) {
       const auto sent = detail::tcp_bytes_sent(socket);
       if (!sent) return std::nullopt;
       total += *sent;
@@ -527,7 +528,7 @@ class GlooProcessGroup : public ProcessGroup {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<PeerDirectory> peers_;  // null for a group of one
   mutable std::mutex sockets_mutex_;
-  mutable std::vector<detail::TcpSocket> sockets_;  // transport_bytes_sent()'s, once found
+  mutable std::optional<std::vector<detail::TcpSocket>> sockets_;  // transport_bytes_sent()'s
   std::uint32_t next_tag_ = 1;
   CommThread comm_;  // last: joined before the context goes
 };

@@ -138,10 +138,9 @@ class TopK final : public Lossy {
                : std::clamp<std::size_t>(
                      static_cast<std::size_t>(std::ceil(ratio * static_cast<double>(n_))), 1, n_)),
         always_dense_(n_ > 0 && dense_is_cheaper(k_)),
-        words_(always_dense_ ? 0 : 2 * k_),
-        message_(static_cast<std::int32_t*>(ops.allocate(words_ * sizeof(std::int32_t)))),
+        message_(static_cast<std::int32_t*>(ops.allocate(message_bytes()))),
         gathered_(static_cast<std::int32_t*>(
-            ops.allocate(words_ * static_cast<std::size_t>(ops.world()) * sizeof(std::int32_t)))) {}
+            ops.allocate(message_bytes() * static_cast<std::size_t>(ops.world())))) {}
 
   bool always_dense() const override { return always_dense_; }
 
@@ -158,9 +157,11 @@ class TopK final : public Lossy {
   }
 
  private:
+  // k (index, value) pairs; none where the bucket always goes whole.
+  std::size_t message_bytes() const { return always_dense_ ? 0 : 2 * k_ * sizeof(std::int32_t); }
+
   std::size_t k_;
   bool always_dense_;
-  std::size_t words_;  // of a message
   std::int32_t* message_;
   std::int32_t* gathered_;
 };

@@ -62,11 +62,11 @@ namespace {
 
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
-using dist::agent::Assignment;
 using dist::agent::JobShape;
 using dist::agent::NodeRendezvous;
 using dist::agent::RendezvousStore;
 using dist::agent::RendezvousTimeouts;
+using dist::agent::Round;
 using dist::agent::Task;
 using dist::agent::Verdict;
 using dist::agent::WatchResult;
@@ -235,7 +235,7 @@ class NodeSlice {
             co_return;
           }
           const Verdict v = co_await node(i)->decide(assignments_[slot], 0);
-          const Assignment next =
+          const Round next =
               co_await node(i)->join_elastic(assignments_[slot].round + 1, assignments_[slot]);
           result.regrouped = std::max(result.regrouped, Clock::now());
           if (v.action == Verdict::kReshape && next.num_nodes == n_ - 1) {
@@ -271,7 +271,7 @@ class NodeSlice {
   bool elastic_;
   RendezvousTimeouts timeouts_;
   std::vector<std::optional<NodeRendezvous>> nodes_;
-  std::vector<Assignment> assignments_;
+  std::vector<Round> assignments_;
   bool closed_ = false;
 };
 

@@ -458,9 +458,9 @@ bool is_extra_slurm_task(const SlurmJob& slurm, const RawOptions& r, std::ostrea
 void fill_from_slurm(const SlurmJob& slurm, RawOptions& r) {
   if (!r.was_given("--nnodes")) r.nnodes = std::to_string(slurm.nnodes);
   if (!r.was_given("--node-rank")) r.node_rank = std::to_string(slurm.node_rank);
-  if (!r.was_given("--master-addr")) r.master_addr = slurm.master_addr;
+  if (!r.was_given("--master-addr")) r.master_addr = slurm.master.host;
   if (!r.was_given("--master-port") && slurm.nnodes > 1) {
-    r.master_port = std::to_string(slurm.master_port);
+    r.master_port = std::to_string(slurm.master.port);
   }
   if (!r.was_given("--rdzv-id")) r.rdzv_id = slurm.run_id();
   if (!r.was_given("--local-addr") && !slurm.node_name.empty()) r.local_addr = slurm.node_name;

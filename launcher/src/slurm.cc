@@ -94,8 +94,7 @@ std::optional<SlurmJob> slurm_job_from_environment() {
   job.nnodes = nnodes.empty() ? 1 : static_cast<int>(count(nodes_from, nnodes));
   job.node_rank = node_id.empty() ? 0 : static_cast<int>(count("SLURM_NODEID", node_id));
   job.local_task = local_id.empty() ? 0 : static_cast<int>(count("SLURM_LOCALID", local_id));
-  job.master_addr = first_host(nodelist);
-  job.master_port = slurm_port(job.job_id, job.step_id);
+  job.master = {first_host(nodelist), slurm_port(job.job_id, job.step_id)};
   job.node_name = first_of({"SLURMD_NODENAME"});
   if (job.nnodes < 1 || job.node_rank >= job.nnodes) {
     throw std::invalid_argument("SLURM_NODEID='" + node_id + "', " + nodes_from + "='" + nnodes +

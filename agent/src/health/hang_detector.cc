@@ -53,7 +53,7 @@ std::string read_from(const fs::path& path, std::uintmax_t offset) {
   return text;
 }
 
-std::string describe(const WorkerRef& w) {
+std::string describe(const Worker& w) {
   return fmt::format("rank {} (local rank {}, pid {})", w.rank, w.local_rank, w.pid);
 }
 
@@ -73,7 +73,7 @@ HangDetector::HangDetector(boost::asio::io_context& io, HangOptions options,
       sampler_(io),
       investigation_(io) {}
 
-void HangDetector::started(const WorkerRef& worker, fs::path stack_file) {
+void HangDetector::started(const Worker& worker, fs::path stack_file) {
   Watched& w = workers_[worker.local_rank];
   w = Watched{};
   w.worker = worker;

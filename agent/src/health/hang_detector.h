@@ -78,7 +78,7 @@ class HangDetector {
   HangDetector(const HangDetector&) = delete;
   HangDetector& operator=(const HangDetector&) = delete;
 
-  void started(const WorkerRef& worker, std::filesystem::path stack_file);
+  void started(const Worker& worker, std::filesystem::path stack_file);
   void exited(int local_rank);
   void stopping();  // the group stops: no sampling, no investigation until the next start
 
@@ -92,7 +92,7 @@ class HangDetector {
 
  private:
   struct Watched {
-    WorkerRef worker;
+    Worker worker;
     std::filesystem::path stack_file;
     bool running = false;
     std::chrono::nanoseconds started_at{0};

@@ -40,7 +40,7 @@ inline constexpr double kIdleCpuShare = 0.10;        // of one core: less is no 
 inline constexpr double kMinProvenWaitSeconds = 10;  // blocked at least this long for a proof
 
 struct RankLook {
-  WorkerRef worker;
+  Worker worker;
   SlotReading first, second;
   ProcessActivity before, after;                           // at the first look and the second
   std::optional<std::string> stacks_first, stacks_second;  // what each signal made it dump

@@ -36,7 +36,7 @@ std::optional<double> ProgressHistory::measure(Counter& c, bool fresh,
 
 void ProgressHistory::add(double now, int round, const std::vector<RankStatus>& workers) {
   for (const auto& w : workers) {
-    auto it = ranks_.find(w.rank);
+    auto it = ranks_.find(w.worker.rank);
     if (it == ranks_.end()) {
       if (ranks_.size() >= max_ranks_) {  // make room: the rank sampled longest ago goes
         const auto oldest = std::min_element(ranks_.begin(), ranks_.end(), [](auto& a, auto& b) {
@@ -44,7 +44,7 @@ void ProgressHistory::add(double now, int round, const std::vector<RankStatus>& 
         });
         ranks_.erase(oldest);
       }
-      it = ranks_.emplace(w.rank, Rank{}).first;
+      it = ranks_.emplace(w.worker.rank, Rank{}).first;
       it->second.round = round;
     }
     Rank& r = it->second;

@@ -78,8 +78,8 @@ double wall_clock() {
 
 RankStatus rank_status(const WorkerProgress& p) {
   RankStatus r;
-  r.rank = p.worker.rank;
-  r.local_rank = p.worker.local_rank;
+  r.worker.rank = p.worker.rank;
+  r.worker.local_rank = p.worker.local_rank;
   if (p.steps > 0 || p.since_step) r.steps = p.steps;
   r.steps_per_second = p.steps_per_second;
   r.step_seconds = p.step_seconds;
@@ -96,7 +96,7 @@ RankStatus rank_status(const WorkerProgress& p) {
   return r;
 }
 
-nlohmann::ordered_json worker_fields(const WorkerRef& w) {
+nlohmann::ordered_json worker_fields(const Worker& w) {
   return {{"round", w.round}, {"rank", w.rank}, {"local_rank", w.local_rank}, {"pid", w.pid}};
 }
 
@@ -273,7 +273,7 @@ void Telemetry::state(std::string_view name) {
   state_ = name;
 }
 
-void Telemetry::round_joined(const Assignment& a) {
+void Telemetry::round_joined(const Round& a) {
   round_ = a;
   log("rendezvous", {{"round", a.round},
                      {"node_rank", a.node_rank},
@@ -283,7 +283,7 @@ void Telemetry::round_joined(const Assignment& a) {
                      {"restart_count", a.restarts}});
 }
 
-void Telemetry::worker_started(const WorkerRef& w) {
+void Telemetry::worker_started(const Worker& w) {
   ++workers_alive_;
   ++worker_starts_;
   auto fields = worker_fields(w);
@@ -291,8 +291,7 @@ void Telemetry::worker_started(const WorkerRef& w) {
   log("worker_start", fields);
 }
 
-void Telemetry::worker_exited(const WorkerRef& w, int code, bool failed,
-                              const std::string& reason) {
+void Telemetry::worker_exited(const Worker& w, int code, bool failed, const std::string& reason) {
   --workers_alive_;
   if (failed) ++worker_failures_;
   auto fields = worker_fields(w);
@@ -303,7 +302,7 @@ void Telemetry::worker_exited(const WorkerRef& w, int code, bool failed,
   log("worker_exit", fields);
 }
 
-void Telemetry::timer_expired(const WorkerRef& w, const TimerExpiry& timer) {
+void Telemetry::timer_expired(const Worker& w, const TimerExpiry& timer) {
   ++timer_expirations_;
   auto fields = worker_fields(w);
   fields["pid"] = timer.pid;
@@ -312,7 +311,7 @@ void Telemetry::timer_expired(const WorkerRef& w, const TimerExpiry& timer) {
   log("timer_expired", fields);
 }
 
-void Telemetry::worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent, int signal) {
+void Telemetry::worker_hung(const Worker& w, std::chrono::nanoseconds silent, int signal) {
   ++hung_workers_;
   auto fields = worker_fields(w);
   fields["silent_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(silent).count();
@@ -353,8 +352,7 @@ void Telemetry::hang_cleared(std::chrono::nanoseconds silent) {
       {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()}});
 }
 
-void Telemetry::straggler(const WorkerRef& w, bool flagged, double ratio,
-                          std::string_view measure) {
+void Telemetry::straggler(const Worker& w, bool flagged, double ratio, std::string_view measure) {
   auto fields = worker_fields(w);
   fields["straggler"] = flagged;
   fields["ratio"] = ratio;

@@ -121,20 +121,10 @@ inline constexpr std::array<std::string_view, 12> kAgentStateNames = {
     "init",         "rendezvous",  "running",    "replacing", "regrouping", "stopping",
     "exit_barrier", "round_ended", "restarting", "succeeded", "failed",     "exit"};
 
-// A worker, as the events name it.
-struct WorkerRef {
-  int round = 0;
-  int rank = 0;
-  int local_rank = 0;
-  pid_t pid = -1;
-  // Workers that are generations of their group (in place): the one it joined at start.
-  std::optional<int> generation = std::nullopt;
-};
-
 // A running worker's progress, as its slot says (dist/contract/worker_contract.h): for the
 // metrics, the health check, the status page and `dist-launch status`.
 struct WorkerProgress {
-  WorkerRef worker;
+  Worker worker;
   std::optional<std::chrono::nanoseconds> silence;  // since its last beat; none before the first
   std::uint64_t beats = 0;
   // Training steps (dist::sdk::step(), dist_launch.progress.step(), torch's optimizer-step hook).
@@ -155,7 +145,7 @@ struct WorkerProgress {
 // One rank of a hang investigation (hang_detector.h): where it was, what it was doing, and
 // whether it is the cause.
 struct HangRank {
-  WorkerRef worker;
+  Worker worker;
   bool cause = false;
   bool waiting = false;
   std::string where;
@@ -203,15 +193,15 @@ class Telemetry {
 
   void job_started();
   void state(std::string_view name);  // the agent's lifecycle state, for the metrics
-  void round_joined(const Assignment& a);
-  void worker_started(const WorkerRef& w);
-  void worker_exited(const WorkerRef& w, int code, bool failed, const std::string& reason);
-  void timer_expired(const WorkerRef& w, const TimerExpiry& timer);
-  void worker_hung(const WorkerRef& w, std::chrono::nanoseconds silent, int signal);
+  void round_joined(const Round& a);
+  void worker_started(const Worker& w);
+  void worker_exited(const Worker& w, int code, bool failed, const std::string& reason);
+  void timer_expired(const Worker& w, const TimerExpiry& timer);
+  void worker_hung(const Worker& w, std::chrono::nanoseconds silent, int signal);
   void hang(const HangReport& report);
   // Every rank made progress again after a reported hang.
   void hang_cleared(std::chrono::nanoseconds silent);
-  void straggler(const WorkerRef& w, bool flagged, double ratio, std::string_view measure);
+  void straggler(const Worker& w, bool flagged, double ratio, std::string_view measure);
   // The ranks flagged as stragglers during the job, one line each (for the end of the job);
   // empty when none was.
   std::vector<std::string> straggler_summary() const;
@@ -220,7 +210,7 @@ class Telemetry {
   struct InPlaceRestart {
     int round = 0;
     int generation = 0;
-    WorkerRef failed;
+    Worker failed;
     int exit_code = 0;
     pid_t new_pid = -1;
     std::vector<int> survivors;
@@ -278,7 +268,7 @@ class Telemetry {
   double started_ = 0;  // wall-clock seconds
 
   std::string state_ = "init";
-  Assignment round_;  // the round joined last (before one: num_nodes 0)
+  Round round_;  // the round joined last (before one: num_nodes 0)
   int workers_alive_ = 0;
   std::uint64_t worker_starts_ = 0;
   std::uint64_t worker_failures_ = 0;

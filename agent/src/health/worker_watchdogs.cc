@@ -24,7 +24,7 @@ bool is_stopped(pid_t pid) {
   return state == 'T' || state == 't';
 }
 
-std::string describe(const WorkerRef& w) {
+std::string describe(const Worker& w) {
   return fmt::format("worker {} (local rank {}, pid {})", w.rank, w.local_rank, w.pid);
 }
 
@@ -74,7 +74,7 @@ void WorkerWatchdogs::prepare(int local_rank, const std::filesystem::path& dir, 
   }
 }
 
-void WorkerWatchdogs::started(const WorkerRef& worker) {
+void WorkerWatchdogs::started(const Worker& worker) {
   running_ = true;
   if (static_cast<std::size_t>(worker.local_rank) >= workers_.size()) {
     workers_.resize(static_cast<std::size_t>(worker.local_rank) + 1);

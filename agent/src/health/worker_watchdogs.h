@@ -53,7 +53,7 @@ class WorkerWatchdogs {
   // must inherit.
   void prepare(int local_rank, const std::filesystem::path& dir, Variables& env,
                std::vector<int>& fds);
-  void started(const WorkerRef& worker);
+  void started(const Worker& worker);
   void exited(int local_rank);
   void stopping();
   // In-place: the running workers are asked to recover at their next unit of work, into the
@@ -71,7 +71,7 @@ class WorkerWatchdogs {
 
  private:
   struct Watched {
-    WorkerRef worker;
+    Worker worker;
     bool running = false;
     std::string reason;
     bool collateral = false;

@@ -165,7 +165,7 @@ class Agent {
       case State::kFailed:
         if (!rounds_->several_nodes()) return report(now_.failures);
         return steps_.launch(
-            rounds_->collect_failures(now_.round.value_or(Assignment{}), failure_summary()),
+            rounds_->collect_failures(now_.round.value_or(Round{}), failure_summary()),
             [this](std::vector<WorkerFailure> all) {
               on(event::FailuresCollected{std::move(all)});
             });
@@ -185,7 +185,7 @@ class Agent {
                      prepared_ = true;
                      feed(Input::kPrepared);
                    },
-                   [&](event::Joined& j) { on_joined(std::move(j.assignment)); },
+                   [&](event::Joined& j) { on_joined(std::move(j.round)); },
                    [&](event::WorkersFailed& f) { on_workers_failed(std::move(f.failures)); },
                    [&](event::StartFailed& f) {
                      if (now_.state != State::kRunning) return;
@@ -223,7 +223,7 @@ class Agent {
                e);
   }
 
-  void on_joined(Assignment a) {
+  void on_joined(Round a) {
     if (now_.state != State::kRendezvous) return;
     now_.restart_count = a.restarts;
     telemetry_->round_joined(a);
@@ -441,7 +441,7 @@ class Agent {
 
   void begin_round() {
     steps_.launch(rounds_->join(now_.restart_count, now_.round),
-                  [this](Assignment a) { on(event::Joined{std::move(a)}); });
+                  [this](Round a) { on(event::Joined{std::move(a)}); });
   }
 
   void restart() {
@@ -481,7 +481,7 @@ class Agent {
     const std::vector<WorkerFailure>& failures = now_.failures;
     if (failures.empty()) return "round " + std::to_string(round_number()) + " failed";
     const auto& root = failures[root_cause_index(failures)];
-    return "worker " + std::to_string(root.rank) + " on " + root.host + " failed";
+    return "worker " + std::to_string(root.worker.rank) + " on " + root.host + " failed";
   }
   int round_number() const { return now_.round ? now_.round->round : 0; }
 

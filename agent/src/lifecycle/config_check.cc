@@ -17,7 +17,7 @@ namespace dist::agent {
 void check(const LaunchConfig& config) {
   plan_worker_resources(config.nproc_per_node, config.devices, config.placement,
                         config.omp_threads_defaulted);
-  render_log_line_prefix(config.log_line_prefix_template, {config.role, 0, 0, "host"});
+  render_log_line_prefix(config.log_line_prefix_template, {config.role, Worker{}, "host"});
   if (config.rdzv_backend == RendezvousBackend::kEtcdV3) etcd_options(config.etcd, {});
 }
 

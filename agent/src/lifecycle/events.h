@@ -18,7 +18,7 @@ namespace dist::agent {
 namespace event {
 struct Prepared {};  // the stores and the rendezvous session are ready
 struct Joined {
-  Assignment assignment;
+  Round round;
 };
 struct WorkersFailed {
   std::vector<WorkerFailure> failures;

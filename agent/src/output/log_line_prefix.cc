@@ -50,9 +50,9 @@ std::string render_log_line_prefix(std::string_view template_text,
     if (name == "role_name") {
       out += values.role_name;
     } else if (name == "rank") {
-      out += std::to_string(values.rank);
+      out += std::to_string(values.worker.rank);
     } else if (name == "local_rank") {
-      out += std::to_string(values.local_rank);
+      out += std::to_string(values.worker.local_rank);
     } else if (name == "hostname") {
       out += values.hostname;
     } else {

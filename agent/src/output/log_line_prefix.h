@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "dist/agent/config.h"
+#include "dist/agent/vocabulary.h"
 
 namespace dist::agent {
 
@@ -22,8 +23,7 @@ std::string default_log_line_prefix(const std::string& role, int local_rank);
 // What a template's variables stand for, for one worker.
 struct LogLinePrefixValues {
   std::string role_name;
-  int rank = 0;  // the global rank
-  int local_rank = 0;
+  Worker worker;         // ${rank} and ${local_rank}
   std::string hostname;  // the short host name, as torchrun 2.x's ${hostname}
 };
 

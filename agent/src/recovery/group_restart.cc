@@ -5,7 +5,7 @@
 namespace dist::agent {
 
 void GroupRestart::start_workers() {
-  const Assignment& round = *p_.now.round;
+  const Round& round = *p_.now.round;
   p_.group->start(round, p_.rounds.workers_store(round));
 }
 

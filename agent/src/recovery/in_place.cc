@@ -15,7 +15,7 @@ void InPlace::add_facts(Facts& facts) const {
 
 void InPlace::start_workers() {
   g_.latest = 0;
-  const Assignment& round = *p_.now.round;
+  const Round& round = *p_.now.round;
   // A round that continues the job's running workers (they regrouped with this node in it): this
   // node's workers join them, as the generation node 0 names.
   const bool joins = joining_.begin(round);
@@ -66,17 +66,17 @@ void InPlace::explain_fallback(bool recovering) {
   const std::vector<WorkerFailure>& failures = p_.now.failures;
   std::string why;
   if (recovering) {
-    why = "worker " + std::to_string(failures.front().rank) +
+    why = "worker " + std::to_string(failures.front().worker.rank) +
           " failed during the in-place recovery of worker " + std::to_string(replacing_rank_) +
           (generation_claimed_ ? " (generation " + std::to_string(g_.latest) + ")" : "");
   } else if (joining_.unjoined()) {
-    why = "worker " + std::to_string(failures.front().rank) +
+    why = "worker " + std::to_string(failures.front().worker.rank) +
           " failed before the running workers took it in as generation " +
           std::to_string(g_.latest);
   } else if (failures.size() > 1) {
     why = std::to_string(failures.size()) + " workers failed at once";
   } else {
-    why = "worker " + std::to_string(failures.front().rank) + " failed";
+    why = "worker " + std::to_string(failures.front().worker.rank) + " failed";
   }
   const int max_restarts = p_.config.max_restarts;
   const bool left = restarts_used() < max_restarts;
@@ -95,7 +95,7 @@ void InPlace::explain_fallback(bool recovering) {
 // it and give it their state; the group's new root then says it recovered.
 
 void InPlace::replace() {
-  replacing_rank_ = p_.now.failures.front().rank;
+  replacing_rank_ = p_.now.failures.front().worker.rank;
   generation_claimed_ = false;
   peers_check_ = false;
   const auto claim = [this] {
@@ -117,7 +117,7 @@ void InPlace::worker_succeeded() {
 // A world of one has no peer to have finished: its failure is recovered (or fails) as any other.
 bool InPlace::peers_may_have_finished() const {
   return p_.now.round->world_size > 1 &&
-         p_.group->others_exited(p_.now.failures.front().local_rank);
+         p_.group->others_exited(p_.now.failures.front().worker.local_rank);
 }
 
 // This node's other workers have all finished: the other nodes' too? Then the job is done (said
@@ -140,11 +140,11 @@ void InPlace::end_as_done(const std::string& when) {
   if (generation_claimed_ && p_.rounds.several_nodes()) {  // the job's recovery was claimed
     p_.steps.fire_and_forget(p_.rounds.recovery_over(*p_.now.round), "ending the recovery");
   }
-  const std::string why = "worker " + std::to_string(failed.rank) + " (local rank " +
-                          std::to_string(failed.local_rank) + ") failed " + when +
+  const std::string why = "worker " + std::to_string(failed.worker.rank) + " (local rank " +
+                          std::to_string(failed.worker.local_rank) + ") failed " + when +
                           ": nothing is left to recover in place, and the job is done";
   spdlog::warn("{}", why);
-  p_.telemetry->in_place_job_done(p_.now.round->round, failed.rank, why);
+  p_.telemetry->in_place_job_done(p_.now.round->round, failed.worker.rank, why);
   p_.feed(Input::kJobFinished);
 }
 
@@ -167,7 +167,7 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
 
 void InPlace::on_claimed(const Claim& c) {
   if (p_.now.state != State::kReplacing) return;
-  const std::string worker = "worker " + std::to_string(p_.now.failures.front().rank);
+  const std::string worker = "worker " + std::to_string(p_.now.failures.front().worker.rank);
   if (!c.replacements) {
     return give_up_replacing(worker + (c.under_way == Recovery::kRegroup
                                            ? " failed while the group regroups in place"
@@ -205,16 +205,16 @@ void InPlace::give_up_replacing(const std::string& why) {
 }
 
 void InPlace::start_replacement() {
-  const Assignment& round = *p_.now.round;
+  const Round& round = *p_.now.round;
   const WorkerFailure& failed = p_.now.failures.front();
   const int generation = g_.latest;
-  const int failed_generation = p_.group->generation_of(failed.local_rank);
+  const int failed_generation = p_.group->generation_of(failed.worker.local_rank);
   InPlaceReplacement r{failed, generation, -1, {}};
   for (int rank = 0; rank < round.world_size; ++rank) {
-    if (rank != failed.rank) r.survivors.push_back(rank);
+    if (rank != failed.worker.rank) r.survivors.push_back(rank);
   }
   try {
-    r.new_pid = p_.group->replace(failed.local_rank, generation);
+    r.new_pid = p_.group->replace(failed.worker.local_rank, generation);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return p_.feed(Input::kStartFailed);
@@ -226,19 +226,19 @@ void InPlace::start_replacement() {
   spdlog::warn(
       "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of {}); "
       "ranks {} keep running",
-      failed.rank, failed.local_rank, r.new_pid, generation, restarts_used(),
+      failed.worker.rank, failed.worker.local_rank, r.new_pid, generation, restarts_used(),
       p_.config.max_restarts, survivors.empty() ? "none" : survivors);
   if (p_.config.print_failure_report) {
     p_.console->write(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
   }
-  p_.telemetry->in_place_restart(
-      {round.round, generation,
-       WorkerRef{round.round, failed.rank, failed.local_rank, failed.pid, failed_generation},
-       failed.exit_code, r.new_pid, r.survivors, restarts_used()});
+  p_.telemetry->in_place_restart({round.round, generation,
+                                  Worker{round.round, failed.worker.rank, failed.worker.local_rank,
+                                         failed.worker.pid, failed_generation},
+                                  failed.exit_code, r.new_pid, r.survivors, restarts_used()});
   replaced_.push_back(std::move(r));
   p_.steps.launch(
       g_.store->publish_and_wait(
-          generation, "replaced=" + std::to_string(failed.rank) + " survivors=" + survivors,
+          generation, "replaced=" + std::to_string(failed.worker.rank) + " survivors=" + survivors,
           p_.config.in_place_timeout),
       [this](RecoveryOutcome o) { on_recovered(o); });
 }
@@ -257,8 +257,8 @@ void InPlace::on_recovered(const RecoveryOutcome& o) {
   const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - failed_at_);
   spdlog::info("generation {}: the group is whole again, {} ms after worker {} failed ({})",
-               r.generation, stall.count(), r.failure.rank, o.record);
-  p_.telemetry->in_place_recovered(round, r.generation, r.failure.rank, stall, o.record);
+               r.generation, stall.count(), r.failure.worker.rank, o.record);
+  p_.telemetry->in_place_recovered(round, r.generation, r.failure.worker.rank, stall, o.record);
   p_.steps.fire_and_forget(p_.rounds.recovery_over(*p_.now.round), "ending the in-place recovery");
   p_.feed(Input::kRecovered);
 }

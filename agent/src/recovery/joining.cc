@@ -8,7 +8,7 @@ namespace dist::agent {
 
 void Joining::watching() {
   if (!unjoined_) return;
-  const Assignment& round = *p_.now.round;
+  const Round& round = *p_.now.round;
   spdlog::info(
       "round {} continues the job's running workers: this node's workers join them as the "
       "generation node 0 names",
@@ -33,7 +33,7 @@ Task<Joining::Named> Joining::named_generation(int round) {
 
 void Joining::on_generation_named(const Named& n) {
   if (p_.now.state != State::kRunning) return;  // (the round ended first: the wait was closed)
-  const Assignment& round = *p_.now.round;
+  const Round& round = *p_.now.round;
   if (n.name && n.name->finished) return job_finished_before_joining(round.round, 0);
   if (!n.name) {  // the others' regroup did not go on: the round starts over with all
     const std::string why = "this node cannot join the running workers (" + n.why +
@@ -81,7 +81,7 @@ Task<bool> Joining::taken_in(int round, int generation) {
 
 // A client of its own, which STOPPING leaves open.
 void Joining::say_arrival_failed() {
-  const Assignment& round = *p_.now.round;
+  const Round& round = *p_.now.round;
   arrival_failed_.emplace(p_.io, p_.config.run_id, p_.config.secret, p_.rounds.workers_store(round),
                           round.restarts);
   p_.steps.fire_and_forget(

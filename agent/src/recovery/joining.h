@@ -19,7 +19,7 @@ class Joining {
   Joining(RecoveryParts& parts, RoundGenerations& round) : p_(parts), g_(round) {}
 
   // RUNNING, before the workers start: whether they join running ones (start_joining).
-  bool begin(const Assignment& round) { return unjoined_ = round.continues; }
+  bool begin(const Round& round) { return unjoined_ = round.continues; }
   // The round's watch runs: a joining node waits for the generation node 0 names.
   void watching();
   // Not yet taken in by the running workers.

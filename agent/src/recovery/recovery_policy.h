@@ -37,7 +37,7 @@ namespace dist::agent {
 // regroup moves it on to the round it joined.
 struct AgentRecord {
   State state = State::kInit;
-  std::optional<Assignment> round;      // the round this node is in, or was in last
+  std::optional<Round> round;           // the round this node is in, or was in last
   int restart_count = 0;                // group restarts (the workers' TORCHELASTIC_RESTART_COUNT)
   std::vector<WorkerFailure> failures;  // the last failures reaped (the report's)
   StopReason stop_reason = StopReason::kAllSucceeded;  // why STOPPING was entered

@@ -14,7 +14,7 @@ void Regroup::begin() {
   p_.steps.launch(join_survivors(*p_.now.round), [this](Join j) { on_joined(std::move(j)); });
 }
 
-Task<Regroup::Join> Regroup::join_survivors(Assignment from) {
+Task<Regroup::Join> Regroup::join_survivors(Round from) {
   Join j;
   try {
     j.verdict = co_await p_.rounds.decide(from);
@@ -40,8 +40,8 @@ void Regroup::on_joined(Join j) {
                   ") and the job's verdict is not a new round of " + "the surviving nodes");
   }
   p_.telemetry->verdict(p_.now.round->round, *j.verdict);
-  const Assignment previous = *p_.now.round;
-  const Assignment& to = *j.round;
+  const Round previous = *p_.now.round;
+  const Round& to = *j.round;
   const std::string why = cannot_regroup(previous, to, *j.verdict);
   p_.now.round = to;
   p_.now.restart_count = to.restarts;
@@ -85,7 +85,7 @@ void Regroup::workers_succeeded() {
 // node of it passes its exit barrier and the job is not restarted. STOPPING waits for it.
 void Regroup::finish() {
   joining_ = true;
-  const Assignment& round = *p_.now.round;
+  const Round& round = *p_.now.round;
   spdlog::info(
       "in-place: this node's workers finished the job during the regroup: round {} ends here",
       round.round);
@@ -130,8 +130,7 @@ void Regroup::end_joined_round() {
 // may be in it (their workers join as the regroup's generation), but every node of round `from`
 // that the verdict counted alive must be: one that did not make it (slow, or gone since) left its
 // workers in the old group.
-std::string Regroup::cannot_regroup(const Assignment& from, const Assignment& to,
-                                    const Verdict& v) const {
+std::string Regroup::cannot_regroup(const Round& from, const Round& to, const Verdict& v) const {
   if (to.returning != v.expect) {
     return "round " + std::to_string(to.round) + " has " + std::to_string(to.returning) +
            " of the " + std::to_string(v.expect) + " node(s) still running round " +
@@ -149,7 +148,7 @@ std::string Regroup::cannot_regroup(const Assignment& from, const Assignment& to
 // (they start their workers as that generation) and publishes it; every node then asks its running
 // workers to recover at their next unit (a newcomer fails no collective of theirs), and node 0
 // waits for the group's word that it is whole again.
-Task<Regroup::Told> Regroup::tell_workers(int old_rank_offset, Assignment to) {
+Task<Regroup::Told> Regroup::tell_workers(int old_rank_offset, Round to) {
   Told t;
   try {
     co_await g_.store->place_regrouped(to.round, old_rank_offset, to.rank_offset, to.node_rank);
@@ -241,7 +240,7 @@ Task<std::string> Regroup::await_arrivals(int generation, int rank_offset, int w
 
 void Regroup::on_told(const Told& t) {
   if (p_.now.state != State::kRegrouping) return;
-  const Assignment& round = *p_.now.round;
+  const Round& round = *p_.now.round;
   if (t.finished) {  // they end the same way here: WorkersSucceeded, then finish()
     spdlog::info(
         "in-place: a node's workers finished the job during the regroup in round {}: waiting for "

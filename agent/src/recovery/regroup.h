@@ -42,9 +42,9 @@ class Regroup {
  private:
   // How the survivors got into the next round (or why not).
   struct Join {
-    std::optional<Verdict> verdict;   // the job's verdict on the round the node was lost from
-    std::optional<Assignment> round;  // the next round, when the verdict was a reshape
-    std::string why;                  // the rendezvous could not be done
+    std::optional<Verdict> verdict;  // the job's verdict on the round the node was lost from
+    std::optional<Round> round;      // the next round, when the verdict was a reshape
+    std::string why;                 // the rendezvous could not be done
   };
   // What became of telling the workers their places there.
   struct Told {
@@ -59,15 +59,15 @@ class Regroup {
     std::string why;                // the workers' store could not be used
   };
 
-  Task<Join> join_survivors(Assignment from);
+  Task<Join> join_survivors(Round from);
   void on_joined(Join j);
   void abandon(const Join& j);
   void finish();
   Task<Finish> tell_finished(int round);
   void on_finished(const Finish& f);
   void end_joined_round();
-  std::string cannot_regroup(const Assignment& from, const Assignment& to, const Verdict& v) const;
-  Task<Told> tell_workers(int old_rank_offset, Assignment to);
+  std::string cannot_regroup(const Round& from, const Round& to, const Verdict& v) const;
+  Task<Told> tell_workers(int old_rank_offset, Round to);
   Task<std::string> await_arrivals(int generation, int rank_offset, int world_size);
   void on_told(const Told& t);
   void failed(const std::string& why);

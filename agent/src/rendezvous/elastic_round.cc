@@ -42,8 +42,8 @@ constexpr milliseconds kDecisionGrace{10'000};
 constexpr milliseconds kJobOverPoll{1000};
 
 // What every node of a closed round shares: its keys and totals (a node adds its own place).
-Assignment closed_round(int round, const schema::RoundTotals& totals) {
-  Assignment a;
+Round closed_round(int round, const schema::RoundTotals& totals) {
+  Round a;
   a.round = round;
   a.elastic = true;
   a.alive_prefix = schema::in_round(round, name::kNode) + "/";
@@ -79,16 +79,17 @@ Task<int> ElasticRendezvous::current_round() {
   co_return static_cast<int>(schema::decode_int(pointer, *value));
 }
 
-Task<Assignment> ElasticRendezvous::join_elastic(int round, std::optional<Assignment> previous,
-                                                 std::string worker_store, bool keeps_workers) {
+Task<Round> ElasticRendezvous::join_elastic(int round, std::optional<Round> previous,
+                                            std::optional<store::Endpoint> worker_store,
+                                            bool keeps_workers) {
   auto deadline = steady_clock::now() + timeouts().join;
   for (int n = round;; ++n) {
     co_await throw_if_job_over(n);
     // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
-    std::optional<Assignment> back_from;
+    std::optional<Round> back_from;
     if (n == round) back_from = previous;
-    const Ticket ticket =
-        co_await take_ticket(n, std::move(back_from), worker_store, keeps_workers);  // JOIN
+    const Ticket ticket = co_await take_ticket(n, std::move(back_from), std::move(worker_store),
+                                               keeps_workers);  // JOIN
     co_await throw_if_job_over(n);  // (again: the store's host waits only for tickets it saw)
     co_await close_if_complete(n);  // CLOSE?
     if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;  // WAIT
@@ -104,16 +105,15 @@ Task<Assignment> ElasticRendezvous::join_elastic(int round, std::optional<Assign
   }
 }
 
-Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(int round,
-                                                               std::optional<Assignment> previous,
-                                                               const std::string& worker_store,
-                                                               bool keeps_workers) {
+Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(
+    int round, std::optional<Round> previous, std::optional<store::Endpoint> worker_store,
+    bool keeps_workers) {
   const bool returning = previous && previous->round == round - 1;
   const int ticket =
       static_cast<int>(co_await store().add(schema::in_round(round, name::kJoin), 1));
   schema::NodeRecord record = node_.self_;
   record.previous_rank = returning ? previous->node_rank : -1;
-  record.worker_store = worker_store;
+  record.worker_store = std::move(worker_store);
   record.keeps_workers = returning && keeps_workers;
   co_await store().set_ephemeral(schema::in_round(round, name::kNode, ticket),
                                  schema::encode(record));
@@ -195,7 +195,8 @@ Task<bool> ElasticRendezvous::try_close(int round, std::optional<std::int64_t> t
       {schema::in_round(round, name::kNoNewcomers), "1"},
       {schema::in_round(round, name::kUndecided), "1"},
       {schema::in_round(round, name::kSize), std::to_string(members.size())},
-      {schema::in_round(round, name::kWorkerStore), members.front().record.worker_store},
+      {schema::in_round(round, name::kWorkerStore),
+       schema::encode_endpoint(members.front().record.worker_store)},
       {std::string(schema::kRoundPointer), std::to_string(round + 1)}};
   co_await store().multi_set(std::move(items));
   // Each member reads only its own place and the round's totals: O(1) per node. The member list
@@ -225,8 +226,8 @@ Task<bool> ElasticRendezvous::try_close(int round, std::optional<std::int64_t> t
   co_return true;
 }
 
-Task<std::optional<Assignment>> ElasticRendezvous::await_assignment(
-    int round, Ticket ticket, steady_clock::time_point deadline) {
+Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket ticket,
+                                                               steady_clock::time_point deadline) {
   const std::string quorum = schema::in_round(round, name::kQuorum);
   const std::string published = schema::in_round(round, name::kAssignment);
   const std::string join = schema::in_round(round, name::kJoin);
@@ -283,14 +284,12 @@ Task<std::optional<Assignment>> ElasticRendezvous::await_assignment(
   if (!values[0]) co_return std::nullopt;
   if (!values[1]) throw RendezvousError("round " + std::to_string(round) + " lost its assignment");
   const auto p = schema::decode_place(place_key, *values[0]);
-  Assignment a = closed_round(round, schema::decode_round_totals(published, *values[1]));
+  Round a = closed_round(round, schema::decode_round_totals(published, *values[1]));
   a.node_rank = p.node_rank;
   a.rank_offset = p.rank_offset;
   a.successor_id = p.successor;
-  const auto worker_store =
+  a.worker_store =
       schema::decode_endpoint(schema::in_round(round, name::kWorkerStore), values[2].value_or(""));
-  a.worker_store_host = worker_store.host;
-  a.worker_store_port = worker_store.port;
   co_return a;
 }
 
@@ -335,7 +334,7 @@ Task<void> ElasticRendezvous::decide_if_abandoned(int round) {
   const std::string published = schema::in_round(round, name::kAssignment);
   const auto totals_text = co_await store().try_get(published);
   if (!totals_text) co_return;  // it never closed: its nodes are joining the same round as we
-  const Assignment a = closed_round(round, schema::decode_round_totals(published, *totals_text));
+  const Round a = closed_round(round, schema::decode_round_totals(published, *totals_text));
   const auto lost = co_await node_.lost_nodes(a);
   if (static_cast<int>(lost.size()) < a.num_nodes) co_return;  // a node of it lives: its call
   node_.notice("every node of round " + std::to_string(round) +
@@ -355,7 +354,7 @@ Task<void> ElasticRendezvous::throw_if_job_over(int round) {
   }
 }
 
-Task<Verdict> ElasticRendezvous::decide(Assignment a, int max_restarts) {
+Task<Verdict> ElasticRendezvous::decide(Round a, int max_restarts) {
   if (auto v = co_await verdict_of(a.round)) co_return *v;
   // One node decides (and counts the lost nodes, O(N)); the others wait for its verdict, and
   // decide themselves only if it vanished meanwhile.
@@ -389,7 +388,7 @@ Task<Verdict> ElasticRendezvous::settle(int round, std::string verdict) {
   co_return schema::decode_verdict(verdict_key, settled);
 }
 
-Task<void> ElasticRendezvous::mark_done(Assignment a) {
+Task<void> ElasticRendezvous::mark_done(Round a) {
   Verdict v;
   v.action = Verdict::kDone;
   v.restarts = a.restarts;

@@ -86,8 +86,9 @@ Task<void> read_progress(RendezvousStore& store, int round, std::vector<NodeStat
     schema::age_to(progress, now);
     nodes[n].agent_state = progress.state;
     nodes[n].ranks = std::move(progress.ranks);
-    std::sort(nodes[n].ranks.begin(), nodes[n].ranks.end(),
-              [](const RankStatus& a, const RankStatus& b) { return a.rank < b.rank; });
+    std::sort(
+        nodes[n].ranks.begin(), nodes[n].ranks.end(),
+        [](const RankStatus& a, const RankStatus& b) { return a.worker.rank < b.worker.rank; });
   }
 }
 
@@ -266,8 +267,8 @@ std::string rank_line(const NodeStatus& n, const RankStatus& r) {
   const std::string age =
       r.progress_age_seconds() ? format_seconds(r.progress_age_seconds()) + " ago" : "-";
   char line[512];
-  std::snprintf(line, sizeof line, "%-5d %-5d %-6d %-10s %-8s %-10s %-14s %-8llu %s", r.rank,
-                n.node_rank, r.local_rank, steps.c_str(), rate,
+  std::snprintf(line, sizeof line, "%-5d %-5d %-6d %-10s %-8s %-10s %-14s %-8llu %s", r.worker.rank,
+                n.node_rank, r.worker.local_rank, steps.c_str(), rate,
                 format_seconds(r.step_seconds).c_str(), age.c_str(),
                 static_cast<unsigned long long>(r.beats), rank_marks(r).c_str());
   std::string text = line;

@@ -54,13 +54,19 @@ NodeRendezvous::Impl::Impl(std::unique_ptr<RendezvousStore> session, JobShape sh
       timeouts_(timeouts),
       log_(std::move(log)),
       nonce_(std::random_device{}()),
-      self_{shape_.host, shape_.local_world_size, static_cast<int>(::getpid()), nonce_, -1, "",
-            false,       shape_.hosts_store} {}
+      self_{shape_.host,
+            shape_.local_world_size,
+            static_cast<int>(::getpid()),
+            nonce_,
+            -1,
+            std::nullopt,
+            false,
+            shape_.hosts_store} {}
 
 // ---------------------------------------------------------------------------------------------
 // Static rounds
 
-Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
+Task<Round> NodeRendezvous::Impl::join_static(int round, int node_rank) {
   const int num_nodes = shape_.max_nodes;
   const std::string record = schema::encode(self_);
   // Each store request here is paid by every node of the job at every round: the count per node
@@ -138,7 +144,7 @@ Task<Assignment> NodeRendezvous::Impl::join_static(int round, int node_rank) {
     throw RendezvousError("round " + std::to_string(round) + " closed without node rank " +
                           std::to_string(node_rank) + "'s offset; was the store cleared?");
   }
-  Assignment a;
+  Round a;
   a.round = round;
   a.restarts = round;
   a.node_rank = node_rank;
@@ -246,7 +252,7 @@ Task<void> NodeRendezvous::Impl::throw_if_over() {
   }
 }
 
-Task<void> NodeRendezvous::Impl::mark_failed(Assignment a, std::string reason) {
+Task<void> NodeRendezvous::Impl::mark_failed(Round a, std::string reason) {
   co_await store_->set(std::string(schema::kJobOver), reason);
   // A relaunched node may be waiting in the next round already.
   co_await abort_round(a.round + 1, a.node_rank, "the job failed: " + reason);
@@ -255,7 +261,7 @@ Task<void> NodeRendezvous::Impl::mark_failed(Assignment a, std::string reason) {
 // ---------------------------------------------------------------------------------------------
 // In-place recovery: one at a time, job-wide, counted with the restarts
 
-Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Assignment a, Recovery kind) {
+Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind) {
   const std::string key(schema::kInPlace);
   const std::optional<std::string> read = co_await store_->try_get(key);
   std::string seen = read.value_or("");
@@ -280,7 +286,7 @@ Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Assignment a, Recovery 
   }
 }
 
-Task<void> NodeRendezvous::Impl::recovery_over(Assignment a) {
+Task<void> NodeRendezvous::Impl::recovery_over(Round a) {
   const std::string key(schema::kInPlace);
   const std::optional<std::string> now = co_await store_->try_get(key);
   if (!now) co_return;
@@ -296,7 +302,7 @@ Task<void> NodeRendezvous::Impl::recovery_over(Assignment a) {
 // The exit barrier's count: a node adds itself once its workers all succeeded (this one has not).
 // Read, not ADDed to: the key's existence says the round is finishing (a newcomer then waits for
 // the next round), so a check must not create it.
-Task<bool> NodeRendezvous::Impl::others_finished(Assignment a) {
+Task<bool> NodeRendezvous::Impl::others_finished(Round a) {
   const std::string key = schema::in_round(a.round, name::kDone);
   const auto done = co_await store_->try_get(key);
   co_return (done ? schema::decode_int(key, *done) : 0) >= a.num_nodes - 1;
@@ -311,14 +317,13 @@ Task<int> NodeRendezvous::Impl::replacements() {
 // ---------------------------------------------------------------------------------------------
 // Both: failures, liveness, the watch, the exit barrier
 
-Task<void> NodeRendezvous::Impl::announce_failure(Assignment a,
-                                                  std::vector<WorkerFailure> failures) {
+Task<void> NodeRendezvous::Impl::announce_failure(Round a, std::vector<WorkerFailure> failures) {
   co_await store_->set(schema::in_round(a.round, name::kFailures, a.node_rank),
                        schema::encode(failures));
   co_await store_->delete_key(schema::in_round(a.round, name::kHealthy));
 }
 
-Task<std::vector<WorkerFailure>> NodeRendezvous::Impl::failures(Assignment a) {
+Task<std::vector<WorkerFailure>> NodeRendezvous::Impl::failures(Round a) {
   std::vector<std::string> names;
   for (int n = 0; n < a.num_nodes; ++n) {
     names.push_back(schema::in_round(a.round, name::kFailures, n));
@@ -333,14 +338,14 @@ Task<std::vector<WorkerFailure>> NodeRendezvous::Impl::failures(Assignment a) {
 }
 
 // Every node's liveness key by node rank (elastic: from the member list).
-std::vector<std::string> NodeRendezvous::Impl::liveness_keys(const Assignment& a,
+std::vector<std::string> NodeRendezvous::Impl::liveness_keys(const Round& a,
                                                              const std::vector<int>& members) {
   std::vector<std::string> names;
   for (const int id : members) names.push_back(a.alive_prefix + std::to_string(id));
   return names;
 }
 
-Task<std::vector<int>> NodeRendezvous::Impl::members(const Assignment& a) {
+Task<std::vector<int>> NodeRendezvous::Impl::members(const Round& a) {
   std::vector<int> ids;
   if (a.members_key.empty()) {
     for (int n = 0; n < a.num_nodes; ++n) ids.push_back(n);
@@ -351,7 +356,7 @@ Task<std::vector<int>> NodeRendezvous::Impl::members(const Assignment& a) {
   co_return schema::decode_members(a.members_key, *list);
 }
 
-Task<std::vector<int>> NodeRendezvous::Impl::lost_nodes(Assignment a) {
+Task<std::vector<int>> NodeRendezvous::Impl::lost_nodes(Round a) {
   const auto names = liveness_keys(a, co_await members(a));
   std::vector<int> lost;
   if (co_await store_->check(names)) co_return lost;  // one request in the usual case
@@ -366,20 +371,19 @@ Task<std::vector<int>> NodeRendezvous::Impl::lost_nodes(Assignment a) {
 // Liveness in a ring: each node watches only the next node's liveness key and, when that one
 // vanishes, tells everyone by deleting `intact` (after naming the node in `lost`). Every watch is
 // O(1) keys, so N nodes cost the store O(N), and a loss still reaches everyone in one more hop.
-std::optional<std::string> NodeRendezvous::Impl::successor_key(const Assignment& a) const {
+std::optional<std::string> NodeRendezvous::Impl::successor_key(const Round& a) const {
   if (a.successor_id < 0) return std::nullopt;
   return a.alive_prefix + std::to_string(a.successor_id);
 }
 
-Task<void> NodeRendezvous::Impl::report_lost_successor(const Assignment& a, RendezvousStore& via) {
+Task<void> NodeRendezvous::Impl::report_lost_successor(const Round& a, RendezvousStore& via) {
   const int successor = (a.node_rank + 1) % a.num_nodes;
   co_await via.set(schema::in_round(a.round, name::kLost), std::to_string(successor));
   co_await via.delete_key(schema::in_round(a.round, name::kIntact));
 }
 
 Task<void> NodeRendezvous::Impl::exchange_view(
-    const Assignment& a, RendezvousStore& via,
-    const std::function<void(schema::JobView)>& on_view) {
+    const Round& a, RendezvousStore& via, const std::function<void(schema::JobView)>& on_view) {
   const std::string key = schema::in_round(a.round, name::kView);
   try {
     if (a.node_rank != 0) {
@@ -411,7 +415,7 @@ Task<void> NodeRendezvous::Impl::exchange_view(
   }
 }
 
-Task<WatchResult> NodeRendezvous::Impl::watch(Assignment a, std::chrono::seconds heartbeat,
+Task<WatchResult> NodeRendezvous::Impl::watch(Round a, std::chrono::seconds heartbeat,
                                               std::function<std::string()> progress,
                                               std::function<void(schema::JobView)> on_view) {
   struct Reset {  // the next watch starts afresh, however this one ends
@@ -495,7 +499,7 @@ void NodeRendezvous::Impl::stop_watch() {
   if (watch_session_) watch_session_->close();
 }
 
-Task<bool> NodeRendezvous::Impl::exit_barrier(Assignment a, milliseconds timeout) {
+Task<bool> NodeRendezvous::Impl::exit_barrier(Round a, milliseconds timeout) {
   const std::string running = schema::in_round(a.round, name::kRunning);
   const std::string done = schema::in_round(a.round, name::kDone);
   if (co_await store_->add(done, 1) >= a.num_nodes) {
@@ -536,7 +540,7 @@ Task<bool> NodeRendezvous::Impl::exit_barrier(Assignment a, milliseconds timeout
   }
 }
 
-Task<void> NodeRendezvous::Impl::wait_for_others_to_leave(Assignment a, milliseconds timeout) {
+Task<void> NodeRendezvous::Impl::wait_for_others_to_leave(Round a, milliseconds timeout) {
   const auto deadline = steady_clock::now() + timeout;
   std::vector<std::string> others = liveness_keys(a, co_await members(a));
   others.erase(others.begin() + a.node_rank);
@@ -579,45 +583,46 @@ NodeRendezvous::NodeRendezvous(std::unique_ptr<RendezvousStore> session, JobShap
 
 NodeRendezvous::~NodeRendezvous() = default;
 
-Task<Assignment> NodeRendezvous::join_static(int round, int node_rank) {
+Task<Round> NodeRendezvous::join_static(int round, int node_rank) {
   return impl_->join_static(round, node_rank);
 }
-Task<Assignment> NodeRendezvous::join_elastic(int round, std::optional<Assignment> previous,
-                                              std::string worker_store, bool keeps_workers) {
+Task<Round> NodeRendezvous::join_elastic(int round, std::optional<Round> previous,
+                                         std::optional<store::Endpoint> worker_store,
+                                         bool keeps_workers) {
   return impl_->elastic.join_elastic(round, std::move(previous), std::move(worker_store),
                                      keeps_workers);
 }
 Task<int> NodeRendezvous::current_round() {
   return impl_->elastic.current_round();
 }
-Task<Verdict> NodeRendezvous::decide(Assignment a, int max_restarts) {
+Task<Verdict> NodeRendezvous::decide(Round a, int max_restarts) {
   return impl_->elastic.decide(std::move(a), max_restarts);
 }
-Task<void> NodeRendezvous::mark_done(Assignment a) {
+Task<void> NodeRendezvous::mark_done(Round a) {
   return impl_->elastic.mark_done(std::move(a));
 }
-Task<void> NodeRendezvous::mark_failed(Assignment a, std::string reason) {
+Task<void> NodeRendezvous::mark_failed(Round a, std::string reason) {
   return impl_->mark_failed(std::move(a), std::move(reason));
 }
-Task<RecoveryClaim> NodeRendezvous::claim_recovery(Assignment a, Recovery kind) {
+Task<RecoveryClaim> NodeRendezvous::claim_recovery(Round a, Recovery kind) {
   return impl_->claim_recovery(std::move(a), kind);
 }
-Task<void> NodeRendezvous::recovery_over(Assignment a) {
+Task<void> NodeRendezvous::recovery_over(Round a) {
   return impl_->recovery_over(std::move(a));
 }
-Task<bool> NodeRendezvous::others_finished(Assignment a) {
+Task<bool> NodeRendezvous::others_finished(Round a) {
   return impl_->others_finished(std::move(a));
 }
 Task<int> NodeRendezvous::replacements() {
   return impl_->replacements();
 }
-Task<void> NodeRendezvous::announce_failure(Assignment a, std::vector<WorkerFailure> failures) {
+Task<void> NodeRendezvous::announce_failure(Round a, std::vector<WorkerFailure> failures) {
   return impl_->announce_failure(std::move(a), std::move(failures));
 }
-Task<std::vector<WorkerFailure>> NodeRendezvous::failures(Assignment a) {
+Task<std::vector<WorkerFailure>> NodeRendezvous::failures(Round a) {
   return impl_->failures(std::move(a));
 }
-Task<WatchResult> NodeRendezvous::watch(Assignment a, std::chrono::seconds heartbeat,
+Task<WatchResult> NodeRendezvous::watch(Round a, std::chrono::seconds heartbeat,
                                         std::function<std::string()> progress,
                                         std::function<void(schema::JobView)> on_view) {
   return impl_->watch(std::move(a), heartbeat, std::move(progress), std::move(on_view));
@@ -625,10 +630,10 @@ Task<WatchResult> NodeRendezvous::watch(Assignment a, std::chrono::seconds heart
 void NodeRendezvous::stop_watch() {
   impl_->stop_watch();
 }
-Task<bool> NodeRendezvous::exit_barrier(Assignment a, milliseconds timeout) {
+Task<bool> NodeRendezvous::exit_barrier(Round a, milliseconds timeout) {
   return impl_->exit_barrier(std::move(a), timeout);
 }
-Task<void> NodeRendezvous::wait_for_others_to_leave(Assignment a, milliseconds timeout) {
+Task<void> NodeRendezvous::wait_for_others_to_leave(Round a, milliseconds timeout) {
   return impl_->wait_for_others_to_leave(std::move(a), timeout);
 }
 void NodeRendezvous::close() {

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/agent/vocabulary.h"
 #include "store/store.h"
 
 namespace dist::agent {
@@ -55,26 +56,6 @@ class RoundAbortedError : public RendezvousError {
   using RendezvousError::RendezvousError;
 };
 
-// One worker's failure, as the agent records it, the other nodes read it from the store and the
-// failure report prints it.
-struct WorkerFailure {
-  std::chrono::system_clock::time_point time;  // from the error file when it has one
-  std::string host;
-  int rank = 0;
-  int local_rank = 0;
-  int exit_code = 0;  // the worker's status, or -signal when killed by a signal
-  pid_t pid = -1;
-  std::string error_file;
-  std::string message;    // from the error file: "<Type>: <text>"
-  std::string traceback;  // from the error file, else "Signal N (SIGX) received by PID p"
-  // The worker failed because another did (a peer's connection reset, an aborted collective):
-  // listed in the report, never chosen as its root cause over a failure of its own.
-  bool collateral = false;
-  // It had failed on its own (its error file predates the stop) when the stop's signal ended it:
-  // the job's exit code is then 1, not 128 + that signal.
-  bool ended_by_the_stop = false;
-};
-
 // What this node and every node of the job need from the rest of the job.
 struct JobShape {
   int min_nodes = 1;
@@ -87,31 +68,6 @@ struct JobShape {
   // that losing another node never loses the node that coordinates recoveries and hosts the
   // workers' store while the store survives.
   bool hosts_store = false;
-};
-
-// One round as this node sees it.
-struct Assignment {
-  int round = 0;
-  int node_rank = 0;
-  int num_nodes = 1;
-  int world_size = 0;
-  int rank_offset = 0;  // global rank of this node's local rank 0
-  int restarts = 0;     // job-wide restarts before this round (TORCHELASTIC_RESTART_COUNT)
-  bool elastic = false;
-  // Elastic: the members that were in the previous round, and whether this round continues that
-  // round's running workers (--restart-policy in-place: node 0 kept them, and its store).
-  int returning = 0;
-  bool continues = false;
-  // Each node's liveness key exists exactly while that node's agent lives: alive_prefix followed
-  // by the node's id (static: its node rank; elastic: its ticket, listed by node rank in the
-  // members key, which only the nodes that need every id read).
-  std::string alive_prefix;
-  int successor_id = -1;    // the next node's id in the ring (-1: alone)
-  std::string members_key;  // elastic: "<id>,<id>,..." by node rank
-  // etcd: the workers' store of this round, hosted by node rank 0; no host: the rendezvous store
-  // itself serves the workers.
-  std::string worker_store_host;
-  std::uint16_t worker_store_port = 0;
 };
 
 // What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, or our own
@@ -174,40 +130,41 @@ class NodeRendezvous {
   // Static: joins round `round` (or the job's latest, if later) as node `node_rank` and waits
   // for all max_nodes; throws RendezvousError naming the nodes seen and missing, or a node rank
   // claimed twice by live agents; RoundAbortedError; JobOverError.
-  Task<Assignment> join_static(int round, int node_rank);
+  Task<Round> join_static(int round, int node_rank);
 
-  // Elastic: joins round n (a member of round n-1 passes its assignment) or, if that one closed
+  // Elastic: joins round n (a member of round n-1 passes its Round) or, if that one closed
   // without it, a later one; throws RendezvousError when no round forms within the join timeout,
   // JobOverError when the job ended meanwhile. `worker_store`: the store this node would host for
-  // the workers were it node rank 0 ("host:port"; empty when the rendezvous store serves them).
+  // the workers were it node rank 0 (none when the rendezvous store serves them).
   // `keeps_workers`: it joins while its workers run on (in-place, a regroup).
-  Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
-                                std::string worker_store = "", bool keeps_workers = false);
+  Task<Round> join_elastic(int round, std::optional<Round> previous,
+                           std::optional<store::Endpoint> worker_store = std::nullopt,
+                           bool keeps_workers = false);
   // The first round an elastic node that is not coming back from a round should try.
   Task<int> current_round();
 
   // Elastic: how the job continues after round a.round ended (every node gets the same answer).
-  Task<Verdict> decide(Assignment a, int max_restarts);
+  Task<Verdict> decide(Round a, int max_restarts);
   // Elastic: every node of the round succeeded; late joiners learn the job is over.
-  Task<void> mark_done(Assignment a);
+  Task<void> mark_done(Round a);
   // Static: the job failed for good; nodes still joining (a relaunched one) learn it at once.
-  Task<void> mark_failed(Assignment a, std::string reason);
+  Task<void> mark_failed(Round a, std::string reason);
 
   // --restart-policy in-place: claims the job's one recovery for node a.node_rank in round
   // a.round: a worker of it replaced alone (counted with the replacements), or, node 0, the
   // group's regroup. One recovery at a time, job-wide, by COMPARE_SET.
-  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind);
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind);
   // This node's recovery is over: another may be claimed.
-  Task<void> recovery_over(Assignment a);
+  Task<void> recovery_over(Round a);
   // The job's replacements so far.
   Task<int> replacements();
   // Whether every node of round a but this one is at its exit barrier (its workers all succeeded).
-  Task<bool> others_finished(Assignment a);
+  Task<bool> others_finished(Round a);
 
   // Publishes this node's failures for round a and tells every node the round failed.
-  Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
+  Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures);
   // Every node's published failures for round a.
-  Task<std::vector<WorkerFailure>> failures(Assignment a);
+  Task<std::vector<WorkerFailure>> failures(Round a);
 
   // Until round a fails anywhere, another node's agent dies, a node waits to join, or
   // stop_watch() is called, writing this node's heartbeat (wall-clock seconds) every `heartbeat`,
@@ -215,18 +172,18 @@ class NodeRendezvous {
   // Runs on a session of its own: may run while this object's other calls do.
   // Every kJobViewInterval, `on_view` hears the job view (schema.h's JobView): node 0 makes it
   // from every node's progress and writes it, the others read it.
-  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
+  Task<WatchResult> watch(Round a, std::chrono::seconds heartbeat,
                           std::function<std::string()> progress = {},
                           std::function<void(schema::JobView)> on_view = {});
   void stop_watch();
 
   // This node's workers all succeeded: true once every node's did, false when the round failed
   // or a node was lost; RendezvousError after `timeout`.
-  Task<bool> exit_barrier(Assignment a, std::chrono::milliseconds timeout);
+  Task<bool> exit_barrier(Round a, std::chrono::milliseconds timeout);
 
   // The agent hosting the store: before it exits it waits (bounded) for the other agents of round
   // a to leave.
-  Task<void> wait_for_others_to_leave(Assignment a, std::chrono::milliseconds timeout);
+  Task<void> wait_for_others_to_leave(Round a, std::chrono::milliseconds timeout);
 
   // Cancels every pending call (they throw StoreError kCancelled) and ends the sessions: this
   // node's liveness key goes.

@@ -28,12 +28,12 @@ class ElasticRendezvous {
  public:
   explicit ElasticRendezvous(NodeRendezvous::Impl& node) : node_(node) {}
 
-  Task<Assignment> join_elastic(int round, std::optional<Assignment> previous,
-                                std::string worker_store, bool keeps_workers);
+  Task<Round> join_elastic(int round, std::optional<Round> previous,
+                           std::optional<store::Endpoint> worker_store, bool keeps_workers);
   Task<int> current_round();
-  Task<Verdict> decide(Assignment a, int max_restarts);
+  Task<Verdict> decide(Round a, int max_restarts);
   Task<Verdict> settle(int round, std::string verdict);
-  Task<void> mark_done(Assignment a);
+  Task<void> mark_done(Round a);
 
  private:
   // This node's ticket in `round`; `spare`: the running round was full or finishing, so this node
@@ -42,13 +42,13 @@ class ElasticRendezvous {
     int number = 0;
     bool spare = false;
   };
-  Task<Ticket> take_ticket(int round, std::optional<Assignment> previous,
-                           const std::string& worker_store, bool keeps_workers);
+  Task<Ticket> take_ticket(int round, std::optional<Round> previous,
+                           std::optional<store::Endpoint> worker_store, bool keeps_workers);
   Task<void> close_if_complete(int round);
   // `taken`: the round's ticket count, when this node has just read it after taking its own.
   Task<bool> try_close(int round, std::optional<std::int64_t> taken = std::nullopt);
-  Task<std::optional<Assignment>> await_assignment(int round, Ticket ticket,
-                                                   std::chrono::steady_clock::time_point deadline);
+  Task<std::optional<Round>> await_assignment(int round, Ticket ticket,
+                                              std::chrono::steady_clock::time_point deadline);
   Task<std::optional<Verdict>> verdict_of(int round);
   // Whether round `round` closed and runs on, undecided.
   Task<bool> runs_on(int round);
@@ -80,24 +80,24 @@ class NodeRendezvous::Impl {
        std::function<void(const std::string&)> log);
 
   // Static (node_rendezvous.cc).
-  Task<Assignment> join_static(int round, int node_rank);
-  Task<void> mark_failed(Assignment a, std::string reason);
+  Task<Round> join_static(int round, int node_rank);
+  Task<void> mark_failed(Round a, std::string reason);
 
   // In-place recovery (node_rendezvous.cc).
-  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind);
-  Task<void> recovery_over(Assignment a);
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind);
+  Task<void> recovery_over(Round a);
   Task<int> replacements();
-  Task<bool> others_finished(Assignment a);
+  Task<bool> others_finished(Round a);
 
   // Both (node_rendezvous.cc).
-  Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures);
-  Task<std::vector<WorkerFailure>> failures(Assignment a);
-  Task<WatchResult> watch(Assignment a, std::chrono::seconds heartbeat,
+  Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures);
+  Task<std::vector<WorkerFailure>> failures(Round a);
+  Task<WatchResult> watch(Round a, std::chrono::seconds heartbeat,
                           std::function<std::string()> progress,
                           std::function<void(schema::JobView)> on_view);
   void stop_watch();
-  Task<bool> exit_barrier(Assignment a, std::chrono::milliseconds timeout);
-  Task<void> wait_for_others_to_leave(Assignment a, std::chrono::milliseconds timeout);
+  Task<bool> exit_barrier(Round a, std::chrono::milliseconds timeout);
+  Task<void> wait_for_others_to_leave(Round a, std::chrono::milliseconds timeout);
   void close();
 
   RendezvousStore& store() { return *store_; }
@@ -116,15 +116,15 @@ class NodeRendezvous::Impl {
   Task<void> throw_if_over();
 
   // Both.
-  std::vector<std::string> liveness_keys(const Assignment& a, const std::vector<int>& members);
-  Task<std::vector<int>> members(const Assignment& a);
-  Task<std::vector<int>> lost_nodes(Assignment a);
-  Task<void> report_lost_successor(const Assignment& a, RendezvousStore& via);
+  std::vector<std::string> liveness_keys(const Round& a, const std::vector<int>& members);
+  Task<std::vector<int>> members(const Round& a);
+  Task<std::vector<int>> lost_nodes(Round a);
+  Task<void> report_lost_successor(const Round& a, RendezvousStore& via);
   // The job view (schema::JobView): node 0 reads every node's progress and writes it, the others
   // read it; `on_view` hears it. A value that does not decode is said at debug level and skipped.
-  Task<void> exchange_view(const Assignment& a, RendezvousStore& via,
+  Task<void> exchange_view(const Round& a, RendezvousStore& via,
                            const std::function<void(schema::JobView)>& on_view);
-  std::optional<std::string> successor_key(const Assignment& a) const;
+  std::optional<std::string> successor_key(const Round& a) const;
   void notice(const std::string& message) const {
     if (log_) log_(message);
   }

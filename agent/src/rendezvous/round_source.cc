@@ -74,8 +74,8 @@ class LocalRounds final : public RoundSource {
         store_->bound_address(), store_->port(), job_.run_id);
     co_return;
   }
-  Task<Assignment> join(int restarts, std::optional<Assignment>) override {
-    Assignment a;
+  Task<Round> join(int restarts, std::optional<Round>) override {
+    Round a;
     a.round = a.restarts = restarts;
     a.world_size = job_.nproc_per_node;
     round_ = a.round;
@@ -86,20 +86,20 @@ class LocalRounds final : public RoundSource {
     }
     co_return a;
   }
-  Endpoint workers_store(const Assignment&) const override {
+  Endpoint workers_store(const Round&) const override {
     return {config_.master_addr, store_->port()};
   }
-  Task<WatchOutcome> watch(Assignment) override { co_return WatchOutcome{}; }
+  Task<WatchOutcome> watch(Round) override { co_return WatchOutcome{}; }
   void stop_watch() override {}
-  Task<void> announce_failure(Assignment, std::vector<WorkerFailure>) override { co_return; }
-  Task<bool> exit_barrier(Assignment) override { co_return true; }
-  Task<Verdict> decide(Assignment) override {
+  Task<void> announce_failure(Round, std::vector<WorkerFailure>) override { co_return; }
+  Task<bool> exit_barrier(Round) override { co_return true; }
+  Task<Verdict> decide(Round) override {
     throw RendezvousError("a single node's rounds have no verdict");
   }
-  Task<std::vector<WorkerFailure>> collect_failures(Assignment, std::string) override {
+  Task<std::vector<WorkerFailure>> collect_failures(Round, std::string) override {
     co_return std::vector<WorkerFailure>{};
   }
-  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind) override {
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) override {
     if (recovering_ != Recovery::kNone && recovering_round_ == a.round) {
       co_return RecoveryClaim{std::nullopt, recovering_};
     }
@@ -108,19 +108,19 @@ class LocalRounds final : public RoundSource {
     if (kind == Recovery::kReplacement) ++replacements_;
     co_return RecoveryClaim{replacements_, Recovery::kNone};
   }
-  Task<void> recovery_over(Assignment) override {
+  Task<void> recovery_over(Round) override {
     recovering_ = Recovery::kNone;
     co_return;
   }
   Task<int> replacements() override { co_return replacements_; }
-  Task<bool> others_finished(Assignment) override { co_return true; }
+  Task<bool> others_finished(Round) override { co_return true; }
   // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
   void restart() override {
     if (store_)
       spdlog::debug("cleared {} keys of the previous attempt", store_->clear_worker_keys());
   }
   bool hosts_others() const override { return false; }
-  Task<void> wait_for_others(Assignment) override { co_return; }
+  Task<void> wait_for_others(Round) override { co_return; }
   void close() override {
     closed_ = true;
     if (beat_timer_) beat_timer_->cancel();
@@ -133,9 +133,9 @@ class LocalRounds final : public RoundSource {
  private:
   // The keys of a static job's round a status reader needs, for node rank 0 alone. Its alive key
   // is a plain one: the store goes with this agent, as an ephemeral key would.
-  void publish_round(Assignment a) {
-    const std::string record = schema::encode(
-        schema::NodeRecord{host_, job_.nproc_per_node, static_cast<int>(::getpid()), 0, -1, ""});
+  void publish_round(Round a) {
+    const std::string record = schema::encode(schema::NodeRecord{
+        host_, job_.nproc_per_node, static_cast<int>(::getpid()), 0, -1, std::nullopt});
     namespace name = schema::name;
     std::vector<std::pair<std::string, std::string>> items{
         {std::string(schema::kRoundPointer), std::to_string(a.round)},
@@ -211,7 +211,7 @@ class NodeRounds : public RoundSource {
 
   bool several_nodes() const override { return true; }
 
-  Task<WatchOutcome> watch(Assignment a) override {
+  Task<WatchOutcome> watch(Round a) override {
     WatchOutcome o;
     try {
       o.result = co_await rdzv_->watch(a, std::chrono::seconds(config_.keep_alive_interval_seconds),
@@ -223,18 +223,18 @@ class NodeRounds : public RoundSource {
     co_return o;
   }
   void stop_watch() override { rdzv_->stop_watch(); }
-  Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures) override {
+  Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures) override {
     co_await rdzv_->announce_failure(std::move(a), std::move(failures));
   }
-  Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind) override {
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) override {
     co_return co_await rdzv_->claim_recovery(std::move(a), kind);
   }
-  Task<void> recovery_over(Assignment a) override { co_await rdzv_->recovery_over(std::move(a)); }
+  Task<void> recovery_over(Round a) override { co_await rdzv_->recovery_over(std::move(a)); }
   Task<int> replacements() override { co_return co_await rdzv_->replacements(); }
-  Task<bool> others_finished(Assignment a) override {
+  Task<bool> others_finished(Round a) override {
     co_return co_await rdzv_->others_finished(std::move(a));
   }
-  Task<std::vector<WorkerFailure>> collect_failures(Assignment a, std::string reason) override {
+  Task<std::vector<WorkerFailure>> collect_failures(Round a, std::string reason) override {
     std::vector<WorkerFailure> all;
     try {
       co_await before_collecting(a, std::move(reason));
@@ -246,7 +246,7 @@ class NodeRounds : public RoundSource {
     co_return all;
   }
   bool hosts_others() const override { return job_store_.has_value(); }
-  Task<void> wait_for_others(Assignment a) override {
+  Task<void> wait_for_others(Round a) override {
     co_await rdzv_->wait_for_others_to_leave(std::move(a), kLeaveTimeout);
   }
   void close() override {
@@ -257,7 +257,7 @@ class NodeRounds : public RoundSource {
   std::string describe() const override { return rdzv_ ? rdzv_->describe() : config_.master_addr; }
 
  protected:
-  virtual Task<void> before_collecting(const Assignment&, std::string) { co_return; }
+  virtual Task<void> before_collecting(const Round&, std::string) { co_return; }
 
   // Hosts the job's store as the plan says; false when this node is a client of it.
   Task<bool> host_job_store() {
@@ -343,16 +343,16 @@ class StaticRounds final : public NodeRounds {
     auto session = make_rendezvous_store(io_, tcp_target(), job_.run_id);
     co_await open_session(std::move(session));
   }
-  Task<Assignment> join(int restarts, std::optional<Assignment>) override {
+  Task<Round> join(int restarts, std::optional<Round>) override {
     co_return co_await rdzv_->join_static(restarts, job_.node_rank);
   }
-  Endpoint workers_store(const Assignment&) const override {
+  Endpoint workers_store(const Round&) const override {
     return {config_.master_addr, job_store_ ? job_store_->port() : plan_.port};
   }
-  Task<bool> exit_barrier(Assignment a) override {
+  Task<bool> exit_barrier(Round a) override {
     co_return co_await rdzv_->exit_barrier(std::move(a), config_.exit_barrier_timeout);
   }
-  Task<Verdict> decide(Assignment) override {
+  Task<Verdict> decide(Round) override {
     throw RendezvousError("static rounds have no verdict: restarts are counted per node");
   }
   // A restart attempt starts with a clean store: PyTorch 2.5+ workers expect a fresh one.
@@ -364,7 +364,7 @@ class StaticRounds final : public NodeRounds {
 
  private:
   // Nodes still joining (a relaunched one) learn that the job failed.
-  Task<void> before_collecting(const Assignment& a, std::string reason) override {
+  Task<void> before_collecting(const Round& a, std::string reason) override {
     co_await rdzv_->mark_failed(a, std::move(reason));
   }
 };
@@ -401,7 +401,7 @@ class ElasticRounds final : public NodeRounds {
   // rendezvous store may outlive the job (etcd, a dist-rendezvous daemon, another job's agent),
   // and torch keys the workers' entries by restart count only, so that two jobs, or two rounds of
   // one job (a reshaped round does not advance the restart count), would read each other's there.
-  Task<Assignment> join(int, std::optional<Assignment> previous) override {
+  Task<Round> join(int, std::optional<Round> previous) override {
     // (Not `previous ? ... : co_await ...`: GCC 12 runs a co_await in either branch.)
     int round = 0;
     if (previous) {
@@ -415,24 +415,24 @@ class ElasticRounds final : public NodeRounds {
   }
   // The workers run on: the store this node offers is the one they use (when it was node 0, the
   // round's first member, whose offer the round takes again).
-  Task<Assignment> join_keeping_workers(Assignment previous) override {
+  Task<Round> join_keeping_workers(Round previous) override {
     if (!round_store_) {
       round_store_.emplace(io_, "", 0, with_token(config_, store::ServerOptions{}));
     }
     const int round = previous.round + 1;
-    std::optional<Assignment> after = std::move(previous);
+    std::optional<Round> after = std::move(previous);
     co_return co_await join_offering_store(round, std::move(after), true);
   }
-  Endpoint workers_store(const Assignment& a) const override {
-    return {a.worker_store_host, a.worker_store_port};
+  Endpoint workers_store(const Round& a) const override {
+    return a.worker_store.value_or(Endpoint{});
   }
   // Once every node succeeded, nodes still waiting to join learn the job is over.
-  Task<bool> exit_barrier(Assignment a) override {
+  Task<bool> exit_barrier(Round a) override {
     const bool everyone = co_await rdzv_->exit_barrier(a, config_.exit_barrier_timeout);
     if (everyone) co_await rdzv_->mark_done(a);
     co_return everyone;
   }
-  Task<Verdict> decide(Assignment a) override {
+  Task<Verdict> decide(Round a) override {
     co_return co_await rdzv_->decide(std::move(a), job_.max_restarts);
   }
   void restart() override {}  // the verdict counted it, job-wide; the next round has a new store
@@ -444,19 +444,19 @@ class ElasticRounds final : public NodeRounds {
  private:
   // The agents never use the round's workers' store, so it learns this host from one
   // authentication here, and admits this node's PyTorch workers (--unauthenticated known-hosts).
-  Task<Assignment> join_offering_store(int round, std::optional<Assignment> previous,
-                                       bool keeps_workers = false) {
-    const std::string offered = Endpoint{host_, round_store_->port()}.to_string();
-    Assignment joined =
-        co_await rdzv_->join_elastic(round, std::move(previous), offered, keeps_workers);
+  Task<Round> join_offering_store(int round, std::optional<Round> previous,
+                                  bool keeps_workers = false) {
+    const Endpoint offered{host_, round_store_->port()};
+    Round joined = co_await rdzv_->join_elastic(round, std::move(previous), offered, keeps_workers);
     if (!config_.secret.empty()) co_await introduce_to_workers_store(joined);
     co_return joined;
   }
 
-  Task<void> introduce_to_workers_store(const Assignment& a) {
+  Task<void> introduce_to_workers_store(const Round& a) {
     store::ClientOptions options;
-    options.host = a.worker_store_host;
-    options.port = a.worker_store_port;
+    const Endpoint workers = workers_store(a);
+    options.host = workers.host;
+    options.port = workers.port;
     options.connect_timeout = config_.join_timeout;
     options.secret = config_.secret;
     store::AsyncStoreClient client(io_.get_executor(), options);

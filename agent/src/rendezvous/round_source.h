@@ -47,47 +47,47 @@ class RoundSource {
   virtual Task<void> prepare() = 0;
   // Joins the next round (after `previous`, when this node was in one): static, round `restarts`;
   // elastic, the job's next. Throws RendezvousError, JobOverError, RoundAbortedError.
-  virtual Task<Assignment> join(int restarts, std::optional<Assignment> previous) = 0;
+  virtual Task<Round> join(int restarts, std::optional<Round> previous) = 0;
   // Elastic, --restart-policy in-place: joins the round after `previous` while this node's
   // workers run on (a lost node's survivors regroup): the workers' store this node offers is the
   // one they use. Other modes have no such round: RendezvousError.
-  virtual Task<Assignment> join_keeping_workers(Assignment previous) {
+  virtual Task<Round> join_keeping_workers(Round previous) {
     throw RendezvousError("round " + std::to_string(previous.round) +
                           " cannot be followed while its workers run: only elastic rounds can");
   }
   // Where round `a`'s workers find their store (MASTER_ADDR, MASTER_PORT).
-  virtual store::Endpoint workers_store(const Assignment& a) const = 0;
+  virtual store::Endpoint workers_store(const Round& a) const = 0;
 
   // Several nodes: until round `a` ends elsewhere or stop_watch() is called. A lost store is an
   // outcome too, not an error.
-  virtual Task<WatchOutcome> watch(Assignment a) = 0;
+  virtual Task<WatchOutcome> watch(Round a) = 0;
   virtual void stop_watch() = 0;
   // Several nodes: tells every node that round `a` failed here, and why.
-  virtual Task<void> announce_failure(Assignment a, std::vector<WorkerFailure> failures) = 0;
+  virtual Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures) = 0;
   // Several nodes: true once every node's workers succeeded, false when the round ended.
-  virtual Task<bool> exit_barrier(Assignment a) = 0;
+  virtual Task<bool> exit_barrier(Round a) = 0;
   // Elastic: how the job goes on after round `a` ended (the same verdict for every node).
-  virtual Task<Verdict> decide(Assignment a) = 0;
+  virtual Task<Verdict> decide(Round a) = 0;
   // The job failed for good: every node's failures for the report (static: first marks the job
   // failed, so that a relaunched node still joining learns it). A store that is gone leaves an
   // empty list (said as a warning).
-  virtual Task<std::vector<WorkerFailure>> collect_failures(Assignment a, std::string reason) = 0;
+  virtual Task<std::vector<WorkerFailure>> collect_failures(Round a, std::string reason) = 0;
   // --restart-policy in-place: claims the job's one recovery for this node (a worker replaced
   // alone, counted with the replacements; node 0's regroup), says it is over, reads the count.
   // One node keeps them itself; several, in the job's store (NodeRendezvous::claim_recovery), so
   // that every node counts the others' and no two recoveries overlap.
-  virtual Task<RecoveryClaim> claim_recovery(Assignment a, Recovery kind) = 0;
-  virtual Task<void> recovery_over(Assignment a) = 0;
+  virtual Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) = 0;
+  virtual Task<void> recovery_over(Round a) = 0;
   virtual Task<int> replacements() = 0;
   // In place: whether every other node of round a has finished (its workers all succeeded: it is
   // at the exit barrier). One node: there is no other.
-  virtual Task<bool> others_finished(Assignment a) = 0;
+  virtual Task<bool> others_finished(Round a) = 0;
   // Before the round that follows a failed one.
   virtual void restart() = 0;
   // Whether the other nodes need this one to stay once its work is over (it hosts their store);
   // and the bounded wait for them to leave.
   virtual bool hosts_others() const = 0;
-  virtual Task<void> wait_for_others(Assignment a) = 0;
+  virtual Task<void> wait_for_others(Round a) = 0;
 
   virtual void close() = 0;
   // Where the rendezvous store is, for messages.

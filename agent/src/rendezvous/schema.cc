@@ -193,7 +193,7 @@ std::vector<BlockedRank> decode_blocked(const ordered_json& list, std::size_t mo
 }
 
 ordered_json encode_rank(const RankStatus& r) {
-  ordered_json j = {{"r", r.rank}, {"l", r.local_rank}};
+  ordered_json j = {{"r", r.worker.rank}, {"l", r.worker.local_rank}};
   if (r.steps) j["s"] = *r.steps;
   put(j, "sps", r.steps_per_second);
   put(j, "ss", r.step_seconds);
@@ -213,8 +213,8 @@ ordered_json encode_rank(const RankStatus& r) {
 RankStatus decode_rank(const ordered_json& j, std::string_view key, std::string_view text) {
   if (!j.is_object()) throw CorruptValueError(key, text, kProgressShape);
   RankStatus r;
-  r.rank = small_count(j, "r", key, text);
-  r.local_rank = small_count(j, "l", key, text);
+  r.worker.rank = small_count(j, "r", key, text);
+  r.worker.local_rank = small_count(j, "l", key, text);
   r.steps = unsigned_field(j, "s", key, text);
   r.steps_per_second = number(j, "sps", key, text);
   r.step_seconds = number(j, "ss", key, text);
@@ -269,7 +269,7 @@ std::string encode(const NodeRecord& r) {
                         {"pid", r.pid},
                         {"nonce", r.nonce},
                         {"previous_rank", r.previous_rank},
-                        {"worker_store", r.worker_store},
+                        {"worker_store", encode_endpoint(r.worker_store)},
                         {"keeps_workers", r.keeps_workers},
                         {"hosts_store", r.hosts_store}});
 }
@@ -282,7 +282,8 @@ NodeRecord decode_node_record(std::string_view key, std::string_view text) {
   r.pid = field<int>(j, "pid", key, text, kNodeRecordShape);
   r.nonce = field<std::uint32_t>(j, "nonce", key, text, kNodeRecordShape);
   r.previous_rank = field<int>(j, "previous_rank", key, text, kNodeRecordShape);
-  r.worker_store = field<std::string>(j, "worker_store", key, text, kNodeRecordShape);
+  r.worker_store =
+      decode_endpoint(key, field<std::string>(j, "worker_store", key, text, kNodeRecordShape));
   r.keeps_workers = field<bool>(j, "keeps_workers", key, text, kNodeRecordShape);
   r.hosts_store = field<bool>(j, "hosts_store", key, text, kNodeRecordShape);
   if (r.local_world_size < 1) throw CorruptValueError(key, text, kNodeRecordShape);
@@ -387,10 +388,10 @@ std::string encode(const std::vector<WorkerFailure>& failures) {
   for (const auto& f : failures) {
     list.push_back({{"time", std::chrono::duration<double>(f.time.time_since_epoch()).count()},
                     {"host", f.host},
-                    {"rank", f.rank},
-                    {"local_rank", f.local_rank},
+                    {"rank", f.worker.rank},
+                    {"local_rank", f.worker.local_rank},
                     {"exit_code", f.exit_code},
-                    {"pid", f.pid},
+                    {"pid", f.worker.pid},
                     {"error_file", f.error_file},
                     {"message", f.message},
                     {"traceback", f.traceback},
@@ -410,10 +411,10 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
         std::chrono::round<std::chrono::system_clock::duration>(
             std::chrono::duration<double>(field<double>(j, "time", key, text, kFailuresShape))));
     f.host = field<std::string>(j, "host", key, text, kFailuresShape);
-    f.rank = field<int>(j, "rank", key, text, kFailuresShape);
-    f.local_rank = field<int>(j, "local_rank", key, text, kFailuresShape);
+    f.worker.rank = field<int>(j, "rank", key, text, kFailuresShape);
+    f.worker.local_rank = field<int>(j, "local_rank", key, text, kFailuresShape);
     f.exit_code = field<int>(j, "exit_code", key, text, kFailuresShape);
-    f.pid = field<int>(j, "pid", key, text, kFailuresShape);
+    f.worker.pid = field<int>(j, "pid", key, text, kFailuresShape);
     f.error_file = field<std::string>(j, "error_file", key, text, kFailuresShape);
     f.message = field<std::string>(j, "message", key, text, kFailuresShape);
     f.traceback = field<std::string>(j, "traceback", key, text, kFailuresShape);
@@ -424,13 +425,17 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
   return failures;
 }
 
-store::Endpoint decode_endpoint(std::string_view key, std::string_view text) {
-  if (text.empty()) return {};
+std::optional<store::Endpoint> decode_endpoint(std::string_view key, std::string_view text) {
+  if (text.empty()) return std::nullopt;
   try {
     return store::parse_endpoint(text);
   } catch (const store::EndpointError&) {
     throw CorruptValueError(key, text, kEndpointShape);
   }
+}
+
+std::string encode_endpoint(const std::optional<store::Endpoint>& endpoint) {
+  return endpoint ? endpoint->to_string() : std::string();
 }
 
 std::int64_t decode_int(std::string_view key, std::string_view text) {
@@ -496,7 +501,7 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
     for (const auto& r : n.ranks) {
       if (!r.work_seconds || !std::isfinite(*r.work_seconds) || *r.work_seconds <= 0) continue;
       all.push_back(*r.work_seconds);
-      v.work.emplace_back(r.rank, *r.work_seconds);
+      v.work.emplace_back(r.worker.rank, *r.work_seconds);
     }
     for (const auto& b : n.blocked) {
       if (v.blocked.size() < kMaxViewBlocked) v.blocked.push_back(b);
@@ -577,8 +582,8 @@ std::vector<std::pair<std::string, std::string>> heartbeat_items(
 }
 
 nlohmann::ordered_json to_json(const RankStatus& r) {
-  return {{"rank", r.rank},
-          {"local_rank", r.local_rank},
+  return {{"rank", r.worker.rank},
+          {"local_rank", r.worker.local_rank},
           {"steps", r.steps ? ordered_json(*r.steps) : ordered_json()},
           {"steps_per_second", or_null(r.steps_per_second)},
           {"step_seconds", or_null(r.step_seconds)},

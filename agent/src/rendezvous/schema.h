@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -106,9 +107,10 @@ struct NodeRecord {
   std::string host;
   int local_world_size = 0;
   int pid = 0;
-  std::uint32_t nonce = 0;     // tells this agent's records from any other's, even on one host
-  int previous_rank = -1;      // elastic: its node rank in the previous round, -1 for a newcomer
-  std::string worker_store;    // etcd: "host:port" of the store this node would host for workers
+  std::uint32_t nonce = 0;  // tells this agent's records from any other's, even on one host
+  int previous_rank = -1;   // elastic: its node rank in the previous round, -1 for a newcomer
+  // etcd: the store this node would host for workers (written "host:port", "" for none)
+  std::optional<store::Endpoint> worker_store;
   bool keeps_workers = false;  // in-place: it joins while its workers run on (a regroup)
   bool hosts_store = false;    // its agent hosts the rendezvous store (c10d)
 };
@@ -145,7 +147,8 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
 
 // "host:port" (a host may be a name, an IPv4 or a bracketed IPv6 address); the empty string for
 // none (an empty host).
-store::Endpoint decode_endpoint(std::string_view key, std::string_view text);
+std::optional<store::Endpoint> decode_endpoint(std::string_view key, std::string_view text);
+std::string encode_endpoint(const std::optional<store::Endpoint>& endpoint);
 
 // Counters and integers ("12"), and member lists ("3,1,2").
 std::int64_t decode_int(std::string_view key, std::string_view text);

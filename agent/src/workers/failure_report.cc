@@ -28,17 +28,17 @@ std::string describe(const WorkerFailure& f, std::size_t index) {
   out << "[" << index << "]:\n"
       << "  time      : " << format_time(f.time) << "\n"
       << "  host      : " << f.host << "\n"
-      << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n"
+      << "  rank      : " << f.worker.rank << " (local_rank: " << f.worker.local_rank << ")\n"
       << "  exitcode  : " << f.exit_code;
   if (f.exit_code < 0) out << " (" << signal_name(-f.exit_code) << ")";
-  out << " (pid: " << f.pid << ")\n"
+  out << " (pid: " << f.worker.pid << ")\n"
       << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file) << "\n";
   if (!f.message.empty()) out << "  message   : " << f.message << "\n";
   std::string traceback = f.traceback;
   if (traceback.empty()) {
     traceback = f.exit_code < 0
                     ? "Signal " + std::to_string(-f.exit_code) + " (" + signal_name(-f.exit_code) +
-                          ") received by PID " + std::to_string(f.pid)
+                          ") received by PID " + std::to_string(f.worker.pid)
                     : "To enable traceback see: "
                       "https://pytorch.org/docs/stable/elastic/errors.html";
   }
@@ -125,7 +125,7 @@ std::size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
     // Of two at once, the one that exited with its own error over one the stop's signal ended.
     if (a.ended_by_the_stop != b.ended_by_the_stop) return !a.ended_by_the_stop;
     if (a.error_file.empty() != b.error_file.empty()) return !a.error_file.empty();
-    return a.rank < b.rank;
+    return a.worker.rank < b.worker.rank;
   };
   return static_cast<std::size_t>(std::min_element(failures.begin(), failures.end(), before) -
                                   failures.begin());
@@ -153,7 +153,7 @@ std::string format_replacement(const std::string& script, const InPlaceReplaceme
   const std::string thin(60, '-');
   std::ostringstream out;
   out << rule << "\n"
-      << script << " worker " << r.failure.rank << " FAILED, replaced in place\n"
+      << script << " worker " << r.failure.worker.rank << " FAILED, replaced in place\n"
       << thin << "\n"
       << describe_replacement(r, 0) << rule << "\n";
   return valid_utf8(out.str());

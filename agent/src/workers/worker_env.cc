@@ -6,18 +6,18 @@
 
 namespace dist::agent {
 
-WorkerIdentity make_identity(const Assignment& a, int local_rank, const store::Endpoint& store,
+WorkerIdentity make_identity(const Round& a, int local_rank, const store::Endpoint& store,
                              const JobConfig& config) {
   WorkerIdentity id;
-  id.local_rank = local_rank;
-  id.rank = a.rank_offset + local_rank;
+  id.worker.round = a.round;
+  id.worker.rank = a.rank_offset + local_rank;
+  id.worker.local_rank = local_rank;
   id.group_rank = a.node_rank;
   id.local_world_size = config.nproc_per_node;
   id.world_size = a.world_size;
   id.group_world_size = a.num_nodes;
   id.role = config.role;
-  id.master_addr = store.host;
-  id.master_port = store.port;
+  id.master = store;
   id.restart_count = a.restarts;
   id.max_restarts = config.max_restarts;
   id.run_id = config.run_id;
@@ -27,17 +27,17 @@ WorkerIdentity make_identity(const Assignment& a, int local_rank, const store::E
 Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads) {
   namespace contract = worker_contract;
   Variables v = {
-      {contract::kRank, std::to_string(id.rank)},
-      {contract::kLocalRank, std::to_string(id.local_rank)},
+      {contract::kRank, std::to_string(id.worker.rank)},
+      {contract::kLocalRank, std::to_string(id.worker.local_rank)},
       {contract::kGroupRank, std::to_string(id.group_rank)},
-      {contract::kRoleRank, std::to_string(id.rank)},
+      {contract::kRoleRank, std::to_string(id.worker.rank)},
       {contract::kRoleName, id.role},
       {contract::kLocalWorldSize, std::to_string(id.local_world_size)},
       {contract::kWorldSize, std::to_string(id.world_size)},
       {contract::kGroupWorldSize, std::to_string(id.group_world_size)},
       {contract::kRoleWorldSize, std::to_string(id.world_size)},
-      {contract::kMasterAddr, id.master_addr},
-      {contract::kMasterPort, std::to_string(id.master_port)},
+      {contract::kMasterAddr, id.master.host},
+      {contract::kMasterPort, std::to_string(id.master.port)},
       {contract::kRestartCount, std::to_string(id.restart_count)},
       {contract::kMaxRestarts, std::to_string(id.max_restarts)},
       {contract::kRunId, id.run_id},

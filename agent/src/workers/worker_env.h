@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dist/agent/config.h"
+#include "dist/agent/vocabulary.h"
 #include "dist/store/endpoint.h"
 #include "processes/process.h"
 #include "rendezvous/rendezvous.h"
@@ -15,15 +16,13 @@
 namespace dist::agent {
 
 struct WorkerIdentity {
-  int local_rank = 0;
-  int rank = 0;        // global
+  Worker worker;       // its round and ranks (its process is not started yet)
   int group_rank = 0;  // node rank
   int local_world_size = 1;
   int world_size = 1;
   int group_world_size = 1;  // nodes
   std::string role = "default";
-  std::string master_addr;
-  std::uint16_t master_port = 0;
+  store::Endpoint master;  // MASTER_ADDR and MASTER_PORT: the workers' store
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id;
@@ -32,7 +31,7 @@ struct WorkerIdentity {
 };
 
 // What local rank `local_rank` of round `a` is told, its store being `store`.
-WorkerIdentity make_identity(const Assignment& a, int local_rank, const store::Endpoint& store,
+WorkerIdentity make_identity(const Round& a, int local_rank, const store::Endpoint& store,
                              const JobConfig& job);
 
 // torchrun's variables for one worker. OMP_NUM_THREADS=1 is added when `default_omp_threads`.

@@ -64,7 +64,8 @@ bool failed_with_an_error(const WorkerFailure& f, fs::file_time_type stop_began)
 
 void log_failure(const WorkerFailure& f, const std::string& note) {
   spdlog::error(
-      "worker {} (local rank {}, pid {}) failed: {}{}{}", f.rank, f.local_rank, f.pid,
+      "worker {} (local rank {}, pid {}) failed: {}{}{}", f.worker.rank, f.worker.local_rank,
+      f.worker.pid,
       f.exit_code < 0 ? signal_name(-f.exit_code) : "exit code " + std::to_string(f.exit_code),
       note.empty() ? "" : ", " + note, f.collateral ? " (after a peer's failure)" : "");
 }
@@ -180,19 +181,20 @@ WorkerGroup::~WorkerGroup() {
   output_.abandon();
   forward(SIGKILL);
   for (const auto& w : workers_) {
-    if (w.exited || w.pid <= 0) continue;  // never started: waitpid(-1) would wait for any child
-    while (::waitpid(w.pid, nullptr, 0) < 0 && errno == EINTR) {
+    if (w.exited || w.worker.pid <= 0)
+      continue;  // never started: waitpid(-1) would wait for any child
+    while (::waitpid(w.worker.pid, nullptr, 0) < 0 && errno == EINTR) {
     }
   }
 }
 
-void WorkerGroup::start(const Assignment& a, const store::Endpoint& store) {
+void WorkerGroup::start(const Round& a, const store::Endpoint& store) {
   take_round(a, store);
   start_generation_ = 0;
   launch();
 }
 
-void WorkerGroup::start_joining(const Assignment& a, const store::Endpoint& store) {
+void WorkerGroup::start_joining(const Round& a, const store::Endpoint& store) {
   take_round(a, store);
   awaiting_generation_ = true;
   start_pending_ = true;  // stop() ends the wait, as it ends one for the zygote
@@ -209,7 +211,7 @@ void WorkerGroup::start_generation(int generation) {
   launch();
 }
 
-void WorkerGroup::take_round(const Assignment& a, const store::Endpoint& store) {
+void WorkerGroup::take_round(const Round& a, const store::Endpoint& store) {
   awaiting_generation_ = false;
   round_ = a;
   started_round_ = a.round;
@@ -263,10 +265,9 @@ void WorkerGroup::start_now() {
   std::vector<SpawnedProcess> started;
   std::optional<std::runtime_error> failure;
   for (int local = 0; local < config_.nproc_per_node && !failure; ++local) {
-    Worker& w = workers_[static_cast<std::size_t>(local)];
-    w.local_rank = local;
-    w.rank = round_.rank_offset + local;
-    w.generation = start_generation_;
+    Member& w = workers_[static_cast<std::size_t>(local)];
+    w = Member{Worker{round_.round, round_.rank_offset + local, local, -1,
+                      named_generation(identity_, start_generation_)}};
     try {
       started.push_back(spawn(w, plan, base_env));
     } catch (const std::runtime_error& e) {
@@ -275,22 +276,22 @@ void WorkerGroup::start_now() {
   }
   int forked = 0;  // from the zygote: nothing to confirm
   for (std::size_t i = 0; i < started.size(); ++i) {
-    Worker& w = workers_[i];
+    Member& w = workers_[i];
     try {
       if (started[i].status_fd < 0) ++forked;
       if (started[i].status_fd >= 0) confirm_started(started[i]);
     } catch (const std::exception& e) {
       w.exited = true;  // reaped, its pipes closed
-      if (janitor_) janitor_->untrack(w.pid);
+      if (janitor_) janitor_->untrack(w.worker.pid);
       if (!failure) {
-        failure.emplace("cannot start worker " + std::to_string(w.rank) + " (local rank " +
-                        std::to_string(w.local_rank) + "): " + e.what());
+        failure.emplace("cannot start worker " + std::to_string(w.worker.rank) + " (local rank " +
+                        std::to_string(w.worker.local_rank) + "): " + e.what());
       }
       continue;
     }
     attach_output(w, started[i]);
   }
-  for (auto& unstarted : workers_) unstarted.exited = unstarted.exited || unstarted.pid < 0;
+  for (auto& unstarted : workers_) unstarted.exited = unstarted.exited || unstarted.worker.pid < 0;
   if (failure) throw *failure;  // the caller stops the ones that started
   spdlog::debug("started {} workers (round {})", workers_.size(), round_.round);
   if (forked > 0) {
@@ -303,15 +304,16 @@ void WorkerGroup::start_now() {
 
 // attempt_<round>/<local rank>/, and a replacement's generation_<g>/ inside it (the round the group
 // started in: after a regroup its workers' error files are where they were told).
-fs::path WorkerGroup::worker_dir(const Worker& w) const {
-  const fs::path dir = dir_.attempt(started_round_, w.local_rank);
-  return w.generation == 0 ? dir : dir / ("generation_" + std::to_string(w.generation));
+fs::path WorkerGroup::worker_dir(const Member& w) const {
+  const fs::path dir = dir_.attempt(started_round_, w.worker.local_rank);
+  const int generation = w.worker.generation.value_or(0);
+  return generation == 0 ? dir : dir / ("generation_" + std::to_string(generation));
 }
 
 pid_t WorkerGroup::replace(int local_rank, int generation) {
-  Worker& w = workers_.at(static_cast<std::size_t>(local_rank));
-  const int rank = w.rank;
-  w = Worker{local_rank, rank, -1, false, false, 0, generation};
+  Member& w = workers_.at(static_cast<std::size_t>(local_rank));
+  const int rank = w.worker.rank;
+  w = Member{Worker{round_.round, rank, local_rank, -1, named_generation(identity_, generation)}};
   const char* path = std::getenv("PATH");
   SpawnedProcess p =
       spawn(w, plan_spawn(config_.worker_argv.front(), path ? path : ""), current_environment());
@@ -324,21 +326,22 @@ pid_t WorkerGroup::replace(int local_rank, int generation) {
     }
   } catch (const std::exception& e) {
     w.exited = true;  // reaped, its pipes closed
-    if (janitor_) janitor_->untrack(w.pid);
+    if (janitor_) janitor_->untrack(w.worker.pid);
     throw std::runtime_error("cannot start the replacement of worker " + std::to_string(rank) +
                              " (local rank " + std::to_string(local_rank) + "): " + e.what());
   }
   attach_output(w, p);
-  return w.pid;
+  return w.worker.pid;
 }
 
-std::vector<std::pair<int, int>> WorkerGroup::regroup(const Assignment& a) {
+std::vector<std::pair<int, int>> WorkerGroup::regroup(const Round& a) {
   round_ = a;
   host_label_ = identity_.host + " (node " + std::to_string(a.node_rank) + ")";
   std::vector<std::pair<int, int>> moved;
   for (auto& w : workers_) {
-    const int rank = a.rank_offset + w.local_rank;
-    moved.emplace_back(std::exchange(w.rank, rank), rank);
+    const int rank = a.rank_offset + w.worker.local_rank;
+    moved.emplace_back(std::exchange(w.worker.rank, rank), rank);
+    w.worker.round = a.round;
   }
   // The running workers save under their new ranks: the writers must not evict those.
   if (snapshots_) snapshots_->list_ranks(a.rank_offset, config_.nproc_per_node);
@@ -348,12 +351,12 @@ std::vector<std::pair<int, int>> WorkerGroup::regroup(const Assignment& a) {
 std::vector<int> WorkerGroup::running_ranks() const {
   std::vector<int> ranks;
   for (const auto& w : workers_) {
-    if (!w.exited) ranks.push_back(w.rank);
+    if (!w.exited) ranks.push_back(w.worker.rank);
   }
   return ranks;
 }
 
-SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
+SpawnedProcess WorkerGroup::spawn(Member& w, const SpawnPlan& plan,
                                   const std::vector<std::string>& base_env) {
   const fs::path dir = worker_dir(w);
   // A directory made here is empty. One that could not be: its attempt's is missing (the first
@@ -364,11 +367,11 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
     fs::remove(dir / "error.json", ec);
   }
 
-  WorkerIdentity id = make_identity(round_, w.local_rank, store_, config_);
+  WorkerIdentity id = make_identity(round_, w.worker.local_rank, store_, config_);
   id.error_file = (dir / "error.json").string();
   id.signals_to_handle = signal_list(config_.signals_to_handle);
   auto variables = torchrun_variables(id, config_.omp_threads_defaulted);
-  const WorkerResources& resources = resources_[static_cast<std::size_t>(w.local_rank)];
+  const WorkerResources& resources = resources_[static_cast<std::size_t>(w.worker.local_rank)];
   for (const auto& [name, value] : resources.environment) variables[name] = value;
   variables[kAgentIdVariable] = agent_id_.value();  // marks all the worker starts
   // The SDK's Gloo group listens there (worker_sdk/src/local_address.h).
@@ -377,12 +380,13 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   }
   if (identity_.generations) {  // recovery.h's switch
     variables[worker_contract::kRestartPolicyVariable] = worker_contract::kInPlacePolicy;
-    variables[worker_contract::kGenerationVariable] = std::to_string(w.generation);
+    variables[worker_contract::kGenerationVariable] =
+        std::to_string(w.worker.generation.value_or(0));
     variables[worker_contract::kInPlaceTimeoutVariable] =
         std::to_string(config_.in_place_timeout.count());
   }
   std::vector<int> inherited;  // the watchdogs' channels
-  watchdogs_.prepare(w.local_rank, dir, variables, inherited);
+  watchdogs_.prepare(w.worker.local_rank, dir, variables, inherited);
   add_python_paths(variables, python_hook_, python_package_, base_env);
   // A path, never the secret: a process's environment is readable by much of the machine.
   if (!identity_.token_file.empty()) {
@@ -394,11 +398,11 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
   auto env = merge_environment(base_env, variables);
   const WorkerPlacement& placement = resources.placement;
   const bool bound = placement.bind_cpus || placement.bind_memory;
-  if (bound) spdlog::debug("local rank {}: {}", w.local_rank, placement.describe());
-  auto argv = substitute_local_rank(config_.worker_argv, w.local_rank);
+  if (bound) spdlog::debug("local rank {}: {}", w.worker.local_rank, placement.describe());
+  auto argv = substitute_local_rank(config_.worker_argv, w.worker.local_rank);
   SpawnedProcess p;
   if (warm_ && !bound) {
-    if (auto forked = warm_->spawn(argv, env, inherited, w.rank)) p = *forked;
+    if (auto forked = warm_->spawn(argv, env, inherited, w.worker.rank)) p = *forked;
   }
   try {
     if (p.pid < 0) {
@@ -406,25 +410,24 @@ SpawnedProcess WorkerGroup::spawn(Worker& w, const SpawnPlan& plan,
                         inherited);
     }
   } catch (const std::exception& e) {
-    throw std::runtime_error("cannot start worker " + std::to_string(w.rank) + " (local rank " +
-                             std::to_string(w.local_rank) + "): " + e.what());
+    throw std::runtime_error("cannot start worker " + std::to_string(w.worker.rank) +
+                             " (local rank " + std::to_string(w.worker.local_rank) +
+                             "): " + e.what());
   }
-  w.pid = p.pid;
+  w.worker.pid = p.pid;
   if (janitor_) janitor_->track(p.pid);  // the worker's process group
-  const WorkerRef ref{round_.round, w.rank, w.local_rank, p.pid,
-                      named_generation(identity_, w.generation)};
-  watchdogs_.started(ref);
-  telemetry_.worker_started(ref);
+  watchdogs_.started(w.worker);
+  telemetry_.worker_started(w.worker);
   return p;
 }
 
 // Its output is pumped; the group is stopped only once both pipes closed (or the drain timed out).
-void WorkerGroup::attach_output(Worker& w, const SpawnedProcess& p) {
+void WorkerGroup::attach_output(Member& w, const SpawnedProcess& p) {
   w.open_pipes = 2;
-  const pid_t pid = w.pid;
-  output_.attach(w.rank, w.local_rank, p, worker_dir(w), [this, pid] {
+  const pid_t pid = w.worker.pid;
+  output_.attach(w.worker, p, worker_dir(w), [this, pid] {
     for (auto& worker : workers_) {
-      if (worker.pid == pid) --worker.open_pipes;
+      if (worker.worker.pid == pid) --worker.open_pipes;
     }
     maybe_stopped();
   });
@@ -443,12 +446,12 @@ void WorkerGroup::reap() {
   while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
     if (warm_ && warm_->reaped(pid, status)) continue;  // the zygote, a standby
     for (auto& w : workers_) {
-      if (w.pid != pid || w.exited) continue;
+      if (w.worker.pid != pid || w.exited) continue;
       w.exited = true;
       if (janitor_) janitor_->untrack(pid);  // its group's id may be reused from now on
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-      const std::string watchdog_reason = watchdogs_.reason(w.local_rank);
-      watchdogs_.exited(w.local_rank);
+      const std::string watchdog_reason = watchdogs_.reason(w.worker.local_rank);
+      watchdogs_.exited(w.worker.local_rank);
       // A worker the stop ended is "stopped", not failed (the event log's "failed": false).
       bool failed = code != 0 || !watchdog_reason.empty();
       if (!failed) exited_ok = true;
@@ -466,9 +469,7 @@ void WorkerGroup::reap() {
           late_failures_.push_back(std::move(f));
         }
       }
-      telemetry_.worker_exited(
-          {round_.round, w.rank, w.local_rank, w.pid, named_generation(identity_, w.generation)},
-          code, failed, watchdog_reason);
+      telemetry_.worker_exited(w.worker, code, failed, watchdog_reason);
     }
   }
   if (state_ == State::kStopping) return maybe_stopped();
@@ -480,25 +481,24 @@ void WorkerGroup::reap() {
 }
 
 bool WorkerGroup::others_exited(int local_rank) const {
-  return std::all_of(workers_.begin(), workers_.end(),
-                     [&](const Worker& w) { return w.exited || w.local_rank == local_rank; });
+  return std::all_of(workers_.begin(), workers_.end(), [&](const Member& w) {
+    return w.exited || w.worker.local_rank == local_rank;
+  });
 }
 
-WorkerFailure WorkerGroup::failure_of(const Worker& w, int code,
+WorkerFailure WorkerGroup::failure_of(const Member& w, int code,
                                       std::chrono::system_clock::time_point when,
                                       const std::string& watchdog_reason) const {
   WorkerFailure f;
   f.time = when;  // the error file's own timestamp, when there is one, is more precise
   f.host = host_label_;
-  f.rank = w.rank;
-  f.local_rank = w.local_rank;
+  f.worker = w.worker;
   f.exit_code = code;
-  f.pid = w.pid;
   f.error_file = (worker_dir(w) / "error.json").string();
   read_error_file(f);
   if (!fs::exists(f.error_file)) f.error_file.clear();
   f.collateral =
-      watchdog_reason.empty() ? looks_collateral(f) : watchdogs_.collateral(w.local_rank);
+      watchdog_reason.empty() ? looks_collateral(f) : watchdogs_.collateral(w.worker.local_rank);
   if (!watchdog_reason.empty()) {  // the kill is the cause; what the worker wrote comes after
     f.message = f.message.empty() ? watchdog_reason : watchdog_reason + "; " + f.message;
   }
@@ -530,9 +530,9 @@ void WorkerGroup::stop(int signal, bool already_sent) {
     // An exit not reaped yet was the worker's own, whatever comes now: its error counts.
     siginfo_t info{};
     w.exited_before_stop =
-        ::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-        info.si_pid == w.pid;
-    if (signal != 0 && !already_sent) signal_group(w.pid, signal);
+        ::waitid(P_PID, static_cast<id_t>(w.worker.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == w.worker.pid;
+    if (signal != 0 && !already_sent) signal_group(w.worker.pid, signal);
   }
   if (signal == SIGKILL) leftovers_.kill();
   if (signal != 0 && signal != SIGKILL) arm_stop_deadline();
@@ -558,7 +558,7 @@ void WorkerGroup::arm_stop_deadline() {
 
 void WorkerGroup::forward(int signal) {
   for (const auto& w : workers_) {
-    if (!w.exited) signal_group(w.pid, signal);
+    if (!w.exited) signal_group(w.worker.pid, signal);
   }
 }
 
@@ -569,7 +569,7 @@ void WorkerGroup::maybe_stopped() {
   if (!leftovers_.gone()) return arm_stop_deadline();  // each exit comes back here (SIGCHLD)
   kill_timer_.cancel();
   const bool drained = std::all_of(workers_.begin(), workers_.end(),
-                                   [](const Worker& w) { return w.open_pipes == 0; });
+                                   [](const Member& w) { return w.open_pipes == 0; });
   if (!drained) {
     if (draining_) return;
     draining_ = true;

@@ -96,13 +96,13 @@ class WorkerGroup {
   // std::runtime_error naming the worker that could not start (the ones already started are
   // then stopped by the caller). While the zygote still imports, the start waits for it (running,
   // no worker yet); a failure then comes as Events::start_failed.
-  void start(const Assignment& a, const store::Endpoint& store);
+  void start(const Round& a, const store::Endpoint& store);
   // In-place, a newcomer to a running job: round `a` continues a group that is running on the
   // other nodes, which this node's workers join as one of its generations, known later. Until
   // start_generation(g) the group runs with no worker (a stop ends it at once); then round `a`'s
   // workers start as generation g's (DIST_LAUNCH_GENERATION; they receive the running workers'
   // state), as start() starts them, and throws as it does.
-  void start_joining(const Assignment& a, const store::Endpoint& store);
+  void start_joining(const Round& a, const store::Endpoint& store);
   void start_generation(int generation);
   // Sends `signal` (0: none, just wait) to every worker's process group and SIGKILLs what is
   // left after the shutdown timeout; stopped() follows. Again while stopping: SIGKILL at once.
@@ -119,7 +119,7 @@ class WorkerGroup {
   // In-place, a lost node or a newcomer: the running workers go on in round `a` (another world
   // size); their global ranks start at a.rank_offset from now on, and a later replacement starts
   // with a's variables. Returns each worker's old and new global rank.
-  std::vector<std::pair<int, int>> regroup(const Assignment& a);
+  std::vector<std::pair<int, int>> regroup(const Round& a);
   // And once the regroup's generation is out: each running worker is asked to recover at its
   // next unit of work (WorkerWatchdogs::ask_to_regroup; their collectives may not fail).
   void ask_to_regroup() { watchdogs_.ask_to_regroup(round_.round); }
@@ -130,7 +130,7 @@ class WorkerGroup {
   bool others_exited(int local_rank) const;
   // In-place: the generation local rank `local_rank`'s worker started as.
   int generation_of(int local_rank) const {
-    return workers_.at(static_cast<std::size_t>(local_rank)).generation;
+    return workers_.at(static_cast<std::size_t>(local_rank)).worker.generation.value_or(0);
   }
   // Reaps every child that exited (SIGCHLD arrived).
   void reap();
@@ -149,28 +149,27 @@ class WorkerGroup {
   void warn_incomplete_logs() const { output_.warn_incomplete_logs(); }
 
  private:
-  struct Worker {
-    int local_rank = 0;
-    int rank = 0;
-    pid_t pid = -1;
+  // A worker of the group (its round the one it runs in, its generation the one it started as)
+  // and its process's state.
+  struct Member {
+    Worker worker;
     bool exited = false;
     bool exited_before_stop = false;  // had exited (not yet reaped) when the group was stopped
     int open_pipes = 0;
-    int generation = 0;  // in-place: the generation it started as (0: with the group)
   };
   enum class State { kIdle, kRunning, kStopping };
 
-  void take_round(const Assignment& a, const store::Endpoint& store);  // round_ and the rest
+  void take_round(const Round& a, const store::Endpoint& store);  // round_ and the rest
   void launch();  // round_'s workers: now, or once the zygote is ready
   void start_now();
   void defer_start();  // until the zygote is ready (warm/warm_start.h)
   void set_up_warm();
   void write_python_files_once();            // the hook (not with --no-step-hook), the package
   std::vector<pid_t> agent_helpers() const;  // zygote, standbys, scratch guardian: not leftovers
-  SpawnedProcess spawn(Worker& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
-  std::filesystem::path worker_dir(const Worker& w) const;
-  void attach_output(Worker& w, const SpawnedProcess& p);
-  WorkerFailure failure_of(const Worker& w, int code, std::chrono::system_clock::time_point when,
+  SpawnedProcess spawn(Member& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
+  std::filesystem::path worker_dir(const Member& w) const;
+  void attach_output(Member& w, const SpawnedProcess& p);
+  WorkerFailure failure_of(const Member& w, int code, std::chrono::system_clock::time_point when,
                            const std::string& watchdog_reason) const;
   void maybe_stopped();
   void arm_stop_deadline();
@@ -187,12 +186,12 @@ class WorkerGroup {
   WorkerWatchdogs watchdogs_;
   State state_ = State::kIdle;
   Identity identity_;
-  Assignment round_;                        // the round running (or last run)
+  Round round_;                             // the round running (or last run)
   int started_round_ = 0;                   // the round the group started in (its directories)
   store::Endpoint store_;                   // its workers' store
   std::string host_label_;                  // this node, as failure reports name it
   std::vector<WorkerResources> resources_;  // by local rank
-  std::vector<Worker> workers_;
+  std::vector<Member> workers_;
   std::filesystem::path python_hook_;     // on the workers' PYTHONPATH (health/python_hook.h)
   std::filesystem::path python_package_;  // the stand-in dist_launch package (health/python_hook.h)
   bool python_files_written_ = false;

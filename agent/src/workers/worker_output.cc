@@ -53,13 +53,14 @@ void WorkerOutput::warn_incomplete_logs() const {
   }
 }
 
-void WorkerOutput::attach(int rank, int local_rank, const SpawnedProcess& p, const fs::path& dir,
+void WorkerOutput::attach(const Worker& worker, const SpawnedProcess& p, const fs::path& dir,
                           const std::function<void()>& closed) {
+  const int local_rank = worker.local_rank;
   const bool write_logs = config_.writes_log_files();
-  const std::string prefix = config_.log_line_prefix_template.empty()
-                                 ? default_log_line_prefix(role_, local_rank)
-                                 : render_log_line_prefix(config_.log_line_prefix_template,
-                                                          {role_, rank, local_rank, hostname_});
+  const std::string prefix =
+      config_.log_line_prefix_template.empty()
+          ? default_log_line_prefix(role_, local_rank)
+          : render_log_line_prefix(config_.log_line_prefix_template, {role_, worker, hostname_});
   pump(local_rank, p.stdout_fd, ConsoleStream::kStdout, prefix,
        write_logs ? dir / "stdout.log" : fs::path(), closed);
   pump(local_rank, p.stderr_fd, ConsoleStream::kStderr, prefix,

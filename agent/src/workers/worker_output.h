@@ -16,6 +16,7 @@
 
 #include "dist/agent/config.h"
 #include "dist/agent/console.h"
+#include "dist/agent/vocabulary.h"
 #include "output/duplicate_log.h"
 #include "output/log_pump.h"
 #include "processes/process.h"
@@ -33,9 +34,9 @@ class WorkerOutput {
   // A round starts: no pump is left of the last one. With `attempt_dir`, its filtered copies are
   // opened there.
   void begin_round(const std::filesystem::path& attempt_dir = {});
-  // Pumps the pipes of worker `rank` (local rank `local_rank`), its log files in `dir` (when the
-  // job writes any); `closed` runs as each pipe closes.
-  void attach(int rank, int local_rank, const SpawnedProcess& p, const std::filesystem::path& dir,
+  // Pumps the pipes of `worker`, its log files in `dir` (when the job writes any); `closed` runs
+  // as each pipe closes.
+  void attach(const Worker& worker, const SpawnedProcess& p, const std::filesystem::path& dir,
               const std::function<void()>& closed);
   // The pumps stop reading (the group is going).
   void abandon();

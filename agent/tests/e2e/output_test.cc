@@ -304,7 +304,8 @@ TEST(RecordCutterTest, RecordsEndAtNewlineOrCarriageReturnAndLongLinesComeInPiec
 
 TEST(LogLinePrefixTest, TemplatesRenderLikeTorchrunsAndUnknownVariablesAreClearErrors) {
   EXPECT_EQ(dist::agent::default_log_line_prefix("default", 0), "[default0]:");
-  const dist::agent::LogLinePrefixValues kValues{"trainer", 12, 2, "r12i0n8"};
+  const dist::agent::LogLinePrefixValues kValues{
+      "trainer", dist::agent::Worker{.rank = 12, .local_rank = 2}, "r12i0n8"};
   const std::pair<const char*, const char*> rendered[] = {
       {"[${role_name}${local_rank}]:", "[trainer2]:"},
       {"[rank${rank}]: ", "[rank12]: "},

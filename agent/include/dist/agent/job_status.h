@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/agent/vocabulary.h"
 #include "dist/store/client.h"
 
 namespace dist::agent {
@@ -14,8 +15,7 @@ namespace dist::agent {
 // the moment the status was read). What the worker does not report is absent: steps before its
 // first one (or a worker that reports none), rates and timeouts the agent has not measured yet.
 struct RankStatus {
-  int rank = 0;
-  int local_rank = 0;
+  Worker worker;  // its ranks (no pid: the store does not carry it)
   std::optional<std::uint64_t> steps;
   std::optional<double> steps_per_second;
   std::optional<double> step_seconds;        // the median of its recent steps

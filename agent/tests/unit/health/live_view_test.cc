@@ -19,8 +19,8 @@ using Json = nlohmann::json;
 
 RankStatus stepping(int rank, std::uint64_t steps, double since_step) {
   RankStatus r;
-  r.rank = rank;
-  r.local_rank = rank;
+  r.worker.rank = rank;
+  r.worker.local_rank = rank;
   r.steps = steps;
   r.since_step_seconds = since_step;
   return r;
@@ -31,7 +31,7 @@ RankStatus stepping(int rank, std::uint64_t steps, double since_step) {
 
 TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   RankStatus full = stepping(3, 1200, 0.25);
-  full.local_rank = 1;
+  full.worker.local_rank = 1;
   full.steps_per_second = 9.87654;
   full.step_seconds = 0.1013;
   full.since_beat_seconds = 0.5;
@@ -44,7 +44,7 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   full.doing = "paused: checkpoint (for 40.0 s)";
   full.work_seconds = 0.0123456;
   RankStatus bare;  // a worker that reports nothing yet
-  bare.rank = 2;
+  bare.worker.rank = 2;
   schema::BlockedRank blocked;
   blocked.rank = 3;
   blocked.groups = {{0xFFFF'FFFF'FFFF'FFF1ULL, 17}, {42, 3}};
@@ -59,8 +59,8 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   EXPECT_EQ(back.state, "running");
   ASSERT_EQ(back.ranks.size(), 2u);
   const RankStatus& f = back.ranks[0];
-  EXPECT_EQ(f.rank, 3);
-  EXPECT_EQ(f.local_rank, 1);
+  EXPECT_EQ(f.worker.rank, 3);
+  EXPECT_EQ(f.worker.local_rank, 1);
   EXPECT_EQ(f.steps, 1200u);
   EXPECT_DOUBLE_EQ(*f.steps_per_second, 9.877);  // milliseconds' precision is what travels
   EXPECT_DOUBLE_EQ(*f.step_seconds, 0.101);
@@ -81,7 +81,7 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   EXPECT_EQ(back.blocked[0].op, 5u);
   EXPECT_DOUBLE_EQ(back.blocked[0].seconds, 31.5);
   const RankStatus& b = back.ranks[1];
-  EXPECT_EQ(b.rank, 2);
+  EXPECT_EQ(b.worker.rank, 2);
   EXPECT_FALSE(b.steps || b.steps_per_second || b.step_seconds || b.since_step_seconds ||
                b.since_beat_seconds || b.hang_timeout_seconds);
   EXPECT_FALSE(b.straggler);
@@ -228,7 +228,7 @@ TEST(StatusTable, EachRankHasARowWithItsMarksAndADashForWhatIsNotReported) {
   n.alive = true;
   n.agent_state = "running";
   RankStatus slow = stepping(2, 340, 45.0);
-  slow.local_rank = 0;
+  slow.worker.local_rank = 0;
   slow.steps_per_second = 2.5;
   slow.step_seconds = 0.4;
   slow.hang_timeout_seconds = 30;
@@ -237,8 +237,8 @@ TEST(StatusTable, EachRankHasARowWithItsMarksAndADashForWhatIsNotReported) {
   slow.suspect = true;
   slow.doing = "idle";
   RankStatus beating;
-  beating.rank = 3;
-  beating.local_rank = 1;
+  beating.worker.rank = 3;
+  beating.worker.local_rank = 1;
   beating.since_beat_seconds = 1.5;
   beating.beats = 12;
   n.ranks = {slow, beating};

@@ -65,7 +65,7 @@ TEST(Telemetry, TheMetricsSayWhatTheAgentReported) {
   Telemetry t(io, config, "node-a");
   std::vector<WorkerProgress> workers = {silent_for(1, std::chrono::seconds(3))};
   t.set_progress_source([&] { return workers; });
-  Assignment a;
+  Round a;
   a.round = 4;
   a.node_rank = 1;
   a.num_nodes = 2;
@@ -164,7 +164,7 @@ TEST(Telemetry, StatusJsonHasTheRanksTheirHistoryAndTheEvents) {
     }
     return workers;
   });
-  Assignment a;
+  Round a;
   a.round = 2;
   a.world_size = 2;
   t.state("running");

@@ -52,8 +52,8 @@ class Nodes {
   boost::asio::io_context& io() { return io_; }
 
   // Nodes 0..count-1 join elastic round 0 together; returns their assignments once it closed.
-  std::vector<Assignment> join_round_0(std::size_t count) {
-    std::vector<Assignment> a(count);
+  std::vector<Round> join_round_0(std::size_t count) {
+    std::vector<Round> a(count);
     TaskGroup round0(io_);
     for (std::size_t k = 0; k < count; ++k) {
       round0.spawn([&, k]() -> Task<void> { a[k] = co_await nodes_[k]->join_elastic(0, {}); });
@@ -87,8 +87,8 @@ class Nodes {
 
 TEST(NodeRendezvous, AStaticRoundGivesEveryNodeItsRankAndContiguousGlobalRanks) {
   Nodes nodes(3, 3, 3);
-  const auto a = nodes.all<Assignment>(
-      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   for (std::size_t k = 0; k < 3; ++k) {
     EXPECT_EQ(a[k].node_rank, static_cast<int>(k));
     EXPECT_EQ(a[k].num_nodes, 3);
@@ -101,14 +101,14 @@ TEST(NodeRendezvous, AStaticRoundGivesEveryNodeItsRankAndContiguousGlobalRanks) 
 
 TEST(NodeRendezvous, AFailureAnnouncedByOneNodeEndsEveryOthersWatchAndIsReadBack) {
   Nodes nodes(2, 2, 2);
-  const auto a = nodes.all<Assignment>(
-      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   WatchResult seen;
   TaskGroup group(nodes.io());
   group.spawn([&]() -> Task<void> { seen = co_await nodes[1].watch(a[1], 1s); });
   WorkerFailure failure;
   failure.host = "node-0";
-  failure.rank = 1;
+  failure.worker.rank = 1;
   failure.exit_code = 3;
   failure.message = "ValueError: boom";
   run_task(nodes.io(), nodes[0].announce_failure(a[0], {failure}));
@@ -116,7 +116,7 @@ TEST(NodeRendezvous, AFailureAnnouncedByOneNodeEndsEveryOthersWatchAndIsReadBack
   EXPECT_EQ(seen.kind, WatchResult::kFailed);
   const auto all = run_task(nodes.io(), nodes[1].failures(a[1]));
   ASSERT_EQ(all.size(), 1u);
-  EXPECT_EQ(all[0].rank, 1);
+  EXPECT_EQ(all[0].worker.rank, 1);
   EXPECT_EQ(all[0].exit_code, 3);
   EXPECT_EQ(all[0].message, "ValueError: boom");
 }
@@ -126,8 +126,8 @@ TEST(NodeRendezvous, AFailureAnnouncedByOneNodeEndsEveryOthersWatchAndIsReadBack
 // failure aborted).
 TEST(NodeRendezvous, ANodeRelaunchedIntoAFailedStaticJobIsToldItFailed) {
   Nodes nodes(4, 2, 2);
-  const auto a = nodes.all<Assignment>([&](std::size_t k) -> Task<Assignment> {
-    if (k >= 2) co_return Assignment{};
+  const auto a = nodes.all<Round>([&](std::size_t k) -> Task<Round> {
+    if (k >= 2) co_return Round{};
     co_return co_await nodes[k].join_static(0, static_cast<int>(k));
   });
   run_task(nodes.io(), nodes[0].mark_failed(a[0], "worker 1 failed: exit code 3"));
@@ -150,9 +150,9 @@ TEST(NodeRendezvous, ANodeRelaunchedIntoAFailedStaticJobIsToldItFailed) {
 // is every node's.
 TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
   Nodes nodes(2, 2, 2);
-  const auto a = nodes.all<Assignment>(
-      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
-  const auto replacement = [&](std::size_t k, const Assignment& in) {
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto replacement = [&](std::size_t k, const Round& in) {
     return run_task(nodes.io(), nodes[k].claim_recovery(in, Recovery::kReplacement));
   };
   EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 0);
@@ -172,7 +172,7 @@ TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
   EXPECT_EQ(replacement(loser, a[loser]).replacements, 2);
   EXPECT_EQ(run_task(nodes.io(), nodes[winner].replacements()), 2);
   // Left under way when its round ended (a group restart): the next round may claim.
-  Assignment next = a[winner];
+  Round next = a[winner];
   next.round = 1;
   EXPECT_EQ(replacement(winner, next).replacements, 3);
 }
@@ -181,8 +181,8 @@ TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
 // failing on another node meanwhile finds a regroup under way (its group must restart).
 TEST(NodeRendezvous, InPlaceARegroupHoldsTheRecoveryWithoutCountingAReplacement) {
   Nodes nodes(2, 2, 2);
-  const auto a = nodes.all<Assignment>(
-      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   const RecoveryClaim regroup =
       run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup));
   EXPECT_EQ(regroup.replacements, 0) << "claimed, and no replacement counted";
@@ -198,8 +198,8 @@ TEST(NodeRendezvous, InPlaceARegroupHoldsTheRecoveryWithoutCountingAReplacement)
 
 TEST(NodeRendezvous, ANodeWhoseSessionEndsIsLostToItsWatcher) {
   Nodes nodes(2, 2, 2);
-  const auto a = nodes.all<Assignment>(
-      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   WatchResult seen;
   TaskGroup group(nodes.io());
   group.spawn([&]() -> Task<void> { seen = co_await nodes[0].watch(a[0], 1s); });
@@ -211,8 +211,8 @@ TEST(NodeRendezvous, ANodeWhoseSessionEndsIsLostToItsWatcher) {
 
 TEST(NodeRendezvous, TheExitBarrierReleasesEveryNodeOnceAllSucceeded) {
   Nodes nodes(3, 3, 3);
-  const auto a = nodes.all<Assignment>(
-      [&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   const auto everyone =
       nodes.all<bool>([&](std::size_t k) { return nodes[k].exit_barrier(a[k], 30s); });
   for (const bool e : everyone) EXPECT_TRUE(e);
@@ -221,7 +221,7 @@ TEST(NodeRendezvous, TheExitBarrierReleasesEveryNodeOnceAllSucceeded) {
 TEST(NodeRendezvous, AnElasticRoundClosesAtMaxAndItsVerdictIsTheSameForAll) {
   Nodes nodes(3, 2, 3);
   const auto a =
-      nodes.all<Assignment>([&](std::size_t k) { return nodes[k].join_elastic(0, std::nullopt); });
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_elastic(0, std::nullopt); });
   std::vector<int> ranks;
   for (const auto& x : a) {
     EXPECT_TRUE(x.elastic);
@@ -299,7 +299,7 @@ TEST(NodeRendezvous, AHotSpareDecidesARunningRoundWhoseNodesAllVanishedAndDoesNo
   TaskGroup spare(nodes.io());
   spare.spawn([&]() -> Task<void> {
     try {
-      const Assignment got = co_await nodes[2].join_elastic(1, {});
+      const Round got = co_await nodes[2].join_elastic(1, {});
       ended = "joined round " + std::to_string(got.round);
     } catch (const std::exception& e) {
       ended = e.what();

@@ -14,7 +14,7 @@ namespace dist::agent {
 namespace {
 
 schema::NodeRecord record(std::string host, int pid, int previous_rank, int workers = 1) {
-  return {std::move(host), workers, pid, 7u, previous_rank, ""};
+  return {std::move(host), workers, pid, 7u, previous_rank, std::nullopt};
 }
 
 // A newcomer whose agent hosts the rendezvous store.
@@ -209,14 +209,15 @@ TEST(Rules, PlacesGiveContiguousRanksAndARing) {
 }
 
 TEST(Schema, EveryEncodingRoundTrips) {
-  const schema::NodeRecord r{"node-a", 4, 1234, 99u, 2, "node-a:4100", true, true};
+  const schema::NodeRecord r{"node-a", 4,   1234, 99u, 2, store::Endpoint{"node-a", 4100},
+                             true,     true};
   const auto back = schema::decode_node_record("k", schema::encode(r));
   EXPECT_EQ(back.host, r.host);
   EXPECT_EQ(back.local_world_size, 4);
   EXPECT_EQ(back.pid, 1234);
   EXPECT_EQ(back.nonce, 99u);
   EXPECT_EQ(back.previous_rank, 2);
-  EXPECT_EQ(back.worker_store, "node-a:4100");
+  EXPECT_EQ(back.worker_store, (store::Endpoint{"node-a", 4100}));
   EXPECT_TRUE(back.keeps_workers);
   EXPECT_TRUE(back.hosts_store);
   const schema::Place place{3, 24, 7};
@@ -241,20 +242,27 @@ TEST(Schema, EveryEncodingRoundTrips) {
   EXPECT_EQ(vb.reason, v.reason);
   WorkerFailure f;
   f.host = "h";
-  f.rank = 5;
+  f.worker.rank = 5;
+  f.worker.local_rank = 1;
+  f.worker.pid = 77;
   f.exit_code = -9;
   f.message = "RuntimeError: x";
   const auto fb = schema::decode_failures("k", schema::encode(std::vector<WorkerFailure>{f}));
   ASSERT_EQ(fb.size(), 1u);
-  EXPECT_EQ(fb[0].rank, 5);
+  EXPECT_EQ(fb[0].worker.rank, 5);
+  EXPECT_EQ(fb[0].worker.local_rank, 1);
+  EXPECT_EQ(fb[0].worker.pid, 77);
   EXPECT_EQ(fb[0].exit_code, -9);
   EXPECT_EQ(fb[0].message, f.message);
   EXPECT_EQ(schema::decode_members("k", schema::encode_members({4, 1, 9})),
             (std::vector<int>{4, 1, 9}));
   const auto e = schema::decode_endpoint("k", "[fd00::1]:29500");
-  EXPECT_EQ(e.host, "fd00::1");
-  EXPECT_EQ(e.port, 29500);
-  EXPECT_TRUE(schema::decode_endpoint("k", "").host.empty());
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->host, "fd00::1");
+  EXPECT_EQ(e->port, 29500);
+  EXPECT_EQ(schema::encode_endpoint(e), "[fd00::1]:29500");
+  EXPECT_FALSE(schema::decode_endpoint("k", ""));
+  EXPECT_EQ(schema::encode_endpoint(std::nullopt), "");
 }
 
 // A value that does not decode is an error naming the key and showing the value (escaped), never

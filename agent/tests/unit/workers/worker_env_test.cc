@@ -15,7 +15,7 @@ namespace {
 
 TEST(WorkerEnv, UserSettingsWinOnlyForNcclAsyncErrorHandling) {
   WorkerIdentity id;
-  id.rank = 5;
+  id.worker.rank = 5;
   const auto env = merge_environment({"PATH=/bin", "RANK=99", "TORCH_NCCL_ASYNC_ERROR_HANDLING=0"},
                                      torchrun_variables(id, false));
   auto has = [&](const std::string& entry) {
@@ -54,7 +54,7 @@ TEST(FailureReport, TheEarliestFailureIsTheRootCause) {
   failures[0].time = now;
   failures[0].exit_code = 1;
   failures[1].time = now - std::chrono::seconds(2);
-  failures[1].rank = 1;
+  failures[1].worker.rank = 1;
   failures[1].exit_code = -SIGKILL;
   failures[2].time = now - std::chrono::seconds(1);
   EXPECT_EQ(root_cause_index(failures), 1u);
@@ -80,15 +80,15 @@ namespace {
 TEST(FailureReport, ACollateralFailureIsNeverChosenOverAFailureOfItsOwn) {
   const auto now = std::chrono::system_clock::now();
   std::vector<WorkerFailure> failures(3);
-  failures[0].rank = 1;
+  failures[0].worker.rank = 1;
   failures[0].time = now - std::chrono::seconds(1);  // seen first
   failures[0].message =
       "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Read error: "
       "Connection reset by peer";
-  failures[1].rank = 0;
+  failures[1].worker.rank = 0;
   failures[1].time = now;
   failures[1].message = "ValueError: the checkpoint cannot be written";
-  failures[2].rank = 2;
+  failures[2].worker.rank = 2;
   failures[2].time = now - std::chrono::seconds(2);
   failures[2].exit_code = 75;  // the SDK's exit after an NCCL abort
   for (auto& f : failures) f.collateral = looks_collateral(f);
@@ -107,10 +107,10 @@ TEST(FailureReport, TiesGoToAnErrorFileThenToTheLowerRank) {
   const auto now = std::chrono::system_clock::now();
   std::vector<WorkerFailure> failures(3);
   for (auto& f : failures) f.time = now;
-  failures[0].rank = 2;
-  failures[1].rank = 3;
+  failures[0].worker.rank = 2;
+  failures[1].worker.rank = 3;
   failures[1].error_file = "/run/3/error.json";
-  failures[2].rank = 1;
+  failures[2].worker.rank = 1;
   EXPECT_EQ(root_cause_index(failures), 1u);
   failures[1].error_file.clear();
   EXPECT_EQ(root_cause_index(failures), 2u);
@@ -125,9 +125,9 @@ TEST(FailureReport, OfTwoAtOnceTheOneThatExitedOnItsOwnIsTheRootCause) {
     f.time = now;
     f.error_file = "/run/error.json";
   }
-  failures[0].rank = 1;
+  failures[0].worker.rank = 1;
   failures[0].exit_code = 1;
-  failures[1].rank = 0;
+  failures[1].worker.rank = 0;
   failures[1].exit_code = -SIGTERM;
   failures[1].ended_by_the_stop = true;
   EXPECT_EQ(root_cause_index(failures), 0u);

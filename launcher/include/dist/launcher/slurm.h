@@ -6,14 +6,17 @@
 #include <optional>
 #include <string>
 
+#include "dist/store/endpoint.h"
+
 namespace dist::launcher {
 
 struct SlurmJob {
-  int nnodes = 1;           // the step's nodes (the job's outside a step)
-  int node_rank = 0;        // SLURM_NODEID: this node's index in the step
-  int local_task = 0;       // SLURM_LOCALID: this task's index among the step's tasks on this node
-  std::string master_addr;  // the first host of the step's node list
-  std::uint16_t master_port;  // derived from job and step id: steps sharing nodes do not collide
+  int nnodes = 1;      // the step's nodes (the job's outside a step)
+  int node_rank = 0;   // SLURM_NODEID: this node's index in the step
+  int local_task = 0;  // SLURM_LOCALID: this task's index among the step's tasks on this node
+  // The store: the first host of the step's node list, at a port derived from the job and step
+  // ids (steps sharing nodes do not collide).
+  store::Endpoint master;
   std::string job_id;
   std::string step_id;    // empty outside a task step (the batch script, an salloc shell)
   std::string node_name;  // SLURMD_NODENAME (empty outside a step or the batch script)

@@ -96,7 +96,7 @@ void check_name(const std::string& host, const std::string& where) {
   }
 }
 
-void add_host(std::vector<agent::JobHost>& hosts, agent::JobHost host, const std::string& where) {
+void add_host(std::vector<JobHost>& hosts, JobHost host, const std::string& where) {
   check_name(host.name, where);
   if (host.slots == 0) {
     throw HostsError(where + ": host " + host.name +
@@ -196,7 +196,7 @@ std::map<std::string, std::string> exported_environment(const HostsFlags& flags)
   return env;
 }
 
-std::vector<agent::JobHost> read_hosts(const HostsFlags& flags) {
+std::vector<JobHost> read_hosts(const HostsFlags& flags) {
   if (!flags.hosts.empty() && !flags.hostfile.empty()) {
     throw HostsError("give --hosts or --hostfile, not both");
   }
@@ -211,8 +211,8 @@ std::vector<agent::JobHost> read_hosts(const HostsFlags& flags) {
 
 }  // namespace
 
-std::vector<agent::JobHost> parse_host_list(const std::string& text) {
-  std::vector<agent::JobHost> hosts;
+std::vector<JobHost> parse_host_list(const std::string& text) {
+  std::vector<JobHost> hosts;
   std::stringstream entries(text);
   std::string entry;
   while (std::getline(entries, entry, ',')) {
@@ -226,13 +226,13 @@ std::vector<agent::JobHost> parse_host_list(const std::string& text) {
   return hosts;
 }
 
-std::vector<agent::JobHost> parse_hostfile(std::istream& in, const std::string& path) {
-  std::vector<agent::JobHost> hosts;
+std::vector<JobHost> parse_hostfile(std::istream& in, const std::string& path) {
+  std::vector<JobHost> hosts;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     const std::string where = "--hostfile " + path + " line " + std::to_string(number);
     std::stringstream words(trim(line.substr(0, line.find('#'))));
-    agent::JobHost host;
+    JobHost host;
     if (!(words >> host.name)) continue;  // blank, or a comment
     std::string word;
     while (words >> word) {
@@ -250,8 +250,8 @@ std::vector<agent::JobHost> parse_hostfile(std::istream& in, const std::string& 
   return hosts;
 }
 
-std::vector<agent::JobHost> select_hosts(std::vector<agent::JobHost> hosts,
-                                         const std::string& include, const std::string& exclude) {
+std::vector<JobHost> select_hosts(std::vector<JobHost> hosts, const std::string& include,
+                                  const std::string& exclude) {
   if (include.empty() && exclude.empty()) return hosts;
   if (!include.empty() && !exclude.empty())
     throw HostsError("give --include or --exclude, not both");
@@ -260,7 +260,7 @@ std::vector<agent::JobHost> select_hosts(std::vector<agent::JobHost> hosts,
   std::map<std::string, std::set<int>> chosen;
   for (auto& choice : parse_choices(flag, including ? include : exclude)) {
     const auto host = std::find_if(hosts.begin(), hosts.end(),
-                                   [&](const agent::JobHost& h) { return h.name == choice.host; });
+                                   [&](const JobHost& h) { return h.name == choice.host; });
     if (host == hosts.end()) throw HostsError(flag + ": host " + choice.host + " is not listed");
     for (int slot : choice.slots) {
       if (slot >= host->slots) {
@@ -271,7 +271,7 @@ std::vector<agent::JobHost> select_hosts(std::vector<agent::JobHost> hosts,
     if (chosen.contains(choice.host)) throw HostsError(flag + ": host " + choice.host + " twice");
     chosen[choice.host] = std::move(choice.slots);
   }
-  std::vector<agent::JobHost> selected;
+  std::vector<JobHost> selected;
   for (auto& host : hosts) {
     const auto it = chosen.find(host.name);
     if (it == chosen.end()) {  // not named: out of an include, kept by an exclude
@@ -318,7 +318,7 @@ void add_hosts_options(CommandLine& app, HostsFlags& flags) {
       .show_default();
 }
 
-agent::HostsJobConfig hosts_job_config(const RawOptions& raw, const agent::LaunchConfig& parsed) {
+HostsJobConfig hosts_job_config(const RawOptions& raw, const agent::LaunchConfig& parsed) {
   const HostsFlags& flags = raw.hosts;
   for (const auto& [name, why] : kConflicting) {
     if (raw.was_given(name)) throw HostsError(name + " does not go with --hosts: " + why);
@@ -327,7 +327,7 @@ agent::HostsJobConfig hosts_job_config(const RawOptions& raw, const agent::Launc
     throw HostsError("--rdzv-backend " + raw.rdzv_backend +
                      " does not go with --hosts: the hosts meet at this command's store");
   }
-  agent::HostsJobConfig c;
+  HostsJobConfig c;
   c.hosts = select_hosts(read_hosts(flags), flags.include, flags.exclude);
   c.devices_given = raw.was_given("--devices");
   c.nproc_given = raw.was_given("--nproc-per-node");

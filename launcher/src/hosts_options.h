@@ -7,7 +7,7 @@
 
 #include "command_line.h"
 #include "dist/agent/config.h"
-#include "dist/agent/hosts_job.h"
+#include "dist/launcher/hosts_job.h"
 
 namespace dist::launcher {
 
@@ -33,6 +33,6 @@ struct RawOptions;
 // launcher's own), `parsed` what config_from_options read of it before anything specific to this
 // machine (the store's liveness, signals, shutdown timeout). Throws HostsError for what cannot be
 // run.
-agent::HostsJobConfig hosts_job_config(const RawOptions& raw, const agent::LaunchConfig& parsed);
+HostsJobConfig hosts_job_config(const RawOptions& raw, const agent::LaunchConfig& parsed);
 
 }  // namespace dist::launcher

@@ -7,8 +7,8 @@
 #include "dist/agent/agent.h"
 #include "dist/agent/agent_launch.h"
 #include "dist/agent/console.h"
-#include "dist/agent/hosts_job.h"
 #include "dist/launcher/cli.h"
+#include "dist/launcher/hosts_job.h"
 #include "dist/launcher/remote_agent.h"
 #include "dist/launcher/status.h"
 #include "logging.h"
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   if (outcome.exit_now) return outcome.exit_code;
   const auto console = dist::agent::Console::process();
   dist::launcher::setup_logging(console, "dist-launch");
-  const int exit_code = outcome.hosts_job ? dist::agent::run_hosts_job(*outcome.hosts_job)
+  const int exit_code = outcome.hosts_job ? dist::launcher::run_hosts_job(*outcome.hosts_job)
                                           : dist::agent::run_agent(outcome.config);
   console->flush_for(dist::agent::kConsoleExitFlushTimeout);  // a blocked console is not waited for
   return exit_code;

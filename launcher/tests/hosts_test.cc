@@ -11,8 +11,8 @@
 
 namespace {
 
-using dist::agent::JobHost;
 using dist::launcher::HostsError;
+using dist::launcher::JobHost;
 
 struct Host {
   std::string name;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dist/agent/config.h"
-#include "dist/agent/hosts_job.h"
+#include "dist/launcher/hosts_job.h"
 
 namespace dist::launcher {
 
@@ -19,7 +19,7 @@ struct CliOutcome {
   bool exit_now = false;  // --help, --version or an error: nothing to launch
   int exit_code = kExitOk;
   agent::LaunchConfig config;
-  std::optional<agent::HostsJobConfig> hosts_job = std::nullopt;  // --hosts: the job over ssh
+  std::optional<HostsJobConfig> hosts_job = std::nullopt;  // --hosts: the job over ssh
 };
 
 // Parses argv (without the program name). Help and version go to `out`, a one-line error to

@@ -20,11 +20,11 @@
 #include "dist/agent/console.h"
 #include "output/log_pump.h"
 
-namespace dist::agent {
+namespace dist::launcher {
 
 class HostAgent {
  public:
-  HostAgent(boost::asio::io_context& io, std::shared_ptr<Console> console, std::string host,
+  HostAgent(boost::asio::io_context& io, std::shared_ptr<agent::Console> console, std::string host,
             bool over_ssh);
   ~HostAgent();
   HostAgent(const HostAgent&) = delete;
@@ -64,7 +64,7 @@ class HostAgent {
   void on_stderr_record(std::string_view record, std::string& batch);
 
   boost::asio::io_context& io_;
-  std::shared_ptr<Console> console_;
+  std::shared_ptr<agent::Console> console_;
   std::string host_;
   bool over_ssh_;
   pid_t pid_ = -1;
@@ -81,4 +81,4 @@ class HostAgent {
   std::unique_ptr<Output> stdout_, stderr_;
 };
 
-}  // namespace dist::agent
+}  // namespace dist::launcher

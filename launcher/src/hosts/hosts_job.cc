@@ -10,7 +10,7 @@
 //   - a stop signal here: forwarded to every agent; 128 + signal once they are gone.
 // Agents told to stop that are still there after their --shutdown-timeout and kAgentStopGrace
 // have their processes killed: a remote agent then loses its pipe and stops on its own.
-#include "dist/agent/hosts_job.h"
+#include "dist/launcher/hosts_job.h"
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -38,7 +38,19 @@
 #include "rendezvous/schema.h"
 #include "store/store.h"
 
-namespace dist::agent {
+namespace dist::launcher {
+using agent::Console;
+using agent::encode_agent_launch;
+using agent::is_forward_only;
+using agent::kRemoteAgentCommand;
+using agent::make_rendezvous_store;
+using agent::signal_name;
+using agent::SignalWatcher;
+using agent::StoreHost;
+using agent::Task;
+using agent::TcpStoreTarget;
+using agent::this_host;
+namespace schema = agent::schema;
 namespace asio = boost::asio;
 
 namespace {
@@ -326,4 +338,4 @@ int run_hosts_job(const HostsJobConfig& config) {
   return job.run();
 }
 
-}  // namespace dist::agent
+}  // namespace dist::launcher

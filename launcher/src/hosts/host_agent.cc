@@ -20,7 +20,15 @@
 
 extern char** environ;
 
-namespace dist::agent {
+namespace dist::launcher {
+using agent::Console;
+using agent::ConsoleStream;
+using agent::kAgentExitLine;
+using agent::kAgentReadyLine;
+using agent::make_pipe;
+using agent::Pipe;
+using agent::RecordCutter;
+using agent::signal_line;
 namespace asio = boost::asio;
 
 namespace {
@@ -291,4 +299,4 @@ std::string HostAgent::start_failure(const std::string& remote_command) const {
   return explain_start_failure(host_, over_ssh_, status_, last_words(), remote_command);
 }
 
-}  // namespace dist::agent
+}  // namespace dist::launcher

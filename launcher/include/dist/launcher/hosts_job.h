@@ -19,7 +19,7 @@
 
 #include "dist/store/server.h"
 
-namespace dist::agent {
+namespace dist::launcher {
 
 struct JobHost {
   std::string name;          // as ssh takes it: a name, an address, user@host, an ssh_config alias
@@ -72,4 +72,4 @@ bool is_launching_host(const std::string& host);
 // started or was lost; 128 + signal when this process was told to stop.
 int run_hosts_job(const HostsJobConfig& config);
 
-}  // namespace dist::agent
+}  // namespace dist::launcher

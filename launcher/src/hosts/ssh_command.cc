@@ -8,7 +8,8 @@
 
 #include "dist/agent/signals.h"
 
-namespace dist::agent {
+namespace dist::launcher {
+using agent::signal_name;
 namespace {
 
 // ssh's exit status for its own errors (and for a remote command killed by a signal).
@@ -116,4 +117,4 @@ std::string explain_start_failure(const std::string& host, bool over_ssh, int wa
   return why + (said.empty() ? std::string(over_ssh ? " (ssh said nothing)" : "") : ": " + said);
 }
 
-}  // namespace dist::agent
+}  // namespace dist::launcher

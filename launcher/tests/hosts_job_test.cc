@@ -11,12 +11,21 @@
 #include <vector>
 
 #include "dist/agent/agent_launch.h"
-#include "dist/agent/hosts_job.h"
+#include "dist/launcher/hosts_job.h"
 #include "hosts/launch_plan.h"
 #include "hosts/ssh_command.h"
 
-namespace dist::agent {
+namespace dist::launcher {
 namespace {
+
+using agent::AgentLaunch;
+using agent::AgentLaunchError;
+using agent::encode_agent_launch;
+using agent::kAgentLaunchProtocol;
+using agent::kMaxAgentLaunchBytes;
+using agent::parse_signal_line;
+using agent::read_agent_launch;
+using agent::signal_line;
 
 struct PipeFds {
   int read = -1, write = -1;
@@ -263,4 +272,4 @@ TEST(LaunchingHost, LoopbackNamesAndThisHostsNameNeedNoSsh) {
 }
 
 }  // namespace
-}  // namespace dist::agent
+}  // namespace dist::launcher

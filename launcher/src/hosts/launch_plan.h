@@ -8,9 +8,9 @@
 #include <string>
 
 #include "dist/agent/agent_launch.h"
-#include "dist/agent/hosts_job.h"
+#include "dist/launcher/hosts_job.h"
 
-namespace dist::agent {
+namespace dist::launcher {
 
 // The prefix of every worker line, "[<role><global rank>@<host>]:" (torchrun's default, with the
 // global rank and the host: every host's lines share one console).
@@ -18,8 +18,8 @@ std::string host_log_line_prefix_template(const std::string& host);
 
 // Host `node_rank`'s launch. `store_port`: the launcher's store (several hosts); `local`: the agent
 // runs on this machine, started directly (the store is on loopback).
-AgentLaunch plan_agent_launch(const HostsJobConfig& config, std::size_t node_rank,
-                              std::uint16_t store_port, const std::string& launcher_host,
-                              bool local);
+agent::AgentLaunch plan_agent_launch(const HostsJobConfig& config, std::size_t node_rank,
+                                     std::uint16_t store_port, const std::string& launcher_host,
+                                     bool local);
 
-}  // namespace dist::agent
+}  // namespace dist::launcher

@@ -1,6 +1,7 @@
 #include "hosts/launch_plan.h"
 
-namespace dist::agent {
+namespace dist::launcher {
+using agent::AgentLaunch;
 namespace {
 
 // A host name inside a log line prefix template: '$' is the template's (log_line_prefix.h).
@@ -66,4 +67,4 @@ AgentLaunch plan_agent_launch(const HostsJobConfig& config, std::size_t node_ran
   return launch;
 }
 
-}  // namespace dist::agent
+}  // namespace dist::launcher

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "dist/agent/hosts_job.h"
+#include "dist/launcher/hosts_job.h"
 
-namespace dist::agent {
+namespace dist::launcher {
 
 // `ssh -T -x -o BatchMode=yes [-F file] [-o option]... [-p port] -o ServerAliveInterval=I
 // -o ServerAliveCountMax=N -- <host> <command>`. BatchMode first (ssh keeps the first value of an
@@ -28,4 +28,4 @@ std::string remote_agent_command(const std::string& remote_dist_launch);
 std::string explain_start_failure(const std::string& host, bool over_ssh, int wait_status,
                                   const std::string& said, const std::string& remote_command);
 
-}  // namespace dist::agent
+}  // namespace dist::launcher

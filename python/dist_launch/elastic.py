@@ -82,22 +82,27 @@ import traceback
 
 __all__ = ["ObjectState", "State", "TorchState", "init_process_group", "in_place", "run"]
 
-_POLICY = "DIST_LAUNCH_RESTART_POLICY"
-_GENERATION = "DIST_LAUNCH_GENERATION"
-_IN_PLACE_TIMEOUT = "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS"
+# The worker contract's variables for in-place recovery (dist/contract/worker_contract.h).
+# BEGIN worker contract (contract/python_constants.py; do not edit)
+_RESTART_POLICY_VARIABLE = "DIST_LAUNCH_RESTART_POLICY"
+_IN_PLACE_POLICY = "in-place"
+_GENERATION_VARIABLE = "DIST_LAUNCH_GENERATION"
+_IN_PLACE_TIMEOUT_VARIABLE = "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS"
+_DEFAULT_IN_PLACE_TIMEOUT_MS = 300000
+# END worker contract
 
 # How long a survivor waits for the agent's next generation after its collective failed: the
 # agent publishes it as soon as it reaps the failed worker, or stops every worker instead.
 GENERATION_TIMEOUT = datetime.timedelta(seconds=60)
 # Building a generation's group and receiving the state, when the agent does not say
 # (dist-launch --in-place-timeout: it restarts the group past it, so no rank waits longer).
-GROUP_TIMEOUT = datetime.timedelta(minutes=5)
+GROUP_TIMEOUT = datetime.timedelta(milliseconds=_DEFAULT_IN_PLACE_TIMEOUT_MS)
 
 
 def _group_timeout() -> datetime.timedelta:
     """The agent's --in-place-timeout (read at each use: a warm zygote imports this module before
     a worker's environment is its own), else GROUP_TIMEOUT."""
-    text = os.environ.get(_IN_PLACE_TIMEOUT, "")
+    text = os.environ.get(_IN_PLACE_TIMEOUT_VARIABLE, "")
     try:
         ms = int(text)
     except ValueError:
@@ -124,7 +129,7 @@ _PEER_FAILURE_MARKERS = (
 
 def in_place() -> bool:
     """True in a worker of a `dist-launch --restart-policy in-place` job."""
-    return os.environ.get(_POLICY) == "in-place"
+    return os.environ.get(_RESTART_POLICY_VARIABLE) == _IN_PLACE_POLICY
 
 
 def _say(message: str) -> None:
@@ -150,7 +155,7 @@ class _Group:
     def __init__(self):
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
-        self.generation = int(os.environ.get(_GENERATION, "0"))
+        self.generation = int(os.environ.get(_GENERATION_VARIABLE, "0"))
         self.has_state = self.generation == 0  # a replacement receives it
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

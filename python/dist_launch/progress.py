@@ -49,51 +49,100 @@ import time
 
 __all__ = ["step", "enabled", "pause"]
 
-# The slot (dist/contract/worker_contract.h): 8-byte fields by index, 4-byte ones by index.
-_FD_VARIABLE = "DIST_HEARTBEAT_FD"
+# The slot's layout and the names of the worker contract (dist/contract/worker_contract.h).
+# BEGIN worker contract (contract/python_constants.py; do not edit)
+_SLOT_FD_VARIABLE = "DIST_HEARTBEAT_FD"
 _STACK_SIGNAL_VARIABLE = "DIST_STACK_SIGNAL"
 _STACK_FILE_VARIABLE = "DIST_STACK_FILE"
-_MAGIC = 0x3130424854534944  # "DISTHB01"
-_BYTES = 4096
-_Q_MAGIC, _Q_STEPS, _Q_LAST_STEP, _Q_ISSUED, _Q_PENDING_SINCE, _Q_WORK = 0, 3, 4, 5, 7, 9
-_Q_SAMPLED, _Q_WAIT, _Q_PENDING_GROUP, _Q_PENDING_SEQ = 11, 12, 13, 14
-_Q_PAUSED_SINCE, _Q_RESUMED, _Q_TIMEOUT_MS = 15, 16, 17
-_Q_GROUPS = 27  # {id, seq} pairs
-_I_PENDING_OP, _I_FEATURES, _I_DUMP_PID, _I_ACTIVITY, _I_GROUP_COUNT = 16, 17, 20, 36, 37
-_PAUSE_REASON_AT, _PAUSE_REASON_BYTES = 152, 64
-_MAX_GROUPS = 32
-_STACKS_ON_SIGNAL, _SAMPLER, _PROGRESS_HOOK = 1, 2, 4
-_ACT_SAVE, _ACT_CHECKPOINT, _ACT_DATA, _ACT_FORWARD, _ACT_BACKWARD, _ACT_COMPILE = (
-    1, 2, 4, 8, 16, 32)
+_SLOT_MAGIC = 0x3130424854534944
+_SLOT_BYTES = 4096
+_SLOT_OFFSET_MAGIC = 0
+_SLOT_OFFSET_STEPS = 24
+_SLOT_OFFSET_LAST_STEP_NS = 32
+_SLOT_OFFSET_COLLECTIVES_ISSUED = 40
+_SLOT_OFFSET_PENDING_SINCE_NS = 56
+_SLOT_OFFSET_PENDING_OP = 64
+_SLOT_OFFSET_FEATURES = 68
+_SLOT_OFFSET_WORK_NS = 72
+_SLOT_OFFSET_DUMP_PID = 80
+_SLOT_OFFSET_SAMPLED_NS = 88
+_SLOT_OFFSET_WAIT_NS = 96
+_SLOT_OFFSET_PENDING_GROUP = 104
+_SLOT_OFFSET_PENDING_SEQ = 112
+_SLOT_OFFSET_PAUSED_SINCE_NS = 120
+_SLOT_OFFSET_RESUMED_NS = 128
+_SLOT_OFFSET_COLLECTIVE_TIMEOUT_MS = 136
+_SLOT_OFFSET_ACTIVITY = 144
+_SLOT_OFFSET_GROUP_COUNT = 148
+_SLOT_OFFSET_PAUSE_REASON = 152
+_SLOT_OFFSET_GROUPS = 216
+_SLOT_PAUSE_REASON_BYTES = 64
+_SLOT_MAX_GROUPS = 32
+_SLOT_STACKS_ON_SIGNAL = 1
+_SLOT_SAMPLER = 2
+_SLOT_PROGRESS_HOOK = 4
+_SLOT_ACTIVITY_SAVE = 1
+_SLOT_ACTIVITY_CHECKPOINT = 2
+_SLOT_ACTIVITY_DATA = 4
+_SLOT_ACTIVITY_FORWARD = 8
+_SLOT_ACTIVITY_BACKWARD = 16
+_SLOT_ACTIVITY_COMPILE = 32
+_COLLECTIVE_ALL_REDUCE = 1
+_COLLECTIVE_BROADCAST = 2
+_COLLECTIVE_ALL_GATHER = 3
+_COLLECTIVE_REDUCE_SCATTER = 4
+_COLLECTIVE_BARRIER = 5
+_COLLECTIVE_OTHER = 6
+_COLLECTIVE_REDUCE = 7
+_COLLECTIVE_ALL_TO_ALL = 8
+_COLLECTIVE_GATHER = 9
+_COLLECTIVE_SCATTER = 10
+_COLLECTIVE_SEND_RECV = 11
+# END worker contract
+# The slot through memoryviews: 8-byte fields by index among quads, 4-byte ones among ints.
+_Q_MAGIC, _Q_STEPS, _Q_LAST_STEP, _Q_ISSUED, _Q_PENDING_SINCE, _Q_WORK = (
+    offset // 8 for offset in (_SLOT_OFFSET_MAGIC, _SLOT_OFFSET_STEPS, _SLOT_OFFSET_LAST_STEP_NS,
+                               _SLOT_OFFSET_COLLECTIVES_ISSUED, _SLOT_OFFSET_PENDING_SINCE_NS,
+                               _SLOT_OFFSET_WORK_NS))
+_Q_SAMPLED, _Q_WAIT, _Q_PENDING_GROUP, _Q_PENDING_SEQ = (
+    offset // 8 for offset in (_SLOT_OFFSET_SAMPLED_NS, _SLOT_OFFSET_WAIT_NS,
+                               _SLOT_OFFSET_PENDING_GROUP, _SLOT_OFFSET_PENDING_SEQ))
+_Q_PAUSED_SINCE, _Q_RESUMED, _Q_TIMEOUT_MS = (
+    offset // 8 for offset in (_SLOT_OFFSET_PAUSED_SINCE_NS, _SLOT_OFFSET_RESUMED_NS,
+                               _SLOT_OFFSET_COLLECTIVE_TIMEOUT_MS))
+_Q_GROUPS = _SLOT_OFFSET_GROUPS // 8  # {id, seq} pairs
+_I_PENDING_OP, _I_FEATURES, _I_DUMP_PID, _I_ACTIVITY, _I_GROUP_COUNT = (
+    offset // 4 for offset in (_SLOT_OFFSET_PENDING_OP, _SLOT_OFFSET_FEATURES,
+                               _SLOT_OFFSET_DUMP_PID, _SLOT_OFFSET_ACTIVITY,
+                               _SLOT_OFFSET_GROUP_COUNT))
 # The slot's Collective values, by the names of torch.distributed's functions (distributed_c10d.py).
-_ALL_REDUCE, _OTHER = 1, 6
 _COLLECTIVES = {
-    "all_reduce": 1,
-    "all_reduce_coalesced": 1,
-    "broadcast": 2,
-    "broadcast_object_list": 2,
-    "all_gather": 3,
-    "all_gather_into_tensor": 3,
-    "all_gather_object": 3,
-    "all_gather_coalesced": 3,
-    "_all_gather_base": 3,
-    "reduce_scatter": 4,
-    "reduce_scatter_tensor": 4,
-    "_reduce_scatter_base": 4,
-    "barrier": 5,
-    "monitored_barrier": 5,
-    "reduce": 7,
-    "all_to_all": 8,
-    "all_to_all_single": 8,
-    "gather": 9,
-    "gather_object": 9,
-    "scatter": 10,
-    "scatter_object_list": 10,
-    "send": 11,
-    "recv": 11,
-    "send_object_list": 11,
-    "recv_object_list": 11,
-    "batch_isend_irecv": 11,
+    "all_reduce": _COLLECTIVE_ALL_REDUCE,
+    "all_reduce_coalesced": _COLLECTIVE_ALL_REDUCE,
+    "broadcast": _COLLECTIVE_BROADCAST,
+    "broadcast_object_list": _COLLECTIVE_BROADCAST,
+    "all_gather": _COLLECTIVE_ALL_GATHER,
+    "all_gather_into_tensor": _COLLECTIVE_ALL_GATHER,
+    "all_gather_object": _COLLECTIVE_ALL_GATHER,
+    "all_gather_coalesced": _COLLECTIVE_ALL_GATHER,
+    "_all_gather_base": _COLLECTIVE_ALL_GATHER,
+    "reduce_scatter": _COLLECTIVE_REDUCE_SCATTER,
+    "reduce_scatter_tensor": _COLLECTIVE_REDUCE_SCATTER,
+    "_reduce_scatter_base": _COLLECTIVE_REDUCE_SCATTER,
+    "barrier": _COLLECTIVE_BARRIER,
+    "monitored_barrier": _COLLECTIVE_BARRIER,
+    "reduce": _COLLECTIVE_REDUCE,
+    "all_to_all": _COLLECTIVE_ALL_TO_ALL,
+    "all_to_all_single": _COLLECTIVE_ALL_TO_ALL,
+    "gather": _COLLECTIVE_GATHER,
+    "gather_object": _COLLECTIVE_GATHER,
+    "scatter": _COLLECTIVE_SCATTER,
+    "scatter_object_list": _COLLECTIVE_SCATTER,
+    "send": _COLLECTIVE_SEND_RECV,
+    "recv": _COLLECTIVE_SEND_RECV,
+    "send_object_list": _COLLECTIVE_SEND_RECV,
+    "recv_object_list": _COLLECTIVE_SEND_RECV,
+    "batch_isend_irecv": _COLLECTIVE_SEND_RECV,
 }
 _SAMPLE_SECONDS = 0.1
 _ACTIVITY_NS = 2_000_000_000  # what the main thread was in, over this long
@@ -114,20 +163,20 @@ def _map_slot():
     """The slot the agent passed, mapped shared; None without one."""
     import mmap
 
-    text = os.environ.get(_FD_VARIABLE, "")
+    text = os.environ.get(_SLOT_FD_VARIABLE, "")
     try:
         fd = int(text)
         st = os.fstat(fd)
     except (ValueError, OSError):
         return None
-    if not stat.S_ISREG(st.st_mode) or st.st_size < _BYTES:
+    if not stat.S_ISREG(st.st_mode) or st.st_size < _SLOT_BYTES:
         return None  # a number a wrapper closed and something else reused
     try:
-        area = mmap.mmap(fd, _BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        area = mmap.mmap(fd, _SLOT_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except (OSError, ValueError):
         return None
     words = memoryview(area).cast("Q")
-    if words[_Q_MAGIC] != _MAGIC:
+    if words[_Q_MAGIC] != _SLOT_MAGIC:
         words.release()
         area.close()
         return None
@@ -166,10 +215,10 @@ def _pause_enter(reason):
         _pause_depth += 1
         if _pause_depth != 1 or _area is None:
             return
-        text = reason.encode("utf-8", "replace")[:_PAUSE_REASON_BYTES - 1]
+        text = reason.encode("utf-8", "replace")[:_SLOT_PAUSE_REASON_BYTES - 1]
         text = text.decode("utf-8", "ignore").encode("utf-8")  # no character cut in two
-        _area[_PAUSE_REASON_AT:_PAUSE_REASON_AT + _PAUSE_REASON_BYTES] = text.ljust(
-            _PAUSE_REASON_BYTES, b"\0")
+        at = _SLOT_OFFSET_PAUSE_REASON
+        _area[at:at + _SLOT_PAUSE_REASON_BYTES] = text.ljust(_SLOT_PAUSE_REASON_BYTES, b"\0")
         _words[_Q_PAUSED_SINCE] = time.monotonic_ns()
 
 
@@ -243,8 +292,9 @@ class _Sampler:
 
     # Frame categories.
     USER, TORCH, COLLECTIVE, DIST, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = range(10)
-    ACTIVITY = {SAVE: _ACT_SAVE, CHECKPOINT: _ACT_CHECKPOINT, DATA: _ACT_DATA,
-                FORWARD: _ACT_FORWARD, BACKWARD: _ACT_BACKWARD, COMPILE: _ACT_COMPILE}
+    ACTIVITY = {SAVE: _SLOT_ACTIVITY_SAVE, CHECKPOINT: _SLOT_ACTIVITY_CHECKPOINT,
+                DATA: _SLOT_ACTIVITY_DATA, FORWARD: _SLOT_ACTIVITY_FORWARD,
+                BACKWARD: _SLOT_ACTIVITY_BACKWARD, COMPILE: _SLOT_ACTIVITY_COMPILE}
 
     def classify(self, code):
         file = code.co_filename
@@ -336,7 +386,7 @@ class _Sampler:
             elif seq != entry[2]:
                 entry[2], entry[3] = seq, now
             issued += seq - entry[1]
-            if index < _MAX_GROUPS:
+            if index < _SLOT_MAX_GROUPS:
                 words[_Q_GROUPS + 2 * index] = entry[0]
                 words[_Q_GROUPS + 2 * index + 1] = seq
                 index += 1
@@ -411,7 +461,8 @@ class _Sampler:
         if blocked:
             if not self.waiting_since:
                 group, seq = self.pending_group(collective)
-                kind = kind or (_ALL_REDUCE if activity & _ACT_BACKWARD else _OTHER)
+                in_backward = activity & _SLOT_ACTIVITY_BACKWARD
+                kind = kind or (_COLLECTIVE_ALL_REDUCE if in_backward else _COLLECTIVE_OTHER)
                 halves[_I_PENDING_OP] = kind
                 words[_Q_PENDING_GROUP] = group
                 words[_Q_PENDING_SEQ] = seq
@@ -430,7 +481,7 @@ class _Sampler:
 
     def stop(self):
         """Nothing this sampler wrote stands: the agent reads the rank without it."""
-        self.halves[_I_FEATURES] &= ~_SAMPLER
+        self.halves[_I_FEATURES] &= ~_SLOT_SAMPLER
         self.words[_Q_PENDING_SINCE] = 0
         self.halves[_I_PENDING_OP] = 0
         self.words[_Q_PENDING_GROUP] = 0
@@ -473,7 +524,7 @@ def _start_sampler(torch):
     if _words is None or distributed is None or not distributed.is_available():
         return
     _sampler = _Sampler(torch, _words, _halves)
-    _halves[_I_FEATURES] |= _SAMPLER
+    _halves[_I_FEATURES] |= _SLOT_SAMPLER
     # A thread of the interpreter's own, not threading's: no script sees it in
     # threading.enumerate(), and it ends with the interpreter.
     _thread.start_new_thread(_sampler.run, ())
@@ -542,7 +593,7 @@ def _install_stack_dump():
     except (KeyError, ValueError, OSError, RuntimeError):
         return
     _halves[_I_DUMP_PID] = os.getpid()
-    _halves[_I_FEATURES] |= _STACKS_ON_SIGNAL
+    _halves[_I_FEATURES] |= _SLOT_STACKS_ON_SIGNAL
 
 
 def _forget_slot():
@@ -573,7 +624,7 @@ def install(hook_torch=True):
     reset()
     if _words is None:
         return
-    _halves[_I_FEATURES] |= _PROGRESS_HOOK
+    _halves[_I_FEATURES] |= _SLOT_PROGRESS_HOOK
     if not hook_torch:
         return
     torch = sys.modules.get("torch")

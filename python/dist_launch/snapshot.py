@@ -48,16 +48,21 @@ from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["SnapshotError", "SnapshotMemoryError", "enabled", "load", "save", "steps"]
 
-DIR_VARIABLE = "DIST_LAUNCH_SNAPSHOT_DIR"
-MEMORY_VARIABLE = "DIST_LAUNCH_SNAPSHOT_MEMORY"
-PERSIST_VARIABLE = "DIST_LAUNCH_SNAPSHOT_PERSIST_DIR"
-RUN_VARIABLE = "DIST_LAUNCH_SNAPSHOT_RUN"
+# The variables and the format (dist/contract/worker_contract.h, snapshot_format.h).
+# BEGIN worker contract (contract/python_constants.py; do not edit)
+SNAPSHOT_DIR_VARIABLE = "DIST_LAUNCH_SNAPSHOT_DIR"
+SNAPSHOT_MEMORY_VARIABLE = "DIST_LAUNCH_SNAPSHOT_MEMORY"
+SNAPSHOT_PERSIST_VARIABLE = "DIST_LAUNCH_SNAPSHOT_PERSIST_DIR"
+SNAPSHOT_RUN_VARIABLE = "DIST_LAUNCH_SNAPSHOT_RUN"
+SNAPSHOT_MAGIC = b"DLSNAP02"
+SNAPSHOT_FOOTER_TAG = b"DLSNAPOK"
+SNAPSHOT_ALIGN = 64
+SNAPSHOT_FORMAT = 2
+SNAPSHOT_RANK_FOLDER_PREFIX = "rank_"
+SNAPSHOT_RANKS_FILE = ".ranks"
+# END worker contract
 KEEP = 2  # complete snapshots per rank
 
-MAGIC = b"DLSNAP02"
-FOOTER = b"DLSNAPOK"
-ALIGN = 64
-FORMAT = 2
 _PREFIX = struct.Struct("<8sQ")  # magic, header length
 _FOOTER = struct.Struct("<8sQQ")  # "DLSNAPOK", total size, save id (the header's)
 _NO_FOOTER = bytes(_FOOTER.size)
@@ -72,7 +77,7 @@ class SnapshotMemoryError(SnapshotError, MemoryError):
 
 
 def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+    return (n + SNAPSHOT_ALIGN - 1) // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN
 
 
 def _step_name(step: int) -> str:
@@ -120,9 +125,9 @@ def _rank_dir(root: str, rank: int) -> str:
 
 
 def _rank_of_folder(name: str) -> Optional[int]:
-    if name.startswith("rank_"):
+    if name.startswith(SNAPSHOT_RANK_FOLDER_PREFIX):
         try:
-            return int(name[len("rank_"):])
+            return int(name[len(SNAPSHOT_RANK_FOLDER_PREFIX):])
         except ValueError:
             return None
     return None
@@ -130,7 +135,7 @@ def _rank_of_folder(name: str) -> Optional[int]:
 
 def enabled() -> bool:
     """Whether this worker runs under an agent that holds snapshots."""
-    return bool(os.environ.get(DIR_VARIABLE))
+    return bool(os.environ.get(SNAPSHOT_DIR_VARIABLE))
 
 
 _warned = False
@@ -278,7 +283,8 @@ class _Plan:
 
     def _header(self, step: int, skeleton_offset: int, size: int) -> bytes:
         return json.dumps({
-            "format": FORMAT, "job": _job(), "run": os.environ.get(RUN_VARIABLE, ""),
+            "format": SNAPSHOT_FORMAT, "job": _job(),
+            "run": os.environ.get(SNAPSHOT_RUN_VARIABLE, ""),
             "rank": _rank(), "world_size": _world_size(), "local_rank": _local_rank(),
             "generation": _env_int("TORCHELASTIC_RESTART_COUNT", 0), "step": step,
             "saved_at": self.saved_at, "save_id": self.save_id, "writer": "python",
@@ -299,8 +305,9 @@ class _Plan:
             written = 0
             while written < t.nbytes:  # a write of more than 2 GiB returns short
                 written += os.pwrite(fd, t.view[written:], t.offset + written)
-        os.pwrite(fd, _PREFIX.pack(MAGIC, len(self.header)) + self.header, 0)
-        os.pwrite(fd, _FOOTER.pack(FOOTER, self.size, self.save_id), self.size - _FOOTER.size)
+        os.pwrite(fd, _PREFIX.pack(SNAPSHOT_MAGIC, len(self.header)) + self.header, 0)
+        os.pwrite(fd, _FOOTER.pack(SNAPSHOT_FOOTER_TAG, self.size, self.save_id),
+                  self.size - _FOOTER.size)
 
 
 def _allocated(path: str) -> int:
@@ -368,7 +375,7 @@ def _header_of(path: str) -> Optional[dict]:
             if size < _PREFIX.size + _FOOTER.size:
                 return None
             magic, header_len = _PREFIX.unpack(f.read(_PREFIX.size))
-            if magic != MAGIC or _PREFIX.size + header_len + _FOOTER.size > size:
+            if magic != SNAPSHOT_MAGIC or _PREFIX.size + header_len + _FOOTER.size > size:
                 return None
             header_bytes = f.read(header_len)
             footer = os.pread(f.fileno(), _FOOTER.size, size - _FOOTER.size)
@@ -377,13 +384,13 @@ def _header_of(path: str) -> Optional[dict]:
     if len(footer) != _FOOTER.size:
         return None
     tag, total, save_id = _FOOTER.unpack(footer)
-    if tag != FOOTER or total != size or not save_id:
+    if tag != SNAPSHOT_FOOTER_TAG or total != size or not save_id:
         return None
     try:
         header = json.loads(header_bytes)
     except ValueError:
         return None
-    if not isinstance(header, dict) or header.get("format") != FORMAT or \
+    if not isinstance(header, dict) or header.get("format") != SNAPSHOT_FORMAT or \
             header.get("save_id") != save_id:
         return None
     return header
@@ -397,7 +404,7 @@ def _saved_at(path: str) -> int:
 def _current_ranks(root: str) -> Optional[set]:
     """The ranks the agent runs on this node now (.ranks), None when it lists none."""
     try:
-        with open(os.path.join(root, ".ranks")) as f:
+        with open(os.path.join(root, SNAPSHOT_RANKS_FILE)) as f:
             return {int(line) for line in f if line.strip()}
     except (OSError, ValueError):
         return None
@@ -434,7 +441,7 @@ def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
     """Under the store's lock: a file of `size` bytes for this save, allocated (the memory of this
     rank's oldest saved snapshot reused when it keeps KEEP of them, or of the same step's), within
     the memory limit, its old and new footers zeroed. Returns (descriptor, temporary path)."""
-    limit = int(os.environ.get(MEMORY_VARIABLE, "0") or 0)
+    limit = int(os.environ.get(SNAPSHOT_MEMORY_VARIABLE, "0") or 0)
     lock = os.open(os.path.join(root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -485,7 +492,7 @@ def save(step: int, obj: Any) -> bool:
     """Stores `obj` (a state_dict, or any picklable object; its tensors as raw bytes) as this rank's
     snapshot at `step`, atomically. Returns False when no agent holds snapshots here. Raises
     SnapshotMemoryError past --snapshot-memory, SnapshotError when it cannot be written."""
-    root = os.environ.get(DIR_VARIABLE)
+    root = os.environ.get(SNAPSHOT_DIR_VARIABLE)
     if not root:
         _warn_disabled()
         return False
@@ -518,9 +525,9 @@ def save(step: int, obj: Any) -> bool:
 
 def _roots() -> List[Tuple[str, str]]:
     """(where, path) of shared memory, then of --snapshot-dir."""
-    return [(where, r) for where, r in (("shared memory", os.environ.get(DIR_VARIABLE)),
-                                        ("--snapshot-dir", os.environ.get(PERSIST_VARIABLE)))
-            if r]
+    roots = (("shared memory", os.environ.get(SNAPSHOT_DIR_VARIABLE)),
+             ("--snapshot-dir", os.environ.get(SNAPSHOT_PERSIST_VARIABLE)))
+    return [(where, r) for where, r in roots if r]
 
 
 class _Found:
@@ -597,12 +604,12 @@ def _read(path: str) -> Tuple[dict, Any]:
         raise SnapshotError(f"{path}: truncated")
     magic, header_len = _PREFIX.unpack_from(data, 0)
     footer, total, save_id = _FOOTER.unpack_from(data, size - _FOOTER.size)
-    if magic != MAGIC or footer != FOOTER or total != size or not save_id:
+    if magic != SNAPSHOT_MAGIC or footer != SNAPSHOT_FOOTER_TAG or total != size or not save_id:
         raise SnapshotError(f"{path}: not a complete dist-launch snapshot")
     header = json.loads(bytes(memoryview(data)[_PREFIX.size:_PREFIX.size + header_len]))
-    if header.get("format") != FORMAT:
+    if header.get("format") != SNAPSHOT_FORMAT:
         raise SnapshotError(f"{path}: snapshot format {header.get('format')}, this reads "
-                            f"{FORMAT}")
+                            f"{SNAPSHOT_FORMAT}")
     if header.get("save_id") != save_id:  # read while it was rewritten
         raise SnapshotError(f"{path}: torn (rewritten while read)")
     with open(path, "rb", buffering=0) as f:  # the header again: not one read while written

@@ -1,7 +1,7 @@
 // The snapshot files' constants, for the two C++ sides that read them: the workers' SDK
 // (worker_sdk/src/snapshot.cc writes and reads them) and the agent (agent/src/warm/
 // snapshot_store.cc persists them, checking each copy whole). docs/SNAPSHOTS.md is the format;
-// python/dist_launch/snapshot.py spells the same values.
+// python/dist_launch/snapshot.py holds the same values, written by contract/python_constants.py.
 #pragma once
 
 #include <cstddef>

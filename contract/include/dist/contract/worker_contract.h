@@ -3,8 +3,9 @@
 // reads it (worker_sdk/src/env.cc, progress_slot.cc, snapshot.cc). torchrun's variables keep
 // torchrun's names; dist-launch's own start with DIST_. A header-only library of its own
 // (contract/, Dist::contract) that depends on nothing: the store library names the token file's
-// variable from it too. python/dist_launch/ (progress.py, elastic.py, snapshot.py) spells the
-// same names and offsets.
+// variable from it too. python/dist_launch/ (progress.py, elastic.py, snapshot.py) holds the same
+// names and offsets in blocks that contract/python_constants.py writes from this header (the
+// suite's contract.python_constants fails when they differ).
 #pragma once
 
 #include <atomic>

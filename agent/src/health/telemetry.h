@@ -8,10 +8,11 @@
 //   - torch's health check (TORCHELASTIC_HEALTH_CHECK_PORT): HTTP at / (also /health, /healthz).
 // Where the metrics' port listens and what it asks of a client (--metrics-addr, the token of
 // --metrics-token-file): metrics_access.h; the health check asks nothing.
-// The agent and the worker group report what happens through the calls below; the same port for
-// both endpoints serves both, and then / is the health check's unless the client asks for HTML
-// (a browser's Accept: text/html): torch's clients, and curl, get the JSON as before; /ui is
-// always the page.
+// The agent and the worker group report what happens through Telemetry's calls below;
+// TelemetryEndpoints (telemetry_endpoints.h) serves the HTTP side from what Telemetry counted. The
+// same port for both endpoints serves both, and then / is the health check's unless the client asks
+// for HTML (a browser's Accept: text/html): torch's clients, and curl, get the JSON as before; /ui
+// is always the page.
 //
 // /status.json: {run_id, host, time, started (wall-clock seconds), state, round, node_rank,
 // num_nodes, world_size, restarts, max_restarts, nproc_per_node, workers_alive, worker_failures,
@@ -167,29 +168,52 @@ struct HangReport {
   std::optional<std::string> proof;
 };
 
+// Durations and times as the events and the endpoints write them: seconds, as a double.
+inline double in_seconds(std::chrono::nanoseconds d) {
+  return std::chrono::duration<double>(d).count();
+}
+inline double wall_clock_seconds() {
+  return in_seconds(std::chrono::system_clock::now().time_since_epoch());
+}
+
+// What the events recorded so far: the endpoints' metrics, health check and status.json read it.
+struct TelemetryRecord {
+  double started = 0;          // wall-clock seconds
+  std::string state = "init";  // the agent's lifecycle state (kAgentStateNames)
+  Round round;                 // the round joined last (before one: num_nodes 0)
+  int workers_alive = 0;
+  std::uint64_t worker_starts = 0;
+  std::uint64_t worker_failures = 0;
+  std::uint64_t timer_expirations = 0;
+  std::uint64_t hung_workers = 0;
+  std::uint64_t hangs_acted = 0;      // investigations that ended ranks
+  std::uint64_t hangs_suspected = 0;  // and that only reported
+  std::uint64_t nodes_lost = 0;
+  std::uint64_t in_place_restarts = 0;
+  std::optional<std::uint64_t> event_log_lost;  // lines not written; none without an event log
+  EventTimeline timeline;                       // the recent events, for the status page
+};
+
+// The events of the job: each is counted, written to the event log (--event-log) and kept for
+// the status page's timeline. What is served over HTTP is TelemetryEndpoints'
+// (telemetry_endpoints.h), which reads this.
 class Telemetry {
  public:
-  // Opens the event log and binds the endpoints the configuration asks for. Throws
-  // std::runtime_error saying which could not be (the file, the port).
-  Telemetry(boost::asio::io_context& io, const LaunchConfig& config, std::string host);
+  // Opens the event log the configuration asks for. Throws std::runtime_error naming the file
+  // when it cannot be.
+  Telemetry(const LaunchConfig& config, std::string host);
   Telemetry(const Telemetry&) = delete;
   Telemetry& operator=(const Telemetry&) = delete;
 
   // Where the running workers' heartbeats are read (the worker group).
   void set_progress_source(std::function<std::vector<WorkerProgress>()> source);
-  // What status.json shows of the snapshots (the worker group's snapshot store).
-  void set_snapshot_source(std::function<nlohmann::ordered_json()> source);
-  std::optional<std::uint16_t> metrics_port() const;
-  std::optional<std::uint16_t> health_check_port() const;
+  // The running workers' progress, from that source (none before it is set).
+  std::vector<WorkerProgress> progress() const;
   // This node's running workers as `dist-launch status` and the status page show them.
   std::vector<RankStatus> ranks() const;
   // What this node publishes beside its heartbeat (round_source.h): the state and ranks().
   schema::NodeProgress node_progress() const;
-  // Whether an endpoint shows the workers' heartbeats (then workers get a heartbeat slot even
-  // without --worker-heartbeat-timeout).
-  bool shows_heartbeats() const { return metrics_endpoint_ || health_endpoint_; }
-  // Whether a watchdog killed a hung worker in this job (its stacks are worth keeping).
-  bool saw_hung_workers() const { return hung_workers_ > 0; }
+  const TelemetryRecord& record() const { return record_; }
 
   void job_started();
   void state(std::string_view name);  // the agent's lifecycle state, for the metrics
@@ -245,39 +269,12 @@ class Telemetry {
 
  private:
   void log(std::string_view event, const nlohmann::ordered_json& fields);
-  std::map<std::string, HttpEndpoint::Handler> metrics_routes(bool shared,
-                                                              const MetricsAccess& access);
-  HttpResponse metrics() const;
-  HttpResponse health() const;
-  HttpResponse page() const;
-  HttpResponse status_json(const HttpRequest& request) const;
-  nlohmann::ordered_json status(double since) const;
-  void arm_sampler();
-  std::vector<WorkerProgress> progress() const;
 
   const LaunchConfig& config_;
   std::string host_;
   std::optional<EventLog> event_log_;
-  std::unique_ptr<HttpEndpoint> metrics_endpoint_;
-  std::unique_ptr<HttpEndpoint> health_endpoint_;  // null when the metrics' serves it too
   std::function<std::vector<WorkerProgress>()> progress_source_;
-  std::function<nlohmann::ordered_json()> snapshot_source_;
-  ProgressHistory history_;  // sampled every kSampleInterval while the page is served
-  EventTimeline timeline_;
-  boost::asio::steady_timer sampler_;
-  double started_ = 0;  // wall-clock seconds
-
-  std::string state_ = "init";
-  Round round_;  // the round joined last (before one: num_nodes 0)
-  int workers_alive_ = 0;
-  std::uint64_t worker_starts_ = 0;
-  std::uint64_t worker_failures_ = 0;
-  std::uint64_t timer_expirations_ = 0;
-  std::uint64_t hung_workers_ = 0;
-  std::uint64_t hangs_acted_ = 0;      // investigations that ended ranks
-  std::uint64_t hangs_suspected_ = 0;  // and that only reported
-  std::uint64_t nodes_lost_ = 0;
-  std::uint64_t in_place_restarts_ = 0;
+  TelemetryRecord record_;
   struct StragglerRecord {
     int flags = 0;        // times flagged
     double worst = 0;     // the highest ratio it was flagged at

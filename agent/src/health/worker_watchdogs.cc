@@ -31,7 +31,8 @@ std::string describe(const Worker& w) {
 }  // namespace
 
 WorkerWatchdogs::WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options,
-                                 Telemetry& telemetry, HangOptions hang, bool in_place)
+                                 Telemetry& telemetry, HangOptions hang, bool in_place,
+                                 bool heartbeats_shown)
     : io_(io), options_(options), telemetry_(telemetry) {
   if (options.file_timer) {
     const std::string path =
@@ -40,8 +41,7 @@ WorkerWatchdogs::WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOpti
     spdlog::info("serving torch's file timer at {} (TORCHELASTIC_TIMER_FILE)", path);
   }
   const bool hangs_found = !hang.timeout.off;
-  if (hangs_found || in_place || options.worker_heartbeat_timeout.count() > 0 ||
-      telemetry.shows_heartbeats()) {
+  if (hangs_found || in_place || options.worker_heartbeat_timeout.count() > 0 || heartbeats_shown) {
     heartbeats_.emplace(
         io, options.worker_heartbeat_timeout,
         [this](int local_rank, std::chrono::nanoseconds silent) { on_silent(local_rank, silent); });

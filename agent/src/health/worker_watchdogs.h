@@ -43,9 +43,10 @@ class WorkerWatchdogs {
  public:
   // Serves the file timer pipe when the options ask for it (throws std::runtime_error naming the
   // path when it cannot). `in_place` (--restart-policy in-place): every worker gets a progress
-  // slot, the channel that asks it to regroup (ask_to_regroup).
+  // slot, the channel that asks it to regroup (ask_to_regroup). `heartbeats_shown`: an endpoint
+  // shows the workers' heartbeats (TelemetryEndpoints::show_heartbeats): every worker gets a slot.
   WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options, Telemetry& telemetry,
-                  HangOptions hang, bool in_place);
+                  HangOptions hang, bool in_place, bool heartbeats_shown);
   WorkerWatchdogs(const WorkerWatchdogs&) = delete;
   WorkerWatchdogs& operator=(const WorkerWatchdogs&) = delete;
 

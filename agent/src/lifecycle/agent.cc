@@ -26,7 +26,7 @@
 
 #include "dist/agent/console.h"
 #include "dist/agent/signals.h"
-#include "health/telemetry.h"
+#include "health/telemetry_endpoints.h"  // and telemetry.h
 #include "lifecycle/events.h"
 #include "lifecycle/launcher_channel.h"
 #include "lifecycle/machine.h"
@@ -418,7 +418,8 @@ class Agent {
         on(event::SignalReceived{signal, 0, SI_USER});
       });
     }
-    telemetry_.emplace(io_, config_, host_);  // the event log, metrics and health check
+    telemetry_.emplace(config_, host_);  // the events; served by endpoints_ (metrics, health)
+    endpoints_.emplace(io_, config_, host_, *telemetry_);
     telemetry_->job_started();
     group_.emplace(
         io_, config_, *run_dir_, agent_id_, janitor_, console_, *telemetry_,
@@ -430,7 +431,7 @@ class Agent {
             [this] { policy_->worker_succeeded(); }});
     telemetry_->set_progress_source(
         [this] { return group_ ? group_->progress() : std::vector<WorkerProgress>{}; });
-    telemetry_->set_snapshot_source(
+    endpoints_->set_snapshot_source(
         [this] { return group_ ? group_->snapshot_status() : nlohmann::ordered_json(); });
     rounds_->set_progress_source([this] { return telemetry_->node_progress(); });  // for status
     // The job as node 0 reads it (several nodes): stragglers job-wide, hangs across nodes.
@@ -524,19 +525,17 @@ class Agent {
     // nothing to clean, and exits while this agent writes its report and tears down.
     if (janitor_ && !has_children()) janitor_->dismiss();
     record_job_end();
-    if (telemetry_) {
-      for (const auto& line : telemetry_->straggler_summary()) spdlog::warn("{}", line);
-    }
     if (run_dir_) {
       const bool keep = !now_.failures.empty() || config_.writes_log_files() ||
-                        (telemetry_ && telemetry_->saw_hung_workers());
+                        (telemetry_ && telemetry_->record().hung_workers > 0);
       if (const auto said = run_dir_->finish(keep); !said.empty()) spdlog::info("{}", said);
     }
     io_.stop();
   }
 
-  void record_job_end() {
+  void record_job_end() {  // and the stragglers seen, one line each
     if (!telemetry_) return;
+    for (const auto& line : telemetry_->straggler_summary()) spdlog::warn("{}", line);
     if (exit_code_ == 0) return telemetry_->job_ended(0, "succeeded", "");
     if (now_.stop_reason == StopReason::kSignal) {
       return telemetry_->job_ended(exit_code_, "stopped",
@@ -577,6 +576,7 @@ class Agent {
   std::optional<RunDirectory> run_dir_;
   std::string written_token_file_;      // when this agent wrote the token file: removed at the end
   std::optional<Telemetry> telemetry_;  // from prepare() on
+  std::optional<TelemetryEndpoints> endpoints_;
   std::optional<WorkerGroup> group_;
   AgentRecord now_;  // the state, the round, the restarts, the failures: shared with policy_
   std::unique_ptr<RecoveryPolicy> policy_;  // --restart-policy, chosen once

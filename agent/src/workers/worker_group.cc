@@ -11,6 +11,7 @@
 
 #include "dist/agent/signals.h"
 #include "dist/contract/worker_contract.h"
+#include "health/telemetry_endpoints.h"
 #include "output/log_line_prefix.h"
 #include "output/log_pump.h"
 #include "processes/process.h"
@@ -110,7 +111,7 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       events_(std::move(events)),
       telemetry_(telemetry),
       watchdogs_(io, config.watchdogs, telemetry, hang_options(config, identity.host),
-                 identity.generations),
+                 identity.generations, TelemetryEndpoints::show_heartbeats(config)),
       identity_(std::move(identity)),
       resources_(plan_worker_resources(config.nproc_per_node, config.devices, config.placement,
                                        config.omp_threads_defaulted)),

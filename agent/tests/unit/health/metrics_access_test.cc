@@ -18,21 +18,23 @@
 #include "http_client.h"
 #include "output/valid_text.h"
 #include "rendezvous/schema.h"
+#include "served_telemetry.h"
 
 namespace dist::agent {
 namespace metrics_access_test {
 
 using testing::http_exchange;
 using testing::http_request;
+using testing::ServedTelemetry;
 
 const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 
-// A Telemetry on its own io thread.
+// A Telemetry and its endpoints on their own io thread.
 class Serving {
  public:
   // The config is kept: Telemetry holds a reference to it, and callers pass temporaries.
   Serving(const LaunchConfig& config, const std::string& host)
-      : config_(config), telemetry_(io_, config_, host) {
+      : config_(config), served_(io_, config_, host) {
     thread_ = std::thread([this] {
       auto work = boost::asio::make_work_guard(io_);
       io_.run();
@@ -42,13 +44,14 @@ class Serving {
     io_.stop();
     thread_.join();
   }
-  Telemetry& telemetry() { return telemetry_; }
-  int port() const { return *telemetry_.metrics_port(); }
+  Telemetry& telemetry() { return served_.telemetry; }
+  const TelemetryEndpoints& endpoints() const { return served_.endpoints; }
+  int port() const { return *served_.endpoints.metrics_port(); }
 
  private:
   boost::asio::io_context io_;
   LaunchConfig config_;
-  Telemetry telemetry_;
+  ServedTelemetry served_;
   std::thread thread_;
 };
 
@@ -62,8 +65,8 @@ LaunchConfig with_metrics() {
 std::uint16_t free_port() {
   boost::asio::io_context io;
   LaunchConfig c = with_metrics();
-  Telemetry probe(io, c, "node-a");
-  return *probe.metrics_port();
+  ServedTelemetry probe(io, c, "node-a");
+  return *probe.endpoints.metrics_port();
 }
 
 std::string request(const std::string& path, const std::string& headers = "",
@@ -120,7 +123,7 @@ TEST(MetricsAccess, NamesThatAreNotUtf8AreServedReplacedOnEveryEndpoint) {
         std::string::npos)
         << metrics.body;
 
-    const auto health = http_request(*t.health_check_port(), "GET /health HTTP/1.1");
+    const auto health = http_request(*s.endpoints().health_check_port(), "GET /health HTTP/1.1");
     EXPECT_EQ(health.status, 200);
     EXPECT_TRUE(is_valid_utf8(health.body));
 
@@ -193,7 +196,7 @@ TEST(MetricsAccess, AnAddressThatNamesNothingIsAnErrorNamingTheOption) {
   c.telemetry.metrics_addr = "no-such-host.invalid";
   boost::asio::io_context io;
   try {
-    Telemetry t(io, c, "node-a");
+    ServedTelemetry served(io, c, "node-a");
     FAIL() << "served on an address that does not resolve";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("--metrics-addr"), std::string::npos) << e.what();
@@ -248,7 +251,7 @@ TEST(MetricsAccess, OnItsOwnPortTheHealthCheckListensEverywhereAndAsksNoToken) {
   c.telemetry.metrics_token = "t0ken";
   c.watchdogs.health_check_port = 0;
   Serving s(c, "node-a");
-  const int health = *s.telemetry().health_check_port();
+  const int health = *s.endpoints().health_check_port();
   EXPECT_NE(health, s.port());
   EXPECT_EQ(http_request(health, "GET / HTTP/1.1", "127.0.0.2").status, 200);
   EXPECT_EQ(http_request(s.port(), "GET /metrics HTTP/1.1").status, 401);

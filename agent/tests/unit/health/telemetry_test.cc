@@ -10,11 +10,13 @@
 
 #include "http_client.h"
 #include "process_helpers.h"
+#include "served_telemetry.h"
 
 namespace dist::agent {
 namespace {
 
 using testing::http_request;
+using testing::ServedTelemetry;
 
 LaunchConfig config_with_ports() {
   LaunchConfig c;
@@ -38,12 +40,13 @@ WorkerProgress silent_for(int rank, std::chrono::seconds silence) {
 TEST(Telemetry, HealthIs503OnceTheMostSilentWorkerPassedTorchsTimeout) {
   const LaunchConfig config = config_with_ports();
   boost::asio::io_context io;
-  Telemetry t(io, config, "node-a");
+  ServedTelemetry served(io, config, "node-a");
+  Telemetry& t = served.telemetry;
   std::vector<WorkerProgress> workers = {silent_for(0, std::chrono::seconds(2)),
                                          silent_for(1, std::chrono::seconds(61))};
   t.set_progress_source([&] { return workers; });
   t.state("running");
-  const int port = *t.health_check_port();
+  const int port = *served.endpoints.health_check_port();
   std::thread serving([&] { io.run(); });
   const auto reply = http_request(port, "GET /health HTTP/1.1");
   io.stop();
@@ -62,7 +65,8 @@ TEST(Telemetry, HealthIs503OnceTheMostSilentWorkerPassedTorchsTimeout) {
 TEST(Telemetry, TheMetricsSayWhatTheAgentReported) {
   const LaunchConfig config = config_with_ports();
   boost::asio::io_context io;
-  Telemetry t(io, config, "node-a");
+  ServedTelemetry served(io, config, "node-a");
+  Telemetry& t = served.telemetry;
   std::vector<WorkerProgress> workers = {silent_for(1, std::chrono::seconds(3))};
   t.set_progress_source([&] { return workers; });
   Round a;
@@ -77,7 +81,7 @@ TEST(Telemetry, TheMetricsSayWhatTheAgentReported) {
   t.worker_started({4, 3, 1, 101});
   t.worker_exited({4, 2, 0, 100}, -9, true, "no heartbeat for 90 s (hung?)");
   t.worker_hung({4, 2, 0, 100}, std::chrono::seconds(90), 9);
-  const int port = *t.metrics_port();
+  const int port = *served.endpoints.metrics_port();
   std::thread serving([&] { io.run(); });
   const auto reply = http_request(port, "GET /metrics HTTP/1.1");
   const auto other = http_request(port, "GET / HTTP/1.1");
@@ -116,12 +120,13 @@ TEST(Telemetry, OnePortServesBothWhenTheyAreTheSame) {
   LaunchConfig config = config_with_ports();
   boost::asio::io_context io;
   {  // a port that was free a moment ago
-    Telemetry probe(io, config, "node-a");
-    config.telemetry.metrics_port = config.watchdogs.health_check_port = *probe.metrics_port();
+    ServedTelemetry probe(io, config, "node-a");
+    config.telemetry.metrics_port = config.watchdogs.health_check_port =
+        *probe.endpoints.metrics_port();
   }
-  Telemetry t(io, config, "node-a");
-  const int port = *t.metrics_port();
-  EXPECT_EQ(t.health_check_port(), t.metrics_port());
+  ServedTelemetry served(io, config, "node-a");
+  const int port = *served.endpoints.metrics_port();
+  EXPECT_EQ(served.endpoints.health_check_port(), served.endpoints.metrics_port());
   std::thread serving([&] { io.run(); });
   const auto metrics = http_request(port, "GET /metrics HTTP/1.1");
   const auto health = http_request(port, "GET / HTTP/1.1");
@@ -149,7 +154,8 @@ TEST(Telemetry, OnePortServesBothWhenTheyAreTheSame) {
 TEST(Telemetry, StatusJsonHasTheRanksTheirHistoryAndTheEvents) {
   const LaunchConfig config = config_with_ports();
   boost::asio::io_context io;
-  Telemetry t(io, config, "node-a");
+  ServedTelemetry served(io, config, "node-a");
+  Telemetry& t = served.telemetry;
   const auto start = std::chrono::steady_clock::now();
   t.set_progress_source([start] {  // on the io thread: steps every 100 ms (rank 1: 200 ms)
     const auto elapsed = std::chrono::steady_clock::now() - start;
@@ -170,7 +176,7 @@ TEST(Telemetry, StatusJsonHasTheRanksTheirHistoryAndTheEvents) {
   t.state("running");
   t.round_joined(a);
   t.worker_started({2, 0, 0, 100});
-  const int port = *t.metrics_port();
+  const int port = *served.endpoints.metrics_port();
   std::thread serving([&] { io.run(); });
   nlohmann::json body;
   const bool measured = dist::agent::testing::eventually(
@@ -217,10 +223,10 @@ TEST(Telemetry, StatusJsonHasTheRanksTheirHistoryAndTheEvents) {
 TEST(Telemetry, APortInUseIsAnErrorNamingWhatCouldNotBeServed) {
   LaunchConfig config = config_with_ports();
   boost::asio::io_context io;
-  Telemetry holder(io, config, "node-a");
-  config.telemetry.metrics_port = *holder.metrics_port();
+  ServedTelemetry holder(io, config, "node-a");
+  config.telemetry.metrics_port = *holder.endpoints.metrics_port();
   try {
-    Telemetry t(io, config, "node-a");
+    ServedTelemetry served(io, config, "node-a");
     FAIL() << "bound a port in use";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("cannot serve the metrics (--metrics-port)"),

@@ -490,11 +490,17 @@ class TorchState(ObjectState):
         self.save()
 
     def save(self) -> None:
+        """Copies into the buffers of the last save where the tensors kept their shape, type and
+        device (every commit after the first, in a training loop): no allocation, one memory copy
+        per tensor."""
+        import torch
         super().save()
-        if self.model is not None:
-            self._saved_model = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        if self.optimizer is not None:
-            self._saved_optimizer = copy.deepcopy(self.optimizer.state_dict())
+        with torch.no_grad():
+            if self.model is not None:
+                self._saved_model = _copy_into(self._saved_model, self.model.state_dict())
+            if self.optimizer is not None:
+                self._saved_optimizer = _copy_into(self._saved_optimizer,
+                                                   self.optimizer.state_dict())
 
     def restore(self) -> None:
         super().restore()
@@ -526,6 +532,27 @@ class TorchState(ObjectState):
             dist.broadcast_object_list(state, src=root)
             if dist.get_rank() != root:
                 self.optimizer.load_state_dict(state[0])
+
+
+def _copy_into(saved, value):
+    """A copy of `value` (a state dict: dicts, lists, tensors, numbers) that reuses `saved`, the
+    copy of an earlier one, wherever a tensor has the same shape, type and device: copied into in
+    place. Nothing of the result is shared with `value`."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        if (isinstance(saved, torch.Tensor) and saved.shape == value.shape and
+                saved.dtype == value.dtype and saved.device == value.device and
+                saved.layout == value.layout == torch.strided and not value.is_sparse):
+            return saved.copy_(value)
+        return value.detach().clone()
+    if isinstance(value, dict):
+        old = saved if isinstance(saved, dict) else {}
+        return type(value)((k, _copy_into(old.get(k), v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        old = saved if isinstance(saved, type(value)) and len(saved) == len(value) else None
+        return type(value)(_copy_into(old[i] if old is not None else None, v)
+                           for i, v in enumerate(value))
+    return copy.deepcopy(value)
 
 
 def _is_peer_failure(error: BaseException) -> bool:

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""dist_launch.elastic.TorchState on its own (no launcher, no group): what a commit keeps and a
+restore brings back, with the commit copying into the buffers of the last one.
+
+    python3 tests/torch/elastic_state_test.py [--require-major N]
+
+A recovery rolls every survivor back to its last commit, so a commit that shared a tensor with
+the live model or optimizer (or a restore that left the optimizer holding the commit's tensors)
+would roll back to a state training had since changed. Each test trains past a commit, restores,
+and compares with the values the commit saw.
+"""
+import argparse
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
+
+try:
+    import torch
+except ImportError:
+    print("SKIP: no torch in this interpreter", file=sys.stderr)
+    sys.exit(77)
+
+from dist_launch import elastic  # noqa: E402
+
+
+def model_and(optimizer_class, **options):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return model, optimizer_class(model.parameters(), **options)
+
+
+def train(model, optimizer, steps=1):
+    for _ in range(steps):
+        x = torch.randn(4, 8)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        optimizer.step()
+
+
+def snapshot(model, optimizer):
+    """Plain copies of the model's tensors and the optimizer's state tensors, by name."""
+    values = {"model." + k: v.detach().clone() for k, v in model.state_dict().items()}
+    for index, state in optimizer.state_dict()["state"].items():
+        for name, v in state.items():
+            values[f"optimizer.{index}.{name}"] = (v.detach().clone() if torch.is_tensor(v)
+                                                   else v)
+    return values
+
+
+class TorchStateCommits(unittest.TestCase):
+    def assert_same(self, got, expected):
+        self.assertEqual(sorted(got), sorted(expected))
+        for name, value in expected.items():
+            if torch.is_tensor(value):
+                self.assertTrue(torch.equal(got[name], value), name)
+            else:
+                self.assertEqual(got[name], value, name)
+
+    def check_rollbacks(self, optimizer_class, **options):
+        model, optimizer = model_and(optimizer_class, **options)
+        state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
+        # The first commit holds no optimizer state yet; the next ones must make room for it.
+        for step in range(1, 4):
+            train(model, optimizer)
+            state.step = step
+            state.commit()
+            committed = snapshot(model, optimizer)
+            train(model, optimizer, 2)  # past the commit, as a failed step would be
+            state.step = step + 2
+            self.assertFalse(torch.equal(next(model.parameters()),
+                                         committed["model.0.weight"]))
+            state.restore()
+            self.assertEqual(state.step, step)
+            self.assert_same(snapshot(model, optimizer), committed)
+            # After a restore, training and committing must not reach into the commit's copy.
+            train(model, optimizer)
+            state.restore()
+            self.assert_same(snapshot(model, optimizer), committed)
+
+    def test_sgd_with_momentum_rolls_back_to_each_commit(self):
+        self.check_rollbacks(torch.optim.SGD, lr=0.1, momentum=0.9)
+
+    def test_adam_rolls_back_to_each_commit_its_step_counts_too(self):
+        self.check_rollbacks(torch.optim.Adam, lr=0.01)
+
+    def test_a_commit_reuses_the_last_commits_tensors(self):
+        model, optimizer = model_and(torch.optim.SGD, lr=0.1, momentum=0.9)
+        state = elastic.TorchState(model=model, optimizer=optimizer)
+        train(model, optimizer)
+        state.commit()
+        first = [t.data_ptr() for t in state._saved_model.values()]
+        buffers = [s["momentum_buffer"].data_ptr()
+                   for s in state._saved_optimizer["state"].values()]
+        train(model, optimizer)
+        state.commit()
+        self.assertEqual([t.data_ptr() for t in state._saved_model.values()], first)
+        self.assertEqual([s["momentum_buffer"].data_ptr()
+                          for s in state._saved_optimizer["state"].values()], buffers)
+        live = {t.data_ptr() for t in model.state_dict().values()}
+        self.assertFalse(live & set(first), "a commit shares a tensor with the model")
+
+    def test_a_tensor_that_changed_shape_is_copied_afresh(self):
+        model, optimizer = model_and(torch.optim.SGD, lr=0.1)
+        state = elastic.TorchState(model=model, optimizer=optimizer)
+        old = state._saved_model["2.weight"]
+        with torch.no_grad():
+            model[2] = torch.nn.Linear(16, 2)  # a new head
+        state.commit()
+        self.assertEqual(tuple(state._saved_model["2.weight"].shape), (2, 16))
+        self.assertEqual(tuple(old.shape), (1, 16))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--require-major", type=int)
+    args, rest = ap.parse_known_args()
+    if args.require_major and int(torch.__version__.split(".")[0]) != args.require_major:
+        print(f"SKIP: torch {torch.__version__}, not {args.require_major}.x", file=sys.stderr)
+        sys.exit(77)
+    unittest.main(argv=[sys.argv[0]] + rest)

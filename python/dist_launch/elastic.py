@@ -442,8 +442,25 @@ class State(abc.ABC):
         return ""
 
 
+def _stateful(value) -> bool:
+    """Whether `value` keeps its state behind state_dict()/load_state_dict() (torch's Stateful: an
+    LR scheduler, a GradScaler, a stateful data loader): saved and restored through them, so the
+    object itself, and what it is bound to (a scheduler's optimizer), stays the one training uses."""
+    return callable(getattr(value, "state_dict", None)) and \
+        callable(getattr(value, "load_state_dict", None))
+
+
+def _load(value, state) -> None:
+    """`value.load_state_dict(state)`, except for an empty state: nothing to load (what a disabled
+    GradScaler saves, and refuses to load)."""
+    if state != {}:
+        value.load_state_dict(state)
+
+
 class ObjectState(State):
-    """Counters and other picklable values, as attributes: `ObjectState(epoch=0, batch=0)`."""
+    """Counters and other picklable values, as attributes: `ObjectState(epoch=0, batch=0)`. A
+    value with state_dict() and load_state_dict() (an LR scheduler, a GradScaler) is saved, restored
+    and synchronised through them: it stays the same object, bound to the same optimizer."""
 
     def __init__(self, **values):
         super().__init__()
@@ -456,19 +473,31 @@ class ObjectState(State):
     def _values(self):
         return {name: getattr(self, name) for name in self._names}
 
+    def _state(self):
+        """The values as they are saved and sent: a stateful one by its state_dict()."""
+        return {name: value.state_dict() if _stateful(value) else value
+                for name, value in self._values().items()}
+
+    def _set(self, state) -> None:
+        for name, value in state.items():
+            current = getattr(self, name)
+            if _stateful(current):
+                _load(current, value)
+            else:
+                setattr(self, name, value)
+
     def save(self) -> None:
-        self._saved_values = copy.deepcopy(self._values())
+        self._saved_values = copy.deepcopy(self._state())
 
     def restore(self) -> None:
-        for name, value in copy.deepcopy(self._saved_values).items():
-            setattr(self, name, value)
+        self._set(copy.deepcopy(self._saved_values))
 
     def sync(self, root: int = 0) -> None:
         import torch.distributed as dist
-        values = [self._values() if dist.get_rank() == root else None]
+        values = [self._state() if dist.get_rank() == root else None]
         dist.broadcast_object_list(values, src=root)
-        for name, value in values[0].items():
-            setattr(self, name, value)
+        if dist.get_rank() != root:
+            self._set(values[0])
 
     def describe(self) -> str:
         return " ".join(f"{name}={getattr(self, name)}" for name in self._names

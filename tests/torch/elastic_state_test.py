@@ -12,6 +12,7 @@ and compares with the values the commit saw.
 import argparse
 import os
 import sys
+import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -111,6 +112,54 @@ class TorchStateCommits(unittest.TestCase):
         state.commit()
         self.assertEqual(tuple(state._saved_model["2.weight"].shape), (2, 16))
         self.assertEqual(tuple(old.shape), (1, 16))
+
+
+class StatefulValues(unittest.TestCase):
+    """A value with state_dict()/load_state_dict() is kept through them: the same object."""
+
+    def scheduled(self):
+        model, optimizer = model_and(torch.optim.SGD, lr=1.0)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        state = elastic.TorchState(model=model, optimizer=optimizer, scheduler=scheduler, step=0)
+        return model, optimizer, scheduler, state
+
+    def test_an_lr_scheduler_stays_bound_to_the_optimizer_training_uses(self):
+        model, optimizer, scheduler, state = self.scheduled()
+        train(model, optimizer)
+        scheduler.step()  # lr 0.5
+        state.commit()
+        train(model, optimizer)
+        scheduler.step()  # lr 0.25
+        state.restore()
+        self.assertIs(state.scheduler, scheduler)
+        self.assertEqual(optimizer.param_groups[0]["lr"], 0.5)
+        self.assertEqual(scheduler.get_last_lr(), [0.5])
+        scheduler.step()  # reaches the optimizer that trains (a copy would keep it at 0.5)
+        self.assertEqual(optimizer.param_groups[0]["lr"], 0.25)
+
+    def test_a_disabled_grad_scaler_commits_and_restores(self):
+        model, optimizer = model_and(torch.optim.SGD, lr=0.1)
+        scaler = torch.cuda.amp.GradScaler(enabled=False)  # what a CPU run has
+        state = elastic.TorchState(model=model, optimizer=optimizer, scaler=scaler)
+        state.commit()
+        state.restore()
+        self.assertIs(state.scaler, scaler)
+
+    def test_sync_in_a_world_of_one_keeps_the_objects(self):
+        import torch.distributed as dist
+        model, optimizer, scheduler, state = self.scheduled()
+        scheduler.step()
+        with tempfile.TemporaryDirectory() as scratch:
+            dist.init_process_group("gloo", init_method="file://" + os.path.join(scratch, "f"),
+                                    rank=0, world_size=1)
+            try:
+                state.sync(0)
+            finally:
+                dist.destroy_process_group()
+        self.assertIs(state.scheduler, scheduler)
+        self.assertEqual(scheduler.get_last_lr(), [0.5])
+        scheduler.step()
+        self.assertEqual(optimizer.param_groups[0]["lr"], 0.25)
 
 
 if __name__ == "__main__":

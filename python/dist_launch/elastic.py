@@ -584,12 +584,31 @@ def _copy_into(saved, value):
     return copy.deepcopy(value)
 
 
+def _raised_through(error: BaseException, folder: str) -> bool:
+    """Whether a frame of `error`'s traceback runs code of torch's `folder` ("utils/data")."""
+    import torch
+    root = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), folder) + os.sep
+    tb = error.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(root):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _is_peer_failure(error: BaseException) -> bool:
+    """Whether `error` is a collective's failure because a peer is gone: then the rank recovers in
+    place; anything else is its own failure and ends it (the agent replaces it)."""
     import torch.distributed as dist
     backend_error = getattr(dist, "DistBackendError", None)
     if backend_error is not None and isinstance(error, backend_error):
         return True
     if not isinstance(error, RuntimeError):
+        return False
+    # A DataLoader that timed out ("DataLoader timed out after 60 seconds") or whose workers died
+    # is this rank's own: waiting for a generation that no peer's failure will publish would stall
+    # the whole job.
+    if _raised_through(error, os.path.join("utils", "data")):
         return False
     text = str(error).lower()
     return any(marker in text for marker in _PEER_FAILURE_MARKERS)

@@ -162,6 +162,36 @@ class StatefulValues(unittest.TestCase):
         self.assertEqual(optimizer.param_groups[0]["lr"], 0.25)
 
 
+class SlowSamples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        import time
+        time.sleep(30)  # longer than the loader's timeout
+        return index
+
+
+class PeerFailures(unittest.TestCase):
+    """Which errors a rank recovers from in place (a peer's) and which end it (its own)."""
+
+    def test_a_dataloader_timeout_is_the_ranks_own_failure(self):
+        loader = torch.utils.data.DataLoader(SlowSamples(), num_workers=1, timeout=1)
+        try:  # not assertRaises: it drops the traceback, which is what tells the two apart
+            next(iter(loader))
+            self.fail("the loader did not time out")
+        except RuntimeError as e:
+            self.assertIn("timed out", str(e))
+            self.assertFalse(elastic._is_peer_failure(e))
+
+    def test_a_lost_connection_is_a_peers_failure(self):
+        try:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer")
+        except RuntimeError as e:
+            self.assertTrue(elastic._is_peer_failure(e))
+        self.assertFalse(elastic._is_peer_failure(ValueError("timed out")))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--require-major", type=int)

@@ -77,8 +77,18 @@ class ElasticAgents:
 
     def finish(self, agents):
         """Waits for every agent; the output of `agents` (each of which must exit 0) as a Run."""
+        deadline = time.monotonic() + 180
         for p in self.procs:
-            p.wait(timeout=180)
+            try:
+                p.wait(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # what each agent said, not only that one hung
+                for q in self.procs:
+                    q.kill()
+                for reader in self.readers:
+                    reader.join(timeout=30)
+                self.test.fail("agents still running after 180 s:\n" + "\n".join(
+                    f"--- agent {i} (exit {q.poll()}):\n{self.text(i)[-6000:]}"
+                    for i, q in enumerate(self.procs)))
         for reader in self.readers:  # until each output's end
             reader.join(timeout=30)
         run = Run(subprocess.CompletedProcess([], 0, "".join(self.text(i) for i in agents), ""))

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import collections
 import copy
 import datetime
 import functools
@@ -574,7 +575,7 @@ def _copy_into(saved, value):
                 saved.layout == value.layout == torch.strided and not value.is_sparse):
             return saved.copy_(value)
         return value.detach().clone()
-    if isinstance(value, dict):
+    if type(value) in (dict, collections.OrderedDict):  # a state dict's own; others: deepcopy
         old = saved if isinstance(saved, dict) else {}
         return type(value)((k, _copy_into(old.get(k), v)) for k, v in value.items())
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
@@ -584,16 +585,24 @@ def _copy_into(saved, value):
     return copy.deepcopy(value)
 
 
-def _raised_through(error: BaseException, folder: str) -> bool:
-    """Whether a frame of `error`'s traceback runs code of torch's `folder` ("utils/data")."""
+def _raised_in_data_loading(error: BaseException) -> bool:
+    """Whether `error` came from torch.utils.data's own code: the innermost frame of torch's
+    utils/data or distributed code in its traceback is utils/data's (a collective a sampler calls
+    from inside a DataLoader is still a collective)."""
     import torch
-    root = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), folder) + os.sep
+    torch_root = os.path.dirname(os.path.abspath(torch.__file__))
+    data = os.path.join(torch_root, "utils", "data") + os.sep
+    distributed = os.path.join(torch_root, "distributed") + os.sep
+    innermost = None
     tb = error.__traceback__
     while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(root):
-            return True
+        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if path.startswith(data):
+            innermost = "data"
+        elif path.startswith(distributed):
+            innermost = "distributed"
         tb = tb.tb_next
-    return False
+    return innermost == "data"
 
 
 def _is_peer_failure(error: BaseException) -> bool:
@@ -608,7 +617,7 @@ def _is_peer_failure(error: BaseException) -> bool:
     # A DataLoader that timed out ("DataLoader timed out after 60 seconds") or whose workers died
     # is this rank's own: waiting for a generation that no peer's failure will publish would stall
     # the whole job.
-    if _raised_through(error, os.path.join("utils", "data")):
+    if _raised_in_data_loading(error):
         return False
     text = str(error).lower()
     return any(marker in text for marker in _PEER_FAILURE_MARKERS)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import json
-import mmap
 import os
 import pickle
 import struct
@@ -438,34 +437,12 @@ def _evict_other_ranks(root: str, needed: int, limit: int) -> int:
     return usage
 
 
-def _hold_unmapped(path: str) -> Optional[int]:
-    """A descriptor holding an exclusive flock on `path` when no load maps it (_map), else None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
     """Under the store's lock: a file of `size` bytes for this save, allocated (the memory of this
     rank's oldest saved snapshot reused when it keeps KEEP of them, or of the same step's), within
     the memory limit, its old and new footers zeroed. Returns (descriptor, temporary path)."""
     limit = int(os.environ.get(SNAPSHOT_MEMORY_VARIABLE, "0") or 0)
     lock = os.open(os.path.join(root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    held = None  # the recycled file's exclusive flock, until its footer is zeroed
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _sweep_torn(rank_dir)
@@ -477,10 +454,6 @@ def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
             recycled = min((_step_name(s) for s in complete),
                            key=lambda n: _saved_at(os.path.join(rank_dir, n)))
         temporary = os.path.join(rank_dir, f".tmp.{_step_name(step)}.{os.getpid()}")
-        held = _hold_unmapped(os.path.join(rank_dir, recycled)) if recycled else None
-        if recycled is not None and held is None:  # a load maps it: it goes, with its pages
-            _unlink(os.path.join(rank_dir, recycled))
-            recycled = None
         reused = 0
         if recycled is not None:
             reused = _allocated(os.path.join(rank_dir, recycled))
@@ -512,8 +485,6 @@ def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
                                       f"{_who()} at step {step}: {e}") from e
         return fd, temporary
     finally:
-        if held is not None:  # its footer is zeroed: a load that maps it from now on skips it
-            os.close(held)
         os.close(lock)
 
 
@@ -610,29 +581,27 @@ def steps() -> List[int]:
     return sorted(newest, key=lambda step: (newest[step], step))
 
 
-def _map(path: str) -> mmap.mmap:
-    """The file mapped private (copy-on-write: a loaded tensor written to never reaches the file,
-    and the pages are the file's own until then: no second copy of the state in memory), under a
-    shared flock that lives as long as the mapping (the mapping's own descriptor holds it): a save
-    never recycles a file that a load still maps (_reserve), and a file a save is rewriting now is
-    not read."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SnapshotError(f"{path}: being rewritten") from None
-        size = os.fstat(fd).st_size
-        if size < _PREFIX.size + _FOOTER.size:
-            raise SnapshotError(f"{path}: truncated")
-        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-    finally:
-        os.close(fd)
+def _buffer(size: int) -> Any:
+    """`size` writable bytes, uninitialised where numpy is already there (no zeroing to pay)."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        return np.empty(size, dtype=np.uint8)
+    return bytearray(size)
 
 
 def _read(path: str) -> Tuple[dict, Any]:
-    data = _map(path)
-    size = len(data)
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = _buffer(size)
+        view = memoryview(data).cast("B")
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    if got != size or size < _PREFIX.size + _FOOTER.size:
+        raise SnapshotError(f"{path}: truncated")
     magic, header_len = _PREFIX.unpack_from(data, 0)
     footer, total, save_id = _FOOTER.unpack_from(data, size - _FOOTER.size)
     if magic != SNAPSHOT_MAGIC or footer != SNAPSHOT_FOOTER_TAG or total != size or not save_id:
@@ -641,8 +610,11 @@ def _read(path: str) -> Tuple[dict, Any]:
     if header.get("format") != SNAPSHOT_FORMAT:
         raise SnapshotError(f"{path}: snapshot format {header.get('format')}, this reads "
                             f"{SNAPSHOT_FORMAT}")
-    if header.get("save_id") != save_id:  # written by a saver that ignores the lock
+    if header.get("save_id") != save_id:  # read while it was rewritten
         raise SnapshotError(f"{path}: torn (rewritten while read)")
+    with open(path, "rb", buffering=0) as f:  # the header again: not one read while written
+        if f.read(_PREFIX.size + header_len) != bytes(memoryview(data)[:_PREFIX.size + header_len]):
+            raise SnapshotError(f"{path}: torn (rewritten while read)")
     return header, data
 
 

@@ -20,7 +20,6 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -597,25 +596,6 @@ struct Reserved {
   fs::path temporary;
 };
 
-// An exclusive flock on `path` while no load maps it (dist_launch.snapshot's loads map a file
-// under a shared one, as long as the mapping lives), closed with this object; none when a load
-// maps it, or it is gone.
-struct UnmappedHold {
-  int fd = -1;
-  explicit UnmappedHold(const fs::path& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ~UnmappedHold() {
-    if (fd >= 0) ::close(fd);
-  }
-  UnmappedHold(const UnmappedHold&) = delete;
-  UnmappedHold& operator=(const UnmappedHold&) = delete;
-  explicit operator bool() const { return fd >= 0; }
-};
-
 // Under the store's lock: a file of `size` bytes for this save, allocated (the memory of this
 // rank's oldest save reused when it keeps kKeep, or of the same step's file when the step is saved
 // again), within the limit (evicting other ranks' snapshots first), its old and new footers zeroed.
@@ -639,13 +619,6 @@ Reserved reserve(const fs::path& root, const fs::path& dir, const Identity& me, 
   while (kept.size() + 1 > kKeep) {  // beyond the kKeep newest with this one (a copied-in file)
     fs::remove(kept.front().path, ec);
     kept.erase(kept.begin());
-  }
-  // Held until its footer is zeroed: a load that maps it after that skips it.
-  std::optional<UnmappedHold> held;
-  if (recycled) held.emplace(*recycled);
-  if (recycled && !*held) {  // a load maps it: the file goes (the mapping keeps its pages)
-    fs::remove(*recycled, ec);
-    recycled.reset();
   }
   const std::uint64_t reused = recycled ? allocated(*recycled) : 0;
   const std::uint64_t needed = size > reused ? size - reused : 0;

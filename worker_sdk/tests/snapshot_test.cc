@@ -4,9 +4,7 @@
 // rewrites never loaded, identity (per global rank, job and world size; any rank's with
 // kReplicated), freshness by when a snapshot was saved, the step every rank has, and the same files
 // as Python's dist_launch.snapshot (both ways, when python3 with numpy is here).
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -121,40 +119,6 @@ TEST_F(SnapshotTest, RoundTripsAndKeepsTheTwoNewest) {
   EXPECT_EQ(before.st_ino, after.st_ino);
   EXPECT_EQ(snapshot_steps(), (std::vector<std::uint64_t>{30, 20})) << "oldest saved first";
   EXPECT_EQ(load_snapshot()->tensors, make(20, 1000, 4.0f).tensors) << "the newest save";
-}
-
-// dist_launch.snapshot's loads map the file and hold a shared flock while the mapping lives: a
-// save never rewrites such a file (the oldest one, or the same step's) under the mapping. It
-// removes it from the folder (the mapping keeps its pages) and writes a new file; once the
-// mapping is gone, files are reused again.
-TEST_F(SnapshotTest, AFileALoadStillMapsIsNeverRecycled) {
-  ASSERT_TRUE(save_snapshot(make(10)));
-  ASSERT_TRUE(save_snapshot(make(20)));
-  const fs::path mapped = rank_dir() / name(10);
-  const std::string before = slurp(mapped);
-  const int reader = ::open(mapped.c_str(), O_RDONLY | O_CLOEXEC);  // as a Python load holds it
-  ASSERT_GE(reader, 0);
-  ASSERT_EQ(::flock(reader, LOCK_SH | LOCK_NB), 0);
-  struct stat held {};
-  ASSERT_EQ(::fstat(reader, &held), 0);
-
-  ASSERT_TRUE(save_snapshot(make(30)));  // would recycle step 10's file
-  EXPECT_EQ(snapshot_steps(), (std::vector<std::uint64_t>{20, 30}));
-  struct stat third {};
-  ASSERT_EQ(::stat((rank_dir() / name(30)).c_str(), &third), 0);
-  EXPECT_NE(third.st_ino, held.st_ino) << "a new file, not the mapped one";
-  std::string now(before.size(), '\0');
-  ASSERT_EQ(::pread(reader, now.data(), now.size(), 0), static_cast<ssize_t>(now.size()));
-  EXPECT_TRUE(now == before) << "the mapped snapshot changed under its reader";
-  EXPECT_EQ(load_snapshot()->tensors, make(30).tensors);
-  ::close(reader);
-
-  struct stat second {};
-  ASSERT_EQ(::stat((rank_dir() / name(20)).c_str(), &second), 0);
-  ASSERT_TRUE(save_snapshot(make(40)));  // nothing maps step 20's file: reused
-  struct stat fourth {};
-  ASSERT_EQ(::stat((rank_dir() / name(40)).c_str(), &fourth), 0);
-  EXPECT_EQ(fourth.st_ino, second.st_ino);
 }
 
 TEST_F(SnapshotTest, TheHeaderNamesTheWritersIdentity) {

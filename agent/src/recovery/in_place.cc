@@ -208,7 +208,6 @@ void InPlace::start_replacement() {
   const Round& round = *p_.now.round;
   const WorkerFailure& failed = p_.now.failures.front();
   const int generation = g_.latest;
-  const int failed_generation = p_.group->generation_of(failed.worker.local_rank);
   InPlaceReplacement r{failed, generation, -1, {}};
   for (int rank = 0; rank < round.world_size; ++rank) {
     if (rank != failed.worker.rank) r.survivors.push_back(rank);
@@ -231,10 +230,9 @@ void InPlace::start_replacement() {
   if (p_.config.print_failure_report) {
     p_.console->write(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
   }
-  p_.telemetry->in_place_restart({round.round, generation,
-                                  Worker{round.round, failed.worker.rank, failed.worker.local_rank,
-                                         failed.worker.pid, failed_generation},
-                                  failed.exit_code, r.new_pid, r.survivors, restarts_used()});
+  // The failed worker as it ran: its round (a regroup's too) and the generation it started as.
+  p_.telemetry->in_place_restart({round.round, generation, failed.worker, failed.exit_code,
+                                  r.new_pid, r.survivors, restarts_used()});
   replaced_.push_back(std::move(r));
   p_.steps.launch(
       g_.store->publish_and_wait(

@@ -128,10 +128,6 @@ class WorkerGroup {
   // Whether every worker but local rank `local_rank`'s has exited (while running: with 0, else
   // the group would have reported a failure). True when there is no other.
   bool others_exited(int local_rank) const;
-  // In-place: the generation local rank `local_rank`'s worker started as.
-  int generation_of(int local_rank) const {
-    return workers_.at(static_cast<std::size_t>(local_rank)).worker.generation.value_or(0);
-  }
   // Reaps every child that exited (SIGCHLD arrived).
   void reap();
 

@@ -94,12 +94,13 @@ class Hangs(unittest.TestCase):
                 hung.add(int(m.group(1)))
         return where, hung
 
-    def assert_found(self, fault, expected_where, *extra, nproc=2):
+    def assert_found(self, fault, expected_where, *extra, nproc=2,
+                     reason=r"no progress for [0-9.]+ s \(hang timeout 5\.0 s\)"):
         proc = self.launch("--max-restarts", "1", "--hang-timeout", "5", *extra,
                            script_args=["--fault", fault], nproc=nproc)
         out = proc.stdout + proc.stderr
         self.assertEqual(proc.returncode, 0, out)
-        self.assertRegex(proc.stderr, r"hang on \S+: no progress for [0-9.]+ s \(hang timeout 5\.0 s\)")
+        self.assertRegex(proc.stderr, r"hang on \S+: " + reason)
         where, hung = self.hang_lines(proc.stderr)
         self.assertEqual(hung, {1}, out)
         self.assertIn(expected_where, where[1], out)
@@ -128,7 +129,9 @@ class Hangs(unittest.TestCase):
         self.assert_found("spin", "in stall_spin")
 
     def test_a_stopped_process(self):
-        self.assert_found("sigstop", "stopped (state T: SIGSTOP)")
+        # A stopped process is proof once it stood 3 s: before the hang timeout (5 s here).
+        self.assert_found("sigstop", "stopped (state T: SIGSTOP)",
+                          reason=r"a rank held stopped for [0-9.]+ s \(proof after 3 s\)")
 
     def test_a_blocked_fifo_read(self):
         self.assert_found("io", f"hang_worker.py:{fault_line('io')} in stall_io")

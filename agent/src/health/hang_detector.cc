@@ -170,17 +170,58 @@ void HangDetector::sample() {
     flag_stragglers(every_rank_measures_work ? own_work : step_time,
                     every_rank_measures_work ? "work per step" : "step time");
   }
-  if (overdue && !investigating_) investigate(overdue->since_progress, overdue->timeout);
+  if (investigating_) return;
+  if (const auto held = held_stopped(now)) return investigate_stopped(*held);
+  if (overdue) investigate(overdue->since_progress, overdue->timeout);
+}
+
+// A worker held stopped by a signal (SIGSTOP, SIGTSTP; /proc says T) cannot go on until someone
+// continues it, and every peer waits for it in its next collective: proof, once it stood
+// kStoppedProof (a stop and a continue within a moment is left alone), without waiting for a
+// hang timeout. Returns the longest hold of such a worker. Not when every worker here is
+// stopped: a pause of the node's job (a user's kill -STOP of the lot), said once; the hang
+// timeout still applies to it. A debugger's stop (t) is never one.
+std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::nanoseconds now) {
+  if (options_.timeout.off) return std::nullopt;
+  std::optional<std::chrono::nanoseconds> longest;
+  int running = 0, stopped = 0;
+  for (const auto& [_, w] : workers_) {
+    if (!w.running) continue;
+    ++running;
+    if (!w.stopped_since) continue;
+    ++stopped;
+    const auto held = now - *w.stopped_since;
+    if (held >= kStoppedProof && (!longest || held > *longest)) longest = held;
+  }
+  if (stopped < running || !longest) {
+    if (stopped == 0) all_stopped_said_ = false;
+    return stopped < running ? longest : std::nullopt;
+  }
+  if (!all_stopped_said_) {
+    all_stopped_said_ = true;
+    spdlog::warn(
+        "every worker on {} is held stopped (SIGSTOP or SIGTSTP): taken for a pause of the job, "
+        "not ended; continue them with SIGCONT",
+        options_.host);
+  }
+  return std::nullopt;
 }
 
 // Whether the worker has been blocked in the same collective since the previous sample (the
 // sampler still running, for torch's), and how busy its process was meanwhile.
 void HangDetector::track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now) {
-  const auto ticks = read_cpu_ticks(w.worker.pid);
+  const auto stat = read_process_stat(w.worker.pid);
+  const auto ticks = stat ? std::optional(stat->cpu_ticks) : std::nullopt;
   if (ticks && w.cpu_ticks && previous.at.count() > 0) {
     w.cpu_share = cpu_share(*w.cpu_ticks, *ticks, seconds(now.at - previous.at));
   }
   w.cpu_ticks = ticks;
+  // Held stopped by a signal; a tracer's stop ('t': a debugger at a breakpoint) is not one.
+  if (stat && stat->state == 'T') {
+    if (!w.stopped_since) w.stopped_since = now.at;
+  } else {
+    w.stopped_since.reset();
+  }
   const bool same =
       now.pending_since_ns != 0 && now.pending_since_ns == previous.pending_since_ns &&
       now.pending_group == previous.pending_group && now.pending_seq == previous.pending_seq &&
@@ -256,6 +297,7 @@ void HangDetector::progress_resumed(std::chrono::nanoseconds now) {
 
 void HangDetector::investigate(std::chrono::nanoseconds silent, std::chrono::nanoseconds timeout) {
   investigating_ = true;
+  stopped_look_ = false;
   silent_ = silent;
   timeout_ = timeout;
   spdlog::log(last_report_.empty() ? spdlog::level::info : spdlog::level::debug,
@@ -264,7 +306,21 @@ void HangDetector::investigate(std::chrono::nanoseconds silent, std::chrono::nan
   look(/*first=*/true);
 }
 
-// Reads every running rank's slot and processes, and asks those that can for their stacks.
+// A rank held stopped (held_stopped): the same look at every rank, its second at once (no
+// confirmation gap: a stopped process cannot move), so that the proof ends it within a few
+// seconds of its stop, not a hang timeout later.
+void HangDetector::investigate_stopped(std::chrono::nanoseconds held) {
+  investigating_ = true;
+  stopped_look_ = true;
+  silent_ = held;
+  timeout_ = kStoppedProof;
+  spdlog::info("a worker is held stopped for {:.1f} s: looking at where every rank is",
+               seconds(held));
+  look(/*first=*/true);
+}
+
+// Reads every running rank's slot and processes, and asks those that can for their stacks (not
+// a stopped one: it runs no handler until it is continued).
 void HangDetector::look(bool first) {
   const auto now = monotonic_now();
   const int signal = stack_signal();
@@ -283,7 +339,8 @@ void HangDetector::look(bool first) {
       continue;  // started meanwhile: not part of this look
     }
     w.look->second = reading;
-    (first ? w.look->before : w.look->after) = read_activity(w.worker.pid);
+    ProcessActivity& activity = first ? w.look->before : w.look->after;
+    activity = read_activity(w.worker.pid);
     const auto dumper = static_cast<pid_t>(reading.dump_pid);
     const bool ours = dumper > 0 && (dumper == w.worker.pid || ::getpgid(dumper) == w.worker.pid);
     if (!first && ours && dumper != w.worker.pid && w.look->after.state != 'T') {
@@ -293,8 +350,8 @@ void HangDetector::look(bool first) {
       if (w.look->after.wchan.empty()) w.look->after.wchan = inner.wchan;
     }
     w.stacks_offset = size_of(w.stack_file);
-    w.signalled = ours && (reading.features & slot::kStacksOnSignal) && catches(dumper, signal) &&
-                  ::kill(dumper, signal) == 0;
+    w.signalled = ours && activity.state != 'T' && (reading.features & slot::kStacksOnSignal) &&
+                  catches(dumper, signal) && ::kill(dumper, signal) == 0;
   }
   await_dumps(first, std::chrono::steady_clock::now() + kStackDumpWait);
 }
@@ -325,7 +382,7 @@ void HangDetector::await_dumps(bool first, std::chrono::steady_clock::time_point
           (first ? w.look->stacks_first : w.look->stacks_second) = std::move(text);
         }
         if (!first) return conclude();
-        investigation_.expires_after(kConfirmGap);
+        investigation_.expires_after(stopped_look_ ? std::chrono::nanoseconds(0) : kConfirmGap);
         investigation_.async_wait(
             [this, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& e) {
               if (e || alive.expired() || !running_ || !investigating_) return;
@@ -373,6 +430,10 @@ void HangDetector::conclude() {
 }
 
 std::string HangDetector::hang_reason() const {
+  if (stopped_look_) {
+    return fmt::format("a rank held stopped for {:.1f} s (proof after {:.0f} s)", seconds(silent_),
+                       seconds(timeout_));
+  }
   return fmt::format("no progress for {:.1f} s (hang timeout {:.1f} s)",
                      seconds(silent_ + kConfirmGap), seconds(timeout_));
 }
@@ -400,7 +461,7 @@ HangReport HangDetector::telemetry_report(const HangFinding& finding,
                                           const std::vector<Watched*>& ranks, bool acted,
                                           const std::string& verdict) const {
   HangReport report;
-  report.silent = silent_ + kConfirmGap;
+  report.silent = stopped_look_ ? silent_ : silent_ + kConfirmGap;
   report.timeout = timeout_;
   report.acted = acted;
   report.verdict = verdict;

@@ -15,8 +15,9 @@
 //     doing), the event log (hang_suspected), the metrics, the status page and `dist-launch
 //     status`; the next look comes a timeout later, and progress after it is said (hang_cleared);
 //   - done, under --hang-timeout auto: a rank is ended only on proof that it cannot go on (held
-//     stopped; collectives that can never match: collective_proof.h, with the other nodes' ranks
-//     as their agents publish them), or, once the silence passed the bound (the job's own
+//     stopped by a signal while other ranks here run: from kStoppedProof on, without waiting for
+//     a hang timeout; collectives that can never match: collective_proof.h, with the other nodes'
+//     ranks as their agents publish them), or, once the silence passed the bound (the job's own
 //     collective timeout plus kBoundMargin; none when no worker says its timeout), a rank the
 //     others wait for that does nothing at all (no CPU, no I/O, its stack still). A rank that
 //     works or declared a pause is never ended;
@@ -55,6 +56,7 @@ inline constexpr std::chrono::seconds kProgressSampleInterval{1};
 inline constexpr std::chrono::seconds kConfirmGap{2};
 inline constexpr std::chrono::seconds kStackDumpWait{2};
 inline constexpr std::chrono::seconds kVictimGrace{10};
+inline constexpr std::chrono::seconds kStoppedProof{3};    // held stopped this long: proof
 inline constexpr std::chrono::seconds kBoundMargin{60};    // past the job's collective timeout
 inline constexpr std::chrono::seconds kHookLoadGrace{10};  // a Python worker's hook must be in
 inline constexpr int kStableBlockedReadings = 3;  // samples in the same collective: a stable wait
@@ -104,6 +106,7 @@ class HangDetector {
     std::optional<std::uint64_t> cpu_ticks;  // its process's, at the last sample
     double cpu_share = 0;                    // of a core, over the last sample's interval
     int blocked_readings = 0;  // consecutive samples that saw it blocked in the same collective
+    std::optional<std::chrono::nanoseconds> stopped_since;  // first sample that saw it stopped
   };
   void arm_sample();
   void sample();
@@ -124,6 +127,8 @@ class HangDetector {
   std::string hang_reason() const;
   void progress_resumed(std::chrono::nanoseconds now);
   void track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now);
+  std::optional<std::chrono::nanoseconds> held_stopped(std::chrono::nanoseconds now);
+  void investigate_stopped(std::chrono::nanoseconds held);
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
                        std::string_view measure);
   std::vector<CollectiveState> elsewhere() const;
@@ -150,6 +155,8 @@ class HangDetector {
   std::optional<std::chrono::nanoseconds> episode_;  // the silence a report was made of began
   std::string last_report_;                          // its text, not said twice
   bool hook_missing_said_ = false;
+  bool all_stopped_said_ = false;  // every worker here stopped: said once
+  bool stopped_look_ = false;      // the investigation under way is of a rank held stopped
   std::shared_ptr<char> alive_ = std::make_shared<char>();
 };
 

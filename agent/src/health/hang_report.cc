@@ -427,7 +427,10 @@ std::vector<PythonFrame> main_thread_frames(std::string_view dump) {
 HangFinding examine(const std::vector<RankLook>& looks, HangRule rule,
                     const std::vector<CollectiveState>& elsewhere, double min_proven_wait_s) {
   HangFinding finding;
+  // A rank held stopped is proof whatever the others do meanwhile.
+  const bool held = std::any_of(looks.begin(), looks.end(), stopped);
   for (const auto& look : looks) {
+    if (held) break;
     if (counters_moved(look.first, look.second)) {
       finding.moving =
           fmt::format("rank {} made progress while it was looked at", look.worker.rank);

@@ -84,11 +84,10 @@ ProcessActivity read_activity(pid_t pid) {
   return a;
 }
 
-std::optional<std::uint64_t> read_cpu_ticks(pid_t pid) {
-  char state = '?';
-  std::uint64_t ticks = 0;
-  if (!read_stat(pid, state, ticks)) return std::nullopt;
-  return ticks;
+std::optional<ProcessStat> read_process_stat(pid_t pid) {
+  ProcessStat s;
+  if (!read_stat(pid, s.state, s.cpu_ticks)) return std::nullopt;
+  return s;
 }
 
 double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds) {

@@ -24,8 +24,13 @@ struct ProcessActivity {
 
 // The worker `pid` and its descendants now; processes = 0 when it is gone.
 ProcessActivity read_activity(pid_t pid);
-// The CPU ticks of `pid` alone (one read of /proc/<pid>/stat); none when it is gone.
-std::optional<std::uint64_t> read_cpu_ticks(pid_t pid);
+// The state letter and CPU ticks of `pid` alone (one read of /proc/<pid>/stat); none when it is
+// gone.
+struct ProcessStat {
+  char state = '?';  // R running, S/D waiting, T stopped by a signal, t by a tracer, Z gone
+  std::uint64_t cpu_ticks = 0;
+};
+std::optional<ProcessStat> read_process_stat(pid_t pid);
 
 // The CPU a reading's processes used between two readings, as a share of one core (1.0 = one core
 // busy all the time).

@@ -259,6 +259,23 @@ TEST(HangReport, AStoppedRankIsProvenStuckButADebuggersStopIsNot) {
   EXPECT_TRUE(traced.ranks[1].where.starts_with("stopped by a debugger (state t)"));
 }
 
+// A rank held stopped is proof whatever the others do between the looks: one still finishing
+// its step (its counters moved) is no reason to wait a hang timeout more for the stopped one.
+// Without a stopped rank, the same movement means "not a hang".
+TEST(HangReport, AStoppedRankIsProofEvenWhileAnotherRankStillMoves) {
+  auto stopped = look(1, 320, 'T');
+  auto moving = look(0, 320);
+  moving.second.steps = 321;  // it finished the step it was in, then waits for rank 1
+  const auto f = examine({moving, stopped}, HangRule::kProof);
+  EXPECT_FALSE(f.moving) << *f.moving;
+  ASSERT_EQ(f.ranks.size(), 2u);
+  EXPECT_FALSE(f.ranks[0].cause);
+  EXPECT_TRUE(f.ranks[1].cause && f.ranks[1].proven);
+
+  stopped.before.state = stopped.after.state = 'S';
+  EXPECT_TRUE(examine({moving, stopped}, HangRule::kProof).moving.has_value());
+}
+
 // hang_worker.py's skip: rank 1 skipped the loss all_reduce (group kMetrics, #11) and blocked in
 // its next backward's (group kWorld, #17), which ranks 0 and 2, blocked in the skipped one, never
 // issue.

@@ -7,6 +7,9 @@
 // node's workers keep running, and every node counts every node's replacements; and across two
 // nodes of elastic rendezvous, whose verdict counts the replacements with the restarts.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +22,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "process_helpers.h"
@@ -53,6 +57,15 @@ class InPlace : public ::testing::Test {
   int run(const std::string& out, int nproc, int max_restarts,
           const std::vector<std::string>& worker_args, std::string* output = nullptr,
           const std::vector<std::string>& launcher_args = {}) {
+    const auto agent = start(out, nproc, max_restarts, worker_args, launcher_args);
+    const int code = agent->wait(120s);
+    if (output) *output = agent->output();
+    return code;
+  }
+  // The same job, started: the caller waits for it.
+  std::unique_ptr<Child> start(const std::string& out, int nproc, int max_restarts,
+                               const std::vector<std::string>& worker_args,
+                               const std::vector<std::string>& launcher_args = {}) {
     fs::create_directories(dir_ / out);
     std::vector<std::string> args = {"--nproc-per-node", std::to_string(nproc),
                                      "--max-restarts",   std::to_string(max_restarts),
@@ -61,11 +74,20 @@ class InPlace : public ::testing::Test {
     args.insert(args.end(), launcher_args.begin(), launcher_args.end());
     args.insert(args.end(), {"--no-python", kWorker, "--out", path(out)});
     args.insert(args.end(), worker_args.begin(), worker_args.end());
-    Child agent(DIST_LAUNCH_BIN, args, dir_ / (out + ".log"), {},
-                std::vector<std::string>{"OMP_NUM_THREADS"});
-    const int code = agent.wait(120s);
-    if (output) *output = agent.output();
-    return code;
+    return std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (out + ".log"),
+                                   std::map<std::string, std::string>{},
+                                   std::vector<std::string>{"OMP_NUM_THREADS"});
+  }
+  // The pid rank `rank` wrote as it started in generation 0 of attempt 0 (within 60 s), else -1.
+  long started_pid(const std::string& out, int rank) const {
+    long pid = -1;
+    dist::agent::testing::eventually(
+        [&] {
+          pid = start_pid(out, rank, 0, 0);
+          return pid > 0;
+        },
+        60s);
+    return pid;
   }
 
   std::string read(const std::string& file) const {
@@ -222,6 +244,89 @@ TEST_F(InPlace, OneFailedWorkerIsReplacedAloneAndTheSurvivorsAreNotSignalled) {
   ASSERT_EQ(end.size(), 1u);
   EXPECT_EQ(end[0]["outcome"], "succeeded");
   EXPECT_EQ(end[0]["restarts"], 1);
+}
+
+// A worker held stopped (SIGSTOP) cannot go on until someone continues it, and its peers wait for
+// it: proof from the agent's first looks, not after a hang timeout (30 s at least by default).
+// It is ended and replaced alone; the job ends with the digest of a run without the stop.
+TEST_F(InPlace, AWorkerHeldStoppedIsProofAndIsReplacedAloneWithinSeconds) {
+  const std::vector<std::string> worker{"--steps", "200", "--step-ms", "20"};
+  const std::string clean = clean_digest(2, worker);
+  auto agent = start("job", 2, 1, worker);
+  const long survivor = started_pid("job", 0), stopped = started_pid("job", 1);
+  ASSERT_GT(stopped, 0) << agent->output();
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agent->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+      << agent->output();
+  ::kill(static_cast<pid_t>(stopped), SIGSTOP);
+  ASSERT_EQ(agent->wait(120s), 0) << agent->output();
+  const std::string out = agent->output();
+  EXPECT_NE(out.find("rank 1 stopped (SIGSTOP or SIGTSTP): no progress until continued"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("replaced in place"), std::string::npos) << out;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << out;
+    EXPECT_EQ(f->digest, clean) << "rank " << rank << "\n" << out;
+  }
+  EXPECT_EQ(final_of("job", 0)->pid, survivor) << "the survivor kept its process";
+  const auto hangs = events("job", "hang");
+  ASSERT_EQ(hangs.size(), 1u) << out;
+  // Seen as it stood kStoppedProof (3 s), not after a hang timeout.
+  EXPECT_GE(hangs[0]["silent_ms"].get<int>(), 3000) << hangs[0];
+  EXPECT_LT(hangs[0]["silent_ms"].get<int>(), 20000) << hangs[0];
+}
+
+// Stops that are not faults: a stop continued within a moment, a debugger's (ptrace) stop held
+// for longer than the proof's 3 s, and every worker of the node stopped together (a pause of the
+// job) for as long. None is ended: with --max-restarts 0 an ended worker would fail the job.
+TEST_F(InPlace, StopsThatAreNotFaultsAreLeftAlone) {
+  auto agent = start("job", 2, 0, {"--steps", "300", "--step-ms", "20"});
+  const pid_t first = static_cast<pid_t>(started_pid("job", 0));
+  const pid_t second = static_cast<pid_t>(started_pid("job", 1));
+  ASSERT_GT(second, 0) << agent->output();
+  auto at_step = [&](int step) {
+    return dist::agent::testing::eventually(
+        [&] {
+          return agent->output().find("rank 1 step " + std::to_string(step) + "\n") !=
+                 std::string::npos;
+        },
+        60s);
+  };
+  ASSERT_TRUE(at_step(5)) << agent->output();
+  ::kill(second, SIGSTOP);  // a moment's stop
+  std::this_thread::sleep_for(500ms);
+  ::kill(second, SIGCONT);
+
+  ASSERT_TRUE(at_step(50)) << agent->output();
+  // A debugger's stop: the tracee is in state t while the tracer holds it.
+  bool traced = ::ptrace(PTRACE_SEIZE, second, nullptr, nullptr) == 0 &&
+                ::ptrace(PTRACE_INTERRUPT, second, nullptr, nullptr) == 0;
+  if (traced) {
+    int status = 0;
+    traced = ::waitpid(second, &status, __WALL) == second;
+    std::this_thread::sleep_for(5s);
+    ::ptrace(PTRACE_DETACH, second, nullptr, nullptr);
+  }
+
+  ASSERT_TRUE(at_step(100)) << agent->output();
+  ::kill(first, SIGSTOP);  // the whole node's job paused
+  ::kill(second, SIGSTOP);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agent->output().find("taken for a pause of the job") != std::string::npos; },
+      30s))
+      << agent->output();
+  ::kill(first, SIGCONT);
+  ::kill(second, SIGCONT);
+
+  ASSERT_EQ(agent->wait(120s), 0) << agent->output();
+  const std::string out = agent->output();
+  EXPECT_EQ(out.find("held stopped for"), std::string::npos) << out;
+  EXPECT_EQ(out.find("SIGKILL"), std::string::npos) << out;
+  EXPECT_TRUE(events("job", "hang").empty()) << out;
+  EXPECT_EQ(final_of("job", 1)->pid, second);
+  if (!traced) GTEST_SKIP() << "ptrace is not allowed here: the debugger's stop was not tried";
 }
 
 TEST_F(InPlace, AFailureDuringTheRecoveryRestartsTheWholeGroup) {

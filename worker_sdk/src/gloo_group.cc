@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -316,9 +317,14 @@ class CommThread {
 
 class GlooProcessGroup : public ProcessGroup {
  public:
+  // `connections`: the sockets of the mesh (those this process opened while it connected).
   GlooProcessGroup(std::shared_ptr<gloo::rendezvous::Context> context,
-                   std::chrono::milliseconds timeout, std::shared_ptr<PeerDirectory> peers)
-      : context_(std::move(context)), timeout_(timeout), peers_(std::move(peers)) {}
+                   std::chrono::milliseconds timeout, std::shared_ptr<PeerDirectory> peers,
+                   std::vector<detail::TcpSocket> connections)
+      : context_(std::move(context)),
+        timeout_(timeout),
+        peers_(std::move(peers)),
+        connections_(std::move(connections)) {}
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
@@ -337,6 +343,19 @@ class GlooProcessGroup : public ProcessGroup {
       total += *sent;
     }
     return total;
+  }
+
+  // Every connection of the mesh shut down (not closed: Gloo's pairs own them): Gloo's loop finds
+  // them closed and fails what waits on them at once, and every later collective fails before it
+  // starts. Gloo keeps its sockets to itself, so they are the ones this process opened while the
+  // mesh connected, checked by inode (a descriptor Gloo closed and the process reused is left
+  // alone). Under the mutex close_pairs() takes: no pair is closed while they are looked at.
+  bool abort(const std::string& why) override {
+    std::lock_guard lock(abort_mutex_);
+    if (abort_reason_.empty()) abort_reason_ = why.empty() ? "no reason given" : why;
+    aborted_.store(true);
+    for (const auto& socket : connections_) detail::shut_down(socket);
+    return true;
   }
 
   // Asynchronous: on the communication thread. Synchronous: on the calling thread, once everything
@@ -476,6 +495,7 @@ class GlooProcessGroup : public ProcessGroup {
         ~Done() { detail::collective_completed(sequence); }
       } done{sequence};
       try {
+        if (aborted_.load()) throw std::runtime_error("(not started)");
         body(tag);
       } catch (const std::exception& e) {
         close_pairs();
@@ -492,6 +512,7 @@ class GlooProcessGroup : public ProcessGroup {
   // rank then fails with "closed by peer" at once, as it would when this rank exits, and this
   // rank's own error, the earlier one, says what went wrong first.
   void close_pairs() noexcept {
+    std::lock_guard lock(abort_mutex_);
     for (int r = 0; r < context_->size; ++r) {
       if (r == context_->rank) continue;
       try {
@@ -502,6 +523,12 @@ class GlooProcessGroup : public ProcessGroup {
   }
 
   std::string failure(const char* name, const std::string& what) const {
+    if (aborted_.load()) {
+      std::lock_guard lock(abort_mutex_);
+      return std::string(name) + " failed on rank " + std::to_string(rank()) + " of " +
+             std::to_string(size()) + " (gloo): the group was aborted: " + abort_reason_ +
+             "; the group is unusable: make a new one, or exit non-zero so the agent restarts it";
+    }
     const std::string peer = peers_ ? peers_->describe(what) : "";
     std::string why = what.empty() ? "Gloo gave no reason" : what;
     if (what.find("closed by peer") != std::string::npos ||
@@ -530,7 +557,11 @@ class GlooProcessGroup : public ProcessGroup {
   mutable std::mutex sockets_mutex_;
   mutable std::optional<std::vector<detail::TcpSocket>> sockets_;  // transport_bytes_sent()'s
   std::uint32_t next_tag_ = 1;
-  CommThread comm_;  // last: joined before the context goes
+  std::vector<detail::TcpSocket> connections_;  // the mesh's, for abort()
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abort_mutex_;  // abort_reason_; pairs neither closed nor shut down meanwhile
+  std::string abort_reason_;        // the first abort's
+  CommThread comm_;                 // last: joined before the context goes
 };
 
 }  // namespace
@@ -550,15 +581,22 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
     context->setTimeout(options.timeout);
     detail::note_collective_timeout(options.timeout);
     StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout);
+    const auto before = detail::connected_tcp_sockets();
     context->connectFullMesh(adapter, device);
+    std::vector<detail::TcpSocket> connections;
+    for (const auto& socket : detail::connected_tcp_sockets()) {
+      const bool old = std::any_of(before.begin(), before.end(),
+                                   [&](const auto& b) { return b.inode == socket.inode; });
+      if (!old) connections.push_back(socket);
+    }
     std::shared_ptr<PeerDirectory> peers;
     if (size > 1) {  // every pair listens on the device's address: any pair's is this rank's
       peers = std::make_shared<PeerDirectory>(adapter.release(), options.key_prefix + "/listening",
                                               rank);
       peers->publish(context->getPair(rank == 0 ? 1 : 0)->address().str());
     }
-    return std::make_unique<GlooProcessGroup>(std::move(context), options.timeout,
-                                              std::move(peers));
+    return std::make_unique<GlooProcessGroup>(std::move(context), options.timeout, std::move(peers),
+                                              std::move(connections));
   } catch (const std::exception& e) {
     throw CollectiveError("cannot build the gloo group (rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + ", local address " + attr.hostname +

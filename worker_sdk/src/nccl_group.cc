@@ -313,6 +313,14 @@ class NcclProcessGroup : public ProcessGroup {
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
+  // ncclCommAbort (bounded), whatever on_failure says: the caller asked, and rebuilds the group.
+  bool abort(const std::string& why) override {
+    if (!health_->failed()) {
+      fail_and_abort(describe("the communicator") + " was aborted: " + why +
+                     "; rebuild the group, or exit non-zero so the agent restarts it");
+    }
+    return true;
+  }
   int cuda_device() const override { return device_; }
 
   Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
@@ -449,6 +457,7 @@ class NcclProcessGroup : public ProcessGroup {
   void watch();
   void retire_completed(const char*& op, Clock::time_point& deadline, cudaError_t& state);
   std::string fail(const char* op, const std::string& why);
+  void fail_and_abort(const std::string& reported);
   void watchdog_stalled(std::chrono::milliseconds silent);
   std::size_t still_running();
   void finalize_or_abort();
@@ -565,6 +574,13 @@ std::string NcclProcessGroup::fail(const char* op, const std::string& why) {
   const std::string reported = message +
                                "; the communicator was aborted: rebuild the group, or exit "
                                "non-zero so the agent restarts it";
+  fail_and_abort(reported);
+  return reported;
+}
+
+// The group failed with `reported` (every later wait() and collective throws it), the
+// communicator aborted (its running kernels end), the pending collectives let go of.
+void NcclProcessGroup::fail_and_abort(const std::string& reported) {
   health_->fail(reported);  // before the abort: waiters its kernels release must see it
   abort_communicator();
   std::lock_guard lock(mutex_);
@@ -576,7 +592,6 @@ std::string NcclProcessGroup::fail(const char* op, const std::string& why) {
     }
   }
   pending_.clear();
-  return reported;
 }
 
 void NcclProcessGroup::watchdog_stalled(std::chrono::milliseconds silent) {

@@ -60,12 +60,16 @@ std::optional<std::uint64_t> inode_of(int fd) {
 
 }  // namespace
 
-std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
-                                      const std::vector<std::string>& peers) {
-  const std::string own = without_sequence(listening);
-  std::vector<std::string> others;
-  for (const auto& p : peers) others.push_back(without_sequence(p));
-  std::vector<TcpSocket> found;
+namespace {
+
+// Every connected TCP socket of this process, with its addresses as Gloo writes them.
+struct Connected {
+  TcpSocket socket;
+  std::string local, peer;
+};
+
+std::vector<Connected> connected_sockets() {
+  std::vector<Connected> found;
   std::error_code error;  // never thrown: a descriptor closed while listed is skipped
   for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
        it.increment(error)) {
@@ -80,15 +84,40 @@ std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
     socklen_t local_length = sizeof local, peer_length = sizeof peer;
     if (!inode || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
         ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
-      continue;  // not a socket, or not connected (the listening one)
+      continue;  // not a socket, or not connected (a listening one)
     }
     const auto local_text = gloo_text(local), peer_text = gloo_text(peer);
     if (!local_text || !peer_text) continue;
-    if (*local_text == own || std::find(others.begin(), others.end(), *peer_text) != others.end()) {
-      found.push_back({fd, *inode});
+    found.push_back({{fd, *inode}, *local_text, *peer_text});
+  }
+  return found;
+}
+
+}  // namespace
+
+std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
+                                      const std::vector<std::string>& peers) {
+  const std::string own = without_sequence(listening);
+  std::vector<std::string> others;
+  for (const auto& p : peers) others.push_back(without_sequence(p));
+  std::vector<TcpSocket> found;
+  for (const Connected& c : connected_sockets()) {
+    if (c.local == own || std::find(others.begin(), others.end(), c.peer) != others.end()) {
+      found.push_back(c.socket);
     }
   }
   return found;
+}
+
+std::vector<TcpSocket> connected_tcp_sockets() {
+  std::vector<TcpSocket> found;
+  for (const Connected& c : connected_sockets()) found.push_back(c.socket);
+  return found;
+}
+
+bool shut_down(const TcpSocket& socket) {
+  if (inode_of(socket.fd) != socket.inode) return false;  // closed since: not ours any more
+  return ::shutdown(socket.fd, SHUT_RDWR) == 0;
 }
 
 std::optional<std::uint64_t> tcp_bytes_sent(const TcpSocket& socket) {

@@ -22,6 +22,14 @@ struct TcpSocket {
 std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
                                       const std::vector<std::string>& peers);
 
+// Every connected TCP socket of this process now.
+std::vector<TcpSocket> connected_tcp_sockets();
+
+// Shuts `socket` down (both ways, without closing it: it is not the caller's to close), so that
+// whatever waits on it wakes with an error. False when it is no longer that socket (closed since)
+// or the shutdown failed.
+bool shut_down(const TcpSocket& socket);
+
 // The payload bytes `socket` has sent (TCP_INFO's tcpi_bytes_sent: what left this host,
 // retransmissions included, headers not; Linux 4.19 and later); nullopt when it is no longer
 // that socket or the kernel does not count it.

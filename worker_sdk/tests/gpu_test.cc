@@ -811,5 +811,74 @@ TEST_F(OneGpuChild, DISABLED_TwoRanks) {
   std::_Exit(threw && destroy < 15.0 ? kChildPassed : 1);
 }
 
+// ProcessGroup::abort from another thread (the in-place watcher's way out of a collective whose
+// peer went silent): rank 0's all-reduce waits for rank 1, which issues nothing; the abort ends it
+// at once with the abort's reason, long before op_timeout, even though on_failure says to exit
+// (an abort the caller asked for throws: the caller rebuilds the group).
+TEST_F(OneGpu, AnAbortFromAnotherThreadEndsACollectiveWaitingForASilentPeer) {
+  SKIP_WITHOUT_GPU();
+  const auto child_run = child("AbortSilentPeer", "two", {{"NCCL_MULTI_RANK_GPU_ENABLE", "1"}});
+  if (child_run.exit_code == kChildCannotRun) GTEST_SKIP() << child_run.output;
+  EXPECT_EQ(child_run.exit_code, kChildPassed) << child_run.output;
+  EXPECT_NE(child_run.output.find("was aborted: its peer went silent (test)"), std::string::npos)
+      << child_run.output;
+}
+TEST_F(OneGpuChild, DISABLED_AbortSilentPeer) {
+  ONLY_AS_A_CHILD();
+  const std::string version = nccl_version();
+  const int major = std::stoi(version), minor = std::stoi(version.substr(version.find('.') + 1));
+  if (major < 2 || (major == 2 && minor < 30)) {
+    std::fprintf(stderr, "NCCL %s refuses two ranks on one GPU (2.30 allows it)\n",
+                 version.c_str());
+    std::_Exit(kChildCannotRun);
+  }
+  store::StoreServerThread store;
+  std::promise<void> done;
+  auto options_of = [](const std::string& prefix) {
+    NcclOptions options;
+    options.device = 0;
+    options.init_timeout = 60s;
+    options.op_timeout = 120s;  // what the collective would wait without the abort
+    options.key_prefix = prefix;
+    options.on_failure = NcclFailure::kExitProcess;
+    return options;
+  };
+  std::thread peer([&] {
+    store::ClientOptions client;
+    client.port = store.port();
+    auto g = make_nccl_group(store::StoreClient::connect(client), 1, 2, 0, options_of("t/a"));
+    done.get_future().wait();  // issues nothing
+    g->abort("the test is over");
+  });
+  store::ClientOptions client;
+  client.port = store.port();
+  auto g = make_nccl_group(store::StoreClient::connect(client), 0, 2, 0, options_of("t/a"));
+  DeviceBuffer data(4096);
+  Work pending = g->all_reduce_async(data.data, 1024, DataType::kFloat32, ReduceOp::kSum);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread aborter([&] { g->abort("its peer went silent (test)"); });
+  bool threw = false;
+  try {
+    pending.wait();
+  } catch (const CollectiveError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    threw = true;
+  }
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  aborter.join();
+  bool later_threw = false;
+  try {
+    g->barrier();
+  } catch (const CollectiveError&) {
+    later_threw = true;
+  }
+  done.set_value();
+  peer.join();
+  std::fprintf(stderr, "aborted in %.2f s\n", took);
+  std::fflush(stderr);
+  std::_Exit(threw && later_threw && took < 30.0 ? kChildPassed : 1);
+}
+
 }  // namespace
 }  // namespace dist::sdk

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <memory>
@@ -75,6 +76,84 @@ TEST(GlooPeerChild, DISABLED_JoinsThenCrashes) {
   auto control = client(p);
   control.wait({"test/peer_failure/in_collective"}, 30s);
   std::_Exit(kCrashCode);
+}
+
+// A peer that is alive but silent (its host cut off, its process stopped): it closes nothing, so
+// a collective waiting for it fails only at the group's timeout, unless the group is aborted.
+// Rank 1 is a process that joins and then never issues a collective; rank 0's all-reduce is in
+// flight (it has sent its half) when another thread aborts the group: the collective ends at
+// once with the abort's reason, every later one before it starts, and the peer finds its
+// connection closed.
+TEST(GlooAbort, ACollectiveWaitingForASilentPeerEndsAtOnceWhenTheGroupIsAborted) {
+  ::signal(SIGPIPE, SIG_IGN);
+  store::StoreServerThread store;
+  testing::Child peer("GlooAbortChild.DISABLED_JoinsThenStaysSilent",
+                      {{kPortVariable, std::to_string(store.port())}});
+  GlooOptions o = options();
+  o.timeout = 120s;  // what the collective would wait without the abort
+  auto group = make_gloo_group(client(store.port()), 0, 2, o);
+  auto control = client(store.port());
+  control.wait({"test/abort/joined"}, 30s);
+  const auto sent_before = group->transport_bytes_sent();
+  ASSERT_TRUE(sent_before.has_value());
+  std::vector<float> data(1 << 20, 1.0f);
+  Work work = group->all_reduce_async(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (group->transport_bytes_sent().value_or(0) <= *sent_before &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GT(group->transport_bytes_sent().value_or(0), *sent_before) << "never in flight";
+  ASSERT_FALSE(work.ready()) << "the collective completed without its peer";
+
+  const auto aborted_at = std::chrono::steady_clock::now();
+  std::thread aborter([&] { EXPECT_TRUE(group->abort("its peer went silent (test)")); });
+  std::string message = "(no error)";
+  try {
+    work.wait();
+  } catch (const CollectiveError& e) {
+    message = e.what();
+  }
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - aborted_at, 30s) << "waited for the timeout";
+  EXPECT_NE(message.find("all_reduce failed on rank 0 of 2 (gloo): the group was aborted: its "
+                         "peer went silent (test)"),
+            std::string::npos)
+      << message;
+  std::string later = "(no error)";
+  try {
+    group->barrier();
+  } catch (const CollectiveError& e) {
+    later = e.what();
+  }
+  EXPECT_NE(later.find("barrier failed on rank 0 of 2 (gloo): the group was aborted"),
+            std::string::npos)
+      << later;
+  control.set("test/abort/checked", "1");
+  const auto child = peer.finish(60s);
+  EXPECT_EQ(child.exit_code, 0) << child.output;
+  EXPECT_NE(child.output.find("peer's barrier failed: "), std::string::npos) << child.output;
+}
+
+// Rank 1 of the test above: joins, says so, issues nothing until rank 0 checked its abort, then
+// finds its own connection closed.
+TEST(GlooAbortChild, DISABLED_JoinsThenStaysSilent) {
+  const char* port = std::getenv(kPortVariable);
+  if (!port) GTEST_SKIP() << "runs as the peer of GlooAbort";
+  ::signal(SIGPIPE, SIG_IGN);
+  const auto p = static_cast<std::uint16_t>(std::stoi(port));
+  GlooOptions o = options();
+  o.timeout = 120s;
+  auto group = make_gloo_group(client(p), 1, 2, o);
+  auto control = client(p);
+  control.set("test/abort/joined", "1");
+  control.wait({"test/abort/checked"}, 60s);
+  try {
+    group->barrier();
+    std::printf("peer's barrier completed\n");
+  } catch (const CollectiveError& e) {
+    std::printf("peer's barrier failed: %s\n", e.what());
+  }
 }
 
 TEST(KeepAlive, WhatAWorkHoldsLivesUntilTheCollectiveRanEvenWhenTheWorkIsDropped) {

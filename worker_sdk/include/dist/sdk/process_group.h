@@ -141,6 +141,16 @@ class ProcessGroup {
   // Gloo with more than two ranks in one process, whose connections it cannot tell apart).
   virtual std::optional<std::uint64_t> transport_bytes_sent() const { return std::nullopt; }
 
+  // Ends, from any thread, the collectives in flight and every later one with CollectiveError
+  // naming `why`: for a peer that went silent without closing its connections (a lost or
+  // partitioned host), which a collective would otherwise wait for until its timeout. The group is
+  // unusable afterwards: make a new one. Gloo shuts its connections down (its loop fails what
+  // waits on them); NCCL aborts the communicator. False where the backend cannot.
+  virtual bool abort(const std::string& why) {
+    (void)why;
+    return false;
+  }
+
   // Every collective takes `stream` last: see the top of this file. Its default binds to this
   // class's declaration, so call through ProcessGroup.
 

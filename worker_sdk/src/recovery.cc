@@ -166,11 +166,71 @@ InPlaceRecovery::InPlaceRecovery(Distributed& dist, RecoveryOptions options)
   store_ = std::make_unique<store::StoreClient>(connect_store(dist.env));
   // A regroup asked before this process started (it is a newcomer's, or a replacement) is not
   // this rank's to follow: it starts in the group that regroup made.
-  if (const detail::Slot* slot = detail::progress_slot())
+  if (const detail::Slot* slot = detail::progress_slot()) {
     regroup_seen_ = slot->regroup_round.load();
+    watcher_ = std::thread([this] { watch(); });
+  }
 }
 
-InPlaceRecovery::~InPlaceRecovery() = default;
+InPlaceRecovery::~InPlaceRecovery() {
+  stop_watching();
+}
+
+void InPlaceRecovery::stop_watching() {
+  if (!watcher_.joinable()) return;
+  {
+    std::lock_guard lock(watch_mutex_);
+    stopping_ = true;
+  }
+  watch_wake_.notify_all();
+  watcher_.join();
+}
+
+// The agent's request to regroup (a node lost, or joining) that stands kAbortGrace while this
+// rank is not recovering: the group is aborted, so that a collective waiting for a peer that may
+// never answer (its host cut off) fails now, not at the group's timeout. The main thread then
+// recovers as from any failed collective. Once per request; a shared-memory read every period.
+void InPlaceRecovery::watch() {
+  constexpr std::chrono::milliseconds kPeriod{50};
+  const detail::Slot* slot = detail::progress_slot();
+  std::uint32_t pending = 0, aborted = 0;
+  Clock::time_point pending_since;
+  std::unique_lock lock(watch_mutex_);
+  while (!watch_wake_.wait_for(lock, kPeriod, [this] { return stopping_; })) {
+    const std::uint32_t asked = slot->regroup_round.load();
+    if (asked <= regroup_seen_.load() || asked == aborted || recovering_.load()) {
+      pending = 0;
+      continue;
+    }
+    if (asked != pending) {
+      pending = asked;
+      pending_since = Clock::now();
+    }
+    if (Clock::now() - pending_since < kAbortGrace) continue;
+    std::lock_guard group(group_mutex_);
+    if (recovering_.load() || asked <= regroup_seen_.load() || !dist_.group) continue;
+    const std::string why = "the job regroups in round " + std::to_string(asked) +
+                            " (a node was lost, or joins) and rank " +
+                            std::to_string(dist_.env.rank) + " had not let go of its group " +
+                            std::to_string(kAbortGrace.count()) + " ms later";
+    aborted_round_ = asked;  // before the abort: the main thread's recovery reads it
+    if (dist_.group->abort(why)) {
+      say("rank " + std::to_string(dist_.env.rank) + ": " + why +
+          ": its collectives are aborted, so that none waits for a peer that may never answer");
+    }
+    aborted = asked;
+  }
+}
+
+void InPlaceRecovery::replace_group(std::unique_ptr<ProcessGroup> group) {
+  std::unique_ptr<ProcessGroup> old;
+  {
+    std::lock_guard lock(group_mutex_);
+    old = std::move(dist_.group);
+    dist_.group = std::move(group);
+  }
+  old.reset();  // destroyed outside the lock: a Gloo group joins its thread
+}
 
 void InPlaceRecovery::on_group(std::function<void(ProcessGroup&)> build,
                                std::function<void()> release) {
@@ -210,14 +270,25 @@ bool InPlaceRecovery::run(const std::function<void()>& unit) {
   }
 }
 
+// While the group is released and rebuilt, the watcher leaves it alone.
+struct InPlaceRecovery::Recovering {
+  explicit Recovering(std::atomic<bool>& flag) : flag_(flag) { flag_.store(true); }
+  ~Recovering() { flag_.store(false); }
+  std::atomic<bool>& flag_;
+};
+
 void InPlaceRecovery::recover(const CollectiveError& error) {
+  const Recovering recovering(recovering_);
   const auto failed_at = Clock::now();
   std::string what = error.what();  // without the advice to exit, which does not apply here
   what = what.substr(0, what.find("; the group is unusable"));
-  if (regroup_asked()) {  // no peer failed: one let go of the group first, as this one would have
+  if (regroup_asked()) {  // a peer let go of the group first, as this one would have; or the
+                          // watcher aborted it
     regroup_seen_ = detail::progress_slot()->regroup_round.load();
     what = "the job regroups in round " + std::to_string(regroup_seen_) +
-           " (a peer let go of the group first)";
+           (aborted_round_.load() == regroup_seen_.load()
+                ? " (this rank's group was aborted: see above)"
+                : " (a peer let go of the group first)");
   }
   say("rank " + std::to_string(dist_.env.rank) + ": " + what + "; waiting for generation " +
       std::to_string(generation_ + 1) + " of the group");
@@ -234,6 +305,7 @@ bool InPlaceRecovery::regroup_asked() const {
 // that have not seen the request yet fail at once, and follows the next generation as a
 // survivor of a failure does.
 void InPlaceRecovery::regroup() {
+  const Recovering recovering(recovering_);
   const auto asked_at = Clock::now();
   regroup_seen_ = detail::progress_slot()->regroup_round.load();
   const std::string where = "the job regroups in round " + std::to_string(regroup_seen_);
@@ -275,7 +347,7 @@ void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::s
 void InPlaceRecovery::release_group() {
   if (!dist_.group) return;
   if (release_) release_();
-  dist_.group.reset();  // its pairs with a failed peer are broken: a new mesh, new keys
+  replace_group(nullptr);  // its pairs with a failed peer are broken: a new mesh, new keys
 }
 
 // Generation g's record: a replacement's changes no rank; a regroup's (a node was lost, or joined)
@@ -287,7 +359,7 @@ void InPlaceRecovery::take_new_rank(int generation) {
   if (std::sscanf(record.c_str(), "regrouped round=%d world=%d", &round, &world) != 2) return;
   // The agent's request to regroup in this round (the slot) is followed, whatever brought this
   // rank here: its collective may have failed first (a node lost).
-  regroup_seen_ = std::max(regroup_seen_, static_cast<std::uint32_t>(std::max(round, 0)));
+  regroup_seen_ = std::max(regroup_seen_.load(), static_cast<std::uint32_t>(std::max(round, 0)));
   const int old_offset = dist_.env.rank - dist_.env.local_rank;
   const std::string place = contract::regroup_key(prefix_, round, old_offset);
   std::string value;
@@ -318,8 +390,8 @@ void InPlaceRecovery::rebuild_group(int generation) {
   release_group();
   generation_ = generation;
   dist_.env.generation = generation;
-  dist_.group = join_group(dist_.env, options_.backend,
-                           options_.group_timeout.value_or(dist_.env.in_place_timeout));
+  replace_group(join_group(dist_.env, options_.backend,
+                           options_.group_timeout.value_or(dist_.env.in_place_timeout)));
 }
 
 // The root is the lowest rank that kept its state; every other rank takes the root's, so that

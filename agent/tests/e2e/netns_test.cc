@@ -254,4 +254,79 @@ TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
   EXPECT_NE(wait(c, 30s), 0) << "the cut-off node cannot finish the job alone\n" << log("c");
 }
 
+// --restart-policy in-place, C++ workers (the SDK's InPlaceRecovery): hosts 0 and 1 train with
+// host 1's worker in every all-reduce; host 1's link goes down mid-training. Its worker closes
+// nothing (its host is cut off, not dead), so the survivors' all-reduce waits for it: Gloo would
+// hold them until the group's timeout (minutes). The agents find host 1 lost and regroup the job
+// without it; each survivor's recovery watcher sees the request, aborts its group, and the
+// survivors train on in a world of two, in the same processes, ending with one state.
+TEST_F(TwoHosts, AnInPlaceJobsSurvivorsLeaveTheirCollectiveWithAPartitionedHostAndTrainOn) {
+  const std::string out = path("job");
+  fs::create_directories(out);
+  auto agent = [&](int host, const std::string& name) {
+    return spawn(host,
+                 {DIST_LAUNCH_BIN,
+                  "--nnodes",
+                  "2:3",
+                  "--rdzv-endpoint",
+                  addr_[0] + ":29513",
+                  "--rdzv-id",
+                  "job",
+                  "--local-addr",
+                  addr_[host],
+                  "--nproc-per-node",
+                  "1",
+                  "--restart-policy",
+                  "in-place",
+                  "--max-restarts",
+                  "1",
+                  "--no-python",
+                  DIST_INPLACE_WORKER_BIN,
+                  "--steps",
+                  "600",
+                  "--step-ms",
+                  "20",
+                  "--out",
+                  out},
+                 name);
+  };
+  const pid_t a = agent(0, "a");  // hosts the store: the endpoint is its address
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return log("a").find("hosting the rendezvous store") != std::string::npos; }, 30s))
+      << log("a");
+  const pid_t b = agent(0, "b");
+  const pid_t c = agent(1, "c");
+  // Host 1's worker trains in the world of three (a round of three, its steps counted).
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        const std::string text = log("c");
+        return text.find(" of 3, global ranks") != std::string::npos &&
+               text.find(" step 20\n") != std::string::npos;
+      },
+      60s))
+      << log("a") << log("c");
+
+  const auto cut = Clock::now();
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
+  EXPECT_EQ(wait(a, 60s), 0) << log("a");
+  EXPECT_EQ(wait(b, 60s), 0) << log("b");
+  EXPECT_LT(Clock::now() - cut, 40s) << "the survivors waited for the partitioned host";
+  const std::string both = log("a") + log("b");
+  std::string digest;
+  for (const int rank : {0, 1}) {
+    std::ifstream in(out + "/final_" + std::to_string(rank));
+    long pid = -1;
+    int step = -1, generation = -1, world = -1;
+    std::string d;
+    ASSERT_TRUE(in >> pid >> step >> d >> generation >> world) << both;
+    EXPECT_EQ(step, 600) << both;
+    EXPECT_EQ(world, 2) << both;
+    if (rank == 0) digest = d;
+    EXPECT_EQ(d, digest) << "the survivors end with one state\n" << both;
+  }
+  EXPECT_NE(both.find("its collectives are aborted"), std::string::npos) << both;
+  EXPECT_EQ(both.find("stopping the workers"), std::string::npos) << both;
+  EXPECT_NE(wait(c, 60s), 0) << "the cut-off host cannot finish the job alone\n" << log("c");
+}
+
 }  // namespace

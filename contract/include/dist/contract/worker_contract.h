@@ -162,7 +162,8 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // group_count 148, pause_reason 152 (64 bytes, NUL-padded UTF-8), groups 216 (kMaxGroups of {id,
 // seq}). One field goes the other way: the agent writes regroup_round when the job regroups in
 // place in round R (a node joins or was lost), and the SDK's InPlaceRecovery, seeing a round it has
-// not regrouped in, recovers at its next unit.
+// not regrouped in, recovers at its next unit; its watcher aborts the group when the rank has not
+// let go of it 500 ms after the request (a collective waiting for a lost node's silent peer).
 namespace heartbeat_slot {
 
 inline constexpr char kFdVariable[] = "DIST_HEARTBEAT_FD";

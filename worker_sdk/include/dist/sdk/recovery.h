@@ -26,16 +26,27 @@
 // state as it was before the unit, and every rank goes on from the root's, which is either that
 // or the state after the unit (the root completed it): both are states of an uninterrupted run.
 //
+// A peer that goes silent without closing its connections (its host lost or cut off) fails no
+// collective: the survivors' collectives would wait for it until the group's timeout. The agents
+// find such a node lost and regroup the job without it; the agent asks its workers to regroup
+// (the progress slot's regroup_round), and a thread of this class that watches for that request
+// aborts the group (ProcessGroup::abort) once it stood kAbortGrace without this rank following
+// it, so that the collective in flight fails and the rank recovers into the next generation.
+//
 // The store keys and the variables are the worker contract's (dist/contract/worker_contract.h).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dist/sdk/init.h"
@@ -127,7 +138,17 @@ class InPlaceRecovery {
   // The rank whose state every rank took at the last recovery (-1: none yet).
   int last_root() const { return last_root_; }
 
+  // How long a request to regroup may stand, this rank still in its group, before the watcher
+  // aborts the group: a unit in flight may end on its own meanwhile (peers that let go of the
+  // group first fail its collectives anyway).
+  static constexpr std::chrono::milliseconds kAbortGrace{500};
+
  private:
+  struct Recovering;
+  void watch();
+  void stop_watching();
+  // The group (under group_mutex_, which the watcher's abort takes too).
+  void replace_group(std::unique_ptr<ProcessGroup> group);
   void recover(const CollectiveError& error);
   void regroup();
   // After the failure or the regroup (`since`, for the log): the agent's next generation, this
@@ -149,7 +170,15 @@ class InPlaceRecovery {
   int generation_ = 0;
   bool has_state_ = true;  // false for a replacement until it received the root's
   int last_root_ = -1;
-  std::uint32_t regroup_seen_ = 0;  // the last round the job regrouped in that this rank followed
+  // The last round the job regrouped in that this rank followed.
+  std::atomic<std::uint32_t> regroup_seen_{0};
+  std::atomic<bool> recovering_{false};          // the group is being released or rebuilt
+  std::atomic<std::uint32_t> aborted_round_{0};  // the watcher aborted the group for it
+  std::mutex group_mutex_;                       // dist_.group replaced, or aborted
+  std::mutex watch_mutex_;
+  std::condition_variable watch_wake_;
+  bool stopping_ = false;  // under watch_mutex_
+  std::thread watcher_;    // in-place jobs under dist-launch (a progress slot)
 };
 
 }  // namespace dist::sdk

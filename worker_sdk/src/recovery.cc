@@ -209,13 +209,16 @@ void InPlaceRecovery::watch() {
     if (Clock::now() - pending_since < kAbortGrace) continue;
     std::lock_guard group(group_mutex_);
     if (recovering_.load() || asked <= regroup_seen_.load() || !dist_.group) continue;
+    // (The group's rank, not the environment's: the main thread rewrites that while it
+    // recovers, outside this mutex.)
+    const int rank = dist_.group->rank();
     const std::string why = "the job regroups in round " + std::to_string(asked) +
-                            " (a node was lost, or joins) and rank " +
-                            std::to_string(dist_.env.rank) + " had not let go of its group " +
-                            std::to_string(kAbortGrace.count()) + " ms later";
+                            " (a node was lost, or joins) and rank " + std::to_string(rank) +
+                            " had not let go of its group " + std::to_string(kAbortGrace.count()) +
+                            " ms later";
     aborted_round_ = asked;  // before the abort: the main thread's recovery reads it
     if (dist_.group->abort(why)) {
-      say("rank " + std::to_string(dist_.env.rank) + ": " + why +
+      say("rank " + std::to_string(rank) + ": " + why +
           ": its collectives are aborted, so that none waits for a peer that may never answer");
     }
     aborted = asked;

@@ -37,6 +37,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override {
     client_.set(prefix_ + key, std::string(data.begin(), data.end()));
+    written_.push_back(prefix_ + key);
   }
   std::vector<char> get(const std::string& key) override {
     const std::string value = client_.get(prefix_ + key, timeout_);
@@ -52,10 +53,13 @@ class StoreAdapter : public gloo::rendezvous::Store {
   }
   // The client back, once Gloo is done with the store (connectFullMesh returned).
   store::StoreClient release() { return std::move(client_); }
+  // The keys Gloo wrote through this adapter (this rank's addresses: O(size) bytes each).
+  const std::vector<std::string>& written() const { return written_; }
 
  private:
   store::StoreClient client_;
   std::string prefix_;
+  std::vector<std::string> written_;
   std::chrono::milliseconds timeout_;
 };
 
@@ -96,6 +100,21 @@ class PeerDirectory {
     auto found = detail::tcp_sockets_of(own_address_, others);
     if (found.size() != expected) found.clear();
     return found;
+  }
+
+  // Deletes the directory's key, once the group is gone (never throws).
+  void forget_directory() { forget({key_}); }
+
+  // Deletes `keys` (never throws: a store that is gone keeps nothing anyway).
+  void forget(const std::vector<std::string>& keys) {
+    std::lock_guard lock(mutex_);
+    for (const auto& key : keys) {
+      try {
+        store_.delete_key(key);
+      } catch (const std::exception&) {
+        return;
+      }
+    }
   }
 
   // ", peer rank 1 at [127.0.0.1]:8092": see name_peer.
@@ -317,14 +336,25 @@ class CommThread {
 
 class GlooProcessGroup : public ProcessGroup {
  public:
-  // `connections`: the sockets of the mesh (those this process opened while it connected).
+  // `connections`: the sockets of the mesh (those this process opened while it connected);
+  // `mesh_keys`: the store keys this rank wrote to connect it, deleted once no rank needs them.
   GlooProcessGroup(std::shared_ptr<gloo::rendezvous::Context> context,
                    std::chrono::milliseconds timeout, std::shared_ptr<PeerDirectory> peers,
-                   std::vector<detail::TcpSocket> connections)
+                   std::vector<detail::TcpSocket> connections, std::vector<std::string> mesh_keys)
       : context_(std::move(context)),
         timeout_(timeout),
         peers_(std::move(peers)),
-        connections_(std::move(connections)) {}
+        connections_(std::move(connections)),
+        mesh_keys_(std::move(mesh_keys)) {}
+  // Rank 0 deletes the peers' listening addresses: a job that rebuilds its group leaves no key
+  // per generation. On a thread of its own: a store that cannot be reached must not hold the
+  // caller (the thread shares the directory, which outlives the group for it).
+  ~GlooProcessGroup() override {
+    if (peers_ && rank() == 0)
+      std::thread([peers = peers_] { peers->forget_directory(); }).detach();
+  }
+  GlooProcessGroup(const GlooProcessGroup&) = delete;
+  GlooProcessGroup& operator=(const GlooProcessGroup&) = delete;
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
@@ -501,7 +531,19 @@ class GlooProcessGroup : public ProcessGroup {
         close_pairs();
         throw CollectiveError(failure(name, e.what()));
       }
+      forget_mesh_keys();
     };
+  }
+
+  // After the group's first collective completed, every rank has connected its mesh (each
+  // contributed): the addresses they published to connect it are read by nobody any more.
+  // Deleted, so that a job that rebuilds its group (in-place recovery: one group per generation)
+  // does not leave O(size^2) bytes in the store each time; "listening" (one line per rank) stays
+  // while the group lives, to name peers in errors. One request per key, once per group.
+  void forget_mesh_keys() {
+    if (mesh_keys_.empty() || !peers_) return;
+    peers_->forget(mesh_keys_);
+    mesh_keys_.clear();
   }
 
   // A failed collective's pairs may still be sending from, or receiving into, the caller's
@@ -558,6 +600,7 @@ class GlooProcessGroup : public ProcessGroup {
   mutable std::optional<std::vector<detail::TcpSocket>> sockets_;  // transport_bytes_sent()'s
   std::uint32_t next_tag_ = 1;
   std::vector<detail::TcpSocket> connections_;  // the mesh's, for abort()
+  std::vector<std::string> mesh_keys_;          // until the first collective completed
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mutex_;  // abort_reason_; pairs neither closed nor shut down meanwhile
   std::string abort_reason_;        // the first abort's
@@ -589,6 +632,12 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
                                    [&](const auto& b) { return b.inode == socket.inode; });
       if (!old) connections.push_back(socket);
     }
+    std::vector<std::string> mesh_keys = adapter.written();
+    if (rank == 0) {  // the reachability check's, shared
+      for (const char* key : {"/addresses_chosen", "/all_chosen", "/loopback_ranks"}) {
+        mesh_keys.push_back(options.key_prefix + key);
+      }
+    }
     std::shared_ptr<PeerDirectory> peers;
     if (size > 1) {  // every pair listens on the device's address: any pair's is this rank's
       peers = std::make_shared<PeerDirectory>(adapter.release(), options.key_prefix + "/listening",
@@ -596,7 +645,7 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
       peers->publish(context->getPair(rank == 0 ? 1 : 0)->address().str());
     }
     return std::make_unique<GlooProcessGroup>(std::move(context), options.timeout, std::move(peers),
-                                              std::move(connections));
+                                              std::move(connections), std::move(mesh_keys));
   } catch (const std::exception& e) {
     throw CollectiveError("cannot build the gloo group (rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + ", local address " + attr.hostname +

@@ -255,7 +255,10 @@ void InPlaceRecovery::start() {
         ") in " + fixed(ms_since(began)) + " ms");
   }
   if (build_) build_(*dist_.group);
-  if (replacement) state_.apply_blobs();
+  if (replacement) {
+    state_.apply_blobs();
+    forget_generation_keys();
+  }
 }
 
 bool InPlaceRecovery::run(const std::function<void()>& unit) {
@@ -342,9 +345,25 @@ void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::s
                 "root=" + std::to_string(last_root_) + " wall_ns=" + std::to_string(wall_ns()) +
                     " " + state_.describe_counters());
   }
+  forget_generation_keys();
   say("rank " + std::to_string(dist_.env.rank) + " recovered in place: generation " +
       std::to_string(generation_) + ", state from rank " + std::to_string(last_root_) + " (" +
       state_.describe_counters() + "), " + fixed(ms_since(began)) + " ms after " + since);
+}
+
+// Every rank is in generation generation_ now (the state's broadcast reached each): the keys of
+// the generations before it are read by nobody. Each rank deletes its own arrival (a replacement's
+// or a regroup's), the root the previous generation's record and word; a long job keeps a few
+// keys, not a few per recovery. Never fails the recovery: the keys are a courtesy to the store.
+void InPlaceRecovery::forget_generation_keys() {
+  try {
+    store_->delete_key(contract::arrived_key(prefix_, generation_, dist_.env.rank));
+    if (dist_.env.rank == last_root_ && generation_ > 1) {
+      store_->delete_key(contract::generation_key(prefix_, generation_ - 1));
+      store_->delete_key(contract::recovered_key(prefix_, generation_ - 1));
+    }
+  } catch (const store::StoreError&) {
+  }
 }
 
 void InPlaceRecovery::release_group() {

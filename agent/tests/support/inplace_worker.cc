@@ -7,6 +7,13 @@
 //   --step-ms MS              sleep after each step (default 0)
 //   --crash R:S[:G[:A]]       rank R exits with code 3 as step S begins, in generation G
 //                             (default 0) of restart attempt A (default 0); repeatable
+//   --crash-every R:K         rank R exits with code 3 as step K x (G + 1) begins, in each
+//                             generation G of restart attempt 0: a recovery every K steps, one
+//                             survivor (rank 0 when R is not 0) living through all of them
+//   --resources PATH          rank 0 appends "<generation> <rss_kb> <threads> <fds> <keys>
+//                             <bytes>" to PATH as it starts and after each recovery: its own
+//                             resident memory, threads and open descriptors, and the workers'
+//                             store's keys and their values' bytes
 //   --fail-in-recovery R[:PATH]
 //                             rank R exits with code 4 as its recovery begins (it has read the
 //                             new generation), on restart attempt 0; with PATH, once PATH exists
@@ -50,6 +57,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,6 +81,8 @@ struct Options {
   std::string fail_in_recovery_file;
   Crash fail_at_start;  // its step unused
   std::string finish_file;
+  Crash crash_every;  // rank and step (every K)
+  std::string resources;
   bool finish_when_asked = false;
   bool stall_in_recovery = false;
   int crash_at_exit = -1;
@@ -128,6 +138,10 @@ Options parse(int argc, char** argv) {
       Crash c;
       std::sscanf(value.c_str(), "%d:%d:%d:%d", &c.rank, &c.step, &c.generation, &c.attempt);
       o.crashes.push_back(c);
+    } else if (flag == "--crash-every") {
+      std::sscanf(value.c_str(), "%d:%d", &o.crash_every.rank, &o.crash_every.step);
+    } else if (flag == "--resources") {
+      o.resources = value;
     } else if (flag == "--fail-in-recovery") {
       const auto colon = value.find(':');
       o.fail_in_recovery = std::stoi(value.substr(0, colon));
@@ -162,6 +176,28 @@ int env_int(const char* name) {
   std::fprintf(stderr, "rank %d: stalling %s\n", rank, where);
   std::fflush(stderr);
   for (;;) ::pause();
+}
+
+// "<rss_kb> <threads>" of this process (/proc/self/status) and its open descriptors.
+std::string own_resources() {
+  std::ifstream status("/proc/self/status");
+  long rss = -1, threads = -1;
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("VmRSS:")) rss = std::atol(line.c_str() + 6);
+    if (line.starts_with("Threads:")) threads = std::atol(line.c_str() + 8);
+  }
+  long fds = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++fds;
+  return std::to_string(rss) + " " + std::to_string(threads) + " " +
+         std::to_string(fds - 1);  // less the directory's own descriptor
+}
+
+// "<keys> <bytes>": the store's keys and the sum of their values' sizes.
+std::string store_contents(dist::store::StoreClient& store) {
+  const auto keys = store.list_keys();
+  std::size_t bytes = 0;
+  for (const auto& key : keys) bytes += store.try_get(key).value_or("").size();
+  return std::to_string(keys.size()) + " " + std::to_string(bytes);
 }
 
 // Waits (at most 60 s) for `done`; false if it never was.
@@ -248,9 +284,27 @@ int run(const Options& o) {
     }
     return any[0] > 0;
   };
+  std::optional<dist::store::StoreClient> counting;
+  int counted_generation = -1;
+  const auto count_resources = [&] {
+    if (o.resources.empty() || dist.env.rank != 0 || counted_generation == dist.env.generation) {
+      return;
+    }
+    if (!counting) counting.emplace(connect_store(dist.env));
+    counted_generation = dist.env.generation;
+    const std::string line = std::to_string(dist.env.generation) + " " + own_resources() + " " +
+                             store_contents(*counting) + "\n";
+    std::ofstream(o.resources, std::ios::app) << line;
+  };
   while (step < static_cast<std::uint64_t>(o.steps) && !finishing()) {
+    count_resources();
     recovery.run([&] {
       const int current = dist.env.rank;  // a lost node's survivors are renumbered
+      if (current == o.crash_every.rank && attempt == 0 && o.crash_every.step > 0 &&
+          step == static_cast<std::uint64_t>(o.crash_every.step) * (dist.env.generation + 1)) {
+        std::fflush(stdout);
+        std::_Exit(3);
+      }
       for (const Crash& c : o.crashes) {
         if (c.rank == current && c.step == static_cast<int>(step) &&
             c.generation == dist.env.generation && c.attempt == attempt) {

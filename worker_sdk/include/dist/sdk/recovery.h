@@ -155,6 +155,7 @@ class InPlaceRecovery {
   // rank's place in it, the group rebuilt and the root's state. `cause` starts its errors.
   void join_next_generation(std::chrono::steady_clock::time_point began, const std::string& since,
                             const std::string& cause);
+  void forget_generation_keys();
   void release_group();
   void take_new_rank(int generation);
   void rebuild_group(int generation);

@@ -347,11 +347,10 @@ class GlooProcessGroup : public ProcessGroup {
         connections_(std::move(connections)),
         mesh_keys_(std::move(mesh_keys)) {}
   // Rank 0 deletes the peers' listening addresses: a job that rebuilds its group leaves no key
-  // per generation. On a thread of its own: a store that cannot be reached must not hold the
-  // caller (the thread shares the directory, which outlives the group for it).
+  // per generation. One request, bounded by the client's deadline like every store call of the
+  // SDK (a store that is gone answers at once: the connection is refused or reset).
   ~GlooProcessGroup() override {
-    if (peers_ && rank() == 0)
-      std::thread([peers = peers_] { peers->forget_directory(); }).detach();
+    if (peers_ && rank() == 0) peers_->forget_directory();
   }
   GlooProcessGroup(const GlooProcessGroup&) = delete;
   GlooProcessGroup& operator=(const GlooProcessGroup&) = delete;

@@ -332,8 +332,9 @@ TEST_F(InPlace, StopsThatAreNotFaultsAreLeftAlone) {
 
 // One survivor lives through 100 recoveries (rank 1 fails every 5 steps, each replacement too):
 // its threads and open descriptors are what they were after the first, its resident memory
-// within 5% of it, and the workers' store holds as many keys as after the first recovery (each
-// generation's Gloo addresses, records and arrivals deleted once every rank is past them). The
+// within 5% of it, and the workers' store holds about as many keys as after the first recovery
+// (each generation's Gloo addresses, records and arrivals deleted once every rank is past them,
+// a peer's of the moment aside). The
 // job ends with the digest of a run without failures.
 TEST_F(InPlace, OneSurvivorLivesThroughAHundredRecoveriesWithFlatResourcesAndStore) {
   const std::string clean = clean_digest(2, {"--steps", "501"});
@@ -365,8 +366,11 @@ TEST_F(InPlace, OneSurvivorLivesThroughAHundredRecoveriesWithFlatResourcesAndSto
     if (r.generation < 1) continue;
     EXPECT_EQ(r.threads, first.threads) << "generation " << r.generation;
     EXPECT_EQ(r.fds, first.fds) << "generation " << r.generation;
-    EXPECT_LE(r.keys, first.keys) << "generation " << r.generation;
-    EXPECT_LE(r.bytes, first.bytes + 100) << "generation " << r.generation;  // counters' digits
+    // Bounded, not growing: at most a peer's own mesh keys of the moment (rank 1 deletes its
+    // after its first collective, which may end just after rank 0 counts), where keeping a
+    // generation's keys would add 11 keys and ~400 bytes each time.
+    EXPECT_LE(r.keys, first.keys + 2) << "generation " << r.generation;
+    EXPECT_LE(r.bytes, first.bytes + 1024) << "generation " << r.generation;
     if (!sanitized) {
       EXPECT_LE(r.rss_kb, first.rss_kb * 105 / 100) << "generation " << r.generation;
     }

@@ -105,6 +105,11 @@ def main():
     generation = elastic._this_group().generation if elastic.in_place() else 0
     print(f"rank {dist.get_rank()} pid {os.getpid()} generation {generation} steps {state.step} "
           f"digest {digest.hexdigest()[:16]} world {dist.get_world_size()}", flush=True)
+    # The weights' sum and sum of squares, for comparisons that tolerate a summation order (a
+    # step applied twice or skipped moves them by far more).
+    flat = torch.cat([p.detach().double().flatten() for p in model.parameters()])
+    print(f"rank {dist.get_rank()} weights sum {flat.sum().item():.17g} "
+          f"sumsq {(flat * flat).sum().item():.17g}", flush=True)
     crash_at_exit = args.crash_at_exit and first_attempt and rank == args.crash_rank
     peers = [None] * dist.get_world_size() if args.crash_at_exit else []
     if args.crash_at_exit:

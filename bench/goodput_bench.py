@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Goodput under chaos: an ordinary torch DDP job run to a fixed number of steps once uninterrupted
-and once with a random worker SIGKILLed every --interval seconds, launchers interleaved:
+and once with a random worker SIGKILLed (or SIGSTOPped) every --interval seconds, launchers
+interleaved:
 
     python3 bench/goodput_bench.py [--build build] [--python python3] [--rounds 2]
-        [--steps 1500] [--hidden 1280] [--interval 6] [--checkpoint-every 100] [--timeout 300]
-        [--modes torchrun,cold,warm,in-place] [--seed 1]
+        [--steps 1500] [--hidden 1280] [--interval 6] [--signal KILL|STOP]
+        [--checkpoint-every 100] [--timeout 300] [--modes torchrun,cold,warm,in-place] [--seed 1]
 
 The job is bench/ttfs_train.py (gloo, CPU, 2 workers; each step's batch a function of the step
 and the rank): for the restart launchers it checkpoints every --checkpoint-every steps (rank 0,
@@ -16,8 +17,10 @@ runs with --in-place (dist_launch.elastic, its state committed every step). The 
   in-place   dist-launch --warm-restart --restart-policy in-place: the survivors keep training
 each with --max-restarts large enough never to run out. Every round runs each mode uninterrupted,
 then each under faults (A B C D, A B C D). The killer reads the workers' "rank R pid P" lines and,
-every --interval s from the job's start, SIGKILLs one live worker chosen at random (a seeded
-generator; the kills go on until the job ends, its teardown included).
+every --interval s from the job's start, sends --signal (SIGKILL; or SIGSTOP: a frozen worker
+that closes nothing, which only a launcher that looks at its workers finds) to one live worker
+chosen at random (a seeded generator; the faults go on until the job ends, its teardown
+included). A stopped worker is never continued: the launcher must end it.
 
 Reported per mode (medians over the rounds): the uninterrupted and the faulted wall time, ETTR =
 uninterrupted / faulted (each round's own pair), the kills, the jobs that did not finish (a failed
@@ -49,6 +52,15 @@ FINAL = re.compile(r"rank (\d+) final weights sha256 (\w+)")
 MODES = ("torchrun", "cold", "warm", "in-place")
 
 
+def is_stopped(pid):
+    """Whether the kernel holds `pid` stopped (state T): a fault already dealt."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
 def command(args, mode, checkpoints):
     train = [TRAIN, "--steps", str(args.steps), "--hidden", str(args.hidden), "--checkpoint-dir",
              checkpoints, "--checkpoint-every", str(args.checkpoint_every)]
@@ -66,10 +78,11 @@ def command(args, mode, checkpoints):
 
 
 class Killer:
-    """Reads the job's output; every `interval` s SIGKILLs one live worker at random."""
+    """Reads the job's output; every `interval` s sends `sig` to one live worker at random."""
 
-    def __init__(self, proc, interval, rng, enabled):
+    def __init__(self, proc, interval, rng, enabled, sig=signal.SIGKILL):
         self.proc, self.interval, self.rng, self.enabled = proc, interval, rng, enabled
+        self.sig = sig
         self.pids = {}  # rank -> its newest process
         self.kills = 0
         self.lines = []
@@ -88,7 +101,8 @@ class Killer:
     def live(self):
         with self.lock:
             pids = list(self.pids.values())
-        return [p for p in pids if os.path.exists(f"/proc/{p}") and not is_zombie(p)]
+        return [p for p in pids if os.path.exists(f"/proc/{p}") and not is_zombie(p)
+                and not is_stopped(p)]
 
     def run(self, deadline):
         """Until the job ends or the deadline: the kills. Returns the exit code, None on timeout."""
@@ -102,7 +116,7 @@ class Killer:
                 live = self.live()
                 if live:
                     try:
-                        os.kill(self.rng.choice(sorted(live)), signal.SIGKILL)
+                        os.kill(self.rng.choice(sorted(live)), self.sig)
                         self.kills += 1
                     except ProcessLookupError:
                         pass
@@ -118,7 +132,7 @@ def job(args, mode, faults, rng):
     start = time.monotonic()
     proc = subprocess.Popen(command(args, mode, checkpoints), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    killer = Killer(proc, args.interval, rng, faults)
+    killer = Killer(proc, args.interval, rng, faults, getattr(signal, "SIG" + args.signal))
     code = killer.run(start + args.timeout)
     elapsed = time.monotonic() - start
     if code is None:
@@ -128,7 +142,7 @@ def job(args, mode, faults, rng):
     shutil.rmtree(checkpoints, ignore_errors=True)
     output = "".join(killer.lines)
     finals = dict((int(r), sha) for r, sha in FINAL.findall(output))
-    return {"mode": mode, "faults": faults, "seconds": elapsed, "exit": code,
+    return {"mode": mode, "faults": faults, "signal": args.signal, "seconds": elapsed, "exit": code,
             "kills": killer.kills, "finals": finals, "tail": output.strip().splitlines()[-6:]}
 
 
@@ -148,6 +162,7 @@ def main():
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--hidden", type=int, default=1280)
     ap.add_argument("--interval", type=float, default=6.0)
+    ap.add_argument("--signal", choices=("KILL", "STOP"), default="KILL")
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--max-restarts", type=int, default=1000)
     ap.add_argument("--timeout", type=float, default=300)
@@ -202,7 +217,9 @@ def report(records):
     modes = [m for m in MODES if any(r["mode"] == m for r in records)]
     print(f"torch {first['torch']}, 2 workers, bench/ttfs_train.py --steps {first['steps']} "
           f"--hidden {first['hidden']} (checkpoint every {first['checkpoint_every']} steps; in "
-          f"place: committed every step), a random worker SIGKILLed every {first['interval']:g} s,"
+          f"place: committed every step), a random worker "
+          f"{'SIGSTOPped' if first.get('signal') == 'STOP' else 'SIGKILLed'} every "
+          f"{first['interval']:g} s,"
           f" {len(rounds)} rounds, medians")
 
     def of(mode, faults):

@@ -419,8 +419,8 @@ class Agent {
       });
     }
     telemetry_.emplace(config_, host_);  // the events; served by endpoints_ (metrics, health)
+    telemetry_->job_started();  // first: a port the endpoints cannot bind ends a job that began
     endpoints_.emplace(io_, config_, host_, *telemetry_);
-    telemetry_->job_started();
     group_.emplace(
         io_, config_, *run_dir_, agent_id_, janitor_, console_, *telemetry_,
         WorkerGroup::Identity{host_, token_file, policy_->in_generations()},

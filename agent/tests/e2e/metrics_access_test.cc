@@ -221,4 +221,33 @@ TEST_F(MetricsAccess, MetricsAddrChoosesTheAddress) {
   EXPECT_EQ(agent.wait(30s), 128 + SIGTERM) << agent.output();
 }
 
+// A --metrics-port another process holds: a one-line error naming the address and a failed
+// job, whose event log has its start before its end (the end alone was written before).
+TEST_F(MetricsAccess, APortInUseIsAOneLineErrorAndTheEventLogHasTheJobsStartAndEnd) {
+  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(holder, 1), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string port = std::to_string(ntohs(address.sin_port));
+  Child& agent = launch(
+      {"--metrics-port", port, "--event-log", path("events"), "--no-python", kWorker, "forever"});
+  const int code = agent.wait(30s);
+  ::close(holder);
+  EXPECT_NE(code, 0) << agent.output();
+  EXPECT_NE(code, -1) << "the agent did not end: " << agent.output();
+  EXPECT_NE(agent.output().find("cannot listen on 127.0.0.1:" + port), std::string::npos)
+      << agent.output();
+  std::vector<std::string> names;
+  std::ifstream in(path("events"));
+  for (std::string line; std::getline(in, line);) names.push_back(Json::parse(line)["event"]);
+  ASSERT_FALSE(names.empty()) << agent.output();
+  EXPECT_EQ(names.front(), "job_start");
+  EXPECT_EQ(names.back(), "job_end");
+}
+
 }  // namespace dist::agent::metrics_access_e2e

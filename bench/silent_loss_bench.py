@@ -2,7 +2,8 @@
 """Silent losses under --restart-policy in-place: how long after the fault the survivors train
 again, with the default settings (issue 43's target: within 10 s).
 
-    python3 bench/silent_loss_bench.py [--build build] [--runs 5] [--kinds stop,partition]
+    python3 bench/silent_loss_bench.py [--build build] [--runs 5]
+        [--kinds stop,partition,torch_stop] [--python python3]
 
 Two faults that close nothing, so no survivor's collective fails by itself:
   stop       one node, 2 dist-inplace-worker workers (an all-reduce every 20 ms step); worker 1 is
@@ -12,6 +13,10 @@ Two faults that close nothing, so no survivor's collective fails by itself:
              job of three agents (--nnodes 2:3, two on host A, one on host B); host B's link is
              taken down mid-training. The agents find B lost (TCP keepalive, about 3 s), regroup
              without it, and the survivors' recovery watcher aborts the collective they wait in.
+  torch_stop the same stop with torch workers: examples/torch/elastic_train.py (dist_launch.elastic,
+             gloo, 2 workers, steps paced at 20 ms) under --python (torch 2.x), in place;
+             torch_stop_warm the same under --warm-restart (the replacement forked from a zygote
+             that imported torch already).
 Measured from the fault (the moment the signal was sent or the link went down) to the survivor's
 "recovered in place" line (its first step in the new generation follows at once), each output
 line stamped as it arrives. Medians and the runs, one line per kind.
@@ -104,6 +109,29 @@ def stop_run(args, out):
     return took
 
 
+def torch_stop_run(args, out, warm=False):
+    launch = [os.path.join(args.build, "bin", "dist-launch"), "--nproc-per-node", "2",
+              *(["--warm-restart"] if warm else []),
+              "--restart-policy", "in-place", "--max-restarts", "3",
+              os.path.join(ROOT, "examples", "torch", "elastic_train.py"), "--steps", "600",
+              "--pause-ms", "20", "--timestamps"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python,
+               PYTHONPATH=os.path.join(ROOT, "python"), GLOO_SOCKET_IFNAME="lo")
+    job = Stamped(launch, env=env)
+    try:
+        job.wait_for(r"rank 1 pid \d+ step 20 done", 120)
+        victim = int(re.search(r"rank 1 pid (\d+) started", job.text()).group(1))
+        fault = time.monotonic()
+        os.kill(victim, signal.SIGSTOP)
+        job.wait_for(RECOVERED.pattern, 60)
+        took = job.first(RECOVERED.pattern, fault) - fault
+    finally:
+        code = job.end(timeout=120)
+    if code != 0:
+        raise RuntimeError(f"the job failed ({code}):\n{job.text()}")
+    return took
+
+
 def sh(command):
     subprocess.run(command, shell=True, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
@@ -161,9 +189,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--kinds", default="stop,partition")
+    ap.add_argument("--kinds", default="stop,partition,torch_stop")
+    ap.add_argument("--python", default="python3", help="torch 2.x, for torch_stop")
     args = ap.parse_args()
-    runs = {"stop": stop_run, "partition": partition_run}
+    runs = {"stop": stop_run, "partition": partition_run, "torch_stop": torch_stop_run,
+            "torch_stop_warm": lambda a, o: torch_stop_run(a, o, warm=True)}
     kinds = args.kinds.split(",")
     if "partition" in kinds and (os.geteuid() != 0 or shutil.which("ip") is None):
         print("partition: needs root and iproute2; skipped", file=sys.stderr)

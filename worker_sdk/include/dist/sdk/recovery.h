@@ -108,7 +108,9 @@ struct RecoveryOptions {
 class InPlaceRecovery {
  public:
   // `dist` is init()'s result: its group is replaced at each recovery (dist.group always holds
-  // the current one). Connects a store client of its own when the job is in-place.
+  // the current one; use it, but leave replacing or resetting it to this object while it lives:
+  // its watcher may abort it from another thread). Connects a store client of its own when the
+  // job is in-place.
   explicit InPlaceRecovery(Distributed& dist, RecoveryOptions options = {});
   ~InPlaceRecovery();
   InPlaceRecovery(const InPlaceRecovery&) = delete;

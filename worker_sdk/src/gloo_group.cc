@@ -530,12 +530,13 @@ class GlooProcessGroup : public ProcessGroup {
         close_pairs();
         throw CollectiveError(failure(name, e.what()));
       }
-      forget_mesh_keys();
+      if (std::strcmp(name, "broadcast") != 0) forget_mesh_keys();
     };
   }
 
-  // After the group's first collective completed, every rank has connected its mesh (each
-  // contributed): the addresses they published to connect it are read by nobody any more.
+  // After a collective whose result holds every rank's contribution completed (any but a
+  // broadcast, which a rank may end having heard from the root alone), every rank has connected
+  // its mesh: the addresses they published to connect it are read by nobody any more.
   // Deleted, so that a job that rebuilds its group (in-place recovery: one group per generation)
   // does not leave O(size^2) bytes in the store each time; "listening" (one line per rank) stays
   // while the group lives, to name peers in errors. One request per key, once per group.

@@ -58,10 +58,6 @@ std::optional<std::uint64_t> inode_of(int fd) {
   return inode;
 }
 
-}  // namespace
-
-namespace {
-
 // Every connected TCP socket of this process, with its addresses as Gloo writes them.
 struct Connected {
   TcpSocket socket;

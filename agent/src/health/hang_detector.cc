@@ -193,11 +193,9 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
     const auto held = now - *w.stopped_since;
     if (held >= kStoppedProof && (!longest || held > *longest)) longest = held;
   }
-  if (stopped < running || !longest) {
-    if (stopped == 0) all_stopped_said_ = false;
-    return stopped < running ? longest : std::nullopt;
-  }
-  if (!all_stopped_said_) {
+  if (stopped == 0) all_stopped_said_ = false;
+  if (stopped < running) return longest;
+  if (longest && !all_stopped_said_) {
     all_stopped_said_ = true;
     spdlog::warn(
         "every worker on {} is held stopped (SIGSTOP or SIGTSTP): taken for a pause of the job, "
@@ -208,7 +206,8 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
 }
 
 // Whether the worker has been blocked in the same collective since the previous sample (the
-// sampler still running, for torch's), and how busy its process was meanwhile.
+// sampler still running, for torch's), how busy its process was meanwhile, and since when the
+// kernel holds it stopped (one read of /proc/<pid>/stat for both).
 void HangDetector::track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now) {
   const auto stat = read_process_stat(w.worker.pid);
   const auto ticks = stat ? std::optional(stat->cpu_ticks) : std::nullopt;

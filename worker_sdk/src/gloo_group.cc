@@ -623,11 +623,16 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options.timeout);
     detail::note_collective_timeout(options.timeout);
+    // The mesh's sockets, for abort(): those this process opened while it connected, but the
+    // store's (another thread's client may connect meanwhile; a test's store may be in-process).
+    const std::string endpoint = store.endpoint();
+    const auto store_port =
+        static_cast<std::uint16_t>(std::stoul(endpoint.substr(endpoint.rfind(':') + 1)));
     StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout);
-    const auto before = detail::connected_tcp_sockets();
+    const auto before = detail::connected_tcp_sockets(store_port);
     context->connectFullMesh(adapter, device);
     std::vector<detail::TcpSocket> connections;
-    for (const auto& socket : detail::connected_tcp_sockets()) {
+    for (const auto& socket : detail::connected_tcp_sockets(store_port)) {
       const bool old = std::any_of(before.begin(), before.end(),
                                    [&](const auto& b) { return b.inode == socket.inode; });
       if (!old) connections.push_back(socket);

@@ -58,11 +58,23 @@ std::optional<std::uint64_t> inode_of(int fd) {
   return inode;
 }
 
-// Every connected TCP socket of this process, with its addresses as Gloo writes them.
+// Every connected TCP socket of this process, with its addresses as Gloo writes them and its
+// ports (host order).
 struct Connected {
   TcpSocket socket;
   std::string local, peer;
+  std::uint16_t local_port = 0, peer_port = 0;
 };
+
+std::uint16_t port_of(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+  }
+  if (address.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
+  }
+  return 0;
+}
 
 std::vector<Connected> connected_sockets() {
   std::vector<Connected> found;
@@ -84,7 +96,7 @@ std::vector<Connected> connected_sockets() {
     }
     const auto local_text = gloo_text(local), peer_text = gloo_text(peer);
     if (!local_text || !peer_text) continue;
-    found.push_back({{fd, *inode}, *local_text, *peer_text});
+    found.push_back({{fd, *inode}, *local_text, *peer_text, port_of(local), port_of(peer)});
   }
   return found;
 }
@@ -105,9 +117,13 @@ std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
   return found;
 }
 
-std::vector<TcpSocket> connected_tcp_sockets() {
+std::vector<TcpSocket> connected_tcp_sockets(std::uint16_t apart_from_port) {
   std::vector<TcpSocket> found;
-  for (const Connected& c : connected_sockets()) found.push_back(c.socket);
+  for (const Connected& c : connected_sockets()) {
+    if (c.local_port != apart_from_port && c.peer_port != apart_from_port) {
+      found.push_back(c.socket);
+    }
+  }
   return found;
 }
 

@@ -22,8 +22,9 @@ struct TcpSocket {
 std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
                                       const std::vector<std::string>& peers);
 
-// Every connected TCP socket of this process now.
-std::vector<TcpSocket> connected_tcp_sockets();
+// Every connected TCP socket of this process now but those with an end at `apart_from_port` (a
+// store's: its clients' connections, and the server's side of them when it runs in this process).
+std::vector<TcpSocket> connected_tcp_sockets(std::uint16_t apart_from_port);
 
 // Shuts `socket` down (both ways, without closing it: it is not the caller's to close), so that
 // whatever waits on it wakes with an error. False when it is no longer that socket (closed since)

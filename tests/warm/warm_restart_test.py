@@ -874,6 +874,21 @@ class Snapshots(Temp):
             import dist_launch
             print("which", getattr(dist_launch, "MARK", "the stand-in"), "torch" in sys.modules,
                   snapshot.save(1, {"n": 1}), snapshot.load(), flush=True)
+            # Every module of the package's directory imports only modules that are there (the
+            # stand-in holds a few of the package's: elastic.py's error file once was not).
+            import ast, os
+            here = os.path.dirname(dist_launch.__file__)
+            missing = []
+            for name in sorted(os.listdir(here)):
+                if name.endswith(".py"):
+                    with open(os.path.join(here, name)) as f:
+                        tree = ast.parse(f.read())
+                    for node in ast.walk(tree):
+                        if isinstance(node, ast.ImportFrom) and node.level == 1:
+                            wanted = [node.module] if node.module else [a.name for a in node.names]
+                            missing += [f"{name} imports {w}" for w in wanted if not
+                                        os.path.exists(os.path.join(here, w.split(".")[0] + ".py"))]
+            print("unresolved", missing, flush=True)
         """)
         # An interpreter without dist_launch: the stand-in module the agent puts on the path.
         if not has(ARGS.python, "import dist_launch"):
@@ -881,6 +896,7 @@ class Snapshots(Temp):
             self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
             self.assertIn("which the stand-in False True (1, {'n': 1})",
                           worker_lines(proc.stdout))
+            self.assertIn("unresolved []", worker_lines(proc.stdout))
         # A venv where a dist_launch (without snapshot.py) is installed: that one is imported.
         venv = os.path.join(d, "venv")
         subprocess.run([ARGS.python, "-m", "venv", "--without-pip", "--system-site-packages",

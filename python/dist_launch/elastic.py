@@ -238,7 +238,12 @@ class _Group:
                     if self._closing:
                         return
                     if self.generation < following and not self.recovering:
-                        _shut_down(self.sockets)
+                        # The reading side only: the main thread may be inside a collective,
+                        # and a send gloo begins on a socket whose writing side is shut down
+                        # fails without failing the collective (a barrier then waits out the
+                        # group's timeout: 10 of 60 barrier loops under load; none of 60 so).
+                        # The peers' own watchers wake them.
+                        _shut_down(self.sockets, socket.SHUT_RD)
                     if self._stuck_in_failed_group(following):
                         self._leave_stuck(following)
                     self.changed.wait_for(lambda: self.generation >= following or self._closing)
@@ -300,10 +305,11 @@ class _Group:
         return torch.device("cpu")
 
 
-def _shut_down(inodes) -> None:
+def _shut_down(inodes, how=socket.SHUT_RDWR) -> None:
     """Shuts down (without closing: they are not ours to close) the connections to the peers
-    among the sockets with these inodes: whatever waits on them wakes with an error. A listening
-    socket (gloo aborts when its accept fails) and a connection to the store are left alone."""
+    among the sockets with these inodes: whatever waits on them here wakes with an error, and
+    with the writing side (SHUT_RDWR) the peers' reads end too. A listening socket (gloo aborts
+    when its accept fails) and a connection to the store are left alone."""
     store_port = int(os.environ.get("MASTER_PORT", "0"))
     current = _socket_inodes()
     for inode in inodes:
@@ -317,7 +323,7 @@ def _shut_down(inodes) -> None:
         try:
             listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
             if not listening and sock.getpeername()[1] != store_port:
-                sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(how)
         except OSError:
             pass
         finally:
@@ -690,12 +696,16 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
     following = g.generation + 1
     _say(f"rank {g.rank}: a collective failed ({_first_line(error)}); waiting for generation "
          f"{following} of the group")
-    # The failed group's sockets are shut down now, so that peers still waiting on this rank
-    # fail too (the watchers of the others do the same when the next generation comes).
+    # The failed group's connections are shut down for reading (whatever else of this process
+    # still waits on them fails now) but neither closed nor shut down for writing until this
+    # rank is in the next generation's group: a peer may still be inside a collective of the
+    # failed group, and a send gloo begins to a closed socket (reset) never fails, nor the
+    # collective around it. The peers leave when their watchers see the next generation.
     with g.changed:
         g.recovering = True
-        _shut_down(g.sockets)
+        _shut_down(g.sockets, socket.SHUT_RD)
         g.sockets = set()
+    failed_group = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
     try:
         dist.destroy_process_group()
     except Exception:
@@ -716,6 +726,7 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
     marks.append(("generation", time.monotonic()))
     state.restore()
     g.join(latest)
+    del failed_group  # every peer has left it: it closes now
     marks.append(("group", time.monotonic()))
     root = _synchronize(g, state)
     if g.rank == root:  # the agent's word that the group is whole again

@@ -238,12 +238,7 @@ class _Group:
                     if self._closing:
                         return
                     if self.generation < following and not self.recovering:
-                        # The reading side only: the main thread may be inside a collective,
-                        # and a send gloo begins on a socket whose writing side is shut down
-                        # fails without failing the collective (a barrier then waits out the
-                        # group's timeout: 10 of 60 barrier loops under load; none of 60 so).
-                        # The peers' own watchers wake them.
-                        _shut_down(self.sockets, socket.SHUT_RD)
+                        _shut_down(self.sockets)  # the peers' own watchers wake them
                     if self._stuck_in_failed_group(following):
                         self._leave_stuck(following)
                     self.changed.wait_for(lambda: self.generation >= following or self._closing)
@@ -305,11 +300,14 @@ class _Group:
         return torch.device("cpu")
 
 
-def _shut_down(inodes, how=socket.SHUT_RDWR) -> None:
-    """Shuts down (without closing: they are not ours to close) the connections to the peers
-    among the sockets with these inodes: whatever waits on them here wakes with an error, and
-    with the writing side (SHUT_RDWR) the peers' reads end too. A listening socket (gloo aborts
-    when its accept fails) and a connection to the store are left alone."""
+def _shut_down(inodes) -> None:
+    """Shuts down for reading (without closing: they are not ours to close) the connections to
+    the peers among the sockets with these inodes: whatever of this process waits on them wakes
+    with an error. Not for writing: gloo's tcp pair queues a send whose write fails (EPIPE, or a
+    reset from a peer that closed its socket) and never fails it, nor the collective around it,
+    which waits out the group's timeout (a 2-rank barrier loop under load: 10 of 60 stuck with
+    SHUT_RDWR, none of 60 with SHUT_RD). A listening socket (gloo aborts when its accept fails)
+    and a connection to the store are left alone."""
     store_port = int(os.environ.get("MASTER_PORT", "0"))
     current = _socket_inodes()
     for inode in inodes:
@@ -323,7 +321,7 @@ def _shut_down(inodes, how=socket.SHUT_RDWR) -> None:
         try:
             listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
             if not listening and sock.getpeername()[1] != store_port:
-                sock.shutdown(how)
+                sock.shutdown(socket.SHUT_RD)
         except OSError:
             pass
         finally:
@@ -703,7 +701,7 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
     # collective around it. The peers leave when their watchers see the next generation.
     with g.changed:
         g.recovering = True
-        _shut_down(g.sockets, socket.SHUT_RD)
+        _shut_down(g.sockets)
         g.sockets = set()
     failed_group = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
     try:

@@ -278,6 +278,7 @@ class NodeSlice {
 // One run's figures: none for a phase where a node failed, nor for the phases after it.
 struct RunResult {
   std::optional<double> open_ms, join_ms, join_requests, notice_ms, regroup_ms, regroup_requests;
+  std::string join_by_op, regroup_by_op;  // the requests by operation (--by-op)
   int ok = 0;  // survivors that noticed the right node (static) or regrouped without it (elastic)
   int failures = 0;
 };
@@ -489,8 +490,28 @@ class ChildNodes final : public Nodes {
   std::vector<Child> children_;
 };
 
-// Requests the run's store has served, where the bench can count them (its own TCPStore).
-using RequestCounter = std::function<std::optional<std::uint64_t>()>;
+// Requests the run's store has served, in all and by operation, where the bench can count them
+// (its own TCPStore).
+struct RequestCount {
+  std::uint64_t total = 0;
+  std::map<std::string, std::uint64_t> by_op;
+};
+using RequestCounter = std::function<std::optional<RequestCount>()>;
+
+// The requests served between two counts, by operation, per node: "ADD 3.00, GET 2.00, ...".
+std::string per_op(const RequestCount& before, const RequestCount& after, int n) {
+  std::string text;
+  for (const auto& [op, count] : after.by_op) {
+    const auto was = before.by_op.find(op);
+    const std::uint64_t served = count - (was == before.by_op.end() ? 0 : was->second);
+    if (served == 0) continue;
+    char figure[64];
+    std::snprintf(figure, sizeof figure, "%s%s %.2f", text.empty() ? "" : ", ", op.c_str(),
+                  static_cast<double>(served) / n);
+    text += figure;
+  }
+  return text;
+}
 
 // Connections the store's process can hold: its open-file limit, less a margin for its own files.
 std::uint64_t store_connection_room() {
@@ -512,7 +533,11 @@ RunResult run(Nodes& nodes, int n, const RequestCounter& requests, bool watch) {
   const auto start = Clock::now();
   const JoinedSlice joined = nodes.join();
   result.failures = joined.failures;
-  if (requests_before) result.join_requests = per(*requests() - *requests_before, n);
+  if (requests_before) {
+    const auto after = requests();
+    result.join_requests = per(after->total - requests_before->total, n);
+    result.join_by_op = per_op(*requests_before, *after, n);
+  }
   if (result.failures > 0) return result;
   result.join_ms = ms_between(start, joined.end);
   if (!watch) return result;
@@ -522,7 +547,7 @@ RunResult run(Nodes& nodes, int n, const RequestCounter& requests, bool watch) {
       Clock::now() +
       std::max<std::chrono::milliseconds>(
           kWatchSettle, std::chrono::milliseconds(static_cast<long>(*result.join_ms)));
-  std::optional<std::uint64_t> requests_at_kill;
+  std::optional<RequestCount> requests_at_kill;
   std::jthread count_at_kill([&] {  // joined on every path, an exception's too
     std::this_thread::sleep_until(kill_at);
     requests_at_kill = requests();
@@ -536,7 +561,11 @@ RunResult run(Nodes& nodes, int n, const RequestCounter& requests, bool watch) {
     result.regroup_ms = ms_between(kill_at, watched.regrouped);
   }
   // Store requests per survivor: constant in N means O(N) for the whole job.
-  if (requests_at_kill) result.regroup_requests = per(*requests() - *requests_at_kill, n - 1);
+  if (requests_at_kill) {
+    const auto after = requests();
+    result.regroup_requests = per(after->total - requests_at_kill->total, n - 1);
+    result.regroup_by_op = per_op(*requests_at_kill, *after, n - 1);
+  }
   return result;
 }
 
@@ -598,6 +627,7 @@ int main(int argc, char** argv) {
   std::string etcd_endpoints;
   std::optional<double> max_per_node, max_per_survivor;
   int processes = 1;
+  bool by_op = false;
   CLI::App app{"rendezvous-bench: N simulated nodes joining a round and noticing a dead node"};
   app.add_option("--nodes", sizes, "node counts")->delimiter(',');
   app.add_option("--mode", mode, "static (--nnodes N) or elastic (--nnodes 1:N, c10d)")
@@ -628,6 +658,8 @@ int main(int argc, char** argv) {
                  "holds one end of each connection, not both: 16,000 nodes fit)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_flag("--by-op", by_op,
+               "after each run's row, its store requests by operation (GET, ADD, ...)");
   // A child of --processes: its share of one run's nodes (not for use by hand).
   std::string slice;
   std::uint16_t port = 0;
@@ -685,9 +717,11 @@ int main(int argc, char** argv) {
           store.emplace();
           target.port = store->port();
         }
-        const RequestCounter requests = [&]() -> std::optional<std::uint64_t> {
+        const RequestCounter requests = [&]() -> std::optional<RequestCount> {
           if (!store) return std::nullopt;
-          return store->stats().requests;
+          const auto stats = store->stats();
+          return RequestCount{stats.requests,
+                              {stats.requests_by_op.begin(), stats.requests_by_op.end()}};
         };
         RunResult result;
         {
@@ -717,6 +751,13 @@ int main(int argc, char** argv) {
         print_row(backend, n, std::to_string(r), result, elastic,
                   result.notice_ms ? std::to_string(result.ok) + "/" + std::to_string(n - 1) : "-",
                   std::to_string(result.failures));
+        if (by_op && !result.join_by_op.empty()) {
+          std::printf("  requests per node in the join: %s\n", result.join_by_op.c_str());
+        }
+        if (by_op && !result.regroup_by_op.empty()) {
+          std::printf("  requests per survivor from the loss to the next round: %s\n",
+                      result.regroup_by_op.c_str());
+        }
         runs[{backend, n}].push_back(result);
         // A run fails where a node failed, or a survivor did not see the lost node (or regroup).
         if (result.failures > 0 || (result.notice_ms && result.ok != n - 1)) ++failed_runs;

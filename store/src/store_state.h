@@ -4,6 +4,7 @@
 // it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -16,6 +17,7 @@
 
 #include "dist/store/errors.h"
 #include "dist/store/server.h"
+#include "protocol.h"
 
 namespace dist::store {
 
@@ -125,7 +127,8 @@ class StoreState {
   bool is_current(const Session* session) const { return current_ == session; }
   void set_current(Session* session) { current_ = session; }
 
-  std::uint64_t requests = 0;   // served, for stats
+  std::uint64_t requests = 0;                                         // served, for stats
+  std::array<std::uint64_t, std::size(wire::kOps)> requests_by_op{};  // the same, by wire::Op
   std::uint64_t evictions = 0;  // sessions closed by make_room, for stats
 
  private:

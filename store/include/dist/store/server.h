@@ -87,6 +87,8 @@ struct ServerStats {
   std::uint64_t connections_timed_out = 0;  // closed by a deadline
   std::uint64_t protocol_errors = 0;
   std::uint64_t requests = 0;
+  // The same, by operation (its name on the wire: "GET", "MULTI_SET", ...), where any was served.
+  std::vector<std::pair<std::string, std::uint64_t>> requests_by_op;
   std::uint64_t keys = 0;
   std::uint64_t stored_bytes = 0;  // keys and values
   std::uint64_t held_bytes = 0;    // everything counted against max_total_bytes

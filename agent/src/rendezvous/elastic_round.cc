@@ -3,11 +3,13 @@
 // A round, as one node lives it:
 //
 //   JOIN      take a ticket (ADD r<n>/join) and write the ephemeral record node/<ticket>; a node
-//             back from round n-1 also counts itself in `returning`; once the tickets reach MIN,
-//             `quorum` is set; a newcomer to round n > 0 wakes round n-1's nodes (deletes its
+//             back from round n-1 also counts itself in `returning`; the MIN-th ticket sets
+//             `quorum`; a newcomer to round n > 0 wakes round n-1's nodes (deletes its
 //             no_newcomers) unless that round was already full or finishing.
 //   CLOSE?    close at once if the round is complete: MAX nodes in round 0; later, every survivor
-//             of round n-1 back (its verdict's `expect`) with at least MIN nodes in.
+//             of round n-1 back (its verdict's `expect`) with at least MIN nodes in. Only a node
+//             whose own counts may have completed it looks (the MAX-th ticket; the last survivor
+//             back, or a newcomer at or past MIN), so most nodes pay nothing here.
 //   WAIT      for `quorum` (until the join timeout; not when its own ticket set it), then for
 //             `assignment`; each last call that passes without one, close the round with
 //             whoever is in (at least MIN).
@@ -20,6 +22,12 @@
 // no_newcomers / size / the round pointer / place/<ticket> / members, then `assignment`. Per round
 // that is O(N) store traffic: a ticket, a record, a place and a few counters per node, and one
 // read of every record by the closer.
+//
+// Each store request below is paid by every node at every round (a survivor's also by the
+// verdict before it): the counts per node and per survivor are guarded by the tests
+// rendezvous.requests.* (bench/CMakeLists.txt) and measured by bench/rendezvous_bench.cc --by-op.
+// A verdict, once settled, never changes (COMPARE_SET from nothing): each node keeps those it
+// read, and reads each at most once.
 #include <algorithm>
 
 #include "dist/store/errors.h"
@@ -91,7 +99,7 @@ Task<Round> ElasticRendezvous::join_elastic(int round, std::optional<Round> prev
     const Ticket ticket = co_await take_ticket(n, std::move(back_from), std::move(worker_store),
                                                keeps_workers);  // JOIN
     co_await throw_if_job_over(n);  // (again: the store's host waits only for tickets it saw)
-    co_await close_if_complete(n);  // CLOSE?
+    co_await close_if_complete(n, ticket);                                      // CLOSE?
     if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;  // WAIT
     // EXCLUDED: on to the next round, as a newcomer; unless the node's workers run on (a
     // regroup): a later round cannot continue them, and its others must not wait on them.
@@ -109,16 +117,22 @@ Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(
     int round, std::optional<Round> previous, std::optional<store::Endpoint> worker_store,
     bool keeps_workers) {
   const bool returning = previous && previous->round == round - 1;
-  const int ticket =
+  const int ticket =  // ADD join
       static_cast<int>(co_await store().add(schema::in_round(round, name::kJoin), 1));
   schema::NodeRecord record = node_.self_;
   record.previous_rank = returning ? previous->node_rank : -1;
   record.worker_store = std::move(worker_store);
   record.keeps_workers = returning && keeps_workers;
-  co_await store().set_ephemeral(schema::in_round(round, name::kNode, ticket),
+  co_await store().set_ephemeral(schema::in_round(round, name::kNode, ticket),  // SET node/<t>
                                  schema::encode(record));
-  if (returning) co_await store().add(schema::in_round(round, name::kReturning), 1);
-  if (ticket >= shape().min_nodes)
+  Ticket taken{ticket, false, 0};
+  if (returning) {  // ADD returning: read after this node's ticket (close_if_complete)
+    taken.returning =
+        static_cast<int>(co_await store().add(schema::in_round(round, name::kReturning), 1));
+  }
+  // SET quorum: one node, the MIN-th (nodes waiting for it also count the tickets at each last
+  // call, should that node vanish before setting it).
+  if (ticket == shape().min_nodes)
     co_await store().set(schema::in_round(round, name::kQuorum), "1");
   if (!returning && round > 0) {
     // A newcomer: the running round makes room, unless it is full or already finishing (a node's
@@ -132,25 +146,40 @@ Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(
       node_.notice("round " + std::to_string(round - 1) +
                    (finishing ? " is finishing" : " is full") + ": waiting for a place in round " +
                    std::to_string(round));
-      co_return Ticket{ticket, true};
+      taken.spare = true;
     }
   }
-  co_return Ticket{ticket, false};
+  co_return taken;
 }
 
-Task<void> ElasticRendezvous::close_if_complete(int round) {
-  // Read after this node's own ADDs: of two nodes completing the round together, the later one
-  // sees both counts.
-  const auto count = co_await store().add(schema::in_round(round, name::kJoin), 0);
+// The round is complete once both of its counts are: tickets (at least MIN; round 0, MAX) and,
+// after round 0, survivors back (`returning`, the previous verdict's `expect`). Each node knows
+// the counts its own ADDs returned, and reads the other only where those say it may be the one
+// completing the round: the MAX-th ticket in round 0; later, the survivor whose ADD reached
+// `expect`, or a newcomer at or past MIN. Of two nodes completing the two counts together, the
+// later one reads the other's count after it was made, so one of them closes. A node that
+// vanished between its ADD and its look leaves the round to the others' last call.
+Task<void> ElasticRendezvous::close_if_complete(int round, Ticket ticket) {
   if (round == 0) {
-    if (count >= shape().max_nodes) co_await try_close(round, count);
+    if (ticket.number >= shape().max_nodes) co_await try_close(round, ticket.number);
     co_return;
   }
-  const auto previous = co_await verdict_of(round - 1);
-  if (!previous || count < shape().min_nodes) co_return;
-  if (co_await store().add(schema::in_round(round, name::kReturning), 0) >= previous->expect) {
-    co_await try_close(round, count);
+  const bool returning = ticket.returning > 0;
+  if (!returning && ticket.number < shape().min_nodes) co_return;  // not MIN yet: a later one's
+  const auto previous = co_await verdict_of(round - 1);  // a survivor's: decided, so known
+  if (!previous) co_return;                              // round n-1 runs on: not complete
+  std::int64_t count = ticket.number;
+  if (returning) {
+    if (ticket.returning < previous->expect) co_return;  // survivors still on their way
+    if (count < shape().min_nodes) {                     // ADD join 0: newcomers since?
+      count = co_await store().add(schema::in_round(round, name::kJoin), 0);
+      if (count < shape().min_nodes) co_return;
+    }
+  } else if (co_await store().add(schema::in_round(round, name::kReturning), 0) <
+             previous->expect) {  // ADD returning 0: a newcomer's look at the survivors
+    co_return;
   }
+  co_await try_close(round, count);
 }
 
 Task<bool> ElasticRendezvous::try_close(int round, std::optional<std::int64_t> taken) {
@@ -256,6 +285,7 @@ Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket
       co_await throw_if_job_over(round);
       if (!at_last_call()) continue;
       const auto count = co_await store().add(join, 0);
+      if (count >= shape().min_nodes) break;  // the MIN-th node vanished before setting quorum
       node_.notice("waiting for more nodes to join elastic round " + std::to_string(round) + ": " +
                    std::to_string(count) + " of at least " + std::to_string(shape().min_nodes) +
                    " in");
@@ -294,10 +324,17 @@ Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket
 }
 
 Task<std::optional<Verdict>> ElasticRendezvous::verdict_of(int round) {
+  if (const auto known = verdicts_.find(round); known != verdicts_.end()) co_return known->second;
   const std::string key = schema::in_round(round, name::kVerdict);
-  const auto text = co_await store().try_get(key);
+  const auto text = co_await store().try_get(key);  // GET verdict, until there is one
   if (!text) co_return std::nullopt;
-  co_return schema::decode_verdict(key, *text);
+  co_return remember(round, schema::decode_verdict(key, *text));
+}
+
+Verdict ElasticRendezvous::remember(int round, Verdict verdict) {
+  if (verdicts_.size() >= kVerdictsKept) verdicts_.erase(verdicts_.begin());  // the oldest round
+  verdicts_.insert_or_assign(round, verdict);
+  return verdict;
 }
 
 Task<bool> ElasticRendezvous::runs_on(int round) {
@@ -385,7 +422,7 @@ Task<Verdict> ElasticRendezvous::settle(int round, std::string verdict) {
   const std::string verdict_key = schema::in_round(round, name::kVerdict);
   const std::string settled = co_await store().compare_set(verdict_key, "", std::move(verdict));
   co_await store().delete_key(schema::in_round(round, name::kUndecided));
-  co_return schema::decode_verdict(verdict_key, settled);
+  co_return remember(round, schema::decode_verdict(verdict_key, settled));
 }
 
 Task<void> ElasticRendezvous::mark_done(Round a) {

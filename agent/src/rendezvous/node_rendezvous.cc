@@ -6,9 +6,10 @@
 //   CLAIM     COMPARE_SET node/<k> in round n. Held by another agent, it is a dead one (its
 //             liveness is gone): this agent was relaunched. The round is aborted, so that the
 //             survivors restart, and this node claims its rank in round n+1.
-//   JOIN      raise the job's round pointer, create `pending`, count itself in `joined`; the node
-//             whose count completes max_nodes publishes every offset and closes the round.
-//   WAIT      until `pending` is gone, saying every timeouts.waiting_notice which node ranks it
+//   JOIN      count itself in `joined` (the round's first node raises the job's round pointer);
+//             the node whose count completes max_nodes publishes every offset and closes the
+//             round, writing `settled` last.
+//   WAIT      until `settled` is there, saying every timeouts.waiting_notice which node ranks it
 //             waits for; then `aborted` (RoundAbortedError) or the node's offset.
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -96,12 +97,17 @@ Task<Round> NodeRendezvous::Impl::join_static(int round, int node_rank) {
     co_await abort_round(round, node_rank, reason);
     ++round;
   }
-  co_await raise_round_pointer(round, pointer);  // JOIN: COMPARE_SET round, when it is behind
   const std::string settled = schema::in_round(round, name::kSettled);
   const auto joined = co_await store_->add(schema::in_round(round, name::kJoined), 1);  // ADD
-  // The job's shape, for `dist-launch status`: written once, by the round's first node.
-  if (round == 0 && joined == 1) {
-    co_await store_->set(std::string(schema::kStaticNodes), std::to_string(num_nodes));
+  if (joined == 1) {
+    // The round's first node alone: the job's round pointer (COMPARE_SET round, raised to this
+    // round), and in round 0 the job's shape for `dist-launch status`. A relaunched node that
+    // reads the pointer a moment before it is raised claims its rank in the round before, finds
+    // it taken, and comes on to this one.
+    co_await raise_round_pointer(round, pointer);
+    if (round == 0) {
+      co_await store_->set(std::string(schema::kStaticNodes), std::to_string(num_nodes));
+    }
   }
   if (joined == num_nodes) co_await close_static(round);
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,15 +42,19 @@ class ElasticRendezvous {
   struct Ticket {
     int number = 0;
     bool spare = false;
+    int returning = 0;  // a survivor of the previous round: its ADD to `returning` (from 1)
   };
   Task<Ticket> take_ticket(int round, std::optional<Round> previous,
                            std::optional<store::Endpoint> worker_store, bool keeps_workers);
-  Task<void> close_if_complete(int round);
+  Task<void> close_if_complete(int round, Ticket ticket);
   // `taken`: the round's ticket count, when this node has just read it after taking its own.
   Task<bool> try_close(int round, std::optional<std::int64_t> taken = std::nullopt);
   Task<std::optional<Round>> await_assignment(int round, Ticket ticket,
                                               std::chrono::steady_clock::time_point deadline);
+  // Round `round`'s verdict, when it has one: from those this node has read or settled, else
+  // from the store (a verdict never changes once settled).
   Task<std::optional<Verdict>> verdict_of(int round);
+  Verdict remember(int round, Verdict verdict);
   // Whether round `round` closed and runs on, undecided.
   Task<bool> runs_on(int round);
   // At each of a hot spare's last calls: while the round before `round` runs on, a deadline
@@ -72,6 +77,10 @@ class ElasticRendezvous {
   const RendezvousTimeouts& timeouts() const;
 
   NodeRendezvous::Impl& node_;
+  // The verdicts this node read or settled, by round: the latest few (a node asks about its own
+  // round and the one before).
+  static constexpr std::size_t kVerdictsKept = 4;
+  std::map<int, Verdict> verdicts_;
 };
 
 class NodeRendezvous::Impl {

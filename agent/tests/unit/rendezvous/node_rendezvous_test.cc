@@ -4,6 +4,8 @@
 // barrier releases everyone, an elastic round's verdict is one for all.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -97,6 +99,47 @@ TEST(NodeRendezvous, AStaticRoundGivesEveryNodeItsRankAndContiguousGlobalRanks) 
     EXPECT_EQ(a[k].restarts, 0);
     EXPECT_FALSE(a[k].elastic);
   }
+}
+
+// The job's round pointer (what a relaunched node and `dist-launch status` read) follows the
+// rounds, though only each round's first node writes it.
+TEST(NodeRendezvous, TheStaticRoundPointerFollowsTheRounds) {
+  Nodes nodes(3, 3, 3);
+  for (const int round : {0, 1}) {
+    nodes.all<Round>(
+        [&](std::size_t k) { return nodes[k].join_static(round, static_cast<int>(k)); });
+    const auto pointer =
+        run_task(nodes.io(), nodes.probe().try_get(std::string(schema::kRoundPointer)));
+    EXPECT_EQ(pointer.value_or("(none)"), std::to_string(round));
+  }
+}
+
+// A relaunched node that reads a pointer one round behind (the next round's first node has not
+// raised it yet) claims its rank in that round, finds it taken by its gone predecessor, and comes
+// on to the next round, which the others then join.
+TEST(NodeRendezvous, ARelaunchedNodeBehindTheRoundPointerComesOnToTheNextRound) {
+  Nodes nodes(3, 2, 2);
+  nodes.all<Round>([&](std::size_t k) -> Task<Round> {
+    if (k == 2) co_return Round{};
+    co_return co_await nodes[k].join_static(0, static_cast<int>(k));
+  });
+  nodes[1].close();  // node rank 1's agent gone, its liveness with it
+  ASSERT_TRUE(run_task(nodes.io(), nodes.probe().wait_deleted({schema::static_alive(1)}, 30s)));
+  Round relaunched, survivor;
+  TaskGroup joining(nodes.io());
+  joining.spawn([&]() -> Task<void> { relaunched = co_await nodes[2].join_static(0, 1); });
+  // It claimed round 1 (round 0 was taken): only then does the survivor come to round 1.
+  ASSERT_TRUE(
+      run_task(nodes.io(), nodes.probe().wait({schema::in_round(1, schema::name::kNode, 1)}, 30s)));
+  joining.spawn([&]() -> Task<void> { survivor = co_await nodes[0].join_static(1, 0); });
+  joining.wait(30s);
+  EXPECT_EQ(relaunched.round, 1);
+  EXPECT_EQ(survivor.round, 1);
+  EXPECT_EQ(relaunched.node_rank, 1);
+  EXPECT_EQ(relaunched.rank_offset, 2);
+  const auto pointer =
+      run_task(nodes.io(), nodes.probe().try_get(std::string(schema::kRoundPointer)));
+  EXPECT_EQ(pointer.value_or("(none)"), "1");
 }
 
 TEST(NodeRendezvous, AFailureAnnouncedByOneNodeEndsEveryOthersWatchAndIsReadBack) {
@@ -238,6 +281,43 @@ TEST(NodeRendezvous, AnElasticRoundClosesAtMaxAndItsVerdictIsTheSameForAll) {
     EXPECT_EQ(v.restarts, 1);
     EXPECT_EQ(v.reason, verdicts[0].reason);
   }
+}
+
+// Elastic: only the MIN-th ticket sets `quorum`. Its node vanished between its ticket and that
+// write (here: a ticket taken by hand, no record, no quorum): the node that waits for the quorum
+// counts the tickets at its last call and goes on, and the round closes with the two that are
+// there, well within the join timeout.
+TEST(NodeRendezvous, AnElasticRoundReachesItsMinimumWhenTheNodeThatReachedItVanishedFirst) {
+  RendezvousTimeouts timeouts;
+  timeouts.rdzv = timeouts.join = 20s;
+  timeouts.last_call = 200ms;
+  Nodes nodes(2, 2, 3, timeouts);
+  std::vector<std::string> outcome(2);
+  TaskGroup joining(nodes.io());
+  const auto join = [&](std::size_t k) {
+    joining.spawn([&, k]() -> Task<void> {
+      try {
+        const Round a = co_await nodes[k].join_elastic(0, {});
+        outcome[k] =
+            "node rank " + std::to_string(a.node_rank) + " of " + std::to_string(a.num_nodes);
+      } catch (const std::exception& e) {
+        outcome[k] = e.what();
+      }
+    });
+  };
+  const std::string tickets = schema::in_round(0, schema::name::kJoin);
+  join(0);  // ticket 1: waits for the quorum
+  while (run_task(nodes.io(), nodes.probe().add(tickets, 0)) < 1) {
+  }
+  run_task(nodes.io(), nodes.probe().add(tickets, 1));  // ticket 2, the MIN-th: gone at once
+  join(1);                                              // ticket 3: past MIN, sets nothing
+  const auto start = std::chrono::steady_clock::now();
+  joining.wait(30s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  std::vector<std::string> ranks = outcome;
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(ranks, (std::vector<std::string>{"node rank 0 of 2", "node rank 1 of 2"}));
+  EXPECT_LT(took, timeouts.join) << "the round waited out its join timeout";
 }
 
 // Elastic: a newcomer let in (it deleted running round 0's no_newcomers) before any node reached

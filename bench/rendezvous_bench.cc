@@ -31,6 +31,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -57,6 +58,7 @@
 #include "dist/store/server.h"
 #include "etcd_cluster.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/schema.h"
 
 namespace {
 
@@ -73,9 +75,11 @@ using dist::agent::WatchResult;
 using std::chrono::seconds;
 
 constexpr int kWorkersPerNode = 8;
-// Watches are registered on the store before the victim goes; the bench gives them this long,
-// or as long as the join took where that is longer (each watch opens a session of its own: on
-// etcd, a new connection and a watch stream per node).
+// The victim goes once every other node's watch is under way (its first heartbeat written, its
+// wait on the store sent next), and this long after: as in a job, whose watches begin right after
+// the join, long before a node is lost. (A fixed delay did not do: at 9,000 nodes on one machine
+// three quarters of the watches' sessions were still connecting after it, their source ports
+// scarce, and the loss seemed to take 3 s to notice instead of 0.5 s.)
 constexpr std::chrono::milliseconds kWatchSettle{300};
 // Every wait of a run (a round forming, a store that stopped answering) ends within this.
 constexpr seconds kRunTimeout{120};
@@ -154,7 +158,8 @@ struct JoinedSlice {
   int failures = 0;
 };
 struct WatchedSlice {
-  Clock::time_point noticed, regrouped;  // the slice's latest
+  Clock::time_point noticed, regrouped;     // the slice's latest
+  std::optional<Clock::time_point> killed;  // when the victim went, where it is in this slice
   int ok = 0;
   int failures = 0;
 };
@@ -211,20 +216,19 @@ class NodeSlice {
     return result;
   }
 
-  // Every node but `victim` watches; at `kill_at` the victim's agent "dies" (its session ends),
-  // when it is in this slice. Elastic survivors then agree on a verdict and form the next round.
-  WatchedSlice watch(Clock::time_point kill_at, int victim) {
+  // Every node but `victim` watches; once their watches are under way (kWatchSettle) the
+  // victim's agent "dies" (its session ends), when it is in this slice. Elastic survivors then
+  // agree on a verdict and form the next round.
+  WatchedSlice watch(int victim) {
     WatchedSlice result;
-    result.noticed = result.regrouped = kill_at;
+    result.noticed = result.regrouped = Clock::now();
     for_all(
         io_, count_,
         [&](int i) -> Task<void> {
           const int k = first_ + i;
           const auto slot = static_cast<std::size_t>(i);
           if (k == victim) {
-            asio::steady_timer timer(io_, kill_at);
-            co_await timer.async_wait(asio::use_awaitable);
-            node(i)->close();
+            co_await kill_once_watched(i, result);
             co_return;
           }
           const WatchResult r = co_await node(i)->watch(assignments_[slot], seconds(60));
@@ -248,6 +252,27 @@ class NodeSlice {
         },
         result.failures);
     return result;
+  }
+
+  // The victim (node i): waits for every other node's first heartbeat of the round, gives their
+  // watches kWatchSettle more, and ends its session.
+  Task<void> kill_once_watched(int i, WatchedSlice& result) {
+    const Round& a = assignments_[static_cast<std::size_t>(i)];
+    std::vector<std::string> beats;
+    for (int rank = 0; rank < n_; ++rank) {
+      if (rank != a.node_rank) {
+        beats.push_back(
+            dist::agent::schema::in_round(a.round, dist::agent::schema::name::kHeartbeat, rank));
+      }
+    }
+    auto probe = co_await open_session(io_, target_);
+    const bool watched = co_await probe->wait(std::move(beats), kRunTimeout);
+    probe->close();
+    if (!watched) throw std::runtime_error("the other nodes' watches did not begin");
+    asio::steady_timer timer(io_, kWatchSettle);
+    co_await timer.async_wait(asio::use_awaitable);
+    result.killed = Clock::now();
+    node(i)->close();
   }
 
   // After the run: the sessions' ends (etcd: lease revocations) get kCloseGrace.
@@ -294,7 +319,7 @@ class Nodes {
   virtual ~Nodes() = default;
   virtual int open() = 0;
   virtual JoinedSlice join() = 0;
-  virtual WatchedSlice watch(Clock::time_point kill_at, int victim) = 0;
+  virtual WatchedSlice watch(int victim) = 0;
 };
 
 class LocalNodes final : public Nodes {
@@ -302,9 +327,7 @@ class LocalNodes final : public Nodes {
   LocalNodes(const Target& target, int n, bool elastic) : slice_(target, n, 0, n, elastic) {}
   int open() override { return slice_.open(); }
   JoinedSlice join() override { return slice_.join(); }
-  WatchedSlice watch(Clock::time_point kill_at, int victim) override {
-    return slice_.watch(kill_at, victim);
-  }
+  WatchedSlice watch(int victim) override { return slice_.watch(victim); }
 
  private:
   NodeSlice slice_;
@@ -314,7 +337,7 @@ class LocalNodes final : public Nodes {
 // answers its parent's commands (stdin), one line each (stdout):
 //   open                  -> opened FAILURES
 //   join                  -> joined END_NS VICTIM FAILURES
-//   watch KILL_AT_NS VICTIM -> watched NOTICED_NS REGROUPED_NS OK FAILURES
+//   watch VICTIM          -> watched NOTICED_NS REGROUPED_NS OK FAILURES KILLED_NS (0: not here)
 //   end (or end of input) -> closes the sessions and exits
 int serve_slice(NodeSlice& slice) {
   for (std::string line; std::getline(std::cin, line);) {
@@ -328,12 +351,12 @@ int serve_slice(NodeSlice& slice) {
       std::printf("joined %lld %d %d\n", static_cast<long long>(to_ns(r.end)), r.victim,
                   r.failures);
     } else if (verb == "watch") {
-      long long kill_at = 0;
       int victim = -1;
-      command >> kill_at >> victim;
-      const WatchedSlice r = slice.watch(from_ns(kill_at), victim);
-      std::printf("watched %lld %lld %d %d\n", static_cast<long long>(to_ns(r.noticed)),
-                  static_cast<long long>(to_ns(r.regrouped)), r.ok, r.failures);
+      command >> victim;
+      const WatchedSlice r = slice.watch(victim);
+      std::printf("watched %lld %lld %d %d %lld\n", static_cast<long long>(to_ns(r.noticed)),
+                  static_cast<long long>(to_ns(r.regrouped)), r.ok, r.failures,
+                  r.killed ? static_cast<long long>(to_ns(*r.killed)) : 0LL);
     } else {
       break;
     }
@@ -397,15 +420,17 @@ class ChildNodes final : public Nodes {
     }
     return result;
   }
-  WatchedSlice watch(Clock::time_point kill_at, int victim) override {
+  WatchedSlice watch(int victim) override {
     WatchedSlice result;
-    result.noticed = result.regrouped = kill_at;
-    for (const auto& line :
-         ask_all("watch " + std::to_string(to_ns(kill_at)) + " " + std::to_string(victim))) {
+    result.noticed = result.regrouped = Clock::now();
+    for (const auto& line : ask_all("watch " + std::to_string(victim))) {
       result.noticed = std::max(result.noticed, from_ns(std::stoll(field(line, 1))));
       result.regrouped = std::max(result.regrouped, from_ns(std::stoll(field(line, 2))));
       result.ok += std::stoi(field(line, 3));
       result.failures += std::stoi(field(line, 4));
+      if (const long long killed = std::stoll(field(line, 5)); killed != 0) {
+        result.killed = from_ns(killed);
+      }
     }
     return result;
   }
@@ -542,23 +567,34 @@ RunResult run(Nodes& nodes, int n, const RequestCounter& requests, bool watch) {
   result.join_ms = ms_between(start, joined.end);
   if (!watch) return result;
 
-  // Watches are registered on the store before the victim goes.
-  const auto kill_at =
-      Clock::now() +
-      std::max<std::chrono::milliseconds>(
-          kWatchSettle, std::chrono::milliseconds(static_cast<long>(*result.join_ms)));
+  // The survivors' requests count from the moment every watch is under way (n - 1 WAIT_DELETED
+  // more; the victim goes kWatchSettle after that): watched from here, where the store is.
+  const auto watches_before = requests();
   std::optional<RequestCount> requests_at_kill;
+  std::atomic<bool> phase_over{false};
   std::jthread count_at_kill([&] {  // joined on every path, an exception's too
-    std::this_thread::sleep_until(kill_at);
-    requests_at_kill = requests();
+    if (!watches_before) return;
+    const auto waits = [](const RequestCount& c) {
+      const auto it = c.by_op.find("WAIT_DELETED");
+      return it == c.by_op.end() ? std::uint64_t{0} : it->second;
+    };
+    while (!phase_over) {
+      auto now = requests();
+      if (waits(*now) - waits(*watches_before) >= static_cast<std::uint64_t>(n - 1)) {
+        requests_at_kill = std::move(now);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   });
-  const WatchedSlice watched = nodes.watch(kill_at, joined.victim);
+  const WatchedSlice watched = nodes.watch(joined.victim);
+  phase_over = true;
   count_at_kill.join();
   result.failures = watched.failures;
   result.ok = watched.ok;
-  if (result.failures == 0) {
-    result.notice_ms = ms_between(kill_at, watched.noticed);
-    result.regroup_ms = ms_between(kill_at, watched.regrouped);
+  if (result.failures == 0 && watched.killed) {
+    result.notice_ms = ms_between(*watched.killed, watched.noticed);
+    result.regroup_ms = ms_between(*watched.killed, watched.regrouped);
   }
   // Store requests per survivor: constant in N means O(N) for the whole job.
   if (requests_at_kill) {
@@ -757,6 +793,13 @@ int main(int argc, char** argv) {
         if (by_op && !result.regroup_by_op.empty()) {
           std::printf("  requests per survivor from the loss to the next round: %s\n",
                       result.regroup_by_op.c_str());
+        }
+        if (by_op && store) {
+          const auto stats = store->stats();
+          std::printf("  the store: %llu connections, %llu refused, %llu timed out\n",
+                      static_cast<unsigned long long>(stats.connections_total),
+                      static_cast<unsigned long long>(stats.connections_rejected),
+                      static_cast<unsigned long long>(stats.connections_timed_out));
         }
         runs[{backend, n}].push_back(result);
         // A run fails where a node failed, or a survivor did not see the lost node (or regroup).

@@ -37,6 +37,33 @@ TEST_F(ClientTest, SetGetRoundTripsBinaryValues) {
   EXPECT_EQ(c.try_get("missing"), std::nullopt);
 }
 
+// The server counts what it served, in all and by operation (what rendezvous-bench --by-op
+// reports): the client's handshake included, each request once.
+TEST_F(ClientTest, TheServerCountsItsRequestsByOperation) {
+  auto c = connect();
+  const auto before = server_.stats();
+  c.set("k", "v");
+  c.get("k");
+  c.get("k");
+  c.add("n", 1);
+  const auto after = server_.stats();
+  EXPECT_EQ(after.requests - before.requests, 4u);
+  const auto count = [](const ServerStats& s, const std::string& op) -> std::uint64_t {
+    for (const auto& [name, n] : s.requests_by_op) {
+      if (name == op) return n;
+    }
+    return 0;
+  };
+  EXPECT_EQ(count(after, "GET") - count(before, "GET"), 2u);
+  EXPECT_EQ(count(after, "ADD") - count(before, "ADD"), 1u);
+  EXPECT_EQ(count(after, "SET") + count(after, "SET_EXT") - count(before, "SET") -
+                count(before, "SET_EXT"),
+            1u);
+  std::uint64_t all = 0;
+  for (const auto& entry : after.requests_by_op) all += entry.second;
+  EXPECT_EQ(all, after.requests);
+}
+
 TEST_F(ClientTest, AddKeepsADecimalCounter) {
   auto c = connect();
   EXPECT_EQ(c.add("n", 5), 5);

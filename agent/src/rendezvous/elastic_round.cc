@@ -96,8 +96,9 @@ Task<Round> ElasticRendezvous::join_elastic(int round, std::optional<Round> prev
     // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
     std::optional<Round> back_from;
     if (n == round) back_from = previous;
-    const Ticket ticket = co_await take_ticket(n, std::move(back_from), std::move(worker_store),
-                                               keeps_workers);  // JOIN
+    std::optional<store::Endpoint> offer = worker_store;  // (each round's record offers it)
+    const Ticket ticket =
+        co_await take_ticket(n, std::move(back_from), std::move(offer), keeps_workers);  // JOIN
     co_await throw_if_job_over(n);  // (again: the store's host waits only for tickets it saw)
     co_await close_if_complete(n, ticket);                                      // CLOSE?
     if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;  // WAIT
@@ -203,8 +204,18 @@ Task<bool> ElasticRendezvous::try_close(int round, std::optional<std::int64_t> t
 
   std::vector<std::string> record_keys;
   for (int t = 1; t <= count; ++t) record_keys.push_back(schema::in_round(round, name::kNode, t));
-  co_await store().wait(record_keys, kRecordGrace);  // tickets taken a moment ago: on their way
-  const auto records = co_await store().multi_get(record_keys);  // a joiner may have died since
+  // Tickets taken a moment ago: their records are on their way, or their nodes died since. Too
+  // few to close with after kRecordGrace, the closer waits for the rest until the last call (it
+  // is the only node that looked: a slow writer's record must not leave the round to the others'
+  // last calls).
+  std::vector<std::optional<std::string>> records;
+  for (const auto grace : {kRecordGrace, timeouts().last_call}) {
+    co_await store().wait(record_keys, grace);
+    records = co_await store().multi_get(record_keys);
+    const auto present =
+        std::count_if(records.begin(), records.end(), [](const auto& r) { return r.has_value(); });
+    if (present >= shape().min_nodes || present == count) break;
+  }
   std::vector<rules::Candidate> joined;
   for (int t = 1; t <= count; ++t) {
     const auto& record = records[static_cast<std::size_t>(t - 1)];
@@ -218,6 +229,7 @@ Task<bool> ElasticRendezvous::try_close(int round, std::optional<std::int64_t> t
     co_return false;
   }
   std::vector<std::pair<std::string, std::string>> items{
+      {schema::in_round(round, name::kQuorum), "1"},  // wakes any node still waiting for MIN
       {schema::in_round(round, name::kHealthy), "1"},
       {schema::in_round(round, name::kIntact), "1"},
       {schema::in_round(round, name::kRunning), "1"},

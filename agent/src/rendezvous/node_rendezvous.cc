@@ -100,14 +100,14 @@ Task<Round> NodeRendezvous::Impl::join_static(int round, int node_rank) {
   const std::string settled = schema::in_round(round, name::kSettled);
   const auto joined = co_await store_->add(schema::in_round(round, name::kJoined), 1);  // ADD
   if (joined == 1) {
-    // The round's first node alone: the job's round pointer (COMPARE_SET round, raised to this
-    // round), and in round 0 the job's shape for `dist-launch status`. A relaunched node that
+    // The round's first node alone: in round 0 the job's shape for `dist-launch status`, and the
+    // job's round pointer (COMPARE_SET round, raised to this round). A relaunched node that
     // reads the pointer a moment before it is raised claims its rank in the round before, finds
     // it taken, and comes on to this one.
-    co_await raise_round_pointer(round, pointer);
-    if (round == 0) {
+    if (round == 0) {  // (first: a status reader that finds the pointer knows the job static)
       co_await store_->set(std::string(schema::kStaticNodes), std::to_string(num_nodes));
     }
+    co_await raise_round_pointer(round, pointer);
   }
   if (joined == num_nodes) co_await close_static(round);
 

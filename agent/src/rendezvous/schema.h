@@ -3,7 +3,8 @@
 // CorruptValueError naming its key and what was expected, never a bare "stoi".
 //
 // Keys are relative to the job's prefix (TCPStore: rdzv/<run id>/). Job-wide:
-//   round               the latest round a node joined (static) or that was opened (elastic)
+//   round               static: the latest round whose first node joined (it raises it);
+//                       elastic: the round after the latest that closed
 //   alive/<k>           static: node rank k's liveness, ephemeral (exists while its agent lives)
 //   over                static: the job failed for good (the reason); nodes still joining stop
 //   nodes               static: the job's node count (for status)

@@ -78,8 +78,8 @@ constexpr int kWorkersPerNode = 8;
 // The victim goes once every other node's watch is under way (its first heartbeat written, its
 // wait on the store sent next), and this long after: as in a job, whose watches begin right after
 // the join, long before a node is lost. (A fixed delay did not do: at 9,000 nodes on one machine
-// three quarters of the watches' sessions were still connecting after it, their source ports
-// scarce, and the loss seemed to take 3 s to notice instead of 0.5 s.)
+// three quarters of the watches' sessions were still connecting after it, and the loss seemed to
+// take 3 s to notice instead of 0.5 s.)
 constexpr std::chrono::milliseconds kWatchSettle{300};
 // Every wait of a run (a round forming, a store that stopped answering) ends within this.
 constexpr seconds kRunTimeout{120};
@@ -584,7 +584,7 @@ RunResult run(Nodes& nodes, int n, const RequestCounter& requests, bool watch) {
         requests_at_kill = std::move(now);
         return;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // (each look asks the store)
     }
   });
   const WatchedSlice watched = nodes.watch(joined.victim);

@@ -117,9 +117,9 @@ class ServerCore : public std::enable_shared_from_this<ServerCore> {
   ServerStats stats() const {
     ServerStats s = stats_;
     s.connections_open = connections_.size();
-    s.requests = state_.requests;
     for (std::size_t op = 0; op < state_.requests_by_op.size(); ++op) {
       if (state_.requests_by_op[op] == 0) continue;
+      s.requests += state_.requests_by_op[op];
       s.requests_by_op.emplace_back(std::string(wire::kOps[op].name), state_.requests_by_op[op]);
     }
     s.keys = state_.num_keys();

@@ -355,7 +355,6 @@ std::size_t Session::handle_one(const char* base, std::size_t size) {
   }
   request_length_ = static_cast<std::size_t>(r.position() - base);
   if (request_length_ > max_request) throw request_too_large(request_length_);
-  ++state_.requests;
   ++state_.requests_by_op[static_cast<std::size_t>(*op)];
   check_permitted(request_, base);
   execute(request_, base);

@@ -127,8 +127,7 @@ class StoreState {
   bool is_current(const Session* session) const { return current_ == session; }
   void set_current(Session* session) { current_ = session; }
 
-  std::uint64_t requests = 0;                                         // served, for stats
-  std::array<std::uint64_t, std::size(wire::kOps)> requests_by_op{};  // the same, by wire::Op
+  std::array<std::uint64_t, std::size(wire::kOps)> requests_by_op{};  // served, for stats
   std::uint64_t evictions = 0;  // sessions closed by make_room, for stats
 
  private:

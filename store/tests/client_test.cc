@@ -38,7 +38,7 @@ TEST_F(ClientTest, SetGetRoundTripsBinaryValues) {
 }
 
 // The server counts what it served, in all and by operation (what rendezvous-bench --by-op
-// reports): the client's handshake included, each request once.
+// reports), each request once.
 TEST_F(ClientTest, TheServerCountsItsRequestsByOperation) {
   auto c = connect();
   const auto before = server_.stats();

@@ -47,7 +47,7 @@ class ElasticRendezvous {
   Task<Ticket> take_ticket(int round, std::optional<Round> previous,
                            std::optional<store::Endpoint> worker_store, bool keeps_workers);
   Task<void> close_if_complete(int round, Ticket ticket);
-  // `taken`: the round's ticket count, when this node has just read it after taking its own.
+  // `taken`: a lower bound of the round's ticket count this node knows (its own ticket's number).
   Task<bool> try_close(int round, std::optional<std::int64_t> taken = std::nullopt);
   Task<std::optional<Round>> await_assignment(int round, Ticket ticket,
                                               std::chrono::steady_clock::time_point deadline);

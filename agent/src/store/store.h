@@ -166,6 +166,9 @@ class StoreHost {
   // store::StoreError when the store's limits refuse them.
   void set_agent_keys(const std::string& run_id,
                       std::vector<std::pair<std::string, std::string>> items);
+  // What the store has served so far (its requests by operation, connections); on the
+  // io_context's thread.
+  store::ServerStats stats() const;
   void stop();
 
  private:

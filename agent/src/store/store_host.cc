@@ -58,6 +58,10 @@ void StoreHost::set_agent_keys(const std::string& run_id,
   server_->multi_set(items);
 }
 
+store::ServerStats StoreHost::stats() const {
+  return server_->stats();
+}
+
 void StoreHost::stop() {
   if (server_) server_->stop();
 }

@@ -16,9 +16,12 @@ shadows). Once the script imports torch it
 
 Nothing of torch's is replaced or wrapped: torch.compile (fullgraph too), torch's functional
 collectives and DTensor see the torch they would see without dist-launch. A process the worker
-forks (a DataLoader worker, a trainer of its own) leaves the slot alone. On the agent's stack-dump
-signal ``faulthandler`` writes every thread's Python stack to the worker's stack file, even while a
-thread holds the GIL. ``--no-step-hook`` turns all this off.
+forks (a DataLoader worker, a trainer of its own) leaves the slot alone. When the agent asks for
+the stacks (a suspected hang), the sampler writes every thread's to the worker's stack file,
+holding the GIL; when it cannot answer (a thread keeps the GIL, no torch), the agent's signal has
+``faulthandler`` write the main thread's, the thread it interrupts. Never every thread's from a
+signal handler: walking the others' states while torch's threads come and go crashes the process.
+``--no-step-hook`` turns all this off.
 
 A script without an optimizer (or with its own idea of a step) calls ``step()``; a long pause of
 its own (a checkpoint written for minutes, an evaluation on one rank while the others wait) can be
@@ -43,6 +46,7 @@ import atexit
 import faulthandler
 import functools
 import os
+import signal
 import stat
 import sys
 import time
@@ -76,11 +80,13 @@ _SLOT_OFFSET_ACTIVITY = 144
 _SLOT_OFFSET_GROUP_COUNT = 148
 _SLOT_OFFSET_PAUSE_REASON = 152
 _SLOT_OFFSET_GROUPS = 216
+_SLOT_OFFSET_STACKS_ASKED = 728
 _SLOT_PAUSE_REASON_BYTES = 64
 _SLOT_MAX_GROUPS = 32
 _SLOT_STACKS_ON_SIGNAL = 1
 _SLOT_SAMPLER = 2
 _SLOT_PROGRESS_HOOK = 4
+_SLOT_STACKS_ON_ASK = 8
 _SLOT_ACTIVITY_SAVE = 1
 _SLOT_ACTIVITY_CHECKPOINT = 2
 _SLOT_ACTIVITY_DATA = 4
@@ -111,10 +117,10 @@ _Q_PAUSED_SINCE, _Q_RESUMED, _Q_TIMEOUT_MS = (
     offset // 8 for offset in (_SLOT_OFFSET_PAUSED_SINCE_NS, _SLOT_OFFSET_RESUMED_NS,
                                _SLOT_OFFSET_COLLECTIVE_TIMEOUT_MS))
 _Q_GROUPS = _SLOT_OFFSET_GROUPS // 8  # {id, seq} pairs
-_I_PENDING_OP, _I_FEATURES, _I_DUMP_PID, _I_ACTIVITY, _I_GROUP_COUNT = (
+_I_PENDING_OP, _I_FEATURES, _I_DUMP_PID, _I_ACTIVITY, _I_GROUP_COUNT, _I_STACKS_ASKED = (
     offset // 4 for offset in (_SLOT_OFFSET_PENDING_OP, _SLOT_OFFSET_FEATURES,
                                _SLOT_OFFSET_DUMP_PID, _SLOT_OFFSET_ACTIVITY,
-                               _SLOT_OFFSET_GROUP_COUNT))
+                               _SLOT_OFFSET_GROUP_COUNT, _SLOT_OFFSET_STACKS_ASKED))
 # The slot's Collective values, by the names of torch.distributed's functions (distributed_c10d.py).
 _COLLECTIVES = {
     "all_reduce": _COLLECTIVE_ALL_REDUCE,
@@ -289,6 +295,7 @@ class _Sampler:
         self.running_passes = 0  # passes in a row that saw the main thread not blocked
         # Held for each pass: the interpreter's exit waits for the pass under way (_end_sampler).
         self.passing = _thread.allocate_lock()
+        self.stacks_answered = halves[_I_STACKS_ASKED]  # asks before this sampler are not its own
 
     # Frame categories.
     USER, TORCH, COLLECTIVE, DIST, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = range(10)
@@ -481,11 +488,46 @@ class _Sampler:
 
     def stop(self):
         """Nothing this sampler wrote stands: the agent reads the rank without it."""
-        self.halves[_I_FEATURES] &= ~_SLOT_SAMPLER
+        self.halves[_I_FEATURES] &= ~(_SLOT_SAMPLER | _SLOT_STACKS_ON_ASK)
         self.words[_Q_PENDING_SINCE] = 0
         self.halves[_I_PENDING_OP] = 0
         self.words[_Q_PENDING_GROUP] = 0
         self.halves[_I_GROUP_COUNT] = 0
+
+    def dump_stacks(self):
+        """Every thread's Python stack, as faulthandler writes them (the main thread last), in one
+        write to the stack file: what the agent asked for in the slot. Threads may come and go
+        meanwhile: sys._current_frames() reads their states holding the GIL."""
+        frames = sys._current_frames()
+        me = _thread.get_ident()
+        order = [i for i in frames if i not in (me, self.main)]
+        order += [self.main] if self.main in frames else []
+        lines = []
+        for ident in order:
+            lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+            frame, depth = frames[ident], 0
+            while frame is not None and depth < 100:
+                code = frame.f_code
+                lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+                frame, depth = frame.f_back, depth + 1
+            if frame is not None:
+                lines.append("  ...")
+            lines.append("")
+        del frames, frame
+        data = ("\n".join(lines) + "\n").encode(errors="backslashreplace")
+        while data:
+            data = data[os.write(_stack_file.fileno(), data):]
+
+    def answer(self):
+        """The stacks, when the agent asked for them since the last pass."""
+        asked = self.halves[_I_STACKS_ASKED]
+        if asked == self.stacks_answered:
+            return
+        self.stacks_answered = asked
+        try:
+            self.dump_stacks()
+        except (OSError, ValueError, AttributeError):  # no file: the agent falls back to its signal
+            pass
 
     def run(self):
         while True:
@@ -493,6 +535,7 @@ class _Sampler:
             with self.passing:
                 if _sampler is not self:
                     return
+                self.answer()
                 try:
                     self.sample()
                     self.failures = 0
@@ -514,8 +557,10 @@ def _end_sampler():
     for a script that succeeded)."""
     global _sampler
     sampler, _sampler = _sampler, None
-    if sampler is not None and sampler.passing.acquire(timeout=2.0):
-        sampler.passing.release()
+    if sampler is not None:
+        sampler.halves[_I_FEATURES] &= ~_SLOT_STACKS_ON_ASK
+        if sampler.passing.acquire(timeout=2.0):
+            sampler.passing.release()
 
 
 def _start_sampler(torch):
@@ -525,6 +570,8 @@ def _start_sampler(torch):
         return
     _sampler = _Sampler(torch, _words, _halves)
     _halves[_I_FEATURES] |= _SLOT_SAMPLER
+    if _stack_file is not None:
+        _halves[_I_FEATURES] |= _SLOT_STACKS_ON_ASK
     # A thread of the interpreter's own, not threading's: no script sees it in
     # threading.enumerate(), and it ends with the interpreter.
     _thread.start_new_thread(_sampler.run, ())
@@ -583,13 +630,23 @@ class _AfterTorchImport:
 
 
 def _install_stack_dump():
-    """On the agent's signal, every thread's Python stack into the worker's stack file."""
+    """On the agent's signal, the Python stack of the thread it interrupts (the main thread) into
+    the worker's stack file; the sampler answers the agent's asks with every thread's.
+
+    The signal is ignored before faulthandler takes it: at the interpreter's exit faulthandler
+    puts back what it found, and a realtime signal with its default action would end a worker
+    that has just succeeded (exit -59)."""
     global _stack_file
     try:
         signal_number = int(os.environ.get(_STACK_SIGNAL_VARIABLE, ""))
         path = os.environ[_STACK_FILE_VARIABLE]
         _stack_file = open(path, "a")
-        faulthandler.register(signal_number, file=_stack_file, all_threads=True, chain=False)
+        try:
+            if signal.getsignal(signal_number) == signal.SIG_DFL:
+                signal.signal(signal_number, signal.SIG_IGN)
+        except ValueError:  # not the main thread: only a signal at its exit stays fatal
+            pass
+        faulthandler.register(signal_number, file=_stack_file, all_threads=False, chain=False)
     except (KeyError, ValueError, OSError, RuntimeError):
         return
     _halves[_I_DUMP_PID] = os.getpid()

@@ -12,11 +12,13 @@ explicit dist_launch.progress.step() takes over from the optimizer hook.
 Exits 77 (skip) when that interpreter has no torch (or not --require-major).
 """
 import json
+import mmap
 import os
 import re
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "hang_worker.py")
 REPO_PYTHON = os.path.join(HERE, "..", "..", "python")
 ARGS = None
+STACKS_ASKED_OFFSET = 728  # worker_contract.h: heartbeat_slot::Slot::stacks_asked
 
 
 def fault_line(name):
@@ -203,6 +206,90 @@ class Hangs(unittest.TestCase):
         self.assertNotIn("looking at where every rank is", proc.stderr)
         self.assertNotIn("straggler", proc.stderr)
         self.assertEqual(self.read_events("hang"), [])
+
+    def test_a_healthy_job_lives_through_many_asks_for_its_stacks(self):
+        # Every look at a suspected hang asks each rank for its stacks; a false alarm must cost a
+        # healthy rank nothing. For 8 s, every 10 ms, each of 3 DDP ranks is asked in its slot
+        # (its sampler answers with every thread's) and signalled (what the agent sends a rank
+        # that cannot answer). A signal handler that dumped every thread crashed such ranks
+        # within seconds: torch's autograd and DDP threads come and go at every step (SIGSEGV).
+        cmd, env = self.command(script_args=["--seconds", "10", "--work", "0"], nproc=3)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            # From each worker's start on (the stack signal is caught before torch is imported):
+            # process groups and DDP coming up start threads too.
+            workers = []
+            while len(workers) < 3 and proc.poll() is None:
+                workers = [w for w in self.workers_of_this_test() if self.catches(w)]
+                time.sleep(0.01)
+            slots = [(w, self.map_slot(w)) for w in workers]
+            # Until each has exited: a signal after the interpreter's finalization must not end a
+            # worker that succeeded either.
+            signals = 0
+            end = time.monotonic() + 90
+            while slots and time.monotonic() < end:
+                for w, slot in list(slots):
+                    asked, = struct.unpack_from("=I", slot, STACKS_ASKED_OFFSET)
+                    struct.pack_into("=I", slot, STACKS_ASKED_OFFSET, asked + 1)
+                    try:
+                        os.kill(w["pid"], int(w["env"]["DIST_STACK_SIGNAL"]))
+                        signals += 1
+                    except ProcessLookupError:
+                        slots.remove((w, slot))
+                time.sleep(0.005)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 0, f"after {signals} signals:\n{out}{err}")
+        self.assertGreater(signals, 300)
+        for w in workers:
+            with open(w["env"]["DIST_STACK_FILE"]) as f:
+                text = f.read()
+            # The sampler's answers: every thread, the main thread last, in the training loop.
+            answers = text.count("Thread 0x")
+            self.assertGreater(answers, 5, text[-2000:])
+            self.assertRegex(text, r'Thread 0x[0-9a-f]+ \(most recent call first\):\n(  File .*\n)*'
+                                   r'  File ".*hang_worker\.py", line \d+ in <module>\n\n')
+            # The signal's: the interrupted thread's own stack, nothing of the others'.
+            self.assertIn("Stack (most recent call first):", text)
+        self.assertEqual(self.read_events("hang"), [])
+
+    def workers_of_this_test(self):
+        """The running workers of this test's job: [{"pid", "env"}], by their stack file."""
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(v.split("=", 1) for v in f.read().decode(errors="replace")
+                               .split("\0") if "=" in v)
+            except OSError:
+                continue
+            if env.get("DIST_STACK_FILE", "").startswith(self.dir) and "DIST_HEARTBEAT_FD" in env:
+                found.append({"pid": int(pid), "env": env})
+        return found
+
+    @staticmethod
+    def catches(worker):
+        """Whether the worker catches its stack signal yet (/proc/PID/status SigCgt)."""
+        try:
+            with open(f"/proc/{worker['pid']}/status") as f:
+                mask = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+        except (OSError, StopIteration):
+            return False
+        return bool(mask >> (int(worker["env"]["DIST_STACK_SIGNAL"]) - 1) & 1)
+
+    def map_slot(self, worker):
+        """The worker's slot (worker_contract.h), mapped through its descriptor."""
+        fd = os.open(f"/proc/{worker['pid']}/fd/{worker['env']['DIST_HEARTBEAT_FD']}", os.O_RDWR)
+        try:
+            area = mmap.mmap(fd, 4096)
+        finally:
+            os.close(fd)
+        self.addCleanup(area.close)
+        return area
 
     def test_a_slower_rank_is_flagged_a_straggler(self):
         proc = self.launch(script_args=["--fault", "slow", "--slow-factor", "1.4", "--work",

@@ -64,7 +64,7 @@ int stack_signal() {
 }
 
 HangDetector::HangDetector(boost::asio::io_context& io, HangOptions options,
-                           const HeartbeatMonitor& slots, Telemetry& telemetry, Kill kill)
+                           HeartbeatMonitor& slots, Telemetry& telemetry, Kill kill)
     : io_(io),
       options_(std::move(options)),
       slots_(slots),
@@ -319,10 +319,11 @@ void HangDetector::investigate_stopped(std::chrono::nanoseconds held) {
 }
 
 // Reads every running rank's slot and processes, and asks those that can for their stacks (not
-// a stopped one: it runs no handler until it is continued).
+// a stopped one: it runs no handler until it is continued): in the slot, where the worker's
+// sampler answers with every thread's (holding the GIL), else by the signal, for the main
+// thread's (worker_contract.h).
 void HangDetector::look(bool first) {
   const auto now = monotonic_now();
-  const int signal = stack_signal();
   for (auto& [local_rank, w] : workers_) {
     const slot::Slot* s = w.running ? slots_.slot(local_rank) : nullptr;
     if (!s) {
@@ -349,24 +350,49 @@ void HangDetector::look(bool first) {
       if (w.look->after.wchan.empty()) w.look->after.wchan = inner.wchan;
     }
     w.stacks_offset = size_of(w.stack_file);
-    w.signalled = ours && activity.state != 'T' && (reading.features & slot::kStacksOnSignal) &&
-                  catches(dumper, signal) && ::kill(dumper, signal) == 0;
+    w.asked = w.signalled = false;
+    if (!ours || activity.state == 'T') continue;
+    if (reading.features & slot::kStacksOnAsk) {
+      w.asked = slots_.ask_for_stacks(local_rank);
+    } else if (reading.features & slot::kStacksOnSignal) {
+      w.signalled = signal_for_stack(w);
+    }
   }
   await_dumps(first, std::chrono::steady_clock::now() + kStackDumpWait);
+}
+
+// The signal to the dumping process's main thread (its tid is its pid), when its handler is
+// there (a realtime signal nobody catches would end the process).
+bool HangDetector::signal_for_stack(const Watched& w) {
+  const auto dumper = static_cast<pid_t>(w.look->second.dump_pid);
+  return catches(dumper, stack_signal()) && ::tgkill(dumper, dumper, stack_signal()) == 0;
+}
+
+bool HangDetector::dump_grew(const Watched& w) {
+  return size_of(w.stack_file) > w.stacks_offset;
 }
 
 bool HangDetector::dumps_arrived() const {
   return std::all_of(workers_.begin(), workers_.end(), [](const auto& entry) {
     const Watched& w = entry.second;
-    return !w.look || !w.signalled || size_of(w.stack_file) > w.stacks_offset;
+    return !w.look || !(w.asked || w.signalled) || dump_grew(w);
   });
 }
 
 // Waits for the signalled ranks' dumps (at most until `deadline`: a rank in the kernel's hold
 // writes nothing), keeps what each wrote, and goes on: to the second look, or to the verdict.
 void HangDetector::await_dumps(bool first, std::chrono::steady_clock::time_point deadline) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= deadline - kStackDumpWait + kStackAskWait) {
+    for (auto& [_, w] : workers_) {
+      if (w.look && w.asked && !w.signalled && !dump_grew(w) &&
+          (w.look->second.features & slot::kStacksOnSignal)) {
+        w.signalled = signal_for_stack(w);
+      }
+    }
+  }
   const bool arrived = dumps_arrived();
-  const bool late = std::chrono::steady_clock::now() >= deadline;
+  const bool late = now >= deadline;
   // One more poll after the last dump began, for the rest of it.
   investigation_.expires_after(kDumpPoll);
   investigation_.async_wait(
@@ -375,7 +401,7 @@ void HangDetector::await_dumps(bool first, std::chrono::steady_clock::time_point
         if (ec || alive.expired() || !running_ || !investigating_) return;
         if (!arrived && !late) return await_dumps(first, deadline);
         for (auto& [_, w] : workers_) {
-          if (!w.look || !w.signalled) continue;
+          if (!w.look || !(w.asked || w.signalled)) continue;
           std::string text = read_from(w.stack_file, w.stacks_offset);
           if (text.empty()) continue;
           (first ? w.look->stacks_first : w.look->stacks_second) = std::move(text);

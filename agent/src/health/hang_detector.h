@@ -55,6 +55,9 @@ namespace dist::agent {
 inline constexpr std::chrono::seconds kProgressSampleInterval{1};
 inline constexpr std::chrono::seconds kConfirmGap{2};
 inline constexpr std::chrono::seconds kStackDumpWait{2};
+// A rank asked for its stacks in its slot that has not answered in this long (its sampler cannot
+// run: a thread keeps the GIL) is signalled for its main thread's instead.
+inline constexpr std::chrono::milliseconds kStackAskWait{500};
 inline constexpr std::chrono::seconds kVictimGrace{10};
 inline constexpr std::chrono::seconds kStoppedProof{3};    // held stopped this long: proof
 inline constexpr std::chrono::seconds kBoundMargin{60};    // past the job's collective timeout
@@ -75,7 +78,7 @@ class HangDetector {
  public:
   // kill(local_rank, reason, collateral, silent): the worker is hung; kill it, and say why.
   using Kill = std::function<void(int, const std::string&, bool, std::chrono::nanoseconds)>;
-  HangDetector(boost::asio::io_context& io, HangOptions options, const HeartbeatMonitor& slots,
+  HangDetector(boost::asio::io_context& io, HangOptions options, HeartbeatMonitor& slots,
                Telemetry& telemetry, Kill kill);
   HangDetector(const HangDetector&) = delete;
   HangDetector& operator=(const HangDetector&) = delete;
@@ -99,9 +102,10 @@ class HangDetector {
     bool running = false;
     std::chrono::nanoseconds started_at{0};
     StepHistory history;
-    std::optional<RankLook> look;      // during an investigation
-    std::uintmax_t stacks_offset = 0;  // the stack file's size before the last signal
-    bool signalled = false;
+    std::optional<RankLook> look;            // during an investigation
+    std::uintmax_t stacks_offset = 0;        // the stack file's size before the last look
+    bool asked = false;                      // for its stacks, in its slot
+    bool signalled = false;                  // for its main thread's stack
     std::optional<RankWhere> reported;       // what the last report said of it, while it stands
     std::optional<std::uint64_t> cpu_ticks;  // its process's, at the last sample
     double cpu_share = 0;                    // of a core, over the last sample's interval
@@ -113,6 +117,8 @@ class HangDetector {
   void check_hook(Watched& w, const SlotReading& r, std::chrono::nanoseconds now);
   void investigate(std::chrono::nanoseconds silent, std::chrono::nanoseconds timeout);
   void look(bool first);
+  static bool signal_for_stack(const Watched& w);
+  static bool dump_grew(const Watched& w);
   void await_dumps(bool first, std::chrono::steady_clock::time_point deadline);
   void conclude();
   HangRule rule() const;
@@ -135,7 +141,7 @@ class HangDetector {
 
   boost::asio::io_context& io_;
   HangOptions options_;
-  const HeartbeatMonitor& slots_;
+  HeartbeatMonitor& slots_;
   Telemetry& telemetry_;
   Kill kill_;
   std::map<int, Watched> workers_;       // by local rank

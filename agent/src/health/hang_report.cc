@@ -16,25 +16,31 @@ namespace slot = worker_contract::heartbeat_slot;
 constexpr std::uint64_t kActiveWriteBytes = 64 * 1024;
 constexpr std::uint64_t kActiveReadBytes = 1024 * 1024;
 
+// The next thread block's header at or after `at`; npos when there is none.
+std::size_t next_header(std::string_view dump, std::size_t at) {
+  std::size_t header = std::string::npos;
+  for (const std::string_view start : {"Thread 0x", "Current thread 0x", "Stack (most recent"}) {
+    const std::size_t found = dump.find(start, at);
+    if (found != std::string::npos) header = std::min(header, found);
+  }
+  return header;
+}
+
 // faulthandler's blocks: "Thread 0x... (most recent call first):" or "Current thread 0x... ...",
-// then "  File "<path>", line <n> in <function>" lines. The main thread is the interpreter's first,
-// and faulthandler lists the newest first: the last block.
+// then "  File "<path>", line <n> in <function>" lines, up to a blank line (every thread's) or the
+// next block (faulthandler's one thread's "Stack (most recent call first):" ends with none). The
+// main thread is the interpreter's first, and faulthandler lists the newest first (the sampler's
+// dump too): the last block.
 std::vector<std::string_view> thread_blocks(std::string_view dump) {
   std::vector<std::string_view> blocks;
-  std::size_t at = 0;
-  while (true) {
-    std::size_t header = std::string::npos;
-    for (const std::string_view start : {"Thread 0x", "Current thread 0x", "Stack (most recent"}) {
-      const std::size_t found = dump.find(start, at);
-      if (found != std::string::npos) header = std::min(header, found);
-    }
-    if (header == std::string::npos) break;
+  std::size_t header = next_header(dump, 0);
+  while (header != std::string::npos) {
     const std::size_t body = dump.find('\n', header);
     if (body == std::string::npos) break;
-    std::size_t end = dump.find("\n\n", body);
-    if (end == std::string::npos) end = dump.size();
+    const std::size_t next = next_header(dump, body);
+    const std::size_t end = std::min({dump.find("\n\n", body), next, dump.size()});
     blocks.push_back(dump.substr(body + 1, end - body - 1));
-    at = end;
+    header = next;
   }
   return blocks;
 }

@@ -79,6 +79,13 @@ void HeartbeatMonitor::ask_to_regroup(int round) {
   }
 }
 
+bool HeartbeatMonitor::ask_for_stacks(int local_rank) {
+  if (static_cast<std::size_t>(local_rank) >= slots_.size()) return false;
+  slot::Slot* s = slots_[static_cast<std::size_t>(local_rank)].slot;
+  if (s) s->stacks_asked.fetch_add(1, std::memory_order_release);
+  return s != nullptr;
+}
+
 void HeartbeatMonitor::release(Watched& w) {
   w.deadline.reset();  // cancels its wait
   if (w.slot) ::munmap(w.slot, slot::kBytes);

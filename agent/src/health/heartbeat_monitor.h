@@ -56,6 +56,8 @@ class HeartbeatMonitor {
   // --restart-policy in-place: tells every worker with a slot that the job regroups in `round`
   // (the slot's regroup_round: the SDK recovers at its next unit of work).
   void ask_to_regroup(int round);
+  // Asks the worker for its stacks (the slot's stacks_asked); false without a slot.
+  bool ask_for_stacks(int local_rank);
 
  private:
   struct Watched {

@@ -116,6 +116,32 @@ TEST(HangReport, TheMainThreadIsFaulthandlersLastBlock) {
   EXPECT_FALSE(frames[0].in_torch);
 }
 
+// faulthandler's dump of the one thread it interrupts ends with no blank line: a second dump
+// after it (the agent's fallback signal, then the sampler's late answer) is a block of its own.
+TEST(HangReport, DumpsBackToBackAreBlocksOfTheirOwn) {
+  const std::string signalled =
+      "Stack (most recent call first):\n"
+      "  File \"/home/u/train.py\", line 12 in step\n"
+      "  File \"/home/u/train.py\", line 60 in <module>\n";
+  const std::string answered =
+      "Thread 0x00007f01 (most recent call first):\n"
+      "  File \"/usr/lib/python3.11/threading.py\", line 320 in wait\n"
+      "\n"
+      "Thread 0x00007f00 (most recent call first):\n"
+      "  File \"/home/u/train.py\", line 40 in main\n"
+      "  File \"/home/u/train.py\", line 60 in <module>\n"
+      "\n";
+  auto frames = main_thread_frames(signalled + signalled);
+  ASSERT_EQ(frames.size(), 2U);
+  EXPECT_EQ(frames[0].line, 12);
+  frames = main_thread_frames(signalled + answered);
+  ASSERT_EQ(frames.size(), 2U);
+  EXPECT_EQ(frames[0].line, 40);
+  frames = main_thread_frames(answered + signalled);
+  ASSERT_EQ(frames.size(), 2U);
+  EXPECT_EQ(frames[0].line, 12);
+}
+
 TEST(HangReport, FramesInsideTorchAreMarked) {
   const auto frames = main_thread_frames(in_torch_dump());
   ASSERT_EQ(frames.size(), 4U);

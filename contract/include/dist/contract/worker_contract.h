@@ -153,14 +153,20 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // and pause_reason while it lasts, resumed_ns when it ends (counted as progress).
 // collective_timeout_ms is the longest timeout of its process groups (0: unknown): the agent's
 // bound for a hang it cannot prove. A worker that can dump its stacks says so in features and names
-// the process to signal in dump_pid. The agent writes kMagic first: a descriptor without it is not
-// a slot. Every field sits at a fixed offset, aligned to its size (Python workers write them
-// through a memoryview): magic 0, last_beat_ns 8, beats 16, steps 24, last_step_ns 32,
-// collectives_issued 40, collectives_done 48, pending_since_ns 56, pending_op 64, features 68,
-// work_ns 72, dump_pid 80, regroup_round 84, sampled_ns 88, wait_ns 96, pending_group 104,
-// pending_seq 112, paused_since_ns 120, resumed_ns 128, collective_timeout_ms 136, activity 144,
-// group_count 148, pause_reason 152 (64 bytes, NUL-padded UTF-8), groups 216 (kMaxGroups of {id,
-// seq}). One field goes the other way: the agent writes regroup_round when the job regroups in
+// the process to signal in dump_pid. The agent asks for them in stacks_asked first (a torch
+// worker's sampler writes every thread's stacks, holding the GIL) and signals only a worker that
+// cannot answer so (a thread keeps the GIL, no sampler): its handler then dumps the main thread
+// alone, the thread the signal is sent to (tgkill). A signal handler that walks the other threads
+// crashes the process when one of them comes or goes meanwhile (torch's autograd and DDP threads
+// do, every step: measured, SIGSEGV in faulthandler's all-threads dump). The agent writes kMagic
+// first: a descriptor without it is not a slot. Every field sits at a fixed offset, aligned to its
+// size (Python workers write them through a memoryview): magic 0, last_beat_ns 8, beats 16, steps
+// 24, last_step_ns 32, collectives_issued 40, collectives_done 48, pending_since_ns 56, pending_op
+// 64, features 68, work_ns 72, dump_pid 80, regroup_round 84, sampled_ns 88, wait_ns 96,
+// pending_group 104, pending_seq 112, paused_since_ns 120, resumed_ns 128, collective_timeout_ms
+// 136, activity 144, group_count 148, pause_reason 152 (64 bytes, NUL-padded UTF-8), groups 216
+// (kMaxGroups of {id, seq}), stacks_asked 728. Two fields go the other way: the agent bumps
+// stacks_asked to ask for the stacks (above), and it writes regroup_round when the job regroups in
 // place in round R (a node joins or was lost), and the SDK's InPlaceRecovery, seeing a round it has
 // not regrouped in, recovers at its next unit; its watcher aborts the group when the rank has not
 // let go of it 500 ms after the request (a collective waiting for a lost node's silent peer).
@@ -189,6 +195,7 @@ enum class Collective : std::uint32_t {
 inline constexpr std::uint32_t kStacksOnSignal = 1;  // dumps its stacks on kStackSignalVariable
 inline constexpr std::uint32_t kSampler = 2;         // samples its main thread (torch's hook)
 inline constexpr std::uint32_t kProgressHook = 4;    // dist-launch's Python hook loaded
+inline constexpr std::uint32_t kStacksOnAsk = 8;     // writes every thread's on stacks_asked
 // activity: what the main thread was last seen in (bits; torch workers' sampler).
 inline constexpr std::uint32_t kActivitySave = 1;        // torch.save / torch.load
 inline constexpr std::uint32_t kActivityCheckpoint = 2;  // torch.distributed.checkpoint
@@ -229,6 +236,7 @@ struct Slot {
   std::atomic<std::uint32_t> group_count;            // entries of groups in use
   char pause_reason[kPauseReasonBytes];
   GroupSequence groups[kMaxGroups];
+  std::atomic<std::uint32_t> stacks_asked;  // by the agent: bumped for each request
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
 static_assert(sizeof(Slot) <= kBytes);
@@ -237,14 +245,15 @@ static_assert(offsetof(Slot, features) == 68 && offsetof(Slot, work_ns) == 72 &&
                   offsetof(Slot, sampled_ns) == 88 && offsetof(Slot, pending_seq) == 112 &&
                   offsetof(Slot, collective_timeout_ms) == 136 && offsetof(Slot, activity) == 144 &&
                   offsetof(Slot, group_count) == 148 && offsetof(Slot, pause_reason) == 152 &&
-                  offsetof(Slot, groups) == 216 && sizeof(GroupSequence) == 16,
+                  offsetof(Slot, groups) == 216 && sizeof(GroupSequence) == 16 &&
+                  offsetof(Slot, stacks_asked) == 728,
               "the offsets Python workers write at");
 
 }  // namespace heartbeat_slot
 
 // Where a worker dumps its stacks when the agent asks (a hang): the signal the agent sends (a
-// realtime signal, sent only to a worker whose slot has kStacksOnSignal), and the file it appends
-// them to.
+// realtime signal, sent only to a worker whose slot has kStacksOnSignal, to its main thread, when
+// it does not answer stacks_asked), and the file it appends them to (faulthandler's format).
 inline constexpr char kStackSignalVariable[] = "DIST_STACK_SIGNAL";
 inline constexpr char kStackFileVariable[] = "DIST_STACK_FILE";
 

@@ -8,7 +8,15 @@
 
 namespace dist::agent {
 
+// Realtime signals as kill -l names them: SIGRTMIN+N up to the middle, SIGRTMAX-N past it.
 std::string signal_name(int signal) {
+  if (signal >= SIGRTMIN && signal <= SIGRTMAX) {
+    if (signal == SIGRTMIN) return "SIGRTMIN";
+    if (signal == SIGRTMAX) return "SIGRTMAX";
+    return signal - SIGRTMIN <= (SIGRTMAX - SIGRTMIN) / 2
+               ? "SIGRTMIN+" + std::to_string(signal - SIGRTMIN)
+               : "SIGRTMAX-" + std::to_string(SIGRTMAX - signal);
+  }
   const char* abbrev = ::sigabbrev_np(signal);
   return abbrev ? std::string("SIG") + abbrev : "SIG" + std::to_string(signal);
 }
@@ -27,6 +35,7 @@ int signal_number(const std::string& name) {
   for (int s = 1; s < NSIG; ++s) {
     const char* abbrev = ::sigabbrev_np(s);
     if (abbrev && n == abbrev) return s;
+    if (s >= SIGRTMIN && s <= SIGRTMAX && "SIG" + n == signal_name(s)) return s;
   }
   return -1;
 }

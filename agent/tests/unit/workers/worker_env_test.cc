@@ -46,6 +46,12 @@ TEST(Signals, NamesAndNumbers) {
     EXPECT_EQ(signal_number(c.name), c.number);
   }
   EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
+  // Realtime signals by kill -l's names (the agent's stack signal is SIGRTMAX-5), both ways.
+  EXPECT_EQ(signal_name(SIGRTMAX - 5), "SIGRTMAX-5");
+  EXPECT_EQ(signal_name(SIGRTMIN + 2), "SIGRTMIN+2");
+  EXPECT_EQ(signal_name(SIGRTMIN), "SIGRTMIN");
+  for (int s = SIGRTMIN; s <= SIGRTMAX; ++s) EXPECT_EQ(signal_number(signal_name(s)), s) << s;
+  EXPECT_EQ(signal_number("RTMAX-5"), SIGRTMAX - 5);
 }
 
 TEST(FailureReport, TheEarliestFailureIsTheRootCause) {

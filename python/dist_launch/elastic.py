@@ -513,13 +513,21 @@ class TorchState(ObjectState):
     """A model, an optimizer and counters: `TorchState(model=m, optimizer=opt, step=0)`. The
     model's parameters and buffers are broadcast in place (the optimizer keeps referring to
     them); the optimizer's state goes as an object; a restore also drops the gradients a failed
-    backward left half-reduced."""
+    backward left half-reduced.
 
-    def __init__(self, model=None, optimizer=None, **values):
+    With `rng_state` (the default) a commit also keeps this rank's random number generators
+    (torch's, CUDA's where CUDA is in use, Python's `random`, numpy's where it is imported) and a
+    restore puts them back: the steps a survivor trains again draw the numbers they drew the
+    first time (dropout, a DataLoader's shuffle), as in a run that never failed. They are the
+    rank's own: a sync sends none (ranks often seed by rank)."""
+
+    def __init__(self, model=None, optimizer=None, rng_state=True, **values):
         self.model = model
         self.optimizer = optimizer
         self._saved_model = None
         self._saved_optimizer = None
+        self._keeps_rng = rng_state
+        self._saved_rng = None
         super().__init__(**values)
         self.save()
 
@@ -535,6 +543,8 @@ class TorchState(ObjectState):
             if self.optimizer is not None:
                 self._saved_optimizer = _copy_into(self._saved_optimizer,
                                                    self.optimizer.state_dict())
+        if self._keeps_rng:
+            self._saved_rng = _rng_states()
 
     def restore(self) -> None:
         super().restore()
@@ -544,6 +554,8 @@ class TorchState(ObjectState):
                 p.grad = None
         if self.optimizer is not None:
             self.optimizer.load_state_dict(copy.deepcopy(self._saved_optimizer))
+        if self._saved_rng is not None:
+            _set_rng_states(self._saved_rng)
 
     def sync(self, root: int = 0) -> None:
         import torch
@@ -566,6 +578,34 @@ class TorchState(ObjectState):
             dist.broadcast_object_list(state, src=root)
             if dist.get_rank() != root:
                 self.optimizer.load_state_dict(state[0])
+
+
+def _rng_states():
+    """This process's random number generators' states: torch's CPU generator, CUDA's (only
+    where CUDA is initialised already: reading them must not start it), Python's, numpy's global
+    one (only where numpy is imported)."""
+    import random
+
+    import torch
+    states = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states["numpy"] = numpy.random.get_state()
+    return states
+
+
+def _set_rng_states(states):
+    import random
+
+    import torch
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    if "cuda" in states:
+        torch.cuda.set_rng_state_all(states["cuda"])
+    if "numpy" in states:
+        sys.modules["numpy"].random.set_state(states["numpy"])
 
 
 def _copy_into(saved, value):

@@ -526,7 +526,7 @@ class _Sampler:
         self.stacks_answered = asked
         try:
             self.dump_stacks()
-        except (OSError, ValueError, AttributeError):  # no file: the agent falls back to its signal
+        except Exception:  # no file, say: the agent falls back to its signal; the sampler goes on
             pass
 
     def run(self):

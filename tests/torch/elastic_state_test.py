@@ -162,6 +162,55 @@ class StatefulValues(unittest.TestCase):
         self.assertEqual(optimizer.param_groups[0]["lr"], 0.25)
 
 
+class RandomState(unittest.TestCase):
+    """A restore rolls this rank's random number generators back to the commit: the steps
+    trained again draw what they drew before the failure, as a run that never failed does."""
+
+    def dropout_model(self):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5),
+                                    torch.nn.Linear(16, 1))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def test_a_rollback_trains_on_as_a_run_that_never_failed(self):
+        model, optimizer = self.dropout_model()
+        train(model, optimizer, 5)
+        uninterrupted = snapshot(model, optimizer)
+
+        model, optimizer = self.dropout_model()
+        state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
+        train(model, optimizer, 3)
+        state.commit()
+        train(model, optimizer, 2)  # the attempt a peer's failure ends
+        state.restore()
+        train(model, optimizer, 2)  # again, from the commit
+        TorchStateCommits.assert_same(self, snapshot(model, optimizer), uninterrupted)
+
+    def test_every_generator_draws_again_what_it_drew_after_the_commit(self):
+        import random
+        numpy = sys.modules.get("numpy") or __import__("numpy")
+        model, optimizer = self.dropout_model()
+        state = elastic.TorchState(model=model, optimizer=optimizer)
+        loader = torch.utils.data.DataLoader(range(32), batch_size=8, shuffle=True)
+
+        def draws():
+            return (torch.rand(4).tolist(), random.random(), numpy.random.rand(),
+                    [batch.tolist() for batch in loader])
+
+        state.commit()
+        first = draws()
+        state.restore()
+        self.assertEqual(draws(), first)
+
+    def test_without_rng_state_the_generators_go_on(self):
+        model, optimizer = self.dropout_model()
+        state = elastic.TorchState(model=model, optimizer=optimizer, rng_state=False)
+        state.commit()
+        first = torch.rand(4)
+        state.restore()
+        self.assertFalse(torch.equal(torch.rand(4), first))
+
+
 class SlowSamples(torch.utils.data.Dataset):
     def __len__(self):
         return 4

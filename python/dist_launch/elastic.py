@@ -518,7 +518,8 @@ class TorchState(ObjectState):
     With `rng_state` (the default) a commit also keeps this rank's random number generators
     (torch's, CUDA's where CUDA is in use, Python's `random`, numpy's where it is imported) and a
     restore puts them back: the steps a survivor trains again draw the numbers they drew the
-    first time (dropout, a DataLoader's shuffle), as in a run that never failed. They are the
+    first time (dropout, a DataLoader's shuffle from torch's default generator), as in a run that
+    never failed (a generator of the script's own is its own to keep). They are the
     rank's own: a sync sends none (ranks often seed by rank)."""
 
     def __init__(self, model=None, optimizer=None, rng_state=True, **values):
@@ -588,7 +589,7 @@ def _rng_states():
 
     import torch
     states = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # is_available() would start the driver on a CPU rank
         states["cuda"] = torch.cuda.get_rng_state_all()
     numpy = sys.modules.get("numpy")
     if numpy is not None:

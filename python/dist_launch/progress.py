@@ -151,6 +151,7 @@ _COLLECTIVES = {
     "batch_isend_irecv": _COLLECTIVE_SEND_RECV,
 }
 _SAMPLE_SECONDS = 0.1
+_DUMP_BYTES = 128 * 1024  # a dump's bound (the agent reads 256 KiB of one)
 _ACTIVITY_NS = 2_000_000_000  # what the main thread was in, over this long
 _WAKEUP_PASSES = 3  # passes running inside a wait that do not end it
 
@@ -494,27 +495,39 @@ class _Sampler:
         self.words[_Q_PENDING_GROUP] = 0
         self.halves[_I_GROUP_COUNT] = 0
 
-    def dump_stacks(self):
-        """Every thread's Python stack, as faulthandler writes them (the main thread last), in one
-        write to the stack file: what the agent asked for in the slot. Threads may come and go
-        meanwhile: sys._current_frames() reads their states holding the GIL."""
-        frames = sys._current_frames()
-        me = _thread.get_ident()
-        order = [i for i in frames if i not in (me, self.main)]
-        order += [self.main] if self.main in frames else []
-        lines = []
-        for ident in order:
-            lines.append(f"Thread 0x{ident:016x} (most recent call first):")
-            frame, depth = frames[ident], 0
-            while frame is not None and depth < 100:
-                code = frame.f_code
-                lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
-                frame, depth = frame.f_back, depth + 1
+    @staticmethod
+    def thread_block(ident, frame):
+        """One thread's stack as faulthandler writes it, innermost first (at most 100 frames)."""
+        lines = [f"Thread 0x{ident:016x} (most recent call first):"]
+        for _ in range(100):
+            if frame is None:
+                break
+            code = frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+            frame = frame.f_back
+        else:
             if frame is not None:
                 lines.append("  ...")
-            lines.append("")
-        del frames, frame
-        data = ("\n".join(lines) + "\n").encode(errors="backslashreplace")
+        return "\n".join(lines) + "\n\n"
+
+    def dump_stacks(self):
+        """Every thread's Python stack, as faulthandler writes them, in one write to the stack
+        file: what the agent asked for in the slot. The main thread comes last, and the others
+        only as far as _DUMP_BYTES holds them (the agent reads that much of a dump). Threads may
+        come and go meanwhile: sys._current_frames() reads their states holding the GIL."""
+        frames = sys._current_frames()
+        main = frames.pop(self.main, None)
+        frames.pop(_thread.get_ident(), None)
+        last = self.thread_block(self.main, main) if main is not None else ""
+        blocks, size = [], len(last)
+        for ident, frame in frames.items():
+            block = self.thread_block(ident, frame)
+            if size + len(block) > _DUMP_BYTES:
+                break
+            blocks.append(block)
+            size += len(block)
+        del frames, main
+        data = ("".join(blocks) + last).encode(errors="backslashreplace")
         while data:
             data = data[os.write(_stack_file.fileno(), data):]
 

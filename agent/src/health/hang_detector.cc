@@ -349,7 +349,9 @@ void HangDetector::look(bool first) {
       if (inner.state == 'T' || inner.state == 'D') w.look->after.state = inner.state;
       if (w.look->after.wchan.empty()) w.look->after.wchan = inner.wchan;
     }
-    w.stacks_offset = size_of(w.stack_file);
+    const std::uintmax_t stack_size = size_of(w.stack_file);
+    if (!first) w.look->stack_bytes = stack_size - std::min(stack_size, w.stacks_offset);
+    w.stacks_offset = stack_size;
     w.asked = w.signalled = false;
     if (!ours || activity.state == 'T') continue;
     if (reading.features & slot::kStacksOnAsk) {
@@ -361,11 +363,16 @@ void HangDetector::look(bool first) {
   await_dumps(first, std::chrono::steady_clock::now() + kStackDumpWait);
 }
 
-// The signal to the dumping process's main thread (its tid is its pid), when its handler is
-// there (a realtime signal nobody catches would end the process).
+// The stack signal, when the dumping process's handler is there (a realtime signal nobody
+// catches would end the process): to a Python worker's main thread (its tid is its pid), whose
+// stack faulthandler writes; to a C++ worker as a process (the kernel picks a thread that does
+// not block it: a trainer may take its signals on a thread of its own).
 bool HangDetector::signal_for_stack(const Watched& w) {
   const auto dumper = static_cast<pid_t>(w.look->second.dump_pid);
-  return catches(dumper, stack_signal()) && ::tgkill(dumper, dumper, stack_signal()) == 0;
+  const int signal = stack_signal();
+  if (!catches(dumper, signal)) return false;
+  const bool python = w.look->second.features & slot::kProgressHook;
+  return (python ? ::tgkill(dumper, dumper, signal) : ::kill(dumper, signal)) == 0;
 }
 
 bool HangDetector::dump_grew(const Watched& w) {

@@ -242,8 +242,10 @@ std::pair<std::string, bool> doing_of(const RankLook& l) {
     parts.push_back(fmt::format("computing (CPU {:.0f}%)", cpu * 100));
     active = true;
   }
-  // The first look's dump was written between the two readings: not the rank's own.
-  const std::uint64_t dumped = l.stacks_first ? l.stacks_first->size() : 0;
+  // The dumps written between the two readings (the first look's, a late answer) are not the
+  // rank's own.
+  const std::uint64_t dumped =
+      std::max<std::uint64_t>(l.stack_bytes, l.stacks_first ? l.stacks_first->size() : 0);
   const auto grew = [](std::uint64_t a, std::uint64_t b) { return b > a ? b - a : 0; };
   const std::uint64_t written = grew(l.before.write_bytes + dumped, l.after.write_bytes);
   const std::uint64_t read = grew(l.before.read_bytes, l.after.read_bytes);

@@ -43,7 +43,8 @@ struct RankLook {
   Worker worker;
   SlotReading first, second;
   ProcessActivity before, after;                           // at the first look and the second
-  std::optional<std::string> stacks_first, stacks_second;  // what each signal made it dump
+  std::optional<std::string> stacks_first, stacks_second;  // what each ask made it dump
+  std::uint64_t stack_bytes = 0;  // written to its stack file between the two readings
 };
 
 enum class HangRule {

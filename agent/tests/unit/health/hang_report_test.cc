@@ -190,6 +190,22 @@ std::vector<RankLook> checkpoint_while_the_other_waits() {
   return {saving, waiting};
 }
 
+// What the rank wrote into its stack file between the looks (a late answer to the first look's
+// ask, every thread's) is the agent's doing, not the rank's: an idle rank stays idle.
+TEST(HangReport, DumpsWrittenBetweenTheLooksAreNotTheRanksWrites) {
+  auto looks = checkpoint_while_the_other_waits();
+  RankLook& idle = looks[0];
+  idle.second.activity = 0;
+  idle.after.cpu_ticks = idle.before.cpu_ticks;
+  idle.after.write_bytes = idle.before.write_bytes + 300'000;
+  idle.stack_bytes = 300'000;
+  HangFinding f = examine(looks, HangRule::kBound);
+  EXPECT_FALSE(f.ranks[0].active) << f.ranks[0].doing;
+  idle.stack_bytes = 0;  // the same bytes written by the rank itself
+  f = examine(looks, HangRule::kBound);
+  EXPECT_TRUE(f.ranks[0].active) << f.ranks[0].doing;
+}
+
 TEST(HangReport, ARankWritingACheckpointIsWorkingAndNeverEndedByTheProofRule) {
   const auto looks = checkpoint_while_the_other_waits();
   const HangFinding f = examine(looks, HangRule::kProof);

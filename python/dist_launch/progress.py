@@ -499,21 +499,18 @@ class _Sampler:
     def thread_block(ident, frame):
         """One thread's stack as faulthandler writes it, innermost first (at most 100 frames)."""
         lines = [f"Thread 0x{ident:016x} (most recent call first):"]
-        for _ in range(100):
-            if frame is None:
-                break
+        while frame is not None and len(lines) <= 100:
             code = frame.f_code
             lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
             frame = frame.f_back
-        else:
-            if frame is not None:
-                lines.append("  ...")
+        if frame is not None:
+            lines.append("  ...")
         return "\n".join(lines) + "\n\n"
 
     def dump_stacks(self):
         """Every thread's Python stack, as faulthandler writes them, in one write to the stack
         file: what the agent asked for in the slot. The main thread comes last, and the others
-        only as far as _DUMP_BYTES holds them (the agent reads that much of a dump). Threads may
+        only as far as _DUMP_BYTES holds them (within what the agent reads of a dump). Threads may
         come and go meanwhile: sys._current_frames() reads their states holding the GIL."""
         frames = sys._current_frames()
         main = frames.pop(self.main, None)
@@ -526,7 +523,6 @@ class _Sampler:
                 break
             blocks.append(block)
             size += len(block)
-        del frames, main
         data = ("".join(blocks) + last).encode(errors="backslashreplace")
         while data:
             data = data[os.write(_stack_file.fileno(), data):]

@@ -390,7 +390,8 @@ bool HangDetector::dumps_arrived() const {
 // writes nothing), keeps what each wrote, and goes on: to the second look, or to the verdict.
 void HangDetector::await_dumps(bool first, std::chrono::steady_clock::time_point deadline) {
   const auto now = std::chrono::steady_clock::now();
-  if (now >= deadline - kStackDumpWait + kStackAskWait) {
+  const auto asked_at = deadline - kStackDumpWait;  // look() set the deadline as it asked
+  if (now >= asked_at + kStackAskWait) {
     for (auto& [_, w] : workers_) {
       if (w.look && w.asked && !w.signalled && !dump_grew(w) &&
           (w.look->second.features & slot::kStacksOnSignal)) {

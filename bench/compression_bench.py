@@ -46,9 +46,22 @@ MODES = [
     ("torch none", "torch", ["--hook", "none"]),
     ("torch fp16 hook", "torch", ["--hook", "fp16"]),
     ("torch powersgd:2 hook", "torch", ["--hook", "powersgd:2"]),
+    # the SDK's compressors as torch hooks (dist_launch.compression), on the torch job
+    ("hook fp16", "torch", ["--hook", "dist:fp16"]),
+    ("hook bf16", "torch", ["--hook", "dist:bf16"]),
+    ("hook topk:0.01", "torch", ["--hook", "dist:topk:0.01"]),
+    ("hook threshold:0.01", "torch", ["--hook", "dist:threshold:0.01"]),
+    ("hook powersgd:2", "torch", ["--hook", "dist:powersgd:2"]),
 ]
 # tbf's bucket: a few packets, so that even one step's message is paced at the rate.
 BURST = {"100mbit": "8kb", "1gbit": "32kb"}
+
+
+
+def hook_env(build):
+    """What the "hook" rows' workers need: this checkout's dist_launch and its library."""
+    return {"PYTHONPATH": os.path.join(ROOT, "python"),
+            "DIST_LAUNCH_COMPRESSION_LIB": os.path.join(build, "lib", "libdist_compression.so")}
 
 
 def shape_link(hosts, rate):
@@ -78,7 +91,8 @@ def parse(side, output):
 
 def run_job(hosts, args, side, flags, port, workdir):
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0",
-               PYTHON_EXEC=sys.executable)
+               PYTHON_EXEC=sys.executable,
+               **hook_env(args.build))
     launcher = os.path.join(args.build, "bin", "dist-launch")
     procs, logs = [], []
     before = [tx_bytes(hosts, name) for name in HOSTS]

@@ -43,11 +43,16 @@ def load_digits(path):
 
 
 def register(model, hook):
+    if hook.startswith("dist:"):  # the SDK's compressors as a hook (dist_launch.compression)
+        import dist_launch.compression
+        state, compression_hook = dist_launch.compression.hook(hook[len("dist:"):])
+        model.register_comm_hook(state, compression_hook)
+        return state
     if hook == "none":
-        return
+        return None
     if hook == "fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return
+        return None
     if hook.startswith("powersgd:"):
         # Error feedback and warm start, as the SDK; PowerSGD from the earliest step torch allows.
         state = powersgd.PowerSGDState(process_group=None,
@@ -55,7 +60,7 @@ def register(model, hook):
                                        start_powerSGD_iter=2, use_error_feedback=True,
                                        warm_start=True)
         model.register_comm_hook(state, powersgd.powerSGD_hook)
-        return
+        return None
     raise SystemExit(f"compression_torch.py: unknown --hook {hook!r}")
 
 
@@ -76,7 +81,7 @@ def main():
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
                                     torch.nn.Linear(args.hidden, 10)))
-    register(model, args.hook)
+    hook_state = register(model, args.hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     local_batch = args.global_batch // world
@@ -105,6 +110,8 @@ def main():
         print(f"torch {torch.__version__} hook {args.hook}: {steps} steps in {seconds:.3f} s of "
               f"training steps", flush=True)
         print(f"final test accuracy {accuracy:.4f}", flush=True)
+        if hook_state is not None:
+            print(f"compression stats {hook_state.stats()}", flush=True)
     # Both ranks leave together: gloo's threads can abort a rank whose peer tore down first.
     dist.barrier()
     dist.destroy_process_group()

@@ -34,7 +34,20 @@ MODES = [
     ("torch none", "torch", ["--hook", "none"]),
     ("torch fp16 hook", "torch", ["--hook", "fp16"]),
     ("torch powersgd:2 hook", "torch", ["--hook", "powersgd:2"]),
+    # the SDK's compressors as torch hooks (dist_launch.compression), on the torch job
+    ("hook fp16", "torch", ["--hook", "dist:fp16"]),
+    ("hook bf16", "torch", ["--hook", "dist:bf16"]),
+    ("hook topk:0.1", "torch", ["--hook", "dist:topk:0.1"]),
+    ("hook threshold:0.01", "torch", ["--hook", "dist:threshold:0.01"]),
+    ("hook powersgd:2", "torch", ["--hook", "dist:powersgd:2"]),
 ]
+
+
+
+def hook_env(build):
+    """What the "hook" rows' workers need: this checkout's dist_launch and its library."""
+    return {"PYTHONPATH": os.path.join(ROOT, "python"),
+            "DIST_LAUNCH_COMPRESSION_LIB": os.path.join(build, "lib", "libdist_compression.so")}
 
 
 def has_torch2():
@@ -46,7 +59,8 @@ def has_torch2():
 def run(args, side, flags, nan_at):
     launcher = os.path.join(args.build, "bin", "dist-launch")
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
-               PYTHON_EXEC=sys.executable)
+               PYTHON_EXEC=sys.executable,
+               **hook_env(args.build))
     if side == "sdk":
         command = [launcher, "--nproc-per-node", "2", "--no-python",
                    os.path.join(args.build, "bin", "ddp_train"), "--epochs", str(args.epochs),
@@ -60,10 +74,11 @@ def run(args, side, flags, nan_at):
                           timeout=JOB_TIMEOUT_S)
     out = proc.stdout + proc.stderr
     accuracy = re.findall(r"final test accuracy ([0-9.]+|nan)", out)
+    hook_skipped = re.findall(r"compression stats \{'skipped': (\d+)", out)  # a "hook" row's
     return {"exit": proc.returncode,
             "accuracy": float(accuracy[-1]) if accuracy else None,
-            "guarded": len(re.findall(r"rank 0: step \d+: \d+ bucket\(s\) averaged to inf or NaN",
-                                      out))}
+            "guarded": int(hook_skipped[-1]) if hook_skipped else
+            len(re.findall(r"rank 0: step \d+: \d+ bucket\(s\) averaged to inf or NaN", out))}
 
 
 def main():

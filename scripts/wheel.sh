@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Makes the binary wheel: dist/dist_launch-VERSION-py3-none-manylinux_2_NN_x86_64.whl, holding
 # dist-launch and dist-rendezvous (stripped, installed into the environment's bin/) and the
-# dist_launch package, so that `pip install dist_launch-*.whl` needs no compiler and no -dev
-# package. The tag is the one auditwheel finds this machine's build needs (Debian 12: glibc 2.36).
+# dist_launch package with its libdist_compression.so (loaded with ctypes: any Python 3), so that
+# `pip install dist_launch-*.whl` needs no compiler and no -dev package. The tag is the one auditwheel finds this machine's build needs (Debian 12: glibc 2.36).
 #
 #   scripts/wheel.sh [OUT_DIR]          OUT_DIR: default dist/ at the root (its older
 #                                       dist_launch-*.whl are removed)
@@ -15,7 +15,7 @@
 #
 # The programs are packed as the build made them (pyproject.toml's own metadata, through pip and
 # scikit-build-core with DIST_PREBUILT_PROGRAMS: nothing compiled twice), then auditwheel repairs
-# the wheel. They need only libc and libm, which every manylinux platform has: auditwheel then has
+# the wheel. They (and the library) need only libc and libm, which every manylinux platform has: auditwheel then has
 # nothing to bundle, and would otherwise move a program out of bin/ behind a Python shim. The
 # checks at the end hold the wheel to that. Exit 77 when the tools cannot be installed (no
 # network to PyPI); 1 when a check fails.
@@ -42,7 +42,7 @@ if [ ! -f "$build_dir/CMakeCache.txt" ]; then
 fi
 type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
 [ "$type" = Release ] || fail "$build_dir is a '$type' build: the wheel takes a Release build's programs"
-cmake --build "$build_dir" -j "$jobs" --target dist-launch dist-rendezvous
+cmake --build "$build_dir" -j "$jobs" --target dist-launch dist-rendezvous dist_compression
 say "programs: $build_dir/bin ($((SECONDS - started)) s)"
 
 # ---- the packaging tools, in a venv of their own (one setup at a time: tests share it) ----
@@ -71,6 +71,7 @@ mkdir "$work/programs"
 for program in dist-launch dist-rendezvous; do
   strip -o "$work/programs/$program" "$build_dir/bin/$program"
 done
+strip --strip-unneeded -o "$work/programs/libdist_compression.so" "$build_dir/lib/libdist_compression.so"
 if ! "$tools/bin/python" -m pip wheel --no-deps --no-build-isolation --disable-pip-version-check \
   --wheel-dir "$work/raw" --config-settings=build-dir="$work/build" \
   --config-settings=cmake.define.DIST_PREBUILT_PROGRAMS="$work/programs" "$root" >"$work/pip.log" 2>&1; then
@@ -114,6 +115,9 @@ for program in ("dist-launch", "dist-rendezvous"):
     said = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip()
     if said != f"{program} {version}":
         problems.append(f"{program} --version says '{said}', the package is {version}")
+library = os.path.join(unpacked, "dist_launch", "libdist_compression.so")
+if not os.path.isfile(library):
+    problems.append("no dist_launch/libdist_compression.so (dist_launch.compression's hooks)")
 for p in problems:
     print(f"  {p}", file=sys.stderr)
 sys.exit(1 if problems else 0)

@@ -145,7 +145,8 @@ def skip(message):
 
 def clean_env(**extra):
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHON_EXEC", "PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("PIP_")}
+           if k not in ("PYTHON_EXEC", "PYTHONPATH", "VIRTUAL_ENV", "DIST_LAUNCH_COMPRESSION_LIB")
+           and not k.startswith("PIP_")}
     env.update(extra)
     return env
 
@@ -313,6 +314,12 @@ class InstalledPackage(Job):
                                 "python -m dist_launch --version": f"dist-launch {version}",
                                 "dist_launch.__version__": version, "pip's metadata": version})
 
+    def test_the_compression_hooks_library_comes_with_the_package(self):
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), "-c",
+                                 "import dist_launch.compression as c; print(c.parse('topk:0.5'))"])
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(proc.stdout.strip(), "('topk:0.5', True)")
+
     def test_the_package_brings_no_torch(self):
         proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), "-c", "import torch"])
         self.assertNotEqual(proc.returncode, 0, "torch came with dist-launch")
@@ -470,6 +477,16 @@ class InstalledWheel(Job):
             self.assertLessEqual(needed, self.ANYWHERE, f"{name} needs more:\n{proc.stdout}")
             proc = self.run_in_venv(["readelf", "-d", os.path.join(VENV, "bin", name)])
             self.assertNotRegex(proc.stdout, r"R(UN)?PATH", f"{name} has a run-time search path")
+
+    def test_the_compression_library_needs_only_libc_and_libm(self):
+        proc = self.run_in_venv([os.path.join(VENV, "bin", "python"), "-c",
+                                 "import dist_launch.compression as c; print(c._library()._name)"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        library = proc.stdout.strip()
+        self.assertTrue(library.startswith(VENV), library)
+        proc = self.run_in_venv(["ldd", library])
+        needed = {line.split()[0] for line in proc.stdout.splitlines() if line.strip()}
+        self.assertLessEqual(needed, self.ANYWHERE, f"{library} needs more:\n{proc.stdout}")
 
     def test_dist_rendezvous_runs(self):
         proc = self.run_in_venv([os.path.join(VENV, "bin", "dist-rendezvous"), "--help"])

@@ -33,6 +33,11 @@ class Lossy : public BucketCompressor {
     take_floats(in, ops_, residual_, n_);
     ops_.zero_nonfinite(residual_, n_, counts_ + kCleaned);  // one written before the guard
   }
+  void residual(float* out) const override { ops_.to_host(out, residual_, n_ * sizeof(float)); }
+  void set_residual(const float* in) override {
+    ops_.from_host(residual_, in, n_ * sizeof(float));
+    ops_.zero_nonfinite(residual_, n_, counts_ + kCleaned);
+  }
   Events events() const override {
     std::uint32_t counts[2] = {};
     ops_.to_host(counts, counts_, sizeof counts);

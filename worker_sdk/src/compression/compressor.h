@@ -49,6 +49,11 @@ class BucketCompressor {
   // fit this bucket).
   virtual void save(std::string& out) const = 0;
   virtual void load(std::string_view& in) = 0;
+  // The residual alone (layout.elements floats in host memory), for a caller that moves it
+  // between layouts of the same parameters (torch's DDP rebuilds its buckets); set_residual()
+  // drops an inf or NaN in it, as load() does.
+  virtual void residual(float* out) const = 0;
+  virtual void set_residual(const float* in) = 0;
 
   // What the exchanges did besides compressing (call between steps: on the device it waits for
   // them).

@@ -1,0 +1,489 @@
+"""Gradient compression for torch DDP: the C++ SDK's compressors as communication hooks.
+
+    import dist_launch.compression
+    state, hook = dist_launch.compression.hook("powersgd:2")
+    ddp.register_comm_hook(state, hook)
+
+SPEC is what `--compression` takes (compression.h): `none`, `fp16`, `bf16`, `topk:RATIO`,
+`threshold:T`, `powersgd:RANK[:WARMUP]`. The compressors are the SDK's own, in
+libdist_compression.so (built with the package): every lossy mode keeps an error-feedback
+residual per bucket; the sparse modes fall back to a dense all-reduce where that is cheaper at the
+world size; and one inf or NaN gradient never poisons the state: a bucket whose average holds one
+is not applied (its averaged gradients are zeros, as a skipped step's), its residual and
+PowerSGD's Q are reset on every rank, and the event is counted (`state.stats()`). torch's own
+PowerSGD hook stays NaN for good after one inf gradient.
+
+The collectives are torch's, on the DDP's process group (or `process_group`), over the bucket's
+CPU tensor (gloo). Each exchange runs on a thread of the state's own, so it overlaps the rest of
+the backward pass as torch's asynchronous hooks do; the buckets are exchanged in order, one at a
+time. CUDA buckets are refused (the SDK's device compressors need its NCCL group).
+
+`state.state_dict()` / `state.load_state_dict(d)` keep the residuals (and PowerSGD's Q and
+warm-up count) across a restart; a saved residual never carries an inf or NaN. DDP rebuilds its
+buckets after the first step: a bucket whose layout changed starts with an empty residual.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import os
+import threading
+import warnings
+from typing import Any, Callable, Dict, Optional, Tuple
+
+LIBRARY = "libdist_compression.so"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# The C ABI's numbers (python/native/compression_hook.cc): collectives and DataType's element types.
+_ALL_REDUCE_SUM, _ALL_GATHER = 0, 1
+_FLOAT32, _FLOAT16, _BFLOAT16, _UINT8, _INT32 = 0, 2, 3, 5, 6
+
+_COLLECTIVE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                               ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int)
+_U64P = ctypes.POINTER(ctypes.c_uint64)
+
+_lib: Optional[ctypes.CDLL] = None
+_lib_lock = threading.Lock()
+
+
+class CompressionError(RuntimeError):
+    """The compression library could not be found or loaded, or an exchange failed."""
+
+
+def _library_candidates():
+    explicit = os.environ.get("DIST_LAUNCH_COMPRESSION_LIB")
+    if explicit:
+        return [explicit]
+    # Installed: next to this module. A source checkout: the developer build's build/lib.
+    return [os.path.join(_PACKAGE_DIR, LIBRARY),
+            os.path.join(_PACKAGE_DIR, "..", "..", "build", "lib", LIBRARY)]
+
+
+def _library() -> ctypes.CDLL:
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in _library_candidates():
+            if not os.path.isfile(path):
+                tried.append(path)
+                continue
+            try:
+                lib = ctypes.CDLL(os.path.abspath(path))
+            except OSError as e:
+                raise CompressionError(f"cannot load {path}: {e}") from None
+            _declare(lib)
+            for dtype, (name, size) in _ELEMENT_TYPES.items():
+                if lib.dlc_element_size(dtype) != size:
+                    raise CompressionError(f"{path} does not number {name} as {dtype}: a library "
+                                           f"of another version of dist-launch")
+            _lib = lib
+            return lib
+        raise CompressionError(
+            f"{LIBRARY} not found (looked at {', '.join(tried)}): `pip install .` builds it into "
+            f"the package; in a source checkout, scripts/build.sh puts it in build/lib; or set "
+            f"DIST_LAUNCH_COMPRESSION_LIB to its path")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.dlc_last_error.restype = ctypes.c_char_p
+    lib.dlc_last_error.argtypes = []
+    lib.dlc_element_size.restype = ctypes.c_uint64
+    lib.dlc_element_size.argtypes = [ctypes.c_int]
+    lib.dlc_parse.restype = ctypes.c_int
+    lib.dlc_parse.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64,
+                              ctypes.POINTER(ctypes.c_int)]
+    lib.dlc_state_new.restype = ctypes.c_void_p
+    lib.dlc_state_new.argtypes = [ctypes.c_int, ctypes.c_int, _COLLECTIVE, ctypes.c_void_p]
+    lib.dlc_state_free.restype = None
+    lib.dlc_state_free.argtypes = [ctypes.c_void_p]
+    lib.dlc_bucket_new.restype = ctypes.c_void_p
+    lib.dlc_bucket_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int,
+                                   ctypes.c_uint64, ctypes.c_uint64, _U64P, _U64P, _U64P,
+                                   ctypes.c_uint64]
+    lib.dlc_bucket_free.restype = None
+    lib.dlc_bucket_free.argtypes = [ctypes.c_void_p]
+    lib.dlc_exchange.restype = ctypes.c_int
+    lib.dlc_exchange.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.dlc_bucket_events.restype = ctypes.c_int
+    lib.dlc_bucket_events.argtypes = [ctypes.c_void_p, _U64P]
+    lib.dlc_state_bytes_sent.restype = ctypes.c_uint64
+    lib.dlc_state_bytes_sent.argtypes = [ctypes.c_void_p]
+    lib.dlc_bucket_save.restype = ctypes.c_int
+    lib.dlc_bucket_save.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, _U64P]
+    lib.dlc_bucket_load.restype = ctypes.c_int
+    lib.dlc_bucket_load.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64]
+    lib.dlc_bucket_residual.restype = ctypes.c_int
+    lib.dlc_bucket_residual.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.dlc_bucket_set_residual.restype = ctypes.c_int
+    lib.dlc_bucket_set_residual.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+
+
+def _error(lib: ctypes.CDLL) -> str:
+    return lib.dlc_last_error().decode("utf-8", "replace")
+
+
+def parse(spec: str) -> Tuple[str, bool]:
+    """SPEC's canonical form and whether it is lossy; ValueError (one line) on a bad spec."""
+    lib = _library()
+    out = ctypes.create_string_buffer(256)
+    lossy = ctypes.c_int(0)
+    if lib.dlc_parse(spec.encode(), out, len(out), ctypes.byref(lossy)) != 0:
+        message = _error(lib)
+        if spec.split(":", 1)[0] in ("every-step", "partial", "local-sgd"):
+            message += (f"; '{spec}' is a synchronisation strategy (--sync), which changes when "
+                        f"parameters are averaged, not a DDP communication hook")
+        raise ValueError(message)
+    return out.value.decode(), bool(lossy.value)
+
+
+class _Bucket:
+    """One compressor, for one set of parameters of a DDP bucket, in their canonical order
+    (_Layout): the layout (`signature`) it was made for, and the staging buffer it exchanges
+    in when DDP's buffer holds them in another order."""
+
+    def __init__(self, lib, handle, signature, staging):
+        self.lib, self.handle, self.signature, self.staging = lib, handle, signature, staging
+
+    def free(self):
+        if self.handle:
+            self.lib.dlc_bucket_free(self.handle)
+            self.handle = None
+
+
+class CompressionState:
+    """What `hook()` returns first: pass it to `register_comm_hook` with the hook."""
+
+    def __init__(self, spec: str, process_group=None):
+        import torch.distributed as dist
+
+        self.spec, self.lossy = parse(spec)
+        self._lib = _library()
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world = dist.get_world_size(process_group)
+        self._buckets: Dict[int, _Bucket] = {}
+        self._pending: Dict[tuple, bytes] = {}  # loaded, by layout, for buckets not made yet
+        self._keys: Dict[int, Tuple[int, int]] = {}  # id(parameter): its place in DDP's first layout
+        self._carry: Dict[Tuple[int, int], Any] = {}  # key: a residual for a bucket not made yet
+        self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
+        self._reduce_bf16 = True  # torch 1.x's gloo has no bfloat16 (then: in float32)
+        self._error: Optional[BaseException] = None  # the last torch collective's, for its message
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="dist-launch-compression")
+        self._callback = _COLLECTIVE(self._collective)  # kept alive as long as the state
+        self._state = None
+        if self.lossy:
+            self._state = self._lib.dlc_state_new(self.rank, self.world, self._callback, None)
+            if not self._state:
+                raise CompressionError(_error(self._lib))
+
+    # -- what the hook does --------------------------------------------------------------------
+
+    def _exchange(self, bucket) -> Any:
+        import torch
+
+        buffer = bucket.buffer()
+        if buffer.device.type != "cpu":
+            raise CompressionError(
+                f"dist_launch.compression hooks take CPU buckets (gloo); this bucket is on "
+                f"{buffer.device} (the SDK's device compressors run with its own NCCL group)")
+        if not self.lossy:
+            import torch.distributed as dist
+            buffer.div_(self.world)
+            fut = dist.all_reduce(buffer, group=self.process_group, async_op=True).get_future()
+            return fut.then(lambda f: f.value()[0])
+        compressor, spans = self._bucket_for(bucket, buffer)
+        result = torch.futures.Future()
+        self._executor.submit(self._run, compressor, spans, buffer, result)
+        return result
+
+    def _run(self, compressor: _Bucket, spans, buffer, result) -> None:
+        """The exchange, on the state's thread; `spans` (DDP's offset, the canonical one, count)
+        when the bucket is staged in canonical order, else None."""
+        self._error = None
+        flat = buffer
+        if spans is not None:
+            flat = compressor.staging
+            for at, canonical, count in spans:
+                flat[canonical:canonical + count].copy_(buffer[at:at + count])
+        if self._lib.dlc_exchange(compressor.handle, flat.data_ptr()) == 0:
+            for at, canonical, count in spans or ():
+                buffer[at:at + count].copy_(flat[canonical:canonical + count])
+            result.set_result(buffer)
+            return
+        cause = self._error
+        error = CompressionError(f"rank {self.rank}: {self.spec} exchange of a bucket of "
+                                 f"{buffer.numel()} elements failed: {_error(self._lib)}"
+                                 + (f": {cause!r}" if cause is not None else ""))
+        result.set_exception(error)
+
+    def _collective(self, _ctx, kind, input_ptr, output_ptr, count, dtype) -> int:
+        import torch.distributed as dist
+
+        try:
+            if kind == _ALL_REDUCE_SUM:
+                self._all_reduce(_tensor_at(output_ptr, count, dtype))
+            elif kind == _ALL_GATHER:  # bits, whatever their type: gloo gathers bytes of any
+                size = _ELEMENT_TYPES[dtype][1]
+                whole = _tensor_at(output_ptr, count * size * self.world, _UINT8)
+                dist.all_gather(list(whole.chunk(self.world)),
+                                _tensor_at(input_ptr, count * size, _UINT8),
+                                group=self.process_group)
+            else:
+                raise CompressionError(f"unknown collective {kind}")
+            return 0
+        except BaseException as e:  # noqa: B902 (never across the C ABI)
+            self._error = e
+            return 1
+
+    def _all_reduce(self, tensor) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if tensor.dtype == torch.bfloat16 and self._reduce_bf16:
+            try:
+                dist.all_reduce(tensor, group=self.process_group)
+                return
+            except RuntimeError as e:  # refused before it began, on every rank alike
+                if "scalar type" not in str(e):
+                    raise
+                self._reduce_bf16 = False
+                if self.rank == 0:
+                    warnings.warn(f"dist_launch.compression: torch {torch.__version__}'s gloo "
+                                  f"cannot all-reduce bfloat16: bf16 buckets past "
+                                  f"64 KiB are summed in float32 (twice the bytes)")
+        if tensor.dtype == torch.bfloat16:
+            wide = tensor.float()
+            dist.all_reduce(wide, group=self.process_group)
+            tensor.copy_(wide)
+            return
+        dist.all_reduce(tensor, group=self.process_group)
+
+    def _bucket_for(self, bucket, buffer):
+        """The compressor of this bucket's parameters, and the spans that stage it (_Layout)."""
+        layout = _Layout(bucket, buffer, self._keys)
+        index = bucket.index()
+        known = self._buckets.get(index)
+        if known is not None and known.signature == layout.signature:
+            return known, layout.spans
+        if known is not None:
+            # DDP rebuilt its buckets (after the first step), with other parameters in this one:
+            # the residuals move to the new buckets by parameter. What is saved for a layout
+            # (_pending) is older than them now.
+            self._executor.submit(self._carry_residuals).result()
+            self._pending.clear()
+        made = self._make(layout.signature, index, buffer.dtype, staged=layout.spans is not None)
+        self._buckets[index] = made
+        return made, layout.spans
+
+    def _make(self, signature, index, dtype, staged=False) -> _Bucket:
+        """A compressor of `signature`'s layout, with the state saved for that layout (_pending)
+        or else the residuals carried for its parameters (_carry)."""
+        import torch
+
+        element_type, entries = signature
+        offsets, counts, rows, at = [], [], [], 0
+        for _key, count, row in entries:
+            offsets.append(at)
+            counts.append(count)
+            rows.append(row)
+            at += count
+        array = ctypes.c_uint64 * len(entries)
+        # PowerSGD's first Q is seeded by the bucket's place in DDP's first layout, the same in
+        # every process of the job, this one's first try or a resumed one.
+        seed_index = min((key[0] for key, _, _ in entries), default=index)
+        handle = self._lib.dlc_bucket_new(self._state, self.spec.encode(), element_type, at,
+                                          len(entries), array(*offsets), array(*counts),
+                                          array(*rows), seed_index)
+        if not handle:
+            raise CompressionError(f"rank {self.rank}: bucket {index}: {_error(self._lib)}")
+        made = _Bucket(self._lib, handle, signature, torch.zeros(at, dtype=dtype) if staged else None)
+        saved = self._pending.pop(signature, None)
+        if saved is not None:
+            self._check(self._lib.dlc_bucket_load(handle, saved, len(saved)), made,
+                        f"bucket {index}'s saved state")
+            for key, _, _ in entries:
+                self._carry.pop(key, None)
+        elif any(key in self._carry for key, _, _ in entries):
+            residual = torch.zeros(at, dtype=torch.float32)
+            for (key, count, _), offset in zip(entries, offsets):
+                carried = self._carry.pop(key, None)
+                if carried is not None:
+                    residual[offset:offset + count].copy_(carried)
+            self._check(self._lib.dlc_bucket_set_residual(handle, residual.data_ptr()), made,
+                        f"bucket {index}'s residual")
+        return made
+
+    def _check(self, rc, bucket: _Bucket, what) -> None:
+        if rc != 0:
+            bucket.free()
+            raise CompressionError(f"rank {self.rank}: {what}: {_error(self._lib)}")
+
+    def _carry_residuals(self) -> None:
+        """Every compressor's residual into _carry, by parameter; the compressors freed."""
+        for b in self._buckets.values():
+            self._carry.update(_residuals(self._lib, b))
+        self._retire()
+
+    # -- what a user reads and keeps -----------------------------------------------------------
+
+    def stats(self) -> Dict[str, int]:
+        """Since the hook began, summed over the buckets: `skipped` (exchanges whose average held
+        an inf or NaN: not applied, state reset), `cleaned` (residuals cleaned of an inf or NaN
+        only this rank held), `dense` (exchanges that averaged a bucket whole), `bytes_sent`
+        (what this rank sent, by the ring algorithms' formulas)."""
+        self._executor.submit(lambda: None).result()  # after the exchanges posted so far
+        totals = dict(self._retired)
+        for b in self._buckets.values():
+            for name, value in self._events(b).items():
+                totals[name] += value
+        if self._state:  # the state's, every bucket's together
+            totals["bytes_sent"] = self._lib.dlc_state_bytes_sent(self._state)
+        return totals
+
+    def _events(self, bucket: _Bucket) -> Dict[str, int]:
+        out = (ctypes.c_uint64 * 3)()
+        if self._lib.dlc_bucket_events(bucket.handle, out) != 0:
+            raise CompressionError(_error(self._lib))
+        return {"skipped": out[0], "cleaned": out[1], "dense": out[2]}
+
+    def _retire(self) -> None:
+        """Frees every compressor, its events kept in stats()."""
+        for b in self._buckets.values():
+            for name, value in self._events(b).items():
+                self._retired[name] += value
+            b.free()
+        self._buckets.clear()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The residuals, PowerSGD's Q and warm-up counts, per bucket (bytes: torch.save it)."""
+        self._executor.submit(lambda: None).result()
+        buckets = {}
+        for index, b in self._buckets.items():
+            size = ctypes.c_uint64(0)
+            if self._lib.dlc_bucket_save(b.handle, None, 0, ctypes.byref(size)) != 0:
+                raise CompressionError(_error(self._lib))
+            out = ctypes.create_string_buffer(size.value)
+            if self._lib.dlc_bucket_save(b.handle, out, size.value, ctypes.byref(size)) != 0:
+                raise CompressionError(_error(self._lib))
+            buckets[index] = (b.signature, out.raw[:size.value])
+        return {"spec": self.spec, "buckets": buckets}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """What state_dict() returned, for a hook of the same spec; each bucket takes its state at
+        its next exchange: all of it where its layout is a saved one, else its parameters'
+        residuals (PowerSGD's Q and warm-up then start again for it, as at DDP's rebuild)."""
+        import torch
+
+        if state.get("spec") != self.spec:
+            raise ValueError(f"a compression state of '{state.get('spec')}' cannot be loaded into "
+                             f"a hook of '{self.spec}'")
+        self._executor.submit(lambda: None).result()
+        self._retire()
+        self._pending = {signature: saved for signature, saved in state["buckets"].values()}
+        # A layout this process has not (yet) got, as a resumed job's first step, DDP's first
+        # layout, takes the saved residuals by parameter.
+        self._carry = {}
+        for signature, saved in state["buckets"].values():
+            loaded = self._make(signature, -1, torch.float32)
+            self._pending[signature] = saved  # _make took it
+            self._carry.update(_residuals(self._lib, loaded))
+            loaded.free()
+
+    def close(self) -> None:
+        """Frees the compressors (after the exchanges posted so far); the hook cannot run after."""
+        if self._executor is None:
+            return
+        self._executor.shutdown(wait=True)
+        self._executor = None
+        for b in self._buckets.values():
+            b.free()
+        self._buckets.clear()
+        if self._state:
+            self._lib.dlc_state_free(self._state)
+            self._state = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter teardown)
+            pass
+
+
+# The ABI's element types: (torch's name, bytes).
+_ELEMENT_TYPES = {_FLOAT32: ("float32", 4), _FLOAT16: ("float16", 2), _BFLOAT16: ("bfloat16", 2),
+                  _UINT8: ("uint8", 1), _INT32: ("int32", 4)}
+
+
+def _tensor_at(address: int, count: int, dtype: int):
+    """The `count` elements at `address` (the library's memory) as a tensor, without a copy."""
+    import torch
+
+    name, size = _ELEMENT_TYPES[dtype]
+    return torch.frombuffer((ctypes.c_char * (count * size)).from_address(address),
+                            dtype=getattr(torch, name))
+
+
+def _residuals(lib, bucket: _Bucket) -> Dict[Tuple[int, int], Any]:
+    """A compressor's residual, by parameter key."""
+    import torch
+
+    _, entries = bucket.signature
+    residual = torch.zeros(sum(count for _, count, _ in entries), dtype=torch.float32)
+    if lib.dlc_bucket_residual(bucket.handle, residual.data_ptr()) != 0:
+        raise CompressionError(_error(lib))
+    out, at = {}, 0
+    for key, count, _ in entries:
+        out[key] = residual[at:at + count].clone()
+        at += count
+    return out
+
+
+class _Layout:
+    """Where a bucket's gradients lie in DDP's flat buffer, and the order the compressor keeps them
+    in. DDP rebuilds its buckets after the first step, in the order the gradients became ready
+    (usually the reverse of the first), and a resumed job starts again from the first layout: a
+    residual kept in DDP's order would then land on other parameters. So the compressor holds
+    each parameter by its place in the first layout this state saw (its key: DDP's bucket index
+    and position there, the same in every process of a job), in the reverse order of the keys,
+    and a bucket in another order is staged: copied into that order for the exchange and back. `signature` (the element type and the keys, counts and
+    rows, as PowerSGD takes a matrix: shape[0] x the rest) names the compressor's layout; `spans`
+    is None when DDP's buffer already holds it, else (DDP's offset, the canonical one, count)."""
+
+    def __init__(self, bucket, buffer, keys):
+        import torch
+
+        dtypes = {torch.float32: _FLOAT32, torch.float16: _FLOAT16, torch.bfloat16: _BFLOAT16}
+        if buffer.dtype not in dtypes:
+            raise CompressionError(f"dist_launch.compression hooks take float32, float16 or "
+                                   f"bfloat16 gradients; this bucket holds {buffer.dtype}")
+        size = buffer.element_size()
+        entries, at = [], 0
+        for position, (grad, param) in enumerate(zip(bucket.gradients(), bucket.parameters())):
+            offset = (grad.data_ptr() - buffer.data_ptr()) // size
+            if not 0 <= offset <= buffer.numel() - grad.numel():
+                offset = at  # not a view of the buffer: DDP packs them in this order
+            key = keys.setdefault(id(param), (bucket.index(), position))
+            entries.append((key, offset, grad.numel(), param.shape[0] if param.dim() >= 2 else 0))
+            at = offset + grad.numel()
+        entries.sort(reverse=True)  # the first layout's order reversed: the rebuilt one's, mostly
+        self.signature = (dtypes[buffer.dtype],
+                          tuple((key, count, rows) for key, _, count, rows in entries))
+        spans, canonical = [], 0
+        for _, offset, count, _ in entries:
+            spans.append((offset, canonical, count))
+            canonical += count
+        in_place = canonical == buffer.numel() and all(o == c for o, c, _ in spans)
+        self.spans = None if in_place else spans
+
+
+def _compression_hook(state: CompressionState, bucket):
+    return state._exchange(bucket)
+
+
+def hook(spec: str, process_group=None) -> Tuple[CompressionState, Callable]:
+    """(state, hook) for `ddp.register_comm_hook(state, hook)`; torch.distributed must be
+    initialised. ValueError on a bad spec, CompressionError when the library is missing."""
+    return CompressionState(spec, process_group), _compression_hook

@@ -1,0 +1,258 @@
+// The C ABI of the SDK's gradient compressors, for dist_launch.compression's torch DDP
+// communication hooks (python/dist_launch/compression.py loads it with ctypes: no torch headers,
+// no Python ABI, one library for every Python and torch version).
+//
+// The compressors are the SDK's own (worker_sdk/src/compression: residuals, sparse messages,
+// PowerSGD, the inf/NaN guard, the dense fallback), on its host Ops. Their collectives are torch's:
+// the caller passes a function that runs an all-reduce (sum) or an all-gather on the buffers it is
+// given, through torch.distributed on the DDP's process group, and returns once it completed.
+//
+// A hook state (dlc_state_new) is one Ops over one such group; a bucket (dlc_bucket_new) is one
+// compressor of a DDP bucket's layout. An exchange runs on the calling thread, one at a time per
+// state (the host Ops complete each call on return). Every function returns 0 (or a handle) on
+// success, and -1 (or null) with dlc_last_error() saying why: nothing throws across the ABI.
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "compression/compressor.h"
+#include "compression/ops.h"
+#include "dist/sdk/compression.h"
+#include "dist/sdk/process_group.h"
+
+namespace {
+
+using dist::sdk::CollectiveError;
+using dist::sdk::Compression;
+using dist::sdk::CudaStream;
+using dist::sdk::DataType;
+using dist::sdk::ReduceOp;
+using dist::sdk::Work;
+
+// What the caller's function is asked to run. Must match compression.py.
+enum CollectiveKind : int { kAllReduceSum = 0, kAllGather = 1 };
+// Element types of the ABI (compression.py's _DTYPES), DataType's values as numbers.
+constexpr int kMaxDataType = static_cast<int>(DataType::kInt64);
+
+// (ctx, kind, input, output, count, dtype) -> 0 once complete, anything else on failure. For the
+// all-reduce, input == output (in place); for the all-gather, output holds world x count.
+using CollectiveFn = int (*)(void*, int, const void*, void*, std::uint64_t, int);
+
+thread_local std::string last_error;
+
+// A process group whose collectives are the caller's function: the compressors use only the
+// synchronous all-reduce (sum) and all-gather.
+class CallbackGroup final : public dist::sdk::ProcessGroup {
+ public:
+  CallbackGroup(int rank, int size, CollectiveFn fn, void* ctx)
+      : rank_(rank), size_(size), fn_(fn), ctx_(ctx) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "torch"; }
+  bool device_buffers() const override { return false; }
+
+  void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op, CudaStream) override {
+    if (op != ReduceOp::kSum) unsupported("an all-reduce other than a sum");
+    call(kAllReduceSum, data, data, count, type, "all-reduce");
+  }
+  void all_gather(const void* input, void* output, std::size_t count, DataType type,
+                  CudaStream) override {
+    call(kAllGather, input, output, count, type, "all-gather");
+  }
+  Work all_reduce_async(void* data, std::size_t count, DataType type, ReduceOp op,
+                        CudaStream stream) override {
+    all_reduce(data, count, type, op, stream);
+    return Work();
+  }
+  Work all_gather_async(const void* input, void* output, std::size_t count, DataType type,
+                        CudaStream stream) override {
+    all_gather(input, output, count, type, stream);
+    return Work();
+  }
+  Work broadcast_async(void*, std::size_t, DataType, int, CudaStream) override {
+    unsupported("broadcast");
+  }
+  Work reduce_scatter_async(const void*, void*, std::size_t, DataType, ReduceOp,
+                            CudaStream) override {
+    unsupported("reduce-scatter");
+  }
+  Work barrier_async() override { unsupported("barrier"); }
+
+ private:
+  void call(int kind, const void* input, void* output, std::size_t count, DataType type,
+            const char* what) {
+    if (fn_(ctx_, kind, input, output, count, static_cast<int>(type)) != 0) {
+      throw CollectiveError("torch's " + std::string(what) + " of " + std::to_string(count) +
+                            " elements failed on rank " + std::to_string(rank_) +
+                            " (the Python exception says why)");
+    }
+  }
+  [[noreturn]] static void unsupported(const char* what) {
+    throw CollectiveError(std::string("the compression hook's group has no ") + what);
+  }
+
+  int rank_, size_;
+  CollectiveFn fn_;
+  void* ctx_;
+};
+
+struct State {
+  CallbackGroup group;
+  std::unique_ptr<dist::sdk::detail::Ops> ops;
+};
+
+struct Bucket {
+  State* state;
+  std::unique_ptr<dist::sdk::detail::BucketCompressor> compressor;
+};
+
+// Runs `f`, turning any exception into -1 and dlc_last_error().
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown error";
+  }
+  return -1;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Why the last call on this thread failed.
+__attribute__((visibility("default"))) const char* dlc_last_error() {
+  return last_error.c_str();
+}
+
+// The canonical form of a compression spec (compression.h) into out (NUL-terminated, at most
+// capacity bytes), whether it is lossy into *lossy; -1 on a spec that does not parse.
+__attribute__((visibility("default"))) int dlc_parse(const char* spec, char* out,
+                                                     std::uint64_t capacity, int* lossy) {
+  return guarded([&] {
+    const Compression c = Compression::parse(spec);
+    const std::string text = c.to_string();
+    if (text.size() + 1 > capacity) throw std::length_error("dlc_parse: buffer too small");
+    std::memcpy(out, text.c_str(), text.size() + 1);
+    *lossy = c.lossy() ? 1 : 0;
+  });
+}
+
+// Bytes per element of DataType `dtype` (0 for none): compression.py checks its numbers by it.
+__attribute__((visibility("default"))) std::uint64_t dlc_element_size(int dtype) {
+  if (dtype < 0 || dtype > kMaxDataType) return 0;
+  return dist::sdk::element_size(static_cast<DataType>(dtype));
+}
+
+__attribute__((visibility("default"))) void* dlc_state_new(int rank, int world, CollectiveFn fn,
+                                                           void* ctx) {
+  State* made = nullptr;
+  guarded([&] {
+    if (world < 1 || rank < 0 || rank >= world) {
+      throw std::invalid_argument("rank " + std::to_string(rank) + " of a world of " +
+                                  std::to_string(world));
+    }
+    auto state = std::make_unique<State>(State{CallbackGroup(rank, world, fn, ctx), nullptr});
+    state->ops = dist::sdk::detail::make_host_ops(state->group);
+    made = state.release();
+  });
+  return made;
+}
+
+__attribute__((visibility("default"))) void dlc_state_free(void* state) {
+  delete static_cast<State*>(state);
+}
+
+// A compressor for one bucket of `elements` elements of `dtype` (float32, float16, bfloat16),
+// holding `tensors` parameters: tensor i at offsets[i] elements, counts[i] of them, rows[i] rows
+// as a matrix (0: one-dimensional). `index` (the bucket's) seeds PowerSGD's first Q, alike on
+// every rank.
+__attribute__((visibility("default"))) void* dlc_bucket_new(
+    void* state, const char* spec, int dtype, std::uint64_t elements, std::uint64_t tensors,
+    const std::uint64_t* offsets, const std::uint64_t* counts, const std::uint64_t* rows,
+    std::uint64_t index) {
+  Bucket* made = nullptr;
+  guarded([&] {
+    auto* s = static_cast<State*>(state);
+    const Compression c = Compression::parse(spec);
+    if (!c.lossy()) throw std::invalid_argument("compression 'none' has no compressor");
+    if (dtype < 0 || dtype > kMaxDataType) throw std::invalid_argument("unknown element type");
+    dist::sdk::detail::BucketLayout layout{static_cast<DataType>(dtype), elements, {}};
+    for (std::uint64_t i = 0; i < tensors; ++i) {
+      if (offsets[i] + counts[i] > elements) {
+        throw std::invalid_argument("parameter " + std::to_string(i) + " lies outside its bucket");
+      }
+      layout.tensors.push_back({offsets[i], counts[i], rows[i]});
+    }
+    made = new Bucket{s, dist::sdk::detail::make_compressor(c, *s->ops, layout, index)};
+  });
+  return made;
+}
+
+__attribute__((visibility("default"))) void dlc_bucket_free(void* bucket) {
+  delete static_cast<Bucket*>(bucket);
+}
+
+// The bucket's gradients (flat: the layout's elements, host memory) in, the approximate average
+// out.
+__attribute__((visibility("default"))) int dlc_exchange(void* bucket, void* flat) {
+  return guarded([&] { static_cast<Bucket*>(bucket)->compressor->exchange(flat); });
+}
+
+// Since the bucket was made: out[0] exchanges skipped for inf/NaN, out[1] residuals cleaned,
+// out[2] exchanges averaged whole.
+__attribute__((visibility("default"))) int dlc_bucket_events(void* bucket, std::uint64_t* out) {
+  return guarded([&] {
+    const auto events = static_cast<Bucket*>(bucket)->compressor->events();
+    out[0] = events.skipped;
+    out[1] = events.cleaned;
+    out[2] = events.dense;
+  });
+}
+
+// The bytes this rank sent through the state's collectives, by the ring algorithms' formulas.
+__attribute__((visibility("default"))) std::uint64_t dlc_state_bytes_sent(void* state) {
+  return static_cast<State*>(state)->ops->bytes_sent();
+}
+
+// The bucket's state (residual, PowerSGD's Q and warm-up count) as bytes: its size into *size;
+// copied into out when capacity allows (call with capacity 0 to learn the size).
+__attribute__((visibility("default"))) int dlc_bucket_save(void* bucket, char* out,
+                                                           std::uint64_t capacity,
+                                                           std::uint64_t* size) {
+  return guarded([&] {
+    std::string saved;
+    static_cast<Bucket*>(bucket)->compressor->save(saved);
+    *size = saved.size();
+    if (saved.size() <= capacity) std::memcpy(out, saved.data(), saved.size());
+  });
+}
+
+__attribute__((visibility("default"))) int dlc_bucket_load(void* bucket, const char* in,
+                                                           std::uint64_t size) {
+  return guarded([&] {
+    std::string_view view(in, size);
+    static_cast<Bucket*>(bucket)->compressor->load(view);
+    if (!view.empty()) throw std::invalid_argument("a bucket's saved state is longer than its own");
+  });
+}
+
+// The bucket's residual (its layout's elements, float32) into out / from in.
+__attribute__((visibility("default"))) int dlc_bucket_residual(void* bucket, float* out) {
+  return guarded([&] { static_cast<Bucket*>(bucket)->compressor->residual(out); });
+}
+
+__attribute__((visibility("default"))) int dlc_bucket_set_residual(void* bucket, const float* in) {
+  return guarded([&] { static_cast<Bucket*>(bucket)->compressor->set_residual(in); });
+}
+
+}  // extern "C"

@@ -1,0 +1,161 @@
+"""A worker of compression_hook_test.py, run by dist-launch (2 ranks, gloo): DDP trains the digits
+MLP (64-128-10) with dist_launch.compression's hooks and with torch's own, one run per case, and
+writes what each run ended with to OUT/rank<R>.json: the test accuracy, whether every weight is
+finite, a digest of the weights (the replicas must agree), the hook's stats.
+
+    compression_hook_worker.py --out DIR --steps N
+
+Cases: every spec clean; the lossy ones again with an inf in rank 1's gradient at one step; a run
+stopped halfway and resumed from the hook's, model's and optimizer's state_dict; DDP without a
+hook; torch's PowerSGD hook with the same inf.
+"""
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import math
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dist_launch.compression as compression
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "..", "examples", "data", "digits.csv.gz")
+SPECS = ["none", "fp16", "bf16", "topk:0.05", "threshold:0.002", "powersgd:2", "powersgd:2:20"]
+INJECT_AT = 40
+LOCAL_BATCH = 16
+
+
+def load_digits():
+    rows, labels = [], []
+    with gzip.open(DATA, "rt") as f:
+        for line in f:
+            fields = line.strip().split(",")
+            rows.append([float(v) / 16.0 for v in fields[:64]])
+            labels.append(int(fields[64]))
+    return torch.tensor(rows), torch.tensor(labels)
+
+
+class Run:
+    """One training run: the model, its optimizer, DDP, and the hook (ours: SPEC; torch's:
+    'torch:powersgd'; none registered: 'ddp'; a case ending in @small has small buckets)."""
+
+    def __init__(self, case):
+        # CASE@small: a hidden layer more and buckets of 16 KiB, the first too (torch's default
+        # first bucket is 1 MiB), instead of DDP's one bucket: DDP's first layout is one bucket,
+        # its rebuilt one two, of other parameters
+        case, small = case.split("@")[0], case.endswith("@small")
+        torch.manual_seed(0)
+        hidden = [torch.nn.Linear(128, 128), torch.nn.ReLU()] if small else []
+        self.module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), *hidden,
+                                          torch.nn.Linear(128, 10))
+        first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES
+        if small:
+            dist._DEFAULT_FIRST_BUCKET_BYTES = 16 * 1024
+        self.model = DDP(self.module, bucket_cap_mb=1 / 64 if small else 25)
+        dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket_bytes
+        self.state = None
+        if case == "torch:powersgd":
+            state = torch_powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+                                                 start_powerSGD_iter=2, use_error_feedback=True,
+                                                 warm_start=True)
+            self.model.register_comm_hook(state, torch_powersgd.powerSGD_hook)
+        elif case != "ddp":
+            self.state, hook = compression.hook(case)
+            self.model.register_comm_hook(self.state, hook)
+        self.opt = torch.optim.SGD(self.module.parameters(), lr=0.1, momentum=0.9)
+        self.inject = False
+        self.module[0].weight.register_hook(self._maybe_inject)
+
+    def _maybe_inject(self, grad):
+        if not self.inject:
+            return grad
+        grad = grad.clone()
+        grad[0, 0] = float("inf")  # one overflowed entry of rank 1's gradient
+        return grad
+
+    def train(self, x, y, steps, first=0, inject_at=None):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        for step in range(first, first + steps):
+            at = (step * LOCAL_BATCH * world + rank * LOCAL_BATCH) % (len(x) - LOCAL_BATCH)
+            self.inject = step == inject_at and rank == 1
+            loss = torch.nn.functional.cross_entropy(self.model(x[at:at + LOCAL_BATCH]),
+                                                     y[at:at + LOCAL_BATCH])
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        self.inject = False
+
+    def result(self, x, y):
+        with torch.no_grad():
+            accuracy = (self.module(x).argmax(dim=1) == y).float().mean().item()
+        digest = hashlib.sha256()
+        finite = True
+        for name, value in self.module.state_dict().items():
+            digest.update(name.encode())
+            digest.update(value.numpy().tobytes())
+            finite = finite and bool(torch.isfinite(value).all())
+        out = {"accuracy": accuracy if math.isfinite(accuracy) else -1.0, "finite": finite,
+               "digest": digest.hexdigest()}
+        if self.state is not None:
+            out["stats"] = self.state.stats()
+            self.state.close()
+        return out
+
+
+def resumed(case, x, y, steps):
+    """Half the steps, everything saved (through torch.save, as a checkpoint), a new Run loaded
+    from it, the other half."""
+    first = Run(case)
+    first.train(x, y, steps // 2)
+    saved = io.BytesIO()
+    torch.save({"model": first.module.state_dict(), "opt": first.opt.state_dict(),
+                "hook": first.state.state_dict()}, saved)
+    first.state.close()
+    saved.seek(0)
+    loaded = torch.load(saved)
+    second = Run(case)
+    second.module.load_state_dict(loaded["model"])
+    second.opt.load_state_dict(loaded["opt"])
+    second.state.load_state_dict(loaded["hook"])
+    second.train(x, y, steps - steps // 2, first=steps // 2)
+    return second.result(x, y)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=200)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    x, y = load_digits()
+    results = {}
+    for case in ["ddp"] + SPECS:
+        run = Run(case)
+        run.train(x, y, args.steps)
+        results[case] = run.result(x, y)
+    for case in [s for s in SPECS if s != "none"] + ["torch:powersgd"]:
+        run = Run(case)
+        run.train(x, y, args.steps, inject_at=INJECT_AT)
+        results["inf " + case] = run.result(x, y)
+    for case in ["fp16@small", "powersgd:2@small"]:
+        run = Run(case)
+        run.train(x, y, args.steps)
+        results[case] = run.result(x, y)
+    for case in ["topk:0.05", "powersgd:2", "powersgd:2:20", "fp16@small", "powersgd:2@small"]:
+        results["resumed " + case] = resumed(case, x, y, args.steps)
+    results["torch"] = torch.__version__
+    with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

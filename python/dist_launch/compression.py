@@ -201,23 +201,26 @@ class CompressionState:
 
     def _run(self, compressor: _Bucket, spans, buffer, result) -> None:
         """The exchange, on the state's thread; `spans` (DDP's offset, the canonical one, count)
-        when the bucket is staged in canonical order, else None."""
-        self._error = None
-        flat = buffer
-        if spans is not None:
-            flat = compressor.staging
-            for at, canonical, count in spans:
-                flat[canonical:canonical + count].copy_(buffer[at:at + count])
-        if self._lib.dlc_exchange(compressor.handle, flat.data_ptr()) == 0:
+        when the bucket is staged in canonical order, else None. `result` is always completed:
+        DDP waits for it at the end of the backward pass."""
+        try:
+            self._error = None
+            flat = buffer
+            if spans is not None:
+                flat = compressor.staging
+                for at, canonical, count in spans:
+                    flat[canonical:canonical + count].copy_(buffer[at:at + count])
+            if self._lib.dlc_exchange(compressor.handle, flat.data_ptr()) != 0:
+                cause = self._error
+                raise CompressionError(f"rank {self.rank}: {self.spec} exchange of a bucket of "
+                                       f"{buffer.numel()} elements failed: {_error(self._lib)}"
+                                       + (f": {cause!r}" if cause is not None else ""))
             for at, canonical, count in spans or ():
                 buffer[at:at + count].copy_(flat[canonical:canonical + count])
-            result.set_result(buffer)
+        except BaseException as e:  # noqa: B902 (the future carries it to DDP)
+            result.set_exception(e)
             return
-        cause = self._error
-        error = CompressionError(f"rank {self.rank}: {self.spec} exchange of a bucket of "
-                                 f"{buffer.numel()} elements failed: {_error(self._lib)}"
-                                 + (f": {cause!r}" if cause is not None else ""))
-        result.set_exception(error)
+        result.set_result(buffer)
 
     def _collective(self, _ctx, kind, input_ptr, output_ptr, count, dtype) -> int:
         import torch.distributed as dist

@@ -241,7 +241,7 @@ __attribute__((visibility("default"))) int dlc_bucket_load(void* bucket, const c
                                                            std::uint64_t size) {
   return guarded([&] {
     std::string_view view(in, size);
-    static_cast<Bucket*>(bucket)->compressor->load(view);
+    static_cast<Bucket*>(bucket)->compressor->load(view, dist::sdk::detail::kStateFormat);
     if (!view.empty()) throw std::invalid_argument("a bucket's saved state is longer than its own");
   });
 }

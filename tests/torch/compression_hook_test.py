@@ -92,6 +92,16 @@ class Job(unittest.TestCase):
                 self.assertLessEqual(self.case(spec)[0]["stats"]["bytes_sent"], most * dense)
         self.assertEqual(self.case("powersgd:2:20")[0]["stats"]["dense"], 20)  # the warm-up
 
+    def test_gradients_past_fp16s_range_cost_a_few_steps_not_the_training(self):
+        # every gradient x 1e6: fp16 halves its scale at each overflow until they fit, then
+        # trains as the unscaled run does (without the scale every step was skipped)
+        scaled, plain = self.case("fp16*1e6")[0], self.case("fp16")[0]
+        self.assert_replicas_agree("fp16*1e6")
+        self.assertTrue(scaled["finite"])
+        self.assertGreaterEqual(scaled["stats"]["skipped"], 1)
+        self.assertLessEqual(scaled["stats"]["skipped"], 12)
+        self.assertGreater(scaled["accuracy"], plain["accuracy"] - 0.1)
+
     def test_one_inf_gradient_is_skipped_on_every_rank_and_poisons_nothing(self):
         for spec in LOSSY:
             with self.subTest(spec=spec):
@@ -117,6 +127,30 @@ class Job(unittest.TestCase):
                                  self.case(spec)[0]["digest"])
         self.assert_replicas_agree("resumed powersgd:2@small")
         self.assertTrue(self.case("resumed powersgd:2@small")[0]["finite"])
+
+
+class PeerDies(unittest.TestCase):
+    def test_an_exchange_whose_peer_died_fails_the_backward_pass_instead_of_waiting(self):
+        port = launcher_test_main.free_port()
+        procs = []
+        for rank in range(2):
+            env = dict(worker_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+            procs.append(subprocess.Popen([ARGS.python, WORKER, "--peer-dies"], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        try:
+            outputs = [p.communicate(timeout=120)[0] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        self.assertEqual(procs[1].returncode, 3, outputs[1])
+        self.assertEqual(procs[0].returncode, 4, outputs[0])
+        # DDP raises what the hook's future held (torch words it "Unable to cast ... to Tensor")
+        self.assertRegex(outputs[0], r"rank 0's backward raised \w+: .*rank 0: powersgd:2 "
+                                     r"exchange of a bucket of 9610 elements failed: torch's "
+                                     r"all-\w+ of \d+ elements failed on rank 0")
 
 
 class BadInput(unittest.TestCase):

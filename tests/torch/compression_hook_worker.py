@@ -4,6 +4,7 @@ writes what each run ended with to OUT/rank<R>.json: the test accuracy, whether 
 finite, a digest of the weights (the replicas must agree), the hook's stats.
 
     compression_hook_worker.py --out DIR --steps N
+    compression_hook_worker.py --peer-dies     (rank 1 exits at step 5: rank 0's backward raises)
 
 Cases: every spec clean; the lossy ones again with an inf in rank 1's gradient at one step; a run
 stopped halfway and resumed from the hook's, model's and optimizer's state_dict; DDP without a
@@ -49,7 +50,10 @@ class Run:
         # CASE@small: a hidden layer more and buckets of 16 KiB, the first too (torch's default
         # first bucket is 1 MiB), instead of DDP's one bucket: DDP's first layout is one bucket,
         # its rebuilt one two, of other parameters
-        case, small = case.split("@")[0], case.endswith("@small")
+        # CASE*1e6: the loss (so every gradient) times 1e6 and the learning rate divided by it,
+        # the same training with gradients past fp16's range
+        self.loss_scale = 1e6 if case.endswith("*1e6") else 1.0
+        case, small = case.split("@")[0].split("*")[0], case.endswith("@small")
         torch.manual_seed(0)
         hidden = [torch.nn.Linear(128, 128), torch.nn.ReLU()] if small else []
         self.module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), *hidden,
@@ -68,7 +72,8 @@ class Run:
         elif case != "ddp":
             self.state, hook = compression.hook(case)
             self.model.register_comm_hook(self.state, hook)
-        self.opt = torch.optim.SGD(self.module.parameters(), lr=0.1, momentum=0.9)
+        self.opt = torch.optim.SGD(self.module.parameters(), lr=0.1 / self.loss_scale,
+                                   momentum=0.9)
         self.inject = False
         self.module[0].weight.register_hook(self._maybe_inject)
 
@@ -85,7 +90,7 @@ class Run:
             at = (step * LOCAL_BATCH * world + rank * LOCAL_BATCH) % (len(x) - LOCAL_BATCH)
             self.inject = step == inject_at and rank == 1
             loss = torch.nn.functional.cross_entropy(self.model(x[at:at + LOCAL_BATCH]),
-                                                     y[at:at + LOCAL_BATCH])
+                                                     y[at:at + LOCAL_BATCH]) * self.loss_scale
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
@@ -127,14 +132,33 @@ def resumed(case, x, y, steps):
     return second.result(x, y)
 
 
+def peer_dies(x, y):
+    """Rank 1 exits at step 5; rank 0's exchange must fail, not wait: its backward raises."""
+    run = Run("powersgd:2")
+    run.train(x, y, 5)
+    if dist.get_rank() == 1:
+        print("rank 1 exits", flush=True)
+        os._exit(3)
+    try:
+        run.train(x, y, 5, first=5)
+    except Exception as e:  # noqa: BLE001 (what DDP's backward raised is the report)
+        print(f"rank 0's backward raised {type(e).__name__}: {e}", flush=True)
+        os._exit(4)
+    print("rank 0 trained on without its peer", flush=True)
+    os._exit(5)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--peer-dies", action="store_true", help="peer_dies() instead of the cases")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     x, y = load_digits()
+    if args.peer_dies:
+        peer_dies(x, y)
     results = {}
     for case in ["ddp"] + SPECS:
         run = Run(case)
@@ -144,7 +168,7 @@ def main():
         run = Run(case)
         run.train(x, y, args.steps, inject_at=INJECT_AT)
         results["inf " + case] = run.result(x, y)
-    for case in ["fp16@small", "powersgd:2@small"]:
+    for case in ["fp16@small", "powersgd:2@small", "fp16*1e6"]:
         run = Run(case)
         run.train(x, y, args.steps)
         results[case] = run.result(x, y)

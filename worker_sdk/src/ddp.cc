@@ -39,7 +39,9 @@ void make_parameter(std::string name, std::span<T> value, std::span<T> grad,
   p.shape = std::move(shape);
 }
 
-constexpr char kStateMagic[8] = {'D', 'D', 'P', 'S', 'T', 'A', 'T', '1'};
+// "DDPSTAT" and the compressors' state format (compressor.h: kStateFormat) as a digit.
+constexpr char kStateMagic[8] = {'D', 'D', 'P', 'S',
+                                 'T', 'A', 'T', static_cast<char>('0' + detail::kStateFormat)};
 
 }  // namespace
 
@@ -423,8 +425,10 @@ std::string DistributedDataParallel::state() const {
 void DistributedDataParallel::load_state(std::string_view state) {
   auto fail = [](const std::string& why) { throw std::invalid_argument("DDP state: " + why); };
   try {
-    if (state.size() < sizeof kStateMagic ||
-        std::memcmp(state.data(), kStateMagic, sizeof kStateMagic) != 0) {
+    // Every format up to this build's loads.
+    const int format = state.size() < sizeof kStateMagic ? 0 : state[sizeof kStateMagic - 1] - '0';
+    if (format < 1 || format > detail::kStateFormat ||
+        std::memcmp(state.data(), kStateMagic, sizeof kStateMagic - 1) != 0) {
       fail("not a DistributedDataParallel state");
     }
     state.remove_prefix(sizeof kStateMagic);
@@ -450,7 +454,7 @@ void DistributedDataParallel::load_state(std::string_view state) {
     }
     const std::uint64_t steps = detail::take_u64(state);
     if (detail::take_u64(state) != compressors_.size()) fail("another number of buckets");
-    for (const auto& c : compressors_) c->load(state);
+    for (const auto& c : compressors_) c->load(state, format);
     if (!state.empty()) fail("trailing bytes");
     local_steps_ = steps;
   } catch (const std::invalid_argument& e) {

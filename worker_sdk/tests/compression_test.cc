@@ -212,6 +212,59 @@ TEST(Compression, Bf16IsTheRoundedAverageWithTheResidualCarriedOver) {
   check_cast<BFloat16>("bf16");
 }
 
+// A gradient past fp16's range at every step (up to 1e6: 5e5 a rank after the division by the
+// world, where fp16 ends at 65504): the scale halves at each skipped exchange until the average
+// fits (1 / 8: three skips), then every step is applied, the average within fp16's precision.
+// Without the scale every step was skipped for good. A state saved at that scale resumes it (the
+// next step bit-identical to the uninterrupted one's, and not skipped); a state of the format
+// before the scale (DDPSTAT1) loads with the scale at 1.
+TEST(Compression, Fp16ScalesDownUntilAGradientPastItsRangeFitsAndKeepsTheScaleInItsState) {
+  constexpr std::size_t kN = 64;
+  auto grad = [](int rank, std::size_t i) {
+    const float base = rank == 0 ? 1e6f : 9e5f;
+    return base * (0.5f + 0.5f * static_cast<float>(i) / (kN - 1));
+  };
+  std::mutex mutex;
+  std::map<int, std::vector<float>> last, resumed;
+  std::map<int, std::uint64_t> skipped, skipped_after_resume;
+  on_ranks(kWorld, [&](ProcessGroup& g) {
+    std::vector<float> v(kN), dv(kN), v2(kN), dv2(kN);
+    DistributedDataParallel ddp(g, {{"v", v, dv}}, with("fp16"));
+    auto step = [&](DistributedDataParallel& d, std::vector<float>& grads) {
+      for (std::size_t i = 0; i < kN; ++i) grads[i] = grad(g.rank(), i);
+      d.synchronize();
+    };
+    for (int s = 0; s < 6; ++s) step(ddp, dv);
+    DistributedDataParallel again(g, {{"v", v2, dv2}}, with("fp16"));
+    again.load_state(ddp.state());
+    step(ddp, dv);
+    step(again, dv2);
+
+    std::string state = DistributedDataParallel(g, {{"v", v2, dv2}}, with("fp16")).state();
+    ASSERT_EQ(state.substr(0, 8), "DDPSTAT2");
+    state[7] = '1';
+    state.resize(state.size() - 16);  // the fp16 bucket's scale and count
+    DistributedDataParallel old(g, {{"v", v2, dv2}}, with("fp16"));
+    EXPECT_NO_THROW(old.load_state(state));
+    state.resize(state.size() - 1);
+    EXPECT_THROW(old.load_state(state), std::invalid_argument);
+
+    std::lock_guard lock(mutex);
+    last[g.rank()] = dv;
+    resumed[g.rank()] = dv2;
+    skipped[g.rank()] = ddp.stats().nonfinite_skipped;
+    skipped_after_resume[g.rank()] = again.stats().nonfinite_skipped;
+  });
+  EXPECT_EQ(skipped, (std::map<int, std::uint64_t>{{0, 3}, {1, 3}}));
+  EXPECT_EQ(skipped_after_resume, (std::map<int, std::uint64_t>{{0, 0}, {1, 0}}));
+  EXPECT_EQ(last[0], last[1]);
+  EXPECT_EQ(resumed[0], last[0]) << "the resumed step is the uninterrupted one";
+  for (std::size_t i = 0; i < kN; ++i) {
+    const double mean = (double{grad(0, i)} + grad(1, i)) / 2;
+    EXPECT_NEAR(last[0][i], mean, 2e-3 * mean) << i;
+  }
+}
+
 // Three ranks and 80 KB of fp16 per rank: past the all-gather's limit, Gloo's ring all-reduce in
 // float16 (partial sums rounded to half), so the result is within a few half ulps of the mean.
 TEST(Compression, Fp16OnALargeBucketOfThreeRanksUsesTheRingAllReduce) {

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numbers>
 #include <random>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace dist::sdk::detail {
@@ -28,10 +31,11 @@ class Lossy : public BucketCompressor {
     put_floats(out, ops_, residual_, n_);
     clean_floats(out, n_);  // a checkpoint never carries a poisoned residual
   }
-  void load(std::string_view& in) override {
+  void load(std::string_view& in, int /*format*/) override {
     if (take_u64(in) != n_) throw std::invalid_argument("a bucket's residual has another size");
     take_floats(in, ops_, residual_, n_);
     ops_.zero_nonfinite(residual_, n_, counts_ + kCleaned);  // one written before the guard
+    ops_.zero(flag_, sizeof *flag_);  // no exchange before this one to follow (last_skipped)
   }
   void residual(float* out) const override { ops_.to_host(out, residual_, n_ * sizeof(float)); }
   void set_residual(const float* in) override {
@@ -75,6 +79,13 @@ class Lossy : public BucketCompressor {
   }
   // When *flag: the compressor's own state back to its start (PowerSGD: Q).
   virtual void reset_if(const std::uint32_t* /*flag*/) {}
+  // Whether the guard skipped the last exchange (false before the first and after a load). Reads
+  // the Ops' memory: on the device, a wait.
+  bool last_skipped() const {
+    std::uint32_t flag = 0;
+    ops_.to_host(&flag, flag_, sizeof flag);
+    return flag != 0;
+  }
 
   // The last `n` floats of `out` with every inf or NaN made 0.
   static void clean_floats(std::string& out, std::size_t n) {
@@ -100,22 +111,74 @@ class Lossy : public BucketCompressor {
 };
 
 // fp16 / bf16: the bucket divided by the world size, cast, summed (in float).
+//
+// fp16 with a dynamic scale (host buffers): the wire carries acc x scale / world. An exchange the
+// guard skipped (its average was not finite: a gradient past fp16's 65504, or an inf or NaN)
+// halves the scale for the next one, so a gradient too large for fp16 costs one skipped step per
+// halving instead of every step; kGrowthInterval clean exchanges in a row double it again, up to
+// 1. Never above 1: what underflows fp16 is not lost but waits in the residual (error feedback),
+// so scaling up would buy overflows and nothing else. The scale is part of the state. On the
+// device it stays 1: following the last exchange there would make the host wait for it.
 class Cast16 final : public Lossy {
  public:
   Cast16(Ops& ops, const BucketLayout& layout, DataType wire)
-      : Lossy(ops, layout), wire_type_(wire), wire_(ops.allocate(n_ * element_size(wire))) {}
+      : Lossy(ops, layout),
+        wire_type_(wire),
+        dynamic_(wire == DataType::kFloat16 && !ops.group().device_buffers()),
+        wire_(ops.allocate(n_ * element_size(wire))) {}
 
   void exchange(void* flat) override {
+    if (dynamic_) follow_last_exchange();
     ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
-    ops_.encode16(acc_, wire_, wire_type_, inverse_world(), residual_, n_);
+    ops_.encode16(acc_, wire_, wire_type_, scale_ * inverse_world(), residual_, n_);
     ops_.all_sum(wire_, wire_type_, n_, acc_);
+    if (scale_ != 1.0f) ops_.scale(acc_, n_, 1.0f / scale_);
     guard(acc_);
     ops_.narrow(acc_, flat, layout_.type, n_);
+    exchanged_ = true;
   }
 
+  void save(std::string& out) const override {
+    Lossy::save(out);
+    if (wire_type_ != DataType::kFloat16) return;
+    auto [scale, clean] = next_scale();
+    put_u64(out, std::bit_cast<std::uint32_t>(scale));
+    put_u64(out, clean);
+  }
+  void load(std::string_view& in, int format) override {
+    Lossy::load(in, format);
+    exchanged_ = false;
+    scale_ = 1.0f;
+    clean_ = 0;
+    if (wire_type_ != DataType::kFloat16 || format < 2) return;
+    const auto scale = std::bit_cast<float>(static_cast<std::uint32_t>(take_u64(in)));
+    if (!(scale > 0.0f && scale <= 1.0f)) throw std::invalid_argument("fp16's scale out of (0, 1]");
+    scale_ = scale;
+    clean_ = take_u64(in);
+  }
+
+  static constexpr std::uint64_t kGrowthInterval = 1000;
+  static constexpr float kSmallestScale = 0x1.0p-24f;
+
  private:
+  // The scale and the clean exchanges in a row, once the last exchange is taken into account.
+  std::pair<float, std::uint64_t> next_scale() const {
+    if (!dynamic_ || !exchanged_) return {scale_, clean_};
+    if (last_skipped()) return {std::max(scale_ * 0.5f, kSmallestScale), 0};
+    if (clean_ + 1 < kGrowthInterval || scale_ == 1.0f) return {scale_, clean_ + 1};
+    return {std::min(scale_ * 2.0f, 1.0f), 0};
+  }
+  void follow_last_exchange() {
+    std::tie(scale_, clean_) = next_scale();
+    exchanged_ = false;
+  }
+
   DataType wire_type_;
+  bool dynamic_;
   void* wire_;
+  float scale_ = 1.0f;
+  std::uint64_t clean_ = 0;  // exchanges in a row the guard did not skip, at this scale
+  bool exchanged_ = false;   // an exchange since the construction or the last load
 };
 
 bool all_finite(const std::vector<float>& values) {
@@ -280,8 +343,8 @@ class PowerSgd final : public Lossy {
     put_u64(out, whole ? plan_.q_size : 0);
     if (whole) out.append(reinterpret_cast<const char*>(q.data()), q.size() * sizeof(float));
   }
-  void load(std::string_view& in) override {
-    Lossy::load(in);
+  void load(std::string_view& in, int format) override {
+    Lossy::load(in, format);
     if (warmup_) warmed_ = std::min(take_u64(in), warmup_);
     const std::uint64_t q = take_u64(in);
     if (q != 0 && q != plan_.q_size) throw std::invalid_argument("PowerSGD's Q has another size");

@@ -44,11 +44,12 @@ class BucketCompressor {
   // flat (layout.type, in the Ops' memory): this rank's gradients in, the approximate average out.
   // Runs inside an Ops job (Ops::post).
   virtual void exchange(void* flat) = 0;
-  // The state a restart needs (residual, PowerSGD's Q), appended to `out`; load() reads what
-  // save() wrote from the front of `in` and advances it (std::invalid_argument when it does not
-  // fit this bucket).
+  // The state a restart needs (residual, fp16's scale, PowerSGD's Q), appended to `out` in
+  // kStateFormat; load() reads what save() wrote in `format` (kStateFormat, or an earlier one)
+  // from the front of `in` and advances it (std::invalid_argument when it does not fit this
+  // bucket).
   virtual void save(std::string& out) const = 0;
-  virtual void load(std::string_view& in) = 0;
+  virtual void load(std::string_view& in, int format) = 0;
   // The residual alone (layout.elements floats in host memory), for a caller that moves it
   // between layouts of the same parameters (torch's DDP rebuilds its buckets); set_residual()
   // drops an inf or NaN in it, as load() does.
@@ -66,6 +67,9 @@ class BucketCompressor {
   // Every exchange averages the bucket whole (top-k where k x world >= its size).
   virtual bool always_dense() const { return false; }
 };
+
+// The format of save(); 1 is the one before fp16 kept a scale (loaded with the scale at 1).
+constexpr int kStateFormat = 2;
 
 // `compression` must be lossy. `index` (the bucket's) seeds PowerSGD's first Q.
 std::unique_ptr<BucketCompressor> make_compressor(const Compression& compression, Ops& ops,

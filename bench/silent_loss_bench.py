@@ -3,7 +3,7 @@
 again, with the default settings (issue 43's target: within 10 s).
 
     python3 bench/silent_loss_bench.py [--build build] [--runs 5]
-        [--kinds stop,partition,torch_stop] [--python python3]
+        [--kinds stop,partition,torch_stop,torch_stop_warm,torch_partition] [--python python3]
 
 Two faults that close nothing, so no survivor's collective fails by itself:
   stop       one node, 2 dist-inplace-worker workers (an all-reduce every 20 ms step); worker 1 is
@@ -17,6 +17,8 @@ Two faults that close nothing, so no survivor's collective fails by itself:
              gloo, 2 workers, steps paced at 20 ms) under --python (torch 2.x), in place;
              torch_stop_warm the same under --warm-restart (the replacement forked from a zygote
              that imported torch already).
+  torch_partition  the partition with torch workers (elastic_train.py as above, each host's gloo on
+             its veth: GLOO_SOCKET_IFNAME).
 Measured from the fault (the moment the signal was sent or the link went down) to the survivor's
 "recovered in place" line (its first step in the new generation follows at once), each output
 line stamped as it arrives. Medians and the runs, one line per kind.
@@ -137,7 +139,11 @@ def sh(command):
                    stderr=subprocess.DEVNULL)
 
 
-def partition_run(args, out):
+def torch_partition_run(args, out):
+    return partition_run(args, out, torch=True)
+
+
+def partition_run(args, out, torch=False):
     tag = f"{os.getpid() % 100000}"
     ns, veth = [f"slb{tag}a", f"slb{tag}b"], [f"svb{tag}a", f"svb{tag}b"]
     subnet = os.getpid() % 250
@@ -154,20 +160,26 @@ def partition_run(args, out):
             sh(f"ip -n {ns[i]} link set lo up")
 
         def agent(host):
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            program = ["--no-python", *worker(args, out, 1000)]
+            if torch:  # examples/torch/elastic_train.py; torch's gloo takes the host's veth
+                env.update(PYTHON_EXEC=args.python, PYTHONPATH=os.path.join(ROOT, "python"),
+                           GLOO_SOCKET_IFNAME=veth[host])
+                program = [os.path.join(ROOT, "examples", "torch", "elastic_train.py"),
+                           "--steps", "2000", "--pause-ms", "20", "--timestamps"]
             return Stamped(["ip", "netns", "exec", ns[host],
                             os.path.join(args.build, "bin", "dist-launch"), "--nnodes", "2:3",
                             "--rdzv-endpoint", f"{addr[0]}:29513", "--rdzv-id", "job",
                             "--local-addr", addr[host], "--nproc-per-node", "1",
-                            "--restart-policy", "in-place", "--max-restarts", "1", "--no-python",
-                            *worker(args, out, 1000)],
-                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            "--restart-policy", "in-place", "--max-restarts", "1", *program],
+                           env=env)
 
         jobs.append(agent(0))
         jobs[0].wait_for("hosting the rendezvous store", 30)
         jobs.append(agent(0))
         jobs.append(agent(1))
         jobs[2].wait_for(r" of 3, global ranks", 60)
-        jobs[2].wait_for(r" step 20\n", 60)
+        jobs[2].wait_for(r" step 20 done" if torch else r" step 20\n", 120)
         fault = time.monotonic()
         sh(f"ip -n {ns[1]} link set {veth[1]} down")
         jobs[0].wait_for(RECOVERED.pattern, 60)
@@ -193,11 +205,13 @@ def main():
     ap.add_argument("--python", default="python3", help="torch 2.x, for torch_stop")
     args = ap.parse_args()
     runs = {"stop": stop_run, "partition": partition_run, "torch_stop": torch_stop_run,
-            "torch_stop_warm": lambda a, o: torch_stop_run(a, o, warm=True)}
+            "torch_stop_warm": lambda a, o: torch_stop_run(a, o, warm=True),
+            "torch_partition": torch_partition_run}
     kinds = args.kinds.split(",")
-    if "partition" in kinds and (os.geteuid() != 0 or shutil.which("ip") is None):
-        print("partition: needs root and iproute2; skipped", file=sys.stderr)
-        kinds.remove("partition")
+    for kind in ("partition", "torch_partition"):
+        if kind in kinds and (os.geteuid() != 0 or shutil.which("ip") is None):
+            print(f"{kind}: needs root and iproute2; skipped", file=sys.stderr)
+            kinds.remove(kind)
     results = {k: [] for k in kinds}
     for i in range(args.runs):
         for kind in kinds:  # interleaved

@@ -6,14 +6,15 @@
 // (step_stats.h). What is seen and what is done are apart:
 //
 //   - seen: a worker without progress for its hang timeout (10 x the p99 of its own step times,
-//     at least 30 s, once it made 5 steps; or --hang-timeout S from its first step; a declared
-//     pause is no silence) starts an investigation: every rank that can is asked for its stacks
-//     (the stack signal: faulthandler in Python, the SDK's handler in C++), twice, kConfirmGap
-//     apart, and its processes read (state, CPU, I/O: process_activity.h); hang_report.h says what
-//     is made of it. A rank that moved meanwhile clears it. Otherwise the finding is reported in
-//     the log (a warning when a rank the others wait for does nothing at all, else what it is
-//     doing), the event log (hang_suspected), the metrics, the status page and `dist-launch
-//     status`; the next look comes a timeout later, and progress after it is said (hang_cleared);
+//     at least 30 s, once it made 5 steps, 5 minutes before; or --hang-timeout S from its first
+//     step; a declared pause is no silence) starts an investigation: every rank that can is asked
+//     for its stacks (the stack signal: faulthandler in Python, the SDK's handler in C++), twice,
+//     kConfirmGap apart, and its processes read (state, CPU, I/O: process_activity.h);
+//     hang_report.h says what is made of it. A rank that moved meanwhile clears it. Otherwise the
+//     finding is reported in the log (a warning when a rank the others wait for does nothing at
+//     all, else what it is doing), the event log (hang_suspected), the metrics, the status page and
+//     `dist-launch status`; the next look comes a timeout later, and progress after it is said
+//     (hang_cleared);
 //   - done, under --hang-timeout auto: a rank is ended only on proof that it cannot go on (held
 //     stopped by a signal while other ranks here run: from kStoppedProof on, without waiting for
 //     a hang timeout; collectives that can never match: collective_proof.h, with the other nodes'

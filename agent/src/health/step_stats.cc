@@ -126,7 +126,7 @@ std::optional<std::chrono::nanoseconds> StepHistory::hang_timeout(
     const HangTimeoutRule& rule) const {
   if (rule.off || !last_.last_progress()) return std::nullopt;
   if (rule.fixed) return *rule.fixed;
-  if (last_.steps < kStepsBeforeAutoTimeout) return std::nullopt;
+  if (last_.steps < kStepsBeforeAutoTimeout) return kEarlyHangTimeout;
   const std::optional<double> p99 = step_seconds_p99();
   // No step time yet with enough steps: they all came between two readings (a second apart), so
   // each took well under the floor's tenth.

@@ -55,7 +55,9 @@ SlotReading read_slot(const worker_contract::heartbeat_slot::Slot& slot,
 std::chrono::nanoseconds monotonic_now();
 
 // --hang-timeout: automatic (10 x the p99 of the worker's own step times, at least kMinHangTimeout,
-// once it made kStepsBeforeAutoTimeout steps), fixed (from the first step or beat), or off.
+// once it made kStepsBeforeAutoTimeout steps; before, kEarlyHangTimeout from its first step or
+// beat: a job that stops at its second step is looked at too), fixed (from the first step or
+// beat), or off.
 struct HangTimeoutRule {
   std::optional<std::chrono::milliseconds> fixed;  // none: automatic
   bool off = false;
@@ -63,6 +65,9 @@ struct HangTimeoutRule {
 inline constexpr std::chrono::seconds kMinHangTimeout{30};
 inline constexpr double kHangTimeoutP99Factor = 10;
 inline constexpr std::uint64_t kStepsBeforeAutoTimeout = 5;
+// Longer than a healthy job's early steps take (compiling, a first evaluation or checkpoint): the
+// automatic rule's only look, and report, before it knows a step's time.
+inline constexpr std::chrono::minutes kEarlyHangTimeout{5};
 
 // One worker's recent steps.
 class StepHistory {

@@ -67,9 +67,10 @@ TEST(StepHistory, TheAutomaticTimeoutIsTenTimesTheP99AtLeastThirtySeconds) {
   EXPECT_NEAR(std::chrono::duration<double>(*slow.hang_timeout({})).count(), 50.0, 1e-6);
 }
 
-TEST(StepHistory, TheAutomaticTimeoutWaitsForFiveSteps) {
+TEST(StepHistory, BeforeFiveStepsTheAutomaticTimeoutIsFiveMinutes) {
   const StepHistory h = steady(1, 4);  // 4 steps
-  EXPECT_FALSE(h.hang_timeout({})) << "4 steps are too few to know a step's time";
+  ASSERT_TRUE(h.hang_timeout({})) << "a job stuck at its second step is looked at too";
+  EXPECT_EQ(*h.hang_timeout({}), kEarlyHangTimeout) << "4 steps are too few to know a step's time";
   EXPECT_EQ(*h.hang_timeout({milliseconds(3000), false}), milliseconds(3000))
       << "a fixed timeout counts from the first step";
   EXPECT_FALSE(h.hang_timeout({std::nullopt, true})) << "off is off";

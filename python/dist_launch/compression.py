@@ -8,19 +8,26 @@ SPEC is what `--compression` takes (compression.h): `none`, `fp16`, `bf16`, `top
 `threshold:T`, `powersgd:RANK[:WARMUP]`. The compressors are the SDK's own, in
 libdist_compression.so (built with the package): every lossy mode keeps an error-feedback
 residual per bucket; the sparse modes fall back to a dense all-reduce where that is cheaper at the
-world size; and one inf or NaN gradient never poisons the state: a bucket whose average holds one
-is not applied (its averaged gradients are zeros, as a skipped step's), its residual and
-PowerSGD's Q are reset on every rank, and the event is counted (`state.stats()`). torch's own
-PowerSGD hook stays NaN for good after one inf gradient.
+world size; fp16 scales itself down past its range; and one inf or NaN gradient never poisons the
+state: a bucket whose average holds one is not applied (its averaged gradients are zeros, as a
+skipped step's), its residual and PowerSGD's Q are reset on every rank, and the event is counted
+(`state.stats()`). torch's own PowerSGD hook stays NaN for good after one inf gradient.
 
-The collectives are torch's, on the DDP's process group (or `process_group`), over the bucket's
-CPU tensor (gloo). Each exchange runs on a thread of the state's own, so it overlaps the rest of
-the backward pass as torch's asynchronous hooks do; the buckets are exchanged in order, one at a
-time. CUDA buckets are refused (the SDK's device compressors need its NCCL group).
+The collectives are torch's, over the bucket's CPU tensor (gloo), on a process group of the
+hook's own: hook() makes one over the ranks of `process_group` (default: every rank; like
+torch.distributed.new_group, every rank of the job calls hook()). Each exchange runs on a thread
+of the state's own, so it overlaps the rest of the backward pass as torch's asynchronous hooks
+do, bucket after bucket; its own group keeps its collectives in the same order on every rank
+whatever else the job runs meanwhile (DDP's unused-parameter map with find_unused_parameters).
+CUDA buckets are refused (the SDK's device compressors need its NCCL group).
 
-`state.state_dict()` / `state.load_state_dict(d)` keep the residuals (and PowerSGD's Q and
-warm-up count) across a restart; a saved residual never carries an inf or NaN. DDP rebuilds its
-buckets after the first step: a bucket whose layout changed starts with an empty residual.
+`state.state_dict()` / `state.load_state_dict(d)` keep the residuals, fp16's scale and PowerSGD's
+Q and warm-up count across a restart; a saved residual never carries an inf or NaN. A compressor
+holds its parameters by their place in DDP's first layout (_Layout), so DDP's rebuild of its
+buckets after the first step and a resumed job find their state: all of it where the layout is
+the saved one, the residuals by parameter where a bucket's parameters changed (fp16's scale and
+PowerSGD's Q and warm-up then start again for it). A parameter is known by its place and shape:
+resume with the same model and bucket sizes.
 """
 from __future__ import annotations
 
@@ -108,12 +115,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dlc_exchange.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.dlc_bucket_events.restype = ctypes.c_int
     lib.dlc_bucket_events.argtypes = [ctypes.c_void_p, _U64P]
-    lib.dlc_state_bytes_sent.restype = ctypes.c_uint64
-    lib.dlc_state_bytes_sent.argtypes = [ctypes.c_void_p]
+    lib.dlc_state_format.restype = ctypes.c_int
+    lib.dlc_state_format.argtypes = []
     lib.dlc_bucket_save.restype = ctypes.c_int
     lib.dlc_bucket_save.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, _U64P]
     lib.dlc_bucket_load.restype = ctypes.c_int
-    lib.dlc_bucket_load.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64]
+    lib.dlc_bucket_load.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64,
+                                    ctypes.c_int]
     lib.dlc_bucket_residual.restype = ctypes.c_int
     lib.dlc_bucket_residual.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.dlc_bucket_set_residual.restype = ctypes.c_int
@@ -160,18 +168,26 @@ class CompressionState:
 
         self.spec, self.lossy = parse(spec)
         self._lib = _library()
-        self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.world = dist.get_world_size(process_group)
+        # A group of the hook's own (every rank makes it, as new_group wants): the exchanges' order
+        # is then the same on every rank whatever the job's other threads run on its groups.
+        ranks = (list(range(dist.get_world_size())) if process_group is None else
+                 [_global_rank(process_group, r) for r in range(self.world)])
+        self.process_group = dist.new_group(ranks=ranks, backend="gloo")
         self._buckets: Dict[int, _Bucket] = {}
         self._pending: Dict[tuple, bytes] = {}  # loaded, by layout, for buckets not made yet
-        self._keys: Dict[int, Tuple[int, int]] = {}  # id(parameter): its place in DDP's first layout
-        self._carry: Dict[Tuple[int, int], Any] = {}  # key: a residual for a bucket not made yet
+        self._format = 1  # the pending states' (load_state_dict)
+        self._keys: Dict[int, tuple] = {}  # id(parameter): its key (_Layout)
+        self._carry: Dict[tuple, Any] = {}  # key: a residual for a bucket not made yet
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
         self._reduce_bf16 = True  # torch 1.x's gloo has no bfloat16 (then: in float32)
         self._error: Optional[BaseException] = None  # the last torch collective's, for its message
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="dist-launch-compression")
+        # Every call into the library runs here, one at a time: the exchanges (in order) and what
+        # reads or makes compressors, which must not meet an exchange.
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = \
+            concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="dist-launch-compression")
         self._callback = _COLLECTIVE(self._collective)  # kept alive as long as the state
         self._state = None
         if self.lossy:
@@ -179,11 +195,19 @@ class CompressionState:
             if not self._state:
                 raise CompressionError(_error(self._lib))
 
+    def _on_thread(self, fn, *args):
+        """fn(*args) on the state's thread, after the exchanges posted before; its result."""
+        if self._executor is None:
+            raise CompressionError("this compression state was closed")
+        return self._executor.submit(fn, *args).result()
+
     # -- what the hook does --------------------------------------------------------------------
 
     def _exchange(self, bucket) -> Any:
         import torch
 
+        if self._executor is None:
+            raise CompressionError("this compression state was closed: register a new hook")
         buffer = bucket.buffer()
         if buffer.device.type != "cpu":
             raise CompressionError(
@@ -223,9 +247,9 @@ class CompressionState:
         result.set_result(buffer)
 
     def _collective(self, _ctx, kind, input_ptr, output_ptr, count, dtype) -> int:
-        import torch.distributed as dist
-
         try:
+            import torch.distributed as dist
+
             if kind == _ALL_REDUCE_SUM:
                 self._all_reduce(_tensor_at(output_ptr, count, dtype))
             elif kind == _ALL_GATHER:  # bits, whatever their type: gloo gathers bytes of any
@@ -275,15 +299,16 @@ class CompressionState:
             # DDP rebuilt its buckets (after the first step), with other parameters in this one:
             # the residuals move to the new buckets by parameter. What is saved for a layout
             # (_pending) is older than them now.
-            self._executor.submit(self._carry_residuals).result()
+            self._on_thread(self._carry_residuals)
             self._pending.clear()
-        made = self._make(layout.signature, index, buffer.dtype, staged=layout.spans is not None)
+        made = self._on_thread(self._make, layout.signature, index, buffer.dtype,
+                               layout.spans is not None)
         self._buckets[index] = made
         return made, layout.spans
 
     def _make(self, signature, index, dtype, staged=False) -> _Bucket:
         """A compressor of `signature`'s layout, with the state saved for that layout (_pending)
-        or else the residuals carried for its parameters (_carry)."""
+        or else the residuals carried for its parameters (_carry). On the state's thread."""
         import torch
 
         element_type, entries = signature
@@ -296,17 +321,18 @@ class CompressionState:
         array = ctypes.c_uint64 * len(entries)
         # PowerSGD's first Q is seeded by the bucket's place in DDP's first layout, the same in
         # every process of the job, this one's first try or a resumed one.
-        seed_index = min((key[0] for key, _, _ in entries), default=index)
+        seed_index = min((key[0] for key, _, _ in entries), default=max(index, 0))
         handle = self._lib.dlc_bucket_new(self._state, self.spec.encode(), element_type, at,
                                           len(entries), array(*offsets), array(*counts),
                                           array(*rows), seed_index)
         if not handle:
-            raise CompressionError(f"rank {self.rank}: bucket {index}: {_error(self._lib)}")
+            raise CompressionError(f"rank {self.rank}: a compressor for {len(entries)} "
+                                   f"parameters: {_error(self._lib)}")
         made = _Bucket(self._lib, handle, signature, torch.zeros(at, dtype=dtype) if staged else None)
         saved = self._pending.pop(signature, None)
         if saved is not None:
-            self._check(self._lib.dlc_bucket_load(handle, saved, len(saved)), made,
-                        f"bucket {index}'s saved state")
+            self._check(self._lib.dlc_bucket_load(handle, saved, len(saved), self._format), made,
+                        "its saved state")
             for key, _, _ in entries:
                 self._carry.pop(key, None)
         elif any(key in self._carry for key, _, _ in entries):
@@ -316,13 +342,13 @@ class CompressionState:
                 if carried is not None:
                     residual[offset:offset + count].copy_(carried)
             self._check(self._lib.dlc_bucket_set_residual(handle, residual.data_ptr()), made,
-                        f"bucket {index}'s residual")
+                        "its residual")
         return made
 
     def _check(self, rc, bucket: _Bucket, what) -> None:
         if rc != 0:
             bucket.free()
-            raise CompressionError(f"rank {self.rank}: {what}: {_error(self._lib)}")
+            raise CompressionError(f"rank {self.rank}: a compressor's {what}: {_error(self._lib)}")
 
     def _carry_residuals(self) -> None:
         """Every compressor's residual into _carry, by parameter; the compressors freed."""
@@ -337,23 +363,22 @@ class CompressionState:
         an inf or NaN: not applied, state reset), `cleaned` (residuals cleaned of an inf or NaN
         only this rank held), `dense` (exchanges that averaged a bucket whole), `bytes_sent`
         (what this rank sent, by the ring algorithms' formulas)."""
-        self._executor.submit(lambda: None).result()  # after the exchanges posted so far
-        totals = dict(self._retired)
-        for b in self._buckets.values():
-            for name, value in self._events(b).items():
-                totals[name] += value
-        if self._state:  # the state's, every bucket's together
-            totals["bytes_sent"] = self._lib.dlc_state_bytes_sent(self._state)
-        return totals
+        def read():
+            totals = dict(self._retired)
+            for b in self._buckets.values():
+                for name, value in self._events(b).items():
+                    totals[name] += value
+            return totals
+        return self._on_thread(read)
 
     def _events(self, bucket: _Bucket) -> Dict[str, int]:
-        out = (ctypes.c_uint64 * 3)()
+        out = (ctypes.c_uint64 * 4)()
         if self._lib.dlc_bucket_events(bucket.handle, out) != 0:
             raise CompressionError(_error(self._lib))
-        return {"skipped": out[0], "cleaned": out[1], "dense": out[2]}
+        return {"skipped": out[0], "cleaned": out[1], "dense": out[2], "bytes_sent": out[3]}
 
     def _retire(self) -> None:
-        """Frees every compressor, its events kept in stats()."""
+        """Frees every compressor, its events kept in stats(). On the state's thread."""
         for b in self._buckets.values():
             for name, value in self._events(b).items():
                 self._retired[name] += value
@@ -361,35 +386,44 @@ class CompressionState:
         self._buckets.clear()
 
     def state_dict(self) -> Dict[str, Any]:
-        """The residuals, PowerSGD's Q and warm-up counts, per bucket (bytes: torch.save it)."""
-        self._executor.submit(lambda: None).result()
-        buckets = {}
-        for index, b in self._buckets.items():
-            size = ctypes.c_uint64(0)
-            if self._lib.dlc_bucket_save(b.handle, None, 0, ctypes.byref(size)) != 0:
-                raise CompressionError(_error(self._lib))
-            out = ctypes.create_string_buffer(size.value)
-            if self._lib.dlc_bucket_save(b.handle, out, size.value, ctypes.byref(size)) != 0:
-                raise CompressionError(_error(self._lib))
-            buckets[index] = (b.signature, out.raw[:size.value])
-        return {"spec": self.spec, "buckets": buckets}
+        """The residuals, fp16's scale, PowerSGD's Q and warm-up counts, per bucket (bytes:
+        torch.save it), with what a load_state_dict() gave buckets not made since."""
+        def save():
+            buckets = {}
+            for index, b in self._buckets.items():
+                size = ctypes.c_uint64(0)
+                if self._lib.dlc_bucket_save(b.handle, None, 0, ctypes.byref(size)) != 0:
+                    raise CompressionError(_error(self._lib))
+                out = ctypes.create_string_buffer(size.value)
+                if self._lib.dlc_bucket_save(b.handle, out, size.value, ctypes.byref(size)) != 0:
+                    raise CompressionError(_error(self._lib))
+                buckets[index] = (b.signature, out.raw[:size.value])
+            for i, (signature, saved) in enumerate(self._pending.items()):
+                buckets[-1 - i] = (signature, saved)  # loaded, not made yet: kept as loaded
+            return {"spec": self.spec, "format": self._lib.dlc_state_format(), "buckets": buckets}
+        return self._on_thread(save)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """What state_dict() returned, for a hook of the same spec; each bucket takes its state at
         its next exchange: all of it where its layout is a saved one, else its parameters'
-        residuals (PowerSGD's Q and warm-up then start again for it, as at DDP's rebuild)."""
-        import torch
-
+        residuals (fp16's scale and PowerSGD's Q and warm-up then start again for it, as at DDP's
+        rebuild)."""
         if state.get("spec") != self.spec:
             raise ValueError(f"a compression state of '{state.get('spec')}' cannot be loaded into "
                              f"a hook of '{self.spec}'")
-        self._executor.submit(lambda: None).result()
+        self._on_thread(self._load, state)
+
+    def _load(self, state: Dict[str, Any]) -> None:
+        import torch
+
         self._retire()
-        self._pending = {signature: saved for signature, saved in state["buckets"].values()}
+        self._format = int(state.get("format", 1))
         # A layout this process has not (yet) got, as a resumed job's first step, DDP's first
-        # layout, takes the saved residuals by parameter.
-        self._carry = {}
+        # layout, takes the saved residuals by parameter: each saved bucket loaded once to read
+        # them.
+        self._pending, self._carry = {}, {}
         for signature, saved in state["buckets"].values():
+            self._pending[signature] = saved
             loaded = self._make(signature, -1, torch.float32)
             self._pending[signature] = saved  # _make took it
             self._carry.update(_residuals(self._lib, loaded))
@@ -399,11 +433,9 @@ class CompressionState:
         """Frees the compressors (after the exchanges posted so far); the hook cannot run after."""
         if self._executor is None:
             return
+        self._on_thread(self._retire)
         self._executor.shutdown(wait=True)
         self._executor = None
-        for b in self._buckets.values():
-            b.free()
-        self._buckets.clear()
         if self._state:
             self._lib.dlc_state_free(self._state)
             self._state = None
@@ -413,6 +445,29 @@ class CompressionState:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter teardown)
             pass
+
+
+def _global_rank(group, rank: int) -> int:
+    import torch.distributed as dist
+
+    if hasattr(dist, "get_global_rank"):  # torch 2.x
+        return dist.get_global_rank(group, rank)
+    return dist.distributed_c10d._get_global_rank(group, rank)  # torch 1.13
+
+
+def _residuals(lib, bucket: _Bucket) -> Dict[tuple, Any]:
+    """A compressor's residual, by parameter key."""
+    import torch
+
+    _, entries = bucket.signature
+    residual = torch.zeros(sum(count for _, count, _ in entries), dtype=torch.float32)
+    if lib.dlc_bucket_residual(bucket.handle, residual.data_ptr()) != 0:
+        raise CompressionError(_error(lib))
+    out, at = {}, 0
+    for key, count, _ in entries:
+        out[key] = residual[at:at + count].clone()
+        at += count
+    return out
 
 
 # The ABI's element types: (torch's name, bytes).
@@ -429,31 +484,18 @@ def _tensor_at(address: int, count: int, dtype: int):
                             dtype=getattr(torch, name))
 
 
-def _residuals(lib, bucket: _Bucket) -> Dict[Tuple[int, int], Any]:
-    """A compressor's residual, by parameter key."""
-    import torch
-
-    _, entries = bucket.signature
-    residual = torch.zeros(sum(count for _, count, _ in entries), dtype=torch.float32)
-    if lib.dlc_bucket_residual(bucket.handle, residual.data_ptr()) != 0:
-        raise CompressionError(_error(lib))
-    out, at = {}, 0
-    for key, count, _ in entries:
-        out[key] = residual[at:at + count].clone()
-        at += count
-    return out
-
-
 class _Layout:
     """Where a bucket's gradients lie in DDP's flat buffer, and the order the compressor keeps them
     in. DDP rebuilds its buckets after the first step, in the order the gradients became ready
     (usually the reverse of the first), and a resumed job starts again from the first layout: a
     residual kept in DDP's order would then land on other parameters. So the compressor holds
     each parameter by its place in the first layout this state saw (its key: DDP's bucket index
-    and position there, the same in every process of a job), in the reverse order of the keys,
-    and a bucket in another order is staged: copied into that order for the exchange and back. `signature` (the element type and the keys, counts and
-    rows, as PowerSGD takes a matrix: shape[0] x the rest) names the compressor's layout; `spans`
-    is None when DDP's buffer already holds it, else (DDP's offset, the canonical one, count)."""
+    and position there, and its shape: the same in every process of a job that runs the same model
+    with the same bucket sizes), in the reverse order of the keys, and a bucket in another order
+    is staged: copied into that order for the exchange and back. `signature` (the element type
+    and the keys, counts and rows, as PowerSGD takes a matrix: shape[0] x the rest) names the
+    compressor's layout; `spans` is None when DDP's buffer already holds it, else (DDP's offset,
+    the canonical one, count)."""
 
     def __init__(self, bucket, buffer, keys):
         import torch
@@ -468,7 +510,7 @@ class _Layout:
             offset = (grad.data_ptr() - buffer.data_ptr()) // size
             if not 0 <= offset <= buffer.numel() - grad.numel():
                 offset = at  # not a view of the buffer: DDP packs them in this order
-            key = keys.setdefault(id(param), (bucket.index(), position))
+            key = keys.setdefault(id(param), (bucket.index(), position, tuple(param.shape)))
             entries.append((key, offset, grad.numel(), param.shape[0] if param.dim() >= 2 else 0))
             at = offset + grad.numel()
         entries.sort(reverse=True)  # the first layout's order reversed: the rebuilt one's, mostly
@@ -488,5 +530,7 @@ def _compression_hook(state: CompressionState, bucket):
 
 def hook(spec: str, process_group=None) -> Tuple[CompressionState, Callable]:
     """(state, hook) for `ddp.register_comm_hook(state, hook)`; torch.distributed must be
-    initialised. ValueError on a bad spec, CompressionError when the library is missing."""
+    initialised, and every rank of the job calls it (it makes the hook's own group over the ranks
+    of `process_group`: the DDP's, default every rank). ValueError on a bad spec,
+    CompressionError when the library is missing."""
     return CompressionState(spec, process_group), _compression_hook

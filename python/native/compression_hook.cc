@@ -7,10 +7,11 @@
 // the caller passes a function that runs an all-reduce (sum) or an all-gather on the buffers it is
 // given, through torch.distributed on the DDP's process group, and returns once it completed.
 //
-// A hook state (dlc_state_new) is one Ops over one such group; a bucket (dlc_bucket_new) is one
-// compressor of a DDP bucket's layout. An exchange runs on the calling thread, one at a time per
-// state (the host Ops complete each call on return). Every function returns 0 (or a handle) on
-// success, and -1 (or null) with dlc_last_error() saying why: nothing throws across the ABI.
+// A hook state (dlc_state_new) is one such group; a bucket (dlc_bucket_new) is one compressor of a
+// DDP bucket's layout, with the host Ops that hold its memory. An exchange runs on the calling
+// thread, one at a time per state (the host Ops complete each call on return). Every function
+// returns 0 (or a handle) on success, and -1 (or null) with dlc_last_error() saying why: nothing
+// throws across the ABI.
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -103,13 +104,22 @@ class CallbackGroup final : public dist::sdk::ProcessGroup {
 
 struct State {
   CallbackGroup group;
-  std::unique_ptr<dist::sdk::detail::Ops> ops;
 };
 
+// A bucket owns its Ops (its memory: freed with it, when DDP rebuilds its buckets) and compressor.
 struct Bucket {
-  State* state;
+  std::unique_ptr<dist::sdk::detail::Ops> ops;
   std::unique_ptr<dist::sdk::detail::BucketCompressor> compressor;
 };
+
+template <typename T>
+T* checked(void* handle, const char* what) {
+  if (handle == nullptr) throw std::invalid_argument(std::string("no ") + what + " (null)");
+  return static_cast<T*>(handle);
+}
+Bucket& bucket_of(void* handle) {
+  return *checked<Bucket>(handle, "bucket");
+}
 
 // Runs `f`, turning any exception into -1 and dlc_last_error().
 template <typename F>
@@ -161,9 +171,8 @@ __attribute__((visibility("default"))) void* dlc_state_new(int rank, int world, 
       throw std::invalid_argument("rank " + std::to_string(rank) + " of a world of " +
                                   std::to_string(world));
     }
-    auto state = std::make_unique<State>(State{CallbackGroup(rank, world, fn, ctx), nullptr});
-    state->ops = dist::sdk::detail::make_host_ops(state->group);
-    made = state.release();
+    if (fn == nullptr) throw std::invalid_argument("no collective function (null)");
+    made = new State{CallbackGroup(rank, world, fn, ctx)};
   });
   return made;
 }
@@ -182,18 +191,27 @@ __attribute__((visibility("default"))) void* dlc_bucket_new(
     std::uint64_t index) {
   Bucket* made = nullptr;
   guarded([&] {
-    auto* s = static_cast<State*>(state);
-    const Compression c = Compression::parse(spec);
+    auto* s = checked<State>(state, "state");
+    const Compression c = Compression::parse(spec == nullptr ? "" : spec);
     if (!c.lossy()) throw std::invalid_argument("compression 'none' has no compressor");
-    if (dtype < 0 || dtype > kMaxDataType) throw std::invalid_argument("unknown element type");
-    dist::sdk::detail::BucketLayout layout{static_cast<DataType>(dtype), elements, {}};
+    const auto type = static_cast<DataType>(dtype);
+    if (type != DataType::kFloat32 && type != DataType::kFloat16 && type != DataType::kBFloat16) {
+      throw std::invalid_argument("gradients of float32, float16 or bfloat16 only");
+    }
+    if (tensors > 0 && (offsets == nullptr || counts == nullptr || rows == nullptr)) {
+      throw std::invalid_argument("no layout (null)");
+    }
+    dist::sdk::detail::BucketLayout layout{type, elements, {}};
     for (std::uint64_t i = 0; i < tensors; ++i) {
-      if (offsets[i] + counts[i] > elements) {
+      if (offsets[i] > elements || counts[i] > elements - offsets[i]) {
         throw std::invalid_argument("parameter " + std::to_string(i) + " lies outside its bucket");
       }
       layout.tensors.push_back({offsets[i], counts[i], rows[i]});
     }
-    made = new Bucket{s, dist::sdk::detail::make_compressor(c, *s->ops, layout, index)};
+    auto bucket = std::make_unique<Bucket>();
+    bucket->ops = dist::sdk::detail::make_host_ops(s->group);
+    bucket->compressor = dist::sdk::detail::make_compressor(c, *bucket->ops, layout, index);
+    made = bucket.release();
   });
   return made;
 }
@@ -205,23 +223,29 @@ __attribute__((visibility("default"))) void dlc_bucket_free(void* bucket) {
 // The bucket's gradients (flat: the layout's elements, host memory) in, the approximate average
 // out.
 __attribute__((visibility("default"))) int dlc_exchange(void* bucket, void* flat) {
-  return guarded([&] { static_cast<Bucket*>(bucket)->compressor->exchange(flat); });
-}
-
-// Since the bucket was made: out[0] exchanges skipped for inf/NaN, out[1] residuals cleaned,
-// out[2] exchanges averaged whole.
-__attribute__((visibility("default"))) int dlc_bucket_events(void* bucket, std::uint64_t* out) {
   return guarded([&] {
-    const auto events = static_cast<Bucket*>(bucket)->compressor->events();
-    out[0] = events.skipped;
-    out[1] = events.cleaned;
-    out[2] = events.dense;
+    if (flat == nullptr) throw std::invalid_argument("no gradients (null)");
+    bucket_of(bucket).compressor->exchange(flat);
   });
 }
 
-// The bytes this rank sent through the state's collectives, by the ring algorithms' formulas.
-__attribute__((visibility("default"))) std::uint64_t dlc_state_bytes_sent(void* state) {
-  return static_cast<State*>(state)->ops->bytes_sent();
+// Since the bucket was made: out[0] exchanges skipped for inf/NaN, out[1] residuals cleaned,
+// out[2] exchanges averaged whole, out[3] the bytes this rank sent for it (by the ring
+// algorithms' formulas).
+__attribute__((visibility("default"))) int dlc_bucket_events(void* bucket, std::uint64_t* out) {
+  return guarded([&] {
+    const Bucket& b = bucket_of(bucket);
+    const auto events = b.compressor->events();
+    out[0] = events.skipped;
+    out[1] = events.cleaned;
+    out[2] = events.dense;
+    out[3] = b.ops->bytes_sent();
+  });
+}
+
+// The format dlc_bucket_save() writes (compressor.h: kStateFormat).
+__attribute__((visibility("default"))) int dlc_state_format() {
+  return dist::sdk::detail::kStateFormat;
 }
 
 // The bucket's state (residual, PowerSGD's Q and warm-up count) as bytes: its size into *size;
@@ -231,28 +255,34 @@ __attribute__((visibility("default"))) int dlc_bucket_save(void* bucket, char* o
                                                            std::uint64_t* size) {
   return guarded([&] {
     std::string saved;
-    static_cast<Bucket*>(bucket)->compressor->save(saved);
+    bucket_of(bucket).compressor->save(saved);
     *size = saved.size();
     if (saved.size() <= capacity) std::memcpy(out, saved.data(), saved.size());
   });
 }
 
+// What dlc_bucket_save() wrote, in `format` (dlc_state_format() then, or an earlier one).
 __attribute__((visibility("default"))) int dlc_bucket_load(void* bucket, const char* in,
-                                                           std::uint64_t size) {
+                                                           std::uint64_t size, int format) {
   return guarded([&] {
+    if (format < 1 || format > dist::sdk::detail::kStateFormat) {
+      throw std::invalid_argument(
+          "a state of format " + std::to_string(format) + ": this library reads 1 to " +
+          std::to_string(dist::sdk::detail::kStateFormat) + " (saved by a newer dist-launch?)");
+    }
     std::string_view view(in, size);
-    static_cast<Bucket*>(bucket)->compressor->load(view, dist::sdk::detail::kStateFormat);
+    bucket_of(bucket).compressor->load(view, format);
     if (!view.empty()) throw std::invalid_argument("a bucket's saved state is longer than its own");
   });
 }
 
 // The bucket's residual (its layout's elements, float32) into out / from in.
 __attribute__((visibility("default"))) int dlc_bucket_residual(void* bucket, float* out) {
-  return guarded([&] { static_cast<Bucket*>(bucket)->compressor->residual(out); });
+  return guarded([&] { bucket_of(bucket).compressor->residual(out); });
 }
 
 __attribute__((visibility("default"))) int dlc_bucket_set_residual(void* bucket, const float* in) {
-  return guarded([&] { static_cast<Bucket*>(bucket)->compressor->set_residual(in); });
+  return guarded([&] { bucket_of(bucket).compressor->set_residual(in); });
 }
 
 }  // extern "C"

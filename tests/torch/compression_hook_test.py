@@ -74,7 +74,8 @@ class Job(unittest.TestCase):
 
     def test_every_mode_trains_and_keeps_the_replicas_identical(self):
         clean = self.case("ddp")[0]["accuracy"]
-        for spec in LOSSY + ["fp16@small", "powersgd:2@small"]:
+        for spec in LOSSY + ["fp16@small", "powersgd:2@small", "topk:0.05#unused",
+                             "powersgd:2#unused"]:
             with self.subTest(spec=spec):
                 self.assert_replicas_agree(spec)
                 result = self.case(spec)[0]

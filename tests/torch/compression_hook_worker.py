@@ -42,6 +42,20 @@ def load_digits():
     return torch.tensor(rows), torch.tensor(labels)
 
 
+class WithUnused(torch.nn.Sequential):
+    """The layers in order, and one more that no forward pass uses."""
+
+    def __init__(self, *layers):
+        super().__init__(*layers)
+        self.add_module("unused", torch.nn.Linear(10, 10))
+
+    def forward(self, x):
+        for name, layer in self.named_children():
+            if name != "unused":
+                x = layer(x)
+        return x
+
+
 class Run:
     """One training run: the model, its optimizer, DDP, and the hook (ours: SPEC; torch's:
     'torch:powersgd'; none registered: 'ddp'; a case ending in @small has small buckets)."""
@@ -53,15 +67,20 @@ class Run:
         # CASE*1e6: the loss (so every gradient) times 1e6 and the learning rate divided by it,
         # the same training with gradients past fp16's range
         self.loss_scale = 1e6 if case.endswith("*1e6") else 1.0
-        case, small = case.split("@")[0].split("*")[0], case.endswith("@small")
+        # CASE#unused: a layer that no step uses, DDP with find_unused_parameters (its map's
+        # all-reduce then runs while the hook's exchanges do)
+        unused = case.endswith("#unused")
+        case, small = case.split("@")[0].split("*")[0].split("#")[0], case.endswith("@small")
         torch.manual_seed(0)
         hidden = [torch.nn.Linear(128, 128), torch.nn.ReLU()] if small else []
-        self.module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), *hidden,
-                                          torch.nn.Linear(128, 10))
+        kind = WithUnused if unused else torch.nn.Sequential
+        self.module = kind(torch.nn.Linear(64, 128), torch.nn.ReLU(), *hidden,
+                           torch.nn.Linear(128, 10))
         first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES
         if small:
             dist._DEFAULT_FIRST_BUCKET_BYTES = 16 * 1024
-        self.model = DDP(self.module, bucket_cap_mb=1 / 64 if small else 25)
+        self.model = DDP(self.module, bucket_cap_mb=1 / 64 if small else 25,
+                         find_unused_parameters=unused)
         dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket_bytes
         self.state = None
         if case == "torch:powersgd":
@@ -89,8 +108,8 @@ class Run:
         for step in range(first, first + steps):
             at = (step * LOCAL_BATCH * world + rank * LOCAL_BATCH) % (len(x) - LOCAL_BATCH)
             self.inject = step == inject_at and rank == 1
-            loss = torch.nn.functional.cross_entropy(self.model(x[at:at + LOCAL_BATCH]),
-                                                     y[at:at + LOCAL_BATCH]) * self.loss_scale
+            out = self.model(x[at:at + LOCAL_BATCH])
+            loss = torch.nn.functional.cross_entropy(out, y[at:at + LOCAL_BATCH]) * self.loss_scale
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
@@ -128,6 +147,8 @@ def resumed(case, x, y, steps):
     second.module.load_state_dict(loaded["model"])
     second.opt.load_state_dict(loaded["opt"])
     second.state.load_state_dict(loaded["hook"])
+    # what a checkpoint taken before the first step after a resume holds is what was loaded
+    second.state.load_state_dict(second.state.state_dict())
     second.train(x, y, steps - steps // 2, first=steps // 2)
     return second.result(x, y)
 
@@ -168,7 +189,8 @@ def main():
         run = Run(case)
         run.train(x, y, args.steps, inject_at=INJECT_AT)
         results["inf " + case] = run.result(x, y)
-    for case in ["fp16@small", "powersgd:2@small", "fp16*1e6"]:
+    for case in ["fp16@small", "powersgd:2@small", "fp16*1e6", "topk:0.05#unused",
+                 "powersgd:2#unused"]:
         run = Run(case)
         run.train(x, y, args.steps)
         results[case] = run.result(x, y)

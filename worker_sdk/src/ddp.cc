@@ -427,9 +427,12 @@ void DistributedDataParallel::load_state(std::string_view state) {
   try {
     // Every format up to this build's loads.
     const int format = state.size() < sizeof kStateMagic ? 0 : state[sizeof kStateMagic - 1] - '0';
-    if (format < 1 || format > detail::kStateFormat ||
-        std::memcmp(state.data(), kStateMagic, sizeof kStateMagic - 1) != 0) {
+    if (format < 1 || std::memcmp(state.data(), kStateMagic, sizeof kStateMagic - 1) != 0) {
       fail("not a DistributedDataParallel state");
+    }
+    if (format > detail::kStateFormat) {
+      fail("format " + std::to_string(format) + ", newer than this build's " +
+           std::to_string(detail::kStateFormat) + " (saved by a newer dist-launch)");
     }
     state.remove_prefix(sizeof kStateMagic);
     auto text = [&] {

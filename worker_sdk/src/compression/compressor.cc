@@ -115,10 +115,11 @@ class Lossy : public BucketCompressor {
 // fp16 with a dynamic scale (host buffers): the wire carries acc x scale / world. An exchange the
 // guard skipped (its average was not finite: a gradient past fp16's 65504, or an inf or NaN)
 // halves the scale for the next one, so a gradient too large for fp16 costs one skipped step per
-// halving instead of every step; kGrowthInterval clean exchanges in a row double it again, up to
-// 1. Never above 1: what underflows fp16 is not lost but waits in the residual (error feedback),
-// so scaling up would buy overflows and nothing else. The scale is part of the state. On the
-// device it stays 1: following the last exchange there would make the host wait for it.
+// halving instead of every step (down to kSmallestScale); kGrowthInterval clean exchanges in a
+// row double it again, up to 1. Never above 1: what underflows fp16 is not lost but waits in the
+// residual (error feedback), so scaling up would buy overflows and nothing else. The scale is part
+// of the state. On the device it stays 1: following the last exchange there would make the host
+// wait for it.
 class Cast16 final : public Lossy {
  public:
   Cast16(Ops& ops, const BucketLayout& layout, DataType wire)
@@ -153,12 +154,17 @@ class Cast16 final : public Lossy {
     if (wire_type_ != DataType::kFloat16 || format < 2) return;
     const auto scale = std::bit_cast<float>(static_cast<std::uint32_t>(take_u64(in)));
     if (!(scale > 0.0f && scale <= 1.0f)) throw std::invalid_argument("fp16's scale out of (0, 1]");
-    scale_ = scale;
-    clean_ = take_u64(in);
+    const std::uint64_t clean = take_u64(in);
+    if (!dynamic_) return;  // the device's scale is 1, whatever a host saved
+    scale_ = std::max(scale, kSmallestScale);
+    clean_ = clean;
   }
 
   static constexpr std::uint64_t kGrowthInterval = 1000;
-  static constexpr float kSmallestScale = 0x1.0p-24f;
+  // Room for a gradient 256 x fp16's largest (1.7e7 a rank after the division by the world); an
+  // inf or NaN that no scale would fix (a bad batch) halves the scale too, and a scale far below
+  // it would keep small gradients in the residual for thousands of steps.
+  static constexpr float kSmallestScale = 0x1.0p-8f;
 
  private:
   // The scale and the clean exchanges in a row, once the last exchange is taken into account.

@@ -58,18 +58,19 @@ T from_float(float v) {
   }
 }
 
-// Runs jobs one at a time, in order, on its own thread. After a job throws, the jobs queued
-// behind it are dropped (the group is unusable) and drain() rethrows.
+// Runs jobs one at a time, in order, on its own thread, started by the first post() (a caller
+// that runs its exchanges itself, as the torch hooks' library, has none). After a job throws, the
+// jobs queued behind it are dropped (the group is unusable) and drain() rethrows.
 class ExchangeThread {
  public:
-  ExchangeThread() : thread_([this] { run(); }) {}
+  ExchangeThread() = default;
   ~ExchangeThread() {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
     }
     wake_.notify_one();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   ExchangeThread(const ExchangeThread&) = delete;
   ExchangeThread& operator=(const ExchangeThread&) = delete;
@@ -78,6 +79,7 @@ class ExchangeThread {
     {
       std::lock_guard lock(mutex_);
       queue_.push_back(std::move(job));
+      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     }
     wake_.notify_one();
   }
@@ -130,7 +132,7 @@ class ExchangeThread {
   std::deque<std::function<void()>> queue_;
   bool busy_ = false, stopping_ = false;
   std::exception_ptr error_;
-  std::thread thread_;  // last: starts once the rest exists
+  std::thread thread_;  // started by the first post()
 };
 
 class HostOps final : public Ops {

@@ -6,7 +6,8 @@
 //   fp16, bf16      each bucket cast to 16 bits before its all-reduce (divided by the world size
 //                   first, as torch's fp16 hook does, so the sum cannot overflow). fp16 over host
 //                   buffers scales dynamically: a step whose average overflowed (skipped, as
-//                   below) halves the bucket's scale, 1000 clean steps double it, up to 1
+//                   below) halves the bucket's scale (down to 1/256), 1000 clean steps double it,
+//                   up to 1
 //   topk:RATIO      each rank sends the k = ceil(RATIO x n) largest-magnitude entries of each
 //                   bucket (index and value), 0 < RATIO <= 1; the others wait in the residual
 //   threshold:T     each rank sends the entries whose magnitude is at least T (T > 0)

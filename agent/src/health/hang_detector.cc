@@ -92,7 +92,19 @@ void HangDetector::started(const Worker& worker, fs::path stack_file) {
 
 void HangDetector::exited(int local_rank) {
   const auto it = workers_.find(local_rank);
-  if (it != workers_.end()) it->second.running = false;
+  if (it == workers_.end()) return;
+  Watched& w = it->second;
+  // Its last steps: a worker that ends right after its progress resumed made them since the last
+  // sample, and a silence that ended is said as ended even when the job ends with it.
+  const slot::Slot* s = w.running ? slots_.slot(local_rank) : nullptr;
+  if (s) w.history.add(read_slot(*s, monotonic_now()));
+  w.running = false;
+  if (!episode_) return;
+  for (const auto& [_, other] : workers_) {
+    const auto last = other.history.last().last_progress();
+    if (!last || *last <= *episode_) return;
+  }
+  progress_resumed(monotonic_now());
 }
 
 void HangDetector::stopping() {

@@ -85,6 +85,7 @@ class HangDetector {
   HangDetector& operator=(const HangDetector&) = delete;
 
   void started(const Worker& worker, std::filesystem::path stack_file);
+  // The worker ended: its slot is read a last time (a silence its last steps ended is said).
   void exited(int local_rank);
   void stopping();  // the group stops: no sampling, no investigation until the next start
 

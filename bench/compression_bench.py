@@ -58,6 +58,17 @@ BURST = {"100mbit": "8kb", "1gbit": "32kb"}
 
 
 
+def missing():
+    """Why this machine cannot run the two-host torch jobs (named hosts, torch 2.x), or None."""
+    why = unavailable(NAMED_HOSTS)
+    if why:
+        return why
+    probe = subprocess.run([sys.executable, "-c",
+                            "import sys, torch; sys.exit(int(torch.__version__.split('.')[0]) < 2)"],
+                           capture_output=True)
+    return None if probe.returncode == 0 else f"{sys.executable} has no torch 2.x"
+
+
 def hook_env(build):
     """What the "hook" rows' workers need: this checkout's dist_launch and its library."""
     return {"PYTHONPATH": os.path.join(ROOT, "python"),
@@ -171,15 +182,9 @@ def main():
         report(args.report)
         return 0
     args.build = os.path.abspath(args.build)
-    why = unavailable(NAMED_HOSTS)
+    why = missing()
     if why:
         print(f"skipping: {why}", file=sys.stderr)
-        return SKIP
-    probe = subprocess.run([sys.executable, "-c",
-                            "import sys, torch; sys.exit(int(torch.__version__.split('.')[0]) < 2)"],
-                           capture_output=True)
-    if probe.returncode != 0:
-        print(f"skipping: {sys.executable} has no torch 2.x", file=sys.stderr)
         return SKIP
     global MODES
     if args.modes:

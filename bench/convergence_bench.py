@@ -19,15 +19,15 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from compression_bench import HOSTS, NAMED_HOSTS, hook_env, shape_link, tx_bytes  # noqa: E402
-from named_hosts import SKIP, NamedHosts, unavailable  # noqa: E402
+from compression_bench import (HOSTS, NAMED_HOSTS, hook_env, missing, shape_link,  # noqa: E402
+                               tx_bytes)
+from named_hosts import SKIP, NamedHosts  # noqa: E402
 
 WORKER = os.path.join(HERE, "convergence_torch.py")
 JOB_TIMEOUT_S = 1200
@@ -106,15 +106,9 @@ def main():
     ap.add_argument("--out", help="append every job's result to this JSON-lines file")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
-    why = unavailable(NAMED_HOSTS)
+    why = missing()
     if why:
         print(f"skipping: {why}", file=sys.stderr)
-        return SKIP
-    probe = subprocess.run([sys.executable, "-c",
-                            "import sys, torch; sys.exit(int(torch.__version__.split('.')[0]) < 2)"],
-                           capture_output=True)
-    if probe.returncode != 0:
-        print(f"skipping: {sys.executable} has no torch 2.x", file=sys.stderr)
         return SKIP
     modes = MODES
     if args.modes:

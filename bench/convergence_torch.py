@@ -20,9 +20,9 @@ import time
 import pydoc_data.topics
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from compression_torch import register  # the same hooks, by the same --hook names
 
 CONTEXT = 64
 WIDTH = 128
@@ -42,25 +42,6 @@ class Model(torch.nn.Module):
     def forward(self, x):
         h = self.layers(self.embed(x) + self.position, mask=self.mask)
         return self.out(h)
-
-
-def register(model, hook):
-    if hook.startswith("dist:"):
-        import dist_launch.compression
-        state, compression_hook = dist_launch.compression.hook(hook[len("dist:"):])
-        model.register_comm_hook(state, compression_hook)
-        return state
-    if hook == "fp16":
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif hook.startswith("powersgd:"):
-        state = powersgd.PowerSGDState(process_group=None,
-                                       matrix_approximation_rank=int(hook.split(":")[1]),
-                                       start_powerSGD_iter=2, use_error_feedback=True,
-                                       warm_start=True)
-        model.register_comm_hook(state, powersgd.powerSGD_hook)
-    elif hook != "none":
-        raise SystemExit(f"convergence_torch.py: unknown --hook {hook!r}")
-    return None
 
 
 def main():

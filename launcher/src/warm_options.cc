@@ -25,6 +25,11 @@ void add_warm_options(CommandLine& app, WarmFlags& flags) {
            "Also persist the newest snapshots to this directory (in the background, and at "
            "once when a worker fails), where a restarted node's workers find them")
       .env("PET_SNAPSHOT_DIR");
+  app.number("--snapshot-replicas,--snapshot_replicas", flags.snapshot_replicas, 0, 8,
+             "Also keep each rank's newest snapshot in the shared memory of this many other "
+             "nodes' agents (sent by the agents in the background): a lost node's replacement "
+             "restores its workers' state from them, without disk")
+      .env("PET_SNAPSHOT_REPLICAS");
 }
 
 std::uint64_t parse_size(const std::string& flag, const std::string& text) {
@@ -76,6 +81,7 @@ void apply_warm_options(const WarmFlags& flags, bool preload_given, agent::Launc
     c.warm.snapshot_memory_bytes = parse_size("--snapshot-memory", flags.snapshot_memory);
   }
   c.warm.snapshot_dir = flags.snapshot_dir;
+  c.warm.snapshot_replicas = flags.snapshot_replicas;
   if (flags.warm_restart && !c.python_workers) {
     err << "[dist-launch] notice: --warm-restart forks Python workers only: these (--no-python) "
            "start as usual\n";

@@ -4,6 +4,7 @@
 //   --preload MOD,...     what the zygote imports (default: torch and numpy, where installed)
 //   --snapshot-memory S   snapshots in the agent's shared memory, at most S ("8G", "512M")
 //   --snapshot-dir DIR    ... and persisted to DIR (a restarted node reads them there)
+//   --snapshot-replicas K ... and each rank's newest kept by K other nodes' agents too
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@ struct WarmFlags {
   std::string preload;
   std::string snapshot_memory;
   std::string snapshot_dir;
+  int snapshot_replicas = 0;
 };
 
 void add_warm_options(CommandLine& app, WarmFlags& flags);

@@ -6,7 +6,6 @@
 #include "sha256.h"
 
 namespace dist::store::auth {
-namespace {
 
 Mac proof(std::string_view label, std::string_view secret, const Nonce& server_nonce,
           const Nonce& client_nonce) {
@@ -15,8 +14,6 @@ Mac proof(std::string_view label, std::string_view secret, const Nonce& server_n
   message.append(reinterpret_cast<const char*>(client_nonce.data()), client_nonce.size());
   return crypto::hmac_sha256(secret, message);
 }
-
-}  // namespace
 
 Nonce random_nonce() {
   Nonce nonce{};

@@ -5,20 +5,15 @@
 // client_nonce).
 #pragma once
 
-#include <array>
-#include <cstddef>
 #include <string>
 #include <string_view>
 
+#include "dist/store/auth.h"  // Mac, Nonce, random_nonce(), proof(), equal()
+
 namespace dist::store::auth {
 
-using Mac = std::array<unsigned char, 32>;
-using Nonce = std::array<unsigned char, 32>;
-
-Nonce random_nonce();
 Mac client_proof(std::string_view secret, const Nonce& server_nonce, const Nonce& client_nonce);
 Mac server_proof(std::string_view secret, const Nonce& server_nonce, const Nonce& client_nonce);
-bool equal(const unsigned char* a, const unsigned char* b, std::size_t n);  // constant time
 
 // The clients' errors when a token and a store do not match, each saying what to do.
 std::string token_required(const std::string& endpoint);       // the store asks, we have none

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dist/contract/snapshot_format.h"
+#include "warm/snapshot_replicas.h"
 
 namespace dist::agent::warm {
 
@@ -36,25 +37,6 @@ constexpr char kStepPrefix[] = "step_";
 
 bool is_snapshot(const std::string& name) {
   return name.starts_with(kStepPrefix) && name.ends_with(kSnapshotSuffix);
-}
-
-struct Saved {
-  fs::path path;
-  SaveStamp stamp;
-};
-
-// The whole snapshots in a rank's folder, oldest saved first (not by step: a later run's step 110
-// is newer than an earlier run's step 5000).
-std::vector<Saved> snapshots_in(const fs::path& rank_dir) {
-  std::vector<Saved> found;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(rank_dir, ec)) {
-    if (!is_snapshot(entry.path().filename().string())) continue;
-    if (auto stamp = read_stamp(entry.path())) found.push_back({entry.path(), *stamp});
-  }
-  std::sort(found.begin(), found.end(),
-            [](const Saved& a, const Saved& b) { return a.stamp.saved_at < b.stamp.saved_at; });
-  return found;
 }
 
 bool read_at(int fd, void* into, std::size_t n, off_t offset) {
@@ -174,7 +156,27 @@ bool copy_all(int in, int out, off_t size) {
   return true;
 }
 
-// A snapshot's prefix and header, as bytes; empty when they cannot be read.
+}  // namespace
+
+std::vector<Saved> snapshots_in(const fs::path& rank_dir) {
+  std::vector<Saved> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(rank_dir, ec)) {
+    if (!is_snapshot(entry.path().filename().string())) continue;
+    if (auto stamp = read_stamp(entry.path())) found.push_back({entry.path(), *stamp});
+  }
+  std::sort(found.begin(), found.end(),
+            [](const Saved& a, const Saved& b) { return a.stamp.saved_at < b.stamp.saved_at; });
+  return found;
+}
+
+std::string snapshot_name(std::uint64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%020llu%s", kStepPrefix,
+                static_cast<unsigned long long>(step), kSnapshotSuffix);
+  return name;
+}
+
 std::string header_of(int fd) {
   char prefix[kPrefixBytes];
   if (!read_at(fd, prefix, sizeof prefix, 0)) return {};
@@ -187,7 +189,9 @@ std::string header_of(int fd) {
   return bytes;
 }
 
-std::string header_of(const fs::path& file) {
+namespace {
+
+std::string header_of_file(const fs::path& file) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return {};
   std::string bytes = header_of(fd);
@@ -253,6 +257,9 @@ std::optional<SaveStamp> read_stamp(const fs::path& file) {
     stamp.save_id = json.at("save_id").get<std::uint64_t>();
     stamp.saved_at = json.at("saved_at").get<std::int64_t>();
     stamp.step = json.value("step", std::uint64_t{0});
+    stamp.job = json.value("job", std::string());
+    stamp.rank = json.value("rank", std::int64_t{-1});
+    stamp.world_size = json.value("world_size", std::int64_t{0});
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   }
@@ -262,7 +269,8 @@ std::optional<SaveStamp> read_stamp(const fs::path& file) {
 }
 
 SnapshotStore::SnapshotStore(const WarmOptions& options, const Scratch& scratch,
-                             const std::string& job, const std::string& run)
+                             const std::string& job, const std::string& run,
+                             const std::string& secret, const std::string& address)
     : directory_(scratch.path() / "snapshots"), persist_dir_(options.snapshot_dir) {
   std::error_code ec;
   fs::create_directories(directory_, ec);
@@ -292,9 +300,15 @@ SnapshotStore::SnapshotStore(const WarmOptions& options, const Scratch& scratch,
   spdlog::debug("snapshots in {} (at most {} bytes){}", directory_.string(), memory_limit_,
                 persist_dir_.empty() ? "" : ", persisted to " + persist_dir_.string());
   if (!persist_dir_.empty()) persister_ = std::thread([this] { run_persister(); });
+  if (options.snapshot_replicas > 0) {
+    replicas_ = std::make_unique<SnapshotReplicas>(
+        ReplicaOptions{options.snapshot_replicas, job, secret, address}, directory_,
+        scratch.path() / "replicas");
+  }
 }
 
 SnapshotStore::~SnapshotStore() {
+  replicas_.reset();
   if (!persister_.joinable()) return;
   {
     std::lock_guard lock(mutex_);
@@ -312,6 +326,21 @@ void SnapshotStore::persist_now() {
     urgent_ = true;
   }
   wake_.notify_all();
+}
+
+void SnapshotStore::use_store(const store::Endpoint& endpoint) {
+  if (replicas_) replicas_->use_store(endpoint);
+}
+
+bool SnapshotStore::restore(int first_rank, int count, int other_nodes,
+                            std::function<void()> done) {
+  if (!replicas_ || other_nodes <= 0) return false;
+  std::vector<int> ranks;
+  for (int r = first_rank; r < first_rank + count; ++r) ranks.push_back(r);
+  ranks = replicas_->missing(ranks);
+  if (ranks.empty()) return false;
+  replicas_->restore(std::move(ranks), other_nodes, std::move(done));
+  return true;
 }
 
 void SnapshotStore::run_persister() {
@@ -383,7 +412,8 @@ bool SnapshotStore::persist(const fs::path& rank_dir, const fs::path& source,
   // footer's save ids agree, the save it names is the one listed, and its header is the file's
   // header now (not one read while the writer rewrote it).
   const auto copied = ok ? read_stamp(partial) : std::nullopt;
-  const bool whole = copied && copied->save_id == save_id && header_of(in) == header_of(partial);
+  const bool whole =
+      copied && copied->save_id == save_id && header_of(in) == header_of_file(partial);
   ::close(in);
   if (!ok || !whole) {
     fs::remove(partial, ec);
@@ -437,11 +467,14 @@ nlohmann::ordered_json SnapshotStore::status() const {
                      {"step", save.stamp.step},
                      {"saved_at", static_cast<double>(save.stamp.saved_at) / 1e9}});
   }
-  return {{"memory_used_bytes", used},
-          {"memory_limit_bytes", memory_limit_},
-          {"persisted_to", persist_dir_.empty() ? nlohmann::ordered_json()
-                                                : nlohmann::ordered_json(persist_dir_.string())},
-          {"ranks", std::move(ranks)}};
+  nlohmann::ordered_json all = {
+      {"memory_used_bytes", used},
+      {"memory_limit_bytes", memory_limit_},
+      {"persisted_to", persist_dir_.empty() ? nlohmann::ordered_json()
+                                            : nlohmann::ordered_json(persist_dir_.string())},
+      {"ranks", std::move(ranks)}};
+  if (replicas_) all["replicas"] = replicas_->status();
+  return all;
 }
 
 void SnapshotStore::list_ranks(int first_rank, int count) {

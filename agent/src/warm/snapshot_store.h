@@ -25,15 +25,19 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dist/agent/config.h"
 #include "dist/contract/worker_contract.h"
+#include "dist/store/endpoint.h"
 #include "processes/process.h"
 #include "warm/scratch.h"
 
@@ -58,15 +62,36 @@ struct SaveStamp {
   std::uint64_t save_id = 0;
   std::int64_t saved_at = 0;  // Unix nanoseconds
   std::uint64_t step = 0;
+  std::string job;  // whose it is: the header's job, global rank and world size
+  std::int64_t rank = -1;
+  std::int64_t world_size = 0;
 };
 std::optional<SaveStamp> read_stamp(const std::filesystem::path& file);
 
+// The whole snapshots in a rank's folder, oldest saved first (not by step: a later run's step 110
+// is newer than an earlier run's step 5000).
+struct Saved {
+  std::filesystem::path path;
+  SaveStamp stamp;
+};
+std::vector<Saved> snapshots_in(const std::filesystem::path& rank_dir);
+// A snapshot's file name: step_<STEP, 20 digits>.snap.
+std::string snapshot_name(std::uint64_t step);
+// A snapshot's prefix and header as bytes (empty when unreadable): the same bytes before and after
+// a copy show that its writer did not rewrite it meanwhile.
+std::string header_of(int fd);
+
+class SnapshotReplicas;
+
 class SnapshotStore {
  public:
-  // `job`: the job's --rdzv-id; `run`: this agent's run, as the headers name it. Throws
-  // std::runtime_error (the snapshot directory or --snapshot-dir cannot be made).
+  // `job`: the job's --rdzv-id; `run`: this agent's run, as the headers name it; `secret` and
+  // `address`: the job's token and this node's address (--local-addr; "": found), for the
+  // replicas (--snapshot-replicas). Throws std::runtime_error (the snapshot directory or
+  // --snapshot-dir cannot be made).
   SnapshotStore(const WarmOptions& options, const Scratch& scratch, const std::string& job,
-                const std::string& run);
+                const std::string& run, const std::string& secret = {},
+                const std::string& address = {});
   ~SnapshotStore();  // persists what is new a last time (--snapshot-dir)
   SnapshotStore(const SnapshotStore&) = delete;
   SnapshotStore& operator=(const SnapshotStore&) = delete;
@@ -83,6 +108,13 @@ class SnapshotStore {
   void list_ranks(int first_rank, int count);
   // A worker failed: the newest snapshots go to --snapshot-dir now.
   void persist_now();
+  // --snapshot-replicas: the round's worker store, where the agents find each other's replicas.
+  void use_store(const store::Endpoint& endpoint);
+  // --snapshot-replicas, a round after the job's first: the ranks of first_rank..+count this node
+  // holds no snapshot of are fetched from the peers that hold their replicas (among the round's
+  // `other_nodes`), on a thread of the replicas'; `done` is called there when it is over (false:
+  // nothing to fetch, and `done` is not called).
+  bool restore(int first_rank, int count, int other_nodes, std::function<void()> done);
   // For status.json: the memory the snapshots hold and may hold, each rank's newest save, and
   // where they are persisted.
   nlohmann::ordered_json status() const;
@@ -105,6 +137,7 @@ class SnapshotStore {
   bool stopping_ = false;
   std::map<std::string, std::uint64_t> persisted_;  // rank folder -> save id last persisted
   std::thread persister_;
+  std::unique_ptr<SnapshotReplicas> replicas_;
 };
 
 }  // namespace dist::agent::warm

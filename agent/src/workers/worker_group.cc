@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <cstdlib>
 #include <optional>
 
@@ -132,7 +133,8 @@ void WorkerGroup::set_up_warm() {
   }
   if (config_.warm.snapshots())
     snapshots_ = std::make_unique<warm::SnapshotStore>(config_.warm, *scratch_, config_.run_id,
-                                                       identity_.host + "/" + agent_id_.id());
+                                                       identity_.host + "/" + agent_id_.id(),
+                                                       config_.secret, config_.local_addr);
   if (!warm::WarmStart::applies(config_, config_.warm)) return;
   Variables shared;  // what every worker's environment has, whatever its rank
   shared[kAgentIdVariable] = agent_id_.value();
@@ -217,6 +219,7 @@ void WorkerGroup::take_round(const Round& a, const store::Endpoint& store) {
   round_ = a;
   started_round_ = a.round;
   store_ = store;
+  if (snapshots_) snapshots_->use_store(store);
   host_label_ = a.elastic || a.num_nodes > 1
                     ? identity_.host + " (node " + std::to_string(a.node_rank) + ")"
                     : identity_.host;
@@ -226,30 +229,50 @@ nlohmann::ordered_json WorkerGroup::snapshot_status() const {
   return snapshots_ ? snapshots_->status() : nlohmann::ordered_json();
 }
 
+// Round_'s workers start now, or once what they need is ready: their ranks' snapshots fetched
+// from the peers that hold replicas of them (--snapshot-replicas: a node that replaced a lost one),
+// then the zygote's imports (--warm-restart). Meanwhile the group runs with no worker (a stop ends
+// the wait); a start that fails then is reported through Events::start_failed.
 void WorkerGroup::launch() {
-  if (snapshots_) snapshots_->begin_attempt(round_.rank_offset, config_.nproc_per_node);
-  if (warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing) return defer_start();
-  start_now();
-}
-
-// The zygote's imports are the ones the workers would do themselves: the round waits for them, and
-// its workers are forked (or start cold if the zygote fails). A start that fails then is reported
-// through Events::start_failed.
-void WorkerGroup::defer_start() {
+  const int attempt = ++launches_;
+  bool restoring = false;
+  if (snapshots_) {
+    snapshots_->begin_attempt(round_.rank_offset, config_.nproc_per_node);
+    // A job's first round has nothing to restore: replicas live as long as their agents.
+    const int other_nodes = round_.round > 0 || round_.restarts > 0 ? round_.num_nodes - 1 : 0;
+    restoring = snapshots_->restore(round_.rank_offset, config_.nproc_per_node, other_nodes,
+                                    [this, attempt, alive = std::weak_ptr<bool>(alive_)] {
+                                      boost::asio::post(io_, [this, attempt, alive] {
+                                        if (alive.lock() && attempt == launches_) after_restore();
+                                      });
+                                    });
+  }
+  const bool zygote = warm_ && warm_->readiness() == warm::WarmStart::Readiness::kPreparing;
+  if (!restoring && !zygote) return start_now();
   start_pending_ = true;
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
   output_.begin_round();
   state_ = State::kRunning;
+  if (!restoring) after_restore();
+}
+
+void WorkerGroup::after_restore() {
+  if (!start_pending_ || state_ != State::kRunning) return;
+  if (!warm_) return start_pending();
   spdlog::debug("round {}: waiting for the zygote's imports", round_.round);
-  warm_->when_settled([this] {
-    if (!start_pending_ || state_ != State::kRunning) return;
-    start_pending_ = false;
-    try {
-      start_now();
-    } catch (const std::exception& e) {
-      events_.start_failed(e.what());
-    }
+  warm_->when_settled([this, attempt = launches_] {
+    if (attempt == launches_) start_pending();
   });
+}
+
+void WorkerGroup::start_pending() {
+  if (!start_pending_ || state_ != State::kRunning) return;
+  start_pending_ = false;
+  try {
+    start_now();
+  } catch (const std::exception& e) {
+    events_.start_failed(e.what());
+  }
 }
 
 // Every worker is forked before any exec is waited for: they start side by side.

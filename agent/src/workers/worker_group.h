@@ -156,9 +156,10 @@ class WorkerGroup {
   enum class State { kIdle, kRunning, kStopping };
 
   void take_round(const Round& a, const store::Endpoint& store);  // round_ and the rest
-  void launch();  // round_'s workers: now, or once the zygote is ready
+  void launch();         // round_'s workers: now, or once their snapshots and the zygote are ready
+  void after_restore();  // then the zygote (warm/warm_start.h)
+  void start_pending();  // then the workers
   void start_now();
-  void defer_start();  // until the zygote is ready (warm/warm_start.h)
   void set_up_warm();
   void write_python_files_once();            // the hook (not with --no-step-hook), the package
   std::vector<pid_t> agent_helpers() const;  // zygote, standbys, scratch guardian: not leftovers
@@ -200,7 +201,9 @@ class WorkerGroup {
   std::unique_ptr<warm::Scratch> scratch_;
   std::unique_ptr<warm::SnapshotStore> snapshots_;
   std::unique_ptr<warm::WarmStart> warm_;
-  bool start_pending_ = false;        // round_'s start waits for the zygote, or for its generation
+  bool start_pending_ = false;  // round_'s start waits (snapshots, zygote, its generation)
+  int launches_ = 0;            // a wait's end counts for its own launch() only
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // for what ends on other threads
   bool awaiting_generation_ = false;  // start_joining(): for its generation
   int start_generation_ = 0;          // the generation round_'s workers start as
   // When the stop began: an error file written before it is a failure of the worker's own, even

@@ -76,7 +76,10 @@ struct WarmOptions {
   std::optional<std::vector<std::string>> preload;  // --preload; none: torch, numpy if installed
   std::uint64_t snapshot_memory_bytes = 0;  // --snapshot-memory; 0: half the free shm (with a dir)
   std::string snapshot_dir;                 // --snapshot-dir: snapshots persisted there too
-  bool snapshots() const { return snapshot_memory_bytes > 0 || !snapshot_dir.empty(); }
+  int snapshot_replicas = 0;  // --snapshot-replicas: other nodes' agents keeping each rank's newest
+  bool snapshots() const {
+    return snapshot_memory_bytes > 0 || !snapshot_dir.empty() || snapshot_replicas > 0;
+  }
 };
 
 // Which worker records carry the prefix on the console. kAll: every one (dist-launch's default:

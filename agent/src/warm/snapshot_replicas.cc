@@ -308,8 +308,10 @@ int ask(int fd, const Request& r, const std::string& secret, std::string& why) {
 
 class SnapshotReplicas::Server {
  public:
-  Server(const std::string& address, const ReplicaOptions& options, fs::path held)
-      : options_(options), held_(std::move(held)) {
+  // `held`: the replicas it keeps for others; `own`: this node's snapshots, served too (a rank
+  // that moved to another node in the next round finds its state here).
+  Server(const std::string& address, const ReplicaOptions& options, fs::path held, fs::path own)
+      : options_(options), held_(std::move(held)), own_(std::move(own)) {
     fs::create_directories(held_);
     addrinfo hints{};
     hints.ai_socktype = SOCK_STREAM;
@@ -473,11 +475,17 @@ class SnapshotReplicas::Server {
     }
     const fs::path folder = held_ / rank_folder(r.rank);
     if (r.op == kPut) return take_replica(fd, o, r, folder);
+    // The newest of the replica held and this node's own saves of the rank.
     std::optional<Saved> newest;
     Fd file;
     {
       std::lock_guard lock(files_);
       auto saved = snapshots_in(folder);
+      for (auto& own : snapshots_in(own_ / rank_folder(r.rank))) {
+        if (own.stamp.job == options_.job) saved.push_back(std::move(own));
+      }
+      std::sort(saved.begin(), saved.end(),
+                [](const Saved& a, const Saved& b) { return a.stamp.saved_at < b.stamp.saved_at; });
       if (!saved.empty()) {
         newest = saved.back();
         file = Fd(::open(newest->path.c_str(), O_RDONLY | O_CLOEXEC));  // outlives its removal
@@ -499,8 +507,13 @@ class SnapshotReplicas::Server {
       return;
     }
     put(out, size);
+    // Whole when its writer did not rewrite it meanwhile (a node's own save can be recycled): the
+    // header is the one it had before (the footer, which the client checks, shows the rest).
+    const std::string header = header_of(file.fd);
     std::atomic<std::uint64_t> sent{0};
-    if (send_all(fd, out.data(), out.size())) send_file(fd, file.fd, size, sent);
+    if (!send_all(fd, out.data(), out.size()) || !send_file(fd, file.fd, size, sent)) return;
+    const std::uint8_t whole = header_of(file.fd) == header ? 1 : 0;
+    send_all(fd, &whole, 1);
   }
 
   void take_replica(int fd, const Opening& o, const Request& r, const fs::path& folder) {
@@ -570,6 +583,7 @@ class SnapshotReplicas::Server {
 
   const ReplicaOptions& options_;
   fs::path held_;
+  fs::path own_;
   Fd listener_;
   std::string endpoint_;
   int wake_[2] = {-1, -1};
@@ -704,7 +718,7 @@ void SnapshotReplicas::connect_store(const store::Endpoint& endpoint) {
   if (!server_) {
     const std::string address =
         options_.address.empty() ? address_towards(endpoint) : options_.address;
-    auto server = std::make_unique<Server>(address, options_, held_);
+    auto server = std::make_unique<Server>(address, options_, held_, snapshots_);
     std::lock_guard lock(mutex_);
     server_ = std::move(server);
     spdlog::info(
@@ -756,6 +770,10 @@ void SnapshotReplicas::send_new_saves() {
     const auto saved = snapshots_in(entry.path());
     if (saved.empty()) continue;
     const Saved& newest = saved.back();
+    // This node holds its own ranks' saves: where a rank that moves in the next round finds it.
+    if (recorded_[folder].insert(server_->endpoint()).second) {
+      session_->append(key(folder), server_->endpoint() + "\n");
+    }
     Delivery& d = delivered_[folder];
     if (d.save_id != newest.stamp.save_id) d = Delivery{newest.stamp.save_id, {}, false};
     if (d.rejected || d.holders.size() >= std::size_t(options_.replicas)) continue;
@@ -938,7 +956,9 @@ bool SnapshotReplicas::restore_rank(int rank, const std::vector<std::string>& ho
     fs::create_directories(folder, ec);
     const fs::path partial = folder / (".tmp.replica." + std::to_string(::getpid()));
     Fd out(::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    const bool received = out && receive_file(socket.fd, out.fd, size);
+    std::uint8_t whole = 0;
+    const bool received =
+        out && receive_file(socket.fd, out.fd, size) && take(socket.fd, whole) && whole == 1;
     out.reset();
     const auto stamp = received ? read_stamp(partial) : std::nullopt;
     if (!stamp || stamp->job != options_.job || stamp->rank != rank) {
@@ -953,8 +973,8 @@ bool SnapshotReplicas::restore_rank(int rank, const std::vector<std::string>& ho
     bytes_restored_ += size;
     const auto ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - began).count();
-    spdlog::info("rank {}: its snapshot of step {} ({}) restored from {}'s replica in {} ms", rank,
-                 stamp->step, megabytes(size), o.holder, ms);
+    spdlog::info("rank {}: its snapshot of step {} ({}) restored from the agent at {} in {} ms",
+                 rank, stamp->step, megabytes(size), o.holder, ms);
     return true;
   }
   if (!silent.empty() || !offers.empty()) {

@@ -9,8 +9,10 @@
 // dist-launch/replicas/<job folder>/ (job_folder(): the --rdzv-id):
 //   servers    every agent's replica endpoint, one per line: appended when it starts serving, and
 //              again in each new store (an etcd job's worker store moves with its node 0)
-//   rank_<R>   the endpoints that hold rank R's replicas, one per line: appended by the sender
-//              the first time a holder takes rank R
+//   rank_<R>   the endpoints that hold rank R's snapshot, one per line: appended by the sender
+//              the first time a holder takes rank R, and for itself (an agent serves its own
+//              node's snapshots too: a rank that moves to another node in the next round, as an
+//              elastic round renumbers its nodes, is found there)
 // A sender's holders are the K agents after its own in `servers`, taken as a ring; one that does
 // not answer is passed over for kPeerRestPeriod. A restore asks rank_<R>'s holders (every server,
 // when the key is gone with the store that had it) which save each holds, and fetches the newest.
@@ -22,7 +24,7 @@
 //   server: its proof (32), status (u8: kReplyOk, kReplyNone (GET, STAT: nothing held; PUT: this
 //           save or a newer one is held), kReplyRefused, kReplyNoRoom, kReplyBadRequest)
 //   STAT:   saved_at (i64), size (u64), save_id (u64)
-//   GET:    size (u64), the file's bytes
+//   GET:    size (u64), the file's bytes, whether it was not rewritten meanwhile (u8 1)
 //   PUT:    the client sends size bytes and whether the file was not rewritten meanwhile (u8 1);
 //           the server answers kReplyOk once the copy is whole and in place
 // The proofs are the job's token's (store/include/dist/store/auth.h), under labels of this channel:

@@ -7,6 +7,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -43,6 +45,14 @@ constexpr std::size_t kMaxJobBytes = 4096;
 constexpr std::uint64_t kMaxReplicaBytes = 1ULL << 40;
 constexpr int kMaxConnections = 16;  // served at once; more wait in the listen queue
 constexpr std::chrono::seconds kServersRefresh{5};
+constexpr int kBackgroundNice = 10;
+
+// The replicas of every save are sent, and taken, in the background: at the lowest priority, so
+// that a node whose cores the workers keep busy trains as fast as without replicas (its replicas
+// then lag, skipping saves; each is the rank's newest when it goes). Restores are not background.
+void lower_this_threads_priority() {
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kBackgroundNice);
+}
 
 // ---- sockets ------------------------------------------------------------------------------
 
@@ -120,8 +130,10 @@ bool send_file(int socket, int in, std::uint64_t size, std::atomic<std::uint64_t
   return true;
 }
 
-// `size` bytes from the socket into the file `out`.
+// `size` bytes from the socket into the file `out` (empty), received straight into its pages:
+// one copy, not two (a replica of every save is the agents' main cost to a busy node).
 bool receive_file(int socket, int out, std::uint64_t size) {
+  if (size == 0) return true;
   std::vector<char> buffer(std::min<std::uint64_t>(size, 1 << 20));
   while (size > 0) {
     const ssize_t got =
@@ -173,34 +185,6 @@ Fd connect_to(const std::string& endpoint_text, std::chrono::milliseconds timeou
   }
   ::freeaddrinfo(found);
   return result;
-}
-
-// The address this machine sends from toward `host` (no packet is sent: a UDP socket's route).
-std::string address_towards(const store::Endpoint& endpoint) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(endpoint.host.c_str(), std::to_string(endpoint.port).c_str(), &hints, &found) !=
-      0) {
-    throw std::runtime_error("cannot resolve the store's host " + endpoint.host);
-  }
-  std::string address;
-  for (addrinfo* a = found; a && address.empty(); a = a->ai_next) {
-    Fd fd(::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    if (!fd || ::connect(fd.fd, a->ai_addr, a->ai_addrlen) != 0) continue;
-    sockaddr_storage local{};
-    socklen_t length = sizeof local;
-    if (::getsockname(fd.fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) continue;
-    char text[INET6_ADDRSTRLEN] = {};
-    const void* raw =
-        local.ss_family == AF_INET
-            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-    if (::inet_ntop(local.ss_family, raw, text, sizeof text)) address = text;
-  }
-  ::freeaddrinfo(found);
-  if (address.empty()) throw std::runtime_error("no route to the store's host " + endpoint.host);
-  return address;
 }
 
 std::vector<std::string> lines_of(const std::optional<std::string>& value) {
@@ -310,26 +294,38 @@ class SnapshotReplicas::Server {
  public:
   // `held`: the replicas it keeps for others; `own`: this node's snapshots, served too (a rank
   // that moved to another node in the next round finds its state here).
-  Server(const std::string& address, const ReplicaOptions& options, fs::path held, fs::path own)
+  // Listens on `bind` (an address of this host; "": every interface, as the store the agent
+  // hosts does) and is known to the others as `advertised`.
+  Server(const std::string& bind, const std::string& advertised, const ReplicaOptions& options,
+         fs::path held, fs::path own)
       : options_(options), held_(std::move(held)), own_(std::move(own)) {
     fs::create_directories(held_);
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
-    addrinfo* found = nullptr;
-    if (::getaddrinfo(address.c_str(), "0", &hints, &found) != 0 || !found) {
-      throw std::runtime_error("cannot serve snapshot replicas on " + address +
-                               ": not an address of this host");
+    std::string why = "not an address of this host";
+    for (const std::string& address :
+         bind.empty() ? std::vector<std::string>{"::", "0.0.0.0"} : std::vector{bind}) {
+      addrinfo hints{};
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
+      addrinfo* found = nullptr;
+      if (::getaddrinfo(address.c_str(), "0", &hints, &found) != 0 || !found) continue;
+      Fd fd(::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      const int one = 1, zero = 0;
+      ::setsockopt(fd.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (found->ai_family == AF_INET6) {
+        ::setsockopt(fd.fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 too
+      }
+      const bool bound =
+          fd && ::bind(fd.fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd.fd, 64) == 0;
+      if (!bound) why = std::strerror(errno);
+      ::freeaddrinfo(found);
+      if (bound) {
+        listener_ = std::move(fd);
+        break;
+      }
     }
-    listener_ = Fd(::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    const int one = 1;
-    ::setsockopt(listener_.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    const bool bound = listener_ && ::bind(listener_.fd, found->ai_addr, found->ai_addrlen) == 0 &&
-                       ::listen(listener_.fd, 64) == 0;
-    ::freeaddrinfo(found);
-    if (!bound) {
-      throw std::runtime_error("cannot serve snapshot replicas on " + address + ": " +
-                               std::strerror(errno));
+    if (!listener_) {
+      throw std::runtime_error("cannot serve snapshot replicas on " +
+                               (bind.empty() ? std::string("this host") : bind) + ": " + why);
     }
     sockaddr_storage local{};
     socklen_t length = sizeof local;
@@ -337,7 +333,7 @@ class SnapshotReplicas::Server {
     const auto port =
         ntohs(local.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&local)->sin_port
                                          : reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
-    endpoint_ = store::Endpoint{address, port}.to_string();
+    endpoint_ = store::Endpoint{advertised, port}.to_string();
     if (::pipe2(wake_, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
     acceptor_ = std::thread([this] { accept_loop(); });
   }
@@ -474,7 +470,10 @@ class SnapshotReplicas::Server {
       return;
     }
     const fs::path folder = held_ / rank_folder(r.rank);
-    if (r.op == kPut) return take_replica(fd, o, r, folder);
+    if (r.op == kPut) {
+      lower_this_threads_priority();
+      return take_replica(fd, o, r, folder);
+    }
     // The newest of the replica held and this node's own saves of the rank.
     std::optional<Saved> newest;
     Fd file;
@@ -548,7 +547,7 @@ class SnapshotReplicas::Server {
     std::ostringstream name;
     name << ".tmp." << r.save_id << "." << std::this_thread::get_id();
     const fs::path partial = folder / name.str();
-    Fd out(::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    Fd out(::open(partial.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     std::uint8_t whole = 0;
     const bool received = out && reply(fd, o, kReplyOk, true) && receive_file(fd, out.fd, r.size) &&
                           take(fd, whole) && whole == 1;
@@ -614,6 +613,10 @@ SnapshotReplicas::~SnapshotReplicas() {
   wake_.notify_all();
   sender_.join();
   restorer_.join();
+  if (saves_sent_ > 0 || (server_ && server_->bytes_received() > 0)) {
+    spdlog::info("snapshot replicas: {} saves sent to other nodes ({}), {} received from them",
+                 saves_sent_.load(), megabytes(bytes_sent_), megabytes(server_->bytes_received()));
+  }
   server_.reset();
 }
 
@@ -682,6 +685,7 @@ std::unique_ptr<store::StoreClient> SnapshotReplicas::open_store(const store::En
 // ---- sending ------------------------------------------------------------------------------
 
 void SnapshotReplicas::run_sender() {
+  lower_this_threads_priority();
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     // A new store is joined at once: a restore in it waits for this agent's registration.
@@ -716,9 +720,8 @@ void SnapshotReplicas::connect_store(const store::Endpoint& endpoint) {
   session_.reset();
   session_ = open_store(endpoint);
   if (!server_) {
-    const std::string address =
-        options_.address.empty() ? address_towards(endpoint) : options_.address;
-    auto server = std::make_unique<Server>(address, options_, held_, snapshots_);
+    auto server =
+        std::make_unique<Server>(options_.bind, options_.address, options_, held_, snapshots_);
     std::lock_guard lock(mutex_);
     server_ = std::move(server);
     spdlog::info(
@@ -824,9 +827,16 @@ SnapshotReplicas::Sent SnapshotReplicas::send(const std::string& peer, int rank,
       const std::uint8_t whole = header_of(file.fd) == header ? 1 : 0;
       std::uint8_t final_status = kReplyBadRequest;
       if (send_all(socket.fd, &whole, 1) && (whole == 0 || take(socket.fd, final_status))) {
-        if (whole == 0) return Sent::kRewritten;
+        if (whole == 0) {
+          spdlog::debug(
+              "snapshot replicas: rank {}'s step {} was rewritten while it was sent to {}", rank,
+              save.stamp.step, peer);
+          return Sent::kRewritten;
+        }
         if (final_status == kReplyOk) {
           ++saves_sent_;
+          spdlog::debug("snapshot replicas: rank {}'s step {} sent to {} ({})", rank,
+                        save.stamp.step, peer, megabytes(r.size));
           return Sent::kDelivered;
         }
         if (final_status == kReplyBadRequest) {
@@ -955,7 +965,7 @@ bool SnapshotReplicas::restore_rank(int rank, const std::vector<std::string>& ho
     std::error_code ec;
     fs::create_directories(folder, ec);
     const fs::path partial = folder / (".tmp.replica." + std::to_string(::getpid()));
-    Fd out(::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    Fd out(::open(partial.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     std::uint8_t whole = 0;
     const bool received =
         out && receive_file(socket.fd, out.fd, size) && take(socket.fd, whole) && whole == 1;

@@ -29,8 +29,8 @@
 //           the server answers kReplyOk once the copy is whole and in place
 // The proofs are the job's token's (store/include/dist/store/auth.h), under labels of this channel:
 // without a token (a job whose store has none) they are zeros and prove nothing, as the store's
-// own connections do not. The server listens on this node's address only, never on every
-// interface.
+// own connections do not. The server listens where the store an agent hosts does: every
+// interface, or --local-addr.
 //
 // A holder keeps each rank's newest replica only (scratch/replicas/rank_<R>/step_<S>.snap), checked
 // whole (the format's save ids agree) and this job's and rank's before it is put in place; a
@@ -76,7 +76,8 @@ struct ReplicaOptions {
   int replicas = 0;     // K: how many other agents hold each rank's newest snapshot
   std::string job;      // the job's --rdzv-id
   std::string secret;   // the job's token ("": none)
-  std::string address;  // where to serve ("": the address this node reaches the store from)
+  std::string address;  // this node, as the others reach it (the agent's host name or address)
+  std::string bind;     // where to listen ("": every interface, as the agent's store does)
 };
 
 class SnapshotReplicas {

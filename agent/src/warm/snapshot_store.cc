@@ -270,7 +270,8 @@ std::optional<SaveStamp> read_stamp(const fs::path& file) {
 
 SnapshotStore::SnapshotStore(const WarmOptions& options, const Scratch& scratch,
                              const std::string& job, const std::string& run,
-                             const std::string& secret, const std::string& address)
+                             const std::string& secret, const std::string& host,
+                             const std::string& bind)
     : directory_(scratch.path() / "snapshots"), persist_dir_(options.snapshot_dir) {
   std::error_code ec;
   fs::create_directories(directory_, ec);
@@ -302,7 +303,7 @@ SnapshotStore::SnapshotStore(const WarmOptions& options, const Scratch& scratch,
   if (!persist_dir_.empty()) persister_ = std::thread([this] { run_persister(); });
   if (options.snapshot_replicas > 0) {
     replicas_ = std::make_unique<SnapshotReplicas>(
-        ReplicaOptions{options.snapshot_replicas, job, secret, address}, directory_,
+        ReplicaOptions{options.snapshot_replicas, job, secret, host, bind}, directory_,
         scratch.path() / "replicas");
   }
 }

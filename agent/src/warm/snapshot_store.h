@@ -85,13 +85,13 @@ class SnapshotReplicas;
 
 class SnapshotStore {
  public:
-  // `job`: the job's --rdzv-id; `run`: this agent's run, as the headers name it; `secret` and
-  // `address`: the job's token and this node's address (--local-addr; "": found), for the
-  // replicas (--snapshot-replicas). Throws std::runtime_error (the snapshot directory or
-  // --snapshot-dir cannot be made).
+  // `job`: the job's --rdzv-id; `run`: this agent's run, as the headers name it; for the
+  // replicas (--snapshot-replicas): the job's token, this node as the others reach it, and where
+  // to listen (--local-addr; "": every interface). Throws std::runtime_error (the snapshot
+  // directory or --snapshot-dir cannot be made).
   SnapshotStore(const WarmOptions& options, const Scratch& scratch, const std::string& job,
                 const std::string& run, const std::string& secret = {},
-                const std::string& address = {});
+                const std::string& host = {}, const std::string& bind = {});
   ~SnapshotStore();  // persists what is new a last time (--snapshot-dir)
   SnapshotStore(const SnapshotStore&) = delete;
   SnapshotStore& operator=(const SnapshotStore&) = delete;

@@ -132,9 +132,9 @@ void WorkerGroup::set_up_warm() {
     return;
   }
   if (config_.warm.snapshots())
-    snapshots_ = std::make_unique<warm::SnapshotStore>(config_.warm, *scratch_, config_.run_id,
-                                                       identity_.host + "/" + agent_id_.id(),
-                                                       config_.secret, config_.local_addr);
+    snapshots_ = std::make_unique<warm::SnapshotStore>(
+        config_.warm, *scratch_, config_.run_id, identity_.host + "/" + agent_id_.id(),
+        config_.secret, identity_.host, config_.local_addr);
   if (!warm::WarmStart::applies(config_, config_.warm)) return;
   Variables shared;  // what every worker's environment has, whatever its rank
   shared[kAgentIdVariable] = agent_id_.value();

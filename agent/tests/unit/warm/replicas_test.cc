@@ -65,8 +65,8 @@ struct Node {
        const std::string& secret = {}, int replicas = 1)
       : snapshots(root / name / "snapshots"), held(root / name / "replicas") {
     fs::create_directories(snapshots);
-    r = std::make_unique<SnapshotReplicas>(ReplicaOptions{replicas, "job", secret, "127.0.0.1"},
-                                           snapshots, held);
+    r = std::make_unique<SnapshotReplicas>(
+        ReplicaOptions{replicas, "job", secret, "127.0.0.1", "127.0.0.1"}, snapshots, held);
     r->use_store(store);
   }
   std::string serving() const {

@@ -29,6 +29,12 @@ newest. State that is the same on every rank (DDP's) may pass replicated=True: a
 save of this job, whatever rank and world size saved it (an elastic job that reshaped). Across
 nodes, agree on a step yourself (an all_reduce of MIN over steps()) and load(step).
 
+Sharded state (torch 2.x DTensor: FSDP2's and tensor parallelism's state_dict(), their optimizers'
+state): each rank saves its own shards, with each DTensor's placements, device mesh and global
+shape; load() gives the DTensors back on the job's device mesh (`mesh=`, or one made like the
+saved one, after init_process_group), ready for load_state_dict(). A sharded snapshot is a rank's
+own: load it with this rank's identity (not replicated=True), in the world size that saved it.
+
 Outside dist-launch (or without those options) save() saves nothing and returns False, and load()
 returns None. Importing this module imports neither torch nor numpy; loading imports whichever
 the snapshot holds. The C++ SDK (dist/sdk/snapshot.h) reads and writes the same files; the format
@@ -46,7 +52,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-__all__ = ["SnapshotError", "SnapshotMemoryError", "enabled", "load", "save", "steps"]
+__all__ = ["SnapshotError", "SnapshotMemoryError", "SnapshotShardError", "enabled", "load", "save",
+           "steps"]
 
 # The variables and the format (dist/contract/worker_contract.h, snapshot_format.h).
 # BEGIN worker contract (contract/python_constants.py; do not edit)
@@ -70,6 +77,11 @@ _NO_FOOTER = bytes(_FOOTER.size)
 
 class SnapshotError(RuntimeError):
     """A snapshot could not be saved or read."""
+
+
+class SnapshotShardError(SnapshotError):
+    """A sharded (DTensor) snapshot cannot be given back here: no process group, or a device mesh
+    other than the one it was saved on. Raised by load(), never skipped past."""
 
 
 class SnapshotMemoryError(SnapshotError, MemoryError):
@@ -163,6 +175,7 @@ class _Tensor:
         self.name = ""
         self.offset = 0
         self.source: Any = None  # the object while pickling (its id is the key)
+        self.dtensor: Optional[dict] = None  # a DTensor's: this is its local shard
 
     @property
     def nbytes(self) -> int:
@@ -182,6 +195,45 @@ def _torch_tensor(t: Any, torch: Any) -> Optional[_Tensor]:
     return _Tensor("torch", str(data.dtype).replace("torch.", ""), list(data.shape), view, data,
                    requires_grad=bool(t.requires_grad),
                    parameter=isinstance(t, torch.nn.Parameter))
+
+
+def _dtensor_class(torch: Any) -> Any:
+    """torch's DTensor class where it is already imported (never imported for it), else None."""
+    for name in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "DTensor"):
+            return module.DTensor
+    return None
+
+
+def _placement(p: Any) -> dict:
+    name = type(p).__name__
+    if name == "_StridedShard":
+        return {"shard": int(p.dim), "split_factor": int(p.split_factor)}
+    if name == "Shard":
+        return {"shard": int(p.dim)}
+    if name == "Replicate":
+        return {"replicate": True}
+    if name in ("Partial", "_Partial"):
+        return {"partial": str(getattr(p, "reduce_op", "sum"))}
+    raise SnapshotError(f"a DTensor placement this snapshot cannot keep: {p!r}")
+
+
+def _dtensor(t: Any, torch: Any) -> _Tensor:
+    """A DTensor as its local shard, with what rebuilds it on the same mesh."""
+    mesh = t.device_mesh
+    local = _torch_tensor(t.to_local(), torch)
+    if local is None:
+        raise SnapshotError(f"a DTensor whose local shard is not a plain tensor: {t.to_local()!r}")
+    local.requires_grad = bool(t.requires_grad)
+    local.parameter = isinstance(t, torch.nn.Parameter)
+    local.dtensor = {
+        "shape": list(t.shape), "stride": list(t.stride()),
+        "placements": [_placement(p) for p in t.placements],
+        "mesh": {"device_type": mesh.device_type, "shape": list(mesh.shape),
+                 "dim_names": list(mesh.mesh_dim_names or []),
+                 "ranks": [int(r) for r in mesh.mesh.flatten().tolist()]}}
+    return local
 
 
 def _numpy_array(a: Any, np: Any) -> Optional[_Tensor]:
@@ -207,13 +259,16 @@ class _Pickler(pickle.Pickler):
         self.by_id: Dict[int, int] = {}
         self.torch = sys.modules.get("torch")
         self.np = sys.modules.get("numpy")
+        self.dtensor = _dtensor_class(self.torch) if self.torch is not None else None
 
     def persistent_id(self, obj: Any) -> Optional[Tuple[str, int]]:
         found = self.by_id.get(id(obj))
         if found is not None:
             return ("tensor", found)
         tensor = None
-        if self.torch is not None and isinstance(obj, self.torch.Tensor):
+        if self.dtensor is not None and isinstance(obj, self.dtensor):
+            tensor = _dtensor(obj, self.torch)
+        elif self.torch is not None and isinstance(obj, self.torch.Tensor):
             tensor = _torch_tensor(obj, self.torch)
         elif self.np is not None and type(obj) is self.np.ndarray:
             tensor = _numpy_array(obj, self.np)
@@ -290,9 +345,10 @@ class _Plan:
             "saved_at": self.saved_at, "save_id": self.save_id, "writer": "python",
             "skeleton": {"kind": "pickle", "offset": skeleton_offset,
                          "size": len(self.skeleton)},
-            "tensors": [{"name": t.name, "kind": t.kind, "dtype": t.dtype, "shape": t.shape,
-                         "offset": t.offset, "nbytes": t.nbytes,
-                         "requires_grad": t.requires_grad, "parameter": t.parameter}
+            "tensors": [dict({"name": t.name, "kind": t.kind, "dtype": t.dtype,
+                              "shape": t.shape, "offset": t.offset, "nbytes": t.nbytes,
+                              "requires_grad": t.requires_grad, "parameter": t.parameter},
+                             **({"dtensor": t.dtensor} if t.dtensor else {}))
                         for t in self.tensors],
             "size": size}).encode()
 
@@ -618,7 +674,91 @@ def _read(path: str) -> Tuple[dict, Any]:
     return header, data
 
 
-def _rebuild(entry: dict, data: Any) -> Any:
+class _Meshes:
+    """The device meshes a load gives its DTensors: the caller's, or one made like the saved one
+    (once per load: making a mesh of several dimensions is collective)."""
+
+    def __init__(self, given: Any):
+        self.given = given
+        self.made: Dict[str, Any] = {}
+
+    def get(self, saved: dict) -> Any:
+        import torch
+        import torch.distributed as dist
+        shape, names = list(saved["shape"]), list(saved.get("dim_names") or [])
+        if self.given is not None:
+            mesh = self.given
+            if list(mesh.shape) != shape or mesh.mesh.flatten().tolist() != saved["ranks"]:
+                raise SnapshotShardError(
+                    f"this snapshot's shards were saved on a device mesh of shape {shape} over "
+                    f"ranks {saved['ranks']}; the mesh given has shape {list(mesh.shape)} over "
+                    f"{mesh.mesh.flatten().tolist()}: load it on the mesh that saved it")
+            return mesh
+        key = json.dumps(saved, sort_keys=True)
+        if key in self.made:
+            return self.made[key]
+        if not (dist.is_available() and dist.is_initialized()):
+            raise SnapshotShardError(
+                "this snapshot holds DTensor shards (FSDP2, tensor parallelism): call load() after "
+                "torch.distributed.init_process_group(), or pass mesh=")
+        count = 1
+        for n in shape:
+            count *= n
+        if saved["ranks"] != list(range(count)) or count != dist.get_world_size():
+            raise SnapshotShardError(
+                f"this snapshot's shards were saved on a device mesh over ranks {saved['ranks']} "
+                f"(world size {dist.get_world_size()} now): pass that mesh as mesh=")
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(saved["device_type"], tuple(shape),
+                                mesh_dim_names=tuple(names) if names else None)
+        self.made[key] = mesh
+        return mesh
+
+
+def _placements(saved: List[dict]) -> List[Any]:
+    try:
+        from torch.distributed.tensor import Partial, Replicate, Shard
+    except ImportError:  # torch before 2.4
+        from torch.distributed._tensor import Replicate, Shard  # type: ignore
+        from torch.distributed._tensor.placement_types import _Partial as Partial  # type: ignore
+    placements = []
+    for p in saved:
+        if "split_factor" in p:
+            from torch.distributed.tensor.placement_types import _StridedShard
+            placements.append(_StridedShard(p["shard"], split_factor=p["split_factor"]))
+        elif "shard" in p:
+            placements.append(Shard(p["shard"]))
+        elif "replicate" in p:
+            placements.append(Replicate())
+        else:
+            placements.append(Partial(p["partial"]))
+    return placements
+
+
+def _as_dtensor(local: Any, saved: dict, meshes: _Meshes) -> Any:
+    import torch
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch before 2.4
+        from torch.distributed._tensor import DTensor  # type: ignore
+    mesh = meshes.get(saved["mesh"])
+    if mesh.device_type != "cpu":
+        local = local.to(torch.device(mesh.device_type, torch.accelerator.current_device_index())
+                         if hasattr(torch, "accelerator") else mesh.device_type)
+    return DTensor.from_local(local, mesh, _placements(saved["placements"]), run_check=False,
+                              shape=torch.Size(saved["shape"]), stride=tuple(saved["stride"]))
+
+
+def _rebuild(entry: dict, data: Any, meshes: Optional[_Meshes] = None) -> Any:
+    if entry.get("dtensor"):
+        import torch
+        local = _rebuild(dict(entry, dtensor=None, parameter=False, requires_grad=False), data)
+        t = _as_dtensor(local, entry["dtensor"], meshes or _Meshes(None))
+        if entry.get("parameter"):
+            return torch.nn.Parameter(t, requires_grad=bool(entry.get("requires_grad")))
+        if entry.get("requires_grad"):
+            t.requires_grad_(True)
+        return t
     shape, offset, nbytes = entry["shape"], entry["offset"], entry["nbytes"]
     # "raw" (the C++ SDK's): numpy arrays, or torch tensors where numpy is missing.
     if entry["kind"] == "torch" or (entry["kind"] == "raw" and not _has("numpy")):
@@ -657,10 +797,11 @@ class _Unpickler(pickle.Unpickler):
         return self.tensors[index]
 
 
-def _load_file(path: str) -> Tuple[dict, Any]:
+def _load_file(path: str, mesh: Any = None) -> Tuple[dict, Any]:
     import io
     header, data = _read(path)
-    tensors = [_rebuild(entry, data) for entry in header["tensors"]]
+    meshes = _Meshes(mesh)
+    tensors = [_rebuild(entry, data, meshes) for entry in header["tensors"]]
     skeleton = header["skeleton"]
     if skeleton["kind"] == "pickle":
         start = skeleton["offset"]
@@ -697,12 +838,15 @@ def _say(text: str) -> None:
     print(f"dist_launch.snapshot: {text}", file=sys.stderr, flush=True)
 
 
-def load(step: Optional[int] = None, *, replicated: bool = False) -> Optional[Tuple[int, Any]]:
+def load(step: Optional[int] = None, *, replicated: bool = False,
+         mesh: Any = None) -> Optional[Tuple[int, Any]]:
     """(step, obj) of this rank's newest complete snapshot of this job (preferring a step that
     every rank here has), or of `step`; None when there is none. Only this rank's files, saved in
     this world size, are read, unless `replicated` (state that is the same on every rank, as DDP's):
     then any rank's newest save of this job. Tensors come back as they were saved (torch or numpy,
-    on the CPU), sharing one buffer per snapshot. Where it resumed from goes to stderr."""
+    on the CPU), sharing one buffer per snapshot; DTensors as DTensors on `mesh` (default: a mesh
+    made like the one that saved them; raises SnapshotShardError where none can be). Where it
+    resumed from goes to stderr."""
     rank = _rank()
     by_rank = _found(replicated)
     candidates = _order(by_rank, rank, replicated)
@@ -710,7 +854,9 @@ def load(step: Optional[int] = None, *, replicated: bool = False) -> Optional[Tu
         candidates = [f for f in candidates if f.step == int(step)]
     for f in candidates:
         try:
-            header, obj = _load_file(f.path)
+            header, obj = _load_file(f.path, mesh)
+        except SnapshotShardError:
+            raise  # not this file's fault: every file of this rank would fail alike
         except (OSError, SnapshotError, ValueError, KeyError):
             continue  # replaced while read, or a damaged copy: the next one
         if header.get("save_id") != f.header.get("save_id"):

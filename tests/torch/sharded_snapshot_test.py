@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Sharded state in dist_launch.snapshot (issue 44, item 3): an FSDP2 job of two ranks (torch 2.x,
+gloo, CPU) saves each rank's shards (DTensors: its parameters and Adam's moments) every step;
+rank 1 fails after step 4's save, the group restarts and every rank loads its own shards back as
+DTensors on the job's mesh. The job ends with the weights of the same job uninterrupted.
+
+    python3 tests/torch/sharded_snapshot_test.py --launcher build/bin/dist-launch [--python python3]
+Exits 77 (skip) when that interpreter has no torch 2.x with FSDP2.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "sharded_snapshot_worker.py")
+ARGS = None
+
+
+class ShardedSnapshots(unittest.TestCase):
+    def run_job(self, out, flags, worker_flags=()):
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, OMP_NUM_THREADS="1")
+        proc = subprocess.run([ARGS.launcher, "--nproc-per-node", "2", "--snapshot-memory", "64M",
+                               *flags, WORKER, "--steps", "8", "--out", out, *worker_flags],
+                              capture_output=True, text=True, env=env, timeout=300)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    def test_an_fsdp2_job_resumes_from_its_shards_with_the_uninterrupted_weights(self):
+        with tempfile.TemporaryDirectory() as d:
+            clean, crashed = os.path.join(d, "clean"), os.path.join(d, "crashed")
+            code, output = self.run_job(clean, [])
+            self.assertEqual(code, 0, output)
+            self.assertNotIn("loads step", output)
+            code, output = self.run_job(crashed, ["--max-restarts", "1"], ["--crash-at", "4"])
+            self.assertEqual(code, 0, output)
+            self.assertIn("rank 1 fails after its save of step 4", output)
+            self.assertIn("before init_process_group: this snapshot holds DTensor shards", output)
+            self.assertNotIn("loaded sharded state without a process group", output)
+            for rank in (0, 1):
+                self.assertRegex(output, rf"rank {rank} restart 1 loads step 4: model \['DTensor'\], "
+                                         r"moments \['DTensor'\]")
+            with open(clean) as a, open(crashed) as b:
+                self.assertEqual(a.read(), b.read(), "the resumed job's weights differ\n" + output)
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launcher", required=True)
+    parser.add_argument("--python", default=sys.executable)
+    ARGS, rest = parser.parse_known_args()
+    probe = subprocess.run([ARGS.python, "-c", "from torch.distributed.fsdp import fully_shard; "
+                            "from torch.distributed.tensor import DTensor"], capture_output=True)
+    if probe.returncode != 0:
+        print(f"SKIP: {ARGS.python} has no torch 2.x with FSDP2")
+        sys.exit(77)
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""One rank of an FSDP2 job (torch 2.x, gloo, CPU) that saves its sharded state with
+dist_launch.snapshot every step and resumes from it (tests/torch/sharded_snapshot_test.py).
+
+    sharded_snapshot_worker.py --steps N [--crash-at K] --out FILE
+
+Rank 1 exits with an error right after its save of step K in the job's first attempt; the
+restarted group loads each rank's shards (DTensors back on the job's mesh) and trains on. Rank 0
+writes the final full weights' digest to FILE.
+"""
+import argparse
+import hashlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from dist_launch import snapshot
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--crash-at", type=int, default=-1)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if snapshot.steps():  # a restart: shards need the job's group to come back as DTensors
+        try:
+            snapshot.load()
+            print("loaded sharded state without a process group", flush=True)
+        except snapshot.SnapshotShardError as e:
+            print(f"before init_process_group: {e}", flush=True)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    start = 0
+    restored = snapshot.load()
+    if restored is not None:
+        step, state = restored
+        kinds = {type(v).__name__ for v in state["model"].values()}
+        moments = {type(s["exp_avg"]).__name__ for s in state["optim"]["state"].values()}
+        print(f"rank {rank} restart {restart} loads step {step}: model {sorted(kinds)}, "
+              f"moments {sorted(moments)}", flush=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+        start = step + 1
+
+    for step in range(start, args.steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(16, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x), x[:, :4])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        snapshot.save(step, {"model": model.state_dict(), "optim": optimizer.state_dict()})
+        if step == args.crash_at and restart == 0 and rank == 1:
+            print(f"rank {rank} fails after its save of step {step}", flush=True)
+            os._exit(3)
+
+    digest = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        digest.update(name.encode() + full.detach().numpy().tobytes())
+    if rank == 0:
+        with open(args.out, "w") as f:
+            f.write(digest.hexdigest())
+    dist.barrier()  # no rank tears gloo down under another's last collective
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -197,6 +197,15 @@ def _torch_tensor(t: Any, torch: Any) -> Optional[_Tensor]:
                    parameter=isinstance(t, torch.nn.Parameter))
 
 
+def _sharded(header: dict) -> bool:
+    """Whether a snapshot holds DTensor shards (state that is one rank's own)."""
+    for entry in header.get("tensors", []):
+        for p in (entry.get("dtensor") or {}).get("placements", []):
+            if "shard" in p or "partial" in p:
+                return True
+    return False
+
+
 def _dtensor_class(torch: Any) -> Any:
     """torch's DTensor class where it is already imported (never imported for it), else None."""
     for name in ("torch.distributed.tensor", "torch.distributed._tensor"):
@@ -214,8 +223,8 @@ def _placement(p: Any) -> dict:
         return {"shard": int(p.dim)}
     if name == "Replicate":
         return {"replicate": True}
-    if name in ("Partial", "_Partial"):
-        return {"partial": str(getattr(p, "reduce_op", "sum"))}
+    if name in ("Partial", "_Partial"):  # reduce_op: "sum" (torch 2.4+) or ReduceOp.SUM (before)
+        return {"partial": str(getattr(p, "reduce_op", "sum")).split(".")[-1].lower()}
     raise SnapshotError(f"a DTensor placement this snapshot cannot keep: {p!r}")
 
 
@@ -724,7 +733,11 @@ def _placements(saved: List[dict]) -> List[Any]:
     placements = []
     for p in saved:
         if "split_factor" in p:
-            from torch.distributed.tensor.placement_types import _StridedShard
+            try:
+                from torch.distributed.tensor.placement_types import _StridedShard
+            except ImportError as e:
+                raise SnapshotShardError(f"this snapshot holds strided shards, which this torch "
+                                         f"cannot rebuild: {e}") from e
             placements.append(_StridedShard(p["shard"], split_factor=p["split_factor"]))
         elif "shard" in p:
             placements.append(Shard(p["shard"]))
@@ -797,10 +810,10 @@ class _Unpickler(pickle.Unpickler):
         return self.tensors[index]
 
 
-def _load_file(path: str, mesh: Any = None) -> Tuple[dict, Any]:
+def _load_file(path: str, meshes: Optional[_Meshes] = None) -> Tuple[dict, Any]:
     import io
     header, data = _read(path)
-    meshes = _Meshes(mesh)
+    meshes = meshes or _Meshes(None)
     tensors = [_rebuild(entry, data, meshes) for entry in header["tensors"]]
     skeleton = header["skeleton"]
     if skeleton["kind"] == "pickle":
@@ -850,11 +863,17 @@ def load(step: Optional[int] = None, *, replicated: bool = False,
     rank = _rank()
     by_rank = _found(replicated)
     candidates = _order(by_rank, rank, replicated)
+    meshes = _Meshes(mesh)  # once: a mesh of several dimensions is made collectively
     if step is not None:
         candidates = [f for f in candidates if f.step == int(step)]
     for f in candidates:
+        if f.rank != rank and _sharded(f.header):
+            _say(f"{_who()}: rank {f.rank}'s snapshot of step {f.step} holds DTensor shards, "
+                 f"which are that rank's own: not loaded (replicated=True is for state the same "
+                 f"on every rank)")
+            continue
         try:
-            header, obj = _load_file(f.path, mesh)
+            header, obj = _load_file(f.path, meshes)
         except SnapshotShardError:
             raise  # not this file's fault: every file of this rank would fail alike
         except (OSError, SnapshotError, ValueError, KeyError):

@@ -151,7 +151,10 @@ class Healthy(unittest.TestCase):
         for event in job.events("hang_suspected"):
             (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
             self.assertTrue(rank0["active"], rank0)
-            self.assertIn("torch.save", rank0["doing"] + rank0["where"])
+            # Named by its stack, or (a write blocked in the kernel holds the GIL: no stack to
+            # read on a machine busy with I/O) by what its I/O shows.
+            what = rank0["doing"] + rank0["where"]
+            self.assertTrue("torch.save" in what or rank0["doing"].startswith("writing"), rank0)
         self.assertNotIn("hang suspected", job.proc.stderr, "a rank that writes is working")
 
     def test_a_rank_evaluating_while_the_other_waits(self):

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>  // renameat2
 #include <cstring>
 #include <list>
 #include <sstream>
@@ -97,9 +98,15 @@ bool send_all(int fd, const void* data, std::size_t n) {
   return true;
 }
 
-bool recv_all(int fd, void* data, std::size_t n) {
+constexpr Clock::time_point kNoDeadline = Clock::time_point::max();
+constexpr std::chrono::seconds kHandshakeTimeout{5};  // a request's first bytes to its last
+
+// `n` bytes; false once the connection closes, a read waits past kReplicaIoTimeout, or
+// `deadline` passes (a peer that trickles bytes holds no one past it).
+bool recv_all(int fd, void* data, std::size_t n, Clock::time_point deadline = kNoDeadline) {
   auto* p = static_cast<char*>(data);
   while (n > 0) {
+    if (Clock::now() > deadline) return false;
     const ssize_t got = ::recv(fd, p, n, 0);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return false;
@@ -114,8 +121,8 @@ void put(std::string& out, T value) {  // little-endian: the machines this runs 
   out.append(reinterpret_cast<const char*>(&value), sizeof value);
 }
 template <typename T>
-bool take(int fd, T& value) {
-  return recv_all(fd, &value, sizeof value);
+bool take(int fd, T& value, Clock::time_point deadline = kNoDeadline) {
+  return recv_all(fd, &value, sizeof value, deadline);
 }
 
 // `size` bytes of the file `in` to the socket.
@@ -130,12 +137,13 @@ bool send_file(int socket, int in, std::uint64_t size, std::atomic<std::uint64_t
   return true;
 }
 
-// `size` bytes from the socket into the file `out` (empty), received straight into its pages:
-// one copy, not two (a replica of every save is the agents' main cost to a busy node).
-bool receive_file(int socket, int out, std::uint64_t size) {
-  if (size == 0) return true;
+// `size` bytes from the socket into the file `out`, by `deadline`. (Received into the file's
+// mapped pages instead, it cost more CPU: tmpfs zeroes each page first.)
+bool receive_file(int socket, int out, std::uint64_t size,
+                  Clock::time_point deadline = kNoDeadline) {
   std::vector<char> buffer(std::min<std::uint64_t>(size, 1 << 20));
   while (size > 0) {
+    if (Clock::now() > deadline) return false;
     const ssize_t got =
         ::recv(socket, buffer.data(), std::min<std::uint64_t>(size, buffer.size()), 0);
     if (got < 0 && errno == EINTR) continue;
@@ -239,23 +247,10 @@ struct Request {
 
 constexpr int kNoAnswer = -1;
 
-// The request's status (kReply*), or kNoAnswer (said in `why`) when the peer did not answer as one
-// of this job's replica servers.
-int ask(int fd, const Request& r, const std::string& secret, std::string& why) {
-  char magic[kWireMagicBytes];
-  Opening o;
-  if (!recv_all(fd, magic, sizeof magic) || std::memcmp(magic, kWireMagic, kWireMagicBytes) != 0 ||
-      !recv_all(fd, o.server_nonce.data(), o.server_nonce.size())) {
-    why = "it is not a replica server";
-    return kNoAnswer;
-  }
-  o.client_nonce = store::auth::random_nonce();
-  store::auth::Mac mine{};
-  if (!secret.empty())
-    mine = store::auth::proof(kClientLabel, secret, o.server_nonce, o.client_nonce);
+// The request's bytes after the proof: what the client's proof covers too, so that no one on the
+// path can pass a real agent's proof on with another request.
+std::string encode(const Request& r) {
   std::string out;
-  out.append(reinterpret_cast<const char*>(o.client_nonce.data()), o.client_nonce.size());
-  out.append(reinterpret_cast<const char*>(mine.data()), mine.size());
   put(out, r.op);
   put(out, static_cast<std::uint32_t>(r.job.size()));
   out += r.job;
@@ -265,10 +260,46 @@ int ask(int fd, const Request& r, const std::string& secret, std::string& why) {
     put(out, r.saved_at);
     put(out, r.size);
   }
+  return out;
+}
+
+store::auth::Mac client_proof(const std::string& secret, const Opening& o,
+                              const std::string& request) {
+  if (secret.empty()) return {};
+  return store::auth::proof(kClientLabel + request, secret, o.server_nonce, o.client_nonce);
+}
+
+// The server's proof covers the request it answers and its status.
+store::auth::Mac server_proof(const std::string& secret, const Opening& o,
+                              const std::string& request, std::uint8_t status) {
+  if (secret.empty()) return {};
+  return store::auth::proof(kServerLabel + request + static_cast<char>(status), secret,
+                            o.server_nonce, o.client_nonce);
+}
+
+// The request's status (kReply*), or kNoAnswer (said in `why`) when the peer did not answer as one
+// of this job's replica servers.
+int ask(int fd, const Request& r, const std::string& secret, std::string& why,
+        Clock::time_point deadline = kNoDeadline) {
+  char magic[kWireMagicBytes];
+  Opening o;
+  if (!recv_all(fd, magic, sizeof magic, deadline) ||
+      std::memcmp(magic, kWireMagic, kWireMagicBytes) != 0 ||
+      !recv_all(fd, o.server_nonce.data(), o.server_nonce.size(), deadline)) {
+    why = "it is not a replica server";
+    return kNoAnswer;
+  }
+  o.client_nonce = store::auth::random_nonce();
+  const std::string request = encode(r);
+  const store::auth::Mac mine = client_proof(secret, o, request);
+  std::string out;
+  out.append(reinterpret_cast<const char*>(o.client_nonce.data()), o.client_nonce.size());
+  out.append(reinterpret_cast<const char*>(mine.data()), mine.size());
+  out += request;
   store::auth::Mac theirs{};
   std::uint8_t status = 0;
-  if (!send_all(fd, out.data(), out.size()) || !recv_all(fd, theirs.data(), theirs.size()) ||
-      !take(fd, status)) {
+  if (!send_all(fd, out.data(), out.size()) ||
+      !recv_all(fd, theirs.data(), theirs.size(), deadline) || !take(fd, status, deadline)) {
     why = "the connection closed";
     return kNoAnswer;
   }
@@ -277,7 +308,7 @@ int ask(int fd, const Request& r, const std::string& secret, std::string& why) {
     return kNoAnswer;
   }
   if (!secret.empty()) {
-    const auto expected = store::auth::proof(kServerLabel, secret, o.server_nonce, o.client_nonce);
+    const auto expected = server_proof(secret, o, request, status);
     if (!store::auth::equal(expected.data(), theirs.data(), expected.size())) {
       why = "its proof does not match this job's token";
       return kNoAnswer;
@@ -382,13 +413,14 @@ class SnapshotReplicas::Server {
       pollfd fds[2] = {{listener_.fd, POLLIN, 0}, {wake_[0], POLLIN, 0}};
       if (::poll(fds, 2, 1000) < 0 && errno != EINTR) return;
       if (fds[1].revents) return;
-      reap(false);
+      reap();
       if (!(fds[0].revents & POLLIN)) continue;
-      if (connections_.size() >= static_cast<std::size_t>(kMaxConnections)) {
-        reap(true);  // waits for one: the rest wait in the listen queue
-      }
       const int fd = ::accept4(listener_.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
+      if (connections_.size() >= static_cast<std::size_t>(kMaxConnections)) {
+        ::close(fd);  // busy: the client tries another holder, or again (never a stalled accept)
+        continue;
+      }
       set_timeouts(fd, kReplicaIoTimeout);
       {
         std::lock_guard lock(mutex_);
@@ -412,26 +444,22 @@ class SnapshotReplicas::Server {
     }
   }
 
-  void reap(bool wait_for_one) {
-    for (;;) {
-      for (auto it = connections_.begin(); it != connections_.end();) {
-        if (*it->done) {
-          it->thread.join();
-          it = connections_.erase(it);
-        } else {
-          ++it;
-        }
+  void reap() {
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if (*it->done) {
+        it->thread.join();
+        it = connections_.erase(it);
+      } else {
+        ++it;
       }
-      if (!wait_for_one || connections_.size() < static_cast<std::size_t>(kMaxConnections)) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
 
-  bool reply(int fd, const Opening& o, std::uint8_t status, bool proven) {
-    store::auth::Mac mine{};
-    if (proven && !options_.secret.empty()) {
-      mine = store::auth::proof(kServerLabel, options_.secret, o.server_nonce, o.client_nonce);
-    }
+  // The status, with this server's proof (`proven`: the client proved itself first).
+  bool reply(int fd, const Opening& o, const std::string& request, std::uint8_t status,
+             bool proven) {
+    const store::auth::Mac mine =
+        proven ? server_proof(options_.secret, o, request, status) : store::auth::Mac{};
     std::string out(reinterpret_cast<const char*>(mine.data()), mine.size());
     put(out, status);
     return send_all(fd, out.data(), out.size());
@@ -445,34 +473,36 @@ class SnapshotReplicas::Server {
     store::auth::Mac theirs{};
     Request r;
     std::uint32_t job_bytes = 0;
+    const auto by = Clock::now() + kHandshakeTimeout;  // a stranger holds no slot longer
     if (!send_all(fd, hello.data(), hello.size()) ||
-        !recv_all(fd, o.client_nonce.data(), o.client_nonce.size()) ||
-        !recv_all(fd, theirs.data(), theirs.size()) || !take(fd, r.op) || !take(fd, job_bytes) ||
-        job_bytes > kMaxJobBytes) {
+        !recv_all(fd, o.client_nonce.data(), o.client_nonce.size(), by) ||
+        !recv_all(fd, theirs.data(), theirs.size(), by) || !take(fd, r.op, by) ||
+        !take(fd, job_bytes, by) || job_bytes > kMaxJobBytes) {
       return;
     }
     r.job.resize(job_bytes);
-    if (!recv_all(fd, r.job.data(), job_bytes) || !take(fd, r.rank)) return;
-    if (r.op == kPut && (!take(fd, r.save_id) || !take(fd, r.saved_at) || !take(fd, r.size))) {
+    if (!recv_all(fd, r.job.data(), job_bytes, by) || !take(fd, r.rank, by)) return;
+    if (r.op == kPut &&
+        (!take(fd, r.save_id, by) || !take(fd, r.saved_at, by) || !take(fd, r.size, by))) {
       return;
     }
+    const std::string request = encode(r);
     if (!options_.secret.empty()) {
-      const auto expected =
-          store::auth::proof(kClientLabel, options_.secret, o.server_nonce, o.client_nonce);
+      const auto expected = client_proof(options_.secret, o, request);
       if (!store::auth::equal(expected.data(), theirs.data(), expected.size())) {
         spdlog::warn("snapshot replicas: refused a connection without this job's token");
-        reply(fd, o, kReplyRefused, false);
+        reply(fd, o, request, kReplyRefused, false);
         return;
       }
     }
     if (r.job != options_.job || r.rank < 0 || (r.op != kPut && r.op != kGet && r.op != kStat)) {
-      reply(fd, o, kReplyBadRequest, true);
+      reply(fd, o, request, kReplyBadRequest, true);
       return;
     }
     const fs::path folder = held_ / rank_folder(r.rank);
     if (r.op == kPut) {
       lower_this_threads_priority();
-      return take_replica(fd, o, r, folder);
+      return take_replica(fd, o, request, r, folder);
     }
     // The newest of the replica held and this node's own saves of the rank.
     std::optional<Saved> newest;
@@ -492,11 +522,11 @@ class SnapshotReplicas::Server {
     }
     struct stat st {};
     if (!newest || !file || ::fstat(file.fd, &st) != 0) {
-      reply(fd, o, kReplyNone, true);
+      reply(fd, o, request, kReplyNone, true);
       return;
     }
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (!reply(fd, o, kReplyOk, true)) return;
+    if (!reply(fd, o, request, kReplyOk, true)) return;
     std::string out;
     if (r.op == kStat) {
       put(out, newest->stamp.saved_at);
@@ -515,10 +545,11 @@ class SnapshotReplicas::Server {
     send_all(fd, &whole, 1);
   }
 
-  void take_replica(int fd, const Opening& o, const Request& r, const fs::path& folder) {
+  void take_replica(int fd, const Opening& o, const std::string& request, const Request& r,
+                    const fs::path& folder) {
     if (r.size < snapshot_format::kPrefixBytes + snapshot_format::kFooterBytes ||
         r.size > kMaxReplicaBytes) {
-      reply(fd, o, kReplyBadRequest, true);
+      reply(fd, o, request, kReplyBadRequest, true);
       return;
     }
     {
@@ -526,7 +557,7 @@ class SnapshotReplicas::Server {
       const auto saved = snapshots_in(folder);
       if (!saved.empty() &&
           (saved.back().stamp.save_id == r.save_id || saved.back().stamp.saved_at >= r.saved_at)) {
-        reply(fd, o, kReplyNone, true);  // this save, or a newer one, is here
+        reply(fd, o, request, kReplyNone, true);  // this save, or a newer one, is here
         return;
       }
     }
@@ -539,7 +570,7 @@ class SnapshotReplicas::Server {
             "nodes need shared memory here too; give the container more (docker --shm-size)",
             held_.string(), r.rank, megabytes(r.size));
       }
-      reply(fd, o, kReplyNoRoom, true);
+      reply(fd, o, request, kReplyNoRoom, true);
       return;
     }
     std::error_code ec;
@@ -549,8 +580,8 @@ class SnapshotReplicas::Server {
     const fs::path partial = folder / name.str();
     Fd out(::open(partial.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     std::uint8_t whole = 0;
-    const bool received = out && reply(fd, o, kReplyOk, true) && receive_file(fd, out.fd, r.size) &&
-                          take(fd, whole) && whole == 1;
+    const bool received = out && reply(fd, o, request, kReplyOk, true) &&
+                          receive_file(fd, out.fd, r.size) && take(fd, whole) && whole == 1;
     out.reset();
     const auto stamp = received ? read_stamp(partial) : std::nullopt;
     const bool ours =
@@ -569,6 +600,12 @@ class SnapshotReplicas::Server {
       } else {
         const fs::path target = folder / snapshot_name(stamp->step);
         fs::rename(partial, target, ec);
+        if (ec) {
+          spdlog::warn("snapshot replicas: cannot keep rank {}'s replica in {}: {}", r.rank,
+                       folder.string(), ec.message());
+          fs::remove(partial, ec);
+          return answer(fd, kReplyNoRoom);
+        }
         for (const auto& s : saved) {
           if (s.path != target) fs::remove(s.path, ec);  // each rank's newest only
         }
@@ -651,8 +688,13 @@ void SnapshotReplicas::use_store(const store::Endpoint& endpoint) {
   {
     std::lock_guard lock(mutex_);
     store_ = endpoint;
+    ++rounds_;
   }
   wake_.notify_all();
+}
+
+void SnapshotReplicas::cancel_restores() {
+  ++restore_epoch_;
 }
 
 std::vector<int> SnapshotReplicas::missing(const std::vector<int>& ranks) const {
@@ -667,7 +709,7 @@ void SnapshotReplicas::restore(std::vector<int> ranks, int other_nodes,
                                std::function<void()> done) {
   {
     std::lock_guard lock(mutex_);
-    restores_.push_back({std::move(ranks), other_nodes, std::move(done)});
+    restores_.push_back({std::move(ranks), other_nodes, restore_epoch_.load(), std::move(done)});
   }
   wake_.notify_all();
 }
@@ -693,9 +735,16 @@ void SnapshotReplicas::run_sender() {
                    [this] { return stopping_ || (store_ && store_ != connected_store_); });
     if (stopping_ || !store_) continue;
     const store::Endpoint endpoint = *store_;
+    const std::uint64_t rounds = rounds_;
     lock.unlock();
     try {
       if (!session_ || endpoint != connected_store_) connect_store(endpoint);
+      if (rounds != rounds_seen_) {
+        // A new round may have lost a holder: each rank's newest goes to the ring again (a
+        // holder that has it says so, and nothing is sent).
+        rounds_seen_ = rounds;
+        delivered_.clear();
+      }
       send_new_saves();
       failing_since_.reset();
     } catch (const std::exception& e) {
@@ -817,10 +866,15 @@ SnapshotReplicas::Sent SnapshotReplicas::send(const std::string& peer, int rank,
             save.stamp.save_id,
             save.stamp.saved_at,
             static_cast<std::uint64_t>(st.st_size)};
+  // A transfer that failed, or a copy the holder found torn, because the writer recycled the file
+  // meanwhile is no fault of the peer's, nor of the save's.
+  const auto rewritten = [&] {
+    struct stat now {};
+    return ::fstat(file.fd, &now) != 0 || now.st_size != st.st_size || header_of(file.fd) != header;
+  };
   const int status = socket ? ask(socket.fd, r, options_.secret, why) : kNoAnswer;
   if (status == kReplyNone) return Sent::kHeld;
   if (status == kReplyOk) {
-    const auto before = bytes_sent_.load();
     if (send_file(socket.fd, file.fd, r.size, bytes_sent_)) {
       // Whole when its writer did not rewrite it meanwhile: the header is the one read first
       // (the writer zeroes the footer before any data; the holder checks the footer).
@@ -839,6 +893,7 @@ SnapshotReplicas::Sent SnapshotReplicas::send(const std::string& peer, int rank,
                         save.stamp.step, peer, megabytes(r.size));
           return Sent::kDelivered;
         }
+        if (final_status == kReplyBadRequest && rewritten()) return Sent::kRewritten;
         if (final_status == kReplyBadRequest) {
           spdlog::warn(
               "snapshot replicas: {} refused rank {}'s snapshot {} as not whole or not "
@@ -848,7 +903,7 @@ SnapshotReplicas::Sent SnapshotReplicas::send(const std::string& peer, int rank,
         }
       }
     }
-    bytes_sent_ = std::max(before, bytes_sent_.load());
+    if (rewritten()) return Sent::kRewritten;
     why = "the transfer broke off";
   } else if (status == kReplyNoRoom) {
     why = "it has no room for it";
@@ -878,7 +933,8 @@ void SnapshotReplicas::run_restorer() {
     lock.unlock();
     if (endpoint) {
       try {
-        restore_now(*endpoint, r.ranks, r.other_nodes);
+        if (r.epoch == restore_epoch_.load())
+          restore_now(*endpoint, r.ranks, r.other_nodes, r.epoch);
       } catch (const std::exception& e) {
         spdlog::warn("snapshot replicas: cannot restore ranks from peers: {}", e.what());
       }
@@ -891,7 +947,7 @@ void SnapshotReplicas::run_restorer() {
 // A round's store may be new (an elastic round's workers' store is): the other nodes' agents say
 // there what they hold as they join it, which is waited for (within kRegistrationWait).
 void SnapshotReplicas::restore_now(const store::Endpoint& endpoint, const std::vector<int>& ranks,
-                                   int other_nodes) {
+                                   int other_nodes, std::uint64_t epoch) {
   const auto began = Clock::now();
   const auto deadline = began + kRestoreBudget;
   auto session = open_store(endpoint);
@@ -917,12 +973,12 @@ void SnapshotReplicas::restore_now(const store::Endpoint& endpoint, const std::v
   for (const int rank : ranks) {
     const auto holders = lines_of(session->try_get(key(rank_folder(rank))));
     if (holders.empty()) continue;  // no save of it anywhere yet: a job's first start
-    restore_rank(rank, holders, deadline);
+    restore_rank(rank, holders, deadline, epoch);
   }
 }
 
 bool SnapshotReplicas::restore_rank(int rank, const std::vector<std::string>& holders,
-                                    Clock::time_point deadline) {
+                                    Clock::time_point deadline, std::uint64_t epoch) {
   struct Offer {
     std::string holder;
     std::int64_t saved_at = 0;
@@ -938,11 +994,11 @@ bool SnapshotReplicas::restore_rank(int rank, const std::vector<std::string>& ho
     const Fd& socket = connection.socket;
     std::string why;
     const int status =
-        socket ? ask(socket.fd, Request{kStat, options_.job, rank}, options_.secret, why)
+        socket ? ask(socket.fd, Request{kStat, options_.job, rank}, options_.secret, why, deadline)
                : kNoAnswer;
     Offer o{holder};
-    if (status == kReplyOk && take(socket.fd, o.saved_at) && take(socket.fd, o.size) &&
-        take(socket.fd, o.save_id)) {
+    if (status == kReplyOk && take(socket.fd, o.saved_at, deadline) &&
+        take(socket.fd, o.size, deadline) && take(socket.fd, o.save_id, deadline)) {
       offers.push_back(o);
     } else if (status != kReplyNone) {
       silent.push_back(holder);
@@ -958,8 +1014,9 @@ bool SnapshotReplicas::restore_rank(int rank, const std::vector<std::string>& ho
     std::string why;
     std::uint64_t size = 0;
     if (!socket ||
-        ask(socket.fd, Request{kGet, options_.job, rank}, options_.secret, why) != kReplyOk ||
-        !take(socket.fd, size) || size > kMaxReplicaBytes) {
+        ask(socket.fd, Request{kGet, options_.job, rank}, options_.secret, why, deadline) !=
+            kReplyOk ||
+        !take(socket.fd, size, deadline) || size > kMaxReplicaBytes) {
       continue;
     }
     std::error_code ec;
@@ -967,17 +1024,22 @@ bool SnapshotReplicas::restore_rank(int rank, const std::vector<std::string>& ho
     const fs::path partial = folder / (".tmp.replica." + std::to_string(::getpid()));
     Fd out(::open(partial.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     std::uint8_t whole = 0;
-    const bool received =
-        out && receive_file(socket.fd, out.fd, size) && take(socket.fd, whole) && whole == 1;
+    const bool received = out && receive_file(socket.fd, out.fd, size, deadline) &&
+                          take(socket.fd, whole, deadline) && whole == 1;
     out.reset();
     const auto stamp = received ? read_stamp(partial) : std::nullopt;
     if (!stamp || stamp->job != options_.job || stamp->rank != rank) {
       fs::remove(partial, ec);
       continue;
     }
-    fs::rename(partial, folder / snapshot_name(stamp->step), ec);
-    if (ec) {
+    // Never over a save of the rank's own, nor for an attempt that is over (its workers may be
+    // running another attempt's state by now).
+    const fs::path target = folder / snapshot_name(stamp->step);
+    const bool current = epoch == restore_epoch_.load();
+    if (!current ||
+        ::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) != 0) {
       fs::remove(partial, ec);
+      if (!current) return false;
       continue;
     }
     bytes_restored_ += size;

@@ -99,6 +99,8 @@ class SnapshotReplicas {
   // holds is left to the workers). `other_nodes`: the round's other nodes, whose agents say what
   // they hold as they join the round's store (waited for, within kRegistrationWait).
   void restore(std::vector<int> ranks, int other_nodes, std::function<void()> done);
+  // A new attempt begins: restores asked for before it put nothing more in place.
+  void cancel_restores();
   nlohmann::ordered_json status() const;
 
  private:
@@ -108,6 +110,7 @@ class SnapshotReplicas {
   struct Restore {
     std::vector<int> ranks;
     int other_nodes = 0;
+    std::uint64_t epoch = 0;  // restore_epoch_ when asked
     std::function<void()> done;
   };
   struct Delivery {  // a rank folder's newest save, and the holders that have it
@@ -123,9 +126,10 @@ class SnapshotReplicas {
   void send_new_saves();
   Sent send(const std::string& peer, int rank, const Saved& save);
   void run_restorer();
-  void restore_now(const store::Endpoint& endpoint, const std::vector<int>& ranks, int other_nodes);
+  void restore_now(const store::Endpoint& endpoint, const std::vector<int>& ranks, int other_nodes,
+                   std::uint64_t epoch);
   bool restore_rank(int rank, const std::vector<std::string>& holders,
-                    std::chrono::steady_clock::time_point deadline);
+                    std::chrono::steady_clock::time_point deadline, std::uint64_t epoch);
   std::string key(const std::string& name) const;
 
   const ReplicaOptions options_;
@@ -136,6 +140,7 @@ class SnapshotReplicas {
   std::condition_variable wake_;
   bool stopping_ = false;
   std::optional<store::Endpoint> store_;  // the newest use_store()
+  std::uint64_t rounds_ = 0;              // use_store() calls: one a round
   std::deque<Restore> restores_;
   std::unique_ptr<Server> server_;  // from the first store on
   std::set<int> in_flight_;         // the sender's and the restorer's connections
@@ -150,11 +155,13 @@ class SnapshotReplicas {
   std::chrono::steady_clock::time_point servers_read_{};
   std::set<std::string> said_failed_;
   bool said_store_error_ = false;
+  std::uint64_t rounds_seen_ = 0;
   std::optional<std::chrono::steady_clock::time_point> failing_since_;
 
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> saves_sent_{0};
   std::atomic<std::uint64_t> bytes_restored_{0};
+  std::atomic<std::uint64_t> restore_epoch_{0};
   std::thread sender_;  // last: they start once the rest is made
   std::thread restorer_;
 };

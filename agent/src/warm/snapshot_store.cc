@@ -490,6 +490,7 @@ void SnapshotStore::list_ranks(int first_rank, int count) {
 }
 
 void SnapshotStore::begin_attempt(int first_rank, int count) {
+  if (replicas_) replicas_->cancel_restores();  // an earlier attempt's puts nothing in place now
   list_ranks(first_rank, count);
   std::error_code ec;
   for (const auto& rank : fs::directory_iterator(directory_, ec)) {

@@ -15,7 +15,7 @@
 //              elastic round renumbers its nodes, is found there)
 // A sender's holders are the K agents after its own in `servers`, taken as a ring; one that does
 // not answer is passed over for kPeerRestPeriod. A restore asks rank_<R>'s holders (every server,
-// when the key is gone with the store that had it) which save each holds, and fetches the newest.
+// which save each holds, and fetches the newest.
 //
 // The wire (one request per connection, integers little-endian; docs/SNAPSHOTS.md):
 //   server: "DLREPL01", its nonce (32)
@@ -26,11 +26,14 @@
 //   STAT:   saved_at (i64), size (u64), save_id (u64)
 //   GET:    size (u64), the file's bytes, whether it was not rewritten meanwhile (u8 1)
 //   PUT:    the client sends size bytes and whether the file was not rewritten meanwhile (u8 1);
-//           the server answers kReplyOk once the copy is whole and in place
-// The proofs are the job's token's (store/include/dist/store/auth.h), under labels of this channel:
-// without a token (a job whose store has none) they are zeros and prove nothing, as the store's
-// own connections do not. The server listens where the store an agent hosts does: every
-// interface, or --local-addr.
+//           the server answers (u8) kReplyOk once the copy is whole and in place
+// The proofs are the job's token's (store/include/dist/store/auth.h), under labels of this
+// channel: the client's covers its request's bytes, the server's the request and its status, so
+// that no one on the path can pass a proof on with another request or answer (the file's bytes
+// are checked as a reader checks them, not signed). Without a token (a job whose store has none)
+// they are zeros and prove nothing, as the store's own connections do not. A request's bytes must
+// arrive within 5 s; past 16 connections at once, a server closes new ones. The server listens
+// where the store an agent hosts does: every interface, or --local-addr.
 //
 // A holder keeps each rank's newest replica only (scratch/replicas/rank_<R>/step_<S>.snap), checked
 // whole (the format's save ids agree) and this job's and rank's before it is put in place; a

@@ -88,8 +88,9 @@ class SnapshotReplicasOnNamedHosts(unittest.TestCase):
         self.fail(f"no {pattern!r} in {log}:\n{self.read(log)}")
 
     def lose_node_b_and_replace_it(self, flags):
-        """node-b's agent SIGKILLed once its worker saved step 20; node-d joins. Every agent's
-        exit code and output, node-b's left out."""
+        """node-b's agent SIGKILLed once its worker saved step 20; node-d joins; every agent left
+        finishes. Every output (node-b's left out) in one text, and what each rank of the next
+        round loaded: rank -> (step, whose) or None."""
         kill_file = os.path.join(self.dir, "killed")
         nodes = {host: self.agent(host, flags, kill_file) for host in HOSTS[:3]}
         procs = list(nodes.values())
@@ -104,7 +105,14 @@ class SnapshotReplicasOnNamedHosts(unittest.TestCase):
             proc, log = nodes[host]
             codes[host] = proc.wait(timeout=JOB_TIMEOUT_S)
             outputs[host] = self.read(log)
-        return codes, outputs
+        everything = "\n".join(f"== {h}\n{o}" for h, o in outputs.items())
+        self.assertEqual(codes, {"node-a": 0, "node-c": 0, "node-d": 0}, everything)
+        after = {}
+        for output in outputs.values():
+            after.update({rank: load for (rank, restart), load in self.loads(output).items()
+                          if restart == 1})
+        self.assertEqual(sorted(after), [0, 1, 2], everything)
+        return everything, after
 
     @staticmethod
     def loads(output):
@@ -117,14 +125,7 @@ class SnapshotReplicasOnNamedHosts(unittest.TestCase):
         return found
 
     def test_a_lost_nodes_rank_resumes_from_a_peers_replica(self):
-        codes, outputs = self.lose_node_b_and_replace_it(["--snapshot-replicas", "1"])
-        everything = "\n".join(f"== {h}\n{o}" for h, o in outputs.items())
-        self.assertEqual(codes, {"node-a": 0, "node-c": 0, "node-d": 0}, everything)
-        after = {}
-        for output in outputs.values():
-            after.update({rank: load for (rank, restart), load in self.loads(output).items()
-                          if restart == 1})
-        self.assertEqual(sorted(after), [0, 1, 2], everything)
+        everything, after = self.lose_node_b_and_replace_it(["--snapshot-replicas", "1"])
         for rank, load in after.items():
             self.assertIsNotNone(load, f"rank {rank} lost its state\n{everything}")
             step, whose = load
@@ -138,14 +139,7 @@ class SnapshotReplicasOnNamedHosts(unittest.TestCase):
         self.assertNotIn("Traceback", everything)
 
     def test_without_replicas_the_lost_nodes_rank_starts_over(self):
-        codes, outputs = self.lose_node_b_and_replace_it([])
-        everything = "\n".join(f"== {h}\n{o}" for h, o in outputs.items())
-        self.assertEqual(codes, {"node-a": 0, "node-c": 0, "node-d": 0}, everything)
-        after = {}
-        for output in outputs.values():
-            after.update({rank: load for (rank, restart), load in self.loads(output).items()
-                          if restart == 1})
-        self.assertEqual(sorted(after), [0, 1, 2], everything)
+        everything, after = self.lose_node_b_and_replace_it([])
         self.assertIn(None, after.values(), "a rank no node kept starts over\n" + everything)
         for rank, load in after.items():
             self.assertTrue(load is None or load[1] == rank, everything)

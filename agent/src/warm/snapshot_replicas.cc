@@ -223,6 +223,25 @@ std::optional<int> rank_of_folder(const std::string& name) {
   return std::nullopt;
 }
 
+// A rank folder's snapshot files as stat sees them (names, inodes, sizes, times): unchanged since
+// the last scan, no header in it needs reading again (a header of a large state's many tensors is
+// megabytes of JSON, and the sender looks every kReplicaScanInterval).
+std::string folder_signature(const fs::path& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    struct stat st {};
+    if (::stat(entry.path().c_str(), &st) != 0) continue;
+    files.push_back(entry.path().filename().string() + ':' + std::to_string(st.st_ino) + ':' +
+                    std::to_string(st.st_size) + ':' + std::to_string(st.st_mtim.tv_sec) + '.' +
+                    std::to_string(st.st_mtim.tv_nsec));
+  }
+  std::sort(files.begin(), files.end());
+  std::string signature;
+  for (const auto& f : files) signature += f + ';';
+  return signature;
+}
+
 std::string megabytes(std::uint64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f MB", static_cast<double>(bytes) / 1e6);
@@ -819,6 +838,12 @@ void SnapshotReplicas::send_new_saves() {
     const std::string folder = entry.path().filename().string();
     const auto rank = rank_of_folder(folder);
     if (!rank) continue;
+    std::string signature = folder_signature(entry.path());
+    if (const auto d = delivered_.find(folder);
+        d != delivered_.end() && d->second.signature == signature &&
+        (d->second.rejected || d->second.holders.size() >= std::size_t(options_.replicas))) {
+      continue;  // nothing new, and its newest is where it should be
+    }
     const auto saved = snapshots_in(entry.path());
     if (saved.empty()) continue;
     const Saved& newest = saved.back();
@@ -827,7 +852,8 @@ void SnapshotReplicas::send_new_saves() {
       session_->append(key(folder), server_->endpoint() + "\n");
     }
     Delivery& d = delivered_[folder];
-    if (d.save_id != newest.stamp.save_id) d = Delivery{newest.stamp.save_id, {}, false};
+    if (d.save_id != newest.stamp.save_id) d = Delivery{newest.stamp.save_id, {}, false, {}};
+    d.signature = std::move(signature);
     if (d.rejected || d.holders.size() >= std::size_t(options_.replicas)) continue;
     for (const auto& peer : peers()) {
       if (d.holders.contains(peer)) continue;

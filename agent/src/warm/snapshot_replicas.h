@@ -120,6 +120,7 @@ class SnapshotReplicas {
     std::uint64_t save_id = 0;
     std::set<std::string> holders;
     bool rejected = false;  // a holder found it not whole, or not this job's rank's
+    std::string signature;  // the folder's files when it was read (folder_signature())
   };
 
   std::unique_ptr<store::StoreClient> open_store(const store::Endpoint& endpoint);

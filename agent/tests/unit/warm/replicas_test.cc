@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dist/store/server.h"
+#include "snapshot_file.h"
 #include "warm/snapshot_replicas.h"
 #include "warm/snapshot_store.h"
 
@@ -29,26 +30,19 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-// A snapshot file as the workers write it (docs/SNAPSHOTS.md), of `job` and `rank`; `footer_id`:
-// another save's id in the footer (a file read while it was rewritten).
+// A snapshot of `job` and `rank` (snapshot_file.h).
 void write_snapshot(const fs::path& path, const std::string& job, int rank, std::uint64_t save_id,
                     std::int64_t saved_at, std::uint64_t step, const std::string& payload,
                     std::uint64_t footer_id = 0) {
-  fs::create_directories(path.parent_path());
-  const std::string header =
-      "{\"format\":2,\"job\":\"" + job + "\",\"rank\":" + std::to_string(rank) +
-      ",\"world_size\":4,\"step\":" + std::to_string(step) +
-      ",\"save_id\":" + std::to_string(save_id) + ",\"saved_at\":" + std::to_string(saved_at) + "}";
-  std::string bytes = "DLSNAP02";
-  const std::uint64_t header_bytes = header.size();
-  bytes.append(reinterpret_cast<const char*>(&header_bytes), 8);
-  bytes += header + payload;
-  const std::uint64_t size = bytes.size() + 24;
-  const std::uint64_t id = footer_id ? footer_id : save_id;
-  bytes += "DLSNAPOK";
-  bytes.append(reinterpret_cast<const char*>(&size), 8);
-  bytes.append(reinterpret_cast<const char*>(&id), 8);
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  testing::write_snapshot_file(path,
+                               {{"format", 2},
+                                {"job", job},
+                                {"rank", rank},
+                                {"world_size", 4},
+                                {"step", step},
+                                {"save_id", save_id},
+                                {"saved_at", saved_at}},
+                               payload, footer_id);
 }
 
 bool eventually(const std::function<bool()>& done, std::chrono::seconds limit = 30s) {

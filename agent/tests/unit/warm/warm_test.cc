@@ -25,6 +25,7 @@
 
 #include "health/python_hook.h"
 #include "processes/process.h"
+#include "snapshot_file.h"
 #include "warm/scratch.h"
 #include "warm/snapshot_store.h"
 #include "warm/zygote.h"
@@ -304,22 +305,12 @@ TEST(StandInPackageTest, GoesAfterTheWorkersOwnPath) {
   EXPECT_FALSE(none.contains("PYTHONPATH"));
 }
 
-// A snapshot file as the workers write it (docs/SNAPSHOTS.md), with `footer_id` in its footer:
-// the header's save id for a whole one, another for one read while it was rewritten.
+// A snapshot file with `footer_id` in its footer: the header's save id for a whole one, another
+// for one read while it was rewritten (snapshot_file.h).
 void write_snapshot(const fs::path& path, std::uint64_t save_id, std::int64_t saved_at,
                     const std::string& payload, std::uint64_t footer_id = 0) {
-  std::string header = "{\"format\":2,\"save_id\":" + std::to_string(save_id) +
-                       ",\"saved_at\":" + std::to_string(saved_at) + "}";
-  std::string bytes = "DLSNAP02";
-  const std::uint64_t header_bytes = header.size();
-  bytes.append(reinterpret_cast<const char*>(&header_bytes), 8);
-  bytes += header + payload;
-  const std::uint64_t size = bytes.size() + 24;
-  const std::uint64_t id = footer_id ? footer_id : save_id;
-  bytes += "DLSNAPOK";
-  bytes.append(reinterpret_cast<const char*>(&size), 8);
-  bytes.append(reinterpret_cast<const char*>(&id), 8);
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  testing::write_snapshot_file(path, {{"format", 2}, {"save_id", save_id}, {"saved_at", saved_at}},
+                               payload, footer_id);
 }
 
 std::string step_file(int step) {

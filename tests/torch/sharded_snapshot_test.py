@@ -40,6 +40,7 @@ class ShardedSnapshots(unittest.TestCase):
             self.assertIn("before init_process_group: this snapshot holds DTensor shards", output)
             self.assertNotIn("loaded sharded state without a process group", output)
             for rank in (0, 1):
+                self.assertIn(f"rank {rank} replicated load gives its own shards: True", output)
                 self.assertRegex(output, rf"rank {rank} restart 1 loads step 4: model \['DTensor'\], "
                                          r"moments \['DTensor'\]")
             with open(clean) as a, open(crashed) as b:

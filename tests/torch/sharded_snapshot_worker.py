@@ -51,6 +51,11 @@ def main():
         moments = {type(s["exp_avg"]).__name__ for s in state["optim"]["state"].values()}
         print(f"rank {rank} restart {restart} loads step {step}: model {sorted(kinds)}, "
               f"moments {sorted(moments)}", flush=True)
+        # Any rank's save (replicated=True) never gives this rank another rank's shards.
+        _, anyones = snapshot.load(step, replicated=True)
+        same = all(torch.equal(anyones["model"][k].to_local(), v.to_local())
+                   for k, v in state["model"].items())
+        print(f"rank {rank} replicated load gives its own shards: {same}", flush=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
         start = step + 1

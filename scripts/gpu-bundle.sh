@@ -10,7 +10,8 @@
 # The folder: bin/ (the GPU tests, the SDK tests, ddp_train with its device path, dist-launch,
 # nccl-bench; stripped), lib/ (the shared libraries they load that the GPU machine lacks: Gloo's;
 # never libnccl, 218 MB: the GPU machine's pip NCCL is linked in by gpu-check.sh, found
-# through the programs' RPATH $ORIGIN/../lib), bench/ (nccl_compare.py, nccl_torch_bench.py),
+# through the programs' RPATH $ORIGIN/../lib), bench/ (nccl_compare.py, nccl_torch_bench.py,
+# cuda_warm_restart.py, cuda_inplace.py), python/ (the dist_launch package's sources),
 # data/ (the digits set), gpu-check.sh, MANIFEST.txt. The GPU machine needs its own libc,
 # libstdc++ (GLIBCXX_3.4.30: GCC 12's, Ubuntu 22.04 and later), CUDA driver and pip NCCL; the
 # checks at the end hold the bundle to that (glibc symbols up to 2.35), and to 64 MiB.
@@ -72,7 +73,11 @@ for name in "${!programs[@]}"; do
 done
 cp "$root/scripts/gpu-check.sh" "$out/gpu-check.sh"
 cp "$root/bench/nccl_compare.py" "$root/bench/nccl_torch_bench.py" "$root/bench/cuda_warm_restart.py" \
-  "$out/bench/"
+  "$root/bench/cuda_inplace.py" "$out/bench/"
+# The Python package's sources, for the torch workers' dist_launch.elastic (PYTHONPATH=python).
+mkdir -p "$out/python"
+cp -r "$root/python/dist_launch" "$out/python/"
+find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
 cp "$root/examples/data/"* "$out/data/"
 
 # The libraries the programs load, transitively, that are not the GPU machine's own: copied under

@@ -4,7 +4,7 @@
 #
 #   bash gpu-bundle/gpu-check.sh        everything goes to $OUT when set, else ./gpu-check-out
 #
-# Steps, in order of what matters most, each bounded by `timeout` and by what is left of
+# Steps, newest first, each bounded by `timeout` and by what is left of
 # GPU_CHECK_BUDGET (default 450 s: the command must end within 8 minutes); a step that fails is
 # recorded and the next one runs; a summary table ends the output (and $OUT/summary.txt):
 #   facts        nvidia-smi, the OS, glibc, Python, torch and its NCCL, the bundle's manifest
@@ -12,6 +12,13 @@
 #                the programs' RPATH ($ORIGIN/../lib) finds it; ldd of every program
 #   load         every program starts; the NCCL it loads and the one it was built with
 #   sdk_cpu      the SDK's tests that need no GPU (Gloo, keys, monitor), from the bundle
+#   torch_nccl_inplace   (wave 4, issue 43) torch DDP over NCCL under --restart-policy in-place,
+#                two ranks on the one GPU (each its own NCCL_HOSTID: NCCL's socket transport, as
+#                between hosts): a rank SIGKILLed, then one SIGSTOPped; dist_launch.elastic
+#                aborts the survivor's communicators; the weights of a run that lost nobody
+#   nccl_compression     (wave 4, issue 45) ddp_train --backend nccl, two ranks, every
+#                --compression: bytes per step (powersgd:2 <= 0.1x dense) and a NaN gradient
+#                at step 100 that poisons nothing (the inf/NaN guard on the device)
 #   gpu:<test>   each GPU test (sdk_gpu_tests) on its own, CUDA_MODULE_LOADING=EAGER
 #   ddp_train    ddp_train --backend nccl under dist-launch: an uninterrupted run, then one that
 #                crashes at step 320 and restarts: the same weights (SHA-256) or FAIL
@@ -24,6 +31,7 @@
 # Without a GPU (nvidia-smi lists none, or GPU_CHECK_FORCE_CPU=1) the GPU steps are skipped,
 # saying so, and the others run: a test runs it so on machines without one. GPU_CHECK_FORCE_GPU=1
 # runs the GPU steps anyway (a rehearsal of this script: without a device they skip or fail).
+# GPU_CHECK_ONLY=REGEX runs only the GPU steps whose names match (a re-run of a few).
 # Exit 0 when no step failed or timed out, else 1.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -76,6 +84,12 @@ step() {
     124 | 137) record "$name" TIMEOUT $((SECONDS - t0)) "killed after ${limit}s; $note" ;;
     *) record "$name" FAIL $((SECONDS - t0)) "exit $rc; $note" ;;
   esac
+}
+
+# wanted STEP: whether GPU_CHECK_ONLY (an extended regular expression; default: every step)
+# selects STEP, for a re-run of a few.
+wanted() {
+  [[ $1 =~ ${GPU_CHECK_ONLY:-.} ]]
 }
 
 gpu_step_skipped() {
@@ -291,7 +305,114 @@ warm_restart() {
   return $rc
 }
 
+# ---- two ranks on the one GPU (wave 4) ----
+# NCCL refuses two ranks of one host on one device ("Duplicate GPU detected"), but takes ranks
+# whose NCCL_HOSTID differ as ranks of different hosts, connected by its socket transport over
+# loopback: the exchanges, aborts and recoveries that several GPUs would prove, on one.
+two_ranks_env() {
+  export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1
+  cat >"$out/hostid.sh" <<'WRAP'
+#!/usr/bin/env bash
+# Each rank a host of its own for NCCL (see two_ranks_env in gpu-check.sh).
+export NCCL_HOSTID=dist-launch-gpu-check-rank-$RANK
+exec "$@"
+WRAP
+  chmod +x "$out/hostid.sh"
+}
+
+# ddp_train RUN_NAME DIR [ARGS...]: 2 ranks of ddp_train --backend nccl on the one GPU; the
+# output in DIR/RUN_NAME.txt; prints "RUN_NAME exit E bytes B accuracy A ranks-agree Y|N".
+ddp_train_two() {
+  local name=$1 dir=$2
+  shift 2
+  with_nccl timeout 150 "$here/bin/dist-launch" --nproc-per-node 2 --log-dir "$dir/$name.logs" \
+    "$@" >"$dir/$name.txt" 2>&1
+  local status=$? bytes accuracy digests
+  bytes=$(grep -aoE 'all-reduce bytes per step [0-9]+' "$dir/$name.txt" | awk '{print $NF}')
+  accuracy=$(grep -aoE 'final test accuracy [0-9.]+' "$dir/$name.txt" | awk '{print $NF}')
+  digests=$(grep -aoE 'rank [0-9]+ weights sha256 [0-9a-f]+' "$dir/$name.txt" | awk '{print $NF}' | sort -u | wc -l)
+  echo "$name exit $status bytes ${bytes:-none} accuracy ${accuracy:-none} ranks-agree $([ "$digests" = 1 ] && echo Y || echo N)"
+  [ $status -eq 0 ] || tail -15 "$dir/$name.txt"
+}
+
+# The SDK's compression over NCCL, 2 ranks: bytes per step of every mode against the dense
+# exchange (target: powersgd:2 <= 0.1x), and one NaN gradient (rank 1's batch at step 100) that
+# must poison no mode (the guard on the device).
+nccl_compression() {
+  local dir="$out/nccl_compression" rc=0 mode line
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  two_ranks_env
+  local train=(--no-python "$out/hostid.sh" "$here/bin/ddp_train" --backend nccl --data "$here/data/digits.csv.gz")
+  declare -A bytes=() accuracy=()
+  for mode in none powersgd:2 fp16 bf16 topk:0.1 threshold:0.01; do
+    line=$(ddp_train_two "clean-${mode//:/_}" "$dir" "${train[@]}" --compression "$mode")
+    echo "$line"
+    set -- $line
+    bytes[$mode]=$5
+    accuracy[$mode]=$7
+    [ "$3" = 0 ] && [ "$9" = Y ] || rc=1
+  done
+  for mode in powersgd:2 fp16; do
+    line=$(ddp_train_two "nan-${mode//:/_}" "$dir" "${train[@]}" --compression "$mode" --nan-at-step 100)
+    echo "$line (clean ${accuracy[$mode]})"
+    set -- $line
+    if [ "$3" != 0 ] || [ "$7" = none ] || awk -v a="$7" -v c="${accuracy[$mode]}" 'BEGIN {exit !(a < c - 0.01)}'; then
+      rc=1
+    fi
+    grep -ac 'averaged to inf or NaN' "$dir/nan-${mode//:/_}.txt" | sed 's/^/  guard lines: /'
+  done
+  local ratio
+  ratio=$(awk -v p="${bytes[powersgd:2]}" -v n="${bytes[none]}" 'BEGIN {if (n > 0 && p ~ /^[0-9]+$/) printf "%.3f", p / n; else print "none"}')
+  [ "$ratio" != none ] && awk -v r="$ratio" 'BEGIN {exit !(r <= 0.1)}' || rc=1
+  echo "NOTE: 2 ranks, NCCL: bytes/step none ${bytes[none]}, powersgd:2 ${bytes[powersgd:2]} (${ratio}x), fp16 ${bytes[fp16]}, topk:0.1 ${bytes[topk:0.1]}; accuracy none ${accuracy[none]}, powersgd:2 ${accuracy[powersgd:2]}; NaN at 100 poisons none: $([ $rc = 0 ] && echo yes || echo NO)"
+  return $rc
+}
+
+# torch DDP over NCCL under --restart-policy in-place (bench/cuda_inplace.py, dist_launch.elastic),
+# 2 ranks on the one GPU: rank 1 SIGKILLed mid-step, then (another run) SIGSTOPped: the survivor's
+# communicators aborted, its step refused, the replacement given the state; the same weights as
+# a run that lost nobody.
+torch_nccl_inplace() {
+  local dir="$out/torch_nccl_inplace" rc=0 run
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  two_ranks_env
+  for run in clean kill stop; do
+    local extra=()
+    [ $run = kill ] && extra=(--kill-at 60)
+    [ $run = stop ] && extra=(--stop-at 120)
+    PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}" with_nccl timeout 150 \
+      "$here/bin/dist-launch" --nproc-per-node 2 --restart-policy in-place --max-restarts 2 \
+      --log-dir "$dir/$run.logs" "$here/bench/cuda_inplace.py" --share-gpu --steps 200 \
+      "${extra[@]}" >"$dir/$run.txt" 2>&1
+    echo "--- $run: exit $?"
+    grep -aE 'final step|(kill|stop) at|trains again|recovered|aborted|joined generation|stopped|Duplicate|rror' "$dir/$run.txt" | head -20
+  done
+  local a b notes=() ms
+  a=$(grep -aoE 'rank 0 final step 200 weights sha256 [0-9a-f]+' "$dir/clean.txt" | awk '{print $NF}')
+  [ -n "$a" ] || { rc=1; tail -30 "$dir/clean.txt"; }
+  for run in kill stop; do
+    local lost again
+    b=$(grep -aoE 'rank 0 final step 200 weights sha256 [0-9a-f]+' "$dir/$run.txt" | awk '{print $NF}')
+    lost=$(grep -aoE "rank 1 $run at [0-9.]+" "$dir/$run.txt" | awk '{print $NF}')
+    again=$(grep -aoE 'rank 0 trains again at [0-9.]+' "$dir/$run.txt" | head -1 | awk '{print $NF}')
+    ms=none
+    [ -n "$lost" ] && [ -n "$again" ] && ms=$(awk -v k="$lost" -v t="$again" 'BEGIN {printf "%.0f", (t - k) * 1000}')
+    if [ -n "$a" ] && [ "$a" = "$b" ] && [ -n "$again" ]; then
+      notes+=("$run -> training again ${ms} ms, weights = uninterrupted")
+    else
+      rc=1
+      notes+=("$run: weights DIFFER or missing (${b:0:12}), training again: ${ms}")
+      tail -40 "$dir/$run.txt"
+    fi
+  done
+  echo "NOTE: torch NCCL in place, 2 ranks on one GPU: ${notes[*]}; $(grep -aoE 'NCCL communicators of generation 0 aborted in [0-9]+ ms' "$dir/kill.txt" | head -1)"
+  return $rc
+}
+
 export -f facts link_nccl with_nccl load sdk_cpu gpu_test ddp_train compare sdk_nccl warm_restart
+export -f two_ranks_env ddp_train_two nccl_compression torch_nccl_inplace
 
 main() {
   echo "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), bundle $here, output $out, budget ${budget}s"
@@ -305,19 +426,24 @@ main() {
   step sdk_cpu 90 sdk_cpu
   local t
   if $gpu; then
+    # Wave 4's steps first (never run on a GPU before), then the GPU tests, then the earlier ones.
+    wanted torch_nccl_inplace && step torch_nccl_inplace 200 torch_nccl_inplace
+    wanted nccl_compression && step nccl_compression 200 nccl_compression
     for t in $(with_nccl "$here/bin/sdk_gpu_tests" --gtest_list_tests |
-      awk '/^[A-Za-z]/ {suite=$1} /^  [A-Za-z]/ && suite !~ /Child/ {print suite $1}'); do
+      awk '/^[A-Za-z]/ {suite=$1} /^  [A-Za-z]/ && suite !~ /Child/ {print suite $1}' |
+      awk '/Compression|Silent/ {print; next} {rest[NR] = $0} END {for (i = 1; i <= NR; i++) if (i in rest) print rest[i]}'); do
+      wanted "gpu:$t" || continue
       case $t in *Abort* | *Init* | *TwoRanks* | *Refuses* | *OpTimeout*) step "gpu:${t#OneGpu.}" 100 gpu_test "$t" ;;
         *) step "gpu:${t#OneGpu.}" 60 gpu_test "$t" ;;
       esac
     done
-    step ddp_train 200 ddp_train
-    step warm_restart 120 warm_restart
-    step compare_sum 120 compare sum
-    step compare_avg 120 compare avg
-    step sdk_nccl 60 sdk_nccl
+    wanted ddp_train && step ddp_train 200 ddp_train
+    wanted warm_restart && step warm_restart 120 warm_restart
+    wanted compare_sum && step compare_sum 120 compare sum
+    wanted compare_avg && step compare_avg 120 compare avg
+    wanted sdk_nccl && step sdk_nccl 60 sdk_nccl
   else
-    for t in gpu_tests ddp_train warm_restart compare_sum compare_avg sdk_nccl; do gpu_step_skipped "$t"; done
+    for t in torch_nccl_inplace nccl_compression gpu_tests ddp_train warm_restart compare_sum compare_avg sdk_nccl; do gpu_step_skipped "$t"; done
   fi
 
   {

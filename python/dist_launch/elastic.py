@@ -57,6 +57,17 @@ timeout. The rank says so, writes its error file (with its main thread's stack) 
 agent counts it as a failed worker (during a regroup: a group restart, saying why). A rank that
 computes meanwhile (a long step before its next collective) is not idle and is left alone.
 
+With NCCL (the default backend where CUDA is present) a failed peer leaves the survivors' kernels
+waiting on the device, where no socket shutdown reaches them: the watcher aborts the group's
+communicators (torch's ProcessGroup.abort, from its own thread) when the agent publishes the next
+generation, and `commit()` waits for the step's device work and refuses a step that ran while its
+group was aborted (its collectives ended without their peers' data), raising the peer's failure
+instead, so the rank rolls back to its last good commit. TORCH_NCCL_ASYNC_ERROR_HANDLING is 0 in
+such a worker unless the script's environment says otherwise: torch's default (3) ends the whole
+process when its watchdog sees the lost peer first. A torch without an abort for NCCL cannot leave
+a collective a lost peer never joins: the rank says so and exits at once (STUCK_EXIT_CODE), and the
+agent restarts the group rather than wait out the collective's timeout.
+
 The store keys and variables are dist-launch's worker contract
 (contract/include/dist/contract/worker_contract.h), shared with the C++ SDK's
 dist::sdk::InPlaceRecovery.
@@ -174,6 +185,11 @@ class _Group:
         self.sockets = set()
         self.recovering = False
         self.left_failed_group = False  # this generation's recovery has torn the old group down
+        # NCCL: set (before the abort) once the group's communicators are aborted for the next
+        # generation; a commit after it refuses the step (see _refuse_an_aborted_step).
+        self.nccl_aborted = False
+        self._aborted_group = None  # the torch group whose communicators were aborted
+        self._abort_lock = threading.Lock()
         self.changed = threading.Condition()
         self._watcher = None
         self._watcher_connection = None  # the watcher's own connection to the store
@@ -198,6 +214,8 @@ class _Group:
         """torch's init_process_group, noting the sockets it opened (the group's)."""
         import torch.distributed as dist
         self.store  # connected first: not one of the group's
+        if self.backend == "nccl":  # read when torch builds the group (see the module's doc)
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
         before = set(_socket_inodes())
         dist.init_process_group(self.backend, timeout=self.timeout, **kwargs)
         with self.changed:
@@ -212,6 +230,7 @@ class _Group:
             self.generation = generation
             self.recovering = False
             self.left_failed_group = False
+            self.nccl_aborted = False
             self.changed.notify_all()
 
     def watch(self) -> None:
@@ -237,8 +256,13 @@ class _Group:
                 with self.changed:
                     if self._closing:
                         return
-                    if self.generation < following and not self.recovering:
+                    fresh = self.generation < following and not self.recovering
+                    if fresh:
                         _shut_down(self.sockets)  # the peers' own watchers wake them
+                        self.nccl_aborted = self.backend == "nccl"
+                if fresh and self.backend == "nccl":  # outside the lock: it can take a while
+                    self.abort_nccl(following)
+                with self.changed:
                     if self._stuck_in_failed_group(following):
                         self._leave_stuck(following)
                     self.changed.wait_for(lambda: self.generation >= following or self._closing)
@@ -265,17 +289,40 @@ class _Group:
                 return True
         return False
 
+    def abort_nccl(self, following: int) -> None:
+        """Aborts the default group's NCCL communicators (once per group, from any thread): its
+        kernels waiting for a lost peer end. Without an abort in this torch the rank leaves."""
+        import torch.distributed as dist
+        with self._abort_lock:
+            if not dist.is_initialized():
+                return
+            group = dist.distributed_c10d._get_default_group()
+            if group is self._aborted_group:
+                return
+            began = time.monotonic()
+            if not _abort_group(group):
+                import torch
+                self._leave(f"rank {self.rank}: torch {torch.__version__} has no abort for an "
+                            f"NCCL group, so a collective that a lost peer never joins cannot "
+                            f"end before its timeout ({self.timeout.total_seconds():g} s); "
+                            f"leaving, so that the agent restarts the group at once")
+            self._aborted_group = group
+        _say(f"rank {self.rank}: NCCL communicators of generation {following - 1} aborted in "
+             f"{(time.monotonic() - began) * 1000:.0f} ms")
+
     def _leave_stuck(self, following: int) -> None:
+        self._leave(f"rank {self.rank} stayed in a collective of the failed group, idle, "
+                    f"{STUCK_COLLECTIVE_S:g} s after generation {following} was published and "
+                    f"its connections were shut down (gloo does not fail a send it had begun "
+                    f"when its connection fails: it waits out the group's timeout, "
+                    f"{self.timeout.total_seconds():g} s); leaving, so that the agent starts it "
+                    f"again")
+
+    def _leave(self, message: str) -> None:
         """Says why, writes the error file (torch's @record format: the failure report's root
         cause) and exits: the agent counts this rank as failed, as it would a crashed one."""
         main = sys._current_frames().get(threading.main_thread().ident)
         where = "".join(traceback.format_stack(main)) if main else ""
-        message = (f"rank {self.rank} stayed in a collective of the failed group, idle, "
-                   f"{STUCK_COLLECTIVE_S:g} s after generation {following} was published and "
-                   f"its connections were shut down (gloo does not fail a send it had begun "
-                   f"when its connection fails: it waits out the group's timeout, "
-                   f"{self.timeout.total_seconds():g} s); leaving, so that the agent starts it "
-                   f"again")
         _say(message)
         if where:
             _say(f"rank {self.rank}'s main thread:\n{where.rstrip()}")
@@ -326,6 +373,44 @@ def _shut_down(inodes) -> None:
             pass
         finally:
             sock.detach()
+
+
+def _abort_group(group) -> bool:
+    """Aborts `group`'s communicators (torch's ProcessGroup.abort, 2.6 and later, else its NCCL
+    backend's): False when this torch has neither."""
+    abort = getattr(group, "abort", None)
+    if abort is None:
+        try:
+            import torch
+            abort = getattr(group._get_backend(torch.device("cuda")), "abort", None)
+        except (AttributeError, RuntimeError):
+            abort = None
+    if abort is None:
+        return False
+    abort()
+    return True
+
+
+class _StepOfAnAbortedGroup(RuntimeError):
+    """A step whose collectives ran while the group's NCCL communicators were aborted."""
+
+
+def _refuse_an_aborted_step() -> None:
+    """Under in-place NCCL: waits for the step's device work, then raises the peer's failure if
+    the group was aborted meanwhile (its collectives ended without the lost peer's data, so the
+    step's gradients are not the job's). The abort is noted before it is made, so a step whose
+    device work ended before this check and after the abort is always caught."""
+    g = _group
+    if g is None or g.backend != "nccl":
+        return
+    import torch
+    torch.cuda.current_stream().synchronize()
+    with g.changed:
+        aborted = g.nccl_aborted
+    if aborted:
+        raise _StepOfAnAbortedGroup(
+            f"rank {g.rank}: the NCCL group of generation {g.generation} was aborted during "
+            f"this step (a peer was lost); the step is not committed")
 
 
 class _GenerationWaiter:
@@ -432,6 +517,7 @@ class State(abc.ABC):
 
     def commit(self) -> None:
         """The point a recovery rolls back to: a copy of the state, in memory."""
+        _refuse_an_aborted_step()
         self.save()
 
     @abc.abstractmethod
@@ -654,6 +740,8 @@ def _is_peer_failure(error: BaseException) -> bool:
     """Whether `error` is a collective's failure because a peer is gone: then the rank recovers in
     place; anything else is its own failure and ends it (the agent replaces it)."""
     import torch.distributed as dist
+    if isinstance(error, _StepOfAnAbortedGroup):
+        return True
     backend_error = getattr(dist, "DistBackendError", None)
     if backend_error is not None and isinstance(error, backend_error):
         return True
@@ -745,8 +833,13 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
         _shut_down(g.sockets)
         g.sockets = set()
     failed_group = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    if g.backend == "nccl":  # its kernels may still wait for the lost peer: a destroy would too
+        g.abort_nccl(following)
+    forget = dist.destroy_process_group
+    if g.backend == "nccl" and hasattr(dist.distributed_c10d, "_abort_process_group"):
+        forget = dist.distributed_c10d._abort_process_group  # no finalize of aborted communicators
     try:
-        dist.destroy_process_group()
+        forget()
     except Exception:
         pass
     gc.collect()  # what held the old group (a DDP wrapper in the failed frames) goes with it

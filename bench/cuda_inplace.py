@@ -17,6 +17,7 @@ loss. A stopped rank is a silent peer: its connections stay open, and the agent 
 (a stopped process is proof from its first look) and end it before anyone can go on.
 """
 import argparse
+import faulthandler
 import hashlib
 import os
 import signal
@@ -32,6 +33,7 @@ parser.add_argument("--share-gpu", action="store_true", help="every rank on devi
 parser.add_argument("--cpu", action="store_true", help="gloo on the CPU (a rehearsal without a GPU)")
 args = parser.parse_args()
 
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a process that will not end is
 rank = int(os.environ["RANK"])
 if args.share_gpu:
     os.environ["NCCL_HOSTID"] = f"dist-launch-gpu-check-rank-{rank}"

@@ -378,32 +378,60 @@ torch_nccl_inplace() {
   rm -rf "$dir"
   mkdir -p "$dir"
   two_ranks_env
-  for run in clean kill stop; do
-    local extra=()
-    [ $run = kill ] && extra=(--kill-at 60)
-    [ $run = stop ] && extra=(--stop-at 120)
-    PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}" with_nccl timeout 150 \
+  for run in clean kill stop kill-warm; do
+    local extra=() flags=()
+    case $run in
+      kill) extra=(--kill-at 60) ;;
+      stop) extra=(--stop-at 120) ;;
+      kill-warm) extra=(--kill-at 60) flags=(--warm-restart) ;;
+    esac
+    PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}" with_nccl timeout 120 \
       "$here/bin/dist-launch" --nproc-per-node 2 --restart-policy in-place --max-restarts 2 \
-      --log-dir "$dir/$run.logs" "$here/bench/cuda_inplace.py" --share-gpu --steps 200 \
-      "${extra[@]}" >"$dir/$run.txt" 2>&1
-    echo "--- $run: exit $?"
-    grep -aE 'final step|(kill|stop) at|trains again|recovered|aborted|joined generation|stopped|Duplicate|rror' "$dir/$run.txt" | head -20
+      "${flags[@]}" --log-dir "$dir/$run.logs" "$here/bench/cuda_inplace.py" --share-gpu \
+      --steps 200 "${extra[@]}" >"$dir/$run.txt" 2>&1 &
+    local launcher=$! waited=0
+    # Training done, the job must end: 20 s after the last worker's final line, the stacks of
+    # whatever still runs (Python's by SIGUSR1, native by cuda-gdb), then it is ended.
+    while kill -0 $launcher 2>/dev/null; do
+      sleep 1
+      if [ "$(grep -ac 'final step 200' "$dir/$run.txt")" -ge 2 ]; then
+        waited=$((waited + 1))
+        if [ $waited -ge 20 ]; then
+          echo "--- $run: the job did not end 20 s after its workers' final lines: stacks"
+          local pid
+          for pid in $(pgrep -f 'cuda_inplace.py'); do
+            kill -USR1 "$pid" 2>/dev/null
+            sleep 1
+            command -v cuda-gdb >/dev/null &&
+              timeout 40 cuda-gdb -q -batch -p "$pid" -ex 'thread apply all bt 15' 2>&1 |
+              grep -E '^Thread|^#' | head -150 >"$dir/$run.gdb.$pid.txt"
+          done
+          pkill -KILL -f 'cuda_inplace.py'
+          break
+        fi
+      fi
+    done
+    wait $launcher
+    echo $? >"$dir/$run.status"
+    echo "--- $run: exit $(cat "$dir/$run.status")"
+    grep -aE 'final step|(kill|stop) at|trains again|recovered|aborted|joined generation|stopped|Duplicate|rror|Thread 0x|File ' "$dir/$run.txt" | head -40
   done
   local a b notes=() ms
   a=$(grep -aoE 'rank 0 final step 200 weights sha256 [0-9a-f]+' "$dir/clean.txt" | awk '{print $NF}')
-  [ -n "$a" ] || { rc=1; tail -30 "$dir/clean.txt"; }
-  for run in kill stop; do
+  [ -n "$a" ] && [ "$(cat "$dir/clean.status")" = 0 ] ||
+    { rc=1; notes+=("clean: exit $(cat "$dir/clean.status")"); tail -30 "$dir/clean.txt"; }
+  for run in kill stop kill-warm; do
     local lost again
     b=$(grep -aoE 'rank 0 final step 200 weights sha256 [0-9a-f]+' "$dir/$run.txt" | awk '{print $NF}')
-    lost=$(grep -aoE "rank 1 $run at [0-9.]+" "$dir/$run.txt" | awk '{print $NF}')
+    lost=$(grep -aoE "rank 1 ${run%-warm} at [0-9.]+" "$dir/$run.txt" | awk '{print $NF}')
     again=$(grep -aoE 'rank 0 trains again at [0-9.]+' "$dir/$run.txt" | head -1 | awk '{print $NF}')
     ms=none
     [ -n "$lost" ] && [ -n "$again" ] && ms=$(awk -v k="$lost" -v t="$again" 'BEGIN {printf "%.0f", (t - k) * 1000}')
-    if [ -n "$a" ] && [ "$a" = "$b" ] && [ -n "$again" ]; then
+    if [ -n "$a" ] && [ "$a" = "$b" ] && [ -n "$again" ] && [ "$(cat "$dir/$run.status")" = 0 ]; then
       notes+=("$run -> training again ${ms} ms, weights = uninterrupted")
     else
       rc=1
-      notes+=("$run: weights DIFFER or missing (${b:0:12}), training again: ${ms}")
+      notes+=("$run: exit $(cat "$dir/$run.status"), weights ${b:0:12} (want ${a:0:12}), training again: ${ms}")
       tail -40 "$dir/$run.txt"
     fi
   done
@@ -427,7 +455,7 @@ main() {
   local t
   if $gpu; then
     # Wave 4's steps first (never run on a GPU before), then the GPU tests, then the earlier ones.
-    wanted torch_nccl_inplace && step torch_nccl_inplace 200 torch_nccl_inplace
+    wanted torch_nccl_inplace && step torch_nccl_inplace 240 torch_nccl_inplace
     wanted nccl_compression && step nccl_compression 200 nccl_compression
     for t in $(with_nccl "$here/bin/sdk_gpu_tests" --gtest_list_tests |
       awk '/^[A-Za-z]/ {suite=$1} /^  [A-Za-z]/ && suite !~ /Child/ {print suite $1}' |

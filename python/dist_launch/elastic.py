@@ -63,8 +63,10 @@ communicators (torch's ProcessGroup.abort, from its own thread) when the agent p
 generation, and `commit()` waits for the step's device work and refuses a step that ran while its
 group was aborted (its collectives ended without their peers' data), raising the peer's failure
 instead, so the rank rolls back to its last good commit. TORCH_NCCL_ASYNC_ERROR_HANDLING is 0 in
-such a worker unless the script's environment says otherwise: torch's default (3) ends the whole
-process when its watchdog sees the lost peer first. A torch without an abort for NCCL cannot leave
+such a worker unless the script's environment says otherwise (torch's default, 3, ends the whole
+process when its watchdog sees the lost peer first), and so are TORCH_NCCL_DUMP_ON_TIMEOUT and
+TORCH_NCCL_ENABLE_MONITORING (a dump's signal reaches the next generation's ranks through the
+job's store; see _NCCL_IN_PLACE_ENVIRONMENT). A torch without an abort for NCCL cannot leave
 a collective a lost peer never joins: the rank says so and exits at once (STUCK_EXIT_CODE), and the
 agent restarts the group rather than wait out the collective's timeout.
 
@@ -215,7 +217,8 @@ class _Group:
         import torch.distributed as dist
         self.store  # connected first: not one of the group's
         if self.backend == "nccl":  # read when torch builds the group (see the module's doc)
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+            for name, value in _NCCL_IN_PLACE_ENVIRONMENT.items():
+                os.environ.setdefault(name, value)
         before = set(_socket_inodes())
         dist.init_process_group(self.backend, timeout=self.timeout, **kwargs)
         with self.changed:
@@ -375,6 +378,21 @@ def _shut_down(inodes) -> None:
             sock.detach()
 
 
+# What a torch NCCL group of an in-place worker is built with, unless the script's environment
+# says otherwise (read when torch builds each group). Each default would end or stall a survivor:
+# the watchdog's error handling (3: the whole process ends when it sees a lost peer, before the
+# survivor can recover; 0: the watchdog only notes it, and the abort is the watcher's); a dump of
+# the flight recorder on an error (its signal, written into the job's store, which the next
+# generation shares, makes the new ranks dump too, and its wait held a survivor's exit for a
+# minute on an H200); the heartbeat monitor (it ends a process whose watchdog seems stuck: the
+# agent's hang detection is the job's).
+_NCCL_IN_PLACE_ENVIRONMENT = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
+}
+
+
 def _abort_group(group) -> bool:
     """Aborts `group`'s communicators (torch's ProcessGroup.abort, 2.6 and later, else its NCCL
     backend's): False when this torch has neither."""
@@ -391,15 +409,29 @@ def _abort_group(group) -> bool:
     return True
 
 
+def _group_error():
+    """The default group's NCCL error as torch's watchdog saw it ("SUCCESS", "REMOTE_ERROR",
+    "TIMEOUT", ...), or None where this torch cannot say (ProcessGroupNCCL.get_error)."""
+    import torch
+    import torch.distributed as dist
+    try:
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+        error = backend.get_error()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    return getattr(error, "name", str(error))
+
+
 class _StepOfAnAbortedGroup(RuntimeError):
     """A step whose collectives ran while the group's NCCL communicators were aborted."""
 
 
 def _refuse_an_aborted_step() -> None:
     """Under in-place NCCL: waits for the step's device work, then raises the peer's failure if
-    the group was aborted meanwhile (its collectives ended without the lost peer's data, so the
-    step's gradients are not the job's). The abort is noted before it is made, so a step whose
-    device work ended before this check and after the abort is always caught."""
+    the group was aborted meanwhile, or torch's watchdog saw it fail (its collectives ended
+    without the lost peer's data, so the step's gradients are not the job's). The abort is noted
+    before it is made, so a step whose device work ended before this check and after the abort
+    is always caught."""
     g = _group
     if g is None or g.backend != "nccl":
         return
@@ -407,7 +439,7 @@ def _refuse_an_aborted_step() -> None:
     torch.cuda.current_stream().synchronize()
     with g.changed:
         aborted = g.nccl_aborted
-    if aborted:
+    if aborted or _group_error() not in (None, "SUCCESS"):
         raise _StepOfAnAbortedGroup(
             f"rank {g.rank}: the NCCL group of generation {g.generation} was aborted during "
             f"this step (a peer was lost); the step is not committed")

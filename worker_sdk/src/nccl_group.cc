@@ -327,8 +327,11 @@ class NcclProcessGroup : public ProcessGroup {
                         CudaStream stream) override {
     const auto t = nccl_type(type);
     const auto o = nccl_op(op, size_);
-    return issue("all_reduce", stream,
-                 [&](cudaStream_t s) { return ncclAllReduce(data, data, count, t, o, comm_, s); });
+    const std::size_t bytes = count * element_size(type);
+    return issue_from("all_reduce", stream, data, bytes, data, bytes,
+                      [&](const void* in, void* out, cudaStream_t s) {
+                        return ncclAllReduce(in, out, count, t, o, comm_, s);
+                      });
   }
   Work broadcast_async(void* data, std::size_t count, DataType type, int root,
                        CudaStream stream) override {
@@ -337,23 +340,30 @@ class NcclProcessGroup : public ProcessGroup {
                                   " is not a rank of a group of " + std::to_string(size_));
     }
     const auto t = nccl_type(type);
-    return issue("broadcast", stream, [&](cudaStream_t s) {
-      return ncclBroadcast(data, data, count, t, root, comm_, s);
-    });
+    const std::size_t bytes = count * element_size(type);
+    return issue_from("broadcast", stream, data, bytes, data, bytes,
+                      [&](const void* in, void* out, cudaStream_t s) {
+                        return ncclBroadcast(in, out, count, t, root, comm_, s);
+                      });
   }
   Work all_gather_async(const void* input, void* output, std::size_t count, DataType type,
                         CudaStream stream) override {
     const auto t = nccl_type(type);
-    return issue("all_gather", stream,
-                 [&](cudaStream_t s) { return ncclAllGather(input, output, count, t, comm_, s); });
+    const std::size_t bytes = count * element_size(type);
+    return issue_from("all_gather", stream, input, bytes, output, bytes * std::size_t(size_),
+                      [&](const void* in, void* out, cudaStream_t s) {
+                        return ncclAllGather(in, out, count, t, comm_, s);
+                      });
   }
   Work reduce_scatter_async(const void* input, void* output, std::size_t count, DataType type,
                             ReduceOp op, CudaStream stream) override {
     const auto t = nccl_type(type);
     const auto o = nccl_op(op, size_);
-    return issue("reduce_scatter", stream, [&](cudaStream_t s) {
-      return ncclReduceScatter(input, output, count, t, o, comm_, s);
-    });
+    const std::size_t bytes = count * element_size(type);
+    return issue_from("reduce_scatter", stream, input, bytes * std::size_t(size_), output, bytes,
+                      [&](const void* in, void* out, cudaStream_t s) {
+                        return ncclReduceScatter(in, out, count, t, o, comm_, s);
+                      });
   }
   Work barrier_async() override {
     {
@@ -379,6 +389,63 @@ class NcclProcessGroup : public ProcessGroup {
   std::string describe(const char* op) const {
     return std::string(op) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
            " (nccl " + nccl_ + ", device " + std::to_string(device_) + ")";
+  }
+
+  // A collective whose buffers are device memory is issued as it is. Host memory (a loss to
+  // average in a std::vector, a step the ranks agree on) is an illegal address to NCCL's
+  // kernels: such a buffer goes through device memory of the group's (copied in, the
+  // collective, copied back) and the call returns complete, as a host collective of Gloo's does.
+  // For the small values such calls carry; gradients belong in device memory.
+  template <typename Launch>
+  Work issue_from(const char* name, CudaStream caller, const void* input, std::size_t input_bytes,
+                  void* output, std::size_t output_bytes, Launch&& launch) {
+    const bool host_in = input_bytes > 0 && !device_memory(input);
+    const bool host_out = output_bytes > 0 && !device_memory(output);
+    if (!host_in && !host_out) {
+      return issue(name, caller, [&](cudaStream_t s) { return launch(input, output, s); });
+    }
+    const bool in_place = input == output;
+    std::lock_guard staging(staging_mutex_);
+    DeviceGuard guard(device_);
+    char* space =
+        reserve_staging((host_in ? input_bytes : 0) + (host_out && !in_place ? output_bytes : 0));
+    const void* device_in = host_in ? space : input;
+    void* device_out = !host_out ? output : in_place ? space : space + (host_in ? input_bytes : 0);
+    if (host_in) {
+      check_cuda(cudaMemcpy(space, input, input_bytes, cudaMemcpyHostToDevice),
+                 "cudaMemcpy (a host buffer into the NCCL group's device memory)");
+    }
+    Work work =
+        issue(name, caller, [&](cudaStream_t s) { return launch(device_in, device_out, s); });
+    work.wait();
+    if (host_out) {
+      check_cuda(cudaMemcpy(output, device_out, output_bytes, cudaMemcpyDeviceToHost),
+                 "cudaMemcpy (the NCCL group's device memory back into a host buffer)");
+    }
+    return Work();
+  }
+
+  // Whether NCCL's kernels can address `p`: device or managed memory.
+  static bool device_memory(const void* p) {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+      cudaGetLastError();  // an unknown pointer is ordinary host memory
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  }
+
+  // At least `bytes` of device memory for host buffers' collectives (under staging_mutex_; the
+  // last staged collective has completed or its communicator was aborted, which ends kernels).
+  char* reserve_staging(std::size_t bytes) {
+    if (bytes > staging_bytes_) {
+      if (staging_) check_cuda(cudaFree(staging_), "cudaFree (staging)");
+      staging_ = nullptr;
+      staging_bytes_ = 0;
+      check_cuda(cudaMalloc(&staging_, bytes), "cudaMalloc (staging for host buffers)");
+      staging_bytes_ = bytes;
+    }
+    return static_cast<char*>(staging_);
   }
 
   // Orders the collective after `caller`, launches it on the group's stream and records its
@@ -472,8 +539,11 @@ class NcclProcessGroup : public ProcessGroup {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t caller_ready_ = nullptr;  // re-recorded by each collective (under enqueue_mutex_)
   void* barrier_buffer_ = nullptr;      // created under enqueue_mutex_
-  std::mutex enqueue_mutex_;            // callers' NCCL calls; never taken by the watchdog
-  std::mutex state_mutex_;              // aborting_, and NCCL's quick queries on comm_
+  std::mutex staging_mutex_;            // one host buffer's collective at a time
+  void* staging_ = nullptr;             // device memory for host buffers (issue_from)
+  std::size_t staging_bytes_ = 0;
+  std::mutex enqueue_mutex_;  // callers' NCCL calls; never taken by the watchdog
+  std::mutex state_mutex_;    // aborting_, and NCCL's quick queries on comm_
   bool aborting_ = false;
   std::atomic<int> in_nccl_{0};      // callers inside an NCCL enqueue call
   std::atomic<int> abort_state_{0};  // 0 none, 1 started, 2 returned, 3 given up on
@@ -655,6 +725,7 @@ NcclProcessGroup::~NcclProcessGroup() {
     for (auto& w : graveyard_) w->retire();
   }
   if (barrier_buffer_) cudaFree(barrier_buffer_);
+  if (staging_) cudaFree(staging_);
   cudaEventDestroy(caller_ready_);
   cudaStreamDestroy(stream_);
 }

@@ -311,6 +311,36 @@ TEST_F(OneGpu, OutOfPlaceResultsAreNcclsWorkInEveryDataType) {
   }
 }
 
+// Host buffers (a std::vector's loss to average, a step the ranks agree on) go through the group's
+// device memory: NCCL's kernels would fault on a host address. At one rank an in-place
+// all-reduce moves nothing, so the out-of-place all-gather and reduce-scatter are the proof (NCCL
+// copies every byte), host to host and between host and device memory.
+TEST_F(OneGpu, HostBuffersGoThroughDeviceMemory) {
+  SKIP_WITHOUT_GPU();
+  auto g = group();
+  std::vector<float> values(1000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i) * 0.5f;
+  std::vector<float> gathered(values.size(), -1.0f), scattered(values.size(), -1.0f);
+  g->all_gather(std::span<const float>(values), std::span<float>(gathered));
+  EXPECT_EQ(gathered, values) << "all_gather, host to host";
+  g->reduce_scatter(std::span<const float>(values), std::span<float>(scattered));
+  EXPECT_EQ(scattered, values) << "reduce_scatter, host to host";
+  std::vector<std::int64_t> step{41};
+  g->all_reduce(std::span<std::int64_t>(step), ReduceOp::kMax);
+  g->broadcast(std::span<std::int64_t>(step), 0);
+  EXPECT_EQ(step[0], 41);
+  DeviceBuffer device(values.size() * sizeof(float));
+  std::vector<unsigned char> bytes(values.size() * sizeof(float));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  device.write(bytes);
+  std::fill(gathered.begin(), gathered.end(), -1.0f);
+  g->all_gather(device.data, gathered.data(), values.size(), DataType::kFloat32);
+  EXPECT_EQ(gathered, values) << "all_gather, device to host";
+  device.write(std::vector<unsigned char>(bytes.size(), 0));
+  g->all_gather(values.data(), device.data, values.size(), DataType::kFloat32);
+  EXPECT_EQ(device.read(), bytes) << "all_gather, host to device";
+}
+
 // The consumer copies the all-gather's output: it sees the produced values only when it ran after
 // the collective (before, it would copy the -1 the output held).
 TEST_F(OneGpu, WaitOnOrdersTheCallersLaterWorkAfterTheCollective) {

@@ -171,7 +171,10 @@ class Cast16 final : public Lossy {
   std::pair<float, std::uint64_t> next_scale() const {
     if (!dynamic_ || !exchanged_) return {scale_, clean_};
     if (last_skipped()) return {std::max(scale_ * 0.5f, kSmallestScale), 0};
-    if (clean_ + 1 < kGrowthInterval || scale_ == 1.0f) return {scale_, clean_ + 1};
+    // At 1 there is nothing to grow back to, and nothing to count: the state a host saves is
+    // then the device's (whose scale stays 1), byte for byte.
+    if (scale_ == 1.0f) return {1.0f, 0};
+    if (clean_ + 1 < kGrowthInterval) return {scale_, clean_ + 1};
     return {std::min(scale_ * 2.0f, 1.0f), 0};
   }
   void follow_last_exchange() {
@@ -183,7 +186,7 @@ class Cast16 final : public Lossy {
   bool dynamic_;
   void* wire_;
   float scale_ = 1.0f;
-  std::uint64_t clean_ = 0;  // exchanges in a row the guard did not skip, at this scale
+  std::uint64_t clean_ = 0;  // exchanges in a row the guard did not skip, at this scale (< 1)
   bool exchanged_ = false;   // an exchange since the construction or the last load
 };
 

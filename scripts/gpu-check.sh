@@ -360,7 +360,8 @@ nccl_compression() {
     if [ "$3" != 0 ] || [ "$7" = none ] || awk -v a="$7" -v c="${accuracy[$mode]}" 'BEGIN {exit !(a < c - 0.01)}'; then
       rc=1
     fi
-    grep -ac 'averaged to inf or NaN' "$dir/nan-${mode//:/_}.txt" | sed 's/^/  guard lines: /'
+    grep -aoE 'inf/NaN guard: [0-9]+ bucket update\(s\) skipped' "$dir/nan-${mode//:/_}.txt" | sed 's/^/  /'
+    grep -aqE 'inf/NaN guard: [1-9][0-9]* bucket' "$dir/nan-${mode//:/_}.txt" || rc=1  # it acted
   done
   local ratio
   ratio=$(awk -v p="${bytes[powersgd:2]}" -v n="${bytes[none]}" 'BEGIN {if (n > 0 && p ~ /^[0-9]+$/) printf "%.3f", p / n; else print "none"}')
@@ -399,14 +400,14 @@ torch_nccl_inplace() {
         if [ $waited -ge 20 ]; then
           echo "--- $run: the job did not end 20 s after its workers' final lines: stacks"
           local pid
-          for pid in $(pgrep -f 'cuda_inplace.py'); do
+          for pid in $(pgrep -f 'python[0-9.]* .*cuda_inplace\.py'); do  # the workers alone
             kill -USR1 "$pid" 2>/dev/null
             sleep 1
             command -v cuda-gdb >/dev/null &&
               timeout 40 cuda-gdb -q -batch -p "$pid" -ex 'thread apply all bt 15' 2>&1 |
               grep -E '^Thread|^#' | head -150 >"$dir/$run.gdb.$pid.txt"
           done
-          pkill -KILL -f 'cuda_inplace.py'
+          pkill -KILL -f 'python[0-9.]* .*cuda_inplace\.py'
           break
         fi
       fi

@@ -345,6 +345,11 @@ void finish(const Options& o, sdk::Distributed& dist, Mlp& model, sdk::Distribut
   std::printf("all-reduce bytes per step %llu (compression %s, sync %s, %llu steps)\n",
               (unsigned long long)sent.bytes_per_step(), o.compression.to_string().c_str(),
               o.sync.to_string().c_str(), (unsigned long long)sent.steps);
+  if (o.compression.lossy()) {  // on the device the guard says nothing per step: here, once
+    std::printf("inf/NaN guard: %llu bucket update(s) skipped, %llu residual(s) cleaned\n",
+                (unsigned long long)sent.nonfinite_skipped,
+                (unsigned long long)sent.nonfinite_cleaned);
+  }
   if (const auto measured = sent.transport_bytes_per_step()) {  // Gloo: what its sockets sent
     std::printf(
         "transport bytes per step %llu (the group's TCP payload, the per-epoch loss "

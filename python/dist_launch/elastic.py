@@ -64,9 +64,9 @@ generation, and `commit()` waits for the step's device work and refuses a step t
 group was aborted (its collectives ended without their peers' data), raising the peer's failure
 instead, so the rank rolls back to its last good commit. TORCH_NCCL_ASYNC_ERROR_HANDLING is 0 in
 such a worker unless the script's environment says otherwise (torch's default, 3, ends the whole
-process when its watchdog sees the lost peer first), and so are TORCH_NCCL_DUMP_ON_TIMEOUT and
-TORCH_NCCL_ENABLE_MONITORING (a dump's signal reaches the next generation's ranks through the
-job's store; see _NCCL_IN_PLACE_ENVIRONMENT). A torch without an abort for NCCL cannot leave
+process when its watchdog sees the lost peer first), and the watchdog's minute of "time for
+dumping" after each failed collective, the dump and the heartbeat monitor are off (see
+_NCCL_IN_PLACE_ENVIRONMENT). A torch without an abort for NCCL cannot leave
 a collective a lost peer never joins: the rank says so and exits at once (STUCK_EXIT_CODE), and the
 agent restarts the group rather than wait out the collective's timeout.
 
@@ -380,14 +380,18 @@ def _shut_down(inodes) -> None:
 
 # What a torch NCCL group of an in-place worker is built with, unless the script's environment
 # says otherwise (read when torch builds each group). Each default would end or stall a survivor:
-# the watchdog's error handling (3: the whole process ends when it sees a lost peer, before the
-# survivor can recover; 0: the watchdog only notes it, and the abort is the watcher's); a dump of
-# the flight recorder on an error (its signal, written into the job's store, which the next
-# generation shares, makes the new ranks dump too, and its wait held a survivor's exit for a
-# minute on an H200); the heartbeat monitor (it ends a process whose watchdog seems stuck: the
-# agent's hang detection is the job's).
+# - the watchdog's error handling: 3 ends the whole process when it sees a lost peer, before the
+#   survivor can recover; 0 only notes it, and the abort is the watcher's;
+# - the watchdog's wait after each failed collective ("time for dumping", 4 x
+#   TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC: 60 s, once per collective in flight when the peer was
+#   lost): the failed group's destructor joins that thread, so on an H200 a survivor that had
+#   trained to the end did not exit;
+# - the flight recorder's dump, and the heartbeat monitor, which acts on the dump's signal (a key
+#   in the job's store, which the next generation shares: a new rank was told to dump) and ends
+#   a process whose watchdog seems stuck (the agent's hang detection is the job's).
 _NCCL_IN_PLACE_ENVIRONMENT = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+    "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "1",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
     "TORCH_NCCL_ENABLE_MONITORING": "0",
 }

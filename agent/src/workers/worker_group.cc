@@ -403,6 +403,9 @@ SpawnedProcess WorkerGroup::spawn(Member& w, const SpawnPlan& plan,
     variables[worker_contract::kLocalAddr] = config_.local_addr;
   }
   if (identity_.generations) {  // recovery.h's switch
+    // torchrun's 1 tears a survivor down as soon as torch's watchdog sees the lost peer: the
+    // in-place helper (dist_launch.elastic) chooses 0 for its NCCL groups, unless the user set it.
+    variables.erase(worker_contract::kNcclAsyncErrorHandling);
     variables[worker_contract::kRestartPolicyVariable] = worker_contract::kInPlacePolicy;
     variables[worker_contract::kGenerationVariable] =
         std::to_string(w.worker.generation.value_or(0));

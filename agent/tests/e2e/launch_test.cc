@@ -62,6 +62,27 @@ TEST_F(LaunchTest, EveryWorkerGetsTorchrunsEnvironment) {
   EXPECT_NE(launch.output().find("OMP_NUM_THREADS is unset"), std::string::npos) << launch.output();
 }
 
+// Under the in-place policy the agent leaves TORCH_NCCL_ASYNC_ERROR_HANDLING to the user
+// (torchrun's 1 would end a survivor when torch's watchdog sees the lost peer; dist_launch.elastic
+// chooses 0 for its NCCL groups), and a value the user set still reaches every worker.
+TEST_F(LaunchTest, InPlaceWorkersGetNoNcclErrorHandlingOfTheLaunchers) {
+  Launch unset({"--nproc-per-node", "2", "--restart-policy", "in-place", "--no-python", kWorker,
+                "env", path("unset_${local_rank}")});
+  ASSERT_EQ(unset.wait(), 0) << unset.output();
+  Launch set({"--nproc-per-node", "2", "--restart-policy", "in-place", "--no-python", kWorker,
+              "env", path("set_${local_rank}")},
+             {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"}});
+  ASSERT_EQ(set.wait(), 0) << set.output();
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("local rank " + std::to_string(r));
+    auto env = read_env(path("unset_" + std::to_string(r)));
+    EXPECT_EQ(env["DIST_LAUNCH_RESTART_POLICY"], "in-place");
+    EXPECT_EQ(env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 0u)
+        << env["TORCH_NCCL_ASYNC_ERROR_HANDLING"];
+    EXPECT_EQ(read_env(path("set_" + std::to_string(r)))["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "2");
+  }
+}
+
 // A worker holds its stdin, stdout and stderr and the descriptors meant for it (the heartbeat
 // slot), nothing of the agent's: not the store's listening socket, the metrics port, the event
 // log, nor another worker's pipes.

@@ -773,8 +773,10 @@ def _rebuild(entry: dict, data: Any, meshes: Optional[_Meshes] = None) -> Any:
             t.requires_grad_(True)
         return t
     shape, offset, nbytes = entry["shape"], entry["offset"], entry["nbytes"]
-    # "raw" (the C++ SDK's): numpy arrays, or torch tensors where numpy is missing.
-    if entry["kind"] == "torch" or (entry["kind"] == "raw" and not _has("numpy")):
+    # "raw" (the C++ SDK's): numpy arrays, or torch tensors where numpy is missing or has no such
+    # type (bfloat16).
+    if entry["kind"] == "torch" or (entry["kind"] == "raw" and
+                                    (not _has("numpy") or entry["dtype"] == "bfloat16")):
         import torch
         dtype = getattr(torch, entry["dtype"])
         if nbytes == 0:

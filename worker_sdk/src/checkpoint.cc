@@ -42,7 +42,22 @@ void write_all(int fd, const std::string& data, const std::filesystem::path& pat
 
 }  // namespace
 
+std::size_t dtype_size(const std::string& dtype) {
+  static const std::map<std::string, std::size_t> sizes = {
+      {"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2},  {"int8", 1},
+      {"int16", 2},   {"int32", 4},   {"int64", 8},   {"uint8", 1},     {"bool", 1},
+      {"complex64", 8}, {"complex128", 16}};
+  const auto found = sizes.find(dtype);
+  return found == sizes.end() ? 0 : found->second;
+}
+
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& checkpoint) {
+  if (!checkpoint.typed.empty()) {
+    throw CheckpointError("cannot write " + path.string() + ": '" +
+                          checkpoint.typed.begin()->first +
+                          "' is a typed tensor, which checkpoint files do not keep (snapshots "
+                          "do: dist::sdk::save_snapshot)");
+  }
   // Layout: magic, step, count, then per tensor: name length, name, element count, floats;
   // version 2 then: count, per blob: name length, name, byte count, bytes; finally the FNV-1a
   // checksum of everything before it.

@@ -319,14 +319,22 @@ std::optional<Checkpoint> read_snapshot(const fs::path& path, std::uint64_t step
       const auto offset = t.at("offset").get<std::uint64_t>();
       const auto nbytes = t.at("nbytes").get<std::uint64_t>();
       if (offset > size || nbytes > size - offset) return std::nullopt;
-      if (t.at("dtype").get<std::string>() != "float32") {
-        throw SnapshotError(path.string() + ": tensor '" + name + "' is " +
-                            t.at("dtype").get<std::string>() +
-                            ": the C++ SDK reads float32 tensors");
+      const std::string dtype = t.at("dtype").get<std::string>();
+      const auto shape = t.at("shape").get<std::vector<std::int64_t>>();
+      if (dtype == "float32" && shape.size() == 1) {  // what `tensors` holds exactly
+        std::vector<float> values(nbytes / sizeof(float));
+        std::memcpy(values.data(), data.data() + offset, values.size() * sizeof(float));
+        c.tensors[name] = std::move(values);
+        continue;
       }
-      std::vector<float> values(nbytes / sizeof(float));
-      std::memcpy(values.data(), data.data() + offset, values.size() * sizeof(float));
-      c.tensors[name] = std::move(values);
+      if (dtype_size(dtype) == 0) {
+        throw SnapshotError(path.string() + ": tensor '" + name + "' is " + dtype +
+                            ", a type the C++ SDK does not know");
+      }
+      TypedTensor typed{dtype, shape, {}};
+      typed.bytes.assign(data.begin() + static_cast<std::ptrdiff_t>(offset),
+                         data.begin() + static_cast<std::ptrdiff_t>(offset + nbytes));
+      c.typed[name] = std::move(typed);
     }
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;  // a damaged header: the next one
@@ -425,17 +433,59 @@ struct Save {
   std::uint64_t save_id;
 };
 
-std::string header_json(const Save& save, const std::vector<std::uint64_t>& offsets,
-                        std::uint64_t size) {
+// One tensor as the file keeps it: `tensors` (float32, one dimension), then `typed`.
+struct Entry {
+  const std::string* name;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  const void* data;
+  std::uint64_t nbytes;
+};
+
+// Throws SnapshotError for a typed tensor whose bytes are not its shape's, a dtype not known, or a
+// name in both maps.
+std::vector<Entry> entries_of(const Checkpoint& s) {
+  std::vector<Entry> all;
+  for (const auto& [name, values] : s.tensors) {
+    all.push_back({&name, "float32", {static_cast<std::int64_t>(values.size())}, values.data(),
+                   values.size() * sizeof(float)});
+  }
+  for (const auto& [name, t] : s.typed) {
+    const std::size_t item = dtype_size(t.dtype);
+    std::uint64_t count = 1;
+    for (const auto n : t.shape) {
+      if (n < 0) throw SnapshotError("typed tensor '" + name + "': a negative dimension");
+      count *= static_cast<std::uint64_t>(n);
+    }
+    if (item == 0) {
+      throw SnapshotError("typed tensor '" + name + "': dtype '" + t.dtype +
+                          "' is not one of float32, float64, float16, bfloat16, int8, int16, "
+                          "int32, int64, uint8, bool, complex64, complex128");
+    }
+    if (count * item != t.bytes.size()) {
+      throw SnapshotError("typed tensor '" + name + "': " + std::to_string(t.bytes.size()) +
+                          " bytes, but its shape of " + t.dtype + " needs " +
+                          std::to_string(count * item));
+    }
+    if (s.tensors.contains(name)) {
+      throw SnapshotError("'" + name + "' is both a float tensor and a typed one");
+    }
+    all.push_back({&name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
+  }
+  return all;
+}
+
+std::string header_json(const Save& save, const std::vector<Entry>& entries,
+                        const std::vector<std::uint64_t>& offsets, std::uint64_t size) {
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
   std::size_t i = 0;
-  for (const auto& [name, values] : save.snapshot.tensors) {
-    tensors.push_back({{"name", name},
+  for (const Entry& e : entries) {
+    tensors.push_back({{"name", *e.name},
                        {"kind", "raw"},
-                       {"dtype", "float32"},
-                       {"shape", {values.size()}},
+                       {"dtype", e.dtype},
+                       {"shape", e.shape},
                        {"offset", offsets.empty() ? 0 : offsets[i]},
-                       {"nbytes", values.size() * sizeof(float)},
+                       {"nbytes", e.nbytes},
                        {"requires_grad", false},
                        {"parameter", false}});
     ++i;
@@ -458,18 +508,18 @@ std::string header_json(const Save& save, const std::vector<std::uint64_t>& offs
       .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
-Layout plan(const Save& save) {
+Layout plan(const Save& save, const std::vector<Entry>& entries) {
   Layout l;
-  l.header = header_json(save, {}, 0);
+  l.header = header_json(save, entries, {}, 0);
   while (true) {  // the offsets depend on the header's length, which depends on them
     std::vector<std::uint64_t> offsets;
     std::uint64_t at = align(kPrefixBytes + l.header.size());
-    for (const auto& [name, values] : save.snapshot.tensors) {
+    for (const Entry& e : entries) {
       offsets.push_back(at);
-      at = align(at + values.size() * sizeof(float));
+      at = align(at + e.nbytes);
     }
     const std::uint64_t size = at + kFooterBytes;
-    std::string header = header_json(save, offsets, size);
+    std::string header = header_json(save, entries, offsets, size);
     if (header.size() <= l.header.size()) {
       header.resize(l.header.size(), ' ');
       l = {header, offsets, size};
@@ -683,16 +733,15 @@ bool save_snapshot(const Checkpoint& s) {
   fs::create_directories(dir, ec);
   if (ec) throw SnapshotError("cannot create " + dir.string() + ": " + ec.message());
   const Save save{s, me, now_ns(), new_save_id()};
-  const Layout l = plan(save);
+  const std::vector<Entry> entries = entries_of(s);
+  const Layout l = plan(save, entries);
   const Reserved r = reserve(root, dir, me, s.step, l.size);
   const std::string what = who(me, s.step);
   try {
     // The data, then the header, then the footer: a reader that sees this save's header saw its
     // data too, and one that sees its footer saw its header.
     std::size_t i = 0;
-    for (const auto& [name, values] : s.tensors) {
-      pwrite_all(r.fd, values.data(), values.size() * sizeof(float), l.offsets[i++], what);
-    }
+    for (const Entry& e : entries) pwrite_all(r.fd, e.data, e.nbytes, l.offsets[i++], what);
     std::string prefix(kMagic, sizeof kMagic);
     const std::uint64_t header_len = l.header.size();
     prefix.append(reinterpret_cast<const char*>(&header_len), 8);

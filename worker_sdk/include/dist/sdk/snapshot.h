@@ -60,16 +60,19 @@ enum class SnapshotScope {
 // Whether an agent holds snapshots for this worker (DIST_LAUNCH_SNAPSHOT_DIR).
 bool snapshots_enabled();
 
-// This rank's snapshot at `snapshot.step`, atomically (never seen torn by a reader). False when no
-// agent holds snapshots. Throws SnapshotMemoryError past --snapshot-memory, SnapshotError when it
-// cannot be written.
+// This rank's snapshot at `snapshot.step`, atomically (never seen torn by a reader): its float
+// tensors and its typed ones (Checkpoint::typed, any type and shape; blobs are not kept). False
+// when no agent holds snapshots. Throws SnapshotMemoryError past --snapshot-memory, SnapshotError
+// when it cannot be written or a typed tensor's bytes are not its shape's.
 bool save_snapshot(const Checkpoint& snapshot);
 
 // The newest saved complete snapshot of this job in `scope` (shared memory and --snapshot-dir
 // together), or `step`'s newest save; nullopt when there is none. kThisRank: this rank's, the
 // steps that every rank folder here has (of this job and world size) first, so that replicas and
-// shards resume at one step, then the rest. kReplicated: any rank's newest save. Throws
-// SnapshotError for a snapshot whose tensors are not float32 (one Python saved with other types).
+// shards resume at one step, then the rest. kReplicated: any rank's newest save. Float32 tensors
+// of one dimension come back in `tensors`, every other tensor (any type Checkpoint::typed names,
+// any shape: what torch and numpy workers save) in `typed`. Throws SnapshotError for a tensor of
+// a type it does not know.
 std::optional<Checkpoint> load_snapshot(std::optional<std::uint64_t> step = std::nullopt,
                                         SnapshotScope scope = SnapshotScope::kThisRank);
 

@@ -909,5 +909,74 @@ TEST_F(OneGpuChild, DISABLED_AbortSilentPeer) {
   std::_Exit(threw && later_threw && took < 30.0 ? kChildPassed : 1);
 }
 
+// The same with each rank a process of its own that NCCL takes for a host of its own
+// (NCCL_HOSTID): NCCL before 2.30 refuses two ranks of one host on one GPU but connects these, with
+// its socket transport over loopback, as it would two hosts. Rank 1 stays silent (it issues
+// nothing, its connections open) until rank 0, whose all-reduce waits for it, has aborted.
+TEST_F(OneGpu, AnAbortEndsACollectiveWaitingForASilentPeerProcess) {
+  SKIP_WITHOUT_GPU();
+  store::StoreServerThread store;
+  const auto env = [&](int rank) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {kChildModeVariable, "two-processes"},
+        {"CUDA_MODULE_LOADING", "EAGER"},
+        {"DIST_GPU_TEST_RANK", std::to_string(rank)},
+        {"DIST_GPU_TEST_STORE_PORT", std::to_string(store.port())},
+        {"NCCL_HOSTID", "dist-gpu-test-rank-" + std::to_string(rank)},
+        {"NCCL_SOCKET_IFNAME", "lo"}};
+  };
+  testing::Child rank0("OneGpuChild.DISABLED_SilentPeerProcess", env(0));
+  testing::Child rank1("OneGpuChild.DISABLED_SilentPeerProcess", env(1));
+  const auto first = rank0.finish(kChildTimeout);
+  const auto second = rank1.finish(kChildTimeout);
+  EXPECT_EQ(first.exit_code, kChildPassed) << first.output << "\n--- rank 1:\n" << second.output;
+  EXPECT_EQ(second.exit_code, kChildPassed) << second.output;
+  EXPECT_NE(first.output.find("was aborted: its peer went silent (test)"), std::string::npos)
+      << first.output;
+}
+TEST_F(OneGpuChild, DISABLED_SilentPeerProcess) {
+  ONLY_AS_A_CHILD();
+  const int rank = std::stoi(std::getenv("DIST_GPU_TEST_RANK"));
+  store::ClientOptions client;
+  client.port = static_cast<std::uint16_t>(std::stoi(std::getenv("DIST_GPU_TEST_STORE_PORT")));
+  auto coordination = store::StoreClient::connect(client);
+  NcclOptions options;
+  options.device = 0;
+  options.init_timeout = 60s;
+  options.op_timeout = 120s;  // what the collective would wait without the abort
+  options.key_prefix = "t/processes";
+  options.on_failure = NcclFailure::kExitProcess;
+  auto g = make_nccl_group(store::StoreClient::connect(client), rank, 2, 0, options);
+  DeviceBuffer data(4096);
+  g->all_reduce(data.data, 1024, DataType::kFloat32, ReduceOp::kSum);  // connects the pair
+  if (rank == 1) {
+    coordination.wait({"t/processes/done"}, std::chrono::milliseconds(kChildTimeout));
+    std::_Exit(kChildPassed);  // its group left to the driver: the peer has aborted its own
+  }
+  Work pending = g->all_reduce_async(data.data, 1024, DataType::kFloat32, ReduceOp::kSum);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread aborter([&] { g->abort("its peer went silent (test)"); });
+  bool threw = false;
+  try {
+    pending.wait();
+  } catch (const CollectiveError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    threw = true;
+  }
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  aborter.join();
+  bool later_threw = false;
+  try {
+    g->barrier();
+  } catch (const CollectiveError&) {
+    later_threw = true;
+  }
+  coordination.set("t/processes/done", "1");
+  std::fprintf(stderr, "aborted in %.2f s\n", took);
+  std::fflush(stderr);
+  std::_Exit(threw && later_threw && took < 30.0 ? kChildPassed : 1);
+}
+
 }  // namespace
 }  // namespace dist::sdk

@@ -44,9 +44,9 @@ void write_all(int fd, const std::string& data, const std::filesystem::path& pat
 
 std::size_t dtype_size(const std::string& dtype) {
   static const std::map<std::string, std::size_t> sizes = {
-      {"float32", 4}, {"float64", 8}, {"float16", 2}, {"bfloat16", 2},  {"int8", 1},
-      {"int16", 2},   {"int32", 4},   {"int64", 8},   {"uint8", 1},     {"bool", 1},
-      {"complex64", 8}, {"complex128", 16}};
+      {"float32", 4}, {"float64", 8}, {"float16", 2},   {"bfloat16", 2},
+      {"int8", 1},    {"int16", 2},   {"int32", 4},     {"int64", 8},
+      {"uint8", 1},   {"bool", 1},    {"complex64", 8}, {"complex128", 16}};
   const auto found = sizes.find(dtype);
   return found == sizes.end() ? 0 : found->second;
 }

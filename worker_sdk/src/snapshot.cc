@@ -447,7 +447,10 @@ struct Entry {
 std::vector<Entry> entries_of(const Checkpoint& s) {
   std::vector<Entry> all;
   for (const auto& [name, values] : s.tensors) {
-    all.push_back({&name, "float32", {static_cast<std::int64_t>(values.size())}, values.data(),
+    all.push_back({&name,
+                   "float32",
+                   {static_cast<std::int64_t>(values.size())},
+                   values.data(),
                    values.size() * sizeof(float)});
   }
   for (const auto& [name, t] : s.typed) {

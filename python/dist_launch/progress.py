@@ -287,6 +287,7 @@ class _Sampler:
         # id(process group) -> [group id, first seq, last seq, last change ns] (no reference kept:
         # a group the script destroys is freed as it would be without this module)
         self.groups = {}
+        self.saw_groups = False  # a process group was seen (read_groups): see _end_sampler
         self.timeout_ms = 0
         self.last = time.monotonic_ns()
         self.waiting_since = 0
@@ -386,6 +387,7 @@ class _Sampler:
             except Exception:
                 continue
             if entry is None:
+                self.saw_groups = True
                 entry = self.groups[id(group)] = [self.name_id(group), seq, seq, 0]
                 self.timeout_ms = max(self.timeout_ms, self.group_timeout_ms(group))
                 words[_Q_TIMEOUT_MS] = self.timeout_ms
@@ -570,6 +572,23 @@ def _end_sampler():
         sampler.halves[_I_FEATURES] &= ~_SLOT_STACKS_ON_ASK
         if sampler.passing.acquire(timeout=2.0):
             sampler.passing.release()
+        if sampler.saw_groups or sampler.c10d.is_initialized():
+            _let_collective_threads_let_go()
+
+
+# How long the main thread holds back its exit for torch's collective threads (below).
+_COLLECTIVE_THREADS_GRACE_S = 0.05
+
+
+def _let_collective_threads_let_go():
+    """torch's gloo worker threads drop a finished collective's tensors after its caller has gone
+    on, taking the GIL for it (the tensors' Python objects); one that takes it once the
+    interpreter is finalizing is ended by pthread_exit inside torch's C++, and the process aborts
+    ("terminate called without an active exception", SIGABRT for a rank that succeeded: 3 of 26
+    runs of a test whose healthy torch 2.15 rank 0 exits right after an all_gather_object, 0 of 16
+    with this). Here, before the finalizing starts, the main thread lets them have it: a short
+    sleep, in a process that made a process group (the sampler saw one)."""
+    time.sleep(_COLLECTIVE_THREADS_GRACE_S)
 
 
 def _start_sampler(torch):

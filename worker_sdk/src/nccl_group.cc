@@ -407,6 +407,11 @@ class NcclProcessGroup : public ProcessGroup {
     const bool in_place = input == output;
     std::lock_guard staging(staging_mutex_);
     DeviceGuard guard(device_);
+    // What the caller's stream still has to write into host memory (an asynchronous copy into
+    // pinned memory) first; then everything is ordered on the legacy default stream, where the
+    // copy in runs and after which issue() orders the collective.
+    if (caller)
+      check_cuda(cudaStreamSynchronize(caller), "cudaStreamSynchronize (caller's stream)");
     char* space =
         reserve_staging((host_in ? input_bytes : 0) + (host_out && !in_place ? output_bytes : 0));
     const void* device_in = host_in ? space : input;
@@ -416,7 +421,7 @@ class NcclProcessGroup : public ProcessGroup {
                  "cudaMemcpy (a host buffer into the NCCL group's device memory)");
     }
     Work work =
-        issue(name, caller, [&](cudaStream_t s) { return launch(device_in, device_out, s); });
+        issue(name, nullptr, [&](cudaStream_t s) { return launch(device_in, device_out, s); });
     work.wait();
     if (host_out) {
       check_cuda(cudaMemcpy(output, device_out, output_bytes, cudaMemcpyDeviceToHost),

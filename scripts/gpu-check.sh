@@ -19,6 +19,8 @@
 #   nccl_compression     (wave 4, issue 45) ddp_train --backend nccl, two ranks, every
 #                --compression: bytes per step (powersgd:2 <= 0.1x dense) and a NaN gradient
 #                at step 100 that poisons nothing (the inf/NaN guard on the device)
+#   nccl_restart the same two ranks, one crashing at step 320: the group restarted from the
+#                checkpoint ends with the uninterrupted run's weights
 #   gpu:<test>   each GPU test (sdk_gpu_tests) on its own, CUDA_MODULE_LOADING=EAGER
 #   ddp_train    ddp_train --backend nccl under dist-launch: an uninterrupted run, then one that
 #                crashes at step 320 and restarts: the same weights (SHA-256) or FAIL
@@ -370,6 +372,28 @@ nccl_compression() {
   return $rc
 }
 
+# Two ranks of ddp_train --backend nccl, one crashing at step 320 and the group restarted from
+# the checkpoint: the weights of an uninterrupted run (the one-rank ddp_train step, at two).
+nccl_restart() {
+  local dir="$out/nccl_restart" rc=0 run a b
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  two_ranks_env
+  for run in clean crash; do
+    mkdir -p "$dir/$run.checkpoints"
+    local extra=()
+    [ $run = crash ] && extra=(--crash-at-step 320)
+    ddp_train_two "$run" "$dir" --max-restarts 1 --no-python "$out/hostid.sh" \
+      "$here/bin/ddp_train" --backend nccl --data "$here/data/digits.csv.gz" \
+      --checkpoint-dir "$dir/$run.checkpoints" "${extra[@]}"
+  done
+  a=$(grep -aoE 'final test accuracy [0-9.]+ weights sha256 [0-9a-f]+' "$dir/clean.txt" | awk '{print $NF}')
+  b=$(grep -aoE 'final test accuracy [0-9.]+ weights sha256 [0-9a-f]+' "$dir/crash.txt" | awk '{print $NF}')
+  grep -aq 'resumed from' "$dir/crash.txt" && [ -n "$a" ] && [ "$a" = "$b" ] || rc=1
+  echo "NOTE: 2 ranks, NCCL: crash at 320 + group restart $([ $rc = 0 ] && echo = || echo '!=') uninterrupted (${a:0:16} vs ${b:0:16})"
+  return $rc
+}
+
 # torch DDP over NCCL under --restart-policy in-place (bench/cuda_inplace.py, dist_launch.elastic),
 # 2 ranks on the one GPU: rank 1 SIGKILLed mid-step, then (another run) SIGSTOPped: the survivor's
 # communicators aborted, its step refused, the replacement given the state; the same weights as
@@ -441,7 +465,7 @@ torch_nccl_inplace() {
 }
 
 export -f facts link_nccl with_nccl load sdk_cpu gpu_test ddp_train compare sdk_nccl warm_restart
-export -f two_ranks_env ddp_train_two nccl_compression torch_nccl_inplace
+export -f two_ranks_env ddp_train_two nccl_compression nccl_restart torch_nccl_inplace
 
 main() {
   echo "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), bundle $here, output $out, budget ${budget}s"
@@ -458,6 +482,7 @@ main() {
     # Wave 4's steps first (never run on a GPU before), then the GPU tests, then the earlier ones.
     wanted torch_nccl_inplace && step torch_nccl_inplace 240 torch_nccl_inplace
     wanted nccl_compression && step nccl_compression 200 nccl_compression
+    wanted nccl_restart && step nccl_restart 120 nccl_restart
     for t in $(with_nccl "$here/bin/sdk_gpu_tests" --gtest_list_tests |
       awk '/^[A-Za-z]/ {suite=$1} /^  [A-Za-z]/ && suite !~ /Child/ {print suite $1}' |
       awk '/Compression|Silent/ {print; next} {rest[NR] = $0} END {for (i = 1; i <= NR; i++) if (i in rest) print rest[i]}'); do
@@ -472,7 +497,7 @@ main() {
     wanted compare_avg && step compare_avg 120 compare avg
     wanted sdk_nccl && step sdk_nccl 60 sdk_nccl
   else
-    for t in torch_nccl_inplace nccl_compression gpu_tests ddp_train warm_restart compare_sum compare_avg sdk_nccl; do gpu_step_skipped "$t"; done
+    for t in torch_nccl_inplace nccl_compression nccl_restart gpu_tests ddp_train warm_restart compare_sum compare_avg sdk_nccl; do gpu_step_skipped "$t"; done
   fi
 
   {

@@ -445,8 +445,8 @@ def _refuse_an_aborted_step() -> None:
         aborted = g.nccl_aborted
     if aborted or _group_error() not in (None, "SUCCESS"):
         raise _StepOfAnAbortedGroup(
-            f"rank {g.rank}: the NCCL group of generation {g.generation} was aborted during "
-            f"this step (a peer was lost); the step is not committed")
+            f"rank {g.rank}: the NCCL group of generation {g.generation} was aborted or failed "
+            f"during this step (a peer was lost); the step is not committed")
 
 
 class _GenerationWaiter:

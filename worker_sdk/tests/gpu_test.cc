@@ -846,6 +846,45 @@ TEST_F(OneGpuChild, DISABLED_TwoRanks) {
   std::_Exit(threw && destroy < 15.0 ? kChildPassed : 1);
 }
 
+// Two ranks whose collective waits for a peer that stays silent: it would wait out op_timeout.
+NcclOptions silent_peer_options(const std::string& prefix) {
+  NcclOptions options;
+  options.device = 0;
+  options.init_timeout = 60s;
+  options.op_timeout = 120s;  // what the collective would wait without the abort
+  options.key_prefix = prefix;
+  options.on_failure = NcclFailure::kExitProcess;
+  return options;
+}
+
+// Rank 0 of `g`: an all-reduce rank 1 never joins, aborted from another thread, must throw at once
+// with the abort's reason, and a later collective must throw too. Says how long it took.
+bool an_abort_ends_a_collective_of_rank_0(ProcessGroup& g) {
+  DeviceBuffer data(4096);
+  Work pending = g.all_reduce_async(data.data, 1024, DataType::kFloat32, ReduceOp::kSum);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread aborter([&] { g.abort("its peer went silent (test)"); });
+  bool threw = false;
+  try {
+    pending.wait();
+  } catch (const CollectiveError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    threw = true;
+  }
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  aborter.join();
+  bool later_threw = false;
+  try {
+    g.barrier();
+  } catch (const CollectiveError&) {
+    later_threw = true;
+  }
+  std::fprintf(stderr, "aborted in %.2f s\n", took);
+  std::fflush(stderr);
+  return threw && later_threw && took < 30.0;
+}
+
 // ProcessGroup::abort from another thread (the in-place watcher's way out of a collective whose
 // peer went silent): rank 0's all-reduce waits for rank 1, which issues nothing; the abort ends it
 // at once with the abort's reason, long before op_timeout, even though on_failure says to exit
@@ -863,50 +902,22 @@ TEST_F(OneGpuChild, DISABLED_AbortSilentPeer) {
   exit_unless_two_ranks_fit_one_gpu();
   store::StoreServerThread store;
   std::promise<void> done;
-  auto options_of = [](const std::string& prefix) {
-    NcclOptions options;
-    options.device = 0;
-    options.init_timeout = 60s;
-    options.op_timeout = 120s;  // what the collective would wait without the abort
-    options.key_prefix = prefix;
-    options.on_failure = NcclFailure::kExitProcess;
-    return options;
-  };
   std::thread peer([&] {
     store::ClientOptions client;
     client.port = store.port();
-    auto g = make_nccl_group(store::StoreClient::connect(client), 1, 2, 0, options_of("t/a"));
+    auto g =
+        make_nccl_group(store::StoreClient::connect(client), 1, 2, 0, silent_peer_options("t/a"));
     done.get_future().wait();  // issues nothing
     g->abort("the test is over");
   });
   store::ClientOptions client;
   client.port = store.port();
-  auto g = make_nccl_group(store::StoreClient::connect(client), 0, 2, 0, options_of("t/a"));
-  DeviceBuffer data(4096);
-  Work pending = g->all_reduce_async(data.data, 1024, DataType::kFloat32, ReduceOp::kSum);
-  const auto start = std::chrono::steady_clock::now();
-  std::thread aborter([&] { g->abort("its peer went silent (test)"); });
-  bool threw = false;
-  try {
-    pending.wait();
-  } catch (const CollectiveError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    threw = true;
-  }
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  aborter.join();
-  bool later_threw = false;
-  try {
-    g->barrier();
-  } catch (const CollectiveError&) {
-    later_threw = true;
-  }
+  auto g =
+      make_nccl_group(store::StoreClient::connect(client), 0, 2, 0, silent_peer_options("t/a"));
+  const bool passed = an_abort_ends_a_collective_of_rank_0(*g);
   done.set_value();
   peer.join();
-  std::fprintf(stderr, "aborted in %.2f s\n", took);
-  std::fflush(stderr);
-  std::_Exit(threw && later_threw && took < 30.0 ? kChildPassed : 1);
+  std::_Exit(passed ? kChildPassed : 1);
 }
 
 // The same with each rank a process of its own that NCCL takes for a host of its own
@@ -940,42 +951,17 @@ TEST_F(OneGpuChild, DISABLED_SilentPeerProcess) {
   store::ClientOptions client;
   client.port = static_cast<std::uint16_t>(std::stoi(std::getenv("DIST_GPU_TEST_STORE_PORT")));
   auto coordination = store::StoreClient::connect(client);
-  NcclOptions options;
-  options.device = 0;
-  options.init_timeout = 60s;
-  options.op_timeout = 120s;  // what the collective would wait without the abort
-  options.key_prefix = "t/processes";
-  options.on_failure = NcclFailure::kExitProcess;
-  auto g = make_nccl_group(store::StoreClient::connect(client), rank, 2, 0, options);
+  auto g = make_nccl_group(store::StoreClient::connect(client), rank, 2, 0,
+                           silent_peer_options("t/processes"));
   DeviceBuffer data(4096);
   g->all_reduce(data.data, 1024, DataType::kFloat32, ReduceOp::kSum);  // connects the pair
   if (rank == 1) {
     coordination.wait({"t/processes/done"}, std::chrono::milliseconds(kChildTimeout));
     std::_Exit(kChildPassed);  // its group left to the driver: the peer has aborted its own
   }
-  Work pending = g->all_reduce_async(data.data, 1024, DataType::kFloat32, ReduceOp::kSum);
-  const auto start = std::chrono::steady_clock::now();
-  std::thread aborter([&] { g->abort("its peer went silent (test)"); });
-  bool threw = false;
-  try {
-    pending.wait();
-  } catch (const CollectiveError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    threw = true;
-  }
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  aborter.join();
-  bool later_threw = false;
-  try {
-    g->barrier();
-  } catch (const CollectiveError&) {
-    later_threw = true;
-  }
+  const bool passed = an_abort_ends_a_collective_of_rank_0(*g);
   coordination.set("t/processes/done", "1");
-  std::fprintf(stderr, "aborted in %.2f s\n", took);
-  std::fflush(stderr);
-  std::_Exit(threw && later_threw && took < 30.0 ? kChildPassed : 1);
+  std::_Exit(passed ? kChildPassed : 1);
 }
 
 }  // namespace

@@ -15,9 +15,9 @@
 //
 // --processes P spreads each run's nodes over P child processes (this program, --slice), the
 // store staying in this one: the store's process then holds one end of each connection, not both,
-// and 16,000 nodes' sessions fit a 20,000-file limit. The dead-node phase (a second session per
-// watching node) runs where the store's process can hold two connections per node, and is said
-// to be skipped where it cannot.
+// and 16,000 nodes' sessions fit a 20,000-file limit. A node's watch shares its TCP session (a
+// lane of its connection); through etcd it opens a second session, and the dead-node phase runs
+// where this process can hold those, and is said to be skipped where it cannot.
 //
 //   build/bin/rendezvous-bench --nodes 4000,16000 --mode elastic --processes 4
 //
@@ -545,8 +545,8 @@ std::uint64_t store_connection_room() {
   return limit.rlim_cur > 64 ? limit.rlim_cur - 64 : 0;
 }
 
-// `watch`: whether the dead-node phase runs; each watching node opens a second session, so the
-// store then holds two connections per node (and this process four, when it holds both ends).
+// `watch`: whether the dead-node phase runs (each watching node: no second connection to the
+// TCP store, a second session through etcd).
 RunResult run(Nodes& nodes, int n, const RequestCounter& requests, bool watch) {
   RunResult result;
   const auto opening = Clock::now();
@@ -767,7 +767,9 @@ int main(int argc, char** argv) {
           } else {
             nodes = std::make_unique<LocalNodes>(target, n, elastic);
           }
-          const std::uint64_t needed = 2ull * n * (processes > 1 ? 1 : 2);
+          // A node's watch is a lane of its TCP session; through etcd, a session of its own.
+          const std::uint64_t sessions = backend == "tcp" ? 1 : 2;
+          const std::uint64_t needed = sessions * n * (processes > 1 ? 1 : 2);
           const bool watch = needed <= store_connection_room();
           if (!watch) {
             std::fprintf(stderr,

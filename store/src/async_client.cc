@@ -8,6 +8,7 @@
 #include <boost/asio/write.hpp>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -33,6 +34,12 @@ using requests::kMaxBackoff;
 using requests::kReadChunkBytes;
 
 }  // namespace
+
+// A lane's state: closed, and how to end its wait in flight (set while one is).
+struct AsyncStoreClient::Lane {
+  bool closed = false;
+  std::function<void()> interrupt;
+};
 
 // The connection and the state of the one call in flight. Timers hold a weak reference and a
 // call generation, so a timer that fires after its call ended does nothing.
@@ -61,20 +68,28 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
     Impl* impl_;
   };
 
-  // Waits for the connection (calls are served one at a time, in order), then starts the call.
-  Task<Call> begin_call(std::string context) {
+  // Waits for the connection (calls are served one at a time, in order), then starts the call. A
+  // wait in flight gives way to it (see wait_for), unless it is a wait made again after giving
+  // way itself (two waits would take the connection from each other for ever: the first to hold
+  // it keeps it). A call of a closed lane ends with kCancelled.
+  Task<Call> begin_call(std::shared_ptr<Lane> lane, std::string context, bool takes_way = true) {
+    if (lane && lane->closed) throw cancelled(context);
     if (busy_) {
+      if (takes_way) give_way();
       auto turn = std::make_shared<asio::steady_timer>(socket_.get_executor(),
                                                        asio::steady_timer::time_point::max());
       queue_.push_back(turn);
+      takers_queued_ += takes_way ? 1 : 0;
       boost::system::error_code ignored;
       co_await turn->async_wait(asio::redirect_error(use_awaitable, ignored));
+      takers_queued_ -= takes_way ? 1 : 0;
       // end() handed the connection over (busy_ stays true), or close() woke every waiter.
       if (closed_) throw cancelled(context);
     } else {
       busy_ = true;
     }
     try {
+      if (lane && lane->closed) throw cancelled(context);
       begin(std::move(context));
     } catch (...) {
       end();
@@ -93,12 +108,15 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
     }
     timed_out_ = false;
     cancel_sent_ = false;
+    waiting_ = false;
+    gave_way_ = false;
     ++generation_;
     context_ = std::move(context);
     out_.clear();
   }
   void end() {
     ++generation_;
+    waiting_ = false;
     deadline_.cancel();
     wait_timer_.cancel();
     if (queue_.empty()) {
@@ -195,7 +213,21 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
       if (!cancel_sent_) co_return result;
     }
   }
+  // The wait in flight, if any, gives way to a call made meanwhile.
+  void give_way() {
+    if (!waiting_ || cancel_sent_) return;
+    gave_way_ = true;
+    send_cancel_wait();
+  }
+  // A wait's request is sent: from now on it gives way (at once, to a call that came during the
+  // send), and ends early when its lane closed meanwhile.
+  void started_wait(const Lane* lane) {
+    waiting_ = true;
+    if (takers_queued_ > 0) give_way();
+    if (lane && lane->closed) send_cancel_wait();
+  }
   void send_cancel_wait() {
+    if (cancel_sent_) return;  // one CANCEL_WAIT, one reply
     cancel_sent_ = true;
     cancel_out_.clear();
     requests::begin(cancel_out_, wire::Op::kCancelWait);
@@ -289,6 +321,9 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   bool broken_ = false;
   bool timed_out_ = false;
   bool cancel_sent_ = false;
+  bool waiting_ = false;           // the call in flight is a wait
+  bool gave_way_ = false;          // ... cancelled for a call made meanwhile
+  std::size_t takers_queued_ = 0;  // queued calls that a wait gives way to
   std::string broken_reason_;
   std::deque<std::shared_ptr<asio::steady_timer>> queue_;  // calls waiting for the connection
 };
@@ -341,7 +376,7 @@ Task<void> AsyncStoreClient::Impl::connect() {
   while (true) {
     ++attempts;
     {
-      auto call = co_await begin_call("connect");
+      auto call = co_await begin_call(nullptr, "connect");
       const std::string why =
           co_await connect_once(std::min(give_up, Clock::now() + options_.timeout));
       if (closed_) throw cancelled("connect");
@@ -384,7 +419,7 @@ Task<void> AsyncStoreClient::Impl::connect() {
 }
 
 Task<void> AsyncStoreClient::Impl::handshake() {
-  auto call = co_await begin_call("HELLO");
+  auto call = co_await begin_call(nullptr, "HELLO");
   arm_deadline();
   requests::handshake(out_);
   co_await send();
@@ -442,11 +477,19 @@ Task<void> AsyncStoreClient::Impl::handshake() {
 AsyncStoreClient::AsyncStoreClient(asio::any_io_executor executor, ClientOptions options)
     : impl_(std::make_shared<Impl>(std::move(executor), std::move(options))) {}
 
+AsyncStoreClient::AsyncStoreClient(std::shared_ptr<Impl> impl, std::shared_ptr<Lane> lane)
+    : impl_(std::move(impl)), lane_(std::move(lane)) {}
+
 AsyncStoreClient::~AsyncStoreClient() {
-  if (impl_) impl_->close();
+  close();
+}
+
+AsyncStoreClient AsyncStoreClient::lane() const {
+  return AsyncStoreClient(impl_, std::make_shared<Lane>());
 }
 
 Task<void> AsyncStoreClient::open() {
+  if (lane_) co_return;  // the connection is its client's
   auto impl = impl_;
   co_await impl->connect();
 }
@@ -458,7 +501,11 @@ Task<AsyncStoreClient> AsyncStoreClient::connect(ClientOptions options) {
 }
 
 void AsyncStoreClient::close() {
-  if (impl_) impl_->close();
+  if (!impl_) return;  // moved from
+  if (!lane_) return impl_->close();
+  if (lane_->closed) return;
+  lane_->closed = true;
+  if (auto interrupt = std::exchange(lane_->interrupt, nullptr)) interrupt();
 }
 
 const ClientOptions& AsyncStoreClient::options() const {
@@ -472,7 +519,7 @@ std::string AsyncStoreClient::endpoint() const {
 Task<void> AsyncStoreClient::set(std::string key, std::string value, bool ephemeral) {
   auto impl = impl_;
   impl->check_value(key, value);
-  auto call = co_await impl->begin_call("SET " + quote_key(key));
+  auto call = co_await impl->begin_call(lane_, "SET " + quote_key(key));
   requests::set(call.out(), key, value, ephemeral);
   impl->arm_deadline();
   co_await impl->send();
@@ -482,7 +529,7 @@ Task<void> AsyncStoreClient::set(std::string key, std::string value, bool epheme
 Task<std::optional<std::string>> AsyncStoreClient::try_get(std::string key) {
   auto impl = impl_;
   impl->check_key(key);
-  auto call = co_await impl->begin_call("GET " + quote_key(key));
+  auto call = co_await impl->begin_call(lane_, "GET " + quote_key(key));
   requests::key_only(call.out(), wire::Op::kGet, key);
   impl->arm_deadline();
   co_await impl->send();
@@ -498,7 +545,7 @@ Task<std::optional<std::string>> AsyncStoreClient::try_get(std::string key) {
 Task<std::vector<std::string>> AsyncStoreClient::multi_get(std::vector<std::string> keys) {
   auto impl = impl_;
   impl->check_keys(keys);
-  auto call = co_await impl->begin_call("MULTI_GET " + requests::describe_keys(keys));
+  auto call = co_await impl->begin_call(lane_, "MULTI_GET " + requests::describe_keys(keys));
   requests::key_list(call.out(), wire::Op::kMultiGet, keys);
   impl->arm_deadline();
   co_await impl->send();
@@ -518,7 +565,8 @@ Task<void> AsyncStoreClient::multi_set(Items items) {
                          std::to_string(impl->limits_.max_keys_per_request));
   }
   for (const auto& [key, value] : items) impl->check_value(key, value);
-  auto call = co_await impl->begin_call("MULTI_SET of " + std::to_string(items.size()) + " keys");
+  auto call =
+      co_await impl->begin_call(lane_, "MULTI_SET of " + std::to_string(items.size()) + " keys");
   requests::multi_set(call.out(), items);
   impl->arm_deadline();
   co_await impl->send();
@@ -528,7 +576,7 @@ Task<void> AsyncStoreClient::multi_set(Items items) {
 Task<std::int64_t> AsyncStoreClient::add(std::string key, std::int64_t delta) {
   auto impl = impl_;
   impl->check_key(key);
-  auto call = co_await impl->begin_call("ADD " + quote_key(key));
+  auto call = co_await impl->begin_call(lane_, "ADD " + quote_key(key));
   requests::add(call.out(), key, delta);
   impl->arm_deadline();
   co_await impl->send();
@@ -541,7 +589,7 @@ Task<std::string> AsyncStoreClient::compare_set(std::string key, std::string exp
   auto impl = impl_;
   impl->check_value(key, expected);
   impl->check_value(key, desired);
-  auto call = co_await impl->begin_call("COMPARE_SET " + quote_key(key));
+  auto call = co_await impl->begin_call(lane_, "COMPARE_SET " + quote_key(key));
   requests::compare_set(call.out(), key, expected, desired);
   impl->arm_deadline();
   co_await impl->send();
@@ -552,7 +600,7 @@ Task<std::string> AsyncStoreClient::compare_set(std::string key, std::string exp
 Task<bool> AsyncStoreClient::check(std::vector<std::string> keys) {
   auto impl = impl_;
   impl->check_keys(keys);
-  auto call = co_await impl->begin_call("CHECK " + requests::describe_keys(keys));
+  auto call = co_await impl->begin_call(lane_, "CHECK " + requests::describe_keys(keys));
   requests::key_list(call.out(), wire::Op::kCheck, keys);
   impl->arm_deadline();
   co_await impl->send();
@@ -563,7 +611,7 @@ Task<bool> AsyncStoreClient::check(std::vector<std::string> keys) {
 Task<bool> AsyncStoreClient::delete_key(std::string key) {
   auto impl = impl_;
   impl->check_key(key);
-  auto call = co_await impl->begin_call("DELETE_KEY " + quote_key(key));
+  auto call = co_await impl->begin_call(lane_, "DELETE_KEY " + quote_key(key));
   requests::key_only(call.out(), wire::Op::kDeleteKey, key);
   impl->arm_deadline();
   co_await impl->send();
@@ -574,7 +622,7 @@ Task<bool> AsyncStoreClient::delete_key(std::string key) {
 Task<std::int64_t> AsyncStoreClient::delete_all_except(std::string prefix) {
   auto impl = impl_;
   impl->check_key(prefix);
-  auto call = co_await impl->begin_call("DELETE_ALL_EXCEPT " + quote_key(prefix));
+  auto call = co_await impl->begin_call(lane_, "DELETE_ALL_EXCEPT " + quote_key(prefix));
   requests::key_only(call.out(), wire::Op::kDeleteAllExcept, prefix);
   impl->arm_deadline();
   co_await impl->send();
@@ -584,7 +632,7 @@ Task<std::int64_t> AsyncStoreClient::delete_all_except(std::string prefix) {
 
 Task<std::vector<std::string>> AsyncStoreClient::list_keys() {
   auto impl = impl_;
-  auto call = co_await impl->begin_call("LIST_KEYS");
+  auto call = co_await impl->begin_call(lane_, "LIST_KEYS");
   requests::begin(call.out(), wire::Op::kListKeys);
   impl->arm_deadline();
   co_await impl->send();
@@ -595,23 +643,48 @@ Task<std::vector<std::string>> AsyncStoreClient::list_keys() {
   co_return keys;
 }
 
-Task<bool> AsyncStoreClient::wait(std::vector<std::string> keys, milliseconds timeout) {
+// A wait, made again after each time it gave way to another call (begin_call cancels it on the
+// store for them), until a reply or `timeout` in all. A lane's close() cancels it too.
+Task<std::optional<std::uint64_t>> AsyncStoreClient::wait_for(std::string context, std::uint8_t op,
+                                                              std::vector<std::string> keys,
+                                                              milliseconds timeout) {
   auto impl = impl_;
+  auto lane = lane_;
   impl->check_keys(keys);
-  auto call = co_await impl->begin_call("WAIT " + requests::describe_keys(keys));
-  requests::key_list(call.out(), wire::Op::kWait, keys);
-  co_await impl->send();
-  co_return (co_await impl->await_wait(timeout)).has_value();
+  const auto deadline = Clock::now() + timeout;
+  for (bool again = false;; again = true) {
+    auto call = co_await impl->begin_call(lane, context, /*takes_way=*/!again);
+    requests::key_list(call.out(), static_cast<wire::Op>(op), keys);
+    co_await impl->send();
+    if (lane) {
+      lane->interrupt = [weak = std::weak_ptr<Impl>(impl), gen = impl->generation_] {
+        auto self = weak.lock();
+        if (self && self->generation_ == gen && self->waiting_) self->send_cancel_wait();
+      };
+    }
+    impl->started_wait(lane.get());
+    const auto left =
+        std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline - Clock::now()));
+    const auto result = co_await impl->await_wait(left);
+    if (lane) lane->interrupt = nullptr;
+    if (result) co_return result;
+    if (lane && lane->closed) throw impl->cancelled(context);
+    if (!impl->gave_way_ || Clock::now() >= deadline) co_return std::nullopt;
+  }  // `call` ends here: the connection passes to the call the wait gave way to
+}
+
+Task<bool> AsyncStoreClient::wait(std::vector<std::string> keys, milliseconds timeout) {
+  const std::string context = "WAIT " + requests::describe_keys(keys);
+  co_return (co_await wait_for(context, static_cast<std::uint8_t>(wire::Op::kWait), std::move(keys),
+                               timeout))
+      .has_value();
 }
 
 Task<std::optional<std::size_t>> AsyncStoreClient::wait_deleted(std::vector<std::string> keys,
                                                                 milliseconds timeout) {
-  auto impl = impl_;
-  impl->check_keys(keys);
-  auto call = co_await impl->begin_call("WAIT_DELETED " + requests::describe_keys(keys));
-  requests::key_list(call.out(), wire::Op::kWaitDeleted, keys);
-  co_await impl->send();
-  const auto index = co_await impl->await_wait(timeout);
+  const std::string context = "WAIT_DELETED " + requests::describe_keys(keys);
+  const auto index = co_await wait_for(context, static_cast<std::uint8_t>(wire::Op::kWaitDeleted),
+                                       std::move(keys), timeout);
   if (!index) co_return std::nullopt;
   co_return static_cast<std::size_t>(*index);
 }

@@ -1,6 +1,6 @@
 // The asynchronous client against a real server over loopback, on one io_context thread: every
 // operation, wait timeouts that leave the connection usable, close() cancelling a pending wait,
-// and connect retries that say why they wait.
+// waits that give way to other calls, lanes, and connect retries that say why they wait.
 #include <gtest/gtest.h>
 
 #include <boost/asio/co_spawn.hpp>
@@ -206,6 +206,111 @@ TEST_F(AsyncClientTest, EphemeralKeysGoWithTheirConnection) {
     }  // destroyed: closed
     const auto r23 = co_await observer.wait_deleted(keys("alive"), 5s);
     EXPECT_EQ(r23, std::optional<std::size_t>(0));
+  });
+}
+
+// A wait gives way: a call made while it is in flight is served at once (the wait is cancelled
+// on the store and made again), and the wait still ends on its key.
+TEST_F(AsyncClientTest, AWaitGivesWayToACallMadeMeanwhileAndStillSeesItsKey) {
+  run([&]() -> Task<> {
+    auto c = co_await AsyncStoreClient::connect(options());
+    auto executor = co_await asio::this_coro::executor;
+    std::optional<bool> waited;
+    asio::co_spawn(
+        executor, [&]() -> Task<> { waited = co_await c.wait(keys("k"), 60s); }, asio::detached);
+    // The wait is on the store once the store has counted its request.
+    while (server_.stats().requests < 2) {  // HELLO, WAIT
+      asio::steady_timer t(executor, 1ms);
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    for (int i = 1; i <= 3; ++i) {
+      const auto n = co_await c.add("n", 1);  // served while the wait is pending
+      EXPECT_EQ(n, i);
+      EXPECT_FALSE(waited.has_value()) << "the wait ended before its key was set";
+    }
+    auto writer = co_await AsyncStoreClient::connect(options());
+    co_await writer.set("k", "v");
+    while (!waited) {
+      asio::steady_timer t(executor, 1ms);
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    EXPECT_TRUE(*waited);
+  });
+}
+
+// Two waits on one connection (a client's and a lane's) take turns without end: the first to hold
+// the connection keeps it until it ends, the other then has it; each ends on its own key.
+TEST_F(AsyncClientTest, TwoWaitsOnOneConnectionEachEndOnTheirKey) {
+  run([&]() -> Task<> {
+    auto c = co_await AsyncStoreClient::connect(options());
+    co_await c.set("a", "1");
+    auto lane = c.lane();
+    auto executor = co_await asio::this_coro::executor;
+    std::optional<std::optional<std::size_t>> first;
+    std::optional<bool> second;
+    asio::co_spawn(
+        executor, [&]() -> Task<> { first = co_await lane.wait_deleted(keys("a"), 60s); },
+        asio::detached);
+    asio::co_spawn(
+        executor, [&]() -> Task<> { second = co_await c.wait(keys("b"), 60s); }, asio::detached);
+    auto writer = co_await AsyncStoreClient::connect(options());
+    co_await writer.set("b", "1");
+    while (!second) {
+      asio::steady_timer t(executor, 1ms);
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    EXPECT_TRUE(*second);
+    EXPECT_FALSE(first.has_value());
+    co_await writer.delete_key("a");
+    while (!first) {
+      asio::steady_timer t(executor, 1ms);
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    EXPECT_EQ(*first, std::optional<std::size_t>(0));
+    // No ping-pong: a handful of requests, not a wait cancelled and made again without end.
+    EXPECT_LT(server_.stats().requests, 30u);
+  });
+}
+
+// A lane's close() ends its own calls, the wait in flight first, and leaves the connection (and
+// the ephemeral keys it holds) to the client; the client's close() ends its lanes.
+TEST_F(AsyncClientTest, ALanesCloseEndsOnlyItsOwnCalls) {
+  run([&]() -> Task<> {
+    auto c = co_await AsyncStoreClient::connect(options());
+    auto observer = co_await AsyncStoreClient::connect(options());
+    co_await c.set("alive", "1", /*ephemeral=*/true);
+    auto lane = c.lane();
+    co_await lane.open();  // nothing to do: the connection is the client's
+    co_await lane.set("by-lane", "1");
+    asio::steady_timer later(co_await asio::this_coro::executor, 20ms);
+    later.async_wait([&](boost::system::error_code) { lane.close(); });
+    try {
+      co_await lane.wait(keys("never"), 60s);
+      ADD_FAILURE() << "the lane's wait returned";
+    } catch (const StoreError& e) {
+      EXPECT_EQ(e.code(), StoreErrc::kCancelled) << e.what();
+    }
+    try {
+      co_await lane.add("x", 1);
+      ADD_FAILURE() << "a lane's call after its close() succeeded";
+    } catch (const StoreError& e) {
+      EXPECT_EQ(e.code(), StoreErrc::kCancelled);
+    }
+    const auto n = co_await c.add("x", 1);
+    EXPECT_EQ(n, 1);
+    const bool still = co_await observer.check(keys("alive", "by-lane"));
+    EXPECT_TRUE(still);
+
+    auto other = c.lane();
+    c.close();
+    try {
+      co_await other.add("x", 1);
+      ADD_FAILURE() << "a lane's call after its client's close() succeeded";
+    } catch (const StoreError& e) {
+      EXPECT_EQ(e.code(), StoreErrc::kCancelled);
+    }
+    const auto gone = co_await observer.wait_deleted(keys("alive"), 10s);
+    EXPECT_EQ(gone, std::optional<std::size_t>(0));
   });
 }
 

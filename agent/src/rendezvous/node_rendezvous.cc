@@ -436,7 +436,7 @@ Task<WatchResult> NodeRendezvous::Impl::watch(Round a, std::chrono::seconds hear
   } reset{alive_, watch_stop_requested_, watch_session_};
   try {
     if (watch_stop_requested_) co_return WatchResult{WatchResult::kStopped, -1};
-    watch_session_ = co_await store_->open_another();
+    watch_session_ = co_await store_->open_watcher();
     if (watch_stop_requested_) co_return WatchResult{WatchResult::kStopped, -1};
     RendezvousStore& watcher = *watch_session_;
     // Each key, and what its deletion means.

@@ -79,6 +79,11 @@ class RendezvousStore {
 
   // A new session to the same store and job, for concurrent use.
   virtual Task<std::unique_ptr<RendezvousStore>> open_another() = 0;
+  // A handle for a user that waits beside this session's calls (the round's watch), whose close()
+  // ends its own calls only. TCP: a lane of this session's connection (its waits give way to the
+  // session's calls; its ephemeral keys are the session's), so a job of N nodes holds N
+  // connections to the store, not 2N. Otherwise a session of its own: open_another().
+  virtual Task<std::unique_ptr<RendezvousStore>> open_watcher() { return open_another(); }
   // Ends the session: pending and later calls throw kCancelled; its ephemeral keys go (at once
   // where the store can tell, else when they expire). Safe to call more than once.
   virtual void close() = 0;

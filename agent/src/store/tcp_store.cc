@@ -12,6 +12,9 @@ TcpRendezvousStore::TcpRendezvousStore(boost::asio::any_io_executor executor,
       run_id_(std::move(run_id)),
       prefix_(tcp_job_prefix(run_id_)) {}
 
+TcpRendezvousStore::TcpRendezvousStore(store::AsyncStoreClient lane, std::string run_id)
+    : client_(std::move(lane)), run_id_(std::move(run_id)), prefix_(tcp_job_prefix(run_id_)) {}
+
 Task<void> TcpRendezvousStore::open() {
   co_await client_.open();
 }
@@ -95,6 +98,11 @@ Task<std::unique_ptr<RendezvousStore>> TcpRendezvousStore::open_another() {
                                                     std::move(options), run_id_);
   co_await store->open();
   co_return store;
+}
+
+// A lane of this session's connection: nothing to open, and no second connection in the store.
+Task<std::unique_ptr<RendezvousStore>> TcpRendezvousStore::open_watcher() {
+  co_return std::unique_ptr<RendezvousStore>(new TcpRendezvousStore(client_.lane(), run_id_));
 }
 
 void TcpRendezvousStore::close() {

@@ -31,10 +31,12 @@ class TcpRendezvousStore : public RendezvousStore {
   Task<std::optional<std::size_t>> wait_deleted(std::vector<std::string> keys,
                                                 std::chrono::milliseconds timeout) override;
   Task<std::unique_ptr<RendezvousStore>> open_another() override;
+  Task<std::unique_ptr<RendezvousStore>> open_watcher() override;
   void close() override;
   std::string describe() const override;
 
  private:
+  TcpRendezvousStore(store::AsyncStoreClient lane, std::string run_id);
   std::string full(const std::string& key) const { return prefix_ + key; }
   std::vector<std::string> full(std::vector<std::string> keys) const;
 

@@ -4,8 +4,11 @@
 //
 // Same options, limits, errors and reconnect policy as the blocking StoreClient (client.h), and:
 // - Calls are served one at a time, in the order they were made: a call made while another is in
-//   flight waits for it. A WAIT holds the connection until it is answered, so a waiting
-//   coroutine that must not be held up by one uses a client of its own.
+//   flight waits for it. A wait in flight gives way to a call made meanwhile: it is cancelled on
+//   the store (CANCEL_WAIT), the other call served, then the wait made again for the time it has
+//   left (waits are for a state, not an event: nothing is missed). So a coroutine that waits
+//   beside others' calls needs no connection of its own: lane() gives it a handle of its own on
+//   this one.
 // - close() ends every pending and later call with StoreErrc::kCancelled and closes the
 //   connection (the store then deletes this client's ephemeral keys).
 // - A wait that times out returns false / nullopt instead of throwing; the connection stays usable.
@@ -17,6 +20,7 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -67,13 +71,28 @@ class AsyncStoreClient {
   Task<std::optional<std::size_t>> wait_deleted(std::vector<std::string> keys,
                                                 std::chrono::milliseconds timeout);
 
+  // Another handle on this client's connection, for a coroutine that waits beside this client's
+  // calls (the round's watch). Its calls queue with this client's; its close() ends only its own
+  // calls (pending, a wait in flight, later ones: kCancelled) and leaves the connection open;
+  // the client's close() ends them too. Its ephemeral keys are the connection's. open() on a
+  // lane does nothing.
+  AsyncStoreClient lane() const;
+
+  // Ends every call and closes the connection; on a lane, ends the lane's calls only.
   void close();
   const ClientOptions& options() const;
   std::string endpoint() const;  // "host:port", for messages
 
  private:
   class Impl;
-  std::shared_ptr<Impl> impl_;  // shared with the coroutines and timers in flight
+  struct Lane;
+  AsyncStoreClient(std::shared_ptr<Impl> impl, std::shared_ptr<Lane> lane);
+  Task<std::optional<std::uint64_t>> wait_for(std::string context, std::uint8_t op,
+                                              std::vector<std::string> keys,
+                                              std::chrono::milliseconds timeout);
+
+  std::shared_ptr<Impl> impl_;  // shared with the coroutines and timers in flight, and lanes
+  std::shared_ptr<Lane> lane_;  // null for the connection's own handle
 };
 
 }  // namespace dist::store

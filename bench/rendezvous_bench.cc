@@ -9,9 +9,10 @@
 //   build/bin/rendezvous-bench --nodes 10,100,1000 [--mode static|elastic]
 //   build/bin/rendezvous-bench --nodes 100,1000 --mode elastic --backend tcp,etcd-v3 --repeats 3
 //
-// --max-requests-per-node and --max-requests-per-survivor make it a regression guard (the test
-// suite runs it so, bench/CMakeLists.txt): the store requests a round costs are a count, not a
-// timing, the same on any machine; a run above a bound exits 2, saying which.
+// --max-requests-per-node, --max-requests-per-survivor and --max-connections-per-node make it a
+// regression guard (the test suite runs it so, bench/CMakeLists.txt): the store requests a round
+// costs, and the connections the nodes hold, are counts, not timings, the same on any machine; a
+// run above a bound exits 2, saying which.
 //
 // --processes P spreads each run's nodes over P child processes (this program, --slice), the
 // store staying in this one: the store's process then holds one end of each connection, not both,
@@ -303,6 +304,7 @@ class NodeSlice {
 // One run's figures: none for a phase where a node failed, nor for the phases after it.
 struct RunResult {
   std::optional<double> open_ms, join_ms, join_requests, notice_ms, regroup_ms, regroup_requests;
+  std::optional<double> connections;  // per node, every phase (TCP: the store counts them)
   std::string join_by_op, regroup_by_op;  // the requests by operation (--by-op)
   int ok = 0;  // survivors that noticed the right node (static) or regrouped without it (elastic)
   int failures = 0;
@@ -661,7 +663,7 @@ int main(int argc, char** argv) {
   int members = 3;
   int lease_ttl_seconds = 2;
   std::string etcd_endpoints;
-  std::optional<double> max_per_node, max_per_survivor;
+  std::optional<double> max_per_node, max_per_survivor, max_connections;
   int processes = 1;
   bool by_op = false;
   CLI::App app{"rendezvous-bench: N simulated nodes joining a round and noticing a dead node"};
@@ -689,6 +691,9 @@ int main(int argc, char** argv) {
                  "exit 2 when a run's round costs more store requests per node than this");
   app.add_option("--max-requests-per-survivor", max_per_survivor,
                  "elastic: exit 2 when the survivors' next round costs more per survivor");
+  app.add_option("--max-connections-per-node", max_connections,
+                 "TCP: exit 2 when a run opened more store connections per node than this (a "
+                 "node's watch shares its session's connection)");
   app.add_option("--processes", processes,
                  "spread each run's nodes over this many processes (the store's process then "
                  "holds one end of each connection, not both: 16,000 nodes fit)")
@@ -796,6 +801,7 @@ int main(int argc, char** argv) {
           std::printf("  requests per survivor from the loss to the next round: %s\n",
                       result.regroup_by_op.c_str());
         }
+        if (store) result.connections = per(store->stats().connections_total, n);
         if (by_op && store) {
           const auto stats = store->stats();
           std::printf("  the store: %llu connections, %llu refused, %llu timed out\n",
@@ -823,7 +829,8 @@ int main(int argc, char** argv) {
     if (!value || !bound || *value <= *bound) return;
     std::fprintf(stderr,
                  "rendezvous-bench: %s %.2f at %d nodes, above the bound %.2f: a change to the "
-                 "rounds costs every node more store requests (say each in the code, issue 46)\n",
+                 "rounds costs every node more of the store (issue 46: each request a round "
+                 "makes is said in the code where it is made)\n",
                  what, *value, n, *bound);
     above = true;
   };
@@ -831,6 +838,7 @@ int main(int argc, char** argv) {
     for (const auto& r : results) {
       check(r.join_requests, max_per_node, "requests per node", key.second);
       check(r.regroup_requests, max_per_survivor, "requests per survivor", key.second);
+      check(r.connections, max_connections, "store connections per node", key.second);
     }
   }
   return above ? 2 : 0;

@@ -68,23 +68,52 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
     Impl* impl_;
   };
 
+  // A call waiting for the connection: woken by end() (handed it), close(), its lane's close(),
+  // or its deadline (a wait's).
+  struct Turn {
+    Turn(asio::any_io_executor executor, const Lane* lane, Clock::time_point deadline)
+        : timer(std::move(executor), deadline), lane(lane) {}
+    asio::steady_timer timer;
+    const Lane* lane;
+    bool handed = false;
+  };
+  // Counts a queued call that a wait gives way to, for as long as its frame waits.
+  struct Taker {
+    Taker(std::size_t& count, bool counted) : count_(count), counted_(counted) {
+      count_ += counted_ ? 1 : 0;
+    }
+    ~Taker() { count_ -= counted_ ? 1 : 0; }
+    Taker(const Taker&) = delete;
+    Taker& operator=(const Taker&) = delete;
+
+   private:
+    std::size_t& count_;
+    bool counted_;
+  };
+
   // Waits for the connection (calls are served one at a time, in order), then starts the call. A
   // wait in flight gives way to it (see wait_for), unless it is a wait made again after giving
   // way itself (two waits would take the connection from each other for ever: the first to hold
-  // it keeps it). A call of a closed lane ends with kCancelled.
-  Task<Call> begin_call(std::shared_ptr<Lane> lane, std::string context, bool takes_way = true) {
+  // it keeps it). A call of a closed lane ends with kCancelled; nullopt once `deadline` passed
+  // while the call was queued (a wait's: it then times out).
+  Task<std::optional<Call>> take_turn(std::shared_ptr<Lane> lane, std::string context,
+                                      bool takes_way, Clock::time_point deadline) {
     if (lane && lane->closed) throw cancelled(context);
     if (busy_) {
       if (takes_way) give_way();
-      auto turn = std::make_shared<asio::steady_timer>(socket_.get_executor(),
-                                                       asio::steady_timer::time_point::max());
+      auto turn = std::make_shared<Turn>(socket_.get_executor(), lane.get(), deadline);
       queue_.push_back(turn);
-      takers_queued_ += takes_way ? 1 : 0;
-      boost::system::error_code ignored;
-      co_await turn->async_wait(asio::redirect_error(use_awaitable, ignored));
-      takers_queued_ -= takes_way ? 1 : 0;
-      // end() handed the connection over (busy_ stays true), or close() woke every waiter.
-      if (closed_) throw cancelled(context);
+      {
+        const Taker taker(takers_queued_, takes_way);
+        boost::system::error_code ignored;
+        co_await turn->timer.async_wait(asio::redirect_error(use_awaitable, ignored));
+      }
+      if (!turn->handed) {  // close(), the lane's close(), or the deadline
+        std::erase(queue_, turn);
+        if (closed_ || (lane && lane->closed)) throw cancelled(context);
+        co_return std::nullopt;
+      }
+      // end() handed the connection over (busy_ stays true): from here on, end() passes it on.
     } else {
       busy_ = true;
     }
@@ -96,6 +125,18 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
       throw;
     }
     co_return Call(this);
+  }
+  Task<Call> begin_call(std::shared_ptr<Lane> lane, std::string context) {
+    auto turn = co_await take_turn(std::move(lane), std::move(context), /*takes_way=*/true,
+                                   Clock::time_point::max());
+    co_return std::move(*turn);  // no deadline: handed the connection, or it threw
+  }
+
+  // A lane closed: its queued calls end now (with kCancelled), not when their turn comes.
+  void wake(const Lane* lane) {
+    for (auto& turn : queue_) {
+      if (turn->lane == lane) turn->timer.cancel();
+    }
   }
 
   // The call that holds the connection: usable?
@@ -123,7 +164,8 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
       busy_ = false;
       return;
     }
-    queue_.front()->cancel();  // its turn: busy_ passes to it
+    queue_.front()->handed = true;  // its turn: busy_ passes to it
+    queue_.front()->timer.cancel();
     queue_.pop_front();
   }
 
@@ -274,8 +316,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
     resolver_.cancel();
     deadline_.cancel();
     wait_timer_.cancel();
-    for (auto& waiter : queue_) waiter->cancel();
-    queue_.clear();
+    for (auto& turn : queue_) turn->timer.cancel();  // not handed: each ends in kCancelled
     socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
   }
@@ -325,7 +366,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   bool gave_way_ = false;          // ... cancelled for a call made meanwhile
   std::size_t takers_queued_ = 0;  // queued calls that a wait gives way to
   std::string broken_reason_;
-  std::deque<std::shared_ptr<asio::steady_timer>> queue_;  // calls waiting for the connection
+  std::deque<std::shared_ptr<Turn>> queue_;  // calls waiting for the connection
 };
 
 // Resolves (on every attempt: a name may appear late, as in a cluster that is still booting) and
@@ -506,6 +547,7 @@ void AsyncStoreClient::close() {
   if (lane_->closed) return;
   lane_->closed = true;
   if (auto interrupt = std::exchange(lane_->interrupt, nullptr)) interrupt();
+  impl_->wake(lane_.get());
 }
 
 const ClientOptions& AsyncStoreClient::options() const {
@@ -653,7 +695,9 @@ Task<std::optional<std::uint64_t>> AsyncStoreClient::wait_for(std::string contex
   impl->check_keys(keys);
   const auto deadline = Clock::now() + timeout;
   for (bool again = false;; again = true) {
-    auto call = co_await impl->begin_call(lane, context, /*takes_way=*/!again);
+    auto turn = co_await impl->take_turn(lane, context, /*takes_way=*/!again, deadline);
+    if (!turn) co_return std::nullopt;  // the deadline passed while it waited for its turn
+    auto call = std::move(*turn);
     requests::key_list(call.out(), static_cast<wire::Op>(op), keys);
     co_await impl->send();
     if (lane) {

@@ -272,6 +272,87 @@ TEST_F(AsyncClientTest, TwoWaitsOnOneConnectionEachEndOnTheirKey) {
   });
 }
 
+// A wait that gave way to another wait, and waits for its turn behind it, still ends at its own
+// timeout, and at its lane's close(), not when the other wait ends.
+TEST_F(AsyncClientTest, AWaitQueuedBehindAnotherEndsAtItsOwnTimeoutOrClose) {
+  run([&]() -> Task<> {
+    auto c = co_await AsyncStoreClient::connect(options());
+    auto executor = co_await asio::this_coro::executor;
+    for (const bool by_close : {false, true}) {
+      auto lane = c.lane();
+      std::optional<std::string> ended;
+      asio::co_spawn(
+          executor,
+          [&]() -> Task<> {
+            try {
+              const bool set = co_await lane.wait(keys("never"), by_close ? 60s : 100ms);
+              ended = set ? "set" : "timed out";
+            } catch (const StoreError& e) {
+              ended = e.code() == StoreErrc::kCancelled ? "cancelled" : e.what();
+            }
+          },
+          asio::detached);
+      co_await asio::post(executor, asio::use_awaitable);  // the lane's wait is in flight
+      bool other_ended = false;
+      asio::co_spawn(
+          executor,
+          [&]() -> Task<> {
+            co_await c.wait(keys("other"), 60s);  // takes the connection: the lane's queues
+            other_ended = true;
+          },
+          asio::detached);
+      if (by_close) {
+        asio::steady_timer t(executor, 50ms);
+        co_await t.async_wait(asio::use_awaitable);
+        lane.close();
+      }
+      while (!ended) {
+        asio::steady_timer t(executor, 1ms);
+        co_await t.async_wait(asio::use_awaitable);
+      }
+      EXPECT_EQ(*ended, by_close ? "cancelled" : "timed out");
+      EXPECT_FALSE(other_ended) << "it waited for the other wait to end";
+      auto writer = co_await AsyncStoreClient::connect(options());
+      co_await writer.set("other", "1");
+      co_await writer.delete_key("other");
+      while (!other_ended) {
+        asio::steady_timer t(executor, 1ms);
+        co_await t.async_wait(asio::use_awaitable);
+      }
+    }
+  });
+}
+
+// close() while the connection passes from one call to the next (the next not yet resumed): that
+// call, and every later one on the client or its lanes, ends in kCancelled; none waits for ever.
+TEST_F(AsyncClientTest, CloseDuringAHandOverEndsEveryCall) {
+  run([&]() -> Task<> {
+    auto c = co_await AsyncStoreClient::connect(options());
+    auto lane = c.lane();
+    auto executor = co_await asio::this_coro::executor;
+    std::optional<StoreErrc> queued;
+    asio::co_spawn(
+        executor,
+        [&]() -> Task<> {
+          try {
+            co_await c.add("b", 1);
+          } catch (const StoreError& e) {
+            queued = e.code();
+          }
+        },
+        asio::detached);
+    co_await c.add("a", 1);  // the call above queued behind this one, and is handed the connection
+    c.close();               // before it resumes
+    try {
+      co_await lane.add("x", 1);
+      ADD_FAILURE() << "a lane's call after its client's close() succeeded";
+    } catch (const StoreError& e) {
+      EXPECT_EQ(e.code(), StoreErrc::kCancelled);
+    }
+    EXPECT_EQ(queued, std::optional<StoreErrc>(StoreErrc::kCancelled));
+  });
+}
+
 // A lane's close() ends its own calls, the wait in flight first, and leaves the connection (and
 // the ephemeral keys it holds) to the client; the client's close() ends its lanes.
 TEST_F(AsyncClientTest, ALanesCloseEndsOnlyItsOwnCalls) {

@@ -46,12 +46,12 @@ def resume(args, model, optimizer):
     """The step to start after: from a snapshot (--snapshots), else the checkpoint, else 0."""
     if args.snapshots:
         from dist_launch import snapshot
-        restored = snapshot.load()
+        restored = snapshot.load(mmap=args.snapshots_mmap)
         if restored is not None:
             step, state = restored
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            return step, "snapshot"
+            optimizer.load_state_dict(state["optimizer"])  # may keep the mapped tensors
+            return step, "mapped snapshot" if args.snapshots_mmap else "snapshot"
     path = checkpoint_path(args.checkpoint_dir)
     if os.path.exists(path):
         state = torch.load(path)
@@ -83,6 +83,8 @@ def main():
     ap.add_argument("--step-seconds", type=float, default=0.0,
                     help="sleep this long in each step (a step's time on a real model)")
     ap.add_argument("--snapshots", action="store_true")
+    ap.add_argument("--snapshots-mmap", action="store_true",
+                    help="with --snapshots: load them mapped (snapshot.load(mmap=True))")
     ap.add_argument("--in-place", action="store_true",
                     help="recover in place through dist_launch.elastic (no checkpoint)")
     args = ap.parse_args()

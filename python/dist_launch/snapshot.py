@@ -35,6 +35,10 @@ shape; load() gives the DTensors back on the job's device mesh (`mesh=`, or one 
 saved one, after init_process_group), ready for load_state_dict(). A sharded snapshot is a rank's
 own: load it with this rank's identity (not replicated=True), in the world size that saved it.
 
+load(mmap=True) maps the file instead of copying it into private memory (as torch.load's mmap):
+the tensors are the snapshot's own memory, copy-on-write, and no save rewrites that file while
+they live (docs/SNAPSHOTS.md, "Mapped loads").
+
 Outside dist-launch (or without those options) save() saves nothing and returns False, and load()
 returns None. Importing this module imports neither torch nor numpy; loading imports whichever
 the snapshot holds. The C++ SDK (dist/sdk/snapshot.h) reads and writes the same files; the format
@@ -67,6 +71,7 @@ SNAPSHOT_ALIGN = 64
 SNAPSHOT_FORMAT = 2
 SNAPSHOT_RANK_FOLDER_PREFIX = "rank_"
 SNAPSHOT_RANKS_FILE = ".ranks"
+SNAPSHOT_HELD_PREFIX = ".held."
 # END worker contract
 KEEP = 2  # complete snapshots per rank
 
@@ -401,9 +406,12 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _sweep_torn(rank_dir: str) -> None:
-    """Removes the partial saves of workers that died while saving."""
+    """Removes the partial saves of workers that died while saving, and the held files (below)
+    that no load maps any more."""
     for name in os.listdir(rank_dir):
-        if name.startswith(".tmp."):
+        if name.startswith(SNAPSHOT_HELD_PREFIX):
+            _remove_unless_mapped(os.path.join(rank_dir, name))
+        elif name.startswith(".tmp."):
             try:
                 pid = int(name.rsplit(".", 1)[1])
             except ValueError:
@@ -413,6 +421,42 @@ def _sweep_torn(rank_dir: str) -> None:
                     os.unlink(os.path.join(rank_dir, name))
                 except FileNotFoundError:
                     pass
+
+
+# A load with mmap=True maps its file and holds a shared flock on it for as long as the mapping
+# lives. A save rewrites (recycles) a file only under an exclusive flock, taken without waiting and
+# kept until the new save is complete; a file it cannot lock is mapped: it leaves the rank's saves
+# as SNAPSHOT_HELD_PREFIX + its name (still counted in the memory the snapshots hold) and the save
+# allocates anew. A held file goes at the next save once nothing maps it.
+
+
+def _lock_for_rewrite(path: str) -> Optional[int]:
+    """A descriptor of `path` holding its exclusive flock, or None where a load maps it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove_unless_mapped(path: str) -> None:
+    try:
+        fd = _lock_for_rewrite(path)
+    except OSError:
+        return  # gone already
+    if fd is None:
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _complete_steps(rank_dir: str) -> List[int]:
@@ -502,12 +546,16 @@ def _evict_other_ranks(root: str, needed: int, limit: int) -> int:
     return usage
 
 
-def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
+def _reserve(root: str, rank_dir: str, step: int,
+             size: int) -> Tuple[int, str, Optional[int]]:
     """Under the store's lock: a file of `size` bytes for this save, allocated (the memory of this
-    rank's oldest saved snapshot reused when it keeps KEEP of them, or of the same step's), within
-    the memory limit, its old and new footers zeroed. Returns (descriptor, temporary path)."""
+    rank's oldest saved snapshot reused when it keeps KEEP of them, or of the same step's, unless a
+    load maps it), within the memory limit, its old and new footers zeroed. Returns (descriptor,
+    temporary path, the descriptor holding a recycled file's exclusive flock or None): close the
+    last once the save is renamed into place."""
     limit = int(os.environ.get(SNAPSHOT_MEMORY_VARIABLE, "0") or 0)
     lock = os.open(os.path.join(root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    rewrite_lock = None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _sweep_torn(rank_dir)
@@ -521,16 +569,26 @@ def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
         temporary = os.path.join(rank_dir, f".tmp.{_step_name(step)}.{os.getpid()}")
         reused = 0
         if recycled is not None:
-            reused = _allocated(os.path.join(rank_dir, recycled))
+            path = os.path.join(rank_dir, recycled)
+            rewrite_lock = _lock_for_rewrite(path)
+            if rewrite_lock is None:  # a load maps it: it leaves the saves, unchanged
+                os.rename(path, os.path.join(rank_dir, f"{SNAPSHOT_HELD_PREFIX}{recycled}"))
+                recycled = None
+            else:
+                reused = _allocated(path)
         usage = _usage(root)
         needed = max(0, size - reused)
         if limit and usage + needed > limit:
             usage = _evict_other_ranks(root, needed, limit)
         if limit and usage + needed > limit:
+            held = _held_bytes(rank_dir)
             raise SnapshotMemoryError(
                 f"snapshot of {_who()} at step {step} needs {_human(size)}: the snapshots hold "
                 f"{_human(usage)} of --snapshot-memory {_human(limit)} (each rank keeps {KEEP} "
-                f"and writes a third while saving); raise --snapshot-memory or save less")
+                f"and writes a third while saving"
+                + (f"; {_human(held)} of them still mapped by load(mmap=True): drop the loaded "
+                   f"tensors, or load without mmap" if held else "")
+                + "); raise --snapshot-memory or save less")
         if recycled is not None:
             os.rename(os.path.join(rank_dir, recycled), temporary)
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -548,9 +606,21 @@ def _reserve(root: str, rank_dir: str, step: int, size: int) -> Tuple[int, str]:
             os.unlink(temporary)
             raise SnapshotMemoryError(f"cannot allocate {_human(size)} for the snapshot of "
                                       f"{_who()} at step {step}: {e}") from e
-        return fd, temporary
+        return fd, temporary, rewrite_lock
+    except BaseException:
+        if rewrite_lock is not None:
+            os.close(rewrite_lock)
+        raise
     finally:
         os.close(lock)
+
+
+def _held_bytes(rank_dir: str) -> int:
+    try:
+        return sum(_allocated(os.path.join(rank_dir, n)) for n in os.listdir(rank_dir)
+                   if n.startswith(SNAPSHOT_HELD_PREFIX))
+    except FileNotFoundError:
+        return 0
 
 
 def save(step: int, obj: Any) -> bool:
@@ -568,20 +638,25 @@ def save(step: int, obj: Any) -> bool:
     rank_dir = _rank_dir(root, _rank())
     try:
         os.makedirs(rank_dir, exist_ok=True)
-        fd, temporary = _reserve(root, rank_dir, step, plan.size)
+        fd, temporary, rewrite_lock = _reserve(root, rank_dir, step, plan.size)
     except SnapshotError:
         raise
     except OSError as e:
         raise SnapshotError(f"cannot save the snapshot of {_who()} at step {step} in "
                             f"{rank_dir}: {e}") from e
     try:
-        plan.write(fd)
-    except OSError as e:
+        try:
+            plan.write(fd)
+        except OSError as e:
+            os.close(fd)
+            os.unlink(temporary)
+            raise SnapshotError(f"cannot write the snapshot of {_who()} at step {step}: "
+                                f"{e}") from e
         os.close(fd)
-        os.unlink(temporary)
-        raise SnapshotError(f"cannot write the snapshot of {_who()} at step {step}: {e}") from e
-    os.close(fd)
-    os.rename(temporary, os.path.join(rank_dir, _step_name(step)))
+        os.rename(temporary, os.path.join(rank_dir, _step_name(step)))
+    finally:
+        if rewrite_lock is not None:  # complete (or gone): a load may map it now
+            os.close(rewrite_lock)
     return True
 
 
@@ -654,17 +729,23 @@ def _buffer(size: int) -> Any:
     return bytearray(size)
 
 
-def _read(path: str) -> Tuple[dict, Any]:
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        data = _buffer(size)
-        view = memoryview(data).cast("B")
-        got = 0
-        while got < size:
-            n = f.readinto(view[got:])
-            if not n:
-                break
-            got += n
+def _read(path: str, mapped: bool = False, locked: bool = True) -> Tuple[dict, Any]:
+    """(header, the file's bytes) of a whole snapshot: a private copy, or `mapped` (copy-on-write,
+    holding the file's shared flock while the mapping lives where `locked`: no save rewrites it)."""
+    if mapped:
+        data = _map(path, locked)
+        got = size = len(data)
+    else:
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            data = _buffer(size)
+            view = memoryview(data).cast("B")
+            got = 0
+            while got < size:
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
     if got != size or size < _PREFIX.size + _FOOTER.size:
         raise SnapshotError(f"{path}: truncated")
     magic, header_len = _PREFIX.unpack_from(data, 0)
@@ -677,10 +758,32 @@ def _read(path: str) -> Tuple[dict, Any]:
                             f"{SNAPSHOT_FORMAT}")
     if header.get("save_id") != save_id:  # read while it was rewritten
         raise SnapshotError(f"{path}: torn (rewritten while read)")
+    if mapped and locked:
+        return header, data  # no save rewrites it while it is mapped
     with open(path, "rb", buffering=0) as f:  # the header again: not one read while written
         if f.read(_PREFIX.size + header_len) != bytes(memoryview(data)[:_PREFIX.size + header_len]):
             raise SnapshotError(f"{path}: torn (rewritten while read)")
     return header, data
+
+
+def _map(path: str, locked: bool) -> Any:
+    """The file mapped copy-on-write (the tensors on it are writable; what is written stays in
+    this process). Where `locked`, its shared flock is held by the mapping's own descriptor for
+    as long as the mapping lives: a save then leaves the file alone (see SNAPSHOT_HELD_PREFIX)."""
+    import mmap
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if locked:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SnapshotError(f"{path}: being rewritten by a save") from None
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise SnapshotError(f"{path}: truncated")
+        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)  # keeps a duplicate of fd
+    finally:
+        os.close(fd)
 
 
 class _Meshes:
@@ -812,9 +915,10 @@ class _Unpickler(pickle.Unpickler):
         return self.tensors[index]
 
 
-def _load_file(path: str, meshes: Optional[_Meshes] = None) -> Tuple[dict, Any]:
+def _load_file(path: str, meshes: Optional[_Meshes] = None, mapped: bool = False,
+               locked: bool = True) -> Tuple[dict, Any]:
     import io
-    header, data = _read(path)
+    header, data = _read(path, mapped, locked)
     meshes = meshes or _Meshes(None)
     tensors = [_rebuild(entry, data, meshes) for entry in header["tensors"]]
     skeleton = header["skeleton"]
@@ -853,15 +957,22 @@ def _say(text: str) -> None:
     print(f"dist_launch.snapshot: {text}", file=sys.stderr, flush=True)
 
 
-def load(step: Optional[int] = None, *, replicated: bool = False,
-         mesh: Any = None) -> Optional[Tuple[int, Any]]:
+def load(step: Optional[int] = None, *, replicated: bool = False, mesh: Any = None,
+         mmap: bool = False) -> Optional[Tuple[int, Any]]:
     """(step, obj) of this rank's newest complete snapshot of this job (preferring a step that
     every rank here has), or of `step`; None when there is none. Only this rank's files, saved in
     this world size, are read, unless `replicated` (state that is the same on every rank, as DDP's):
     then any rank's newest save of this job. Tensors come back as they were saved (torch or numpy,
     on the CPU), sharing one buffer per snapshot; DTensors as DTensors on `mesh` (default: a mesh
     made like the one that saved them; raises SnapshotShardError where none can be). Where it
-    resumed from goes to stderr."""
+    resumed from goes to stderr.
+
+    mmap=True (as torch.load's): the tensors are the snapshot file's memory, mapped copy-on-write,
+    not a private copy (a load of a state of S bytes then costs about nothing, not S more). Writing
+    to them copies the pages written, privately. While any of them lives, no save rewrites that
+    file: its memory stays taken (counted in --snapshot-memory) until they are dropped. So load
+    into the model and optimizer (load_state_dict copies into parameters; an optimizer's CPU state
+    of the same dtype may keep the loaded tensors themselves), then drop what load returned."""
     rank = _rank()
     by_rank = _found(replicated)
     candidates = _order(by_rank, rank, replicated)
@@ -875,7 +986,8 @@ def load(step: Optional[int] = None, *, replicated: bool = False,
                  f"on every rank)")
             continue
         try:
-            header, obj = _load_file(f.path, meshes)
+            header, obj = _load_file(f.path, meshes, mapped=mmap,
+                                     locked=f.where == "shared memory")
         except SnapshotShardError:
             raise  # not this file's fault: every file of this rank would fail alike
         except (OSError, SnapshotError, ValueError, KeyError):

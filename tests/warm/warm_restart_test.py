@@ -788,6 +788,69 @@ class Snapshots(Temp):
         self.assertEqual([ln for ln in worker_lines(proc.stdout) if not ln.startswith("dist_")],
                          ["rejected True", "loaded 2"])
 
+    def test_a_mapped_load_is_never_rewritten_under_its_arrays(self):
+        # A restarted worker loads with mmap=True: its arrays are the snapshot file's memory, no
+        # private copy. Its later saves would recycle that file: they must leave it alone while
+        # the arrays live (held aside, unchanged), and free it once they are dropped.
+        d = self.temp()
+        script = write(d, "mapped.py", """
+            import gc, os, sys
+            import numpy as np
+            from dist_launch import snapshot
+            folder = os.path.join(os.environ["DIST_LAUNCH_SNAPSHOT_DIR"], "rank_0")
+            if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0:
+                snapshot.save(1, {"w": np.full(100000, 1.0)})
+                snapshot.save(2, {"w": np.full(100000, 2.0)})
+                sys.exit(3)
+            step, state = snapshot.load(mmap=True)
+            w = state["w"]
+            maps = open("/proc/self/maps").read()
+            print("mapped", step, "step_00000000000000000002.snap" in maps, flush=True)
+            w[0] = 9.0  # copy-on-write: this process's page, not the file's
+            print("file unchanged", float(snapshot.load(2)[1]["w"][0]), flush=True)
+            for k in (3, 4, 5):
+                snapshot.save(k, {"w": np.full(100000, float(k))})
+            print("arrays", float(w[0]), float(w[1]), float(w[-1]), flush=True)
+            print("held", [n for n in sorted(os.listdir(folder)) if not n.startswith("step_")],
+                  snapshot.steps(), flush=True)
+            del w, state
+            gc.collect()
+            snapshot.save(6, {"w": np.full(100000, 6.0)})
+            print("after", sorted(os.listdir(folder)), flush=True)
+        """)
+        proc = launch("--nproc-per-node", "1", "--max-restarts", "1", "--snapshot-memory", "8M",
+                      script)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(
+            [ln for ln in worker_lines(proc.stdout) if not ln.startswith("dist_")],
+            ["mapped 2 True", "file unchanged 2.0", "arrays 9.0 2.0 2.0",
+             "held ['.held.step_00000000000000000002.snap'] [4, 5]",
+             "after ['step_00000000000000000005.snap', 'step_00000000000000000006.snap']"])
+
+    def test_a_mapping_that_outgrows_the_snapshot_memory_is_named_in_the_error(self):
+        # Two 800 KB saves fit in 2 MiB (a save reuses the oldest one's memory); a third file,
+        # the one a mapped load holds, does not: the error says so and what to do.
+        d = self.temp()
+        script = write(d, "held.py", """
+            import numpy as np
+            from dist_launch import snapshot
+            snapshot.save(1, {"w": np.full(100000, 1.0)})
+            snapshot.save(2, {"w": np.full(100000, 2.0)})
+            step, state = snapshot.load(mmap=True)
+            snapshot.save(3, {"w": np.full(100000, 3.0)})  # reuses step 1's memory
+            try:
+                snapshot.save(4, {"w": np.full(100000, 4.0)})  # step 2's is mapped
+            except snapshot.SnapshotMemoryError as e:
+                print("refused", "still mapped by load(mmap=True)" in str(e), flush=True)
+            del state
+            print("saved", snapshot.save(4, {"w": np.full(100000, 4.0)}), snapshot.steps(),
+                  flush=True)
+        """)
+        proc = launch("--nproc-per-node", "1", "--snapshot-memory", "2M", script)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual([ln for ln in worker_lines(proc.stdout) if not ln.startswith("dist_")],
+                         ["refused True", "saved True [3, 4]"])
+
     def test_the_status_shows_the_snapshots_memory_and_each_ranks_newest(self):
         d = self.temp()
         script = write(d, "status.py", f"""
@@ -1038,18 +1101,24 @@ class WarmTorch(Temp):
         self.assertEqual(code, 0, "\n".join(lines))
         reference = set(re.findall(r"final weights sha256 ([0-9a-f]+)", "\n".join(lines)))
         self.assertEqual(len(reference), 1)
-        ckpt = self.temp()
-        code, lines = kill_rank1_at([ARGS.launcher, "--nproc-per-node", "2", "--max-restarts",
-                                     "1", "--warm-restart", "--snapshot-memory", "256M",
-                                     TTFS_TRAIN, "--checkpoint-dir", ckpt, "--snapshots"], 25,
-                                    environment())
-        text = "\n".join(lines)
-        self.assertEqual(code, 0, text)
-        self.assertIn("rank 0 attempt 1 resumes after step 20 from snapshot", text)
-        self.assertIn("rank 1 attempt 1 resumes after step 20 from snapshot", text)
-        self.assertEqual(set(re.findall(r"final weights sha256 ([0-9a-f]+)", text)), reference)
-        self.assertEqual(forked_rounds(subprocess.CompletedProcess([], 0, "", text)),
-                         {0: (2, 2), 1: (2, 2)})
+        # Then mapped (load(mmap=True)): SGD's momentum keeps the mapped tensors and writes
+        # them, copy-on-write; the saves after it leave the mapped file alone.
+        for mapped, source in ((False, "snapshot"), (True, "mapped snapshot")):
+            with self.subTest(mapped=mapped):
+                ckpt = self.temp()
+                code, lines = kill_rank1_at(
+                    [ARGS.launcher, "--nproc-per-node", "2", "--max-restarts", "1",
+                     "--warm-restart", "--snapshot-memory", "256M", TTFS_TRAIN, "--checkpoint-dir",
+                     ckpt, "--snapshots"] + (["--snapshots-mmap"] if mapped else []), 25,
+                    environment())
+                text = "\n".join(lines)
+                self.assertEqual(code, 0, text)
+                self.assertIn(f"rank 0 attempt 1 resumes after step 20 from {source}", text)
+                self.assertIn(f"rank 1 attempt 1 resumes after step 20 from {source}", text)
+                self.assertEqual(set(re.findall(r"final weights sha256 ([0-9a-f]+)", text)),
+                                 reference)
+                self.assertEqual(forked_rounds(subprocess.CompletedProcess([], 0, "", text)),
+                                 {0: (2, 2), 1: (2, 2)})
 
 
 def has(python, statement):

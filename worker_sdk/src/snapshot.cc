@@ -24,6 +24,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "dist/contract/snapshot_format.h"
 #include "dist/contract/worker_contract.h"
@@ -43,6 +44,7 @@ constexpr std::size_t kKeep = 2;  // saves per rank folder
 using snapshot_format::kAlign;
 using snapshot_format::kFooterBytes;
 using snapshot_format::kFormat;
+using snapshot_format::kHeldPrefix;
 using snapshot_format::kMagic;
 using snapshot_format::kMaxHeaderBytes;
 using snapshot_format::kPrefixBytes;
@@ -546,11 +548,39 @@ std::uint64_t usage(const fs::path& root) {
   return total;
 }
 
-// The partial saves of workers that died while saving.
+// Closes a descriptor on every way out of a scope (-1: none).
+struct ClosedOnExit {
+  int& fd;
+  ~ClosedOnExit() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// A descriptor of `path` holding its exclusive flock, or -1 where a load maps it (holds the shared
+// flock) or it is gone.
+int lock_for_rewrite(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The partial saves of workers that died while saving, and the held files (kHeldPrefix) that no
+// load maps any more.
 void sweep_torn(const fs::path& dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
+    if (name.starts_with(kHeldPrefix)) {
+      if (const int fd = lock_for_rewrite(entry.path()); fd >= 0) {
+        fs::remove(entry.path(), ec);
+        ::close(fd);
+      }
+      continue;
+    }
     if (!name.starts_with(".tmp.")) continue;
     const auto pid = parse_integer<pid_t>(name.substr(name.rfind('.') + 1));
     if (pid && *pid > 0 && *pid != ::getpid() && ::kill(*pid, 0) != 0 && errno == ESRCH) {
@@ -647,6 +677,7 @@ struct Lock {
 struct Reserved {
   int fd = -1;
   fs::path temporary;
+  int rewrite_lock = -1;  // a recycled file's exclusive flock: released once the save is in place
 };
 
 // Under the store's lock: a file of `size` bytes for this save, allocated (the memory of this
@@ -672,6 +703,15 @@ Reserved reserve(const fs::path& root, const fs::path& dir, const Identity& me, 
   while (kept.size() + 1 > kKeep) {  // beyond the kKeep newest with this one (a copied-in file)
     fs::remove(kept.front().path, ec);
     kept.erase(kept.begin());
+  }
+  int rewrite_lock = -1;
+  const ClosedOnExit unlock{rewrite_lock};  // unless handed to the save (below)
+  if (recycled) {
+    rewrite_lock = lock_for_rewrite(*recycled);
+    if (rewrite_lock < 0) {  // a load maps it (or it is gone): it leaves the saves, unchanged
+      fs::rename(*recycled, dir / (kHeldPrefix + recycled->filename().string()), ec);
+      recycled.reset();
+    }
   }
   const std::uint64_t reused = recycled ? allocated(*recycled) : 0;
   const std::uint64_t needed = size > reused ? size - reused : 0;
@@ -717,6 +757,7 @@ Reserved reserve(const fs::path& root, const fs::path& dir, const Identity& me, 
     fs::remove(r.temporary, ec);
     throw;
   }
+  r.rewrite_lock = std::exchange(rewrite_lock, -1);  // save_snapshot releases it
   return r;
 }
 
@@ -739,6 +780,8 @@ bool save_snapshot(const Checkpoint& s) {
   const std::vector<Entry> entries = entries_of(s);
   const Layout l = plan(save, entries);
   const Reserved r = reserve(root, dir, me, s.step, l.size);
+  int rewrite_lock = r.rewrite_lock;  // a recycled file's: no load maps it before it is complete
+  const ClosedOnExit unlock{rewrite_lock};
   const std::string what = who(me, s.step);
   try {
     // The data, then the header, then the footer: a reader that sees this save's header saw its

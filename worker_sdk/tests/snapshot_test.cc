@@ -1,10 +1,12 @@
 // dist::sdk::save_snapshot / load_snapshot on a real directory (as the agent's shared-memory one),
 // format 2 (docs/SNAPSHOTS.md): round trips, the two newest kept and the oldest file's memory
-// reused, the memory bound and the eviction of ranks this node no longer runs, torn saves and
-// rewrites never loaded, identity (per global rank, job and world size; any rank's with
-// kReplicated), freshness by when a snapshot was saved, the step every rank has, and the same files
-// as Python's dist_launch.snapshot (both ways, when python3 with numpy is here).
+// reused (never while a load maps it), the memory bound and the eviction of ranks this node no
+// longer runs, torn saves and rewrites never loaded, identity (per global rank, job and world size;
+// any rank's with kReplicated), freshness by when a snapshot was saved, the step every rank has,
+// and the same files as Python's dist_launch.snapshot (both ways, when python3 with numpy is here).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -429,6 +431,34 @@ int run_python(const std::string& code) {
                               "PYTHONPATH=" + python_dir + " python3 -c '" + code + "'";
   const int status = std::system(command.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A mapped load (Python's load(mmap=True)) holds its file's shared flock while its tensors live:
+// a save never rewrites that file under them. It leaves the rank's saves as .held.<name>,
+// unchanged, and goes at a save once nothing maps it.
+TEST_F(SnapshotTest, AFileALoadMapsIsNeverRewrittenAndGoesOnceUnmapped) {
+  ASSERT_TRUE(save_snapshot(make(10)));
+  ASSERT_TRUE(save_snapshot(make(20)));
+  const fs::path mapped = rank_dir() / name(10);
+  const std::string contents = slurp(mapped);
+  const int reader = ::open(mapped.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  ASSERT_EQ(::flock(reader, LOCK_SH | LOCK_NB), 0);
+
+  ASSERT_TRUE(save_snapshot(make(30)));  // would have recycled step 10's file
+  const fs::path held = rank_dir() / (".held." + name(10));
+  ASSERT_TRUE(fs::exists(held));
+  EXPECT_EQ(slurp(held), contents) << "a mapped file changed under its reader";
+  EXPECT_EQ(snapshot_steps(), (std::vector<std::uint64_t>{20, 30})) << "held is not a save";
+  EXPECT_EQ(load_snapshot()->tensors, make(30).tensors);
+  ASSERT_TRUE(save_snapshot(make(40)));  // still mapped: held stays
+  EXPECT_TRUE(fs::exists(held));
+
+  ::close(reader);  // the tensors dropped: the mapping, and its flock, go
+  ASSERT_TRUE(save_snapshot(make(50)));
+  EXPECT_FALSE(fs::exists(held)) << "a held file no load maps is removed by the next save";
+  EXPECT_EQ(snapshot_steps(), (std::vector<std::uint64_t>{40, 50}));
+  EXPECT_EQ(load_snapshot()->tensors, make(50).tensors);
 }
 
 TEST_F(SnapshotTest, PythonReadsWhatCppWroteAndTheOtherWayRound) {

@@ -19,5 +19,10 @@ inline constexpr std::uint64_t kMaxHeaderBytes = 1ULL << 30;
 inline constexpr char kRankFolderPrefix[] = "rank_";  // rank_<global rank>
 inline constexpr char kRanksFile[] =
     ".ranks";  // the ranks this node runs (the agent's), a line each
+// A save rewrites (recycles) a file in place only under its exclusive flock, taken without
+// waiting; a mapped load holds its shared flock. A file a load maps is renamed <this><its name>
+// instead (out of the rank's saves, still counted in the memory they hold), and removed by a
+// later save once nothing maps it. docs/SNAPSHOTS.md, "Mapped loads".
+inline constexpr char kHeldPrefix[] = ".held.";
 
 }  // namespace dist::snapshot_format

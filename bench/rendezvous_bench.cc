@@ -304,7 +304,7 @@ class NodeSlice {
 // One run's figures: none for a phase where a node failed, nor for the phases after it.
 struct RunResult {
   std::optional<double> open_ms, join_ms, join_requests, notice_ms, regroup_ms, regroup_requests;
-  std::optional<double> connections;  // per node, every phase (TCP: the store counts them)
+  std::optional<double> connections;      // per node, every phase (TCP: the store counts them)
   std::string join_by_op, regroup_by_op;  // the requests by operation (--by-op)
   int ok = 0;  // survivors that noticed the right node (static) or regrouped without it (elastic)
   int failures = 0;

@@ -1,11 +1,12 @@
 """One rank of an FSDP2 job (torch 2.x, gloo, CPU) that saves its sharded state with
 dist_launch.snapshot every step and resumes from it (tests/torch/sharded_snapshot_test.py).
 
-    sharded_snapshot_worker.py --steps N [--crash-at K] --out FILE
+    sharded_snapshot_worker.py --steps N [--crash-at K] [--mmap] --out FILE
 
 Rank 1 exits with an error right after its save of step K in the job's first attempt; the
-restarted group loads each rank's shards (DTensors back on the job's mesh) and trains on. Rank 0
-writes the final full weights' digest to FILE.
+restarted group (or the job's next run, from --snapshot-dir) loads each rank's shards (DTensors
+back on the job's mesh; mapped with --mmap) and trains on. Rank 0 writes the final full weights'
+digest to FILE.
 """
 import argparse
 import hashlib
@@ -25,6 +26,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--crash-at", type=int, default=-1)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--mmap", action="store_true", help="load(mmap=True)")
     args = ap.parse_args()
     if snapshot.steps():  # a restart: shards need the job's group to come back as DTensors
         try:
@@ -44,7 +46,7 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 
     start = 0
-    restored = snapshot.load()
+    restored = snapshot.load(mmap=args.mmap)
     if restored is not None:
         step, state = restored
         kinds = {type(v).__name__ for v in state["model"].values()}

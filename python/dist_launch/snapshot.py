@@ -32,8 +32,10 @@ nodes, agree on a step yourself (an all_reduce of MIN over steps()) and load(ste
 Sharded state (torch 2.x DTensor: FSDP2's and tensor parallelism's state_dict(), their optimizers'
 state): each rank saves its own shards, with each DTensor's placements, device mesh and global
 shape; load() gives the DTensors back on the job's device mesh (`mesh=`, or one made like the
-saved one, after init_process_group), ready for load_state_dict(). A sharded snapshot is a rank's
-own: load it with this rank's identity (not replicated=True), in the world size that saved it.
+saved one, after init_process_group), ready for load_state_dict(). FSDP1's sharded state dict
+(ShardedTensors) comes back as ShardedTensors on the default process group. A sharded snapshot is
+a rank's own: load it with this rank's identity (not replicated=True), in the world size that
+saved it.
 
 load(mmap=True) maps the file instead of copying it into private memory (as torch.load's mmap):
 the tensors are the snapshot's own memory, copy-on-write, and no save rewrites that file while
@@ -203,7 +205,9 @@ def _torch_tensor(t: Any, torch: Any) -> Optional[_Tensor]:
 
 
 def _sharded(header: dict) -> bool:
-    """Whether a snapshot holds DTensor shards (state that is one rank's own)."""
+    """Whether a snapshot holds DTensor or ShardedTensor shards (state that is one rank's own)."""
+    if header.get("sharded_tensors"):
+        return True
     for entry in header.get("tensors", []):
         for p in (entry.get("dtensor") or {}).get("placements", []):
             if "shard" in p or "partial" in p:
@@ -250,6 +254,66 @@ def _dtensor(t: Any, torch: Any) -> _Tensor:
     return local
 
 
+def _sharded_tensor_class() -> Any:
+    """torch's ShardedTensor (FSDP1's SHARDED_STATE_DICT, torch.distributed.checkpoint's state)
+    where it is already imported (never imported for it), else None."""
+    module = sys.modules.get("torch.distributed._shard.sharded_tensor")
+    return getattr(module, "ShardedTensor", None)
+
+
+def _sharded_tensor(t: Any, torch: Any, first: int) -> Tuple[dict, List[_Tensor]]:
+    """A ShardedTensor as its local shards (table entries from `first` on) and what rebuilds it:
+    the global size and every rank's shard offsets, sizes and placement."""
+    meta = t.metadata()
+    props = meta.tensor_properties
+    shards: List[_Tensor] = []
+    for shard in t.local_shards():
+        local = _torch_tensor(shard.tensor, torch)
+        if local is None:
+            raise SnapshotError(f"a ShardedTensor whose local shard is not a plain tensor: "
+                                f"{shard.tensor!r}")
+        shards.append(local)
+    record = {
+        "size": list(meta.size), "dtype": str(props.dtype).replace("torch.", ""),
+        "requires_grad": bool(props.requires_grad),
+        "local": list(range(first, first + len(shards))),
+        "local_metadata": [_shard_metadata(shard.metadata) for shard in t.local_shards()],
+        "shards": [_shard_metadata(m) for m in meta.shards_metadata]}
+    return record, shards
+
+
+def _shard_metadata(m: Any) -> dict:
+    return {"offsets": [int(x) for x in m.shard_offsets], "sizes": [int(x) for x in m.shard_sizes],
+            "placement": str(m.placement)}
+
+
+def _as_sharded_tensor(record: dict, tensors: List[Any]) -> Any:
+    """A ShardedTensor of the job's default process group, from this rank's local shards."""
+    import torch
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        raise SnapshotShardError(
+            "this snapshot holds ShardedTensor shards (FSDP1's sharded state dict): call load() "
+            "after torch.distributed.init_process_group()")
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
+    from torch.distributed._shard.sharded_tensor.metadata import (ShardedTensorMetadata,
+                                                                  TensorProperties)
+
+    def metadata(m: dict) -> Any:
+        return ShardMetadata(shard_offsets=m["offsets"], shard_sizes=m["sizes"],
+                             placement=m["placement"])
+
+    local = [Shard(tensors[i], metadata(m))
+             for i, m in zip(record["local"], record["local_metadata"])]
+    properties = TensorProperties(dtype=getattr(torch, record["dtype"]),
+                                  requires_grad=record["requires_grad"])
+    global_metadata = ShardedTensorMetadata(
+        shards_metadata=[metadata(m) for m in record["shards"]], size=torch.Size(record["size"]),
+        tensor_properties=properties)
+    return ShardedTensor._init_from_local_shards_and_global_metadata(local, global_metadata)
+
+
 def _numpy_array(a: Any, np: Any) -> Optional[_Tensor]:
     if a.dtype.hasobject or a.dtype.fields is not None or a.dtype.subdtype is not None:
         return None  # pickled as numpy pickles it
@@ -274,11 +338,25 @@ class _Pickler(pickle.Pickler):
         self.torch = sys.modules.get("torch")
         self.np = sys.modules.get("numpy")
         self.dtensor = _dtensor_class(self.torch) if self.torch is not None else None
+        self.sharded_tensor = _sharded_tensor_class() if self.torch is not None else None
+        self.sharded: List[dict] = []  # ShardedTensors: their local shards are in `tensors`
+        self.sharded_by_id: Dict[int, int] = {}
+        self.keep: List[Any] = []  # what the ids above name, alive while pickling
 
     def persistent_id(self, obj: Any) -> Optional[Tuple[str, int]]:
         found = self.by_id.get(id(obj))
         if found is not None:
             return ("tensor", found)
+        found = self.sharded_by_id.get(id(obj))
+        if found is not None:
+            return ("sharded", found)
+        if self.sharded_tensor is not None and isinstance(obj, self.sharded_tensor):
+            record, shards = _sharded_tensor(obj, self.torch, len(self.tensors))
+            self.tensors.extend(shards)
+            self.sharded_by_id[id(obj)] = len(self.sharded)
+            self.sharded.append(record)
+            self.keep.append(obj)
+            return ("sharded", len(self.sharded) - 1)
         tensor = None
         if self.dtensor is not None and isinstance(obj, self.dtensor):
             tensor = _dtensor(obj, self.torch)
@@ -294,8 +372,10 @@ class _Pickler(pickle.Pickler):
         return ("tensor", len(self.tensors) - 1)
 
 
-def _name_tensors(obj: Any, tensors: List[_Tensor], by_id: Dict[int, int]) -> None:
-    """Each tensor's path in the object ("model.fc.weight"), for the C++ SDK and for errors."""
+def _name_tensors(obj: Any, tensors: List[_Tensor], by_id: Dict[int, int],
+                  sharded: List[dict], sharded_by_id: Dict[int, int]) -> None:
+    """Each tensor's path in the object ("model.fc.weight"; a ShardedTensor's local shards
+    "model.fc.weight#shard0", ...), for the C++ SDK and for errors."""
     stack = [("", obj)]
     seen = set()
     while stack:
@@ -304,6 +384,12 @@ def _name_tensors(obj: Any, tensors: List[_Tensor], by_id: Dict[int, int]) -> No
         if index is not None:
             if not tensors[index].name:
                 tensors[index].name = path
+            continue
+        index = sharded_by_id.get(id(item))
+        if index is not None:
+            for j, i in enumerate(sharded[index]["local"]):
+                if not tensors[i].name:
+                    tensors[i].name = f"{path}#shard{j}"
             continue
         if id(item) in seen:
             continue
@@ -331,7 +417,9 @@ class _Plan:
         pickler = _Pickler(buffer, self.tensors)
         pickler.dump(obj)
         self.skeleton = buffer.getvalue()
-        _name_tensors(obj, self.tensors, pickler.by_id)
+        self.sharded = pickler.sharded
+        _name_tensors(obj, self.tensors, pickler.by_id, pickler.sharded, pickler.sharded_by_id)
+        pickler.keep.clear()
         for t in self.tensors:
             t.source = None
         header = self._header(step, 0, 0)
@@ -364,6 +452,7 @@ class _Plan:
                               "requires_grad": t.requires_grad, "parameter": t.parameter},
                              **({"dtensor": t.dtensor} if t.dtensor else {}))
                         for t in self.tensors],
+            **({"sharded_tensors": self.sharded} if self.sharded else {}),
             "size": size}).encode()
 
     def write(self, fd: int) -> None:
@@ -904,15 +993,21 @@ def _has(module: str) -> bool:
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: Any, tensors: List[Any]):
+    def __init__(self, file: Any, tensors: List[Any], sharded: List[dict]):
         super().__init__(file)
         self.tensors = tensors
+        self.sharded = sharded
+        self.made: Dict[int, Any] = {}  # ShardedTensors, each made once
 
     def persistent_load(self, pid: Any) -> Any:
         kind, index = pid
-        if kind != "tensor":
-            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
-        return self.tensors[index]
+        if kind == "tensor":
+            return self.tensors[index]
+        if kind == "sharded":
+            if index not in self.made:
+                self.made[index] = _as_sharded_tensor(self.sharded[index], self.tensors)
+            return self.made[index]
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
 def _load_file(path: str, meshes: Optional[_Meshes] = None, mapped: bool = False,
@@ -925,7 +1020,8 @@ def _load_file(path: str, meshes: Optional[_Meshes] = None, mapped: bool = False
     if skeleton["kind"] == "pickle":
         start = skeleton["offset"]
         skeleton_bytes = bytes(memoryview(data)[start:start + skeleton["size"]])
-        obj = _Unpickler(io.BytesIO(skeleton_bytes), tensors).load()
+        obj = _Unpickler(io.BytesIO(skeleton_bytes), tensors,
+                         header.get("sharded_tensors", [])).load()
     else:  # the C++ SDK's: named tensors
         obj = {entry["name"]: t for entry, t in zip(header["tensors"], tensors)}
     return header, obj
@@ -981,8 +1077,8 @@ def load(step: Optional[int] = None, *, replicated: bool = False, mesh: Any = No
         candidates = [f for f in candidates if f.step == int(step)]
     for f in candidates:
         if f.rank != rank and _sharded(f.header):
-            _say(f"{_who()}: rank {f.rank}'s snapshot of step {f.step} holds DTensor shards, "
-                 f"which are that rank's own: not loaded (replicated=True is for state the same "
+            _say(f"{_who()}: rank {f.rank}'s snapshot of step {f.step} holds shards (DTensor or "
+                 f"ShardedTensor), which are that rank's own: not loaded (replicated=True is for state the same "
                  f"on every rank)")
             continue
         try:

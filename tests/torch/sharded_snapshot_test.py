@@ -2,7 +2,8 @@
 """Sharded state in dist_launch.snapshot (issue 44, item 3): an FSDP2 job of two ranks (torch 2.x,
 gloo, CPU) saves each rank's shards (DTensors: its parameters and Adam's moments) every step;
 rank 1 fails after step 4's save, the group restarts and every rank loads its own shards back as
-DTensors on the job's mesh. The job ends with the weights of the same job uninterrupted.
+DTensors on the job's mesh. The job ends with the weights of the same job uninterrupted. The same
+with FSDP1, whose sharded state dict holds ShardedTensors.
 
     python3 tests/torch/sharded_snapshot_test.py --launcher build/bin/dist-launch [--python python3]
 Exits 77 (skip) when that interpreter has no torch 2.x with FSDP2.
@@ -43,6 +44,26 @@ class ShardedSnapshots(unittest.TestCase):
                 self.assertIn(f"rank {rank} replicated load gives its own shards: True", output)
                 self.assertRegex(output, rf"rank {rank} restart 1 loads step 4: model \['DTensor'\], "
                                          r"moments \['DTensor'\]")
+            with open(clean) as a, open(crashed) as b:
+                self.assertEqual(a.read(), b.read(), "the resumed job's weights differ\n" + output)
+
+    def test_an_fsdp1_job_resumes_from_its_sharded_tensors_with_the_uninterrupted_weights(self):
+        # FSDP1's sharded state dict (and its optimizer's) holds ShardedTensors: each rank's local
+        # shards, with every rank's offsets; loaded mapped here.
+        with tempfile.TemporaryDirectory() as d:
+            clean, crashed = os.path.join(d, "clean"), os.path.join(d, "crashed")
+            code, output = self.run_job(clean, [], ["--fsdp1"])
+            self.assertEqual(code, 0, output)
+            code, output = self.run_job(crashed, ["--max-restarts", "1"],
+                                        ["--fsdp1", "--crash-at", "4", "--mmap"])
+            self.assertEqual(code, 0, output)
+            self.assertIn("rank 1 fails after its save of step 4", output)
+            self.assertIn("before init_process_group: this snapshot holds ShardedTensor shards",
+                          output)
+            for rank in (0, 1):
+                self.assertIn(f"rank {rank} replicated load gives its own shards: True", output)
+                self.assertRegex(output, rf"rank {rank} restart 1 loads step 4: model "
+                                         r"\['ShardedTensor'\], moments \['ShardedTensor'\]")
             with open(clean) as a, open(crashed) as b:
                 self.assertEqual(a.read(), b.read(), "the resumed job's weights differ\n" + output)
 

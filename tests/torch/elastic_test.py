@@ -188,6 +188,16 @@ class InPlace(unittest.TestCase):
         self.check_in_place(run, 4, bit_identical=False)
         self.assertIn("RuntimeError: injected failure at step 9", run.out)
 
+    def test_with_eight_workers_the_survivors_end_with_the_uninterrupted_weights(self):
+        # Eight ranks on a ring: when rank 5 exits mid-step, each survivor is stopped where the
+        # ring has it (sending to 5, receiving from 4, waiting on a peer further round, or past
+        # the bucket), and each leaves from there into generation 1.
+        run = self.launch(8, "--restart-policy", "in-place", "--max-restarts", "2",
+                          script_args=("--crash-at-step", "9", "--crash-rank", "5",
+                                       "--crash-how", "exit"))
+        self.check_in_place(run, 8, failed=5, bit_identical=False)
+        self.assertIn("RuntimeError: injected failure at step 9", run.out)
+
     def test_a_warm_replacement_is_forked_from_the_zygote(self):
         # A zygote of numpy alone is ready within the first attempt even on a loaded machine (one
         # of torch may not be, and the replacement would then start cold, correctly but untested).

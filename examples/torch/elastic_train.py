@@ -10,7 +10,9 @@ their state (model, SGD momentum, the step counter) and redo the step. Each step
 from the step counter, so the job ends with the weights of a run that never failed: every rank
 prints "rank R pid P generation G steps S digest D world W" at the end, and "rank R pid P started"
 at its start. --timestamps: each step's completion and the crash, with the wall clock, for
-bench/torch_recovery_bench.py. --hold-at-step S --hold-until-world N: the workers wait at step S
+bench/torch_recovery_bench.py. --crash-every K: the crash rank (each replacement too) crashes
+every K steps, many recoveries in one job; --store-keys: rank 0 prints the workers' store's key
+count after each. --hold-at-step S --hold-until-world N: the workers wait at step S
 until a joining node has grown the world to N (a test's newcomer then always trains). Under
 `--restart-policy group` (or torchrun) the same script restarts from step 0.
 """
@@ -39,6 +41,11 @@ def main():
     ap.add_argument("--crash-rank", type=int, default=1)
     ap.add_argument("--crash-at-step", type=int, default=-1)
     ap.add_argument("--crash-how", choices=("kill", "exit"), default="kill")
+    ap.add_argument("--crash-every", type=int, default=0,
+                    help="--crash-rank (each replacement too) crashes every this many steps: "
+                         "many recoveries in one job")
+    ap.add_argument("--store-keys", action="store_true",
+                    help="rank 0 prints the workers' store's key count after each recovery")
     ap.add_argument("--crash-at-exit", action="store_true",
                     help="--crash-rank is SIGKILLed in its teardown instead, once every other "
                          "rank's process has exited (a crash at exit: the commonest)")
@@ -64,9 +71,14 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
 
+    joined = []  # the step this process first trained at (a replacement's: the survivors')
+    seen_generation = [generation]
+
     @elastic.run
     def train(state):
         nonlocal rank
+        if not joined:
+            joined.append(state.step)
         ddp = DDP(state.model)  # built for the group of this entry
         while state.step < args.steps:
             rank = dist.get_rank()  # a lost node's survivors are renumbered
@@ -76,6 +88,13 @@ def main():
                 time.sleep(0.05)
             crash = (first_attempt and generation == 0 and rank == args.crash_rank
                      and state.step == args.crash_at_step)
+            if args.crash_every and rank == args.crash_rank and state.step > joined[0]:
+                crash = crash or state.step % args.crash_every == 0
+            now = elastic._this_group().generation if elastic.in_place() else 0
+            if args.store_keys and rank == 0 and now != seen_generation[0]:
+                seen_generation[0] = now
+                print(f"rank 0 generation {now} store keys "
+                      f"{elastic._this_group().store.num_keys()}", flush=True)
             if crash and args.timestamps:
                 print(f"rank {rank} crash at step {state.step} wall_ns {time.time_ns()}",
                       flush=True)

@@ -198,6 +198,25 @@ class InPlace(unittest.TestCase):
         self.check_in_place(run, 8, failed=5, bit_identical=False)
         self.assertIn("RuntimeError: injected failure at step 9", run.out)
 
+    def test_the_workers_store_keeps_no_keys_of_past_generations(self):
+        # Rank 1 and each replacement crash every 4 steps: seven recoveries in one job. Each
+        # generation's torch process group leaves its keys in the workers' store (gloo's
+        # addresses, its barrier), and the workers' records theirs; once a generation recovered,
+        # the agent deletes those of the generations before it. Rank 0, alive throughout, counts
+        # the store's keys after each recovery: flat, not growing with every recovery.
+        run = self.launch(2, "--restart-policy", "in-place", "--max-restarts", "20",
+                          script_args=("--crash-every", "4", "--store-keys"))
+        self.assertEqual(run.proc.returncode, 0, run.out)
+        counts = {int(g): int(n) for g, n in
+                  re.findall(r"rank 0 generation (\d+) store keys (\d+)", run.out)}
+        self.assertEqual(sorted(counts), list(range(1, 8)), run.out)
+        # The cleanup of generation g-1 may still run when rank 0 counts after g: one
+        # generation's keys of slack, never one per recovery.
+        self.assertLessEqual(max(counts[g] for g in range(4, 8)), max(counts[2], counts[3]),
+                             counts)
+        self.assertEqual(len(run.pids[0]), 1, run.out)  # the survivor lived through them all
+        self.assertEqual(run.digests(), {r: self.baseline(2) for r in range(2)}, run.out)
+
     def test_a_warm_replacement_is_forked_from_the_zygote(self):
         # A zygote of numpy alone is ready within the first attempt even on a loaded machine (one
         # of torch may not be, and the replacement would then start cold, correctly but untested).

@@ -38,7 +38,7 @@ std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
                                          std::chrono::milliseconds timeout) {
   // Keys fresh for each restart attempt and each generation of it: a restarted or rebuilt group
   // never reads a previous one's.
-  std::string prefix = "sdk/" + env.run_id + "/attempt_" + std::to_string(env.restart_count) + "/";
+  std::string prefix = worker_contract::group_prefix(env.run_id, env.restart_count);
   if (env.generation > 0) prefix += "gen_" + std::to_string(env.generation) + "/";
   ignore_sigpipe();
   if (backend == Backend::kNccl) {

@@ -1,5 +1,11 @@
 #include "recovery/generations.h"
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <charconv>
+#include <string_view>
+
 #include <spdlog/spdlog.h>
 
 #include "dist/contract/worker_contract.h"
@@ -34,9 +40,30 @@ store::Task<void> publish_generation(std::shared_ptr<store::AsyncStoreClient> cl
   co_await client->set(contract::generation_key(prefix, generation), std::move(record));
 }
 
+// Generation `generation` recovered: every rank is in it. The keys of the generations before it
+// are read by nobody now; the SDK's workers delete their own, torch's process groups (dist_launch.
+// elastic) leave theirs, O(world) keys a recovery. One LIST_KEYS, then a DELETE_KEY each, in the
+// background: never a failure of the recovery (a courtesy to the store; a key left is found by
+// the next recovery's sweep).
+store::Task<void> forget_before(std::shared_ptr<store::AsyncStoreClient> client, std::string prefix,
+                                std::string group_prefix, int generation) {
+  try {
+    const auto keys = co_await client->list_keys();
+    const auto stale = keys_before(keys, prefix, group_prefix, generation);
+    for (const auto& key : stale) co_await client->delete_key(key);
+    if (!stale.empty()) {
+      spdlog::debug("in-place: {} keys of generations before {} deleted from the workers' store",
+                    stale.size(), generation);
+    }
+  } catch (const store::StoreError& e) {
+    spdlog::debug("in-place: the keys of generations before {} stay: {}", generation, e.what());
+  }
+}
+
 store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient> client,
                                          std::shared_ptr<bool> opened, std::string prefix,
-                                         int generation, std::chrono::milliseconds timeout) {
+                                         std::string group_prefix, int generation,
+                                         std::chrono::milliseconds timeout) {
   RecoveryOutcome outcome;
   try {
     co_await open_once(*client, *opened);
@@ -51,6 +78,9 @@ store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient
     }
     outcome.record = (co_await client->try_get(recovered)).value_or("");
     outcome.recovered = true;
+    boost::asio::co_spawn(co_await boost::asio::this_coro::executor,
+                          forget_before(client, prefix, std::move(group_prefix), generation),
+                          boost::asio::detached);
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
     outcome.why = "the workers' store at " + client->endpoint() + " cannot be used: " + e.what();
@@ -60,7 +90,8 @@ store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient
 
 store::Task<RecoveryOutcome> publish_then_wait(std::shared_ptr<store::AsyncStoreClient> client,
                                                std::shared_ptr<bool> opened, std::string prefix,
-                                               int generation, std::string record,
+                                               std::string group_prefix, int generation,
+                                               std::string record,
                                                std::chrono::milliseconds timeout) {
   try {
     co_await publish_generation(client, opened, prefix, generation, std::move(record));
@@ -69,7 +100,8 @@ store::Task<RecoveryOutcome> publish_then_wait(std::shared_ptr<store::AsyncStore
     co_return RecoveryOutcome{
         false, "", "the workers' store at " + client->endpoint() + " cannot be used: " + e.what()};
   }
-  co_return co_await recovery_of(client, opened, prefix, generation, timeout);
+  co_return co_await recovery_of(client, opened, prefix, std::move(group_prefix), generation,
+                                 timeout);
 }
 
 store::Task<bool> wait_for_keys(std::shared_ptr<store::AsyncStoreClient> client,
@@ -162,7 +194,8 @@ store::Task<std::optional<int>> say_regroup_finished(
 Generations::Generations(boost::asio::io_context& io, const std::string& run_id,
                          const std::string& secret, store::Endpoint store, int restart_count)
     : opened_(std::make_shared<bool>(false)),
-      prefix_(contract::generation_prefix(run_id, restart_count)) {
+      prefix_(contract::generation_prefix(run_id, restart_count)),
+      group_prefix_(contract::group_prefix(run_id, restart_count)) {
   store::ClientOptions options;
   options.host = store.host;
   options.port = store.port;
@@ -235,7 +268,7 @@ store::Task<void> Generations::publish(int generation, std::string record) {
 
 store::Task<RecoveryOutcome> Generations::wait_recovered(int generation,
                                                          std::chrono::milliseconds timeout) {
-  return recovery_of(client_, opened_, prefix_, generation, timeout);
+  return recovery_of(client_, opened_, prefix_, group_prefix_, generation, timeout);
 }
 
 store::Task<bool> Generations::wait_published(int generation, std::chrono::milliseconds timeout) {
@@ -244,7 +277,43 @@ store::Task<bool> Generations::wait_published(int generation, std::chrono::milli
 
 store::Task<RecoveryOutcome> Generations::publish_and_wait(int generation, std::string record,
                                                            std::chrono::milliseconds timeout) {
-  return publish_then_wait(client_, opened_, prefix_, generation, std::move(record), timeout);
+  return publish_then_wait(client_, opened_, prefix_, group_prefix_, generation, std::move(record),
+                           timeout);
+}
+
+namespace {
+
+// The generation a key names right after `prefix`: "<h>", then the key's end (where `whole` may
+// be the key) or "/".
+std::optional<int> generation_after(std::string_view key, std::string_view prefix, bool whole) {
+  if (!key.starts_with(prefix)) return std::nullopt;
+  key.remove_prefix(prefix.size());
+  int h = 0;
+  const auto [rest, ec] = std::from_chars(key.data(), key.data() + key.size(), h);
+  if (ec != std::errc() || rest == key.data()) return std::nullopt;
+  const std::string_view after(rest, static_cast<std::size_t>(key.data() + key.size() - rest));
+  if (after.empty() ? !whole : after.front() != '/') return std::nullopt;
+  return h;
+}
+
+}  // namespace
+
+std::vector<std::string> keys_before(const std::vector<std::string>& keys,
+                                     const std::string& prefix, const std::string& group_prefix,
+                                     int generation) {
+  const std::string records = prefix + "gen/";
+  const std::string groups = group_prefix + "gen_";
+  std::vector<std::string> stale;
+  for (const auto& key : keys) {
+    std::string_view name = key;
+    auto h = generation_after(name, records, /*whole=*/true);  // gen/<h>, gen/<h>/recovered
+    if (!h) {
+      if (name.starts_with('/')) name.remove_prefix(1);     // torch's client puts "/" before a key
+      h = generation_after(name, groups, /*whole=*/false);  // gen_<h>/<the group's key>
+    }
+    if (h && *h < generation) stale.push_back(key);
+  }
+  return stale;
 }
 
 void Generations::close() {

@@ -3,7 +3,8 @@
 // the replacement starts: it is told its generation), its record published for the survivors, then
 // the group's word that it recovered (written by the new root once every rank holds its state),
 // waited for at most --in-place-timeout. Until that word the recovery is in progress, and any
-// failure restarts the whole group.
+// failure restarts the whole group. Once it recovered, the keys of the generations before it go
+// (keys_before).
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dist/store/async_client.h"
 #include "dist/store/endpoint.h"
@@ -110,7 +112,15 @@ class Generations {
   std::shared_ptr<store::AsyncStoreClient> client_;  // shared with the coroutine in flight
   std::shared_ptr<bool> opened_;
   std::string prefix_;
+  std::string group_prefix_;  // the group's keys (worker_contract::group_prefix)
 };
+
+// The keys of the generations before `generation` (a record, its arrivals and word, under
+// `prefix` gen/<h>; a process group's, under `group_prefix` gen_<h>/, with torch's "/" before it
+// or without), among `keys`: once `generation` recovered, no rank reads them again.
+std::vector<std::string> keys_before(const std::vector<std::string>& keys,
+                                     const std::string& prefix, const std::string& group_prefix,
+                                     int generation);
 
 // What the in-place parts share of a round (recovery/in_place.h): its generations, over its
 // workers' store (from RUNNING on), and the latest generation of this node's group.

@@ -93,6 +93,8 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";         // --local-addr:
 //                     barrier and the job ends done, not restarted.
 // Generation g's process group keeps its keys under "sdk/<run id>/attempt_<restart>/gen_<g>/"
 // (generation 0: "sdk/<run id>/attempt_<restart>/"), so no key of a previous generation is read.
+// Once generation g recovered, the agent deletes the keys of the generations before it (gen/<h>
+// and everything under it, gen_<h>/...): no rank reads them again.
 // A group restart starts over at generation 0 with a new restart count, hence new keys.
 inline constexpr char kRestartPolicyVariable[] = "DIST_LAUNCH_RESTART_POLICY";
 // --in-place-timeout, in milliseconds: how long a recovery may take, from a failure to the group's
@@ -104,6 +106,11 @@ inline constexpr std::chrono::milliseconds kDefaultInPlaceTimeout{300'000};  // 
 inline constexpr char kInPlacePolicy[] = "in-place";
 inline constexpr char kGenerationVariable[] = "DIST_LAUNCH_GENERATION";
 
+// Where a restart's process groups keep their keys: generation 0's here, generation g's under
+// <this>gen_<g>/ (above). Stored as it is by the SDK's client, with a "/" before it by torch's.
+inline std::string group_prefix(const std::string& run_id, int restart_count) {
+  return "sdk/" + run_id + "/attempt_" + std::to_string(restart_count) + "/";
+}
 inline std::string generation_prefix(const std::string& run_id, int restart_count) {
   return "/dist_launch/inplace/" + run_id + "/attempt_" + std::to_string(restart_count) + "/";
 }

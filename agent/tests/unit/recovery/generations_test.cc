@@ -1,0 +1,107 @@
+// The agent's generations over a real workers' store: once a generation recovered, the keys of
+// the generations before it go (the workers' records, arrivals and words; their process groups'
+// keys, as the SDK's client stores them and as torch's does, with "/" before), and nothing else.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/contract/worker_contract.h"
+#include "dist/store/client.h"
+#include "dist/store/server.h"
+#include "recovery/generations.h"
+
+namespace dist::agent {
+namespace {
+
+using namespace std::chrono_literals;
+namespace contract = worker_contract;
+
+const std::string kRecords = contract::generation_prefix("job", 0);  // "/dist_launch/inplace/..."
+const std::string kGroups = contract::group_prefix("job", 0);        // "sdk/job/attempt_0/"
+
+// Keys of generations 1 and 2 that generation 3's recovery makes stale, and keys it must keep.
+std::vector<std::string> stale_keys() {
+  return {contract::generation_key(kRecords, 1),
+          contract::recovered_key(kRecords, 1),
+          contract::arrived_key(kRecords, 2, 0),
+          contract::generation_key(kRecords, 2),
+          kGroups + "gen_1/nccl",             // the SDK's client: as it is
+          "/" + kGroups + "gen_2//0//rank_0",  // torch's: "/" first, PrefixStore's "/"s
+          "/" + kGroups + "gen_2//0//rank_1"};
+}
+std::vector<std::string> kept_keys() {
+  return {contract::generation_counter_key(kRecords),
+          contract::generation_key(kRecords, 3),
+          contract::recovered_key(kRecords, 3),
+          contract::generation_key(kRecords, 30),           // a later generation, not gen 3's prefix
+          contract::regroup_key(kRecords, 1, 0),            // a regroup's place
+          "/" + kGroups + "gen_3//0//rank_0",                // this generation's group
+          "/" + kGroups + "0//rank_0",                       // generation 0's: no gen_ in it
+          "/" + kGroups + "gen_1",                           // not a group's key
+          contract::group_prefix("job", 1) + "gen_1/nccl",  // another restart's
+          "/" + contract::group_prefix("other", 0) + "gen_1//0"};
+}
+
+TEST(KeysBefore, NamesEveryEarlierGenerationsKeyAndNothingElse) {
+  auto all = kept_keys();
+  for (const auto& key : stale_keys()) all.push_back(key);
+  EXPECT_EQ(keys_before(all, kRecords, kGroups, 3), stale_keys());
+  EXPECT_TRUE(keys_before(all, kRecords, kGroups, 1).empty());
+}
+
+TEST(Generations, ARecoveredGenerationDeletesTheKeysOfThoseBeforeIt) {
+  store::StoreServerThread server;
+  store::ClientOptions options;
+  options.port = server.port();
+  store::StoreClient client = store::StoreClient::connect(options);
+  for (const auto& key : stale_keys()) client.set(key, "x");
+  for (const auto& key : kept_keys()) client.set(key, "x");
+
+  boost::asio::io_context io;
+  Generations generations(io, "job", "", store::Endpoint{"127.0.0.1", server.port()}, 0);
+  std::exception_ptr failure;
+  std::vector<std::string> left;
+  boost::asio::co_spawn(
+      io,
+      [&]() -> store::Task<void> {
+        const auto outcome = co_await generations.publish_and_wait(3, "replaced=1", 10s);
+        EXPECT_TRUE(outcome.recovered) << outcome.why;
+        // The cleanup runs in the background: until the stale keys are gone (at most 10 s).
+        const auto stale = stale_keys();
+        for (int i = 0; i < 1000; ++i) {
+          left = client.list_keys();
+          const bool any = std::any_of(stale.begin(), stale.end(), [&](const std::string& k) {
+            return std::find(left.begin(), left.end(), k) != left.end();
+          });
+          if (!any) break;
+          boost::asio::steady_timer t(io, 10ms);
+          co_await t.async_wait(boost::asio::use_awaitable);
+        }
+        generations.close();
+      },
+      [&](std::exception_ptr e) { failure = e; });
+  // The group's word, as its new root writes it, once the generation is out.
+  std::thread root([&] {
+    store::StoreClient worker = store::StoreClient::connect(options);
+    worker.wait({contract::generation_key(kRecords, 3)}, 10s);
+    worker.set(contract::recovered_key(kRecords, 3), "root=0");
+  });
+  io.run();
+  root.join();
+  if (failure) std::rethrow_exception(failure);
+  std::sort(left.begin(), left.end());
+  auto expected = kept_keys();
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(left, expected);
+}
+
+}  // namespace
+}  // namespace dist::agent

@@ -33,7 +33,7 @@ std::vector<std::string> stale_keys() {
           contract::recovered_key(kRecords, 1),
           contract::arrived_key(kRecords, 2, 0),
           contract::generation_key(kRecords, 2),
-          kGroups + "gen_1/nccl",             // the SDK's client: as it is
+          kGroups + "gen_1/nccl",              // the SDK's client: as it is
           "/" + kGroups + "gen_2//0//rank_0",  // torch's: "/" first, PrefixStore's "/"s
           "/" + kGroups + "gen_2//0//rank_1"};
 }
@@ -41,11 +41,11 @@ std::vector<std::string> kept_keys() {
   return {contract::generation_counter_key(kRecords),
           contract::generation_key(kRecords, 3),
           contract::recovered_key(kRecords, 3),
-          contract::generation_key(kRecords, 30),           // a later generation, not gen 3's prefix
-          contract::regroup_key(kRecords, 1, 0),            // a regroup's place
-          "/" + kGroups + "gen_3//0//rank_0",                // this generation's group
-          "/" + kGroups + "0//rank_0",                       // generation 0's: no gen_ in it
-          "/" + kGroups + "gen_1",                           // not a group's key
+          contract::generation_key(kRecords, 30),  // a later generation, not gen 3's prefix
+          contract::regroup_key(kRecords, 1, 0),   // a regroup's place
+          "/" + kGroups + "gen_3//0//rank_0",      // this generation's group
+          "/" + kGroups + "0//rank_0",             // generation 0's: no gen_ in it
+          "/" + kGroups + "gen_1",                 // not a group's key
           contract::group_prefix("job", 1) + "gen_1/nccl",  // another restart's
           "/" + contract::group_prefix("other", 0) + "gen_1//0"};
 }

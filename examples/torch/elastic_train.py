@@ -71,14 +71,14 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state = elastic.TorchState(model=model, optimizer=optimizer, step=0)
 
-    joined = []  # the step this process first trained at (a replacement's: the survivors')
-    seen_generation = [generation]
+    joined_at = None  # the step this process first trained at (a replacement's: the survivors')
+    seen_generation = generation
 
     @elastic.run
     def train(state):
-        nonlocal rank
-        if not joined:
-            joined.append(state.step)
+        nonlocal rank, joined_at, seen_generation
+        if joined_at is None:
+            joined_at = state.step
         ddp = DDP(state.model)  # built for the group of this entry
         while state.step < args.steps:
             rank = dist.get_rank()  # a lost node's survivors are renumbered
@@ -88,11 +88,11 @@ def main():
                 time.sleep(0.05)
             crash = (first_attempt and generation == 0 and rank == args.crash_rank
                      and state.step == args.crash_at_step)
-            if args.crash_every and rank == args.crash_rank and state.step > joined[0]:
+            if args.crash_every and rank == args.crash_rank and state.step > joined_at:
                 crash = crash or state.step % args.crash_every == 0
             now = elastic._this_group().generation if elastic.in_place() else 0
-            if args.store_keys and rank == 0 and now != seen_generation[0]:
-                seen_generation[0] = now
+            if args.store_keys and rank == 0 and now != seen_generation:
+                seen_generation = now
                 print(f"rank 0 generation {now} store keys "
                       f"{elastic._this_group().store.num_keys()}", flush=True)
             if crash and args.timestamps:

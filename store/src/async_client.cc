@@ -8,7 +8,6 @@
 #include <boost/asio/write.hpp>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <random>
 #include <vector>
 
@@ -35,10 +34,9 @@ using requests::kReadChunkBytes;
 
 }  // namespace
 
-// A lane's state: closed, and how to end its wait in flight (set while one is).
+// A lane's state: its close() ends its calls only (Impl::close_lane).
 struct AsyncStoreClient::Lane {
   bool closed = false;
-  std::function<void()> interrupt;
 };
 
 // The connection and the state of the one call in flight. Timers hold a weak reference and a
@@ -124,6 +122,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
       end();
       throw;
     }
+    lane_in_flight_ = lane.get();
     co_return Call(this);
   }
   Task<Call> begin_call(std::shared_ptr<Lane> lane, std::string context) {
@@ -132,8 +131,10 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
     co_return std::move(*turn);  // no deadline: handed the connection, or it threw
   }
 
-  // A lane closed: its queued calls end now (with kCancelled), not when their turn comes.
-  void wake(const Lane* lane) {
+  // A lane closed: its wait in flight is cancelled on the store, and its queued calls end now
+  // (with kCancelled), not when their turn comes.
+  void close_lane(const Lane* lane) {
+    if (waiting_ && lane_in_flight_ == lane) send_cancel_wait();
     for (auto& turn : queue_) {
       if (turn->lane == lane) turn->timer.cancel();
     }
@@ -158,6 +159,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   void end() {
     ++generation_;
     waiting_ = false;
+    lane_in_flight_ = nullptr;
     deadline_.cancel();
     wait_timer_.cancel();
     if (queue_.empty()) {
@@ -268,6 +270,28 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
     if (takers_queued_ > 0) give_way();
     if (lane && lane->closed) send_cancel_wait();
   }
+  // A wait, made again after each time it gave way to another call (take_turn cancels it on the
+  // store for them), until a reply or `timeout` in all. A lane's close() cancels it too.
+  Task<std::optional<std::uint64_t>> wait_for(std::shared_ptr<Lane> lane, std::string context,
+                                              wire::Op op, std::vector<std::string> keys,
+                                              milliseconds timeout) {
+    check_keys(keys);
+    const auto deadline = Clock::now() + timeout;
+    for (bool again = false;; again = true) {
+      auto turn = co_await take_turn(lane, context, /*takes_way=*/!again, deadline);
+      if (!turn) co_return std::nullopt;  // the deadline passed while it waited for its turn
+      auto call = std::move(*turn);
+      requests::key_list(call.out(), op, keys);
+      co_await send();
+      started_wait(lane.get());
+      const auto left =
+          std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline - Clock::now()));
+      const auto result = co_await await_wait(left);
+      if (result) co_return result;
+      if (lane && lane->closed) throw cancelled(context);
+      if (!gave_way_ || Clock::now() >= deadline) co_return std::nullopt;
+    }  // `call` ends here: the connection passes to the call the wait gave way to
+  }
   void send_cancel_wait() {
     if (cancel_sent_) return;  // one CANCEL_WAIT, one reply
     cancel_sent_ = true;
@@ -362,9 +386,10 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   bool broken_ = false;
   bool timed_out_ = false;
   bool cancel_sent_ = false;
-  bool waiting_ = false;           // the call in flight is a wait
-  bool gave_way_ = false;          // ... cancelled for a call made meanwhile
-  std::size_t takers_queued_ = 0;  // queued calls that a wait gives way to
+  bool waiting_ = false;                  // the call in flight is a wait
+  const Lane* lane_in_flight_ = nullptr;  // the lane whose call is in flight, if any
+  bool gave_way_ = false;                 // ... cancelled for a call made meanwhile
+  std::size_t takers_queued_ = 0;         // queued calls that a wait gives way to
   std::string broken_reason_;
   std::deque<std::shared_ptr<Turn>> queue_;  // calls waiting for the connection
 };
@@ -546,8 +571,7 @@ void AsyncStoreClient::close() {
   if (!lane_) return impl_->close();
   if (lane_->closed) return;
   lane_->closed = true;
-  if (auto interrupt = std::exchange(lane_->interrupt, nullptr)) interrupt();
-  impl_->wake(lane_.get());
+  impl_->close_lane(lane_.get());
 }
 
 const ClientOptions& AsyncStoreClient::options() const {
@@ -685,50 +709,20 @@ Task<std::vector<std::string>> AsyncStoreClient::list_keys() {
   co_return keys;
 }
 
-// A wait, made again after each time it gave way to another call (begin_call cancels it on the
-// store for them), until a reply or `timeout` in all. A lane's close() cancels it too.
-Task<std::optional<std::uint64_t>> AsyncStoreClient::wait_for(std::string context, std::uint8_t op,
-                                                              std::vector<std::string> keys,
-                                                              milliseconds timeout) {
-  auto impl = impl_;
-  auto lane = lane_;
-  impl->check_keys(keys);
-  const auto deadline = Clock::now() + timeout;
-  for (bool again = false;; again = true) {
-    auto turn = co_await impl->take_turn(lane, context, /*takes_way=*/!again, deadline);
-    if (!turn) co_return std::nullopt;  // the deadline passed while it waited for its turn
-    auto call = std::move(*turn);
-    requests::key_list(call.out(), static_cast<wire::Op>(op), keys);
-    co_await impl->send();
-    if (lane) {
-      lane->interrupt = [weak = std::weak_ptr<Impl>(impl), gen = impl->generation_] {
-        auto self = weak.lock();
-        if (self && self->generation_ == gen && self->waiting_) self->send_cancel_wait();
-      };
-    }
-    impl->started_wait(lane.get());
-    const auto left =
-        std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline - Clock::now()));
-    const auto result = co_await impl->await_wait(left);
-    if (lane) lane->interrupt = nullptr;
-    if (result) co_return result;
-    if (lane && lane->closed) throw impl->cancelled(context);
-    if (!impl->gave_way_ || Clock::now() >= deadline) co_return std::nullopt;
-  }  // `call` ends here: the connection passes to the call the wait gave way to
-}
-
 Task<bool> AsyncStoreClient::wait(std::vector<std::string> keys, milliseconds timeout) {
-  const std::string context = "WAIT " + requests::describe_keys(keys);
-  co_return (co_await wait_for(context, static_cast<std::uint8_t>(wire::Op::kWait), std::move(keys),
-                               timeout))
-      .has_value();
+  auto impl = impl_;
+  std::string context = "WAIT " + requests::describe_keys(keys);
+  const auto reply =
+      co_await impl->wait_for(lane_, std::move(context), wire::Op::kWait, std::move(keys), timeout);
+  co_return reply.has_value();
 }
 
 Task<std::optional<std::size_t>> AsyncStoreClient::wait_deleted(std::vector<std::string> keys,
                                                                 milliseconds timeout) {
-  const std::string context = "WAIT_DELETED " + requests::describe_keys(keys);
-  const auto index = co_await wait_for(context, static_cast<std::uint8_t>(wire::Op::kWaitDeleted),
-                                       std::move(keys), timeout);
+  auto impl = impl_;
+  std::string context = "WAIT_DELETED " + requests::describe_keys(keys);
+  const auto index = co_await impl->wait_for(lane_, std::move(context), wire::Op::kWaitDeleted,
+                                             std::move(keys), timeout);
   if (!index) co_return std::nullopt;
   co_return static_cast<std::size_t>(*index);
 }

@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <exception>
+#include <functional>
 #include <optional>
 
 #include "dist/store/async_client.h"
@@ -40,6 +41,26 @@ void run(F&& body) {
   asio::co_spawn(io, std::forward<F>(body)(), [&](std::exception_ptr e) { failure = e; });
   io.run();
   if (failure) std::rethrow_exception(failure);
+}
+
+// Polls `done` every millisecond on the test's io_context (ctest's timeout bounds it).
+Task<> until(std::function<bool()> done) {
+  auto executor = co_await asio::this_coro::executor;
+  while (!done()) {
+    asio::steady_timer t(executor, 1ms);
+    co_await t.async_wait(asio::use_awaitable);
+  }
+}
+
+// The store error a call ends with; nullopt when it succeeds.
+template <typename T>
+Task<std::optional<StoreErrc>> error_of(Task<T> call) {
+  try {
+    co_await std::move(call);
+  } catch (const StoreError& e) {
+    co_return e.code();
+  }
+  co_return std::nullopt;
 }
 
 class AsyncClientTest : public ::testing::Test {
@@ -219,10 +240,7 @@ TEST_F(AsyncClientTest, AWaitGivesWayToACallMadeMeanwhileAndStillSeesItsKey) {
     asio::co_spawn(
         executor, [&]() -> Task<> { waited = co_await c.wait(keys("k"), 60s); }, asio::detached);
     // The wait is on the store once the store has counted its request.
-    while (server_.stats().requests < 2) {  // HELLO, WAIT
-      asio::steady_timer t(executor, 1ms);
-      co_await t.async_wait(asio::use_awaitable);
-    }
+    co_await until([&] { return server_.stats().requests >= 2; });  // HELLO, WAIT
     for (int i = 1; i <= 3; ++i) {
       const auto n = co_await c.add("n", 1);  // served while the wait is pending
       EXPECT_EQ(n, i);
@@ -230,10 +248,7 @@ TEST_F(AsyncClientTest, AWaitGivesWayToACallMadeMeanwhileAndStillSeesItsKey) {
     }
     auto writer = co_await AsyncStoreClient::connect(options());
     co_await writer.set("k", "v");
-    while (!waited) {
-      asio::steady_timer t(executor, 1ms);
-      co_await t.async_wait(asio::use_awaitable);
-    }
+    co_await until([&] { return waited.has_value(); });
     EXPECT_TRUE(*waited);
   });
 }
@@ -255,17 +270,11 @@ TEST_F(AsyncClientTest, TwoWaitsOnOneConnectionEachEndOnTheirKey) {
         executor, [&]() -> Task<> { second = co_await c.wait(keys("b"), 60s); }, asio::detached);
     auto writer = co_await AsyncStoreClient::connect(options());
     co_await writer.set("b", "1");
-    while (!second) {
-      asio::steady_timer t(executor, 1ms);
-      co_await t.async_wait(asio::use_awaitable);
-    }
+    co_await until([&] { return second.has_value(); });
     EXPECT_TRUE(*second);
     EXPECT_FALSE(first.has_value());
     co_await writer.delete_key("a");
-    while (!first) {
-      asio::steady_timer t(executor, 1ms);
-      co_await t.async_wait(asio::use_awaitable);
-    }
+    co_await until([&] { return first.has_value(); });
     EXPECT_EQ(*first, std::optional<std::size_t>(0));
     // No ping-pong: a handful of requests, not a wait cancelled and made again without end.
     EXPECT_LT(server_.stats().requests, 30u);
@@ -280,6 +289,7 @@ TEST_F(AsyncClientTest, AWaitQueuedBehindAnotherEndsAtItsOwnTimeoutOrClose) {
     auto executor = co_await asio::this_coro::executor;
     for (const bool by_close : {false, true}) {
       auto lane = c.lane();
+      const auto before = server_.stats().requests;
       std::optional<std::string> ended;
       asio::co_spawn(
           executor,
@@ -292,7 +302,7 @@ TEST_F(AsyncClientTest, AWaitQueuedBehindAnotherEndsAtItsOwnTimeoutOrClose) {
             }
           },
           asio::detached);
-      co_await asio::post(executor, asio::use_awaitable);  // the lane's wait is in flight
+      co_await until([&] { return server_.stats().requests >= before + 1; });  // its WAIT
       bool other_ended = false;
       asio::co_spawn(
           executor,
@@ -301,24 +311,16 @@ TEST_F(AsyncClientTest, AWaitQueuedBehindAnotherEndsAtItsOwnTimeoutOrClose) {
             other_ended = true;
           },
           asio::detached);
-      if (by_close) {
-        asio::steady_timer t(executor, 50ms);
-        co_await t.async_wait(asio::use_awaitable);
-        lane.close();
-      }
-      while (!ended) {
-        asio::steady_timer t(executor, 1ms);
-        co_await t.async_wait(asio::use_awaitable);
-      }
+      // The lane's wait gave way (CANCEL_WAIT) and waits behind the client's WAIT.
+      co_await until([&] { return server_.stats().requests >= before + 3; });
+      if (by_close) lane.close();
+      co_await until([&] { return ended.has_value(); });
       EXPECT_EQ(*ended, by_close ? "cancelled" : "timed out");
       EXPECT_FALSE(other_ended) << "it waited for the other wait to end";
       auto writer = co_await AsyncStoreClient::connect(options());
       co_await writer.set("other", "1");
       co_await writer.delete_key("other");
-      while (!other_ended) {
-        asio::steady_timer t(executor, 1ms);
-        co_await t.async_wait(asio::use_awaitable);
-      }
+      co_await until([&] { return other_ended; });
     }
   });
 }
@@ -332,23 +334,11 @@ TEST_F(AsyncClientTest, CloseDuringAHandOverEndsEveryCall) {
     auto executor = co_await asio::this_coro::executor;
     std::optional<StoreErrc> queued;
     asio::co_spawn(
-        executor,
-        [&]() -> Task<> {
-          try {
-            co_await c.add("b", 1);
-          } catch (const StoreError& e) {
-            queued = e.code();
-          }
-        },
-        asio::detached);
+        executor, [&]() -> Task<> { queued = co_await error_of(c.add("b", 1)); }, asio::detached);
     co_await c.add("a", 1);  // the call above queued behind this one, and is handed the connection
     c.close();               // before it resumes
-    try {
-      co_await lane.add("x", 1);
-      ADD_FAILURE() << "a lane's call after its client's close() succeeded";
-    } catch (const StoreError& e) {
-      EXPECT_EQ(e.code(), StoreErrc::kCancelled);
-    }
+    const auto later = co_await error_of(lane.add("x", 1));
+    EXPECT_EQ(later, std::optional<StoreErrc>(StoreErrc::kCancelled));
     EXPECT_EQ(queued, std::optional<StoreErrc>(StoreErrc::kCancelled));
   });
 }
@@ -365,18 +355,10 @@ TEST_F(AsyncClientTest, ALanesCloseEndsOnlyItsOwnCalls) {
     co_await lane.set("by-lane", "1");
     asio::steady_timer later(co_await asio::this_coro::executor, 20ms);
     later.async_wait([&](boost::system::error_code) { lane.close(); });
-    try {
-      co_await lane.wait(keys("never"), 60s);
-      ADD_FAILURE() << "the lane's wait returned";
-    } catch (const StoreError& e) {
-      EXPECT_EQ(e.code(), StoreErrc::kCancelled) << e.what();
-    }
-    try {
-      co_await lane.add("x", 1);
-      ADD_FAILURE() << "a lane's call after its close() succeeded";
-    } catch (const StoreError& e) {
-      EXPECT_EQ(e.code(), StoreErrc::kCancelled);
-    }
+    const auto waited = co_await error_of(lane.wait(keys("never"), 60s));
+    EXPECT_EQ(waited, std::optional<StoreErrc>(StoreErrc::kCancelled));
+    const auto after = co_await error_of(lane.add("x", 1));
+    EXPECT_EQ(after, std::optional<StoreErrc>(StoreErrc::kCancelled));
     const auto n = co_await c.add("x", 1);
     EXPECT_EQ(n, 1);
     const bool still = co_await observer.check(keys("alive", "by-lane"));
@@ -384,12 +366,8 @@ TEST_F(AsyncClientTest, ALanesCloseEndsOnlyItsOwnCalls) {
 
     auto other = c.lane();
     c.close();
-    try {
-      co_await other.add("x", 1);
-      ADD_FAILURE() << "a lane's call after its client's close() succeeded";
-    } catch (const StoreError& e) {
-      EXPECT_EQ(e.code(), StoreErrc::kCancelled);
-    }
+    const auto orphaned = co_await error_of(other.add("x", 1));
+    EXPECT_EQ(orphaned, std::optional<StoreErrc>(StoreErrc::kCancelled));
     const auto gone = co_await observer.wait_deleted(keys("alive"), 10s);
     EXPECT_EQ(gone, std::optional<std::size_t>(0));
   });

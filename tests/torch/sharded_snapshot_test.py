@@ -29,43 +29,35 @@ class ShardedSnapshots(unittest.TestCase):
                               capture_output=True, text=True, env=env, timeout=300)
         return proc.returncode, proc.stdout + proc.stderr
 
-    def test_an_fsdp2_job_resumes_from_its_shards_with_the_uninterrupted_weights(self):
+    def crash_and_resume(self, kind, worker_flags=(), crash_flags=()):
+        """A clean run, then one whose rank 1 fails after step 4's save: the restarted group
+        loads each rank's own shards (as `kind`: DTensor or ShardedTensor), not before
+        init_process_group, and ends with the clean run's weights."""
         with tempfile.TemporaryDirectory() as d:
             clean, crashed = os.path.join(d, "clean"), os.path.join(d, "crashed")
-            code, output = self.run_job(clean, [])
+            code, output = self.run_job(clean, [], worker_flags)
             self.assertEqual(code, 0, output)
             self.assertNotIn("loads step", output)
-            code, output = self.run_job(crashed, ["--max-restarts", "1"], ["--crash-at", "4"])
+            code, output = self.run_job(crashed, ["--max-restarts", "1"],
+                                        [*worker_flags, "--crash-at", "4", *crash_flags])
             self.assertEqual(code, 0, output)
             self.assertIn("rank 1 fails after its save of step 4", output)
-            self.assertIn("before init_process_group: this snapshot holds DTensor shards", output)
+            self.assertIn(f"before init_process_group: this snapshot holds {kind} shards", output)
             self.assertNotIn("loaded sharded state without a process group", output)
             for rank in (0, 1):
                 self.assertIn(f"rank {rank} replicated load gives its own shards: True", output)
-                self.assertRegex(output, rf"rank {rank} restart 1 loads step 4: model \['DTensor'\], "
-                                         r"moments \['DTensor'\]")
+                self.assertRegex(output, rf"rank {rank} restart 1 loads step 4: model "
+                                         rf"\['{kind}'\], moments \['{kind}'\]")
             with open(clean) as a, open(crashed) as b:
                 self.assertEqual(a.read(), b.read(), "the resumed job's weights differ\n" + output)
+
+    def test_an_fsdp2_job_resumes_from_its_shards_with_the_uninterrupted_weights(self):
+        self.crash_and_resume("DTensor")
 
     def test_an_fsdp1_job_resumes_from_its_sharded_tensors_with_the_uninterrupted_weights(self):
         # FSDP1's sharded state dict (and its optimizer's) holds ShardedTensors: each rank's local
         # shards, with every rank's offsets; loaded mapped here.
-        with tempfile.TemporaryDirectory() as d:
-            clean, crashed = os.path.join(d, "clean"), os.path.join(d, "crashed")
-            code, output = self.run_job(clean, [], ["--fsdp1"])
-            self.assertEqual(code, 0, output)
-            code, output = self.run_job(crashed, ["--max-restarts", "1"],
-                                        ["--fsdp1", "--crash-at", "4", "--mmap"])
-            self.assertEqual(code, 0, output)
-            self.assertIn("rank 1 fails after its save of step 4", output)
-            self.assertIn("before init_process_group: this snapshot holds ShardedTensor shards",
-                          output)
-            for rank in (0, 1):
-                self.assertIn(f"rank {rank} replicated load gives its own shards: True", output)
-                self.assertRegex(output, rf"rank {rank} restart 1 loads step 4: model "
-                                         r"\['ShardedTensor'\], moments \['ShardedTensor'\]")
-            with open(clean) as a, open(crashed) as b:
-                self.assertEqual(a.read(), b.read(), "the resumed job's weights differ\n" + output)
+        self.crash_and_resume("ShardedTensor", ["--fsdp1"], ["--mmap"])
 
 
 def main():

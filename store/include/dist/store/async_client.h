@@ -87,9 +87,6 @@ class AsyncStoreClient {
   class Impl;
   struct Lane;
   AsyncStoreClient(std::shared_ptr<Impl> impl, std::shared_ptr<Lane> lane);
-  Task<std::optional<std::uint64_t>> wait_for(std::string context, std::uint8_t op,
-                                              std::vector<std::string> keys,
-                                              std::chrono::milliseconds timeout);
 
   std::shared_ptr<Impl> impl_;  // shared with the coroutines and timers in flight, and lanes
   std::shared_ptr<Lane> lane_;  // null for the connection's own handle

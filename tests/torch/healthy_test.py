@@ -151,10 +151,11 @@ class Healthy(unittest.TestCase):
         for event in job.events("hang_suspected"):
             (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
             self.assertTrue(rank0["active"], rank0)
-            # Named by its stack, or (a write blocked in the kernel holds the GIL: no stack to
-            # read on a machine busy with I/O) by what its I/O shows.
+            # Named by its stack, or (the GIL held through a write: the sampler's last look may
+            # be from the state dict's making, and a thread that runs is not signalled) by what
+            # its I/O shows, beside the CPU the pickling takes.
             what = rank0["doing"] + rank0["where"]
-            self.assertTrue("torch.save" in what or rank0["doing"].startswith("writing"), rank0)
+            self.assertTrue("torch.save" in what or "writing (" in rank0["doing"], rank0)
         self.assertNotIn("hang suspected", job.proc.stderr, "a rank that writes is working")
 
     def test_a_rank_evaluating_while_the_other_waits(self):

@@ -48,6 +48,7 @@
 
 #include "health/hang_report.h"
 #include "health/heartbeat_monitor.h"
+#include "health/process_activity.h"
 #include "health/step_stats.h"
 #include "health/telemetry.h"
 
@@ -57,7 +58,8 @@ inline constexpr std::chrono::seconds kProgressSampleInterval{1};
 inline constexpr std::chrono::seconds kConfirmGap{2};
 inline constexpr std::chrono::seconds kStackDumpWait{2};
 // A rank asked for its stacks in its slot that has not answered in this long (its sampler cannot
-// run: a thread keeps the GIL) is signalled for its main thread's instead.
+// run: a thread keeps the GIL) is signalled for its main thread's instead, when that thread has
+// waited in the kernel all the while (a Python worker's; hang_detector.cc says why).
 inline constexpr std::chrono::milliseconds kStackAskWait{500};
 inline constexpr std::chrono::seconds kVictimGrace{10};
 inline constexpr std::chrono::seconds kStoppedProof{3};    // held stopped this long: proof
@@ -104,10 +106,12 @@ class HangDetector {
     bool running = false;
     std::chrono::nanoseconds started_at{0};
     StepHistory history;
-    std::optional<RankLook> look;            // during an investigation
-    std::uintmax_t stacks_offset = 0;        // the stack file's size before the last look
-    bool asked = false;                      // for its stacks, in its slot
-    bool signalled = false;                  // for its main thread's stack
+    std::optional<RankLook> look;      // during an investigation
+    std::uintmax_t stacks_offset = 0;  // the stack file's size before the last look
+    bool asked = false;                // for its stacks, in its slot
+    bool signalled = false;            // for its main thread's stack
+    bool signal_due = false;  // a Python worker with no sampler: signalled after kStackAskWait
+    std::optional<ThreadRun> main_thread;    // a Python worker's, as the look asked
     std::optional<RankWhere> reported;       // what the last report said of it, while it stands
     std::optional<std::uint64_t> cpu_ticks;  // its process's, at the last sample
     double cpu_share = 0;                    // of a core, over the last sample's interval

@@ -20,9 +20,15 @@ std::string read_small(const std::string& path) {
   return text;
 }
 
-// State and CPU ticks (utime + stime, fields 14 and 15) from /proc/<pid>/stat; false when gone.
-bool read_stat(pid_t pid, char& state, std::uint64_t& ticks) {
-  const std::string stat = read_small("/proc/" + std::to_string(pid) + "/stat");
+long ticks_per_second() {
+  static const long ticks = ::sysconf(_SC_CLK_TCK);
+  return ticks > 0 ? ticks : 100;
+}
+
+// State and CPU ticks (utime + stime, fields 14 and 15) from a /proc stat file (a process's or a
+// thread's); false when gone.
+bool read_stat_file(const std::string& path, char& state, std::uint64_t& ticks) {
+  const std::string stat = read_small(path);
   const auto close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return false;
   state = stat[close + 2];
@@ -35,6 +41,10 @@ bool read_stat(pid_t pid, char& state, std::uint64_t& ticks) {
   }
   ticks = utime + stime;
   return true;
+}
+
+bool read_stat(pid_t pid, char& state, std::uint64_t& ticks) {
+  return read_stat_file("/proc/" + std::to_string(pid) + "/stat", state, ticks);
 }
 
 void add_io(pid_t pid, ProcessActivity& a) {
@@ -90,15 +100,38 @@ std::optional<ProcessStat> read_process_stat(pid_t pid) {
   return s;
 }
 
+std::optional<ThreadRun> read_thread_run(pid_t pid, pid_t tid) {
+  const std::string task = "/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid);
+  ThreadRun run;
+  run.at = std::chrono::steady_clock::now();
+  std::uint64_t ticks = 0;
+  if (!read_stat_file(task + "/stat", run.state, ticks)) return std::nullopt;
+  // schedstat: nanoseconds on a CPU, nanoseconds waiting for one, timeslices; all zero on a
+  // kernel without scheduler statistics, where the stat's ticks (10 ms each) stand in.
+  std::istringstream schedstat(read_small(task + "/schedstat"));
+  std::uint64_t on_cpu_ns = 0, waited_ns = 0, slices = 0;
+  if (schedstat >> on_cpu_ns >> waited_ns >> slices && slices > 0) {
+    run.on_cpu = std::chrono::nanoseconds(on_cpu_ns);
+  } else {
+    run.on_cpu = std::chrono::nanoseconds(ticks * 1'000'000'000 /
+                                          static_cast<std::uint64_t>(ticks_per_second()));
+  }
+  return run;
+}
+
+bool thread_waited_in_kernel(const ThreadRun& before, const ThreadRun& now) {
+  if (now.state != 'S' && now.state != 'D') return false;
+  const auto between = now.at - before.at;
+  return now.on_cpu >= before.on_cpu && (now.on_cpu - before.on_cpu) * 100 <= between;
+}
+
 double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds) {
   return cpu_share(before.cpu_ticks, after.cpu_ticks, seconds);
 }
 
 double cpu_share(std::uint64_t before, std::uint64_t after, double seconds) {
   if (seconds <= 0 || after < before) return 0;
-  static const long ticks_per_second = ::sysconf(_SC_CLK_TCK);
-  return static_cast<double>(after - before) /
-         static_cast<double>(ticks_per_second > 0 ? ticks_per_second : 100) / seconds;
+  return static_cast<double>(after - before) / static_cast<double>(ticks_per_second()) / seconds;
 }
 
 }  // namespace dist::agent

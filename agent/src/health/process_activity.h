@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,6 +32,20 @@ struct ProcessStat {
   std::uint64_t cpu_ticks = 0;
 };
 std::optional<ProcessStat> read_process_stat(pid_t pid);
+
+// One thread's state and the time it has spent on a CPU, read at `at`: whether it waited in the
+// kernel all the while between two readings (thread_waited_in_kernel) is what makes a signal to
+// it safe for a handler that reads the interpreter's frames (hang_detector.cc).
+struct ThreadRun {
+  char state = '?';
+  std::chrono::nanoseconds on_cpu{0};  // /proc/<pid>/task/<tid>/schedstat, else the stat's ticks
+  std::chrono::steady_clock::time_point at;
+};
+std::optional<ThreadRun> read_thread_run(pid_t pid, pid_t tid);
+// Whether the thread stayed off the CPU between the readings (at most 1% of the time on it: a
+// timed wait that wakes to sleep again) and waits in the kernel now (S or D): it stands at a call
+// into the kernel, not in the middle of anything in user space.
+bool thread_waited_in_kernel(const ThreadRun& before, const ThreadRun& now);
 
 // The CPU a reading's processes used between two readings, as a share of one core (1.0 = one core
 // busy all the time).

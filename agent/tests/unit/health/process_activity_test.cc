@@ -1,0 +1,119 @@
+// What the kernel says of a thread, read by the hang detector before it signals a Python worker's
+// main thread for its stack: real processes that wait in the kernel or run.
+#include "health/process_activity.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+namespace dist::agent {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A forked child running `body` (which never returns), killed and reaped at the end of the test;
+// the constructor returns once the child has said it is about to run it.
+class Child {
+ public:
+  template <typename Body>
+  explicit Child(Body body) {
+    int ready[2];
+    EXPECT_EQ(::pipe(ready), 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(ready[0]);
+      const char byte = 1;
+      if (::write(ready[1], &byte, 1) != 1) ::_exit(2);
+      body();
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    char byte = 0;
+    EXPECT_EQ(::read(ready[0], &byte, 1), 1);
+    ::close(ready[0]);
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+
+  // Whether its main thread waited in the kernel over `between`, as the hang detector reads it.
+  bool main_thread_waited_in_kernel(std::chrono::milliseconds between) const {
+    const auto before = read_thread_run(pid_, pid_);
+    std::this_thread::sleep_for(between);
+    const auto now = read_thread_run(pid_, pid_);
+    EXPECT_TRUE(before && now);
+    return before && now && thread_waited_in_kernel(*before, *now);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+[[noreturn]] void spin() {
+  std::atomic<std::uint64_t> count{0};
+  for (;;) count.fetch_add(1, std::memory_order_relaxed);
+}
+
+TEST(ThreadRun, AThreadAsleepInTheKernelWaitedThere) {
+  Child sleeper([] {
+    for (;;) ::pause();
+  });
+  // The first reading may catch the child on its way into pause(): a few tries.
+  bool waited = false;
+  for (int i = 0; i < 5 && !waited; ++i) waited = sleeper.main_thread_waited_in_kernel(300ms);
+  EXPECT_TRUE(waited);
+  const auto run = read_thread_run(sleeper.pid(), sleeper.pid());
+  ASSERT_TRUE(run);
+  EXPECT_EQ(run->state, 'S');
+}
+
+TEST(ThreadRun, AThreadThatRunsNeverWaitedInTheKernel) {
+  Child spinner([] { spin(); });
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(spinner.main_thread_waited_in_kernel(300ms));
+  const auto run = read_thread_run(spinner.pid(), spinner.pid());
+  ASSERT_TRUE(run);
+  EXPECT_EQ(run->state, 'R');
+  EXPECT_GT(run->on_cpu, 0ns);
+}
+
+TEST(ThreadRun, TheMainThreadIsReadNotTheProcess) {
+  // The main thread blocked in a read while another thread of the process runs: the main thread
+  // waited in the kernel (a worker whose main thread waits in a collective while a thread of its
+  // own computes).
+  int never[2];
+  ASSERT_EQ(::pipe(never), 0);
+  Child busy([&] {
+    std::thread([] { spin(); }).detach();
+    char byte = 0;
+    for (;;) (void)!::read(never[0], &byte, 1);
+  });
+  bool waited = false;
+  for (int i = 0; i < 5 && !waited; ++i) waited = busy.main_thread_waited_in_kernel(300ms);
+  EXPECT_TRUE(waited);
+  ::close(never[0]);
+  ::close(never[1]);
+}
+
+TEST(ThreadRun, AThreadThatIsGoneHasNoReading) {
+  pid_t gone = -1;
+  {
+    Child child([] {
+      for (;;) ::pause();
+    });
+    gone = child.pid();
+  }
+  EXPECT_FALSE(read_thread_run(gone, gone));
+}
+
+}  // namespace
+}  // namespace dist::agent

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <functional>
 #include <future>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -106,7 +107,7 @@ std::vector<std::vector<float>> bucket_grads(int step) {
   return all;
 }
 
-TEST(Compression, FastHalfConversionsAreBitIdenticalToHalfs) {
+TEST(Compression, FastConversionsAreBitIdenticalToHalfAndBFloat16) {
   for (std::uint32_t h = 0; h <= 0xFFFFu; ++h) {
     const Half half{static_cast<std::uint16_t>(h)};
     const float a = half.to_float(), b = detail::float_from_half_bits(half.bits);
@@ -118,10 +119,76 @@ TEST(Compression, FastHalfConversionsAreBitIdenticalToHalfs) {
   for (std::uint64_t x = 0; x <= 0xFFFFFFFFull; x += 997) {
     patterns.push_back(static_cast<std::uint32_t>(x));
   }
+  patterns.push_back(0x7F800001u);  // a signalling NaN: bf16 keeps it quiet
+  patterns.push_back(0xFFFFFFFFu);
   for (const std::uint32_t x : patterns) {
     const float f = std::bit_cast<float>(x);
     ASSERT_EQ(detail::half_bits_from_float(f), Half::from_float(f).bits) << std::hex << x;
+    ASSERT_EQ(detail::bf16_bits_from_float(f), BFloat16::from_float(f).bits) << std::hex << x;
   }
+}
+
+TEST(Compression, TheBucketLoopsGiveTheHalfConversionsValues) {
+  // encode_half and decode_half (in hardware where the CPU converts) against the conversions
+  // above, value by value: every half, and every 997th float pattern with the rounding edges, in
+  // buckets whose lengths are no multiple of the 8 a hardware step takes.
+  std::vector<std::uint16_t> halves;
+  for (std::uint32_t h = 0; h <= 0xFFFFu; ++h) halves.push_back(static_cast<std::uint16_t>(h));
+  halves.push_back(0x3C00u);  // 65537 of them
+  std::vector<float> decoded(halves.size());
+  detail::decode_half(halves.data(), decoded.data(), halves.size());
+  for (std::size_t i = 0; i < halves.size(); ++i) {
+    const float expected = detail::float_from_half_bits(halves[i]);
+    if (std::isnan(expected)) {
+      ASSERT_TRUE(std::isnan(decoded[i])) << std::hex << halves[i];
+    } else {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(decoded[i]), std::bit_cast<std::uint32_t>(expected))
+          << std::hex << halves[i];
+    }
+  }
+  std::vector<float> acc{std::bit_cast<float>(0x38800000u),
+                         std::bit_cast<float>(0x387FFFFFu),
+                         std::bit_cast<float>(0x477FEFFFu),
+                         std::bit_cast<float>(0x477FF000u),
+                         std::bit_cast<float>(0x33000001u),
+                         -0.0f,
+                         65519.0f,
+                         65520.0f};
+  for (std::uint64_t x = 0; x <= 0xFFFFFFFFull; x += 997) {
+    const float f = std::bit_cast<float>(static_cast<std::uint32_t>(x));
+    if (!std::isnan(f)) acc.push_back(f);
+  }
+  acc.push_back(1.0f);  // no multiple of 8
+  for (const float scale : {1.0f, 0.25f}) {
+    std::vector<std::uint16_t> wire(acc.size());
+    std::vector<float> residual(acc.size());
+    detail::encode_half(acc.data(), wire.data(), scale, residual.data(), acc.size());
+    // The fused pass, from a gradient and a residual whose sum is about acc (half and the rest).
+    std::vector<float> flat(acc.size()), kept(acc.size());
+    std::vector<std::uint16_t> fused(acc.size());
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      flat[i] = acc[i] * 0.5f;
+      kept[i] = acc[i] - flat[i];
+    }
+    std::vector<float> sum(acc.size());
+    for (std::size_t i = 0; i < acc.size(); ++i) sum[i] = flat[i] + kept[i];
+    detail::widen_encode_half(flat.data(), kept.data(), fused.data(), scale, acc.size());
+    for (std::size_t i = 0; i < acc.size(); ++i) {
+      const std::uint16_t half = detail::half_bits_from_float(acc[i] * scale);
+      ASSERT_EQ(wire[i], half) << std::hex << std::bit_cast<std::uint32_t>(acc[i]);
+      const std::uint16_t fused_half = detail::half_bits_from_float(sum[i] * scale);
+      ASSERT_EQ(fused[i], fused_half) << std::hex << std::bit_cast<std::uint32_t>(acc[i]);
+      const float rest = acc[i] - detail::float_from_half_bits(half) / scale;
+      const float fused_rest = sum[i] - detail::float_from_half_bits(fused_half) / scale;
+      if (std::isnan(rest) || std::isnan(fused_rest)) continue;  // inf - inf
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(residual[i]), std::bit_cast<std::uint32_t>(rest))
+          << std::hex << std::bit_cast<std::uint32_t>(acc[i]);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(kept[i]), std::bit_cast<std::uint32_t>(fused_rest))
+          << std::hex << std::bit_cast<std::uint32_t>(acc[i]);
+    }
+  }
+  std::cout << "half conversions in hardware: " << (detail::half_in_hardware() ? "yes" : "no")
+            << "\n";
 }
 
 TEST(CompressionSpec, ParsesAndPrintsEveryMode) {

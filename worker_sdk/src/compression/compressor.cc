@@ -130,8 +130,8 @@ class Cast16 final : public Lossy {
 
   void exchange(void* flat) override {
     if (dynamic_) follow_last_exchange();
-    ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
-    ops_.encode16(acc_, wire_, wire_type_, scale_ * inverse_world(), residual_, n_);
+    ops_.widen_encode16(flat, layout_.type, residual_, acc_, wire_, wire_type_,
+                        scale_ * inverse_world(), n_);
     ops_.all_sum(wire_, wire_type_, n_, acc_);
     if (scale_ != 1.0f) ops_.scale(acc_, n_, 1.0f / scale_);
     guard(acc_);

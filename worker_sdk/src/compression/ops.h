@@ -11,6 +11,7 @@
 // pairs of 32-bit words: (index, bits of the float value).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -71,6 +72,13 @@ class Ops {
   // float(wire[i]) / scale: what the cast lost.
   virtual void encode16(const float* acc, void* wire, DataType wire_type, float scale,
                         float* residual, std::size_t n) = 0;
+  // widen_add then encode16 (acc is scratch: what it holds after is unspecified), in one pass
+  // where the Ops can.
+  virtual void widen_encode16(const void* flat, DataType type, float* residual, float* acc,
+                              void* wire, DataType wire_type, float scale, std::size_t n) {
+    widen_add(flat, type, residual, acc, n);
+    encode16(acc, wire, wire_type, scale, residual, n);
+  }
   // out[i] = float(wire[i]).
   virtual void decode16(const void* wire, DataType wire_type, float* out, std::size_t n) = 0;
   // out[i] = sum over r < ranks, in order, of float(gathered[r * n + i]) (float32, float16 or
@@ -141,6 +149,22 @@ std::unique_ptr<Ops> make_device_ops(ProcessGroup& group, CudaStream caller);
 // call and division (the fp16 exchange's hot loop).
 std::uint16_t half_bits_from_float(float f);
 float float_from_half_bits(std::uint16_t h);
+// BFloat16::from_float's bits, inline (the bf16 exchange's loops vectorize): round to nearest
+// even, a NaN kept quiet.
+inline std::uint16_t bf16_bits_from_float(float f) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? (x >> 16) | 0x40u : rounded);
+}
+// The fp16 exchange's loops over a bucket: out = half(acc x scale), residual = acc - out / scale;
+// and out = float(in). In hardware where the CPU converts (half_in_hardware: x86-64's F16C), the
+// same values as the functions above but for a NaN's payload.
+void encode_half(const float* acc, std::uint16_t* out, float scale, float* residual, std::size_t n);
+// encode_half of acc = flat + residual, in one pass: the same values as the two.
+void widen_encode_half(const float* flat, float* residual, std::uint16_t* out, float scale,
+                       std::size_t n);
+void decode_half(const std::uint16_t* in, float* out, std::size_t n);
+bool half_in_hardware();
 
 // Wire bytes this rank sends, by the ring algorithms.
 std::uint64_t ring_all_reduce_bytes(std::size_t bytes, int world);

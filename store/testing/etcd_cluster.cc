@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 
 namespace dist::store::testing {
@@ -22,6 +23,7 @@ namespace {
 // A loaded 2-core machine: etcd takes about 1 s (one member) to 2.5 s (three) when idle.
 constexpr std::chrono::milliseconds kStartTimeout{60'000};
 constexpr std::chrono::milliseconds kPollInterval{20};
+constexpr int kStartAttempts = 3;  // a port taken between free_port() and etcd's bind
 constexpr int kHttpTimeoutMs = 2'000;
 
 int free_port(const std::string& ip) {
@@ -121,26 +123,39 @@ EtcdCluster::EtcdCluster(EtcdClusterOptions options) : options_(std::move(option
   std::string pattern = (std::filesystem::temp_directory_path() / "dist-etcd-XXXXXX").string();
   if (!::mkdtemp(pattern.data())) throw std::runtime_error("etcd cluster: mkdtemp failed");
   dir_ = pattern;
-  std::string initial_cluster;
-  for (int i = 0; i < options_.members; ++i) {
-    Member m;
-    m.name = "m" + std::to_string(i + 1);
-    m.ip = "127.0.0." + std::to_string(i + 1);
-    m.client_port = free_port(m.ip);
-    m.peer_port = free_port(m.ip);
-    m.metrics_port = free_port(m.ip);
-    m.log = dir_ / (m.name + ".log");
-    initial_cluster +=
-        (i ? "," : "") + m.name + "=http://" + m.ip + ":" + std::to_string(m.peer_port);
-    members_.push_back(std::move(m));
-  }
-  try {
-    for (auto& m : members_) start(m, initial_cluster);
-    wait_healthy(kStartTimeout);
-  } catch (...) {
-    for (int i = 0; i < size(); ++i) kill(i);
-    std::filesystem::remove_all(dir_);
-    throw;
+  // etcd takes no port 0: the ports are found free, then given to it, and another process may
+  // bind one in between (seen in CI: "bind: address already in use"). Then the cluster starts
+  // again on other ports, a few times.
+  for (int attempt = 1;; ++attempt) {
+    members_.clear();
+    std::string initial_cluster;
+    for (int i = 0; i < options_.members; ++i) {
+      Member m;
+      m.name = "m" + std::to_string(i + 1);
+      m.ip = "127.0.0." + std::to_string(i + 1);
+      m.client_port = free_port(m.ip);
+      m.peer_port = free_port(m.ip);
+      m.metrics_port = free_port(m.ip);
+      m.log = dir_ / (m.name + ".log");
+      initial_cluster +=
+          (i ? "," : "") + m.name + "=http://" + m.ip + ":" + std::to_string(m.peer_port);
+      members_.push_back(std::move(m));
+    }
+    try {
+      for (auto& m : members_) start(m, initial_cluster);
+      wait_healthy(kStartTimeout);
+      return;
+    } catch (const std::exception& e) {
+      for (int i = 0; i < size(); ++i) kill(i);
+      const bool port_taken =
+          std::string_view(e.what()).find("address already in use") != std::string_view::npos;
+      if (port_taken && attempt < kStartAttempts) {
+        for (const auto& m : members_) std::filesystem::remove_all(dir_ / m.name);
+        continue;
+      }
+      std::filesystem::remove_all(dir_);
+      throw;
+    }
   }
 }
 

@@ -393,20 +393,15 @@ float float_from_half_bits(std::uint16_t h) {
 
 namespace {
 
-void encode_half_scalar(const float* acc, std::uint16_t* out, float scale, float* residual,
+// out = half(a x scale), residual = a - float(out) / scale, where a is in[i], or in[i] +
+// residual[i] when kAddResidual (encode_half, widen_encode_half).
+template <bool kAddResidual>
+void encode_half_scalar(const float* in, std::uint16_t* out, float scale, float* residual,
                         std::size_t from, std::size_t n) {
   for (std::size_t i = from; i < n; ++i) {
-    out[i] = half_bits_from_float(acc[i] * scale);
-    residual[i] = acc[i] - float_from_half_bits(out[i]) / scale;
-  }
-}
-
-void widen_encode_half_scalar(const float* flat, float* residual, std::uint16_t* out, float scale,
-                              std::size_t from, std::size_t n) {
-  for (std::size_t i = from; i < n; ++i) {
-    const float acc = flat[i] + residual[i];
-    out[i] = half_bits_from_float(acc * scale);
-    residual[i] = acc - float_from_half_bits(out[i]) / scale;
+    const float a = kAddResidual ? in[i] + residual[i] : in[i];
+    out[i] = half_bits_from_float(a * scale);
+    residual[i] = a - float_from_half_bits(out[i]) / scale;
   }
 }
 
@@ -415,36 +410,24 @@ void decode_half_scalar(const std::uint16_t* in, float* out, std::size_t from, s
 }
 
 #if defined(__x86_64__)
-// F16C (x86-64 CPUs since 2012), 8 values an instruction, in a build for any x86-64: these two
-// are compiled for it alone and called only where the CPU has it. Its conversions round to
-// nearest even as half_bits_from_float does and agree with it and float_from_half_bits on every
-// value (compression_test.cc) but a NaN's payload, which the guard zeroes whatever its bits.
-__attribute__((target("avx,f16c"))) void encode_half_f16c(const float* acc, std::uint16_t* out,
+// F16C (x86-64 CPUs since 2012), 8 values an instruction, in a build for any x86-64: these are
+// compiled for it alone and called only where the CPU has it. Its conversions round to nearest
+// even as half_bits_from_float does and agree with it and float_from_half_bits on every value
+// (compression_test.cc) but a NaN's payload, which the guard zeroes whatever its bits.
+template <bool kAddResidual>
+__attribute__((target("avx,f16c"))) void encode_half_f16c(const float* in, std::uint16_t* out,
                                                           float scale, float* residual,
                                                           std::size_t n) {
   const __m256 by = _mm256_set1_ps(scale);
   std::size_t i = 0;
   for (; n - i >= 8; i += 8) {
-    const __m256 a = _mm256_loadu_ps(acc + i);
+    __m256 a = _mm256_loadu_ps(in + i);
+    if constexpr (kAddResidual) a = _mm256_add_ps(a, _mm256_loadu_ps(residual + i));
     const __m128i half = _mm256_cvtps_ph(_mm256_mul_ps(a, by), _MM_FROUND_TO_NEAREST_INT);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), half);
     _mm256_storeu_ps(residual + i, _mm256_sub_ps(a, _mm256_div_ps(_mm256_cvtph_ps(half), by)));
   }
-  encode_half_scalar(acc, out, scale, residual, i, n);
-}
-
-__attribute__((target("avx,f16c"))) void widen_encode_half_f16c(const float* flat, float* residual,
-                                                                std::uint16_t* out, float scale,
-                                                                std::size_t n) {
-  const __m256 by = _mm256_set1_ps(scale);
-  std::size_t i = 0;
-  for (; n - i >= 8; i += 8) {
-    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(flat + i), _mm256_loadu_ps(residual + i));
-    const __m128i half = _mm256_cvtps_ph(_mm256_mul_ps(a, by), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), half);
-    _mm256_storeu_ps(residual + i, _mm256_sub_ps(a, _mm256_div_ps(_mm256_cvtph_ps(half), by)));
-  }
-  widen_encode_half_scalar(flat, residual, out, scale, i, n);
+  encode_half_scalar<kAddResidual>(in, out, scale, residual, i, n);
 }
 
 __attribute__((target("avx,f16c"))) void decode_half_f16c(const std::uint16_t* in, float* out,
@@ -457,6 +440,15 @@ __attribute__((target("avx,f16c"))) void decode_half_f16c(const std::uint16_t* i
   decode_half_scalar(in, out, i, n);
 }
 #endif
+
+template <bool kAddResidual>
+void encode_half_any(const float* in, std::uint16_t* out, float scale, float* residual,
+                     std::size_t n) {
+#if defined(__x86_64__)
+  if (half_in_hardware()) return encode_half_f16c<kAddResidual>(in, out, scale, residual, n);
+#endif
+  encode_half_scalar<kAddResidual>(in, out, scale, residual, 0, n);
+}
 
 }  // namespace
 
@@ -471,18 +463,12 @@ bool half_in_hardware() {
 
 void encode_half(const float* acc, std::uint16_t* out, float scale, float* residual,
                  std::size_t n) {
-#if defined(__x86_64__)
-  if (half_in_hardware()) return encode_half_f16c(acc, out, scale, residual, n);
-#endif
-  encode_half_scalar(acc, out, scale, residual, 0, n);
+  encode_half_any<false>(acc, out, scale, residual, n);
 }
 
 void widen_encode_half(const float* flat, float* residual, std::uint16_t* out, float scale,
                        std::size_t n) {
-#if defined(__x86_64__)
-  if (half_in_hardware()) return widen_encode_half_f16c(flat, residual, out, scale, n);
-#endif
-  widen_encode_half_scalar(flat, residual, out, scale, 0, n);
+  encode_half_any<true>(flat, out, scale, residual, n);
 }
 
 void decode_half(const std::uint16_t* in, float* out, std::size_t n) {

@@ -525,9 +525,9 @@ class Snapshots(Temp):
 
     def test_virtual_local_ranks_never_load_each_others_state(self):
         # Under --virtual-local-rank every worker of a node is local rank 0 in one snapshot
-        # store. That flag needs a GPU, so the workers here are run as the agent runs them: the
-        # real module in two processes, one store, LOCAL_RANK=0 both, RANK 0 and 1. Both save
-        # step 5, one after the other; each then loads its own state.
+        # store. The workers here are run as the agent runs them, one after the other: the real
+        # module in two processes, one store, LOCAL_RANK=0 both, RANK 0 and 1. Both save step 5;
+        # each then loads its own state. (named_hosts.snapshot_identity runs the flag itself.)
         d = self.temp()
         store = os.path.join(d, "store")
         os.makedirs(store)

@@ -364,6 +364,12 @@ std::vector<WorkerDevice> assign_devices(const DeviceOptions& options, const Acc
   }
   const std::string flag = options.devices.empty() ? "--virtual-local-rank" : "--devices";
   const std::string kind = found.kind == AcceleratorKind::kRocm ? "AMD" : "CUDA";
+  if (found.count() == 0 && options.devices.empty()) {
+    // torchrun runs a CPU job under --virtual-local-rank too: every worker is local rank 0, and
+    // there is no device to give it.
+    for (WorkerDevice& worker : assigned) worker.environment["LOCAL_RANK"] = "0";
+    return assigned;
+  }
   if (found.count() == 0) {
     throw DeviceError(flag + ": this node has no GPU to give the workers (" + found.source + ")");
   }

@@ -69,7 +69,9 @@ struct WorkerDevice {
 
 // One entry per local rank. With neither --devices nor --virtual-local-rank nothing is set, and
 // local rank i's device is taken to be device i (PyTorch's cuda:LOCAL_RANK convention) for its
-// NUMA node. Throws DeviceError when devices < workers, an index is out of range or repeated.
+// NUMA node. --virtual-local-rank on a host with no GPU gives every worker LOCAL_RANK=0 and no
+// device, as torchrun does. Throws DeviceError when devices < workers, an index is out of range or
+// repeated, or --devices names devices on a host with none.
 std::vector<WorkerDevice> assign_devices(const DeviceOptions& options, const Accelerators& found,
                                          int nproc_per_node);
 

@@ -118,6 +118,14 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
                                        config.omp_threads_defaulted)),
       kill_timer_(io),
       drain_timer_(io) {
+  const auto gets_a_device = [](const WorkerResources& r) {
+    return r.environment.contains("CUDA_VISIBLE_DEVICES") ||
+           r.environment.contains("HIP_VISIBLE_DEVICES");
+  };
+  if (config_.devices.virtual_local_rank && !resources_.empty() &&
+      !gets_a_device(resources_.front())) {
+    spdlog::info("--virtual-local-rank: this node has no GPU; every worker is LOCAL_RANK=0");
+  }
   if (config_.warm.snapshots() || warm::WarmStart::applies(config_, config_.warm)) set_up_warm();
 }
 

@@ -144,7 +144,14 @@ TEST(AssignDevices, GivesEachWorkerItsOwnDeviceOrSaysWhyNot) {
        {},
        "device 4 is not one of the 4"},
       {"a device twice", pick({1, 1}, false), four, 2, {}, {}, "device 1 is given twice"},
-      {"no GPU at all", pick({}, true), none, 1, {}, {}, "no GPU to give the workers"},
+      {"--virtual-local-rank, no GPU at all: LOCAL_RANK=0 (a CPU job, as torchrun runs it)",
+       pick({}, true),
+       none,
+       2,
+       {{{"LOCAL_RANK", "0"}}, {{"LOCAL_RANK", "0"}}},
+       {-1, -1},
+       ""},
+      {"--devices, no GPU at all", pick({0}, false), none, 1, {}, {}, "no GPU to give the workers"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

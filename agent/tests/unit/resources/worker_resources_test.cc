@@ -42,16 +42,20 @@ TEST(WorkerResources, BindingGivesEachWorkerItsCoresAndThreadCount) {
   }
 }
 
-TEST(WorkerResources, DeviceFlagsNeedDevicesOnThisNode) {
+TEST(WorkerResources, DevicesNeedDevicesOnThisNodeAndVirtualLocalRanksDoNot) {
   LaunchConfig config;
   config.nproc_per_node = 1;
-  config.devices.virtual_local_rank = true;
+  config.devices.devices = {0};
   if (discover_accelerators().count() == 0) {
     EXPECT_THROW(plan(config), DeviceError);
   } else {
-    const auto resources = plan(config);
-    EXPECT_EQ(resources[0].environment.at("LOCAL_RANK"), "0");
+    EXPECT_EQ(plan(config)[0].environment.count("CUDA_VISIBLE_DEVICES") +
+                  plan(config)[0].environment.count("HIP_VISIBLE_DEVICES"),
+              1u);
   }
+  config.devices.devices.clear();
+  config.devices.virtual_local_rank = true;
+  EXPECT_EQ(plan(config)[0].environment.at("LOCAL_RANK"), "0");
 }
 
 }  // namespace

@@ -6,6 +6,12 @@ interleaved:
     python3 bench/goodput_bench.py [--build build] [--python python3] [--rounds 2]
         [--steps 1500] [--hidden 1280] [--interval 6] [--signal KILL|STOP]
         [--checkpoint-every 100] [--timeout 300] [--modes torchrun,cold,warm,in-place] [--seed 1]
+    python3 bench/goodput_bench.py --hosts --signal MIX [--cut-seconds 5] ...   # as root
+
+With --hosts the job runs on two hosts known by name (network namespaces), one worker each, and
+--signal MIX deals a mix of faults in turn: a worker SIGKILLed, a worker SIGSTOPped, node-b's
+agent lost (started again at once, as an orchestrator would) and node-b's link cut for
+--cut-seconds (goodput_hosts.py says how).
 
 The job is bench/ttfs_train.py (gloo, CPU, 2 workers; each step's batch a function of the step
 and the rank): for the restart launchers it checkpoints every --checkpoint-every steps (rank 0,
@@ -42,6 +48,7 @@ import tempfile
 import threading
 import time
 
+import goodput_hosts
 from ttfs_bench import JOB_MARKER, become_subreaper, end_job, free_port, is_zombie, reap_children
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,9 +68,18 @@ def is_stopped(pid):
         return False
 
 
-def command(args, mode, checkpoints):
+def train_command(args, mode, checkpoints):
+    """The worker's script and its flags."""
     train = [TRAIN, "--steps", str(args.steps), "--hidden", str(args.hidden), "--checkpoint-dir",
              checkpoints, "--checkpoint-every", str(args.checkpoint_every)]
+    if mode != "in-place":
+        return train
+    # On two hosts a lost node of a static job restarts the whole group: the checkpoints too.
+    return train + ["--in-place"] + (["--checkpoint-in-place"] if args.hosts else [])
+
+
+def command(args, mode, checkpoints):
+    train = train_command(args, mode, checkpoints)
     restarts = ["--max-restarts", str(args.max_restarts)]
     if mode == "torchrun":
         return [args.python, "-m", "torch.distributed.run", "--nnodes", "1", "--master-addr",
@@ -71,8 +87,6 @@ def command(args, mode, checkpoints):
                 *restarts, *train]
     extra = {"cold": [], "warm": ["--warm-restart"],
              "in-place": ["--warm-restart", "--restart-policy", "in-place"]}[mode]
-    if mode == "in-place":
-        train.append("--in-place")
     return [os.path.join(args.build, "bin", "dist-launch"), "--nproc-per-node", "2", *restarts,
             *extra, *train]
 
@@ -129,6 +143,17 @@ def job(args, mode, faults, rng):
     marker = f"goodput-{os.getpid()}-{time.monotonic_ns()}"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python,
                PYTHONPATH=os.path.join(ROOT, "python"), **{JOB_MARKER: marker})
+    if args.hosts:
+        code, elapsed, dealt, relaunches, output = goodput_hosts.hosts_job(
+            args, mode, faults, rng, train_command(args, mode, checkpoints),
+            dict(env, GLOO_SOCKET_IFNAME="eth0"), marker)
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        keep_output(args, mode, faults, output)
+        finals = dict((int(r), sha) for r, sha in FINAL.findall(output))
+        return {"mode": mode, "faults": faults, "signal": args.signal, "seconds": elapsed,
+                "exit": code, "kills": sum(dealt.values()), "dealt": dealt,
+                "relaunches": relaunches, "hosts": 2, "finals": finals,
+                "tail": output.strip().splitlines()[-6:]}
     start = time.monotonic()
     proc = subprocess.Popen(command(args, mode, checkpoints), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -141,9 +166,20 @@ def job(args, mode, faults, rng):
     reap_children()
     shutil.rmtree(checkpoints, ignore_errors=True)
     output = "".join(killer.lines)
+    keep_output(args, mode, faults, output)
     finals = dict((int(r), sha) for r, sha in FINAL.findall(output))
     return {"mode": mode, "faults": faults, "signal": args.signal, "seconds": elapsed, "exit": code,
             "kills": killer.kills, "finals": finals, "tail": output.strip().splitlines()[-6:]}
+
+
+def keep_output(args, mode, faults, output):
+    """With --output DIR, the job's whole output in DIR/<n>-<mode>-<clean|faulted>.log."""
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        n = len(os.listdir(args.output))
+        name = f"{n:03d}-{mode}-{'faulted' if faults else 'clean'}.log"
+        with open(os.path.join(args.output, name), "w") as f:
+            f.write(output)
 
 
 def weights(record):
@@ -162,13 +198,21 @@ def main():
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--hidden", type=int, default=1280)
     ap.add_argument("--interval", type=float, default=6.0)
-    ap.add_argument("--signal", choices=("KILL", "STOP"), default="KILL")
+    ap.add_argument("--signal", choices=("KILL", "STOP", "MIX"), default="KILL",
+                    help="MIX (with --hosts): SIGKILL, SIGSTOP, node-b's agent lost, its link cut")
+    ap.add_argument("--hosts", action="store_true",
+                    help="one worker on each of two named hosts (as root; goodput_hosts.py)")
+    ap.add_argument("--rdzv", choices=("static", "elastic"), default="static",
+                    help="--hosts: dist-launch's rendezvous (torchrun's stays its default, static)")
+    ap.add_argument("--cut-seconds", type=float, default=5.0,
+                    help="--signal MIX: how long node-b's link stays down")
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--max-restarts", type=int, default=1000)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="append one record per job to this file")
+    ap.add_argument("--output", metavar="DIR", help="keep each job's whole output in DIR")
     ap.add_argument("--report", metavar="JSONL", help="only print the table of earlier records")
     args = ap.parse_args()
     if args.report:
@@ -179,12 +223,17 @@ def main():
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         sys.exit(f"goodput_bench: unknown modes {unknown} (known: {', '.join(MODES)})")
+    if args.signal == "MIX" and not args.hosts:
+        sys.exit("goodput_bench: --signal MIX needs --hosts (an agent lost, a link cut)")
+    if args.hosts and goodput_hosts.why_not():
+        sys.exit(f"goodput_bench: --hosts: {goodput_hosts.why_not()}")
     become_subreaper()
     rng = random.Random(args.seed)
     version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True, check=True).stdout.strip()
     setting = {"torch": version, "steps": args.steps, "hidden": args.hidden,
-               "interval": args.interval, "checkpoint_every": args.checkpoint_every}
+               "interval": args.interval, "checkpoint_every": args.checkpoint_every,
+               "cut_seconds": args.cut_seconds, "rdzv": args.rdzv}
     records = []
     for round_ in range(args.rounds):
         clean = {m: job(args, m, False, rng) for m in modes}
@@ -200,7 +249,9 @@ def main():
                         f.write(json.dumps(record) + "\n")
             print(f"round {round_} {m:9}: uninterrupted {clean[m]['seconds']:6.1f} s "
                   f"(exit {clean[m]['exit']}), faulted {faulted['seconds']:6.1f} s "
-                  f"(exit {faulted['exit']}, {faulted['kills']} kills, weights "
+                  f"(exit {faulted['exit']}, {faulted.get('dealt') or faulted['kills']} "
+                  f"{'relaunched ' + str(faulted['relaunches']) + ' ' if args.hosts else ''}"
+                  f"faults, weights "
                   f"{'as uninterrupted' if records[-1]['weights_ok'] else 'DIFFER or missing'})",
                   file=sys.stderr)
             if faulted["exit"] != 0:
@@ -215,10 +266,13 @@ def report(records):
     first = records[0]
     rounds = sorted({r["round"] for r in records})
     modes = [m for m in MODES if any(r["mode"] == m for r in records)]
-    print(f"torch {first['torch']}, 2 workers, bench/ttfs_train.py --steps {first['steps']} "
+    fault = {"STOP": "a random worker SIGSTOPped", "KILL": "a random worker SIGKILLed",
+             "MIX": f"a fault of the mix (a worker SIGKILLed, a worker SIGSTOPped, node-b's agent "
+                    f"lost, node-b's link cut for {first.get('cut_seconds', 5):g} s)"}
+    print(f"torch {first['torch']}, 2 workers{' on two named hosts' if first.get('hosts') else ''}"
+          f", bench/ttfs_train.py --steps {first['steps']} "
           f"--hidden {first['hidden']} (checkpoint every {first['checkpoint_every']} steps; in "
-          f"place: committed every step), a random worker "
-          f"{'SIGSTOPped' if first.get('signal') == 'STOP' else 'SIGKILLed'} every "
+          f"place: committed every step), {fault[first.get('signal', 'KILL')]} every "
           f"{first['interval']:g} s,"
           f" {len(rounds)} rounds, medians")
 

@@ -7,7 +7,8 @@ No import of dist-launch's: it runs as well under torchrun.
 With --snapshots it also keeps dist_launch.snapshot snapshots at those steps (every rank its own)
 and resumes from the newest one before looking at the disk. With --in-place it recovers in place
 instead (dist_launch.elastic, for `dist-launch --restart-policy in-place`): the same model, batches
-and steps, its state committed after every step, no checkpoint; the same final weights.
+and steps, its state committed after every step, no checkpoint (--checkpoint-in-place: the
+checkpoints too, for a restart of the whole group); the same final weights.
 
 Each rank prints "rank R step N done at T" (T: time.time()) as each step completes, its pid at
 start, and at the end the SHA-256 of its final weights (torchrun does not prefix the lines).
@@ -87,6 +88,9 @@ def main():
                     help="with --snapshots: load them mapped (snapshot.load(mmap=True))")
     ap.add_argument("--in-place", action="store_true",
                     help="recover in place through dist_launch.elastic (no checkpoint)")
+    ap.add_argument("--checkpoint-in-place", action="store_true",
+                    help="with --in-place: checkpoint too, and start from the checkpoint (for "
+                         "what restarts the whole group: a lost node of a static job)")
     args = ap.parse_args()
     if args.in_place:
         return train_in_place(args)
@@ -137,7 +141,8 @@ def train_in_place(args):
         f"generation {os.environ.get('DIST_LAUNCH_GENERATION', '0')}")
     module = build(args.hidden)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
-    state = elastic.TorchState(model=module, optimizer=optimizer, step=0)
+    start = resume(args, module, optimizer)[0] if args.checkpoint_in_place else 0
+    state = elastic.TorchState(model=module, optimizer=optimizer, step=start)
 
     @elastic.run
     def train(state):
@@ -146,6 +151,8 @@ def train_in_place(args):
             train_step(args, model, state.optimizer, state.step + 1, dist.get_rank())
             state.step += 1
             state.commit()
+            if args.checkpoint_in_place and state.step % args.checkpoint_every == 0:
+                save(args, state.step, state.model, state.optimizer, dist.get_rank())
 
     train(state)
     say_final(module, dist.get_rank())

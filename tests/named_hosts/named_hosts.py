@@ -39,13 +39,15 @@ class NamedHosts:
             self.close()
             raise RuntimeError(f"cannot make the named hosts: {up.stderr}")
 
-    def start(self, host, argv, env=None, log=None):
-        """argv as host `host`; stdout and stderr to the file `log` (or discarded)."""
-        out = open(log, "w") if log else subprocess.DEVNULL
-        if log:
+    def start(self, host, argv, env=None, log=None, pipe=False):
+        """argv as host `host`; stdout and stderr to the file `log` (or discarded), or with
+        `pipe` to proc.stdout, read by the caller (the process then leads a session of its own)."""
+        out = subprocess.PIPE if pipe else open(log, "w") if log else subprocess.DEVNULL
+        if log and not pipe:
             self.logs.append(out)
         proc = subprocess.Popen([self.script, "exec", self.run_id, host, *argv], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, text=True)
+                                stdout=out, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=pipe)
         self.procs.append(proc)
         return proc
 

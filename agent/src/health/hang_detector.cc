@@ -192,7 +192,9 @@ void HangDetector::sample() {
 // kStoppedProof (a stop and a continue within a moment is left alone), without waiting for a
 // hang timeout. Returns the longest hold of such a worker. Not when every worker here is
 // stopped: a pause of the node's job (a user's kill -STOP of the lot), said once; the hang
-// timeout still applies to it. A debugger's stop (t) is never one.
+// timeout still applies to it. Unless ranks of other nodes wait in a collective meanwhile (the
+// job view's, which never lists a stopped rank): they wait for these, as for one stopped worker
+// among running ones. A debugger's stop (t) is never one.
 std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::nanoseconds now) {
   if (options_.timeout.off) return std::nullopt;
   std::optional<std::chrono::nanoseconds> longest;
@@ -206,8 +208,12 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
     if (held >= kStoppedProof && (!longest || held > *longest)) longest = held;
   }
   if (stopped == 0) all_stopped_said_ = false;
-  if (stopped < running) return longest;
-  if (longest && !all_stopped_said_) {
+  if (stopped < running || (longest && !elsewhere().empty())) return longest;
+  // With other nodes, said once their ranks had the time to be seen waiting (published after
+  // kMinProvenWaitSeconds blocked, in a view made every kJobViewInterval) and were not.
+  const auto unseen = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(kMinProvenWaitSeconds) + 2 * kJobViewInterval);
+  if (longest && !all_stopped_said_ && (!options_.other_nodes || *longest >= unseen)) {
     all_stopped_said_ = true;
     spdlog::warn(
         "every worker on {} is held stopped (SIGSTOP or SIGTSTP): taken for a pause of the job, "
@@ -708,8 +714,9 @@ void HangDetector::fill(WorkerProgress& p) const {
       r.pending_since_ns == 0
           ? 0
           : seconds(monotonic_now() - std::chrono::nanoseconds(r.pending_since_ns));
+  // A rank held stopped waits for nobody: it is the one waited for.
   if (w.blocked_readings >= kStableBlockedReadings && w.cpu_share < kIdleCpuShare &&
-      blocked_s >= kMinProvenWaitSeconds) {
+      blocked_s >= kMinProvenWaitSeconds && !w.stopped_since) {
     schema::BlockedRank b;
     b.rank = w.worker.rank;
     b.op = r.pending_op;

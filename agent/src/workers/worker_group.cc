@@ -568,6 +568,10 @@ void WorkerGroup::stop(int signal, bool already_sent) {
         ::waitid(P_PID, static_cast<id_t>(w.worker.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
         info.si_pid == w.worker.pid;
     if (signal != 0 && !already_sent) signal_group(w.worker.pid, signal);
+    // A worker held stopped (SIGSTOP, SIGTSTP) keeps the stop signal pending until continued,
+    // and would wait out the shutdown timeout for its SIGKILL: continued, it takes the signal
+    // now (as a shell's kill of a stopped job does).
+    if (signal != 0 && signal != SIGKILL) signal_group(w.worker.pid, SIGCONT);
   }
   if (signal == SIGKILL) leftovers_.kill();
   if (signal != 0 && signal != SIGKILL) arm_stop_deadline();

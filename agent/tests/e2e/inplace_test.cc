@@ -52,6 +52,9 @@ class InPlace : public ::testing::Test {
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
+  // What a test does while both nodes of a job run (their agents, by node).
+  using Meanwhile = std::function<void(std::vector<std::unique_ptr<Child>>&)>;
+
   // A job of `nproc` workers, in-place, its worker files in `out` (made here), its event log
   // `out`.jsonl, `launcher_args` added to dist-launch's. Returns the exit code; the output in
   // `output`.
@@ -151,7 +154,7 @@ class InPlace : public ::testing::Test {
                                  const std::vector<std::string>& worker_args,
                                  std::vector<std::string>& outputs,
                                  const std::function<std::vector<std::string>(int)>& where,
-                                 bool first_hosts) {
+                                 bool first_hosts, const Meanwhile& meanwhile = {}) {
     fs::create_directories(dir_ / out);
     std::vector<std::unique_ptr<Child>> agents;
     for (const int node : {0, 1}) {
@@ -174,6 +177,7 @@ class InPlace : public ::testing::Test {
             << agents[0]->output();
       }
     }
+    if (meanwhile) meanwhile(agents);
     std::vector<int> codes;
     outputs.clear();
     for (auto& agent : agents) {
@@ -567,7 +571,7 @@ class InPlaceStaticNodes : public InPlace {
   // Both nodes of a job; returns their exit codes, their outputs in `outputs`.
   std::vector<int> run_nodes(const std::string& out, int max_restarts,
                              const std::vector<std::string>& worker_args,
-                             std::vector<std::string>& outputs) {
+                             std::vector<std::string>& outputs, const Meanwhile& meanwhile = {}) {
     const std::string port = std::to_string(dist::agent::testing::free_port("127.0.0.2"));
     return run_two_nodes(
         out, max_restarts, worker_args, outputs,
@@ -576,9 +580,38 @@ class InPlaceStaticNodes : public InPlace {
               "--nnodes",      "2",         "--node-rank",   std::to_string(node),
               "--master-addr", "127.0.0.2", "--master-port", port};
         },
-        false);
+        false, meanwhile);
   }
 };
+
+// Node 1's only worker held stopped: every worker of that node is stopped, yet this is no pause of
+// the job, for node 0's rank waits for it in a collective (the job view says so): proof, and the
+// worker is replaced alone, not left to a hang timeout.
+TEST_F(InPlaceStaticNodes, ANodesOnlyWorkerHeldStoppedWhileAnotherNodeWaitsIsReplacedAlone) {
+  const std::vector<std::string> worker{"--steps", "200", "--step-ms", "20"};
+  const std::string clean = clean_digest(2, worker);
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 1, worker, out, [&](auto& agents) {
+    const long stopped = started_pid("job", 1);
+    ASSERT_GT(stopped, 0) << agents[1]->output();
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+        << agents[1]->output();
+    ::kill(static_cast<pid_t>(stopped), SIGSTOP);
+  });
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
+  EXPECT_NE(out[1].find("rank 1 stopped (SIGSTOP or SIGTSTP): no progress until continued"),
+            std::string::npos)
+      << out[1];
+  EXPECT_EQ(out[1].find("taken for a pause"), std::string::npos) << out[1];
+  EXPECT_NE(out[1].find("replaced in place"), std::string::npos) << out[1];
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << out[0] << out[1];
+    EXPECT_EQ(f->digest, clean) << "rank " << rank << "\n" << out[0] << out[1];
+  }
+  EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "node 0's worker kept running";
+}
 
 TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsItsState) {
   const std::string clean = clean_digest(2, {"--steps", "30"});

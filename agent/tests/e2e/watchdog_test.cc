@@ -227,6 +227,30 @@ TEST_F(Watchdogs, AStoppedWorkerIsKilledForItsSilenceAndTheGroupRestarts) {
   EXPECT_TRUE(hung && exit_reported);
 }
 
+// A worker held stopped keeps a stop signal pending until it is continued: the group's stop
+// continues it, so that it ends by the signal now, not by SIGKILL after the shutdown timeout.
+TEST_F(Watchdogs, AWorkerHeldStoppedEndsByTheStopSignalNotAfterTheShutdownTimeout) {
+  auto agent = launch({"--nproc-per-node", "2", "--hang-timeout", "0", "--shutdown-timeout", "600",
+                       "--no-python", kWorker, "pidfile", path("pid_${local_rank}"), "stop-if-rank",
+                       "0", "hang"});
+  const pid_t stopped = read_pid(path("pid_0"));
+  ASSERT_GT(stopped, 0) << agent->output();
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        std::ifstream stat("/proc/" + std::to_string(stopped) + "/stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), {});
+        const auto paren = text.rfind(')');
+        return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T';
+      },
+      20s))
+      << agent->output();
+  ::kill(agent->pid(), SIGTERM);
+  EXPECT_NE(agent->wait(60s), -1) << "the launcher waits on after its workers' stop signal";
+  const std::string out = agent->output();
+  EXPECT_EQ(out.find("after the stop signal: sending SIGKILL"), std::string::npos) << out;
+  EXPECT_TRUE(dist::agent::testing::process_gone(stopped, 0ms)) << out;
+}
+
 TEST_F(Watchdogs, ARunningSilentWorkerGetsSIGABRT) {
   auto agent = launch(
       {"--worker-heartbeat-timeout", "0.3", "--no-python", kWorker, "no-core", "beat", "hang"});

@@ -131,6 +131,8 @@ class HostsJob:
             return False
         self.cycle.pop(0)
         self.dealt[kind] += 1
+        with self.lock:
+            self.lines.append(f"[bench] {kind} at {time.time():.6f}\n")
         return True
 
     def run(self, deadline):

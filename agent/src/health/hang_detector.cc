@@ -210,9 +210,9 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
   if (stopped == 0) all_stopped_said_ = false;
   if (stopped < running || (longest && !elsewhere().empty())) return longest;
   // With other nodes, said once their ranks had the time to be seen waiting (published after
-  // kMinProvenWaitSeconds blocked, in a view made every kJobViewInterval) and were not.
+  // kPublishedWaitSeconds blocked, in a view made every kJobViewInterval) and were not.
   const auto unseen = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(kMinProvenWaitSeconds) + 2 * kJobViewInterval);
+      std::chrono::duration<double>(kPublishedWaitSeconds) + 2 * kJobViewInterval);
   if (longest && !all_stopped_said_ && (!options_.other_nodes || *longest >= unseen)) {
     all_stopped_said_ = true;
     spdlog::warn(
@@ -488,7 +488,10 @@ void HangDetector::conclude() {
   }
   // A proof needs waits this old at least: kMinProvenWaitSeconds, or a shorter explicit timeout.
   const double min_wait = std::min(kMinProvenWaitSeconds, seconds(timeout_));
-  const HangFinding finding = examine(looks, rule(), elsewhere(), min_wait);
+  std::vector<CollectiveState> others = elsewhere();
+  std::erase_if(others,
+                [&](const CollectiveState& c) { return !c.wait || c.wait->seconds < min_wait; });
+  const HangFinding finding = examine(looks, rule(), others, min_wait);
   if (finding.moving) {
     spdlog::log(last_report_.empty() ? spdlog::level::info : spdlog::level::debug,
                 "not a hang: {}; the next look comes after another hang timeout", *finding.moving);
@@ -716,7 +719,7 @@ void HangDetector::fill(WorkerProgress& p) const {
           : seconds(monotonic_now() - std::chrono::nanoseconds(r.pending_since_ns));
   // A rank held stopped waits for nobody: it is the one waited for.
   if (w.blocked_readings >= kStableBlockedReadings && w.cpu_share < kIdleCpuShare &&
-      blocked_s >= kMinProvenWaitSeconds && !w.stopped_since) {
+      blocked_s >= kPublishedWaitSeconds && !w.stopped_since) {
     schema::BlockedRank b;
     b.rank = w.worker.rank;
     b.op = r.pending_op;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -611,6 +612,11 @@ TEST_F(InPlaceStaticNodes, ANodesOnlyWorkerHeldStoppedWhileAnotherNodeWaitsIsRep
     EXPECT_EQ(f->digest, clean) << "rank " << rank << "\n" << out[0] << out[1];
   }
   EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "node 0's worker kept running";
+  const auto hangs = events("job_node1", "hang");
+  ASSERT_EQ(hangs.size(), 1u) << out[1];
+  // Proof from the job view, not the hang timeout's look (30 s at least by default).
+  EXPECT_LT(hangs[0]["silent_ms"].get<int>(), 30000) << hangs[0];
+  std::cout << "stopped to proven: " << hangs[0]["silent_ms"] << " ms\n";
 }
 
 TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsItsState) {

@@ -283,7 +283,8 @@ def report(records):
         return fmt.format(statistics.median(xs)) if xs else "-"
 
     best = min(statistics.median([r["seconds"] for r in of(m, False)]) for m in modes)
-    print("| mode | uninterrupted s | faulted s | ETTR | ETTR vs best | kills | not finished "
+    print(f"| mode | uninterrupted s | faulted s | ETTR | ETTR vs best | "
+          f"{'faults' if first.get('signal') == 'MIX' else 'kills'} | not finished "
           "| weights differ |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for m in modes:

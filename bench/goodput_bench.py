@@ -49,7 +49,8 @@ import threading
 import time
 
 import goodput_hosts
-from ttfs_bench import JOB_MARKER, become_subreaper, end_job, free_port, is_zombie, reap_children
+from ttfs_bench import (JOB_MARKER, become_subreaper, end_job, free_port, is_stopped, is_zombie,
+                        reap_children)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -57,15 +58,6 @@ TRAIN = os.path.join(HERE, "ttfs_train.py")
 PID = re.compile(r"rank (\d+) pid (\d+) attempt")
 FINAL = re.compile(r"rank (\d+) final weights sha256 (\w+)")
 MODES = ("torchrun", "cold", "warm", "in-place")
-
-
-def is_stopped(pid):
-    """Whether the kernel holds `pid` stopped (state T): a fault already dealt."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
 
 
 def train_command(args, mode, checkpoints):
@@ -144,10 +136,12 @@ def job(args, mode, faults, rng):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=args.python,
                PYTHONPATH=os.path.join(ROOT, "python"), **{JOB_MARKER: marker})
     if args.hosts:
-        code, elapsed, dealt, relaunches, output = goodput_hosts.hosts_job(
-            args, mode, faults, rng, train_command(args, mode, checkpoints),
-            dict(env, GLOO_SOCKET_IFNAME="eth0"), marker)
-        shutil.rmtree(checkpoints, ignore_errors=True)
+        try:
+            code, elapsed, dealt, relaunches, output = goodput_hosts.hosts_job(
+                args, mode, faults, rng, train_command(args, mode, checkpoints),
+                dict(env, GLOO_SOCKET_IFNAME="eth0"), marker)
+        finally:
+            shutil.rmtree(checkpoints, ignore_errors=True)
         keep_output(args, mode, faults, output)
         finals = dict((int(r), sha) for r, sha in FINAL.findall(output))
         return {"mode": mode, "faults": faults, "signal": args.signal, "seconds": elapsed,
@@ -225,8 +219,9 @@ def main():
         sys.exit(f"goodput_bench: unknown modes {unknown} (known: {', '.join(MODES)})")
     if args.signal == "MIX" and not args.hosts:
         sys.exit("goodput_bench: --signal MIX needs --hosts (an agent lost, a link cut)")
-    if args.hosts and goodput_hosts.why_not():
-        sys.exit(f"goodput_bench: --hosts: {goodput_hosts.why_not()}")
+    why = goodput_hosts.why_not() if args.hosts else None
+    if why:
+        sys.exit(f"goodput_bench: --hosts: {why}")
     become_subreaper()
     rng = random.Random(args.seed)
     version = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
@@ -249,9 +244,8 @@ def main():
                         f.write(json.dumps(record) + "\n")
             print(f"round {round_} {m:9}: uninterrupted {clean[m]['seconds']:6.1f} s "
                   f"(exit {clean[m]['exit']}), faulted {faulted['seconds']:6.1f} s "
-                  f"(exit {faulted['exit']}, {faulted.get('dealt') or faulted['kills']} "
-                  f"{'relaunched ' + str(faulted['relaunches']) + ' ' if args.hosts else ''}"
-                  f"faults, weights "
+                  f"(exit {faulted['exit']}, faults {faulted.get('dealt') or faulted['kills']}"
+                  f"{', relaunched ' + str(faulted['relaunches']) if args.hosts else ''}, weights "
                   f"{'as uninterrupted' if records[-1]['weights_ok'] else 'DIFFER or missing'})",
                   file=sys.stderr)
             if faulted["exit"] != 0:

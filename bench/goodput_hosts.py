@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from ttfs_bench import JOB_MARKER, end_job, is_zombie, reap_children
+from ttfs_bench import end_job, is_stopped, is_zombie, reap_children
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -38,14 +38,6 @@ KINDS = ("KILL", "STOP", "AGENT", "CUT")
 def why_not():
     """Why the hosts cannot be made here, or None."""
     return unavailable(SCRIPT)
-
-
-def is_stopped(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "T"
-    except (OSError, IndexError):
-        return False
 
 
 def host_command(args, mode, train, node_rank):
@@ -78,6 +70,7 @@ class HostsJob:
         self.dealt = {kind: 0 for kind in self.kinds}
         self.agents = {}  # host -> its launcher now
         self.relaunches = 0
+        self.relaunch_after = 0.0
         self.link_up_at = None
         self.cycle = []
 
@@ -151,10 +144,12 @@ class HostsJob:
                 self.link("up")
                 self.link_up_at = None
             b = self.agents[HOSTS[1]]
-            if b.poll() not in (None, 0):
+            if b.poll() not in (None, 0) and now >= self.relaunch_after:
                 b.wait()
+                b.stdout.close()
                 self.start(HOSTS[1])
                 self.relaunches += 1
+                self.relaunch_after = now + 1.0  # an orchestrator's back-off
             if self.faults and now >= next_fault:
                 if self.deal():
                     next_fault = now + self.args.interval

@@ -131,6 +131,15 @@ def is_zombie(pid):
         return True
 
 
+def is_stopped(pid):
+    """Whether the kernel holds `pid` stopped (state T): a fault already dealt."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

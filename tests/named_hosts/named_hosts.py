@@ -42,12 +42,14 @@ class NamedHosts:
     def start(self, host, argv, env=None, log=None, pipe=False):
         """argv as host `host`; stdout and stderr to the file `log` (or discarded), or with
         `pipe` to proc.stdout, read by the caller (the process then leads a session of its own)."""
+        if pipe and log:
+            raise ValueError("NamedHosts.start: a log file or a pipe, not both")
         out = subprocess.PIPE if pipe else open(log, "w") if log else subprocess.DEVNULL
-        if log and not pipe:
+        if log:
             self.logs.append(out)
         proc = subprocess.Popen([self.script, "exec", self.run_id, host, *argv], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=pipe)
+                                errors="replace", start_new_session=pipe)
         self.procs.append(proc)
         return proc
 

@@ -38,12 +38,18 @@ found = snapshot.load()
 loaded = "nothing" if found is None else f"step {found[0]} of rank {found[1]['rank']}"
 print(f"run {run} rank {rank} restart {restart} local rank {local_rank} loads {loaded}", flush=True)
 start = 0 if found is None else found[0] + 1
+saved = sys.argv[3]  # a folder: each rank's mark that its first save is whole
 for step in range(start, int(sys.argv[2])):
     # Every rank saves the same steps at about the same time: the moment two workers of one
     # node, both local rank 0, would recycle each other's files.
     snapshot.save(step, {"rank": rank, "step": step, "payload": bytes([rank]) * (1 << 20)})
+    open(os.path.join(saved, f"rank_{rank}"), "w").close()
     time.sleep(0.02)
     if run == "1" and restart == "0" and rank == 3 and step == 5:
+        # Fails once every rank has a snapshot to come back to.
+        deadline = time.monotonic() + 60
+        while len(os.listdir(saved)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
         sys.exit(1)
 '''
 
@@ -56,6 +62,8 @@ class SnapshotIdentityOnNamedHosts(unittest.TestCase):
         with open(self.script, "w") as f:
             f.write(WORKER)
         self.snapshots = os.path.join(self.dir, "snapshots")  # one folder, both hosts
+        self.saved = os.path.join(self.dir, "saved")
+        os.makedirs(self.saved)
         self.hosts = NamedHosts(ARGS.named_hosts, HOSTS, loopback_self="node-a")
         self.addCleanup(self.hosts.close)
         self.env = dict(os.environ, PYTHON_EXEC=ARGS.python)
@@ -69,7 +77,7 @@ class SnapshotIdentityOnNamedHosts(unittest.TestCase):
                     "--master-addr", "node-a", "--master-port", STORE_PORT,
                     "--nproc-per-node", "2", "--virtual-local-rank", "--rdzv-id", "identity",
                     "--snapshot-dir", self.snapshots, "--snapshot-memory", "32M",
-                    "--max-restarts", "1", self.script, str(run), str(steps)]
+                    "--max-restarts", "1", self.script, str(run), str(steps), self.saved]
             procs.append(self.hosts.start(host, argv, env=self.env, log=log))
             logs.append(log)
         codes = [p.wait(timeout=JOB_TIMEOUT_S) for p in procs]
@@ -93,8 +101,8 @@ class SnapshotIdentityOnNamedHosts(unittest.TestCase):
 
     def test_virtual_local_ranks_of_two_hosts_load_only_their_own_state(self):
         first = self.job(1, STEPS)
-        self.assertIn("--virtual-local-rank: this node has no GPU; every worker is LOCAL_RANK=0",
-                      first)
+        self.assertIn("--virtual-local-rank: no CUDA or ROCm GPU found on this node; every "
+                      "worker is LOCAL_RANK=0", first)
         self.assertEqual(self.loads(first, 1, 0),
                          {rank: ("0", None, None) for rank in range(4)}, first)
         after_failure = self.loads(first, 1, 1)

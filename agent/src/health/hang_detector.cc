@@ -191,13 +191,13 @@ void HangDetector::sample() {
 // continues it, and every peer waits for it in its next collective: proof, once it stood
 // kStoppedProof (a stop and a continue within a moment is left alone), without waiting for a
 // hang timeout. Returns the longest hold of such a worker. Not when every worker here is
-// stopped: a pause of the node's job (a user's kill -STOP of the lot), said once; the hang
-// timeout still applies to it. Unless ranks of other nodes wait in a collective meanwhile (the
-// job view's, which never lists a stopped rank): they wait for these, as for one stopped worker
+// stopped: a pause of the node's job (a user's kill -STOP of the lot, a scheduler's suspend),
+// said once; the hang timeout still applies to it. Unless ranks of other nodes are seen waiting
+// in a collective well after that (waited_on): they wait for these, as for one stopped worker
 // among running ones. A debugger's stop (t) is never one.
 std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::nanoseconds now) {
   if (options_.timeout.off) return std::nullopt;
-  std::optional<std::chrono::nanoseconds> longest;
+  std::optional<std::chrono::nanoseconds> longest, shortest;
   int running = 0, stopped = 0;
   for (const auto& [_, w] : workers_) {
     if (!w.running) continue;
@@ -205,22 +205,37 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
     if (!w.stopped_since) continue;
     ++stopped;
     const auto held = now - *w.stopped_since;
+    if (!shortest || held < *shortest) shortest = held;
     if (held >= kStoppedProof && (!longest || held > *longest)) longest = held;
   }
   if (stopped == 0) all_stopped_said_ = false;
-  if (stopped < running || (longest && !elsewhere().empty())) return longest;
-  // With other nodes, said once their ranks had the time to be seen waiting (published after
-  // kPublishedWaitSeconds blocked, in a view made every kJobViewInterval) and were not.
-  const auto unseen = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(kPublishedWaitSeconds) + 2 * kJobViewInterval);
-  if (longest && !all_stopped_said_ && (!options_.other_nodes || *longest >= unseen)) {
+  if (stopped < running) return longest;
+  // Every worker here stopped, the last `shortest` ago.
+  if (longest && waited_on(*shortest)) return longest;
+  // With other nodes, said once a view that could show them waiting came and did not.
+  const auto unseen = kPauseSpread + 2 * kJobViewInterval;
+  if (longest && !all_stopped_said_ && (!options_.other_nodes || *shortest >= unseen)) {
     all_stopped_said_ = true;
     spdlog::warn(
         "every worker on {} is held stopped (SIGSTOP or SIGTSTP): taken for a pause of the job, "
-        "not ended; continue them with SIGCONT",
+        "not ended while no other node's rank waits for them; continue them with SIGCONT",
         options_.host);
   }
   return std::nullopt;
+}
+
+// Whether ranks of other nodes wait in a collective, as a view made at least kPauseSpread after
+// every worker here stopped (`stopped_for` ago) shows them: a pause of the whole job reaches its
+// nodes within moments of each other, and a stopped rank is never published as waiting, so such
+// a view of a paused job lists none. (The view's time is node 0's clock, the stop's this node's:
+// the nodes' clocks are taken to agree within a second, as the heartbeats' times are.)
+bool HangDetector::waited_on(std::chrono::nanoseconds stopped_for) const {
+  if (!view_) return false;
+  const double stopped_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+      seconds(stopped_for);
+  return view_->time >= stopped_at + static_cast<double>(kPauseSpread.count()) &&
+         !elsewhere().empty();
 }
 
 // Whether the worker has been blocked in the same collective since the previous sample (the
@@ -488,9 +503,11 @@ void HangDetector::conclude() {
   }
   // A proof needs waits this old at least: kMinProvenWaitSeconds, or a shorter explicit timeout.
   const double min_wait = std::min(kMinProvenWaitSeconds, seconds(timeout_));
+  // Other nodes' waits, published after kPublishedWaitSeconds, prove only as old as ever.
   std::vector<CollectiveState> others = elsewhere();
-  std::erase_if(others,
-                [&](const CollectiveState& c) { return !c.wait || c.wait->seconds < min_wait; });
+  std::erase_if(others, [](const CollectiveState& c) {
+    return !c.wait || c.wait->seconds < kMinProvenWaitSeconds;
+  });
   const HangFinding finding = examine(looks, rule(), others, min_wait);
   if (finding.moving) {
     spdlog::log(last_report_.empty() ? spdlog::level::info : spdlog::level::debug,

@@ -16,12 +16,13 @@
 //     `dist-launch status`; the next look comes a timeout later, and progress after it is said
 //     (hang_cleared);
 //   - done, under --hang-timeout auto: a rank is ended only on proof that it cannot go on (held
-//     stopped by a signal while other ranks here run: from kStoppedProof on, without waiting for
-//     a hang timeout; collectives that can never match: collective_proof.h, with the other nodes'
-//     ranks as their agents publish them), or, once the silence passed the bound (the job's own
-//     collective timeout plus kBoundMargin; none when no worker says its timeout), a rank the
-//     others wait for that does nothing at all (no CPU, no I/O, its stack still). A rank that
-//     works or declared a pause is never ended;
+//     stopped by a signal while other ranks here run, or while other nodes' ranks are seen
+//     waiting in a collective well after every worker here stopped: from kStoppedProof on,
+//     without waiting for a hang timeout; collectives that can never match: collective_proof.h,
+//     with the other nodes' ranks as their agents publish them), or, once the silence passed the
+//     bound (the job's own collective timeout plus kBoundMargin; none when no worker says its
+//     timeout), a rank the others wait for that does nothing at all (no CPU, no I/O, its stack
+//     still). A rank that works or declared a pause is never ended;
 //   - done, under an explicit --hang-timeout S: after S the ranks found to be the cause are
 //     ended (proven, else behind the others, else not waiting while others wait), unless a rank
 //     declared a pause. When every rank here waits for a peer, none of them is the cause: with
@@ -62,7 +63,11 @@ inline constexpr std::chrono::seconds kStackDumpWait{2};
 // waited in the kernel all the while (a Python worker's; hang_detector.cc says why).
 inline constexpr std::chrono::milliseconds kStackAskWait{500};
 inline constexpr std::chrono::seconds kVictimGrace{10};
-inline constexpr std::chrono::seconds kStoppedProof{3};    // held stopped this long: proof
+inline constexpr std::chrono::seconds kStoppedProof{3};  // held stopped this long: proof
+// A pause of a whole job reaches all its nodes within this (a scheduler's suspend, kill -STOP
+// over ssh): a node whose every worker is stopped takes other nodes' ranks seen waiting after it
+// as waiting for its own.
+inline constexpr std::chrono::seconds kPauseSpread{10};
 inline constexpr std::chrono::seconds kBoundMargin{60};    // past the job's collective timeout
 inline constexpr std::chrono::seconds kHookLoadGrace{10};  // a Python worker's hook must be in
 inline constexpr int kStableBlockedReadings = 3;  // samples in the same collective: a stable wait
@@ -140,6 +145,7 @@ class HangDetector {
   void progress_resumed(std::chrono::nanoseconds now);
   void track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now);
   std::optional<std::chrono::nanoseconds> held_stopped(std::chrono::nanoseconds now);
+  bool waited_on(std::chrono::nanoseconds stopped_for) const;
   void investigate_stopped(std::chrono::nanoseconds held);
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
                        std::string_view measure);

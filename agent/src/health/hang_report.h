@@ -38,8 +38,9 @@ namespace dist::agent {
 
 inline constexpr double kIdleCpuShare = 0.10;        // of one core: less is no work of its own
 inline constexpr double kMinProvenWaitSeconds = 10;  // blocked at least this long for a proof
-// Blocked this long: published for the job view (other nodes' proofs still ask the above; a node
-// whose every worker is stopped learns sooner that others wait for it).
+// Blocked this long: published for the job view (proofs from other nodes' waits still ask
+// kMinProvenWaitSeconds of each; a node whose every worker is stopped learns sooner that others
+// wait for it).
 inline constexpr double kPublishedWaitSeconds = 3;
 
 struct RankLook {

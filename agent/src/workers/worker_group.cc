@@ -124,7 +124,9 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
   };
   if (config_.devices.virtual_local_rank && !resources_.empty() &&
       !gets_a_device(resources_.front())) {
-    spdlog::info("--virtual-local-rank: this node has no GPU; every worker is LOCAL_RANK=0");
+    spdlog::warn(
+        "--virtual-local-rank: no CUDA or ROCm GPU found on this node; every worker is "
+        "LOCAL_RANK=0, with no device of its own");
   }
   if (config_.warm.snapshots() || warm::WarmStart::applies(config_, config_.warm)) set_up_warm();
 }
@@ -571,7 +573,10 @@ void WorkerGroup::stop(int signal, bool already_sent) {
     // A worker held stopped (SIGSTOP, SIGTSTP) keeps the stop signal pending until continued,
     // and would wait out the shutdown timeout for its SIGKILL: continued, it takes the signal
     // now (as a shell's kill of a stopped job does).
-    if (signal != 0 && signal != SIGKILL) signal_group(w.worker.pid, SIGCONT);
+    if (signal != 0 && signal != SIGKILL && signal != SIGSTOP && signal != SIGTSTP &&
+        signal != SIGTTIN && signal != SIGTTOU) {
+      signal_group(w.worker.pid, SIGCONT);  // (a stop of its own would be undone by it)
+    }
   }
   if (signal == SIGKILL) leftovers_.kill();
   if (signal != 0 && signal != SIGKILL) arm_stop_deadline();

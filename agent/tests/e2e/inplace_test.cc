@@ -17,7 +17,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -616,7 +615,41 @@ TEST_F(InPlaceStaticNodes, ANodesOnlyWorkerHeldStoppedWhileAnotherNodeWaitsIsRep
   ASSERT_EQ(hangs.size(), 1u) << out[1];
   // Proof from the job view, not the hang timeout's look (30 s at least by default).
   EXPECT_LT(hangs[0]["silent_ms"].get<int>(), 30000) << hangs[0];
-  std::cout << "stopped to proven: " << hangs[0]["silent_ms"] << " ms\n";
+}
+
+// A pause of the whole job that reaches its nodes 5 s apart (a kill -STOP over ssh, node by node):
+// meanwhile node 0's rank waits for node 1's stopped one, and is published as waiting. Neither
+// node takes it for a fault: both say the pause, end nothing (--max-restarts 0: an ended worker
+// would fail the job), and the job ends as it would have once continued.
+TEST_F(InPlaceStaticNodes, APauseOfTheWholeJobReachingTheNodesApartIsLeftAlone) {
+  const std::vector<std::string> worker{"--steps", "200", "--step-ms", "20"};
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 0, worker, out, [&](auto& agents) {
+    const long first = started_pid("job", 0), second = started_pid("job", 1);
+    ASSERT_GT(first, 0) << agents[0]->output();
+    ASSERT_GT(second, 0) << agents[1]->output();
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+        << agents[1]->output();
+    ::kill(static_cast<pid_t>(second), SIGSTOP);
+    std::this_thread::sleep_for(5s);  // the pause's spread between the nodes: the scenario
+    ::kill(static_cast<pid_t>(first), SIGSTOP);
+    for (auto& agent : agents) {
+      EXPECT_TRUE(dist::agent::testing::eventually(
+          [&] { return agent->output().find("taken for a pause of the job") != std::string::npos; },
+          60s))
+          << agent->output();
+    }
+    ::kill(static_cast<pid_t>(first), SIGCONT);
+    ::kill(static_cast<pid_t>(second), SIGCONT);
+  });
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
+  for (const std::string& o : out) {
+    EXPECT_EQ(o.find("held stopped for"), std::string::npos) << o;
+    EXPECT_EQ(o.find("SIGKILL"), std::string::npos) << o;
+  }
+  EXPECT_TRUE(events("job_node0", "hang").empty()) << out[0];
+  EXPECT_TRUE(events("job_node1", "hang").empty()) << out[1];
 }
 
 TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsItsState) {

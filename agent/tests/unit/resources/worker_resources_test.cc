@@ -49,8 +49,9 @@ TEST(WorkerResources, DevicesNeedDevicesOnThisNodeAndVirtualLocalRanksDoNot) {
   if (discover_accelerators().count() == 0) {
     EXPECT_THROW(plan(config), DeviceError);
   } else {
-    EXPECT_EQ(plan(config)[0].environment.count("CUDA_VISIBLE_DEVICES") +
-                  plan(config)[0].environment.count("HIP_VISIBLE_DEVICES"),
+    const auto resources = plan(config);
+    const auto& environment = resources[0].environment;
+    EXPECT_EQ(environment.count("CUDA_VISIBLE_DEVICES") + environment.count("HIP_VISIBLE_DEVICES"),
               1u);
   }
   config.devices.devices.clear();

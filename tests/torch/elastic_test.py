@@ -210,10 +210,13 @@ class InPlace(unittest.TestCase):
         counts = {int(g): int(n) for g, n in
                   re.findall(r"rank 0 generation (\d+) store keys (\d+)", run.out)}
         self.assertEqual(sorted(counts), list(range(1, 8)), run.out)
-        # The cleanup of generation g-1 may still run when rank 0 counts after g: one
-        # generation's keys of slack, never one per recovery.
-        self.assertLessEqual(max(counts[g] for g in range(4, 8)), max(counts[2], counts[3]),
-                             counts)
+        # The cleanup of generation g-1 (or, on a loaded machine, of the one before) may still
+        # run when rank 0 counts after g: a later count may be higher for a moment, but keys
+        # that leaked would raise every later count, one generation's keys per recovery.
+        settled = max(counts[2], counts[3])
+        later = [counts[g] for g in range(4, 8)]
+        self.assertLessEqual(min(later), settled, counts)
+        self.assertLessEqual(max(later), 2 * settled, counts)
         self.assertEqual(len(run.pids[0]), 1, run.out)  # the survivor lived through them all
         self.assertEqual(run.digests(), {r: self.baseline(2) for r in range(2)}, run.out)
 

@@ -69,9 +69,10 @@ def missing():
     return None if probe.returncode == 0 else f"{sys.executable} has no torch 2.x"
 
 
-def hook_env(build):
-    """What the "hook" rows' workers need: this checkout's dist_launch and its library."""
-    return {"PYTHONPATH": os.path.join(ROOT, "python"),
+def hook_env(build, checkout=ROOT):
+    """What the "hook" rows' workers need: a checkout's dist_launch (this one's by default) and
+    the library in `build`."""
+    return {"PYTHONPATH": os.path.join(checkout, "python"),
             "DIST_LAUNCH_COMPRESSION_LIB": os.path.join(build, "lib", "libdist_compression.so")}
 
 

@@ -5,7 +5,7 @@ steps with each gradient compression, torch's own hooks beside dist_launch.compr
 SDK's compressors), 2 workers on two named hosts across a rate-limited link.
 
     python3 bench/convergence_bench.py [--build build] [--runs 1] [--rate 100mbit] [--steps 600]
-        [--modes 'torch none,hook powersgd:4'] [--out results.jsonl]
+        [--modes 'torch none,hook powersgd:4'] [--out results.jsonl] [--against CHECKOUT]
 
 Per job: the held-out loss at the end (bits per byte; lower is better), the training steps' mean
 time (forward, backward with the exchange, optimizer step; rank 0's), and the bytes both hosts'
@@ -13,6 +13,10 @@ eth0 sent per step (TCP/IP headers and the rendezvous included, the same measure
 Modes interleave in each round; the table gives medians over --runs rounds. A job that makes no
 step for a minute is ended by dist-launch (--hang-timeout 60) and reported as hung. Needs root (named
 hosts, tc) and torch 2.x in python3; exits 77 otherwise.
+
+--against CHECKOUT runs every "hook" row a second time, interleaved, with another checkout's
+dist_launch package and library (CHECKOUT/python, CHECKOUT/build/lib; a `git worktree` of the
+commit before, built): a change to the hooks measured against what it replaces in one run.
 """
 import argparse
 import json
@@ -43,9 +47,10 @@ MODES = [
 ]
 
 
-def run_job(hosts, args, hook, port, workdir):
+def run_job(hosts, args, hook, port, workdir, checkout=ROOT):
+    build = args.build if checkout == ROOT else os.path.join(checkout, "build")
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0",
-               PYTHON_EXEC=sys.executable, **hook_env(args.build))
+               PYTHON_EXEC=sys.executable, **hook_env(build, checkout))
     launcher = os.path.join(args.build, "bin", "dist-launch")
     procs, logs = [], []
     before = [tx_bytes(hosts, name) for name in HOSTS]
@@ -104,31 +109,38 @@ def main():
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--modes", default="", help="comma-separated labels to run (default: all)")
     ap.add_argument("--out", help="append every job's result to this JSON-lines file")
+    ap.add_argument("--against", help="a checkout (python/, build/lib/) to run the hook rows with too")
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)
     why = missing()
     if why:
         print(f"skipping: {why}", file=sys.stderr)
         return SKIP
-    modes = MODES
+    modes = [(label, hook, ROOT) for label, hook in MODES]
     if args.modes:
-        modes = [m for m in MODES if m[0] in set(args.modes.split(","))]
-    results = {label: [] for label, _ in modes}
+        modes = [m for m in modes if m[0] in set(args.modes.split(","))]
+    if args.against:
+        args.against = os.path.abspath(args.against)
+        name = os.path.basename(args.against)
+        modes = [m for label, hook, root in modes
+                 for m in [(label, hook, root)] + ([(f"{label} ({name})", hook, args.against)]
+                                                   if hook.startswith("dist:") else [])]
+    results = {label: [] for label, _, _ in modes}
     port = 29600
     with tempfile.TemporaryDirectory(prefix="convergence-bench-") as workdir, \
             NamedHosts(NAMED_HOSTS, HOSTS) as hosts:
         shape_link(hosts, args.rate)
         for round_index in range(args.runs):
-            for label, hook in modes:
+            for label, hook, checkout in modes:
                 port += 1  # a fresh store port per job
-                r = run_job(hosts, args, hook, port, workdir)
+                r = run_job(hosts, args, hook, port, workdir, checkout)
                 r.update(mode=label, round=round_index, rate=args.rate, steps=args.steps)
                 results[label].append(r)
                 print(json.dumps(r), flush=True)
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(r) + "\n")
-    print(f"\n{args.rate}, {args.steps} steps " + table(results, [label for label, _ in modes]))
+    print(f"\n{args.rate}, {args.steps} steps " + table(results, [label for label, _, _ in modes]))
     return 0
 
 

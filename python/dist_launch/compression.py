@@ -13,11 +13,12 @@ state: a bucket whose average holds one is not applied (its averaged gradients a
 skipped step's), its residual and PowerSGD's Q are reset on every rank, and the event is counted
 (`state.stats()`). torch's own PowerSGD hook stays NaN for good after one inf gradient.
 
-The collectives are torch's, over the bucket's CPU tensor (gloo), on a process group of the
-hook's own: hook() makes one over the ranks of `process_group` (default: every rank; like
-torch.distributed.new_group, every rank of the job calls hook()). Each exchange runs on a thread
-of the state's own, so it overlaps the rest of the backward pass as torch's asynchronous hooks
-do, bucket after bucket; its own group keeps its collectives in the same order on every rank
+The collectives are torch's, over the bucket's CPU tensor (gloo), on process groups of the
+hook's own: hook() makes them over the ranks of `process_group` (default: every rank; like
+torch.distributed.new_group, every rank of the job calls hook()). Each exchange runs on one of
+two threads of the state's own (bucket i on thread i % 2, each with its group), so it overlaps the
+rest of the backward pass and the next bucket's exchange, as torch's asynchronous hooks do on
+gloo's two threads; groups of its own keep the collectives in the same order on every rank
 whatever else the job runs meanwhile (DDP's unused-parameter map with find_unused_parameters).
 CUDA buckets are refused (the SDK's device compressors need its NCCL group).
 
@@ -36,7 +37,7 @@ import ctypes
 import os
 import threading
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 LIBRARY = "libdist_compression.so"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -113,6 +114,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dlc_bucket_free.argtypes = [ctypes.c_void_p]
     lib.dlc_exchange.restype = ctypes.c_int
     lib.dlc_exchange.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.dlc_spec_splits.restype = ctypes.c_int
+    lib.dlc_spec_splits.argtypes = [ctypes.c_char_p]
+    lib.dlc_bucket_begin.restype = ctypes.c_int
+    lib.dlc_bucket_begin.argtypes = [ctypes.c_void_p, ctypes.c_void_p, _U64P]
+    lib.dlc_bucket_finish.restype = ctypes.c_int
+    lib.dlc_bucket_finish.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.dlc_bucket_events.restype = ctypes.c_int
     lib.dlc_bucket_events.argtypes = [ctypes.c_void_p, _U64P]
     lib.dlc_state_format.restype = ctypes.c_int
@@ -148,11 +155,12 @@ def parse(spec: str) -> Tuple[str, bool]:
 
 class _Bucket:
     """One compressor, for one set of parameters of a DDP bucket, in their canonical order
-    (_Layout): the layout (`signature`) it was made for, and the staging buffer it exchanges
-    in when DDP's buffer holds them in another order."""
+    (_Layout): the lane whose group it exchanges on, the layout (`signature`) it was made for, and
+    the staging buffer it exchanges in when DDP's buffer holds them in another order."""
 
-    def __init__(self, lib, handle, signature, staging):
-        self.lib, self.handle, self.signature, self.staging = lib, handle, signature, staging
+    def __init__(self, lib, handle, lane, signature, staging):
+        self.lib, self.handle, self.lane = lib, handle, lane
+        self.signature, self.staging = signature, staging
 
     def free(self):
         if self.handle:
@@ -182,31 +190,62 @@ class CompressionState:
         self._carry: Dict[tuple, Any] = {}  # key: a residual for a bucket not made yet
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
         self._reduce_bf16 = True  # torch 1.x's gloo has no bfloat16 (then: in float32)
-        self._error: Optional[BaseException] = None  # the last torch collective's, for its message
-        # Every call into the library runs here, one at a time: the exchanges (in order) and what
-        # reads or makes compressors, which must not meet an exchange.
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = \
-            concurrent.futures.ThreadPoolExecutor(max_workers=1,
-                                                  thread_name_prefix="dist-launch-compression")
-        self._callback = _COLLECTIVE(self._collective)  # kept alive as long as the state
-        self._state = None
+        # fp16 and bf16 exchange as torch's own fp16 hook does (_begin): encoded on the hook's
+        # thread, summed by torch's asynchronous all-reduce on gloo's threads, decoded in its
+        # callback there. The other modes run theirs whole on lanes (_Lane): bucket i on lane
+        # i % _LANES, each with a thread and a group of its own. Every other call into the library
+        # runs with no exchange under way (_on_thread).
+        self._splits = self.lossy and self._lib.dlc_spec_splits(self.spec.encode()) == 1
+        self._lanes: List[_Lane] = []
         if self.lossy:
-            self._state = self._lib.dlc_state_new(self.rank, self.world, self._callback, None)
-            if not self._state:
-                raise CompressionError(_error(self._lib))
+            # A group per lane (every rank makes them, in the same order, as new_group wants).
+            self._lanes = [_Lane(self, i, self.process_group if i == 0 else
+                                 dist.new_group(ranks=ranks, backend="gloo"))
+                           for i in range(1 if self._splits else _LANES)]
+        if self._splits and self.spec.startswith("bf16"):
+            self._reduce_bf16 = _sums_bfloat16(self.process_group)
+        self._flight = threading.Condition()  # guards the two counts below
+        self._in_flight = 0  # split exchanges begun and not finished
+        self._held = 0  # _on_thread calls under way: no exchange begins meanwhile
+        self._closed = False
 
     def _on_thread(self, fn, *args):
-        """fn(*args) on the state's thread, after the exchanges posted before; its result."""
-        if self._executor is None:
+        """fn(*args) on this thread with no exchange under way: after the exchanges posted before,
+        before those posted after; its result."""
+        if self._closed:
             raise CompressionError("this compression state was closed")
-        return self._executor.submit(fn, *args).result()
+        with self._flight:
+            self._held += 1
+            while self._in_flight:
+                self._flight.wait()
+        try:
+            if not self._lanes:
+                return fn(*args)
+            parked = threading.Barrier(len(self._lanes) + 1)
+            resume = threading.Event()
+
+            def park():
+                parked.wait()
+                resume.wait()
+
+            for lane in self._lanes:
+                lane.executor.submit(park)
+            parked.wait()
+            try:
+                return fn(*args)
+            finally:
+                resume.set()
+        finally:
+            with self._flight:
+                self._held -= 1
+                self._flight.notify_all()
 
     # -- what the hook does --------------------------------------------------------------------
 
     def _exchange(self, bucket) -> Any:
         import torch
 
-        if self._executor is None:
+        if self._closed:
             raise CompressionError("this compression state was closed: register a new hook")
         buffer = bucket.buffer()
         if buffer.device.type != "cpu":
@@ -219,74 +258,86 @@ class CompressionState:
             fut = dist.all_reduce(buffer, group=self.process_group, async_op=True).get_future()
             return fut.then(lambda f: f.value()[0])
         compressor, spans = self._bucket_for(bucket, buffer)
+        if self._splits:
+            return self._begin(compressor, spans, buffer)
         result = torch.futures.Future()
-        self._executor.submit(self._run, compressor, spans, buffer, result)
+        compressor.lane.executor.submit(compressor.lane.run, compressor, spans, buffer, result)
         return result
 
-    def _run(self, compressor: _Bucket, spans, buffer, result) -> None:
-        """The exchange, on the state's thread; `spans` (DDP's offset, the canonical one, count)
-        when the bucket is staged in canonical order, else None. `result` is always completed:
-        DDP waits for it at the end of the backward pass."""
+    def _begin(self, compressor: _Bucket, spans, buffer) -> Any:
+        """A split exchange (fp16, bf16), as torch's fp16 hook runs its own: the bucket encoded
+        here, on the hook's thread; torch's asynchronous collective, on gloo's threads (in the
+        hook's order of the buckets, the same on every rank); the average decoded in its
+        callback. The future is DDP's."""
+        import torch
+
+        lib, handle = self._lib, compressor.handle
+        with self._flight:
+            while self._held:
+                self._flight.wait()
+            self._in_flight += 1
         try:
-            self._error = None
             flat = buffer
             if spans is not None:
                 flat = compressor.staging
                 for at, canonical, count in spans:
                     flat[canonical:canonical + count].copy_(buffer[at:at + count])
-            if self._lib.dlc_exchange(compressor.handle, flat.data_ptr()) != 0:
-                cause = self._error
-                raise CompressionError(f"rank {self.rank}: {self.spec} exchange of a bucket of "
-                                       f"{buffer.numel()} elements failed: {_error(self._lib)}"
-                                       + (f": {cause!r}" if cause is not None else ""))
-            for at, canonical, count in spans or ():
-                buffer[at:at + count].copy_(flat[canonical:canonical + count])
-        except BaseException as e:  # noqa: B902 (the future carries it to DDP)
-            result.set_exception(e)
-            return
-        result.set_result(buffer)
+            plan = (ctypes.c_uint64 * 5)()
+            if lib.dlc_bucket_begin(handle, flat.data_ptr(), plan) != 0:
+                raise CompressionError(f"rank {self.rank}: {self.spec} encoding of a bucket of "
+                                       f"{buffer.numel()} elements failed: {_error(lib)}")
+            sent = self._sum(*plan)
+        except BaseException:
+            self._finished()
+            raise
 
-    def _collective(self, _ctx, kind, input_ptr, output_ptr, count, dtype) -> int:
-        try:
-            import torch.distributed as dist
+        def finish(done) -> Any:
+            try:
+                if done is not None:
+                    done.wait()  # the collective's exception, if it failed
+                if lib.dlc_bucket_finish(handle, flat.data_ptr()) != 0:
+                    raise CompressionError(f"rank {self.rank}: {self.spec} decoding of a bucket "
+                                           f"of {buffer.numel()} elements failed: {_error(lib)}")
+                for at, canonical, count in spans or ():
+                    buffer[at:at + count].copy_(flat[canonical:canonical + count])
+                return buffer
+            finally:
+                self._finished()
 
-            if kind == _ALL_REDUCE_SUM:
-                self._all_reduce(_tensor_at(output_ptr, count, dtype))
-            elif kind == _ALL_GATHER:  # bits, whatever their type: gloo gathers bytes of any
-                size = _ELEMENT_TYPES[dtype][1]
-                whole = _tensor_at(output_ptr, count * size * self.world, _UINT8)
-                dist.all_gather(list(whole.chunk(self.world)),
-                                _tensor_at(input_ptr, count * size, _UINT8),
-                                group=self.process_group)
-            else:
-                raise CompressionError(f"unknown collective {kind}")
-            return 0
-        except BaseException as e:  # noqa: B902 (never across the C ABI)
-            self._error = e
-            return 1
+        if sent is None:  # nothing to send (an empty bucket)
+            result = torch.futures.Future()
+            result.set_result(finish(None))
+            return result
+        return sent.then(finish)
 
-    def _all_reduce(self, tensor) -> None:
+    def _finished(self) -> None:
+        with self._flight:
+            self._in_flight -= 1
+            self._flight.notify_all()
+
+    def _sum(self, kind, input_ptr, output_ptr, count, dtype) -> Any:
+        """dlc_bucket_begin's collective, asynchronously on the hook's group: its future (None
+        when there is nothing to run)."""
         import torch
         import torch.distributed as dist
 
-        if tensor.dtype == torch.bfloat16 and self._reduce_bf16:
-            try:
-                dist.all_reduce(tensor, group=self.process_group)
-                return
-            except RuntimeError as e:  # refused before it began, on every rank alike
-                if "scalar type" not in str(e):
-                    raise
-                self._reduce_bf16 = False
-                if self.rank == 0:
-                    warnings.warn(f"dist_launch.compression: torch {torch.__version__}'s gloo "
-                                  f"cannot all-reduce bfloat16: bf16 buckets past "
-                                  f"64 KiB are summed in float32 (twice the bytes)")
-        if tensor.dtype == torch.bfloat16:
-            wide = tensor.float()
-            dist.all_reduce(wide, group=self.process_group)
-            tensor.copy_(wide)
-            return
-        dist.all_reduce(tensor, group=self.process_group)
+        if count == 0:
+            return None
+        group = self.process_group
+        if kind == _ALL_GATHER:  # bits, whatever their type: gloo gathers bytes of any
+            size = _ELEMENT_TYPES[dtype][1]
+            whole = _tensor_at(output_ptr, count * size * self.world, _UINT8)
+            return dist.all_gather(list(whole.chunk(self.world)),
+                                   _tensor_at(input_ptr, count * size, _UINT8), group=group,
+                                   async_op=True).get_future()
+        if kind != _ALL_REDUCE_SUM:
+            raise CompressionError(f"unknown collective {kind}")
+        tensor = _tensor_at(input_ptr, count, dtype)
+        if tensor.dtype != torch.bfloat16 or self._reduce_bf16:
+            return dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        wide = tensor.float()  # torch 1.x's gloo: bfloat16 summed in float32
+        summed = dist.all_reduce(wide, group=group, async_op=True).get_future()
+        return summed.then(lambda done: tensor.copy_(done.value()[0]))
 
     def _bucket_for(self, bucket, buffer):
         """The compressor of this bucket's parameters, and the spans that stage it (_Layout)."""
@@ -308,7 +359,8 @@ class CompressionState:
 
     def _make(self, signature, index, dtype, staged=False) -> _Bucket:
         """A compressor of `signature`'s layout, with the state saved for that layout (_pending)
-        or else the residuals carried for its parameters (_carry). On the state's thread."""
+        or else the residuals carried for its parameters (_carry), on bucket `index`'s lane (the
+        first for -1). With the lanes idle (_on_thread)."""
         import torch
 
         element_type, entries = signature
@@ -322,13 +374,15 @@ class CompressionState:
         # PowerSGD's first Q is seeded by the bucket's place in DDP's first layout, the same in
         # every process of the job, this one's first try or a resumed one.
         seed_index = min((key[0] for key, _, _ in entries), default=max(index, 0))
-        handle = self._lib.dlc_bucket_new(self._state, self.spec.encode(), element_type, at,
+        lane = self._lanes[max(index, 0) % len(self._lanes)]
+        handle = self._lib.dlc_bucket_new(lane.state, self.spec.encode(), element_type, at,
                                           len(entries), array(*offsets), array(*counts),
                                           array(*rows), seed_index)
         if not handle:
             raise CompressionError(f"rank {self.rank}: a compressor for {len(entries)} "
                                    f"parameters: {_error(self._lib)}")
-        made = _Bucket(self._lib, handle, signature, torch.zeros(at, dtype=dtype) if staged else None)
+        made = _Bucket(self._lib, handle, lane, signature,
+                       torch.zeros(at, dtype=dtype) if staged else None)
         saved = self._pending.pop(signature, None)
         if saved is not None:
             self._check(self._lib.dlc_bucket_load(handle, saved, len(saved), self._format), made,
@@ -431,20 +485,136 @@ class CompressionState:
 
     def close(self) -> None:
         """Frees the compressors (after the exchanges posted so far); the hook cannot run after."""
-        if self._executor is None:
+        if self._closed:
             return
         self._on_thread(self._retire)
-        self._executor.shutdown(wait=True)
-        self._executor = None
-        if self._state:
-            self._lib.dlc_state_free(self._state)
-            self._state = None
+        self._closed = True
+        for lane in self._lanes:
+            lane.close()
 
     def __del__(self):
         try:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter teardown)
             pass
+
+
+# Lanes a state's exchanges run on: two buckets' exchanges overlap, as torch's asynchronous hooks'
+# all-reduces do on gloo's two threads.
+_LANES = 2
+
+
+class _Lane:
+    """A thread and a process group of their own for a share of the buckets' exchanges (bucket i on
+    lane i % _LANES): every rank posts a lane's exchanges in DDP's order of its buckets, so they meet
+    in the same order on every rank, and never wait for another lane's. The library's state of the
+    lane (its collectives: this group's) is `state`."""
+
+    def __init__(self, owner: "CompressionState", index: int, process_group):
+        self.owner, self.process_group = owner, process_group
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"dist-launch-compression-{index}")
+        self.error: Optional[BaseException] = None  # the last torch collective's, for its message
+        self._callback = _COLLECTIVE(self._collective)  # kept alive as long as the state
+        lib = owner._lib
+        self.state = lib.dlc_state_new(owner.rank, owner.world, self._callback, None)
+        if not self.state:
+            self.executor.shutdown(wait=False)
+            raise CompressionError(_error(lib))
+
+    def run(self, compressor: _Bucket, spans, buffer, result) -> None:
+        """The exchange, on the lane's thread; `spans` (DDP's offset, the canonical one, count)
+        when the bucket is staged in canonical order, else None. `result` is always completed:
+        DDP waits for it at the end of the backward pass."""
+        owner, lib = self.owner, self.owner._lib
+        try:
+            self.error = None
+            flat = buffer
+            if spans is not None:
+                flat = compressor.staging
+                for at, canonical, count in spans:
+                    flat[canonical:canonical + count].copy_(buffer[at:at + count])
+            if lib.dlc_exchange(compressor.handle, flat.data_ptr()) != 0:
+                cause = self.error
+                raise CompressionError(f"rank {owner.rank}: {owner.spec} exchange of a bucket of "
+                                       f"{buffer.numel()} elements failed: {_error(lib)}"
+                                       + (f": {cause!r}" if cause is not None else ""))
+            for at, canonical, count in spans or ():
+                buffer[at:at + count].copy_(flat[canonical:canonical + count])
+        except BaseException as e:  # noqa: B902 (the future carries it to DDP)
+            result.set_exception(e)
+            return
+        result.set_result(buffer)
+
+    def _collective(self, _ctx, kind, input_ptr, output_ptr, count, dtype) -> int:
+        try:
+            import torch.distributed as dist
+
+            if kind == _ALL_REDUCE_SUM:
+                self._all_reduce(_tensor_at(output_ptr, count, dtype))
+            elif kind == _ALL_GATHER:  # bits, whatever their type: gloo gathers bytes of any
+                size, world = _ELEMENT_TYPES[dtype][1], self.owner.world
+                whole = _tensor_at(output_ptr, count * size * world, _UINT8)
+                dist.all_gather(list(whole.chunk(world)),
+                                _tensor_at(input_ptr, count * size, _UINT8),
+                                group=self.process_group)
+            else:
+                raise CompressionError(f"unknown collective {kind}")
+            return 0
+        except BaseException as e:  # noqa: B902 (never across the C ABI)
+            self.error = e
+            return 1
+
+    def _all_reduce(self, tensor) -> None:
+        import torch
+        import torch.distributed as dist
+
+        owner = self.owner
+        if tensor.dtype == torch.bfloat16 and owner._reduce_bf16:
+            try:
+                dist.all_reduce(tensor, group=self.process_group)
+                return
+            except RuntimeError as e:  # refused before it began, on every rank alike
+                if "scalar type" not in str(e):
+                    raise
+                if owner._reduce_bf16 and owner.rank == 0:
+                    warnings.warn(f"dist_launch.compression: torch {torch.__version__}'s gloo "
+                                  f"cannot all-reduce bfloat16: bf16 buckets past "
+                                  f"64 KiB are summed in float32 (twice the bytes)")
+                owner._reduce_bf16 = False
+        if tensor.dtype == torch.bfloat16:
+            wide = tensor.float()
+            dist.all_reduce(wide, group=self.process_group)
+            tensor.copy_(wide)
+            return
+        dist.all_reduce(tensor, group=self.process_group)
+
+    def close(self) -> None:
+        """Ends the thread (after its exchanges) and frees the library's state."""
+        self.executor.shutdown(wait=True)
+        if self.state:
+            self.owner._lib.dlc_state_free(self.state)
+            self.state = None
+
+
+def _sums_bfloat16(group) -> bool:
+    """Whether the group's gloo sums bfloat16 (torch 2.x; not 1.x): asked once, of every rank
+    together, as the hook is made (torch 1.x refuses it in the collective's future, too late
+    for an exchange already encoded)."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.all_reduce(torch.zeros(1, dtype=torch.bfloat16), group=group)
+        return True
+    except RuntimeError as e:  # refused before it began, on every rank alike
+        if "scalar type" not in str(e):
+            raise
+        if dist.get_rank(group) == 0:
+            warnings.warn(f"dist_launch.compression: torch {torch.__version__}'s gloo "
+                          f"cannot all-reduce bfloat16: bf16 buckets past "
+                          f"64 KiB are summed in float32 (twice the bytes)")
+        return False
 
 
 def _global_rank(group, rank: int) -> int:

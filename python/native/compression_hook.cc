@@ -9,9 +9,10 @@
 //
 // A hook state (dlc_state_new) is one such group; a bucket (dlc_bucket_new) is one compressor of a
 // DDP bucket's layout, with the host Ops that hold its memory. An exchange runs on the calling
-// thread, one at a time per state (the host Ops complete each call on return). Every function
-// returns 0 (or a handle) on success, and -1 (or null) with dlc_last_error() saying why: nothing
-// throws across the ABI.
+// thread, one at a time per state (the host Ops complete each call on return); one that splits
+// (fp16, bf16: dlc_bucket_begin) runs the caller's collective in between, asynchronously. Every
+// function returns 0 (or a handle) on success, and -1 (or null) with dlc_last_error() saying why:
+// nothing throws across the ABI.
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -157,6 +158,17 @@ __attribute__((visibility("default"))) int dlc_parse(const char* spec, char* out
   });
 }
 
+// Whether the compressors of `spec` split their exchange (dlc_bucket_begin): 1 or 0; -1 on a spec
+// that does not parse.
+__attribute__((visibility("default"))) int dlc_spec_splits(const char* spec) {
+  int splits = -1;
+  guarded([&] {
+    splits =
+        dist::sdk::detail::exchange_splits(Compression::parse(spec == nullptr ? "" : spec)) ? 1 : 0;
+  });
+  return splits;
+}
+
 // Bytes per element of DataType `dtype` (0 for none): compression.py checks its numbers by it.
 __attribute__((visibility("default"))) std::uint64_t dlc_element_size(int dtype) {
   if (dtype < 0 || dtype > kMaxDataType) return 0;
@@ -226,6 +238,33 @@ __attribute__((visibility("default"))) int dlc_exchange(void* bucket, void* flat
   return guarded([&] {
     if (flat == nullptr) throw std::invalid_argument("no gradients (null)");
     bucket_of(bucket).compressor->exchange(flat);
+  });
+}
+
+// The bucket's exchange in three steps, for a caller that runs the collective itself (torch's,
+// asynchronously): dlc_bucket_begin() encodes the gradients (flat, as dlc_exchange takes them)
+// and writes the collective into out: out[0] its kind (kAllReduceSum: in place over out[1];
+// kAllGather: of out[1] into out[2]), out[3] the elements per rank (0: nothing to run), out[4]
+// their DataType. Once it completed, dlc_bucket_finish() writes the average into flat. The
+// bucket's buffers stay as begin() left them until finish() returns: nothing else may run on the
+// bucket in between.
+__attribute__((visibility("default"))) int dlc_bucket_begin(void* bucket, void* flat,
+                                                            std::uint64_t* out) {
+  return guarded([&] {
+    if (flat == nullptr || out == nullptr) throw std::invalid_argument("no gradients (null)");
+    const auto sum = bucket_of(bucket).compressor->begin(flat);
+    out[0] = sum.gathered != nullptr ? kAllGather : kAllReduceSum;
+    out[1] = reinterpret_cast<std::uintptr_t>(sum.input);
+    out[2] = reinterpret_cast<std::uintptr_t>(sum.gathered);
+    out[3] = sum.count;
+    out[4] = static_cast<std::uint64_t>(sum.type);
+  });
+}
+
+__attribute__((visibility("default"))) int dlc_bucket_finish(void* bucket, void* flat) {
+  return guarded([&] {
+    if (flat == nullptr) throw std::invalid_argument("no gradients (null)");
+    bucket_of(bucket).compressor->finish(flat);
   });
 }
 

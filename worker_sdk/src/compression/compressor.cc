@@ -129,10 +129,19 @@ class Cast16 final : public Lossy {
         wire_(ops.allocate(n_ * element_size(wire))) {}
 
   void exchange(void* flat) override {
+    ops_.run_sum(begin(flat));
+    finish(flat);
+  }
+  bool splits() const override { return true; }
+  Ops::Sum begin(void* flat) override {
     if (dynamic_) follow_last_exchange();
     ops_.widen_encode16(flat, layout_.type, residual_, acc_, wire_, wire_type_,
                         scale_ * inverse_world(), n_);
-    ops_.all_sum(wire_, wire_type_, n_, acc_);
+    sum_ = ops_.plan_sum(wire_, wire_type_, n_);
+    return sum_;
+  }
+  void finish(void* flat) override {
+    ops_.finish_sum(sum_, acc_);
     if (scale_ != 1.0f) ops_.scale(acc_, n_, 1.0f / scale_);
     guard(acc_);
     ops_.narrow(acc_, flat, layout_.type, n_);
@@ -185,6 +194,7 @@ class Cast16 final : public Lossy {
   DataType wire_type_;
   bool dynamic_;
   void* wire_;
+  Ops::Sum sum_;  // begin()'s, for finish()
   float scale_ = 1.0f;
   std::uint64_t clean_ = 0;  // exchanges in a row the guard did not skip, at this scale (< 1)
   bool exchanged_ = false;   // an exchange since the construction or the last load
@@ -424,6 +434,10 @@ PowerSgdPlan plan_powersgd(const BucketLayout& layout, int rank) {
     plan.q_size += cols * r;
   }
   return plan;
+}
+
+bool exchange_splits(const Compression& c) {
+  return c.kind == Compression::Kind::kFp16 || c.kind == Compression::Kind::kBf16;  // Cast16
 }
 
 std::unique_ptr<BucketCompressor> make_compressor(const Compression& c, Ops& ops,

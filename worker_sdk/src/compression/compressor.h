@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,14 @@ class BucketCompressor {
   // flat (layout.type, in the Ops' memory): this rank's gradients in, the approximate average out.
   // Runs inside an Ops job (Ops::post).
   virtual void exchange(void* flat) = 0;
+  // An exchange whose communication is one sum (Ops::all_sum: fp16, bf16) may also run in three
+  // steps, for a caller that runs that collective itself, asynchronously on a thread of its own
+  // (torch's process group: dist_launch.compression's hooks): begin() encodes flat and returns
+  // the collective to run, finish() makes the average in flat once it completed. exchange() is
+  // the same three in a row. The others do not split (std::logic_error).
+  virtual bool splits() const { return false; }
+  virtual Ops::Sum begin(void* /*flat*/) { throw std::logic_error("this exchange does not split"); }
+  virtual void finish(void* /*flat*/) { throw std::logic_error("this exchange does not split"); }
   // The state a restart needs (residual, fp16's scale, PowerSGD's Q), appended to `out` in
   // kStateFormat; load() reads what save() wrote in `format` (kStateFormat, or an earlier one)
   // from the front of `in` and advances it (std::invalid_argument when it does not fit this
@@ -74,6 +83,9 @@ constexpr int kStateFormat = 2;
 // `compression` must be lossy. `index` (the bucket's) seeds PowerSGD's first Q.
 std::unique_ptr<BucketCompressor> make_compressor(const Compression& compression, Ops& ops,
                                                   const BucketLayout& layout, std::size_t index);
+// Whether make_compressor's compressors for `compression` split their exchange
+// (BucketCompressor::splits).
+bool exchange_splits(const Compression& compression);
 
 // PowerSGD's split of a bucket: which tensors it compresses (rank r = min(rows, cols, RANK), worth
 // it when (rows + cols) r 2 < rows cols, as torch's min_compression_rate 2) and which it sends

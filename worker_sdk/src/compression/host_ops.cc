@@ -491,7 +491,14 @@ void Ops::all_gather(const void* input, void* output, std::size_t count, DataTyp
 }
 
 void Ops::all_sum(void* input, DataType type, std::size_t count, float* out) {
-  if (count == 0) return;
+  const Sum sum = plan_sum(input, type, count);
+  run_sum(sum);
+  finish_sum(sum, out);
+}
+
+Ops::Sum Ops::plan_sum(void* input, DataType type, std::size_t count) {
+  Sum sum{input, nullptr, count, type};
+  if (count == 0) return sum;
   const std::size_t bytes = count * element_size(type);
   if (bytes <= kGatherBytes) {
     const std::size_t whole = bytes * static_cast<std::size_t>(world());
@@ -499,15 +506,33 @@ void Ops::all_sum(void* input, DataType type, std::size_t count, float* out) {
       gathered_ = allocate(whole);
       gathered_bytes_ = whole;
     }
-    all_gather(input, gathered_, count, type);
-    sum_ranks(gathered_, world(), type, count, out);
-    return;
-  }
-  all_reduce(input, count, type, ReduceOp::kSum);
-  if (type == DataType::kFloat32) {
-    if (static_cast<void*>(out) != input) copy(out, input, bytes);
+    sum.gathered = gathered_;
+    bytes_sent_ += ring_all_gather_bytes(bytes, world());
   } else {
-    decode16(input, type, out, count);
+    bytes_sent_ += ring_all_reduce_bytes(bytes, world());
+  }
+  return sum;
+}
+
+void Ops::run_sum(const Sum& sum) {
+  if (sum.count == 0) return;
+  if (sum.gathered != nullptr) {
+    run_all_gather(sum.input, sum.gathered, sum.count, sum.type);
+  } else {
+    run_all_reduce(sum.input, sum.count, sum.type, ReduceOp::kSum);
+  }
+}
+
+void Ops::finish_sum(const Sum& sum, float* out) {
+  if (sum.count == 0) return;
+  if (sum.gathered != nullptr) {
+    sum_ranks(sum.gathered, world(), sum.type, sum.count, out);
+  } else if (sum.type == DataType::kFloat32) {
+    if (static_cast<void*>(out) != sum.input) {
+      copy(out, sum.input, sum.count * element_size(sum.type));
+    }
+  } else {
+    decode16(sum.input, sum.type, out, sum.count);
   }
 }
 

@@ -58,6 +58,20 @@ class Ops {
   // link, 150 KB of fp16 for two ranks: 18 ms a step against 21 ms as an all-gather).
   void all_sum(void* input, DataType type, std::size_t count, float* out);
   static constexpr std::size_t kGatherBytes = 64 * 1024;
+  // all_sum in halves, for a caller that runs the collective itself (torch's, asynchronously:
+  // dist_launch.compression): plan_sum() says which one all_sum would run over `input` (counted in
+  // bytes_sent() as if run), run_sum() runs it here, and once it completed finish_sum() makes
+  // `out` of its result. all_sum() is the three in a row.
+  struct Sum {
+    void* input = nullptr;
+    void* gathered = nullptr;  // an all-gather of input into here (world x count); null: an
+                               // all-reduce (sum) of input in place
+    std::size_t count = 0;     // elements; 0: nothing to run
+    DataType type = DataType::kFloat32;
+  };
+  Sum plan_sum(void* input, DataType type, std::size_t count);
+  void run_sum(const Sum& sum);
+  void finish_sum(const Sum& sum, float* out);
   std::uint64_t bytes_sent() const { return bytes_sent_; }
   void count_bytes(std::uint64_t bytes) { bytes_sent_ += bytes; }
   int world() const { return group_.size(); }

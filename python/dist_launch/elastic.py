@@ -105,8 +105,10 @@ _IN_PLACE_TIMEOUT_VARIABLE = "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS"
 _DEFAULT_IN_PLACE_TIMEOUT_MS = 300000
 # END worker contract
 
-# How long a survivor waits for the agent's next generation after its collective failed: the
-# agent publishes it as soon as it reaps the failed worker, or stops every worker instead.
+# How long a survivor waits for the agent's next generation after its collective failed, past the
+# agent's --in-place-timeout (_generation_timeout): the agent publishes it as soon as it reaps the
+# failed worker (or, a node lost, once the nodes regrouped, which may wait for a relaunched node),
+# within that timeout, or stops every worker instead.
 GENERATION_TIMEOUT = datetime.timedelta(seconds=60)
 # Building a generation's group and receiving the state, when the agent does not say
 # (dist-launch --in-place-timeout: it restarts the group past it, so no rank waits longer).
@@ -122,6 +124,11 @@ def _group_timeout() -> datetime.timedelta:
     except ValueError:
         return GROUP_TIMEOUT
     return datetime.timedelta(milliseconds=ms) if ms > 0 else GROUP_TIMEOUT
+
+
+def _generation_timeout() -> datetime.timedelta:
+    """The agent's --in-place-timeout and GENERATION_TIMEOUT more."""
+    return _group_timeout() + GENERATION_TIMEOUT
 
 # How long a rank may stay in the failed group, idle, once the next generation is published and
 # its connections are shut down (DIST_LAUNCH_STUCK_COLLECTIVE_S). Gloo does not fail a send it
@@ -819,7 +826,7 @@ def _take_new_rank(g: _Group, generation: int) -> None:
     """Generation `generation`'s record: a replacement's changes no rank; a regroup's (a node was
     lost, its survivors go on in a smaller world) moves this rank to where its agent's key says
     (the contract's regroup/<round>/from/<first rank of this node>)."""
-    g.store.wait([g.generation_key(generation)], GENERATION_TIMEOUT)
+    g.store.wait([g.generation_key(generation)], _generation_timeout())
     record = g.store.get(g.generation_key(generation)).decode()
     match = re.match(r"regrouped round=(\d+) world=(\d+)(?: nodes=(\d+))?", record)
     if not match:
@@ -829,7 +836,7 @@ def _take_new_rank(g: _Group, generation: int) -> None:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     place = f"{g.prefix}regroup/{regroup_round}/from/{g.rank - local_rank}"
     try:
-        g.store.wait([place], GENERATION_TIMEOUT)
+        g.store.wait([place], _generation_timeout())
     except Exception as e:
         raise RuntimeError(f"rank {g.rank}: generation {generation} regrouped the job in round "
                            f"{regroup_round} without a place for this node's workers "
@@ -884,7 +891,7 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
         g.changed.notify_all()
     marks.append(("teardown", time.monotonic()))
     try:
-        g.store.wait([g.generation_key(following)], GENERATION_TIMEOUT)
+        g.store.wait([g.generation_key(following)], _generation_timeout())
     except Exception as e:
         raise RuntimeError(f"{error}; and no generation {following} of the group came from the "
                            f"agent ({_first_line(e)})") from error

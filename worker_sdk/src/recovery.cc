@@ -323,11 +323,15 @@ void InPlaceRecovery::regroup() {
                        "rank " + std::to_string(dist_.env.rank) + ": " + where);
 }
 
+std::chrono::milliseconds InPlaceRecovery::generation_timeout() const {
+  return options_.generation_timeout.value_or(dist_.env.in_place_timeout + std::chrono::minutes(1));
+}
+
 void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::string& since,
                                            const std::string& cause) {
   const int next = generation_ + 1;
   try {
-    store_->wait({contract::generation_key(prefix_, next)}, options_.generation_timeout);
+    store_->wait({contract::generation_key(prefix_, next)}, generation_timeout());
   } catch (const store::StoreError& e) {
     throw CollectiveError(cause + "; and no generation " + std::to_string(next) +
                           " of the group came from the agent (" + e.what() + ")");
@@ -376,7 +380,7 @@ void InPlaceRecovery::release_group() {
 // moves this rank to where its agent's key says, in a world of the record's size.
 void InPlaceRecovery::take_new_rank(int generation) {
   const std::string record =
-      store_->get(contract::generation_key(prefix_, generation), options_.generation_timeout);
+      store_->get(contract::generation_key(prefix_, generation), generation_timeout());
   int round = -1, world = -1;
   if (std::sscanf(record.c_str(), "regrouped round=%d world=%d", &round, &world) != 2) return;
   // The agent's request to regroup in this round (the slot) is followed, whatever brought this
@@ -386,7 +390,7 @@ void InPlaceRecovery::take_new_rank(int generation) {
   const std::string place = contract::regroup_key(prefix_, round, old_offset);
   std::string value;
   try {
-    value = store_->get(place, options_.generation_timeout);
+    value = store_->get(place, generation_timeout());
   } catch (const store::StoreError& e) {
     throw CollectiveError("rank " + std::to_string(dist_.env.rank) + ": generation " +
                           std::to_string(generation) + " regrouped the job in round " +

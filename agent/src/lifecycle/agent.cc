@@ -69,8 +69,10 @@ class Agent {
         janitor_(janitor),
         signals_(io_, watched_signals(config)),
         host_(config.local_addr.empty() ? this_host() : config.local_addr),
-        rounds_(make_round_source(io_, config, config, host_,
-                                  [](const std::string& text) { spdlog::info("{}", text); })),
+        rounds_(make_round_source(
+            io_, config, config, host_, [](const std::string& text) { spdlog::info("{}", text); },
+            config.restart_policy == RestartPolicy::kInPlace ? config.in_place_timeout
+                                                             : std::chrono::milliseconds(0))),
         steps_(io_, [this](std::exception_ptr e) { on(failure_event(e)); }),
         policy_(make_recovery_policy({io_, config_, *rounds_, steps_, now_, group_, telemetry_,
                                       console_, [this](Input input) { feed(input); },

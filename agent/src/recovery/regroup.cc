@@ -19,6 +19,8 @@ Task<Regroup::Join> Regroup::join_survivors(Round from) {
   try {
     j.verdict = co_await p_.rounds.decide(from);
     if (j.verdict->action == Verdict::kReshape) {
+      spdlog::info("round {} ended ({}): joining round {} while this node's workers run",
+                   from.round, j.verdict->reason, from.round + 1);
       j.round = co_await p_.rounds.join_keeping_workers(from);
     }
   } catch (const store::StoreError& e) {

@@ -90,18 +90,44 @@ Task<int> ElasticRendezvous::current_round() {
 Task<Round> ElasticRendezvous::join_elastic(int round, std::optional<Round> previous,
                                             std::optional<store::Endpoint> worker_store,
                                             bool keeps_workers) {
-  auto deadline = steady_clock::now() + timeouts().join;
+  // A node whose workers run on waits at most --in-place-timeout (JobShape::in_place_wait): past
+  // it they stop, and the node joins afresh.
+  const bool in_place = keeps_workers && shape().in_place_wait.count() > 0;
+  auto deadline = steady_clock::now() +
+                  (in_place ? std::min(timeouts().join, shape().in_place_wait) : timeouts().join);
   for (int n = round;; ++n) {
     co_await throw_if_job_over(n);
     // (A plain local: GCC 12 mishandles a conditional's temporary inside a co_await.)
     std::optional<Round> back_from;
     if (n == round) back_from = previous;
     std::optional<store::Endpoint> offer = worker_store;  // (each round's record offers it)
-    const Ticket ticket =
-        co_await take_ticket(n, std::move(back_from), std::move(offer), keeps_workers);  // JOIN
+    Ticket ticket;
+    if (withdrawn_ && withdrawn_->first == n) {  // its own, again: its record anew
+      ticket = withdrawn_->second;
+      withdrawn_.reset();
+      co_await write_record(n, ticket.number, std::move(back_from), std::move(offer), false);
+    } else {
+      ticket =
+          co_await take_ticket(n, std::move(back_from), std::move(offer), keeps_workers);  // JOIN
+    }
     co_await throw_if_job_over(n);  // (again: the store's host waits only for tickets it saw)
-    co_await close_if_complete(n, ticket);                                      // CLOSE?
-    if (auto a = co_await await_assignment(n, ticket, deadline)) co_return *a;  // WAIT
+    co_await close_if_complete(n, ticket);  // CLOSE?
+    std::optional<Round> a;
+    std::exception_ptr failed;
+    try {
+      a = co_await await_assignment(n, ticket, deadline, in_place);  // WAIT
+    } catch (const RendezvousError&) {
+      failed = std::current_exception();
+    }
+    if (failed && keeps_workers) {
+      // Its record goes (a ticket without a record is no member), and the ticket is the node's
+      // again once its workers stopped (withdrawn_): the round counts it once, and closes with it
+      // and whoever joined since, as a restart's round would.
+      co_await store().delete_key(schema::in_round(n, name::kNode, ticket.number));
+      withdrawn_.emplace(n, ticket);
+    }
+    if (failed) std::rethrow_exception(failed);
+    if (a) co_return *a;
     // EXCLUDED: on to the next round, as a newcomer; unless the node's workers run on (a
     // regroup): a later round cannot continue them, and its others must not wait on them.
     if (keeps_workers) {
@@ -120,12 +146,9 @@ Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(
   const bool returning = previous && previous->round == round - 1;
   const int ticket =  // ADD join
       static_cast<int>(co_await store().add(schema::in_round(round, name::kJoin), 1));
-  schema::NodeRecord record = node_.self_;
-  record.previous_rank = returning ? previous->node_rank : -1;
-  record.worker_store = std::move(worker_store);
-  record.keeps_workers = returning && keeps_workers;
-  co_await store().set_ephemeral(schema::in_round(round, name::kNode, ticket),  // SET node/<t>
-                                 schema::encode(record));
+  co_await write_record(round, ticket, std::move(previous),
+                        std::move(worker_store),  // SET node/<t>
+                        keeps_workers);
   Ticket taken{ticket, false, 0};
   if (returning) {  // ADD returning: read after this node's ticket (close_if_complete)
     taken.returning =
@@ -135,9 +158,14 @@ Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(
   // call, should that node vanish before setting it).
   if (ticket == shape().min_nodes)
     co_await store().set(schema::in_round(round, name::kQuorum), "1");
-  if (!returning && round > 0) {
-    // A newcomer: the running round makes room, unless it is full or already finishing (a node's
-    // workers all succeeded): then the newcomer waits for the next round, if there is one.
+  // A newcomer: the running round makes room, unless it is full or already finishing (a node's
+  // workers all succeeded): then the newcomer waits for the next round, if there is one. A round
+  // already decided runs no more: its nodes are on their way here (a lost node's survivors
+  // waiting in place for one, say).
+  // (Not `... && !co_await verdict_of(...)`: GCC 12 runs a co_await whatever the left side says.)
+  bool decided = false;
+  if (!returning && round > 0) decided = (co_await verdict_of(round - 1)).has_value();
+  if (!returning && round > 0 && !decided) {
     const std::string size_key = schema::in_round(round - 1, name::kSize);
     const auto size = co_await store().try_get(size_key);
     const bool finishing = co_await store().check(keys(schema::in_round(round - 1, name::kDone)));
@@ -151,6 +179,18 @@ Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(
     }
   }
   co_return taken;
+}
+
+Task<void> ElasticRendezvous::write_record(int round, int ticket, std::optional<Round> previous,
+                                           std::optional<store::Endpoint> worker_store,
+                                           bool keeps_workers) {
+  const bool returning = previous && previous->round == round - 1;
+  schema::NodeRecord record = node_.self_;
+  record.previous_rank = returning ? previous->node_rank : -1;
+  record.worker_store = std::move(worker_store);
+  record.keeps_workers = returning && keeps_workers;
+  co_await store().set_ephemeral(schema::in_round(round, name::kNode, ticket),
+                                 schema::encode(record));
 }
 
 // The round is complete once both of its counts are: tickets (at least MIN; round 0, MAX) and,
@@ -268,14 +308,21 @@ Task<bool> ElasticRendezvous::try_close(int round, std::optional<std::int64_t> t
 }
 
 Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket ticket,
-                                                               steady_clock::time_point deadline) {
+                                                               steady_clock::time_point deadline,
+                                                               bool in_place) {
   const std::string quorum = schema::in_round(round, name::kQuorum);
   const std::string published = schema::in_round(round, name::kAssignment);
   const std::string join = schema::in_round(round, name::kJoin);
   auto too_late = [&](const std::string& what, std::int64_t count) {
     if (steady_clock::now() < deadline) return;
-    throw RendezvousError("elastic round " + std::to_string(round) + " " + what + ": " +
-                          std::to_string(count) + " node(s) joined, at least " +
+    if (in_place) {
+      throw RendezvousError("elastic round " + std::to_string(round) + " " + what +
+                            " while this node's workers waited in place (--in-place-timeout): " +
+                            std::to_string(count) + " node(s) joined, at least " +
+                            std::to_string(shape().min_nodes) + " needed");
+    }
+    throw RendezvousError("elastic round " + std::to_string(round) + " " + what + " within " +
+                          "join_timeout: " + std::to_string(count) + " node(s) joined, at least " +
                           std::to_string(shape().min_nodes) +
                           " needed; start more agents with the same --rdzv-endpoint and "
                           "--rdzv-id, or raise --rdzv-conf join_timeout");
@@ -302,7 +349,7 @@ Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket
                    std::to_string(count) + " of at least " + std::to_string(shape().min_nodes) +
                    " in");
       if (ticket.spare) co_await extend_while_running(round, deadline, running);
-      too_late("did not reach its minimum within join_timeout", count);
+      too_late("did not reach its minimum", count);
     }
   }
   // Until the round closes: after each last call, close it with whoever is in.
@@ -316,7 +363,7 @@ Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket
     } else if (round > 0) {
       co_await decide_if_abandoned(round - 1);
     }
-    too_late("did not close within join_timeout", co_await store().add(join, 0));
+    too_late("did not close", co_await store().add(join, 0));
   }
 
   // One request: this node's place, the round's totals and its workers' store.
@@ -421,6 +468,7 @@ Task<Verdict> ElasticRendezvous::decide(Round a, int max_restarts) {
   end.num_nodes = a.num_nodes;
   end.restarts = a.restarts;
   end.replacements = co_await node_.replacements();  // --restart-policy in-place: the job's so far
+  end.in_place = shape().in_place_wait.count() > 0;
   // Newcomers already waiting in the next round count towards its minimum (no node of this round
   // has joined it yet: they all wait for this verdict).
   end.waiting = co_await store().add(schema::in_round(a.round + 1, name::kJoin), 0);

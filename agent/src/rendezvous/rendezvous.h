@@ -68,6 +68,10 @@ struct JobShape {
   // that losing another node never loses the node that coordinates recoveries and hosts the
   // workers' store while the store survives.
   bool hosts_store = false;
+  // --restart-policy in-place (its --in-place-timeout; 0: not in place): a lost node's survivors,
+  // too few to go on, keep their workers and wait this long in the next round for nodes to join
+  // (a relaunched agent, a cluster manager's replacement) instead of restarting the group.
+  std::chrono::milliseconds in_place_wait{0};
 };
 
 // What ended a watch: a failure somewhere, a node's agent gone, a node waiting to join, or our own

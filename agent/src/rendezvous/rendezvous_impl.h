@@ -46,11 +46,16 @@ class ElasticRendezvous {
   };
   Task<Ticket> take_ticket(int round, std::optional<Round> previous,
                            std::optional<store::Endpoint> worker_store, bool keeps_workers);
+  // This node's record under `ticket` (ephemeral): its place before, the store it offers.
+  Task<void> write_record(int round, int ticket, std::optional<Round> previous,
+                          std::optional<store::Endpoint> worker_store, bool keeps_workers);
   Task<void> close_if_complete(int round, Ticket ticket);
   // `taken`: a lower bound of the round's ticket count this node knows (its own ticket's number).
   Task<bool> try_close(int round, std::optional<std::int64_t> taken = std::nullopt);
+  // `in_place`: this node's workers run on meanwhile, and the deadline is --in-place-timeout's.
   Task<std::optional<Round>> await_assignment(int round, Ticket ticket,
-                                              std::chrono::steady_clock::time_point deadline);
+                                              std::chrono::steady_clock::time_point deadline,
+                                              bool in_place = false);
   // Round `round`'s verdict, when it has one: from those this node has read or settled, else
   // from the store (a verdict never changes once settled).
   Task<std::optional<Verdict>> verdict_of(int round);
@@ -81,6 +86,10 @@ class ElasticRendezvous {
   // round and the one before).
   static constexpr std::size_t kVerdictsKept = 4;
   std::map<int, Verdict> verdicts_;
+  // The ticket this node held in a round it waited in with its workers running, past
+  // --in-place-timeout (round, ticket): its record withdrawn while they stop, it is the node's
+  // again when it joins that round next.
+  std::optional<std::pair<int, Ticket>> withdrawn_;
 };
 
 class NodeRendezvous::Impl {

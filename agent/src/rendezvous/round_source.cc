@@ -201,13 +201,15 @@ class LocalRounds final : public RoundSource {
 class NodeRounds : public RoundSource {
  public:
   NodeRounds(boost::asio::io_context& io, const JobConfig& job, const RendezvousConfig& config,
-             std::string host, std::function<void(const std::string&)> notice)
+             std::string host, std::function<void(const std::string&)> notice,
+             std::chrono::milliseconds in_place_wait)
       : io_(io),
         job_(job),
         config_(config),
         plan_(plan_stores(job, config)),
         host_(std::move(host)),
-        notice_(std::move(notice)) {}
+        notice_(std::move(notice)),
+        in_place_wait_(in_place_wait) {}
 
   bool several_nodes() const override { return true; }
 
@@ -297,8 +299,8 @@ class NodeRounds : public RoundSource {
     timeouts.rdzv = config_.rdzv_timeout;
     timeouts.join = config_.join_timeout;
     timeouts.last_call = config_.last_call_timeout;
-    const JobShape shape{job_.min_nodes, job_.max_nodes,    job_.nproc_per_node,
-                         host_,          job_.max_restarts, job_store_.has_value()};
+    const JobShape shape{job_.min_nodes,    job_.max_nodes,         job_.nproc_per_node, host_,
+                         job_.max_restarts, job_store_.has_value(), in_place_wait_};
     // Held here, not in this frame, so that close() can cancel the connect, and a frame destroyed
     // after this object (the io_context goes last) has nothing of it to touch.
     opening_ = std::move(session);
@@ -327,6 +329,7 @@ class NodeRounds : public RoundSource {
   StorePlan plan_;
   std::string host_;
   std::function<void(const std::string&)> notice_;
+  std::chrono::milliseconds in_place_wait_;
   std::optional<StoreHost> job_store_;  // the job's store, when this node hosts it
   std::optional<NodeRendezvous> rdzv_;
   std::unique_ptr<RendezvousStore> opening_;  // the session being connected
@@ -471,12 +474,15 @@ class ElasticRounds final : public NodeRounds {
 
 std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io, const JobConfig& job,
                                                const RendezvousConfig& config, std::string host,
-                                               std::function<void(const std::string&)> notice) {
+                                               std::function<void(const std::string&)> notice,
+                                               std::chrono::milliseconds in_place_wait) {
   if (job.elastic) {
-    return std::make_unique<ElasticRounds>(io, job, config, std::move(host), std::move(notice));
+    return std::make_unique<ElasticRounds>(io, job, config, std::move(host), std::move(notice),
+                                           in_place_wait);
   }
   if (job.max_nodes > 1) {
-    return std::make_unique<StaticRounds>(io, job, config, std::move(host), std::move(notice));
+    return std::make_unique<StaticRounds>(io, job, config, std::move(host), std::move(notice),
+                                          in_place_wait);
   }
   return std::make_unique<LocalRounds>(io, job, config, std::move(host));
 }

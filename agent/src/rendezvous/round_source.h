@@ -119,9 +119,10 @@ class RoundSource {
 
 // The mode the configuration asks for, from the job's shape and the rendezvous's part of the
 // configuration. `host`: this node as the others see it; `notice` hears the rendezvous's
-// progress (who it waits for).
+// progress (who it waits for); `in_place_wait`: JobShape's (--restart-policy in-place).
 std::unique_ptr<RoundSource> make_round_source(boost::asio::io_context& io, const JobConfig& job,
                                                const RendezvousConfig& rendezvous, std::string host,
-                                               std::function<void(const std::string&)> notice);
+                                               std::function<void(const std::string&)> notice,
+                                               std::chrono::milliseconds in_place_wait = {});
 
 }  // namespace dist::agent

@@ -58,7 +58,12 @@ Verdict decide(const RoundEnd& end, int max_restarts, int min_nodes) {
     const std::string too_few = lost_text + ", " + std::to_string(alive + end.waiting) +
                                 " node(s) left, fewer than the minimum " +
                                 std::to_string(min_nodes);
-    if (restart_left) {
+    if (restart_left && end.in_place && alive > 0) {
+      v.action = Verdict::kReshape;
+      v.reason = too_few +
+                 ": the survivors' workers wait in place for nodes to join (until "
+                 "--in-place-timeout, then a new round of the whole group)";
+    } else if (restart_left) {
       v.action = Verdict::kRestart;
       v.restarts = end.restarts + 1;
       v.reason = too_few + ": waiting for nodes to join (until the join timeout)";

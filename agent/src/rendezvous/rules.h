@@ -39,10 +39,13 @@ struct RoundEnd {
   int restarts = 0;            // job-wide restarts before the round
   std::int64_t waiting = 0;    // newcomers already waiting in the next round
   int replacements = 0;        // job-wide in-place replacements: they count as restarts do
+  bool in_place = false;       // the survivors keep their workers (JobShape::in_place_wait)
 };
 // A worker failure alone is a restart (or the end, when none is left); a lost node or a newcomer
 // is a reshape (not a restart), unless fewer than min_nodes would be left: then a restart whose
-// round waits for min_nodes (or the end, when none is left). A worker failing while
+// round waits for min_nodes (or the end, when none is left); in place, with a restart left, a
+// reshape instead, whose round the survivors wait in with their workers running, for nodes to
+// join (then the round waits as the restart's would). A worker failing while
 // its round was reshaped (a peer's workers stopped under it) is collateral, not a restart: a real
 // fault shows up again in the next round. --max-restarts bounds the restarts and the in-place
 // replacements together.

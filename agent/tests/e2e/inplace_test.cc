@@ -1105,6 +1105,111 @@ TEST_F(InPlaceElasticNodes,
   EXPECT_EQ(events("job_node2", "inplace_joined").size(), 1u) << both;
 }
 
+// --nnodes 2 (MIN = MAX) loses node 1's agent, and the agent is started again (as a cluster
+// manager relaunches a lost pod) once the survivor's verdict said it waits in place: too few
+// nodes to go on, with a restart left, the survivor keeps its worker running and waits in the
+// next round; the relaunched agent joins that round as a newcomer, its worker joins the running
+// one's group, and the job ends with the weights of a run that lost nothing. (It restarted the
+// group before: only a hot spare already waiting kept the survivors.)
+TEST_F(InPlaceElasticNodes, ARelaunchedNodeRejoinsTheSurvivorsWhoseWorkersWaitedInPlace) {
+  const std::string clean = clean_digest(2, {"--steps", "300"});
+  const std::string endpoint = job_endpoint();
+  const auto agent = [&](int i) { return training_agent(i, "2", endpoint); };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+      << agents[0]->output() << agents[1]->output();
+  ::kill(agents[1]->pid(), SIGKILL);
+  EXPECT_EQ(agents[1]->wait(10s), 128 + SIGKILL);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return agents[0]->output().find("wait in place for nodes to join") != std::string::npos;
+      },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(2));  // node 1's agent, relaunched
+
+  std::string both;
+  for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
+    const int code = agents[i]->wait(120s);
+    both += agents[i]->output();
+    EXPECT_EQ(code, 0) << agents[i]->output();
+  }
+  for (const int rank : {0, 1}) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->step, 300) << both;
+    EXPECT_EQ(f->world, 2) << both;
+    EXPECT_EQ(f->digest, clean) << "rank " << rank << ": " << both;
+  }
+  EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "the survivor kept its process";
+  EXPECT_EQ(final_of("job", 1)->pid, start_pid("job", 1, 0, 1))
+      << "the relaunched node's worker started as generation 1: " << both;
+  EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
+  EXPECT_EQ(both.find("stopping the workers"), std::string::npos) << both;
+  EXPECT_EQ(events("job_node0", "inplace_regrouped").size(), 1u) << both;
+  EXPECT_TRUE(events("job_node0", "inplace_fallback").empty()) << both;
+  EXPECT_EQ(events("job_node2", "inplace_joined").size(), 1u) << both;
+}
+
+// The same, but the lost node comes back only after --in-place-timeout: the survivor stops its
+// worker then, and waits in the same round, as a restart's round waits for MIN nodes; the
+// relaunched agent's arrival completes it (the survivor's first, withdrawn, record not counted
+// twice), and the whole group trains afresh to the end.
+TEST_F(InPlaceElasticNodes, ANodeBackOnlyAfterTheInPlaceTimeoutMeetsAGroupStartedAfresh) {
+  const std::string clean = clean_digest(2, {"--steps", "300"});
+  const std::string endpoint = job_endpoint();
+  const auto agent = [&](int i) {
+    return training_agent(i, "2", endpoint, {"--in-place-timeout", "2"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+      << agents[0]->output() << agents[1]->output();
+  const long first = start_pid("job", 0, 0, 0);  // (a fresh start writes the same file again)
+  ::kill(agents[1]->pid(), SIGKILL);
+  EXPECT_EQ(agents[1]->wait(10s), 128 + SIGKILL);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return agents[0]->output().find("while this node's workers waited in place") !=
+               std::string::npos;
+      },
+      60s))
+      << agents[0]->output();
+  agents.push_back(agent(2));  // node 1's agent, relaunched late
+
+  std::string both;
+  for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
+    const int code = agents[i]->wait(120s);
+    both += agents[i]->output();
+    EXPECT_EQ(code, 0) << agents[i]->output();
+  }
+  for (const int rank : {0, 1}) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->step, 300) << both;
+    EXPECT_EQ(f->world, 2) << both;
+    EXPECT_EQ(f->digest, clean) << "rank " << rank << ": " << both;
+  }
+  EXPECT_GT(first, 0);
+  EXPECT_NE(final_of("job", 0)->pid, first) << "the survivor's worker was stopped: " << both;
+  EXPECT_NE(both.find("round 1: node 0 of 2, global ranks 0..0 of 2"), std::string::npos) << both;
+  EXPECT_EQ(events("job_node0", "inplace_fallback").size(), 1u) << both;
+  EXPECT_TRUE(events("job_node0", "inplace_regrouped").empty()) << both;
+}
+
 // The lost node hosted its round's workers' store (node 0; the rendezvous store is a
 // dist-rendezvous of its own): the survivor's worker has nowhere to regroup, and the group
 // restarts, saying why, then trains in a world of one.

@@ -96,9 +96,11 @@ class RecoverableState {
 
 struct RecoveryOptions {
   // How long a survivor waits for the agent's new generation after its collective failed: the
-  // agent publishes it as soon as it reaps the failed worker, or stops every worker (a group
-  // restart) instead. Past it, the collective's error is rethrown.
-  std::chrono::milliseconds generation_timeout{std::chrono::seconds(60)};
+  // agent publishes it as soon as it reaps the failed worker (or, a node lost, once the nodes
+  // regrouped, which may wait for a relaunched node), within its --in-place-timeout, or stops
+  // every worker (a group restart) instead. Past it, the collective's error is rethrown. None:
+  // the agent's --in-place-timeout (WorkerEnv::in_place_timeout) and a minute more.
+  std::optional<std::chrono::milliseconds> generation_timeout;
   // Building generation g's group and receiving the state, each bounded by this. None: the
   // agent's --in-place-timeout (WorkerEnv::in_place_timeout), past which it restarts the group.
   std::optional<std::chrono::milliseconds> group_timeout;
@@ -160,6 +162,7 @@ class InPlaceRecovery {
   void forget_generation_keys();
   void release_group();
   void take_new_rank(int generation);
+  std::chrono::milliseconds generation_timeout() const;  // RecoveryOptions'
   void rebuild_group(int generation);
   void synchronize_state();
 

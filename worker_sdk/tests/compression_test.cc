@@ -187,6 +187,33 @@ TEST(Compression, TheBucketLoopsGiveTheHalfConversionsValues) {
           << std::hex << std::bit_cast<std::uint32_t>(acc[i]);
     }
   }
+  // decode_half_checked: decoding and scaling in one pass, every value as the two, and whether
+  // every one is finite, an inf or NaN in the hardware steps or in the tail.
+  for (const float factor : {1.0f, 4.0f}) {
+    std::vector<std::uint16_t> finite;
+    for (const auto h : halves) {
+      if (!std::isnan(detail::float_from_half_bits(h)) &&
+          !std::isinf(detail::float_from_half_bits(h) * factor)) {
+        finite.push_back(h);
+      }
+    }
+    std::vector<float> out(finite.size());
+    ASSERT_TRUE(detail::decode_half_checked(finite.data(), out.data(), factor, finite.size()));
+    for (std::size_t i = 0; i < finite.size(); ++i) {
+      const float expected = detail::float_from_half_bits(finite[i]) * factor;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(out[i]), std::bit_cast<std::uint32_t>(expected))
+          << std::hex << finite[i];
+    }
+    for (const std::uint16_t bad : {std::uint16_t{0x7C00u}, std::uint16_t{0xFE00u}}) {
+      for (const std::size_t at : {std::size_t{3}, finite.size() - 1}) {
+        std::vector<std::uint16_t> poisoned = finite;
+        poisoned[at] = bad;
+        EXPECT_FALSE(
+            detail::decode_half_checked(poisoned.data(), out.data(), factor, poisoned.size()))
+            << std::hex << bad << " at " << std::dec << at;
+      }
+    }
+  }
   std::cout << "half conversions in hardware: " << (detail::half_in_hardware() ? "yes" : "no")
             << "\n";
 }
@@ -356,6 +383,41 @@ TEST(Compression, Fp16OnALargeBucketOfThreeRanksUsesTheRingAllReduce) {
   for (std::size_t i = 0; i < kN; ++i) {
     const double mean = (double{grads[0][i]} + grads[1][i] + grads[2][i]) / kRanks;
     EXPECT_NEAR(results[0][i], mean, 4e-3 * std::max(1.0, std::fabs(mean))) << i;
+  }
+}
+
+// A bucket past all_sum's gather size is all-reduced in its 16-bit type and decoded, scaled and
+// checked for inf and NaN in one pass (Ops::decode16_guarded): one rank's inf or NaN there, or a
+// value past fp16's range, zeroes the bucket's average on every rank and is counted, and the next
+// step's average is the clean one (nothing of it stayed in a residual).
+TEST(Compression, AnInfOrNanInALargeBucketIsSkippedOnEveryRankAndLeavesNothingBehind) {
+  constexpr std::size_t kN = 40000;  // past kGatherBytes in either 16-bit type
+  for (const char* mode : {"fp16", "bf16"}) {
+    for (const float bad :
+         {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), 3e5f}) {
+      if (bad == 3e5f && std::string(mode) == "bf16") continue;  // in bf16's range
+      SCOPED_TRACE(std::string(mode) + " " + std::to_string(bad));
+      on_ranks(2, [&](ProcessGroup& g) {
+        std::vector<float> v(kN), dv = random_values(kN, 80 + static_cast<unsigned>(g.rank()));
+        if (g.rank() == 1) dv[kN - 3] = bad;  // in the hardware loops' scalar tail, and
+        if (g.rank() == 1) dv[5] = bad;       // in its vector part
+        DistributedDataParallel ddp(g, {{"v", v, dv}}, with(mode));
+        ddp.synchronize();
+        for (const float x : dv) ASSERT_EQ(x, 0.0f) << "the step's average is skipped";
+        EXPECT_EQ(ddp.stats().nonfinite_skipped, 1u);
+        const auto next = random_values(kN, 90 + static_cast<unsigned>(g.rank()));
+        std::copy(next.begin(), next.end(), dv.begin());  // (the DDP holds dv's memory)
+        ddp.synchronize();
+        const auto a = random_values(kN, 90), b = random_values(kN, 91);
+        for (std::size_t i = 0; i < kN; ++i) {
+          ASSERT_TRUE(std::isfinite(dv[i])) << i;
+          const double mean = (double{a[i]} + b[i]) / 2;
+          ASSERT_NEAR(dv[i], mean, 1e-2 * std::max(1.0, std::fabs(mean))) << i;
+        }
+        EXPECT_EQ(ddp.stats().nonfinite_skipped, 1u);
+        EXPECT_EQ(ddp.stats().nonfinite_cleaned, 0u);
+      });
+    }
   }
 }
 

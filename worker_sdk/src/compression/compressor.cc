@@ -77,6 +77,15 @@ class Lossy : public BucketCompressor {
     reset_if(flag_);
     ops_.zero_nonfinite(residual_, n_, counts_ + kCleaned);
   }
+  // The average of a 16-bit wire all-reduced in place (the sum x factor) into flat, guarded as
+  // guard() does, in one pass where the Ops can. What the cast lost (the residual) holds an inf
+  // or NaN only where this rank's values did, and then the sum does: no look at it of its own.
+  void average16(const void* wire, DataType wire_type, float factor, void* flat) {
+    ops_.decode16_guarded(wire, wire_type, factor, acc_, flat, layout_.type, n_, flag_,
+                          counts_ + kSkipped);
+    ops_.zero_if(flag_, residual_, n_);
+    reset_if(flag_);
+  }
   // When *flag: the compressor's own state back to its start (PowerSGD: Q).
   virtual void reset_if(const std::uint32_t* /*flag*/) {}
   // Whether the guard skipped the last exchange (false before the first and after a load). Reads
@@ -141,10 +150,14 @@ class Cast16 final : public Lossy {
     return sum_;
   }
   void finish(void* flat) override {
-    ops_.finish_sum(sum_, acc_);
-    if (scale_ != 1.0f) ops_.scale(acc_, n_, 1.0f / scale_);
-    guard(acc_);
-    ops_.narrow(acc_, flat, layout_.type, n_);
+    if (sum_.gathered == nullptr) {  // all-reduced in the wire's type
+      average16(wire_, wire_type_, 1.0f / scale_, flat);
+    } else {
+      ops_.finish_sum(sum_, acc_);
+      if (scale_ != 1.0f) ops_.scale(acc_, n_, 1.0f / scale_);
+      guard(acc_);
+      ops_.narrow(acc_, flat, layout_.type, n_);
+    }
     exchanged_ = true;
   }
 

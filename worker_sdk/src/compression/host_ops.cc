@@ -209,6 +209,34 @@ class HostOps final : public Ops {
     });
   }
 
+  void decode16_guarded(const void* wire, DataType wire_type, float factor, float* acc, void* flat,
+                        DataType type, std::size_t n, std::uint32_t* flag,
+                        std::uint32_t* count) override {
+    if (type != DataType::kFloat32) {
+      return Ops::decode16_guarded(wire, wire_type, factor, acc, flat, type, n, flag, count);
+    }
+    float* out = static_cast<float*>(flat);
+    bool finite = true;
+    if (wire_type == DataType::kFloat16) {
+      finite = decode_half_checked(static_cast<const std::uint16_t*>(wire), out, factor, n);
+    } else {
+      with_float_type(wire_type, [&](auto zero) {
+        using T = decltype(zero);
+        const T* in = static_cast<const T*>(wire);
+        std::uint32_t bad = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          out[i] = to_float(in[i]) * factor;
+          bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(out[i]) & 0x7F800000u) ==
+                                            0x7F800000u);
+        }
+        finite = bad == 0;
+      });
+    }
+    *flag = finite ? 0 : 1;
+    *count += *flag;
+    if (!finite) std::fill(out, out + n, 0.0f);
+  }
+
   void sum_ranks(const void* gathered, int ranks, DataType type, std::size_t n,
                  float* out) override {
     with_float_type(type, [&](auto zero) {
@@ -409,6 +437,17 @@ void decode_half_scalar(const std::uint16_t* in, float* out, std::size_t from, s
   for (std::size_t i = from; i < n; ++i) out[i] = float_from_half_bits(in[i]);
 }
 
+bool decode_half_checked_scalar(const std::uint16_t* in, float* out, float factor, std::size_t from,
+                                std::size_t n) {
+  std::uint32_t bad = 0;
+  for (std::size_t i = from; i < n; ++i) {
+    out[i] = float_from_half_bits(in[i]) * factor;
+    bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(out[i]) & 0x7F800000u) ==
+                                      0x7F800000u);
+  }
+  return bad == 0;
+}
+
 #if defined(__x86_64__)
 // F16C (x86-64 CPUs since 2012), 8 values an instruction, in a build for any x86-64: these are
 // compiled for it alone and called only where the CPU has it. Its conversions round to nearest
@@ -438,6 +477,23 @@ __attribute__((target("avx,f16c"))) void decode_half_f16c(const std::uint16_t* i
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(half));
   }
   decode_half_scalar(in, out, i, n);
+}
+
+// A value's v - v is 0 while v is finite and NaN from an inf or NaN, which a sum of them keeps.
+__attribute__((target("avx,f16c"))) bool decode_half_checked_f16c(const std::uint16_t* in,
+                                                                  float* out, float factor,
+                                                                  std::size_t n) {
+  const __m256 by = _mm256_set1_ps(factor);
+  __m256 probe = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; n - i >= 8; i += 8) {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(half), by);
+    _mm256_storeu_ps(out + i, v);
+    probe = _mm256_add_ps(probe, _mm256_sub_ps(v, v));
+  }
+  const bool finite = _mm256_movemask_ps(_mm256_cmp_ps(probe, probe, _CMP_UNORD_Q)) == 0;
+  return decode_half_checked_scalar(in, out, factor, i, n) && finite;
 }
 #endif
 
@@ -476,6 +532,23 @@ void decode_half(const std::uint16_t* in, float* out, std::size_t n) {
   if (half_in_hardware()) return decode_half_f16c(in, out, n);
 #endif
   decode_half_scalar(in, out, 0, n);
+}
+
+bool decode_half_checked(const std::uint16_t* in, float* out, float factor, std::size_t n) {
+#if defined(__x86_64__)
+  if (half_in_hardware()) return decode_half_checked_f16c(in, out, factor, n);
+#endif
+  return decode_half_checked_scalar(in, out, factor, 0, n);
+}
+
+void Ops::decode16_guarded(const void* wire, DataType wire_type, float factor, float* acc,
+                           void* flat, DataType type, std::size_t n, std::uint32_t* flag,
+                           std::uint32_t* count) {
+  decode16(wire, wire_type, acc, n);
+  if (factor != 1.0f) scale(acc, n, factor);
+  flag_nonfinite(acc, n, flag, count);
+  zero_if(flag, acc, n);
+  narrow(acc, flat, type, n);
 }
 
 void Ops::all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) {

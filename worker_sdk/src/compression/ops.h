@@ -95,6 +95,13 @@ class Ops {
   }
   // out[i] = float(wire[i]).
   virtual void decode16(const void* wire, DataType wire_type, float* out, std::size_t n) = 0;
+  // flat[i] = type(float(wire[i]) x factor) when every such value is finite (*flag = 0), else
+  // zeros (*flag = 1); *count += *flag. The same values as decode16, scale, flag_nonfinite, zero_if
+  // and narrow through acc (n floats of scratch), which the default runs; in one pass where the
+  // Ops can.
+  virtual void decode16_guarded(const void* wire, DataType wire_type, float factor, float* acc,
+                                void* flat, DataType type, std::size_t n, std::uint32_t* flag,
+                                std::uint32_t* count);
   // out[i] = sum over r < ranks, in order, of float(gathered[r * n + i]) (float32, float16 or
   // bfloat16).
   virtual void sum_ranks(const void* gathered, int ranks, DataType type, std::size_t n,
@@ -178,6 +185,8 @@ void encode_half(const float* acc, std::uint16_t* out, float scale, float* resid
 void widen_encode_half(const float* flat, float* residual, std::uint16_t* out, float scale,
                        std::size_t n);
 void decode_half(const std::uint16_t* in, float* out, std::size_t n);
+// out = float(in) x factor; whether every value of out is finite.
+bool decode_half_checked(const std::uint16_t* in, float* out, float factor, std::size_t n);
 bool half_in_hardware();
 
 // Wire bytes this rank sends, by the ring algorithms.

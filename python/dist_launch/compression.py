@@ -15,11 +15,13 @@ skipped step's), its residual and PowerSGD's Q are reset on every rank, and the 
 
 The collectives are torch's, over the bucket's CPU tensor (gloo), on process groups of the
 hook's own: hook() makes them over the ranks of `process_group` (default: every rank; like
-torch.distributed.new_group, every rank of the job calls hook()). Each exchange runs on one of
-two threads of the state's own (bucket i on thread i % 2, each with its group), so it overlaps the
-rest of the backward pass and the next bucket's exchange, as torch's asynchronous hooks do on
-gloo's two threads; groups of its own keep the collectives in the same order on every rank
-whatever else the job runs meanwhile (DDP's unused-parameter map with find_unused_parameters).
+torch.distributed.new_group, every rank of the job calls hook()). fp16 and bf16 exchange as
+torch's own fp16 hook does: the bucket encoded on the hook's thread, summed by torch's
+asynchronous all-reduce on gloo's threads, decoded in its callback. The other modes run each
+exchange whole on one of two threads of the state's own (bucket i on thread i % 2, each with its
+group). Either way an exchange overlaps the rest of the backward pass and the next bucket's, and
+groups of its own keep the collectives in the same order on every rank whatever else the job runs
+meanwhile (DDP's unused-parameter map with find_unused_parameters).
 CUDA buckets are refused (the SDK's device compressors need its NCCL group).
 
 `state.state_dict()` / `state.load_state_dict(d)` keep the residuals, fp16's scale and PowerSGD's
@@ -197,29 +199,42 @@ class CompressionState:
         # runs with no exchange under way (_on_thread).
         self._splits = self.lossy and self._lib.dlc_spec_splits(self.spec.encode()) == 1
         self._lanes: List[_Lane] = []
-        if self.lossy:
-            # A group per lane (every rank makes them, in the same order, as new_group wants).
-            self._lanes = [_Lane(self, i, self.process_group if i == 0 else
-                                 dist.new_group(ranks=ranks, backend="gloo"))
-                           for i in range(1 if self._splits else _LANES)]
+        try:
+            # A group per lane (every rank makes them, in the same order, as new_group wants); a
+            # split exchange's state only makes its compressors: one lane, whose thread never
+            # starts.
+            for i in range((1 if self._splits else _LANES) if self.lossy else 0):
+                group = self.process_group if i == 0 else dist.new_group(ranks=ranks,
+                                                                         backend="gloo")
+                self._lanes.append(_Lane(self, i, group))
+        except BaseException:
+            for lane in self._lanes:
+                lane.close()
+            raise
         if self._splits and self.spec.startswith("bf16"):
             self._reduce_bf16 = _sums_bfloat16(self.process_group)
         self._flight = threading.Condition()  # guards the two counts below
         self._in_flight = 0  # split exchanges begun and not finished
         self._held = 0  # _on_thread calls under way: no exchange begins meanwhile
+        self._control = threading.Lock()  # one _on_thread call at a time
         self._closed = False
 
     def _on_thread(self, fn, *args):
         """fn(*args) on this thread with no exchange under way: after the exchanges posted before,
-        before those posted after; its result."""
-        if self._closed:
-            raise CompressionError("this compression state was closed")
+        before those posted after, one such call at a time; its result."""
+        with self._control:
+            if self._closed:
+                raise CompressionError("this compression state was closed")
+            return self._quiet(fn, *args)
+
+    def _quiet(self, fn, *args):
+        """_on_thread's fn(*args), under its lock."""
         with self._flight:
             self._held += 1
             while self._in_flight:
                 self._flight.wait()
         try:
-            if not self._lanes:
+            if self._splits or not self._lanes:  # (a split state's lane runs nothing)
                 return fn(*args)
             parked = threading.Barrier(len(self._lanes) + 1)
             resume = threading.Event()
@@ -271,12 +286,16 @@ class CompressionState:
         callback. The future is DDP's."""
         import torch
 
-        lib, handle = self._lib, compressor.handle
+        lib = self._lib
         with self._flight:
             while self._held:
                 self._flight.wait()
             self._in_flight += 1
         try:
+            handle = compressor.handle  # (freed meanwhile by a load_state_dict or close: None)
+            if not handle:
+                raise CompressionError("this compression state was closed or loaded during the "
+                                       "backward pass")
             flat = buffer
             if spans is not None:
                 flat = compressor.staging
@@ -308,7 +327,12 @@ class CompressionState:
             result = torch.futures.Future()
             result.set_result(finish(None))
             return result
-        return sent.then(finish)
+        try:
+            return sent.then(finish)
+        except BaseException:
+            sent.wait()  # (the library's memory stays the collective's until it completed)
+            self._finished()
+            raise
 
     def _finished(self) -> None:
         with self._flight:
@@ -327,16 +351,16 @@ class CompressionState:
         if kind == _ALL_GATHER:  # bits, whatever their type: gloo gathers bytes of any
             size = _ELEMENT_TYPES[dtype][1]
             whole = _tensor_at(output_ptr, count * size * self.world, _UINT8)
-            return dist.all_gather(list(whole.chunk(self.world)),
-                                   _tensor_at(input_ptr, count * size, _UINT8), group=group,
-                                   async_op=True).get_future()
+            return _future(dist.all_gather(list(whole.chunk(self.world)),
+                                           _tensor_at(input_ptr, count * size, _UINT8),
+                                           group=group, async_op=True))
         if kind != _ALL_REDUCE_SUM:
             raise CompressionError(f"unknown collective {kind}")
         tensor = _tensor_at(input_ptr, count, dtype)
         if tensor.dtype != torch.bfloat16 or self._reduce_bf16:
-            return dist.all_reduce(tensor, group=group, async_op=True).get_future()
+            return _future(dist.all_reduce(tensor, group=group, async_op=True))
         wide = tensor.float()  # torch 1.x's gloo: bfloat16 summed in float32
-        summed = dist.all_reduce(wide, group=group, async_op=True).get_future()
+        summed = _future(dist.all_reduce(wide, group=group, async_op=True))
         return summed.then(lambda done: tensor.copy_(done.value()[0]))
 
     def _bucket_for(self, bucket, buffer):
@@ -485,10 +509,11 @@ class CompressionState:
 
     def close(self) -> None:
         """Frees the compressors (after the exchanges posted so far); the hook cannot run after."""
-        if self._closed:
-            return
-        self._on_thread(self._retire)
-        self._closed = True
+        with self._control:
+            if self._closed:
+                return
+            self._closed = True  # (an exchange that begins meanwhile finds no compressor)
+            self._quiet(self._retire)
         for lane in self._lanes:
             lane.close()
 
@@ -566,27 +591,10 @@ class _Lane:
             return 1
 
     def _all_reduce(self, tensor) -> None:
-        import torch
         import torch.distributed as dist
 
-        owner = self.owner
-        if tensor.dtype == torch.bfloat16 and owner._reduce_bf16:
-            try:
-                dist.all_reduce(tensor, group=self.process_group)
-                return
-            except RuntimeError as e:  # refused before it began, on every rank alike
-                if "scalar type" not in str(e):
-                    raise
-                if owner._reduce_bf16 and owner.rank == 0:
-                    warnings.warn(f"dist_launch.compression: torch {torch.__version__}'s gloo "
-                                  f"cannot all-reduce bfloat16: bf16 buckets past "
-                                  f"64 KiB are summed in float32 (twice the bytes)")
-                owner._reduce_bf16 = False
-        if tensor.dtype == torch.bfloat16:
-            wide = tensor.float()
-            dist.all_reduce(wide, group=self.process_group)
-            tensor.copy_(wide)
-            return
+        # (float32 or int32: the whole exchanges' dense averages and counts; the 16-bit casts,
+        # which sum in their own type, split.)
         dist.all_reduce(tensor, group=self.process_group)
 
     def close(self) -> None:
@@ -595,6 +603,16 @@ class _Lane:
         if self.state:
             self.owner._lib.dlc_state_free(self.state)
             self.state = None
+
+
+def _future(work) -> Any:
+    """A posted collective's future; should torch fail to give it, the collective's end first
+    (its buffers are the library's)."""
+    try:
+        return work.get_future()
+    except BaseException:
+        work.wait()
+        raise
 
 
 def _sums_bfloat16(group) -> bool:

@@ -105,10 +105,11 @@ _IN_PLACE_TIMEOUT_VARIABLE = "DIST_LAUNCH_IN_PLACE_TIMEOUT_MS"
 _DEFAULT_IN_PLACE_TIMEOUT_MS = 300000
 # END worker contract
 
-# How long a survivor waits for the agent's next generation after its collective failed, past the
-# agent's --in-place-timeout (_generation_timeout): the agent publishes it as soon as it reaps the
-# failed worker (or, a node lost, once the nodes regrouped, which may wait for a relaunched node),
-# within that timeout, or stops every worker instead.
+# How long a survivor waits for the agent's next generation after its collective failed, past
+# twice the agent's --in-place-timeout (_generation_timeout): the agent publishes it as soon as it
+# reaps the failed worker, or, a node lost, once the nodes regrouped (their round, which may wait
+# that timeout for a relaunched node, then the newcomers' workers, at most 4/5 of it), or stops
+# every worker instead.
 GENERATION_TIMEOUT = datetime.timedelta(seconds=60)
 # Building a generation's group and receiving the state, when the agent does not say
 # (dist-launch --in-place-timeout: it restarts the group past it, so no rank waits longer).
@@ -127,8 +128,8 @@ def _group_timeout() -> datetime.timedelta:
 
 
 def _generation_timeout() -> datetime.timedelta:
-    """The agent's --in-place-timeout and GENERATION_TIMEOUT more."""
-    return _group_timeout() + GENERATION_TIMEOUT
+    """Twice the agent's --in-place-timeout, and GENERATION_TIMEOUT more."""
+    return 2 * _group_timeout() + GENERATION_TIMEOUT
 
 # How long a rank may stay in the failed group, idle, once the next generation is published and
 # its connections are shut down (DIST_LAUNCH_STUCK_COLLECTIVE_S). Gloo does not fail a send it

@@ -35,14 +35,15 @@ wait_for_listener = launcher_test_main.wait_for_listener
 
 
 class ElasticAgents:
-    """The agents of one elastic in-place job (--nnodes 2:3, c10d on 127.0.0.2) of one worker
-    each, started one by one, each read by a thread of its own; the first hosts the store."""
+    """The agents of one elastic in-place job (--nnodes `nnodes`, 2:3 by default; c10d on
+    127.0.0.2) of one worker each, started one by one, each read by a thread of its own; the first
+    hosts the store."""
 
-    def __init__(self, test, rdzv_id, *extra, script_args=()):
+    def __init__(self, test, rdzv_id, *extra, script_args=(), nnodes="2:3"):
         self.test = test
         self.port = launcher_test_main.free_port("127.0.0.2")
         self.env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
-        self.cmd = [ARGS.launcher, "--nnodes", "2:3", "--rdzv-endpoint",
+        self.cmd = [ARGS.launcher, "--nnodes", nnodes, "--rdzv-endpoint",
                     f"127.0.0.2:{self.port}", "--rdzv-id", rdzv_id, *extra, "--nproc-per-node",
                     "1", "--restart-policy", "in-place", "--max-restarts", "1", SCRIPT, "--steps",
                     STEPS, "--pause-ms", "100", "--timestamps", *script_args]
@@ -285,6 +286,32 @@ class InPlace(unittest.TestCase):
         self.assertIn("regrouped in round 1 (node 1 was lost): world 2", run.out)
         self.assertNotIn("restarting", run.out)
         self.assertNotIn("stopping the workers", run.out)
+
+    def test_a_relaunched_node_rejoins_the_survivor_whose_worker_waited_in_place(self):
+        # --nnodes 2 (MIN = MAX): node 1's agent is SIGKILLed mid-training, and started again (a
+        # cluster manager's relaunch) once node 0 says its worker waits in place. The relaunched
+        # node's worker joins the survivor's group as a newcomer's does and receives its state:
+        # rank 0 is one process from start to end, and both end with the uninterrupted weights.
+        job = ElasticAgents(self, "elastic-relaunch", nnodes="2")
+        job.start()
+        job.start()
+        lost = job.wait_for(lambda text: "round 0: node 1 of 2" in text and
+                            re.search(r"rank 1 pid \d+ step 3 done", text))
+        job.procs[lost].send_signal(signal.SIGKILL)
+        job.procs[lost].wait(timeout=30)
+        survivor = 1 - lost
+        job.wait_for(lambda text: "wait in place for nodes to join" in text)
+        job.start()  # node 1's agent, relaunched
+        run = job.finish([survivor, 2])
+        self.assertEqual(sorted(run.ends), [0, 1], run.out)
+        self.assertEqual(len(set(run.digests().values())), 1, run.out)
+        self.assertEqual(run.ends[0][0], run.pids[0][0], run.out)  # one process, start to end
+        self.assertNotIn("restarting", run.out)
+        self.assertNotIn("stopping the workers", run.out)
+        self.baseline(2)
+        for rank in (0, 1):
+            for got, want in zip(run.weights[rank], self.baseline_weights[2]):
+                self.assertLess(abs(got - want), 1e-4 * abs(want), (rank, run.weights))
 
     def test_a_newcomer_joins_the_running_workers_in_a_larger_world(self):
         # Two agents of one worker each (--nnodes 2:3) train; a third agent starts midway. The two

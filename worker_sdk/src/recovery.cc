@@ -324,7 +324,10 @@ void InPlaceRecovery::regroup() {
 }
 
 std::chrono::milliseconds InPlaceRecovery::generation_timeout() const {
-  return options_.generation_timeout.value_or(dist_.env.in_place_timeout + std::chrono::minutes(1));
+  // The agent's worst case: a round that waits its --in-place-timeout for a relaunched node, then
+  // the newcomers' workers (4/5 of it), then its publication.
+  return options_.generation_timeout.value_or(2 * dist_.env.in_place_timeout +
+                                              std::chrono::minutes(1));
 }
 
 void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::string& since,

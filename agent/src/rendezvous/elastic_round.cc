@@ -120,11 +120,10 @@ Task<Round> ElasticRendezvous::join_elastic(int round, std::optional<Round> prev
       failed = std::current_exception();
     }
     if (failed && keeps_workers) {
-      // Its record goes (a ticket without a record is no member), and the ticket is the node's
-      // again once its workers stopped (withdrawn_): the round counts it once, and closes with it
-      // and whoever joined since, as a restart's round would.
-      co_await store().delete_key(schema::in_round(n, name::kNode, ticket.number));
-      withdrawn_.emplace(n, ticket);
+      // Past the deadline its workers stop; the round closing meanwhile with this node in it is
+      // joined all the same (a closer read its record already).
+      a = co_await withdraw(n, ticket);
+      if (a) co_return *a;
     }
     if (failed) std::rethrow_exception(failed);
     if (a) co_return *a;
@@ -164,7 +163,10 @@ Task<ElasticRendezvous::Ticket> ElasticRendezvous::take_ticket(
   // waiting in place for one, say).
   // (Not `... && !co_await verdict_of(...)`: GCC 12 runs a co_await whatever the left side says.)
   bool decided = false;
-  if (!returning && round > 0) decided = (co_await verdict_of(round - 1)).has_value();
+  if (!returning && round > 0) {
+    const auto before = co_await verdict_of(round - 1);
+    decided = before.has_value();
+  }
   if (!returning && round > 0 && !decided) {
     const std::string size_key = schema::in_round(round - 1, name::kSize);
     const auto size = co_await store().try_get(size_key);
@@ -366,6 +368,11 @@ Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket
     too_late("did not close", co_await store().add(join, 0));
   }
 
+  co_return co_await read_assignment(round, ticket);
+}
+
+Task<std::optional<Round>> ElasticRendezvous::read_assignment(int round, Ticket ticket) {
+  const std::string published = schema::in_round(round, name::kAssignment);
   // One request: this node's place, the round's totals and its workers' store.
   const std::string place_key = schema::in_round(round, name::kPlace, ticket.number);
   const auto values = co_await store().multi_get(
@@ -380,6 +387,28 @@ Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket
   a.worker_store =
       schema::decode_endpoint(schema::in_round(round, name::kWorkerStore), values[2].value_or(""));
   co_return a;
+}
+
+// The round's `closed` claimed by this node, no closer reads the records meanwhile: the record goes
+// (a ticket without a record is no member), the claim is given back, and the ticket is the node's
+// again once its workers stopped (withdrawn_): the round counts it once, and closes with it and
+// whoever joined since, as a restart's round would. Claimed by another node: that closer's outcome
+// (the assignment, or its claim given back, within its wait for records), then again.
+Task<std::optional<Round>> ElasticRendezvous::withdraw(int round, Ticket ticket) {
+  const std::string closed = schema::in_round(round, name::kClosed);
+  const std::string published = schema::in_round(round, name::kAssignment);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (co_await store().compare_set(closed, "", claim()) == claim()) {
+      co_await store().delete_key(schema::in_round(round, name::kNode, ticket.number));
+      co_await store().delete_key(closed);
+      withdrawn_.emplace(round, ticket);
+      co_return std::nullopt;
+    }
+    if (co_await store().wait(keys(published), kRecordGrace + timeouts().last_call)) {
+      co_return co_await read_assignment(round, ticket);
+    }
+  }
+  co_return std::nullopt;  // a closer that never ends: the record stays, counted twice at worst
 }
 
 Task<std::optional<Verdict>> ElasticRendezvous::verdict_of(int round) {
@@ -472,8 +501,17 @@ Task<Verdict> ElasticRendezvous::decide(Round a, int max_restarts) {
   // Newcomers already waiting in the next round count towards its minimum (no node of this round
   // has joined it yet: they all wait for this verdict).
   end.waiting = co_await store().add(schema::in_round(a.round + 1, name::kJoin), 0);
-  co_return co_await settle(a.round,
-                            schema::encode(rules::decide(end, max_restarts, shape().min_nodes)));
+  const Verdict v = rules::decide(end, max_restarts, shape().min_nodes);
+  const std::string ours = schema::encode(v);
+  const Verdict settled = co_await settle(a.round, ours);
+  // The survivors waiting in place for a node (too few without one) spend a restart, as the
+  // restart they replace would: counted once, by the node whose verdict it is.
+  const int alive = a.num_nodes - static_cast<int>(end.lost.size());
+  if (v.action == Verdict::kReshape && alive + end.waiting < shape().min_nodes &&
+      schema::encode(settled) == ours) {
+    co_await node_.count_replacement();
+  }
+  co_return settled;
 }
 
 // The round's one verdict: this one, unless another node's came first; and `undecided` goes,

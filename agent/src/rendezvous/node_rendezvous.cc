@@ -314,6 +314,20 @@ Task<bool> NodeRendezvous::Impl::others_finished(Round a) {
   co_return (done ? schema::decode_int(key, *done) : 0) >= a.num_nodes - 1;
 }
 
+Task<void> NodeRendezvous::Impl::count_replacement() {
+  const std::string key(schema::kInPlace);
+  std::string seen = (co_await store_->try_get(key)).value_or("");
+  while (true) {  // COMPARE_SET against the other nodes' claims and counts
+    schema::InPlaceState state;
+    if (!seen.empty()) state = schema::decode_in_place(key, seen);
+    ++state.replacements;
+    const std::string desired = schema::encode(state);
+    const std::string stored = co_await store_->compare_set(key, seen, desired);
+    if (stored == desired) co_return;
+    seen = stored;
+  }
+}
+
 Task<int> NodeRendezvous::Impl::replacements() {
   const std::string key(schema::kInPlace);
   const std::optional<std::string> now = co_await store_->try_get(key);

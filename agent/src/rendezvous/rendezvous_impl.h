@@ -56,6 +56,12 @@ class ElasticRendezvous {
   Task<std::optional<Round>> await_assignment(int round, Ticket ticket,
                                               std::chrono::steady_clock::time_point deadline,
                                               bool in_place = false);
+  // The closed round's assignment of `ticket`: its place, or none when it is not a member.
+  Task<std::optional<Round>> read_assignment(int round, Ticket ticket);
+  // A node whose workers waited in place past its deadline takes its record out of `round`
+  // (withdrawn_), unless a closer is under way: then the round's outcome, its place when the round
+  // closed with it (none when withdrawn or left out).
+  Task<std::optional<Round>> withdraw(int round, Ticket ticket);
   // Round `round`'s verdict, when it has one: from those this node has read or settled, else
   // from the store (a verdict never changes once settled).
   Task<std::optional<Verdict>> verdict_of(int round);
@@ -105,6 +111,9 @@ class NodeRendezvous::Impl {
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind);
   Task<void> recovery_over(Round a);
   Task<int> replacements();
+  // One more in-place replacement, job-wide (a lost node's survivors waiting in place for a node:
+  // ElasticRendezvous::decide).
+  Task<void> count_replacement();
   Task<bool> others_finished(Round a);
 
   // Both (node_rendezvous.cc).

@@ -58,7 +58,9 @@ Verdict decide(const RoundEnd& end, int max_restarts, int min_nodes) {
     const std::string too_few = lost_text + ", " + std::to_string(alive + end.waiting) +
                                 " node(s) left, fewer than the minimum " +
                                 std::to_string(min_nodes);
-    if (restart_left && end.in_place && alive > 0) {
+    // (Not when node 0 was lost: it hosted the workers' store, which the survivors' workers lost.)
+    const bool node_0_lost = std::find(end.lost.begin(), end.lost.end(), 0) != end.lost.end();
+    if (restart_left && end.in_place && alive > 0 && !node_0_lost) {
       v.action = Verdict::kReshape;
       v.reason = too_few +
                  ": the survivors' workers wait in place for nodes to join (until "

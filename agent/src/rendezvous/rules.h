@@ -44,11 +44,12 @@ struct RoundEnd {
 // A worker failure alone is a restart (or the end, when none is left); a lost node or a newcomer
 // is a reshape (not a restart), unless fewer than min_nodes would be left: then a restart whose
 // round waits for min_nodes (or the end, when none is left); in place, with a restart left, a
-// reshape instead, whose round the survivors wait in with their workers running, for nodes to
-// join (then the round waits as the restart's would). A worker failing while
-// its round was reshaped (a peer's workers stopped under it) is collateral, not a restart: a real
-// fault shows up again in the next round. --max-restarts bounds the restarts and the in-place
-// replacements together.
+// reshape instead (node 0, the workers' store's host, among the survivors), whose round the
+// survivors wait in with their workers running, for nodes to join (then the round waits as the
+// restart's would); it counts against --max-restarts as an in-place replacement (decide()). A
+// worker failing while its round was reshaped (a peer's workers stopped under it) is collateral,
+// not a restart: a real fault shows up again in the next round. --max-restarts bounds the restarts
+// and the in-place replacements together.
 Verdict decide(const RoundEnd& end, int max_restarts, int min_nodes);
 
 }  // namespace dist::agent::rules

@@ -1158,6 +1158,48 @@ TEST_F(InPlaceElasticNodes, ARelaunchedNodeRejoinsTheSurvivorsWhoseWorkersWaited
   EXPECT_EQ(events("job_node2", "inplace_joined").size(), 1u) << both;
 }
 
+// The survivors' wait in place spends a restart, as the restart it replaces would: with
+// --max-restarts 1, node 1 lost and relaunched is taken back in place once, and lost again it
+// ends the job, failed, saying why (a node that keeps crashing does not loop for ever).
+TEST_F(InPlaceElasticNodes, ANodeWaitedForInPlaceSpendsARestart) {
+  const std::string endpoint = job_endpoint();
+  const auto agent = [&](int i) {
+    return training_agent(i, "2", endpoint, {}, {"--steps", "3000", "--step-ms", "10"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+      << agents[0]->output() << agents[1]->output();
+  ::kill(agents[1]->pid(), SIGKILL);
+  EXPECT_EQ(agents[1]->wait(10s), 128 + SIGKILL);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return agents[0]->output().find("wait in place for nodes to join") != std::string::npos;
+      },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(2));  // relaunched
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return agents[0]->output().find("in-place: regrouped in round 1") != std::string::npos;
+      },
+      60s))
+      << agents[0]->output() << agents[2]->output();
+  ::kill(agents[2]->pid(), SIGKILL);  // lost again
+  EXPECT_EQ(agents[2]->wait(10s), 128 + SIGKILL);
+  const int code = agents[0]->wait(120s);
+  const std::string out = agents[0]->output();
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("fewer than the minimum 2"), std::string::npos) << out;
+  EXPECT_EQ(events("job_node0", "inplace_regrouped").size(), 1u) << out;
+}
+
 // The same, but the lost node comes back only after --in-place-timeout: the survivor stops its
 // worker then, and waits in the same round, as a restart's round waits for MIN nodes; the
 // relaunched agent's arrival completes it (the survivor's first, withdrawn, record not counted

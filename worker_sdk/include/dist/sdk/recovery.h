@@ -99,7 +99,7 @@ struct RecoveryOptions {
   // agent publishes it as soon as it reaps the failed worker (or, a node lost, once the nodes
   // regrouped, which may wait for a relaunched node), within its --in-place-timeout, or stops
   // every worker (a group restart) instead. Past it, the collective's error is rethrown. None:
-  // the agent's --in-place-timeout (WorkerEnv::in_place_timeout) and a minute more.
+  // twice the agent's --in-place-timeout (WorkerEnv::in_place_timeout) and a minute more.
   std::optional<std::chrono::milliseconds> generation_timeout;
   // Building generation g's group and receiving the state, each bounded by this. None: the
   // agent's --in-place-timeout (WorkerEnv::in_place_timeout), past which it restarts the group.

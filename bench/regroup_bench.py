@@ -2,7 +2,7 @@
 """A lost node's survivors, or a node joining: regrouped in place against a group restart.
 
     python3 bench/regroup_bench.py [--build build] [--runs 7] [--nodes 3] [--nproc 2]
-                                   [--torch PYTHON] [--event lost|join|spare] [--warm]
+                                   [--torch PYTHON] [--event lost|join|spare|relaunch] [--warm]
                                    [--named-hosts tests/named_hosts/named-hosts.sh]
                                    [--torchrun PYTHON]
 
@@ -68,6 +68,14 @@ as above and the spare takes its place (group: every worker starts again in a ro
 in-place: the survivors keep their processes and the spare's workers join them at a step
 boundary). Measured from the kill: survivors training again, as above, and
   spare training                 = to the spare's first step line
+
+--event relaunch: the lost node's agent started again (an orchestrator's restart). The job is
+--nnodes 2:NODES-1 and NODES - 1 agents train, MIN = MAX when NODES is 3: too few without it.
+Node 1 is lost as above and, --relaunch-after seconds later (1 s: an orchestrator's back-off), its
+agent starts again (group: every worker starts again in a round with it; in-place: the survivors'
+workers wait in place, their agents in the next round, and the relaunched node's workers join
+them at a step boundary). Measured from the kill: survivors training again, steps trained again,
+  relaunched training            = to the relaunched node's first step line
 """
 import argparse
 import os
@@ -326,7 +334,7 @@ def job(args, policy, workdir):
     if args.event == "join":
         return join_job(args, policy, workdir)
     endpoint = store_endpoint(args)
-    training = args.nodes - 1 if args.event == "spare" else args.nodes
+    training = args.nodes - 1 if args.event in ("spare", "relaunch") else args.nodes
     agents = [start_agent(args, policy, workdir, endpoint, i) for i in range(training)]
     spare = start_spare(args, policy, workdir, endpoint, agents) if args.event == "spare" else None
     if spare:
@@ -343,6 +351,10 @@ def job(args, policy, workdir):
         time.sleep(0.002)
     killed_at = time.monotonic()
     lost.lose()
+    if args.event == "relaunch":  # measured as a spare is
+        time.sleep(args.relaunch_after)
+        spare = start_agent(args, policy, workdir, endpoint, args.nodes - 1)
+        agents.append(spare)
     survivors = [a for a in agents if a is not lost and a is not spare]
     for agent in agents:
         agent.proc.wait(timeout=180)
@@ -378,9 +390,11 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--torch", metavar="PYTHON",
                         help="torch workers (examples/torch/elastic_train.py) on this interpreter")
-    parser.add_argument("--event", choices=("lost", "join", "spare"), default="lost",
-                        help="node 1 lost (default), a node joining, or node 1 lost with a hot "
-                             "spare waiting")
+    parser.add_argument("--event", choices=("lost", "join", "spare", "relaunch"), default="lost",
+                        help="node 1 lost (default), a node joining, node 1 lost with a hot "
+                             "spare waiting, or node 1 lost and its agent started again")
+    parser.add_argument("--relaunch-after", type=float, default=1.0,
+                        help="--event relaunch: seconds from the loss to the agent's new start")
     parser.add_argument("--warm", action="store_true",
                         help="dist-launch's agents with --warm-restart")
     parser.add_argument("--named-hosts", metavar="SCRIPT",
@@ -396,7 +410,7 @@ def main():
         sys.exit("--torchrun: with --torch, and not on --named-hosts")
     if args.nodes < 3:
         sys.exit("--nodes: at least 3 (node 0 hosts the workers' store; node 1 is lost)")
-    args.max_nodes = args.nodes - 1 if args.event == "spare" else args.nodes
+    args.max_nodes = args.nodes - 1 if args.event in ("spare", "relaunch") else args.nodes
     args.hosts = None
     if args.named_hosts:
         from named_hosts import NamedHosts, unavailable
@@ -426,8 +440,8 @@ def measure(args):
                 results[policy].append(job(args, policy, os.path.join(workdir, str(run))))
                 seconds, again, newcomer = results[policy][-1]
                 joined = "" if newcomer is None else f", newcomer training {newcomer * 1000:.0f} ms"
-                if args.event == "spare":
-                    joined = f", spare training {newcomer * 1000:.0f} ms"
+                if args.event in ("spare", "relaunch"):
+                    joined = f", {args.event} training {newcomer * 1000:.0f} ms"
                 print(f"run {run + 1}/{args.runs} {policy}: {seconds * 1000:.0f} ms, {again} "
                       f"step(s) trained again{joined}", file=sys.stderr)
     workers = ("warm " if args.warm and args.torch else "") + ("torch" if args.torch else "C++ SDK")
@@ -448,6 +462,12 @@ def measure(args):
               f"node 1 lost once the spare waits{ready} | survivors training again, median ms "
               f"(min-max) | spare "
               f"training, ms | steps trained again (median) | runs |")
+        print("|---|---:|---:|---:|---:|")
+    elif args.event == "relaunch":
+        print(f"| {args.nodes - 1} nodes x {args.nproc} {workers} workers{where} (--nnodes "
+              f"2:{args.max_nodes}), node 1 lost at step 20 and its agent started again "
+              f"{args.relaunch_after:g} s later | survivors training again, median ms (min-max) | "
+              f"relaunched training, ms | steps trained again (median) | runs |")
         print("|---|---:|---:|---:|---:|")
     else:
         print(f"| {args.nodes} nodes x {args.nproc} {workers} workers{where}, node 1 lost at "

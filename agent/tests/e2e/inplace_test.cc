@@ -779,6 +779,45 @@ class InPlaceElasticNodes : public InPlace {
         << agents[0]->output() << agents[1]->output();
     agents.push_back(agent(2));
   }
+  // Agents 0 (it hosts the store, so it is node 0) and 1 of `agent` training (node 1's worker 5
+  // steps in); false, said, when that is not seen within the bounds.
+  static ::testing::AssertionResult start_two(
+      const std::function<std::unique_ptr<Child>(int)>& agent,
+      std::vector<std::unique_ptr<Child>>& agents) {
+    agents.push_back(agent(0));
+    if (!dist::agent::testing::eventually(
+            [&] {
+              return agents[0]->output().find("hosting the rendezvous store") != std::string::npos;
+            },
+            30s)) {
+      return ::testing::AssertionFailure() << agents[0]->output();
+    }
+    agents.push_back(agent(1));
+    if (!dist::agent::testing::eventually(
+            [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; },
+            60s)) {
+      return ::testing::AssertionFailure() << agents[0]->output() << agents[1]->output();
+    }
+    return ::testing::AssertionSuccess();
+  }
+  // Node 1's agent SIGKILLed (its worker dies with it); true once node 0 says its workers wait in
+  // place for a node to join (--nnodes 2, too few without one).
+  static ::testing::AssertionResult lose_node_1_waited_for_in_place(
+      std::vector<std::unique_ptr<Child>>& agents) {
+    ::kill(agents[1]->pid(), SIGKILL);
+    if (const int code = agents[1]->wait(10s); code != 128 + SIGKILL) {
+      return ::testing::AssertionFailure() << "node 1's agent exited " << code;
+    }
+    if (!dist::agent::testing::eventually(
+            [&] {
+              return agents[0]->output().find("wait in place for nodes to join") !=
+                     std::string::npos;
+            },
+            30s)) {
+      return ::testing::AssertionFailure() << agents[0]->output();
+    }
+    return ::testing::AssertionSuccess();
+  }
   // Agents 0 (it hosts the store, so it is node 0), 1 and 2 of `agent`: which of 1 and 2 the
   // rendezvous made node 1 of round 0, or -1 when that is not seen within the bounds.
   int start_three_find_node_1(const std::function<std::unique_ptr<Child>(int)>& agent,
@@ -1068,15 +1107,7 @@ TEST_F(InPlaceElasticNodes,
   const std::string endpoint = job_endpoint();
   const auto agent = [&](int i) { return training_agent(i, "1:2", endpoint); };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
-      << agents[0]->output() << agents[1]->output();
+  ASSERT_TRUE(start_two(agent, agents));
   agents.push_back(agent(2));
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] { return agents[2]->output().find("is full: waiting for a place") != std::string::npos; },
@@ -1116,23 +1147,8 @@ TEST_F(InPlaceElasticNodes, ARelaunchedNodeRejoinsTheSurvivorsWhoseWorkersWaited
   const std::string endpoint = job_endpoint();
   const auto agent = [&](int i) { return training_agent(i, "2", endpoint); };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
-      << agents[0]->output() << agents[1]->output();
-  ::kill(agents[1]->pid(), SIGKILL);
-  EXPECT_EQ(agents[1]->wait(10s), 128 + SIGKILL);
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] {
-        return agents[0]->output().find("wait in place for nodes to join") != std::string::npos;
-      },
-      30s))
-      << agents[0]->output();
+  ASSERT_TRUE(start_two(agent, agents));
+  ASSERT_TRUE(lose_node_1_waited_for_in_place(agents));
   agents.push_back(agent(2));  // node 1's agent, relaunched
 
   std::string both;
@@ -1167,23 +1183,8 @@ TEST_F(InPlaceElasticNodes, ANodeWaitedForInPlaceSpendsARestart) {
     return training_agent(i, "2", endpoint, {}, {"--steps", "3000", "--step-ms", "10"});
   };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
-      << agents[0]->output() << agents[1]->output();
-  ::kill(agents[1]->pid(), SIGKILL);
-  EXPECT_EQ(agents[1]->wait(10s), 128 + SIGKILL);
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] {
-        return agents[0]->output().find("wait in place for nodes to join") != std::string::npos;
-      },
-      30s))
-      << agents[0]->output();
+  ASSERT_TRUE(start_two(agent, agents));
+  ASSERT_TRUE(lose_node_1_waited_for_in_place(agents));
   agents.push_back(agent(2));  // relaunched
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] {
@@ -1211,15 +1212,7 @@ TEST_F(InPlaceElasticNodes, ANodeBackOnlyAfterTheInPlaceTimeoutMeetsAGroupStarte
     return training_agent(i, "2", endpoint, {"--in-place-timeout", "2"});
   };
   std::vector<std::unique_ptr<Child>> agents;
-  agents.push_back(agent(0));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
-      30s))
-      << agents[0]->output();
-  agents.push_back(agent(1));
-  ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
-      << agents[0]->output() << agents[1]->output();
+  ASSERT_TRUE(start_two(agent, agents));
   const long first = start_pid("job", 0, 0, 0);  // (a fresh start writes the same file again)
   ::kill(agents[1]->pid(), SIGKILL);
   EXPECT_EQ(agents[1]->wait(10s), 128 + SIGKILL);

@@ -348,12 +348,9 @@ class CompressionState:
         if count == 0:
             return None
         group = self.process_group
-        if kind == _ALL_GATHER:  # bits, whatever their type: gloo gathers bytes of any
-            size = _ELEMENT_TYPES[dtype][1]
-            whole = _tensor_at(output_ptr, count * size * self.world, _UINT8)
-            return _future(dist.all_gather(list(whole.chunk(self.world)),
-                                           _tensor_at(input_ptr, count * size, _UINT8),
-                                           group=group, async_op=True))
+        if kind == _ALL_GATHER:
+            return _future(_gather_bytes(group, self.world, input_ptr, output_ptr, count, dtype,
+                                         async_op=True))
         if kind != _ALL_REDUCE_SUM:
             raise CompressionError(f"unknown collective {kind}")
         tensor = _tensor_at(input_ptr, count, dtype)
@@ -576,13 +573,12 @@ class _Lane:
             import torch.distributed as dist
 
             if kind == _ALL_REDUCE_SUM:
-                self._all_reduce(_tensor_at(output_ptr, count, dtype))
-            elif kind == _ALL_GATHER:  # bits, whatever their type: gloo gathers bytes of any
-                size, world = _ELEMENT_TYPES[dtype][1], self.owner.world
-                whole = _tensor_at(output_ptr, count * size * world, _UINT8)
-                dist.all_gather(list(whole.chunk(world)),
-                                _tensor_at(input_ptr, count * size, _UINT8),
-                                group=self.process_group)
+                # (float32 or int32: the whole exchanges' dense averages and counts; the 16-bit
+                # casts, which sum in their own type, split.)
+                dist.all_reduce(_tensor_at(output_ptr, count, dtype), group=self.process_group)
+            elif kind == _ALL_GATHER:
+                _gather_bytes(self.process_group, self.owner.world, input_ptr, output_ptr, count,
+                              dtype)
             else:
                 raise CompressionError(f"unknown collective {kind}")
             return 0
@@ -590,19 +586,23 @@ class _Lane:
             self.error = e
             return 1
 
-    def _all_reduce(self, tensor) -> None:
-        import torch.distributed as dist
-
-        # (float32 or int32: the whole exchanges' dense averages and counts; the 16-bit casts,
-        # which sum in their own type, split.)
-        dist.all_reduce(tensor, group=self.process_group)
-
     def close(self) -> None:
         """Ends the thread (after its exchanges) and frees the library's state."""
         self.executor.shutdown(wait=True)
         if self.state:
             self.owner._lib.dlc_state_free(self.state)
             self.state = None
+
+
+def _gather_bytes(group, world, input_ptr, output_ptr, count, dtype, async_op=False):
+    """The library's all-gather of `count` elements a rank into world x count, as bytes, whatever
+    their type (gloo gathers bytes of any)."""
+    import torch.distributed as dist
+
+    size = _ELEMENT_TYPES[dtype][1]
+    whole = _tensor_at(output_ptr, count * size * world, _UINT8)
+    return dist.all_gather(list(whole.chunk(world)), _tensor_at(input_ptr, count * size, _UINT8),
+                           group=group, async_op=async_op)
 
 
 def _future(work) -> Any:

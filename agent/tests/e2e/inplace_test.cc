@@ -873,6 +873,26 @@ class InPlaceElasticNodes : public InPlace {
       EXPECT_EQ(f->digest, digest) << "every rank ends with the same state: " << all;
     }
   }
+  // Agents 0 and 2 (node 1's gone) each exit 0 within 120 s: their outputs, one after the other.
+  static std::string node_0_and_2_succeed(std::vector<std::unique_ptr<Child>>& agents) {
+    std::string both;
+    for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
+      const int code = agents[i]->wait(120s);
+      both += agents[i]->output();
+      EXPECT_EQ(code, 0) << agents[i]->output();
+    }
+    return both;
+  }
+  // Ranks 0 and 1 ended at step 300 in a world of two, each with `digest`.
+  void expect_two_ranks_ended_with(const std::string& digest, const std::string& all) {
+    for (const int rank : {0, 1}) {
+      const auto f = final_of("job", rank);
+      ASSERT_TRUE(f.has_value()) << all;
+      EXPECT_EQ(f->step, 300) << all;
+      EXPECT_EQ(f->world, 2) << all;
+      EXPECT_EQ(f->digest, digest) << "rank " << rank << ": " << all;
+    }
+  }
   // Both nodes' events of one kind.
   std::vector<Json> node_events(const std::string& out, const std::string& name) const {
     auto found = events(out + "_node0", name);
@@ -1116,19 +1136,8 @@ TEST_F(InPlaceElasticNodes,
   ::kill(agents[1]->pid(), SIGKILL);
   EXPECT_EQ(agents[1]->wait(10s), 128 + SIGKILL);
 
-  std::string both;
-  for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
-    const int code = agents[i]->wait(120s);
-    both += agents[i]->output();
-    EXPECT_EQ(code, 0) << agents[i]->output();
-  }
-  for (const int rank : {0, 1}) {
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << both;
-    EXPECT_EQ(f->step, 300) << both;
-    EXPECT_EQ(f->world, 2) << both;
-    EXPECT_EQ(f->digest, clean) << "rank " << rank << ": " << both;
-  }
+  const std::string both = node_0_and_2_succeed(agents);
+  expect_two_ranks_ended_with(clean, both);
   EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "the survivor kept its process";
   EXPECT_EQ(final_of("job", 1)->pid, start_pid("job", 1, 0, 1))
       << "the spare's worker started as generation 1: " << both;
@@ -1151,19 +1160,8 @@ TEST_F(InPlaceElasticNodes, ARelaunchedNodeRejoinsTheSurvivorsWhoseWorkersWaited
   ASSERT_TRUE(lose_node_1_waited_for_in_place(agents));
   agents.push_back(agent(2));  // node 1's agent, relaunched
 
-  std::string both;
-  for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
-    const int code = agents[i]->wait(120s);
-    both += agents[i]->output();
-    EXPECT_EQ(code, 0) << agents[i]->output();
-  }
-  for (const int rank : {0, 1}) {
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << both;
-    EXPECT_EQ(f->step, 300) << both;
-    EXPECT_EQ(f->world, 2) << both;
-    EXPECT_EQ(f->digest, clean) << "rank " << rank << ": " << both;
-  }
+  const std::string both = node_0_and_2_succeed(agents);
+  expect_two_ranks_ended_with(clean, both);
   EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "the survivor kept its process";
   EXPECT_EQ(final_of("job", 1)->pid, start_pid("job", 1, 0, 1))
       << "the relaunched node's worker started as generation 1: " << both;
@@ -1225,19 +1223,8 @@ TEST_F(InPlaceElasticNodes, ANodeBackOnlyAfterTheInPlaceTimeoutMeetsAGroupStarte
       << agents[0]->output();
   agents.push_back(agent(2));  // node 1's agent, relaunched late
 
-  std::string both;
-  for (const std::size_t i : {std::size_t{0}, std::size_t{2}}) {
-    const int code = agents[i]->wait(120s);
-    both += agents[i]->output();
-    EXPECT_EQ(code, 0) << agents[i]->output();
-  }
-  for (const int rank : {0, 1}) {
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << both;
-    EXPECT_EQ(f->step, 300) << both;
-    EXPECT_EQ(f->world, 2) << both;
-    EXPECT_EQ(f->digest, clean) << "rank " << rank << ": " << both;
-  }
+  const std::string both = node_0_and_2_succeed(agents);
+  expect_two_ranks_ended_with(clean, both);
   EXPECT_GT(first, 0);
   EXPECT_NE(final_of("job", 0)->pid, first) << "the survivor's worker was stopped: " << both;
   EXPECT_NE(both.find("round 1: node 0 of 2, global ranks 0..0 of 2"), std::string::npos) << both;

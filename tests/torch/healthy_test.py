@@ -6,8 +6,9 @@ steps; a stall of every rank; a long first step; a DataLoader's workers; no opti
 gradient accumulation; the script's own collective timeout) may be reported, never ended; one
 that says its pause (dist_launch.progress.pause) is reported as paused, never as a hang; and
 torch.compile(fullgraph=True) of a function with a collective, torch's functional collectives and
-DTensor work as they do without dist-launch (torch 2.x); and a worker whose interpreter ends
-while dist-launch's progress sampler reads its group exits 0.
+DTensor work as they do without dist-launch (torch 2.x); a worker whose interpreter ends
+while dist-launch's progress sampler reads its group exits 0; and a rank evaluating alone after
+the job, longer than the other node's exit barrier waits, ends the job with 0 on both nodes.
 
 The scenarios run side by side, a few jobs at a time (a loaded machine is their normal case).
 
@@ -94,6 +95,44 @@ class Job:
             return []
         with open(self.events_path) as f:
             return [e for e in map(json.loads, f) if e["event"] == name]
+
+
+class ExitBarrier(unittest.TestCase):
+    """Two nodes (not in Healthy's pool of one-node jobs)."""
+
+    def test_a_rank_evaluating_alone_after_the_job_past_the_other_nodes_exit_barrier(self):
+        # Two nodes, a rank each. Node 1's rank finishes; node 0's rank 0 then evaluates alone
+        # for 8 s, past --exit-barrier-timeout (3 s): node 1 leaves with 0, as torchrun's agent
+        # does, and node 0's job goes on to its end, 0. Node 1 used to exit 1 there, and node 0
+        # took it for lost and restarted the finished job.
+        port = launcher_test_main.free_port("127.0.0.2")
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        procs = []
+        try:
+            for node in (0, 1):
+                cmd = [ARGS.launcher, "--nnodes", "2", "--node-rank", str(node), "--master-addr",
+                       "127.0.0.2", "--master-port", str(port), "--nproc-per-node", "1",
+                       "--exit-barrier-timeout", "3", WORKER, "--scenario", "final-eval",
+                       "--pause", "8"]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, text=True))
+                if node == 0:
+                    launcher_test_main.wait_for_listener("127.0.0.2", port, procs[0])
+            outs = [p.communicate(timeout=180) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        both = "\n".join(o + e for o, e in outs)
+        for p in procs:
+            self.assertEqual(p.returncode, 0, both)
+        self.assertIn("not every node finished within 3 s", outs[1][1], both)
+        self.assertIn("rank 0 evaluated after the job", outs[0][0], both)
+        for out, err in outs:
+            self.assertNotIn("restarting the worker group", err, both)
+            self.assertNotIn("lost", err, both)
+        self.assertEqual(len(re.findall(r"rank \d done steps", both)), 2, both)
 
 
 class Healthy(unittest.TestCase):

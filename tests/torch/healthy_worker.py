@@ -189,6 +189,11 @@ def main():
         time.sleep(0.2)
         return  # the group is not destroyed: the sampler reads it until the interpreter ends
     dist.destroy_process_group()
+    if s == "final-eval" and rank == 0:  # alone, after the job, while the other node has left
+        model.eval()
+        with torch.no_grad():
+            busy_for(a.pause, lambda: model.module(torch.randn(256, 32)).sum())
+        print(f"rank {rank} evaluated after the job", flush=True)
 
 
 if __name__ == "__main__":

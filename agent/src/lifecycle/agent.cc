@@ -35,6 +35,7 @@
 #include "processes/janitor.h"
 #include "processes/process.h"
 #include "recovery/recovery_policy.h"
+#include "rendezvous/rendezvous_detail.h"
 #include "rendezvous/round_source.h"
 #include "workers/failure_report.h"
 #include "workers/run_directory.h"
@@ -147,8 +148,12 @@ class Agent {
                      std::exchange(stopping_.signal_already_sent, false));
         return;  // continues on GroupStopped (and WatchEnded)
       case State::kExitBarrier:
+        spdlog::info(
+            "this node's workers are done: waiting for the other nodes at the exit barrier (at "
+            "most {} s, --exit-barrier-timeout)",
+            std::chrono::duration_cast<std::chrono::seconds>(config_.exit_barrier_timeout).count());
         return steps_.launch(rounds_->exit_barrier(*now_.round),
-                             [this](bool everyone) { on(event::BarrierDone{everyone}); });
+                             [this](BarrierEnd end) { on(event::BarrierDone{std::move(end)}); });
       case State::kRoundEnded:  // elastic: the job's one verdict, whichever node asks first
         return steps_.launch(rounds_->decide(*now_.round),
                              [this](Verdict v) { on(event::VerdictReached{std::move(v)}); });
@@ -203,14 +208,7 @@ class Agent {
                      feed(Input::kGroupStopped);
                    },
                    [&](event::WatchEnded& w) { on_watch_ended(w.outcome); },
-                   [&](event::BarrierDone& b) {
-                     if (now_.state == State::kExitBarrier && !b.everyone) {
-                       spdlog::warn(
-                           "the round ended on another node while this one waited at the exit "
-                           "barrier");
-                     }
-                     feed(b.everyone ? Input::kBarrierEveryone : Input::kBarrierRoundEnded);
-                   },
+                   [&](event::BarrierDone& b) { on_barrier_done(b.end); },
                    [&](event::VerdictReached& v) { on_verdict(v.verdict); },
                    [&](event::FailuresCollected& c) {
                      if (now_.state != State::kFailed) return;
@@ -223,6 +221,27 @@ class Agent {
                    [&](event::SignalReceived& s) { on_signal(s.signal, s.sender, s.code); },
                },
                e);
+  }
+
+  void on_barrier_done(const BarrierEnd& end) {
+    const bool waiting = now_.state == State::kExitBarrier;  // (if not, the machine ignores it)
+    if (waiting && !end.passed) {
+      spdlog::warn("the round ended on another node while this one waited at the exit barrier");
+    }
+    if (waiting && end.left_early) {
+      spdlog::warn(
+          "not every node finished within {} s (--exit-barrier-timeout): this node's workers "
+          "succeeded, so it leaves with 0, and the others run on (as torchrun's agents do)",
+          std::chrono::duration_cast<std::chrono::seconds>(config_.exit_barrier_timeout).count());
+    }
+    if (waiting && end.passed && !end.lost.empty()) {
+      spdlog::warn(
+          "node(s) {} lost at the exit barrier (the agent gone, no failure of its workers said): "
+          "every other node succeeded, so the job is done and is not run again; a relaunched "
+          "agent of it learns so and exits 0",
+          detail::node_list(end.lost));
+    }
+    feed(end.passed ? Input::kBarrierEveryone : Input::kBarrierRoundEnded);
   }
 
   void on_joined(Round a) {

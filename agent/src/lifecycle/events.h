@@ -32,7 +32,7 @@ struct WatchEnded {  // the round's watch: ended elsewhere, stopped, or the stor
   WatchOutcome outcome;
 };
 struct BarrierDone {
-  bool everyone = false;
+  BarrierEnd end;
 };
 struct VerdictReached {
   Verdict verdict;

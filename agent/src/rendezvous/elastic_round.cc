@@ -523,12 +523,12 @@ Task<Verdict> ElasticRendezvous::settle(int round, std::string verdict) {
   co_return remember(round, schema::decode_verdict(verdict_key, settled));
 }
 
-Task<void> ElasticRendezvous::mark_done(Round a) {
+Task<bool> ElasticRendezvous::mark_done(Round a, std::string reason) {
   Verdict v;
   v.action = Verdict::kDone;
   v.restarts = a.restarts;
-  v.reason = "every node succeeded";
-  co_await settle(a.round, schema::encode(v));
+  v.reason = std::move(reason);
+  co_return (co_await settle(a.round, schema::encode(v))).action == Verdict::kDone;
 }
 
 }  // namespace dist::agent

@@ -35,6 +35,11 @@ namespace {
 // claimed nothing for this round (a recovery's end, an earlier round's count).
 constexpr int kClaimAttempts = 4;
 
+// An exit barrier passed by every node still there, without the `lost`.
+BarrierEnd passed_without(std::vector<int> lost) {
+  return BarrierEnd{true, std::move(lost), false};
+}
+
 }  // namespace
 
 std::string seconds_text(milliseconds timeout) {
@@ -87,6 +92,12 @@ Task<Round> NodeRendezvous::Impl::join_static(int round, int node_rank) {
     // Every node rank has a record in a round that ran: a node relaunched into a job that already
     // failed learns it here (GET over), or from the next round, which the failure aborted.
     co_await throw_if_over();
+    if (co_await finished_without(round, node_rank)) {
+      throw JobOverError("the job finished in round " + std::to_string(round) +
+                             " while node rank " + std::to_string(node_rank) +
+                             " was away: every other node succeeded",
+                         true);
+    }
     const auto holder =
         schema::decode_node_record(schema::in_round(round, name::kNode, node_rank), stored);
     const std::string reason = "node rank " + std::to_string(node_rank) + " was relaunched on " +
@@ -198,8 +209,10 @@ Task<void> NodeRendezvous::Impl::abort_round(int round, int node_rank, std::stri
       {schema::in_round(round, name::kLost), std::to_string(node_rank)},
       {schema::in_round(round, name::kSettled), std::string(schema::kSettledAborted)}};
   co_await store_->multi_set(std::move(why));
+  // (`healthy` first: a node at its exit barrier that saw `intact` go first would take the
+  // relaunch for a loss with no failure said.)
   for (auto& key :
-       keys(schema::in_round(round, name::kIntact), schema::in_round(round, name::kHealthy))) {
+       keys(schema::in_round(round, name::kHealthy), schema::in_round(round, name::kIntact))) {
     co_await store_->delete_key(std::move(key));
   }
 }
@@ -253,9 +266,51 @@ Task<std::vector<int>> NodeRendezvous::Impl::missing_static(int round) {
 }
 
 Task<void> NodeRendezvous::Impl::throw_if_over() {
-  if (const auto why = co_await store_->try_get(std::string(schema::kJobOver))) {
-    throw JobOverError("the job already failed: " + *why, false);
-  }
+  const auto over = co_await store_->multi_get(
+      keys(std::string(schema::kJobOver), std::string(schema::kJobFinished)));
+  if (over[0]) throw JobOverError("the job already failed: " + *over[0], false);
+  if (over[1]) throw JobOverError("the job already finished: " + *over[1], true);
+}
+
+// Static: the job's other nodes all succeeded in `round` and none failed, while node_rank (lost
+// at their exit barrier, and relaunched) was away: the job is done, and its barrier passes. Else
+// the round is to restart with this node. Settled once for the round (settle_static), with the
+// nodes at their barrier.
+Task<bool> NodeRendezvous::Impl::finished_without(int round, int node_rank) {
+  const std::string done_key = schema::in_round(round, name::kDone);
+  const auto state =
+      co_await store_->multi_get(keys(done_key, schema::in_round(round, name::kHealthy),
+                                      schema::in_round(round, name::kAtBarrier, node_rank)));
+  // (Its predecessor at the barrier before it was lost is counted in `done` already.)
+  const std::int64_t others =
+      (state[0] ? schema::decode_int(done_key, *state[0]) : 0) - (state[2] ? 1 : 0);
+  const bool finished = state[1] && others >= shape_.max_nodes - 1;
+  if (!co_await settle_static(round, finished)) co_return false;
+  Round a;
+  a.round = round;
+  a.node_rank = node_rank;
+  co_await store_->set(schema::in_round(round, name::kLost), std::to_string(node_rank));
+  co_await mark_finished(a, "every node but node rank " + std::to_string(node_rank) +
+                                " succeeded in round " + std::to_string(round) +
+                                " (it was lost at the exit barrier)");
+  co_await store_->delete_key(schema::in_round(round, name::kRunning));  // the others pass too
+  co_return true;
+}
+
+// Static: whether round `round` ended with the job finished (true) or is to restart, settled
+// once by COMPARE_SET: the first node to know says which (`finished` its wish), and every other
+// node follows it, so that no node restarts while another leaves the job done.
+Task<bool> NodeRendezvous::Impl::settle_static(int round, bool finished) {
+  const std::string wish = finished ? "finished" : "restart";
+  const std::string settled =
+      co_await store_->compare_set(schema::in_round(round, name::kOutcome), "", wish);
+  co_return settled == "finished";
+}
+
+Task<bool> NodeRendezvous::Impl::mark_finished(Round a, std::string reason) {
+  co_await store_->set(std::string(schema::kJobFinished),
+                       "round " + std::to_string(a.round) + ": " + reason);
+  co_return true;
 }
 
 Task<void> NodeRendezvous::Impl::mark_failed(Round a, std::string reason) {
@@ -366,12 +421,16 @@ std::vector<std::string> NodeRendezvous::Impl::liveness_keys(const Round& a,
 }
 
 Task<std::vector<int>> NodeRendezvous::Impl::members(const Round& a) {
+  co_return co_await members(a, *store_);
+}
+
+Task<std::vector<int>> NodeRendezvous::Impl::members(const Round& a, RendezvousStore& via) {
   std::vector<int> ids;
   if (a.members_key.empty()) {
     for (int n = 0; n < a.num_nodes; ++n) ids.push_back(n);
     co_return ids;
   }
-  const auto list = co_await store_->try_get(a.members_key);
+  const auto list = co_await via.try_get(a.members_key);
   if (!list) throw RendezvousError("round " + std::to_string(a.round) + " has no member list");
   co_return schema::decode_members(a.members_key, *list);
 }
@@ -396,10 +455,27 @@ std::optional<std::string> NodeRendezvous::Impl::successor_key(const Round& a) c
   return a.alive_prefix + std::to_string(a.successor_id);
 }
 
-Task<void> NodeRendezvous::Impl::report_lost_successor(const Round& a, RendezvousStore& via) {
-  const int successor = (a.node_rank + 1) % a.num_nodes;
+Task<void> NodeRendezvous::Impl::report_lost_successor(const Round& a, RendezvousStore& via,
+                                                       int successor) {
   co_await via.set(schema::in_round(a.round, name::kLost), std::to_string(successor));
   co_await via.delete_key(schema::in_round(a.round, name::kIntact));
+}
+
+// The watched successor's liveness is gone. A node that did so after its workers succeeded (at its
+// exit barrier, or past its timeout: `at_barrier`, `left`) is no loss: the watch moves on to the
+// node after it (`successor`, a node rank, moves with it), and returns that one's liveness key, or
+// an empty one when the ring is back at this node. Nothing (nullopt) when the successor is lost.
+Task<std::optional<std::string>> NodeRendezvous::Impl::skip_departed(const Round& a,
+                                                                     RendezvousStore& via,
+                                                                     int& successor) {
+  const auto marks =
+      co_await via.multi_get(keys(schema::in_round(a.round, name::kLeft, successor),
+                                  schema::in_round(a.round, name::kAtBarrier, successor)));
+  if (!marks[0] && !marks[1]) co_return std::nullopt;
+  successor = (successor + 1) % a.num_nodes;
+  if (successor == a.node_rank) co_return std::string();
+  const auto ids = co_await members(a, via);
+  co_return liveness_keys(a, ids)[static_cast<std::size_t>(successor)];
 }
 
 Task<void> NodeRendezvous::Impl::exchange_view(
@@ -471,12 +547,23 @@ Task<WatchResult> NodeRendezvous::Impl::watch(Round a, std::chrono::seconds hear
     // Every kJobViewInterval, the job view (node 0 makes it from every node's progress).
     const auto view_every = std::max<std::int64_t>(
         1, kJobViewInterval.count() / std::max<std::int64_t>(1, heartbeat.count()));
+    int successor = (a.node_rank + 1) % a.num_nodes;
     std::optional<std::size_t> gone;
     for (std::int64_t beat = 1; !gone; ++beat) {
       co_await watcher.multi_set(schema::heartbeat_items(a.round, a.node_rank, progress));
       if (on_view && progress && beat % view_every == 0)
         co_await exchange_view(a, watcher, on_view);
       gone = co_await watcher.wait_deleted(names, heartbeat);
+      if (!gone || events[*gone] != kSuccessorGone) continue;
+      const auto next = co_await skip_departed(a, watcher, successor);
+      if (!next) continue;  // lost
+      if (next->empty()) {  // (the successor's key is the last one)
+        names.pop_back();
+        events.pop_back();
+      } else {
+        names[*gone] = *next;
+      }
+      gone.reset();
     }
     if (events[*gone] == kLossNoticed || events[*gone] == kSuccessorGone) {
       const std::string stop_key(schema::kLauncherStop);
@@ -506,8 +593,8 @@ Task<WatchResult> NodeRendezvous::Impl::watch(Round a, std::chrono::seconds hear
       case kSuccessorGone:
         break;
     }
-    co_await report_lost_successor(a, watcher);
-    co_return WatchResult{WatchResult::kNodeLost, (a.node_rank + 1) % a.num_nodes};
+    co_await report_lost_successor(a, watcher, successor);
+    co_return WatchResult{WatchResult::kNodeLost, successor};
   } catch (const store::StoreError& e) {
     if (e.code() != store::StoreErrc::kCancelled) throw;
   }
@@ -519,45 +606,168 @@ void NodeRendezvous::Impl::stop_watch() {
   if (watch_session_) watch_session_->close();
 }
 
-Task<bool> NodeRendezvous::Impl::exit_barrier(Round a, milliseconds timeout) {
+Task<BarrierEnd> NodeRendezvous::Impl::exit_barrier(Round a, milliseconds timeout, bool may_leave) {
   const std::string running = schema::in_round(a.round, name::kRunning);
   const std::string done = schema::in_round(a.round, name::kDone);
+  const std::string healthy = schema::in_round(a.round, name::kHealthy);
+  // Which nodes are counted: a node lost after it came here succeeded (its loss is no node's
+  // business then). Said before it is counted, so that it is never counted twice.
+  co_await store_->set(schema::in_round(a.round, name::kAtBarrier, a.node_rank), "1");
   if (co_await store_->add(done, 1) >= a.num_nodes) {
     co_await store_->delete_key(running);  // wakes the others
-    co_return true;
+    co_return passed_without({});
   }
-  std::vector<std::string> trouble{running, schema::in_round(a.round, name::kHealthy),
-                                   schema::in_round(a.round, name::kIntact)};
-  const auto next = successor_key(a);
-  const std::size_t successor_index = trouble.size();
-  if (next) trouble.push_back(*next);
+  // Each key, and what its deletion means.
+  enum Event { kEveryone, kFailed, kLossNoticed, kSuccessorGone, kNewcomer, kDecided };
+  std::vector<std::string> names{running, healthy, schema::in_round(a.round, name::kIntact)};
+  std::vector<Event> events{kEveryone, kFailed, kLossNoticed};
+  int successor = (a.node_rank + 1) % a.num_nodes;
+  if (const auto next = successor_key(a)) {
+    names.push_back(*next);
+    events.push_back(kSuccessorGone);
+  }
   // Elastic: a newcomer that got in before this node was done. Alone it ends nothing: every
   // node's workers may have finished too (the job is done then, and the newcomer told so). What
   // ends the round is a node acting on it (its workers still ran): its verdict, `undecided` gone.
-  const std::size_t newcomer_index = trouble.size();
-  const std::string undecided = schema::in_round(a.round, name::kUndecided);
-  if (a.elastic) trouble.push_back(schema::in_round(a.round, name::kNoNewcomers));
-  const auto deadline = steady_clock::now() + timeout;
+  if (a.elastic) {
+    names.push_back(schema::in_round(a.round, name::kNoNewcomers));
+    events.push_back(kNewcomer);
+  }
+  auto deadline = steady_clock::now() + timeout;
   for (;;) {
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
     std::optional<std::size_t> gone;
-    if (left > milliseconds(0)) gone = co_await store_->wait_deleted(trouble, left);
+    if (left > milliseconds(0)) gone = co_await store_->wait_deleted(names, left);
     if (!gone) {
-      throw RendezvousError("exit barrier of round " + std::to_string(a.round) +
-                            ": not every node finished within " + seconds_text(timeout) +
-                            " (--exit-barrier-timeout)");
-    }
-    if (*gone == 0) co_return true;
-    // A node that passed the barrier may leave at once: only a count short of everyone, seen
-    // after the trouble, means a failure, a lost node or a newcomer acted on.
-    if (co_await store_->add(done, 0) >= a.num_nodes) co_return true;
-    if (a.elastic && *gone == newcomer_index && trouble[newcomer_index] != undecided) {
-      trouble[newcomer_index] = undecided;
+      if (auto end = co_await past_barrier_timeout(a, deadline, timeout, may_leave)) co_return *end;
       continue;
     }
-    if (next && *gone == successor_index) co_await report_lost_successor(a, *store_);
-    co_return false;
+    // A node that passed the barrier may leave at once: only a count short of everyone, seen
+    // after the trouble, means a failure, a lost node or a newcomer acted on.
+    if (co_await store_->add(done, 0) >= a.num_nodes) co_return passed_without({});
+    const std::size_t at = *gone;
+    switch (events[at]) {
+      case kEveryone: {  // short of everyone: the last node still there passed it without the lost
+        // (A co_await's result in a local first: GCC 12 mishandles one in a braced initialiser
+        // or an argument.)
+        auto absent = co_await absent_nodes(a);
+        co_return passed_without(std::move(absent));
+      }
+      case kNewcomer:
+        names[at] = schema::in_round(a.round, name::kUndecided);
+        events[at] = kDecided;
+        continue;
+      case kSuccessorGone:
+        if (const auto next = co_await skip_departed(a, *store_, successor)) {
+          if (next->empty()) {
+            names.erase(names.begin() + static_cast<std::ptrdiff_t>(at));
+            events.erase(events.begin() + static_cast<std::ptrdiff_t>(at));
+          } else {
+            names[at] = *next;
+          }
+          continue;
+        }
+        co_await report_lost_successor(a, *store_, successor);
+        break;
+      case kLossNoticed:
+        break;
+      case kFailed:
+      case kDecided:
+        co_return BarrierEnd{};  // the round ended
+    }
+    const bool healthy_still = co_await store_->check(keys(healthy));
+    if (!healthy_still) co_return BarrierEnd{};  // a failure too
+    co_return co_await pass_without_lost(a, deadline, timeout, may_leave);
   }
+}
+
+// Not every node finished within --exit-barrier-timeout, and this node's workers did: like
+// torchrun's agent it leaves with 0 (the others run on: it says so, `left`, so that they do not
+// take it for lost), unless it serves a store that they use (the rendezvous's, or the workers':
+// node 0), whose loss would end their job; then it says why, and waits on (another timeout).
+Task<std::optional<BarrierEnd>> NodeRendezvous::Impl::past_barrier_timeout(
+    const Round& a, steady_clock::time_point& deadline, milliseconds timeout, bool may_leave) {
+  const std::string waited = seconds_text(timeout);
+  if (may_leave) {
+    co_await store_->set(schema::in_round(a.round, name::kLeft, a.node_rank), "1");
+    co_return BarrierEnd{true, {}, true};
+  }
+  notice("exit barrier of round " + std::to_string(a.round) + ": not every node finished within " +
+         waited +
+         " (--exit-barrier-timeout); this node serves a store the others still use (the "
+         "rendezvous's, or node 0's, the workers'), so it waits on for them");
+  deadline = steady_clock::now() + timeout;
+  co_return std::nullopt;
+}
+
+// A node was lost while this one waited at its exit barrier, and no worker failed: the job is
+// done once every node still there has succeeded, and the last of them to see it says so
+// (`running` gone). Until then, elastic, the nodes whose workers still run finish too, or end the
+// round (a failure, their verdict on the loss), or are lost as well; static, they restart it.
+Task<BarrierEnd> NodeRendezvous::Impl::pass_without_lost(Round a, steady_clock::time_point deadline,
+                                                         milliseconds timeout, bool may_leave) {
+  const std::string running = schema::in_round(a.round, name::kRunning);
+  const std::string done = schema::in_round(a.round, name::kDone);
+  for (;;) {
+    auto absent = co_await absent_nodes(a);
+    const std::int64_t finished = co_await store_->add(done, 0);  // (those that left count)
+    const bool complete = finished + static_cast<std::int64_t>(absent.size()) >= a.num_nodes;
+    // Static: the round's one outcome, finished or restart, whichever node settles it first.
+    // (Not `a.elastic ? ... : co_await ...`: GCC 12 runs a co_await whatever the condition says.)
+    bool passes = complete;
+    if (!a.elastic) passes = co_await settle_static(a.round, complete);
+    if (passes) {
+      if (complete) co_await store_->delete_key(running);  // (static: else the settler does)
+      co_return passed_without(std::move(absent));
+    }
+    if (!a.elastic) co_return BarrierEnd{};
+    std::vector<std::string> trouble{running, schema::in_round(a.round, name::kHealthy),
+                                     schema::in_round(a.round, name::kUndecided)};
+    const std::size_t first_node = trouble.size();
+    const auto alive = liveness_keys(a, co_await members(a));
+    const auto records = co_await store_->multi_get(alive);
+    for (std::size_t n = 0; n < alive.size(); ++n) {
+      if (static_cast<int>(n) != a.node_rank && records[n]) trouble.push_back(alive[n]);
+    }
+    std::optional<std::size_t> gone;
+    while (!gone) {
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now());
+      if (left > milliseconds(0)) gone = co_await store_->wait_deleted(trouble, left);
+      if (gone) break;
+      if (auto end = co_await past_barrier_timeout(a, deadline, timeout, may_leave)) co_return *end;
+    }
+    const bool running_still = co_await store_->check(keys(running));
+    if (!running_still) {
+      auto gone_for_good = co_await absent_nodes(a);
+      co_return passed_without(std::move(gone_for_good));
+    }
+    if (*gone < first_node) co_return BarrierEnd{};  // a failure, or a verdict: the round ended
+  }
+}
+
+// The nodes of round a that are gone, but for those that came to their exit barrier first (their
+// workers succeeded, and `done` counts them; some left it past its timeout): their liveness lost,
+// or the one named lost (a relaunched static node takes its predecessor's liveness key again).
+Task<std::vector<int>> NodeRendezvous::Impl::absent_nodes(Round a) {
+  auto absent = co_await lost_nodes(a);
+  const std::string lost_key = schema::in_round(a.round, name::kLost);
+  if (const auto named = co_await store_->try_get(lost_key)) {
+    const int node = static_cast<int>(schema::decode_int(lost_key, *named));
+    if (std::find(absent.begin(), absent.end(), node) == absent.end()) absent.push_back(node);
+  }
+  if (absent.empty()) co_return absent;
+  std::vector<std::string> marks;  // per node: left, at_barrier
+  for (const int node : absent) {
+    marks.push_back(schema::in_round(a.round, name::kLeft, node));
+    marks.push_back(schema::in_round(a.round, name::kAtBarrier, node));
+  }
+  const auto counted = co_await store_->multi_get(marks);
+  std::vector<int> lost;
+  for (std::size_t i = 0; i < absent.size(); ++i) {
+    if (!counted[2 * i] && !counted[2 * i + 1]) lost.push_back(absent[i]);
+  }
+  std::sort(lost.begin(), lost.end());
+  co_return lost;
 }
 
 Task<void> NodeRendezvous::Impl::wait_for_others_to_leave(Round a, milliseconds timeout) {
@@ -618,8 +828,12 @@ Task<int> NodeRendezvous::current_round() {
 Task<Verdict> NodeRendezvous::decide(Round a, int max_restarts) {
   return impl_->elastic.decide(std::move(a), max_restarts);
 }
-Task<void> NodeRendezvous::mark_done(Round a) {
-  return impl_->elastic.mark_done(std::move(a));
+Task<bool> NodeRendezvous::mark_done(Round a, const std::vector<int>& lost) {
+  std::string reason = lost.empty() ? "every node succeeded"
+                                    : "every node still there succeeded (node(s) " +
+                                          detail::node_list(lost) + " lost at the exit barrier)";
+  if (a.elastic) return impl_->elastic.mark_done(std::move(a), std::move(reason));
+  return impl_->mark_finished(std::move(a), std::move(reason));
 }
 Task<void> NodeRendezvous::mark_failed(Round a, std::string reason) {
   return impl_->mark_failed(std::move(a), std::move(reason));
@@ -650,8 +864,8 @@ Task<WatchResult> NodeRendezvous::watch(Round a, std::chrono::seconds heartbeat,
 void NodeRendezvous::stop_watch() {
   impl_->stop_watch();
 }
-Task<bool> NodeRendezvous::exit_barrier(Round a, milliseconds timeout) {
-  return impl_->exit_barrier(std::move(a), timeout);
+Task<BarrierEnd> NodeRendezvous::exit_barrier(Round a, milliseconds timeout, bool may_leave) {
+  return impl_->exit_barrier(std::move(a), timeout, may_leave);
 }
 Task<void> NodeRendezvous::wait_for_others_to_leave(Round a, milliseconds timeout) {
   return impl_->wait_for_others_to_leave(std::move(a), timeout);

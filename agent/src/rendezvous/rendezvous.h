@@ -91,6 +91,20 @@ struct WatchResult {
   int signal = 0;  // for kLauncherStop: the signal the launcher forwards
 };
 
+// How a node's exit barrier ended. `passed`: every node still there succeeded, and the job is
+// done. `lost` names the nodes whose agents were lost instead, before or at the barrier, with no
+// failure of theirs said: their workers may have finished (a crash in a process group's
+// teardown), and a job whose other nodes all finished is not run again for them (torchrun's
+// nodes, too, leave their barrier with 0). Not passed: the round ended (a worker failed, a node
+// acted on a newcomer or on the loss while its workers still ran). `left_early`: passed because
+// the barrier timed out, the others still running (this node leaves with its success, as
+// torchrun's agent does; they go on without taking it for lost).
+struct BarrierEnd {
+  bool passed = false;
+  std::vector<int> lost;
+  bool left_early = false;
+};
+
 // How the job goes on after an elastic round ended: decided by the first node to ask, then the
 // same for every node.
 struct Verdict {
@@ -149,8 +163,10 @@ class NodeRendezvous {
 
   // Elastic: how the job continues after round a.round ended (every node gets the same answer).
   Task<Verdict> decide(Round a, int max_restarts);
-  // Elastic: every node of the round succeeded; late joiners learn the job is over.
-  Task<void> mark_done(Round a);
+  // Every node of the round still there succeeded (its exit barrier passed): nodes that join
+  // later (a relaunched or a waiting one) learn the job is over. False when, elastic, another
+  // verdict on the round came first (the round ended after all).
+  Task<bool> mark_done(Round a, const std::vector<int>& lost = {});
   // Static: the job failed for good; nodes still joining (a relaunched one) learn it at once.
   Task<void> mark_failed(Round a, std::string reason);
 
@@ -181,9 +197,10 @@ class NodeRendezvous {
                           std::function<void(schema::JobView)> on_view = {});
   void stop_watch();
 
-  // This node's workers all succeeded: true once every node's did, false when the round failed
-  // or a node was lost; RendezvousError after `timeout`.
-  Task<bool> exit_barrier(Round a, std::chrono::milliseconds timeout);
+  // This node's workers all succeeded: passed once every node still there did (BarrierEnd).
+  // After `timeout`, passed and left early when `may_leave`; otherwise (this node hosts the
+  // job's store) it says so and waits on.
+  Task<BarrierEnd> exit_barrier(Round a, std::chrono::milliseconds timeout, bool may_leave);
 
   // The agent hosting the store: before it exits it waits (bounded) for the other agents of round
   // a to leave.

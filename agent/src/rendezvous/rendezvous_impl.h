@@ -34,7 +34,7 @@ class ElasticRendezvous {
   Task<int> current_round();
   Task<Verdict> decide(Round a, int max_restarts);
   Task<Verdict> settle(int round, std::string verdict);
-  Task<void> mark_done(Round a);
+  Task<bool> mark_done(Round a, std::string reason);
 
  private:
   // This node's ticket in `round`; `spare`: the running round was full or finishing, so this node
@@ -123,7 +123,15 @@ class NodeRendezvous::Impl {
                           std::function<std::string()> progress,
                           std::function<void(schema::JobView)> on_view);
   void stop_watch();
-  Task<bool> exit_barrier(Round a, std::chrono::milliseconds timeout);
+  Task<BarrierEnd> exit_barrier(Round a, std::chrono::milliseconds timeout, bool may_leave);
+  // Static: the job finished (every node still there succeeded); a relaunched node learns it.
+  Task<bool> mark_finished(Round a, std::string reason);
+  Task<BarrierEnd> pass_without_lost(Round a, std::chrono::steady_clock::time_point deadline,
+                                     std::chrono::milliseconds timeout, bool may_leave);
+  Task<std::optional<BarrierEnd>> past_barrier_timeout(
+      const Round& a, std::chrono::steady_clock::time_point& deadline,
+      std::chrono::milliseconds timeout, bool may_leave);
+  Task<std::vector<int>> absent_nodes(Round a);
   Task<void> wait_for_others_to_leave(Round a, std::chrono::milliseconds timeout);
   void close();
 
@@ -141,12 +149,17 @@ class NodeRendezvous::Impl {
   Task<void> close_static(int round);
   Task<std::vector<int>> missing_static(int round);
   Task<void> throw_if_over();
+  Task<bool> finished_without(int round, int node_rank);
+  Task<bool> settle_static(int round, bool finished);
 
   // Both.
   std::vector<std::string> liveness_keys(const Round& a, const std::vector<int>& members);
   Task<std::vector<int>> members(const Round& a);
+  Task<std::vector<int>> members(const Round& a, RendezvousStore& via);
   Task<std::vector<int>> lost_nodes(Round a);
-  Task<void> report_lost_successor(const Round& a, RendezvousStore& via);
+  Task<void> report_lost_successor(const Round& a, RendezvousStore& via, int successor);
+  Task<std::optional<std::string>> skip_departed(const Round& a, RendezvousStore& via,
+                                                 int& successor);
   // The job view (schema::JobView): node 0 reads every node's progress and writes it, the others
   // read it; `on_view` hears it. A value that does not decode is said at debug level and skipped.
   Task<void> exchange_view(const Round& a, RendezvousStore& via,

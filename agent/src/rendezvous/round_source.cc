@@ -92,7 +92,7 @@ class LocalRounds final : public RoundSource {
   Task<WatchOutcome> watch(Round) override { co_return WatchOutcome{}; }
   void stop_watch() override {}
   Task<void> announce_failure(Round, std::vector<WorkerFailure>) override { co_return; }
-  Task<bool> exit_barrier(Round) override { co_return true; }
+  Task<BarrierEnd> exit_barrier(Round) override { co_return BarrierEnd{true, {}, false}; }
   Task<Verdict> decide(Round) override {
     throw RendezvousError("a single node's rounds have no verdict");
   }
@@ -261,6 +261,10 @@ class NodeRounds : public RoundSource {
  protected:
   virtual Task<void> before_collecting(const Round&, std::string) { co_return; }
 
+  // Whether this node may leave its exit barrier when it times out, the others still running:
+  // not while it serves a store they use (the job's rendezvous store; node 0, the workers').
+  bool may_leave_early(const Round& a) const { return !hosts_others() && a.node_rank != 0; }
+
   // Hosts the job's store as the plan says; false when this node is a client of it.
   Task<bool> host_job_store() {
     bool host = plan_.role == StorePlan::Role::kHost;
@@ -352,8 +356,12 @@ class StaticRounds final : public NodeRounds {
   Endpoint workers_store(const Round&) const override {
     return {config_.master_addr, job_store_ ? job_store_->port() : plan_.port};
   }
-  Task<bool> exit_barrier(Round a) override {
-    co_return co_await rdzv_->exit_barrier(std::move(a), config_.exit_barrier_timeout);
+  // A node lost at the barrier: a relaunched one learns that the job finished without it.
+  Task<BarrierEnd> exit_barrier(Round a) override {
+    BarrierEnd end =
+        co_await rdzv_->exit_barrier(a, config_.exit_barrier_timeout, may_leave_early(a));
+    if (end.passed && !end.lost.empty()) co_await rdzv_->mark_done(a, end.lost);
+    co_return end;
   }
   Task<Verdict> decide(Round) override {
     throw RendezvousError("static rounds have no verdict: restarts are counted per node");
@@ -429,11 +437,16 @@ class ElasticRounds final : public NodeRounds {
   Endpoint workers_store(const Round& a) const override {
     return a.worker_store.value_or(Endpoint{});
   }
-  // Once every node succeeded, nodes still waiting to join learn the job is over.
-  Task<bool> exit_barrier(Round a) override {
-    const bool everyone = co_await rdzv_->exit_barrier(a, config_.exit_barrier_timeout);
-    if (everyone) co_await rdzv_->mark_done(a);
-    co_return everyone;
+  // Once every node still there succeeded, nodes waiting to join learn the job is over: the
+  // job's verdict, unless another came first (the round ended after all).
+  Task<BarrierEnd> exit_barrier(Round a) override {
+    BarrierEnd end =
+        co_await rdzv_->exit_barrier(a, config_.exit_barrier_timeout, may_leave_early(a));
+    if (!end.passed || end.left_early) co_return end;  // (the job runs on: no verdict yet)
+    // (Not `end.passed && !co_await ...`: GCC 12 runs a co_await whatever the left side says.)
+    const bool done = co_await rdzv_->mark_done(a, end.lost);
+    if (!done) co_return BarrierEnd{};
+    co_return end;
   }
   Task<Verdict> decide(Round a) override {
     co_return co_await rdzv_->decide(std::move(a), job_.max_restarts);

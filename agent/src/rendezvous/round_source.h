@@ -64,8 +64,9 @@ class RoundSource {
   virtual void stop_watch() = 0;
   // Several nodes: tells every node that round `a` failed here, and why.
   virtual Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures) = 0;
-  // Several nodes: true once every node's workers succeeded, false when the round ended.
-  virtual Task<bool> exit_barrier(Round a) = 0;
+  // Several nodes: passed once the workers of every node still there succeeded (the job is done:
+  // nodes that join later learn it), or the round ended (BarrierEnd).
+  virtual Task<BarrierEnd> exit_barrier(Round a) = 0;
   // Elastic: how the job goes on after round `a` ended (the same verdict for every node).
   virtual Task<Verdict> decide(Round a) = 0;
   // The job failed for good: every node's failures for the report (static: first marks the job

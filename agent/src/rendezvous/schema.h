@@ -66,7 +66,10 @@ std::string job_prefix(const std::string& run_id);  // "rdzv/<run id>/"
 
 // Job-wide keys.
 inline constexpr std::string_view kRoundPointer = "round";
-inline constexpr std::string_view kJobOver = "over";
+inline constexpr std::string_view kJobOver = "over";  // static: the job failed (why)
+// Static: the job finished though a node was lost at its exit barrier (which), for a relaunched
+// node to learn it.
+inline constexpr std::string_view kJobFinished = "finished";
 // dist-launch --hosts was told to stop the job (the signal's number): set before it forwards the
 // signal to each host, so that an agent that sees another host leave first stops as told too.
 inline constexpr std::string_view kLauncherStop = "launcher_stop";
@@ -87,7 +90,8 @@ inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = 
                                   kFailures = "failures", kIntact = "intact", kLost = "lost",
                                   kNoNewcomers = "no_newcomers", kUndecided = "undecided",
                                   kRunning = "running", kDone = "done", kHeartbeat = "heartbeat",
-                                  kProgress = "progress", kView = "view", kSettled = "settled";
+                                  kProgress = "progress", kView = "view", kSettled = "settled",
+                                  kLeft = "left", kAtBarrier = "at_barrier", kOutcome = "outcome";
 }  // namespace name
 
 // A static round's `settled`: its closer or its abort writes it, and every node waits for it.

@@ -489,6 +489,44 @@ TEST_F(Elastic, ANodeArrivingAfterTheJobSucceededHasNothingToDo) {
   EXPECT_TRUE(rounds("late").empty()) << "no worker ran";
 }
 
+// Node "b"'s agent is lost (SIGKILL) while "a", its worker done, waits at its exit barrier, with
+// no failure said (a crash in a process group's teardown, a machine gone after the last step):
+// every node still there succeeded, so the job is done, and "a" leaves with 0 as torchrun's
+// barrier would. It used to take the round as ended and train the finished job again: alone
+// (1:2, a reshape), or with "b" relaunched (2:2 in place, its survivors waiting for a node).
+// "b"'s agent started again finds the job finished and runs nothing.
+TEST_F(Elastic, ANodeLostWhileTheOtherWaitsAtItsExitBarrierLeavesTheJobDoneNotRunAgain) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> modes{
+      {"1:2", {"--rdzv-conf", "last_call_timeout=30"}},
+      {"2:2", {"--restart-policy", "in-place", "--max-restarts", "1"}}};
+  for (const auto& [nnodes, extra] : modes) {
+    SCOPED_TRACE(nnodes);
+    port_ = dist::agent::testing::free_port(kHost);
+    auto store = external_store();
+    const std::string a_name = "a" + nnodes.substr(0, 1), b_name = "b" + nnodes.substr(0, 1);
+    auto a = agent(a_name, nnodes, extra, {"exit", "0"});
+    auto b = agent(b_name, nnodes, extra, {"forever"});
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] {
+          return a->output().find("at the exit barrier") != std::string::npos &&
+                 rounds(b_name).size() == 1;  // (b's worker started)
+        },
+        60s))
+        << a->output() << b->output();
+    ::kill(b->pid(), SIGKILL);
+    EXPECT_EQ(b->wait(), 128 + SIGKILL);
+    EXPECT_EQ(a->wait(30s), 0) << a->output();
+    EXPECT_NE(a->output().find("lost at the exit barrier"), std::string::npos) << a->output();
+    EXPECT_EQ(rounds(a_name).size(), 1u) << "the finished job ran again\n" << a->output();
+    EXPECT_EQ(rounds(b_name).size(), 1u);
+    auto again = agent(b_name + "_again", nnodes, extra, {"exit", "0"});
+    EXPECT_EQ(again->wait(30s), 0) << again->output();
+    EXPECT_NE(again->output().find("the job already finished"), std::string::npos)
+        << again->output();
+    EXPECT_TRUE(rounds(b_name + "_again").empty()) << "no worker ran";
+  }
+}
+
 TEST_F(Elastic, JobsSharingAnExternalStoreGiveTheirWorkersStoresOfTheirOwn) {
   // Torch workers key their entries by restart count only: two jobs on one dist-rendezvous (or
   // one job's reshaped rounds) must not meet in it. Each round's node rank 0 hosts the workers'.

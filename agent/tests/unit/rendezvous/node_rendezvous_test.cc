@@ -263,9 +263,197 @@ TEST(NodeRendezvous, TheExitBarrierReleasesEveryNodeOnceAllSucceeded) {
   Nodes nodes(3, 3, 3);
   const auto a =
       nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
-  const auto everyone =
-      nodes.all<bool>([&](std::size_t k) { return nodes[k].exit_barrier(a[k], 30s); });
-  for (const bool e : everyone) EXPECT_TRUE(e);
+  const auto ends =
+      nodes.all<BarrierEnd>([&](std::size_t k) { return nodes[k].exit_barrier(a[k], 30s, true); });
+  for (const auto& end : ends) {
+    EXPECT_TRUE(end.passed);
+    EXPECT_TRUE(end.lost.empty());
+  }
+}
+
+// Static: node 2's agent is lost while nodes 0 and 1 wait at their exit barrier, with no failure
+// said (a crash in its workers' teardown, its machine gone): every node still there succeeded, so
+// the job is done and both pass, naming node 2 (they used to restart the finished job). Node 2's
+// agent relaunched learns that it finished, twice: before the others marked it (from the round's
+// count) and after.
+TEST(NodeRendezvous, AStaticNodeLostAtTheExitBarrierLeavesTheJobDoneAndItsRelaunchIsToldSo) {
+  Nodes nodes(5, 3, 3);  // nodes 3 and 4: node rank 2 relaunched
+  const auto a = nodes.all<Round>([&](std::size_t k) -> Task<Round> {
+    if (k >= 3) co_return Round{};
+    co_return co_await nodes[k].join_static(0, static_cast<int>(k));
+  });
+  std::vector<BarrierEnd> ends(2);
+  TaskGroup barrier(nodes.io());
+  for (std::size_t k = 0; k < 2; ++k) {
+    barrier.spawn(
+        [&, k]() -> Task<void> { ends[k] = co_await nodes[k].exit_barrier(a[k], 30s, true); });
+  }
+  const std::string done = schema::in_round(0, schema::name::kDone);
+  while (run_task(nodes.io(), nodes.probe().add(done, 0)) < 2) {
+  }
+  nodes[2].close();
+  barrier.wait(30s);
+  for (const auto& end : ends) {
+    EXPECT_TRUE(end.passed);
+    EXPECT_EQ(end.lost, std::vector<int>{2});
+  }
+  const auto relaunch = [&](std::size_t k) {
+    try {
+      run_task(nodes.io(), nodes[k].join_static(0, 2));
+      ADD_FAILURE() << "node " << k << " joined a job that finished";
+    } catch (const JobOverError& e) {
+      EXPECT_TRUE(e.succeeded()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("finished"), std::string::npos) << e.what();
+    }
+  };
+  relaunch(3);
+  EXPECT_TRUE(run_task(nodes.io(), nodes[0].mark_done(a[0], ends[0].lost)));
+  nodes[3].close();
+  ASSERT_TRUE(run_task(nodes.io(), nodes.probe().wait_deleted({schema::static_alive(2)}, 30s)));
+  relaunch(4);
+}
+
+// Node 2's workers are done, the others' still run past --exit-barrier-timeout (rank 0 evaluates
+// for minutes, say): like torchrun's agent it leaves with its success, and says so, so that node 1,
+// which watches it, does not take it for lost (that restarted the healthy job) and watches node 0
+// instead. A node that serves a store the others use (may_leave false: node 0) waits on. Then
+// nodes 0 and 1 finish: the barrier passes with no node lost.
+TEST(NodeRendezvous, ANodeWhoseExitBarrierTimesOutLeavesWithoutBeingTakenForLost) {
+  Nodes nodes(3, 3, 3);
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  WatchResult seen;
+  TaskGroup watching(nodes.io());
+  watching.spawn([&]() -> Task<void> { seen = co_await nodes[1].watch(a[1], 1s); });
+  const BarrierEnd early = run_task(nodes.io(), nodes[2].exit_barrier(a[2], 200ms, true));
+  EXPECT_TRUE(early.passed);
+  EXPECT_TRUE(early.left_early);
+  nodes[2].close();
+  ASSERT_TRUE(run_task(nodes.io(), nodes.probe().wait_deleted({schema::static_alive(2)}, 30s)));
+
+  BarrierEnd host_end;
+  TaskGroup barrier(nodes.io());
+  barrier.spawn(
+      [&]() -> Task<void> { host_end = co_await nodes[0].exit_barrier(a[0], 200ms, false); });
+  nodes.io().restart();
+  nodes.io().run_for(700ms);  // past node 0's timeout, three times
+  EXPECT_EQ(watching.running(), 1) << "node 1 took node 2 for lost: " << seen.kind;
+  EXPECT_EQ(barrier.running(), 1) << "the store's host left its barrier";
+  EXPECT_TRUE(
+      run_task(nodes.io(), nodes.probe().check({schema::in_round(0, schema::name::kIntact)})));
+
+  nodes[1].stop_watch();
+  watching.wait(30s);
+  EXPECT_EQ(seen.kind, WatchResult::kStopped);
+  const BarrierEnd last = run_task(nodes.io(), nodes[1].exit_barrier(a[1], 30s, true));
+  barrier.wait(30s);
+  for (const auto& end : {last, host_end}) {
+    EXPECT_TRUE(end.passed);
+    EXPECT_FALSE(end.left_early);
+    EXPECT_TRUE(end.lost.empty());
+  }
+}
+
+// A node lost after it came to its exit barrier (its workers succeeded) is counted once: node 0
+// and node 1 wait there, node 1's agent is lost, and node 2 still runs. Node 0 (which watches
+// node 1) moves on to node 2 rather than pass, or end the round; node 2 comes too, and the job is
+// done with no node lost.
+TEST(NodeRendezvous, ANodeLostAtItsExitBarrierIsCountedOnceWhileAnotherStillRuns) {
+  Nodes nodes(3, 3, 3);
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  BarrierEnd first;
+  TaskGroup waiting(nodes.io()), lost(nodes.io());
+  waiting.spawn([&]() -> Task<void> { first = co_await nodes[0].exit_barrier(a[0], 30s, true); });
+  lost.spawn([&]() -> Task<void> {
+    try {
+      co_await nodes[1].exit_barrier(a[1], 30s, true);
+    } catch (const store::StoreError&) {  // its session closed under it
+    }
+  });
+  const std::string done = schema::in_round(0, schema::name::kDone);
+  while (run_task(nodes.io(), nodes.probe().add(done, 0)) < 2) {
+  }
+  nodes[1].close();
+  lost.wait(30s);
+  nodes.io().restart();
+  nodes.io().run_for(300ms);
+  ASSERT_EQ(waiting.running(), 1) << "node 0 left its barrier with node 2 running, passed: "
+                                  << first.passed;
+  const BarrierEnd last = run_task(nodes.io(), nodes[2].exit_barrier(a[2], 30s, true));
+  waiting.wait(30s);
+  for (const auto& end : {first, last}) {
+    EXPECT_TRUE(end.passed);
+    EXPECT_TRUE(end.lost.empty());
+  }
+}
+
+// The job is done only when every node still there succeeded: static, a node lost while another
+// still runs its workers ends the round for the one at its barrier (the job restarts, as on any
+// loss); elastic, the barrier waits for the node still running, which either comes to it (the job
+// is done: a newcomer learns so) or acts on the loss (its verdict ends the round). Node rank 0
+// waits at its barrier, node rank 1 runs (and watches node rank 2, which is lost).
+TEST(NodeRendezvous, ANodeLostAtTheExitBarrierWhileAnotherStillRunsDoesNotEndTheJob) {
+  const auto at_rank = [](const std::vector<Round>& a, int rank) {
+    return static_cast<std::size_t>(
+        std::find_if(a.begin(), a.end(), [&](const Round& r) { return r.node_rank == rank; }) -
+        a.begin());
+  };
+  const std::string done = schema::in_round(0, schema::name::kDone);
+  for (const char* mode : {"static", "elastic: node 1 comes too", "elastic: node 1 decides"}) {
+    SCOPED_TRACE(mode);
+    const bool elastic = mode[0] == 'e';
+    Nodes nodes(4, elastic ? 2 : 3, 3);  // node 3: a newcomer after the job
+    auto a = elastic ? nodes.join_round_0(3) : nodes.all<Round>([&](std::size_t k) -> Task<Round> {
+      if (k == 3) co_return Round{};
+      co_return co_await nodes[k].join_static(0, static_cast<int>(k));
+    });
+    a.resize(3);
+    const std::size_t waits = at_rank(a, 0), runs = at_rank(a, 1), lost = at_rank(a, 2);
+    BarrierEnd end{true, {}};
+    TaskGroup group(nodes.io());
+    group.spawn(
+        [&]() -> Task<void> { end = co_await nodes[waits].exit_barrier(a[waits], 30s, true); });
+    WatchResult seen;
+    group.spawn([&]() -> Task<void> { seen = co_await nodes[runs].watch(a[runs], 1s); });
+    while (run_task(nodes.io(), nodes.probe().add(done, 0)) < 1) {
+    }
+    nodes[lost].close();
+    if (!elastic) {
+      group.wait(30s);
+      EXPECT_EQ(seen.kind, WatchResult::kNodeLost);
+      EXPECT_FALSE(end.passed);
+      continue;
+    }
+    while (group.running() == 2) {  // node 1's watch sees the loss
+      nodes.io().restart();
+      nodes.io().run_for(10ms);
+    }
+    nodes.io().restart();
+    nodes.io().run_for(300ms);
+    ASSERT_EQ(group.running(), 1) << "left the barrier while a node still ran, passed: "
+                                  << end.passed;
+    if (std::string(mode).find("decides") != std::string::npos) {
+      const Verdict v = run_task(nodes.io(), nodes[runs].decide(a[runs], 1));
+      EXPECT_NE(v.action, Verdict::kDone) << v.reason;
+      group.wait(30s);
+      EXPECT_FALSE(end.passed) << "the round ended: on to the next";
+      continue;
+    }
+    const BarrierEnd also = run_task(nodes.io(), nodes[runs].exit_barrier(a[runs], 30s, true));
+    group.wait(30s);
+    EXPECT_TRUE(end.passed);
+    EXPECT_TRUE(also.passed);
+    EXPECT_EQ(end.lost, std::vector<int>{2});
+    EXPECT_EQ(also.lost, std::vector<int>{2});
+    EXPECT_TRUE(run_task(nodes.io(), nodes[runs].mark_done(a[runs], also.lost)));
+    try {
+      run_task(nodes.io(), nodes[3].join_elastic(1, {}));
+      ADD_FAILURE() << "a newcomer joined a job that finished";
+    } catch (const JobOverError& e) {
+      EXPECT_TRUE(e.succeeded()) << e.what();
+    }
+  }
 }
 
 TEST(NodeRendezvous, AnElasticRoundClosesAtMaxAndItsVerdictIsTheSameForAll) {
@@ -393,7 +581,8 @@ TEST(NodeRendezvous, ANewcomerAloneDoesNotEndTheExitBarrierANodeActingOnItDoes) 
 
     bool passed = false;
     TaskGroup barrier(nodes.io());
-    barrier.spawn([&]() -> Task<void> { passed = co_await nodes[1].exit_barrier(a[1], 30s); });
+    barrier.spawn(
+        [&]() -> Task<void> { passed = (co_await nodes[1].exit_barrier(a[1], 30s, true)).passed; });
     const std::string done = schema::in_round(0, schema::name::kDone);
     while (run_task(nodes.io(), nodes.probe().add(done, 0)) < 1) {
     }
@@ -408,7 +597,7 @@ TEST(NodeRendezvous, ANewcomerAloneDoesNotEndTheExitBarrierANodeActingOnItDoes) 
       barrier.wait(30s);
       EXPECT_FALSE(passed) << "node 1 goes on to the next round";
     } else {
-      EXPECT_TRUE(run_task(nodes.io(), nodes[0].exit_barrier(a[0], 30s)));
+      EXPECT_TRUE(run_task(nodes.io(), nodes[0].exit_barrier(a[0], 30s, true)).passed);
       barrier.wait(30s);
       EXPECT_TRUE(passed) << "the job is done: node 1 passes with node 0";
     }

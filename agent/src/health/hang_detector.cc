@@ -193,8 +193,8 @@ void HangDetector::sample() {
 // hang timeout. Returns the longest hold of such a worker. Not when every worker here is
 // stopped: a pause of the node's job (a user's kill -STOP of the lot, a scheduler's suspend),
 // said once; the hang timeout still applies to it. Unless ranks of other nodes are seen waiting
-// in a collective well after that, or a node recovering in place (waited_on): they wait for these,
-// as for one stopped worker among running ones. A debugger's stop (t) is never one.
+// in a collective well after that (waited_on): they wait for these, as for one stopped worker
+// among running ones. A debugger's stop (t) is never one.
 std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::nanoseconds now) {
   if (options_.timeout.off) return std::nullopt;
   std::optional<std::chrono::nanoseconds> longest, shortest;
@@ -224,21 +224,18 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
   return std::nullopt;
 }
 
-// Whether ranks of other nodes wait in a collective, or a node's agent recovers in place (its
-// replacement, or the regrouped ranks, wait in the new generation's setup for every rank, these
-// too), as a view made at least kPauseSpread after every worker here stopped (`stopped_for` ago)
-// shows them: a pause of the whole job reaches its nodes within moments of each other, and a
-// stopped rank is never published as waiting, so such a view of a paused job lists none; a
-// recovery still under way that long after is one these stopped ranks hold up. (The view's time
-// is node 0's clock, the stop's this node's: the nodes' clocks are taken to agree within a second,
-// as the heartbeats' times are.)
+// Whether ranks of other nodes wait in a collective, as a view made at least kPauseSpread after
+// every worker here stopped (`stopped_for` ago) shows them: a pause of the whole job reaches its
+// nodes within moments of each other, and a stopped rank is never published as waiting, so such
+// a view of a paused job lists none. (The view's time is node 0's clock, the stop's this node's:
+// the nodes' clocks are taken to agree within a second, as the heartbeats' times are.)
 bool HangDetector::waited_on(std::chrono::nanoseconds stopped_for) const {
   if (!view_) return false;
   const double stopped_at =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
       seconds(stopped_for);
   return view_->time >= stopped_at + static_cast<double>(kPauseSpread.count()) &&
-         (view_->recovering > 0 || !elsewhere().empty());
+         !elsewhere().empty();
 }
 
 // Whether the worker has been blocked in the same collective since the previous sample (the

@@ -506,7 +506,6 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
     for (const auto& b : n.blocked) {
       if (v.blocked.size() < kMaxViewBlocked) v.blocked.push_back(b);
     }
-    if (n.state == "replacing" || n.state == "regrouping") ++v.recovering;
   }
   v.measured = all.size();
   if (!all.empty()) {
@@ -527,7 +526,6 @@ std::string encode(const JobView& v) {
                     {"m", rounded(v.median_work)},
                     {"w", std::move(work)}};
   if (!v.blocked.empty()) j["b"] = encode_blocked(v.blocked, kMaxViewBlocked);
-  if (v.recovering > 0) j["r"] = v.recovering;
   return json_text(j);
 }
 
@@ -560,11 +558,6 @@ JobView decode_job_view(std::string_view key, std::string_view text) {
   }
   if (const auto blocked = j.find("b"); blocked != j.end()) {
     v.blocked = decode_blocked(*blocked, kMaxViewBlocked, key, text, kViewShape);
-  }
-  if (j.contains("r")) {
-    const auto recovering = unsigned_field(j, "r", key, text);
-    if (!recovering) throw CorruptValueError(key, text, kViewShape);
-    v.recovering = static_cast<std::size_t>(*recovering);
   }
   return v;
 }

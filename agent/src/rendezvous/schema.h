@@ -222,9 +222,6 @@ struct JobView {
   std::size_t measured = 0;                  // ranks with a work measure (work may list fewer)
   double median_work = 0;                    // of all of them
   std::vector<BlockedRank> blocked;
-  // Nodes whose agent recovers in place (a worker replaced, the group regrouping): the new
-  // generation waits for every rank, as a collective does.
-  std::size_t recovering = 0;
 };
 JobView make_job_view(const std::vector<NodeProgress>& nodes, double now);
 std::string encode(const JobView& view);

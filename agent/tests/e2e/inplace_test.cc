@@ -617,44 +617,6 @@ TEST_F(InPlaceStaticNodes, ANodesOnlyWorkerHeldStoppedWhileAnotherNodeWaitsIsRep
   EXPECT_LT(hangs[0]["silent_ms"].get<int>(), 30000) << hangs[0];
 }
 
-// Node 0's only worker held stopped, then node 1's killed: node 1 replaces it in place, and its
-// replacement waits in the new generation's setup for rank 0, in no collective the job view
-// lists. Every worker of node 0 is stopped, yet this is no pause of the job: a node recovering in
-// place (the view says so) waits for them. Proof, not the hang timeout (5 minutes here, past the
-// test's bound; it used to be the only way out): node 0's worker is ended, which the recovery
-// under way cannot survive, and the group restarts and finishes the job.
-TEST_F(InPlaceStaticNodes, ANodesWorkersHeldStoppedWhileAnotherNodeRecoversInPlaceAreProof) {
-  const std::vector<std::string> worker{"--steps", "200", "--step-ms", "20"};
-  const std::string port = std::to_string(dist::agent::testing::free_port("127.0.0.2"));
-  std::vector<std::string> out;
-  const auto codes = run_two_nodes(
-      "job", 3, worker, out,
-      [&](int node) {
-        return std::vector<std::string>{
-            "--nnodes",       "2",         "--node-rank",   std::to_string(node),
-            "--master-addr",  "127.0.0.2", "--master-port", port,
-            "--hang-timeout", "300"};
-      },
-      false,
-      [&](auto& agents) {
-        const long stopped = started_pid("job", 0), killed = started_pid("job", 1);
-        ASSERT_GT(stopped, 0) << agents[0]->output();
-        ASSERT_GT(killed, 0) << agents[1]->output();
-        ASSERT_TRUE(dist::agent::testing::eventually(
-            [&] { return agents[1]->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
-            << agents[1]->output();
-        ::kill(static_cast<pid_t>(stopped), SIGSTOP);
-        ::kill(static_cast<pid_t>(killed), SIGKILL);
-      });
-  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
-  EXPECT_NE(out[1].find("replaced in place"), std::string::npos) << out[1];
-  EXPECT_NE(out[0].find("rank 0 stopped (SIGSTOP or SIGTSTP): no progress until continued"),
-            std::string::npos)
-      << out[0];
-  EXPECT_EQ(events("job_node0", "hang").size(), 1u) << out[0];
-  for (int rank = 0; rank < 2; ++rank) EXPECT_TRUE(final_of("job", rank).has_value()) << out[0];
-}
-
 // A pause of the whole job that reaches its nodes 5 s apart (a kill -STOP over ssh, node by node):
 // meanwhile node 0's rank waits for node 1's stopped one, and is published as waiting. Neither
 // node takes it for a fault: both say the pause, end nothing (--max-restarts 0: an ended worker

@@ -178,10 +178,20 @@ TEST_F(MultiNode, TheStoresHostWaitsOnPastItsExitBarrierTimeout) {
 // (and wait its rendezvous timeout for node 1).
 TEST_F(MultiNode, ANodeLostWhileTheOtherWaitsAtItsExitBarrierLeavesTheJobDone) {
   const std::string runs = path("runs");
+  const auto lines = [&] {
+    std::ifstream in(runs);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) ++n;
+    return n;
+  };
   auto done = node(2, 0, 1, {"--max-restarts", "3"}, {"append", runs, "exit", "0"});
   auto lost = node(2, 1, 1, {"--max-restarts", "3"}, {"append", runs, "forever"});
   ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] { return done->output().find("at the exit barrier") != std::string::npos; }, 60s))
+      [&] {  // (and node 1's worker started)
+        return done->output().find("at the exit barrier") != std::string::npos && lines() == 2;
+      },
+      60s))
       << done->output() << lost->output();
   ::kill(lost->pid(), SIGKILL);
   EXPECT_EQ(lost->wait(), 128 + SIGKILL);
@@ -189,11 +199,7 @@ TEST_F(MultiNode, ANodeLostWhileTheOtherWaitsAtItsExitBarrierLeavesTheJobDone) {
   EXPECT_NE(done->output().find("node(s) [1] lost at the exit barrier"), std::string::npos)
       << done->output();
   EXPECT_EQ(done->output().find("restarting"), std::string::npos) << done->output();
-  std::ifstream in(runs);
-  std::string line;
-  int lines = 0;
-  while (std::getline(in, line)) ++lines;
-  EXPECT_EQ(lines, 2) << "each worker ran once";
+  EXPECT_EQ(lines(), 2) << "each worker ran once";
 }
 
 TEST_F(MultiNode, ANodeThatNeverArrivesIsATimeoutNamingIt) {

@@ -81,6 +81,7 @@ _SLOT_OFFSET_GROUP_COUNT = 148
 _SLOT_OFFSET_PAUSE_REASON = 152
 _SLOT_OFFSET_GROUPS = 216
 _SLOT_OFFSET_STACKS_ASKED = 728
+_SLOT_OFFSET_SETUP_SINCE_NS = 736
 _SLOT_PAUSE_REASON_BYTES = 64
 _SLOT_MAX_GROUPS = 32
 _SLOT_STACKS_ON_SIGNAL = 1
@@ -117,6 +118,7 @@ _Q_PAUSED_SINCE, _Q_RESUMED, _Q_TIMEOUT_MS = (
     offset // 8 for offset in (_SLOT_OFFSET_PAUSED_SINCE_NS, _SLOT_OFFSET_RESUMED_NS,
                                _SLOT_OFFSET_COLLECTIVE_TIMEOUT_MS))
 _Q_GROUPS = _SLOT_OFFSET_GROUPS // 8  # {id, seq} pairs
+_Q_SETUP_SINCE = _SLOT_OFFSET_SETUP_SINCE_NS // 8
 _I_PENDING_OP, _I_FEATURES, _I_DUMP_PID, _I_ACTIVITY, _I_GROUP_COUNT, _I_STACKS_ASKED = (
     offset // 4 for offset in (_SLOT_OFFSET_PENDING_OP, _SLOT_OFFSET_FEATURES,
                                _SLOT_OFFSET_DUMP_PID, _SLOT_OFFSET_ACTIVITY,
@@ -150,6 +152,12 @@ _COLLECTIVES = {
     "recv_object_list": _COLLECTIVE_SEND_RECV,
     "batch_isend_irecv": _COLLECTIVE_SEND_RECV,
 }
+# A group's set-up, where a rank waits for every rank of the group (not a collective): torch's
+# functions that build a process group (distributed_c10d.py), and dist_launch.elastic's, which
+# wait for the next generation of the group and build it.
+_SETUP_FUNCTIONS = frozenset(("init_process_group", "new_group", "_new_group_with_tag",
+                              "new_subgroups", "new_subgroups_by_enumeration"))
+_ELASTIC_SETUP_FUNCTIONS = frozenset(("_recover", "_take_new_rank", "init_process_group"))
 _SAMPLE_SECONDS = 0.1
 _DUMP_BYTES = 128 * 1024  # a dump's bound (the agent reads 256 KiB of one)
 _ACTIVITY_NS = 2_000_000_000  # what the main thread was in, over this long
@@ -294,26 +302,33 @@ class _Sampler:
         self.waiting_issued = 0
         self.failures = 0
         self.activity_seen = {}  # activity bit -> when the main thread was last seen in it
+        self.setup_since = 0  # since when the main thread is seen in a group's set-up
         self.running_passes = 0  # passes in a row that saw the main thread not blocked
         # Held for each pass: the interpreter's exit waits for the pass under way (_end_sampler).
         self.passing = _thread.allocate_lock()
         self.stacks_answered = halves[_I_STACKS_ASKED]  # asks before this sampler are not its own
 
     # Frame categories.
-    USER, TORCH, COLLECTIVE, DIST, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = range(10)
+    USER, TORCH, COLLECTIVE, DIST, SETUP, SAVE, CHECKPOINT, DATA, FORWARD, BACKWARD, COMPILE = (
+        range(11))
     ACTIVITY = {SAVE: _SLOT_ACTIVITY_SAVE, CHECKPOINT: _SLOT_ACTIVITY_CHECKPOINT,
                 DATA: _SLOT_ACTIVITY_DATA, FORWARD: _SLOT_ACTIVITY_FORWARD,
                 BACKWARD: _SLOT_ACTIVITY_BACKWARD, COMPILE: _SLOT_ACTIVITY_COMPILE}
 
     def classify(self, code):
         file = code.co_filename
+        name = code.co_name
         if not file.startswith(self.torch_dir):
+            if name in _ELASTIC_SETUP_FUNCTIONS and file.replace(os.sep, "/").endswith(
+                    "/dist_launch/elastic.py"):
+                return self.SETUP, 0
             return self.USER, 0
         rest = file[len(self.torch_dir):].replace(os.sep, "/")
-        name = code.co_name
         if rest == "distributed/distributed_c10d.py":
             kind = _COLLECTIVES.get(name)
-            return (self.COLLECTIVE, kind) if kind else (self.DIST, 0)
+            if kind:
+                return self.COLLECTIVE, kind
+            return (self.SETUP, 0) if name in _SETUP_FUNCTIONS else (self.DIST, 0)
         if rest.startswith("distributed/checkpoint/"):
             return self.CHECKPOINT, 0
         if rest.startswith("distributed/") or rest == "nn/parallel/distributed.py":
@@ -333,9 +348,9 @@ class _Sampler:
 
     def main_thread(self):
         """(activity bits, innermost collective frame and its kind, in torch.distributed or
-        backward) of the main thread now."""
+        backward, in a group's set-up and no collective inside it) of the main thread now."""
         frame = sys._current_frames().get(self.main)
-        activity, collective, kind, distributed = 0, None, 0, False
+        activity, collective, kind, distributed, setup = 0, None, 0, False, False
         depth = 0
         codes = self.codes
         while frame is not None and depth < 200:
@@ -352,13 +367,16 @@ class _Sampler:
                 distributed = True
             elif category == self.DIST:
                 distributed = True
+            elif category == self.SETUP:
+                setup = setup or collective is None
             elif category >= self.SAVE:
                 activity |= self.ACTIVITY[category]
                 if category == self.BACKWARD:
                     distributed = distributed or bool(self.groups)
             frame = frame.f_back
             depth += 1
-        return activity, collective, kind, distributed
+        # Building a group is no wait in one: the groups it counts may be a failed generation's.
+        return activity, collective, kind, distributed and not setup, setup
 
     def asleep(self):
         """Whether the kernel has the main thread waiting (not running)."""
@@ -446,7 +464,10 @@ class _Sampler:
         elapsed, self.last = now - self.last, now
         words, halves = self.words, self.halves
         issued = self.read_groups(now) if self.c10d.is_initialized() else 0
-        activity, collective, kind, distributed = self.main_thread()
+        activity, collective, kind, distributed, setup = self.main_thread()
+        if setup != bool(self.setup_since):
+            self.setup_since = now if setup else 0
+            words[_Q_SETUP_SINCE] = self.setup_since
         # What it was in over the last _ACTIVITY_SECONDS, not only now: a loop of torch.save calls
         # spends some of each turn outside them.
         seen = self.activity_seen
@@ -496,6 +517,7 @@ class _Sampler:
         self.halves[_I_PENDING_OP] = 0
         self.words[_Q_PENDING_GROUP] = 0
         self.halves[_I_GROUP_COUNT] = 0
+        self.words[_Q_SETUP_SINCE] = 0
 
     @staticmethod
     def thread_block(ident, frame):

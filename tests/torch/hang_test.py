@@ -33,6 +33,8 @@ WORKER = os.path.join(HERE, "hang_worker.py")
 REPO_PYTHON = os.path.join(HERE, "..", "..", "python")
 ARGS = None
 STACKS_ASKED_OFFSET = 728  # worker_contract.h: heartbeat_slot::Slot::stacks_asked
+PENDING_SINCE_OFFSET = 56  # ... pending_since_ns
+SETUP_SINCE_OFFSET = 736  # ... setup_since_ns
 
 
 LIBC = ctypes.CDLL(None, use_errno=True)  # tgkill: the agent signals a main thread, not a process
@@ -326,6 +328,44 @@ class Hangs(unittest.TestCase):
             os.close(fd)
         self.addCleanup(area.close)
         return area
+
+    def test_a_rank_waiting_for_its_peers_in_init_process_group_is_in_its_groups_set_up(self):
+        # Rank 1 joins late: rank 0 waits for it in init_process_group, which its slot says as a
+        # wait in its group's set-up (the agents publish it: a node whose workers are all held
+        # stopped is waited on), not as a collective; once the group is built, no more.
+        go = os.path.join(tempfile.mkdtemp(prefix="dist-hang-go-"), "go")
+        self.addCleanup(shutil.rmtree, os.path.dirname(go), ignore_errors=True)
+        cmd, env = self.command(script_args=["--start-after", go, "--steps", "30"])
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            def field(area, offset):
+                return struct.unpack_from("<Q", area, offset)[0]
+
+            rank0, deadline = None, time.monotonic() + 120
+            while time.monotonic() < deadline:
+                found = [w for w in self.workers_of_this_test() if w["env"].get("RANK") == "0"]
+                if found:
+                    area = self.map_slot(found[0])
+                    if field(area, SETUP_SINCE_OFFSET) != 0:
+                        rank0 = area
+                        break
+                time.sleep(0.05)
+            self.assertIsNotNone(rank0, "rank 0's slot never said it waits in its group's set-up")
+            since = field(rank0, SETUP_SINCE_OFFSET)
+            self.assertLessEqual(since, time.monotonic_ns())
+            self.assertEqual(field(rank0, PENDING_SINCE_OFFSET), 0, "taken for a collective")
+            with open(go, "w"):
+                pass
+            out, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertIn("rank 0 steps 30", out)
+        self.assertEqual(field(rank0, SETUP_SINCE_OFFSET), 0, "the set-up is over")
+        self.assertEqual(self.read_events("hang"), [])
 
     def test_a_slower_rank_is_flagged_a_straggler(self):
         proc = self.launch(script_args=["--fault", "slow", "--slow-factor", "1.4", "--work",

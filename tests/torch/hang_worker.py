@@ -12,6 +12,9 @@ all_reduce after each optimizer step. On the first attempt, --fault-rank injects
              backward's)
   slow       --slow-factor times the work of every step (a straggler, not a hang)
 
+With --start-after PATH, rank --fault-rank waits for PATH to exist before it joins the process
+group (its peers wait for it in init_process_group meanwhile).
+
 Each fault's line is marked "# FAULT: <name>" so that a test can find its line number.
 Prints "rank R steps N hook H seconds T" at the end (H: the steps the agent's hook counted, or
 "off"; T: the training loop's time).
@@ -73,8 +76,12 @@ def main():
                    help="also call dist_launch.progress.step() twice a step")
     p.add_argument("--seconds", type=float, default=0,
                    help="train this long instead of --steps")
+    p.add_argument("--start-after", help="rank --fault-rank joins once this file exists")
     args = p.parse_args()
 
+    if args.start_after and int(os.environ["RANK"]) == args.fault_rank:
+        while not os.path.exists(args.start_after):
+            time.sleep(0.01)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"

@@ -41,6 +41,7 @@ std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
   std::string prefix = worker_contract::group_prefix(env.run_id, env.restart_count);
   if (env.generation > 0) prefix += "gen_" + std::to_string(env.generation) + "/";
   ignore_sigpipe();
+  const detail::SetupWait waiting;  // for every rank of the group to come
   if (backend == Backend::kNccl) {
     NcclOptions options;
     options.key_prefix = prefix + "nccl";

@@ -128,6 +128,8 @@ const char* collective_name(std::uint32_t kind) {
       return "scatter";
     case Collective::kSendRecv:
       return "send/recv";
+    case Collective::kSetup:
+      return "group set-up";
     case Collective::kNone:
       break;
   }
@@ -232,6 +234,23 @@ void note_collective_timeout(std::chrono::milliseconds timeout) {
   while (ms > seen &&
          !s->collective_timeout_ms.compare_exchange_weak(seen, ms, std::memory_order_relaxed)) {
   }
+}
+
+namespace {
+std::mutex setup_mutex;
+int setup_depth = 0;
+}  // namespace
+
+SetupWait::SetupWait() {
+  Slot* s = progress_slot();
+  std::lock_guard lock(setup_mutex);
+  if (++setup_depth == 1 && s) s->setup_since_ns.store(monotonic_ns(), std::memory_order_release);
+}
+
+SetupWait::~SetupWait() {
+  Slot* s = progress_slot();
+  std::lock_guard lock(setup_mutex);
+  if (--setup_depth == 0 && s) s->setup_since_ns.store(0, std::memory_order_release);
 }
 
 void install_stack_dump() {

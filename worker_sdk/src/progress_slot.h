@@ -31,6 +31,18 @@ void note_collective_timeout(std::chrono::milliseconds timeout);
 // A step's own work, before it waited for its peers (the slot's work_ns; the straggler measure).
 void add_work(std::uint64_t ns);
 
+// While one lives (nested: the outermost), the slot says this worker waits for its peers in a
+// group's set-up (setup_since_ns): building a process group, or an in-place generation. The agent
+// publishes such a rank as waiting on its group's every rank (a node whose workers are all held
+// stopped is waited on, not paused).
+class SetupWait {
+ public:
+  SetupWait();
+  ~SetupWait();
+  SetupWait(const SetupWait&) = delete;
+  SetupWait& operator=(const SetupWait&) = delete;
+};
+
 // Once (init() calls it): on the agent's stack-dump signal (DIST_STACK_SIGNAL), append this
 // process's pending collective and a backtrace to DIST_STACK_FILE, and tell the agent it does.
 void install_stack_dump();

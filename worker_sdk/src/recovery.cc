@@ -296,9 +296,8 @@ void InPlaceRecovery::recover(const CollectiveError& error) {
                 ? " (this rank's group was aborted: see above)"
                 : " (a peer let go of the group first)");
   }
-  say("rank " + std::to_string(dist_.env.rank) + ": " + what + "; waiting for generation " +
-      std::to_string(generation_ + 1) + " of the group");
-  join_next_generation(failed_at, "its collective failed", error.what());
+  join_next_generation(failed_at, "its collective failed", error.what(),
+                       "rank " + std::to_string(dist_.env.rank) + ": " + what);
 }
 
 bool InPlaceRecovery::regroup_asked() const {
@@ -314,13 +313,11 @@ void InPlaceRecovery::regroup() {
   const Recovering recovering(recovering_);
   const auto asked_at = Clock::now();
   regroup_seen_ = detail::progress_slot()->regroup_round.load();
-  const std::string where = "the job regroups in round " + std::to_string(regroup_seen_);
-  say("rank " + std::to_string(dist_.env.rank) + ": " + where + "; waiting for generation " +
-      std::to_string(generation_ + 1) + " of the group");
+  const std::string where = "rank " + std::to_string(dist_.env.rank) +
+                            ": the job regroups in round " + std::to_string(regroup_seen_);
   state_.capture_blobs();  // while what holds them still exists
   release_group();
-  join_next_generation(asked_at, "its agent asked it to regroup",
-                       "rank " + std::to_string(dist_.env.rank) + ": " + where);
+  join_next_generation(asked_at, "its agent asked it to regroup", where, where);
 }
 
 std::chrono::milliseconds InPlaceRecovery::generation_timeout() const {
@@ -331,19 +328,24 @@ std::chrono::milliseconds InPlaceRecovery::generation_timeout() const {
 }
 
 void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::string& since,
-                                           const std::string& cause) {
+                                           const std::string& cause, const std::string& what) {
   const int next = generation_ + 1;
-  try {
-    store_->wait({contract::generation_key(prefix_, next)}, generation_timeout());
-  } catch (const store::StoreError& e) {
-    throw CollectiveError(cause + "; and no generation " + std::to_string(next) +
-                          " of the group came from the agent (" + e.what() + ")");
+  {
+    // In the new generation's set-up from here to its group (the slot says so before the log).
+    const detail::SetupWait waiting;
+    say(what + "; waiting for generation " + std::to_string(next) + " of the group");
+    try {
+      store_->wait({contract::generation_key(prefix_, next)}, generation_timeout());
+    } catch (const store::StoreError& e) {
+      throw CollectiveError(cause + "; and no generation " + std::to_string(next) +
+                            " of the group came from the agent (" + e.what() + ")");
+    }
+    const auto latest =
+        std::max(next, static_cast<int>(store_->add(contract::generation_counter_key(prefix_), 0)));
+    for (int g = next; g <= latest; ++g) take_new_rank(g);
+    if (dist_.group) state_.capture_blobs();  // (a regroup captured them before letting go)
+    rebuild_group(latest);
   }
-  const auto latest =
-      std::max(next, static_cast<int>(store_->add(contract::generation_counter_key(prefix_), 0)));
-  for (int g = next; g <= latest; ++g) take_new_rank(g);
-  if (dist_.group) state_.capture_blobs();  // (a regroup captured them before letting go)
-  rebuild_group(latest);
   synchronize_state();
   if (build_) build_(*dist_.group);
   state_.apply_blobs();

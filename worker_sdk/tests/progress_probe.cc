@@ -6,6 +6,9 @@
 //   off            heartbeat() and step() without a usable slot; exit 0 when both said it was off
 //   pending        two ranks of a Gloo group (threads): rank 1 joins rank 0's all-reduce only once
 //                  the slot shows it pending as an all-reduce; exit: the number of failures
+//   setup          two ranks of a Gloo group built with join_group (threads): rank 1 joins only
+//                  once the slot shows rank 0 waiting in the group's set-up; exit: the number of
+//                  failures (the slot shows no set-up once both are in)
 //   dump SIGNAL    install the stack dump, 2 steps, a broadcast issued, then SIGNAL to itself
 //   no-dump        install the stack dump without the agent's variables; exit 0 when no handler
 #include <fcntl.h>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "dist/sdk/heartbeat.h"
+#include "dist/sdk/init.h"
 #include "dist/sdk/process_group.h"
 #include "dist/sdk/progress.h"
 #include "dist/store/server.h"
@@ -61,6 +65,37 @@ int pending() {
   return failures.load();
 }
 
+int setup() {
+  sdk::detail::Slot* s = sdk::detail::progress_slot();
+  if (!s) return 100;
+  store::StoreServerThread store;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        sdk::WorkerEnv env;
+        env.rank = rank;
+        env.world_size = 2;
+        env.master_port = store.port();
+        if (rank == 1) {
+          while (s->setup_since_ns.load() == 0) std::this_thread::yield();
+        }
+        auto group = sdk::join_group(env, sdk::Backend::kGloo, std::chrono::seconds(60));
+        float value = 1.0f;
+        group->all_reduce(&value, 1, sdk::DataType::kFloat32, sdk::ReduceOp::kSum);
+        if (value != 2.0f) ++failures;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        ++failures;
+      }
+    });
+  }
+  for (auto& r : ranks) r.join();
+  if (s->setup_since_ns.load() != 0) ++failures;
+  return failures.load();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,6 +113,7 @@ int main(int argc, char** argv) {
     return sdk::heartbeat_enabled() || sdk::progress_enabled() ? 1 : 0;
   }
   if (what == "pending") return pending();
+  if (what == "setup") return setup();
   if (what == "dump") {
     sdk::detail::install_stack_dump();
     sdk::step();

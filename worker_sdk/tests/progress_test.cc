@@ -125,6 +125,15 @@ TEST_F(ProgressSlot, APendingCollectiveShowsItsKindUntilItCompletes) {
   EXPECT_EQ(slot_->pending_op.load(), static_cast<std::uint32_t>(slot::Collective::kNone));
 }
 
+// A rank building its group waits for every rank of it: its slot says since when (the agents
+// publish it as waiting, so that a node whose workers are all held stopped is waited on), and
+// says no more once the group is built.
+TEST_F(ProgressSlot, ARankBuildingItsGroupIsInItsSetUpUntilTheGroupIsBuilt) {
+  EXPECT_EQ(probe({"setup"}), 0);
+  EXPECT_EQ(slot_->setup_since_ns.load(), 0u);
+  EXPECT_EQ(slot_->pending_since_ns.load(), 0u);
+}
+
 // The agent's stack-dump signal: the worker says so in its slot (the feature, its pid), and on the
 // signal appends where it is (its steps, its pending collective) and a backtrace to its file.
 TEST_F(ProgressSlot, OnTheStackSignalAWorkerWritesWhereItIs) {

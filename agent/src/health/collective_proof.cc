@@ -188,6 +188,8 @@ std::string collective_name(std::uint32_t op) {
       return "scatter";
     case Collective::kSendRecv:
       return "send/recv";
+    case Collective::kSetup:
+      return "its group's set-up";
     case Collective::kNone:
       break;
   }

@@ -57,6 +57,11 @@ std::string describe(const Worker& w) {
   return fmt::format("rank {} (local rank {}, pid {})", w.rank, w.local_rank, w.pid);
 }
 
+// A rank published as waiting in its group's set-up, not in a collective.
+bool in_setup(const schema::BlockedRank& b) {
+  return b.op == static_cast<std::uint32_t>(slot::Collective::kSetup);
+}
+
 }  // namespace
 
 int stack_signal() {
@@ -193,8 +198,9 @@ void HangDetector::sample() {
 // hang timeout. Returns the longest hold of such a worker. Not when every worker here is
 // stopped: a pause of the node's job (a user's kill -STOP of the lot, a scheduler's suspend),
 // said once; the hang timeout still applies to it. Unless ranks of other nodes are seen waiting
-// in a collective well after that (waited_on): they wait for these, as for one stopped worker
-// among running ones. A debugger's stop (t) is never one.
+// in a collective well after that, or in their group's set-up since before it (waited_on): they
+// wait for these, as for one stopped worker among running ones. A debugger's stop (t) is never
+// one.
 std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::nanoseconds now) {
   if (options_.timeout.off) return std::nullopt;
   std::optional<std::chrono::nanoseconds> longest, shortest;
@@ -224,7 +230,7 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
   return std::nullopt;
 }
 
-// Whether ranks of other nodes wait in a collective, as a view made at least kPauseSpread after
+// Whether ranks of other nodes wait for these, as a view made at least kPauseSpread after
 // every worker here stopped (`stopped_for` ago) shows them: a pause of the whole job reaches its
 // nodes within moments of each other, and a stopped rank is never published as waiting, so such
 // a view of a paused job lists none. (The view's time is node 0's clock, the stop's this node's:
@@ -234,8 +240,15 @@ bool HangDetector::waited_on(std::chrono::nanoseconds stopped_for) const {
   const double stopped_at =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
       seconds(stopped_for);
-  return view_->time >= stopped_at + static_cast<double>(kPauseSpread.count()) &&
-         !elsewhere().empty();
+  if (view_->time < stopped_at + static_cast<double>(kPauseSpread.count())) return false;
+  // A rank in its group's set-up counts when it waited from before the last of these was seen
+  // stopped (a replacement or a regrouped rank that the stop caught mid-recovery). One that came
+  // since (a newcomer, a replacement started while the job was paused) may be the only process
+  // the pause missed.
+  const auto waits = waiting_elsewhere();
+  return std::any_of(waits.begin(), waits.end(), [&](const schema::BlockedRank* b) {
+    return !in_setup(*b) || view_->time - b->seconds <= stopped_at;
+  });
 }
 
 // Whether the worker has been blocked in the same collective since the previous sample (the
@@ -250,7 +263,10 @@ void HangDetector::track_blocked(Watched& w, const SlotReading& previous, const 
   w.cpu_ticks = ticks;
   // Held stopped by a signal; a tracer's stop ('t': a debugger at a breakpoint) is not one.
   if (stat && stat->state == 'T') {
-    if (!w.stopped_since) w.stopped_since = now.at;
+    if (!w.stopped_since) {
+      w.stopped_since = now.at;
+      spdlog::info("{} is held stopped (SIGSTOP or SIGTSTP)", describe(w.worker));
+    }
   } else {
     w.stopped_since.reset();
   }
@@ -260,6 +276,8 @@ void HangDetector::track_blocked(Watched& w, const SlotReading& previous, const 
       now.pending_op == previous.pending_op &&
       (now.pending_group == 0 || now.sampled_ns != previous.sampled_ns);
   w.blocked_readings = same ? w.blocked_readings + 1 : 0;
+  const bool same_setup = now.setup_since_ns != 0 && now.setup_since_ns == previous.setup_since_ns;
+  w.setup_readings = same_setup ? w.setup_readings + 1 : 0;
 }
 
 // Ranks flagged or cleared as stragglers: said, and into the event log. Only this node's ranks
@@ -296,22 +314,32 @@ void HangDetector::job_view(const schema::JobView& view) {
   flag_stragglers(work, "work per step");
 }
 
-// The other nodes' ranks blocked in a collective, from a job view fresh enough to prove with.
-std::vector<CollectiveState> HangDetector::elsewhere() const {
-  std::vector<CollectiveState> states;
-  if (!view_ || std::chrono::steady_clock::now() - view_at_ > 3 * kJobViewInterval) return states;
+// The other nodes' ranks the job view lists as waiting (in a collective, or in their group's
+// set-up), from a view fresh enough to prove with.
+std::vector<const schema::BlockedRank*> HangDetector::waiting_elsewhere() const {
+  std::vector<const schema::BlockedRank*> waiting;
+  if (!view_ || std::chrono::steady_clock::now() - view_at_ > 3 * kJobViewInterval) return waiting;
   for (const auto& b : view_->blocked) {
     const bool ours = std::any_of(workers_.begin(), workers_.end(), [&](const auto& entry) {
       return entry.second.running && entry.second.worker.rank == b.rank;
     });
-    if (ours) continue;
+    if (!ours) waiting.push_back(&b);
+  }
+  return waiting;
+}
+
+// The other nodes' ranks blocked in a collective, from a job view fresh enough to prove with.
+std::vector<CollectiveState> HangDetector::elsewhere() const {
+  std::vector<CollectiveState> states;
+  for (const schema::BlockedRank* b : waiting_elsewhere()) {
+    if (in_setup(*b)) continue;
     CollectiveState c;
-    c.rank = b.rank;
-    for (const auto& [id, seq] : b.groups) {
+    c.rank = b->rank;
+    for (const auto& [id, seq] : b->groups) {
       c.seqs[id] = seq;
       c.order.push_back(id);
     }
-    c.wait = CollectiveState::Wait{b.group, b.seq, b.op, b.seconds};
+    c.wait = CollectiveState::Wait{b->group, b->seq, b->op, b->seconds};
     states.push_back(std::move(c));
   }
   return states;
@@ -722,6 +750,9 @@ void HangDetector::fill(WorkerProgress& p) const {
   if (const auto timeout = h.hang_timeout(options_.timeout)) p.hang_timeout_s = seconds(*timeout);
   p.straggler = stragglers_.straggler(p.worker.rank);
   p.pending_collective = pending_text(r);
+  if (p.pending_collective.empty() && r.setup_since_ns != 0) {
+    p.pending_collective = collective_name(static_cast<std::uint32_t>(slot::Collective::kSetup));
+  }
   p.paused = r.paused();
   if (p.paused)
     p.doing = "paused: " + (r.pause_reason.empty() ? "no reason given" : r.pause_reason);
@@ -734,9 +765,12 @@ void HangDetector::fill(WorkerProgress& p) const {
       r.pending_since_ns == 0
           ? 0
           : seconds(monotonic_now() - std::chrono::nanoseconds(r.pending_since_ns));
+  const double setup_s =
+      r.setup_since_ns == 0 ? 0
+                            : seconds(monotonic_now() - std::chrono::nanoseconds(r.setup_since_ns));
   // A rank held stopped waits for nobody: it is the one waited for.
-  if (w.blocked_readings >= kStableBlockedReadings && w.cpu_share < kIdleCpuShare &&
-      blocked_s >= kPublishedWaitSeconds && !w.stopped_since) {
+  const bool idle = w.cpu_share < kIdleCpuShare && !w.stopped_since;
+  if (w.blocked_readings >= kStableBlockedReadings && idle && blocked_s >= kPublishedWaitSeconds) {
     schema::BlockedRank b;
     b.rank = w.worker.rank;
     b.op = r.pending_op;
@@ -749,6 +783,15 @@ void HangDetector::fill(WorkerProgress& p) const {
       b.groups = {{0, r.collectives_issued}};
       b.seq = r.collectives_done + 1;
     }
+    p.blocked = std::move(b);
+  } else if (w.setup_readings >= kStableBlockedReadings && idle &&
+             setup_s >= kPublishedWaitSeconds) {
+    // Waiting in its group's set-up (a process group's rendezvous, an in-place generation): for
+    // every rank of the group. Not a collective: no sequence to prove a mismatch with.
+    schema::BlockedRank b;
+    b.rank = w.worker.rank;
+    b.op = static_cast<std::uint32_t>(slot::Collective::kSetup);
+    b.seconds = setup_s;
     p.blocked = std::move(b);
   }
 }

@@ -17,7 +17,8 @@
 //     (hang_cleared);
 //   - done, under --hang-timeout auto: a rank is ended only on proof that it cannot go on (held
 //     stopped by a signal while other ranks here run, or while other nodes' ranks are seen
-//     waiting in a collective well after every worker here stopped: from kStoppedProof on,
+//     waiting in a collective well after every worker here stopped, or in their group's set-up
+//     (a process group's rendezvous, an in-place generation) since before: from kStoppedProof on,
 //     without waiting for a hang timeout; collectives that can never match: collective_proof.h,
 //     with the other nodes' ranks as their agents publish them), or, once the silence passed the
 //     bound (the job's own collective timeout plus kBoundMargin; none when no worker says its
@@ -121,6 +122,7 @@ class HangDetector {
     std::optional<std::uint64_t> cpu_ticks;  // its process's, at the last sample
     double cpu_share = 0;                    // of a core, over the last sample's interval
     int blocked_readings = 0;  // consecutive samples that saw it blocked in the same collective
+    int setup_readings = 0;    // and in the same wait in a group's set-up
     std::optional<std::chrono::nanoseconds> stopped_since;  // first sample that saw it stopped
   };
   void arm_sample();
@@ -149,6 +151,7 @@ class HangDetector {
   void investigate_stopped(std::chrono::nanoseconds held);
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
                        std::string_view measure);
+  std::vector<const schema::BlockedRank*> waiting_elsewhere() const;
   std::vector<CollectiveState> elsewhere() const;
 
   boost::asio::io_context& io_;

@@ -56,6 +56,7 @@ SlotReading read_slot(const slot::Slot& s, std::chrono::nanoseconds now) {
     r.pause_reason.assign(reason, ::strnlen(reason, sizeof reason));
   }
   r.collective_timeout_ms = s.collective_timeout_ms.load(std::memory_order_relaxed);
+  r.setup_since_ns = s.setup_since_ns.load(std::memory_order_acquire);
   return r;
 }
 

@@ -45,6 +45,7 @@ struct SlotReading {
   std::uint64_t resumed_ns = 0;
   std::string pause_reason;
   std::uint64_t collective_timeout_ms = 0;
+  std::uint64_t setup_since_ns = 0;  // waiting for its peers in a group's set-up since; 0: not
 
   // The last step, beat or end of a pause, whichever came later; none before the first.
   std::optional<std::chrono::nanoseconds> last_progress() const;

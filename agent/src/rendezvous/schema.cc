@@ -503,8 +503,10 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
       all.push_back(*r.work_seconds);
       v.work.emplace_back(r.worker.rank, *r.work_seconds);
     }
-    for (const auto& b : n.blocked) {
-      if (v.blocked.size() < kMaxViewBlocked) v.blocked.push_back(b);
+    for (const auto& b : n.blocked) {  // blocked for, as of the view's time
+      if (v.blocked.size() >= kMaxViewBlocked) break;
+      v.blocked.push_back(b);
+      v.blocked.back().seconds += std::max(0.0, now - n.time);
     }
   }
   v.measured = all.size();

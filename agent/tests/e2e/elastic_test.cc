@@ -72,11 +72,13 @@ class Elastic : public ::testing::Test {
   }
 
   // An external store on the endpoint: every agent is its client.
-  std::unique_ptr<Child> external_store() {
+  // A dist-rendezvous daemon on port_, once it listens; `log` names its own log (a test that
+  // starts several must not read an earlier one's "listening on").
+  std::unique_ptr<Child> external_store(const std::string& log = "store") {
     auto store = std::make_unique<Child>(
         DIST_RENDEZVOUS_BIN,
         std::vector<std::string>{"--host", kHost, "--port", std::to_string(port_)},
-        dir_ / "store.log");
+        dir_ / (log + ".log"));
     const auto deadline = Clock::now() + 10s;
     while (store->output().find("listening on") == std::string::npos && Clock::now() < deadline) {
       std::this_thread::sleep_for(10ms);
@@ -502,7 +504,7 @@ TEST_F(Elastic, ANodeLostWhileTheOtherWaitsAtItsExitBarrierLeavesTheJobDoneNotRu
   for (const auto& [nnodes, extra] : modes) {
     SCOPED_TRACE(nnodes);
     port_ = dist::agent::testing::free_port(kHost);
-    auto store = external_store();
+    auto store = external_store("store" + nnodes.substr(0, 1));
     const std::string a_name = "a" + nnodes.substr(0, 1), b_name = "b" + nnodes.substr(0, 1);
     auto a = agent(a_name, nnodes, extra, {"exit", "0"});
     auto b = agent(b_name, nnodes, extra, {"forever"});

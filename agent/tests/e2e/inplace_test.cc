@@ -652,6 +652,130 @@ TEST_F(InPlaceStaticNodes, APauseOfTheWholeJobReachingTheNodesApartIsLeftAlone) 
   EXPECT_TRUE(events("job_node1", "hang").empty()) << out[1];
 }
 
+// Rank 1 fails; its replacement, slow to start (held before init()), is held stopped: node 1's
+// only worker. Node 0's survivor has waited for it in the new generation's set-up since the
+// failure, from before the stop: the job view lists it as waiting in its group's set-up, which is
+// proof, and the replacement is ended (its failure during the recovery restarts the group), not
+// taken for a pause of the job (no hang timeout applies to a worker that never stepped: it stayed
+// stopped for good).
+TEST_F(InPlaceStaticNodes, AStoppedReplacementThatASurvivorWaitsForInItsGroupsSetUpIsEnded) {
+  const std::string clean = clean_digest(2, {"--steps", "30"});
+  const std::vector<std::string> worker{"--steps",         "30", "--crash", "1:10",
+                                        "--hold-at-start", "1:1"};
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 2, worker, out, [&](auto& agents) {
+    long held = -1;
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] {
+          std::istringstream(read("job/born_1_0_1")) >> held;
+          return held > 0 && agents[0]->output().find("waiting for generation 1 of the group") !=
+                                 std::string::npos;
+        },
+        60s))
+        << agents[0]->output() << agents[1]->output();
+    ::kill(static_cast<pid_t>(held), SIGSTOP);
+  });
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
+  EXPECT_NE(out[1].find("rank 1 stopped (SIGSTOP or SIGTSTP): no progress until continued"),
+            std::string::npos)
+      << out[1];
+  EXPECT_EQ(out[1].find("taken for a pause"), std::string::npos) << out[1];
+  const auto hangs = events("job_node1", "hang");
+  ASSERT_EQ(hangs.size(), 1u) << out[1];
+  EXPECT_LT(hangs[0]["silent_ms"].get<int>(), 30000) << hangs[0];
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << out[0] << out[1];
+    EXPECT_EQ(f->digest, clean) << "rank " << rank << "\n" << out[0] << out[1];
+  }
+}
+
+// The same replacement and survivor, both held stopped: a pause of the whole job during the
+// recovery. Neither node takes it for a fault (--max-restarts 1, spent on the replacement: an
+// ended worker would fail the job); continued, the recovery completes and the job ends.
+TEST_F(InPlaceStaticNodes, AWholeJobPausedDuringARecoveryIsLeftAlone) {
+  const std::string clean = clean_digest(2, {"--steps", "30"});
+  const std::string go = path("go");
+  const std::vector<std::string> worker{"--steps",         "30",       "--crash", "1:10",
+                                        "--hold-at-start", "1:1:" + go};
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 1, worker, out, [&](auto& agents) {
+    const long survivor = started_pid("job", 0);
+    long held = -1;
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] {
+          std::istringstream(read("job/born_1_0_1")) >> held;
+          return held > 0 && agents[0]->output().find("waiting for generation 1 of the group") !=
+                                 std::string::npos;
+        },
+        60s))
+        << agents[0]->output() << agents[1]->output();
+    ::kill(static_cast<pid_t>(held), SIGSTOP);
+    ::kill(static_cast<pid_t>(survivor), SIGSTOP);
+    for (auto& agent : agents) {
+      EXPECT_TRUE(dist::agent::testing::eventually(
+          [&] { return agent->output().find("taken for a pause of the job") != std::string::npos; },
+          60s))
+          << agent->output();
+    }
+    ::kill(static_cast<pid_t>(survivor), SIGCONT);
+    ::kill(static_cast<pid_t>(held), SIGCONT);
+    std::ofstream{go} << "go\n";
+  });
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
+  for (const std::string& o : out) {
+    EXPECT_EQ(o.find("held stopped for"), std::string::npos) << o;
+    EXPECT_EQ(o.find("SIGKILL"), std::string::npos) << o;
+  }
+  EXPECT_TRUE(events("job_node0", "hang").empty()) << out[0];
+  EXPECT_TRUE(events("job_node1", "hang").empty()) << out[1];
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << out[0] << out[1];
+    EXPECT_EQ(f->digest, clean) << "rank " << rank << "\n" << out[0] << out[1];
+    EXPECT_EQ(f->generation, 1) << "recovered in place";
+  }
+}
+
+// The survivor held stopped during the recovery (a pause of the job), and only then rank 1's
+// replacement starts and waits for it in the group's set-up: a process the pause could not reach,
+// not proof. Node 0 says the pause and ends nothing (--max-restarts 1, spent on the replacement);
+// continued, the recovery completes.
+TEST_F(InPlaceStaticNodes, AReplacementThatStartsDuringAPauseOfTheJobIsNoProof) {
+  const std::string go = path("go");
+  const std::vector<std::string> worker{"--steps",         "30",       "--crash", "1:10",
+                                        "--hold-at-start", "1:1:" + go};
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 1, worker, out, [&](auto& agents) {
+    const long survivor = started_pid("job", 0);
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] {
+          return fs::exists(path("job/born_1_0_1")) &&
+                 agents[0]->output().find("waiting for generation 1 of the group") !=
+                     std::string::npos;
+        },
+        60s))
+        << agents[0]->output() << agents[1]->output();
+    ::kill(static_cast<pid_t>(survivor), SIGSTOP);
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return agents[0]->output().find("is held stopped") != std::string::npos; }, 60s))
+        << agents[0]->output();
+    std::ofstream{go} << "go\n";  // the replacement goes on into the group's set-up, since
+    EXPECT_TRUE(dist::agent::testing::eventually(
+        [&] {
+          return agents[0]->output().find("taken for a pause of the job") != std::string::npos;
+        },
+        60s))
+        << agents[0]->output();
+    ::kill(static_cast<pid_t>(survivor), SIGCONT);
+  });
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
+  EXPECT_EQ(out[0].find("SIGKILL"), std::string::npos) << out[0];
+  EXPECT_TRUE(events("job_node0", "hang").empty()) << out[0];
+  EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "the survivor kept its process";
+  EXPECT_EQ(final_of("job", 1)->generation, 1) << "recovered in place";
+}
+
 TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsItsState) {
   const std::string clean = clean_digest(2, {"--steps", "30"});
   std::vector<std::string> out;

@@ -30,6 +30,10 @@
 //   --fail-at-start R:G        rank R exits with code 5 as it starts in generation G, before it
 //                             connects to anything (a newcomer's worker that dies before it
 //                             says it arrived), on restart attempt 0
+//   --hold-at-start R:G[:PATH]
+//                             rank R waits as it starts in generation G, before init(), on
+//                             restart attempt 0 (a replacement slow to start: minutes of
+//                             imports): until it is killed, or with PATH until PATH exists
 //   --finish-at-file PATH     the ranks end their loop, together, at the first step before which
 //                             one of them sees PATH exist (all-reduced)
 //   --finish-when-asked       the ranks end their loop, together, at the first step before which
@@ -80,6 +84,8 @@ struct Options {
   int fail_in_recovery = -1;
   std::string fail_in_recovery_file;
   Crash fail_at_start;  // its step unused
+  Crash hold_at_start;  // its step unused
+  std::string hold_file;
   std::string finish_file;
   Crash crash_every;  // rank and step (every K)
   std::string resources;
@@ -152,6 +158,13 @@ Options parse(int argc, char** argv) {
       o.crash_after_peers = colon != std::string::npos && value.substr(colon + 1) == "after";
     } else if (flag == "--fail-at-start") {
       std::sscanf(value.c_str(), "%d:%d", &o.fail_at_start.rank, &o.fail_at_start.generation);
+    } else if (flag == "--hold-at-start") {
+      int end = 0;
+      std::sscanf(value.c_str(), "%d:%d%n", &o.hold_at_start.rank, &o.hold_at_start.generation,
+                  &end);
+      if (end > 0 && value[static_cast<std::size_t>(end)] == ':') {
+        o.hold_file = value.substr(static_cast<std::size_t>(end) + 1);
+      }
     } else if (flag == "--finish-at-file") {
       o.finish_file = value;
     } else if (flag == "--out") {
@@ -223,6 +236,17 @@ int run(const Options& o) {
                  o.fail_at_start.rank);
     std::fflush(stderr);
     std::_Exit(5);
+  }
+  if (o.hold_at_start.rank >= 0 && env_int("RANK") == o.hold_at_start.rank &&
+      env_int("DIST_LAUNCH_GENERATION") == o.hold_at_start.generation &&
+      env_int("TORCHELASTIC_RESTART_COUNT") == 0) {
+    if (o.hold_file.empty()) stall(o.hold_at_start.rank, "as it starts, before init()");
+    std::fprintf(stderr, "rank %d: held as it starts, until %s exists\n", o.hold_at_start.rank,
+                 o.hold_file.c_str());
+    std::fflush(stderr);
+    while (!std::filesystem::exists(o.hold_file)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
   // (Before init(), which a replacement leaves only once its generation's group is built.)
   if (o.stall_in_recovery && env_int("TORCHELASTIC_RESTART_COUNT") == 0 &&

@@ -144,6 +144,7 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   EXPECT_EQ(back.work, v.work);
   ASSERT_EQ(back.blocked.size(), 1u);
   EXPECT_EQ(back.blocked[0].groups, b.groups);
+  EXPECT_DOUBLE_EQ(back.blocked[0].seconds, 43.5) << "blocked for, as of the view's time";
   for (const char* text :
        {"", "{}", R"({"t":1,"n":1,"m":0.1})", R"({"t":1,"n":1,"m":0.1,"w":[[-1,0.1]]})",
         R"({"t":1,"n":1,"m":0.1,"w":[],"b":[{"r":1}]})"}) {

@@ -158,6 +158,12 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // blocked). activity says what the main thread was last seen doing (kActivity*). A worker can say
 // "a long pause of my own" (dist_launch.progress.pause(reason), dist::sdk::Pause): paused_since_ns
 // and pause_reason while it lasts, resumed_ns when it ends (counted as progress).
+// setup_since_ns says since when the worker waits for its peers in a group's set-up (building a
+// process group, whose rendezvous waits for every rank; an in-place generation's record, group and
+// state): the SDK's group building and InPlaceRecovery write it, and a torch worker's sampler
+// while it sees the main thread in torch's init_process_group or new_group, or in the recovery of
+// dist_launch.elastic, and in no collective inside it; 0: none. Such a rank waits on every rank of
+// its group.
 // collective_timeout_ms is the longest timeout of its process groups (0: unknown): the agent's
 // bound for a hang it cannot prove. A worker that can dump its stacks says so in features and names
 // the process to signal in dump_pid. The agent asks for them in stacks_asked first (a torch
@@ -172,11 +178,12 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // pending_op 64, features 68, work_ns 72, dump_pid 80, regroup_round 84, sampled_ns 88, wait_ns 96,
 // pending_group 104, pending_seq 112, paused_since_ns 120, resumed_ns 128, collective_timeout_ms
 // 136, activity 144, group_count 148, pause_reason 152 (64 bytes, NUL-padded UTF-8), groups 216
-// (kMaxGroups of {id, seq}), stacks_asked 728. Two fields go the other way: the agent bumps
-// stacks_asked to ask for the stacks (above), and it writes regroup_round when the job regroups in
-// place in round R (a node joins or was lost), and the SDK's InPlaceRecovery, seeing a round it has
-// not regrouped in, recovers at its next unit; its watcher aborts the group when the rank has not
-// let go of it 500 ms after the request (a collective waiting for a lost node's silent peer).
+// (kMaxGroups of {id, seq}), stacks_asked 728, setup_since_ns 736. Two fields go the other way: the
+// agent bumps stacks_asked to ask for the stacks (above), and it writes regroup_round when the job
+// regroups in place in round R (a node joins or was lost), and the SDK's InPlaceRecovery, seeing a
+// round it has not regrouped in, recovers at its next unit; its watcher aborts the group when the
+// rank has not let go of it 500 ms after the request (a collective waiting for a lost node's silent
+// peer).
 namespace heartbeat_slot {
 
 inline constexpr char kFdVariable[] = "DIST_HEARTBEAT_FD";
@@ -197,6 +204,7 @@ enum class Collective : std::uint32_t {
   kGather,
   kScatter,
   kSendRecv,
+  kSetup,  // not a collective: a group's set-up (setup_since_ns), as the agents publish it
 };
 // features: what the worker can do for the agent.
 inline constexpr std::uint32_t kStacksOnSignal = 1;  // dumps its stacks on kStackSignalVariable
@@ -243,7 +251,8 @@ struct Slot {
   std::atomic<std::uint32_t> group_count;            // entries of groups in use
   char pause_reason[kPauseReasonBytes];
   GroupSequence groups[kMaxGroups];
-  std::atomic<std::uint32_t> stacks_asked;  // by the agent: bumped for each request
+  std::atomic<std::uint32_t> stacks_asked;    // by the agent: bumped for each request
+  std::atomic<std::uint64_t> setup_since_ns;  // waiting in a group's set-up since; 0: not
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
 static_assert(sizeof(Slot) <= kBytes);
@@ -253,7 +262,7 @@ static_assert(offsetof(Slot, features) == 68 && offsetof(Slot, work_ns) == 72 &&
                   offsetof(Slot, collective_timeout_ms) == 136 && offsetof(Slot, activity) == 144 &&
                   offsetof(Slot, group_count) == 148 && offsetof(Slot, pause_reason) == 152 &&
                   offsetof(Slot, groups) == 216 && sizeof(GroupSequence) == 16 &&
-                  offsetof(Slot, stacks_asked) == 728,
+                  offsetof(Slot, stacks_asked) == 728 && offsetof(Slot, setup_since_ns) == 736,
               "the offsets Python workers write at");
 
 }  // namespace heartbeat_slot

@@ -155,10 +155,11 @@ class InPlaceRecovery {
   void replace_group(std::unique_ptr<ProcessGroup> group);
   void recover(const CollectiveError& error);
   void regroup();
-  // After the failure or the regroup (`since`, for the log): the agent's next generation, this
-  // rank's place in it, the group rebuilt and the root's state. `cause` starts its errors.
+  // After the failure or the regroup (`since`, for the log; `what`, said first): the agent's next
+  // generation, this rank's place in it, the group rebuilt and the root's state. `cause` starts
+  // its errors.
   void join_next_generation(std::chrono::steady_clock::time_point began, const std::string& since,
-                            const std::string& cause);
+                            const std::string& cause, const std::string& what);
   void forget_generation_keys();
   void release_group();
   void take_new_rank(int generation);

@@ -80,7 +80,9 @@ HangDetector::HangDetector(boost::asio::io_context& io, HangOptions options,
 
 void HangDetector::started(const Worker& worker, fs::path stack_file) {
   Watched& w = workers_[worker.local_rank];
+  const bool again = w.worker.pid > 0 && w.worker.round == worker.round;
   w = Watched{};
+  w.replacement = again;
   w.worker = worker;
   w.stack_file = std::move(stack_file);
   w.running = true;
@@ -242,12 +244,13 @@ bool HangDetector::waited_on(std::chrono::nanoseconds stopped_for) const {
       seconds(stopped_for);
   if (view_->time < stopped_at + static_cast<double>(kPauseSpread.count())) return false;
   // A rank in its group's set-up counts when it waited from before the last of these was seen
-  // stopped (a replacement or a regrouped rank that the stop caught mid-recovery). One that came
-  // since (a newcomer, a replacement started while the job was paused) may be the only process
-  // the pause missed.
+  // stopped (a survivor or a regrouped rank that the stop caught mid-recovery), or replaces a
+  // failed worker (a failure, no pause, brought it: its peer was stopped before or after). A
+  // newcomer that came since may be the only process a pause of the job missed.
   const auto waits = waiting_elsewhere();
   return std::any_of(waits.begin(), waits.end(), [&](const schema::BlockedRank* b) {
-    return !in_setup(*b) || view_->time - b->seconds <= stopped_at;
+    return !in_setup(*b) || b->seq == schema::kSetupOfAReplacement ||
+           view_->time - b->seconds <= stopped_at;
   });
 }
 
@@ -791,6 +794,7 @@ void HangDetector::fill(WorkerProgress& p) const {
     schema::BlockedRank b;
     b.rank = w.worker.rank;
     b.op = static_cast<std::uint32_t>(slot::Collective::kSetup);
+    b.seq = w.replacement ? schema::kSetupOfAReplacement : 0;
     b.seconds = setup_s;
     p.blocked = std::move(b);
   }

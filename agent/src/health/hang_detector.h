@@ -110,6 +110,7 @@ class HangDetector {
     Worker worker;
     std::filesystem::path stack_file;
     bool running = false;
+    bool replacement = false;  // started again in its round: in place, for a failed worker
     std::chrono::nanoseconds started_at{0};
     StepHistory history;
     std::optional<RankLook> look;      // during an investigation

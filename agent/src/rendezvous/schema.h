@@ -188,7 +188,11 @@ inline constexpr std::size_t kMaxPublishedDoingBytes = 64;  // what a rank is do
 inline constexpr std::size_t kMaxPublishedBlocked = 8;      // blocked ranks a node publishes
 inline constexpr std::size_t kMaxPublishedGroups = 16;      // and process groups of each
 // A rank blocked in a collective, stably (the same one for several seconds, its processes idle):
-// what another node needs of it to prove a hang across nodes (health/collective_proof.h).
+// what another node needs of it to prove a hang across nodes (health/collective_proof.h). Or, op
+// kSetup (worker_contract.h), in its group's set-up: no groups, group 0, and seq
+// kSetupOfAReplacement when the rank replaces a failed worker (its agent started it again in its
+// round), else 0.
+inline constexpr std::uint64_t kSetupOfAReplacement = 1;
 struct BlockedRank {
   int rank = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> groups;  // id, collectives issued

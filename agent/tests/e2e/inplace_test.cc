@@ -737,16 +737,18 @@ TEST_F(InPlaceStaticNodes, AWholeJobPausedDuringARecoveryIsLeftAlone) {
   }
 }
 
-// The survivor held stopped during the recovery (a pause of the job), and only then rank 1's
-// replacement starts and waits for it in the group's set-up: a process the pause could not reach,
-// not proof. Node 0 says the pause and ends nothing (--max-restarts 1, spent on the replacement);
-// continued, the recovery completes.
-TEST_F(InPlaceStaticNodes, AReplacementThatStartsDuringAPauseOfTheJobIsNoProof) {
+// The survivor held stopped during the recovery, and only then rank 1's replacement starts and
+// waits for it in the group's set-up: a failure brought the replacement, no pause of the job, so
+// its wait is proof though it began after the stop (the fault mix's stop, then a kill of the
+// other node's worker). Node 0 ends its stopped survivor instead of waiting out a hang timeout,
+// and the job, restarted, ends with the digest of a run without failures.
+TEST_F(InPlaceStaticNodes, AReplacementWaitingForASurvivorStoppedBeforeItCameIsProof) {
+  const std::string clean = clean_digest(2, {"--steps", "30"});
   const std::string go = path("go");
   const std::vector<std::string> worker{"--steps",         "30",       "--crash", "1:10",
                                         "--hold-at-start", "1:1:" + go};
   std::vector<std::string> out;
-  const auto codes = run_nodes("job", 1, worker, out, [&](auto& agents) {
+  const auto codes = run_nodes("job", 3, worker, out, [&](auto& agents) {
     const long survivor = started_pid("job", 0);
     ASSERT_TRUE(dist::agent::testing::eventually(
         [&] {
@@ -761,19 +763,20 @@ TEST_F(InPlaceStaticNodes, AReplacementThatStartsDuringAPauseOfTheJobIsNoProof) 
         [&] { return agents[0]->output().find("is held stopped") != std::string::npos; }, 60s))
         << agents[0]->output();
     std::ofstream{go} << "go\n";  // the replacement goes on into the group's set-up, since
-    EXPECT_TRUE(dist::agent::testing::eventually(
-        [&] {
-          return agents[0]->output().find("taken for a pause of the job") != std::string::npos;
-        },
-        60s))
-        << agents[0]->output();
-    ::kill(static_cast<pid_t>(survivor), SIGCONT);
   });
   ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
-  EXPECT_EQ(out[0].find("SIGKILL"), std::string::npos) << out[0];
-  EXPECT_TRUE(events("job_node0", "hang").empty()) << out[0];
-  EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "the survivor kept its process";
-  EXPECT_EQ(final_of("job", 1)->generation, 1) << "recovered in place";
+  EXPECT_NE(out[0].find("rank 0 stopped (SIGSTOP or SIGTSTP): no progress until continued"),
+            std::string::npos)
+      << out[0];
+  EXPECT_EQ(out[0].find("taken for a pause"), std::string::npos) << out[0];
+  const auto hangs = events("job_node0", "hang");
+  ASSERT_EQ(hangs.size(), 1u) << out[0];
+  EXPECT_LT(hangs[0]["silent_ms"].get<int>(), 30000) << hangs[0];
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << out[0] << out[1];
+    EXPECT_EQ(f->digest, clean) << "rank " << rank << "\n" << out[0] << out[1];
+  }
 }
 
 TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsItsState) {
@@ -1466,6 +1469,74 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
     EXPECT_TRUE(events(name, "inplace_fallback").empty()) << all;
     EXPECT_TRUE(events(name, "restart").empty()) << all;
   }
+}
+
+// The whole job paused (both workers held stopped) when a newcomer comes: its worker waits for
+// them in the regroup's set-up from after the stop, a process the pause could not reach, and no
+// proof. Once `dist-launch status` shows it waiting there, nothing is ended for longer than a proof
+// would take (its wait published after 3 s, a view made and read within 5 s each); continued, the
+// job takes the newcomer in and ends as one world of three. (Stopped before their fifth step, the
+// workers' hang timeout is the early one, 5 minutes: the pause outlasts no timeout.)
+TEST_F(InPlaceElasticNodes, ANewcomerArrivingDuringAPauseOfTheJobIsNoProof) {
+  const std::string endpoint = job_endpoint();
+  const auto agent = [&](int i) {
+    return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"},
+                          {"--steps", "20", "--step-ms", "1000"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  agents.push_back(agent(0));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agents[0]->output().find("hosting the rendezvous store") != std::string::npos; },
+      30s))
+      << agents[0]->output();
+  agents.push_back(agent(1));
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return agents[0]->output().find("rank 0 step 1\n") != std::string::npos &&
+               agents[1]->output().find("rank 1 step 1\n") != std::string::npos;
+      },
+      60s))
+      << agents[0]->output() << agents[1]->output();
+  const pid_t first = static_cast<pid_t>(started_pid("job", 0));
+  const pid_t second = static_cast<pid_t>(started_pid("job", 1));
+  ::kill(first, SIGSTOP);
+  ::kill(second, SIGSTOP);
+  for (std::size_t i = 0; i < 2; ++i) {
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return agents[i]->output().find("is held stopped") != std::string::npos; }, 30s))
+        << agents[i]->output();
+  }
+  agents.push_back(agent(2));
+  const std::string status =
+      std::string(DIST_LAUNCH_BIN) + " status --rdzv-endpoint " + endpoint + " --rdzv-id job";
+  std::string seen;
+  EXPECT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        seen = dist::agent::testing::run_command(status).second;
+        return seen.find("waits in its group's set-up") != std::string::npos;
+      },
+      60s))
+      << seen << agents[2]->output();
+  const bool ended = dist::agent::testing::eventually(
+      [&] {
+        return agents[0]->output().find("SIGKILL") != std::string::npos ||
+               agents[1]->output().find("SIGKILL") != std::string::npos;
+      },
+      20s);
+  EXPECT_FALSE(ended) << agents[0]->output() << agents[1]->output();
+  ::kill(first, SIGCONT);
+  ::kill(second, SIGCONT);
+
+  std::string all;
+  EXPECT_EQ(wait_all(agents, all), (std::vector<int>{0, 0, 0})) << all;
+  for (const int rank : {0, 1, 2}) {
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << all;
+    EXPECT_EQ(f->generation, 1) << all;
+    EXPECT_EQ(f->pid, start_pid("job", rank, 0, rank < 2 ? 0 : 1)) << all;
+  }
+  EXPECT_TRUE(events("job_node0", "hang").empty()) << all;
+  EXPECT_TRUE(events("job_node1", "hang").empty()) << all;
 }
 
 // A newcomer's worker that dies as it starts, before it says it arrived: the running workers

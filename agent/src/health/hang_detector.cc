@@ -200,9 +200,9 @@ void HangDetector::sample() {
 // hang timeout. Returns the longest hold of such a worker. Not when every worker here is
 // stopped: a pause of the node's job (a user's kill -STOP of the lot, a scheduler's suspend),
 // said once; the hang timeout still applies to it. Unless ranks of other nodes are seen waiting
-// in a collective well after that, or in their group's set-up since before it (waited_on): they
-// wait for these, as for one stopped worker among running ones. A debugger's stop (t) is never
-// one.
+// in a collective well after that, or in their group's set-up since before it or as a replacement
+// of a failed worker (waited_on): they wait for these, as for one stopped worker among running
+// ones. A debugger's stop (t) is never one.
 std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::nanoseconds now) {
   if (options_.timeout.off) return std::nullopt;
   std::optional<std::chrono::nanoseconds> longest, shortest;

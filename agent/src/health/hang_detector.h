@@ -18,7 +18,8 @@
 //   - done, under --hang-timeout auto: a rank is ended only on proof that it cannot go on (held
 //     stopped by a signal while other ranks here run, or while other nodes' ranks are seen
 //     waiting in a collective well after every worker here stopped, or in their group's set-up
-//     (a process group's rendezvous, an in-place generation) since before: from kStoppedProof on,
+//     (a process group's rendezvous, an in-place generation) since before, or as a replacement
+//     of a failed worker: from kStoppedProof on,
 //     without waiting for a hang timeout; collectives that can never match: collective_proof.h,
 //     with the other nodes' ranks as their agents publish them), or, once the silence passed the
 //     bound (the job's own collective timeout plus kBoundMargin; none when no worker says its

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "dist/contract/worker_contract.h"
 #include "output/valid_text.h"
 
 namespace dist::agent::schema {
@@ -503,10 +504,14 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
       all.push_back(*r.work_seconds);
       v.work.emplace_back(r.worker.rank, *r.work_seconds);
     }
-    for (const auto& b : n.blocked) {  // blocked for, as of the view's time
+    for (const auto& b : n.blocked) {
       if (v.blocked.size() >= kMaxViewBlocked) break;
       v.blocked.push_back(b);
-      v.blocked.back().seconds += std::max(0.0, now - n.time);
+      // A set-up wait as of the view's time (when it began is what a stopped node compares); a
+      // collective wait as seen (the proof asks each for a wait long enough, and observed).
+      const bool setup =
+          b.op == static_cast<std::uint32_t>(worker_contract::heartbeat_slot::Collective::kSetup);
+      if (setup) v.blocked.back().seconds += std::max(0.0, now - n.time);
     }
   }
   v.measured = all.size();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dist/agent/job_status.h"
+#include "dist/contract/worker_contract.h"
 #include "health/progress_history.h"
 #include "health/status_page.h"
 #include "rendezvous/schema.h"
@@ -131,8 +132,12 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   b.seq = 12;
   b.op = 1;
   b.seconds = 20;
+  schema::BlockedRank setup;  // waiting in its group's set-up
+  setup.rank = 2;
+  setup.op = static_cast<std::uint32_t>(worker_contract::heartbeat_slot::Collective::kSetup);
+  setup.seconds = 5;
   const std::vector<schema::NodeProgress> nodes = {{100, "running", {slow}, 0, {b}},
-                                                   {100, "running", {fast, quiet}, 0, {}}};
+                                                   {100, "running", {fast, quiet}, 0, {setup}}};
   const schema::JobView v = schema::make_job_view(nodes, 123.5);
   EXPECT_EQ(v.measured, 2u) << "a rank without a work measure is not counted";
   EXPECT_DOUBLE_EQ(v.median_work, 0.023);
@@ -142,9 +147,10 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   EXPECT_DOUBLE_EQ(back.time, 123.5);
   EXPECT_EQ(back.measured, 2u);
   EXPECT_EQ(back.work, v.work);
-  ASSERT_EQ(back.blocked.size(), 1u);
+  ASSERT_EQ(back.blocked.size(), 2u);
   EXPECT_EQ(back.blocked[0].groups, b.groups);
-  EXPECT_DOUBLE_EQ(back.blocked[0].seconds, 43.5) << "blocked for, as of the view's time";
+  EXPECT_DOUBLE_EQ(back.blocked[0].seconds, 20) << "a collective wait as its node saw it";
+  EXPECT_DOUBLE_EQ(back.blocked[1].seconds, 28.5) << "a set-up wait as of the view's time";
   for (const char* text :
        {"", "{}", R"({"t":1,"n":1,"m":0.1})", R"({"t":1,"n":1,"m":0.1,"w":[[-1,0.1]]})",
         R"({"t":1,"n":1,"m":0.1,"w":[],"b":[{"r":1}]})"}) {

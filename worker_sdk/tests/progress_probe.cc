@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,66 +35,62 @@ namespace {
 using namespace dist;
 namespace slot = worker_contract::heartbeat_slot;
 
-int pending() {
-  sdk::detail::Slot* s = sdk::detail::progress_slot();
-  if (!s) return 100;
+// Ranks 0 and 1 of a group on threads of this process, over a store of its own: `rank(r, port)`
+// each; the failures (a rank's exception is one, said).
+int two_ranks(const std::function<void(int, std::uint16_t, std::atomic<int>&)>& rank) {
   store::StoreServerThread store;
   std::atomic<int> failures{0};
   std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.emplace_back([&, rank] {
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
       try {
-        store::ClientOptions client;
-        client.port = store.port();
-        auto group = sdk::make_gloo_group(store::StoreClient::connect(client), rank, 2, {});
-        float value = 1.0f;
-        if (rank == 1) {
-          while (s->pending_since_ns.load() == 0) std::this_thread::yield();
-          if (s->pending_op.load() != static_cast<std::uint32_t>(slot::Collective::kAllReduce)) {
-            ++failures;
-          }
-        }
-        group->all_reduce(&value, 1, sdk::DataType::kFloat32, sdk::ReduceOp::kSum);
-        if (value != 2.0f) ++failures;
+        rank(r, store.port(), failures);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
         ++failures;
       }
     });
   }
-  for (auto& r : ranks) r.join();
+  for (auto& t : ranks) t.join();
   return failures.load();
+}
+
+int pending() {
+  sdk::detail::Slot* s = sdk::detail::progress_slot();
+  if (!s) return 100;
+  return two_ranks([s](int rank, std::uint16_t port, std::atomic<int>& failures) {
+    store::ClientOptions client;
+    client.port = port;
+    auto group = sdk::make_gloo_group(store::StoreClient::connect(client), rank, 2, {});
+    float value = 1.0f;
+    if (rank == 1) {
+      while (s->pending_since_ns.load() == 0) std::this_thread::yield();
+      if (s->pending_op.load() != static_cast<std::uint32_t>(slot::Collective::kAllReduce)) {
+        ++failures;
+      }
+    }
+    group->all_reduce(&value, 1, sdk::DataType::kFloat32, sdk::ReduceOp::kSum);
+    if (value != 2.0f) ++failures;
+  });
 }
 
 int setup() {
   sdk::detail::Slot* s = sdk::detail::progress_slot();
   if (!s) return 100;
-  store::StoreServerThread store;
-  std::atomic<int> failures{0};
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.emplace_back([&, rank] {
-      try {
-        sdk::WorkerEnv env;
-        env.rank = rank;
-        env.world_size = 2;
-        env.master_port = store.port();
-        if (rank == 1) {
-          while (s->setup_since_ns.load() == 0) std::this_thread::yield();
-        }
-        auto group = sdk::join_group(env, sdk::Backend::kGloo, std::chrono::seconds(60));
-        float value = 1.0f;
-        group->all_reduce(&value, 1, sdk::DataType::kFloat32, sdk::ReduceOp::kSum);
-        if (value != 2.0f) ++failures;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        ++failures;
-      }
-    });
-  }
-  for (auto& r : ranks) r.join();
-  if (s->setup_since_ns.load() != 0) ++failures;
-  return failures.load();
+  const int failures = two_ranks([s](int rank, std::uint16_t port, std::atomic<int>& failed) {
+    sdk::WorkerEnv env;
+    env.rank = rank;
+    env.world_size = 2;
+    env.master_port = port;
+    if (rank == 1) {
+      while (s->setup_since_ns.load() == 0) std::this_thread::yield();
+    }
+    auto group = sdk::join_group(env, sdk::Backend::kGloo, std::chrono::seconds(60));
+    float value = 1.0f;
+    group->all_reduce(&value, 1, sdk::DataType::kFloat32, sdk::ReduceOp::kSum);
+    if (value != 2.0f) ++failed;
+  });
+  return failures + (s->setup_since_ns.load() != 0 ? 1 : 0);
 }
 
 }  // namespace

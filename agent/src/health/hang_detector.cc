@@ -57,11 +57,6 @@ std::string describe(const Worker& w) {
   return fmt::format("rank {} (local rank {}, pid {})", w.rank, w.local_rank, w.pid);
 }
 
-// A rank published as waiting in its group's set-up, not in a collective.
-bool in_setup(const schema::BlockedRank& b) {
-  return b.op == static_cast<std::uint32_t>(slot::Collective::kSetup);
-}
-
 }  // namespace
 
 int stack_signal() {
@@ -249,7 +244,7 @@ bool HangDetector::waited_on(std::chrono::nanoseconds stopped_for) const {
   // newcomer that came since may be the only process a pause of the job missed.
   const auto waits = waiting_elsewhere();
   return std::any_of(waits.begin(), waits.end(), [&](const schema::BlockedRank* b) {
-    return !in_setup(*b) || b->seq == schema::kSetupOfAReplacement ||
+    return !b->in_setup() || b->seq == schema::kSetupOfAReplacement ||
            view_->time - b->seconds <= stopped_at;
   });
 }
@@ -335,7 +330,7 @@ std::vector<const schema::BlockedRank*> HangDetector::waiting_elsewhere() const 
 std::vector<CollectiveState> HangDetector::elsewhere() const {
   std::vector<CollectiveState> states;
   for (const schema::BlockedRank* b : waiting_elsewhere()) {
-    if (in_setup(*b)) continue;
+    if (b->in_setup()) continue;
     CollectiveState c;
     c.rank = b->rank;
     for (const auto& [id, seq] : b->groups) {

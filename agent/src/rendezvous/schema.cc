@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "dist/contract/worker_contract.h"
 #include "output/valid_text.h"
 
 namespace dist::agent::schema {
@@ -509,9 +508,7 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
       v.blocked.push_back(b);
       // A set-up wait as of the view's time (when it began is what a stopped node compares); a
       // collective wait as seen (the proof asks each for a wait long enough, and observed).
-      const bool setup =
-          b.op == static_cast<std::uint32_t>(worker_contract::heartbeat_slot::Collective::kSetup);
-      if (setup) v.blocked.back().seconds += std::max(0.0, now - n.time);
+      if (b.in_setup()) v.blocked.back().seconds += std::max(0.0, now - n.time);
     }
   }
   v.measured = all.size();

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "dist/agent/job_status.h"
+#include "dist/contract/worker_contract.h"
 #include "dist/store/endpoint.h"
 #include "rendezvous/rendezvous.h"
 
@@ -200,6 +201,10 @@ struct BlockedRank {
   std::uint64_t seq = 0;
   std::uint32_t op = 0;
   double seconds = 0;  // blocked for
+
+  bool in_setup() const {
+    return op == static_cast<std::uint32_t>(worker_contract::heartbeat_slot::Collective::kSetup);
+  }
 };
 
 struct NodeProgress {

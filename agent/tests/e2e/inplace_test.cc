@@ -582,6 +582,20 @@ class InPlaceStaticNodes : public InPlace {
         },
         false, meanwhile);
   }
+  // Rank 1 failed and its replacement (held as it starts: --hold-at-start 1:1) is born, while
+  // node 0's survivor says it waits for generation 1 (in its set-up from before that line): the
+  // replacement's pid, or -1 when that is not seen within the bound.
+  long replacement_born_while_the_survivor_waits(const Child& node0) const {
+    long born = -1;
+    dist::agent::testing::eventually(
+        [&] {
+          std::istringstream(read("job/born_1_0_1")) >> born;
+          return born > 0 &&
+                 node0.output().find("waiting for generation 1 of the group") != std::string::npos;
+        },
+        60s);
+    return born;
+  }
 };
 
 // Node 1's only worker held stopped: every worker of that node is stopped, yet this is no pause of
@@ -664,15 +678,8 @@ TEST_F(InPlaceStaticNodes, AStoppedReplacementThatASurvivorWaitsForInItsGroupsSe
                                         "--hold-at-start", "1:1"};
   std::vector<std::string> out;
   const auto codes = run_nodes("job", 2, worker, out, [&](auto& agents) {
-    long held = -1;
-    ASSERT_TRUE(dist::agent::testing::eventually(
-        [&] {
-          std::istringstream(read("job/born_1_0_1")) >> held;
-          return held > 0 && agents[0]->output().find("waiting for generation 1 of the group") !=
-                                 std::string::npos;
-        },
-        60s))
-        << agents[0]->output() << agents[1]->output();
+    const long held = replacement_born_while_the_survivor_waits(*agents[0]);
+    ASSERT_GT(held, 0) << agents[0]->output() << agents[1]->output();
     ::kill(static_cast<pid_t>(held), SIGSTOP);
   });
   ASSERT_EQ(codes, (std::vector<int>{0, 0})) << out[0] << out[1];
@@ -701,15 +708,8 @@ TEST_F(InPlaceStaticNodes, AWholeJobPausedDuringARecoveryIsLeftAlone) {
   std::vector<std::string> out;
   const auto codes = run_nodes("job", 1, worker, out, [&](auto& agents) {
     const long survivor = started_pid("job", 0);
-    long held = -1;
-    ASSERT_TRUE(dist::agent::testing::eventually(
-        [&] {
-          std::istringstream(read("job/born_1_0_1")) >> held;
-          return held > 0 && agents[0]->output().find("waiting for generation 1 of the group") !=
-                                 std::string::npos;
-        },
-        60s))
-        << agents[0]->output() << agents[1]->output();
+    const long held = replacement_born_while_the_survivor_waits(*agents[0]);
+    ASSERT_GT(held, 0) << agents[0]->output() << agents[1]->output();
     ::kill(static_cast<pid_t>(held), SIGSTOP);
     ::kill(static_cast<pid_t>(survivor), SIGSTOP);
     for (auto& agent : agents) {
@@ -750,13 +750,7 @@ TEST_F(InPlaceStaticNodes, AReplacementWaitingForASurvivorStoppedBeforeItCameIsP
   std::vector<std::string> out;
   const auto codes = run_nodes("job", 3, worker, out, [&](auto& agents) {
     const long survivor = started_pid("job", 0);
-    ASSERT_TRUE(dist::agent::testing::eventually(
-        [&] {
-          return fs::exists(path("job/born_1_0_1")) &&
-                 agents[0]->output().find("waiting for generation 1 of the group") !=
-                     std::string::npos;
-        },
-        60s))
+    ASSERT_GT(replacement_born_while_the_survivor_waits(*agents[0]), 0)
         << agents[0]->output() << agents[1]->output();
     ::kill(static_cast<pid_t>(survivor), SIGSTOP);
     ASSERT_TRUE(dist::agent::testing::eventually(

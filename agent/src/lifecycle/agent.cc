@@ -251,8 +251,16 @@ class Agent {
     spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}", a.round, a.node_rank,
                  a.num_nodes, a.rank_offset, a.rank_offset + config_.nproc_per_node - 1,
                  a.world_size);
+    if (a.workers_succeeded) {
+      spdlog::warn(
+          "round {}: this node's workers had succeeded before its agent was relaunched (the agent "
+          "before it was lost at the exit barrier while other nodes still ran): it takes that "
+          "agent's place at the barrier and runs no worker",
+          a.round);
+    }
+    const Input joined = a.workers_succeeded ? Input::kJoinedAtBarrier : Input::kJoined;
     now_.round = std::move(a);
-    feed(Input::kJoined);
+    feed(joined);
   }
 
   void on_workers_failed(std::vector<WorkerFailure> failures) {

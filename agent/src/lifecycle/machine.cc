@@ -197,6 +197,7 @@ std::optional<Transition> next_state(State state, Input input, const Facts& fact
     case State::kRendezvous:
       if (input == Input::kPrepared) return to(State::kRendezvous);  // now the round itself
       if (input == Input::kJoined) return to(State::kRunning);
+      if (input == Input::kJoinedAtBarrier) return to(State::kExitBarrier);
       return std::nullopt;
     case State::kRunning:
       return from_running(input, facts);

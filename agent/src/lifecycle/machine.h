@@ -76,6 +76,8 @@ enum class StopReason {
 enum class Input {
   kPrepared,             // the first round's preparations are done (stores, session)
   kJoined,               // the round formed: this node has its assignment
+  kJoinedAtBarrier,      // static: a relaunched node joined its round at the exit barrier (the
+                         // workers of its agent before this one had succeeded)
   kStartFailed,          // the workers could not start
   kWorkersFailed,        // a worker of this node failed
   kWorkersSucceeded,     // every worker of this node exited 0

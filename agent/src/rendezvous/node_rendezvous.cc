@@ -5,7 +5,10 @@
 //             is an error: two nodes were given the same --node-rank.
 //   CLAIM     COMPARE_SET node/<k> in round n. Held by another agent, it is a dead one (its
 //             liveness is gone): this agent was relaunched. The round is aborted, so that the
-//             survivors restart, and this node claims its rank in round n+1.
+//             survivors restart, and this node claims its rank in round n+1; unless that agent
+//             was lost at its exit barrier (its workers succeeded) while the round runs on
+//             elsewhere: then this one takes its place there (Round::workers_succeeded), or,
+//             when every other node succeeded too, learns that the job finished.
 //   JOIN      count itself in `joined` (the round's first node raises the job's round pointer);
 //             the node whose count completes max_nodes publishes every offset and closes the
 //             round, writing `settled` last.
@@ -92,6 +95,11 @@ Task<Round> NodeRendezvous::Impl::join_static(int round, int node_rank) {
     // Every node rank has a record in a round that ran: a node relaunched into a job that already
     // failed learns it here (GET over), or from the next round, which the failure aborted.
     co_await throw_if_over();
+    if (co_await still_at_barrier(round, node_rank)) {
+      Round a = co_await placed(round, node_rank);
+      a.workers_succeeded = true;
+      co_return a;
+    }
     if (co_await finished_without(round, node_rank)) {
       throw JobOverError("the job finished in round " + std::to_string(round) +
                              " while node rank " + std::to_string(node_rank) +
@@ -146,10 +154,18 @@ Task<Round> NodeRendezvous::Impl::join_static(int round, int node_rank) {
            seconds_text(std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now())) +
            ")");
   }
+  co_return co_await placed(round, node_rank);
+}
+
+// This node's place in static round `round`, once `settled` is there: RoundAbortedError when the
+// round was aborted.
+Task<Round> NodeRendezvous::Impl::placed(int round, int node_rank) {
+  const int num_nodes = shape_.max_nodes;
   const auto offset_key = schema::in_round(round, name::kOffset, node_rank);
   const auto size_key = schema::in_round(round, name::kWorldSize);
   // MULTI_GET: how the round settled, and this node's place (missing when it was aborted).
-  const auto placement = co_await store_->multi_get(keys(settled, offset_key, size_key));
+  const auto placement = co_await store_->multi_get(
+      keys(schema::in_round(round, name::kSettled), offset_key, size_key));
   if (placement[0] != schema::kSettledClosed) {
     const auto why = co_await store_->try_get(schema::in_round(round, name::kAborted));
     co_await throw_if_over();
@@ -270,6 +286,21 @@ Task<void> NodeRendezvous::Impl::throw_if_over() {
       keys(std::string(schema::kJobOver), std::string(schema::kJobFinished)));
   if (over[0]) throw JobOverError("the job already failed: " + *over[0], false);
   if (over[1]) throw JobOverError("the job already finished: " + *over[1], true);
+}
+
+// Static: node_rank's agent before this one was lost at its exit barrier (its workers succeeded,
+// counted in `done`), and round `round` still runs on other nodes, untouched: no failure, no
+// outcome settled, not every node done. This agent waits at the barrier in its place, as it would
+// have: the round is not aborted (that restarted the healthy job on every node).
+Task<bool> NodeRendezvous::Impl::still_at_barrier(int round, int node_rank) {
+  const std::string done_key = schema::in_round(round, name::kDone);
+  const auto state = co_await store_->multi_get(keys(
+      schema::in_round(round, name::kAtBarrier, node_rank), schema::in_round(round, name::kSettled),
+      schema::in_round(round, name::kHealthy), schema::in_round(round, name::kRunning),
+      schema::in_round(round, name::kOutcome), done_key));
+  const std::int64_t done = state[5] ? schema::decode_int(done_key, *state[5]) : 0;
+  co_return state[0] && state[1] == schema::kSettledClosed&& state[2] && state[3] && !state[4] &&
+      done < shape_.max_nodes;
 }
 
 // Static: the job's other nodes all succeeded in `round` and none failed, while node_rank (lost
@@ -612,8 +643,10 @@ Task<BarrierEnd> NodeRendezvous::Impl::exit_barrier(Round a, milliseconds timeou
   const std::string healthy = schema::in_round(a.round, name::kHealthy);
   // Which nodes are counted: a node lost after it came here succeeded (its loss is no node's
   // business then). Said before it is counted, so that it is never counted twice.
+  // (A relaunched node in its predecessor's place was counted by it.)
   co_await store_->set(schema::in_round(a.round, name::kAtBarrier, a.node_rank), "1");
-  if (co_await store_->add(done, 1) >= a.num_nodes) {
+  const std::int64_t counted = co_await store_->add(done, a.workers_succeeded ? 0 : 1);
+  if (counted >= a.num_nodes) {
     co_await store_->delete_key(running);  // wakes the others
     co_return passed_without({});
   }

@@ -147,7 +147,9 @@ class NodeRendezvous {
 
   // Static: joins round `round` (or the job's latest, if later) as node `node_rank` and waits
   // for all max_nodes; throws RendezvousError naming the nodes seen and missing, or a node rank
-  // claimed twice by live agents; RoundAbortedError; JobOverError.
+  // claimed twice by live agents; RoundAbortedError; JobOverError. A relaunched node whose
+  // predecessor was lost at its exit barrier, the round running on elsewhere, gets that round
+  // with workers_succeeded: it waits at the barrier (exit_barrier counts it no second time).
   Task<Round> join_static(int round, int node_rank);
 
   // Elastic: joins round n (a member of round n-1 passes its Round) or, if that one closed

@@ -149,6 +149,8 @@ class NodeRendezvous::Impl {
   Task<void> close_static(int round);
   Task<std::vector<int>> missing_static(int round);
   Task<void> throw_if_over();
+  Task<Round> placed(int round, int node_rank);
+  Task<bool> still_at_barrier(int round, int node_rank);
   Task<bool> finished_without(int round, int node_rank);
   Task<bool> settle_static(int round, bool finished);
 

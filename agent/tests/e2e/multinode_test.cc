@@ -49,7 +49,7 @@ class MultiNode : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::unique_ptr<Agent> node(int nnodes, int rank, int nproc, std::vector<std::string> extra,
-                              std::vector<std::string> worker) {
+                              std::vector<std::string> worker, std::string log = "") {
     std::vector<std::string> args{"--nnodes",           std::to_string(nnodes), "--node-rank",
                                   std::to_string(rank), "--master-addr",        kMaster,
                                   "--master-port",      std::to_string(port_),  "--nproc-per-node",
@@ -58,7 +58,8 @@ class MultiNode : public ::testing::Test {
     args.push_back("--no-python");
     args.push_back(kWorker);
     args.insert(args.end(), worker.begin(), worker.end());
-    return std::make_unique<Agent>(dir_ / ("node" + std::to_string(rank) + ".log"), args);
+    if (log.empty()) log = "node" + std::to_string(rank) + ".log";
+    return std::make_unique<Agent>(dir_ / log, args);
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::map<std::string, std::string> env(const std::string& file) const {
@@ -199,6 +200,48 @@ TEST_F(MultiNode, ANodeLostWhileTheOtherWaitsAtItsExitBarrierLeavesTheJobDone) {
   EXPECT_NE(done->output().find("node(s) [1] lost at the exit barrier"), std::string::npos)
       << done->output();
   EXPECT_EQ(done->output().find("restarting"), std::string::npos) << done->output();
+  EXPECT_EQ(lines(), 2) << "each worker ran once";
+}
+
+// Static: node 1's worker succeeded and its agent is lost at the exit barrier while node 0's
+// worker still runs (rank 0 evaluating, say). Node 1's agent relaunched (Slurm's --requeue, a
+// supervisor) takes its place at the barrier and runs nothing; node 0's worker runs on to its end,
+// and both nodes exit 0. The relaunch used to abort the round: node 0's healthy worker was stopped
+// and the job ran again on both nodes.
+TEST_F(MultiNode, ANodeRelaunchedAfterItsWorkersSucceededWaitsAtTheBarrierAndTheJobRunsOn) {
+  const std::string runs = path("runs"), go = path("go");
+  const auto lines = [&] {
+    std::ifstream in(runs);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) ++n;
+    return n;
+  };
+  const std::vector<std::string> conf{"--max-restarts", "3"};
+  auto running = node(2, 0, 1, conf, {"append", runs, "wait-file", go});
+  auto lost = node(2, 1, 1, conf, {"append", runs, "exit", "0"});
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return lost->output().find("at the exit barrier") != std::string::npos && lines() == 2;
+      },
+      60s))
+      << running->output() << lost->output();
+  ::kill(lost->pid(), SIGKILL);
+  EXPECT_EQ(lost->wait(), 128 + SIGKILL);
+  auto again = node(2, 1, 1, conf, {"append", runs, "exit", "0"}, "node1-again.log");
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return again->output().find("that agent's place at the barrier") != std::string::npos;
+      },
+      60s))
+      << again->output() << running->output();
+  { std::ofstream(go) << "1"; }
+  EXPECT_EQ(running->wait(30s), 0) << running->output();
+  EXPECT_EQ(again->wait(30s), 0) << again->output();
+  for (const auto* agent : {running.get(), again.get()}) {
+    EXPECT_EQ(agent->output().find("restarting"), std::string::npos) << agent->output();
+    EXPECT_EQ(agent->output().find("aborting"), std::string::npos) << agent->output();
+  }
   EXPECT_EQ(lines(), 2) << "each worker ran once";
 }
 

@@ -39,6 +39,10 @@ struct Round {
   // round's running workers (--restart-policy in-place: node 0 kept them, and its store).
   int returning = 0;
   bool continues = false;
+  // Static: this node's workers of the round had succeeded before its agent was relaunched (the
+  // agent before it was lost at its exit barrier, while other nodes still ran): the node joins
+  // the round at its exit barrier, in that agent's place, and runs no worker.
+  bool workers_succeeded = false;
   // Each node's liveness key exists exactly while that node's agent lives: alive_prefix followed
   // by the node's id (static: its node rank; elastic: its ticket, listed by node rank in the
   // members key, which only the nodes that need every id read).

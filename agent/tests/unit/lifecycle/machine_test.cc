@@ -84,6 +84,8 @@ TEST(StateMachineTransitions, ARoundFormsAndItsWorkersRun) {
        State::kRendezvous},
       {"joined: the workers start", State::kRendezvous, Input::kJoined, static_nodes(true),
        State::kRunning},
+      {"joined at the barrier: a relaunched node whose workers had succeeded waits there",
+       State::kRendezvous, Input::kJoinedAtBarrier, static_nodes(true), State::kExitBarrier},
       {"a worker failed", State::kRunning, Input::kWorkersFailed, one_node(), State::kStopping,
        StopReason::kWorkerFailed},
       {"all succeeded", State::kRunning, Input::kWorkersSucceeded, one_node(), State::kStopping,

@@ -313,6 +313,80 @@ TEST(NodeRendezvous, AStaticNodeLostAtTheExitBarrierLeavesTheJobDoneAndItsRelaun
   relaunch(4);
 }
 
+// Static: node 2's agent is lost at its exit barrier (its workers succeeded) while node 1's
+// workers still run and node 0 waits at its barrier. Node 2's agent relaunched takes its place at
+// the barrier, counted no second time: it used to abort the round, and the healthy job restarted
+// on every node. Then node 1 finishes (the job is done, no node lost), or a worker of node 1
+// fails (the round ends for the relaunched node too, and it joins the next round with the others).
+TEST(NodeRendezvous, ARelaunchedStaticNodeWhoseWorkersSucceededWaitsAtTheBarrierInItsPlace) {
+  const std::string done = schema::in_round(0, schema::name::kDone);
+  for (const bool node_1_fails : {false, true}) {
+    SCOPED_TRACE(node_1_fails ? "node 1 fails" : "node 1 finishes");
+    Nodes nodes(4, 3, 3);  // node 3: node rank 2 relaunched
+    const auto a = nodes.all<Round>([&](std::size_t k) -> Task<Round> {
+      if (k == 3) co_return Round{};
+      co_return co_await nodes[k].join_static(0, static_cast<int>(k));
+    });
+    std::vector<BarrierEnd> ends(2);  // node 0's, the relaunched node's
+    TaskGroup barrier(nodes.io()), lost(nodes.io());
+    barrier.spawn(
+        [&]() -> Task<void> { ends[0] = co_await nodes[0].exit_barrier(a[0], 30s, true); });
+    lost.spawn([&]() -> Task<void> {
+      try {
+        co_await nodes[2].exit_barrier(a[2], 30s, true);
+      } catch (const store::StoreError&) {  // its session closed under it
+      }
+    });
+    while (run_task(nodes.io(), nodes.probe().add(done, 0)) < 2) {
+    }
+    nodes[2].close();
+    lost.wait(30s);
+    ASSERT_TRUE(run_task(nodes.io(), nodes.probe().wait_deleted({schema::static_alive(2)}, 30s)));
+
+    const Round again = run_task(nodes.io(), nodes[3].join_static(0, 2));
+    EXPECT_TRUE(again.workers_succeeded);
+    EXPECT_EQ(again.round, 0);
+    EXPECT_EQ(again.rank_offset, a[2].rank_offset);
+    EXPECT_EQ(again.world_size, 6);
+    barrier.spawn(
+        [&]() -> Task<void> { ends[1] = co_await nodes[3].exit_barrier(again, 30s, true); });
+    nodes.io().restart();
+    nodes.io().run_for(300ms);
+    ASSERT_EQ(barrier.running(), 2) << "a node left its barrier with node 1 running";
+    EXPECT_EQ(run_task(nodes.io(), nodes.probe().add(done, 0)), 2) << "counted twice";
+    EXPECT_TRUE(
+        run_task(nodes.io(), nodes.probe().check({schema::in_round(0, schema::name::kHealthy)})))
+        << "the round was aborted";
+
+    if (!node_1_fails) {
+      const BarrierEnd last = run_task(nodes.io(), nodes[1].exit_barrier(a[1], 30s, true));
+      barrier.wait(30s);
+      for (const auto& end : {ends[0], ends[1], last}) {
+        EXPECT_TRUE(end.passed);
+        EXPECT_TRUE(end.lost.empty());
+      }
+      continue;
+    }
+    WorkerFailure failure;
+    failure.host = "node-1";
+    failure.worker.rank = 2;
+    failure.exit_code = 3;
+    run_task(nodes.io(), nodes[1].announce_failure(a[1], {failure}));
+    barrier.wait(30s);
+    EXPECT_FALSE(ends[0].passed);
+    EXPECT_FALSE(ends[1].passed);
+    const auto next = nodes.all<Round>([&](std::size_t k) -> Task<Round> {
+      if (k == 2) co_return Round{};
+      co_return co_await nodes[k].join_static(1, k == 3 ? 2 : static_cast<int>(k));
+    });
+    for (const std::size_t k : {0u, 1u, 3u}) {
+      EXPECT_EQ(next[k].round, 1) << k;
+      EXPECT_FALSE(next[k].workers_succeeded) << k;
+    }
+    EXPECT_EQ(next[3].node_rank, 2);
+  }
+}
+
 // Node 2's workers are done, the others' still run past --exit-barrier-timeout (rank 0 evaluates
 // for minutes, say): like torchrun's agent it leaves with its success, and says so, so that node 1,
 // which watches it, does not take it for lost (that restarted the healthy job) and watches node 0

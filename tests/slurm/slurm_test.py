@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import unittest
 
 import slurm_cluster
@@ -26,6 +27,7 @@ SKIP = 77
 STEP_TIMEOUT_S = 90  # a whole srun/salloc/sbatch command
 FILES_TIMEOUT_S = 60  # workers' files appearing
 GONE_TIMEOUT_S = 10  # processes gone once Slurm says the job ended
+SUSPENDED_S = 8  # a job held by `scontrol suspend`
 RDZV_TIMEOUT = "timeout=60"
 ARGS = None
 CLUSTER = None
@@ -229,6 +231,39 @@ exit $((a | b))""")
             self.assertEqual(f.read().strip(), "sent_by_slurm_step=1 sender=slurmstepd")
         with open(job.path("result_1")) as f:
             self.assertRegex(f.read().strip(), r"^sent_by_slurm_step=0 sender=python")
+
+    def test_a_suspended_and_resumed_job_runs_on(self):
+        # `scontrol suspend` holds every process of the job (SIGSTOP: the agents and their
+        # workers) and `scontrol resume` continues them: the agents' own stall is not the workers'
+        # silence. Each agent used to look at its ranks as silent for the whole suspension (the
+        # stacks asked for; with an agent continued before its workers, a kill:
+        # Watchdogs.AJobSuspendedAndResumedWithItsAgentIsNotTakenForHung).
+        job = self.job
+        step = job.script("step.sh", "exec " + job.launch(
+            "--nproc-per-node", "1", "--worker-heartbeat-timeout", "3", "--hang-timeout", "3",
+            "--rdzv-conf", RDZV_TIMEOUT,
+            job.worker("progress", "50", "sleep", "300", "pidfile",
+                       job.path("pid_${SLURM_NODEID}"), "wait-file", job.path("go"))))
+        proc, out = self.run_slurm(["sbatch", "-N2", "--parsable", "-o", job.path("job.out"),
+                                    "--wrap", f"srun {step}"])
+        self.assertEqual(proc.returncode, 0, out)
+        job_id = proc.stdout.strip().split(";")[0]
+        pids = [job.path("pid_0"), job.path("pid_1")]
+        wait_until(lambda: all(os.path.exists(p) and os.path.getsize(p) > 0 for p in pids),
+                   FILES_TIMEOUT_S, "both workers run")
+        self.assertEqual(CLUSTER.run(["scontrol", "suspend", job_id], 30).returncode, 0)
+        wait_until(lambda: CLUSTER.job_state(job_id) == "SUSPENDED", 30, "the job is suspended")
+        time.sleep(SUSPENDED_S)  # the suspension itself: longer than every timeout above
+        self.assertEqual(CLUSTER.run(["scontrol", "resume", job_id], 30).returncode, 0)
+        with open(job.path("go"), "w") as f:
+            f.write("go\n")
+        CLUSTER.wait_job_done(job_id, STEP_TIMEOUT_S)
+        with open(job.path("job.out")) as f:
+            log = f.read()
+        self.assertEqual(CLUSTER.job_state(job_id), "COMPLETED", log)
+        self.assertIn("the agent did not run for", log)
+        for harm in ("no heartbeat", "hang on ", "looking at where every rank is"):
+            self.assertNotIn(harm, log)
 
 
 @functools.lru_cache(maxsize=None)

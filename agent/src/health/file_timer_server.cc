@@ -18,6 +18,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "health/agent_stall.h"
+#include "health/step_stats.h"  // monotonic_now()
+
 namespace dist::agent {
 namespace {
 
@@ -148,6 +151,7 @@ void FileTimerServer::handle(const std::string& line) {
     return;
   }
   const auto key = std::make_pair(request.pid, request.scope_id);
+  request.registered = monotonic_now();
   if (request.expiration_time < 0) {
     timers_.erase(key);
   } else {
@@ -156,28 +160,39 @@ void FileTimerServer::handle(const std::string& line) {
   schedule();
 }
 
-// Wakes at the earliest expiration (the wall clock's, as the clients write it).
+// A timer's expiration (the wall clock's, as the clients write it), moved on by the agent's stalls
+// since its request came.
+double FileTimerServer::expiration(const TimerExpiry& t, std::chrono::nanoseconds now) {
+  return t.expiration_time +
+         std::chrono::duration<double>(agent_stalled_between(t.registered, now)).count();
+}
+
+// Wakes at the earliest expiration.
 void FileTimerServer::schedule() {
   if (timers_.empty()) {
     timer_.cancel();
     return;
   }
-  double earliest = timers_.begin()->second.expiration_time;
-  for (const auto& [key, t] : timers_) earliest = std::min(earliest, t.expiration_time);
+  const auto now = monotonic_now();
+  double earliest = expiration(timers_.begin()->second, now);
+  for (const auto& [key, t] : timers_) earliest = std::min(earliest, expiration(t, now));
   const auto delay = std::chrono::duration<double>(std::max(0.0, earliest - wall_clock_seconds()));
-  timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(delay));
-  timer_.async_wait(
-      [this, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
-        if (alive.expired() || ec) return;
-        expire();
-      });
+  const auto after = std::chrono::duration_cast<std::chrono::nanoseconds>(delay);
+  timer_.expires_after(after);
+  timer_.async_wait([this, due = now + after,
+                     alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
+    if (alive.expired() || ec) return;
+    agent_stalled(due, monotonic_now());  // (noted: expiration() counts it)
+    expire();
+  });
 }
 
 void FileTimerServer::expire() {
   const double now = wall_clock_seconds();
+  const auto monotonic = monotonic_now();
   std::map<pid_t, std::vector<TimerExpiry>> expired;
   for (const auto& [key, t] : timers_) {
-    if (t.expiration_time <= now) expired[key.first].push_back(t);
+    if (expiration(t, monotonic) <= now) expired[key.first].push_back(t);
   }
   for (auto& [pid, list] : expired) {
     std::erase_if(timers_, [pid = pid](const auto& entry) { return entry.first.first == pid; });

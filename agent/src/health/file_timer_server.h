@@ -20,6 +20,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,6 +34,9 @@ struct TimerExpiry {
   std::string scope_id;
   int signal = 0;  // 0: the request named none (torch then only logs)
   double expiration_time = 0;
+  // monotonic_now() when the request came: the agent's stalls since then extend the expiration
+  // (agent_stall.h; torch's server counts them, and a job suspended and resumed was killed).
+  std::chrono::nanoseconds registered{0};
 };
 
 class FileTimerServer {
@@ -55,6 +59,7 @@ class FileTimerServer {
   void read();
   void take(std::string_view bytes);
   void handle(const std::string& line);
+  static double expiration(const TimerExpiry& t, std::chrono::nanoseconds now);
   void schedule();
   void expire();
 

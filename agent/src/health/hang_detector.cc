@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "health/agent_stall.h"
 #include "health/process_activity.h"
 #include "rendezvous/rendezvous.h"
 
@@ -92,6 +93,15 @@ void HangDetector::started(const Worker& worker, fs::path stack_file) {
   }
 }
 
+void HangDetector::regrouped(int round, int rank_offset) {
+  for (auto& [local_rank, w] : workers_) {
+    w.worker.round = round;
+    w.worker.rank = rank_offset + local_rank;
+    w.replacement = false;  // a replacement of the last round is a survivor of this one
+  }
+  stragglers_.clear();
+}
+
 void HangDetector::exited(int local_rank) {
   const auto it = workers_.find(local_rank);
   if (it == workers_.end()) return;
@@ -120,12 +130,28 @@ void HangDetector::stopping() {
 
 void HangDetector::arm_sample() {
   sampler_.expires_after(kProgressSampleInterval);
-  sampler_.async_wait(
-      [this, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
-        if (ec || alive.expired() || !running_) return;
-        sample();
-        arm_sample();
-      });
+  sampler_.async_wait([this, due = monotonic_now() + kProgressSampleInterval,
+                       alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
+    if (ec || alive.expired() || !running_) return;
+    if (agent_stalled(due, monotonic_now())) after_agent_stall();
+    sample();
+    arm_sample();
+  });
+}
+
+// The agent did not run for a while (agent_stall.h): what was read before is stale. A look under
+// way is dropped (its second reading would compare across the stall, and a worker not yet
+// continued would look stopped), and a stop counts from when it is seen again.
+void HangDetector::after_agent_stall() {
+  if (investigating_) {
+    investigating_ = false;
+    investigation_.cancel();
+    spdlog::info("the look at every rank begun before the agent's stall is dropped");
+  }
+  for (auto& [_, w] : workers_) {
+    w.look.reset();
+    w.stopped_since.reset();
+  }
 }
 
 // A Python worker whose interpreter never loaded the hook (python -I, -E or -S; a wrapper that
@@ -173,9 +199,10 @@ void HangDetector::sample() {
     const auto last = reading.last_progress();
     if (last && (!least_recent || *last < *least_recent)) least_recent = *last;
     if (!timeout || !last) continue;
-    const auto silent = now - std::max(*last, quiet_since_);
+    // (Less the agent's own stalls: nobody watched then, and the worker was likely held too.)
+    const auto silent = ran_since(std::max(*last, quiet_since_), now);
     if (silent >= *timeout && (!overdue || silent > overdue->since_look)) {
-      overdue = Overdue{silent, now - *last, *timeout};
+      overdue = Overdue{silent, ran_since(*last, now), *timeout};
     }
   }
   if (episode_ && (!least_recent || *least_recent > *episode_)) progress_resumed(now);
@@ -207,7 +234,7 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
     ++running;
     if (!w.stopped_since) continue;
     ++stopped;
-    const auto held = now - *w.stopped_since;
+    const auto held = ran_since(*w.stopped_since, now);
     if (!shortest || held < *shortest) shortest = held;
     if (held >= kStoppedProof && (!longest || held > *longest)) longest = held;
   }
@@ -482,9 +509,10 @@ void HangDetector::await_dumps(bool first, std::chrono::steady_clock::time_point
   // One more poll after the last dump began, for the rest of it.
   investigation_.expires_after(kDumpPoll);
   investigation_.async_wait(
-      [this, first, deadline, arrived, late,
+      [this, first, deadline, arrived, late, due = monotonic_now() + kDumpPoll,
        alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
         if (ec || alive.expired() || !running_ || !investigating_) return;
+        if (agent_stalled(due, monotonic_now())) return after_agent_stall();
         if (!arrived && !late) return await_dumps(first, deadline);
         for (auto& [_, w] : workers_) {
           if (!w.look || !(w.asked || w.signalled)) continue;
@@ -493,10 +521,14 @@ void HangDetector::await_dumps(bool first, std::chrono::steady_clock::time_point
           (first ? w.look->stacks_first : w.look->stacks_second) = std::move(text);
         }
         if (!first) return conclude();
-        investigation_.expires_after(stopped_look_ ? std::chrono::nanoseconds(0) : kConfirmGap);
+        const std::chrono::nanoseconds gap =
+            stopped_look_ ? std::chrono::nanoseconds(0) : std::chrono::nanoseconds(kConfirmGap);
+        investigation_.expires_after(gap);
         investigation_.async_wait(
-            [this, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& e) {
+            [this, due = monotonic_now() + gap,
+             alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& e) {
               if (e || alive.expired() || !running_ || !investigating_) return;
+              if (agent_stalled(due, monotonic_now())) return after_agent_stall();
               look(/*first=*/false);
             });
       });

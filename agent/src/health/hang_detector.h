@@ -97,6 +97,11 @@ class HangDetector {
   // The worker ended: its slot is read a last time (a silence its last steps ended is said).
   void exited(int local_rank);
   void stopping();  // the group stops: no sampling, no investigation until the next start
+  // In-place, elastic: the running workers run on in round `round` with global ranks from
+  // `rank_offset`. Their blocked ranks are published under the new numbers (the old ones may be a
+  // newcomer's now), a worker started again in that round is a replacement, and the stragglers
+  // are told again from the new ranks' steps.
+  void regrouped(int round, int rank_offset);
 
   // The step counts, rates, hang timeout, straggler flag, suspected hang, work per step and stable
   // wait in a collective of a running worker.
@@ -128,6 +133,7 @@ class HangDetector {
     std::optional<std::chrono::nanoseconds> stopped_since;  // first sample that saw it stopped
   };
   void arm_sample();
+  void after_agent_stall();
   void sample();
   void check_hook(Watched& w, const SlotReading& r, std::chrono::nanoseconds now);
   void investigate(std::chrono::nanoseconds silent, std::chrono::nanoseconds timeout);

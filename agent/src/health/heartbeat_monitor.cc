@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dist/contract/worker_contract.h"
+#include "health/agent_stall.h"
 #include "health/step_stats.h"  // monotonic_now(): the clock the SDK stamps beats with
 
 namespace dist::agent {
@@ -116,19 +117,23 @@ const slot::Slot* HeartbeatMonitor::slot(int local_rank) const {
 void HeartbeatMonitor::arm(int local_rank, std::chrono::nanoseconds after) {
   auto& timer = *slots_[static_cast<std::size_t>(local_rank)].deadline;
   timer.expires_after(after);
-  timer.async_wait(
-      [this, local_rank, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
-        if (alive.expired() || ec) return;
-        check(local_rank);
-      });
+  timer.async_wait([this, local_rank, due = monotonic_now() + after,
+                    alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
+    if (alive.expired() || ec) return;
+    agent_stalled(due, monotonic_now());  // (noted: it is not counted below)
+    check(local_rank);
+  });
 }
 
-// At a deadline: silent for the whole timeout, or the deadline moves to last beat + timeout.
+// At a deadline: silent for the whole timeout, or the deadline moves to last beat + timeout. The
+// agent's own stalls are not silence (agent_stall.h): the worker was most likely held too.
 void HeartbeatMonitor::check(int local_rank) {
   Watched& w = slots_[static_cast<std::size_t>(local_rank)];
   if (!w.slot || !w.deadline) return;
-  const std::optional<std::chrono::nanoseconds> silent = silence(local_rank);
+  std::optional<std::chrono::nanoseconds> silent = silence(local_rank);
   if (!silent) return arm(local_rank, timeout_);  // not beaten yet: not watched yet
+  const auto now = monotonic_now();
+  silent = ran_since(now - *silent, now);
   if (*silent < timeout_) return arm(local_rank, timeout_ - *silent);
   w.deadline.reset();
   on_silent_(local_rank, *silent);

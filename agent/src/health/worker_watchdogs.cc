@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "dist/contract/worker_contract.h"
+#include "health/agent_stall.h"
 #include "processes/process.h"
 
 namespace dist::agent {
@@ -33,7 +34,7 @@ std::string describe(const Worker& w) {
 WorkerWatchdogs::WorkerWatchdogs(boost::asio::io_context& io, const WatchdogOptions& options,
                                  Telemetry& telemetry, HangOptions hang, bool in_place,
                                  bool heartbeats_shown)
-    : io_(io), options_(options), telemetry_(telemetry) {
+    : io_(io), options_(options), telemetry_(telemetry), stall_tick_(io) {
   if (options.file_timer) {
     const std::string path =
         options.timer_file.empty() ? default_timer_file_path() : options.timer_file;
@@ -75,6 +76,10 @@ void WorkerWatchdogs::prepare(int local_rank, const std::filesystem::path& dir, 
 }
 
 void WorkerWatchdogs::started(const Worker& worker) {
+  if (!running_ && !hang_ && (timers_ || options_.worker_heartbeat_timeout.count() > 0)) {
+    running_ = true;
+    tick_for_stalls();
+  }
   running_ = true;
   if (static_cast<std::size_t>(worker.local_rank) >= workers_.size()) {
     workers_.resize(static_cast<std::size_t>(worker.local_rank) + 1);
@@ -93,11 +98,34 @@ void WorkerWatchdogs::exited(int local_rank) {
   if (heartbeats_) heartbeats_->forget(local_rank);
 }
 
+// The agent's stalls are seen by its timers coming late (agent_stall.h); the hang detector's
+// sampler is one every second. Without it, the watchdogs that can end a worker get a tick of their
+// own, so that a stall is known whenever their deadline falls in it.
+void WorkerWatchdogs::tick_for_stalls() {
+  stall_tick_.expires_after(kProgressSampleInterval);
+  stall_tick_.async_wait(
+      [this, due = monotonic_now() + kProgressSampleInterval,
+       alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
+        if (ec || alive.expired() || !running_) return;
+        agent_stalled(due, monotonic_now());
+        tick_for_stalls();
+      });
+}
+
 void WorkerWatchdogs::stopping() {
   running_ = false;
+  stall_tick_.cancel();
   if (timers_) timers_->clear();
   if (hang_) hang_->stopping();
   if (heartbeats_) heartbeats_->forget_all();
+}
+
+void WorkerWatchdogs::regrouped(int round, int rank_offset) {
+  for (auto& w : workers_) {
+    w.worker.round = round;
+    w.worker.rank = rank_offset + w.worker.local_rank;
+  }
+  if (hang_) hang_->regrouped(round, rank_offset);
 }
 
 void WorkerWatchdogs::ask_to_regroup(int round) {

@@ -60,6 +60,10 @@ class WorkerWatchdogs {
   // In-place: the running workers are asked to recover at their next unit of work, into the
   // job's regroup in round `round` (worker_contract.h, the slot's regroup_round).
   void ask_to_regroup(int round);
+  // In-place, elastic: the running workers run on in round `round`, with global ranks from
+  // `rank_offset` (WorkerGroup::regroup): what the watchdogs say and publish uses them from now,
+  // and a worker started again in that round is a replacement (HangDetector::started).
+  void regrouped(int round, int rank_offset);
 
   // Why a watchdog killed this worker ("timer expired (scope 'step')"); empty when none did.
   std::string reason(int local_rank) const;
@@ -83,6 +87,7 @@ class WorkerWatchdogs {
   void on_hung(int local_rank, const std::string& reason, bool collateral,
                std::chrono::nanoseconds silent);
   Watched* owner_of(pid_t pid);
+  void tick_for_stalls();
 
   boost::asio::io_context& io_;
   const WatchdogOptions& options_;
@@ -93,6 +98,7 @@ class WorkerWatchdogs {
   std::vector<std::filesystem::path> stack_files_;  // by local rank
   std::vector<Watched> workers_;                    // by local rank
   bool running_ = false;
+  boost::asio::steady_timer stall_tick_;
   std::shared_ptr<char> alive_ = std::make_shared<char>();
 };
 

@@ -379,6 +379,7 @@ std::vector<std::pair<int, int>> WorkerGroup::regroup(const Round& a) {
   }
   // The running workers save under their new ranks: the writers must not evict those.
   if (snapshots_) snapshots_->list_ranks(a.rank_offset, config_.nproc_per_node);
+  watchdogs_.regrouped(a.round, a.rank_offset);
   return moved;
 }
 

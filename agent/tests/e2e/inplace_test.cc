@@ -1118,9 +1118,13 @@ TEST_F(InPlaceElasticNodes, AFailureDuringTheRecoveryIsANewRoundOfTheWholeGroup)
 // mid-training (its agent SIGKILLed: its worker goes with it): the other two workers keep their
 // processes and go on as ranks 0 and 1 of a world of two in the next round (node 2's worker
 // renumbered from 2 to 1), without a restart, and end with the same state.
+// `dist-launch status` after the regroup lists node 2's worker as rank 1: its agent's watchdogs
+// are told its new rank (they went on publishing rank 2, which a newcomer could hold).
 TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASmallerWorld) {
   const std::string endpoint = job_endpoint();
-  const auto agent = [&](int i) { return training_agent(i, "2:3", endpoint); };
+  const auto agent = [&](int i) {
+    return training_agent(i, "2:3", endpoint, {}, {"--steps", "1000", "--step-ms", "10"});
+  };
   std::vector<std::unique_ptr<Child>> agents;
   const int lost = start_three_find_node_1(agent, agents);
   ASSERT_GT(lost, 0) << agents[0]->output();
@@ -1134,6 +1138,27 @@ TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASm
       << agents[static_cast<std::size_t>(lost)]->output();
   ::kill(agents[static_cast<std::size_t>(lost)]->pid(), SIGKILL);
   EXPECT_EQ(agents[static_cast<std::size_t>(lost)]->wait(10s), 128 + SIGKILL);
+  const std::string status =
+      std::string(DIST_LAUNCH_BIN) + " status --rdzv-endpoint " + endpoint + " --rdzv-id job";
+  std::string seen;
+  EXPECT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        seen = dist::agent::testing::run_command(status).second;
+        return seen.find("round 1,") != std::string::npos &&
+               seen.find("2 running worker(s)") != std::string::npos;
+      },
+      60s))
+      << seen;
+  std::vector<std::string> rows;  // the rank table's: "<rank> <node> <local> ..."
+  std::istringstream lines(seen);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string rank, node, local;
+    if (words >> rank >> node >> local && local == "0" && rank != "node") {
+      rows.push_back(rank + " " + node);
+    }
+  }
+  EXPECT_EQ(rows, (std::vector<std::string>{"0 0", "1 1"})) << seen;
 
   std::string both;
   for (const int i : {0, last}) {
@@ -1146,7 +1171,7 @@ TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASm
   for (const int rank : {0, 1}) {
     const auto f = final_of("job", rank);
     ASSERT_TRUE(f.has_value()) << both;
-    EXPECT_EQ(f->step, 300) << both;
+    EXPECT_EQ(f->step, 1000) << both;
     EXPECT_EQ(f->world, 2) << both;
     EXPECT_EQ(f->generation, 1) << both;
     // Rank 0 was rank 0; rank 1 was node 2's rank 2, in the same process.

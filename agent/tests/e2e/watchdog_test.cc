@@ -251,6 +251,65 @@ TEST_F(Watchdogs, AWorkerHeldStoppedEndsByTheStopSignalNotAfterTheShutdownTimeou
   EXPECT_TRUE(dist::agent::testing::process_gone(stopped, 0ms)) << out;
 }
 
+// A job suspended and resumed (Slurm's `scontrol suspend`, a kill -STOP of its processes: the
+// agent and its workers held together, here for 8 s) is not taken for hung: the agent's own stall
+// is not counted in its workers' silences (--hang-timeout 3), against their heartbeats
+// (--worker-heartbeat-timeout 3) or torch's file timers (an 11 s budget for about 5 s of work).
+// All three used to end the workers as soon as the agent was continued. Then again without the
+// hang detector (--hang-timeout 0), whose sampler is the timer that sees most stalls.
+TEST_F(Watchdogs, AJobSuspendedAndResumedWithItsAgentIsNotTakenForHung) {
+  for (const std::string hang_timeout : {"3", "0"}) {
+    SCOPED_TRACE("--hang-timeout " + hang_timeout);
+    fs::remove_all(path("events.jsonl"));
+    auto agent = launch({"--nproc-per-node",
+                         "2",
+                         "--hang-timeout",
+                         hang_timeout,
+                         "--worker-heartbeat-timeout",
+                         "3",
+                         "--event-log",
+                         path("events.jsonl"),
+                         "--no-python",
+                         kWorker,
+                         "beat-every",
+                         "10",
+                         "timer",
+                         "budget",
+                         "11000",
+                         "steps",
+                         "10",
+                         "20",
+                         "pidfile",
+                         path("pid_${local_rank}"),
+                         "steps",
+                         "200",
+                         "20",
+                         "release",
+                         "budget"},
+                        file_timer_env(path("timer")));
+    const std::vector<pid_t> held{agent->pid(), read_pid(path("pid_0")), read_pid(path("pid_1"))};
+    fs::remove(path("pid_0"));
+    fs::remove(path("pid_1"));
+    ASSERT_GT(held[1], 0) << agent->output();
+    ASSERT_GT(held[2], 0) << agent->output();
+    for (const pid_t pid : held) ::kill(pid, SIGSTOP);  // as Slurm holds a job: all of it
+    std::this_thread::sleep_for(8s);                    // (the suspension itself)
+    for (auto pid = held.rbegin(); pid != held.rend(); ++pid) ::kill(*pid, SIGCONT);
+    ASSERT_EQ(agent->wait(), 0) << agent->output();
+    const std::string out = agent->output();
+    EXPECT_NE(out.find("the agent did not run for"), std::string::npos) << out;
+    for (const char* harm :
+         {"no heartbeat", "timer expired", "hang on ", "looking at where every rank is"}) {
+      EXPECT_EQ(out.find(harm), std::string::npos) << harm << "\n" << out;
+    }
+    for (const Json& e : events(path("events.jsonl"))) {
+      EXPECT_NE(e["event"], "worker_hung") << e;
+      EXPECT_NE(e["event"], "timer_expired") << e;
+      EXPECT_NE(e["event"], "hang") << e;
+    }
+  }
+}
+
 TEST_F(Watchdogs, ARunningSilentWorkerGetsSIGABRT) {
   auto agent = launch(
       {"--worker-heartbeat-timeout", "0.3", "--no-python", kWorker, "no-core", "beat", "hang"});

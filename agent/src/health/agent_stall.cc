@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 
 namespace dist::agent {
 
@@ -23,6 +24,9 @@ struct Stall {
 std::mutex mutex;
 std::array<Stall, kKeptStalls> stalls;  // a ring, the latest at `next - 1`
 std::size_t next = 0;
+std::optional<nanoseconds> tick_due;
+// A stall that ended within this of a read: what was read was written before it.
+constexpr std::chrono::seconds kJustBack{1};
 
 }  // namespace
 
@@ -43,6 +47,26 @@ bool agent_stalled(nanoseconds due, nanoseconds now) {
       "counted in its workers' silences",
       std::chrono::duration<double>(now - due).count());
   return true;
+}
+
+void expect_tick(std::optional<nanoseconds> due) {
+  std::lock_guard lock(mutex);
+  tick_due = due;
+}
+
+bool stall_seen_now(nanoseconds now) {
+  std::optional<nanoseconds> due;
+  {
+    std::lock_guard lock(mutex);
+    due = tick_due;
+  }
+  return due && agent_stalled(*due, now);
+}
+
+nanoseconds unwatched_since(nanoseconds now) {
+  std::lock_guard lock(mutex);
+  const Stall& last = stalls[(next + kKeptStalls - 1) % kKeptStalls];
+  return last.end != nanoseconds(0) && now - last.end <= kJustBack ? last.begin : now;
 }
 
 nanoseconds agent_stalled_between(nanoseconds from, nanoseconds to) {

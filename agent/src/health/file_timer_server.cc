@@ -151,7 +151,10 @@ void FileTimerServer::handle(const std::string& line) {
     return;
   }
   const auto key = std::make_pair(request.pid, request.scope_id);
-  request.registered = monotonic_now();
+  // (Read first after a stall, it was most likely written before: it counts from the stall.)
+  const auto now = monotonic_now();
+  stall_seen_now(now);
+  request.registered = unwatched_since(now);
   if (request.expiration_time < 0) {
     timers_.erase(key);
   } else {
@@ -182,7 +185,8 @@ void FileTimerServer::schedule() {
   timer_.async_wait([this, due = now + after,
                      alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
     if (alive.expired() || ec) return;
-    agent_stalled(due, monotonic_now());  // (noted: expiration() counts it)
+    const auto now = monotonic_now();
+    if (!agent_stalled(due, now)) stall_seen_now(now);  // (noted: expiration() counts it)
     expire();
   });
 }

@@ -98,6 +98,14 @@ void HangDetector::regrouped(int round, int rank_offset) {
     w.worker.round = round;
     w.worker.rank = rank_offset + local_rank;
     w.replacement = false;  // a replacement of the last round is a survivor of this one
+    w.look.reset();
+  }
+  // What was seen under the old numbers: the job view (its ranks are the last round's, this
+  // node's own among them), a look under way, the stragglers (as after a restart).
+  view_.reset();
+  if (investigating_) {
+    investigating_ = false;
+    investigation_.cancel();
   }
   stragglers_.clear();
 }
@@ -123,20 +131,23 @@ void HangDetector::stopping() {
   running_ = false;
   investigating_ = false;
   sampler_.cancel();
+  expect_tick(std::nullopt);
   investigation_.cancel();
   for (auto& [_, w] : workers_) w.running = false;
   view_.reset();  // the next round's ranks are not this one's
 }
 
 void HangDetector::arm_sample() {
+  const auto due = monotonic_now() + kProgressSampleInterval;
+  expect_tick(due);
   sampler_.expires_after(kProgressSampleInterval);
-  sampler_.async_wait([this, due = monotonic_now() + kProgressSampleInterval,
-                       alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
-    if (ec || alive.expired() || !running_) return;
-    if (agent_stalled(due, monotonic_now())) after_agent_stall();
-    sample();
-    arm_sample();
-  });
+  sampler_.async_wait(
+      [this, due, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
+        if (ec || alive.expired() || !running_) return;
+        if (agent_stalled(due, monotonic_now())) after_agent_stall();
+        sample();
+        arm_sample();
+      });
 }
 
 // The agent did not run for a while (agent_stall.h): what was read before is stale. A look under

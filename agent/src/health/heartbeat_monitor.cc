@@ -120,7 +120,8 @@ void HeartbeatMonitor::arm(int local_rank, std::chrono::nanoseconds after) {
   timer.async_wait([this, local_rank, due = monotonic_now() + after,
                     alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
     if (alive.expired() || ec) return;
-    agent_stalled(due, monotonic_now());  // (noted: it is not counted below)
+    const auto now = monotonic_now();
+    if (!agent_stalled(due, now)) stall_seen_now(now);  // (noted: it is not counted below)
     check(local_rank);
   });
 }

@@ -102,10 +102,11 @@ void WorkerWatchdogs::exited(int local_rank) {
 // sampler is one every second. Without it, the watchdogs that can end a worker get a tick of their
 // own, so that a stall is known whenever their deadline falls in it.
 void WorkerWatchdogs::tick_for_stalls() {
+  const auto due = monotonic_now() + kProgressSampleInterval;
+  expect_tick(due);
   stall_tick_.expires_after(kProgressSampleInterval);
   stall_tick_.async_wait(
-      [this, due = monotonic_now() + kProgressSampleInterval,
-       alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
+      [this, due, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
         if (ec || alive.expired() || !running_) return;
         agent_stalled(due, monotonic_now());
         tick_for_stalls();
@@ -114,6 +115,7 @@ void WorkerWatchdogs::tick_for_stalls() {
 
 void WorkerWatchdogs::stopping() {
   running_ = false;
+  if (!hang_) expect_tick(std::nullopt);  // (the hang detector's sampler says so itself)
   stall_tick_.cancel();
   if (timers_) timers_->clear();
   if (hang_) hang_->stopping();

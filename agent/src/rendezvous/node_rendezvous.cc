@@ -289,9 +289,9 @@ Task<void> NodeRendezvous::Impl::throw_if_over() {
 }
 
 // Static: node_rank's agent before this one was lost at its exit barrier (its workers succeeded,
-// counted in `done`), and round `round` still runs on other nodes, untouched: no failure, no
-// outcome settled, not every node done. This agent waits at the barrier in its place, as it would
-// have: the round is not aborted (that restarted the healthy job on every node).
+// counted in `done`: kAtBarrierCounted), and round `round` still runs on other nodes, untouched: no
+// failure, no outcome settled, not every node done. This agent waits at the barrier in its place,
+// as it would have: the round is not aborted (that restarted the healthy job on every node).
 Task<bool> NodeRendezvous::Impl::still_at_barrier(int round, int node_rank) {
   const std::string done_key = schema::in_round(round, name::kDone);
   const auto state = co_await store_->multi_get(keys(
@@ -299,8 +299,12 @@ Task<bool> NodeRendezvous::Impl::still_at_barrier(int round, int node_rank) {
       schema::in_round(round, name::kHealthy), schema::in_round(round, name::kRunning),
       schema::in_round(round, name::kOutcome), done_key));
   const std::int64_t done = state[5] ? schema::decode_int(done_key, *state[5]) : 0;
-  co_return state[0] && state[1] == schema::kSettledClosed&& state[2] && state[3] && !state[4] &&
-      done < shape_.max_nodes;
+  // (An agent lost between its `at_barrier` and its count may or may not be counted: then the
+  // round restarts, as for any relaunch.)
+  const bool counted = state[0] == schema::kAtBarrierCounted;
+  const bool runs_on = state[1] == schema::kSettledClosed && state[2] && state[3] && !state[4];
+  const bool takes_its_place = counted && runs_on && done < shape_.max_nodes;
+  co_return takes_its_place;
 }
 
 // Static: the job's other nodes all succeeded in `round` and none failed, while node_rank (lost
@@ -643,9 +647,16 @@ Task<BarrierEnd> NodeRendezvous::Impl::exit_barrier(Round a, milliseconds timeou
   const std::string healthy = schema::in_round(a.round, name::kHealthy);
   // Which nodes are counted: a node lost after it came here succeeded (its loss is no node's
   // business then). Said before it is counted, so that it is never counted twice.
-  // (A relaunched node in its predecessor's place was counted by it.)
-  co_await store_->set(schema::in_round(a.round, name::kAtBarrier, a.node_rank), "1");
-  const std::int64_t counted = co_await store_->add(done, a.workers_succeeded ? 0 : 1);
+  // (A relaunched node in its predecessor's place was counted by it: kAtBarrierCounted.)
+  const std::string at_barrier = schema::in_round(a.round, name::kAtBarrier, a.node_rank);
+  std::int64_t counted = 0;
+  if (a.workers_succeeded) {
+    counted = co_await store_->add(done, 0);
+  } else {
+    co_await store_->set(at_barrier, std::string(schema::kAtBarrierSaid));
+    counted = co_await store_->add(done, 1);
+    co_await store_->set(at_barrier, std::string(schema::kAtBarrierCounted));
+  }
   if (counted >= a.num_nodes) {
     co_await store_->delete_key(running);  // wakes the others
     co_return passed_without({});

@@ -98,6 +98,10 @@ inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = 
 // A static round's `settled`: its closer or its abort writes it, and every node waits for it.
 inline constexpr std::string_view kSettledClosed = "closed", kSettledAborted = "aborted";
 
+// A node's `at_barrier` in a round: said before its count in `done` ("1"), then once counted
+// ("counted"): a relaunched agent takes its place at the barrier only when the count is sure.
+inline constexpr std::string_view kAtBarrierSaid = "1", kAtBarrierCounted = "counted";
+
 std::string in_round(int round, std::string_view name);          // "r<n>/<name>"
 std::string in_round(int round, std::string_view name, int id);  // "r<n>/<name>/<id>"
 

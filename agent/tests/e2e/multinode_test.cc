@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -17,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dist/store/client.h"
 #include "process_helpers.h"
 #include "programs.h"
 #include "test_ports.h"
@@ -220,14 +222,30 @@ TEST_F(MultiNode, ANodeRelaunchedAfterItsWorkersSucceededWaitsAtTheBarrierAndThe
   const std::vector<std::string> conf{"--max-restarts", "3"};
   auto running = node(2, 0, 1, conf, {"append", runs, "wait-file", go});
   auto lost = node(2, 1, 1, conf, {"append", runs, "exit", "0"});
+  // The job's keys, as node 0's store holds them (under the job's prefix).
+  dist::store::ClientOptions options;
+  options.host = kMaster;
+  options.port = port_;
+  options.connect_timeout = 30s;  // (node 0 may not listen yet)
+  auto store = dist::store::StoreClient::connect(options);
+  const auto key_ending = [&](const std::string& tail) -> std::optional<std::string> {
+    for (const auto& key : store.list_keys()) {
+      if (key.size() >= tail.size() &&
+          key.compare(key.size() - tail.size(), tail.size(), tail) == 0)
+        return key;
+    }
+    return std::nullopt;
+  };
   ASSERT_TRUE(dist::agent::testing::eventually(
-      [&] {
-        return lost->output().find("at the exit barrier") != std::string::npos && lines() == 2;
+      [&] {  // node 1 counted at its barrier, node 0's worker started
+        const auto at_barrier = key_ending("/r0/at_barrier/1");
+        return at_barrier && store.try_get(*at_barrier) == "counted" && lines() == 2;
       },
       60s))
       << running->output() << lost->output();
   ::kill(lost->pid(), SIGKILL);
   EXPECT_EQ(lost->wait(), 128 + SIGKILL);
+  ASSERT_TRUE(dist::agent::testing::eventually([&] { return !key_ending("/alive/1"); }, 30s));
   auto again = node(2, 1, 1, conf, {"append", runs, "exit", "0"}, "node1-again.log");
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] {

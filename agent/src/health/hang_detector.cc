@@ -232,7 +232,8 @@ void HangDetector::sample() {
 // kStoppedProof (a stop and a continue within a moment is left alone), without waiting for a
 // hang timeout. Returns the longest hold of such a worker. Not when every worker here is
 // stopped: a pause of the node's job (a user's kill -STOP of the lot, a scheduler's suspend),
-// said once; the hang timeout still applies to it. Unless ranks of other nodes are seen waiting
+// said once, and ended only past the bound (conclude: paused_here), as any rank that does
+// nothing. Unless ranks of other nodes are seen waiting
 // in a collective well after that, or in their group's set-up since before it or as a replacement
 // of a failed worker (waited_on): they wait for these, as for one stopped worker among running
 // ones. A debugger's stop (t) is never one.
@@ -249,7 +250,7 @@ std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::
     if (!shortest || held < *shortest) shortest = held;
     if (held >= kStoppedProof && (!longest || held > *longest)) longest = held;
   }
-  if (stopped == 0) all_stopped_said_ = false;
+  if (stopped == 0) all_stopped_said_ = pause_look_said_ = false;
   if (stopped < running) return longest;
   // Every worker here stopped, the last `shortest` ago.
   if (longest && waited_on(*shortest)) return longest;
@@ -585,7 +586,37 @@ void HangDetector::conclude() {
     investigating_ = false;
     return;
   }
+  // A pause of the job (every worker here held stopped, no other node's rank seen waiting for
+  // them: held_stopped) is no proof at the hang timeout either, only past the bound. (It was: a
+  // job whose workers a user stopped for a minute was ended at 33 s, after the agent had said it
+  // would not be.)
+  if (rule() == HangRule::kProof && paused_here()) {
+    spdlog::log(pause_look_said_ ? spdlog::level::debug : spdlog::level::info,
+                "{}: every worker on {} is held stopped, a pause of the job: not ended{}",
+                hang_reason(), options_.host,
+                bound() ? fmt::format(" before the job's collective timeout and its margin "
+                                      "({:.0f} s)",
+                                      seconds(*bound()))
+                        : "");
+    pause_look_said_ = true;
+    quiet_since_ = monotonic_now();
+    investigating_ = false;
+    return;
+  }
   act(finding, ranks);
+}
+
+// Every running worker here held stopped, and no other node's rank seen waiting for them.
+bool HangDetector::paused_here() const {
+  const auto now = monotonic_now();
+  std::optional<std::chrono::nanoseconds> shortest;
+  for (const auto& [_, w] : workers_) {
+    if (!w.running) continue;
+    if (!w.stopped_since) return false;
+    const auto held = ran_since(*w.stopped_since, now);
+    if (!shortest || held < *shortest) shortest = held;
+  }
+  return shortest && !waited_on(*shortest);
 }
 
 std::string HangDetector::hang_reason() const {

@@ -156,6 +156,7 @@ class HangDetector {
   void track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now);
   std::optional<std::chrono::nanoseconds> held_stopped(std::chrono::nanoseconds now);
   bool waited_on(std::chrono::nanoseconds stopped_for) const;
+  bool paused_here() const;
   void investigate_stopped(std::chrono::nanoseconds held);
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
                        std::string_view measure);
@@ -185,6 +186,7 @@ class HangDetector {
   std::string last_report_;                          // its text, not said twice
   bool hook_missing_said_ = false;
   bool all_stopped_said_ = false;  // every worker here stopped: said once
+  bool pause_look_said_ = false;   // and a look at the hang timeout left it alone: said once
   bool stopped_look_ = false;      // the investigation under way is of a rank held stopped
   std::shared_ptr<char> alive_ = std::make_shared<char>();
 };

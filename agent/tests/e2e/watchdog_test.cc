@@ -310,6 +310,33 @@ TEST_F(Watchdogs, AJobSuspendedAndResumedWithItsAgentIsNotTakenForHung) {
   }
 }
 
+// Every worker of the job held stopped by its user (kill -STOP of the workers, the agent left
+// running) for longer than the automatic hang timeout (30 s at least): a pause of the job, said
+// and left alone, as the agent says it will be; continued, the job ends well. It used to be
+// ended at the hang timeout's look (33 s), a stopped rank taken for proof.
+TEST_F(Watchdogs, AWholeJobPausedLongerThanTheHangTimeoutIsNotEnded) {
+  auto agent =
+      launch({"--nproc-per-node", "2", "--event-log", path("events.jsonl"), "--no-python", kWorker,
+              "steps", "20", "20", "pidfile", path("pid_${local_rank}"), "steps", "100", "20"});
+  const std::vector<pid_t> workers{read_pid(path("pid_0")), read_pid(path("pid_1"))};
+  ASSERT_GT(workers[0], 0) << agent->output();
+  ASSERT_GT(workers[1], 0) << agent->output();
+  for (const pid_t pid : workers) ::kill(pid, SIGSTOP);
+  ASSERT_TRUE(eventually(
+      [&] { return agent->output().find("a pause of the job: not ended") != std::string::npos; },
+      60s))
+      << agent->output();
+  for (const pid_t pid : workers) ::kill(pid, SIGCONT);
+  ASSERT_EQ(agent->wait(), 0) << agent->output();
+  const std::string out = agent->output();
+  EXPECT_NE(out.find("taken for a pause of the job"), std::string::npos) << out;
+  EXPECT_EQ(out.find("hang on "), std::string::npos) << out;
+  EXPECT_EQ(out.find("SIGKILL"), std::string::npos) << out;
+  for (const Json& e : events(path("events.jsonl"))) {
+    EXPECT_NE(e["event"], "hang") << e;
+  }
+}
+
 TEST_F(Watchdogs, ARunningSilentWorkerGetsSIGABRT) {
   auto agent = launch(
       {"--worker-heartbeat-timeout", "0.3", "--no-python", kWorker, "no-core", "beat", "hang"});

@@ -8,9 +8,9 @@
 //
 // A stall is a fact about the agent's process, so it is kept once for the process: whichever
 // watchdog's timer sees it first notes it (and says it), and every watchdog asks how much of a
-// span the agent was stalled. While workers run, a tick comes every second (the hang detector's
-// sampler, else the watchdogs' own) and says when the next one is due: any handler that runs
-// first after a stall (a file timer request read from its pipe) sees the stall from that.
+// span the agent was stalled. While workers run, the watchdogs' tick comes every second and says
+// when the next one is due: any handler that runs first after a stall (a heartbeat's deadline, a
+// file timer request read from its pipe) sees the stall from that.
 // Times are monotonic_now()'s (CLOCK_MONOTONIC, the slots' clock).
 #pragma once
 

@@ -182,13 +182,12 @@ void FileTimerServer::schedule() {
   const auto delay = std::chrono::duration<double>(std::max(0.0, earliest - wall_clock_seconds()));
   const auto after = std::chrono::duration_cast<std::chrono::nanoseconds>(delay);
   timer_.expires_after(after);
-  timer_.async_wait([this, due = now + after,
-                     alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
-    if (alive.expired() || ec) return;
-    const auto now = monotonic_now();
-    if (!agent_stalled(due, now)) stall_seen_now(now);  // (noted: expiration() counts it)
-    expire();
-  });
+  timer_.async_wait(
+      [this, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
+        if (alive.expired() || ec) return;
+        stall_seen_now(monotonic_now());  // (noted: expiration() counts it)
+        expire();
+      });
 }
 
 void FileTimerServer::expire() {

@@ -131,7 +131,6 @@ void HangDetector::stopping() {
   running_ = false;
   investigating_ = false;
   sampler_.cancel();
-  expect_tick(std::nullopt);
   investigation_.cancel();
   for (auto& [_, w] : workers_) w.running = false;
   view_.reset();  // the next round's ranks are not this one's
@@ -139,7 +138,6 @@ void HangDetector::stopping() {
 
 void HangDetector::arm_sample() {
   const auto due = monotonic_now() + kProgressSampleInterval;
-  expect_tick(due);
   sampler_.expires_after(kProgressSampleInterval);
   sampler_.async_wait(
       [this, due, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
@@ -239,24 +237,14 @@ void HangDetector::sample() {
 // ones. A debugger's stop (t) is never one.
 std::optional<std::chrono::nanoseconds> HangDetector::held_stopped(std::chrono::nanoseconds now) {
   if (options_.timeout.off) return std::nullopt;
-  std::optional<std::chrono::nanoseconds> longest, shortest;
-  int running = 0, stopped = 0;
-  for (const auto& [_, w] : workers_) {
-    if (!w.running) continue;
-    ++running;
-    if (!w.stopped_since) continue;
-    ++stopped;
-    const auto held = ran_since(*w.stopped_since, now);
-    if (!shortest || held < *shortest) shortest = held;
-    if (held >= kStoppedProof && (!longest || held > *longest)) longest = held;
-  }
-  if (stopped == 0) all_stopped_said_ = pause_look_said_ = false;
-  if (stopped < running) return longest;
+  const Holds h = holds(now);
+  if (h.stopped == 0) all_stopped_said_ = pause_look_said_ = false;
+  if (h.stopped < h.running) return h.longest;
   // Every worker here stopped, the last `shortest` ago.
-  if (longest && waited_on(*shortest)) return longest;
+  if (h.longest && waited_on(*h.shortest)) return h.longest;
   // With other nodes, said once a view that could show them waiting came and did not.
   const auto unseen = kPauseSpread + 2 * kJobViewInterval;
-  if (longest && !all_stopped_said_ && (!options_.other_nodes || *shortest >= unseen)) {
+  if (h.longest && !all_stopped_said_ && (!options_.other_nodes || *h.shortest >= unseen)) {
     all_stopped_said_ = true;
     spdlog::warn(
         "every worker on {} is held stopped (SIGSTOP or SIGTSTP): taken for a pause of the job, "
@@ -606,17 +594,25 @@ void HangDetector::conclude() {
   act(finding, ranks);
 }
 
-// Every running worker here held stopped, and no other node's rank seen waiting for them.
-bool HangDetector::paused_here() const {
-  const auto now = monotonic_now();
-  std::optional<std::chrono::nanoseconds> shortest;
+// The running workers held stopped, and for how long (the agent's stalls not counted).
+HangDetector::Holds HangDetector::holds(std::chrono::nanoseconds now) const {
+  Holds h;
   for (const auto& [_, w] : workers_) {
     if (!w.running) continue;
-    if (!w.stopped_since) return false;
+    ++h.running;
+    if (!w.stopped_since) continue;
+    ++h.stopped;
     const auto held = ran_since(*w.stopped_since, now);
-    if (!shortest || held < *shortest) shortest = held;
+    if (!h.shortest || held < *h.shortest) h.shortest = held;
+    if (held >= kStoppedProof && (!h.longest || held > *h.longest)) h.longest = held;
   }
-  return shortest && !waited_on(*shortest);
+  return h;
+}
+
+// Every running worker here held stopped, and no other node's rank seen waiting for them.
+bool HangDetector::paused_here() const {
+  const Holds h = holds(monotonic_now());
+  return h.running > 0 && h.stopped == h.running && !waited_on(*h.shortest);
 }
 
 std::string HangDetector::hang_reason() const {

@@ -156,6 +156,12 @@ class HangDetector {
   void track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now);
   std::optional<std::chrono::nanoseconds> held_stopped(std::chrono::nanoseconds now);
   bool waited_on(std::chrono::nanoseconds stopped_for) const;
+  struct Holds {
+    int running = 0, stopped = 0;
+    std::optional<std::chrono::nanoseconds> shortest;  // of the stopped ones
+    std::optional<std::chrono::nanoseconds> longest;   // of those held kStoppedProof or more
+  };
+  Holds holds(std::chrono::nanoseconds now) const;
   bool paused_here() const;
   void investigate_stopped(std::chrono::nanoseconds held);
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,

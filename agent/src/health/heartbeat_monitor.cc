@@ -117,13 +117,12 @@ const slot::Slot* HeartbeatMonitor::slot(int local_rank) const {
 void HeartbeatMonitor::arm(int local_rank, std::chrono::nanoseconds after) {
   auto& timer = *slots_[static_cast<std::size_t>(local_rank)].deadline;
   timer.expires_after(after);
-  timer.async_wait([this, local_rank, due = monotonic_now() + after,
-                    alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
-    if (alive.expired() || ec) return;
-    const auto now = monotonic_now();
-    if (!agent_stalled(due, now)) stall_seen_now(now);  // (noted: it is not counted below)
-    check(local_rank);
-  });
+  timer.async_wait(
+      [this, local_rank, alive = std::weak_ptr<char>(alive_)](const boost::system::error_code& ec) {
+        if (alive.expired() || ec) return;
+        stall_seen_now(monotonic_now());  // (noted: check() does not count it)
+        check(local_rank);
+      });
 }
 
 // At a deadline: silent for the whole timeout, or the deadline moves to last beat + timeout. The

@@ -76,11 +76,10 @@ void WorkerWatchdogs::prepare(int local_rank, const std::filesystem::path& dir, 
 }
 
 void WorkerWatchdogs::started(const Worker& worker) {
-  if (!running_ && !hang_ && (timers_ || options_.worker_heartbeat_timeout.count() > 0)) {
+  if (!running_) {
     running_ = true;
     tick_for_stalls();
   }
-  running_ = true;
   if (static_cast<std::size_t>(worker.local_rank) >= workers_.size()) {
     workers_.resize(static_cast<std::size_t>(worker.local_rank) + 1);
   }
@@ -98,9 +97,9 @@ void WorkerWatchdogs::exited(int local_rank) {
   if (heartbeats_) heartbeats_->forget(local_rank);
 }
 
-// The agent's stalls are seen by its timers coming late (agent_stall.h); the hang detector's
-// sampler is one every second. Without it, the watchdogs that can end a worker get a tick of their
-// own, so that a stall is known whenever their deadline falls in it.
+// The agent's stalls are seen by its timers coming late (agent_stall.h): while workers run, this
+// tick comes every second and says when it is due next, so that whichever watchdog's handler runs
+// first after a stall sees it from there.
 void WorkerWatchdogs::tick_for_stalls() {
   const auto due = monotonic_now() + kProgressSampleInterval;
   expect_tick(due);
@@ -115,7 +114,7 @@ void WorkerWatchdogs::tick_for_stalls() {
 
 void WorkerWatchdogs::stopping() {
   running_ = false;
-  if (!hang_) expect_tick(std::nullopt);  // (the hang detector's sampler says so itself)
+  expect_tick(std::nullopt);
   stall_tick_.cancel();
   if (timers_) timers_->clear();
   if (hang_) hang_->stopping();

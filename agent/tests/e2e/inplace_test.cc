@@ -967,6 +967,19 @@ class InPlaceElasticNodes : public InPlace {
         60s);
     return lost;
   }
+  // `dist-launch status` of the job at `endpoint` until `done` says yes of it (within 60 s); its
+  // last answer in `seen`.
+  static bool status_until(const std::string& endpoint, std::string& seen,
+                           const std::function<bool(const std::string&)>& done) {
+    const std::string status =
+        std::string(DIST_LAUNCH_BIN) + " status --rdzv-endpoint " + endpoint + " --rdzv-id job";
+    return dist::agent::testing::eventually(
+        [&] {
+          seen = dist::agent::testing::run_command(status).second;
+          return done(seen);
+        },
+        60s);
+  }
   // A fresh endpoint for an elastic job's store, on 127.0.0.2; the job's files go to job/.
   std::string job_endpoint() {
     fs::create_directories(dir_ / "job");
@@ -1138,17 +1151,11 @@ TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASm
       << agents[static_cast<std::size_t>(lost)]->output();
   ::kill(agents[static_cast<std::size_t>(lost)]->pid(), SIGKILL);
   EXPECT_EQ(agents[static_cast<std::size_t>(lost)]->wait(10s), 128 + SIGKILL);
-  const std::string status =
-      std::string(DIST_LAUNCH_BIN) + " status --rdzv-endpoint " + endpoint + " --rdzv-id job";
   std::string seen;
-  EXPECT_TRUE(dist::agent::testing::eventually(
-      [&] {
-        seen = dist::agent::testing::run_command(status).second;
-        return seen.find("round 1,") != std::string::npos &&
-               seen.find("2 running worker(s)") != std::string::npos;
-      },
-      60s))
-      << seen;
+  EXPECT_TRUE(status_until(endpoint, seen, [](const std::string& s) {
+    return s.find("round 1,") != std::string::npos &&
+           s.find("2 running worker(s)") != std::string::npos;
+  })) << seen;
   std::vector<std::string> rows;  // the rank table's: "<rank> <node> <local> ..."
   std::istringstream lines(seen);
   for (std::string line; std::getline(lines, line);) {
@@ -1526,15 +1533,11 @@ TEST_F(InPlaceElasticNodes, ANewcomerArrivingDuringAPauseOfTheJobIsNoProof) {
         << agents[i]->output();
   }
   agents.push_back(agent(2));
-  const std::string status =
-      std::string(DIST_LAUNCH_BIN) + " status --rdzv-endpoint " + endpoint + " --rdzv-id job";
   std::string seen;
-  EXPECT_TRUE(dist::agent::testing::eventually(
-      [&] {
-        seen = dist::agent::testing::run_command(status).second;
-        return seen.find("waits in its group's set-up") != std::string::npos;
-      },
-      60s))
+  EXPECT_TRUE(status_until(endpoint, seen,
+                           [](const std::string& s) {
+                             return s.find("waits in its group's set-up") != std::string::npos;
+                           }))
       << seen << agents[2]->output();
   const bool ended = dist::agent::testing::eventually(
       [&] {

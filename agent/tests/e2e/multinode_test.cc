@@ -64,6 +64,14 @@ class MultiNode : public ::testing::Test {
     return std::make_unique<Agent>(dir_ / log, args);
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // How many lines `file` has (0 when it is not there yet).
+  static int count_lines(const std::string& file) {
+    std::ifstream in(file);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) ++n;
+    return n;
+  }
   std::map<std::string, std::string> env(const std::string& file) const {
     std::map<std::string, std::string> e;
     std::ifstream in(path(file));
@@ -181,13 +189,7 @@ TEST_F(MultiNode, TheStoresHostWaitsOnPastItsExitBarrierTimeout) {
 // (and wait its rendezvous timeout for node 1).
 TEST_F(MultiNode, ANodeLostWhileTheOtherWaitsAtItsExitBarrierLeavesTheJobDone) {
   const std::string runs = path("runs");
-  const auto lines = [&] {
-    std::ifstream in(runs);
-    std::string line;
-    int n = 0;
-    while (std::getline(in, line)) ++n;
-    return n;
-  };
+  const auto lines = [&] { return count_lines(runs); };
   auto done = node(2, 0, 1, {"--max-restarts", "3"}, {"append", runs, "exit", "0"});
   auto lost = node(2, 1, 1, {"--max-restarts", "3"}, {"append", runs, "forever"});
   ASSERT_TRUE(dist::agent::testing::eventually(
@@ -212,13 +214,7 @@ TEST_F(MultiNode, ANodeLostWhileTheOtherWaitsAtItsExitBarrierLeavesTheJobDone) {
 // and the job ran again on both nodes.
 TEST_F(MultiNode, ANodeRelaunchedAfterItsWorkersSucceededWaitsAtTheBarrierAndTheJobRunsOn) {
   const std::string runs = path("runs"), go = path("go");
-  const auto lines = [&] {
-    std::ifstream in(runs);
-    std::string line;
-    int n = 0;
-    while (std::getline(in, line)) ++n;
-    return n;
-  };
+  const auto lines = [&] { return count_lines(runs); };
   const std::vector<std::string> conf{"--max-restarts", "3"};
   auto running = node(2, 0, 1, conf, {"append", runs, "wait-file", go});
   auto lost = node(2, 1, 1, conf, {"append", runs, "exit", "0"});

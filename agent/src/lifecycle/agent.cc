@@ -228,7 +228,13 @@ class Agent {
     if (waiting && !end.passed) {
       spdlog::warn("the round ended on another node while this one waited at the exit barrier");
     }
-    if (waiting && end.left_early) {
+    const bool relaunched = now_.round && now_.round->workers_succeeded;
+    if (waiting && end.left_early && relaunched) {
+      spdlog::warn(
+          "the agent before this one had already left the exit barrier (not every node finished "
+          "within --exit-barrier-timeout): this node's workers succeeded, so it leaves with 0, "
+          "and the others run on");
+    } else if (waiting && end.left_early) {
       spdlog::warn(
           "not every node finished within {} s (--exit-barrier-timeout): this node's workers "
           "succeeded, so it leaves with 0, and the others run on (as torchrun's agents do)",

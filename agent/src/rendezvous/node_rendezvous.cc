@@ -651,6 +651,14 @@ Task<BarrierEnd> NodeRendezvous::Impl::exit_barrier(Round a, milliseconds timeou
   const std::string at_barrier = schema::in_round(a.round, name::kAtBarrier, a.node_rank);
   std::int64_t counted = 0;
   if (a.workers_succeeded) {
+    // Its predecessor may have left already, past its barrier timeout (`left`): the node's part
+    // is over, and the others do not wait for it; this agent leaves as it did.
+    // (Not `may_leave && co_await ...`: GCC 12 runs a co_await whatever the && says.)
+    if (may_leave) {
+      const bool left =
+          co_await store_->check(keys(schema::in_round(a.round, name::kLeft, a.node_rank)));
+      if (left) co_return BarrierEnd{true, {}, true};
+    }
     counted = co_await store_->add(done, 0);
   } else {
     co_await store_->set(at_barrier, std::string(schema::kAtBarrierSaid));

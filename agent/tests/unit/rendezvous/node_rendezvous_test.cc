@@ -387,6 +387,46 @@ TEST(NodeRendezvous, ARelaunchedStaticNodeWhoseWorkersSucceededWaitsAtTheBarrier
   }
 }
 
+// Static: node 2's agent left its exit barrier past its timeout (`left`: the others run on without
+// waiting for it) and was then lost before it exited. Relaunched, it leaves as its predecessor
+// did, at once: it used to wait at the barrier a whole timeout again. Node 1's workers still run.
+TEST(NodeRendezvous, ARelaunchedStaticNodeWhosePredecessorLeftItsBarrierLeavesAtOnce) {
+  Nodes nodes(4, 3, 3);  // node 3: node rank 2 relaunched
+  const auto a = nodes.all<Round>([&](std::size_t k) -> Task<Round> {
+    if (k == 3) co_return Round{};
+    co_return co_await nodes[k].join_static(0, static_cast<int>(k));
+  });
+  const BarrierEnd early = run_task(nodes.io(), nodes[2].exit_barrier(a[2], 200ms, true));
+  ASSERT_TRUE(early.left_early);
+  nodes[2].close();
+  ASSERT_TRUE(run_task(nodes.io(), nodes.probe().wait_deleted({schema::static_alive(2)}, 30s)));
+
+  const Round again = run_task(nodes.io(), nodes[3].join_static(0, 2));
+  ASSERT_TRUE(again.workers_succeeded);
+  const auto start = std::chrono::steady_clock::now();
+  const BarrierEnd end = run_task(nodes.io(), nodes[3].exit_barrier(again, 60s, true));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s) << "waited a barrier timeout again";
+  EXPECT_TRUE(end.passed);
+  EXPECT_TRUE(end.left_early);
+  EXPECT_EQ(run_task(nodes.io(), nodes.probe().add(schema::in_round(0, schema::name::kDone), 0)), 1)
+      << "counted twice";
+  EXPECT_TRUE(
+      run_task(nodes.io(), nodes.probe().check({schema::in_round(0, schema::name::kHealthy)})))
+      << "the round was aborted";
+
+  // Node 0 (the store's host waits on) and node 1 finish: the job is done, no node lost.
+  BarrierEnd host_end;
+  TaskGroup barrier(nodes.io());
+  barrier.spawn(
+      [&]() -> Task<void> { host_end = co_await nodes[0].exit_barrier(a[0], 30s, false); });
+  const BarrierEnd last = run_task(nodes.io(), nodes[1].exit_barrier(a[1], 30s, true));
+  barrier.wait(30s);
+  for (const auto& e : {host_end, last}) {
+    EXPECT_TRUE(e.passed);
+    EXPECT_TRUE(e.lost.empty());
+  }
+}
+
 // Node 2's workers are done, the others' still run past --exit-barrier-timeout (rank 0 evaluates
 // for minutes, say): like torchrun's agent it leaves with its success, and says so, so that node 1,
 // which watches it, does not take it for lost (that restarted the healthy job) and watches node 0

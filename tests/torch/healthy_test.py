@@ -37,7 +37,7 @@ PAUSE_S = 36  # past the automatic hang timeout's 30 s floor, and its look
 CONCURRENT_JOBS = 4
 
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
-             "no-optimizer", "accumulate", "slow-log", "paused", "compile", "exit"]
+             "no-optimizer", "accumulate", "slow-log", "paused", "compile", "exit", "crowded"]
 
 
 class SlowService:
@@ -78,12 +78,17 @@ class Job:
         if self.scenario == "slow-log":
             service = SlowService()
             extra = ["--log-port", str(service.port)]
-        cmd = [ARGS.launcher, "--nproc-per-node", "2", "--event-log", self.events_path,
+        nproc, on_cpus = 2, None
+        if self.scenario == "crowded":  # 4 ranks on one CPU, whatever the machine
+            nproc, on_cpus = 4, {min(os.sched_getaffinity(0))}
+        cmd = [ARGS.launcher, "--nproc-per-node", str(nproc), "--event-log", self.events_path,
                "--log-dir", os.path.join(self.dir, "logs"), WORKER, "--scenario", self.scenario,
                "--pause", str(PAUSE_S), *extra]
         start = time.monotonic()
         try:
-            self.proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+            self.proc = subprocess.run(
+                cmd, env=env, capture_output=True, text=True, timeout=400,
+                preexec_fn=(lambda: os.sched_setaffinity(0, on_cpus)) if on_cpus else None)
         finally:
             if service:
                 service.close()
@@ -174,6 +179,15 @@ class Healthy(unittest.TestCase):
         for rank in (0, 1):
             self.assertIn(f"rank {rank} exits with the sampler reading", job.proc.stdout)
         self.assertNotIn("terminate called", job.proc.stdout + job.proc.stderr)
+
+    def test_more_ranks_than_cpus_flag_no_straggler(self):
+        # 4 ranks of one model on one CPU: each waits for it most of the time it could run, and
+        # the scheduler makes a different rank the slowest from one second to the next. Their
+        # wall-clock work per step told a straggler every run of this (8 ranks on 2 CPUs: 1-2
+        # flagged in 30 s); the CPU time per step each uses tells none, and the agent says why.
+        job = self.check("crowded")
+        self.assertRegex(job.proc.stderr, r"the workers here wait for a CPU \d+% of the time",
+                         job.proc.stderr)
 
     def test_a_rank_sleeping_while_the_other_waits_in_a_barrier(self):
         job = self.check("sleep")

@@ -19,6 +19,9 @@ defaults must end none of them.
   paused        rank 0 says its pause: dist_launch.progress.pause("checkpoint")
   compile       torch.compile(fullgraph=True) of a function with dist.all_reduce, torch's
                 functional collectives and a DTensor (torch 2.x)
+  crowded       every rank trains a larger model for --pause s, on a machine with fewer CPUs
+                than ranks (healthy_test.py runs 4 ranks on one CPU): the scheduler, not a
+                rank, makes one slower than the others from one second to the next
   exit          no pause; the interpreter ends while the progress sampler reads the group's
                 counter (in torch's C++, the GIL released), pass after pass: the worker exits 0
 
@@ -120,6 +123,21 @@ def main():
         if rank == 0:
             time.sleep(a.pause)
         dist.barrier()
+    elif s == "crowded":
+        big = DDP(torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                      torch.nn.Linear(1024, 512)))
+        big_opt = torch.optim.SGD(big.parameters(), lr=0.001)
+        x = torch.randn(128, 512)
+        end = time.monotonic() + a.pause
+        go = torch.ones(1)
+        while go.item() > 0:  # the same steps on every rank: they stop together
+            for _ in range(20):
+                big_opt.zero_grad()
+                big(x).pow(2).mean().backward()
+                big_opt.step()
+                steps += 1
+            go.fill_(1.0 if time.monotonic() < end else 0.0)
+            dist.all_reduce(go, op=dist.ReduceOp.MIN)
     else:
         train(a.steps)
     print(f"rank {rank} trained", flush=True)

@@ -1,5 +1,6 @@
 #include "health/hang_detector.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <thread>
 
 #include "health/agent_stall.h"
 #include "health/process_activity.h"
@@ -17,6 +19,14 @@ namespace {
 
 namespace slot = worker_contract::heartbeat_slot;
 namespace fs = std::filesystem;
+
+// The CPUs this process may run on (its affinity: a cgroup's cpuset, taskset), as its workers.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 constexpr std::chrono::milliseconds kDumpPoll{50};
 constexpr std::size_t kMaxStackBytes = 256 * 1024;  // read of one dump
@@ -181,7 +191,7 @@ void HangDetector::check_hook(Watched& w, const SlotReading& r, std::chrono::nan
 
 void HangDetector::sample() {
   const auto now = monotonic_now();
-  std::map<int, std::optional<double>> own_work, step_time;
+  std::map<int, std::optional<double>> own_work, own_cpu, step_time;
   bool every_rank_measures_work = true;
   // The most silent overdue worker: its silence since the last look (quiet_since_) and since its
   // last progress, and its hang timeout.
@@ -193,7 +203,11 @@ void HangDetector::sample() {
   for (auto& [local_rank, w] : workers_) {
     const slot::Slot* s = w.running ? slots_.slot(local_rank) : nullptr;
     if (!s) continue;
-    const SlotReading reading = read_slot(*s, now);
+    SlotReading reading = read_slot(*s, now);
+    if (const auto cpu = read_cpu_use(w.worker.pid)) {
+      reading.on_cpu_ns = static_cast<std::uint64_t>(cpu->ran.count());
+      reading.run_queue_ns = static_cast<std::uint64_t>(cpu->waited.count());
+    }
     const SlotReading previous = w.history.last();
     w.history.add(reading);
     track_blocked(w, previous, reading);
@@ -201,6 +215,8 @@ void HangDetector::sample() {
     every_rank_measures_work =
         every_rank_measures_work && w.history.work_seconds_per_step().has_value();
     own_work[w.worker.rank] = w.history.recent_work_seconds_per_step(kFreshReading);
+    own_cpu[w.worker.rank] =
+        own_work[w.worker.rank] ? w.history.cpu_seconds_per_step() : std::nullopt;
     const auto rate = w.history.steps_per_second();
     if (rate && *rate > 0) step_time[w.worker.rank] = 1 / *rate;
     if (reading.paused()) continue;  // a pause the worker declared is no silence
@@ -217,12 +233,44 @@ void HangDetector::sample() {
   if (episode_ && (!least_recent || *least_recent > *episode_)) progress_resumed(now);
   // One node: its ranks against each other, every second. Several: the job view's turn.
   if (!options_.other_nodes) {
-    flag_stragglers(every_rank_measures_work ? own_work : step_time,
-                    every_rank_measures_work ? "work per step" : "step time");
+    if (every_rank_measures_work && cpus_oversubscribed()) {
+      flag_stragglers(own_cpu, "CPU time per step");
+    } else {
+      flag_stragglers(every_rank_measures_work ? own_work : step_time,
+                      every_rank_measures_work ? "work per step" : "step time");
+    }
   }
   if (investigating_) return;
   if (const auto held = held_stopped(now)) return investigate_stopped(*held);
   if (overdue) investigate(overdue->since_progress, overdue->timeout);
+}
+
+// More runnable threads than CPUs (8 workers on a 2-core machine, say): the median worker here
+// waits for a CPU kCpuWaitShare of the time it could run. Every step is slower for it, and who is
+// slower than the others is the scheduler's choice, a different rank from one second to the next
+// (the work the ranks' samplers measure is wall-clock time): ranks are then told apart by the CPU
+// time their main threads use per step, which a rank that computes more still shows and the
+// scheduler does not set. Said once.
+bool HangDetector::cpus_oversubscribed() {
+  std::vector<double> shares;
+  for (const auto& [local_rank, w] : workers_) {
+    if (!w.running) continue;
+    if (const auto share = w.history.cpu_wait_share()) shares.push_back(*share);
+  }
+  if (shares.empty()) return false;
+  std::sort(shares.begin(), shares.end());
+  const double median = shares[shares.size() / 2];
+  if (median < kCpuWaitShare) return false;
+  if (!cpu_wait_said_) {
+    cpu_wait_said_ = true;
+    const int cpus = usable_cpus();
+    spdlog::info(
+        "the workers here wait for a CPU {:.0f}% of the time they could run (more runnable "
+        "threads than the {} CPU{} they may use): their steps are slower for it, and while it "
+        "lasts ranks are compared by the CPU time they use per step, not their wall-clock work",
+        100 * median, cpus, cpus == 1 ? "" : "s");
+  }
+  return true;
 }
 
 // A worker held stopped by a signal (SIGSTOP, SIGTSTP; /proc says T) cannot go on until someone
@@ -330,13 +378,25 @@ void HangDetector::job_view(const schema::JobView& view) {
   if (!running_) return;
   view_ = view;
   view_at_ = std::chrono::steady_clock::now();
-  // Every rank's work per step as the view lists it; this node's own as measured now.
-  std::map<int, std::optional<double>> work;
-  for (const auto& [rank, seconds] : view.work) work[rank] = seconds;
-  for (const auto& [_, w] : workers_) {
-    if (w.running) work[w.worker.rank] = w.history.recent_work_seconds_per_step(kJobViewInterval);
+  // Every rank's work per step as the view lists it; this node's own as measured now. When the
+  // job's median rank waits for a CPU (cpus_oversubscribed), their CPU time per step.
+  const bool by_cpu = view.median_cpu_wait && *view.median_cpu_wait >= kCpuWaitShare;
+  if (by_cpu && !cpu_wait_said_) {
+    cpu_wait_said_ = true;
+    spdlog::info(
+        "the job's ranks wait for a CPU {:.0f}% of the time they could run (the median rank: "
+        "more runnable threads than CPUs): their steps are slower for it, and while it lasts "
+        "ranks are compared by the CPU time they use per step, not their wall-clock work",
+        100 * *view.median_cpu_wait);
   }
-  flag_stragglers(work, "work per step");
+  std::map<int, std::optional<double>> measure;
+  for (const auto& [rank, seconds] : by_cpu ? view.cpu : view.work) measure[rank] = seconds;
+  for (const auto& [_, w] : workers_) {
+    if (!w.running) continue;
+    auto& mine = measure[w.worker.rank] = w.history.recent_work_seconds_per_step(kJobViewInterval);
+    if (by_cpu && mine) mine = w.history.cpu_seconds_per_step();
+  }
+  flag_stragglers(measure, by_cpu ? "CPU time per step" : "work per step");
 }
 
 // The other nodes' ranks the job view lists as waiting (in a collective, or in their group's
@@ -829,6 +889,10 @@ void HangDetector::fill(WorkerProgress& p) const {
     if (!p.paused) p.doing = w.reported->doing;
   }
   p.work_seconds = h.recent_work_seconds_per_step(kJobViewInterval);  // what the view compares
+  if (p.work_seconds) {  // (and, when the job's ranks wait for CPUs, these)
+    p.cpu_seconds = h.cpu_seconds_per_step();
+    p.cpu_wait = h.cpu_wait_share();
+  }
   const double blocked_s =
       r.pending_since_ns == 0
           ? 0

@@ -164,6 +164,8 @@ class HangDetector {
   Holds holds(std::chrono::nanoseconds now) const;
   bool paused_here() const;
   void investigate_stopped(std::chrono::nanoseconds held);
+  bool cpus_oversubscribed();
+  static constexpr double kCpuWaitShare = 0.25;
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
                        std::string_view measure);
   std::vector<const schema::BlockedRank*> waiting_elsewhere() const;
@@ -191,6 +193,7 @@ class HangDetector {
   std::optional<std::chrono::nanoseconds> episode_;  // the silence a report was made of began
   std::string last_report_;                          // its text, not said twice
   bool hook_missing_said_ = false;
+  bool cpu_wait_said_ = false;     // the ranks wait for CPUs (cpus_oversubscribed): said once
   bool all_stopped_said_ = false;  // every worker here stopped: said once
   bool pause_look_said_ = false;   // and a look at the hang timeout left it alone: said once
   bool stopped_look_ = false;      // the investigation under way is of a rank held stopped

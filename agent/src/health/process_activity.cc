@@ -119,6 +119,13 @@ std::optional<ThreadRun> read_thread_run(pid_t pid, pid_t tid) {
   return run;
 }
 
+std::optional<CpuUse> read_cpu_use(pid_t pid) {
+  std::istringstream schedstat(read_small("/proc/" + std::to_string(pid) + "/schedstat"));
+  std::uint64_t on_cpu_ns = 0, waited_ns = 0, slices = 0;
+  if (!(schedstat >> on_cpu_ns >> waited_ns >> slices) || slices == 0) return std::nullopt;
+  return CpuUse{std::chrono::nanoseconds(on_cpu_ns), std::chrono::nanoseconds(waited_ns)};
+}
+
 bool thread_waited_in_kernel(const ThreadRun& before, const ThreadRun& now) {
   if (now.state != 'S' && now.state != 'D') return false;
   const auto between = now.at - before.at;

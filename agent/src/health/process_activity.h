@@ -42,6 +42,13 @@ struct ThreadRun {
   std::chrono::steady_clock::time_point at;
 };
 std::optional<ThreadRun> read_thread_run(pid_t pid, pid_t tid);
+// How `pid`'s main thread used the CPUs since it started (/proc/<pid>/schedstat): the time it ran
+// on one, and the time it was runnable but waited for one (a machine with more runnable threads
+// than CPUs); none where the kernel keeps no scheduler statistics, or the process is gone.
+struct CpuUse {
+  std::chrono::nanoseconds ran{0}, waited{0};
+};
+std::optional<CpuUse> read_cpu_use(pid_t pid);
 // Whether the thread stayed off the CPU between the readings (at most 1% of the time on it: a
 // timed wait that wakes to sleep again) and waits in the kernel now (S or D): it stands at a call
 // into the kernel, not in the middle of anything in user space.

@@ -101,20 +101,45 @@ std::optional<double> StepHistory::steps_per_second() const {
 }
 
 std::optional<double> StepHistory::work_seconds_per_step() const {
-  // The median over the window's readings of each one's work per step: one reading that carries a
-  // long pause of the rank's own (a checkpoint, an evaluation, a data stall) is not a straggler.
+  return median_per_step(&SlotReading::work_ns);
+}
+
+std::optional<double> StepHistory::cpu_seconds_per_step() const {
+  return median_per_step(&SlotReading::on_cpu_ns);
+}
+
+// The median over the window's readings of each one's `measure` per step: one reading that carries
+// a long pause of the rank's own (a checkpoint, an evaluation, a data stall) is not a straggler.
+std::optional<double> StepHistory::median_per_step(std::uint64_t SlotReading::*measure) const {
   std::vector<double> per_reading;
   for (std::size_t i = 1; i < window_.size(); ++i) {
     const SlotReading& a = window_[i - 1];
     const SlotReading& b = window_[i];
-    if (b.steps <= a.steps || b.work_ns <= a.work_ns) continue;
-    per_reading.push_back(static_cast<double>(b.work_ns - a.work_ns) / 1e9 /
+    if (b.steps <= a.steps || b.*measure <= a.*measure) continue;
+    per_reading.push_back(static_cast<double>(b.*measure - a.*measure) / 1e9 /
                           static_cast<double>(b.steps - a.steps));
   }
   if (per_reading.size() < kMinWorkReadings) return std::nullopt;
   std::sort(per_reading.begin(), per_reading.end());
   const std::size_t n = per_reading.size();
   return n % 2 ? per_reading[n / 2] : (per_reading[n / 2 - 1] + per_reading[n / 2]) / 2;
+}
+
+std::optional<double> StepHistory::cpu_wait_share() const {
+  std::uint64_t ran = 0, queued = 0;
+  std::size_t readings = 0;
+  for (std::size_t i = 1; i < window_.size(); ++i) {
+    const SlotReading& a = window_[i - 1];
+    const SlotReading& b = window_[i];
+    if (b.steps <= a.steps || b.on_cpu_ns < a.on_cpu_ns || b.run_queue_ns < a.run_queue_ns) {
+      continue;
+    }
+    ran += b.on_cpu_ns - a.on_cpu_ns;
+    queued += b.run_queue_ns - a.run_queue_ns;
+    ++readings;
+  }
+  if (readings < kMinWorkReadings || ran + queued == 0) return std::nullopt;
+  return static_cast<double>(queued) / static_cast<double>(ran + queued);
 }
 
 std::optional<double> StepHistory::recent_work_seconds_per_step(

@@ -46,6 +46,10 @@ struct SlotReading {
   std::string pause_reason;
   std::uint64_t collective_timeout_ms = 0;
   std::uint64_t setup_since_ns = 0;  // waiting for its peers in a group's set-up since; 0: not
+  // Not the slot's: the agent's reading of the kernel's counts (read_cpu_use), the time the
+  // worker's main thread ran on a CPU and waited for one; 0 where they are not kept.
+  std::uint64_t on_cpu_ns = 0;
+  std::uint64_t run_queue_ns = 0;
 
   // The last step, beat or end of a pause, whichever came later; none before the first.
   std::optional<std::chrono::nanoseconds> last_progress() const;
@@ -87,6 +91,13 @@ class StepHistory {
   // that carries a long pause of the rank's own is one of them, not the measure); none when the
   // worker does not measure it, or fewer than kMinWorkReadings saw steps.
   std::optional<double> work_seconds_per_step() const;
+  // The same of the CPU time its main thread used per step (on_cpu_ns): what stragglers are told
+  // by on a machine whose CPUs the workers wait for (hang_detector.cc, kCpuWaitShare).
+  std::optional<double> cpu_seconds_per_step() const;
+  // The share of the time the worker's main thread could run that it waited for a CPU
+  // (run_queue_ns), over the readings of the last kRateWindow that saw steps; none before
+  // kMinWorkReadings of them, or where the kernel keeps no such count.
+  std::optional<double> cpu_wait_share() const;
   // The same, only while it measures the present: the worker stepped in the readings of the last
   // `within` (0: the latest reading saw steps). A measure that a pause froze (no step since) is not
   // compared again at each reading, as if it were a new one.
@@ -102,6 +113,7 @@ class StepHistory {
 
  private:
   std::optional<double> percentile(double p) const;
+  std::optional<double> median_per_step(std::uint64_t SlotReading::*measure) const;
 
   SlotReading last_;
   std::chrono::nanoseconds stepped_at_{-1};  // the time (SlotReading::at) of the last reading

@@ -136,7 +136,7 @@ std::string shortened(const std::string& name, std::size_t bytes = kMaxPublished
 
 constexpr std::string_view kViewShape =
     "a JSON object {\"t\": seconds, \"n\": ranks, \"m\": seconds, \"w\": [[rank, seconds], "
-    "...], \"b\": [blocked ranks]}";
+    "...], \"c\": [[rank, seconds], ...], \"cw\": share, \"b\": [blocked ranks]}";
 constexpr std::string_view kBlockedShape =
     "blocked ranks [{\"r\": rank, \"g\": [[id, seq], ...], \"w\": [group, seq, op, "
     "seconds]}, ...]";
@@ -207,6 +207,8 @@ ordered_json encode_rank(const RankStatus& r) {
   if (r.paused) j["pa"] = true;
   if (!r.doing.empty()) j["do"] = shortened(r.doing, kMaxPublishedDoingBytes);
   put(j, "wk", r.work_seconds);
+  put(j, "cs", r.cpu_seconds);
+  put(j, "cw", r.cpu_wait);
   return j;
 }
 
@@ -223,6 +225,8 @@ RankStatus decode_rank(const ordered_json& j, std::string_view key, std::string_
   r.beats = unsigned_field(j, "b", key, text).value_or(0);
   r.hang_timeout_seconds = number(j, "ht", key, text);
   r.work_seconds = number(j, "wk", key, text);
+  r.cpu_seconds = number(j, "cs", key, text);
+  r.cpu_wait = number(j, "cw", key, text);
   try {
     r.straggler = j.value("sg", false);
     r.pending_collective = shortened(j.value("pc", std::string()));
@@ -496,12 +500,16 @@ NodeProgress decode_node_progress(std::string_view key, std::string_view text) {
 JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
   JobView v;
   v.time = now;
-  std::vector<double> all;
+  std::vector<double> all, waits;
   for (const auto& n : nodes) {
     for (const auto& r : n.ranks) {
       if (!r.work_seconds || !std::isfinite(*r.work_seconds) || *r.work_seconds <= 0) continue;
       all.push_back(*r.work_seconds);
       v.work.emplace_back(r.worker.rank, *r.work_seconds);
+      if (r.cpu_seconds && std::isfinite(*r.cpu_seconds) && *r.cpu_seconds > 0) {
+        v.cpu.emplace_back(r.worker.rank, *r.cpu_seconds);
+      }
+      if (r.cpu_wait && std::isfinite(*r.cpu_wait)) waits.push_back(*r.cpu_wait);
     }
     for (const auto& b : n.blocked) {
       if (v.blocked.size() >= kMaxViewBlocked) break;
@@ -517,8 +525,14 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
     const std::size_t m = all.size();
     v.median_work = m % 2 ? all[m / 2] : (all[m / 2 - 1] + all[m / 2]) / 2;
   }
-  std::sort(v.work.begin(), v.work.end());
-  if (v.work.size() > kMaxViewRanks) v.work.resize(kMaxViewRanks);
+  if (!waits.empty()) {
+    std::sort(waits.begin(), waits.end());
+    v.median_cpu_wait = waits[waits.size() / 2];
+  }
+  for (auto* list : {&v.work, &v.cpu}) {
+    std::sort(list->begin(), list->end());
+    if (list->size() > kMaxViewRanks) list->resize(kMaxViewRanks);
+  }
   return v;
 }
 
@@ -529,6 +543,12 @@ std::string encode(const JobView& v) {
                     {"n", v.measured},
                     {"m", rounded(v.median_work)},
                     {"w", std::move(work)}};
+  if (!v.cpu.empty()) {
+    ordered_json cpu = ordered_json::array();
+    for (const auto& [rank, seconds] : v.cpu) cpu.push_back({rank, rounded(seconds)});
+    j["c"] = std::move(cpu);
+  }
+  if (v.median_cpu_wait) j["cw"] = rounded(*v.median_cpu_wait);
   if (!v.blocked.empty()) j["b"] = encode_blocked(v.blocked, kMaxViewBlocked);
   return json_text(j);
 }
@@ -553,13 +573,21 @@ JobView decode_job_view(std::string_view key, std::string_view text) {
   v.time = *time;
   v.median_work = *median;
   v.measured = static_cast<std::size_t>(*measured);
-  for (const auto& entry : *work) {
-    if (!entry.is_array() || entry.size() != 2 || !entry[0].is_number_unsigned() ||
-        !entry[1].is_number() || entry[0].get<std::uint64_t>() > INT32_MAX) {
+  const auto per_rank = [&](const ordered_json& list, std::vector<std::pair<int, double>>& into) {
+    if (!list.is_array() || list.size() > kMaxViewRanks) {
       throw CorruptValueError(key, text, kViewShape);
     }
-    v.work.emplace_back(entry[0].get<int>(), entry[1].get<double>());
-  }
+    for (const auto& entry : list) {
+      if (!entry.is_array() || entry.size() != 2 || !entry[0].is_number_unsigned() ||
+          !entry[1].is_number() || entry[0].get<std::uint64_t>() > INT32_MAX) {
+        throw CorruptValueError(key, text, kViewShape);
+      }
+      into.emplace_back(entry[0].get<int>(), entry[1].get<double>());
+    }
+  };
+  per_rank(*work, v.work);
+  if (const auto cpu = j.find("c"); cpu != j.end()) per_rank(*cpu, v.cpu);
+  v.median_cpu_wait = number(j, "cw", key, text);
   if (const auto blocked = j.find("b"); blocked != j.end()) {
     v.blocked = decode_blocked(*blocked, kMaxViewBlocked, key, text, kViewShape);
   }

@@ -28,6 +28,10 @@ struct RankStatus {
   bool suspect = false;  // a hang investigation found the others wait for it, and it does nothing
   bool paused = false;   // in a pause it declared (dist_launch.progress.pause())
   std::optional<double> work_seconds;  // its own work per step (the straggler measure)
+  // The CPU time its main thread used per step, and the share of the time it could run that it
+  // waited for a CPU: what the job view compares instead when the job's ranks wait for CPUs.
+  std::optional<double> cpu_seconds;
+  std::optional<double> cpu_wait;
   std::string doing;  // what the last investigation (or its pause) says it is doing
 
   // Since its last sign of progress: its last step, else its last heartbeat; none before either.

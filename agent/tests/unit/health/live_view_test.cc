@@ -159,6 +159,41 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   }
 }
 
+// Ranks that wait for CPUs publish their CPU time per step and the share waited: the view lists
+// the first for the ranks with a work measure, and the median of the second, both round-tripped.
+TEST(JobView, TheRanksCpuTimeAndTheirWaitForCpusGoThroughTheView) {
+  std::vector<RankStatus> ranks;
+  for (int r = 0; r < 3; ++r) {
+    RankStatus s = stepping(r, 10, 0.1);
+    s.work_seconds = 0.05;
+    s.cpu_seconds = 0.020 + 0.001 * r;
+    s.cpu_wait = 0.2 * r;  // 0, 0.2, 0.4: the median 0.2
+    ranks.push_back(s);
+  }
+  RankStatus unmeasured = stepping(3, 0, 1);
+  unmeasured.cpu_seconds = 1;  // no work measure: not compared, whatever else it says
+  ranks.push_back(unmeasured);
+  const std::vector<schema::NodeProgress> nodes = {{100, "running", ranks, 0, {}}};
+  const auto back = schema::decode_node_progress("r0/progress/0", schema::encode(nodes[0]));
+  ASSERT_EQ(back.ranks.size(), 4u);
+  EXPECT_EQ(back.ranks[1].cpu_seconds, ranks[1].cpu_seconds);
+  EXPECT_EQ(back.ranks[2].cpu_wait, ranks[2].cpu_wait);
+  const schema::JobView v = schema::make_job_view(nodes, 5);
+  ASSERT_EQ(v.cpu.size(), 3u);
+  EXPECT_DOUBLE_EQ(v.cpu[2].second, 0.022);
+  ASSERT_TRUE(v.median_cpu_wait);
+  EXPECT_DOUBLE_EQ(*v.median_cpu_wait, 0.2);
+  const auto view = schema::decode_job_view("r0/view", schema::encode(v));
+  EXPECT_EQ(view.cpu, v.cpu);
+  EXPECT_EQ(view.median_cpu_wait, v.median_cpu_wait);
+  // A view from an agent before these fields: none of them, and no error.
+  const auto old = schema::decode_job_view("r0/view", R"({"t":1,"n":1,"m":0.1,"w":[[0,0.1]]})");
+  EXPECT_TRUE(old.cpu.empty());
+  EXPECT_FALSE(old.median_cpu_wait);
+  EXPECT_THROW(schema::decode_job_view("r0/view", R"({"t":1,"n":1,"m":0.1,"w":[],"c":{}})"),
+               schema::CorruptValueError);
+}
+
 TEST(JobView, TheViewOfAHugeJobIsBounded) {
   std::vector<schema::NodeProgress> nodes(100);
   for (int n = 0; n < 100; ++n) {

@@ -3,6 +3,7 @@
 #include "health/process_activity.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -102,6 +103,54 @@ TEST(ThreadRun, TheMainThreadIsReadNotTheProcess) {
   EXPECT_TRUE(waited);
   ::close(never[0]);
   ::close(never[1]);
+}
+
+// Two processes that compute on the one CPU they may use: each waits for it about half the time it
+// could run (more with other load on that CPU), which is what tells the hang detector that its
+// workers' steps are set by the scheduler (hang_detector.cc, cpus_oversubscribed).
+TEST(CpuUse, TwoProcessesComputingOnOneCpuEachWaitForIt) {
+  cpu_set_t mine;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &mine)) ++cpu;
+  const auto pinned_spin = [cpu] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (::sched_setaffinity(0, sizeof one, &one) != 0) ::_exit(3);
+    spin();
+  };
+  Child a(pinned_spin), b(pinned_spin);
+  Child idle([] {
+    for (;;) ::pause();
+  });
+  const auto before_a = read_cpu_use(a.pid());
+  if (!before_a)
+    GTEST_SKIP() << "this kernel keeps no scheduler statistics (/proc/<pid>/schedstat)";
+  const auto before_b = read_cpu_use(b.pid());
+  const auto before_idle = read_cpu_use(idle.pid());
+  std::this_thread::sleep_for(800ms);
+  const auto after_a = read_cpu_use(a.pid());
+  const auto after_b = read_cpu_use(b.pid());
+  const auto after_idle = read_cpu_use(idle.pid());
+  ASSERT_TRUE(before_b && before_idle && after_a && after_b && after_idle);
+  for (const auto& [before, after] : {std::pair{*before_a, *after_a}, {*before_b, *after_b}}) {
+    const auto ran = after.ran - before.ran;
+    const auto waited = after.waited - before.waited;
+    EXPECT_GT(ran, 100ms);
+    EXPECT_GT(waited, 100ms);
+    EXPECT_GE(static_cast<double>(waited.count()) / static_cast<double>((ran + waited).count()),
+              0.3);
+  }
+  EXPECT_LT(after_idle->ran - before_idle->ran, 50ms);
+  EXPECT_LT(after_idle->waited - before_idle->waited, 50ms);
+}
+
+TEST(CpuUse, AProcessThatIsGoneHasNoReading) {
+  pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  EXPECT_FALSE(read_cpu_use(gone));
 }
 
 TEST(ThreadRun, AThreadThatIsGoneHasNoReading) {

@@ -169,6 +169,32 @@ TEST(StragglerWatch, AMeasureFrozenByAPauseDoesNotFlag) {
   EXPECT_TRUE(watch.straggler(1));
 }
 
+// A worker that steps 10 times a second: its main thread ran `ran_ms` and waited for a CPU
+// `waited_ms` of each second, and measured its work as `work_ms` a second.
+StepHistory crowded(double ran_ms, double waited_ms, double work_ms, int readings = 10) {
+  StepHistory h;
+  for (int i = 1; i <= readings; ++i) {
+    SlotReading r = reading(i, 10U * static_cast<std::uint64_t>(i), i,
+                            static_cast<std::uint64_t>(i * work_ms * 1e6));
+    r.on_cpu_ns = static_cast<std::uint64_t>(i * ran_ms * 1e6);
+    r.run_queue_ns = static_cast<std::uint64_t>(i * waited_ms * 1e6);
+    h.add(r);
+  }
+  return h;
+}
+
+TEST(StepHistory, TheCpuTimePerStepAndTheShareWaitedForACpu) {
+  const StepHistory h = crowded(250, 750, 600);
+  ASSERT_TRUE(h.cpu_seconds_per_step());
+  EXPECT_NEAR(*h.cpu_seconds_per_step(), 0.025, 1e-9);
+  ASSERT_TRUE(h.cpu_wait_share());
+  EXPECT_NEAR(*h.cpu_wait_share(), 0.75, 1e-9);
+  EXPECT_NEAR(*h.work_seconds_per_step(), 0.06, 1e-9) << "the work is the worker's measure";
+  EXPECT_FALSE(crowded(250, 750, 600, 3).cpu_wait_share()) << "two readings that saw steps";
+  EXPECT_FALSE(crowded(0, 0, 600).cpu_wait_share()) << "a kernel without the counts";
+  EXPECT_FALSE(crowded(0, 0, 600).cpu_seconds_per_step());
+}
+
 TEST(StepHistory, NoWorkMeasuredIsNoWorkPerStep) {
   StepHistory h;
   h.add(reading(1, 10, 1));

@@ -165,7 +165,10 @@ class HangDetector {
   bool paused_here() const;
   void investigate_stopped(std::chrono::nanoseconds held);
   bool cpus_oversubscribed();
-  static constexpr double kCpuWaitShare = 0.25;
+  // Twice as many runnable threads as CPUs: there the scheduler made a healthy rank a straggler
+  // by its wall-clock work (8 ranks on 2 CPUs, 4 on 1: a share of 0.7); at 4 ranks on 2 CPUs
+  // (0.47) it did not, and a rank slowed by its own sleeps, I/O or a GPU stays one to tell.
+  static constexpr double kCpuWaitShare = 0.5;
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
                        std::string_view measure);
   std::vector<const schema::BlockedRank*> waiting_elsewhere() const;

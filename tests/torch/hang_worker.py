@@ -74,6 +74,8 @@ def main():
     p.add_argument("--slow-factor", type=float, default=1.3)
     p.add_argument("--explicit-step", action="store_true",
                    help="also call dist_launch.progress.step() twice a step")
+    p.add_argument("--busy", action="store_true",
+                   help="a step's own work computes (--work s of CPU time) instead of sleeping")
     p.add_argument("--seconds", type=float, default=0,
                    help="train this long instead of --steps")
     p.add_argument("--start-after", help="rank --fault-rank joins once this file exists")
@@ -104,7 +106,12 @@ def main():
         if faulty and step == args.fault_step and args.fault in STALLS:
             print(f"rank {rank} step {step}: {args.fault}", flush=True)
             STALLS[args.fault]()
-        time.sleep(work)  # the step's own work
+        if args.busy:  # the step's own work: CPU time, however long the CPU takes to give it
+            until = time.thread_time() + work
+            while time.thread_time() < until:
+                pass
+        else:
+            time.sleep(work)  # the step's own work
         loss = model(data).pow(2).mean()
         opt.zero_grad()
         loss.backward()

@@ -4,7 +4,7 @@ tests/torch/healthy_worker.py (a rank that sleeps, writes checkpoints or evaluat
 the automatic hang timeout while the other waits; a pause between steps; every rank stalling; a
 long first step; a DataLoader; no optimizer; gradient accumulation; a slow log service; a declared
 pause; torch.compile with collectives), run by both launchers one after the other (A B A B), each
-with 2 workers on this machine: its exit code and wall time, and what dist-launch reported
+with 2 workers on this machine (crowded: 4 on one CPU): its exit code and wall time, and what dist-launch reported
 (hang_suspected events) and did (hang events, workers it killed, straggler flags).
 
     python3 bench/healthy_jobs_bench.py [--build build] [--python python3] [--runs 1]
@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "torch", "healthy_worker.py")
 sys.path.insert(0, os.path.join(ROOT, "tests", "torch"))
 from healthy_test import SCENARIOS, SlowService  # noqa: E402  (the test's own scenarios)
+from launcher_test_main import on_cpus  # noqa: E402
 
 
 def free_port():
@@ -45,8 +46,10 @@ def run(args, launcher, scenario):
     if service:
         script += ["--log-port", str(service.port)]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    # crowded: 4 ranks on one CPU, as healthy_test.py runs it.
+    nproc, cpus = ("4", {min(os.sched_getaffinity(0))}) if scenario == "crowded" else ("2", None)
     if launcher == "dist-launch":
-        cmd = [os.path.join(args.build, "bin", "dist-launch"), "--nproc-per-node", "2",
+        cmd = [os.path.join(args.build, "bin", "dist-launch"), "--nproc-per-node", nproc,
                "--event-log", events_path, *script]
         env["PYTHON_EXEC"] = args.python
     else:
@@ -54,9 +57,11 @@ def run(args, launcher, scenario):
         # as if installed: under torchrun its pause is a no-op.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (os.path.join(ROOT, "python"), env.get("PYTHONPATH")) if p)
-        cmd = [args.python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        cmd = [args.python, "-m", "torch.distributed.run", "--nproc-per-node", nproc,
                "--master-port", str(free_port()), *script]
     start = time.monotonic()
+    if cpus:
+        cmd = on_cpus(cpus, cmd)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     seconds = time.monotonic() - start
     if service:

@@ -82,8 +82,8 @@ class Hangs(unittest.TestCase):
     def launch(self, *extra, script_args=(), timeout=240, env_extra=None, nproc=2, cpus=None):
         """Runs a job to its end; `cpus`: the set of CPUs it may use (its affinity)."""
         cmd, env = self.command(*extra, script_args=script_args, env_extra=env_extra, nproc=nproc)
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        return subprocess.run(launcher_test_main.on_cpus(cpus, cmd) if cpus else cmd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
 
     def launch_until(self, pattern, *extra, script_args=(), timeout=150):
         """Starts a job, reads its log until `pattern` (a regex) appears, then stops it (SIGTERM,
@@ -384,7 +384,7 @@ class Hangs(unittest.TestCase):
 
     def test_a_rank_computing_more_is_a_straggler_on_a_crowded_machine_too(self):
         # 4 ranks on one CPU: they wait for it most of the time they could run, and are compared
-        # by the CPU time they use per step (the scheduler sets their wall-clock work): rank 1,
+        # by the CPU time they use per step too (the scheduler sets their wall-clock work): rank 1,
         # which computes 1.5x the others' work every step, is flagged, and no other rank.
         proc = self.launch(script_args=["--fault", "slow", "--slow-factor", "1.5", "--busy",
                                         "--work", "0.02", "--seconds", "25"],

@@ -87,8 +87,8 @@ class Job:
         start = time.monotonic()
         try:
             self.proc = subprocess.run(
-                cmd, env=env, capture_output=True, text=True, timeout=400,
-                preexec_fn=(lambda: os.sched_setaffinity(0, on_cpus)) if on_cpus else None)
+                launcher_test_main.on_cpus(on_cpus, cmd) if on_cpus else cmd, env=env,
+                capture_output=True, text=True, timeout=400)
         finally:
             if service:
                 service.close()

@@ -36,6 +36,15 @@ def free_port(host="127.0.0.1"):
     raise RuntimeError(f"no free port on {host} in [{low}, {high})")
 
 
+def on_cpus(cpus, cmd):
+    """`cmd` run on the CPUs `cpus` only (its affinity, inherited by what it starts): through an
+    interpreter that sets it and execs the command (subprocess's preexec_fn is not safe in a
+    process with threads, as the tests that run jobs side by side are)."""
+    return [sys.executable, "-c",
+            "import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')}); "
+            "os.execvp(sys.argv[2], sys.argv[2:])", ",".join(map(str, sorted(cpus))), *cmd]
+
+
 def wait_for_listener(host, port, proc, timeout=60):
     """Until something accepts on host:port (the agent that hosts the store), or proc ends."""
     deadline = time.monotonic() + timeout

@@ -234,7 +234,7 @@ void HangDetector::sample() {
   // One node: its ranks against each other, every second. Several: the job view's turn.
   if (!options_.other_nodes) {
     if (every_rank_measures_work && cpus_oversubscribed()) {
-      flag_stragglers(own_cpu, "CPU time per step");
+      flag_stragglers(cpu_and_work(own_cpu, own_work), "CPU time per step");
     } else {
       flag_stragglers(every_rank_measures_work ? own_work : step_time,
                       every_rank_measures_work ? "work per step" : "step time");
@@ -245,32 +245,74 @@ void HangDetector::sample() {
   if (overdue) investigate(overdue->since_progress, overdue->timeout);
 }
 
-// More runnable threads than CPUs (8 workers on a 2-core machine, say): the median worker here
-// waits for a CPU kCpuWaitShare of the time it could run. Every step is slower for it, and who is
-// slower than the others is the scheduler's choice, a different rank from one second to the next
-// (the work the ranks' samplers measure is wall-clock time): ranks are then told apart by the CPU
-// time their main threads use per step, which a rank that computes more still shows and the
-// scheduler does not set. Said once.
-bool HangDetector::cpus_oversubscribed() {
-  std::vector<double> shares;
-  for (const auto& [local_rank, w] : workers_) {
-    if (!w.running) continue;
-    if (const auto share = w.history.cpu_wait_share()) shares.push_back(*share);
+namespace {
+
+// The median of what is measured in `values`; none when nothing is.
+std::optional<double> median_of(const std::map<int, std::optional<double>>& values) {
+  std::vector<double> all;
+  for (const auto& [_, v] : values) {
+    if (v && *v > 0) all.push_back(*v);
   }
-  if (shares.empty()) return false;
-  std::sort(shares.begin(), shares.end());
-  const double median = shares[shares.size() / 2];
-  if (median < kCpuWaitShare) return false;
-  if (!cpu_wait_said_) {
+  if (all.empty()) return std::nullopt;
+  std::sort(all.begin(), all.end());
+  const std::size_t n = all.size();
+  return n % 2 ? all[n / 2] : (all[n / 2 - 1] + all[n / 2]) / 2;
+}
+
+}  // namespace
+
+// More runnable threads than CPUs (8 workers on a 2-core machine, say): the median rank waits for
+// a CPU kCpuWaitShare of the time it could run (entered there, left below kCpuWaitShareLeft, so
+// that the measure does not flip from one reading to the next around it). Every step is slower
+// for it, and who is slower than the others is the scheduler's choice, a different rank from one
+// second to the next (the work the ranks' samplers measure is wall-clock time). Said once.
+bool HangDetector::crowded(std::optional<double> median_wait, bool& state, std::string_view who) {
+  if (!median_wait) return state;
+  if (*median_wait >= kCpuWaitShare) {
+    state = true;
+  } else if (*median_wait < kCpuWaitShareLeft) {
+    state = false;
+  }
+  if (state && !cpu_wait_said_) {
     cpu_wait_said_ = true;
     const int cpus = usable_cpus();
     spdlog::info(
-        "the workers here wait for a CPU {:.0f}% of the time they could run (more runnable "
-        "threads than the {} CPU{} they may use): their steps are slower for it, and while it "
-        "lasts ranks are compared by the CPU time they use per step, not their wall-clock work",
-        100 * median, cpus, cpus == 1 ? "" : "s");
+        "{} wait for a CPU {:.0f}% of the time they could run (more runnable threads than the "
+        "{} CPU{} here): their steps are slower for it, and while it lasts ranks are compared by "
+        "the CPU time they use per step (a rank whose work per step is below the others' is "
+        "none)",
+        who, 100 * *median_wait, cpus, cpus == 1 ? "" : "s");
   }
-  return true;
+  return state;
+}
+
+bool HangDetector::cpus_oversubscribed() {
+  std::map<int, std::optional<double>> shares;
+  for (const auto& [local_rank, w] : workers_) {
+    if (w.running) shares[local_rank] = w.history.cpu_wait_share();
+  }
+  return crowded(median_of(shares), crowded_here_, "the workers here");
+}
+
+// Crowded, each rank's CPU time per step over its median, where its work per step is not below
+// the median work; else the smaller of the two. The scheduler's noise is in the work (wall-clock
+// time), not in the CPU time, and on a crowded CPU a rank that computes more does not show it in
+// its work (its extra runs last, alone, while the others' work stretched sharing the CPU: 1.5x the
+// CPU time, 1.1x the work). A main thread that spins while it waits (a CUDA synchronize, an OpenMP
+// barrier) uses CPU time that is not work: the most on the fastest rank, whose work is the least.
+std::map<int, std::optional<double>> HangDetector::cpu_and_work(
+    const std::map<int, std::optional<double>>& cpu,
+    const std::map<int, std::optional<double>>& work) {
+  std::map<int, std::optional<double>> both;
+  const auto cpu_median = median_of(cpu), work_median = median_of(work);
+  for (const auto& [rank, w] : work) {
+    const auto c = cpu.find(rank);
+    auto& b = both[rank];
+    if (!cpu_median || !work_median || !w || c == cpu.end() || !c->second) continue;
+    const double by_cpu = *c->second / *cpu_median, by_work = *w / *work_median;
+    b = by_work >= 1 ? by_cpu : std::min(by_cpu, by_work);
+  }
+  return both;
 }
 
 // A worker held stopped by a signal (SIGSTOP, SIGTSTP; /proc says T) cannot go on until someone
@@ -379,24 +421,22 @@ void HangDetector::job_view(const schema::JobView& view) {
   view_ = view;
   view_at_ = std::chrono::steady_clock::now();
   // Every rank's work per step as the view lists it; this node's own as measured now. When the
-  // job's median rank waits for a CPU (cpus_oversubscribed), their CPU time per step.
-  const bool by_cpu = view.median_cpu_wait && *view.median_cpu_wait >= kCpuWaitShare;
-  if (by_cpu && !cpu_wait_said_) {
-    cpu_wait_said_ = true;
-    spdlog::info(
-        "the job's ranks wait for a CPU {:.0f}% of the time they could run (the median rank: "
-        "more runnable threads than CPUs): their steps are slower for it, and while it lasts "
-        "ranks are compared by the CPU time they use per step, not their wall-clock work",
-        100 * *view.median_cpu_wait);
-  }
-  std::map<int, std::optional<double>> measure;
-  for (const auto& [rank, seconds] : by_cpu ? view.cpu : view.work) measure[rank] = seconds;
+  // job's median rank waits for a CPU (crowded), and most ranks say their CPU time per step, that
+  // too (cpu_and_work).
+  std::map<int, std::optional<double>> work, cpu;
+  for (const auto& [rank, seconds] : view.work) work[rank] = seconds;
+  for (const auto& [rank, seconds] : view.cpu) cpu[rank] = seconds;
   for (const auto& [_, w] : workers_) {
     if (!w.running) continue;
-    auto& mine = measure[w.worker.rank] = w.history.recent_work_seconds_per_step(kJobViewInterval);
-    if (by_cpu && mine) mine = w.history.cpu_seconds_per_step();
+    work[w.worker.rank] = w.history.recent_work_seconds_per_step(kJobViewInterval);
+    cpu[w.worker.rank] = w.history.cpu_seconds_per_step();
   }
-  flag_stragglers(measure, by_cpu ? "CPU time per step" : "work per step");
+  const bool most_say_cpu = view.cpu.size() * 2 >= view.work.size();
+  if (most_say_cpu && crowded(view.median_cpu_wait, crowded_job_, "the job's ranks")) {
+    flag_stragglers(cpu_and_work(cpu, work), "CPU time per step");
+  } else {
+    flag_stragglers(work, "work per step");
+  }
 }
 
 // The other nodes' ranks the job view lists as waiting (in a collective, or in their group's

@@ -165,10 +165,15 @@ class HangDetector {
   bool paused_here() const;
   void investigate_stopped(std::chrono::nanoseconds held);
   bool cpus_oversubscribed();
+  bool crowded(std::optional<double> median_wait, bool& state, std::string_view who);
+  static std::map<int, std::optional<double>> cpu_and_work(
+      const std::map<int, std::optional<double>>& cpu,
+      const std::map<int, std::optional<double>>& work);
   // Twice as many runnable threads as CPUs: there the scheduler made a healthy rank a straggler
   // by its wall-clock work (8 ranks on 2 CPUs, 4 on 1: a share of 0.7); at 4 ranks on 2 CPUs
   // (0.47) it did not, and a rank slowed by its own sleeps, I/O or a GPU stays one to tell.
   static constexpr double kCpuWaitShare = 0.5;
+  static constexpr double kCpuWaitShareLeft = 0.4;
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,
                        std::string_view measure);
   std::vector<const schema::BlockedRank*> waiting_elsewhere() const;
@@ -196,7 +201,9 @@ class HangDetector {
   std::optional<std::chrono::nanoseconds> episode_;  // the silence a report was made of began
   std::string last_report_;                          // its text, not said twice
   bool hook_missing_said_ = false;
-  bool cpu_wait_said_ = false;     // the ranks wait for CPUs (cpus_oversubscribed): said once
+  bool cpu_wait_said_ = false;     // the ranks wait for CPUs (crowded): said once
+  bool crowded_here_ = false;      // this node's workers, compared among themselves
+  bool crowded_job_ = false;       // the job's ranks, in the job view
   bool all_stopped_said_ = false;  // every worker here stopped: said once
   bool pause_look_said_ = false;   // and a look at the hang timeout left it alone: said once
   bool stopped_look_ = false;      // the investigation under way is of a rank held stopped

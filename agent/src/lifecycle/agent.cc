@@ -228,8 +228,7 @@ class Agent {
     if (waiting && !end.passed) {
       spdlog::warn("the round ended on another node while this one waited at the exit barrier");
     }
-    const bool relaunched = now_.round && now_.round->workers_succeeded;
-    if (waiting && end.left_early && relaunched) {
+    if (waiting && end.predecessor_left) {
       spdlog::warn(
           "the agent before this one had already left the exit barrier (not every node finished "
           "within --exit-barrier-timeout): this node's workers succeeded, so it leaves with 0, "

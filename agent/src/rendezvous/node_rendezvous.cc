@@ -657,7 +657,7 @@ Task<BarrierEnd> NodeRendezvous::Impl::exit_barrier(Round a, milliseconds timeou
     if (may_leave) {
       const bool left =
           co_await store_->check(keys(schema::in_round(a.round, name::kLeft, a.node_rank)));
-      if (left) co_return BarrierEnd{true, {}, true};
+      if (left) co_return BarrierEnd{true, {}, true, true};
     }
     counted = co_await store_->add(done, 0);
   } else {

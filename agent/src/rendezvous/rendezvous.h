@@ -103,6 +103,7 @@ struct BarrierEnd {
   bool passed = false;
   std::vector<int> lost;
   bool left_early = false;
+  bool predecessor_left = false;  // left_early: a relaunched node's agent before it had left
 };
 
 // How the job goes on after an elastic round ended: decided by the first node to ask, then the

@@ -120,20 +120,21 @@ TEST(CpuUse, TwoProcessesComputingOnOneCpuEachWaitForIt) {
     if (::sched_setaffinity(0, sizeof one, &one) != 0) ::_exit(3);
     spin();
   };
+  if (!read_cpu_use(::getpid())) {
+    GTEST_SKIP() << "this kernel keeps no scheduler statistics (/proc/<pid>/schedstat)";
+  }
   Child a(pinned_spin), b(pinned_spin);
   Child idle([] {
     for (;;) ::pause();
   });
   const auto before_a = read_cpu_use(a.pid());
-  if (!before_a)
-    GTEST_SKIP() << "this kernel keeps no scheduler statistics (/proc/<pid>/schedstat)";
   const auto before_b = read_cpu_use(b.pid());
   const auto before_idle = read_cpu_use(idle.pid());
   std::this_thread::sleep_for(800ms);
   const auto after_a = read_cpu_use(a.pid());
   const auto after_b = read_cpu_use(b.pid());
   const auto after_idle = read_cpu_use(idle.pid());
-  ASSERT_TRUE(before_b && before_idle && after_a && after_b && after_idle);
+  ASSERT_TRUE(before_a && before_b && before_idle && after_a && after_b && after_idle);
   for (const auto& [before, after] : {std::pair{*before_a, *after_a}, {*before_b, *after_b}}) {
     const auto ran = after.ran - before.ran;
     const auto waited = after.waited - before.waited;

@@ -398,6 +398,7 @@ TEST(NodeRendezvous, ARelaunchedStaticNodeWhosePredecessorLeftItsBarrierLeavesAt
   });
   const BarrierEnd early = run_task(nodes.io(), nodes[2].exit_barrier(a[2], 200ms, true));
   ASSERT_TRUE(early.left_early);
+  EXPECT_FALSE(early.predecessor_left);
   nodes[2].close();
   ASSERT_TRUE(run_task(nodes.io(), nodes.probe().wait_deleted({schema::static_alive(2)}, 30s)));
 
@@ -408,6 +409,7 @@ TEST(NodeRendezvous, ARelaunchedStaticNodeWhosePredecessorLeftItsBarrierLeavesAt
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s) << "waited a barrier timeout again";
   EXPECT_TRUE(end.passed);
   EXPECT_TRUE(end.left_early);
+  EXPECT_TRUE(end.predecessor_left);
   EXPECT_EQ(run_task(nodes.io(), nodes.probe().add(schema::in_round(0, schema::name::kDone), 0)), 1)
       << "counted twice";
   EXPECT_TRUE(

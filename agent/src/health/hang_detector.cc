@@ -191,7 +191,7 @@ void HangDetector::check_hook(Watched& w, const SlotReading& r, std::chrono::nan
 
 void HangDetector::sample() {
   const auto now = monotonic_now();
-  std::map<int, std::optional<double>> own_work, own_cpu, step_time;
+  std::map<int, std::optional<double>> own_work, step_time;
   bool every_rank_measures_work = true;
   // The most silent overdue worker: its silence since the last look (quiet_since_) and since its
   // last progress, and its hang timeout.
@@ -215,8 +215,6 @@ void HangDetector::sample() {
     every_rank_measures_work =
         every_rank_measures_work && w.history.work_seconds_per_step().has_value();
     own_work[w.worker.rank] = w.history.recent_work_seconds_per_step(kFreshReading);
-    own_cpu[w.worker.rank] =
-        own_work[w.worker.rank] ? w.history.cpu_seconds_per_step() : std::nullopt;
     const auto rate = w.history.steps_per_second();
     if (rate && *rate > 0) step_time[w.worker.rank] = 1 / *rate;
     if (reading.paused()) continue;  // a pause the worker declared is no silence
@@ -233,8 +231,8 @@ void HangDetector::sample() {
   if (episode_ && (!least_recent || *least_recent > *episode_)) progress_resumed(now);
   // One node: its ranks against each other, every second. Several: the job view's turn.
   if (!options_.other_nodes) {
-    if (every_rank_measures_work && cpus_oversubscribed()) {
-      flag_stragglers(cpu_and_work(own_cpu, own_work), "CPU time per step");
+    if (cpus_oversubscribed()) {
+      unflag_stragglers();
     } else {
       flag_stragglers(every_rank_measures_work ? own_work : step_time,
                       every_rank_measures_work ? "work per step" : "step time");
@@ -245,27 +243,13 @@ void HangDetector::sample() {
   if (overdue) investigate(overdue->since_progress, overdue->timeout);
 }
 
-namespace {
-
-// The median of what is measured in `values`; none when nothing is.
-std::optional<double> median_of(const std::map<int, std::optional<double>>& values) {
-  std::vector<double> all;
-  for (const auto& [_, v] : values) {
-    if (v && *v > 0) all.push_back(*v);
-  }
-  if (all.empty()) return std::nullopt;
-  std::sort(all.begin(), all.end());
-  const std::size_t n = all.size();
-  return n % 2 ? all[n / 2] : (all[n / 2 - 1] + all[n / 2]) / 2;
-}
-
-}  // namespace
-
 // More runnable threads than CPUs (8 workers on a 2-core machine, say): the median rank waits for
 // a CPU kCpuWaitShare of the time it could run (entered there, left below kCpuWaitShareLeft, so
-// that the measure does not flip from one reading to the next around it). Every step is slower
-// for it, and who is slower than the others is the scheduler's choice, a different rank from one
-// second to the next (the work the ranks' samplers measure is wall-clock time). Said once.
+// that it does not flip from one reading to the next around it). Every step is slower for it, and
+// which rank is the slowest is the scheduler's choice, a different one from one second to the
+// next: by their work (wall-clock time), and by the CPU time they use too (a process preempted
+// more often refills its caches more: 1.3x between identical ranks at 8 on 2 CPUs). No rank is
+// taken for a straggler then. Said once.
 bool HangDetector::crowded(std::optional<double> median_wait, bool& state, std::string_view who) {
   if (!median_wait) return state;
   if (*median_wait >= kCpuWaitShare) {
@@ -278,41 +262,38 @@ bool HangDetector::crowded(std::optional<double> median_wait, bool& state, std::
     const int cpus = usable_cpus();
     spdlog::info(
         "{} wait for a CPU {:.0f}% of the time they could run (more runnable threads than the "
-        "{} CPU{} here): their steps are slower for it, and while it lasts ranks are compared by "
-        "the CPU time they use per step (a rank whose work per step is below the others' is "
-        "none)",
+        "{} CPU{} here): their steps are slower for it, and while it lasts no rank is taken for a "
+        "straggler (the scheduler, not a rank, sets which one is slower)",
         who, 100 * *median_wait, cpus, cpus == 1 ? "" : "s");
   }
   return state;
 }
 
 bool HangDetector::cpus_oversubscribed() {
-  std::map<int, std::optional<double>> shares;
+  std::vector<double> shares;
   for (const auto& [local_rank, w] : workers_) {
-    if (w.running) shares[local_rank] = w.history.cpu_wait_share();
+    if (!w.running) continue;
+    if (const auto share = w.history.cpu_wait_share()) shares.push_back(*share);
   }
-  return crowded(median_of(shares), crowded_here_, "the workers here");
+  std::optional<double> median;
+  if (!shares.empty()) {
+    std::sort(shares.begin(), shares.end());
+    median = shares[shares.size() / 2];
+  }
+  return crowded(median, crowded_here_, "the workers here");
 }
 
-// Crowded, each rank's CPU time per step over its median, where its work per step is not below
-// the median work; else the smaller of the two. The scheduler's noise is in the work (wall-clock
-// time), not in the CPU time, and on a crowded CPU a rank that computes more does not show it in
-// its work (its extra runs last, alone, while the others' work stretched sharing the CPU: 1.5x the
-// CPU time, 1.1x the work). A main thread that spins while it waits (a CUDA synchronize, an OpenMP
-// barrier) uses CPU time that is not work: the most on the fastest rank, whose work is the least.
-std::map<int, std::optional<double>> HangDetector::cpu_and_work(
-    const std::map<int, std::optional<double>>& cpu,
-    const std::map<int, std::optional<double>>& work) {
-  std::map<int, std::optional<double>> both;
-  const auto cpu_median = median_of(cpu), work_median = median_of(work);
-  for (const auto& [rank, w] : work) {
-    const auto c = cpu.find(rank);
-    auto& b = both[rank];
-    if (!cpu_median || !work_median || !w || c == cpu.end() || !c->second) continue;
-    const double by_cpu = *c->second / *cpu_median, by_work = *w / *work_median;
-    b = by_work >= 1 ? by_cpu : std::min(by_cpu, by_work);
+// The ranks flagged before the machine became crowded are not stragglers now either: cleared, and
+// said so (a flag that just stopped being updated would stand for the rest of the job).
+void HangDetector::unflag_stragglers() {
+  for (const auto& [_, w] : workers_) {
+    if (!w.running || !stragglers_.straggler(w.worker.rank)) continue;
+    const double ratio = stragglers_.ratio(w.worker.rank).value_or(0);
+    spdlog::info("{} is no longer taken for a straggler: the ranks wait for CPUs",
+                 describe(w.worker));
+    telemetry_.straggler(w.worker, false, ratio, "work per step");
   }
-  return both;
+  stragglers_.clear();
 }
 
 // A worker held stopped by a signal (SIGSTOP, SIGTSTP; /proc says T) cannot go on until someone
@@ -420,23 +401,15 @@ void HangDetector::job_view(const schema::JobView& view) {
   if (!running_) return;
   view_ = view;
   view_at_ = std::chrono::steady_clock::now();
-  // Every rank's work per step as the view lists it; this node's own as measured now. When the
-  // job's median rank waits for a CPU (crowded), and most ranks say their CPU time per step, that
-  // too (cpu_and_work).
-  std::map<int, std::optional<double>> work, cpu;
+  // Every rank's work per step as the view lists it; this node's own as measured now. None while
+  // the job's median rank waits for a CPU (crowded).
+  if (crowded(view.median_cpu_wait, crowded_job_, "the job's ranks")) return unflag_stragglers();
+  std::map<int, std::optional<double>> work;
   for (const auto& [rank, seconds] : view.work) work[rank] = seconds;
-  for (const auto& [rank, seconds] : view.cpu) cpu[rank] = seconds;
   for (const auto& [_, w] : workers_) {
-    if (!w.running) continue;
-    work[w.worker.rank] = w.history.recent_work_seconds_per_step(kJobViewInterval);
-    cpu[w.worker.rank] = w.history.cpu_seconds_per_step();
+    if (w.running) work[w.worker.rank] = w.history.recent_work_seconds_per_step(kJobViewInterval);
   }
-  const bool most_say_cpu = view.cpu.size() * 2 >= view.work.size();
-  if (most_say_cpu && crowded(view.median_cpu_wait, crowded_job_, "the job's ranks")) {
-    flag_stragglers(cpu_and_work(cpu, work), "CPU time per step");
-  } else {
-    flag_stragglers(work, "work per step");
-  }
+  flag_stragglers(work, "work per step");
 }
 
 // The other nodes' ranks the job view lists as waiting (in a collective, or in their group's
@@ -929,10 +902,7 @@ void HangDetector::fill(WorkerProgress& p) const {
     if (!p.paused) p.doing = w.reported->doing;
   }
   p.work_seconds = h.recent_work_seconds_per_step(kJobViewInterval);  // what the view compares
-  if (p.work_seconds) {  // (and, when the job's ranks wait for CPUs, these)
-    p.cpu_seconds = h.cpu_seconds_per_step();
-    p.cpu_wait = h.cpu_wait_share();
-  }
+  p.cpu_wait = h.cpu_wait_share();  // (whether the job's ranks are crowded)
   const double blocked_s =
       r.pending_since_ns == 0
           ? 0

@@ -166,12 +166,9 @@ class HangDetector {
   void investigate_stopped(std::chrono::nanoseconds held);
   bool cpus_oversubscribed();
   bool crowded(std::optional<double> median_wait, bool& state, std::string_view who);
-  static std::map<int, std::optional<double>> cpu_and_work(
-      const std::map<int, std::optional<double>>& cpu,
-      const std::map<int, std::optional<double>>& work);
-  // Twice as many runnable threads as CPUs: there the scheduler made a healthy rank a straggler
-  // by its wall-clock work (8 ranks on 2 CPUs, 4 on 1: a share of 0.7); at 4 ranks on 2 CPUs
-  // (0.47) it did not, and a rank slowed by its own sleeps, I/O or a GPU stays one to tell.
+  void unflag_stragglers();
+  // Twice as many runnable threads as CPUs: there the scheduler made healthy ranks stragglers
+  // (8 ranks on 2 CPUs, 4 on 1: a share of 0.7); at 4 ranks on 2 CPUs (0.47) it did not.
   static constexpr double kCpuWaitShare = 0.5;
   static constexpr double kCpuWaitShareLeft = 0.4;
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,

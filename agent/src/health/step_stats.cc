@@ -104,10 +104,6 @@ std::optional<double> StepHistory::work_seconds_per_step() const {
   return median_per_step(&SlotReading::work_ns);
 }
 
-std::optional<double> StepHistory::cpu_seconds_per_step() const {
-  return median_per_step(&SlotReading::on_cpu_ns);
-}
-
 // The median over the window's readings of each one's `measure` per step: one reading that carries
 // a long pause of the rank's own (a checkpoint, an evaluation, a data stall) is not a straggler.
 std::optional<double> StepHistory::median_per_step(std::uint64_t SlotReading::*measure) const {

@@ -91,9 +91,6 @@ class StepHistory {
   // that carries a long pause of the rank's own is one of them, not the measure); none when the
   // worker does not measure it, or fewer than kMinWorkReadings saw steps.
   std::optional<double> work_seconds_per_step() const;
-  // The same of the CPU time its main thread used per step (on_cpu_ns): what stragglers are told
-  // by on a machine whose CPUs the workers wait for (hang_detector.cc, kCpuWaitShare).
-  std::optional<double> cpu_seconds_per_step() const;
   // The share of the time the worker's main thread could run that it waited for a CPU
   // (run_queue_ns), over the readings of the last kRateWindow that saw steps; none before
   // kMinWorkReadings of them, or where the kernel keeps no such count.

@@ -32,7 +32,6 @@ RankStatus rank_status(const WorkerProgress& p) {
   r.paused = p.paused;
   r.doing = p.doing;
   r.work_seconds = p.work_seconds;
-  r.cpu_seconds = p.cpu_seconds;
   r.cpu_wait = p.cpu_wait;
   return r;
 }

@@ -148,7 +148,7 @@ std::string shortened(const std::string& name, std::size_t bytes = kMaxPublished
 
 constexpr std::string_view kViewShape =
     "a JSON object {\"t\": seconds, \"n\": ranks, \"m\": seconds, \"w\": [[rank, seconds], "
-    "...], \"c\": [[rank, seconds], ...], \"cw\": share, \"b\": [blocked ranks]}";
+    "...], \"cw\": share, \"b\": [blocked ranks]}";
 constexpr std::string_view kBlockedShape =
     "blocked ranks [{\"r\": rank, \"g\": [[id, seq], ...], \"w\": [group, seq, op, "
     "seconds]}, ...]";
@@ -219,7 +219,6 @@ ordered_json encode_rank(const RankStatus& r) {
   if (r.paused) j["pa"] = true;
   if (!r.doing.empty()) j["do"] = shortened(r.doing, kMaxPublishedDoingBytes);
   put_per_step(j, "wk", r.work_seconds);
-  put_per_step(j, "cs", r.cpu_seconds);
   put(j, "cw", r.cpu_wait);
   return j;
 }
@@ -237,7 +236,6 @@ RankStatus decode_rank(const ordered_json& j, std::string_view key, std::string_
   r.beats = unsigned_field(j, "b", key, text).value_or(0);
   r.hang_timeout_seconds = number(j, "ht", key, text);
   r.work_seconds = number(j, "wk", key, text);
-  r.cpu_seconds = number(j, "cs", key, text);
   r.cpu_wait = number(j, "cw", key, text);
   try {
     r.straggler = j.value("sg", false);
@@ -518,9 +516,6 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
       if (!r.work_seconds || !std::isfinite(*r.work_seconds) || *r.work_seconds <= 0) continue;
       all.push_back(*r.work_seconds);
       v.work.emplace_back(r.worker.rank, *r.work_seconds);
-      if (r.cpu_seconds && std::isfinite(*r.cpu_seconds) && *r.cpu_seconds > 0) {
-        v.cpu.emplace_back(r.worker.rank, *r.cpu_seconds);
-      }
       if (r.cpu_wait && std::isfinite(*r.cpu_wait)) waits.push_back(*r.cpu_wait);
     }
     for (const auto& b : n.blocked) {
@@ -537,14 +532,12 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
     const std::size_t m = all.size();
     v.median_work = m % 2 ? all[m / 2] : (all[m / 2 - 1] + all[m / 2]) / 2;
   }
-  if (!waits.empty()) {
+  if (!waits.empty() && waits.size() * 2 >= all.size()) {  // most of the measured ranks say it
     std::sort(waits.begin(), waits.end());
     v.median_cpu_wait = waits[waits.size() / 2];
   }
-  for (auto* list : {&v.work, &v.cpu}) {
-    std::sort(list->begin(), list->end());
-    if (list->size() > kMaxViewRanks) list->resize(kMaxViewRanks);
-  }
+  std::sort(v.work.begin(), v.work.end());
+  if (v.work.size() > kMaxViewRanks) v.work.resize(kMaxViewRanks);
   return v;
 }
 
@@ -555,11 +548,6 @@ std::string encode(const JobView& v) {
                     {"n", v.measured},
                     {"m", per_step(v.median_work)},
                     {"w", std::move(work)}};
-  if (!v.cpu.empty()) {
-    ordered_json cpu = ordered_json::array();
-    for (const auto& [rank, seconds] : v.cpu) cpu.push_back({rank, per_step(seconds)});
-    j["c"] = std::move(cpu);
-  }
   if (v.median_cpu_wait) j["cw"] = rounded(*v.median_cpu_wait);
   if (!v.blocked.empty()) j["b"] = encode_blocked(v.blocked, kMaxViewBlocked);
   return json_text(j);
@@ -598,7 +586,6 @@ JobView decode_job_view(std::string_view key, std::string_view text) {
     }
   };
   per_rank(*work, v.work);
-  if (const auto cpu = j.find("c"); cpu != j.end()) per_rank(*cpu, v.cpu);
   v.median_cpu_wait = number(j, "cw", key, text);
   if (const auto blocked = j.find("b"); blocked != j.end()) {
     v.blocked = decode_blocked(*blocked, kMaxViewBlocked, key, text, kViewShape);

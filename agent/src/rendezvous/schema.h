@@ -234,9 +234,8 @@ struct JobView {
   std::vector<std::pair<int, double>> work;  // rank, work seconds per step; ascending by rank
   std::size_t measured = 0;                  // ranks with a work measure (work may list fewer)
   double median_work = 0;                    // of all of them
-  // The CPU time per step of the ranks with a work measure that publish it (as `work`), and the
-  // median of their shares of time waited for a CPU (none when none publishes it).
-  std::vector<std::pair<int, double>> cpu;
+  // The median of the ranks' shares of time waited for a CPU (none unless most of the ranks with
+  // a work measure publish one).
   std::optional<double> median_cpu_wait;
   std::vector<BlockedRank> blocked;
 };

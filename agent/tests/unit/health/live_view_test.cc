@@ -159,40 +159,38 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   }
 }
 
-// Ranks that wait for CPUs publish their CPU time per step and the share waited: the view lists
-// the first for the ranks with a work measure, and the median of the second, both round-tripped.
-TEST(JobView, TheRanksCpuTimeAndTheirWaitForCpusGoThroughTheView) {
+// Ranks publish the share of the time they could run that they waited for a CPU: the view says
+// the median, once most of the ranks with a work measure publish one, and round-trips it.
+TEST(JobView, TheRanksWaitForCpusGoesThroughTheView) {
   std::vector<RankStatus> ranks;
   for (int r = 0; r < 3; ++r) {
     RankStatus s = stepping(r, 10, 0.1);
-    s.work_seconds = 0.05;
-    s.cpu_seconds = 0.00142 + 0.0001 * r;  // 1.4 ms: published to 4 digits, not to 1 ms
-    s.cpu_wait = 0.2 * r;                  // 0, 0.2, 0.4: the median 0.2
+    s.work_seconds = 0.00142 + 0.0001 * r;  // 1.4 ms: published to 4 digits, not to 1 ms
+    s.cpu_wait = 0.2 * r;                   // 0, 0.2, 0.4: the median 0.2
     ranks.push_back(s);
   }
-  RankStatus unmeasured = stepping(3, 0, 1);
-  unmeasured.cpu_seconds = 1;  // no work measure: not compared, whatever else it says
-  ranks.push_back(unmeasured);
   const std::vector<schema::NodeProgress> nodes = {{100, "running", ranks, 0, {}}};
   const auto back = schema::decode_node_progress("r0/progress/0", schema::encode(nodes[0]));
-  ASSERT_EQ(back.ranks.size(), 4u);
-  ASSERT_TRUE(back.ranks[1].cpu_seconds);
-  EXPECT_DOUBLE_EQ(*back.ranks[1].cpu_seconds, 0.00152);
+  ASSERT_EQ(back.ranks.size(), 3u);
+  ASSERT_TRUE(back.ranks[1].work_seconds);
+  EXPECT_DOUBLE_EQ(*back.ranks[1].work_seconds, 0.00152);
   EXPECT_EQ(back.ranks[2].cpu_wait, ranks[2].cpu_wait);
   const schema::JobView v = schema::make_job_view(nodes, 5);
-  ASSERT_EQ(v.cpu.size(), 3u);
-  EXPECT_DOUBLE_EQ(v.cpu[2].second, 0.00162);
   ASSERT_TRUE(v.median_cpu_wait);
   EXPECT_DOUBLE_EQ(*v.median_cpu_wait, 0.2);
   const auto view = schema::decode_job_view("r0/view", schema::encode(v));
-  ASSERT_EQ(view.cpu.size(), 3u);
-  EXPECT_DOUBLE_EQ(view.cpu[0].second, 0.00142);
   EXPECT_EQ(view.median_cpu_wait, v.median_cpu_wait);
-  // A view from an agent before these fields: none of them, and no error.
+  ASSERT_EQ(view.work.size(), 3u);
+  EXPECT_DOUBLE_EQ(view.work[0].second, 0.00142);
+  // Two ranks of three that say none (agents before this, kernels without the counts): none.
+  std::vector<RankStatus> few = ranks;
+  few[0].cpu_wait.reset();
+  few[1].cpu_wait.reset();
+  EXPECT_FALSE(schema::make_job_view({{100, "running", few, 0, {}}}, 5).median_cpu_wait);
+  // A view from an agent before it: no share, and no error.
   const auto old = schema::decode_job_view("r0/view", R"({"t":1,"n":1,"m":0.1,"w":[[0,0.1]]})");
-  EXPECT_TRUE(old.cpu.empty());
   EXPECT_FALSE(old.median_cpu_wait);
-  EXPECT_THROW(schema::decode_job_view("r0/view", R"({"t":1,"n":1,"m":0.1,"w":[],"c":{}})"),
+  EXPECT_THROW(schema::decode_job_view("r0/view", R"({"t":1,"n":1,"m":0.1,"w":[],"cw":"x"})"),
                schema::CorruptValueError);
 }
 

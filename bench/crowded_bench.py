@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Stragglers on a crowded machine (issue 41): more runnable threads than CPUs, where the
 scheduler, not a rank, decides which rank's wall-clock work is the longest from one second to the
-next. Two torch jobs of tests/torch/hang_worker.py (DDP, gloo, each step computing --work s of CPU
-time: `--busy`), under each build of dist-launch given, interleaved (A B A B ...):
+next. Two torch jobs under each build of dist-launch given, interleaved (A B A B ...):
 
-  identical  every rank computes the same: a straggler flagged is a false one
-  slow       rank 1 computes 1.5x the others: what is told of it (since 2026-12-05 no rank is
+  identical  tests/torch/healthy_worker.py's crowded scenario (DDP of a 512-1024-512 MLP, gloo):
+             every rank computes the same, a straggler flagged is a false one
+  slow       tests/torch/hang_worker.py --busy: rank 1 computes 1.5x the others' CPU time a step
+             (a tiny DDP model): what is told of it (since 2026-12-05 no rank is
              taken for a straggler while the ranks wait for CPUs: the scheduler's noise, in the
              work and the CPU time alike, is as large as that)
 
-    python3 bench/crowded_bench.py [--builds build,OLD] [--ranks 8] [--cpus 2] [--runs 3]
-        [--seconds 30] [--python python3]
+    python3 bench/crowded_bench.py [--builds build,OLD] [--ranks 4] [--cpus 1] [--runs 3]
+        [--seconds 30] [--jobs identical,slow] [--batch 256] [--python python3]
 
 Each job runs `dist-launch --nproc-per-node RANKS` with its affinity set to the first CPUS CPUs
 this process may use, and no other flag. Reported per build and job: the runs with a flag, the
@@ -27,6 +28,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "torch", "hang_worker.py")
+HEALTHY = os.path.join(ROOT, "tests", "torch", "healthy_worker.py")
 sys.path.insert(0, os.path.join(ROOT, "tests", "torch"))
 from launcher_test_main import on_cpus  # noqa: E402
 
@@ -34,9 +36,12 @@ from launcher_test_main import on_cpus  # noqa: E402
 def run(args, build, job, cpus):
     directory = tempfile.mkdtemp(prefix="crowded-bench-")
     events_path = os.path.join(directory, "events.jsonl")
-    script = [WORKER, "--busy", "--work", "0.02", "--seconds", str(args.seconds)]
-    if job == "slow":
-        script += ["--fault", "slow", "--slow-factor", "1.5"]
+    if job == "identical":  # a larger model (DDP's all-reduce takes CPU too), every rank alike
+        script = [HEALTHY, "--scenario", "crowded", "--pause", str(args.seconds), "--batch",
+                  str(args.batch)]
+    else:
+        script = [WORKER, "--busy", "--work", "0.02", "--seconds", str(args.seconds), "--fault",
+                  "slow", "--slow-factor", "1.5"]
     cmd = [os.path.join(build, "bin", "dist-launch"), "--nproc-per-node", str(args.ranks),
            "--event-log", events_path, *script]
     env = dict(os.environ, PYTHON_EXEC=args.python, GLOO_SOCKET_IFNAME="lo")
@@ -57,8 +62,10 @@ def run(args, build, job, cpus):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--builds", default=os.path.join(ROOT, "build"))
-    p.add_argument("--ranks", type=int, default=8)
-    p.add_argument("--cpus", type=int, default=2)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--cpus", type=int, default=1)
+    p.add_argument("--jobs", default="identical,slow")
+    p.add_argument("--batch", type=int, default=256, help="the identical job's batch")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--python", default="python3")
@@ -69,7 +76,7 @@ def main():
           flush=True)
     results = {}
     for _ in range(args.runs):
-        for job in ("identical", "slow"):
+        for job in args.jobs.split(","):
             for build in builds:  # A B A B
                 r = run(args, build, job, cpus)
                 results.setdefault((build, job), []).append(r)

@@ -54,6 +54,7 @@ def main():
     p.add_argument("--pause", type=float, default=36)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--log-port", type=int, default=0)
+    p.add_argument("--batch", type=int, default=128, help="crowded: the larger model's batch")
     a = p.parse_args()
     timeout = datetime.timedelta(seconds=a.pause + 60) if a.scenario == "timeout" else None
     dist.init_process_group("gloo", **({"timeout": timeout} if timeout else {}))
@@ -127,7 +128,7 @@ def main():
         big = DDP(torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
                                       torch.nn.Linear(1024, 512)))
         big_opt = torch.optim.SGD(big.parameters(), lr=0.001)
-        x = torch.randn(128, 512)
+        x = torch.randn(a.batch, 512)
         end = time.monotonic() + a.pause
         go = torch.ones(1)
         while go.item() > 0:  # the same steps on every rank: they stop together

@@ -140,7 +140,7 @@ struct WorkerProgress {
   bool paused = false;                 // it declared a pause of its own
   std::string doing;                   // what the last investigation (or its pause) says it does
   std::optional<double> work_seconds;  // its own work per step (the straggler measure)
-  std::optional<double> cpu_wait;      // the share of the time it could run that it waited
+  std::optional<double> cpu_wait;      // the share of the time it waited for a CPU
   std::optional<schema::BlockedRank> blocked;  // stably blocked in a collective, idle
 };
 

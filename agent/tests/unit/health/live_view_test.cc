@@ -159,7 +159,7 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   }
 }
 
-// Ranks publish the share of the time they could run that they waited for a CPU: the view says
+// Ranks publish the share of the time that they waited for a CPU: the view says
 // the median, once most of the ranks with a work measure publish one, and round-trips it.
 TEST(JobView, TheRanksWaitForCpusGoesThroughTheView) {
   std::vector<RankStatus> ranks;

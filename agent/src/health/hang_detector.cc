@@ -244,7 +244,7 @@ void HangDetector::sample() {
 }
 
 // More runnable threads than CPUs (8 workers on a 2-core machine, say): the median rank waits for
-// a CPU kCpuWaitShare of the time (entered there, left below kCpuWaitShareLeft, so
+// a CPU kCpuWaitShare of the time it could run (entered there, left below kCpuWaitShareLeft, so
 // that it does not flip from one reading to the next around it). Every step is slower for it, and
 // which rank is the slowest is the scheduler's choice, a different one from one second to the
 // next: by their work (wall-clock time), and by the CPU time they use too (a process preempted
@@ -261,9 +261,9 @@ bool HangDetector::crowded(std::optional<double> median_wait, bool& state, std::
     cpu_wait_said_ = true;
     const int cpus = usable_cpus();
     spdlog::info(
-        "{} wait for a CPU {:.0f}% of the time (more runnable threads than the {} CPU{} here): "
-        "their steps are slower for it, and while it lasts ranks are not compared with each "
-        "other (the scheduler, not a rank, sets which one is slower)",
+        "{} wait for a CPU {:.0f}% of the time they could run (more runnable threads than the {} "
+        "CPU{} here): their steps are slower for it, and while it lasts ranks are not compared "
+        "with each other (the scheduler, not a rank, sets which one is slower)",
         who, 100 * *median_wait, cpus, cpus == 1 ? "" : "s");
   }
   return state;

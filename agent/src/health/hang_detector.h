@@ -167,9 +167,9 @@ class HangDetector {
   bool cpus_oversubscribed();
   bool crowded(std::optional<double> median_wait, bool& state, std::string_view who);
   void unflag_stragglers();
-  // Of the wall-clock time: at 8 ranks on 2 CPUs and 4 on 1, where the scheduler made healthy
-  // ranks stragglers, 0.73-0.75; 4 ranks on 2 CPUs 0.5-0.58 (with a CI run beside them); 2
-  // ranks that mostly sleep 0.05.
+  // StepHistory::cpu_wait_share: at 8 ranks on 2 CPUs and 4 on 1, where the scheduler made
+  // healthy ranks stragglers, 0.76-0.8 (torch 1.13 and 2.x); 4 ranks on 2 CPUs 0.47, 0.63-0.67
+  // with a CI run beside them; 2 ranks whose steps mostly sleep about 0.1.
   static constexpr double kCpuWaitShare = 0.6;
   static constexpr double kCpuWaitShareLeft = 0.5;
   void flag_stragglers(const std::map<int, std::optional<double>>& seconds_per_step,

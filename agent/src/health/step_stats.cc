@@ -122,19 +122,25 @@ std::optional<double> StepHistory::median_per_step(std::uint64_t SlotReading::*m
 }
 
 std::optional<double> StepHistory::cpu_wait_share() const {
-  std::uint64_t queued = 0;
+  std::uint64_t ran = 0, queued = 0;
   std::chrono::nanoseconds elapsed{0};
   std::size_t readings = 0;
   for (std::size_t i = 1; i < window_.size(); ++i) {
     const SlotReading& a = window_[i - 1];
     const SlotReading& b = window_[i];
-    if (b.steps <= a.steps || b.run_queue_ns < a.run_queue_ns || b.at <= a.at) continue;
+    if (b.steps <= a.steps || b.on_cpu_ns < a.on_cpu_ns || b.run_queue_ns < a.run_queue_ns ||
+        b.at <= a.at) {
+      continue;
+    }
+    ran += b.on_cpu_ns - a.on_cpu_ns;
     queued += b.run_queue_ns - a.run_queue_ns;
     elapsed += b.at - a.at;
     ++readings;
   }
   if (readings < kMinWorkReadings) return std::nullopt;
-  return std::min(1.0, static_cast<double>(queued) / static_cast<double>(elapsed.count()));
+  const auto runnable =
+      std::max<double>(static_cast<double>(ran + queued), static_cast<double>(elapsed.count()) / 2);
+  return std::min(1.0, static_cast<double>(queued) / runnable);
 }
 
 std::optional<double> StepHistory::recent_work_seconds_per_step(

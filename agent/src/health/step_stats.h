@@ -91,10 +91,12 @@ class StepHistory {
   // that carries a long pause of the rank's own is one of them, not the measure); none when the
   // worker does not measure it, or fewer than kMinWorkReadings saw steps.
   std::optional<double> work_seconds_per_step() const;
-  // The share of the time (wall-clock) that the worker's main thread spent waiting for a CPU
-  // (run_queue_ns), over the readings of the last kRateWindow that saw steps; none before
-  // kMinWorkReadings of them. (Not of the time it could run: a thread that mostly sleeps waits a
-  // moment at each wake-up, as long as it then runs, on an idle machine too.)
+  // The share of the time the worker's main thread could run (on_cpu_ns + run_queue_ns, and at
+  // least half the wall-clock time) that it waited for a CPU, over the readings of the last
+  // kRateWindow that saw steps; none before kMinWorkReadings of them. (At least half the
+  // wall-clock time: a thread that mostly sleeps waits a moment at each wake-up, as long as it
+  // then runs, on an idle machine too; and not the wall-clock time alone: a main thread that
+  // waits for its own process's threads, as torch 2's does for gloo's, sleeps part of it.)
   std::optional<double> cpu_wait_share() const;
   // The same, only while it measures the present: the worker stepped in the readings of the last
   // `within` (0: the latest reading saw steps). A measure that a pause froze (no step since) is not

@@ -28,8 +28,8 @@ struct RankStatus {
   bool suspect = false;  // a hang investigation found the others wait for it, and it does nothing
   bool paused = false;   // in a pause it declared (dist_launch.progress.pause())
   std::optional<double> work_seconds;  // its own work per step (the straggler measure)
-  // The share of the time its main thread waited for a CPU: where the job's median rank waits
-  // 60% of the time, ranks are not compared (no straggler is told).
+  // The share of the time its main thread could run that it waited for a CPU: where the job's
+  // median rank waits 60% of it, ranks are not compared (no straggler is told).
   std::optional<double> cpu_wait;
   std::string doing;  // what the last investigation (or its pause) says it is doing
 

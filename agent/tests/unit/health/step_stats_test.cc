@@ -190,9 +190,12 @@ TEST(StepHistory, TheShareOfTheTimeItCouldRunThatItWaitedForACpu) {
   EXPECT_NEAR(*h.work_seconds_per_step(), 0.06, 1e-9) << "the work is the worker's measure";
   EXPECT_FALSE(crowded(250, 750, 600, 3).cpu_wait_share()) << "two readings that saw steps";
   EXPECT_DOUBLE_EQ(*crowded(0, 0, 600).cpu_wait_share(), 0) << "a kernel without the counts";
-  // A thread that mostly sleeps: it waits a moment at each wake-up, as long as it then runs (half
-  // the time it could run), on an idle machine too: a thousandth of the time.
-  EXPECT_NEAR(*crowded(1, 1, 10).cpu_wait_share(), 0.001, 1e-9);
+  // A thread that mostly sleeps waits a moment at each wake-up, as long as it then runs (half the
+  // time it could run), on an idle machine too: a share of half the wall-clock time.
+  EXPECT_NEAR(*crowded(10, 10, 30).cpu_wait_share(), 0.02, 1e-9);
+  // A main thread that waits for its process's own threads part of the time (torch 2's, for
+  // gloo's): of the time it could run, not of the wall-clock time.
+  EXPECT_NEAR(*crowded(170, 560, 600).cpu_wait_share(), 560.0 / 730, 1e-9);
 }
 
 TEST(StepHistory, NoWorkMeasuredIsNoWorkPerStep) {

@@ -101,18 +101,14 @@ std::optional<double> StepHistory::steps_per_second() const {
 }
 
 std::optional<double> StepHistory::work_seconds_per_step() const {
-  return median_per_step(&SlotReading::work_ns);
-}
-
-// The median over the window's readings of each one's `measure` per step: one reading that carries
-// a long pause of the rank's own (a checkpoint, an evaluation, a data stall) is not a straggler.
-std::optional<double> StepHistory::median_per_step(std::uint64_t SlotReading::*measure) const {
+  // The median over the window's readings of each one's work per step: one reading that carries a
+  // long pause of the rank's own (a checkpoint, an evaluation, a data stall) is not a straggler.
   std::vector<double> per_reading;
   for (std::size_t i = 1; i < window_.size(); ++i) {
     const SlotReading& a = window_[i - 1];
     const SlotReading& b = window_[i];
-    if (b.steps <= a.steps || b.*measure <= a.*measure) continue;
-    per_reading.push_back(static_cast<double>(b.*measure - a.*measure) / 1e9 /
+    if (b.steps <= a.steps || b.work_ns <= a.work_ns) continue;
+    per_reading.push_back(static_cast<double>(b.work_ns - a.work_ns) / 1e9 /
                           static_cast<double>(b.steps - a.steps));
   }
   if (per_reading.size() < kMinWorkReadings) return std::nullopt;

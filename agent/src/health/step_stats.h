@@ -113,7 +113,6 @@ class StepHistory {
 
  private:
   std::optional<double> percentile(double p) const;
-  std::optional<double> median_per_step(std::uint64_t SlotReading::*measure) const;
 
   SlotReading last_;
   std::chrono::nanoseconds stepped_at_{-1};  // the time (SlotReading::at) of the last reading

@@ -98,8 +98,8 @@ double rounded(double v) {
   return std::round(v * 1000) / 1000;
 }
 
-// A time per step as published: four significant digits (a step's CPU time of 1.4 ms compared
-// as 1 ms would be a straggler of 1.4x).
+// A time per step as published: four significant digits (a step's work of 1.4 ms compared as
+// 1 ms would be a straggler of 1.4x).
 double per_step(double v) {
   if (v == 0 || !std::isfinite(v)) return v;
   const double scale = std::pow(10.0, 3 - std::floor(std::log10(std::fabs(v))));
@@ -573,19 +573,13 @@ JobView decode_job_view(std::string_view key, std::string_view text) {
   v.time = *time;
   v.median_work = *median;
   v.measured = static_cast<std::size_t>(*measured);
-  const auto per_rank = [&](const ordered_json& list, std::vector<std::pair<int, double>>& into) {
-    if (!list.is_array() || list.size() > kMaxViewRanks) {
+  for (const auto& entry : *work) {
+    if (!entry.is_array() || entry.size() != 2 || !entry[0].is_number_unsigned() ||
+        !entry[1].is_number() || entry[0].get<std::uint64_t>() > INT32_MAX) {
       throw CorruptValueError(key, text, kViewShape);
     }
-    for (const auto& entry : list) {
-      if (!entry.is_array() || entry.size() != 2 || !entry[0].is_number_unsigned() ||
-          !entry[1].is_number() || entry[0].get<std::uint64_t>() > INT32_MAX) {
-        throw CorruptValueError(key, text, kViewShape);
-      }
-      into.emplace_back(entry[0].get<int>(), entry[1].get<double>());
-    }
-  };
-  per_rank(*work, v.work);
+    v.work.emplace_back(entry[0].get<int>(), entry[1].get<double>());
+  }
   v.median_cpu_wait = number(j, "cw", key, text);
   if (const auto blocked = j.find("b"); blocked != j.end()) {
     v.blocked = decode_blocked(*blocked, kMaxViewBlocked, key, text, kViewShape);

@@ -12,26 +12,27 @@ library only. The protocol on the control socket (SOCK_SEQPACKET, one message ea
     zygote -> agent   b"pid N"   or  b"error " + reason
     zygote -> agent   b"standby N" (between requests): a worker forked ahead, see below
 
-A worker is forked twice: the zygote forks an intermediate, which forks the worker, puts it in a
-process group of its own, reports its pid and exits. The agent is a child subreaper, so the worker
-is reparented to the agent and the agent waits for it, sees its exit in SIGCHLD and stops its
-group, as for a worker it forked itself. Only then (the zygote has reaped the intermediate) is the
-worker told to go on: it sets PR_SET_PDEATHSIG (set earlier, it would fire when the intermediate
-exits) and checks that its parent is the agent. The zygote forks such workers ahead ("standbys",
-as many as the node's workers, whenever no request came for IDLE_SECONDS): the agent's children
-already, they wait for a request, so that the next attempt's spawns are messages, not forks. Then it becomes what `python -u SCRIPT ARGS` would
-have been at its first line: the agent's descriptors on 0/1/2 (and the watchdogs' at their
-numbers), no other inherited descriptor, its working directory, exactly its environment (os.environ
-and the C environ), the signal dispositions and mask of a fresh interpreter, sys.argv,
-sys.orig_argv, sys.path[0], a fresh __main__, import caches invalidated, fresh random seeds; and it
-runs the script from the zygote's outermost frame, so that it ends as an interpreter ends: atexit
-handlers, non-daemon threads joined, SystemExit codes, an uncaught exception printed by
-sys.excepthook (without the zygote's frames) and exit status 1, KeyboardInterrupt as SIGINT.
+A worker is forked twice: the zygote forks an intermediate, which forks the worker and exits; the
+worker takes a session (and process group) of its own, as a cold worker does, and reports its pid.
+The agent is a child subreaper, so the worker is reparented to the agent and the agent waits for
+it, sees its exit in SIGCHLD and stops its group, as for a worker it forked itself. Only then (the
+zygote has reaped the intermediate) is the worker told to go on: it sets PR_SET_PDEATHSIG (set
+earlier, it would fire when the intermediate exits) and checks that its parent is the agent. The
+zygote forks such workers ahead ("standbys", as many as the node's workers, whenever no request
+came for IDLE_SECONDS): the agent's children already, they wait for a request, so that the next
+attempt's spawns are messages, not forks. Then it becomes what `python -u SCRIPT ARGS` would have
+been at its first line: the agent's descriptors on 0/1/2 (and the watchdogs' at their numbers), no
+other inherited descriptor, its working directory, exactly its environment (os.environ and the C
+environ), the signal dispositions and mask of a fresh interpreter, sys.argv, sys.orig_argv,
+sys.path[0], a fresh __main__, import caches invalidated, fresh random seeds; and it runs the
+script from the zygote's outermost frame, so that it ends as an interpreter ends: atexit handlers,
+non-daemon threads joined, SystemExit codes, an uncaught exception printed by sys.excepthook
+(without the zygote's frames) and exit status 1, KeyboardInterrupt as SIGINT.
 
-What cannot be made fresh: the string hash seed (PYTHONHASHSEED) is the zygote's, the same in
-every worker and attempt; /proc/PID/environ shows the zygote's environment (the worker's own is
-what os.environ, getenv() and its children see); objects of the preloaded modules are frozen
-(gc.freeze) so that the workers share their memory pages.
+What cannot be made fresh: the string hash seed (PYTHONHASHSEED) is the zygote's, the same in every
+worker and attempt; /proc/PID/environ shows the zygote's environment (the worker's own is what
+os.environ, getenv() and its children see); objects of the preloaded modules are frozen (gc.freeze)
+so that the workers share their memory pages.
 """
 import os
 import sys
@@ -247,19 +248,6 @@ class Standby:
         self.sock = sock
 
 
-def _intermediate(worker_pid, report_fd, own_group):
-    """In the intermediate: the worker's process group, its pid to the zygote, and exit."""
-    try:
-        try:
-            if own_group:
-                os.setpgid(worker_pid, worker_pid)
-        except OSError:  # the worker did it first, or already died: its exit tells the agent
-            pass
-        os.write(report_fd, struct.pack("<i", worker_pid))
-    finally:
-        os._exit(0)
-
-
 def _fork_reparented(in_worker, own_group):
     """In the zygote: forks a process through an intermediate that exits, so that the agent (a
     child subreaper) becomes its parent; returns its pid once it is the agent's child. In that
@@ -269,19 +257,23 @@ def _fork_reparented(in_worker, own_group):
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     middle = os.fork()
-    if middle == 0:
+    if middle == 0:  # the intermediate: it forks the process and exits, the process reports itself
         try:
             pid = os.fork()
         except BaseException:  # noqa: B036
             os._exit(1)
-        if pid == 0:
+        if pid != 0:
+            os._exit(0)
+        try:
             os.close(go_w)
             os.close(report_r)
+            if own_group:  # a session (and process group) of its own, as a cold worker's
+                os.setsid()
+            os.write(report_w, struct.pack("<i", os.getpid()))
             os.close(report_w)
-            if own_group:
-                os.setpgid(0, 0)
-            return in_worker(go_r)
-        _intermediate(pid, report_w, own_group)
+        except BaseException:  # noqa: B036
+            os._exit(1)
+        return in_worker(go_r)
     os.close(go_r)
     os.close(report_w)
     try:
@@ -289,7 +281,7 @@ def _fork_reparented(in_worker, own_group):
         os.close(report_r)
         os.waitpid(middle, 0)  # the worker is the agent's child from here on
         if len(data) != 4:
-            raise OSError("the intermediate process failed before forking the worker")
+            raise OSError("the intermediate process failed before the worker started")
         os.write(go_w, b"g")
         return struct.unpack("<i", data)[0]
     finally:
@@ -322,8 +314,8 @@ def fork_standby(startup, sock, standbys):
 
 def _stand_by(activation, go_fd, startup, sock):
     """In a standby: the agent's child (it dies with the agent), it waits for its request and
-    descriptors, takes a process group of its own, and acknowledges; the zygote then tells the
-    agent its pid. EOF: the zygote is gone (or retires it), and it exits."""
+    descriptors, takes a session (and process group) of its own, and acknowledges; the zygote then
+    tells the agent its pid. EOF: the zygote is gone (or retires it), and it exits."""
     _become_the_agents(_AGENT_PID, go_fd)
     set_command_line([_INTERPRETER_ARGS[0], "(dist-launch standby worker)"])
     try:
@@ -331,7 +323,7 @@ def _stand_by(activation, go_fd, startup, sock):
         if received is None:
             os._exit(0)
         request = _parse_request(received[0])
-        os.setpgid(0, 0)
+        os.setsid()
         activation.sendmsg([b"ok"])
     except BaseException:  # noqa: B036: the zygote forks another way
         os._exit(1)

@@ -201,6 +201,7 @@ class SshHosts(HostsTestCase):
 
     def test_variables_working_directory_and_token_reach_every_worker(self):
         job = self.job('env > "$JOB_OUT/env_$RANK"; pwd > "$JOB_OUT/pwd_$RANK"; '
+                       'readlink /proc/self/fd/0 > "$JOB_OUT/stdin_$RANK"; '
                        'cp "$DIST_LAUNCH_TOKEN_FILE" "$JOB_OUT/token_$RANK"; '
                        'stat -c %a "$DIST_LAUNCH_TOKEN_FILE" > "$JOB_OUT/mode_$RANK"; '
                        'touch "$JOB_OUT/started_$RANK"; exec sleep 1000',
@@ -228,6 +229,8 @@ class SshHosts(HostsTestCase):
             self.assertEqual(job.file(f"pwd_{rank}").strip(), job.out)
             self.assertEqual(job.file(f"mode_{rank}").strip(), "600")
             self.assertEqual(job.file(f"token_{rank}"), token)
+            # An agent --hosts started reads its job on its stdin: its workers' is /dev/null.
+            self.assertEqual(job.file(f"stdin_{rank}").strip(), "/dev/null")
         self.assert_nothing_left(job, self.hosts)
 
     def test_the_users_token_file_is_the_jobs_token(self):

@@ -59,9 +59,9 @@ def environment(**extra):
     return env
 
 
-def launch(*args, env=None, cwd=None, timeout=JOB_TIMEOUT_S):
+def launch(*args, env=None, cwd=None, timeout=JOB_TIMEOUT_S, stdin=None):
     return subprocess.run([ARGS.launcher, *args], env=env or environment(), cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, stdin=stdin)
 
 
 def worker_lines(text, rank=0):
@@ -137,9 +137,8 @@ class WarmWorkers(Temp):
                 for key in ("random", "numpy_random", "torch_seed"):
                     state.pop(key)
                 # A warm worker has exactly the descriptors the agent passes; a cold one, today,
-                # also inherits two the agent leaves inheritable (its store's listening socket,
-                # which asio opens without FD_CLOEXEC, and the /dev/null process.cc opens for
-                # stdin): not a difference to keep.
+                # also inherits one the agent leaves inheritable (its store's listening socket,
+                # which asio opens without FD_CLOEXEC): not a difference to keep.
                 state["fds"] = [fd for fd in state.pop("fds") if fd <= 2]
             self.assertEqual(w["fds"], [0, 1, 2])
             for key in c:
@@ -153,8 +152,13 @@ class WarmWorkers(Temp):
         flags = ["--no-step-hook", "--hang-timeout", "0"]
         flags += ["--warm-restart", "--preload", "numpy"] if warm else []
         # A long argument: the zygote's own command line is shorter than the workers'.
-        proc = launch("--nproc-per-node", "2", *flags, *target, "an arg", "--x=${local_rank}",
-                      "y" * 300, cwd=cwd, env=env)
+        # The workers' stdin is the launcher's, cold or warm (as torchrun's): a file of its own.
+        stdin_path = os.path.join(self.temp(), "stdin")
+        with open(stdin_path, "w"):
+            pass
+        with open(stdin_path) as stdin:
+            proc = launch("--nproc-per-node", "2", *flags, *target, "an arg",
+                          "--x=${local_rank}", "y" * 300, cwd=cwd, env=env, stdin=stdin)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         if warm:
             self.assertEqual(forked_rounds(proc), {0: (2, 2)}, proc.stderr)
@@ -162,6 +166,9 @@ class WarmWorkers(Temp):
             self.assertEqual(forked_rounds(proc), {})
         found = probes(proc)
         self.assertEqual(set(found), {0, 1}, proc.stdout)
+        for rank in (0, 1):
+            self.assertEqual(found[rank]["stdin"], stdin_path)
+            found[rank]["stdin"] = "<the launcher's>"  # (a file of this run's own)
         return found
 
     def test_a_warm_worker_is_what_a_cold_one_is(self):
@@ -172,8 +179,8 @@ class WarmWorkers(Temp):
         self.assertEqual(warm[1]["argv"], [PROBE, "an arg", "--x=1", "y" * 300])
         self.assertEqual(warm[0]["path"][0], HERE)
         self.assertEqual(warm[0]["fds"], [0, 1, 2], "no descriptor but the agent's")
-        self.assertEqual(warm[0]["stdin"], "/dev/null")
         self.assertTrue(warm[0]["pgid_is_pid"])
+        self.assertFalse(warm[0]["same_session_as_parent"])  # a session of its own
         self.assertEqual(warm[0]["parent"], "dist-launch")
         self.assertEqual(warm[0]["pdeathsig"], signal.SIGKILL)
         self.assertEqual(warm[0]["cmdline"][1:], ["-u", PROBE, "an arg", "--x=0", "y" * 300])

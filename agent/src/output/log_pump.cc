@@ -82,6 +82,12 @@ void RecordCutter::finish(const Emit& emit) {
   open_ = cr_line_ = after_cr_ = false;
 }
 
+void RecordCutter::forward_open_line(const Emit& emit) {
+  if (pending_.empty()) return;
+  emit_pending(emit);
+  open_ = true;
+}
+
 void RecordCutter::emit_pending(const Emit& emit) {
   emit(pending_, !open_);
   pending_.clear();
@@ -100,7 +106,8 @@ LogPump::LogPump(boost::asio::io_context& io, int pipe_fd, Sink sink, std::funct
     : pipe_(io, pipe_fd),
       sink_(std::move(sink)),
       on_eof_(std::move(on_eof)),
-      emit_([this](std::string_view bytes, bool starts) { to_console(bytes, starts); }) {
+      emit_([this](std::string_view bytes, bool starts) { to_console(bytes, starts); }),
+      open_line_timer_(io) {
   if (sink_.duplicate) duplicate_.emplace(sink_.duplicate, sink_.duplicate_prefix);
 }
 
@@ -116,6 +123,7 @@ void LogPump::open_file() {
 
 void LogPump::abandon() {
   on_eof_ = nullptr;
+  open_line_timer_.cancel();
   boost::system::error_code ignored;
   pipe_.close(ignored);
 }
@@ -129,8 +137,10 @@ void LogPump::read() {
         self->to_file(bytes);
         if (self->duplicate_) self->duplicate_->feed(bytes);
         if (self->sink_.console) {
+          ++self->reads_;
           self->cutter_.feed(bytes, self->emit_);
           self->flush_batch();
+          if (self->cutter_.holds_open_line()) self->wait_for_open_line();
         }
         self->read();
       });
@@ -173,7 +183,24 @@ void LogPump::flush_batch() {
   release_if_large(batch_);
 }
 
+// A line left open is forwarded once nothing more arrived for kOpenLineWait (one timer, armed
+// again while output keeps coming: a long line arriving read after read is not cut).
+void LogPump::wait_for_open_line() {
+  if (open_line_timer_armed_) return;
+  open_line_timer_armed_ = true;
+  reads_when_armed_ = reads_;
+  open_line_timer_.expires_after(kOpenLineWait);
+  open_line_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    self->open_line_timer_armed_ = false;
+    if (ec || !self->pipe_.is_open() || !self->cutter_.holds_open_line()) return;
+    if (self->reads_ != self->reads_when_armed_) return self->wait_for_open_line();
+    self->cutter_.forward_open_line(self->emit_);
+    self->flush_batch();
+  });
+}
+
 void LogPump::finish() {
+  open_line_timer_.cancel();
   if (duplicate_) duplicate_->finish();
   if (sink_.console) {
     cutter_.finish(emit_);

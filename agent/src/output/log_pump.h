@@ -8,6 +8,9 @@
 //     continues that record without a prefix;
 //   - a line longer than kMaxRecordBytes is forwarded in pieces of that size, the prefix on the
 //     first only, with nothing added between them (memory stays bounded, the line stays one line);
+//   - a line left open with nothing more arriving for kOpenLineWait (a prompt: "(Pdb) ", input()'s)
+//     is forwarded then, and what follows continues its record without a prefix: its end may not
+//     come before someone answers it;
 //   - at the end of the output, a line left open is ended with a '\n' on the console only.
 // The records cut from one read go to the console as one batch, one write: records of different
 // workers never mix within a record, but the pieces of one long line or a live progress update may
@@ -21,6 +24,8 @@
 #include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +40,9 @@ namespace dist::agent {
 
 // Past this, a line is forwarded to the console in pieces.
 constexpr std::size_t kMaxRecordBytes = 1 << 20;
+// A line left open this long with nothing more arriving is forwarded as it is. (What a buffered
+// writer cut at a block's end follows it within a moment.)
+constexpr std::chrono::milliseconds kOpenLineWait{250};
 
 // Cuts a byte stream into console records by the rules above.
 class RecordCutter {
@@ -47,6 +55,10 @@ class RecordCutter {
 
   void feed(std::string_view data, const Emit& emit);
   void finish(const Emit& emit);  // the end of the output
+  // Whether the start of a record waits for its end.
+  bool holds_open_line() const { return !pending_.empty(); }
+  // Forwards that start now (the record stays open: what follows continues it).
+  void forward_open_line(const Emit& emit);
 
  private:
   void emit_pending(const Emit& emit);
@@ -98,6 +110,7 @@ class LogPump : public std::enable_shared_from_this<LogPump> {
   void give_up_file(int error);
   void to_console(std::string_view bytes, bool starts_record);
   void flush_batch();
+  void wait_for_open_line();
   void finish();
 
   boost::asio::posix::stream_descriptor pipe_;
@@ -110,7 +123,11 @@ class LogPump : public std::enable_shared_from_this<LogPump> {
   RecordCutter::Emit emit_;
   std::optional<DuplicateLog::Writer> duplicate_;
   bool line_dropped_ = false;  // the console dropped this line's start: drop the rest of it
-  std::string batch_;          // this read's records, prefixed
+  boost::asio::steady_timer open_line_timer_;
+  bool open_line_timer_armed_ = false;
+  std::uint64_t reads_ = 0;  // counted for the timer: did more arrive while it ran?
+  std::uint64_t reads_when_armed_ = 0;
+  std::string batch_;  // this read's records, prefixed
   // Not zeroed: 16 pumps of 8 workers would memset a MiB at every launch, and make it resident.
   static constexpr std::size_t kReadBytes = 64 * 1024;
   std::unique_ptr<char[]> buffer_ = std::make_unique_for_overwrite<char[]>(kReadBytes);

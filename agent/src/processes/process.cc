@@ -86,6 +86,7 @@ struct ChildArgs {
   std::vector<int> inherited;
   pid_t parent = 0;
   int stdout_fd = -1, stderr_fd = -1, status_fd = -1;  // the pipes' write ends
+  bool keep_stdin = false;                             // SpawnPlan::keep_stdin
 };
 
 // A child's arguments and stack, allocated apart from start_process's frame, kept until the kernel
@@ -142,7 +143,10 @@ void reset_signal_dispositions() noexcept {
   reset_signal_dispositions();
   const unsigned long none = 0;
   sys(SYS_rt_sigprocmask, SIG_SETMASK, syscall_arg(&none), 0, sizeof none);
-  sys(SYS_setpgid, 0, 0);
+  // A session of its own, as torchrun's workers have (its process group is the session's): a
+  // worker that reads the terminal (a debugger's prompt) is then not stopped by SIGTTIN as a
+  // background process group of the terminal's session would be.
+  if (sys(SYS_setsid) < 0) sys(SYS_setpgid, 0, 0);
   sys(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL);
   if (sys(SYS_getppid) != c.parent) exit_child();  // the agent died before the flag was set
   if (c.placement) {
@@ -155,8 +159,12 @@ void reset_signal_dispositions() noexcept {
   }
   move_fd(c.stdout_fd, STDOUT_FILENO);
   move_fd(c.stderr_fd, STDERR_FILENO);
-  const long devnull = sys(SYS_openat, AT_FDCWD, syscall_arg("/dev/null"), O_RDONLY);
-  if (devnull >= 0) move_fd(static_cast<int>(devnull), STDIN_FILENO);
+  if (c.keep_stdin) {
+    sys(SYS_fcntl, STDIN_FILENO, F_SETFD, 0);  // (however this process opened it)
+  } else {
+    const long devnull = sys(SYS_openat, AT_FDCWD, syscall_arg("/dev/null"), O_RDONLY);
+    if (devnull >= 0) move_fd(static_cast<int>(devnull), STDIN_FILENO);
+  }
   close_others_at_exec(c.inherited);
   long error = sys(SYS_execve, syscall_arg(c.executable.c_str()), syscall_arg(c.c_argv.data()),
                    syscall_arg(c.c_env.data()));
@@ -331,6 +339,7 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
   c.stdout_fd = pipes.out.write;
   c.stderr_fd = pipes.err.write;
   c.status_fd = pipes.status.write;
+  c.keep_stdin = plan.keep_stdin;
 
   std::string program = c.argv.front();  // (copied now: nothing may throw once the child runs)
 
@@ -344,7 +353,8 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
   if (pid < 0) {
     throw std::runtime_error(std::string("cannot start a process: ") + std::strerror(spawn_error));
   }
-  ::setpgid(pid, pid);  // (the child does it before its exec; it may not have yet)
+  // (Its session, and so its process group, are the child's own to make: one made here first
+  // would make its setsid fail. Until it has, signal_group reaches the child alone.)
   SpawnedProcess started{
       pid,       pipes.out.read,   pipes.err.read, pipes.status.read, std::move(program),
       placement, std::move(launch)};  // (still read by the child)
@@ -377,7 +387,9 @@ void confirm_started(SpawnedProcess& p) {
 }
 
 void signal_group(pid_t pid, int signal) {
-  if (pid > 0) ::kill(-pid, signal);
+  if (pid <= 0) return;
+  // No such group yet: the child has not made its session (it starts nothing before it has).
+  if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
 }
 
 }  // namespace dist::agent

@@ -49,6 +49,9 @@ struct SpawnedProcess {
 struct SpawnPlan {
   std::string executable;  // argv[0] resolved; argv[0] itself when it names no file on PATH
   bool found = true;       // false: a bare name found nowhere on PATH (start_process throws)
+  // The child keeps this process's stdin, as torchrun's workers do (a debugger's prompt, input()
+  // from a pipe); false: /dev/null (this process's stdin is its own channel).
+  bool keep_stdin = false;
 };
 SpawnPlan plan_spawn(const std::string& program, const std::string& path_variable);
 
@@ -58,14 +61,15 @@ SpawnPlan plan_spawn(const std::string& program, const std::string& path_variabl
 // zygote's; start_process's child reads them itself.)
 std::vector<int> signals_to_reset();
 
-// Starts `argv` (argv[0] run as plan.executable) with exactly `env`, in a new process group of its
-// own, with PR_SET_PDEATHSIG so that it dies with this process (checked against a parent that died
-// before the flag took effect), bound to `placement`'s CPUs and memory nodes when given, holding
-// stdin (/dev/null), stdout and stderr (pipes) and `inherited` (descriptors, close-on-exec here,
-// that this child alone keeps), nothing else of this process's. The child shares this process's
-// memory until its exec, as posix_spawn's does (no page tables copied), but this returns at once:
-// children started one after the other exec side by side. confirm_started says whether the exec
-// worked. Throws std::runtime_error when no process can be started.
+// Starts `argv` (argv[0] run as plan.executable) with exactly `env`, in a new session (and so a
+// process group) of its own, with PR_SET_PDEATHSIG so that it dies with this process (checked
+// against a parent that died before the flag took effect), bound to `placement`'s CPUs and memory
+// nodes when given, holding stdin (this process's, or /dev/null: plan.keep_stdin), stdout and
+// stderr (pipes) and `inherited` (descriptors, close-on-exec here, that this child alone keeps),
+// nothing else of this process's. The child shares this process's memory until its exec, as
+// posix_spawn's does (no page tables copied), but this returns at once: children started one
+// after the other exec side by side. confirm_started says whether the exec worked. Throws
+// std::runtime_error when no process can be started.
 SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> argv,
                              std::vector<std::string> env,
                              const WorkerPlacement* placement = nullptr,
@@ -76,7 +80,8 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
 // errno through a close-on-exec pipe); the child is then reaped and its pipes closed.
 void confirm_started(SpawnedProcess& process);
 
-// Sends `signal` to the worker's whole process group (its children included).
+// Sends `signal` to the worker's whole process group (its children included); to the worker
+// alone while it has not made its group yet.
 void signal_group(pid_t pid, int signal);
 
 }  // namespace dist::agent

@@ -221,7 +221,8 @@ bool WarmStart::reaped(pid_t pid, int status) {
 
 std::optional<SpawnedProcess> WarmStart::spawn(const std::vector<std::string>& argv,
                                                const std::vector<std::string>& env,
-                                               const std::vector<int>& inherited, int rank) {
+                                               const std::vector<int>& inherited, int rank,
+                                               bool keep_stdin) {
   if (off_ || !zygote_ || zygote_->state() != Zygote::State::kReady) return std::nullopt;
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -236,7 +237,7 @@ std::optional<SpawnedProcess> WarmStart::spawn(const std::vector<std::string>& a
   request.env = env;
   std::error_code ec;
   request.cwd = fs::current_path(ec).string();
-  request.fds = {{null, 0}, {out[1], 1}, {err[1], 2}};
+  request.fds = {{keep_stdin ? STDIN_FILENO : null, 0}, {out[1], 1}, {err[1], 2}};
   for (const int fd : inherited) request.fds.emplace_back(fd, fd);
   pid_t pid = -1;
   try {

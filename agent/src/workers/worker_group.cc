@@ -294,8 +294,7 @@ void WorkerGroup::start_now() {
   write_python_files_once();
   state_ = State::kRunning;
   const std::vector<std::string> base_env = current_environment();
-  const char* path = std::getenv("PATH");
-  const SpawnPlan plan = plan_spawn(config_.worker_argv.front(), path ? path : "");
+  const SpawnPlan plan = worker_plan();
   std::vector<SpawnedProcess> started;
   std::optional<std::runtime_error> failure;
   for (int local = 0; local < config_.nproc_per_node && !failure; ++local) {
@@ -348,9 +347,7 @@ pid_t WorkerGroup::replace(int local_rank, int generation) {
   Member& w = workers_.at(static_cast<std::size_t>(local_rank));
   const int rank = w.worker.rank;
   w = Member{Worker{round_.round, rank, local_rank, -1, named_generation(identity_, generation)}};
-  const char* path = std::getenv("PATH");
-  SpawnedProcess p =
-      spawn(w, plan_spawn(config_.worker_argv.front(), path ? path : ""), current_environment());
+  SpawnedProcess p = spawn(w, worker_plan(), current_environment());
   try {
     if (p.status_fd >= 0) {
       confirm_started(p);
@@ -389,6 +386,15 @@ std::vector<int> WorkerGroup::running_ranks() const {
     if (!w.exited) ranks.push_back(w.worker.rank);
   }
   return ranks;
+}
+
+// The workers' executable, found on PATH; their stdin the agent's (as torchrun's), but where the
+// agent reads its own job from it (an agent that dist-launch --hosts started).
+SpawnPlan WorkerGroup::worker_plan() const {
+  const char* path = std::getenv("PATH");
+  SpawnPlan plan = plan_spawn(config_.worker_argv.front(), path ? path : "");
+  plan.keep_stdin = config_.launcher_fd != STDIN_FILENO;
+  return plan;
 }
 
 SpawnedProcess WorkerGroup::spawn(Member& w, const SpawnPlan& plan,
@@ -440,7 +446,8 @@ SpawnedProcess WorkerGroup::spawn(Member& w, const SpawnPlan& plan,
   auto argv = substitute_local_rank(config_.worker_argv, w.worker.local_rank);
   SpawnedProcess p;
   if (warm_ && !bound) {
-    if (auto forked = warm_->spawn(argv, env, inherited, w.worker.rank)) p = *forked;
+    if (auto forked = warm_->spawn(argv, env, inherited, w.worker.rank, plan.keep_stdin))
+      p = *forked;
   }
   try {
     if (p.pid < 0) {

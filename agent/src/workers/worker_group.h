@@ -163,6 +163,7 @@ class WorkerGroup {
   void set_up_warm();
   void write_python_files_once();            // the hook (not with --no-step-hook), the package
   std::vector<pid_t> agent_helpers() const;  // zygote, standbys, scratch guardian: not leftovers
+  SpawnPlan worker_plan() const;
   SpawnedProcess spawn(Member& w, const SpawnPlan& plan, const std::vector<std::string>& base_env);
   std::filesystem::path worker_dir(const Member& w) const;
   void attach_output(Member& w, const SpawnedProcess& p);

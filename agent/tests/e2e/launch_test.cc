@@ -83,13 +83,15 @@ TEST_F(LaunchTest, InPlaceWorkersGetNoNcclErrorHandlingOfTheLaunchers) {
   }
 }
 
-// A worker holds its stdin, stdout and stderr and the descriptors meant for it (the heartbeat
-// slot), nothing of the agent's: not the store's listening socket, the metrics port, the event
-// log, nor another worker's pipes.
+// A worker holds its stdin (the launcher's, as torchrun's workers do), stdout and stderr and the
+// descriptors meant for it (the heartbeat slot), nothing of the agent's: not the store's listening
+// socket, the metrics port, the event log, nor another worker's pipes. It has a session of its
+// own (its process group is the session's), as torchrun's have: a worker reading the terminal is
+// not a background job of the launcher's session (stopped by SIGTTIN).
 TEST_F(LaunchTest, AWorkerInheritsOnlyItsStandardStreamsAndItsHeartbeatSlot) {
   Launch launch({"--nproc-per-node", "2", "--metrics-port", "0", "--event-log", path("events"),
                  "--worker-heartbeat-timeout", "60", "--no-python", kWorker, "fds",
-                 path("fds_${local_rank}")});
+                 path("fds_${local_rank}"), "session", path("session_${local_rank}")});
   ASSERT_EQ(launch.wait(), 0) << launch.output();
   for (int r = 0; r < 2; ++r) {
     SCOPED_TRACE("local rank " + std::to_string(r));
@@ -102,7 +104,9 @@ TEST_F(LaunchTest, AWorkerInheritsOnlyItsStandardStreamsAndItsHeartbeatSlot) {
       fds[std::stoi(line.substr(0, space))] = target;
     }
     ASSERT_GE(fds.size(), 3u);
-    EXPECT_EQ(fds[0], "/dev/null");
+    std::error_code no_stdin;  // (then the launcher's is /dev/null)
+    const fs::path launchers_stdin = fs::read_symlink("/proc/self/fd/0", no_stdin);
+    EXPECT_EQ(fds[0], no_stdin ? "/dev/null" : launchers_stdin.string());
     EXPECT_TRUE(fds[1].starts_with("pipe:")) << fds[1];
     EXPECT_TRUE(fds[2].starts_with("pipe:")) << fds[2];
     fds.erase(0);
@@ -110,6 +114,11 @@ TEST_F(LaunchTest, AWorkerInheritsOnlyItsStandardStreamsAndItsHeartbeatSlot) {
     fds.erase(2);
     ASSERT_EQ(fds.size(), 1u) << "more than the heartbeat slot: " << fds.begin()->second;
     EXPECT_NE(fds.begin()->second.find("memfd:"), std::string::npos) << fds.begin()->second;
+    pid_t pid = 0, group = 0, session = 0;
+    std::ifstream(path("session_" + std::to_string(r))) >> pid >> group >> session;
+    EXPECT_GT(pid, 0);
+    EXPECT_EQ(group, pid);
+    EXPECT_EQ(session, pid);
   }
 }
 

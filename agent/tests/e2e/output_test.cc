@@ -199,13 +199,14 @@ class OutputTest : public ::testing::Test {
   std::vector<Fd> files_;
 };
 
-// dist-launch with its stdout and stderr on descriptors the test chose; killed and reaped when the
-// test is done with it.
+// dist-launch with its stdout and stderr (and stdin, when given) on descriptors the test chose;
+// killed and reaped when the test is done with it.
 class Launch {
  public:
-  Launch(std::vector<std::string> args, int stdout_fd, int stderr_fd) {
+  Launch(std::vector<std::string> args, int stdout_fd, int stderr_fd, int stdin_fd = -1) {
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (stdin_fd >= 0) ::dup2(stdin_fd, STDIN_FILENO);
       ::dup2(stdout_fd, STDOUT_FILENO);
       ::dup2(stderr_fd, STDERR_FILENO);
       std::vector<char*> argv{const_cast<char*>(DIST_LAUNCH_BIN)};
@@ -297,6 +298,31 @@ TEST(RecordCutterTest, RecordsEndAtNewlineOrCarriageReturnAndLongLinesComeInPiec
     cutter.finish(emit);
     EXPECT_EQ(got, c.records);
   }
+}
+
+// A line left open and forwarded (LogPump does it once nothing more came: a prompt) keeps its one
+// prefix: what follows continues it.
+TEST(RecordCutterTest, AnOpenLineForwardedEarlyIsContinuedWithoutAPrefix) {
+  using Records = std::vector<std::pair<std::string, bool>>;
+  dist::agent::RecordCutter cutter(64);
+  Records got;
+  const auto emit = [&](std::string_view bytes, bool starts) {
+    got.emplace_back(std::string(bytes), starts);
+  };
+  cutter.forward_open_line(emit);  // nothing held: nothing forwarded
+  cutter.feed("(Pdb) ", emit);
+  EXPECT_TRUE(cutter.holds_open_line());
+  cutter.forward_open_line(emit);
+  EXPECT_FALSE(cutter.holds_open_line());
+  cutter.feed("42\n(Pdb) ", emit);
+  cutter.forward_open_line(emit);
+  cutter.feed("c", emit);
+  cutter.feed("\nnext\n", emit);
+  cutter.finish(emit);
+  EXPECT_EQ(
+      got,
+      (Records{
+          {"(Pdb) ", true}, {"42\n", false}, {"(Pdb) ", true}, {"c\n", false}, {"next\n", true}}));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -634,6 +660,25 @@ TEST_F(OutputTest, CarriageReturnProgressReachesTheConsoleBeforeAnyNewline) {
   const std::string rest = read_to_eof(console.read_end());
   EXPECT_EQ(launch.wait(), 0) << read_file(path("stderr"));
   EXPECT_EQ(live + rest, kPrefix + "\r" + kPrefix + "step 1/2\r" + kPrefix + "step 2/2\n");
+}
+
+// A prompt (a line left open: "(Pdb) ", input()'s) is shown while the worker waits for its
+// answer, and the answer comes through the worker's stdin, which is the launcher's (as under
+// torchrun); what the worker writes next continues the prompt's line.
+TEST_F(OutputTest, APromptReachesTheConsoleBeforeItsLineEndsAndTheAnswerTheWorkersStdin) {
+  Pipe console, keyboard;
+  Launch launch({"--no-python", kWorker, "write", "name? ", "echo-line", "write", "done\\n"},
+                console.write_end(), file("stderr"), keyboard.read_end());
+  console.close_write();
+  keyboard.close_read();
+  const std::string prompt = read_until(
+      console.read_end(),
+      [](const std::string& s) { return s.find("name? ") != std::string::npos; }, 30s);
+  EXPECT_EQ(prompt, kPrefix + "name? ") << "shown while the worker waits";
+  ASSERT_EQ(::write(keyboard.write_end(), "world\n", 6), 6);
+  const std::string rest = read_to_eof(console.read_end());
+  EXPECT_EQ(launch.wait(), 0) << read_file(path("stderr"));
+  EXPECT_EQ(prompt + rest, kPrefix + "name? world\n" + kPrefix + "done\n");
 }
 
 // A tmpfs of the given size, mounted for the test's lifetime (needs CAP_SYS_ADMIN).

@@ -3,6 +3,7 @@
 //   status FILE              copy /proc/self/status (Cpus_allowed_list, ...) to FILE
 //   fds FILE                 write this process's open descriptors to FILE, one per line:
 //                            "<fd> <what /proc/self/fd/<fd> links to>"
+//   session FILE             write "<pid> <process group> <session>" to FILE
 //   pidfile FILE             write this process's pid to FILE
 //   exit CODE                exit with CODE
 //   exit-if-rank RANK CODE   exit with CODE when RANK matches $RANK
@@ -24,6 +25,7 @@
 //   spam-forever             print such lines to stdout until killed
 //   long-line BYTES          print one line of BYTES bytes ('a'..'z' repeated) and its newline
 //   write TEXT               write TEXT to stdout as it is, after \r, \n and \\ escapes
+//   echo-line                read a line from stdin and write it to stdout (exit 66 at EOF)
 //   wait-file FILE           wait until FILE exists (at most a minute, else exit 65)
 //   check-sigpipe            exit 3 unless SIGPIPE has its default disposition
 //   connect-master           exit 67 unless a TCP connection to MASTER_ADDR:MASTER_PORT succeeds
@@ -50,6 +52,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -259,6 +262,8 @@ int main(int argc, char** argv) {
         list += entry.path().filename().string() + " " + target.string() + "\n";
       }
       std::ofstream(next()) << list;
+    } else if (a == "session") {
+      std::ofstream(next()) << ::getpid() << " " << ::getpgid(0) << " " << ::getsid(0) << "\n";
     } else if (a == "pidfile") {
       std::ofstream(next()) << ::getpid() << "\n";
     } else if (a == "exit") {
@@ -332,6 +337,10 @@ int main(int argc, char** argv) {
       write_all(1, "\n");
     } else if (a == "write") {
       write_all(1, unescape(next()));
+    } else if (a == "echo-line") {
+      std::string line;
+      if (!std::getline(std::cin, line)) return 66;
+      write_all(1, line + "\n");
     } else if (a == "wait-file") {
       const std::string path = next();
       const auto end = std::chrono::steady_clock::now() + kWaitFileTimeout;

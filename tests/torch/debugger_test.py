@@ -1,0 +1,143 @@
+"""A rank stopped for its user under dist-launch, as under torchrun: the workers' stdin is the
+launcher's (a terminal or a pipe), a worker that reads its terminal is not stopped by SIGTTIN (each
+worker has a session of its own, as torchrun's have: the terminal is not its controlling one), a
+prompt without a newline ("(Pdb) ", "x? ") reaches the console before it is answered, and a rank
+held at a prompt past the automatic hang timeout is reported, never ended
+(tests/torch/debugger_worker.py).
+
+    python3 debugger_test.py --launcher build/bin/dist-launch [--python P] [--require-major N]
+Exits 77 (skip) when P has no torch.
+"""
+import os
+import select
+import subprocess
+import sys
+import time
+import unittest
+
+import launcher_test_main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "debugger_worker.py")
+ARGS = None
+
+# Runs its arguments as the foreground job of the terminal on its stdin (a session of its own
+# that the terminal controls), as a shell runs a command.
+FOREGROUND = ("import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+              "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+class Console:
+    """What a process wrote to the terminal or pipe `fd`, read as it comes."""
+
+    def __init__(self, proc, fd):
+        self.proc = proc
+        self.fd = fd
+        self.text = ""
+
+    def wait_for(self, token, timeout=120):
+        deadline = time.monotonic() + timeout
+        while token not in self.text and time.monotonic() < deadline:
+            if select.select([self.fd], [], [], 0.5)[0]:
+                try:
+                    data = os.read(self.fd, 65536)
+                except OSError:  # EIO: the terminal's last process closed it
+                    data = b""
+                if not data:
+                    break
+                self.text += data.decode(errors="replace")
+        if token not in self.text:
+            raise AssertionError(f"{token!r} never came; so far:\n{self.text}")
+
+    def finish(self, timeout=120):
+        """The exit code, once everything written was read."""
+        try:
+            self.wait_for("\0never\0", timeout)
+        except AssertionError:
+            pass
+        return self.proc.wait(timeout=30)
+
+
+class Debugger(unittest.TestCase):
+    def launch(self, stop, *flags, terminal=True):
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        cmd = [ARGS.launcher, "--nproc-per-node", "2", *flags, WORKER, "--stop", stop]
+        if terminal:
+            ours, theirs = os.openpty()
+            proc = subprocess.Popen([sys.executable, "-c", FOREGROUND, *cmd], stdin=theirs,
+                                    stdout=theirs, stderr=theirs, env=env)
+            os.close(theirs)
+            write_end = ours
+        else:
+            ours, out = os.pipe()
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out,
+                                    stderr=subprocess.STDOUT, env=env)
+            os.close(out)
+            write_end = proc.stdin.fileno()
+
+        def end():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdin:
+                proc.stdin.close()
+            os.close(ours)
+        self.addCleanup(end)
+        return Console(proc, ours), (lambda text: os.write(write_end, text.encode()))
+
+    def check_done(self, console, x):
+        code = console.finish()
+        self.assertEqual(code, 0, console.text)
+        self.assertIn(f"rank 0 done x={x} weight=", console.text)
+        self.assertIn("rank 1 done x=41 weight=", console.text)
+        weights = {line.split("weight=")[1].split()[0] for line in console.text.splitlines()
+                   if " done x=" in line}
+        self.assertEqual(len(weights), 1, console.text)  # the replicas agree
+        self.assertNotIn("stopped (SIGSTOP", console.text)
+        self.assertNotIn("SIGKILL", console.text)
+
+    def debug(self, console, type_in):
+        console.wait_for("(Pdb) ")  # the prompt, before its line ends
+        type_in("p x + 1\n")
+        console.wait_for("42")
+        type_in("x = 7\nc\n")
+
+    def test_breakpoint_at_a_terminal(self):
+        console, type_in = self.launch("breakpoint")
+        self.debug(console, type_in)
+        self.check_done(console, 7)
+
+    def test_breakpoint_in_a_warm_worker(self):
+        console, type_in = self.launch("breakpoint", "--warm-restart")
+        self.debug(console, type_in)
+        self.check_done(console, 7)
+
+    def test_torch_distributed_breakpoint(self):
+        major, minor = (int(v) for v in ARGS.version.split("+")[0].split(".")[:2])
+        if (major, minor) < (2, 2):
+            self.skipTest(f"torch {ARGS.version} has no torch.distributed.breakpoint")
+        console, type_in = self.launch("dist-breakpoint")
+        console.wait_for("(Pdb) ")
+        type_in("p 41 + 1\n")
+        console.wait_for("42")
+        type_in("c\n")
+        self.check_done(console, 41)
+
+    def test_a_prompt_answered_through_a_pipe(self):
+        console, type_in = self.launch("input", terminal=False)
+        console.wait_for("x? ")  # no newline after it: shown once nothing more came
+        type_in("7\n")
+        self.check_done(console, 7)
+
+    def test_a_rank_held_at_its_prompt_past_the_hang_timeout_is_reported_not_ended(self):
+        console, type_in = self.launch("breakpoint")
+        console.wait_for("(Pdb) ")
+        console.wait_for("hang suspected", timeout=180)
+        self.assertIn("nothing is ended", console.text)
+        self.assertIn("in cmdloop", console.text)  # where rank 0 is: pdb's loop
+        type_in("x = 7\nc\n")
+        self.check_done(console, 7)
+
+
+if __name__ == "__main__":
+    launcher_test_main.main(sys.modules[__name__])

@@ -132,9 +132,15 @@ class Debugger(unittest.TestCase):
     def test_a_rank_held_at_its_prompt_past_the_hang_timeout_is_reported_not_ended(self):
         console, type_in = self.launch("breakpoint")
         console.wait_for("(Pdb) ")
-        console.wait_for("hang suspected", timeout=180)
+        console.wait_for("stacks: ", timeout=180)  # the report's last line
+        self.assertIn("hang suspected", console.text)
+        self.assertIn("the others wait for rank 0, which waits for input (a debugger's prompt",
+                      console.text)
         self.assertIn("nothing is ended", console.text)
-        self.assertIn("in cmdloop", console.text)  # where rank 0 is: pdb's loop
+        rank_0 = [line for line in console.text.splitlines() if "rank 0 (local rank 0" in line]
+        self.assertEqual(len(rank_0), 1, console.text)
+        self.assertIn("in cmdloop", rank_0[0])  # where: pdb's loop
+        self.assertIn("waiting for input at its terminal (/dev/pts/", rank_0[0])
         type_in("x = 7\nc\n")
         self.check_done(console, 7)
 

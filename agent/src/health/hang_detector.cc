@@ -754,10 +754,12 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
     verdict = fmt::format("rank {} declared a pause of its own: not a hang", list(paused));
   } else if (finding.idle_suspect()) {
     verdict = fmt::format(
-        "suspected hang: the others wait for rank {}, which does nothing (nothing is ended: "
-        "a rank is ended only on proof that it cannot go on, or past the job's collective "
-        "timeout{})",
-        list(suspects), bound() ? fmt::format(", {:.0f} s", seconds(*bound())) : "");
+        "suspected hang: the others wait for rank {}, which {} (nothing is ended: a rank is "
+        "ended only on proof that it cannot go on, or past the job's collective timeout{})",
+        list(suspects),
+        finding.idle_suspects_await_input() ? "waits for input (a debugger's prompt, input()?)"
+                                            : "does nothing",
+        bound() ? fmt::format(", {:.0f} s", seconds(*bound())) : "");
   } else if (!suspects.empty()) {
     verdict =
         fmt::format("rank {} is working and the others wait for it: not a hang", list(suspects));

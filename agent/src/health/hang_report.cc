@@ -268,8 +268,12 @@ std::pair<std::string, bool> doing_of(const RankLook& l) {
     parts.emplace_back("its Python not running (a thread holds the GIL)");
   }
   if (!active && !s.paused()) {
-    parts.insert(parts.begin(), l.after.wchan.empty() ? std::string("idle")
-                                                      : "idle (asleep in " + l.after.wchan + ")");
+    if (!l.after.awaits_input.empty()) {
+      parts.insert(parts.begin(), "waiting for input " + l.after.awaits_input);
+    } else {
+      parts.insert(parts.begin(), l.after.wchan.empty() ? std::string("idle")
+                                                        : "idle (asleep in " + l.after.wchan + ")");
+    }
   }
   std::string text;
   for (const auto& p : parts) text += (text.empty() ? "" : ", ") + p;
@@ -381,6 +385,12 @@ bool HangFinding::idle_suspect() const {
                      [](const RankWhere& r) { return r.suspect && !r.active && !r.paused; });
 }
 
+bool HangFinding::idle_suspects_await_input() const {
+  return std::all_of(ranks.begin(), ranks.end(), [](const RankWhere& r) {
+    return !(r.suspect && !r.active && !r.paused) || r.awaits_input;
+  });
+}
+
 bool HangFinding::any_paused() const {
   return std::any_of(ranks.begin(), ranks.end(), [](const RankWhere& r) { return r.paused; });
 }
@@ -459,6 +469,7 @@ HangFinding examine(const std::vector<RankLook>& looks, HangRule rule,
     r.waiting = positions[i].waiting;
     r.paused = looks[i].second.paused();
     std::tie(r.doing, r.active) = doing_of(looks[i]);
+    r.awaits_input = !looks[i].after.awaits_input.empty();
   }
   const auto suspected = suspects(looks, finding.ranks, positions);
   for (std::size_t i = 0; i < looks.size(); ++i) finding.ranks[i].suspect = suspected[i];

@@ -58,12 +58,13 @@ enum class HangRule {
 };
 
 struct RankWhere {
-  bool cause = false;    // to be ended
-  bool proven = false;   // it cannot go on
-  bool suspect = false;  // the others wait for it (or, alone, it makes no progress)
-  bool waiting = false;  // blocked in a collective, for its peers
-  bool active = false;   // works: CPU, I/O, its stack moving
-  bool paused = false;   // declared a pause of its own
+  bool cause = false;         // to be ended
+  bool proven = false;        // it cannot go on
+  bool suspect = false;       // the others wait for it (or, alone, it makes no progress)
+  bool waiting = false;       // blocked in a collective, for its peers
+  bool active = false;        // works: CPU, I/O, its stack moving
+  bool paused = false;        // declared a pause of its own
+  bool awaits_input = false;  // reads its terminal or stdin (a debugger's prompt, input())
   std::string where;
   std::string doing;
 };
@@ -75,6 +76,8 @@ struct HangFinding {
   bool any_cause() const;
   // A suspect that neither works nor declared a pause: what a warning is said for.
   bool idle_suspect() const;
+  // Every such suspect reads its terminal or stdin: it waits for its user.
+  bool idle_suspects_await_input() const;
   bool any_paused() const;
 };
 

@@ -1,5 +1,6 @@
 #include "health/process_activity.h"
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -70,6 +71,27 @@ std::vector<pid_t> children_of(pid_t pid) {
   return children;
 }
 
+// Where `pid`'s main thread waits for input, when it is in a read of a terminal, or of its stdin
+// (/proc/<pid>/syscall: the call's number and its arguments, the first the descriptor): "at its
+// terminal (/dev/pts/3)", "on its stdin (pipe:[4711])"; empty otherwise.
+std::string input_awaited(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::istringstream call(read_small(proc + "/syscall"));
+  long number = -1;
+  std::string first;
+  if (!(call >> number >> first) || (number != SYS_read && number != SYS_readv)) return "";
+  const long fd = std::strtol(first.c_str(), nullptr, 16);
+  std::error_code ec;
+  const std::string target =
+      std::filesystem::read_symlink(proc + "/fd/" + std::to_string(fd), ec).string();
+  if (ec) return "";
+  if (target.starts_with("/dev/pts/") || target.starts_with("/dev/tty") ||
+      target == "/dev/console") {
+    return "at its terminal (" + target + ")";
+  }
+  return fd == STDIN_FILENO ? "on its stdin (" + target + ")" : "";
+}
+
 }  // namespace
 
 ProcessActivity read_activity(pid_t pid) {
@@ -85,6 +107,7 @@ ProcessActivity read_activity(pid_t pid) {
       a.state = state;
       a.wchan = read_small("/proc/" + std::to_string(p) + "/wchan");
       if (a.wchan == "0") a.wchan.clear();
+      if (state == 'S') a.awaits_input = input_awaited(p);
     }
     a.cpu_ticks += ticks;
     add_io(p, a);

@@ -20,7 +20,10 @@ struct ProcessActivity {
   std::uint64_t write_bytes = 0;      // wchar
   std::uint64_t storage_written = 0;  // write_bytes: what went to storage (checkpoints)
   std::string wchan;                  // where the kernel has it wait; empty when running
-  int processes = 0;                  // read (0: the process is gone)
+  // Its main thread blocked reading a terminal or its stdin (a debugger's prompt, input()): "at
+  // its terminal (/dev/pts/3)", "on its stdin (pipe:[4711])"; empty otherwise.
+  std::string awaits_input;
+  int processes = 0;  // read (0: the process is gone)
 };
 
 // The worker `pid` and its descendants now; processes = 0 when it is gone.

@@ -2,6 +2,7 @@
 // main thread for its stack: real processes that wait in the kernel or run.
 #include "health/process_activity.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -10,6 +11,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 namespace dist::agent {
@@ -163,6 +166,67 @@ TEST(ThreadRun, AThreadThatIsGoneHasNoReading) {
     gone = child.pid();
   }
   EXPECT_FALSE(read_thread_run(gone, gone));
+}
+
+}  // namespace
+}  // namespace dist::agent
+
+namespace dist::agent {
+namespace {
+
+// The child's reading once its main thread sleeps (waiting for `wanted` to be said, at most 30 s).
+ProcessActivity asleep(const Child& child, bool wanted) {
+  ProcessActivity a;
+  for (const auto end = std::chrono::steady_clock::now() + 30s;
+       std::chrono::steady_clock::now() < end; std::this_thread::sleep_for(5ms)) {
+    a = read_activity(child.pid());
+    if (a.state == 'S' && (!wanted || !a.awaits_input.empty())) break;
+  }
+  return a;
+}
+
+// A rank at a debugger's prompt or input() reads its terminal or its stdin: the hang report says
+// it waits for input (a read of any other descriptor, or a sleep, is not that).
+TEST(AwaitsInput, AReadOfATerminalOrOfStdinIsWaitingForInput) {
+  const int terminal = ::posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(terminal, 0);
+  ASSERT_EQ(::grantpt(terminal), 0);
+  ASSERT_EQ(::unlockpt(terminal), 0);
+  const std::string name = ::ptsname(terminal);
+  const int user_side = ::open(name.c_str(), O_RDWR | O_NOCTTY);
+  ASSERT_GE(user_side, 0);
+  {
+    Child at_terminal([&] {
+      char c;
+      [[maybe_unused]] ssize_t n = ::read(user_side, &c, 1);
+    });
+    EXPECT_EQ(asleep(at_terminal, true).awaits_input, "at its terminal (" + name + ")");
+  }
+  int keyboard[2], other[2];
+  ASSERT_EQ(::pipe(keyboard), 0);
+  ASSERT_EQ(::pipe(other), 0);
+  {
+    Child on_stdin([&] {
+      ::dup2(keyboard[0], STDIN_FILENO);
+      char c;
+      [[maybe_unused]] ssize_t n = ::read(STDIN_FILENO, &c, 1);
+    });
+    EXPECT_TRUE(asleep(on_stdin, true).awaits_input.starts_with("on its stdin (pipe:["));
+  }
+  {
+    Child on_a_pipe([&] {
+      char c;
+      [[maybe_unused]] ssize_t n = ::read(other[0], &c, 1);
+    });
+    EXPECT_EQ(asleep(on_a_pipe, false).awaits_input, "");
+  }
+  {
+    Child sleeping([] { ::pause(); });
+    EXPECT_EQ(asleep(sleeping, false).awaits_input, "");
+  }
+  for (const int fd : {terminal, user_side, keyboard[0], keyboard[1], other[0], other[1]}) {
+    ::close(fd);
+  }
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 #include "job_token.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <map>
 #include <stdexcept>
 
@@ -12,6 +14,9 @@
 namespace dist::launcher {
 
 namespace {
+
+// A token line longer than this is not a token (the rest stays on stdin).
+constexpr std::size_t kMaxTokenLineBytes = 4096;
 
 const std::map<std::string, store::UnauthenticatedPolicy> kPolicies = {
     {"deny", store::UnauthenticatedPolicy::kDeny},
@@ -31,9 +36,17 @@ std::string token_file_given(const TokenOptions& options) {
   return from_environment;
 }
 
+// One line, read a byte at a time: what follows it on stdin is the workers' (they inherit it),
+// not a buffer's of this process.
 std::string token_from_stdin() {
   std::string token;
-  std::getline(std::cin, token);
+  char c = 0;
+  while (token.size() < kMaxTokenLineBytes) {
+    const ssize_t n = ::read(STDIN_FILENO, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') break;
+    token.push_back(c);
+  }
   while (!token.empty() && (token.back() == '\r' || token.back() == '\n')) token.pop_back();
   if (token.empty()) {
     throw std::invalid_argument("--token-file -: no token on standard input (one line)");

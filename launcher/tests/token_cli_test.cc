@@ -110,17 +110,46 @@ TEST_F(TokenOnTheCommandLine, ATokenFileOthersCanReadOrThatIsMissingIsAClearErro
   expect_error({"--token-file", (dir_ / "missing").string()}, (dir_ / "missing").string());
 }
 
-TEST_F(TokenOnTheCommandLine, ADashReadsOneLineFromStandardInput) {
-  std::istringstream in("piped-token\nthe worker's input\n");
-  auto* saved = std::cin.rdbuf(in.rdbuf());
-  const auto o = parse({"--nnodes", "2", "--master-addr", "node-a", "--token-file", "-"});
-  std::istringstream empty("");
-  std::cin.rdbuf(empty.rdbuf());
+// Standard input (descriptor 0, a pipe here) for the test's duration.
+class StdinFrom {
+ public:
+  explicit StdinFrom(const std::string& text) : saved_(::dup(STDIN_FILENO)) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    EXPECT_EQ(::write(fds[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    ::close(fds[1]);
+    ::dup2(fds[0], STDIN_FILENO);
+    ::close(fds[0]);
+  }
+  ~StdinFrom() {
+    ::dup2(saved_, STDIN_FILENO);
+    ::close(saved_);
+  }
+  StdinFrom(const StdinFrom&) = delete;
+  StdinFrom& operator=(const StdinFrom&) = delete;
+  std::string rest() const {
+    std::string text;
+    char buffer[256];
+    for (ssize_t n; (n = ::read(STDIN_FILENO, buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+    return text;
+  }
+
+ private:
+  int saved_;
+};
+
+// One line, and no more: what follows is the workers' (they inherit the launcher's stdin).
+TEST_F(TokenOnTheCommandLine, ADashReadsOneLineFromStandardInputAndLeavesTheRest) {
+  {
+    StdinFrom in("piped-token\nthe worker's input\n");
+    const auto o = parse({"--nnodes", "2", "--master-addr", "node-a", "--token-file", "-"});
+    ASSERT_FALSE(o.exit_now) << err_.str();
+    EXPECT_EQ(o.config.secret, "piped-token");
+    EXPECT_TRUE(o.config.token_file.empty());  // the agent writes one for the workers
+    EXPECT_EQ(in.rest(), "the worker's input\n");
+  }
+  StdinFrom empty("");
   const auto none = parse({"--token-file", "-"});
-  std::cin.rdbuf(saved);
-  ASSERT_FALSE(o.exit_now) << err_.str();
-  EXPECT_EQ(o.config.secret, "piped-token");
-  EXPECT_TRUE(o.config.token_file.empty());  // the agent writes one for the workers
   EXPECT_TRUE(none.exit_now);
   EXPECT_EQ(none.exit_code, kExitUsage);
 }

@@ -3,6 +3,7 @@ sys.stderr (so a notebook shows it), its stderr is watched for the rank assignme
 report, and the stop signals this process receives reach it exactly once."""
 from __future__ import annotations
 
+import codecs
 import ctypes
 import os
 import re
@@ -76,18 +77,31 @@ class _StderrWatch:
 
 
 def _pump(source: IO[bytes], sink: IO[str], watch: Optional[_StderrWatch]) -> None:
+    """Copies what dist-launch writes as it comes (a prompt without its newline too), and feeds
+    the watch whole lines."""
     raw = getattr(sink, "buffer", None)
-    for data in iter(source.readline, b""):
+    to_sink = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    to_watch = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    line = ""
+    while True:
+        data = os.read(source.fileno(), 65536)
+        if not data:
+            break
         try:
             if raw is not None:
+                sink.flush()  # (what was written to the text layer first)
                 raw.write(data)
             else:
-                sink.write(data.decode(errors="replace"))
+                sink.write(to_sink.decode(data))
             sink.flush()
         except (OSError, ValueError):  # a closed console: keep draining, keep watching
             pass
         if watch is not None:
-            watch.feed(data.decode(errors="replace").rstrip("\n"))
+            *lines, line = (line + to_watch.decode(data)).split("\n")
+            for whole in lines:
+                watch.feed(whole)
+    if watch is not None and line:
+        watch.feed(line)
     source.close()
 
 
@@ -117,8 +131,9 @@ def run_dist_launch(argv: Sequence[str], env: dict, forward_signals: Sequence[in
             stream.flush()
         except (OSError, ValueError):
             pass
-    proc = subprocess.Popen([path, *argv], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=in_child)
+    # stdin is the caller's, as under torchrun (a worker's breakpoint(), input()).
+    proc = subprocess.Popen([path, *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=in_child)
     watch = _StderrWatch()
     pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, None), daemon=True),
              threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, watch), daemon=True)]

@@ -34,6 +34,7 @@ worker and attempt; /proc/PID/environ shows the zygote's environment (the worker
 os.environ, getenv() and its children see); objects of the preloaded modules are frozen (gc.freeze)
 so that the workers share their memory pages.
 """
+import io
 import os
 import sys
 
@@ -426,6 +427,20 @@ def _install_descriptors(worker, keep_open):
                 pass  # the directory listing's own descriptor
 
 
+def _fresh_stdin():
+    """sys.stdin made again for the worker's descriptor 0, as the interpreter makes it: the
+    zygote's was made for /dev/null and keeps what it learnt of that (seekable() among it)."""
+    old = sys.stdin
+    if old is None or not hasattr(old, "buffer"):
+        return
+    buffer = io.open(0, "rb", closefd=False)
+    buffer.raw.name = "<stdin>"
+    stream = io.TextIOWrapper(buffer, encoding=old.encoding, errors=old.errors, newline="\n",
+                              line_buffering=old.line_buffering, write_through=old.write_through)
+    stream.mode = "r"
+    sys.stdin = sys.__stdin__ = stream
+
+
 def _open_descriptors():
     """The descriptors open now (not the directory listing's own)."""
     found = set()
@@ -528,6 +543,7 @@ def prepare(worker, keep_open):
     if worker.go_fd is not None:  # (a standby became the agent's before its request)
         _become_the_agents(worker.request["agent_pid"], worker.go_fd)
     _install_descriptors(worker, keep_open)
+    _fresh_stdin()
     request = worker.request
     os.chdir(request["cwd"])
     _install_environment(request["env"])

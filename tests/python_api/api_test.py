@@ -7,10 +7,12 @@ what cannot be sent to a fresh interpreter. No torch needed.
 """
 import argparse
 import os
+import select
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -133,6 +135,40 @@ class FunctionEntrypoint(unittest.TestCase):
                 print("MESSAGE", e.get_first_failure()[1].message)
         """)
         self.assertIn("launch from under `if __name__ == \"__main__\":`", message)
+
+    def test_a_workers_prompt_is_shown_and_answered_through_the_callers_stdin(self):
+        # As under torchrun: the worker's stdin is the caller's, and its prompt (no newline after
+        # it) reaches the caller's stdout before it is answered.
+        where = tempfile.mkdtemp(prefix="dist-api-prompt-")
+        self.addCleanup(__import__("shutil").rmtree, where, True)
+        driver = os.path.join(where, "driver.py")
+        with open(driver, "w") as f:
+            f.write(textwrap.dedent("""\
+                import sys
+                from dist_launch import LaunchConfig, launch
+                if __name__ == "__main__":
+                    code = "print('got', input('x? '))"
+                    print("RESULT", launch(LaunchConfig(nproc_per_node=1), sys.executable, "-c",
+                                           code), flush=True)
+            """))
+        proc = subprocess.Popen([sys.executable, driver], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=where)
+        self.addCleanup(lambda: proc.poll() is None and (proc.kill(), proc.wait()))
+        seen = b""
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while b"x? " not in seen and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 0.5)[0]:
+                data = os.read(proc.stdout.fileno(), 65536)
+                if not data:
+                    break
+                seen += data
+        self.assertIn(b"x? ", seen, "the prompt never came")
+        proc.stdin.write(b"7\n")
+        proc.stdin.close()
+        rest = proc.stdout.read()
+        self.assertEqual(proc.wait(timeout=JOB_TIMEOUT_S), 0, (seen + rest).decode())
+        self.assertIn(b"got 7", seen + rest)
+        self.assertIn(b"RESULT {0: 0}", seen + rest)
 
     def test_programs_still_return_exit_codes(self):
         results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")

@@ -37,7 +37,10 @@ PAUSE_S = 36  # past the automatic hang timeout's 30 s floor, and its look
 CONCURRENT_JOBS = 4
 
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
-             "no-optimizer", "accumulate", "slow-log", "paused", "compile", "exit", "crowded"]
+             "no-optimizer", "accumulate", "slow-log", "paused", "compile", "exit", "crowded",
+             "alone"]
+# Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it.
+PAUSES = {"alone": 80}
 
 
 class SlowService:
@@ -83,7 +86,7 @@ class Job:
             nproc, on_cpus = 4, {min(os.sched_getaffinity(0))}
         cmd = [ARGS.launcher, "--nproc-per-node", str(nproc), "--event-log", self.events_path,
                "--log-dir", os.path.join(self.dir, "logs"), WORKER, "--scenario", self.scenario,
-               "--pause", str(PAUSE_S), *extra]
+               "--pause", str(PAUSES.get(self.scenario, PAUSE_S)), *extra]
         start = time.monotonic()
         try:
             self.proc = subprocess.run(
@@ -250,6 +253,17 @@ class Healthy(unittest.TestCase):
 
     def test_a_rank_logging_to_a_slow_network_service(self):
         self.check("slow-log")
+
+    def test_a_rank_working_alone_after_the_others_finished_past_the_collective_timeout(self):
+        # No rank is left to wait for it: neither ended past the job's collective timeout and its
+        # margin (it was, at 70 s: SIGKILL, exit 137), nor warned of, nor marked as a suspect.
+        job = self.check("alone")
+        self.assertIn("rank 1 worked alone after the job", job.proc.stdout)
+        self.assertIn("rank 1 is the job's only running rank (the others finished) and waits in "
+                      "no collective", job.proc.stderr)
+        self.assertNotIn("hang suspected", job.proc.stderr)
+        for event in job.events("hang_suspected"):
+            self.assertFalse(any(r["suspect"] for r in event["ranks"]), event)
 
     def test_a_declared_pause_is_reported_as_a_pause(self):
         job = self.check("paused")

@@ -24,6 +24,9 @@ defaults must end none of them.
                 rank, makes one slower than the others from one second to the next
   exit          no pause; the interpreter ends while the progress sampler reads the group's
                 counter (in torch's C++, the GIL released), pass after pass: the worker exits 0
+  alone         the script's own collective timeout is short (10 s); rank 0 ends after the
+                training, rank 1 then works alone for --pause s (an evaluation, an upload), its
+                group still up: past that timeout and its margin, but no rank waits for it
 
 Prints "rank R done steps N hook H" at the end (H: the steps the agent's hook counted, or "off").
 """
@@ -56,7 +59,8 @@ def main():
     p.add_argument("--log-port", type=int, default=0)
     p.add_argument("--batch", type=int, default=128, help="crowded: the larger model's batch")
     a = p.parse_args()
-    timeout = datetime.timedelta(seconds=a.pause + 60) if a.scenario == "timeout" else None
+    timeout = {"timeout": datetime.timedelta(seconds=a.pause + 60),
+               "alone": datetime.timedelta(seconds=10)}.get(a.scenario)
     dist.init_process_group("gloo", **({"timeout": timeout} if timeout else {}))
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -191,6 +195,11 @@ def main():
     hook = sys.modules.get("_dist_launch_progress")
     counted = hook._words[3] if hook is not None and hook._words is not None else "off"
     print(f"rank {rank} done steps {steps} hook {counted}", flush=True)
+    if s == "alone":
+        if rank == 1:
+            time.sleep(a.pause)
+            print(f"rank {rank} worked alone after the job", flush=True)
+        return  # the group is not destroyed (nor is it in many scripts)
     if s == "exit" and hook is not None and hook._sampler is not None:
         # The interpreter ends while the sampler is inside torch's C++ with the GIL released:
         # passes back to back, each reading the group's counter many times. A pass under way

@@ -152,13 +152,16 @@ class WarmWorkers(Temp):
         flags = ["--no-step-hook", "--hang-timeout", "0"]
         flags += ["--warm-restart", "--preload", "numpy"] if warm else []
         # A long argument: the zygote's own command line is shorter than the workers'.
-        # The workers' stdin is the launcher's, cold or warm (as torchrun's): a file of its own.
-        stdin_path = os.path.join(self.temp(), "stdin")
-        with open(stdin_path, "w"):
-            pass
-        with open(stdin_path) as stdin:
+        # The workers' stdin is the launcher's, cold or warm (as torchrun's): a pipe of its own
+        # (not seekable, as the zygote's /dev/null was).
+        stdin, keyboard = os.pipe()
+        os.close(keyboard)
+        stdin_name = f"pipe:[{os.fstat(stdin).st_ino}]"
+        try:
             proc = launch("--nproc-per-node", "2", *flags, *target, "an arg",
                           "--x=${local_rank}", "y" * 300, cwd=cwd, env=env, stdin=stdin)
+        finally:
+            os.close(stdin)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         if warm:
             self.assertEqual(forked_rounds(proc), {0: (2, 2)}, proc.stderr)
@@ -167,7 +170,8 @@ class WarmWorkers(Temp):
         found = probes(proc)
         self.assertEqual(set(found), {0, 1}, proc.stdout)
         for rank in (0, 1):
-            self.assertEqual(found[rank]["stdin"], stdin_path)
+            self.assertEqual(found[rank]["stdin"], stdin_name)
+            self.assertFalse(found[rank]["stdin_object"][6], "a pipe is not seekable")
             found[rank]["stdin"] = "<the launcher's>"  # (a file of this run's own)
         return found
 

@@ -507,6 +507,7 @@ void HangDetector::look(bool first) {
       const ProcessActivity inner = read_activity(dumper);
       if (inner.state == 'T' || inner.state == 'D') w.look->after.state = inner.state;
       if (w.look->after.wchan.empty()) w.look->after.wchan = inner.wchan;
+      if (w.look->after.awaits_input.empty()) w.look->after.awaits_input = inner.awaits_input;
     }
     const std::uintmax_t stack_size = size_of(w.stack_file);
     if (!first) w.look->stack_bytes = stack_size - std::min(stack_size, w.stacks_offset);
@@ -639,7 +640,13 @@ void HangDetector::conclude() {
   std::erase_if(others, [](const CollectiveState& c) {
     return !c.wait || c.wait->seconds < kMinProvenWaitSeconds;
   });
-  const HangFinding finding = examine(looks, rule(), others, min_wait);
+  HangFinding finding = examine(looks, rule(), others, min_wait);
+  // No collective of anyone's waits for a rank that is alone in the job: it holds nobody up (not
+  // a suspect: no warning, no HUNG?), and the job's collective timeout bounds nothing of its own
+  // (its work after the others finished, a job of one rank). Only a proof ends it.
+  if (alone_in_job(finding)) {
+    for (auto& r : finding.ranks) r.cause = r.suspect = r.proven;
+  }
   if (finding.moving) {
     spdlog::log(last_report_.empty() ? spdlog::level::info : spdlog::level::debug,
                 "not a hang: {}; the next look comes after another hang timeout", *finding.moving);
@@ -665,6 +672,14 @@ void HangDetector::conclude() {
     return;
   }
   act(finding, ranks);
+}
+
+// One node, one worker of it running (the others finished, or it never had others), not waiting
+// in a collective: no rank of the job can be waiting for it.
+bool HangDetector::alone_in_job(const HangFinding& finding) const {
+  if (options_.other_nodes || finding.ranks.size() != 1 || finding.ranks[0].waiting) return false;
+  return std::count_if(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w.second.running; }) == 1;
 }
 
 // The running workers held stopped, and for how long (the agent's stalls not counted).
@@ -748,10 +763,16 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
     for (const auto& x : v) text += (text.empty() ? "" : ", ") + x;
     return text;
   };
-  const bool warn = finding.idle_suspect() || (all_wait && !options_.other_nodes);
+  const bool alone = alone_in_job(finding);
+  const bool warn = (finding.idle_suspect() && !alone) || (all_wait && !options_.other_nodes);
   std::string verdict;
   if (!paused.empty()) {
     verdict = fmt::format("rank {} declared a pause of its own: not a hang", list(paused));
+  } else if (alone) {
+    verdict = fmt::format(
+        "rank {} is the job's only running rank{} and waits in no collective: no rank waits for "
+        "it, work of its own (nothing is ended)",
+        ranks[0]->worker.rank, workers_.size() > 1 ? " (the others finished)" : "");
   } else if (finding.idle_suspect()) {
     verdict = fmt::format(
         "suspected hang: the others wait for rank {}, which {} (nothing is ended: a rank is "

@@ -162,6 +162,7 @@ class HangDetector {
     std::optional<std::chrono::nanoseconds> longest;   // of those held kStoppedProof or more
   };
   Holds holds(std::chrono::nanoseconds now) const;
+  bool alone_in_job(const HangFinding& finding) const;
   bool paused_here() const;
   void investigate_stopped(std::chrono::nanoseconds held);
   bool cpus_oversubscribed();

@@ -27,6 +27,14 @@ struct Record {
   bool note = false;  // the console's own: never counted as dropped output
 };
 
+// A line left open on the console (a prompt, a piece of a long line) and whose it is: a record of
+// anyone else's starts on a line of its own, and the owner's continuation after that starts with
+// its prefix again. The two streams share one when they are the same terminal.
+struct OpenLine {
+  bool open = false;
+  const void* writer = nullptr;
+};
+
 struct Stream {
   const char* name = "";
   int fd = -1;
@@ -212,8 +220,14 @@ struct Console::Impl {
     }
   }
 
+  OpenLine& line_of(ConsoleStream s) {
+    return shared_line || s == ConsoleStream::kStdout ? out_line : err_line;
+  }
+
   const std::size_t queue_limit_bytes;
   std::mutex mutex;
+  OpenLine out_line, err_line;
+  bool shared_line = false;  // stdout and stderr are the same terminal
   std::condition_variable drained;
   Stream out, err;
   int wake_fd = -1;
@@ -233,6 +247,11 @@ Console::Console(int stdout_fd, int stderr_fd, std::size_t queue_limit_bytes)
   impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   impl_->out = open_stream(stdout_fd, "stdout");
   impl_->err = open_stream(stderr_fd, "stderr");
+  struct stat out {
+  }, err{};
+  impl_->shared_line = impl_->out.terminal && impl_->err.terminal &&
+                       ::fstat(stdout_fd, &out) == 0 && ::fstat(stderr_fd, &err) == 0 &&
+                       out.st_rdev == err.st_rdev;
   std::lock_guard lock(impl_->mutex);
   for (Stream* s : {&impl_->out, &impl_->err}) {
     if (s->open_error != 0) impl_->close_stream(*s, s->open_error);
@@ -254,16 +273,31 @@ Console::~Console() {
   }
 }
 
-bool Console::write(ConsoleStream which, std::string_view record) {
+bool Console::write(ConsoleStream which, std::string_view record, const void* writer,
+                    std::string_view resume_prefix) {
   std::lock_guard lock(impl_->mutex);
   Stream& s = impl_->stream(which);
   if (s.mode == Mode::kNone) return false;
   if (record.empty()) return true;
+  OpenLine& line = impl_->line_of(which);
+  // Nobody else wrote on this line since `writer` did.
+  const bool writers_line = writer != nullptr && line.writer == writer;
+  const bool resumes = !resume_prefix.empty() && !writers_line;
+  if (resumes && record == "\n") return true;  // the line it ends was ended by the other record
+  std::string joined;
+  if ((line.open && !writers_line) || resumes) {
+    joined.append(line.open && !writers_line ? "\n" : "");
+    joined.append(resumes ? resume_prefix : "");
+    joined.append(record);
+    record = joined;
+  }
   if (!s.queue.empty() && s.queued_bytes + record.size() > impl_->queue_limit_bytes) {
     impl_->count(s, record.size());
     return false;
   }
   const std::uint64_t dropped_before = s.stats.dropped_bytes;
+  line.open = record.back() != '\n' && record.back() != '\r';
+  line.writer = writer;
   s.queued_bytes += record.size();
   s.queue.push_back({std::string(record)});
   if (s.queue.size() == 1) impl_->flush_queue(s);  // else the writer thread waits for the reader

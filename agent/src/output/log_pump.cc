@@ -171,13 +171,15 @@ void LogPump::to_console(std::string_view bytes, bool starts_record) {
     line_dropped_ = !ends_record(bytes);
     return;
   }
+  if (batch_.empty()) batch_continues_ = !starts_record;
   if (starts_record) batch_.append(sink_.prefix);
   batch_.append(bytes);
 }
 
 void LogPump::flush_batch() {
   if (batch_.empty()) return;
-  const bool taken = sink_.console->write(sink_.stream, batch_);
+  const bool taken = sink_.console->write(sink_.stream, batch_, this,
+                                          batch_continues_ ? sink_.prefix : std::string_view());
   line_dropped_ = !taken && !ends_record(batch_);
   batch_.clear();
   release_if_large(batch_);

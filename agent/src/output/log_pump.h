@@ -14,8 +14,9 @@
 //   - at the end of the output, a line left open is ended with a '\n' on the console only.
 // The records cut from one read go to the console as one batch, one write: records of different
 // workers never mix within a record, but the pieces of one long line or a live progress update may
-// have another worker's records between them. When the console drops a batch, the rest of a line
-// it left open is dropped too (counted, never shown with a hole in the middle).
+// have another worker's records between them (on lines of their own, Console::write: the piece
+// after them prefixed again). When the console drops a batch, the rest of a line it left open is
+// dropped too (counted, never shown with a hole in the middle).
 //
 // A log file that cannot be written (ENOSPC, EIO, or not opened) is given up: one warning naming
 // the file, then the pump goes on with the console alone; file_error() and on_file_error say so.
@@ -127,7 +128,8 @@ class LogPump : public std::enable_shared_from_this<LogPump> {
   bool open_line_timer_armed_ = false;
   std::uint64_t reads_ = 0;  // counted for the timer: did more arrive while it ran?
   std::uint64_t reads_when_armed_ = 0;
-  std::string batch_;  // this read's records, prefixed
+  std::string batch_;             // this read's records, prefixed
+  bool batch_continues_ = false;  // it starts with the rest of a line already (partly) written
   // Not zeroed: 16 pumps of 8 workers would memset a MiB at every launch, and make it resident.
   static constexpr std::size_t kReadBytes = 64 * 1024;
   std::unique_ptr<char[]> buffer_ = std::make_unique_for_overwrite<char[]>(kReadBytes);

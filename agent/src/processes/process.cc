@@ -141,12 +141,13 @@ void reset_signal_dispositions() noexcept {
 // locks: the agent's memory is this process's too, and the agent may be running).
 [[noreturn]] void exec_child(const ChildArgs& c) noexcept {
   reset_signal_dispositions();
-  const unsigned long none = 0;
-  sys(SYS_rt_sigprocmask, SIG_SETMASK, syscall_arg(&none), 0, sizeof none);
   // A session of its own, as torchrun's workers have (its process group is the session's): a
   // worker that reads the terminal (a debugger's prompt) is then not stopped by SIGTTIN as a
-  // background process group of the terminal's session would be.
+  // background process group of the terminal's session would be. Made before its signals are
+  // unblocked: a Ctrl-C at the terminal reaches the launcher's group, not this child.
   if (sys(SYS_setsid) < 0) sys(SYS_setpgid, 0, 0);
+  const unsigned long none = 0;
+  sys(SYS_rt_sigprocmask, SIG_SETMASK, syscall_arg(&none), 0, sizeof none);
   sys(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL);
   if (sys(SYS_getppid) != c.parent) exit_child();  // the agent died before the flag was set
   if (c.placement) {
@@ -388,6 +389,9 @@ void confirm_started(SpawnedProcess& p) {
 
 void signal_group(pid_t pid, int signal) {
   if (pid <= 0) return;
+  // The kernel discards the terminal's stop signals sent to a process group with no parent in
+  // its session (a worker's, in a session of its own: kill -TSTP does nothing): SIGSTOP stops it.
+  if (signal == SIGTSTP || signal == SIGTTIN || signal == SIGTTOU) signal = SIGSTOP;
   // No such group yet: the child has not made its session (it starts nothing before it has).
   if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
 }

@@ -681,6 +681,35 @@ TEST_F(OutputTest, APromptReachesTheConsoleBeforeItsLineEndsAndTheAnswerTheWorke
   EXPECT_EQ(prompt + rest, kPrefix + "name? world\n" + kPrefix + "done\n");
 }
 
+// Two workers' prompts, each shown while it waits: the second starts on a line of its own, and
+// each answer that continues a prompt's line after the other worker wrote starts on a line of its
+// own with its prefix again. Every console line is one worker's, whole.
+TEST_F(OutputTest, TwoWorkersPromptsAndTheirAnswersKeepLinesOfTheirOwn) {
+  Pipe console;
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "wait-file",
+                 path("start_${local_rank}"), "write", "w${local_rank}? ", "wait-file",
+                 path("go_${local_rank}"), "write", "done ${local_rank}\\n"},
+                console.write_end(), file("stderr"));
+  console.close_write();
+  std::string seen;
+  const auto until = [&](const std::string& text) {
+    seen += read_until(
+        console.read_end(),
+        [&](const std::string& s) { return (seen + s).find(text) != std::string::npos; }, 30s);
+    return seen.find(text) != std::string::npos;
+  };
+  touch("start_0");
+  ASSERT_TRUE(until("w0? ")) << seen;
+  touch("start_1");
+  ASSERT_TRUE(until("w1? ")) << seen;
+  touch("go_0");
+  ASSERT_TRUE(until("done 0")) << seen;
+  touch("go_1");
+  seen += read_to_eof(console.read_end());
+  EXPECT_EQ(launch.wait(), 0) << read_file(path("stderr"));
+  EXPECT_EQ(seen, "[default0]:w0? \n[default1]:w1? \n[default0]:done 0\n[default1]:done 1\n");
+}
+
 // A tmpfs of the given size, mounted for the test's lifetime (needs CAP_SYS_ADMIN).
 class SmallFileSystem {
  public:

@@ -57,8 +57,12 @@ class Console {
   Console& operator=(const Console&) = delete;
 
   // Writes one record whole, behind the ones queued before it; never blocks. False when the record
-  // was dropped (the queue is full, or the stream is closed).
-  bool write(ConsoleStream stream, std::string_view record);
+  // was dropped (the queue is full, or the stream is closed). A record that leaves its line open
+  // (no '\n' or '\r' at its end: a prompt) keeps it `writer`'s: a record of anyone else's (the
+  // agent's own: no writer) starts on a new line, and `writer`'s next record, when it continues
+  // that line (`resume_prefix` given), starts with resume_prefix once someone else wrote.
+  bool write(ConsoleStream stream, std::string_view record, const void* writer = nullptr,
+             std::string_view resume_prefix = {});
   // Counts bytes the caller chose not to write (the rest of a line whose start was dropped), so
   // that the note about dropped output has them.
   void count_dropped(ConsoleStream stream, std::size_t bytes);

@@ -111,8 +111,8 @@ class Debugger(unittest.TestCase):
 
     def debug(self, console, type_in):
         console.wait_for("(Pdb) ")  # the prompt, before its line ends
-        type_in("p x + 1\n")
-        console.wait_for("42")
+        type_in("p x * 1000 + 1\n")
+        console.wait_for("41001")
         type_in("x = 7\nc\n")
 
     def test_breakpoint_at_a_terminal(self):
@@ -131,8 +131,8 @@ class Debugger(unittest.TestCase):
             self.skipTest(f"torch {ARGS.version} has no torch.distributed.breakpoint")
         console, type_in = self.launch("dist-breakpoint")
         console.wait_for("(Pdb) ")
-        type_in("p 41 + 1\n")
-        console.wait_for("42")
+        type_in("p 41 * 1000 + 1\n")
+        console.wait_for("41001")
         type_in("c\n")
         self.check_done(console, 41)
 

@@ -151,6 +151,8 @@ class Debugger(unittest.TestCase):
         rank_0 = [line for line in console.text.splitlines() if "rank 0 (local rank 0" in line]
         self.assertEqual(len(rank_0), 1, console.text)
         self.assertIn("in cmdloop", rank_0[0])  # where: pdb's loop
+        # The agent's lines (stderr, the same terminal) start on a line of their own.
+        self.assertNotIn("(Pdb) [dist-launch]", console.text)
         if syscalls_readable():  # (what the rank waits in: not under Yama's ptrace_scope 2, 3)
             self.assertIn("the others wait for rank 0, which waits for input (a debugger's "
                           "prompt", console.text)

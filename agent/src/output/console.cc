@@ -49,6 +49,14 @@ struct Stream {
   ConsoleStats stats;
 };
 
+// Whether two descriptors are the same file (a terminal both streams write to).
+bool same_file(int a, int b) {
+  struct stat sa {};
+  struct stat sb {};
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
 Stream open_stream(int fd, const char* name) {
   Stream s;
   s.name = name;
@@ -247,11 +255,8 @@ Console::Console(int stdout_fd, int stderr_fd, std::size_t queue_limit_bytes)
   impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   impl_->out = open_stream(stdout_fd, "stdout");
   impl_->err = open_stream(stderr_fd, "stderr");
-  struct stat out {
-  }, err{};
-  impl_->shared_line = impl_->out.terminal && impl_->err.terminal &&
-                       ::fstat(stdout_fd, &out) == 0 && ::fstat(stderr_fd, &err) == 0 &&
-                       out.st_rdev == err.st_rdev;
+  impl_->shared_line =
+      impl_->out.terminal && impl_->err.terminal && same_file(stdout_fd, stderr_fd);
   std::lock_guard lock(impl_->mutex);
   for (Stream* s : {&impl_->out, &impl_->err}) {
     if (s->open_error != 0) impl_->close_stream(*s, s->open_error);

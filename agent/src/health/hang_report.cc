@@ -380,15 +380,19 @@ bool HangFinding::any_cause() const {
   return std::any_of(ranks.begin(), ranks.end(), [](const RankWhere& r) { return r.cause; });
 }
 
+namespace {
+bool is_idle_suspect(const RankWhere& r) {
+  return r.suspect && !r.active && !r.paused;
+}
+}  // namespace
+
 bool HangFinding::idle_suspect() const {
-  return std::any_of(ranks.begin(), ranks.end(),
-                     [](const RankWhere& r) { return r.suspect && !r.active && !r.paused; });
+  return std::any_of(ranks.begin(), ranks.end(), is_idle_suspect);
 }
 
 bool HangFinding::idle_suspects_await_input() const {
-  return std::all_of(ranks.begin(), ranks.end(), [](const RankWhere& r) {
-    return !(r.suspect && !r.active && !r.paused) || r.awaits_input;
-  });
+  return std::all_of(ranks.begin(), ranks.end(),
+                     [](const RankWhere& r) { return !is_idle_suspect(r) || r.awaits_input; });
 }
 
 bool HangFinding::any_paused() const {

@@ -90,9 +90,10 @@ std::string input_awaited(pid_t pid) {
     return "at its terminal (" + target + ")";
   }
   // Its stdin, or the same file opened again (torch.distributed.breakpoint's /dev/stdin).
-  const bool stdin_again =
-      fd != STDIN_FILENO && std::filesystem::read_symlink(proc + "/fd/0", ec).string() == target;
-  return fd == STDIN_FILENO || (stdin_again && !ec) ? "on its stdin (" + target + ")" : "";
+  if (fd != STDIN_FILENO && std::filesystem::read_symlink(proc + "/fd/0", ec).string() != target) {
+    return "";
+  }
+  return ec ? "" : "on its stdin (" + target + ")";
 }
 
 }  // namespace

@@ -287,13 +287,12 @@ bool Console::write(ConsoleStream which, std::string_view record, const void* wr
   OpenLine& line = impl_->line_of(which);
   // Nobody else wrote on this line since `writer` did.
   const bool writers_line = writer != nullptr && line.writer == writer;
+  const bool ends_other = line.open && !writers_line;  // someone else's line: end it first
   const bool resumes = !resume_prefix.empty() && !writers_line;
   if (resumes && record == "\n") return true;  // the line it ends was ended by the other record
   std::string joined;
-  if ((line.open && !writers_line) || resumes) {
-    joined.append(line.open && !writers_line ? "\n" : "");
-    joined.append(resumes ? resume_prefix : "");
-    joined.append(record);
+  if (ends_other || resumes) {
+    joined.append(ends_other ? "\n" : "").append(resumes ? resume_prefix : "").append(record);
     record = joined;
   }
   if (!s.queue.empty() && s.queued_bytes + record.size() > impl_->queue_limit_bytes) {

@@ -29,17 +29,48 @@
 namespace dist::sdk {
 namespace {
 
+// Waits for `keys`, at most `timeout`; with `superseded`, in slices, between which it is asked
+// whether the group is still wanted (GroupSuperseded when not).
+void wait_unless_superseded(store::StoreClient& store, const std::vector<std::string>& keys,
+                            std::chrono::milliseconds timeout,
+                            const std::function<bool()>& superseded) {
+  if (!superseded) return store.wait(keys, timeout);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const bool last = left <= GlooOptions::kSupersededPoll;
+    try {
+      return store.wait(
+          keys, last ? std::max(left, std::chrono::milliseconds(1)) : GlooOptions::kSupersededPoll);
+    } catch (const store::StoreError& e) {
+      if (e.code() != store::StoreErrc::kTimeout || last) throw;
+    }
+    if (superseded()) {
+      throw GroupSuperseded(
+          "a later generation of the group was published while this one "
+          "waited for " +
+          keys.front() + (keys.size() > 1 ? " and more" : ""));
+    }
+  }
+}
+
 // Gloo's rendezvous (each rank publishes its address, reads everyone's) through our store.
 class StoreAdapter : public gloo::rendezvous::Store {
  public:
-  StoreAdapter(store::StoreClient client, std::string prefix, std::chrono::milliseconds timeout)
-      : client_(std::move(client)), prefix_(std::move(prefix) + "/"), timeout_(timeout) {}
+  StoreAdapter(store::StoreClient client, std::string prefix, std::chrono::milliseconds timeout,
+               std::function<bool()> superseded)
+      : client_(std::move(client)),
+        prefix_(std::move(prefix) + "/"),
+        timeout_(timeout),
+        superseded_(std::move(superseded)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     client_.set(prefix_ + key, std::string(data.begin(), data.end()));
     written_.push_back(prefix_ + key);
   }
   std::vector<char> get(const std::string& key) override {
+    wait({key}, timeout_);
     const std::string value = client_.get(prefix_ + key, timeout_);
     return {value.begin(), value.end()};
   }
@@ -49,7 +80,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
     std::vector<std::string> prefixed;
     prefixed.reserve(keys.size());
     for (const auto& k : keys) prefixed.push_back(prefix_ + k);
-    client_.wait(prefixed, timeout);
+    wait_unless_superseded(client_, prefixed, timeout, superseded_);
   }
   // The client back, once Gloo is done with the store (connectFullMesh returned).
   store::StoreClient release() { return std::move(client_); }
@@ -61,6 +92,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
   std::string prefix_;
   std::vector<std::string> written_;
   std::chrono::milliseconds timeout_;
+  std::function<bool()> superseded_;
 };
 
 // Which rank listens at an address, as Gloo's errors name a peer ("[127.0.0.1]:8092"): once its
@@ -141,14 +173,15 @@ class PeerDirectory {
 // at once, on every rank, each naming the ranks on loopback and the fix, since whichever rank
 // fails first is the one the failure report shows. A few plain store requests per rank.
 void check_reachable(store::StoreClient& store, const std::string& prefix, int rank, int size,
-                     const std::string& address, std::chrono::milliseconds timeout) {
+                     const std::string& address, std::chrono::milliseconds timeout,
+                     const std::function<bool()>& superseded) {
   const bool loopback = detail::is_loopback(address);
   // Appended before the count, so the list is whole once every rank has been counted.
   if (loopback) {
     store.append(prefix + "/loopback_ranks", std::to_string(rank) + "@" + address + " ");
   }
   if (store.add(prefix + "/addresses_chosen", 1) == size) store.set(prefix + "/all_chosen", "1");
-  store.wait({prefix + "/all_chosen"}, timeout);
+  wait_unless_superseded(store, {prefix + "/all_chosen"}, timeout, superseded);
   std::istringstream list(store.try_get(prefix + "/loopback_ranks").value_or(""));
   int on_loopback = 0;
   std::string named;  // "rank 0 at 127.0.1.1, rank 3 at 127.0.1.1"
@@ -618,7 +651,8 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
   gloo::transport::tcp::attr attr;
   attr.hostname = detail::choose_local_address(options.local_address, options.route_to);
   try {
-    check_reachable(store, options.key_prefix, rank, size, attr.hostname, options.timeout);
+    check_reachable(store, options.key_prefix, rank, size, attr.hostname, options.timeout,
+                    options.superseded);
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options.timeout);
@@ -628,7 +662,7 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
     const std::string endpoint = store.endpoint();
     const auto store_port =
         static_cast<std::uint16_t>(std::stoul(endpoint.substr(endpoint.rfind(':') + 1)));
-    StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout);
+    StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout, options.superseded);
     const auto before = detail::connected_tcp_sockets(store_port);
     context->connectFullMesh(adapter, device);
     std::vector<detail::TcpSocket> connections;
@@ -651,6 +685,8 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
     }
     return std::make_unique<GlooProcessGroup>(std::move(context), options.timeout, std::move(peers),
                                               std::move(connections), std::move(mesh_keys));
+  } catch (const GroupSuperseded&) {
+    throw;
   } catch (const std::exception& e) {
     throw CollectiveError("cannot build the gloo group (rank " + std::to_string(rank) + " of " +
                           std::to_string(size) + ", local address " + attr.hostname +

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dist/contract/worker_contract.h"
+#include "folds.h"
 #include "progress_slot.h"
 
 namespace dist::sdk {
@@ -30,6 +31,26 @@ void say_arrived(const WorkerEnv& env) {
   namespace contract = worker_contract;
   const std::string prefix = contract::generation_prefix(env.run_id, env.restart_count);
   connect_store(env).set(contract::arrived_key(prefix, env.generation, env.rank), "1");
+}
+
+// A replacement's generation may be given up while its group forms: a worker of another node
+// died in it, and the agent folded that failure into the recovery (folds.h). It joins the latest.
+std::unique_ptr<ProcessGroup> join_latest_group(WorkerEnv& env, Backend backend,
+                                                std::chrono::milliseconds timeout) {
+  while (true) {
+    try {
+      return join_group(env, backend, timeout);
+    } catch (const CollectiveError& e) {
+      if (env.generation == 0 || !detail::follows_folds(env, backend)) throw;
+      store::StoreClient store = connect_store(env);
+      const auto next = detail::generation_after(
+          store, worker_contract::generation_prefix(env.run_id, env.restart_count), env.generation,
+          env.in_place_timeout);
+      if (!next) throw;
+      detail::say_following(env, env.generation, *next, e.what());
+      env.generation = *next;
+    }
+  }
 }
 
 }  // namespace
@@ -57,6 +78,9 @@ std::unique_ptr<ProcessGroup> join_group(const WorkerEnv& env, Backend backend,
   options.route_to = env.master_addr;
   options.key_prefix = prefix + "gloo";
   options.timeout = timeout;
+  if (env.generation > 0 && detail::follows_folds(env, backend)) {
+    options.superseded = detail::superseded_check(env);
+  }
   return make_gloo_group(connect_store(env), env.rank, env.world_size, options);
 }
 
@@ -71,7 +95,7 @@ Distributed init(Backend backend) {
     d.env.master_port = d.own_store->port();
   }
   if (d.env.in_place && d.env.generation > 0) say_arrived(d.env);
-  d.group = join_group(d.env, backend, std::chrono::minutes(5));
+  d.group = join_latest_group(d.env, backend, std::chrono::minutes(5));
   return d;
 }
 

@@ -13,6 +13,7 @@
 
 #include "dist/contract/worker_contract.h"
 #include "dist/store/errors.h"
+#include "folds.h"
 #include "progress_slot.h"
 
 namespace dist::sdk {
@@ -42,6 +43,12 @@ std::string fixed(double value) {
   std::snprintf(text, sizeof text, "%.1f", value);
   return text;
 }
+
+// The ranks' states cannot be exchanged: no other generation would change that.
+class StateRefused : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
 
 void append_u64(std::string& out, std::uint64_t v) {
   char bytes[8];
@@ -164,6 +171,9 @@ InPlaceRecovery::InPlaceRecovery(Distributed& dist, RecoveryOptions options)
   if (!enabled()) return;
   prefix_ = contract::generation_prefix(dist.env.run_id, dist.env.restart_count);
   store_ = std::make_unique<store::StoreClient>(connect_store(dist.env));
+  if (detail::follows_folds(dist.env, options_.backend)) {  // the agent may fold a failure
+    store_->set(contract::fold_key(prefix_, dist.env.rank), "1");
+  }
   // A regroup asked before this process started (it is a newcomer's, or a replacement) is not
   // this rank's to follow: it starts in the group that regroup made.
   if (const detail::Slot* slot = detail::progress_slot()) {
@@ -245,7 +255,7 @@ void InPlaceRecovery::start() {
   const bool replacement = !has_state_;
   if (replacement) {  // the survivors are rebuilding the same generation's group
     const auto began = Clock::now();
-    synchronize_state();
+    settle_in(generation_, true);
     // A replacement's generation replaced a worker; a regroup's took this node into the job.
     const auto record = store_->try_get(contract::generation_key(prefix_, generation_));
     const bool newcomer = record && record->starts_with("regrouped");
@@ -330,6 +340,7 @@ std::chrono::milliseconds InPlaceRecovery::generation_timeout() const {
 void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::string& since,
                                            const std::string& cause, const std::string& what) {
   const int next = generation_ + 1;
+  int latest = next;
   {
     // In the new generation's set-up from here to its group (the slot says so before the log).
     const detail::SetupWait waiting;
@@ -340,13 +351,12 @@ void InPlaceRecovery::join_next_generation(Clock::time_point began, const std::s
       throw CollectiveError(cause + "; and no generation " + std::to_string(next) +
                             " of the group came from the agent (" + e.what() + ")");
     }
-    const auto latest =
+    latest =
         std::max(next, static_cast<int>(store_->add(contract::generation_counter_key(prefix_), 0)));
     for (int g = next; g <= latest; ++g) take_new_rank(g);
     if (dist_.group) state_.capture_blobs();  // (a regroup captured them before letting go)
-    rebuild_group(latest);
   }
-  synchronize_state();
+  settle_in(latest, false);
   if (build_) build_(*dist_.group);
   state_.apply_blobs();
   if (dist_.env.rank == last_root_) {  // the agent's word that the group is whole again
@@ -417,6 +427,34 @@ void InPlaceRecovery::take_new_rank(int generation) {
   dist_.env.world_size = world;
 }
 
+// Generation `generation`'s group (`built`: init() or an earlier call built it) and the root's
+// state. A set-up that a peer's failure ends, or that the agent superseded, is given up for the
+// generation the agent folded that failure into (folds.h), as often as it does.
+void InPlaceRecovery::settle_in(int generation, bool built) {
+  while (true) {
+    try {
+      if (!built) {
+        const detail::SetupWait waiting;
+        rebuild_group(generation);
+      }
+      synchronize_state();
+      return;
+    } catch (const StateRefused&) {
+      throw;
+    } catch (const CollectiveError& e) {
+      if (!detail::follows_folds(dist_.env, options_.backend)) throw;
+      replace_group(nullptr);  // (never built on: no release) its peers' collectives fail now
+      const detail::SetupWait waiting;
+      const auto next =
+          detail::generation_after(*store_, prefix_, generation_, dist_.env.in_place_timeout);
+      if (!next) throw;
+      detail::say_following(dist_.env, generation_, *next, e.what());
+      generation = *next;
+      built = false;
+    }
+  }
+}
+
 void InPlaceRecovery::rebuild_group(int generation) {
   release_group();
   generation_ = generation;
@@ -436,13 +474,13 @@ void InPlaceRecovery::synchronize_state() {
   std::vector<std::int64_t> facts{has_state_ ? group.rank() : size, hash, -hash};
   group.all_reduce(std::span<std::int64_t>(facts), ReduceOp::kMin);
   if (facts[0] >= size) {
-    throw CollectiveError("in-place recovery of generation " + std::to_string(generation_) +
-                          ": no rank kept its state, so there is nothing to recover from");
+    throw StateRefused("in-place recovery of generation " + std::to_string(generation_) +
+                       ": no rank kept its state, so there is nothing to recover from");
   }
   if (facts[1] != -facts[2]) {
-    throw CollectiveError("in-place recovery of generation " + std::to_string(generation_) +
-                          ": the ranks registered different state (names, sizes or order of "
-                          "RecoverableState::add differ)");
+    throw StateRefused("in-place recovery of generation " + std::to_string(generation_) +
+                       ": the ranks registered different state (names, sizes or order of "
+                       "RecoverableState::add differ)");
   }
   const int root = static_cast<int>(facts[0]);
   std::string bytes = group.rank() == root ? state_.serialize() : std::string();

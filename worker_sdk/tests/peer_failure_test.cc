@@ -66,6 +66,40 @@ TEST(GlooPeerFailure, TheSurvivorNamesTheCollectiveAndTheDeadPeer) {
   EXPECT_NE(message.find("the peer exited or crashed"), std::string::npos) << message;
 }
 
+// An in-place generation's set-up whose peer died before it came (or after it chose its address,
+// before it published Gloo's): the waits for it end once the group is superseded (the agent
+// folded that failure into a later generation), asked between slices, not at the timeout.
+TEST(GlooSetUp, AWaitForAPeerThatNeverComesEndsOnceTheGroupIsSuperseded) {
+  for (const bool peer_chose_its_address : {false, true}) {
+    SCOPED_TRACE(peer_chose_its_address ? "in Gloo's exchange" : "in the reachability check");
+    store::StoreServerThread store;
+    GlooOptions o = options();
+    o.timeout = 120s;
+    o.key_prefix = "test/superseded";
+    if (peer_chose_its_address) {  // as make_gloo_group's check has rank 1 on loopback do it
+      auto peer = client(store.port());
+      peer.append("test/superseded/loopback_ranks", "1@127.0.0.1 ");
+      peer.add("test/superseded/addresses_chosen", 1);
+    }
+    int asked = 0;
+    o.superseded = [&asked] { return ++asked == 3; };
+    const auto began = std::chrono::steady_clock::now();
+    std::string message = "(no error)";
+    try {
+      make_gloo_group(client(store.port()), 0, 2, o);
+    } catch (const GroupSuperseded& e) {
+      message = e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - began, 30s) << "waited for the timeout";
+    EXPECT_EQ(asked, 3);
+    EXPECT_NE(message.find("a later generation of the group was published while this one waited "
+                           "for test/superseded/"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("all_chosen") == std::string::npos, peer_chose_its_address) << message;
+  }
+}
+
 // Rank 1 of the test above, as a process of its own: joins, waits until rank 0 is in its
 // collective, and dies as a crash does (no destructor, no goodbye).
 TEST(GlooPeerChild, DISABLED_JoinsThenCrashes) {

@@ -258,6 +258,8 @@ void Telemetry::in_place_restart(const InPlaceRestart& r) {
   event["survivors"] = r.survivors;
   event["restarts"] = r.restarts;
   event["max_restarts"] = config_.max_restarts;
+  event["supersedes"] =
+      r.supersedes ? nlohmann::ordered_json(*r.supersedes) : nlohmann::ordered_json();
   log("inplace_restart", event);
 }
 

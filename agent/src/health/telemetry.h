@@ -239,7 +239,8 @@ class Telemetry {
     int exit_code = 0;
     pid_t new_pid = -1;
     std::vector<int> survivors;
-    int restarts = 0;  // used, this one included
+    int restarts = 0;               // used, this one included
+    std::optional<int> supersedes;  // the generation under way it was folded into
   };
   void in_place_restart(const InPlaceRestart& r);
   void in_place_recovered(int round, int generation, int rank, std::chrono::milliseconds stall,

@@ -4,6 +4,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <charconv>
+#include <cstring>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -60,24 +61,46 @@ store::Task<void> forget_before(std::shared_ptr<store::AsyncStoreClient> client,
   }
 }
 
+// The generation a recovered key's value says superseded it (a failure folded into the recovery),
+// if it does.
+std::optional<int> superseded_by(const std::string& value) {
+  if (!value.starts_with(contract::kSuperseded)) return std::nullopt;
+  const std::string_view g = std::string_view(value).substr(std::strlen(contract::kSuperseded));
+  int generation = 0;
+  const auto [end, ec] = std::from_chars(g.data(), g.data() + g.size(), generation);
+  if (ec != std::errc() || end != g.data() + g.size()) return std::nullopt;
+  return generation;
+}
+
 store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient> client,
                                          std::shared_ptr<bool> opened, std::string prefix,
                                          std::string group_prefix, int generation,
                                          std::chrono::milliseconds timeout) {
   RecoveryOutcome outcome;
+  outcome.generation = generation;
   try {
     co_await open_once(*client, *opened);
-    const std::string recovered = contract::recovered_key(prefix, generation);
-    std::vector<std::string> keys{recovered};
-    const bool arrived = co_await client->wait(std::move(keys), timeout);
-    if (!arrived) {
-      outcome.why = "the group did not say it recovered within " + seconds_text(timeout) +
-                    " (--in-place-timeout) of generation " + std::to_string(generation) +
-                    " (do its workers use the SDK's InPlaceRecovery, or one of their own?)";
-      co_return outcome;
+    while (true) {  // each generation that supersedes the one waited for gets the whole timeout
+      const std::string recovered = contract::recovered_key(prefix, outcome.generation);
+      std::vector<std::string> keys{recovered};
+      const bool arrived = co_await client->wait(std::move(keys), timeout);
+      if (!arrived) {
+        outcome.why = "the group did not say it recovered within " + seconds_text(timeout) +
+                      " (--in-place-timeout) of generation " + std::to_string(outcome.generation) +
+                      " (do its workers use the SDK's InPlaceRecovery, or one of their own?)";
+        co_return outcome;
+      }
+      outcome.record = (co_await client->try_get(recovered)).value_or("");
+      const std::optional<int> later = superseded_by(outcome.record);
+      if (!later) break;
+      spdlog::info(
+          "in-place: generation {} was superseded by generation {} (a failure folded "
+          "into the recovery)",
+          outcome.generation, *later);
+      outcome.generation = *later;
     }
-    outcome.record = (co_await client->try_get(recovered)).value_or("");
     outcome.recovered = true;
+    generation = outcome.generation;
     boost::asio::co_spawn(co_await boost::asio::this_coro::executor,
                           forget_before(client, prefix, std::move(group_prefix), generation),
                           boost::asio::detached);
@@ -98,10 +121,43 @@ store::Task<RecoveryOutcome> publish_then_wait(std::shared_ptr<store::AsyncStore
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
     co_return RecoveryOutcome{
-        false, "", "the workers' store at " + client->endpoint() + " cannot be used: " + e.what()};
+        false, generation, "",
+        "the workers' store at " + client->endpoint() + " cannot be used: " + e.what()};
   }
   co_return co_await recovery_of(client, opened, prefix, std::move(group_prefix), generation,
                                  timeout);
+}
+
+store::Task<std::optional<GenerationUnderWay>> generation_under_way(
+    std::shared_ptr<store::AsyncStoreClient> client, std::shared_ptr<bool> opened,
+    std::string prefix, std::chrono::milliseconds timeout) {
+  co_await open_once(*client, *opened);
+  const int counted =
+      static_cast<int>(co_await client->add(contract::generation_counter_key(prefix), 0));
+  // Counted and not recovered: under way, once published. Else the claimant has yet to count it.
+  std::vector<std::string> over{contract::recovered_key(prefix, counted)};
+  const bool recovered = counted == 0 || co_await client->check(std::move(over));
+  const int generation = recovered ? counted + 1 : counted;
+  const std::string key = contract::generation_key(prefix, generation);
+  std::vector<std::string> keys{key};
+  if (!co_await client->wait(std::move(keys), timeout)) co_return std::nullopt;
+  const auto record = co_await client->try_get(key);
+  if (!record) co_return std::nullopt;
+  co_return GenerationUnderWay{generation, *record};
+}
+
+store::Task<bool> all_set(std::shared_ptr<store::AsyncStoreClient> client,
+                          std::shared_ptr<bool> opened, std::vector<std::string> keys) {
+  co_await open_once(*client, *opened);
+  co_return co_await client->check(std::move(keys));
+}
+
+store::Task<bool> mark_superseded(std::shared_ptr<store::AsyncStoreClient> client,
+                                  std::shared_ptr<bool> opened, std::string key,
+                                  std::string value) {
+  co_await open_once(*client, *opened);
+  const std::string now = co_await client->compare_set(key, "", value);
+  co_return now == value;
 }
 
 store::Task<bool> wait_for_keys(std::shared_ptr<store::AsyncStoreClient> client,
@@ -209,6 +265,22 @@ Generations::~Generations() {
 
 store::Task<int> Generations::next() {
   return add_generation(client_, opened_, prefix_);
+}
+
+store::Task<std::optional<GenerationUnderWay>> Generations::under_way(
+    std::chrono::milliseconds timeout) {
+  return generation_under_way(client_, opened_, prefix_, timeout);
+}
+
+store::Task<bool> Generations::all_follow_folds(int world_size) {
+  std::vector<std::string> keys;
+  for (int rank = 0; rank < world_size; ++rank) keys.push_back(contract::fold_key(prefix_, rank));
+  return all_set(client_, opened_, std::move(keys));
+}
+
+store::Task<bool> Generations::supersede(int generation, int by) {
+  return mark_superseded(client_, opened_, contract::recovered_key(prefix_, generation),
+                         contract::kSuperseded + std::to_string(by));
 }
 
 store::Task<void> Generations::place_regrouped(int round, int old_rank_offset, int new_rank_offset,

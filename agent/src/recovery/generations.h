@@ -38,6 +38,7 @@ struct Arrivals {
 
 struct RecoveryOutcome {
   bool recovered = false;
+  int generation = 0;  // the one that recovered (or not): a later one when failures were folded
   std::string record;  // the recovered key's value ("root=0 wall_ns=... step=320")
   std::string why;     // when not recovered
 };
@@ -47,6 +48,13 @@ struct RecoveryOutcome {
 struct RegroupName {
   int generation = 0;  // when not finished
   bool finished = false;
+};
+
+// The generation a recovery under way rebuilds the group as, and its record ("replaced=2
+// survivors=0,1,3").
+struct GenerationUnderWay {
+  int generation = 0;
+  std::string record;
 };
 
 class Generations {
@@ -62,9 +70,18 @@ class Generations {
   // The next generation of this restart's group (the counter, job-wide: on several nodes it is
   // the claimant of the job's one recovery that adds to it). Throws store::StoreError.
   store::Task<int> next();
+  // Folding a failure into another node's recovery under way (worker_contract.h): the generation
+  // it rebuilds the group as, once published (its claimant counts, then publishes it), within
+  // `timeout`; whether every rank of a world of `world_size` follows folds; and generation
+  // `generation` marked superseded by `by` (false: its group said it recovered first). Throw
+  // store::StoreError.
+  store::Task<std::optional<GenerationUnderWay>> under_way(std::chrono::milliseconds timeout);
+  store::Task<bool> all_follow_folds(int world_size);
+  store::Task<bool> supersede(int generation, int by);
   // Publishes generation `generation` with `record` ("replaced=1 survivors=0"), then waits for
-  // the group's recovery, at most `timeout`. A store that cannot be used is an outcome (not
-  // recovered, why), not an error; close() ends the wait with StoreError kCancelled.
+  // the group's recovery, at most `timeout` (and as long again for each later generation that
+  // supersedes it: a failure folded into the recovery). A store that cannot be used is an outcome
+  // (not recovered, why), not an error; close() ends the wait with StoreError kCancelled.
   store::Task<RecoveryOutcome> publish_and_wait(int generation, std::string record,
                                                 std::chrono::milliseconds timeout);
   // A lost node's survivors regroup in round `round`: this node's workers, whose global ranks

@@ -2,9 +2,41 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <sstream>
+
 #include "dist/store/errors.h"
 
 namespace dist::agent {
+namespace {
+
+// How long a claim that found another node's replacement under way waits for that generation's
+// record (its claimant counts it, then publishes it: moments), to fold into it.
+constexpr std::chrono::seconds kUnderWayWait{5};
+constexpr std::chrono::milliseconds kUnderWayPoll{100};
+
+// The ranks a generation's record replaced ("replaced=2,5 survivors=..."), with `more`.
+std::vector<int> replaced_ranks(const std::string& record, int more) {
+  std::vector<int> ranks{more};
+  const auto at = record.find("replaced=");
+  if (at != std::string::npos) {
+    std::istringstream list(record.substr(at + 9, record.find(' ', at) - at - 9));
+    for (std::string rank; std::getline(list, rank, ',');) {
+      if (!rank.empty()) ranks.push_back(std::stoi(rank));
+    }
+  }
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
+std::string comma_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (const int rank : ranks) text += (text.empty() ? "" : ",") + std::to_string(rank);
+  return text;
+}
+
+}  // namespace
 
 void InPlace::add_facts(Facts& facts) const {
   facts.in_place = true;
@@ -148,16 +180,28 @@ void InPlace::end_as_done(const std::string& when) {
   p_.feed(Input::kJobFinished);
 }
 
-// The job's one recovery (several nodes: in the job's store), then the generation.
+// The job's one recovery (several nodes: in the job's store), or another node's replacement
+// under way folded into, then the generation.
 Task<InPlace::Claim> InPlace::claim_replacement() {
   Claim c;
-  const RecoveryClaim claim =
-      co_await p_.rounds.claim_recovery(*p_.now.round, Recovery::kReplacement);
+  const Round round = *p_.now.round;
+  const int failed_rank = p_.now.failures.front().worker.rank;
+  c.replaced = {failed_rank};
+  const RecoveryClaim claim = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
   c.replacements = claim.replacements;
   c.under_way = claim.under_way;
+  if (!c.replacements && c.under_way == Recovery::kReplacement && p_.rounds.several_nodes()) {
+    co_await fold_into_recovery(c, round, failed_rank);
+  }
   if (!c.replacements) co_return c;
   try {
     c.generation = co_await g_.store->next();
+    if (c.supersedes && c.generation != c.supersedes->generation + 1) {
+      c.why = "generation " + std::to_string(c.generation) + " was counted after generation " +
+              std::to_string(c.supersedes->generation) + ", not right after it";
+    } else if (c.supersedes) {
+      co_await g_.store->supersede(c.supersedes->generation, c.generation);
+    }
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
     c.why = e.what();
@@ -165,9 +209,62 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
   co_return c;
 }
 
+// Another node's worker is being replaced, and this node's failed meanwhile (its group's set-up
+// waited for it, or will fail on it): one generation more replaces both, when every rank's worker
+// follows a generation that supersedes the one it builds, and a rank that kept its state remains.
+// A recovery that has just ended (its claim not let go yet) is claimed again instead. Else c stays
+// refused, with why in c.not_folded.
+Task<void> InPlace::fold_into_recovery(Claim& c, Round round, int failed_rank) {
+  try {
+    if (!co_await g_.store->all_follow_folds(round.world_size)) {
+      c.not_folded =
+          "not every worker can follow a later generation (they do with the SDK's "
+          "InPlaceRecovery over Gloo)";
+      co_return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + kUnderWayWait;
+    std::optional<GenerationUnderWay> under_way;
+    while (!(under_way = co_await g_.store->under_way(kUnderWayPoll))) {
+      // Its generation recovered (the claim is let go next), or is not out yet: claim again.
+      const RecoveryClaim again = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
+      c.replacements = again.replacements;
+      c.under_way = again.under_way;
+      if (c.replacements || c.under_way != Recovery::kReplacement) co_return;
+      if (std::chrono::steady_clock::now() > deadline) {
+        c.not_folded = "its generation was not published within " + seconds_text(kUnderWayWait);
+        co_return;
+      }
+    }
+    std::vector<int> replaced = replaced_ranks(under_way->record, failed_rank);
+    if (static_cast<int>(replaced.size()) >= round.world_size) {
+      c.not_folded = "no worker that kept its state would be left";
+      co_return;
+    }
+    const std::optional<int> replacements = co_await p_.rounds.take_over_recovery(round);
+    if (!replacements) {  // it ended meanwhile: a claim of its own
+      const RecoveryClaim again = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
+      c.replacements = again.replacements;
+      c.under_way = again.under_way;
+      co_return;
+    }
+    c.replacements = replacements;
+    c.supersedes = *under_way;
+    c.replaced = std::move(replaced);
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
+    c.not_folded = e.what();
+  }
+}
+
 void InPlace::on_claimed(const Claim& c) {
   if (p_.now.state != State::kReplacing) return;
   const std::string worker = "worker " + std::to_string(p_.now.failures.front().worker.rank);
+  if (!c.not_folded.empty()) {
+    spdlog::info(
+        "{} failed during another node's in-place recovery, which it is not folded "
+        "into: {}",
+        worker, c.not_folded);
+  }
   if (!c.replacements) {
     return give_up_replacing(worker + (c.under_way == Recovery::kRegroup
                                            ? " failed while the group regroups in place"
@@ -189,6 +286,7 @@ void InPlace::on_claimed(const Claim& c) {
   }
   g_.latest = c.generation;
   generation_claimed_ = true;
+  claim_ = c;
   start_replacement();
 }
 
@@ -209,8 +307,11 @@ void InPlace::start_replacement() {
   const WorkerFailure& failed = p_.now.failures.front();
   const int generation = g_.latest;
   InPlaceReplacement r{failed, generation, -1, {}};
+  const std::vector<int>& replaced = claim_.replaced;
   for (int rank = 0; rank < round.world_size; ++rank) {
-    if (rank != failed.worker.rank) r.survivors.push_back(rank);
+    if (std::find(replaced.begin(), replaced.end(), rank) == replaced.end()) {
+      r.survivors.push_back(rank);
+    }
   }
   try {
     r.new_pid = p_.group->replace(failed.worker.local_rank, generation);
@@ -218,26 +319,30 @@ void InPlace::start_replacement() {
     spdlog::error("{}", e.what());
     return p_.feed(Input::kStartFailed);
   }
-  std::string survivors;
-  for (const int rank : r.survivors) {
-    survivors += (survivors.empty() ? "" : ",") + std::to_string(rank);
-  }
+  const std::string survivors = comma_list(r.survivors);
+  const std::optional<GenerationUnderWay>& folded = claim_.supersedes;
+  const std::string into = folded ? ", folded into the recovery under way (generation " +
+                                        std::to_string(folded->generation) +
+                                        ", which it supersedes: ranks " + comma_list(replaced) +
+                                        " replaced)"
+                                  : "";
   spdlog::warn(
-      "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of {}); "
-      "ranks {} keep running",
+      "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of "
+      "{}){}; ranks {} keep running",
       failed.worker.rank, failed.worker.local_rank, r.new_pid, generation, restarts_used(),
-      p_.config.max_restarts, survivors.empty() ? "none" : survivors);
+      p_.config.max_restarts, into, survivors.empty() ? "none" : survivors);
   if (p_.config.print_failure_report) {
     p_.console->write(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
   }
   // The failed worker as it ran: its round (a regroup's too) and the generation it started as.
   p_.telemetry->in_place_restart({round.round, generation, failed.worker, failed.exit_code,
-                                  r.new_pid, r.survivors, restarts_used()});
+                                  r.new_pid, r.survivors, restarts_used(),
+                                  folded ? std::optional<int>(folded->generation) : std::nullopt});
   replaced_.push_back(std::move(r));
+  std::string record = "replaced=" + comma_list(replaced) + " survivors=" + survivors;
+  if (folded) record += " supersedes=" + std::to_string(folded->generation);
   p_.steps.launch(
-      g_.store->publish_and_wait(
-          generation, "replaced=" + std::to_string(failed.worker.rank) + " survivors=" + survivors,
-          p_.config.in_place_timeout),
+      g_.store->publish_and_wait(generation, std::move(record), p_.config.in_place_timeout),
       [this](RecoveryOutcome o) { on_recovered(o); });
 }
 
@@ -246,17 +351,18 @@ void InPlace::on_recovered(const RecoveryOutcome& o) {
   const InPlaceReplacement& r = replaced_.back();
   const int round = p_.now.round->round;
   if (!o.recovered) {
-    const std::string why = "the in-place recovery of generation " + std::to_string(r.generation) +
+    const std::string why = "the in-place recovery of generation " + std::to_string(o.generation) +
                             " failed: " + o.why + ": restarting the whole group";
     spdlog::error("{}", why);
-    p_.telemetry->in_place_fallback(round, r.generation, why);
+    p_.telemetry->in_place_fallback(round, o.generation, why);
     return p_.feed(Input::kRecoveryFailed);
   }
+  g_.latest = o.generation;  // (a later one than this node's when a failure was folded in)
   const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - failed_at_);
   spdlog::info("generation {}: the group is whole again, {} ms after worker {} failed ({})",
-               r.generation, stall.count(), r.failure.worker.rank, o.record);
-  p_.telemetry->in_place_recovered(round, r.generation, r.failure.worker.rank, stall, o.record);
+               o.generation, stall.count(), r.failure.worker.rank, o.record);
+  p_.telemetry->in_place_recovered(round, o.generation, r.failure.worker.rank, stall, o.record);
   p_.steps.fire_and_forget(p_.rounds.recovery_over(*p_.now.round), "ending the in-place recovery");
   p_.feed(Input::kRecovered);
 }

@@ -3,13 +3,17 @@
 // one recovery (RoundSource::claim_recovery), counts the generation and starts the replacement,
 // publishes the generation's record for the survivors, whose collectives failed, and waits for the
 // group's word that it rebuilt itself (recovery/generations.h, worker_contract.h). Each
-// replacement counts against --max-restarts. Several failures at once, a failure meanwhile, a
-// recovery that fails or never comes: the group stops, a group restart while restarts are left
-// (said as inplace_fallback). Elastic jobs also keep their workers across a lost node or a
-// newcomer (recovery/regroup.h), and a newcomer's workers join the running ones
-// (recovery/joining.h). A worker that fails once every other worker of the job has finished (a
-// crash in its teardown, the commonest) has nobody to rejoin: it is not replaced, or its
-// replacement is stopped once the last of the others finishes, and the job ends done.
+// replacement counts against --max-restarts. A worker of another node failing while a replacement
+// is under way is folded into it: its agent takes the recovery over and publishes the generation
+// after, which replaces both, and supersedes the one under way (worker_contract.h), when every
+// rank's worker can follow that (the SDK's, over Gloo) and one that kept its state remains.
+// Several failures at once, another failure meanwhile, a recovery that fails or never comes: the
+// group stops, a group restart while restarts are left (said as inplace_fallback). Elastic jobs
+// also keep their workers across a lost node or a newcomer (recovery/regroup.h), and a newcomer's
+// workers join the running ones (recovery/joining.h). A worker that fails once every other worker
+// of the job has finished (a crash in its teardown, the commonest) has nobody to rejoin: it is not
+// replaced, or its replacement is stopped once the last of the others finishes, and the job ends
+// done.
 #pragma once
 
 #include <chrono>
@@ -56,11 +60,17 @@ class InPlace final : public RecoveryPolicy {
     Recovery under_way = Recovery::kNone;
     int generation = 0;
     std::string why;  // the workers' store could not count the generation (its host is gone)
+    // Folded into another node's replacement under way: the generation it supersedes, and
+    // the ranks the new one replaces (that one's and this node's failed worker).
+    std::optional<GenerationUnderWay> supersedes;
+    std::vector<int> replaced;
+    std::string not_folded;  // why another node's replacement under way was not folded into
   };
 
   int restarts_used() const { return p_.now.restart_count + replacements_; }
   void explain_fallback(bool recovering);
   Task<Claim> claim_replacement();
+  Task<void> fold_into_recovery(Claim& c, Round round, int failed_rank);
   void on_claimed(const Claim& c);
   void give_up_replacing(const std::string& why);
   void start_replacement();
@@ -80,6 +90,7 @@ class InPlace final : public RecoveryPolicy {
   int replacements_ = 0;             // all rounds
   int replacing_rank_ = -1;          // the worker REPLACING replaces
   bool generation_claimed_ = false;  // and whether its generation is known yet
+  Claim claim_;                      // REPLACING's claim
   std::vector<InPlaceReplacement> replaced_;
   std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped
 };

@@ -382,6 +382,25 @@ Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind)
   }
 }
 
+Task<std::optional<int>> NodeRendezvous::Impl::take_over_recovery(Round a) {
+  const std::string key(schema::kInPlace);
+  std::string seen = (co_await store_->try_get(key)).value_or("");
+  while (!seen.empty()) {  // COMPARE_SET against a recovery's end and other nodes' claims
+    schema::InPlaceState state = schema::decode_in_place(key, seen);
+    if (state.recovery != Recovery::kReplacement || state.round != a.round ||
+        state.node_rank == a.node_rank) {
+      break;
+    }
+    const schema::InPlaceState taken{state.replacements + 1, a.round, Recovery::kReplacement,
+                                     a.node_rank};
+    const std::string desired = schema::encode(taken);
+    const std::string stored = co_await store_->compare_set(key, seen, desired);
+    if (stored == desired) co_return taken.replacements;
+    seen = stored;
+  }
+  co_return std::nullopt;
+}
+
 Task<void> NodeRendezvous::Impl::recovery_over(Round a) {
   const std::string key(schema::kInPlace);
   const std::optional<std::string> now = co_await store_->try_get(key);
@@ -892,6 +911,9 @@ Task<void> NodeRendezvous::mark_failed(Round a, std::string reason) {
 }
 Task<RecoveryClaim> NodeRendezvous::claim_recovery(Round a, Recovery kind) {
   return impl_->claim_recovery(std::move(a), kind);
+}
+Task<std::optional<int>> NodeRendezvous::take_over_recovery(Round a) {
+  return impl_->take_over_recovery(std::move(a));
 }
 Task<void> NodeRendezvous::recovery_over(Round a) {
   return impl_->recovery_over(std::move(a));

@@ -108,6 +108,7 @@ class LocalRounds final : public RoundSource {
     if (kind == Recovery::kReplacement) ++replacements_;
     co_return RecoveryClaim{replacements_, Recovery::kNone};
   }
+  Task<std::optional<int>> take_over_recovery(Round) override { co_return std::nullopt; }
   Task<void> recovery_over(Round) override {
     recovering_ = Recovery::kNone;
     co_return;
@@ -230,6 +231,9 @@ class NodeRounds : public RoundSource {
   }
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) override {
     co_return co_await rdzv_->claim_recovery(std::move(a), kind);
+  }
+  Task<std::optional<int>> take_over_recovery(Round a) override {
+    co_return co_await rdzv_->take_over_recovery(std::move(a));
   }
   Task<void> recovery_over(Round a) override { co_await rdzv_->recovery_over(std::move(a)); }
   Task<int> replacements() override { co_return co_await rdzv_->replacements(); }

@@ -147,9 +147,10 @@ class InPlace : public ::testing::Test {
     return f ? f->digest : "";
   }
 
-  // Two agents of one in-place worker each, on this machine; `where(node)` gives each its
-  // rendezvous flags. With `first_hosts`, the first is waited for until it hosts the store, so
-  // that the other joins as its client. Returns their exit codes, their outputs in `outputs`.
+  // Two agents of nproc_per_node_ in-place workers each (one unless the test says), on this
+  // machine; `where(node)` gives each its rendezvous flags. With `first_hosts`, the first is waited
+  // for until it hosts the store, so that the other joins as its client. Returns their exit codes,
+  // their outputs in `outputs`.
   std::vector<int> run_two_nodes(const std::string& out, int max_restarts,
                                  const std::vector<std::string>& worker_args,
                                  std::vector<std::string>& outputs,
@@ -161,9 +162,9 @@ class InPlace : public ::testing::Test {
       const std::string name = out + "_node" + std::to_string(node);
       std::vector<std::string> args = where(node);
       args.insert(args.end(),
-                  {"--nproc-per-node", "1", "--max-restarts", std::to_string(max_restarts),
-                   "--restart-policy", "in-place", "--event-log", path(name + ".jsonl"),
-                   "--no-python", kWorker, "--out", path(out)});
+                  {"--nproc-per-node", std::to_string(nproc_per_node_), "--max-restarts",
+                   std::to_string(max_restarts), "--restart-policy", "in-place", "--event-log",
+                   path(name + ".jsonl"), "--no-python", kWorker, "--out", path(out)});
       args.insert(args.end(), worker_args.begin(), worker_args.end());
       agents.push_back(std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (name + ".log"),
                                                std::map<std::string, std::string>{},
@@ -188,6 +189,7 @@ class InPlace : public ::testing::Test {
   }
 
   fs::path dir_;
+  int nproc_per_node_ = 1;  // run_two_nodes'
 };
 
 TEST_F(InPlace, OneFailedWorkerIsReplacedAloneAndTheSurvivorsAreNotSignalled) {
@@ -839,6 +841,108 @@ TEST_F(InPlaceStaticNodes, FailuresOnBothNodesAtOnceRestartTheWholeGroup) {
     const auto f = final_of("job", rank);
     ASSERT_TRUE(f.has_value()) << both;
     EXPECT_EQ(f->pid, start_pid("job", rank, 1, 0)) << "attempt 1's worker";
+  }
+}
+
+// Two nodes of two workers: rank 2 (node 1) fails at step 10 and node 1 replaces it as generation
+// 1; rank 1 (node 0) dies as it reads that generation, so generation 1's group can never form.
+// Node 0 folds its failure into node 1's recovery: generation 2 replaces ranks 1 and 2 and
+// supersedes generation 1, whose set-up the survivors (ranks 0 and 3) and rank 2's replacement
+// give up for it. No group restart: the survivors keep their processes and every rank ends with
+// the digest of a run without failures. (Before, node 0's claim was refused and the whole group
+// restarted.)
+TEST_F(InPlaceStaticNodes, AFailureOnAnotherNodeDuringARecoveryIsFoldedIntoIt) {
+  const std::vector<std::string> worker{"--steps", "30", "--crash", "2:10", "--fail-in-recovery",
+                                        "1"};
+  const std::string clean = clean_digest(4, {"--steps", "30"});
+  nproc_per_node_ = 2;
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 2, worker, out);
+  const std::string both = out[0] + out[1];
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << both;
+  EXPECT_NE(out[0].find("worker 1 (local rank 1) replaced in place by pid "), std::string::npos)
+      << out[0];
+  EXPECT_NE(out[0].find(": generation 2 (restart 2 of 2), folded into the recovery under way "
+                        "(generation 1, which it supersedes: ranks 1,2 replaced); ranks 0,3 keep "
+                        "running"),
+            std::string::npos)
+      << out[0];
+  EXPECT_NE(out[1].find("in-place: generation 1 was superseded by generation 2"), std::string::npos)
+      << out[1];
+  EXPECT_NE(both.find("generation 1's group did not form"), std::string::npos) << both;
+  for (const std::string& o : out) {
+    EXPECT_NE(o.find("generation 2: the group is whole again"), std::string::npos) << o;
+  }
+  for (const int rank : {0, 3}) {  // the survivors: one process from start to end
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->pid, start_pid("job", rank, 0, 0)) << "the survivor kept its process";
+    EXPECT_EQ(f->generation, 2);
+    EXPECT_EQ(f->digest, clean) << both;
+  }
+  for (const int rank : {1, 2}) {  // both replaced, both in generation 2 at the end
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_NE(f->pid, start_pid("job", rank, 0, 0));
+    EXPECT_EQ(f->pid, start_pid("job", rank, 0, 2)) << "it joined generation 2";
+    EXPECT_EQ(f->digest, clean) << both;
+  }
+  long born_in_1 = -1;  // rank 2's replacement started as generation 1 and followed to 2
+  std::istringstream(read("job/born_2_0_1")) >> born_in_1;
+  EXPECT_EQ(born_in_1, start_pid("job", 2, 0, 2));
+  EXPECT_FALSE(fs::exists(path("job/start_0_1_0"))) << "no group restart";
+  EXPECT_FALSE(any_signal_file("job")) << both;
+  for (const char* node : {"job_node0", "job_node1"}) {
+    SCOPED_TRACE(node);
+    EXPECT_TRUE(events(node, "restart").empty());
+    EXPECT_TRUE(events(node, "inplace_fallback").empty());
+    const auto recovered = events(node, "inplace_recovered");
+    ASSERT_EQ(recovered.size(), 1u);
+    EXPECT_EQ(recovered[0]["generation"], 2);
+  }
+  const auto folded = events("job_node0", "inplace_restart");
+  ASSERT_EQ(folded.size(), 1u);
+  EXPECT_EQ(folded[0]["rank"], 1);
+  EXPECT_EQ(folded[0]["generation"], 2);
+  EXPECT_EQ(folded[0]["supersedes"], 1);
+  EXPECT_EQ(folded[0]["survivors"], Json::array({0, 3}));
+  const auto first = events("job_node1", "inplace_restart");
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]["generation"], 1);
+  EXPECT_TRUE(first[0]["supersedes"].is_null());
+}
+
+// The same, rank 1 dying just after generation 1's group formed and it received its state: before
+// or after the group said it recovered, node 0's failure is recovered in place (folded into
+// generation 1's recovery, or claimed once that one is let go), never a group restart.
+TEST_F(InPlaceStaticNodes, AFailureJustAfterTheGroupFormedAgainIsRecoveredInPlaceToo) {
+  const std::vector<std::string> worker{"--steps", "30", "--crash", "2:10", "--fail-after-recovery",
+                                        "1"};
+  const std::string clean = clean_digest(4, {"--steps", "30"});
+  nproc_per_node_ = 2;
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 2, worker, out);
+  const std::string both = out[0] + out[1];
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << both;
+  EXPECT_NE(both.find("rank 1: failing once its group was rebuilt"), std::string::npos) << both;
+  for (const int rank : {0, 1, 2, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->digest, clean) << both;
+    EXPECT_EQ(f->step, 30);
+    const bool survivor = rank == 0 || rank == 3;
+    EXPECT_EQ(f->pid == start_pid("job", rank, 0, 0), survivor) << both;
+  }
+  EXPECT_FALSE(fs::exists(path("job/start_0_1_0"))) << "no group restart";
+  EXPECT_FALSE(any_signal_file("job")) << both;
+  for (const char* node : {"job_node0", "job_node1"}) {
+    SCOPED_TRACE(node);
+    EXPECT_TRUE(events(node, "restart").empty());
+    EXPECT_TRUE(events(node, "inplace_fallback").empty());
+    EXPECT_EQ(events(node, "inplace_restart").size(), 1u);
   }
 }
 

@@ -18,6 +18,10 @@
 //                             rank R exits with code 4 as its recovery begins (it has read the
 //                             new generation), on restart attempt 0; with PATH, once PATH exists
 //                             (at most 60 s later), so that a test can choose the moment
+//   --fail-after-recovery R   rank R exits with code 4 once its group was rebuilt and its state
+//                             received in a generation after 0 (before the group says it
+//                             recovered, when R is not its root), on restart attempt 0, if R's
+//                             process started in generation 0
 //   --stall-in-recovery       on restart attempt 0, every rank stops for good (sleeps until it
 //                             is killed) where its recovery begins, and so does each
 //                             replacement as it starts: the group never says it recovered
@@ -82,6 +86,7 @@ struct Options {
   int step_ms = 0;
   std::vector<Crash> crashes;
   int fail_in_recovery = -1;
+  int fail_after_recovery = -1;
   std::string fail_in_recovery_file;
   Crash fail_at_start;  // its step unused
   Crash hold_at_start;  // its step unused
@@ -152,6 +157,8 @@ Options parse(int argc, char** argv) {
       const auto colon = value.find(':');
       o.fail_in_recovery = std::stoi(value.substr(0, colon));
       if (colon != std::string::npos) o.fail_in_recovery_file = value.substr(colon + 1);
+    } else if (flag == "--fail-after-recovery") {
+      o.fail_after_recovery = std::stoi(value);
     } else if (flag == "--crash-at-exit") {
       const auto colon = value.find(':');
       o.crash_at_exit = std::stoi(value.substr(0, colon));
@@ -275,23 +282,32 @@ int run(const Options& o) {
   InPlaceRecovery recovery(dist);
   recovery.state().add("sum", std::span<double>(sum));
   recovery.state().add("step", step);
-  recovery.on_group([](ProcessGroup&) {},
-                    [&] {
-                      if (o.stall_in_recovery && attempt == 0) {
-                        stall(rank, "as its recovery begins");
-                      }
-                      if (rank == o.fail_in_recovery && attempt == 0) {
-                        for (int waited_ms = 0; !o.fail_in_recovery_file.empty() &&
-                                                !std::filesystem::exists(o.fail_in_recovery_file) &&
-                                                waited_ms < 60'000;
-                             waited_ms += 10) {
-                          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-                        }
-                        std::fprintf(stderr, "rank %d: failing as its recovery begins\n", rank);
-                        std::fflush(stderr);
-                        std::_Exit(4);
-                      }
-                    });
+  const bool first_process = dist.env.generation == 0;
+  recovery.on_group(
+      [&](ProcessGroup&) {
+        if (rank == o.fail_after_recovery && attempt == 0 && first_process &&
+            recovery.generation() > 0) {
+          std::fprintf(stderr, "rank %d: failing once its group was rebuilt\n", rank);
+          std::fflush(stderr);
+          std::_Exit(4);
+        }
+      },
+      [&] {
+        if (o.stall_in_recovery && attempt == 0) {
+          stall(rank, "as its recovery begins");
+        }
+        if (rank == o.fail_in_recovery && attempt == 0) {
+          for (int waited_ms = 0;
+               !o.fail_in_recovery_file.empty() &&
+               !std::filesystem::exists(o.fail_in_recovery_file) && waited_ms < 60'000;
+               waited_ms += 10) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          }
+          std::fprintf(stderr, "rank %d: failing as its recovery begins\n", rank);
+          std::fflush(stderr);
+          std::_Exit(4);
+        }
+      });
   recovery.start();
   // Whether every rank ends its loop now: one rank's reason is all of theirs.
   const int first_generation = dist.env.generation;

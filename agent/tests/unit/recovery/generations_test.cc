@@ -103,5 +103,59 @@ TEST(Generations, ARecoveredGenerationDeletesTheKeysOfThoseBeforeIt) {
   EXPECT_EQ(left, expected);
 }
 
+// A failure folded into a recovery under way, as two nodes' agents see it: node B finds node A's
+// generation 1 under way once it is published, checks that every rank follows folds, counts
+// generation 2 and marks 1 superseded; A's wait for generation 1 follows to 2 and ends with 2's
+// word, as B's does. A generation that recovered cannot be superseded.
+TEST(Generations, AWaitForASupersededGenerationFollowsToTheOneThatSupersedesIt) {
+  store::StoreServerThread server;
+  store::ClientOptions options;
+  options.port = server.port();
+  store::StoreClient worker = store::StoreClient::connect(options);
+  boost::asio::io_context io;
+  const store::Endpoint endpoint{"127.0.0.1", server.port()};
+  Generations a(io, "job", "", endpoint, 0), b(io, "job", "", endpoint, 0);
+  std::exception_ptr failure;
+  RecoveryOutcome a_saw, b_saw;
+  boost::asio::co_spawn(
+      io,
+      [&]() -> store::Task<void> {
+        EXPECT_FALSE(co_await b.under_way(50ms)) << "nothing counted yet";
+        EXPECT_EQ(co_await a.next(), 1);
+        EXPECT_FALSE(co_await b.under_way(50ms)) << "counted, not published";
+        co_await a.publish(1, "replaced=2 survivors=0,1,3");
+        const auto under_way = co_await b.under_way(50ms);
+        EXPECT_TRUE(under_way && under_way->generation == 1 &&
+                    under_way->record == "replaced=2 survivors=0,1,3");
+        EXPECT_FALSE(co_await b.all_follow_folds(4)) << "rank 3 did not say so";
+        worker.set(contract::fold_key(kRecords, 3), "1");
+        EXPECT_TRUE(co_await b.all_follow_folds(4));
+        EXPECT_EQ(co_await b.next(), 2);
+        EXPECT_TRUE(co_await b.supersede(1, 2));
+        EXPECT_FALSE(co_await b.supersede(1, 3)) << "once";
+        co_await b.publish(2, "replaced=1,2 survivors=0,3 supersedes=1");
+        a_saw = co_await a.wait_recovered(1, 10s);
+        b_saw = co_await b.wait_recovered(2, 10s);
+        EXPECT_FALSE(co_await b.supersede(2, 3)) << "generation 2 recovered";
+        a.close();
+        b.close();
+      },
+      [&](std::exception_ptr e) { failure = e; });
+  for (const int rank : {0, 1, 2}) worker.set(contract::fold_key(kRecords, rank), "1");
+  std::thread root([&] {  // generation 2's new root, once the generation is out
+    store::StoreClient w = store::StoreClient::connect(options);
+    w.wait({contract::generation_key(kRecords, 2)}, 10s);
+    w.set(contract::recovered_key(kRecords, 2), "root=0 step=10");
+  });
+  io.run();
+  root.join();
+  if (failure) std::rethrow_exception(failure);
+  EXPECT_TRUE(a_saw.recovered) << a_saw.why;
+  EXPECT_EQ(a_saw.generation, 2);
+  EXPECT_EQ(a_saw.record, "root=0 step=10");
+  EXPECT_TRUE(b_saw.recovered) << b_saw.why;
+  EXPECT_EQ(b_saw.generation, 2);
+}
+
 }  // namespace
 }  // namespace dist::agent

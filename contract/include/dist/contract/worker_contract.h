@@ -91,6 +91,17 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";         // --local-addr:
 //   regroup/<R>/finished  "<g>": the newcomer's agent stops its workers, which would wait for
 //                     running workers that are gone; every node of round R passes its exit
 //                     barrier and the job ends done, not restarted.
+//   A failure while a replacement is under way (a worker of another node dies as the group
+//   rebuilds itself) is folded into that recovery when every rank can follow it: the failed
+//   worker's agent takes the recovery over, counts generation g+1 and writes
+//   gen/<g>/recovered  "superseded=<g+1>" (kSuperseded; unless g's group said it recovered
+//                     first: the key is set by compare-and-set), and publishes gen/<g+1> with
+//                     the replaced ranks of both. Ranks whose set-up of g fails or sees the
+//                     counter pass g give it up and join the latest generation; the agent that
+//                     waited for g waits for g+1.
+//   fold/<rank>       "1": rank `rank`'s worker follows such a generation (the SDK's recovery
+//                     over Gloo writes it as it starts; dist_launch.elastic does not): without
+//                     every rank's, the failure restarts the whole group as before.
 // Generation g's process group keeps its keys under "sdk/<run id>/attempt_<restart>/gen_<g>/"
 // (generation 0: "sdk/<run id>/attempt_<restart>/"), so no key of a previous generation is read.
 // Once generation g recovered, the agent deletes the keys of the generations before it (gen/<h>
@@ -132,6 +143,10 @@ inline std::string regroup_generation_key(const std::string& prefix, int round) 
 inline std::string arrived_key(const std::string& prefix, int generation, int rank) {
   return generation_key(prefix, generation) + "/arrived/" + std::to_string(rank);
 }
+inline std::string fold_key(const std::string& prefix, int rank) {
+  return prefix + "fold/" + std::to_string(rank);
+}
+inline constexpr char kSuperseded[] = "superseded=";    // at recovered_key, then the generation
 inline constexpr char kArrivalFailed[] = "failed";      // at arrived_key
 inline constexpr char kRegroupFinished[] = "finished";  // at regroup_generation_key
 inline std::string regroup_finished_key(const std::string& prefix, int round) {

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -89,6 +90,13 @@ constexpr DataType data_type_of() {
 class CollectiveError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A group's set-up given up because the group it was building is no longer wanted
+// (GlooOptions::superseded: an in-place job's agent counted a later generation of it).
+class GroupSuperseded : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
 };
 
 // The handle of an asynchronous collective.
@@ -224,6 +232,11 @@ struct GlooOptions {
   std::string route_to = "127.0.0.1";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // connecting and each collective
   std::string key_prefix = "sdk/gloo";  // store keys of this group (add the restart attempt)
+  // Asked between the slices (kSupersededPoll) of each wait of the set-up for the other ranks:
+  // true ends it with GroupSuperseded (a peer died in it, and a later group replaces it). None:
+  // each wait is one, up to `timeout`.
+  std::function<bool()> superseded;
+  static constexpr std::chrono::milliseconds kSupersededPoll{250};
 };
 
 // Builds a Gloo group of `size` ranks: every rank passes its own store client (the group keeps it).

@@ -164,6 +164,7 @@ class InPlaceRecovery {
   void release_group();
   void take_new_rank(int generation);
   std::chrono::milliseconds generation_timeout() const;  // RecoveryOptions'
+  void settle_in(int generation, bool built);
   void rebuild_group(int generation);
   void synchronize_state();
 

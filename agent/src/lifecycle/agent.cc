@@ -119,7 +119,10 @@ class Agent {
     }
     if (t.signal_exit) exit_code_ = 128 + stopping_.signal;
     if (t.exit_code) exit_code_ = *t.exit_code;
-    if (t.to != now_.state || t.to == State::kRendezvous) transition(t.to);
+    // (RENDEZVOUS again: the round itself; REPLACING again: a failure folded into the recovery.)
+    if (t.to != now_.state || t.to == State::kRendezvous || t.to == State::kReplacing) {
+      transition(t.to);
+    }
   }
 
   // ------------------------------------------------------------------------------------------

@@ -61,13 +61,18 @@ std::optional<Transition> from_running(Input input, const Facts& facts) {
   }
 }
 
-// While one worker is replaced, the others run: what stops RUNNING stops this too, and any
-// failure now (or a recovery that does not come) is the whole group's.
+// While one worker is replaced, the others run: what stops RUNNING stops this too, and a failure
+// now (or a recovery that does not come) is the whole group's, unless it can be folded into the
+// recovery (REPLACING again: one replacement more).
 std::optional<Transition> from_replacing(Input input, const Facts& facts) {
   switch (input) {
     case Input::kRecovered:
       return to(State::kRunning);
     case Input::kWorkersFailed:
+      if (facts.foldable && facts.one_failure && facts.restarts_left) {
+        return to(State::kReplacing);
+      }
+      return stopping(StopReason::kWorkerFailed);
     case Input::kRecoveryFailed:
       return stopping(StopReason::kWorkerFailed);
     case Input::kNodeLost:

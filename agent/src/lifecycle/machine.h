@@ -116,6 +116,9 @@ struct Facts {
   bool in_place = false;       // --restart-policy in-place
   bool one_failure = false;    // the failures just reaped are one worker's
   bool unjoined = false;       // a newcomer's workers not yet taken in by the running workers
+  // REPLACING: the failure just reaped can be folded into this node's recovery under way (its
+  // generation is out, every worker follows a later one, a worker that kept its state remains).
+  bool foldable = false;
   // In STOPPING: why it was entered, and what it still waits for.
   StopReason stop_reason = StopReason::kAllSucceeded;
   bool group_stopped = false;

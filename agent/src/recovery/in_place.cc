@@ -43,6 +43,7 @@ void InPlace::add_facts(Facts& facts) const {
   facts.unjoined = joining_.unjoined();
   facts.counting = counting_;
   facts.joining = regroup_.joining();
+  facts.foldable = foldable();
 }
 
 void InPlace::start_workers() {
@@ -60,6 +61,7 @@ void InPlace::start_workers() {
 // Several nodes, a round that failed: every node decides restart or fail from the same count, the
 // job's replacements, read before STOPPING ends.
 void InPlace::stopping() {
+  replacing_ = false;
   if (g_.store) g_.store->close();  // a recovery's wait ends here
   joining_.close();
   const bool failed = p_.now.stop_reason == StopReason::kWorkerFailed ||
@@ -127,6 +129,8 @@ void InPlace::explain_fallback(bool recovering) {
 // it and give it their state; the group's new root then says it recovered.
 
 void InPlace::replace() {
+  if (replacing_) return fold_own_failure();
+  replacing_ = true;
   replacing_rank_ = p_.now.failures.front().worker.rank;
   generation_claimed_ = false;
   peers_check_ = false;
@@ -196,6 +200,9 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
   if (!c.replacements) co_return c;
   try {
     c.generation = co_await g_.store->next();
+    // (Read once per recovery, for a failure of this node's that may come during it: foldable.)
+    const bool all_follow = co_await g_.store->all_follow_folds(round.world_size);
+    c.all_follow = all_follow;
     if (c.supersedes && c.generation != c.supersedes->generation + 1) {
       c.why = "generation " + std::to_string(c.generation) + " was counted after generation " +
               std::to_string(c.supersedes->generation) + ", not right after it";
@@ -290,6 +297,68 @@ void InPlace::on_claimed(const Claim& c) {
   start_replacement();
 }
 
+// REPLACING, and another worker of this node failed: folded into the recovery when its generation
+// is out, every rank's worker follows a later one, and a worker that kept its state remains.
+bool InPlace::foldable() const {
+  if (!replacing_ || !generation_claimed_ || !claim_.all_follow || p_.now.failures.size() != 1) {
+    return false;
+  }
+  std::vector<int> replaced = claim_.replaced;
+  replaced.push_back(p_.now.failures.front().worker.rank);
+  std::sort(replaced.begin(), replaced.end());
+  replaced.erase(std::unique(replaced.begin(), replaced.end()), replaced.end());
+  return static_cast<int>(replaced.size()) < p_.now.round->world_size;
+}
+
+void InPlace::fold_own_failure() {
+  const int failed = p_.now.failures.front().worker.rank;
+  generation_claimed_ = false;
+  p_.steps.launch(claim_fold(*p_.now.round, g_.latest), [this, failed](Claim c) {
+    if (p_.now.state != State::kReplacing) return;
+    c.replaced = replaced_ranks("replaced=" + comma_list(claim_.replaced), failed);
+    on_folded(c);
+  });
+}
+
+// One replacement more for this node's recovery, the generation after the one under way, which it
+// supersedes.
+Task<InPlace::Claim> InPlace::claim_fold(Round round, int superseded) {
+  Claim c;
+  c.all_follow = true;
+  try {
+    c.replacements = co_await p_.rounds.take_over_recovery(round);
+    if (!c.replacements) co_return c;
+    c.generation = co_await g_.store->next();
+    c.supersedes = GenerationUnderWay{superseded, {}};
+    if (c.generation != superseded + 1) {
+      c.why = "generation " + std::to_string(c.generation) + " was counted after generation " +
+              std::to_string(superseded) + ", not right after it";
+    } else {
+      co_await g_.store->supersede(superseded, c.generation);
+    }
+  } catch (const store::StoreError& e) {
+    if (e.code() == store::StoreErrc::kCancelled) throw;
+    c.why = e.what();
+  }
+  co_return c;
+}
+
+void InPlace::on_folded(const Claim& c) {
+  const std::string worker = "worker " + std::to_string(p_.now.failures.front().worker.rank) +
+                             " failed during the in-place recovery of worker " +
+                             std::to_string(replacing_rank_);
+  if (!c.replacements) return give_up_replacing(worker + ", whose claim was no longer held");
+  if (!c.why.empty()) {
+    return give_up_replacing(worker + " and the generation after cannot be counted (" + c.why +
+                             ")");
+  }
+  replacements_ = *c.replacements;
+  g_.latest = c.generation;
+  generation_claimed_ = true;
+  claim_ = c;
+  start_replacement(false);  // the wait for the generation under way follows to this one
+}
+
 // In-place after all: the group stops (a restart while restarts are left), everywhere.
 void InPlace::give_up_replacing(const std::string& why) {
   const bool left = restarts_used() < p_.config.max_restarts;
@@ -302,7 +371,7 @@ void InPlace::give_up_replacing(const std::string& why) {
   p_.feed(Input::kRecoveryFailed);
 }
 
-void InPlace::start_replacement() {
+void InPlace::start_replacement(bool wait) {
   const Round& round = *p_.now.round;
   const WorkerFailure& failed = p_.now.failures.front();
   const int generation = g_.latest;
@@ -341,6 +410,10 @@ void InPlace::start_replacement() {
   replaced_.push_back(std::move(r));
   std::string record = "replaced=" + comma_list(replaced) + " survivors=" + survivors;
   if (folded) record += " supersedes=" + std::to_string(folded->generation);
+  if (!wait) {
+    return p_.steps.fire_and_forget(g_.store->publish(generation, std::move(record)),
+                                    "publishing the generation folded into");
+  }
   p_.steps.launch(
       g_.store->publish_and_wait(generation, std::move(record), p_.config.in_place_timeout),
       [this](RecoveryOutcome o) { on_recovered(o); });
@@ -358,6 +431,7 @@ void InPlace::on_recovered(const RecoveryOutcome& o) {
     return p_.feed(Input::kRecoveryFailed);
   }
   g_.latest = o.generation;  // (a later one than this node's when a failure was folded in)
+  replacing_ = false;
   const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - failed_at_);
   spdlog::info("generation {}: the group is whole again, {} ms after worker {} failed ({})",

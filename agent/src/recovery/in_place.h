@@ -64,16 +64,22 @@ class InPlace final : public RecoveryPolicy {
     // the ranks the new one replaces (that one's and this node's failed worker).
     std::optional<GenerationUnderWay> supersedes;
     std::vector<int> replaced;
-    std::string not_folded;  // why another node's replacement under way was not folded into
+    std::string not_folded;   // why another node's replacement under way was not folded into
+    bool all_follow = false;  // every rank's worker follows a later generation (fold/<rank>)
   };
 
   int restarts_used() const { return p_.now.restart_count + replacements_; }
   void explain_fallback(bool recovering);
   Task<Claim> claim_replacement();
   Task<void> fold_into_recovery(Claim& c, Round round, int failed_rank);
+  // REPLACING again: this node's worker failed during its own recovery, folded into it.
+  bool foldable() const;
+  void fold_own_failure();
+  Task<Claim> claim_fold(Round round, int superseded);
+  void on_folded(const Claim& c);
   void on_claimed(const Claim& c);
   void give_up_replacing(const std::string& why);
-  void start_replacement();
+  void start_replacement(bool wait = true);
   void on_recovered(const RecoveryOutcome& o);
   // REPLACING: every other worker of the job has finished (this node's exited 0, every other
   // node at its exit barrier), `when` says since when: the job ends done.
@@ -90,6 +96,7 @@ class InPlace final : public RecoveryPolicy {
   int replacements_ = 0;             // all rounds
   int replacing_rank_ = -1;          // the worker REPLACING replaces
   bool generation_claimed_ = false;  // and whether its generation is known yet
+  bool replacing_ = false;           // REPLACING, from its first failure to its end
   Claim claim_;                      // REPLACING's claim
   std::vector<InPlaceReplacement> replaced_;
   std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped

@@ -387,10 +387,7 @@ Task<std::optional<int>> NodeRendezvous::Impl::take_over_recovery(Round a) {
   std::string seen = (co_await store_->try_get(key)).value_or("");
   while (!seen.empty()) {  // COMPARE_SET against a recovery's end and other nodes' claims
     schema::InPlaceState state = schema::decode_in_place(key, seen);
-    if (state.recovery != Recovery::kReplacement || state.round != a.round ||
-        state.node_rank == a.node_rank) {
-      break;
-    }
+    if (state.recovery != Recovery::kReplacement || state.round != a.round) break;
     const schema::InPlaceState taken{state.replacements + 1, a.round, Recovery::kReplacement,
                                      a.node_rank};
     const std::string desired = schema::encode(taken);

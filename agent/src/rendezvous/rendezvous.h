@@ -177,8 +177,9 @@ class NodeRendezvous {
   // a.round: a worker of it replaced alone (counted with the replacements), or, node 0, the
   // group's regroup. One recovery at a time, job-wide, by COMPARE_SET.
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind);
-  // Another node's replacement under way in round a becomes node a.node_rank's, counted as one
-  // replacement more (a failure folded into it); nullopt when none is under way now.
+  // The replacement under way in round a (another node's, or this one's) becomes node
+  // a.node_rank's, counted as one replacement more (a failure folded into it); nullopt when none
+  // is under way now.
   Task<std::optional<int>> take_over_recovery(Round a);
   // This node's recovery is over: another may be claimed.
   Task<void> recovery_over(Round a);

@@ -108,7 +108,12 @@ class LocalRounds final : public RoundSource {
     if (kind == Recovery::kReplacement) ++replacements_;
     co_return RecoveryClaim{replacements_, Recovery::kNone};
   }
-  Task<std::optional<int>> take_over_recovery(Round) override { co_return std::nullopt; }
+  Task<std::optional<int>> take_over_recovery(Round a) override {
+    if (recovering_ != Recovery::kReplacement || recovering_round_ != a.round) {
+      co_return std::nullopt;
+    }
+    co_return ++replacements_;
+  }
   Task<void> recovery_over(Round) override {
     recovering_ = Recovery::kNone;
     co_return;

@@ -78,9 +78,9 @@ class RoundSource {
   // One node keeps them itself; several, in the job's store (NodeRendezvous::claim_recovery), so
   // that every node counts the others' and no two recoveries overlap.
   virtual Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) = 0;
-  // Another node's replacement under way in round a becomes this node's, one replacement more
-  // (a failure folded into it: recovery/in_place.h); nullopt when none is under way now. One
-  // node never has another's.
+  // The replacement under way in round a (another node's, or this one's) becomes this node's, one
+  // replacement more (a failure folded into it: recovery/in_place.h); nullopt when none is under
+  // way now.
   virtual Task<std::optional<int>> take_over_recovery(Round a) = 0;
   virtual Task<void> recovery_over(Round a) = 0;
   virtual Task<int> replacements() = 0;

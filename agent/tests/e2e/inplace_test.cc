@@ -410,6 +410,54 @@ TEST_F(InPlace, AFailureDuringTheRecoveryRestartsTheWholeGroup) {
   }
 }
 
+// The same on one node of three workers: rank 2 fails in turn once it has read generation 1, while
+// rank 0 keeps its state. The failure is folded into the recovery under way: generation 2 replaces
+// ranks 1 and 2 and supersedes generation 1, whose set-up rank 0 and rank 1's replacement give up
+// for it. No group restart; rank 0 keeps its process; every rank ends at the clean digest.
+TEST_F(InPlace, AFailureDuringTheRecoveryIsFoldedIntoItWhileAWorkerKeepsItsState) {
+  const std::string clean = clean_digest(3, {"--steps", "20"});
+  std::string output;
+  ASSERT_EQ(
+      run("job", 3, 2, {"--steps", "20", "--crash", "1:5", "--fail-in-recovery", "2"}, &output), 0)
+      << output;
+  EXPECT_NE(output.find("worker 2 (local rank 2) replaced in place by pid "), std::string::npos)
+      << output;
+  EXPECT_NE(output.find(": generation 2 (restart 2 of 2), folded into the recovery under way "
+                        "(generation 1, which it supersedes: ranks 1,2 replaced); ranks 0 keep "
+                        "running"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("in-place: generation 1 was superseded by generation 2"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find("generation 2: the group is whole again"), std::string::npos) << output;
+  const auto survivor = final_of("job", 0);
+  ASSERT_TRUE(survivor.has_value()) << output;
+  EXPECT_EQ(survivor->pid, start_pid("job", 0, 0, 0)) << "the survivor kept its process";
+  for (const int rank : {0, 1, 2}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << output;
+    EXPECT_EQ(f->generation, 2);
+    EXPECT_EQ(f->digest, clean) << output;
+    if (rank > 0) {
+      EXPECT_EQ(f->pid, start_pid("job", rank, 0, 2)) << output;
+    }
+  }
+  EXPECT_FALSE(fs::exists(path("job/start_0_1_0"))) << "no group restart";
+  EXPECT_FALSE(any_signal_file("job")) << output;
+  EXPECT_TRUE(events("job", "restart").empty());
+  EXPECT_TRUE(events("job", "inplace_fallback").empty());
+  const auto restarts = events("job", "inplace_restart");
+  ASSERT_EQ(restarts.size(), 2u);
+  EXPECT_EQ(restarts[1]["rank"], 2);
+  EXPECT_EQ(restarts[1]["generation"], 2);
+  EXPECT_EQ(restarts[1]["supersedes"], 1);
+  EXPECT_EQ(restarts[1]["survivors"], Json::array({0}));
+  const auto recovered = events("job", "inplace_recovered");
+  ASSERT_EQ(recovered.size(), 1u);
+  EXPECT_EQ(recovered[0]["generation"], 2);
+}
+
 // A recovery that never ends: the survivors and the replacement all stop for good where their
 // recovery begins (nothing fails, nothing says it recovered). --in-place-timeout bounds the wait:
 // 3 s after the generation is published the agent restarts the whole group, saying why, and the

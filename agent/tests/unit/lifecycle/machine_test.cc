@@ -33,6 +33,10 @@ Facts in_place(int failures, bool restarts_left = true) {
   f.restarts_left = restarts_left;
   return f;
 }
+Facts foldable(Facts f) {
+  f.foldable = true;
+  return f;
+}
 Facts counting(Facts f) {
   f.several_nodes = f.counting = true;
   return f;
@@ -213,6 +217,12 @@ TEST(StateMachineTransitions, InPlaceOneFailedWorkerIsReplacedWhileTheOthersRun)
        in_place(1, false), State::kStopping, StopReason::kWorkerFailed},
       {"a failure during the recovery: the group restarts", State::kReplacing,
        Input::kWorkersFailed, in_place(1), State::kStopping, StopReason::kWorkerFailed},
+      {"a failure folded into the recovery: replacing again", State::kReplacing,
+       Input::kWorkersFailed, foldable(in_place(1)), State::kReplacing},
+      {"two failures during the recovery: the group restarts", State::kReplacing,
+       Input::kWorkersFailed, foldable(in_place(2)), State::kStopping, StopReason::kWorkerFailed},
+      {"a failure to fold, no restart left: stop", State::kReplacing, Input::kWorkersFailed,
+       foldable(in_place(1, false)), State::kStopping, StopReason::kWorkerFailed},
       {"no recovery in time: the group restarts", State::kReplacing, Input::kRecoveryFailed,
        in_place(1), State::kStopping, StopReason::kWorkerFailed},
       {"the replacement could not start", State::kReplacing, Input::kStartFailed, in_place(1),

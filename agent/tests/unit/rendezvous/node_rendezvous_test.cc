@@ -246,9 +246,9 @@ TEST(NodeRendezvous, InPlaceARegroupHoldsTheRecoveryWithoutCountingAReplacement)
   EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 1);
 }
 
-// A failure folded into another node's replacement under way: that node's claim becomes this
-// one's, one replacement more; only its new holder ends it. Nothing to take over when no
-// replacement is under way, when it is this node's own, or when it is a regroup.
+// A failure folded into a replacement under way (this node's own, or another's: that node's claim
+// becomes this one's), one replacement more; only its holder ends it. Nothing to take over when no
+// replacement is under way, or when it is a regroup.
 TEST(NodeRendezvous, InPlaceAReplacementUnderWayIsTakenOverCountingOneMore) {
   Nodes nodes(2, 2, 2);
   const auto a =
@@ -259,15 +259,15 @@ TEST(NodeRendezvous, InPlaceAReplacementUnderWayIsTakenOverCountingOneMore) {
   EXPECT_FALSE(take_over(1).has_value()) << "nothing under way";
   ASSERT_EQ(
       run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kReplacement)).replacements, 1);
-  EXPECT_FALSE(take_over(0).has_value()) << "its own";
-  EXPECT_EQ(take_over(1), 2);
-  EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 2);
+  EXPECT_EQ(take_over(0), 2) << "its own: one more";
+  EXPECT_EQ(take_over(1), 3);
+  EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 3);
   run_task(nodes.io(), nodes[0].recovery_over(a[0]));  // no longer node 0's to end
   EXPECT_EQ(run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kReplacement)).under_way,
             Recovery::kReplacement);
   run_task(nodes.io(), nodes[1].recovery_over(a[1]));
   ASSERT_EQ(run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup)).replacements,
-            2);
+            3);
   EXPECT_FALSE(take_over(1).has_value()) << "a regroup is not taken over";
   Round next = a[1];  // nor a recovery of a round that ended
   next.round = 1;

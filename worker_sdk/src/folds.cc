@@ -25,22 +25,24 @@ std::function<bool()> superseded_check(const WorkerEnv& env) {
   };
 }
 
-std::optional<int> generation_after(store::StoreClient& store, const std::string& prefix,
-                                    int failed, std::chrono::milliseconds timeout) {
+std::optional<int> generation_to_follow(const WorkerEnv& env, store::StoreClient& store, int failed,
+                                        const CollectiveError& error) {
+  const std::string prefix = contract::generation_prefix(env.run_id, env.restart_count);
+  const bool superseded = dynamic_cast<const GroupSuperseded*>(&error) != nullptr;
   const int next = failed + 1;
   try {
-    store.wait({contract::generation_key(prefix, next)}, timeout);
-  } catch (const store::StoreError& e) {
-    if (e.code() == store::StoreErrc::kTimeout) return std::nullopt;
-    throw;
+    store.wait({contract::generation_key(prefix, next)},
+               superseded ? env.in_place_timeout : std::chrono::milliseconds(kFoldWait));
+    const int latest =
+        std::max(next, static_cast<int>(store.add(contract::generation_counter_key(prefix), 0)));
+    for (int g = next; g <= latest; ++g) {
+      const auto record = store.try_get(contract::generation_key(prefix, g));
+      if (record && record->starts_with("regrouped")) return std::nullopt;
+    }
+    return latest;
+  } catch (const store::StoreError&) {
+    return std::nullopt;
   }
-  const int latest =
-      std::max(next, static_cast<int>(store.add(contract::generation_counter_key(prefix), 0)));
-  for (int g = next; g <= latest; ++g) {
-    const auto record = store.try_get(contract::generation_key(prefix, g));
-    if (record && record->starts_with("regrouped")) return std::nullopt;
-  }
-  return latest;
 }
 
 void say_following(const WorkerEnv& env, int failed, int next, const std::string& why) {

@@ -1,6 +1,10 @@
 // Following an in-place recovery into the generation the agent folds a later failure into
-// (worker_contract.h: a worker of another node died while the group rebuilt itself): a rank whose
-// set-up of generation g failed, or saw the generation counter pass g, joins the latest one.
+// (worker_contract.h: a worker died while the group rebuilt itself): a rank whose set-up of
+// generation g failed, or saw the generation counter pass g, joins the latest one.
+// The one wait the counter cannot end: Gloo's listening side of a pair waits for its peer's
+// connection for the group's timeout (the set-up's store waits are sliced, that one is Gloo's). A
+// peer that dies between publishing its address and connecting leaves it waiting that long, and
+// the agent then restarts the group; the window is that of a connect.
 #pragma once
 
 #include <chrono>
@@ -23,12 +27,19 @@ bool follows_folds(const WorkerEnv& env, Backend backend);
 // agent has counted a later generation. On a store connection of its own.
 std::function<bool()> superseded_check(const WorkerEnv& env);
 
-// The generation to join after generation `failed`'s set-up failed: the latest counted, once
-// generation `failed` + 1 is published, within `timeout`. nullopt: none came, or it regroups the
-// job (a node lost or joining, never folded), which this rank does not follow from a failed
-// set-up.
-std::optional<int> generation_after(store::StoreClient& store, const std::string& prefix,
-                                    int failed, std::chrono::milliseconds timeout);
+// How long a rank whose set-up failed without being superseded (a peer's socket closed: it died)
+// waits for the agent to fold that failure into a later generation before it gives up with the
+// error: the agent folds as soon as it reaps the worker, so seconds are plenty; a failure it does
+// not fold (a group restart stops this rank anyway, or an error no death caused) is not held long.
+inline constexpr std::chrono::seconds kFoldWait{10};
+
+// The generation to join after generation `failed`'s set-up failed with `error`: the latest
+// counted, once generation `failed` + 1 is published (within the job's --in-place-timeout when the
+// set-up was superseded, else kFoldWait). nullopt: none came, it regroups the job (a node lost or
+// joining, never folded), which this rank does not follow from a failed set-up, or the store
+// cannot be used: then `error` stands.
+std::optional<int> generation_to_follow(const WorkerEnv& env, store::StoreClient& store, int failed,
+                                        const CollectiveError& error);
 
 // "rank 3: generation 1's group did not form (what): joining generation 2".
 void say_following(const WorkerEnv& env, int failed, int next, const std::string& why);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dist/sdk/process_group.h"
+#include "dist/store/errors.h"
 #include "local_address.h"
 #include "peer_names.h"
 #include "progress_slot.h"
@@ -44,7 +45,12 @@ void wait_unless_superseded(store::StoreClient& store, const std::vector<std::st
       return store.wait(
           keys, last ? std::max(left, std::chrono::milliseconds(1)) : GlooOptions::kSupersededPoll);
     } catch (const store::StoreError& e) {
-      if (e.code() != store::StoreErrc::kTimeout || last) throw;
+      if (e.code() != store::StoreErrc::kTimeout) throw;
+      if (last) {  // said of the whole wait, not of its last slice
+        throw store::StoreError(store::StoreErrc::kTimeout,
+                                "waiting for " + keys.front() + " timed out after " +
+                                    std::to_string(timeout.count()) + " ms");
+      }
     }
     if (superseded()) {
       throw GroupSuperseded(
@@ -70,7 +76,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
     written_.push_back(prefix_ + key);
   }
   std::vector<char> get(const std::string& key) override {
-    wait({key}, timeout_);
+    if (superseded_) wait({key}, timeout_);  // (in slices: the GET's own wait is one)
     const std::string value = client_.get(prefix_ + key, timeout_);
     return {value.begin(), value.end()};
   }

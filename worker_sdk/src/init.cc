@@ -42,10 +42,12 @@ std::unique_ptr<ProcessGroup> join_latest_group(WorkerEnv& env, Backend backend,
       return join_group(env, backend, timeout);
     } catch (const CollectiveError& e) {
       if (env.generation == 0 || !detail::follows_folds(env, backend)) throw;
-      store::StoreClient store = connect_store(env);
-      const auto next = detail::generation_after(
-          store, worker_contract::generation_prefix(env.run_id, env.restart_count), env.generation,
-          env.in_place_timeout);
+      std::optional<int> next;
+      try {
+        store::StoreClient store = connect_store(env);
+        next = detail::generation_to_follow(env, store, env.generation, e);
+      } catch (const store::StoreError&) {  // the error stands
+      }
       if (!next) throw;
       detail::say_following(env, env.generation, *next, e.what());
       env.generation = *next;

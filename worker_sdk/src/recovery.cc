@@ -445,8 +445,7 @@ void InPlaceRecovery::settle_in(int generation, bool built) {
       if (!detail::follows_folds(dist_.env, options_.backend)) throw;
       replace_group(nullptr);  // (never built on: no release) its peers' collectives fail now
       const detail::SetupWait waiting;
-      const auto next =
-          detail::generation_after(*store_, prefix_, generation_, dist_.env.in_place_timeout);
+      const auto next = detail::generation_to_follow(dist_.env, *store_, generation_, e);
       if (!next) throw;
       detail::say_following(dist_.env, generation_, *next, e.what());
       generation = *next;

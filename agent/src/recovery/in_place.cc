@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <sstream>
 
 #include "dist/store/errors.h"
@@ -21,8 +22,10 @@ std::vector<int> replaced_ranks(const std::string& record, int more) {
   const auto at = record.find("replaced=");
   if (at != std::string::npos) {
     std::istringstream list(record.substr(at + 9, record.find(' ', at) - at - 9));
-    for (std::string rank; std::getline(list, rank, ',');) {
-      if (!rank.empty()) ranks.push_back(std::stoi(rank));
+    for (std::string text; std::getline(list, text, ',');) {
+      int rank = -1;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), rank);
+      if (ec == std::errc() && end == text.data() + text.size()) ranks.push_back(rank);
     }
   }
   std::sort(ranks.begin(), ranks.end());
@@ -61,7 +64,7 @@ void InPlace::start_workers() {
 // Several nodes, a round that failed: every node decides restart or fail from the same count, the
 // job's replacements, read before STOPPING ends.
 void InPlace::stopping() {
-  replacing_ = false;
+  replacing_ = folding_ = false;
   if (g_.store) g_.store->close();  // a recovery's wait ends here
   joining_.close();
   const bool failed = p_.now.stop_reason == StopReason::kWorkerFailed ||
@@ -194,6 +197,7 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
   const RecoveryClaim claim = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
   c.replacements = claim.replacements;
   c.under_way = claim.under_way;
+  c.seen = claim.seen;
   if (!c.replacements && c.under_way == Recovery::kReplacement && p_.rounds.several_nodes()) {
     co_await fold_into_recovery(c, round, failed_rank);
   }
@@ -207,7 +211,13 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
       c.why = "generation " + std::to_string(c.generation) + " was counted after generation " +
               std::to_string(c.supersedes->generation) + ", not right after it";
     } else if (c.supersedes) {
-      co_await g_.store->supersede(c.supersedes->generation, c.generation);
+      const bool superseded = co_await g_.store->supersede(c.supersedes->generation, c.generation);
+      if (!superseded) {
+        // Its group said it recovered first: the claim is this node's now, for a replacement of
+        // its own worker alone (the ranks of that generation kept their state).
+        c.supersedes.reset();
+        c.replaced = {failed_rank};
+      }
     }
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
@@ -230,33 +240,37 @@ Task<void> InPlace::fold_into_recovery(Claim& c, Round round, int failed_rank) {
       co_return;
     }
     const auto deadline = std::chrono::steady_clock::now() + kUnderWayWait;
-    std::optional<GenerationUnderWay> under_way;
-    while (!(under_way = co_await g_.store->under_way(kUnderWayPoll))) {
-      // Its generation recovered (the claim is let go next), or is not out yet: claim again.
+    while (true) {
+      const std::optional<GenerationUnderWay> under_way =
+          co_await g_.store->under_way(kUnderWayPoll);
+      if (under_way) {
+        std::vector<int> replaced = replaced_ranks(under_way->record, failed_rank);
+        if (static_cast<int>(replaced.size()) >= round.world_size) {
+          c.not_folded = "no worker that kept its state would be left";
+          co_return;
+        }
+        // Exactly the claim that refused this one: not one claimed since (whose generation
+        // may not be the one read).
+        c.replacements = co_await p_.rounds.take_over_recovery(round, c.seen);
+        if (c.replacements) {
+          c.supersedes = *under_way;
+          c.replaced = std::move(replaced);
+          co_return;
+        }
+      }
+      // Its generation recovered (the claim is let go next), is not out yet, or the claim changed
+      // hands: claim again.
       const RecoveryClaim again = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
       c.replacements = again.replacements;
       c.under_way = again.under_way;
+      c.seen = again.seen;
       if (c.replacements || c.under_way != Recovery::kReplacement) co_return;
       if (std::chrono::steady_clock::now() > deadline) {
-        c.not_folded = "its generation was not published within " + seconds_text(kUnderWayWait);
+        c.not_folded =
+            "the recovery under way could not be folded into within " + seconds_text(kUnderWayWait);
         co_return;
       }
     }
-    std::vector<int> replaced = replaced_ranks(under_way->record, failed_rank);
-    if (static_cast<int>(replaced.size()) >= round.world_size) {
-      c.not_folded = "no worker that kept its state would be left";
-      co_return;
-    }
-    const std::optional<int> replacements = co_await p_.rounds.take_over_recovery(round);
-    if (!replacements) {  // it ended meanwhile: a claim of its own
-      const RecoveryClaim again = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
-      c.replacements = again.replacements;
-      c.under_way = again.under_way;
-      co_return;
-    }
-    c.replacements = replacements;
-    c.supersedes = *under_way;
-    c.replaced = std::move(replaced);
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
     c.not_folded = e.what();
@@ -310,31 +324,43 @@ bool InPlace::foldable() const {
   return static_cast<int>(replaced.size()) < p_.now.round->world_size;
 }
 
+// The wait for the generation under way follows to the one folded into (and, should that one have
+// recovered first after all, ends with its word): until the fold is counted, its outcome is left
+// to the fold's own wait.
 void InPlace::fold_own_failure() {
   const int failed = p_.now.failures.front().worker.rank;
   generation_claimed_ = false;
-  p_.steps.launch(claim_fold(*p_.now.round, g_.latest), [this, failed](Claim c) {
+  folding_ = true;
+  p_.steps.launch(claim_fold(*p_.now.round, g_.latest, failed), [this](Claim c) {
     if (p_.now.state != State::kReplacing) return;
-    c.replaced = replaced_ranks("replaced=" + comma_list(claim_.replaced), failed);
+    folding_ = false;
     on_folded(c);
   });
 }
 
 // One replacement more for this node's recovery, the generation after the one under way, which it
-// supersedes.
-Task<InPlace::Claim> InPlace::claim_fold(Round round, int superseded) {
+// supersedes (or, when that one said it recovered first, a replacement of `failed` alone).
+Task<InPlace::Claim> InPlace::claim_fold(Round round, int superseded, int failed) {
   Claim c;
   c.all_follow = true;
+  c.replaced = replaced_ranks("replaced=" + comma_list(claim_.replaced), failed);
   try {
-    c.replacements = co_await p_.rounds.take_over_recovery(round);
+    // (This node's claim refuses this one: what it saw is what is taken over.)
+    const RecoveryClaim mine = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
+    c.replacements = mine.replacements;
+    if (!c.replacements) c.replacements = co_await p_.rounds.take_over_recovery(round, mine.seen);
     if (!c.replacements) co_return c;
     c.generation = co_await g_.store->next();
     c.supersedes = GenerationUnderWay{superseded, {}};
     if (c.generation != superseded + 1) {
       c.why = "generation " + std::to_string(c.generation) + " was counted after generation " +
               std::to_string(superseded) + ", not right after it";
-    } else {
-      co_await g_.store->supersede(superseded, c.generation);
+      co_return c;
+    }
+    const bool superseding = co_await g_.store->supersede(superseded, c.generation);
+    if (!superseding) {
+      c.supersedes.reset();
+      c.replaced = {failed};
     }
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
@@ -356,7 +382,7 @@ void InPlace::on_folded(const Claim& c) {
   g_.latest = c.generation;
   generation_claimed_ = true;
   claim_ = c;
-  start_replacement(false);  // the wait for the generation under way follows to this one
+  start_replacement();
 }
 
 // In-place after all: the group stops (a restart while restarts are left), everywhere.
@@ -371,7 +397,7 @@ void InPlace::give_up_replacing(const std::string& why) {
   p_.feed(Input::kRecoveryFailed);
 }
 
-void InPlace::start_replacement(bool wait) {
+void InPlace::start_replacement() {
   const Round& round = *p_.now.round;
   const WorkerFailure& failed = p_.now.failures.front();
   const int generation = g_.latest;
@@ -410,17 +436,16 @@ void InPlace::start_replacement(bool wait) {
   replaced_.push_back(std::move(r));
   std::string record = "replaced=" + comma_list(replaced) + " survivors=" + survivors;
   if (folded) record += " supersedes=" + std::to_string(folded->generation);
-  if (!wait) {
-    return p_.steps.fire_and_forget(g_.store->publish(generation, std::move(record)),
-                                    "publishing the generation folded into");
-  }
   p_.steps.launch(
       g_.store->publish_and_wait(generation, std::move(record), p_.config.in_place_timeout),
       [this](RecoveryOutcome o) { on_recovered(o); });
 }
 
 void InPlace::on_recovered(const RecoveryOutcome& o) {
-  if (p_.now.state != State::kReplacing) return;
+  // (A wait for a generation a fold superseded ends with the latest's word, as the fold's own
+  // does: whichever comes first. While the fold is counted, or for an earlier generation, neither
+  // decides.)
+  if (p_.now.state != State::kReplacing || folding_ || o.generation < g_.latest) return;
   const InPlaceReplacement& r = replaced_.back();
   const int round = p_.now.round->round;
   if (!o.recovered) {

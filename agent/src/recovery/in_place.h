@@ -66,6 +66,7 @@ class InPlace final : public RecoveryPolicy {
     std::vector<int> replaced;
     std::string not_folded;   // why another node's replacement under way was not folded into
     bool all_follow = false;  // every rank's worker follows a later generation (fold/<rank>)
+    std::string seen;         // refused: the job's recovery state found (RecoveryClaim::seen)
   };
 
   int restarts_used() const { return p_.now.restart_count + replacements_; }
@@ -75,11 +76,11 @@ class InPlace final : public RecoveryPolicy {
   // REPLACING again: this node's worker failed during its own recovery, folded into it.
   bool foldable() const;
   void fold_own_failure();
-  Task<Claim> claim_fold(Round round, int superseded);
+  Task<Claim> claim_fold(Round round, int superseded, int failed);
   void on_folded(const Claim& c);
   void on_claimed(const Claim& c);
   void give_up_replacing(const std::string& why);
-  void start_replacement(bool wait = true);
+  void start_replacement();
   void on_recovered(const RecoveryOutcome& o);
   // REPLACING: every other worker of the job has finished (this node's exited 0, every other
   // node at its exit barrier), `when` says since when: the job ends done.
@@ -97,6 +98,7 @@ class InPlace final : public RecoveryPolicy {
   int replacing_rank_ = -1;          // the worker REPLACING replaces
   bool generation_claimed_ = false;  // and whether its generation is known yet
   bool replacing_ = false;           // REPLACING, from its first failure to its end
+  bool folding_ = false;             // a failure of this node's being folded into it
   Claim claim_;                      // REPLACING's claim
   std::vector<InPlaceReplacement> replaced_;
   std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped

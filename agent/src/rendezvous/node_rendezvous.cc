@@ -370,32 +370,31 @@ Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind)
     if (!seen.empty()) state = schema::decode_in_place(key, seen);
     // A recovery of an earlier round ended with that round, whatever it became.
     const bool under_way = state.recovery != Recovery::kNone && state.round == a.round;
-    if (under_way) co_return RecoveryClaim{std::nullopt, state.recovery};
+    if (under_way) co_return RecoveryClaim{std::nullopt, state.recovery, seen};
     if (attempt == kClaimAttempts) {  // other nodes' claims kept going in: recoveries elsewhere
-      co_return RecoveryClaim{std::nullopt, Recovery::kReplacement};
+      co_return RecoveryClaim{std::nullopt, Recovery::kReplacement, {}};
     }
     const schema::InPlaceState claimed{state.replacements + counted, a.round, kind, a.node_rank};
     const std::string desired = schema::encode(claimed);
     const std::string stored = co_await store_->compare_set(key, seen, desired);
-    if (stored == desired) co_return RecoveryClaim{claimed.replacements, Recovery::kNone};
+    if (stored == desired) co_return RecoveryClaim{claimed.replacements, Recovery::kNone, {}};
     seen = stored;
   }
 }
 
-Task<std::optional<int>> NodeRendezvous::Impl::take_over_recovery(Round a) {
+// One COMPARE_SET against exactly what the refused claim saw: a recovery that ended, or another
+// node's claim or takeover since, is not the one whose generation the caller folds into.
+Task<std::optional<int>> NodeRendezvous::Impl::take_over_recovery(Round a, std::string seen) {
   const std::string key(schema::kInPlace);
-  std::string seen = (co_await store_->try_get(key)).value_or("");
-  while (!seen.empty()) {  // COMPARE_SET against a recovery's end and other nodes' claims
-    schema::InPlaceState state = schema::decode_in_place(key, seen);
-    if (state.recovery != Recovery::kReplacement || state.round != a.round) break;
-    const schema::InPlaceState taken{state.replacements + 1, a.round, Recovery::kReplacement,
-                                     a.node_rank};
-    const std::string desired = schema::encode(taken);
-    const std::string stored = co_await store_->compare_set(key, seen, desired);
-    if (stored == desired) co_return taken.replacements;
-    seen = stored;
-  }
-  co_return std::nullopt;
+  if (seen.empty()) co_return std::nullopt;
+  const schema::InPlaceState state = schema::decode_in_place(key, seen);
+  if (state.recovery != Recovery::kReplacement || state.round != a.round) co_return std::nullopt;
+  const schema::InPlaceState taken{state.replacements + 1, a.round, Recovery::kReplacement,
+                                   a.node_rank};
+  const std::string desired = schema::encode(taken);
+  const std::string stored = co_await store_->compare_set(key, seen, desired);
+  if (stored != desired) co_return std::nullopt;
+  co_return taken.replacements;
 }
 
 Task<void> NodeRendezvous::Impl::recovery_over(Round a) {
@@ -909,8 +908,8 @@ Task<void> NodeRendezvous::mark_failed(Round a, std::string reason) {
 Task<RecoveryClaim> NodeRendezvous::claim_recovery(Round a, Recovery kind) {
   return impl_->claim_recovery(std::move(a), kind);
 }
-Task<std::optional<int>> NodeRendezvous::take_over_recovery(Round a) {
-  return impl_->take_over_recovery(std::move(a));
+Task<std::optional<int>> NodeRendezvous::take_over_recovery(Round a, std::string seen) {
+  return impl_->take_over_recovery(std::move(a), std::move(seen));
 }
 Task<void> NodeRendezvous::recovery_over(Round a) {
   return impl_->recovery_over(std::move(a));

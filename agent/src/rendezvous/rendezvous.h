@@ -126,6 +126,7 @@ enum class Recovery { kNone = 0, kReplacement = 1, kRegroup = 2 };
 struct RecoveryClaim {
   std::optional<int> replacements;
   Recovery under_way = Recovery::kNone;
+  std::string seen;  // refused: the job's recovery state it found, for take_over_recovery
 };
 
 // "300 s", "2.5 s": a timeout as the log says it (the rounds' and the recoveries').
@@ -177,10 +178,10 @@ class NodeRendezvous {
   // a.round: a worker of it replaced alone (counted with the replacements), or, node 0, the
   // group's regroup. One recovery at a time, job-wide, by COMPARE_SET.
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind);
-  // The replacement under way in round a (another node's, or this one's) becomes node
-  // a.node_rank's, counted as one replacement more (a failure folded into it); nullopt when none
-  // is under way now.
-  Task<std::optional<int>> take_over_recovery(Round a);
+  // The replacement under way in round a (another node's, or this one's) that a refused claim
+  // found (`seen`) becomes node a.node_rank's, counted as one replacement more (a failure folded
+  // into it); nullopt when the job's recovery is no longer exactly that.
+  Task<std::optional<int>> take_over_recovery(Round a, std::string seen);
   // This node's recovery is over: another may be claimed.
   Task<void> recovery_over(Round a);
   // The job's replacements so far.

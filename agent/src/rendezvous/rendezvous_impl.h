@@ -109,7 +109,7 @@ class NodeRendezvous::Impl {
 
   // In-place recovery (node_rendezvous.cc).
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind);
-  Task<std::optional<int>> take_over_recovery(Round a);
+  Task<std::optional<int>> take_over_recovery(Round a, std::string seen);
   Task<void> recovery_over(Round a);
   Task<int> replacements();
   // One more in-place replacement, job-wide (a lost node's survivors waiting in place for a node:

@@ -101,14 +101,14 @@ class LocalRounds final : public RoundSource {
   }
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) override {
     if (recovering_ != Recovery::kNone && recovering_round_ == a.round) {
-      co_return RecoveryClaim{std::nullopt, recovering_};
+      co_return RecoveryClaim{std::nullopt, recovering_, {}};
     }
     recovering_ = kind;
     recovering_round_ = a.round;
     if (kind == Recovery::kReplacement) ++replacements_;
-    co_return RecoveryClaim{replacements_, Recovery::kNone};
+    co_return RecoveryClaim{replacements_, Recovery::kNone, {}};
   }
-  Task<std::optional<int>> take_over_recovery(Round a) override {
+  Task<std::optional<int>> take_over_recovery(Round a, std::string) override {
     if (recovering_ != Recovery::kReplacement || recovering_round_ != a.round) {
       co_return std::nullopt;
     }
@@ -237,8 +237,8 @@ class NodeRounds : public RoundSource {
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) override {
     co_return co_await rdzv_->claim_recovery(std::move(a), kind);
   }
-  Task<std::optional<int>> take_over_recovery(Round a) override {
-    co_return co_await rdzv_->take_over_recovery(std::move(a));
+  Task<std::optional<int>> take_over_recovery(Round a, std::string seen) override {
+    co_return co_await rdzv_->take_over_recovery(std::move(a), std::move(seen));
   }
   Task<void> recovery_over(Round a) override { co_await rdzv_->recovery_over(std::move(a)); }
   Task<int> replacements() override { co_return co_await rdzv_->replacements(); }

@@ -78,10 +78,10 @@ class RoundSource {
   // One node keeps them itself; several, in the job's store (NodeRendezvous::claim_recovery), so
   // that every node counts the others' and no two recoveries overlap.
   virtual Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) = 0;
-  // The replacement under way in round a (another node's, or this one's) becomes this node's, one
-  // replacement more (a failure folded into it: recovery/in_place.h); nullopt when none is under
-  // way now.
-  virtual Task<std::optional<int>> take_over_recovery(Round a) = 0;
+  // The replacement under way in round a (another node's, or this one's) that a refused claim found
+  // (RecoveryClaim::seen) becomes this node's, one replacement more (a failure folded into it:
+  // recovery/in_place.h); nullopt when the recovery is no longer exactly that.
+  virtual Task<std::optional<int>> take_over_recovery(Round a, std::string seen) = 0;
   virtual Task<void> recovery_over(Round a) = 0;
   virtual Task<int> replacements() = 0;
   // In place: whether every other node of round a has finished (its workers all succeeded: it is

@@ -246,32 +246,36 @@ TEST(NodeRendezvous, InPlaceARegroupHoldsTheRecoveryWithoutCountingAReplacement)
   EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 1);
 }
 
-// A failure folded into a replacement under way (this node's own, or another's: that node's claim
-// becomes this one's), one replacement more; only its holder ends it. Nothing to take over when no
-// replacement is under way, or when it is a regroup.
+// A failure folded into a replacement under way: the claim a refused claim found (another node's,
+// or this node's own) becomes this node's, one replacement more, and only its holder ends it. Only
+// exactly that claim: not once it ended, was taken over or claimed again since; never a regroup.
 TEST(NodeRendezvous, InPlaceAReplacementUnderWayIsTakenOverCountingOneMore) {
   Nodes nodes(2, 2, 2);
   const auto a =
       nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
-  const auto take_over = [&](std::size_t k) {
-    return run_task(nodes.io(), nodes[k].take_over_recovery(a[k]));
+  const auto claim = [&](std::size_t k, Recovery kind = Recovery::kReplacement) {
+    return run_task(nodes.io(), nodes[k].claim_recovery(a[k], kind));
   };
-  EXPECT_FALSE(take_over(1).has_value()) << "nothing under way";
-  ASSERT_EQ(
-      run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kReplacement)).replacements, 1);
-  EXPECT_EQ(take_over(0), 2) << "its own: one more";
-  EXPECT_EQ(take_over(1), 3);
-  EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 3);
-  run_task(nodes.io(), nodes[0].recovery_over(a[0]));  // no longer node 0's to end
-  EXPECT_EQ(run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kReplacement)).under_way,
-            Recovery::kReplacement);
-  run_task(nodes.io(), nodes[1].recovery_over(a[1]));
-  ASSERT_EQ(run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup)).replacements,
-            3);
-  EXPECT_FALSE(take_over(1).has_value()) << "a regroup is not taken over";
-  Round next = a[1];  // nor a recovery of a round that ended
-  next.round = 1;
-  EXPECT_FALSE(run_task(nodes.io(), nodes[1].take_over_recovery(next)).has_value());
+  const auto take_over = [&](std::size_t k, const std::string& seen) {
+    return run_task(nodes.io(), nodes[k].take_over_recovery(a[k], seen));
+  };
+  EXPECT_FALSE(take_over(1, "").has_value()) << "nothing under way";
+  ASSERT_EQ(claim(0).replacements, 1);
+  const RecoveryClaim refused = claim(1);
+  ASSERT_FALSE(refused.replacements.has_value());
+  const std::string seen_by_0 = claim(0).seen;  // its own: the same state
+  EXPECT_EQ(seen_by_0, refused.seen);
+  EXPECT_EQ(take_over(1, refused.seen), 2);
+  EXPECT_FALSE(take_over(0, seen_by_0).has_value()) << "taken over since";
+  EXPECT_EQ(take_over(0, claim(0).seen), 3) << "node 0's again, from what it sees now";
+  EXPECT_EQ(run_task(nodes.io(), nodes[1].replacements()), 3);
+  run_task(nodes.io(), nodes[1].recovery_over(a[1]));  // no longer node 1's to end
+  EXPECT_EQ(claim(1).under_way, Recovery::kReplacement);
+  const std::string before_the_end = claim(1).seen;
+  run_task(nodes.io(), nodes[0].recovery_over(a[0]));
+  EXPECT_FALSE(take_over(1, before_the_end).has_value()) << "it ended";
+  ASSERT_EQ(claim(0, Recovery::kRegroup).replacements, 3);
+  EXPECT_FALSE(take_over(1, claim(1).seen).has_value()) << "a regroup is not taken over";
 }
 
 TEST(NodeRendezvous, ANodeWhoseSessionEndsIsLostToItsWatcher) {

@@ -94,11 +94,12 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";         // --local-addr:
 //   A failure while a replacement is under way (a worker of another node dies as the group
 //   rebuilds itself) is folded into that recovery when every rank can follow it: the failed
 //   worker's agent takes the recovery over, counts generation g+1 and writes
-//   gen/<g>/recovered  "superseded=<g+1>" (kSuperseded; unless g's group said it recovered
-//                     first: the key is set by compare-and-set), and publishes gen/<g+1> with
-//                     the replaced ranks of both. Ranks whose set-up of g fails or sees the
-//                     counter pass g give it up and join the latest generation; the agent that
-//                     waited for g waits for g+1.
+//   gen/<g>/recovered  "superseded=<g+1>" (kSuperseded; by compare-and-set: not when g's group
+//                     said it recovered first, a plain replacement then), and publishes gen/<g+1>
+//                     with the replaced ranks of both. (A root that formed g after all may write
+//                     its word over it: g's ranks then fail into g+1 as after any failure.) Ranks
+//                     whose set-up of g fails or sees the counter pass g give it up and join the
+//                     latest generation; the agent that waited for g waits for g+1.
 //   fold/<rank>       "1": rank `rank`'s worker follows such a generation (the SDK's recovery
 //                     over Gloo writes it as it starts; dist_launch.elastic does not): without
 //                     every rank's, the failure restarts the whole group as before.

@@ -105,6 +105,62 @@ class EtcdJob : public ::testing::Test {
         60s);
   }
 
+  // Two nodes of an in-place job over etcd, `nproc` dist-inplace-workers each (`worker` added to
+  // their flags), their files under inplace/`tag`; both must end 0. Returns both outputs.
+  std::string in_place_job(const std::string& tag, int nproc, int max_restarts,
+                           const std::vector<std::string>& worker) {
+    const fs::path out = dir_ / "inplace" / tag;
+    fs::create_directories(out);
+    std::vector<Child*> nodes;
+    for (const std::string node : {"a", "b"}) {
+      std::vector<std::string> args{"--nnodes", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                                    cluster_->endpoint_list(), "--rdzv-id", "inplace-" + tag,
+                                    // This test is about in-place recovery, not lost leases: a
+                                    // TTL of 6 s, not 2, rides out a loaded machine's stalls.
+                                    "--rdzv-conf", "keep_alive_interval=3", "--nproc-per-node",
+                                    std::to_string(nproc), "--local-addr", "127.0.0.1",
+                                    "--max-restarts", std::to_string(max_restarts),
+                                    "--restart-policy", "in-place", "--no-python", kInPlaceWorker,
+                                    "--steps", "30", "--out", out.string()};
+      args.insert(args.end(), worker.begin(), worker.end());
+      agents_.push_back(
+          std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (tag + "_" + node + ".log")));
+      nodes.push_back(agents_.back().get());
+    }
+    std::string both;
+    for (Child* n : nodes) {
+      EXPECT_EQ(n->wait(120s), 0) << n->output();
+      both += n->output();
+    }
+    return both;
+  }
+  static std::string read_file(const fs::path& file) {
+    std::ifstream in(file);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+  struct InPlaceFinal {
+    long pid = -1;
+    long step = -1;
+    std::string digest;
+    int generation = -1;
+  };
+  InPlaceFinal in_place_final(const std::string& tag, int rank) const {
+    InPlaceFinal f;
+    std::istringstream(read_file(dir_ / "inplace" / tag / ("final_" + std::to_string(rank)))) >>
+        f.pid >> f.step >> f.digest >> f.generation;
+    return f;
+  }
+  long in_place_start_pid(const std::string& tag, int rank, int generation) const {
+    long pid = -1;
+    std::istringstream(
+        read_file(dir_ / "inplace" / tag /
+                  ("start_" + std::to_string(rank) + "_0_" + std::to_string(generation)))) >>
+        pid;
+    return pid;
+  }
+
   fs::path dir_;
   std::unique_ptr<EtcdCluster> cluster_;
   std::vector<std::unique_ptr<Child>> agents_;
@@ -241,63 +297,44 @@ TEST_F(EtcdJob, ANodeWhoseLeaseExpiredLeavesCleanly) {
 // replaced; rank 0, on the other node, keeps its process; both end with the digest of a run
 // without failures (the same job once more, no crash).
 TEST_F(EtcdJob, InPlaceReplacesTheFailedWorkerAloneAndTheOtherNodeRunsOn) {
-  const fs::path out = dir_ / "inplace";
-  auto job = [&](const std::string& tag, std::vector<std::string> crash) {
-    fs::create_directories(out / tag);
-    std::vector<Child*> nodes;
-    for (const std::string node : {"a", "b"}) {
-      std::vector<std::string> args{"--nnodes", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
-                                    cluster_->endpoint_list(), "--rdzv-id", "inplace-" + tag,
-                                    // This test is about in-place recovery, not lost leases: a
-                                    // TTL of 6 s, not 2, rides out a loaded machine's stalls.
-                                    "--rdzv-conf", "keep_alive_interval=3", "--nproc-per-node", "1",
-                                    "--local-addr", "127.0.0.1", "--max-restarts", "1",
-                                    "--restart-policy", "in-place", "--no-python", kInPlaceWorker,
-                                    "--steps", "30", "--out", (out / tag).string()};
-      args.insert(args.end(), crash.begin(), crash.end());
-      agents_.push_back(
-          std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (tag + "_" + node + ".log")));
-      nodes.push_back(agents_.back().get());
-    }
-    std::string both;
-    for (Child* n : nodes) {
-      EXPECT_EQ(n->wait(120s), 0) << n->output();
-      both += n->output();
-    }
-    return both;
-  };
-  auto read = [&](const fs::path& file) {
-    std::ifstream in(file);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  };
-  struct Final {
-    long pid = -1;
-    long step = -1;
-    std::string digest;
-    int generation = -1;
-  };
-  auto final_of = [&](const std::string& tag, int rank) {
-    Final f;
-    std::istringstream(read(out / tag / ("final_" + std::to_string(rank)))) >> f.pid >> f.step >>
-        f.digest >> f.generation;
-    return f;
-  };
-  job("clean", {});
-  const std::string both = job("crash", {"--crash", "1:10"});
-  const Final clean = final_of("clean", 0), survivor = final_of("crash", 0),
-              replaced = final_of("crash", 1);
+  in_place_job("clean", 1, 1, {});
+  const std::string both = in_place_job("crash", 1, 1, {"--crash", "1:10"});
+  const InPlaceFinal clean = in_place_final("clean", 0), survivor = in_place_final("crash", 0),
+                     replaced = in_place_final("crash", 1);
   ASSERT_FALSE(clean.digest.empty()) << both;
-  long first_pid = -1;
-  std::istringstream(read(out / "crash" / "start_0_0_0")) >> first_pid;
-  EXPECT_EQ(survivor.pid, first_pid) << "rank 0 kept its process: " << both;
+  EXPECT_EQ(survivor.pid, in_place_start_pid("crash", 0, 0)) << "rank 0 kept its process: " << both;
   EXPECT_EQ(survivor.generation, 1) << both;
   EXPECT_EQ(replaced.generation, 1) << both;
   EXPECT_EQ(survivor.digest, clean.digest) << both;
   EXPECT_EQ(replaced.digest, clean.digest) << both;
   EXPECT_NE(both.find("replaced in place by pid " + std::to_string(replaced.pid) +
                       ": generation 1 (restart 1 of 1); ranks 0 keep running"),
+            std::string::npos)
+      << both;
+  EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
+}
+
+// The same over etcd with two workers a node: rank 2 fails at step 10 and its node replaces it as
+// generation 1; rank 1, on the other node, dies as it reads that generation. Its node takes the
+// job's recovery over in etcd and folds the failure into generation 2, which replaces both: no
+// group restart, ranks 0 and 3 keep their processes, every rank ends at the clean digest.
+TEST_F(EtcdJob, InPlaceAFailureOnAnotherNodeDuringARecoveryIsFoldedIntoIt) {
+  in_place_job("clean", 2, 2, {});
+  const std::string both =
+      in_place_job("crash", 2, 2, {"--crash", "2:10", "--fail-in-recovery", "1"});
+  const InPlaceFinal clean = in_place_final("clean", 0);
+  ASSERT_FALSE(clean.digest.empty()) << both;
+  for (const int rank : {0, 1, 2, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const InPlaceFinal f = in_place_final("crash", rank);
+    EXPECT_EQ(f.digest, clean.digest) << both;
+    EXPECT_EQ(f.generation, 2) << both;
+    const bool survivor = rank == 0 || rank == 3;
+    EXPECT_EQ(f.pid == in_place_start_pid("crash", rank, 0), survivor) << both;
+  }
+  EXPECT_NE(both.find(": generation 2 (restart 2 of 2), folded into the recovery under way "
+                      "(generation 1, which it supersedes: ranks 1,2 replaced); ranks 0,3 keep "
+                      "running"),
             std::string::npos)
       << both;
   EXPECT_EQ(both.find("restarting"), std::string::npos) << both;

@@ -1279,6 +1279,35 @@ TEST_F(InPlaceElasticNodes, AFailureDuringTheRecoveryIsANewRoundOfTheWholeGroup)
   }
 }
 
+// A failure folded into another node's recovery under elastic rendezvous too (the job's recovery
+// claimed in the c10d store): two nodes of two workers, rank 2 failing at step 10, rank 1 (on the
+// other node, whichever node rank the rendezvous gave each) as it reads generation 1.
+TEST_F(InPlaceElasticNodes, AFailureOnAnotherNodeDuringARecoveryIsFoldedIntoIt) {
+  const std::string clean = clean_digest(4, {"--steps", "30"});
+  nproc_per_node_ = 2;
+  std::vector<std::string> out;
+  const auto codes =
+      run_nodes("job", 2, {"--steps", "30", "--crash", "2:10", "--fail-in-recovery", "1"}, out);
+  const std::string both = out[0] + out[1];
+  ASSERT_EQ(codes, (std::vector<int>{0, 0})) << both;
+  EXPECT_NE(both.find(": generation 2 (restart 2 of 2), folded into the recovery under way "
+                      "(generation 1, which it supersedes: ranks 1,2 replaced); ranks 0,3 keep "
+                      "running"),
+            std::string::npos)
+      << both;
+  for (const int rank : {0, 1, 2, 3}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << both;
+    EXPECT_EQ(f->digest, clean) << both;
+    EXPECT_EQ(f->generation, 2);
+    const bool survivor = rank == 0 || rank == 3;
+    EXPECT_EQ(f->pid == start_pid("job", rank, 0, 0), survivor) << both;
+  }
+  EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
+  EXPECT_EQ(both.find("round 1: node"), std::string::npos) << "no new round: " << both;
+}
+
 // An elastic in-place job of three nodes of one worker (--nnodes 2:3), whose node 1 is lost
 // mid-training (its agent SIGKILLed: its worker goes with it): the other two workers keep their
 // processes and go on as ranks 0 and 1 of a world of two in the next round (node 2's worker

@@ -236,7 +236,7 @@ struct GlooOptions {
   // true ends it with GroupSuperseded (a peer died in it, and a later group replaces it). None:
   // each wait is one, up to `timeout`.
   std::function<bool()> superseded;
-  static constexpr std::chrono::milliseconds kSupersededPoll{250};
+  static constexpr std::chrono::milliseconds kSupersededPoll{100};
 };
 
 // Builds a Gloo group of `size` ranks: every rank passes its own store client (the group keeps it).

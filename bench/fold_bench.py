@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""A second failure during an in-place recovery: folded into it, against a group restart.
+
+    python3 bench/fold_bench.py --baseline BUILD [--build build] [--runs 5] [--nodes one|two]
+                                [--steps 300] [--step-ms 10]
+
+Each run is one in-place job (--restart-policy in-place --max-restarts 2) of dist-inplace-worker
+(the SDK's InPlaceRecovery over Gloo): three workers on one agent (--nodes one), or two agents of
+two workers each, static rendezvous on 127.0.0.2 (--nodes two). Rank 1 crashes as step
+steps/2 begins; rank 2 (on the other node with --nodes two) dies as it reads the generation that
+replaces rank 1, so that generation's group can never form. The two builds alternate (A B A B ...):
+  A, --baseline: a build from before folds, whose agent restarts the whole group (the workers
+     start again from step 0: dist-inplace-worker keeps no checkpoint);
+  B, --build: the second failure is folded into the recovery under way (a later generation
+     replaces both ranks; the others keep their processes).
+Reported per build (medians of --runs, min-max): the job's wall time uninterrupted and with the two
+failures (each run of a build runs both, the uninterrupted first), their ratio (ETTR), how many runs
+restarted the group, and how many ended with every rank at the digest of the uninterrupted run.
+"""
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port(host):
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def agents(build, nodes, out, worker_args):
+    """The dist-launch command lines of one job."""
+    launcher = os.path.join(build, "bin", "dist-launch")
+    worker = os.path.join(build, "bin", "dist-inplace-worker")
+    common = ["--max-restarts", "2", "--restart-policy", "in-place", "--no-python", worker,
+              "--out", out] + worker_args
+    if nodes == "one":
+        return [[launcher, "--nproc-per-node", "3"] + common]
+    port = str(free_port("127.0.0.2"))
+    return [[launcher, "--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.2",
+             "--master-port", port, "--nproc-per-node", "2"] + common for n in (0, 1)]
+
+
+def run_job(build, nodes, worker_args, world):
+    """Wall seconds, whether the group restarted, and every rank's final digest."""
+    out = tempfile.mkdtemp(prefix="fold-bench-")
+    try:
+        began = time.monotonic()
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for cmd in agents(build, nodes, out, worker_args)]
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        wall = time.monotonic() - began
+        if any(p.returncode != 0 for p in procs):
+            sys.exit("a job failed:\n" + "\n".join(outputs))
+        restarted = any("restarting the worker group" in o for o in outputs)
+        digests = []
+        for rank in range(world):
+            with open(os.path.join(out, f"final_{rank}")) as f:
+                digests.append(f.read().split()[2])
+        return wall, restarted, digests
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--baseline", required=True, help="a build without folds")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--nodes", choices=("one", "two"), default="one")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--step-ms", type=int, default=10)
+    args = parser.parse_args()
+    world = 3 if args.nodes == "one" else 4
+    base = ["--steps", str(args.steps), "--step-ms", str(args.step_ms)]
+    faults = base + ["--crash", f"1:{args.steps // 2}", "--fail-in-recovery", "2"]
+    builds = {"group restart (baseline)": args.baseline, "folded (this build)": args.build}
+    clean = {name: [] for name in builds}
+    results = {name: [] for name in builds}
+    for run in range(args.runs):
+        for name, build in builds.items():  # interleaved: A B A B ..., each uninterrupted first
+            clean_wall, _, clean_digests = run_job(build, args.nodes, base, world)
+            clean[name].append(clean_wall)
+            wall, restarted, digests = run_job(build, args.nodes, faults, world)
+            results[name].append((wall, restarted, all(d == clean_digests[0] for d in digests)))
+            print(f"run {run + 1} {name}: {wall:.2f} s{' (group restart)' if restarted else ''}",
+                  flush=True)
+    print(f"\n{args.nodes} node(s), {world} workers, {args.steps} steps of {args.step_ms} ms, "
+          f"rank 1 crashing at step {args.steps // 2}, rank 2 during its recovery; "
+          f"{args.runs} runs each, interleaved")
+    print("| build | uninterrupted s, median | with the two failures s, median (min-max) | ETTR | "
+          "group restarts | runs at the clean digest |")
+    print("|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        walls = [r[0] for r in rows]
+        median, clean_median = statistics.median(walls), statistics.median(clean[name])
+        print(f"| {name} | {clean_median:.2f} | {median:.2f} ({min(walls):.2f}-{max(walls):.2f}) "
+              f"| {clean_median / median:.2f} | {sum(r[1] for r in rows)} of {len(rows)} | "
+              f"{sum(r[2] for r in rows)} of {len(rows)} |")
+
+
+if __name__ == "__main__":
+    main()

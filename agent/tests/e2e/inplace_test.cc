@@ -458,6 +458,33 @@ TEST_F(InPlace, AFailureDuringTheRecoveryIsFoldedIntoItWhileAWorkerKeepsItsState
   EXPECT_EQ(recovered[0]["generation"], 2);
 }
 
+// The replacement itself dies as it starts (before it joins its generation): its failure is folded
+// into the recovery too, and a second replacement of the same rank, generation 2, recovers the
+// group; the survivors keep their processes.
+TEST_F(InPlace, AReplacementDyingAsItStartsIsReplacedAgainInTheSameRecovery) {
+  const std::string clean = clean_digest(3, {"--steps", "20"});
+  std::string output;
+  ASSERT_EQ(
+      run("job", 3, 2, {"--steps", "20", "--crash", "1:5", "--fail-at-start", "1:1"}, &output), 0)
+      << output;
+  EXPECT_NE(output.find(": generation 2 (restart 2 of 2), folded into the recovery under way "
+                        "(generation 1, which it supersedes: ranks 1 replaced); ranks 0,2 keep "
+                        "running"),
+            std::string::npos)
+      << output;
+  for (const int rank : {0, 1, 2}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    const auto f = final_of("job", rank);
+    ASSERT_TRUE(f.has_value()) << output;
+    EXPECT_EQ(f->digest, clean) << output;
+    EXPECT_EQ(f->generation, 2);
+    EXPECT_EQ(f->pid == start_pid("job", rank, 0, 0), rank != 1) << output;
+  }
+  EXPECT_TRUE(events("job", "restart").empty()) << output;
+  EXPECT_TRUE(events("job", "inplace_fallback").empty()) << output;
+  EXPECT_EQ(events("job", "inplace_restart").size(), 2u);
+}
+
 // A recovery that never ends: the survivors and the replacement all stop for good where their
 // recovery begins (nothing fails, nothing says it recovered). --in-place-timeout bounds the wait:
 // 3 s after the generation is published the agent restarts the whole group, saying why, and the

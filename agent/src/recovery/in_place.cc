@@ -134,11 +134,12 @@ void InPlace::explain_fallback(bool recovering) {
 void InPlace::replace() {
   if (replacing_) return fold_own_failure();
   replacing_ = true;
+  ++recovery_;  // (outcomes of an earlier recovery's waits are not this one's)
   replacing_rank_ = p_.now.failures.front().worker.rank;
   generation_claimed_ = false;
   peers_check_ = false;
   const auto claim = [this] {
-    p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c); });
+    p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c, false); });
   };
   if (!peers_may_have_finished()) return claim();
   end_if_others_finished("after every other worker of the job had finished", claim);
@@ -176,7 +177,7 @@ void InPlace::end_if_others_finished(const std::string& when, std::function<void
 // did. Said with the failure; no replacement, no group restart (which would train it all again).
 void InPlace::end_as_done(const std::string& when) {
   const WorkerFailure& failed = p_.now.failures.front();
-  if (generation_claimed_ && p_.rounds.several_nodes()) {  // the job's recovery was claimed
+  if (replacing_ && p_.rounds.several_nodes()) {  // the job's recovery may be this node's
     p_.steps.fire_and_forget(p_.rounds.recovery_over(*p_.now.round), "ending the recovery");
   }
   const std::string why = "worker " + std::to_string(failed.worker.rank) + " (local rank " +
@@ -198,15 +199,22 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
   c.replacements = claim.replacements;
   c.under_way = claim.under_way;
   c.seen = claim.seen;
-  if (!c.replacements && c.under_way == Recovery::kReplacement && p_.rounds.several_nodes()) {
+  // (A recovery of this node's own refuses the claim of a failure during it: folded the same way.)
+  if (!c.replacements && c.under_way == Recovery::kReplacement &&
+      (p_.rounds.several_nodes() || folding_)) {
     co_await fold_into_recovery(c, round, failed_rank);
   }
   if (!c.replacements) co_return c;
   try {
     c.generation = co_await g_.store->next();
-    // (Read once per recovery, for a failure of this node's that may come during it: foldable.)
-    const bool all_follow = co_await g_.store->all_follow_folds(round.world_size);
-    c.all_follow = all_follow;
+    // (Read once per recovery, for a failure of this node's that may come during it: foldable. A
+    // read that fails only leaves that out.)
+    try {
+      const bool all_follow = co_await g_.store->all_follow_folds(round.world_size);
+      c.all_follow = all_follow;
+    } catch (const store::StoreError& e) {
+      if (e.code() == store::StoreErrc::kCancelled) throw;
+    }
     if (c.supersedes && c.generation != c.supersedes->generation + 1) {
       c.why = "generation " + std::to_string(c.generation) + " was counted after generation " +
               std::to_string(c.supersedes->generation) + ", not right after it";
@@ -277,20 +285,22 @@ Task<void> InPlace::fold_into_recovery(Claim& c, Round round, int failed_rank) {
   }
 }
 
-void InPlace::on_claimed(const Claim& c) {
+void InPlace::on_claimed(const Claim& c, bool during_own) {
   if (p_.now.state != State::kReplacing) return;
   const std::string worker = "worker " + std::to_string(p_.now.failures.front().worker.rank);
   if (!c.not_folded.empty()) {
-    spdlog::info(
-        "{} failed during another node's in-place recovery, which it is not folded "
-        "into: {}",
-        worker, c.not_folded);
+    spdlog::info("{} failed during {} in-place recovery, which it is not folded into: {}", worker,
+                 during_own ? "this node's" : "another node's", c.not_folded);
   }
   if (!c.replacements) {
-    return give_up_replacing(worker + (c.under_way == Recovery::kRegroup
-                                           ? " failed while the group regroups in place"
-                                           : " failed while another node's worker is being "
-                                             "replaced in place"));
+    const std::string while_ =
+        during_own
+            ? " failed during the in-place recovery of worker " + std::to_string(replacing_rank_) +
+                  (c.not_folded.empty() ? "" : " (" + c.not_folded + ")")
+        : c.under_way == Recovery::kRegroup
+            ? " failed while the group regroups in place"
+            : " failed while another node's worker is being replaced in place";
+    return give_up_replacing(worker + while_);
   }
   if (!c.why.empty()) {  // e.g. the node that hosted the workers' store was lost with it
     return give_up_replacing(worker +
@@ -324,65 +334,18 @@ bool InPlace::foldable() const {
   return static_cast<int>(replaced.size()) < p_.now.round->world_size;
 }
 
-// The wait for the generation under way follows to the one folded into (and, should that one have
-// recovered first after all, ends with its word): until the fold is counted, its outcome is left
-// to the fold's own wait.
+// Claimed as any failure is (claim_replacement: this node's own recovery refuses the claim, and
+// the failure is folded into the generation under way, whoever holds it now); the wait for that
+// generation follows to the one folded into, and until the fold is counted its outcome is left to
+// the fold's own wait (on_recovered).
 void InPlace::fold_own_failure() {
-  const int failed = p_.now.failures.front().worker.rank;
   generation_claimed_ = false;
   folding_ = true;
-  p_.steps.launch(claim_fold(*p_.now.round, g_.latest, failed), [this](Claim c) {
+  p_.steps.launch(claim_replacement(), [this](Claim c) {
     if (p_.now.state != State::kReplacing) return;
     folding_ = false;
-    on_folded(c);
+    on_claimed(c, true);
   });
-}
-
-// One replacement more for this node's recovery, the generation after the one under way, which it
-// supersedes (or, when that one said it recovered first, a replacement of `failed` alone).
-Task<InPlace::Claim> InPlace::claim_fold(Round round, int superseded, int failed) {
-  Claim c;
-  c.all_follow = true;
-  c.replaced = replaced_ranks("replaced=" + comma_list(claim_.replaced), failed);
-  try {
-    // (This node's claim refuses this one: what it saw is what is taken over.)
-    const RecoveryClaim mine = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
-    c.replacements = mine.replacements;
-    if (!c.replacements) c.replacements = co_await p_.rounds.take_over_recovery(round, mine.seen);
-    if (!c.replacements) co_return c;
-    c.generation = co_await g_.store->next();
-    c.supersedes = GenerationUnderWay{superseded, {}};
-    if (c.generation != superseded + 1) {
-      c.why = "generation " + std::to_string(c.generation) + " was counted after generation " +
-              std::to_string(superseded) + ", not right after it";
-      co_return c;
-    }
-    const bool superseding = co_await g_.store->supersede(superseded, c.generation);
-    if (!superseding) {
-      c.supersedes.reset();
-      c.replaced = {failed};
-    }
-  } catch (const store::StoreError& e) {
-    if (e.code() == store::StoreErrc::kCancelled) throw;
-    c.why = e.what();
-  }
-  co_return c;
-}
-
-void InPlace::on_folded(const Claim& c) {
-  const std::string worker = "worker " + std::to_string(p_.now.failures.front().worker.rank) +
-                             " failed during the in-place recovery of worker " +
-                             std::to_string(replacing_rank_);
-  if (!c.replacements) return give_up_replacing(worker + ", whose claim was no longer held");
-  if (!c.why.empty()) {
-    return give_up_replacing(worker + " and the generation after cannot be counted (" + c.why +
-                             ")");
-  }
-  replacements_ = *c.replacements;
-  g_.latest = c.generation;
-  generation_claimed_ = true;
-  claim_ = c;
-  start_replacement();
 }
 
 // In-place after all: the group stops (a restart while restarts are left), everywhere.
@@ -438,14 +401,17 @@ void InPlace::start_replacement() {
   if (folded) record += " supersedes=" + std::to_string(folded->generation);
   p_.steps.launch(
       g_.store->publish_and_wait(generation, std::move(record), p_.config.in_place_timeout),
-      [this](RecoveryOutcome o) { on_recovered(o); });
+      [this, recovery = recovery_](RecoveryOutcome o) { on_recovered(o, recovery); });
 }
 
-void InPlace::on_recovered(const RecoveryOutcome& o) {
+void InPlace::on_recovered(const RecoveryOutcome& o, int recovery) {
   // (A wait for a generation a fold superseded ends with the latest's word, as the fold's own
-  // does: whichever comes first. While the fold is counted, or for an earlier generation, neither
-  // decides.)
-  if (p_.now.state != State::kReplacing || folding_ || o.generation < g_.latest) return;
+  // does: whichever comes first. While the fold is counted, for an earlier generation, or from an
+  // earlier recovery, neither decides.)
+  if (p_.now.state != State::kReplacing || !replacing_ || recovery != recovery_ || folding_ ||
+      o.generation < g_.latest) {
+    return;
+  }
   const InPlaceReplacement& r = replaced_.back();
   const int round = p_.now.round->round;
   if (!o.recovered) {

@@ -76,12 +76,11 @@ class InPlace final : public RecoveryPolicy {
   // REPLACING again: this node's worker failed during its own recovery, folded into it.
   bool foldable() const;
   void fold_own_failure();
-  Task<Claim> claim_fold(Round round, int superseded, int failed);
-  void on_folded(const Claim& c);
-  void on_claimed(const Claim& c);
+  // `during_own`: a failure during this node's own recovery (fold_own_failure).
+  void on_claimed(const Claim& c, bool during_own);
   void give_up_replacing(const std::string& why);
   void start_replacement();
-  void on_recovered(const RecoveryOutcome& o);
+  void on_recovered(const RecoveryOutcome& o, int recovery);
   // REPLACING: every other worker of the job has finished (this node's exited 0, every other
   // node at its exit barrier), `when` says since when: the job ends done.
   void end_if_others_finished(const std::string& when, std::function<void()> otherwise);
@@ -99,6 +98,7 @@ class InPlace final : public RecoveryPolicy {
   bool generation_claimed_ = false;  // and whether its generation is known yet
   bool replacing_ = false;           // REPLACING, from its first failure to its end
   bool folding_ = false;             // a failure of this node's being folded into it
+  int recovery_ = 0;                 // counts this node's recoveries (REPLACING from RUNNING)
   Claim claim_;                      // REPLACING's claim
   std::vector<InPlaceReplacement> replaced_;
   std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped

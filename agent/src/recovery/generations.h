@@ -70,7 +70,7 @@ class Generations {
   // The next generation of this restart's group (the counter, job-wide: on several nodes it is
   // the claimant of the job's one recovery that adds to it). Throws store::StoreError.
   store::Task<int> next();
-  // Folding a failure into another node's recovery under way (worker_contract.h): the generation
+  // Folding a failure into a recovery under way (worker_contract.h): the generation
   // it rebuilds the group as, once published (its claimant counts, then publishes it), within
   // `timeout`; whether every rank of a world of `world_size` follows folds; and generation
   // `generation` marked superseded by `by` (false: its group said it recovered first). Throw

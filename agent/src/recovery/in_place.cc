@@ -16,9 +16,17 @@ namespace {
 constexpr std::chrono::seconds kUnderWayWait{5};
 constexpr std::chrono::milliseconds kUnderWayPoll{100};
 
+// `ranks` and `more`, in order, each once.
+std::vector<int> with_rank(std::vector<int> ranks, int more) {
+  ranks.push_back(more);
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
 // The ranks a generation's record replaced ("replaced=2,5 survivors=..."), with `more`.
 std::vector<int> replaced_ranks(const std::string& record, int more) {
-  std::vector<int> ranks{more};
+  std::vector<int> ranks;
   const auto at = record.find("replaced=");
   if (at != std::string::npos) {
     std::istringstream list(record.substr(at + 9, record.find(' ', at) - at - 9));
@@ -28,9 +36,7 @@ std::vector<int> replaced_ranks(const std::string& record, int more) {
       if (ec == std::errc() && end == text.data() + text.size()) ranks.push_back(rank);
     }
   }
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  return ranks;
+  return with_rank(std::move(ranks), more);
 }
 
 std::string comma_list(const std::vector<int>& ranks) {
@@ -177,7 +183,7 @@ void InPlace::end_if_others_finished(const std::string& when, std::function<void
 // did. Said with the failure; no replacement, no group restart (which would train it all again).
 void InPlace::end_as_done(const std::string& when) {
   const WorkerFailure& failed = p_.now.failures.front();
-  if (replacing_ && p_.rounds.several_nodes()) {  // the job's recovery may be this node's
+  if (p_.rounds.several_nodes()) {  // the job's recovery, if this node's (else a no-op)
     p_.steps.fire_and_forget(p_.rounds.recovery_over(*p_.now.round), "ending the recovery");
   }
   const std::string why = "worker " + std::to_string(failed.worker.rank) + " (local rank " +
@@ -327,10 +333,7 @@ bool InPlace::foldable() const {
   if (!replacing_ || !generation_claimed_ || !claim_.all_follow || p_.now.failures.size() != 1) {
     return false;
   }
-  std::vector<int> replaced = claim_.replaced;
-  replaced.push_back(p_.now.failures.front().worker.rank);
-  std::sort(replaced.begin(), replaced.end());
-  replaced.erase(std::unique(replaced.begin(), replaced.end()), replaced.end());
+  const auto replaced = with_rank(claim_.replaced, p_.now.failures.front().worker.rank);
   return static_cast<int>(replaced.size()) < p_.now.round->world_size;
 }
 
@@ -408,7 +411,7 @@ void InPlace::on_recovered(const RecoveryOutcome& o, int recovery) {
   // (A wait for a generation a fold superseded ends with the latest's word, as the fold's own
   // does: whichever comes first. While the fold is counted, for an earlier generation, or from an
   // earlier recovery, neither decides.)
-  if (p_.now.state != State::kReplacing || !replacing_ || recovery != recovery_ || folding_ ||
+  if (p_.now.state != State::kReplacing || recovery != recovery_ || folding_ ||
       o.generation < g_.latest) {
     return;
   }

@@ -3,10 +3,11 @@
 // one recovery (RoundSource::claim_recovery), counts the generation and starts the replacement,
 // publishes the generation's record for the survivors, whose collectives failed, and waits for the
 // group's word that it rebuilt itself (recovery/generations.h, worker_contract.h). Each
-// replacement counts against --max-restarts. A worker of another node failing while a replacement
-// is under way is folded into it: its agent takes the recovery over and publishes the generation
-// after, which replaces both, and supersedes the one under way (worker_contract.h), when every
-// rank's worker can follow that (the SDK's, over Gloo) and one that kept its state remains.
+// replacement counts against --max-restarts. A worker failing while a replacement is under way (on
+// another node, or on this one: REPLACING again) is folded into it: its agent takes the recovery
+// over and publishes the generation after, which replaces both, and supersedes the one under way
+// (worker_contract.h), when every rank's worker can follow that (the SDK's, over Gloo) and one
+// that kept its state remains.
 // Several failures at once, another failure meanwhile, a recovery that fails or never comes: the
 // group stops, a group restart while restarts are left (said as inplace_fallback). Elastic jobs
 // also keep their workers across a lost node or a newcomer (recovery/regroup.h), and a newcomer's
@@ -60,11 +61,11 @@ class InPlace final : public RecoveryPolicy {
     Recovery under_way = Recovery::kNone;
     int generation = 0;
     std::string why;  // the workers' store could not count the generation (its host is gone)
-    // Folded into another node's replacement under way: the generation it supersedes, and
-    // the ranks the new one replaces (that one's and this node's failed worker).
+    // Folded into a replacement under way: the generation it supersedes, and the ranks the new
+    // one replaces (that one's and this node's failed worker).
     std::optional<GenerationUnderWay> supersedes;
     std::vector<int> replaced;
-    std::string not_folded;   // why another node's replacement under way was not folded into
+    std::string not_folded;   // why a replacement under way was not folded into
     bool all_follow = false;  // every rank's worker follows a later generation (fold/<rank>)
     std::string seen;         // refused: the job's recovery state found (RecoveryClaim::seen)
   };

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -186,6 +187,24 @@ class InPlace : public ::testing::Test {
       outputs.push_back(agent->output());
     }
     return codes;
+  }
+
+  // Every rank of job `out`, a world of `world`, ended at `clean` (in generation `generation`,
+  // unless -1); the ranks in `kept` with the process they started with, the others replaced.
+  // `log` is shown on a failure.
+  void expect_ranks_at(const std::string& out, int world, const std::string& clean,
+                       const std::vector<int>& kept, int generation, const std::string& log) const {
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE("rank " + std::to_string(rank));
+      const auto f = final_of(out, rank);
+      ASSERT_TRUE(f.has_value()) << log;
+      EXPECT_EQ(f->digest, clean) << log;
+      if (generation >= 0) {
+        EXPECT_EQ(f->generation, generation);
+      }
+      const bool was_kept = std::find(kept.begin(), kept.end(), rank) != kept.end();
+      EXPECT_EQ(f->pid == start_pid(out, rank, 0, 0), was_kept) << log;
+    }
   }
 
   fs::path dir_;
@@ -430,18 +449,10 @@ TEST_F(InPlace, AFailureDuringTheRecoveryIsFoldedIntoItWhileAWorkerKeepsItsState
   EXPECT_NE(output.find("in-place: generation 1 was superseded by generation 2"), std::string::npos)
       << output;
   EXPECT_NE(output.find("generation 2: the group is whole again"), std::string::npos) << output;
-  const auto survivor = final_of("job", 0);
-  ASSERT_TRUE(survivor.has_value()) << output;
-  EXPECT_EQ(survivor->pid, start_pid("job", 0, 0, 0)) << "the survivor kept its process";
-  for (const int rank : {0, 1, 2}) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
+  expect_ranks_at("job", 3, clean, {0}, 2, output);
+  for (const int rank : {1, 2}) {  // replaced as generation 2's processes
     const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << output;
-    EXPECT_EQ(f->generation, 2);
-    EXPECT_EQ(f->digest, clean) << output;
-    if (rank > 0) {
-      EXPECT_EQ(f->pid, start_pid("job", rank, 0, 2)) << output;
-    }
+    EXPECT_TRUE(f && f->pid == start_pid("job", rank, 0, 2)) << output;
   }
   EXPECT_FALSE(fs::exists(path("job/start_0_1_0"))) << "no group restart";
   EXPECT_FALSE(any_signal_file("job")) << output;
@@ -472,14 +483,7 @@ TEST_F(InPlace, AReplacementDyingAsItStartsIsReplacedAgainInTheSameRecovery) {
                         "running"),
             std::string::npos)
       << output;
-  for (const int rank : {0, 1, 2}) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << output;
-    EXPECT_EQ(f->digest, clean) << output;
-    EXPECT_EQ(f->generation, 2);
-    EXPECT_EQ(f->pid == start_pid("job", rank, 0, 0), rank != 1) << output;
-  }
+  expect_ranks_at("job", 3, clean, {0, 2}, 2, output);
   EXPECT_TRUE(events("job", "restart").empty()) << output;
   EXPECT_TRUE(events("job", "inplace_fallback").empty()) << output;
   EXPECT_EQ(events("job", "inplace_restart").size(), 2u);
@@ -961,21 +965,10 @@ TEST_F(InPlaceStaticNodes, AFailureOnAnotherNodeDuringARecoveryIsFoldedIntoIt) {
   for (const std::string& o : out) {
     EXPECT_NE(o.find("generation 2: the group is whole again"), std::string::npos) << o;
   }
-  for (const int rank : {0, 3}) {  // the survivors: one process from start to end
-    SCOPED_TRACE("rank " + std::to_string(rank));
+  expect_ranks_at("job", 4, clean, {0, 3}, 2, both);
+  for (const int rank : {1, 2}) {  // replaced, both as generation 2's processes at the end
     const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << both;
-    EXPECT_EQ(f->pid, start_pid("job", rank, 0, 0)) << "the survivor kept its process";
-    EXPECT_EQ(f->generation, 2);
-    EXPECT_EQ(f->digest, clean) << both;
-  }
-  for (const int rank : {1, 2}) {  // both replaced, both in generation 2 at the end
-    SCOPED_TRACE("rank " + std::to_string(rank));
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << both;
-    EXPECT_NE(f->pid, start_pid("job", rank, 0, 0));
-    EXPECT_EQ(f->pid, start_pid("job", rank, 0, 2)) << "it joined generation 2";
-    EXPECT_EQ(f->digest, clean) << both;
+    EXPECT_TRUE(f && f->pid == start_pid("job", rank, 0, 2)) << "rank " << rank << ": " << both;
   }
   long born_in_1 = -1;  // rank 2's replacement started as generation 1 and followed to 2
   std::istringstream(read("job/born_2_0_1")) >> born_in_1;
@@ -1015,15 +1008,7 @@ TEST_F(InPlaceStaticNodes, AFailureJustAfterTheGroupFormedAgainIsRecoveredInPlac
   const std::string both = out[0] + out[1];
   ASSERT_EQ(codes, (std::vector<int>{0, 0})) << both;
   EXPECT_NE(both.find("rank 1: failing once its group was rebuilt"), std::string::npos) << both;
-  for (const int rank : {0, 1, 2, 3}) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << both;
-    EXPECT_EQ(f->digest, clean) << both;
-    EXPECT_EQ(f->step, 30);
-    const bool survivor = rank == 0 || rank == 3;
-    EXPECT_EQ(f->pid == start_pid("job", rank, 0, 0), survivor) << both;
-  }
+  expect_ranks_at("job", 4, clean, {0, 3}, -1, both);
   EXPECT_FALSE(fs::exists(path("job/start_0_1_0"))) << "no group restart";
   EXPECT_FALSE(any_signal_file("job")) << both;
   for (const char* node : {"job_node0", "job_node1"}) {
@@ -1335,15 +1320,7 @@ TEST_F(InPlaceElasticNodes, AFailureOnAnotherNodeDuringARecoveryIsFoldedIntoIt) 
                       "running"),
             std::string::npos)
       << both;
-  for (const int rank : {0, 1, 2, 3}) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << both;
-    EXPECT_EQ(f->digest, clean) << both;
-    EXPECT_EQ(f->generation, 2);
-    const bool survivor = rank == 0 || rank == 3;
-    EXPECT_EQ(f->pid == start_pid("job", rank, 0, 0), survivor) << both;
-  }
+  expect_ranks_at("job", 4, clean, {0, 3}, 2, both);
   EXPECT_EQ(both.find("restarting"), std::string::npos) << both;
   EXPECT_EQ(both.find("round 1: node"), std::string::npos) << "no new round: " << both;
 }

@@ -199,6 +199,53 @@ class InPlace(unittest.TestCase):
         self.check_in_place(run, 8, failed=5, bit_identical=False)
         self.assertIn("RuntimeError: injected failure at step 9", run.out)
 
+    def test_two_workers_reaped_together_are_replaced_in_one_generation(self):
+        # The agent held (SIGSTOP) while ranks 1 and 2 are SIGKILLed reaps both in one batch:
+        # one generation replaces both (torch's survivors cannot follow a later one, so a fold
+        # would not do: before, "2 workers failed at once" restarted the whole group).
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        cmd = [ARGS.launcher, "--nproc-per-node", "4", "--restart-policy", "in-place",
+               "--max-restarts", "2", SCRIPT, "--steps", STEPS, "--pause-ms", "100",
+               "--timestamps"]
+        agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+        self.addCleanup(agent.stdout.close)
+        self.addCleanup(agent.wait)
+        self.addCleanup(agent.kill)
+        lines, pids = [], {}
+        for line in agent.stdout:
+            lines.append(line)
+            m = re.search(r"rank (\d+) pid (\d+) started", line)
+            if m:
+                pids[int(m.group(1))] = int(m.group(2))
+            if re.search(r"rank 2 pid \d+ step 5 done", line):
+                break
+        self.assertEqual(set(pids), {0, 1, 2, 3}, "".join(lines))
+        reap_together(agent.pid, [pids[1], pids[2]])
+        lines.extend(agent.stdout)
+        self.assertEqual(agent.wait(timeout=180), 0, "".join(lines))
+        run = Run(subprocess.CompletedProcess([], 0, "".join(lines), ""))
+        self.assertIn("generation 1 (restart 2 of 2) with ranks 1,2; ranks 0,3 keep running",
+                      run.out)
+        self.assertNotIn("restarting", run.out)
+        for rank in (1, 2):
+            self.assertRegex(run.out, rf"rank {rank} joined generation 1 as a replacement: state "
+                                      r"from rank 0 \(step=\d+\)")
+            self.assertEqual(len(run.pids[rank]), 2, run.out)
+            self.assertEqual(run.ends[rank][0], run.pids[rank][1], run.out)
+        for rank in (0, 3):
+            self.assertEqual(run.pids[rank], [pids[rank]], run.out)
+            self.assertEqual(run.ends[rank][0], pids[rank], run.out)
+            self.assertRegex(run.out, rf"rank {rank} recovered in place: generation 1")
+        # Four ranks: the replicas equal each other, and the uninterrupted run's but for rounding
+        # (a step applied twice or skipped moves them by about 1e-2 of their size).
+        self.assertEqual(len(set(run.digests().values())), 1, run.out)
+        self.assertEqual(len(run.digests()), 4, run.out)
+        self.baseline(4)
+        for rank in range(4):
+            for got, want in zip(run.weights[rank], self.baseline_weights[4]):
+                self.assertLess(abs(got - want), 1e-4 * abs(want), (rank, run.weights))
+
     def test_the_workers_store_keeps_no_keys_of_past_generations(self):
         # Rank 1 and each replacement crash every 4 steps: seven recoveries in one job. Each
         # generation's torch process group leaves its keys in the workers' store (gloo's
@@ -443,6 +490,27 @@ class Exit(unittest.TestCase):
             # waits on is shut down, as the watcher's is at every exit).
             self.assertNotIn("[c10d]", out)
             self.assertNotIn("Exception raised from", out)
+
+
+def reap_together(agent, pids):
+    """Holds the agent (SIGSTOP), SIGKILLs `pids` and waits until each can be reaped (a zombie
+    whose threads have all exited), then continues it: its next reaping finds them all at once."""
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        for pid in pids:
+            while time.monotonic() < deadline:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+                if state == "Z" and len(os.listdir(f"/proc/{pid}/task")) == 1:
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError(f"worker {pid} not reapable within 30 s")
+    finally:
+        os.kill(agent, signal.SIGCONT)
 
 
 def read_until(proc, line):

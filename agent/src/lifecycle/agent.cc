@@ -96,7 +96,6 @@ class Agent {
     f.several_nodes = rounds_->several_nodes();
     f.elastic = rounds_->elastic();
     f.restarts_left = restarts_used() < config_.max_restarts;
-    f.one_failure = now_.failures.size() == 1;
     f.stop_reason = now_.stop_reason;
     f.group_stopped = stopping_.group_stopped;
     f.watching = watching_;

@@ -38,7 +38,7 @@ std::optional<Transition> from_running(Input input, const Facts& facts) {
     case Input::kWorkersFailed:
       // A newcomer's worker that the running workers have not taken in has no group to be
       // replaced into: the job starts again with every node.
-      if (facts.in_place && facts.one_failure && facts.restarts_left && !facts.unjoined) {
+      if (facts.in_place && facts.replaceable && facts.restarts_left && !facts.unjoined) {
         return to(State::kReplacing);
       }
       return stopping(StopReason::kWorkerFailed);
@@ -61,15 +61,15 @@ std::optional<Transition> from_running(Input input, const Facts& facts) {
   }
 }
 
-// While one worker is replaced, the others run: what stops RUNNING stops this too, and a failure
-// now (or a recovery that does not come) is the whole group's, unless it can be folded into the
-// recovery (REPLACING again: one replacement more).
+// While failed workers are replaced, the others run: what stops RUNNING stops this too, and a
+// failure now (or a recovery that does not come) is the whole group's, unless it can be folded into
+// the recovery (REPLACING again: a replacement more for each).
 std::optional<Transition> from_replacing(Input input, const Facts& facts) {
   switch (input) {
     case Input::kRecovered:
       return to(State::kRunning);
     case Input::kWorkersFailed:
-      if (facts.foldable && facts.one_failure && facts.restarts_left) {
+      if (facts.foldable && facts.restarts_left) {
         return to(State::kReplacing);
       }
       return stopping(StopReason::kWorkerFailed);

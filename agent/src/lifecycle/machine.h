@@ -114,10 +114,13 @@ struct Facts {
   bool elastic = false;        // an ended round's fate is the job's verdict, not a local count
   bool restarts_left = false;  // static: --max-restarts not used up (in-place replacements too)
   bool in_place = false;       // --restart-policy in-place
-  bool one_failure = false;    // the failures just reaped are one worker's
   bool unjoined = false;       // a newcomer's workers not yet taken in by the running workers
-  // REPLACING: the failure just reaped can be folded into this node's recovery under way (its
-  // generation is out, every worker follows a later one, a worker that kept its state remains).
+  // RUNNING: the failures just reaped (one worker's or several) can be replaced in place: a
+  // worker that kept its state remains, and a restart is left for each.
+  bool replaceable = false;
+  // REPLACING: the failures just reaped can be folded into this node's recovery under way (its
+  // generation is out, every worker follows a later one, a worker that kept its state remains, a
+  // restart is left for each).
   bool foldable = false;
   // In STOPPING: why it was entered, and what it still waits for.
   StopReason stop_reason = StopReason::kAllSucceeded;

@@ -17,15 +17,15 @@ constexpr std::chrono::seconds kUnderWayWait{5};
 constexpr std::chrono::milliseconds kUnderWayPoll{100};
 
 // `ranks` and `more`, in order, each once.
-std::vector<int> with_rank(std::vector<int> ranks, int more) {
-  ranks.push_back(more);
+std::vector<int> with_ranks(std::vector<int> ranks, const std::vector<int>& more) {
+  ranks.insert(ranks.end(), more.begin(), more.end());
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   return ranks;
 }
 
 // The ranks a generation's record replaced ("replaced=2,5 survivors=..."), with `more`.
-std::vector<int> replaced_ranks(const std::string& record, int more) {
+std::vector<int> replaced_ranks(const std::string& record, const std::vector<int>& more) {
   std::vector<int> ranks;
   const auto at = record.find("replaced=");
   if (at != std::string::npos) {
@@ -36,13 +36,32 @@ std::vector<int> replaced_ranks(const std::string& record, int more) {
       if (ec == std::errc() && end == text.data() + text.size()) ranks.push_back(rank);
     }
   }
-  return with_rank(std::move(ranks), more);
+  return with_ranks(std::move(ranks), more);
 }
 
 std::string comma_list(const std::vector<int>& ranks) {
   std::string text;
   for (const int rank : ranks) text += (text.empty() ? "" : ",") + std::to_string(rank);
   return text;
+}
+
+// The failed workers' ranks, in order.
+std::vector<int> ranks_of(const std::vector<WorkerFailure>& failures) {
+  std::vector<int> ranks;
+  for (const WorkerFailure& f : failures) ranks.push_back(f.worker.rank);
+  return with_ranks(std::move(ranks), {});
+}
+
+// `ranks` but those in `less`.
+std::vector<int> without(std::vector<int> ranks, const std::vector<int>& less) {
+  std::erase_if(ranks,
+                [&](int rank) { return std::find(less.begin(), less.end(), rank) != less.end(); });
+  return ranks;
+}
+
+// "worker 3", "workers 1,2": as the log names them.
+std::string workers_text(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "worker " : "workers ") + comma_list(ranks);
 }
 
 }  // namespace
@@ -52,6 +71,7 @@ void InPlace::add_facts(Facts& facts) const {
   facts.unjoined = joining_.unjoined();
   facts.counting = counting_;
   facts.joining = regroup_.joining();
+  facts.replaceable = replaceable();
   facts.foldable = foldable();
 }
 
@@ -71,6 +91,7 @@ void InPlace::start_workers() {
 // job's replacements, read before STOPPING ends.
 void InPlace::stopping() {
   replacing_ = folding_ = false;
+  queued_.clear();
   if (g_.store) g_.store->close();  // a recovery's wait ends here
   joining_.close();
   const bool failed = p_.now.stop_reason == StopReason::kWorkerFailed ||
@@ -108,21 +129,29 @@ void InPlace::close() {
 void InPlace::explain_fallback(bool recovering) {
   const std::vector<WorkerFailure>& failures = p_.now.failures;
   std::string why;
-  if (recovering) {
-    why = "worker " + std::to_string(failures.front().worker.rank) +
-          " failed during the in-place recovery of worker " + std::to_string(replacing_rank_) +
-          (generation_claimed_ ? " (generation " + std::to_string(g_.latest) + ")" : "");
-  } else if (joining_.unjoined()) {
-    why = "worker " + std::to_string(failures.front().worker.rank) +
-          " failed before the running workers took it in as generation " +
-          std::to_string(g_.latest);
-  } else if (failures.size() > 1) {
-    why = std::to_string(failures.size()) + " workers failed at once";
-  } else {
-    why = "worker " + std::to_string(failures.front().worker.rank) + " failed";
-  }
+  const int failed = static_cast<int>(failures.size());
   const int max_restarts = p_.config.max_restarts;
   const bool left = restarts_used() < max_restarts;
+  if (recovering) {
+    why = workers_text(ranks_of(failures)) + " failed during the in-place recovery of " +
+          workers_text(without(replacing_ranks_, ranks_of(failures))) +
+          (generation_claimed_ ? " (generation " + std::to_string(g_.latest) + ")" : "");
+  } else if (joining_.unjoined()) {
+    why = workers_text(ranks_of(failures)) +
+          " failed before the running workers took it in as generation " +
+          std::to_string(g_.latest);
+  } else if (failed > 1) {
+    why = std::to_string(failed) + " workers failed at once";
+    if (failed >= p_.now.round->world_size) {
+      why += ", every worker of the group (none kept its state to recover from)";
+    } else if (left) {
+      why += ", more than the restarts left for replacing them (" +
+             std::to_string(max_restarts - restarts_used()) + ")";
+    }
+  } else {
+    why = "worker " + std::to_string(failures.front().worker.rank) + " failed";
+    if (p_.now.round->world_size == 1) why += ", the only worker of the group";
+  }
   why += left ? ": restarting the whole group"
               : ": no restart left (--max-restarts " + std::to_string(max_restarts) + ", " +
                     std::to_string(replacements_) + " used in place)";
@@ -133,19 +162,27 @@ void InPlace::explain_fallback(bool recovering) {
 }
 
 // ------------------------------------------------------------------------------------------
-// REPLACING: the failed worker alone is started again as the next generation's replacement; the
-// survivors, whose collectives failed, wait for that generation's record, rebuild their group with
-// it and give it their state; the group's new root then says it recovered.
+// REPLACING: the failed workers alone (one, or several reaped together) are started again as the
+// next generation's replacements; the survivors, whose collectives failed, wait for that
+// generation's record, rebuild their group with it and give it their state; the group's new root
+// then says it recovered.
 
 void InPlace::replace() {
-  if (replacing_) return fold_own_failure();
+  if (replacing_) {  // failures during this node's recovery, folded into it
+    replacing_ranks_ = with_ranks(replacing_ranks_, ranks_of(p_.now.failures));
+    if (generation_claimed_) return fold_own_failure(p_.now.failures);
+    // (A claim is in flight: they are claimed once it is done, from its generation on.)
+    queued_.insert(queued_.end(), p_.now.failures.begin(), p_.now.failures.end());
+    return;
+  }
   replacing_ = true;
   ++recovery_;  // (outcomes of an earlier recovery's waits are not this one's)
-  replacing_rank_ = p_.now.failures.front().worker.rank;
+  replacing_ranks_ = ranks_of(p_.now.failures);
+  queued_.clear();
   generation_claimed_ = false;
   peers_check_ = false;
-  const auto claim = [this] {
-    p_.steps.launch(claim_replacement(), [this](Claim c) { on_claimed(c, false); });
+  const auto claim = [this, failures = p_.now.failures] {
+    p_.steps.launch(claim_replacement(failures), [this](Claim c) { on_claimed(c, false); });
   };
   if (!peers_may_have_finished()) return claim();
   end_if_others_finished("after every other worker of the job had finished", claim);
@@ -196,19 +233,22 @@ void InPlace::end_as_done(const std::string& when) {
 
 // The job's one recovery (several nodes: in the job's store), or another node's replacement
 // under way folded into, then the generation.
-Task<InPlace::Claim> InPlace::claim_replacement() {
+Task<InPlace::Claim> InPlace::claim_replacement(std::vector<WorkerFailure> failures) {
   Claim c;
   const Round round = *p_.now.round;
-  const int failed_rank = p_.now.failures.front().worker.rank;
-  c.replaced = {failed_rank};
-  const RecoveryClaim claim = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
+  const std::vector<int> failed = ranks_of(failures);
+  c.failures = std::move(failures);
+  c.replaced = failed;
+  c.counted = static_cast<int>(failed.size());
+  const RecoveryClaim claim =
+      co_await p_.rounds.claim_recovery(round, Recovery::kReplacement, c.counted);
   c.replacements = claim.replacements;
   c.under_way = claim.under_way;
   c.seen = claim.seen;
   // (A recovery of this node's own refuses the claim of a failure during it: folded the same way.)
   if (!c.replacements && c.under_way == Recovery::kReplacement &&
       (p_.rounds.several_nodes() || folding_)) {
-    co_await fold_into_recovery(c, round, failed_rank);
+    co_await fold_into_recovery(c, round, failed);
   }
   if (!c.replacements) co_return c;
   try {
@@ -228,9 +268,9 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
       const bool superseded = co_await g_.store->supersede(c.supersedes->generation, c.generation);
       if (!superseded) {
         // Its group said it recovered first: the claim is this node's now, for a replacement of
-        // its own worker alone (the ranks of that generation kept their state).
+        // its own workers alone (the ranks of that generation kept their state).
         c.supersedes.reset();
-        c.replaced = {failed_rank};
+        c.replaced = failed;
       }
     }
   } catch (const store::StoreError& e) {
@@ -245,7 +285,7 @@ Task<InPlace::Claim> InPlace::claim_replacement() {
 // follows a generation that supersedes the one it builds, and a rank that kept its state remains.
 // A recovery that has just ended (its claim not let go yet) is claimed again instead. Else c stays
 // refused, with why in c.not_folded.
-Task<void> InPlace::fold_into_recovery(Claim& c, Round round, int failed_rank) {
+Task<void> InPlace::fold_into_recovery(Claim& c, Round round, std::vector<int> failed) {
   try {
     if (!co_await g_.store->all_follow_folds(round.world_size)) {
       c.not_folded =
@@ -258,14 +298,14 @@ Task<void> InPlace::fold_into_recovery(Claim& c, Round round, int failed_rank) {
       const std::optional<GenerationUnderWay> under_way =
           co_await g_.store->under_way(kUnderWayPoll);
       if (under_way) {
-        std::vector<int> replaced = replaced_ranks(under_way->record, failed_rank);
+        std::vector<int> replaced = replaced_ranks(under_way->record, failed);
         if (static_cast<int>(replaced.size()) >= round.world_size) {
           c.not_folded = "no worker that kept its state would be left";
           co_return;
         }
         // Exactly the claim that refused this one: not one claimed since (whose generation
         // may not be the one read).
-        c.replacements = co_await p_.rounds.take_over_recovery(round, c.seen);
+        c.replacements = co_await p_.rounds.take_over_recovery(round, c.seen, c.counted);
         if (c.replacements) {
           c.supersedes = *under_way;
           c.replaced = std::move(replaced);
@@ -274,7 +314,8 @@ Task<void> InPlace::fold_into_recovery(Claim& c, Round round, int failed_rank) {
       }
       // Its generation recovered (the claim is let go next), is not out yet, or the claim changed
       // hands: claim again.
-      const RecoveryClaim again = co_await p_.rounds.claim_recovery(round, Recovery::kReplacement);
+      const RecoveryClaim again =
+          co_await p_.rounds.claim_recovery(round, Recovery::kReplacement, c.counted);
       c.replacements = again.replacements;
       c.under_way = again.under_way;
       c.seen = again.seen;
@@ -293,16 +334,16 @@ Task<void> InPlace::fold_into_recovery(Claim& c, Round round, int failed_rank) {
 
 void InPlace::on_claimed(const Claim& c, bool during_own) {
   if (p_.now.state != State::kReplacing) return;
-  const std::string worker = "worker " + std::to_string(p_.now.failures.front().worker.rank);
+  const std::string worker = workers_text(ranks_of(c.failures));
   if (!c.not_folded.empty()) {
     spdlog::info("{} failed during {} in-place recovery, which it is not folded into: {}", worker,
                  during_own ? "this node's" : "another node's", c.not_folded);
   }
   if (!c.replacements) {
     const std::string while_ =
-        during_own
-            ? " failed during the in-place recovery of worker " + std::to_string(replacing_rank_) +
-                  (c.not_folded.empty() ? "" : " (" + c.not_folded + ")")
+        during_own ? " failed during the in-place recovery of " +
+                         workers_text(without(replacing_ranks_, ranks_of(c.failures))) +
+                         (c.not_folded.empty() ? "" : " (" + c.not_folded + ")")
         : c.under_way == Recovery::kRegroup
             ? " failed while the group regroups in place"
             : " failed while another node's worker is being replaced in place";
@@ -318,33 +359,48 @@ void InPlace::on_claimed(const Claim& c, bool during_own) {
   if (restarts_used() > p_.config.max_restarts) {
     return give_up_replacing(worker + " failed: no restart left (" + "--max-restarts " +
                              std::to_string(p_.config.max_restarts) + ", " +
-                             std::to_string(replacements_ - 1) +
+                             std::to_string(replacements_ - c.counted) +
                              " used in place by the job's nodes)");
   }
   g_.latest = c.generation;
   generation_claimed_ = true;
   claim_ = c;
   start_replacement();
+  // Failures reaped while it was claimed: folded into its generation now that it is out.
+  if (p_.now.state == State::kReplacing && !queued_.empty()) {
+    fold_own_failure(std::exchange(queued_, {}));
+  }
 }
 
-// REPLACING, and another worker of this node failed: folded into the recovery when its generation
-// is out, every rank's worker follows a later one, and a worker that kept its state remains.
+// RUNNING, and workers of this node failed: replaced in place when a worker that kept its state
+// remains (a world of one has none) and a restart is left for each.
+bool InPlace::replaceable() const {
+  const int failed = static_cast<int>(p_.now.failures.size());
+  return failed > 0 && failed < p_.now.round->world_size &&
+         restarts_used() + failed <= p_.config.max_restarts;
+}
+
+// REPLACING, and other workers of this node failed: folded into the recovery when every rank's
+// worker follows a later generation, a worker that kept its state remains, and a restart is left
+// for each. (While a claim is in flight, whether every worker follows is not known yet: the
+// failures wait for it, and its fold says.)
 bool InPlace::foldable() const {
-  if (!replacing_ || !generation_claimed_ || !claim_.all_follow || p_.now.failures.size() != 1) {
-    return false;
-  }
-  const auto replaced = with_rank(claim_.replaced, p_.now.failures.front().worker.rank);
-  return static_cast<int>(replaced.size()) < p_.now.round->world_size;
+  const int failed = static_cast<int>(p_.now.failures.size());
+  if (!replacing_ || failed == 0 || (generation_claimed_ && !claim_.all_follow)) return false;
+  std::vector<int> replaced = with_ranks(replacing_ranks_, ranks_of(p_.now.failures));
+  if (generation_claimed_) replaced = with_ranks(std::move(replaced), claim_.replaced);
+  return static_cast<int>(replaced.size()) < p_.now.round->world_size &&
+         restarts_used() + failed <= p_.config.max_restarts;
 }
 
 // Claimed as any failure is (claim_replacement: this node's own recovery refuses the claim, and
 // the failure is folded into the generation under way, whoever holds it now); the wait for that
 // generation follows to the one folded into, and until the fold is counted its outcome is left to
 // the fold's own wait (on_recovered).
-void InPlace::fold_own_failure() {
+void InPlace::fold_own_failure(std::vector<WorkerFailure> failures) {
   generation_claimed_ = false;
   folding_ = true;
-  p_.steps.launch(claim_replacement(), [this](Claim c) {
+  p_.steps.launch(claim_replacement(std::move(failures)), [this](Claim c) {
     if (p_.now.state != State::kReplacing) return;
     folding_ = false;
     on_claimed(c, true);
@@ -363,44 +419,49 @@ void InPlace::give_up_replacing(const std::string& why) {
   p_.feed(Input::kRecoveryFailed);
 }
 
+// Each failed worker of this node started again as the generation's replacement (one line, one
+// report and one inplace_restart event each), then the generation's record, for the survivors.
 void InPlace::start_replacement() {
   const Round& round = *p_.now.round;
-  const WorkerFailure& failed = p_.now.failures.front();
   const int generation = g_.latest;
-  InPlaceReplacement r{failed, generation, -1, {}};
   const std::vector<int>& replaced = claim_.replaced;
+  std::vector<int> survivors;
   for (int rank = 0; rank < round.world_size; ++rank) {
     if (std::find(replaced.begin(), replaced.end(), rank) == replaced.end()) {
-      r.survivors.push_back(rank);
+      survivors.push_back(rank);
     }
   }
-  try {
-    r.new_pid = p_.group->replace(failed.worker.local_rank, generation);
-  } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
-    return p_.feed(Input::kStartFailed);
-  }
-  const std::string survivors = comma_list(r.survivors);
+  const std::string kept = survivors.empty() ? "none" : comma_list(survivors);
   const std::optional<GenerationUnderWay>& folded = claim_.supersedes;
   const std::string into = folded ? ", folded into the recovery under way (generation " +
                                         std::to_string(folded->generation) +
                                         ", which it supersedes: ranks " + comma_list(replaced) +
                                         " replaced)"
-                                  : "";
-  spdlog::warn(
-      "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of "
-      "{}){}; ranks {} keep running",
-      failed.worker.rank, failed.worker.local_rank, r.new_pid, generation, restarts_used(),
-      p_.config.max_restarts, into, survivors.empty() ? "none" : survivors);
-  if (p_.config.print_failure_report) {
-    p_.console->write(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
+                           : replaced.size() > 1 ? " with ranks " + comma_list(replaced)
+                                                 : "";
+  for (const WorkerFailure& failed : claim_.failures) {
+    InPlaceReplacement r{failed, generation, -1, survivors};
+    try {
+      r.new_pid = p_.group->replace(failed.worker.local_rank, generation);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return p_.feed(Input::kStartFailed);
+    }
+    spdlog::warn(
+        "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of "
+        "{}){}; ranks {} keep running",
+        failed.worker.rank, failed.worker.local_rank, r.new_pid, generation, restarts_used(),
+        p_.config.max_restarts, into, kept);
+    if (p_.config.print_failure_report) {
+      p_.console->write(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
+    }
+    // The failed worker as it ran: its round (a regroup's too) and the generation it started as.
+    p_.telemetry->in_place_restart(
+        {round.round, generation, failed.worker, failed.exit_code, r.new_pid, r.survivors,
+         restarts_used(), folded ? std::optional<int>(folded->generation) : std::nullopt});
+    replaced_.push_back(std::move(r));
   }
-  // The failed worker as it ran: its round (a regroup's too) and the generation it started as.
-  p_.telemetry->in_place_restart({round.round, generation, failed.worker, failed.exit_code,
-                                  r.new_pid, r.survivors, restarts_used(),
-                                  folded ? std::optional<int>(folded->generation) : std::nullopt});
-  replaced_.push_back(std::move(r));
-  std::string record = "replaced=" + comma_list(replaced) + " survivors=" + survivors;
+  std::string record = "replaced=" + comma_list(replaced) + " survivors=" + comma_list(survivors);
   if (folded) record += " supersedes=" + std::to_string(folded->generation);
   p_.steps.launch(
       g_.store->publish_and_wait(generation, std::move(record), p_.config.in_place_timeout),

@@ -1,15 +1,17 @@
-// --restart-policy in-place: the workers that did not fail keep running. One failed worker is
-// started again alone (REPLACING) as the next generation of its group: the agent claims the job's
-// one recovery (RoundSource::claim_recovery), counts the generation and starts the replacement,
-// publishes the generation's record for the survivors, whose collectives failed, and waits for the
-// group's word that it rebuilt itself (recovery/generations.h, worker_contract.h). Each
-// replacement counts against --max-restarts. A worker failing while a replacement is under way (on
-// another node, or on this one: REPLACING again) is folded into it: its agent takes the recovery
-// over and publishes the generation after, which replaces both, and supersedes the one under way
-// (worker_contract.h), when every rank's worker can follow that (the SDK's, over Gloo) and one
-// that kept its state remains.
-// Several failures at once, another failure meanwhile, a recovery that fails or never comes: the
-// group stops, a group restart while restarts are left (said as inplace_fallback). Elastic jobs
+// --restart-policy in-place: the workers that did not fail keep running. A failed worker, or
+// several reaped together, are started again alone (REPLACING) as the next generation of their
+// group: the agent claims the job's one recovery (RoundSource::claim_recovery), counts the
+// generation and starts the replacements, publishes the generation's record for the survivors,
+// whose collectives failed, and waits for the group's word that it rebuilt itself
+// (recovery/generations.h, worker_contract.h). Each replacement counts against --max-restarts,
+// and a worker that kept its state must remain. A worker failing while a replacement is under way
+// (on another node, or on this one: REPLACING again) is folded into it: its agent takes the
+// recovery over and publishes the generation after, which replaces both, and supersedes the one
+// under way (worker_contract.h), when every rank's worker can follow that (the SDK's, over Gloo)
+// and one that kept its state remains.
+// Every worker failing at once (or more than the restarts left), another failure meanwhile that
+// cannot be folded, a recovery that fails or never comes: the group stops, a group restart while
+// restarts are left (said as inplace_fallback). Elastic jobs
 // also keep their workers across a lost node or a newcomer (recovery/regroup.h), and a newcomer's
 // workers join the running ones (recovery/joining.h). A worker that fails once every other worker
 // of the job has finished (a crash in its teardown, the commonest) has nobody to rejoin: it is not
@@ -61,8 +63,10 @@ class InPlace final : public RecoveryPolicy {
     Recovery under_way = Recovery::kNone;
     int generation = 0;
     std::string why;  // the workers' store could not count the generation (its host is gone)
+    std::vector<WorkerFailure> failures;  // this node's failed workers it replaces
+    int counted = 0;                      // the replacements it counts: theirs
     // Folded into a replacement under way: the generation it supersedes, and the ranks the new
-    // one replaces (that one's and this node's failed worker).
+    // one replaces (that one's and this node's failed workers).
     std::optional<GenerationUnderWay> supersedes;
     std::vector<int> replaced;
     std::string not_folded;   // why a replacement under way was not folded into
@@ -72,11 +76,13 @@ class InPlace final : public RecoveryPolicy {
 
   int restarts_used() const { return p_.now.restart_count + replacements_; }
   void explain_fallback(bool recovering);
-  Task<Claim> claim_replacement();
-  Task<void> fold_into_recovery(Claim& c, Round round, int failed_rank);
-  // REPLACING again: this node's worker failed during its own recovery, folded into it.
+  Task<Claim> claim_replacement(std::vector<WorkerFailure> failures);
+  Task<void> fold_into_recovery(Claim& c, Round round, std::vector<int> failed);
+  // The failures just reaped, in RUNNING and in REPLACING (Facts::replaceable, Facts::foldable).
+  bool replaceable() const;
+  // REPLACING again: this node's workers failed during its own recovery, folded into it.
   bool foldable() const;
-  void fold_own_failure();
+  void fold_own_failure(std::vector<WorkerFailure> failures);
   // `during_own`: a failure during this node's own recovery (fold_own_failure).
   void on_claimed(const Claim& c, bool during_own);
   void give_up_replacing(const std::string& why);
@@ -93,14 +99,15 @@ class InPlace final : public RecoveryPolicy {
   RoundGenerations g_;
   Regroup regroup_;
   Joining joining_;
-  bool counting_ = false;            // several nodes: STOPPING reads the job's replacements
-  int replacements_ = 0;             // all rounds
-  int replacing_rank_ = -1;          // the worker REPLACING replaces
-  bool generation_claimed_ = false;  // and whether its generation is known yet
-  bool replacing_ = false;           // REPLACING, from its first failure to its end
-  bool folding_ = false;             // a failure of this node's being folded into it
-  int recovery_ = 0;                 // counts this node's recoveries (REPLACING from RUNNING)
-  Claim claim_;                      // REPLACING's claim
+  bool counting_ = false;              // several nodes: STOPPING reads the job's replacements
+  int replacements_ = 0;               // all rounds
+  std::vector<int> replacing_ranks_;   // the workers REPLACING replaces, folded ones too
+  std::vector<WorkerFailure> queued_;  // failed while a claim was in flight: claimed after it
+  bool generation_claimed_ = false;    // and whether its generation is known yet
+  bool replacing_ = false;             // REPLACING, from its first failure to its end
+  bool folding_ = false;               // a failure of this node's being folded into it
+  int recovery_ = 0;                   // counts this node's recoveries (REPLACING from RUNNING)
+  Claim claim_;                        // REPLACING's claim
   std::vector<InPlaceReplacement> replaced_;
   std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped
 };

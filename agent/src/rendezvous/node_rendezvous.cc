@@ -357,14 +357,14 @@ Task<void> NodeRendezvous::Impl::mark_failed(Round a, std::string reason) {
 // ---------------------------------------------------------------------------------------------
 // In-place recovery: one at a time, job-wide, counted with the restarts
 
-Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind) {
+Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind, int workers) {
   const std::string key(schema::kInPlace);
   const std::optional<std::string> read = co_await store_->try_get(key);
   std::string seen = read.value_or("");
   // The COMPARE_SET loses when the state changed since it was read: another node's claim (then
   // this one is refused), or a recovery's end, or a count of an earlier round's (then it is read
   // again and claimed afresh). Each lost try means another node's write went in.
-  const int counted = kind == Recovery::kReplacement ? 1 : 0;
+  const int counted = kind == Recovery::kReplacement ? workers : 0;
   for (int attempt = 0;; ++attempt) {
     schema::InPlaceState state;
     if (!seen.empty()) state = schema::decode_in_place(key, seen);
@@ -384,12 +384,13 @@ Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind)
 
 // One COMPARE_SET against exactly what the refused claim saw: a recovery that ended, or another
 // node's claim or takeover since, is not the one whose generation the caller folds into.
-Task<std::optional<int>> NodeRendezvous::Impl::take_over_recovery(Round a, std::string seen) {
+Task<std::optional<int>> NodeRendezvous::Impl::take_over_recovery(Round a, std::string seen,
+                                                                  int workers) {
   const std::string key(schema::kInPlace);
   if (seen.empty()) co_return std::nullopt;
   const schema::InPlaceState state = schema::decode_in_place(key, seen);
   if (state.recovery != Recovery::kReplacement || state.round != a.round) co_return std::nullopt;
-  const schema::InPlaceState taken{state.replacements + 1, a.round, Recovery::kReplacement,
+  const schema::InPlaceState taken{state.replacements + workers, a.round, Recovery::kReplacement,
                                    a.node_rank};
   const std::string desired = schema::encode(taken);
   const std::string stored = co_await store_->compare_set(key, seen, desired);
@@ -905,11 +906,12 @@ Task<bool> NodeRendezvous::mark_done(Round a, const std::vector<int>& lost) {
 Task<void> NodeRendezvous::mark_failed(Round a, std::string reason) {
   return impl_->mark_failed(std::move(a), std::move(reason));
 }
-Task<RecoveryClaim> NodeRendezvous::claim_recovery(Round a, Recovery kind) {
-  return impl_->claim_recovery(std::move(a), kind);
+Task<RecoveryClaim> NodeRendezvous::claim_recovery(Round a, Recovery kind, int workers) {
+  return impl_->claim_recovery(std::move(a), kind, workers);
 }
-Task<std::optional<int>> NodeRendezvous::take_over_recovery(Round a, std::string seen) {
-  return impl_->take_over_recovery(std::move(a), std::move(seen));
+Task<std::optional<int>> NodeRendezvous::take_over_recovery(Round a, std::string seen,
+                                                            int workers) {
+  return impl_->take_over_recovery(std::move(a), std::move(seen), workers);
 }
 Task<void> NodeRendezvous::recovery_over(Round a) {
   return impl_->recovery_over(std::move(a));

@@ -175,13 +175,14 @@ class NodeRendezvous {
   Task<void> mark_failed(Round a, std::string reason);
 
   // --restart-policy in-place: claims the job's one recovery for node a.node_rank in round
-  // a.round: a worker of it replaced alone (counted with the replacements), or, node 0, the
-  // group's regroup. One recovery at a time, job-wide, by COMPARE_SET.
-  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind);
+  // a.round: `workers` of it replaced while the others run (each counted with the replacements),
+  // or, node 0, the group's regroup (`workers` 0). One recovery at a time, job-wide, by
+  // COMPARE_SET.
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers);
   // The replacement under way in round a (another node's, or this one's) that a refused claim
-  // found (`seen`) becomes node a.node_rank's, counted as one replacement more (a failure folded
-  // into it); nullopt when the job's recovery is no longer exactly that.
-  Task<std::optional<int>> take_over_recovery(Round a, std::string seen);
+  // found (`seen`) becomes node a.node_rank's, counted as `workers` replacements more (failures
+  // folded into it); nullopt when the job's recovery is no longer exactly that.
+  Task<std::optional<int>> take_over_recovery(Round a, std::string seen, int workers);
   // This node's recovery is over: another may be claimed.
   Task<void> recovery_over(Round a);
   // The job's replacements so far.

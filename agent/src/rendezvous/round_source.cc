@@ -99,20 +99,20 @@ class LocalRounds final : public RoundSource {
   Task<std::vector<WorkerFailure>> collect_failures(Round, std::string) override {
     co_return std::vector<WorkerFailure>{};
   }
-  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) override {
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers) override {
     if (recovering_ != Recovery::kNone && recovering_round_ == a.round) {
       co_return RecoveryClaim{std::nullopt, recovering_, {}};
     }
     recovering_ = kind;
     recovering_round_ = a.round;
-    if (kind == Recovery::kReplacement) ++replacements_;
+    if (kind == Recovery::kReplacement) replacements_ += workers;
     co_return RecoveryClaim{replacements_, Recovery::kNone, {}};
   }
-  Task<std::optional<int>> take_over_recovery(Round a, std::string) override {
+  Task<std::optional<int>> take_over_recovery(Round a, std::string, int workers) override {
     if (recovering_ != Recovery::kReplacement || recovering_round_ != a.round) {
       co_return std::nullopt;
     }
-    co_return ++replacements_;
+    co_return replacements_ += workers;
   }
   Task<void> recovery_over(Round) override {
     recovering_ = Recovery::kNone;
@@ -234,11 +234,11 @@ class NodeRounds : public RoundSource {
   Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures) override {
     co_await rdzv_->announce_failure(std::move(a), std::move(failures));
   }
-  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind) override {
-    co_return co_await rdzv_->claim_recovery(std::move(a), kind);
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers) override {
+    co_return co_await rdzv_->claim_recovery(std::move(a), kind, workers);
   }
-  Task<std::optional<int>> take_over_recovery(Round a, std::string seen) override {
-    co_return co_await rdzv_->take_over_recovery(std::move(a), std::move(seen));
+  Task<std::optional<int>> take_over_recovery(Round a, std::string seen, int workers) override {
+    co_return co_await rdzv_->take_over_recovery(std::move(a), std::move(seen), workers);
   }
   Task<void> recovery_over(Round a) override { co_await rdzv_->recovery_over(std::move(a)); }
   Task<int> replacements() override { co_return co_await rdzv_->replacements(); }

@@ -207,6 +207,27 @@ class InPlace : public ::testing::Test {
     }
   }
 
+  // Holds the agent (SIGSTOP), SIGKILLs `pids` and waits until each can be reaped (a zombie whose
+  // threads have all exited: its leader is a zombie before them), then continues the agent: its
+  // next reaping finds them all, one batch.
+  static void reap_together(const Child& agent, const std::vector<long>& pids) {
+    ::kill(agent.pid(), SIGSTOP);
+    for (const long pid : pids) ::kill(static_cast<pid_t>(pid), SIGKILL);
+    for (const long pid : pids) {
+      const fs::path tasks = "/proc/" + std::to_string(pid) + "/task";
+      EXPECT_TRUE(dist::agent::testing::eventually(
+          [&] {
+            const auto p = dist::agent::testing::process_info(static_cast<pid_t>(pid));
+            std::error_code ec;
+            const auto threads = std::distance(fs::directory_iterator(tasks, ec), {});
+            return p && p->state == 'Z' && !ec && threads == 1;
+          },
+          10s))
+          << pid;
+    }
+    ::kill(agent.pid(), SIGCONT);
+  }
+
   fs::path dir_;
   int nproc_per_node_ = 1;  // run_two_nodes'
 };
@@ -629,33 +650,104 @@ TEST_F(InPlace, EveryReplacementCountsAgainstMaxRestarts) {
   EXPECT_EQ(f1->digest, clean);
 }
 
-// Two of three workers failing at the same step. Reaped in one batch ("2 workers failed at once"),
-// or the second before the first's generation was counted, the whole group restarts, saying why.
-// Reaped apart once that generation is out, the second failure is folded into the recovery: no
-// restart. Either way every rank ends at the digest of a run without failures.
-TEST_F(InPlace, SeveralWorkersFailingTogetherRestartTheGroupOrAreFoldedWhenReapedApart) {
+// Two of three workers failing at the same step are replaced in place, rank 0 keeping its
+// process, whether they are reaped in one batch (one generation replaces both), or apart (the
+// second is folded into the first's recovery: after its generation was counted, or queued while
+// it was being counted). Every rank ends at the digest of a run without failures.
+TEST_F(InPlace, SeveralWorkersFailingTogetherAreReplacedInPlaceWhetherReapedTogetherOrApart) {
   const std::string clean = clean_digest(3, {"--steps", "20"});
   std::string output;
   ASSERT_EQ(run("job", 3, 2, {"--steps", "20", "--crash", "1:5", "--crash", "2:5"}, &output), 0)
       << output;
-  const bool restarted =
-      output.find("2 workers failed at once: restarting the whole group") != std::string::npos ||
-      (output.find("failed during the in-place recovery of worker ") != std::string::npos &&
-       output.find(": restarting the whole group") != std::string::npos);
-  const std::string fold =
-      "folded into the recovery under way (generation 1, which it supersedes: "
-      "ranks 1,2 replaced)";
-  const bool folded = output.find(fold) != std::string::npos;
-  ASSERT_NE(restarted, folded) << output;
-  EXPECT_EQ(events("job", "inplace_fallback").size(), restarted ? 1u : 0u) << output;
-  EXPECT_EQ(events("job", "restart").size(), restarted ? 1u : 0u) << output;
-  for (const int rank : {0, 1, 2}) {
-    const auto f = final_of("job", rank);
-    ASSERT_TRUE(f.has_value()) << output;
-    EXPECT_EQ(f->digest, clean) << output;
+  const bool together = output.find(
+                            "generation 1 (restart 2 of 2) with ranks 1,2; ranks 0 keep "
+                            "running") != std::string::npos;
+  const bool folded = output.find(
+                          "folded into the recovery under way (generation 1, which it supersedes: "
+                          "ranks 1,2 replaced)") != std::string::npos;
+  EXPECT_NE(together, folded) << output;
+  EXPECT_TRUE(events("job", "inplace_fallback").empty()) << output;
+  EXPECT_TRUE(events("job", "restart").empty()) << output;
+  EXPECT_EQ(events("job", "inplace_restart").size(), 2u) << output;
+  expect_ranks_at("job", 3, clean, {0}, -1, output);
+}
+
+// The agent held (SIGSTOP) while two of its workers are killed reaps both in one batch when
+// continued: one generation replaces both, rank 0 keeping its process and giving them its state.
+// Both count against --max-restarts. (Before: "2 workers failed at once: restarting the whole
+// group".)
+TEST_F(InPlace, TwoWorkersReapedInOneBatchAreReplacedTogetherInOneGeneration) {
+  const std::vector<std::string> worker{"--steps", "200", "--step-ms", "10"};
+  const std::string clean = clean_digest(3, worker);
+  auto agent = start("job", 3, 2, worker);
+  const long one = started_pid("job", 1), two = started_pid("job", 2);
+  ASSERT_TRUE(one > 0 && two > 0) << agent->output();
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return agent->output().find("rank 2 step 5\n") != std::string::npos; }, 60s))
+      << agent->output();
+  reap_together(*agent, {one, two});
+  ASSERT_EQ(agent->wait(120s), 0) << agent->output();
+  const std::string out = agent->output();
+  for (const int rank : {1, 2}) {
+    EXPECT_NE(out.find("worker " + std::to_string(rank) + " (local rank " + std::to_string(rank) +
+                       ") replaced in place by pid"),
+              std::string::npos)
+        << out;
   }
-  if (folded) {
-    EXPECT_EQ(final_of("job", 0)->pid, start_pid("job", 0, 0, 0)) << "rank 0 kept its process";
+  EXPECT_NE(out.find("generation 1 (restart 2 of 2) with ranks 1,2; ranks 0 keep running"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(events("job", "restart").empty()) << out;
+  EXPECT_TRUE(events("job", "inplace_fallback").empty()) << out;
+  const auto restarts = events("job", "inplace_restart");
+  ASSERT_EQ(restarts.size(), 2u) << out;
+  for (const auto& r : restarts) EXPECT_EQ(r["generation"], 1) << out;
+  expect_ranks_at("job", 3, clean, {0}, 1, out);
+  for (const int rank : {1, 2}) {
+    EXPECT_EQ(final_of("job", rank)->pid, start_pid("job", rank, 0, 1)) << "generation 1's";
+  }
+  const auto end = events("job", "job_end");
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0]["restarts"], 2);
+}
+
+// Failures reaped together that cannot be replaced in place restart the whole group, saying why:
+// every worker (none kept its state), or more workers than restarts are left for.
+TEST_F(InPlace, FailuresReapedTogetherThatCannotBeReplacedRestartTheGroupSayingWhy) {
+  const std::vector<std::string> worker{"--steps", "200", "--step-ms", "10"};
+  struct Case {
+    int nproc, max_restarts;
+    std::string why;
+  };
+  for (const Case& c : {Case{2, 2,
+                             "2 workers failed at once, every worker of the group (none kept its "
+                             "state to recover from): restarting the whole group"},
+                        Case{3, 1,
+                             "2 workers failed at once, more than the restarts left for "
+                             "replacing them (1): restarting the whole group"}}) {
+    const std::string out_dir = "job" + std::to_string(c.nproc);
+    auto agent = start(out_dir, c.nproc, c.max_restarts, worker);
+    const long zero = started_pid(out_dir, 0), one = started_pid(out_dir, 1);
+    ASSERT_TRUE(zero > 0 && one > 0) << agent->output();
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return agent->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+        << agent->output();
+    reap_together(*agent, {zero, one});
+    ASSERT_EQ(agent->wait(120s), 0) << agent->output();
+    const std::string out = agent->output();
+    EXPECT_NE(out.find(c.why), std::string::npos) << out;
+    EXPECT_EQ(out.find("replaced in place by pid"), std::string::npos) << out;
+    EXPECT_EQ(events(out_dir, "restart").size(), 1u) << out;
+    EXPECT_EQ(events(out_dir, "inplace_fallback").size(), 1u) << out;
+    const std::string clean = clean_digest(c.nproc, worker);
+    std::vector<int> ranks(static_cast<std::size_t>(c.nproc));
+    for (int rank = 0; rank < c.nproc; ++rank) ranks[static_cast<std::size_t>(rank)] = rank;
+    for (const int rank : ranks) {
+      const auto f = final_of(out_dir, rank);
+      ASSERT_TRUE(f.has_value()) << out;
+      EXPECT_EQ(f->digest, clean) << "rank " << rank << "\n" << out;
+      EXPECT_EQ(f->pid, start_pid(out_dir, rank, 1, 0)) << "attempt 1's worker";
+    }
   }
 }
 

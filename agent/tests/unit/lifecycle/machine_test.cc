@@ -25,11 +25,12 @@ Facts elastic() {
   f.several_nodes = f.elastic = true;
   return f;
 }
-// --restart-policy in-place on one node: `failures` reaped at once, restarts left or not.
-Facts in_place(int failures, bool restarts_left = true) {
+// --restart-policy in-place on one node: the failures reaped replaceable (a worker with its state
+// outlives them, a restart is left for each) or not, restarts left or not.
+Facts in_place(bool replaceable = true, bool restarts_left = true) {
   Facts f;
   f.in_place = true;
-  f.one_failure = failures == 1;
+  f.replaceable = replaceable;
   f.restarts_left = restarts_left;
   return f;
 }
@@ -202,47 +203,46 @@ TEST(StateMachineTransitions, LateResultsOfAbandonedStepsAreDropped) {
 
 TEST(StateMachineTransitions, InPlaceOneFailedWorkerIsReplacedWhileTheOthersRun) {
   check({
-      {"one failure: replaced alone", State::kRunning, Input::kWorkersFailed, in_place(1),
+      {"one failure: replaced alone", State::kRunning, Input::kWorkersFailed, in_place(),
        State::kReplacing},
       {"a newcomer's worker failed before the running workers took it in: the group restarts",
-       State::kRunning, Input::kWorkersFailed, unjoined(in_place(1)), State::kStopping,
+       State::kRunning, Input::kWorkersFailed, unjoined(in_place()), State::kStopping,
        StopReason::kWorkerFailed},
       {"the group says it recovered: running again, whole", State::kReplacing, Input::kRecovered,
-       in_place(1), State::kRunning},
+       in_place(), State::kRunning},
       {"the group policy: every failure stops the group", State::kRunning, Input::kWorkersFailed,
        one_node(), State::kStopping, StopReason::kWorkerFailed},
-      {"two failures at once: the group restarts", State::kRunning, Input::kWorkersFailed,
-       in_place(2), State::kStopping, StopReason::kWorkerFailed},
+      {"every worker failed at once, or more than restarts are left for: the group restarts",
+       State::kRunning, Input::kWorkersFailed, in_place(false), State::kStopping,
+       StopReason::kWorkerFailed},
       {"no restart left: stop (then FAILED)", State::kRunning, Input::kWorkersFailed,
-       in_place(1, false), State::kStopping, StopReason::kWorkerFailed},
+       in_place(true, false), State::kStopping, StopReason::kWorkerFailed},
       {"a failure during the recovery: the group restarts", State::kReplacing,
-       Input::kWorkersFailed, in_place(1), State::kStopping, StopReason::kWorkerFailed},
+       Input::kWorkersFailed, in_place(), State::kStopping, StopReason::kWorkerFailed},
       {"a failure folded into the recovery: replacing again", State::kReplacing,
-       Input::kWorkersFailed, foldable(in_place(1)), State::kReplacing},
-      {"two failures during the recovery: the group restarts", State::kReplacing,
-       Input::kWorkersFailed, foldable(in_place(2)), State::kStopping, StopReason::kWorkerFailed},
+       Input::kWorkersFailed, foldable(in_place()), State::kReplacing},
       {"a failure to fold, no restart left: stop", State::kReplacing, Input::kWorkersFailed,
-       foldable(in_place(1, false)), State::kStopping, StopReason::kWorkerFailed},
+       foldable(in_place(true, false)), State::kStopping, StopReason::kWorkerFailed},
       {"no recovery in time: the group restarts", State::kReplacing, Input::kRecoveryFailed,
-       in_place(1), State::kStopping, StopReason::kWorkerFailed},
-      {"the replacement could not start", State::kReplacing, Input::kStartFailed, in_place(1),
+       in_place(), State::kStopping, StopReason::kWorkerFailed},
+      {"the replacement could not start", State::kReplacing, Input::kStartFailed, in_place(),
        State::kStopping, StopReason::kStartFailed},
-      {"everyone finished meanwhile", State::kReplacing, Input::kWorkersSucceeded, in_place(1),
+      {"everyone finished meanwhile", State::kReplacing, Input::kWorkersSucceeded, in_place(),
        State::kStopping, StopReason::kAllSucceeded},
       {"SIGTERM while replacing: the workers are stopped", State::kReplacing, Input::kStopSignal,
-       in_place(1), State::kStopping, StopReason::kSignal},
+       in_place(), State::kStopping, StopReason::kSignal},
       {"a late recovery after the group stopped", State::kStopping, Input::kRecovered,
-       stopped(in_place(1), StopReason::kWorkerFailed, false), std::nullopt},
-      {"a late recovery failure while running", State::kRunning, Input::kRecoveryFailed,
-       in_place(1), std::nullopt},
+       stopped(in_place(), StopReason::kWorkerFailed, false), std::nullopt},
+      {"a late recovery failure while running", State::kRunning, Input::kRecoveryFailed, in_place(),
+       std::nullopt},
       {"STOPPING after a failed recovery: restart", State::kStopping, Input::kGroupStopped,
-       stopped(in_place(1), StopReason::kWorkerFailed), State::kRestarting},
+       stopped(in_place(), StopReason::kWorkerFailed), State::kRestarting},
       {"several nodes: STOPPING waits for the job's replacements", State::kStopping,
-       Input::kGroupStopped, counting(stopped(in_place(1), StopReason::kRoundEnded)), std::nullopt},
+       Input::kGroupStopped, counting(stopped(in_place(), StopReason::kRoundEnded)), std::nullopt},
       {"counted, none left: failed", State::kStopping, Input::kReplacementsCounted,
-       stopped(in_place(1, false), StopReason::kRoundEnded), State::kFailed},
+       stopped(in_place(true, false), StopReason::kRoundEnded), State::kFailed},
       {"counted, some left: restart", State::kStopping, Input::kReplacementsCounted,
-       stopped(in_place(1), StopReason::kWorkerFailed), State::kRestarting},
+       stopped(in_place(), StopReason::kWorkerFailed), State::kRestarting},
   });
 }
 

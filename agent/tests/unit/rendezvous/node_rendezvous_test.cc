@@ -203,12 +203,12 @@ TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
   const auto a =
       nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   const auto replacement = [&](std::size_t k, const Round& in) {
-    return run_task(nodes.io(), nodes[k].claim_recovery(in, Recovery::kReplacement));
+    return run_task(nodes.io(), nodes[k].claim_recovery(in, Recovery::kReplacement, 1));
   };
   EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 0);
   // Both claim at once: exactly one wins, with the count 1.
   const auto claims = nodes.all<RecoveryClaim>(
-      [&](std::size_t k) { return nodes[k].claim_recovery(a[k], Recovery::kReplacement); });
+      [&](std::size_t k) { return nodes[k].claim_recovery(a[k], Recovery::kReplacement, 1); });
   ASSERT_NE(claims[0].replacements.has_value(), claims[1].replacements.has_value());
   const std::size_t winner = claims[0].replacements ? 0 : 1, loser = 1 - winner;
   EXPECT_EQ(claims[winner].replacements, 1);
@@ -221,10 +221,13 @@ TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
   run_task(nodes.io(), nodes[winner].recovery_over(a[winner]));
   EXPECT_EQ(replacement(loser, a[loser]).replacements, 2);
   EXPECT_EQ(run_task(nodes.io(), nodes[winner].replacements()), 2);
-  // Left under way when its round ended (a group restart): the next round may claim.
+  // Left under way when its round ended (a group restart): the next round may claim, here for
+  // three workers replaced at once.
   Round next = a[winner];
   next.round = 1;
-  EXPECT_EQ(replacement(winner, next).replacements, 3);
+  EXPECT_EQ(run_task(nodes.io(), nodes[winner].claim_recovery(next, Recovery::kReplacement, 3))
+                .replacements,
+            5);
 }
 
 // Node 0's regroup holds the job's recovery too, without counting as a replacement: a worker
@@ -234,30 +237,33 @@ TEST(NodeRendezvous, InPlaceARegroupHoldsTheRecoveryWithoutCountingAReplacement)
   const auto a =
       nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   const RecoveryClaim regroup =
-      run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup));
+      run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup, 0));
   EXPECT_EQ(regroup.replacements, 0) << "claimed, and no replacement counted";
   const RecoveryClaim refused =
-      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement));
+      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement, 1));
   EXPECT_FALSE(refused.replacements.has_value());
   EXPECT_EQ(refused.under_way, Recovery::kRegroup);
   run_task(nodes.io(), nodes[0].recovery_over(a[0]));
   EXPECT_EQ(
-      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement)).replacements, 1);
+      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement, 1)).replacements,
+      1);
   EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 1);
 }
 
 // A failure folded into a replacement under way: the claim a refused claim found (another node's,
-// or this node's own) becomes this node's, one replacement more, and only its holder ends it. Only
-// exactly that claim: not once it ended, was taken over or claimed again since; never a regroup.
-TEST(NodeRendezvous, InPlaceAReplacementUnderWayIsTakenOverCountingOneMore) {
+// or this node's own) becomes this node's, one replacement more for each worker folded in, and only
+// its holder ends it. Only exactly that claim: not once it ended, was taken over or claimed again
+// since; never a regroup.
+TEST(NodeRendezvous, InPlaceAReplacementUnderWayIsTakenOverCountingOneMorePerWorker) {
   Nodes nodes(2, 2, 2);
   const auto a =
       nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   const auto claim = [&](std::size_t k, Recovery kind = Recovery::kReplacement) {
-    return run_task(nodes.io(), nodes[k].claim_recovery(a[k], kind));
+    return run_task(nodes.io(),
+                    nodes[k].claim_recovery(a[k], kind, kind == Recovery::kRegroup ? 0 : 1));
   };
-  const auto take_over = [&](std::size_t k, const std::string& seen) {
-    return run_task(nodes.io(), nodes[k].take_over_recovery(a[k], seen));
+  const auto take_over = [&](std::size_t k, const std::string& seen, int workers = 1) {
+    return run_task(nodes.io(), nodes[k].take_over_recovery(a[k], seen, workers));
   };
   EXPECT_FALSE(take_over(1, "").has_value()) << "nothing under way";
   ASSERT_EQ(claim(0).replacements, 1);
@@ -267,14 +273,14 @@ TEST(NodeRendezvous, InPlaceAReplacementUnderWayIsTakenOverCountingOneMore) {
   EXPECT_EQ(seen_by_0, refused.seen);
   EXPECT_EQ(take_over(1, refused.seen), 2);
   EXPECT_FALSE(take_over(0, seen_by_0).has_value()) << "taken over since";
-  EXPECT_EQ(take_over(0, claim(0).seen), 3) << "node 0's again, from what it sees now";
-  EXPECT_EQ(run_task(nodes.io(), nodes[1].replacements()), 3);
+  EXPECT_EQ(take_over(0, claim(0).seen, 2), 4) << "node 0's again, two workers folded in";
+  EXPECT_EQ(run_task(nodes.io(), nodes[1].replacements()), 4);
   run_task(nodes.io(), nodes[1].recovery_over(a[1]));  // no longer node 1's to end
   EXPECT_EQ(claim(1).under_way, Recovery::kReplacement);
   const std::string before_the_end = claim(1).seen;
   run_task(nodes.io(), nodes[0].recovery_over(a[0]));
   EXPECT_FALSE(take_over(1, before_the_end).has_value()) << "it ended";
-  ASSERT_EQ(claim(0, Recovery::kRegroup).replacements, 3);
+  ASSERT_EQ(claim(0, Recovery::kRegroup).replacements, 4);
   EXPECT_FALSE(take_over(1, claim(1).seen).has_value()) << "a regroup is not taken over";
 }
 

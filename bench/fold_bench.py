@@ -2,20 +2,23 @@
 """A second failure during an in-place recovery: folded into it, against a group restart.
 
     python3 bench/fold_bench.py --baseline BUILD [--build build] [--runs 5] [--nodes one|two]
-                                [--steps 300] [--step-ms 10]
+                                [--steps 300] [--step-ms 10] [--fault fold|together]
 
 Each run is one in-place job (--restart-policy in-place --max-restarts 2) of dist-inplace-worker
 (the SDK's InPlaceRecovery over Gloo): three workers on one agent (--nodes one), or two agents of
 two workers each, static rendezvous on 127.0.0.2 (--nodes two). Rank 1 crashes as step
 steps/2 begins; rank 2 (on the other node with --nodes two) dies as it reads the generation that
-replaces rank 1, so that generation's group can never form. The two builds alternate (A B A B ...):
+replaces rank 1, so that generation's group can never form. With --fault together (one node),
+ranks 1 and 2 instead crash as the same step begins: the agent reaps them in one batch or apart,
+as they exit. The two builds alternate (A B A B ...):
   A, --baseline: a build from before folds, whose agent restarts the whole group (the workers
      start again from step 0: dist-inplace-worker keeps no checkpoint);
   B, --build: the second failure is folded into the recovery under way (a later generation
      replaces both ranks; the others keep their processes).
 Reported per build (medians of --runs, min-max): the job's wall time uninterrupted and with the two
 failures (each run of a build runs both, the uninterrupted first), their ratio (ETTR), how many runs
-restarted the group, and how many ended with every rank at the digest of the uninterrupted run.
+restarted the group, replaced both in one generation or folded one into the other's recovery, and
+how many ended with every rank at the digest of the uninterrupted run.
 """
 import argparse
 import os
@@ -48,7 +51,8 @@ def agents(build, nodes, out, worker_args):
 
 
 def run_job(build, nodes, worker_args, world):
-    """Wall seconds, whether the group restarted, and every rank's final digest."""
+    """Wall seconds, how the failures were recovered (a group restart, one generation, folded),
+    and every rank's final digest."""
     out = tempfile.mkdtemp(prefix="fold-bench-")
     try:
         began = time.monotonic()
@@ -58,12 +62,17 @@ def run_job(build, nodes, worker_args, world):
         wall = time.monotonic() - began
         if any(p.returncode != 0 for p in procs):
             sys.exit("a job failed:\n" + "\n".join(outputs))
-        restarted = any("restarting the worker group" in o for o in outputs)
+        if any("restarting the worker group" in o for o in outputs):
+            path = "restart"
+        elif any("which it supersedes" in o for o in outputs):
+            path = "folded"
+        else:
+            path = "one generation"
         digests = []
         for rank in range(world):
             with open(os.path.join(out, f"final_{rank}")) as f:
                 digests.append(f.read().split()[2])
-        return wall, restarted, digests
+        return wall, path, digests
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -76,33 +85,42 @@ def main():
     parser.add_argument("--nodes", choices=("one", "two"), default="one")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--step-ms", type=int, default=10)
+    parser.add_argument("--fault", choices=("fold", "together"), default="fold")
     args = parser.parse_args()
+    if args.fault == "together" and args.nodes != "one":
+        parser.error("--fault together needs --nodes one (ranks 1 and 2 on one agent)")
     world = 3 if args.nodes == "one" else 4
     base = ["--steps", str(args.steps), "--step-ms", str(args.step_ms)]
-    faults = base + ["--crash", f"1:{args.steps // 2}", "--fail-in-recovery", "2"]
-    builds = {"group restart (baseline)": args.baseline, "folded (this build)": args.build}
+    half = args.steps // 2
+    if args.fault == "fold":
+        faults = base + ["--crash", f"1:{half}", "--fail-in-recovery", "2"]
+        said = f"rank 1 crashing at step {half}, rank 2 during its recovery"
+    else:
+        faults = base + ["--crash", f"1:{half}", "--crash", f"2:{half}"]
+        said = f"ranks 1 and 2 crashing at step {half}"
+    builds = {"baseline": args.baseline, "this build": args.build}
     clean = {name: [] for name in builds}
     results = {name: [] for name in builds}
     for run in range(args.runs):
         for name, build in builds.items():  # interleaved: A B A B ..., each uninterrupted first
             clean_wall, _, clean_digests = run_job(build, args.nodes, base, world)
             clean[name].append(clean_wall)
-            wall, restarted, digests = run_job(build, args.nodes, faults, world)
-            results[name].append((wall, restarted, all(d == clean_digests[0] for d in digests)))
-            print(f"run {run + 1} {name}: {wall:.2f} s{' (group restart)' if restarted else ''}",
-                  flush=True)
+            wall, path, digests = run_job(build, args.nodes, faults, world)
+            results[name].append((wall, path, all(d == clean_digests[0] for d in digests)))
+            print(f"run {run + 1} {name}: {wall:.2f} s ({path})", flush=True)
     print(f"\n{args.nodes} node(s), {world} workers, {args.steps} steps of {args.step_ms} ms, "
-          f"rank 1 crashing at step {args.steps // 2}, rank 2 during its recovery; "
-          f"{args.runs} runs each, interleaved")
+          f"{said}; {args.runs} runs each, interleaved")
     print("| build | uninterrupted s, median | with the two failures s, median (min-max) | ETTR | "
-          "group restarts | runs at the clean digest |")
+          "group restart / one generation / folded | runs at the clean digest |")
     print("|---|---|---|---|---|---|")
     for name, rows in results.items():
         walls = [r[0] for r in rows]
         median, clean_median = statistics.median(walls), statistics.median(clean[name])
+        paths = " / ".join(str(sum(r[1] == p for r in rows))
+                           for p in ("restart", "one generation", "folded"))
         print(f"| {name} | {clean_median:.2f} | {median:.2f} ({min(walls):.2f}-{max(walls):.2f}) "
-              f"| {clean_median / median:.2f} | {sum(r[1] for r in rows)} of {len(rows)} | "
-              f"{sum(r[2] for r in rows)} of {len(rows)} |")
+              f"| {clean_median / median:.2f} | {paths} | {sum(r[2] for r in rows)} of "
+              f"{len(rows)} |")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@
 namespace dist::agent {
 namespace {
 
+// Why a failure is not folded into the recovery under way.
+constexpr const char* kNotEveryWorkerFollows =
+    "not every worker can follow a later generation (they do with the SDK's InPlaceRecovery over "
+    "Gloo)";
+constexpr const char* kNoStateLeft = "no worker that kept its state would be left";
+
 // How long a claim that found another node's replacement under way waits for that generation's
 // record (its claimant counts it, then publishes it: moments), to fold into it.
 constexpr std::chrono::seconds kUnderWayWait{5};
@@ -92,6 +98,7 @@ void InPlace::start_workers() {
 void InPlace::stopping() {
   replacing_ = folding_ = false;
   queued_.clear();
+  claiming_ = 0;
   if (g_.store) g_.store->close();  // a recovery's wait ends here
   joining_.close();
   const bool failed = p_.now.stop_reason == StopReason::kWorkerFailed ||
@@ -134,7 +141,7 @@ void InPlace::explain_fallback(bool recovering) {
   const bool left = restarts_used() < max_restarts;
   if (recovering) {
     why = workers_text(ranks_of(failures)) + " failed during the in-place recovery of " +
-          workers_text(without(replacing_ranks_, ranks_of(failures))) +
+          recovery_text(failures) +
           (generation_claimed_ ? " (generation " + std::to_string(g_.latest) + ")" : "");
   } else if (joining_.unjoined()) {
     why = workers_text(ranks_of(failures)) +
@@ -144,7 +151,7 @@ void InPlace::explain_fallback(bool recovering) {
     why = std::to_string(failed) + " workers failed at once";
     if (failed >= p_.now.round->world_size) {
       why += ", every worker of the group (none kept its state to recover from)";
-    } else if (left) {
+    } else if (left && p_.now.state == State::kRunning) {  // (a regroup replaces nobody)
       why += ", more than the restarts left for replacing them (" +
              std::to_string(max_restarts - restarts_used()) + ")";
     }
@@ -171,7 +178,11 @@ void InPlace::replace() {
   if (replacing_) {  // failures during this node's recovery, folded into it
     replacing_ranks_ = with_ranks(replacing_ranks_, ranks_of(p_.now.failures));
     if (generation_claimed_) return fold_own_failure(p_.now.failures);
-    // (A claim is in flight: they are claimed once it is done, from its generation on.)
+    // A claim is in flight: they are claimed once it is done, from its generation on.
+    spdlog::info(
+        "{} failed while this node's in-place recovery of {} is being claimed: folded "
+        "into it once its generation is out",
+        workers_text(ranks_of(p_.now.failures)), recovery_text(p_.now.failures));
     queued_.insert(queued_.end(), p_.now.failures.begin(), p_.now.failures.end());
     return;
   }
@@ -179,6 +190,7 @@ void InPlace::replace() {
   ++recovery_;  // (outcomes of an earlier recovery's waits are not this one's)
   replacing_ranks_ = ranks_of(p_.now.failures);
   queued_.clear();
+  claiming_ = static_cast<int>(p_.now.failures.size());
   generation_claimed_ = false;
   peers_check_ = false;
   const auto claim = [this, failures = p_.now.failures] {
@@ -241,10 +253,11 @@ Task<InPlace::Claim> InPlace::claim_replacement(std::vector<WorkerFailure> failu
   c.replaced = failed;
   c.counted = static_cast<int>(failed.size());
   const RecoveryClaim claim =
-      co_await p_.rounds.claim_recovery(round, Recovery::kReplacement, c.counted);
+      co_await p_.rounds.claim_recovery(round, Recovery::kReplacement, c.counted, budget());
   c.replacements = claim.replacements;
   c.under_way = claim.under_way;
   c.seen = claim.seen;
+  c.over_budget = claim.over_budget;
   // (A recovery of this node's own refuses the claim of a failure during it: folded the same way.)
   if (!c.replacements && c.under_way == Recovery::kReplacement &&
       (p_.rounds.several_nodes() || folding_)) {
@@ -288,9 +301,7 @@ Task<InPlace::Claim> InPlace::claim_replacement(std::vector<WorkerFailure> failu
 Task<void> InPlace::fold_into_recovery(Claim& c, Round round, std::vector<int> failed) {
   try {
     if (!co_await g_.store->all_follow_folds(round.world_size)) {
-      c.not_folded =
-          "not every worker can follow a later generation (they do with the SDK's "
-          "InPlaceRecovery over Gloo)";
+      c.not_folded = kNotEveryWorkerFollows;
       co_return;
     }
     const auto deadline = std::chrono::steady_clock::now() + kUnderWayWait;
@@ -300,12 +311,16 @@ Task<void> InPlace::fold_into_recovery(Claim& c, Round round, std::vector<int> f
       if (under_way) {
         std::vector<int> replaced = replaced_ranks(under_way->record, failed);
         if (static_cast<int>(replaced.size()) >= round.world_size) {
-          c.not_folded = "no worker that kept its state would be left";
+          c.not_folded = kNoStateLeft;
           co_return;
         }
         // Exactly the claim that refused this one: not one claimed since (whose generation
         // may not be the one read).
-        c.replacements = co_await p_.rounds.take_over_recovery(round, c.seen, c.counted);
+        const RecoveryClaim taken =
+            co_await p_.rounds.take_over_recovery(round, c.seen, c.counted, budget());
+        c.replacements = taken.replacements;
+        c.over_budget = taken.over_budget;
+        if (c.over_budget) co_return;
         if (c.replacements) {
           c.supersedes = *under_way;
           c.replaced = std::move(replaced);
@@ -315,11 +330,12 @@ Task<void> InPlace::fold_into_recovery(Claim& c, Round round, std::vector<int> f
       // Its generation recovered (the claim is let go next), is not out yet, or the claim changed
       // hands: claim again.
       const RecoveryClaim again =
-          co_await p_.rounds.claim_recovery(round, Recovery::kReplacement, c.counted);
+          co_await p_.rounds.claim_recovery(round, Recovery::kReplacement, c.counted, budget());
       c.replacements = again.replacements;
       c.under_way = again.under_way;
       c.seen = again.seen;
-      if (c.replacements || c.under_way != Recovery::kReplacement) co_return;
+      c.over_budget = again.over_budget;
+      if (c.replacements || c.over_budget || c.under_way != Recovery::kReplacement) co_return;
       if (std::chrono::steady_clock::now() > deadline) {
         c.not_folded =
             "the recovery under way could not be folded into within " + seconds_text(kUnderWayWait);
@@ -334,42 +350,67 @@ Task<void> InPlace::fold_into_recovery(Claim& c, Round round, std::vector<int> f
 
 void InPlace::on_claimed(const Claim& c, bool during_own) {
   if (p_.now.state != State::kReplacing) return;
+  claiming_ = 0;
   const std::string worker = workers_text(ranks_of(c.failures));
   if (!c.not_folded.empty()) {
     spdlog::info("{} failed during {} in-place recovery, which it is not folded into: {}", worker,
                  during_own ? "this node's" : "another node's", c.not_folded);
   }
+  if (c.over_budget) {  // (uncounted: the group restarts while a restart is left)
+    replacements_ = *c.over_budget;
+    return give_up_replacing(
+        worker + " failed: " +
+            (c.counted > 1 ? "not enough restarts left to replace them" : "no restart left") +
+            " (--max-restarts " + std::to_string(p_.config.max_restarts) + ", " +
+            std::to_string(replacements_) + " used in place by the job's nodes)",
+        c.failures);
+  }
   if (!c.replacements) {
     const std::string while_ =
-        during_own ? " failed during the in-place recovery of " +
-                         workers_text(without(replacing_ranks_, ranks_of(c.failures))) +
+        during_own ? " failed during the in-place recovery of " + recovery_text(c.failures) +
                          (c.not_folded.empty() ? "" : " (" + c.not_folded + ")")
         : c.under_way == Recovery::kRegroup
             ? " failed while the group regroups in place"
             : " failed while another node's worker is being replaced in place";
-    return give_up_replacing(worker + while_);
+    return give_up_replacing(worker + while_, c.failures);
   }
   if (!c.why.empty()) {  // e.g. the node that hosted the workers' store was lost with it
     return give_up_replacing(worker +
-                             " failed and its group's generation cannot be counted in the "
-                             "workers' store (" +
-                             c.why + ")");
+                                 " failed and its group's generation cannot be counted in the "
+                                 "workers' store (" +
+                                 c.why + ")",
+                             c.failures);
   }
   replacements_ = *c.replacements;
-  if (restarts_used() > p_.config.max_restarts) {
-    return give_up_replacing(worker + " failed: no restart left (" + "--max-restarts " +
-                             std::to_string(p_.config.max_restarts) + ", " +
-                             std::to_string(replacements_ - c.counted) +
-                             " used in place by the job's nodes)");
+  // Failures reaped while it was claimed: folded into its generation once it is out, if they can
+  // be (else the group restarts now, before a replacement is started for nothing).
+  if (!queued_.empty()) {
+    const auto all = with_ranks(c.replaced, ranks_of(queued_));
+    const std::string why = !c.all_follow ? kNotEveryWorkerFollows
+                            : static_cast<int>(all.size()) >= p_.now.round->world_size
+                                ? std::string(kNoStateLeft)
+                                : "";
+    if (!why.empty()) {
+      return give_up_replacing(workers_text(ranks_of(queued_)) +
+                                   " failed during the in-place recovery of " + worker + " (" +
+                                   why + ")",
+                               queued_);
+    }
   }
   g_.latest = c.generation;
   generation_claimed_ = true;
   claim_ = c;
   start_replacement();
-  // Failures reaped while it was claimed: folded into its generation now that it is out.
   if (p_.now.state == State::kReplacing && !queued_.empty()) {
     fold_own_failure(std::exchange(queued_, {}));
   }
+}
+
+// The workers this node's recovery replaces but `failures` (the replacement of one of them, when
+// no other).
+std::string InPlace::recovery_text(const std::vector<WorkerFailure>& failures) const {
+  const std::vector<int> others = without(replacing_ranks_, ranks_of(failures));
+  return workers_text(others.empty() ? replacing_ranks_ : others);
 }
 
 // RUNNING, and workers of this node failed: replaced in place when a worker that kept its state
@@ -389,8 +430,10 @@ bool InPlace::foldable() const {
   if (!replacing_ || failed == 0 || (generation_claimed_ && !claim_.all_follow)) return false;
   std::vector<int> replaced = with_ranks(replacing_ranks_, ranks_of(p_.now.failures));
   if (generation_claimed_) replaced = with_ranks(std::move(replaced), claim_.replaced);
+  // (The claim in flight and the failures queued behind it are not counted yet.)
+  const int pending = generation_claimed_ ? 0 : claiming_ + static_cast<int>(queued_.size());
   return static_cast<int>(replaced.size()) < p_.now.round->world_size &&
-         restarts_used() + failed <= p_.config.max_restarts;
+         restarts_used() + pending + failed <= p_.config.max_restarts;
 }
 
 // Claimed as any failure is (claim_replacement: this node's own recovery refuses the claim, and
@@ -400,6 +443,7 @@ bool InPlace::foldable() const {
 void InPlace::fold_own_failure(std::vector<WorkerFailure> failures) {
   generation_claimed_ = false;
   folding_ = true;
+  claiming_ = static_cast<int>(failures.size());
   p_.steps.launch(claim_replacement(std::move(failures)), [this](Claim c) {
     if (p_.now.state != State::kReplacing) return;
     folding_ = false;
@@ -408,12 +452,13 @@ void InPlace::fold_own_failure(std::vector<WorkerFailure> failures) {
 }
 
 // In-place after all: the group stops (a restart while restarts are left), everywhere.
-void InPlace::give_up_replacing(const std::string& why) {
+void InPlace::give_up_replacing(const std::string& why,
+                                const std::vector<WorkerFailure>& failures) {
   const bool left = restarts_used() < p_.config.max_restarts;
   spdlog::warn("{}{}", why, left ? ": restarting the whole group" : "");
   p_.telemetry->in_place_fallback(p_.now.round->round, std::nullopt, why);
   if (p_.rounds.several_nodes()) {
-    p_.steps.fire_and_forget(p_.rounds.announce_failure(*p_.now.round, p_.now.failures),
+    p_.steps.fire_and_forget(p_.rounds.announce_failure(*p_.now.round, failures),
                              "announcing the failure");
   }
   p_.feed(Input::kRecoveryFailed);
@@ -439,7 +484,9 @@ void InPlace::start_replacement() {
                                         " replaced)"
                            : replaced.size() > 1 ? " with ranks " + comma_list(replaced)
                                                  : "";
+  int restart = restarts_used() - claim_.counted;  // before this claim's
   for (const WorkerFailure& failed : claim_.failures) {
+    ++restart;
     InPlaceReplacement r{failed, generation, -1, survivors};
     try {
       r.new_pid = p_.group->replace(failed.worker.local_rank, generation);
@@ -450,15 +497,15 @@ void InPlace::start_replacement() {
     spdlog::warn(
         "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of "
         "{}){}; ranks {} keep running",
-        failed.worker.rank, failed.worker.local_rank, r.new_pid, generation, restarts_used(),
+        failed.worker.rank, failed.worker.local_rank, r.new_pid, generation, restart,
         p_.config.max_restarts, into, kept);
     if (p_.config.print_failure_report) {
       p_.console->write(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
     }
     // The failed worker as it ran: its round (a regroup's too) and the generation it started as.
     p_.telemetry->in_place_restart(
-        {round.round, generation, failed.worker, failed.exit_code, r.new_pid, r.survivors,
-         restarts_used(), folded ? std::optional<int>(folded->generation) : std::nullopt});
+        {round.round, generation, failed.worker, failed.exit_code, r.new_pid, r.survivors, restart,
+         folded ? std::optional<int>(folded->generation) : std::nullopt});
     replaced_.push_back(std::move(r));
   }
   std::string record = "replaced=" + comma_list(replaced) + " survivors=" + comma_list(survivors);

@@ -65,6 +65,8 @@ class InPlace final : public RecoveryPolicy {
     std::string why;  // the workers' store could not count the generation (its host is gone)
     std::vector<WorkerFailure> failures;  // this node's failed workers it replaces
     int counted = 0;                      // the replacements it counts: theirs
+    // Refused: they would pass the job's restart budget (its replacements so far).
+    std::optional<int> over_budget;
     // Folded into a replacement under way: the generation it supersedes, and the ranks the new
     // one replaces (that one's and this node's failed workers).
     std::optional<GenerationUnderWay> supersedes;
@@ -75,6 +77,8 @@ class InPlace final : public RecoveryPolicy {
   };
 
   int restarts_used() const { return p_.now.restart_count + replacements_; }
+  // The most replacements the job may count (--max-restarts less its group restarts).
+  int budget() const { return p_.config.max_restarts - p_.now.restart_count; }
   void explain_fallback(bool recovering);
   Task<Claim> claim_replacement(std::vector<WorkerFailure> failures);
   Task<void> fold_into_recovery(Claim& c, Round round, std::vector<int> failed);
@@ -85,7 +89,8 @@ class InPlace final : public RecoveryPolicy {
   void fold_own_failure(std::vector<WorkerFailure> failures);
   // `during_own`: a failure during this node's own recovery (fold_own_failure).
   void on_claimed(const Claim& c, bool during_own);
-  void give_up_replacing(const std::string& why);
+  void give_up_replacing(const std::string& why, const std::vector<WorkerFailure>& failures);
+  std::string recovery_text(const std::vector<WorkerFailure>& failures) const;
   void start_replacement();
   void on_recovered(const RecoveryOutcome& o, int recovery);
   // REPLACING: every other worker of the job has finished (this node's exited 0, every other
@@ -103,6 +108,7 @@ class InPlace final : public RecoveryPolicy {
   int replacements_ = 0;               // all rounds
   std::vector<int> replacing_ranks_;   // the workers REPLACING replaces, folded ones too
   std::vector<WorkerFailure> queued_;  // failed while a claim was in flight: claimed after it
+  int claiming_ = 0;                   // the workers of the claim in flight, if any
   bool generation_claimed_ = false;    // and whether its generation is known yet
   bool replacing_ = false;             // REPLACING, from its first failure to its end
   bool folding_ = false;               // a failure of this node's being folded into it

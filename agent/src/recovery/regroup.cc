@@ -171,7 +171,7 @@ Task<Regroup::Told> Regroup::tell_workers(int old_rank_offset, Round to) {
       // The job's one recovery is the regroup's until the group's word: a worker failing
       // meanwhile on another node restarts the group instead of starting a replacement that this
       // regroup's workers would wait for in vain.
-      const RecoveryClaim claim = co_await p_.rounds.claim_recovery(to, Recovery::kRegroup, 0);
+      const RecoveryClaim claim = co_await p_.rounds.claim_recovery(to, Recovery::kRegroup, 0, 0);
       if (!claim.replacements) {
         t.outcome.why =
             "another node's worker is being replaced in place in round " + std::to_string(to.round);

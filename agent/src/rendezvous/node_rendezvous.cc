@@ -357,7 +357,8 @@ Task<void> NodeRendezvous::Impl::mark_failed(Round a, std::string reason) {
 // ---------------------------------------------------------------------------------------------
 // In-place recovery: one at a time, job-wide, counted with the restarts
 
-Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind, int workers) {
+Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind, int workers,
+                                                         int budget) {
   const std::string key(schema::kInPlace);
   const std::optional<std::string> read = co_await store_->try_get(key);
   std::string seen = read.value_or("");
@@ -370,32 +371,41 @@ Task<RecoveryClaim> NodeRendezvous::Impl::claim_recovery(Round a, Recovery kind,
     if (!seen.empty()) state = schema::decode_in_place(key, seen);
     // A recovery of an earlier round ended with that round, whatever it became.
     const bool under_way = state.recovery != Recovery::kNone && state.round == a.round;
-    if (under_way) co_return RecoveryClaim{std::nullopt, state.recovery, seen};
+    if (under_way) co_return RecoveryClaim{std::nullopt, state.recovery, seen, std::nullopt};
     if (attempt == kClaimAttempts) {  // other nodes' claims kept going in: recoveries elsewhere
-      co_return RecoveryClaim{std::nullopt, Recovery::kReplacement, {}};
+      co_return RecoveryClaim{std::nullopt, Recovery::kReplacement, {}, std::nullopt};
+    }
+    // (Refused uncounted: a group restart may be left.)
+    if (kind == Recovery::kReplacement && state.replacements + counted > budget) {
+      co_return RecoveryClaim{std::nullopt, Recovery::kNone, seen, state.replacements};
     }
     const schema::InPlaceState claimed{state.replacements + counted, a.round, kind, a.node_rank};
     const std::string desired = schema::encode(claimed);
     const std::string stored = co_await store_->compare_set(key, seen, desired);
-    if (stored == desired) co_return RecoveryClaim{claimed.replacements, Recovery::kNone, {}};
+    if (stored == desired) {
+      co_return RecoveryClaim{claimed.replacements, Recovery::kNone, {}, std::nullopt};
+    }
     seen = stored;
   }
 }
 
 // One COMPARE_SET against exactly what the refused claim saw: a recovery that ended, or another
 // node's claim or takeover since, is not the one whose generation the caller folds into.
-Task<std::optional<int>> NodeRendezvous::Impl::take_over_recovery(Round a, std::string seen,
-                                                                  int workers) {
+Task<RecoveryClaim> NodeRendezvous::Impl::take_over_recovery(Round a, std::string seen, int workers,
+                                                             int budget) {
   const std::string key(schema::kInPlace);
-  if (seen.empty()) co_return std::nullopt;
+  if (seen.empty()) co_return RecoveryClaim{};
   const schema::InPlaceState state = schema::decode_in_place(key, seen);
-  if (state.recovery != Recovery::kReplacement || state.round != a.round) co_return std::nullopt;
+  if (state.recovery != Recovery::kReplacement || state.round != a.round) co_return RecoveryClaim{};
+  if (state.replacements + workers > budget) {
+    co_return RecoveryClaim{std::nullopt, Recovery::kReplacement, seen, state.replacements};
+  }
   const schema::InPlaceState taken{state.replacements + workers, a.round, Recovery::kReplacement,
                                    a.node_rank};
   const std::string desired = schema::encode(taken);
   const std::string stored = co_await store_->compare_set(key, seen, desired);
-  if (stored != desired) co_return std::nullopt;
-  co_return taken.replacements;
+  if (stored != desired) co_return RecoveryClaim{};
+  co_return RecoveryClaim{taken.replacements, Recovery::kNone, {}, std::nullopt};
 }
 
 Task<void> NodeRendezvous::Impl::recovery_over(Round a) {
@@ -906,12 +916,13 @@ Task<bool> NodeRendezvous::mark_done(Round a, const std::vector<int>& lost) {
 Task<void> NodeRendezvous::mark_failed(Round a, std::string reason) {
   return impl_->mark_failed(std::move(a), std::move(reason));
 }
-Task<RecoveryClaim> NodeRendezvous::claim_recovery(Round a, Recovery kind, int workers) {
-  return impl_->claim_recovery(std::move(a), kind, workers);
+Task<RecoveryClaim> NodeRendezvous::claim_recovery(Round a, Recovery kind, int workers,
+                                                   int budget) {
+  return impl_->claim_recovery(std::move(a), kind, workers, budget);
 }
-Task<std::optional<int>> NodeRendezvous::take_over_recovery(Round a, std::string seen,
-                                                            int workers) {
-  return impl_->take_over_recovery(std::move(a), std::move(seen), workers);
+Task<RecoveryClaim> NodeRendezvous::take_over_recovery(Round a, std::string seen, int workers,
+                                                       int budget) {
+  return impl_->take_over_recovery(std::move(a), std::move(seen), workers, budget);
 }
 Task<void> NodeRendezvous::recovery_over(Round a) {
   return impl_->recovery_over(std::move(a));

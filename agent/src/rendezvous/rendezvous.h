@@ -127,6 +127,9 @@ struct RecoveryClaim {
   std::optional<int> replacements;
   Recovery under_way = Recovery::kNone;
   std::string seen;  // refused: the job's recovery state it found, for take_over_recovery
+  // Refused, nothing counted: the job's replacements so far, to which the claim's workers would
+  // pass its budget (a group restart may still be left).
+  std::optional<int> over_budget;
 };
 
 // "300 s", "2.5 s": a timeout as the log says it (the rounds' and the recoveries').
@@ -175,14 +178,15 @@ class NodeRendezvous {
   Task<void> mark_failed(Round a, std::string reason);
 
   // --restart-policy in-place: claims the job's one recovery for node a.node_rank in round
-  // a.round: `workers` of it replaced while the others run (each counted with the replacements),
-  // or, node 0, the group's regroup (`workers` 0). One recovery at a time, job-wide, by
-  // COMPARE_SET.
-  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers);
+  // a.round: `workers` of it replaced while the others run (each counted with the replacements,
+  // refused when the job's count would pass `budget`), or, node 0, the group's regroup (`workers`
+  // 0). One recovery at a time, job-wide, by COMPARE_SET.
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers, int budget);
   // The replacement under way in round a (another node's, or this one's) that a refused claim
   // found (`seen`) becomes node a.node_rank's, counted as `workers` replacements more (failures
-  // folded into it); nullopt when the job's recovery is no longer exactly that.
-  Task<std::optional<int>> take_over_recovery(Round a, std::string seen, int workers);
+  // folded into it), within `budget`; refused (replacements unset) when the job's recovery is no
+  // longer exactly that.
+  Task<RecoveryClaim> take_over_recovery(Round a, std::string seen, int workers, int budget);
   // This node's recovery is over: another may be claimed.
   Task<void> recovery_over(Round a);
   // The job's replacements so far.

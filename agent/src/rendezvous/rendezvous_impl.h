@@ -108,8 +108,8 @@ class NodeRendezvous::Impl {
   Task<void> mark_failed(Round a, std::string reason);
 
   // In-place recovery (node_rendezvous.cc).
-  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers);
-  Task<std::optional<int>> take_over_recovery(Round a, std::string seen, int workers);
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers, int budget);
+  Task<RecoveryClaim> take_over_recovery(Round a, std::string seen, int workers, int budget);
   Task<void> recovery_over(Round a);
   Task<int> replacements();
   // One more in-place replacement, job-wide (a lost node's survivors waiting in place for a node:

@@ -99,20 +99,26 @@ class LocalRounds final : public RoundSource {
   Task<std::vector<WorkerFailure>> collect_failures(Round, std::string) override {
     co_return std::vector<WorkerFailure>{};
   }
-  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers) override {
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers, int budget) override {
     if (recovering_ != Recovery::kNone && recovering_round_ == a.round) {
-      co_return RecoveryClaim{std::nullopt, recovering_, {}};
+      co_return RecoveryClaim{std::nullopt, recovering_, {}, std::nullopt};
+    }
+    if (kind == Recovery::kReplacement && replacements_ + workers > budget) {
+      co_return RecoveryClaim{std::nullopt, Recovery::kNone, {}, replacements_};
     }
     recovering_ = kind;
     recovering_round_ = a.round;
     if (kind == Recovery::kReplacement) replacements_ += workers;
-    co_return RecoveryClaim{replacements_, Recovery::kNone, {}};
+    co_return RecoveryClaim{replacements_, Recovery::kNone, {}, std::nullopt};
   }
-  Task<std::optional<int>> take_over_recovery(Round a, std::string, int workers) override {
+  Task<RecoveryClaim> take_over_recovery(Round a, std::string, int workers, int budget) override {
     if (recovering_ != Recovery::kReplacement || recovering_round_ != a.round) {
-      co_return std::nullopt;
+      co_return RecoveryClaim{};
     }
-    co_return replacements_ += workers;
+    if (replacements_ + workers > budget) {
+      co_return RecoveryClaim{std::nullopt, Recovery::kReplacement, {}, replacements_};
+    }
+    co_return RecoveryClaim{replacements_ += workers, Recovery::kNone, {}, std::nullopt};
   }
   Task<void> recovery_over(Round) override {
     recovering_ = Recovery::kNone;
@@ -234,11 +240,12 @@ class NodeRounds : public RoundSource {
   Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures) override {
     co_await rdzv_->announce_failure(std::move(a), std::move(failures));
   }
-  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers) override {
-    co_return co_await rdzv_->claim_recovery(std::move(a), kind, workers);
+  Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers, int budget) override {
+    co_return co_await rdzv_->claim_recovery(std::move(a), kind, workers, budget);
   }
-  Task<std::optional<int>> take_over_recovery(Round a, std::string seen, int workers) override {
-    co_return co_await rdzv_->take_over_recovery(std::move(a), std::move(seen), workers);
+  Task<RecoveryClaim> take_over_recovery(Round a, std::string seen, int workers,
+                                         int budget) override {
+    co_return co_await rdzv_->take_over_recovery(std::move(a), std::move(seen), workers, budget);
   }
   Task<void> recovery_over(Round a) override { co_await rdzv_->recovery_over(std::move(a)); }
   Task<int> replacements() override { co_return co_await rdzv_->replacements(); }

@@ -74,15 +74,17 @@ class RoundSource {
   // empty list (said as a warning).
   virtual Task<std::vector<WorkerFailure>> collect_failures(Round a, std::string reason) = 0;
   // --restart-policy in-place: claims the job's one recovery for this node (`workers` of it
-  // replaced while the others run, each counted with the replacements; node 0's regroup, 0), says
-  // it is over, reads the count. One node keeps them itself; several, in the job's store
+  // replaced while the others run, each counted with the replacements, and refused uncounted when
+  // the job's replacements would pass `budget`: RecoveryClaim::over_budget; node 0's regroup, 0),
+  // says it is over, reads the count. One node keeps them itself; several, in the job's store
   // (NodeRendezvous::claim_recovery), so that every node counts the others' and no two recoveries
   // overlap.
-  virtual Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers) = 0;
+  virtual Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers, int budget) = 0;
   // The replacement under way in round a (another node's, or this one's) that a refused claim found
   // (RecoveryClaim::seen) becomes this node's, `workers` replacements more (failures folded into
-  // it: recovery/in_place.h); nullopt when the recovery is no longer exactly that.
-  virtual Task<std::optional<int>> take_over_recovery(Round a, std::string seen, int workers) = 0;
+  // it: recovery/in_place.h) within `budget`; refused when the recovery is no longer exactly that.
+  virtual Task<RecoveryClaim> take_over_recovery(Round a, std::string seen, int workers,
+                                                 int budget) = 0;
   virtual Task<void> recovery_over(Round a) = 0;
   virtual Task<int> replacements() = 0;
   // In place: whether every other node of round a has finished (its workers all succeeded: it is

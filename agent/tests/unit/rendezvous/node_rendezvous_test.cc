@@ -196,6 +196,9 @@ TEST(NodeRendezvous, ANodeRelaunchedIntoAFailedStaticJobIsToldItFailed) {
   }
 }
 
+// A restart budget no in-place test here reaches.
+constexpr int kAnyBudget = 100;
+
 // --restart-policy in-place: one recovery at a time, job-wide, claimed by COMPARE_SET; the count
 // is every node's.
 TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
@@ -203,12 +206,13 @@ TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
   const auto a =
       nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   const auto replacement = [&](std::size_t k, const Round& in) {
-    return run_task(nodes.io(), nodes[k].claim_recovery(in, Recovery::kReplacement, 1));
+    return run_task(nodes.io(), nodes[k].claim_recovery(in, Recovery::kReplacement, 1, kAnyBudget));
   };
   EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 0);
   // Both claim at once: exactly one wins, with the count 1.
-  const auto claims = nodes.all<RecoveryClaim>(
-      [&](std::size_t k) { return nodes[k].claim_recovery(a[k], Recovery::kReplacement, 1); });
+  const auto claims = nodes.all<RecoveryClaim>([&](std::size_t k) {
+    return nodes[k].claim_recovery(a[k], Recovery::kReplacement, 1, kAnyBudget);
+  });
   ASSERT_NE(claims[0].replacements.has_value(), claims[1].replacements.has_value());
   const std::size_t winner = claims[0].replacements ? 0 : 1, loser = 1 - winner;
   EXPECT_EQ(claims[winner].replacements, 1);
@@ -225,7 +229,8 @@ TEST(NodeRendezvous, InPlaceOneRecoveryAtATimeAndEveryNodeReadsTheJobsCount) {
   // three workers replaced at once.
   Round next = a[winner];
   next.round = 1;
-  EXPECT_EQ(run_task(nodes.io(), nodes[winner].claim_recovery(next, Recovery::kReplacement, 3))
+  EXPECT_EQ(run_task(nodes.io(),
+                     nodes[winner].claim_recovery(next, Recovery::kReplacement, 3, kAnyBudget))
                 .replacements,
             5);
 }
@@ -237,15 +242,16 @@ TEST(NodeRendezvous, InPlaceARegroupHoldsTheRecoveryWithoutCountingAReplacement)
   const auto a =
       nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   const RecoveryClaim regroup =
-      run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup, 0));
+      run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup, 0, 0));
   EXPECT_EQ(regroup.replacements, 0) << "claimed, and no replacement counted";
   const RecoveryClaim refused =
-      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement, 1));
+      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement, 1, kAnyBudget));
   EXPECT_FALSE(refused.replacements.has_value());
   EXPECT_EQ(refused.under_way, Recovery::kRegroup);
   run_task(nodes.io(), nodes[0].recovery_over(a[0]));
   EXPECT_EQ(
-      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement, 1)).replacements,
+      run_task(nodes.io(), nodes[1].claim_recovery(a[1], Recovery::kReplacement, 1, kAnyBudget))
+          .replacements,
       1);
   EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 1);
 }
@@ -259,11 +265,12 @@ TEST(NodeRendezvous, InPlaceAReplacementUnderWayIsTakenOverCountingOneMorePerWor
   const auto a =
       nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
   const auto claim = [&](std::size_t k, Recovery kind = Recovery::kReplacement) {
-    return run_task(nodes.io(),
-                    nodes[k].claim_recovery(a[k], kind, kind == Recovery::kRegroup ? 0 : 1));
+    return run_task(nodes.io(), nodes[k].claim_recovery(
+                                    a[k], kind, kind == Recovery::kRegroup ? 0 : 1, kAnyBudget));
   };
   const auto take_over = [&](std::size_t k, const std::string& seen, int workers = 1) {
-    return run_task(nodes.io(), nodes[k].take_over_recovery(a[k], seen, workers));
+    return run_task(nodes.io(), nodes[k].take_over_recovery(a[k], seen, workers, kAnyBudget))
+        .replacements;
   };
   EXPECT_FALSE(take_over(1, "").has_value()) << "nothing under way";
   ASSERT_EQ(claim(0).replacements, 1);
@@ -282,6 +289,41 @@ TEST(NodeRendezvous, InPlaceAReplacementUnderWayIsTakenOverCountingOneMorePerWor
   EXPECT_FALSE(take_over(1, before_the_end).has_value()) << "it ended";
   ASSERT_EQ(claim(0, Recovery::kRegroup).replacements, 4);
   EXPECT_FALSE(take_over(1, claim(1).seen).has_value()) << "a regroup is not taken over";
+}
+
+// Workers that would pass the job's restart budget are refused uncounted, the count said: a group
+// restart may still be left (counted, the job would have ended with none). A claim and a takeover
+// alike; a regroup counts nothing and is never refused for it.
+TEST(NodeRendezvous, InPlaceAClaimPastTheRestartBudgetIsRefusedUncounted) {
+  Nodes nodes(2, 2, 2);
+  const auto a =
+      nodes.all<Round>([&](std::size_t k) { return nodes[k].join_static(0, static_cast<int>(k)); });
+  const auto claim = [&](std::size_t k, int workers, int budget) {
+    return run_task(nodes.io(),
+                    nodes[k].claim_recovery(a[k], Recovery::kReplacement, workers, budget));
+  };
+  ASSERT_EQ(claim(0, 1, 3).replacements, 1);
+  run_task(nodes.io(), nodes[0].recovery_over(a[0]));
+  const RecoveryClaim over = claim(1, 3, 3);  // 1 + 3 > 3
+  EXPECT_FALSE(over.replacements.has_value());
+  EXPECT_EQ(over.over_budget, 1);
+  EXPECT_EQ(run_task(nodes.io(), nodes[0].replacements()), 1) << "nothing counted";
+  EXPECT_EQ(claim(1, 2, 3).replacements, 3) << "two fit: 1 + 2";
+  // Under way (node 1's): node 0's two more workers would not fit a takeover either.
+  const RecoveryClaim refused = claim(0, 2, 3);
+  ASSERT_FALSE(refused.replacements.has_value());
+  EXPECT_FALSE(refused.over_budget.has_value()) << "refused for the recovery under way";
+  const RecoveryClaim not_taken =
+      run_task(nodes.io(), nodes[0].take_over_recovery(a[0], refused.seen, 2, 4));
+  EXPECT_FALSE(not_taken.replacements.has_value());
+  EXPECT_EQ(not_taken.over_budget, 3);
+  EXPECT_EQ(
+      run_task(nodes.io(), nodes[0].take_over_recovery(a[0], refused.seen, 1, 4)).replacements, 4)
+      << "one fits, against the same state";
+  run_task(nodes.io(), nodes[0].recovery_over(a[0]));
+  EXPECT_EQ(
+      run_task(nodes.io(), nodes[0].claim_recovery(a[0], Recovery::kRegroup, 0, 0)).replacements,
+      4);
 }
 
 TEST(NodeRendezvous, ANodeWhoseSessionEndsIsLostToItsWatcher) {

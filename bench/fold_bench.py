@@ -3,6 +3,7 @@
 
     python3 bench/fold_bench.py --baseline BUILD [--build build] [--runs 5] [--nodes one|two]
                                 [--steps 300] [--step-ms 10] [--fault fold|together]
+                                [--torch PYTHON]
 
 Each run is one in-place job (--restart-policy in-place --max-restarts 2) of dist-inplace-worker
 (the SDK's InPlaceRecovery over Gloo): three workers on one agent (--nodes one), or two agents of
@@ -10,7 +11,10 @@ two workers each, static rendezvous on 127.0.0.2 (--nodes two). Rank 1 crashes a
 steps/2 begins; rank 2 (on the other node with --nodes two) dies as it reads the generation that
 replaces rank 1, so that generation's group can never form. With --fault together (one node),
 ranks 1 and 2 instead crash as the same step begins: the agent reaps them in one batch or apart,
-as they exit. The two builds alternate (A B A B ...):
+as they exit. With --torch PYTHON the job is examples/torch/elastic_train.py under that
+interpreter (dist_launch.elastic, gloo, three workers, --steps steps with --step-ms of pause each):
+rank 1 crashes halfway, and rank 2 is SIGKILLed as soon as the agent reports rank 1's failure,
+while rank 1's replacement is starting (torch to import). The two builds alternate (A B A B ...):
   A, --baseline: a build from before folds, whose agent restarts the whole group (the workers
      start again from step 0: dist-inplace-worker keeps no checkpoint);
   B, --build: the second failure is folded into the recovery under way (a later generation
@@ -22,7 +26,9 @@ how many ended with every rank at the digest of the uninterrupted run.
 """
 import argparse
 import os
+import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -77,6 +83,80 @@ def run_job(build, nodes, worker_args, world):
         shutil.rmtree(out, ignore_errors=True)
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+ELASTIC_TRAIN = os.path.join(HERE, "..", "examples", "torch", "elastic_train.py")
+
+
+def run_torch_job(build, python, steps, step_ms, faulted):
+    """The torch job (faulted: rank 1 crashing halfway, rank 2 killed once that is reported):
+    wall seconds, how it was recovered, and every rank's final digest."""
+    cmd = [os.path.join(build, "bin", "dist-launch"), "--nproc-per-node", "3", "--max-restarts",
+           "2", "--restart-policy", "in-place", ELASTIC_TRAIN, "--steps", str(steps),
+           "--pause-ms", str(step_ms)]
+    if faulted:
+        cmd += ["--crash-at-step", str(steps // 2)]
+    env = dict(os.environ, PYTHON_EXEC=python, GLOO_SOCKET_IFNAME="lo")
+    began = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines, pids, killed = [], {}, False
+    for line in proc.stdout:
+        lines.append(line)
+        m = re.search(r"rank (\d+) pid (\d+) started \(generation 0\)", line)
+        if m:
+            pids[int(m.group(1))] = int(m.group(2))
+        if faulted and not killed and "worker 1 (local rank 1, pid" in line:
+            os.kill(pids[2], signal.SIGKILL)
+            killed = True
+    code = proc.wait(timeout=600)
+    wall = time.monotonic() - began
+    out = "".join(lines)
+    if code != 0:
+        sys.exit("a job failed:\n" + out)
+    if "restarting the worker group" in out:
+        path = "restart"
+    elif "which it supersedes" in out:
+        path = "folded"
+    else:
+        path = "one generation" if faulted else "none"
+    digests = re.findall(rf"rank \d+ pid \d+ generation \d+ steps {steps} digest (\w+)", out)
+    if len(digests) != 3:
+        sys.exit("not every rank finished:\n" + out)
+    return wall, path, digests
+
+
+def torch_main(args):
+    builds = {"baseline": args.baseline, "this build": args.build}
+    clean = {name: [] for name in builds}
+    results = {name: [] for name in builds}
+    for run in range(args.runs):
+        for name, build in builds.items():  # interleaved: A B A B ..., each uninterrupted first
+            clean_wall, _, clean_digests = run_torch_job(build, args.torch, args.steps,
+                                                         args.step_ms, False)
+            clean[name].append(clean_wall)
+            wall, path, digests = run_torch_job(build, args.torch, args.steps, args.step_ms, True)
+            results[name].append((wall, path, all(d == clean_digests[0] for d in digests)))
+            print(f"run {run + 1} {name}: {wall:.2f} s ({path})", flush=True)
+    print(f"\ntorch ({args.torch}), 3 workers, {args.steps} steps with {args.step_ms} ms of pause, "
+          f"rank 1 crashing at step {args.steps // 2}, rank 2 killed during its recovery; "
+          f"{args.runs} runs each, interleaved")
+    report(results, clean)
+
+
+def report(results, clean):
+    print("| build | uninterrupted s, median | with the two failures s, median (min-max) | ETTR | "
+          "group restart / one generation / folded | runs at the clean digest |")
+    print("|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        walls = [r[0] for r in rows]
+        median, clean_median = statistics.median(walls), statistics.median(clean[name])
+        paths = " / ".join(str(sum(r[1] == p for r in rows))
+                           for p in ("restart", "one generation", "folded"))
+        print(f"| {name} | {clean_median:.2f} | {median:.2f} ({min(walls):.2f}-{max(walls):.2f}) "
+              f"| {clean_median / median:.2f} | {paths} | {sum(r[2] for r in rows)} of "
+              f"{len(rows)} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default="build")
@@ -86,7 +166,11 @@ def main():
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--step-ms", type=int, default=10)
     parser.add_argument("--fault", choices=("fold", "together"), default="fold")
+    parser.add_argument("--torch", metavar="PYTHON",
+                        help="the torch job (dist_launch.elastic) under this interpreter")
     args = parser.parse_args()
+    if args.torch:
+        return torch_main(args)
     if args.fault == "together" and args.nodes != "one":
         parser.error("--fault together needs --nodes one (ranks 1 and 2 on one agent)")
     world = 3 if args.nodes == "one" else 4
@@ -110,17 +194,7 @@ def main():
             print(f"run {run + 1} {name}: {wall:.2f} s ({path})", flush=True)
     print(f"\n{args.nodes} node(s), {world} workers, {args.steps} steps of {args.step_ms} ms, "
           f"{said}; {args.runs} runs each, interleaved")
-    print("| build | uninterrupted s, median | with the two failures s, median (min-max) | ETTR | "
-          "group restart / one generation / folded | runs at the clean digest |")
-    print("|---|---|---|---|---|---|")
-    for name, rows in results.items():
-        walls = [r[0] for r in rows]
-        median, clean_median = statistics.median(walls), statistics.median(clean[name])
-        paths = " / ".join(str(sum(r[1] == p for r in rows))
-                           for p in ("restart", "one generation", "folded"))
-        print(f"| {name} | {clean_median:.2f} | {median:.2f} ({min(walls):.2f}-{max(walls):.2f}) "
-              f"| {clean_median / median:.2f} | {paths} | {sum(r[2] for r in rows)} of "
-              f"{len(rows)} |")
+    report(results, clean)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,13 @@ same way: the watcher aborts the collective in flight when the agents publish th
 generation, the function runs again in the larger world from the committed state, and the
 newcomer's workers start as that generation and receive the state, as a replacement does.
 
+A peer failing while the group rebuilds itself (over gloo) is folded into the recovery: the agent
+publishes a later generation that replaces both, and every rank gives up the set-up under way
+(its store connection and its peers' are shut down when that generation appears: torch 2.x prints
+a warning with a C++ stack for the store's) and joins the later one; the survivors restore their
+commit again first. A rank whose set-up failed waits FOLD_WAIT (10 s) for such a generation, then
+the error stands. NCCL groups cannot give their set-up up: their jobs restart the group instead.
+
 A rank that neither catches the failure nor leaves the failed group once the next generation is
 published (the watcher has shut the group's connections down) while its process stays idle for
 DIST_LAUNCH_STUCK_COLLECTIVE_S (10 s) is stuck in a collective that will not end: gloo does not
@@ -220,6 +227,13 @@ class _Group:
     def generation_key(self, generation: int) -> str:
         return f"{self.prefix}gen/{generation}"
 
+    def say_follows_folds(self) -> None:
+        """Tells the agent that this rank follows a generation that supersedes the one it sets
+        up (the contract's fold/<rank>): over gloo it does (_settle_in); an NCCL group's set-up
+        cannot be given up. Said again under a new rank after a regroup."""
+        if self.backend == "gloo":
+            self.store.set(f"{self.prefix}fold/{self.rank}", "1")
+
     def init(self, **kwargs) -> None:
         """torch's init_process_group, noting the sockets it opened (the group's)."""
         import torch.distributed as dist
@@ -233,9 +247,13 @@ class _Group:
             self.sockets = set(_socket_inodes()) - before
 
     def join(self, generation: int) -> None:
-        """Builds generation `generation`'s process group (its keys apart from every other's)."""
+        """Builds generation `generation`'s process group (its keys apart from every other's),
+        over a store connection of its own: a set-up that a later generation supersedes is ended
+        by shutting down what it opened, that connection too (_Superseded)."""
         import torch.distributed as dist
-        store = dist.PrefixStore(f"{self.group_prefix}gen_{generation}/", self.store)
+        self.store  # (the shared one first: not the group's)
+        store = dist.PrefixStore(f"{self.group_prefix}gen_{generation}/",
+                                 self._connect(self.timeout))
         self.init(store=store, rank=self.rank, world_size=self.world_size)
         with self.changed:
             self.generation = generation
@@ -358,15 +376,15 @@ class _Group:
         return torch.device("cpu")
 
 
-def _shut_down(inodes) -> None:
+def _shut_down(inodes, store_too: bool = False) -> None:
     """Shuts down for reading (without closing: they are not ours to close) the connections to
     the peers among the sockets with these inodes: whatever of this process waits on them wakes
     with an error. Not for writing: gloo's tcp pair queues a send whose write fails (EPIPE, or a
     reset from a peer that closed its socket) and never fails it, nor the collective around it,
     which waits out the group's timeout (a 2-rank barrier loop under load: 10 of 60 stuck with
     SHUT_RDWR, none of 60 with SHUT_RD). A listening socket (gloo aborts when its accept fails)
-    and a connection to the store are left alone."""
-    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    is left alone, and so is a connection to the store unless `store_too`."""
+    store_port = -1 if store_too else int(os.environ.get("MASTER_PORT", "0"))
     current = _socket_inodes()
     for inode in inodes:
         fd = current.get(inode)
@@ -536,12 +554,13 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
     # of each recovery (which frees the failed group's DDP) skips it: 0.2 s less of the
     # survivors' stall with torch 2.x.
     gc.freeze()
+    g.say_follows_folds()
     if g.generation == 0:
         return g.init(init_method="env://")
     # Here (imports done, the lazy ones too): a regroup's generation is published once every rank
     # of the new world is, so that the running workers train on while this one starts.
     g.store.set(f"{g.generation_key(g.generation)}/arrived/{g.rank}", "1")
-    return g.join(g.generation)
+    _settle_in(g, None, g.generation)
 
 
 class State(abc.ABC):
@@ -853,11 +872,137 @@ def _take_new_rank(g: _Group, generation: int) -> None:
     _say(f"rank {g.rank} is rank {offset + local_rank} of {world} from generation {generation} "
          f"(the job regrouped in round {regroup_round})")
     g.rank, g.world_size = offset + local_rank, world
+    g.say_follows_folds()
     # What the script reads of its place follows (torch's own get_rank() does, from the group).
     os.environ.update(RANK=str(g.rank), WORLD_SIZE=str(world), GROUP_RANK=str(node_rank),
                       ROLE_RANK=str(g.rank), ROLE_WORLD_SIZE=str(world))
     if match.group(3):
         os.environ["GROUP_WORLD_SIZE"] = match.group(3)
+
+
+# How long a rank whose set-up of a generation failed (a peer's connection closed) waits for the
+# generation the agent folds that peer's failure into, before the error stands (the SDK's
+# kFoldWait).
+FOLD_WAIT = datetime.timedelta(seconds=10)
+
+
+class _Superseded:
+    """While this rank sets up generation `generation` (its group, then the root's state), a
+    watch on a connection of its own for the generation after it: the agent publishes one when
+    it folds a failure into this recovery (a peer died before the group formed, and the set-up
+    would wait for it for the group's timeout). Then what the set-up opened since it began (its
+    store connection, its peers') is shut down for reading, and the set-up fails at once. One
+    wait it cannot end: gloo's listening side of a pair whose peer died between publishing its
+    address and connecting (the group's timeout, then the group restarts)."""
+
+    def __init__(self, g: _Group, generation: int):
+        self.g, self.generation = g, generation
+        self.fired = False
+        self._over = threading.Event()
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        self._waiter = _GenerationWaiter(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        self._before = set(_socket_inodes())  # its own connection among them: left alone
+        self._thread = threading.Thread(target=self._watch, name="dist_launch.elastic fold",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        try:
+            self._waiter.wait(self.g.generation_key(self.generation + 1))
+        except OSError:  # the set-up is over (__exit__), or the store is gone
+            return
+        # Superseded: until the set-up gives up, what it has opened and opens next (it may not
+        # have begun yet) is shut down.
+        while True:
+            with self._lock:
+                if self._over.is_set():
+                    return
+                self.fired = True
+                _shut_down(set(_socket_inodes()) - self._before, store_too=True)
+            if self._over.wait(0.05):
+                return
+
+    def __exit__(self, *_):
+        with self._lock:
+            self._over.set()
+        self._waiter.wake()
+        self._thread.join()
+        self._waiter.close()
+        return False
+
+
+def _settle_in(g: _Group, state: State | None, generation: int, joined: bool = False):
+    """Builds generation `generation`'s group (unless `joined`) and, with a `state`, takes the
+    root's; returns the root. A set-up that a later generation supersedes (_Superseded), or that
+    fails while one comes within FOLD_WAIT (the agent folded a peer's failure into this
+    recovery), is given up for that one, as often as it comes; a survivor restores its last
+    commit again first (a broadcast cut short may have written part of the root's state)."""
+    import torch.distributed as dist
+    while True:
+        later = _generation_to_follow(g, generation, True)  # superseded before it began
+        if later is not None:
+            _say(f"rank {g.rank}: generation {generation} was superseded before its set-up "
+                 f"began; joining generation {later} (a failure folded into the recovery)")
+            _follow(g, state, generation, later)
+            generation, joined = later, False
+            continue
+        guard = _Superseded(g, generation)
+        try:
+            with guard:
+                if not joined:
+                    g.join(generation)
+                return _synchronize(g, state) if state is not None else None
+        except Exception as error:  # noqa: BLE001 (followed only when a later generation comes)
+            later = _generation_to_follow(g, generation, guard.fired)
+            if later is None:
+                raise
+            _say(f"rank {g.rank}: generation {generation}'s group did not form "
+                 f"({_first_line(error)}); joining generation {later}, which supersedes it (a "
+                 f"failure folded into the recovery)")
+        _follow(g, state, generation, later)
+        generation, joined = later, False
+
+
+def _follow(g: _Group, state: State | None, generation: int, later: int) -> None:
+    """Leaves what is left of generation `generation`'s set-up for generation `later`."""
+    import torch.distributed as dist
+    with g.changed:  # (the watcher: this rank has left that group, and is recovering)
+        g.recovering = True
+        g.left_failed_group = True
+        g.changed.notify_all()
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 (a group that never formed)
+            pass
+    # torch names each group (and, 1.13, its store barrier's key) by how many this process
+    # made since its default group was last destroyed, and counts a set-up cut short before
+    # that group existed: the next one must be named as every other rank's is.
+    if hasattr(dist.distributed_c10d, "_group_count"):
+        dist.distributed_c10d._group_count = 0
+    for following in range(generation + 1, later + 1):
+        _take_new_rank(g, following)
+    if g.has_state and state is not None:
+        state.restore()
+
+
+def _generation_to_follow(g: _Group, generation: int, superseded: bool) -> int | None:
+    """The latest generation, once the counter has passed `generation` (at once when it was
+    superseded; else within FOLD_WAIT); None when none came."""
+    deadline = time.monotonic() + (0 if superseded else FOLD_WAIT.total_seconds())
+    while True:
+        try:
+            latest = int(g.store.add(f"{g.prefix}generation", 0))
+        except Exception:  # noqa: BLE001 (the store went with the job: the error stands)
+            return None
+        if latest > generation:
+            return latest
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 def _recover(g: _Group, state: State, error: BaseException) -> None:
@@ -901,10 +1046,9 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
         _take_new_rank(g, generation)
     marks.append(("generation", time.monotonic()))
     state.restore()
-    g.join(latest)
+    root = _settle_in(g, state, latest)
     del failed_group  # every peer has left it: it closes now
-    marks.append(("group", time.monotonic()))
-    root = _synchronize(g, state)
+    marks.append(("group and state", time.monotonic()))
     if g.rank == root:  # the agent's word that the group is whole again
         g.store.set(f"{g.prefix}gen/{g.generation}/recovered",
                     f"root={root} wall_ns={time.time_ns()} {state.describe()}".strip())
@@ -948,7 +1092,7 @@ def run(func):
         g.watch()
         if not g.has_state:  # a replacement: the survivors' state first
             began = time.monotonic()
-            root = _synchronize(g, state)
+            root = _settle_in(g, state, g.generation, joined=True)
             state.on_reset()
             _say(f"rank {g.rank} joined generation {g.generation} as a replacement: state from "
                  f"rank {root} ({state.describe()}) in "

@@ -246,6 +246,52 @@ class InPlace(unittest.TestCase):
             for got, want in zip(run.weights[rank], self.baseline_weights[4]):
                 self.assertLess(abs(got - want), 1e-4 * abs(want), (rank, run.weights))
 
+    def test_a_failure_during_the_recovery_is_folded_into_it(self):
+        # Rank 1 crashes; rank 2 is killed as soon as that is seen, while rank 1's replacement
+        # (torch to import) is starting and rank 0 waits in generation 1's set-up for both. The
+        # agent folds rank 2's failure into the recovery: generation 2 replaces both, rank 0 gives
+        # generation 1's set-up up for it (before: the whole group restarted).
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        cmd = [ARGS.launcher, "--nproc-per-node", "3", "--restart-policy", "in-place",
+               "--max-restarts", "2", SCRIPT, "--steps", STEPS, "--pause-ms", "100",
+               "--crash-at-step", "12"]
+        agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+        self.addCleanup(agent.stdout.close)
+        self.addCleanup(agent.wait)
+        self.addCleanup(agent.kill)
+        lines, pids = [], {}
+        for line in agent.stdout:
+            lines.append(line)
+            m = re.search(r"rank (\d+) pid (\d+) started", line)
+            if m:
+                pids[int(m.group(1))] = int(m.group(2))
+            if "worker 1 (local rank 1, pid" in line:
+                os.kill(pids[2], signal.SIGKILL)
+                break
+        lines.extend(agent.stdout)
+        self.assertEqual(agent.wait(timeout=180), 0, "".join(lines))
+        run = Run(subprocess.CompletedProcess([], 0, "".join(lines), ""))
+        self.assertIn("folded into the recovery under way (generation 1, which it supersedes: "
+                      "ranks 1,2 replaced)", run.out)
+        self.assertNotIn("restarting", run.out)
+        # Rank 1's replacement started as generation 1 and followed to 2 (rank 0 may have read
+        # the counter past 1 before it began, and joined 2 at once).
+        self.assertRegex(run.out, r"rank 1: generation 1('s group did not form \(.*\); joining "
+                                  r"generation 2, which supersedes it| was superseded before its "
+                                  r"set-up began; joining generation 2)")
+        self.assertRegex(run.out, r"rank 0 recovered in place: generation 2")
+        self.assertEqual(run.pids[0], [pids[0]], run.out)
+        self.assertEqual(run.ends[0][0], pids[0], run.out)
+        for rank in (1, 2):
+            self.assertEqual(run.ends[rank][0], run.pids[rank][-1], run.out)
+        self.assertEqual(len(set(run.digests().values())), 1, run.out)
+        self.assertEqual(len(run.digests()), 3, run.out)
+        self.baseline(3)
+        for rank in range(3):
+            for got, want in zip(run.weights[rank], self.baseline_weights[3]):
+                self.assertLess(abs(got - want), 1e-4 * abs(want), (rank, run.weights))
+
     def test_the_workers_store_keeps_no_keys_of_past_generations(self):
         # Rank 1 and each replacement crash every 4 steps: seven recoveries in one job. Each
         # generation's torch process group leaves its keys in the workers' store (gloo's

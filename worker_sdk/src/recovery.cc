@@ -171,14 +171,20 @@ InPlaceRecovery::InPlaceRecovery(Distributed& dist, RecoveryOptions options)
   if (!enabled()) return;
   prefix_ = contract::generation_prefix(dist.env.run_id, dist.env.restart_count);
   store_ = std::make_unique<store::StoreClient>(connect_store(dist.env));
-  if (detail::follows_folds(dist.env, options_.backend)) {  // the agent may fold a failure
-    store_->set(contract::fold_key(prefix_, dist.env.rank), "1");
-  }
+  say_follows_folds();
   // A regroup asked before this process started (it is a newcomer's, or a replacement) is not
   // this rank's to follow: it starts in the group that regroup made.
   if (const detail::Slot* slot = detail::progress_slot()) {
     regroup_seen_ = slot->regroup_round.load();
     watcher_ = std::thread([this] { watch(); });
+  }
+}
+
+// The agent may fold a failure into a recovery when every rank's worker follows a later
+// generation (worker_contract.h, fold/<rank>): this one says so, under its rank.
+void InPlaceRecovery::say_follows_folds() {
+  if (detail::follows_folds(dist_.env, options_.backend)) {
+    store_->set(contract::fold_key(prefix_, dist_.env.rank), "1");
   }
 }
 
@@ -425,6 +431,7 @@ void InPlaceRecovery::take_new_rank(int generation) {
       std::to_string(round) + ")");
   dist_.env.rank = new_offset + dist_.env.local_rank;
   dist_.env.world_size = world;
+  say_follows_folds();  // under the new rank
 }
 
 // Generation `generation`'s group (`built`: init() or an earlier call built it) and the root's

@@ -13,8 +13,8 @@ namespace {
 
 // Why a failure is not folded into the recovery under way.
 constexpr const char* kNotEveryWorkerFollows =
-    "not every worker can follow a later generation (they do with the SDK's InPlaceRecovery over "
-    "Gloo)";
+    "not every worker can follow a later generation (they do over Gloo, with the SDK's "
+    "InPlaceRecovery or dist_launch.elastic)";
 constexpr const char* kNoStateLeft = "no worker that kept its state would be left";
 
 // How long a claim that found another node's replacement under way waits for that generation's

@@ -101,8 +101,9 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";         // --local-addr:
 //                     whose set-up of g fails or sees the counter pass g give it up and join the
 //                     latest generation; the agent that waited for g waits for g+1.
 //   fold/<rank>       "1": rank `rank`'s worker follows such a generation (the SDK's recovery
-//                     over Gloo writes it as it starts; dist_launch.elastic does not): without
-//                     every rank's, the failure restarts the whole group as before.
+//                     and dist_launch.elastic write it over Gloo as they start, and again under
+//                     a rank a regroup gave them; NCCL groups do not): without every rank's, the
+//                     failure restarts the whole group as before.
 // Generation g's process group keeps its keys under "sdk/<run id>/attempt_<restart>/gen_<g>/"
 // (generation 0: "sdk/<run id>/attempt_<restart>/"), so no key of a previous generation is read.
 // Once generation g recovered, the agent deletes the keys of the generations before it (gen/<h>

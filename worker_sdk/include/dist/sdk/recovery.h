@@ -163,6 +163,7 @@ class InPlaceRecovery {
   void forget_generation_keys();
   void release_group();
   void take_new_rank(int generation);
+  void say_follows_folds();
   std::chrono::milliseconds generation_timeout() const;  // RecoveryOptions'
   void settle_in(int generation, bool built);
   void rebuild_group(int generation);

@@ -89,7 +89,7 @@ ELASTIC_TRAIN = os.path.join(HERE, "..", "examples", "torch", "elastic_train.py"
 
 def run_torch_job(build, python, steps, step_ms, faulted):
     """The torch job (faulted: rank 1 crashing halfway, rank 2 killed once that is reported):
-    wall seconds, how it was recovered, and every rank's final digest."""
+    wall seconds, how it was recovered, and every rank's final weights (sum, sum of squares)."""
     cmd = [os.path.join(build, "bin", "dist-launch"), "--nproc-per-node", "3", "--max-restarts",
            "2", "--restart-policy", "in-place", ELASTIC_TRAIN, "--steps", str(steps),
            "--pause-ms", str(step_ms)]
@@ -119,10 +119,17 @@ def run_torch_job(build, python, steps, step_ms, faulted):
         path = "folded"
     else:
         path = "one generation" if faulted else "none"
-    digests = re.findall(rf"rank \d+ pid \d+ generation \d+ steps {steps} digest (\w+)", out)
-    if len(digests) != 3:
+    weights = [(float(a), float(b)) for a, b in
+               re.findall(r"rank \d+ weights sum (\S+) sumsq (\S+)", out)]
+    if len(weights) != 3:
         sys.exit("not every rank finished:\n" + out)
-    return wall, path, digests
+    return wall, path, weights
+
+
+def same_weights(got, want):
+    """Within rounding: three ranks sum a gradient in an order the rebuilt DDP may change (a
+    step applied twice or skipped moves them by about 1e-2 of their size)."""
+    return all(abs(g - w) <= 1e-4 * abs(w) for g, w in zip(got, want))
 
 
 def torch_main(args):
@@ -131,21 +138,22 @@ def torch_main(args):
     results = {name: [] for name in builds}
     for run in range(args.runs):
         for name, build in builds.items():  # interleaved: A B A B ..., each uninterrupted first
-            clean_wall, _, clean_digests = run_torch_job(build, args.torch, args.steps,
+            clean_wall, _, clean_weights = run_torch_job(build, args.torch, args.steps,
                                                          args.step_ms, False)
             clean[name].append(clean_wall)
-            wall, path, digests = run_torch_job(build, args.torch, args.steps, args.step_ms, True)
-            results[name].append((wall, path, all(d == clean_digests[0] for d in digests)))
+            wall, path, weights = run_torch_job(build, args.torch, args.steps, args.step_ms, True)
+            results[name].append((wall, path, all(same_weights(w, clean_weights[0])
+                                                  for w in weights)))
             print(f"run {run + 1} {name}: {wall:.2f} s ({path})", flush=True)
     print(f"\ntorch ({args.torch}), 3 workers, {args.steps} steps with {args.step_ms} ms of pause, "
           f"rank 1 crashing at step {args.steps // 2}, rank 2 killed during its recovery; "
           f"{args.runs} runs each, interleaved")
-    report(results, clean)
+    report(results, clean, "runs at the clean weights (within 1e-4)")
 
 
-def report(results, clean):
+def report(results, clean, correct="runs at the clean digest"):
     print("| build | uninterrupted s, median | with the two failures s, median (min-max) | ETTR | "
-          "group restart / one generation / folded | runs at the clean digest |")
+          f"group restart / one generation / folded | {correct} |")
     print("|---|---|---|---|---|---|")
     for name, rows in results.items():
         walls = [r[0] for r in rows]

@@ -395,10 +395,14 @@ def _shut_down(inodes, store_too: bool = False) -> None:
         except OSError:
             continue
         try:
-            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-            if not listening and sock.getpeername()[1] != store_port:
+            # (TCP connections only: gloo's and the store's; a Unix socket of the script's is
+            # not a peer, and its peer name is no address.)
+            tcp = sock.family in (socket.AF_INET, socket.AF_INET6) and \
+                sock.type == socket.SOCK_STREAM
+            listening = tcp and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            if tcp and not listening and sock.getpeername()[1] != store_port:
                 sock.shutdown(socket.SHUT_RD)
-        except OSError:
+        except (OSError, IndexError, ValueError):
             pass
         finally:
             sock.detach()
@@ -939,8 +943,13 @@ def _settle_in(g: _Group, state: State | None, generation: int, joined: bool = F
     root's; returns the root. A set-up that a later generation supersedes (_Superseded), or that
     fails while one comes within FOLD_WAIT (the agent folded a peer's failure into this
     recovery), is given up for that one, as often as it comes; a survivor restores its last
-    commit again first (a broadcast cut short may have written part of the root's state)."""
+    commit again first (a broadcast cut short may have written part of the root's state). NCCL
+    groups do not follow (say_follows_folds): their set-up is as before, its error the job's."""
     import torch.distributed as dist
+    if g.backend != "gloo":
+        if not joined:
+            g.join(generation)
+        return _synchronize(g, state) if state is not None else None
     while True:
         later = _generation_to_follow(g, generation, True)  # superseded before it began
         if later is not None:
@@ -956,7 +965,10 @@ def _settle_in(g: _Group, state: State | None, generation: int, joined: bool = F
                     g.join(generation)
                 return _synchronize(g, state) if state is not None else None
         except Exception as error:  # noqa: BLE001 (followed only when a later generation comes)
-            later = _generation_to_follow(g, generation, guard.fired)
+            # (An error of the rank's own, not a peer's, is no fold's: it stands at once.)
+            later = None
+            if guard.fired or _is_peer_failure(error):
+                later = _generation_to_follow(g, generation, guard.fired)
             if later is None:
                 raise
             _say(f"rank {g.rank}: generation {generation}'s group did not form "

@@ -204,9 +204,11 @@ class InPlace(unittest.TestCase):
         # one generation replaces both (torch's survivors cannot follow a later one, so a fold
         # would not do: before, "2 workers failed at once" restarted the whole group).
         env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        # (--in-place-timeout bounds a recovery that does not come: a group restart, not a
+        # test that hangs.)
         cmd = [ARGS.launcher, "--nproc-per-node", "4", "--restart-policy", "in-place",
-               "--max-restarts", "2", SCRIPT, "--steps", STEPS, "--pause-ms", "100",
-               "--timestamps"]
+               "--max-restarts", "2", "--in-place-timeout", "60", SCRIPT, "--steps", STEPS,
+               "--pause-ms", "100", "--timestamps"]
         agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)
         self.addCleanup(agent.stdout.close)
@@ -252,9 +254,11 @@ class InPlace(unittest.TestCase):
         # agent folds rank 2's failure into the recovery: generation 2 replaces both, rank 0 gives
         # generation 1's set-up up for it (before: the whole group restarted).
         env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        # (--in-place-timeout bounds a recovery that does not come: a group restart, not a
+        # test that hangs.)
         cmd = [ARGS.launcher, "--nproc-per-node", "3", "--restart-policy", "in-place",
-               "--max-restarts", "2", SCRIPT, "--steps", STEPS, "--pause-ms", "100",
-               "--crash-at-step", "12"]
+               "--max-restarts", "2", "--in-place-timeout", "60", SCRIPT, "--steps", STEPS,
+               "--pause-ms", "100", "--crash-at-step", "12"]
         agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)
         self.addCleanup(agent.stdout.close)

@@ -623,9 +623,16 @@ TEST_F(InPlace, EveryReplacementCountsAgainstMaxRestarts) {
   const std::vector<std::string> twice = {"--steps", "20", "--crash", "1:5", "--crash", "1:12:1"};
   std::string output;
   EXPECT_EQ(run("one", 2, 1, twice, &output), 3) << "one restart: the second failure ends the job";
-  EXPECT_NE(output.find("worker 1 failed: no restart left (--max-restarts 1, 1 used in place)"),
-            std::string::npos)
-      << output;
+  // The replacement fails seven steps into generation 1: on a slow machine (TSan) that can come
+  // before the agent has heard that generation 1 recovered, a failure during the recovery.
+  const bool after = output.find(
+                         "worker 1 failed: no restart left (--max-restarts 1, 1 used in "
+                         "place)") != std::string::npos;
+  const bool during = output.find(
+                          "worker 1 failed during the in-place recovery of worker 1 "
+                          "(generation 1): no restart left (--max-restarts 1, 1 used in "
+                          "place)") != std::string::npos;
+  EXPECT_TRUE(after || during) << output;
   EXPECT_NE(output.find("dist-inplace-worker FAILED"), std::string::npos) << output;
   EXPECT_NE(output.find("Replaced in place before (the job went on):"), std::string::npos)
       << output;

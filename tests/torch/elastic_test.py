@@ -162,16 +162,48 @@ class InPlace(unittest.TestCase):
         if bit_identical:
             self.assertEqual(run.digests(), {r: self.baseline(nproc) for r in range(nproc)},
                              run.out)
-        else:  # the replicas equal each other, and the uninterrupted run's but for rounding
-            self.assertEqual(len(run.digests()), nproc, run.out)
-            self.assertEqual(len(set(run.digests().values())), 1, run.out)
-            self.baseline(nproc)
-            expected = self.baseline_weights[nproc]
-            for rank in range(nproc):
-                for got, want in zip(run.weights[rank], expected):
-                    # A summation order moves the last digits; a step applied twice or skipped
-                    # moves them by about 1e-2 of their size (lr 0.05).
-                    self.assertLess(abs(got - want), 1e-4 * abs(want), (rank, run.weights, expected))
+        else:
+            self.check_near_baseline(run, nproc)
+
+    def check_near_baseline(self, run, nproc):
+        """The replicas equal each other, and the uninterrupted run's weights but for rounding."""
+        self.assertEqual(len(run.digests()), nproc, run.out)
+        self.assertEqual(len(set(run.digests().values())), 1, run.out)
+        self.baseline(nproc)
+        expected = self.baseline_weights[nproc]
+        for rank in range(nproc):
+            for got, want in zip(run.weights[rank], expected):
+                # A summation order moves the last digits; a step applied twice or skipped moves
+                # them by about 1e-2 of their size (lr 0.05).
+                self.assertLess(abs(got - want), 1e-4 * abs(want), (rank, run.weights, expected))
+
+    def launch_with_fault(self, nproc, script_args, when, fault):
+        """A job of `nproc` workers in place whose output is read as it comes: at the first line
+        for which `when(line)` is true, `fault(agent's pid, pids)` runs (pids: each rank's first
+        process).
+        Returns the Run (the job must exit 0) and those pids. --in-place-timeout bounds a recovery
+        that does not come: a group restart, not a test that hangs."""
+        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
+        cmd = [ARGS.launcher, "--nproc-per-node", str(nproc), "--restart-policy", "in-place",
+               "--max-restarts", "2", "--in-place-timeout", "60", SCRIPT, "--steps", STEPS,
+               "--pause-ms", "100", *script_args]
+        agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True)
+        self.addCleanup(agent.stdout.close)
+        self.addCleanup(agent.wait)
+        self.addCleanup(agent.kill)
+        lines, pids = [], {}
+        for line in agent.stdout:
+            lines.append(line)
+            m = re.search(r"rank (\d+) pid (\d+) started", line)
+            if m:
+                pids.setdefault(int(m.group(1)), int(m.group(2)))
+            if when(line):
+                fault(agent.pid, pids)
+                break
+        lines.extend(agent.stdout)
+        self.assertEqual(agent.wait(timeout=180), 0, "".join(lines))
+        return Run(subprocess.CompletedProcess([], 0, "".join(lines), "")), pids
 
     def test_a_killed_worker_is_replaced_and_training_ends_as_if_uninterrupted(self):
         run = self.launch(2, "--restart-policy", "in-place", "--max-restarts", "2",
@@ -201,32 +233,15 @@ class InPlace(unittest.TestCase):
 
     def test_two_workers_reaped_together_are_replaced_in_one_generation(self):
         # The agent held (SIGSTOP) while ranks 1 and 2 are SIGKILLed reaps both in one batch:
-        # one generation replaces both (torch's survivors cannot follow a later one, so a fold
-        # would not do: before, "2 workers failed at once" restarted the whole group).
-        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
-        # (--in-place-timeout bounds a recovery that does not come: a group restart, not a
-        # test that hangs.)
-        cmd = [ARGS.launcher, "--nproc-per-node", "4", "--restart-policy", "in-place",
-               "--max-restarts", "2", "--in-place-timeout", "60", SCRIPT, "--steps", STEPS,
-               "--pause-ms", "100", "--timestamps"]
-        agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-        self.addCleanup(agent.stdout.close)
-        self.addCleanup(agent.wait)
-        self.addCleanup(agent.kill)
-        lines, pids = [], {}
-        for line in agent.stdout:
-            lines.append(line)
-            m = re.search(r"rank (\d+) pid (\d+) started", line)
-            if m:
-                pids[int(m.group(1))] = int(m.group(2))
-            if re.search(r"rank 2 pid \d+ step 5 done", line):
-                break
-        self.assertEqual(set(pids), {0, 1, 2, 3}, "".join(lines))
-        reap_together(agent.pid, [pids[1], pids[2]])
-        lines.extend(agent.stdout)
-        self.assertEqual(agent.wait(timeout=180), 0, "".join(lines))
-        run = Run(subprocess.CompletedProcess([], 0, "".join(lines), ""))
+        # one generation replaces both (before: "2 workers failed at once" restarted the whole
+        # group).
+        def kill_both(agent, pids):
+            self.assertEqual(set(pids), {0, 1, 2, 3})
+            reap_together(agent, [pids[1], pids[2]])
+
+        run, pids = self.launch_with_fault(
+            4, ("--timestamps",), lambda line: re.search(r"rank 2 pid \d+ step 5 done", line),
+            kill_both)
         self.assertIn("generation 1 (restart 2 of 2) with ranks 1,2; ranks 0,3 keep running",
                       run.out)
         self.assertNotIn("restarting", run.out)
@@ -239,43 +254,16 @@ class InPlace(unittest.TestCase):
             self.assertEqual(run.pids[rank], [pids[rank]], run.out)
             self.assertEqual(run.ends[rank][0], pids[rank], run.out)
             self.assertRegex(run.out, rf"rank {rank} recovered in place: generation 1")
-        # Four ranks: the replicas equal each other, and the uninterrupted run's but for rounding
-        # (a step applied twice or skipped moves them by about 1e-2 of their size).
-        self.assertEqual(len(set(run.digests().values())), 1, run.out)
-        self.assertEqual(len(run.digests()), 4, run.out)
-        self.baseline(4)
-        for rank in range(4):
-            for got, want in zip(run.weights[rank], self.baseline_weights[4]):
-                self.assertLess(abs(got - want), 1e-4 * abs(want), (rank, run.weights))
+        self.check_near_baseline(run, 4)  # four ranks: not to the bit (summation order)
 
     def test_a_failure_during_the_recovery_is_folded_into_it(self):
         # Rank 1 crashes; rank 2 is killed as soon as that is seen, while rank 1's replacement
         # (torch to import) is starting and rank 0 waits in generation 1's set-up for both. The
         # agent folds rank 2's failure into the recovery: generation 2 replaces both, rank 0 gives
         # generation 1's set-up up for it (before: the whole group restarted).
-        env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
-        # (--in-place-timeout bounds a recovery that does not come: a group restart, not a
-        # test that hangs.)
-        cmd = [ARGS.launcher, "--nproc-per-node", "3", "--restart-policy", "in-place",
-               "--max-restarts", "2", "--in-place-timeout", "60", SCRIPT, "--steps", STEPS,
-               "--pause-ms", "100", "--crash-at-step", "12"]
-        agent = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-        self.addCleanup(agent.stdout.close)
-        self.addCleanup(agent.wait)
-        self.addCleanup(agent.kill)
-        lines, pids = [], {}
-        for line in agent.stdout:
-            lines.append(line)
-            m = re.search(r"rank (\d+) pid (\d+) started", line)
-            if m:
-                pids[int(m.group(1))] = int(m.group(2))
-            if "worker 1 (local rank 1, pid" in line:
-                os.kill(pids[2], signal.SIGKILL)
-                break
-        lines.extend(agent.stdout)
-        self.assertEqual(agent.wait(timeout=180), 0, "".join(lines))
-        run = Run(subprocess.CompletedProcess([], 0, "".join(lines), ""))
+        run, pids = self.launch_with_fault(
+            3, ("--crash-at-step", "12"), lambda line: "worker 1 (local rank 1, pid" in line,
+            lambda agent, pids: os.kill(pids[2], signal.SIGKILL))
         self.assertIn("folded into the recovery under way (generation 1, which it supersedes: "
                       "ranks 1,2 replaced)", run.out)
         self.assertNotIn("restarting", run.out)
@@ -289,12 +277,7 @@ class InPlace(unittest.TestCase):
         self.assertEqual(run.ends[0][0], pids[0], run.out)
         for rank in (1, 2):
             self.assertEqual(run.ends[rank][0], run.pids[rank][-1], run.out)
-        self.assertEqual(len(set(run.digests().values())), 1, run.out)
-        self.assertEqual(len(run.digests()), 3, run.out)
-        self.baseline(3)
-        for rank in range(3):
-            for got, want in zip(run.weights[rank], self.baseline_weights[3]):
-                self.assertLess(abs(got - want), 1e-4 * abs(want), (rank, run.weights))
+        self.check_near_baseline(run, 3)
 
     def test_the_workers_store_keeps_no_keys_of_past_generations(self):
         # Rank 1 and each replacement crash every 4 steps: seven recoveries in one job. Each

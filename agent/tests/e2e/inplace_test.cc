@@ -1057,26 +1057,20 @@ TEST_F(InPlaceStaticNodes, AFailureWhileTheClaimIsInFlightIsQueuedThenFolded) {
   const auto codes = run_nodes("job", 2, worker, out, [&](auto& agents) {
     const long two = started_pid("job", 2), three = started_pid("job", 3);
     ASSERT_TRUE(two > 0 && three > 0) << agents[1]->output();
-    ASSERT_TRUE(dist::agent::testing::eventually(
-        [&] { return agents[1]->output().find("rank 3 step 5\n") != std::string::npos; }, 60s))
-        << agents[1]->output();
+    const auto node1_says = [&](const std::string& text, std::chrono::seconds within) {
+      return dist::agent::testing::eventually(
+          [&] { return agents[1]->output().find(text) != std::string::npos; }, within);
+    };
+    ASSERT_TRUE(node1_says("rank 3 step 5\n", 60s)) << agents[1]->output();
     ::kill(agents[0]->pid(), SIGSTOP);  // node 1's claim waits for the job's store
     ::kill(static_cast<pid_t>(two), SIGKILL);
-    const bool claiming = dist::agent::testing::eventually(
-        [&] {
-          return agents[1]->output().find("worker 2 (local rank 0, pid") != std::string::npos;
-        },
-        30s);
+    const bool claiming = node1_says("worker 2 (local rank 0, pid", 30s);
     ::kill(static_cast<pid_t>(three), SIGKILL);
-    const bool queued = claiming && dist::agent::testing::eventually(
-                                        [&] {
-                                          return agents[1]->output().find(
-                                                     "worker 3 failed while this node's in-place "
-                                                     "recovery of worker 2 is being claimed: "
-                                                     "folded into it once its generation is "
-                                                     "out") != std::string::npos;
-                                        },
-                                        30s);
+    const bool queued =
+        claiming && node1_says(
+                        "worker 3 failed while this node's in-place recovery of worker 2 "
+                        "is being claimed: folded into it once its generation is out",
+                        30s);
     ::kill(agents[0]->pid(), SIGCONT);
     EXPECT_TRUE(claiming && queued) << agents[1]->output();
   });

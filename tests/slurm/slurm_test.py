@@ -47,6 +47,20 @@ def read_env(path):
         return dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
 
 
+def process_state(pid):
+    """The state letter of /proc/<pid>/stat (R, S, T, Z, ...); "" once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return ""
+
+
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def processes_with(marker):
     """Live processes whose environment holds `marker` (zombies have none to read)."""
     found = []
@@ -251,8 +265,17 @@ exit $((a | b))""")
         pids = [job.path("pid_0"), job.path("pid_1")]
         wait_until(lambda: all(os.path.exists(p) and os.path.getsize(p) > 0 for p in pids),
                    FILES_TIMEOUT_S, "both workers run")
+        agents = []
+        for p in pids:
+            with open(p) as f:
+                agents.append(parent_of(int(f.read())))
         self.assertEqual(CLUSTER.run(["scontrol", "suspend", job_id], 30).returncode, 0)
         wait_until(lambda: CLUSTER.job_state(job_id) == "SUSPENDED", 30, "the job is suspended")
+        # Slurm says SUSPENDED before its slurmd has stopped the processes (seconds later on a
+        # loaded machine, which once made the agents' stall shorter than they notice): the
+        # suspension is timed from when both agents are stopped.
+        wait_until(lambda: all(process_state(a) == "T" for a in agents), 30,
+                   "both agents are stopped")
         time.sleep(SUSPENDED_S)  # the suspension itself: longer than every timeout above
         self.assertEqual(CLUSTER.run(["scontrol", "resume", job_id], 30).returncode, 0)
         with open(job.path("go"), "w") as f:

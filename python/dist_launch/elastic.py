@@ -897,7 +897,9 @@ class _Superseded:
     would wait for it for the group's timeout). Then what the set-up opened since it began (its
     store connection, its peers') is shut down for reading, and the set-up fails at once. One
     wait it cannot end: gloo's listening side of a pair whose peer died between publishing its
-    address and connecting (the group's timeout, then the group restarts)."""
+    address and connecting (torch's gloo aborts the process when that accept fails, so its
+    listening socket is left alone, where the C++ SDK shuts its down: the job's
+    --in-place-timeout, then the group restarts)."""
 
     def __init__(self, g: _Group, generation: int):
         self.g, self.generation = g, generation

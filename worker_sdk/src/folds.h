@@ -1,10 +1,9 @@
 // Following an in-place recovery into the generation the agent folds a later failure into
 // (worker_contract.h: a worker died while the group rebuilt itself): a rank whose set-up of
 // generation g failed, or saw the generation counter pass g, joins the latest one.
-// The one wait the counter cannot end: Gloo's listening side of a pair waits for its peer's
-// connection for the group's timeout (the set-up's store waits are sliced, that one is Gloo's). A
-// peer that dies between publishing its address and connecting leaves it waiting that long, and
-// the agent then restarts the group; the window is that of a connect.
+// The set-up's store waits are sliced and ask the counter between slices; Gloo's own wait (its
+// listening side of a pair, for the peer's connection) is watched by a thread that asks instead
+// and ends it (gloo_group.cc: MeshWatch).
 #pragma once
 
 #include <chrono>

@@ -8,15 +8,19 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -61,6 +65,15 @@ void wait_unless_superseded(store::StoreClient& store, const std::vector<std::st
   }
 }
 
+// Fault injection for the recovery tests: with DIST_SDK_FAULT=exit-after-publishing in its
+// environment, a process exits (code 6) as soon as Gloo has published its rank's addresses, before
+// it connects to any peer: a peer dying in the one window of a set-up that nothing else can place
+// (each survivor on the listening side of its pair then waits for a connection that never comes).
+bool exit_after_publishing() {
+  const char* fault = std::getenv("DIST_SDK_FAULT");
+  return fault != nullptr && std::string_view(fault) == "exit-after-publishing";
+}
+
 // Gloo's rendezvous (each rank publishes its address, reads everyone's) through our store.
 class StoreAdapter : public gloo::rendezvous::Store {
  public:
@@ -74,6 +87,13 @@ class StoreAdapter : public gloo::rendezvous::Store {
   void set(const std::string& key, const std::vector<char>& data) override {
     client_.set(prefix_ + key, std::string(data.begin(), data.end()));
     written_.push_back(prefix_ + key);
+    // (Gloo sets two keys: "rank_<rank>", this rank's host, then "<rank>", its addresses.)
+    if (key.find_first_not_of("0123456789") == std::string::npos && exit_after_publishing()) {
+      static constexpr char kLine[] =
+          "dist-sdk: exiting after publishing this rank's addresses (DIST_SDK_FAULT)\n";
+      [[maybe_unused]] const auto written = ::write(STDERR_FILENO, kLine, sizeof kLine - 1);
+      std::_Exit(6);
+    }
   }
   std::vector<char> get(const std::string& key) override {
     if (superseded_) wait({key}, timeout_);  // (in slices: the GET's own wait is one)
@@ -99,6 +119,74 @@ class StoreAdapter : public gloo::rendezvous::Store {
   std::vector<std::string> written_;
   std::chrono::milliseconds timeout_;
   std::function<bool()> superseded_;
+};
+
+// While Gloo connects the mesh: a watch, on a thread of its own, for a later generation
+// (GlooOptions::superseded). Gloo's listening side of a pair waits for its peer's connection (five
+// times the group's timeout) with no slice to ask in, so a peer that died between publishing its
+// addresses and connecting left the set-up waiting that long, and the agent restarted the group.
+// Once superseded, the TCP sockets this process opened since the set-up began (listening or
+// connected; not the store's) are shut down, again each kSupersededPoll until the set-up is
+// over: Gloo's loop fails the pair's wait at once (an accept on a listening socket shut down
+// fails). The first look comes one poll in: most set-ups are over by then and never ask.
+class MeshWatch {
+ public:
+  MeshWatch(std::function<bool()> superseded, std::uint16_t store_port)
+      : superseded_(std::move(superseded)), store_port_(store_port) {
+    for (const auto& socket : detail::tcp_sockets(store_port_)) before_.push_back(socket.inode);
+    thread_ = std::thread([this] { watch(); });
+  }
+  MeshWatch(const MeshWatch&) = delete;
+  MeshWatch& operator=(const MeshWatch&) = delete;
+  ~MeshWatch() {
+    {
+      std::lock_guard lock(mutex_);
+      over_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  // Whether a later generation was seen (the set-up's sockets shut down since).
+  bool fired() const { return fired_.load(); }
+  // For the set-up's store waits meanwhile: the watch's answer (the check's store connection is
+  // the watch's alone).
+  std::function<bool()> check() const {
+    return [this] { return fired(); };
+  }
+
+ private:
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, GlooOptions::kSupersededPoll, [this] { return over_; })) {
+      if (!fired_.load()) {
+        lock.unlock();
+        bool later = false;
+        try {
+          later = superseded_();
+        } catch (const std::exception&) {  // the store cannot say: the set-up's own waits fail
+          return;
+        }
+        lock.lock();
+        if (!later || over_) continue;
+        fired_.store(true);
+      }
+      for (const auto& socket : detail::tcp_sockets(store_port_)) {
+        if (std::find(before_.begin(), before_.end(), socket.inode) == before_.end()) {
+          detail::shut_down(socket);
+        }
+      }
+    }
+  }
+
+  std::function<bool()> superseded_;
+  std::uint16_t store_port_;
+  std::vector<std::uint64_t> before_;  // inodes
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool over_ = false;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;  // last: started once the rest is
 };
 
 // Which rank listens at an address, as Gloo's errors name a peer ("[127.0.0.1]:8092"): once its
@@ -668,9 +756,30 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
     const std::string endpoint = store.endpoint();
     const auto store_port =
         static_cast<std::uint16_t>(std::stoul(endpoint.substr(endpoint.rfind(':') + 1)));
-    StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout, options.superseded);
+    std::optional<MeshWatch> watch;
+    if (options.superseded) watch.emplace(options.superseded, store_port);
+    StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout,
+                         watch ? watch->check() : nullptr);
     const auto before = detail::connected_tcp_sockets(store_port);
-    context->connectFullMesh(adapter, device);
+    try {
+      context->connectFullMesh(adapter, device);
+    } catch (const GroupSuperseded&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (!watch || !watch->fired()) throw;
+      throw GroupSuperseded(
+          "a later generation of the group was published while this one "
+          "connected its mesh (" +
+          std::string(e.what()) + ")");
+    }
+    if (watch) {
+      const bool superseded = watch->fired();
+      watch.reset();  // (its thread joined: it shuts nothing down from here on)
+      if (superseded) {
+        throw GroupSuperseded(
+            "a later generation of the group was published as this one's mesh connected");
+      }
+    }
     std::vector<detail::TcpSocket> connections;
     for (const auto& socket : detail::connected_tcp_sockets(store_port)) {
       const bool old = std::any_of(before.begin(), before.end(),

@@ -101,6 +101,35 @@ std::vector<Connected> connected_sockets() {
   return found;
 }
 
+// Every listening TCP socket of this process.
+std::vector<TcpSocket> listening_sockets() {
+  std::vector<TcpSocket> found;
+  std::error_code error;  // as above
+  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
+       it.increment(error)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(it->path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    const auto inode = inode_of(fd);
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    int type = 0, accepting = 0;
+    socklen_t type_length = sizeof type, accepting_length = sizeof accepting;
+    if (!inode || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
+        (local.ss_family != AF_INET && local.ss_family != AF_INET6) ||
+        ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 || type != SOCK_STREAM ||
+        ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &accepting_length) != 0 ||
+        accepting == 0) {
+      continue;
+    }
+    found.push_back({fd, *inode});
+  }
+  return found;
+}
+
 }  // namespace
 
 std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
@@ -122,6 +151,19 @@ std::vector<TcpSocket> connected_tcp_sockets(std::uint16_t apart_from_port) {
   for (const Connected& c : connected_sockets()) {
     if (c.local_port != apart_from_port && c.peer_port != apart_from_port) {
       found.push_back(c.socket);
+    }
+  }
+  return found;
+}
+
+std::vector<TcpSocket> tcp_sockets(std::uint16_t apart_from_port) {
+  std::vector<TcpSocket> found = connected_tcp_sockets(apart_from_port);
+  for (const TcpSocket& socket : listening_sockets()) {
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    if (::getsockname(socket.fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+        port_of(local) != apart_from_port) {
+      found.push_back(socket);
     }
   }
   return found;

@@ -9,7 +9,7 @@
 
 namespace dist::sdk::detail {
 
-// A connected TCP socket of this process, by descriptor and inode (a descriptor closed and
+// A TCP socket of this process, by descriptor and inode (a descriptor closed and
 // reused since is another socket).
 struct TcpSocket {
   int fd = -1;
@@ -26,8 +26,13 @@ std::vector<TcpSocket> tcp_sockets_of(const std::string& listening,
 // store's: its clients' connections, and the server's side of them when it runs in this process).
 std::vector<TcpSocket> connected_tcp_sockets(std::uint16_t apart_from_port);
 
+// Every TCP socket of this process now, connected or listening, but those with an end at
+// `apart_from_port` (a store's, as above).
+std::vector<TcpSocket> tcp_sockets(std::uint16_t apart_from_port);
+
 // Shuts `socket` down (both ways, without closing it: it is not the caller's to close), so that
-// whatever waits on it wakes with an error. False when it is no longer that socket (closed since)
+// whatever waits on it wakes with an error; a listening one stops listening (what waits to accept
+// on it fails). False when it is no longer that socket (closed since)
 // or the shutdown failed.
 bool shut_down(const TcpSocket& socket);
 

@@ -510,6 +510,38 @@ TEST_F(InPlace, AReplacementDyingAsItStartsIsReplacedAgainInTheSameRecovery) {
   EXPECT_EQ(events("job", "inplace_restart").size(), 2u);
 }
 
+// A replacement that dies between publishing its addresses and connecting to its peers (the SDK's
+// fault injection: nothing else places a death in that window). A survivor on the listening side
+// of its pair with it (the lower port listens: chance) waited for a connection that never came,
+// five times the group's timeout, and the agent restarted the group when its --in-place-timeout
+// passed. Now the agent folds the failure into generation 2 and each survivor gives up the set-up
+// that generation supersedes at once: no restart, no fallback, the survivors keep their processes.
+// Four survivors, so that one of them listens but once in 16 runs.
+TEST_F(InPlace, AReplacementDyingBetweenPublishingItsAddressesAndConnectingIsFoldedAtOnce) {
+  const std::string clean = clean_digest(5, {"--steps", "20"});
+  std::string output;
+  ASSERT_EQ(run("job", 5, 2, {"--steps", "20", "--crash", "4:5", "--exit-after-publishing", "4:1"},
+                &output, {"--in-place-timeout", "60"}),
+            0)
+      << output;
+  EXPECT_NE(output.find("exiting after publishing this rank's addresses"), std::string::npos)
+      << output;
+  EXPECT_NE(output.find(": generation 2 (restart 2 of 2), folded into the recovery under way "
+                        "(generation 1, which it supersedes: ranks 4 replaced); ranks 0,1,2,3 "
+                        "keep running"),
+            std::string::npos)
+      << output;
+  expect_ranks_at("job", 5, clean, {0, 1, 2, 3}, 2, output);
+  const auto f = final_of("job", 4);
+  EXPECT_TRUE(f && f->pid == start_pid("job", 4, 0, 2)) << output;
+  EXPECT_FALSE(fs::exists(path("job/start_0_1_0"))) << "no group restart";
+  EXPECT_TRUE(events("job", "restart").empty()) << output;
+  EXPECT_TRUE(events("job", "inplace_fallback").empty()) << output;
+  const auto recovered = events("job", "inplace_recovered");
+  ASSERT_EQ(recovered.size(), 1u) << output;
+  EXPECT_EQ(recovered[0]["generation"], 2);
+}
+
 // A recovery that never ends: the survivors and the replacement all stop for good where their
 // recovery begins (nothing fails, nothing says it recovered). --in-place-timeout bounds the wait:
 // 3 s after the generation is published the agent restarts the whole group, saying why, and the

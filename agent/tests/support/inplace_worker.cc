@@ -34,6 +34,11 @@
 //   --fail-at-start R:G        rank R exits with code 5 as it starts in generation G, before it
 //                             connects to anything (a newcomer's worker that dies before it
 //                             says it arrived), on restart attempt 0
+//   --exit-after-publishing R:G
+//                             rank R, as it starts in generation G on restart attempt 0, exits
+//                             with code 6 as soon as its group's set-up has published its
+//                             addresses, before it connects to any peer (the SDK's
+//                             DIST_SDK_FAULT=exit-after-publishing)
 //   --hold-at-start R:G[:PATH]
 //                             rank R waits as it starts in generation G, before init(), on
 //                             restart attempt 0 (a replacement slow to start: minutes of
@@ -88,8 +93,9 @@ struct Options {
   int fail_in_recovery = -1;
   int fail_after_recovery = -1;
   std::string fail_in_recovery_file;
-  Crash fail_at_start;  // its step unused
-  Crash hold_at_start;  // its step unused
+  Crash fail_at_start;          // its step unused
+  Crash hold_at_start;          // its step unused
+  Crash exit_after_publishing;  // its step unused
   std::string hold_file;
   std::string finish_file;
   Crash crash_every;  // rank and step (every K)
@@ -165,6 +171,9 @@ Options parse(int argc, char** argv) {
       o.crash_after_peers = colon != std::string::npos && value.substr(colon + 1) == "after";
     } else if (flag == "--fail-at-start") {
       std::sscanf(value.c_str(), "%d:%d", &o.fail_at_start.rank, &o.fail_at_start.generation);
+    } else if (flag == "--exit-after-publishing") {
+      std::sscanf(value.c_str(), "%d:%d", &o.exit_after_publishing.rank,
+                  &o.exit_after_publishing.generation);
     } else if (flag == "--hold-at-start") {
       int end = 0;
       std::sscanf(value.c_str(), "%d:%d%n", &o.hold_at_start.rank, &o.hold_at_start.generation,
@@ -262,6 +271,11 @@ int run(const Options& o) {
     const std::string where = "as it starts as a replacement (in-place timeout " +
                               std::string(timeout ? timeout : "unset") + " ms)";
     stall(env_int("RANK"), where.c_str());
+  }
+  if (o.exit_after_publishing.rank >= 0 && env_int("RANK") == o.exit_after_publishing.rank &&
+      env_int("DIST_LAUNCH_GENERATION") == o.exit_after_publishing.generation &&
+      env_int("TORCHELASTIC_RESTART_COUNT") == 0) {
+    ::setenv("DIST_SDK_FAULT", "exit-after-publishing", 1);
   }
   Distributed dist = init();
   const int rank = dist.env.rank, attempt = dist.env.restart_count;

@@ -232,9 +232,10 @@ struct GlooOptions {
   std::string route_to = "127.0.0.1";
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // connecting and each collective
   std::string key_prefix = "sdk/gloo";  // store keys of this group (add the restart attempt)
-  // Asked between the slices (kSupersededPoll) of each wait of the set-up for the other ranks:
-  // true ends it with GroupSuperseded (a peer died in it, and a later group replaces it). None:
-  // each wait is one, up to `timeout`.
+  // Asked between the slices (kSupersededPoll) of each wait of the set-up for the other ranks,
+  // and each kSupersededPoll on a thread of the set-up's own while Gloo connects its mesh: true
+  // ends it with GroupSuperseded (a peer died in it, and a later group replaces it), the mesh's
+  // sockets shut down. None: each wait is one, up to `timeout` (a pair's connection, five times).
   std::function<bool()> superseded;
   static constexpr std::chrono::milliseconds kSupersededPoll{100};
 };

@@ -17,17 +17,19 @@ Transition exit_with(int code) {
   return {State::kExit, std::nullopt, code, false};
 }
 
-// STOPPING is over only once the group is stopped, the watch (several nodes) has ended, the
-// job's in-place replacements (several nodes) are counted and, unless the agent leaves (a signal,
-// the store lost: its pending calls are cancelled), a regroup's join has reported back (it may
-// have joined the next round: that round is the one to end).
+// STOPPING is over once the group is stopped. An agent that stays in the job (to restart, to
+// fail, to wait at the exit barrier) waits too for the watch (several nodes) to end, for the
+// job's in-place replacements (several nodes) to be counted, and for a regroup's join to report
+// back (it may have joined the next round: that round is the one to end). One that leaves (a
+// signal, the store lost, a start that failed) waits for none of them: their pending store calls
+// are cancelled as it exits, and a store that does not answer (its host stopped, a partition)
+// would otherwise hold a signalled agent for the store's timeout.
 std::optional<Transition> once_stopped(const Facts& facts) {
   const bool leaving = facts.stop_reason == StopReason::kSignal ||
                        facts.stop_reason == StopReason::kStoreLost ||
                        facts.stop_reason == StopReason::kStartFailed;
-  if (!facts.group_stopped || facts.watching || facts.counting || (facts.joining && !leaving)) {
-    return std::nullopt;
-  }
+  if (!facts.group_stopped) return std::nullopt;
+  if (!leaving && (facts.watching || facts.counting || facts.joining)) return std::nullopt;
   return after_stopping(facts);
 }
 

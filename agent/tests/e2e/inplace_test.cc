@@ -1125,6 +1125,50 @@ TEST_F(InPlaceStaticNodes, AFailureWhileTheClaimIsInFlightIsQueuedThenFolded) {
   EXPECT_EQ(events("job_node1", "inplace_restart").size(), 2u);
 }
 
+// A stop signal while this node's claim of a recovery waits for a store that does not answer
+// (node 0's agent, which hosts it, stopped): the agent stops its workers and leaves at once, 128 +
+// the signal, its pending store calls cancelled. (Before: STOPPING waited for the claim and the
+// watch, each until the store's timeout, 60 s, then said it lost the store and exited 1.)
+TEST_F(InPlaceStaticNodes, ASignalWhileTheClaimWaitsForAStoreThatDoesNotAnswerLeavesAtOnce) {
+  const std::vector<std::string> worker{"--steps", "3000", "--step-ms", "10"};
+  nproc_per_node_ = 2;
+  std::vector<std::string> out;
+  const auto codes = run_nodes("job", 2, worker, out, [&](auto& agents) {
+    const long two = started_pid("job", 2);
+    ASSERT_GT(two, 0) << agents[1]->output();
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return agents[1]->output().find("rank 3 step 5\n") != std::string::npos; }, 60s))
+        << agents[1]->output();
+    ::kill(agents[0]->pid(), SIGSTOP);  // node 1's claim waits for the job's store
+    ::kill(static_cast<pid_t>(two), SIGKILL);
+    const bool claiming = dist::agent::testing::eventually(
+        [&] {
+          return agents[1]->output().find("worker 2 (local rank 0, pid") != std::string::npos;
+        },
+        30s);
+    const auto signalled = std::chrono::steady_clock::now();
+    ::kill(agents[1]->pid(), SIGTERM);
+    const bool left = dist::agent::testing::eventually(
+        [&] {
+          const auto p = dist::agent::testing::process_info(agents[1]->pid());
+          return !p || p->state == 'Z';
+        },
+        45s);
+    const auto took = std::chrono::steady_clock::now() - signalled;
+    ::kill(agents[0]->pid(), SIGCONT);
+    ::kill(agents[0]->pid(), SIGTERM);  // (else it waits for node 1 to join its next round)
+    EXPECT_TRUE(claiming) << agents[1]->output();
+    EXPECT_TRUE(left) << agents[1]->output();
+    // Its workers' grace period is 30 s; they leave on the signal at once.
+    EXPECT_LT(took, 20s) << agents[1]->output();
+  });
+  ASSERT_EQ(codes.size(), 2u);
+  EXPECT_EQ(codes[1], 128 + SIGTERM) << out[1];
+  EXPECT_EQ(out[1].find("lost the rendezvous store"), std::string::npos) << out[1];
+  EXPECT_NE(out[1].find("SIGTERM received: stopping the workers"), std::string::npos) << out[1];
+  EXPECT_EQ(codes[0], 128 + SIGTERM) << out[0];
+}
+
 TEST_F(InPlaceStaticNodes, AFailureOnAnotherNodeDuringARecoveryIsFoldedIntoIt) {
   const std::vector<std::string> worker{"--steps", "30", "--crash", "2:10", "--fail-in-recovery",
                                         "1"};

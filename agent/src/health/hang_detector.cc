@@ -104,6 +104,10 @@ void HangDetector::started(const Worker& worker, fs::path stack_file) {
 }
 
 void HangDetector::regrouped(int round, int rank_offset) {
+  // Stragglers are told again in the new round, among its ranks: a flag of the old one is cleared
+  // as it was raised, under the rank it named (the status page and the event log would otherwise
+  // keep the worker flagged for good).
+  clear_stragglers("the job regrouped, and its ranks are compared again in the new round");
   for (auto& [local_rank, w] : workers_) {
     w.worker.round = round;
     w.worker.rank = rank_offset + local_rank;
@@ -117,7 +121,6 @@ void HangDetector::regrouped(int round, int rank_offset) {
     investigating_ = false;
     investigation_.cancel();
   }
-  stragglers_.clear();
 }
 
 void HangDetector::exited(int local_rank) {
@@ -232,7 +235,7 @@ void HangDetector::sample() {
   // One node: its ranks against each other, every second. Several: the job view's turn.
   if (!options_.other_nodes) {
     if (cpus_oversubscribed()) {
-      unflag_stragglers();
+      clear_stragglers(kWaitForCpus);
     } else {
       flag_stragglers(every_rank_measures_work ? own_work : step_time,
                       every_rank_measures_work ? "work per step" : "step time");
@@ -285,12 +288,11 @@ bool HangDetector::cpus_oversubscribed() {
 
 // The ranks flagged before the machine became crowded are not stragglers now either: cleared, and
 // said so (a flag that just stopped being updated would stand for the rest of the job).
-void HangDetector::unflag_stragglers() {
+void HangDetector::clear_stragglers(std::string_view why) {
   for (const auto& [_, w] : workers_) {
     if (!w.running || !stragglers_.straggler(w.worker.rank)) continue;
     const double ratio = stragglers_.ratio(w.worker.rank).value_or(0);
-    spdlog::info("{} is no longer taken for a straggler: the ranks wait for CPUs",
-                 describe(w.worker));
+    spdlog::info("{} is no longer taken for a straggler: {}", describe(w.worker), why);
     telemetry_.straggler(w.worker, false, ratio, "work per step");
   }
   stragglers_.clear();
@@ -403,7 +405,8 @@ void HangDetector::job_view(const schema::JobView& view) {
   view_at_ = std::chrono::steady_clock::now();
   // Every rank's work per step as the view lists it; this node's own as measured now. None while
   // the job's median rank waits for a CPU (crowded).
-  if (crowded(view.median_cpu_wait, crowded_job_, "the job's ranks")) return unflag_stragglers();
+  if (crowded(view.median_cpu_wait, crowded_job_, "the job's ranks"))
+    return clear_stragglers(kWaitForCpus);
   std::map<int, std::optional<double>> work;
   for (const auto& [rank, seconds] : view.work) work[rank] = seconds;
   for (const auto& [_, w] : workers_) {

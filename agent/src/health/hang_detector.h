@@ -167,7 +167,9 @@ class HangDetector {
   void investigate_stopped(std::chrono::nanoseconds held);
   bool cpus_oversubscribed();
   bool crowded(std::optional<double> median_wait, bool& state, std::string_view who);
-  void unflag_stragglers();
+  // Every flagged rank of this node cleared (logged with `why`, and a cleared event each).
+  void clear_stragglers(std::string_view why);
+  static constexpr std::string_view kWaitForCpus = "the ranks wait for CPUs";
   // StepHistory::cpu_wait_share: at 8 ranks on 2 CPUs and 4 on 1, where the scheduler made
   // healthy ranks stragglers, 0.76-0.8 (torch 1.13 and 2.x); 4 ranks on 2 CPUs 0.47, 0.63-0.67
   // with a CI run beside them; 2 ranks whose steps mostly sleep about 0.1.

@@ -128,13 +128,14 @@ class InPlace : public ::testing::Test {
     }
     return false;
   }
+  // Job `out`'s events named `name` (every event, in order, when empty).
   std::vector<Json> events(const std::string& out, const std::string& name) const {
     std::vector<Json> found;
     std::ifstream in(path(out + ".jsonl"));
     std::string line;
     while (std::getline(in, line)) {
       Json e = Json::parse(line);
-      if (e["event"] == name) found.push_back(std::move(e));
+      if (name.empty() || e["event"] == name) found.push_back(std::move(e));
     }
     return found;
   }
@@ -1635,6 +1636,56 @@ TEST_F(InPlaceElasticNodes, ALostNodesSurvivorsKeepTheirProcessesAndTrainOnInASm
     EXPECT_TRUE(events(name, "inplace_fallback").empty()) << both;
     EXPECT_TRUE(events(name, "restart").empty()) << both;
   }
+}
+
+// A straggler flagged before a regroup (node 2's rank sleeps 40 ms a step where the others sleep
+// 10) is cleared as the job regroups, under the rank it was flagged as: the event log and the
+// status page keep no flag of a rank that is no more (the renumbered worker is told again among
+// the new round's ranks). Before, the flag was dropped without a word and the worker stayed
+// flagged.
+TEST_F(InPlaceElasticNodes, AStragglerFlaggedBeforeARegroupIsClearedAsTheJobRegroups) {
+  const std::string endpoint = job_endpoint();
+  const auto agent = [&](int i) {
+    return training_agent(
+        i, "2:3", endpoint, {},
+        {"--steps", "100000", "--step-ms", "10", "--step-ms-of", "2:40", "--count-steps"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  const int lost = start_three_find_node_1(agent, agents);
+  ASSERT_GT(lost, 0) << agents[0]->output();
+  const int last = 3 - lost;  // node 2: rank 2, the straggler
+  const Child& straggling = *agents[static_cast<std::size_t>(last)];
+  const std::string node2 = "job_node" + std::to_string(last);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return straggling.output().find("is a straggler") != std::string::npos; }, 120s))
+      << straggling.output();
+  ::kill(agents[static_cast<std::size_t>(lost)]->pid(), SIGKILL);
+  EXPECT_EQ(agents[static_cast<std::size_t>(lost)]->wait(10s), 128 + SIGKILL);
+  const bool regrouped = dist::agent::testing::eventually(
+      [&] { return !events(node2, "inplace_regrouped").empty(); }, 60s);
+  std::string both;
+  for (const int i : {last, 0}) {  // (the job would train on for minutes; node 0 hosts the store)
+    ::kill(agents[static_cast<std::size_t>(i)]->pid(), SIGTERM);
+    EXPECT_EQ(agents[static_cast<std::size_t>(i)]->wait(60s), 128 + SIGTERM);
+    both += agents[static_cast<std::size_t>(i)]->output();
+  }
+  ASSERT_TRUE(regrouped) << both;
+  EXPECT_NE(straggling.output().find("is no longer taken for a straggler: the job regrouped"),
+            std::string::npos)
+      << straggling.output();
+  // Flagged as rank 2 of round 0, then cleared as rank 2 of round 0, before the regroup's event.
+  const auto all = events(node2, "");
+  int flagged = -1, cleared = -1, regroup = -1;
+  for (int i = 0; i < static_cast<int>(all.size()); ++i) {
+    const Json& e = all[static_cast<std::size_t>(i)];
+    if (e["event"] == "inplace_regrouped" && regroup < 0) regroup = i;
+    if (e["event"] != "straggler" || e["rank"] != 2 || e["round"] != 0) continue;
+    if (e["straggler"] == true && flagged < 0) flagged = i;
+    if (e["straggler"] == false && flagged >= 0 && cleared < 0) cleared = i;
+  }
+  EXPECT_GE(flagged, 0) << both;
+  EXPECT_GT(cleared, flagged) << both;
+  EXPECT_LT(cleared, regroup) << both;
 }
 
 // A worker failing while a lost node's survivors regroup (node 0 waiting for the regrouped

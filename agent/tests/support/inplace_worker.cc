@@ -5,6 +5,10 @@
 //
 //   --steps N                 steps (default 40)
 //   --step-ms MS              sleep after each step (default 0)
+//   --step-ms-of R:MS         the process that started as rank R sleeps MS instead (a straggler)
+//   --count-steps             each step counted for the agent (dist::sdk::step(): its hang and
+//                             straggler detection), with its own work, from the end of the last
+//                             step to the step's collective, as the SDK's DDP measures it
 //   --crash R:S[:G[:A]]       rank R exits with code 3 as step S begins, in generation G
 //                             (default 0) of restart attempt A (default 0); repeatable
 //   --crash-every R:K         rank R exits with code 3 as step K x (G + 1) begins, in each
@@ -76,7 +80,9 @@
 #include <vector>
 
 #include "dist/sdk/init.h"
+#include "dist/sdk/progress.h"
 #include "dist/sdk/recovery.h"
+#include "progress_slot.h"  // (the SDK's own: the work its DDP measures)
 
 namespace {
 
@@ -89,6 +95,8 @@ struct Crash {
 struct Options {
   int steps = 40;
   int step_ms = 0;
+  Crash slow;  // rank and step (its MS)
+  bool count_steps = false;
   std::vector<Crash> crashes;
   int fail_in_recovery = -1;
   int fail_after_recovery = -1;
@@ -137,8 +145,10 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--finish-when-asked" || flag == "--stall-in-recovery") {
-      (flag == "--finish-when-asked" ? o.finish_when_asked : o.stall_in_recovery) = true;
+    if (flag == "--finish-when-asked" || flag == "--stall-in-recovery" || flag == "--count-steps") {
+      (flag == "--finish-when-asked" ? o.finish_when_asked
+       : flag == "--count-steps"     ? o.count_steps
+                                     : o.stall_in_recovery) = true;
       --i;  // no value
       continue;
     }
@@ -151,6 +161,8 @@ Options parse(int argc, char** argv) {
       o.steps = std::stoi(value);
     } else if (flag == "--step-ms") {
       o.step_ms = std::stoi(value);
+    } else if (flag == "--step-ms-of") {
+      std::sscanf(value.c_str(), "%d:%d", &o.slow.rank, &o.slow.step);
     } else if (flag == "--crash") {
       Crash c;
       std::sscanf(value.c_str(), "%d:%d:%d:%d", &c.rank, &c.step, &c.generation, &c.attempt);
@@ -293,6 +305,13 @@ int run(const Options& o) {
 
   std::vector<double> sum(64, 0.0);
   std::uint64_t step = 0;
+  std::uint64_t step_end_ns = 0;  // --count-steps
+  // The step's own work ends at its first collective, where it may wait for its peers.
+  const auto own_work_ends = [&] {
+    if (step_end_ns == 0) return;
+    dist::sdk::detail::add_work(dist::sdk::detail::monotonic_ns() - step_end_ns);
+    step_end_ns = 0;
+  };
   InPlaceRecovery recovery(dist);
   recovery.state().add("sum", std::span<double>(sum));
   recovery.state().add("step", step);
@@ -331,6 +350,7 @@ int run(const Options& o) {
                       (o.finish_when_asked &&
                        (recovery.regroup_asked() || recovery.generation() > first_generation));
     std::vector<double> any{mine ? 1.0 : 0.0};
+    own_work_ends();
     dist.group->all_reduce(std::span<double>(any), ReduceOp::kMax);
     if (any[0] > 0 && rank == 0) {
       std::printf("rank 0: the ranks end their loop at step %llu\n",
@@ -373,14 +393,20 @@ int run(const Options& o) {
       for (std::size_t i = 0; i < v.size(); ++i) {
         v[i] = std::sin(static_cast<double>(step * 131 + i) + current * 0.25);
       }
+      own_work_ends();
       dist.group->all_reduce(std::span<double>(v), ReduceOp::kSum);
       for (std::size_t i = 0; i < v.size(); ++i) sum[i] = sum[i] * 0.99 + v[i];
       ++step;
     });
-    if (o.step_ms > 0) {
+    if (o.count_steps) {
+      dist::sdk::step();
+      step_end_ns = dist::sdk::detail::monotonic_ns();
+    }
+    const int step_ms = o.slow.rank == rank ? o.slow.step : o.step_ms;
+    if (step_ms > 0) {
       std::printf("rank %d step %llu\n", dist.env.rank, static_cast<unsigned long long>(step));
       std::fflush(stdout);
-      std::this_thread::sleep_for(std::chrono::milliseconds(o.step_ms));
+      std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
     }
   }
   std::uint64_t digest = 1469598103934665603ull;

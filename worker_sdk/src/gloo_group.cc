@@ -128,7 +128,9 @@ class StoreAdapter : public gloo::rendezvous::Store {
 // Once superseded, the TCP sockets this process opened since the set-up began (listening or
 // connected; not the store's) are shut down, again each kSupersededPoll until the set-up is
 // over: Gloo's loop fails the pair's wait at once (an accept on a listening socket shut down
-// fails). The first look comes one poll in: most set-ups are over by then and never ask.
+// fails). The first look comes one poll in: most set-ups are over by then and never ask. (A TCP
+// socket another thread of the program opened during a set-up that is then superseded is shut
+// down too: the SDK's own threads open none, and the set-up is given up anyway.)
 class MeshWatch {
  public:
   MeshWatch(std::function<bool()> superseded, std::uint16_t store_port)
@@ -138,38 +140,40 @@ class MeshWatch {
   }
   MeshWatch(const MeshWatch&) = delete;
   MeshWatch& operator=(const MeshWatch&) = delete;
-  ~MeshWatch() {
+  ~MeshWatch() { stop(); }
+
+  // Ends the watch (its thread joined: nothing is shut down after this returns); whether it saw a
+  // later generation, the set-up's sockets shut down since. Read after the join, so that a watch
+  // firing as the set-up ends is never missed.
+  bool stop() {
     {
       std::lock_guard lock(mutex_);
       over_ = true;
     }
     wake_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
+    return fired_->load();
   }
-
-  // Whether a later generation was seen (the set-up's sockets shut down since).
-  bool fired() const { return fired_.load(); }
-  // For the set-up's store waits meanwhile: the watch's answer (the check's store connection is
-  // the watch's alone).
+  // For the set-up's store waits meanwhile: the watch's answer so far (the check's store
+  // connection is the watch's alone). Valid after the watch is gone, then for good.
   std::function<bool()> check() const {
-    return [this] { return fired(); };
+    return [fired = fired_] { return fired->load(); };
   }
 
  private:
   void watch() {
     std::unique_lock lock(mutex_);
     while (!wake_.wait_for(lock, GlooOptions::kSupersededPoll, [this] { return over_; })) {
-      if (!fired_.load()) {
+      if (!fired_->load()) {
         lock.unlock();
         bool later = false;
         try {
           later = superseded_();
-        } catch (const std::exception&) {  // the store cannot say: the set-up's own waits fail
-          return;
+        } catch (const std::exception&) {  // the store cannot say now: asked again next time
         }
         lock.lock();
         if (!later || over_) continue;
-        fired_.store(true);
+        fired_->store(true);
       }
       for (const auto& socket : detail::tcp_sockets(store_port_)) {
         if (std::find(before_.begin(), before_.end(), socket.inode) == before_.end()) {
@@ -185,7 +189,7 @@ class MeshWatch {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool over_ = false;
-  std::atomic<bool> fired_{false};
+  std::shared_ptr<std::atomic<bool>> fired_ = std::make_shared<std::atomic<bool>>(false);
   std::thread thread_;  // last: started once the rest is
 };
 
@@ -766,19 +770,15 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
     } catch (const GroupSuperseded&) {
       throw;
     } catch (const std::exception& e) {
-      if (!watch || !watch->fired()) throw;
+      if (!watch || !watch->stop()) throw;
       throw GroupSuperseded(
           "a later generation of the group was published while this one "
           "connected its mesh (" +
           std::string(e.what()) + ")");
     }
-    if (watch) {
-      const bool superseded = watch->fired();
-      watch.reset();  // (its thread joined: it shuts nothing down from here on)
-      if (superseded) {
-        throw GroupSuperseded(
-            "a later generation of the group was published as this one's mesh connected");
-      }
+    if (watch && watch->stop()) {
+      throw GroupSuperseded(
+          "a later generation of the group was published as this one's mesh connected");
     }
     std::vector<detail::TcpSocket> connections;
     for (const auto& socket : detail::connected_tcp_sockets(store_port)) {

@@ -301,6 +301,9 @@ class Agent {
   void on_watch_ended(const WatchOutcome& o) {
     watching_ = false;
     if (!o.store_lost.empty()) {
+      // (Leaving already, for a signal or a failed start: the job ends as that says, not as the
+      // store's loss would, which leaving may well have caused.)
+      if (now_.state == State::kExit) return;
       spdlog::error("lost the rendezvous store: {}", o.store_lost);
       failure_reason_ = "lost the rendezvous store at " + rounds_->describe();
       return feed(Input::kStoreLost);

@@ -118,8 +118,14 @@ std::optional<Transition> from_stopping(Input input, Facts facts) {
       if (auto done = once_stopped(facts)) return done;
       return stopping(StopReason::kStoreLost);
     }
-    case Input::kStopSignal:  // stopping for another reason: leave once stopped
+    case Input::kStopSignal: {  // stopping for another reason: leave once stopped (now, if so)
+      facts.stop_reason = StopReason::kSignal;
+      if (auto done = once_stopped(facts)) {
+        done->stop = StopReason::kSignal;  // (the job ends stopped by it, not failed)
+        return done;
+      }
       return stopping(StopReason::kSignal);
+    }
     default:
       return std::nullopt;
   }

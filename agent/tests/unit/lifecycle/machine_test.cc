@@ -144,6 +144,41 @@ TEST(StateMachineTransitions, WhatArrivesWhileStoppingChangesWhereItLeads) {
       {"the store lost, group reaped: no restart without a store", State::kStopping,
        Input::kStoreLost, stopped(static_nodes(true), StopReason::kWorkerFailed), State::kExit,
        std::nullopt, 1},
+      {"a signal once the group is reaped, the watch still running: leave now", State::kStopping,
+       Input::kStopSignal, stopped(static_nodes(true), StopReason::kWorkerFailed, true, true),
+       State::kExit, StopReason::kSignal, std::nullopt, true},
+      {"a signal while the job's replacements are counted: leave now", State::kStopping,
+       Input::kStopSignal, stopped(counting(in_place()), StopReason::kWorkerFailed), State::kExit,
+       StopReason::kSignal, std::nullopt, true},
+  });
+}
+
+// A stop that stays in the job waits for the watch, the count of the job's replacements and a
+// regroup's join; one that leaves waits for its workers alone (their store calls are cancelled as
+// it exits: a store that does not answer would hold it for the store's timeout).
+TEST(StateMachineTransitions, AStopThatLeavesWaitsForItsWorkersAlone) {
+  const Facts counted = counting(in_place());
+  const Facts regrouping = joining(elastic());
+  check({
+      {"failed, replacements being counted: wait", State::kStopping, Input::kGroupStopped,
+       stopped(counted, StopReason::kWorkerFailed), std::nullopt},
+      {"failed, a join under way: wait", State::kStopping, Input::kGroupStopped,
+       stopped(regrouping, StopReason::kRoundEnded), std::nullopt},
+      {"signal, watch running: leave", State::kStopping, Input::kGroupStopped,
+       stopped(static_nodes(true), StopReason::kSignal, true, true), State::kExit, std::nullopt,
+       std::nullopt, true},
+      {"signal, replacements being counted: leave", State::kStopping, Input::kGroupStopped,
+       stopped(counted, StopReason::kSignal), State::kExit, std::nullopt, std::nullopt, true},
+      {"signal, a join under way: leave", State::kStopping, Input::kGroupStopped,
+       stopped(regrouping, StopReason::kSignal), State::kExit, std::nullopt, std::nullopt, true},
+      {"store lost, watch running: leave, 1", State::kStopping, Input::kGroupStopped,
+       stopped(static_nodes(true), StopReason::kStoreLost, true, true), State::kExit, std::nullopt,
+       1},
+      {"could not start, replacements being counted: leave, 1", State::kStopping,
+       Input::kGroupStopped, stopped(counted, StopReason::kStartFailed), State::kExit, std::nullopt,
+       1},
+      {"signal, workers still running: wait for them", State::kStopping, Input::kWatchStopped,
+       stopped(counted, StopReason::kSignal, false), std::nullopt},
   });
 }
 

@@ -13,10 +13,12 @@
 // (fp16, bf16: dlc_bucket_begin) runs the caller's collective in between, asynchronously. Every
 // function returns 0 (or a handle) on success, and -1 (or null) with dlc_last_error() saying why:
 // nothing throws across the ABI.
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -265,6 +267,38 @@ __attribute__((visibility("default"))) int dlc_bucket_finish(void* bucket, void*
   return guarded([&] {
     if (flat == nullptr) throw std::invalid_argument("no gradients (null)");
     bucket_of(bucket).compressor->finish(flat);
+  });
+}
+
+// Copies `n` spans of elements of `element_size` bytes from src (`src_elements` long) to dst
+// (`dst_elements` long): spans[3i] the span's offset in src, spans[3i + 1] in dst, spans[3i + 2]
+// its count. A DDP bucket staged into its compressor's order and back, in one call (where one torch
+// copy a parameter cost more than the exchange's encoding). Every span is checked first: nothing is
+// copied when one lies outside either buffer.
+__attribute__((visibility("default"))) int dlc_copy_spans(
+    void* dst, std::uint64_t dst_elements, const void* src, std::uint64_t src_elements,
+    std::uint64_t element_size, std::uint64_t n, const std::uint64_t* spans) {
+  return guarded([&] {
+    if (dst == nullptr || src == nullptr || (n > 0 && spans == nullptr)) {
+      throw std::invalid_argument("dlc_copy_spans: null buffer or spans");
+    }
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const std::uint64_t from = spans[3 * i], to = spans[3 * i + 1], count = spans[3 * i + 2];
+      if (from > src_elements || count > src_elements - from || to > dst_elements ||
+          count > dst_elements - to) {
+        throw std::out_of_range("dlc_copy_spans: span " + std::to_string(i) + " (" +
+                                std::to_string(count) + " elements from " + std::to_string(from) +
+                                " to " + std::to_string(to) + ") lies outside its buffers (" +
+                                std::to_string(src_elements) + " and " +
+                                std::to_string(dst_elements) + " elements)");
+      }
+    }
+    auto* out = static_cast<std::byte*>(dst);
+    const auto* in = static_cast<const std::byte*>(src);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::memcpy(out + spans[3 * i + 1] * element_size, in + spans[3 * i] * element_size,
+                  spans[3 * i + 2] * element_size);
+    }
   });
 }
 

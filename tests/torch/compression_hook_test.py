@@ -177,6 +177,34 @@ class BadInput(unittest.TestCase):
         self.assertIn("'zip'", lines[2])
         self.assertIn("synchronisation strategy", lines[3])
 
+    def test_staging_moves_every_span_both_ways_and_refuses_one_outside_its_buffers(self):
+        # A bucket whose parameters DDP ordered otherwise than the compressor is staged: copied in
+        # the compressor's order and back, each way one call into the library (dlc_copy_spans).
+        done = self.run_python(
+            "import torch\n"
+            "import dist_launch.compression as c\n"
+            "lib = c._library()\n"
+            "buffer = torch.arange(10, dtype=torch.float32)\n"
+            "spans = [(6, 0, 4), (0, 4, 2), (2, 6, 4)]  # (DDP's offset, the compressor's, count)\n"
+            "staging = c._Staging(spans, 10, 10, 4)\n"
+            "flat = torch.zeros(10)\n"
+            "staging.stage(lib, buffer, flat)\n"
+            "print(flat.int().tolist())\n"
+            "back = torch.zeros(10)\n"
+            "staging.unstage(lib, flat, back)\n"
+            "print(bool(torch.equal(back, buffer)))\n"
+            "try:\n"
+            "    c._Staging([(8, 0, 4)], 10, 10, 4).stage(lib, buffer, flat)\n"
+            "except c.CompressionError as e:\n"
+            "    print(e)\n"
+            "print(flat.int().tolist())\n")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        lines = done.stdout.splitlines()
+        self.assertEqual(lines[0], "[6, 7, 8, 9, 0, 1, 2, 3, 4, 5]")
+        self.assertEqual(lines[1], "True")
+        self.assertIn("span 0 (4 elements from 8 to 0) lies outside its buffers", lines[2])
+        self.assertEqual(lines[3], lines[0], "nothing copied from a refused span")
+
     def test_specs_parse_to_their_canonical_form(self):
         done = self.run_python("import dist_launch.compression as c\n"
                                "print(c.parse('powersgd:2:10'), c.parse('none'))")

@@ -135,10 +135,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dlc_bucket_residual.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.dlc_bucket_set_residual.restype = ctypes.c_int
     lib.dlc_bucket_set_residual.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    if hasattr(lib, "dlc_copy_spans"):  # (a library built before it stages in Python: _Staging)
-        lib.dlc_copy_spans.restype = ctypes.c_int
-        lib.dlc_copy_spans.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
-                                       ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, _U64P]
+    lib.dlc_copy_spans.restype = ctypes.c_int
+    lib.dlc_copy_spans.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+                                   ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, _U64P]
 
 
 def _error(lib: ctypes.CDLL) -> str:
@@ -695,8 +694,8 @@ class _Layout:
     with the same bucket sizes), in the reverse order of the keys, and a bucket in another order
     is staged: copied into that order for the exchange and back. `signature` (the element type
     and the keys, counts and rows, as PowerSGD takes a matrix: shape[0] x the rest) names the
-    compressor's layout; `spans` is None when DDP's buffer already holds it, else (DDP's offset,
-    the canonical one, count)."""
+    compressor's layout; `spans` is None when DDP's buffer already holds it, else the _Staging
+    of its (DDP's offset, the canonical one, count)."""
 
     def __init__(self, bucket, buffer, keys, parameters):
         import torch
@@ -731,28 +730,21 @@ class _Staging:
     buffer into the compressor's order and back, each way in one call into the library."""
 
     def __init__(self, spans, elements: int, canonical: int, element_size: int):
-        self.spans = spans
-        self._elements, self._canonical, self._size = elements, canonical, element_size
+        self._count, self._elements, self._canonical = len(spans), elements, canonical
+        self._size = element_size
         self._into = (ctypes.c_uint64 * (3 * len(spans)))(*(v for span in spans for v in span))
         self._back = (ctypes.c_uint64 * (3 * len(spans)))(
             *(v for at, canonical_at, count in spans for v in (canonical_at, at, count)))
 
     def stage(self, lib, buffer, flat) -> None:
-        self._copy(lib, flat, self._canonical, buffer, self._elements, self._into, False)
+        self._copy(lib, flat, self._canonical, buffer, self._elements, self._into)
 
     def unstage(self, lib, flat, buffer) -> None:
-        self._copy(lib, buffer, self._elements, flat, self._canonical, self._back, True)
+        self._copy(lib, buffer, self._elements, flat, self._canonical, self._back)
 
-    def _copy(self, lib, dst, dst_elements, src, src_elements, spans, back: bool) -> None:
-        if not hasattr(lib, "dlc_copy_spans"):  # a library from before it
-            for at, canonical, count in self.spans:
-                if back:
-                    dst[at:at + count].copy_(src[canonical:canonical + count])
-                else:
-                    dst[canonical:canonical + count].copy_(src[at:at + count])
-            return
+    def _copy(self, lib, dst, dst_elements, src, src_elements, spans) -> None:
         if lib.dlc_copy_spans(dst.data_ptr(), dst_elements, src.data_ptr(), src_elements,
-                              self._size, len(self.spans), spans) != 0:
+                              self._size, self._count, spans) != 0:
             raise CompressionError(_error(lib))
 
 

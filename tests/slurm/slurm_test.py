@@ -47,18 +47,18 @@ def read_env(path):
         return dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
 
 
-def process_state(pid):
-    """The state letter of /proc/<pid>/stat (R, S, T, Z, ...); "" once the process is gone."""
+def stat_fields(pid):
+    """/proc/<pid>/stat's fields after the command's name: the state letter (R, S, T, Z, ...),
+    the parent's pid, ...; [] once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError, IndexError):
-        return ""
+        return []
 
 
-def parent_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+def process_state(pid):
+    return (stat_fields(pid) or [""])[0]
 
 
 def processes_with(marker):
@@ -268,7 +268,7 @@ exit $((a | b))""")
         agents = []
         for p in pids:
             with open(p) as f:
-                agents.append(parent_of(int(f.read())))
+                agents.append(int(stat_fields(int(f.read()))[1]))
         self.assertEqual(CLUSTER.run(["scontrol", "suspend", job_id], 30).returncode, 0)
         wait_until(lambda: CLUSTER.job_state(job_id) == "SUSPENDED", 30, "the job is suspended")
         # Slurm says SUSPENDED before its slurmd has stopped the processes (seconds later on a

@@ -133,9 +133,11 @@ class StoreAdapter : public gloo::rendezvous::Store {
 // down too: the SDK's own threads open none, and the set-up is given up anyway.)
 class MeshWatch {
  public:
-  MeshWatch(std::function<bool()> superseded, std::uint16_t store_port)
+  // `before`: the sockets (detail::tcp_sockets) the process had as the set-up began.
+  MeshWatch(std::function<bool()> superseded, std::uint16_t store_port,
+            const std::vector<detail::TcpSocket>& before)
       : superseded_(std::move(superseded)), store_port_(store_port) {
-    for (const auto& socket : detail::tcp_sockets(store_port_)) before_.push_back(socket.inode);
+    for (const auto& socket : before) before_.push_back(socket.inode);
     thread_ = std::thread([this] { watch(); });
   }
   MeshWatch(const MeshWatch&) = delete;
@@ -760,11 +762,11 @@ std::unique_ptr<ProcessGroup> make_gloo_group(store::StoreClient store, int rank
     const std::string endpoint = store.endpoint();
     const auto store_port =
         static_cast<std::uint16_t>(std::stoul(endpoint.substr(endpoint.rfind(':') + 1)));
+    const auto before = detail::tcp_sockets(store_port);
     std::optional<MeshWatch> watch;
-    if (options.superseded) watch.emplace(options.superseded, store_port);
+    if (options.superseded) watch.emplace(options.superseded, store_port, before);
     StoreAdapter adapter(std::move(store), options.key_prefix, options.timeout,
                          watch ? watch->check() : nullptr);
-    const auto before = detail::connected_tcp_sockets(store_port);
     try {
       context->connectFullMesh(adapter, device);
     } catch (const GroupSuperseded&) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 namespace dist::sdk::detail {
 namespace {
@@ -76,9 +77,11 @@ std::uint16_t port_of(const sockaddr_storage& address) {
   return 0;
 }
 
-std::vector<Connected> connected_sockets() {
-  std::vector<Connected> found;
-  std::error_code error;  // never thrown: a descriptor closed while listed is skipped
+// Every socket descriptor of this process, with its inode (a descriptor closed while listed is
+// skipped).
+std::vector<TcpSocket> socket_descriptors() {
+  std::vector<TcpSocket> found;
+  std::error_code error;  // never thrown
   for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
        it.increment(error)) {
     int fd = -1;
@@ -87,45 +90,44 @@ std::vector<Connected> connected_sockets() {
     } catch (const std::exception&) {
       continue;
     }
-    const auto inode = inode_of(fd);
-    sockaddr_storage local{}, peer{};
-    socklen_t local_length = sizeof local, peer_length = sizeof peer;
-    if (!inode || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
-        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
-      continue;  // not a socket, or not connected (a listening one)
-    }
-    const auto local_text = gloo_text(local), peer_text = gloo_text(peer);
-    if (!local_text || !peer_text) continue;
-    found.push_back({{fd, *inode}, *local_text, *peer_text, port_of(local), port_of(peer)});
+    if (const auto inode = inode_of(fd)) found.push_back({fd, *inode});
   }
   return found;
 }
 
-// Every listening TCP socket of this process.
-std::vector<TcpSocket> listening_sockets() {
-  std::vector<TcpSocket> found;
-  std::error_code error;  // as above
-  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
-       it.increment(error)) {
-    int fd = -1;
-    try {
-      fd = std::stoi(it->path().filename().string());
-    } catch (const std::exception&) {
-      continue;
+std::vector<Connected> connected_sockets() {
+  std::vector<Connected> found;
+  for (const TcpSocket& socket : socket_descriptors()) {
+    sockaddr_storage local{}, peer{};
+    socklen_t local_length = sizeof local, peer_length = sizeof peer;
+    if (::getsockname(socket.fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
+        ::getpeername(socket.fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
+      continue;  // not connected (a listening one)
     }
-    const auto inode = inode_of(fd);
+    const auto local_text = gloo_text(local), peer_text = gloo_text(peer);
+    if (!local_text || !peer_text) continue;
+    found.push_back({socket, *local_text, *peer_text, port_of(local), port_of(peer)});
+  }
+  return found;
+}
+
+// Every listening TCP socket of this process, with its port (host order).
+std::vector<std::pair<TcpSocket, std::uint16_t>> listening_sockets() {
+  std::vector<std::pair<TcpSocket, std::uint16_t>> found;
+  for (const TcpSocket& socket : socket_descriptors()) {
     sockaddr_storage local{};
     socklen_t length = sizeof local;
     int type = 0, accepting = 0;
     socklen_t type_length = sizeof type, accepting_length = sizeof accepting;
-    if (!inode || ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
+    if (::getsockname(socket.fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
         (local.ss_family != AF_INET && local.ss_family != AF_INET6) ||
-        ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 || type != SOCK_STREAM ||
-        ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &accepting_length) != 0 ||
+        ::getsockopt(socket.fd, SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 ||
+        type != SOCK_STREAM ||
+        ::getsockopt(socket.fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &accepting_length) != 0 ||
         accepting == 0) {
       continue;
     }
-    found.push_back({fd, *inode});
+    found.emplace_back(socket, port_of(local));
   }
   return found;
 }
@@ -158,13 +160,8 @@ std::vector<TcpSocket> connected_tcp_sockets(std::uint16_t apart_from_port) {
 
 std::vector<TcpSocket> tcp_sockets(std::uint16_t apart_from_port) {
   std::vector<TcpSocket> found = connected_tcp_sockets(apart_from_port);
-  for (const TcpSocket& socket : listening_sockets()) {
-    sockaddr_storage local{};
-    socklen_t length = sizeof local;
-    if (::getsockname(socket.fd, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
-        port_of(local) != apart_from_port) {
-      found.push_back(socket);
-    }
+  for (const auto& [socket, port] : listening_sockets()) {
+    if (port != apart_from_port) found.push_back(socket);
   }
   return found;
 }

@@ -283,9 +283,8 @@ void DistributedDataParallel::launch(std::size_t index) {
 void DistributedDataParallel::synchronize() {
   if (!sync_enabled_) return;
   // The step's own work ends here, where it may start waiting for its peers (the agent's
-  // straggler measure).
-  if (step_end_ns_ != 0) detail::add_work(detail::monotonic_ns() - step_end_ns_);
-  step_end_ns_ = 0;
+  // straggler measure; on the device, the stream's time).
+  memory_->step_ended();
   ++stats_.steps;
   if (options_.sync.local()) {
     reset_pass();
@@ -351,7 +350,7 @@ void DistributedDataParallel::after_step() {
       break;
   }
   sdk::step();  // the agent's hang and straggler detection counts it (dist/sdk/progress.h)
-  if (detail::progress_slot()) step_end_ns_ = detail::monotonic_ns();
+  if (detail::progress_slot()) memory_->step_began();
 }
 
 void DistributedDataParallel::average_parameters() {

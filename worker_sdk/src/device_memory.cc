@@ -1,7 +1,12 @@
 #include "device_memory.h"
 
+#include <cstdint>
 #include <cstring>
+#include <deque>
+#include <utility>
 #include <vector>
+
+#include "progress_slot.h"
 
 #if DIST_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -24,9 +29,15 @@ class HostMemory final : public BucketMemory {
   void synchronize() override {}  // copies completed when they returned
   void complete(const Work& work) override { work.wait(); }
   CudaStream stream() const override { return nullptr; }
+  void step_began() override { began_ns_ = monotonic_ns(); }
+  void step_ended() override {
+    if (began_ns_ != 0) add_work(monotonic_ns() - began_ns_);
+    began_ns_ = 0;
+  }
 
  private:
   std::vector<std::unique_ptr<std::byte[]>> blocks_;
+  std::uint64_t began_ns_ = 0;  // step_began(), until step_ended()
 };
 
 #if DIST_HAVE_NCCL
@@ -46,6 +57,12 @@ class DeviceMemory final : public BucketMemory {
     DeviceGuard guard(device_);
     cudaStreamSynchronize(stream_);  // copies out of the buckets may still run
     for (void* block : blocks_) cudaFree(block);
+    if (began_) cudaEventDestroy(began_);
+    for (auto [began, ended] : timed_) {
+      cudaEventDestroy(began);
+      cudaEventDestroy(ended);
+    }
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
   }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
@@ -69,10 +86,68 @@ class DeviceMemory final : public BucketMemory {
   void complete(const Work& work) override { work.wait_on(stream_); }
   CudaStream stream() const override { return stream_; }
 
+  void step_began() override {
+    DeviceGuard guard(device_);
+    add_completed_steps();
+    if (!began_) began_ = take_event();
+    check_cuda(cudaEventRecord(began_, stream_), "cudaEventRecord (a step's start)");
+  }
+  void step_ended() override {
+    if (!began_) return;
+    DeviceGuard guard(device_);
+    cudaEvent_t ended = take_event();
+    check_cuda(cudaEventRecord(ended, stream_), "cudaEventRecord (a step's end)");
+    timed_.emplace_back(std::exchange(began_, nullptr), ended);
+    if (timed_.size() > kMostTimedSteps) {  // a stream that stopped: its steps go unmeasured
+      give_back(timed_.front());
+      timed_.pop_front();
+    }
+    add_completed_steps();
+  }
+
  private:
+  // Steps the stream has not reached the end of yet, before the oldest goes unmeasured.
+  static constexpr std::size_t kMostTimedSteps = 64;
+  using Timed = std::pair<cudaEvent_t, cudaEvent_t>;  // a step's start and end
+
+  cudaEvent_t take_event() {
+    if (free_.empty()) {
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDefault), "cudaEventCreate (timing)");
+      return e;
+    }
+    cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  void give_back(const Timed& step) {
+    free_.push_back(step.first);
+    free_.push_back(step.second);
+  }
+  // The steps whose end the stream has passed, oldest first, to the straggler measure. A step
+  // whose events cannot be read (a failed stream: what failed is said where it is waited for)
+  // goes unmeasured.
+  void add_completed_steps() {
+    while (!timed_.empty()) {
+      const auto [began, ended] = timed_.front();
+      const cudaError_t state = cudaEventQuery(ended);
+      if (state == cudaErrorNotReady) return;
+      float ms = 0.0f;
+      if (state == cudaSuccess && cudaEventElapsedTime(&ms, began, ended) == cudaSuccess &&
+          ms > 0.0f) {
+        add_work(static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6));
+      }
+      give_back(timed_.front());
+      timed_.pop_front();
+    }
+  }
+
   CudaStream stream_;
   int device_;
   std::vector<void*> blocks_;
+  cudaEvent_t began_ = nullptr;  // step_began()'s, until step_ended()
+  std::deque<Timed> timed_;      // ended steps not yet read, oldest first
+  std::vector<cudaEvent_t> free_;
 };
 #endif
 

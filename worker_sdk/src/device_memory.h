@@ -28,6 +28,14 @@ class BucketMemory {
   // Later copies see the collective's result.
   virtual void complete(const Work& work) = 0;
   virtual CudaStream stream() const = 0;
+
+  // A step's own work, the agent's straggler measure (detail::add_work): from step_began()
+  // (after the last step's optimizer) to step_ended() (where the step starts waiting for its
+  // peers). Host: the host's clock. Device: the time stream() took between the two, from CUDA
+  // timing events read once they completed (never waited for): the GPU's time, which the host,
+  // launching kernels ahead of it, does not see. A step's measure may arrive a few steps late.
+  virtual void step_began() = 0;
+  virtual void step_ended() = 0;
 };
 
 }  // namespace dist::sdk::detail

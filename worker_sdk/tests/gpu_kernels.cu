@@ -19,6 +19,17 @@ __global__ void wait_for_flag(const volatile int* flag) {
   while (*flag == 0) __nanosleep(kSpinSleepNs);
 }
 
+__device__ unsigned long long global_timer_ns() {
+  unsigned long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+
+__global__ void busy_kernel(unsigned long long nanoseconds) {
+  const unsigned long long until = global_timer_ns() + nanoseconds;
+  while (global_timer_ns() < until) __nanosleep(kSpinSleepNs);
+}
+
 __global__ void fill_kernel(float* data, std::size_t count, float value) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i < count) data[i] = value;
@@ -46,6 +57,11 @@ void Gate::hold(CudaStream stream) {
 
 void Gate::open() {
   __atomic_store_n(const_cast<int*>(flag_), 1, __ATOMIC_SEQ_CST);
+}
+
+void busy(CudaStream stream, unsigned long long nanoseconds) {
+  busy_kernel<<<1, 1, 0, stream>>>(nanoseconds);
+  check(cudaGetLastError(), "launching busy");
 }
 
 void fill(float* data, std::size_t count, float value, CudaStream stream) {

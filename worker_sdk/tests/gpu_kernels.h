@@ -25,6 +25,10 @@ class Gate {
   volatile int* flag_ = nullptr;
 };
 
+// A kernel on `stream` that runs for `nanoseconds` (the GPU's global timer) and does nothing else:
+// a step's compute of a known length.
+void busy(CudaStream stream, unsigned long long nanoseconds);
+
 // data[0, count) = value, on `stream`.
 void fill(float* data, std::size_t count, float value, CudaStream stream);
 

@@ -12,6 +12,8 @@
 // not trusted for more tests. Without a GPU every test skips, saying so.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "child_process.h"
+#include "dist/contract/worker_contract.h"
 #include "dist/sdk/ddp.h"
 #include "dist/sdk/process_group.h"
 #include "dist/store/server.h"
@@ -455,6 +458,59 @@ TEST_F(OneGpu, DdpOverDeviceBuffersFollowsTheBackwardStreamWithoutBlockingTheHos
   EXPECT_EQ(db.host_floats(kBiases)[0], -1.0f);
   EXPECT_EQ(w.host_floats(kWeights)[0], 1.0f);  // rank 0's parameters, broadcast
   EXPECT_EQ(b.host_floats(kBiases)[0], 2.0f);
+}
+
+// DDP's straggler measure over device buffers (the slot's work_ns, what dist-launch compares
+// across the job): the GPU's time for a step's own work, from after_step() to synchronize() on
+// the backward stream, not the host's (which only launches: microseconds) and not the optimizer's
+// kernels between synchronize() and after_step(). The child's steps run a 30 ms kernel before
+// synchronize() and a 60 ms one after it: 5 measured steps of 6 are 150 ms of work, and would be
+// 450 with the optimizer's time.
+TEST_F(OneGpu, DdpOverDeviceBuffersCountsTheGpusTimeForAStepsOwnWork) {
+  SKIP_WITHOUT_GPU();
+  namespace slot = worker_contract::heartbeat_slot;
+  const int fd = ::memfd_create("dist-gpu-test-slot", 0);  // inherited by the child
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, slot::kBytes), 0);
+  void* at = ::mmap(nullptr, slot::kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(at, MAP_FAILED);
+  auto* s = new (at) slot::Slot{};
+  s->magic = slot::kMagic;
+  const auto child_run = child("StepWork", "step-work", {{slot::kFdVariable, std::to_string(fd)}});
+  const std::uint64_t steps = s->steps.load();
+  const double work_ms = static_cast<double>(s->work_ns.load()) / 1e6;
+  ::munmap(at, slot::kBytes);
+  ::close(fd);
+  ASSERT_EQ(child_run.exit_code, kChildPassed) << child_run.output;
+  std::printf("%llu steps, %.1f ms of work counted\n", static_cast<unsigned long long>(steps),
+              work_ms);
+  EXPECT_EQ(steps, 7u);
+  EXPECT_GE(work_ms, 5 * 30 * 0.95) << "the host's time, not the GPU's";
+  EXPECT_LT(work_ms, 5 * 30 + 5 * 60 * 0.5) << "the optimizer's kernels were counted as work";
+}
+TEST_F(OneGpuChild, DISABLED_StepWork) {
+  ONLY_AS_A_CHILD();
+  using std::chrono::nanoseconds;
+  constexpr int kSteps = 6;
+  constexpr auto kCompute = nanoseconds(30ms).count(), kOptimizer = nanoseconds(60ms).count();
+  auto g = group();
+  DeviceBuffer w(64 * sizeof(float)), dw(64 * sizeof(float));
+  Stream backward;
+  DdpOptions options;
+  options.stream = backward.s;
+  DistributedDataParallel ddp(*g, {{"w", {w.floats(), 64}, {dw.floats(), 64}}}, options);
+  for (int i = 0; i < kSteps; ++i) {
+    testing::busy(backward.s, kCompute);  // forward and backward
+    ddp.grad_ready(0);
+    ddp.synchronize();
+    testing::busy(backward.s, kOptimizer);  // the optimizer
+    ddp.after_step();
+  }
+  check(cudaStreamSynchronize(backward.s));
+  // Reads what the stream has passed: the last step's events (and counts a seventh step).
+  ddp.after_step();
+  std::fflush(stdout);
+  std::_Exit(::testing::Test::HasFailure() ? 1 : kChildPassed);
 }
 
 TEST_F(OneGpu, KeepAliveHoldsTheBuffersUntilTheCollectiveCompleted) {

@@ -9,12 +9,15 @@
 //   setup          two ranks of a Gloo group built with join_group (threads): rank 1 joins only
 //                  once the slot shows rank 0 waiting in the group's set-up; exit: the number of
 //                  failures (the slot shows no set-up once both are in)
+//   ddp-work N     N steps of DDP over a Gloo group of one: a step's own work (forward and
+//                  backward) sleeps kComputeMs, its optimizer kOptimizerMs; exit 0 when all ran
 //   dump SIGNAL    install the stack dump, 2 steps, a broadcast issued, then SIGNAL to itself
 //   no-dump        install the stack dump without the agent's variables; exit 0 when no handler
 #include <fcntl.h>
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/sdk/ddp.h"
 #include "dist/sdk/heartbeat.h"
 #include "dist/sdk/init.h"
 #include "dist/sdk/process_group.h"
@@ -93,6 +97,27 @@ int setup() {
   return failures + (s->setup_since_ns.load() != 0 ? 1 : 0);
 }
 
+// What progress_test.cc expects of `ddp-work`.
+constexpr int kComputeMs = 20;
+constexpr int kOptimizerMs = 60;
+
+int ddp_work(int steps) {
+  store::StoreServerThread store;
+  store::ClientOptions client;
+  client.port = store.port();
+  auto group = sdk::make_gloo_group(store::StoreClient::connect(client), 0, 1, {});
+  std::vector<float> weights(16, 1.0f), grads(16, 0.0f);
+  sdk::DistributedDataParallel ddp(*group, {{"w", weights, grads}});
+  for (int i = 0; i < steps; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kComputeMs));  // forward, backward
+    ddp.grad_ready(0);
+    ddp.synchronize();
+    std::this_thread::sleep_for(std::chrono::milliseconds(kOptimizerMs));  // the optimizer
+    ddp.after_step();
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,6 +136,7 @@ int main(int argc, char** argv) {
   }
   if (what == "pending") return pending();
   if (what == "setup") return setup();
+  if (what == "ddp-work") return ddp_work(n);
   if (what == "dump") {
     sdk::detail::install_stack_dump();
     sdk::step();

@@ -200,7 +200,6 @@ class DistributedDataParallel {
   std::vector<float*> sums_;  // average_values(): each bucket's float sums, in ops_
 
   std::uint64_t local_steps_ = 0;   // after_step() calls (local strategies)
-  std::uint64_t step_end_ns_ = 0;   // the last after_step(): a step's own work starts there
   std::uint64_t plain_bytes_ = 0;   // sent outside ops_
   std::uint64_t skipped_said_ = 0;  // nonfinite_skipped when last told on stderr (host buffers)
   std::optional<std::uint64_t> transport_start_;  // the group's transport count once built

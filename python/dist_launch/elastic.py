@@ -196,6 +196,7 @@ class _Group:
         self.timeout = _group_timeout()
         self.last_root = -1
         self._store = None
+        self._group_store = None  # the group's store connection (see join)
         # The group's own sockets (inodes: the ones its init opened), which the watcher shuts
         # down when the agent publishes the next generation: a rank whose collective waits on a
         # peer that is alive (it waits on the dead one in turn) fails then too, at once.
@@ -252,8 +253,9 @@ class _Group:
         by shutting down what it opened, that connection too (_Superseded)."""
         import torch.distributed as dist
         self.store  # (the shared one first: not the group's)
-        store = dist.PrefixStore(f"{self.group_prefix}gen_{generation}/",
-                                 self._connect(self.timeout))
+        # (A store of Python's own lives while the group does: torch holds only its C++ half.)
+        self._group_store = _with_fault(self._connect(self.timeout), self.rank, generation)
+        store = dist.PrefixStore(f"{self.group_prefix}gen_{generation}/", self._group_store)
         self.init(store=store, rank=self.rank, world_size=self.world_size)
         with self.changed:
             self.generation = generation
@@ -376,14 +378,15 @@ class _Group:
         return torch.device("cpu")
 
 
-def _shut_down(inodes, store_too: bool = False) -> None:
+def _shut_down(inodes, store_too: bool = False, listening_too: bool = False) -> None:
     """Shuts down for reading (without closing: they are not ours to close) the connections to
     the peers among the sockets with these inodes: whatever of this process waits on them wakes
     with an error. Not for writing: gloo's tcp pair queues a send whose write fails (EPIPE, or a
     reset from a peer that closed its socket) and never fails it, nor the collective around it,
     which waits out the group's timeout (a 2-rank barrier loop under load: 10 of 60 stuck with
-    SHUT_RDWR, none of 60 with SHUT_RD). A listening socket (gloo aborts when its accept fails)
-    is left alone, and so is a connection to the store unless `store_too`."""
+    SHUT_RDWR, none of 60 with SHUT_RD). A listening socket is left alone unless
+    `listening_too` (see _gloo_fails_a_pair_whose_accept_fails), and so is a connection to the
+    store unless `store_too`."""
     store_port = -1 if store_too else int(os.environ.get("MASTER_PORT", "0"))
     current = _socket_inodes()
     for inode in inodes:
@@ -400,12 +403,123 @@ def _shut_down(inodes, store_too: bool = False) -> None:
             tcp = sock.family in (socket.AF_INET, socket.AF_INET6) and \
                 sock.type == socket.SOCK_STREAM
             listening = tcp and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-            if tcp and not listening and sock.getpeername()[1] != store_port:
+            if listening and listening_too:
+                sock.shutdown(socket.SHUT_RDWR)  # its accept fails: EINVAL
+            elif tcp and not listening and sock.getpeername()[1] != store_port:
                 sock.shutdown(socket.SHUT_RD)
         except (OSError, IndexError, ValueError):
             pass
         finally:
             sock.detach()
+
+
+def _connect_in_place_of(ranks, inodes) -> None:
+    """torch's own gloo listens for every pair on one socket of the device: the connecting side
+    of a pair writes the number its listening side's pair waits for (a device made for the group
+    numbers its pairs by rank, from 0: pair i waits for i), and the listener hands it that
+    connection. A pair whose peer died between publishing its address and connecting waits for
+    it with no end but the group's timeout (and shutting the listener down aborts the process).
+    This connects to each listening socket among `inodes` in each of `ranks`' place, writes the
+    number and closes: the pair is handed a connection that is already closed, and the set-up
+    fails with it. A guess at another gloo's numbering only makes another pair of a superseded
+    set-up fail (a rank whose set-up still waits then leaves: _Superseded)."""
+    current = _socket_inodes()
+    for inode in inodes:
+        fd = current.get(inode)
+        if fd is None:
+            continue
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (
+                    socket.AF_INET, socket.AF_INET6) or not sock.getsockopt(
+                        socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                continue
+            host, port = sock.getsockname()[:2]
+            family = sock.family
+        except OSError:
+            continue
+        finally:
+            sock.detach()
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1" if family == socket.AF_INET else "::1"
+        for rank in sorted(ranks):
+            try:
+                with socket.create_connection((host, port), timeout=1.0) as peer:
+                    peer.sendall(struct.pack("=q", rank))
+            except OSError:
+                pass
+
+
+@functools.lru_cache(maxsize=None)
+def _gloo_fails_a_pair_whose_accept_fails() -> bool:
+    """Whether this torch's gloo ends the set-up's wait for a peer's connection with an error
+    when its listening socket is shut down: the system's gloo (a shared libgloo, as Debian's torch
+    1.13 links) listens on a socket of each pair's own, and a failed accept fails that pair's
+    connect, as the C++ SDK's gloo does. torch's own gloo (the pip wheels) listens on one socket
+    for the whole device and aborts the process when its accept fails: its listening socket is
+    left alone (see _Superseded)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("/libgloo" in line for line in maps)
+    except OSError:
+        return False
+
+
+# Fault injection for the recovery tests (the C++ SDK's DIST_SDK_FAULT=exit-after-publishing):
+# with DIST_LAUNCH_FAULT=exit-after-publishing:RANK:GENERATION in its environment, that rank exits
+# (code 6) as soon as gloo has published its addresses for that generation's group, before it
+# connects to any peer: a peer dying in the one window of a set-up that nothing else can place
+# (each survivor on the listening side of its pair with it then waits for a connection that never
+# comes).
+_FAULT_VARIABLE = "DIST_LAUNCH_FAULT"
+
+
+def _with_fault(store, rank: int, generation: int):
+    """`store`, or, where DIST_LAUNCH_FAULT says so for this rank and generation, a store that
+    forwards to it and exits once gloo published this rank's addresses through it (the key that
+    is the rank's number alone; torch's own keys end otherwise)."""
+    if os.environ.get(_FAULT_VARIABLE) != f"exit-after-publishing:{rank}:{generation}":
+        return store
+    import torch.distributed as dist
+
+    class ExitAfterPublishing(dist.Store):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def set(self, key, value):
+            self.inner.set(key, value)
+            if key.rsplit("/", 1)[-1] == str(rank):
+                sys.stderr.write(f"rank {rank}: exiting after publishing this rank's addresses "
+                                 f"({_FAULT_VARIABLE})\n")
+                sys.stderr.flush()
+                os._exit(6)
+
+        def get(self, key):
+            return self.inner.get(key)
+
+        def add(self, key, amount):
+            return self.inner.add(key, amount)
+
+        def compare_set(self, key, expected, desired):
+            return self.inner.compare_set(key, expected, desired)
+
+        def delete_key(self, key):
+            return self.inner.delete_key(key)
+
+        def num_keys(self):
+            return self.inner.num_keys()
+
+        def set_timeout(self, timeout):
+            return self.inner.set_timeout(timeout)
+
+        def wait(self, keys, timeout=None):
+            return self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    return ExitAfterPublishing(store)
 
 
 # What a torch NCCL group of an in-place worker is built with, unless the script's environment
@@ -895,11 +1009,14 @@ class _Superseded:
     watch on a connection of its own for the generation after it: the agent publishes one when
     it folds a failure into this recovery (a peer died before the group formed, and the set-up
     would wait for it for the group's timeout). Then what the set-up opened since it began (its
-    store connection, its peers') is shut down for reading, and the set-up fails at once. One
-    wait it cannot end: gloo's listening side of a pair whose peer died between publishing its
-    address and connecting (torch's gloo aborts the process when that accept fails, so its
-    listening socket is left alone, where the C++ SDK shuts its down: the job's
-    --in-place-timeout, then the group restarts)."""
+    store connection, its peers') is shut down for reading, and the set-up fails at once. The
+    listening side of a pair whose peer died between publishing its address and connecting: the
+    system's gloo (Debian's torch 1.13) fails that wait when its listening socket is shut down,
+    as the C++ SDK's does; torch's own gloo (the pip wheels) aborts the process instead, so its
+    listening socket is left alone and is connected to in the place of each rank the next
+    generation replaces (_connect_in_place_of): the pair waiting for it fails. A rank whose
+    set-up still stays idle STUCK_COLLECTIVE_S leaves (STUCK_EXIT_CODE): the agent starts it
+    again, or restarts the group, at once rather than after the job's --in-place-timeout."""
 
     def __init__(self, g: _Group, generation: int):
         self.g, self.generation = g, generation
@@ -921,15 +1038,53 @@ class _Superseded:
         except OSError:  # the set-up is over (__exit__), or the store is gone
             return
         # Superseded: until the set-up gives up, what it has opened and opens next (it may not
-        # have begun yet) is shut down.
+        # have begun yet) is shut down, its listening sockets too where gloo then fails the wait
+        # for a peer's connection. Where it would abort the process instead (torch's own gloo),
+        # a set-up left idle for STUCK_COLLECTIVE_S waits for a connection that will never come:
+        # the rank leaves, and the agent starts it again (or restarts the group) at once.
+        listening_too = _gloo_fails_a_pair_whose_accept_fails()
+        replaced = None if listening_too else self._replaced_next()
+        window_start, cpu_start = time.monotonic(), time.process_time()
         while True:
             with self._lock:
                 if self._over.is_set():
                     return
                 self.fired = True
-                _shut_down(set(_socket_inodes()) - self._before, store_too=True)
+                opened = set(_socket_inodes()) - self._before
+                _shut_down(opened, store_too=True, listening_too=listening_too)
+                if replaced:
+                    _connect_in_place_of(replaced - {self.g.rank}, opened)
+                    replaced = None  # (once: the pairs that wait for them fail with it)
             if self._over.wait(0.05):
                 return
+            now, cpu = time.monotonic(), time.process_time()
+            if cpu - cpu_start > _IDLE_CPU_SHARE * (now - window_start):
+                window_start, cpu_start = now, cpu  # it computes: not stuck
+            elif now - window_start >= STUCK_COLLECTIVE_S:
+                with self._lock:
+                    if not self._over.is_set():
+                        self._leave_stuck()
+
+    def _replaced_next(self) -> set[int]:
+        """The ranks the superseding generation replaces (its record, "replaced=2,5 ..."): the
+        peers this set-up may wait for that will never come. None for a regroup's record."""
+        try:
+            record = self.g.store.get(self.g.generation_key(self.generation + 1)).decode()
+        except Exception:  # noqa: BLE001 (the store is gone: the job is)
+            return set()
+        match = re.match(r"replaced=([\d,]+)", record)
+        return {int(r) for r in match.group(1).split(",")} if match else set()
+
+    def _leave_stuck(self) -> None:
+        import torch
+        self.g._leave(
+            f"rank {self.g.rank}: generation {self.generation}'s set-up stayed idle "
+            f"{STUCK_COLLECTIVE_S:g} s after generation {self.generation + 1} superseded it and "
+            f"what it had opened was shut down: it waits for a peer's connection that will never "
+            f"come (torch {torch.__version__}'s gloo listens for every pair on one socket and "
+            f"aborts the process when its accept fails, so that wait cannot be ended); leaving, "
+            f"so that the agent starts this rank again rather than wait out the group's timeout "
+            f"({self.g.timeout.total_seconds():g} s)")
 
     def __exit__(self, *_):
         with self._lock:

@@ -378,14 +378,14 @@ class _Group:
         return torch.device("cpu")
 
 
-def _shut_down(inodes, store_too: bool = False, listening_too: bool = False) -> None:
+def _shut_down(inodes, store_too: bool = False) -> None:
     """Shuts down for reading (without closing: they are not ours to close) the connections to
     the peers among the sockets with these inodes: whatever of this process waits on them wakes
     with an error. Not for writing: gloo's tcp pair queues a send whose write fails (EPIPE, or a
     reset from a peer that closed its socket) and never fails it, nor the collective around it,
     which waits out the group's timeout (a 2-rank barrier loop under load: 10 of 60 stuck with
-    SHUT_RDWR, none of 60 with SHUT_RD). A listening socket is left alone unless
-    `listening_too` (see _gloo_fails_a_pair_whose_accept_fails), and so is a connection to the
+    SHUT_RDWR, none of 60 with SHUT_RD). A listening socket is left alone (gloo since 2023 aborts
+    the process when its accept fails: see _connect_in_place_of), and so is a connection to the
     store unless `store_too`."""
     store_port = -1 if store_too else int(os.environ.get("MASTER_PORT", "0"))
     current = _socket_inodes()
@@ -403,9 +403,7 @@ def _shut_down(inodes, store_too: bool = False, listening_too: bool = False) -> 
             tcp = sock.family in (socket.AF_INET, socket.AF_INET6) and \
                 sock.type == socket.SOCK_STREAM
             listening = tcp and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-            if listening and listening_too:
-                sock.shutdown(socket.SHUT_RDWR)  # its accept fails: EINVAL
-            elif tcp and not listening and sock.getpeername()[1] != store_port:
+            if tcp and not listening and sock.getpeername()[1] != store_port:
                 sock.shutdown(socket.SHUT_RD)
         except (OSError, IndexError, ValueError):
             pass
@@ -413,16 +411,10 @@ def _shut_down(inodes, store_too: bool = False, listening_too: bool = False) -> 
             sock.detach()
 
 
-def _connect_in_place_of(ranks, inodes) -> None:
-    """torch's own gloo listens for every pair on one socket of the device: the connecting side
-    of a pair writes the number its listening side's pair waits for (a device made for the group
-    numbers its pairs by rank, from 0: pair i waits for i), and the listener hands it that
-    connection. A pair whose peer died between publishing its address and connecting waits for
-    it with no end but the group's timeout (and shutting the listener down aborts the process).
-    This connects to each listening socket among `inodes` in each of `ranks`' place, writes the
-    number and closes: the pair is handed a connection that is already closed, and the set-up
-    fails with it. A guess at another gloo's numbering only makes another pair of a superseded
-    set-up fail (a rank whose set-up still waits then leaves: _Superseded)."""
+def _listening(inodes):
+    """{inode: (host, port)} of the listening TCP sockets among these inodes, a wildcard address
+    given as the loopback one."""
+    found = {}
     current = _socket_inodes()
     for inode in inodes:
         fd = current.get(inode)
@@ -433,39 +425,48 @@ def _connect_in_place_of(ranks, inodes) -> None:
         except OSError:
             continue
         try:
-            if sock.type != socket.SOCK_STREAM or sock.family not in (
-                    socket.AF_INET, socket.AF_INET6) or not sock.getsockopt(
+            if sock.type == socket.SOCK_STREAM and sock.family in (
+                    socket.AF_INET, socket.AF_INET6) and sock.getsockopt(
                         socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                continue
-            host, port = sock.getsockname()[:2]
-            family = sock.family
+                host, port = sock.getsockname()[:2]
+                if host in ("0.0.0.0", "::"):
+                    host = "127.0.0.1" if sock.family == socket.AF_INET else "::1"
+                found[inode] = (host, port)
         except OSError:
-            continue
+            pass
         finally:
             sock.detach()
-        if host in ("0.0.0.0", "::"):
-            host = "127.0.0.1" if family == socket.AF_INET else "::1"
-        for rank in sorted(ranks):
-            try:
-                with socket.create_connection((host, port), timeout=1.0) as peer:
-                    peer.sendall(struct.pack("=q", rank))
-            except OSError:
-                pass
+    return found
 
 
-@functools.lru_cache(maxsize=None)
-def _gloo_fails_a_pair_whose_accept_fails() -> bool:
-    """Whether this torch's gloo ends the set-up's wait for a peer's connection with an error
-    when its listening socket is shut down: the system's gloo (a shared libgloo, as Debian's torch
-    1.13 links) listens on a socket of each pair's own, and a failed accept fails that pair's
-    connect, as the C++ SDK's gloo does. torch's own gloo (the pip wheels) listens on one socket
-    for the whole device and aborts the process when its accept fails: its listening socket is
-    left alone (see _Superseded)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return any("/libgloo" in line for line in maps)
-    except OSError:
-        return False
+def _descriptors_to_spare() -> int:
+    """How many more descriptors this process may open, less a margin for its own work."""
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 16
+    return soft - len(os.listdir("/proc/self/fd")) - 64
+
+
+def _connect_in_place_of(ranks, address, over: threading.Event) -> None:
+    """Connects to the listening socket at `address` in each of `ranks`' place, in that order,
+    writing the 8 bytes the connecting side of a gloo pair writes (the number of the pair it
+    connects to), and closes: a pair waiting for that peer is handed a connection that is already
+    closed, and fails at once. gloo since 2023 listens for every pair on one socket of the device
+    (which numbers the pairs of the group it was made for by rank: pair i waits for i) and aborts
+    the process when its accept fails, so that socket cannot be shut down; the system's gloo of
+    2022 (Debian's torch 1.13) has a listening socket of each pair's own and takes any connection
+    on it. Each connection a pair does not wait for stays open in gloo until the group is
+    destroyed: they stop short of the descriptors this process may open (_descriptors_to_spare),
+    and when the set-up is over."""
+    for rank in ranks[:max(0, _descriptors_to_spare())]:
+        if over.is_set():
+            return
+        try:
+            with socket.create_connection(address, timeout=1.0) as peer:
+                peer.sendall(struct.pack("=q", rank))
+        except OSError:
+            return  # (the set-up is gone: the socket with it)
 
 
 # Fault injection for the recovery tests (the C++ SDK's DIST_SDK_FAULT=exit-after-publishing):
@@ -1010,13 +1011,12 @@ class _Superseded:
     it folds a failure into this recovery (a peer died before the group formed, and the set-up
     would wait for it for the group's timeout). Then what the set-up opened since it began (its
     store connection, its peers') is shut down for reading, and the set-up fails at once. The
-    listening side of a pair whose peer died between publishing its address and connecting: the
-    system's gloo (Debian's torch 1.13) fails that wait when its listening socket is shut down,
-    as the C++ SDK's does; torch's own gloo (the pip wheels) aborts the process instead, so its
-    listening socket is left alone and is connected to in the place of each rank the next
-    generation replaces (_connect_in_place_of): the pair waiting for it fails. A rank whose
-    set-up still stays idle STUCK_COLLECTIVE_S leaves (STUCK_EXIT_CODE): the agent starts it
-    again, or restarts the group, at once rather than after the job's --in-place-timeout."""
+    listening side of a pair whose peer died between publishing its address and connecting (or
+    left its own set-up before connecting to this rank) waits for a connection: its listening
+    socket is connected to in the place of every other rank, the replaced ones first
+    (_connect_in_place_of), and the pair waiting fails. A rank whose set-up still stays idle
+    STUCK_COLLECTIVE_S leaves (STUCK_EXIT_CODE): the agent starts it again, or restarts the
+    group, at once rather than after the job's --in-place-timeout."""
 
     def __init__(self, g: _Group, generation: int):
         self.g, self.generation = g, generation
@@ -1038,26 +1038,39 @@ class _Superseded:
         except OSError:  # the set-up is over (__exit__), or the store is gone
             return
         # Superseded: until the set-up gives up, what it has opened and opens next (it may not
-        # have begun yet) is shut down, its listening sockets too where gloo then fails the wait
-        # for a peer's connection. Where it would abort the process instead (torch's own gloo),
-        # a set-up left idle for STUCK_COLLECTIVE_S waits for a connection that will never come:
-        # the rank leaves, and the agent starts it again (or restarts the group) at once.
-        listening_too = _gloo_fails_a_pair_whose_accept_fails()
-        replaced = None if listening_too else self._replaced_next()
-        window_start, cpu_start = time.monotonic(), time.process_time()
+        # have begun yet) is shut down, and each listening socket it opens is connected to in
+        # the place of the peers it may wait for. A set-up left idle STUCK_COLLECTIVE_S even so
+        # waits for what will never come: the rank leaves, and the agent starts it again (or
+        # restarts the group) at once. Idle by the main thread's CPU time: the watch's own (a
+        # few /proc reads a pass) is not the set-up's work.
+        main_cpu = functools.partial(time.clock_gettime,
+                                     time.pthread_getcpuclockid(threading.main_thread().ident))
+        stand_in_for = None  # the ranks to connect in place of (_connect_in_place_of)
+        handled = set()  # the listening sockets connected to
+        fired_at = window_start = time.monotonic()
+        cpu_start = main_cpu()
         while True:
             with self._lock:
                 if self._over.is_set():
                     return
                 self.fired = True
                 opened = set(_socket_inodes()) - self._before
-                _shut_down(opened, store_too=True, listening_too=listening_too)
-                if replaced:
-                    _connect_in_place_of(replaced - {self.g.rank}, opened)
-                    replaced = None  # (once: the pairs that wait for them fail with it)
-            if self._over.wait(0.05):
+                _shut_down(opened, store_too=True)
+                listening = _listening(opened)
+                if listening and stand_in_for is None:
+                    stand_in_for = self._ranks_to_stand_in_for()
+                for inode, address in listening.items():
+                    if inode in handled:
+                        continue
+                    handled.add(inode)
+                    # One listening socket: a device's, which tells its pairs apart by the
+                    # number written; several: a pair's each, which takes any connection.
+                    _connect_in_place_of(stand_in_for if len(listening) == 1 else stand_in_for[:1],
+                                         address, self._over)
+            now = time.monotonic()
+            if self._over.wait(0.05 if now - fired_at < 1 else 0.25):
                 return
-            now, cpu = time.monotonic(), time.process_time()
+            now, cpu = time.monotonic(), main_cpu()
             if cpu - cpu_start > _IDLE_CPU_SHARE * (now - window_start):
                 window_start, cpu_start = now, cpu  # it computes: not stuck
             elif now - window_start >= STUCK_COLLECTIVE_S:
@@ -1065,26 +1078,29 @@ class _Superseded:
                     if not self._over.is_set():
                         self._leave_stuck()
 
-    def _replaced_next(self) -> set[int]:
-        """The ranks the superseding generation replaces (its record, "replaced=2,5 ..."): the
-        peers this set-up may wait for that will never come. None for a regroup's record."""
+    def _ranks_to_stand_in_for(self) -> list[int]:
+        """Every rank but this one, those the superseding generation replaces first (its
+        record: "replaced=2,5 ..."): a pair of this set-up may wait for any of them, the dead
+        peer's or a survivor's that left its set-up at the dead peer's pair (gloo connects the
+        pairs in rank order) before connecting to this one."""
         try:
             record = self.g.store.get(self.g.generation_key(self.generation + 1)).decode()
         except Exception:  # noqa: BLE001 (the store is gone: the job is)
-            return set()
+            record = ""
         match = re.match(r"replaced=([\d,]+)", record)
-        return {int(r) for r in match.group(1).split(",")} if match else set()
+        replaced = sorted({int(r) for r in match.group(1).split(",")}) if match else []
+        others = [r for r in range(self.g.world_size) if r not in replaced]
+        return [r for r in replaced + others if r != self.g.rank]
 
     def _leave_stuck(self) -> None:
         import torch
         self.g._leave(
             f"rank {self.g.rank}: generation {self.generation}'s set-up stayed idle "
             f"{STUCK_COLLECTIVE_S:g} s after generation {self.generation + 1} superseded it and "
-            f"what it had opened was shut down: it waits for a peer's connection that will never "
-            f"come (torch {torch.__version__}'s gloo listens for every pair on one socket and "
-            f"aborts the process when its accept fails, so that wait cannot be ended); leaving, "
-            f"so that the agent starts this rank again rather than wait out the group's timeout "
-            f"({self.g.timeout.total_seconds():g} s)")
+            f"what it had opened was shut down: it waits for a peer that will never come (with "
+            f"torch {torch.__version__}'s gloo, that wait may have no end but the group's "
+            f"timeout); leaving, so that the agent starts this rank again rather than wait out "
+            f"the group's timeout ({self.g.timeout.total_seconds():g} s)")
 
     def __exit__(self, *_):
         with self._lock:

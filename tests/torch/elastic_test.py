@@ -232,37 +232,37 @@ class InPlace(unittest.TestCase):
         self.assertIn("RuntimeError: injected failure at step 9", run.out)
 
     def test_a_replacement_dying_between_publishing_its_addresses_and_connecting(self):
-        # Rank 4 crashes; its replacement (generation 1) exits as soon as gloo has published its
+        # Rank 2 crashes; its replacement (generation 1) exits as soon as gloo has published its
         # addresses, before it connects to any peer (DIST_LAUNCH_FAULT: nothing else places a
-        # death in that window). A survivor on the listening side of its pair with it (chance:
-        # four survivors, so in 15 runs of 16 one listens) waited for a connection that never
-        # came until --in-place-timeout (60 s here, 300 by default), and the group restarted.
-        # Now the agent folds the failure into generation 2 and every survivor leaves generation
-        # 1's set-up for it, keeping its process: the system's gloo (Debian's torch 1.13) fails
-        # the wait once the listening socket is shut down; torch's own gloo (2.x, one listener a
-        # device, which aborts the process when its accept fails) is handed a closed connection
-        # in the dead rank's place. (The last resort, a survivor still waiting after
+        # death in that window). A survivor on the listening side of its pair with it (torch
+        # 2.x: all of them, the newer process connects; 1.13: by chance) waited for a connection
+        # that never came until --in-place-timeout (60 s here, 300 by default), and the group
+        # restarted. Now the agent folds the failure into generation 2 and every survivor
+        # leaves generation 1's set-up for it, keeping its process: its listening socket is
+        # connected to in the dead rank's place (and every other's), and the waiting pair is
+        # handed a closed connection. (The last resort, a survivor still waiting after
         # STUCK_COLLECTIVE_S, 2 s here, leaving to be started again, must not be needed.)
+        dying = 2
         began = time.monotonic()
         run = self.launch(5, "--restart-policy", "in-place", "--max-restarts", "6",
                           "--in-place-timeout", "60",
-                          script_args=("--crash-at-step", "6", "--crash-rank", "4"),
-                          env={"DIST_LAUNCH_FAULT": "exit-after-publishing:4:1",
+                          script_args=("--crash-at-step", "6", "--crash-rank", str(dying)),
+                          env={"DIST_LAUNCH_FAULT": f"exit-after-publishing:{dying}:1",
                                "DIST_LAUNCH_STUCK_COLLECTIVE_S": "2"})
         took = time.monotonic() - began
         self.assertEqual(run.proc.returncode, 0, run.out)
-        self.assertIn("rank 4: exiting after publishing this rank's addresses", run.out)
+        self.assertIn(f"rank {dying}: exiting after publishing this rank's addresses", run.out)
         self.assertIn("folded into the recovery under way (generation 1, which it supersedes: "
-                      "ranks 4 replaced)", run.out)
+                      f"ranks {dying} replaced)", run.out)
         self.assertNotIn("restarting", run.out)
         self.assertLess(took, 60, "a survivor waited out the in-place timeout:\n" + run.out)
         self.assertNotIn("set-up stayed idle", run.out)
-        for rank in range(4):  # the survivors: one process each
+        for rank in set(range(5)) - {dying}:  # the survivors: one process each
             self.assertEqual(len(run.pids[rank]), 1, run.out)
             self.assertEqual(run.ends[rank][0], run.pids[rank][0], run.out)
             self.assertRegex(run.out, rf"rank {rank}: generation 1('s group did not form \(.*\); "
                                       rf"joining generation 2| was superseded before its set-up)")
-        self.assertEqual(run.ends[4][0], run.pids[4][-1], run.out)
+        self.assertEqual(run.ends[dying][0], run.pids[dying][-1], run.out)
         self.check_near_baseline(run, 5)
 
     def test_two_workers_reaped_together_are_replaced_in_one_generation(self):

@@ -86,18 +86,25 @@ class DeviceMemory final : public BucketMemory {
   void complete(const Work& work) override { work.wait_on(stream_); }
   CudaStream stream() const override { return stream_; }
 
+  // The measure is best effort: a step whose events cannot be made or recorded (a CUDA error,
+  // which whatever waits on the stream reports) goes unmeasured, and is not failed for it.
   void step_began() override {
     DeviceGuard guard(device_);
     add_completed_steps();
     if (!began_) began_ = take_event();
-    check_cuda(cudaEventRecord(began_, stream_), "cudaEventRecord (a step's start)");
+    if (began_ && cudaEventRecord(began_, stream_) != cudaSuccess) {
+      free_.push_back(std::exchange(began_, nullptr));
+    }
   }
   void step_ended() override {
     if (!began_) return;
     DeviceGuard guard(device_);
-    cudaEvent_t ended = take_event();
-    check_cuda(cudaEventRecord(ended, stream_), "cudaEventRecord (a step's end)");
-    timed_.emplace_back(std::exchange(began_, nullptr), ended);
+    const Timed step{std::exchange(began_, nullptr), take_event()};
+    if (!step.second || cudaEventRecord(step.second, stream_) != cudaSuccess) {
+      give_back(step);
+      return;
+    }
+    timed_.push_back(step);
     if (timed_.size() > kMostTimedSteps) {  // a stream that stopped: its steps go unmeasured
       give_back(timed_.front());
       timed_.pop_front();
@@ -110,19 +117,20 @@ class DeviceMemory final : public BucketMemory {
   static constexpr std::size_t kMostTimedSteps = 64;
   using Timed = std::pair<cudaEvent_t, cudaEvent_t>;  // a step's start and end
 
+  // A timing event; null when none can be made.
   cudaEvent_t take_event() {
     if (free_.empty()) {
       cudaEvent_t e = nullptr;
-      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDefault), "cudaEventCreate (timing)");
-      return e;
+      return cudaEventCreateWithFlags(&e, cudaEventDefault) == cudaSuccess ? e : nullptr;
     }
     cudaEvent_t e = free_.back();
     free_.pop_back();
     return e;
   }
   void give_back(const Timed& step) {
-    free_.push_back(step.first);
-    free_.push_back(step.second);
+    for (cudaEvent_t e : {step.first, step.second}) {
+      if (e) free_.push_back(e);
+    }
   }
   // The steps whose end the stream has passed, oldest first, to the straggler measure. A step
   // whose events cannot be read (a failed stream: what failed is said where it is waited for)

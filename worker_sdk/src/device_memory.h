@@ -34,6 +34,9 @@ class BucketMemory {
   // peers). Host: the host's clock. Device: the time stream() took between the two, from CUDA
   // timing events read once they completed (never waited for): the GPU's time, which the host,
   // launching kernels ahead of it, does not see. A step's measure may arrive a few steps late.
+  // (Not the GPU's alone where the host itself waits for peers inside the span: threshold
+  // compression over device buffers reads its counts to the host in grad_ready(), and the
+  // stream runs dry meanwhile, as the host's clock counted that wait too.)
   virtual void step_began() = 0;
   virtual void step_ended() = 0;
 };

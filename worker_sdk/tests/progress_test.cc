@@ -137,14 +137,15 @@ TEST_F(ProgressSlot, ARankBuildingItsGroupIsInItsSetUpUntilTheGroupIsBuilt) {
 // DDP's straggler measure (the slot's work_ns): a step's own work, from the end of the last step
 // (after_step) to where it may wait for its peers (synchronize), not the optimizer between. The
 // probe's steps sleep 20 ms before synchronize() and 60 ms after it: 5 measured steps of 6 (the
-// first starts before anything is measured) are 100 ms of work, and would be 400 with the
-// optimizer's time; the slack above is for a loaded machine's late wake-ups.
+// first starts before anything is measured) are 100 ms of work, and would be at least 400 with
+// the optimizer's time (a sleep never ends early); the slack between is for a loaded machine's
+// late wake-ups.
 TEST_F(ProgressSlot, DdpCountsAStepsOwnWorkAndNotItsOptimizerAsWork) {
   EXPECT_EQ(probe({"ddp-work", "6"}), 0);
   EXPECT_EQ(slot_->steps.load(), 6u);
   const double work_ms = static_cast<double>(slot_->work_ns.load()) / 1e6;
   EXPECT_GE(work_ms, 100.0);
-  EXPECT_LT(work_ms, 300.0) << "the optimizer's time was counted as the step's work";
+  EXPECT_LT(work_ms, 390.0) << "the optimizer's time was counted as the step's work";
 }
 
 // The agent's stack-dump signal: the worker says so in its slot (the feature, its pid), and on the

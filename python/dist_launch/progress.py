@@ -43,6 +43,7 @@ Standard library only: the agent writes this file into its run directory for any
 
 import _thread
 import atexit
+import datetime
 import faulthandler
 import functools
 import os
@@ -407,8 +408,7 @@ class _Sampler:
             if entry is None:
                 self.saw_groups = True
                 entry = self.groups[id(group)] = [self.name_id(group), seq, seq, 0]
-                self.timeout_ms = max(self.timeout_ms, self.group_timeout_ms(group))
-                words[_Q_TIMEOUT_MS] = self.timeout_ms
+                self.note_timeout(self.group_timeout_ms(group))
             elif seq < entry[1]:  # torch 1.x sets a new group's count once the group is made
                 entry[1], entry[2], entry[3] = seq, seq, now
             elif seq != entry[2]:
@@ -442,6 +442,30 @@ class _Sampler:
             except Exception:
                 pass
         return 0
+
+    def wait_timeout_ms(self, collective):
+        """How long the collective the main thread waits in may wait: its own timeout argument
+        (monitored_barrier's; torch 2.x's barrier's), else its group's as it is now (a script may
+        change it after the group was made: set_timeout)."""
+        if collective is None:
+            return 0
+        try:
+            arguments = collective.f_locals
+            timeout = arguments.get("timeout")
+            if isinstance(timeout, datetime.timedelta):
+                return int(timeout.total_seconds() * 1000)
+            group = arguments.get("group")
+            return self.group_timeout_ms(group if group is not None
+                                         else self.c10d._get_default_group())
+        except Exception:
+            return 0
+
+    def note_timeout(self, ms):
+        """The slot keeps the longest collective timeout the worker may wait (the agent's bound
+        for a hang it cannot prove is past it)."""
+        if ms > self.timeout_ms:
+            self.timeout_ms = ms
+            self.words[_Q_TIMEOUT_MS] = ms
 
     def pending_group(self, collective):
         """The group a blocked main thread waits in: the collective's own argument, else the
@@ -491,6 +515,7 @@ class _Sampler:
             blocked = True
         if blocked:
             if not self.waiting_since:
+                self.note_timeout(self.wait_timeout_ms(collective))
                 group, seq = self.pending_group(collective)
                 in_backward = activity & _SLOT_ACTIVITY_BACKWARD
                 kind = kind or (_COLLECTIVE_ALL_REDUCE if in_backward else _COLLECTIVE_OTHER)

@@ -38,9 +38,10 @@ CONCURRENT_JOBS = 4
 
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
              "no-optimizer", "accumulate", "slow-log", "paused", "compile", "exit", "crowded",
-             "alone"]
-# Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it.
-PAUSES = {"alone": 80}
+             "alone", "monitored"]
+# Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored:
+# past the third look of the hang timeout (about 99 s), the first past that bound.
+PAUSES = {"alone": 80, "monitored": 105}
 
 
 class SlowService:
@@ -264,6 +265,13 @@ class Healthy(unittest.TestCase):
         self.assertNotIn("hang suspected", job.proc.stderr)
         for event in job.events("hang_suspected"):
             self.assertFalse(any(r["suspect"] for r in event["ranks"]), event)
+
+    def test_a_monitored_barrier_with_a_timeout_longer_than_its_groups(self):
+        # Rank 0 waits in dist.monitored_barrier(timeout=165 s) while rank 1 works 105 s: past
+        # its group's timeout (10 s) and the agent's margin, within the barrier's own. Rank 1 was
+        # ended there (SIGKILL at the look about 99 s in, exit 137: the bound read the groups'
+        # timeouts alone).
+        self.check("monitored")
 
     def test_a_declared_pause_is_reported_as_a_pause(self):
         job = self.check("paused")

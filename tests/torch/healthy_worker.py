@@ -24,6 +24,9 @@ defaults must end none of them.
                 rank, makes one slower than the others from one second to the next
   exit          no pause; the interpreter ends while the progress sampler reads the group's
                 counter (in torch's C++, the GIL released), pass after pass: the worker exits 0
+  monitored     the group's timeout is short (10 s); rank 1 works --pause s while rank 0 waits
+                in dist.monitored_barrier with a timeout of its own (--pause + 60 s: rank 0's
+                wait for the others; theirs for rank 0 is the group's)
   alone         the script's own collective timeout is short (10 s); rank 0 ends after the
                 training, rank 1 then works alone for --pause s (an evaluation, an upload), its
                 group still up: past that timeout and its margin, but no rank waits for it
@@ -60,7 +63,8 @@ def main():
     p.add_argument("--batch", type=int, default=128, help="crowded: the larger model's batch")
     a = p.parse_args()
     timeout = {"timeout": datetime.timedelta(seconds=a.pause + 60),
-               "alone": datetime.timedelta(seconds=10)}.get(a.scenario)
+               "alone": datetime.timedelta(seconds=10),
+               "monitored": datetime.timedelta(seconds=10)}.get(a.scenario)
     dist.init_process_group("gloo", **({"timeout": timeout} if timeout else {}))
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -162,6 +166,10 @@ def main():
         time.sleep(a.pause)
     elif s == "all":
         time.sleep(a.pause)
+    elif s == "monitored":
+        if rank == 1:
+            time.sleep(a.pause)
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=a.pause + 60))
     elif s == "slow-log" and rank == 0:
         with socket.create_connection(("127.0.0.1", a.log_port)) as log:
             line = b"step done, loss 0.1234 " * 40 + b"\n"

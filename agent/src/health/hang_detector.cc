@@ -611,10 +611,12 @@ void HangDetector::await_dumps(bool first, std::chrono::steady_clock::time_point
       });
 }
 
-// The longest collective timeout the workers said, plus kBoundMargin: past it a healthy job's
-// collectives would have failed by themselves. None when no worker said one.
+// The longest collective timeout the job's workers said (this node's, and the other nodes' in
+// the job view: a rank here may be waited for in a collective elsewhere with a timeout of its
+// own), plus kBoundMargin: past it a healthy job's collectives would have failed by themselves.
+// None when no worker said one.
 std::optional<std::chrono::nanoseconds> HangDetector::bound() const {
-  std::uint64_t longest_ms = 0;
+  std::uint64_t longest_ms = view_ ? view_->collective_timeout_ms : 0;
   for (const auto& [_, w] : workers_) {
     if (w.running) longest_ms = std::max(longest_ms, w.history.last().collective_timeout_ms);
   }
@@ -929,6 +931,7 @@ void HangDetector::fill(WorkerProgress& p) const {
   }
   p.work_seconds = h.recent_work_seconds_per_step(kJobViewInterval);  // what the view compares
   p.cpu_wait = h.cpu_wait_share();  // (whether the job's ranks are crowded)
+  p.collective_timeout_ms = r.collective_timeout_ms;
   const double blocked_s =
       r.pending_since_ns == 0
           ? 0

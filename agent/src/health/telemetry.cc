@@ -102,10 +102,11 @@ std::vector<RankStatus> Telemetry::ranks() const {
 }
 
 schema::NodeProgress Telemetry::node_progress() const {
-  schema::NodeProgress p{wall_clock_seconds(), record_.state, {}, 0, {}};
+  schema::NodeProgress p{wall_clock_seconds(), record_.state, {}, 0, {}, 0};
   for (const auto& w : progress()) {
     p.ranks.push_back(rank_status(w));
     if (w.blocked) p.blocked.push_back(*w.blocked);
+    p.collective_timeout_ms = std::max(p.collective_timeout_ms, w.collective_timeout_ms);
   }
   return p;
 }

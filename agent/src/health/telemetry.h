@@ -142,6 +142,7 @@ struct WorkerProgress {
   std::optional<double> work_seconds;  // its own work per step (the straggler measure)
   std::optional<double> cpu_wait;      // the share of the time it waited for a CPU
   std::optional<schema::BlockedRank> blocked;  // stably blocked in a collective, idle
+  std::uint64_t collective_timeout_ms = 0;     // the longest it said (the hang bound's)
 };
 
 // One rank of a hang investigation (hang_detector.h): where it was, what it was doing, and

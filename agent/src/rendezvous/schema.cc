@@ -148,7 +148,7 @@ std::string shortened(const std::string& name, std::size_t bytes = kMaxPublished
 
 constexpr std::string_view kViewShape =
     "a JSON object {\"t\": seconds, \"n\": ranks, \"m\": seconds, \"w\": [[rank, seconds], "
-    "...], \"cw\": share, \"b\": [blocked ranks]}";
+    "...], \"cw\": share, \"b\": [blocked ranks], \"ct\": milliseconds}";
 constexpr std::string_view kBlockedShape =
     "blocked ranks [{\"r\": rank, \"g\": [[id, seq], ...], \"w\": [group, seq, op, "
     "seconds]}, ...]";
@@ -478,6 +478,7 @@ std::string encode(const NodeProgress& p) {
   ordered_json j = {{"t", rounded(p.time)}, {"st", shortened(p.state)}, {"w", std::move(workers)}};
   if (const std::size_t more = p.more + (p.ranks.size() - shown)) j["more"] = more;
   if (!p.blocked.empty()) j["b"] = encode_blocked(p.blocked, kMaxPublishedBlocked);
+  if (p.collective_timeout_ms) j["ct"] = p.collective_timeout_ms;
   return json_text(j);
 }
 
@@ -504,6 +505,7 @@ NodeProgress decode_node_progress(std::string_view key, std::string_view text) {
   if (const auto blocked = j.find("b"); blocked != j.end()) {
     p.blocked = decode_blocked(*blocked, kMaxPublishedBlocked, key, text, kProgressShape);
   }
+  p.collective_timeout_ms = unsigned_field(j, "ct", key, text).value_or(0);
   return p;
 }
 
@@ -512,6 +514,7 @@ JobView make_job_view(const std::vector<NodeProgress>& nodes, double now) {
   v.time = now;
   std::vector<double> all, waits;
   for (const auto& n : nodes) {
+    v.collective_timeout_ms = std::max(v.collective_timeout_ms, n.collective_timeout_ms);
     for (const auto& r : n.ranks) {
       if (!r.work_seconds || !std::isfinite(*r.work_seconds) || *r.work_seconds <= 0) continue;
       all.push_back(*r.work_seconds);
@@ -550,6 +553,7 @@ std::string encode(const JobView& v) {
                     {"w", std::move(work)}};
   if (v.median_cpu_wait) j["cw"] = rounded(*v.median_cpu_wait);
   if (!v.blocked.empty()) j["b"] = encode_blocked(v.blocked, kMaxViewBlocked);
+  if (v.collective_timeout_ms) j["ct"] = v.collective_timeout_ms;
   return json_text(j);
 }
 
@@ -583,6 +587,10 @@ JobView decode_job_view(std::string_view key, std::string_view text) {
   v.median_cpu_wait = number(j, "cw", key, text);
   if (const auto blocked = j.find("b"); blocked != j.end()) {
     v.blocked = decode_blocked(*blocked, kMaxViewBlocked, key, text, kViewShape);
+  }
+  if (const auto ct = j.find("ct"); ct != j.end()) {
+    if (!ct->is_number_unsigned()) throw CorruptValueError(key, text, kViewShape);
+    v.collective_timeout_ms = ct->get<std::uint64_t>();
   }
   return v;
 }

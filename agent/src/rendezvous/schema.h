@@ -217,6 +217,9 @@ struct NodeProgress {
   std::vector<RankStatus> ranks;
   std::size_t more = 0;              // workers left out (past kMaxPublishedRanks)
   std::vector<BlockedRank> blocked;  // its ranks blocked in a collective (at most the ranks)
+  // The longest collective timeout its ranks said (a group's, or a collective's own argument):
+  // past it and a margin, the hang detectors take an idle rank the job waits for as hung.
+  std::uint64_t collective_timeout_ms = 0;
 };
 std::string encode(const NodeProgress& progress);
 NodeProgress decode_node_progress(std::string_view key, std::string_view text);
@@ -238,6 +241,7 @@ struct JobView {
   // a work measure publish one).
   std::optional<double> median_cpu_wait;
   std::vector<BlockedRank> blocked;
+  std::uint64_t collective_timeout_ms = 0;  // the longest of the nodes' (NodeProgress)
 };
 JobView make_job_view(const std::vector<NodeProgress>& nodes, double now);
 std::string encode(const JobView& view);

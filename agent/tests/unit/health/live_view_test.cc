@@ -53,7 +53,7 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   blocked.seq = 3;
   blocked.op = 5;
   blocked.seconds = 31.5;
-  const schema::NodeProgress p{1'700'000'000.5, "running", {full, bare}, 0, {blocked}};
+  const schema::NodeProgress p{1'700'000'000.5, "running", {full, bare}, 0, {blocked}, 0};
   const std::string text = schema::encode(p);
   const auto back = schema::decode_node_progress("r0/progress/1", text);
   EXPECT_DOUBLE_EQ(back.time, 1'700'000'000.5);
@@ -90,7 +90,7 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
 }
 
 TEST(NodeProgress, TheValueIsBoundedWhateverTheNodeRuns) {
-  schema::NodeProgress p{1.0, std::string(500, 's'), {}, 0, {}};
+  schema::NodeProgress p{1.0, std::string(500, 's'), {}, 0, {}, 0};
   for (int r = 0; r < 1000; ++r) {
     RankStatus w = stepping(r, 1'000'000'000'000ull, 123.456);
     w.steps_per_second = w.step_seconds = w.since_beat_seconds = w.hang_timeout_seconds = 1e6;
@@ -136,8 +136,8 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   setup.rank = 2;
   setup.op = static_cast<std::uint32_t>(worker_contract::heartbeat_slot::Collective::kSetup);
   setup.seconds = 5;
-  const std::vector<schema::NodeProgress> nodes = {{100, "running", {slow}, 0, {b}},
-                                                   {100, "running", {fast, quiet}, 0, {setup}}};
+  const std::vector<schema::NodeProgress> nodes = {{100, "running", {slow}, 0, {b}, 0},
+                                                   {100, "running", {fast, quiet}, 0, {setup}, 0}};
   const schema::JobView v = schema::make_job_view(nodes, 123.5);
   EXPECT_EQ(v.measured, 2u) << "a rank without a work measure is not counted";
   EXPECT_DOUBLE_EQ(v.median_work, 0.023);
@@ -159,6 +159,33 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   }
 }
 
+// A rank may wait in a collective with a timeout longer than its group's (monitored_barrier's
+// own argument), and the rank it waits for may be on another node: each node publishes the
+// longest its ranks said, and the view carries the longest of all, which every node's hang bound
+// reads. A value of an agent before it has none, and is no error.
+TEST(JobView, TheLongestCollectiveTimeoutOfAnyNodeGoesThroughTheView) {
+  const std::vector<schema::NodeProgress> nodes = {
+      {100, "running", {stepping(0, 10, 0.1)}, 0, {}, 10'000},
+      {100, "running", {stepping(1, 10, 0.1)}, 0, {}, 140'000},
+      {100, "running", {stepping(2, 10, 0.1)}, 0, {}, 0}};
+  const auto published = schema::decode_node_progress("r0/progress/1", schema::encode(nodes[1]));
+  EXPECT_EQ(published.collective_timeout_ms, 140'000u);
+  EXPECT_EQ(
+      schema::decode_node_progress("r0/progress/2", schema::encode(nodes[2])).collective_timeout_ms,
+      0u);
+  const schema::JobView v = schema::make_job_view(nodes, 5);
+  EXPECT_EQ(v.collective_timeout_ms, 140'000u);
+  EXPECT_EQ(schema::decode_job_view("r0/view", schema::encode(v)).collective_timeout_ms, 140'000u);
+  EXPECT_EQ(schema::decode_job_view("r0/view", R"({"t":1,"n":1,"m":0.1,"w":[[0,0.1]]})")
+                .collective_timeout_ms,
+            0u);
+  EXPECT_THROW(schema::decode_job_view("r0/view", R"({"t":1,"n":1,"m":0.1,"w":[],"ct":-5})"),
+               schema::CorruptValueError);
+  EXPECT_THROW(
+      schema::decode_node_progress("r0/progress/0", R"({"t":1,"st":"running","w":[],"ct":"x"})"),
+      schema::CorruptValueError);
+}
+
 // Ranks publish the share of the time that they waited for a CPU: the view says
 // the median, once most of the ranks with a work measure publish one, and round-trips it.
 TEST(JobView, TheRanksWaitForCpusGoesThroughTheView) {
@@ -169,7 +196,7 @@ TEST(JobView, TheRanksWaitForCpusGoesThroughTheView) {
     s.cpu_wait = 0.2 * r;                   // 0, 0.2, 0.4: the median 0.2
     ranks.push_back(s);
   }
-  const std::vector<schema::NodeProgress> nodes = {{100, "running", ranks, 0, {}}};
+  const std::vector<schema::NodeProgress> nodes = {{100, "running", ranks, 0, {}, 0}};
   const auto back = schema::decode_node_progress("r0/progress/0", schema::encode(nodes[0]));
   ASSERT_EQ(back.ranks.size(), 3u);
   ASSERT_TRUE(back.ranks[1].work_seconds);
@@ -186,7 +213,7 @@ TEST(JobView, TheRanksWaitForCpusGoesThroughTheView) {
   std::vector<RankStatus> few = ranks;
   few[0].cpu_wait.reset();
   few[1].cpu_wait.reset();
-  EXPECT_FALSE(schema::make_job_view({{100, "running", few, 0, {}}}, 5).median_cpu_wait);
+  EXPECT_FALSE(schema::make_job_view({{100, "running", few, 0, {}, 0}}, 5).median_cpu_wait);
   // A view from an agent before it: no share, and no error.
   const auto old = schema::decode_job_view("r0/view", R"({"t":1,"n":1,"m":0.1,"w":[[0,0.1]]})");
   EXPECT_FALSE(old.median_cpu_wait);
@@ -236,7 +263,7 @@ TEST(NodeProgress, ACorruptedValueIsAnErrorNamingItsKey) {
 TEST(NodeProgress, AReaderAgesWhatWasPublishedToItsOwnNow) {
   RankStatus beating;
   beating.since_beat_seconds = 0.5;
-  schema::NodeProgress p{100.0, "running", {stepping(0, 10, 1.0), beating}, 0, {}};
+  schema::NodeProgress p{100.0, "running", {stepping(0, 10, 1.0), beating}, 0, {}, 0};
   schema::age_to(p, 103.0);
   EXPECT_DOUBLE_EQ(*p.ranks[0].since_step_seconds, 4.0);
   EXPECT_DOUBLE_EQ(*p.ranks[1].since_beat_seconds, 3.5);

@@ -42,7 +42,12 @@ bool Leftovers::gone() {
     if (only_spared_children(own)) return true;
   }
   switch (stage_) {
-    case Stage::kNone: {
+    case Stage::kNone:
+      stage_ = Stage::kGrace;
+      return false;
+    case Stage::kGrace:
+      return false;
+    case Stage::kGraceOver: {
       stage_ = Stage::kTerminated;
       const Sent sent = signal_all(SIGTERM);
       spdlog::warn(

@@ -12,10 +12,16 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
 namespace dist::agent {
+
+// How long what the workers left may take to end by itself before it is signalled: a helper tied
+// to its worker ends once the worker has (Python's multiprocessing resource tracker reads EOF from
+// it), and a healthy job is not warned about it.
+inline constexpr std::chrono::milliseconds kLeftoverGrace{1000};
 
 class Leftovers {
  public:
@@ -33,18 +39,23 @@ class Leftovers {
 
   // Call once every worker is reaped, then again after each child's exit while it returns false.
   // True once nothing the workers started remains, reaped (leftovers that refuse SIGKILL, another
-  // user's, are given up on with a warning). False: the leftovers got SIGTERM (on the first call)
-  // or SIGKILL (on every call after kill()); each exit is a SIGCHLD to the agent (a subreaper: the
-  // leftovers end up its children), and the caller arms the stop's deadline, which calls kill(),
-  // if not armed yet.
+  // user's, are given up on with a warning). False: the leftovers are given kLeftoverGrace to end
+  // by themselves (on the first call: in_grace(), and the caller calls grace_over() once it
+  // passed), then get SIGTERM (the next call) or SIGKILL (on every call after kill()); each exit
+  // is a SIGCHLD to the agent (a subreaper: the leftovers end up its children), and the caller
+  // arms the stop's deadline, which calls kill(), if not armed yet.
   bool gone();
+  bool in_grace() const { return stage_ == Stage::kGrace; }
+  void grace_over() {
+    if (stage_ == Stage::kGrace) stage_ = Stage::kGraceOver;
+  }
 
   // The stop's deadline passed: SIGKILL every leftover now, and on every later gone(). Returns how
   // many were signalled.
   int kill();
 
  private:
-  enum class Stage { kNone, kTerminated, kKilled };
+  enum class Stage { kNone, kGrace, kGraceOver, kTerminated, kKilled };
   // Sends `signal` to every leftover; how many got it, and how many refused it (EPERM).
   struct Sent {
     int signalled = 0;

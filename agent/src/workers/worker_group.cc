@@ -117,6 +117,7 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
       resources_(plan_worker_resources(config.nproc_per_node, config.devices, config.placement,
                                        config.omp_threads_defaulted)),
       kill_timer_(io),
+      grace_timer_(io),
       drain_timer_(io) {
   const auto gets_a_device = [](const WorkerResources& r) {
     return r.environment.contains("CUDA_VISIBLE_DEVICES") ||
@@ -569,6 +570,8 @@ void WorkerGroup::stop(int signal, bool already_sent) {
   draining_ = false;
   deadline_armed_ = false;
   leftovers_.reset();
+  grace_timer_.cancel();
+  grace_armed_ = false;
   leftovers_.spare(agent_helpers());
   for (auto& w : workers_) {
     if (w.exited) continue;
@@ -618,8 +621,20 @@ void WorkerGroup::forward(int signal) {
 // exit, whichever comes first.
 void WorkerGroup::maybe_stopped() {
   if (state_ != State::kStopping || !all_exited(workers_)) return;
-  if (!leftovers_.gone()) return arm_stop_deadline();  // each exit comes back here (SIGCHLD)
+  if (!leftovers_.gone()) {  // each exit comes back here (SIGCHLD)
+    if (!leftovers_.in_grace()) return arm_stop_deadline();
+    if (grace_armed_) return;
+    grace_armed_ = true;
+    grace_timer_.expires_after(kLeftoverGrace);
+    grace_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state_ != State::kStopping) return;
+      leftovers_.grace_over();
+      maybe_stopped();
+    });
+    return;
+  }
   kill_timer_.cancel();
+  grace_timer_.cancel();
   const bool drained = std::all_of(workers_.begin(), workers_.end(),
                                    [](const Member& w) { return w.open_pipes == 0; });
   if (!drained) {

@@ -196,6 +196,8 @@ class WorkerGroup {
   std::vector<WorkerFailure> late_failures_;
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;
+  boost::asio::steady_timer grace_timer_;  // the leftovers' kLeftoverGrace
+  bool grace_armed_ = false;
   boost::asio::steady_timer drain_timer_;
   bool draining_ = false;
   // --warm-restart and snapshots (destroyed in this order's reverse: zygote, snapshots, scratch).

@@ -64,6 +64,18 @@ sh -c 'sleep 1000 & echo $! > "$1/orphan.tmp" && mv "$1/orphan.tmp" "$1/orphan"'
 while [ ! -e "$dir/go" ]; do sleep 0.01; done
 )sh";
 
+// A worker with a helper tied to it, as Python's multiprocessing resource tracker is: the helper
+// (its pid in DIR/helper_<local rank>) ends by itself once the worker has (it watches the worker's
+// pid), a moment after the agent reaped the worker. The worker exits 0 once the helper is running.
+constexpr char kHelperEndsWithIt[] = R"sh(#!/bin/sh
+dir=$1
+worker=$$
+sh -c 'while [ -e "/proc/$1/status" ] && ! grep -q "^State:.*Z" "/proc/$1/status"; do
+         sleep 0.01
+       done; sleep 0.05' sh "$worker" &
+echo $! > "$dir/helper.tmp.$$" && mv "$dir/helper.tmp.$$" "$dir/helper_$LOCAL_RANK"
+)sh";
+
 class DescendantsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -74,6 +86,7 @@ class DescendantsTest : public ::testing::Test {
     fs::create_directories(dir_);
     write_script("leaves_descendants.sh", kLeavesDescendants);
     write_script("orphans_a_child.sh", kOrphansAChild);
+    write_script("helper_ends_with_it.sh", kHelperEndsWithIt);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -154,6 +167,20 @@ TEST_F(DescendantsTest, AfterSuccessWhatTheWorkersLeftIsKilledAndReaped) {
   EXPECT_NE(agent->output().find("processes the workers left still running 500 ms"),
             std::string::npos)
       << agent->output();
+}
+
+// What ends by itself as its worker ends is not a leftover: no warning, no signal (a healthy job
+// using multiprocessing's spawn context was warned that it "left 1 process(es) running").
+TEST_F(DescendantsTest, AHelperThatEndsWithItsWorkerIsNeitherWarnedAboutNorSignalled) {
+  auto agent = launch({"--nproc-per-node", "2"}, "helper_ends_with_it.sh", {});
+  ASSERT_EQ(agent->wait(), 0) << agent->output();
+  EXPECT_EQ(agent->output().find("process(es) running"), std::string::npos) << agent->output();
+  EXPECT_EQ(agent->output().find("SIGKILL"), std::string::npos) << agent->output();
+  for (const char* name : {"helper_0", "helper_1"}) {
+    const pid_t helper = read_pid(name);
+    ASSERT_GT(helper, 0) << name;
+    EXPECT_FALSE(fs::exists("/proc/" + std::to_string(helper))) << name << ": reaped by the agent";
+  }
 }
 
 TEST_F(DescendantsTest, AfterFailuresWithRestartsNothingRemainsAndEachAttemptStartsClean) {

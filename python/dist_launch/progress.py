@@ -286,6 +286,7 @@ class _Sampler:
         self.c10d = torch.distributed.distributed_c10d
         self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         self.cpu = getattr(torch, "device", None) and torch.device("cpu")
+        self.cuda = getattr(torch, "device", None) and torch.device("cuda")
         main = threading.main_thread()
         self.main = main.ident
         try:
@@ -297,7 +298,8 @@ class _Sampler:
         # a group the script destroys is freed as it would be without this module)
         self.groups = {}
         self.saw_groups = False  # a process group was seen (read_groups): see _end_sampler
-        self.timeout_ms = 0
+        self.timeout_ms = 0  # the longest of the process groups' timeouts
+        self.wait_timeout_ms = 0  # the timeout of the collective waited in now (its argument's)
         self.last = time.monotonic_ns()
         self.waiting_since = 0
         self.waiting_issued = 0
@@ -436,36 +438,57 @@ class _Sampler:
 
     def group_timeout_ms(self, group):
         for get in (lambda: group.options._timeout,
-                    lambda: group._get_backend(self.cpu).options._timeout):
+                    lambda: group._get_backend(self.cpu).options._timeout,
+                    lambda: group._get_backend(self.cuda).options._timeout):
             try:
                 return int(get().total_seconds() * 1000)
             except Exception:
                 pass
         return 0
 
-    def wait_timeout_ms(self, collective):
-        """How long the collective the main thread waits in may wait: its own timeout argument
-        (monitored_barrier's; torch 2.x's barrier's), else its group's as it is now (a script may
-        change it after the group was made: set_timeout)."""
+    def collective_timeout_ms(self, collective):
+        """(How long the collective the main thread waits in may wait by its own timeout argument
+        (monitored_barrier's; torch 2.x's barrier's: a timedelta, or seconds in 1.13), 0 without
+        one; its group's timeout as it is now (a script may change it: set_timeout))."""
         if collective is None:
-            return 0
+            return 0, 0
+        own = group_ms = 0
         try:
             arguments = collective.f_locals
             timeout = arguments.get("timeout")
             if isinstance(timeout, datetime.timedelta):
-                return int(timeout.total_seconds() * 1000)
+                own = int(timeout.total_seconds() * 1000)
+            elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+                own = int(timeout * 1000)
             group = arguments.get("group")
-            return self.group_timeout_ms(group if group is not None
-                                         else self.c10d._get_default_group())
+            group_ms = self.group_timeout_ms(group if group is not None
+                                             else self.c10d._get_default_group())
         except Exception:
-            return 0
+            pass
+        return max(own, 0), group_ms
+
+    def note_wait(self, collective):
+        """The slot says the longest collective timeout the worker may wait now (the agent's
+        bound for a hang it cannot prove is past it): the groups' longest, which stays, and the
+        timeout argument of the collective waited in, for that wait only (one monitored_barrier
+        of an hour must not hold every later hang for an hour). Read again at each pass of a
+        wait: the argument may be filled in (monitored_barrier's default) after the first."""
+        own, group_ms = self.collective_timeout_ms(collective)
+        self.note_timeout(group_ms)
+        if own > self.wait_timeout_ms:
+            self.wait_timeout_ms = own
+            self.words[_Q_TIMEOUT_MS] = max(self.timeout_ms, own)
+
+    def end_wait(self):
+        if self.wait_timeout_ms:
+            self.wait_timeout_ms = 0
+            self.words[_Q_TIMEOUT_MS] = self.timeout_ms
 
     def note_timeout(self, ms):
-        """The slot keeps the longest collective timeout the worker may wait (the agent's bound
-        for a hang it cannot prove is past it)."""
+        """A process group's timeout: the slot keeps the groups' longest."""
         if ms > self.timeout_ms:
             self.timeout_ms = ms
-            self.words[_Q_TIMEOUT_MS] = ms
+            self.words[_Q_TIMEOUT_MS] = max(ms, self.wait_timeout_ms)
 
     def pending_group(self, collective):
         """The group a blocked main thread waits in: the collective's own argument, else the
@@ -514,8 +537,9 @@ class _Sampler:
         if not blocked and same_wait and distributed and self.running_passes <= _WAKEUP_PASSES:
             blocked = True
         if blocked:
+            if collective is not None:
+                self.note_wait(collective)
             if not self.waiting_since:
-                self.note_timeout(self.wait_timeout_ms(collective))
                 group, seq = self.pending_group(collective)
                 in_backward = activity & _SLOT_ACTIVITY_BACKWARD
                 kind = kind or (_COLLECTIVE_ALL_REDUCE if in_backward else _COLLECTIVE_OTHER)
@@ -528,6 +552,7 @@ class _Sampler:
         else:
             if self.waiting_since:
                 self.waiting_since = 0
+                self.end_wait()
                 words[_Q_PENDING_SINCE] = 0
                 halves[_I_PENDING_OP] = 0
                 words[_Q_PENDING_GROUP] = 0

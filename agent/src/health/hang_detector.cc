@@ -621,7 +621,10 @@ std::optional<std::chrono::nanoseconds> HangDetector::bound() const {
     if (w.running) longest_ms = std::max(longest_ms, w.history.last().collective_timeout_ms);
   }
   if (longest_ms == 0) return std::nullopt;
-  return std::chrono::milliseconds(longest_ms) + kBoundMargin;
+  // (A timeout of "forever", timedelta(days=999999), would overflow nanoseconds: a year is as
+  // good as forever for a bound.)
+  constexpr std::uint64_t kLongestMs = 366ULL * 24 * 3600 * 1000;
+  return std::chrono::milliseconds(std::min(longest_ms, kLongestMs)) + kBoundMargin;
 }
 
 HangRule HangDetector::rule() const {

@@ -29,8 +29,9 @@ class Leftovers {
   Leftovers(std::string agent_id, pid_t janitor)
       : agent_id_(std::move(agent_id)), janitor_(janitor) {}
 
-  // A new stop begins.
-  void reset() { stage_ = Stage::kNone; }
+  // A new stop begins: `grace` for one without a stop signal (the workers ended by themselves);
+  // a stop signal's leftovers get SIGTERM at once, within the stop's deadline.
+  void reset(bool grace) { stage_ = grace ? Stage::kNone : Stage::kGraceOver; }
 
   // Processes of the agent's own that are never leftovers: the --warm-restart zygote and the
   // guardian of the agent's shared-memory directory (agent/src/warm/), children of the agent

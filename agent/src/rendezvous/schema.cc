@@ -588,10 +588,7 @@ JobView decode_job_view(std::string_view key, std::string_view text) {
   if (const auto blocked = j.find("b"); blocked != j.end()) {
     v.blocked = decode_blocked(*blocked, kMaxViewBlocked, key, text, kViewShape);
   }
-  if (const auto ct = j.find("ct"); ct != j.end()) {
-    if (!ct->is_number_unsigned()) throw CorruptValueError(key, text, kViewShape);
-    v.collective_timeout_ms = ct->get<std::uint64_t>();
-  }
+  v.collective_timeout_ms = unsigned_field(j, "ct", key, text).value_or(0);
   return v;
 }
 

@@ -569,7 +569,7 @@ void WorkerGroup::stop(int signal, bool already_sent) {
   watchdogs_.stopping();
   draining_ = false;
   deadline_armed_ = false;
-  leftovers_.reset();
+  leftovers_.reset(/*grace=*/signal == 0);
   grace_timer_.cancel();
   grace_armed_ = false;
   leftovers_.spare(agent_helpers());

@@ -65,15 +65,15 @@ while [ ! -e "$dir/go" ]; do sleep 0.01; done
 )sh";
 
 // A worker with a helper tied to it, as Python's multiprocessing resource tracker is: the helper
-// (its pid in DIR/helper_<local rank>) ends by itself once the worker has (it watches the worker's
-// pid), a moment after the agent reaped the worker. The worker exits 0 once the helper is running.
+// (its pid in DIR/helper_<local rank>) reads a pipe the worker holds open and ends at its EOF, a
+// moment after the worker ended. The worker exits 0 once the helper is reading.
 constexpr char kHelperEndsWithIt[] = R"sh(#!/bin/sh
 dir=$1
-worker=$$
-sh -c 'while [ -e "/proc/$1/status" ] && ! grep -q "^State:.*Z" "/proc/$1/status"; do
-         sleep 0.01
-       done; sleep 0.05' sh "$worker" &
+fifo="$dir/fifo_$LOCAL_RANK"
+mkfifo "$fifo"
+sh -c 'cat "$1" > /dev/null; sleep 0.05' sh "$fifo" &
 echo $! > "$dir/helper.tmp.$$" && mv "$dir/helper.tmp.$$" "$dir/helper_$LOCAL_RANK"
+exec 3> "$fifo"
 )sh";
 
 class DescendantsTest : public ::testing::Test {

@@ -274,17 +274,35 @@ TEST(JobProcessesTest, TheJanitorLeavesAnUntrackedGroupAndReusesItsSlot) {
 
 // The --warm-restart zygote and its standbys carry the job's marker and are the agent's children,
 // as leftovers are: the stop spares them (no signal, even at the deadline) and ends once they are
-// all that runs, while a marked leftover beside them gets SIGTERM.
+// all that runs, while a marked leftover beside them gets SIGTERM once its grace (the workers
+// ended by themselves: it may end by itself) is over.
 TEST(LeftoversTest, SparedHelpersAreNeverSignalledAndNothingIsLeftWhenOnlyTheyRun) {
   Sleeper helper(env_with(marker(id("abc"))));
   Sleeper leftover(env_with(marker(id("abc"))));
   dist::agent::Leftovers leftovers(id("abc"), -1);
+  leftovers.reset(/*grace=*/true);
   leftovers.spare({helper.pid()});
   EXPECT_FALSE(leftovers.gone()) << "a marked leftover was taken for a helper";
+  EXPECT_TRUE(leftovers.in_grace());
+  EXPECT_FALSE(leftovers.gone());
+  EXPECT_EQ(leftover.reap(), 0) << "signalled during its grace";
+  leftovers.grace_over();
+  EXPECT_FALSE(leftovers.gone());
   EXPECT_TRUE(dist::agent::testing::eventually([&] { return leftover.reap() == SIGTERM; }));
   EXPECT_TRUE(leftovers.gone()) << "the spared helper alone counts as a leftover";
   EXPECT_EQ(leftovers.kill(), 0) << "the deadline's SIGKILL reached a spared helper";
   EXPECT_EQ(helper.reap(), 0) << "the spared helper was signalled";
+}
+
+// A stop signal's leftovers (the workers were stopped) get no grace: SIGTERM at the first look,
+// within the stop's deadline.
+TEST(LeftoversTest, AStopSignalsLeftoversGetSigtermAtOnce) {
+  Sleeper leftover(env_with(marker(id("abc"))));
+  dist::agent::Leftovers leftovers(id("abc"), -1);
+  leftovers.reset(/*grace=*/false);
+  EXPECT_FALSE(leftovers.gone());
+  EXPECT_FALSE(leftovers.in_grace());
+  EXPECT_TRUE(dist::agent::testing::eventually([&] { return leftover.reap() == SIGTERM; }));
 }
 
 }  // namespace

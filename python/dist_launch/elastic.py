@@ -388,6 +388,19 @@ def _shut_down(inodes, store_too: bool = False) -> None:
     the process when its accept fails: see _connect_in_place_of), and so is a connection to the
     store unless `store_too`."""
     store_port = -1 if store_too else int(os.environ.get("MASTER_PORT", "0"))
+    for _, sock in _tcp_sockets(inodes):
+        try:
+            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            if not listening and sock.getpeername()[1] != store_port:
+                sock.shutdown(socket.SHUT_RD)
+        except (OSError, IndexError, ValueError):
+            pass
+
+
+def _tcp_sockets(inodes):
+    """(inode, socket) for each TCP socket of this process among these inodes (gloo's and the
+    store's; a Unix socket of the script's is no peer), borrowed: detached, never closed, once
+    the caller moves on."""
     current = _socket_inodes()
     for inode in inodes:
         fd = current.get(inode)
@@ -398,15 +411,9 @@ def _shut_down(inodes, store_too: bool = False) -> None:
         except OSError:
             continue
         try:
-            # (TCP connections only: gloo's and the store's; a Unix socket of the script's is
-            # not a peer, and its peer name is no address.)
-            tcp = sock.family in (socket.AF_INET, socket.AF_INET6) and \
-                sock.type == socket.SOCK_STREAM
-            listening = tcp and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-            if tcp and not listening and sock.getpeername()[1] != store_port:
-                sock.shutdown(socket.SHUT_RD)
-        except (OSError, IndexError, ValueError):
-            pass
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and \
+                    sock.type == socket.SOCK_STREAM:
+                yield inode, sock
         finally:
             sock.detach()
 
@@ -415,27 +422,15 @@ def _listening(inodes):
     """{inode: (host, port)} of the listening TCP sockets among these inodes, a wildcard address
     given as the loopback one."""
     found = {}
-    current = _socket_inodes()
-    for inode in inodes:
-        fd = current.get(inode)
-        if fd is None:
-            continue
+    for inode, sock in _tcp_sockets(inodes):
         try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            if sock.type == socket.SOCK_STREAM and sock.family in (
-                    socket.AF_INET, socket.AF_INET6) and sock.getsockopt(
-                        socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 host, port = sock.getsockname()[:2]
                 if host in ("0.0.0.0", "::"):
                     host = "127.0.0.1" if sock.family == socket.AF_INET else "::1"
                 found[inode] = (host, port)
         except OSError:
             pass
-        finally:
-            sock.detach()
     return found
 
 

@@ -450,8 +450,6 @@ class _Sampler:
         """(How long the collective the main thread waits in may wait by its own timeout argument
         (monitored_barrier's; torch 2.x's barrier's: a timedelta, or seconds in 1.13), 0 without
         one; its group's timeout as it is now (a script may change it: set_timeout))."""
-        if collective is None:
-            return 0, 0
         own = group_ms = 0
         try:
             arguments = collective.f_locals

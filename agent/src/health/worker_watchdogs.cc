@@ -89,6 +89,9 @@ void WorkerWatchdogs::started(const Worker& worker) {
 }
 
 void WorkerWatchdogs::exited(int local_rank) {
+  // A worker's exit may be the first thing the agent sees after a stall (continued after its
+  // workers, one ended meanwhile): seen from the tick, before the exit stops the timers.
+  stall_seen_now(monotonic_now());
   if (static_cast<std::size_t>(local_rank) >= workers_.size()) return;
   Watched& w = workers_[static_cast<std::size_t>(local_rank)];
   w.running = false;
@@ -113,6 +116,7 @@ void WorkerWatchdogs::tick_for_stalls() {
 }
 
 void WorkerWatchdogs::stopping() {
+  stall_seen_now(monotonic_now());  // (a stop signal first after a stall, as exited())
   running_ = false;
   expect_tick(std::nullopt);
   stall_tick_.cancel();

@@ -310,6 +310,38 @@ TEST_F(Watchdogs, AJobSuspendedAndResumedWithItsAgentIsNotTakenForHung) {
   }
 }
 
+// The same suspension, continued in the order Slurm may continue it: the worker first, which
+// ends (its file is there) while the agent is still held. The first thing the agent then sees is
+// its worker's exit, not a timer: the stall is still said. It used to be said only when a timer
+// came first (the worker's exit stopped the timers that would have seen it): the real-Slurm
+// suspend test failed one run in three.
+TEST_F(Watchdogs, AStallSeenFirstThroughAWorkersExitIsStillSaid) {
+  auto agent = launch({"--nproc-per-node", "1", "--hang-timeout", "3", "--no-python", kTestWorker,
+                       "pidfile", path("pid_0"), "wait-file", path("go"), "exit", "0"});
+  const pid_t worker = read_pid(path("pid_0"));
+  ASSERT_GT(worker, 0) << agent->output();
+  ::kill(agent->pid(), SIGSTOP);
+  ::kill(worker, SIGSTOP);
+  std::this_thread::sleep_for(8s);  // (the suspension itself)
+  std::ofstream(path("go")) << "go\n";
+  ::kill(worker, SIGCONT);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const auto p = dist::agent::testing::process_info(worker);
+        return !p || p->state == 'Z';
+      },
+      20s))
+      << "the worker ends while its agent is held\n"
+      << agent->output();
+  ::kill(agent->pid(), SIGCONT);
+  ASSERT_EQ(agent->wait(), 0) << agent->output();
+  const std::string out = agent->output();
+  EXPECT_NE(out.find("the agent did not run for"), std::string::npos) << out;
+  for (const char* harm : {"hang on ", "looking at where every rank is"}) {
+    EXPECT_EQ(out.find(harm), std::string::npos) << harm << "\n" << out;
+  }
+}
+
 // Every worker of the job held stopped by its user (kill -STOP of the workers, the agent left
 // running) for longer than the automatic hang timeout (30 s at least): a pause of the job, said
 // and left alone, as the agent says it will be; continued, the job ends well. It used to be

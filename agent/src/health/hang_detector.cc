@@ -771,11 +771,14 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
     for (const auto& x : v) text += (text.empty() ? "" : ", ") + x;
     return text;
   };
+  const bool many = suspects.size() > 1;
   const bool alone = alone_in_job(finding);
   const bool warn = (finding.idle_suspect() && !alone) || (all_wait && !options_.other_nodes);
   std::string verdict;
   if (!paused.empty()) {
-    verdict = fmt::format("rank {} declared a pause of its own: not a hang", list(paused));
+    verdict = fmt::format("rank{} {} declared a pause of {} own: not a hang",
+                          paused.size() > 1 ? "s" : "", list(paused),
+                          paused.size() > 1 ? "their" : "its");
   } else if (alone) {
     verdict = fmt::format(
         "rank {} is the job's only running rank{} and waits in no collective: no rank waits for "
@@ -783,15 +786,18 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
         ranks[0]->worker.rank, workers_.size() > 1 ? " (the others finished)" : "");
   } else if (finding.idle_suspect()) {
     verdict = fmt::format(
-        "suspected hang: the others wait for rank {}, which {} (nothing is ended: a rank is "
+        "suspected hang: the others wait for rank{} {}, which {} (nothing is ended: a rank is "
         "ended only on proof that it cannot go on, or past the job's collective timeout{})",
-        list(suspects),
-        finding.idle_suspects_await_input() ? "waits for input (a debugger's prompt, input()?)"
-                                            : "does nothing",
+        many ? "s" : "", list(suspects),
+        finding.idle_suspects_await_input()
+            ? (many ? "wait for input (a debugger's prompt, input()?)"
+                    : "waits for input (a debugger's prompt, input()?)")
+            : (many ? "do nothing" : "does nothing"),
         bound() ? fmt::format(", {:.0f} s", seconds(*bound())) : "");
   } else if (!suspects.empty()) {
     verdict =
-        fmt::format("rank {} is working and the others wait for it: not a hang", list(suspects));
+        fmt::format("rank{} {} {} working and the others wait for {}: not a hang", many ? "s" : "",
+                    list(suspects), many ? "are" : "is", many ? "them" : "it");
   } else if (all_wait) {
     verdict = options_.other_nodes
                   ? "every rank here waits in a collective, for a rank on another node (its "

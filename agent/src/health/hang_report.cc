@@ -307,30 +307,64 @@ std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, in
   return first_lower;
 }
 
+// Whom a torch rank waiting in a collective waits for: a rank of that collective's group that
+// has not issued it yet (fewer collectives in that group). Empty when none here is known to be.
+std::string waits_for(const std::vector<RankLook>& looks, std::size_t i) {
+  const SlotReading& mine = looks[i].second;
+  if (mine.pending_since_ns == 0 || mine.pending_group == 0) return "";
+  const auto& groups = mine.groups;
+  const auto index = std::find_if(groups.begin(), groups.end(),
+                                  [&](const auto& g) { return g.first == mine.pending_group; });
+  if (index == groups.end()) return "";
+  for (std::size_t j = 0; j < looks.size(); ++j) {
+    if (j == i) continue;
+    const auto& theirs = looks[j].second.groups;
+    const auto g = std::find_if(theirs.begin(), theirs.end(),
+                                [&](const auto& e) { return e.first == mine.pending_group; });
+    if (g == theirs.end() || g->second >= mine.pending_seq) continue;
+    return fmt::format("waiting for rank {} (it issued {} in process group {})",
+                       looks[j].worker.rank, g->second, index - groups.begin());
+  }
+  return "";
+}
+
 // The ranks the others wait for: behind the others (fewer steps, or at as many steps fewer
 // collectives issued and none more), else not waiting while others wait, else (alone) the rank
-// itself. `where` of those behind says by how much.
+// itself. `where` of those behind says by how much. A rank behind in one group while it waits in
+// another group's collective for a rank that has not issued it (a tensor-parallel pair waiting
+// for its partner while the data-parallel group waits for both) is not one: it waits too, unless
+// every such rank waits for another (a cycle: collectives that never match, for the proof).
 std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankWhere>& ranks,
                            const std::vector<Position>& positions) {
   std::vector<bool> out(looks.size(), false);
-  bool any = false;
+  std::vector<std::string> behind_of(looks.size());
   for (std::size_t i = 0; i < looks.size(); ++i) {
     const SlotReading& mine = looks[i].second;
-    for (std::size_t j = 0; j < looks.size() && !out[i]; ++j) {
+    for (std::size_t j = 0; j < looks.size() && behind_of[i].empty(); ++j) {
       const SlotReading& theirs = looks[j].second;
-      std::string behind;
       if (mine.steps < theirs.steps) {
-        behind =
+        behind_of[i] =
             fmt::format("{} steps, rank {} at {}", mine.steps, looks[j].worker.rank, theirs.steps);
       } else if (mine.steps == theirs.steps) {
-        behind = behind_in_collectives(mine, theirs, looks[j].worker.rank);
+        behind_of[i] = behind_in_collectives(mine, theirs, looks[j].worker.rank);
       }
-      if (behind.empty()) continue;
-      out[i] = any = true;
-      ranks[i].where += "; behind the others: " + behind;
     }
   }
-  if (any) return out;
+  std::vector<std::string> waits(looks.size());
+  bool any = false, any_behind = false;
+  for (std::size_t i = 0; i < looks.size(); ++i) {
+    if (behind_of[i].empty()) continue;
+    any_behind = true;
+    if (positions[i].waiting) waits[i] = waits_for(looks, i);
+    out[i] = waits[i].empty();
+    any = any || out[i];
+  }
+  for (std::size_t i = 0; i < looks.size(); ++i) {
+    if (behind_of[i].empty()) continue;
+    if (!any) out[i] = true;  // each waits for another: they stand, as before
+    ranks[i].where += out[i] ? "; behind the others: " + behind_of[i] : "; " + waits[i];
+  }
+  if (any_behind) return out;
   const bool someone_waits =
       std::any_of(positions.begin(), positions.end(), [](const Position& p) { return p.waiting; });
   for (std::size_t i = 0; i < looks.size(); ++i) {

@@ -247,6 +247,43 @@ TEST(HangReport, AnIdleRankTheOthersWaitForIsSuspectedAndEndedOnlyPastTheBound) 
   EXPECT_FALSE(bound.ranks[1].cause) << "the waiting one is not the cause";
 }
 
+// Two tensor-parallel pairs (0-1, 2-3) in one data-parallel job: rank 2 sleeps; its partner waits
+// for it in their pair's all_reduce, ranks 0 and 1 in the world's. Rank 3 is behind in the world
+// group too, but it waits for rank 2: only rank 2 is the one the others wait for (both used to be
+// named, and both ended past the bound).
+TEST(HangReport, ARankWaitingInItsSubgroupForAPeerIsNotTheOneTheOthersWaitFor) {
+  constexpr std::uint64_t kPair01 = 0xC3, kPair23 = 0xD4;
+  std::vector<RankLook> looks;
+  for (int rank : {0, 1}) {
+    auto waiting = look(rank, 50);
+    torch_rank(waiting, {{kWorld, 51}, {kPair01, 100}}, kWorld, 51);
+    looks.push_back(waiting);
+  }
+  auto sleeping = look(2, 50);
+  torch_rank(sleeping, {{kWorld, 50}, {kPair23, 100}});
+  sleeping.stacks_first = sleeping.stacks_second = at_user_code_dump(12);
+  sleeping.after.wchan = "hrtimer_nanosleep";
+  looks.push_back(sleeping);
+  auto partner = look(3, 50);
+  torch_rank(partner, {{kWorld, 50}, {kPair23, 101}}, kPair23, 101);
+  looks.push_back(partner);
+  for (const HangRule rule : {HangRule::kProof, HangRule::kBound, HangRule::kTimeout}) {
+    const HangFinding f = examine(looks, rule);
+    EXPECT_FALSE(f.proof);
+    EXPECT_TRUE(f.ranks[2].suspect);
+    EXPECT_FALSE(f.ranks[3].suspect);
+    EXPECT_FALSE(f.ranks[0].suspect || f.ranks[1].suspect);
+    EXPECT_EQ(f.ranks[2].cause, rule != HangRule::kProof);
+    EXPECT_FALSE(f.ranks[3].cause) << "it waits for rank 2";
+    EXPECT_EQ(f.ranks[3].where,
+              "waiting in all_reduce #101 of process group 1 for 42.0 s; waiting for rank 2 (it "
+              "issued 100 in process group 1)");
+    EXPECT_EQ(f.ranks[2].where,
+              "at /home/u/train.py:12 in slow_loader; behind the others: 1 collective fewer than "
+              "rank 0 in process group 0");
+  }
+}
+
 TEST(HangReport, ADeclaredPauseIsNeverAHangWhateverTheRule) {
   auto looks = checkpoint_while_the_other_waits();
   looks[0].first.paused_since_ns = looks[0].second.paused_since_ns = 70'000'000'000;

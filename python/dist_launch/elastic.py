@@ -94,12 +94,12 @@ import importlib
 import importlib.util
 import os
 import re
-import socket
-import struct
 import sys
 import threading
 import time
 import traceback
+
+from . import _sockets
 
 __all__ = ["ObjectState", "State", "TorchState", "init_process_group", "in_place", "run"]
 
@@ -165,19 +165,6 @@ def _say(message: str) -> None:
     print(f"[dist_launch.elastic] {message}", file=sys.stderr, flush=True)
 
 
-def _socket_inodes():
-    """This process's sockets: {inode: descriptor}."""
-    found = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            found[int(target[8:-1])] = int(name)
-    return found
-
-
 class _Group:
     """This worker's place in the job and the generations of its group (one per process)."""
 
@@ -186,6 +173,9 @@ class _Group:
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.generation = int(os.environ.get(_GENERATION_VARIABLE, "0"))
         self.has_state = self.generation == 0  # a replacement receives it
+        # A rank of the first generation whose set-up a later one superseded (a peer died in it):
+        # its state is synchronised with the replacement's when run() begins (_form_first).
+        self.needs_sync = False
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         # torch's TCPStore sends every key with "/" before it: these are the contract's
@@ -242,10 +232,10 @@ class _Group:
         if self.backend == "nccl":  # read when torch builds the group (see the module's doc)
             for name, value in _NCCL_IN_PLACE_ENVIRONMENT.items():
                 os.environ.setdefault(name, value)
-        before = set(_socket_inodes())
+        before = set(_sockets.socket_inodes())
         dist.init_process_group(self.backend, timeout=self.timeout, **kwargs)
         with self.changed:
-            self.sockets = set(_socket_inodes()) - before
+            self.sockets = set(_sockets.socket_inodes()) - before
 
     def join(self, generation: int) -> None:
         """Builds generation `generation`'s process group (its keys apart from every other's),
@@ -266,13 +256,14 @@ class _Group:
 
     def watch(self) -> None:
         """Starts the watcher (once): a thread blocked on a connection of its own to the store
-        (_GenerationWaiter, not torch's client: torch prints a warning and a C++ stack when the
-        connection it waits on is shut down, which this one is at every exit). It is stopped
-        before the interpreter's exit (atexit), while the interpreter still runs threads: a
-        daemon thread that wakes once it is finalizing is ended by pthread_exit."""
+        (_sockets.GenerationWaiter, not torch's client: torch prints a warning and a C++ stack
+        when the connection it waits on is shut down, which this one is at every exit). It is
+        stopped before the interpreter's exit (atexit), while the interpreter still runs threads:
+        a daemon thread that wakes once it is finalizing is ended by pthread_exit."""
         if self._watcher is None:
-            self._watcher_connection = _GenerationWaiter(os.environ["MASTER_ADDR"],
-                                                         int(os.environ["MASTER_PORT"]))
+            self._watcher_connection = _sockets.GenerationWaiter(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                _group_timeout().total_seconds())
             self._watcher = threading.Thread(target=self._watch, name="dist_launch.elastic",
                                              daemon=True)
             self._watcher.start()
@@ -289,7 +280,7 @@ class _Group:
                         return
                     fresh = self.generation < following and not self.recovering
                     if fresh:
-                        _shut_down(self.sockets)  # the peers' own watchers wake them
+                        _sockets.shut_down(self.sockets)  # the peers' own watchers wake them
                         self.nccl_aborted = self.backend == "nccl"
                 if fresh and self.backend == "nccl":  # outside the lock: it can take a while
                     self.abort_nccl(following)
@@ -378,92 +369,6 @@ class _Group:
         return torch.device("cpu")
 
 
-def _shut_down(inodes, store_too: bool = False) -> None:
-    """Shuts down for reading (without closing: they are not ours to close) the connections to
-    the peers among the sockets with these inodes: whatever of this process waits on them wakes
-    with an error. Not for writing: gloo's tcp pair queues a send whose write fails (EPIPE, or a
-    reset from a peer that closed its socket) and never fails it, nor the collective around it,
-    which waits out the group's timeout (a 2-rank barrier loop under load: 10 of 60 stuck with
-    SHUT_RDWR, none of 60 with SHUT_RD). A listening socket is left alone (gloo since 2023 aborts
-    the process when its accept fails: see _connect_in_place_of), and so is a connection to the
-    store unless `store_too`."""
-    store_port = -1 if store_too else int(os.environ.get("MASTER_PORT", "0"))
-    for _, sock in _tcp_sockets(inodes):
-        try:
-            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-            if not listening and sock.getpeername()[1] != store_port:
-                sock.shutdown(socket.SHUT_RD)
-        except (OSError, IndexError, ValueError):
-            pass
-
-
-def _tcp_sockets(inodes):
-    """(inode, socket) for each TCP socket of this process among these inodes (gloo's and the
-    store's; a Unix socket of the script's is no peer), borrowed: detached, never closed, once
-    the caller moves on."""
-    current = _socket_inodes()
-    for inode in inodes:
-        fd = current.get(inode)
-        if fd is None:
-            continue
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            if sock.family in (socket.AF_INET, socket.AF_INET6) and \
-                    sock.type == socket.SOCK_STREAM:
-                yield inode, sock
-        finally:
-            sock.detach()
-
-
-def _listening(inodes):
-    """{inode: (host, port)} of the listening TCP sockets among these inodes, a wildcard address
-    given as the loopback one."""
-    found = {}
-    for inode, sock in _tcp_sockets(inodes):
-        try:
-            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                host, port = sock.getsockname()[:2]
-                if host in ("0.0.0.0", "::"):
-                    host = "127.0.0.1" if sock.family == socket.AF_INET else "::1"
-                found[inode] = (host, port)
-        except OSError:
-            pass
-    return found
-
-
-def _descriptors_to_spare() -> int:
-    """How many more descriptors this process may open, less a margin for its own work."""
-    import resource
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 16
-    return soft - len(os.listdir("/proc/self/fd")) - 64
-
-
-def _connect_in_place_of(ranks, address, over: threading.Event) -> None:
-    """Connects to the listening socket at `address` in each of `ranks`' place, in that order,
-    writing the 8 bytes the connecting side of a gloo pair writes (the number of the pair it
-    connects to), and closes: a pair waiting for that peer is handed a connection that is already
-    closed, and fails at once. gloo since 2023 listens for every pair on one socket of the device
-    (which numbers the pairs of the group it was made for by rank: pair i waits for i) and aborts
-    the process when its accept fails, so that socket cannot be shut down; the system's gloo of
-    2022 (Debian's torch 1.13) has a listening socket of each pair's own and takes any connection
-    on it. Each connection a pair does not wait for stays open in gloo until the group is
-    destroyed: they stop short of the descriptors this process may open (_descriptors_to_spare),
-    and when the set-up is over."""
-    for rank in ranks[:max(0, _descriptors_to_spare())]:
-        if over.is_set():
-            return
-        try:
-            with socket.create_connection(address, timeout=1.0) as peer:
-                peer.sendall(struct.pack("=q", rank))
-        except OSError:
-            return  # (the set-up is gone: the socket with it)
-
-
 # Fault injection for the recovery tests (the C++ SDK's DIST_SDK_FAULT=exit-after-publishing):
 # with DIST_LAUNCH_FAULT=exit-after-publishing:RANK:GENERATION in its environment, that rank exits
 # (code 6) as soon as gloo has published its addresses for that generation's group, before it
@@ -471,6 +376,12 @@ def _connect_in_place_of(ranks, address, over: threading.Event) -> None:
 # (each survivor on the listening side of its pair with it then waits for a connection that never
 # comes).
 _FAULT_VARIABLE = "DIST_LAUNCH_FAULT"
+
+
+def _fault_in_first_generation() -> bool:
+    """Whether DIST_LAUNCH_FAULT places a death in generation 0's set-up (of any rank)."""
+    return re.fullmatch(r"exit-after-publishing:\d+:0", os.environ.get(_FAULT_VARIABLE, "")) \
+        is not None
 
 
 def _with_fault(store, rank: int, generation: int):
@@ -589,39 +500,6 @@ def _refuse_an_aborted_step() -> None:
             f"during this step (a peer was lost); the step is not committed")
 
 
-class _GenerationWaiter:
-    """A connection to the agent's store that waits for one key at a time, in the c10d TCPStore
-    protocol's current dialect (store/src/protocol.h): VALIDATE, then WAIT with a list of
-    one key, answered with the byte STOP_WAITING once the key exists. The store is always
-    dist-launch's under the in-place policy. Keys travel with the "/" torch's client puts first."""
-
-    _VALIDATE, _WAIT, _MAGIC, _STOP_WAITING = 0, 6, 0x3C85F7CE, b"\x00"
-
-    def __init__(self, host: str, port: int):
-        self._sock = socket.create_connection((host, port),
-                                              timeout=_group_timeout().total_seconds())
-        self._sock.settimeout(None)
-        self._sock.sendall(struct.pack("<BI", self._VALIDATE, self._MAGIC))
-
-    def wait(self, key: str) -> None:
-        """Blocks until `key` exists; OSError when the connection is shut down or lost."""
-        name = ("/" + key).encode()
-        self._sock.sendall(struct.pack("<BQQ", self._WAIT, 1, len(name)) + name)
-        reply = self._sock.recv(1)
-        if reply != self._STOP_WAITING:
-            raise ConnectionError(f"the store answered {reply!r} to a wait for {key}")
-
-    def wake(self) -> None:
-        """Ends a wait in another thread (it raises OSError): the connection is shut down."""
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self._sock.close()
-
-
 _group = None
 
 
@@ -668,9 +546,14 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
     # of each recovery (which frees the failed group's DDP) skips it: 0.2 s less of the
     # survivors' stall with torch 2.x.
     gc.freeze()
+    # ... and rejoins the collector for the interpreter's shutdown (registered now: run after the
+    # script's own exit handlers). Left frozen, extension modules that count their objects at
+    # shutdown call them leaked (triton's nanobind, imported with torch._dynamo by a replacement:
+    # about 30 lines at each exit), as the zygote's workers' were (_zygote.py).
+    atexit.register(gc.unfreeze)
     g.say_follows_folds()
     if g.generation == 0:
-        return g.init(init_method="env://")
+        return _form_first(g) if g.backend == "gloo" else g.init(init_method="env://")
     # Here (imports done, the lazy ones too): a regroup's generation is published once every rank
     # of the new world is, so that the running workers train on while this one starts.
     g.store.set(f"{g.generation_key(g.generation)}/arrived/{g.rank}", "1")
@@ -1009,7 +892,7 @@ class _Superseded:
     listening side of a pair whose peer died between publishing its address and connecting (or
     left its own set-up before connecting to this rank) waits for a connection: its listening
     socket is connected to in the place of every other rank, the replaced ones first
-    (_connect_in_place_of), and the pair waiting fails. A rank whose set-up still stays idle
+    (_sockets.connect_in_place_of), and the pair waiting fails. A rank whose set-up still stays idle
     STUCK_COLLECTIVE_S leaves (STUCK_EXIT_CODE): the agent starts it again, or restarts the
     group, at once rather than after the job's --in-place-timeout."""
 
@@ -1020,8 +903,10 @@ class _Superseded:
         self._lock = threading.Lock()
 
     def __enter__(self):
-        self._waiter = _GenerationWaiter(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-        self._before = set(_socket_inodes())  # its own connection among them: left alone
+        self._waiter = _sockets.GenerationWaiter(os.environ["MASTER_ADDR"],
+                                                 int(os.environ["MASTER_PORT"]),
+                                                 _group_timeout().total_seconds())
+        self._before = set(_sockets.socket_inodes())  # its own connection among them: left alone
         self._thread = threading.Thread(target=self._watch, name="dist_launch.elastic fold",
                                         daemon=True)
         self._thread.start()
@@ -1040,7 +925,7 @@ class _Superseded:
         # few /proc reads a pass) is not the set-up's work.
         main_cpu = functools.partial(time.clock_gettime,
                                      time.pthread_getcpuclockid(threading.main_thread().ident))
-        stand_in_for = None  # the ranks to connect in place of (_connect_in_place_of)
+        stand_in_for = None  # the ranks to connect in place of (_sockets.connect_in_place_of)
         handled = set()  # the listening sockets connected to
         fired_at = window_start = time.monotonic()
         cpu_start = main_cpu()
@@ -1049,9 +934,9 @@ class _Superseded:
                 if self._over.is_set():
                     return
                 self.fired = True
-                opened = set(_socket_inodes()) - self._before
-                _shut_down(opened, store_too=True)
-                listening = _listening(opened)
+                opened = set(_sockets.socket_inodes()) - self._before
+                _sockets.shut_down(opened, store_too=True)
+                listening = _sockets.listening(opened)
                 if listening and stand_in_for is None:
                     stand_in_for = self._ranks_to_stand_in_for()
                 for inode, address in listening.items():
@@ -1060,8 +945,8 @@ class _Superseded:
                     handled.add(inode)
                     # One listening socket: a device's, which tells its pairs apart by the
                     # number written; several: a pair's each, which takes any connection.
-                    _connect_in_place_of(stand_in_for if len(listening) == 1 else stand_in_for[:1],
-                                         address, self._over)
+                    ranks = stand_in_for if len(listening) == 1 else stand_in_for[:1]
+                    _sockets.connect_in_place_of(ranks, address, self._over)
             now = time.monotonic()
             if self._over.wait(0.05 if now - fired_at < 1 else 0.25):
                 return
@@ -1104,6 +989,39 @@ class _Superseded:
         self._thread.join()
         self._waiter.close()
         return False
+
+
+def _form_first(g: _Group) -> None:
+    """Generation 0's group (env://), formed as a later generation's is: a peer that dies in its
+    set-up (before it published its address, or before it connected) used to leave every other
+    rank waiting for it until --in-place-timeout (the agent replaces it in generation 1, which
+    nobody followed), or fail the set-up and so the whole group. Now generation 1 supersedes the
+    set-up (_Superseded) and this rank follows it; its state is synchronised with the
+    replacement's, and the agent told the group is whole, when run() begins (needs_sync)."""
+    import torch.distributed as dist
+    g.store  # connected before the set-up: not one of the sockets it opens
+    guard = _Superseded(g, 0)
+    try:
+        with guard:
+            if not _fault_in_first_generation():
+                return g.init(init_method="env://")
+            # (A test's fault in generation 0: every rank sets it up over a store it names, as a
+            # later generation's, so that the faulty rank's store can stand in front of it.)
+            g._group_store = _with_fault(g._connect(g.timeout), g.rank, 0)
+            store = dist.PrefixStore(f"{g.group_prefix}gen_0/", g._group_store)
+            return g.init(store=store, rank=g.rank, world_size=g.world_size)
+    except Exception as error:  # noqa: BLE001 (followed only when a later generation comes)
+        later = None
+        if guard.fired or _is_peer_failure(error):
+            later = _generation_to_follow(g, 0, guard.fired)
+        if later is None:
+            raise
+        _say(f"rank {g.rank}: generation 0's group did not form ({_first_line(error)}); joining "
+             f"generation {later}, which supersedes it (a worker that died in the set-up, "
+             f"replaced in place)")
+    _follow(g, None, 0, later)
+    g.needs_sync = True
+    _settle_in(g, None, later)
 
 
 def _settle_in(g: _Group, state: State | None, generation: int, joined: bool = False):
@@ -1199,7 +1117,7 @@ def _recover(g: _Group, state: State, error: BaseException) -> None:
     # collective around it. The peers leave when their watchers see the next generation.
     with g.changed:
         g.recovering = True
-        _shut_down(g.sockets)
+        _sockets.shut_down(g.sockets)
         g.sockets = set()
     failed_group = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
     if g.backend == "nccl":  # its kernels may still wait for the lost peer: a destroy would too
@@ -1270,13 +1188,21 @@ def run(func):
             g.backend = dist.get_backend()
         g.store  # connected now, not when the job is failing
         g.watch()
-        if not g.has_state:  # a replacement: the survivors' state first
+        if not g.has_state or g.needs_sync:  # a replacement, or a first group superseded
             began = time.monotonic()
+            replacement = not g.has_state
             root = _settle_in(g, state, g.generation, joined=True)
+            if g.needs_sync and g.rank == root:  # the agent's word, as _recover's root says it
+                g.store.set(f"{g.prefix}gen/{g.generation}/recovered",
+                            f"root={root} wall_ns={time.time_ns()} {state.describe()}".strip())
+            g.needs_sync = False
             state.on_reset()
+            took = (time.monotonic() - began) * 1000
             _say(f"rank {g.rank} joined generation {g.generation} as a replacement: state from "
-                 f"rank {root} ({state.describe()}) in "
-                 f"{(time.monotonic() - began) * 1000:.1f} ms")
+                 f"rank {root} ({state.describe()}) in {took:.1f} ms" if replacement else
+                 f"rank {g.rank} recovered in place: generation {g.generation} (its first group's "
+                 f"set-up superseded), state from rank {root} ({state.describe()}) in "
+                 f"{took:.1f} ms")
         while True:
             try:
                 return _freed_after(func(state, *args, **kwargs))

@@ -265,6 +265,38 @@ class InPlace(unittest.TestCase):
         self.assertEqual(run.ends[dying][0], run.pids[dying][-1], run.out)
         self.check_near_baseline(run, 5)
 
+    def test_a_worker_dying_in_the_first_groups_set_up_is_replaced_in_place(self):
+        # Rank 1 dies inside the job's first init_process_group, once gloo has published its
+        # addresses (DIST_LAUNCH_FAULT; a SIGKILL there by hand did the same, 5 runs of 9): the
+        # agent replaces it in generation 1, which nobody followed. The others waited in
+        # generation 0's set-up for a peer that would never come until --in-place-timeout (the
+        # group then restarted: with --max-restarts 1 the job failed), or their set-up failed
+        # and the whole group restarted. Now they leave generation 0 for generation 1, keep
+        # their processes and take the replacement into their group.
+        began = time.monotonic()
+        run = self.launch(3, "--restart-policy", "in-place", "--max-restarts", "1",
+                          "--in-place-timeout", "60",
+                          env={"DIST_LAUNCH_FAULT": "exit-after-publishing:1:0",
+                               "DIST_LAUNCH_STUCK_COLLECTIVE_S": "2"})
+        took = time.monotonic() - began
+        self.assertEqual(run.proc.returncode, 0, run.out)
+        self.assertIn("rank 1: exiting after publishing this rank's addresses", run.out)
+        self.assertNotIn("restarting", run.out)
+        self.assertLess(took, 60, "a survivor waited out the in-place timeout:\n" + run.out)
+        self.assertNotIn("set-up stayed idle", run.out)
+        self.assertNotIn("nanobind: leaked", run.out)  # (gc.freeze undone at exit)
+        for rank in (0, 2):
+            self.assertEqual(len(run.pids[rank]), 1, run.out)
+            self.assertEqual(run.ends[rank][0], run.pids[rank][0], run.out)
+            # (Its set-up left for generation 1; or, handed a connection in rank 1's place, it
+            # formed, and its first collective failed.)
+            self.assertRegex(run.out, rf"rank {rank} recovered in place: generation 1\b.*, "
+                                      r"state from rank 0")
+        self.assertRegex(run.out, r"rank 1 joined generation 1 as a replacement: state from "
+                                  r"rank 0")
+        self.assertEqual(run.ends[1][0], run.pids[1][-1], run.out)
+        self.check_near_baseline(run, 3)
+
     def test_two_workers_reaped_together_are_replaced_in_one_generation(self):
         # The agent held (SIGSTOP) while ranks 1 and 2 are SIGKILLed reaps both in one batch:
         # one generation replaces both (before: "2 workers failed at once" restarted the whole

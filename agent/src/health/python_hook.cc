@@ -74,12 +74,13 @@ struct PythonFile {
   std::string_view text;
 };
 
-std::array<PythonFile, 7> every_python_file() {
+std::array<PythonFile, 8> every_python_file() {
   return {{{"hook/sitecustomize.py", kSiteCustomize},
            {"hook/_dist_launch_progress.py", kProgressModule},
            {"package/dist_launch/__init__.py", warm::python::kStandInPackage},
            {"package/dist_launch/snapshot.py", warm::python::kSnapshot},
            {"package/dist_launch/elastic.py", warm::python::kElastic},
+           {"package/dist_launch/_sockets.py", warm::python::kSockets},  // elastic.py's
            // elastic.py writes a stuck rank's error file with _function_worker's writer
            {"package/dist_launch/_function_worker.py", warm::python::kFunctionWorker},
            {"package/dist_launch/progress.py", kProgressModule}}};

@@ -87,7 +87,8 @@ store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient
       if (!arrived) {
         outcome.why = "the group did not say it recovered within " + seconds_text(timeout) +
                       " (--in-place-timeout) of generation " + std::to_string(outcome.generation) +
-                      " (do its workers use the SDK's InPlaceRecovery, or one of their own?)";
+                      " (a survivor stuck in its recovery, or workers that do not recover in "
+                      "place: dist_launch.elastic, the SDK's InPlaceRecovery or their own)";
         co_return outcome;
       }
       outcome.record = (co_await client->try_get(recovered)).value_or("");

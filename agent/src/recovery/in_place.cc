@@ -526,8 +526,12 @@ void InPlace::on_recovered(const RecoveryOutcome& o, int recovery) {
   const InPlaceReplacement& r = replaced_.back();
   const int round = p_.now.round->round;
   if (!o.recovered) {
+    const bool left = restarts_used() < p_.config.max_restarts;
     const std::string why = "the in-place recovery of generation " + std::to_string(o.generation) +
-                            " failed: " + o.why + ": restarting the whole group";
+                            " failed: " + o.why +
+                            (left ? ": restarting the whole group"
+                                  : ": no restart left (--max-restarts " +
+                                        std::to_string(p_.config.max_restarts) + ")");
     spdlog::error("{}", why);
     p_.telemetry->in_place_fallback(round, o.generation, why);
     return p_.feed(Input::kRecoveryFailed);

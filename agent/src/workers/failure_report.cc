@@ -172,9 +172,20 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
   }
   if (shown == 0) out << "  <NO_OTHER_FAILURES>\n";
   out << thin << "\nRoot Cause (first observed failure):\n" << describe(failures[root], 0);
-  if (!replaced.empty()) {
+  // The root cause itself replaced in place, the recovery of which failed: said there, not
+  // listed again among the replacements the job went on after.
+  std::vector<const InPlaceReplacement*> before;
+  for (const auto& r : replaced) {
+    if (r.failure.worker.pid == failures[root].worker.pid) {
+      out << "  recovery  : replaced in place by pid " << r.new_pid << " (generation "
+          << r.generation << "), a recovery that did not complete\n";
+    } else {
+      before.push_back(&r);
+    }
+  }
+  if (!before.empty()) {
     out << thin << "\nReplaced in place before (the job went on):\n";
-    for (std::size_t i = 0; i < replaced.size(); ++i) out << describe_replacement(replaced[i], i);
+    for (std::size_t i = 0; i < before.size(); ++i) out << describe_replacement(*before[i], i);
   }
   out << rule << "\n";
   return valid_utf8(out.str());

@@ -176,5 +176,28 @@ TEST(FailureReport, AnErrorFileNamingAFileThatIsNotUtf8IsReadAndReported) {
   EXPECT_EQ(report.find('\xE9'), std::string::npos) << report;
 }
 
+// A root cause that was replaced in place, the recovery of which then failed (the job ended): said
+// with the root cause, not listed again as a replacement the job went on after; an earlier one is.
+TEST(FailureReport, ARootCauseReplacedInPlaceIsNotListedAgainAsAReplacement) {
+  WorkerFailure first, root;
+  first.worker.rank = 1;
+  first.worker.pid = 100;
+  root.worker.rank = 0;
+  root.worker.pid = 200;
+  const std::vector<InPlaceReplacement> replaced{{first, 1, 101, {0}}, {root, 2, 201, {1}}};
+  const std::string report = format_report("train.py", {root}, replaced);
+  const auto cause = report.find("Root Cause");
+  const auto before = report.find("Replaced in place before (the job went on):");
+  ASSERT_NE(cause, std::string::npos) << report;
+  ASSERT_NE(before, std::string::npos) << report;
+  EXPECT_NE(report.find("replaced in place by pid 201 (generation 2), a recovery that did not "
+                        "complete"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("pid: 200", before), std::string::npos) << report;
+  EXPECT_NE(report.find("replaced in place by pid 101 (generation 1)", before), std::string::npos)
+      << report;
+}
+
 }  // namespace
 }  // namespace dist::agent

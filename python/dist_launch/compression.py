@@ -15,7 +15,8 @@ skipped step's), its residual and PowerSGD's Q are reset on every rank, and the 
 
 The collectives are torch's, over the bucket's CPU tensor (gloo), on process groups of the
 hook's own: hook() makes them over the ranks of `process_group` (default: every rank; like
-torch.distributed.new_group, every rank of the job calls hook()). fp16 and bf16 exchange as
+torch.distributed.new_group, every rank of the job calls hook(); over a subgroup, torch 2.1 or
+later, every rank of that subgroup). fp16 and bf16 exchange as
 torch's own fp16 hook does: the bucket encoded on the hook's thread, summed by torch's
 asynchronous all-reduce on gloo's threads, decoded in its callback. The other modes run each
 exchange whole on one of two threads of the state's own (bucket i on thread i % 2, each with its
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import inspect
 import os
 import threading
 import warnings
@@ -146,6 +148,9 @@ def _error(lib: ctypes.CDLL) -> str:
 
 def parse(spec: str) -> Tuple[str, bool]:
     """SPEC's canonical form and whether it is lossy; ValueError (one line) on a bad spec."""
+    if not isinstance(spec, str):
+        raise ValueError(f"a compression spec is a string such as 'fp16', 'topk:0.05' or "
+                         f"'powersgd:2', not {spec!r}")
     lib = _library()
     out = ctypes.create_string_buffer(256)
     lossy = ctypes.c_int(0)
@@ -183,11 +188,24 @@ class CompressionState:
         self._lib = _library()
         self.rank = dist.get_rank(process_group)
         self.world = dist.get_world_size(process_group)
-        # A group of the hook's own (every rank makes it, as new_group wants): the exchanges' order
-        # is then the same on every rank whatever the job's other threads run on its groups.
+        # A group of the hook's own: the exchanges' order is then the same on every rank whatever
+        # the job's other threads run on its groups. Over the job's ranks every rank makes it, as
+        # new_group wants; over a subgroup (data parallelism within model parallelism: DDP over
+        # ranks 0-1, another over 2-3) only its ranks do, each subgroup at once: torch names such
+        # a group by its ranks (use_local_synchronization), where a group made by every rank is
+        # named by a count that each subgroup's would share, and pair processes across them.
         ranks = (list(range(dist.get_world_size())) if process_group is None else
                  [_global_rank(process_group, r) for r in range(self.world)])
-        self.process_group = dist.new_group(ranks=ranks, backend="gloo")
+        self._local = len(ranks) < dist.get_world_size()
+        if self._local and "use_local_synchronization" not in \
+                inspect.signature(dist.new_group).parameters:
+            import torch
+            raise CompressionError(
+                f"a hook over a subgroup of the job (ranks {ranks} of "
+                f"{dist.get_world_size()}) needs torch 2.1 or later: torch {torch.__version__} "
+                f"makes a group only with every rank of the job (new_group has no "
+                f"use_local_synchronization)")
+        self.process_group = self._new_group(ranks)
         self._buckets: Dict[int, _Bucket] = {}
         self._pending: Dict[tuple, bytes] = {}  # loaded, by layout, for buckets not made yet
         self._format = 1  # the pending states' (load_state_dict)
@@ -204,12 +222,11 @@ class CompressionState:
         self._splits = self.lossy and self._lib.dlc_spec_splits(self.spec.encode()) == 1
         self._lanes: List[_Lane] = []
         try:
-            # A group per lane (every rank makes them, in the same order, as new_group wants); a
+            # A group per lane (made as the first, in the same order on every rank); a
             # split exchange's state only makes its compressors: one lane, whose thread never
             # starts.
             for i in range((1 if self._splits else _LANES) if self.lossy else 0):
-                group = self.process_group if i == 0 else dist.new_group(ranks=ranks,
-                                                                         backend="gloo")
+                group = self.process_group if i == 0 else self._new_group(ranks)
                 self._lanes.append(_Lane(self, i, group))
         except BaseException:
             for lane in self._lanes:
@@ -222,6 +239,11 @@ class CompressionState:
         self._held = 0  # _on_thread calls under way: no exchange begins meanwhile
         self._control = threading.Lock()  # one _on_thread call at a time
         self._closed = False
+
+    def _new_group(self, ranks):
+        import torch.distributed as dist
+        local = {"use_local_synchronization": True} if self._local else {}
+        return dist.new_group(ranks=ranks, backend="gloo", **local)
 
     def _on_thread(self, fn, *args):
         """fn(*args) on this thread with no exchange under way: after the exchanges posted before,
@@ -755,6 +777,7 @@ def _compression_hook(state: CompressionState, bucket):
 def hook(spec: str, process_group=None) -> Tuple[CompressionState, Callable]:
     """(state, hook) for `ddp.register_comm_hook(state, hook)`; torch.distributed must be
     initialised, and every rank of the job calls it (it makes the hook's own group over the ranks
-    of `process_group`: the DDP's, default every rank). ValueError on a bad spec,
-    CompressionError when the library is missing."""
+    of `process_group`: the DDP's, default every rank; over a subgroup, every rank of it, with
+    torch 2.1 or later). ValueError on a bad spec, CompressionError when the library is missing
+    (or a subgroup's torch is older)."""
     return CompressionState(spec, process_group), _compression_hook

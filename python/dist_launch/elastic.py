@@ -666,7 +666,9 @@ class TorchState(ObjectState):
     restore puts them back: the steps a survivor trains again draw the numbers they drew the
     first time (dropout, a DataLoader's shuffle from torch's default generator), as in a run that
     never failed (a generator of the script's own is its own to keep). They are the
-    rank's own: a sync sends none (ranks often seed by rank)."""
+    rank's own: a sync sends none (ranks often seed by rank), so a replacement draws from its own.
+    (A DataLoader's iterator made again after a recovery draws its workers' seed from torch's
+    generator once more than the uninterrupted run: give the DataLoader a generator of its own.)"""
 
     def __init__(self, model=None, optimizer=None, rng_state=True, **values):
         self.model = model

@@ -154,6 +154,37 @@ class PeerDies(unittest.TestCase):
                                      r"all-\w+ of \d+ elements failed on rank 0")
 
 
+class Subgroups(unittest.TestCase):
+    def test_hooks_over_two_data_parallel_subgroups_keep_each_ones_replicas_identical(self):
+        # DDP over ranks 0-1 and another over 2-3, each with a hook over its group: the hooks'
+        # groups used to be made by each pair alone under the same name, and gloo paired
+        # processes across the pairs: replicas of one pair diverged, or an exchange failed
+        # ("Connection reset by peer"), run to run. torch 1.13 (no group of a subgroup's own
+        # ranks): a clear error instead.
+        out = tempfile.mkdtemp(prefix="compression-subgroups-")
+        try:
+            done = subprocess.run([ARGS.launcher, "--nproc-per-node", "4", WORKER, "--out", out,
+                                   "--steps", "60", "--subgroups"],
+                                  env=worker_env(), capture_output=True, text=True, timeout=600)
+            self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+            ranks = []
+            for rank in range(4):
+                with open(os.path.join(out, f"rank{rank}.json")) as f:
+                    ranks.append(json.load(f))
+        finally:
+            subprocess.run(["rm", "-rf", out], check=False)
+        modern = tuple(int(v) for v in ranks[0]["torch"].split(".")[:2]) >= (2, 1)
+        for case in ["fp16", "topk:0.05", "powersgd:2", "powersgd:2@small"]:
+            if not modern:
+                self.assertIn("needs torch 2.1 or later", ranks[0][case]["error"])
+                continue
+            for a, b in ((0, 1), (2, 3)):
+                self.assertEqual(ranks[a][case]["digest"], ranks[b][case]["digest"],
+                                 f"{case}: ranks {a} and {b} differ")
+                self.assertTrue(ranks[a][case]["finite"], case)
+                self.assertGreater(ranks[a][case]["accuracy"], 0.5, case)  # (chance: 0.1)
+
+
 class BadInput(unittest.TestCase):
     """What a user gets wrong, answered in one line before any training."""
 
@@ -164,18 +195,19 @@ class BadInput(unittest.TestCase):
     def test_a_bad_spec_is_a_value_error_naming_the_specs(self):
         done = self.run_python(
             "import dist_launch.compression as c\n"
-            "for spec in ('topk:2', 'powersgd', 'zip', 'local-sgd:8'):\n"
+            "for spec in ('topk:2', 'powersgd', 'zip', 'local-sgd:8', None):\n"
             "    try:\n"
             "        c.parse(spec)\n"
             "    except ValueError as e:\n"
             "        print(e)\n")
         self.assertEqual(done.returncode, 0, done.stderr)
         lines = done.stdout.splitlines()
-        self.assertEqual(len(lines), 4, done.stdout)
+        self.assertEqual(len(lines), 5, done.stdout)
         self.assertIn("topk:RATIO", lines[0])
         self.assertIn("RANK", lines[1])
         self.assertIn("'zip'", lines[2])
         self.assertIn("synchronisation strategy", lines[3])
+        self.assertIn("a compression spec is a string such as 'fp16'", lines[4])
 
     def test_staging_moves_every_span_both_ways_and_refuses_one_outside_its_buffers(self):
         # A bucket whose parameters DDP ordered otherwise than the compressor is staged: copied in

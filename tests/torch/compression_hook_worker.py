@@ -60,7 +60,7 @@ class Run:
     """One training run: the model, its optimizer, DDP, and the hook (ours: SPEC; torch's:
     'torch:powersgd'; none registered: 'ddp'; a case ending in @small has small buckets)."""
 
-    def __init__(self, case):
+    def __init__(self, case, group=None):
         # CASE@small: a hidden layer more and buckets of 16 KiB, the first too (torch's default
         # first bucket is 1 MiB), instead of DDP's one bucket: DDP's first layout is one bucket,
         # its rebuilt one two, of other parameters
@@ -80,16 +80,16 @@ class Run:
         if small:
             dist._DEFAULT_FIRST_BUCKET_BYTES = 16 * 1024
         self.model = DDP(self.module, bucket_cap_mb=1 / 64 if small else 25,
-                         find_unused_parameters=unused)
+                         find_unused_parameters=unused, process_group=group)
         dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket_bytes
         self.state = None
         if case == "torch:powersgd":
-            state = torch_powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+            state = torch_powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=2,
                                                  start_powerSGD_iter=2, use_error_feedback=True,
                                                  warm_start=True)
             self.model.register_comm_hook(state, torch_powersgd.powerSGD_hook)
         elif case != "ddp":
-            self.state, hook = compression.hook(case)
+            self.state, hook = compression.hook(case, group)
             self.model.register_comm_hook(self.state, hook)
         self.opt = torch.optim.SGD(self.module.parameters(), lr=0.1 / self.loss_scale,
                                    momentum=0.9)
@@ -169,17 +169,38 @@ def peer_dies(x, y):
     os._exit(5)
 
 
+def subgroups(x, y, steps, out):
+    """Four ranks, data parallelism within model parallelism: DDP over ranks 0-1 and another over
+    ranks 2-3, a hook over each (every rank makes both groups; each hook only its own ranks)."""
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = pairs[dist.get_rank() // 2]
+    results = {"torch": torch.__version__}
+    for case in ["fp16", "topk:0.05", "powersgd:2", "powersgd:2@small"]:
+        try:
+            run = Run(case, mine)
+        except compression.CompressionError as e:  # torch before 2.1
+            results[case] = {"error": str(e)}
+            continue
+        run.train(x, y, steps)
+        results[case] = run.result(x, y)
+    with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(results, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--peer-dies", action="store_true", help="peer_dies() instead of the cases")
+    ap.add_argument("--subgroups", action="store_true", help="subgroups() instead of the cases")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     x, y = load_digits()
     if args.peer_dies:
         peer_dies(x, y)
+    if args.subgroups:
+        return subgroups(x, y, args.steps, args.out)
     results = {}
     for case in ["ddp"] + SPECS:
         run = Run(case)

@@ -293,8 +293,11 @@ class CompressionState:
             raise CompressionError(
                 f"dist_launch.compression hooks take CPU buckets (gloo); this bucket is on "
                 f"{buffer.device} (the SDK's device compressors run with its own NCCL group)")
-        if not self.lossy:
+        if not self.lossy:  # DDP's own exchange, counted as the SDK counts a dense one
             import torch.distributed as dist
+            n = self.world
+            self._retired["dense"] += 1
+            self._retired["bytes_sent"] += 2 * (n - 1) * buffer.numel() * buffer.element_size() // n
             buffer.div_(self.world)
             fut = dist.all_reduce(buffer, group=self.process_group, async_op=True).get_future()
             return fut.then(lambda f: f.value()[0])

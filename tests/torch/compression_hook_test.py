@@ -71,6 +71,9 @@ class Job(unittest.TestCase):
 
     def test_none_is_ddp_itself(self):
         self.assertEqual(self.case("none")[0]["digest"], self.case("ddp")[0]["digest"])
+        stats = self.case("none")[0]["stats"]  # counted as a dense exchange is
+        self.assertEqual(stats["dense"], STEPS)
+        self.assertEqual(stats["bytes_sent"], STEPS * 2 * (2 - 1) * 9610 * 4 // 2)
 
     def test_every_mode_trains_and_keeps_the_replicas_identical(self):
         clean = self.case("ddp")[0]["accuracy"]

@@ -49,6 +49,10 @@ def main():
     ap.add_argument("--crash-at-exit", action="store_true",
                     help="--crash-rank is SIGKILLed in its teardown instead, once every other "
                          "rank's process has exited (a crash at exit: the commonest)")
+    ap.add_argument("--fail-before-returning", action="store_true",
+                    help="--crash-rank raises instead, inside its training function after the "
+                         "last step, once every other rank's process has exited (its part of the "
+                         "result lost: a final checkpoint it could not write)")
     ap.add_argument("--commit-every", type=int, default=1)
     ap.add_argument("--pause-ms", type=float, default=0,
                     help="sleep this long after each step (a longer step, for tests)")
@@ -73,6 +77,30 @@ def main():
 
     joined_at = None  # the step this process first trained at (a replacement's: the survivors')
     seen_generation = generation
+
+    def publish_pids():
+        """Every rank's pid, through the group's store, not a collective: gloo's worker thread
+        drops the last reference to a collective's tensors after the caller has gone on, and one
+        dropped once the interpreter is finalizing aborts the process ("terminate called without
+        an active exception": 2 of 14 runs of the crash-at-exit test, a healthy rank 0 at its
+        exit)."""
+        store = dist.distributed_c10d._get_default_store()
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store.set(f"elastic_train/pid/{attempt}/{dist.get_rank()}", str(os.getpid()))
+        return [int(store.get(f"elastic_train/pid/{attempt}/{r}"))
+                for r in range(dist.get_world_size())]
+
+    def wait_gone(peers):
+        for _ in range(6000):  # at most 60 s: until the launcher has reaped every other rank
+            alive = False
+            for pid in peers:
+                try:
+                    alive = alive or (pid != os.getpid() and os.kill(pid, 0) is None)
+                except ProcessLookupError:
+                    pass
+            if not alive:
+                return
+            time.sleep(0.01)
 
     @elastic.run
     def train(state):
@@ -116,6 +144,11 @@ def main():
                 state.commit()
             if args.pause_ms:
                 time.sleep(args.pause_ms / 1000)
+        if args.fail_before_returning:
+            peers = publish_pids()
+            if first_attempt and rank == args.crash_rank:
+                wait_gone(peers)
+                raise OSError(f"rank {rank}: cannot write its part of the result (injected)")
 
     train(state)
     digest = hashlib.sha256()
@@ -132,29 +165,12 @@ def main():
     crash_at_exit = args.crash_at_exit and first_attempt and rank == args.crash_rank
     peers = []
     if args.crash_at_exit:
-        # Through the group's store, not a collective: gloo's worker thread drops the last
-        # reference to a collective's tensors after the caller has gone on, and one dropped once
-        # the interpreter is finalizing aborts the process ("terminate called without an active
-        # exception": 2 of 14 runs of the crash-at-exit test, a healthy rank 0 at its exit).
-        store = dist.distributed_c10d._get_default_store()
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store.set(f"elastic_train/pid/{attempt}/{dist.get_rank()}", str(os.getpid()))
-        peers = [int(store.get(f"elastic_train/pid/{attempt}/{r}"))
-                 for r in range(dist.get_world_size())]
+        peers = publish_pids()
     # torch's own advice (2.x warns without it): the group is torn down here, not by the
     # interpreter's exit.
     dist.destroy_process_group()
     if crash_at_exit:
-        for _ in range(6000):  # at most 60 s: until the launcher has reaped every other rank
-            alive = False
-            for pid in peers:
-                try:
-                    alive = alive or (pid != os.getpid() and os.kill(pid, 0) is None)
-                except ProcessLookupError:
-                    pass
-            if not alive:
-                break
-            time.sleep(0.01)
+        wait_gone(peers)
         print(f"rank {rank} crashing at exit", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -221,6 +221,7 @@ class CompressionState:
         # runs with no exchange under way (_on_thread).
         self._splits = self.lossy and self._lib.dlc_spec_splits(self.spec.encode()) == 1
         self._lanes: List[_Lane] = []
+        self._spare_groups = []  # (over a subgroup: see below)
         try:
             # A group per lane (made as the first, in the same order on every rank); a
             # split exchange's state only makes its compressors: one lane, whose thread never
@@ -228,6 +229,15 @@ class CompressionState:
             for i in range((1 if self._splits else _LANES) if self.lossy else 0):
                 group = self.process_group if i == 0 else self._new_group(ranks)
                 self._lanes.append(_Lane(self, i, group))
+            # Over a subgroup, as many groups whatever the spec: torch counts every group a rank
+            # makes (its next group's name), so that each subgroup's ranks, whose hooks make
+            # theirs apart, count alike, and a group the job makes later has one name on every
+            # rank (so long as every subgroup makes its hook: a rank that makes none, or another
+            # number of them, counts otherwise).
+            made = max(1, len(self._lanes))  # the state's group is the first lane's
+            while self._local and made < _LANES:
+                self._spare_groups.append(self._new_group(ranks))
+                made += 1
         except BaseException:
             for lane in self._lanes:
                 lane.close()

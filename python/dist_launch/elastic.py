@@ -546,10 +546,10 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
     # of each recovery (which frees the failed group's DDP) skips it: 0.2 s less of the
     # survivors' stall with torch 2.x.
     gc.freeze()
-    # ... and rejoins the collector for the interpreter's shutdown (registered now: run after the
-    # script's own exit handlers). Left frozen, extension modules that count their objects at
-    # shutdown call them leaked (triton's nanobind, imported with torch._dynamo by a replacement:
-    # about 30 lines at each exit), as the zygote's workers' were (_zygote.py).
+    # ... and rejoins the collector for the interpreter's shutdown (atexit: after the handlers
+    # registered later, the watcher's stop among them). Left frozen, extension modules that count
+    # their objects at shutdown call them leaked (triton's nanobind, imported with torch._dynamo
+    # by a replacement: about 30 lines at each exit), as the zygote's workers' were (_zygote.py).
     atexit.register(gc.unfreeze)
     g.say_follows_folds()
     if g.generation == 0:
@@ -1002,6 +1002,13 @@ def _form_first(g: _Group) -> None:
     replacement's, and the agent told the group is whole, when run() begins (needs_sync)."""
     import torch.distributed as dist
     g.store  # connected before the set-up: not one of the sockets it opens
+    later = _generation_to_follow(g, 0, True)  # superseded before it began
+    if later is not None:
+        _say(f"rank {g.rank}: generation 0 was superseded before its set-up began; joining "
+             f"generation {later} (a worker that died in the set-up, replaced in place)")
+        _follow(g, None, 0, later)
+        g.needs_sync = True
+        return _settle_in(g, None, later)
     guard = _Superseded(g, 0)
     try:
         with guard:
@@ -1206,8 +1213,13 @@ def run(func):
                  f"set-up superseded), state from rank {root} ({state.describe()}) in "
                  f"{took:.1f} ms")
         while True:
+            # The agent's word that this rank's own work is under way (work/<rank>): failing in
+            # it once every other worker has finished is a lost result, not a crash at exit.
+            g.store.set(f"{g.prefix}work/{g.rank}", "running")
             try:
-                return _freed_after(func(state, *args, **kwargs))
+                result = func(state, *args, **kwargs)
+                g.store.set(f"{g.prefix}work/{g.rank}", "returned")
+                return _freed_after(result)
             except Exception as error:  # noqa: BLE001 (only a peer's failure is handled)
                 if not _is_peer_failure(error):
                     raise

@@ -503,6 +503,23 @@ class InPlace(unittest.TestCase):
                          run.out)
         self.assertEqual(run.digests(), {r: self.baseline(2) for r in range(2)}, run.out)
 
+    def test_a_worker_failing_in_its_training_function_after_the_others_finished_restarts(self):
+        # Rank 1 raises inside its training function after its last step, once rank 0 has
+        # exited (its part of the result not written). Not a crash at exit: the job used to end
+        # "done" with exit 0, its failure unsaid in the exit code. Its work/<rank> said it was
+        # still at work: the group restarts, as under torchrun, and trains to the same weights.
+        run = self.launch(2, "--restart-policy", "in-place", "--max-restarts", "2",
+                          script_args=("--fail-before-returning",))
+        self.assertEqual(run.proc.returncode, 0, run.out)
+        self.assertIn("rank 1: cannot write its part of the result (injected)", run.out)
+        self.assertIn("worker 1 failed inside its training function (dist_launch.elastic's run "
+                      "had not returned), and every other worker of the job has finished: its "
+                      "work is not done, and nobody is left to recover it from in place: "
+                      "restarting the whole group", run.out)
+        self.assertNotIn("the job is done", run.out)
+        self.assertIn("restarting the worker group", run.out)
+        self.assertEqual(run.digests(), {r: self.baseline(2) for r in range(2)}, run.out)
+
     def test_under_the_group_policy_the_same_script_restarts_from_the_start(self):
         run = self.launch(2, "--max-restarts", "1", script_args=("--crash-at-step", "12"))
         self.assertEqual(run.proc.returncode, 0, run.out)

@@ -308,36 +308,41 @@ std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, in
 }
 
 // Whom a torch rank waiting in a collective waits for: a rank of that collective's group that
-// has not issued it yet (fewer collectives in that group). Empty when none here is known to be.
-std::string waits_for(const std::vector<RankLook>& looks, std::size_t i) {
+// has not issued it yet (fewer collectives in that group). None when none here is known to be, or
+// when what the slot says it waits in cannot be believed (pending()).
+std::optional<std::size_t> waits_for(const std::vector<RankLook>& looks, std::size_t i,
+                                     std::string& text) {
   const SlotReading& mine = looks[i].second;
-  if (mine.pending_since_ns == 0 || mine.pending_group == 0) return "";
+  if (!pending(looks[i]) || mine.pending_group == 0) return std::nullopt;
   const auto& groups = mine.groups;
   const auto index = std::find_if(groups.begin(), groups.end(),
                                   [&](const auto& g) { return g.first == mine.pending_group; });
-  if (index == groups.end()) return "";
+  if (index == groups.end()) return std::nullopt;
   for (std::size_t j = 0; j < looks.size(); ++j) {
     if (j == i) continue;
     const auto& theirs = looks[j].second.groups;
     const auto g = std::find_if(theirs.begin(), theirs.end(),
                                 [&](const auto& e) { return e.first == mine.pending_group; });
     if (g == theirs.end() || g->second >= mine.pending_seq) continue;
-    return fmt::format("waiting for rank {} (it issued {} in process group {})",
+    text = fmt::format("waiting for rank {} (it issued {} in process group {})",
                        looks[j].worker.rank, g->second, index - groups.begin());
+    return j;
   }
-  return "";
+  return std::nullopt;
 }
 
 // The ranks the others wait for: behind the others (fewer steps, or at as many steps fewer
 // collectives issued and none more), else not waiting while others wait, else (alone) the rank
 // itself. `where` of those behind says by how much. A rank behind in one group while it waits in
 // another group's collective for a rank that has not issued it (a tensor-parallel pair waiting
-// for its partner while the data-parallel group waits for both) is not one: it waits too, unless
-// every such rank waits for another (a cycle: collectives that never match, for the proof).
+// for its partner while the data-parallel group waits for both) is not one: it waits too, and
+// the rank it waits for is, unless that one waits in turn for such a rank (a cycle: collectives
+// that never match, for the proof; they all stand).
 std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankWhere>& ranks,
                            const std::vector<Position>& positions) {
   std::vector<bool> out(looks.size(), false);
-  std::vector<std::string> behind_of(looks.size());
+  std::vector<std::string> behind_of(looks.size()), waits(looks.size());
+  std::vector<std::optional<std::size_t>> waited_for(looks.size());
   for (std::size_t i = 0; i < looks.size(); ++i) {
     const SlotReading& mine = looks[i].second;
     for (std::size_t j = 0; j < looks.size() && behind_of[i].empty(); ++j) {
@@ -349,19 +354,23 @@ std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankW
         behind_of[i] = behind_in_collectives(mine, theirs, looks[j].worker.rank);
       }
     }
+    if (!behind_of[i].empty() && positions[i].waiting)
+      waited_for[i] = waits_for(looks, i, waits[i]);
   }
-  std::vector<std::string> waits(looks.size());
-  bool any = false, any_behind = false;
+  bool any_behind = false, cycle = true;
   for (std::size_t i = 0; i < looks.size(); ++i) {
     if (behind_of[i].empty()) continue;
     any_behind = true;
-    if (positions[i].waiting) waits[i] = waits_for(looks, i);
-    out[i] = waits[i].empty();
-    any = any || out[i];
+    out[i] = !waited_for[i];
+    // The rank a behind waiter waits for, unless that one is a behind waiter in turn.
+    const auto j = waited_for[i];
+    const bool chained = j && !behind_of[*j].empty() && waited_for[*j];
+    if (j && !chained) out[*j] = true;
+    cycle = cycle && chained;
   }
-  for (std::size_t i = 0; i < looks.size(); ++i) {
+  for (std::size_t i = 0; i < looks.size() && any_behind; ++i) {
     if (behind_of[i].empty()) continue;
-    if (!any) out[i] = true;  // each waits for another: they stand, as before
+    if (cycle) out[i] = true;  // each waits for another behind waiter: they stand
     ranks[i].where += out[i] ? "; behind the others: " + behind_of[i] : "; " + waits[i];
   }
   if (any_behind) return out;

@@ -156,6 +156,17 @@ store::Task<bool> all_set(std::shared_ptr<store::AsyncStoreClient> client,
   co_return co_await client->check(std::move(keys));
 }
 
+store::Task<bool> any_at_work_of(std::shared_ptr<store::AsyncStoreClient> client,
+                                 std::shared_ptr<bool> opened, std::string prefix,
+                                 std::vector<int> ranks) {
+  co_await open_once(*client, *opened);
+  for (const int rank : ranks) {
+    const auto work = co_await client->try_get(contract::work_key(prefix, rank));
+    if (work == contract::kWorkRunning) co_return true;
+  }
+  co_return false;
+}
+
 store::Task<bool> mark_superseded(std::shared_ptr<store::AsyncStoreClient> client,
                                   std::shared_ptr<bool> opened, std::string key,
                                   std::string value) {
@@ -280,6 +291,10 @@ store::Task<bool> Generations::all_follow_folds(int world_size) {
   std::vector<std::string> keys;
   for (int rank = 0; rank < world_size; ++rank) keys.push_back(contract::fold_key(prefix_, rank));
   return all_set(client_, opened_, std::move(keys));
+}
+
+store::Task<bool> Generations::any_at_work(std::vector<int> ranks) {
+  return any_at_work_of(client_, opened_, prefix_, std::move(ranks));
 }
 
 store::Task<bool> Generations::supersede(int generation, int by) {

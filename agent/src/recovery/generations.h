@@ -77,6 +77,8 @@ class Generations {
   // store::StoreError.
   store::Task<std::optional<GenerationUnderWay>> under_way(std::chrono::milliseconds timeout);
   store::Task<bool> all_follow_folds(int world_size);
+  // Whether any of these ranks' workers said it is inside its training function (work/<rank>).
+  store::Task<bool> any_at_work(std::vector<int> ranks);
   store::Task<bool> supersede(int generation, int by);
   // Publishes generation `generation` with `record` ("replaced=1 survivors=0"), then waits for
   // the group's recovery, at most `timeout` (and as long again for each later generation that

@@ -223,9 +223,32 @@ void InPlace::end_if_others_finished(const std::string& when, std::function<void
                   [this, when, otherwise = std::move(otherwise)](bool finished) {
                     if (p_.now.state != State::kReplacing) return;
                     peers_check_ = false;
-                    if (finished) return end_as_done(when);
+                    if (finished) return end_unless_at_work(when);
                     if (otherwise) otherwise();
                   });
+}
+
+// Every other worker finished: the job is done, unless a failed worker had said it was still
+// inside its training function (work/<rank>: dist_launch.elastic's run() had not returned). Then
+// what it was doing (its part of the result, a final checkpoint) is lost, not done: the group
+// restarts (or, with no restart left, the job fails), as torchrun's would.
+void InPlace::end_unless_at_work(const std::string& when) {
+  p_.steps.launch(g_.store->any_at_work(ranks_of(p_.now.failures)), [this, when](bool at_work) {
+    if (p_.now.state != State::kReplacing) return;
+    if (!at_work) return end_as_done(when);
+    const bool left = restarts_used() < p_.config.max_restarts;
+    const std::string why =
+        workers_text(ranks_of(p_.now.failures)) +
+        " failed inside its training function (dist_launch.elastic's run had not returned), and "
+        "every other worker of the job has finished: its work is not done, and nobody is left "
+        "to recover it from in place" +
+        (left
+             ? ": restarting the whole group"
+             : ": no restart left (--max-restarts " + std::to_string(p_.config.max_restarts) + ")");
+    spdlog::error("{}", why);
+    p_.telemetry->in_place_fallback(p_.now.round->round, std::nullopt, why);
+    p_.feed(Input::kRecoveryFailed);
+  });
 }
 
 // The failed worker had nobody left to rejoin: what the job set out to do, its other workers

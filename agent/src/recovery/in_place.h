@@ -97,6 +97,7 @@ class InPlace final : public RecoveryPolicy {
   // node at its exit barrier), `when` says since when: the job ends done.
   void end_if_others_finished(const std::string& when, std::function<void()> otherwise);
   void end_as_done(const std::string& when);
+  void end_unless_at_work(const std::string& when);
   bool peers_may_have_finished() const;  // this node's others exited, in a world of several
   bool peers_check_ = false;             // that check is under way
 

@@ -176,7 +176,9 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
   // listed again among the replacements the job went on after.
   std::vector<const InPlaceReplacement*> before;
   for (const auto& r : replaced) {
-    if (r.failure.worker.pid == failures[root].worker.pid) {
+    const WorkerFailure& f = failures[root];
+    if (r.failure.worker.pid == f.worker.pid && r.failure.worker.rank == f.worker.rank &&
+        r.failure.host == f.host && r.failure.time == f.time) {
       out << "  recovery  : replaced in place by pid " << r.new_pid << " (generation "
           << r.generation << "), a recovery that did not complete\n";
     } else {

@@ -284,6 +284,31 @@ TEST(HangReport, ARankWaitingInItsSubgroupForAPeerIsNotTheOneTheOthersWaitFor) {
   }
 }
 
+// The same, but the sleeping rank had issued the world's collective before it slept (async): it
+// is behind in no group, its partner alone is. The partner still waits for it: the sleeping rank
+// is the one the others wait for, the partner is not (it used to be taken back as the suspect).
+TEST(HangReport, TheRankAWaitingPartnerWaitsForIsTheSuspectEvenWhenItIsBehindInNoGroup) {
+  constexpr std::uint64_t kPair01 = 0xC3, kPair23 = 0xD4;
+  std::vector<RankLook> looks;
+  for (int rank : {0, 1}) {
+    auto waiting = look(rank, 50);
+    torch_rank(waiting, {{kWorld, 51}, {kPair01, 100}}, kWorld, 51);
+    looks.push_back(waiting);
+  }
+  auto sleeping = look(2, 50);
+  torch_rank(sleeping, {{kWorld, 51}, {kPair23, 100}});
+  sleeping.stacks_first = sleeping.stacks_second = at_user_code_dump(12);
+  sleeping.after.wchan = "hrtimer_nanosleep";
+  looks.push_back(sleeping);
+  auto partner = look(3, 50);
+  torch_rank(partner, {{kWorld, 50}, {kPair23, 101}}, kPair23, 101);
+  looks.push_back(partner);
+  const HangFinding f = examine(looks, HangRule::kBound);
+  EXPECT_TRUE(f.ranks[2].suspect);
+  EXPECT_TRUE(f.ranks[2].cause);
+  EXPECT_FALSE(f.ranks[3].suspect || f.ranks[3].cause) << "it waits for rank 2";
+}
+
 TEST(HangReport, ADeclaredPauseIsNeverAHangWhateverTheRule) {
   auto looks = checkpoint_while_the_other_waits();
   looks[0].first.paused_since_ns = looks[0].second.paused_since_ns = 70'000'000'000;

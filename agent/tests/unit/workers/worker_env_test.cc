@@ -184,6 +184,12 @@ TEST(FailureReport, ARootCauseReplacedInPlaceIsNotListedAgainAsAReplacement) {
   first.worker.pid = 100;
   root.worker.rank = 0;
   root.worker.pid = 200;
+  root.host = first.host = "node-a";
+  WorkerFailure elsewhere = root;  // the same pid and rank on another node: not the replaced one
+  elsewhere.host = "node-b";
+  EXPECT_EQ(format_report("train.py", {elsewhere}, {{root, 2, 201, {1}}})
+                .find("a recovery that did not complete"),
+            std::string::npos);
   const std::vector<InPlaceReplacement> replaced{{first, 1, 101, {0}}, {root, 2, 201, {1}}};
   const std::string report = format_report("train.py", {root}, replaced);
   const auto cause = report.find("Root Cause");

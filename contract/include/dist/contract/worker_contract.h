@@ -100,6 +100,12 @@ inline constexpr char kLocalAddr[] = "DIST_LOCAL_ADDR";         // --local-addr:
 //                     its word over it: g's ranks then fail into g+1 as after any failure.) Ranks
 //                     whose set-up of g fails or sees the counter pass g give it up and join the
 //                     latest generation; the agent that waited for g waits for g+1.
+//   work/<rank>       "running" while rank `rank`'s worker is inside its training function,
+//                     "returned" once that returned (dist_launch.elastic.run writes it at each
+//                     entry and at its return; the SDK does not): a worker that fails once every
+//                     other worker finished ends the job done only when it had returned (a crash
+//                     in its teardown), not while its own work was under way (its part of the
+//                     result, a final checkpoint: lost, not done).
 //   fold/<rank>       "1": rank `rank`'s worker follows such a generation (the SDK's recovery
 //                     and dist_launch.elastic write it over Gloo as they start, and again under
 //                     a rank a regroup gave them; NCCL groups do not): without every rank's, the
@@ -148,6 +154,10 @@ inline std::string arrived_key(const std::string& prefix, int generation, int ra
 inline std::string fold_key(const std::string& prefix, int rank) {
   return prefix + "fold/" + std::to_string(rank);
 }
+inline std::string work_key(const std::string& prefix, int rank) {
+  return prefix + "work/" + std::to_string(rank);
+}
+inline constexpr char kWorkRunning[] = "running";       // at work_key (and "returned")
 inline constexpr char kSuperseded[] = "superseded=";    // at recovered_key, then the generation
 inline constexpr char kArrivalFailed[] = "failed";      // at arrived_key
 inline constexpr char kRegroupFinished[] = "finished";  // at regroup_generation_key

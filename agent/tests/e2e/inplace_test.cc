@@ -678,6 +678,20 @@ TEST_F(InPlace, EveryReplacementCountsAgainstMaxRestarts) {
   const std::string clean = clean_digest(2, {"--steps", "20"});
   EXPECT_EQ(run("two", 2, 2, twice, &output), 0) << output;
   const auto restarts = events("two", "inplace_restart");
+  // As above, on a slow machine (TSan) the second failure can come during generation 1's
+  // recovery: then the whole group restarts (the second restart), and ends clean all the same.
+  if (output.find("worker 1 failed during the in-place recovery of worker 1") !=
+      std::string::npos) {
+    EXPECT_EQ(restarts.size(), 1u) << output;
+    EXPECT_NE(output.find("restarting the worker group (restart 2 of 2)"), std::string::npos)
+        << output;
+    for (const int rank : {0, 1}) {
+      const auto f = final_of("two", rank);
+      ASSERT_TRUE(f) << output;
+      EXPECT_EQ(f->digest, clean);
+    }
+    return;
+  }
   ASSERT_EQ(restarts.size(), 2u) << output;
   EXPECT_EQ(restarts[1]["generation"], 2);
   EXPECT_EQ(restarts[1]["restarts"], 2);

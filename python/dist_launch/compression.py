@@ -137,6 +137,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dlc_bucket_residual.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.dlc_bucket_set_residual.restype = ctypes.c_int
     lib.dlc_bucket_set_residual.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.dlc_bucket_steps_before.restype = ctypes.c_int
+    lib.dlc_bucket_steps_before.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.dlc_copy_spans.restype = ctypes.c_int
     lib.dlc_copy_spans.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
                                    ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, _U64P]
@@ -213,6 +215,10 @@ class CompressionState:
         self._layouts: Dict[int, tuple] = {}  # bucket index: (what it was read from, _Layout)
         self._carry: Dict[tuple, Any] = {}  # key: a residual for a bucket not made yet
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
+        # DDP steps the hook has exchanged (a bucket that is_last() ends one; torch's PowerSGD
+        # counts its iterations so): a compressor made later (DDP's rebuild, a resumed job) goes
+        # on from there, PowerSGD's warm-up with it.
+        self._steps = 0
         self._reduce_bf16 = True  # torch 1.x's gloo has no bfloat16 (then: in float32)
         # fp16 and bf16 exchange as torch's own fp16 hook does (_begin): encoded on the hook's
         # thread, summed by torch's asynchronous all-reduce on gloo's threads, decoded in its
@@ -312,6 +318,8 @@ class CompressionState:
             fut = dist.all_reduce(buffer, group=self.process_group, async_op=True).get_future()
             return fut.then(lambda f: f.value()[0])
         compressor, spans = self._bucket_for(bucket, buffer)
+        if bucket.is_last():
+            self._steps += 1
         if self._splits:
             return self._begin(compressor, spans, buffer)
         result = torch.futures.Future()
@@ -453,6 +461,9 @@ class CompressionState:
         made = _Bucket(self._lib, handle, lane, signature,
                        torch.zeros(at, dtype=dtype) if staged else None)
         saved = self._pending.pop(signature, None)
+        if saved is None:
+            self._check(self._lib.dlc_bucket_steps_before(handle, self._steps), made,
+                        "the steps before it")
         if saved is not None:
             self._check(self._lib.dlc_bucket_load(handle, saved, len(saved), self._format), made,
                         "its saved state")
@@ -510,7 +521,8 @@ class CompressionState:
 
     def state_dict(self) -> Dict[str, Any]:
         """The residuals, fp16's scale, PowerSGD's Q and warm-up counts, per bucket (bytes:
-        torch.save it), with what a load_state_dict() gave buckets not made since."""
+        torch.save it), with what a load_state_dict() gave buckets not made since, and the steps
+        exchanged."""
         def save():
             buckets = {}
             for index, b in self._buckets.items():
@@ -523,14 +535,15 @@ class CompressionState:
                 buckets[index] = (b.signature, out.raw[:size.value])
             for i, (signature, saved) in enumerate(self._pending.items()):
                 buckets[-1 - i] = (signature, saved)  # loaded, not made yet: kept as loaded
-            return {"spec": self.spec, "format": self._lib.dlc_state_format(), "buckets": buckets}
+            return {"spec": self.spec, "format": self._lib.dlc_state_format(), "buckets": buckets,
+                    "steps": self._steps}
         return self._on_thread(save)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """What state_dict() returned, for a hook of the same spec; each bucket takes its state at
         its next exchange: all of it where its layout is a saved one, else its parameters'
-        residuals (fp16's scale and PowerSGD's Q and warm-up then start again for it, as at DDP's
-        rebuild)."""
+        residuals (fp16's scale and PowerSGD's Q then start again for it, as at DDP's rebuild;
+        PowerSGD's warm-up goes on from the steps saved)."""
         if state.get("spec") != self.spec:
             raise ValueError(f"a compression state of '{state.get('spec')}' cannot be loaded into "
                              f"a hook of '{self.spec}'")
@@ -541,6 +554,7 @@ class CompressionState:
 
         self._retire()
         self._format = int(state.get("format", 1))
+        self._steps = int(state.get("steps", 0))  # (a state saved before it counted them: 0)
         # A layout this process has not (yet) got, as a resumed job's first step, DDP's first
         # layout, takes the saved residuals by parameter: each saved bucket loaded once to read
         # them.

@@ -358,4 +358,11 @@ __attribute__((visibility("default"))) int dlc_bucket_set_residual(void* bucket,
   return guarded([&] { bucket_of(bucket).compressor->set_residual(in); });
 }
 
+// The job's steps before the bucket was made (compressor.h: steps_before): PowerSGD's warm-up
+// goes on from there.
+__attribute__((visibility("default"))) int dlc_bucket_steps_before(void* bucket,
+                                                                   std::uint64_t steps) {
+  return guarded([&] { bucket_of(bucket).compressor->steps_before(steps); });
+}
+
 }  // extern "C"

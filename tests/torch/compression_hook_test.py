@@ -95,6 +95,9 @@ class Job(unittest.TestCase):
             with self.subTest(spec=spec):
                 self.assertLessEqual(self.case(spec)[0]["stats"]["bytes_sent"], most * dense)
         self.assertEqual(self.case("powersgd:2:20")[0]["stats"]["dense"], 20)  # the warm-up
+        # Its 20 steps across DDP's rebuild too, as torch's start_powerSGD_iter counts: the first
+        # step's one bucket, then 19 of the two rebuilt ones (each used to count its own 20).
+        self.assertEqual(self.case("powersgd:2:20@small")[0]["stats"]["dense"], 1 + 2 * 19)
 
     def test_gradients_past_fp16s_range_cost_a_few_steps_not_the_training(self):
         # every gradient x 1e6: fp16 halves its scale at each overflow until they fit, then

@@ -211,7 +211,7 @@ def main():
         run.train(x, y, args.steps, inject_at=INJECT_AT)
         results["inf " + case] = run.result(x, y)
     for case in ["fp16@small", "powersgd:2@small", "fp16*1e6", "topk:0.05#unused",
-                 "powersgd:2#unused"]:
+                 "powersgd:2#unused", "powersgd:2:20@small"]:
         run = Run(case)
         run.train(x, y, args.steps)
         results[case] = run.result(x, y)

@@ -326,6 +326,10 @@ class PowerSgd final : public Lossy {
         q_(ops.allocate_floats(plan_.q_size)),
         out_(ops.allocate_floats(n_)) {}
 
+  void steps_before(std::uint64_t steps) override {
+    warmed_ = std::max(warmed_, std::min(steps, warmup_));
+  }
+
   void exchange(void* flat) override {
     ops_.widen_add(flat, layout_.type, residual_, acc_, n_);
     if (warmed_ < warmup_) {

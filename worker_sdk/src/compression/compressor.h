@@ -64,6 +64,10 @@ class BucketCompressor {
   // drops an inf or NaN in it, as load() does.
   virtual void residual(float* out) const = 0;
   virtual void set_residual(const float* in) = 0;
+  // The job's steps before this compressor was made (a caller whose buckets change: torch's DDP
+  // rebuilds them after its first step, a resumed job makes them again): a warm-up counted in
+  // steps (PowerSGD's) goes on from there, as torch's start_powerSGD_iter counts its iterations.
+  virtual void steps_before(std::uint64_t /*steps*/) {}
 
   // What the exchanges did besides compressing (call between steps: on the device it waits for
   // them).

@@ -114,7 +114,10 @@ void InPlace::stopping() {
 }
 
 void InPlace::workers_failed(bool stops) {
-  failed_at_ = std::chrono::steady_clock::now();
+  if (!replacing_ && !p_.now.failures.empty()) {
+    failed_at_ = std::chrono::steady_clock::now();
+    first_failed_rank_ = p_.now.failures.front().worker.rank;
+  }
   if (!stops) return;
   if (joining_.unjoined() && g_.latest > 0) joining_.say_arrival_failed();
   explain_fallback(p_.now.state == State::kReplacing);
@@ -564,7 +567,7 @@ void InPlace::on_recovered(const RecoveryOutcome& o, int recovery) {
   const auto stall = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - failed_at_);
   spdlog::info("generation {}: the group is whole again, {} ms after worker {} failed ({})",
-               o.generation, stall.count(), r.failure.worker.rank, o.record);
+               o.generation, stall.count(), first_failed_rank_, o.record);
   p_.telemetry->in_place_recovered(round, o.generation, r.failure.worker.rank, stall, o.record);
   p_.steps.fire_and_forget(p_.rounds.recovery_over(*p_.now.round), "ending the in-place recovery");
   p_.feed(Input::kRecovered);

@@ -116,7 +116,10 @@ class InPlace final : public RecoveryPolicy {
   int recovery_ = 0;                   // counts this node's recoveries (REPLACING from RUNNING)
   Claim claim_;                        // REPLACING's claim
   std::vector<InPlaceReplacement> replaced_;
-  std::chrono::steady_clock::time_point failed_at_;  // when the last failures were reaped
+  // When the failures that began the recovery under way were reaped (one folded into it later
+  // does not move it: the survivors have not trained since the first), and the first's rank.
+  std::chrono::steady_clock::time_point failed_at_;
+  int first_failed_rank_ = -1;
 };
 
 }  // namespace dist::agent

@@ -124,9 +124,43 @@ fs::path RunDirectory::attempt(int round, int local_rank) const {
   return run_dir_ / ("attempt_" + std::to_string(round)) / std::to_string(local_rank);
 }
 
+namespace {
+
+// Removes the empty files and folders under `dir` (and `dir` itself when nothing is left); whether
+// anything is left. Best effort: what cannot be read or removed is left (and counts as left).
+bool prune_empty(const fs::path& dir) {
+  std::error_code ec;
+  bool left = false;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path path = it->path();
+    const auto status = it->symlink_status(ec);
+    if (ec) {
+      left = true;
+      ec.clear();
+      continue;
+    }
+    if (fs::is_directory(status)) {
+      left = prune_empty(path) || left;
+    } else if (fs::is_regular_file(status) && fs::file_size(path, ec) == 0 && !ec) {
+      left = !fs::remove(path, ec) || left;
+    } else {
+      left = true;
+      ec.clear();
+    }
+  }
+  if (ec) return true;
+  if (!left) left = !fs::remove(dir, ec);
+  return left;
+}
+
+}  // namespace
+
 std::string RunDirectory::finish(bool keep) {
   if (!temporary_) return "";
-  if (keep) return "worker logs and error files kept in " + root_.string();
+  // Kept, what says something: the empty files (a stack file no rank was asked to fill, a log
+  // that got nothing) go, and a directory left with nothing is not kept (in /dev/shm, memory:
+  // jobs that failed used to leave one each, most of them empty).
+  if (keep && prune_empty(root_)) return "worker logs and error files kept in " + root_.string();
   remove_tree(AT_FDCWD, root_.c_str());
   return "";
 }

@@ -78,9 +78,27 @@ TEST_F(RunDirectoryTest, AKeptDirectoryIsSaidAndAnElasticNodeHasItsOwn) {
   RunDirectory dir(elastic, elastic, "node-a");
   EXPECT_EQ(dir.path().parent_path().parent_path(), scratch_);
   EXPECT_TRUE(dir.path().filename().string().starts_with("node_node-a_"));
+  fs::create_directories(dir.attempt(0, 0));
+  std::ofstream(dir.attempt(0, 0) / "error.json") << "{}";
+  std::ofstream(dir.attempt(0, 0) / "stacks.txt");  // empty: not kept
+  fs::create_directories(dir.attempt(0, 1));        // empty: not kept
   const std::string said = dir.finish(true);
   EXPECT_NE(said.find("kept in " + dir.path().parent_path().string()), std::string::npos) << said;
-  EXPECT_TRUE(fs::is_directory(dir.path()));
+  EXPECT_TRUE(fs::is_regular_file(dir.attempt(0, 0) / "error.json"));
+  EXPECT_FALSE(fs::exists(dir.attempt(0, 0) / "stacks.txt"));
+  EXPECT_FALSE(fs::exists(dir.attempt(0, 1)));
+}
+
+// A run to keep with nothing in it but empty files and folders is not kept (nor said): in
+// /dev/shm such directories used to pile up, one per failed job.
+TEST_F(RunDirectoryTest, AKeptDirectoryWithNothingInItIsRemoved) {
+  ScopedVariable tmpdir("TMPDIR", scratch_.string());
+  LaunchConfig config;
+  RunDirectory dir(config, config, "host");
+  fs::create_directories(dir.attempt(0, 0));
+  std::ofstream(dir.attempt(0, 0) / "stacks.txt");
+  EXPECT_EQ(dir.finish(true), "");
+  EXPECT_FALSE(fs::exists(dir.path()));
 }
 
 TEST_F(RunDirectoryTest, LogDirGetsARunOfItsOwnThatIsNeverRemoved) {

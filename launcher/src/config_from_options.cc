@@ -1,8 +1,12 @@
 #include "config_from_options.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -649,7 +653,48 @@ void default_omp_threads(LaunchConfig& c, std::ostream& err) {
   }
 }
 
+void warn_loopback_hostname(const LaunchConfig& c, std::ostream& err) {
+  std::array<char, 256> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0) return;
+  err << loopback_hostname_warning(c, name.data());
+}
+
 }  // namespace
+
+bool resolves_to_loopback_only(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return false;
+  bool loopback = true;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      loopback = loopback && (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    } else if (a->ai_family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(a->ai_addr);
+      loopback = loopback && IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+    }
+  }
+  ::freeaddrinfo(found);
+  return loopback;
+}
+
+// torch's gloo, without GLOO_SOCKET_IFNAME, binds the address the host's name resolves to; the
+// other machines' workers then connect to 127.0.1.1 ("Connection refused"), the job fails or
+// its replacements do, over and over, and nothing says why.
+std::string loopback_hostname_warning(const LaunchConfig& c, const std::string& hostname) {
+  if (c.max_nodes < 2 || !c.python_workers || std::getenv("GLOO_SOCKET_IFNAME") != nullptr ||
+      resolves_to_loopback_only(c.master_addr) || !resolves_to_loopback_only(hostname)) {
+    return "";
+  }
+  return "[dist-launch] warning: this host's name '" + hostname +
+         "' resolves to loopback addresses only (/etc/hosts): torch's gloo binds there unless "
+         "GLOO_SOCKET_IFNAME names an interface, and the other machines' workers cannot reach "
+         "this one's; set GLOO_SOCKET_IFNAME (eth0, say) or map the name to this machine's "
+         "address\n";
+}
 
 CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
   if (raw.script_and_args.empty()) {
@@ -689,6 +734,7 @@ CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
   // checking here turns what this node cannot give into a usage error before anything starts.
   agent::check(c);
   default_omp_threads(c, err);
+  warn_loopback_hostname(c, err);
   return outcome;
 }
 

@@ -29,4 +29,12 @@ CliOutcome config_from_options(const RawOptions& raw, std::ostream& err);
 // A run id for a job that was given none (--standalone, --hosts): random hex.
 std::string random_run_id();
 
+// Whether every address `host` resolves to is a loopback one (false when it does not resolve).
+bool resolves_to_loopback_only(const std::string& host);
+
+// The warning for a job of several machines whose Python workers' gloo would bind this host's
+// name, `hostname`, when that resolves to loopback alone (Debian and Ubuntu map it to 127.0.1.1):
+// empty when none is due (one node; every node on this machine; GLOO_SOCKET_IFNAME set).
+std::string loopback_hostname_warning(const agent::LaunchConfig& c, const std::string& hostname);
+
 }  // namespace dist::launcher

@@ -142,7 +142,9 @@ TEST(CpuUse, TwoProcessesComputingOnOneCpuEachWaitForIt) {
   for (const auto& [before, after] : {std::pair{*before_a, *after_a}, {*before_b, *after_b}}) {
     const auto ran = after.ran - before.ran;
     const auto waited = after.waited - before.waited;
-    EXPECT_GT(ran, 100ms);
+    // (Each runs about 400 ms of the 800 on an idle CPU; on a loaded machine, whose other
+    // processes share that CPU too, far less: 90 ms once, with a test run beside it.)
+    EXPECT_GT(ran, 20ms);
     EXPECT_GT(waited, 100ms);
     EXPECT_GE(static_cast<double>(waited.count()) / static_cast<double>((ran + waited).count()),
               0.3);

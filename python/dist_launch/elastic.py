@@ -240,13 +240,18 @@ class _Group:
     def join(self, generation: int) -> None:
         """Builds generation `generation`'s process group (its keys apart from every other's),
         over a store connection of its own: a set-up that a later generation supersedes is ended
-        by shutting down what it opened, that connection too (_Superseded)."""
+        by shutting down what it opened, that connection too (_Superseded). Generation 0, the
+        job's first group, over env:// as any torchrun worker's (under a test's fault in it, as a
+        later generation's: every rank of generation 0 alike)."""
         import torch.distributed as dist
         self.store  # (the shared one first: not the group's)
-        # (A store of Python's own lives while the group does: torch holds only its C++ half.)
-        self._group_store = _with_fault(self._connect(self.timeout), self.rank, generation)
-        store = dist.PrefixStore(f"{self.group_prefix}gen_{generation}/", self._group_store)
-        self.init(store=store, rank=self.rank, world_size=self.world_size)
+        if generation == 0 and not _fault_in_first_generation():
+            self.init(init_method="env://")
+        else:
+            # (A store of Python's own lives while the group does: torch holds only its C++ half.)
+            self._group_store = _with_fault(self._connect(self.timeout), self.rank, generation)
+            store = dist.PrefixStore(f"{self.group_prefix}gen_{generation}/", self._group_store)
+            self.init(store=store, rank=self.rank, world_size=self.world_size)
         with self.changed:
             self.generation = generation
             self.recovering = False
@@ -553,7 +558,7 @@ def init_process_group(backend: str | None = None, timeout: datetime.timedelta |
     atexit.register(gc.unfreeze)
     g.say_follows_folds()
     if g.generation == 0:
-        return _form_first(g) if g.backend == "gloo" else g.init(init_method="env://")
+        return _form_first(g)
     # Here (imports done, the lazy ones too): a regroup's generation is published once every rank
     # of the new world is, so that the running workers train on while this one starts.
     g.store.set(f"{g.generation_key(g.generation)}/arrived/{g.rank}", "1")
@@ -994,43 +999,14 @@ class _Superseded:
 
 
 def _form_first(g: _Group) -> None:
-    """Generation 0's group (env://), formed as a later generation's is: a peer that dies in its
-    set-up (before it published its address, or before it connected) used to leave every other
-    rank waiting for it until --in-place-timeout (the agent replaces it in generation 1, which
-    nobody followed), or fail the set-up and so the whole group. Now generation 1 supersedes the
-    set-up (_Superseded) and this rank follows it; its state is synchronised with the
+    """Generation 0's group, formed as a later generation's is (_settle_in): a peer that dies in
+    its set-up (before it published its address, or before it connected) used to leave every
+    other rank waiting for it until --in-place-timeout (the agent replaces it in generation 1,
+    which nobody followed), or fail the set-up and so the whole group. Now that generation
+    supersedes the set-up and this rank follows it; its state is synchronised with the
     replacement's, and the agent told the group is whole, when run() begins (needs_sync)."""
-    import torch.distributed as dist
-    g.store  # connected before the set-up: not one of the sockets it opens
-    later = _generation_to_follow(g, 0, True)  # superseded before it began
-    if later is not None:
-        _say(f"rank {g.rank}: generation 0 was superseded before its set-up began; joining "
-             f"generation {later} (a worker that died in the set-up, replaced in place)")
-        _follow(g, None, 0, later)
-        g.needs_sync = True
-        return _settle_in(g, None, later)
-    guard = _Superseded(g, 0)
-    try:
-        with guard:
-            if not _fault_in_first_generation():
-                return g.init(init_method="env://")
-            # (A test's fault in generation 0: every rank sets it up over a store it names, as a
-            # later generation's, so that the faulty rank's store can stand in front of it.)
-            g._group_store = _with_fault(g._connect(g.timeout), g.rank, 0)
-            store = dist.PrefixStore(f"{g.group_prefix}gen_0/", g._group_store)
-            return g.init(store=store, rank=g.rank, world_size=g.world_size)
-    except Exception as error:  # noqa: BLE001 (followed only when a later generation comes)
-        later = None
-        if guard.fired or _is_peer_failure(error):
-            later = _generation_to_follow(g, 0, guard.fired)
-        if later is None:
-            raise
-        _say(f"rank {g.rank}: generation 0's group did not form ({_first_line(error)}); joining "
-             f"generation {later}, which supersedes it (a worker that died in the set-up, "
-             f"replaced in place)")
-    _follow(g, None, 0, later)
-    g.needs_sync = True
-    _settle_in(g, None, later)
+    _settle_in(g, None, 0)
+    g.needs_sync = g.generation > 0
 
 
 def _settle_in(g: _Group, state: State | None, generation: int, joined: bool = False):

@@ -175,8 +175,8 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
   // The root cause itself replaced in place, the recovery of which failed: said there, not
   // listed again among the replacements the job went on after.
   std::vector<const InPlaceReplacement*> before;
+  const WorkerFailure& f = failures[root];
   for (const auto& r : replaced) {
-    const WorkerFailure& f = failures[root];
     if (r.failure.worker.pid == f.worker.pid && r.failure.worker.rank == f.worker.rank &&
         r.failure.host == f.host && r.failure.time == f.time) {
       out << "  recovery  : replaced in place by pid " << r.new_pid << " (generation "

@@ -247,11 +247,10 @@ TEST(HangReport, AnIdleRankTheOthersWaitForIsSuspectedAndEndedOnlyPastTheBound) 
   EXPECT_FALSE(bound.ranks[1].cause) << "the waiting one is not the cause";
 }
 
-// Two tensor-parallel pairs (0-1, 2-3) in one data-parallel job: rank 2 sleeps; its partner waits
-// for it in their pair's all_reduce, ranks 0 and 1 in the world's. Rank 3 is behind in the world
-// group too, but it waits for rank 2: only rank 2 is the one the others wait for (both used to be
-// named, and both ended past the bound).
-TEST(HangReport, ARankWaitingInItsSubgroupForAPeerIsNotTheOneTheOthersWaitFor) {
+// Two tensor-parallel pairs (0-1, 2-3) in one data-parallel job: ranks 0 and 1 wait in the
+// world's all_reduce #51, rank 2 sleeps (having issued `sleeper_world` collectives in the world
+// group), and its partner, rank 3, waits for it in their pair's all_reduce #101.
+std::vector<RankLook> two_pairs(std::uint64_t sleeper_world) {
   constexpr std::uint64_t kPair01 = 0xC3, kPair23 = 0xD4;
   std::vector<RankLook> looks;
   for (int rank : {0, 1}) {
@@ -260,13 +259,20 @@ TEST(HangReport, ARankWaitingInItsSubgroupForAPeerIsNotTheOneTheOthersWaitFor) {
     looks.push_back(waiting);
   }
   auto sleeping = look(2, 50);
-  torch_rank(sleeping, {{kWorld, 50}, {kPair23, 100}});
+  torch_rank(sleeping, {{kWorld, sleeper_world}, {kPair23, 100}});
   sleeping.stacks_first = sleeping.stacks_second = at_user_code_dump(12);
   sleeping.after.wchan = "hrtimer_nanosleep";
   looks.push_back(sleeping);
   auto partner = look(3, 50);
   torch_rank(partner, {{kWorld, 50}, {kPair23, 101}}, kPair23, 101);
   looks.push_back(partner);
+  return looks;
+}
+
+// Rank 3 is behind in the world group too, but it waits for rank 2: only rank 2 is the one the
+// others wait for (both used to be named, and both ended past the bound).
+TEST(HangReport, ARankWaitingInItsSubgroupForAPeerIsNotTheOneTheOthersWaitFor) {
+  const auto looks = two_pairs(50);
   for (const HangRule rule : {HangRule::kProof, HangRule::kBound, HangRule::kTimeout}) {
     const HangFinding f = examine(looks, rule);
     EXPECT_FALSE(f.proof);
@@ -288,21 +294,7 @@ TEST(HangReport, ARankWaitingInItsSubgroupForAPeerIsNotTheOneTheOthersWaitFor) {
 // is behind in no group, its partner alone is. The partner still waits for it: the sleeping rank
 // is the one the others wait for, the partner is not (it used to be taken back as the suspect).
 TEST(HangReport, TheRankAWaitingPartnerWaitsForIsTheSuspectEvenWhenItIsBehindInNoGroup) {
-  constexpr std::uint64_t kPair01 = 0xC3, kPair23 = 0xD4;
-  std::vector<RankLook> looks;
-  for (int rank : {0, 1}) {
-    auto waiting = look(rank, 50);
-    torch_rank(waiting, {{kWorld, 51}, {kPair01, 100}}, kWorld, 51);
-    looks.push_back(waiting);
-  }
-  auto sleeping = look(2, 50);
-  torch_rank(sleeping, {{kWorld, 51}, {kPair23, 100}});
-  sleeping.stacks_first = sleeping.stacks_second = at_user_code_dump(12);
-  sleeping.after.wchan = "hrtimer_nanosleep";
-  looks.push_back(sleeping);
-  auto partner = look(3, 50);
-  torch_rank(partner, {{kWorld, 50}, {kPair23, 101}}, kPair23, 101);
-  looks.push_back(partner);
+  const auto looks = two_pairs(51);
   const HangFinding f = examine(looks, HangRule::kBound);
   EXPECT_TRUE(f.ranks[2].suspect);
   EXPECT_TRUE(f.ranks[2].cause);

@@ -11,7 +11,11 @@ residual per bucket; the sparse modes fall back to a dense all-reduce where that
 world size; fp16 scales itself down past its range; and one inf or NaN gradient never poisons the
 state: a bucket whose average holds one is not applied (its averaged gradients are zeros, as a
 skipped step's), its residual and PowerSGD's Q are reset on every rank, and the event is counted
-(`state.stats()`). torch's own PowerSGD hook stays NaN for good after one inf gradient.
+(`state.stats()`) and said on stderr. torch's own PowerSGD hook stays NaN for good after one inf
+gradient. A job with a torch.amp.GradScaler passes `hook(SPEC, nonfinite="nan")`: a skipped
+bucket's averaged gradients are then NaN, so that the scaler sees the overflow, skips the step and
+lowers its scale, as with DDP's own all-reduce (zeros would hide it from the scaler: its scale
+would never come down).
 
 The collectives are torch's, over the bucket's CPU tensor (gloo), on process groups of the
 hook's own: hook() makes them over the ranks of `process_group` (default: every rank; like
@@ -39,6 +43,7 @@ import concurrent.futures
 import ctypes
 import inspect
 import os
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -170,9 +175,10 @@ class _Bucket:
     (_Layout): the lane whose group it exchanges on, the layout (`signature`) it was made for, and
     the staging buffer it exchanges in when DDP's buffer holds them in another order."""
 
-    def __init__(self, lib, handle, lane, signature, staging):
+    def __init__(self, lib, handle, lane, signature, elements, staging):
         self.lib, self.handle, self.lane = lib, handle, lane
-        self.signature, self.staging = signature, staging
+        self.signature, self.elements, self.staging = signature, elements, staging
+        self.skipped = 0  # its exchanges skipped for inf/NaN, as last read (_say_skipped)
 
     def free(self):
         if self.handle:
@@ -183,10 +189,14 @@ class _Bucket:
 class CompressionState:
     """What `hook()` returns first: pass it to `register_comm_hook` with the hook."""
 
-    def __init__(self, spec: str, process_group=None):
+    def __init__(self, spec: str, process_group=None, nonfinite: str = "zero"):
         import torch.distributed as dist
 
         self.spec, self.lossy = parse(spec)
+        if nonfinite not in ("zero", "nan"):
+            raise ValueError(f"nonfinite={nonfinite!r}: 'zero' (a skipped bucket's averaged "
+                             f"gradients are zeros) or 'nan' (NaN, for a GradScaler to see)")
+        self.nonfinite = nonfinite
         self._lib = _library()
         self.rank = dist.get_rank(process_group)
         self.world = dist.get_world_size(process_group)
@@ -215,6 +225,7 @@ class CompressionState:
         self._layouts: Dict[int, tuple] = {}  # bucket index: (what it was read from, _Layout)
         self._carry: Dict[tuple, Any] = {}  # key: a residual for a bucket not made yet
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
+        self._skipped_said = 0  # skipped exchanges said on stderr (_say_skipped)
         # DDP steps the hook has exchanged (a bucket that is_last() ends one; torch's PowerSGD
         # counts its iterations so): a compressor made later (DDP's rebuild, a resumed job) goes
         # on from there, PowerSGD's warm-up with it.
@@ -365,6 +376,7 @@ class CompressionState:
                                            f"of {buffer.numel()} elements failed: {_error(lib)}")
                 if spans is not None:
                     spans.unstage(lib, flat, buffer)
+                self._after(compressor, buffer)
                 return buffer
             finally:
                 self._finished()
@@ -379,6 +391,29 @@ class CompressionState:
             sent.wait()  # (the library's memory stays the collective's until it completed)
             self._finished()
             raise
+
+    def _after(self, compressor: _Bucket, buffer) -> None:
+        """After an exchange of `compressor` into DDP's `buffer`, on the thread that ran it: one
+        that the inf/NaN guard skipped is said on stderr, as the SDK's DDP says it (a silent zeroed
+        update looks like a model that stopped learning), and with nonfinite='nan' the bucket's
+        averaged gradients are NaN."""
+        events = (ctypes.c_uint64 * 4)()
+        if self._lib.dlc_bucket_events(compressor.handle, events) != 0 or \
+                events[0] == compressor.skipped:
+            return
+        count = events[0] - compressor.skipped
+        compressor.skipped = events[0]
+        with self._flight:
+            self._skipped_said += count
+            total = self._skipped_said
+        if self.nonfinite == "nan":
+            buffer.fill_(float("nan"))
+        what = ("gradients NaN, for the job's GradScaler" if self.nonfinite == "nan"
+                else "gradients zeroed")
+        sys.stderr.write(f"dist_launch.compression: rank {self.rank}: step {self._steps}: a "
+                         f"bucket of {compressor.elements} gradients averaged to inf or NaN "
+                         f"({self.spec}): its update is skipped ({what}), its residual "
+                         f"and compression state reset ({total} so far)\n")
 
     def _finished(self) -> None:
         with self._flight:
@@ -458,7 +493,7 @@ class CompressionState:
         if not handle:
             raise CompressionError(f"rank {self.rank}: a compressor for {len(entries)} "
                                    f"parameters: {_error(self._lib)}")
-        made = _Bucket(self._lib, handle, lane, signature,
+        made = _Bucket(self._lib, handle, lane, signature, at,
                        torch.zeros(at, dtype=dtype) if staged else None)
         saved = self._pending.pop(signature, None)
         if saved is None:
@@ -624,6 +659,7 @@ class _Lane:
                                        + (f": {cause!r}" if cause is not None else ""))
             if spans is not None:
                 spans.unstage(lib, flat, buffer)
+            owner._after(compressor, buffer)
         except BaseException as e:  # noqa: B902 (the future carries it to DDP)
             result.set_exception(e)
             return
@@ -801,10 +837,13 @@ def _compression_hook(state: CompressionState, bucket):
     return state._exchange(bucket)
 
 
-def hook(spec: str, process_group=None) -> Tuple[CompressionState, Callable]:
+def hook(spec: str, process_group=None,
+         nonfinite: str = "zero") -> Tuple[CompressionState, Callable]:
     """(state, hook) for `ddp.register_comm_hook(state, hook)`; torch.distributed must be
     initialised, and every rank of the job calls it (it makes the hook's own group over the ranks
     of `process_group`: the DDP's, default every rank; over a subgroup, every rank of it, with
-    torch 2.1 or later). ValueError on a bad spec, CompressionError when the library is missing
+    torch 2.1 or later). `nonfinite`: what a bucket whose average held an inf or NaN gets, its
+    update skipped: "zero" gradients, or "nan" for a job whose torch.amp.GradScaler is to see it
+    and skip the step. ValueError on a bad spec, CompressionError when the library is missing
     (or a subgroup's torch is older)."""
-    return CompressionState(spec, process_group), _compression_hook
+    return CompressionState(spec, process_group, nonfinite), _compression_hook

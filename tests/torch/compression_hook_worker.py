@@ -6,13 +6,15 @@ finite, a digest of the weights (the replicas must agree), the hook's stats.
     compression_hook_worker.py --out DIR --steps N
     compression_hook_worker.py --peer-dies     (rank 1 exits at step 5: rank 0's backward raises)
 
-Cases: every spec clean; the lossy ones again with an inf in rank 1's gradient at one step; a run
+Cases: every spec clean; the lossy ones again with an inf in rank 1's gradient at one step (and,
+with a torch.amp.GradScaler on the CPU, torch 2.3 or later, DDP's own and two hooks'); a run
 stopped halfway and resumed from the hook's, model's and optimizer's state_dict; DDP without a
 hook; torch's PowerSGD hook with the same inf.
 """
 import argparse
 import gzip
 import hashlib
+import inspect
 import io
 import json
 import math
@@ -70,6 +72,10 @@ class Run:
         # CASE#unused: a layer that no step uses, DDP with find_unused_parameters (its map's
         # all-reduce then runs while the hook's exchanges do)
         unused = case.endswith("#unused")
+        # CASE!scaler: a torch.amp.GradScaler steps the optimizer (the hook's nonfinite default);
+        # CASE!nan: the same with hook(..., nonfinite="nan")
+        scaled = case.split("!")[1] if "!" in case else None
+        case = case.split("!")[0]
         case, small = case.split("@")[0].split("*")[0].split("#")[0], case.endswith("@small")
         torch.manual_seed(0)
         hidden = [torch.nn.Linear(128, 128), torch.nn.ReLU()] if small else []
@@ -89,12 +95,17 @@ class Run:
                                                  warm_start=True)
             self.model.register_comm_hook(state, torch_powersgd.powerSGD_hook)
         elif case != "ddp":
-            self.state, hook = compression.hook(case, group)
+            self.state, hook = compression.hook(case, group,
+                                                nonfinite="nan" if scaled == "nan" else "zero")
             self.model.register_comm_hook(self.state, hook)
         self.opt = torch.optim.SGD(self.module.parameters(), lr=0.1 / self.loss_scale,
                                    momentum=0.9)
         self.inject = False
         self.module[0].weight.register_hook(self._maybe_inject)
+        # (no growth: each step that finds an inf or NaN halves the scale, and only those)
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1 << 30) \
+            if scaled else None
+        self.scale_drops = 0
 
     def _maybe_inject(self, grad):
         if not self.inject:
@@ -111,8 +122,15 @@ class Run:
             out = self.model(x[at:at + LOCAL_BATCH])
             loss = torch.nn.functional.cross_entropy(out, y[at:at + LOCAL_BATCH]) * self.loss_scale
             self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
+            if self.scaler is None:
+                loss.backward()
+                self.opt.step()
+                continue
+            scale = self.scaler.get_scale()
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            self.scale_drops += self.scaler.get_scale() < scale
         self.inject = False
 
     def result(self, x, y):
@@ -126,6 +144,8 @@ class Run:
             finite = finite and bool(torch.isfinite(value).all())
         out = {"accuracy": accuracy if math.isfinite(accuracy) else -1.0, "finite": finite,
                "digest": digest.hexdigest()}
+        if self.scaler is not None:
+            out["scale_drops"] = self.scale_drops
         if self.state is not None:
             out["stats"] = self.state.stats()
             self.state.close()
@@ -206,7 +226,11 @@ def main():
         run = Run(case)
         run.train(x, y, args.steps)
         results[case] = run.result(x, y)
-    for case in [s for s in SPECS if s != "none"] + ["torch:powersgd"]:
+    scaled = []  # a GradScaler on the CPU: torch 2.3 or later
+    if "device" in inspect.signature(torch.amp.GradScaler.__init__).parameters \
+            if hasattr(torch.amp, "GradScaler") else False:
+        scaled = ["ddp!scaler", "powersgd:2!nan", "fp16!nan", "powersgd:2!scaler"]
+    for case in [s for s in SPECS if s != "none"] + ["torch:powersgd"] + scaled:
         run = Run(case)
         run.train(x, y, args.steps, inject_at=INJECT_AT)
         results["inf " + case] = run.result(x, y)

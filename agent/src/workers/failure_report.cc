@@ -173,17 +173,33 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
   if (shown == 0) out << "  <NO_OTHER_FAILURES>\n";
   out << thin << "\nRoot Cause (first observed failure):\n" << describe(failures[root], 0);
   // The root cause itself replaced in place, the recovery of which failed: said there, not
-  // listed again among the replacements the job went on after.
-  std::vector<const InPlaceReplacement*> before;
+  // listed again among the replacements the job went on after; nor are the failures folded into
+  // that recovery (a later generation superseding it) or that ended with it: their replacements
+  // are said with it.
+  const auto same = [](const WorkerFailure& a, const WorkerFailure& b) {
+    return a.worker.pid == b.worker.pid && a.worker.rank == b.worker.rank && a.host == b.host &&
+           a.time == b.time;
+  };
   const WorkerFailure& f = failures[root];
+  const auto own = std::find_if(replaced.begin(), replaced.end(),
+                                [&](const InPlaceReplacement& r) { return same(r.failure, f); });
+  std::vector<const InPlaceReplacement*> before;
+  std::vector<const InPlaceReplacement*> with_it;
   for (const auto& r : replaced) {
-    if (r.failure.worker.pid == f.worker.pid && r.failure.worker.rank == f.worker.rank &&
-        r.failure.host == f.host && r.failure.time == f.time) {
-      out << "  recovery  : replaced in place by pid " << r.new_pid << " (generation "
-          << r.generation << "), a recovery that did not complete\n";
-    } else {
-      before.push_back(&r);
-    }
+    const bool ended = std::any_of(failures.begin(), failures.end(),
+                                   [&](const WorkerFailure& w) { return same(r.failure, w); });
+    if (own != replaced.end() && &r == &*own) continue;
+    (ended || (own != replaced.end() && r.generation >= own->generation) ? with_it : before)
+        .push_back(&r);
+  }
+  if (own != replaced.end()) {
+    out << "  recovery  : replaced in place by pid " << own->new_pid << " (generation "
+        << own->generation << "), a recovery that did not complete\n";
+  }
+  for (const InPlaceReplacement* r : with_it) {
+    out << "  with it   : rank " << r->failure.worker.rank << " (pid " << r->failure.worker.pid
+        << (r->failure.host.empty() ? "" : " on " + r->failure.host) << ") replaced by pid "
+        << r->new_pid << " (generation " << r->generation << "), in the same recovery\n";
   }
   if (!before.empty()) {
     out << thin << "\nReplaced in place before (the job went on):\n";

@@ -205,5 +205,33 @@ TEST(FailureReport, ARootCauseReplacedInPlaceIsNotListedAgainAsAReplacement) {
       << report;
 }
 
+// A failure folded into the root cause's recovery (a later generation superseding it) whose
+// recovery then failed: said with it, not as a replacement the job went on after.
+TEST(FailureReport, AFailureFoldedIntoTheRecoveryThatFailedIsSaidWithIt) {
+  WorkerFailure first, root, folded;
+  int at = 0;
+  for (auto [f, rank] : {std::pair{&first, 1}, {&root, 0}, {&folded, 3}}) {
+    f->worker.rank = rank;
+    f->worker.pid = 100 * ++at;
+    f->host = "node-a";
+    f->time = std::chrono::system_clock::time_point(std::chrono::seconds(at));
+  }
+  const std::vector<InPlaceReplacement> replaced{
+      {first, 1, 101, {0, 2, 3}}, {root, 2, 201, {1, 2, 3}}, {folded, 3, 301, {1, 2}}};
+  const std::string report = format_report("train.py", {root}, replaced);
+  const auto before = report.find("Replaced in place before (the job went on):");
+  ASSERT_NE(before, std::string::npos) << report;
+  const auto with_it = report.find(
+      "with it   : rank 3 (pid 300 on node-a) replaced by pid 301 (generation 3), in the same "
+      "recovery");
+  EXPECT_LT(with_it, before) << report;
+  EXPECT_EQ(report.find("pid: 300", before), std::string::npos) << report;
+  EXPECT_NE(report.find("replaced in place by pid 101 (generation 1)", before), std::string::npos)
+      << report;
+  // With no replacement of the root cause's own, each replacement is one the job went on after.
+  const std::string restarted = format_report("train.py", {root}, {replaced[0], replaced[2]});
+  EXPECT_EQ(restarted.find("with it"), std::string::npos) << restarted;
+}
+
 }  // namespace
 }  // namespace dist::agent

@@ -48,6 +48,6 @@ int main(int argc, char** argv) {
   dist::launcher::setup_logging(console, "dist-launch");
   const int exit_code = outcome.hosts_job ? dist::launcher::run_hosts_job(*outcome.hosts_job)
                                           : dist::agent::run_agent(outcome.config);
-  console->flush_for(dist::agent::kConsoleExitFlushTimeout);  // a blocked console is not waited for
+  console->drain();  // as long as its reader takes it; not after a stop signal
   return exit_code;
 }

@@ -147,16 +147,16 @@ int run_remote_agent(const std::vector<std::string>& args) {
   const auto console = agent::Console::process();
   const std::string name = "dist-launch@" + launch.host;
   setup_logging(console, name);
-  console->write(agent::ConsoleStream::kStderr, std::string(agent::kAgentReadyLine) + "\n");
+  console->say(agent::ConsoleStream::kStderr, std::string(agent::kAgentReadyLine) + "\n");
   int exit_code = kExitSetupError;
   try {
     exit_code = run_job(launch, name, console);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
   }
-  console->write(agent::ConsoleStream::kStderr,
-                 std::string(agent::kAgentExitLine) + std::to_string(exit_code) + "\n");
-  console->flush_for(agent::kConsoleExitFlushTimeout);
+  console->say(agent::ConsoleStream::kStderr,
+               std::string(agent::kAgentExitLine) + std::to_string(exit_code) + "\n");
+  console->drain();
   return exit_code;
 }
 

@@ -409,6 +409,7 @@ class Agent {
       return group_->stop(SIGKILL);
     }
     stopping_.signal_received = true;
+    console_->hurry();  // told to stop: a slow reader of the console is not waited for at exit
     const State before = now_.state;
     stopping_.signal = signal;
     if (before == State::kRunning || before == State::kReplacing || before == State::kRegrouping) {
@@ -537,8 +538,8 @@ class Agent {
       exit_code_ = kExitAgentError;
     } else {
       if (config_.print_failure_report) {
-        console_->write(ConsoleStream::kStderr,
-                        format_report(config_.script_name, failures, policy_->replaced()));
+        console_->say(ConsoleStream::kStderr,
+                      format_report(config_.script_name, failures, policy_->replaced()));
       }
       exit_code_ = exit_code_of(failures[root_cause_index(failures)]);
     }

@@ -129,7 +129,9 @@ void ignore_sigpipe() {
 struct Console::Impl {
   explicit Impl(std::size_t limit) : queue_limit_bytes(limit) {}
 
-  Stream& stream(ConsoleStream s) { return s == ConsoleStream::kStdout ? out : err; }
+  // The two streams are one when they are the same file (a terminal, `2>&1` into a pipe or a
+  // file): one queue keeps their records in the order they were written, each whole.
+  Stream& stream(ConsoleStream s) { return s == ConsoleStream::kStdout || shared ? out : err; }
   Stream& other(const Stream& s) { return &s == &out ? err : out; }
 
   // Writes what the reader takes now; the rest waits for the writer thread. Mutex held.
@@ -228,14 +230,91 @@ struct Console::Impl {
     }
   }
 
+  // Console::write() and say(); mutex held.
+  bool write(ConsoleStream which, std::string_view record, const void* writer,
+             std::string_view resume_prefix, bool own) {
+    Stream& s = stream(which);
+    if (s.mode == Mode::kNone) return false;
+    if (record.empty()) return true;
+    OpenLine& line = line_of(which);
+    // Nobody else wrote on this line since `writer` did.
+    const bool writers_line = writer != nullptr && line.writer == writer;
+    const bool ends_other = line.open && !writers_line;  // someone else's line: end it first
+    const bool resumes = !resume_prefix.empty() && !writers_line;
+    if (resumes && record == "\n") return true;  // the line it ends was ended by the other record
+    std::string joined;
+    if (ends_other || resumes) {
+      joined.append(ends_other ? "\n" : "").append(resumes ? resume_prefix : "").append(record);
+      record = joined;
+    }
+    if (!own && !s.queue.empty() && s.queued_bytes + record.size() > queue_limit_bytes) {
+      count(s, record.size());
+      return false;
+    }
+    const std::uint64_t dropped_before = s.stats.dropped_bytes;
+    line.open = record.back() != '\n' && record.back() != '\r';
+    line.writer = writer;
+    s.queued_bytes += record.size();
+    s.queue.push_back({std::string(record)});
+    if (s.queue.size() == 1) flush_queue(s);  // else the writer thread waits for the reader
+    return !s.stats.closed && s.stats.dropped_bytes == dropped_before;
+  }
+
+  // What was dropped since a drained stream last drained, said on it. Mutex held.
+  void note_dropped() {
+    for (Stream* s : {&out, &err}) {
+      if (s->mode == Mode::kNone || !s->queue.empty() || s->dropped_since_note == 0) continue;
+      queue_dropped_note(*s);
+      flush_queue(*s);
+    }
+  }
+
+  // Bytes the streams took so far. Mutex held.
+  std::uint64_t taken() const { return out.stats.written_bytes + err.stats.written_bytes; }
+
+  // Until both queues are empty (true), hurry() is called while waiting, or `timeout`. `lock`
+  // holds the mutex.
+  bool wait_drained(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout) {
+    const bool was_hurried = hurried;
+    return drained.wait_for(lock, timeout,
+                            [&] {
+                              return (out.queue.empty() && err.queue.empty()) ||
+                                     hurried != was_hurried;
+                            }) &&
+           out.queue.empty() && err.queue.empty();
+  }
+
+  // What is still queued is lost, said on the other stream when that one takes it now. Mutex
+  // held.
+  void give_up() {
+    for (Stream* s : {&out, &err}) {
+      if (s->queue.empty()) continue;
+      for (const Record& r : s->queue) {
+        const std::size_t unwritten =
+            r.bytes.size() - (&r == &s->queue.front() ? s->head_offset : 0);
+        if (!r.note) count(*s, unwritten);
+      }
+      s->queue.clear();
+      s->queued_bytes = s->head_offset = 0;
+      Stream& o = other(*s);
+      if (o.mode == Mode::kNone || !o.queue.empty()) continue;
+      queue_note(o, note_start(o) + "[dist-launch] warning: the console's " + s->name +
+                        " is blocked: " + std::to_string(s->dropped_since_note) +
+                        " bytes of output were dropped" + std::string(kLogFilesKeepAll));
+      s->dropped_since_note = 0;
+      flush_queue(o);
+    }
+  }
+
   OpenLine& line_of(ConsoleStream s) {
-    return shared_line || s == ConsoleStream::kStdout ? out_line : err_line;
+    return shared || s == ConsoleStream::kStdout ? out_line : err_line;
   }
 
   const std::size_t queue_limit_bytes;
   std::mutex mutex;
+  bool hurried = false;  // hurry(): drain() waits no longer than kConsoleExitFlushTimeout
   OpenLine out_line, err_line;
-  bool shared_line = false;  // stdout and stderr are the same terminal
+  bool shared = false;  // stdout and stderr are the same file: `err` is not used
   std::condition_variable drained;
   Stream out, err;
   int wake_fd = -1;
@@ -253,10 +332,9 @@ Console::Console(int stdout_fd, int stderr_fd, std::size_t queue_limit_bytes)
     : impl_(std::make_unique<Impl>(queue_limit_bytes)) {
   ignore_sigpipe();
   impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  impl_->out = open_stream(stdout_fd, "stdout");
-  impl_->err = open_stream(stderr_fd, "stderr");
-  impl_->shared_line =
-      impl_->out.terminal && impl_->err.terminal && same_file(stdout_fd, stderr_fd);
+  impl_->shared = same_file(stdout_fd, stderr_fd);
+  impl_->out = open_stream(stdout_fd, impl_->shared ? "stdout and stderr" : "stdout");
+  if (!impl_->shared) impl_->err = open_stream(stderr_fd, "stderr");
   std::lock_guard lock(impl_->mutex);
   for (Stream* s : {&impl_->out, &impl_->err}) {
     if (s->open_error != 0) impl_->close_stream(*s, s->open_error);
@@ -281,31 +359,12 @@ Console::~Console() {
 bool Console::write(ConsoleStream which, std::string_view record, const void* writer,
                     std::string_view resume_prefix) {
   std::lock_guard lock(impl_->mutex);
-  Stream& s = impl_->stream(which);
-  if (s.mode == Mode::kNone) return false;
-  if (record.empty()) return true;
-  OpenLine& line = impl_->line_of(which);
-  // Nobody else wrote on this line since `writer` did.
-  const bool writers_line = writer != nullptr && line.writer == writer;
-  const bool ends_other = line.open && !writers_line;  // someone else's line: end it first
-  const bool resumes = !resume_prefix.empty() && !writers_line;
-  if (resumes && record == "\n") return true;  // the line it ends was ended by the other record
-  std::string joined;
-  if (ends_other || resumes) {
-    joined.append(ends_other ? "\n" : "").append(resumes ? resume_prefix : "").append(record);
-    record = joined;
-  }
-  if (!s.queue.empty() && s.queued_bytes + record.size() > impl_->queue_limit_bytes) {
-    impl_->count(s, record.size());
-    return false;
-  }
-  const std::uint64_t dropped_before = s.stats.dropped_bytes;
-  line.open = record.back() != '\n' && record.back() != '\r';
-  line.writer = writer;
-  s.queued_bytes += record.size();
-  s.queue.push_back({std::string(record)});
-  if (s.queue.size() == 1) impl_->flush_queue(s);  // else the writer thread waits for the reader
-  return !s.stats.closed && s.stats.dropped_bytes == dropped_before;
+  return impl_->write(which, record, writer, resume_prefix, /*own=*/false);
+}
+
+bool Console::say(ConsoleStream which, std::string_view record) {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->write(which, record, nullptr, {}, /*own=*/true);
 }
 
 void Console::count_dropped(ConsoleStream which, std::size_t bytes) {
@@ -316,32 +375,28 @@ void Console::count_dropped(ConsoleStream which, std::size_t bytes) {
 
 bool Console::flush_for(std::chrono::milliseconds timeout) {
   std::unique_lock lock(impl_->mutex);
-  for (Stream* s : {&impl_->out, &impl_->err}) {
-    if (s->mode == Mode::kNone || !s->queue.empty() || s->dropped_since_note == 0) continue;
-    impl_->queue_dropped_note(*s);  // what was dropped since the console last drained
-    impl_->flush_queue(*s);
-  }
-  const bool drained = impl_->drained.wait_for(
-      lock, timeout, [this] { return impl_->out.queue.empty() && impl_->err.queue.empty(); });
-  if (drained) return true;
-  // Still blocked: what it holds is lost, said on the other stream when that one takes it now.
-  for (Stream* s : {&impl_->out, &impl_->err}) {
-    if (s->queue.empty()) continue;
-    for (const Record& r : s->queue) {
-      const std::size_t unwritten = r.bytes.size() - (&r == &s->queue.front() ? s->head_offset : 0);
-      if (!r.note) impl_->count(*s, unwritten);
-    }
-    s->queue.clear();
-    s->queued_bytes = s->head_offset = 0;
-    Stream& o = impl_->other(*s);
-    if (o.mode == Mode::kNone || !o.queue.empty()) continue;
-    impl_->queue_note(o, note_start(o) + "[dist-launch] warning: the console's " + s->name +
-                             " is blocked: " + std::to_string(s->dropped_since_note) +
-                             " bytes of output were dropped" + std::string(kLogFilesKeepAll));
-    s->dropped_since_note = 0;
-    impl_->flush_queue(o);
-  }
+  impl_->note_dropped();
+  if (impl_->wait_drained(lock, timeout)) return true;
+  impl_->give_up();
   return false;
+}
+
+bool Console::drain(std::chrono::milliseconds stall) {
+  std::unique_lock lock(impl_->mutex);
+  impl_->note_dropped();
+  for (std::uint64_t taken = impl_->taken(); !impl_->hurried; taken = impl_->taken()) {
+    if (impl_->wait_drained(lock, stall)) return true;
+    if (impl_->taken() == taken) break;  // the reader took nothing for `stall`
+  }
+  if (impl_->hurried && impl_->wait_drained(lock, kConsoleExitFlushTimeout)) return true;
+  impl_->give_up();
+  return false;
+}
+
+void Console::hurry() {
+  std::lock_guard lock(impl_->mutex);
+  impl_->hurried = true;
+  impl_->drained.notify_all();  // a drain() under way gives up now
 }
 
 bool Console::is_terminal(ConsoleStream which) const {

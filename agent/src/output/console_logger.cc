@@ -47,9 +47,9 @@ class ConsoleSink final : public spdlog::sinks::base_sink<std::mutex> {
     const std::string_view text(formatted.data(), formatted.size());
     if (!colored_ || msg.color_range_end <= msg.color_range_start) {
       if (is_valid_utf8(text)) {
-        console_->write(ConsoleStream::kStderr, text);
+        console_->say(ConsoleStream::kStderr, text);
       } else {
-        console_->write(ConsoleStream::kStderr, valid_utf8(text));
+        console_->say(ConsoleStream::kStderr, valid_utf8(text));
       }
       return;
     }
@@ -61,7 +61,7 @@ class ConsoleSink final : public spdlog::sinks::base_sink<std::mutex> {
         .append(valid_utf8(text.substr(start, end - start)))
         .append(kColorReset)
         .append(valid_utf8(text.substr(end)));
-    console_->write(ConsoleStream::kStderr, record);  // one record: a message is never split
+    console_->say(ConsoleStream::kStderr, record);  // one record: a message is never split
   }
 
   void flush_() override { console_->flush_for(kConsoleExitFlushTimeout); }

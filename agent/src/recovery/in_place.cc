@@ -526,7 +526,7 @@ void InPlace::start_replacement() {
         failed.worker.rank, failed.worker.local_rank, r.new_pid, generation, restart,
         p_.config.max_restarts, into, kept);
     if (p_.config.print_failure_report) {
-      p_.console->write(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
+      p_.console->say(ConsoleStream::kStderr, format_replacement(p_.config.script_name, r));
     }
     // The failed worker as it ran: its round (a regroup's too) and the generation it started as.
     p_.telemetry->in_place_restart(

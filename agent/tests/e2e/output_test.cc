@@ -462,7 +462,7 @@ TEST_F(ConsoleTest, APausedTerminalNeverBlocksTheWriter) {
   const int terminal = ::open(::ptsname(master), O_WRONLY | O_NOCTTY | O_CLOEXEC);
   ASSERT_GE(terminal, 0) << std::strerror(errno);
   {
-    Console console(terminal, file("stderr"));
+    Console console(terminal, file("stderr"), 64 * 1024);
     EXPECT_TRUE(console.is_terminal(ConsoleStream::kStdout));
     for (long k = 0; k < 20'000; ++k) console.write(ConsoleStream::kStdout, spam_line(k));
     EXPECT_GT(console.stats(ConsoleStream::kStdout).dropped_bytes, 0u);
@@ -571,7 +571,7 @@ TEST_F(OutputTest, WithAConsoleNobodyReadsTheStoreAnswersAndSigtermEndsTheAgent)
 
 TEST_F(OutputTest, TheConsoleSaysHowManyBytesItDroppedOnceItDrains) {
   Pipe console;
-  constexpr long kLines = 60'000;  // 6 MB: many times the pipe and the console's queue
+  constexpr long kLines = 400'000;  // 44 MB: more than the pipe and the console's queue
   Launch launch({"--no-python", kWorker, "spam-lines", std::to_string(kLines), "pidfile",
                  path("written"), "wait-file", path("go")},
                 console.write_end(), file("stderr"));
@@ -602,6 +602,34 @@ TEST_F(OutputTest, TheConsoleSaysHowManyBytesItDroppedOnceItDrains) {
   EXPECT_GT(dropped, 0u);
   EXPECT_EQ(shown + dropped, kLines * (kPrefix.size() + kSpamLineBytes))
       << "what was shown and what the notes say was dropped make up the whole output";
+}
+
+// A reader that is slow, not gone (a log shipper, ssh, `2>&1 | (sleep 2; cat)`): it gets every
+// line, whole and in order, and the failure report after them, as under torchrun. Nothing of it
+// is read until the worker has written all of it (11 MB: many times the pipe).
+TEST_F(OutputTest, ASlowReaderGetsEveryLineAndTheFailureReportAfterThem) {
+  Pipe console;
+  constexpr long kLines = 100'000;
+  constexpr int kJobExitCode = 3;
+  Launch launch({"--no-python", kWorker, "spam-lines", std::to_string(kLines), "pidfile",
+                 path("written"), "exit", std::to_string(kJobExitCode)},
+                console.write_end(), console.write_end());
+  console.close_write();
+  ASSERT_TRUE(wait_for_file(path("written"), 60s));
+  const std::string out = read_to_eof(console.read_end());
+  EXPECT_EQ(launch.wait(), kJobExitCode);
+  std::istringstream lines(out);
+  long next = 0;
+  std::string line;
+  while (next < kLines && std::getline(lines, line)) {
+    if (line.rfind(kPrefix, 0) != 0) continue;  // the agent's own
+    ASSERT_EQ(line.substr(kPrefix.size()) + "\n", spam_line(next)) << "a line lost, cut or mixed";
+    ++next;
+  }
+  EXPECT_EQ(next, kLines);
+  const std::string rest(std::istreambuf_iterator<char>(lines), {});
+  EXPECT_NE(rest.find("FAILED"), std::string::npos) << rest.substr(0, 2000);
+  EXPECT_EQ(out.find("dropped"), std::string::npos);
 }
 
 TEST_F(OutputTest, AClosedConsoleIsSaidOnceAndTheJobEndsWithItsOwnCode) {

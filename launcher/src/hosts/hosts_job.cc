@@ -168,6 +168,7 @@ class HostsJob {
       return;
     }
     stop_signal_ = signal;
+    console_->hurry();  // told to stop: a slow reader of the console is not waited for at exit
     spdlog::warn("{} received: stopping every host's agent (grace period {} ms)",
                  signal_name(signal), config_.shutdown_timeout.count());
     mark_stopping(signal);

@@ -10,8 +10,11 @@
 //     user), writes of at most PIPE_BUF bytes once poll() says the descriptor is writable.
 // A record (a line, or a piece of one) that cannot be written at once waits in a bounded queue per
 // stream, written by the console's thread as the reader drains. When the queue is full, whole
-// records are dropped and counted; once the stream has drained, a note says how many bytes were
-// dropped. A closed stream (EPIPE) drops everything from then on, said once on the other stream.
+// records of the workers' output are dropped and counted; once the stream has drained, a note says
+// how many bytes were dropped. The agent's own records (say(): its log, a failure report) are
+// never dropped for a full queue: what failed is always said. A closed stream (EPIPE) drops
+// everything from then on, said once on the other stream. At exit (drain()), what is queued is
+// written for as long as the reader keeps taking it, as torchrun's console would be.
 //
 // Constructing a Console ignores SIGPIPE in this process when it is at its default, so that a
 // closed console is an EPIPE the console handles (workers get every default back at spawn).
@@ -32,11 +35,17 @@ namespace dist::agent {
 
 enum class ConsoleStream { kStdout, kStderr };
 
-// What is queued per stream, at most, before records are dropped (a record that arrives when the
-// queue is empty is always taken, so a stream holds at most this plus one record).
-constexpr std::size_t kConsoleQueueLimitBytes = 1 << 20;
-// At exit, and when spdlog is flushed: how long to wait for the console to take what is queued.
+// What is queued per stream, at most, before the workers' records are dropped (a record that
+// arrives when the queue is empty is always taken, so a stream holds at most this plus one record
+// and the agent's own). Enough for a reader that is slow (a log shipper, ssh, `| (sleep 2; cat)`)
+// to lose nothing; a reader that stops (a paused pager, a pipe nobody reads) costs the rest.
+constexpr std::size_t kConsoleQueueLimitBytes = std::size_t{32} << 20;
+// When spdlog is flushed, and at exit once the agent was told to stop (a signal): how long to
+// wait for the console to take what is queued.
 constexpr std::chrono::milliseconds kConsoleExitFlushTimeout{300};
+// At exit otherwise (drain()): how long the console may take nothing before what it holds is
+// given up.
+constexpr std::chrono::milliseconds kConsoleExitStallTimeout{10'000};
 
 struct ConsoleStats {
   std::uint64_t written_bytes = 0;  // taken by the stream
@@ -63,11 +72,21 @@ class Console {
   // that line (`resume_prefix` given), starts with resume_prefix once someone else wrote.
   bool write(ConsoleStream stream, std::string_view record, const void* writer = nullptr,
              std::string_view resume_prefix = {});
+  // The agent's own record (a log line, a failure report): as write() with no writer, but never
+  // dropped because the queue is full.
+  bool say(ConsoleStream stream, std::string_view record);
   // Counts bytes the caller chose not to write (the rest of a line whose start was dropped), so
   // that the note about dropped output has them.
   void count_dropped(ConsoleStream stream, std::size_t bytes);
-  // Waits until every queue is empty, at most `timeout`; true when everything was written.
+  // Waits until every queue is empty, at most `timeout`; true when everything was written. What
+  // is still queued then is dropped, said on the other stream when it can take it.
   bool flush_for(std::chrono::milliseconds timeout);
+  // At exit: waits until every queue is empty for as long as the streams take bytes, giving up
+  // (as flush_for) once they took none for `stall`, or after kConsoleExitFlushTimeout once
+  // hurry() was called.
+  bool drain(std::chrono::milliseconds stall = kConsoleExitStallTimeout);
+  // The process was told to stop (a signal): drain() does not wait for a slow reader.
+  void hurry();
 
   bool is_terminal(ConsoleStream stream) const;
   ConsoleStats stats(ConsoleStream stream) const;

@@ -38,10 +38,10 @@ CONCURRENT_JOBS = 4
 
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
              "no-optimizer", "accumulate", "slow-log", "paused", "compile", "exit", "crowded",
-             "alone", "monitored"]
-# Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored:
-# past the third look of the hang timeout (about 99 s), the first past that bound.
-PAUSES = {"alone": 80, "monitored": 105}
+             "alone", "monitored", "scoring"]
+# Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored
+# and scoring: past the third look of the hang timeout (about 99 s), the first past that bound.
+PAUSES = {"alone": 80, "monitored": 105, "scoring": 105}
 
 
 class SlowService:
@@ -272,6 +272,13 @@ class Healthy(unittest.TestCase):
         # ended there (SIGKILL at the look about 99 s in, exit 137: the bound read the groups'
         # timeouts alone).
         self.check("monitored")
+
+    def test_an_evaluation_whose_collectives_complete_however_long_without_a_step(self):
+        # 105 s without an optimizer step, its scores all-reduced batch by batch while rank 0
+        # scores each for 3 s: rank 1's waits are 3 s, far within the group's timeout (10 s).
+        # Rank 0 was ended at the look past that timeout and its margin (the bound read the
+        # silence since the last step, not the wait: a helper's evaluation, exit 137 at 104 s).
+        self.check("scoring")
 
     def test_a_declared_pause_is_reported_as_a_pause(self):
         job = self.check("paused")

@@ -27,6 +27,9 @@ defaults must end none of them.
   monitored     the group's timeout is short (10 s); rank 1 works --pause s while rank 0 waits
                 in dist.monitored_barrier with a timeout of its own (--pause + 60 s: rank 0's
                 wait for the others; theirs for rank 0 is the group's)
+  scoring       the script's own collective timeout is short (10 s); an evaluation of --pause s
+                with no optimizer step, its scores all-reduced batch by batch while rank 0 scores
+                each slowly (3 s: a remote service): every wait is short, the silence long
   alone         the script's own collective timeout is short (10 s); rank 0 ends after the
                 training, rank 1 then works alone for --pause s (an evaluation, an upload), its
                 group still up: past that timeout and its margin, but no rank waits for it
@@ -64,6 +67,7 @@ def main():
     a = p.parse_args()
     timeout = {"timeout": datetime.timedelta(seconds=a.pause + 60),
                "alone": datetime.timedelta(seconds=10),
+               "scoring": datetime.timedelta(seconds=10),
                "monitored": datetime.timedelta(seconds=10)}.get(a.scenario)
     dist.init_process_group("gloo", **({"timeout": timeout} if timeout else {}))
     rank = dist.get_rank()
@@ -164,6 +168,19 @@ def main():
         model.train()
     elif s == "between" and rank == 1:
         time.sleep(a.pause)
+    elif s == "scoring":
+        model.eval()
+        score, go = torch.zeros(1), torch.ones(1)
+        end = time.monotonic() + a.pause
+        while go.item() > 0:  # the same batches on every rank: they stop together
+            with torch.no_grad():
+                score += model.module(data).mean()
+            if rank == 0:
+                time.sleep(3)
+            dist.all_reduce(score)
+            go.fill_(1.0 if time.monotonic() < end else 0.0)
+            dist.all_reduce(go, op=dist.ReduceOp.MIN)
+        model.train()
     elif s == "all":
         time.sleep(a.pause)
     elif s == "monitored":

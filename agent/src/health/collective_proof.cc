@@ -29,15 +29,19 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return text;
 }
 
-// Ranks blocked in the same collective of a group with operations that differ.
+// Ranks blocked in the same collective of a group with operations that differ. Not a send or a
+// receive: torch counts a point-to-point operation in its group's sequence on its two ranks only,
+// so that the number it has on them is another collective's on the group's other ranks (a
+// pipeline's stage receiving while the others all-reduce is no mismatch).
 std::optional<Mismatch> different_operations(const std::vector<CollectiveState>& ranks) {
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::map<std::uint32_t, std::vector<int>>>
       at;  // (group, seq) -> op -> ranks
   for (const auto& r : ranks) {
     if (r.wait && known(r.wait->op)) at[{r.wait->group, r.wait->seq}][r.wait->op].push_back(r.rank);
   }
+  constexpr auto kSendRecv = static_cast<std::uint32_t>(Collective::kSendRecv);
   for (const auto& [place, ops] : at) {
-    if (ops.size() < 2) continue;
+    if (ops.size() < 2 || ops.contains(kSendRecv)) continue;
     std::size_t most = 0, with_most = 0;
     for (const auto& [op, who] : ops) {
       if (who.size() > most) {
@@ -108,7 +112,10 @@ std::optional<Mismatch> cycle_of_waits(const std::vector<CollectiveState>& ranks
   const std::size_t n = ranks.size();
   std::vector<std::vector<std::size_t>> waits_for(n);
   for (std::size_t a = 0; a < n; ++a) {
-    if (!ranks[a].wait) continue;
+    // (A send or a receive is numbered on its two ranks only: the others' counts say nothing of
+    // whether they issued it.)
+    if (!ranks[a].wait || ranks[a].wait->op == static_cast<std::uint32_t>(Collective::kSendRecv))
+      continue;
     for (std::size_t b = 0; b < n; ++b) {
       if (b == a || !ranks[b].wait) continue;  // only blocked ranks can close a cycle
       const auto it = ranks[b].seqs.find(ranks[a].wait->group);

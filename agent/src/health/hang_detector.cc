@@ -629,8 +629,13 @@ std::optional<std::chrono::nanoseconds> HangDetector::bound() const {
 
 HangRule HangDetector::rule() const {
   if (options_.timeout.fixed) return HangRule::kTimeout;
+  // Past the bound, a healthy job's wait in a collective would have failed by itself. Its
+  // silence alone says nothing: a phase without steps whose collectives complete (an evaluation
+  // that all-reduces its scores while one rank scores slowly) goes on for as long as it likes.
   const auto limit = bound();
-  return limit && silent_ + kConfirmGap >= *limit ? HangRule::kBound : HangRule::kProof;
+  return limit && silent_ + kConfirmGap >= *limit && longest_wait_ + kConfirmGap >= *limit
+             ? HangRule::kBound
+             : HangRule::kProof;
 }
 
 void HangDetector::conclude() {
@@ -645,6 +650,17 @@ void HangDetector::conclude() {
   const double min_wait = std::min(kMinProvenWaitSeconds, seconds(timeout_));
   // Other nodes' waits, published after kPublishedWaitSeconds, prove only as old as ever.
   std::vector<CollectiveState> others = elsewhere();
+  double longest_wait_s = 0;
+  for (const RankLook& look : looks) {
+    if (const auto c = collective_state(look, 0); c.wait) {
+      longest_wait_s = std::max(longest_wait_s, c.wait->seconds);
+    }
+  }
+  for (const CollectiveState& c : others) {
+    if (c.wait) longest_wait_s = std::max(longest_wait_s, c.wait->seconds);
+  }
+  longest_wait_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(longest_wait_s));
   std::erase_if(others, [](const CollectiveState& c) {
     return !c.wait || c.wait->seconds < kMinProvenWaitSeconds;
   });
@@ -848,8 +864,8 @@ void HangDetector::act(const HangFinding& finding, const std::vector<Watched*>& 
     verdict = finding.proof ? *finding.proof : "the cause: the rank(s) marked";
     if (r == HangRule::kBound && !finding.proof) {
       verdict = fmt::format(
-          "past the job's collective timeout and its margin ({:.0f} s), the "
-          "rank(s) marked do nothing",
+          "a rank waited in one collective past the job's collective timeout and its margin "
+          "({:.0f} s), the rank(s) marked do nothing",
           seconds(*bound()));
     }
   } else if (finding.any_paused()) {

@@ -23,8 +23,10 @@
 //     without waiting for a hang timeout; collectives that can never match: collective_proof.h,
 //     with the other nodes' ranks as their agents publish them), or, once the silence passed the
 //     bound (the job's own collective timeout plus kBoundMargin; none when no worker says its
-//     timeout), a rank the others wait for that does nothing at all (no CPU, no I/O, its stack
-//     still). A rank that works or declared a pause is never ended;
+//     timeout) with a rank waiting in one collective as long (which torch would have failed by
+//     itself: a job whose collectives complete, an evaluation's, is never past it however long
+//     it goes without a step), a rank the others wait for that does nothing at all (no CPU, no
+//     I/O, its stack still). A rank that works or declared a pause is never ended;
 //   - done, under an explicit --hang-timeout S: after S the ranks found to be the cause are
 //     ended (proven, else behind the others, else not waiting while others wait), unless a rank
 //     declared a pause. When every rank here waits for a peer, none of them is the cause: with
@@ -199,6 +201,8 @@ class HangDetector {
   // Of the investigation under way: the silence since the most silent worker's last progress,
   // and its hang timeout.
   std::chrono::nanoseconds silent_{0}, timeout_{0};
+  // The longest wait in one collective at the last look's end, here or on another node (rule()).
+  std::chrono::nanoseconds longest_wait_{0};
   std::optional<std::chrono::nanoseconds> episode_;  // the silence a report was made of began
   std::string last_report_;                          // its text, not said twice
   bool hook_missing_said_ = false;

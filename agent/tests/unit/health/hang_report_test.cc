@@ -476,6 +476,27 @@ TEST(HangReport, TheSdksRanksInOneCollectiveWithDifferentOperationsNeverMatch) {
   EXPECT_EQ(f.ranks[2].where, "waiting in barrier #101 for 32.0 s");
 }
 
+// torch numbers a send or a receive in its group's sequence on its two ranks only: a pipeline's
+// stage receiving from a slow producer (#26 on it) while another rank all-reduces (#26 on that
+// one: the next collective) is no mismatch, and none of them is ended by the proof rule.
+TEST(HangReport, ASendOrReceiveNumberedAsAnotherRanksCollectiveIsNoProof) {
+  std::vector<RankLook> looks = {look(0, 20), look(1, 20), look(2, 20)};
+  torch_rank(looks[0], {{kWorld, 25}});  // sleeping before its send
+  torch_rank(looks[1], {{kWorld, 26}}, kWorld, 26, slot::Collective::kAllReduce, 70);
+  torch_rank(looks[2], {{kWorld, 26}}, kWorld, 26, slot::Collective::kSendRecv, 70);
+  const auto f = examine(looks, HangRule::kProof);
+  EXPECT_FALSE(f.proof) << *f.proof;
+  EXPECT_FALSE(f.any_cause());
+  // Nor does a receive close a cycle of waits: rank 2's count in the metrics group says nothing
+  // of whether it issued what rank 1 waits in there.
+  torch_rank(looks[1], {{kWorld, 26}, {kMetrics, 5}}, kMetrics, 5, slot::Collective::kAllReduce,
+             70);
+  torch_rank(looks[2], {{kWorld, 27}, {kMetrics, 4}}, kWorld, 27, slot::Collective::kSendRecv, 70);
+  const auto g = examine(looks, HangRule::kProof);
+  EXPECT_FALSE(g.proof) << *g.proof;
+  EXPECT_FALSE(g.any_cause());
+}
+
 TEST(HangReport, MovedCountersAreProgressAndSoIsAPausesEnd) {
   auto a = look(0, 10);
   auto b = look(1, 10);

@@ -287,6 +287,10 @@ class Healthy(unittest.TestCase):
             (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
             self.assertTrue(rank0["paused"], rank0)
             self.assertTrue(rank0["doing"].startswith("paused: checkpoint"), rank0)
+        # Progress again only once rank 0's pause ended (it was said right after each report: the
+        # waiting rank's last step came after the paused one's, and the pause was left out)
+        for event in job.events("hang_cleared"):
+            self.assertGreaterEqual(event["silent_ms"], PAUSE_S * 1000 - 500, event)
 
     def test_compiled_collectives_functional_collectives_and_dtensor(self):
         job = self.check("compile")

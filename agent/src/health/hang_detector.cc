@@ -220,10 +220,12 @@ void HangDetector::sample() {
     own_work[w.worker.rank] = w.history.recent_work_seconds_per_step(kFreshReading);
     const auto rate = w.history.steps_per_second();
     if (rate && *rate > 0) step_time[w.worker.rank] = 1 / *rate;
-    if (reading.paused()) continue;  // a pause the worker declared is no silence
-    const auto timeout = w.history.hang_timeout(options_.timeout);
+    // (A rank in a pause it declared made no progress either: the others' since a report are
+    // not every rank's.)
     const auto last = reading.last_progress();
     if (last && (!least_recent || *last < *least_recent)) least_recent = *last;
+    if (reading.paused()) continue;  // a pause the worker declared is no silence
+    const auto timeout = w.history.hang_timeout(options_.timeout);
     if (!timeout || !last) continue;
     // (Less the agent's own stalls: nobody watched then, and the worker was likely held too.)
     const auto silent = ran_since(std::max(*last, quiet_since_), now);

@@ -264,6 +264,12 @@ std::pair<std::string, bool> doing_of(const RankLook& l) {
   const bool sampled = sampler_alive(l);
   if (sampled) {
     for (auto& w : activity_words(s.activity)) parts.push_back(std::move(w));
+    // Inside torch.save, torch.distributed.checkpoint, a DataLoader or torch.compile the rank
+    // works even when its own process is idle: blocked on a network file system, waiting for
+    // its loader's or compiler's worker processes (each with timeouts of its own).
+    constexpr std::uint32_t kWorkOfItsOwn = slot::kActivitySave | slot::kActivityCheckpoint |
+                                            slot::kActivityData | slot::kActivityCompile;
+    if (s.activity & kWorkOfItsOwn) active = true;
   } else if ((s.features & slot::kSampler) && l.after.state != 'T' && l.after.state != 't') {
     parts.emplace_back("its Python not running (a thread holds the GIL)");
   }

@@ -247,6 +247,27 @@ TEST(HangReport, AnIdleRankTheOthersWaitForIsSuspectedAndEndedOnlyPastTheBound) 
   EXPECT_FALSE(bound.ranks[1].cause) << "the waiting one is not the cause";
 }
 
+// Idle in its own process but inside torch.save (a network file system), a DataLoader (its worker
+// processes) or torch.compile: work of its own, said as such; not ended past the bound.
+TEST(HangReport, AnIdleRankInsideTorchSaveADataLoaderOrCompileIsWorking) {
+  for (const std::uint32_t activity : {slot::kActivitySave, slot::kActivityCheckpoint,
+                                       slot::kActivityData, slot::kActivityCompile}) {
+    SCOPED_TRACE(activity);
+    auto loading = look(0, 30);
+    torch_rank(loading, {{kWorld, 40}});
+    loading.stacks_first = loading.stacks_second = at_user_code_dump(33);
+    loading.after.wchan = "futex_do_wait";
+    loading.first.activity = loading.second.activity = activity;
+    auto waiting = look(1, 30);
+    torch_rank(waiting, {{kWorld, 41}}, kWorld, 41, slot::Collective::kBarrier);
+    const HangFinding f = examine({loading, waiting}, HangRule::kProof);
+    EXPECT_TRUE(f.ranks[0].suspect);
+    EXPECT_TRUE(f.ranks[0].active) << f.ranks[0].doing;
+    EXPECT_FALSE(f.idle_suspect());
+    EXPECT_FALSE(examine({loading, waiting}, HangRule::kBound).any_cause());
+  }
+}
+
 // Two tensor-parallel pairs (0-1, 2-3) in one data-parallel job: ranks 0 and 1 wait in the
 // world's all_reduce #51, rank 2 sleeps (having issued `sleeper_world` collectives in the world
 // group), and its partner, rank 3, waits for it in their pair's all_reduce #101.

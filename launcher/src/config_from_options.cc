@@ -573,7 +573,8 @@ void read_metrics_options(const RawOptions& r, LaunchConfig& c) {
 
 // Signals, timeouts, --rdzv-conf, watchdogs and telemetry. Returns the etcd-only --rdzv-conf keys
 // given.
-std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfig& c) {
+std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfig& c,
+                                                std::ostream& err) {
   c.signals_to_handle = parse_signals(r.signals_to_handle);
   std::string shutdown_timeout = r.shutdown_timeout;
   if (shutdown_timeout.empty()) {
@@ -587,12 +588,18 @@ std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfi
     throw UsageError("--in-place-timeout must be at least 0.001 seconds, got '" +
                      r.in_place_timeout + "'");
   }
-  std::vector<std::string> etcd_keys;
+  RdzvConf conf;
   try {
-    etcd_keys = apply_rdzv_conf(r.rdzv_conf, c);
+    conf = apply_rdzv_conf(r.rdzv_conf, c);
   } catch (const RdzvConfError& e) {
     throw UsageError(e.what());
   }
+  for (const std::string& item : conf.ignored) {  // as torchrun's backends ignore it
+    err << "[dist-launch] warning: --rdzv-conf " << item
+        << ": no rendezvous of dist-launch reads this key; ignored (keys: " << rdzv_conf_keys()
+        << ")\n";
+  }
+  std::vector<std::string> etcd_keys = std::move(conf.etcd_keys);
   read_torchelastic_environment(c.watchdogs);
   c.watchdogs.worker_heartbeat_timeout =
       parse_seconds("--worker-heartbeat-timeout", r.worker_heartbeat_timeout, Zero::kAllowed);
@@ -614,12 +621,17 @@ std::vector<std::string> read_lifecycle_options(const RawOptions& r, LaunchConfi
 // interpreter dist-launch belongs to.
 void set_worker_command(const RawOptions& r, LaunchConfig& c) {
   const std::string& script = r.script_and_args.front();
-  const std::vector<std::string> args(r.script_and_args.begin() + 1, r.script_and_args.end());
+  // One `--` right after the script is dropped, as torchrun's argparse drops it (its script's
+  // arguments are REMAINDER): `train.py -- --lr 1` gives the script `--lr 1`.
+  const auto first_arg = r.script_and_args.begin() + 1;
+  const bool dash_dash = first_arg != r.script_and_args.end() && *first_arg == "--";
+  const std::vector<std::string> args(first_arg + (dash_dash ? 1 : 0), r.script_and_args.end());
   if (r.no_python && r.module) throw UsageError("--no-python and -m cannot be used together");
   if (r.no_python) {
     require_executable("executable", script,
                        "chmod +x it, or run it without --no-python through its interpreter");
-    c.worker_argv = r.script_and_args;
+    c.worker_argv = {script};
+    c.worker_argv.insert(c.worker_argv.end(), args.begin(), args.end());
   } else {
     const char* python_exec = std::getenv("PYTHON_EXEC");
     std::error_code ec;  // no /proc: python3 from PATH
@@ -712,7 +724,7 @@ CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
   LaunchConfig& c = outcome.config;
   read_job_shape(r, c);
   read_output_options(r, c, err);
-  const std::vector<std::string> etcd_keys = read_lifecycle_options(r, c);
+  const std::vector<std::string> etcd_keys = read_lifecycle_options(r, c, err);
   if (r.hosts.given()) {  // the job over ssh (hosts.cc): each host checks the rest for itself
     apply_token_options(r.token, c);  // none given: the job generates one
     outcome.hosts_job = hosts_job_config(r, c);

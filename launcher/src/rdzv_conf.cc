@@ -122,25 +122,29 @@ std::string rdzv_conf_keys() {
   return any + " (etcd-v3 also: " + etcd + ")";
 }
 
-std::vector<std::string> apply_rdzv_conf(std::string text, LaunchConfig& config) {
+RdzvConf apply_rdzv_conf(std::string text, LaunchConfig& config) {
   if (text.size() >= 2 && (text.front() == '\'' || text.front() == '"') &&
       text.back() == text.front()) {
     text = text.substr(1, text.size() - 2);
   }
-  std::vector<std::string> etcd_keys;
+  RdzvConf found;
   std::stringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
     if (item.empty()) continue;
     const auto eq = item.find('=');
-    const Key* key = eq == std::string::npos ? nullptr : find_key(item.substr(0, eq));
+    if (eq == std::string::npos || eq == 0) {
+      throw RdzvConfError("--rdzv-conf: '" + item +
+                          "' is not key=value (keys: " + rdzv_conf_keys() + ")");
+    }
+    const Key* key = find_key(item.substr(0, eq));
     if (!key) {
-      throw RdzvConfError("--rdzv-conf: '" + item + "' is not one of key=value with key in " +
-                          rdzv_conf_keys());
+      found.ignored.push_back(item);
+      continue;
     }
     key->apply("--rdzv-conf " + std::string(key->name), item.substr(eq + 1), config);
-    if (key->backend == Backend::kEtcd) etcd_keys.emplace_back(key->name);
+    if (key->backend == Backend::kEtcd) found.etcd_keys.emplace_back(key->name);
   }
-  return etcd_keys;
+  return found;
 }
 
 }  // namespace dist::launcher

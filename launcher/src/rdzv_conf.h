@@ -16,10 +16,18 @@ class RdzvConfError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// What apply_rdzv_conf found: the keys given that belong to the etcd-v3 backend (the caller
+// refuses them for another backend), and the key=value items of keys nobody reads (torchrun's
+// backends ignore them too: the caller says so).
+struct RdzvConf {
+  std::vector<std::string> etcd_keys;
+  std::vector<std::string> ignored;
+};
+
 // Applies each key=value of `text` to `config` (a value quoted as a whole, "'a=1,b=2'", as a test
-// that runs torchrun without a shell passes it, is unquoted first). Returns the keys given that
-// belong to the etcd-v3 backend, so that the caller can refuse them for another backend.
-std::vector<std::string> apply_rdzv_conf(std::string text, agent::LaunchConfig& config);
+// that runs torchrun without a shell passes it, is unquoted first). RdzvConfError for an item that
+// is not key=value, or a value its key does not take.
+RdzvConf apply_rdzv_conf(std::string text, agent::LaunchConfig& config);
 
 // The keys, for --help: "timeout, join_timeout, ... (etcd-v3: cacert, ...)".
 std::string rdzv_conf_keys();

@@ -124,6 +124,17 @@ TEST(LauncherCli, AnEndpointMeansDynamicRendezvousWithTorchrunsDefaultPort) {
   EXPECT_EQ(o.config.last_call_timeout, std::chrono::milliseconds(500));
   EXPECT_EQ(o.config.is_host, false);
 
+  // A key no backend of ours reads is ignored, as torchrun's backends ignore it: said.
+  std::string ignored;
+  o = parse({"--nnodes", "1:2", "--rdzv-endpoint", "a:1", "--rdzv-conf", "foo=bar,join_timeout=7"},
+            &ignored);
+  ASSERT_FALSE(o.exit_now) << ignored;
+  EXPECT_EQ(o.config.join_timeout, std::chrono::seconds(7));
+  EXPECT_NE(ignored.find("warning: --rdzv-conf foo=bar: no rendezvous of dist-launch reads this "
+                         "key; ignored"),
+            std::string::npos)
+      << ignored;
+
   std::string notice;
   o = parse({"--nnodes", "1:2", "--rdzv-endpoint", "a", "--node-rank", "1"}, &notice);
   ASSERT_FALSE(o.exit_now);
@@ -165,7 +176,7 @@ TEST(LauncherCli, RendezvousMistakesAreOneLineErrors) {
       {{"--rdzv-endpoint", "a:99999"}, "is not a port (0-65535)"},
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "last_call_timeout=-1"}, "positive number"},
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "is_host=maybe"}, "must be 1 or 0"},
-      {{"--rdzv-conf", "bogus=1"}, "is not one of key=value"},
+      {{"--rdzv-conf", "bogus"}, "'bogus' is not key=value (keys: "},
       {{"--rdzv-endpoint", "a:1", "--rdzv-conf", "store_type=file"},
        "--rdzv-conf store_type=file: dist-launch's c10d rendezvous runs over its TCP store only"},
   };
@@ -324,6 +335,11 @@ TEST(LauncherCli, LongOptionsMayBeAbbreviatedToAUniquePrefixAsArgparseAllows) {
                                          err);
   ASSERT_FALSE(o.exit_now) << err.str();
   EXPECT_EQ(o.config.worker_argv, (std::vector<std::string>{"true", "--redirect=3", "--bogus"}));
+  // One `--` right after it is dropped, as torchrun's argparse drops it; a later one is the
+  // script's.
+  o = dist::launcher::parse_command_line({"--no-python", "true", "--", "--a", "--", "b"}, out, err);
+  ASSERT_FALSE(o.exit_now) << err.str();
+  EXPECT_EQ(o.config.worker_argv, (std::vector<std::string>{"true", "--a", "--", "b"}));
 }
 
 TEST(LauncherCli, AmbiguousAndUnknownOptionsAreOneLineErrorsThatSayWhy) {

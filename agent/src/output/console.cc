@@ -399,6 +399,10 @@ void Console::hurry() {
   impl_->drained.notify_all();  // a drain() under way gives up now
 }
 
+bool Console::one_stream() const {
+  return impl_->shared;
+}
+
 bool Console::is_terminal(ConsoleStream which) const {
   return impl_->stream(which).terminal;
 }

@@ -320,7 +320,7 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
     }
   } pipes;
   pipes.out = make_pipe();
-  pipes.err = make_pipe();
+  if (!plan.merge_stderr) pipes.err = make_pipe();
   pipes.status = make_pipe();
   auto launch = std::make_shared<ChildLaunch>();
   ChildArgs& c = launch->args;
@@ -338,7 +338,7 @@ SpawnedProcess start_process(const SpawnPlan& plan, std::vector<std::string> arg
   c.inherited = inherited;
   c.parent = ::getpid();
   c.stdout_fd = pipes.out.write;
-  c.stderr_fd = pipes.err.write;
+  c.stderr_fd = plan.merge_stderr ? pipes.out.write : pipes.err.write;
   c.status_fd = pipes.status.write;
   c.keep_stdin = plan.keep_stdin;
 

@@ -35,7 +35,7 @@ struct ChildLaunch;
 struct SpawnedProcess {
   pid_t pid = -1;
   int stdout_fd = -1;  // read ends of the worker's stdout and stderr pipes
-  int stderr_fd = -1;
+  int stderr_fd = -1;  // (-1: its stderr is its stdout's pipe, SpawnPlan::merge_stderr)
   int status_fd = -1;  // EOF once the exec worked; else the child's ChildFailure
   std::string program;
   const WorkerPlacement* placement = nullptr;
@@ -52,6 +52,9 @@ struct SpawnPlan {
   // The child keeps this process's stdin, as torchrun's workers do (a debugger's prompt, input()
   // from a pipe); false: /dev/null (this process's stdin is its own channel).
   bool keep_stdin = false;
+  // The child's stderr is its stdout's pipe (SpawnedProcess::stderr_fd -1): what it writes to
+  // either stays in the order it wrote it, where both go to one place anyway.
+  bool merge_stderr = false;
 };
 SpawnPlan plan_spawn(const std::string& program, const std::string& path_variable);
 

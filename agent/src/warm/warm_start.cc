@@ -222,11 +222,11 @@ bool WarmStart::reaped(pid_t pid, int status) {
 std::optional<SpawnedProcess> WarmStart::spawn(const std::vector<std::string>& argv,
                                                const std::vector<std::string>& env,
                                                const std::vector<int>& inherited, int rank,
-                                               bool keep_stdin) {
+                                               bool keep_stdin, bool merge_stderr) {
   if (off_ || !zygote_ || zygote_->state() != Zygote::State::kReady) return std::nullopt;
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || null < 0) {
+  if (::pipe2(out, O_CLOEXEC) != 0 || (!merge_stderr && ::pipe2(err, O_CLOEXEC) != 0) || null < 0) {
     spdlog::warn("worker {}: cannot fork it from the zygote ({}): it starts cold", rank,
                  std::strerror(errno));
     close_all({out[0], out[1], err[0], err[1], null});
@@ -237,7 +237,8 @@ std::optional<SpawnedProcess> WarmStart::spawn(const std::vector<std::string>& a
   request.env = env;
   std::error_code ec;
   request.cwd = fs::current_path(ec).string();
-  request.fds = {{keep_stdin ? STDIN_FILENO : null, 0}, {out[1], 1}, {err[1], 2}};
+  request.fds = {
+      {keep_stdin ? STDIN_FILENO : null, 0}, {out[1], 1}, {merge_stderr ? out[1] : err[1], 2}};
   for (const int fd : inherited) request.fds.emplace_back(fd, fd);
   pid_t pid = -1;
   try {

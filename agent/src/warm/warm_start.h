@@ -61,11 +61,13 @@ class WarmStart {
   // Calls `then` once (on the io_context) when the zygote is ready or will not be.
   void when_settled(std::function<void()> then);
 
-  // Forks one worker (stdin this process's when keep_stdin, else /dev/null, as
-  // SpawnPlan::keep_stdin); nullopt when it must start cold (said in a warning).
+  // Forks one worker (stdin this process's when keep_stdin, else /dev/null; stderr its stdout's
+  // pipe when merge_stderr: as SpawnPlan's); nullopt when it must start cold (said in a
+  // warning).
   std::optional<SpawnedProcess> spawn(const std::vector<std::string>& argv,
                                       const std::vector<std::string>& env,
-                                      const std::vector<int>& inherited, int rank, bool keep_stdin);
+                                      const std::vector<int>& inherited, int rank, bool keep_stdin,
+                                      bool merge_stderr = false);
 
   // The zygote and its standby workers (the worker group's stop must spare them).
   std::vector<pid_t> helpers() const;

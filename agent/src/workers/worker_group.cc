@@ -395,6 +395,7 @@ SpawnPlan WorkerGroup::worker_plan() const {
   const char* path = std::getenv("PATH");
   SpawnPlan plan = plan_spawn(config_.worker_argv.front(), path ? path : "");
   plan.keep_stdin = config_.launcher_fd != STDIN_FILENO;
+  plan.merge_stderr = output_.merges_streams();
   return plan;
 }
 
@@ -447,7 +448,8 @@ SpawnedProcess WorkerGroup::spawn(Member& w, const SpawnPlan& plan,
   auto argv = substitute_local_rank(config_.worker_argv, w.worker.local_rank);
   SpawnedProcess p;
   if (warm_ && !bound) {
-    if (auto forked = warm_->spawn(argv, env, inherited, w.worker.rank, plan.keep_stdin))
+    if (auto forked =
+            warm_->spawn(argv, env, inherited, w.worker.rank, plan.keep_stdin, plan.merge_stderr))
       p = *forked;
   }
   try {
@@ -469,7 +471,7 @@ SpawnedProcess WorkerGroup::spawn(Member& w, const SpawnPlan& plan,
 
 // Its output is pumped; the group is stopped only once both pipes closed (or the drain timed out).
 void WorkerGroup::attach_output(Member& w, const SpawnedProcess& p) {
-  w.open_pipes = 2;
+  w.open_pipes = p.stderr_fd >= 0 ? 2 : 1;
   const pid_t pid = w.worker.pid;
   output_.attach(w.worker, p, worker_dir(w), [this, pid] {
     for (auto& worker : workers_) {

@@ -42,6 +42,10 @@ void WorkerOutput::begin_round(const fs::path& attempt_dir) {
   }
 }
 
+bool WorkerOutput::merges_streams() const {
+  return console_ && console_->one_stream() && !config_.writes_log_files();
+}
+
 void WorkerOutput::abandon() {
   for (auto& pump : pumps_) pump->abandon();
 }
@@ -63,8 +67,10 @@ void WorkerOutput::attach(const Worker& worker, const SpawnedProcess& p, const f
           : render_log_line_prefix(config_.log_line_prefix_template, {role_, worker, hostname_});
   pump(local_rank, p.stdout_fd, ConsoleStream::kStdout, prefix,
        write_logs ? dir / "stdout.log" : fs::path(), closed);
-  pump(local_rank, p.stderr_fd, ConsoleStream::kStderr, prefix,
-       write_logs ? dir / "stderr.log" : fs::path(), closed);
+  if (p.stderr_fd >= 0) {  // (else its stderr is the stdout pipe's)
+    pump(local_rank, p.stderr_fd, ConsoleStream::kStderr, prefix,
+         write_logs ? dir / "stderr.log" : fs::path(), closed);
+  }
 }
 
 void WorkerOutput::pump(int local_rank, int pipe_fd, ConsoleStream stream,

@@ -31,6 +31,9 @@ class WorkerOutput {
   WorkerOutput(const WorkerOutput&) = delete;
   WorkerOutput& operator=(const WorkerOutput&) = delete;
 
+  // A worker's stderr can be its stdout's pipe (SpawnPlan::merge_stderr): both go to one console
+  // stream (a terminal, `2>&1`) and to no log file, so that what it writes keeps its order.
+  bool merges_streams() const;
   // A round starts: no pump is left of the last one. With `attempt_dir`, its filtered copies are
   // opened there.
   void begin_round(const std::filesystem::path& attempt_dir = {});

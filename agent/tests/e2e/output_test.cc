@@ -604,6 +604,30 @@ TEST_F(OutputTest, TheConsoleSaysHowManyBytesItDroppedOnceItDrains) {
       << "what was shown and what the notes say was dropped make up the whole output";
 }
 
+// stdout and stderr into one console (`2>&1`, a terminal): the worker's lines come in the order it
+// wrote them, as under torchrun (its two pipes, read apart, put 213 of 2,000 out of order).
+TEST_F(OutputTest, AWorkersStdoutAndStderrIntoOneConsoleKeepTheirOrder) {
+  Pipe console;
+  constexpr int kLines = 2000;
+  Launch launch({"--no-python", kWorker, "lines", std::to_string(kLines)}, console.write_end(),
+                console.write_end());
+  console.close_write();
+  const std::string out = read_to_eof(console.read_end());
+  EXPECT_EQ(launch.wait(), 0) << out;
+  std::string expected;
+  for (int k = 0; k < kLines; ++k) {
+    for (const char* stream : {"out", "err"}) {
+      expected += kPrefix + stream + " line " + std::to_string(k) + " of rank 0 end\n";
+    }
+  }
+  std::string workers;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(kPrefix, 0) == 0) workers += line + "\n";
+  }
+  EXPECT_TRUE(workers == expected) << workers.substr(0, 2000);
+}
+
 // A reader that is slow, not gone (a log shipper, ssh, `2>&1 | (sleep 2; cat)`): it gets every
 // line, whole and in order, and the failure report after them, as under torchrun. Nothing of it
 // is read until the worker has written all of it (11 MB: many times the pipe).

@@ -89,6 +89,9 @@ class Console {
   void hurry();
 
   bool is_terminal(ConsoleStream stream) const;
+  // stdout and stderr are one file (a terminal, `2>&1`): one stream, whose records keep their
+  // order.
+  bool one_stream() const;
   ConsoleStats stats(ConsoleStream stream) const;
 
  private:

@@ -441,6 +441,13 @@ SpawnedProcess WorkerGroup::spawn(Member& w, const SpawnPlan& plan,
   if (snapshots_) {
     for (const auto& [name, value] : snapshots_->environment()) variables[name] = value;
   }
+  // (The user's own COLUMNS wins.)
+  const bool columns_set = std::any_of(base_env.begin(), base_env.end(),
+                                       [](const auto& e) { return e.starts_with("COLUMNS="); });
+  if (const auto size = output_.terminal_size(w.worker); size && !columns_set) {
+    variables["COLUMNS"] = std::to_string(size->first);
+    variables["LINES"] = std::to_string(size->second);
+  }
   auto env = merge_environment(base_env, variables);
   const WorkerPlacement& placement = resources.placement;
   const bool bound = placement.bind_cpus || placement.bind_memory;

@@ -1,6 +1,10 @@
 #include "workers/worker_output.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include <utility>
 
@@ -57,14 +61,37 @@ void WorkerOutput::warn_incomplete_logs() const {
   }
 }
 
+std::string WorkerOutput::prefix_of(const Worker& worker) const {
+  return config_.log_line_prefix_template.empty()
+             ? default_log_line_prefix(role_, worker.local_rank)
+             : render_log_line_prefix(config_.log_line_prefix_template, {role_, worker, hostname_});
+}
+
+bool WorkerOutput::prefixed(int local_rank, ConsoleStream stream) const {
+  return config_.console_prefix == ConsolePrefix::kAll ||
+         (config_.console_prefix == ConsolePrefix::kTee &&
+          selects(config_.tee_for(local_rank), stream));
+}
+
+std::optional<std::pair<int, int>> WorkerOutput::terminal_size(const Worker& worker) const {
+  if (!console_ || !console_->is_terminal(ConsoleStream::kStdout) ||
+      !config_.shows_on_console(worker.local_rank)) {
+    return std::nullopt;
+  }
+  winsize size{};
+  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) != 0 || size.ws_col == 0) return std::nullopt;
+  constexpr int kNarrowest = 20;
+  const int prefix = prefixed(worker.local_rank, ConsoleStream::kStdout)
+                         ? static_cast<int>(prefix_of(worker).size())
+                         : 0;
+  return std::pair{std::max(size.ws_col - prefix, kNarrowest), static_cast<int>(size.ws_row)};
+}
+
 void WorkerOutput::attach(const Worker& worker, const SpawnedProcess& p, const fs::path& dir,
                           const std::function<void()>& closed) {
   const int local_rank = worker.local_rank;
   const bool write_logs = config_.writes_log_files();
-  const std::string prefix =
-      config_.log_line_prefix_template.empty()
-          ? default_log_line_prefix(role_, local_rank)
-          : render_log_line_prefix(config_.log_line_prefix_template, {role_, worker, hostname_});
+  const std::string prefix = prefix_of(worker);
   pump(local_rank, p.stdout_fd, ConsoleStream::kStdout, prefix,
        write_logs ? dir / "stdout.log" : fs::path(), closed);
   if (p.stderr_fd >= 0) {  // (else its stderr is the stdout pipe's)
@@ -84,9 +111,7 @@ void WorkerOutput::pump(int local_rank, int pipe_fd, ConsoleStream stream,
   sink.stream = stream;
   sink.file_path = file.string();
   sink.on_file_error = [this](const LogFileError& e) { incomplete_logs_.push_back(e); };
-  const bool prefixed = config_.console_prefix == ConsolePrefix::kAll ||
-                        (config_.console_prefix == ConsolePrefix::kTee && teed);
-  if (prefixed) sink.prefix = prefix;
+  if (prefixed(local_rank, stream)) sink.prefix = prefix;
   const auto& duplicate = duplicates_[stream == ConsoleStream::kStdout ? 0 : 1];
   if (duplicate && teed && shown) {
     sink.duplicate = duplicate;

@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/agent/config.h"
@@ -34,6 +36,10 @@ class WorkerOutput {
   // A worker's stderr can be its stdout's pipe (SpawnPlan::merge_stderr): both go to one console
   // stream (a terminal, `2>&1`) and to no log file, so that what it writes keeps its order.
   bool merges_streams() const;
+  // COLUMNS and LINES for `worker`, whose stdout is a pipe, where its console lines go to a
+  // terminal: that terminal's size, less the width of the lines' prefix (what tqdm, rich and
+  // shutil.get_terminal_size read where their own stdout is no terminal). None otherwise.
+  std::optional<std::pair<int, int>> terminal_size(const Worker& worker) const;
   // A round starts: no pump is left of the last one. With `attempt_dir`, its filtered copies are
   // opened there.
   void begin_round(const std::filesystem::path& attempt_dir = {});
@@ -47,6 +53,8 @@ class WorkerOutput {
   void warn_incomplete_logs() const;
 
  private:
+  std::string prefix_of(const Worker& worker) const;
+  bool prefixed(int local_rank, ConsoleStream stream) const;
   void pump(int local_rank, int pipe_fd, ConsoleStream stream, const std::string& prefix,
             const std::filesystem::path& file, const std::function<void()>& closed);
 

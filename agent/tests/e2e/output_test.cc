@@ -628,6 +628,44 @@ TEST_F(OutputTest, AWorkersStdoutAndStderrIntoOneConsoleKeepTheirOrder) {
   EXPECT_TRUE(workers == expected) << workers.substr(0, 2000);
 }
 
+// A terminal's size reaches the workers, whose stdout is a pipe, as COLUMNS and LINES less the
+// width of their lines' prefix (tqdm, rich and shutil.get_terminal_size read them); a COLUMNS of
+// the user's own wins.
+TEST_F(OutputTest, TheTerminalsSizeLessThePrefixIsTheWorkersColumnsAndLines) {
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(master, 0) << std::strerror(errno);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  winsize size{};
+  size.ws_col = 120;
+  size.ws_row = 40;
+  ASSERT_EQ(::ioctl(master, TIOCSWINSZ, &size), 0);
+  const int terminal = ::open(::ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+  ASSERT_GE(terminal, 0) << std::strerror(errno);
+  const char* users = std::getenv("COLUMNS");
+  const std::optional<std::string> saved = users ? std::optional<std::string>(users) : std::nullopt;
+  const auto worker_env = [&](const std::string& name) {
+    Launch launch({"--no-python", kWorker, "env", path(name)}, terminal, file("stderr"));
+    EXPECT_EQ(launch.wait(), 0) << read_file(path("stderr"));
+    return "\n" + read_file(path(name));
+  };
+  ::unsetenv("COLUMNS");
+  const std::string env = worker_env("env");
+  ::setenv("COLUMNS", "77", 1);
+  const std::string users_own = worker_env("env-users");
+  if (saved) {
+    ::setenv("COLUMNS", saved->c_str(), 1);
+  } else {
+    ::unsetenv("COLUMNS");
+  }
+  ::close(terminal);
+  ::close(master);
+  EXPECT_NE(env.find("\nCOLUMNS=" + std::to_string(120 - kPrefix.size()) + "\n"), std::string::npos)
+      << env;
+  EXPECT_NE(env.find("\nLINES=40\n"), std::string::npos) << env;
+  EXPECT_NE(users_own.find("\nCOLUMNS=77\n"), std::string::npos) << users_own;
+}
+
 // A reader that is slow, not gone (a log shipper, ssh, `2>&1 | (sleep 2; cat)`): it gets every
 // line, whole and in order, and the failure report after them, as under torchrun. Nothing of it
 // is read until the worker has written all of it (11 MB: many times the pipe).

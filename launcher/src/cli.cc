@@ -73,6 +73,7 @@ std::optional<CliOutcome> parse(CommandLine& app, const std::vector<std::string>
   }
   raw.expanded_args = std::move(parsed.expanded);
   raw.script_and_args = std::move(parsed.rest);
+  raw.script_after_dash_dash = parsed.dash_dash;
   raw.given = std::move(parsed.given);
   return std::nullopt;
 }

@@ -214,6 +214,7 @@ CommandLine::Parsed CommandLine::parse(const std::vector<std::string>& args) {
     const std::string& token = p.expanded[i];
     if (token == "--") {  // argparse's end of the options: the script follows
       ++i;
+      p.dash_dash = true;
       break;
     }
     if (token.size() < 2 || token[0] != '-' || std::isdigit(static_cast<unsigned char>(token[1])))

@@ -52,6 +52,7 @@ class CommandLine {
     bool version = false;
     std::vector<std::string> expanded;  // argv with abbreviations written out
     std::vector<std::string> rest;      // the training script and its arguments
+    bool dash_dash = false;             // a `--` ended the options before the script
     std::set<std::string> given;        // "--name" for both spellings of every option given
   };
 

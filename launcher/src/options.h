@@ -80,6 +80,9 @@ struct RawOptions {
   // line with abbreviated options written out; the long names (both spellings) of every option
   // given, on the command line or in its PET_ variable.
   std::vector<std::string> script_and_args;
+  // A `--` ended the options before the script: a second one after it is the script's (argparse
+  // keeps it then; one right after the script it drops).
+  bool script_after_dash_dash = false;
   std::vector<std::string> expanded_args;
   std::set<std::string> given;
   bool was_given(const std::string& name) const { return given.contains(name); }

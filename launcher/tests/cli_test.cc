@@ -340,6 +340,9 @@ TEST(LauncherCli, LongOptionsMayBeAbbreviatedToAUniquePrefixAsArgparseAllows) {
   o = dist::launcher::parse_command_line({"--no-python", "true", "--", "--a", "--", "b"}, out, err);
   ASSERT_FALSE(o.exit_now) << err.str();
   EXPECT_EQ(o.config.worker_argv, (std::vector<std::string>{"true", "--a", "--", "b"}));
+  o = dist::launcher::parse_command_line({"--no-python", "--", "true", "--", "x"}, out, err);
+  ASSERT_FALSE(o.exit_now) << err.str();
+  EXPECT_EQ(o.config.worker_argv, (std::vector<std::string>{"true", "--", "x"}));
 }
 
 TEST(LauncherCli, AmbiguousAndUnknownOptionsAreOneLineErrorsThatSayWhy) {

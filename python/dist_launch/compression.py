@@ -225,7 +225,8 @@ class CompressionState:
         self._layouts: Dict[int, tuple] = {}  # bucket index: (what it was read from, _Layout)
         self._carry: Dict[tuple, Any] = {}  # key: a residual for a bucket not made yet
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
-        self._skipped_said = 0  # skipped exchanges said on stderr (_say_skipped)
+        self._skipped_said = 0  # skipped exchanges counted by _after
+        self._said_step = -1  # the step _after last saw a skip at
         # DDP steps the hook has exchanged (a bucket that is_last() ends one; torch's PowerSGD
         # counts its iterations so): a compressor made later (DDP's rebuild, a resumed job) goes
         # on from there, PowerSGD's warm-up with it.
@@ -393,10 +394,11 @@ class CompressionState:
             raise
 
     def _after(self, compressor: _Bucket, buffer) -> None:
-        """After an exchange of `compressor` into DDP's `buffer`, on the thread that ran it: one
-        that the inf/NaN guard skipped is said on stderr, as the SDK's DDP says it (a silent zeroed
-        update looks like a model that stopped learning), and with nonfinite='nan' the bucket's
-        averaged gradients are NaN."""
+        """After an exchange of `compressor` into DDP's `buffer`, on the thread that ran it: with
+        nonfinite='nan', the averaged gradients of one that the inf/NaN guard skipped are NaN; and
+        it is said on stderr by the hook's rank 0 (every rank skips it), as the SDK's DDP says it
+        (a silent zeroed update looks like a model that stopped learning): once per step, or, with
+        nonfinite='nan', where a GradScaler's overflows are routine, the 1st, 2nd, 4th, 8th..."""
         events = (ctypes.c_uint64 * 4)()
         if self._lib.dlc_bucket_events(compressor.handle, events) != 0 or \
                 events[0] == compressor.skipped:
@@ -404,10 +406,17 @@ class CompressionState:
         count = events[0] - compressor.skipped
         compressor.skipped = events[0]
         with self._flight:
-            self._skipped_said += count
+            before, self._skipped_said = self._skipped_said, self._skipped_said + count
             total = self._skipped_said
+            said_step, self._said_step = self._said_step, self._steps
         if self.nonfinite == "nan":
             buffer.fill_(float("nan"))
+        if self.rank != 0:
+            return
+        if self.nonfinite == "nan" and total.bit_length() == before.bit_length():
+            return  # (no power of two reached: said at the 1st, 2nd, 4th, 8th...)
+        if self.nonfinite == "zero" and said_step == self._steps:
+            return
         what = ("gradients NaN, for the job's GradScaler" if self.nonfinite == "nan"
                 else "gradients zeroed")
         sys.stderr.write(f"dist_launch.compression: rank {self.rank}: step {self._steps}: a "

@@ -635,9 +635,8 @@ HangRule HangDetector::rule() const {
   // silence alone says nothing: a phase without steps whose collectives complete (an evaluation
   // that all-reduces its scores while one rank scores slowly) goes on for as long as it likes.
   const auto limit = bound();
-  return limit && silent_ + kConfirmGap >= *limit && longest_wait_ + kConfirmGap >= *limit
-             ? HangRule::kBound
-             : HangRule::kProof;
+  return limit && silent_ + kConfirmGap >= *limit && longest_wait_ >= *limit ? HangRule::kBound
+                                                                             : HangRule::kProof;
 }
 
 void HangDetector::conclude() {
@@ -653,11 +652,8 @@ void HangDetector::conclude() {
   // Other nodes' waits, published after kPublishedWaitSeconds, prove only as old as ever.
   std::vector<CollectiveState> others = elsewhere();
   double longest_wait_s = 0;
-  for (const RankLook& look : looks) {
-    if (const auto c = collective_state(look, 0); c.wait) {
-      longest_wait_s = std::max(longest_wait_s, c.wait->seconds);
-    }
-  }
+  for (const RankLook& look : looks)
+    longest_wait_s = std::max(longest_wait_s, waited_seconds(look));
   for (const CollectiveState& c : others) {
     if (c.wait) longest_wait_s = std::max(longest_wait_s, c.wait->seconds);
   }

@@ -226,8 +226,14 @@ std::vector<std::string> activity_words(std::uint32_t activity) {
   return words;
 }
 
-// What a rank was doing between the looks, and whether that is work of its own.
-std::pair<std::string, bool> doing_of(const RankLook& l) {
+// What a rank was doing between the looks: in words, whether it works, and whether it is idle in
+// work of its own (RankWhere::own_work).
+struct Doing {
+  std::string text;
+  bool active = false;
+  bool own_work = false;
+};
+Doing doing_of(const RankLook& l) {
   std::vector<std::string> parts;
   const SlotReading& s = l.second;
   const double seconds = std::max(look_seconds(l), 1e-3);
@@ -237,6 +243,7 @@ std::pair<std::string, bool> doing_of(const RankLook& l) {
                                 seconds_since(s.at, s.paused_since_ns)));
   }
   bool active = false;
+  bool own_work = false;
   const double cpu = cpu_share(l.before, l.after, seconds);
   if (cpu >= kIdleCpuShare) {
     parts.push_back(fmt::format("computing (CPU {:.0f}%)", cpu * 100));
@@ -266,14 +273,14 @@ std::pair<std::string, bool> doing_of(const RankLook& l) {
     for (auto& w : activity_words(s.activity)) parts.push_back(std::move(w));
     // Inside torch.save, torch.distributed.checkpoint, a DataLoader or torch.compile the rank
     // works even when its own process is idle: blocked on a network file system, waiting for
-    // its loader's or compiler's worker processes (each with timeouts of its own).
+    // its loader's or compiler's worker processes.
     constexpr std::uint32_t kWorkOfItsOwn = slot::kActivitySave | slot::kActivityCheckpoint |
                                             slot::kActivityData | slot::kActivityCompile;
-    if (s.activity & kWorkOfItsOwn) active = true;
+    own_work = !active && (s.activity & kWorkOfItsOwn) != 0;
   } else if ((s.features & slot::kSampler) && l.after.state != 'T' && l.after.state != 't') {
     parts.emplace_back("its Python not running (a thread holds the GIL)");
   }
-  if (!active && !s.paused()) {
+  if (!active && !own_work && !s.paused()) {
     if (!l.after.awaits_input.empty()) {
       parts.insert(parts.begin(), "waiting for input " + l.after.awaits_input);
     } else {
@@ -283,7 +290,7 @@ std::pair<std::string, bool> doing_of(const RankLook& l) {
   }
   std::string text;
   for (const auto& p : parts) text += (text.empty() ? "" : ", ") + p;
-  return {text, active};
+  return {text, active, own_work};
 }
 
 // Whether rank a has issued fewer collectives than rank b and none more: in every process group
@@ -431,7 +438,7 @@ bool HangFinding::any_cause() const {
 
 namespace {
 bool is_idle_suspect(const RankWhere& r) {
-  return r.suspect && !r.active && !r.paused;
+  return r.suspect && !r.active && !r.own_work && !r.paused;
 }
 }  // namespace
 
@@ -456,6 +463,10 @@ std::string pending_text(const SlotReading& s) {
   std::vector<std::uint64_t> order;
   for (const auto& [id, seq] : s.groups) order.push_back(id);
   return collective_text(s.pending_op, s.pending_seq, s.pending_group, order);
+}
+
+double waited_seconds(const RankLook& look) {
+  return pending(look) ? blocked_seconds(look.second) : 0;
 }
 
 CollectiveState collective_state(const RankLook& l, double min_wait_s) {
@@ -521,7 +532,10 @@ HangFinding examine(const std::vector<RankLook>& looks, HangRule rule,
     r.where = positions[i].where;
     r.waiting = positions[i].waiting;
     r.paused = looks[i].second.paused();
-    std::tie(r.doing, r.active) = doing_of(looks[i]);
+    const Doing doing = doing_of(looks[i]);
+    r.doing = doing.text;
+    r.active = doing.active;
+    r.own_work = doing.own_work;
     r.awaits_input = !looks[i].after.awaits_input.empty();
   }
   const auto suspected = suspects(looks, finding.ranks, positions);

@@ -58,11 +58,15 @@ enum class HangRule {
 };
 
 struct RankWhere {
-  bool cause = false;         // to be ended
-  bool proven = false;        // it cannot go on
-  bool suspect = false;       // the others wait for it (or, alone, it makes no progress)
-  bool waiting = false;       // blocked in a collective, for its peers
-  bool active = false;        // works: CPU, I/O, its stack moving
+  bool cause = false;    // to be ended
+  bool proven = false;   // it cannot go on
+  bool suspect = false;  // the others wait for it (or, alone, it makes no progress)
+  bool waiting = false;  // blocked in a collective, for its peers
+  bool active = false;   // works: CPU, I/O, its stack moving
+  // Idle inside torch.save, torch.distributed.checkpoint, a DataLoader or torch.compile (a
+  // network file system, its loader's or compiler's workers): said as its work, no warning; but
+  // ended past the bound as an idle rank (a DataLoader's timeout is none by default).
+  bool own_work = false;
   bool paused = false;        // declared a pause of its own
   bool awaits_input = false;  // reads its terminal or stdin (a debugger's prompt, input())
   std::string where;
@@ -91,6 +95,10 @@ HangFinding examine(const std::vector<RankLook>& looks, HangRule rule,
 // and the collective it is blocked in when both looks show the same one, it did no work meanwhile
 // and it has been blocked in it for `min_wait_s` at least.
 CollectiveState collective_state(const RankLook& look, double min_wait_s = kMinProvenWaitSeconds);
+
+// How long the rank has been blocked in its pending collective at the second look (0: none), as
+// the report says it, whether or not it spins meanwhile.
+double waited_seconds(const RankLook& look);
 
 // A Python stack, as faulthandler dumps all threads: the main thread's frames, innermost first.
 struct PythonFrame {

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -114,8 +115,19 @@ std::string note_start(const Stream& s) {
   return s.last_byte == '\n' || s.last_byte == '\r' ? "" : "\n";
 }
 
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
 constexpr std::string_view kLogFilesKeepAll =
     " (log files keep everything: --log-dir with --tee or --redirects)\n";
+
+// SIGINT, SIGTERM, SIGHUP or SIGQUIT pending for this thread or the process (blocked: the agent's
+// signal watcher blocks them for good).
+bool stop_signal_pending() {
+  sigset_t pending;
+  if (::sigpending(&pending) != 0) return false;
+  return std::any_of(std::begin(kStopSignals), std::end(kStopSignals),
+                     [&](int s) { return ::sigismember(&pending, s) == 1; });
+}
 
 void ignore_sigpipe() {
   struct sigaction current {};
@@ -195,6 +207,7 @@ struct Console::Impl {
     s.queue.clear();
     s.queued_bytes = 0;
     s.head_offset = 0;
+    drained.notify_all();  // (a drain() waiting for this stream waits no more)
     Stream& o = other(s);
     if (o.mode == Mode::kNone) return;
     queue_note(o, note_start(o) + "[dist-launch] warning: " + s.name + " is closed (" +
@@ -247,7 +260,10 @@ struct Console::Impl {
       joined.append(ends_other ? "\n" : "").append(resumes ? resume_prefix : "").append(record);
       record = joined;
     }
-    if (!own && !s.queue.empty() && s.queued_bytes + record.size() > queue_limit_bytes) {
+    // The agent's own records have a reserve beyond the limit: what failed is said while the
+    // workers' output is dropped, and a reader that stopped for good cannot grow it forever.
+    const std::size_t limit = queue_limit_bytes + (own ? kConsoleOwnReserveBytes : 0);
+    if (!s.queue.empty() && s.queued_bytes + record.size() > limit) {
       count(s, record.size());
       return false;
     }
@@ -287,6 +303,7 @@ struct Console::Impl {
   // What is still queued is lost, said on the other stream when that one takes it now. Mutex
   // held.
   void give_up() {
+    drained.notify_all();  // (queues emptied here: whoever waits for them waits no more)
     for (Stream* s : {&out, &err}) {
       if (s->queue.empty()) continue;
       for (const Record& r : s->queue) {
@@ -382,11 +399,23 @@ bool Console::flush_for(std::chrono::milliseconds timeout) {
 }
 
 bool Console::drain(std::chrono::milliseconds stall) {
+  using Clock = std::chrono::steady_clock;
+  constexpr std::chrono::milliseconds kSlice{100};
   std::unique_lock lock(impl_->mutex);
   impl_->note_dropped();
-  for (std::uint64_t taken = impl_->taken(); !impl_->hurried; taken = impl_->taken()) {
-    if (impl_->wait_drained(lock, stall)) return true;
-    if (impl_->taken() == taken) break;  // the reader took nothing for `stall`
+  std::uint64_t taken = impl_->taken();
+  Clock::time_point progressed = Clock::now();
+  while (!impl_->hurried) {
+    if (impl_->wait_drained(lock, kSlice)) return true;
+    // The agent's stop signals stay blocked after it ended (its watcher read them): one that
+    // came since is pending, and ends the wait as hurry() would have.
+    if (stop_signal_pending()) impl_->hurried = true;
+    if (impl_->taken() != taken) {
+      taken = impl_->taken();
+      progressed = Clock::now();
+    } else if (Clock::now() - progressed >= stall) {
+      break;  // the reader took nothing for `stall`
+    }
   }
   if (impl_->hurried && impl_->wait_drained(lock, kConsoleExitFlushTimeout)) return true;
   impl_->give_up();

@@ -186,11 +186,14 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
   std::vector<const InPlaceReplacement*> before;
   std::vector<const InPlaceReplacement*> with_it;
   for (const auto& r : replaced) {
+    if (own == replaced.end()) {  // no recovery of the root cause's: each one the job went on after
+      before.push_back(&r);
+      continue;
+    }
+    if (&r == &*own) continue;
     const bool ended = std::any_of(failures.begin(), failures.end(),
                                    [&](const WorkerFailure& w) { return same(r.failure, w); });
-    if (own != replaced.end() && &r == &*own) continue;
-    (ended || (own != replaced.end() && r.generation >= own->generation) ? with_it : before)
-        .push_back(&r);
+    (ended || r.generation >= own->generation ? with_it : before).push_back(&r);
   }
   if (own != replaced.end()) {
     out << "  recovery  : replaced in place by pid " << own->new_pid << " (generation "

@@ -666,6 +666,37 @@ TEST_F(OutputTest, TheTerminalsSizeLessThePrefixIsTheWorkersColumnsAndLines) {
   EXPECT_NE(users_own.find("\nCOLUMNS=77\n"), std::string::npos) << users_own;
 }
 
+// At exit the agent waits for a console that takes nothing for up to 10 s, but not once it is told
+// to stop: a SIGTERM then (its signal watcher gone, the signal blocked) ends it at once; and a
+// reader that closes (`2>&1 | less`, quit) ends the wait as soon as the console sees it.
+TEST_F(OutputTest, AStopSignalOrAClosedReaderEndsTheWaitForTheConsoleAtExit) {
+  {
+    Pipe console;  // never read
+    Launch launch({"--no-python", kWorker, "spam-lines", "50000"}, console.write_end(),
+                  file("stderr"));
+    console.close_write();
+    ASSERT_TRUE(wait_until(
+        [&] { return read_file(path("stderr")).find("succeeded") != std::string::npos; }, 60s))
+        << read_file(path("stderr"));
+    const auto start = Clock::now();
+    ::kill(launch.pid(), SIGTERM);
+    const int code = launch.wait(30s);  // (the agent's loop may still see it: 143)
+    EXPECT_TRUE(code == 0 || code == 128 + SIGTERM) << code << read_file(path("stderr"));
+    EXPECT_LT(Clock::now() - start, 5s) << "the console was waited for after the stop signal";
+  }
+  {
+    Pipe console;  // 2>&1: one stream
+    Launch launch({"--no-python", kWorker, "spam-lines", "50000", "pidfile", path("written")},
+                  console.write_end(), console.write_end());
+    console.close_write();
+    ASSERT_TRUE(wait_for_file(path("written"), 60s));
+    console.close_read();
+    const auto start = Clock::now();
+    EXPECT_EQ(launch.wait(30s), 0);
+    EXPECT_LT(Clock::now() - start, 5s) << "the closed console was waited for";
+  }
+}
+
 // A reader that is slow, not gone (a log shipper, ssh, `2>&1 | (sleep 2; cat)`): it gets every
 // line, whole and in order, and the failure report after them, as under torchrun. Nothing of it
 // is read until the worker has written all of it (11 MB: many times the pipe).

@@ -11,10 +11,11 @@
 // A record (a line, or a piece of one) that cannot be written at once waits in a bounded queue per
 // stream, written by the console's thread as the reader drains. When the queue is full, whole
 // records of the workers' output are dropped and counted; once the stream has drained, a note says
-// how many bytes were dropped. The agent's own records (say(): its log, a failure report) are
-// never dropped for a full queue: what failed is always said. A closed stream (EPIPE) drops
-// everything from then on, said once on the other stream. At exit (drain()), what is queued is
-// written for as long as the reader keeps taking it, as torchrun's console would be.
+// how many bytes were dropped. The agent's own records (say(): its log, a failure report) have a
+// reserve beyond the limit (kConsoleOwnReserveBytes): what failed is said while the workers' output
+// is dropped. A closed stream (EPIPE) drops everything from then on, said once on the other
+// stream. At exit (drain()), what is queued is written for as long as the reader keeps taking it,
+// as torchrun's console would be, until a stop signal.
 //
 // Constructing a Console ignores SIGPIPE in this process when it is at its default, so that a
 // closed console is an EPIPE the console handles (workers get every default back at spawn).
@@ -40,6 +41,8 @@ enum class ConsoleStream { kStdout, kStderr };
 // and the agent's own). Enough for a reader that is slow (a log shipper, ssh, `| (sleep 2; cat)`)
 // to lose nothing; a reader that stops (a paused pager, a pipe nobody reads) costs the rest.
 constexpr std::size_t kConsoleQueueLimitBytes = std::size_t{32} << 20;
+// Beyond the limit, for the agent's own records (say()) alone.
+constexpr std::size_t kConsoleOwnReserveBytes = std::size_t{4} << 20;
 // When spdlog is flushed, and at exit once the agent was told to stop (a signal): how long to
 // wait for the console to take what is queued.
 constexpr std::chrono::milliseconds kConsoleExitFlushTimeout{300};
@@ -83,7 +86,7 @@ class Console {
   bool flush_for(std::chrono::milliseconds timeout);
   // At exit: waits until every queue is empty for as long as the streams take bytes, giving up
   // (as flush_for) once they took none for `stall`, or after kConsoleExitFlushTimeout once
-  // hurry() was called.
+  // hurry() was called or a stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) is pending.
   bool drain(std::chrono::milliseconds stall = kConsoleExitStallTimeout);
   // The process was told to stop (a signal): drain() does not wait for a slow reader.
   void hurry();

@@ -248,8 +248,10 @@ TEST(HangReport, AnIdleRankTheOthersWaitForIsSuspectedAndEndedOnlyPastTheBound) 
 }
 
 // Idle in its own process but inside torch.save (a network file system), a DataLoader (its worker
-// processes) or torch.compile: work of its own, said as such; not ended past the bound.
-TEST(HangReport, AnIdleRankInsideTorchSaveADataLoaderOrCompileIsWorking) {
+// processes) or torch.compile: work of its own, said as such (no warning); past the bound, when a
+// rank has waited for it longer than the job's collective timeout, ended as an idle rank is (a
+// DataLoader whose workers deadlocked waits forever: its timeout is none by default).
+TEST(HangReport, AnIdleRankInsideTorchSaveADataLoaderOrCompileIsWorkOfItsOwn) {
   for (const std::uint32_t activity : {slot::kActivitySave, slot::kActivityCheckpoint,
                                        slot::kActivityData, slot::kActivityCompile}) {
     SCOPED_TRACE(activity);
@@ -262,9 +264,11 @@ TEST(HangReport, AnIdleRankInsideTorchSaveADataLoaderOrCompileIsWorking) {
     torch_rank(waiting, {{kWorld, 41}}, kWorld, 41, slot::Collective::kBarrier);
     const HangFinding f = examine({loading, waiting}, HangRule::kProof);
     EXPECT_TRUE(f.ranks[0].suspect);
-    EXPECT_TRUE(f.ranks[0].active) << f.ranks[0].doing;
+    EXPECT_TRUE(f.ranks[0].own_work) << f.ranks[0].doing;
+    EXPECT_EQ(f.ranks[0].doing.find("idle"), std::string::npos) << f.ranks[0].doing;
     EXPECT_FALSE(f.idle_suspect());
-    EXPECT_FALSE(examine({loading, waiting}, HangRule::kBound).any_cause());
+    EXPECT_FALSE(f.any_cause());
+    EXPECT_TRUE(examine({loading, waiting}, HangRule::kBound).ranks[0].cause);
   }
 }
 

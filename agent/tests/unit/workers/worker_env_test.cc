@@ -228,9 +228,12 @@ TEST(FailureReport, AFailureFoldedIntoTheRecoveryThatFailedIsSaidWithIt) {
   EXPECT_EQ(report.find("pid: 300", before), std::string::npos) << report;
   EXPECT_NE(report.find("replaced in place by pid 101 (generation 1)", before), std::string::npos)
       << report;
-  // With no replacement of the root cause's own, each replacement is one the job went on after.
-  const std::string restarted = format_report("train.py", {root}, {replaced[0], replaced[2]});
-  EXPECT_EQ(restarted.find("with it"), std::string::npos) << restarted;
+  // With no replacement of the root cause's own, each replacement is one the job went on after,
+  // even one whose failure is among those that ended the job.
+  for (const auto& failures : {std::vector{root}, std::vector{root, folded}}) {
+    const std::string restarted = format_report("train.py", failures, {replaced[0], replaced[2]});
+    EXPECT_EQ(restarted.find("with it"), std::string::npos) << restarted;
+  }
 }
 
 }  // namespace

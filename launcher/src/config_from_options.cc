@@ -625,8 +625,8 @@ void set_worker_command(const RawOptions& r, LaunchConfig& c) {
   // arguments are REMAINDER): `train.py -- --lr 1` gives the script `--lr 1`; but not after a
   // `--` that ended the options (`-- train.py -- x`: argparse keeps it).
   const auto first_arg = r.script_and_args.begin() + 1;
-  const bool dash_dash = !r.script_after_dash_dash && first_arg != r.script_and_args.end() &&
-                         *first_arg == "--";
+  const bool dash_dash =
+      !r.script_after_dash_dash && first_arg != r.script_and_args.end() && *first_arg == "--";
   const std::vector<std::string> args(first_arg + (dash_dash ? 1 : 0), r.script_and_args.end());
   if (r.no_python && r.module) throw UsageError("--no-python and -m cannot be used together");
   if (r.no_python) {

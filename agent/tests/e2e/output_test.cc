@@ -512,6 +512,7 @@ TEST_F(OutputTest, ALogFileOnDevFullIsGivenUpOnceAndTheConsoleGetsEverything) {
 // ------------------------------------------------------------------------------------------------
 // dist-launch with real workers.
 
+// (At exit the agent waits 10 s for a console that takes nothing, then gives it up, said.)
 TEST_F(OutputTest, AConsoleNobodyReadsHoldsUpNeitherTheJobNorTheLogFiles) {
   Pipe console;                    // never read
   constexpr long kLines = 80'000;  // 8 MB, 9 MB on the console with the prefixes

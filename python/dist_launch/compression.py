@@ -178,7 +178,7 @@ class _Bucket:
     def __init__(self, lib, handle, lane, signature, elements, staging):
         self.lib, self.handle, self.lane = lib, handle, lane
         self.signature, self.elements, self.staging = signature, elements, staging
-        self.skipped = 0  # its exchanges skipped for inf/NaN, as last read (_say_skipped)
+        self.skipped = 0  # its exchanges skipped for inf/NaN, as _after last read them
 
     def free(self):
         if self.handle:
@@ -225,7 +225,7 @@ class CompressionState:
         self._layouts: Dict[int, tuple] = {}  # bucket index: (what it was read from, _Layout)
         self._carry: Dict[tuple, Any] = {}  # key: a residual for a bucket not made yet
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
-        self._skipped_said = 0  # skipped exchanges counted by _after
+        self._skips = 0  # exchanges skipped for inf/NaN, every bucket's, as _after counts them
         self._said_step = -1  # the step _after last saw a skip at
         # DDP steps the hook has exchanged (a bucket that is_last() ends one; torch's PowerSGD
         # counts its iterations so): a compressor made later (DDP's rebuild, a resumed job) goes
@@ -406,8 +406,8 @@ class CompressionState:
         count = events[0] - compressor.skipped
         compressor.skipped = events[0]
         with self._flight:
-            before, self._skipped_said = self._skipped_said, self._skipped_said + count
-            total = self._skipped_said
+            before, self._skips = self._skips, self._skips + count
+            total = self._skips
             said_step, self._said_step = self._said_step, self._steps
         if self.nonfinite == "nan":
             buffer.fill_(float("nan"))

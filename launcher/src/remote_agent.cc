@@ -123,6 +123,12 @@ int run_job(const agent::AgentLaunch& launch, const std::string& name,
   }
   config.print_failure_report = launch.print_failure_report;
   config.launcher_fd = STDIN_FILENO;
+  // The launcher's console is where the workers' lines end: as one stream, the launcher reads
+  // them from this agent's stdout in the order they were written; its terminal's size for them.
+  if (launch.console.one_stream) console->workers_on_stdout();
+  if (launch.console.columns > 0) {
+    config.relayed_terminal_size = std::pair{launch.console.columns, launch.console.lines};
+  }
   return agent::run_agent(config);
 }
 

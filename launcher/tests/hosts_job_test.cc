@@ -60,6 +60,7 @@ AgentLaunch sample_launch() {
   launch.launcher_host = "launcher";
   launch.log_line_prefix_template = "[${role_name}${rank}@node-a]:";
   launch.print_failure_report = false;
+  launch.console = {.one_stream = true, .columns = 101, .lines = 37};
   return launch;
 }
 
@@ -87,6 +88,9 @@ TEST(AgentLaunchMessage, ReadsBackWhatWasSentAndNotAByteMore) {
   EXPECT_EQ(got.launcher_host, sent.launcher_host);
   EXPECT_EQ(got.log_line_prefix_template, sent.log_line_prefix_template);
   EXPECT_EQ(got.print_failure_report, sent.print_failure_report);
+  EXPECT_EQ(got.console.one_stream, sent.console.one_stream);
+  EXPECT_EQ(got.console.columns, sent.console.columns);
+  EXPECT_EQ(got.console.lines, sent.console.lines);
   char rest[32] = {};
   const ssize_t n = ::read(pipe.read, rest, sizeof rest);
   EXPECT_EQ(std::string(rest, static_cast<std::size_t>(std::max<ssize_t>(n, 0))), "signal 2\n");
@@ -94,6 +98,7 @@ TEST(AgentLaunchMessage, ReadsBackWhatWasSentAndNotAByteMore) {
 
 TEST(AgentLaunchMessage, WhatIsNotALaunchMessageIsRefusedWithTheReason) {
   const std::string good = encode_agent_launch(sample_launch());
+  const std::string header = "dist-launch-agent " + std::to_string(kAgentLaunchProtocol) + " ";
   const std::string other_protocol =
       "dist-launch-agent " + std::to_string(kAgentLaunchProtocol + 1) + " 2\n{}";
   const struct {
@@ -104,10 +109,10 @@ TEST(AgentLaunchMessage, WhatIsNotALaunchMessageIsRefusedWithTheReason) {
       {"hello world\n", "does not start with a launch message"},
       {std::string(100, 'x'), "does not start with a launch message"},
       {other_protocol, "install the same dist-launch on every host"},
-      {"dist-launch-agent 1 99999999999\n", "bad size"},
-      {"dist-launch-agent 1 " + std::to_string(kMaxAgentLaunchBytes + 1) + "\n", "export fewer"},
+      {header + "99999999999\n", "bad size"},
+      {header + std::to_string(kMaxAgentLaunchBytes + 1) + "\n", "export fewer"},
       {good.substr(0, good.size() - 3), "stdin ended inside the launch message"},
-      {"dist-launch-agent 1 2\n{}", "the launch message is not valid"},
+      {header + "2\n{}", "the launch message is not valid"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.expected);

@@ -11,14 +11,19 @@ files the workers write.
         [SshHosts.test_sigkill_of_the_launcher_leaves_no_process_on_any_host]
 """
 import argparse
+import fcntl
 import os
+import pty
 import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
+import threading
 import time
 import unittest
 import uuid
@@ -83,7 +88,7 @@ class Job:
     """One dist-launch --hosts run; its output in a file, its workers' files in `out`."""
 
     def __init__(self, test, hosts, worker_script, options=(), env=None, ssh=(),
-                 remote_dist_launch=None):
+                 remote_dist_launch=None, terminal=None):
         self.test = test
         self.out = tempfile.mkdtemp(prefix="dist-ssh-job-")
         self.marker = uuid.uuid4().hex
@@ -97,17 +102,50 @@ class Job:
                 "--export", MARKER, "--export", "JOB_OUT", "--export", "OMP_NUM_THREADS",
                 "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), *options,
                 "--no-python", "/bin/sh", "-c", worker_script]
+        self.reader = None
+        if terminal:  # (columns, lines): its stdout and stderr a terminal of that size
+            self.start_on_terminal(argv, environment, terminal)
+            return
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                             env=environment, cwd=self.out)
 
+    def start_on_terminal(self, argv, environment, size):
+        columns, lines = size
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
+        try:
+            self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave,
+                                            stderr=slave, env=environment, cwd=self.out)
+        finally:
+            os.close(slave)
+
+        def copy():  # the terminal's output into the log, until every writer closed it (EIO)
+            with open(self.log_path, "wb") as log:
+                while True:
+                    try:
+                        data = os.read(master, 65536)
+                    except OSError:
+                        data = b""
+                    if not data:
+                        break
+                    log.write(data.replace(b"\r\n", b"\n"))
+                    log.flush()
+            os.close(master)
+
+        self.reader = threading.Thread(target=copy, daemon=True)
+        self.reader.start()
+
     def wait(self, timeout_s=JOB_TIMEOUT_S):
         try:
-            return self.process.wait(timeout=timeout_s)
+            code = self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
             self.test.fail(f"dist-launch did not end within {timeout_s} s:\n{self.output()}")
+        if self.reader:
+            self.reader.join(timeout=GONE_TIMEOUT_S)
+        return code
 
     def output(self):
         with open(self.log_path) as f:
@@ -384,6 +422,28 @@ class SshHosts(HostsTestCase):
         job.process.send_signal(signal.SIGINT)
         self.assertEqual(job.wait(), 128 + signal.SIGINT, job.output())
         self.assertIn("[dist-launch@localhost] warning: stopped by SIGINT", job.output())
+        self.assert_nothing_left(job, self.hosts)
+
+
+    def test_every_hosts_workers_keep_their_lines_order_and_get_the_terminals_size(self):
+        # The launcher on a terminal (stdout and stderr one file): each worker's stdout and stderr
+        # lines, alternating, reach it in the order written, from this host's agent and over ssh
+        # (the remote agent writes its workers' both streams to its stdout); every worker gets the
+        # launcher's terminal size, less its line prefix, as COLUMNS and LINES.
+        a = self.hosts.addresses[0]
+        job = Job(self, f"localhost:1,{a}:1",
+                  'i=0; while [ $i -lt 300 ]; do echo "out $RANK $i"; echo "err $RANK $i" >&2; '
+                  'i=$((i+1)); done; echo "size $RANK $COLUMNS $LINES"', ssh=self.ssh,
+                  terminal=(131, 41))
+        self.assertEqual(job.wait(), 0, job.output())
+        output = job.output()
+        for rank, host in enumerate(["localhost", a]):
+            prefix = f"[default{rank}@{host}]:"
+            mine = [line[len(prefix):] for line in output.splitlines() if line.startswith(prefix)]
+            written = [f"{stream} {rank} {i}" for i in range(300) for stream in ("out", "err")]
+            self.assertEqual([line for line in mine if not line.startswith("size")], written,
+                             output[-3000:])
+            self.assertIn(f"size {rank} {131 - len(prefix)} 41", mine, output[-3000:])
         self.assert_nothing_left(job, self.hosts)
 
 

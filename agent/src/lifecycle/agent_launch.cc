@@ -66,7 +66,11 @@ std::string encode_agent_launch(const AgentLaunch& launch) {
                             {"token", launch.token},
                             {"launcher_host", launch.launcher_host},
                             {"log_line_prefix_template", launch.log_line_prefix_template},
-                            {"print_failure_report", launch.print_failure_report}};
+                            {"print_failure_report", launch.print_failure_report},
+                            {"console",
+                             {{"one_stream", launch.console.one_stream},
+                              {"columns", launch.console.columns},
+                              {"lines", launch.console.lines}}}};
   const std::string body = j.dump();
   return std::string(kHeaderWord) + " " + std::to_string(kAgentLaunchProtocol) + " " +
          std::to_string(body.size()) + "\n" + body;
@@ -130,6 +134,10 @@ AgentLaunch read_agent_launch(int fd, std::chrono::milliseconds timeout) {
     launch.launcher_host = j.at("launcher_host").get<std::string>();
     launch.log_line_prefix_template = j.at("log_line_prefix_template").get<std::string>();
     launch.print_failure_report = j.at("print_failure_report").get<bool>();
+    const auto& console = j.at("console");
+    launch.console.one_stream = console.at("one_stream").get<bool>();
+    launch.console.columns = console.at("columns").get<int>();
+    launch.console.lines = console.at("lines").get<int>();
     return launch;
   } catch (const nlohmann::json::exception& e) {
     throw AgentLaunchError(std::string("the launch message is not valid: ") + e.what());

@@ -246,6 +246,7 @@ struct Console::Impl {
   // Console::write() and say(); mutex held.
   bool write(ConsoleStream which, std::string_view record, const void* writer,
              std::string_view resume_prefix, bool own) {
+    if (!own) which = workers_stream(which);
     Stream& s = stream(which);
     if (s.mode == Mode::kNone) return false;
     if (record.empty()) return true;
@@ -323,6 +324,10 @@ struct Console::Impl {
     }
   }
 
+  ConsoleStream workers_stream(ConsoleStream s) const {
+    return workers_to_stdout ? ConsoleStream::kStdout : s;
+  }
+
   OpenLine& line_of(ConsoleStream s) {
     return shared || s == ConsoleStream::kStdout ? out_line : err_line;
   }
@@ -331,7 +336,8 @@ struct Console::Impl {
   std::mutex mutex;
   bool hurried = false;  // hurry(): drain() waits no longer than kConsoleExitFlushTimeout
   OpenLine out_line, err_line;
-  bool shared = false;  // stdout and stderr are the same file: `err` is not used
+  bool shared = false;             // stdout and stderr are the same file: `err` is not used
+  bool workers_to_stdout = false;  // workers_on_stdout()
   std::condition_variable drained;
   Stream out, err;
   int wake_fd = -1;
@@ -386,7 +392,7 @@ bool Console::say(ConsoleStream which, std::string_view record) {
 
 void Console::count_dropped(ConsoleStream which, std::size_t bytes) {
   std::lock_guard lock(impl_->mutex);
-  Stream& s = impl_->stream(which);
+  Stream& s = impl_->stream(impl_->workers_stream(which));
   if (s.mode != Mode::kNone) impl_->count(s, bytes);
 }
 
@@ -428,8 +434,14 @@ void Console::hurry() {
   impl_->drained.notify_all();  // a drain() under way gives up now
 }
 
+void Console::workers_on_stdout() {
+  std::lock_guard lock(impl_->mutex);
+  impl_->workers_to_stdout = true;
+}
+
 bool Console::one_stream() const {
-  return impl_->shared;
+  std::lock_guard lock(impl_->mutex);
+  return impl_->shared || impl_->workers_to_stdout;
 }
 
 bool Console::is_terminal(ConsoleStream which) const {

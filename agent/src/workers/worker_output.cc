@@ -74,17 +74,24 @@ bool WorkerOutput::prefixed(int local_rank, ConsoleStream stream) const {
 }
 
 std::optional<std::pair<int, int>> WorkerOutput::terminal_size(const Worker& worker) const {
-  if (!console_ || !console_->is_terminal(ConsoleStream::kStdout) ||
-      !config_.shows_on_console(worker.local_rank)) {
-    return std::nullopt;
+  if (!console_ || !config_.shows_on_console(worker.local_rank)) return std::nullopt;
+  std::pair<int, int> size;
+  if (config_.relayed_terminal_size) {
+    size = *config_.relayed_terminal_size;
+  } else {
+    winsize own{};
+    if (!console_->is_terminal(ConsoleStream::kStdout) ||
+        ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &own) != 0) {
+      return std::nullopt;
+    }
+    size = {own.ws_col, own.ws_row};
   }
-  winsize size{};
-  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) != 0 || size.ws_col == 0) return std::nullopt;
+  if (size.first <= 0) return std::nullopt;
   constexpr int kNarrowest = 20;
   const int prefix = prefixed(worker.local_rank, ConsoleStream::kStdout)
                          ? static_cast<int>(prefix_of(worker).size())
                          : 0;
-  return std::pair{std::max(size.ws_col - prefix, kNarrowest), static_cast<int>(size.ws_row)};
+  return std::pair{std::max(size.first - prefix, kNarrowest), size.second};
 }
 
 void WorkerOutput::attach(const Worker& worker, const SpawnedProcess& p, const fs::path& dir,

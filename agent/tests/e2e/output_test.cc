@@ -430,6 +430,29 @@ TEST_F(ConsoleTest, AClosedPipeIsSaidOnceOnTheOtherStreamAndNothingDiesOfSigpipe
   EXPECT_NE(said.find("still here\n"), std::string::npos) << said;
 }
 
+TEST_F(ConsoleTest, WorkersOnStdoutTakesTheWorkersStderrThereAndLeavesTheAgentsOwnOnStderr) {
+  Pipe out, err;
+  {
+    Console console(out.write_end(), err.write_end());
+    EXPECT_FALSE(console.one_stream());
+    console.workers_on_stdout();  // a host's agent under --hosts, on a one-stream console
+    EXPECT_TRUE(console.one_stream());
+    for (int k = 0; k < 3; ++k) {
+      console.write(ConsoleStream::kStdout, "out " + std::to_string(k) + "\n");
+      console.write(ConsoleStream::kStderr, "err " + std::to_string(k) + "\n");
+    }
+    console.say(ConsoleStream::kStderr, "[dist-launch] the agent's own\n");
+    console.say(ConsoleStream::kStdout, "[dist-launch] on stdout when it says so\n");
+    ASSERT_TRUE(console.flush_for(5s));
+  }  // (its own descriptors closed)
+  out.close_write();
+  err.close_write();
+  EXPECT_EQ(read_to_eof(out.read_end()),
+            "out 0\nerr 0\nout 1\nerr 1\nout 2\nerr 2\n"
+            "[dist-launch] on stdout when it says so\n");
+  EXPECT_EQ(read_to_eof(err.read_end()), "[dist-launch] the agent's own\n");
+}
+
 TEST_F(ConsoleTest, ARegularFileKeepsItsOwnOpenFileDescription) {
   {  // O_APPEND stays: another writer's bytes are never overwritten
     const int fd =

@@ -91,11 +91,14 @@ class HostAgent::Output {
  public:
   using OnRecords = std::function<void(std::string_view record, bool starts, std::string& batch)>;
 
+  // `agents_own`: what is read is the agent's own records (its log, its failure report), said as
+  // the launcher's own are (Console::say); otherwise the workers' lines.
   Output(asio::io_context& io, int fd, ConsoleStream stream, std::shared_ptr<Console> console,
-         OnRecords on_record)
+         bool agents_own, OnRecords on_record)
       : pipe_(io, fd),
         stream_(stream),
         console_(std::move(console)),
+        agents_own_(agents_own),
         on_record_(std::move(on_record)) {
     pipe_.non_blocking(true);
   }
@@ -141,7 +144,15 @@ class HostAgent::Output {
     std::string batch;
     cutter_.feed(data,
                  [&](std::string_view record, bool starts) { on_record_(record, starts, batch); });
-    if (!batch.empty()) console_->write(stream_, batch);
+    if (!batch.empty()) show(batch);
+  }
+
+  void show(const std::string& batch) {
+    if (agents_own_) {
+      console_->say(stream_, batch);
+    } else {
+      console_->write(stream_, batch);
+    }
   }
 
   void close() {
@@ -150,7 +161,7 @@ class HostAgent::Output {
     std::string batch;
     cutter_.finish(
         [&](std::string_view record, bool starts) { on_record_(record, starts, batch); });
-    if (!batch.empty()) console_->write(stream_, batch);
+    if (!batch.empty()) show(batch);
     boost::system::error_code ignored;
     pipe_.close(ignored);
   }
@@ -158,6 +169,7 @@ class HostAgent::Output {
   asio::posix::stream_descriptor pipe_;
   ConsoleStream stream_;
   std::shared_ptr<Console> console_;
+  bool agents_own_;
   OnRecords on_record_;
   RecordCutter cutter_;
   bool closed_ = false;
@@ -203,15 +215,18 @@ void HostAgent::start(const std::vector<std::string>& argv, std::string launch_m
                              std::strerror(error));
   }
   stdin_.emplace(io_, in.write);
+  // On a console of one stream the agent writes its workers' lines, both streams, to its stdout
+  // (the launch says so: AgentLaunch::console), and its stderr is its own records alone.
+  const bool stderr_is_agents_own = console_->one_stream();
   stdout_ = std::make_unique<Output>(
-      io_, out.read, ConsoleStream::kStdout, console_,
+      io_, out.read, ConsoleStream::kStdout, console_, false,
       [](std::string_view record, bool, std::string& batch) { batch.append(record); });
-  stderr_ =
-      std::make_unique<Output>(io_, err.read, ConsoleStream::kStderr, console_,
-                               [this](std::string_view record, bool starts, std::string& batch) {
-                                 if (starts) return on_stderr_record(record, batch);
-                                 if (ready_) batch.append(record);
-                               });
+  stderr_ = std::make_unique<Output>(
+      io_, err.read, ConsoleStream::kStderr, console_, stderr_is_agents_own,
+      [this](std::string_view record, bool starts, std::string& batch) {
+        if (starts) return on_stderr_record(record, batch);
+        if (ready_) batch.append(record);
+      });
   stdout_->start();
   stderr_->start();
   to_write_.push_back(std::move(launch_message));

@@ -14,6 +14,7 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,6 +40,7 @@
 #include "store/store.h"
 
 namespace dist::launcher {
+using agent::AgentLaunch;
 using agent::Console;
 using agent::encode_agent_launch;
 using agent::is_forward_only;
@@ -103,6 +105,19 @@ class HostsJob {
     return s;
   }
 
+  // What every host's agent is told of the console its workers' lines end on: this one.
+  agent::AgentLaunch::Console console_view() const {
+    agent::AgentLaunch::Console view;
+    view.one_stream = console_->one_stream();
+    winsize size{};
+    if (console_->is_terminal(agent::ConsoleStream::kStdout) &&
+        ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0) {
+      view.columns = size.ws_col;
+      view.lines = size.ws_row;
+    }
+    return view;
+  }
+
   // The store (several hosts), then every host's agent at once: ssh connections are slow (key
   // exchange), and made one after another they would add up.
   bool start() {
@@ -139,11 +154,10 @@ class HostsJob {
                 : ssh_command_line(config_.ssh, name, remote, config_.keep_alive_interval_seconds,
                                    config_.keep_alive_max_attempt);
       auto& agent = agents_.emplace_back(std::make_unique<HostAgent>(io_, console_, name, !local));
+      AgentLaunch launch = plan_agent_launch(job, rank, store_port, launcher_host, local);
+      launch.console = console_view();
       try {
-        agent->start(
-            argv,
-            encode_agent_launch(plan_agent_launch(job, rank, store_port, launcher_host, local)),
-            [this, a = agent.get()] { on_end(*a); });
+        agent->start(argv, encode_agent_launch(launch), [this, a = agent.get()] { on_end(*a); });
       } catch (const std::exception& e) {
         spdlog::error("{}", e.what());
         launch_error_ = true;

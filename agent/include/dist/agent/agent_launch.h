@@ -29,7 +29,7 @@ namespace dist::agent {
 
 // Bumped when the message changes: a launcher and an agent of different protocols refuse each
 // other with a message that says to install the same dist-launch everywhere.
-inline constexpr int kAgentLaunchProtocol = 1;
+inline constexpr int kAgentLaunchProtocol = 2;
 // The subcommand the launcher runs on each host.
 inline constexpr char kRemoteAgentCommand[] = "remote-agent";
 inline constexpr char kAgentReadyLine[] = "dist-launch-agent ready";
@@ -57,6 +57,14 @@ struct AgentLaunch {
   std::string launcher_host;
   std::string log_line_prefix_template;  // unless the command line gives one
   bool print_failure_report = true;
+  // The launcher's console, which every host's worker lines end on (the agent's own stdout and
+  // stderr are two pipes to the launcher): whether its stdout and stderr are one file (a
+  // terminal, `2>&1`), and the size of the terminal it is (0: none).
+  struct Console {
+    bool one_stream = false;
+    int columns = 0;
+    int lines = 0;
+  } console;
 };
 
 // A launch message or control line that cannot be read; what() says why and what to do.

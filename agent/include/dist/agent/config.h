@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/contract/worker_contract.h"
@@ -198,6 +199,10 @@ struct OutputConfig {
   // The failure report on the console. dist-launch --hosts shows one agent's (node rank 0's): every
   // node's console is the same one there.
   bool print_failure_report = true;
+  // The terminal the workers' lines end on, (columns, lines), where it is not this agent's stdout:
+  // dist-launch --hosts gives each host's agent the launcher's. None: this agent's stdout, when
+  // that is a terminal.
+  std::optional<std::pair<int, int>> relayed_terminal_size;
 
   StreamSelection redirects_for(int local_rank) const {
     auto it = redirects_by_rank.find(local_rank);

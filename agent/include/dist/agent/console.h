@@ -91,9 +91,15 @@ class Console {
   // The process was told to stop (a signal): drain() does not wait for a slow reader.
   void hurry();
 
+  // The workers' records of both streams go to stdout from now on, the agent's own (say()) stay
+  // on stderr: the console they end on is one stream, read from this process's two (dist-launch
+  // --hosts reads a host's agent's stdout and stderr apart and shows them on one console: the
+  // workers' lines keep their order, and its stderr carries only the agent's records).
+  void workers_on_stdout();
+
   bool is_terminal(ConsoleStream stream) const;
-  // stdout and stderr are one file (a terminal, `2>&1`): one stream, whose records keep their
-  // order.
+  // stdout and stderr are one file (a terminal, `2>&1`), or the workers' records all go to stdout
+  // (workers_on_stdout()): one stream, whose records keep their order.
   bool one_stream() const;
   ConsoleStats stats(ConsoleStream stream) const;
 

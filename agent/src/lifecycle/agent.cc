@@ -46,7 +46,7 @@ namespace dist::agent {
 namespace {
 
 std::vector<int> watched_signals(const LaunchConfig& config) {
-  std::vector<int> s = config.signals_to_handle;
+  std::vector<int> s = take_handled_signals(config.signals_to_handle);
   s.push_back(SIGCHLD);
   return s;
 }
@@ -56,6 +56,7 @@ struct Stopping {
   int signal = 0;  // the stop signal received (kSignal)
   bool group_stopped = false;
   bool signal_received = false;      // a stop signal came: a second one kills at once
+  StopSignal first;                  // (that one: the same passed on is no second one)
   bool signal_already_sent = false;  // the stop signal reached the workers from Slurm
   int launcher_signal = 0;  // the launcher's stop, read from the store before its signal came
 };
@@ -404,11 +405,19 @@ class Agent {
     }
     // Slurm signals every process of the step itself: the workers have this one already.
     const bool workers_have_it = sent_by_slurm_step(code, sender);
+    const StopSignal received{signal, sender, code, std::chrono::steady_clock::now()};
     if (now_.state == State::kStopping && stopping_.signal_received) {
+      if (is_passed_on(stopping_.first, received)) {
+        spdlog::info(
+            "{} again from {}: the same stop passed on, not a second one", signal_name(signal),
+            sender > 0 ? "process " + std::to_string(sender) : std::string("the terminal"));
+        return;
+      }
       spdlog::warn("{} again: killing the workers now", signal_name(signal));
       return group_->stop(SIGKILL);
     }
     stopping_.signal_received = true;
+    stopping_.first = received;
     console_->hurry();  // told to stop: a slow reader of the console is not waited for at exit
     const State before = now_.state;
     stopping_.signal = signal;

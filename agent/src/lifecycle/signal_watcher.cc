@@ -45,7 +45,8 @@ void SignalWatcher::read() {
       signalfd_siginfo info;
       std::memcpy(&info, buffer_.data() + at, sizeof info);
       if (handler_) {
-        handler_({static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid)});
+        handler_(
+            {static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid), info.ssi_code});
       }
     }
     if (handler_) read();

@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <string.h>
 
+#include <spdlog/spdlog.h>
+
 #include <cctype>
 #include <fstream>
 
@@ -57,6 +59,31 @@ bool sent_by_slurm_step(int si_code, pid_t sender) {
 
 bool sent_by_slurm_step(const siginfo_t& info) {
   return sent_by_slurm_step(info.si_code, info.si_pid);
+}
+
+std::vector<int> take_handled_signals(const std::vector<int>& handled) {
+  std::vector<int> taken;
+  for (const int s : handled) {
+    struct sigaction current {};
+    if (::sigaction(s, nullptr, &current) != 0 || current.sa_handler != SIG_IGN) {
+      taken.push_back(s);
+      continue;
+    }
+    if (s == SIGHUP) {
+      spdlog::info("SIGHUP is ignored (nohup): the job goes on when its terminal hangs up");
+      continue;
+    }
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    ::sigaction(s, &default_action, nullptr);
+    taken.push_back(s);
+  }
+  return taken;
+}
+
+bool is_passed_on(const StopSignal& first, const StopSignal& again) {
+  return again.signal == first.signal && again.at - first.at < kPassedOnStopWindow &&
+         (again.sender != first.sender || again.code != first.code);
 }
 
 }  // namespace dist::agent

@@ -335,6 +335,78 @@ TEST_F(LaunchTest, AWorkerIgnoringSigtermIsKilledAfterTheShutdownTimeout) {
   EXPECT_NE(launch.output().find("sending SIGKILL"), std::string::npos) << launch.output();
 }
 
+// One Ctrl-C under a wrapper (`timeout`, a script's trap) reaches the agent twice: from the
+// terminal and passed on. The second, moments later from another sender, is the same stop: the
+// workers' graceful shutdown goes on. A second stop from the same sender kills them at once.
+TEST_F(LaunchTest, AStopSignalPassedOnByAWrapperIsOneStopAndASecondRequestKills) {
+  for (const bool passed_on : {true, false}) {
+    SCOPED_TRACE(passed_on ? "passed on by another process" : "sent twice by this one");
+    const std::string dir = path(passed_on ? "passed_on" : "twice");
+    fs::create_directories(dir);
+    Launch launch({"--nproc-per-node", "2", "--shutdown-timeout", "30", "--no-python", kWorker,
+                   "trap", std::to_string(SIGINT), dir + "/got_${local_rank}", "1500", "pidfile",
+                   dir + "/pid_${local_rank}", "forever"});
+    ASSERT_TRUE(wait_for_file(dir + "/pid_0"));
+    ASSERT_TRUE(wait_for_file(dir + "/pid_1"));
+    const auto start = Clock::now();
+    ::kill(launch.pid(), SIGINT);
+    if (passed_on) {  // (the shell's own kill: another sender)
+      ASSERT_EQ(std::system(("kill -INT " + std::to_string(launch.pid())).c_str()), 0);
+    } else {
+      const auto said = Clock::now() + 10s;  // the first one taken before the second is sent
+      while (launch.output().find("SIGINT received") == std::string::npos && Clock::now() < said) {
+        std::this_thread::sleep_for(10ms);
+      }
+      ::kill(launch.pid(), SIGINT);
+    }
+    EXPECT_EQ(launch.wait(), 128 + SIGINT) << launch.output();
+    const std::string output = launch.output();
+    if (passed_on) {
+      EXPECT_GE(Clock::now() - start, 1500ms) << "the workers' own shutdown must be waited for";
+      EXPECT_NE(output.find("the same stop passed on, not a second one"), std::string::npos)
+          << output;
+      EXPECT_EQ(output.find("killing the workers now"), std::string::npos) << output;
+    } else {
+      EXPECT_NE(output.find("SIGINT again: killing the workers now"), std::string::npos) << output;
+    }
+  }
+}
+
+// Started ignoring SIGINT and SIGQUIT (a shell script's background job) and SIGHUP (nohup): the
+// agent acts on SIGINT as torchrun does, and its workers get it at its default action, so that it
+// stops them; SIGHUP stays ignored by the agent and the workers: the job goes on.
+TEST_F(LaunchTest, AnIgnoredSigintStillStopsTheJobAndAnIgnoredSighupIsLeftAlone) {
+  const std::string status = path("status");
+  Child launch("/bin/sh",
+               {"-c", "trap '' INT QUIT HUP; exec \"$0\" \"$@\"", DIST_LAUNCH_BIN,
+                "--nproc-per-node", "2", "--no-python", "/bin/sh", "-c",
+                "cat /proc/self/status > " + status + "_$RANK.part && mv " + status +
+                    "_$RANK.part " + status + "_$RANK && exec sleep 1000"},
+               path("launch.log"), {}, {"OMP_NUM_THREADS"});
+  ASSERT_TRUE(wait_for_file(status + "_0"));
+  ASSERT_TRUE(wait_for_file(status + "_1"));
+  for (const char* rank : {"0", "1"}) {
+    std::ifstream in(status + "_" + rank);
+    std::string line;
+    unsigned long long ignored = 0;
+    while (std::getline(in, line)) {
+      if (line.starts_with("SigIgn:")) ignored = std::stoull(line.substr(7), nullptr, 16);
+    }
+    const auto bit = [](int signal) { return 1ULL << (signal - 1); };
+    EXPECT_EQ(ignored & (bit(SIGINT) | bit(SIGQUIT)), 0u) << "rank " << rank << std::hex << ignored;
+    EXPECT_NE(ignored & bit(SIGHUP), 0u) << "rank " << rank << ": SigIgn " << std::hex << ignored;
+  }
+  ::kill(launch.pid(), SIGHUP);  // (discarded: ignored and not blocked)
+  const auto start = Clock::now();
+  ::kill(launch.pid(), SIGINT);
+  EXPECT_EQ(launch.wait(60s), 128 + SIGINT) << launch.output();
+  EXPECT_LT(Clock::now() - start, 20s) << "the workers must stop on SIGINT, not be killed later";
+  const std::string output = launch.output();
+  EXPECT_NE(output.find("SIGHUP is ignored (nohup)"), std::string::npos) << output;
+  EXPECT_EQ(output.find("SIGHUP received"), std::string::npos) << output;
+  EXPECT_EQ(output.find("sending SIGKILL"), std::string::npos) << output;
+}
+
 TEST_F(LaunchTest, Sigusr1IsForwardedWithoutStoppingTheJob) {
   Launch launch({"--nproc-per-node", "2", "--signals-to-handle", "SIGTERM,SIGUSR1", "--no-python",
                  kWorker, "note", std::to_string(SIGUSR1), path("usr1_${local_rank}"), "pidfile",

@@ -90,7 +90,7 @@ class HostsJob {
   HostsJob& operator=(const HostsJob&) = delete;
 
   int run() {
-    signals_.start([this](SignalWatcher::Received r) { on_signal(r.signal); });
+    signals_.start([this](SignalWatcher::Received r) { on_signal(r); });
     if (start()) io_.run();
     shut_down();
     if (stop_signal_ != 0) return 128 + stop_signal_;
@@ -100,7 +100,7 @@ class HostsJob {
 
  private:
   static std::vector<int> watched_signals(const HostsJobConfig& config) {
-    std::vector<int> s = config.signals_to_handle;
+    std::vector<int> s = agent::take_handled_signals(config.signals_to_handle);
     s.push_back(SIGCHLD);
     return s;
   }
@@ -169,19 +169,26 @@ class HostsJob {
     return !all_ended();
   }
 
-  void on_signal(int signal) {
+  void on_signal(const SignalWatcher::Received& r) {
+    const int signal = r.signal;
     if (signal == SIGCHLD) return reap();
     if (is_forward_only(signal)) {
       spdlog::info("forwarding {} to every host", signal_name(signal));
       for (auto& agent : agents_) agent->forward(signal);
       return;
     }
+    const agent::StopSignal received{signal, r.sender, r.code, std::chrono::steady_clock::now()};
     if (stop_signal_ != 0) {
+      if (agent::is_passed_on(first_stop_, received)) {
+        spdlog::info("{} again: the same stop passed on, not a second one", signal_name(signal));
+        return;
+      }
       spdlog::warn("{} again: every host's agent kills its workers now", signal_name(signal));
       for (auto& agent : agents_) agent->forward(signal);
       return;
     }
     stop_signal_ = signal;
+    first_stop_ = received;
     console_->hurry();  // told to stop: a slow reader of the console is not waited for at exit
     spdlog::warn("{} received: stopping every host's agent (grace period {} ms)",
                  signal_name(signal), config_.shutdown_timeout.count());
@@ -341,7 +348,8 @@ class HostsJob {
   bool shut_down_ = false;
   bool killed_ = false;  // agents' processes killed at the stop's deadline
   int stop_signal_ = 0;
-  int job_exit_code_ = 0;  // the first agent's that ended with a failure
+  agent::StopSignal first_stop_;  // (the same passed on is no second one)
+  int job_exit_code_ = 0;         // the first agent's that ended with a failure
 };
 
 int run_hosts_job(const HostsJobConfig& config) {

@@ -8,7 +8,9 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
+#include <vector>
 
 namespace dist::agent {
 
@@ -29,5 +31,29 @@ std::string process_command_name(pid_t pid);
 bool sent_by_slurm_step(int si_code, pid_t sender);
 // The same, from a SA_SIGINFO handler's or sigwaitinfo's siginfo_t.
 bool sent_by_slurm_step(const siginfo_t& info);
+
+// The signals a launcher or agent acts on, of `handled` (--signals-to-handle): all of them but
+// SIGHUP when this process was started ignoring it (nohup: the job is to go on when its terminal
+// hangs up; the workers inherit the ignore). Another handled signal started ignored (SIGINT and
+// SIGQUIT of a shell script's background job) is acted on, as torchrun does, and set back to its
+// default action here (it is blocked and read from a signalfd): the workers it is forwarded to
+// must not inherit the ignore. Said once when SIGHUP is left alone.
+std::vector<int> take_handled_signals(const std::vector<int>& handled);
+
+// One stop signal, as a signalfd reads it.
+struct StopSignal {
+  int signal = 0;
+  pid_t sender = 0;  // 0: the kernel (a terminal's Ctrl-C)
+  int code = 0;      // si_code
+  std::chrono::steady_clock::time_point at;
+};
+// Within this of the first stop, the same signal from another sender is the first one passed on.
+inline constexpr std::chrono::milliseconds kPassedOnStopWindow{1000};
+// Whether `again`, a stop signal after `first`, is `first` passed on rather than a second request
+// (which kills the workers at once): the same signal, moments later, from another sender. A
+// terminal sends Ctrl-C to its whole foreground process group, and a wrapper in it passes its
+// own on (`timeout`, a script's trap, a Python parent): one Ctrl-C, two signals. A second Ctrl-C
+// comes from the terminal again, a second `kill` from the same shell.
+bool is_passed_on(const StopSignal& first, const StopSignal& again);
 
 }  // namespace dist::agent

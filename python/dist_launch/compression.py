@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
 import inspect
 import os
 import sys
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 LIBRARY = "libdist_compression.so"
@@ -621,8 +623,17 @@ class CompressionState:
             lane.close()
 
     def __del__(self):
+        # Garbage: no exchange is under way or queued (a queued one holds the state through its
+        # lane), so nothing is waited for. The collector runs this at any moment, inside another
+        # state's exchange too: it must not wait for a lane nor submit to one (a thread pool's
+        # submit holds a lock every pool shares, and a collected pool's thread has gone).
         try:
-            self.close()
+            if self._closed:
+                return
+            self._closed = True
+            self._retire()
+            for lane in self._lanes:
+                lane.release()
         except Exception:  # noqa: BLE001 (interpreter teardown)
             pass
 
@@ -643,7 +654,10 @@ class _Lane:
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"dist-launch-compression-{index}")
         self.error: Optional[BaseException] = None  # the last torch collective's, for its message
-        self._callback = _COLLECTIVE(self._collective)  # kept alive as long as the state
+        # Kept alive as long as the state. Through a weak reference: the garbage collector cannot
+        # see into a ctypes callback, and a lane it held would keep its state (and the cycle of
+        # its lanes) alive for good. The library calls it only inside run(), while the lane lives.
+        self._callback = _COLLECTIVE(functools.partial(_Lane._collective_of, weakref.ref(self)))
         lib = owner._lib
         self.state = lib.dlc_state_new(owner.rank, owner.world, self._callback, None)
         if not self.state:
@@ -674,13 +688,19 @@ class _Lane:
             return
         result.set_result(buffer)
 
+    @staticmethod
+    def _collective_of(lane, *args) -> int:
+        alive = lane()
+        return alive._collective(*args) if alive is not None else 1
+
     def _collective(self, _ctx, kind, input_ptr, output_ptr, count, dtype) -> int:
         try:
             import torch.distributed as dist
 
             if kind == _ALL_REDUCE_SUM:
-                # (float32 or int32: the whole exchanges' dense averages and counts; the 16-bit
-                # casts, which sum in their own type, split.)
+                # (float32 or int32: the whole exchanges' dense averages and counts, a 16-bit
+                # bucket's in its type; the 16-bit casts, which sum in their own type, split.)
+                # (A bfloat16 model's DDP needs torch 2.x on gloo, whose all-reduce sums it.)
                 dist.all_reduce(_tensor_at(output_ptr, count, dtype), group=self.process_group)
             elif kind == _ALL_GATHER:
                 _gather_bytes(self.process_group, self.owner.world, input_ptr, output_ptr, count,
@@ -695,6 +715,12 @@ class _Lane:
     def close(self) -> None:
         """Ends the thread (after its exchanges) and frees the library's state."""
         self.executor.shutdown(wait=True)
+        self.release()
+
+    def release(self) -> None:
+        """Frees the library's state; the thread ends by itself, waited for by nobody (no
+        exchange is under way: close(), or the state is garbage)."""
+        self.executor.shutdown(wait=False)
         if self.state:
             self.owner._lib.dlc_state_free(self.state)
             self.state = None

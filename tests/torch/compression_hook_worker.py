@@ -19,6 +19,8 @@ import io
 import json
 import math
 import os
+import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -72,6 +74,9 @@ class Run:
         # CASE#unused: a layer that no step uses, DDP with find_unused_parameters (its map's
         # all-reduce then runs while the hook's exchanges do)
         unused = case.endswith("#unused")
+        # CASE%bf16: the model in bfloat16 (its buckets too)
+        self.dtype = torch.bfloat16 if case.endswith("%bf16") else torch.float32
+        case = case.split("%")[0]
         # CASE!scaler: a torch.amp.GradScaler steps the optimizer (the hook's nonfinite default);
         # CASE!nan: the same with hook(..., nonfinite="nan")
         scaled = case.split("!")[1] if "!" in case else None
@@ -81,7 +86,7 @@ class Run:
         hidden = [torch.nn.Linear(128, 128), torch.nn.ReLU()] if small else []
         kind = WithUnused if unused else torch.nn.Sequential
         self.module = kind(torch.nn.Linear(64, 128), torch.nn.ReLU(), *hidden,
-                           torch.nn.Linear(128, 10))
+                           torch.nn.Linear(128, 10)).to(self.dtype)
         first_bucket_bytes = dist._DEFAULT_FIRST_BUCKET_BYTES
         if small:
             dist._DEFAULT_FIRST_BUCKET_BYTES = 16 * 1024
@@ -119,7 +124,7 @@ class Run:
         for step in range(first, first + steps):
             at = (step * LOCAL_BATCH * world + rank * LOCAL_BATCH) % (len(x) - LOCAL_BATCH)
             self.inject = step == inject_at and rank == 1
-            out = self.model(x[at:at + LOCAL_BATCH])
+            out = self.model(x[at:at + LOCAL_BATCH].to(self.dtype))
             loss = torch.nn.functional.cross_entropy(out, y[at:at + LOCAL_BATCH]) * self.loss_scale
             self.opt.zero_grad()
             if self.scaler is None:
@@ -135,12 +140,12 @@ class Run:
 
     def result(self, x, y):
         with torch.no_grad():
-            accuracy = (self.module(x).argmax(dim=1) == y).float().mean().item()
+            accuracy = (self.module(x.to(self.dtype)).argmax(dim=1) == y).float().mean().item()
         digest = hashlib.sha256()
         finite = True
         for name, value in self.module.state_dict().items():
             digest.update(name.encode())
-            digest.update(value.numpy().tobytes())
+            digest.update(value.float().numpy().tobytes())
             finite = finite and bool(torch.isfinite(value).all())
         out = {"accuracy": accuracy if math.isfinite(accuracy) else -1.0, "finite": finite,
                "digest": digest.hexdigest()}
@@ -189,6 +194,41 @@ def peer_dies(x, y):
     os._exit(5)
 
 
+def dropped(x, y):
+    """Hooks dropped without close(), as a sweep of trials does: each left to the garbage
+    collector, which also runs (threshold 1) inside the next trials' exchanges."""
+    import gc
+
+    def trial(spec, steps):
+        small = spec.endswith("@small")
+        module = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                     torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                                     torch.nn.Linear(128, 10))
+        model = DDP(module, bucket_cap_mb=1 / 64 if small else 25)
+        state, hook = compression.hook(spec.split("@")[0])
+        model.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        for step in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[:64]), y[:64]).backward()
+            opt.step()
+        return weakref.ref(state)
+
+    for spec in ["topk:0.05", "powersgd:2@small", "threshold:0.002@small", "fp16"]:
+        state = trial(spec, 2)
+        # (its lanes' threads may still be ending the last exchange: they hold it until then)
+        deadline = time.monotonic() + 30
+        while gc.collect() >= 0 and state() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state() is None, f"{spec}: a dropped hook's state was never collected"
+    gc.set_threshold(1)
+    for number, spec in enumerate(["powersgd:2@small", "topk:0.05@small", "powersgd:2@small"]):
+        trial(spec, 5)
+        print(f"rank {dist.get_rank()}: trial {number} done", flush=True)
+    gc.set_threshold(700)
+    dist.barrier()
+
+
 def subgroups(x, y, steps, out):
     """Four ranks, data parallelism within model parallelism: DDP over ranks 0-1 and another over
     ranks 2-3, a hook over each (every rank makes both groups; each hook only its own ranks)."""
@@ -213,6 +253,7 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--peer-dies", action="store_true", help="peer_dies() instead of the cases")
     ap.add_argument("--subgroups", action="store_true", help="subgroups() instead of the cases")
+    ap.add_argument("--dropped", action="store_true", help="dropped() instead of the cases")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -221,11 +262,16 @@ def main():
         peer_dies(x, y)
     if args.subgroups:
         return subgroups(x, y, args.steps, args.out)
+    if args.dropped:
+        return dropped(x, y)
     results = {}
     for case in ["ddp"] + SPECS:
         run = Run(case)
         run.train(x, y, args.steps)
         results[case] = run.result(x, y)
+    # a bfloat16 model: DDP broadcasts it over gloo from torch 2.x on
+    bf16_models = ["ddp%bf16", "topk:0.4%bf16", "topk:0.05%bf16"] \
+        if int(torch.__version__.split(".")[0]) >= 2 else []
     scaled = []  # a GradScaler on the CPU: torch 2.3 or later
     if "device" in inspect.signature(torch.amp.GradScaler.__init__).parameters \
             if hasattr(torch.amp, "GradScaler") else False:
@@ -235,7 +281,7 @@ def main():
         run.train(x, y, args.steps, inject_at=INJECT_AT)
         results["inf " + case] = run.result(x, y)
     for case in ["fp16@small", "powersgd:2@small", "fp16*1e6", "topk:0.05#unused",
-                 "powersgd:2#unused", "powersgd:2:20@small"]:
+                 "powersgd:2#unused", "powersgd:2:20@small"] + bf16_models:
         run = Run(case)
         run.train(x, y, args.steps)
         results[case] = run.result(x, y)

@@ -359,11 +359,20 @@ TEST(Compression, Fp16ScalesDownUntilAGradientPastItsRangeFitsAndKeepsTheScaleIn
   }
 }
 
-// Three ranks and 80 KB of fp16 per rank: past the all-gather's limit, Gloo's ring all-reduce in
-// float16 (partial sums rounded to half), so the result is within a few half ulps of the mean.
-TEST(Compression, Fp16OnALargeBucketOfThreeRanksUsesTheRingAllReduce) {
+void check_fp16_of_three_ranks(std::size_t n);
+
+// Three ranks, a small bucket (2 KB of fp16 a rank, where two ranks all-gather) and 80 KB: Gloo's
+// ring all-reduce in float16 (partial sums rounded to half), so the result is within a few half
+// ulps of the mean, and half float32's bytes (an all-gather would send (W - 1) n).
+TEST(Compression, Fp16OfThreeRanksUsesTheRingAllReduceAndSendsHalfFloat32sBytes) {
+  for (const std::size_t n : {std::size_t{1000}, std::size_t{40000}}) {
+    SCOPED_TRACE(n);
+    check_fp16_of_three_ranks(n);
+  }
+}
+
+void check_fp16_of_three_ranks(std::size_t kN) {
   constexpr int kRanks = 3;
-  constexpr std::size_t kN = 40000;
   std::mutex mutex;
   std::vector<std::vector<float>> results;
   on_ranks(kRanks, [&](ProcessGroup& g) {

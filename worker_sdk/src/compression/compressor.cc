@@ -51,22 +51,31 @@ class Lossy : public BucketCompressor {
  protected:
   float inverse_world() const { return 1.0f / static_cast<float>(ops_.world()); }
 
-  // The bucket averaged whole, in float32, by the ring all-reduce whose cost dense_is_cheaper()
-  // weighs (not all_sum's all-gather, which costs (W - 1) n): everything is sent, so the residual
-  // empties. acc_ must hold the gradients plus the residual (widen_add).
+  // The bucket averaged whole, in its own type (as DDP without a hook sends it: a 16-bit bucket
+  // in 16 bits), by the ring all-reduce whose cost dense_is_cheaper() weighs (not all_sum's
+  // all-gather, which costs (W - 1) n): everything is sent, so the residual empties. acc_ must
+  // hold the gradients plus the residual (widen_add).
   void exchange_dense(void* flat) {
-    ops_.all_reduce(acc_, n_, DataType::kFloat32, ReduceOp::kSum);
-    ops_.scale(acc_, n_, inverse_world());
     ops_.zero(residual_, n_ * sizeof(float));
-    guard(acc_);
-    ops_.narrow(acc_, flat, layout_.type, n_);
+    if (layout_.type == DataType::kFloat32) {
+      ops_.all_reduce(acc_, n_, DataType::kFloat32, ReduceOp::kSum);
+      ops_.scale(acc_, n_, inverse_world());
+      guard(acc_);
+      ops_.narrow(acc_, flat, layout_.type, n_);
+    } else {
+      ops_.narrow(acc_, flat, layout_.type, n_);
+      ops_.all_reduce(flat, n_, layout_.type, ReduceOp::kSum);
+      average16(flat, layout_.type, inverse_world(), flat);  // (element by element: in place)
+    }
     dense_exchanges_.fetch_add(1, std::memory_order_relaxed);
   }
   // Whether W ranks' sparse messages of `entries` pairs each cost more than a dense all-reduce of
-  // the bucket: an all-gather sends (W - 1) x 2 x entries words a rank, a ring all-reduce
-  // 2 (W - 1) / W x n, so sparse pays only while entries x W < n.
+  // the bucket: an all-gather sends (W - 1) x entries x 8 bytes (a float32 value and an index) a
+  // rank, a ring all-reduce 2 (W - 1) / W x n x the bucket's element size e, so sparse pays only
+  // while entries x W x 4 < n x e (entries x W < n in float32, half that in 16 bits).
   bool dense_is_cheaper(std::size_t entries) const {
-    return entries * static_cast<std::size_t>(ops_.world()) >= n_;
+    return entries * static_cast<std::size_t>(ops_.world()) * sizeof(float) >=
+           n_ * element_size(layout_.type);
   }
 
   // After the exchange wrote the average into `out`: the inf/NaN guard (compressor.h).

@@ -573,7 +573,7 @@ Ops::Sum Ops::plan_sum(void* input, DataType type, std::size_t count) {
   Sum sum{input, nullptr, count, type};
   if (count == 0) return sum;
   const std::size_t bytes = count * element_size(type);
-  if (bytes <= kGatherBytes) {
+  if (bytes <= kGatherBytes && world() <= 2) {
     const std::size_t whole = bytes * static_cast<std::size_t>(world());
     if (whole > gathered_bytes_) {
       gathered_ = allocate(whole);

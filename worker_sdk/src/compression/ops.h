@@ -51,11 +51,13 @@ class Ops {
   void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op);
   void all_gather(const void* input, void* output, std::size_t count, DataType type);
   // out[i] = the sum over ranks of float(input[i]) (input: float32, float16 or bfloat16,
-  // overwritten; out may be input when it is float32). Up to kGatherBytes per rank, an all-gather
-  // and the sum here, in rank order: for two ranks as many bytes as a ring all-reduce, in one
-  // exchange instead of two (latency), and no 16-bit rounding of partial sums. Past it, Gloo's or
-  // NCCL's all-reduce in the input's type, whose ring pipelines large messages (on a 100 Mbit/s
-  // link, 150 KB of fp16 for two ranks: 18 ms a step against 21 ms as an all-gather).
+  // overwritten; out may be input when it is float32). Two ranks and up to kGatherBytes, an
+  // all-gather and the sum here, in rank order: as many bytes as a ring all-reduce, in one
+  // exchange instead of two (latency), and no 16-bit rounding of partial sums. Otherwise Gloo's or
+  // NCCL's all-reduce in the input's type: its ring pipelines large messages (on a 100 Mbit/s
+  // link, 150 KB of fp16 for two ranks: 18 ms a step against 21 ms as an all-gather), and from
+  // three ranks on an all-gather sends more ((W - 1) n against 2 (W - 1) / W n: at four ranks
+  // as much as float32's all-reduce, at eight twice as much).
   void all_sum(void* input, DataType type, std::size_t count, float* out);
   static constexpr std::size_t kGatherBytes = 64 * 1024;
   // all_sum in halves, for a caller that runs the collective itself (torch's, asynchronously:

@@ -502,7 +502,10 @@ void InPlace::start_replacement() {
       survivors.push_back(rank);
     }
   }
-  const std::string kept = survivors.empty() ? "none" : comma_list(survivors);
+  const std::string kept = survivors.empty() ? "no rank keeps running"
+                           : survivors.size() == 1
+                               ? "rank " + comma_list(survivors) + " keeps running"
+                               : "ranks " + comma_list(survivors) + " keep running";
   const std::optional<GenerationUnderWay>& folded = claim_.supersedes;
   const std::string into = folded ? ", folded into the recovery under way (generation " +
                                         std::to_string(folded->generation) +
@@ -522,7 +525,7 @@ void InPlace::start_replacement() {
     }
     spdlog::warn(
         "worker {} (local rank {}) replaced in place by pid {}: generation {} (restart {} of "
-        "{}){}; ranks {} keep running",
+        "{}){}; {}",
         failed.worker.rank, failed.worker.local_rank, r.new_pid, generation, restart,
         p_.config.max_restarts, into, kept);
     if (p_.config.print_failure_report) {

@@ -151,7 +151,8 @@ Task<Round> NodeRendezvous::Impl::join_static(int round, int node_rank) {
     notice("waiting for node rank(s) " + detail::node_list(missing) + " to join round " +
            std::to_string(round) + " (" + std::to_string(num_nodes - missing.size()) + " of " +
            std::to_string(num_nodes) + " in; giving up in " +
-           seconds_text(std::chrono::duration_cast<milliseconds>(deadline - steady_clock::now())) +
+           seconds_text(
+               std::chrono::duration_cast<std::chrono::seconds>(deadline - steady_clock::now())) +
            ")");
   }
   co_return co_await placed(round, node_rank);

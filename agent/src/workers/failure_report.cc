@@ -143,7 +143,8 @@ std::string rank_list(const std::vector<int>& ranks) {
 std::string describe_replacement(const InPlaceReplacement& r, std::size_t index) {
   return describe(r.failure, index) + "  recovery  : replaced in place by pid " +
          std::to_string(r.new_pid) + " (generation " + std::to_string(r.generation) +
-         "); survivors kept running: ranks " + rank_list(r.survivors) + "\n";
+         "); survivors kept running: rank" + (r.survivors.size() == 1 ? " " : "s ") +
+         rank_list(r.survivors) + "\n";
 }
 
 }  // namespace

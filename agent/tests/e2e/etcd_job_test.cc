@@ -308,7 +308,7 @@ TEST_F(EtcdJob, InPlaceReplacesTheFailedWorkerAloneAndTheOtherNodeRunsOn) {
   EXPECT_EQ(survivor.digest, clean.digest) << both;
   EXPECT_EQ(replaced.digest, clean.digest) << both;
   EXPECT_NE(both.find("replaced in place by pid " + std::to_string(replaced.pid) +
-                      ": generation 1 (restart 1 of 1); ranks 0 keep running"),
+                      ": generation 1 (restart 1 of 1); rank 0 keeps running"),
             std::string::npos)
       << both;
   EXPECT_EQ(both.find("restarting"), std::string::npos) << both;

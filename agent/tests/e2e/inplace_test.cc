@@ -748,7 +748,7 @@ TEST_F(InPlace, TwoWorkersReapedInOneBatchAreReplacedTogetherInOneGeneration) {
               std::string::npos)
         << out;
   }
-  EXPECT_NE(out.find("generation 1 (restart 2 of 2) with ranks 1,2; ranks 0 keep running"),
+  EXPECT_NE(out.find("generation 1 (restart 2 of 2) with ranks 1,2; rank 0 keeps running"),
             std::string::npos)
       << out;
   EXPECT_TRUE(events("job", "restart").empty()) << out;
@@ -1030,7 +1030,7 @@ TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsI
   EXPECT_EQ(replaced->digest, clean) << out[1];
   EXPECT_FALSE(any_signal_file("job")) << out[0] << out[1];
   EXPECT_NE(out[1].find("replaced in place by pid " + std::to_string(replaced->pid) +
-                        ": generation 1 (restart 1 of 1); ranks 0 keep running"),
+                        ": generation 1 (restart 1 of 1); rank 0 keeps running"),
             std::string::npos)
       << out[1];
   EXPECT_EQ(out[0].find("stopping the workers"), std::string::npos) << out[0];
@@ -1468,7 +1468,7 @@ TEST_F(InPlaceElasticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGets
   EXPECT_FALSE(any_signal_file("job")) << out[0] << out[1];
   const std::string both = out[0] + out[1];
   EXPECT_NE(both.find("replaced in place by pid " + std::to_string(replaced->pid) +
-                      ": generation 1 (restart 1 of 1); ranks 0 keep running"),
+                      ": generation 1 (restart 1 of 1); rank 0 keeps running"),
             std::string::npos)
       << both;
   EXPECT_EQ(both.find("stopping the workers"), std::string::npos) << both;

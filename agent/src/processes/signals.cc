@@ -70,7 +70,7 @@ std::vector<int> take_handled_signals(const std::vector<int>& handled) {
       continue;
     }
     if (s == SIGHUP) {
-      spdlog::info("SIGHUP is ignored (nohup): the job goes on when its terminal hangs up");
+      spdlog::debug("SIGHUP is ignored (nohup): the job goes on when its terminal hangs up");
       continue;
     }
     struct sigaction default_action {};

@@ -396,13 +396,12 @@ TEST_F(LaunchTest, AnIgnoredSigintStillStopsTheJobAndAnIgnoredSighupIsLeftAlone)
     EXPECT_EQ(ignored & (bit(SIGINT) | bit(SIGQUIT)), 0u) << "rank " << rank << std::hex << ignored;
     EXPECT_NE(ignored & bit(SIGHUP), 0u) << "rank " << rank << ": SigIgn " << std::hex << ignored;
   }
-  ::kill(launch.pid(), SIGHUP);  // (discarded: ignored and not blocked)
+  ::kill(launch.pid(), SIGHUP);  // (discarded: ignored and not blocked; else the exit were 129)
   const auto start = Clock::now();
   ::kill(launch.pid(), SIGINT);
   EXPECT_EQ(launch.wait(60s), 128 + SIGINT) << launch.output();
   EXPECT_LT(Clock::now() - start, 20s) << "the workers must stop on SIGINT, not be killed later";
   const std::string output = launch.output();
-  EXPECT_NE(output.find("SIGHUP is ignored (nohup)"), std::string::npos) << output;
   EXPECT_EQ(output.find("SIGHUP received"), std::string::npos) << output;
   EXPECT_EQ(output.find("sending SIGKILL"), std::string::npos) << output;
 }

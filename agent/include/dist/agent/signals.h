@@ -37,7 +37,7 @@ bool sent_by_slurm_step(const siginfo_t& info);
 // hangs up; the workers inherit the ignore). Another handled signal started ignored (SIGINT and
 // SIGQUIT of a shell script's background job) is acted on, as torchrun does, and set back to its
 // default action here (it is blocked and read from a signalfd): the workers it is forwarded to
-// must not inherit the ignore. Said once when SIGHUP is left alone.
+// must not inherit the ignore. Said (debug) when SIGHUP is left alone.
 std::vector<int> take_handled_signals(const std::vector<int>& handled);
 
 // One stop signal, as a signalfd reads it.

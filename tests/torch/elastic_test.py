@@ -253,7 +253,7 @@ class InPlace(unittest.TestCase):
         self.assertEqual(run.proc.returncode, 0, run.out)
         self.assertIn(f"rank {dying}: exiting after publishing this rank's addresses", run.out)
         self.assertIn("folded into the recovery under way (generation 1, which it supersedes: "
-                      f"ranks {dying} replaced)", run.out)
+                      f"rank {dying} replaced)", run.out)
         self.assertNotIn("restarting", run.out)
         self.assertLess(took, 60, "a survivor waited out the in-place timeout:\n" + run.out)
         self.assertNotIn("set-up stayed idle", run.out)

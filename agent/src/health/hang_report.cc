@@ -3,6 +3,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -296,7 +297,8 @@ Doing doing_of(const RankLook& l) {
 // Whether rank a has issued fewer collectives than rank b and none more: in every process group
 // both are in (torch's counts), or in the SDK's one sequence. Empty when it is not; otherwise what
 // says so ("16 collectives of process group 0, rank 1 at 17").
-std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, int b_rank) {
+std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, int b_rank,
+                                  const std::set<std::uint64_t>& uncounted) {
   if (a.groups.empty() || b.groups.empty()) {
     if (!a.groups.empty() || !b.groups.empty() || a.collectives_issued >= b.collectives_issued) {
       return "";
@@ -307,6 +309,7 @@ std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, in
   std::string first_lower;
   for (std::size_t i = 0; i < a.groups.size(); ++i) {
     const auto [id, seq] = a.groups[i];
+    if (uncounted.contains(id)) continue;
     const auto other = std::find_if(b.groups.begin(), b.groups.end(),
                                     [id = id](const auto& g) { return g.first == id; });
     if (other == b.groups.end()) continue;
@@ -324,9 +327,10 @@ std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, in
 // has not issued it yet (fewer collectives in that group). None when none here is known to be, or
 // when what the slot says it waits in cannot be believed (pending()).
 std::optional<std::size_t> waits_for(const std::vector<RankLook>& looks, std::size_t i,
-                                     std::string& text) {
+                                     const std::set<std::uint64_t>& uncounted, std::string& text) {
   const SlotReading& mine = looks[i].second;
-  if (!pending(looks[i]) || mine.pending_group == 0) return std::nullopt;
+  if (!pending(looks[i]) || mine.pending_group == 0 || uncounted.contains(mine.pending_group))
+    return std::nullopt;
   const auto& groups = mine.groups;
   const auto index = std::find_if(groups.begin(), groups.end(),
                                   [&](const auto& g) { return g.first == mine.pending_group; });
@@ -353,6 +357,16 @@ std::optional<std::size_t> waits_for(const std::vector<RankLook>& looks, std::si
 // that never match, for the proof; they all stand).
 std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankWhere>& ranks,
                            const std::vector<Position>& positions) {
+  // torch 2.x numbers a send or a receive in its group's sequence on its two ranks only: in a
+  // group where a rank waits in one (a pipeline), the counts differ rank to rank by the sends and
+  // receives each made, and say nothing of who is behind or whom a rank waits for.
+  std::set<std::uint64_t> uncounted;
+  for (const auto& l : looks) {
+    if (pending(l) && l.second.pending_group != 0 &&
+        l.second.pending_op == static_cast<std::uint32_t>(slot::Collective::kSendRecv)) {
+      uncounted.insert(l.second.pending_group);
+    }
+  }
   std::vector<bool> out(looks.size(), false);
   std::vector<std::string> behind_of(looks.size()), waits(looks.size());
   std::vector<std::optional<std::size_t>> waited_for(looks.size());
@@ -364,11 +378,11 @@ std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankW
         behind_of[i] =
             fmt::format("{} steps, rank {} at {}", mine.steps, looks[j].worker.rank, theirs.steps);
       } else if (mine.steps == theirs.steps) {
-        behind_of[i] = behind_in_collectives(mine, theirs, looks[j].worker.rank);
+        behind_of[i] = behind_in_collectives(mine, theirs, looks[j].worker.rank, uncounted);
       }
     }
     if (!behind_of[i].empty() && positions[i].waiting)
-      waited_for[i] = waits_for(looks, i, waits[i]);
+      waited_for[i] = waits_for(looks, i, uncounted, waits[i]);
   }
   bool any_behind = false, cycle = true;
   for (std::size_t i = 0; i < looks.size(); ++i) {

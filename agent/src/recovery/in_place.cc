@@ -507,12 +507,12 @@ void InPlace::start_replacement() {
                                ? "rank " + comma_list(survivors) + " keeps running"
                                : "ranks " + comma_list(survivors) + " keep running";
   const std::optional<GenerationUnderWay>& folded = claim_.supersedes;
-  const std::string into = folded ? ", folded into the recovery under way (generation " +
-                                        std::to_string(folded->generation) +
-                                        ", which it supersedes: ranks " + comma_list(replaced) +
-                                        " replaced)"
-                           : replaced.size() > 1 ? " with ranks " + comma_list(replaced)
-                                                 : "";
+  const std::string into =
+      folded ? ", folded into the recovery under way (generation " +
+                   std::to_string(folded->generation) + ", which it supersedes: rank" +
+                   (replaced.size() == 1 ? " " : "s ") + comma_list(replaced) + " replaced)"
+      : replaced.size() > 1 ? " with ranks " + comma_list(replaced)
+                            : "";
   int restart = restarts_used() - claim_.counted;  // before this claim's
   for (const WorkerFailure& failed : claim_.failures) {
     ++restart;

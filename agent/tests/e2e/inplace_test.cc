@@ -464,7 +464,7 @@ TEST_F(InPlace, AFailureDuringTheRecoveryIsFoldedIntoItWhileAWorkerKeepsItsState
   EXPECT_NE(output.find("worker 2 (local rank 2) replaced in place by pid "), std::string::npos)
       << output;
   EXPECT_NE(output.find(": generation 2 (restart 2 of 2), folded into the recovery under way "
-                        "(generation 1, which it supersedes: ranks 1,2 replaced); ranks 0 keep "
+                        "(generation 1, which it supersedes: ranks 1,2 replaced); rank 0 keeps "
                         "running"),
             std::string::npos)
       << output;
@@ -501,7 +501,7 @@ TEST_F(InPlace, AReplacementDyingAsItStartsIsReplacedAgainInTheSameRecovery) {
       run("job", 3, 2, {"--steps", "20", "--crash", "1:5", "--fail-at-start", "1:1"}, &output), 0)
       << output;
   EXPECT_NE(output.find(": generation 2 (restart 2 of 2), folded into the recovery under way "
-                        "(generation 1, which it supersedes: ranks 1 replaced); ranks 0,2 keep "
+                        "(generation 1, which it supersedes: rank 1 replaced); ranks 0,2 keep "
                         "running"),
             std::string::npos)
       << output;
@@ -528,7 +528,7 @@ TEST_F(InPlace, AReplacementDyingBetweenPublishingItsAddressesAndConnectingIsFol
   EXPECT_NE(output.find("exiting after publishing this rank's addresses"), std::string::npos)
       << output;
   EXPECT_NE(output.find(": generation 2 (restart 2 of 2), folded into the recovery under way "
-                        "(generation 1, which it supersedes: ranks 4 replaced); ranks 0,1,2,3 "
+                        "(generation 1, which it supersedes: rank 4 replaced); ranks 0,1,2,3 "
                         "keep running"),
             std::string::npos)
       << output;
@@ -714,7 +714,7 @@ TEST_F(InPlace, SeveralWorkersFailingTogetherAreReplacedInPlaceWhetherReapedToge
   ASSERT_EQ(run("job", 3, 2, {"--steps", "20", "--crash", "1:5", "--crash", "2:5"}, &output), 0)
       << output;
   const bool together = output.find(
-                            "generation 1 (restart 2 of 2) with ranks 1,2; ranks 0 keep "
+                            "generation 1 (restart 2 of 2) with ranks 1,2; rank 0 keeps "
                             "running") != std::string::npos;
   const bool folded = output.find(
                           "folded into the recovery under way (generation 1, which it supersedes: "

@@ -522,6 +522,28 @@ TEST(HangReport, ASendOrReceiveNumberedAsAnotherRanksCollectiveIsNoProof) {
   EXPECT_FALSE(g.any_cause());
 }
 
+// A three-stage pipeline (torch 2.x): the middle stage sleeps; the first waits in its send to it
+// and the last in its receive from it. The middle stage's count holds its own sends and receives
+// (twice the others'): it is not "ahead", the others not "behind" it. The one the others wait
+// for is the one not waiting, whatever the rule.
+TEST(HangReport, InAPipelinesGroupTheCountsOfSendsAndReceivesNameNobodyBehind) {
+  std::vector<RankLook> looks = {look(0, 10), look(1, 10), look(2, 10)};
+  torch_rank(looks[0], {{kWorld, 91}}, kWorld, 91, slot::Collective::kSendRecv, 70);
+  torch_rank(looks[1], {{kWorld, 170}});  // asleep in its own code
+  looks[1].stacks_first = looks[1].stacks_second = at_user_code_dump(40);
+  torch_rank(looks[2], {{kWorld, 91}}, kWorld, 91, slot::Collective::kSendRecv, 70);
+  for (const HangRule rule : {HangRule::kProof, HangRule::kBound, HangRule::kTimeout}) {
+    const HangFinding f = examine(looks, rule);
+    EXPECT_FALSE(f.proof);
+    EXPECT_TRUE(f.ranks[1].suspect);
+    EXPECT_FALSE(f.ranks[0].suspect || f.ranks[2].suspect);
+    EXPECT_EQ(f.ranks[1].cause, rule != HangRule::kProof);
+    EXPECT_FALSE(f.ranks[0].cause || f.ranks[2].cause);
+    EXPECT_EQ(f.ranks[0].where.find("behind"), std::string::npos) << f.ranks[0].where;
+    EXPECT_EQ(f.ranks[0].where.find("waiting for rank"), std::string::npos) << f.ranks[0].where;
+  }
+}
+
 TEST(HangReport, MovedCountersAreProgressAndSoIsAPausesEnd) {
   auto a = look(0, 10);
   auto b = look(1, 10);

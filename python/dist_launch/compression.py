@@ -631,9 +631,11 @@ class CompressionState:
             if self._closed:
                 return
             self._closed = True
-            self._retire()
-            for lane in self._lanes:
-                lane.release()
+            try:
+                self._retire()
+            finally:
+                for lane in self._lanes:
+                    lane.release()
         except Exception:  # noqa: BLE001 (interpreter teardown)
             pass
 

@@ -227,6 +227,23 @@ class Dropped(unittest.TestCase):
             self.assertIn(f"rank {rank}: trial 2 done", output)
 
 
+class Fp16Sums(unittest.TestCase):
+    def test_an_fp16_buckets_average_is_divided_before_it_is_summed(self):
+        out = tempfile.mkdtemp(prefix="compression-fp16-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", out], check=False)
+        done = subprocess.run([ARGS.launcher, "--nproc-per-node", "2", WORKER, "--fp16-sums",
+                               "--out", out], env=worker_env(), capture_output=True, text=True,
+                              timeout=240)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        with open(os.path.join(out, "rank0.json")) as f:
+            results = json.load(f)
+        for spec in ["topk:0.4", "threshold:0.5", "fp16", "none"]:
+            r = results[spec]
+            self.assertEqual((r["min"], r["max"]), (40000.0, 40000.0), f"{spec}: {r}")
+            self.assertEqual(r["stats"]["skipped"], 0, spec)
+        self.assertEqual(results["topk:0.4"]["stats"]["dense"], 1)  # (the dense exchange)
+
+
 class Subgroups(unittest.TestCase):
     def test_hooks_over_two_data_parallel_subgroups_keep_each_ones_replicas_identical(self):
         # DDP over ranks 0-1 and another over 2-3, each with a hook over its group: the hooks'

@@ -229,6 +229,35 @@ def dropped(x, y):
     dist.barrier()
 
 
+class Scaled(torch.nn.Module):
+    """sum(weight * x): the weight's gradient is x."""
+
+    def __init__(self, n, dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(n, dtype=dtype))
+
+    def forward(self, x):
+        return (self.weight * x).sum()
+
+
+def fp16_sums(out):
+    """An fp16 model's gradients of 40,000 on both ranks (past 65504 / 2, within fp16's range):
+    DDP's average is 40,000. A dense exchange that summed before it divided overflowed (80,000)
+    and skipped the bucket (zeros)."""
+    results = {"torch": torch.__version__}
+    for spec in ["topk:0.4", "threshold:0.5", "fp16", "none"]:
+        model = DDP(Scaled(4096, torch.float16))
+        state, hook = compression.hook(spec)
+        model.register_comm_hook(state, hook)
+        model(torch.full((4096,), 40000.0, dtype=torch.float16)).backward()
+        grad = model.module.weight.grad.float()
+        results[spec] = {"min": grad.min().item(), "max": grad.max().item(),
+                         "stats": state.stats()}
+        state.close()
+    with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump(results, f)
+
+
 def subgroups(x, y, steps, out):
     """Four ranks, data parallelism within model parallelism: DDP over ranks 0-1 and another over
     ranks 2-3, a hook over each (every rank makes both groups; each hook only its own ranks)."""
@@ -254,6 +283,7 @@ def main():
     ap.add_argument("--peer-dies", action="store_true", help="peer_dies() instead of the cases")
     ap.add_argument("--subgroups", action="store_true", help="subgroups() instead of the cases")
     ap.add_argument("--dropped", action="store_true", help="dropped() instead of the cases")
+    ap.add_argument("--fp16-sums", action="store_true", help="fp16_sums() instead of the cases")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -264,6 +294,8 @@ def main():
         return subgroups(x, y, args.steps, args.out)
     if args.dropped:
         return dropped(x, y)
+    if args.fp16_sums:
+        return fp16_sums(args.out)
     results = {}
     for case in ["ddp"] + SPECS:
         run = Run(case)

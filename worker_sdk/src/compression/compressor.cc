@@ -53,19 +53,22 @@ class Lossy : public BucketCompressor {
 
   // The bucket averaged whole, in its own type (as DDP without a hook sends it: a 16-bit bucket
   // in 16 bits), by the ring all-reduce whose cost dense_is_cheaper() weighs (not all_sum's
-  // all-gather, which costs (W - 1) n): everything is sent, so the residual empties. acc_ must
-  // hold the gradients plus the residual (widen_add).
+  // all-gather, which costs (W - 1) n): everything is sent, so the residual empties (a 16-bit
+  // bucket's keeps what the cast lost). acc_ must hold the gradients plus the residual
+  // (widen_add).
   void exchange_dense(void* flat) {
-    ops_.zero(residual_, n_ * sizeof(float));
     if (layout_.type == DataType::kFloat32) {
+      ops_.zero(residual_, n_ * sizeof(float));
       ops_.all_reduce(acc_, n_, DataType::kFloat32, ReduceOp::kSum);
       ops_.scale(acc_, n_, inverse_world());
       guard(acc_);
       ops_.narrow(acc_, flat, layout_.type, n_);
     } else {
-      ops_.narrow(acc_, flat, layout_.type, n_);
+      // Divided before the sum, as DDP divides: 16-bit partial sums would overflow past
+      // 65504 / W otherwise (fp16), and the bucket be skipped for it.
+      ops_.encode16(acc_, flat, layout_.type, inverse_world(), residual_, n_);
       ops_.all_reduce(flat, n_, layout_.type, ReduceOp::kSum);
-      average16(flat, layout_.type, inverse_world(), flat);  // (element by element: in place)
+      average16(flat, layout_.type, 1.0f, flat);  // (decoded whole first: in place)
     }
     dense_exchanges_.fetch_add(1, std::memory_order_relaxed);
   }

@@ -129,7 +129,7 @@ class Job:
                         data = b""
                     if not data:
                         break
-                    log.write(data.replace(b"\r\n", b"\n"))
+                    log.write(data)
                     log.flush()
             os.close(master)
 
@@ -149,7 +149,8 @@ class Job:
 
     def output(self):
         with open(self.log_path) as f:
-            return f.read()
+            text = f.read()
+        return text.replace("\r\n", "\n") if self.reader else text  # (a terminal's line ends)
 
     def file(self, name):
         with open(os.path.join(self.out, name)) as f:

@@ -311,6 +311,9 @@ class Agent {
     }
     if (o.result.kind == WatchResult::kStopped) return feed(Input::kWatchStopped);
     if (o.result.kind == WatchResult::kLauncherStop) {
+      // The launcher's stop, taken already (its signal came first, on the launcher's channel):
+      // the same stop, not a second one that kills the workers.
+      if (stopping_.signal_received && stopping_.signal == o.result.signal) return;
       // Another host's agent had the launcher's signal first and left: this one stops as the
       // signal it is about to get would have it (and takes that signal, when it comes, as said).
       spdlog::info("the launcher stops the job ({}), another host's agent has left already",

@@ -73,6 +73,10 @@ std::vector<int> take_handled_signals(const std::vector<int>& handled) {
       spdlog::debug("SIGHUP is ignored (nohup): the job goes on when its terminal hangs up");
       continue;
     }
+    sigset_t one;  // blocked first (the caller reads it from a signalfd): never its default
+    sigemptyset(&one);
+    sigaddset(&one, s);
+    ::pthread_sigmask(SIG_BLOCK, &one, nullptr);
     struct sigaction default_action {};
     default_action.sa_handler = SIG_DFL;
     ::sigaction(s, &default_action, nullptr);
@@ -82,8 +86,10 @@ std::vector<int> take_handled_signals(const std::vector<int>& handled) {
 }
 
 bool is_passed_on(const StopSignal& first, const StopSignal& again) {
-  return again.signal == first.signal && again.at - first.at < kPassedOnStopWindow &&
-         (again.sender != first.sender || again.code != first.code);
+  if (again.signal != first.signal) return false;
+  const auto after = again.at - first.at;
+  const bool same_sender = again.sender == first.sender && again.code == first.code;
+  return same_sender ? after < kSameSenderStopWindow : after < kPassedOnStopWindow;
 }
 
 }  // namespace dist::agent

@@ -36,8 +36,8 @@ bool sent_by_slurm_step(const siginfo_t& info);
 // SIGHUP when this process was started ignoring it (nohup: the job is to go on when its terminal
 // hangs up; the workers inherit the ignore). Another handled signal started ignored (SIGINT and
 // SIGQUIT of a shell script's background job) is acted on, as torchrun does, and set back to its
-// default action here (it is blocked and read from a signalfd): the workers it is forwarded to
-// must not inherit the ignore. Said (debug) when SIGHUP is left alone.
+// default action here, blocked first in this thread (the caller reads it from a signalfd): the
+// workers it is forwarded to must not inherit the ignore. Said (debug) when SIGHUP is left alone.
 std::vector<int> take_handled_signals(const std::vector<int>& handled);
 
 // One stop signal, as a signalfd reads it.
@@ -47,13 +47,17 @@ struct StopSignal {
   int code = 0;      // si_code
   std::chrono::steady_clock::time_point at;
 };
-// Within this of the first stop, the same signal from another sender is the first one passed on.
+// Within this of the first stop, the same signal from another sender is the first one passed on;
+// from the same sender, within the second (GNU timeout signals its child, then its process group,
+// the child in it: two at once).
 inline constexpr std::chrono::milliseconds kPassedOnStopWindow{1000};
+inline constexpr std::chrono::milliseconds kSameSenderStopWindow{100};
 // Whether `again`, a stop signal after `first`, is `first` passed on rather than a second request
-// (which kills the workers at once): the same signal, moments later, from another sender. A
-// terminal sends Ctrl-C to its whole foreground process group, and a wrapper in it passes its
-// own on (`timeout`, a script's trap, a Python parent): one Ctrl-C, two signals. A second Ctrl-C
-// comes from the terminal again, a second `kill` from the same shell.
+// (which kills the workers at once): the same signal, moments later, from another sender, or at
+// once from the same one. A terminal sends Ctrl-C to its whole foreground process group, and a
+// wrapper in it passes its own on (`timeout`, a script's trap, a Python parent): one Ctrl-C, two
+// signals. A second Ctrl-C comes from the terminal again, later; a second `kill`, from the same
+// shell, later too.
 bool is_passed_on(const StopSignal& first, const StopSignal& again);
 
 }  // namespace dist::agent

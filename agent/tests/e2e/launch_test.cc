@@ -401,12 +401,11 @@ TEST_F(LaunchTest, AnIgnoredSigintStillStopsTheJobAndAnIgnoredSighupIsLeftAlone)
     EXPECT_NE(ignored & bit(SIGHUP), 0u) << "rank " << rank << ": SigIgn " << std::hex << ignored;
   }
   ::kill(launch.pid(), SIGHUP);  // (discarded: ignored and not blocked; else the exit were 129)
-  const auto start = Clock::now();
   ::kill(launch.pid(), SIGINT);
   EXPECT_EQ(launch.wait(60s), 128 + SIGINT) << launch.output();
-  EXPECT_LT(Clock::now() - start, 20s) << "the workers must stop on SIGINT, not be killed later";
   const std::string output = launch.output();
   EXPECT_EQ(output.find("SIGHUP received"), std::string::npos) << output;
+  // (workers that ignored it would be killed once the grace period ran out)
   EXPECT_EQ(output.find("sending SIGKILL"), std::string::npos) << output;
 }
 

@@ -106,8 +106,8 @@ class HostsJob {
   }
 
   // What every host's agent is told of the console its workers' lines end on: this one.
-  agent::AgentLaunch::Console console_view() const {
-    agent::AgentLaunch::Console view;
+  AgentLaunch::Console console_view() const {
+    AgentLaunch::Console view;
     view.one_stream = console_->one_stream();
     winsize size{};
     if (console_->is_terminal(agent::ConsoleStream::kStdout) &&

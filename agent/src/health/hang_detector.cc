@@ -512,7 +512,11 @@ void HangDetector::look(bool first) {
       const ProcessActivity inner = read_activity(dumper);
       if (inner.state == 'T' || inner.state == 'D') w.look->after.state = inner.state;
       if (w.look->after.wchan.empty()) w.look->after.wchan = inner.wchan;
-      if (w.look->after.awaits_input.empty()) w.look->after.awaits_input = inner.awaits_input;
+      if (w.look->after.awaits_input.empty() && w.look->after.blocked_on.empty()) {
+        w.look->after.awaits_input = inner.awaits_input;
+        w.look->after.blocked_on = inner.blocked_on;
+        w.look->after.blocked_writing = inner.blocked_writing;
+      }
     }
     const std::uintmax_t stack_size = size_of(w.stack_file);
     if (!first) w.look->stack_bytes = stack_size - std::min(stack_size, w.stacks_offset);

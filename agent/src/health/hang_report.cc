@@ -281,9 +281,17 @@ Doing doing_of(const RankLook& l) {
   } else if ((s.features & slot::kSampler) && l.after.state != 'T' && l.after.state != 't') {
     parts.emplace_back("its Python not running (a thread holds the GIL)");
   }
+  if (!active && !own_work && !s.paused() && l.after.blocked_writing) {
+    // Output of its own that its reader does not take (a slow log service, a full pipe): work
+    // held up outside the job, as a slow file system holds up a torch.save.
+    parts.push_back("blocked " + l.after.blocked_on + " (its reader takes no more)");
+    own_work = true;
+  }
   if (!active && !own_work && !s.paused()) {
     if (!l.after.awaits_input.empty()) {
       parts.insert(parts.begin(), "waiting for input " + l.after.awaits_input);
+    } else if (!l.after.blocked_on.empty()) {
+      parts.insert(parts.begin(), "idle (blocked " + l.after.blocked_on + ")");
     } else {
       parts.insert(parts.begin(), l.after.wchan.empty() ? std::string("idle")
                                                         : "idle (asleep in " + l.after.wchan + ")");

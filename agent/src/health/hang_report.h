@@ -64,7 +64,8 @@ struct RankWhere {
   bool waiting = false;  // blocked in a collective, for its peers
   bool active = false;   // works: CPU, I/O, its stack moving
   // Idle inside torch.save, torch.distributed.checkpoint, a DataLoader or torch.compile (a
-  // network file system, its loader's or compiler's workers): said as its work, no warning; but
+  // network file system, its loader's or compiler's workers), or blocked writing output that its
+  // reader does not take (a slow log service): said as its work, no warning; but
   // ended past the bound as an idle rank (a DataLoader's timeout is none by default).
   bool own_work = false;
   bool paused = false;        // declared a pause of its own

@@ -1,11 +1,16 @@
 #include "health/process_activity.h"
 
+#include <arpa/inet.h>
+#include <poll.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -71,29 +76,144 @@ std::vector<pid_t> children_of(pid_t pid) {
   return children;
 }
 
-// Where `pid`'s main thread waits for input, when it is in a read of a terminal, or of its stdin
-// (/proc/<pid>/syscall: the call's number and its arguments, the first the descriptor): "at its
-// terminal (/dev/pts/3)", "on its stdin (pipe:[4711])"; empty otherwise.
-std::string input_awaited(pid_t pid) {
-  const std::string proc = "/proc/" + std::to_string(pid);
-  std::istringstream call(read_small(proc + "/syscall"));
+// The call `pid`'s main thread is blocked in on a descriptor, from /proc/<pid>/syscall (the
+// call's number and its arguments, the first the descriptor): a read, a write, or a poll of one
+// descriptor for either (how Python waits on a socket with a timeout: the pollfd read from the
+// process's memory).
+struct BlockedCall {
+  int fd = -1;
+  bool writes = false;
+};
+std::optional<BlockedCall> blocked_call(pid_t pid) {
+  std::istringstream call(read_small("/proc/" + std::to_string(pid) + "/syscall"));
   long number = -1;
-  std::string first;
-  if (!(call >> number >> first) || (number != SYS_read && number != SYS_readv)) return "";
-  const long fd = std::strtol(first.c_str(), nullptr, 16);
+  std::string first, second;
+  if (!(call >> number >> first >> second)) return std::nullopt;
+  const auto fd = static_cast<int>(std::strtol(first.c_str(), nullptr, 16));
+  switch (number) {
+    case SYS_read:
+    case SYS_readv:
+    case SYS_pread64:
+    case SYS_recvfrom:
+    case SYS_recvmsg:
+    case SYS_recvmmsg:
+      return BlockedCall{fd, false};
+    case SYS_write:
+    case SYS_writev:
+    case SYS_pwrite64:
+    case SYS_sendto:
+    case SYS_sendmsg:
+    case SYS_sendmmsg:
+      return BlockedCall{fd, true};
+#ifdef SYS_poll
+    case SYS_poll:
+#endif
+    case SYS_ppoll: {
+      if (std::strtoul(second.c_str(), nullptr, 16) != 1) return std::nullopt;  // nfds
+      pollfd polled{};
+      iovec local{&polled, sizeof polled};
+      iovec remote{reinterpret_cast<void*>(std::strtoull(first.c_str(), nullptr, 16)),
+                   sizeof polled};
+      if (::process_vm_readv(pid, &local, 1, &remote, 1, 0) != sizeof polled) return std::nullopt;
+      if ((polled.events & (POLLIN | POLLOUT)) == (POLLIN | POLLOUT)) return std::nullopt;
+      if ((polled.events & (POLLIN | POLLOUT)) == 0 || polled.fd < 0) return std::nullopt;
+      return BlockedCall{polled.fd, (polled.events & POLLOUT) != 0};
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+// "127.0.0.1:5000" from /proc/net/tcp's "0100007F:1388" (IPv4: one word in the host's order)
+// or tcp6's 32 digits (four such words).
+std::string address_of(const std::string& hex) {
+  const auto colon = hex.find(':');
+  if (colon == std::string::npos) return "";
+  const std::string ip = hex.substr(0, colon);
+  const auto port = std::strtoul(hex.c_str() + colon + 1, nullptr, 16);
+  unsigned char bytes[16];
+  if (ip.size() != 8 && ip.size() != 32) return "";
+  for (std::size_t word = 0; word < ip.size() / 8; ++word) {
+    const auto value =
+        static_cast<std::uint32_t>(std::strtoul(ip.substr(word * 8, 8).c_str(), nullptr, 16));
+    std::memcpy(bytes + word * 4, &value, 4);
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  if (ip.size() == 8) {
+    ::inet_ntop(AF_INET, bytes, text, sizeof text);
+    return std::string(text) + ":" + std::to_string(port);
+  }
+  ::inet_ntop(AF_INET6, bytes, text, sizeof text);
+  return "[" + std::string(text) + "]:" + std::to_string(port);
+}
+
+// The peer of the TCP socket `inode` in `pid`'s network namespace; empty when it is none.
+std::string tcp_peer(pid_t pid, const std::string& inode) {
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    std::ifstream lines("/proc/" + std::to_string(pid) + table);
+    std::string line;
+    std::getline(lines, line);  // the heading
+    while (std::getline(lines, line)) {
+      // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
+      std::istringstream fields(line);
+      std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, node;
+      if (fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+              timeout >> node &&
+          node == inode) {
+        return address_of(remote);
+      }
+    }
+  }
+  return "";
+}
+
+// What the descriptor `fd` of `pid` is, in words: "a socket to 127.0.0.1:5000", "a pipe
+// (pipe:[4711])", a file's path; empty when it cannot be read.
+std::string descriptor_of(pid_t pid, int fd) {
+  std::error_code ec;
+  const std::string target = std::filesystem::read_symlink(
+                                 "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd), ec)
+                                 .string();
+  if (ec) return "";
+  if (target.starts_with("socket:[") && target.ends_with("]")) {
+    const std::string peer = tcp_peer(pid, target.substr(8, target.size() - 9));
+    return peer.empty() ? "a socket (" + target + ")" : "a socket to " + peer;
+  }
+  if (target.starts_with("pipe:[")) return "a pipe (" + target + ")";
+  return target;
+}
+
+// Where `pid`'s main thread waits for input, when it is in a read of a terminal, or of its stdin:
+// "at its terminal (/dev/pts/3)", "on its stdin (pipe:[4711])"; empty otherwise.
+std::string input_awaited(pid_t pid, const BlockedCall& call) {
+  if (call.writes) return "";
+  const std::string proc = "/proc/" + std::to_string(pid);
   std::error_code ec;
   const std::string target =
-      std::filesystem::read_symlink(proc + "/fd/" + std::to_string(fd), ec).string();
+      std::filesystem::read_symlink(proc + "/fd/" + std::to_string(call.fd), ec).string();
   if (ec) return "";
   if (target.starts_with("/dev/pts/") || target.starts_with("/dev/tty") ||
       target == "/dev/console") {
     return "at its terminal (" + target + ")";
   }
   // Its stdin, or the same file opened again (torch.distributed.breakpoint's /dev/stdin).
-  if (fd != STDIN_FILENO && std::filesystem::read_symlink(proc + "/fd/0", ec).string() != target) {
+  if (call.fd != STDIN_FILENO &&
+      std::filesystem::read_symlink(proc + "/fd/0", ec).string() != target) {
     return "";
   }
   return ec ? "" : "on its stdin (" + target + ")";
+}
+
+// Reads what `pid`'s main thread, asleep, is blocked on into `a`.
+void read_blocked_call(pid_t pid, ProcessActivity& a) {
+  const auto call = blocked_call(pid);
+  if (!call) return;
+  a.awaits_input = input_awaited(pid, *call);
+  if (!a.awaits_input.empty()) return;
+  const std::string what = descriptor_of(pid, call->fd);
+  if (what.empty()) return;
+  a.blocked_writing = call->writes;
+  a.blocked_on = (call->writes ? "writing to " : "reading from ") + what;
 }
 
 }  // namespace
@@ -111,7 +231,7 @@ ProcessActivity read_activity(pid_t pid) {
       a.state = state;
       a.wchan = read_small("/proc/" + std::to_string(p) + "/wchan");
       if (a.wchan == "0") a.wchan.clear();
-      if (state == 'S') a.awaits_input = input_awaited(p);
+      if (state == 'S') read_blocked_call(p, a);
     }
     a.cpu_ticks += ticks;
     add_io(p, a);

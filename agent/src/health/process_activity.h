@@ -23,6 +23,11 @@ struct ProcessActivity {
   // Its main thread blocked reading a terminal or its stdin (a debugger's prompt, input()): "at
   // its terminal (/dev/pts/3)", "on its stdin (pipe:[4711])"; empty otherwise.
   std::string awaits_input;
+  // Otherwise, its main thread blocked reading or writing another descriptor (or polling one for
+  // either): "writing to a socket to 10.0.0.7:5000", "reading from a pipe (pipe:[4711])", a
+  // file's path; blocked_writing when it writes (its reader takes no more).
+  std::string blocked_on;
+  bool blocked_writing = false;
   int processes = 0;  // read (0: the process is gone)
 };
 

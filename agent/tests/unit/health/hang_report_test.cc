@@ -272,6 +272,35 @@ TEST(HangReport, AnIdleRankInsideTorchSaveADataLoaderOrCompileIsWorkOfItsOwn) {
   }
 }
 
+// Blocked writing its own output that a slow reader does not take (a log service, a pipe): work
+// held up outside the job, said as such with the peer (it was "idle (asleep in wait_woken)"),
+// no warning; ended past the bound as an idle rank. Blocked reading a socket, it is idle and
+// says what it reads.
+TEST(HangReport, ARankBlockedWritingToASlowReaderIsWorkOfItsOwnAndSaysWhere) {
+  auto logging = look(0, 30);
+  torch_rank(logging, {{kWorld, 40}});
+  logging.stacks_first = logging.stacks_second = at_user_code_dump(33);
+  logging.after.wchan = "wait_woken";
+  logging.after.blocked_on = "writing to a socket to 10.0.0.7:5000";
+  logging.after.blocked_writing = true;
+  auto waiting = look(1, 30);
+  torch_rank(waiting, {{kWorld, 41}}, kWorld, 41, slot::Collective::kBarrier);
+  HangFinding f = examine({logging, waiting}, HangRule::kProof);
+  EXPECT_TRUE(f.ranks[0].suspect);
+  EXPECT_TRUE(f.ranks[0].own_work);
+  EXPECT_EQ(f.ranks[0].doing,
+            "blocked writing to a socket to 10.0.0.7:5000 (its reader takes no more)");
+  EXPECT_FALSE(f.idle_suspect());
+  EXPECT_FALSE(f.any_cause());
+  EXPECT_TRUE(examine({logging, waiting}, HangRule::kBound).ranks[0].cause);
+
+  logging.after.blocked_on = "reading from a socket to 10.0.0.7:443";
+  logging.after.blocked_writing = false;
+  f = examine({logging, waiting}, HangRule::kProof);
+  EXPECT_EQ(f.ranks[0].doing, "idle (blocked reading from a socket to 10.0.0.7:443)");
+  EXPECT_TRUE(f.idle_suspect());
+}
+
 // Two tensor-parallel pairs (0-1, 2-3) in one data-parallel job: ranks 0 and 1 wait in the
 // world's all_reduce #51, rank 2 sleeps (having issued `sleeper_world` collectives in the world
 // group), and its partner, rank 3, waits for it in their pair's all_reduce #101.

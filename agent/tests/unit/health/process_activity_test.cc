@@ -2,10 +2,14 @@
 // main thread for its stack: real processes that wait in the kernel or run.
 #include "health/process_activity.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +19,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace dist::agent {
 namespace {
@@ -238,6 +243,78 @@ TEST(AwaitsInput, AReadOfATerminalOrOfStdinIsWaitingForInput) {
   for (const int fd : {terminal, user_side, keyboard[0], keyboard[1], other[0], other[1]}) {
     ::close(fd);
   }
+}
+
+// A rank blocked writing to a reader that takes no more (a log service that reads slowly), or
+// reading a socket, says the socket's peer; Python waits on a socket with a timeout in poll().
+TEST(BlockedOn, AWriteOrAReadOfASocketOrAPollForOneSaysThePeer) {
+  {
+    Child sleeping([] { ::pause(); });
+    std::ifstream call("/proc/" + std::to_string(sleeping.pid()) + "/syscall");
+    std::string number;
+    if (!(call >> number)) GTEST_SKIP() << "a child's /proc/<pid>/syscall cannot be read here";
+  }
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string peer = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  const auto connected = [&] {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_EQ(::connect(s, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    return s;
+  };
+  const auto blocked = [](const Child& child) {
+    ProcessActivity a;
+    for (const auto end = std::chrono::steady_clock::now() + 30s;
+         std::chrono::steady_clock::now() < end && a.blocked_on.empty();
+         std::this_thread::sleep_for(5ms)) {
+      a = read_activity(child.pid());
+    }
+    return a;
+  };
+  const int writer = connected();
+  const int accepted = ::accept(listener, nullptr, nullptr);  // and never read
+  {
+    Child writing([&] {
+      std::vector<char> chunk(1 << 20, 'x');
+      for (;;) [[maybe_unused]] ssize_t n = ::send(writer, chunk.data(), chunk.size(), 0);
+    });
+    const ProcessActivity a = blocked(writing);
+    EXPECT_EQ(a.blocked_on, "writing to a socket to " + peer);
+    EXPECT_TRUE(a.blocked_writing);
+    EXPECT_EQ(a.awaits_input, "");
+  }
+  {
+    Child polling([&] {  // the socket is full: as Python's sendall with a timeout waits
+      pollfd p{writer, POLLOUT, 0};
+      for (;;) ::poll(&p, 1, 60'000);
+    });
+    const ProcessActivity a = blocked(polling);
+    EXPECT_EQ(a.blocked_on, "writing to a socket to " + peer);
+    EXPECT_TRUE(a.blocked_writing);
+  }
+  const int reader = connected();
+  const int quiet = ::accept(listener, nullptr, nullptr);  // and never write
+  {
+    Child reading([&] {
+      char c;
+      for (;;) [[maybe_unused]] ssize_t n = ::recv(reader, &c, 1, 0);
+    });
+    const ProcessActivity a = blocked(reading);
+    EXPECT_EQ(a.blocked_on, "reading from a socket to " + peer);
+    EXPECT_FALSE(a.blocked_writing);
+  }
+  {
+    Child sleeping([] { ::pause(); });  // no descriptor
+    EXPECT_EQ(asleep(sleeping, false).blocked_on, "");
+  }
+  for (const int fd : {listener, writer, accepted, reader, quiet}) ::close(fd);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "workers/failure_report.h"
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -23,6 +25,33 @@ std::string format_time(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
+// `text`'s lines, the first as it is, the others indented under it (a field's value).
+std::string indented(const std::string& text) {
+  std::ostringstream out;
+  std::istringstream lines(text);
+  std::string line;
+  bool first = true;
+  while (std::getline(lines, line)) {
+    out << (first ? "" : "              ") << line << "\n";
+    first = false;
+  }
+  if (first) out << "\n";
+  return out.str();
+}
+
+// The message, cut at kMessageShown bytes (on a character's boundary) when the traceback has it
+// whole: a megabyte's message is printed once, not twice.
+constexpr std::size_t kMessageShown = 2000;
+std::string message_shown(const WorkerFailure& f) {
+  if (f.message.size() <= kMessageShown || f.traceback.find(f.message) == std::string::npos) {
+    return f.message;
+  }
+  std::size_t cut = kMessageShown;
+  while (cut > 0 && (static_cast<unsigned char>(f.message[cut]) & 0xC0) == 0x80) --cut;
+  return f.message.substr(0, cut) + "... (" + std::to_string(f.message.size()) +
+         " bytes: whole in the traceback)";
+}
+
 std::string describe(const WorkerFailure& f, std::size_t index) {
   std::ostringstream out;
   out << "[" << index << "]:\n"
@@ -33,7 +62,7 @@ std::string describe(const WorkerFailure& f, std::size_t index) {
   if (f.exit_code < 0) out << " (" << signal_name(-f.exit_code) << ")";
   out << " (pid: " << f.worker.pid << ")\n"
       << "  error_file: " << (f.error_file.empty() ? "<N/A>" : f.error_file) << "\n";
-  if (!f.message.empty()) out << "  message   : " << f.message << "\n";
+  if (!f.message.empty()) out << "  message   : " << indented(message_shown(f));
   std::string traceback = f.traceback;
   if (traceback.empty()) {
     traceback = f.exit_code < 0
@@ -42,15 +71,7 @@ std::string describe(const WorkerFailure& f, std::size_t index) {
                     : "To enable traceback see: "
                       "https://pytorch.org/docs/stable/elastic/errors.html";
   }
-  out << "  traceback : ";
-  std::istringstream lines(traceback);
-  std::string line;
-  bool first = true;
-  while (std::getline(lines, line)) {
-    out << (first ? "" : "              ") << line << "\n";
-    first = false;
-  }
-  if (first) out << "\n";
+  out << "  traceback : " << indented(traceback);
   return out.str();
 }
 
@@ -84,6 +105,15 @@ void read_error_file(WorkerFailure& failure) {
     }
   } catch (const std::exception&) {
     failure.message = "(error file " + failure.error_file + " is not valid JSON)";
+  }
+  // When the error was written, to the nanosecond: torch's whole seconds would tie two failures
+  // of one second (then settled by rank, wrongly) or put the later one first.
+  struct stat written {};
+  if (::stat(failure.error_file.c_str(), &written) == 0) {
+    failure.time = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::seconds(written.st_mtim.tv_sec) +
+            std::chrono::nanoseconds(written.st_mtim.tv_nsec)));
   }
 }
 
@@ -119,16 +149,27 @@ bool looks_collateral(const WorkerFailure& failure) {
 }
 
 std::size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
-  const auto before = [](const WorkerFailure& a, const WorkerFailure& b) {
-    if (a.collateral != b.collateral) return !a.collateral;
+  const auto earlier = [](const WorkerFailure& a, const WorkerFailure& b) {
     if (a.time != b.time) return a.time < b.time;
     // Of two at once, the one that exited with its own error over one the stop's signal ended.
     if (a.ended_by_the_stop != b.ended_by_the_stop) return !a.ended_by_the_stop;
     if (a.error_file.empty() != b.error_file.empty()) return !a.error_file.empty();
     return a.worker.rank < b.worker.rank;
   };
-  return static_cast<std::size_t>(std::min_element(failures.begin(), failures.end(), before) -
-                                  failures.begin());
+  const auto first = std::min_element(failures.begin(), failures.end(), earlier);
+  if (first == failures.end() || !first->collateral) {
+    return static_cast<std::size_t>(first - failures.begin());
+  }
+  // An error that reads as a lost peer's (a connection reset) yields to a failure of a rank's
+  // own that came within kCollateralWindow after it: the peer whose exit reset the connection is
+  // reaped a moment later. Later than that, the first failure is the first, whatever it says
+  // (a data service that refuses connections is a failure of its own).
+  auto own = failures.end();
+  for (auto f = failures.begin(); f != failures.end(); ++f) {
+    if (f->collateral || f->time > first->time + kCollateralWindow) continue;
+    if (own == failures.end() || earlier(*f, *own)) own = f;
+  }
+  return static_cast<std::size_t>((own != failures.end() ? own : first) - failures.begin());
 }
 
 namespace {

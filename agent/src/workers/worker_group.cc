@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "dist/agent/signals.h"
 #include "dist/contract/worker_contract.h"
@@ -47,21 +50,55 @@ std::string signal_list(const std::vector<int>& signals) {
   return list;
 }
 
-// A worker that exited while its group was stopping: did it fail with an error (an exit code
-// rather than the stop's signal, an error file that does not say it was stopped), its own or a
-// peer's consequence, rather than because it was stopped?
-// Whether a worker reaped while the group stops had failed on its own: it exited with an error
-// file, or wrote one before the stop began (the stop's signal may then have ended it on its way
-// out); never for an error that says the stop's signal.
-bool failed_with_an_error(const WorkerFailure& f, fs::file_time_type stop_began) {
+// Whether a worker reaped while the group stops had failed on its own: its error file was
+// written before the stop began (the stop's signal may then have ended it on its way out). An
+// error written after (a SIGTERM handler's, a collective the stop broke) is the stop's doing; an
+// error that says the stop's signal never counts. `f.time` is the file's modification time.
+bool failed_with_an_error(const WorkerFailure& f,
+                          std::chrono::system_clock::time_point stop_began) {
   if (f.error_file.empty()) return false;
   for (const char* stopped : {"SignalException", "KeyboardInterrupt", "received signal"}) {
     if (f.message.find(stopped) != std::string::npos) return false;
   }
-  if (f.exit_code > 0) return true;
-  std::error_code ec;
-  const auto written = fs::last_write_time(f.error_file, ec);
-  return !ec && written < stop_began;
+  return f.time < stop_began;
+}
+
+// Whether `pid` is on its way out: a SIGKILL pending (sent, the process not yet scheduled to die
+// of it), exiting (PF_EXITING), or a zombie.
+bool is_dying(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::ifstream stat(proc + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const auto close = text.rfind(')');
+  if (close == std::string::npos) return true;  // gone
+  std::istringstream fields(text.substr(close + 2));
+  std::string state, field;
+  fields >> state;
+  unsigned long flags = 0;
+  for (int i = 4; i <= 9 && fields >> field; ++i) {
+    if (i == 9) flags = std::strtoul(field.c_str(), nullptr, 10);
+  }
+  constexpr unsigned long kExiting = 0x4;  // PF_EXITING
+  if (state == "Z" || state == "X" || (flags & kExiting) != 0) return true;
+  std::ifstream status(proc + "/status");
+  constexpr unsigned long long kKill = 1ULL << (SIGKILL - 1);
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("SigPnd:") || line.starts_with("ShdPnd:")) {
+      if (std::strtoull(line.c_str() + 7, nullptr, 16) & kKill) return true;
+    }
+  }
+  return false;
+}
+
+// Now by the clock the kernel stamps files with (the coarse one, a tick behind the precise
+// clock): a file written after this is never stamped before it.
+std::chrono::system_clock::time_point file_clock_now() {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME_COARSE, &now);
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec)));
 }
 
 void log_failure(const WorkerFailure& f, const std::string& note) {
@@ -69,7 +106,7 @@ void log_failure(const WorkerFailure& f, const std::string& note) {
       "worker {} (local rank {}, pid {}) failed: {}{}{}", f.worker.rank, f.worker.local_rank,
       f.worker.pid,
       f.exit_code < 0 ? signal_name(-f.exit_code) : "exit code " + std::to_string(f.exit_code),
-      note.empty() ? "" : ", " + note, f.collateral ? " (after a peer's failure)" : "");
+      note.empty() ? "" : ", " + note, f.collateral ? " (its error reads as a lost peer's)" : "");
 }
 
 HangOptions hang_options(const LaunchConfig& config, const std::string& host) {
@@ -118,7 +155,8 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const LaunchConfig& config
                                        config.omp_threads_defaulted)),
       kill_timer_(io),
       grace_timer_(io),
-      drain_timer_(io) {
+      drain_timer_(io),
+      settle_timer_(io) {
   const auto gets_a_device = [](const WorkerResources& r) {
     return r.environment.contains("CUDA_VISIBLE_DEVICES") ||
            r.environment.contains("HIP_VISIBLE_DEVICES");
@@ -291,6 +329,8 @@ void WorkerGroup::start_now() {
   const auto began = std::chrono::steady_clock::now();
   workers_.assign(static_cast<std::size_t>(config_.nproc_per_node), {});
   late_failures_.clear();
+  stopped_.clear();
+  settling_.clear();
   output_.begin_round(dir_.attempt(round_.round, 0).parent_path());
   write_python_files_once();
   state_ = State::kRunning;
@@ -511,6 +551,10 @@ void WorkerGroup::reap() {
       bool failed = code != 0 || !watchdog_reason.empty();
       if (!failed) exited_ok = true;
       if (failed && state_ == State::kRunning) {
+        // What it started (a DataLoader's workers) serves nobody now: SIGTERM, as a stop gives
+        // it; in place, the group runs on and they would live until the job ends (the stop's
+        // leftovers rule SIGKILLs them then). Its process group's id is held while any is left.
+        ::killpg(pid, SIGTERM);
         failures.push_back(failure_of(w, code, reaped_at, watchdog_reason));
         log_failure(failures.back(), watchdog_reason);
       } else if (failed && state_ == State::kStopping) {
@@ -518,10 +562,15 @@ void WorkerGroup::reap() {
         failed = w.exited_before_stop || failed_with_an_error(f, stop_began_);
         if (failed) {
           f.ended_by_the_stop = code < 0 && !w.exited_before_stop;
-          log_failure(f, f.ended_by_the_stop
+          log_failure(f, w.exited_before_stop ? "before the stop reached it"
+                         : f.ended_by_the_stop
                              ? "its error file written before the stop, whose signal then ended it"
-                             : "before the stop reached it");
+                             : "its error file written before the stop");
           late_failures_.push_back(std::move(f));
+        } else {
+          stopped_.push_back(
+              fmt::format("{} ({})", w.worker.rank,
+                          code < 0 ? signal_name(-code) : "exit code " + std::to_string(code)));
         }
       }
       telemetry_.worker_exited(w.worker, code, failed, watchdog_reason);
@@ -529,8 +578,10 @@ void WorkerGroup::reap() {
   }
   if (state_ == State::kStopping) return maybe_stopped();
   if (state_ != State::kRunning) return;
-  if (!failures.empty() && snapshots_) snapshots_->persist_now();
-  if (!failures.empty()) return events_.failed(std::move(failures));
+  if (!failures.empty() && snapshots_ && settling_.empty()) snapshots_->persist_now();
+  settling_.insert(settling_.end(), std::make_move_iterator(failures.begin()),
+                   std::make_move_iterator(failures.end()));
+  if (!settling_.empty()) return settle();
   if (all_exited(workers_)) return events_.succeeded();
   if (exited_ok && events_.one_succeeded) events_.one_succeeded();
 }
@@ -545,7 +596,7 @@ WorkerFailure WorkerGroup::failure_of(const Member& w, int code,
                                       std::chrono::system_clock::time_point when,
                                       const std::string& watchdog_reason) const {
   WorkerFailure f;
-  f.time = when;  // the error file's own timestamp, when there is one, is more precise
+  f.time = when;  // when its error file was written, when there is one
   f.host = host_label_;
   f.worker = w.worker;
   f.exit_code = code;
@@ -558,6 +609,33 @@ WorkerFailure WorkerGroup::failure_of(const Member& w, int code,
     f.message = f.message.empty() ? watchdog_reason : watchdog_reason + "; " + f.message;
   }
   return f;
+}
+
+// Workers that die together are one failure (every worker SIGKILLed at once, a kill of their
+// process groups): the kernel ends them one after the other, and each exit is reaped as it comes.
+// While another worker is on its way out (a SIGKILL pending, exiting), the failures wait for its
+// exit, at most kDyingWait, before they are told; otherwise they are told at once.
+void WorkerGroup::settle() {
+  const auto now = std::chrono::steady_clock::now();
+  if (!settle_deadline_) settle_deadline_ = now + kDyingWait;
+  const bool another_dying = std::any_of(workers_.begin(), workers_.end(), [](const Member& w) {
+    return !w.exited && is_dying(w.worker.pid);
+  });
+  if (another_dying && now < *settle_deadline_) {
+    if (settle_armed_) return;
+    settle_armed_ = true;
+    settle_timer_.expires_after(kDyingPoll);
+    settle_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      settle_armed_ = false;
+      if (state_ == State::kRunning) reap();
+    });
+    return;
+  }
+  settle_timer_.cancel();
+  settle_armed_ = false;
+  settle_deadline_.reset();
+  events_.failed(std::exchange(settling_, {}));
 }
 
 void WorkerGroup::stop(int signal, bool already_sent) {
@@ -574,7 +652,15 @@ void WorkerGroup::stop(int signal, bool already_sent) {
     for (auto& w : workers_) w.exited = true;
   }
   state_ = State::kStopping;
-  stop_began_ = fs::file_time_type::clock::now();
+  stop_began_ = file_clock_now();
+  if (!settling_.empty()) {  // stopped while waiting for a dying worker: failures before the stop
+    late_failures_.insert(late_failures_.end(), std::make_move_iterator(settling_.begin()),
+                          std::make_move_iterator(settling_.end()));
+    settling_.clear();
+  }
+  settle_timer_.cancel();
+  settle_armed_ = false;
+  settle_deadline_.reset();
   watchdogs_.stopping();
   draining_ = false;
   deadline_armed_ = false;
@@ -611,8 +697,14 @@ void WorkerGroup::arm_stop_deadline() {
   kill_timer_.expires_after(config_.shutdown_timeout);
   kill_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || state_ != State::kStopping) return;
+    std::string running;
+    for (const auto& w : workers_) {
+      if (!w.exited) running += (running.empty() ? "" : ", ") + std::to_string(w.worker.rank);
+    }
     spdlog::warn("{} still running {} ms after the stop signal: sending SIGKILL",
-                 all_exited(workers_) ? "processes the workers left" : "workers",
+                 running.empty()                          ? "processes the workers left"
+                 : running.find(',') == std::string::npos ? "the worker of rank " + running
+                                                          : "the workers of ranks " + running,
                  config_.shutdown_timeout.count());
     forward(SIGKILL);
     leftovers_.kill();
@@ -655,13 +747,25 @@ void WorkerGroup::maybe_stopped() {
       spdlog::debug("output still open {} ms after the last worker exited: not waiting for it",
                     kOutputDrainTimeout.count());
       state_ = State::kIdle;
+      say_stopped();
       events_.stopped();
     });
     return;
   }
   drain_timer_.cancel();
   state_ = State::kIdle;
+  say_stopped();
   events_.stopped();
+}
+
+// The workers the stop ended, one line: what each ended with ("stopped rank 0 (SIGTERM)"), as
+// torchrun lists the ones it closed; they are not failures, and not in the failure report.
+void WorkerGroup::say_stopped() {
+  if (stopped_.empty()) return;
+  std::string ranks;
+  for (const auto& r : stopped_) ranks += (ranks.empty() ? "" : ", ") + r;
+  spdlog::info("stopped rank{} {}", stopped_.size() > 1 ? "s" : "", ranks);
+  stopped_.clear();
 }
 
 }  // namespace dist::agent

@@ -32,6 +32,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -170,6 +171,8 @@ class WorkerGroup {
   WorkerFailure failure_of(const Member& w, int code, std::chrono::system_clock::time_point when,
                            const std::string& watchdog_reason) const;
   void maybe_stopped();
+  void say_stopped();
+  void settle();  // failures told once the workers dying with them have exited
   void arm_stop_deadline();
 
   boost::asio::io_context& io_;
@@ -194,12 +197,19 @@ class WorkerGroup {
   std::filesystem::path python_package_;  // the stand-in dist_launch package (health/python_hook.h)
   bool python_files_written_ = false;
   std::vector<WorkerFailure> late_failures_;
+  std::vector<std::string> stopped_;      // "0 (SIGTERM)": ended by the stop, said once it is done
   boost::asio::steady_timer kill_timer_;  // the stop's deadline: --shutdown-timeout
   bool deadline_armed_ = false;
   boost::asio::steady_timer grace_timer_;  // the leftovers' kLeftoverGrace
   bool grace_armed_ = false;
   boost::asio::steady_timer drain_timer_;
   bool draining_ = false;
+  // Failures reaped while running, waiting for the workers dying with them (settle()).
+  std::vector<WorkerFailure> settling_;
+  boost::asio::steady_timer settle_timer_;
+  bool settle_armed_ = false;
+  std::optional<std::chrono::steady_clock::time_point> settle_deadline_;
+  static constexpr std::chrono::milliseconds kDyingWait{500}, kDyingPoll{2};
   // --warm-restart and snapshots (destroyed in this order's reverse: zygote, snapshots, scratch).
   std::unique_ptr<warm::Scratch> scratch_;
   std::unique_ptr<warm::SnapshotStore> snapshots_;
@@ -211,7 +221,7 @@ class WorkerGroup {
   int start_generation_ = 0;          // the generation round_'s workers start as
   // When the stop began: an error file written before it is a failure of the worker's own, even
   // when the stop's signal then ended the worker before it exited.
-  std::filesystem::file_time_type stop_began_{};
+  std::chrono::system_clock::time_point stop_began_{};  // by the clock files are stamped with
 };
 
 }  // namespace dist::agent

@@ -808,6 +808,32 @@ TEST_F(InPlace, FailuresReapedTogetherThatCannotBeReplacedRestartTheGroupSayingW
   }
 }
 
+// Every worker SIGKILLed at once while the agent runs (not held: the kernel ends them one after
+// the other, and each exit is reaped as it comes): one failure of the whole group, restarted
+// once. The first exit used to be replaced in place alone (its restart spent, "rank 1 keeps
+// running" of a dead rank), then the second ended the job: no restart left.
+TEST_F(InPlace, EveryWorkerKilledAtOnceWhileTheAgentRunsIsOneGroupRestart) {
+  const std::vector<std::string> worker{"--steps", "200", "--step-ms", "10"};
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    const std::string out_dir = "run" + std::to_string(run);
+    auto agent = start(out_dir, 2, 1, worker);
+    const long zero = started_pid(out_dir, 0), one = started_pid(out_dir, 1);
+    ASSERT_TRUE(zero > 0 && one > 0) << agent->output();
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return agent->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
+        << agent->output();
+    ::kill(static_cast<pid_t>(zero), SIGKILL);
+    ::kill(static_cast<pid_t>(one), SIGKILL);
+    ASSERT_EQ(agent->wait(120s), 0) << agent->output();
+    const std::string out = agent->output();
+    EXPECT_NE(out.find("2 workers failed at once, every worker of the group"), std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("replaced in place by pid"), std::string::npos) << out;
+    EXPECT_EQ(events(out_dir, "restart").size(), 1u) << out;
+  }
+}
+
 // Two static nodes of one worker each: node 0 hosts the job's store on 127.0.0.2.
 class InPlaceStaticNodes : public InPlace {
  protected:

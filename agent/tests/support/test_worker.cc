@@ -20,6 +20,11 @@
 //   trap SIGNAL FILE MS      on SIGNAL: append the signal number to FILE, wait MS, exit 0
 //   note SIGNAL FILE         on SIGNAL: append the signal number to FILE and carry on
 //   ignore SIGNAL            ignore SIGNAL
+//   spawn-child-if-rank RANK PIDFILE   when RANK matches $RANK: start a child (in this process's
+//                            group, as a DataLoader's workers are) that sleeps until signalled,
+//                            and write its pid to PIDFILE
+//   fail-on SIGNAL MESSAGE   on SIGNAL: write the error file with MESSAGE and exit 1 (a SIGTERM
+//                            handler that raises)
 //   lines N                  print N lines to stdout and N to stderr, each written in two parts
 //   spam-lines N             print N lines of kSpamLineBytes bytes to stdout ("line K xxx...")
 //   spam-forever             print such lines to stdout until killed
@@ -61,12 +66,15 @@
 
 extern char** environ;
 
+void write_error_file(const std::string& message);
+
 namespace {
 
 volatile sig_atomic_t g_received = 0;
 std::string g_signal_files[65];
 int g_exit_after_ms[65];
 bool g_exits[65];
+std::string g_fail_messages[65];
 
 void on_signal(int s) {
   g_received = s;
@@ -89,6 +97,10 @@ void handle_pending() {
   const int s = g_received;
   if (s == 0) return;
   g_received = 0;
+  if (!g_fail_messages[s].empty()) {
+    write_error_file(g_fail_messages[s]);
+    std::exit(1);
+  }
   std::ofstream(g_signal_files[s], std::ios::app) << s << "\n";
   if (g_exits[s]) {
     std::this_thread::sleep_for(std::chrono::milliseconds(g_exit_after_ms[s]));
@@ -311,6 +323,19 @@ int main(int argc, char** argv) {
       install(s, next(), false, 0);
     } else if (a == "ignore") {
       signal(std::stoi(next()), SIG_IGN);
+    } else if (a == "spawn-child-if-rank") {
+      const std::string rank = next();
+      const std::string pidfile = next();
+      if (env_or("RANK", "") != rank) continue;
+      const pid_t child = ::fork();
+      if (child == 0) {
+        for (;;) ::pause();
+      }
+      write_whole_file(pidfile, std::to_string(child) + "\n");
+    } else if (a == "fail-on") {
+      const int s = std::stoi(next());
+      g_fail_messages[s] = next();
+      install(s, "", false, 0);
     } else if (a == "lines") {
       const int n = std::stoi(next());
       const std::string rank = env_or("RANK", "?");

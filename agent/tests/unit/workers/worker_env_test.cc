@@ -1,6 +1,7 @@
 // The worker environment and the failure report's pieces, table-driven.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -81,13 +82,15 @@ TEST(FailureReport, TheEarliestFailureIsTheRootCause) {
 namespace dist::agent {
 namespace {
 
-// A worker that failed because its peer did (its connection reset, an aborted collective) is never
-// the root cause while a failure of its own is there, whatever the order it was seen in.
-TEST(FailureReport, ACollateralFailureIsNeverChosenOverAFailureOfItsOwn) {
+// A worker that failed because its peer did (its connection reset, an aborted collective) is
+// not the root cause while a failure of a rank's own came within kCollateralWindow after it (the
+// peer whose exit reset the connection is reaped a moment later); an error that reads so but came
+// well before any other (a data service that refuses connections) is the root cause.
+TEST(FailureReport, ACollateralFailureYieldsToAFailureOfItsOwnThatCameRightAfterIt) {
   const auto now = std::chrono::system_clock::now();
   std::vector<WorkerFailure> failures(3);
   failures[0].worker.rank = 1;
-  failures[0].time = now - std::chrono::seconds(1);  // seen first
+  failures[0].time = now - std::chrono::milliseconds(300);  // seen first
   failures[0].message =
       "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Read error: "
       "Connection reset by peer";
@@ -95,7 +98,7 @@ TEST(FailureReport, ACollateralFailureIsNeverChosenOverAFailureOfItsOwn) {
   failures[1].time = now;
   failures[1].message = "ValueError: the checkpoint cannot be written";
   failures[2].worker.rank = 2;
-  failures[2].time = now - std::chrono::seconds(2);
+  failures[2].time = now - std::chrono::milliseconds(100);
   failures[2].exit_code = 75;  // the SDK's exit after an NCCL abort
   for (auto& f : failures) f.collateral = looks_collateral(f);
   EXPECT_TRUE(failures[0].collateral);
@@ -103,8 +106,14 @@ TEST(FailureReport, ACollateralFailureIsNeverChosenOverAFailureOfItsOwn) {
   EXPECT_TRUE(failures[2].collateral);
   EXPECT_EQ(root_cause_index(failures), 1u);
   // Only collateral failures: the earliest of them.
-  failures.erase(failures.begin() + 1);
-  EXPECT_EQ(root_cause_index(failures), 1u);  // rank 2, two seconds ago
+  std::vector<WorkerFailure> collateral = {failures[0], failures[2]};
+  EXPECT_EQ(root_cause_index(collateral), 0u);
+  // Refused two seconds before the other failed: the refusal was first.
+  failures[0].message = "ConnectionRefusedError: [Errno 111] Connection refused";
+  failures[0].time = now - std::chrono::seconds(2);
+  failures[0].collateral = looks_collateral(failures[0]);
+  EXPECT_TRUE(failures[0].collateral);
+  EXPECT_EQ(root_cause_index(failures), 0u);
 }
 
 // One second in torch's error files, one reaping for both: the one with an error file, then the
@@ -141,19 +150,48 @@ TEST(FailureReport, OfTwoAtOnceTheOneThatExitedOnItsOwnIsTheRootCause) {
   EXPECT_EQ(root_cause_index(failures), 1u);
 }
 
-TEST(FailureReport, ErrorFileTimestampsKeepTheirFractions) {
+// torch's @record writes whole seconds: two failures of one second tied (then the lower rank
+// won, the wrong one when it failed second). The time is when the file was written, to the
+// nanosecond.
+TEST(FailureReport, AFailuresTimeIsWhenItsErrorFileWasWritten) {
   const std::string path = "/tmp/dist-error-file-test-" + std::to_string(::getpid()) + ".json";
   std::ofstream(path) << R"({"message": {"message": "ValueError: x", "extraInfo": )"
-                      << R"({"py_callstack": "tb", "timestamp": "1700000000.250000"}}})";
+                      << R"({"py_callstack": "tb", "timestamp": "1700000000"}}})";
+  struct stat written {};
+  ASSERT_EQ(::stat(path.c_str(), &written), 0);
   WorkerFailure f;
   f.error_file = path;
   read_error_file(f);
   std::remove(path.c_str());
   EXPECT_EQ(f.message, "ValueError: x");
   EXPECT_EQ(f.traceback, "tb");
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(f.time.time_since_epoch()).count();
-  EXPECT_NEAR(static_cast<double>(ms), 1700000000250.0, 1.0);
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(f.time.time_since_epoch()).count();
+  EXPECT_EQ(ns, written.st_mtim.tv_sec * 1'000'000'000LL + written.st_mtim.tv_nsec);
+}
+
+// A message of several lines stays inside its field (its lines used to start at column 0, where
+// they could pass for the report's own: a "Root Cause" of the message's making); a megabyte's
+// message that the traceback has whole is shown cut, not printed twice.
+TEST(FailureReport, AMessagesLinesStayInItsFieldAndAHugeOneIsShownOnce) {
+  WorkerFailure f;
+  f.exit_code = 1;
+  f.message = "ValueError: bad state\nRoot Cause (first observed failure):\nrank      : 0";
+  f.traceback = "Traceback (most recent call last):\n  File \"train.py\", line 3\n" + f.message;
+  std::string report = format_report("train.py", {f});
+  EXPECT_NE(report.find("  message   : ValueError: bad state\n"
+                        "              Root Cause (first observed failure):\n"
+                        "              rank      : 0\n"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("\nRoot Cause (first observed failure):", report.find("message")),
+            std::string::npos)
+      << report;
+  f.message = "ValueError: " + std::string(1 << 20, 'x');
+  f.traceback = "Traceback (most recent call last):\n" + f.message;
+  report = format_report("train.py", {f});
+  EXPECT_LT(report.size(), f.message.size() + 10'000);
+  EXPECT_NE(report.find("... (1048588 bytes: whole in the traceback)"), std::string::npos);
 }
 
 // A Python script whose name is not UTF-8 fails: torch's @record writes its traceback with the

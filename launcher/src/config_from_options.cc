@@ -651,6 +651,12 @@ void set_worker_command(const RawOptions& r, LaunchConfig& c) {
     c.worker_argv.insert(c.worker_argv.end(), args.begin(), args.end());
   }
   c.script_name = fs::path(script).filename().string();
+  // A function the Python API launches: its name titles the failure report, not the script that
+  // runs it (_function_worker.py). Not passed on: a launch from a worker is a job of its own.
+  if (const char* title = std::getenv("DIST_LAUNCH_REPORT_TITLE"); title && *title) {
+    c.script_name = title;
+    ::unsetenv("DIST_LAUNCH_REPORT_TITLE");
+  }
   c.python_workers = !r.no_python;
 }
 

@@ -212,7 +212,10 @@ def _launch_function(config: LaunchConfig, function: Callable[..., Any],
 
 def _run(config: LaunchConfig, target: List[str], name: str,
          report_name: Optional[str] = None) -> Outcome:
-    outcome = run_dist_launch(config.to_args() + target, _environment(config.python),
+    env = _environment(config.python)
+    if report_name:  # the report's title: the function, not the script that runs it
+        env["DIST_LAUNCH_REPORT_TITLE"] = report_name
+    outcome = run_dist_launch(config.to_args() + target, env,
                               _stop_signals(config.signals_to_handle))
     _raise_for(outcome, name, report_name)
     return outcome

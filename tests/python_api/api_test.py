@@ -62,6 +62,9 @@ class FunctionEntrypoint(unittest.TestCase):
         self.assertIn(rank, {0, 1})
         self.assertEqual(1, root.exitcode)
         self.assertEqual("sad", error.name)
+        # dist-launch's own report names the function, not the script that runs it
+        self.assertIn("sad FAILED", error.format_msg())
+        self.assertNotIn("_function_worker.py FAILED", error.format_msg())
         self.assertEqual("RuntimeError: sad because i throw", root.message)
         data = root.error_file_data["message"]
         self.assertEqual(root.message, data["message"])

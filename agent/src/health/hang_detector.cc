@@ -512,7 +512,7 @@ void HangDetector::look(bool first) {
       const ProcessActivity inner = read_activity(dumper);
       if (inner.state == 'T' || inner.state == 'D') w.look->after.state = inner.state;
       if (w.look->after.wchan.empty()) w.look->after.wchan = inner.wchan;
-      if (w.look->after.awaits_input.empty() && w.look->after.blocked_on.empty()) {
+      if (!inner.awaits_input.empty() || !inner.blocked_on.empty()) {  // over the wrapper's
         w.look->after.awaits_input = inner.awaits_input;
         w.look->after.blocked_on = inner.blocked_on;
         w.look->after.blocked_writing = inner.blocked_writing;
@@ -557,6 +557,13 @@ bool HangDetector::signal_for_stack(const Watched& w) {
   if (!w.main_thread || !now || !thread_waited_in_kernel(*w.main_thread, *now)) {
     spdlog::debug("{}: its main thread is running (state {}): no stack signal", describe(w.worker),
                   now ? now->state : '?');
+    return false;
+  }
+  // A call that a handler would break (a C call's poll() or sleep() under the GIL: EINTR) is
+  // left alone: the report does without its stack.
+  if (!restarts_after_a_handler(dumper)) {
+    spdlog::debug("{}: its main thread waits in a call a signal would break: no stack signal",
+                  describe(w.worker));
     return false;
   }
   return ::tgkill(dumper, dumper, signal) == 0;
@@ -776,11 +783,14 @@ HangReport HangDetector::telemetry_report(const HangFinding& finding,
 
 // --hang-timeout auto, nothing proven: what is seen is said, nothing is done.
 void HangDetector::report(const HangFinding& finding, const std::vector<Watched*>& ranks) {
-  std::vector<std::string> suspects, paused;
+  std::vector<std::string> suspects, paused, idle;
   bool all_wait = !ranks.empty();
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const RankWhere& r = finding.ranks[i];
     if (r.suspect) suspects.push_back(std::to_string(ranks[i]->worker.rank));
+    if (r.suspect && !r.active && !r.own_work && !r.paused) {
+      idle.push_back(std::to_string(ranks[i]->worker.rank));
+    }
     if (r.paused) paused.push_back(std::to_string(ranks[i]->worker.rank));
     all_wait = all_wait && r.waiting;
   }
@@ -803,14 +813,18 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
         "it, work of its own (nothing is ended)",
         ranks[0]->worker.rank, workers_.size() > 1 ? " (the others finished)" : "");
   } else if (finding.idle_suspect()) {
+    // Of several, only the idle ones are said to do nothing (one may compute meanwhile).
+    const bool some = idle.size() < suspects.size();
+    const bool many_idle = idle.size() > 1;
     verdict = fmt::format(
-        "suspected hang: the others wait for rank{} {}, which {} (nothing is ended: a rank is "
+        "suspected hang: the others wait for rank{} {}, {}{} {} (nothing is ended: a rank is "
         "ended only on proof that it cannot go on, or past the job's collective timeout{})",
-        many ? "s" : "", list(suspects),
+        many ? "s" : "", list(suspects), some ? "of which rank" : "which",
+        some ? (many_idle ? "s " : " ") + list(idle) : std::string(),
         finding.idle_suspects_await_input()
-            ? (many ? "wait for input (a debugger's prompt, input()?)"
-                    : "waits for input (a debugger's prompt, input()?)")
-            : (many ? "do nothing" : "does nothing"),
+            ? (many_idle ? "wait for input (a debugger's prompt, input()?)"
+                         : "waits for input (a debugger's prompt, input()?)")
+            : (many_idle ? "do nothing" : "does nothing"),
         bound() ? fmt::format(", {:.0f} s", seconds(*bound())) : "");
   } else if (!suspects.empty()) {
     verdict =

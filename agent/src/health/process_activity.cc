@@ -147,8 +147,13 @@ std::string address_of(const std::string& hex) {
   return "[" + std::string(text) + "]:" + std::to_string(port);
 }
 
-// The peer of the TCP socket `inode` in `pid`'s network namespace; empty when it is none.
-std::string tcp_peer(pid_t pid, const std::string& inode) {
+// The TCP socket `inode` in `pid`'s network namespace: its peer and state (/proc/net/tcp's
+// hex: 01 established, 02 connecting); none when it is no TCP socket.
+struct TcpSocket {
+  std::string peer;
+  int state = 0;
+};
+std::optional<TcpSocket> tcp_socket(pid_t pid, const std::string& inode) {
   for (const char* table : {"/net/tcp", "/net/tcp6"}) {
     std::ifstream lines("/proc/" + std::to_string(pid) + table);
     std::string line;
@@ -160,25 +165,33 @@ std::string tcp_peer(pid_t pid, const std::string& inode) {
       if (fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
               timeout >> node &&
           node == inode) {
-        return address_of(remote);
+        return TcpSocket{address_of(remote),
+                         static_cast<int>(std::strtol(state.c_str(), nullptr, 16))};
       }
     }
   }
-  return "";
+  return std::nullopt;
 }
 
+constexpr int kTcpEstablished = 1;
+constexpr int kTcpSynSent = 2;
+
 // What the descriptor `fd` of `pid` is, in words: "a socket to 127.0.0.1:5000", "a pipe
-// (pipe:[4711])", a file's path; empty when it cannot be read.
-std::string descriptor_of(pid_t pid, int fd) {
+// (pipe:[4711])", a file's path; empty when it cannot be read. `connecting`: a TCP socket whose
+// connection is not made yet; `established`: one whose is.
+std::string descriptor_of(pid_t pid, int fd, bool& connecting, bool& established) {
   std::error_code ec;
   const std::string target = std::filesystem::read_symlink(
                                  "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd), ec)
                                  .string();
   if (ec) return "";
   if (target.starts_with("socket:[") && target.ends_with("]")) {
-    const std::string peer = tcp_peer(pid, target.substr(8, target.size() - 9));
-    return peer.empty() ? "a socket (" + target + ")" : "a socket to " + peer;
+    const auto tcp = tcp_socket(pid, target.substr(8, target.size() - 9));
+    connecting = tcp && tcp->state == kTcpSynSent;
+    established = tcp && tcp->state == kTcpEstablished;
+    return tcp && !tcp->peer.empty() ? "a socket to " + tcp->peer : "a socket (" + target + ")";
   }
+  established = true;  // a pipe, a file: written as it is
   if (target.starts_with("pipe:[")) return "a pipe (" + target + ")";
   return target;
 }
@@ -210,9 +223,14 @@ void read_blocked_call(pid_t pid, ProcessActivity& a) {
   if (!call) return;
   a.awaits_input = input_awaited(pid, *call);
   if (!a.awaits_input.empty()) return;
-  const std::string what = descriptor_of(pid, call->fd);
+  bool connecting = false, established = false;
+  const std::string what = descriptor_of(pid, call->fd, connecting, established);
   if (what.empty()) return;
-  a.blocked_writing = call->writes;
+  if (connecting) {  // a poll for POLLOUT is how a connection with a timeout is waited for
+    a.blocked_on = "connecting with " + what;
+    return;
+  }
+  a.blocked_writing = call->writes && established;
   a.blocked_on = (call->writes ? "writing to " : "reading from ") + what;
 }
 
@@ -239,6 +257,27 @@ ProcessActivity read_activity(pid_t pid) {
     for (const pid_t child : children_of(p)) todo.push_back(child);
   }
   return a;
+}
+
+bool restarts_after_a_handler(pid_t pid) {
+  std::istringstream call(read_small("/proc/" + std::to_string(pid) + "/syscall"));
+  long number = -1;
+  if (!(call >> number)) return false;  // running, gone, or not to be read
+  switch (number) {
+    case SYS_futex:  // a lock, a condition (the GIL's): restarted, or retried by glibc
+    case SYS_read:
+    case SYS_readv:
+    case SYS_pread64:
+    case SYS_write:
+    case SYS_writev:
+    case SYS_pwrite64:
+    case SYS_wait4:
+    case SYS_waitid:
+    case SYS_flock:
+      return true;
+    default:  // poll, select, epoll_wait, nanosleep, ...: EINTR whatever the handler's flags
+      return false;
+  }
 }
 
 std::optional<ProcessStat> read_process_stat(pid_t pid) {

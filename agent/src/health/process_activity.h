@@ -33,6 +33,12 @@ struct ProcessActivity {
 
 // The worker `pid` and its descendants now; processes = 0 when it is gone.
 ProcessActivity read_activity(pid_t pid);
+// Whether the call `pid`'s main thread is blocked in goes on after a signal handler with
+// SA_RESTART has run (a read, a write, a lock): poll(), select(), epoll_wait(), nanosleep() and
+// the like fail with EINTR instead, whatever the handler's flags (signal(7)), which C code that
+// holds the GIL may not expect (a C poll() of 70 s returned EINTR at 31 s and the job failed).
+// False when it runs, or the call cannot be read.
+bool restarts_after_a_handler(pid_t pid);
 // The state letter and CPU ticks of `pid` alone (one read of /proc/<pid>/stat); none when it is
 // gone.
 struct ProcessStat {

@@ -81,6 +81,15 @@ void read_error_file(WorkerFailure& failure) {
   if (failure.error_file.empty()) return;
   std::ifstream in(failure.error_file);
   if (!in) return;
+  // When the error was written, to the tick: torch's whole seconds would tie two failures of one
+  // second (then settled by rank, wrongly) or put the later one first.
+  struct stat written {};
+  if (::stat(failure.error_file.c_str(), &written) == 0) {
+    failure.time = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::seconds(written.st_mtim.tv_sec) +
+            std::chrono::nanoseconds(written.st_mtim.tv_nsec)));
+  }
   try {
     // Python writes a name that is not UTF-8 as lone surrogate escapes, which nlohmann refuses.
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -94,26 +103,9 @@ void read_error_file(WorkerFailure& failure) {
     if (m.contains("extraInfo")) {
       const nlohmann::json& extra = m.at("extraInfo");
       failure.traceback = extra.value("py_callstack", "");
-      const std::string ts = extra.value("timestamp", "");
-      if (!ts.empty()) {
-        // Seconds since the epoch as text: whole seconds from torch's @record, with fractions
-        // from the SDK's write_error_file.
-        const auto since_epoch = std::chrono::duration<double>(std::stod(ts));
-        failure.time = std::chrono::system_clock::time_point(
-            std::chrono::round<std::chrono::system_clock::duration>(since_epoch));
-      }
     }
   } catch (const std::exception&) {
     failure.message = "(error file " + failure.error_file + " is not valid JSON)";
-  }
-  // When the error was written, to the nanosecond: torch's whole seconds would tie two failures
-  // of one second (then settled by rank, wrongly) or put the later one first.
-  struct stat written {};
-  if (::stat(failure.error_file.c_str(), &written) == 0) {
-    failure.time = std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::seconds(written.st_mtim.tv_sec) +
-            std::chrono::nanoseconds(written.st_mtim.tv_nsec)));
   }
 }
 
@@ -149,27 +141,16 @@ bool looks_collateral(const WorkerFailure& failure) {
 }
 
 std::size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
-  const auto earlier = [](const WorkerFailure& a, const WorkerFailure& b) {
+  const auto before = [](const WorkerFailure& a, const WorkerFailure& b) {
+    if (a.collateral != b.collateral) return !a.collateral;
     if (a.time != b.time) return a.time < b.time;
     // Of two at once, the one that exited with its own error over one the stop's signal ended.
     if (a.ended_by_the_stop != b.ended_by_the_stop) return !a.ended_by_the_stop;
     if (a.error_file.empty() != b.error_file.empty()) return !a.error_file.empty();
     return a.worker.rank < b.worker.rank;
   };
-  const auto first = std::min_element(failures.begin(), failures.end(), earlier);
-  if (first == failures.end() || !first->collateral) {
-    return static_cast<std::size_t>(first - failures.begin());
-  }
-  // An error that reads as a lost peer's (a connection reset) yields to a failure of a rank's
-  // own that came within kCollateralWindow after it: the peer whose exit reset the connection is
-  // reaped a moment later. Later than that, the first failure is the first, whatever it says
-  // (a data service that refuses connections is a failure of its own).
-  auto own = failures.end();
-  for (auto f = failures.begin(); f != failures.end(); ++f) {
-    if (f->collateral || f->time > first->time + kCollateralWindow) continue;
-    if (own == failures.end() || earlier(*f, *own)) own = f;
-  }
-  return static_cast<std::size_t>((own != failures.end() ? own : first) - failures.begin());
+  return static_cast<std::size_t>(std::min_element(failures.begin(), failures.end(), before) -
+                                  failures.begin());
 }
 
 namespace {

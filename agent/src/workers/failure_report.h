@@ -22,12 +22,10 @@ int exit_code_of(const WorkerFailure& failure);
 // and traceback, and its exit code.
 bool looks_collateral(const WorkerFailure& failure);
 
-// The root cause: the earliest failure, by when it happened (when its error file was written,
-// else when the agent saw the exit); a failure that reads as collateral (a reset connection)
-// yields to one of a rank's own within kCollateralWindow after it. Ties (one reaping) go to a
-// worker that exited on its own over one the stop's signal ended, then to a failure with an error
-// file, then to the lower rank. Returns its index.
-inline constexpr std::chrono::seconds kCollateralWindow{1};
+// The root cause: the earliest failure of its own, by when it happened (when its error file was
+// written, else when the agent saw the exit); collateral failures only when there is nothing
+// else. Ties (one reaping) go to a worker that exited on its own over one the stop's signal
+// ended, then to a failure with an error file, then to the lower rank. Returns its index.
 std::size_t root_cause_index(const std::vector<WorkerFailure>& failures);
 
 // A worker replaced alone (--restart-policy in-place): its failure, the generation its

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,25 +54,52 @@ std::string signal_list(const std::vector<int>& signals) {
 // Whether a worker reaped while the group stops had failed on its own: its error file was
 // written before the stop began (the stop's signal may then have ended it on its way out). An
 // error written after (a SIGTERM handler's, a collective the stop broke) is the stop's doing; an
-// error that says the stop's signal never counts. `f.time` is the file's modification time.
+// error that says the stop's signal never counts. `f.time` is the file's modification time,
+// `stop_began` the stop's marker's (stop_marker_time): the same file system's clock and
+// granularity. A tie (a file system that stamps whole seconds) is not known to be after: an
+// exit code says it failed.
 bool failed_with_an_error(const WorkerFailure& f,
                           std::chrono::system_clock::time_point stop_began) {
   if (f.error_file.empty()) return false;
   for (const char* stopped : {"SignalException", "KeyboardInterrupt", "received signal"}) {
     if (f.message.find(stopped) != std::string::npos) return false;
   }
-  return f.time < stop_began;
+  return f.time < stop_began || (f.time == stop_began && f.exit_code > 0);
+}
+
+std::chrono::system_clock::time_point time_of(const timespec& t) {
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec)));
+}
+
+// When the stop began, as the file system that holds the workers' error files stamps it: the
+// time of a marker written there (and removed) before any stop signal is sent; an error file
+// written after it is never stamped before it. Without one, the kernel's coarse clock, which
+// stamps files.
+std::chrono::system_clock::time_point stop_marker_time(const fs::path& directory) {
+  const fs::path marker = directory / ".stop_began";
+  const bool written_now = static_cast<bool>(std::ofstream(marker).flush());
+  struct stat written {};
+  const bool stamped = written_now && ::stat(marker.c_str(), &written) == 0;
+  std::error_code ec;
+  fs::remove(marker, ec);
+  if (stamped) return time_of(written.st_mtim);
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME_COARSE, &now);
+  return time_of(now);
 }
 
 // Whether `pid` is on its way out: a SIGKILL pending (sent, the process not yet scheduled to die
 // of it), exiting (PF_EXITING), or a zombie.
 bool is_dying(pid_t pid) {
+  if (pid <= 0) return false;  // never started
   const std::string proc = "/proc/" + std::to_string(pid);
   std::ifstream stat(proc + "/stat");
   std::string text;
   std::getline(stat, text);
   const auto close = text.rfind(')');
-  if (close == std::string::npos) return true;  // gone
+  if (close == std::string::npos) return false;  // reaped: its exit is in hand
   std::istringstream fields(text.substr(close + 2));
   std::string state, field;
   fields >> state;
@@ -89,16 +117,6 @@ bool is_dying(pid_t pid) {
     }
   }
   return false;
-}
-
-// Now by the clock the kernel stamps files with (the coarse one, a tick behind the precise
-// clock): a file written after this is never stamped before it.
-std::chrono::system_clock::time_point file_clock_now() {
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME_COARSE, &now);
-  return std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec)));
 }
 
 void log_failure(const WorkerFailure& f, const std::string& note) {
@@ -549,6 +567,7 @@ void WorkerGroup::reap() {
       watchdogs_.exited(w.worker.local_rank);
       // A worker the stop ended is "stopped", not failed (the event log's "failed": false).
       bool failed = code != 0 || !watchdog_reason.empty();
+      w.failed = failed;
       if (!failed) exited_ok = true;
       if (failed && state_ == State::kRunning) {
         // What it started (a DataLoader's workers) serves nobody now: SIGTERM, as a stop gives
@@ -582,7 +601,11 @@ void WorkerGroup::reap() {
   settling_.insert(settling_.end(), std::make_move_iterator(failures.begin()),
                    std::make_move_iterator(failures.end()));
   if (!settling_.empty()) return settle();
-  if (all_exited(workers_)) return events_.succeeded();
+  // Every worker exited 0: a failed one awaiting its replacement (in place) is no success, nor
+  // is the exit of what it started (a child reparented here dies of the SIGTERM it got).
+  const bool none_failed =
+      std::none_of(workers_.begin(), workers_.end(), [](const Member& w) { return w.failed; });
+  if (all_exited(workers_) && none_failed) return events_.succeeded();
   if (exited_ok && events_.one_succeeded) events_.one_succeeded();
 }
 
@@ -652,7 +675,7 @@ void WorkerGroup::stop(int signal, bool already_sent) {
     for (auto& w : workers_) w.exited = true;
   }
   state_ = State::kStopping;
-  stop_began_ = file_clock_now();
+  stop_began_ = stop_marker_time(dir_.path());
   if (!settling_.empty()) {  // stopped while waiting for a dying worker: failures before the stop
     late_failures_.insert(late_failures_.end(), std::make_move_iterator(settling_.begin()),
                           std::make_move_iterator(settling_.end()));

@@ -152,6 +152,7 @@ class WorkerGroup {
     Worker worker;
     bool exited = false;
     bool exited_before_stop = false;  // had exited (not yet reaped) when the group was stopped
+    bool failed = false;              // exited with an error (in place: until replaced)
     int open_pipes = 0;
   };
   enum class State { kIdle, kRunning, kStopping };

@@ -1071,6 +1071,19 @@ TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsI
   EXPECT_EQ(recovered[0]["first_step"], 10);
 }
 
+// A node's only worker fails; what it started (a child in its process group, as a DataLoader's
+// workers are) gets SIGTERM and dies as the replacement is being claimed. Its exit, reaped, found
+// every worker of the node exited: "this node's workers are done", the failed one never replaced
+// and the other node's survivor waiting for good (a reviewer's finding).
+TEST_F(InPlaceStaticNodes, AFailedWorkersChildDyingIsNoSuccessOfItsNode) {
+  std::vector<std::string> outputs;
+  const auto codes = run_nodes("job", 2, {"--steps", "30", "--crash", "1:10", "--child"}, outputs);
+  EXPECT_EQ(codes, (std::vector<int>{0, 0})) << outputs[0] << outputs[1];
+  const auto replaced = outputs[1].find("replaced in place by pid");
+  ASSERT_NE(replaced, std::string::npos) << outputs[1];
+  EXPECT_GT(outputs[1].find("workers are done"), replaced) << outputs[1];
+}
+
 TEST_F(InPlaceStaticNodes, EveryNodeCountsTheOthersReplacements) {
   // Rank 1 (node 1) is replaced, then rank 0 (node 0) fails in generation 1: node 0 has replaced
   // nothing itself, yet its failure finds no restart left, and both nodes fail alike.

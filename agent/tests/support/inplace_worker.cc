@@ -53,6 +53,8 @@
 //                             one of them was asked to regroup (a node joins), without regrouping;
 //                             or, when the request came between that check and the unit's (the
 //                             group regrouped), at the step after
+//   --child                   every process starts a child in its process group (as a
+//                             DataLoader's workers are) that exits as soon as a signal comes
 //   --out DIR                 DIR/start_<rank>_<attempt>_<generation>: "<pid>", written at start
 //                             (DIR/born_<rank>_<attempt>_<generation> as the process begins,
 //                             before init(), which a replacement leaves once its group is built);
@@ -97,6 +99,7 @@ struct Options {
   int step_ms = 0;
   Crash slow;  // rank and step (its MS)
   bool count_steps = false;
+  bool child = false;
   std::vector<Crash> crashes;
   int fail_in_recovery = -1;
   int fail_after_recovery = -1;
@@ -145,9 +148,11 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--finish-when-asked" || flag == "--stall-in-recovery" || flag == "--count-steps") {
+    if (flag == "--finish-when-asked" || flag == "--stall-in-recovery" || flag == "--count-steps" ||
+        flag == "--child") {
       (flag == "--finish-when-asked" ? o.finish_when_asked
        : flag == "--count-steps"     ? o.count_steps
+       : flag == "--child"           ? o.child
                                      : o.stall_in_recovery) = true;
       --i;  // no value
       continue;
@@ -251,6 +256,10 @@ bool wait_for(const std::function<bool()>& done) {
 }
 
 int run(const Options& o) {
+  if (o.child && ::fork() == 0) {
+    for (const int s : {SIGTERM, SIGINT, SIGHUP}) ::signal(s, SIG_DFL);
+    for (;;) ::pause();  // a signal's default ends it
+  }
   if (!o.out.empty()) {
     write_file(o.out + "/born_" + std::to_string(env_int("RANK")) + "_" +
                    std::to_string(env_int("TORCHELASTIC_RESTART_COUNT")) + "_" +

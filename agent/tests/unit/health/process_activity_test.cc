@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -315,6 +316,57 @@ TEST(BlockedOn, AWriteOrAReadOfASocketOrAPollForOneSaysThePeer) {
     EXPECT_EQ(asleep(sleeping, false).blocked_on, "");
   }
   for (const int fd : {listener, writer, accepted, reader, quiet}) ::close(fd);
+}
+
+// The stack signal's handler (SA_RESTART) breaks a poll() or a sleep of C code that holds the GIL
+// (EINTR: a job failed of it); a read or a lock goes on after it.
+TEST(RestartsAfterAHandler, AReadOrALockDoesAPollOrASleepDoesNot) {
+  {
+    Child sleeping([] { ::pause(); });
+    std::ifstream call("/proc/" + std::to_string(sleeping.pid()) + "/syscall");
+    std::string number;
+    if (!(call >> number)) GTEST_SKIP() << "a child's /proc/<pid>/syscall cannot be read here";
+  }
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const auto in_call = [](const Child& child, long number) {
+    for (const auto end = std::chrono::steady_clock::now() + 30s;
+         std::chrono::steady_clock::now() < end; std::this_thread::sleep_for(5ms)) {
+      std::ifstream call("/proc/" + std::to_string(child.pid()) + "/syscall");
+      long n = -1;
+      if (call >> n && n == number) return true;
+    }
+    return false;
+  };
+  {
+    Child reading([&] {
+      char c;
+      for (;;) [[maybe_unused]] ssize_t n = ::read(pipe_fds[0], &c, 1);
+    });
+    ASSERT_TRUE(in_call(reading, SYS_read));
+    EXPECT_TRUE(restarts_after_a_handler(reading.pid()));
+  }
+  {
+    Child polling([&] {
+      pollfd p{pipe_fds[0], POLLIN, 0};
+      for (;;) ::poll(&p, 1, 60'000);
+    });
+#ifdef SYS_poll
+    ASSERT_TRUE(in_call(polling, SYS_poll));
+#else
+    ASSERT_TRUE(in_call(polling, SYS_ppoll));
+#endif
+    EXPECT_FALSE(restarts_after_a_handler(polling.pid()));
+  }
+  {
+    Child sleeping([] {
+      for (;;) ::sleep(60);
+    });
+    ASSERT_TRUE(in_call(sleeping, SYS_clock_nanosleep) || in_call(sleeping, SYS_nanosleep));
+    EXPECT_FALSE(restarts_after_a_handler(sleeping.pid()));
+  }
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
 }
 
 }  // namespace

@@ -82,15 +82,13 @@ TEST(FailureReport, TheEarliestFailureIsTheRootCause) {
 namespace dist::agent {
 namespace {
 
-// A worker that failed because its peer did (its connection reset, an aborted collective) is
-// not the root cause while a failure of a rank's own came within kCollateralWindow after it (the
-// peer whose exit reset the connection is reaped a moment later); an error that reads so but came
-// well before any other (a data service that refuses connections) is the root cause.
-TEST(FailureReport, ACollateralFailureYieldsToAFailureOfItsOwnThatCameRightAfterIt) {
+// A worker that failed because its peer did (its connection reset, an aborted collective) is never
+// the root cause while a failure of its own is there, whatever the order it was seen in.
+TEST(FailureReport, ACollateralFailureIsNeverChosenOverAFailureOfItsOwn) {
   const auto now = std::chrono::system_clock::now();
   std::vector<WorkerFailure> failures(3);
   failures[0].worker.rank = 1;
-  failures[0].time = now - std::chrono::milliseconds(300);  // seen first
+  failures[0].time = now - std::chrono::seconds(1);  // seen first
   failures[0].message =
       "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Read error: "
       "Connection reset by peer";
@@ -98,7 +96,7 @@ TEST(FailureReport, ACollateralFailureYieldsToAFailureOfItsOwnThatCameRightAfter
   failures[1].time = now;
   failures[1].message = "ValueError: the checkpoint cannot be written";
   failures[2].worker.rank = 2;
-  failures[2].time = now - std::chrono::milliseconds(100);
+  failures[2].time = now - std::chrono::seconds(2);
   failures[2].exit_code = 75;  // the SDK's exit after an NCCL abort
   for (auto& f : failures) f.collateral = looks_collateral(f);
   EXPECT_TRUE(failures[0].collateral);
@@ -106,14 +104,8 @@ TEST(FailureReport, ACollateralFailureYieldsToAFailureOfItsOwnThatCameRightAfter
   EXPECT_TRUE(failures[2].collateral);
   EXPECT_EQ(root_cause_index(failures), 1u);
   // Only collateral failures: the earliest of them.
-  std::vector<WorkerFailure> collateral = {failures[0], failures[2]};
-  EXPECT_EQ(root_cause_index(collateral), 0u);
-  // Refused two seconds before the other failed: the refusal was first.
-  failures[0].message = "ConnectionRefusedError: [Errno 111] Connection refused";
-  failures[0].time = now - std::chrono::seconds(2);
-  failures[0].collateral = looks_collateral(failures[0]);
-  EXPECT_TRUE(failures[0].collateral);
-  EXPECT_EQ(root_cause_index(failures), 0u);
+  failures.erase(failures.begin() + 1);
+  EXPECT_EQ(root_cause_index(failures), 1u);  // rank 2, two seconds ago
 }
 
 // One second in torch's error files, one reaping for both: the one with an error file, then the
@@ -168,6 +160,17 @@ TEST(FailureReport, AFailuresTimeIsWhenItsErrorFileWasWritten) {
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(f.time.time_since_epoch()).count();
   EXPECT_EQ(ns, written.st_mtim.tv_sec * 1'000'000'000LL + written.st_mtim.tv_nsec);
+  // A message alone (the error file's short form): the same.
+  std::ofstream(path) << R"({"message": "ValueError: y"})";
+  ASSERT_EQ(::stat(path.c_str(), &written), 0);
+  WorkerFailure short_form;
+  short_form.error_file = path;
+  read_error_file(short_form);
+  std::remove(path.c_str());
+  EXPECT_EQ(short_form.message, "ValueError: y");
+  EXPECT_EQ(std::chrono::duration_cast<std::chrono::nanoseconds>(short_form.time.time_since_epoch())
+                .count(),
+            written.st_mtim.tv_sec * 1'000'000'000LL + written.st_mtim.tv_nsec);
 }
 
 // A message of several lines stays inside its field (its lines used to start at column 0, where

@@ -13,6 +13,7 @@ the job, longer than the other node's exit barrier waits, ends the job with 0 on
 The scenarios run side by side, a few jobs at a time (a loaded machine is their normal case).
 
     python3 healthy_test.py --launcher build/bin/dist-launch --python python3 [--require-major 2]
+    (HEALTHY_SCENARIOS=c-poll,slow-log runs those scenarios' jobs alone)
 Exits 77 (skip) when that interpreter has no torch (or not --require-major).
 """
 import concurrent.futures
@@ -37,7 +38,8 @@ PAUSE_S = 36  # past the automatic hang timeout's 30 s floor, and its look
 CONCURRENT_JOBS = 4
 
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
-             "no-optimizer", "accumulate", "slow-log", "paused", "compile", "exit", "crowded",
+             "no-optimizer", "accumulate", "slow-log", "c-poll", "paused", "compile", "exit",
+             "crowded",
              "alone", "monitored", "scoring"]
 # Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored
 # and scoring: past the third look of the hang timeout (about 99 s), the first past that bound.
@@ -152,6 +154,9 @@ class Healthy(unittest.TestCase):
         cls.dir = tempfile.mkdtemp(prefix="dist-healthy-test-")
         major = int(ARGS.version.split(".")[0])
         scenarios = [s for s in SCENARIOS if s != "compile" or major >= 2]
+        only = os.environ.get("HEALTHY_SCENARIOS")  # a few, while working on them: "c-poll,sleep"
+        if only:
+            scenarios = [s for s in scenarios if s in only.split(",")]
         with concurrent.futures.ThreadPoolExecutor(CONCURRENT_JOBS) as pool:
             for job in pool.map(lambda s: Job(s, cls.dir).run(), scenarios):
                 cls.jobs[job.scenario] = job
@@ -162,7 +167,7 @@ class Healthy(unittest.TestCase):
 
     def check(self, scenario):
         if scenario not in self.jobs:
-            self.skipTest(f"{scenario} needs torch 2.x")
+            self.skipTest(f"{scenario} not run (it needs torch 2.x, or HEALTHY_SCENARIOS left it out)")
         job = self.jobs[scenario]
         out = job.proc.stdout + job.proc.stderr
         self.assertEqual(job.proc.returncode, 0, out)
@@ -253,7 +258,16 @@ class Healthy(unittest.TestCase):
         self.check("accumulate")
 
     def test_a_rank_logging_to_a_slow_network_service(self):
-        self.check("slow-log")
+        job = self.check("slow-log")
+        for event in job.events("hang_suspected"):
+            (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
+            if not rank0["active"]:  # blocked in its send: said, with the service's address
+                self.assertIn("blocked writing to a socket to 127.0.0.1:", rank0["doing"], rank0)
+
+    def test_a_c_call_that_holds_the_gil_in_poll(self):
+        # The sampler cannot run: the agent used to signal the main thread for its stack, and
+        # the handler broke the C call's poll() (EINTR at 31 s of 36: the worker failed).
+        self.check("c-poll")
 
     def test_a_rank_working_alone_after_the_others_finished_past_the_collective_timeout(self):
         # No rank is left to wait for it: neither ended past the job's collective timeout and its

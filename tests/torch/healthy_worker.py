@@ -16,6 +16,8 @@ defaults must end none of them.
   accumulate    gradient accumulation (no_sync, a step every 4 micro-batches); rank 0 stalls
                 between micro-batches
   slow-log      rank 0 logs to a network service that reads slowly (--log-port): its send blocks
+  c-poll        rank 0 waits --pause s in a C call that holds the GIL (ctypes.PyDLL): poll() of a
+                pipe nobody writes, which a signal handler would break (EINTR)
   paused        rank 0 says its pause: dist_launch.progress.pause("checkpoint")
   compile       torch.compile(fullgraph=True) of a function with dist.all_reduce, torch's
                 functional collectives and a DTensor (torch 2.x)
@@ -192,6 +194,22 @@ def main():
             line = b"step done, loss 0.1234 " * 40 + b"\n"
             for _ in range(4000):  # about 3.7 MB: the service reads it for --pause seconds
                 log.sendall(line)
+    elif s == "c-poll" and rank == 0:
+        import ctypes
+
+        class PollFd(ctypes.Structure):
+            _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short),
+                        ("revents", ctypes.c_short)]
+
+        libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL stays held through the call
+        libc.poll.argtypes = [ctypes.POINTER(PollFd), ctypes.c_ulong, ctypes.c_int]
+        read_end, _write_end = os.pipe()
+        began = time.monotonic()
+        ready = libc.poll(ctypes.byref(PollFd(read_end, 1, 0)), 1, int(a.pause * 1000))
+        took = time.monotonic() - began
+        if ready != 0 or took < a.pause - 1:
+            raise SystemExit(f"rank 0: C poll() returned {ready} (errno {ctypes.get_errno()}) "
+                             f"after {took:.1f} s of {a.pause} s")
     elif s == "paused" and rank == 0:
         from dist_launch import progress
 

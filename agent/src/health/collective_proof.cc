@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
+#include <unordered_map>
 
 #include "dist/contract/worker_contract.h"
 
@@ -203,11 +205,44 @@ std::string collective_name(std::uint32_t op) {
   return "none";
 }
 
+namespace {
+
+// progress.py's name_id: FNV-1a (64 bits) of a group's name.
+std::uint64_t name_id(const std::string& name) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const unsigned char byte : name) h = (h ^ byte) * 0x100000001b3ULL;
+  return h != 0 ? h : 1;
+}
+
+// torch's number of the group whose id is `group`: torch names its groups by a count ("0" the
+// world's, then "1", "2", ... in the order the ranks make them), the same on every rank; none for
+// a name of the script's own.
+std::optional<int> torch_group_number(std::uint64_t group) {
+  constexpr int kNumbered = 4096;
+  static const std::unordered_map<std::uint64_t, int> numbers = [] {
+    std::unordered_map<std::uint64_t, int> m;
+    for (int n = 0; n < kNumbered; ++n) m.emplace(name_id(std::to_string(n)), n);
+    return m;
+  }();
+  const auto at = numbers.find(group);
+  if (at == numbers.end()) return std::nullopt;
+  return at->second;
+}
+
+}  // namespace
+
+std::string group_label(std::uint64_t group, const std::vector<std::uint64_t>& order) {
+  if (const auto number = torch_group_number(group)) {
+    return "process group " + std::to_string(*number);
+  }
+  const auto at = std::find(order.begin(), order.end(), group);
+  if (at == order.end()) return "a process group";
+  return "process group " + std::to_string(at - order.begin());
+}
+
 std::string group_text(std::uint64_t group, const std::vector<std::uint64_t>& order) {
   if (group == 0) return "";
-  const auto at = std::find(order.begin(), order.end(), group);
-  if (at == order.end()) return " of a process group";
-  return " of process group " + std::to_string(at - order.begin());
+  return " of " + group_label(group, order);
 }
 
 std::string collective_text(std::uint32_t op, std::uint64_t seq, std::uint64_t group,

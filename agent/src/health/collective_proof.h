@@ -52,8 +52,11 @@ std::optional<Mismatch> prove_mismatch(const std::vector<CollectiveState>& ranks
 // "none" for kNone and values it does not know.
 std::string collective_name(std::uint32_t op);
 
-// " of process group 1" (the group's place in `order`); "" for the SDK's one sequence, group 0.
+// " of process group 1" (group_label); "" for the SDK's one sequence, group 0.
 std::string group_text(std::uint64_t group, const std::vector<std::uint64_t>& order);
+// "process group 2": torch's own number of the group (its name, the same on every rank), else its
+// place in `order` (a rank's groups), else "a process group".
+std::string group_label(std::uint64_t group, const std::vector<std::uint64_t>& order);
 // "all_reduce #17 of process group 1".
 std::string collective_text(std::uint32_t op, std::uint64_t seq, std::uint64_t group,
                             const std::vector<std::uint64_t>& order);

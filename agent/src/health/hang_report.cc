@@ -324,8 +324,10 @@ std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, in
     if (seq > other->second) return "";
     if (seq < other->second && first_lower.empty()) {
       const std::uint64_t fewer = other->second - seq;
-      first_lower = fmt::format("{} collective{} fewer than rank {} in process group {}", fewer,
-                                fewer > 1 ? "s" : "", b_rank, i);
+      std::vector<std::uint64_t> order;
+      for (const auto& [group, count] : a.groups) order.push_back(group);
+      first_lower = fmt::format("{} collective{} fewer than rank {} in {}", fewer,
+                                fewer > 1 ? "s" : "", b_rank, group_label(id, order));
     }
   }
   return first_lower;
@@ -349,8 +351,10 @@ std::optional<std::size_t> waits_for(const std::vector<RankLook>& looks, std::si
     const auto g = std::find_if(theirs.begin(), theirs.end(),
                                 [&](const auto& e) { return e.first == mine.pending_group; });
     if (g == theirs.end() || g->second >= mine.pending_seq) continue;
-    text = fmt::format("waiting for rank {} (it issued {} in process group {})",
-                       looks[j].worker.rank, g->second, index - groups.begin());
+    std::vector<std::uint64_t> order;
+    for (const auto& [group, count] : groups) order.push_back(group);
+    text = fmt::format("waiting for rank {} (it issued {} in {})", looks[j].worker.rank, g->second,
+                       group_label(mine.pending_group, order));
     return j;
   }
   return std::nullopt;

@@ -301,6 +301,23 @@ TEST(HangReport, ARankBlockedWritingToASlowReaderIsWorkOfItsOwnAndSaysWhere) {
   EXPECT_TRUE(f.idle_suspect());
 }
 
+// A group is labelled by torch's own number for it (its name, the same on every rank), not by its
+// place in one rank's list: ranks 1 and 2 of two pairs each saw theirs second, and both were
+// "process group 1", as if they waited in one group whose counts differed by thousands.
+TEST(HangReport, GroupsAreLabelledByTorchsNumberTheSameOnEveryRank) {
+  const auto id = [](const std::string& name) {  // progress.py's name_id
+    std::uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char byte : name) h = (h ^ byte) * 0x100000001b3ULL;
+    return h;
+  };
+  EXPECT_EQ(group_text(id("1"), {id("0"), id("1")}), " of process group 1");
+  EXPECT_EQ(group_text(id("2"), {id("0"), id("2")}), " of process group 2");
+  EXPECT_EQ(group_text(id("0"), {id("0"), id("2")}), " of process group 0");
+  // A name of the script's own: its place in the rank's list, as before.
+  EXPECT_EQ(group_text(id("experts"), {id("0"), id("experts")}), " of process group 1");
+  EXPECT_EQ(group_text(0xBEEF, {}), " of a process group");
+}
+
 // Two tensor-parallel pairs (0-1, 2-3) in one data-parallel job: ranks 0 and 1 wait in the
 // world's all_reduce #51, rank 2 sleeps (having issued `sleeper_world` collectives in the world
 // group), and its partner, rank 3, waits for it in their pair's all_reduce #101.

@@ -111,6 +111,23 @@ class FailureReport:
     text: str = ""
 
 
+_CUT = re.compile(r"\.\.\. \((\d+) bytes: whole in the traceback\)$")
+
+
+def _whole_message(message: str, traceback: str) -> str:
+    """A message the report cut (failure_report.cc: message_shown), whole again from the
+    traceback, which has it."""
+    cut = _CUT.search(message)
+    if not cut:
+        return message
+    shown, size = message[: cut.start()].encode(), int(cut.group(1))
+    whole = traceback.encode()
+    at = whole.rfind(shown)
+    if at < 0:
+        return message
+    return whole[at: at + size].decode(errors="replace")
+
+
 def _failure(fields: Dict[str, str]) -> ProcessFailure:
     rank = re.match(r"(-?\d+) \(local_rank: (-?\d+)\)", fields.get("rank", ""))
     code = re.match(r"(-?\d+)(?: \(\w+\))? \(pid: (-?\d+)\)", fields.get("exitcode", ""))
@@ -125,7 +142,8 @@ def _failure(fields: Dict[str, str]) -> ProcessFailure:
                           host=fields.get("host", ""), pid=int(code.group(2)),
                           exitcode=int(code.group(1)),
                           error_file="" if error_file == "<N/A>" else error_file,
-                          message=fields.get("message", ""),
+                          message=_whole_message(fields.get("message", ""),
+                                                 fields.get("traceback", "")),
                           traceback=fields.get("traceback", ""), timestamp=timestamp)
 
 

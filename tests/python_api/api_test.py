@@ -35,6 +35,10 @@ def sad():
     raise RuntimeError("sad because i throw")
 
 
+def huge():
+    raise RuntimeError("x" * (1 << 20))
+
+
 def flaky(marker_dir):
     """Fails on rank 1 of the first attempt; returns the attempt on every rank after that."""
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -71,6 +75,13 @@ class FunctionEntrypoint(unittest.TestCase):
         self.assertIn("in sad", data["extraInfo"]["py_callstack"])
         self.assertEqual(int(data["extraInfo"]["timestamp"]), root.timestamp)
         self.assertLessEqual(set(error.failures), {0, 1})  # the other may be stopped first
+
+    def test_a_huge_message_is_whole_in_the_error_though_the_report_shows_it_cut(self):
+        with self.assertRaises(ChildFailedError) as caught:
+            launch(LaunchConfig(nproc_per_node=1), huge)
+        _, root = caught.exception.get_first_failure()
+        self.assertEqual("RuntimeError: " + "x" * (1 << 20), root.message)
+        self.assertIn("bytes: whole in the traceback)", caught.exception.format_msg())
 
     def test_restarted_workers_return_the_last_attempts_values(self):
         with tempfile.TemporaryDirectory() as markers:

@@ -788,9 +788,7 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const RankWhere& r = finding.ranks[i];
     if (r.suspect) suspects.push_back(std::to_string(ranks[i]->worker.rank));
-    if (r.suspect && !r.active && !r.own_work && !r.paused) {
-      idle.push_back(std::to_string(ranks[i]->worker.rank));
-    }
+    if (r.idle_suspect()) idle.push_back(std::to_string(ranks[i]->worker.rank));
     if (r.paused) paused.push_back(std::to_string(ranks[i]->worker.rank));
     all_wait = all_wait && r.waiting;
   }

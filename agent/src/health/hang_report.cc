@@ -302,6 +302,13 @@ Doing doing_of(const RankLook& l) {
   return {text, active, own_work};
 }
 
+// The ids of a rank's process groups, in its slot's order (group_label's fallback).
+std::vector<std::uint64_t> group_order(const SlotReading& s) {
+  std::vector<std::uint64_t> order;
+  for (const auto& [id, seq] : s.groups) order.push_back(id);
+  return order;
+}
+
 // Whether rank a has issued fewer collectives than rank b and none more: in every process group
 // both are in (torch's counts), or in the SDK's one sequence. Empty when it is not; otherwise what
 // says so ("16 collectives of process group 0, rank 1 at 17").
@@ -324,10 +331,8 @@ std::string behind_in_collectives(const SlotReading& a, const SlotReading& b, in
     if (seq > other->second) return "";
     if (seq < other->second && first_lower.empty()) {
       const std::uint64_t fewer = other->second - seq;
-      std::vector<std::uint64_t> order;
-      for (const auto& [group, count] : a.groups) order.push_back(group);
       first_lower = fmt::format("{} collective{} fewer than rank {} in {}", fewer,
-                                fewer > 1 ? "s" : "", b_rank, group_label(id, order));
+                                fewer > 1 ? "s" : "", b_rank, group_label(id, group_order(a)));
     }
   }
   return first_lower;
@@ -351,10 +356,8 @@ std::optional<std::size_t> waits_for(const std::vector<RankLook>& looks, std::si
     const auto g = std::find_if(theirs.begin(), theirs.end(),
                                 [&](const auto& e) { return e.first == mine.pending_group; });
     if (g == theirs.end() || g->second >= mine.pending_seq) continue;
-    std::vector<std::uint64_t> order;
-    for (const auto& [group, count] : groups) order.push_back(group);
     text = fmt::format("waiting for rank {} (it issued {} in {})", looks[j].worker.rank, g->second,
-                       group_label(mine.pending_group, order));
+                       group_label(mine.pending_group, group_order(mine)));
     return j;
   }
   return std::nullopt;
@@ -462,19 +465,18 @@ bool HangFinding::any_cause() const {
   return std::any_of(ranks.begin(), ranks.end(), [](const RankWhere& r) { return r.cause; });
 }
 
-namespace {
-bool is_idle_suspect(const RankWhere& r) {
-  return r.suspect && !r.active && !r.own_work && !r.paused;
+bool RankWhere::idle_suspect() const {
+  return suspect && !active && !own_work && !paused;
 }
-}  // namespace
 
 bool HangFinding::idle_suspect() const {
-  return std::any_of(ranks.begin(), ranks.end(), is_idle_suspect);
+  return std::any_of(ranks.begin(), ranks.end(),
+                     [](const RankWhere& r) { return r.idle_suspect(); });
 }
 
 bool HangFinding::idle_suspects_await_input() const {
   return std::all_of(ranks.begin(), ranks.end(),
-                     [](const RankWhere& r) { return !is_idle_suspect(r) || r.awaits_input; });
+                     [](const RankWhere& r) { return !r.idle_suspect() || r.awaits_input; });
 }
 
 bool HangFinding::any_paused() const {
@@ -486,9 +488,7 @@ std::string pending_text(const SlotReading& s) {
   if (s.pending_group == 0) {  // the SDK's one sequence: the oldest pending one
     return collective_text(s.pending_op, s.collectives_done + 1, 0, {});
   }
-  std::vector<std::uint64_t> order;
-  for (const auto& [id, seq] : s.groups) order.push_back(id);
-  return collective_text(s.pending_op, s.pending_seq, s.pending_group, order);
+  return collective_text(s.pending_op, s.pending_seq, s.pending_group, group_order(s));
 }
 
 double waited_seconds(const RankLook& look) {

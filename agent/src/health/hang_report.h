@@ -72,6 +72,8 @@ struct RankWhere {
   bool awaits_input = false;  // reads its terminal or stdin (a debugger's prompt, input())
   std::string where;
   std::string doing;
+  // A suspect that neither works nor declared a pause.
+  bool idle_suspect() const;
 };
 
 struct HangFinding {

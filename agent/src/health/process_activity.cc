@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -31,9 +32,10 @@ long ticks_per_second() {
   return ticks > 0 ? ticks : 100;
 }
 
-// State and CPU ticks (utime + stime, fields 14 and 15) from a /proc stat file (a process's or a
-// thread's); false when gone.
-bool read_stat_file(const std::string& path, char& state, std::uint64_t& ticks) {
+// State, CPU ticks (utime + stime, fields 14 and 15) and, with `flags`, the kernel's PF_* flags
+// (field 9) from a /proc stat file (a process's or a thread's); false when gone.
+bool read_stat_file(const std::string& path, char& state, std::uint64_t& ticks,
+                    unsigned long* flags = nullptr) {
   const std::string stat = read_small(path);
   const auto close = stat.rfind(')');
   if (close == std::string::npos || close + 2 >= stat.size()) return false;
@@ -42,6 +44,7 @@ bool read_stat_file(const std::string& path, char& state, std::uint64_t& ticks) 
   std::string field;
   std::uint64_t utime = 0, stime = 0;
   for (int i = 3; i <= 15 && fields >> field; ++i) {  // field 3 is the state
+    if (i == 9 && flags) *flags = std::strtoul(field.c_str(), nullptr, 10);
     if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
     if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
   }
@@ -176,15 +179,11 @@ std::optional<TcpSocket> tcp_socket(pid_t pid, const std::string& inode) {
 constexpr int kTcpEstablished = 1;
 constexpr int kTcpSynSent = 2;
 
-// What the descriptor `fd` of `pid` is, in words: "a socket to 127.0.0.1:5000", "a pipe
-// (pipe:[4711])", a file's path; empty when it cannot be read. `connecting`: a TCP socket whose
-// connection is not made yet; `established`: one whose is.
-std::string descriptor_of(pid_t pid, int fd, bool& connecting, bool& established) {
-  std::error_code ec;
-  const std::string target = std::filesystem::read_symlink(
-                                 "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd), ec)
-                                 .string();
-  if (ec) return "";
+// What `target` (what descriptor of `pid` links to) is, in words: "a socket to 127.0.0.1:5000",
+// "a pipe (pipe:[4711])", a file's path. `connecting`: a TCP socket whose connection is not made
+// yet; `established`: one whose is.
+std::string descriptor_of(pid_t pid, const std::string& target, bool& connecting,
+                          bool& established) {
   if (target.starts_with("socket:[") && target.ends_with("]")) {
     const auto tcp = tcp_socket(pid, target.substr(8, target.size() - 9));
     connecting = tcp && tcp->state == kTcpSynSent;
@@ -196,36 +195,38 @@ std::string descriptor_of(pid_t pid, int fd, bool& connecting, bool& established
   return target;
 }
 
-// Where `pid`'s main thread waits for input, when it is in a read of a terminal, or of its stdin:
-// "at its terminal (/dev/pts/3)", "on its stdin (pipe:[4711])"; empty otherwise.
-std::string input_awaited(pid_t pid, const BlockedCall& call) {
-  if (call.writes) return "";
-  const std::string proc = "/proc/" + std::to_string(pid);
+// What descriptor `fd` of `pid` links to ("socket:[4711]", "/dev/pts/3"); empty when it cannot
+// be read.
+std::string link_of(pid_t pid, int fd) {
   std::error_code ec;
-  const std::string target =
-      std::filesystem::read_symlink(proc + "/fd/" + std::to_string(call.fd), ec).string();
-  if (ec) return "";
+  const auto target = std::filesystem::read_symlink(
+      "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd), ec);
+  return ec ? "" : target.string();
+}
+
+// Where `pid`'s main thread waits for input, when it reads `target` (descriptor `fd`) and that is
+// a terminal, or its stdin: "at its terminal (/dev/pts/3)", "on its stdin (pipe:[4711])"; empty
+// otherwise.
+std::string input_awaited(pid_t pid, int fd, const std::string& target) {
   if (target.starts_with("/dev/pts/") || target.starts_with("/dev/tty") ||
       target == "/dev/console") {
     return "at its terminal (" + target + ")";
   }
   // Its stdin, or the same file opened again (torch.distributed.breakpoint's /dev/stdin).
-  if (call.fd != STDIN_FILENO &&
-      std::filesystem::read_symlink(proc + "/fd/0", ec).string() != target) {
-    return "";
-  }
-  return ec ? "" : "on its stdin (" + target + ")";
+  if (fd != STDIN_FILENO && link_of(pid, STDIN_FILENO) != target) return "";
+  return "on its stdin (" + target + ")";
 }
 
 // Reads what `pid`'s main thread, asleep, is blocked on into `a`.
 void read_blocked_call(pid_t pid, ProcessActivity& a) {
   const auto call = blocked_call(pid);
   if (!call) return;
-  a.awaits_input = input_awaited(pid, *call);
+  const std::string target = link_of(pid, call->fd);
+  if (target.empty()) return;
+  if (!call->writes) a.awaits_input = input_awaited(pid, call->fd, target);
   if (!a.awaits_input.empty()) return;
   bool connecting = false, established = false;
-  const std::string what = descriptor_of(pid, call->fd, connecting, established);
-  if (what.empty()) return;
+  const std::string what = descriptor_of(pid, target, connecting, established);
   if (connecting) {  // a poll for POLLOUT is how a connection with a timeout is waited for
     a.blocked_on = "connecting with " + what;
     return;
@@ -257,6 +258,26 @@ ProcessActivity read_activity(pid_t pid) {
     for (const pid_t child : children_of(p)) todo.push_back(child);
   }
   return a;
+}
+
+bool on_its_way_out(pid_t pid) {
+  if (pid <= 0) return false;
+  const std::string proc = "/proc/" + std::to_string(pid);
+  char state = '?';
+  std::uint64_t ticks = 0;
+  unsigned long flags = 0;
+  if (!read_stat_file(proc + "/stat", state, ticks, &flags)) return false;  // reaped
+  constexpr unsigned long kExiting = 0x4;                                   // PF_EXITING
+  if (state == 'Z' || state == 'X' || (flags & kExiting) != 0) return true;
+  std::istringstream status(read_small(proc + "/status"));
+  constexpr unsigned long long kKill = 1ULL << (SIGKILL - 1);
+  for (std::string line; std::getline(status, line);) {
+    if ((line.starts_with("SigPnd:") || line.starts_with("ShdPnd:")) &&
+        (std::strtoull(line.c_str() + 7, nullptr, 16) & kKill) != 0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool restarts_after_a_handler(pid_t pid) {

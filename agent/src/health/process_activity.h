@@ -33,6 +33,9 @@ struct ProcessActivity {
 
 // The worker `pid` and its descendants now; processes = 0 when it is gone.
 ProcessActivity read_activity(pid_t pid);
+// Whether `pid` is on its way out: a SIGKILL pending (sent, the process not yet scheduled to die
+// of it), exiting (PF_EXITING), or a zombie. False once it is reaped, or for no pid (<= 0).
+bool on_its_way_out(pid_t pid);
 // Whether the call `pid`'s main thread is blocked in goes on after a signal handler with
 // SA_RESTART has run (a read, a write, a lock): poll(), select(), epoll_wait(), nanosleep() and
 // the like fail with EINTR instead, whatever the handler's flags (signal(7)), which C code that

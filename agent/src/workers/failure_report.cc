@@ -77,19 +77,22 @@ std::string describe(const WorkerFailure& f, std::size_t index) {
 
 }  // namespace
 
+std::optional<std::chrono::system_clock::time_point> written_at(const std::string& path) {
+  struct stat file {};
+  if (::stat(path.c_str(), &file) != 0) return std::nullopt;
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::seconds(file.st_mtim.tv_sec) +
+          std::chrono::nanoseconds(file.st_mtim.tv_nsec)));
+}
+
 void read_error_file(WorkerFailure& failure) {
   if (failure.error_file.empty()) return;
   std::ifstream in(failure.error_file);
   if (!in) return;
   // When the error was written, to the tick: torch's whole seconds would tie two failures of one
   // second (then settled by rank, wrongly) or put the later one first.
-  struct stat written {};
-  if (::stat(failure.error_file.c_str(), &written) == 0) {
-    failure.time = std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-            std::chrono::seconds(written.st_mtim.tv_sec) +
-            std::chrono::nanoseconds(written.st_mtim.tv_nsec)));
-  }
+  if (const auto written = written_at(failure.error_file)) failure.time = *written;
   try {
     // Python writes a name that is not UTF-8 as lone surrogate escapes, which nlohmann refuses.
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

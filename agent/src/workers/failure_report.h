@@ -2,12 +2,16 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "rendezvous/rendezvous.h"
 
 namespace dist::agent {
+
+// When the file at `path` was last written, by its file system's clock; none when it is not there.
+std::optional<std::chrono::system_clock::time_point> written_at(const std::string& path);
 
 // Fills message/traceback/time from a TORCHELASTIC_ERROR_FILE written the way torch's @record
 // does (a name that is not UTF-8 comes out with U+FFFD in its place); leaves them as they are when

@@ -2,20 +2,18 @@
 
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "dist/agent/signals.h"
 #include "dist/contract/worker_contract.h"
+#include "health/process_activity.h"
 #include "health/telemetry_endpoints.h"
 #include "output/log_line_prefix.h"
 #include "output/log_pump.h"
@@ -67,56 +65,24 @@ bool failed_with_an_error(const WorkerFailure& f,
   return f.time < stop_began || (f.time == stop_began && f.exit_code > 0);
 }
 
-std::chrono::system_clock::time_point time_of(const timespec& t) {
-  return std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(
-          std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec)));
-}
-
 // When the stop began, as the file system that holds the workers' error files stamps it: the
 // time of a marker written there (and removed) before any stop signal is sent; an error file
-// written after it is never stamped before it. Without one, the kernel's coarse clock, which
-// stamps files.
+// written after it is never stamped before it. (A directory that takes no file holds no error
+// file either: then the clock.)
 std::chrono::system_clock::time_point stop_marker_time(const fs::path& directory) {
   const fs::path marker = directory / ".stop_began";
   const bool written_now = static_cast<bool>(std::ofstream(marker).flush());
-  struct stat written {};
-  const bool stamped = written_now && ::stat(marker.c_str(), &written) == 0;
+  const auto stamped = written_now ? written_at(marker.string()) : std::nullopt;
   std::error_code ec;
   fs::remove(marker, ec);
-  if (stamped) return time_of(written.st_mtim);
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME_COARSE, &now);
-  return time_of(now);
+  return stamped.value_or(std::chrono::system_clock::now());
 }
 
-// Whether `pid` is on its way out: a SIGKILL pending (sent, the process not yet scheduled to die
-// of it), exiting (PF_EXITING), or a zombie.
-bool is_dying(pid_t pid) {
-  if (pid <= 0) return false;  // never started
-  const std::string proc = "/proc/" + std::to_string(pid);
-  std::ifstream stat(proc + "/stat");
+// "0, 2 (SIGTERM), 3": the items, comma separated.
+std::string comma_joined(const std::vector<std::string>& items) {
   std::string text;
-  std::getline(stat, text);
-  const auto close = text.rfind(')');
-  if (close == std::string::npos) return false;  // reaped: its exit is in hand
-  std::istringstream fields(text.substr(close + 2));
-  std::string state, field;
-  fields >> state;
-  unsigned long flags = 0;
-  for (int i = 4; i <= 9 && fields >> field; ++i) {
-    if (i == 9) flags = std::strtoul(field.c_str(), nullptr, 10);
-  }
-  constexpr unsigned long kExiting = 0x4;  // PF_EXITING
-  if (state == "Z" || state == "X" || (flags & kExiting) != 0) return true;
-  std::ifstream status(proc + "/status");
-  constexpr unsigned long long kKill = 1ULL << (SIGKILL - 1);
-  for (std::string line; std::getline(status, line);) {
-    if (line.starts_with("SigPnd:") || line.starts_with("ShdPnd:")) {
-      if (std::strtoull(line.c_str() + 7, nullptr, 16) & kKill) return true;
-    }
-  }
-  return false;
+  for (const auto& item : items) text += (text.empty() ? "" : ", ") + item;
+  return text;
 }
 
 void log_failure(const WorkerFailure& f, const std::string& note) {
@@ -642,7 +608,7 @@ void WorkerGroup::settle() {
   const auto now = std::chrono::steady_clock::now();
   if (!settle_deadline_) settle_deadline_ = now + kDyingWait;
   const bool another_dying = std::any_of(workers_.begin(), workers_.end(), [](const Member& w) {
-    return !w.exited && is_dying(w.worker.pid);
+    return !w.exited && on_its_way_out(w.worker.pid);
   });
   if (another_dying && now < *settle_deadline_) {
     if (settle_armed_) return;
@@ -720,14 +686,14 @@ void WorkerGroup::arm_stop_deadline() {
   kill_timer_.expires_after(config_.shutdown_timeout);
   kill_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || state_ != State::kStopping) return;
-    std::string running;
+    std::vector<std::string> running;
     for (const auto& w : workers_) {
-      if (!w.exited) running += (running.empty() ? "" : ", ") + std::to_string(w.worker.rank);
+      if (!w.exited) running.push_back(std::to_string(w.worker.rank));
     }
     spdlog::warn("{} still running {} ms after the stop signal: sending SIGKILL",
-                 running.empty()                          ? "processes the workers left"
-                 : running.find(',') == std::string::npos ? "the worker of rank " + running
-                                                          : "the workers of ranks " + running,
+                 running.empty()      ? "processes the workers left"
+                 : running.size() > 1 ? "the workers of ranks " + comma_joined(running)
+                                      : "the worker of rank " + running[0],
                  config_.shutdown_timeout.count());
     forward(SIGKILL);
     leftovers_.kill();
@@ -785,9 +751,7 @@ void WorkerGroup::maybe_stopped() {
 // torchrun lists the ones it closed; they are not failures, and not in the failure report.
 void WorkerGroup::say_stopped() {
   if (stopped_.empty()) return;
-  std::string ranks;
-  for (const auto& r : stopped_) ranks += (ranks.empty() ? "" : ", ") + r;
-  spdlog::info("stopped rank{} {}", stopped_.size() > 1 ? "s" : "", ranks);
+  spdlog::info("stopped rank{} {}", stopped_.size() > 1 ? "s" : "", comma_joined(stopped_));
   stopped_.clear();
 }
 

@@ -147,30 +147,23 @@ TEST(FailureReport, OfTwoAtOnceTheOneThatExitedOnItsOwnIsTheRootCause) {
 // nanosecond.
 TEST(FailureReport, AFailuresTimeIsWhenItsErrorFileWasWritten) {
   const std::string path = "/tmp/dist-error-file-test-" + std::to_string(::getpid()) + ".json";
-  std::ofstream(path) << R"({"message": {"message": "ValueError: x", "extraInfo": )"
-                      << R"({"py_callstack": "tb", "timestamp": "1700000000"}}})";
-  struct stat written {};
-  ASSERT_EQ(::stat(path.c_str(), &written), 0);
-  WorkerFailure f;
-  f.error_file = path;
-  read_error_file(f);
-  std::remove(path.c_str());
-  EXPECT_EQ(f.message, "ValueError: x");
-  EXPECT_EQ(f.traceback, "tb");
-  const auto ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(f.time.time_since_epoch()).count();
-  EXPECT_EQ(ns, written.st_mtim.tv_sec * 1'000'000'000LL + written.st_mtim.tv_nsec);
-  // A message alone (the error file's short form): the same.
-  std::ofstream(path) << R"({"message": "ValueError: y"})";
-  ASSERT_EQ(::stat(path.c_str(), &written), 0);
-  WorkerFailure short_form;
-  short_form.error_file = path;
-  read_error_file(short_form);
-  std::remove(path.c_str());
-  EXPECT_EQ(short_form.message, "ValueError: y");
-  EXPECT_EQ(std::chrono::duration_cast<std::chrono::nanoseconds>(short_form.time.time_since_epoch())
-                .count(),
-            written.st_mtim.tv_sec * 1'000'000'000LL + written.st_mtim.tv_nsec);
+  // torch's form, with extraInfo, and the short form, a message alone.
+  for (const std::string content : {R"({"message": {"message": "ValueError: x", "extraInfo": )"
+                                    R"({"py_callstack": "tb", "timestamp": "1700000000"}}})",
+                                    R"({"message": "ValueError: x"})"}) {
+    SCOPED_TRACE(content);
+    std::ofstream(path) << content;
+    struct stat written {};
+    ASSERT_EQ(::stat(path.c_str(), &written), 0);
+    WorkerFailure f;
+    f.error_file = path;
+    read_error_file(f);
+    std::remove(path.c_str());
+    EXPECT_EQ(f.message, "ValueError: x");
+    EXPECT_EQ(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(f.time.time_since_epoch()).count(),
+        written.st_mtim.tv_sec * 1'000'000'000LL + written.st_mtim.tv_nsec);
+  }
 }
 
 // A message of several lines stays inside its field (its lines used to start at column 0, where

@@ -91,6 +91,8 @@ class Job:
                  remote_dist_launch=None, terminal=None):
         self.test = test
         self.out = tempfile.mkdtemp(prefix="dist-ssh-job-")
+        self.process = None
+        test.addCleanup(self.clean_up)
         self.marker = uuid.uuid4().hex
         self.log_path = os.path.join(self.out, "launcher.log")
         environment = dict(os.environ, **(env or {}))
@@ -135,6 +137,13 @@ class Job:
 
         self.reader = threading.Thread(target=copy, daemon=True)
         self.reader.start()
+
+    def clean_up(self):
+        """A job a failed test left running is killed; its files go."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.out, ignore_errors=True)
 
     def wait(self, timeout_s=JOB_TIMEOUT_S):
         try:

@@ -30,12 +30,14 @@ meanwhile (DDP's unused-parameter map with find_unused_parameters).
 CUDA buckets are refused (the SDK's device compressors need its NCCL group).
 
 `state.state_dict()` / `state.load_state_dict(d)` keep the residuals, fp16's scale and PowerSGD's
-Q and warm-up count across a restart; a saved residual never carries an inf or NaN. A compressor
-holds its parameters by their place in DDP's first layout (_Layout), so DDP's rebuild of its
-buckets after the first step and a resumed job find their state: all of it where the layout is
-the saved one, the residuals by parameter where a bucket's parameters changed (fp16's scale and
-PowerSGD's Q and warm-up then start again for it). A parameter is known by its place and shape:
-resume with the same model and bucket sizes.
+Q and warm-up count across a restart (each rank its own); a saved residual never carries an inf
+or NaN. A compressor holds its parameters by their place in DDP's first layout (_Layout), so
+DDP's rebuild of its buckets after the first step and a resumed job find their state: all of it
+where the layout is the saved one (a resumed job's DDP rebuilds into it after its first step),
+the residuals by parameter where a bucket's parameters changed (fp16's scale and PowerSGD's Q
+then start again for it). A parameter is known by its place and shape: resume with the same
+model and bucket sizes (saved residuals that find no parameter are dropped, and said).
+A state serves one DDP model: a bucket of another model's parameters is refused.
 """
 from __future__ import annotations
 
@@ -201,6 +203,10 @@ class CompressionState:
         self.nonfinite = nonfinite
         self._lib = _library()
         self.rank = dist.get_rank(process_group)
+        if self.rank < 0:
+            raise CompressionError(
+                f"rank {dist.get_rank()} is not in the process group it was given: only the ranks "
+                f"of the DDP's group call hook() for it")
         self.world = dist.get_world_size(process_group)
         # A group of the hook's own: the exchanges' order is then the same on every rank whatever
         # the job's other threads run on its groups. Over the job's ranks every rank makes it, as
@@ -226,6 +232,12 @@ class CompressionState:
         self._keys: Dict[int, tuple] = {}  # id(parameter): its key (_Layout)
         self._layouts: Dict[int, tuple] = {}  # bucket index: (what it was read from, _Layout)
         self._carry: Dict[tuple, Any] = {}  # key: a residual for a bucket not made yet
+        # The DDP model the state serves: id() of every parameter its first step's buckets held
+        # (None until that step ended, `_first` meanwhile). A state serves one model: two sharing
+        # it would share residuals, steps and compressors.
+        self._model: Optional[frozenset] = None
+        self._first: set = set()
+        self._unmatched_said: Optional[bool] = None  # whether that step's end was seen by _install
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
         self._skips = 0  # exchanges skipped for inf/NaN, every bucket's, as _after counts them
         self._said_step = -1  # the step _after last saw a skip at
@@ -331,6 +343,11 @@ class CompressionState:
             buffer.div_(self.world)
             fut = dist.all_reduce(buffer, group=self.process_group, async_op=True).get_future()
             return fut.then(lambda f: f.value()[0])
+        if buffer.layout != torch.strided:
+            raise CompressionError(
+                f"rank {self.rank}: {self.spec} compresses dense gradients; this bucket's are "
+                f"{buffer.layout} (nn.Embedding(sparse=True) or the like): make them dense "
+                f"(sparse=False) or register hook('none') for this model")
         compressor, spans = self._bucket_for(bucket, buffer)
         if bucket.is_last():
             self._steps += 1
@@ -464,6 +481,7 @@ class CompressionState:
         if cached is not None and cached[0] == seen:
             layout = cached[1]
         else:
+            self._check_model(bucket, parameters)
             layout = _Layout(bucket, buffer, self._keys, parameters)
             self._layouts[index] = (seen, layout)
         known = self._buckets.get(index)
@@ -471,14 +489,45 @@ class CompressionState:
             return known, layout.spans
         if known is not None:
             # DDP rebuilt its buckets (after the first step), with other parameters in this one:
-            # the residuals move to the new buckets by parameter. What is saved for a layout
-            # (_pending) is older than them now.
+            # the residuals move to the new buckets by parameter. (A resumed job's state saved
+            # for a layout (_pending) waits for it: DDP's rebuild after a resumed job's first
+            # step, the first layout's one bucket, is the saved layout again.)
             self._on_thread(self._carry_residuals)
-            self._pending.clear()
-        made = self._on_thread(self._make, layout.signature, index, buffer.dtype,
+        made = self._on_thread(self._install, index, layout.signature, buffer.dtype,
                                layout.spans is not None)
-        self._buckets[index] = made
         return made, layout.spans
+
+    def _check_model(self, bucket, parameters) -> None:
+        """A bucket of a layout not seen before: its parameters are the model's, the one whose
+        first step the state saw (at that step's end, the saved residuals that found none of
+        them are said)."""
+        ids = {id(p) for p in parameters}
+        if self._model is None:
+            self._first |= ids
+            if bucket.is_last():
+                self._model, self._first = frozenset(self._first), set()
+                self._unmatched_said = False  # (_install says them, once this bucket is made)
+            return
+        if not ids <= self._model:
+            raise CompressionError(
+                f"rank {self.rank}: this compression state serves one DDP model, and a bucket "
+                f"holds parameters that model's first step had not ({len(ids - self._model)} "
+                f"of {len(ids)}): a second DDP registered with the same state, or the model "
+                f"wrapped again. Call dist_launch.compression.hook('{self.spec}') for each DDP")
+
+    def _install(self, index, signature, dtype, staged) -> _Bucket:
+        """_make's compressor, as bucket `index`'s (with the lanes idle: stats() and
+        state_dict() read the buckets from other threads)."""
+        made = self._buckets[index] = self._make(signature, index, dtype, staged)
+        if self._unmatched_said is False:
+            self._unmatched_said = True
+            if self._carry:
+                warnings.warn(
+                    f"dist_launch.compression: rank {self.rank}: {len(self._carry)} residuals of "
+                    f"the state loaded found no parameter of this model (saved for another model, "
+                    f"or with other bucket sizes): they are dropped")
+                self._carry.clear()
+        return made
 
     def _make(self, signature, index, dtype, staged=False) -> _Bucket:
         """A compressor of `signature`'s layout, with the state saved for that layout (_pending)
@@ -513,10 +562,13 @@ class CompressionState:
         if saved is not None:
             self._check(self._lib.dlc_bucket_load(handle, saved, len(saved), self._format), made,
                         "its saved state")
-            for key, _, _ in entries:
-                self._carry.pop(key, None)
-        elif any(key in self._carry for key, _, _ in entries):
+        if any(key in self._carry for key, _, _ in entries):
+            # Residuals carried by parameter: a layout's made anew, or newer than its saved state
+            # (they went on in the first layout's bucket: a resumed job's first step).
             residual = torch.zeros(at, dtype=torch.float32)
+            if saved is not None:
+                self._check(self._lib.dlc_bucket_residual(handle, residual.data_ptr()), made,
+                            "its saved residual")
             for (key, count, _), offset in zip(entries, offsets):
                 carried = self._carry.pop(key, None)
                 if carried is not None:
@@ -528,7 +580,8 @@ class CompressionState:
     def _check(self, rc, bucket: _Bucket, what) -> None:
         if rc != 0:
             bucket.free()
-            raise CompressionError(f"rank {self.rank}: a compressor's {what}: {_error(self._lib)}")
+            raise CompressionError(f"rank {self.rank}: a compressor could not take {what}: "
+                                   f"{_error(self._lib)}")
 
     def _carry_residuals(self) -> None:
         """Every compressor's residual into _carry, by parameter; the compressors freed."""
@@ -568,7 +621,8 @@ class CompressionState:
     def state_dict(self) -> Dict[str, Any]:
         """The residuals, fp16's scale, PowerSGD's Q and warm-up counts, per bucket (bytes:
         torch.save it), with what a load_state_dict() gave buckets not made since, and the steps
-        exchanged."""
+        exchanged. This rank's: the residuals differ from rank to rank, so every rank saves its
+        own and loads it back (not rank 0's on every rank, as for the model's weights)."""
         def save():
             buckets = {}
             for index, b in self._buckets.items():
@@ -621,6 +675,17 @@ class CompressionState:
             self._quiet(self._retire)
         for lane in self._lanes:
             lane.close()
+        # The hook's groups go too (each holds a socket to every peer and gloo's threads: a job
+        # that makes hooks again and again ran out of descriptors). Every rank closes its state,
+        # as every rank made it.
+        import torch.distributed as dist
+        groups = {id(g): g for g in [self.process_group, *(lane.process_group for lane in
+                                                             self._lanes), *self._spare_groups]}
+        for group in groups.values():
+            try:
+                dist.destroy_process_group(group)
+            except (ValueError, RuntimeError, KeyError):
+                pass  # (gone already: the job destroyed every group)
 
     def __del__(self):
         # Garbage: no exchange is under way or queued (a queued one holds the state through its

@@ -244,6 +244,61 @@ class Fp16Sums(unittest.TestCase):
         self.assertEqual(results["topk:0.4"]["stats"]["dense"], 1)  # (the dense exchange)
 
 
+class Misuse(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        out = tempfile.mkdtemp(prefix="compression-misuse-")
+        try:
+            done = subprocess.run([ARGS.launcher, "--nproc-per-node", "2", WORKER, "--misuse",
+                                   "--out", out], env=worker_env(), capture_output=True,
+                                  text=True, timeout=240)
+            if done.returncode != 0:
+                raise AssertionError(f"the job failed ({done.returncode}):\n{done.stdout}\n"
+                                     f"{done.stderr}")
+            cls.ranks = []
+            for rank in range(2):
+                with open(os.path.join(out, f"rank{rank}.json")) as f:
+                    cls.ranks.append(json.load(f))
+        finally:
+            subprocess.run(["rm", "-rf", out], check=False)
+
+    def test_one_state_registered_with_two_models_is_refused_saying_what_to_do(self):
+        # (they shared residuals, steps and compressors: both models trained otherwise)
+        for found in self.ranks:
+            self.assertRegex(found["shared"], r"CompressionError: rank \d: this compression "
+                             r"state serves one DDP model.* Call dist_launch.compression."
+                             r"hook\('topk:0.1'\) for each DDP")
+
+    def test_sparse_gradients_are_refused_saying_what_to_do(self):
+        # (a raw "Cannot access data pointer of Tensor that doesn't have storage" before)
+        for found in self.ranks:
+            self.assertRegex(found["sparse topk:0.1"], r"CompressionError: rank \d: topk:0.1 "
+                             r"compresses dense gradients; this bucket's are torch.sparse_coo "
+                             r".*sparse=False.*hook\('none'\)")
+            self.assertEqual(found["sparse none"], "ok")
+
+    def test_a_rank_outside_the_group_it_passes_is_told_so(self):
+        # (before: "rank -1 of a world of -1", after making a group of no ranks)
+        self.assertEqual(self.ranks[1]["nonmember"], "CompressionError: rank 1 is not in the "
+                         "process group it was given: only the ranks of the DDP's group call "
+                         "hook() for it")
+
+    def test_closed_hooks_leave_no_group_nor_descriptor(self):
+        # 20 hooks made and closed: 61 groups and 300 descriptors were left (each group holds
+        # a socket to every peer and gloo's threads)
+        for found in self.ranks:
+            before, after = found["closed 20"]["before"], found["closed 20"]["after"]
+            self.assertEqual(after[1], before[1], found)
+            self.assertLessEqual(after[0], before[0] + 2, found)
+
+    def test_a_resumed_job_keeps_its_saved_fp16_scale(self):
+        # Only the first step after the resume (DDP's first layout, new to the state) learns its
+        # scale with a skipped update; the rebuilt layout is the saved one and takes the saved
+        # scale (the rebuild dropped it: two skips).
+        for found in self.ranks:
+            self.assertLessEqual(found["resumed skips"], 1, found)
+
+
 class Subgroups(unittest.TestCase):
     def test_hooks_over_two_data_parallel_subgroups_keep_each_ones_replicas_identical(self):
         # DDP over ranks 0-1 and another over 2-3, each with a hook over its group: the hooks'

@@ -258,6 +258,98 @@ def fp16_sums(out):
         json.dump(results, f)
 
 
+def misuse(out):
+    """What a user can get wrong, and a resumed job's saved fp16 scale; each rank's findings."""
+    rank = dist.get_rank()
+    found = {"torch": torch.__version__}
+
+    def error_of(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 (what a user's script would see is the finding)
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    # One state registered with two DDP models: refused (they shared residuals and steps).
+    torch.manual_seed(0)
+    one, two = (DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)))
+                for _ in range(2))
+    state, hook = compression.hook("topk:0.1")
+    one.register_comm_hook(state, hook)
+    two.register_comm_hook(state, hook)
+    one(torch.ones(4, 8)).sum().backward()
+    found["shared"] = error_of(lambda: two(torch.ones(4, 8)).sum().backward())
+    state.close()
+
+    # Sparse gradients: refused saying what to do; 'none' takes them.
+    for spec in ["topk:0.1", "none"]:
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Embedding(100, 16, sparse=True),
+                                        torch.nn.Linear(16, 4)))
+        state, hook = compression.hook(spec)
+        model.register_comm_hook(state, hook)
+        found["sparse " + spec] = error_of(
+            lambda: model(torch.arange(8)).sum().backward()) or "ok"
+        state.close()
+
+    # A rank outside the group it passes (torch 2.1 or later makes a hook over a subgroup).
+    only_zero = dist.new_group([0])
+    if rank == 1:
+        found["nonmember"] = error_of(lambda: compression.hook("topk:0.1", only_zero))
+    dist.barrier()
+
+    # Hooks made and closed again and again: their groups (sockets, threads) go with them.
+    import torch.distributed.distributed_c10d as c10d
+
+    def groups():  # (torch 1.x: _pg_map)
+        return len(c10d._world.pg_map if hasattr(c10d, "_world") else c10d._pg_map)
+
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    before = (len(os.listdir("/proc/self/fd")), groups())
+    for _ in range(20):
+        model = DDP(module)
+        state, hook = compression.hook("topk:0.1")
+        model.register_comm_hook(state, hook)
+        model(torch.ones(4, 8)).sum().backward()
+        state.close()
+        del model, state, hook
+    import gc
+    gc.collect()
+    found["closed 20"] = {"before": before, "after": (len(os.listdir("/proc/self/fd")), groups())}
+
+    # A resumed fp16 job of several buckets whose gradients are past fp16's range: DDP's first
+    # layout (one bucket, or other buckets) learns its scale with a skipped step, as the first
+    # step of any job does; the rebuilt one, the saved layout, takes the saved scale (it was
+    # dropped: a second skipped step on every resume).
+    def job(steps, first=0, saved=None):
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)],
+                                     torch.nn.Linear(64, 10))
+        model = DDP(module, bucket_cap_mb=0.02)
+        state, hook = compression.hook("fp16")
+        model.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(module.parameters(), lr=0.01 / 3e7)
+        if saved:
+            module.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["opt"])
+            state.load_state_dict(saved["hook"])
+        for step in range(first, first + steps):
+            data = torch.randn(16, 64, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            (model(data).pow(2).mean() * 3e7).backward()
+            opt.step()
+        return module, opt, state
+
+    module, opt, state = job(6)
+    saved = {"model": module.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()}
+    state.close()
+    module, opt, state = job(6, 6, saved)
+    found["resumed skips"] = state.stats()["skipped"]
+    state.close()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(found, f)
+
+
 def subgroups(x, y, steps, out):
     """Four ranks, data parallelism within model parallelism: DDP over ranks 0-1 and another over
     ranks 2-3, a hook over each (every rank makes both groups; each hook only its own ranks)."""
@@ -284,6 +376,7 @@ def main():
     ap.add_argument("--subgroups", action="store_true", help="subgroups() instead of the cases")
     ap.add_argument("--dropped", action="store_true", help="dropped() instead of the cases")
     ap.add_argument("--fp16-sums", action="store_true", help="fp16_sums() instead of the cases")
+    ap.add_argument("--misuse", action="store_true", help="misuse() instead of the cases")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -296,6 +389,8 @@ def main():
         return dropped(x, y)
     if args.fp16_sums:
         return fp16_sums(args.out)
+    if args.misuse:
+        return misuse(args.out)
     results = {}
     for case in ["ddp"] + SPECS:
         run = Run(case)

@@ -115,6 +115,16 @@ CommandLine::Option& CommandLine::add(std::string_view names, Kind kind, void* t
     }
     start = comma + 1;
   }
+  // Every long option has both spellings, as torchrun's do: --hang-timeout is --hang_timeout too.
+  const std::size_t declared = o.long_names_.size();
+  for (std::size_t i = 0; i < declared; ++i) {
+    std::string other(o.long_names_[i]);
+    std::replace(other.begin(), other.end(), '-', '_');
+    if (std::find(o.long_names_.begin(), o.long_names_.end(), other) != o.long_names_.end()) {
+      continue;
+    }
+    o.long_names_.push_back(spellings_.emplace_back(std::move(other)));
+  }
   return o;
 }
 

@@ -107,7 +107,8 @@ class CommandLine {
   std::vector<OptionSpelling> spellings() const;
 
   std::string program_, description_, usage_, footer_;
-  std::deque<Option> options_;  // stable addresses: declarations return references
+  std::deque<Option> options_;         // stable addresses: declarations return references
+  std::deque<std::string> spellings_;  // the underscore spellings add() made (options' names)
   std::vector<Group> groups_;
   bool help_ = false, version_ = false;  // the built-in flags' targets
 };

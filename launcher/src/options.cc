@@ -148,7 +148,8 @@ void declare_resources_and_health(CommandLine& app, RawOptions& r) {
       .show_default();
   app.flag("--no-step-hook", r.no_step_hook,
            "Do not put dist-launch's progress hook (optimizer steps, stacks on a hang) into "
-           "Python workers; they may still call dist_launch.progress.step()");
+           "Python workers; they may still call dist_launch.progress.step()")
+      .env("PET_NO_STEP_HOOK");
   option(app, "--event-log", r.event_log, "EVENT_LOG",
          "Append the job's events to this file, one JSON object per line");
   option(app, "--metrics-port", r.metrics_port, "METRICS_PORT",

@@ -4,10 +4,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -55,6 +58,35 @@ TEST(LauncherCli, EveryOptionIsNamedOnceAcrossItsGroups) {
   const RunResult help = run_binary("--hel");
   EXPECT_EQ(help.exit_code, 0) << help.output;
   EXPECT_NE(help.output.find("\nNodes and rendezvous:\n"), std::string::npos) << help.output;
+}
+
+// As torchrun's: every long option has both spellings, dist-launch's own too (--event_log was
+// taken for an abbreviation of --event_log_handler, and refused as one).
+TEST(LauncherCli, EveryLongOptionHasBothSpellings) {
+  const RunResult completion = run_binary("--print-completion bash");
+  ASSERT_EQ(completion.exit_code, 0) << completion.output;
+  const auto words = completion.output.find("-W \"");
+  ASSERT_NE(words, std::string::npos) << completion.output;
+  std::istringstream names(
+      completion.output.substr(words + 4, completion.output.find('"', words + 4) - words - 4));
+  std::set<std::string> seen;
+  for (std::string name; names >> name;) seen.insert(name);
+  for (const auto& name : seen) {
+    if (!name.starts_with("--") || name.find_first_of("-_", 2) == std::string::npos) continue;
+    std::string other = name;
+    const bool dashed = name.find('-', 2) != std::string::npos;
+    std::replace(other.begin() + 2, other.end(), dashed ? '-' : '_', dashed ? '_' : '-');
+    EXPECT_TRUE(seen.contains(other)) << name << " has no " << other;
+  }
+  std::ostringstream out, err;
+  const auto o =
+      dist::launcher::parse_command_line({"--event_log", "/tmp/events.jsonl", "--hang_timeout",
+                                          "45", "--no_step_hook", "--no-python", "/bin/true"},
+                                         out, err);
+  ASSERT_FALSE(o.exit_now) << err.str();
+  EXPECT_EQ(o.config.telemetry.event_log, "/tmp/events.jsonl");
+  EXPECT_EQ(o.config.watchdogs.hang_timeout, std::chrono::milliseconds(45000));
+  EXPECT_FALSE(o.config.watchdogs.step_hook);
 }
 
 TEST(LauncherCli, VersionPrintsTheProjectVersion) {

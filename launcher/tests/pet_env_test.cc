@@ -3,6 +3,7 @@
 // is an error naming the variable, never a silent default.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -125,6 +126,16 @@ TEST_F(PetEnvironment, FlagsTakeOneOrZero) {
   const auto off = parse();
   ASSERT_FALSE(off.exit_now) << err_.str();
   EXPECT_EQ(off.config.run_id, "none");
+}
+
+// dist-launch's own options come from PET_<NAME> too (PET_NO_STEP_HOOK was ignored).
+TEST_F(PetEnvironment, DistLaunchsOwnOptionsComeFromTheirVariablesToo) {
+  set({{"PET_NO_STEP_HOOK", "1"}, {"PET_HANG_TIMEOUT", "45"}, {"PET_EVENT_LOG", "/tmp/e.jsonl"}});
+  const auto o = parse();
+  ASSERT_FALSE(o.exit_now) << err_.str();
+  EXPECT_FALSE(o.config.watchdogs.step_hook);
+  EXPECT_EQ(o.config.watchdogs.hang_timeout, std::chrono::milliseconds(45000));
+  EXPECT_EQ(o.config.telemetry.event_log, "/tmp/e.jsonl");
 }
 
 }  // namespace

@@ -84,8 +84,10 @@ TEST_F(TorchrunParityTest, ConsolePrefixTeeLeavesStreamsThatAreNotTeedUnprefixed
   EXPECT_TRUE(has_line(plain.output(), "out line 0 of rank 0 end")) << plain.output();
   EXPECT_TRUE(has_line(plain.output(), "err line 0 of rank 0 end")) << plain.output();
 
+  // (Its tee'd log is kept, as a run whose logs were written is: in the test's directory.)
   Launch teed({"--nproc-per-node", "1", "--console-prefix", "tee", "--tee", "1", "--no-python",
-               kWorker, "lines", "1"});
+               kWorker, "lines", "1"},
+              {{"TMPDIR", path("")}});
   ASSERT_EQ(teed.wait(), 0) << teed.output();
   EXPECT_TRUE(has_line(teed.output(), "[default0]:out line 0 of rank 0 end")) << teed.output();
   EXPECT_TRUE(has_line(teed.output(), "err line 0 of rank 0 end")) << teed.output();

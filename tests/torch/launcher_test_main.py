@@ -7,11 +7,14 @@ Exits 77 (skip) when P has no torch, or not torch N.x; otherwise sets the test m
 runs its tests.
 """
 import argparse
+import atexit
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -80,4 +83,10 @@ def main(test_module):
     print(f"torch {version} at {args.python}", flush=True)
     args.version = version
     test_module.ARGS = args
+    # The jobs' temporary directories (a run without --log-dir keeps its own where a worker
+    # failed or hung: its error files and stacks, in /dev/shm) in one of this run's, removed at
+    # its end: the tests leave none behind.
+    scratch = tempfile.mkdtemp(prefix="dl-tests-")
+    atexit.register(shutil.rmtree, scratch, True)
+    os.environ["TMPDIR"] = scratch
     unittest.main(module=test_module, argv=[sys.argv[0]] + rest, verbosity=2)

@@ -33,7 +33,19 @@ class Launch {
         child_(DIST_LAUNCH_BIN, std::move(args), log_, env, {"OMP_NUM_THREADS"}) {}
   ~Launch() {
     std::error_code ec;
+    if (child_.pid() > 0) remove_kept_directory(child_.output());
     fs::remove(log_, ec);
+  }
+  // The temporary directory a run without --log-dir kept (a worker failed, logs were written),
+  // as its output says: a test leaves none behind (in /dev/shm: memory).
+  static void remove_kept_directory(const std::string& output) {
+    static const std::string kKept = "worker logs and error files kept in ";
+    for (auto at = output.find(kKept); at != std::string::npos; at = output.find(kKept, at + 1)) {
+      const auto start = at + kKept.size();
+      const fs::path dir = output.substr(start, output.find_first_of(" \n", start) - start);
+      std::error_code ec;
+      if (dir.filename().string().starts_with("dist-launch-")) fs::remove_all(dir, ec);
+    }
   }
   int wait(std::chrono::milliseconds timeout = 60s) { return child_.wait(timeout); }
   std::string output() const { return child_.output(); }

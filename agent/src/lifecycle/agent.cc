@@ -459,6 +459,11 @@ class Agent {
     run_dir_.emplace(config_, config_, host_);
     if (config_.writes_log_files()) spdlog::info("worker logs in {}", run_dir_->path().string());
     const std::string token_file = provide_token_file(config_, *run_dir_, written_token_file_);
+    // Should this agent be SIGKILLed, its janitor tidies the temporary directory as finish() would
+    // (empty trees were left in /dev/shm, and a token written there).
+    if (janitor_ && run_dir_->temporary()) {
+      janitor_->tidy_on_death(run_dir_->root().string(), written_token_file_);
+    }
     signals_.start([this](SignalWatcher::Received r) {
       on(event::SignalReceived{r.signal, r.sender, r.code});
     });

@@ -1,11 +1,14 @@
 #include "processes/janitor.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -14,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <system_error>
 
 #include "processes/job_processes.h"
@@ -27,7 +31,9 @@ constexpr Message kDismiss = 0;
 
 // Groups the janitor can be told of (a worker's group is untracked once its worker is reaped, so
 // this bounds the workers alive at once); beyond it, the marker alone finds their processes.
-constexpr std::size_t kMaxTrackedGroups = 4096;
+constexpr std::size_t kMaxTrackedGroups = Janitor::kMaxTrackedGroups;
+// How deep the tidying goes: root/node_*/attempt_*/<local rank>/ and a little more.
+constexpr int kMaxTidyDepth = 6;
 // After the agent's death: marker sweeps until one finds nothing, at most this many, this far apart
 // (a process SIGKILLed in one sweep may still be exiting in the next).
 constexpr int kMaxSweeps = 200;
@@ -57,9 +63,45 @@ void close_all_but(int keep) {
   }
 }
 
+// Removes the empty files and folders in the folder `name` of `parent` (and the folder itself when
+// nothing is left); whether anything is left. RunDirectory::finish's rule, allocation-free (the
+// janitor's): descriptors, getdents64 into the stack, unlinkat.
+bool prune_empty(int parent, const char* name, int depth) {
+  const int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return errno != ENOENT;
+  bool left = false;
+  alignas(dirent64) char buffer[4096];
+  while (true) {
+    const ssize_t n = ::getdents64(fd, buffer, sizeof buffer);
+    if (n <= 0) {
+      left = left || n < 0;
+      break;
+    }
+    for (ssize_t at = 0; at < n;) {
+      const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
+      at += entry->d_reclen;
+      const char* entry_name = entry->d_name;
+      if (std::strcmp(entry_name, ".") == 0 || std::strcmp(entry_name, "..") == 0) continue;
+      struct stat st {};
+      if (::fstatat(fd, entry_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        left = true;
+      } else if (S_ISDIR(st.st_mode) && depth < kMaxTidyDepth) {
+        left = prune_empty(fd, entry_name, depth + 1) || left;
+      } else if (S_ISREG(st.st_mode) && st.st_size == 0) {
+        left = ::unlinkat(fd, entry_name, 0) != 0 || left;
+      } else {
+        left = true;
+      }
+    }
+  }
+  ::close(fd);
+  return left || ::unlinkat(parent, name, AT_REMOVEDIR) != 0;
+}
+
 // The janitor's whole life. A copy of the agent made by a raw clone: only system calls and our own
 // allocation-free code run here (glibc's per-thread state still describes the agent's thread).
-[[noreturn]] void run_janitor(int channel, const Janitor::Slot* groups, std::string_view agent_id) {
+[[noreturn]] void run_janitor(int channel, const Janitor::Shared* shared,
+                              std::string_view agent_id) {
   struct sigaction action {};
   for (int s = 1; s < NSIG; ++s) {
     // A fault ends the janitor; every other signal is the agent's business, or a supervisor's
@@ -84,7 +126,7 @@ void close_all_but(int keep) {
   }
 
   for (std::size_t i = 0; i < kMaxTrackedGroups; ++i) {
-    const pid_t group = groups[i].load(std::memory_order_relaxed);
+    const pid_t group = shared->groups[i].load(std::memory_order_relaxed);
     if (group > 0 && group_is_jobs(group, agent_id)) ::kill(-group, SIGKILL);
   }
   const timespec pause{0, kSweepPauseNanoseconds};
@@ -92,20 +134,26 @@ void close_all_but(int keep) {
     if (kill_marked_processes(agent_id, 0) == 0) break;
     ::nanosleep(&pause, nullptr);
   }
+  if (shared->tidy.load(std::memory_order_acquire)) {
+    if (shared->secret[0] != '\0') ::unlink(shared->secret);
+    prune_empty(AT_FDCWD, shared->directory, 0);
+  }
   ::_exit(0);
 }
 
 }  // namespace
 
 Janitor::Janitor(std::string_view agent_id) {
-  // Shared with the janitor across the clone (MAP_SHARED), zeroed: no group tracked.
-  void* table = ::mmap(nullptr, kMaxTrackedGroups * sizeof(Slot), PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  // Shared with the janitor across the clone (MAP_SHARED), zeroed: no group tracked, nothing to
+  // tidy.
+  void* table =
+      ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (table == MAP_FAILED) {
     throw std::system_error(errno, std::generic_category(), "cannot map the janitor's table");
   }
-  groups_ = static_cast<Slot*>(table);
+  shared_ = static_cast<Shared*>(table);
   static_assert(Slot::is_always_lock_free, "the table is read by another process");
+  static_assert(std::atomic<bool>::is_always_lock_free, "read by another process");
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
     const int error = errno;
@@ -119,7 +167,7 @@ Janitor::Janitor(std::string_view agent_id) {
   // Flags 0: a copy like fork's, but with no exit signal (see janitor.h). Every argument is 0, so
   // the architectures' different argument orders for clone do not matter.
   const long pid = ::syscall(SYS_clone, 0UL, 0UL, 0UL, 0UL, 0UL);
-  if (pid == 0) run_janitor(fds[1], groups_, agent_id);
+  if (pid == 0) run_janitor(fds[1], shared_, agent_id);
   const int error = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   ::close(fds[1]);
@@ -139,7 +187,7 @@ Janitor::~Janitor() {
 }
 
 void Janitor::track(pid_t pgid) {
-  if (pgid <= 0 || !groups_ || slot_of_.contains(pgid)) return;
+  if (pgid <= 0 || !shared_ || slot_of_.contains(pgid)) return;
   std::size_t slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -149,16 +197,26 @@ void Janitor::track(pid_t pgid) {
   } else {
     return;  // full: the marker still finds the group's processes
   }
-  groups_[slot].store(pgid, std::memory_order_relaxed);
+  shared_->groups[slot].store(pgid, std::memory_order_relaxed);
   slot_of_.emplace(pgid, slot);
 }
 
 void Janitor::untrack(pid_t pgid) {
   const auto it = slot_of_.find(pgid);
   if (it == slot_of_.end()) return;
-  groups_[it->second].store(0, std::memory_order_relaxed);
+  shared_->groups[it->second].store(0, std::memory_order_relaxed);
   free_slots_.push_back(it->second);
   slot_of_.erase(it);
+}
+
+void Janitor::tidy_on_death(const std::string& directory, const std::string& secret) {
+  if (!shared_ || shared_->tidy.load(std::memory_order_relaxed) || directory.empty() ||
+      directory.size() >= kMaxPath || secret.size() >= kMaxPath) {
+    return;
+  }
+  std::memcpy(shared_->directory, directory.c_str(), directory.size() + 1);
+  std::memcpy(shared_->secret, secret.c_str(), secret.size() + 1);
+  shared_->tidy.store(true, std::memory_order_release);
 }
 
 void Janitor::dismiss() {
@@ -181,8 +239,8 @@ void Janitor::reap() {
 }
 
 void Janitor::unmap() {
-  if (groups_) ::munmap(groups_, kMaxTrackedGroups * sizeof(Slot));
-  groups_ = nullptr;
+  if (shared_) ::munmap(shared_, sizeof(Shared));
+  shared_ = nullptr;
 }
 
 }  // namespace dist::agent

@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -49,6 +50,22 @@ class Janitor {
 
   // One entry of the table shared with the janitor: a tracked group, or 0.
   using Slot = std::atomic<pid_t>;
+  static constexpr std::size_t kMaxTrackedGroups = 4096;
+  static constexpr std::size_t kMaxPath = 2048;
+  // What the agent shares with the janitor (mapped before the clone): the tracked groups, and the
+  // directory to tidy (`tidy` set once both paths are written).
+  struct Shared {
+    Slot groups[kMaxTrackedGroups];
+    std::atomic<bool> tidy;
+    char directory[kMaxPath];
+    char secret[kMaxPath];
+  };
+
+  // A temporary run directory (RunDirectory) to tidy if the agent dies: its empty files and
+  // folders go, as at the agent's own end (what says something, an error file or a worker's
+  // stacks, stays, and so does the directory then), and `secret`, a token file the agent wrote in
+  // it, too. Paths longer than kMaxPath are not taken.
+  void tidy_on_death(const std::string& directory, const std::string& secret);
 
   // The agent exits normally with nothing left to clean: the janitor exits. It is reaped by the
   // destructor, so that its exit (a copy of the agent's page tables torn down) overlaps the
@@ -63,7 +80,7 @@ class Janitor {
 
   int channel_ = -1;
   pid_t pid_ = -1;
-  Slot* groups_ = nullptr;  // the shared table (kMaxTrackedGroups slots)
+  Shared* shared_ = nullptr;
   std::unordered_map<pid_t, std::size_t> slot_of_;
   std::vector<std::size_t> free_slots_;  // below used_slots_
   std::size_t used_slots_ = 0;

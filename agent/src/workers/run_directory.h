@@ -31,6 +31,8 @@ class RunDirectory {
   RunDirectory& operator=(const RunDirectory&) = delete;
 
   const std::filesystem::path& path() const { return run_dir_; }
+  // What mkdtemp made (path() or the folder above the node's): the whole of a temporary one.
+  const std::filesystem::path& root() const { return root_; }
   std::filesystem::path attempt(int round, int local_rank) const;
   bool temporary() const { return temporary_; }
 

@@ -229,6 +229,39 @@ TEST_F(DescendantsTest, AfterSigkillOfTheAgentTheJanitorKillsEverythingAndLeaves
       << processes_with_agent_id(agent_id).size() << " processes still carry the agent's id";
 }
 
+// The janitor of a SIGKILLed agent tidies its temporary directory as the agent's own end does:
+// the empty files and folders go, and the token file the agent wrote (they were left, in
+// /dev/shm); a worker's file with something in it stays, and the directory with it.
+TEST_F(DescendantsTest, TheJanitorOfASigkilledAgentTidiesItsTemporaryDirectory) {
+  for (const bool something_to_keep : {false, true}) {
+    const fs::path tmp = dir_ / (something_to_keep ? "tmp_kept" : "tmp");
+    fs::create_directories(tmp);
+    fs::remove(dir_ / "ready_0_0");
+    auto agent = launch({"--nproc-per-node", "1", "--generate-token", "--redirects", "3"},
+                        "leaves_descendants.sh", {"wait"}, {{"TMPDIR", tmp.string()}});
+    ASSERT_TRUE(wait_for_file("ready_0_0")) << agent->output();
+    std::vector<fs::path> runs;
+    for (const auto& e : fs::directory_iterator(tmp)) runs.push_back(e.path());
+    ASSERT_EQ(runs.size(), 1u) << agent->output();
+    ASSERT_TRUE(fs::exists(runs[0] / "token")) << "the token written in the run's directory";
+    const fs::path log = runs[0] / "attempt_0" / "0" / "stdout.log";
+    if (something_to_keep) std::ofstream(log) << "a worker's word\n";
+
+    ::kill(agent->pid(), SIGKILL);
+    ASSERT_EQ(agent->wait(), 128 + SIGKILL);
+    if (!something_to_keep) {
+      EXPECT_TRUE(eventually([&] { return fs::is_empty(tmp); }, 10s))
+          << "left: " << fs::directory_iterator(tmp)->path();
+      continue;
+    }
+    EXPECT_TRUE(
+        eventually([&] { return !fs::exists(runs[0] / "attempt_0" / "0" / "stderr.log"); }, 10s))
+        << "an empty log stays";
+    EXPECT_FALSE(fs::exists(runs[0] / "token"));
+    EXPECT_TRUE(fs::exists(log));
+  }
+}
+
 TEST_F(DescendantsTest, TheJanitorHoldsOnlyItsSocketAndIsReapedByTheAgent) {
   auto agent = launch({"--nproc-per-node", "1", "--shutdown-timeout", "0.5"},
                       "leaves_descendants.sh", {"wait"});

@@ -149,7 +149,8 @@ STUCK_EXIT_CODE = 75
 # Below this share of a core (the process's CPU time over the wall time) a rank counts as idle.
 _IDLE_CPU_SHARE = 0.05
 
-# What a failed collective says when a peer is gone (gloo's transport, NCCL, torch's wrappers).
+# What a failed collective says when a peer is gone (gloo's transport, NCCL, torch's wrappers);
+# all but the first four only where torch raised it (a script's "read timed out" is its own).
 _PEER_FAILURE_MARKERS = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "socket closed",
     "nccl", "gloo", "timed out", "timeout", "processgroup", "aborted",
@@ -616,7 +617,9 @@ def _load(value, state) -> None:
 class ObjectState(State):
     """Counters and other picklable values, as attributes: `ObjectState(epoch=0, batch=0)`. A
     value with state_dict() and load_state_dict() (an LR scheduler, a GradScaler) is saved, restored
-    and synchronised through them: it stays the same object, bound to the same optimizer."""
+    and synchronised through them: it stays the same object, bound to the same optimizer. A sync
+    gives every rank the root's values: a rank's own (its shard, a DistributedSampler and its
+    rank) are made from the rank after it, not kept here."""
 
     def __init__(self, **values):
         super().__init__()
@@ -650,10 +653,9 @@ class ObjectState(State):
 
     def sync(self, root: int = 0) -> None:
         import torch.distributed as dist
-        values = [self._state() if dist.get_rank() == root else None]
-        dist.broadcast_object_list(values, src=root)
+        values = _broadcast_object(self._state() if dist.get_rank() == root else None, root)
         if dist.get_rank() != root:
-            self._set(values[0])
+            self._set(values)
 
     def describe(self) -> str:
         return " ".join(f"{name}={getattr(self, name)}" for name in self._names
@@ -707,7 +709,7 @@ class TorchState(ObjectState):
             for p in self.model.parameters():
                 p.grad = None
         if self.optimizer is not None:
-            self.optimizer.load_state_dict(copy.deepcopy(self._saved_optimizer))
+            _load_optimizer(self.optimizer, copy.deepcopy(self._saved_optimizer), "the saved")
         if self._saved_rng is not None:
             _set_rng_states(self._saved_rng)
 
@@ -717,8 +719,17 @@ class TorchState(ObjectState):
         super().sync(root)
         if self.model is not None:
             device = _this_group().device() if in_place() else None
+            entries = self.model.state_dict()
+            # A module's extra state (get_extra_state(): any object) goes as an object.
+            extra = {k: v for k, v in entries.items() if not isinstance(v, torch.Tensor)}
+            if extra:
+                extra = _broadcast_object(extra, root)
+                if dist.get_rank() != root:
+                    self.model.load_state_dict(extra, strict=False)
             with torch.no_grad():
-                for tensor in self.model.state_dict().values():
+                for tensor in entries.values():
+                    if not isinstance(tensor, torch.Tensor):
+                        continue
                     if device is not None and tensor.device != device:
                         staged = tensor.to(device)
                         dist.broadcast(staged, src=root)
@@ -728,10 +739,52 @@ class TorchState(ObjectState):
             for p in self.model.parameters():
                 p.grad = None
         if self.optimizer is not None:
-            state = [self.optimizer.state_dict() if dist.get_rank() == root else None]
-            dist.broadcast_object_list(state, src=root)
+            state = _broadcast_object(self.optimizer.state_dict() if dist.get_rank() == root
+                                      else None, root)
             if dist.get_rank() != root:
-                self.optimizer.load_state_dict(state[0])
+                _load_optimizer(self.optimizer, state, f"rank {root}'s")
+
+
+def _load_optimizer(optimizer, state, whose: str) -> None:
+    """optimizer.load_state_dict(state), saying what to do when its groups differ."""
+    try:
+        optimizer.load_state_dict(state)
+    except ValueError as e:
+        if len(state["param_groups"]) == len(optimizer.param_groups):
+            raise
+        raise ValueError(
+            f"{whose} optimizer state has {len(state['param_groups'])} parameter groups, this "
+            f"one {len(optimizer.param_groups)}: a group added while training (add_param_group) "
+            f"is added again before the sync (in the function elastic.run calls, by the "
+            f"state's counters)") from e
+
+
+def _broadcast_object(value, root: int):
+    """Rank `root`'s `value` on every rank, through torch.save (torch's broadcast_object_list
+    needs numpy, which a job need not have; and puts a CUDA tensor on the root's device: here
+    each rank's own)."""
+    import ctypes
+    import io
+
+    import torch
+    import torch.distributed as dist
+    device = _this_group().device() if in_place() else torch.device("cpu")
+    data = b""
+    if dist.get_rank() == root:
+        out = io.BytesIO()
+        torch.save(value, out)
+        data = out.getvalue()
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=root)
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
+        torch.empty(int(size.item()), dtype=torch.uint8)
+    staged = payload.to(device)
+    dist.broadcast(staged, src=root)
+    if dist.get_rank() == root:
+        return value
+    raw = staged.cpu()
+    return torch.load(io.BytesIO(ctypes.string_at(raw.data_ptr(), raw.numel())),
+                      map_location=device, weights_only=False)
 
 
 def _rng_states():
@@ -783,10 +836,10 @@ def _copy_into(saved, value):
     return copy.deepcopy(value)
 
 
-def _raised_in_data_loading(error: BaseException) -> bool:
-    """Whether `error` came from torch.utils.data's own code: the innermost frame of torch's
-    utils/data or distributed code in its traceback is utils/data's (a collective a sampler calls
-    from inside a DataLoader is still a collective)."""
+def _raised_in(error: BaseException):
+    """Where in torch `error` came from: "data" where the innermost frame of torch's utils/data or
+    distributed code in its traceback is utils/data's (a collective a sampler calls from inside a
+    DataLoader is still a collective), "torch" where another of torch's, None where none."""
     import torch
     torch_root = os.path.dirname(os.path.abspath(torch.__file__))
     data = os.path.join(torch_root, "utils", "data") + os.sep
@@ -797,10 +850,10 @@ def _raised_in_data_loading(error: BaseException) -> bool:
         path = os.path.abspath(tb.tb_frame.f_code.co_filename)
         if path.startswith(data):
             innermost = "data"
-        elif path.startswith(distributed):
-            innermost = "distributed"
+        elif path.startswith(distributed) or (path.startswith(torch_root) and innermost is None):
+            innermost = "torch"
         tb = tb.tb_next
-    return innermost == "data"
+    return innermost
 
 
 def _is_peer_failure(error: BaseException) -> bool:
@@ -814,13 +867,13 @@ def _is_peer_failure(error: BaseException) -> bool:
         return True
     if not isinstance(error, RuntimeError):
         return False
-    # A DataLoader that timed out ("DataLoader timed out after 60 seconds") or whose workers died
-    # is this rank's own: waiting for a generation that no peer's failure will publish would stall
-    # the whole job.
-    if _raised_in_data_loading(error):
+    # A DataLoader that timed out ("DataLoader timed out after 60 seconds") or whose workers died,
+    # or the script's own error, is this rank's own: waiting for a generation that no peer's
+    # failure will publish would stall the whole job.
+    text, part = str(error).lower(), _raised_in(error)
+    if part == "data":
         return False
-    text = str(error).lower()
-    return any(marker in text for marker in _PEER_FAILURE_MARKERS)
+    return any(marker in text for marker in _PEER_FAILURE_MARKERS[:4 if part is None else None])
 
 
 def _first_line(error: BaseException) -> str:

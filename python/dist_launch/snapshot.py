@@ -195,7 +195,8 @@ def _torch_tensor(t: Any, torch: Any) -> Optional[_Tensor]:
     data = t.detach()
     if data.device.type != "cpu":
         data = data.cpu()
-    data = data.contiguous()
+    # (a lazily conjugated or negated view's bytes are the value's before it: resolved first)
+    data = data.resolve_conj().resolve_neg().contiguous()
     nbytes = data.numel() * data.element_size()
     view = memoryview((ctypes.c_ubyte * nbytes).from_address(data.data_ptr())) if nbytes else \
         memoryview(b"")

@@ -51,6 +51,36 @@ class ShardedSnapshots(unittest.TestCase):
             with open(clean) as a, open(crashed) as b:
                 self.assertEqual(a.read(), b.read(), "the resumed job's weights differ\n" + output)
 
+    def test_views_and_every_kind_of_tensor_come_back_as_saved(self):
+        # (a lazily conjugated view came back as its conjugate: its bytes are the value's before)
+        probe = """if True:
+            import torch
+            from dist_launch import snapshot
+            c = torch.randn(4, dtype=torch.complex64)
+            saved = {"conj": c.conj(), "neg": c.conj().imag, "bool": torch.tensor([True, False]),
+                     "bf16": torch.randn(3).bfloat16(), "empty": torch.zeros(0, 3),
+                     "offset": torch.arange(10.)[3:7], "expanded": torch.ones(1, 3).expand(4, 3),
+                     "transposed": torch.arange(6.).view(2, 3).t(),
+                     "scalar": torch.tensor(3), "parameter": torch.nn.Parameter(torch.ones(2))}
+            assert snapshot.save(1, saved)
+            step, back = snapshot.load()
+            for name, value in saved.items():
+                same = torch.equal(value.resolve_conj().resolve_neg(), back[name])
+                print(name, "as saved" if same else "DIFFERENT", flush=True)
+        """
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "probe.py")
+            with open(script, "w") as f:
+                f.write(probe)
+            env = dict(os.environ, PYTHON_EXEC=ARGS.python, OMP_NUM_THREADS="1")
+            proc = subprocess.run([ARGS.launcher, "--nproc-per-node", "1", "--snapshot-dir",
+                                   os.path.join(d, "snapshots"), script],
+                                  capture_output=True, text=True, env=env, timeout=120)
+            output = proc.stdout + proc.stderr
+            self.assertEqual(proc.returncode, 0, output)
+            self.assertEqual(output.count(" as saved"), 10, output)
+            self.assertNotIn("DIFFERENT", output)
+
     def test_an_fsdp2_job_resumes_from_its_shards_with_the_uninterrupted_weights(self):
         self.crash_and_resume("DTensor")
 

@@ -755,8 +755,8 @@ def _load_optimizer(optimizer, state, whose: str) -> None:
         raise ValueError(
             f"{whose} optimizer state has {len(state['param_groups'])} parameter groups, this "
             f"one {len(optimizer.param_groups)}: a group added while training (add_param_group) "
-            f"is added again before the sync (in the function elastic.run calls, by the "
-            f"state's counters)") from e
+            f"is added again in the function elastic.run calls (by the state's counters), and "
+            f"committed at once") from e
 
 
 def _broadcast_object(value, root: int):

@@ -333,8 +333,8 @@ class Sync(unittest.TestCase):
         self.assertEqual(zero["groups"], "synced")
         self.assertEqual(one["groups"], "rank 0's optimizer state has 2 parameter groups, this "
                          "one 1: a group added while training (add_param_group) is added again "
-                         "before the sync (in the function elastic.run calls, by the state's "
-                         "counters)")
+                         "in the function elastic.run calls (by the state's counters), and "
+                         "committed at once")
 
     def test_a_replacement_gets_the_roots_model_its_extra_state_optimizer_and_counters(self):
         self.check(*self.run_pair())

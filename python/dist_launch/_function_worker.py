@@ -68,7 +68,12 @@ def main() -> int:
     directory = sys.argv[1]
     try:
         function, args = load_call(directory)
-        result = function(*args)
+        try:
+            result = function(*args)
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                raise
+            result = None  # (a rank that exits 0 returned None, as under torch's elastic_launch)
         release_process_group()
     except SystemExit:
         raise
@@ -78,8 +83,15 @@ def main() -> int:
         return 1
     name = f"result_{os.environ['TORCHELASTIC_RESTART_COUNT']}_{os.environ['RANK']}.pickle"
     partial = os.path.join(directory, f".{name}.{os.getpid()}")
-    with open(partial, "wb") as f:
-        pickle.dump(result, f)
+    try:
+        with open(partial, "wb") as f:
+            pickle.dump(result, f)
+    except Exception as e:  # noqa: BLE001 (the report says why, not only the worker's stderr)
+        write_error_file(f"the function's return value cannot be sent back: "
+                         f"{type(e).__name__}: {e}", traceback.format_exc())
+        traceback.print_exc()
+        os.unlink(partial)
+        return 1
     os.replace(partial, os.path.join(directory, name))
     return 0
 

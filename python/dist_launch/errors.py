@@ -54,6 +54,9 @@ class LaunchError(RuntimeError):
         super().__init__(message)
         self.exit_code = exit_code
 
+    def __reduce__(self):  # (pickled whole: a launch in a process pool raises it in the caller)
+        return type(self), (str(self), self.exit_code)
+
 
 class UsageError(LaunchError, ValueError):
     """The configuration or command line was refused before anything started (exit code 2)."""
@@ -66,6 +69,9 @@ class SignalException(LaunchError):
     def __init__(self, message: str, exit_code: int, sigval: int):
         super().__init__(message, exit_code)
         self.sigval = sigval
+
+    def __reduce__(self):
+        return type(self), (str(self), self.exit_code, self.sigval)
 
 
 class ChildFailedError(LaunchError):
@@ -86,6 +92,10 @@ class ChildFailedError(LaunchError):
         if root.message:
             summary += f": {root.message}"
         super().__init__(summary, exit_code)
+
+    def __reduce__(self):
+        return type(self), (self.name, self.failures, self.root_rank, self.report,
+                            self.exit_code)
 
     def get_first_failure(self) -> Tuple[int, ProcessFailure]:
         return self.root_rank, self.failures[self.root_rank]

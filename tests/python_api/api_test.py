@@ -52,6 +52,20 @@ def working_directory():
     return os.getcwd()
 
 
+def exits_zero():
+    sys.exit(0)
+
+
+def returns_a_lock():
+    import threading
+    return threading.Lock()
+
+
+def launch_sad(_):
+    """In a process pool's process: the ChildFailedError goes back to the caller pickled."""
+    return launch(LaunchConfig(nproc_per_node=1), sad)
+
+
 class FunctionEntrypoint(unittest.TestCase):
     def test_return_values_by_global_rank(self):
         results = elastic_launch(LaunchConfig(nproc_per_node=3), rank_plus)(10)
@@ -183,6 +197,84 @@ class FunctionEntrypoint(unittest.TestCase):
         self.assertEqual(proc.wait(timeout=JOB_TIMEOUT_S), 0, (seen + rest).decode())
         self.assertIn(b"got 7", seen + rest)
         self.assertIn(b"RESULT {0: 0}", seen + rest)
+
+    def test_a_function_that_exits_zero_returned_none(self):
+        # (as torch's elastic_launch: {rank: None}; it returned {})
+        self.assertEqual({0: None, 1: None}, launch(LaunchConfig(nproc_per_node=2), exits_zero))
+
+    def test_a_return_value_that_cannot_be_sent_back_is_the_message(self):
+        # (the message was empty: the cause only on the worker's stderr)
+        with self.assertRaises(ChildFailedError) as caught:
+            launch(LaunchConfig(nproc_per_node=1), returns_a_lock)
+        self.assertRegex(caught.exception.get_first_failure()[1].message,
+                         r"^the function's return value cannot be sent back: TypeError: "
+                         r"cannot pickle '_thread.lock' object")
+
+    def test_the_errors_pickle_whole_as_a_process_pool_sends_them(self):
+        # (a failed launch in a ProcessPoolExecutor broke the pool: the error could not be
+        # rebuilt, "missing 4 required positional arguments")
+        import concurrent.futures
+        import multiprocessing
+        import pickle
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+            with self.assertRaises(ChildFailedError) as caught:
+                pool.submit(launch_sad, 0).result(timeout=JOB_TIMEOUT_S)
+        error = caught.exception
+        self.assertEqual("RuntimeError: sad because i throw", error.get_first_failure()[1].message)
+        self.assertIn("sad FAILED", error.format_msg())
+        for made in (dist_launch.LaunchError("x", 3), dist_launch.UsageError("bad", 2),
+                     dist_launch.SignalException("stopped", 130, 2)):
+            back = pickle.loads(pickle.dumps(made))
+            self.assertEqual((type(back), str(back), back.exit_code),
+                             (type(made), str(made), made.exit_code))
+        self.assertEqual(pickle.loads(pickle.dumps(dist_launch.SignalException("s", 130, 2))).sigval,
+                         2)
+
+    def test_a_launch_from_another_thread_is_stopped_when_the_process_exits(self):
+        # A SIGINT ends the main thread; the thread's job ran on to its end (the interpreter
+        # waited for the pool's thread), and nothing said signals do not reach it.
+        source = textwrap.dedent("""\
+            import concurrent.futures, sys, time
+            from dist_launch import LaunchConfig, launch
+            if __name__ == "__main__":
+                pool = concurrent.futures.ThreadPoolExecutor(1)
+                pool.submit(launch, LaunchConfig(nproc_per_node=1), sys.executable, "-c",
+                            "print('worker up', flush=True); import time; time.sleep(300)")
+                time.sleep(300)
+        """)
+        with tempfile.TemporaryDirectory() as where:
+            driver = os.path.join(where, "driver.py")
+            with open(driver, "w") as f:
+                f.write(source)
+            proc = subprocess.Popen([sys.executable, driver], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, cwd=where)
+            self.addCleanup(lambda: proc.poll() is None and (proc.kill(), proc.wait()))
+            seen = b""
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            while b"worker up" not in seen and time.monotonic() < deadline:
+                if select.select([proc.stdout], [], [], 0.5)[0]:
+                    data = os.read(proc.stdout.fileno(), 65536)
+                    if not data:
+                        break
+                    seen += data
+            self.assertIn(b"worker up", seen)
+            began = time.monotonic()
+            proc.send_signal(__import__("signal").SIGINT)
+            rest = proc.communicate(timeout=60)[0]
+            self.assertLess(time.monotonic() - began, 30, (seen + rest).decode())
+            self.assertIn(b"a signal this process receives is not passed on to the job", seen + rest)
+
+    def test_a_closed_stdout_is_no_error(self):
+        # (flushing Python's stdout, None when the process started without one, raised)
+        code = ("import sys\nfrom dist_launch import LaunchConfig, launch\n"
+                "sys.stderr.write(repr(launch(LaunchConfig(nproc_per_node=1), sys.executable, "
+                "'-c', 'print(1)')))\n")
+        proc = subprocess.run(f"{sys.executable} -c \"$CODE\" >&-", shell=True,
+                              env=dict(os.environ, CODE=code), capture_output=True, text=True,
+                              timeout=JOB_TIMEOUT_S)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("{0: 0}", proc.stderr)
 
     def test_programs_still_return_exit_codes(self):
         results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")

@@ -78,7 +78,8 @@ def main() -> int:
     except SystemExit:
         raise
     except BaseException as e:  # noqa: B036 (KeyboardInterrupt too: the worker failed)
-        write_error_file(f"{type(e).__name__}: {e}", traceback.format_exc())
+        write_error_file(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__,
+                         traceback.format_exc())
         traceback.print_exc()
         return 1
     name = f"result_{os.environ['TORCHELASTIC_RESTART_COUNT']}_{os.environ['RANK']}.pickle"

@@ -184,6 +184,9 @@ def launch(config: LaunchConfig, entrypoint: Union[str, Callable[..., Any]], *ar
     failed, UsageError when the configuration is refused, SignalException when a signal this
     process received stopped the job, LaunchError otherwise."""
     check_not_preparing()
+    if not isinstance(config, LaunchConfig):
+        raise TypeError(f"config is a {type(config).__module__}.{type(config).__qualname__}: "
+                        f"dist-launch takes dist_launch.LaunchConfig (the same fields as torch's)")
     if callable(entrypoint) and not isinstance(entrypoint, (str, os.PathLike)):
         return _launch_function(config, entrypoint, args)
     entry = os.fspath(entrypoint)

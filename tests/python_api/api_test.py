@@ -61,6 +61,10 @@ def returns_a_lock():
     return threading.Lock()
 
 
+def interrupted():
+    raise KeyboardInterrupt()
+
+
 def launch_sad(_):
     """In a process pool's process: the ChildFailedError goes back to the caller pickled."""
     return launch(LaunchConfig(nproc_per_node=1), sad)
@@ -275,6 +279,19 @@ class FunctionEntrypoint(unittest.TestCase):
                               timeout=JOB_TIMEOUT_S)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("{0: 0}", proc.stderr)
+
+    def test_an_exception_without_a_message_is_its_name(self):
+        with self.assertRaises(ChildFailedError) as caught:
+            launch(LaunchConfig(nproc_per_node=1), interrupted)
+        self.assertEqual("KeyboardInterrupt", caught.exception.get_first_failure()[1].message)
+
+    def test_a_config_of_another_kind_is_refused_saying_which(self):
+        # (torch's LaunchConfig gave "'LaunchConfig' object has no attribute 'python'")
+        class LaunchConfig:  # noqa: N801 (what torch's is called)
+            nproc_per_node = 1
+        with self.assertRaisesRegex(TypeError, r"config is a __main__\..*LaunchConfig: "
+                                    r"dist-launch takes dist_launch.LaunchConfig"):
+            launch(LaunchConfig(), sys.executable, "-c", "pass")
 
     def test_programs_still_return_exit_codes(self):
         results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")

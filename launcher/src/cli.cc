@@ -108,7 +108,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
   CommandLine app("dist-launch",
                   "dist-launch: start and supervise the workers of a distributed job "
                   "(torchrun-compatible). Every option may also come from PET_<NAME>; long "
-                  "options may be abbreviated to a unique prefix.",
+                  "options may be abbreviated to a unique prefix, and spelled with underscores "
+                  "(--hang_timeout).",
                   "[OPTIONS] TRAINING_SCRIPT [SCRIPT_ARGS...]");
   app.footer(kExamples);
   RawOptions raw;

@@ -116,7 +116,7 @@ CommandLine::Option& CommandLine::add(std::string_view names, Kind kind, void* t
     start = comma + 1;
   }
   // Every long option has both spellings, as torchrun's do: --hang-timeout is --hang_timeout too.
-  const std::size_t declared = o.long_names_.size();
+  const std::size_t declared = o.shown_long_names_ = o.long_names_.size();
   for (std::size_t i = 0; i < declared; ++i) {
     std::string other(o.long_names_[i]);
     std::replace(other.begin(), other.end(), '-', '_');
@@ -294,7 +294,9 @@ std::string CommandLine::help() const {
       const Option& o = options_[i];
       std::string left = "  ";
       for (const auto n : o.short_names_) left += "-" + std::string(n) + ", ";
-      for (const auto n : o.long_names_) left += "--" + std::string(n) + ", ";
+      for (std::size_t i = 0; i < o.shown_long_names_; ++i) {  // (not the spellings add() made)
+        left += "--" + std::string(o.long_names_[i]) + ", ";
+      }
       left.resize(left.size() - 2);
       if (o.kind_ != Kind::kFlag) {
         left += o.choices_.empty() ? (o.kind_ == Kind::kNumber ? " N" : " VALUE")

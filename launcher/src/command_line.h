@@ -39,6 +39,7 @@ class CommandLine {
     Kind kind_ = Kind::kText;
     void* target_ = nullptr;  // std::string, bool, int or std::vector<std::string>, by kind_
     std::vector<std::string_view> long_names_, short_names_;  // without dashes
+    std::size_t shown_long_names_ = 0;  // the declared ones, first in long_names_: in --help
     std::string help_;
     std::string env_;
     std::string default_;  // shown in --help

@@ -113,24 +113,6 @@ def _libc_prctl():
         return None
 
 
-# The jobs threads other than the main one launched, running: stopped as the interpreter exits (a
-# SIGINT that ended the main thread), before it waits for those threads (the thread pool's
-# atexit), which would otherwise wait for the whole job.
-_from_threads: set = set()
-
-
-def _stop_jobs_of_threads() -> None:
-    for proc in list(_from_threads):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-
-
-if hasattr(threading, "_register_atexit"):  # (Python 3.9: what concurrent.futures uses)
-    import concurrent.futures.thread  # noqa: F401 (its pool's join registered first: runs last)
-
-    threading._register_atexit(_stop_jobs_of_threads)
-
-
 def run_dist_launch(argv: Sequence[str], env: dict, forward_signals: Sequence[int]) -> Outcome:
     """Runs `dist-launch argv` to its end. From the main thread, dist-launch gets a process group
     of its own, and `forward_signals` received here are passed on to it once each (a terminal's
@@ -154,13 +136,11 @@ def run_dist_launch(argv: Sequence[str], env: dict, forward_signals: Sequence[in
     if not main_thread:
         warnings.warn("dist_launch: launched from a thread other than the main one: a signal "
                       "this process receives is not passed on to the job (Python takes signals "
-                      "in its main thread only); the job is stopped when this process exits",
+                      "in its main thread only; a terminal's Ctrl-C reaches it all the same)",
                       RuntimeWarning, stacklevel=3)
     # stdin is the caller's, as under torchrun (a worker's breakpoint(), input()).
     proc = subprocess.Popen([path, *argv], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=in_child)
-    if not main_thread:
-        _from_threads.add(proc)
     watch = _StderrWatch()
     pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, None), daemon=True),
              threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, watch), daemon=True)]
@@ -182,7 +162,6 @@ def run_dist_launch(argv: Sequence[str], env: dict, forward_signals: Sequence[in
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _from_threads.discard(proc)
     for t in pumps:
         t.join(OUTPUT_DRAIN_TIMEOUT_S)
     return Outcome(exit_code=exit_code, node_ranks=watch.node_ranks, report=watch.report(),

@@ -238,6 +238,7 @@ class CompressionState:
         self._model: Optional[frozenset] = None
         self._first: set = set()
         self._unmatched_said: Optional[bool] = None  # whether that step's end was seen by _install
+        self._rebuilt = False  # DDP rebuilt its buckets in this step (see _bucket_for)
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
         self._skips = 0  # exchanges skipped for inf/NaN, every bucket's, as _after counts them
         self._said_step = -1  # the step _after last saw a skip at
@@ -351,6 +352,9 @@ class CompressionState:
         compressor, spans = self._bucket_for(bucket, buffer)
         if bucket.is_last():
             self._steps += 1
+            if self._rebuilt:  # (saved layouts DDP did not rebuild into: never used now)
+                self._rebuilt = False
+                self._on_thread(self._pending.clear)
         if self._splits:
             return self._begin(compressor, spans, buffer)
         result = torch.futures.Future()
@@ -491,8 +495,10 @@ class CompressionState:
             # DDP rebuilt its buckets (after the first step), with other parameters in this one:
             # the residuals move to the new buckets by parameter. (A resumed job's state saved
             # for a layout (_pending) waits for it: DDP's rebuild after a resumed job's first
-            # step, the first layout's one bucket, is the saved layout again.)
+            # step, the first layout's one bucket, is the saved layout again. What that step
+            # leaves unused is dropped at its end.)
             self._on_thread(self._carry_residuals)
+            self._rebuilt = True
         made = self._on_thread(self._install, index, layout.signature, buffer.dtype,
                                layout.spans is not None)
         return made, layout.spans

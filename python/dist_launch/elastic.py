@@ -149,10 +149,12 @@ STUCK_EXIT_CODE = 75
 # Below this share of a core (the process's CPU time over the wall time) a rank counts as idle.
 _IDLE_CPU_SHARE = 0.05
 
-# What a failed collective says when a peer is gone (gloo's transport, NCCL, torch's wrappers);
-# all but the first four only where torch raised it (a script's "read timed out" is its own).
+# What a failed collective says when a peer is gone (gloo's transport, NCCL, torch's wrappers):
+# the first nine come only from a backend; the others count only where torch raised the error
+# (a script's own "read timed out" is its own).
 _PEER_FAILURE_MARKERS = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "socket closed",
+    "gloo/", "nccl error", "processgroupgloo", "processgroupnccl", "ncclcomm",
     "nccl", "gloo", "timed out", "timeout", "processgroup", "aborted",
 )
 
@@ -768,7 +770,9 @@ def _broadcast_object(value, root: int):
 
     import torch
     import torch.distributed as dist
-    device = _this_group().device() if in_place() else torch.device("cpu")
+    device = _this_group().device() if in_place() else \
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else \
+        torch.device("cpu")
     data = b""
     if dist.get_rank() == root:
         out = io.BytesIO()
@@ -783,8 +787,11 @@ def _broadcast_object(value, root: int):
     if dist.get_rank() == root:
         return value
     raw = staged.cpu()
+    # A CUDA tensor onto this rank's device (not the root's); the others stay where they were.
+    here = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_initialized() else None
+    where = {f"cuda:{i}": here for i in range(torch.cuda.device_count())} if here else None
     return torch.load(io.BytesIO(ctypes.string_at(raw.data_ptr(), raw.numel())),
-                      map_location=device, weights_only=False)
+                      map_location=where, weights_only=False)
 
 
 def _rng_states():
@@ -837,23 +844,24 @@ def _copy_into(saved, value):
 
 
 def _raised_in(error: BaseException):
-    """Where in torch `error` came from: "data" where the innermost frame of torch's utils/data or
+    """Where `error` came from: "data" where the innermost frame of torch's utils/data or
     distributed code in its traceback is utils/data's (a collective a sampler calls from inside a
-    DataLoader is still a collective), "torch" where another of torch's, None where none."""
+    DataLoader is still a collective), "torch" where it is distributed's or the innermost frame
+    of all is torch's (a backward, DDP), None where the script raised it (in a forward too)."""
     import torch
-    torch_root = os.path.dirname(os.path.abspath(torch.__file__))
+    torch_root = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     data = os.path.join(torch_root, "utils", "data") + os.sep
     distributed = os.path.join(torch_root, "distributed") + os.sep
-    innermost = None
+    innermost, deepest = None, ""
     tb = error.__traceback__
     while tb is not None:
-        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if path.startswith(data):
+        deepest = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if deepest.startswith(data):
             innermost = "data"
-        elif path.startswith(distributed) or (path.startswith(torch_root) and innermost is None):
+        elif deepest.startswith(distributed):
             innermost = "torch"
         tb = tb.tb_next
-    return innermost
+    return innermost or ("torch" if deepest.startswith(torch_root) else None)
 
 
 def _is_peer_failure(error: BaseException) -> bool:
@@ -873,7 +881,7 @@ def _is_peer_failure(error: BaseException) -> bool:
     text, part = str(error).lower(), _raised_in(error)
     if part == "data":
         return False
-    return any(marker in text for marker in _PEER_FAILURE_MARKERS[:4 if part is None else None])
+    return any(marker in text for marker in _PEER_FAILURE_MARKERS[:9 if part is None else None])
 
 
 def _first_line(error: BaseException) -> str:

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <system_error>
 
 #include "processes/job_processes.h"
@@ -209,9 +210,15 @@ void Janitor::untrack(pid_t pgid) {
   slot_of_.erase(it);
 }
 
-void Janitor::tidy_on_death(const std::string& directory, const std::string& secret) {
-  if (!shared_ || shared_->tidy.load(std::memory_order_relaxed) || directory.empty() ||
-      directory.size() >= kMaxPath || secret.size() >= kMaxPath) {
+void Janitor::tidy_on_death(const std::string& relative_directory,
+                            const std::string& relative_secret) {
+  // Absolute: the janitor works from "/" (a relative $TMPDIR made relative paths).
+  std::error_code ec;
+  const std::string directory = std::filesystem::absolute(relative_directory, ec).string();
+  const std::string secret =
+      relative_secret.empty() ? "" : std::filesystem::absolute(relative_secret, ec).string();
+  if (!shared_ || shared_->tidy.load(std::memory_order_relaxed) || ec ||
+      relative_directory.empty() || directory.size() >= kMaxPath || secret.size() >= kMaxPath) {
     return;
   }
   std::memcpy(shared_->directory, directory.c_str(), directory.size() + 1);

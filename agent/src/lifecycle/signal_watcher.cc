@@ -1,6 +1,7 @@
 #include "lifecycle/signal_watcher.h"
 
 #include <sys/signalfd.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -40,13 +41,18 @@ void SignalWatcher::cancel() {
 void SignalWatcher::read() {
   fd_.async_read_some(boost::asio::buffer(buffer_), [this](const boost::system::error_code& ec,
                                                            std::size_t n) {
-    if (ec || !handler_) return;
+    if (ec) return;
     for (std::size_t at = 0; at + sizeof(signalfd_siginfo) <= n; at += sizeof(signalfd_siginfo)) {
       signalfd_siginfo info;
       std::memcpy(&info, buffer_.data() + at, sizeof info);
       if (handler_) {
         handler_(
             {static_cast<int>(info.ssi_signo), static_cast<pid_t>(info.ssi_pid), info.ssi_code});
+      } else if (info.ssi_signo != SIGCHLD) {
+        // Read, but its handler came after cancel() (a stop signal as the job ended, its
+        // completion queued behind io_context::stop()): pending again, as if never read, for
+        // whoever looks at exit (Console::drain: a stop ends its wait for the console).
+        ::kill(::getpid(), static_cast<int>(info.ssi_signo));
       }
     }
     if (handler_) read();

@@ -42,17 +42,25 @@ TEST(LauncherCli, HelpPrintsUsageAndExitsZero) {
   EXPECT_NE(r.output.find("Usage: dist-launch"), std::string::npos) << r.output;
 }
 
+// Every option name bash completes (its -W word list), in order, repeats kept.
+std::vector<std::string> completed_names() {
+  const RunResult completion = run_binary("--print-completion bash");
+  EXPECT_EQ(completion.exit_code, 0) << completion.output;
+  const auto words = completion.output.find("-W \"");
+  EXPECT_NE(words, std::string::npos) << completion.output;
+  if (words == std::string::npos) return {};
+  std::istringstream list(
+      completion.output.substr(words + 4, completion.output.find('"', words + 4) - words - 4));
+  std::vector<std::string> names;
+  for (std::string name; list >> name;) names.push_back(name);
+  return names;
+}
+
 // The options are declared in groups (one per concern, each under its heading in --help): each
 // name is declared once across them, and --help is one option ("--hel" abbreviates it).
 TEST(LauncherCli, EveryOptionIsNamedOnceAcrossItsGroups) {
-  const RunResult completion = run_binary("--print-completion bash");
-  ASSERT_EQ(completion.exit_code, 0) << completion.output;
-  const auto words = completion.output.find("-W \"");
-  ASSERT_NE(words, std::string::npos) << completion.output;
-  std::istringstream names(
-      completion.output.substr(words + 4, completion.output.find('"', words + 4) - words - 4));
   std::map<std::string, int> seen;
-  for (std::string name; names >> name;) ++seen[name];
+  for (const auto& name : completed_names()) ++seen[name];
   EXPECT_GT(seen.size(), 90u);  // every group was read (97 names today)
   for (const auto& [name, count] : seen) EXPECT_EQ(count, 1) << name;
   const RunResult help = run_binary("--hel");
@@ -63,14 +71,9 @@ TEST(LauncherCli, EveryOptionIsNamedOnceAcrossItsGroups) {
 // As torchrun's: every long option has both spellings, dist-launch's own too (--event_log was
 // taken for an abbreviation of --event_log_handler, and refused as one).
 TEST(LauncherCli, EveryLongOptionHasBothSpellings) {
-  const RunResult completion = run_binary("--print-completion bash");
-  ASSERT_EQ(completion.exit_code, 0) << completion.output;
-  const auto words = completion.output.find("-W \"");
-  ASSERT_NE(words, std::string::npos) << completion.output;
-  std::istringstream names(
-      completion.output.substr(words + 4, completion.output.find('"', words + 4) - words - 4));
-  std::set<std::string> seen;
-  for (std::string name; names >> name;) seen.insert(name);
+  const auto names = completed_names();
+  const std::set<std::string> seen(names.begin(), names.end());
+  ASSERT_GT(seen.size(), 90u);
   for (const auto& name : seen) {
     if (!name.starts_with("--") || name.find_first_of("-_", 2) == std::string::npos) continue;
     std::string other = name;

@@ -237,7 +237,6 @@ class CompressionState:
         # it would share residuals, steps and compressors.
         self._model: Optional[frozenset] = None
         self._first: set = set()
-        self._unmatched_said: Optional[bool] = None  # whether that step's end was seen by _install
         self._rebuilt = False  # DDP rebuilt its buckets in this step (see _bucket_for)
         self._retired = {"skipped": 0, "cleaned": 0, "dense": 0, "bytes_sent": 0}  # freed ones
         self._skips = 0  # exchanges skipped for inf/NaN, every bucket's, as _after counts them
@@ -352,6 +351,9 @@ class CompressionState:
         compressor, spans = self._bucket_for(bucket, buffer)
         if bucket.is_last():
             self._steps += 1
+            if self._model is None:  # the first step's end: its buckets' parameters are the model
+                self._model, self._first = frozenset(self._first), set()
+                self._on_thread(self._drop_unmatched)
             if self._rebuilt:  # (saved layouts DDP did not rebuild into: never used now)
                 self._rebuilt = False
                 self._on_thread(self._pending.clear)
@@ -485,7 +487,7 @@ class CompressionState:
         if cached is not None and cached[0] == seen:
             layout = cached[1]
         else:
-            self._check_model(bucket, parameters)
+            self._check_model(parameters)
             layout = _Layout(bucket, buffer, self._keys, parameters)
             self._layouts[index] = (seen, layout)
         known = self._buckets.get(index)
@@ -503,16 +505,12 @@ class CompressionState:
                                layout.spans is not None)
         return made, layout.spans
 
-    def _check_model(self, bucket, parameters) -> None:
+    def _check_model(self, parameters) -> None:
         """A bucket of a layout not seen before: its parameters are the model's, the one whose
-        first step the state saw (at that step's end, the saved residuals that found none of
-        them are said)."""
+        first step the state saw (gathered in `_first` until that step ends, in _exchange)."""
         ids = {id(p) for p in parameters}
         if self._model is None:
             self._first |= ids
-            if bucket.is_last():
-                self._model, self._first = frozenset(self._first), set()
-                self._unmatched_said = False  # (_install says them, once this bucket is made)
             return
         if not ids <= self._model:
             raise CompressionError(
@@ -525,15 +523,17 @@ class CompressionState:
         """_make's compressor, as bucket `index`'s (with the lanes idle: stats() and
         state_dict() read the buckets from other threads)."""
         made = self._buckets[index] = self._make(signature, index, dtype, staged)
-        if self._unmatched_said is False:
-            self._unmatched_said = True
-            if self._carry:
-                warnings.warn(
-                    f"dist_launch.compression: rank {self.rank}: {len(self._carry)} residuals of "
-                    f"the state loaded found no parameter of this model (saved for another model, "
-                    f"or with other bucket sizes): they are dropped")
-                self._carry.clear()
         return made
+
+    def _drop_unmatched(self) -> None:
+        """At the first step's end, every layout of it made: the residuals loaded that found no
+        parameter are said and dropped."""
+        if self._carry:
+            warnings.warn(f"dist_launch.compression: rank {self.rank}: {len(self._carry)} "
+                          f"residuals of the state loaded found no parameter of this model "
+                          f"(saved for another model, or with other bucket sizes): they are "
+                          f"dropped")
+            self._carry.clear()
 
     def _make(self, signature, index, dtype, staged=False) -> _Bucket:
         """A compressor of `signature`'s layout, with the state saved for that layout (_pending)

@@ -770,9 +770,12 @@ def _broadcast_object(value, root: int):
 
     import torch
     import torch.distributed as dist
-    device = _this_group().device() if in_place() else \
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else \
-        torch.device("cpu")
+    if in_place():
+        device = _this_group().device()
+    elif dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
     data = b""
     if dist.get_rank() == root:
         out = io.BytesIO()

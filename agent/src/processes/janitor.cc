@@ -1,6 +1,5 @@
 #include "processes/janitor.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -8,7 +7,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -22,6 +20,7 @@
 #include <system_error>
 
 #include "processes/job_processes.h"
+#include "workers/run_directory.h"
 
 namespace dist::agent {
 namespace {
@@ -33,8 +32,6 @@ constexpr Message kDismiss = 0;
 // Groups the janitor can be told of (a worker's group is untracked once its worker is reaped, so
 // this bounds the workers alive at once); beyond it, the marker alone finds their processes.
 constexpr std::size_t kMaxTrackedGroups = Janitor::kMaxTrackedGroups;
-// How deep the tidying goes: root/node_*/attempt_*/<local rank>/ and a little more.
-constexpr int kMaxTidyDepth = 6;
 // After the agent's death: marker sweeps until one finds nothing, at most this many, this far apart
 // (a process SIGKILLed in one sweep may still be exiting in the next).
 constexpr int kMaxSweeps = 200;
@@ -62,41 +59,6 @@ void close_all_but(int keep) {
   for (rlim_t fd = 0; fd < last; ++fd) {
     if (static_cast<int>(fd) != keep) ::close(static_cast<int>(fd));
   }
-}
-
-// Removes the empty files and folders in the folder `name` of `parent` (and the folder itself when
-// nothing is left); whether anything is left. RunDirectory::finish's rule, allocation-free (the
-// janitor's): descriptors, getdents64 into the stack, unlinkat.
-bool prune_empty(int parent, const char* name, int depth) {
-  const int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return errno != ENOENT;
-  bool left = false;
-  alignas(dirent64) char buffer[4096];
-  while (true) {
-    const ssize_t n = ::getdents64(fd, buffer, sizeof buffer);
-    if (n <= 0) {
-      left = left || n < 0;
-      break;
-    }
-    for (ssize_t at = 0; at < n;) {
-      const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
-      at += entry->d_reclen;
-      const char* entry_name = entry->d_name;
-      if (std::strcmp(entry_name, ".") == 0 || std::strcmp(entry_name, "..") == 0) continue;
-      struct stat st {};
-      if (::fstatat(fd, entry_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        left = true;
-      } else if (S_ISDIR(st.st_mode) && depth < kMaxTidyDepth) {
-        left = prune_empty(fd, entry_name, depth + 1) || left;
-      } else if (S_ISREG(st.st_mode) && st.st_size == 0) {
-        left = ::unlinkat(fd, entry_name, 0) != 0 || left;
-      } else {
-        left = true;
-      }
-    }
-  }
-  ::close(fd);
-  return left || ::unlinkat(parent, name, AT_REMOVEDIR) != 0;
 }
 
 // The janitor's whole life. A copy of the agent made by a raw clone: only system calls and our own
@@ -137,7 +99,7 @@ bool prune_empty(int parent, const char* name, int depth) {
   }
   if (shared->tidy.load(std::memory_order_acquire)) {
     if (shared->secret[0] != '\0') ::unlink(shared->secret);
-    prune_empty(AT_FDCWD, shared->directory, 0);
+    prune_empty_tree(AT_FDCWD, shared->directory);
   }
   ::_exit(0);
 }
@@ -213,12 +175,15 @@ void Janitor::untrack(pid_t pgid) {
 void Janitor::tidy_on_death(const std::string& relative_directory,
                             const std::string& relative_secret) {
   // Absolute: the janitor works from "/" (a relative $TMPDIR made relative paths).
-  std::error_code ec;
-  const std::string directory = std::filesystem::absolute(relative_directory, ec).string();
+  std::error_code directory_error, secret_error;
+  const std::string directory =
+      std::filesystem::absolute(relative_directory, directory_error).string();
   const std::string secret =
-      relative_secret.empty() ? "" : std::filesystem::absolute(relative_secret, ec).string();
-  if (!shared_ || shared_->tidy.load(std::memory_order_relaxed) || ec ||
-      relative_directory.empty() || directory.size() >= kMaxPath || secret.size() >= kMaxPath) {
+      relative_secret.empty() ? ""
+                              : std::filesystem::absolute(relative_secret, secret_error).string();
+  if (!shared_ || shared_->tidy.load(std::memory_order_relaxed) || directory_error ||
+      secret_error || relative_directory.empty() || directory.size() >= kMaxPath ||
+      secret.size() >= kMaxPath) {
     return;
   }
   std::memcpy(shared_->directory, directory.c_str(), directory.size() + 1);

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
@@ -126,41 +127,54 @@ fs::path RunDirectory::attempt(int round, int local_rank) const {
 
 namespace {
 
-// Removes the empty files and folders under `dir` (and `dir` itself when nothing is left); whether
-// anything is left. Best effort: what cannot be read or removed is left (and counts as left).
-bool prune_empty(const fs::path& dir) {
-  std::error_code ec;
+// How deep prune_empty_tree goes: root/node_*/attempt_*/<local rank>/ and a little more.
+constexpr int kMaxPruneDepth = 6;
+
+bool prune_empty(int parent, const char* name, int depth) {
+  const int fd = ::openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return errno != ENOENT;
   bool left = false;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const fs::path path = it->path();
-    const auto status = it->symlink_status(ec);
-    if (ec) {
-      left = true;
-      ec.clear();
-      continue;
+  alignas(dirent64) char buffer[4096];
+  while (true) {
+    const ssize_t n = ::getdents64(fd, buffer, sizeof buffer);
+    if (n <= 0) {
+      left = left || n < 0;
+      break;
     }
-    if (fs::is_directory(status)) {
-      left = prune_empty(path) || left;
-    } else if (fs::is_regular_file(status) && fs::file_size(path, ec) == 0 && !ec) {
-      left = !fs::remove(path, ec) || left;
-    } else {
-      left = true;
-      ec.clear();
+    for (ssize_t at = 0; at < n;) {
+      const auto* entry = reinterpret_cast<const dirent64*>(buffer + at);
+      at += entry->d_reclen;
+      const char* entry_name = entry->d_name;
+      if (std::strcmp(entry_name, ".") == 0 || std::strcmp(entry_name, "..") == 0) continue;
+      struct stat st {};
+      if (::fstatat(fd, entry_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        left = true;
+      } else if (S_ISDIR(st.st_mode) && depth < kMaxPruneDepth) {
+        left = prune_empty(fd, entry_name, depth + 1) || left;
+      } else if (S_ISREG(st.st_mode) && st.st_size == 0) {
+        left = ::unlinkat(fd, entry_name, 0) != 0 || left;
+      } else {
+        left = true;
+      }
     }
   }
-  if (ec) return true;
-  if (!left) left = !fs::remove(dir, ec);
-  return left;
+  ::close(fd);
+  return left || ::unlinkat(parent, name, AT_REMOVEDIR) != 0;
 }
 
 }  // namespace
+
+bool prune_empty_tree(int parent, const char* name) {
+  return prune_empty(parent, name, 0);
+}
 
 std::string RunDirectory::finish(bool keep) {
   if (!temporary_) return "";
   // Kept, what says something: the empty files (a stack file no rank was asked to fill, a log
   // that got nothing) go, and a directory left with nothing is not kept (in /dev/shm, memory:
   // jobs that failed used to leave one each, most of them empty).
-  if (keep && prune_empty(root_)) return "worker logs and error files kept in " + root_.string();
+  if (keep && prune_empty_tree(AT_FDCWD, root_.c_str()))
+    return "worker logs and error files kept in " + root_.string();
   remove_tree(AT_FDCWD, root_.c_str());
   return "";
 }

@@ -46,6 +46,13 @@ class RunDirectory {
   bool temporary_ = false;
 };
 
+// Removes the empty files and folders in the folder `name` of `parent` (and that folder too when
+// nothing is left); whether anything is left: RunDirectory::finish's rule for a temporary
+// directory worth keeping. Allocation-free (system calls into the stack: the janitor runs it
+// after a raw clone); what cannot be read or removed, a link, or a tree deeper than a run's,
+// counts as left.
+bool prune_empty_tree(int parent, const char* name);
+
 // Where the workers find the job's token (DIST_LAUNCH_TOKEN_FILE): the file given, or one written
 // in `dir`, mode 0600, for a secret without a file (generated, or read from stdin), whose path is
 // then `written` too (the agent removes it when it ends). Empty: no token.

@@ -211,9 +211,31 @@ class InPlace : public ::testing::Test {
   // Holds the agent (SIGSTOP), SIGKILLs `pids` and waits until each can be reaped (a zombie whose
   // threads have all exited: its leader is a zombie before them), then continues the agent: its
   // next reaping finds them all, one batch.
-  static void reap_together(const Child& agent, const std::vector<long>& pids) {
+  // Stops the agent (every thread of it: a SIGSTOP is only queued when kill() returns), then
+  // SIGKILLs `pids`: to the agent they died at once, however long this process was preempted
+  // between its kill() calls. The agent is left stopped.
+  static void hold_and_kill(const Child& agent, const std::vector<long>& pids) {
     ::kill(agent.pid(), SIGSTOP);
+    const fs::path tasks = "/proc/" + std::to_string(agent.pid()) + "/task";
+    EXPECT_TRUE(dist::agent::testing::eventually(
+        [&] {
+          std::error_code ec;
+          for (const auto& task : fs::directory_iterator(tasks, ec)) {
+            const auto t = dist::agent::testing::process_info(
+                static_cast<pid_t>(std::stol(task.path().filename().string())));
+            if (!t || t->state != 'T') return false;
+          }
+          return !ec;
+        },
+        10s))
+        << "the agent never stopped";
     for (const long pid : pids) ::kill(static_cast<pid_t>(pid), SIGKILL);
+  }
+
+  // The workers `pids` SIGKILLed and exited before the agent runs again: it reaps them in one
+  // batch.
+  static void reap_together(const Child& agent, const std::vector<long>& pids) {
+    hold_and_kill(agent, pids);
     for (const long pid : pids) {
       const fs::path tasks = "/proc/" + std::to_string(pid) + "/task";
       EXPECT_TRUE(dist::agent::testing::eventually(
@@ -823,8 +845,11 @@ TEST_F(InPlace, EveryWorkerKilledAtOnceWhileTheAgentRunsIsOneGroupRestart) {
     ASSERT_TRUE(dist::agent::testing::eventually(
         [&] { return agent->output().find("rank 1 step 5\n") != std::string::npos; }, 60s))
         << agent->output();
-    ::kill(static_cast<pid_t>(zero), SIGKILL);
-    ::kill(static_cast<pid_t>(one), SIGKILL);
+    // Killed while the agent is held, then let go at once: it runs again while the kernel is
+    // still ending them (a preemption of this process between two kill() calls was two failures
+    // 50 ms apart to the agent, rightly one replaced in place).
+    hold_and_kill(*agent, {zero, one});
+    ::kill(agent->pid(), SIGCONT);
     ASSERT_EQ(agent->wait(120s), 0) << agent->output();
     const std::string out = agent->output();
     EXPECT_NE(out.find("2 workers failed at once, every worker of the group"), std::string::npos)

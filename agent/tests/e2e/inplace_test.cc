@@ -830,8 +830,9 @@ TEST_F(InPlace, FailuresReapedTogetherThatCannotBeReplacedRestartTheGroupSayingW
   }
 }
 
-// Every worker SIGKILLed at once while the agent runs (not held: the kernel ends them one after
-// the other, and each exit is reaped as it comes): one failure of the whole group, restarted
+// Every worker SIGKILLed at once, the agent running as they die (not held until they are zombies:
+// the kernel ends them one after the other, and each exit is reaped as it comes): one failure of
+// the whole group, restarted
 // once. The first exit used to be replaced in place alone (its restart spent, "rank 1 keeps
 // running" of a dead rank), then the second ended the job: no restart left.
 TEST_F(InPlace, EveryWorkerKilledAtOnceWhileTheAgentRunsIsOneGroupRestart) {

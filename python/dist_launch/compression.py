@@ -31,12 +31,12 @@ CUDA buckets are refused (the SDK's device compressors need its NCCL group).
 
 `state.state_dict()` / `state.load_state_dict(d)` keep the residuals, fp16's scale and PowerSGD's
 Q and warm-up count across a restart (each rank its own); a saved residual never carries an inf
-or NaN. A compressor holds its parameters by their place in DDP's first layout (_Layout), so
-DDP's rebuild of its buckets after the first step and a resumed job find their state: all of it
-where the layout is the saved one (a resumed job's DDP rebuilds into it after its first step),
-the residuals by parameter where a bucket's parameters changed (fp16's scale and PowerSGD's Q
-then start again for it). A parameter is known by its place and shape: resume with the same
-model and bucket sizes (saved residuals that find no parameter are dropped, and said).
+or NaN. A compressor holds its parameters by their place in the model, read from DDP's first
+layout (_Layout), so DDP's rebuild of its buckets after the first step and a resumed job find
+their state: all of it where the layout is the saved one (a resumed job's DDP rebuilds into it
+after its first step), the residuals by parameter where a bucket's parameters changed (fp16's
+scale and PowerSGD's Q then start again for it), whatever the bucket sizes of either job. Resume
+with the same model (saved residuals that find no parameter are dropped, and said).
 A state serves one DDP model: a bucket of another model's parameters is refused.
 """
 from __future__ import annotations
@@ -227,11 +227,13 @@ class CompressionState:
                 f"use_local_synchronization)")
         self.process_group = self._new_group(ranks)
         self._buckets: Dict[int, _Bucket] = {}
-        self._pending: Dict[tuple, bytes] = {}  # loaded, by layout, for buckets not made yet
+        # Loaded for buckets not made yet: by layout (_portable_signature), (signature, bytes).
+        self._pending: Dict[tuple, tuple] = {}
         self._format = 1  # the pending states' (load_state_dict)
         self._keys: Dict[int, tuple] = {}  # id(parameter): its key (_Layout)
+        self._firsts: Dict[int, tuple] = {}  # first layout's bucket index: (element type, count)
         self._layouts: Dict[int, tuple] = {}  # bucket index: (what it was read from, _Layout)
-        self._carry: Dict[tuple, Any] = {}  # key: a residual for a bucket not made yet
+        self._carry: Dict[tuple, Any] = {}  # _portable key: a residual for a bucket not made yet
         # The DDP model the state serves: id() of every parameter its first step's buckets held
         # (None until that step ended, `_first` meanwhile). A state serves one model: two sharing
         # it would share residuals, steps and compressors.
@@ -488,7 +490,7 @@ class CompressionState:
             layout = cached[1]
         else:
             self._check_model(parameters)
-            layout = _Layout(bucket, buffer, self._keys, parameters)
+            layout = _Layout(bucket, buffer, self._keys, self._firsts, parameters)
             self._layouts[index] = (seen, layout)
         known = self._buckets.get(index)
         if known is not None and known.signature == layout.signature:
@@ -551,7 +553,7 @@ class CompressionState:
         array = ctypes.c_uint64 * len(entries)
         # PowerSGD's first Q is seeded by the bucket's place in DDP's first layout, the same in
         # every process of the job, this one's first try or a resumed one.
-        seed_index = min((key[0] for key, _, _ in entries), default=max(index, 0))
+        seed_index = min((key[3] for key, _, _ in entries), default=max(index, 0))
         lane = self._lanes[max(index, 0) % len(self._lanes)]
         handle = self._lib.dlc_bucket_new(lane.state, self.spec.encode(), element_type, at,
                                           len(entries), array(*offsets), array(*counts),
@@ -561,14 +563,14 @@ class CompressionState:
                                    f"parameters: {_error(self._lib)}")
         made = _Bucket(self._lib, handle, lane, signature, at,
                        torch.zeros(at, dtype=dtype) if staged else None)
-        saved = self._pending.pop(signature, None)
+        saved = self._pending.pop(_portable_signature(signature), (None, None))[1]
         if saved is None:
             self._check(self._lib.dlc_bucket_steps_before(handle, self._steps), made,
                         "the steps before it")
         if saved is not None:
             self._check(self._lib.dlc_bucket_load(handle, saved, len(saved), self._format), made,
                         "its saved state")
-        if any(key in self._carry for key, _, _ in entries):
+        if any(_portable(key) in self._carry for key, _, _ in entries):
             # Residuals carried by parameter: a layout's made anew, or newer than its saved state
             # (they went on in the first layout's bucket: a resumed job's first step).
             residual = torch.zeros(at, dtype=torch.float32)
@@ -576,7 +578,7 @@ class CompressionState:
                 self._check(self._lib.dlc_bucket_residual(handle, residual.data_ptr()), made,
                             "its saved residual")
             for (key, count, _), offset in zip(entries, offsets):
-                carried = self._carry.pop(key, None)
+                carried = self._carry.pop(_portable(key), None)
                 if carried is not None:
                     residual[offset:offset + count].copy_(carried)
             self._check(self._lib.dlc_bucket_set_residual(handle, residual.data_ptr()), made,
@@ -639,7 +641,7 @@ class CompressionState:
                 if self._lib.dlc_bucket_save(b.handle, out, size.value, ctypes.byref(size)) != 0:
                     raise CompressionError(_error(self._lib))
                 buckets[index] = (b.signature, out.raw[:size.value])
-            for i, (signature, saved) in enumerate(self._pending.items()):
+            for i, (signature, saved) in enumerate(self._pending.values()):
                 buckets[-1 - i] = (signature, saved)  # loaded, not made yet: kept as loaded
             return {"spec": self.spec, "format": self._lib.dlc_state_format(), "buckets": buckets,
                     "steps": self._steps}
@@ -665,10 +667,16 @@ class CompressionState:
         # layout, takes the saved residuals by parameter: each saved bucket loaded once to read
         # them.
         self._pending, self._carry = {}, {}
+        signatures = [signature for signature, _ in state["buckets"].values()]
+        if any(len(key) != 5 for _, entries in signatures for key, _, _ in entries):
+            warnings.warn(f"dist_launch.compression: rank {self.rank}: the state loaded was saved "
+                          f"by an older dist_launch, which held parameters by their bucket: its "
+                          f"residuals, scales and Q are not taken (they start again)")
+            return
         for signature, saved in state["buckets"].values():
-            self._pending[signature] = saved
+            self._pending[_portable_signature(signature)] = (signature, saved)
             loaded = self._make(signature, -1, torch.float32)
-            self._pending[signature] = saved  # _make took it
+            self._pending[_portable_signature(signature)] = (signature, saved)  # _make took it
             self._carry.update(_residuals(self._lib, loaded))
             loaded.free()
 
@@ -848,8 +856,20 @@ def _global_rank(group, rank: int) -> int:
     return dist.distributed_c10d._get_global_rank(group, rank)  # torch 1.13
 
 
+def _portable(key: tuple) -> tuple:
+    """A parameter's key as another process of the same model finds it, whatever its buckets:
+    (element type, place from the model's end, shape) where its first layout told (_Layout),
+    else the whole key."""
+    return key[:3] if key[1] >= 0 else key
+
+
+def _portable_signature(signature: tuple) -> tuple:
+    element_type, entries = signature
+    return element_type, tuple((_portable(key), count, rows) for key, count, rows in entries)
+
+
 def _residuals(lib, bucket: _Bucket) -> Dict[tuple, Any]:
-    """A compressor's residual, by parameter key."""
+    """A compressor's residual, by parameter (_portable key)."""
     import torch
 
     _, entries = bucket.signature
@@ -858,7 +878,7 @@ def _residuals(lib, bucket: _Bucket) -> Dict[tuple, Any]:
         raise CompressionError(_error(lib))
     out, at = {}, 0
     for key, count, _ in entries:
-        out[key] = residual[at:at + count].clone()
+        out[_portable(key)] = residual[at:at + count].clone()
         at += count
     return out
 
@@ -882,33 +902,45 @@ class _Layout:
     in. DDP rebuilds its buckets after the first step, in the order the gradients became ready
     (usually the reverse of the first), and a resumed job starts again from the first layout: a
     residual kept in DDP's order would then land on other parameters. So the compressor holds
-    each parameter by its place in the first layout this state saw (its key: DDP's bucket index
-    and position there, and its shape: the same in every process of a job that runs the same model
-    with the same bucket sizes), in the reverse order of the keys, and a bucket in another order
-    is staged: copied into that order for the exchange and back. `signature` (the element type
-    and the keys, counts and rows, as PowerSGD takes a matrix: shape[0] x the rest) names the
-    compressor's layout; `spans` is None when DDP's buffer already holds it, else the _Staging
-    of its (DDP's offset, the canonical one, count)."""
+    each parameter by its key, read from the first layout this state saw: (element type, the
+    number of parameters of that type after it in the model, shape, then DDP's bucket index and
+    position there). DDP's first layout cuts the model's parameters of each type, in order, into
+    buckets of bucket_cap_mb (torch 2.x: one), the last ones in bucket 0, and runs the hooks in
+    bucket order: so a bucket's parameters count from those of the buckets before it, the same
+    in every process of the same model whatever its bucket sizes. (Where a bucket before it was
+    not seen, the count is -1: known by its place alone, _portable.) The keys are kept in
+    ascending order (the model's reversed: the rebuilt layout's, mostly), and a bucket in another
+    order is staged: copied into that order for the exchange and back. `signature` (the element
+    type and the keys, counts and rows, as PowerSGD takes a matrix: shape[0] x the rest) names
+    the compressor's layout; `spans` is None when DDP's buffer already holds it, else the
+    _Staging of its (DDP's offset, the canonical one, count)."""
 
-    def __init__(self, bucket, buffer, keys, parameters):
+    def __init__(self, bucket, buffer, keys, firsts, parameters):
         import torch
 
         dtypes = {torch.float32: _FLOAT32, torch.float16: _FLOAT16, torch.bfloat16: _BFLOAT16}
         if buffer.dtype not in dtypes:
             raise CompressionError(f"dist_launch.compression hooks take float32, float16 or "
                                    f"bfloat16 gradients; this bucket holds {buffer.dtype}")
-        size = buffer.element_size()
+        size, element_type = buffer.element_size(), dtypes[buffer.dtype]
         entries, at = [], 0
         index = bucket.index()
+        if index not in firsts and any(id(p) not in keys for p in parameters):
+            firsts[index] = (element_type, len(parameters))  # a bucket of the first layout
+        after = sum(n for i, (t, n) in firsts.items() if i < index and t == element_type)
+        if not all(i in firsts for i in range(index)):
+            after = None  # a bucket before it unseen: not counted
         for position, (grad, param) in enumerate(zip(bucket.gradients(), parameters)):
             offset = (grad.data_ptr() - buffer.data_ptr()) // size
             if not 0 <= offset <= buffer.numel() - grad.numel():
                 offset = at  # not a view of the buffer: DDP packs them in this order
-            key = keys.setdefault(id(param), (index, position, tuple(param.shape)))
+            place = -1 if after is None else after + len(parameters) - 1 - position
+            key = keys.setdefault(id(param),
+                                  (element_type, place, tuple(param.shape), index, position))
             entries.append((key, offset, grad.numel(), param.shape[0] if param.dim() >= 2 else 0))
             at = offset + grad.numel()
-        entries.sort(reverse=True)  # the first layout's order reversed: the rebuilt one's, mostly
-        self.signature = (dtypes[buffer.dtype],
+        entries.sort()  # from the model's end: the rebuilt layout's order, mostly
+        self.signature = (element_type,
                           tuple((key, count, rows) for key, _, count, rows in entries))
         spans, canonical = [], 0
         for _, offset, count, _ in entries:

@@ -189,6 +189,19 @@ class Job(unittest.TestCase):
         self.assert_replicas_agree("resumed powersgd:2@small")
         self.assertTrue(self.case("resumed powersgd:2@small")[0]["finite"])
 
+    def test_a_job_resumed_with_other_bucket_sizes_finds_each_parameters_residual(self):
+        # three hidden layers of one shape, DDP's first layout in one bucket in one job and in
+        # five in the other: keyed by their place in those buckets, the residuals found no
+        # parameter (dropped) or another layer of the same shape
+        for direction in ["from", "into"]:
+            with self.subTest(direction=direction):
+                for rank in range(2):
+                    self.assertEqual(
+                        self.ranks[rank][f"resumed threshold:0.01^#unused {direction} small "
+                                         f"buckets"]["digest"],
+                        self.ranks[rank]["threshold:0.01^#unused"]["digest"])
+        self.assertNotIn("found no parameter", self.output)
+
 
 class PeerDies(unittest.TestCase):
     def test_an_exchange_whose_peer_died_fails_the_backward_pass_instead_of_waiting(self):

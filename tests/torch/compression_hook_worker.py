@@ -73,7 +73,11 @@ class Run:
         self.loss_scale = 1e6 if case.endswith("*1e6") else 1.0
         # CASE#unused: a layer that no step uses, DDP with find_unused_parameters (its map's
         # all-reduce then runs while the hook's exchanges do)
-        unused = case.endswith("#unused")
+        unused = "#unused" in case
+        # CASE^: three hidden layers of one shape (a residual put on another of them is
+        # not refused for its shape)
+        stacked = "^" in case
+        case = case.replace("^", "")
         # CASE%bf16: the model in bfloat16 (its buckets too)
         self.dtype = torch.bfloat16 if case.endswith("%bf16") else torch.float32
         case = case.split("%")[0]
@@ -81,9 +85,10 @@ class Run:
         # CASE!nan: the same with hook(..., nonfinite="nan")
         scaled = case.split("!")[1] if "!" in case else None
         case = case.split("!")[0]
-        case, small = case.split("@")[0].split("*")[0].split("#")[0], case.endswith("@small")
+        case, small = case.split("@")[0].split("*")[0].split("#")[0], "@small" in case
         torch.manual_seed(0)
-        hidden = [torch.nn.Linear(128, 128), torch.nn.ReLU()] if small else []
+        hidden = [layer for _ in range(3 if stacked else int(small))
+                  for layer in (torch.nn.Linear(128, 128), torch.nn.ReLU())]
         kind = WithUnused if unused else torch.nn.Sequential
         self.module = kind(torch.nn.Linear(64, 128), torch.nn.ReLU(), *hidden,
                            torch.nn.Linear(128, 10)).to(self.dtype)
@@ -138,6 +143,10 @@ class Run:
             self.scale_drops += self.scaler.get_scale() < scale
         self.inject = False
 
+    def train_result(self, x, y, steps):
+        self.train(x, y, steps)
+        return self.result(x, y)
+
     def result(self, x, y):
         with torch.no_grad():
             accuracy = (self.module(x.to(self.dtype)).argmax(dim=1) == y).float().mean().item()
@@ -157,9 +166,9 @@ class Run:
         return out
 
 
-def resumed(case, x, y, steps):
-    """Half the steps, everything saved (through torch.save, as a checkpoint), a new Run loaded
-    from it, the other half."""
+def resumed(case, x, y, steps, then=None):
+    """Half the steps, everything saved (through torch.save, as a checkpoint), a new Run (of case
+    `then`, if given) loaded from it, the other half."""
     first = Run(case)
     first.train(x, y, steps // 2)
     saved = io.BytesIO()
@@ -168,7 +177,7 @@ def resumed(case, x, y, steps):
     first.state.close()
     saved.seek(0)
     loaded = torch.load(saved)
-    second = Run(case)
+    second = Run(then or case)
     second.module.load_state_dict(loaded["model"])
     second.opt.load_state_dict(loaded["opt"])
     second.state.load_state_dict(loaded["hook"])
@@ -414,6 +423,15 @@ def main():
         results[case] = run.result(x, y)
     for case in ["topk:0.05", "powersgd:2", "powersgd:2:20", "fp16@small", "powersgd:2@small"]:
         results["resumed " + case] = resumed(case, x, y, args.steps)
+    # resumed with other bucket sizes (find_unused_parameters: DDP's first layout is then cut by
+    # them too): threshold's exchange at 0.01 is the same whatever the buckets (too few entries
+    # pass for one to go dense), so only where the residuals land tells the weights apart
+    results["threshold:0.01^#unused"] = Run("threshold:0.01^#unused").train_result(
+        x, y, args.steps)
+    results["resumed threshold:0.01^#unused from small buckets"] = resumed(
+        "threshold:0.01^#unused@small", x, y, args.steps, then="threshold:0.01^#unused")
+    results["resumed threshold:0.01^#unused into small buckets"] = resumed(
+        "threshold:0.01^#unused", x, y, args.steps, then="threshold:0.01^#unused@small")
     results["torch"] = torch.__version__
     with open(os.path.join(args.out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(results, f, indent=1)

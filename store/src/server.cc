@@ -377,6 +377,11 @@ bool Connection::close_if_session_ended() {
   if (closed_) return true;
   if (!session_.closing()) return false;
   ++server_->counters().protocol_errors;
+  if (session_.close_code() == StoreErrc::kUnauthenticated) {
+    ++server_->counters().connections_unauthenticated;
+    server_->counters().last_unauthenticated =
+        session_.peer().address + ": " + session_.close_reason();
+  }
   close_with_warning("connections closed (" + std::string(to_string(session_.close_code())) + ")",
                      session_.close_reason());
   return true;

@@ -323,11 +323,11 @@ Task<std::optional<Round>> ElasticRendezvous::await_assignment(int round, Ticket
                             std::to_string(count) + " node(s) joined, at least " +
                             std::to_string(shape().min_nodes) + " needed");
     }
-    throw RendezvousError("elastic round " + std::to_string(round) + " " + what + " within " +
-                          "join_timeout: " + std::to_string(count) + " node(s) joined, at least " +
-                          std::to_string(shape().min_nodes) +
-                          " needed; start more agents with the same --rdzv-endpoint and "
-                          "--rdzv-id, or raise --rdzv-conf join_timeout");
+    throw RoundTimeoutError("elastic round " + std::to_string(round) + " " + what + " within " +
+                            "join_timeout: " + std::to_string(count) +
+                            " node(s) joined, at least " + std::to_string(shape().min_nodes) +
+                            " needed; start more agents with the same --rdzv-endpoint and "
+                            "--rdzv-id, or raise --rdzv-conf join_timeout");
   };
   // Each wait is at most kJobOverPoll long: a node waiting for a place (the job full, or
   // finishing) learns within it that the job ended, and leaves with the job's outcome.

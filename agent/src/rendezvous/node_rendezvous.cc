@@ -142,11 +142,11 @@ Task<Round> NodeRendezvous::Impl::join_static(int round, int node_rank) {
       for (int n = 0; n < num_nodes; ++n) {
         if (!std::binary_search(missing.begin(), missing.end(), n)) seen.push_back(n);
       }
-      throw RendezvousError("rendezvous round " + std::to_string(round) + " did not fill in " +
-                            seconds_text(timeouts_.rdzv) + ": nodes seen " +
-                            detail::node_list(seen) + ", missing " + detail::node_list(missing) +
-                            "; start their agents with the same --master-addr/--master-port, or "
-                            "raise --rdzv-conf timeout");
+      throw RoundTimeoutError("rendezvous round " + std::to_string(round) + " did not fill in " +
+                              seconds_text(timeouts_.rdzv) + ": nodes seen " +
+                              detail::node_list(seen) + ", missing " + detail::node_list(missing) +
+                              "; start their agents with the same --master-addr/--master-port, or "
+                              "raise --rdzv-conf timeout");
     }
     notice("waiting for node rank(s) " + detail::node_list(missing) + " to join round " +
            std::to_string(round) + " (" + std::to_string(num_nodes - missing.size()) + " of " +

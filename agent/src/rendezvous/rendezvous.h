@@ -56,6 +56,12 @@ class RoundAbortedError : public RendezvousError {
   using RendezvousError::RendezvousError;
 };
 
+// A round did not form within its timeout (static: every node; elastic: the minimum).
+class RoundTimeoutError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
 // What this node and every node of the job need from the rest of the job.
 struct JobShape {
   int min_nodes = 1;

@@ -281,6 +281,20 @@ class NodeRounds : public RoundSource {
   // not while it serves a store they use (the job's rendezvous store; node 0, the workers').
   bool may_leave_early(const Round& a) const { return !hosts_others() && a.node_rank != 0; }
 
+  // A round that did not form, said with the connections this node's job store refused for the
+  // job's token: a node started with another token (or none) is missing for that reason, and
+  // its own log, on its own machine, says so (this one said each refusal as it came).
+  [[noreturn]] void round_timed_out(const RoundTimeoutError& e) const {
+    const auto stats = job_store_ ? job_store_->stats() : store::ServerStats{};
+    if (stats.connections_unauthenticated == 0) throw e;
+    throw RoundTimeoutError(
+        std::string(e.what()) + "; this node's store refused " +
+        std::to_string(stats.connections_unauthenticated) +
+        (stats.connections_unauthenticated == 1 ? " connection" : " connections") +
+        " for the job's token (the last, " + stats.last_unauthenticated +
+        "): give every node's agent the same --token-file");
+  }
+
   // Hosts the job's store as the plan says; false when this node is a client of it.
   Task<bool> host_job_store() {
     bool host = plan_.role == StorePlan::Role::kHost;
@@ -367,7 +381,11 @@ class StaticRounds final : public NodeRounds {
     co_await open_session(std::move(session));
   }
   Task<Round> join(int restarts, std::optional<Round>) override {
-    co_return co_await rdzv_->join_static(restarts, job_.node_rank);
+    try {
+      co_return co_await rdzv_->join_static(restarts, job_.node_rank);
+    } catch (const RoundTimeoutError& e) {
+      round_timed_out(e);
+    }
   }
   Endpoint workers_store(const Round&) const override {
     return {config_.master_addr, job_store_ ? job_store_->port() : plan_.port};
@@ -479,7 +497,13 @@ class ElasticRounds final : public NodeRounds {
   Task<Round> join_offering_store(int round, std::optional<Round> previous,
                                   bool keeps_workers = false) {
     const Endpoint offered{host_, round_store_->port()};
-    Round joined = co_await rdzv_->join_elastic(round, std::move(previous), offered, keeps_workers);
+    std::optional<Round> formed;
+    try {
+      formed = co_await rdzv_->join_elastic(round, std::move(previous), offered, keeps_workers);
+    } catch (const RoundTimeoutError& e) {
+      round_timed_out(e);
+    }
+    Round joined = std::move(*formed);
     if (!config_.secret.empty()) co_await introduce_to_workers_store(joined);
     co_return joined;
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dist/store/client.h"
+#include "dist/store/token.h"
 #include "process_helpers.h"
 #include "programs.h"
 #include "test_ports.h"
@@ -264,6 +265,26 @@ TEST_F(MultiNode, ANodeThatNeverArrivesIsATimeoutNamingIt) {
   EXPECT_EQ(lonely->wait(), 1);
   const std::string out = lonely->output();
   EXPECT_NE(out.find("nodes seen [0], missing [1]"), std::string::npos) << out;
+}
+
+// A node started with another token than node 0's: it leaves at once, saying so; node 0, which
+// hosts the store, waits for it, then says the refused connections beside the missing node (its
+// own machine's log is not where node 1's user looks).
+TEST_F(MultiNode, ANodeWithAnotherTokenIsSaidByTheNodeThatWaitedForIt) {
+  dist::store::write_secret_file(path("token0"), "the-jobs-token");
+  dist::store::write_secret_file(path("token1"), "another-token");
+  auto host =
+      node(2, 0, 1, {"--rdzv-conf", "timeout=10", "--token-file", path("token0")}, {"exit", "0"});
+  auto stranger =
+      node(2, 1, 1, {"--rdzv-conf", "timeout=10", "--token-file", path("token1")}, {"exit", "0"});
+  EXPECT_EQ(stranger->wait(), 1) << stranger->output();
+  EXPECT_NE(stranger->output().find("token is not the store's"), std::string::npos)
+      << stranger->output();
+  EXPECT_EQ(host->wait(), 1) << host->output();
+  const std::string out = host->output();
+  EXPECT_NE(out.find("missing [1]"), std::string::npos) << out;
+  EXPECT_NE(out.find("this node's store refused"), std::string::npos) << out;
+  EXPECT_NE(out.find("give every node's agent the same --token-file"), std::string::npos) << out;
 }
 
 TEST_F(MultiNode, ANodeRankGivenTwiceIsRejected) {

@@ -85,6 +85,10 @@ struct ServerStats {
   std::uint64_t connections_rejected = 0;   // over max_connections or refused by the auth policy
   std::uint64_t connections_evicted = 0;    // closed to make room (a connection slot or memory)
   std::uint64_t connections_timed_out = 0;  // closed by a deadline
+  // Closed for the job's token (a wrong one, or none where one is required), and the last such
+  // ("ADDRESS: why"): a node started with another token is missing from the rounds for it.
+  std::uint64_t connections_unauthenticated = 0;
+  std::string last_unauthenticated;
   std::uint64_t protocol_errors = 0;
   std::uint64_t requests = 0;
   // The same, by operation (its name on the wire: "GET", "MULTI_SET", ...), where any was served.

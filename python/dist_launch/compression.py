@@ -474,6 +474,8 @@ class CompressionState:
         if tensor.dtype != torch.bfloat16 or self._reduce_bf16:
             return _future(dist.all_reduce(tensor, group=group, async_op=True))
         wide = tensor.float()  # torch 1.x's gloo: bfloat16 summed in float32
+        # (counted as bfloat16 by the library: the other half of what is sent counted here)
+        self._retired["bytes_sent"] += 2 * (self.world - 1) * count * 2 // self.world
         summed = _future(dist.all_reduce(wide, group=group, async_op=True))
         return summed.then(lambda done: tensor.copy_(done.value()[0]))
 
@@ -842,9 +844,10 @@ def _sums_bfloat16(group) -> bool:
         if "scalar type" not in str(e):
             raise
         if dist.get_rank(group) == 0:
+            which = "buckets past 64 KiB" if dist.get_world_size(group) <= 2 else "buckets"
             warnings.warn(f"dist_launch.compression: torch {torch.__version__}'s gloo "
-                          f"cannot all-reduce bfloat16: bf16 buckets past "
-                          f"64 KiB are summed in float32 (twice the bytes)")
+                          f"cannot all-reduce bfloat16: bf16 {which} are summed in float32 "
+                          f"(twice the bytes)")
         return False
 
 

@@ -181,8 +181,11 @@ class Job(unittest.TestCase):
     def test_a_resumed_job_trains_on_as_the_uninterrupted_one(self):
         # the hook's state_dict, with the model's and the optimizer's: bit for bit where the
         # layout is DDP's first (one bucket) and where the residuals move to DDP's rebuilt
-        # buckets (fp16@small); PowerSGD's Q starts again in a changed layout (@small)
-        for spec in ["topk:0.05", "powersgd:2", "powersgd:2:20", "fp16@small"]:
+        # buckets (fp16@small; ^: its first layout's bucket is past 64 KiB of 16-bit values,
+        # summed by an all-reduce, the rebuilt ones' by an all-gather, the same sum); PowerSGD's
+        # Q starts again in a changed layout (@small)
+        for spec in ["topk:0.05", "powersgd:2", "powersgd:2:20", "fp16@small", "fp16^@small",
+                     "bf16^@small"]:
             with self.subTest(spec=spec):
                 self.assertEqual(self.case("resumed " + spec)[0]["digest"],
                                  self.case(spec)[0]["digest"])

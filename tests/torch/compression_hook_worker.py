@@ -421,7 +421,10 @@ def main():
         run = Run(case)
         run.train(x, y, args.steps)
         results[case] = run.result(x, y)
-    for case in ["topk:0.05", "powersgd:2", "powersgd:2:20", "fp16@small", "powersgd:2@small"]:
+    for case in ["topk:0.05", "powersgd:2", "powersgd:2:20", "fp16@small", "powersgd:2@small",
+                 "fp16^@small", "bf16^@small"]:
+        if case not in results:
+            results[case] = Run(case).train_result(x, y, args.steps)
         results["resumed " + case] = resumed(case, x, y, args.steps)
     # resumed with other bucket sizes (find_unused_parameters: DDP's first layout is then cut by
     # them too): threshold's exchange at 0.01 is the same whatever the buckets (too few entries

@@ -600,6 +600,10 @@ void Ops::finish_sum(const Sum& sum, float* out) {
   if (sum.count == 0) return;
   if (sum.gathered != nullptr) {
     sum_ranks(sum.gathered, world(), sum.type, sum.count, out);
+    if (sum.type != DataType::kFloat32) {  // rounded as the all-reduce in that type rounds it
+      narrow(out, sum.gathered, sum.type, sum.count);
+      decode16(sum.gathered, sum.type, out, sum.count);
+    }
   } else if (sum.type == DataType::kFloat32) {
     if (static_cast<void*>(out) != sum.input) {
       copy(out, sum.input, sum.count * element_size(sum.type));

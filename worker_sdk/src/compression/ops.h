@@ -50,10 +50,12 @@ class Ops {
   // for an all-gather).
   void all_reduce(void* data, std::size_t count, DataType type, ReduceOp op);
   void all_gather(const void* input, void* output, std::size_t count, DataType type);
-  // out[i] = the sum over ranks of float(input[i]) (input: float32, float16 or bfloat16,
-  // overwritten; out may be input when it is float32). Two ranks and up to kGatherBytes, an
-  // all-gather and the sum here, in rank order: as many bytes as a ring all-reduce, in one
-  // exchange instead of two (latency), and no 16-bit rounding of partial sums. Otherwise Gloo's or
+  // out[i] = the sum over ranks of input[i] in input's type (input: float32, float16 or
+  // bfloat16, overwritten; out may be input when it is float32). Two ranks and up to
+  // kGatherBytes, an all-gather and the sum here: as many bytes as a ring all-reduce, in one
+  // exchange instead of two (latency), the sum rounded to input's type as the all-reduce's is, so
+  // that a parameter's average does not depend on the size of its bucket (a job resumed in DDP's
+  // first layout, one bucket, trains on as the rebuilt layout's small ones did). Otherwise Gloo's or
   // NCCL's all-reduce in the input's type: its ring pipelines large messages (on a 100 Mbit/s
   // link, 150 KB of fp16 for two ranks: 18 ms a step against 21 ms as an all-gather), and from
   // three ranks on an all-gather sends more ((W - 1) n against 2 (W - 1) / W n: at four ranks

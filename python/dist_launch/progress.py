@@ -159,6 +159,9 @@ _COLLECTIVES = {
 _SETUP_FUNCTIONS = frozenset(("init_process_group", "new_group", "_new_group_with_tag",
                               "new_subgroups", "new_subgroups_by_enumeration"))
 _ELASTIC_SETUP_FUNCTIONS = frozenset(("_recover", "_take_new_rank", "init_process_group"))
+# Dynamo's files that run what it compiled, or what it must not compile (torch.compiler.disable,
+# which FSDP2 and others put around their functions), without compiling anything.
+_NOT_COMPILING = frozenset(("_dynamo/eval_frame.py", "_dynamo/external_utils.py"))
 _SAMPLE_SECONDS = 0.1
 _DUMP_BYTES = 128 * 1024  # a dump's bound (the agent reads 256 KiB of one)
 _ACTIVITY_NS = 2_000_000_000  # what the main thread was in, over this long
@@ -345,17 +348,23 @@ class _Sampler:
         if rest in ("autograd/__init__.py", "_tensor.py", "autograd/graph.py") and name in (
                 "backward", "_engine_run_backward", "grad"):
             return self.BACKWARD, 0
-        if rest.startswith(("_dynamo/", "_inductor/")):
+        if rest.startswith(("_dynamo/", "_inductor/")) and rest not in _NOT_COMPILING:
             return self.COMPILE, 0
         return self.TORCH, 0
 
     def main_thread(self):
-        """(activity bits, innermost collective frame and its kind, in torch.distributed or
-        backward, in a group's set-up and no collective inside it) of the main thread now."""
+        """(activity bits, the innermost collective frame and its kind, whether the thread is in
+        that collective's own call (not in a helper inside it), in torch.distributed or backward,
+        in a group's set-up and no collective inside it) of the main thread now. Where the
+        script's own code runs inside torch.distributed or a backward pass (a forward inside
+        DDP's, an object's pickling inside broadcast_object_list, a hook of its own), the thread
+        is in no wait of theirs: it works, or waits for something of its own."""
         frame = sys._current_frames().get(self.main)
-        activity, collective, kind, distributed, setup = 0, None, 0, False, False
+        activity, collective, kind, own_call, distributed, setup = 0, None, 0, False, False, False
         depth = 0
         codes = self.codes
+        scripts = False  # a frame of the script's own inside the frames seen so far
+        waits = None  # no frame of the script's own inside the innermost torch.distributed one
         while frame is not None and depth < 200:
             code = frame.f_code
             found = codes.get(code)
@@ -364,22 +373,26 @@ class _Sampler:
                     codes.clear()
                 found = codes[code] = self.classify(code)
             category = found[0]
+            if waits is None and category in (self.COLLECTIVE, self.DIST, self.BACKWARD):
+                waits = not scripts
             if category == self.COLLECTIVE:
-                if collective is None:
-                    collective, kind = frame, found[1]
-                distributed = True
+                if collective is None and waits:
+                    collective, kind, own_call = frame, found[1], depth == 0
+                distributed = waits
             elif category == self.DIST:
-                distributed = True
+                distributed = waits
             elif category == self.SETUP:
                 setup = setup or collective is None
+            elif category == self.USER:
+                scripts = True
             elif category >= self.SAVE:
                 activity |= self.ACTIVITY[category]
                 if category == self.BACKWARD:
-                    distributed = distributed or bool(self.groups)
+                    distributed = distributed or (waits and bool(self.groups))
             frame = frame.f_back
             depth += 1
         # Building a group is no wait in one: the groups it counts may be a failed generation's.
-        return activity, collective, kind, distributed and not setup, setup
+        return activity, collective, kind, own_call, distributed and not setup, setup
 
     def asleep(self):
         """Whether the kernel has the main thread waiting (not running)."""
@@ -509,7 +522,7 @@ class _Sampler:
         elapsed, self.last = now - self.last, now
         words, halves = self.words, self.halves
         issued = self.read_groups(now) if self.c10d.is_initialized() else 0
-        activity, collective, kind, distributed, setup = self.main_thread()
+        activity, collective, kind, own_call, distributed, setup = self.main_thread()
         if setup != bool(self.setup_since):
             self.setup_since = now if setup else 0
             words[_Q_SETUP_SINCE] = self.setup_since
@@ -523,9 +536,10 @@ class _Sampler:
             bit <<= 1
         halves[_I_ACTIVITY] = sum(b for b, t in seen.items() if now - t < _ACTIVITY_NS)
         # In a collective's own call the thread is blocked in it (issuing one takes microseconds);
-        # in DDP or backward only while the kernel has it asleep: only then is /proc read (each
-        # read hands the GIL over once more).
-        blocked = distributed and self.groups and (collective is not None or self.asleep())
+        # in a helper inside it (an object collective's pickling), in DDP or backward only while
+        # the kernel has it asleep: only then is /proc read (each read hands the GIL over once
+        # more).
+        blocked = distributed and self.groups and (own_call or self.asleep())
         same_wait = self.waiting_since and issued == self.waiting_issued
         if blocked and self.waiting_since and not same_wait:
             blocked = False  # it issued another one meanwhile: a new wait, from the next pass

@@ -40,7 +40,7 @@ CONCURRENT_JOBS = 4
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
              "no-optimizer", "accumulate", "slow-log", "c-poll", "paused", "compile", "exit",
              "crowded",
-             "alone", "monitored", "scoring"]
+             "alone", "monitored", "scoring", "objects", "side-thread"]
 # Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored
 # and scoring: past the third look of the hang timeout (about 99 s), the first past that bound.
 PAUSES = {"alone": 80, "monitored": 105, "scoring": 105}
@@ -293,6 +293,25 @@ class Healthy(unittest.TestCase):
         # Rank 0 was ended at the look past that timeout and its margin (the bound read the
         # silence since the last step, not the wait: a helper's evaluation, exit 137 at 104 s).
         self.check("scoring")
+
+    def test_ranks_pickling_and_unpickling_inside_object_collectives(self):
+        # Both ranks in an object collective's call at the same count (rank 0 in gather_object,
+        # unpickling; rank 1 in broadcast_object_list, pickling): neither waits in a collective,
+        # so no collectives that can never match (before: "collective #N can never complete:
+        # rank 1 in broadcast, rank 0 in gather", both SIGKILLed at 33 s).
+        job = self.check("objects")
+        self.assertNotIn("can never", job.proc.stderr)
+
+    def test_a_collective_of_a_thread_of_the_scripts_own_while_the_main_thread_works(self):
+        # Rank 0's main thread in its model's forward inside DDP's (the script's own code: no
+        # wait of torch.distributed), its own thread's all-reduce on a group of its own pending:
+        # before, the main thread was taken to wait in that group's collective, rank 1 in DDP's
+        # all-reduce, a cycle of waits: both SIGKILLed.
+        job = self.check("side-thread")
+        self.assertNotIn("can never", job.proc.stderr)
+        for event in job.events("hang_suspected"):
+            (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
+            self.assertFalse(rank0["waiting"], rank0)
 
     def test_a_declared_pause_is_reported_as_a_pause(self):
         job = self.check("paused")

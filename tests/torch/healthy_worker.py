@@ -59,6 +59,24 @@ def busy_for(seconds, work):
         work()
 
 
+class Slow:
+    """An object whose pickling (when="pickled") or unpickling ("unpickled") takes `pause`
+    seconds: an upload first, a load from slow storage."""
+
+    def __init__(self, n, when, pause):
+        self.n, self.when, self.pause = n, when, pause
+
+    def __getstate__(self):
+        if self.when == "pickled":
+            time.sleep(self.pause)
+        return dict(self.__dict__)
+
+    def __setstate__(self, state):
+        if state["when"] == "unpickled":
+            time.sleep(state["pause"])
+        self.__dict__.update(state)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--scenario", required=True)
@@ -210,6 +228,53 @@ def main():
         if ready != 0 or took < a.pause - 1:
             raise SystemExit(f"rank 0: C poll() returned {ready} (errno {ctypes.get_errno()}) "
                              f"after {took:.1f} s of {a.pause} s")
+    elif s == "objects":
+        # Rank 0 unpickles what it gathered (loaded from slow storage, say) while rank 1 pickles
+        # what it broadcasts next (uploaded first): each in an object collective's call, neither
+        # waiting in a collective (the same count on both, in gather and broadcast).
+        gathered = [None, None] if rank == 0 else None
+        dist.gather_object(Slow(rank, "unpickled", a.pause / 2), gathered, dst=0)
+        sent = [Slow(42, "pickled", a.pause)] if rank == 1 else [None]
+        dist.broadcast_object_list(sent, src=1)
+        assert sent[0].n == 42 and (rank != 0 or [g.n for g in gathered] == [0, 1])
+    elif s == "side-thread":
+        # A collective of a thread of the script's own on a group of its own (rank 0's at once,
+        # rank 1's after the pause), while rank 0's main thread spends the pause in its model's
+        # forward (a remote fetch, say) and rank 1 waits for it in DDP's all-reduce.
+        import threading
+
+        side = dist.new_group()
+
+        class Fetching(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layer, self.fetch = torch.nn.Linear(32, 32), rank == 0
+
+            def forward(self, x):
+                if self.fetch:
+                    self.fetch = False
+                    time.sleep(a.pause)
+                return self.layer(x)
+
+        fetching = DDP(Fetching())
+        fetching_opt = torch.optim.SGD(fetching.parameters(), lr=0.01)
+
+        def side_all_reduce():
+            t = torch.ones(1)
+            dist.all_reduce(t, group=side)
+            assert t.item() == 2
+
+        thread = threading.Thread(target=side_all_reduce)
+        if rank == 0:
+            thread.start()
+        for _ in range(3):
+            fetching_opt.zero_grad()
+            fetching(data).pow(2).mean().backward()
+            fetching_opt.step()
+            steps += 1
+        if rank == 1:
+            thread.start()
+        thread.join()
     elif s == "paused" and rank == 0:
         from dist_launch import progress
 

@@ -822,6 +822,9 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
         finding.idle_suspects_await_input()
             ? (many_idle ? "wait for input (a debugger's prompt, input()?)"
                          : "waits for input (a debugger's prompt, input()?)")
+        : finding.idle_suspects_await_children()
+            ? (many_idle ? "wait for processes of their own, idle too"
+                         : "waits for a process of its own, idle too")
             : (many_idle ? "do nothing" : "does nothing"),
         bound() ? fmt::format(", {:.0f} s", seconds(*bound())) : "");
   } else if (!suspects.empty()) {

@@ -292,6 +292,8 @@ Doing doing_of(const RankLook& l) {
       parts.insert(parts.begin(), "waiting for input " + l.after.awaits_input);
     } else if (!l.after.blocked_on.empty()) {
       parts.insert(parts.begin(), "idle (blocked " + l.after.blocked_on + ")");
+    } else if (!l.after.awaits_child.empty()) {
+      parts.insert(parts.begin(), "idle (waiting for " + l.after.awaits_child + " to end)");
     } else {
       parts.insert(parts.begin(), l.after.wchan.empty() ? std::string("idle")
                                                         : "idle (asleep in " + l.after.wchan + ")");
@@ -479,6 +481,11 @@ bool HangFinding::idle_suspects_await_input() const {
                      [](const RankWhere& r) { return !r.idle_suspect() || r.awaits_input; });
 }
 
+bool HangFinding::idle_suspects_await_children() const {
+  return std::all_of(ranks.begin(), ranks.end(),
+                     [](const RankWhere& r) { return !r.idle_suspect() || r.awaits_child; });
+}
+
 bool HangFinding::any_paused() const {
   return std::any_of(ranks.begin(), ranks.end(), [](const RankWhere& r) { return r.paused; });
 }
@@ -563,6 +570,7 @@ HangFinding examine(const std::vector<RankLook>& looks, HangRule rule,
     r.active = doing.active;
     r.own_work = doing.own_work;
     r.awaits_input = !looks[i].after.awaits_input.empty();
+    r.awaits_child = !looks[i].after.awaits_child.empty();
   }
   const auto suspected = suspects(looks, finding.ranks, positions);
   for (std::size_t i = 0; i < looks.size(); ++i) finding.ranks[i].suspect = suspected[i];

@@ -70,6 +70,7 @@ struct RankWhere {
   bool own_work = false;
   bool paused = false;        // declared a pause of its own
   bool awaits_input = false;  // reads its terminal or stdin (a debugger's prompt, input())
+  bool awaits_child = false;  // waits for a child process of its own to end (subprocess.run)
   std::string where;
   std::string doing;
   // A suspect that neither works nor declared a pause.
@@ -85,6 +86,8 @@ struct HangFinding {
   bool idle_suspect() const;
   // Every such suspect reads its terminal or stdin: it waits for its user.
   bool idle_suspects_await_input() const;
+  // Every such suspect waits for a child process of its own (that does nothing either).
+  bool idle_suspects_await_children() const;
   bool any_paused() const;
 };
 

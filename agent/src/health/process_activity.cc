@@ -251,6 +251,14 @@ ProcessActivity read_activity(pid_t pid) {
       a.wchan = read_small("/proc/" + std::to_string(p) + "/wchan");
       if (a.wchan == "0") a.wchan.clear();
       if (state == 'S') read_blocked_call(p, a);
+      if (state == 'S' && a.wchan == "do_wait") {
+        const auto children = children_of(p);
+        if (!children.empty()) {
+          std::string comm = read_small("/proc/" + std::to_string(children[0]) + "/comm");
+          while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+          a.awaits_child = "its child " + std::to_string(children[0]) + " (" + comm + ")";
+        }
+      }
     }
     a.cpu_ticks += ticks;
     add_io(p, a);

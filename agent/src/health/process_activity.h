@@ -28,6 +28,9 @@ struct ProcessActivity {
   // file's path; blocked_writing when it writes (its reader takes no more).
   std::string blocked_on;
   bool blocked_writing = false;
+  // Otherwise, its main thread waiting for a child of its own to end (subprocess.run, os.wait):
+  // "its child 4711 (sleep)"; empty otherwise.
+  std::string awaits_child;
   int processes = 0;  // read (0: the process is gone)
 };
 

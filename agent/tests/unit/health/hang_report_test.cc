@@ -272,6 +272,24 @@ TEST(HangReport, AnIdleRankInsideTorchSaveADataLoaderOrCompileIsWorkOfItsOwn) {
   }
 }
 
+// Waiting for a child of its own that does nothing either (subprocess.run of a sleep): idle, said
+// with the child, and the warning says so (it said the rank "does nothing").
+TEST(HangReport, ARankWaitingForAnIdleChildOfItsOwnSaysSo) {
+  auto parent = look(0, 30);
+  torch_rank(parent, {{kWorld, 40}});
+  parent.stacks_first = parent.stacks_second = at_user_code_dump(33);
+  parent.after.wchan = "do_wait";
+  parent.after.awaits_child = "its child 4711 (sleep)";
+  auto waiting = look(1, 30);
+  torch_rank(waiting, {{kWorld, 41}}, kWorld, 41, slot::Collective::kBarrier);
+  const HangFinding f = examine({parent, waiting}, HangRule::kProof);
+  EXPECT_TRUE(f.ranks[0].suspect);
+  EXPECT_EQ(f.ranks[0].doing, "idle (waiting for its child 4711 (sleep) to end)");
+  EXPECT_TRUE(f.idle_suspect());
+  EXPECT_TRUE(f.idle_suspects_await_children());
+  EXPECT_FALSE(f.any_cause());
+}
+
 // Blocked writing its own output that a slow reader does not take (a log service, a pipe): work
 // held up outside the job, said as such with the peer (it was "idle (asleep in wait_woken)"),
 // no warning; ended past the bound as an idle rank. Blocked reading a socket, it is idle and

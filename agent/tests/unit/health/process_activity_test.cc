@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -244,6 +245,31 @@ TEST(AwaitsInput, AReadOfATerminalOrOfStdinIsWaitingForInput) {
   for (const int fd : {terminal, user_side, keyboard[0], keyboard[1], other[0], other[1]}) {
     ::close(fd);
   }
+}
+
+// A rank waiting for a child of its own to end (subprocess.run) says which child (the hang report
+// said it "does nothing"); a sleep of its own is no such wait.
+TEST(AwaitsChild, AWaitForAChildOfItsOwnSaysWhichChild) {
+  Child parent([] {
+    const pid_t kid = ::fork();
+    if (kid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // ends with its parent, the test's child
+      ::prctl(PR_SET_NAME, "sleeper");
+      for (;;) ::pause();
+    }
+    ::waitpid(kid, nullptr, 0);
+  });
+  ProcessActivity a;
+  for (const auto end = std::chrono::steady_clock::now() + 30s;
+       std::chrono::steady_clock::now() < end &&
+       a.awaits_child.find("sleeper") == std::string::npos;
+       std::this_thread::sleep_for(5ms)) {
+    a = read_activity(parent.pid());
+  }
+  EXPECT_TRUE(a.awaits_child.starts_with("its child ")) << a.awaits_child;
+  EXPECT_TRUE(a.awaits_child.ends_with(" (sleeper)")) << a.awaits_child;
+  Child sleeping([] { ::pause(); });
+  EXPECT_EQ(asleep(sleeping, false).awaits_child, "");
 }
 
 // A rank blocked writing to a reader that takes no more (a log service that reads slowly), or

@@ -53,13 +53,13 @@ class Ops {
   // out[i] = the sum over ranks of input[i] in input's type (input: float32, float16 or
   // bfloat16, overwritten; out may be input when it is float32). Two ranks and up to
   // kGatherBytes, an all-gather and the sum here: as many bytes as a ring all-reduce, in one
-  // exchange instead of two (latency), the sum rounded to input's type as the all-reduce's is, so
-  // that a parameter's average does not depend on the size of its bucket (a job resumed in DDP's
-  // first layout, one bucket, trains on as the rebuilt layout's small ones did). Otherwise Gloo's or
-  // NCCL's all-reduce in the input's type: its ring pipelines large messages (on a 100 Mbit/s
-  // link, 150 KB of fp16 for two ranks: 18 ms a step against 21 ms as an all-gather), and from
-  // three ranks on an all-gather sends more ((W - 1) n against 2 (W - 1) / W n: at four ranks
-  // as much as float32's all-reduce, at eight twice as much).
+  // exchange instead of two (latency), the sum rounded to input's type as the all-reduce's is,
+  // so that a parameter's average does not depend on the size of its bucket (a job resumed in
+  // DDP's first layout, one bucket, trains on as the rebuilt layout's small ones did). Otherwise
+  // Gloo's or NCCL's all-reduce in the input's type: its ring pipelines large messages (on a
+  // 100 Mbit/s link, 150 KB of fp16 for two ranks: 18 ms a step against 21 ms as an all-gather),
+  // and from three ranks on an all-gather sends more ((W - 1) n against 2 (W - 1) / W n: at four
+  // ranks as much as float32's all-reduce, at eight twice as much).
   void all_sum(void* input, DataType type, std::size_t count, float* out);
   static constexpr std::size_t kGatherBytes = 64 * 1024;
   // all_sum in halves, for a caller that runs the collective itself (torch's, asynchronously:

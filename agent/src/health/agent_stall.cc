@@ -42,9 +42,9 @@ bool agent_stalled(nanoseconds due, nanoseconds now) {
   stalls[next] = Stall{due, now};
   next = (next + 1) % kKeptStalls;
   spdlog::warn(
-      "the agent did not run for {:.1f} s (held stopped with its workers: Slurm's suspend, a "
-      "kill -STOP of the job; a paused machine; or one too loaded to run it): that time is not "
-      "counted in its workers' silences",
+      "the agent did not run for {:.1f} s (held stopped: Slurm's suspend or a kill -STOP of the "
+      "job, or of the agent alone; a paused machine; or one too loaded to run it): that time is "
+      "not counted in its workers' silences",
       std::chrono::duration<double>(now - due).count());
   return true;
 }

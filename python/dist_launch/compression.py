@@ -554,7 +554,8 @@ class CompressionState:
             at += count
         array = ctypes.c_uint64 * len(entries)
         # PowerSGD's first Q is seeded by the bucket's place in DDP's first layout, the same in
-        # every process of the job, this one's first try or a resumed one.
+        # every process of the job, this one's first try or a resumed one (of the same bucket
+        # sizes: of others, a Q started again is seeded otherwise, the same on every rank).
         seed_index = min((key[3] for key, _, _ in entries), default=max(index, 0))
         lane = self._lanes[max(index, 0) % len(self._lanes)]
         handle = self._lib.dlc_bucket_new(lane.state, self.spec.encode(), element_type, at,

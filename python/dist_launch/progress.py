@@ -134,10 +134,12 @@ _COLLECTIVES = {
     "all_gather_into_tensor": _COLLECTIVE_ALL_GATHER,
     "all_gather_object": _COLLECTIVE_ALL_GATHER,
     "all_gather_coalesced": _COLLECTIVE_ALL_GATHER,
+    "all_gather_single": _COLLECTIVE_ALL_GATHER,
     "_all_gather_base": _COLLECTIVE_ALL_GATHER,
     "reduce_scatter": _COLLECTIVE_REDUCE_SCATTER,
     "reduce_scatter_tensor": _COLLECTIVE_REDUCE_SCATTER,
     "_reduce_scatter_base": _COLLECTIVE_REDUCE_SCATTER,
+    "reduce_scatter_single": _COLLECTIVE_REDUCE_SCATTER,
     "barrier": _COLLECTIVE_BARRIER,
     "monitored_barrier": _COLLECTIVE_BARRIER,
     "reduce": _COLLECTIVE_REDUCE,
@@ -145,6 +147,7 @@ _COLLECTIVES = {
     "all_to_all_single": _COLLECTIVE_ALL_TO_ALL,
     "gather": _COLLECTIVE_GATHER,
     "gather_object": _COLLECTIVE_GATHER,
+    "gather_single": _COLLECTIVE_GATHER,
     "scatter": _COLLECTIVE_SCATTER,
     "scatter_object_list": _COLLECTIVE_SCATTER,
     "send": _COLLECTIVE_SEND_RECV,
@@ -288,6 +291,14 @@ class _Sampler:
         self.words, self.halves = words, halves
         self.c10d = torch.distributed.distributed_c10d
         self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        # Code that is not the script's own, though outside torch: the standard library's (not
+        # its site-packages), dist_launch's, and what torch generates (FX, Inductor).
+        import sysconfig
+
+        paths = sysconfig.get_paths()
+        self.library_dirs = tuple({os.path.abspath(paths[k]) + os.sep
+                                   for k in ("stdlib", "platstdlib") if paths.get(k)})
+        self.pickling_lines = {}  # (code, line number) -> whether that line pickles
         self.cpu = getattr(torch, "device", None) and torch.device("cpu")
         self.cuda = getattr(torch, "device", None) and torch.device("cuda")
         main = threading.main_thread()
@@ -325,9 +336,14 @@ class _Sampler:
         file = code.co_filename
         name = code.co_name
         if not file.startswith(self.torch_dir):
-            if name in _ELASTIC_SETUP_FUNCTIONS and file.replace(os.sep, "/").endswith(
-                    "/dist_launch/elastic.py"):
-                return self.SETUP, 0
+            path = file.replace(os.sep, "/")
+            if "/dist_launch/" in path:
+                if name in _ELASTIC_SETUP_FUNCTIONS and path.endswith("/dist_launch/elastic.py"):
+                    return self.SETUP, 0
+                return self.TORCH, 0
+            if (file.startswith(self.library_dirs) and "-packages/" not in path) or \
+                    file.startswith("<eval_with_key") or "torchinductor_" in path:
+                return self.TORCH, 0
             return self.USER, 0
         rest = file[len(self.torch_dir):].replace(os.sep, "/")
         if rest == "distributed/distributed_c10d.py":
@@ -354,15 +370,17 @@ class _Sampler:
 
     def main_thread(self):
         """(activity bits, the innermost collective frame and its kind, whether the thread is in
-        that collective's own call (not in a helper inside it), in torch.distributed or backward,
-        in a group's set-up and no collective inside it) of the main thread now. Where the
-        script's own code runs inside torch.distributed or a backward pass (a forward inside
-        DDP's, an object's pickling inside broadcast_object_list, a hook of its own), the thread
-        is in no wait of theirs: it works, or waits for something of its own."""
+        that collective's own call (or a helper of it, but for an object's pickling), in
+        torch.distributed or backward, in a group's set-up and no collective inside it) of the
+        main thread now. Where the script's own code runs inside torch.distributed or a backward
+        pass (a forward inside DDP's, an object's pickling inside broadcast_object_list, a hook
+        of its own), the thread is in no wait of theirs: it works, or waits for something of its
+        own."""
         frame = sys._current_frames().get(self.main)
-        activity, collective, kind, own_call, distributed, setup = 0, None, 0, False, False, False
+        activity, collective, kind, distributed, setup = 0, None, 0, False, False
         depth = 0
         codes = self.codes
+        innermost = None  # (category, frame) at depth 0
         scripts = False  # a frame of the script's own inside the frames seen so far
         waits = None  # no frame of the script's own inside the innermost torch.distributed one
         while frame is not None and depth < 200:
@@ -373,11 +391,13 @@ class _Sampler:
                     codes.clear()
                 found = codes[code] = self.classify(code)
             category = found[0]
+            if innermost is None:
+                innermost = category, frame
             if waits is None and category in (self.COLLECTIVE, self.DIST, self.BACKWARD):
                 waits = not scripts
             if category == self.COLLECTIVE:
-                if collective is None and waits:
-                    collective, kind, own_call = frame, found[1], depth == 0
+                if collective is None and waits and not scripts:
+                    collective, kind = frame, found[1]
                 distributed = waits
             elif category == self.DIST:
                 distributed = waits
@@ -391,8 +411,26 @@ class _Sampler:
                     distributed = distributed or (waits and bool(self.groups))
             frame = frame.f_back
             depth += 1
+        own_call = collective is not None and (
+            innermost[1] is collective or (innermost[0] == self.DIST and
+                                           not self.pickling(innermost[1])))
+        del innermost
         # Building a group is no wait in one: the groups it counts may be a failed generation's.
         return activity, collective, kind, own_call, distributed and not setup, setup
+
+    def pickling(self, frame):
+        """Whether `frame`, torch.distributed's, pickles or unpickles an object (an object
+        collective's work, in C: no frame of its own), read from its line's text once."""
+        key = frame.f_code, frame.f_lineno
+        known = self.pickling_lines.get(key)
+        if known is None:
+            import linecache
+
+            if len(self.pickling_lines) > 1000:
+                self.pickling_lines.clear()
+            known = self.pickling_lines[key] = "pickler(" in linecache.getline(
+                frame.f_code.co_filename, frame.f_lineno)
+        return known
 
     def asleep(self):
         """Whether the kernel has the main thread waiting (not running)."""

@@ -358,8 +358,8 @@ void DistributedDataParallel::average_parameters() {
 }
 
 // Through the Ops when there are (local strategies, lossy compression): each bucket's slice summed
-// in float (two ranks: one all-gather) in a job of its own, then divided and cast back; else the
-// group's all-reduce.
+// in its type (Ops::all_sum; two ranks: one all-gather) in a job of its own, then divided and cast
+// back; else the group's all-reduce.
 void DistributedDataParallel::average_values(std::uint64_t chunk, std::uint64_t chunks) {
   auto slice = [&](const Bucket& b) {
     return std::pair{b.elements * chunk / chunks, b.elements * (chunk + 1) / chunks};

@@ -252,11 +252,15 @@ ProcessActivity read_activity(pid_t pid) {
       if (a.wchan == "0") a.wchan.clear();
       if (state == 'S') read_blocked_call(p, a);
       if (state == 'S' && a.wchan == "do_wait") {
-        const auto children = children_of(p);
-        if (!children.empty()) {
-          std::string comm = read_small("/proc/" + std::to_string(children[0]) + "/comm");
+        const auto children = children_of(p);  // (which one it waits for is not said)
+        for (std::size_t i = 0; i < children.size() && i < 3; ++i) {
+          std::string comm = read_small("/proc/" + std::to_string(children[i]) + "/comm");
           while (!comm.empty() && comm.back() == '\n') comm.pop_back();
-          a.awaits_child = "its child " + std::to_string(children[0]) + " (" + comm + ")";
+          a.awaits_child += (i == 0 ? "" : ", ") + std::to_string(children[i]) + " (" + comm + ")";
+        }
+        if (!children.empty()) {
+          a.awaits_child.insert(0, children.size() == 1 ? "its child " : "one of its children ");
+          if (children.size() > 3) a.awaits_child += ", ...";
         }
       }
     }

@@ -29,7 +29,8 @@ struct ProcessActivity {
   std::string blocked_on;
   bool blocked_writing = false;
   // Otherwise, its main thread waiting for a child of its own to end (subprocess.run, os.wait):
-  // "its child 4711 (sleep)"; empty otherwise.
+  // "its child 4711 (sleep)", "one of its children 4711 (sleep), 4712 (python3)"; empty
+  // otherwise.
   std::string awaits_child;
   int processes = 0;  // read (0: the process is gone)
 };

@@ -162,9 +162,16 @@ _COLLECTIVES = {
 _SETUP_FUNCTIONS = frozenset(("init_process_group", "new_group", "_new_group_with_tag",
                               "new_subgroups", "new_subgroups_by_enumeration"))
 _ELASTIC_SETUP_FUNCTIONS = frozenset(("_recover", "_take_new_rank", "init_process_group"))
-# Dynamo's files that run what it compiled, or what it must not compile (torch.compiler.disable,
-# which FSDP2 and others put around their functions), without compiling anything.
-_NOT_COMPILING = frozenset(("_dynamo/eval_frame.py", "_dynamo/external_utils.py"))
+# Dynamo's and Inductor's files that run what they compiled, or what must not be compiled
+# (torch.compiler.disable, which FSDP2 and others put around their functions), without compiling
+# anything: a rank in them runs the model (or waits in a collective of a compiled graph).
+_NOT_COMPILING = ("_dynamo/eval_frame.py", "_dynamo/external_utils.py",
+                  "_inductor/output_code.py", "_inductor/utils.py", "_inductor/runtime/")
+# dist_launch's modules (in its package, or the stand-in the agent writes): not the script's code.
+_DIST_LAUNCH_MODULES = frozenset((
+    "__init__.py", "__main__.py", "api.py", "compression.py", "elastic.py", "errors.py",
+    "progress.py", "snapshot.py", "_function.py", "_function_worker.py", "_programs.py",
+    "_runner.py", "_sockets.py", "_stand_in.py", "_zygote.py"))
 _SAMPLE_SECONDS = 0.1
 _DUMP_BYTES = 128 * 1024  # a dump's bound (the agent reads 256 KiB of one)
 _ACTIVITY_NS = 2_000_000_000  # what the main thread was in, over this long
@@ -337,12 +344,12 @@ class _Sampler:
         name = code.co_name
         if not file.startswith(self.torch_dir):
             path = file.replace(os.sep, "/")
-            if "/dist_launch/" in path:
+            if "/dist_launch/" in path and os.path.basename(path) in _DIST_LAUNCH_MODULES:
                 if name in _ELASTIC_SETUP_FUNCTIONS and path.endswith("/dist_launch/elastic.py"):
                     return self.SETUP, 0
                 return self.TORCH, 0
             if (file.startswith(self.library_dirs) and "-packages/" not in path) or \
-                    file.startswith("<eval_with_key") or "torchinductor_" in path:
+                    file.startswith(("<eval_with_key", "<frozen ")) or "torchinductor_" in path:
                 return self.TORCH, 0
             return self.USER, 0
         rest = file[len(self.torch_dir):].replace(os.sep, "/")
@@ -364,7 +371,7 @@ class _Sampler:
         if rest in ("autograd/__init__.py", "_tensor.py", "autograd/graph.py") and name in (
                 "backward", "_engine_run_backward", "grad"):
             return self.BACKWARD, 0
-        if rest.startswith(("_dynamo/", "_inductor/")) and rest not in _NOT_COMPILING:
+        if rest.startswith(("_dynamo/", "_inductor/")) and not rest.startswith(_NOT_COMPILING):
             return self.COMPILE, 0
         return self.TORCH, 0
 
@@ -419,17 +426,21 @@ class _Sampler:
         return activity, collective, kind, own_call, distributed and not setup, setup
 
     def pickling(self, frame):
-        """Whether `frame`, torch.distributed's, pickles or unpickles an object (an object
-        collective's work, in C: no frame of its own), read from its line's text once."""
-        key = frame.f_code, frame.f_lineno
+        """Whether `frame`, torch.distributed's, may pickle or unpickle an object (an object
+        collective's work, in C: no frame of its own), read from its line's text once; True where
+        the text cannot be read (then only the thread's state says whether it waits)."""
+        key = frame.f_code, frame.f_lineno or 0
         known = self.pickling_lines.get(key)
         if known is None:
             import linecache
 
             if len(self.pickling_lines) > 1000:
                 self.pickling_lines.clear()
-            known = self.pickling_lines[key] = "pickler(" in linecache.getline(
-                frame.f_code.co_filename, frame.f_lineno)
+            try:
+                text = linecache.getline(frame.f_code.co_filename, key[1], frame.f_globals)
+            except Exception:
+                text = ""
+            known = self.pickling_lines[key] = not text or "pickler(" in text
         return known
 
     def asleep(self):

@@ -83,6 +83,7 @@ _SLOT_OFFSET_PAUSE_REASON = 152
 _SLOT_OFFSET_GROUPS = 216
 _SLOT_OFFSET_STACKS_ASKED = 728
 _SLOT_OFFSET_SETUP_SINCE_NS = 736
+_SLOT_OFFSET_GROUP_SIZES = 744
 _SLOT_PAUSE_REASON_BYTES = 64
 _SLOT_MAX_GROUPS = 32
 _SLOT_STACKS_ON_SIGNAL = 1
@@ -95,6 +96,7 @@ _SLOT_ACTIVITY_DATA = 4
 _SLOT_ACTIVITY_FORWARD = 8
 _SLOT_ACTIVITY_BACKWARD = 16
 _SLOT_ACTIVITY_COMPILE = 32
+_SLOT_ACTIVITY_THREADS = 64
 _COLLECTIVE_ALL_REDUCE = 1
 _COLLECTIVE_BROADCAST = 2
 _COLLECTIVE_ALL_GATHER = 3
@@ -120,6 +122,7 @@ _Q_PAUSED_SINCE, _Q_RESUMED, _Q_TIMEOUT_MS = (
                                _SLOT_OFFSET_COLLECTIVE_TIMEOUT_MS))
 _Q_GROUPS = _SLOT_OFFSET_GROUPS // 8  # {id, seq} pairs
 _Q_SETUP_SINCE = _SLOT_OFFSET_SETUP_SINCE_NS // 8
+_I_GROUP_SIZES = _SLOT_OFFSET_GROUP_SIZES // 4
 _I_PENDING_OP, _I_FEATURES, _I_DUMP_PID, _I_ACTIVITY, _I_GROUP_COUNT, _I_STACKS_ASKED = (
     offset // 4 for offset in (_SLOT_OFFSET_PENDING_OP, _SLOT_OFFSET_FEATURES,
                                _SLOT_OFFSET_DUMP_PID, _SLOT_OFFSET_ACTIVITY,
@@ -315,8 +318,9 @@ class _Sampler:
         except (OSError, AttributeError):
             self.state_fd = None
         self.codes = {}  # code object -> (category, collective kind)
-        # id(process group) -> [group id, first seq, last seq, last change ns] (no reference kept:
-        # a group the script destroys is freed as it would be without this module)
+        self.issuing = {}  # code object -> whether a thread running it may issue a collective
+        # id(process group) -> [group id, first seq, last seq, last change ns, ranks in it] (no
+        # reference kept: a group the script destroys is freed as it would be without this module)
         self.groups = {}
         self.saw_groups = False  # a process group was seen (read_groups): see _end_sampler
         self.timeout_ms = 0  # the longest of the process groups' timeouts
@@ -375,7 +379,7 @@ class _Sampler:
             return self.COMPILE, 0
         return self.TORCH, 0
 
-    def main_thread(self):
+    def main_thread(self, frame):
         """(activity bits, the innermost collective frame and its kind, whether the thread is in
         that collective's own call (or a helper of it, but for an object's pickling), in
         torch.distributed or backward, in a group's set-up and no collective inside it) of the
@@ -383,7 +387,6 @@ class _Sampler:
         pass (a forward inside DDP's, an object's pickling inside broadcast_object_list, a hook
         of its own), the thread is in no wait of theirs: it works, or waits for something of its
         own."""
-        frame = sys._current_frames().get(self.main)
         activity, collective, kind, distributed, setup = 0, None, 0, False, False
         depth = 0
         codes = self.codes
@@ -424,6 +427,47 @@ class _Sampler:
         del innermost
         # Building a group is no wait in one: the groups it counts may be a failed generation's.
         return activity, collective, kind, own_call, distributed and not setup, setup
+
+    # Functions that run the callables they are handed, on the thread they run on: a thread
+    # idle in one of them may yet run the script's code. (module, attribute path)
+    RUNNERS = (("threading", "Timer.run"), ("concurrent.futures.thread", "_worker"),
+               ("multiprocessing.pool", "worker"), ("asyncio.base_events",
+                                                    "BaseEventLoop.run_forever"),
+               ("socketserver", "BaseServer.serve_forever"))
+
+    def others_may_issue(self, frames):
+        """Whether a thread besides the main thread (and this sampler) may issue a collective:
+        one with the script's own code on its stack (outside site-packages: a library's monitor
+        thread, tqdm's, never does), in torch.distributed, or in a runner of callables (a Timer,
+        an executor's worker, an event loop). The peers the main thread waits for may be waiting
+        for that thread: the main thread's wait proves nothing."""
+        runners = set()
+        for module, path in self.RUNNERS:
+            found = sys.modules.get(module)
+            for part in path.split("."):
+                found = getattr(found, part, None)
+            code = getattr(found, "__code__", None)
+            if code is not None:
+                runners.add(code)
+        issuing = self.issuing
+        if len(issuing) > 20000:
+            issuing.clear()
+        me = _thread.get_ident()
+        for ident, frame in frames.items():
+            depth = 0
+            while ident not in (self.main, me) and frame is not None and depth < 200:
+                code = frame.f_code
+                may = issuing.get(code)
+                if may is None:
+                    category = self.classify(code)[0]
+                    may = issuing[code] = code in runners or category in (
+                        self.COLLECTIVE, self.DIST, self.SETUP, self.CHECKPOINT) or (
+                        category == self.USER and "-packages" + os.sep not in code.co_filename)
+                if may:
+                    return True
+                frame = frame.f_back
+                depth += 1
+        return False
 
     def pickling(self, frame):
         """Whether `frame`, torch.distributed's, may pickle or unpickle an object (an object
@@ -471,7 +515,11 @@ class _Sampler:
                 continue
             if entry is None:
                 self.saw_groups = True
-                entry = self.groups[id(group)] = [self.name_id(group), seq, seq, 0]
+                try:
+                    size = group.size()
+                except Exception:
+                    size = 0  # unknown: no proof counts on this group's members
+                entry = self.groups[id(group)] = [self.name_id(group), seq, seq, 0, size]
                 self.note_timeout(self.group_timeout_ms(group))
             elif seq < entry[1]:  # torch 1.x sets a new group's count once the group is made
                 entry[1], entry[2], entry[3] = seq, seq, now
@@ -481,6 +529,7 @@ class _Sampler:
             if index < _SLOT_MAX_GROUPS:
                 words[_Q_GROUPS + 2 * index] = entry[0]
                 words[_Q_GROUPS + 2 * index + 1] = seq
+                self.halves[_I_GROUP_SIZES + index] = entry[4]
                 index += 1
         self.halves[_I_GROUP_COUNT] = index
         words[_Q_ISSUED] = issued
@@ -571,7 +620,12 @@ class _Sampler:
         elapsed, self.last = now - self.last, now
         words, halves = self.words, self.halves
         issued = self.read_groups(now) if self.c10d.is_initialized() else 0
-        activity, collective, kind, own_call, distributed, setup = self.main_thread()
+        frames = sys._current_frames()
+        activity, collective, kind, own_call, distributed, setup = self.main_thread(
+            frames.get(self.main))
+        if distributed and self.groups and self.others_may_issue(frames):
+            activity |= _SLOT_ACTIVITY_THREADS
+        del frames
         if setup != bool(self.setup_since):
             self.setup_since = now if setup else 0
             words[_Q_SETUP_SINCE] = self.setup_since

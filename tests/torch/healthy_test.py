@@ -7,8 +7,11 @@ gradient accumulation; the script's own collective timeout) may be reported, nev
 that says its pause (dist_launch.progress.pause) is reported as paused, never as a hang; and
 torch.compile(fullgraph=True) of a function with a collective, torch's functional collectives and
 DTensor work as they do without dist-launch (torch 2.x); a worker whose interpreter ends
-while dist-launch's progress sampler reads its group exits 0; and a rank evaluating alone after
-the job, longer than the other node's exit barrier waits, ends the job with 0 on both nodes.
+while dist-launch's progress sampler reads its group exits 0; waits that look like collectives
+that can never match are left alone where a thread of the script's own issues what a peer waits
+for, or where a send shifted two ranks' counts while a third rank works; and a rank evaluating
+alone after the job, longer than the other node's exit barrier waits, ends the job with 0 on both
+nodes.
 
 The scenarios run side by side, a few jobs at a time (a loaded machine is their normal case).
 
@@ -40,7 +43,7 @@ CONCURRENT_JOBS = 4
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
              "no-optimizer", "accumulate", "slow-log", "c-poll", "paused", "compile", "exit",
              "crowded",
-             "alone", "monitored", "scoring", "objects", "side-thread"]
+             "alone", "monitored", "scoring", "objects", "side-thread", "producer", "p2p-offset"]
 # Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored
 # and scoring: past the third look of the hang timeout (about 99 s), the first past that bound.
 PAUSES = {"alone": 80, "monitored": 105, "scoring": 105}
@@ -87,6 +90,8 @@ class Job:
         nproc, on_cpus = 2, None
         if self.scenario == "crowded":  # 4 ranks on one CPU, whatever the machine
             nproc, on_cpus = 4, {min(os.sched_getaffinity(0))}
+        if self.scenario == "p2p-offset":
+            nproc = 3
         cmd = [ARGS.launcher, "--nproc-per-node", str(nproc), "--event-log", self.events_path,
                "--log-dir", os.path.join(self.dir, "logs"), WORKER, "--scenario", self.scenario,
                "--pause", str(PAUSES.get(self.scenario, PAUSE_S)), *extra]
@@ -301,6 +306,22 @@ class Healthy(unittest.TestCase):
         # rank 1 in broadcast, rank 0 in gather", both SIGKILLed at 33 s).
         job = self.check("objects")
         self.assertNotIn("can never", job.proc.stderr)
+
+    def test_a_thread_of_the_scripts_own_issues_what_the_other_rank_waits_for(self):
+        # Rank 1's main thread in a barrier, rank 0's in a broadcast that rank 1's producer
+        # thread (asleep meanwhile) issues after the pause: each main thread waits in what the
+        # other's has not issued, a cycle of waits but for the thread (before: "collectives
+        # that can never match ... ranks 0 and 1 wait for each other", both SIGKILLed at 33 s).
+        job = self.check("producer")
+        self.assertNotIn("can never", job.proc.stderr)
+
+    def test_a_send_numbered_on_two_ranks_only_is_no_mismatch_of_the_third(self):
+        # Three ranks: after a send from rank 0 to rank 1, rank 0's gather and rank 2's next
+        # all_reduce have the same number while rank 1 computes (before: "collective #27 can
+        # never complete: rank 2 in all_reduce, rank 0 in gather", ranks 0 and 2 SIGKILLed).
+        job = self.check("p2p-offset")
+        self.assertNotIn("can never", job.proc.stderr)
+        self.assertIn("rank 2 done steps", job.proc.stdout)
 
     def test_a_collective_of_a_thread_of_the_scripts_own_while_the_main_thread_works(self):
         # Rank 0's main thread in its model's forward inside DDP's (the script's own code: no

@@ -275,6 +275,45 @@ def main():
         if rank == 1:
             thread.start()
         thread.join()
+    elif s == "producer":
+        # Rank 1's main thread waits in a barrier while a thread of its own waits for a result (a
+        # remote service, say: asleep) and then broadcasts it on a group of its own, which rank 0
+        # waits for before its barrier. Each main thread waits in a collective the other has not
+        # issued: no proof, the producer thread issues it.
+        import threading
+
+        side = dist.new_group()
+        result = torch.zeros(4)
+
+        def produce():
+            time.sleep(a.pause)
+            result.fill_(7)
+            dist.broadcast(result, src=1, group=side)
+
+        if rank == 1:
+            producer = threading.Thread(target=produce)
+            producer.start()
+            dist.barrier()
+            producer.join()
+        else:
+            dist.broadcast(result, src=1, group=side)
+            assert result.tolist() == [7.0] * 4, result
+            dist.barrier()
+    elif s == "p2p-offset":
+        # Three ranks. Rank 0 sends to rank 1, which then computes: the send is numbered in the
+        # group's sequence on ranks 0 and 1 only, so that rank 0's gather is #n on it and rank
+        # 2's next all_reduce #n on rank 2 (which gave its part of the gather and went on).
+        t = torch.ones(4)
+        if rank == 0:
+            dist.send(t, dst=1)
+        elif rank == 1:
+            dist.recv(t, src=0)
+            busy_for(a.pause, lambda: torch.tanh(torch.randn(64, 64) @ torch.randn(64, 64)))
+        gathered = [torch.zeros(4) for _ in range(3)] if rank == 0 else None
+        dist.gather(torch.full((4,), float(rank)), gathered, dst=0)
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        assert total.item() == 3 and (rank != 0 or [g[0].item() for g in gathered] == [0, 1, 2])
     elif s == "paused" and rank == 0:
         from dist_launch import progress
 

@@ -31,15 +31,47 @@ std::string ranks_text(const std::vector<int>& ranks) {
   return text;
 }
 
+// The ranks that stand still (collective_proof.h): blocked in the SDK's one sequence, or in a
+// torch group whose every member (as many as its size says) stands still. The largest such set:
+// every blocked rank to begin with, then those waiting in a group with a member outside it left
+// out, until none is.
+std::vector<bool> standing_still(const std::vector<CollectiveState>& ranks) {
+  std::vector<bool> still(ranks.size());
+  for (std::size_t i = 0; i < ranks.size(); ++i) still[i] = ranks[i].wait.has_value();
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (!still[i] || ranks[i].wait->group == 0) continue;
+      const std::uint64_t group = ranks[i].wait->group;
+      const auto size = ranks[i].sizes.find(group);
+      std::size_t members = 0;
+      bool all_still = size != ranks[i].sizes.end() && size->second > 0;
+      for (std::size_t j = 0; j < ranks.size() && all_still; ++j) {
+        if (!ranks[j].seqs.contains(group)) continue;
+        ++members;
+        all_still = still[j];
+      }
+      if (!all_still || members < size->second) {
+        still[i] = false;
+        changed = true;
+      }
+    }
+  }
+  return still;
+}
+
 // Ranks blocked in the same collective of a group with operations that differ. Not a send or a
 // receive: torch counts a point-to-point operation in its group's sequence on its two ranks only,
 // so that the number it has on them is another collective's on the group's other ranks (a
 // pipeline's stage receiving while the others all-reduce is no mismatch).
-std::optional<Mismatch> different_operations(const std::vector<CollectiveState>& ranks) {
+std::optional<Mismatch> different_operations(const std::vector<CollectiveState>& ranks,
+                                             const std::vector<bool>& still) {
   std::map<std::pair<std::uint64_t, std::uint64_t>, std::map<std::uint32_t, std::vector<int>>>
       at;  // (group, seq) -> op -> ranks
-  for (const auto& r : ranks) {
-    if (r.wait && known(r.wait->op)) at[{r.wait->group, r.wait->seq}][r.wait->op].push_back(r.rank);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto& r = ranks[i];
+    if (still[i] && known(r.wait->op))
+      at[{r.wait->group, r.wait->seq}][r.wait->op].push_back(r.rank);
   }
   constexpr auto kSendRecv = static_cast<std::uint32_t>(Collective::kSendRecv);
   for (const auto& [place, ops] : at) {
@@ -110,16 +142,17 @@ std::vector<int> odd_ones(const std::vector<CollectiveState>& ranks,
 }
 
 // A cycle of ranks each blocked in a collective the next one has not issued.
-std::optional<Mismatch> cycle_of_waits(const std::vector<CollectiveState>& ranks) {
+std::optional<Mismatch> cycle_of_waits(const std::vector<CollectiveState>& ranks,
+                                       const std::vector<bool>& still) {
   const std::size_t n = ranks.size();
   std::vector<std::vector<std::size_t>> waits_for(n);
   for (std::size_t a = 0; a < n; ++a) {
     // (A send or a receive is numbered on its two ranks only: the others' counts say nothing of
     // whether they issued it.)
-    if (!ranks[a].wait || ranks[a].wait->op == static_cast<std::uint32_t>(Collective::kSendRecv))
+    if (!still[a] || ranks[a].wait->op == static_cast<std::uint32_t>(Collective::kSendRecv))
       continue;
     for (std::size_t b = 0; b < n; ++b) {
-      if (b == a || !ranks[b].wait) continue;  // only blocked ranks can close a cycle
+      if (b == a || !still[b]) continue;  // only ranks that stand still can close a cycle
       const auto it = ranks[b].seqs.find(ranks[a].wait->group);
       if (it != ranks[b].seqs.end() && it->second < ranks[a].wait->seq) waits_for[a].push_back(b);
     }
@@ -251,8 +284,9 @@ std::string collective_text(std::uint32_t op, std::uint64_t seq, std::uint64_t g
 }
 
 std::optional<Mismatch> prove_mismatch(const std::vector<CollectiveState>& ranks) {
-  if (auto m = different_operations(ranks)) return m;
-  return cycle_of_waits(ranks);
+  const auto still = standing_still(ranks);
+  if (auto m = different_operations(ranks, still)) return m;
+  return cycle_of_waits(ranks, still);
 }
 
 }  // namespace dist::agent

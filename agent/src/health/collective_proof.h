@@ -16,7 +16,16 @@
 //     collective the others wait in, or issued one too many); without a majority (two ranks),
 //     all of the cycle.
 // A rank waiting for one that is not blocked (computing, writing a checkpoint, asleep) proves
-// nothing: that one may come.
+// nothing: that one may come. And torch's counts are comparable across ranks only while nobody can
+// move: torch numbers a send or a receive in its group's sequence on its two ranks only (gloo), so
+// that after one the same number is another collective on the group's other ranks, and a rank
+// that issued fewer may have issued what a peer waits in. So the proofs take only the ranks that
+// stand still: blocked in a group every member of which is blocked too (all of its ranks known,
+// by its size), and so on for the groups those wait in. Such ranks can never go on, whatever the
+// numbers say; the numbers only tell which of them are the cause. A rank whose main thread waits
+// while another thread of its own may issue a collective (kActivityThreads) is not blocked here.
+// The SDK's one sequence (group 0) numbers every collective of a rank's, on every rank alike: its
+// waits prove as they are.
 #pragma once
 
 #include <cstdint>
@@ -29,15 +38,16 @@ namespace dist::agent {
 
 struct CollectiveState {
   int rank = 0;
-  std::map<std::uint64_t, std::uint64_t> seqs;  // group id -> collectives issued on it
-  std::vector<std::uint64_t> order;             // its groups' ids, in the order it made them
+  std::map<std::uint64_t, std::uint64_t> seqs;   // group id -> collectives issued on it
+  std::vector<std::uint64_t> order;              // its groups' ids, in the order it made them
+  std::map<std::uint64_t, std::uint32_t> sizes;  // group id -> ranks in it (absent or 0: unknown)
   struct Wait {
     std::uint64_t group = 0;
     std::uint64_t seq = 0;  // the collective's number in that group
     std::uint32_t op = 0;   // worker_contract.h's Collective
     double seconds = 0;     // blocked in it for
   };
-  std::optional<Wait> wait;  // blocked, stably and idle; none otherwise
+  std::optional<Wait> wait;  // blocked, stably and idle, by itself alone; none otherwise
 };
 
 struct Mismatch {

@@ -442,7 +442,9 @@ std::vector<CollectiveState> HangDetector::elsewhere() const {
       c.seqs[id] = seq;
       c.order.push_back(id);
     }
-    c.wait = CollectiveState::Wait{b->group, b->seq, b->op, b->seconds};
+    c.sizes = b->sizes;
+    // (Its seqs stand: a member of its groups that may move. No wait: it proves nothing.)
+    if (!b->threads) c.wait = CollectiveState::Wait{b->group, b->seq, b->op, b->seconds};
     states.push_back(std::move(c));
   }
   return states;
@@ -990,6 +992,8 @@ void HangDetector::fill(WorkerProgress& p) const {
     b.seconds = blocked_s;
     if (r.pending_group != 0) {
       b.groups = r.groups;
+      b.sizes = r.group_sizes;
+      b.threads = (r.activity & slot::kActivityThreads) != 0;
       b.group = r.pending_group;
       b.seq = r.pending_seq;
     } else {  // the SDK's one sequence, as group 0

@@ -224,6 +224,9 @@ std::vector<std::string> activity_words(std::uint32_t activity) {
   } else if (activity & slot::kActivityForward) {
     words.emplace_back("in a forward pass");
   }
+  if (activity & slot::kActivityThreads) {
+    words.emplace_back("a thread of its own beside it may issue a collective");
+  }
   return words;
 }
 
@@ -513,6 +516,7 @@ CollectiveState collective_state(const RankLook& l, double min_wait_s) {
       c.seqs[id] = seq;
       c.order.push_back(id);
     }
+    c.sizes = b.group_sizes;
   } else if (b.collectives_issued > 0) {
     c.seqs[0] = b.collectives_issued;
   }
@@ -520,7 +524,10 @@ CollectiveState collective_state(const RankLook& l, double min_wait_s) {
                          a.pending_group == b.pending_group && a.pending_seq == b.pending_seq &&
                          a.pending_op == b.pending_op && !counters_moved(a, b);
   const bool idle = cpu_share(l.before, l.after, std::max(look_seconds(l), 1e-3)) < kIdleCpuShare;
-  if (same_wait && idle && blocked_seconds(b) >= min_wait_s && (torch || b.pending_group == 0)) {
+  // (A thread of its own beside the main one may issue what its peers wait for: no wait of its.)
+  const bool alone = (b.activity & slot::kActivityThreads) == 0;
+  if (same_wait && idle && alone && blocked_seconds(b) >= min_wait_s &&
+      (torch || b.pending_group == 0)) {
     c.wait = CollectiveState::Wait{torch ? b.pending_group : 0,
                                    torch ? b.pending_seq : b.collectives_done + 1, b.pending_op,
                                    blocked_seconds(b)};

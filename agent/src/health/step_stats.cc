@@ -45,7 +45,9 @@ SlotReading read_slot(const slot::Slot& s, std::chrono::nanoseconds now) {
       std::min<std::size_t>(s.group_count.load(std::memory_order_acquire), slot::kMaxGroups);
   for (std::size_t i = 0; i < groups; ++i) {
     const std::uint64_t id = s.groups[i].id.load(std::memory_order_relaxed);
-    if (id != 0) r.groups.emplace_back(id, s.groups[i].seq.load(std::memory_order_relaxed));
+    if (id == 0) continue;
+    r.groups.emplace_back(id, s.groups[i].seq.load(std::memory_order_relaxed));
+    r.group_sizes[id] = s.group_sizes[i].load(std::memory_order_relaxed);
   }
   r.paused_since_ns = s.paused_since_ns.load(std::memory_order_acquire);
   r.resumed_ns = s.resumed_ns.load(std::memory_order_relaxed);

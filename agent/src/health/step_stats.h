@@ -39,6 +39,7 @@ struct SlotReading {
   std::uint64_t pending_group = 0;
   std::uint64_t pending_seq = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> groups;  // id, seq
+  std::map<std::uint64_t, std::uint32_t> group_sizes;           // id -> ranks in it (0: unknown)
   std::uint32_t activity = 0;
   // A pause the worker declared (dist_launch.progress.pause(), dist::sdk::Pause).
   std::uint64_t paused_since_ns = 0;

@@ -150,20 +150,26 @@ constexpr std::string_view kViewShape =
     "a JSON object {\"t\": seconds, \"n\": ranks, \"m\": seconds, \"w\": [[rank, seconds], "
     "...], \"cw\": share, \"b\": [blocked ranks], \"ct\": milliseconds}";
 constexpr std::string_view kBlockedShape =
-    "blocked ranks [{\"r\": rank, \"g\": [[id, seq], ...], \"w\": [group, seq, op, "
-    "seconds]}, ...]";
+    "blocked ranks [{\"r\": rank, \"g\": [[id, seq], ...], \"s\": [[id, size], ...], \"w\": "
+    "[group, seq, op, seconds], \"t\": true (optional)}, ...]";
 
 ordered_json encode_blocked(const std::vector<BlockedRank>& blocked, std::size_t most) {
   ordered_json list = ordered_json::array();
   for (std::size_t i = 0; i < std::min(blocked.size(), most); ++i) {
     const BlockedRank& b = blocked[i];
     ordered_json groups = ordered_json::array();
+    ordered_json sizes = ordered_json::array();  // of the groups published
     for (std::size_t g = 0; g < std::min(b.groups.size(), kMaxPublishedGroups); ++g) {
       groups.push_back({b.groups[g].first, b.groups[g].second});
+      const auto size = b.sizes.find(b.groups[g].first);
+      if (size != b.sizes.end()) sizes.push_back({size->first, size->second});
     }
-    list.push_back({{"r", b.rank},
-                    {"g", std::move(groups)},
-                    {"w", {b.group, b.seq, b.op, rounded(b.seconds)}}});
+    ordered_json item = {{"r", b.rank},
+                         {"g", std::move(groups)},
+                         {"s", std::move(sizes)},
+                         {"w", {b.group, b.seq, b.op, rounded(b.seconds)}}};
+    if (b.threads) item["t"] = true;
+    list.push_back(std::move(item));
   }
   return list;
 }
@@ -178,12 +184,15 @@ std::vector<BlockedRank> decode_blocked(const ordered_json& list, std::size_t mo
   std::vector<BlockedRank> out;
   for (const auto& item : list) {
     if (!item.is_object()) throw corrupt();
-    const auto r = item.find("r"), g = item.find("g"), w = item.find("w");
+    const auto r = item.find("r"), g = item.find("g"), w = item.find("w"), s = item.find("s"),
+               t = item.find("t");
     if (r == item.end() || !r->is_number_unsigned() || r->get<std::uint64_t>() > INT32_MAX ||
         g == item.end() || !g->is_array() || g->size() > kMaxPublishedGroups || w == item.end() ||
         !w->is_array() || w->size() != 4 || !(*w)[0].is_number_unsigned() ||
         !(*w)[1].is_number_unsigned() || !(*w)[2].is_number_unsigned() || !(*w)[3].is_number() ||
-        (*w)[2].get<std::uint64_t>() > UINT32_MAX) {
+        (*w)[2].get<std::uint64_t>() > UINT32_MAX ||
+        (s != item.end() && (!s->is_array() || s->size() > kMaxPublishedGroups)) ||
+        (t != item.end() && !t->is_boolean())) {
       throw corrupt();
     }
     BlockedRank b;
@@ -195,6 +204,16 @@ std::vector<BlockedRank> decode_blocked(const ordered_json& list, std::size_t mo
       }
       b.groups.emplace_back(pair[0].get<std::uint64_t>(), pair[1].get<std::uint64_t>());
     }
+    if (s != item.end()) {
+      for (const auto& pair : *s) {
+        if (!pair.is_array() || pair.size() != 2 || !pair[0].is_number_unsigned() ||
+            !pair[1].is_number_unsigned() || pair[1].get<std::uint64_t>() > UINT32_MAX) {
+          throw corrupt();
+        }
+        b.sizes[pair[0].get<std::uint64_t>()] = pair[1].get<std::uint32_t>();
+      }
+    }
+    b.threads = t != item.end() && t->get<bool>();
     b.group = (*w)[0].get<std::uint64_t>();
     b.seq = (*w)[1].get<std::uint64_t>();
     b.op = (*w)[2].get<std::uint32_t>();

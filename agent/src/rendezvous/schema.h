@@ -47,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -201,6 +202,10 @@ inline constexpr std::uint64_t kSetupOfAReplacement = 1;
 struct BlockedRank {
   int rank = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> groups;  // id, collectives issued
+  std::map<std::uint64_t, std::uint32_t> sizes;                 // id -> ranks in it (0: unknown)
+  // Its main thread is blocked, but another thread of its own may issue a collective
+  // (kActivityThreads): no proof counts it as blocked.
+  bool threads = false;
   std::uint64_t group = 0;  // the one it is blocked in (0: the SDK's one sequence)
   std::uint64_t seq = 0;
   std::uint32_t op = 0;

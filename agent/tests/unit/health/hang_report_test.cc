@@ -62,15 +62,20 @@ void busy(RankLook& l, double share) {
 
 // A torch rank as its sampler shows it: its groups' counts, blocked in (group, seq) since `since`.
 constexpr std::uint64_t kWorld = 0xA1, kMetrics = 0xB2;
+// Every group has `group_size` ranks (0: unknown).
 void torch_rank(RankLook& l, std::vector<std::pair<std::uint64_t, std::uint64_t>> groups,
                 std::uint64_t pending_group = 0, std::uint64_t pending_seq = 0,
-                slot::Collective op = slot::Collective::kAllReduce, double since_s = 60) {
+                slot::Collective op = slot::Collective::kAllReduce, double since_s = 60,
+                std::uint32_t group_size = 3) {
   l.first.sampled_ns = 101'000'000'000;
   l.second.sampled_ns = 102'000'000'000;  // the sampler ran between the looks
   for (SlotReading* r : {&l.first, &l.second}) {
     r->features = slot::kStacksOnSignal | slot::kSampler | slot::kProgressHook;
     r->groups = groups;
-    for (const auto& [id, seq] : groups) r->collectives_issued += seq;
+    for (const auto& [id, seq] : groups) {
+      r->collectives_issued += seq;
+      r->group_sizes[id] = group_size;
+    }
     if (pending_group != 0) {
       r->pending_group = pending_group;
       r->pending_seq = pending_seq;
@@ -464,14 +469,16 @@ TEST(HangReport, AStoppedRankIsProofEvenWhileAnotherRankStillMoves) {
 // hang_worker.py's skip: rank 1 skipped the loss all_reduce (group kMetrics, #11) and blocked in
 // its next backward's (group kWorld, #17), which ranks 0 and 2, blocked in the skipped one, never
 // issue.
-std::vector<RankLook> skipped_collective() {
+std::vector<RankLook> skipped_collective(std::uint32_t ranks = 3) {
+  constexpr auto kAllReduce = slot::Collective::kAllReduce;
   auto r0 = look(0, 11);
-  torch_rank(r0, {{kWorld, 16}, {kMetrics, 11}}, kMetrics, 11, slot::Collective::kAllReduce, 60);
+  torch_rank(r0, {{kWorld, 16}, {kMetrics, 11}}, kMetrics, 11, kAllReduce, 60, ranks);
   auto r1 = look(1, 11);
-  torch_rank(r1, {{kWorld, 17}, {kMetrics, 10}}, kWorld, 17, slot::Collective::kAllReduce, 60.5);
+  torch_rank(r1, {{kWorld, 17}, {kMetrics, 10}}, kWorld, 17, kAllReduce, 60.5, ranks);
   r1.second.activity = slot::kActivityBackward;
   auto r2 = look(2, 11);
-  torch_rank(r2, {{kWorld, 16}, {kMetrics, 11}}, kMetrics, 11, slot::Collective::kAllReduce, 60);
+  torch_rank(r2, {{kWorld, 16}, {kMetrics, 11}}, kMetrics, 11, kAllReduce, 60, ranks);
+  if (ranks == 2) return {r0, r1};
   return {r0, r1, r2};
 }
 
@@ -490,8 +497,7 @@ TEST(HangReport, ASkippedCollectiveIsProvenByTheCycleOfWaitsAndTheRankThatWentPa
 }
 
 TEST(HangReport, TwoRanksWaitingForEachOtherAreBothTheCause) {
-  auto looks = skipped_collective();
-  looks.pop_back();  // no majority says which of the two went past
+  const auto looks = skipped_collective(2);  // no majority says which of the two went past
   const auto f = examine(looks, HangRule::kProof);
   ASSERT_TRUE(f.proof);
   EXPECT_TRUE(f.ranks[0].cause && f.ranks[1].cause);
@@ -518,6 +524,26 @@ TEST(HangReport, NoProofWithoutAStableIdleLongWaitOnEveryRankOfTheCycle) {
       {"rank 1 has issued what rank 0 waits in",
        [](auto& l) {
          for (SlotReading* r : {&l[1].first, &l[1].second}) r->groups[1].second = 11;
+       }},
+      // A thread of rank 1's own may yet issue what rank 0 waits in (its main thread waits).
+      {"another thread of rank 1's may issue a collective",
+       [](auto& l) { l[1].second.activity |= slot::kActivityThreads; }},
+      // torch's counts hold the sends and receives of a group's two ranks: the groups' members
+      // must all stand still, or the numbers may name other collectives than they seem to.
+      {"the groups have a rank more, not seen",
+       [](auto& l) {
+         for (auto& look : l)
+           for (SlotReading* r : {&look.first, &look.second})
+             for (auto& [id, size] : r->group_sizes) size = 4;
+       }},
+      {"the groups' sizes are unknown",
+       [](auto& l) {
+         for (auto& look : l)
+           for (SlotReading* r : {&look.first, &look.second}) r->group_sizes.clear();
+       }},
+      {"rank 2, in the group rank 0 waits in, is not blocked",
+       [](auto& l) {
+         for (SlotReading* r : {&l[2].first, &l[2].second}) r->pending_since_ns = 0;
        }},
   };
   for (const auto& c : cases) {
@@ -584,6 +610,47 @@ TEST(HangReport, ASendOrReceiveNumberedAsAnotherRanksCollectiveIsNoProof) {
   const auto g = examine(looks, HangRule::kProof);
   EXPECT_FALSE(g.proof) << *g.proof;
   EXPECT_FALSE(g.any_cause());
+}
+
+// torch numbers a send and its receive on their two ranks only, in the group's sequence: after
+// rank 0 sent to rank 1, the gather rank 0 waits in is #27 on it and #26 on rank 2, which gave
+// its part and went on to wait in its next collective, an all_reduce (#27 on it), while rank 1
+// computes before it joins the gather. Same number, different operations, but no mismatch: rank 1
+// will come (a healthy three-rank job was ended by this before). Once every rank stands still,
+// nothing can end the wait, whatever the numbers: that is proof.
+TEST(HangReport, ASendsOffsetInTheCountsIsNoProofWhileARankOfTheGroupMoves) {
+  std::vector<RankLook> looks = {look(0, 20), look(1, 20), look(2, 20)};
+  torch_rank(looks[0], {{kWorld, 27}}, kWorld, 27, slot::Collective::kGather, 40);
+  torch_rank(looks[1], {{kWorld, 26}});
+  busy(looks[1], 0.9);
+  torch_rank(looks[2], {{kWorld, 27}}, kWorld, 27, slot::Collective::kAllReduce, 40);
+  const auto f = examine(looks, HangRule::kProof);
+  EXPECT_FALSE(f.proof) << *f.proof;
+  EXPECT_FALSE(f.any_cause());
+
+  looks[1] = look(1, 20);
+  torch_rank(looks[1], {{kWorld, 27}}, kWorld, 27, slot::Collective::kBarrier, 40);
+  const auto g = examine(looks, HangRule::kProof);
+  ASSERT_TRUE(g.proof);
+  EXPECT_TRUE(g.any_cause());
+}
+
+// A proof across nodes takes another node's rank as blocked only when its main thread is alone
+// in being able to issue a collective, as here.
+TEST(HangReport, AnotherNodesRankWithAThreadOfItsOwnClosesNoCycle) {
+  auto looks = skipped_collective();
+  CollectiveState remote = collective_state(looks[1]);
+  looks[1].second.activity |= slot::kActivityThreads;
+  EXPECT_FALSE(collective_state(looks[1]).wait);
+  EXPECT_NE(examine(looks, HangRule::kProof)
+                .ranks[1]
+                .doing.find("a thread of its own beside it may issue a collective"),
+            std::string::npos);
+  remote.rank = 7;
+  looks.erase(looks.begin() + 1);
+  ASSERT_TRUE(examine(looks, HangRule::kProof, {remote}).proof);
+  remote.wait.reset();  // as HangDetector::elsewhere() reads a BlockedRank with threads
+  EXPECT_FALSE(examine(looks, HangRule::kProof, {remote}).proof);
 }
 
 // A three-stage pipeline (torch 2.x): the middle stage sleeps; the first waits in its send to it

@@ -49,6 +49,8 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   schema::BlockedRank blocked;
   blocked.rank = 3;
   blocked.groups = {{0xFFFF'FFFF'FFFF'FFF1ULL, 17}, {42, 3}};
+  blocked.sizes = {{0xFFFF'FFFF'FFFF'FFF1ULL, 64}, {42, 2}};
+  blocked.threads = true;
   blocked.group = 42;
   blocked.seq = 3;
   blocked.op = 5;
@@ -77,6 +79,8 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   ASSERT_EQ(back.blocked.size(), 1u);
   EXPECT_EQ(back.blocked[0].rank, 3);
   EXPECT_EQ(back.blocked[0].groups, blocked.groups) << "64-bit group ids travel whole";
+  EXPECT_EQ(back.blocked[0].sizes, blocked.sizes);
+  EXPECT_TRUE(back.blocked[0].threads);
   EXPECT_EQ(back.blocked[0].group, 42u);
   EXPECT_EQ(back.blocked[0].seq, 3u);
   EXPECT_EQ(back.blocked[0].op, 5u);
@@ -103,7 +107,11 @@ TEST(NodeProgress, TheValueIsBoundedWhateverTheNodeRuns) {
     p.ranks.push_back(w);
     schema::BlockedRank b;
     b.rank = r;
-    b.groups.assign(1000, {~0ULL, ~0ULL});
+    for (std::uint64_t g = 0; g < 1000; ++g) {
+      b.groups.emplace_back(~g, ~0ULL);
+      b.sizes[~g] = ~0U;
+    }
+    b.threads = true;
     b.group = b.seq = ~0ULL;
     b.op = ~0U;
     b.seconds = 1e9;
@@ -118,6 +126,8 @@ TEST(NodeProgress, TheValueIsBoundedWhateverTheNodeRuns) {
   EXPECT_EQ(back.ranks[0].doing.size(), schema::kMaxPublishedDoingBytes);
   EXPECT_EQ(back.blocked.size(), schema::kMaxPublishedBlocked);
   EXPECT_EQ(back.blocked[0].groups.size(), schema::kMaxPublishedGroups);
+  EXPECT_EQ(back.blocked[0].sizes.size(), schema::kMaxPublishedGroups) << "the groups published";
+  EXPECT_EQ(back.blocked[0].sizes.count(back.blocked[0].groups[0].first), 1u);
   EXPECT_EQ(back.state.size(), schema::kMaxPublishedNameBytes);
 }
 
@@ -149,11 +159,14 @@ TEST(JobView, NodeZeroMakesItFromEveryNodesProgressAndItRoundTrips) {
   EXPECT_EQ(back.work, v.work);
   ASSERT_EQ(back.blocked.size(), 2u);
   EXPECT_EQ(back.blocked[0].groups, b.groups);
+  EXPECT_TRUE(back.blocked[0].sizes.empty() && !back.blocked[0].threads);
   EXPECT_DOUBLE_EQ(back.blocked[0].seconds, 20) << "a collective wait as its node saw it";
   EXPECT_DOUBLE_EQ(back.blocked[1].seconds, 28.5) << "a set-up wait as of the view's time";
   for (const char* text :
        {"", "{}", R"({"t":1,"n":1,"m":0.1})", R"({"t":1,"n":1,"m":0.1,"w":[[-1,0.1]]})",
-        R"({"t":1,"n":1,"m":0.1,"w":[],"b":[{"r":1}]})"}) {
+        R"({"t":1,"n":1,"m":0.1,"w":[],"b":[{"r":1}]})",
+        R"({"t":1,"n":1,"m":0.1,"w":[],"b":[{"r":1,"g":[],"w":[0,1,1,2],"s":[[7]]}]})",
+        R"({"t":1,"n":1,"m":0.1,"w":[],"b":[{"r":1,"g":[],"w":[0,1,1,2],"t":1}]})"}) {
     SCOPED_TRACE(text);
     EXPECT_THROW(schema::decode_job_view("r3/view", text), schema::CorruptValueError);
   }

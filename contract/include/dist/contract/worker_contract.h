@@ -205,7 +205,8 @@ inline std::string regroup_finished_key(const std::string& prefix, int round) {
 // pending_op 64, features 68, work_ns 72, dump_pid 80, regroup_round 84, sampled_ns 88, wait_ns 96,
 // pending_group 104, pending_seq 112, paused_since_ns 120, resumed_ns 128, collective_timeout_ms
 // 136, activity 144, group_count 148, pause_reason 152 (64 bytes, NUL-padded UTF-8), groups 216
-// (kMaxGroups of {id, seq}), stacks_asked 728, setup_since_ns 736. Two fields go the other way: the
+// (kMaxGroups of {id, seq}), stacks_asked 728, setup_since_ns 736, group_sizes 744 (kMaxGroups:
+// each group's number of ranks, the groups' order; 0: unknown). Two fields go the other way: the
 // agent bumps stacks_asked to ask for the stacks (above), and it writes regroup_round when the job
 // regroups in place in round R (a node joins or was lost), and the SDK's InPlaceRecovery, seeing a
 // round it has not regrouped in, recovers at its next unit; its watcher aborts the group when the
@@ -245,6 +246,11 @@ inline constexpr std::uint32_t kActivityData = 4;        // torch.utils.data (a 
 inline constexpr std::uint32_t kActivityForward = 8;     // a module's forward
 inline constexpr std::uint32_t kActivityBackward = 16;   // autograd's backward
 inline constexpr std::uint32_t kActivityCompile = 32;    // torch.compile (dynamo, inductor)
+// Not the main thread's: another thread of the script's own (its code on that thread's stack, a
+// collective of torch's, or a runner of callables: a Timer, an executor, an event loop) lives
+// beside it, and may issue what the main thread's peers wait for: the main thread's wait proves
+// nothing (collective_proof.h).
+inline constexpr std::uint32_t kActivityThreads = 64;
 inline constexpr std::size_t kMaxGroups = 32;
 inline constexpr std::size_t kPauseReasonBytes = 64;
 
@@ -278,8 +284,9 @@ struct Slot {
   std::atomic<std::uint32_t> group_count;            // entries of groups in use
   char pause_reason[kPauseReasonBytes];
   GroupSequence groups[kMaxGroups];
-  std::atomic<std::uint32_t> stacks_asked;    // by the agent: bumped for each request
-  std::atomic<std::uint64_t> setup_since_ns;  // waiting in a group's set-up since; 0: not
+  std::atomic<std::uint32_t> stacks_asked;             // by the agent: bumped for each request
+  std::atomic<std::uint64_t> setup_since_ns;           // waiting in a group's set-up since; 0: not
+  std::atomic<std::uint32_t> group_sizes[kMaxGroups];  // ranks in groups[i]; 0: unknown
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the slot is shared by processes");
 static_assert(sizeof(Slot) <= kBytes);
@@ -289,7 +296,8 @@ static_assert(offsetof(Slot, features) == 68 && offsetof(Slot, work_ns) == 72 &&
                   offsetof(Slot, collective_timeout_ms) == 136 && offsetof(Slot, activity) == 144 &&
                   offsetof(Slot, group_count) == 148 && offsetof(Slot, pause_reason) == 152 &&
                   offsetof(Slot, groups) == 216 && sizeof(GroupSequence) == 16 &&
-                  offsetof(Slot, stacks_asked) == 728 && offsetof(Slot, setup_since_ns) == 736,
+                  offsetof(Slot, stacks_asked) == 728 && offsetof(Slot, setup_since_ns) == 736 &&
+                  offsetof(Slot, group_sizes) == 744,
               "the offsets Python workers write at");
 
 }  // namespace heartbeat_slot

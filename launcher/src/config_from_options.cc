@@ -716,10 +716,45 @@ std::string loopback_hostname_warning(const LaunchConfig& c, const std::string& 
          "address\n";
 }
 
+namespace {
+
+// The launcher's options written after the training script are the script's, as with torchrun
+// (a script may take options of the same names): said, since the job is then not the one meant.
+std::string options_after_the_script_warning(const std::vector<std::string>& script_and_args) {
+  static const std::vector<std::string> kLaunchers = {
+      "nproc-per-node", "nnodes",       "node-rank",   "master-addr", "master-port",
+      "rdzv-endpoint",  "rdzv-backend", "rdzv-id",     "standalone",  "max-restarts",
+      "restart-policy", "warm-restart", "hang-timeout"};
+  std::vector<std::string> found;
+  for (std::size_t i = 1; i < script_and_args.size(); ++i) {
+    const std::string& arg = script_and_args[i];
+    if (arg == "--") break;
+    if (!arg.starts_with("--")) continue;
+    std::string name =
+        arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+    std::replace(name.begin(), name.end(), '_', '-');
+    if (std::find(kLaunchers.begin(), kLaunchers.end(), name) != kLaunchers.end() &&
+        std::find(found.begin(), found.end(), "--" + name) == found.end()) {
+      found.push_back("--" + name);
+    }
+  }
+  if (found.empty()) return "";
+  std::string names;
+  for (const auto& f : found) names += (names.empty() ? "" : ", ") + f;
+  return "[dist-launch] warning: " + names + " after the training script '" + script_and_args[0] +
+         "' " + (found.size() > 1 ? "go" : "goes") +
+         " to the script, not to dist-launch (its options go before the script)\n";
+}
+
+}  // namespace
+
 CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
   if (raw.script_and_args.empty()) {
-    throw UsageError("no training script given (dist-launch [options] SCRIPT [args...])");
+    throw UsageError(
+        "no training script given (dist-launch [options] SCRIPT [args...]; see dist-launch "
+        "--help)");
   }
+  err << options_after_the_script_warning(raw.script_and_args);
   check_compatibility_options(raw);
   RawOptions r = raw;
   // Inside Slurm, what the command line leaves out comes from the job step.

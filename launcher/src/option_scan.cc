@@ -17,6 +17,12 @@ const std::map<std::string, std::string>& known_elsewhere() {
       {"use-env",
        "torch.distributed.launch's --use-env: dist-launch, like torchrun, always gives the workers "
        "LOCAL_RANK in their environment; drop it"},
+      {"nprocs",
+       "torch.multiprocessing.spawn's nprocs: dist-launch's (and torchrun's) is --nproc-per-node, "
+       "the workers on each node"},
+      {"num-processes",
+       "accelerate's --num-processes counts the whole job: dist-launch takes --nproc-per-node, "
+       "the workers on each node, and --nnodes"},
       {"local-rank",
        "--local-rank is the worker's own option, which torch.distributed.launch passed: workers "
        "read LOCAL_RANK from their environment (put it after the training script if the script "

@@ -390,6 +390,11 @@ TEST(LauncherCli, AmbiguousAndUnknownOptionsAreOneLineErrorsThatSayWhy) {
       {{"--mastr_addr", "h"}, "did you mean --master-addr?"},
       {{"--use_env"}, "torch.distributed.launch's --use-env: dist-launch, like torchrun, always"},
       {{"--local-rank=0"}, "is the worker's own option"},
+      {{"--nprocs", "2"},
+       "torch.multiprocessing.spawn's nprocs: dist-launch's (and torchrun's) is "
+       "--nproc-per-node"},
+      {{"--num_processes", "4"}, "accelerate's --num-processes counts the whole job"},
+
       {{"--frobnicate"}, "unknown option '--frobnicate' (options go before the training script"},
       {{"-x"}, "unknown option '-x'"},
   };
@@ -402,6 +407,32 @@ TEST(LauncherCli, AmbiguousAndUnknownOptionsAreOneLineErrorsThatSayWhy) {
     EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << error;
     EXPECT_EQ(error.find("not found"), std::string::npos) << error;
   }
+}
+
+// The launcher's options after the script are the script's, as with torchrun, and said.
+TEST(LauncherCli, LaunchersOptionsAfterTheScriptGoToItAndAreSaid) {
+  std::ostringstream out, err;
+  const auto none = dist::launcher::parse_command_line({}, out, err);
+  EXPECT_EQ(none.exit_code, dist::launcher::kExitUsage);
+  EXPECT_NE(err.str().find("no training script given (dist-launch [options] SCRIPT [args...]; "
+                           "see dist-launch --help)"),
+            std::string::npos)
+      << err.str();
+  err.str("");
+  auto o = dist::launcher::parse_command_line({"--no-python", "true", "--nproc_per_node", "2",
+                                               "--nnodes=2", "--lr", "0.1", "--nnodes", "3"},
+                                              out, err);
+  ASSERT_FALSE(o.exit_now) << err.str();
+  EXPECT_EQ(o.config.nproc_per_node, 1);
+  EXPECT_EQ(o.config.worker_argv.size(), 8u);
+  EXPECT_EQ(err.str(),
+            "[dist-launch] warning: --nproc-per-node, --nnodes after the training script 'true' "
+            "go to the script, not to dist-launch (its options go before the script)\n");
+  std::ostringstream quiet;
+  o = dist::launcher::parse_command_line({"--no-python", "true", "--lr", "0.1", "--", "--nnodes"},
+                                         out, quiet);
+  ASSERT_FALSE(o.exit_now) << quiet.str();
+  EXPECT_EQ(quiet.str(), "") << "a script's own options, and any after its --, are not said";
 }
 
 // Out-of-range numbers say what the flag takes, in words (CLI11's range checks printed 1.8e308 in

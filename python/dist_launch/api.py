@@ -189,6 +189,9 @@ def launch(config: LaunchConfig, entrypoint: Union[str, Callable[..., Any]], *ar
                         f"dist-launch takes dist_launch.LaunchConfig (the same fields as torch's)")
     if callable(entrypoint) and not isinstance(entrypoint, (str, os.PathLike)):
         return _launch_function(config, entrypoint, args)
+    if not isinstance(entrypoint, (str, os.PathLike)):
+        raise TypeError(f"entrypoint is a {type(entrypoint).__qualname__}: dist-launch takes a "
+                        f"script or program (a str or path) or a function at a module's top level")
     entry = os.fspath(entrypoint)
     args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
     if module:
@@ -255,6 +258,10 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
     """torch.distributed.run.main(argv): dist-launch's command line (default sys.argv[1:]), Python
     workers on this interpreter unless PYTHON_EXEC says otherwise. Returns when the job
     succeeded; raises as launch() does otherwise."""
+    if isinstance(argv, (str, bytes)):
+        raise TypeError("run() takes the command line as a list of strings, as "
+                        "torch.distributed.run.main does: run(['--nproc-per-node', '2', "
+                        "'train.py']), not one string")
     argv = list(sys.argv[1:] if argv is None else argv)
     outcome = run_dist_launch(argv, _environment(None),
                               _stop_signals("SIGTERM,SIGINT,SIGHUP,SIGQUIT"))

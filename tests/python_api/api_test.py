@@ -20,7 +20,8 @@ SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE, "python"))
 
 import dist_launch  # noqa: E402
-from dist_launch import ChildFailedError, LaunchConfig, elastic_launch, launch  # noqa: E402
+from dist_launch import (ChildFailedError, LaunchConfig, elastic_launch, launch,  # noqa: E402
+                         run)
 
 JOB_TIMEOUT_S = 120
 
@@ -279,6 +280,14 @@ class FunctionEntrypoint(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, r"config is a __main__\..*LaunchConfig: "
                                     r"dist-launch takes dist_launch.LaunchConfig"):
             launch(LaunchConfig(), sys.executable, "-c", "pass")
+
+    def test_an_entrypoint_or_command_line_of_another_type_is_refused_saying_what_it_takes(self):
+        with self.assertRaisesRegex(TypeError, r"^entrypoint is a int: dist-launch takes a script "
+                                    r"or program \(a str or path\) or a function"):
+            elastic_launch(LaunchConfig(nproc_per_node=1), 42)()
+        with self.assertRaisesRegex(TypeError, r"^run\(\) takes the command line as a list of "
+                                    r"strings"):
+            run("--nproc-per-node 2 train.py")
 
     def test_programs_still_return_exit_codes(self):
         results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")

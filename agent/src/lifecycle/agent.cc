@@ -425,9 +425,12 @@ class Agent {
     const State before = now_.state;
     stopping_.signal = signal;
     if (before == State::kRunning || before == State::kReplacing || before == State::kRegrouping) {
-      spdlog::warn("{} received{}: stopping the workers (grace period {} ms)", signal_name(signal),
-                   workers_have_it ? " from Slurm, which signalled the workers too" : "",
-                   config_.shutdown_timeout.count());
+      spdlog::warn(
+          "{} received{}: stopping the workers (grace period {} ms; {} again kills them "
+          "now)",
+          signal_name(signal),
+          workers_have_it ? " from Slurm, which signalled the workers too" : "",
+          config_.shutdown_timeout.count(), signal_name(signal));
       stopping_.signal_already_sent = workers_have_it;
     } else if (before == State::kStopping) {  // stopping for another reason: leave afterwards
       spdlog::warn("{} received: leaving once the workers are stopped", signal_name(signal));

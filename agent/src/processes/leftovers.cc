@@ -9,11 +9,20 @@
 #include <fstream>
 
 #include "dist/agent/signals.h"
+#include "output/valid_text.h"
 #include "processes/job_processes.h"
 
 namespace dist::agent {
 
 namespace {
+
+// "pid 123 (sleep)": the process's name from /proc (its comm), or the pid alone once it is gone.
+std::string named(pid_t pid) {
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return "pid " + std::to_string(pid) + (name.empty() ? "" : " (" + valid_utf8(name) + ")");
+}
 
 // Whether every child of this process (zombies included) is one of `spared`, by each thread's
 // /proc/self/task/<tid>/children. False when the kernel does not list them (CONFIG_PROC_CHILDREN).
@@ -51,8 +60,9 @@ bool Leftovers::gone() {
       stage_ = Stage::kTerminated;
       const Sent sent = signal_all(SIGTERM);
       spdlog::warn(
-          "the workers left {} process(es) running: SIGTERM now, SIGKILL at the shutdown timeout",
-          sent.signalled);
+          "the workers left {} process(es) running ({}): SIGTERM now, SIGKILL at the shutdown "
+          "timeout",
+          sent.signalled, sent.named);
       return false;
     }
     case Stage::kTerminated:
@@ -82,7 +92,10 @@ Leftovers::Sent Leftovers::signal_all(int signal) const {
   Sent sent;
   for (const ProcessRef& p : job_processes(agent_id_, janitor_)) {
     if (std::find(spared_.begin(), spared_.end(), p.pid) != spared_.end()) continue;
+    constexpr int kNamed = 4;  // said by name (read before the signal: it may end the process)
+    const std::string name = sent.signalled < kNamed ? named(p.pid) : "...";
     if (signal_process(p, signal)) {
+      if (sent.signalled <= kNamed) sent.named += (sent.named.empty() ? "" : ", ") + name;
       ++sent.signalled;
       spdlog::debug("{} to pid {}, left by the workers", signal_name(signal), p.pid);
     } else if (errno == EPERM) {

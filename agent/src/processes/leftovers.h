@@ -61,6 +61,7 @@ class Leftovers {
   struct Sent {
     int signalled = 0;
     int refused = 0;
+    std::string named;  // the first few signalled: "pid 123 (sleep), pid 124 (python3)"
   };
   Sent signal_all(int signal) const;
 

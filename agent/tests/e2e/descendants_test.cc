@@ -167,6 +167,11 @@ TEST_F(DescendantsTest, AfterSuccessWhatTheWorkersLeftIsKilledAndReaped) {
   EXPECT_NE(agent->output().find("processes the workers left still running 500 ms"),
             std::string::npos)
       << agent->output();
+  // The warning names them (it said a count alone: nothing to look for).
+  EXPECT_TRUE(std::regex_search(agent->output(),
+                                std::regex("the workers left 4 process\\(es\\) running \\(pid "
+                                           "[0-9]+ \\(sleep\\), pid [0-9]+ \\(sleep\\), pid")))
+      << agent->output();
 }
 
 // What ends by itself as its worker ends is not a leftover: no warning, no signal (a healthy job

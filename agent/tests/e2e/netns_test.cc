@@ -201,10 +201,10 @@ TEST_F(TwoHosts, APartitionIsNoticedByBothSidesWithinSeconds) {
 
   const auto cut = Clock::now();
   ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
-  // Keepalive: 1 s idle, then 2 more probes 1 s apart: about 3 s; allow for scheduling.
-  EXPECT_NE(wait(a, 20s), -1) << "node 0 never noticed the partition\n" << log(0);
-  EXPECT_NE(wait(b, 20s), -1) << "node 1 never noticed the partition\n" << log(1);
-  EXPECT_LT(Clock::now() - cut, 12s);
+  // Keepalive: 1 s idle, then 7 more probes 1 s apart: about 8 s; allow for scheduling.
+  EXPECT_NE(wait(a, 30s), -1) << "node 0 never noticed the partition\n" << log(0);
+  EXPECT_NE(wait(b, 30s), -1) << "node 1 never noticed the partition\n" << log(1);
+  EXPECT_LT(Clock::now() - cut, 20s);
   EXPECT_NE(log(0).find("node 1's agent is gone"), std::string::npos) << log(0);
   EXPECT_TRUE(dist::agent::testing::process_gone(worker1)) << "node 1's worker outlived the job";
 }
@@ -240,9 +240,9 @@ TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
 
   const auto cut = Clock::now();
   ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
-  EXPECT_EQ(wait(a, 30s), 0) << log("a");
-  EXPECT_EQ(wait(b, 30s), 0) << log("b");
-  EXPECT_LT(Clock::now() - cut, 15s);
+  EXPECT_EQ(wait(a, 40s), 0) << log("a");
+  EXPECT_EQ(wait(b, 40s), 0) << log("b");
+  EXPECT_LT(Clock::now() - cut, 25s);
   for (const auto& name : {"a", "b"}) {
     const auto history = lines(name);
     ASSERT_EQ(history.size(), 2u) << name;
@@ -252,6 +252,69 @@ TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
   }
   EXPECT_NE(log("a").find("lost"), std::string::npos) << log("a");
   EXPECT_NE(wait(c, 30s), 0) << "the cut-off node cannot finish the job alone\n" << log("c");
+}
+
+// A network outage shorter than the agents' keepalive (1 s x 8) is no lost node: host 1's link
+// goes down for 3 s mid-training and comes back; the workers' all-reduces wait meanwhile and go
+// on, and the job ends in its first round, a world of three, as under torchrun (the agents' 3 s
+// keepalive of before ended such a job: the cut-off node's agent exited 1).
+TEST_F(TwoHosts, ANetworkOutageOfSecondsIsRiddenOut) {
+  const std::string out = path("job");
+  fs::create_directories(out);
+  auto agent = [&](int host, const std::string& name) {
+    return spawn(host,
+                 {DIST_LAUNCH_BIN,
+                  "--nnodes",
+                  "3",
+                  "--node-rank",
+                  name == "a"   ? "0"
+                  : name == "b" ? "1"
+                                : "2",
+                  "--master-addr",
+                  addr_[0],
+                  "--master-port",
+                  "29514",
+                  "--local-addr",
+                  addr_[host],
+                  "--nproc-per-node",
+                  "1",
+                  "--no-python",
+                  DIST_INPLACE_WORKER_BIN,
+                  "--steps",
+                  "400",
+                  "--step-ms",
+                  "20",
+                  "--out",
+                  out},
+                 name);
+  };
+  const pid_t a = agent(0, "a");
+  const pid_t b = agent(0, "b");
+  const pid_t c = agent(1, "c");
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return log("c").find(" step 20\n") != std::string::npos; }, 60s))
+      << log("a") << log("c");
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
+  std::this_thread::sleep_for(3s);  // the outage itself: no process is ordered by it
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " up"), 0);
+  EXPECT_EQ(wait(a, 90s), 0) << log("a");
+  EXPECT_EQ(wait(b, 90s), 0) << log("b");
+  EXPECT_EQ(wait(c, 90s), 0) << log("c");
+  const std::string all = log("a") + log("b") + log("c");
+  EXPECT_EQ(all.find("lost"), std::string::npos) << all;
+  EXPECT_EQ(all.find("restarting"), std::string::npos) << all;
+  std::string digest;
+  for (const int rank : {0, 1, 2}) {
+    std::ifstream in(out + "/final_" + std::to_string(rank));
+    long pid = -1;
+    int step = -1, generation = -1, world = -1;
+    std::string d;
+    ASSERT_TRUE(in >> pid >> step >> d >> generation >> world) << all;
+    EXPECT_EQ(step, 400) << all;
+    EXPECT_EQ(world, 3) << all;
+    if (rank == 0) digest = d;
+    EXPECT_EQ(d, digest) << all;
+  }
 }
 
 // --restart-policy in-place, C++ workers (the SDK's InPlaceRecovery): hosts 0 and 1 train with

@@ -164,9 +164,11 @@ struct RendezvousConfig {
   std::optional<bool> is_host;
   // Liveness between agents (several nodes): TCP keepalive on their store connections; a node that
   // vanished (a partition, a dead host) is noticed after about interval * max_attempt seconds, a
-  // dead agent on a live host at once.
+  // dead agent on a live host at once. 8 s: a network outage of a few seconds (a link's flap, a
+  // switch's failover) is ridden out, as torchrun rides it out (5 s x 3), and a lost node is
+  // still noticed within 10 s (it was 1 x 3: a 5 s outage ended a multi-node job).
   int keep_alive_interval_seconds = 1;
-  int keep_alive_max_attempt = 3;
+  int keep_alive_max_attempt = 8;
   // How long a node whose workers all succeeded waits for the other nodes' (several nodes).
   std::chrono::milliseconds exit_barrier_timeout{300'000};
   // The job's token (docs/STORE.md, Authentication); empty: none. With one, this agent proves it

@@ -318,9 +318,10 @@ class _Sampler:
         except (OSError, AttributeError):
             self.state_fd = None
         self.codes = {}  # code object -> (category, collective kind)
-        self.issuing = {}  # code object -> whether a thread running it may issue a collective
-        # id(process group) -> [group id, first seq, last seq, last change ns, ranks in it] (no
-        # reference kept: a group the script destroys is freed as it would be without this module)
+        self.issuing = {}  # code object -> 1: a thread in it may issue a collective; 0; -1: idle
+        # id(process group) -> [group id, first seq, last seq, last change ns, ranks in it, its
+        # name] (no reference kept: a group the script destroys is freed as it would be without
+        # this module)
         self.groups = {}
         self.saw_groups = False  # a process group was seen (read_groups): see _end_sampler
         self.timeout_ms = 0  # the longest of the process groups' timeouts
@@ -429,26 +430,47 @@ class _Sampler:
         return activity, collective, kind, own_call, distributed and not setup, setup
 
     # Functions that run the callables they are handed, on the thread they run on: a thread
-    # idle in one of them may yet run the script's code. (module, attribute path)
-    RUNNERS = (("threading", "Timer.run"), ("concurrent.futures.thread", "_worker"),
-               ("multiprocessing.pool", "worker"), ("asyncio.base_events",
-                                                    "BaseEventLoop.run_forever"),
+    # waiting in one of them may yet run the script's code (module, attribute path).
+    RUNNERS = (("threading", "Timer.run"), ("asyncio.base_events", "BaseEventLoop.run_forever"),
                ("socketserver", "BaseServer.serve_forever"))
+    # A pool's worker runs what another thread hands it: idle, it issues nothing of its own (the
+    # thread that would hand it work is looked at too), and a task of the script's own on it is
+    # seen in the frames above (torch.compile leaves such a worker idle for the process's life).
+    POOL_WORKERS = (("concurrent.futures.thread", "_worker"), ("multiprocessing.pool", "worker"))
+    # Libraries whose threads never issue a collective: monitors and loggers (site-packages'
+    # top-level names). Any other code of a library's on a thread may (a package the script is,
+    # dist-launch -m pkg.train; a framework's own threads).
+    QUIET_LIBRARIES = frozenset((
+        "tqdm", "wandb", "tensorboard", "tensorboardX", "mlflow", "comet_ml", "neptune",
+        "clearml", "aim", "prometheus_client", "sentry_sdk", "urllib3", "requests"))
+
+    def codes_of(self, pairs):
+        found = set()
+        for module, path in pairs:
+            attribute = sys.modules.get(module)
+            for part in path.split("."):
+                attribute = getattr(attribute, part, None)
+            code = getattr(attribute, "__code__", None)
+            if code is not None:
+                found.add(code)
+        return found
+
+    def quiet_library(self, file):
+        path = file.replace(os.sep, "/")
+        at = path.rfind("-packages/")
+        if at < 0:
+            return False
+        top = path[at + len("-packages/"):].split("/", 1)[0]
+        return (top[:-3] if top.endswith(".py") else top) in self.QUIET_LIBRARIES
 
     def others_may_issue(self, frames):
-        """Whether a thread besides the main thread (and this sampler) may issue a collective:
-        one with the script's own code on its stack (outside site-packages: a library's monitor
-        thread, tqdm's, never does), in torch.distributed, or in a runner of callables (a Timer,
-        an executor's worker, an event loop). The peers the main thread waits for may be waiting
-        for that thread: the main thread's wait proves nothing."""
-        runners = set()
-        for module, path in self.RUNNERS:
-            found = sys.modules.get(module)
-            for part in path.split("."):
-                found = getattr(found, part, None)
-            code = getattr(found, "__code__", None)
-            if code is not None:
-                runners.add(code)
+        """Whether a thread besides the main thread (and this sampler) may issue a collective: one
+        with the script's own code on its stack (a library's too, but for a monitor's or a
+        logger's: tqdm, wandb), in torch.distributed, or waiting in a runner of callables (a
+        Timer, an event loop); not an idle pool worker. The peers the main thread waits for may
+        be waiting for that thread: the main thread's wait proves nothing."""
+        runners = self.codes_of(self.RUNNERS)
+        idle = self.codes_of(self.POOL_WORKERS)
         issuing = self.issuing
         if len(issuing) > 20000:
             issuing.clear()
@@ -460,11 +482,14 @@ class _Sampler:
                 may = issuing.get(code)
                 if may is None:
                     category = self.classify(code)[0]
-                    may = issuing[code] = code in runners or category in (
-                        self.COLLECTIVE, self.DIST, self.SETUP, self.CHECKPOINT) or (
-                        category == self.USER and "-packages" + os.sep not in code.co_filename)
+                    may = issuing[code] = -1 if code in idle else int(
+                        code in runners or category in (
+                            self.COLLECTIVE, self.DIST, self.SETUP, self.CHECKPOINT) or (
+                            category == self.USER and not self.quiet_library(code.co_filename)))
                 if may:
-                    return True
+                    if may > 0:
+                        return True
+                    break  # a pool's worker, nothing of its own above: idle
                 frame = frame.f_back
                 depth += 1
         return False
@@ -509,6 +534,9 @@ class _Sampler:
         index = 0
         for group in current:
             entry = self.groups.get(id(group))
+            name = getattr(group, "group_name", None)
+            if entry is not None and entry[5] != name:
+                entry = None  # a group made where a destroyed one was, within a pass
             try:
                 seq = group._get_sequence_number_for_group()
             except Exception:
@@ -519,7 +547,7 @@ class _Sampler:
                     size = group.size()
                 except Exception:
                     size = 0  # unknown: no proof counts on this group's members
-                entry = self.groups[id(group)] = [self.name_id(group), seq, seq, 0, size]
+                entry = self.groups[id(group)] = [self.name_id(group), seq, seq, 0, size, name]
                 self.note_timeout(self.group_timeout_ms(group))
             elif seq < entry[1]:  # torch 1.x sets a new group's count once the group is made
                 entry[1], entry[2], entry[3] = seq, seq, now

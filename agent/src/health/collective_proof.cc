@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
 #include "dist/contract/worker_contract.h"
@@ -44,14 +45,14 @@ std::vector<bool> standing_still(const std::vector<CollectiveState>& ranks) {
       if (!still[i] || ranks[i].wait->group == 0) continue;
       const std::uint64_t group = ranks[i].wait->group;
       const auto size = ranks[i].sizes.find(group);
-      std::size_t members = 0;
+      std::set<int> members;  // (a rank seen twice, in a stale view, counts once)
       bool all_still = size != ranks[i].sizes.end() && size->second > 0;
       for (std::size_t j = 0; j < ranks.size() && all_still; ++j) {
         if (!ranks[j].seqs.contains(group)) continue;
-        ++members;
+        members.insert(ranks[j].rank);
         all_still = still[j];
       }
-      if (!all_still || members < size->second) {
+      if (!all_still || members.size() < size->second) {
         still[i] = false;
         changed = true;
       }

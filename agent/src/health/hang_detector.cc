@@ -443,7 +443,8 @@ std::vector<CollectiveState> HangDetector::elsewhere() const {
       c.order.push_back(id);
     }
     c.sizes = b->sizes;
-    // (Its seqs stand: a member of its groups that may move. No wait: it proves nothing.)
+    // (No wait: it proves nothing, and the proofs drop it (conclude()), so that its groups lack
+    // a member that stands still.)
     if (!b->threads) c.wait = CollectiveState::Wait{b->group, b->seq, b->op, b->seconds};
     states.push_back(std::move(c));
   }

@@ -610,6 +610,14 @@ TEST(HangReport, ASendOrReceiveNumberedAsAnotherRanksCollectiveIsNoProof) {
   const auto g = examine(looks, HangRule::kProof);
   EXPECT_FALSE(g.proof) << *g.proof;
   EXPECT_FALSE(g.any_cause());
+  // The same with every rank blocked (rank 0 in its send too), so that all of them stand still:
+  // the send and the receive are still no part of a proof.
+  torch_rank(looks[0], {{kWorld, 26}, {kMetrics, 5}}, kWorld, 26, slot::Collective::kSendRecv, 70);
+  torch_rank(looks[1], {{kWorld, 26}, {kMetrics, 5}}, kWorld, 26, slot::Collective::kAllReduce, 70);
+  torch_rank(looks[2], {{kWorld, 27}, {kMetrics, 4}}, kWorld, 27, slot::Collective::kSendRecv, 70);
+  const auto h = examine(looks, HangRule::kProof);
+  EXPECT_FALSE(h.proof) << *h.proof;
+  EXPECT_FALSE(h.any_cause());
 }
 
 // torch numbers a send and its receive on their two ranks only, in the group's sequence: after

@@ -743,7 +743,8 @@ std::string options_after_the_script_warning(const std::vector<std::string>& scr
   for (const auto& f : found) names += (names.empty() ? "" : ", ") + f;
   return "[dist-launch] warning: " + names + " after the training script '" + script_and_args[0] +
          "' " + (found.size() > 1 ? "go" : "goes") +
-         " to the script, not to dist-launch (its options go before the script)\n";
+         " to the script, not to dist-launch (its options go before the script; `" +
+         script_and_args[0] + " -- ...` passes them on without this warning)\n";
 }
 
 }  // namespace

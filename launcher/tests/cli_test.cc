@@ -427,7 +427,8 @@ TEST(LauncherCli, LaunchersOptionsAfterTheScriptGoToItAndAreSaid) {
   EXPECT_EQ(o.config.worker_argv.size(), 8u);
   EXPECT_EQ(err.str(),
             "[dist-launch] warning: --nproc-per-node, --nnodes after the training script 'true' "
-            "go to the script, not to dist-launch (its options go before the script)\n");
+            "go to the script, not to dist-launch (its options go before the script; `true -- "
+            "...` passes them on without this warning)\n");
   std::ostringstream quiet;
   o = dist::launcher::parse_command_line({"--no-python", "true", "--lr", "0.1", "--", "--nnodes"},
                                          out, quiet);

@@ -190,8 +190,9 @@ def launch(config: LaunchConfig, entrypoint: Union[str, Callable[..., Any]], *ar
     if callable(entrypoint) and not isinstance(entrypoint, (str, os.PathLike)):
         return _launch_function(config, entrypoint, args)
     if not isinstance(entrypoint, (str, os.PathLike)):
-        raise TypeError(f"entrypoint is a {type(entrypoint).__qualname__}: dist-launch takes a "
-                        f"script or program (a str or path) or a function at a module's top level")
+        raise TypeError(f"entrypoint is of type {type(entrypoint).__qualname__}: dist-launch "
+                        f"takes a script or program (a str or path) or a function at a "
+                        f"module's top level")
     entry = os.fspath(entrypoint)
     args = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
     if module:
@@ -200,7 +201,9 @@ def launch(config: LaunchConfig, entrypoint: Union[str, Callable[..., Any]], *ar
         target = [entry]
     else:
         target = ["--no-python", entry]
-    outcome = _run(config, target + args, os.path.basename(entry))
+    # (After a `--`, which dist-launch drops: the arguments are the script's, whatever their
+    # names, and not said as the launcher's options written after the script.)
+    outcome = _run(config, target + (["--"] if args else []) + args, os.path.basename(entry))
     ranks = outcome.node_ranks
     if ranks is None:
         ranks = _static_ranks(config)

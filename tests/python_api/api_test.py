@@ -282,8 +282,8 @@ class FunctionEntrypoint(unittest.TestCase):
             launch(LaunchConfig(), sys.executable, "-c", "pass")
 
     def test_an_entrypoint_or_command_line_of_another_type_is_refused_saying_what_it_takes(self):
-        with self.assertRaisesRegex(TypeError, r"^entrypoint is a int: dist-launch takes a script "
-                                    r"or program \(a str or path\) or a function"):
+        with self.assertRaisesRegex(TypeError, r"^entrypoint is of type int: dist-launch takes a "
+                                    r"script or program \(a str or path\) or a function"):
             elastic_launch(LaunchConfig(nproc_per_node=1), 42)()
         with self.assertRaisesRegex(TypeError, r"^run\(\) takes the command line as a list of "
                                     r"strings"):

@@ -17,7 +17,7 @@ namespace dist::agent {
 namespace {
 
 // "pid 123 (sleep)": the process's name from /proc (its comm), or the pid alone once it is gone.
-std::string named(pid_t pid) {
+std::string name_of(pid_t pid) {
   std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
   std::string name;
   std::getline(comm, name);
@@ -58,11 +58,13 @@ bool Leftovers::gone() {
       return false;
     case Stage::kGraceOver: {
       stage_ = Stage::kTerminated;
-      const Sent sent = signal_all(SIGTERM);
-      spdlog::warn(
-          "the workers left {} process(es) running ({}): SIGTERM now, SIGKILL at the shutdown "
-          "timeout",
-          sent.signalled, sent.named);
+      const Sent sent = signal_all(SIGTERM, /*named=*/true);
+      if (sent.signalled > 0) {
+        spdlog::warn(
+            "the workers left {} process(es) running ({}): SIGTERM now, SIGKILL at the shutdown "
+            "timeout",
+            sent.signalled, sent.named);
+      }
       return false;
     }
     case Stage::kTerminated:
@@ -88,14 +90,14 @@ int Leftovers::kill() {
   return signal_all(SIGKILL).signalled;
 }
 
-Leftovers::Sent Leftovers::signal_all(int signal) const {
+Leftovers::Sent Leftovers::signal_all(int signal, bool named) const {
   Sent sent;
   for (const ProcessRef& p : job_processes(agent_id_, janitor_)) {
     if (std::find(spared_.begin(), spared_.end(), p.pid) != spared_.end()) continue;
     constexpr int kNamed = 4;  // said by name (read before the signal: it may end the process)
-    const std::string name = sent.signalled < kNamed ? named(p.pid) : "...";
+    const std::string name = !named ? "" : sent.signalled < kNamed ? name_of(p.pid) : "...";
     if (signal_process(p, signal)) {
-      if (sent.signalled <= kNamed) sent.named += (sent.named.empty() ? "" : ", ") + name;
+      if (named && sent.signalled <= kNamed) sent.named += (sent.named.empty() ? "" : ", ") + name;
       ++sent.signalled;
       spdlog::debug("{} to pid {}, left by the workers", signal_name(signal), p.pid);
     } else if (errno == EPERM) {

@@ -63,7 +63,8 @@ class Leftovers {
     int refused = 0;
     std::string named;  // the first few signalled: "pid 123 (sleep), pid 124 (python3)"
   };
-  Sent signal_all(int signal) const;
+  // `named`: the first few said by name in Sent::named (read from /proc before the signal).
+  Sent signal_all(int signal, bool named = false) const;
 
   std::string agent_id_;
   pid_t janitor_;

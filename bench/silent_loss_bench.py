@@ -11,7 +11,7 @@ Two faults that close nothing, so no survivor's collective fails by itself:
              and a replacement joins the survivor's next generation.
   partition  (root, iproute2) two network namespaces joined by a veth pair, an elastic in-place
              job of three agents (--nnodes 2:3, two on host A, one on host B); host B's link is
-             taken down mid-training. The agents find B lost (TCP keepalive, about 3 s), regroup
+             taken down mid-training. The agents find B lost (TCP keepalive, about 8 s), regroup
              without it, and the survivors' recovery watcher aborts the collective they wait in.
   torch_stop the same stop with torch workers: examples/torch/elastic_train.py (dist_launch.elastic,
              gloo, 2 workers, steps paced at 20 ms) under --python (torch 2.x), in place;

@@ -318,7 +318,7 @@ class _Sampler:
         except (OSError, AttributeError):
             self.state_fd = None
         self.codes = {}  # code object -> (category, collective kind)
-        self.issuing = {}  # code object -> 1: a thread in it may issue a collective; 0; -1: idle
+        self.issuing = {}  # code object -> what it says of a thread (thread_frame)
         # id(process group) -> [group id, first seq, last seq, last change ns, ranks in it, its
         # name] (no reference kept: a group the script destroys is freed as it would be without
         # this module)
@@ -429,20 +429,25 @@ class _Sampler:
         # Building a group is no wait in one: the groups it counts may be a failed generation's.
         return activity, collective, kind, own_call, distributed and not setup, setup
 
-    # Functions that run the callables they are handed, on the thread they run on: a thread
-    # waiting in one of them may yet run the script's code (module, attribute path).
-    RUNNERS = (("threading", "Timer.run"), ("asyncio.base_events", "BaseEventLoop.run_forever"),
-               ("socketserver", "BaseServer.serve_forever"))
-    # A pool's worker runs what another thread hands it: idle, it issues nothing of its own (the
-    # thread that would hand it work is looked at too), and a task of the script's own on it is
-    # seen in the frames above (torch.compile leaves such a worker idle for the process's life).
-    POOL_WORKERS = (("concurrent.futures.thread", "_worker"), ("multiprocessing.pool", "worker"))
+    # A thread may issue a collective, beside a blocked main thread, unless it is known not to:
+    # one with the script's own code on its stack, a library's (but for a monitor's or a
+    # logger's), torch.distributed's, or the standard library's alone (a Timer, sched, an event
+    # loop, a pool's result handler: runners of callables the script handed them) may. Idle
+    # threads of these loops may not: they run nothing of the script's (module, attribute path).
+    # A pool's idle worker is one (a task on it, of the script's, is seen in the frames above:
+    # torch.compile leaves such a worker idle for the process's life).
+    QUIET_LOOPS = (("concurrent.futures.thread", "_worker"), ("multiprocessing.pool", "worker"),
+                   ("multiprocessing.queues", "Queue._feed"),  # a DataLoader's queues' feeders
+                   ("multiprocessing.pool", "Pool._handle_workers"),
+                   ("multiprocessing.pool", "Pool._handle_tasks"),
+                   ("logging.handlers", "QueueListener._monitor"))
     # Libraries whose threads never issue a collective: monitors and loggers (site-packages'
     # top-level names). Any other code of a library's on a thread may (a package the script is,
     # dist-launch -m pkg.train; a framework's own threads).
     QUIET_LIBRARIES = frozenset((
         "tqdm", "wandb", "tensorboard", "tensorboardX", "mlflow", "comet_ml", "neptune",
-        "clearml", "aim", "prometheus_client", "sentry_sdk", "urllib3", "requests"))
+        "clearml", "aim", "prometheus_client", "sentry_sdk"))
+    MAY, STDLIB, QUIET, NOT = 1, 2, 3, 4  # what a frame says of its thread (others_may_issue)
 
     def codes_of(self, pairs):
         found = set()
@@ -463,35 +468,52 @@ class _Sampler:
         top = path[at + len("-packages/"):].split("/", 1)[0]
         return (top[:-3] if top.endswith(".py") else top) in self.QUIET_LIBRARIES
 
+    def thread_frame(self, code, quiet_loops):
+        """What one frame of a thread says: MAY (the thread may issue a collective), QUIET (an
+        idle loop of a known kind: it does not), STDLIB (the standard library's: the thread may,
+        unless something else is found), NOT (torch's own, a quiet library's, dist_launch's)."""
+        if code in quiet_loops:
+            return self.QUIET
+        category = self.classify(code)[0]
+        if category in (self.COLLECTIVE, self.DIST, self.SETUP, self.CHECKPOINT):
+            return self.MAY
+        file = code.co_filename
+        if category == self.USER:
+            return self.NOT if self.quiet_library(file) else self.MAY
+        path = file.replace(os.sep, "/")
+        if (file.startswith(self.library_dirs) and "-packages/" not in path) or \
+                file.startswith("<frozen "):
+            return self.STDLIB
+        return self.NOT
+
     def others_may_issue(self, frames):
-        """Whether a thread besides the main thread (and this sampler) may issue a collective: one
-        with the script's own code on its stack (a library's too, but for a monitor's or a
-        logger's: tqdm, wandb), in torch.distributed, or waiting in a runner of callables (a
-        Timer, an event loop); not an idle pool worker. The peers the main thread waits for may
-        be waiting for that thread: the main thread's wait proves nothing."""
-        runners = self.codes_of(self.RUNNERS)
-        idle = self.codes_of(self.POOL_WORKERS)
-        issuing = self.issuing
-        if len(issuing) > 20000:
-            issuing.clear()
+        """Whether a thread besides the main thread (and this sampler) may issue a collective
+        (QUIET_LOOPS above). The peers the main thread waits for may be waiting for that thread:
+        the main thread's wait proves nothing."""
+        quiet_loops = self.codes_of(self.QUIET_LOOPS)
+        said = self.issuing
+        if len(said) > 20000:
+            said.clear()
         me = _thread.get_ident()
         for ident, frame in frames.items():
-            depth = 0
-            while ident not in (self.main, me) and frame is not None and depth < 200:
+            if ident in (self.main, me):
+                continue
+            depth, stdlib_alone = 0, True
+            while frame is not None and depth < 200:
                 code = frame.f_code
-                may = issuing.get(code)
-                if may is None:
-                    category = self.classify(code)[0]
-                    may = issuing[code] = -1 if code in idle else int(
-                        code in runners or category in (
-                            self.COLLECTIVE, self.DIST, self.SETUP, self.CHECKPOINT) or (
-                            category == self.USER and not self.quiet_library(code.co_filename)))
-                if may:
-                    if may > 0:
-                        return True
-                    break  # a pool's worker, nothing of its own above: idle
+                what = said.get(code)
+                if what is None:
+                    what = said[code] = self.thread_frame(code, quiet_loops)
+                if what == self.MAY:
+                    return True
+                if what == self.QUIET:
+                    break
+                stdlib_alone = stdlib_alone and what == self.STDLIB
                 frame = frame.f_back
                 depth += 1
+            else:
+                if stdlib_alone:
+                    return True  # a runner of the standard library's (Timer, sched, asyncio)
         return False
 
     def pickling(self, frame):

@@ -1,7 +1,8 @@
 """Which threads of a torch worker dist-launch's progress sampler takes as able to issue a
 collective beside a blocked main thread (python/dist_launch/progress.py, others_may_issue): then
 the main thread's wait proves nothing to the agent. Real threads of the kinds torch jobs have:
-the script's own, a Timer, an executor's worker running a task of the script's, and not an idle
+the script's own, a Timer, a sched scheduler, an executor's worker running a task of the
+script's, and not a queue's feeder thread (a DataLoader's), an idle
 executor worker (torch.compile leaves one for the process's life), a known library's monitor
 (tqdm's) or nothing; any other library's thread is taken as able (a package the script is).
 
@@ -15,6 +16,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,6 +27,21 @@ try:
 except ImportError:
     print("no torch here: skipped", file=sys.stderr)
     sys.exit(77)
+
+
+def eventually(condition, timeout=30):
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def walk(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 def load_sampler():
@@ -79,6 +96,37 @@ class OthersMayIssue(unittest.TestCase):
         finally:
             timer.cancel()
             timer.join(30)
+
+    def test_a_scheduler_of_the_standard_library_with_an_event_to_run(self):
+        # The standard library's frames alone: sched.scheduler.run, then Event.wait.
+        import sched
+
+        scheduler = sched.scheduler(time.monotonic, self.release.wait)
+        event = scheduler.enter(600, 1, int)
+        thread = threading.Thread(target=scheduler.run, daemon=True)
+        thread.start()
+        self.addCleanup(thread.join, 30)
+        self.addCleanup(self.release.set)
+        self.addCleanup(scheduler.cancel, event)
+
+        def in_run():
+            return any(f.f_code.co_name == "run" and f.f_code.co_filename.endswith("sched.py")
+                       for f in walk(sys._current_frames().get(thread.ident)))
+
+        self.assertTrue(eventually(in_run))
+        self.assertTrue(self.may_issue())
+
+    def test_a_queues_feeder_thread_is_not(self):
+        # A DataLoader's worker queues each have one (multiprocessing.queues' _feed).
+        import multiprocessing
+
+        queue = multiprocessing.get_context("spawn").Queue()
+        queue.put(1)
+        self.addCleanup(queue.close)
+        self.addCleanup(queue.cancel_join_thread)
+        self.assertTrue(eventually(lambda: any(
+            t.name.startswith("QueueFeederThread") for t in threading.enumerate())))
+        self.assertFalse(self.may_issue())
 
     def library_thread(self, name):
         """A thread of a package `name` installed in a site-packages folder (made here), waiting."""

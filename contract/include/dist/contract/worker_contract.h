@@ -246,10 +246,11 @@ inline constexpr std::uint32_t kActivityData = 4;        // torch.utils.data (a 
 inline constexpr std::uint32_t kActivityForward = 8;     // a module's forward
 inline constexpr std::uint32_t kActivityBackward = 16;   // autograd's backward
 inline constexpr std::uint32_t kActivityCompile = 32;    // torch.compile (dynamo, inductor)
-// Not the main thread's: another thread of the script's own (its code on that thread's stack, a
-// collective of torch's, or a runner of callables: a Timer, an executor, an event loop) lives
-// beside it, and may issue what the main thread's peers wait for: the main thread's wait proves
-// nothing (collective_proof.h).
+// Not the main thread's: another thread of the script's own (its code or a library's on that
+// thread's stack, a collective of torch's, or the standard library's alone: a Timer, sched, an
+// event loop, which run what they were handed; progress.py's others_may_issue) lives beside it,
+// and may issue what the main thread's peers wait for: the main thread's wait proves nothing
+// (collective_proof.h).
 inline constexpr std::uint32_t kActivityThreads = 64;
 inline constexpr std::size_t kMaxGroups = 32;
 inline constexpr std::size_t kPauseReasonBytes = 64;

@@ -64,7 +64,10 @@ constexpr Key kKeys[] = {
     {"keep_alive_interval", Backend::kAny,
      [](auto& f, auto& v, LaunchConfig& c) { c.keep_alive_interval_seconds = positive(f, v); }},
     {"keep_alive_max_attempt", Backend::kAny,
-     [](auto& f, auto& v, LaunchConfig& c) { c.keep_alive_max_attempt = positive(f, v); }},
+     [](auto& f, auto& v, LaunchConfig& c) {
+       c.keep_alive_max_attempt = positive(f, v);
+       c.keep_alive_max_attempt_given = true;
+     }},
     {"is_host", Backend::kAny,
      [](auto& f, auto& v, LaunchConfig& c) { c.is_host = boolean(f, v); }},
     // torchrun's, accepted: liveness is TCP keepalive here, and the store always TCP.

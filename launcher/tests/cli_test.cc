@@ -158,6 +158,13 @@ TEST(LauncherCli, AnEndpointMeansDynamicRendezvousWithTorchrunsDefaultPort) {
   EXPECT_EQ(o.config.join_timeout, std::chrono::seconds(5));
   EXPECT_EQ(o.config.last_call_timeout, std::chrono::milliseconds(500));
   EXPECT_EQ(o.config.is_host, false);
+  EXPECT_EQ(o.config.keep_alive_max_attempt, 8) << "the default: a short outage ridden out";
+  EXPECT_FALSE(o.config.keep_alive_max_attempt_given);
+  o = parse(
+      {"--nnodes", "1:2", "--rdzv-endpoint", "a:1", "--rdzv-conf", "keep_alive_max_attempt=3"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.keep_alive_max_attempt, 3);
+  EXPECT_TRUE(o.config.keep_alive_max_attempt_given) << "etcd's leases follow a given one";
 
   // A key no backend of ours reads is ignored, as torchrun's backends ignore it: said.
   std::string ignored;

@@ -440,7 +440,10 @@ class _Sampler:
                    ("multiprocessing.queues", "Queue._feed"),  # a DataLoader's queues' feeders
                    ("multiprocessing.pool", "Pool._handle_workers"),
                    ("multiprocessing.pool", "Pool._handle_tasks"),
-                   ("logging.handlers", "QueueListener._monitor"))
+                   ("logging.handlers", "QueueListener._monitor"),
+                   # a process pool's manager (torch.compile's pool, torch 2.1-2.2), fds' sharer
+                   ("concurrent.futures.process", "_ExecutorManagerThread.run"),
+                   ("multiprocessing.resource_sharer", "_ResourceSharer._serve"))
     # Libraries whose threads never issue a collective: monitors and loggers (site-packages'
     # top-level names). Any other code of a library's on a thread may (a package the script is,
     # dist-launch -m pkg.train; a framework's own threads).

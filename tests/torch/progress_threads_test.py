@@ -128,6 +128,17 @@ class OthersMayIssue(unittest.TestCase):
             t.name.startswith("QueueFeederThread") for t in threading.enumerate())))
         self.assertFalse(self.may_issue())
 
+    def test_a_process_pools_manager_thread_is_not(self):
+        # (torch.compile's pool on torch 2.1-2.2 is a ProcessPoolExecutor: it lives on.)
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            self.assertEqual(pool.submit(abs, -3).result(60), 3)
+            self.assertTrue(eventually(lambda: any(
+                type(t).__name__ == "_ExecutorManagerThread" for t in threading.enumerate())))
+            self.assertFalse(self.may_issue())
+
     def library_thread(self, name):
         """A thread of a package `name` installed in a site-packages folder (made here), waiting."""
         folder = tempfile.mkdtemp(prefix="progress-threads-")

@@ -668,8 +668,10 @@ void HangDetector::conclude() {
   double longest_wait_s = 0;
   for (const RankLook& look : looks)
     longest_wait_s = std::max(longest_wait_s, waited_seconds(look));
-  for (const CollectiveState& c : others) {
-    if (c.wait) longest_wait_s = std::max(longest_wait_s, c.wait->seconds);
+  // (Every other node's rank blocked in a collective, one with a thread of its own too: it
+  // proves nothing, but it waits, and its wait is what brings the bound.)
+  for (const schema::BlockedRank* b : waiting_elsewhere()) {
+    if (!b->in_setup()) longest_wait_s = std::max(longest_wait_s, b->seconds);
   }
   longest_wait_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(longest_wait_s));

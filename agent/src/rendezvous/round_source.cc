@@ -424,9 +424,11 @@ class ElasticRounds final : public NodeRounds {
   Task<void> prepare() override {
     if (config_.rdzv_backend == RendezvousBackend::kEtcdV3) {
       // A vanished node's lease expires after keep_alive_interval * (keep_alive_max_attempt - 1)
-      // seconds, at least 2 (etcd's own minimum is about 1.5 election timeouts).
-      const int ttl =
-          std::max(2, config_.keep_alive_interval_seconds * (config_.keep_alive_max_attempt - 1));
+      // seconds, at least 2 (etcd's own minimum is about 1.5 election timeouts); by default
+      // keep_alive_interval * 2 (config.h).
+      const int attempts =
+          config_.keep_alive_max_attempt_given ? config_.keep_alive_max_attempt : 3;
+      const int ttl = std::max(2, config_.keep_alive_interval_seconds * (attempts - 1));
       auto session = make_rendezvous_store(
           io_, etcd_options(config_.etcd, std::chrono::seconds(ttl)), job_.run_id);
       co_return co_await open_session(std::move(session));

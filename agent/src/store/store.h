@@ -15,7 +15,7 @@
 //   kInvalidArgument for a request the store refuses. A wait that times out is not an error: it
 //   returns false / nullopt.
 // - An ephemeral key lives exactly as long as the session that set it: its TCP connection, or its
-//   etcd lease (kept alive by the session, expiring about keep_alive_interval * max_attempt after
+//   etcd lease (kept alive by the session, expiring about its TTL, EtcdOptions::lease_ttl, after
 //   the process vanished). Sessions opened with open_another() have their own.
 #pragma once
 
@@ -100,8 +100,8 @@ struct EtcdOptions {  // etcd v3: keys under "<prefix>/<run id>/", ephemeral per
   store::etcd::ClientOptions client;
   std::string prefix = "/dist-launch";
   // An ephemeral key outlives a vanished session by about this (etcd raises it to its minimum,
-  // about 1.5 election timeouts); the agent's: keep_alive_interval * (keep_alive_max_attempt - 1),
-  // at least 2 s.
+  // about 1.5 election timeouts); the agent's: keep_alive_interval * (keep_alive_max_attempt - 1)
+  // where --rdzv-conf gives keep_alive_max_attempt, else keep_alive_interval * 2; at least 2 s.
   std::chrono::seconds lease_ttl{3};
 };
 using StoreTarget = std::variant<TcpStoreTarget, EtcdOptions>;

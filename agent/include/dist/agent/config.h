@@ -169,6 +169,10 @@ struct RendezvousConfig {
   // still noticed within 10 s (it was 1 x 3: a 5 s outage ended a multi-node job).
   int keep_alive_interval_seconds = 1;
   int keep_alive_max_attempt = 8;
+  // Given (--rdzv-conf keep_alive_max_attempt=N): etcd's leases follow it too; by default they
+  // stay at interval * 2 (2 s: a lost node is noticed over etcd only when its lease expires,
+  // even a dead agent's, and docs/ETCD.md's survivors come back within 3 s).
+  bool keep_alive_max_attempt_given = false;
   // How long a node whose workers all succeeded waits for the other nodes' (several nodes).
   std::chrono::milliseconds exit_barrier_timeout{300'000};
   // The job's token (docs/STORE.md, Authentication); empty: none. With one, this agent proves it

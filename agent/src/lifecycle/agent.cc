@@ -426,8 +426,8 @@ class Agent {
     stopping_.signal = signal;
     if (before == State::kRunning || before == State::kReplacing || before == State::kRegrouping) {
       spdlog::warn(
-          "{} received{}: stopping the workers (grace period {} ms; {} again kills them "
-          "now)",
+          "{} received{}: stopping the workers (grace period {} ms; a second {} kills them at "
+          "once)",
           signal_name(signal),
           workers_have_it ? " from Slurm, which signalled the workers too" : "",
           config_.shutdown_timeout.count(), signal_name(signal));

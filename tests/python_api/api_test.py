@@ -8,6 +8,7 @@ what cannot be sent to a fresh interpreter. No torch needed.
 import argparse
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,7 +84,10 @@ class FunctionEntrypoint(unittest.TestCase):
         error = caught.exception
         rank, root = error.get_first_failure()
         self.assertIn(rank, {0, 1})
-        self.assertEqual(1, root.exitcode)
+        # Both ranks raise: the one whose error came first may have been stopped by the other's
+        # failure after it wrote its error file, before its exit (SIGTERM then ended it; the
+        # report says so), as happened once on a loaded machine.
+        self.assertIn(root.exitcode, {1, -signal.SIGTERM})
         self.assertEqual("sad", error.name)
         # dist-launch's own report names the function, not the script that runs it
         self.assertIn("sad FAILED", error.format_msg())

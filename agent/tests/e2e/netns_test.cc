@@ -254,6 +254,23 @@ TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
   EXPECT_NE(wait(c, 30s), 0) << "the cut-off node cannot finish the job alone\n" << log("c");
 }
 
+// dist-inplace-worker's DIR/final_<rank> of ranks 0..world-1: every rank at `steps`, in a world
+// of `world`, with one digest (one state).
+void expect_one_final_state(const std::string& out, int world, int steps, const std::string& logs) {
+  std::string digest;
+  for (int rank = 0; rank < world; ++rank) {
+    std::ifstream in(out + "/final_" + std::to_string(rank));
+    long pid = -1;
+    int step = -1, generation = -1, ended_in = -1;
+    std::string d;
+    ASSERT_TRUE(in >> pid >> step >> d >> generation >> ended_in) << logs;
+    EXPECT_EQ(step, steps) << logs;
+    EXPECT_EQ(ended_in, world) << logs;
+    if (rank == 0) digest = d;
+    EXPECT_EQ(d, digest) << "the ranks end with one state\n" << logs;
+  }
+}
+
 // A network outage shorter than the agents' keepalive (1 s x 8) is no lost node: host 1's link
 // goes down for 3 s mid-training and comes back; the workers' all-reduces wait meanwhile and go
 // on, and the job ends in its first round, a world of three, as under torchrun (the agents' 3 s
@@ -261,15 +278,13 @@ TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
 TEST_F(TwoHosts, ANetworkOutageOfSecondsIsRiddenOut) {
   const std::string out = path("job");
   fs::create_directories(out);
-  auto agent = [&](int host, const std::string& name) {
+  auto agent = [&](int host, int node_rank, const std::string& name) {
     return spawn(host,
                  {DIST_LAUNCH_BIN,
                   "--nnodes",
                   "3",
                   "--node-rank",
-                  name == "a"   ? "0"
-                  : name == "b" ? "1"
-                                : "2",
+                  std::to_string(node_rank),
                   "--master-addr",
                   addr_[0],
                   "--master-port",
@@ -288,9 +303,9 @@ TEST_F(TwoHosts, ANetworkOutageOfSecondsIsRiddenOut) {
                   out},
                  name);
   };
-  const pid_t a = agent(0, "a");
-  const pid_t b = agent(0, "b");
-  const pid_t c = agent(1, "c");
+  const pid_t a = agent(0, 0, "a");
+  const pid_t b = agent(0, 1, "b");
+  const pid_t c = agent(1, 2, "c");
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] { return log("c").find(" step 20\n") != std::string::npos; }, 60s))
       << log("a") << log("c");
@@ -303,18 +318,7 @@ TEST_F(TwoHosts, ANetworkOutageOfSecondsIsRiddenOut) {
   const std::string all = log("a") + log("b") + log("c");
   EXPECT_EQ(all.find("lost"), std::string::npos) << all;
   EXPECT_EQ(all.find("restarting"), std::string::npos) << all;
-  std::string digest;
-  for (const int rank : {0, 1, 2}) {
-    std::ifstream in(out + "/final_" + std::to_string(rank));
-    long pid = -1;
-    int step = -1, generation = -1, world = -1;
-    std::string d;
-    ASSERT_TRUE(in >> pid >> step >> d >> generation >> world) << all;
-    EXPECT_EQ(step, 400) << all;
-    EXPECT_EQ(world, 3) << all;
-    if (rank == 0) digest = d;
-    EXPECT_EQ(d, digest) << all;
-  }
+  expect_one_final_state(out, 3, 400, all);
 }
 
 // --restart-policy in-place, C++ workers (the SDK's InPlaceRecovery): hosts 0 and 1 train with
@@ -375,18 +379,7 @@ TEST_F(TwoHosts, AnInPlaceJobsSurvivorsLeaveTheirCollectiveWithAPartitionedHostA
   EXPECT_EQ(wait(b, 60s), 0) << log("b");
   EXPECT_LT(Clock::now() - cut, 40s) << "the survivors waited for the partitioned host";
   const std::string both = log("a") + log("b");
-  std::string digest;
-  for (const int rank : {0, 1}) {
-    std::ifstream in(out + "/final_" + std::to_string(rank));
-    long pid = -1;
-    int step = -1, generation = -1, world = -1;
-    std::string d;
-    ASSERT_TRUE(in >> pid >> step >> d >> generation >> world) << both;
-    EXPECT_EQ(step, 600) << both;
-    EXPECT_EQ(world, 2) << both;
-    if (rank == 0) digest = d;
-    EXPECT_EQ(d, digest) << "the survivors end with one state\n" << both;
-  }
+  expect_one_final_state(out, 2, 600, both);
   EXPECT_NE(both.find("its collectives are aborted"), std::string::npos) << both;
   EXPECT_EQ(both.find("stopping the workers"), std::string::npos) << both;
   EXPECT_NE(wait(c, 60s), 0) << "the cut-off host cannot finish the job alone\n" << log("c");

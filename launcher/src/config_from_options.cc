@@ -510,6 +510,13 @@ void read_job_shape(const RawOptions& r, LaunchConfig& c) {
   }
 }
 
+// The agents' liveness, unless --rdzv-conf gives it (config.h says why the two defaults).
+void default_keep_alive(LaunchConfig& c) {
+  if (c.keep_alive_max_attempt_given) return;
+  c.keep_alive_max_attempt = c.min_nodes < c.max_nodes ? agent::kElasticKeepAliveMaxAttempt
+                                                       : agent::kFixedSizeKeepAliveMaxAttempt;
+}
+
 // Log files and the console.
 void read_output_options(const RawOptions& r, LaunchConfig& c, std::ostream& err) {
   c.log_dir = r.log_dir;
@@ -769,6 +776,7 @@ CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
   read_job_shape(r, c);
   read_output_options(r, c, err);
   const std::vector<std::string> etcd_keys = read_lifecycle_options(r, c, err);
+  default_keep_alive(c);
   if (r.hosts.given()) {  // the job over ssh (hosts.cc): each host checks the rest for itself
     apply_token_options(r.token, c);  // none given: the job generates one
     outcome.hosts_job = hosts_job_config(r, c);

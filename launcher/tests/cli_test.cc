@@ -158,8 +158,16 @@ TEST(LauncherCli, AnEndpointMeansDynamicRendezvousWithTorchrunsDefaultPort) {
   EXPECT_EQ(o.config.join_timeout, std::chrono::seconds(5));
   EXPECT_EQ(o.config.last_call_timeout, std::chrono::milliseconds(500));
   EXPECT_EQ(o.config.is_host, false);
-  EXPECT_EQ(o.config.keep_alive_max_attempt, 8) << "the default: a short outage ridden out";
+  EXPECT_EQ(o.config.keep_alive_max_attempt, 30)
+      << "a job of a fixed size, which cannot go on without a node, rides out 30 s of outage";
   EXPECT_FALSE(o.config.keep_alive_max_attempt_given);
+  o = parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "a"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.keep_alive_max_attempt, 30) << "a static job: the same";
+  o = parse({"--nnodes", "1:2", "--rdzv-endpoint", "a:1"});
+  ASSERT_FALSE(o.exit_now);
+  EXPECT_EQ(o.config.keep_alive_max_attempt, 8)
+      << "an elastic job goes on without a lost node: it notices it within 10 s";
   o = parse(
       {"--nnodes", "1:2", "--rdzv-endpoint", "a:1", "--rdzv-conf", "keep_alive_max_attempt=3"});
   ASSERT_FALSE(o.exit_now);

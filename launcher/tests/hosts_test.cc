@@ -179,6 +179,7 @@ TEST(HostsCommandLine, AgentsGetTheirOptionsAndTheScriptTheLauncherKeepsItsOwn) 
   EXPECT_EQ(job.run_id, "job7");
   EXPECT_EQ(job.rdzv_conf, "keep_alive_interval=2");
   EXPECT_EQ(job.keep_alive_interval_seconds, 2);
+  EXPECT_EQ(job.keep_alive_max_attempt, 30) << "the agents' default for a job of a fixed size";
   EXPECT_EQ(job.shutdown_timeout, std::chrono::seconds(5));
   EXPECT_FALSE(job.nproc_given);
   EXPECT_TRUE(job.master_addr.empty());

@@ -91,7 +91,9 @@ int main(int argc, char** argv) {
   add_timeout("--idle-timeout-ms", options.deadlines.idle_timeout,
               "Close a connection that sent nothing this long and has no wait, watch or reply "
               "pending (0: never; PyTorch keeps idle connections for the whole job)");
-  int keep_alive_interval = 1, keep_alive_max_attempt = 8;  // the agents' (a short outage: kept)
+  // An elastic job's agents' (config.h): a job on this daemon most often is one; a lost node is
+  // dropped within 10 s, a short outage is kept.
+  int keep_alive_interval = 1, keep_alive_max_attempt = 8;
   app.add_option("--keep-alive-interval", keep_alive_interval,
                  "Seconds between TCP keepalive probes; a peer that vanished (a dead host, a "
                  "partition) is dropped, and its ephemeral keys deleted, after about interval * "

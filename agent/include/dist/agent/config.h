@@ -92,6 +92,9 @@ enum class ConsolePrefix { kAll, kTee, kNone };
 // and a c10d rendezvous endpoint's (--rdzv-endpoint HOST).
 inline constexpr std::uint16_t kDefaultStaticPort = 29500;
 inline constexpr std::uint16_t kDefaultC10dPort = 29400;
+// RendezvousConfig::keep_alive_max_attempt's defaults (seconds, at 1 s intervals).
+inline constexpr int kElasticKeepAliveMaxAttempt = 8;
+inline constexpr int kFixedSizeKeepAliveMaxAttempt = 30;
 
 // --rdzv-backend.
 enum class RendezvousBackend { kStatic, kC10d, kEtcdV3 };
@@ -164,11 +167,13 @@ struct RendezvousConfig {
   std::optional<bool> is_host;
   // Liveness between agents (several nodes): TCP keepalive on their store connections; a node that
   // vanished (a partition, a dead host) is noticed after about interval * max_attempt seconds, a
-  // dead agent on a live host at once. 8 s: a network outage of a few seconds (a link's flap, a
-  // switch's failover) is ridden out, as torchrun rides it out (5 s x 3), and a lost node is
-  // still noticed within 10 s (it was 1 x 3: a 5 s outage ended a multi-node job).
+  // dead agent on a live host at once. By default (launcher: default_keep_alive) a job that goes
+  // on without a lost node (--nnodes MIN:MAX, MIN < MAX) notices it within 10 s (1 x 8: a link's
+  // flap of a few seconds is still ridden out); a job of a fixed size, which cannot go on without
+  // it, gives it 30 s (1 x 30): a network outage of that long (a switch's failover or reboot) is
+  // ridden out, as torchrun rides it out, rather than ending the job at 8 s.
   int keep_alive_interval_seconds = 1;
-  int keep_alive_max_attempt = 8;
+  int keep_alive_max_attempt = kFixedSizeKeepAliveMaxAttempt;
   // Given (--rdzv-conf keep_alive_max_attempt=N): etcd's leases follow it too; by default they
   // stay at interval * 2 (2 s: a lost node is noticed over etcd only when its lease expires,
   // even a dead agent's, and docs/ETCD.md's survivors come back within 3 s).

@@ -58,10 +58,10 @@ struct HostsJobConfig {
   store::UnauthenticatedPolicy unauthenticated = store::UnauthenticatedPolicy::kKnownHosts;
   std::vector<int> signals_to_handle;  // forwarded to every agent
   std::chrono::milliseconds shutdown_timeout{30'000};
-  // The store's TCP keepalive on the agents' connections, and ssh's ServerAlive* (the agent's
-  // defaults: config.h).
+  // The store's TCP keepalive on the agents' connections, and ssh's ServerAlive*: the agents' own
+  // (given, or their defaults for the job's shape: agent/include/dist/agent/config.h).
   int keep_alive_interval_seconds = 1;
-  int keep_alive_max_attempt = 8;
+  int keep_alive_max_attempt = 30;
 };
 
 // Whether `host` names this machine without ssh: localhost, 127.0.0.1, ::1, or its host name

@@ -346,12 +346,12 @@ void Telemetry::node_joined(int round) {
 void Telemetry::job_ended(int exit_code, std::string_view outcome, const std::string& reason) {
   auto stragglers = nlohmann::ordered_json::array();
   for (const auto& [rank, _] : stragglers_) stragglers.push_back(rank);
-  log("job_end",
-      {{"outcome", outcome},
-       {"exit_code", exit_code},
-       {"restarts", record_.round.restarts + static_cast<int>(record_.in_place_restarts)},
-       {"reason", text_or_null(reason)},
-       {"stragglers", std::move(stragglers)}});
+  log("job_end", {{"outcome", outcome},
+                  {"exit_code", exit_code},
+                  {"restarts", record_.round.restarts + job_replacements_.value_or(static_cast<int>(
+                                                            record_.in_place_restarts))},
+                  {"reason", text_or_null(reason)},
+                  {"stragglers", std::move(stragglers)}});
 }
 
 }  // namespace dist::agent

@@ -268,6 +268,9 @@ class Telemetry {
   void verdict(int round, const Verdict& v);
   void node_lost(int round, int node_rank);
   void node_joined(int round);
+  // The job failed: the workers replaced in place on every node (the failure report's), which
+  // job_end counts among its restarts rather than this node's alone.
+  void job_replacements(int count) { job_replacements_ = count; }
   void job_ended(int exit_code, std::string_view outcome, const std::string& reason);
 
  private:
@@ -278,6 +281,7 @@ class Telemetry {
   std::optional<EventLog> event_log_;
   std::function<std::vector<WorkerProgress>()> progress_source_;
   TelemetryRecord record_;
+  std::optional<int> job_replacements_;
   struct StragglerRecord {
     int flags = 0;        // times flagged
     double worst = 0;     // the highest ratio it was flagged at

@@ -176,9 +176,7 @@ class Agent {
         if (!rounds_->several_nodes()) return report(now_.failures);
         return steps_.launch(
             rounds_->collect_failures(now_.round.value_or(Round{}), failure_summary()),
-            [this](std::vector<WorkerFailure> all) {
-              on(event::FailuresCollected{std::move(all)});
-            });
+            [this](CollectedFailures all) { on(event::FailuresCollected{std::move(all)}); });
       case State::kExit:
         if (group_) group_->warn_incomplete_logs();
         return begin_exit();
@@ -215,7 +213,8 @@ class Agent {
                    [&](event::VerdictReached& v) { on_verdict(v.verdict); },
                    [&](event::FailuresCollected& c) {
                      if (now_.state != State::kFailed) return;
-                     report(c.all.empty() ? now_.failures : std::move(c.all));
+                     if (c.all.failures.empty()) c.all.failures = now_.failures;
+                     report(std::move(c.all.failures), std::move(c.all.replaced));
                    },
                    [&](event::OthersLeft&) {
                      if (now_.state == State::kExit) finish();
@@ -255,6 +254,7 @@ class Agent {
   void on_joined(Round a) {
     if (now_.state != State::kRendezvous) return;
     now_.restart_count = a.restarts;
+    round_lost_.clear();
     telemetry_->round_joined(a);
     spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}", a.round, a.node_rank,
                  a.num_nodes, a.rank_offset, a.rank_offset + config_.nproc_per_node - 1,
@@ -333,10 +333,13 @@ class Agent {
     if (said && o.result.kind == WatchResult::kFailed) {
       spdlog::warn("a worker on another node failed");
     } else if (said && o.result.kind == WatchResult::kNodeLost) {
-      spdlog::error("node {}'s agent is gone (its connection to the store closed)", o.result.node);
+      spdlog::error("{}", node_lost_text(o.result.node));
       telemetry_->node_lost(now_.round->round, o.result.node);
     }
     if (o.result.kind == WatchResult::kNodeLost) {
+      // (The job may fail of it, no worker having failed: the report says this, not a failure
+      // record another node never wrote.)
+      round_lost_ = node_lost_text(o.result.node);
       policy_->node_lost(o.result.node);
       return feed(Input::kNodeLost);
     }
@@ -346,6 +349,15 @@ class Agent {
       return feed(Input::kNodeWaiting);
     }
     feed(Input::kRoundEndedElsewhere);
+  }
+
+  // Its agent died (the kernel closed its connection: at once), or its host went down or was cut
+  // off from this one for longer than the keepalive: which, the store cannot tell.
+  std::string node_lost_text(int node) const {
+    return fmt::format(
+        "node {}'s agent is gone: its connection to the store ended (the agent died, or its host "
+        "went down or was cut off for longer than the keepalive, about {} s)",
+        node, config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt);
   }
 
   void on_verdict(const Verdict& v) {
@@ -540,26 +552,34 @@ class Agent {
   std::string failure_summary() const {
     if (!failure_reason_.empty()) return failure_reason_;
     const std::vector<WorkerFailure>& failures = now_.failures;
+    if (failures.empty() && !round_lost_.empty()) return round_lost_;
     if (failures.empty()) return "round " + std::to_string(round_number()) + " failed";
     const auto& root = failures[root_cause_index(failures)];
     return "worker " + std::to_string(root.worker.rank) + " on " + root.host + " failed";
   }
   int round_number() const { return now_.round ? now_.round->round : 0; }
 
-  void report(std::vector<WorkerFailure> all) {
+  // The job failed: the report (every node's failures, and the workers every node replaced in
+  // place before: `elsewhere`, those this one read from the others), and the exit code.
+  void report(std::vector<WorkerFailure> all,
+              const std::vector<InPlaceReplacement>& elsewhere = {}) {
     now_.failures = std::move(all);
+    const std::vector<InPlaceReplacement> replaced =
+        merge_replacements(policy_->replaced(), elsewhere);
+    telemetry_->job_replacements(static_cast<int>(replaced.size()));
     const std::vector<WorkerFailure>& failures = now_.failures;
     if (failures.empty()) {  // the job failed without a worker failing (nodes lost)
       spdlog::error("the job failed: {}",
-                    failure_reason_.empty()
-                        ? "round " + std::to_string(round_number()) +
-                              " failed on another node, which left no failure record"
-                        : failure_reason_);
+                    !failure_reason_.empty() ? failure_reason_
+                    : !round_lost_.empty()
+                        ? round_lost_
+                        : "round " + std::to_string(round_number()) +
+                              " failed on another node, which left no failure record");
       exit_code_ = kExitAgentError;
     } else {
       if (config_.print_failure_report) {
         console_->say(ConsoleStream::kStderr,
-                      format_report(config_.script_name, failures, policy_->replaced()));
+                      format_report(config_.script_name, failures, replaced));
       }
       exit_code_ = exit_code_of(failures[root_cause_index(failures)]);
     }
@@ -644,6 +664,7 @@ class Agent {
   bool watching_ = false;  // the round's watch has not reported back yet
   Stopping stopping_;
   std::string failure_reason_;  // why the job failed when no worker did
+  std::string round_lost_;      // the node this round lost, if it did (said if the job fails of it)
   int exit_code_ = 0;
   bool finished_ = false;
   bool shut_down_ = false;

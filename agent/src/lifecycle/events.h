@@ -38,7 +38,7 @@ struct VerdictReached {
   Verdict verdict;
 };
 struct FailuresCollected {
-  std::vector<WorkerFailure> all;
+  CollectedFailures all;
 };
 struct OthersLeft {};
 struct RendezvousFailed {  // a rendezvous step could not be done

@@ -84,6 +84,7 @@ void InPlace::add_facts(Facts& facts) const {
 void InPlace::start_workers() {
   g_.latest = 0;
   const Round& round = *p_.now.round;
+  if (!replaced_.empty()) publish_replacements();  // (the round before's keys are gone)
   // A round that continues the job's running workers (they regrouped with this node in it): this
   // node's workers join them, as the generation node 0 names.
   const bool joins = joining_.begin(round);
@@ -111,6 +112,15 @@ void InPlace::stopping() {
     replacements_ = n;
     p_.feed(Input::kReplacementsCounted);
   });
+}
+
+// The workers this node replaced, for every node's failure report (several nodes): the whole
+// list each time, in the round running now. A write that fails leaves them out of the other
+// nodes' reports only.
+void InPlace::publish_replacements() {
+  if (!p_.rounds.several_nodes()) return;
+  p_.steps.fire_and_forget(p_.rounds.publish_replacements(*p_.now.round, replaced_),
+                           "publishing the workers replaced in place");
 }
 
 void InPlace::workers_failed(bool stops) {
@@ -537,6 +547,7 @@ void InPlace::start_replacement() {
          folded ? std::optional<int>(folded->generation) : std::nullopt});
     replaced_.push_back(std::move(r));
   }
+  publish_replacements();
   std::string record = "replaced=" + comma_list(replaced) + " survivors=" + comma_list(survivors);
   if (folded) record += " supersedes=" + std::to_string(folded->generation);
   p_.steps.launch(

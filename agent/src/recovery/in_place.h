@@ -80,6 +80,7 @@ class InPlace final : public RecoveryPolicy {
   // The most replacements the job may count (--max-restarts less its group restarts).
   int budget() const { return p_.config.max_restarts - p_.now.restart_count; }
   void explain_fallback(bool recovering);
+  void publish_replacements();
   Task<Claim> claim_replacement(std::vector<WorkerFailure> failures);
   Task<void> fold_into_recovery(Claim& c, Round round, std::vector<int> failed);
   // The failures just reaped, in RUNNING and in REPLACING (Facts::replaceable, Facts::foldable).

@@ -474,6 +474,26 @@ Task<std::vector<WorkerFailure>> NodeRendezvous::Impl::failures(Round a) {
   co_return all;
 }
 
+Task<void> NodeRendezvous::Impl::publish_replacements(Round a,
+                                                      std::vector<InPlaceReplacement> replaced) {
+  co_await store_->set(schema::in_round(a.round, name::kReplaced, a.node_rank),
+                       schema::encode(replaced));
+}
+
+Task<std::vector<InPlaceReplacement>> NodeRendezvous::Impl::replaced(Round a) {
+  std::vector<std::string> names;
+  for (int n = 0; n < a.num_nodes; ++n) {
+    names.push_back(schema::in_round(a.round, name::kReplaced, n));
+  }
+  const auto values = co_await store_->multi_get(names);
+  std::vector<InPlaceReplacement> all;
+  for (std::size_t n = 0; n < values.size(); ++n) {
+    if (!values[n]) continue;
+    for (auto& r : schema::decode_replacements(names[n], *values[n])) all.push_back(std::move(r));
+  }
+  co_return all;
+}
+
 // Every node's liveness key by node rank (elastic: from the member list).
 std::vector<std::string> NodeRendezvous::Impl::liveness_keys(const Round& a,
                                                              const std::vector<int>& members) {
@@ -939,6 +959,12 @@ Task<void> NodeRendezvous::announce_failure(Round a, std::vector<WorkerFailure> 
 }
 Task<std::vector<WorkerFailure>> NodeRendezvous::failures(Round a) {
   return impl_->failures(std::move(a));
+}
+Task<void> NodeRendezvous::publish_replacements(Round a, std::vector<InPlaceReplacement> replaced) {
+  return impl_->publish_replacements(std::move(a), std::move(replaced));
+}
+Task<std::vector<InPlaceReplacement>> NodeRendezvous::replaced(Round a) {
+  return impl_->replaced(std::move(a));
 }
 Task<WatchResult> NodeRendezvous::watch(Round a, std::chrono::seconds heartbeat,
                                         std::function<std::string()> progress,

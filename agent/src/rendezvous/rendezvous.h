@@ -204,6 +204,11 @@ class NodeRendezvous {
   Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures);
   // Every node's published failures for round a.
   Task<std::vector<WorkerFailure>> failures(Round a);
+  // --restart-policy in-place: this node's workers replaced in place so far (the job's whole
+  // history of them), published in round a; and every node's, read back, for the failure report
+  // that every node prints the same.
+  Task<void> publish_replacements(Round a, std::vector<InPlaceReplacement> replaced);
+  Task<std::vector<InPlaceReplacement>> replaced(Round a);
 
   // Until round a fails anywhere, another node's agent dies, a node waits to join, or
   // stop_watch() is called, writing this node's heartbeat (wall-clock seconds) every `heartbeat`,

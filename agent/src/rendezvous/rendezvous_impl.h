@@ -120,6 +120,8 @@ class NodeRendezvous::Impl {
   // Both (node_rendezvous.cc).
   Task<void> announce_failure(Round a, std::vector<WorkerFailure> failures);
   Task<std::vector<WorkerFailure>> failures(Round a);
+  Task<void> publish_replacements(Round a, std::vector<InPlaceReplacement> replaced);
+  Task<std::vector<InPlaceReplacement>> replaced(Round a);
   Task<WatchResult> watch(Round a, std::chrono::seconds heartbeat,
                           std::function<std::string()> progress,
                           std::function<void(schema::JobView)> on_view);

@@ -96,9 +96,10 @@ class LocalRounds final : public RoundSource {
   Task<Verdict> decide(Round) override {
     throw RendezvousError("a single node's rounds have no verdict");
   }
-  Task<std::vector<WorkerFailure>> collect_failures(Round, std::string) override {
-    co_return std::vector<WorkerFailure>{};
+  Task<CollectedFailures> collect_failures(Round, std::string) override {
+    co_return CollectedFailures{};
   }
+  Task<void> publish_replacements(Round, std::vector<InPlaceReplacement>) override { co_return; }
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers, int budget) override {
     if (recovering_ != Recovery::kNone && recovering_round_ == a.round) {
       co_return RecoveryClaim{std::nullopt, recovering_, {}, std::nullopt};
@@ -252,16 +253,28 @@ class NodeRounds : public RoundSource {
   Task<bool> others_finished(Round a) override {
     co_return co_await rdzv_->others_finished(std::move(a));
   }
-  Task<std::vector<WorkerFailure>> collect_failures(Round a, std::string reason) override {
-    std::vector<WorkerFailure> all;
+  Task<CollectedFailures> collect_failures(Round a, std::string reason) override {
+    CollectedFailures all;
     try {
       co_await before_collecting(a, std::move(reason));
-      all = co_await rdzv_->failures(a);
+      all.failures = co_await rdzv_->failures(a);
     } catch (const store::StoreError& e) {
       if (e.code() == store::StoreErrc::kCancelled) throw;
       spdlog::warn("cannot read the other nodes' failures: {}", e.what());
+      co_return all;
+    }
+    try {
+      all.replaced = co_await rdzv_->replaced(a);
+    } catch (const store::StoreError& e) {
+      if (e.code() == store::StoreErrc::kCancelled) throw;
+      spdlog::warn("cannot read the workers the other nodes replaced in place: {}", e.what());
+    } catch (const RendezvousError& e) {  // a record this agent cannot read: left out, said
+      spdlog::warn("cannot read the workers the other nodes replaced in place: {}", e.what());
     }
     co_return all;
+  }
+  Task<void> publish_replacements(Round a, std::vector<InPlaceReplacement> replaced) override {
+    co_await rdzv_->publish_replacements(std::move(a), std::move(replaced));
   }
   bool hosts_others() const override { return job_store_.has_value(); }
   Task<void> wait_for_others(Round a) override {

@@ -31,6 +31,12 @@ struct WatchOutcome {
   std::string store_lost;
 };
 
+// Every node's record of a job that failed (RoundSource::collect_failures).
+struct CollectedFailures {
+  std::vector<WorkerFailure> failures;
+  std::vector<InPlaceReplacement> replaced;
+};
+
 class RoundSource {
  public:
   virtual ~RoundSource() = default;
@@ -69,10 +75,13 @@ class RoundSource {
   virtual Task<BarrierEnd> exit_barrier(Round a) = 0;
   // Elastic: how the job goes on after round `a` ended (the same verdict for every node).
   virtual Task<Verdict> decide(Round a) = 0;
-  // The job failed for good: every node's failures for the report (static: first marks the job
-  // failed, so that a relaunched node still joining learns it). A store that is gone leaves an
-  // empty list (said as a warning).
-  virtual Task<std::vector<WorkerFailure>> collect_failures(Round a, std::string reason) = 0;
+  // The job failed for good: every node's failures for the report, and the workers every node
+  // replaced in place before (static: first marks the job failed, so that a relaunched node
+  // still joining learns it). A store that is gone leaves them empty (said as a warning).
+  virtual Task<CollectedFailures> collect_failures(Round a, std::string reason) = 0;
+  // Several nodes, in place: this node's workers replaced in place so far, published in round
+  // `a` for the other nodes' reports.
+  virtual Task<void> publish_replacements(Round a, std::vector<InPlaceReplacement> replaced) = 0;
   // --restart-policy in-place: claims the job's one recovery for this node (`workers` of it
   // replaced while the others run, each counted with the replacements, and refused uncounted when
   // the job's replacements would pass `budget`: RecoveryClaim::over_budget; node 0's regroup, 0),

@@ -85,6 +85,8 @@ constexpr std::string_view kTotalsShape =
 constexpr std::string_view kVerdictShape =
     "a JSON object with action (restart, reshape, fail, done), expect, restarts and reason";
 constexpr std::string_view kFailuresShape = "a JSON list of worker failures";
+constexpr std::string_view kReplacementsShape =
+    "a JSON list of workers replaced in place ({failure, generation, new_pid, survivors})";
 constexpr std::string_view kIntShape = "a decimal integer";
 constexpr std::string_view kMembersShape = "a comma-separated list of tickets";
 constexpr std::string_view kEndpointShape = "'host:port'";
@@ -416,21 +418,46 @@ Verdict decode_verdict(std::string_view key, std::string_view text) {
   return v;
 }
 
+namespace {
+
+json failure_json(const WorkerFailure& f) {
+  return {{"time", std::chrono::duration<double>(f.time.time_since_epoch()).count()},
+          {"host", f.host},
+          {"rank", f.worker.rank},
+          {"local_rank", f.worker.local_rank},
+          {"exit_code", f.exit_code},
+          {"pid", f.worker.pid},
+          {"error_file", f.error_file},
+          {"message", f.message},
+          {"traceback", f.traceback},
+          {"collateral", f.collateral},
+          {"ended_by_the_stop", f.ended_by_the_stop}};
+}
+
+WorkerFailure failure_of(const json& j, std::string_view key, std::string_view text,
+                         std::string_view shape) {
+  WorkerFailure f;
+  f.time =
+      std::chrono::system_clock::time_point(std::chrono::round<std::chrono::system_clock::duration>(
+          std::chrono::duration<double>(field<double>(j, "time", key, text, shape))));
+  f.host = field<std::string>(j, "host", key, text, shape);
+  f.worker.rank = field<int>(j, "rank", key, text, shape);
+  f.worker.local_rank = field<int>(j, "local_rank", key, text, shape);
+  f.exit_code = field<int>(j, "exit_code", key, text, shape);
+  f.worker.pid = field<int>(j, "pid", key, text, shape);
+  f.error_file = field<std::string>(j, "error_file", key, text, shape);
+  f.message = field<std::string>(j, "message", key, text, shape);
+  f.traceback = field<std::string>(j, "traceback", key, text, shape);
+  f.collateral = j.value("collateral", false);  // (absent from older agents' records)
+  f.ended_by_the_stop = j.value("ended_by_the_stop", false);
+  return f;
+}
+
+}  // namespace
+
 std::string encode(const std::vector<WorkerFailure>& failures) {
   json list = json::array();
-  for (const auto& f : failures) {
-    list.push_back({{"time", std::chrono::duration<double>(f.time.time_since_epoch()).count()},
-                    {"host", f.host},
-                    {"rank", f.worker.rank},
-                    {"local_rank", f.worker.local_rank},
-                    {"exit_code", f.exit_code},
-                    {"pid", f.worker.pid},
-                    {"error_file", f.error_file},
-                    {"message", f.message},
-                    {"traceback", f.traceback},
-                    {"collateral", f.collateral},
-                    {"ended_by_the_stop", f.ended_by_the_stop}});
-  }
+  for (const auto& f : failures) list.push_back(failure_json(f));
   return json_text(list);
 }
 
@@ -438,24 +465,37 @@ std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_vie
   const json list = parse_json(key, text, kFailuresShape);
   if (!list.is_array()) throw CorruptValueError(key, text, kFailuresShape);
   std::vector<WorkerFailure> failures;
-  for (const auto& j : list) {
-    WorkerFailure f;
-    f.time = std::chrono::system_clock::time_point(
-        std::chrono::round<std::chrono::system_clock::duration>(
-            std::chrono::duration<double>(field<double>(j, "time", key, text, kFailuresShape))));
-    f.host = field<std::string>(j, "host", key, text, kFailuresShape);
-    f.worker.rank = field<int>(j, "rank", key, text, kFailuresShape);
-    f.worker.local_rank = field<int>(j, "local_rank", key, text, kFailuresShape);
-    f.exit_code = field<int>(j, "exit_code", key, text, kFailuresShape);
-    f.worker.pid = field<int>(j, "pid", key, text, kFailuresShape);
-    f.error_file = field<std::string>(j, "error_file", key, text, kFailuresShape);
-    f.message = field<std::string>(j, "message", key, text, kFailuresShape);
-    f.traceback = field<std::string>(j, "traceback", key, text, kFailuresShape);
-    f.collateral = j.value("collateral", false);  // (absent from older agents' records)
-    f.ended_by_the_stop = j.value("ended_by_the_stop", false);
-    failures.push_back(std::move(f));
-  }
+  for (const auto& j : list) failures.push_back(failure_of(j, key, text, kFailuresShape));
   return failures;
+}
+
+std::string encode(const std::vector<InPlaceReplacement>& replaced) {
+  json list = json::array();
+  for (const auto& r : replaced) {
+    list.push_back({{"failure", failure_json(r.failure)},
+                    {"generation", r.generation},
+                    {"new_pid", r.new_pid},
+                    {"survivors", r.survivors}});
+  }
+  return json_text(list);
+}
+
+std::vector<InPlaceReplacement> decode_replacements(std::string_view key, std::string_view text) {
+  const json list = parse_json(key, text, kReplacementsShape);
+  if (!list.is_array()) throw CorruptValueError(key, text, kReplacementsShape);
+  std::vector<InPlaceReplacement> replaced;
+  for (const auto& j : list) {
+    if (!j.is_object() || !j.contains("failure") || !j.at("failure").is_object()) {
+      throw CorruptValueError(key, text, kReplacementsShape);
+    }
+    InPlaceReplacement r;
+    r.failure = failure_of(j.at("failure"), key, text, kReplacementsShape);
+    r.generation = field<int>(j, "generation", key, text, kReplacementsShape);
+    r.new_pid = field<int>(j, "new_pid", key, text, kReplacementsShape);
+    r.survivors = field<std::vector<int>>(j, "survivors", key, text, kReplacementsShape);
+    replaced.push_back(std::move(r));
+  }
+  return replaced;
 }
 
 std::optional<store::Endpoint> decode_endpoint(std::string_view key, std::string_view text) {

@@ -93,7 +93,8 @@ inline constexpr std::string_view kNode = "node", kJoined = "joined", kOffset = 
                                   kNoNewcomers = "no_newcomers", kUndecided = "undecided",
                                   kRunning = "running", kDone = "done", kHeartbeat = "heartbeat",
                                   kProgress = "progress", kView = "view", kSettled = "settled",
-                                  kLeft = "left", kAtBarrier = "at_barrier", kOutcome = "outcome";
+                                  kLeft = "left", kAtBarrier = "at_barrier", kOutcome = "outcome",
+                                  kReplaced = "replaced";
 }  // namespace name
 
 // A static round's `settled`: its closer or its abort writes it, and every node waits for it.
@@ -155,6 +156,11 @@ Verdict decode_verdict(std::string_view key, std::string_view text);
 
 std::string encode(const std::vector<WorkerFailure>& failures);
 std::vector<WorkerFailure> decode_failures(std::string_view key, std::string_view text);
+
+// A node's workers replaced in place (round/<r>/replaced/<k>): each one's failure, generation,
+// new pid and survivors.
+std::string encode(const std::vector<InPlaceReplacement>& replaced);
+std::vector<InPlaceReplacement> decode_replacements(std::string_view key, std::string_view text);
 
 // "host:port" (a host may be a name, an IPv4 or a bracketed IPv6 address); the empty string for
 // none (an empty host).

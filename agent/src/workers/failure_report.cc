@@ -164,6 +164,12 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out.empty() ? "none" : out;
 }
 
+// One worker's failure, whichever node's record it came from (a time read back from the store is
+// rounded: not compared).
+bool same_worker(const WorkerFailure& a, const WorkerFailure& b) {
+  return a.worker.pid == b.worker.pid && a.worker.rank == b.worker.rank && a.host == b.host;
+}
+
 // A replaced worker's entry: its failure, then what became of it.
 std::string describe_replacement(const InPlaceReplacement& r, std::size_t index) {
   return describe(r.failure, index) + "  recovery  : replaced in place by pid " +
@@ -173,6 +179,23 @@ std::string describe_replacement(const InPlaceReplacement& r, std::size_t index)
 }
 
 }  // namespace
+
+std::vector<InPlaceReplacement> merge_replacements(const std::vector<InPlaceReplacement>& own,
+                                                   const std::vector<InPlaceReplacement>& others) {
+  std::vector<InPlaceReplacement> all = own;
+  for (const InPlaceReplacement& r : others) {
+    const bool known = std::any_of(all.begin(), all.end(), [&](const InPlaceReplacement& k) {
+      return same_worker(k.failure, r.failure);
+    });
+    if (!known) all.push_back(r);
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const InPlaceReplacement& a, const InPlaceReplacement& b) {
+                     if (a.failure.time != b.failure.time) return a.failure.time < b.failure.time;
+                     return a.failure.worker.rank < b.failure.worker.rank;
+                   });
+  return all;
+}
 
 std::string format_replacement(const std::string& script, const InPlaceReplacement& r) {
   const std::string rule(60, '=');
@@ -202,13 +225,10 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
   // listed again among the replacements the job went on after; nor are the failures folded into
   // that recovery (a later generation superseding it) or that ended with it: their replacements
   // are said with it.
-  const auto same = [](const WorkerFailure& a, const WorkerFailure& b) {
-    return a.worker.pid == b.worker.pid && a.worker.rank == b.worker.rank && a.host == b.host &&
-           a.time == b.time;
-  };
   const WorkerFailure& f = failures[root];
-  const auto own = std::find_if(replaced.begin(), replaced.end(),
-                                [&](const InPlaceReplacement& r) { return same(r.failure, f); });
+  const auto own = std::find_if(replaced.begin(), replaced.end(), [&](const InPlaceReplacement& r) {
+    return same_worker(r.failure, f);
+  });
   std::vector<const InPlaceReplacement*> before;
   std::vector<const InPlaceReplacement*> with_it;
   for (const auto& r : replaced) {
@@ -217,8 +237,9 @@ std::string format_report(const std::string& script, const std::vector<WorkerFai
       continue;
     }
     if (&r == &*own) continue;
-    const bool ended = std::any_of(failures.begin(), failures.end(),
-                                   [&](const WorkerFailure& w) { return same(r.failure, w); });
+    const bool ended = std::any_of(failures.begin(), failures.end(), [&](const WorkerFailure& w) {
+      return same_worker(r.failure, w);
+    });
     (ended || r.generation >= own->generation ? with_it : before).push_back(&r);
   }
   if (own != replaced.end()) {

@@ -32,20 +32,17 @@ bool looks_collateral(const WorkerFailure& failure);
 // ended, then to a failure with an error file, then to the lower rank. Returns its index.
 std::size_t root_cause_index(const std::vector<WorkerFailure>& failures);
 
-// A worker replaced alone (--restart-policy in-place): its failure, the generation its
-// replacement joined, the replacement's pid, and the ranks that kept running.
-struct InPlaceReplacement {
-  WorkerFailure failure;
-  int generation = 0;
-  pid_t new_pid = -1;
-  std::vector<int> survivors;
-};
-
 // The whole block, from the "<script> FAILED" title to the closing rule; the workers replaced in
 // place before the failure that ended the job, listed after the root cause. UTF-8: what is not
 // (a script's name, an error message) replaced by U+FFFD.
 std::string format_report(const std::string& script, const std::vector<WorkerFailure>& failures,
                           const std::vector<InPlaceReplacement>& replaced = {});
+
+// The job's workers replaced in place, for every node's report: this node's (`own`) and those
+// the other nodes published (`others`, which may repeat this node's), each once (a worker is its
+// rank, pid and host), in the order they failed.
+std::vector<InPlaceReplacement> merge_replacements(const std::vector<InPlaceReplacement>& own,
+                                                   const std::vector<InPlaceReplacement>& others);
 
 // The block printed when a worker is replaced in place, in the report's layout.
 std::string format_replacement(const std::string& script, const InPlaceReplacement& r);

@@ -1121,12 +1121,24 @@ TEST_F(InPlaceStaticNodes, EveryNodeCountsTheOthersReplacements) {
                         "the job's nodes)"),
             std::string::npos)
       << out[0];
+  // Both nodes print the same report: node 1's replacement is in node 0's too, which read it from
+  // the store (it had only its own before), and both count it among the job's restarts.
+  const std::string replaced =
+      "replaced in place by pid " + read("job/born_1_0_1") + " (generation 1)";
   for (const std::string& o : out) {
     EXPECT_NE(o.find("dist-inplace-worker FAILED"), std::string::npos) << o;
     EXPECT_EQ(o.find("restarting the worker group"), std::string::npos) << o;
+    const auto before = o.find("Replaced in place before (the job went on):");
+    ASSERT_NE(before, std::string::npos) << o;
+    EXPECT_NE(o.find(replaced, before), std::string::npos) << replaced << "\n" << o;
   }
   EXPECT_EQ(events("job_node1", "inplace_restart").size(), 1u);
   EXPECT_EQ(events("job_node0", "inplace_fallback").size(), 1u);
+  for (const char* node : {"job_node0", "job_node1"}) {
+    const auto end = events(node, "job_end");
+    ASSERT_EQ(end.size(), 1u) << node;
+    EXPECT_EQ(end[0]["restarts"], 1) << node << ": " << end[0].dump();
+  }
 }
 
 TEST_F(InPlaceStaticNodes, FailuresOnBothNodesAtOnceRestartTheWholeGroup) {

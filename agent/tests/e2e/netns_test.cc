@@ -208,6 +208,13 @@ TEST_F(TwoHosts, APartitionIsNoticedByBothSidesWithinHalfAMinute) {
   EXPECT_NE(wait(b, 60s), -1) << "node 1 never noticed the partition\n" << log(1);
   EXPECT_LT(Clock::now() - cut, 45s);
   EXPECT_NE(log(0).find("node 1's agent is gone"), std::string::npos) << log(0);
+  // Why the job failed: the node lost, not a failure record it never wrote.
+  EXPECT_NE(log(0).find("the job failed: node 1's agent is gone: its connection to the store "
+                        "ended (the agent died, or its host went down or was cut off for longer "
+                        "than the keepalive, about 30 s)"),
+            std::string::npos)
+      << log(0);
+  EXPECT_EQ(log(0).find("left no failure record"), std::string::npos) << log(0);
   EXPECT_TRUE(dist::agent::testing::process_gone(worker1)) << "node 1's worker outlived the job";
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dist/store/endpoint.h"
 
@@ -71,6 +72,16 @@ struct WorkerFailure {
   // It had failed on its own (its error file predates the stop) when the stop's signal ended it:
   // the job's exit code is then 1, not 128 + that signal.
   bool ended_by_the_stop = false;
+};
+
+// A worker replaced alone (--restart-policy in-place): its failure, the generation its
+// replacement joined, the replacement's pid, and the ranks that kept running. The store carries
+// every node's to the others, for the failure report.
+struct InPlaceReplacement {
+  WorkerFailure failure;
+  int generation = 0;
+  pid_t new_pid = -1;
+  std::vector<int> survivors;
 };
 
 }  // namespace dist::agent

@@ -286,6 +286,16 @@ TEST(Schema, EveryEncodingRoundTrips) {
   EXPECT_EQ(fb[0].worker.pid, 77);
   EXPECT_EQ(fb[0].exit_code, -9);
   EXPECT_EQ(fb[0].message, f.message);
+  const InPlaceReplacement replaced{f, 3, 78, {0, 2}};
+  const auto rb =
+      schema::decode_replacements("k", schema::encode(std::vector<InPlaceReplacement>{replaced}));
+  ASSERT_EQ(rb.size(), 1u);
+  EXPECT_EQ(rb[0].failure.worker.pid, 77);
+  EXPECT_EQ(rb[0].failure.host, "h");
+  EXPECT_EQ(rb[0].failure.exit_code, -9);
+  EXPECT_EQ(rb[0].generation, 3);
+  EXPECT_EQ(rb[0].new_pid, 78);
+  EXPECT_EQ(rb[0].survivors, (std::vector<int>{0, 2}));
   EXPECT_EQ(schema::decode_members("k", schema::encode_members({4, 1, 9})),
             (std::vector<int>{4, 1, 9}));
   const auto e = schema::decode_endpoint("k", "[fd00::1]:29500");
@@ -337,6 +347,15 @@ TEST(Schema, ACorruptedValueIsAnErrorNamingItsKey) {
        "r2/verdict"},
       {"failures: not a list", [] { schema::decode_failures("r0/failures/1", "{}"); },
        "a JSON list of worker failures"},
+      {"replacements: no failure",
+       [] { schema::decode_replacements("r0/replaced/1", R"([{"generation":1}])"); },
+       "r0/replaced/1"},
+      {"replacements: a failure without its fields",
+       [] {
+         schema::decode_replacements(
+             "r0/replaced/1", R"([{"failure":{},"generation":1,"new_pid":2,"survivors":[]}])");
+       },
+       "workers replaced in place"},
       {"members: empty", [] { schema::decode_members("r0/members", ""); }, "r0/members"},
       {"endpoint: no port", [] { schema::decode_endpoint("r0/worker_store", "host"); },
        "'host:port'"},

@@ -6,8 +6,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <tuple>
 
 #include "dist/agent/signals.h"
+#include "rendezvous/schema.h"
 #include "workers/failure_report.h"
 #include "workers/worker_env.h"
 
@@ -268,6 +270,45 @@ TEST(FailureReport, AFailureFoldedIntoTheRecoveryThatFailedIsSaidWithIt) {
     const std::string restarted = format_report("train.py", failures, {replaced[0], replaced[2]});
     EXPECT_EQ(restarted.find("with it"), std::string::npos) << restarted;
   }
+}
+
+// Every node's report lists the job's replacements: this node's and those the others published
+// (read back from the store, their times rounded), each once, in the order they failed; a root
+// cause read back that way is still known as the worker this node replaced.
+TEST(FailureReport, ReplacementsOfEveryNodeAreMergedOnceInTheOrderTheyFailed) {
+  WorkerFailure a, b, c;
+  int at = 0;
+  for (auto [f, rank, host] : {std::tuple{&a, 0, "node-a"}, {&b, 3, "node-b"}, {&c, 1, "node-a"}}) {
+    f->worker.rank = rank;
+    f->worker.pid = 100 * ++at;
+    f->host = host;
+    f->time = std::chrono::system_clock::time_point(std::chrono::seconds(1'700'000'000 + at) +
+                                                    std::chrono::nanoseconds(123'456'789));
+  }
+  const InPlaceReplacement ra{a, 1, 101, {1, 2, 3}}, rb{b, 1, 201, {0, 1, 2}},
+      rc{c, 2, 301, {0, 2, 3}};
+  const auto round_trip = [](const std::vector<InPlaceReplacement>& list) {
+    return schema::decode_replacements("k", schema::encode(list));
+  };
+  // Node a's own (a, c), and every node's as read back (b's, and a's own again).
+  const auto merged = merge_replacements({ra, rc}, round_trip({rb, ra, rc}));
+  ASSERT_EQ(merged.size(), 3u);
+  EXPECT_EQ(merged[0].new_pid, 101);
+  EXPECT_EQ(merged[1].new_pid, 201);
+  EXPECT_EQ(merged[2].new_pid, 301);
+  // Node b's report: the root cause is a's c, replaced there; b knows it only as read back.
+  const auto at_b = merge_replacements({rb}, round_trip({ra, rc}));
+  const WorkerFailure root = round_trip({rc})[0].failure;
+  ASSERT_NE(root.time, c.time) << "a time read back is rounded";
+  const std::string report = format_report("train.py", {root}, at_b);
+  EXPECT_NE(report.find("replaced in place by pid 301 (generation 2), a recovery that did not "
+                        "complete"),
+            std::string::npos)
+      << report;
+  const auto before = report.find("Replaced in place before (the job went on):");
+  ASSERT_NE(before, std::string::npos) << report;
+  EXPECT_LT(report.find("pid 101", before), report.find("pid 201", before)) << report;
+  EXPECT_EQ(report.find("pid 301", before), std::string::npos) << report;
 }
 
 }  // namespace

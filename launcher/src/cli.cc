@@ -14,6 +14,7 @@
 #include "command_line.h"
 #include "completion.h"
 #include "config_from_options.h"
+#include "logging.h"
 #include "option_scan.h"
 #include "options.h"
 
@@ -125,7 +126,8 @@ CliOutcome parse_command_line(const std::vector<std::string>& args, std::ostream
       out << *script;
       return {true, kExitOk, {}};
     }
-    return config_from_options(raw, err);
+    std::ostream hidden(nullptr);  // (what is written to it goes nowhere)
+    return config_from_options(raw, warnings_hidden() ? hidden : err);
   } catch (const UsageError& e) {
     return usage_error(e.what(), err);
   } catch (const agent::ConfigError& e) {

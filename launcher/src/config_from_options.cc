@@ -302,13 +302,13 @@ void check_logs_specs(const std::string& name) {
 
 // torchrun's --event-log-handler names a Python logging handler for its events: "null" and
 // "dynamic_rendezvous" drop them, "console" prints them.
-void check_event_log_handler(const std::string& name) {
+void check_event_log_handler(const std::string& name, std::ostream& err) {
   if (name == "null" || name == "dynamic_rendezvous") return;
-  if (name == "console") {
-    throw UsageError(
-        "--event-log-handler console: torchrun prints its Python event records there; "
-        "dist-launch has no Python events (its own lifecycle messages are on the console "
-        "already): leave the flag out");
+  if (name == "console") {  // a flag of the logs alone: the job runs (a shared script may pass it)
+    err << "[dist-launch] warning: --event-log-handler console: torchrun prints its Python event "
+           "records there; dist-launch has none (its own lifecycle messages are on the console "
+           "already, and --event-log FILE writes its events as JSON lines): ignored\n";
+    return;
   }
   throw UsageError("--event-log-handler " + name +
                    ": torchrun knows null, dynamic_rendezvous and console; dist-launch drops "
@@ -335,15 +335,20 @@ std::string chosen_prefix_template(const std::string& flag_value) {
   return !flag_value.empty() ? flag_value : env ? env : "";
 }
 
-void check_local_ranks_filter(const agent::LaunchConfig& c) {
+// A local rank the node does not have shows nothing, as under torchrun (a launch script shared by
+// jobs of several sizes may name it): said, and left out.
+void check_local_ranks_filter(const agent::LaunchConfig& c, std::ostream& err) {
+  std::vector<int> absent;
   for (const int rank : c.local_ranks_filter) {
-    if (rank >= c.nproc_per_node) {
-      throw UsageError("--local-ranks-filter: local rank " + std::to_string(rank) +
-                       " does not exist on this node (--nproc-per-node " +
-                       std::to_string(c.nproc_per_node) + ": local ranks 0 to " +
-                       std::to_string(c.nproc_per_node - 1) + ")");
-    }
+    if (rank >= c.nproc_per_node) absent.push_back(rank);
   }
+  if (absent.empty()) return;
+  std::string list;
+  for (const int rank : absent) list += (list.empty() ? "" : ",") + std::to_string(rank);
+  err << "[dist-launch] warning: --local-ranks-filter: local rank"
+      << (absent.size() > 1 ? "s " : " ") << list << (absent.size() > 1 ? " do" : " does")
+      << " not exist on this node (--nproc-per-node " << c.nproc_per_node << ": local ranks 0 to "
+      << c.nproc_per_node - 1 << "): nothing of it is shown\n";
 }
 
 // --rdzv-endpoint (or Slurm's node) as host[:port]; 0 asks for a free port.
@@ -482,9 +487,9 @@ void require_slurm_step(const SlurmJob& slurm, const RawOptions& r, const Launch
 }
 
 // Options torchrun has that change nothing here: checked, then dropped.
-void check_compatibility_options(const RawOptions& r) {
+void check_compatibility_options(const RawOptions& r, std::ostream& err) {
   check_logs_specs(r.logs_specs);
-  check_event_log_handler(r.event_log_handler);
+  check_event_log_handler(r.event_log_handler, err);
   parse_seconds("--monitor-interval", r.monitor_interval, Zero::kAllowed);
 }
 
@@ -523,7 +528,7 @@ void read_output_options(const RawOptions& r, LaunchConfig& c, std::ostream& err
   parse_streams("--redirects", r.redirects, c.redirects, c.redirects_by_rank);
   parse_streams("--tee", r.tee, c.tee, c.tee_by_rank);
   c.local_ranks_filter = parse_rank_list(r.local_ranks_filter);
-  check_local_ranks_filter(c);
+  check_local_ranks_filter(c, err);
   c.log_line_prefix_template = chosen_prefix_template(r.log_line_prefix_template);
   c.console_prefix = parse_console_prefix(r.console_prefix);
   c.duplicate_stdout_filters = parse_filters(r.duplicate_stdout_filters);
@@ -763,7 +768,7 @@ CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
         "--help)");
   }
   err << options_after_the_script_warning(raw.script_and_args);
-  check_compatibility_options(raw);
+  check_compatibility_options(raw, err);
   RawOptions r = raw;
   // Inside Slurm, what the command line leaves out comes from the job step.
   const auto slurm = r.standalone || r.hosts.given() ? std::nullopt : slurm_job_from_environment();

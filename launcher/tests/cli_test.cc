@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist/launcher/cli.h"
+#include "logging.h"
 #include "resources/devices.h"
 
 namespace {
@@ -323,6 +324,29 @@ TEST(LauncherCli, PlacementFlagsReachTheConfig) {
   EXPECT_EQ(o.config.placement.numa_binding, dist::agent::NumaBinding::kNode);
 }
 
+// LOGLEVEL=ERROR (or CRITICAL) hides the command line's warnings too, as torchrun prints nothing
+// then; a name that is no level hides nothing (spdlog took it for "off").
+TEST(LauncherCli, LoglevelErrorHidesTheCommandLinesWarnings) {
+  const char* before = std::getenv("LOGLEVEL");
+  const std::string kept = before ? before : "";
+  std::string said;
+  for (const char* level : {"ERROR", "critical", "bogus", "warning"}) {
+    SCOPED_TRACE(level);
+    ::setenv("LOGLEVEL", level, 1);
+    const auto o = parse({"--nproc-per-node", "2", "--event-log-handler", "console"}, &said);
+    ASSERT_FALSE(o.exit_now) << said;
+    const bool hidden = std::string(level) == "ERROR" || std::string(level) == "critical";
+    EXPECT_EQ(said.find("warning: --event-log-handler console") == std::string::npos, hidden)
+        << said;
+    EXPECT_EQ(dist::launcher::warnings_hidden(), hidden);
+  }
+  if (before) {
+    ::setenv("LOGLEVEL", kept.c_str(), 1);
+  } else {
+    ::unsetenv("LOGLEVEL");
+  }
+}
+
 TEST(LauncherCli, DeviceFlagsFollowTheGpusThisNodeHas) {
   const dist::agent::Accelerators found = dist::agent::discover_accelerators();
   std::string error;
@@ -493,9 +517,6 @@ TEST(LauncherCli, LayoutsTheNodeCannotHaveAreRejected) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--standalone", "--nnodes", "2"}, "--standalone runs a single node, but --nnodes 2"},
       {{"--standalone", "--nnodes", "1:3"}, "--standalone runs a single node"},
-      {{"--nproc-per-node", "2", "--local-ranks-filter", "0,2"},
-       "--local-ranks-filter: local rank 2 does not exist on this node (--nproc-per-node 2: "
-       "local ranks 0 to 1)"},
       {{"--nnodes", "2", "--master-port", "0"}, "works on a single node only"},
       {{"--nnodes", "1:2", "--rdzv-endpoint", "h:0"}, "--rdzv-endpoint h:0 asks for a free port"},
       {{"--nnodes", "1", "--rdzv-endpoint", "h:0", "--rdzv-conf", "is_host=0"},
@@ -544,10 +565,35 @@ TEST(LauncherCli, TorchrunsLogFlagsReachTheConfig) {
   EXPECT_NE(error.find("(from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)"), std::string::npos) << error;
 }
 
+// Flags of the console alone that a torchrun launch script may pass: said, and the job runs, as
+// under torchrun (a local rank the node does not have shows nothing).
+TEST(LauncherCli, ConsoleFlagsThatCannotApplyHereAreSaidAndTheJobRuns) {
+  std::string said;
+  auto o = parse({"--nproc-per-node", "2", "--local-ranks-filter", "0,2,3"}, &said);
+  ASSERT_FALSE(o.exit_now) << said;
+  EXPECT_NE(said.find("warning: --local-ranks-filter: local ranks 2,3 do not exist on this node "
+                      "(--nproc-per-node 2: local ranks 0 to 1): nothing of it is shown"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(o.config.local_ranks_filter, (std::set<int>{0, 2, 3}));
+  EXPECT_TRUE(o.config.shows_on_console(0));
+  EXPECT_FALSE(o.config.shows_on_console(1));
+  said.clear();
+  o = parse({"--nproc-per-node", "2", "--local-ranks-filter", "2"}, &said);
+  ASSERT_FALSE(o.exit_now) << said;
+  EXPECT_FALSE(o.config.shows_on_console(0))
+      << "a filter of absent ranks shows none, not every one";
+  EXPECT_FALSE(o.config.shows_on_console(1));
+  said.clear();
+  o = parse({"--event-log-handler", "console"}, &said);
+  ASSERT_FALSE(o.exit_now) << said;
+  EXPECT_NE(said.find("warning: --event-log-handler console: torchrun prints"), std::string::npos)
+      << said;
+}
+
 TEST(LauncherCli, TorchrunFlagsDistLaunchCannotHonourAreRefusedWithTheReason) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--logs_specs=DOESNOT_EXIST"}, "--logs-specs DOESNOT_EXIST: torchrun loads a Python"},
-      {{"--event-log-handler", "console"}, "--event-log-handler console: torchrun prints"},
       {{"--event-log-handler", "kafka"}, "torchrun knows null, dynamic_rendezvous and console"},
       {{"--log-line-prefix-template", "${node}"}, "unknown variable 'node'"},
       {{"--console-prefix", "some"}, "--console-prefix takes all, tee or none"},

@@ -34,7 +34,14 @@ class LaunchConfig:
 
     dist-launch's own: warm_restart (--warm-restart: Python workers forked from a zygote that
     imported `preload`'s modules once, default torch and numpy), snapshot_memory and
-    snapshot_dir (--snapshot-memory "8G", --snapshot-dir: dist_launch.snapshot's store)."""
+    snapshot_dir (--snapshot-memory "8G", --snapshot-dir: dist_launch.snapshot's store).
+
+    torch's other fields are taken too, so that its callers' code runs unchanged: logs_specs (a
+    DefaultLogsSpecs: its log directory, redirects, tee and local ranks' filter, where the fields
+    above leave them), log_line_prefix_template, duplicate_stdout_filters and
+    duplicate_stderr_filters (lists), event_log_handler, numa_options (its affinity_mode, as
+    --numa-binding) and metrics_cfg (torch's metrics handler's settings: dist-launch has its own
+    metrics, --metrics-port; ignored)."""
 
     min_nodes: int = 1
     max_nodes: int = 1
@@ -62,6 +69,13 @@ class LaunchConfig:
     snapshot_memory: Optional[str] = None
     snapshot_dir: Optional[str] = None
     extra_args: List[str] = field(default_factory=list)
+    logs_specs: Optional[Any] = None
+    log_line_prefix_template: Optional[str] = None
+    duplicate_stdout_filters: Optional[Sequence[str]] = None
+    duplicate_stderr_filters: Optional[Sequence[str]] = None
+    event_log_handler: str = "null"
+    numa_options: Optional[Any] = None
+    metrics_cfg: Dict[str, str] = field(default_factory=dict)
 
     def to_args(self) -> List[str]:
         """The dist-launch options this configuration stands for."""
@@ -75,8 +89,9 @@ class LaunchConfig:
                 "--max-restarts", str(self.max_restarts),
                 "--monitor-interval", str(self.monitor_interval),
                 "--start-method", self.start_method,
-                "--signals-to-handle", self.signals_to_handle,
-                "--redirects", _streams(self.redirects), "--tee", _streams(self.tee)]
+                "--signals-to-handle", self.signals_to_handle]
+        log_dir, redirects, tee, local_ranks_filter = self._logs()
+        args += ["--redirects", _streams(redirects), "--tee", _streams(tee)]
         conf = dict(self.rdzv_configs)
         node_rank = conf.pop("rank", None)  # torchrun passes --node-rank this way
         if node_rank is not None:
@@ -97,10 +112,25 @@ class LaunchConfig:
         args += ["--shutdown-timeout", str(shutdown_timeout)]
         if self.virtual_local_rank:
             args.append("--virtual-local-rank")
-        if self.log_dir:
-            args += ["--log-dir", str(self.log_dir)]
-        if self.local_ranks_filter is not None:
-            args += ["--local-ranks-filter", ",".join(str(r) for r in self.local_ranks_filter)]
+        if log_dir:
+            args += ["--log-dir", str(log_dir)]
+        if local_ranks_filter is not None:
+            args += ["--local-ranks-filter", ",".join(str(r) for r in sorted(local_ranks_filter))]
+        if self.log_line_prefix_template is not None:
+            args += ["--log-line-prefix-template", self.log_line_prefix_template]
+        for flag, filters in (("--duplicate-stdout-filters", self.duplicate_stdout_filters),
+                              ("--duplicate-stderr-filters", self.duplicate_stderr_filters)):
+            if filters:  # (a comma inside a filter is written twice)
+                args += [flag, ",".join(f.replace(",", ",,") for f in filters)]
+        if self.event_log_handler != "null":
+            args += ["--event-log-handler", self.event_log_handler]
+        if self.numa_options is not None:
+            mode = getattr(self.numa_options, "affinity_mode", None)
+            if mode is None:
+                raise UsageError(f"LaunchConfig: numa_options of type "
+                                 f"{type(self.numa_options).__qualname__} has no affinity_mode "
+                                 f"(dist-launch takes torch's NumaOptions)", EXIT_USAGE)
+            args += ["--numa-binding", str(getattr(mode, "value", mode))]
         if self.warm_restart:
             args.append("--warm-restart")
         if self.preload is not None:
@@ -110,6 +140,30 @@ class LaunchConfig:
         if self.snapshot_dir is not None:
             args += ["--snapshot-dir", str(self.snapshot_dir)]
         return args + [str(a) for a in self.extra_args]
+
+
+    def _logs(self):
+        """log_dir, redirects, tee and local_ranks_filter: these fields', or, where they are left
+        at their defaults, a torch DefaultLogsSpecs' given as logs_specs."""
+        log_dir, redirects, tee = self.log_dir, self.redirects, self.tee
+        local_ranks_filter = self.local_ranks_filter
+        specs = self.logs_specs
+        if specs is None:
+            return log_dir, redirects, tee, local_ranks_filter
+        if not hasattr(specs, "_root_log_dir"):
+            raise UsageError(f"LaunchConfig: logs_specs of type {type(specs).__qualname__}: "
+                             f"dist-launch takes torch's DefaultLogsSpecs (a log directory, "
+                             f"redirects, tee and a local ranks' filter), or the fields log_dir, "
+                             f"redirects, tee and local_ranks_filter", EXIT_USAGE)
+        if not log_dir:
+            log_dir = specs._root_log_dir
+        if not redirects:
+            redirects = getattr(specs, "_redirects", 0)
+        if not tee:
+            tee = getattr(specs, "_tee", 0)
+        if local_ranks_filter is None:
+            local_ranks_filter = getattr(specs, "_local_ranks_filter", None)
+        return log_dir, redirects, tee, local_ranks_filter
 
 
 def _streams(value: Streams) -> str:
@@ -158,8 +212,8 @@ def _raise_for(outcome: Outcome, name: str, report_name: Optional[str] = None) -
     if outcome.report is not None:
         report = outcome.report
         failures = {f.rank: f for f in report.failures}
-        raise ChildFailedError(report_name or report.name, failures, report.root.rank,
-                               report.text, code)
+        raise ChildFailedError.of(report_name or report.name, failures, report.root.rank,
+                                  report.text, code)
     if code == EXIT_USAGE:
         raise UsageError(errors or "dist-launch refused its command line", code)
     if code < 0:

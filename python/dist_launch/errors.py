@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -103,6 +104,31 @@ class ChildFailedError(LaunchError):
     def format_msg(self) -> str:
         return self.report
 
+    @classmethod
+    def of(cls, name: str, failures: Dict[int, ProcessFailure], root_rank: int, report: str,
+           exit_code: int) -> "ChildFailedError":
+        """The error to raise: where the caller has torch's ChildFailedError loaded (its code
+        names it in an `except`), one of those too, so that code written for torch's
+        elastic_launch catches it unchanged."""
+        errors = sys.modules.get("torch.distributed.elastic.multiprocessing.errors")
+        torchs = getattr(errors, "ChildFailedError", None)
+        if not isinstance(torchs, type) or not issubclass(torchs, BaseException):
+            return cls(name, failures, root_rank, report, exit_code)
+        kin = _TORCH_KIN.get(torchs)
+        if kin is None:
+            kin = type("ChildFailedError", (cls, torchs), {
+                "__module__": cls.__module__,
+                "__doc__": cls.__doc__,
+                # (pickled as dist_launch's own: the receiving process may have no torch)
+                "__reduce__": lambda self: (ChildFailedError, (self.name, self.failures,
+                                                               self.root_rank, self.report,
+                                                               self.exit_code)),
+            })
+            _TORCH_KIN[torchs] = kin
+        return kin(name, failures, root_rank, report, exit_code)
+
+
+_TORCH_KIN: Dict[type, type] = {}
 
 RULE = "=" * 60
 THIN_RULE = "-" * 60

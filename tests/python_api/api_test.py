@@ -7,6 +7,7 @@ what cannot be sent to a fresh interpreter. No torch needed.
 """
 import argparse
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -292,6 +293,53 @@ class FunctionEntrypoint(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, r"^run\(\) takes the command line as a list of "
                                     r"strings"):
             run("--nproc-per-node 2 train.py")
+
+    def test_torchs_other_fields_are_taken_as_its_callers_pass_them(self):
+        # (They were a TypeError: "unexpected keyword argument 'log_line_prefix_template'".)
+        with tempfile.TemporaryDirectory() as logs:
+            config = LaunchConfig(nproc_per_node=2, log_line_prefix_template="<${rank}> ",
+                                  duplicate_stdout_filters=["needle, with a comma"],
+                                  event_log_handler="null", metrics_cfg={"unused": "1"})
+            try:  # torch's DefaultLogsSpecs where torch is, else the same fields of ours
+                from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+                config.logs_specs = DefaultLogsSpecs(log_dir=logs, tee=Std.ALL)
+            except ImportError:
+                config.log_dir, config.tee = logs, 3
+            results = launch(config, sys.executable, "-c",
+                             "print('a needle, with a comma, in a haystack')")
+            self.assertEqual({0: 0, 1: 0}, results)
+            found = {}
+            for directory, _, files in os.walk(logs):
+                for name in files:
+                    with open(os.path.join(directory, name)) as f:
+                        found.setdefault(name, []).append(f.read())
+            self.assertEqual(2, len(found.get("stdout.log", [])), found)
+            for text in found["stdout.log"]:
+                self.assertIn("a needle, with a comma, in a haystack", text)
+            filtered = "".join(found.get("filtered_stdout.log", []))
+            for rank in (0, 1):
+                self.assertIn(f"<{rank}> a needle, with a comma, in a haystack", filtered)
+        with self.assertRaisesRegex(dist_launch.UsageError, "logs_specs of type object: "
+                                    "dist-launch takes torch's DefaultLogsSpecs"):
+            launch(LaunchConfig(nproc_per_node=1, logs_specs=object()), sys.executable, "-c", "")
+
+    def test_torchs_except_child_failed_error_catches_the_failure(self):
+        try:
+            from torch.distributed.elastic.multiprocessing.errors import \
+                ChildFailedError as TorchsChildFailedError
+        except ImportError:
+            self.skipTest("no torch 2.x here (torch.distributed.elastic's errors)")
+        with self.assertRaises(TorchsChildFailedError) as caught:
+            launch(LaunchConfig(nproc_per_node=1), sad)
+        error = caught.exception
+        self.assertIsInstance(error, ChildFailedError)
+        rank, first = error.get_first_failure()
+        self.assertEqual((0, 1), (rank, first.exitcode))
+        self.assertIn("sad because i throw", first.message)
+        self.assertIn("sad FAILED", error.format_msg())
+        again = pickle.loads(pickle.dumps(error))  # dist_launch's own, torch or not where it lands
+        self.assertIs(type(again), ChildFailedError)
+        self.assertEqual(str(error), str(again))
 
     def test_programs_still_return_exit_codes(self):
         results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")

@@ -528,7 +528,7 @@ void read_output_options(const RawOptions& r, LaunchConfig& c, std::ostream& err
   parse_streams("--redirects", r.redirects, c.redirects, c.redirects_by_rank);
   parse_streams("--tee", r.tee, c.tee, c.tee_by_rank);
   c.local_ranks_filter = parse_rank_list(r.local_ranks_filter);
-  check_local_ranks_filter(c, err);
+  if (!r.hosts.given()) check_local_ranks_filter(c, err);  // (--hosts: each host's agent does)
   c.log_line_prefix_template = chosen_prefix_template(r.log_line_prefix_template);
   c.console_prefix = parse_console_prefix(r.console_prefix);
   c.duplicate_stdout_filters = parse_filters(r.duplicate_stdout_filters);

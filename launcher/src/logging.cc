@@ -14,7 +14,7 @@ namespace {
 // unknown name for "off", and hide even the errors).
 std::optional<spdlog::level::level_enum> level_from_environment() {
   const char* level = std::getenv("LOGLEVEL");
-  std::string text = level ? level : "info";
+  std::string text = level && *level ? level : "info";  // (an empty one: unset)
   for (auto& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (text == "warning") text = "warn";
   if (text == "fatal") text = "critical";  // (Python's alias)

@@ -330,7 +330,7 @@ TEST(LauncherCli, LoglevelErrorHidesTheCommandLinesWarnings) {
   const char* before = std::getenv("LOGLEVEL");
   const std::string kept = before ? before : "";
   std::string said;
-  for (const char* level : {"ERROR", "critical", "bogus", "warning"}) {
+  for (const char* level : {"ERROR", "critical", "bogus", "warning", ""}) {
     SCOPED_TRACE(level);
     ::setenv("LOGLEVEL", level, 1);
     const auto o = parse({"--nproc-per-node", "2", "--event-log-handler", "console"}, &said);
@@ -584,6 +584,10 @@ TEST(LauncherCli, ConsoleFlagsThatCannotApplyHereAreSaidAndTheJobRuns) {
   EXPECT_FALSE(o.config.shows_on_console(0))
       << "a filter of absent ranks shows none, not every one";
   EXPECT_FALSE(o.config.shows_on_console(1));
+  said.clear();  // (--hosts: each host's agent checks its own local ranks)
+  o = parse({"--hosts", "a,b", "--nproc-per-node", "4", "--local-ranks-filter", "0,3"}, &said);
+  ASSERT_FALSE(o.exit_now) << said;
+  EXPECT_EQ(said.find("--local-ranks-filter"), std::string::npos) << said;
   said.clear();
   o = parse({"--event-log-handler", "console"}, &said);
   ASSERT_FALSE(o.exit_now) << said;

@@ -3,7 +3,9 @@ failed workers (ProcessFailure, by global rank) and the root cause, read from th
 dist-launch prints (the same layout as torchrun's)."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import re
 import signal
 import sys
@@ -119,16 +121,28 @@ class ChildFailedError(LaunchError):
             kin = type("ChildFailedError", (cls, torchs), {
                 "__module__": cls.__module__,
                 "__doc__": cls.__doc__,
-                # (pickled as dist_launch's own: the receiving process may have no torch)
-                "__reduce__": lambda self: (ChildFailedError, (self.name, self.failures,
-                                                               self.root_rank, self.report,
-                                                               self.exit_code)),
+                # (made again where it lands: torch's too if that process has torch's loaded)
+                "__reduce__": lambda self: (ChildFailedError.of, (self.name, self.failures,
+                                                                  self.root_rank, self.report,
+                                                                  self.exit_code)),
+                "get_first_failure": _first_failure_for_torchs_record,
             })
             _TORCH_KIN[torchs] = kin
         return kin(name, failures, root_rank, report, exit_code)
 
 
 _TORCH_KIN: Dict[type, type] = {}
+
+
+def _first_failure_for_torchs_record(self) -> Tuple[int, ProcessFailure]:
+    """The root cause, as torch's @record takes it from a ChildFailedError it catches: it copies
+    the failure's error file into its own unless the file is "<N/A>", so an error file that is
+    not on this host (another node's worker's) or none ("") is "<N/A>" here, not an open() that
+    fails and hides the failure."""
+    rank, failure = ChildFailedError.get_first_failure(self)
+    if not failure.error_file or not os.path.isfile(failure.error_file):
+        failure = dataclasses.replace(failure, error_file="<N/A>")
+    return rank, failure
 
 RULE = "=" * 60
 THIN_RULE = "-" * 60

@@ -337,9 +337,31 @@ class FunctionEntrypoint(unittest.TestCase):
         self.assertEqual((0, 1), (rank, first.exitcode))
         self.assertIn("sad because i throw", first.message)
         self.assertIn("sad FAILED", error.format_msg())
-        again = pickle.loads(pickle.dumps(error))  # dist_launch's own, torch or not where it lands
-        self.assertIs(type(again), ChildFailedError)
+        again = pickle.loads(pickle.dumps(error))  # torch's too where it lands with torch's loaded
+        self.assertIsInstance(again, TorchsChildFailedError)
+        self.assertIsInstance(again, ChildFailedError)
         self.assertEqual(str(error), str(again))
+
+    def test_torchs_record_passes_the_failure_on(self):
+        # torch's @record copies the root cause's error file when it catches its ChildFailedError;
+        # the failure's file must be one it can read or "<N/A>", never "" (open('') failed and a
+        # FileNotFoundError hid the failure).
+        try:
+            from torch.distributed.elastic.multiprocessing.errors import record
+        except ImportError:
+            self.skipTest("no torch here")
+        with tempfile.TemporaryDirectory() as parent:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(parent, "error.json")
+            try:
+                with self.assertRaises(ChildFailedError):
+                    record(lambda: launch(LaunchConfig(nproc_per_node=1), sys.executable, "-c",
+                                          "raise SystemExit(3)"))()
+                with self.assertRaises(ChildFailedError) as caught:
+                    record(lambda: launch(LaunchConfig(nproc_per_node=1), sad))()
+                _, first = caught.exception.get_first_failure()
+                self.assertIn(first.error_file, ("<N/A>", caught.exception.failures[0].error_file))
+            finally:
+                del os.environ["TORCHELASTIC_ERROR_FILE"]
 
     def test_programs_still_return_exit_codes(self):
         results = launch(LaunchConfig(nproc_per_node=2), sys.executable, "-c", "pass")

@@ -171,6 +171,18 @@ class Agent {
           spdlog::info("all {} workers of this node succeeded", config_.nproc_per_node);
         }
         exit_code_ = 0;
+        if (config_.restart_policy == RestartPolicy::kInPlace && rounds_->several_nodes() &&
+            now_.round) {
+          // Every node's workers are done: the job's replacements, which job_end counts on every
+          // node alike (as a failed job's report reads them).
+          return steps_.launch(rounds_->replaced_everywhere(*now_.round),
+                               [this](const std::vector<InPlaceReplacement>& elsewhere) {
+                                 if (now_.state != State::kSucceeded) return;  // (left already)
+                                 telemetry_->job_replacements(static_cast<int>(
+                                     merge_replacements(policy_->replaced(), elsewhere).size()));
+                                 transition(State::kExit);
+                               });
+        }
         return transition(State::kExit);
       case State::kFailed:
         if (!rounds_->several_nodes()) return report(now_.failures);
@@ -254,7 +266,6 @@ class Agent {
   void on_joined(Round a) {
     if (now_.state != State::kRendezvous) return;
     now_.restart_count = a.restarts;
-    round_lost_.clear();
     telemetry_->round_joined(a);
     spdlog::info("round {}: node {} of {}, global ranks {}..{} of {}", a.round, a.node_rank,
                  a.num_nodes, a.rank_offset, a.rank_offset + config_.nproc_per_node - 1,
@@ -305,7 +316,21 @@ class Agent {
       // (Leaving already, for a signal or a failed start: the job ends as that says, not as the
       // store's loss would, which leaving may well have caused.)
       if (now_.state == State::kExit) return;
-      spdlog::error("lost the rendezvous store: {}", o.store_lost);
+      // (Timed out, or the network unreachable as it timed out (this host's own link down): no
+      // answer for the keepalive's length, this host cut off from the store's or that host down.
+      // A refusal or a reset: the store's agent is gone.)
+      const auto says = [&](const char* what) {
+        return o.store_lost.find(what) != std::string::npos;
+      };
+      const bool unanswered = config_.rdzv_backend != RendezvousBackend::kEtcdV3 &&
+                              (says("timed out") || says("unreachable") || says("No route"));
+      spdlog::error(
+          "lost the rendezvous store: {}{}", o.store_lost,
+          unanswered
+              ? fmt::format(" (no answer for about {} s: this host was cut off from the "
+                            "store's, or that host went down); this node's workers stop",
+                            config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt)
+              : std::string("; this node's workers stop"));
       failure_reason_ = "lost the rendezvous store at " + rounds_->describe();
       return feed(Input::kStoreLost);
     }
@@ -339,7 +364,7 @@ class Agent {
     if (o.result.kind == WatchResult::kNodeLost) {
       // (The job may fail of it, no worker having failed: the report says this, not a failure
       // record another node never wrote.)
-      round_lost_ = node_lost_text(o.result.node);
+      round_lost_ = {now_.round ? now_.round->round : 0, node_lost_text(o.result.node)};
       policy_->node_lost(o.result.node);
       return feed(Input::kNodeLost);
     }
@@ -354,10 +379,26 @@ class Agent {
   // Its agent died (the kernel closed its connection: at once), or its host went down or was cut
   // off from this one for longer than the keepalive: which, the store cannot tell.
   std::string node_lost_text(int node) const {
-    return fmt::format(
-        "node {}'s agent is gone: its connection to the store ended (the agent died, or its host "
-        "went down or was cut off for longer than the keepalive, about {} s)",
-        node, config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt);
+    const std::string who = node >= 0 ? "node " + std::to_string(node) + "'s agent" : "an agent";
+    if (config_.rdzv_backend == RendezvousBackend::kEtcdV3) {
+      return who +
+             " is gone: its lease in etcd expired (the agent died, or its host went down or "
+             "was cut off from etcd for longer than the lease)";
+    }
+    // The keepalive that ended it is the store's: this agent's own where it hosts the store.
+    const std::string keepalive =
+        rounds_->hosts_others()
+            ? fmt::format("the keepalive, about {} s",
+                          config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt)
+            : "the store's keepalive";
+    return who +
+           " is gone: its connection to the store ended (the agent died, or its host went "
+           "down or was cut off for longer than " +
+           keepalive + ")";
+  }
+  // The node the current round lost, if it did: why the job failed if it fails of it.
+  std::string lost_this_round() const {
+    return round_lost_.first == round_number() ? round_lost_.second : std::string();
   }
 
   void on_verdict(const Verdict& v) {
@@ -552,7 +593,7 @@ class Agent {
   std::string failure_summary() const {
     if (!failure_reason_.empty()) return failure_reason_;
     const std::vector<WorkerFailure>& failures = now_.failures;
-    if (failures.empty() && !round_lost_.empty()) return round_lost_;
+    if (failures.empty() && !lost_this_round().empty()) return lost_this_round();
     if (failures.empty()) return "round " + std::to_string(round_number()) + " failed";
     const auto& root = failures[root_cause_index(failures)];
     return "worker " + std::to_string(root.worker.rank) + " on " + root.host + " failed";
@@ -571,8 +612,8 @@ class Agent {
     if (failures.empty()) {  // the job failed without a worker failing (nodes lost)
       spdlog::error("the job failed: {}",
                     !failure_reason_.empty() ? failure_reason_
-                    : !round_lost_.empty()
-                        ? round_lost_
+                    : !lost_this_round().empty()
+                        ? lost_this_round()
                         : "round " + std::to_string(round_number()) +
                               " failed on another node, which left no failure record");
       exit_code_ = kExitAgentError;
@@ -663,8 +704,8 @@ class Agent {
   bool prepared_ = false;
   bool watching_ = false;  // the round's watch has not reported back yet
   Stopping stopping_;
-  std::string failure_reason_;  // why the job failed when no worker did
-  std::string round_lost_;      // the node this round lost, if it did (said if the job fails of it)
+  std::string failure_reason_;                      // why the job failed when no worker did
+  std::pair<int, std::string> round_lost_{-1, ""};  // a round, and the node it lost
   int exit_code_ = 0;
   bool finished_ = false;
   bool shut_down_ = false;

@@ -70,6 +70,28 @@ std::string workers_text(const std::vector<int>& ranks) {
   return (ranks.size() == 1 ? "worker " : "workers ") + comma_list(ranks);
 }
 
+// What the other nodes' reports show of a replacement: its message and traceback cut (a worker's
+// may be megabytes; the record is written again at each replacement and round); whole in this
+// node's own report and log.
+constexpr std::size_t kStoredTextBytes = 16 * 1024;
+
+std::string cut_for_the_store(std::string text) {
+  if (text.size() <= kStoredTextBytes) return text;
+  std::size_t cut = kStoredTextBytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  const std::size_t whole = text.size();
+  text.resize(cut);
+  return text + "... (" + std::to_string(whole) + " bytes: whole in its node's log)";
+}
+
+std::vector<InPlaceReplacement> for_the_store(std::vector<InPlaceReplacement> replaced) {
+  for (InPlaceReplacement& r : replaced) {
+    r.failure.message = cut_for_the_store(std::move(r.failure.message));
+    r.failure.traceback = cut_for_the_store(std::move(r.failure.traceback));
+  }
+  return replaced;
+}
+
 }  // namespace
 
 void InPlace::add_facts(Facts& facts) const {
@@ -115,12 +137,28 @@ void InPlace::stopping() {
 }
 
 // The workers this node replaced, for every node's failure report (several nodes): the whole
-// list each time, in the round running now. A write that fails leaves them out of the other
-// nodes' reports only.
+// list each time, in the round running now, one write at a time (a later list never overwritten
+// by an earlier one that arrives after it: etcd's requests go to any member). A write that fails
+// leaves them out of the other nodes' reports only.
 void InPlace::publish_replacements() {
-  if (!p_.rounds.several_nodes()) return;
-  p_.steps.fire_and_forget(p_.rounds.publish_replacements(*p_.now.round, replaced_),
-                           "publishing the workers replaced in place");
+  if (!p_.rounds.several_nodes() || replaced_.empty() || !p_.now.round) return;
+  publish_again_ = true;
+  if (publishing_) return;
+  publishing_ = true;
+  p_.steps.fire_and_forget(publish_while_changed(), "publishing the workers replaced in place");
+}
+
+Task<void> InPlace::publish_while_changed() {
+  try {
+    while (publish_again_ && p_.now.round) {
+      publish_again_ = false;
+      co_await p_.rounds.publish_replacements(*p_.now.round, for_the_store(replaced_));
+    }
+  } catch (...) {
+    publishing_ = false;
+    throw;
+  }
+  publishing_ = false;
 }
 
 void InPlace::workers_failed(bool stops) {

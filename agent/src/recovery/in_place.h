@@ -34,7 +34,9 @@ namespace dist::agent {
 class InPlace final : public RecoveryPolicy {
  public:
   explicit InPlace(RecoveryParts parts)
-      : p_(std::move(parts)), regroup_(p_, g_), joining_(p_, g_) {}
+      : p_(std::move(parts)),
+        regroup_(p_, g_, [this] { publish_replacements(); }),
+        joining_(p_, g_) {}
 
   void add_facts(Facts& facts) const override;
   int replacements() const override { return replacements_; }
@@ -80,7 +82,9 @@ class InPlace final : public RecoveryPolicy {
   // The most replacements the job may count (--max-restarts less its group restarts).
   int budget() const { return p_.config.max_restarts - p_.now.restart_count; }
   void explain_fallback(bool recovering);
+  // The workers this node replaced, for every node's failure report (several nodes).
   void publish_replacements();
+  Task<void> publish_while_changed();
   Task<Claim> claim_replacement(std::vector<WorkerFailure> failures);
   Task<void> fold_into_recovery(Claim& c, Round round, std::vector<int> failed);
   // The failures just reaped, in RUNNING and in REPLACING (Facts::replaceable, Facts::foldable).
@@ -117,6 +121,8 @@ class InPlace final : public RecoveryPolicy {
   int recovery_ = 0;                   // counts this node's recoveries (REPLACING from RUNNING)
   Claim claim_;                        // REPLACING's claim
   std::vector<InPlaceReplacement> replaced_;
+  bool publishing_ = false;     // a write of replaced_ is under way
+  bool publish_again_ = false;  // and replaced_ or the round changed since it began
   // When the failures that began the recovery under way were reaped (one folded into it later
   // does not move it: the survivors have not trained since the first), and the first's rank.
   std::chrono::steady_clock::time_point failed_at_;

@@ -48,6 +48,7 @@ void Regroup::on_joined(Join j) {
   p_.now.round = to;
   p_.now.restart_count = to.restarts;
   p_.telemetry->round_joined(to);
+  round_changed_();
   if (!why.empty()) {  // the others are in the new round too: it ends for all of them
     end_joined_round();
     return failed(why);
@@ -72,6 +73,7 @@ void Regroup::abandon(const Join& j) {
                         j.round->restarts == p_.now.round->restarts;
   p_.now.round = *j.round;
   p_.now.restart_count = j.round->restarts;
+  round_changed_();
   if (finished) return finish();
   end_joined_round();
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,7 +24,9 @@ namespace dist::agent {
 
 class Regroup {
  public:
-  Regroup(RecoveryParts& parts, RoundGenerations& round) : p_(parts), g_(round) {}
+  // `round_changed`: called once this node is in the next round (its records go there).
+  Regroup(RecoveryParts& parts, RoundGenerations& round, std::function<void()> round_changed)
+      : p_(parts), g_(round), round_changed_(std::move(round_changed)) {}
 
   // What the watch found, said in the log when the regroup begins ("node 1 was lost"), and
   // whether a node was lost (its workers stalled at once).
@@ -74,6 +77,7 @@ class Regroup {
 
   RecoveryParts& p_;
   RoundGenerations& g_;
+  std::function<void()> round_changed_;
   std::string cause_;
   bool lost_node_ = false;
   bool joining_ = false;  // the join has not reported back

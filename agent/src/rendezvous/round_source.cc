@@ -100,6 +100,9 @@ class LocalRounds final : public RoundSource {
     co_return CollectedFailures{};
   }
   Task<void> publish_replacements(Round, std::vector<InPlaceReplacement>) override { co_return; }
+  Task<std::vector<InPlaceReplacement>> replaced_everywhere(Round) override {
+    co_return std::vector<InPlaceReplacement>{};
+  }
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers, int budget) override {
     if (recovering_ != Recovery::kNone && recovering_round_ == a.round) {
       co_return RecoveryClaim{std::nullopt, recovering_, {}, std::nullopt};
@@ -268,13 +271,24 @@ class NodeRounds : public RoundSource {
     } catch (const store::StoreError& e) {
       if (e.code() == store::StoreErrc::kCancelled) throw;
       spdlog::warn("cannot read the workers the other nodes replaced in place: {}", e.what());
-    } catch (const RendezvousError& e) {  // a record this agent cannot read: left out, said
+    } catch (const std::exception& e) {  // a record this agent cannot read: left out, said
       spdlog::warn("cannot read the workers the other nodes replaced in place: {}", e.what());
     }
     co_return all;
   }
   Task<void> publish_replacements(Round a, std::vector<InPlaceReplacement> replaced) override {
     co_await rdzv_->publish_replacements(std::move(a), std::move(replaced));
+  }
+  Task<std::vector<InPlaceReplacement>> replaced_everywhere(Round a) override {
+    try {
+      co_return co_await rdzv_->replaced(std::move(a));
+    } catch (const store::StoreError& e) {
+      if (e.code() == store::StoreErrc::kCancelled) throw;
+      spdlog::debug("cannot read the workers the other nodes replaced in place: {}", e.what());
+    } catch (const std::exception& e) {
+      spdlog::debug("cannot read the workers the other nodes replaced in place: {}", e.what());
+    }
+    co_return std::vector<InPlaceReplacement>{};
   }
   bool hosts_others() const override { return job_store_.has_value(); }
   Task<void> wait_for_others(Round a) override {

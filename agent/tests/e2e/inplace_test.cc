@@ -1095,6 +1095,14 @@ TEST_F(InPlaceStaticNodes, TheOtherNodesWorkerKeepsRunningAndTheReplacementGetsI
   ASSERT_EQ(recovered.size(), 1u);
   EXPECT_EQ(recovered[0]["root"], 0);
   EXPECT_EQ(recovered[0]["first_step"], 10);
+  // The job succeeded: both nodes count node 1's replacement among its restarts (node 0 read it
+  // from the store once every worker was done; it had said 0).
+  for (const char* node : {"job_node0", "job_node1"}) {
+    const auto end = events(node, "job_end");
+    ASSERT_EQ(end.size(), 1u) << node;
+    EXPECT_EQ(end[0]["outcome"], "succeeded") << node;
+    EXPECT_EQ(end[0]["restarts"], 1) << node << ": " << end[0].dump();
+  }
 }
 
 // A node's only worker fails; what it started (a child in its process group, as a DataLoader's
@@ -2060,6 +2068,37 @@ TEST_F(InPlaceElasticNodes, ANewcomerJoinsTheRunningWorkersAtAStepBoundary) {
     EXPECT_EQ(events(name, "node_joined").size(), 1u) << all;
     EXPECT_TRUE(events(name, "inplace_fallback").empty()) << all;
     EXPECT_TRUE(events(name, "restart").empty()) << all;
+  }
+}
+
+// Rank 1 (node 1) is replaced in place; a newcomer then regroups the job into round 1; rank 0
+// fails there with no restart left. Every node's report lists rank 1's replacement: node 1
+// published it again in round 1 (node 0 read nothing there before), and every node counts it.
+TEST_F(InPlaceElasticNodes, AReplacementBeforeARegroupIsInEveryNodesReport) {
+  const std::string endpoint = job_endpoint();
+  const auto agent = [&](int i) {
+    // (Rank 0 fails at step 250 of the regroup's generation, whichever number it has.)
+    return training_agent(i, "2:3", endpoint, {"--rdzv-conf", "last_call_timeout=1"},
+                          {"--steps", "300", "--step-ms", "10", "--crash", "1:2", "--crash",
+                           "0:250:1", "--crash", "0:250:2"});
+  };
+  std::vector<std::unique_ptr<Child>> agents;
+  ASSERT_NO_FATAL_FAILURE(start_two_then_a_newcomer(agent, agents));
+  std::string all;
+  const auto codes = wait_all(agents, all);
+  for (const int code : codes) EXPECT_NE(code, 0) << all;
+  const std::string replaced =
+      "replaced in place by pid " + read("job/born_1_0_1") + " (generation 1)";
+  for (const auto& a : agents) {
+    const std::string o = a->output();
+    const auto before = o.find("Replaced in place before (the job went on):");
+    ASSERT_NE(before, std::string::npos) << o;
+    EXPECT_NE(o.find(replaced, before), std::string::npos) << replaced << "\n" << o;
+  }
+  for (const char* node : {"job_node0", "job_node1", "job_node2"}) {
+    const auto end = events(node, "job_end");
+    ASSERT_EQ(end.size(), 1u) << node << "\n" << all;
+    EXPECT_EQ(end[0]["restarts"], 1) << node << ": " << end[0].dump();
   }
 }
 

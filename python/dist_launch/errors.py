@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import signal
 import sys
@@ -136,11 +135,13 @@ _TORCH_KIN: Dict[type, type] = {}
 
 def _first_failure_for_torchs_record(self) -> Tuple[int, ProcessFailure]:
     """The root cause, as torch's @record takes it from a ChildFailedError it catches: it copies
-    the failure's error file into its own unless the file is "<N/A>", so an error file that is
-    not on this host (another node's worker's) or none ("") is "<N/A>" here, not an open() that
-    fails and hides the failure."""
+    the failure's error file into its own unless the file is "<N/A>", so an error file it could
+    not read (none: "", another host's worker's, one cut short as its worker was killed) is
+    "<N/A>" here, not a read that fails and hides the failure. (This class's only: dist_launch's
+    own ChildFailedError keeps the file as the report names it.)"""
     rank, failure = ChildFailedError.get_first_failure(self)
-    if not failure.error_file or not os.path.isfile(failure.error_file):
+    data = failure.error_file_data  # ({} when it is none, gone or not JSON)
+    if not isinstance(data, dict) or not data:
         failure = dataclasses.replace(failure, error_file="<N/A>")
     return rank, failure
 

@@ -350,16 +350,33 @@ class FunctionEntrypoint(unittest.TestCase):
             from torch.distributed.elastic.multiprocessing.errors import record
         except ImportError:
             self.skipTest("no torch here")
+        from dist_launch.errors import ProcessFailure
         with tempfile.TemporaryDirectory() as parent:
-            os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(parent, "error.json")
+            parents_file = os.path.join(parent, "error.json")
+            os.environ["TORCHELASTIC_ERROR_FILE"] = parents_file
             try:
+                # No error file (a program's exit): the failure, not open('').
                 with self.assertRaises(ChildFailedError):
                     record(lambda: launch(LaunchConfig(nproc_per_node=1), sys.executable, "-c",
                                           "raise SystemExit(3)"))()
-                with self.assertRaises(ChildFailedError) as caught:
+                # The function's error file: copied into the parent's, as under torch.
+                with self.assertRaises(ChildFailedError):
                     record(lambda: launch(LaunchConfig(nproc_per_node=1), sad))()
-                _, first = caught.exception.get_first_failure()
-                self.assertIn(first.error_file, ("<N/A>", caught.exception.failures[0].error_file))
+                with open(parents_file) as f:
+                    self.assertIn("sad because i throw", f.read())
+                # One cut short (its worker killed as it wrote it): the failure still.
+                cut = os.path.join(parent, "cut.json")
+                with open(cut, "w") as f:
+                    f.write('{"message": {"message": "RuntimeE')
+                failure = ProcessFailure(0, 0, "h", 1, 1, cut, "", "", 0)
+                error = ChildFailedError.of("train.py", {0: failure}, 0, "report", 1)
+
+                def raises():
+                    raise error
+                with self.assertRaises(ChildFailedError) as caught:
+                    record(raises)()
+                self.assertIs(caught.exception, error)
+                self.assertEqual("<N/A>", error.get_first_failure()[1].error_file)
             finally:
                 del os.environ["TORCHELASTIC_ERROR_FILE"]
 

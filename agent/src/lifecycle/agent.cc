@@ -175,13 +175,12 @@ class Agent {
             now_.round) {
           // Every node's workers are done: the job's replacements, which job_end counts on every
           // node alike (as a failed job's report reads them).
-          return steps_.launch(rounds_->replaced_everywhere(*now_.round),
-                               [this](const std::vector<InPlaceReplacement>& elsewhere) {
-                                 if (now_.state != State::kSucceeded) return;  // (left already)
-                                 telemetry_->job_replacements(static_cast<int>(
-                                     merge_replacements(policy_->replaced(), elsewhere).size()));
-                                 transition(State::kExit);
-                               });
+          return steps_.launch(rounds_->job_replacements(), [this](int replaced) {
+            if (now_.state != State::kSucceeded) return;  // (left already)
+            telemetry_->job_replacements(
+                std::max(replaced, static_cast<int>(policy_->replaced().size())));
+            transition(State::kExit);
+          });
         }
         return transition(State::kExit);
       case State::kFailed:
@@ -322,8 +321,9 @@ class Agent {
       const auto says = [&](const char* what) {
         return o.store_lost.find(what) != std::string::npos;
       };
-      const bool unanswered = config_.rdzv_backend != RendezvousBackend::kEtcdV3 &&
-                              (says("timed out") || says("unreachable") || says("No route"));
+      const bool unanswered =
+          config_.rdzv_backend != RendezvousBackend::kEtcdV3 &&
+          (says("Connection timed out") || says("unreachable") || says("No route"));
       spdlog::error(
           "lost the rendezvous store: {}{}", o.store_lost,
           unanswered

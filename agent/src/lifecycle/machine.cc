@@ -202,6 +202,8 @@ std::optional<Transition> next_state(State state, Input input, const Facts& fact
           state == State::kStopping) {
         break;
       }
+      // The workers succeeded (a last read of the store may be under way): the job's success.
+      if (state == State::kSucceeded) return exit_with(0);
       return Transition{State::kExit, StopReason::kSignal, std::nullopt, true};
     default:
       break;

@@ -100,9 +100,7 @@ class LocalRounds final : public RoundSource {
     co_return CollectedFailures{};
   }
   Task<void> publish_replacements(Round, std::vector<InPlaceReplacement>) override { co_return; }
-  Task<std::vector<InPlaceReplacement>> replaced_everywhere(Round) override {
-    co_return std::vector<InPlaceReplacement>{};
-  }
+  Task<int> job_replacements() override { co_return 0; }
   Task<RecoveryClaim> claim_recovery(Round a, Recovery kind, int workers, int budget) override {
     if (recovering_ != Recovery::kNone && recovering_round_ == a.round) {
       co_return RecoveryClaim{std::nullopt, recovering_, {}, std::nullopt};
@@ -279,16 +277,16 @@ class NodeRounds : public RoundSource {
   Task<void> publish_replacements(Round a, std::vector<InPlaceReplacement> replaced) override {
     co_await rdzv_->publish_replacements(std::move(a), std::move(replaced));
   }
-  Task<std::vector<InPlaceReplacement>> replaced_everywhere(Round a) override {
+  Task<int> job_replacements() override {
     try {
-      co_return co_await rdzv_->replaced(std::move(a));
+      co_return co_await rdzv_->replacements();
     } catch (const store::StoreError& e) {
       if (e.code() == store::StoreErrc::kCancelled) throw;
-      spdlog::debug("cannot read the workers the other nodes replaced in place: {}", e.what());
+      spdlog::info("cannot read the job's in-place replacements: {}", e.what());
     } catch (const std::exception& e) {
-      spdlog::debug("cannot read the workers the other nodes replaced in place: {}", e.what());
+      spdlog::info("cannot read the job's in-place replacements: {}", e.what());
     }
-    co_return std::vector<InPlaceReplacement>{};
+    co_return 0;
   }
   bool hosts_others() const override { return job_store_.has_value(); }
   Task<void> wait_for_others(Round a) override {

@@ -82,9 +82,9 @@ class RoundSource {
   // Several nodes, in place: this node's workers replaced in place so far, published in round
   // `a` for the other nodes' reports.
   virtual Task<void> publish_replacements(Round a, std::vector<InPlaceReplacement> replaced) = 0;
-  // Several nodes, in place: every node's published replacements in round `a` (none where the
-  // store cannot say: never an error), for job_end once the job succeeded.
-  virtual Task<std::vector<InPlaceReplacement>> replaced_everywhere(Round a) = 0;
+  // Several nodes, in place: the job's replacements (one read; 0 where the store cannot say:
+  // never an error), for job_end once the job succeeded.
+  virtual Task<int> job_replacements() = 0;
   // --restart-policy in-place: claims the job's one recovery for this node (`workers` of it
   // replaced while the others run, each counted with the replacements, and refused uncounted when
   // the job's replacements would pass `budget`: RecoveryClaim::over_budget; node 0's regroup, 0),

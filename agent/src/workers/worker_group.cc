@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -93,6 +94,17 @@ void log_failure(const WorkerFailure& f, const std::string& note) {
       note.empty() ? "" : ", " + note, f.collateral ? " (its error reads as a lost peer's)" : "");
 }
 
+// The workers are a Python interpreter (python, python3, python3.11), started by dist-launch or
+// named by --no-python: the progress hook is expected in them.
+bool runs_python(const LaunchConfig& config) {
+  if (config.python_workers) return true;
+  if (config.worker_argv.empty()) return false;
+  const std::string name = std::filesystem::path(config.worker_argv.front()).filename().string();
+  return name.starts_with("python") &&
+         name.find_first_not_of("0123456789.", std::string_view("python").size()) ==
+             std::string::npos;
+}
+
 HangOptions hang_options(const LaunchConfig& config, const std::string& host) {
   HangOptions o;
   if (config.watchdogs.hang_timeout) {
@@ -100,7 +112,7 @@ HangOptions hang_options(const LaunchConfig& config, const std::string& host) {
     o.timeout.fixed = *config.watchdogs.hang_timeout;
   }
   o.other_nodes = config.max_nodes > 1;
-  o.python_workers = config.python_workers && config.watchdogs.step_hook;
+  o.python_workers = runs_python(config) && config.watchdogs.step_hook;
   o.host = host;
   return o;
 }

@@ -437,6 +437,16 @@ TEST_F(Watchdogs, APythonWorkerWithoutTheHookIsSaidOnce) {
   auto hooked = launch({"--nproc-per-node", "2", script});  // the same script, hooked
   ASSERT_EQ(hooked->wait(), 0) << hooked->output();
   EXPECT_EQ(hooked->output().find("progress hook is not"), std::string::npos) << hooked->output();
+
+  // --no-python naming the interpreter itself: the same (it said nothing: not "Python workers").
+  auto isolated = launch({"--nproc-per-node", "2", "--no-python", "python3", "-I", script});
+  ASSERT_EQ(isolated->wait(), 0) << isolated->output();
+  EXPECT_EQ(count(isolated->output(), "dist-launch's progress hook is not in this Python worker"),
+            1U)
+      << isolated->output();
+  auto plain = launch({"--nproc-per-node", "2", "--no-python", "python3", script});
+  ASSERT_EQ(plain->wait(), 0) << plain->output();
+  EXPECT_EQ(plain->output().find("progress hook is not"), std::string::npos) << plain->output();
 }
 
 // ------------------------------------------------------------------------------------------------

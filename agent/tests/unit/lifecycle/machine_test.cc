@@ -218,6 +218,8 @@ TEST(StateMachineTransitions, RendezvousFailuresAndSignalsOutsideTheRound) {
        State::kExit, StopReason::kSignal, std::nullopt, true},
       {"SIGTERM while leaving: still 128 + signal", State::kExit, Input::kStopSignal, elastic(),
        State::kExit, StopReason::kSignal, std::nullopt, true},
+      {"SIGTERM once the workers succeeded (a last read under way): the job's success",
+       State::kSucceeded, Input::kStopSignal, static_nodes(true), State::kExit, std::nullopt, 0},
   });
 }
 

@@ -66,12 +66,31 @@ void StepHistory::add(const SlotReading& r) {
   if (r.steps < last_.steps) {  // a new worker in this slot: start afresh
     *this = StepHistory{};
   }
+  // Time since the last step spent in a pause the worker declared, or seen in work of its own
+  // that is no step (a checkpoint's torch.save or torch.distributed.checkpoint, a recompile),
+  // that made the step an outlier: not a step's time. (A 45 s checkpoint counted as one made the
+  // automatic timeout 450 s for the next hundred readings.) A step that loads or saves every
+  // time, as long as the others, is one.
+  constexpr std::uint32_t kNotAStep =
+      slot::kActivitySave | slot::kActivityCheckpoint | slot::kActivityCompile;
+  if (r.paused_since_ns != 0 || (r.activity & kNotAStep) ||
+      (r.resumed_ns != 0 && r.resumed_ns > last_.last_step_ns)) {
+    own_work_since_step_ = true;
+  }
   if (r.steps > last_.steps && last_.last_step_ns != 0 && r.last_step_ns > last_.last_step_ns) {
     const double span = static_cast<double>(r.last_step_ns - last_.last_step_ns) / 1e9;
-    durations_.push_back(span / static_cast<double>(r.steps - last_.steps));
-    if (durations_.size() > kDurations) durations_.pop_front();
+    const double each = span / static_cast<double>(r.steps - last_.steps);
+    const std::optional<double> usual = step_seconds_p50();
+    if (!own_work_since_step_ || !usual || each <= kOutlierFactor * *usual) {
+      durations_.push_back(each);
+      if (durations_.size() > kDurations) durations_.pop_front();
+    }
   }
-  if (r.steps > last_.steps) stepped_at_ = r.at;
+  if (r.steps > last_.steps) {
+    stepped_at_ = r.at;
+    // (Work of its own seen at this reading may be after its last step: it counts for the next.)
+    own_work_since_step_ = r.paused_since_ns != 0 || (r.activity & kNotAStep);
+  }
   last_ = r;
   window_.push_back(r);
   while (window_.size() > 2 && r.at - window_.front().at > kRateWindow) window_.pop_front();

@@ -109,6 +109,8 @@ class StepHistory {
   std::optional<std::chrono::nanoseconds> hang_timeout(const HangTimeoutRule& rule) const;
 
   static constexpr std::size_t kDurations = 256;  // step times kept
+  // A step this many times the median, with a pause or a checkpoint in it, is not kept.
+  static constexpr double kOutlierFactor = 3;
   static constexpr std::chrono::seconds kRateWindow{10};
   static constexpr std::size_t kMinWorkReadings = 3;
 
@@ -119,6 +121,7 @@ class StepHistory {
   std::chrono::nanoseconds stepped_at_{-1};  // the time (SlotReading::at) of the last reading
                                              // that saw steps
   std::deque<double> durations_;             // seconds
+  bool own_work_since_step_ = false;         // a pause or a checkpoint seen since the last step
   std::deque<SlotReading> window_;           // the readings of the last kRateWindow
 };
 

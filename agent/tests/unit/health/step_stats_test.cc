@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 namespace dist::agent {
 namespace {
 
@@ -65,6 +67,53 @@ TEST(StepHistory, TheAutomaticTimeoutIsTenTimesTheP99AtLeastThirtySeconds) {
   const StepHistory slow = steady(5, 60);  // a step every 5 s: 12 steps
   ASSERT_TRUE(slow.hang_timeout({}));
   EXPECT_NEAR(std::chrono::duration<double>(*slow.hang_timeout({})).count(), 50.0, 1e-6);
+}
+
+// A 45 s checkpoint between two steps (torch.save seen at the readings meanwhile), or a pause the
+// worker declared, is no step's time: the automatic timeout stays 30 s, not 450 s. The same 45 s
+// with nothing of its own seen is a step that long (10 x it).
+TEST(StepHistory, ACheckpointOrADeclaredPauseIsNoStepsTime) {
+  namespace slot = worker_contract::heartbeat_slot;
+  const auto after_a_gap = [](const std::function<void(SlotReading&, int)>& during,
+                              const std::function<void(SlotReading&)>& at_the_step) {
+    StepHistory h = steady(0.1, 20);  // 200 steps, the last at 20 s
+    for (int t = 21; t <= 65; ++t) {
+      SlotReading r = reading(t, 200, 20.0);
+      during(r, t);
+      h.add(r);
+    }
+    SlotReading r = reading(66, 201, 65.5);
+    at_the_step(r);
+    h.add(r);
+    h.add(reading(67, 211, 66.5));
+    return std::chrono::duration<double>(*h.hang_timeout({})).count();
+  };
+  const auto none = [](SlotReading&) {};
+  EXPECT_NEAR(after_a_gap([](SlotReading&, int) {}, none), 455.0, 1e-6) << "a 45.5 s step";
+  EXPECT_NEAR(after_a_gap([](SlotReading& r, int) { r.activity = slot::kActivitySave; }, none),
+              30.0, 1e-6);
+  EXPECT_NEAR(after_a_gap(
+                  [](SlotReading& r, int t) {
+                    if (t == 40) r.activity = slot::kActivityCheckpoint;  // seen once is enough
+                  },
+                  none),
+              30.0, 1e-6);
+  const auto paused = [](SlotReading& r, int) { r.paused_since_ns = 21 * kSecond; };
+  const auto resumed = [](SlotReading& r) { r.resumed_ns = 65 * kSecond; };
+  EXPECT_NEAR(after_a_gap(paused, resumed), 30.0, 1e-6);
+  // A pause too short for any reading to see it while it lasted: its end says it.
+  EXPECT_NEAR(after_a_gap([](SlotReading&, int) {}, resumed), 30.0, 1e-6);
+
+  // Steps of 5 s that each load a shard (torch.load seen at every reading): their time is the
+  // steps', 10 x 5 s, not the floor.
+  StepHistory loads;
+  for (int i = 1; i <= 60; ++i) {
+    const auto steps = static_cast<std::uint64_t>(i / 5);
+    SlotReading r = reading(i, steps, static_cast<double>(steps) * 5);
+    r.activity = slot::kActivitySave;
+    loads.add(r);
+  }
+  EXPECT_NEAR(std::chrono::duration<double>(*loads.hang_timeout({})).count(), 50.0, 1e-6);
 }
 
 TEST(StepHistory, BeforeFiveStepsTheAutomaticTimeoutIsFiveMinutes) {

@@ -404,6 +404,24 @@ TEST_F(Watchdogs, ASilenceLongerThanTheHangTimeoutEndsTheWorker) {
   EXPECT_NE(agent->output().find("hang on "), std::string::npos) << agent->output();
 }
 
+// Steps of 1.2 s (a reading sees each alone) and a declared pause of 6 s between two (a
+// checkpoint): the pause is no step's time, so the automatic timeout after it is still the floor,
+// 30 s, not 10 x the 7.2 s step it made of it, and a hang after it is looked at 30 s in.
+TEST_F(Watchdogs, ADeclaredPauseLeavesTheAutomaticTimeoutAsTheStepsMadeIt) {
+  auto agent = launch({"--no-python", kWorker, "steps", "6", "1200", "pause", "6000", "checkpoint",
+                       "steps", "3", "1200", "hang"});
+  EXPECT_TRUE(eventually(
+      [&] {
+        return agent->output().find("(hang timeout 30.0 s): looking at where every rank is") !=
+               std::string::npos;
+      },
+      75s))
+      << agent->output();
+  EXPECT_EQ(agent->output().find("(hang timeout 6"), std::string::npos) << agent->output();
+  ::kill(agent->pid(), SIGTERM);
+  EXPECT_EQ(agent->wait(), 128 + SIGTERM) << agent->output();
+}
+
 TEST_F(Watchdogs, ADeclaredPauseIsNoSilenceWhateverTheHangTimeout) {
   // The same silence as above, said: nothing is looked at, nothing ended.
   auto agent =

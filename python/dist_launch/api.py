@@ -141,7 +141,6 @@ class LaunchConfig:
             args += ["--snapshot-dir", str(self.snapshot_dir)]
         return args + [str(a) for a in self.extra_args]
 
-
     def _logs(self):
         """log_dir, redirects, tee and local_ranks_filter: these fields', or, where they are left
         at their defaults, a torch DefaultLogsSpecs' given as logs_specs."""

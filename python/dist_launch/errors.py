@@ -145,6 +145,7 @@ def _first_failure_for_torchs_record(self) -> Tuple[int, ProcessFailure]:
         failure = dataclasses.replace(failure, error_file="<N/A>")
     return rank, failure
 
+
 RULE = "=" * 60
 THIN_RULE = "-" * 60
 _ENTRY = re.compile(r"^\[(\d+)\]:$")

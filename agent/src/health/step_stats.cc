@@ -73,10 +73,8 @@ void StepHistory::add(const SlotReading& r) {
   // time, as long as the others, is one.
   constexpr std::uint32_t kNotAStep =
       slot::kActivitySave | slot::kActivityCheckpoint | slot::kActivityCompile;
-  if (r.paused_since_ns != 0 || (r.activity & kNotAStep) ||
-      (r.resumed_ns != 0 && r.resumed_ns > last_.last_step_ns)) {
-    own_work_since_step_ = true;
-  }
+  const bool own_work_now = r.paused_since_ns != 0 || (r.activity & kNotAStep);
+  if (own_work_now || r.resumed_ns > last_.last_step_ns) own_work_since_step_ = true;
   if (r.steps > last_.steps && last_.last_step_ns != 0 && r.last_step_ns > last_.last_step_ns) {
     const double span = static_cast<double>(r.last_step_ns - last_.last_step_ns) / 1e9;
     const double each = span / static_cast<double>(r.steps - last_.steps);
@@ -89,7 +87,7 @@ void StepHistory::add(const SlotReading& r) {
   if (r.steps > last_.steps) {
     stepped_at_ = r.at;
     // (Work of its own seen at this reading may be after its last step: it counts for the next.)
-    own_work_since_step_ = r.paused_since_ns != 0 || (r.activity & kNotAStep);
+    own_work_since_step_ = own_work_now;
   }
   last_ = r;
   window_.push_back(r);

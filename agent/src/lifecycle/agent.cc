@@ -593,8 +593,10 @@ class Agent {
   std::string failure_summary() const {
     if (!failure_reason_.empty()) return failure_reason_;
     const std::vector<WorkerFailure>& failures = now_.failures;
-    if (failures.empty() && !lost_this_round().empty()) return lost_this_round();
-    if (failures.empty()) return "round " + std::to_string(round_number()) + " failed";
+    if (failures.empty()) {
+      const std::string lost = lost_this_round();
+      return !lost.empty() ? lost : "round " + std::to_string(round_number()) + " failed";
+    }
     const auto& root = failures[root_cause_index(failures)];
     return "worker " + std::to_string(root.worker.rank) + " on " + root.host + " failed";
   }
@@ -610,12 +612,11 @@ class Agent {
     telemetry_->job_replacements(static_cast<int>(replaced.size()));
     const std::vector<WorkerFailure>& failures = now_.failures;
     if (failures.empty()) {  // the job failed without a worker failing (nodes lost)
+      const std::string why = !failure_reason_.empty() ? failure_reason_ : lost_this_round();
       spdlog::error("the job failed: {}",
-                    !failure_reason_.empty() ? failure_reason_
-                    : !lost_this_round().empty()
-                        ? lost_this_round()
-                        : "round " + std::to_string(round_number()) +
-                              " failed on another node, which left no failure record");
+                    !why.empty() ? why
+                                 : "round " + std::to_string(round_number()) +
+                                       " failed on another node, which left no failure record");
       exit_code_ = kExitAgentError;
     } else {
       if (config_.print_failure_report) {

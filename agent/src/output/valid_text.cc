@@ -76,6 +76,13 @@ bool is_valid_utf8(std::string_view text) {
   return true;
 }
 
+std::string_view utf8_prefix(std::string_view text, std::size_t bytes) {
+  if (text.size() <= bytes) return text;
+  std::size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end);
+}
+
 std::string valid_utf8(std::string_view text) {
   if (is_valid_utf8(text)) return std::string(text);
   std::string out;

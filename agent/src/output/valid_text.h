@@ -20,6 +20,10 @@ bool is_valid_utf8(std::string_view text);
 // Unicode recommends, and as browsers decode): "caf\xe9.py" becomes "caf\uFFFD.py".
 std::string valid_utf8(std::string_view text);
 
+// At most `bytes` of `text`, cut before a UTF-8 character's continuation bytes (never inside a
+// character).
+std::string_view utf8_prefix(std::string_view text, std::size_t bytes);
+
 // j.dump() with what is not UTF-8 in its strings replaced by U+FFFD: never throws.
 std::string json_text(const nlohmann::json& j);
 std::string json_text(const nlohmann::ordered_json& j);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "dist/store/errors.h"
+#include "output/valid_text.h"
 
 namespace dist::agent {
 namespace {
@@ -77,11 +78,8 @@ constexpr std::size_t kStoredTextBytes = 16 * 1024;
 
 std::string cut_for_the_store(std::string text) {
   if (text.size() <= kStoredTextBytes) return text;
-  std::size_t cut = kStoredTextBytes;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  const std::size_t whole = text.size();
-  text.resize(cut);
-  return text + "... (" + std::to_string(whole) + " bytes: whole in its node's log)";
+  return std::string(utf8_prefix(text, kStoredTextBytes)) + "... (" + std::to_string(text.size()) +
+         " bytes: whole in its node's log)";
 }
 
 std::vector<InPlaceReplacement> for_the_store(std::vector<InPlaceReplacement> replaced) {

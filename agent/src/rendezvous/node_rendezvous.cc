@@ -43,6 +43,22 @@ BarrierEnd passed_without(std::vector<int> lost) {
   return BarrierEnd{true, std::move(lost), false};
 }
 
+// Every node's list under `name` in round `a` (round/<r>/<name>/<k>), decoded and joined in node
+// order; a node that wrote none adds nothing.
+template <typename Decode>
+auto every_nodes(RendezvousStore& store, const Round& a, std::string_view name, Decode decode)
+    -> Task<decltype(decode(std::string_view(), std::string_view()))> {
+  std::vector<std::string> names;
+  for (int n = 0; n < a.num_nodes; ++n) names.push_back(schema::in_round(a.round, name, n));
+  const auto values = co_await store.multi_get(names);
+  decltype(decode(std::string_view(), std::string_view())) all;
+  for (std::size_t n = 0; n < values.size(); ++n) {
+    if (!values[n]) continue;
+    for (auto& item : decode(names[n], *values[n])) all.push_back(std::move(item));
+  }
+  co_return all;
+}
+
 }  // namespace
 
 std::string seconds_text(milliseconds timeout) {
@@ -461,17 +477,7 @@ Task<void> NodeRendezvous::Impl::announce_failure(Round a, std::vector<WorkerFai
 }
 
 Task<std::vector<WorkerFailure>> NodeRendezvous::Impl::failures(Round a) {
-  std::vector<std::string> names;
-  for (int n = 0; n < a.num_nodes; ++n) {
-    names.push_back(schema::in_round(a.round, name::kFailures, n));
-  }
-  const auto values = co_await store_->multi_get(names);
-  std::vector<WorkerFailure> all;
-  for (std::size_t n = 0; n < values.size(); ++n) {
-    if (!values[n]) continue;
-    for (auto& f : schema::decode_failures(names[n], *values[n])) all.push_back(std::move(f));
-  }
-  co_return all;
+  co_return co_await every_nodes(*store_, a, name::kFailures, schema::decode_failures);
 }
 
 Task<void> NodeRendezvous::Impl::publish_replacements(Round a,
@@ -481,17 +487,7 @@ Task<void> NodeRendezvous::Impl::publish_replacements(Round a,
 }
 
 Task<std::vector<InPlaceReplacement>> NodeRendezvous::Impl::replaced(Round a) {
-  std::vector<std::string> names;
-  for (int n = 0; n < a.num_nodes; ++n) {
-    names.push_back(schema::in_round(a.round, name::kReplaced, n));
-  }
-  const auto values = co_await store_->multi_get(names);
-  std::vector<InPlaceReplacement> all;
-  for (std::size_t n = 0; n < values.size(); ++n) {
-    if (!values[n]) continue;
-    for (auto& r : schema::decode_replacements(names[n], *values[n])) all.push_back(std::move(r));
-  }
-  co_return all;
+  co_return co_await every_nodes(*store_, a, name::kReplaced, schema::decode_replacements);
 }
 
 // Every node's liveness key by node rank (elastic: from the member list).

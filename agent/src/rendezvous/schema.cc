@@ -142,10 +142,7 @@ int small_count(const ordered_json& j, const char* name, std::string_view key,
 
 // At most `bytes`, cut before a UTF-8 character's continuation bytes (never inside a character).
 std::string shortened(const std::string& name, std::size_t bytes = kMaxPublishedNameBytes) {
-  if (name.size() <= bytes) return name;
-  std::size_t end = bytes;
-  while (end > 0 && (static_cast<unsigned char>(name[end]) & 0xC0) == 0x80) --end;
-  return name.substr(0, end);
+  return std::string(utf8_prefix(name, bytes));
 }
 
 constexpr std::string_view kViewShape =

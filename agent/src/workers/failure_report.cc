@@ -46,10 +46,8 @@ std::string message_shown(const WorkerFailure& f) {
   if (f.message.size() <= kMessageShown || f.traceback.find(f.message) == std::string::npos) {
     return f.message;
   }
-  std::size_t cut = kMessageShown;
-  while (cut > 0 && (static_cast<unsigned char>(f.message[cut]) & 0xC0) == 0x80) --cut;
-  return f.message.substr(0, cut) + "... (" + std::to_string(f.message.size()) +
-         " bytes: whole in the traceback)";
+  return std::string(utf8_prefix(f.message, kMessageShown)) + "... (" +
+         std::to_string(f.message.size()) + " bytes: whole in the traceback)";
 }
 
 std::string describe(const WorkerFailure& f, std::size_t index) {

@@ -487,7 +487,8 @@ Task<void> AsyncStoreClient::Impl::connect() {
 Task<void> AsyncStoreClient::Impl::handshake() {
   auto call = co_await begin_call(nullptr, "HELLO");
   arm_deadline();
-  requests::handshake(out_);
+  requests::handshake(out_, options_.keepalive_idle_seconds, options_.keepalive_interval_seconds,
+                      options_.keepalive_probes);
   co_await send();
   try {
     co_await status();

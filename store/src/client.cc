@@ -205,7 +205,8 @@ void StoreClient::Impl::connect() {
 
 void StoreClient::Impl::handshake(Clock::time_point d) {
   out_.clear();
-  requests::handshake(out_);
+  requests::handshake(out_, options_.keepalive_idle_seconds, options_.keepalive_interval_seconds,
+                      options_.keepalive_probes);
   send(d);
   try {
     status(d, "HELLO");

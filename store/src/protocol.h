@@ -2,6 +2,7 @@
 // byte-level encoding shared by the server and the client. Internal to rendezvous/.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -63,6 +64,23 @@ inline constexpr std::uint8_t kHello = 0x80, kAuth = 0x81, kSetExt = 0x82, kWait
                               kDeleteAllExcept = 0x84;
 inline constexpr std::uint32_t kVersion = 1;
 inline constexpr std::uint8_t kSetFlagEphemeral = 0x01;
+// HELLO's flags: bit 0 asks the server to probe this connection on the client's keepalive
+// schedule, given in the bits above it (16 bits each: idle seconds, interval seconds, probes).
+// The agent's liveness lives on its connection, so the job's own schedule holds on any server.
+inline constexpr std::uint64_t kHelloFlagKeepalive = 0x1;
+inline constexpr int kHelloIdleShift = 8, kHelloIntervalShift = 24, kHelloProbesShift = 40;
+inline constexpr std::uint64_t kHelloFieldMax = 0xffff;
+
+// HELLO's flags for a client whose connection is probed after `idle` s, every `interval` s,
+// `probes` times (idle 0: keepalive off, nothing asked).
+inline std::uint64_t hello_flags(int idle, int interval, int probes) {
+  if (idle <= 0) return 0;
+  const auto field = [](int v) {
+    return std::min<std::uint64_t>(static_cast<std::uint64_t>(std::max(v, 1)), kHelloFieldMax);
+  };
+  return kHelloFlagKeepalive | field(idle) << kHelloIdleShift |
+         field(interval) << kHelloIntervalShift | field(probes) << kHelloProbesShift;
+}
 inline constexpr std::size_t kNonceBytes = 32;
 inline constexpr std::size_t kMacBytes = 32;  // HMAC-SHA256
 }  // namespace ext
@@ -71,7 +89,7 @@ inline constexpr std::size_t kMacBytes = 32;  // HMAC-SHA256
 enum class Args : std::uint8_t {
   kNone,
   kU32,            // VALIDATE's magic, PING's cookie
-  kHello,          // the client's extension version (u32), reserved flags (u64)
+  kHello,          // the client's extension version (u32), flags (u64: kHelloFlag...)
   kKey,            // one key
   kKeyI64,         // a key and a number (ADD's delta, BARRIER's count)
   kKeyValue,       // a key and a value

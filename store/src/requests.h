@@ -40,14 +40,16 @@ inline void keys(wire::Writer& w, const std::vector<std::string>& keys) {
   for (const auto& key : keys) w.bytes(key);
 }
 
-// VALIDATE, then HELLO: the first bytes of every connection of ours.
-inline void handshake(std::string& out) {
+// VALIDATE, then HELLO: the first bytes of every connection of ours; HELLO asks the server to
+// probe the connection on the client's own keepalive schedule, where it has one.
+inline void handshake(std::string& out, int keepalive_idle = 0, int keepalive_interval = 0,
+                      int keepalive_probes = 0) {
   wire::Writer w(out);
   w.u8(wire::current::kValidate);
   w.u32(wire::kValidateMagic);
   w.u8(wire::ext::kHello);
   w.u32(wire::ext::kVersion);
-  w.u64(0);
+  w.u64(wire::ext::hello_flags(keepalive_idle, keepalive_interval, keepalive_probes));
 }
 
 inline void set(std::string& out, std::string_view key, std::string_view value, bool ephemeral) {

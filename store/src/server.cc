@@ -57,6 +57,7 @@ class Connection : public std::enable_shared_from_this<Connection>, public Sessi
   void start();
   void close();
   void on_async_output() override;
+  void on_keepalive_asked(const Keepalive& k) override;
   const PeerInfo& peer() const { return session_.peer(); }
   Session& session() { return session_; }
   // Closes the connection with a warning of `kind` (rate-limited) saying why.
@@ -392,6 +393,13 @@ void Connection::close_with_warning(const std::string& kind, const std::string& 
   server_->warn(kind, "closing connection from " + session_.peer().address + ": " + reason);
   flush();  // an error frame, if the session wrote one
   close();
+}
+
+// The client's schedule replaces the server's on its own connection: a dist-launch agent's
+// liveness is its connection, and its job knows how long a silence it can ride out (a job of a
+// fixed size 30 s, an elastic one 8 s), whichever server (an agent, dist-rendezvous) holds it.
+void Connection::on_keepalive_asked(const Keepalive& k) {
+  enable_keepalive(socket_.native_handle(), k.idle_seconds, k.interval_seconds, k.probes);
 }
 
 void Connection::on_async_output() {

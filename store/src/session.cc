@@ -371,7 +371,7 @@ bool Session::parse_arguments(wire::Reader& r, const char* base) {
       return true;
     case wire::Args::kHello:
       q.u32 = r.u32();  // the client's extension version
-      r.u64();          // flags, reserved
+      q.u64 = r.u64();  // flags
       return true;
     case wire::Args::kKey:
       q.spans.push_back(read_key(r, base));
@@ -509,6 +509,17 @@ void Session::execute_handshake(const Request& q, const char* base) {
         throw fatal(StoreErrc::kProtocol, "HELLO outside the current dialect");
       }
       framed_ = true;
+      if ((q.u64 & wire::ext::kHelloFlagKeepalive) && owner_) {
+        const auto field = [&](int shift) {
+          return static_cast<int>((q.u64 >> shift) & wire::ext::kHelloFieldMax);
+        };
+        const Keepalive asked{field(wire::ext::kHelloIdleShift),
+                              field(wire::ext::kHelloIntervalShift),
+                              field(wire::ext::kHelloProbesShift)};
+        if (asked.idle_seconds > 0 && asked.interval_seconds > 0 && asked.probes > 0) {
+          owner_->on_keepalive_asked(asked);
+        }
+      }
       begin_reply();
       wire::Writer w(out_);
       const StoreLimits& l = state_.limits();

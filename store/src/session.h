@@ -22,6 +22,8 @@ namespace dist::store {
 class SessionOwner {
  public:
   virtual void on_async_output() = 0;
+  // The client asked in HELLO that its connection be probed on its own keepalive schedule.
+  virtual void on_keepalive_asked(const Keepalive& keepalive) = 0;
 
  protected:
   ~SessionOwner() = default;
@@ -102,6 +104,7 @@ class Session {
     std::vector<Span> spans;  // keys and values, in wire order
     std::int64_t number = 0;  // ADD's delta, BARRIER's count
     std::uint32_t u32 = 0;    // VALIDATE's magic, PING's cookie, HELLO's version
+    std::uint64_t u64 = 0;    // HELLO's flags
     std::uint8_t flags = 0;   // SET_EXT's
   };
 

@@ -2,8 +2,16 @@
 // ephemeral keys, deletion waits, barriers and many concurrent waiters.
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "dist/store/client.h"
 #include "dist/store/server.h"
@@ -62,6 +70,77 @@ TEST_F(ClientTest, TheServerCountsItsRequestsByOperation) {
   std::uint64_t all = 0;
   for (const auto& entry : after.requests_by_op) all += entry.second;
   EXPECT_EQ(all, after.requests);
+}
+
+// The keepalive schedule of each connection the server accepted on `port`, read from this
+// process's own sockets (the server runs in it): {idle, interval, probes}, or {0, 0, 0} when off.
+std::vector<std::array<int, 3>> served_keepalives(std::uint16_t port) {
+  std::vector<std::array<int, 3>> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(entry.path().filename().string());
+    sockaddr_in local{};
+    socklen_t length = sizeof local;
+    int listening = 0;
+    socklen_t int_length = sizeof listening;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
+        local.sin_family != AF_INET || ntohs(local.sin_port) != port ||
+        ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &int_length) != 0 || listening) {
+      continue;
+    }
+    int on = 0;
+    std::array<int, 3> k{};
+    ::getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &int_length);
+    if (on) {
+      ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &k[0], &int_length);
+      ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k[1], &int_length);
+      ::getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k[2], &int_length);
+    }
+    found.push_back(k);
+  }
+  return found;
+}
+
+// A client with a keepalive schedule of its own (a dist-launch agent: its liveness is its
+// connection) has the server probe its connection on that schedule, whatever the server's own:
+// a fixed-size job's 30 s holds on a dist-rendezvous started with 8 s. A client that asks
+// nothing (PyTorch's) keeps the server's.
+TEST(ClientKeepalive, TheServerProbesAClientsConnectionOnTheClientsSchedule) {
+  ServerOptions options;
+  options.keepalive = {1, 1, 7};  // dist-rendezvous's default: 8 s
+  StoreServerThread server("127.0.0.1", 0, options);
+  ClientOptions asking;
+  asking.port = server.port();
+  asking.keepalive_idle_seconds = 1;
+  asking.keepalive_interval_seconds = 1;
+  asking.keepalive_probes = 29;
+  auto agent = StoreClient::connect(asking);
+  agent.set("k", "v");  // the handshake is done
+  EXPECT_EQ(served_keepalives(server.port()), (std::vector<std::array<int, 3>>{{1, 1, 29}}));
+
+  ClientOptions silent;
+  silent.port = server.port();
+  auto torch_like = StoreClient::connect(silent);
+  torch_like.get("k");
+  auto both = served_keepalives(server.port());
+  std::sort(both.begin(), both.end());
+  EXPECT_EQ(both, (std::vector<std::array<int, 3>>{{1, 1, 7}, {1, 1, 29}}));
+}
+
+TEST(ClientKeepalive, AServerWithoutKeepaliveProbesAnAskingClientsConnectionAlone) {
+  StoreServerThread server;  // keepalive off
+  ClientOptions silent;
+  silent.port = server.port();
+  auto plain = StoreClient::connect(silent);
+  EXPECT_EQ(plain.try_get("k"), std::nullopt);
+  ClientOptions asking = silent;
+  asking.keepalive_idle_seconds = 2;
+  asking.keepalive_interval_seconds = 3;
+  asking.keepalive_probes = 4;
+  auto agent = StoreClient::connect(asking);
+  agent.set("k", "v");
+  auto both = served_keepalives(server.port());
+  std::sort(both.begin(), both.end());
+  EXPECT_EQ(both, (std::vector<std::array<int, 3>>{{0, 0, 0}, {2, 3, 4}}));
 }
 
 TEST_F(ClientTest, AddKeepsADecimalCounter) {

@@ -91,13 +91,14 @@ int main(int argc, char** argv) {
   add_timeout("--idle-timeout-ms", options.deadlines.idle_timeout,
               "Close a connection that sent nothing this long and has no wait, watch or reply "
               "pending (0: never; PyTorch keeps idle connections for the whole job)");
-  // An elastic job's agents' (config.h): a job on this daemon most often is one; a lost node is
-  // dropped within 10 s, a short outage is kept.
+  // For clients that do not ask for a schedule of their own (PyTorch's): an elastic job's agents'
+  // (config.h). dist-launch's agents ask for their job's in HELLO (a fixed-size job's 30 s).
   int keep_alive_interval = 1, keep_alive_max_attempt = 8;
   app.add_option("--keep-alive-interval", keep_alive_interval,
                  "Seconds between TCP keepalive probes; a peer that vanished (a dead host, a "
                  "partition) is dropped, and its ephemeral keys deleted, after about interval * "
-                 "max-attempt seconds (0: never)")
+                 "max-attempt seconds (0: never); for clients that do not ask for their own "
+                 "(dist-launch's agents ask for their job's)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--keep-alive-max-attempt", keep_alive_max_attempt,

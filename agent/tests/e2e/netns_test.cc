@@ -132,6 +132,8 @@ class TwoHosts : public ::testing::Test {
     return s.str();
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // A job of three nodes (two on host 0) whose host 1 is cut off for 15 s mid-training.
+  void ride_out_an_outage(bool on_a_daemon);
 
   std::string ns_[2], veth_[2], addr_[2], port_;
   fs::path dir_;
@@ -289,34 +291,33 @@ void expect_one_final_state(const std::string& out, int world, int steps, const 
 // 8 s this job had before) and comes back; the workers' all-reduces wait meanwhile (TCP resends
 // what they sent once the link is back) and go on, and the job ends in its first round, a world
 // of three, as under torchrun (the agents' 8 s keepalive of before ended such a job: the cut-off
-// node's agent exited 1 and node 0's failed the job).
-TEST_F(TwoHosts, ANetworkOutageOfSecondsIsRiddenOut) {
+// node's agent exited 1 and node 0's failed the job). The store is node 0's agent's (a static
+// job), or a dist-rendezvous on host 0 with its own default keepalive, 8 s: the agents ask for
+// their job's schedule on their connections, and it holds there too (it had dropped host 1's
+// agent at 8 s).
+void TwoHosts::ride_out_an_outage(bool on_a_daemon) {
   const std::string out = path("job");
   fs::create_directories(out);
+  const std::string endpoint = addr_[0] + ":29514";
+  if (on_a_daemon) {
+    spawn(0, {DIST_RENDEZVOUS_BIN, "--host", addr_[0], "--port", "29514"}, "daemon");
+    ASSERT_TRUE(dist::agent::testing::eventually(
+        [&] { return log("daemon").find("listening on") != std::string::npos; }, 30s))
+        << log("daemon");
+  }
   auto agent = [&](int host, int node_rank, const std::string& name) {
-    return spawn(host,
-                 {DIST_LAUNCH_BIN,
-                  "--nnodes",
-                  "3",
-                  "--node-rank",
-                  std::to_string(node_rank),
-                  "--master-addr",
-                  addr_[0],
-                  "--master-port",
-                  "29514",
-                  "--local-addr",
-                  addr_[host],
-                  "--nproc-per-node",
-                  "1",
-                  "--no-python",
-                  DIST_INPLACE_WORKER_BIN,
-                  "--steps",
-                  "400",
-                  "--step-ms",
-                  "20",
-                  "--out",
-                  out},
-                 name);
+    std::vector<std::string> args{DIST_LAUNCH_BIN, "--nnodes", "3"};
+    if (on_a_daemon) {
+      args.insert(args.end(), {"--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id",
+                               "job", "--rdzv-conf", "is_host=0"});
+    } else {
+      args.insert(args.end(), {"--node-rank", std::to_string(node_rank), "--master-addr", addr_[0],
+                               "--master-port", "29514"});
+    }
+    args.insert(args.end(),
+                {"--local-addr", addr_[host], "--nproc-per-node", "1", "--no-python",
+                 DIST_INPLACE_WORKER_BIN, "--steps", "400", "--step-ms", "20", "--out", out});
+    return spawn(host, args, name);
   };
   const pid_t a = agent(0, 0, "a");
   const pid_t b = agent(0, 1, "b");
@@ -334,6 +335,14 @@ TEST_F(TwoHosts, ANetworkOutageOfSecondsIsRiddenOut) {
   EXPECT_EQ(all.find("lost"), std::string::npos) << all;
   EXPECT_EQ(all.find("restarting"), std::string::npos) << all;
   expect_one_final_state(out, 3, 400, all);
+}
+
+TEST_F(TwoHosts, ANetworkOutageOfSecondsIsRiddenOut) {
+  ride_out_an_outage(false);
+}
+
+TEST_F(TwoHosts, ANetworkOutageOfSecondsIsRiddenOutOnADaemonsStoreToo) {
+  ride_out_an_outage(true);
 }
 
 // --restart-policy in-place, C++ workers (the SDK's InPlaceRecovery): hosts 0 and 1 train with

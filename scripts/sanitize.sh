@@ -30,8 +30,11 @@ asan_exclude='|Daemon.AtTheOpenFileLimit'
 # Whole-program tests that hold a job paused or suspended for 20-45 s to see that nothing happens
 # to it: the code they reach (the stop holds, the stall of the agent) runs sanitized in the
 # shorter stop tests beside them; their waiting runs in the plain suite, and would cost each
-# sanitized stage a minute and a half.
+# sanitized stage a minute and a half. Likewise the network outages that wait 15-30 s on the
+# kernel's TCP (ridden out, or a static job's partition): the lost node's path they reach runs
+# sanitized in the elastic partition test, the store's HELLO in store_tests.
 e2e_exclude='|PauseOfTheWholeJob|WholeJobPaused|DuringAPauseOfTheJob|SuspendedAndResumed'
+e2e_exclude+='|NetworkOutageOfSeconds|APartitionIsNoticedByBothSides'
 
 # Warnings the sanitizers raise in headers that are not ours (-Werror stays on for the rest):
 # - GCC 12 takes Asio 1.18's recycling allocator for a mismatched new/delete once the sanitizers

@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "healthy_worker.py")
 ARGS = None
 PAUSE_S = 36  # past the automatic hang timeout's 30 s floor, and its look
-CONCURRENT_JOBS = 4
+CONCURRENT_JOBS = 6  # most of each job is a pause: six take about one of two cores
 
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
              "no-optimizer", "accumulate", "slow-log", "c-poll", "paused", "compile", "exit",
@@ -162,9 +162,14 @@ class Healthy(unittest.TestCase):
         only = os.environ.get("HEALTHY_SCENARIOS")  # a few, while working on them: "c-poll,sleep"
         if only:
             scenarios = [s for s in scenarios if s in only.split(",")]
+        # The longest first (their pauses; torch.compile's compiling), so that the pool's last
+        # jobs are short ones.
+        scenarios.sort(key=lambda s: -PAUSES.get(s, 90 if s == "compile" else PAUSE_S))
         with concurrent.futures.ThreadPoolExecutor(CONCURRENT_JOBS) as pool:
             for job in pool.map(lambda s: Job(s, cls.dir).run(), scenarios):
                 cls.jobs[job.scenario] = job
+        print("jobs' seconds: " + ", ".join(f"{s} {cls.jobs[s].seconds:.0f}" for s in scenarios),
+              file=sys.stderr)
 
     @classmethod
     def tearDownClass(cls):

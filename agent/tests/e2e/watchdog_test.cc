@@ -50,10 +50,11 @@ class Watchdogs : public ::testing::Test {
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
-  // dist-launch with `args`, its output in the test's directory.
+  // dist-launch with `args`, its output in the test's directory (`log`: agents side by side).
   std::unique_ptr<Child> launch(const std::vector<std::string>& args,
-                                const std::map<std::string, std::string>& env = {}) {
-    return std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / "launch.log", env,
+                                const std::map<std::string, std::string>& env = {},
+                                const std::string& log = "launch.log") {
+    return std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / log, env,
                                    std::vector<std::string>{"OMP_NUM_THREADS"});
   }
 
@@ -447,22 +448,23 @@ TEST_F(Watchdogs, APythonWorkerWithoutTheHookIsSaidOnce) {
   fs::permissions(wrapper, fs::perms::owner_all);
   const std::string script = path("train.py");
   std::ofstream(script) << "import time\ntime.sleep(12)\n";
+  // The four jobs run side by side: each lasts past the hook's grace (12 s against 10 s).
   auto agent = launch({"--nproc-per-node", "2", script}, {{"PYTHON_EXEC", wrapper}});
+  auto hooked = launch({"--nproc-per-node", "2", script}, {}, "hooked.log");  // the same, hooked
+  // --no-python naming the interpreter itself: the same (it said nothing: not "Python workers").
+  auto isolated =
+      launch({"--nproc-per-node", "2", "--no-python", "python3", "-I", script}, {}, "isolated.log");
+  auto plain = launch({"--nproc-per-node", "2", "--no-python", "python3", script}, {}, "plain.log");
+
   ASSERT_EQ(agent->wait(), 0) << agent->output();
   const std::string out = agent->output();
   EXPECT_EQ(count(out, "dist-launch's progress hook is not in this Python worker"), 1U) << out;
-
-  auto hooked = launch({"--nproc-per-node", "2", script});  // the same script, hooked
   ASSERT_EQ(hooked->wait(), 0) << hooked->output();
   EXPECT_EQ(hooked->output().find("progress hook is not"), std::string::npos) << hooked->output();
-
-  // --no-python naming the interpreter itself: the same (it said nothing: not "Python workers").
-  auto isolated = launch({"--nproc-per-node", "2", "--no-python", "python3", "-I", script});
   ASSERT_EQ(isolated->wait(), 0) << isolated->output();
   EXPECT_EQ(count(isolated->output(), "dist-launch's progress hook is not in this Python worker"),
             1U)
       << isolated->output();
-  auto plain = launch({"--nproc-per-node", "2", "--no-python", "python3", script});
   ASSERT_EQ(plain->wait(), 0) << plain->output();
   EXPECT_EQ(plain->output().find("progress hook is not"), std::string::npos) << plain->output();
 }

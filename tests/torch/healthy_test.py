@@ -43,10 +43,12 @@ CONCURRENT_JOBS = 6  # most of each job is a pause: six take about one of two co
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
              "no-optimizer", "accumulate", "slow-log", "c-poll", "paused", "compile", "exit",
              "crowded",
-             "alone", "monitored", "scoring", "objects", "side-thread", "producer", "p2p-offset"]
+             "alone", "monitored", "scoring", "objects", "side-thread", "producer", "p2p-offset",
+             "join", "skewed"]
 # Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored
 # and scoring: past the third look of the hang timeout (about 99 s), the first past that bound.
-PAUSES = {"alone": 80, "monitored": 105, "scoring": 105}
+# skewed: past the hang timeout's look (about 32 s), so that the ranks are looked at.
+PAUSES = {"alone": 80, "monitored": 105, "scoring": 105, "skewed": 45}
 
 
 class SlowService:
@@ -90,7 +92,7 @@ class Job:
         nproc, on_cpus = 2, None
         if self.scenario == "crowded":  # 4 ranks on one CPU, whatever the machine
             nproc, on_cpus = 4, {min(os.sched_getaffinity(0))}
-        if self.scenario == "p2p-offset":
+        if self.scenario in ("p2p-offset", "skewed"):
             nproc = 3
         cmd = [ARGS.launcher, "--nproc-per-node", str(nproc), "--event-log", self.events_path,
                "--log-dir", os.path.join(self.dir, "logs"), WORKER, "--scenario", self.scenario,
@@ -326,6 +328,22 @@ class Healthy(unittest.TestCase):
         # never complete: rank 2 in all_reduce, rank 0 in gather", ranks 0 and 2 SIGKILLed).
         job = self.check("p2p-offset")
         self.assertNotIn("can never", job.proc.stderr)
+        self.assertIn("rank 2 done steps", job.proc.stdout)
+
+    def test_a_rank_out_of_data_under_ddps_join_is_no_straggler(self):
+        # Rank 1's step time grew without bound while it shadowed rank 0's all-reduces (no step
+        # of its own): it was compared by step time and flagged (9.9x on torch 2.x, 34x on 1.13).
+        self.check("join")
+
+    def test_counts_skewed_by_sends_name_the_rank_at_work_not_the_ones_waiting_for_it(self):
+        # After a monitored_barrier (torch 2.x counts its sends and receives, rank 0's twice),
+        # ranks 1 and 2 waiting in rank 0's broadcast read as behind it: they were the suspects
+        # ("the others wait for ranks 1, 2, which do nothing"), and an explicit --hang-timeout
+        # ended them. Rank 0, computing, is the one they wait for: not a hang.
+        job = self.check("skewed")
+        for event in job.events("hang_suspected"):
+            self.assertEqual([r["rank"] for r in event["ranks"] if r["suspect"]], [0], event)
+        self.assertNotIn("which do nothing", job.proc.stderr)
         self.assertIn("rank 2 done steps", job.proc.stdout)
 
     def test_a_collective_of_a_thread_of_the_scripts_own_while_the_main_thread_works(self):

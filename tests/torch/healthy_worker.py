@@ -35,6 +35,12 @@ defaults must end none of them.
   alone         the script's own collective timeout is short (10 s); rank 0 ends after the
                 training, rank 1 then works alone for --pause s (an evaluation, an upload), its
                 group still up: past that timeout and its margin, but no rank waits for it
+  join          uneven inputs under DDP's join: rank 1's data ends after the training, rank 0
+                trains on alone for --pause s, rank 1 shadowing its all-reduces (no step of its
+                own: it is out of data, not a straggler)
+  skewed        three ranks; a monitored_barrier (torch 2.x numbers its sends and receives in the
+                group's sequence, rank 0's twice: the counts differ from then on), then rank 0
+                computes for --pause s while ranks 1 and 2 wait in a broadcast from it
 
 Prints "rank R done steps N hook H" at the end (H: the steps the agent's hook counted, or "off").
 """
@@ -156,6 +162,12 @@ def main():
         if rank == 0:
             time.sleep(a.pause)
         dist.barrier()
+    elif s == "join":
+        end = time.monotonic() + a.pause
+        with model.join():
+            train(a.steps)
+            while rank == 0 and time.monotonic() < end:
+                step()
     elif s == "crowded":
         big = DDP(torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
                                       torch.nn.Linear(1024, 512)))
@@ -314,6 +326,14 @@ def main():
         total = torch.ones(1)
         dist.all_reduce(total)
         assert total.item() == 3 and (rank != 0 or [g[0].item() for g in gathered] == [0, 1, 2])
+    elif s == "skewed":
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=120))
+        t = torch.zeros(4)
+        if rank == 0:
+            busy_for(a.pause, lambda: torch.tanh(torch.randn(64, 64) @ torch.randn(64, 64)))
+            t += 7
+        dist.broadcast(t, src=0)
+        assert t.tolist() == [7.0] * 4, t
     elif s == "paused" and rank == 0:
         from dist_launch import progress
 

@@ -215,8 +215,7 @@ void HangDetector::sample() {
     w.history.add(reading);
     track_blocked(w, previous, reading);
     check_hook(w, reading, now);
-    every_rank_measures_work =
-        every_rank_measures_work && w.history.work_seconds_per_step().has_value();
+    every_rank_measures_work = every_rank_measures_work && w.history.measures_work();
     own_work[w.worker.rank] = w.history.recent_work_seconds_per_step(kFreshReading);
     const auto rate = w.history.steps_per_second();
     if (rate && *rate > 0) step_time[w.worker.rank] = 1 / *rate;

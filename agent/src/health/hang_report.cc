@@ -368,13 +368,40 @@ std::optional<std::size_t> waits_for(const std::vector<RankLook>& looks, std::si
   return std::nullopt;
 }
 
+// Whether the collective a torch rank waits in was issued by every other rank here in its group
+// (their counts are at or past it; one of them at least is in the group): it waits, and nobody
+// here waits for it. Its counts may still read as behind: torch 2.x numbers a send or a receive
+// in the group's sequence on its two ranks alone, and monitored_barrier's on rank 0 twice, so
+// after one the counts of a group differ rank to rank for the rest of the job.
+bool waits_in_what_every_peer_issued(const std::vector<RankLook>& looks, std::size_t i,
+                                     const std::set<std::uint64_t>& uncounted) {
+  const SlotReading& mine = looks[i].second;
+  if (!pending(looks[i]) || mine.pending_group == 0 || uncounted.contains(mine.pending_group)) {
+    return false;
+  }
+  bool peer = false;
+  for (std::size_t j = 0; j < looks.size(); ++j) {
+    if (j == i) continue;
+    const auto& theirs = looks[j].second.groups;
+    const auto g = std::find_if(theirs.begin(), theirs.end(),
+                                [&](const auto& e) { return e.first == mine.pending_group; });
+    if (g == theirs.end()) continue;
+    if (g->second < mine.pending_seq) return false;
+    peer = true;
+  }
+  return peer;
+}
+
 // The ranks the others wait for: behind the others (fewer steps, or at as many steps fewer
 // collectives issued and none more), else not waiting while others wait, else (alone) the rank
-// itself. `where` of those behind says by how much. A rank behind in one group while it waits in
-// another group's collective for a rank that has not issued it (a tensor-parallel pair waiting
-// for its partner while the data-parallel group waits for both) is not one: it waits too, and
-// the rank it waits for is, unless that one waits in turn for such a rank (a cycle: collectives
-// that never match, for the proof; they all stand).
+// itself. A rank waiting in a collective that every other rank here has issued is not behind,
+// whatever its counts say: it waits for no one here, and no one here waits for it (counts that
+// sends and receives skewed had named the ranks waiting for a rank at work, and an explicit
+// --hang-timeout ended them). `where` of those behind says by how much. A rank behind in one group
+// while it waits in another group's collective for a rank that has not issued it (a tensor-parallel
+// pair waiting for its partner while the data-parallel group waits for both) is not one: it waits
+// too, and the rank it waits for is, unless that one waits in turn for such a rank (a cycle:
+// collectives that never match, for the proof; they all stand).
 std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankWhere>& ranks,
                            const std::vector<Position>& positions) {
   // torch 2.x numbers a send or a receive in its group's sequence on its two ranks only: in a
@@ -401,8 +428,11 @@ std::vector<bool> suspects(const std::vector<RankLook>& looks, std::vector<RankW
         behind_of[i] = behind_in_collectives(mine, theirs, looks[j].worker.rank, uncounted);
       }
     }
-    if (!behind_of[i].empty() && positions[i].waiting)
-      waited_for[i] = waits_for(looks, i, uncounted, waits[i]);
+    if (behind_of[i].empty() || !positions[i].waiting) continue;
+    waited_for[i] = waits_for(looks, i, uncounted, waits[i]);
+    if (!waited_for[i] && waits_in_what_every_peer_issued(looks, i, uncounted)) {
+      behind_of[i].clear();
+    }
   }
   bool any_behind = false, cycle = true;
   for (std::size_t i = 0; i < looks.size(); ++i) {

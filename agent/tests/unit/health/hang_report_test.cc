@@ -395,6 +395,44 @@ TEST(HangReport, TheRankAWaitingPartnerWaitsForIsTheSuspectEvenWhenItIsBehindInN
   EXPECT_FALSE(f.ranks[3].suspect || f.ranks[3].cause) << "it waits for rank 2";
 }
 
+// torch 2.x numbers sends and receives in the group's sequence on their two ranks only, and
+// monitored_barrier's twice on rank 0: after one, the counts differ for the rest of the job. Rank
+// 0 computes (before a broadcast) at 24; ranks 1 and 2 wait in the broadcast, #23 on them. They
+// read as behind rank 0, yet each waits in a collective every other rank has issued: rank 0 is
+// the one they wait for (the waiting two were named, and --hang-timeout ended them).
+TEST(HangReport, CountsSkewedBySendsAndReceivesNameTheRankAtWorkNotTheWaitingOnes) {
+  auto working = look(0, 30);
+  torch_rank(working, {{kWorld, 24}});
+  working.stacks_first = working.stacks_second = at_user_code_dump(24);
+  busy(working, 0.9);
+  std::vector<RankLook> looks{working};
+  for (int rank : {1, 2}) {
+    auto waiting = look(rank, 30);
+    torch_rank(waiting, {{kWorld, 23}}, kWorld, 23, slot::Collective::kBroadcast);
+    looks.push_back(waiting);
+  }
+  for (const HangRule rule : {HangRule::kProof, HangRule::kBound, HangRule::kTimeout}) {
+    const HangFinding f = examine(looks, rule);
+    EXPECT_FALSE(f.proof);
+    EXPECT_TRUE(f.ranks[0].suspect);
+    EXPECT_FALSE(f.ranks[1].suspect || f.ranks[2].suspect);
+    EXPECT_FALSE(f.ranks[1].cause || f.ranks[2].cause);
+    EXPECT_EQ(f.ranks[0].cause, rule == HangRule::kTimeout);  // computing: only a timeout ends it
+    EXPECT_EQ(f.ranks[1].where.find("behind"), std::string::npos) << f.ranks[1].where;
+  }
+
+  // One send from rank 0 to rank 1, then rank 0 works while 1 and 2 wait in a barrier: #22 on
+  // rank 1 (the receive counted), #21 on rank 2; rank 0 at 21 (the send counted, the barrier
+  // not yet issued). Rank 1 waits for rank 0; rank 2 waits in what both others issued.
+  looks[0].second.groups = looks[0].first.groups = {{kWorld, 21}};
+  torch_rank(looks[1], {{kWorld, 22}}, kWorld, 22, slot::Collective::kBarrier);
+  torch_rank(looks[2], {{kWorld, 21}}, kWorld, 21, slot::Collective::kBarrier);
+  const HangFinding f = examine(looks, HangRule::kTimeout);
+  EXPECT_TRUE(f.ranks[0].suspect && f.ranks[0].cause);
+  EXPECT_FALSE(f.ranks[1].suspect || f.ranks[1].cause) << f.ranks[1].where;
+  EXPECT_FALSE(f.ranks[2].suspect || f.ranks[2].cause) << f.ranks[2].where;
+}
+
 TEST(HangReport, ADeclaredPauseIsNeverAHangWhateverTheRule) {
   auto looks = checkpoint_while_the_other_waits();
   looks[0].first.paused_since_ns = looks[0].second.paused_since_ns = 70'000'000'000;

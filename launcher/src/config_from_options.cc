@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -713,12 +714,31 @@ bool resolves_to_loopback_only(const std::string& host) {
   return loopback;
 }
 
+namespace {
+
+// Whether `addr` is this host's own name, whole or as its first label ("node7" and
+// "node7.cluster"), whatever the case.
+bool names_this_host(std::string addr, std::string hostname) {
+  const auto lower = [](std::string& s) {
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  };
+  lower(addr);
+  lower(hostname);
+  return addr == hostname || addr.starts_with(hostname + ".") || hostname.starts_with(addr + ".");
+}
+
+}  // namespace
+
 // torch's gloo, without GLOO_SOCKET_IFNAME, binds the address the host's name resolves to; the
 // other machines' workers then connect to 127.0.1.1 ("Connection refused"), the job fails or
-// its replacements do, over and over, and nothing says why.
+// its replacements do, over and over, and nothing says why. A master address that is loopback
+// here means every node is on this machine (127.0.0.1, localhost), unless it is this host's
+// own name: the other machines resolve that one to its real address (MASTER_ADDR=$(hostname),
+// the most common case of all, was taken for a job on one machine and never told).
 std::string loopback_hostname_warning(const LaunchConfig& c, const std::string& hostname) {
   if (c.max_nodes < 2 || !c.python_workers || std::getenv("GLOO_SOCKET_IFNAME") != nullptr ||
-      resolves_to_loopback_only(c.master_addr) || !resolves_to_loopback_only(hostname)) {
+      !resolves_to_loopback_only(hostname) ||
+      (resolves_to_loopback_only(c.master_addr) && !names_this_host(c.master_addr, hostname))) {
     return "";
   }
   return "[dist-launch] warning: this host's name '" + hostname +

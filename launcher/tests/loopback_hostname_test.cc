@@ -48,5 +48,23 @@ TEST(LoopbackHostname, SaidOnlyForSeveralMachinesWithoutAnInterfaceNamed) {
   EXPECT_EQ(loopback_hostname_warning(c, "127.0.1.1"), "");
 }
 
+// The master named by this host's own name (MASTER_ADDR=$(hostname) on node 0): loopback here,
+// this host's address on the others. Said: node 0 is the one whose workers gloo binds to
+// 127.0.1.1 (it had been taken for a job on one machine, like 127.0.0.1).
+TEST(LoopbackHostname, SaidOnTheNodeTheMasterAddressNamesByItsOwnName) {
+  ScopedVariable unset("GLOO_SOCKET_IFNAME", std::nullopt);
+  agent::LaunchConfig c;
+  c.max_nodes = 2;
+  c.python_workers = true;
+  c.master_addr = "localhost";  // this machine's own name here, as /etc/hosts maps it
+  EXPECT_NE(loopback_hostname_warning(c, "localhost"), "");
+  EXPECT_NE(loopback_hostname_warning(c, "LocalHost"), "");
+  c.master_addr = "127.0.0.1";  // an address: every node on this machine
+  EXPECT_EQ(loopback_hostname_warning(c, "localhost"), "");
+  ScopedVariable named("GLOO_SOCKET_IFNAME", "eth0");
+  c.master_addr = "localhost";
+  EXPECT_EQ(loopback_hostname_warning(c, "127.0.1.1"), "");
+}
+
 }  // namespace
 }  // namespace dist::launcher

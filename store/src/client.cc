@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -84,14 +85,20 @@ int connect_once(const std::string& host, std::uint16_t port, Clock::time_point 
 
 void enable_keepalive(int fd, int idle_seconds, int interval_seconds, int probes) {
   if (idle_seconds <= 0) return;
+  // Linux's bounds (a value past one is refused, and the socket keeps the rest of its schedule).
+  idle_seconds = std::min(idle_seconds, kMaxKeepaliveSeconds);
+  interval_seconds = std::clamp(interval_seconds, 1, kMaxKeepaliveSeconds);
+  probes = std::clamp(probes, 1, kMaxKeepaliveProbes);
   int on = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_seconds, sizeof idle_seconds);
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_seconds, sizeof interval_seconds);
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
   // Data sent but never acknowledged times out on the same schedule.
-  const unsigned int user_timeout_ms =
-      static_cast<unsigned int>((idle_seconds + interval_seconds * probes) * 1000);
+  const auto user_timeout_ms = static_cast<unsigned int>(
+      (static_cast<std::uint64_t>(idle_seconds) +
+       static_cast<std::uint64_t>(interval_seconds) * static_cast<std::uint64_t>(probes)) *
+      1000);
   ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
 }
 

@@ -395,9 +395,10 @@ void Connection::close_with_warning(const std::string& kind, const std::string& 
   close();
 }
 
-// The client's schedule replaces the server's on its own connection: a dist-launch agent's
-// liveness is its connection, and its job knows how long a silence it can ride out (a job of a
-// fixed size 30 s, an elastic one 8 s), whichever server (an agent, dist-rendezvous) holds it.
+// The client's schedule replaces the server's on its own connection (once it has proven the
+// secret, where one is required; held to Linux's bounds): a dist-launch agent's liveness is its
+// connection, and its job knows how long a silence it can ride out (a job of a fixed size 30 s,
+// an elastic one 8 s), whichever server (an agent, dist-rendezvous) holds it.
 void Connection::on_keepalive_asked(const Keepalive& k) {
   enable_keepalive(socket_.native_handle(), k.idle_seconds, k.interval_seconds, k.probes);
 }

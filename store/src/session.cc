@@ -517,7 +517,12 @@ void Session::execute_handshake(const Request& q, const char* base) {
                               field(wire::ext::kHelloIntervalShift),
                               field(wire::ext::kHelloProbesShift)};
         if (asked.idle_seconds > 0 && asked.interval_seconds > 0 && asked.probes > 0) {
-          owner_->on_keepalive_asked(asked);
+          // A client that must prove the secret first gets its schedule once it has.
+          if (must_authenticate()) {
+            asked_keepalive_ = asked;
+          } else {
+            owner_->on_keepalive_asked(asked);
+          }
         }
       }
       begin_reply();
@@ -555,6 +560,8 @@ void Session::execute_handshake(const Request& q, const char* base) {
       }
       authorized_ = true;
       state_.remember_authenticated_host(peer_.host);
+      if (asked_keepalive_ && owner_) owner_->on_keepalive_asked(*asked_keepalive_);
+      asked_keepalive_.reset();
       begin_reply();
       const auth::Mac proof = auth::server_proof(secret, server_nonce_, client_nonce);
       wire::Writer(out_).raw(proof.data(), proof.size());

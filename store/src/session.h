@@ -160,6 +160,7 @@ class Session {
   StoreState& state_;
   PeerInfo peer_;
   SessionOwner* owner_;
+  std::optional<Keepalive> asked_keepalive_;  // HELLO's, until AUTH proves the secret
   wire::Dialect dialect_ = wire::Dialect::kUnknown;
   bool framed_ = false;      // said HELLO: replies carry a status byte
   bool authorized_ = false;  // authenticated, or let in by the unauthenticated policy

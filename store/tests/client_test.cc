@@ -126,6 +126,40 @@ TEST(ClientKeepalive, TheServerProbesAClientsConnectionOnTheClientsSchedule) {
   EXPECT_EQ(both, (std::vector<std::array<int, 3>>{{1, 1, 7}, {1, 1, 29}}));
 }
 
+// Beyond Linux's bounds (a value past one is refused, and the socket kept the rest of the
+// server's schedule; the user timeout overflowed an int): held to them.
+TEST(ClientKeepalive, ASchedulePastTheKernelsBoundsIsHeldToThem) {
+  StoreServerThread server;
+  ClientOptions asking;
+  asking.port = server.port();
+  asking.keepalive_idle_seconds = 65535;
+  asking.keepalive_interval_seconds = 65535;
+  asking.keepalive_probes = 65535;
+  auto agent = StoreClient::connect(asking);
+  agent.set("k", "v");
+  EXPECT_EQ(served_keepalives(server.port()),
+            (std::vector<std::array<int, 3>>{
+                {kMaxKeepaliveSeconds, kMaxKeepaliveSeconds, kMaxKeepaliveProbes}}));
+}
+
+// With a secret, the schedule a client asks for is its own once it has proven the secret.
+TEST(ClientKeepalive, WithASecretTheScheduleHoldsOnceTheClientAuthenticated) {
+  ServerOptions options;
+  options.secret = "s3cret";
+  options.unauthenticated = UnauthenticatedPolicy::kDeny;  // loopback too must prove it
+  options.keepalive = {1, 1, 7};
+  StoreServerThread server("127.0.0.1", 0, options);
+  ClientOptions asking;
+  asking.port = server.port();
+  asking.secret = "s3cret";
+  asking.keepalive_idle_seconds = 1;
+  asking.keepalive_interval_seconds = 1;
+  asking.keepalive_probes = 29;
+  auto agent = StoreClient::connect(asking);
+  agent.set("k", "v");
+  EXPECT_EQ(served_keepalives(server.port()), (std::vector<std::array<int, 3>>{{1, 1, 29}}));
+}
+
 TEST(ClientKeepalive, AServerWithoutKeepaliveProbesAnAskingClientsConnectionAlone) {
   StoreServerThread server;  // keepalive off
   ClientOptions silent;

@@ -47,7 +47,9 @@ struct ClientOptions {
 // proves nothing: chmod 600 it).
 std::string read_secret_file(const std::string& path);
 
-// Turns on TCP keepalive (and a matching TCP_USER_TIMEOUT for unacknowledged data) on a socket.
+// Turns on TCP keepalive (and a matching TCP_USER_TIMEOUT for unacknowledged data) on a socket,
+// each value held to Linux's bounds.
+inline constexpr int kMaxKeepaliveSeconds = 32767, kMaxKeepaliveProbes = 127;
 void enable_keepalive(int fd, int idle_seconds, int interval_seconds, int probes);
 
 class StoreClient {

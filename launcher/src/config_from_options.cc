@@ -717,13 +717,15 @@ bool resolves_to_loopback_only(const std::string& host) {
 namespace {
 
 // Whether `addr` is this host's own name, whole or as its first label ("node7" and
-// "node7.cluster"), whatever the case.
+// "node7.cluster"), whatever the case; "localhost" never is.
 bool names_this_host(std::string addr, std::string hostname) {
   const auto lower = [](std::string& s) {
     for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   };
   lower(addr);
   lower(hostname);
+  // localhost names the loopback on every machine (a host named localhost.localdomain too).
+  if (addr == "localhost" || addr.starts_with("localhost.")) return false;
   return addr == hostname || addr.starts_with(hostname + ".") || hostname.starts_with(addr + ".");
 }
 

@@ -56,10 +56,14 @@ TEST(LoopbackHostname, SaidOnTheNodeTheMasterAddressNamesByItsOwnName) {
   agent::LaunchConfig c;
   c.max_nodes = 2;
   c.python_workers = true;
-  c.master_addr = "localhost";  // this machine's own name here, as /etc/hosts maps it
-  EXPECT_NE(loopback_hostname_warning(c, "localhost"), "");
-  EXPECT_NE(loopback_hostname_warning(c, "LocalHost"), "");
+  c.master_addr = "127.0.1.1";  // as a name: this machine's own (the test's host name)
+  EXPECT_NE(loopback_hostname_warning(c, "127.0.1.1"), "");
   c.master_addr = "127.0.0.1";  // an address: every node on this machine
+  EXPECT_EQ(loopback_hostname_warning(c, "127.0.1.1"), "");
+  // localhost is every machine's loopback, a host named localhost(.localdomain) too.
+  c.master_addr = "localhost";
+  EXPECT_EQ(loopback_hostname_warning(c, "localhost"), "");
+  c.master_addr = "LocalHost";
   EXPECT_EQ(loopback_hostname_warning(c, "localhost"), "");
   ScopedVariable named("GLOO_SOCKET_IFNAME", "eth0");
   c.master_addr = "localhost";

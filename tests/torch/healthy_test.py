@@ -336,7 +336,7 @@ class Healthy(unittest.TestCase):
         self.check("join")
 
     def test_counts_skewed_by_sends_name_the_rank_at_work_not_the_ones_waiting_for_it(self):
-        # After a monitored_barrier (torch 2.x counts its sends and receives, rank 0's twice),
+        # After a monitored_barrier (torch 2.x counts its sends and receives, more of them on rank 0),
         # ranks 1 and 2 waiting in rank 0's broadcast read as behind it: they were the suspects
         # ("the others wait for ranks 1, 2, which do nothing"), and an explicit --hang-timeout
         # ended them. Rank 0, computing, is the one they wait for: not a hang.

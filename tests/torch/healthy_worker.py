@@ -39,7 +39,7 @@ defaults must end none of them.
                 trains on alone for --pause s, rank 1 shadowing its all-reduces (no step of its
                 own: it is out of data, not a straggler)
   skewed        three ranks; a monitored_barrier (torch 2.x numbers its sends and receives in the
-                group's sequence, rank 0's twice: the counts differ from then on), then rank 0
+                group's sequence, more of them on rank 0: the counts differ from then on), then rank 0
                 computes for --pause s while ranks 1 and 2 wait in a broadcast from it
 
 Prints "rank R done steps N hook H" at the end (H: the steps the agent's hook counted, or "off").

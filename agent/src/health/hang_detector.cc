@@ -366,7 +366,11 @@ void HangDetector::track_blocked(Watched& w, const SlotReading& previous, const 
       w.stopped_since = now.at;
       spdlog::info("{} is held stopped (SIGSTOP or SIGTSTP)", describe(w.worker));
     }
-  } else {
+  } else if (w.stopped_since) {
+    // Said too, so that the log never ends on a stop that is over (a host's processes continued
+    // one by one: the agent may see a worker still stopped a moment after itself).
+    spdlog::info("{} runs again (seen stopped for {:.1f} s)", describe(w.worker),
+                 seconds(now.at - *w.stopped_since));
     w.stopped_since.reset();
   }
   const bool same =

@@ -369,10 +369,11 @@ std::optional<std::size_t> waits_for(const std::vector<RankLook>& looks, std::si
 }
 
 // Whether the collective a torch rank waits in was issued by every other rank here in its group
-// (their counts are at or past it; one of them at least is in the group): it waits, and nobody
-// here waits for it. Its counts may still read as behind: torch 2.x numbers a send or a receive
-// in the group's sequence on its two ranks alone, and monitored_barrier's on rank 0 twice, so
-// after one the counts of a group differ rank to rank for the rest of the job.
+// (their counts are at or past it; one of them at least is in the group), and the rank is behind
+// in no other group: what its counts show behind is the collective it waits in, and it waits for
+// no rank here. They may read as behind all the same: torch 2.x numbers a send or a receive in
+// the group's sequence on its two ranks alone (monitored_barrier's too, more of them on rank 0),
+// so after one the counts of a group differ rank to rank for the rest of the job.
 bool waits_in_what_every_peer_issued(const std::vector<RankLook>& looks, std::size_t i,
                                      const std::set<std::uint64_t>& uncounted) {
   const SlotReading& mine = looks[i].second;
@@ -382,20 +383,25 @@ bool waits_in_what_every_peer_issued(const std::vector<RankLook>& looks, std::si
   bool peer = false;
   for (std::size_t j = 0; j < looks.size(); ++j) {
     if (j == i) continue;
-    const auto& theirs = looks[j].second.groups;
-    const auto g = std::find_if(theirs.begin(), theirs.end(),
-                                [&](const auto& e) { return e.first == mine.pending_group; });
-    if (g == theirs.end()) continue;
-    if (g->second < mine.pending_seq) return false;
-    peer = true;
+    for (const auto& [id, seq] : looks[j].second.groups) {
+      const auto own = std::find_if(mine.groups.begin(), mine.groups.end(),
+                                    [id = id](const auto& e) { return e.first == id; });
+      if (own == mine.groups.end() || uncounted.contains(id)) continue;
+      if (id == mine.pending_group) {
+        if (seq < mine.pending_seq) return false;  // a peer has not issued it yet
+        peer = true;
+      } else if (own->second < seq) {
+        return false;  // behind in another group (a peer may wait for it there)
+      }
+    }
   }
   return peer;
 }
 
 // The ranks the others wait for: behind the others (fewer steps, or at as many steps fewer
 // collectives issued and none more), else not waiting while others wait, else (alone) the rank
-// itself. A rank waiting in a collective that every other rank here has issued is not behind,
-// whatever its counts say: it waits for no one here, and no one here waits for it (counts that
+// itself. A rank waiting in a collective that every other rank here has issued, behind in no
+// other group, is not behind whatever its counts say: it waits for no one here (counts that
 // sends and receives skewed had named the ranks waiting for a rank at work, and an explicit
 // --hang-timeout ended them). `where` of those behind says by how much. A rank behind in one group
 // while it waits in another group's collective for a rank that has not issued it (a tensor-parallel

@@ -92,7 +92,7 @@ class StepHistory {
   // that carries a long pause of the rank's own is one of them, not the measure); none when the
   // worker does not measure it, or fewer than kMinWorkReadings saw steps.
   std::optional<double> work_seconds_per_step() const;
-  // Whether the worker measures its work at all (its work_ns moved): one that does but made no
+  // Whether the worker measures its work at all (its work_ns counts): one that does but made no
   // step lately (out of data under DDP's join, waiting in a barrier while others train) has no
   // measure now, and is left out of the comparison rather than compared by its step time.
   bool measures_work() const { return last_.work_ns > 0; }

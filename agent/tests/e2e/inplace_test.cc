@@ -393,6 +393,12 @@ TEST_F(InPlace, StopsThatAreNotFaultsAreLeftAlone) {
   ASSERT_EQ(agent->wait(120s), 0) << agent->output();
   const std::string out = agent->output();
   EXPECT_EQ(out.find("held stopped for"), std::string::npos) << out;
+  // The stops it said are said to be over too (the log ended on "held stopped").
+  for (const pid_t pid : {first, second}) {
+    EXPECT_NE(out.find("pid " + std::to_string(pid) + ") runs again (seen stopped for"),
+              std::string::npos)
+        << out;
+  }
   EXPECT_EQ(out.find("SIGKILL"), std::string::npos) << out;
   EXPECT_TRUE(events("job", "hang").empty()) << out;
   EXPECT_EQ(final_of("job", 1)->pid, second);

@@ -447,8 +447,9 @@ TEST_F(Watchdogs, APythonWorkerWithoutTheHookIsSaidOnce) {
   }
   fs::permissions(wrapper, fs::perms::owner_all);
   const std::string script = path("train.py");
-  std::ofstream(script) << "import time\ntime.sleep(12)\n";
-  // The four jobs run side by side: each lasts past the hook's grace (12 s against 10 s).
+  std::ofstream(script) << "import time\ntime.sleep(20)\n";
+  // The four jobs run side by side: each lasts well past the hook's grace (20 s against 10 s:
+  // a sanitized agent's reading among eight interpreters' start-up comes late).
   auto agent = launch({"--nproc-per-node", "2", script}, {{"PYTHON_EXEC", wrapper}});
   auto hooked = launch({"--nproc-per-node", "2", script}, {}, "hooked.log");  // the same, hooked
   // --no-python naming the interpreter itself: the same (it said nothing: not "Python workers").

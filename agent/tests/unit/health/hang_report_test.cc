@@ -431,6 +431,24 @@ TEST(HangReport, CountsSkewedBySendsAndReceivesNameTheRankAtWorkNotTheWaitingOne
   EXPECT_TRUE(f.ranks[0].suspect && f.ranks[0].cause);
   EXPECT_FALSE(f.ranks[1].suspect || f.ranks[1].cause) << f.ranks[1].where;
   EXPECT_FALSE(f.ranks[2].suspect || f.ranks[2].cause) << f.ranks[2].where;
+
+  // Behind in another group than the one it waits in: ranks 0-2 wait in the world's #51, which
+  // rank 3 has not issued (50); rank 3 waits in its tensor-parallel group's #101, which rank 2,
+  // its partner here, issued. The others here wait for it: still named.
+  std::vector<RankLook> pairs;
+  for (int rank : {0, 1, 2}) {
+    auto waiting = look(rank, 30);
+    if (rank == 2) {
+      torch_rank(waiting, {{kWorld, 51}, {kMetrics, 101}}, kWorld, 51);
+    } else {
+      torch_rank(waiting, {{kWorld, 51}}, kWorld, 51);
+    }
+    pairs.push_back(waiting);
+  }
+  auto partner = look(3, 30);
+  torch_rank(partner, {{kWorld, 50}, {kMetrics, 101}}, kMetrics, 101);
+  pairs.push_back(partner);
+  EXPECT_TRUE(examine(pairs, HangRule::kTimeout).ranks[3].suspect);
 }
 
 TEST(HangReport, ADeclaredPauseIsNeverAHangWhateverTheRule) {

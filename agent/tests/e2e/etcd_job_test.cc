@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -127,11 +128,18 @@ class EtcdJob : public ::testing::Test {
           std::make_unique<Child>(DIST_LAUNCH_BIN, args, dir_ / (tag + "_" + node + ".log")));
       nodes.push_back(agents_.back().get());
     }
-    std::string both;
+    // One deadline for both, well inside the test's own timeout, so that a node that never ends
+    // is killed and both nodes' outputs are shown (a hang once showed only node a's).
+    const auto deadline = std::chrono::steady_clock::now() + 100s;
+    std::vector<int> codes;
     for (Child* n : nodes) {
-      EXPECT_EQ(n->wait(120s), 0) << n->output();
-      both += n->output();
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      codes.push_back(n->wait(std::max(left, std::chrono::milliseconds(1000))));
     }
+    std::string both;
+    for (Child* n : nodes) both += n->output();
+    for (const int code : codes) EXPECT_EQ(code, 0) << both;
     return both;
   }
   static std::string read_file(const fs::path& file) {

@@ -14,7 +14,7 @@ kinds=${1:-asan,tsan}
 jobs=${JOBS:-$(nproc)}
 # The whole-program tests mostly wait on their processes (sanitized, ASan's took 0.4 of a core
 # at 2 at a time on 2 cores): twice as many at a time as cores (ASan 273 s to 155 s here;
-# docs/BENCHMARKS.md, "CI's time").
+# docs/BENCHMARKS.md, "Off the DDP path, on a daemon's store, and CI's time").
 e2e_jobs=${E2E_JOBS:-$((2 * jobs))}
 # The whole-program tests (agent_e2e_tests) are the plain build's, run against these sanitized
 # programs (DIST_TEST_PROGRAMS): their own code starts processes and reads files, and costs a

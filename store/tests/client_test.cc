@@ -100,6 +100,16 @@ std::vector<std::array<int, 3>> served_keepalives(std::uint16_t port) {
   return found;
 }
 
+// A client asking for its own keepalive schedule (a dist-launch agent's options).
+ClientOptions asking_for(std::uint16_t port, int idle, int interval, int probes) {
+  ClientOptions options;
+  options.port = port;
+  options.keepalive_idle_seconds = idle;
+  options.keepalive_interval_seconds = interval;
+  options.keepalive_probes = probes;
+  return options;
+}
+
 // A client with a keepalive schedule of its own (a dist-launch agent: its liveness is its
 // connection) has the server probe its connection on that schedule, whatever the server's own:
 // a fixed-size job's 30 s holds on a dist-rendezvous started with 8 s. A client that asks
@@ -108,12 +118,7 @@ TEST(ClientKeepalive, TheServerProbesAClientsConnectionOnTheClientsSchedule) {
   ServerOptions options;
   options.keepalive = {1, 1, 7};  // dist-rendezvous's default: 8 s
   StoreServerThread server("127.0.0.1", 0, options);
-  ClientOptions asking;
-  asking.port = server.port();
-  asking.keepalive_idle_seconds = 1;
-  asking.keepalive_interval_seconds = 1;
-  asking.keepalive_probes = 29;
-  auto agent = StoreClient::connect(asking);
+  auto agent = StoreClient::connect(asking_for(server.port(), 1, 1, 29));
   agent.set("k", "v");  // the handshake is done
   EXPECT_EQ(served_keepalives(server.port()), (std::vector<std::array<int, 3>>{{1, 1, 29}}));
 
@@ -130,12 +135,7 @@ TEST(ClientKeepalive, TheServerProbesAClientsConnectionOnTheClientsSchedule) {
 // server's schedule; the user timeout overflowed an int): held to them.
 TEST(ClientKeepalive, ASchedulePastTheKernelsBoundsIsHeldToThem) {
   StoreServerThread server;
-  ClientOptions asking;
-  asking.port = server.port();
-  asking.keepalive_idle_seconds = 65535;
-  asking.keepalive_interval_seconds = 65535;
-  asking.keepalive_probes = 65535;
-  auto agent = StoreClient::connect(asking);
+  auto agent = StoreClient::connect(asking_for(server.port(), 65535, 65535, 65535));
   agent.set("k", "v");
   EXPECT_EQ(served_keepalives(server.port()),
             (std::vector<std::array<int, 3>>{
@@ -149,12 +149,8 @@ TEST(ClientKeepalive, WithASecretTheScheduleHoldsOnceTheClientAuthenticated) {
   options.unauthenticated = UnauthenticatedPolicy::kDeny;  // loopback too must prove it
   options.keepalive = {1, 1, 7};
   StoreServerThread server("127.0.0.1", 0, options);
-  ClientOptions asking;
-  asking.port = server.port();
+  ClientOptions asking = asking_for(server.port(), 1, 1, 29);
   asking.secret = "s3cret";
-  asking.keepalive_idle_seconds = 1;
-  asking.keepalive_interval_seconds = 1;
-  asking.keepalive_probes = 29;
   auto agent = StoreClient::connect(asking);
   agent.set("k", "v");
   EXPECT_EQ(served_keepalives(server.port()), (std::vector<std::array<int, 3>>{{1, 1, 29}}));
@@ -166,11 +162,7 @@ TEST(ClientKeepalive, AServerWithoutKeepaliveProbesAnAskingClientsConnectionAlon
   silent.port = server.port();
   auto plain = StoreClient::connect(silent);
   EXPECT_EQ(plain.try_get("k"), std::nullopt);
-  ClientOptions asking = silent;
-  asking.keepalive_idle_seconds = 2;
-  asking.keepalive_interval_seconds = 3;
-  asking.keepalive_probes = 4;
-  auto agent = StoreClient::connect(asking);
+  auto agent = StoreClient::connect(asking_for(server.port(), 2, 3, 4));
   agent.set("k", "v");
   auto both = served_keepalives(server.port());
   std::sort(both.begin(), both.end());

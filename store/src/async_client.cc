@@ -32,6 +32,8 @@ using requests::kInitialBackoff;
 using requests::kMaxBackoff;
 using requests::kReadChunkBytes;
 
+constexpr std::string_view kRefused = "Connection refused";  // (connect_once's word for it)
+
 }  // namespace
 
 // A lane's state: its close() ends its calls only (Impl::close_lane).
@@ -425,7 +427,9 @@ Task<std::string> AsyncStoreClient::Impl::connect_once(Clock::time_point deadlin
     co_await socket_.async_connect(endpoint, asio::redirect_error(use_awaitable, ec));
     deadline_.cancel();
     if (!ec) co_return "";
-    why = ec == asio::error::operation_aborted ? "connect timed out" : ec.message();
+    why = ec == asio::error::operation_aborted    ? std::string("connect timed out")
+          : ec == asio::error::connection_refused ? std::string(kRefused)
+                                                  : ec.message();
   }
   socket_.close(ec);
   co_return why;
@@ -447,6 +451,11 @@ Task<void> AsyncStoreClient::Impl::connect() {
           co_await connect_once(std::min(give_up, Clock::now() + options_.timeout));
       if (closed_) throw cancelled("connect");
       if (why.empty()) break;
+      if (options_.refusal_is_final && why == kRefused) {
+        throw StoreError(StoreErrc::kUnavailable,
+                         "the store at " + endpoint() +
+                             " refused the connection: its host answers but the store is gone");
+      }
       const auto now = Clock::now();
       if (now >= give_up) {
         throw StoreError(StoreErrc::kUnavailable,

@@ -192,6 +192,11 @@ void StoreClient::Impl::connect() {
                        options_.keepalive_probes);
       break;
     }
+    if (options_.refusal_is_final && last_error == std::strerror(ECONNREFUSED)) {
+      throw StoreError(StoreErrc::kUnavailable,
+                       "the store at " + endpoint() +
+                           " refused the connection: its host answers but the store is gone");
+    }
     const auto now = Clock::now();
     if (now >= give_up) {
       throw StoreError(StoreErrc::kUnavailable,

@@ -393,6 +393,26 @@ TEST(AsyncClientConnect, AnUnresolvableNameRetriesSayingWhyThenFailsNamingIt) {
       << notices.front();
 }
 
+TEST(AsyncClientConnect, ARefusalEndsTheConnectAtOnceWhenAsked) {
+  ClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = 1;  // nothing listens there
+  o.connect_timeout = 60s;
+  o.refusal_is_final = true;
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    run([&]() -> Task<> { co_await AsyncStoreClient::connect(o); });
+    FAIL() << "connected to a closed port";
+  } catch (const StoreError& e) {
+    EXPECT_EQ(e.code(), StoreErrc::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find(
+                  "127.0.0.1:1 refused the connection: its host answers but the store is gone"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);
+}
+
 TEST(AsyncClientConnect, CloseDuringConnectRetriesCancelsAtOnce) {
   ClientOptions o;
   o.host = "127.0.0.1";

@@ -425,6 +425,33 @@ TEST(ClientConnect, UnavailableAfterTheDeadlineWithAClearMessage) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
 }
 
+// A client that reached a store before (an agent rejoining its job) takes a refusal as the
+// store's end: at once, saying so, not after connect_timeout's retries.
+TEST(ClientConnect, ARefusalEndsTheConnectAtOnceWhenAsked) {
+  std::uint16_t port;
+  {
+    StoreServerThread s;  // a port that was just free
+    port = s.port();
+  }
+  ClientOptions options;
+  options.port = port;
+  options.connect_timeout = 60s;
+  options.refusal_is_final = true;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    StoreClient::connect(options);
+    FAIL();
+  } catch (const StoreError& e) {
+    EXPECT_EQ(e.code(), StoreErrc::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port) +
+                                         " refused the connection: its host answers but the "
+                                         "store is gone"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
 TEST(ClientConnect, RetriesUntilTheServerAppears) {
   std::uint16_t port;
   {

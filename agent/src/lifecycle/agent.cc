@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -26,6 +27,7 @@
 
 #include "dist/agent/console.h"
 #include "dist/agent/signals.h"
+#include "dist/contract/worker_contract.h"
 #include "health/telemetry_endpoints.h"  // and telemetry.h
 #include "lifecycle/events.h"
 #include "lifecycle/launcher_channel.h"
@@ -90,6 +92,8 @@ class Agent {
     shut_down();
     return exit_code_;
   }
+  // Whether this node, cut off from the job's store, rejoins the job once it answers again.
+  bool rejoins() const { return rejoins_ && exit_code_ == kExitAgentError; }
 
  private:
   Facts facts() const {
@@ -324,13 +328,19 @@ class Agent {
       const bool unanswered =
           config_.rdzv_backend != RendezvousBackend::kEtcdV3 &&
           (says("Connection timed out") || says("unreachable") || says("No route"));
+      // Cut off, this node rejoins the job once the store answers again (run_agent), where the
+      // others can take it in: the next round of an elastic job (as a newcomer), a static job's
+      // restart (its node rank's place). (Not over etcd yet: a new agent's first call there
+      // waits --rdzv-conf unavailable_timeout, 10 s, not for the link to come back.)
+      rejoins_ = unanswered && (rounds_->elastic() || restarts_used() < config_.max_restarts);
       spdlog::error(
-          "lost the rendezvous store: {}{}", o.store_lost,
+          "lost the rendezvous store: {}{}{}", o.store_lost,
           unanswered
               ? fmt::format(" (no answer for about {} s: this host was cut off from the "
                             "store's, or that host went down); this node's workers stop",
                             config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt)
-              : std::string("; this node's workers stop"));
+              : std::string("; this node's workers stop"),
+          rejoins_ ? rejoin_text() : std::string());
       failure_reason_ = "lost the rendezvous store at " + rounds_->describe();
       return feed(Input::kStoreLost);
     }
@@ -374,6 +384,18 @@ class Agent {
       return feed(Input::kNodeWaiting);
     }
     feed(Input::kRoundEndedElsewhere);
+  }
+
+  // How long a node cut off from the store waits for it to answer again, to rejoin the job: as
+  // long as a node joining it for the first time would.
+  std::string rejoin_text() const {
+    const bool elastic = rounds_->elastic();
+    return fmt::format(
+        ", and it rejoins the job when the store answers again (for up to {} s, --rdzv-conf {})",
+        std::chrono::duration_cast<std::chrono::seconds>(elastic ? config_.join_timeout
+                                                                 : config_.rdzv_timeout)
+            .count(),
+        elastic ? "join_timeout" : "timeout");
   }
 
   // Its agent died (the kernel closed its connection: at once), or its host went down or was cut
@@ -623,7 +645,14 @@ class Agent {
         console_->say(ConsoleStream::kStderr,
                       format_report(config_.script_name, failures, replaced));
       }
-      exit_code_ = exit_code_of(failures[root_cause_index(failures)]);
+      const std::size_t root = root_cause_index(failures);
+      // As torchrun's @record does for whoever started it (a scheduler, an outer launcher).
+      if (const char* file = std::getenv(worker_contract::kErrorFile); file && *file) {
+        if (!copy_root_cause_error_file(failures, root, file)) {
+          spdlog::debug("no worker's error file to copy to TORCHELASTIC_ERROR_FILE={}", file);
+        }
+      }
+      exit_code_ = exit_code_of(failures[root]);
     }
     feed(Input::kFailuresCollected);
   }
@@ -708,16 +737,19 @@ class Agent {
   std::string failure_reason_;                      // why the job failed when no worker did
   std::pair<int, std::string> round_lost_{-1, ""};  // a round, and the node it lost
   int exit_code_ = 0;
+  bool rejoins_ = false;  // cut off from the store, in a dynamic rendezvous: rejoins()
   bool finished_ = false;
   bool shut_down_ = false;
 };
 
-int drive_agent(const LaunchConfig& config, const AgentId& agent_id, Janitor* janitor,
-                const std::function<void()>& stopped) {
+AgentEnd drive_agent(const LaunchConfig& config, const AgentId& agent_id, Janitor* janitor,
+                     const std::function<void(const AgentEnd&)>& stopped) {
   Agent agent(config, agent_id, janitor);
-  const int exit_code = agent.run();  // every worker and helper stopped and reaped
-  stopped();
-  return exit_code;
+  AgentEnd end;
+  end.exit_code = agent.run();  // every worker and helper stopped and reaped
+  end.rejoins = agent.rejoins();
+  stopped(end);
+  return end;
 }
 
 }  // namespace dist::agent

@@ -39,14 +39,24 @@ int run_agent(const LaunchConfig& config) {
       signal_process(p, SIGKILL);
     }
   };
-  const int exit_code = drive_agent(config, agent_id, janitor ? &*janitor : nullptr, [&] {
+  const auto stopped = [&](const AgentEnd& end) {
     kill_leftovers();
     // Nothing is left for the janitor to clean: it exits while this agent tears down (its run
     // directory, store and console), and is reaped last.
-    if (janitor) janitor->dismiss();
-  });
+    if (janitor && !end.rejoins) janitor->dismiss();
+  };
+  AgentEnd end = drive_agent(config, agent_id, janitor ? &*janitor : nullptr, stopped);
+  // Cut off from the job's store, the node rejoins the job as a new agent: the store's host is
+  // elsewhere, and one that refuses the connection is gone.
+  LaunchConfig again = config;
+  again.rejoining = true;
+  again.is_host = false;
+  while (end.rejoins) {
+    spdlog::info("rejoining the job at {}: waiting for its store to answer", config.master_addr);
+    end = drive_agent(again, agent_id, janitor ? &*janitor : nullptr, stopped);
+  }
   kill_leftovers();
-  return exit_code;  // ~Janitor reaps it
+  return end.exit_code;  // ~Janitor reaps it
 }
 
 }  // namespace dist::agent

@@ -379,6 +379,7 @@ class NodeRounds : public RoundSource {
     options.keepalive_interval_seconds = keepalive.interval_seconds;
     options.keepalive_probes = keepalive.probes;
     options.on_retry = [](const std::string& why) { spdlog::warn("{}", why); };
+    options.refusal_is_final = config_.rejoining;
     return {std::move(options)};
   }
 

@@ -132,6 +132,35 @@ class TwoHosts : public ::testing::Test {
     return s.str();
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // The lines of a dist-test-worker `append` file: one per round the worker ran in.
+  std::vector<std::string> lines(const std::string& name) const {
+    std::ifstream in(path(name + ".rounds"));
+    std::vector<std::string> all;
+    for (std::string line; std::getline(in, line);) all.push_back(line);
+    return all;
+  }
+  // dist-launch in an elastic job of `nnodes` whose store is on host 0, one worker each: it
+  // appends its rounds to <name>.rounds, then runs `worker`.
+  pid_t elastic_agent(int host, const std::string& name, const std::string& nnodes,
+                      const std::vector<std::string>& worker) {
+    std::vector<std::string> args{DIST_LAUNCH_BIN,
+                                  "--nnodes",
+                                  nnodes,
+                                  "--rdzv-endpoint",
+                                  addr_[0] + ":29512",
+                                  "--rdzv-id",
+                                  "job",
+                                  "--nproc-per-node",
+                                  "1",
+                                  "--rdzv-conf",
+                                  "join_timeout=20",
+                                  "--no-python",
+                                  DIST_TEST_WORKER_BIN,
+                                  "append",
+                                  path(name + ".rounds")};
+    args.insert(args.end(), worker.begin(), worker.end());
+    return spawn(host, args, name);
+  }
   // A job of three nodes (two on host 0) whose host 1 is cut off for 15 s mid-training.
   void ride_out_an_outage(bool on_a_daemon);
 
@@ -226,32 +255,18 @@ TEST_F(TwoHosts, APartitionIsNoticedByBothSidesWithinHalfAMinute) {
 
 TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
   // Host 0 runs the store's agent and a second agent; host 1 runs the third. Host 1's link goes
-  // down: the two agents on host 0 finish the job as a world of two, host 1's agent gives up.
-  auto elastic_agent = [&](int host, const std::string& name) {
-    return spawn(host,
-                 {DIST_LAUNCH_BIN, "--nnodes", "2:3", "--rdzv-endpoint", addr_[0] + ":29512",
-                  "--rdzv-id", "job", "--nproc-per-node", "1", "--no-python", DIST_TEST_WORKER_BIN,
-                  "append", path(name + ".rounds"), "exit-if-world", "2", "0", "forever"},
-                 name);
-  };
-  const pid_t a = elastic_agent(0, "a");  // hosts the store: the endpoint is its address
+  // down: the two agents on host 0 finish the job as a world of two; host 1's agent waits for the
+  // store to answer again, to rejoin, for join_timeout (20 s here), and gives up.
+  const std::vector<std::string> worker{"exit-if-world", "2", "0", "forever"};
+  const pid_t a = elastic_agent(0, "a", "2:3", worker);  // hosts the store: the endpoint's host
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] { return log("a").find("hosting the rendezvous store") != std::string::npos; }, 30s))
       << log("a");
-  const pid_t b = elastic_agent(0, "b");
-  const pid_t c = elastic_agent(1, "c");
-  auto lines = [&](const std::string& name) {
-    std::ifstream in(path(name + ".rounds"));
-    std::vector<std::string> all;
-    for (std::string line; std::getline(in, line);) all.push_back(line);
-    return all;
-  };
-  const auto deadline = Clock::now() + 30s;
-  while ((lines("a").empty() || lines("b").empty() || lines("c").empty()) &&
-         Clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-  }
-  ASSERT_FALSE(lines("c").empty()) << log("a") << log("c");
+  const pid_t b = elastic_agent(0, "b", "2:3", worker);
+  const pid_t c = elastic_agent(1, "c", "2:3", worker);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return !lines("a").empty() && !lines("b").empty() && !lines("c").empty(); }, 30s))
+      << log("a") << log("c");
 
   const auto cut = Clock::now();
   ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
@@ -266,7 +281,110 @@ TEST_F(TwoHosts, AnElasticJobLosesAPartitionedNodeAndGoesOnWithoutIt) {
     EXPECT_EQ(world_size, 2) << history[1];
   }
   EXPECT_NE(log("a").find("lost"), std::string::npos) << log("a");
-  EXPECT_NE(wait(c, 30s), 0) << "the cut-off node cannot finish the job alone\n" << log("c");
+  EXPECT_NE(wait(c, 45s), 0) << "the cut-off node cannot finish the job alone\n" << log("c");
+  EXPECT_NE(log("c").find("it rejoins the job when the store answers again (for up to 20 s"),
+            std::string::npos)
+      << log("c");
+  EXPECT_EQ(lines("c").size(), 1u) << log("c");
+}
+
+// The cut-off node of an elastic job rejoins it when its link comes back: the node that went on
+// alone takes it in again, and the job ends with both.
+TEST_F(TwoHosts, AnElasticJobsCutOffNodeRejoinsWhenItsLinkReturns) {
+  const std::vector<std::string> worker{"wait-file", path("done")};  // then exits 0
+  const pid_t a = elastic_agent(0, "a", "1:2", worker);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return log("a").find("hosting the rendezvous store") != std::string::npos; }, 30s))
+      << log("a");
+  const pid_t c = elastic_agent(1, "c", "1:2", worker);
+  const auto in_a_world_of = [&](const std::string& name, const std::string& world, size_t after) {
+    const auto history = lines(name);
+    for (size_t i = after; i < history.size(); ++i) {
+      int rank = 0, world_size = 0;
+      std::istringstream(history[i]) >> rank >> world_size;
+      if (std::to_string(world_size) == world) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return in_a_world_of("a", "2", 0) && in_a_world_of("c", "2", 0); }, 60s))
+      << log("a") << log("c");
+
+  const size_t a_before = lines("a").size(), c_before = lines("c").size();
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return in_a_world_of("a", "1", a_before) &&
+               log("c").find("rejoins the job when the store answers again") != std::string::npos;
+      },
+      40s))
+      << log("a") << log("c");
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " up"), 0);
+  const size_t a_alone = lines("a").size();
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return in_a_world_of("a", "2", a_alone) && in_a_world_of("c", "2", c_before); }, 40s))
+      << log("a") << log("c");
+  { std::ofstream done(path("done")); }
+  EXPECT_EQ(wait(a, 60s), 0) << log("a");
+  EXPECT_EQ(wait(c, 60s), 0) << log("c");
+  EXPECT_NE(log("c").find("rejoining the job at " + addr_[0]), std::string::npos) << log("c");
+}
+
+// A static job with a restart left: its cut-off node rejoins it when its link comes back, taking
+// its node rank's place in the restart the other node waits in, and the job ends with both.
+TEST_F(TwoHosts, AStaticJobsCutOffNodeRejoinsItsRestartWhenItsLinkReturns) {
+  auto node = [&](int rank) {
+    return spawn(rank,
+                 {DIST_LAUNCH_BIN,
+                  "--nnodes",
+                  "2",
+                  "--node-rank",
+                  std::to_string(rank),
+                  "--master-addr",
+                  addr_[0],
+                  "--master-port",
+                  "29513",
+                  "--nproc-per-node",
+                  "1",
+                  "--max-restarts",
+                  "1",
+                  "--rdzv-conf",
+                  "timeout=60,keep_alive_max_attempt=5",
+                  "--no-python",
+                  DIST_TEST_WORKER_BIN,
+                  "append",
+                  path(std::to_string(rank) + ".rounds"),
+                  "wait-file",
+                  path("done")},
+                 "node" + std::to_string(rank));
+  };
+  const pid_t a = node(0);
+  const pid_t b = node(1);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return lines("0").size() == 1 && lines("1").size() == 1; }, 60s))
+      << log(0) << log(1);
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " down"), 0);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] {
+        return log(1).find(
+                   "rejoins the job when the store answers again (for up to 60 s, "
+                   "--rdzv-conf timeout)") != std::string::npos;
+      },
+      40s))
+      << log(0) << log(1);
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " up"), 0);
+  ASSERT_TRUE(dist::agent::testing::eventually(
+      [&] { return lines("0").size() == 2 && lines("1").size() == 2; }, 60s))
+      << log(0) << log(1);
+  { std::ofstream done(path("done")); }
+  EXPECT_EQ(wait(a, 60s), 0) << log(0);
+  EXPECT_EQ(wait(b, 60s), 0) << log(1);
+  for (const std::string rank : {"0", "1"}) {
+    int r = 0, world = 0, group_rank = 0, group_world = 0, restarts = -1;
+    std::istringstream(lines(rank)[1]) >> r >> world >> group_rank >> group_world >> restarts;
+    EXPECT_EQ(world, 2) << lines(rank)[1];
+    EXPECT_EQ(restarts, 1) << lines(rank)[1];
+  }
 }
 
 // dist-inplace-worker's DIR/final_<rank> of ranks 0..world-1: every rank at `steps`, in a world

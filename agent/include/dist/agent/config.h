@@ -165,6 +165,11 @@ struct RendezvousConfig {
   // node rank 0 hosts it; false, that node connects to master_addr:master_port like the others
   // (a store someone else hosts: dist-launch --hosts).
   std::optional<bool> is_host;
+  // This agent is a node's second (or later) on this job: its first, cut off from the store (no
+  // answer for the keepalive's length), stopped its workers and left, and the node now rejoins
+  // the job (a dynamic rendezvous: it joins the next round, as a newcomer). A store that refuses
+  // the connection is gone (the job ended, or its host's agent did): this agent gives up at once.
+  bool rejoining = false;
   // Liveness between agents (several nodes): TCP keepalive on their store connections; a node that
   // vanished (a partition, a dead host) is noticed after about interval * max_attempt seconds, a
   // dead agent on a live host at once. By default (launcher: default_keep_alive) a job that goes

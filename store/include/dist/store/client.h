@@ -39,6 +39,10 @@ struct ClientOptions {
   // hears why, at most once per retry_notice_interval; unset: silence until connect_timeout.
   std::function<void(const std::string& why)> on_retry;
   std::chrono::milliseconds retry_notice_interval{10'000};
+  // A refused connection ends connect() at once (kUnavailable) instead of being retried: for a
+  // client that reached this store before, whose host now answers without it (the store is gone),
+  // as opposed to one that waits for a store still starting.
+  bool refusal_is_final = false;
 };
 
 // Reads a shared secret from a file: its contents without trailing newlines. Throws

@@ -692,6 +692,62 @@ void warn_loopback_hostname(const LaunchConfig& c, std::ostream& err) {
   err << loopback_hostname_warning(c, name.data());
 }
 
+// The address this host reaches `host` from (the source address of a route to it: nothing is
+// sent); empty when `host` does not resolve or no route leads there.
+std::string address_toward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return "";
+  std::string address;
+  for (const addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    std::array<char, INET6_ADDRSTRLEN> text{};
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      const void* raw =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, raw, text.data(), text.size()) != nullptr) {
+        address = text.data();
+      }
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return address;
+}
+
+// A dynamic rendezvous publishes this node's host name for its workers' store (their MASTER_ADDR
+// where this node is the round's node rank 0). A name that does not resolve here (a container's,
+// a pod's) would hold every worker in init_process_group, retrying it and saying nothing of use:
+// the address this host reaches the rendezvous endpoint from is published instead, said once.
+void publish_an_address_for_a_name_that_does_not_resolve(LaunchConfig& c, std::ostream& err) {
+  if (!c.elastic || !c.local_addr.empty()) return;
+  std::array<char, 256> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0) return;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(name.data(), nullptr, &hints, &found) == 0) {
+    ::freeaddrinfo(found);
+    return;
+  }
+  const std::string address = address_toward(c.master_addr);
+  if (address.empty()) return;
+  c.local_addr = address;
+  err << "[dist-launch] warning: this host's name '" << name.data()
+      << "' does not resolve here: this node is published as " << address << " (its address toward "
+      << c.master_addr
+      << "), its workers' MASTER_ADDR where it hosts their store; --local-addr chooses "
+         "another\n";
+}
+
 }  // namespace
 
 bool resolves_to_loopback_only(const std::string& host) {
@@ -826,6 +882,7 @@ CliOutcome config_from_options(const RawOptions& raw, std::ostream& err) {
   agent::check(c);
   default_omp_threads(c, err);
   warn_loopback_hostname(c, err);
+  publish_an_address_for_a_name_that_does_not_resolve(c, err);
   return outcome;
 }
 

@@ -110,6 +110,36 @@ void read_error_file(WorkerFailure& failure) {
   }
 }
 
+bool copy_root_cause_error_file(const std::vector<WorkerFailure>& failures, std::size_t root,
+                                const std::string& destination) {
+  std::vector<std::size_t> order{root};
+  for (std::size_t i = 0; i < failures.size(); ++i) {
+    if (i != root) order.push_back(i);
+  }
+  for (const std::size_t i : order) {
+    const WorkerFailure& f = failures[i];
+    if (f.error_file.empty()) continue;
+    std::ifstream in(f.error_file);
+    if (!in) continue;
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    std::string copy = text;
+    try {
+      nlohmann::json j = nlohmann::json::parse(lenient_json(text));
+      if (j.contains("message") && j["message"].is_object()) {
+        j["message"]["errorCode"] = f.exit_code;  // (torch's: -N for a signal)
+        copy = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      }
+    } catch (const std::exception&) {
+      // Copied as it is, as torch copies a file it cannot amend.
+    }
+    std::ofstream out(destination, std::ios::trunc);
+    out << copy;
+    out.close();
+    return static_cast<bool>(out);
+  }
+  return false;
+}
+
 int exit_code_of(const WorkerFailure& failure) {
   if (failure.ended_by_the_stop) return 1;
   return failure.exit_code < 0 ? 128 + -failure.exit_code : failure.exit_code;

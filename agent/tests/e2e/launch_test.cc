@@ -51,6 +51,7 @@ TEST_F(LaunchTest, EveryWorkerGetsTorchrunsEnvironment) {
         {"TORCHELASTIC_RUN_ID", "none"},
         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
         {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+        {"NCCL_ASYNC_ERROR_HANDLING", "1"},  // (torch 1.x's name)
         {"OMP_NUM_THREADS", "1"},
         {"DIST_TEST_INHERITED", "yes"},
     };
@@ -81,6 +82,7 @@ TEST_F(LaunchTest, InPlaceWorkersGetNoNcclErrorHandlingOfTheLaunchers) {
     EXPECT_EQ(env["DIST_LAUNCH_RESTART_POLICY"], "in-place");
     EXPECT_EQ(env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 0u)
         << env["TORCH_NCCL_ASYNC_ERROR_HANDLING"];
+    EXPECT_EQ(env.count("NCCL_ASYNC_ERROR_HANDLING"), 0u) << env["NCCL_ASYNC_ERROR_HANDLING"];
     EXPECT_EQ(read_env(path("set_" + std::to_string(r)))["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "2");
   }
 }
@@ -90,6 +92,27 @@ TEST_F(LaunchTest, InPlaceWorkersGetNoNcclErrorHandlingOfTheLaunchers) {
 // socket, the metrics port, the event log, nor another worker's pipes. It has a session of its
 // own (its process group is the session's), as torchrun's have: a worker reading the terminal is
 // not a background job of the launcher's session (stopped by SIGTTIN).
+// A host whose name does not resolve (a container's): a dynamic rendezvous publishes the
+// address it reaches the endpoint from, the workers' MASTER_ADDR, saying so; its name would have
+// held every torch worker in init_process_group. (Root: a UTS namespace with a name of its own.)
+TEST_F(LaunchTest, AHostNameThatDoesNotResolveIsPublishedAsTheHostsAddress) {
+  if (::geteuid() != 0 || std::system("unshare -u true >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "a UTS namespace (unshare -u) needs root; not available here";
+  }
+  const std::string command = "hostname dist-no-such-name-" + std::to_string(::getpid()) +
+                              " && exec " + DIST_LAUNCH_BIN +
+                              " --nnodes 1 --nproc-per-node 1 --rdzv-endpoint 127.0.0.1:0"
+                              " --no-python " +
+                              kWorker + " env " + path("env_0");
+  Child launch("/usr/bin/unshare", {"-u", "sh", "-c", command}, path("unshare.log"));
+  ASSERT_EQ(launch.wait(60s), 0) << launch.output();
+  EXPECT_EQ(read_env(path("env_0"))["MASTER_ADDR"], "127.0.0.1") << launch.output();
+  EXPECT_NE(launch.output().find("' does not resolve here: this node is published as 127.0.0.1 "
+                                 "(its address toward 127.0.0.1)"),
+            std::string::npos)
+      << launch.output();
+}
+
 TEST_F(LaunchTest, AWorkerInheritsOnlyItsStandardStreamsAndItsHeartbeatSlot) {
   Launch launch({"--nproc-per-node", "2", "--metrics-port", "0", "--event-log", path("events"),
                  "--worker-heartbeat-timeout", "60", "--no-python", kWorker, "fds",
@@ -245,6 +268,21 @@ TEST_F(LaunchTest, TheRootCauseIsTheFirstFailureOfItsOwnNotTheCollateralOne) {
       EXPECT_NE(out.find("stopped rank 1 (exit code 1)"), std::string::npos) << out;
     }
   }
+}
+
+// torchrun's own @record: a launcher started with TORCHELASTIC_ERROR_FILE (by a scheduler, or an
+// outer launcher) writes its job's root cause there, errorCode the worker's exit code.
+TEST_F(LaunchTest, TheRootCauseIsCopiedToTheLaunchersOwnErrorFile) {
+  const std::string file = path("launcher_error.json");
+  Launch launch({"--nproc-per-node", "2", "--no-python", kWorker, "error-file-if-rank", "1",
+                 "ValueError: boom from rank 1", "exit-if-rank", "1", "3", "forever"},
+                {{"TORCHELASTIC_ERROR_FILE", file}});
+  ASSERT_EQ(launch.wait(), 3) << launch.output();
+  std::ifstream in(file);
+  ASSERT_TRUE(in) << "no error file written\n" << launch.output();
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_NE(text.find("\"message\":\"ValueError: boom from rank 1\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"errorCode\":3"), std::string::npos) << text;
 }
 
 // Rank 1 fails; rank 0 fails only in its SIGTERM handler (an emergency checkpoint that raises),

@@ -95,12 +95,16 @@ void parse_nnodes(const std::string& text, agent::LaunchConfig& c) {
   const auto colon = text.find(':');
   if (colon == std::string::npos) {
     c.min_nodes = c.max_nodes = parse_positive("--nnodes", text);
-    return;
+  } else {
+    c.min_nodes = parse_positive("--nnodes (MIN)", text.substr(0, colon));
+    c.max_nodes = parse_positive("--nnodes (MAX)", text.substr(colon + 1));
   }
-  c.min_nodes = parse_positive("--nnodes (MIN)", text.substr(0, colon));
-  c.max_nodes = parse_positive("--nnodes (MAX)", text.substr(colon + 1));
   if (c.min_nodes > c.max_nodes) {
     throw UsageError("--nnodes " + text + ": MIN must not exceed MAX");
+  }
+  if (c.max_nodes > agent::kMaxNodes) {
+    throw UsageError("--nnodes " + text + ": at most " + std::to_string(agent::kMaxNodes) +
+                     " nodes");
   }
 }
 
@@ -354,6 +358,15 @@ void check_local_ranks_filter(const agent::LaunchConfig& c, std::ostream& err) {
 
 // --rdzv-endpoint (or Slurm's node) as host[:port]; 0 asks for a free port.
 store::Endpoint parse_rdzv_endpoint(const std::string& text, std::uint16_t default_port) {
+  // (Several ':' read as an IPv6 address without a port: these would become a host name that
+  // the agent then tries to resolve for join_timeout.)
+  if (text.find(',') != std::string::npos) {
+    throw UsageError("--rdzv-endpoint " + text +
+                     ": one HOST:PORT (a list of endpoints is for --rdzv-backend etcd-v3)");
+  }
+  if (text.find("://") != std::string::npos) {
+    throw UsageError("--rdzv-endpoint " + text + ": HOST:PORT, without a scheme");
+  }
   try {
     return store::parse_endpoint(text, default_port, /*allow_zero=*/true);
   } catch (const store::EndpointError& e) {

@@ -88,7 +88,7 @@ std::variant<StatusRequest, int> parse(const std::vector<std::string>& args, std
   }
   if (r.endpoint.empty()) return usage("--rdzv-endpoint is required");
   const std::optional<double> interval_s = seconds_of(interval);
-  if (!interval_s || *interval_s < 0.1 || *interval_s > 3600) {
+  if (!interval_s || !(*interval_s >= 0.1 && *interval_s <= 3600)) {  // (NaN is neither)
     return usage("--interval takes seconds from 0.1 to 3600, not '" + interval + "'");
   }
   try {

@@ -107,9 +107,26 @@ TEST(LauncherCli, UnknownFlagIsAOneLineErrorWithExitTwo) {
   EXPECT_NE(r.output.find("--no-such-flag"), std::string::npos) << r.output;
 }
 
+// Values no job has, a typo's: a one-line usage error, not a worker table or a list of store
+// keys the size of the number (an abort for memory; a loop that no signal could end); an
+// endpoint that is a list or a URL, not a host name retried for join_timeout.
+TEST(LauncherCli, OutlandishSizesAndEndpointsAreUsageErrors) {
+  for (const char* bad : {"--nproc-per-node 2147483647 x.py", "--nproc-per-node 4097 x.py",
+                          "--nnodes 2147483647 --node-rank 0 --master-addr 127.0.0.1 x.py",
+                          "--nnodes 1:65537 --rdzv-endpoint 127.0.0.1:29400 x.py",
+                          "--nnodes 1:2 --rdzv-endpoint a:1,b:2 x.py",
+                          "--nnodes 1:2 --rdzv-endpoint http://127.0.0.1:29400 x.py"}) {
+    SCOPED_TRACE(bad);
+    const RunResult r = run_binary(bad);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find("dist-launch: error:"), std::string::npos) << r.output;
+  }
+}
+
 TEST(LauncherCli, StatusWatchOptionsAreCheckedBeforeAnyConnection) {
-  for (const char* bad :
-       {"--watch --interval 0", "--watch --interval soon", "--watch --count -1"}) {
+  for (const char* bad : {"--watch --interval 0", "--watch --interval soon", "--watch --count -1",
+                          "--watch --interval nan"}) {
     SCOPED_TRACE(bad);
     const RunResult r = run_binary(std::string("status --rdzv-endpoint 127.0.0.1:29400 ") + bad);
     EXPECT_EQ(r.exit_code, 2) << r.output;

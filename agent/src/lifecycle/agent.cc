@@ -155,10 +155,13 @@ class Agent {
                      std::exchange(stopping_.signal_already_sent, false));
         return;  // continues on GroupStopped (and WatchEnded)
       case State::kExitBarrier:
-        spdlog::info(
-            "this node's workers are done: waiting for the other nodes at the exit barrier (at "
-            "most {} s, --exit-barrier-timeout)",
-            std::chrono::duration_cast<std::chrono::seconds>(config_.exit_barrier_timeout).count());
+        if (config_.max_nodes > 1) {  // (a one-node rendezvous passes it at once)
+          spdlog::info(
+              "this node's workers are done: waiting for the other nodes at the exit barrier (at "
+              "most {} s, --exit-barrier-timeout)",
+              std::chrono::duration_cast<std::chrono::seconds>(config_.exit_barrier_timeout)
+                  .count());
+        }
         return steps_.launch(rounds_->exit_barrier(*now_.round),
                              [this](BarrierEnd end) { on(event::BarrierDone{std::move(end)}); });
       case State::kRoundEnded:  // elastic: the job's one verdict, whichever node asks first

@@ -57,7 +57,13 @@ int resolve_nproc_per_node(const std::string& text, const DeviceOptions& devices
   std::size_t used = 0;
   try {
     const int n = std::stoi(text, &used);
+    if (used == text.size() && n > kMaxWorkersPerNode) {
+      throw ConfigError("--nproc-per-node " + text + ": at most " +
+                        std::to_string(kMaxWorkersPerNode) + " workers per node");
+    }
     if (used == text.size() && n > 0) return n;
+  } catch (const ConfigError&) {
+    throw;
   } catch (const std::exception&) {
   }
   throw ConfigError("--nproc-per-node must be a positive integer, cpu, gpu, xpu or auto, got '" +

@@ -108,12 +108,14 @@ double per_step(double v) {
   return std::round(v * scale) / scale;
 }
 
+// (Durations and rates: a negative one, from a slot whose times a worker wrote wrongly (a step
+// "in the future"), is no reading, and is left out as number() would refuse it.)
 void put(ordered_json& j, const char* name, const std::optional<double>& v) {
-  if (v && std::isfinite(*v)) j[name] = rounded(*v);
+  if (v && std::isfinite(*v) && *v >= 0) j[name] = rounded(*v);
 }
 
 void put_per_step(ordered_json& j, const char* name, const std::optional<double>& v) {
-  if (v && std::isfinite(*v)) j[name] = per_step(*v);
+  if (v && std::isfinite(*v) && *v >= 0) j[name] = per_step(*v);
 }
 
 // An optional non-negative number; what is not one is the error naming the key.

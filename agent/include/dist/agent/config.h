@@ -276,10 +276,15 @@ struct LaunchConfig : JobConfig, RendezvousConfig, OutputConfig, WorkerCommand, 
 // restart policy the job's shape allows. Throws ConfigError.
 void check(const LaunchConfig& config);
 
-// --nproc-per-node: an integer; cpu (this machine's CPUs); gpu (the CUDA or ROCm devices this
-// process may use; with --devices, one worker per listed device); xpu (Intel GPUs); auto (the
-// GPUs, else the XPUs, else the CPUs). Throws ConfigError when the text is none of these, or no
-// such device exists.
+// Bounds no real job reaches, held so that a typo's value is a usage error, not the memory of a
+// worker table (or a list of one store key per node) the size of the number.
+inline constexpr int kMaxWorkersPerNode = 4096;
+inline constexpr int kMaxNodes = 65536;
+
+// --nproc-per-node: an integer (at most kMaxWorkersPerNode); cpu (this machine's CPUs); gpu (the
+// CUDA or ROCm devices this process may use; with --devices, one worker per listed device); xpu
+// (Intel GPUs); auto (the GPUs, else the XPUs, else the CPUs). Throws ConfigError when the text is
+// none of these, or no such device exists.
 int resolve_nproc_per_node(const std::string& text, const DeviceOptions& devices);
 
 // A CPU list as taskset and cgroups write it, "0-3,8,10-11", for the option `flag`. Throws

@@ -93,6 +93,24 @@ TEST(NodeProgress, EveryFieldRoundTripsAndWhatIsAbsentStaysAbsent) {
   EXPECT_NE(text.find(R"({"r":2,"l":0})"), std::string::npos) << "absent fields left out: " << text;
 }
 
+// A slot whose times a worker wrote wrongly (its last step "in the future") gives negative
+// durations: they are left out of what is published, which `dist-launch status` and the other
+// nodes would otherwise refuse as a corrupted value, for the whole job.
+TEST(NodeProgress, NegativeDurationsAreLeftOutNotPublishedForTheReaderToRefuse) {
+  RankStatus odd;
+  odd.worker.rank = 0;
+  odd.steps = 5;
+  odd.since_step_seconds = -9'223'369'086.844;
+  odd.step_seconds = 0.2;
+  odd.work_seconds = -1.0;
+  const schema::NodeProgress p{1'700'000'000.5, "running", {odd}, 0, {}, 0};
+  const auto back = schema::decode_node_progress("r0/progress/0", schema::encode(p));
+  ASSERT_EQ(back.ranks.size(), 1u);
+  EXPECT_FALSE(back.ranks[0].since_step_seconds.has_value());
+  EXPECT_FALSE(back.ranks[0].work_seconds.has_value());
+  EXPECT_DOUBLE_EQ(*back.ranks[0].step_seconds, 0.2);
+}
+
 TEST(NodeProgress, TheValueIsBoundedWhateverTheNodeRuns) {
   schema::NodeProgress p{1.0, std::string(500, 's'), {}, 0, {}, 0};
   for (int r = 0; r < 1000; ++r) {

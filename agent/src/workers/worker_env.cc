@@ -1,6 +1,5 @@
 #include "workers/worker_env.h"
 
-#include <set>
 #include <string_view>
 
 #include "dist/contract/worker_contract.h"
@@ -45,7 +44,6 @@ Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads)
       {contract::kUseAgentStore, "True"},
       {contract::kErrorFile, id.error_file},
       {contract::kNcclAsyncErrorHandling, "1"},
-      {contract::kLegacyNcclAsyncErrorHandling, "1"},
   };
   if (default_omp_threads) v["OMP_NUM_THREADS"] = "1";
   // torchrun 2.x exports it to its workers: torch's own launchers inside them (start_processes)
@@ -56,25 +54,21 @@ Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads)
 
 std::vector<std::string> merge_environment(const std::vector<std::string>& base,
                                            const Variables& overrides) {
-  // (Each name on its own, as each torchrun keeps the one it sets.)
-  const auto users_choice = [](std::string_view name) {
-    return name == worker_contract::kNcclAsyncErrorHandling ||
-           name == worker_contract::kLegacyNcclAsyncErrorHandling;
-  };
+  static constexpr std::string_view kUsersChoice = worker_contract::kNcclAsyncErrorHandling;
   std::vector<std::string> env;
   env.reserve(base.size() + overrides.size());
-  std::set<std::string, std::less<>> chosen;  // the user's choice wins
+  bool user_set_nccl_handling = false;
   for (const auto& entry : base) {
     const std::string_view name = std::string_view(entry).substr(0, entry.find('='));
-    if (users_choice(name)) {
-      chosen.emplace(name);
+    if (name == kUsersChoice) {
+      user_set_nccl_handling = true;  // the user's choice wins
       env.push_back(entry);
       continue;
     }
     if (overrides.find(name) == overrides.end()) env.push_back(entry);
   }
   for (const auto& [name, value] : overrides) {
-    if (chosen.contains(name)) continue;
+    if (user_set_nccl_handling && name == kUsersChoice) continue;
     env.push_back(name + "=" + value);
   }
   return env;

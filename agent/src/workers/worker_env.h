@@ -38,7 +38,7 @@ WorkerIdentity make_identity(const Round& a, int local_rank, const store::Endpoi
 Variables torchrun_variables(const WorkerIdentity& id, bool default_omp_threads);
 
 // `base` (KEY=VALUE strings, e.g. environ) with `overrides` applied;
-// TORCH_NCCL_ASYNC_ERROR_HANDLING and NCCL_ASYNC_ERROR_HANDLING keep a value the user set.
+// TORCH_NCCL_ASYNC_ERROR_HANDLING keeps a value the user set.
 std::vector<std::string> merge_environment(const std::vector<std::string>& base,
                                            const Variables& overrides);
 

@@ -461,7 +461,6 @@ SpawnedProcess WorkerGroup::spawn(Member& w, const SpawnPlan& plan,
     // torchrun's 1 tears a survivor down as soon as torch's watchdog sees the lost peer: the
     // in-place helper (dist_launch.elastic) chooses 0 for its NCCL groups, unless the user set it.
     variables.erase(worker_contract::kNcclAsyncErrorHandling);
-    variables.erase(worker_contract::kLegacyNcclAsyncErrorHandling);
     variables[worker_contract::kRestartPolicyVariable] = worker_contract::kInPlacePolicy;
     variables[worker_contract::kGenerationVariable] =
         std::to_string(w.worker.generation.value_or(0));

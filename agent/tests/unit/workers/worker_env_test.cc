@@ -30,24 +30,6 @@ TEST(WorkerEnv, UserSettingsWinOnlyForNcclAsyncErrorHandling) {
   EXPECT_TRUE(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=0"));
   EXPECT_FALSE(has("TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
   EXPECT_FALSE(has("OMP_NUM_THREADS=1"));
-  EXPECT_TRUE(has("NCCL_ASYNC_ERROR_HANDLING=1"));  // the name torch 1.x reads: not set by the user
-}
-
-// torch 1.13's torchrun sets NCCL_ASYNC_ERROR_HANDLING, 2.x's TORCH_NCCL_ASYNC_ERROR_HANDLING:
-// both are set, each keeping a value the user gave it.
-TEST(WorkerEnv, BothNamesOfNcclAsyncErrorHandlingAreSetAndKeepTheUsersValue) {
-  WorkerIdentity id;
-  const auto has = [](const std::vector<std::string>& env, const std::string& entry) {
-    return std::find(env.begin(), env.end(), entry) != env.end();
-  };
-  const auto defaults = merge_environment({"PATH=/bin"}, torchrun_variables(id, false));
-  EXPECT_TRUE(has(defaults, "TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
-  EXPECT_TRUE(has(defaults, "NCCL_ASYNC_ERROR_HANDLING=1"));
-  const auto legacy =
-      merge_environment({"NCCL_ASYNC_ERROR_HANDLING=3"}, torchrun_variables(id, false));
-  EXPECT_TRUE(has(legacy, "NCCL_ASYNC_ERROR_HANDLING=3"));
-  EXPECT_FALSE(has(legacy, "NCCL_ASYNC_ERROR_HANDLING=1"));
-  EXPECT_TRUE(has(legacy, "TORCH_NCCL_ASYNC_ERROR_HANDLING=1"));
 }
 
 TEST(WorkerEnv, LocalRankSubstitution) {

@@ -35,9 +35,6 @@ inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
 inline constexpr char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";
 inline constexpr char kSignalsToHandle[] = "TORCHELASTIC_SIGNALS_TO_HANDLE";
 inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
-// The name torch 1.x to 2.1 read (and torch 1.13's torchrun set): both are set, as each torchrun
-// sets its own; torch 2.2 and later read the one above first, and warn only when it is missing.
-inline constexpr char kLegacyNcclAsyncErrorHandling[] = "NCCL_ASYNC_ERROR_HANDLING";
 
 // dist-launch's own.
 inline constexpr char kTokenFile[] = "DIST_LAUNCH_TOKEN_FILE";  // a path, never the secret

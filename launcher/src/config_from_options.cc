@@ -741,7 +741,9 @@ std::string address_toward(const std::string& host) {
 // a pod's) would hold every worker in init_process_group, retrying it and saying nothing of use:
 // the address this host reaches the rendezvous endpoint from is published instead, said once.
 void publish_an_address_for_a_name_that_does_not_resolve(LaunchConfig& c, std::ostream& err) {
-  if (!c.elastic || !c.local_addr.empty()) return;
+  // (etcd: master_addr is not the endpoint, and each round's workers' store is on a node the
+  // round picks.)
+  if (!c.elastic || !c.local_addr.empty() || c.rdzv_backend == RendezvousBackend::kEtcdV3) return;
   std::array<char, 256> name{};
   if (::gethostname(name.data(), name.size() - 1) != 0) return;
   addrinfo hints{};

@@ -335,7 +335,13 @@ class Agent {
       // others can take it in: the next round of an elastic job (as a newcomer), a static job's
       // restart (its node rank's place). (Not over etcd yet: a new agent's first call there
       // waits --rdzv-conf unavailable_timeout, 10 s, not for the link to come back.)
-      rejoins_ = unanswered && (rounds_->elastic() || restarts_used() < config_.max_restarts);
+      // Not the store's host (its own store is what it lost), nor a node whose workers succeeded
+      // (it would join a round of the job anew).
+      const bool succeeded =
+          now_.state == State::kStopping && (now_.stop_reason == StopReason::kAllSucceeded ||
+                                             now_.stop_reason == StopReason::kJobFinished);
+      rejoins_ = unanswered && !rounds_->hosts_others() && !succeeded &&
+                 (rounds_->elastic() || restarts_used() < config_.max_restarts);
       spdlog::error(
           "lost the rendezvous store: {}{}{}", o.store_lost,
           unanswered
@@ -651,8 +657,12 @@ class Agent {
       const std::size_t root = root_cause_index(failures);
       // As torchrun's @record does for whoever started it (a scheduler, an outer launcher).
       if (const char* file = std::getenv(worker_contract::kErrorFile); file && *file) {
-        if (!copy_root_cause_error_file(failures, root, file)) {
-          spdlog::debug("no worker's error file to copy to TORCHELASTIC_ERROR_FILE={}", file);
+        try {
+          if (!copy_root_cause_error_file(failures[root], file)) {
+            spdlog::debug("the root cause left no error file for TORCHELASTIC_ERROR_FILE={}", file);
+          }
+        } catch (const std::exception& e) {
+          spdlog::warn("TORCHELASTIC_ERROR_FILE: {}", e.what());
         }
       }
       exit_code_ = exit_code_of(failures[root]);
@@ -677,7 +687,7 @@ class Agent {
     finished_ = true;
     // No process of the job is left (a zygote or a standby would be a child): the janitor has
     // nothing to clean, and exits while this agent writes its report and tears down.
-    if (janitor_ && !has_children()) janitor_->dismiss();
+    if (janitor_ && !has_children() && !rejoins()) janitor_->dismiss();  // (a next agent's too)
     record_job_end();
     if (run_dir_) {
       const bool keep = !now_.failures.empty() || config_.writes_log_files() ||

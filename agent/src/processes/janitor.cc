@@ -181,11 +181,13 @@ void Janitor::tidy_on_death(const std::string& relative_directory,
   const std::string secret =
       relative_secret.empty() ? ""
                               : std::filesystem::absolute(relative_secret, secret_error).string();
-  if (!shared_ || shared_->tidy.load(std::memory_order_relaxed) || directory_error ||
-      secret_error || relative_directory.empty() || directory.size() >= kMaxPath ||
-      secret.size() >= kMaxPath) {
+  if (!shared_ || directory_error || secret_error || relative_directory.empty() ||
+      directory.size() >= kMaxPath || secret.size() >= kMaxPath) {
     return;
   }
+  // (Again for a node's next agent (it rejoins its job): its run directory is another. The
+  // janitor reads the paths only once this process is gone.)
+  shared_->tidy.store(false, std::memory_order_release);
   std::memcpy(shared_->directory, directory.c_str(), directory.size() + 1);
   std::memcpy(shared_->secret, secret.c_str(), secret.size() + 1);
   shared_->tidy.store(true, std::memory_order_release);

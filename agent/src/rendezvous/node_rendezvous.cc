@@ -37,6 +37,9 @@ namespace {
 // How often an in-place claim reads the state again after losing its COMPARE_SET to a write that
 // claimed nothing for this round (a recovery's end, an earlier round's count).
 constexpr int kClaimAttempts = 4;
+// How long a rejoining node waits for the store to drop its earlier agent's session (a
+// keepalive's length: 30 s by default for a static job, which --rdzv-conf may lengthen).
+constexpr std::chrono::milliseconds kPredecessorsSessionWait{120'000};
 
 // An exit barrier passed by every node still there, without the `lost`.
 BarrierEnd passed_without(std::vector<int> lost) {
@@ -213,6 +216,21 @@ Task<void> NodeRendezvous::Impl::publish_liveness(int node_rank, std::string rec
   const std::string alive = schema::static_alive(node_rank);
   if (const auto holder = co_await store_->try_get(alive); holder && *holder != record) {
     const auto other = schema::decode_node_record(alive, *holder);
+    // This process's earlier agent, cut off from the store, whose session the store has not
+    // dropped yet (it does on its keepalive, the one that agent asked for): this node rejoins.
+    // (No co_await inside && or a braced list: GCC 12 gets both wrong.)
+    bool predecessor_gone = false;
+    if (other.host == self_.host && other.pid == self_.pid) {
+      std::vector<std::string> keys;
+      keys.push_back(alive);
+      const auto gone = co_await store_->wait_deleted(std::move(keys), kPredecessorsSessionWait);
+      predecessor_gone = gone.has_value();
+    }
+    if (predecessor_gone) {
+      co_await store_->set_ephemeral(alive, record);
+      alive_published_ = true;
+      co_return;
+    }
     throw RendezvousError("node rank " + std::to_string(node_rank) + " joined twice (an agent on " +
                           other.host + ", pid " + std::to_string(other.pid) +
                           ", holds it, and this agent on " + shape_.host +

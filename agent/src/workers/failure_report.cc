@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <stdexcept>
 
 #include "output/valid_text.h"
 #include "processes/process.h"
@@ -110,34 +111,36 @@ void read_error_file(WorkerFailure& failure) {
   }
 }
 
-bool copy_root_cause_error_file(const std::vector<WorkerFailure>& failures, std::size_t root,
-                                const std::string& destination) {
-  std::vector<std::size_t> order{root};
-  for (std::size_t i = 0; i < failures.size(); ++i) {
-    if (i != root) order.push_back(i);
-  }
-  for (const std::size_t i : order) {
-    const WorkerFailure& f = failures[i];
-    if (f.error_file.empty()) continue;
-    std::ifstream in(f.error_file);
-    if (!in) continue;
-    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    std::string copy = text;
+bool copy_root_cause_error_file(const WorkerFailure& root, const std::string& destination) {
+  nlohmann::json j;
+  std::string copy;
+  if (std::ifstream in(root.error_file); !root.error_file.empty() && in) {
+    copy.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     try {
-      nlohmann::json j = nlohmann::json::parse(lenient_json(text));
-      if (j.contains("message") && j["message"].is_object()) {
-        j["message"]["errorCode"] = f.exit_code;  // (torch's: -N for a signal)
-        copy = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-      }
+      j = nlohmann::json::parse(lenient_json(copy));
     } catch (const std::exception&) {
-      // Copied as it is, as torch copies a file it cannot amend.
+      j = nullptr;  // copied as it is, as torch copies a file it cannot amend
     }
-    std::ofstream out(destination, std::ios::trunc);
-    out << copy;
-    out.close();
-    return static_cast<bool>(out);
+  } else if (!root.message.empty()) {  // written on another node: what its report carried here
+    j = {{"message",
+          {{"message", root.message},
+           {"extraInfo",
+            {{"py_callstack", root.traceback},
+             {"timestamp", std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                              root.time.time_since_epoch())
+                                              .count())}}}}}};
+  } else {
+    return false;  // no error file (torch's @record writes none then either)
   }
-  return false;
+  if (j.is_object() && j.contains("message") && j["message"].is_object()) {
+    j["message"]["errorCode"] = root.exit_code;  // (torch's: -N for a signal)
+    copy = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  std::ofstream out(destination, std::ios::trunc);
+  out << copy;
+  out.close();
+  if (!out) throw std::runtime_error("cannot write " + destination);
+  return true;
 }
 
 int exit_code_of(const WorkerFailure& failure) {

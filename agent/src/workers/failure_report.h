@@ -32,13 +32,13 @@ bool looks_collateral(const WorkerFailure& failure);
 // ended, then to a failure with an error file, then to the lower rank. Returns its index.
 std::size_t root_cause_index(const std::vector<WorkerFailure>& failures);
 
-// What torchrun's own @record does when its job fails: the first of `failures` from the root
-// cause on (`root`, then the rest in order) whose error file this host can read, copied to
+// What torchrun's own @record does when its job fails: the root cause's error file copied to
 // `destination` (the launcher's TORCHELASTIC_ERROR_FILE: a scheduler that started it reads the
-// job's root cause there), its message's errorCode the worker's exit code. False when none was
-// copied (no worker wrote one, or `destination` cannot be written).
-bool copy_root_cause_error_file(const std::vector<WorkerFailure>& failures, std::size_t root,
-                                const std::string& destination);
+// job's root cause there), its message's errorCode the worker's exit code; made from what the
+// failure carries (message, traceback) when its file is on another node. False when there is
+// nothing to write (no error file, no message); std::runtime_error when `destination` cannot be
+// written.
+bool copy_root_cause_error_file(const WorkerFailure& root, const std::string& destination);
 
 // The whole block, from the "<script> FAILED" title to the closing rule; the workers replaced in
 // place before the failure that ended the job, listed after the root cause. UTF-8: what is not

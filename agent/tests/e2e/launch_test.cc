@@ -51,7 +51,6 @@ TEST_F(LaunchTest, EveryWorkerGetsTorchrunsEnvironment) {
         {"TORCHELASTIC_RUN_ID", "none"},
         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
         {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
-        {"NCCL_ASYNC_ERROR_HANDLING", "1"},  // (torch 1.x's name)
         {"OMP_NUM_THREADS", "1"},
         {"DIST_TEST_INHERITED", "yes"},
     };
@@ -82,7 +81,6 @@ TEST_F(LaunchTest, InPlaceWorkersGetNoNcclErrorHandlingOfTheLaunchers) {
     EXPECT_EQ(env["DIST_LAUNCH_RESTART_POLICY"], "in-place");
     EXPECT_EQ(env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 0u)
         << env["TORCH_NCCL_ASYNC_ERROR_HANDLING"];
-    EXPECT_EQ(env.count("NCCL_ASYNC_ERROR_HANDLING"), 0u) << env["NCCL_ASYNC_ERROR_HANDLING"];
     EXPECT_EQ(read_env(path("set_" + std::to_string(r)))["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "2");
   }
 }

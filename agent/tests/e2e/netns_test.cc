@@ -319,11 +319,19 @@ TEST_F(TwoHosts, AnElasticJobsCutOffNodeRejoinsWhenItsLinkReturns) {
       },
       40s))
       << log("a") << log("c");
-  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " up"), 0);
   const size_t a_alone = lines("a").size();
+  ASSERT_EQ(sh("ip -n " + ns_[1] + " link set " + veth_[1] + " up"), 0);
   ASSERT_TRUE(dist::agent::testing::eventually(
       [&] { return in_a_world_of("a", "2", a_alone) && in_a_world_of("c", "2", c_before); }, 40s))
       << log("a") << log("c");
+  // The node's next agent is as guarded as its first: its janitor still runs.
+  const auto janitor_of = [](pid_t agent) {
+    for (const auto& p : dist::agent::testing::all_processes()) {
+      if (p.ppid == agent && p.comm == "dist-janitor") return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(janitor_of(c)) << "the rejoined agent has no janitor";
   { std::ofstream done(path("done")); }
   EXPECT_EQ(wait(a, 60s), 0) << log("a");
   EXPECT_EQ(wait(c, 60s), 0) << log("c");

@@ -11,6 +11,11 @@ and whether the final weights are the uninterrupted run's (sha256 of the paramet
     sudo python3 bench/outage_bench.py [--cuts 15,25,45] [--runs 1] [--python python3]
         [--launchers dist-launch,torchrun] [--steps 1000]
 
+With --elastic the job is an elastic one (--nnodes 1:2 --rdzv-endpoint node-a:PORT, torchrun with
+--rdzv-backend c10d): dist-launch's node-a goes on alone once its keepalive (8 s) ends node-b's
+place, and node-b rejoins when its link is back; each run then says how long after the link
+returned the job trained at two nodes again (its first step in a world of two).
+
 Needs root (network namespaces) and torch 2.x in --python. Every process is killed by its PID and
 the hosts removed at the end of each run.
 """
@@ -52,6 +57,9 @@ TRAIN = textwrap.dedent("""\
         x, y = torch.randn(64, 256, generator=g), torch.randn(64, 256, generator=g)
         loss = torch.nn.functional.mse_loss(model(x[rank::world]), y[rank::world])
         opt.zero_grad(); loss.backward(); opt.step()
+        if step == 0 and rank == 0:
+            with open(os.path.join(out, "rounds"), "a") as f:
+                f.write(f"{time.time():.3f} {world}\\n")
         now = time.monotonic()
         longest, before = max(longest, now - before), now
         if step == 1 and rank == 1:
@@ -71,6 +79,10 @@ def launcher_argv(args, launcher, node_rank, port):
         program = [os.path.join(args.build, "bin", "dist-launch")]
     else:
         program = [args.python, "-m", "torch.distributed.run"]
+    if args.elastic:
+        backend = ["--rdzv-backend", "c10d"] if launcher == "torchrun" else []
+        return program + backend + ["--nnodes", "1:2", "--rdzv-endpoint", f"node-a:{port}",
+                                    "--rdzv-id", "outage", "--nproc-per-node", "1"]
     return program + ["--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", "node-a",
                       "--master-port", str(port), "--nproc-per-node", "1"]
 
@@ -89,6 +101,7 @@ def one_run(args, launcher, cut, out):
                              log=os.path.join(out, f"{host}.log"))
                  for rank, host in enumerate(["node-a", "node-b"])]
         cutter = None
+        restored = []
         if cut:
             def cut_link():
                 deadline = time.monotonic() + 120
@@ -101,6 +114,7 @@ def one_run(args, launcher, cut, out):
                 subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "down"], check=True)
                 time.sleep(cut)
                 subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "up"], check=True)
+                restored.append(time.time())
             cutter = threading.Thread(target=cut_link, daemon=True)
             cutter.start()
         codes = []
@@ -120,10 +134,24 @@ def one_run(args, launcher, cut, out):
         except (OSError, ValueError):
             results.append(None)
     done = all(results)
-    return {"codes": codes, "wall_s": round(wall, 1),
+    return {"codes": codes, "wall_s": round(wall, 1), "rejoined_s": rejoined(out, restored),
             "longest_gap_s": max(r["longest_gap_s"] for r in results) if done else None,
             "sha": results[0]["sha"] if done else None,
             "said": said(out) if launcher == "dist-launch" else []}
+
+
+def rejoined(out, restored):
+    """Seconds from the link's return to the job's first step in a world of two after it; None
+    without a cut, or when no such round came."""
+    if not restored:
+        return None
+    try:
+        with open(os.path.join(out, "rounds")) as f:
+            rounds = [(float(t), int(w)) for t, w in (line.split() for line in f if line.strip())]
+    except (OSError, ValueError):
+        return None
+    later = [t - restored[0] for t, w in rounds if w == 2 and t > restored[0]]
+    return round(min(later), 2) if later else None
 
 
 def said(out):
@@ -132,7 +160,8 @@ def said(out):
     for host in ("node-a", "node-b"):
         with open(os.path.join(out, f"{host}.log"), errors="replace") as f:
             for line in f:
-                if re.search(r"gone|lost the rendezvous store|the job failed", line):
+                if re.search(r"gone|lost the rendezvous store|the job failed|rejoining|round \d+:",
+                             line):
                     lines.append(f"{host}: {line.strip()}")
     return lines
 
@@ -144,6 +173,8 @@ def main():
     parser.add_argument("--launchers", default="dist-launch,torchrun")
     parser.add_argument("--python", default="python3", help="an interpreter with torch 2.x")
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--elastic", action="store_true",
+                        help="an elastic job (--nnodes 1:2 over c10d) instead of a static one")
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
     args = parser.parse_args()
     why = unavailable(SCRIPT)
@@ -160,7 +191,9 @@ def main():
                     r = one_run(args, launcher, cut, out)
                 rows.setdefault((launcher, cut), []).append(r)
                 print(f"run {run + 1} {launcher:11} cut {cut:3} s: exit {r['codes']}, "
-                      f"{r['wall_s']} s, longest gap {r['longest_gap_s']} s, weights {r['sha']}",
+                      f"{r['wall_s']} s, longest gap {r['longest_gap_s']} s, weights {r['sha']}"
+                      + (f", at two nodes again {r['rejoined_s']} s after the link returned"
+                         if r["rejoined_s"] is not None else ""),
                       flush=True)
                 for line in r["said"]:
                     print(f"    {line}", flush=True)

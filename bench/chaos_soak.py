@@ -18,7 +18,8 @@ restart resumes). Each run gets one or two faults at random times within a clean
   worker-stop     SIGSTOP of a worker, SIGCONT after 1-8 s
   partition       an agent host's link down for 1-10 s, then up
   store-loss      the store's host lost: its link down, then dist-rendezvous SIGKILLed (no FIN
-                  reaches anyone); 2-8 s later the host is back with a fresh dist-rendezvous
+                  reaches anyone); 2-8 s later, once every agent noticed (it left, or it waits
+                  to rejoin, saying so), the host is back with a fresh dist-rendezvous
   log-fs-full     the workers' log file system filled up for 2-8 s
 
 Like a cluster's node manager, the soak starts a new agent on a host whose agent exited non-zero
@@ -63,6 +64,8 @@ STORE_HOST, AGENT_HOSTS = "node-s", ["node-a", "node-b"]
 STORE_PORT = 29400  # the hosts are fresh network namespaces: nothing else holds a port there
 DIGEST = re.compile(r"weights (?:in sync )?sha256 ([0-9a-f]{64})")
 RESTART = re.compile(r"restarting the worker group \(restart (\d+) of")
+# What an agent cut off from the store says when it stays to rejoin the job.
+REJOINS = "rejoins the job when the store answers again"
 FAULTS = ["worker-kill", "agent-kill", "worker-stop", "partition", "store-loss", "log-fs-full"]
 # How long each fault lasts (seconds): drawn uniformly from these ranges.
 FAULT_SECONDS = {"worker-stop": (1, 8), "partition": (1, 10), "store-loss": (2, 8),
@@ -332,6 +335,7 @@ class Soak:
             self.link(STORE_HOST, up=False)
             run["stores"][-1].kill_and_reap()
             fault["agents_then"] = [a for a in self.current_agents(run) if a.poll() is None]
+            fault["rejoins_said"] = {a.name: a.output().count(REJOINS) for a in fault["agents_then"]}
         elif kind == "log-fs-full":
             filler = os.path.join(self.logs_fs, "filler")
             subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"],
@@ -419,9 +423,11 @@ class Soak:
                 if t < fault["injected_s"] + fault["for_s"]:
                     continue
                 if fault["fault"] == "store-loss":
-                    # The host comes back only once every agent noticed it was gone: an agent
-                    # that never leaves is a hang, not a survivor.
-                    stuck = [a for a in fault["agents_then"] if a.poll() is None]
+                    # The host comes back only once every agent noticed it was gone: it left, or
+                    # it waits to rejoin the job when the store answers again (said); an agent
+                    # that does neither is a hang, not a survivor.
+                    stuck = [a for a in fault["agents_then"] if a.poll() is None and
+                             a.output().count(REJOINS) <= fault["rejoins_said"][a.name]]
                     waited = t - fault["injected_s"]
                     if stuck and waited <= self.args.store_loss_exit_s:
                         continue

@@ -750,7 +750,7 @@ class Agent {
   std::string failure_reason_;                      // why the job failed when no worker did
   std::pair<int, std::string> round_lost_{-1, ""};  // a round, and the node it lost
   int exit_code_ = 0;
-  bool rejoins_ = false;  // cut off from the store, in a dynamic rendezvous: rejoins()
+  bool rejoins_ = false;  // cut off from the store where the job can take it back: rejoins()
   bool finished_ = false;
   bool shut_down_ = false;
 };

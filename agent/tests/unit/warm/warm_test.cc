@@ -89,6 +89,10 @@ class ZygoteTest : public ::testing::Test {
       io_.restart();
       if (state ? z.state() == *state : z.state() != Zygote::State::kStarting) break;
     }
+    // The listener hears of a state in a handler posted when it was set, which run_for may have
+    // left queued (a CI run: the state kReady, nothing heard yet).
+    io_.poll();
+    io_.restart();
     return z.state();
   }
 

@@ -452,9 +452,7 @@ Task<void> AsyncStoreClient::Impl::connect() {
       if (closed_) throw cancelled("connect");
       if (why.empty()) break;
       if (options_.refusal_is_final && why == kRefused) {
-        throw StoreError(StoreErrc::kUnavailable,
-                         "the store at " + endpoint() +
-                             " refused the connection: its host answers but the store is gone");
+        throw StoreError(StoreErrc::kUnavailable, refused_for_good(endpoint()));
       }
       const auto now = Clock::now();
       if (now >= give_up) {

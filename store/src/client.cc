@@ -193,9 +193,7 @@ void StoreClient::Impl::connect() {
       break;
     }
     if (options_.refusal_is_final && last_error == std::strerror(ECONNREFUSED)) {
-      throw StoreError(StoreErrc::kUnavailable,
-                       "the store at " + endpoint() +
-                           " refused the connection: its host answers but the store is gone");
+      throw StoreError(StoreErrc::kUnavailable, refused_for_good(endpoint()));
     }
     const auto now = Clock::now();
     if (now >= give_up) {

@@ -36,4 +36,9 @@ std::string closed_at_handshake(const std::string& endpoint, const std::string& 
          what;
 }
 
+std::string refused_for_good(const std::string& endpoint) {
+  return "the store at " + endpoint +
+         " refused the connection: its host answers but the store is gone";
+}
+
 }  // namespace dist::store

@@ -20,4 +20,7 @@ std::string group_digits(std::uint64_t n);
 // TCPStore does so, and so does a store of ours that refuses the connection at a limit.
 std::string closed_at_handshake(const std::string& endpoint, const std::string& what);
 
+// A client's error for a refused connection it takes as final (ClientOptions::refusal_is_final).
+std::string refused_for_good(const std::string& endpoint);
+
 }  // namespace dist::store

@@ -405,12 +405,14 @@ TEST_F(ClientTest, ManyConcurrentWaitersAreAllReleasedBySet) {
   EXPECT_EQ(done.load(), kWaiters);
 }
 
+// A port a store listened on a moment ago: nothing listens there now.
+std::uint16_t a_port_just_freed() {
+  StoreServerThread s;
+  return s.port();
+}
+
 TEST(ClientConnect, UnavailableAfterTheDeadlineWithAClearMessage) {
-  std::uint16_t port;
-  {
-    StoreServerThread s;  // a port that was just free
-    port = s.port();
-  }
+  const std::uint16_t port = a_port_just_freed();
   ClientOptions options;
   options.port = port;
   options.connect_timeout = 300ms;
@@ -428,11 +430,7 @@ TEST(ClientConnect, UnavailableAfterTheDeadlineWithAClearMessage) {
 // A client that reached a store before (an agent rejoining its job) takes a refusal as the
 // store's end: at once, saying so, not after connect_timeout's retries.
 TEST(ClientConnect, ARefusalEndsTheConnectAtOnceWhenAsked) {
-  std::uint16_t port;
-  {
-    StoreServerThread s;  // a port that was just free
-    port = s.port();
-  }
+  const std::uint16_t port = a_port_just_freed();
   ClientOptions options;
   options.port = port;
   options.connect_timeout = 60s;
@@ -453,11 +451,7 @@ TEST(ClientConnect, ARefusalEndsTheConnectAtOnceWhenAsked) {
 }
 
 TEST(ClientConnect, RetriesUntilTheServerAppears) {
-  std::uint16_t port;
-  {
-    StoreServerThread probe;
-    port = probe.port();
-  }
+  const std::uint16_t port = a_port_just_freed();
   std::optional<StoreServerThread> server;
   std::thread starter([&] {
     std::this_thread::sleep_for(300ms);

@@ -72,8 +72,9 @@ class TwoHosts : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  // dist-launch as static node `rank`, inside that host's namespace.
-  pid_t agent(int rank, const std::vector<std::string>& worker) {
+  // dist-launch as static node `rank`, inside that host's namespace, with `options` of its own.
+  pid_t agent(int rank, const std::vector<std::string>& worker,
+              const std::vector<std::string>& options = {"--rdzv-conf", "timeout=20"}) {
     std::vector<std::string> args{DIST_LAUNCH_BIN,
                                   "--nnodes",
                                   "2",
@@ -84,11 +85,10 @@ class TwoHosts : public ::testing::Test {
                                   "--master-port",
                                   "29511",
                                   "--nproc-per-node",
-                                  "1",
-                                  "--rdzv-conf",
-                                  "timeout=20",
-                                  "--no-python",
-                                  DIST_TEST_WORKER_BIN};
+                                  "1"};
+    args.insert(args.end(), options.begin(), options.end());
+    args.push_back("--no-python");
+    args.push_back(DIST_TEST_WORKER_BIN);
     args.insert(args.end(), worker.begin(), worker.end());
     return spawn(rank, args, "node" + std::to_string(rank));
   }
@@ -342,29 +342,9 @@ TEST_F(TwoHosts, AnElasticJobsCutOffNodeRejoinsWhenItsLinkReturns) {
 // its node rank's place in the restart the other node waits in, and the job ends with both.
 TEST_F(TwoHosts, AStaticJobsCutOffNodeRejoinsItsRestartWhenItsLinkReturns) {
   auto node = [&](int rank) {
-    return spawn(rank,
-                 {DIST_LAUNCH_BIN,
-                  "--nnodes",
-                  "2",
-                  "--node-rank",
-                  std::to_string(rank),
-                  "--master-addr",
-                  addr_[0],
-                  "--master-port",
-                  "29513",
-                  "--nproc-per-node",
-                  "1",
-                  "--max-restarts",
-                  "1",
-                  "--rdzv-conf",
-                  "timeout=60,keep_alive_max_attempt=5",
-                  "--no-python",
-                  DIST_TEST_WORKER_BIN,
-                  "append",
-                  path(std::to_string(rank) + ".rounds"),
-                  "wait-file",
-                  path("done")},
-                 "node" + std::to_string(rank));
+    return agent(rank,
+                 {"append", path(std::to_string(rank) + ".rounds"), "wait-file", path("done")},
+                 {"--max-restarts", "1", "--rdzv-conf", "timeout=60,keep_alive_max_attempt=5"});
   };
   const pid_t a = node(0);
   const pid_t b = node(1);

@@ -385,6 +385,7 @@ class AsyncStoreClient::Impl : public std::enable_shared_from_this<Impl> {
   std::string context_;
   bool busy_ = false;
   bool closed_ = false;
+  bool connected_ = false;  // open() connected and said HELLO (the client is never reconnected)
   bool broken_ = false;
   bool timed_out_ = false;
   bool cancel_sent_ = false;
@@ -446,11 +447,22 @@ Task<void> AsyncStoreClient::Impl::connect() {
   while (true) {
     ++attempts;
     {
+      // The connect and its HELLO are one call: nothing else is sent on the connection before the
+      // HELLO, and an open() made meanwhile (another coroutine's) waits for both, then returns.
       auto call = co_await begin_call(nullptr, "connect");
+      if (connected_) co_return;
       const std::string why =
           co_await connect_once(std::min(give_up, Clock::now() + options_.timeout));
       if (closed_) throw cancelled("connect");
-      if (why.empty()) break;
+      if (why.empty()) {
+        boost::system::error_code ignored;
+        socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+        enable_keepalive(socket_.native_handle(), options_.keepalive_idle_seconds,
+                         options_.keepalive_interval_seconds, options_.keepalive_probes);
+        co_await handshake();
+        connected_ = true;
+        co_return;
+      }
       if (options_.refusal_is_final && why == kRefused) {
         throw StoreError(StoreErrc::kUnavailable, refused_for_good(endpoint()));
       }
@@ -484,15 +496,11 @@ Task<void> AsyncStoreClient::Impl::connect() {
     backoff = std::min(kMaxBackoff, milliseconds(static_cast<long long>(
                                         static_cast<double>(backoff.count()) * kBackoffFactor)));
   }
-  boost::system::error_code ignored;
-  socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
-  enable_keepalive(socket_.native_handle(), options_.keepalive_idle_seconds,
-                   options_.keepalive_interval_seconds, options_.keepalive_probes);
-  co_await handshake();
 }
 
+// Within connect()'s call, on the connection it made.
 Task<void> AsyncStoreClient::Impl::handshake() {
-  auto call = co_await begin_call(nullptr, "HELLO");
+  context_ = "HELLO";
   arm_deadline();
   requests::handshake(out_, options_.keepalive_idle_seconds, options_.keepalive_interval_seconds,
                       options_.keepalive_probes);
@@ -565,6 +573,7 @@ AsyncStoreClient AsyncStoreClient::lane() const {
 Task<void> AsyncStoreClient::open() {
   if (lane_) co_return;  // the connection is its client's
   auto impl = impl_;
+  if (impl->connected_) co_return;  // (without a turn: it would cancel a wait in flight)
   co_await impl->connect();
 }
 

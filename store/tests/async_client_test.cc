@@ -216,6 +216,51 @@ TEST_F(AsyncClientTest, ConcurrentCallsAreServedInOrder) {
   });
 }
 
+// Several coroutines that each open one client before their call (the recovery's store calls do)
+// share one connection and one HELLO: a second open() waits for the first and returns; it never
+// connects again between the first's connect and its HELLO (a second HELLO on that connection put
+// the store's reading of it out of step: a key's bytes read as a length).
+TEST_F(AsyncClientTest, OpensMadeTogetherShareOneConnectionAndOneHandshake) {
+  run([&]() -> Task<> {
+    auto executor = co_await asio::this_coro::executor;
+    AsyncStoreClient c(executor, options());
+    constexpr int kCallers = 6;
+    int finished = 0;
+    std::vector<std::optional<std::string>> read(kCallers);
+    for (int i = 0; i < kCallers; ++i) {
+      asio::co_spawn(
+          executor,
+          [&, i]() -> Task<> {
+            co_await c.open();
+            const std::string key = "/dist_launch/opened/" + std::to_string(i);
+            co_await c.set(key, std::string(100, static_cast<char>('a' + i)));
+            read[i] = co_await c.try_get(key);
+            ++finished;
+          },
+          [&](std::exception_ptr e) {
+            if (!e) return;
+            try {
+              std::rethrow_exception(e);
+            } catch (const std::exception& what) {
+              ADD_FAILURE() << "caller " << i << ": " << what.what();
+            }
+            ++finished;
+          });
+    }
+    co_await until([&] { return finished == kCallers; });
+    for (int i = 0; i < kCallers; ++i) {
+      EXPECT_EQ(read[i], std::string(100, static_cast<char>('a' + i))) << "caller " << i;
+    }
+    co_await c.open();  // once open, open() is nothing
+    const auto keys = co_await c.list_keys();
+    EXPECT_EQ(keys.size(), static_cast<std::size_t>(kCallers));
+  });
+  // One connection in all, and no bytes the store could not read.
+  const ServerStats stats = server_.stats();
+  EXPECT_EQ(stats.connections_total, 1u);
+  EXPECT_EQ(stats.protocol_errors, 0u);
+}
+
 TEST_F(AsyncClientTest, EphemeralKeysGoWithTheirConnection) {
   run([&]() -> Task<> {
     auto observer = co_await AsyncStoreClient::connect(options());

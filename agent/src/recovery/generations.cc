@@ -18,24 +18,17 @@ namespace {
 
 namespace contract = worker_contract;
 
-store::Task<void> open_once(store::AsyncStoreClient& client, bool& opened) {
-  if (opened) co_return;
-  co_await client.open();
-  opened = true;
-}
-
 store::Task<int> add_generation(std::shared_ptr<store::AsyncStoreClient> client,
-                                std::shared_ptr<bool> opened, std::string prefix) {
-  co_await open_once(*client, *opened);
+                                std::string prefix) {
+  co_await client->open();
   co_return static_cast<int>(co_await client->add(contract::generation_counter_key(prefix), 1));
 }
 
 // Free coroutines: they hold what they use, so that the Generations object may go while they wait
 // (closed: the wait then ends in kCancelled).
 store::Task<void> publish_generation(std::shared_ptr<store::AsyncStoreClient> client,
-                                     std::shared_ptr<bool> opened, std::string prefix,
-                                     int generation, std::string record) {
-  co_await open_once(*client, *opened);  // (the counter was added to first: next())
+                                     std::string prefix, int generation, std::string record) {
+  co_await client->open();  // (the counter was added to first: next())
   spdlog::debug("in-place: generation {} published in the workers' store at {}: {}", generation,
                 client->endpoint(), contract::generation_key(prefix, generation));
   co_await client->set(contract::generation_key(prefix, generation), std::move(record));
@@ -73,13 +66,12 @@ std::optional<int> superseded_by(const std::string& value) {
 }
 
 store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient> client,
-                                         std::shared_ptr<bool> opened, std::string prefix,
-                                         std::string group_prefix, int generation,
-                                         std::chrono::milliseconds timeout) {
+                                         std::string prefix, std::string group_prefix,
+                                         int generation, std::chrono::milliseconds timeout) {
   RecoveryOutcome outcome;
   outcome.generation = generation;
   try {
-    co_await open_once(*client, *opened);
+    co_await client->open();
     while (true) {  // each generation that supersedes the one waited for gets the whole timeout
       const std::string recovered = contract::recovered_key(prefix, outcome.generation);
       std::vector<std::string> keys{recovered};
@@ -113,26 +105,24 @@ store::Task<RecoveryOutcome> recovery_of(std::shared_ptr<store::AsyncStoreClient
 }
 
 store::Task<RecoveryOutcome> publish_then_wait(std::shared_ptr<store::AsyncStoreClient> client,
-                                               std::shared_ptr<bool> opened, std::string prefix,
-                                               std::string group_prefix, int generation,
-                                               std::string record,
+                                               std::string prefix, std::string group_prefix,
+                                               int generation, std::string record,
                                                std::chrono::milliseconds timeout) {
   try {
-    co_await publish_generation(client, opened, prefix, generation, std::move(record));
+    co_await publish_generation(client, prefix, generation, std::move(record));
   } catch (const store::StoreError& e) {
     if (e.code() == store::StoreErrc::kCancelled) throw;
     co_return RecoveryOutcome{
         false, generation, "",
         "the workers' store at " + client->endpoint() + " cannot be used: " + e.what()};
   }
-  co_return co_await recovery_of(client, opened, prefix, std::move(group_prefix), generation,
-                                 timeout);
+  co_return co_await recovery_of(client, prefix, std::move(group_prefix), generation, timeout);
 }
 
 store::Task<std::optional<GenerationUnderWay>> generation_under_way(
-    std::shared_ptr<store::AsyncStoreClient> client, std::shared_ptr<bool> opened,
-    std::string prefix, std::chrono::milliseconds timeout) {
-  co_await open_once(*client, *opened);
+    std::shared_ptr<store::AsyncStoreClient> client, std::string prefix,
+    std::chrono::milliseconds timeout) {
+  co_await client->open();
   const int counted =
       static_cast<int>(co_await client->add(contract::generation_counter_key(prefix), 0));
   // Counted and not recovered: under way, once published. Else the claimant has yet to count it.
@@ -151,15 +141,14 @@ store::Task<std::optional<GenerationUnderWay>> generation_under_way(
 }
 
 store::Task<bool> all_set(std::shared_ptr<store::AsyncStoreClient> client,
-                          std::shared_ptr<bool> opened, std::vector<std::string> keys) {
-  co_await open_once(*client, *opened);
+                          std::vector<std::string> keys) {
+  co_await client->open();
   co_return co_await client->check(std::move(keys));
 }
 
 store::Task<bool> any_at_work_of(std::shared_ptr<store::AsyncStoreClient> client,
-                                 std::shared_ptr<bool> opened, std::string prefix,
-                                 std::vector<int> ranks) {
-  co_await open_once(*client, *opened);
+                                 std::string prefix, std::vector<int> ranks) {
+  co_await client->open();
   for (const int rank : ranks) {
     const auto work = co_await client->try_get(contract::work_key(prefix, rank));
     if (work == contract::kWorkRunning) co_return true;
@@ -167,26 +156,24 @@ store::Task<bool> any_at_work_of(std::shared_ptr<store::AsyncStoreClient> client
   co_return false;
 }
 
-store::Task<bool> mark_superseded(std::shared_ptr<store::AsyncStoreClient> client,
-                                  std::shared_ptr<bool> opened, std::string key,
+store::Task<bool> mark_superseded(std::shared_ptr<store::AsyncStoreClient> client, std::string key,
                                   std::string value) {
-  co_await open_once(*client, *opened);
+  co_await client->open();
   const std::string now = co_await client->compare_set(key, "", value);
   co_return now == value;
 }
 
 store::Task<bool> wait_for_keys(std::shared_ptr<store::AsyncStoreClient> client,
-                                std::shared_ptr<bool> opened, std::vector<std::string> keys,
-                                std::chrono::milliseconds timeout) {
-  co_await open_once(*client, *opened);
+                                std::vector<std::string> keys, std::chrono::milliseconds timeout) {
+  co_await client->open();
   co_return co_await client->wait(std::move(keys), timeout);
 }
 
 store::Task<Arrivals> arrivals_of(std::shared_ptr<store::AsyncStoreClient> client,
-                                  std::shared_ptr<bool> opened, std::vector<std::string> keys,
+                                  std::vector<std::string> keys,
                                   std::chrono::milliseconds timeout) {
   Arrivals a;
-  co_await open_once(*client, *opened);
+  co_await client->open();
   std::vector<std::string> waited = keys;  // (no temporary inside co_await: GCC 12)
   a.all = co_await client->wait(std::move(waited), timeout);
   if (!a.all) co_return a;
@@ -201,14 +188,14 @@ store::Task<Arrivals> arrivals_of(std::shared_ptr<store::AsyncStoreClient> clien
 }
 
 store::Task<void> set_all(std::shared_ptr<store::AsyncStoreClient> client,
-                          std::shared_ptr<bool> opened, store::AsyncStoreClient::Items items) {
-  co_await open_once(*client, *opened);
+                          store::AsyncStoreClient::Items items) {
+  co_await client->open();
   co_await client->multi_set(std::move(items));
 }
 
-store::Task<void> set_place(std::shared_ptr<store::AsyncStoreClient> client,
-                            std::shared_ptr<bool> opened, std::string key, std::string value) {
-  co_await open_once(*client, *opened);
+store::Task<void> set_place(std::shared_ptr<store::AsyncStoreClient> client, std::string key,
+                            std::string value) {
+  co_await client->open();
   co_await client->set(std::move(key), std::move(value));
 }
 
@@ -225,9 +212,9 @@ RegroupName regroup_name(const std::string& key, const std::string& value) {
 }
 
 store::Task<std::optional<RegroupName>> wait_for_generation(
-    std::shared_ptr<store::AsyncStoreClient> client, std::shared_ptr<bool> opened, std::string key,
+    std::shared_ptr<store::AsyncStoreClient> client, std::string key,
     std::chrono::milliseconds timeout) {
-  co_await open_once(*client, *opened);
+  co_await client->open();
   std::vector<std::string> keys{key};
   if (!co_await client->wait(std::move(keys), timeout)) co_return std::nullopt;
   const auto value = co_await client->try_get(key);
@@ -236,20 +223,17 @@ store::Task<std::optional<RegroupName>> wait_for_generation(
 
 // The key's first value stays: a generation named, or the word that the job finished.
 store::Task<RegroupName> claim_regroup_generation(std::shared_ptr<store::AsyncStoreClient> client,
-                                                  std::shared_ptr<bool> opened, std::string key,
-                                                  std::string value) {
-  co_await open_once(*client, *opened);
+                                                  std::string key, std::string value) {
+  co_await client->open();
   const std::string now = co_await client->compare_set(key, "", std::move(value));
   co_return regroup_name(key, now);
 }
 
 store::Task<std::optional<int>> say_regroup_finished(
-    std::shared_ptr<store::AsyncStoreClient> client, std::shared_ptr<bool> opened,
-    std::string prefix, int round) {
+    std::shared_ptr<store::AsyncStoreClient> client, std::string prefix, int round) {
   std::string key = contract::regroup_generation_key(prefix, round);
   std::string finished = contract::kRegroupFinished;
-  const auto name =
-      co_await claim_regroup_generation(client, opened, std::move(key), std::move(finished));
+  const auto name = co_await claim_regroup_generation(client, std::move(key), std::move(finished));
   if (name.finished) co_return std::nullopt;
   // The group recovered with the newcomers first: they trained, and end with the others.
   std::vector<std::string> recovered{contract::recovered_key(prefix, name.generation)};
@@ -264,8 +248,7 @@ store::Task<std::optional<int>> say_regroup_finished(
 
 Generations::Generations(boost::asio::io_context& io, const std::string& run_id,
                          const std::string& secret, store::Endpoint store, int restart_count)
-    : opened_(std::make_shared<bool>(false)),
-      prefix_(contract::generation_prefix(run_id, restart_count)),
+    : prefix_(contract::generation_prefix(run_id, restart_count)),
       group_prefix_(contract::group_prefix(run_id, restart_count)) {
   store::ClientOptions options;
   options.host = store.host;
@@ -279,49 +262,47 @@ Generations::~Generations() {
 }
 
 store::Task<int> Generations::next() {
-  return add_generation(client_, opened_, prefix_);
+  return add_generation(client_, prefix_);
 }
 
 store::Task<std::optional<GenerationUnderWay>> Generations::under_way(
     std::chrono::milliseconds timeout) {
-  return generation_under_way(client_, opened_, prefix_, timeout);
+  return generation_under_way(client_, prefix_, timeout);
 }
 
 store::Task<bool> Generations::all_follow_folds(int world_size) {
   std::vector<std::string> keys;
   for (int rank = 0; rank < world_size; ++rank) keys.push_back(contract::fold_key(prefix_, rank));
-  return all_set(client_, opened_, std::move(keys));
+  return all_set(client_, std::move(keys));
 }
 
 store::Task<bool> Generations::any_at_work(std::vector<int> ranks) {
-  return any_at_work_of(client_, opened_, prefix_, std::move(ranks));
+  return any_at_work_of(client_, prefix_, std::move(ranks));
 }
 
 store::Task<bool> Generations::supersede(int generation, int by) {
-  return mark_superseded(client_, opened_, contract::recovered_key(prefix_, generation),
+  return mark_superseded(client_, contract::recovered_key(prefix_, generation),
                          contract::kSuperseded + std::to_string(by));
 }
 
 store::Task<void> Generations::place_regrouped(int round, int old_rank_offset, int new_rank_offset,
                                                int new_node_rank) {
-  return set_place(client_, opened_, contract::regroup_key(prefix_, round, old_rank_offset),
+  return set_place(client_, contract::regroup_key(prefix_, round, old_rank_offset),
                    std::to_string(new_rank_offset) + " " + std::to_string(new_node_rank));
 }
 
 store::Task<RegroupName> Generations::name_regroup_generation(int round, int generation) {
-  return claim_regroup_generation(client_, opened_,
-                                  contract::regroup_generation_key(prefix_, round),
+  return claim_regroup_generation(client_, contract::regroup_generation_key(prefix_, round),
                                   std::to_string(generation));
 }
 
 store::Task<std::optional<RegroupName>> Generations::regroup_generation(
     int round, std::chrono::milliseconds timeout) {
-  return wait_for_generation(client_, opened_, contract::regroup_generation_key(prefix_, round),
-                             timeout);
+  return wait_for_generation(client_, contract::regroup_generation_key(prefix_, round), timeout);
 }
 
 store::Task<std::optional<int>> Generations::mark_regroup_finished(int round) {
-  return say_regroup_finished(client_, opened_, prefix_, round);
+  return say_regroup_finished(client_, prefix_, round);
 }
 
 store::Task<void> Generations::mark_arrived(int generation, int first_rank, int count) {
@@ -329,7 +310,7 @@ store::Task<void> Generations::mark_arrived(int generation, int first_rank, int 
   for (int rank = first_rank; rank < first_rank + count; ++rank) {
     items.emplace_back(contract::arrived_key(prefix_, generation, rank), "1");
   }
-  return set_all(client_, opened_, std::move(items));
+  return set_all(client_, std::move(items));
 }
 
 store::Task<void> Generations::mark_arrival_failed(int generation, int first_rank, int count) {
@@ -337,7 +318,7 @@ store::Task<void> Generations::mark_arrival_failed(int generation, int first_ran
   for (int rank = first_rank; rank < first_rank + count; ++rank) {
     items.emplace_back(contract::arrived_key(prefix_, generation, rank), contract::kArrivalFailed);
   }
-  return set_all(client_, opened_, std::move(items));
+  return set_all(client_, std::move(items));
 }
 
 store::Task<Arrivals> Generations::wait_arrived(int generation, int world_size,
@@ -346,30 +327,29 @@ store::Task<Arrivals> Generations::wait_arrived(int generation, int world_size,
   for (int rank = 0; rank < world_size; ++rank) {
     keys.push_back(contract::arrived_key(prefix_, generation, rank));
   }
-  return arrivals_of(client_, opened_, std::move(keys), timeout);
+  return arrivals_of(client_, std::move(keys), timeout);
 }
 
 store::Task<bool> Generations::wait_regroup_finished(int round, std::chrono::milliseconds timeout) {
-  return wait_for_keys(client_, opened_, {contract::regroup_finished_key(prefix_, round)}, timeout);
+  return wait_for_keys(client_, {contract::regroup_finished_key(prefix_, round)}, timeout);
 }
 
 store::Task<void> Generations::publish(int generation, std::string record) {
-  return publish_generation(client_, opened_, prefix_, generation, std::move(record));
+  return publish_generation(client_, prefix_, generation, std::move(record));
 }
 
 store::Task<RecoveryOutcome> Generations::wait_recovered(int generation,
                                                          std::chrono::milliseconds timeout) {
-  return recovery_of(client_, opened_, prefix_, group_prefix_, generation, timeout);
+  return recovery_of(client_, prefix_, group_prefix_, generation, timeout);
 }
 
 store::Task<bool> Generations::wait_published(int generation, std::chrono::milliseconds timeout) {
-  return wait_for_keys(client_, opened_, {contract::generation_key(prefix_, generation)}, timeout);
+  return wait_for_keys(client_, {contract::generation_key(prefix_, generation)}, timeout);
 }
 
 store::Task<RecoveryOutcome> Generations::publish_and_wait(int generation, std::string record,
                                                            std::chrono::milliseconds timeout) {
-  return publish_then_wait(client_, opened_, prefix_, group_prefix_, generation, std::move(record),
-                           timeout);
+  return publish_then_wait(client_, prefix_, group_prefix_, generation, std::move(record), timeout);
 }
 
 namespace {

@@ -129,7 +129,6 @@ class Generations {
 
  private:
   std::shared_ptr<store::AsyncStoreClient> client_;  // shared with the coroutine in flight
-  std::shared_ptr<bool> opened_;
   std::string prefix_;
   std::string group_prefix_;  // the group's keys (worker_contract::group_prefix)
 };

@@ -44,7 +44,8 @@ class AsyncStoreClient {
   // open() too (it then throws kCancelled).
   AsyncStoreClient(boost::asio::any_io_executor executor, ClientOptions options);
   // Connects (retrying until options.connect_timeout), negotiates the extension protocol and
-  // authenticates when the store asks for it.
+  // authenticates when the store asks for it. Once: an open() made while one is under way waits
+  // for it (and returns, or tries again if it failed); one made after it returns at once.
   Task<void> open();
   // Both steps at once.
   static Task<AsyncStoreClient> connect(ClientOptions options);

@@ -217,13 +217,19 @@ TEST_F(AsyncClientTest, ConcurrentCallsAreServedInOrder) {
 }
 
 // Several coroutines that each open one client before their call (the recovery's store calls do)
-// share one connection and one HELLO: a second open() waits for the first and returns; it never
-// connects again between the first's connect and its HELLO (a second HELLO on that connection put
-// the store's reading of it out of step: a key's bytes read as a length).
-TEST_F(AsyncClientTest, OpensMadeTogetherShareOneConnectionAndOneHandshake) {
+// share one connection and one handshake: a second open() waits for the first and returns; it never
+// connects again between the first's connect and its HELLO (each open made a connection of its
+// own, the one before it dropped with its ephemeral keys, and a HELLO came on a connection that
+// had said it).
+void open_together(StoreServerThread& server, const std::string& secret) {
+  ClientOptions options;
+  options.port = server.port();
+  options.timeout = 5s;
+  options.connect_timeout = 5s;
+  options.secret = secret;
   run([&]() -> Task<> {
     auto executor = co_await asio::this_coro::executor;
-    AsyncStoreClient c(executor, options());
+    AsyncStoreClient c(executor, options);
     constexpr int kCallers = 6;
     int finished = 0;
     std::vector<std::optional<std::string>> read(kCallers);
@@ -233,7 +239,7 @@ TEST_F(AsyncClientTest, OpensMadeTogetherShareOneConnectionAndOneHandshake) {
           [&, i]() -> Task<> {
             co_await c.open();
             const std::string key = "/dist_launch/opened/" + std::to_string(i);
-            co_await c.set(key, std::string(100, static_cast<char>('a' + i)));
+            co_await c.set(key, std::string(100, static_cast<char>('a' + i)), /*ephemeral=*/true);
             read[i] = co_await c.try_get(key);
             ++finished;
           },
@@ -253,12 +259,22 @@ TEST_F(AsyncClientTest, OpensMadeTogetherShareOneConnectionAndOneHandshake) {
     }
     co_await c.open();  // once open, open() is nothing
     const auto keys = co_await c.list_keys();
-    EXPECT_EQ(keys.size(), static_cast<std::size_t>(kCallers));
+    EXPECT_EQ(keys.size(), static_cast<std::size_t>(kCallers));  // every ephemeral key still there
   });
-  // One connection in all, and no bytes the store could not read.
-  const ServerStats stats = server_.stats();
+  const ServerStats stats = server.stats();
   EXPECT_EQ(stats.connections_total, 1u);
   EXPECT_EQ(stats.protocol_errors, 0u);
+}
+
+TEST_F(AsyncClientTest, OpensMadeTogetherShareOneConnectionAndOneHandshake) {
+  open_together(server_, "");
+}
+
+TEST(AsyncClientAuth, OpensMadeTogetherShareOneConnectionAndOneAuthentication) {
+  ServerOptions with_secret;
+  with_secret.secret = "s3cret-token";
+  StoreServerThread server("127.0.0.1", 0, with_secret);
+  open_together(server, "s3cret-token");
 }
 
 TEST_F(AsyncClientTest, EphemeralKeysGoWithTheirConnection) {

@@ -55,7 +55,10 @@ stop_early_build() {
   [ -z "$early_build" ] || wait "$early_build" 2>/dev/null || true
 }
 trap stop_early_build EXIT
-(cd "${BUILD_DIR:-$root/build}" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 600)
+if ! (cd "${BUILD_DIR:-$root/build}" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 600); then
+  python3 "$root/scripts/failed-tests-digest.py" "${BUILD_DIR:-$root/build}" || true
+  exit 8  # (ctest's own code for failed tests)
+fi
 phase "the tests"
 # The newcomer's first command, as README.md gives it, run on the build above: its own quick build
 # (build-demo/) would compile the same sources a third time (about 190 s of CI's 2 cores); its time

@@ -38,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "healthy_worker.py")
 ARGS = None
 PAUSE_S = 36  # past the automatic hang timeout's 30 s floor, and its look
+JOB_TIMEOUT_S = 400  # a job's; past it, that scenario fails (the test's own is 900 s)
 CONCURRENT_JOBS = 6  # most of each job is a pause: six take about one of two cores
 
 SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step", "loader",
@@ -101,7 +102,12 @@ class Job:
         try:
             self.proc = subprocess.run(
                 launcher_test_main.on_cpus(on_cpus, cmd) if on_cpus else cmd, env=env,
-                capture_output=True, text=True, timeout=400)
+                capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:  # this scenario fails, saying so; the others stand
+            said = [b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                    for b in (e.stdout, e.stderr)]
+            said[1] += f"\n[healthy_test] the job did not end within {JOB_TIMEOUT_S} s: killed"
+            self.proc = subprocess.CompletedProcess(cmd, -9, *said)
         finally:
             if service:
                 service.close()

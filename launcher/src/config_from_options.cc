@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -37,6 +39,9 @@ int parse_int_at_least(const std::string& flag, const std::string& text, int min
   int v = 0;
   try {
     v = std::stoi(text, &used);
+  } catch (const std::out_of_range&) {
+    throw UsageError(flag + " " + text + " is out of range (at most " +
+                     std::to_string(std::numeric_limits<int>::max()) + ")");
   } catch (const std::exception&) {
     used = 0;
   }
@@ -149,6 +154,10 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
     used = 0;
   }
   const bool in_range = zero == Zero::kAllowed ? v >= 0 : v > 0;
+  if (used != 0 && used == text.size() && v > kMaxSeconds) {
+    throw UsageError(flag + " " + text + " s is out of range (at most " +
+                     std::to_string(static_cast<long long>(kMaxSeconds)) + " s)");
+  }
   if (used == 0 || used != text.size() || !in_range || !(v <= kMaxSeconds)) {
     throw UsageError(flag + " must be a " + (zero == Zero::kAllowed ? "non-negative" : "positive") +
                      " number of seconds, got '" + text + "'");
@@ -180,6 +189,11 @@ std::vector<int> parse_signals(const std::string& text) {
   while (std::getline(items, item, ',')) {
     const int s = agent::signal_number(item);
     if (s <= 0) throw UsageError("--signals-to-handle: unknown signal '" + item + "'");
+    if (s == SIGKILL || s == SIGSTOP) {
+      throw UsageError("--signals-to-handle: " + item +
+                       " cannot be caught, so the launcher cannot pass it on to its workers; "
+                       "leave it out (SIGKILL of the launcher still ends every worker)");
+    }
     signals.push_back(s);
   }
   return signals;

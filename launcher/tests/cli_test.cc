@@ -124,6 +124,23 @@ TEST(LauncherCli, OutlandishSizesAndEndpointsAreUsageErrors) {
   }
 }
 
+// What is wrong with a value is said as it is: a number past its type's range is "out of range",
+// not "must be a positive integer"; a signal no process can catch is not passed on.
+TEST(LauncherCli, AValueOutOfRangeOrASignalThatCannotBeCaughtIsSaidSo) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--max-restarts 99999999999 x.py", "--max-restarts 99999999999 is out of range"},
+      {"--exit-barrier-timeout 1e12 x.py", "--exit-barrier-timeout 1e12 s is out of range"},
+      {"--signals-to-handle SIGTERM,SIGKILL x.py", "SIGKILL cannot be caught"},
+      {"--signals-to-handle SIGSTOP x.py", "SIGSTOP cannot be caught"}};
+  for (const auto& [bad, said] : cases) {
+    SCOPED_TRACE(bad);
+    const RunResult r = run_binary(bad);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find(said), std::string::npos) << r.output;
+  }
+}
+
 TEST(LauncherCli, StatusWatchOptionsAreCheckedBeforeAnyConnection) {
   for (const char* bad : {"--watch --interval 0", "--watch --interval soon", "--watch --count -1",
                           "--watch --interval nan"}) {

@@ -51,6 +51,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import json
+import operator
 import os
 import pickle
 import struct
@@ -713,6 +714,18 @@ def _held_bytes(rank_dir: str) -> int:
         return 0
 
 
+def _step_number(step: Any) -> int:
+    """A step as a snapshot names it: an integer (int, numpy's, a one-element integer tensor),
+    never a float cut to one (save(1.5) was stored as step 1, which a save(1) then replaced)."""
+    try:
+        number = operator.index(step)
+    except TypeError:
+        raise TypeError(f"snapshot step must be an integer, got {step!r}") from None
+    if number < 0:
+        raise ValueError(f"snapshot step must be >= 0, got {number}")
+    return number
+
+
 def save(step: int, obj: Any) -> bool:
     """Stores `obj` (a state_dict, or any picklable object; its tensors as raw bytes) as this rank's
     snapshot at `step`, atomically. Returns False when no agent holds snapshots here. Raises
@@ -721,9 +734,7 @@ def save(step: int, obj: Any) -> bool:
     if not root:
         _warn_disabled()
         return False
-    step = int(step)
-    if step < 0:
-        raise ValueError(f"snapshot step must be >= 0, got {step}")
+    step = _step_number(step)
     plan = _Plan(step, obj)
     rank_dir = _rank_dir(root, _rank())
     try:
@@ -1075,7 +1086,8 @@ def load(step: Optional[int] = None, *, replicated: bool = False, mesh: Any = No
     candidates = _order(by_rank, rank, replicated)
     meshes = _Meshes(mesh)  # once: a mesh of several dimensions is made collectively
     if step is not None:
-        candidates = [f for f in candidates if f.step == int(step)]
+        step = _step_number(step)
+        candidates = [f for f in candidates if f.step == step]
     for f in candidates:
         if f.rank != rank and _sharded(f.header):
             _say(f"{_who()}: rank {f.rank}'s snapshot of step {f.step} holds shards (DTensor or "

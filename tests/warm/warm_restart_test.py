@@ -507,6 +507,30 @@ class Snapshots(Temp):
                       proc.stderr)
         self.assertIn("raise --snapshot-memory or save less", proc.stderr)
 
+    def test_a_step_that_is_not_a_whole_number_is_refused(self):
+        # save(1.5) was stored as step 1 (int() cut it): a later save(1) replaced it, and load(1.5)
+        # loaded step 1. An integer of numpy's is a step.
+        d = self.temp()
+        script = write(d, "steps.py", """
+            import numpy as np
+            from dist_launch import snapshot
+            for bad in (1.5, "2", -1):
+                try:
+                    snapshot.save(bad, {"w": 1})
+                    print("saved", repr(bad))
+                except (TypeError, ValueError) as e:
+                    print("refused:", e)
+            assert snapshot.save(np.int64(3), {"w": 3})
+            print("loaded", snapshot.load(step=3))
+        """)
+        proc = launch("--nproc-per-node", "1", "--snapshot-memory", "16M", script)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        said = worker_lines(proc.stdout)
+        self.assertEqual(said, ["refused: snapshot step must be an integer, got 1.5",
+                                "refused: snapshot step must be an integer, got '2'",
+                                "refused: snapshot step must be >= 0, got -1",
+                                "loaded (3, {'w': 3})"], proc.stdout + proc.stderr)
+
     def test_snapshot_dir_keeps_them_for_a_restarted_node(self):
         d = self.temp()
         persisted = os.path.join(d, "persisted")

@@ -6,6 +6,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdlib>
@@ -105,8 +106,12 @@ fs::path shared_memory_directory() {
 RunDirectory::RunDirectory(const JobConfig& job, const OutputConfig& config,
                            const std::string& host) {
   temporary_ = config.log_dir.empty();
+  // The run id (--rdzv-id, a string of the user's) names a directory in --log-dir, never a path:
+  // each '/' in it is a '_' ("../x" made the run's logs outside --log-dir).
+  std::string prefix = job.run_id + "_";
+  std::replace(prefix.begin(), prefix.end(), '/', '_');
   root_ = temporary_ ? make_unique_directory(temporary_parent(config), "dist-launch-")
-                     : make_unique_directory(config.log_dir, job.run_id + "_");
+                     : make_unique_directory(config.log_dir, prefix);
   run_dir_ = root_;
   if (job.elastic) {  // node ranks change from round to round
     run_dir_ /= "node_" + host + "_" + std::to_string(::getpid());

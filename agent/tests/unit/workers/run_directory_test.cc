@@ -47,6 +47,26 @@ TEST_F(RunDirectoryTest, WithoutTmpdirOrLogsItIsMadeInSharedMemoryAndRemovedAtTh
   EXPECT_FALSE(fs::exists(dir.path()));
 }
 
+// A run id with a '/' (or "..") names a directory inside --log-dir, not a path out of it.
+TEST_F(RunDirectoryTest, ARunIdIsADirectorysNameInTheLogDirNeverAPath) {
+  const fs::path log_dir = scratch_ / "logs";
+  for (const char* id : {"../escaped", "a/b", "/abs", ".."}) {
+    SCOPED_TRACE(id);
+    JobConfig job;
+    job.run_id = id;
+    OutputConfig output;
+    output.log_dir = log_dir.string();
+    RunDirectory dir(job, output, "host");
+    EXPECT_EQ(dir.path().parent_path(), log_dir);
+    EXPECT_TRUE(fs::is_directory(dir.path()));
+  }
+  const auto count = [](const fs::path& dir) {
+    return std::distance(fs::directory_iterator(dir), fs::directory_iterator());
+  };
+  EXPECT_EQ(count(scratch_), 1);  // logs/, nothing beside it
+  EXPECT_EQ(count(log_dir), 4);
+}
+
 TEST_F(RunDirectoryTest, ATemporaryDirectoryChosenInAnyOfItsVariablesIsHonoured) {
   for (const char* name : {"TMPDIR", "TMP", "TEMP", "TEMPDIR"}) {
     SCOPED_TRACE(name);

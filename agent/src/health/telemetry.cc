@@ -354,4 +354,8 @@ void Telemetry::job_ended(int exit_code, std::string_view outcome, const std::st
                   {"stragglers", std::move(stragglers)}});
 }
 
+void Telemetry::rejoining(const std::string& reason, std::chrono::seconds within) {
+  log("rejoin", {{"reason", text_or_null(reason)}, {"within_s", within.count()}});
+}
+
 }  // namespace dist::agent

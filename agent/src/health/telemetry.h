@@ -272,6 +272,9 @@ class Telemetry {
   // job_end counts among its restarts rather than this node's alone.
   void job_replacements(int count) { job_replacements_ = count; }
   void job_ended(int exit_code, std::string_view outcome, const std::string& reason);
+  // This node, cut off from the job's store, stopped its workers to rejoin the job when the store
+  // answers again (within `within`): no job_end, as the node's next agent writes no job_start.
+  void rejoining(const std::string& reason, std::chrono::seconds within);
 
  private:
   void log(std::string_view event, const nlohmann::ordered_json& fields);

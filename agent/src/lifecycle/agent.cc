@@ -397,14 +397,14 @@ class Agent {
 
   // How long a node cut off from the store waits for it to answer again, to rejoin the job: as
   // long as a node joining it for the first time would.
+  std::chrono::seconds rejoin_within() const {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+        rounds_->elastic() ? config_.join_timeout : config_.rdzv_timeout);
+  }
   std::string rejoin_text() const {
-    const bool elastic = rounds_->elastic();
     return fmt::format(
         ", and it rejoins the job when the store answers again (for up to {} s, --rdzv-conf {})",
-        std::chrono::duration_cast<std::chrono::seconds>(elastic ? config_.join_timeout
-                                                                 : config_.rdzv_timeout)
-            .count(),
-        elastic ? "join_timeout" : "timeout");
+        rejoin_within().count(), rounds_->elastic() ? "join_timeout" : "timeout");
   }
 
   // Its agent died (the kernel closed its connection: at once), or its host went down or was cut
@@ -563,7 +563,10 @@ class Agent {
       });
     }
     telemetry_.emplace(config_, host_);  // the events; served by endpoints_ (metrics, health)
-    telemetry_->job_started();  // first: a port the endpoints cannot bind ends a job that began
+    // First: a port the endpoints cannot bind ends a job that began. (A rejoining node's job
+    // began with its first agent: one job_start and one job_end in its event log, a rejoin
+    // between.)
+    if (!config_.rejoining) telemetry_->job_started();
     endpoints_.emplace(io_, config_, host_, *telemetry_);
     group_.emplace(
         io_, config_, *run_dir_, agent_id_, janitor_, console_, *telemetry_,
@@ -699,6 +702,7 @@ class Agent {
 
   void record_job_end() {  // and the stragglers seen, one line each
     if (!telemetry_) return;
+    if (rejoins()) return telemetry_->rejoining(failure_reason_, rejoin_within());
     for (const auto& line : telemetry_->straggler_summary()) spdlog::warn("{}", line);
     if (exit_code_ == 0) return telemetry_->job_ended(0, "succeeded", "");
     if (now_.stop_reason == StopReason::kSignal) {

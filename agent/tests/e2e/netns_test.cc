@@ -154,6 +154,8 @@ class TwoHosts : public ::testing::Test {
                                   "1",
                                   "--rdzv-conf",
                                   "join_timeout=20",
+                                  "--event-log",
+                                  path(name + ".events"),
                                   "--no-python",
                                   DIST_TEST_WORKER_BIN,
                                   "append",
@@ -336,6 +338,22 @@ TEST_F(TwoHosts, AnElasticJobsCutOffNodeRejoinsWhenItsLinkReturns) {
   EXPECT_EQ(wait(a, 60s), 0) << log("a");
   EXPECT_EQ(wait(c, 60s), 0) << log("c");
   EXPECT_NE(log("c").find("rejoining the job at " + addr_[0]), std::string::npos) << log("c");
+  // Its event log tells one job: one start, one end (its success), the rejoin between.
+  std::vector<std::string> events, said;
+  {
+    std::ifstream in(path("c.events"));
+    for (std::string line; std::getline(in, line);) events.push_back(line);
+  }
+  ASSERT_FALSE(events.empty());
+  for (const auto& line : events) {
+    for (const char* event : {"job_start", "rejoin", "job_end"}) {
+      if (line.find("\"event\":\"" + std::string(event) + "\"") != std::string::npos) {
+        said.push_back(event);
+      }
+    }
+  }
+  EXPECT_EQ(said, (std::vector<std::string>{"job_start", "rejoin", "job_end"}));
+  EXPECT_NE(events.back().find("\"outcome\":\"succeeded\""), std::string::npos) << events.back();
 }
 
 // A static job with a restart left: its cut-off node rejoins it when its link comes back, taking

@@ -1,11 +1,16 @@
 // The etcd v3 client: its encoding, then real members of Debian's etcd 3.4 (one, or three on
 // 127.0.0.1-3): calls, leases, watches, members killed, quorum lost, TLS and user/password.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -285,6 +290,50 @@ TEST(EtcdClient, NoMemberReachableIsUnavailableWithinItsTimeout) {
   const std::string what = e.what();
   EXPECT_NE(what.find(cluster.endpoint(0)), std::string::npos) << what;
   EXPECT_NE(what.find("'some/key'"), std::string::npos) << what;
+}
+
+// A host with no route to any member (its own link down: a network namespace with loopback only)
+// is told to look at its own network, not at the members' majority.
+TEST(EtcdClient, NoRouteFromThisHostSaysToCheckItsOwnNetwork) {
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(out[0]);
+    std::string said;
+    if (::unshare(CLONE_NEWNET) != 0) {
+      said = "skip: unshare(CLONE_NEWNET): " + std::string(std::strerror(errno));
+    } else {
+      boost::asio::io_context io;
+      ClientOptions o;
+      o.endpoints = {"http://192.0.2.77:2379"};  // no route: only lo here, and it is down
+      o.unavailable_timeout = 500ms;
+      const auto client = Client::create(io, o);
+      Cancellation cancel;
+      try {
+        run_task(io, client->put("k", "v", 0, cancel));
+        said = "no error";
+      } catch (const StoreError& e) {
+        said = e.what();
+      }
+    }
+    [[maybe_unused]] const auto n = ::write(out[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string said;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) said.append(buffer, n);
+  ::close(out[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  if (said.starts_with("skip: ")) GTEST_SKIP() << said;
+  EXPECT_NE(said.find("Network is unreachable"), std::string::npos) << said;
+  EXPECT_NE(said.find("this host has no route to the members: check its own network"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("check that a majority"), std::string::npos) << said;
 }
 
 // Cancellation while a call is stuck: its own timeouts are far away, it is cancelled once it has

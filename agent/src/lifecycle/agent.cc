@@ -410,6 +410,17 @@ class Agent {
   // Its agent died (the kernel closed its connection: at once), or its host went down or was cut
   // off from this one for longer than the keepalive: which, the store cannot tell.
   std::string node_lost_text(int node) const {
+    // This node itself: its session outlived by the job (it was cut off, or stopped, longer than
+    // that allows), seen once the store answered again.
+    if (now_.round && node == now_.round->node_rank) {
+      return fmt::format(
+          "this node (node {}) was taken for lost: {} ended while this host was cut off from the "
+          "{} (or this agent stopped) for longer than it allows; the job goes on without it",
+          node,
+          config_.rdzv_backend == RendezvousBackend::kEtcdV3 ? "its lease in etcd"
+                                                             : "its heartbeat in the store",
+          config_.rdzv_backend == RendezvousBackend::kEtcdV3 ? "etcd members" : "store");
+    }
     const std::string who = node >= 0 ? "node " + std::to_string(node) + "'s agent" : "an agent";
     if (config_.rdzv_backend == RendezvousBackend::kEtcdV3) {
       return who +

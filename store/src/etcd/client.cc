@@ -278,15 +278,25 @@ class Attempts {
                        client_.describe() + ": " + what_ + ": its deadline passed (" + last_ + ")");
     }
     if (now >= give_up_) {
-      throw StoreError(
-          StoreErrc::kUnavailable,
-          client_.describe() + ": " + what_ + ": no member answered with a leader in " +
-              milliseconds_text(client_.options_.unavailable_timeout) + " (last: " + last_ +
-              "); check that a majority of the etcd members is up and reachable");
+      throw StoreError(StoreErrc::kUnavailable,
+                       client_.describe() + ": " + what_ +
+                           ": no member answered with a leader in " +
+                           milliseconds_text(client_.options_.unavailable_timeout) +
+                           " (last: " + last_ + "); " + what_to_check());
     }
   }
 
  private:
+  // No route from this host (its own link down, or its routes gone) is this host's to fix, not
+  // the members'.
+  std::string what_to_check() const {
+    const bool no_route = last_.find("Network is unreachable") != std::string::npos ||
+                          last_.find("No route to host") != std::string::npos;
+    return no_route ? "this host has no route to the members: check its own network link and "
+                      "routes (a majority of them may well be up)"
+                    : "check that a majority of the etcd members is up and reachable";
+  }
+
   Client::Impl& client_;
   std::string what_;
   Deadline deadline_;

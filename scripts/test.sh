@@ -55,9 +55,11 @@ stop_early_build() {
   [ -z "$early_build" ] || wait "$early_build" 2>/dev/null || true
 }
 trap stop_early_build EXIT
-if ! (cd "${BUILD_DIR:-$root/build}" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 600); then
+rc=0
+(cd "${BUILD_DIR:-$root/build}" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" --timeout 600) || rc=$?
+if [ "$rc" -ne 0 ]; then
   python3 "$root/scripts/failed-tests-digest.py" "${BUILD_DIR:-$root/build}" || true
-  exit 8  # (ctest's own code for failed tests)
+  exit "$rc"
 fi
 phase "the tests"
 # The newcomer's first command, as README.md gives it, run on the build above: its own quick build

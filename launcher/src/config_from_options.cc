@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <limits>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -40,8 +39,7 @@ int parse_int_at_least(const std::string& flag, const std::string& text, int min
   try {
     v = std::stoi(text, &used);
   } catch (const std::out_of_range&) {
-    throw UsageError(flag + " " + text + " is out of range (at most " +
-                     std::to_string(std::numeric_limits<int>::max()) + ")");
+    throw UsageError(flag + " " + text + " is out of range");
   } catch (const std::exception&) {
     used = 0;
   }

@@ -715,12 +715,18 @@ def _held_bytes(rank_dir: str) -> int:
 
 
 def _step_number(step: Any) -> int:
-    """A step as a snapshot names it: an integer (int, numpy's, a one-element integer tensor),
-    never a float cut to one (save(1.5) was stored as step 1, which a save(1) then replaced)."""
-    try:
-        number = operator.index(step)
-    except TypeError:
-        raise TypeError(f"snapshot step must be an integer, got {step!r}") from None
+    """A step as a snapshot names it: an integer (int, numpy's, a one-element integer tensor, a
+    float that is a whole number: 3.0), never a fraction cut to one (save(1.5) was stored as step
+    1, which a save(1) then replaced), nor a bool."""
+    number = None
+    if not isinstance(step, bool):
+        try:
+            number = operator.index(step)
+        except TypeError:
+            if isinstance(step, float) and step.is_integer():
+                number = int(step)
+    if number is None:
+        raise TypeError(f"snapshot step must be an integer, got {step!r}")
     if number < 0:
         raise ValueError(f"snapshot step must be >= 0, got {number}")
     return number

@@ -455,6 +455,10 @@ Task<void> AsyncStoreClient::Impl::connect() {
           co_await connect_once(std::min(give_up, Clock::now() + options_.timeout));
       if (closed_) throw cancelled("connect");
       if (why.empty()) {
+        // (A connect deadline that fired as the connect completed is queued still: a generation
+        // of its own keeps it off the HELLO.)
+        ++generation_;
+        timed_out_ = false;
         boost::system::error_code ignored;
         socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
         enable_keepalive(socket_.native_handle(), options_.keepalive_idle_seconds,

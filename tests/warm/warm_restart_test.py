@@ -514,22 +514,25 @@ class Snapshots(Temp):
         script = write(d, "steps.py", """
             import numpy as np
             from dist_launch import snapshot
-            for bad in (1.5, "2", -1):
+            for bad in (1.5, "2", True, -1):
                 try:
                     snapshot.save(bad, {"w": 1})
                     print("saved", repr(bad))
                 except (TypeError, ValueError) as e:
                     print("refused:", e)
             assert snapshot.save(np.int64(3), {"w": 3})
-            print("loaded", snapshot.load(step=3))
+            assert snapshot.save(4.0, {"w": 4})  # a whole number, as a float
+            print("loaded", snapshot.load(step=3), snapshot.load(step=4))
         """)
         proc = launch("--nproc-per-node", "1", "--snapshot-memory", "16M", script)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         said = worker_lines(proc.stdout)
         self.assertEqual(said, ["refused: snapshot step must be an integer, got 1.5",
                                 "refused: snapshot step must be an integer, got '2'",
+                                "refused: snapshot step must be an integer, got True",
                                 "refused: snapshot step must be >= 0, got -1",
-                                "loaded (3, {'w': 3})"], proc.stdout + proc.stderr)
+                                "loaded (3, {'w': 3}) (4, {'w': 4})"],
+                         proc.stdout + proc.stderr)
 
     def test_snapshot_dir_keeps_them_for_a_restarted_node(self):
         d = self.temp()

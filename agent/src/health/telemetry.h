@@ -79,6 +79,9 @@
 //   job_end        outcome (succeeded, failed, stopped), exit_code, restarts (group restarts and
 //                  in-place replacements), reason (or null), stragglers (the ranks flagged as
 //                  stragglers during the job)
+//   rejoin         reason, within_s (this node, cut off from the job's store, stopped its workers
+//                  to rejoin the job when the store answers again, for up to within_s: written in
+//                  place of its first agent's job_end; its next agent writes no job_start)
 //
 // Health check: torch 2.x reads TORCHELASTIC_HEALTH_CHECK_PORT and builds a server whose alive
 // callback is the file timer's last progress time (or the current time), with a 60 s timeout, but

@@ -328,13 +328,19 @@ class Agent {
       const auto says = [&](const char* what) {
         return o.store_lost.find(what) != std::string::npos;
       };
+      // Over etcd: no member answered for unavailable_timeout, the last for no route or a
+      // connect that timed out (not members that answer without a leader: a quorum lost, which
+      // no wait of this node's mends).
+      const bool etcd = config_.rdzv_backend == RendezvousBackend::kEtcdV3;
       const bool unanswered =
-          config_.rdzv_backend != RendezvousBackend::kEtcdV3 &&
-          (says("Connection timed out") || says("unreachable") || says("No route"));
+          etcd ? says("Network is unreachable") || says("No route to host") ||
+                     says("connect timed out")
+               : says("Connection timed out") || says("unreachable") || says("No route");
       // Cut off, this node rejoins the job once the store answers again (run_agent), where the
       // others can take it in: the next round of an elastic job (as a newcomer), a static job's
-      // restart (its node rank's place). (Not over etcd yet: a new agent's first call there
-      // waits --rdzv-conf unavailable_timeout, 10 s, not for the link to come back.)
+      // restart (its node rank's place). Over etcd its new agent waits join_timeout for the
+      // members (ElasticRounds::prepare). (A cut shorter than unavailable_timeout but longer than
+      // the lease ends here otherwise: the node sees itself taken for lost, node_lost_text.)
       // Not the store's host (its own store is what it lost), nor a node whose workers succeeded
       // (it would join a round of the job anew).
       const bool succeeded =
@@ -344,11 +350,13 @@ class Agent {
                  (rounds_->elastic() || restarts_used() < config_.max_restarts);
       spdlog::error(
           "lost the rendezvous store: {}{}{}", o.store_lost,
-          unanswered
-              ? fmt::format(" (no answer for about {} s: this host was cut off from the "
+          !unanswered ? std::string("; this node's workers stop")
+          : etcd
+              ? std::string(" (this host was cut off from the etcd members); this node's "
+                            "workers stop")
+              : fmt::format(" (no answer for about {} s: this host was cut off from the "
                             "store's, or that host went down); this node's workers stop",
-                            config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt)
-              : std::string("; this node's workers stop"),
+                            config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt),
           rejoins_ ? rejoin_text() : std::string());
       failure_reason_ = "lost the rendezvous store at " + rounds_->describe();
       return feed(Input::kStoreLost);
@@ -413,13 +421,13 @@ class Agent {
     // This node itself: its session outlived by the job (it was cut off, or stopped, longer than
     // that allows), seen once the store answered again.
     if (now_.round && node == now_.round->node_rank) {
+      const bool etcd = config_.rdzv_backend == RendezvousBackend::kEtcdV3;
       return fmt::format(
           "this node (node {}) was taken for lost: {} ended while this host was cut off from the "
-          "{} (or this agent stopped) for longer than it allows; the job goes on without it",
-          node,
-          config_.rdzv_backend == RendezvousBackend::kEtcdV3 ? "its lease in etcd"
-                                                             : "its heartbeat in the store",
-          config_.rdzv_backend == RendezvousBackend::kEtcdV3 ? "etcd members" : "store");
+          "{} (or this agent stopped) for longer than it allows; the other nodes no longer count "
+          "on it",
+          node, etcd ? "its lease in etcd" : "its connection to the store",
+          etcd ? "etcd members" : "store");
     }
     const std::string who = node >= 0 ? "node " + std::to_string(node) + "'s agent" : "an agent";
     if (config_.rdzv_backend == RendezvousBackend::kEtcdV3) {
@@ -713,8 +721,8 @@ class Agent {
 
   void record_job_end() {  // and the stragglers seen, one line each
     if (!telemetry_) return;
-    if (rejoins()) return telemetry_->rejoining(failure_reason_, rejoin_within());
     for (const auto& line : telemetry_->straggler_summary()) spdlog::warn("{}", line);
+    if (rejoins()) return telemetry_->rejoining(failure_reason_, rejoin_within());
     if (exit_code_ == 0) return telemetry_->job_ended(0, "succeeded", "");
     if (now_.stop_reason == StopReason::kSignal) {
       return telemetry_->job_ended(exit_code_, "stopped",

@@ -27,6 +27,9 @@ using store::Endpoint;
 // finish their exit barrier and report.
 constexpr std::chrono::milliseconds kLeaveTimeout{std::chrono::seconds(30)};
 
+// A rejoining node that cannot reach etcd yet says so this often.
+constexpr std::chrono::seconds kRejoinNoticeInterval{30};
+
 // A store this agent hosts asks for the job's token, when there is one.
 store::ServerOptions with_token(const RendezvousConfig& c, store::ServerOptions options) {
   options.secret = c.secret;
@@ -455,9 +458,29 @@ class ElasticRounds final : public NodeRounds {
       const int attempts =
           config_.keep_alive_max_attempt_given ? config_.keep_alive_max_attempt : 3;
       const int ttl = std::max(2, config_.keep_alive_interval_seconds * (attempts - 1));
-      auto session = make_rendezvous_store(
-          io_, etcd_options(config_.etcd, std::chrono::seconds(ttl)), job_.run_id);
-      co_return co_await open_session(std::move(session));
+      // A rejoining node (cut off from the members) waits join_timeout for them to answer, as
+      // its TCP store's connect would, not one call's unavailable_timeout (10 s); its session's
+      // calls keep that (a second cut is noticed as soon as the first was).
+      const auto give_up = std::chrono::steady_clock::now() + config_.join_timeout;
+      auto said = std::chrono::steady_clock::now();
+      while (true) {
+        auto session = make_rendezvous_store(
+            io_, etcd_options(config_.etcd, std::chrono::seconds(ttl)), job_.run_id);
+        try {
+          co_return co_await open_session(std::move(session));
+        } catch (const store::StoreError& e) {
+          const auto now = std::chrono::steady_clock::now();
+          if (!config_.rejoining || e.code() != store::StoreErrc::kUnavailable || now >= give_up) {
+            throw;
+          }
+          if (now - said >= kRejoinNoticeInterval) {
+            said = now;
+            spdlog::warn("still cannot reach etcd to rejoin the job ({}); retrying for up to {} s",
+                         e.what(),
+                         std::chrono::duration_cast<std::chrono::seconds>(give_up - now).count());
+          }
+        }
+      }
     }
     co_await host_job_store();
     if (plan_.port == 0 && !job_store_) {

@@ -287,14 +287,14 @@ class Attempts {
   }
 
  private:
-  // No route from this host (its own link down, or its routes gone) is this host's to fix, not
-  // the members'.
+  // No route from this host to the members' network (its own link down, its routes gone:
+  // ENETUNREACH) is this host's to fix, not the members'. ("No route to host", EHOSTUNREACH, is
+  // also what a member's host that is down gives on the same subnet: the members' to check.)
   std::string what_to_check() const {
-    const bool no_route = last_.find("Network is unreachable") != std::string::npos ||
-                          last_.find("No route to host") != std::string::npos;
-    return no_route ? "this host has no route to the members: check its own network link and "
-                      "routes (a majority of them may well be up)"
-                    : "check that a majority of the etcd members is up and reachable";
+    return last_.find("Network is unreachable") != std::string::npos
+               ? "this host has no route to the members: check its own network link and routes "
+                 "(a majority of them may well be up)"
+               : "check that a majority of the etcd members is up and reachable";
   }
 
   Client::Impl& client_;

@@ -340,13 +340,10 @@ class Agent {
       // others can take it in: the next round of an elastic job (as a newcomer), a static job's
       // restart (its node rank's place). Over etcd its new agent waits join_timeout for the
       // members (ElasticRounds::prepare). (A cut shorter than unavailable_timeout but longer than
-      // the lease ends here otherwise: the node sees itself taken for lost, node_lost_text.)
+      // the lease is seen below: this node taken for lost.)
       // Not the store's host (its own store is what it lost), nor a node whose workers succeeded
       // (it would join a round of the job anew).
-      const bool succeeded =
-          now_.state == State::kStopping && (now_.stop_reason == StopReason::kAllSucceeded ||
-                                             now_.stop_reason == StopReason::kJobFinished);
-      rejoins_ = unanswered && !rounds_->hosts_others() && !succeeded &&
+      rejoins_ = unanswered && !rounds_->hosts_others() && !workers_succeeded() &&
                  (rounds_->elastic() || restarts_used() < config_.max_restarts);
       spdlog::error(
           "lost the rendezvous store: {}{}{}", o.store_lost,
@@ -359,6 +356,18 @@ class Agent {
                             config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt),
           rejoins_ ? rejoin_text() : std::string());
       failure_reason_ = "lost the rendezvous store at " + rounds_->describe();
+      return feed(Input::kStoreLost);
+    }
+    // This node itself taken for lost: its lease ended while this host was cut off from etcd
+    // (shorter than unavailable_timeout, or it would have lost the store above) or while this
+    // agent was stopped; its session is gone, and the job went on without it. An elastic job
+    // takes it back as a newcomer: its workers stop and it rejoins (the store answers already).
+    if (o.result.kind == WatchResult::kNodeLost && now_.round &&
+        o.result.node == now_.round->node_rank && now_.state != State::kExit) {
+      rejoins_ = rounds_->elastic() && !rounds_->hosts_others() && !workers_succeeded();
+      failure_reason_ = node_lost_text(o.result.node);
+      spdlog::error("{}; this node's workers stop{}", failure_reason_,
+                    rejoins_ ? rejoin_text() : std::string());
       return feed(Input::kStoreLost);
     }
     if (o.result.kind == WatchResult::kStopped) return feed(Input::kWatchStopped);
@@ -401,6 +410,12 @@ class Agent {
       return feed(Input::kNodeWaiting);
     }
     feed(Input::kRoundEndedElsewhere);
+  }
+
+  // This node's workers all succeeded (or its job finished): it has no job to rejoin.
+  bool workers_succeeded() const {
+    return now_.state == State::kStopping && (now_.stop_reason == StopReason::kAllSucceeded ||
+                                              now_.stop_reason == StopReason::kJobFinished);
   }
 
   // How long a node cut off from the store waits for it to answer again, to rejoin the job: as

@@ -52,7 +52,11 @@ int run_agent(const LaunchConfig& config) {
   again.rejoining = true;
   again.is_host = false;
   while (end.rejoins) {
-    spdlog::info("rejoining the job at {}: waiting for its store to answer", config.master_addr);
+    if (config.rdzv_backend == RendezvousBackend::kEtcdV3) {
+      spdlog::info("rejoining the job over etcd: waiting for its members to answer");
+    } else {
+      spdlog::info("rejoining the job at {}: waiting for its store to answer", config.master_addr);
+    }
     end = drive_agent(again, agent_id, janitor ? &*janitor : nullptr, stopped);
   }
   kill_leftovers();

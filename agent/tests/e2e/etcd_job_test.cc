@@ -274,9 +274,10 @@ TEST_F(EtcdJob, TheNodeHostingTheWorkersStoreIsLostAndTheSurvivorsFinish) {
 }
 
 // An agent frozen past its lease's TTL (a host that stalled, or was cut off from etcd) is lost to
-// the others, who reshape without it. Back, it learns that its lease expired and leaves with an
-// error, its workers stopped: it never hangs, nor runs on in a round that went on without it.
-TEST_F(EtcdJob, ANodeWhoseLeaseExpiredLeavesCleanly) {
+// the others, who reshape without it. Back, it learns that it was taken for lost, stops its
+// workers and rejoins the job as a newcomer: it never hangs, nor runs on in a round that went on
+// without it. (Here the job finished meanwhile: it leaves with the job's success.)
+TEST_F(EtcdJob, ANodeWhoseLeaseExpiredRejoinsAndLeavesWithTheJobsSuccess) {
   const std::vector<std::string> worker{"exit-if-world", "2", "0", "forever"};
   const std::vector<std::string> names{"a", "b", "c"};
   for (const auto& n : names) agent(n, "2:3", worker);
@@ -290,10 +291,14 @@ TEST_F(EtcdJob, ANodeWhoseLeaseExpiredLeavesCleanly) {
   }
   ASSERT_TRUE(in_world(survivors, 2)) << agents_[(frozen + 1) % 3]->output();
   ::kill(agents_[frozen]->pid(), SIGCONT);
-  EXPECT_EQ(agents_[frozen]->wait(60s), 1) << agents_[frozen]->output();
+  // Taken for lost, it stops its workers and rejoins; the job, whose two others finished in
+  // their round of 2, is over by then: it leaves with its success, as a spare would.
+  EXPECT_EQ(agents_[frozen]->wait(60s), 0) << agents_[frozen]->output();
   // It says what happened to itself, not "node N's agent is gone" of its own node rank.
   EXPECT_NE(agents_[frozen]->output().find("was taken for lost: its lease in etcd ended"),
             std::string::npos)
+      << agents_[frozen]->output();
+  EXPECT_NE(agents_[frozen]->output().find("rejoining the job"), std::string::npos)
       << agents_[frozen]->output();
   EXPECT_EQ(rounds(names[frozen]).size(), 1u) << "it joined the round that went on without it";
   for (std::size_t i = 0; i < names.size(); ++i) {

@@ -349,8 +349,8 @@ class Agent {
           "lost the rendezvous store: {}{}{}", o.store_lost,
           !unanswered ? std::string("; this node's workers stop")
           : etcd
-              ? std::string(" (this host was cut off from the etcd members); this node's "
-                            "workers stop")
+              ? std::string(" (no etcd member answered: this host was cut off from them, or "
+                            "their hosts went down); this node's workers stop")
               : fmt::format(" (no answer for about {} s: this host was cut off from the "
                             "store's, or that host went down); this node's workers stop",
                             config_.keep_alive_interval_seconds * config_.keep_alive_max_attempt),

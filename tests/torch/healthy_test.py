@@ -126,10 +126,12 @@ class ExitBarrier(unittest.TestCase):
 
     def test_a_rank_evaluating_alone_after_the_job_past_the_other_nodes_exit_barrier(self):
         # Two nodes, a rank each. Node 1's rank finishes; node 0's rank 0 then evaluates alone
-        # for 8 s, past --exit-barrier-timeout (3 s): node 1 leaves with 0, as torchrun's agent
-        # does, and node 0's job goes on to its end, 0. Node 1 used to exit 1 there, and node 0
-        # took it for lost and restarted the finished job.
+        # past --exit-barrier-timeout (3 s), until node 1 has left (8 s at least: under load the
+        # other rank's exit alone took most of a fixed 8 s): node 1 leaves with 0, as torchrun's
+        # agent does, and node 0's job goes on to its end, 0. Node 1 used to exit 1 there, and
+        # node 0 took it for lost and restarted the finished job.
         port = launcher_test_main.free_port("127.0.0.2")
+        left = os.path.join(tempfile.mkdtemp(prefix="dist-healthy-barrier-"), "node-1-left")
         env = dict(os.environ, PYTHON_EXEC=ARGS.python, GLOO_SOCKET_IFNAME="lo")
         procs = []
         try:
@@ -137,17 +139,20 @@ class ExitBarrier(unittest.TestCase):
                 cmd = [ARGS.launcher, "--nnodes", "2", "--node-rank", str(node), "--master-addr",
                        "127.0.0.2", "--master-port", str(port), "--nproc-per-node", "1",
                        "--exit-barrier-timeout", "3", WORKER, "--scenario", "final-eval",
-                       "--pause", "8"]
+                       "--pause", "8", "--until-file", left]
                 procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, text=True))
                 if node == 0:
                     launcher_test_main.wait_for_listener("127.0.0.2", port, procs[0])
-            outs = [p.communicate(timeout=180) for p in procs]
+            outs = [None, procs[1].communicate(timeout=180)]
+            open(left, "w").close()
+            outs[0] = procs[0].communicate(timeout=180)
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+            shutil.rmtree(os.path.dirname(left), ignore_errors=True)
         both = "\n".join(o + e for o, e in outs)
         for p in procs:
             self.assertEqual(p.returncode, 0, both)

@@ -265,6 +265,9 @@ ProcessActivity read_activity(pid_t pid) {
       }
     }
     a.cpu_ticks += ticks;
+    if (const auto use = read_cpu_use(p)) {
+      a.cpu_queued_ns += static_cast<std::uint64_t>(use->waited.count());
+    }
     add_io(p, a);
     ++a.processes;
     for (const pid_t child : children_of(p)) todo.push_back(child);
@@ -353,6 +356,12 @@ bool thread_waited_in_kernel(const ThreadRun& before, const ThreadRun& now) {
 
 double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds) {
   return cpu_share(before.cpu_ticks, after.cpu_ticks, seconds);
+}
+
+double cpu_queued_share(const ProcessActivity& before, const ProcessActivity& after,
+                        double seconds) {
+  if (seconds <= 0 || after.cpu_queued_ns < before.cpu_queued_ns) return 0;
+  return static_cast<double>(after.cpu_queued_ns - before.cpu_queued_ns) / 1e9 / seconds;
 }
 
 double cpu_share(std::uint64_t before, std::uint64_t after, double seconds) {

@@ -14,8 +14,11 @@
 namespace dist::agent {
 
 struct ProcessActivity {
-  char state = '?';                   // /proc/<pid>/stat's state letter of the process itself
-  std::uint64_t cpu_ticks = 0;        // user + system, of the process and its descendants now alive
+  char state = '?';             // /proc/<pid>/stat's state letter of the process itself
+  std::uint64_t cpu_ticks = 0;  // user + system, of the process and its descendants now alive
+  // Nanoseconds their main threads were runnable but waited for a CPU (schedstat's run delay): a
+  // rank that wants to compute on a machine with more runnable threads than CPUs.
+  std::uint64_t cpu_queued_ns = 0;
   std::uint64_t read_bytes = 0;       // rchar: read(), recv() and the like, files and sockets alike
   std::uint64_t write_bytes = 0;      // wchar
   std::uint64_t storage_written = 0;  // write_bytes: what went to storage (checkpoints)
@@ -79,5 +82,9 @@ bool thread_waited_in_kernel(const ThreadRun& before, const ThreadRun& now);
 // busy all the time).
 double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds);
 double cpu_share(std::uint64_t ticks_before, std::uint64_t ticks_after, double seconds);
+// The time their main threads waited for a CPU between two readings, as a share of the seconds
+// between them: what the CPU share misses of a rank that computes on a crowded machine.
+double cpu_queued_share(const ProcessActivity& before, const ProcessActivity& after,
+                        double seconds);
 
 }  // namespace dist::agent

@@ -252,6 +252,31 @@ TEST(HangReport, AnIdleRankTheOthersWaitForIsSuspectedAndEndedOnlyPastTheBound) 
   EXPECT_FALSE(bound.ranks[1].cause) << "the waiting one is not the cause";
 }
 
+// On a crowded machine a rank in a forward pass runs a few percent of the time and waits for a
+// CPU the rest: it computes (seen as "idle, in a forward pass" under CI's load, and a suspect).
+TEST(HangReport, ARankWaitingForACpuComputes) {
+  auto evaluating = look(0, 30, 'R');
+  torch_rank(evaluating, {{kWorld, 40}});
+  evaluating.stacks_first = evaluating.stacks_second = at_user_code_dump(33);
+  evaluating.first.activity = evaluating.second.activity = slot::kActivityForward;
+  busy(evaluating, 0.06);
+  evaluating.after.cpu_queued_ns = evaluating.before.cpu_queued_ns + 1'400'000'000;  // of 2 s
+  auto waiting = look(1, 30);
+  torch_rank(waiting, {{kWorld, 41}}, kWorld, 41, slot::Collective::kBarrier);
+  const HangFinding f = examine({evaluating, waiting}, HangRule::kBound);
+  EXPECT_TRUE(f.ranks[0].active) << f.ranks[0].doing;
+  EXPECT_EQ(f.ranks[0].doing,
+            "computing (CPU 6%, waiting for a CPU 70% of the time), in a forward pass");
+  EXPECT_FALSE(f.idle_suspect());
+  EXPECT_FALSE(f.any_cause()) << "past the bound a rank that computes is not ended";
+  // The same rank neither running nor queued is idle.
+  busy(evaluating, 0);
+  evaluating.after.cpu_queued_ns = evaluating.before.cpu_queued_ns + 20'000'000;
+  const HangFinding idle = examine({evaluating, waiting}, HangRule::kBound);
+  EXPECT_FALSE(idle.ranks[0].active) << idle.ranks[0].doing;
+  EXPECT_TRUE(idle.ranks[0].cause);
+}
+
 // Idle in its own process but inside torch.save (a network file system), a DataLoader (its worker
 // processes) or torch.compile: work of its own, said as such (no warning); past the bound, when a
 // rank has waited for it longer than the job's collective timeout, ended as an idle rank is (a

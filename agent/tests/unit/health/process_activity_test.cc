@@ -76,6 +76,38 @@ class Child {
   for (;;) count.fetch_add(1, std::memory_order_relaxed);
 }
 
+// Three busy processes on one CPU: each runs about a third of the time and waits for the CPU
+// the rest, which the reading counts (a rank that computes on a crowded machine is not idle).
+TEST(ProcessActivity, CountsTheTimeItsMainThreadWaitedForACpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(0, &one);
+  const auto pinned_spin = [one] {
+    ::sched_setaffinity(0, sizeof(one), &one);
+    spin();
+  };
+  Child a(pinned_spin), b(pinned_spin), c(pinned_spin);
+  if (!read_cpu_use(a.pid())) GTEST_SKIP() << "this kernel keeps no scheduler statistics";
+  const ProcessActivity before = read_activity(a.pid());
+  const auto start = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(1s);
+  const ProcessActivity after = read_activity(a.pid());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double ran = cpu_share(before, after, seconds);
+  const double queued = cpu_queued_share(before, after, seconds);
+  EXPECT_GT(queued, 0.3) << "ran " << ran;
+  EXPECT_LT(ran, 0.7) << "queued " << queued;
+  EXPECT_GT(ran + queued, 0.8) << "runnable all the time";
+  // A sleeping process waits for no CPU.
+  Child sleeper([] {
+    for (;;) ::pause();
+  });
+  const ProcessActivity asleep_before = read_activity(sleeper.pid());
+  std::this_thread::sleep_for(200ms);
+  EXPECT_LT(cpu_queued_share(asleep_before, read_activity(sleeper.pid()), 0.2), 0.05);
+}
+
 TEST(ThreadRun, AThreadAsleepInTheKernelWaitedThere) {
   Child sleeper([] {
     for (;;) ::pause();

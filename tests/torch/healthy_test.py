@@ -45,7 +45,7 @@ SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step",
              "no-optimizer", "accumulate", "slow-log", "c-poll", "paused", "compile", "exit",
              "crowded",
              "alone", "monitored", "scoring", "objects", "side-thread", "producer", "p2p-offset",
-             "join", "skewed"]
+             "join", "skewed", "end-wait"]
 # Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored
 # and scoring: past the third look of the hang timeout (about 99 s), the first past that bound.
 # skewed: past the hang timeout's look (about 32 s), so that the ranks are looked at.
@@ -231,6 +231,16 @@ class Healthy(unittest.TestCase):
         self.assertRegex(rank0["where"], r"healthy_worker\.py:\d+ in main")
         self.assertTrue(rank0["doing"].startswith("idle"), rank0)
         self.assertEqual(len(job.events("hang_cleared")), 1)
+
+    def test_a_rank_idle_after_the_last_step_then_every_rank_exits(self):
+        # Rank 0 waits for something of its own after the last step (a remote evaluation) while
+        # rank 1 waits in a barrier, then both exit 0 with no step after it: the suspicion is
+        # over, and said so (it stood open in the event log and on the status page for good).
+        job = self.check("end-wait")
+        self.assertGreaterEqual(len(job.events("hang_suspected")), 1, job.proc.stderr)
+        self.assertEqual(len(job.events("hang_cleared")), 1, job.proc.stderr)
+        self.assertIn("the suspected hang is over: every rank here made progress or exited "
+                      "with 0", job.proc.stderr)
 
     def test_a_rank_writing_checkpoints_while_the_other_waits(self):
         job = self.check("save")

@@ -189,7 +189,7 @@ def main():
         train(a.steps)
     print(f"rank {rank} trained", flush=True)
 
-    if s in ("sleep", "timeout") and rank == 0:
+    if s in ("sleep", "timeout", "end-wait") and rank == 0:
         time.sleep(a.pause)
     elif s == "save" and rank == 0:
         path = os.path.join(tempfile.mkdtemp(prefix="healthy-save-"), "checkpoint.pt")
@@ -358,7 +358,9 @@ def main():
         full = torch.arange(8.0)
         assert distribute_tensor(full, mesh, [Shard(0)]).full_tensor().tolist() == full.tolist()
         print(f"rank {rank} compiled, functional collectives and DTensor", flush=True)
-    if s not in ("loader", "accumulate", "no-optimizer"):
+    if s == "end-wait":
+        dist.barrier()  # and no step after it: the job ends
+    elif s not in ("loader", "accumulate", "no-optimizer"):
         dist.barrier()
         train(5)
     hook = sys.modules.get("_dist_launch_progress")

@@ -123,7 +123,7 @@ void HangDetector::regrouped(int round, int rank_offset) {
   }
 }
 
-void HangDetector::exited(int local_rank) {
+void HangDetector::exited(int local_rank, bool succeeded) {
   const auto it = workers_.find(local_rank);
   if (it == workers_.end()) return;
   Watched& w = it->second;
@@ -132,12 +132,21 @@ void HangDetector::exited(int local_rank) {
   const slot::Slot* s = w.running ? slots_.slot(local_rank) : nullptr;
   if (s) w.history.add(read_slot(*s, monotonic_now()));
   w.running = false;
+  w.succeeded = succeeded;
   if (!episode_) return;
+  // Past the silence: every rank here stepped since, or ended with 0 (a rank that finishes its
+  // evaluation and exits is not hung; a failed one, or one a watchdog ended, keeps it open).
+  bool some_ended = false;
   for (const auto& [_, other] : workers_) {
     const auto last = other.history.last().last_progress();
-    if (!last || *last <= *episode_) return;
+    if (last && *last > *episode_) continue;
+    if (!other.running && other.succeeded) {
+      some_ended = true;
+      continue;
+    }
+    return;
   }
-  progress_resumed(monotonic_now());
+  progress_resumed(monotonic_now(), some_ended);
 }
 
 void HangDetector::stopping() {
@@ -455,9 +464,16 @@ std::vector<CollectiveState> HangDetector::elsewhere() const {
 }
 
 // Every rank made progress since the silence a report was made of: said, and the marks go.
-void HangDetector::progress_resumed(std::chrono::nanoseconds now) {
+void HangDetector::progress_resumed(std::chrono::nanoseconds now, bool some_ended) {
   const auto silent = now - *episode_;
-  spdlog::info("progress again on every rank here, after {:.1f} s without it", seconds(silent));
+  if (some_ended) {
+    spdlog::info(
+        "the suspected hang is over: every rank here made progress or exited with 0, {:.1f} s "
+        "after the silence began",
+        seconds(silent));
+  } else {
+    spdlog::info("progress again on every rank here, after {:.1f} s without it", seconds(silent));
+  }
   telemetry_.hang_cleared(silent);
   for (auto& [_, w] : workers_) w.reported.reset();
   episode_.reset();

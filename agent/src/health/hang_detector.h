@@ -96,8 +96,9 @@ class HangDetector {
   HangDetector& operator=(const HangDetector&) = delete;
 
   void started(const Worker& worker, std::filesystem::path stack_file);
-  // The worker ended: its slot is read a last time (a silence its last steps ended is said).
-  void exited(int local_rank);
+  // The worker ended: its slot is read a last time (a silence its last steps ended is said). One
+  // that `succeeded` (exit 0, no watchdog's end) is past a suspected hang as one that stepped is.
+  void exited(int local_rank, bool succeeded);
   void stopping();  // the group stops: no sampling, no investigation until the next start
   // In-place, elastic: the running workers run on in round `round` with global ranks from
   // `rank_offset`. Their blocked ranks are published under the new numbers (the old ones may be a
@@ -118,6 +119,7 @@ class HangDetector {
     Worker worker;
     std::filesystem::path stack_file;
     bool running = false;
+    bool succeeded = false;    // exited 0, not ended by a watchdog
     bool replacement = false;  // started again in its round: in place, for a failed worker
     std::chrono::nanoseconds started_at{0};
     StepHistory history;
@@ -154,7 +156,7 @@ class HangDetector {
                               bool acted, const std::string& verdict) const;
   bool dumps_arrived() const;
   std::string hang_reason() const;
-  void progress_resumed(std::chrono::nanoseconds now);
+  void progress_resumed(std::chrono::nanoseconds now, bool some_ended = false);
   void track_blocked(Watched& w, const SlotReading& previous, const SlotReading& now);
   std::optional<std::chrono::nanoseconds> held_stopped(std::chrono::nanoseconds now);
   bool waited_on(std::chrono::nanoseconds stopped_for) const;

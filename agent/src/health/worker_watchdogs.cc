@@ -88,7 +88,7 @@ void WorkerWatchdogs::started(const Worker& worker) {
   if (hang_) hang_->started(worker, stack_files_.at(static_cast<std::size_t>(worker.local_rank)));
 }
 
-void WorkerWatchdogs::exited(int local_rank) {
+void WorkerWatchdogs::exited(int local_rank, bool succeeded) {
   // A worker's exit may be the first thing the agent sees after a stall (continued after its
   // workers, one ended meanwhile): seen from the tick, before the exit stops the timers.
   stall_seen_now(monotonic_now());
@@ -96,7 +96,7 @@ void WorkerWatchdogs::exited(int local_rank) {
   Watched& w = workers_[static_cast<std::size_t>(local_rank)];
   w.running = false;
   w.abort_grace.reset();
-  if (hang_) hang_->exited(local_rank);
+  if (hang_) hang_->exited(local_rank, succeeded);
   if (heartbeats_) heartbeats_->forget(local_rank);
 }
 

@@ -55,7 +55,8 @@ class WorkerWatchdogs {
   void prepare(int local_rank, const std::filesystem::path& dir, Variables& env,
                std::vector<int>& fds);
   void started(const Worker& worker);
-  void exited(int local_rank);
+  // The worker ended; `succeeded`: with 0, and no watchdog ended it.
+  void exited(int local_rank, bool succeeded);
   void stopping();
   // In-place: the running workers are asked to recover at their next unit of work, into the
   // job's regroup in round `round` (worker_contract.h, the slot's regroup_round).

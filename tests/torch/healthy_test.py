@@ -231,6 +231,8 @@ class Healthy(unittest.TestCase):
         self.assertRegex(rank0["where"], r"healthy_worker\.py:\d+ in main")
         self.assertTrue(rank0["doing"].startswith("idle"), rank0)
         self.assertEqual(len(job.events("hang_cleared")), 1)
+        self.assertRegex(job.proc.stderr, r"or past the job's collective timeout, 1800 s and a "
+                         r"margin of 60 s: 1860 s\)")  # torch's default timeout, the agent's margin
 
     def test_a_rank_idle_after_the_last_step_then_every_rank_exits(self):
         # Rank 0 waits for something of its own after the last step (a remote evaluation) while

@@ -662,6 +662,14 @@ std::optional<std::chrono::nanoseconds> HangDetector::bound() const {
   return std::chrono::milliseconds(std::min(longest_ms, kLongestMs)) + kBoundMargin;
 }
 
+// The bound in words: "90 s and a margin of 60 s: 150 s".
+std::string HangDetector::bound_text() const {
+  const auto limit = bound();
+  if (!limit) return "";
+  return fmt::format("{:.0f} s and a margin of {} s: {:.0f} s", seconds(*limit - kBoundMargin),
+                     kBoundMargin.count(), seconds(*limit));
+}
+
 HangRule HangDetector::rule() const {
   if (options_.timeout.fixed) return HangRule::kTimeout;
   // Past the bound, a healthy job's wait in a collective would have failed by itself. Its
@@ -850,7 +858,7 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
             ? (many_idle ? "wait for processes of their own, idle too"
                          : "waits for a process of its own, idle too")
             : (many_idle ? "do nothing" : "does nothing"),
-        bound() ? fmt::format(", {:.0f} s", seconds(*bound())) : "");
+        bound() ? ", " + bound_text() : "");
   } else if (!suspects.empty()) {
     verdict =
         fmt::format("rank{} {} {} working and the others wait for {}: not a hang", many ? "s" : "",
@@ -906,8 +914,8 @@ void HangDetector::act(const HangFinding& finding, const std::vector<Watched*>& 
     if (r == HangRule::kBound && !finding.proof) {
       verdict = fmt::format(
           "a rank waited in one collective past the job's collective timeout and its margin "
-          "({:.0f} s), the rank(s) marked do nothing",
-          seconds(*bound()));
+          "({}), the rank(s) marked do nothing",
+          bound_text());
     }
   } else if (finding.any_paused()) {
     spdlog::info("{}, but a rank declared a pause of its own: not taken for a hang{}",

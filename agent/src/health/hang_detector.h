@@ -148,6 +148,7 @@ class HangDetector {
   void conclude();
   HangRule rule() const;
   std::optional<std::chrono::nanoseconds> bound() const;
+  std::string bound_text() const;
   void report(const HangFinding& finding, const std::vector<Watched*>& ranks);
   void act(const HangFinding& finding, const std::vector<Watched*>& ranks);
   void kill_after_grace(std::vector<int> local_ranks, std::vector<std::string> reasons);

@@ -95,8 +95,11 @@ class Job:
             nproc, on_cpus = 4, {min(os.sched_getaffinity(0))}
         if self.scenario in ("p2p-offset", "skewed"):
             nproc = 3
+        logs = ["--log-dir", os.path.join(self.dir, "logs")]
+        if self.scenario == "end-wait":  # the temporary run directory, made here
+            logs, env["TMPDIR"] = [], self.dir
         cmd = [ARGS.launcher, "--nproc-per-node", str(nproc), "--event-log", self.events_path,
-               "--log-dir", os.path.join(self.dir, "logs"), WORKER, "--scenario", self.scenario,
+               *logs, WORKER, "--scenario", self.scenario,
                "--pause", str(PAUSES.get(self.scenario, PAUSE_S)), *extra]
         start = time.monotonic()
         try:
@@ -243,6 +246,12 @@ class Healthy(unittest.TestCase):
         self.assertEqual(len(job.events("hang_cleared")), 1, job.proc.stderr)
         self.assertIn("the suspected hang is over: every rank here made progress or exited "
                       "with 0", job.proc.stderr)
+        # The stacks its warning named are kept (the temporary run directory was removed).
+        named = re.search(r"stacks: (\S+)/\*/stacks\.txt", job.proc.stderr)
+        self.assertTrue(named, job.proc.stderr)
+        self.assertTrue(os.listdir(named.group(1)), named.group(1))
+        self.assertIn("kept in " + job.dir, job.proc.stderr)
+        self.assertIn("(the stacks a hang report named)", job.proc.stderr)
 
     def test_a_rank_writing_checkpoints_while_the_other_waits(self):
         job = self.check("save")

@@ -173,13 +173,14 @@ bool prune_empty_tree(int parent, const char* name) {
   return prune_empty(parent, name, 0);
 }
 
-std::string RunDirectory::finish(bool keep) {
+std::string RunDirectory::finish(bool keep, const std::string& why) {
   if (!temporary_) return "";
   // Kept, what says something: the empty files (a stack file no rank was asked to fill, a log
   // that got nothing) go, and a directory left with nothing is not kept (in /dev/shm, memory:
   // jobs that failed used to leave one each, most of them empty).
   if (keep && prune_empty_tree(AT_FDCWD, root_.c_str()))
-    return "worker logs and error files kept in " + root_.string();
+    return "worker logs and error files kept in " + root_.string() +
+           (why.empty() ? "" : " (" + why + ")");
   remove_tree(AT_FDCWD, root_.c_str());
   return "";
 }

@@ -36,9 +36,9 @@ class RunDirectory {
   std::filesystem::path attempt(int round, int local_rank) const;
   bool temporary() const { return temporary_; }
 
-  // At exit: a temporary directory goes unless `keep`. Returns what happened, for a message
-  // ("" when nothing needs saying).
-  std::string finish(bool keep);
+  // At exit: a temporary directory goes unless `keep` (`why`, when given, is said). Returns what
+  // happened, for a message ("" when nothing needs saying).
+  std::string finish(bool keep, const std::string& why = "");
 
  private:
   std::filesystem::path root_;     // what mkdtemp made: removed as a whole if temporary

@@ -97,6 +97,7 @@ _SLOT_ACTIVITY_FORWARD = 8
 _SLOT_ACTIVITY_BACKWARD = 16
 _SLOT_ACTIVITY_COMPILE = 32
 _SLOT_ACTIVITY_THREADS = 64
+_SLOT_ACTIVITY_CHECKPOINT_THREAD = 128
 _COLLECTIVE_ALL_REDUCE = 1
 _COLLECTIVE_BROADCAST = 2
 _COLLECTIVE_ALL_GATHER = 3
@@ -519,6 +520,29 @@ class _Sampler:
                     return True  # a runner of the standard library's (Timer, sched, asyncio)
         return False
 
+    def checkpoint_beside(self, frames):
+        """Whether a thread besides the main thread (and this sampler) is inside
+        torch.distributed.checkpoint: an async_save's writer, which the main thread may wait for
+        (its future's result()) while its peers wait for it."""
+        codes = self.codes
+        me = _thread.get_ident()
+        for ident, frame in frames.items():
+            if ident in (self.main, me):
+                continue
+            depth = 0
+            while frame is not None and depth < 200:
+                code = frame.f_code
+                found = codes.get(code)
+                if found is None:
+                    if len(codes) > 20000:
+                        codes.clear()
+                    found = codes[code] = self.classify(code)
+                if found[0] == self.CHECKPOINT:
+                    return True
+                frame = frame.f_back
+                depth += 1
+        return False
+
     def pickling(self, frame):
         """Whether `frame`, torch.distributed's, may pickle or unpickle an object (an object
         collective's work, in C: no frame of its own), read from its line's text once; True where
@@ -678,6 +702,8 @@ class _Sampler:
             frames.get(self.main))
         if distributed and self.groups and self.others_may_issue(frames):
             activity |= _SLOT_ACTIVITY_THREADS
+        if not activity & _SLOT_ACTIVITY_CHECKPOINT and self.checkpoint_beside(frames):
+            activity |= _SLOT_ACTIVITY_CHECKPOINT_THREAD
         del frames
         if setup != bool(self.setup_since):
             self.setup_since = now if setup else 0

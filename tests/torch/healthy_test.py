@@ -45,7 +45,7 @@ SCENARIOS = ["sleep", "save", "eval", "between", "all", "timeout", "first-step",
              "no-optimizer", "accumulate", "slow-log", "c-poll", "paused", "compile", "exit",
              "crowded",
              "alone", "monitored", "scoring", "objects", "side-thread", "producer", "p2p-offset",
-             "join", "skewed", "end-wait"]
+             "join", "skewed", "end-wait", "async-save"]
 # Past the job's own collective timeout (10 s) and the agent's margin (60 s) after it; monitored
 # and scoring: past the third look of the hang timeout (about 99 s), the first past that bound.
 # skewed: past the hang timeout's look (about 32 s), so that the ranks are looked at.
@@ -174,7 +174,7 @@ class Healthy(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="dist-healthy-test-")
         major = int(ARGS.version.split(".")[0])
-        scenarios = [s for s in SCENARIOS if s != "compile" or major >= 2]
+        scenarios = [s for s in SCENARIOS if s not in ("compile", "async-save") or major >= 2]
         only = os.environ.get("HEALTHY_SCENARIOS")  # a few, while working on them: "c-poll,sleep"
         if only:
             scenarios = [s for s in scenarios if s in only.split(",")]
@@ -252,6 +252,15 @@ class Healthy(unittest.TestCase):
         self.assertTrue(os.listdir(named.group(1)), named.group(1))
         self.assertIn("kept in " + job.dir, job.proc.stderr)
         self.assertIn("(the stacks a hang report named)", job.proc.stderr)
+
+    def test_an_async_checkpoint_to_slow_storage(self):
+        # Rank 0 waits for its dcp.async_save (a thread of torch's writes it) while rank 1 waits
+        # for it in a barrier: a checkpoint of its own, not a rank that does nothing.
+        job = self.check("async-save")
+        self.assertNotIn("hang suspected", job.proc.stderr)
+        for event in job.events("hang_suspected"):
+            (rank0,) = [r for r in event["ranks"] if r["rank"] == 0]
+            self.assertIn("in torch.distributed.checkpoint", rank0["doing"], rank0)
 
     def test_a_rank_writing_checkpoints_while_the_other_waits(self):
         job = self.check("save")

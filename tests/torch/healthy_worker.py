@@ -41,6 +41,9 @@ defaults must end none of them.
   skewed        three ranks; a monitored_barrier (torch 2.x numbers its sends and receives in the
                 group's sequence, more of them on rank 0: the counts differ from then on), then rank 0
                 computes for --pause s while ranks 1 and 2 wait in a broadcast from it
+  async-save    torch 2.x: every rank checkpoints with torch.distributed.checkpoint.async_save;
+                rank 0's storage is slow (--pause s: a network file system), and it waits for
+                its save to finish while rank 1, its save done, waits for it in a barrier
 
 Prints "rank R done steps N hook H" at the end (H: the steps the agent's hook counted, or "off").
 """
@@ -242,6 +245,17 @@ def main():
         if ready != 0 or took < a.pause - 1:
             raise SystemExit(f"rank 0: C poll() returned {ready} (errno {ctypes.get_errno()}) "
                              f"after {took:.1f} s of {a.pause} s")
+    elif s == "async-save":
+        import torch.distributed.checkpoint as dcp
+
+        class SlowStorage(dcp.FileSystemWriter):  # rank 0's: a network file system, slow
+            def write_data(self, plan, planner):
+                if rank == 0:
+                    time.sleep(a.pause)
+                return super().write_data(plan, planner)
+
+        path = tempfile.mkdtemp(prefix="healthy-dcp-")
+        dcp.async_save({"model": model.state_dict()}, storage_writer=SlowStorage(path)).result()
     elif s == "objects":
         # Rank 0 unpickles what it gathered (loaded from slow storage, say) while rank 1 pickles
         # what it broadcasts next (uploaded first): each in an object collective's call, neither

@@ -885,7 +885,11 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
               : warn   ? spdlog::level::warn
                        : spdlog::level::info,
               "{}", block);
-  if (!repeated) telemetry_.hang(telemetry_report(finding, ranks, /*acted=*/false, verdict));
+  if (!repeated) {
+    HangReport said = telemetry_report(finding, ranks, /*acted=*/false, verdict);
+    said.warned = warn;
+    telemetry_.hang(std::move(said));
+  }
   last_report_ = key;
   for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i]->reported = finding.ranks[i];
   if (!episode_) {

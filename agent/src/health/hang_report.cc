@@ -224,6 +224,9 @@ std::vector<std::string> activity_words(std::uint32_t activity) {
   } else if (activity & slot::kActivityForward) {
     words.emplace_back("in a forward pass");
   }
+  if (activity & slot::kActivityCheckpointThread) {
+    words.emplace_back("a thread of its own in torch.distributed.checkpoint (an async save)");
+  }
   if (activity & slot::kActivityThreads) {
     words.emplace_back("a thread of its own beside it may issue a collective");
   }
@@ -286,7 +289,8 @@ Doing doing_of(const RankLook& l) {
     // works even when its own process is idle: blocked on a network file system, waiting for
     // its loader's or compiler's worker processes.
     constexpr std::uint32_t kWorkOfItsOwn = slot::kActivitySave | slot::kActivityCheckpoint |
-                                            slot::kActivityData | slot::kActivityCompile;
+                                            slot::kActivityCheckpointThread | slot::kActivityData |
+                                            slot::kActivityCompile;
     own_work = !active && (s.activity & kWorkOfItsOwn) != 0;
   } else if ((s.features & slot::kSampler) && l.after.state != 'T' && l.after.state != 't') {
     parts.emplace_back("its Python not running (a thread holds the GIL)");

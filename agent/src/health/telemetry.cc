@@ -199,10 +199,12 @@ void Telemetry::hang(const HangReport& report) {
                     {"paused", r.paused},
                     {"proven", r.proven}});
   }
-  if (report.acted)
+  if (report.acted) {
     ++record_.hangs_acted;
-  else
+  } else {
     ++record_.hangs_suspected;
+    if (report.warned) ++record_.hangs_warned;
+  }
   log(report.acted ? "hang" : "hang_suspected",
       {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(report.silent).count()},
        {"timeout_ms",

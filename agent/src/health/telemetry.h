@@ -169,6 +169,7 @@ struct HangReport {
   std::chrono::nanoseconds silent{0};
   std::chrono::nanoseconds timeout{0};
   bool acted = false;
+  bool warned = false;  // said as a warning ("hang suspected"), not in passing ("no step")
   std::string verdict;
   std::optional<std::string> proof;
 };
@@ -193,6 +194,7 @@ struct TelemetryRecord {
   std::uint64_t hung_workers = 0;
   std::uint64_t hangs_acted = 0;      // investigations that ended ranks
   std::uint64_t hangs_suspected = 0;  // and that only reported
+  std::uint64_t hangs_warned = 0;     // of these, as a warning
   std::uint64_t nodes_lost = 0;
   std::uint64_t in_place_restarts = 0;
   std::optional<std::uint64_t> event_log_lost;  // lines not written; none without an event log

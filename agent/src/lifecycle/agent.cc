@@ -727,9 +727,10 @@ class Agent {
     if (janitor_ && !has_children() && !rejoins()) janitor_->dismiss();  // (a next agent's too)
     record_job_end();
     if (run_dir_) {
-      // A hang's report, even one only suspected, names the stacks in it: they stay.
+      // A hang's report, even one only suspected, names the stacks in it: they stay (a look
+      // said in passing, "no step ...: not a hang", leaves nothing behind).
       const bool hang_said = telemetry_ && (telemetry_->record().hung_workers > 0 ||
-                                            telemetry_->record().hangs_suspected > 0);
+                                            telemetry_->record().hangs_warned > 0);
       const bool keep = !now_.failures.empty() || config_.writes_log_files() || hang_said;
       const auto said = run_dir_->finish(keep, hang_said ? "the stacks a hang report named" : "");
       if (!said.empty()) spdlog::info("{}", said);

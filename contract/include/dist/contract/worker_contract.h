@@ -252,6 +252,10 @@ inline constexpr std::uint32_t kActivityCompile = 32;    // torch.compile (dynam
 // and may issue what the main thread's peers wait for: the main thread's wait proves nothing
 // (collective_proof.h).
 inline constexpr std::uint32_t kActivityThreads = 64;
+// Not the main thread's either: another thread is inside torch.distributed.checkpoint (an
+// async_save's writer): the main thread waiting for it (its future's result()) waits for a
+// checkpoint of its own, as a main thread inside dcp.save does.
+inline constexpr std::uint32_t kActivityCheckpointThread = 128;
 inline constexpr std::size_t kMaxGroups = 32;
 inline constexpr std::size_t kPauseReasonBytes = 64;
 

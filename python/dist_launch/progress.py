@@ -521,15 +521,18 @@ class _Sampler:
         return False
 
     def checkpoint_beside(self, frames):
-        """Whether a thread besides the main thread (and this sampler) is inside
+        """Whether a thread besides the main thread (and this sampler) works inside
         torch.distributed.checkpoint: an async_save's writer, which the main thread may wait for
-        (its future's result()) while its peers wait for it."""
+        (its future's result()) while its peers wait for it. One waiting in a collective of the
+        checkpoint's (its peers' plans, their writes' end) waits, and is not counted."""
+        if "torch.distributed.checkpoint" not in sys.modules:
+            return False
         codes = self.codes
         me = _thread.get_ident()
         for ident, frame in frames.items():
             if ident in (self.main, me):
                 continue
-            depth = 0
+            depth, in_collective = 0, False
             while frame is not None and depth < 200:
                 code = frame.f_code
                 found = codes.get(code)
@@ -537,8 +540,12 @@ class _Sampler:
                     if len(codes) > 20000:
                         codes.clear()
                     found = codes[code] = self.classify(code)
-                if found[0] == self.CHECKPOINT:
-                    return True
+                if found[0] == self.COLLECTIVE:
+                    in_collective = True
+                elif found[0] == self.CHECKPOINT:
+                    if not in_collective:
+                        return True
+                    break
                 frame = frame.f_back
                 depth += 1
         return False

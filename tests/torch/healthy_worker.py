@@ -41,9 +41,10 @@ defaults must end none of them.
   skewed        three ranks; a monitored_barrier (torch 2.x numbers its sends and receives in the
                 group's sequence, more of them on rank 0: the counts differ from then on), then rank 0
                 computes for --pause s while ranks 1 and 2 wait in a broadcast from it
-  async-save    torch 2.x: every rank checkpoints with torch.distributed.checkpoint.async_save;
-                rank 0's storage is slow (--pause s: a network file system), and it waits for
-                its save to finish while rank 1, its save done, waits for it in a barrier
+  async-save    torch 2.x: every rank checkpoints with torch.distributed.checkpoint.async_save
+                and waits for its save to finish; rank 0's storage is slow (--pause s: a
+                network file system): its save's thread writes, rank 1's waits for it in the
+                checkpoint's collective that ends the writes
 
 Prints "rank R done steps N hook H" at the end (H: the steps the agent's hook counted, or "off").
 """

@@ -133,7 +133,7 @@ void HangDetector::exited(int local_rank, bool succeeded) {
   if (s) w.history.add(read_slot(*s, monotonic_now()));
   w.running = false;
   w.succeeded = succeeded;
-  if (!episode_) return;
+  if (!episode_ || !running_) return;
   // Past the silence: every rank here stepped since, or ended with 0 (a rank that finishes its
   // evaluation and exits is not hung; a failed one, or one a watchdog ended, keeps it open).
   bool some_ended = false;
@@ -474,7 +474,7 @@ void HangDetector::progress_resumed(std::chrono::nanoseconds now, bool some_ende
   } else {
     spdlog::info("progress again on every rank here, after {:.1f} s without it", seconds(silent));
   }
-  telemetry_.hang_cleared(silent);
+  telemetry_.hang_cleared(silent, some_ended);
   for (auto& [_, w] : workers_) w.reported.reset();
   episode_.reset();
   last_report_.clear();
@@ -778,8 +778,8 @@ std::string HangDetector::hang_reason() const {
 }
 
 // Where each rank was and what it was doing, one line each.
-std::string HangDetector::rank_block(const HangFinding& finding,
-                                     const std::vector<Watched*>& ranks) const {
+std::string HangDetector::rank_block(const HangFinding& finding, const std::vector<Watched*>& ranks,
+                                     bool stacks) const {
   std::string block;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const RankWhere& r = finding.ranks[i];
@@ -787,7 +787,7 @@ std::string HangDetector::rank_block(const HangFinding& finding,
                          r.doing.empty() ? "" : "; " + r.doing, r.cause ? "   <- hung" : "");
   }
   for (const auto* w : ranks) {
-    if (w->look && (w->look->stacks_first || w->look->stacks_second)) {
+    if (stacks && w->look && (w->look->stacks_first || w->look->stacks_second)) {
       block += fmt::format("\n  stacks: {}",
                            w->stack_file.parent_path().parent_path().string() + "/*/stacks.txt");
       break;
@@ -880,7 +880,7 @@ void HangDetector::report(const HangFinding& finding, const std::vector<Watched*
   const bool repeated = key == last_report_;
   const std::string block =
       fmt::format("{} on {}: {}; {}. Where each rank is:{}", warn ? "hang suspected" : "no step",
-                  options_.host, hang_reason(), verdict, rank_block(finding, ranks));
+                  options_.host, hang_reason(), verdict, rank_block(finding, ranks, warn));
   spdlog::log(repeated ? spdlog::level::debug
               : warn   ? spdlog::level::warn
                        : spdlog::level::info,
@@ -917,13 +917,13 @@ void HangDetector::act(const HangFinding& finding, const std::vector<Watched*>& 
     verdict = finding.proof ? *finding.proof : "the cause: the rank(s) marked";
     if (r == HangRule::kBound && !finding.proof) {
       verdict = fmt::format(
-          "a rank waited in one collective past the job's collective timeout and its margin "
-          "({}), the rank(s) marked do nothing",
+          "a rank waited in one collective past the job's collective timeout ({}), the rank(s) "
+          "marked do nothing",
           bound_text());
     }
   } else if (finding.any_paused()) {
     spdlog::info("{}, but a rank declared a pause of its own: not taken for a hang{}",
-                 hang_reason(), rank_block(finding, ranks));
+                 hang_reason(), rank_block(finding, ranks, /*stacks=*/false));
     quiet_since_ = monotonic_now();
     investigating_ = false;
     return;

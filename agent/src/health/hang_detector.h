@@ -14,7 +14,7 @@
 //     finding is reported in the log (a warning when a rank the others wait for does nothing at
 //     all, else what it is doing), the event log (hang_suspected), the metrics, the status page and
 //     `dist-launch status`; the next look comes a timeout later, and progress after it is said
-//     (hang_cleared);
+//     (hang_cleared), as is every rank here ending with 0 after it (a last evaluation);
 //   - done, under --hang-timeout auto: a rank is ended only on proof that it cannot go on (held
 //     stopped by a signal while other ranks here run, or while other nodes' ranks are seen
 //     waiting in a collective well after every worker here stopped, or in their group's set-up
@@ -152,7 +152,10 @@ class HangDetector {
   void report(const HangFinding& finding, const std::vector<Watched*>& ranks);
   void act(const HangFinding& finding, const std::vector<Watched*>& ranks);
   void kill_after_grace(std::vector<int> local_ranks, std::vector<std::string> reasons);
-  std::string rank_block(const HangFinding& finding, const std::vector<Watched*>& ranks) const;
+  // `stacks`: the line that says where their stacks are (a warning's, kept at the job's end; a
+  // look said in passing leaves none behind).
+  std::string rank_block(const HangFinding& finding, const std::vector<Watched*>& ranks,
+                         bool stacks = true) const;
   HangReport telemetry_report(const HangFinding& finding, const std::vector<Watched*>& ranks,
                               bool acted, const std::string& verdict) const;
   bool dumps_arrived() const;

@@ -63,6 +63,14 @@ bool is_torchs(std::string_view file) {
 }
 
 // Where in torch a file is ("distributed/distributed_c10d.py"); empty when it is not torch's.
+// A file of Python's standard library (".../lib/python3.11/threading.py", "<frozen ...>"), not
+// a package installed beside it.
+bool is_standard_librarys(std::string_view file) {
+  if (file.starts_with("<frozen ")) return true;
+  const std::size_t at = file.find("/lib/python3");
+  return at != std::string_view::npos && file.find("-packages/", at) == std::string_view::npos;
+}
+
 std::string_view torch_part(std::string_view file) {
   if (!is_torchs(file)) return {};
   return file.substr(file.rfind("/torch/") + 7);
@@ -167,10 +175,22 @@ struct Position {
 // the torch function it is in). Without the sampler, a main thread inside torch.distributed or
 // autograd is taken for waiting.
 Position python_position(const std::vector<PythonFrame>& frames, bool sampled) {
-  const auto user = std::find_if(frames.begin(), frames.end(),
-                                 [](const PythonFrame& f) { return !f.in_torch && !f.hook; });
+  const auto outside_torch = [](const PythonFrame& f) { return !f.in_torch && !f.hook; };
+  // The script's own line where there is one: a wait in the standard library (a future's
+  // result(), a queue's get()) is said as where the script called it.
+  auto user = std::find_if(frames.begin(), frames.end(), [&](const PythonFrame& f) {
+    return outside_torch(f) && !is_standard_librarys(f.file);
+  });
+  if (user == frames.end()) user = std::find_if(frames.begin(), frames.end(), outside_torch);
   const PythonFrame& top = frames.front();
-  if (!top.in_torch && !top.hook) return {false, true, "at " + frame_text(top)};
+  if (outside_torch(top)) {
+    if (user == frames.begin() || !is_standard_librarys(top.file)) {
+      return {false, true, "at " + frame_text(top)};
+    }
+    return {false, true,
+            fmt::format("at {}, in the standard library ({}, {}:{})", frame_text(*user),
+                        top.function, top.file, top.line)};
+  }
   const std::string_view part = torch_part(top.file);
   const bool communicates = part.starts_with("distributed/") || part.starts_with("autograd/") ||
                             part == "nn/parallel/distributed.py" || part == "_tensor.py";
@@ -233,6 +253,14 @@ std::vector<std::string> activity_words(std::uint32_t activity) {
   return words;
 }
 
+// Whether a rank's processes computed between the looks: they ran kIdleCpuShare of a core, or, on
+// a crowded machine, ran less but were runnable most of the time, waiting for a CPU (seen under
+// CI's load: a rank evaluating at CPU 6% was taken for idle). A thread that only wakes often (a
+// 1 ms poll) may wait for a CPU at each wake, but is not runnable most of the time.
+bool computes(double cpu, double queued) {
+  return cpu >= kIdleCpuShare || cpu + queued >= kRunnableShare;
+}
+
 // What a rank was doing between the looks: in words, whether it works, and whether it is idle in
 // work of its own (RankWhere::own_work).
 struct Doing {
@@ -251,16 +279,14 @@ Doing doing_of(const RankLook& l) {
   }
   bool active = false;
   bool own_work = false;
-  // On a crowded machine a rank that computes may run less than kIdleCpuShare of the time: it
-  // waits for a CPU the rest (seen under CI's load: a rank evaluating at CPU 6% taken for idle).
   const double cpu = cpu_share(l.before, l.after, seconds);
   const double queued = cpu_queued_share(l.before, l.after, seconds);
-  if (cpu + queued >= kIdleCpuShare) {
+  if (computes(cpu, queued)) {
     parts.push_back(
-        queued >= kIdleCpuShare
-            ? fmt::format("computing (CPU {:.0f}%, waiting for a CPU {:.0f}% of the time)",
-                          cpu * 100, std::min(queued, 1.0) * 100)
-            : fmt::format("computing (CPU {:.0f}%)", cpu * 100));
+        cpu >= kIdleCpuShare
+            ? fmt::format("computing (CPU {:.0f}%)", cpu * 100)
+            : fmt::format("computing (CPU {:.0f}%, waiting for a CPU {:.0f}% of the time)",
+                          cpu * 100, std::min(queued, 1.0) * 100));
     active = true;
   }
   // The dumps written between the two readings (the first look's, a late answer) are not the
@@ -571,9 +597,8 @@ CollectiveState collective_state(const RankLook& l, double min_wait_s) {
                          a.pending_group == b.pending_group && a.pending_seq == b.pending_seq &&
                          a.pending_op == b.pending_op && !counters_moved(a, b);
   const double seconds = std::max(look_seconds(l), 1e-3);
-  const bool idle =
-      cpu_share(l.before, l.after, seconds) + cpu_queued_share(l.before, l.after, seconds) <
-      kIdleCpuShare;
+  const bool idle = !computes(cpu_share(l.before, l.after, seconds),
+                              cpu_queued_share(l.before, l.after, seconds));
   // (A thread of its own beside the main one may issue what its peers wait for: no wait of its.)
   const bool alone = (b.activity & slot::kActivityThreads) == 0;
   if (same_wait && idle && alone && blocked_seconds(b) >= min_wait_s &&

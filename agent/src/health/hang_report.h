@@ -36,7 +36,8 @@
 
 namespace dist::agent {
 
-inline constexpr double kIdleCpuShare = 0.10;        // of one core: less is no work of its own
+inline constexpr double kIdleCpuShare = 0.10;  // of one core: less is no work of its own
+inline constexpr double kRunnableShare = 0.5;  // on a CPU or waiting for one: computes, crowded
 inline constexpr double kMinProvenWaitSeconds = 10;  // blocked at least this long for a proof
 // Blocked this long: published for the job view (proofs from other nodes' waits still ask
 // kMinProvenWaitSeconds of each; a node whose every worker is stopped learns sooner that others

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -264,10 +265,13 @@ ProcessActivity read_activity(pid_t pid) {
         }
       }
     }
-    a.cpu_ticks += ticks;
+    ProcessCounters counters{p, ticks, 0};
     if (const auto use = read_cpu_use(p)) {
-      a.cpu_queued_ns += static_cast<std::uint64_t>(use->waited.count());
+      counters.cpu_queued_ns = static_cast<std::uint64_t>(use->waited.count());
     }
+    a.cpu_ticks += counters.cpu_ticks;
+    a.cpu_queued_ns += counters.cpu_queued_ns;
+    a.each.push_back(counters);
     add_io(p, a);
     ++a.processes;
     for (const pid_t child : children_of(p)) todo.push_back(child);
@@ -354,14 +358,41 @@ bool thread_waited_in_kernel(const ThreadRun& before, const ThreadRun& now) {
   return now.on_cpu >= before.on_cpu && (now.on_cpu - before.on_cpu) * 100 <= between;
 }
 
+namespace {
+
+// What `field` of the reading's processes grew by between the readings: each process in both by
+// its own growth, one born since by all it has (a pid reused meanwhile, its counter lower, by
+// its own too); from the totals where a reading has no processes of its own listed.
+std::uint64_t grown(const ProcessActivity& before, const ProcessActivity& after,
+                    std::uint64_t ProcessCounters::*field, std::uint64_t ProcessActivity::*total) {
+  if (before.each.empty() || after.each.empty()) {
+    return after.*total > before.*total ? after.*total - before.*total : 0;
+  }
+  std::uint64_t sum = 0;
+  for (const auto& now : after.each) {
+    const auto then = std::find_if(before.each.begin(), before.each.end(),
+                                   [&](const ProcessCounters& b) { return b.pid == now.pid; });
+    const std::uint64_t from =
+        then == before.each.end() || (*then).*field > now.*field ? 0 : (*then).*field;
+    sum += now.*field - from;
+  }
+  return sum;
+}
+
+}  // namespace
+
 double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds) {
-  return cpu_share(before.cpu_ticks, after.cpu_ticks, seconds);
+  if (seconds <= 0) return 0;
+  const auto ticks = grown(before, after, &ProcessCounters::cpu_ticks, &ProcessActivity::cpu_ticks);
+  return static_cast<double>(ticks) / static_cast<double>(ticks_per_second()) / seconds;
 }
 
 double cpu_queued_share(const ProcessActivity& before, const ProcessActivity& after,
                         double seconds) {
-  if (seconds <= 0 || after.cpu_queued_ns < before.cpu_queued_ns) return 0;
-  return static_cast<double>(after.cpu_queued_ns - before.cpu_queued_ns) / 1e9 / seconds;
+  if (seconds <= 0) return 0;
+  const auto queued =
+      grown(before, after, &ProcessCounters::cpu_queued_ns, &ProcessActivity::cpu_queued_ns);
+  return static_cast<double>(queued) / 1e9 / seconds;
 }
 
 double cpu_share(std::uint64_t before, std::uint64_t after, double seconds) {

@@ -10,8 +10,16 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace dist::agent {
+
+// One process's counters in a reading (ProcessActivity::each).
+struct ProcessCounters {
+  pid_t pid = 0;
+  std::uint64_t cpu_ticks = 0;
+  std::uint64_t cpu_queued_ns = 0;
+};
 
 struct ProcessActivity {
   char state = '?';             // /proc/<pid>/stat's state letter of the process itself
@@ -36,6 +44,10 @@ struct ProcessActivity {
   // otherwise.
   std::string awaits_child;
   int processes = 0;  // read (0: the process is gone)
+  // The same counters process by process: between two readings only the processes in both (and
+  // those born since) count, so that a DataLoader worker that exits meanwhile takes its total
+  // out of neither (the sum would fall, and a rank at work read as idle).
+  std::vector<ProcessCounters> each;
 };
 
 // The worker `pid` and its descendants now; processes = 0 when it is gone.
@@ -79,7 +91,8 @@ std::optional<CpuUse> read_cpu_use(pid_t pid);
 bool thread_waited_in_kernel(const ThreadRun& before, const ThreadRun& now);
 
 // The CPU a reading's processes used between two readings, as a share of one core (1.0 = one core
-// busy all the time).
+// busy all the time): process by process where both readings have them (read_activity's), else
+// from the totals.
 double cpu_share(const ProcessActivity& before, const ProcessActivity& after, double seconds);
 double cpu_share(std::uint64_t ticks_before, std::uint64_t ticks_after, double seconds);
 // The time their main threads waited for a CPU between two readings, as a share of the seconds

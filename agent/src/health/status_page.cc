@@ -255,7 +255,7 @@ function describe(e) {
     case "worker_hung": return "rank " + e.rank + " hung (silent " + seconds(e.silent_ms / 1000) + ")";
     case "hang": return "hang: " + e.verdict;
     case "hang_suspected": return "no progress for " + seconds(e.silent_ms / 1000) + ": " + e.verdict;
-    case "hang_cleared": return "progress again after " + seconds(e.silent_ms / 1000);
+    case "hang_cleared": return (e.ended ? "over (every rank stepped or exited 0) after " : "progress again after ") + seconds(e.silent_ms / 1000);
     case "worker_exit": return "rank " + e.rank + " exited " + (e.signal || e.exit_code) + (e.failed ? " (failed)" : "") + (e.reason ? ": " + e.reason : "");
     case "worker_start": return "rank " + e.rank + " started (pid " + e.pid + ")";
     case "verdict": return "verdict: " + e.action + " (" + e.reason + ")";

@@ -71,8 +71,8 @@ void StepHistory::add(const SlotReading& r) {
   // that made the step an outlier: not a step's time. (A 45 s checkpoint counted as one made the
   // automatic timeout 450 s for the next hundred readings.) A step that loads or saves every
   // time, as long as the others, is one.
-  constexpr std::uint32_t kNotAStep =
-      slot::kActivitySave | slot::kActivityCheckpoint | slot::kActivityCompile;
+  constexpr std::uint32_t kNotAStep = slot::kActivitySave | slot::kActivityCheckpoint |
+                                      slot::kActivityCheckpointThread | slot::kActivityCompile;
   const bool own_work_now = r.paused_since_ns != 0 || (r.activity & kNotAStep);
   if (own_work_now || r.resumed_ns > last_.last_step_ns) own_work_since_step_ = true;
   if (r.steps > last_.steps && last_.last_step_ns != 0 && r.last_step_ns > last_.last_step_ns) {

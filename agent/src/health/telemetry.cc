@@ -214,9 +214,10 @@ void Telemetry::hang(const HangReport& report) {
        {"ranks", std::move(list)}});
 }
 
-void Telemetry::hang_cleared(std::chrono::nanoseconds silent) {
+void Telemetry::hang_cleared(std::chrono::nanoseconds silent, bool ended) {
   log("hang_cleared",
-      {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()}});
+      {{"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()},
+       {"ended", ended}});
 }
 
 void Telemetry::straggler(const Worker& w, bool flagged, double ratio, std::string_view measure) {

@@ -42,7 +42,8 @@
 //                  hang investigation found, before the hung ranks are killed)
 //   hang_suspected the same fields, for a finding only reported (--hang-timeout auto ends no
 //                  rank without proof): said once until it changes
-//   hang_cleared   silent_ms (every rank made progress again after a reported hang)
+//   hang_cleared   silent_ms, ended (every rank made progress again after a reported hang, or
+//                  ended with 0: ended true when one did)
 //   straggler      round, rank, local_rank, pid, straggler (flagged or cleared), ratio (its time
 //                  over the other ranks' median), measure ("work per step" or "step time")
 //   restart        restart_count, max_restarts
@@ -231,7 +232,7 @@ class Telemetry {
   void worker_hung(const Worker& w, std::chrono::nanoseconds silent, int signal);
   void hang(const HangReport& report);
   // Every rank made progress again after a reported hang.
-  void hang_cleared(std::chrono::nanoseconds silent);
+  void hang_cleared(std::chrono::nanoseconds silent, bool ended);
   void straggler(const Worker& w, bool flagged, double ratio, std::string_view measure);
   // The ranks flagged as stragglers during the job, one line each (for the end of the job);
   // empty when none was.

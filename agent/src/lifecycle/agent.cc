@@ -730,6 +730,7 @@ class Agent {
       // A hang's report, even one only suspected, names the stacks in it: they stay (a look
       // said in passing, "no step ...: not a hang", leaves nothing behind).
       const bool hang_said = telemetry_ && (telemetry_->record().hung_workers > 0 ||
+                                            telemetry_->record().hangs_acted > 0 ||
                                             telemetry_->record().hangs_warned > 0);
       const bool keep = !now_.failures.empty() || config_.writes_log_files() || hang_said;
       const auto said = run_dir_->finish(keep, hang_said ? "the stacks a hang report named" : "");

@@ -542,7 +542,10 @@ void WorkerGroup::reap() {
       if (janitor_) janitor_->untrack(pid);  // its group's id may be reused from now on
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
       const std::string watchdog_reason = watchdogs_.reason(w.worker.local_rank);
-      watchdogs_.exited(w.worker.local_rank, code == 0 && watchdog_reason.empty());
+      // (Succeeded: exited 0 by itself; a stop's SIGTERM that the script caught and left with 0
+      // on is no success past a suspected hang.)
+      watchdogs_.exited(w.worker.local_rank,
+                        state_ == State::kRunning && code == 0 && watchdog_reason.empty());
       // A worker the stop ended is "stopped", not failed (the event log's "failed": false).
       bool failed = code != 0 || !watchdog_reason.empty();
       w.failed = failed;

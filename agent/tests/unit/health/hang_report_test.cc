@@ -107,6 +107,33 @@ std::string at_user_code_dump(int line = 33) {
          "  File \"/home/u/train.py\", line 60 in <module>\n";
 }
 
+// A main thread waiting in the standard library (a future's result(): an async checkpoint's) is
+// said where the script called it, and in what (it was "at .../threading.py:327 in wait").
+TEST(HangReport, AWaitInTheStandardLibraryIsSaidWhereTheScriptCalledIt) {
+  auto waiting = look(0, 30);
+  torch_rank(waiting, {{kWorld, 40}});
+  waiting.stacks_first = waiting.stacks_second =
+      "Current thread 0x00007f00 (most recent call first):\n"
+      "  File \"/usr/lib/python3.11/threading.py\", line 327 in wait\n"
+      "  File \"/usr/lib/python3.11/concurrent/futures/_base.py\", line 451 in result\n"
+      "  File \"/home/u/train.py\", line 88 in checkpoint\n"
+      "  File \"/home/u/train.py\", line 120 in <module>\n";
+  auto other = look(1, 30);
+  torch_rank(other, {{kWorld, 41}}, kWorld, 41, slot::Collective::kBarrier);
+  const HangFinding f = examine({waiting, other}, HangRule::kProof);
+  EXPECT_EQ(f.ranks[0].where.substr(0, f.ranks[0].where.find(';')),
+            "at /home/u/train.py:88 in checkpoint, in the standard library (wait, "
+            "/usr/lib/python3.11/threading.py:327)");
+  // A script of its own in a site-packages directory is no standard library's.
+  waiting.stacks_first = waiting.stacks_second =
+      "Current thread 0x00007f00 (most recent call first):\n"
+      "  File \"/usr/lib/python3/dist-packages/mylib/io.py\", line 7 in fetch\n"
+      "  File \"/home/u/train.py\", line 88 in checkpoint\n";
+  const HangFinding g = examine({waiting, other}, HangRule::kProof);
+  EXPECT_EQ(g.ranks[0].where.substr(0, g.ranks[0].where.find(';')),
+            "at /usr/lib/python3/dist-packages/mylib/io.py:7 in fetch");
+}
+
 TEST(HangReport, TheMainThreadIsFaulthandlersLastBlock) {
   const std::string dump = real_faulthandler_dump();
   if (dump.empty()) GTEST_SKIP() << "no python3 to write a real faulthandler dump";
@@ -269,21 +296,24 @@ TEST(HangReport, ARankWaitingForACpuComputes) {
             "computing (CPU 6%, waiting for a CPU 70% of the time), in a forward pass");
   EXPECT_FALSE(f.idle_suspect());
   EXPECT_FALSE(f.any_cause()) << "past the bound a rank that computes is not ended";
-  // The same rank neither running nor queued is idle.
-  busy(evaluating, 0);
-  evaluating.after.cpu_queued_ns = evaluating.before.cpu_queued_ns + 20'000'000;
+  // A thread that only wakes often (a 1 ms poll) waits for a CPU at each wake on a crowded
+  // machine, and is runnable a small part of the time: idle, and ended past the bound.
+  busy(evaluating, 0.02);
+  evaluating.after.cpu_queued_ns = evaluating.before.cpu_queued_ns + 500'000'000;  // 25%
   const HangFinding idle = examine({evaluating, waiting}, HangRule::kBound);
   EXPECT_FALSE(idle.ranks[0].active) << idle.ranks[0].doing;
   EXPECT_TRUE(idle.ranks[0].cause);
 }
 
-// Idle in its own process but inside torch.save (a network file system), a DataLoader (its worker
-// processes) or torch.compile: work of its own, said as such (no warning); past the bound, when a
+// Idle in its own process but inside torch.save (a network file system), waiting for a thread
+// inside torch.distributed.checkpoint (an async save), a DataLoader (its worker processes) or
+// torch.compile: work of its own, said as such (no warning); past the bound, when a
 // rank has waited for it longer than the job's collective timeout, ended as an idle rank is (a
 // DataLoader whose workers deadlocked waits forever: its timeout is none by default).
 TEST(HangReport, AnIdleRankInsideTorchSaveADataLoaderOrCompileIsWorkOfItsOwn) {
-  for (const std::uint32_t activity : {slot::kActivitySave, slot::kActivityCheckpoint,
-                                       slot::kActivityData, slot::kActivityCompile}) {
+  for (const std::uint32_t activity :
+       {slot::kActivitySave, slot::kActivityCheckpoint, slot::kActivityCheckpointThread,
+        slot::kActivityData, slot::kActivityCompile}) {
     SCOPED_TRACE(activity);
     auto loading = look(0, 30);
     torch_rank(loading, {{kWorld, 40}});

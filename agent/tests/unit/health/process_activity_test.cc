@@ -79,11 +79,17 @@ class Child {
 // Three busy processes on one CPU: each runs about a third of the time and waits for the CPU
 // the rest, which the reading counts (a rank that computes on a crowded machine is not idle).
 TEST(ProcessActivity, CountsTheTimeItsMainThreadWaitedForACpu) {
-  cpu_set_t one;
+  cpu_set_t allowed, one;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
   CPU_ZERO(&one);
-  CPU_SET(0, &one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) {
+      CPU_SET(cpu, &one);  // the first this process may run on
+      break;
+    }
+  }
   const auto pinned_spin = [one] {
-    ::sched_setaffinity(0, sizeof(one), &one);
+    if (::sched_setaffinity(0, sizeof(one), &one) != 0) ::_exit(3);
     spin();
   };
   Child a(pinned_spin), b(pinned_spin), c(pinned_spin);
@@ -106,6 +112,41 @@ TEST(ProcessActivity, CountsTheTimeItsMainThreadWaitedForACpu) {
   const ProcessActivity asleep_before = read_activity(sleeper.pid());
   std::this_thread::sleep_for(200ms);
   EXPECT_LT(cpu_queued_share(asleep_before, read_activity(sleeper.pid()), 0.2), 0.05);
+}
+
+// A worker at work whose child (a DataLoader's worker) ends between two readings: the child's
+// CPU time leaves the sum, which fell below the first reading's, and the rank read as idle.
+TEST(ProcessActivity, AChildThatEndsBetweenReadingsTakesNoneOfTheWorkersCpuAway) {
+  Child worker([] {
+    if (::fork() == 0) spin();
+    std::atomic<std::uint64_t> count{0};
+    for (;;) {
+      count.fetch_add(1, std::memory_order_relaxed);
+      ::waitpid(-1, nullptr, WNOHANG);  // its child, once killed
+    }
+  });
+  // Its child has run 2 s: more than the worker will run between the readings.
+  const auto ticks = static_cast<std::uint64_t>(::sysconf(_SC_CLK_TCK));
+  ProcessActivity before;
+  pid_t child = 0;
+  for (const auto deadline = std::chrono::steady_clock::now() + 30s;
+       std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(50ms)) {
+    before = read_activity(worker.pid());
+    for (const auto& p : before.each) {
+      if (p.pid != worker.pid() && p.cpu_ticks >= 2 * ticks) child = p.pid;
+    }
+    if (child) break;
+  }
+  ASSERT_NE(child, 0) << "the child ran 2 s within 30 s";
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  std::this_thread::sleep_for(1s);
+  const ProcessActivity after = read_activity(worker.pid());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(after.processes, 1) << "the child reaped";
+  EXPECT_LT(after.cpu_ticks, before.cpu_ticks) << "the sums fell";
+  EXPECT_GT(cpu_share(before, after, seconds), 0.2) << "the worker itself spun all along";
 }
 
 TEST(ThreadRun, AThreadAsleepInTheKernelWaitedThere) {

@@ -150,7 +150,9 @@ class Debugger(unittest.TestCase):
         self.assertIn("nothing is ended", console.text)
         rank_0 = [line for line in console.text.splitlines() if "rank 0 (local rank 0" in line]
         self.assertEqual(len(rank_0), 1, console.text)
-        self.assertIn("in cmdloop", rank_0[0])  # where: pdb's loop
+        # where: the script's line, in pdb's loop
+        self.assertRegex(rank_0[0], r"at \S+debugger_worker\.py:\d+ in \w+, in the standard "
+                         r"library \(cmdloop, ")
         # The agent's lines (stderr, the same terminal) start on a line of their own.
         self.assertNotIn("(Pdb) [dist-launch]", console.text)
         if syscalls_readable():  # (what the rank waits in: not under Yama's ptrace_scope 2, 3)

@@ -396,12 +396,7 @@ class _Sampler:
         scripts = False  # a frame of the script's own inside the frames seen so far
         waits = None  # no frame of the script's own inside the innermost torch.distributed one
         while frame is not None and depth < 200:
-            code = frame.f_code
-            found = codes.get(code)
-            if found is None:
-                if len(codes) > 20000:
-                    codes.clear()
-                found = codes[code] = self.classify(code)
+            found = codes.get(frame.f_code) or self.categorize(frame.f_code)
             category = found[0]
             if innermost is None:
                 innermost = category, frame
@@ -490,6 +485,18 @@ class _Sampler:
             return self.STDLIB
         return self.NOT
 
+    def categorize(self, code):
+        """classify(code), kept in self.codes (main_thread reads that first: its hot path)."""
+        if len(self.codes) > 20000:
+            self.codes.clear()
+        found = self.codes[code] = self.classify(code)
+        return found
+
+    def other_threads(self, frames):
+        """The innermost frame of each thread but the main one and this sampler."""
+        me = _thread.get_ident()
+        return (frame for ident, frame in frames.items() if ident not in (self.main, me))
+
     def others_may_issue(self, frames):
         """Whether a thread besides the main thread (and this sampler) may issue a collective
         (QUIET_LOOPS above). The peers the main thread waits for may be waiting for that thread:
@@ -498,10 +505,7 @@ class _Sampler:
         said = self.issuing
         if len(said) > 20000:
             said.clear()
-        me = _thread.get_ident()
-        for ident, frame in frames.items():
-            if ident in (self.main, me):
-                continue
+        for frame in self.other_threads(frames):
             depth, stdlib_alone = 0, True
             while frame is not None and depth < 200:
                 code = frame.f_code
@@ -528,18 +532,10 @@ class _Sampler:
         if "torch.distributed.checkpoint" not in sys.modules:
             return False
         codes = self.codes
-        me = _thread.get_ident()
-        for ident, frame in frames.items():
-            if ident in (self.main, me):
-                continue
+        for frame in self.other_threads(frames):
             depth, in_collective = 0, False
             while frame is not None and depth < 200:
-                code = frame.f_code
-                found = codes.get(code)
-                if found is None:
-                    if len(codes) > 20000:
-                        codes.clear()
-                    found = codes[code] = self.classify(code)
+                found = codes.get(frame.f_code) or self.categorize(frame.f_code)
                 if found[0] == self.COLLECTIVE:
                     in_collective = True
                 elif found[0] == self.CHECKPOINT:
